@@ -9,8 +9,10 @@
 //     engine.step();                         // optimizer step at every GAS-th call
 //   }
 //
-// What it does today: CPU, fp32 / fp16 / bf16, ZeRO stage 0, world size 1. Everything is allocated in
-// initialize(); forward, backward and step allocate nothing:
+// What it does: CPU, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of `options.comm` (one rank
+// without it; zero/model_states.h holds the params, grads and optimizer states as each stage
+// says). Every rank runs the same calls on its own micro-batch; gradients are averaged over the
+// ranks, so W ranks with micro-batch B train like one rank with W·B. At stage 0 on one rank:
 //   params      one flat fp32 buffer per layer (its owned parameters, each view 64-byte aligned;
 //               a tied parameter is a view of its owner in an earlier layer)
 //   grads       one flat buffer per layer, the same layout
@@ -55,14 +57,20 @@
 #include "ops/memory_stats.h"
 #include "ops/tensor.h"
 #include "ops/transformer/layer.h"
+#include "zero/communicator.h"
 
 namespace dstrain {
 
 struct EngineOptions {
   std::uint64_t seed = 0;            // parameter init (param_init.h) and dropout streams
+  // The data-parallel group this rank trains in (zero/communicator.h): the local backend's ranks
+  // (threads of one process) or NCCL's. nullptr: one rank. Its world size must be the config's
+  // data_parallel_world_size; every rank calls the same Engine methods in the same order (the
+  // collective ones are marked so below).
+  Communicator* comm = nullptr;
   std::int64_t sequence_length = 0;  // T of every micro-batch; 0: the model's n_positions
   bool init_params = true;           // false: parameters start at zero (e.g. load_weights follows)
-  Allocator* allocator = nullptr;    // nullptr: cpu_allocator()
+  Allocator* allocator = nullptr;    // nullptr: a CpuAllocator of the engine's own (its statistics are this rank's alone)
   // Activation checkpointing on (engine/activation_checkpointing.h); the config's
   // "activation_checkpointing" section configures it. `dstrain train --checkpoint-activations`.
   bool checkpoint_activations = false;
@@ -77,6 +85,22 @@ struct EngineOptions {
 // Called once per step index, before that step's update. (Not named LrSchedule: that is the class
 // of DeepSpeed's schedulers, engine/lr_schedule.h, which the engine builds from the config.)
 using LrHook = std::function<double(std::int64_t step)>;
+
+// What ZeRO holds and sends on this rank (dstrain train --summary-json writes it per rank).
+struct ZeroReport {
+  int stage = 0;
+  int rank = 0;
+  int world_size = 1;
+  // Bytes held between steps (allocator statistics, purposes params / grads / optimizer: the fp32
+  // masters and Adam moments count as optimizer) and the allocator's peak of all purposes.
+  std::uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  std::uint64_t peak_bytes = 0;
+  std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
+  std::int64_t peak_gathered_param_elements = 0;  // stage 3: most parameter elements gathered at once
+  // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
+  // gathers), the step's (norm², overflow, loss) all-reduce and the post-step all-gather.
+  CommStats step_comm;
+};
 
 class Engine {
  public:
@@ -142,6 +166,11 @@ class Engine {
   double grad_norm() const { return grad_norm_; }
   float clip_coefficient() const { return clip_coef_; }  // 1, or c / (norm + 1e-6) when that is < 1 (1 for a skipped step)
 
+  int rank() const;
+  int world_size() const;
+  int zero_stage() const;
+  ZeroReport zero_report() const;
+
   std::int64_t micro_batch_size() const { return dims_.B; }
   std::int64_t sequence_length() const { return dims_.T; }
   std::int64_t gradient_accumulation_steps() const { return gas_; }
@@ -155,10 +184,16 @@ class Engine {
   // The parameter / gradient with this name (Hugging Face names for GPT-2; a tied name such as
   // "lm_head.weight" resolves to its owner). Error naming the parameter if unknown.
   // Under fp16 / bf16 these are the 16-bit tensors the layers read and write.
+  // Under ZeRO a partitioned tensor has no whole copy on a rank: param() is an Error at stage 3
+  // (stage 3's persistent layers excepted), master_param() at stages 1-3, grad() at stages 2-3;
+  // gather_master_params() gives the whole fp32 values instead.
   Tensor param(std::string_view name) const;
   // The fp32 master copy the optimizer updates (= param(name) in fp32 training).
   Tensor master_param(std::string_view name) const;
   Tensor grad(std::string_view name) const;
+  // Collective (every rank calls it): fn(name, value) for every owned parameter, in layer order,
+  // with its whole fp32 master value (a temporary under ZeRO stages 1-3).
+  void gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn);
   // Owned parameter names, in layer order.
   std::vector<std::string> param_names() const;
 
@@ -172,13 +207,16 @@ class Engine {
   std::span<const Tensor> layer_params(std::size_t layer) const;
   // The engine's layers and parameter views for a Generator (samples at the val interval): the
   // weights are read in place, never copied. The views stay valid while the engine lives (moving
-  // the engine keeps them).
-  GenerationModel generation_model() const;
+  // the engine keeps them) and, at ZeRO stage 3, until the next forward / evaluate: there it is
+  // collective, gathering every layer's parameters.
+  GenerationModel generation_model();
 
   // Hugging Face GPT-2 safetensors (ops/transformer/gpt2_weights.h), fp32, from / into the fp32
   // master params under fp16 / bf16 (loading rounds them into the 16-bit params). Error for a model that is
   // not GPT-2, or a file that does not fit the model (naming the tensor and the shapes).
-  void save_weights(const std::filesystem::path& path) const;
+  // With several ranks both are collective: every rank reads the file; rank 0 alone writes it
+  // (stage 3 only with zero_optimization.stage3_gather_16bit_weights_on_model_save, as DeepSpeed).
+  void save_weights(const std::filesystem::path& path);
   void load_weights(const std::filesystem::path& path);
 
  private:
@@ -209,8 +247,8 @@ class Engine {
   bool have_forward_ = false;
 };
 
-// The entry point, as deepspeed.initialize: the model, the parsed ds_config (world size 1) and the
-// run's options. Throws Error for a config this engine cannot train (naming the key and value).
+// The entry point, as deepspeed.initialize: the model, the parsed ds_config (resolved for the
+// world size of options.comm) and the run's options. Throws Error for a config this engine cannot train (naming the key and value).
 Engine initialize(Model model, const config::DsConfig& config, const EngineOptions& options = {});
 
 }  // namespace dstrain

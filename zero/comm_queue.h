@@ -1,0 +1,59 @@
+// CommQueue: the order in which one rank's collectives run, and whether they overlap compute.
+//
+// ZeRO issues its collectives (gradient buckets during backward, parameter gathers ahead of the
+// layers that need them) through this queue, in program order. With overlap off every submit runs
+// the collective at once on the calling thread. With overlap on (zero_optimization.overlap_comm)
+// a worker thread of the rank runs them, one at a time and in submission order, while the caller
+// goes on computing; the caller waits for a ticket only right before it reads what that collective
+// writes. This is the CPU counterpart of NCCL's stream + event ordering: the same calls, the same
+// order on every rank, completion observed per collective, never a global synchronize.
+//
+// A collective that fails on the worker is rethrown by the next wait() / drain() on the caller,
+// and the queue refuses further work (the group is unusable after a failure anyway).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace dstrain {
+
+class CommQueue {
+ public:
+  using Ticket = std::uint64_t;  // 1, 2, ... in submission order; 0 = nothing to wait for
+
+  // `overlap`: run on a worker thread, whose log lines carry the caller's rank (ops/log.h).
+  explicit CommQueue(bool overlap);
+  ~CommQueue();  // drains what is queued (errors are dropped: the destructor cannot throw)
+  CommQueue(const CommQueue&) = delete;
+  CommQueue& operator=(const CommQueue&) = delete;
+
+  bool overlapped() const { return worker_.joinable(); }
+
+  // Queues `work` (a collective). Without overlap it has run when submit returns.
+  Ticket submit(std::function<void()> work);
+  // Returns once work `ticket` (and everything submitted before it) has run; rethrows its error.
+  void wait(Ticket ticket);
+  // wait() for everything submitted so far.
+  void drain();
+
+ private:
+  void run_worker();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Ticket, std::function<void()>>> queue_;
+  Ticket submitted_ = 0;
+  Ticket completed_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  int log_rank_ = 0;
+  int log_world_ = 1;
+  std::thread worker_;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,166 @@
+// ModelStates: a model's parameters, gradients and optimizer states, held as ZeRO stage 0-3 says,
+// on one rank of a data-parallel group, and the collectives that keep them consistent.
+//
+// Layout (zero/flat_layout.h): each layer's owned parameters are packed into flat buffers that
+// split evenly across the W ranks; layer regions sit back to back in one model-wide buffer per
+// kind. Parameters are views into these buffers and every collective reads and writes them in
+// place. Per rank, with Ψ = the model's (padded) parameter elements, s = storage bytes (4 fp32,
+// 2 fp16/bf16), masters fp32 only under fp16/bf16:
+//
+//   stage  params (s)        grads (s)              fp32 master + Adam m, v      collectives per step
+//   0      Ψ                 Ψ                      Ψ                            all-reduce grads (buckets)
+//   1      Ψ                 Ψ                      Ψ/W                          reduce-scatter grads, all-gather params
+//   2      Ψ                 Ψ/W (+ one layer's     Ψ/W                          reduce-scatter per layer in backward,
+//                            full grads, transient)                              all-gather params
+//   3      Ψ/W (+ gathered   Ψ/W (+ transient)      Ψ/W                          all-gather before forward and
+//          layers)                                                               backward, reduce-scatter grads
+//
+// Stage 3 layers with fewer than param_persistence_threshold parameters keep them whole on every
+// rank (they are all-gathered after each step, as stages 1-2 do); the rest are gathered per call
+// by a ParamCoordinator (prefetch, max live, reuse distance; zero/param_coordinator.h). Gradients
+// are averaged over the ranks (ReduceOp::avg), so every stage computes d(mean loss over the global
+// batch). Collectives run through a CommQueue: with overlap_comm on a worker thread, overlapping
+// the backward (and stage 3's prefetch) with compute.
+//
+// The hooks follow the engine's step loop (DESIGN.md "The step, as data flows"):
+//   begin_pass(train)                       once per micro-step (or evaluation)
+//   acquire(i) ... layer call ... release(i)   around every forward, recompute and backward call
+//   before_backward(i) / after_backward(i)  around layer i's backward
+//   end_backward()                          after the last layer's backward: waits for every
+//                                           reduction and releases gathered params
+//   partitions(): the optimizer's work; after_update(): the post-step all-gather; zero_grads().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ops/allocator.h"
+#include "ops/buffer.h"
+#include "ops/kernels/lamb.h"
+#include "ops/transformer/layer.h"
+#include "zero/comm_queue.h"
+#include "zero/communicator.h"
+#include "zero/flat_layout.h"
+#include "zero/param_coordinator.h"
+
+namespace dstrain {
+
+struct ZeroSettings {
+  int stage = 0;
+  DType storage = DType::fp32;  // params and grads as the layers see them
+  bool fp32_masters = false;    // fp16 / bf16: a separate fp32 master copy the optimizer updates
+  std::int64_t reduce_bucket_size = 500'000'000;
+  std::int64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = false;
+  std::int64_t prefetch_bucket_size = 50'000'000;
+  std::int64_t param_persistence_threshold = 100'000;
+  std::int64_t max_live_parameters = 1'000'000'000;
+  std::int64_t max_reuse_distance = 1'000'000'000;
+};
+
+// One contiguous run of this rank's optimizer work: a piece of one layer's buffers with one
+// weight-decay setting. master / m / v are fp32; grads is the reduced (averaged) gradient in the
+// storage dtype; lowp is the storage-dtype parameter the update rewrites (empty when the params
+// are the fp32 master itself).
+struct PartitionSegment {
+  std::size_t layer = 0;
+  Tensor master, grads, m, v, lowp;
+  bool weight_decay = true;
+  std::vector<TensorRange> ranges;  // whole parameter tensors inside the segment (stage 0 only: Lamb)
+};
+
+class ModelStates {
+ public:
+  // specs[i]: layer i's params(); names[i]: its name. comm == nullptr: one rank. Allocates every
+  // persistent buffer from `allocator`; params, masters and moments start at zero.
+  ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings,
+              Communicator* comm, Allocator& allocator);
+  ~ModelStates();
+  ModelStates(const ModelStates&) = delete;
+  ModelStates& operator=(const ModelStates&) = delete;
+
+  int stage() const { return s_.stage; }
+  int rank() const;
+  int world() const { return world_; }
+  std::size_t layer_count() const { return layers_.size(); }
+  const FlatLayout& layout(std::size_t i) const { return layers_[i].layout; }
+  // Stage 3 and above the persistence threshold: gathered per call.
+  bool partitioned_params(std::size_t i) const { return layers_[i].partitioned; }
+  // The owners (layer indices) whose parameters layer i reads: itself and its tied owners.
+  std::span<const std::size_t> owners(std::size_t i) const { return layers_[i].owners; }
+
+  // ---- the step loop's hooks ----
+  // Call traces of a training micro-step and an evaluation (stage 3's schedule).
+  void set_traces(std::vector<std::size_t> train, std::vector<std::size_t> eval);
+  void begin_pass(bool train);
+  void acquire(std::size_t i);
+  void release(std::size_t i);
+  // Layer i's params (and, during backward, grads) in params() order, tied entries the owner's.
+  // Valid between acquire(i) and release(i).
+  void views(std::size_t i, std::vector<Tensor>& params, std::vector<Tensor>* grads);
+  void before_backward(std::size_t i);
+  // Layer i's own gradients are final for this micro-step: reduce them (stage 0/1 only at the
+  // gradient-accumulation boundary, stage 2/3 every micro-step).
+  void after_backward(std::size_t i, bool boundary);
+  void end_backward(bool boundary);
+  void end_eval();
+
+  // ---- the optimizer step ----
+  const std::vector<PartitionSegment>& partitions() const { return segments_; }
+  // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).
+  void after_update();
+  void zero_grads();
+
+  // ---- whole parameters ----
+  // Collective on every rank: calls fn(layer, slot, value) for every owned parameter with its full
+  // fp32 master value (a temporary; a view in place at stage 0).
+  void gather_masters(const std::function<void(std::size_t layer, const FlatSlot& slot, const Tensor& fp32)>& fn);
+  // Every rank: fill(layer, slot, out) writes parameter `slot`'s full fp32 value into `out`; each rank
+  // keeps its part as master and rounds it into the storage-dtype params (collective-free).
+  void set_masters(const std::function<void(std::size_t layer, const FlatSlot& slot, const Tensor& fp32)>& fill);
+  // Stage 0-2, or a persistent stage-3 layer: the storage-dtype param / grad of a slot, in place.
+  // Empty tensor when it is partitioned (stage 3 params, stage 2-3 grads).
+  Tensor full_param(std::size_t layer, const FlatSlot& slot) const;
+  Tensor full_grad(std::size_t layer, const FlatSlot& slot) const;
+  // Stage 0: the fp32 master of a slot, in place; empty otherwise.
+  Tensor full_master(std::size_t layer, const FlatSlot& slot) const;
+  // Gathers every partitioned layer for a reader outside the step (sampling); collective. Held
+  // until the next begin_pass.
+  void acquire_all();
+
+  // ---- statistics ----
+  std::int64_t padded_numel() const { return total_numel_; }  // Ψ, padding included
+  std::int64_t peak_gathered_elements() const;  // stage 3: the most parameter elements gathered at once
+  std::uint64_t gathers() const;                 // stage 3: layer gathers issued so far
+
+ private:
+  struct Layer;
+  void gather_layer(std::size_t j);
+  void wait_layer(std::size_t j);
+  void free_layer(std::size_t j);
+  void flush_allreduce(std::int64_t begin, std::int64_t end);
+  Tensor region(const Buffer& b, DType t, std::int64_t begin, std::int64_t count) const;
+
+  ZeroSettings s_;
+  Communicator* comm_;
+  int world_ = 1;
+  Allocator& alloc_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<ParamSpec>> specs_;
+  std::int64_t total_numel_ = 0;
+  // Model-wide buffers (regions per layer; see the table above).
+  Buffer params_full_, params_shard_, grads_full_, grads_shard_, master_, m_, v_;
+  std::vector<PartitionSegment> segments_;
+  std::unique_ptr<CommQueue> queue_;
+  std::unique_ptr<ParamCoordinator> coordinator_;
+  std::vector<std::size_t> train_trace_, eval_trace_;
+  std::int64_t pending_begin_ = -1, pending_end_ = -1;  // stage 0: grads_full range awaiting all-reduce
+  bool all_acquired_ = false;
+};
+
+}  // namespace dstrain
