@@ -71,6 +71,7 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage) {
   s.reduce_bucket_size = z.reduce_bucket_size;
   s.allgather_bucket_size = z.allgather_bucket_size;
   s.overlap_comm = z.overlap_comm;
+  s.reduce_scatter = z.reduce_scatter;
   s.prefetch_bucket_size = z.prefetch_bucket_size;
   s.param_persistence_threshold = z.param_persistence_threshold;
   s.model_persistence_threshold = z.model_persistence_threshold;

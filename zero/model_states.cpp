@@ -310,8 +310,14 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
       const FlatRange c = lo.chunk_range(k);
       chunks.push_back(region(grads_full_, s_.storage, ly.grad_begin + c.begin, c.size()));
     }
-    queue_->submit([comm, r, chunks = std::move(chunks), w = world_] {
-      for (const Tensor& c : chunks) comm->reduce_scatter(c, shard_of(c, r, w), ReduceOp::avg);
+    queue_->submit([comm, r, chunks = std::move(chunks), w = world_, rs = s_.reduce_scatter] {
+      for (const Tensor& c : chunks) {
+        if (rs) {
+          comm->reduce_scatter(c, shard_of(c, r, w), ReduceOp::avg);
+        } else {
+          comm->all_reduce(c, ReduceOp::avg);
+        }
+      }
     });
     return;
   }
@@ -326,10 +332,11 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
                        region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
   }
   Buffer* transient = &ly.transient_grads;
-  queue_->submit([comm, r, w = world_, parts = std::move(parts), transient] {
+  queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
     for (const auto& [chunk, part] : parts) {
       const Tensor mine = shard_of(chunk, r, w);
-      if (comm != nullptr) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
+      if (comm != nullptr && rs) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
+      if (comm != nullptr && !rs) comm->all_reduce(chunk, ReduceOp::avg);
       residual_forward(part, part, mine);  // accumulate over micro-steps (fp32 add, one rounding)
     }
     transient->reset();

@@ -56,6 +56,9 @@ struct ZeroSettings {
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;
+  // false: gradients are all-reduced and each rank keeps its piece (DeepSpeed's reduce_scatter:
+  // false; twice the traffic of the reduce-scatter used by default).
+  bool reduce_scatter = true;
   std::int64_t prefetch_bucket_size = 50'000'000;
   std::int64_t param_persistence_threshold = 100'000;   // a stage-3 layer with fewer elements stays whole
   std::int64_t model_persistence_threshold = INT64_MAX;  // cap on the elements kept whole that way
