@@ -188,6 +188,11 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges});
     im.segment_layer.push_back(p.layer);
   }
+  if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
+    log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
+                "fp32 and rounded once; a separate {} accumulation buffer is not kept",
+                *gad, dtype_name(storage), *gad);
+  }
   if (config.zero_optimization.stage >= 1) {
     log_info("ZeRO stage {} on {} rank(s): {} padded parameter elements, this rank updates {} of them", config.zero_optimization.stage, im.world,
              im.states->padded_numel(), [&] {
