@@ -260,6 +260,13 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
 
 void ModelStates::before_backward(std::size_t i) {
   if (s_.stage <= 1) return;
+  // At most two layers' reductions in flight (DeepSpeed's max_param_reduce_events is 2 too): the
+  // next layer's whole gradients are allocated only once the oldest reduction has freed its own.
+  constexpr std::size_t kMaxReductionsInFlight = 2;
+  while (reductions_in_flight_.size() >= kMaxReductionsInFlight) {
+    queue_->wait(reductions_in_flight_.front());
+    reductions_in_flight_.erase(reductions_in_flight_.begin());
+  }
   for (std::size_t o : layers_[i]->owners) {
     Layer& ow = *layers_[o];
     if (!ow.transient_grads.empty()) continue;
@@ -332,7 +339,7 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
                        region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
   }
   Buffer* transient = &ly.transient_grads;
-  queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
+  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
     for (const auto& [chunk, part] : parts) {
       const Tensor mine = shard_of(chunk, r, w);
       if (comm != nullptr && rs) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
@@ -341,6 +348,7 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
     }
     transient->reset();
   });
+  reductions_in_flight_.push_back(t);
 }
 
 void ModelStates::end_backward(bool boundary) {
@@ -349,6 +357,7 @@ void ModelStates::end_backward(bool boundary) {
     pending_begin_ = pending_end_ = -1;
   }
   queue_->drain();
+  reductions_in_flight_.clear();
   if (coordinator_) coordinator_->end_pass();
 }
 

@@ -166,6 +166,9 @@ class ModelStates {
   std::unique_ptr<CommQueue> queue_;
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::vector<std::size_t> train_trace_, eval_trace_;
+  // Stages 2-3: reductions of whole-layer gradients not yet known complete. Bounded, so that with
+  // overlap_comm the backward cannot run ahead and hold every layer's whole gradients at once.
+  std::vector<CommQueue::Ticket> reductions_in_flight_;
   std::int64_t pending_begin_ = -1, pending_end_ = -1;  // stage 0: grads_full range awaiting all-reduce
   bool all_acquired_ = false;
 };
