@@ -501,10 +501,10 @@ void refuse_launcher_world() {
          e.what());
   }
   if (env.world_size > 1) {
-    fail("this process was started by {} as {}: dstrain train runs on the CPU, whose ranks are threads of one process, and cannot join "
-         "other processes (training across processes over NCCL needs the CUDA engine); start one process without the launcher and give "
-         "--num-ranks {} instead",
-         env.launcher, env.str(), env.world_size);
+    fail("this process was started by a launcher as one of {} ranks ({}): dstrain train runs on the CPU, whose ranks are threads of one "
+         "process, and cannot join other processes (training across processes over NCCL needs the CUDA engine); start one process without "
+         "the launcher and give --num-ranks {} instead",
+         env.world_size, env.str(), env.world_size);
   }
 }
 

@@ -60,9 +60,11 @@ class TrainMultirankCli : public ::testing::Test {
     return p;
   }
 
-  static std::string train_args(const fs::path& cfg, int ranks) {
+  // --num-ranks `ranks` (as the shell word given), samples of `sample_tokens` tokens.
+  static std::string train_args(const fs::path& cfg, const std::string& ranks, int sample_tokens = 8) {
     return "train --deepspeed_config " + q(cfg) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
-           " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 4 --sample-tokens 8 --seed 5 --num-ranks " + std::to_string(ranks);
+           " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 4 --seed 5 --sample-tokens " + std::to_string(sample_tokens) + " --num-ranks " +
+           ranks;
   }
   static nlohmann::json summary(const fs::path& p) { return nlohmann::json::parse(read_file_text(p)); }
 
@@ -81,7 +83,7 @@ fs::path TrainMultirankCli::dir_;
 // stage 3 gathers them), which a fresh 1-rank run loads to the same val loss.
 TEST_F(TrainMultirankCli, TwoRanksTrainLikeOneRankWithTheSameGlobalBatch) {
   constexpr int kSteps = 4;
-  const CliResult one = run_dstrain(train_args(config(0, 4), 1) + " --steps " + std::to_string(kSteps) + " --summary-json " + q(dir_ / "one.json"));
+  const CliResult one = run_dstrain(train_args(config(0, 4), "1") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(dir_ / "one.json"));
   ASSERT_EQ(one.exit_code, 0) << one.err << one.out;
   const nlohmann::json s1 = summary(dir_ / "one.json");
   const auto ref = s1["train_losses"].get<std::vector<double>>();
@@ -94,7 +96,7 @@ TEST_F(TrainMultirankCli, TwoRanksTrainLikeOneRankWithTheSameGlobalBatch) {
     const fs::path json = dir_ / ("two_stage" + std::to_string(stage) + ".json");
     const bool save = stage == 1 || stage == 3;
     const fs::path weights = dir_ / ("w" + std::to_string(stage) + ".safetensors");
-    const CliResult two = run_dstrain(train_args(config(stage, 2), 2) + " --steps " + std::to_string(kSteps) + " --summary-json " + q(json) +
+    const CliResult two = run_dstrain(train_args(config(stage, 2), "2") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(json) +
                                       (save ? " --save-weights " + q(weights) : std::string()));
     ASSERT_EQ(two.exit_code, 0) << two.err << two.out;
     EXPECT_NE(two.out.find("train_batch_size 8 = micro-batch 2 x gradient_accumulation_steps 2 x world size 2"), std::string::npos) << two.out;
@@ -126,7 +128,7 @@ TEST_F(TrainMultirankCli, TwoRanksTrainLikeOneRankWithTheSameGlobalBatch) {
       ASSERT_TRUE(fs::is_regular_file(weights));
       EXPECT_NE(two.out.find("weights saved to"), std::string::npos);
       const fs::path back = dir_ / ("back" + std::to_string(stage) + ".json");
-      const CliResult c = run_dstrain(train_args(config(0, 4), 1) + " --steps 0 --init-from " + q(weights) + " --summary-json " + q(back));
+      const CliResult c = run_dstrain(train_args(config(0, 4), "1") + " --steps 0 --init-from " + q(weights) + " --summary-json " + q(back));
       ASSERT_EQ(c.exit_code, 0) << c.err;
       EXPECT_NEAR(summary(back)["final_val_loss"].get<double>(), s2["final_val_loss"].get<double>(), kLossTolerance);
     }
@@ -140,7 +142,7 @@ TEST_F(TrainMultirankCli, SummaryJsonReportsEveryRanksZeroState) {
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const fs::path json = dir_ / ("report" + std::to_string(stage) + ".json");
-    const CliResult r = run_dstrain(train_args(config(stage, 2), 2) + " --steps 2 --sample-tokens 0 --summary-json " + q(json));
+    const CliResult r = run_dstrain(train_args(config(stage, 2), "2", 0) + " --steps 2 --summary-json " + q(json));
     ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
     const nlohmann::json z = summary(json)["zero"];
     ASSERT_EQ(z["ranks"].size(), 2u);
@@ -189,11 +191,11 @@ TEST_F(TrainMultirankCli, SummaryJsonReportsEveryRanksZeroState) {
 // (c) Bad input exits non-zero naming the cause.
 TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
   for (const char* bad : {"0", "-1"}) {
-    const CliResult r = run_dstrain(train_args(config(0, 2), 1) + " --steps 1 --num-ranks " + bad);
+    const CliResult r = run_dstrain(train_args(config(0, 2), bad) + " --steps 1");
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.err.find("--num-ranks"), std::string::npos) << bad << ": " << r.err;
   }
-  const CliResult word = run_dstrain(train_args(config(0, 2), 1) + " --steps 1 --num-ranks two");
+  const CliResult word = run_dstrain(train_args(config(0, 2), "two") + " --steps 1");
   EXPECT_NE(word.exit_code, 0);
   EXPECT_NE(word.err.find("--num-ranks"), std::string::npos) << word.err;
 
@@ -201,16 +203,16 @@ TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
   const fs::path tbs = dir_ / "tbs8.json";
   std::ofstream(tbs) << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
-  const CliResult fits = run_dstrain(train_args(tbs, 2) + " --steps 1 --sample-tokens 0");
+  const CliResult fits = run_dstrain(train_args(tbs, "2", 0) + " --steps 1");
   EXPECT_EQ(fits.exit_code, 0) << fits.err;
-  const CliResult misfit = run_dstrain(train_args(tbs, 3) + " --steps 1");
+  const CliResult misfit = run_dstrain(train_args(tbs, "3") + " --steps 1");
   EXPECT_EQ(misfit.exit_code, 2);
   EXPECT_NE(misfit.err.find("train_batch_size"), std::string::npos) << misfit.err;
 
   // Started by a launcher as one of 2 processes: the CPU engine cannot join them; --num-ranks can.
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);
-  const CliResult launched = run_dstrain(train_args(config(0, 2), 1) + " --steps 1");
+  const CliResult launched = run_dstrain(train_args(config(0, 2), "1") + " --steps 1");
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
   EXPECT_EQ(launched.exit_code, 2);
