@@ -35,6 +35,10 @@ struct Args {
   std::string dtype = "fp32";  // fp32 | fp16 | bf16
   bool overlap = true;         // zero_optimization.overlap_comm
   long persistence_threshold = 0;  // stage3_param_persistence_threshold (0: partition every parameter)
+  // stage3_max_reuse_distance / stage3_prefetch_bucket_size / stage3_max_live_parameters; -1: the
+  // config's default (DeepSpeed's). With the defaults a small model stays gathered from forward to
+  // backward (one all-gather a step); --max-reuse-distance 0 re-gathers it for backward (ZeRO's 3Ψ).
+  long max_reuse_distance = -1, prefetch_bucket_size = -1, max_live_parameters = -1;
   std::vector<int> stages{0, 1, 2, 3};
 };
 
@@ -42,7 +46,8 @@ struct Args {
   std::fprintf(stderr,
                "bench_zero_cpu: %s\n"
                "options: --model SPEC (gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>]) --micro-batch B --seq T --gas N --steps N --warmup N\n"
-               "         --ranks W --dtype fp32|fp16|bf16 --overlap on|off --stages 0,1,2,3 --persistence-threshold N\n",
+               "         --ranks W --dtype fp32|fp16|bf16 --overlap on|off --stages 0,1,2,3 --persistence-threshold N\n"
+               "         --max-reuse-distance N --prefetch-bucket-size N --max-live-parameters N (stage 3; default: DeepSpeed's)\n",
                why.c_str());
   std::exit(2);
 }
@@ -68,6 +73,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = positive(k, v, 0);
     else if (k == "--ranks") a.ranks = positive(k, v, 1);
     else if (k == "--persistence-threshold") a.persistence_threshold = positive(k, v, 0);
+    else if (k == "--max-reuse-distance") a.max_reuse_distance = positive(k, v, 0);
+    else if (k == "--prefetch-bucket-size") a.prefetch_bucket_size = positive(k, v, 0);
+    else if (k == "--max-live-parameters") a.max_live_parameters = positive(k, v, 1);
     else if (k == "--dtype") {
       a.dtype = v;
       if (a.dtype != "fp32" && a.dtype != "fp16" && a.dtype != "bf16") usage("--dtype " + a.dtype + ": fp32, fp16 or bf16");
@@ -94,7 +102,8 @@ using Clock = std::chrono::steady_clock;
 struct StageResult {
   int stage = 0;
   std::string error;
-  double step_ms = 0.0;  // rank 0's mean over the timed steps (the ranks move in lockstep)
+  double step_ms = 0.0;    // rank 0's mean over the timed steps (the ranks move in lockstep)
+  double median_ms = 0.0;  // and the median: a shared machine's stray slow step moves the mean
   double tokens_per_s = 0.0;
   float loss = 0.0f;
   std::vector<dstrain::ZeroReport> reports;  // per rank
@@ -104,10 +113,14 @@ std::string ds_config_json(const Args& a, int stage) {
   std::string precision;
   if (a.dtype == "fp16") precision = R"("fp16": {"enabled": true, "initial_scale_power": 12},)";
   if (a.dtype == "bf16") precision = R"("bf16": {"enabled": true},)";
+  std::string stage3;
+  if (a.max_reuse_distance >= 0) stage3 += fmt::format(R"(, "stage3_max_reuse_distance": {})", a.max_reuse_distance);
+  if (a.prefetch_bucket_size >= 0) stage3 += fmt::format(R"(, "stage3_prefetch_bucket_size": {})", a.prefetch_bucket_size);
+  if (a.max_live_parameters >= 0) stage3 += fmt::format(R"(, "stage3_max_live_parameters": {})", a.max_live_parameters);
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0, {}
       "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}}},
-      "zero_optimization": {{"stage": {}, "overlap_comm": {}, "stage3_param_persistence_threshold": {}}}}})",
-                     a.micro_batch, a.gas, precision, stage, a.overlap ? "true" : "false", a.persistence_threshold);
+      "zero_optimization": {{"stage": {}, "overlap_comm": {}, "stage3_param_persistence_threshold": {}{}}}}})",
+                     a.micro_batch, a.gas, precision, stage, a.overlap ? "true" : "false", a.persistence_threshold, stage3);
 }
 
 StageResult run_stage(const Args& a, int stage) {
@@ -131,7 +144,7 @@ StageResult run_stage(const Args& a, int stage) {
     std::vector<std::int32_t> in(tok.begin(), tok.end() - 1), tg(tok.begin() + 1, tok.end());
     const dstrain::Shape bt{a.micro_batch, a.seq};
     const dstrain::Batch batch{dstrain::Tensor(in.data(), dstrain::DType::int32, bt), dstrain::Tensor(tg.data(), dstrain::DType::int32, bt)};
-    double ms = 0.0;
+    std::vector<double> ms;
     for (long k = 0; k < total; ++k) {
       const auto t0 = Clock::now();
       for (long m = 0; m < a.gas; ++m) {
@@ -139,11 +152,15 @@ StageResult run_stage(const Args& a, int stage) {
         engine.backward();
         engine.step();
       }
-      if (k >= a.warmup) ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (k >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
     res.reports[static_cast<std::size_t>(comm.rank())] = engine.zero_report();
     if (comm.rank() == 0) {
-      res.step_ms = ms / static_cast<double>(timed);
+      double sum = 0.0;
+      for (double x : ms) sum += x;
+      res.step_ms = sum / static_cast<double>(timed);
+      std::sort(ms.begin(), ms.end());
+      res.median_ms = ms.size() % 2 == 1 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
       res.loss = engine.last_step_loss();
       const double tokens = static_cast<double>(a.micro_batch * a.gas * a.ranks * a.seq);
       res.tokens_per_s = res.step_ms > 0.0 ? tokens / (res.step_ms / 1000.0) : 0.0;
@@ -185,7 +202,7 @@ int main(int argc, char** argv) {
   // Memory: rank 0's bytes held between steps (the ranks' shares are equal: the layout pads every
   // layer to split evenly), the peak the largest over ranks. Traffic: rank 0's bytes sent in the
   // last optimizer step, by kind (ring volume), and its calls.
-  std::printf("\n%-5s %9s %11s | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7s %9s %9s\n", "stage", "step ms", "tokens/s", "params MiB",
+  std::printf("\n%-5s %9s %9s %11s | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7s %9s %9s\n", "stage", "step ms", "median", "tokens/s", "params MiB",
               "grads MiB", "optim MiB", "states MiB", "peak MiB", "allred MiB", "redsct MiB", "allgth MiB", "bcast MiB", "calls", "gathered", "loss");
   for (const StageResult& r : results) {
     if (!r.error.empty()) {
@@ -195,7 +212,7 @@ int main(int argc, char** argv) {
     const dstrain::ZeroReport& z = r.reports.front();
     const auto& c = z.step_comm;
     using K = dstrain::CollectiveKind;
-    std::printf("%-5d %9.2f %11.0f | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7llu %9lld %9.4f\n", r.stage, r.step_ms, r.tokens_per_s,
+    std::printf("%-5d %9.2f %9.2f %11.0f | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7llu %9lld %9.4f\n", r.stage, r.step_ms, r.median_ms, r.tokens_per_s,
                 mib(z.param_bytes).c_str(), mib(z.grad_bytes).c_str(), mib(z.optimizer_bytes).c_str(), mib(states(z)).c_str(),
                 mib(max_over(r.reports, &dstrain::ZeroReport::peak_bytes)).c_str(), mib(c.bytes_sent(K::all_reduce)).c_str(),
                 mib(c.bytes_sent(K::reduce_scatter)).c_str(), mib(c.bytes_sent(K::all_gather)).c_str(), mib(c.bytes_sent(K::broadcast)).c_str(),

@@ -575,7 +575,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--val-interval", args->val_interval, "Evaluate every N steps (and always at the end; 0: only at the end)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--val-batches", args->val_batches, "Batches per evaluation (0: the whole val file)")
+  cmd->add_option("--val-batches", args->val_batches, "Batches (of the micro-batch size) per evaluation, shared out over the --num-ranks ranks, each taking ceil(N / ranks) "
+                  "(0: the whole val file)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--init-from", args->init_from, "Start from these weights (Hugging Face GPT-2 safetensors) instead of the init");
