@@ -165,6 +165,10 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
 
   const std::size_t L = model_.layers.size();
   if (L > 65536) fail("initialize: {} layers; dropout keys address at most 65536", L);
+  if (gas_ * im.world > 65536) {
+    fail("gradient_accumulation_steps {} x world size {} = {} micro-batches per step; dropout keys address at most 65536", gas_, im.world,
+         gas_ * im.world);
+  }
   im.layers.resize(L);
 
   // ---- parameters, gradients, optimizer states: held as the ZeRO stage says (zero/model_states.h);
@@ -325,7 +329,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.params = ls.params;
   a.saved = ls.saved;
   a.scratch = ls.scratch;
-  a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(micro_steps_ % gas_), 0};
+  a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(i), global_micro_batch(), 0};
   a.train = train;
   a.loss = loss;
   model_.layers[i]->forward(a);
@@ -353,7 +357,7 @@ void Engine::backward() {
   Impl& im = *impl_;
   const std::size_t last = model_.layers.size() - 1;
   const auto step = static_cast<std::uint32_t>(global_steps_);
-  const auto micro = static_cast<std::uint32_t>(micro_steps_ % gas_);
+  const std::uint32_t micro = global_micro_batch();
   const bool boundary = is_gradient_accumulation_boundary();
   // fp16: the loss is multiplied by the loss scale (reference §6.1) so small gradients survive in
   // fp16; fp32 / bf16 keep exactly 1/GAS.
@@ -398,6 +402,12 @@ void Engine::backward() {
   }
   im.states->end_backward(boundary);
   step_loss_sum_ += static_cast<double>(last_loss_);
+}
+
+// The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank
+// r at micro-step m slot m·W + r), so masks are the same for any world size and GAS split.
+std::uint32_t Engine::global_micro_batch() const {
+  return static_cast<std::uint32_t>((micro_steps_ % gas_) * impl_->world + impl_->states->rank());
 }
 
 bool Engine::is_gradient_accumulation_boundary() const { return (micro_steps_ + 1) % gas_ == 0; }

@@ -225,6 +225,7 @@ class Engine {
   void forward_layer(std::size_t i, bool train, float* loss, bool recompute);
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
   bool optimizer_step();
+  std::uint32_t global_micro_batch() const;
 
   Model model_;
   std::unique_ptr<Impl> impl_;

@@ -57,6 +57,7 @@ CommQueue::Ticket CommQueue::submit(std::function<void()> work) {
       work();
     } catch (...) {
       error_ = std::current_exception();
+      completed_ = submitted_;  // a later wait() rethrows instead of waiting for work that will never run
       throw;
     }
     completed_ = submitted_;
