@@ -29,6 +29,10 @@
 
 // Training: the model (layers), the engine and its step loop, weights in the HF GPT-2 layout.
 #include "engine/engine.h"
+// Data parallelism: the communicator ranks train over (local threads; launcher environments).
+#include "zero/communicator.h"
+#include "zero/launch_env.h"
+#include "zero/local_communicator.h"
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"
 #include "engine/model.h"

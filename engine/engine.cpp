@@ -9,6 +9,7 @@
 #include "engine/grad_norm.h"
 #include "engine/loss_scaler.h"
 #include "engine/optimizer.h"
+#include "zero/model_states.h"
 #include "ops/buffer.h"
 #include "ops/error.h"
 #include "ops/log.h"
@@ -24,47 +25,67 @@ namespace {
 constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 constexpr auto pack = pack_activation_specs;
 
-// What this build trains: CPU, fp32 / fp16 / bf16, ZeRO stage 0, no offload, one rank (activation checkpointing,
-// cpu_checkpointing included, is provided; partition_activations only warns). Anything else is
-// refused up front, naming the key, rather than trained differently from what the config asks.
-void check_config_is_provided(const config::DsConfig& c) {
-  const char* limit = "dstrain's CPU engine currently trains with ZeRO stage 0 on one rank";
+// What this build trains: CPU, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
+// communicator, no offload (activation checkpointing, cpu_checkpointing included, is provided;
+// partition_activations only warns). Anything else is refused up front, naming the key, rather
+// than trained differently from what the config asks.
+void check_config_is_provided(const config::DsConfig& c, int world_size) {
+  const char* limit = "dstrain's CPU engine trains without offload";
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
   }
-  if (c.amp.enabled) fail("amp.enabled: true — {}; NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block", limit);
-  if (c.zero_optimization.stage != 0) {
-    fail("zero_optimization.stage: {} — {}; set \"stage\": 0 to train this config now", c.zero_optimization.stage, limit);
+  if (c.optimizer.kind == config::OptimizerKind::lamb && c.zero_optimization.stage >= 1) {
+    fail("optimizer.type \"Lamb\" with zero_optimization.stage {}: Lamb's trust ratio needs each parameter tensor's whole norm, and ZeRO "
+         "splits tensors across ranks (DeepSpeed, with zero_allow_untested_optimizer, would silently compute it per partition); use stage 0, "
+         "or Adam/AdamW",
+         c.zero_optimization.stage);
   }
+  if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
+  if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
   if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none) {
-    fail("zero_optimization.offload_param.device: \"{}\" — {}, without offload; remove \"offload_param\"", to_string(c.zero_optimization.offload_param->device),
-         limit);
+    fail("zero_optimization.offload_param.device: \"{}\" — {}; remove \"offload_param\"", to_string(c.zero_optimization.offload_param->device), limit);
   }
   if (c.zero_optimization.offload_optimizer && c.zero_optimization.offload_optimizer->device != config::OffloadDevice::none) {
-    fail("zero_optimization.offload_optimizer.device: \"{}\" — {}, without offload; remove \"offload_optimizer\"",
-         to_string(c.zero_optimization.offload_optimizer->device), limit);
+    fail("zero_optimization.offload_optimizer.device: \"{}\" — {}; remove \"offload_optimizer\"", to_string(c.zero_optimization.offload_optimizer->device),
+         limit);
   }
   if (!c.managed_gradient_accumulation) {
     fail("managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
          "steps every gradient_accumulation_steps micro-batches; remove the key (or set it to true)");
   }
-  if (c.data_parallel_world_size != 1) {
-    fail("the config was resolved for a data-parallel world size of {} — {}; resolve it for world size 1", c.data_parallel_world_size, limit);
+  if (c.data_parallel_world_size != world_size) {
+    fail("the config was resolved for a data-parallel world size of {} but the engine's communicator has {} rank(s); resolve it for {} "
+         "(dstrain check-config --world-size {}, or dstrain train --num-ranks {})",
+         c.data_parallel_world_size, world_size, world_size, world_size, c.data_parallel_world_size);
   }
   if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0)) fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
+}
+
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage) {
+  const config::ZeroConfig& z = c.zero_optimization;
+  ZeroSettings s;
+  s.stage = z.stage;
+  s.storage = storage;
+  s.fp32_masters = storage != DType::fp32;
+  s.reduce_bucket_size = z.reduce_bucket_size;
+  s.allgather_bucket_size = z.allgather_bucket_size;
+  s.overlap_comm = z.overlap_comm;
+  s.reduce_scatter = z.reduce_scatter;
+  s.prefetch_bucket_size = z.prefetch_bucket_size;
+  s.param_persistence_threshold = z.param_persistence_threshold;
+  s.model_persistence_threshold = z.model_persistence_threshold;
+  s.max_live_parameters = z.max_live_parameters;
+  s.max_reuse_distance = z.max_reuse_distance;
+  return s;
 }
 
 }  // namespace
 
 struct Engine::Impl {
-  // One layer's memory: its own parameters, gradients and Adam moments in flat buffers, and the
-  // views it is called with (in params() / saved_activations() / scratch() order).
+  // One layer's views, in params() / saved_activations() / scratch() order. params and grads are
+  // refreshed by ModelStates::views before every call (ZeRO-3 gathers land anywhere).
   struct LayerState {
-    Buffer param_buf, grad_buf, m_buf, v_buf;
-    Buffer master_buf;                 // fp32 master params under fp16 / bf16 (else unused)
-    Tensor flat_master, flat_lowp;     // the whole master / 16-bit param buffers (16-bit training)
-    Tensor flat_grads;                 // the whole grad buffer (alignment gaps included, always zero)
     std::vector<Tensor> params, grads;  // tied entries are views of the owner's
     std::vector<Tensor> saved, scratch;
     Tensor input;             // the previous layer's output (empty for the first layer)
@@ -73,8 +94,8 @@ struct Engine::Impl {
   };
   struct Owned {
     ParamSpec spec;
-    Tensor value, grad;
-    Tensor master;  // fp32 master (= value in fp32 training)
+    std::size_t layer = 0;
+    const FlatSlot* slot = nullptr;
   };
 
   // The schedule gets the optimizer's lr and betas, as DeepSpeed's schedulers read them from the
@@ -89,12 +110,14 @@ struct Engine::Impl {
   config::DsConfig config;
   EngineOptions options;
   Optimizer optimizer;
+  std::unique_ptr<CpuAllocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
+  std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
   std::vector<LayerState> layers;
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
-  std::vector<OptimizerSegment> segments;
-  std::vector<Tensor> flat_grads;  // one per layer with parameters
+  std::vector<OptimizerSegment> segments;                // this rank's optimizer work
+  std::vector<std::size_t> segment_layer;                // the layer of each segment
   Buffer act_buf, scratch_buf;
   Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
   Batch batch;
@@ -103,12 +126,24 @@ struct Engine::Impl {
   std::unique_ptr<ActivationCheckpointing> ckpt;  // null: every activation is kept
   LossScaler scaler;  // fp16: DeepSpeed's loss scale; bf16 / fp32: scale 1 and its overflow policy
   bool mixed = false;  // fp16 or bf16: 16-bit layers, fp32 masters
+  Communicator* comm = nullptr;
+  int world = 1;
+  CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
+  CommStats step_comm;           // the last optimizer step's collectives
 };
 
 Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions& options)
-    : model_(std::move(model)), impl_((check_config_is_provided(config), std::make_unique<Impl>(config, options))) {
+    : model_(std::move(model)),
+      impl_((check_config_is_provided(config, options.comm != nullptr ? options.comm->world_size() : 1), std::make_unique<Impl>(config, options))) {
   Impl& im = *impl_;
-  im.allocator = options.allocator != nullptr ? options.allocator : &cpu_allocator();
+  if (options.allocator != nullptr) {
+    im.allocator = options.allocator;
+  } else {
+    im.own_allocator = std::make_unique<CpuAllocator>();
+    im.allocator = im.own_allocator.get();
+  }
+  im.comm = options.comm;
+  im.world = im.comm != nullptr ? im.comm->world_size() : 1;
   if (model_.layers.empty()) fail("initialize: the model has no layers");
   if (model_.n_embd <= 0) fail("initialize: the model's n_embd (width of the residual stream) must be > 0, got {}", model_.n_embd);
 
@@ -132,87 +167,39 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (L > 65536) fail("initialize: {} layers; dropout keys address at most 65536", L);
   im.layers.resize(L);
 
-  // ---- parameters: per layer, owned params packed decayed first, then not decayed, so each
-  // layer's buffers are two optimizer segments; every view 64-byte aligned ----
+  // ---- parameters, gradients, optimizer states: held as the ZeRO stage says (zero/model_states.h);
+  // per layer, owned params packed decayed first, each view 64-byte aligned ----
   std::vector<std::vector<ParamSpec>> specs(L);
+  std::vector<std::string> names(L);
   for (std::size_t i = 0; i < L; ++i) {
     specs[i] = model_.layers[i]->params();
-    Impl::LayerState& ls = im.layers[i];
-    std::vector<std::size_t> order;  // indices into specs[i] of the owned params, decayed first
-    for (int pass = 0; pass < 2; ++pass)
-      for (std::size_t j = 0; j < specs[i].size(); ++j)
-        if (!specs[i][j].tied() && specs[i][j].weight_decay == (pass == 0)) order.push_back(j);
-    // Offsets in elements; every view 64-byte aligned in the storage dtype's buffers (and so in
-    // the fp32 ones too, which are at least as wide).
-    const std::size_t esize = dtype_size(storage);
-    const std::size_t ealign = kAlignBytes / esize;
-    std::vector<std::size_t> offset(specs[i].size(), 0);
-    std::size_t elems = 0, decay_end = 0;
-    for (std::size_t j : order) {
-      elems = align_up(elems, ealign);
-      offset[j] = elems;
-      elems += static_cast<std::size_t>(specs[i][j].shape.numel());
-      if (specs[i][j].weight_decay) decay_end = align_up(elems, ealign);
-    }
-    elems = align_up(elems, ealign);
-    if (elems > 0) {
-      const std::size_t f32 = elems * sizeof(float);
-      ls.param_buf = Buffer(*im.allocator, elems * esize, MemoryPurpose::params);
-      ls.grad_buf = Buffer(*im.allocator, elems * esize, MemoryPurpose::grads);
-      ls.m_buf = Buffer(*im.allocator, f32, MemoryPurpose::optimizer);
-      ls.v_buf = Buffer(*im.allocator, f32, MemoryPurpose::optimizer);
-      if (im.mixed) ls.master_buf = Buffer(*im.allocator, f32, MemoryPurpose::optimizer);
-      const Buffer& master = im.mixed ? ls.master_buf : ls.param_buf;
-      const auto flat = [&](const Buffer& b, DType t, std::size_t from, std::size_t to) {
-        return b.tensor(t, Shape{static_cast<std::int64_t>(to - from)}, from * dtype_size(t));
-      };
-      const auto f = [&](const Buffer& b, std::size_t from, std::size_t to) { return flat(b, DType::fp32, from, to); };
-      const auto st = [&](const Buffer& b, std::size_t from, std::size_t to) { return flat(b, storage, from, to); };
-      for (const Buffer* b : std::initializer_list<const Buffer*>{&ls.m_buf, &ls.v_buf, &master}) zero_tensor(f(*b, 0, elems));
-      for (const Buffer* b : {&ls.param_buf, &ls.grad_buf}) zero_tensor(st(*b, 0, elems));
-      ls.flat_grads = st(ls.grad_buf, 0, elems);
-      ls.flat_master = f(master, 0, elems);
-      ls.flat_lowp = im.mixed ? st(ls.param_buf, 0, elems) : Tensor{};
-      im.flat_grads.push_back(ls.flat_grads);
-      // Lamb's tensors, as offsets from their segment's start.
-      std::vector<TensorRange> decay_ranges, plain_ranges;
-      for (std::size_t j : order) {
-        const auto n = specs[i][j].shape.numel();
-        if (specs[i][j].weight_decay) {
-          decay_ranges.push_back({static_cast<std::int64_t>(offset[j]), n});
-        } else {
-          plain_ranges.push_back({static_cast<std::int64_t>(offset[j] - decay_end), n});
-        }
-      }
-      const auto lowp = [&](std::size_t from, std::size_t to) { return im.mixed ? st(ls.param_buf, from, to) : Tensor{}; };
-      if (decay_end > 0) {
-        im.segments.push_back({f(master, 0, decay_end), st(ls.grad_buf, 0, decay_end), f(ls.m_buf, 0, decay_end), f(ls.v_buf, 0, decay_end), true,
-                               lowp(0, decay_end), decay_ranges});
-      }
-      if (elems > decay_end) {
-        im.segments.push_back({f(master, decay_end, elems), st(ls.grad_buf, decay_end, elems), f(ls.m_buf, decay_end, elems),
-                               f(ls.v_buf, decay_end, elems), false, lowp(decay_end, elems), plain_ranges});
-      }
-    }
-    for (std::size_t j : order) {
-      const ParamSpec& ps = specs[i][j];
-      if (im.by_name.count(ps.name) != 0) fail("initialize: parameter name '{}' is declared twice (layer '{}')", ps.name, model_.layers[i]->name());
+    names[i] = model_.layers[i]->name();
+  }
+  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage), im.comm, *im.allocator);
+  for (std::size_t i = 0; i < L; ++i) {
+    for (const FlatSlot& sl : im.states->layout(i).slots) {
+      const ParamSpec& ps = specs[i][sl.spec];
       im.by_name.emplace(ps.name, im.owned.size());
-      const std::size_t at = offset[j] * dtype_size(storage);
-      im.owned.push_back({ps, ls.param_buf.tensor(storage, ps.shape, at), ls.grad_buf.tensor(storage, ps.shape, at),
-                          (im.mixed ? ls.master_buf : ls.param_buf).tensor(DType::fp32, ps.shape, offset[j] * sizeof(float))});
+      im.owned.push_back({ps, i, &sl});
       parameter_count_ += ps.shape.numel();
     }
-    // Views in params() order; a tied entry takes its (earlier) owner's param and grad.
-    for (const ParamSpec& ps : specs[i]) {
-      const std::string& key = ps.tied() ? ps.tied_to : ps.name;
-      const auto it = im.by_name.find(key);
-      if (it == im.by_name.end()) fail("initialize: '{}' of layer '{}' is tied to '{}', which no earlier layer owns", ps.name, model_.layers[i]->name(), key);
-      const Impl::Owned& o = im.owned[it->second];
-      if (!(o.spec.shape == ps.shape)) fail("initialize: '{}' {} is tied to '{}' of another shape {}", ps.name, ps.shape.str(), key, o.spec.shape.str());
-      ls.params.push_back(o.value);
-      ls.grads.push_back(o.grad);
-    }
+  }
+  for (const PartitionSegment& p : im.states->partitions()) {
+    im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges});
+    im.segment_layer.push_back(p.layer);
+  }
+  if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
+    log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
+                "fp32 and rounded once; a separate {} accumulation buffer is not kept",
+                *gad, dtype_name(storage), *gad);
+  }
+  if (config.zero_optimization.stage >= 1) {
+    log_info("ZeRO stage {} on {} rank(s): {} padded parameter elements, this rank updates {} of them", config.zero_optimization.stage, im.world,
+             im.states->padded_numel(), [&] {
+               std::int64_t n = 0;
+               for (const OptimizerSegment& sg : im.segments) n += sg.params.numel();
+               return n;
+             }());
   }
 
   // ---- activations: every layer's output and saved tensors (or, checkpointing, what
@@ -271,20 +258,32 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   im.dresidual = im.act_buf.tensor(storage, dres_shape, dres_offset);
 
-  if (options.init_params) {
-    // Initialised in fp32 (the master), then rounded: the 16-bit weights are the master's copy.
-    for (const Impl::Owned& o : im.owned) init_param(o.master, o.spec, options.seed);
-    sync_lowp_from_master();
+  // ZeRO-3's schedule: a training micro-step calls the layers forward, then backward from the last
+  // with each checkpointed segment recomputed right before its last layer's backward.
+  std::vector<std::size_t> train_trace, eval_trace;
+  for (std::size_t i = 0; i < L; ++i) eval_trace.push_back(i);
+  train_trace = eval_trace;
+  for (std::size_t k = 0; k < L; ++k) {
+    const std::size_t i = L - 1 - k;
+    if (im.ckpt) {
+      if (const std::int64_t sg = im.ckpt->segment_ending_at(i); sg >= 0) {
+        const CheckpointSegment& seg = im.ckpt->segments()[static_cast<std::size_t>(sg)];
+        for (std::size_t j = seg.first; j <= seg.last; ++j) train_trace.push_back(j);
+      }
+    }
+    train_trace.push_back(i);
   }
-}
+  im.states->set_traces(std::move(train_trace), std::move(eval_trace));
+  // Views that never move (below stage 3), so layer_params() works before the first forward.
+  if (config.zero_optimization.stage < 3)
+    for (std::size_t i = 0; i < L; ++i) im.states->views(i, im.layers[i].params, nullptr);
 
-// 16-bit training: params = round(master), whole buffers (padding is zero in both).
-void Engine::sync_lowp_from_master() {
-  if (!impl_->mixed) return;
-  for (const Impl::LayerState& ls : impl_->layers) {
-    if (ls.flat_master.empty()) continue;
-    convert(ls.flat_master.data, DType::fp32, ls.flat_lowp.data, ls.flat_lowp.dtype, static_cast<std::size_t>(ls.flat_lowp.numel()));
+  if (options.init_params) {
+    // Initialised in fp32 (the master; every rank computes the same values and keeps its part),
+    // then rounded: the 16-bit weights are the master's copy.
+    im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) { init_param(out, specs[layer][slot.spec], options.seed); });
   }
+  im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
 }
 
 Engine::~Engine() = default;
@@ -302,11 +301,13 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   }
   Impl& im = *impl_;
   im.batch = batch;
+  im.states->begin_pass(train);
   for (std::size_t i = 0; i < model_.layers.size(); ++i) {
     if (im.ckpt) im.ckpt->before_forward(i, train);  // keep_input at a segment's start
     forward_layer(i, train, loss, false);
     if (im.ckpt) im.ckpt->after_forward(i, train);
   }
+  if (!train) im.states->end_eval();
 }
 
 // Layer i's forward on the current batch; `recompute`: the checkpointed re-run before its backward
@@ -314,6 +315,8 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
 void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recompute) {
   Impl& im = *impl_;
   Impl::LayerState& ls = im.layers[i];
+  im.states->acquire(i);  // ZeRO-3: gathered (or prefetched earlier)
+  im.states->views(i, ls.params, nullptr);
   ForwardArgs a;
   a.dims = dims_;
   a.batch = im.batch;
@@ -326,6 +329,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.train = train;
   a.loss = loss;
   model_.layers[i]->forward(a);
+  im.states->release(i);
 }
 
 float Engine::forward(const Batch& batch) {
@@ -350,6 +354,7 @@ void Engine::backward() {
   const std::size_t last = model_.layers.size() - 1;
   const auto step = static_cast<std::uint32_t>(global_steps_);
   const auto micro = static_cast<std::uint32_t>(micro_steps_ % gas_);
+  const bool boundary = is_gradient_accumulation_boundary();
   // fp16: the loss is multiplied by the loss scale (reference §6.1) so small gradients survive in
   // fp16; fp32 / bf16 keep exactly 1/GAS.
   const float dloss = im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
@@ -367,6 +372,9 @@ void Engine::backward() {
       }
     }
     Impl::LayerState& ls = im.layers[i];
+    im.states->acquire(i);
+    im.states->before_backward(i);
+    im.states->views(i, ls.params, &ls.grads);
     BackwardArgs a;
     a.dims = dims_;
     a.batch = im.batch;
@@ -382,8 +390,13 @@ void Engine::backward() {
     a.train = true;
     a.dloss = dloss;
     model_.layers[i]->backward(a);
+    // Layer i's own gradients are complete (tied users come later in the model, so earlier in
+    // backward): reduce them now, overlapped with the layers below when overlap_comm.
+    im.states->after_backward(i, boundary);
+    im.states->release(i);
     if (im.ckpt) im.ckpt->after_backward(i);
   }
+  im.states->end_backward(boundary);
   step_loss_sum_ += static_cast<double>(last_loss_);
 }
 
@@ -393,6 +406,15 @@ void Engine::step() {
   if (is_gradient_accumulation_boundary()) {
     const bool counted = optimizer_step();
     last_step_loss_ = static_cast<float>(step_loss_sum_ / static_cast<double>(gas_));
+    if (impl_->comm != nullptr) {
+      // This step's collectives: everything since the previous step ended.
+      const CommStats now = impl_->comm->stats();
+      for (int k = 0; k < kCollectiveKinds; ++k) {
+        impl_->step_comm.bytes[static_cast<std::size_t>(k)] = now.bytes[static_cast<std::size_t>(k)] - impl_->comm_at_step_start.bytes[static_cast<std::size_t>(k)];
+        impl_->step_comm.calls[static_cast<std::size_t>(k)] = now.calls[static_cast<std::size_t>(k)] - impl_->comm_at_step_start.calls[static_cast<std::size_t>(k)];
+      }
+      impl_->comm_at_step_start = now;
+    }
     step_loss_sum_ = 0.0;
     global_steps_ += 1;
     global_samples_ += train_batch_size_;
@@ -408,41 +430,60 @@ bool Engine::optimizer_step() {
   const std::optional<LrSchedule::Betas> betas = im.hook ? std::nullopt : im.schedule.betas();
   // The optimizer's own step count (Adam's bias corrections): skipped steps do not advance it.
   const std::int64_t t = global_steps_ - skipped_steps_ + 1;
+  const int stage = im.config.zero_optimization.stage;
+  const bool counts_here = stage >= 1 || im.states->rank() == 0;  // stage 0: every rank holds the same averaged grads
+
+  if (im.mixed) {
+    const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts
+    const auto& inject = im.options.inject_overflow_steps;
+    if (std::find(inject.begin(), inject.end(), step_number) != inject.end() && !im.segments.empty()) {
+      // One +inf where a real fp16 overflow would put it: the first gradient element this rank
+      // holds (a real parameter's, never alignment padding).
+      const float inf = std::numeric_limits<float>::infinity();
+      convert(&inf, DType::fp32, im.segments.front().grads.data, im.segments.front().grads.dtype, 1);
+    }
+  }
+  // One fused norm + overflow pass over this rank's gradients; the first layer (in model order)
+  // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.
+  GradNormOverflow total;
+  std::string first_bad;
   if (!im.mixed) {
-    grad_norm_ = global_grad_norm(im.flat_grads);
+    std::vector<Tensor> grads;
+    for (const OptimizerSegment& sg : im.segments) grads.push_back(sg.grads);
+    total.norm_sq = counts_here ? std::pow(global_grad_norm(grads), 2) : 0.0;
+  } else if (counts_here) {
+    for (std::size_t k = 0; k < im.segments.size(); ++k) {
+      const GradNormOverflow r = grad_norm_overflow(im.segments[k].grads);
+      if (r.overflow() && first_bad.empty()) first_bad = model_.layers[im.segment_layer[k]]->name();
+      total += r;
+    }
+  }
+  // Several ranks: ONE all-reduce of (norm², non-finite count, loss) so that every rank takes the
+  // same skip and clip decision and reports the global batch's loss.
+  double loss_sum = step_loss_sum_;
+  if (im.world > 1) {
+    float v[3] = {static_cast<float>(total.norm_sq), static_cast<float>(total.nonfinite), static_cast<float>(step_loss_sum_)};
+    im.states->all_reduce_sum(Tensor(v, DType::fp32, Shape{3}));
+    total.norm_sq = v[0];
+    total.nonfinite = v[1];
+    loss_sum = v[2];
+    if (total.overflow() && first_bad.empty()) first_bad = "a layer of another rank";
+  }
+  step_loss_sum_ = loss_sum / static_cast<double>(im.world);
+
+  if (!im.mixed) {
+    grad_norm_ = total.norm();
     clip_coef_ = dstrain::clip_coefficient(grad_norm_, im.config.gradient_clipping);
     // lr_ is this step's LR (set at construction / after the previous step); the schedule steps
     // after the update, as DeepSpeed's _take_model_step does (fp32 never skips a step).
     im.optimizer.update(im.segments, lr_, clip_coef_, t, betas);
+    im.states->after_update();
     last_step_lr_ = lr_;
     im.schedule.step();
-    for (const Tensor& g : im.flat_grads) zero_tensor(g);
+    im.states->zero_grads();
     return true;
   }
 
-  const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts
-  const auto& inject = im.options.inject_overflow_steps;
-  if (std::find(inject.begin(), inject.end(), step_number) != inject.end()) {
-    // One +inf where a real fp16 overflow would put it: a gradient element of the first layer
-    // with parameters (its first element is a real parameter's, never alignment padding).
-    for (const Impl::LayerState& ls : im.layers) {
-      if (ls.flat_grads.empty()) continue;
-      const float inf = std::numeric_limits<float>::infinity();
-      convert(&inf, DType::fp32, ls.flat_grads.data, ls.flat_grads.dtype, 1);
-      break;
-    }
-  }
-  // One fused norm + overflow pass per layer; the first layer (in model order) with an inf/NaN
-  // names the overflow in the log, as DeepSpeed's ZeRO error message does.
-  GradNormOverflow total;
-  std::string first_bad;
-  for (std::size_t i = 0; i < im.layers.size(); ++i) {
-    const Impl::LayerState& ls = im.layers[i];
-    if (ls.flat_grads.empty()) continue;
-    const GradNormOverflow r = grad_norm_overflow(ls.flat_grads);
-    if (r.overflow() && first_bad.empty()) first_bad = model_.layers[i]->name();
-    total += r;
-  }
   const LossScaleUpdate r = im.scaler.update(total.overflow(), first_bad);
   // The logged norm is the un-scaled one with the scale the gradients carry; -1 on overflow, as
   // DeepSpeed reports it.
@@ -461,6 +502,7 @@ bool Engine::optimizer_step() {
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);
     im.optimizer.update(im.segments, lr_, static_cast<float>(1.0 / divisor), t, betas);
+    im.states->after_update();
     last_step_lr_ = lr_;
   }
   if (r.count_skipped) {
@@ -468,7 +510,7 @@ bool Engine::optimizer_step() {
   } else {
     im.schedule.step();
   }
-  for (const Tensor& g : im.flat_grads) zero_tensor(g);
+  im.states->zero_grads();
   return !r.count_skipped;
 }
 
@@ -487,34 +529,82 @@ std::pair<double, double> Engine::betas() const {
   return impl_->optimizer.betas();
 }
 
-Tensor Engine::param(std::string_view name) const {
-  const auto key = [&]() -> std::string {
-    // A tied name (GPT-2's "lm_head.weight") resolves to its owner.
-    for (std::size_t i = 0; i < model_.layers.size(); ++i)
-      for (const ParamSpec& ps : model_.layers[i]->params())
-        if (ps.tied() && ps.name == name) return ps.tied_to;
-    return std::string(name);
-  }();
-  const auto it = impl_->by_name.find(key);
-  if (it == impl_->by_name.end()) {
-    fail("Engine: no parameter named '{}'; the model's parameters are {} names such as '{}' (param_names() lists them)", name, impl_->owned.size(),
-         impl_->owned.empty() ? std::string("-") : impl_->owned.front().spec.name);
+namespace {
+
+// The owned parameter a (possibly tied) name refers to; Error naming it when unknown.
+std::size_t owned_index(const Model& model, const std::unordered_map<std::string, std::size_t>& by_name, std::size_t count,
+                        const std::string& first_name, std::string_view name) {
+  std::string key(name);
+  // A tied name (GPT-2's "lm_head.weight") resolves to its owner.
+  for (const auto& layer : model.layers)
+    for (const ParamSpec& ps : layer->params())
+      if (ps.tied() && ps.name == name) key = ps.tied_to;
+  const auto it = by_name.find(key);
+  if (it == by_name.end()) {
+    fail("Engine: no parameter named '{}'; the model's parameters are {} names such as '{}' (param_names() lists them)", name, count, first_name);
   }
-  return impl_->owned[it->second].value;
+  return it->second;
+}
+
+}  // namespace
+
+Tensor Engine::param(std::string_view name) const {
+  const Impl& im = *impl_;
+  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Tensor t = im.states->full_param(o.layer, *o.slot);
+  if (t.empty()) {
+    fail("Engine::param('{}'): ZeRO stage 3 partitions this parameter across the {} ranks, so no rank holds it whole; use "
+         "gather_master_params() (collective) for its value",
+         name, im.world);
+  }
+  return t;
 }
 
 Tensor Engine::master_param(std::string_view name) const {
-  const Tensor p = param(name);
-  for (const Impl::Owned& o : impl_->owned)
-    if (o.value.data == p.data) return o.master;
-  fail("Engine: no master parameter for '{}'", name);
+  const Impl& im = *impl_;
+  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Tensor t = im.states->full_master(o.layer, *o.slot);
+  if (t.empty()) {
+    fail("Engine::master_param('{}'): ZeRO stage {} partitions the fp32 masters across the {} ranks; use gather_master_params() (collective)",
+         name, im.config.zero_optimization.stage, im.world);
+  }
+  return t;
 }
 
 Tensor Engine::grad(std::string_view name) const {
-  const Tensor p = param(name);
-  for (const Impl::Owned& o : impl_->owned)
-    if (o.value.data == p.data) return o.grad;
-  fail("Engine: no gradient for '{}'", name);
+  const Impl& im = *impl_;
+  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Tensor t = im.states->full_grad(o.layer, *o.slot);
+  if (t.empty()) {
+    fail("Engine::grad('{}'): ZeRO stage {} keeps only each rank's partition of the averaged gradients", name, im.config.zero_optimization.stage);
+  }
+  return t;
+}
+
+void Engine::gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn) {
+  Impl& im = *impl_;
+  im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) { fn(im.owned[im.by_name.at(model_.layers[layer]->params()[slot.spec].name)].spec.name, t); });
+}
+
+int Engine::rank() const { return impl_->states->rank(); }
+int Engine::world_size() const { return impl_->world; }
+int Engine::zero_stage() const { return impl_->config.zero_optimization.stage; }
+
+ZeroReport Engine::zero_report() const {
+  const Impl& im = *impl_;
+  const MemoryStats m = im.allocator->stats();
+  ZeroReport r;
+  r.stage = im.config.zero_optimization.stage;
+  r.rank = rank();
+  r.world_size = im.world;
+  r.param_bytes = m[MemoryPurpose::params].current;
+  r.grad_bytes = m[MemoryPurpose::grads].current;
+  r.optimizer_bytes = m[MemoryPurpose::optimizer].current;
+  r.peak_bytes = m.total.peak;
+  r.padded_param_elements = im.states->padded_numel();
+  r.peak_gathered_param_elements = im.states->peak_gathered_elements();
+  r.step_comm = im.step_comm;
+  return r;
 }
 
 std::vector<std::string> Engine::param_names() const {
@@ -534,29 +624,65 @@ std::span<const Tensor> Engine::layer_params(std::size_t layer) const {
   return impl_->layers[layer].params;
 }
 
-GenerationModel Engine::generation_model() const {
+GenerationModel Engine::generation_model() {
+  Impl& im = *impl_;
+  // ZeRO-3: gather every layer (collective) and keep it until the next pass.
+  im.states->acquire_all();
+  for (std::size_t i = 0; i < im.layers.size(); ++i) im.states->views(i, im.layers[i].params, nullptr);
   GenerationModel g;
   for (const auto& layer : model_.layers) g.layers.push_back(layer.get());
   // Impl is heap-allocated: its address survives a move of the Engine, `this` would not.
-  const Impl* im = impl_.get();
-  g.params = [im](std::size_t i) { return std::span<const Tensor>(im->layers[i].params); };
+  const Impl* imp = impl_.get();
+  g.params = [imp](std::size_t i) { return std::span<const Tensor>(imp->layers[i].params); };
   g.vocab_size = model_.vocab_size;
   g.n_positions = model_.n_positions;
   g.dtype = dims_.dtype;
   return g;
 }
 
-void Engine::save_weights(const std::filesystem::path& path) const {
+void Engine::save_weights(const std::filesystem::path& path) {
   if (!model_.gpt2) fail("save_weights: the model is not a GPT-2 (it has no Gpt2Config), and weights are written in the Hugging Face GPT-2 layout");
-  // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
-  export_gpt2_safetensors(path, *model_.gpt2, [this](const std::string& n) { return master_param(n); });
+  Impl& im = *impl_;
+  if (im.config.zero_optimization.stage == 0) {
+    // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
+    // Every rank holds them whole; rank 0 writes.
+    if (rank() == 0) export_gpt2_safetensors(path, *model_.gpt2, [this](const std::string& n) { return master_param(n); });
+    return;
+  }
+  if (im.config.zero_optimization.stage == 3 && !im.config.zero_optimization.gather_16bit_weights_on_model_save && im.world > 1) {
+    fail("save_weights: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
+         "is false, so they are not gathered for saving (DeepSpeed's save_16bit_model refuses likewise); set it to true",
+         im.world);
+  }
+  // Gather the fp32 masters (collective), keep a host copy of each, rank 0 writes.
+  std::unordered_map<std::string, std::pair<Shape, std::vector<float>>> host;
+  gather_master_params([&](const std::string& name, const Tensor& t) {
+    if (rank() != 0) return;
+    const float* p = t.as<float>();
+    host[name] = {t.shape, std::vector<float>(p, p + t.numel())};
+  });
+  if (rank() != 0) return;
+  export_gpt2_safetensors(path, *model_.gpt2, [&](const std::string& n) {
+    auto& [shape, v] = host.at(im.owned[owned_index(model_, im.by_name, im.owned.size(), "-", n)].spec.name);
+    return Tensor(v.data(), DType::fp32, shape);
+  });
 }
 
 void Engine::load_weights(const std::filesystem::path& path) {
   if (!model_.gpt2) fail("load_weights: the model is not a GPT-2 (it has no Gpt2Config), and weights are read in the Hugging Face GPT-2 layout");
-  // Into the fp32 masters, then rounded into the 16-bit params the layers read.
-  import_gpt2_safetensors(path, *model_.gpt2, [this](const std::string& n) { return master_param(n); });
-  sync_lowp_from_master();
+  Impl& im = *impl_;
+  // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
+  // master and rounds it into the 16-bit params the layers read.
+  std::vector<std::vector<float>> values(im.owned.size());
+  for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.shape.numel()), 0.0f);
+  import_gpt2_safetensors(path, *model_.gpt2, [&](const std::string& n) {
+    const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
+    return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
+  });
+  im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
+    const std::size_t k = im.by_name.at(model_.layers[layer]->params()[slot.spec].name);
+    copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
+  });
 }
 
 Engine initialize(Model model, const config::DsConfig& config, const EngineOptions& options) {

@@ -225,7 +225,6 @@ class Engine {
   void forward_layer(std::size_t i, bool train, float* loss, bool recompute);
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
   bool optimizer_step();
-  void sync_lowp_from_master();
 
   Model model_;
   std::unique_ptr<Impl> impl_;

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <dstrain/dstrain.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/generate.h"
 #include "engine/monitor/flops.h"
@@ -22,6 +23,8 @@
 #include "engine/monitor/timers.h"
 #include "engine/monitor/train_events.h"
 #include "ops/kernels/matmul.h"
+#include "zero/launch_env.h"
+#include "zero/local_communicator.h"
 
 namespace dstrain::cli {
 namespace {
@@ -36,6 +39,7 @@ struct TrainArgs {
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   float sample_temperature = 1.0f;
   double peak_flops = 0.0;  // 0: measure this machine's sgemm once (flops_profiler only)
+  std::int64_t num_ranks = 1;  // data-parallel ranks, as threads of this process (local communicator)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -182,22 +186,70 @@ void require_file(const std::string& path, const char* option) {
   }
 }
 
-void run_train(const TrainArgs& args) {
-  if (args.steps && *args.steps < 0) fail("--steps {}: must be >= 0", *args.steps);
-  require_file(args.data, "--data");
-  if (!args.val_data.empty()) require_file(args.val_data, "--val-data");
-  if (!args.init_from.empty()) require_file(args.init_from, "--init-from");
+// What the rank threads hand back to the main thread (threads of one process: each rank writes
+// its own slot; the main thread reads them after run_local_ranks has joined every thread).
+struct RunResult {
+  std::optional<TrainSummary> summary;  // rank 0's
+  std::vector<ZeroReport> reports;      // one per rank, indexed by rank
+};
 
-  // ---- config: world size 1; --steps fills "auto" total_num_steps of a scheduler ----
-  const ConfigText text = load_config_argument(args.config);
-  config::ConfigOptions options;
-  options.world_size = 1;
-  options.autos.total_num_steps = args.steps;
-  options.autos.warmup_num_steps = args.warmup_steps;
-  const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
-  for (const config::Warning& w : cfg.warnings) {
-    std::fprintf(stderr, "warning: %s%s%s\n", w.path.c_str(), w.path.empty() ? "" : ": ", w.message.c_str());
+// The val loss over every rank's share of the val batches (EvalLoader gives rank r of W the
+// batches j·W + r): each rank sums its own, and one all-reduce of [sum, count] combines them.
+// One rank: the mean of its batches, as before ZeRO.
+double evaluate_all_ranks(Engine& engine, EvalLoader& loader, TokenBatch& tb, Communicator* comm) {
+  if (comm == nullptr || comm->world_size() == 1) return evaluate(engine, loader, tb);
+  loader.reset();
+  double sum = 0.0;
+  std::size_t n = 0;
+  while (loader.next(tb.inputs, tb.targets)) {
+    sum += engine.evaluate(tb.batch());
+    ++n;
   }
+  std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
+  comm->all_reduce(Tensor(buf.data(), DType::fp32, Shape{2}), ReduceOp::sum);
+  return buf[1] > 0.0f ? static_cast<double>(buf[0]) / static_cast<double>(buf[1]) : 0.0;
+}
+
+nlohmann::json comm_json(const CommStats& c) {
+  nlohmann::json j;
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    j[std::string(collective_name(kind))] = {{"bytes", c.bytes_sent(kind)}, {"calls", c.call_count(kind)}};
+  }
+  j["total"] = {{"bytes", c.total_bytes_sent()}, {"calls", c.total_calls()}};
+  return j;
+}
+
+// --summary-json's "zero" object: the stage, the world size and every rank's ZeroReport.
+nlohmann::json zero_json(const std::vector<ZeroReport>& reports) {
+  nlohmann::json z;
+  z["stage"] = reports.empty() ? 0 : reports.front().stage;
+  z["world_size"] = reports.size();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const ZeroReport& r : reports) {
+    ranks.push_back({{"rank", r.rank},
+                     {"param_bytes", r.param_bytes},
+                     {"grad_bytes", r.grad_bytes},
+                     {"optimizer_bytes", r.optimizer_bytes},
+                     {"peak_bytes", r.peak_bytes},
+                     {"padded_param_elements", r.padded_param_elements},
+                     {"peak_gathered_param_elements", r.peak_gathered_param_elements},
+                     {"step_comm", comm_json(r.step_comm)}});
+  }
+  z["ranks"] = ranks;
+  return z;
+}
+
+// One rank's run: its own Engine (options.comm = comm; nullptr: the single rank), its own
+// DataLoader for rank r of W, the same Engine calls in the same order as every other rank. Only
+// rank 0 prints, writes monitors and samples.
+void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator* comm, double peak_flops, bool peak_measured, RunResult& result) {
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const int world = comm != nullptr ? comm->world_size() : 1;
+  const bool lead = rank == 0;
+  const auto say0 = [lead](const std::string& line) {
+    if (lead) say(line);
+  };
 
   // ---- model and sequence length ----
   Model model = make_gpt2_model(args.model);
@@ -218,28 +270,36 @@ void run_train(const TrainArgs& args) {
   // ---- engine ----
   Engine engine = initialize(std::move(model), cfg,
                              {.seed = args.seed,
+                              .comm = comm,
                               .sequence_length = T,
                               .init_params = args.init_from.empty(),
                               .checkpoint_activations = args.checkpoint_activations,
                               .inject_overflow_steps = args.inject_overflow});
   if (!args.init_from.empty()) engine.load_weights(args.init_from);
   const std::int64_t B = engine.micro_batch_size(), GAS = engine.gradient_accumulation_steps(), TBS = engine.train_batch_size();
+  const int stage = engine.zero_stage();
 
-  // ---- data ----
+  // ---- data: rank r of W reads its slots of every global batch (engine/data/data_loader.h) ----
   DataLoaderOptions dlo;
   dlo.micro_batch_size = static_cast<std::size_t>(B);
   dlo.sequence_length = static_cast<std::size_t>(T);
   dlo.gradient_accumulation_steps = static_cast<int>(GAS);
+  dlo.world_size = world;
+  dlo.rank = rank;
   dlo.seed = args.seed;
   dlo.vocab_size = static_cast<std::int32_t>(gcfg.vocab_size);
   DataLoader loader = DataLoader::open(args.data, dlo);
-  loader.validate(static_cast<std::int32_t>(gcfg.vocab_size));
+  if (lead) loader.validate(static_cast<std::int32_t>(gcfg.vocab_size));  // one scan is enough: the ranks read the same file
   std::optional<EvalLoader> val;
   if (!args.val_data.empty()) {
     EvalLoaderOptions elo;
     elo.batch_size = static_cast<std::size_t>(B);
     elo.sequence_length = static_cast<std::size_t>(T);
-    elo.max_batches = static_cast<std::size_t>(args.val_batches);
+    // --val-batches counts batches of B sequences over all ranks, so W ranks evaluate the windows
+    // one rank would (the first val-batches·B of the file), each rank a disjoint 1/W of them.
+    elo.world_size = world;
+    elo.rank = rank;
+    elo.max_batches = static_cast<std::size_t>((args.val_batches + world - 1) / world);
     elo.vocab_size = static_cast<std::int32_t>(gcfg.vocab_size);
     val.emplace(EvalLoader::open(args.val_data, elo));
   }
@@ -247,33 +307,38 @@ void run_train(const TrainArgs& args) {
   const std::int64_t steps = args.steps ? *args.steps : epoch_steps;
 
   // ---- what is about to run ----
-  say(fmt::format("model {}: {}", args.model, gcfg.n_layer > 0 ? describe(gcfg) : ""));
-  say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size 1; sequence length {} -> {} tokens per step",
-                  TBS, B, GAS, T, format_count(static_cast<double>(TBS * T))));
-  say(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", args.data, format_count(static_cast<double>(loader.window_count())), T + 1,
-                  epoch_steps,
-                  val ? fmt::format("; val {} ({} batches per evaluation)", args.val_data, val->batch_count()) : std::string("; no val data")));
-  say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
-                  args.seed, steps, args.steps ? "" : " (one epoch; set --steps)"));
+  say0(fmt::format("model {}: {}", args.model, gcfg.n_layer > 0 ? describe(gcfg) : ""));
+  say0(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
+                   TBS, B, GAS, world, T, format_count(static_cast<double>(TBS * T))));
+  if (world > 1 || stage > 0) {
+    say0(fmt::format("zero: stage {} on {} rank{}{}", stage, world, world == 1 ? "" : "s",
+                     world > 1 ? " (--num-ranks: threads of this process, local communicator)" : ""));
+  }
+  say0(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", args.data, format_count(static_cast<double>(loader.window_count())), T + 1,
+                   epoch_steps,
+                   val ? fmt::format("; val {} ({} batches per evaluation)", args.val_data, val->batch_count() * static_cast<std::size_t>(world))
+                       : std::string("; no val data")));
+  say0(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
+                   args.seed, steps, args.steps ? "" : " (one epoch; set --steps)"));
   if (cfg.fp16.enabled) {
-    say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.loss_scale(),
-                    cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
+    say0(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.loss_scale(),
+                     cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
   } else if (cfg.bf16.enabled) {
-    say("precision bf16 (fp32 master params and optimizer state)");
+    say0("precision bf16 (fp32 master params and optimizer state)");
   }
   if (cfg.scheduler.present()) {
-    say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.lr()));
+    say0(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.lr()));
   }
   std::int64_t print_every = 10;
   if (cfg.steps_per_print && *cfg.steps_per_print > 0) {
     print_every = *cfg.steps_per_print;
   } else {
-    say("steps_per_print is not set in the config: printing progress every 10 steps");
+    say0("steps_per_print is not set in the config: printing progress every 10 steps");
   }
 
-  // ---- monitoring (rank 0 of 1): csv_monitor / tensorboard files, wall_clock_breakdown timers,
+  // ---- monitoring (rank 0 writes): csv_monitor / tensorboard files, wall_clock_breakdown timers,
   // memory_breakdown lines, the flops profile ----
-  MonitorMaster monitors(cfg, 0);
+  MonitorMaster monitors(cfg, rank);
   // DeepSpeed times with wall_clock_breakdown or the flops profiler on (the config layer turns the
   // former on with the latter). step_timers: this optimizer step (events, profile), reset every
   // step; print_timers: since the last progress line (the log line, per step).
@@ -287,18 +352,18 @@ void run_train(const TrainArgs& args) {
     step_timers(name).stop();
     print_timers(name).stop();
   };
-  double peak_flops = args.peak_flops;
-  const bool peak_measured = cfg.flops_profiler.enabled && peak_flops <= 0.0;
-  if (peak_measured) peak_flops = measure_sgemm_flops();
 
-  // ---- samples ----
+  // ---- samples (rank 0 generates; at ZeRO stage 3 every rank takes part in generation_model(),
+  // which gathers the partitioned parameters, and its views last only until the next forward, so
+  // the generator is rebuilt at every sample) ----
   CpuAllocator sample_allocator;  // its own, so the run's peak memory stays the engine's; outlives the generator
   std::unique_ptr<Tokenizer> tokenizer;
   std::optional<Generator> generator;
   SamplingOptions sampling;
-  if (args.sample_tokens > 0) {
+  const bool sampling_on = args.sample_tokens > 0;
+  if (sampling_on && lead) {
     tokenizer = sample_tokenizer(args.tokenizer, gcfg.vocab_size);
-    generator.emplace(engine.generation_model(), T, sample_allocator);
+    if (stage < 3) generator.emplace(engine.generation_model(), T, sample_allocator);
     sampling.max_new_tokens = args.sample_tokens;
     sampling.top_k = args.sample_top_k;
     sampling.temperature = args.sample_temperature;
@@ -306,6 +371,17 @@ void run_train(const TrainArgs& args) {
     sampling.eot_token = tokenizer ? tokenizer->eot_token() : Gpt2Tokenizer::kEotToken;
     if (sampling.eot_token >= gcfg.vocab_size) sampling.eot_token = 0;
   }
+  const auto sample = [&](std::int64_t step) {
+    if (!sampling_on) return;
+    if (stage >= 3) {
+      GenerationModel gm = engine.generation_model();  // collective: every rank
+      if (!lead) return;
+      Generator gen(std::move(gm), T, sample_allocator);
+      print_sample(gen, tokenizer.get(), sampling, step, steps);
+    } else if (lead) {
+      print_sample(*generator, tokenizer.get(), sampling, step, steps);
+    }
+  };
 
   // ---- the loop ----
   TrainSummary summary;
@@ -336,8 +412,8 @@ void run_train(const TrainArgs& args) {
     if (monitors.enabled()) {
       // DeepSpeed's names at global_samples after the step: the step's mean loss (as the pipeline
       // engine writes it), the lr the next step uses (get_lr() after the scheduler stepped), and
-      // the step's timers (backward_inner and backward_allreduce read 0: one rank, no separate
-      // reduction phase).
+      // the step's timers (backward_inner and backward_allreduce read 0: the reduction runs
+      // inside backward, not as a separate phase).
       std::vector<MonitorEvent> events{train_loss_event(engine.last_step_loss(), engine.global_samples())};
       for (MonitorEvent& e : step_events(engine.lr(), cfg.fp16.enabled ? std::optional<double>(engine.loss_scale()) : std::nullopt, engine.global_samples())) events.push_back(std::move(e));
       if (cfg.wall_clock_breakdown) {
@@ -345,7 +421,7 @@ void run_train(const TrainArgs& args) {
       }
       monitors.write_events(events);
     }
-    if (cfg.flops_profiler.enabled && done == cfg.flops_profiler.profile_step) {
+    if (lead && cfg.flops_profiler.enabled && done == cfg.flops_profiler.profile_step) {
       emit_profile(cfg, gcfg, B, T, TBS, step_timers(kForwardGlobalTimer).elapsed_ms(false), step_timers(kBackwardGlobalTimer).elapsed_ms(false),
                    step_timers(kStepGlobalTimer).elapsed_ms(false), peak_flops, peak_measured);
     }
@@ -353,43 +429,47 @@ void run_train(const TrainArgs& args) {
       for (std::string_view name : {kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer}) step_timers(name).reset();
     }
     if (done % print_every == 0 || done == 1 || done == steps) {  // step 1: the starting loss
-      ProgressLine p;
-      p.step = done;
-      p.total_steps = steps;
-      p.loss = engine.last_step_loss();
-      p.lr = engine.lr();
-      p.grad_norm = engine.grad_norm();
-      p.loss_scale = cfg.fp16.enabled ? engine.loss_scale() : 0.0;
-      p.skipped = engine.skipped_steps();
-      p.tokens_per_s = static_cast<double>(interval_steps * TBS * T) / interval_train_s;
-      p.elapsed_s = seconds_since(start);
-      p.eta_s = train_s / static_cast<double>(done) * static_cast<double>(steps - done);
-      say(format_progress(p));
-      if (cfg.wall_clock_breakdown) {
-        // DeepSpeed's global timer line, here the mean per optimizer step since the last line.
-        // No bwd_inner / bwd_allreduce: one rank has no reduction phase to split backward into.
-        const std::array<std::string_view, 3> names{kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer};
-        say(print_timers.log_line(names, static_cast<double>(interval_steps)));
+      if (lead) {
+        ProgressLine p;
+        p.step = done;
+        p.total_steps = steps;
+        p.loss = engine.last_step_loss();
+        p.lr = engine.lr();
+        p.grad_norm = engine.grad_norm();
+        p.loss_scale = cfg.fp16.enabled ? engine.loss_scale() : 0.0;
+        p.skipped = engine.skipped_steps();
+        p.tokens_per_s = static_cast<double>(interval_steps * TBS * T) / interval_train_s;
+        p.elapsed_s = seconds_since(start);
+        p.eta_s = train_s / static_cast<double>(done) * static_cast<double>(steps - done);
+        say(format_progress(p));
+        if (cfg.wall_clock_breakdown) {
+          // DeepSpeed's global timer line, here the mean per optimizer step since the last line.
+          // No bwd_inner / bwd_allreduce: the reduction is not timed apart from backward.
+          const std::array<std::string_view, 3> names{kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer};
+          say(print_timers.log_line(names, static_cast<double>(interval_steps)));
+        }
+        if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.memory_stats(), read_host_memory()));
       }
-      if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.memory_stats(), read_host_memory()));
       interval_train_s = 0.0;
       interval_steps = 0;
     }
     if (args.val_interval > 0 && done % args.val_interval == 0 && done != steps) {
       if (val) {
-        const double vl = evaluate(engine, *val, tb);
+        const double vl = evaluate_all_ranks(engine, *val, tb, comm);
         summary.val_losses.emplace_back(done, vl);
-        say(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
+        say0(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
       }
-      if (generator) print_sample(*generator, tokenizer.get(), sampling, done, steps);
+      sample(done);
     }
   }
+  // This rank's ZeRO figures after training (before the final evaluation and save).
+  result.reports[static_cast<std::size_t>(rank)] = engine.zero_report();
   if (val) {
-    const double vl = evaluate(engine, *val, tb);
+    const double vl = evaluate_all_ranks(engine, *val, tb, comm);
     summary.val_losses.emplace_back(engine.global_steps(), vl);
-    say(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), steps, vl));
+    say0(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), steps, vl));
   }
-  if (generator) print_sample(*generator, tokenizer.get(), sampling, engine.global_steps(), steps);
+  sample(engine.global_steps());
   summary.steps = engine.global_steps();
   summary.tokens = summary.steps * TBS * T;
   summary.train_seconds = train_s;
@@ -398,17 +478,79 @@ void run_train(const TrainArgs& args) {
   summary.skipped_steps = engine.skipped_steps();
   if (cfg.fp16.enabled) summary.loss_scale = engine.loss_scale();
   if (!args.save_weights.empty()) {
-    engine.save_weights(args.save_weights);
-    say(fmt::format("weights saved to {}", args.save_weights));
+    engine.save_weights(args.save_weights);  // collective with several ranks: rank 0 writes
+    say0(fmt::format("weights saved to {}", args.save_weights));
   }
-  const std::string text_summary = format_summary(summary);
-  std::fwrite(text_summary.data(), 1, text_summary.size(), stdout);
-  if (!args.summary_json.empty()) {
+  if (lead) {
+    const std::string text_summary = format_summary(summary);
+    std::fwrite(text_summary.data(), 1, text_summary.size(), stdout);
+    std::fflush(stdout);
+    result.summary = std::move(summary);
+  }
+}
+
+// The process was started by a launcher as one of several ranks: the CPU engine has no transport
+// between processes (the local communicator is threads of one process; NCCL needs the CUDA engine).
+void refuse_launcher_world() {
+  LaunchEnv env;
+  try {
+    env = detect_launch_env();
+  } catch (const Error& e) {
+    fail("the launcher's environment does not describe a rank ({}); dstrain train on the CPU runs its ranks as threads of one process: "
+         "start it without a launcher and give --num-ranks N",
+         e.what());
+  }
+  if (env.world_size > 1) {
+    fail("this process was started by a launcher as one of {} ranks ({}): dstrain train runs on the CPU, whose ranks are threads of one "
+         "process, and cannot join other processes (training across processes over NCCL needs the CUDA engine); start one process without "
+         "the launcher and give --num-ranks {} instead",
+         env.world_size, env.str(), env.world_size);
+  }
+}
+
+void run_train(const TrainArgs& args) {
+  if (args.num_ranks < 1) {
+    fail("--num-ranks {}: must be >= 1 (the number of data-parallel ranks, run as threads of this process)", args.num_ranks);
+  }
+  refuse_launcher_world();
+  if (args.steps && *args.steps < 0) fail("--steps {}: must be >= 0", *args.steps);
+  require_file(args.data, "--data");
+  if (!args.val_data.empty()) require_file(args.val_data, "--val-data");
+  if (!args.init_from.empty()) require_file(args.init_from, "--init-from");
+
+  // ---- config: resolved for the world size (train_batch_size = micro x GAS x --num-ranks);
+  // --steps fills "auto" total_num_steps of a scheduler ----
+  const ConfigText text = load_config_argument(args.config);
+  config::ConfigOptions options;
+  options.world_size = args.num_ranks;
+  options.autos.total_num_steps = args.steps;
+  options.autos.warmup_num_steps = args.warmup_steps;
+  const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
+  for (const config::Warning& w : cfg.warnings) {
+    std::fprintf(stderr, "warning: %s%s%s\n", w.path.c_str(), w.path.empty() ? "" : ": ", w.message.c_str());
+  }
+
+  // The flops profiler's peak, measured once here rather than on rank 0 while the others wait.
+  double peak_flops = args.peak_flops;
+  const bool peak_measured = cfg.flops_profiler.enabled && peak_flops <= 0.0;
+  if (peak_measured) peak_flops = measure_sgemm_flops();
+
+  RunResult result;
+  result.reports.resize(static_cast<std::size_t>(args.num_ranks));
+  if (args.num_ranks == 1) {
+    train_rank(args, cfg, nullptr, peak_flops, peak_measured, result);
+  } else {
+    run_local_ranks(static_cast<int>(args.num_ranks),
+                    [&](Communicator& comm) { train_rank(args, cfg, &comm, peak_flops, peak_measured, result); });
+  }
+  if (!args.summary_json.empty() && result.summary) {
     const std::filesystem::path p(args.summary_json);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     std::ofstream out(p);
     if (!out) fail("--summary-json {}: cannot write the file (check the folder exists and is writable)", args.summary_json);
-    out << to_json(summary).dump(2) << '\n';
+    nlohmann::json j = to_json(*result.summary);
+    j["zero"] = zero_json(result.reports);
+    out << j.dump(2) << '\n';
     if (!out) fail("--summary-json {}: writing failed (disk full?)", args.summary_json);
   }
 }
@@ -417,7 +559,7 @@ void run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 from a DeepSpeed config on a token file (CPU, fp32, ZeRO stage 0)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 from a DeepSpeed config on a token file (CPU; ZeRO stages 0-3 on --num-ranks local ranks)");
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
   cmd->add_option("--model", args->model,
                   "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a Hugging Face config.json")
@@ -433,7 +575,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--val-interval", args->val_interval, "Evaluate every N steps (and always at the end; 0: only at the end)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--val-batches", args->val_batches, "Batches per evaluation (0: the whole val file)")
+  cmd->add_option("--val-batches", args->val_batches, "Batches (of the micro-batch size) per evaluation, shared out over the --num-ranks ranks, each taking ceil(N / ranks) "
+                  "(0: the whole val file)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--init-from", args->init_from, "Start from these weights (Hugging Face GPT-2 safetensors) instead of the init");
@@ -442,7 +585,11 @@ void add_train_command(CLI::App& app) {
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--summary-json", args->summary_json, "Write the run's figures as JSON");
+  cmd->add_option("--summary-json", args->summary_json, "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)");
+  cmd->add_option("--num-ranks", args->num_ranks,
+                  "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
+                  "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
+      ->capture_default_str();
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
                 "\"activation_checkpointing\" section configures it");

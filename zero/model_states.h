@@ -56,8 +56,12 @@ struct ZeroSettings {
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;
+  // false: gradients are all-reduced and each rank keeps its piece (DeepSpeed's reduce_scatter:
+  // false; twice the traffic of the reduce-scatter used by default).
+  bool reduce_scatter = true;
   std::int64_t prefetch_bucket_size = 50'000'000;
-  std::int64_t param_persistence_threshold = 100'000;
+  std::int64_t param_persistence_threshold = 100'000;   // a stage-3 layer with fewer elements stays whole
+  std::int64_t model_persistence_threshold = INT64_MAX;  // cap on the elements kept whole that way
   std::int64_t max_live_parameters = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
 };
@@ -87,11 +91,11 @@ class ModelStates {
   int rank() const;
   int world() const { return world_; }
   std::size_t layer_count() const { return layers_.size(); }
-  const FlatLayout& layout(std::size_t i) const { return layers_[i].layout; }
+  const FlatLayout& layout(std::size_t i) const;
   // Stage 3 and above the persistence threshold: gathered per call.
-  bool partitioned_params(std::size_t i) const { return layers_[i].partitioned; }
+  bool partitioned_params(std::size_t i) const;
   // The owners (layer indices) whose parameters layer i reads: itself and its tied owners.
-  std::span<const std::size_t> owners(std::size_t i) const { return layers_[i].owners; }
+  std::span<const std::size_t> owners(std::size_t i) const;
 
   // ---- the step loop's hooks ----
   // Call traces of a training micro-step and an evaluation (stage 3's schedule).
@@ -114,6 +118,9 @@ class ModelStates {
   // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).
   void after_update();
   void zero_grads();
+  // Sum over the ranks, in place, in order with the other collectives (the step's one small
+  // all-reduce of norm², overflow count and loss). No-op on one rank.
+  void all_reduce_sum(Tensor values);
 
   // ---- whole parameters ----
   // Collective on every rank: calls fn(layer, slot, value) for every owned parameter with its full
@@ -159,6 +166,9 @@ class ModelStates {
   std::unique_ptr<CommQueue> queue_;
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::vector<std::size_t> train_trace_, eval_trace_;
+  // Stages 2-3: reductions of whole-layer gradients not yet known complete. Bounded, so that with
+  // overlap_comm the backward cannot run ahead and hold every layer's whole gradients at once.
+  std::vector<CommQueue::Ticket> reductions_in_flight_;
   std::int64_t pending_begin_ = -1, pending_end_ = -1;  // stage 0: grads_full range awaiting all-reduce
   bool all_acquired_ = false;
 };

@@ -1,0 +1,223 @@
+// `dstrain train --num-ranks N` through the built binary: N local ranks (threads of one process)
+// train like one rank with the same global batch (DESIGN.md "Correctness contract"): for ZeRO stages
+// 0-3, 2 ranks with gradient_accumulation_steps g give the losses of 1 rank with 2g, and the same
+// val loss. --summary-json's "zero" object holds every rank's ZeroReport, whose bytes show what each
+// stage partitions. Rank 0 alone prints. Bad --num-ranks, a train_batch_size that does not fit the
+// world size, and a launcher's WORLD_SIZE > 1 exit non-zero naming the cause.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using dstrain::testing::CliResult;
+using dstrain::testing::read_file_text;
+using dstrain::testing::run_dstrain;
+using dstrain::testing::shell_quote;
+
+namespace {
+
+// fp32 on the CPU: W ranks differ from one rank only in the order of reductions.
+constexpr double kLossTolerance = 2e-4;
+
+class TrainMultirankCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("dstrain_test_train_multirank_cli." + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "text");
+    const char* lines[] = {"The quick brown fox jumps over the lazy dog. ", "A stitch in time saves nine, and the early bird catches the worm. ",
+                           "All that glitters is not gold; still waters run deep. ", "Where there is smoke there is fire, said the old man. "};
+    for (int d = 0; d < 4; ++d) {
+      std::ofstream out(dir_ / "text" / ("doc" + std::to_string(d) + ".txt"));
+      for (int i = 0; i < 60; ++i) out << lines[(d + i) % 4];
+    }
+    const CliResult prep = run_dstrain("prepare-data --tokenizer bytes " + q(dir_ / "text") + " -o " + q(dir_ / "t.bin") + " --val-fraction 0.25");
+    ASSERT_EQ(prep.exit_code, 0) << prep.err;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string q(const fs::path& p) { return shell_quote(p.string()); }
+
+  // A config of ZeRO `stage` with micro-batch 2 and `gas` accumulation steps. Stage 3 partitions
+  // every parameter (threshold 0: the tiny model's tensors are all below DeepSpeed's 1e5 default)
+  // and gathers them for --save-weights.
+  static fs::path config(int stage, int gas) {
+    const fs::path p = dir_ / ("zero" + std::to_string(stage) + "_gas" + std::to_string(gas) + ".json");
+    std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" << gas << R"(, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": )" << stage
+                     << R"(, "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": true}})";
+    return p;
+  }
+
+  // --num-ranks `ranks` (as the shell word given), samples of `sample_tokens` tokens.
+  static std::string train_args(const fs::path& cfg, const std::string& ranks, int sample_tokens = 8) {
+    return "train --deepspeed_config " + q(cfg) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
+           " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 4 --seed 5 --sample-tokens " + std::to_string(sample_tokens) + " --num-ranks " +
+           ranks;
+  }
+  static nlohmann::json summary(const fs::path& p) { return nlohmann::json::parse(read_file_text(p)); }
+
+  static std::size_t count(const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  }
+
+  static fs::path dir_;
+};
+fs::path TrainMultirankCli::dir_;
+
+// (a) For every stage: 2 ranks x GAS 2 trains like 1 rank x GAS 4 (the same 8 sequences a step),
+// step losses and val loss; rank 0 alone prints. Stages 1 and 3 also save the weights (collective;
+// stage 3 gathers them), which a fresh 1-rank run loads to the same val loss.
+TEST_F(TrainMultirankCli, TwoRanksTrainLikeOneRankWithTheSameGlobalBatch) {
+  constexpr int kSteps = 4;
+  const CliResult one = run_dstrain(train_args(config(0, 4), "1") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(dir_ / "one.json"));
+  ASSERT_EQ(one.exit_code, 0) << one.err << one.out;
+  const nlohmann::json s1 = summary(dir_ / "one.json");
+  const auto ref = s1["train_losses"].get<std::vector<double>>();
+  ASSERT_EQ(ref.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(s1["zero"]["world_size"], 1);
+  ASSERT_EQ(s1["zero"]["ranks"].size(), 1u);
+
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const fs::path json = dir_ / ("two_stage" + std::to_string(stage) + ".json");
+    const bool save = stage == 1 || stage == 3;
+    const fs::path weights = dir_ / ("w" + std::to_string(stage) + ".safetensors");
+    const CliResult two = run_dstrain(train_args(config(stage, 2), "2") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(json) +
+                                      (save ? " --save-weights " + q(weights) : std::string()));
+    ASSERT_EQ(two.exit_code, 0) << two.err << two.out;
+    EXPECT_NE(two.out.find("train_batch_size 8 = micro-batch 2 x gradient_accumulation_steps 2 x world size 2"), std::string::npos) << two.out;
+    EXPECT_NE(two.out.find("zero: stage " + std::to_string(stage) + " on 2 ranks"), std::string::npos) << two.out;
+    // Rank 0 alone prints: one progress line per step, one val loss, one sample, one summary.
+    EXPECT_EQ(count(two.out, "step 1/4 | loss"), 1u) << two.out;
+    EXPECT_EQ(count(two.out, "| val loss"), 1u) << two.out;
+    EXPECT_EQ(count(two.out, "| sample ("), 1u) << two.out;
+    EXPECT_EQ(count(two.out, "final train loss"), 1u) << two.out;
+    EXPECT_EQ(count(two.out, "model gpt2:"), 1u) << two.out;
+
+    const nlohmann::json s2 = summary(json);
+    EXPECT_EQ(s2["steps"], kSteps);
+    EXPECT_EQ(s2["tokens"], kSteps * 8 * 32);
+    EXPECT_EQ(s2["train_batch_size"], 8);
+    const auto losses = s2["train_losses"].get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), ref.size());
+    for (std::size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(losses[k], ref[k], kLossTolerance) << "step " << k + 1;
+    EXPECT_LT(losses.back(), losses.front());
+    // --val-batches 4 counts batches over all ranks: each rank evaluates 2, together the 4 one rank does.
+    ASSERT_TRUE(s2["final_val_loss"].is_number());
+    EXPECT_NEAR(s2["final_val_loss"].get<double>(), s1["final_val_loss"].get<double>(), kLossTolerance);
+
+    EXPECT_EQ(s2["zero"]["stage"], stage);
+    EXPECT_EQ(s2["zero"]["world_size"], 2);
+    ASSERT_EQ(s2["zero"]["ranks"].size(), 2u);
+
+    if (save) {
+      ASSERT_TRUE(fs::is_regular_file(weights));
+      EXPECT_NE(two.out.find("weights saved to"), std::string::npos);
+      const fs::path back = dir_ / ("back" + std::to_string(stage) + ".json");
+      const CliResult c = run_dstrain(train_args(config(0, 4), "1") + " --steps 0 --init-from " + q(weights) + " --summary-json " + q(back));
+      ASSERT_EQ(c.exit_code, 0) << c.err;
+      EXPECT_NEAR(summary(back)["final_val_loss"].get<double>(), s2["final_val_loss"].get<double>(), kLossTolerance);
+    }
+  }
+}
+
+// (b) The "zero" object of --summary-json: every rank's report, and the bytes each stage partitions
+// over 2 ranks against stage 0's whole copies, computed from padded_param_elements (fp32: 4 bytes).
+TEST_F(TrainMultirankCli, SummaryJsonReportsEveryRanksZeroState) {
+  std::vector<nlohmann::json> ranks;  // rank 0's report per stage
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const fs::path json = dir_ / ("report" + std::to_string(stage) + ".json");
+    const CliResult r = run_dstrain(train_args(config(stage, 2), "2", 0) + " --steps 2 --summary-json " + q(json));
+    ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+    const nlohmann::json z = summary(json)["zero"];
+    ASSERT_EQ(z["ranks"].size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      const nlohmann::json& rk = z["ranks"][static_cast<std::size_t>(i)];
+      EXPECT_EQ(rk["rank"], i);
+      for (const char* key : {"param_bytes", "grad_bytes", "optimizer_bytes", "peak_bytes", "padded_param_elements", "peak_gathered_param_elements"}) {
+        EXPECT_TRUE(rk.contains(key)) << key;
+      }
+      for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"}) {
+        ASSERT_TRUE(rk["step_comm"].contains(kind)) << kind;
+        EXPECT_TRUE(rk["step_comm"][kind]["bytes"].is_number_unsigned()) << kind;
+        EXPECT_TRUE(rk["step_comm"][kind]["calls"].is_number_unsigned()) << kind;
+      }
+      EXPECT_GT(rk["step_comm"]["total"]["bytes"].get<double>(), 0.0);  // 2 ranks always communicate
+      EXPECT_GT(rk["peak_bytes"].get<double>(), 0.0);
+      // Both ranks hold the same amounts (the padded layout splits evenly).
+      EXPECT_EQ(rk["padded_param_elements"], z["ranks"][0]["padded_param_elements"]);
+      EXPECT_EQ(rk["grad_bytes"], z["ranks"][0]["grad_bytes"]);
+    }
+    ranks.push_back(z["ranks"][0]);
+  }
+  const double psi = ranks[0]["padded_param_elements"].get<double>();
+  ASSERT_GT(psi, 0.0);
+  for (const auto& r : ranks) EXPECT_EQ(r["padded_param_elements"].get<double>(), psi);
+  const auto bytes = [&](int stage, const char* key) { return ranks[static_cast<std::size_t>(stage)][key].get<double>(); };
+  const auto near = [](double got, double want) { return std::abs(got - want) <= 0.05 * want; };  // views are 64-byte aligned
+  // Stage 0: whole params, grads and Adam m + v.
+  EXPECT_PRED2(near, bytes(0, "param_bytes"), 4 * psi);
+  EXPECT_PRED2(near, bytes(0, "grad_bytes"), 4 * psi);
+  EXPECT_PRED2(near, bytes(0, "optimizer_bytes"), 8 * psi);
+  // Stage 1: optimizer states partitioned.
+  EXPECT_PRED2(near, bytes(1, "optimizer_bytes"), 8 * psi / 2);
+  EXPECT_PRED2(near, bytes(1, "param_bytes"), 4 * psi);
+  // Stage 2: + gradients: half of stage 0's.
+  EXPECT_PRED2(near, bytes(2, "grad_bytes"), 4 * psi / 2);
+  EXPECT_PRED2(near, bytes(2, "grad_bytes"), bytes(0, "grad_bytes") / 2);
+  EXPECT_PRED2(near, bytes(2, "optimizer_bytes"), 8 * psi / 2);
+  // Stage 3: + parameters (every one partitioned: threshold 0), gathered layer by layer.
+  EXPECT_PRED2(near, bytes(3, "param_bytes"), 4 * psi / 2);
+  EXPECT_GT(ranks[3]["peak_gathered_param_elements"].get<double>(), 0.0);
+  EXPECT_LE(ranks[3]["peak_gathered_param_elements"].get<double>(), psi);
+  EXPECT_GT(ranks[3]["step_comm"]["all_gather"]["calls"].get<double>(), 0.0);
+}
+
+// (c) Bad input exits non-zero naming the cause.
+TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
+  for (const char* bad : {"0", "-1"}) {
+    const CliResult r = run_dstrain(train_args(config(0, 2), bad) + " --steps 1");
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.err.find("--num-ranks"), std::string::npos) << bad << ": " << r.err;
+  }
+  const CliResult word = run_dstrain(train_args(config(0, 2), "two") + " --steps 1");
+  EXPECT_NE(word.exit_code, 0);
+  EXPECT_NE(word.err.find("--num-ranks"), std::string::npos) << word.err;
+
+  // train_batch_size 8 = micro 2 x GAS 2 x world 2 does not fit 3 ranks: the config layer's error.
+  const fs::path tbs = dir_ / "tbs8.json";
+  std::ofstream(tbs) << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const CliResult fits = run_dstrain(train_args(tbs, "2", 0) + " --steps 1");
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  const CliResult misfit = run_dstrain(train_args(tbs, "3") + " --steps 1");
+  EXPECT_EQ(misfit.exit_code, 2);
+  EXPECT_NE(misfit.err.find("train_batch_size"), std::string::npos) << misfit.err;
+
+  // Started by a launcher as one of 2 processes: the CPU engine cannot join them; --num-ranks can.
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  const CliResult launched = run_dstrain(train_args(config(0, 2), "1") + " --steps 1");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(launched.exit_code, 2);
+  EXPECT_NE(launched.err.find("--num-ranks 2"), std::string::npos) << launched.err;
+  EXPECT_NE(launched.err.find("NCCL"), std::string::npos) << launched.err;
+}
+
+}  // namespace

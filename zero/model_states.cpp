@@ -1,0 +1,492 @@
+#include "zero/model_states.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+#include "ops/error.h"
+#include "ops/log.h"
+#include "ops/transformer/tensor_ops.h"
+
+namespace dstrain {
+
+struct ModelStates::Layer {
+  FlatLayout layout;
+  std::vector<std::size_t> owners;   // layers whose params this one reads (itself first if it owns any)
+  // Per params() entry: the owner layer and the slot there.
+  std::vector<std::pair<std::size_t, const FlatSlot*>> refs;
+  bool partitioned = false;          // stage 3 above the persistence threshold: gathered per call
+  std::int64_t full_begin = 0;       // offset in params_full_ (layers kept whole)
+  std::int64_t pshard_begin = 0;     // offset in params_shard_ (partitioned layers)
+  std::int64_t grad_begin = 0;       // offset in grads_full_ (stages 0-1)
+  std::int64_t shard_begin = 0;      // offset in grads_shard_, master_, m_, v_
+  Buffer gathered;                   // stage 3: the whole params while gathered
+  Buffer transient_grads;            // stages 2-3: the whole grads during backward
+  CommQueue::Ticket gather_ticket = 0;
+};
+
+ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings,
+                         Communicator* comm, Allocator& allocator)
+    : s_(settings), comm_(comm), world_(comm != nullptr ? comm->world_size() : 1), alloc_(allocator), names_(std::move(names)),
+      specs_(std::move(specs)) {
+  if (s_.stage < 0 || s_.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0, 1, 2 and 3", s_.stage);
+  if (names_.size() != specs_.size()) fail("ModelStates: {} layer names for {} layers", names_.size(), specs_.size());
+  const std::size_t L = specs_.size();
+  const int pw = s_.stage >= 1 ? world_ : 1;  // ranks the optimizer states split over
+  const std::size_t esize = dtype_size(s_.storage);
+  std::int64_t max_chunk = 0;  // stage 0: one chunk per layer (its all-reduce buckets span layers instead)
+  if (s_.stage == 1 || s_.stage == 2) max_chunk = std::min(s_.reduce_bucket_size, s_.allgather_bucket_size);
+  if (s_.stage == 3) max_chunk = s_.reduce_bucket_size;
+
+  std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> owner_of;  // name -> (layer, spec)
+  std::int64_t full = 0, pshard = 0, shard = 0, persisted = 0;
+  for (std::size_t i = 0; i < L; ++i) {
+    auto ly = std::make_unique<Layer>();
+    ly->layout = make_flat_layout(specs_[i], pw, esize, max_chunk);
+    const FlatLayout& lo = ly->layout;
+    for (const FlatSlot& sl : lo.slots) {
+      const ParamSpec& ps = specs_[i][sl.spec];
+      if (!owner_of.emplace(ps.name, std::make_pair(i, sl.spec)).second) {
+        fail("initialize: parameter name '{}' is declared twice (layer '{}')", ps.name, names_[i]);
+      }
+    }
+    if (lo.numel > 0) ly->owners.push_back(i);
+    for (std::size_t j = 0; j < specs_[i].size(); ++j) {
+      const ParamSpec& ps = specs_[i][j];
+      const std::string& key = ps.tied() ? ps.tied_to : ps.name;
+      const auto it = owner_of.find(key);
+      if (it == owner_of.end()) fail("initialize: '{}' of layer '{}' is tied to '{}', which no earlier layer owns", ps.name, names_[i], key);
+      const auto [owner, spec] = it->second;
+      const ParamSpec& os = specs_[owner][spec];
+      if (!(os.shape == ps.shape)) fail("initialize: '{}' {} is tied to '{}' of another shape {}", ps.name, ps.shape.str(), key, os.shape.str());
+      const FlatSlot* slot = owner == i ? lo.slot_of(spec) : layers_[owner]->layout.slot_of(spec);
+      ly->refs.emplace_back(owner, slot);
+      if (std::find(ly->owners.begin(), ly->owners.end(), owner) == ly->owners.end()) ly->owners.push_back(owner);
+    }
+    const std::int64_t owned = lo.used;
+    ly->partitioned = s_.stage == 3 && lo.numel > 0 &&
+                      !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
+    if (s_.stage == 3 && lo.numel > 0 && !ly->partitioned) persisted += owned;
+    if (ly->partitioned) {
+      ly->pshard_begin = pshard;
+      pshard += lo.shard_numel();
+    } else {
+      ly->full_begin = full;
+      full += lo.numel;
+    }
+    ly->grad_begin = total_numel_;
+    ly->shard_begin = shard;
+    shard += lo.shard_numel();
+    total_numel_ += lo.numel;
+    layers_.push_back(std::move(ly));
+  }
+
+  const auto make = [&](std::int64_t elems, DType t, MemoryPurpose p) {
+    Buffer b(alloc_, static_cast<std::size_t>(elems) * dtype_size(t), p);
+    if (elems > 0) zero_tensor(b.tensor(t, Shape{elems}));
+    return b;
+  };
+  params_full_ = make(full, s_.storage, MemoryPurpose::params);
+  params_shard_ = make(pshard, s_.storage, MemoryPurpose::params);
+  if (s_.stage <= 1) {
+    grads_full_ = make(total_numel_, s_.storage, MemoryPurpose::grads);
+  } else {
+    grads_shard_ = make(shard, s_.storage, MemoryPurpose::grads);
+  }
+  if (s_.fp32_masters) master_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
+  m_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
+  v_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
+
+  // This rank's optimizer work: its piece of every chunk, split at the decay boundary.
+  const int prank = s_.stage >= 1 ? rank() : 0;
+  for (std::size_t i = 0; i < L; ++i) {
+    const Layer& ly = *layers_[i];
+    const FlatLayout& lo = ly.layout;
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange pc = lo.piece(k, prank);
+      for (const bool decay : {true, false}) {
+        const FlatRange r = intersect(pc, decay ? FlatRange{0, lo.decay_end} : FlatRange{lo.decay_end, lo.numel});
+        if (r.empty()) continue;
+        const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin);
+        const std::int64_t n = r.size();
+        // Where the storage-dtype params of this range live: the whole layer, or this rank's shard.
+        const Tensor param_here = ly.partitioned ? region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k) + (r.begin - pc.begin), n)
+                                                 : region(params_full_, s_.storage, ly.full_begin + r.begin, n);
+        PartitionSegment seg;
+        seg.layer = i;
+        seg.weight_decay = decay;
+        seg.master = s_.fp32_masters ? region(master_, DType::fp32, at_shard, n) : param_here;
+        seg.lowp = s_.fp32_masters ? param_here : Tensor{};
+        seg.grads = s_.stage <= 1 ? region(grads_full_, s_.storage, ly.grad_begin + r.begin, n) : region(grads_shard_, s_.storage, at_shard, n);
+        seg.m = region(m_, DType::fp32, at_shard, n);
+        seg.v = region(v_, DType::fp32, at_shard, n);
+        if (pw == 1) {
+          for (const FlatSlot& sl : lo.slots)
+            if (sl.weight_decay == decay) seg.ranges.push_back({sl.offset - r.begin, sl.numel});
+        }
+        segments_.push_back(std::move(seg));
+      }
+    }
+  }
+
+  queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1);
+  if (s_.stage == 3) {
+    std::vector<std::int64_t> numel(L, 0);
+    std::vector<std::vector<std::size_t>> needs(L);
+    for (std::size_t i = 0; i < L; ++i) {
+      if (layers_[i]->partitioned) numel[i] = layers_[i]->layout.numel;
+      needs[i] = layers_[i]->owners;
+    }
+    ParamCoordinatorSettings cs{s_.prefetch_bucket_size, s_.max_live_parameters, s_.max_reuse_distance};
+    ParamCoordinatorCallbacks cb{[this](std::size_t j) { gather_layer(j); }, [this](std::size_t j) { wait_layer(j); },
+                                 [this](std::size_t j) { free_layer(j); }};
+    coordinator_ = std::make_unique<ParamCoordinator>(std::move(numel), std::move(needs), names_, cs, std::move(cb));
+  }
+}
+
+ModelStates::~ModelStates() {
+  // Nothing may still write into buffers about to be freed.
+  if (queue_) {
+    try {
+      queue_->drain();
+    } catch (...) {
+    }
+  }
+}
+
+const FlatLayout& ModelStates::layout(std::size_t i) const { return layers_[i]->layout; }
+bool ModelStates::partitioned_params(std::size_t i) const { return layers_[i]->partitioned; }
+std::span<const std::size_t> ModelStates::owners(std::size_t i) const { return layers_[i]->owners; }
+
+int ModelStates::rank() const { return comm_ != nullptr ? comm_->rank() : 0; }
+
+Tensor ModelStates::region(const Buffer& b, DType t, std::int64_t begin, std::int64_t count) const {
+  return b.tensor(t, Shape{count}, static_cast<std::size_t>(begin) * dtype_size(t));
+}
+
+void ModelStates::set_traces(std::vector<std::size_t> train, std::vector<std::size_t> eval) {
+  train_trace_ = std::move(train);
+  eval_trace_ = std::move(eval);
+}
+
+// ---- stage 3 gathers ----
+
+void ModelStates::gather_layer(std::size_t j) {
+  Layer& ly = *layers_[j];
+  const FlatLayout& lo = ly.layout;
+  ly.gathered = Buffer(alloc_, static_cast<std::size_t>(lo.numel) * dtype_size(s_.storage), MemoryPurpose::params);
+  std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's shard piece, the chunk in the gathered buffer)
+  for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+    const FlatRange c = lo.chunk_range(k);
+    parts.emplace_back(region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), c.size() / world_),
+                       region(ly.gathered, s_.storage, c.begin, c.size()));
+  }
+  Communicator* comm = world_ > 1 ? comm_ : nullptr;
+  ly.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
+    for (const auto& [send, recv] : parts) {
+      if (comm != nullptr) {
+        comm->all_gather(send, recv);
+      } else {
+        copy_tensor(recv, send);
+      }
+    }
+  });
+}
+
+void ModelStates::wait_layer(std::size_t j) { queue_->wait(layers_[j]->gather_ticket); }
+
+void ModelStates::free_layer(std::size_t j) {
+  Layer& ly = *layers_[j];
+  queue_->wait(ly.gather_ticket);
+  ly.gathered.reset();
+}
+
+void ModelStates::acquire_all() {
+  if (s_.stage != 3) return;
+  if (coordinator_) coordinator_->end_pass();
+  for (std::size_t j = 0; j < layers_.size(); ++j)
+    if (layers_[j]->partitioned && layers_[j]->gathered.empty()) gather_layer(j);
+  queue_->drain();
+  all_acquired_ = true;
+}
+
+// ---- the step loop's hooks ----
+
+void ModelStates::begin_pass(bool train) {
+  if (!coordinator_) return;
+  if (all_acquired_) {
+    for (std::size_t j = 0; j < layers_.size(); ++j)
+      if (layers_[j]->partitioned) free_layer(j);
+    all_acquired_ = false;
+  }
+  coordinator_->begin_pass(train ? std::span<const std::size_t>(train_trace_) : std::span<const std::size_t>(eval_trace_));
+}
+
+void ModelStates::acquire(std::size_t i) {
+  if (coordinator_ && !all_acquired_) coordinator_->before(i);
+}
+
+void ModelStates::release(std::size_t i) {
+  if (coordinator_ && !all_acquired_) coordinator_->after(i);
+}
+
+void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<Tensor>* grads) {
+  const Layer& ly = *layers_[i];
+  params.clear();
+  if (grads != nullptr) grads->clear();
+  for (std::size_t j = 0; j < ly.refs.size(); ++j) {
+    const auto [owner, slot] = ly.refs[j];
+    const Layer& o = *layers_[owner];
+    const Shape shape = specs_[i][j].shape;
+    const auto at = [&](const Buffer& b, std::int64_t begin) { return b.tensor(s_.storage, shape, static_cast<std::size_t>(begin + slot->offset) * dtype_size(s_.storage)); };
+    if (o.partitioned) {
+      if (o.gathered.empty()) {
+        fail("ZeRO-3: layer '{}' reads the parameters of layer '{}', which are not gathered (ModelStates::acquire({}) must precede the call)",
+             names_[i], names_[owner], i);
+      }
+      params.push_back(at(o.gathered, 0));
+    } else {
+      params.push_back(at(params_full_, o.full_begin));
+    }
+    if (grads == nullptr) continue;
+    if (s_.stage <= 1) {
+      grads->push_back(at(grads_full_, o.grad_begin));
+    } else {
+      if (o.transient_grads.empty()) fail("ZeRO-{}: layer '{}' gradients requested outside its backward (before_backward({}) must precede it)", s_.stage, names_[i], i);
+      grads->push_back(at(o.transient_grads, 0));
+    }
+  }
+}
+
+void ModelStates::before_backward(std::size_t i) {
+  if (s_.stage <= 1) return;
+  // At most two layers' reductions in flight (DeepSpeed's max_param_reduce_events is 2 too): the
+  // next layer's whole gradients are allocated only once the oldest reduction has freed its own.
+  constexpr std::size_t kMaxReductionsInFlight = 2;
+  while (reductions_in_flight_.size() >= kMaxReductionsInFlight) {
+    queue_->wait(reductions_in_flight_.front());
+    reductions_in_flight_.erase(reductions_in_flight_.begin());
+  }
+  for (std::size_t o : layers_[i]->owners) {
+    Layer& ow = *layers_[o];
+    if (!ow.transient_grads.empty()) continue;
+    ow.transient_grads = Buffer(alloc_, static_cast<std::size_t>(ow.layout.numel) * dtype_size(s_.storage), MemoryPurpose::grads);
+    zero_tensor(ow.transient_grads.tensor(s_.storage, Shape{ow.layout.numel}));
+  }
+}
+
+void ModelStates::flush_allreduce(std::int64_t begin, std::int64_t end) {
+  Communicator* comm = comm_;
+  for (std::int64_t b = begin; b < end;) {
+    const std::int64_t e = s_.reduce_bucket_size > 0 ? std::min(end, b + s_.reduce_bucket_size) : end;
+    const Tensor t = region(grads_full_, s_.storage, b, e - b);
+    queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::avg); });
+    b = e;
+  }
+}
+
+void ModelStates::after_backward(std::size_t i, bool boundary) {
+  Layer& ly = *layers_[i];
+  const FlatLayout& lo = ly.layout;
+  if (lo.numel == 0) return;
+  if (s_.stage == 0) {
+    if (!boundary || world_ == 1) return;
+    // Backward runs from the last layer to the first, so the finished regions of grads_full_ form
+    // one contiguous range growing downwards: all-reduce it in reduce_bucket_size pieces.
+    const std::int64_t b = ly.grad_begin, e = ly.grad_begin + lo.numel;
+    if (pending_begin_ < 0) {
+      pending_begin_ = b;
+      pending_end_ = e;
+    } else {
+      DSTRAIN_CHECK(e == pending_begin_, "ZeRO-0: layer '{}' finished out of order for bucketing", names_[i]);
+      pending_begin_ = b;
+    }
+    if (pending_end_ - pending_begin_ >= s_.reduce_bucket_size) {
+      flush_allreduce(pending_begin_, pending_end_);
+      pending_begin_ = pending_end_ = -1;
+    }
+    return;
+  }
+  if (s_.stage == 1) {
+    if (!boundary || world_ == 1) return;
+    // Reduce-scatter every chunk in place: rank r's piece of it becomes the average.
+    Communicator* comm = comm_;
+    const int r = rank();
+    std::vector<Tensor> chunks;
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange c = lo.chunk_range(k);
+      chunks.push_back(region(grads_full_, s_.storage, ly.grad_begin + c.begin, c.size()));
+    }
+    queue_->submit([comm, r, chunks = std::move(chunks), w = world_, rs = s_.reduce_scatter] {
+      for (const Tensor& c : chunks) {
+        if (rs) {
+          comm->reduce_scatter(c, shard_of(c, r, w), ReduceOp::avg);
+        } else {
+          comm->all_reduce(c, ReduceOp::avg);
+        }
+      }
+    });
+    return;
+  }
+  // Stages 2-3, every micro-step: reduce-scatter the layer's whole gradients chunk by chunk, add
+  // this rank's pieces into its gradient partition, and free the whole-gradient buffer.
+  Communicator* comm = world_ > 1 ? comm_ : nullptr;
+  const int r = rank();
+  std::vector<std::pair<Tensor, Tensor>> parts;  // (chunk of the whole grads, this rank's partition piece)
+  for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+    const FlatRange c = lo.chunk_range(k);
+    parts.emplace_back(region(ly.transient_grads, s_.storage, c.begin, c.size()),
+                       region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
+  }
+  Buffer* transient = &ly.transient_grads;
+  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
+    for (const auto& [chunk, part] : parts) {
+      const Tensor mine = shard_of(chunk, r, w);
+      if (comm != nullptr && rs) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
+      if (comm != nullptr && !rs) comm->all_reduce(chunk, ReduceOp::avg);
+      residual_forward(part, part, mine);  // accumulate over micro-steps (fp32 add, one rounding)
+    }
+    transient->reset();
+  });
+  reductions_in_flight_.push_back(t);
+}
+
+void ModelStates::end_backward(bool boundary) {
+  if (s_.stage == 0 && boundary && pending_begin_ >= 0) {
+    flush_allreduce(pending_begin_, pending_end_);
+    pending_begin_ = pending_end_ = -1;
+  }
+  queue_->drain();
+  reductions_in_flight_.clear();
+  if (coordinator_) coordinator_->end_pass();
+}
+
+void ModelStates::end_eval() {
+  if (coordinator_) coordinator_->end_pass();
+  queue_->drain();
+}
+
+// ---- the optimizer step ----
+
+void ModelStates::after_update() {
+  if (s_.stage == 0 || world_ == 1) return;
+  // Every chunk of every layer kept whole: all-gather the updated pieces in place.
+  Communicator* comm = comm_;
+  const int r = rank();
+  for (const auto& ly : layers_) {
+    if (ly->partitioned || ly->layout.numel == 0) continue;
+    std::vector<Tensor> chunks;
+    for (std::int64_t k = 0; k < ly->layout.chunk_count(); ++k) {
+      const FlatRange c = ly->layout.chunk_range(k);
+      chunks.push_back(region(params_full_, s_.storage, ly->full_begin + c.begin, c.size()));
+    }
+    queue_->submit([comm, r, w = world_, chunks = std::move(chunks)] {
+      for (const Tensor& c : chunks) comm->all_gather(shard_of(c, r, w), c);
+    });
+  }
+  queue_->drain();
+}
+
+void ModelStates::zero_grads() {
+  for (const Buffer* b : {&grads_full_, &grads_shard_})
+    if (!b->empty()) zero_tensor(b->tensor(s_.storage, Shape{static_cast<std::int64_t>(b->bytes() / dtype_size(s_.storage))}));
+}
+
+void ModelStates::all_reduce_sum(Tensor values) {
+  if (world_ == 1) return;
+  Communicator* comm = comm_;
+  queue_->wait(queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); }));
+}
+
+// ---- whole parameters ----
+
+Tensor ModelStates::full_param(std::size_t layer, const FlatSlot& slot) const {
+  const Layer& ly = *layers_[layer];
+  if (ly.partitioned) return {};
+  return params_full_.tensor(s_.storage, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.full_begin + slot.offset) * dtype_size(s_.storage));
+}
+
+Tensor ModelStates::full_grad(std::size_t layer, const FlatSlot& slot) const {
+  if (s_.stage >= 2) return {};
+  const Layer& ly = *layers_[layer];
+  return grads_full_.tensor(s_.storage, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.grad_begin + slot.offset) * dtype_size(s_.storage));
+}
+
+Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
+  if (s_.stage >= 1) return {};
+  const Layer& ly = *layers_[layer];
+  if (!s_.fp32_masters) return full_param(layer, slot);
+  return master_.tensor(DType::fp32, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.shard_begin + slot.offset) * sizeof(float));
+}
+
+void ModelStates::gather_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fn) {
+  queue_->drain();
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& ly = *layers_[i];
+    const FlatLayout& lo = ly.layout;
+    if (lo.numel == 0) continue;
+    if (s_.stage == 0) {
+      for (const FlatSlot& sl : lo.slots) fn(i, sl, full_master(i, sl));
+      continue;
+    }
+    // This rank's pieces (from the segments: they cover every piece exactly once), then an
+    // all-gather of each chunk in place.
+    // Host staging, outside the rank's allocator: it is not part of what training holds.
+    Buffer tmp(cpu_allocator(), static_cast<std::size_t>(lo.numel) * sizeof(float), MemoryPurpose::buffers);
+    zero_tensor(tmp.tensor(DType::fp32, Shape{lo.numel}));
+    const int r = rank();
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange pc = lo.piece(k, r);
+      const Tensor dst = region(tmp, DType::fp32, pc.begin, pc.size());
+      const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
+      if (s_.fp32_masters) {
+        copy_tensor(dst, region(master_, DType::fp32, at_shard, pc.size()));
+      } else if (ly.partitioned) {
+        copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
+      } else {
+        copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
+      }
+      if (world_ > 1) {
+        const FlatRange c = lo.chunk_range(k);
+        const Tensor whole = region(tmp, DType::fp32, c.begin, c.size());
+        Communicator* comm = comm_;
+        queue_->wait(queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); }));
+      }
+    }
+    for (const FlatSlot& sl : lo.slots) fn(i, sl, tmp.tensor(DType::fp32, specs_[i][sl.spec].shape, static_cast<std::size_t>(sl.offset) * sizeof(float)));
+  }
+}
+
+void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fill) {
+  queue_->drain();
+  const int r = s_.stage >= 1 ? rank() : 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& ly = *layers_[i];
+    const FlatLayout& lo = ly.layout;
+    if (lo.numel == 0) continue;
+    // Host staging, outside the rank's allocator: it is not part of what training holds.
+    Buffer tmp(cpu_allocator(), static_cast<std::size_t>(lo.numel) * sizeof(float), MemoryPurpose::buffers);
+    const Tensor whole = tmp.tensor(DType::fp32, Shape{lo.numel});
+    zero_tensor(whole);
+    for (const FlatSlot& sl : lo.slots) fill(i, sl, tmp.tensor(DType::fp32, specs_[i][sl.spec].shape, static_cast<std::size_t>(sl.offset) * sizeof(float)));
+    // Layers kept whole: every rank rounds the whole layer (no collective needed: every rank
+    // computed the same values).
+    if (!ly.partitioned) convert(whole.data, DType::fp32, region(params_full_, s_.storage, ly.full_begin, lo.numel).data, s_.storage, static_cast<std::size_t>(lo.numel));
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange pc = lo.piece(k, r);
+      const Tensor src = region(tmp, DType::fp32, pc.begin, pc.size());
+      const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
+      if (s_.fp32_masters) copy_tensor(region(master_, DType::fp32, at_shard, pc.size()), src);
+      if (ly.partitioned) {
+        const Tensor dst = region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), pc.size());
+        convert(src.data, DType::fp32, dst.data, s_.storage, static_cast<std::size_t>(pc.size()));
+      }
+    }
+  }
+}
+
+std::int64_t ModelStates::peak_gathered_elements() const { return coordinator_ ? coordinator_->peak_live() : 0; }
+
+std::uint64_t ModelStates::gathers() const { return coordinator_ ? coordinator_->gathers() : 0; }
+
+}  // namespace dstrain
