@@ -24,7 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(CommQueue, InlineRunsAtSubmitOnTheCaller) {
+TEST(ZeroCommQueue, InlineRunsAtSubmitOnTheCaller) {
   CommQueue q(false);
   EXPECT_FALSE(q.overlapped());
   std::vector<int> order;
@@ -61,7 +61,7 @@ bool returns_within(std::function<void()> fn, std::chrono::milliseconds limit) {
   return f.wait_for(limit) == std::future_status::ready;
 }
 
-TEST(CommQueue, InlineErrorThrowsAtSubmitAndRefusesLaterWork) {
+TEST(ZeroCommQueue, InlineErrorThrowsAtSubmitAndRefusesLaterWork) {
   auto* q = new CommQueue(false);  // leaked if wait() hangs (see below)
   q->submit([] {});
   EXPECT_THROW(q->submit([] { throw Error("collective failed"); }), Error);
@@ -84,7 +84,7 @@ TEST(CommQueue, InlineErrorThrowsAtSubmitAndRefusesLaterWork) {
   delete q;
 }
 
-TEST(CommQueue, OverlapRunsInOrderOnAnotherThread) {
+TEST(ZeroCommQueue, OverlapRunsInOrderOnAnotherThread) {
   CommQueue q(true);
   EXPECT_TRUE(q.overlapped());
   std::mutex mu;
@@ -110,7 +110,7 @@ TEST(CommQueue, OverlapRunsInOrderOnAnotherThread) {
   }
 }
 
-TEST(CommQueue, OverlapSubmitDoesNotWaitForTheWork) {
+TEST(ZeroCommQueue, OverlapSubmitDoesNotWaitForTheWork) {
   CommQueue q(true);
   std::promise<void> gate;
   std::shared_future<void> open = gate.get_future().share();
@@ -126,7 +126,7 @@ TEST(CommQueue, OverlapSubmitDoesNotWaitForTheWork) {
   EXPECT_TRUE(done.load());
 }
 
-TEST(CommQueue, WaitWaitsOnlyForItsPrefix) {
+TEST(ZeroCommQueue, WaitWaitsOnlyForItsPrefix) {
   CommQueue q(true);
   std::promise<void> gate;
   std::shared_future<void> open = gate.get_future().share();
@@ -156,7 +156,7 @@ TEST(CommQueue, WaitWaitsOnlyForItsPrefix) {
   EXPECT_EQ(stage.load(), 3);
 }
 
-TEST(CommQueue, OverlapErrorIsRethrownAndRefusesLaterWork) {
+TEST(ZeroCommQueue, OverlapErrorIsRethrownAndRefusesLaterWork) {
   CommQueue q(true);
   std::promise<void> gate;
   std::shared_future<void> open = gate.get_future().share();
@@ -184,13 +184,13 @@ TEST(CommQueue, OverlapErrorIsRethrownAndRefusesLaterWork) {
   (void)t1;
 }
 
-TEST(CommQueue, OverlapNonDstrainExceptionIsRethrown) {
+TEST(ZeroCommQueue, OverlapNonDstrainExceptionIsRethrown) {
   CommQueue q(true);
   q.submit([] { throw std::runtime_error("boom"); });
   EXPECT_THROW(q.drain(), std::runtime_error);
 }
 
-TEST(CommQueue, DestructorDrains) {
+TEST(ZeroCommQueue, DestructorDrains) {
   std::atomic<int> count{0};
   {
     CommQueue q(true);
@@ -209,7 +209,7 @@ TEST(CommQueue, DestructorDrains) {
   }
 }
 
-TEST(CommQueue, WorkerCarriesTheCallersLogRank) {
+TEST(ZeroCommQueue, WorkerCarriesTheCallersLogRank) {
   std::atomic<int> seen_rank{-1}, seen_world{-1};
   std::thread t([&] {
     set_thread_log_rank(2, 4);

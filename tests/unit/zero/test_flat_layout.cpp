@@ -36,7 +36,7 @@ std::vector<ParamSpec> small_layer() {
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-TEST(FlatLayout, SmallLayerFp32ByHand) {
+TEST(ZeroFlatLayout, SmallLayerFp32ByHand) {
   const auto specs = small_layer();
   // fp32: ealign = 64 / 4 = 16 elements. Decayed first: a at 0 (ends 10), d at 16 (ends 33);
   // decay_end = 48; then b at 48 (ends 51), e at 64 (ends 65); used = 80.
@@ -83,7 +83,7 @@ TEST(FlatLayout, SmallLayerFp32ByHand) {
   }
 }
 
-TEST(FlatLayout, SmallLayerBf16ByHand) {
+TEST(ZeroFlatLayout, SmallLayerBf16ByHand) {
   // 2-byte elements: ealign = 32. a at 0, d at 32 (ends 49), decay_end 64; b at 64, e at 96
   // (ends 97); used 128.
   const FlatLayout l = make_flat_layout(small_layer(), 2, 2, 0);
@@ -104,7 +104,7 @@ TEST(FlatLayout, SmallLayerBf16ByHand) {
   EXPECT_EQ(l.piece(0, 1).end, 128);
 }
 
-TEST(FlatLayout, ChunksByHand) {
+TEST(ZeroFlatLayout, ChunksByHand) {
   // fp32, world 2: numel 96 (unit 32). max_chunk 40 rounds up to 64: chunks [0,64), [64,96).
   const FlatLayout l = make_flat_layout(small_layer(), 2, 4, 40);
   EXPECT_EQ(l.chunk, 64);
@@ -143,7 +143,7 @@ TEST(FlatLayout, ChunksByHand) {
   EXPECT_EQ(make_flat_layout(small_layer(), 2, 4, -5).chunk_count(), 1);
 }
 
-TEST(FlatLayout, IntersectRanges) {
+TEST(ZeroFlatLayout, IntersectRanges) {
   EXPECT_EQ(intersect({0, 10}, {5, 20}).begin, 5);
   EXPECT_EQ(intersect({0, 10}, {5, 20}).end, 10);
   EXPECT_TRUE(intersect({0, 10}, {10, 20}).empty());
@@ -152,7 +152,7 @@ TEST(FlatLayout, IntersectRanges) {
   EXPECT_EQ(intersect({3, 7}, {0, 100}).size(), 4);
 }
 
-TEST(FlatLayout, EdgeLayers) {
+TEST(ZeroFlatLayout, EdgeLayers) {
   // Only tied params: nothing owned, an empty buffer.
   const std::vector<ParamSpec> tied_only{spec("h", 64, true, "wte.weight")};
   const FlatLayout t = make_flat_layout(tied_only, 4, 4, 0);
@@ -176,7 +176,7 @@ TEST(FlatLayout, EdgeLayers) {
   EXPECT_EQ(make_flat_layout(std::vector<ParamSpec>{spec("w", 48, true)}, 3, 4, 0).numel, 48);
 }
 
-TEST(FlatLayout, BadInputsAreErrors) {
+TEST(ZeroFlatLayout, BadInputsAreErrors) {
   const auto specs = small_layer();
   EXPECT_THROW(make_flat_layout(specs, 0, 4, 0), Error);
   EXPECT_THROW(make_flat_layout(specs, -2, 4, 0), Error);
@@ -216,7 +216,7 @@ Packed plain_packing(const std::vector<ParamSpec>& specs, std::int64_t ealign) {
 }
 
 // Brute force over random layers: every rule of the header, checked element by element.
-TEST(FlatLayout, RandomLayersObeyEveryRule) {
+TEST(ZeroFlatLayout, RandomLayersObeyEveryRule) {
   std::mt19937 rng(12345);
   for (int iter = 0; iter < 400; ++iter) {
     std::vector<ParamSpec> specs;
@@ -308,7 +308,7 @@ TEST(FlatLayout, RandomLayersObeyEveryRule) {
 }
 
 // World 1 is the plain aligned packing, one chunk per layer without a limit, shard = buffer.
-TEST(FlatLayout, WorldOneIsPlainPacking) {
+TEST(ZeroFlatLayout, WorldOneIsPlainPacking) {
   const auto specs = small_layer();
   for (std::size_t eb : {2u, 4u}) {
     const FlatLayout l = make_flat_layout(specs, 1, eb, 0);

@@ -111,7 +111,7 @@ std::string run_trace(const ParamCoordinatorSettings& s, Fake& f) {
   return joined(f.events);
 }
 
-TEST(ParamCoordinator, NoPrefetchNoReuse) {
+TEST(ZeroParamCoordinator, NoPrefetchNoReuse) {
   // prefetch off; max_reuse_distance 0 keeps only owners used by the very next call (distance 0):
   // the head's two owners between its forward (pos 3) and backward (pos 4).
   Fake f(kNumel, 1'000'000);
@@ -129,7 +129,7 @@ TEST(ParamCoordinator, NoPrefetchNoReuse) {
   EXPECT_EQ(f.peak, 50);
 }
 
-TEST(ParamCoordinator, PrefetchWithinBucket) {
+TEST(ZeroParamCoordinator, PrefetchWithinBucket) {
   // prefetch_bucket 30: after the needed owners, owners of the next calls are issued in trace
   // order while this call's prefetch stays <= 30 elements; it stops at the first that does not fit.
   //   pos 0: needs 0; prefetch 1 (20), 2 would make 50: stop
@@ -152,7 +152,7 @@ TEST(ParamCoordinator, PrefetchWithinBucket) {
   EXPECT_EQ(f.gathers, 8u);
 }
 
-TEST(ParamCoordinator, ReuseDistanceKeepsNearbyOwners) {
+TEST(ZeroParamCoordinator, ReuseDistanceKeepsNearbyOwners) {
   // max_reuse_distance 50: owner 0 is kept across pos 0 -> 3 (distance 50) and pos 4 -> 7 (50);
   // owners 1 (160) and 2 (100) are released.
   Fake f(kNumel, 1'000'000);
@@ -173,7 +173,7 @@ TEST(ParamCoordinator, ReuseDistanceKeepsNearbyOwners) {
   EXPECT_EQ(g.gathers, 8u);
 }
 
-TEST(ParamCoordinator, MaxLiveEvictsKeptOwnersFarthestFirst) {
+TEST(ZeroParamCoordinator, MaxLiveEvictsKeptOwnersFarthestFirst) {
   // Everything would be kept (reuse distance 1e9) but at most 80 elements live. At pos 3 the head
   // needs 3 (40 more) with 0, 1, 2 live (60): owners it does not need are released, the one used
   // farthest ahead first — 1 (next use in 80 elements) before 2 (50) — until 40 fit.
@@ -191,7 +191,7 @@ TEST(ParamCoordinator, MaxLiveEvictsKeptOwnersFarthestFirst) {
   EXPECT_EQ(f.peak, 80);
 }
 
-TEST(ParamCoordinator, MaxLiveBoundsPrefetchAndKeptOwners) {
+TEST(ZeroParamCoordinator, MaxLiveBoundsPrefetchAndKeptOwners) {
   // Prefetch everything it can (bucket 1000) and keep everything (reuse 1e9) under max_live 80:
   //   pos 0: 0, then prefetch 1, 2 (live 60); 3 would make 100: stop
   //   pos 3: evict 1 (farthest), gather 3 (live 80); prefetching 1 again would exceed 80
@@ -211,7 +211,7 @@ TEST(ParamCoordinator, MaxLiveBoundsPrefetchAndKeptOwners) {
   EXPECT_EQ(f.peak, 80);
 }
 
-TEST(ParamCoordinator, MaxLiveExactlyOneLayer) {
+TEST(ZeroParamCoordinator, MaxLiveExactlyOneLayer) {
   // max_live = the head's 50: every call still runs, never more than 50 live.
   for (std::int64_t prefetch : {0, 30, 1000}) {
     for (std::int64_t reuse : {0, 50, 1'000'000'000}) {
@@ -223,7 +223,7 @@ TEST(ParamCoordinator, MaxLiveExactlyOneLayer) {
   }
 }
 
-TEST(ParamCoordinator, DeviationTurnsPrefetchOffButStaysCorrect) {
+TEST(ZeroParamCoordinator, DeviationTurnsPrefetchOffButStaysCorrect) {
   // Prefetch everything; the calls go 0, 2 (the trace says 1), 1, 3.
   Fake f(kNumel, 1'000'000);
   ParamCoordinator pc(kNumel, kNeeds, kNames, {.prefetch_bucket = 1000, .max_live = 1'000'000, .max_reuse_distance = 0}, f.callbacks());
@@ -255,7 +255,7 @@ TEST(ParamCoordinator, DeviationTurnsPrefetchOffButStaysCorrect) {
   EXPECT_EQ(f.live, 0);
 }
 
-TEST(ParamCoordinator, DeviationPastTheTraceEnd) {
+TEST(ZeroParamCoordinator, DeviationPastTheTraceEnd) {
   // More calls than the trace has: the extra one deviates and is still served.
   Fake f(kNumel, 1'000'000);
   ParamCoordinator pc(kNumel, kNeeds, kNames, {.prefetch_bucket = 0, .max_live = 1'000'000, .max_reuse_distance = 0}, f.callbacks());
@@ -270,7 +270,7 @@ TEST(ParamCoordinator, DeviationPastTheTraceEnd) {
   EXPECT_EQ(f.live, 0);
 }
 
-TEST(ParamCoordinator, EndPassReleasesEverything) {
+TEST(ZeroParamCoordinator, EndPassReleasesEverything) {
   // Keep everything (reuse 1e9), stop after the forward: 0..3 are live; end_pass releases them.
   Fake f(kNumel, 1'000'000);
   ParamCoordinator pc(kNumel, kNeeds, kNames, {.prefetch_bucket = 0, .max_live = 1'000'000, .max_reuse_distance = 1'000'000'000}, f.callbacks());
@@ -296,7 +296,7 @@ TEST(ParamCoordinator, EndPassReleasesEverything) {
   EXPECT_EQ(f.live, 0);
 }
 
-TEST(ParamCoordinator, PersistentOwnersAreNeverGathered) {
+TEST(ZeroParamCoordinator, PersistentOwnersAreNeverGathered) {
   // Owner 1 has nothing partitioned (numel 0: persistent): never gathered, waited or released.
   const std::vector<std::int64_t> numel{10, 0, 30, 40};
   Fake f(numel, 1'000'000);
@@ -308,7 +308,7 @@ TEST(ParamCoordinator, PersistentOwnersAreNeverGathered) {
   EXPECT_EQ(f.live, 0);
 }
 
-TEST(ParamCoordinator, LayerNeedingMoreThanMaxLiveIsAnError) {
+TEST(ZeroParamCoordinator, LayerNeedingMoreThanMaxLiveIsAnError) {
   Fake f(kNumel, 45);
   try {
     ParamCoordinator pc(kNumel, kNeeds, kNames, {.prefetch_bucket = 0, .max_live = 45, .max_reuse_distance = 0}, f.callbacks());
@@ -328,7 +328,7 @@ TEST(ParamCoordinator, LayerNeedingMoreThanMaxLiveIsAnError) {
   EXPECT_THROW(ParamCoordinator(kNumel, kNeeds, {"a", "b"}, {}, f.callbacks()), Error);
 }
 
-TEST(ParamCoordinator, DuplicateNeedsCountOnce) {
+TEST(ZeroParamCoordinator, DuplicateNeedsCountOnce) {
   // A layer listing its owner twice needs it once (50, not 90, against max_live 50).
   const std::vector<std::vector<std::size_t>> needs{{0}, {1}, {2}, {3, 0, 3}};
   Fake f(kNumel, 50);
@@ -351,7 +351,7 @@ std::int64_t ref_distance(const std::vector<std::size_t>& trace, const std::vect
   return -1;
 }
 
-TEST(ParamCoordinator, RandomTracesKeepEveryInvariant) {
+TEST(ZeroParamCoordinator, RandomTracesKeepEveryInvariant) {
   std::mt19937 rng(777);
   for (int iter = 0; iter < 300; ++iter) {
     const std::size_t L = 2 + rng() % 6;
