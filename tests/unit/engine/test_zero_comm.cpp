@@ -159,11 +159,21 @@ INSTANTIATE_TEST_SUITE_P(PerStep, ZeroComm,
                            return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param), precision_name(std::get<2>(pinfo.param)));
                          });
 
-// Gradient accumulation: stage 1 reduces once per step, stage 2 and 3 every micro-step (they keep
-// only their partition of the gradients), stage 3 gathers every micro-step too.
+// Gradient accumulation: stages 0 and 1 reduce once per step, stages 2 and 3 every micro-step (they
+// keep only their partition of the gradients), stage 3 gathers every micro-step too.
 TEST(ZeroCommGas, ReductionsPerMicroStep) {
   constexpr int w = 4, gas = 3;
   const std::uint64_t P = static_cast<std::uint64_t>(psi(w, 4)) * 4;
+  {
+    RunSpec spec;
+    spec.stage = 0;
+    spec.world = w;
+    spec.gas = gas;
+    spec.steps = 2;
+    const CommStats c = run_zero(spec).r0().report.step_comm;
+    EXPECT_EQ(bytes(c, CollectiveKind::all_reduce), 2 * ring(static_cast<std::uint64_t>(psi(1, 4)) * 4, w) + small_all_reduce(w));
+    EXPECT_EQ(bytes(c, CollectiveKind::reduce_scatter) + bytes(c, CollectiveKind::all_gather), 0u);
+  }
   for (const int stage : {1, 2, 3}) {
     SCOPED_TRACE(testing::Message() << "stage " << stage);
     RunSpec spec;

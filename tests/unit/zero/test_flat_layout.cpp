@@ -224,7 +224,9 @@ TEST(ZeroFlatLayout, RandomLayersObeyEveryRule) {
     for (int j = 0; j < n; ++j) {
       const std::int64_t numel = 1 + static_cast<std::int64_t>(rng() % 300);
       const bool tied = rng() % 5 == 0;
-      specs.push_back(spec("p" + std::to_string(j), numel, rng() % 2 == 0, tied ? "x.weight" : ""));
+      std::string name = "p";
+      name += std::to_string(j);
+      specs.push_back(spec(name, numel, rng() % 2 == 0, tied ? "x.weight" : ""));
     }
     const int world = 1 + static_cast<int>(rng() % 6);
     const std::size_t ebytes = rng() % 2 == 0 ? 2 : 4;
