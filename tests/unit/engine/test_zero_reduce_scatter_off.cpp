@@ -1,5 +1,5 @@
-// Smoke check of ZeRO stages on local ranks: W ranks with micro-batch B and GAS g train exactly
-// like one rank with GAS g·W on the same samples (the full matrix is in test_zero_equivalence.cpp).
+// ZeRO with reduce_scatter: false (DeepSpeed's all-reduce path) trains like one rank with the same
+// global batch (the full stage x world x dtype matrix is in test_zero_equivalence.cpp).
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -29,7 +29,9 @@ TrainRun train(int stage, int world, int gas, const std::string& precision, bool
   TrainRun out;
   std::mutex mu;
   run_local_ranks(world, [&](Communicator& comm) {
-    const config::DsConfig c = config::parse_ds_config(config::Json::parse(cfg), {.world_size = world});
+    config::ConfigOptions opts;
+    opts.world_size = world;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(cfg), opts);
     Engine e = initialize(make_gpt2_model("gpt2:L2-C32-H2-V96-T16"), c, {.seed = 7, .comm = &comm, .sequence_length = 16, .checkpoint_activations = ckpt});
     for (int s = 0; s < steps; ++s) {
       for (int m = 0; m < gas; ++m) {
@@ -49,31 +51,9 @@ TrainRun train(int stage, int world, int gas, const std::string& precision, bool
   return out;
 }
 
-TEST(ZeroSmoke, StagesMatchOneRank) {
-  for (const std::string prec : {"fp32", "bf16", "fp16"}) {
-    for (const bool ckpt : {false, true}) {
-      const TrainRun ref = train(0, 1, 4, prec, ckpt, 3);
-      for (int stage = 0; stage <= 3; ++stage) {
-        const TrainRun r = train(stage, 2, 2, prec, ckpt, 3);
-        const double tol = prec == "fp32" ? 2e-5 : 2e-2;
-        double dmax = 0;
-        for (std::size_t s = 0; s < ref.losses.size(); ++s) dmax = std::max(dmax, std::abs(double(ref.losses[s]) - r.losses[s]));
-        double pmax = 0;
-        for (const auto& [n, v] : ref.params) {
-          const auto& w = r.params.at(n);
-          for (std::size_t k = 0; k < v.size(); ++k) pmax = std::max(pmax, std::abs(double(v[k]) - w[k]));
-        }
-        std::printf("%s ckpt=%d stage %d: loss diff %.3g param diff %.3g (loss %.4f)\n", prec.c_str(), ckpt, stage, dmax, pmax, r.losses.back());
-        EXPECT_LT(dmax, tol) << prec << " stage " << stage;
-        EXPECT_LT(pmax, prec == "fp32" ? 1e-4 : 5e-2) << prec << " stage " << stage;
-      }
-    }
-  }
-}
-
 // reduce_scatter: false all-reduces the gradients instead (DeepSpeed's option): same result, and
 // the all-reduce counters, not the reduce-scatter ones, carry the traffic.
-TEST(ZeroSmoke, AllReduceInsteadOfReduceScatter) {
+TEST(ZeroReduceScatterOff, AllReduceInsteadOfReduceScatter) {
   const TrainRun ref = train(0, 1, 2, "fp32", false, 2);
   for (int stage = 1; stage <= 3; ++stage) {
     const TrainRun r = train(stage, 2, 1, "fp32", false, 2, false);
