@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -59,8 +60,8 @@ struct TokenBatch {
   Batch batch() { return Batch{Tensor(inputs.data(), DType::int32, shape), Tensor(targets.data(), DType::int32, shape)}; }
 };
 
-// Mean loss over the eval loader's batches (the same ones every time).
-double evaluate(Engine& engine, EvalLoader& loader, TokenBatch& tb) {
+// Sum and count of the losses over the eval loader's batches (the same ones every time).
+std::pair<double, std::size_t> evaluate_sum(Engine& engine, EvalLoader& loader, TokenBatch& tb) {
   loader.reset();
   double sum = 0.0;
   std::size_t n = 0;
@@ -68,6 +69,12 @@ double evaluate(Engine& engine, EvalLoader& loader, TokenBatch& tb) {
     sum += engine.evaluate(tb.batch());
     ++n;
   }
+  return {sum, n};
+}
+
+// Mean loss over the eval loader's batches.
+double evaluate(Engine& engine, EvalLoader& loader, TokenBatch& tb) {
+  const auto [sum, n] = evaluate_sum(engine, loader, tb);
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -198,13 +205,7 @@ struct RunResult {
 // One rank: the mean of its batches, as before ZeRO.
 double evaluate_all_ranks(Engine& engine, EvalLoader& loader, TokenBatch& tb, Communicator* comm) {
   if (comm == nullptr || comm->world_size() == 1) return evaluate(engine, loader, tb);
-  loader.reset();
-  double sum = 0.0;
-  std::size_t n = 0;
-  while (loader.next(tb.inputs, tb.targets)) {
-    sum += engine.evaluate(tb.batch());
-    ++n;
-  }
+  const auto [sum, n] = evaluate_sum(engine, loader, tb);
   std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
   comm->all_reduce(Tensor(buf.data(), DType::fp32, Shape{2}), ReduceOp::sum);
   return buf[1] > 0.0f ? static_cast<double>(buf[0]) / static_cast<double>(buf[1]) : 0.0;
