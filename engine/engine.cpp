@@ -285,7 +285,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (options.init_params) {
     // Initialised in fp32 (the master; every rank computes the same values and keeps its part),
     // then rounded: the 16-bit weights are the master's copy.
-    im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) { init_param(out, specs[layer][slot.spec], options.seed); });
+    im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) { init_param(out, im.states->spec(layer, slot), options.seed); });
   }
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
 }
@@ -419,10 +419,7 @@ void Engine::step() {
     if (impl_->comm != nullptr) {
       // This step's collectives: everything since the previous step ended.
       const CommStats now = impl_->comm->stats();
-      for (int k = 0; k < kCollectiveKinds; ++k) {
-        impl_->step_comm.bytes[static_cast<std::size_t>(k)] = now.bytes[static_cast<std::size_t>(k)] - impl_->comm_at_step_start.bytes[static_cast<std::size_t>(k)];
-        impl_->step_comm.calls[static_cast<std::size_t>(k)] = now.calls[static_cast<std::size_t>(k)] - impl_->comm_at_step_start.calls[static_cast<std::size_t>(k)];
-      }
+      impl_->step_comm = now - impl_->comm_at_step_start;
       impl_->comm_at_step_start = now;
     }
     step_loss_sum_ = 0.0;
@@ -457,17 +454,14 @@ bool Engine::optimizer_step() {
   // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.
   GradNormOverflow total;
   std::string first_bad;
-  if (!im.mixed) {
-    std::vector<Tensor> grads;
-    for (const OptimizerSegment& sg : im.segments) grads.push_back(sg.grads);
-    total.norm_sq = counts_here ? std::pow(global_grad_norm(grads), 2) : 0.0;
-  } else if (counts_here) {
+  if (counts_here) {
     for (std::size_t k = 0; k < im.segments.size(); ++k) {
       const GradNormOverflow r = grad_norm_overflow(im.segments[k].grads);
       if (r.overflow() && first_bad.empty()) first_bad = model_.layers[im.segment_layer[k]]->name();
       total += r;
     }
   }
+  if (!im.mixed) total.nonfinite = 0.0;  // fp32 has no overflow check: a NaN norm clips to NaN, as in DeepSpeed
   // Several ranks: ONE all-reduce of (norm², non-finite count, loss) so that every rank takes the
   // same skip and clip decision and reports the global batch's loss.
   double loss_sum = step_loss_sum_;
@@ -593,7 +587,7 @@ Tensor Engine::grad(std::string_view name) const {
 
 void Engine::gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn) {
   Impl& im = *impl_;
-  im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) { fn(im.owned[im.by_name.at(model_.layers[layer]->params()[slot.spec].name)].spec.name, t); });
+  im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) { fn(im.states->spec(layer, slot).name, t); });
 }
 
 int Engine::rank() const { return impl_->states->rank(); }
@@ -690,7 +684,7 @@ void Engine::load_weights(const std::filesystem::path& path) {
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
   });
   im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
-    const std::size_t k = im.by_name.at(model_.layers[layer]->params()[slot.spec].name);
+    const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
     copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
   });
 }

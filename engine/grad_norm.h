@@ -11,9 +11,9 @@
 
 namespace dstrain {
 
-// sqrt(Σ g²) over every element of `grads` (fp32 tensors on the CPU), accumulated in double.
-// Deterministic for any thread count: each tensor is summed in fixed chunks whose partial sums are
-// added in chunk order, so the result never depends on how OpenMP splits the work.
+// sqrt(Σ g²) over every element of `grads` (fp32 / fp16 / bf16), accumulated in double by the
+// fused grad_norm_overflow kernel (ops/kernels/grad_norm_overflow.h): the same bits for any
+// thread count. Non-finite elements make the norm inf / NaN.
 double global_grad_norm(std::span<const Tensor> grads);
 
 // c / (norm + 1e-6) when clipping is on (c > 0) and that is < 1; otherwise 1.

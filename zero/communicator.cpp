@@ -71,6 +71,15 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
   return 0;
 }
 
+CommStats operator-(const CommStats& later, const CommStats& earlier) {
+  CommStats d;
+  for (std::size_t k = 0; k < d.bytes.size(); ++k) {
+    d.bytes[k] = later.bytes[k] - earlier.bytes[k];
+    d.calls[k] = later.calls[k] - earlier.calls[k];
+  }
+  return d;
+}
+
 std::uint64_t CommStats::total_bytes_sent() const { return std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0}); }
 std::uint64_t CommStats::total_calls() const { return std::accumulate(calls.begin(), calls.end(), std::uint64_t{0}); }
 

@@ -64,6 +64,9 @@ struct CommStats {
   std::uint64_t total_calls() const;
 };
 
+// What was sent between two snapshots of one rank's counters (later − earlier, per kind).
+CommStats operator-(const CommStats& later, const CommStats& earlier);
+
 // How long a collective waits for the other ranks before failing: DSTRAIN_COMM_TIMEOUT (seconds,
 // decimals allowed, > 0) or 60 s. Throws Error naming the variable when it is not a positive number.
 std::chrono::milliseconds default_comm_timeout();

@@ -155,8 +155,6 @@ ModelStates::~ModelStates() {
 }
 
 const FlatLayout& ModelStates::layout(std::size_t i) const { return layers_[i]->layout; }
-bool ModelStates::partitioned_params(std::size_t i) const { return layers_[i]->partitioned; }
-std::span<const std::size_t> ModelStates::owners(std::size_t i) const { return layers_[i]->owners; }
 
 int ModelStates::rank() const { return comm_ != nullptr ? comm_->rank() : 0; }
 
@@ -486,7 +484,5 @@ void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSl
 }
 
 std::int64_t ModelStates::peak_gathered_elements() const { return coordinator_ ? coordinator_->peak_live() : 0; }
-
-std::uint64_t ModelStates::gathers() const { return coordinator_ ? coordinator_->gathers() : 0; }
 
 }  // namespace dstrain

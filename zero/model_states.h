@@ -92,10 +92,8 @@ class ModelStates {
   int world() const { return world_; }
   std::size_t layer_count() const { return layers_.size(); }
   const FlatLayout& layout(std::size_t i) const;
-  // Stage 3 and above the persistence threshold: gathered per call.
-  bool partitioned_params(std::size_t i) const;
-  // The owners (layer indices) whose parameters layer i reads: itself and its tied owners.
-  std::span<const std::size_t> owners(std::size_t i) const;
+  // The ParamSpec of an owned slot of layer i.
+  const ParamSpec& spec(std::size_t i, const FlatSlot& slot) const { return specs_[i][slot.spec]; }
 
   // ---- the step loop's hooks ----
   // Call traces of a training micro-step and an evaluation (stage 3's schedule).
@@ -142,7 +140,6 @@ class ModelStates {
   // ---- statistics ----
   std::int64_t padded_numel() const { return total_numel_; }  // Ψ, padding included
   std::int64_t peak_gathered_elements() const;  // stage 3: the most parameter elements gathered at once
-  std::uint64_t gathers() const;                 // stage 3: layer gathers issued so far
 
  private:
   struct Layer;

@@ -46,4 +46,19 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// A small English corpus tokenized with the bytes tokenizer into `dir`/t_train.bin and
+// `dir`/t_val.bin: four documents of plain English under `dir`/text; prepare-data puts the last one
+// in the val file. Returns prepare-data's result.
+inline CliResult prepare_english_bytes_data(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir / "text");
+  const char* lines[] = {"The quick brown fox jumps over the lazy dog. ", "A stitch in time saves nine, and the early bird catches the worm. ",
+                         "All that glitters is not gold; still waters run deep. ", "Where there is smoke there is fire, said the old man. "};
+  for (int d = 0; d < 4; ++d) {
+    std::ofstream out(dir / "text" / ("doc" + std::to_string(d) + ".txt"));
+    for (int i = 0; i < 60; ++i) out << lines[(d + i) % 4];
+  }
+  return run_dstrain("prepare-data --tokenizer bytes " + shell_quote((dir / "text").string()) + " -o " + shell_quote((dir / "t.bin").string()) +
+                     " --val-fraction 0.25");
+}
+
 }  // namespace dstrain::testing

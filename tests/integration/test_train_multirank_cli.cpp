@@ -34,14 +34,7 @@ class TrainMultirankCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("dstrain_test_train_multirank_cli." + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "text");
-    const char* lines[] = {"The quick brown fox jumps over the lazy dog. ", "A stitch in time saves nine, and the early bird catches the worm. ",
-                           "All that glitters is not gold; still waters run deep. ", "Where there is smoke there is fire, said the old man. "};
-    for (int d = 0; d < 4; ++d) {
-      std::ofstream out(dir_ / "text" / ("doc" + std::to_string(d) + ".txt"));
-      for (int i = 0; i < 60; ++i) out << lines[(d + i) % 4];
-    }
-    const CliResult prep = run_dstrain("prepare-data --tokenizer bytes " + q(dir_ / "text") + " -o " + q(dir_ / "t.bin") + " --val-fraction 0.25");
+    const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
