@@ -139,25 +139,31 @@ void Communicator::all_reduce(Tensor buf, ReduceOp op) {
   });
 }
 
+// The checks reduce-scatter and all-gather share: `full` holds world_size × `shard`'s elements
+// (reduce-scatter: full = send; all-gather: full = recv), same dtype and device, and when the two
+// overlap, `shard` must be exactly this rank's shard of `full` (the in-place form).
+void Communicator::check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard,
+                                        const char* shard_name) const {
+  DSTRAIN_CHECK(full.dtype == shard.dtype, "{}: {} is {} but {} is {}; both must have the same dtype", call, full_name, full.str(), shard_name,
+                shard.str());
+  DSTRAIN_CHECK(full.device == shard.device, "{}: {} is on {} but {} on {}", call, full_name, full.device.str(), shard_name, shard.device.str());
+  DSTRAIN_CHECK(full.numel() == shard.numel() * world_size_, "{}: {} has {} elements, {} {}; {} must hold world_size ({}) × {}'s elements", call,
+                full_name, full.numel(), shard_name, shard.numel(), full_name, world_size_, shard_name);
+  check_data(call, full, full_name);
+  check_data(call, shard, shard_name);
+  if (overlaps(full, shard)) {
+    DSTRAIN_CHECK(shard.data == shard_of(full, rank_, world_size_).data,
+                  "{}: {} overlaps {} but is not this rank's shard of it; in place, {} must be shard_of({}, {}, {})", call, shard_name, full_name,
+                  shard_name, full_name, rank_, world_size_);
+  }
+}
+
 void Communicator::reduce_scatter(Tensor send, Tensor recv, ReduceOp op) {
   run(CollectiveKind::reduce_scatter, send.nbytes(), false, [&] {
     const auto call = fmt::format("reduce_scatter #{} on rank {}", sequence_, rank_);
     check_dtype(call, send.dtype, "send");
-    DSTRAIN_CHECK(recv.dtype == send.dtype, "{}: send is {} but recv is {}; both must have the same dtype", call,
-                  send.str(), recv.str());
     check_op(call, send.dtype, op);
-    DSTRAIN_CHECK(send.device == recv.device, "{}: send is on {} but recv on {}", call, send.device.str(), recv.device.str());
-    DSTRAIN_CHECK(send.numel() == recv.numel() * world_size_,
-                  "{}: send has {} elements, recv {}; send must hold world_size ({}) × recv's elements", call,
-                  send.numel(), recv.numel(), world_size_);
-    check_data(call, send, "send");
-    check_data(call, recv, "recv");
-    if (overlaps(send, recv)) {
-      DSTRAIN_CHECK(recv.data == shard_of(send, rank_, world_size_).data,
-                    "{}: recv overlaps send but is not this rank's shard of it; in place, recv must be "
-                    "shard_of(send, {}, {})",
-                    call, rank_, world_size_);
-    }
+    check_full_and_shard(call, send, "send", recv, "recv");
     do_reduce_scatter(send, recv, op);
   });
 }
@@ -166,20 +172,7 @@ void Communicator::all_gather(Tensor send, Tensor recv) {
   run(CollectiveKind::all_gather, recv.nbytes(), false, [&] {
     const auto call = fmt::format("all_gather #{} on rank {}", sequence_, rank_);
     check_dtype(call, recv.dtype, "recv");
-    DSTRAIN_CHECK(recv.dtype == send.dtype, "{}: send is {} but recv is {}; both must have the same dtype", call,
-                  send.str(), recv.str());
-    DSTRAIN_CHECK(send.device == recv.device, "{}: send is on {} but recv on {}", call, send.device.str(), recv.device.str());
-    DSTRAIN_CHECK(recv.numel() == send.numel() * world_size_,
-                  "{}: send has {} elements, recv {}; recv must hold world_size ({}) × send's elements", call,
-                  send.numel(), recv.numel(), world_size_);
-    check_data(call, send, "send");
-    check_data(call, recv, "recv");
-    if (overlaps(send, recv)) {
-      DSTRAIN_CHECK(send.data == shard_of(recv, rank_, world_size_).data,
-                    "{}: send overlaps recv but is not this rank's shard of it; in place, send must be "
-                    "shard_of(recv, {}, {})",
-                    call, rank_, world_size_);
-    }
+    check_full_and_shard(call, recv, "recv", send, "send");
     do_all_gather(send, recv);
   });
 }

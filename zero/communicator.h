@@ -132,6 +132,7 @@ class Communicator {
  private:
   template <typename Fn>
   void run(CollectiveKind kind, std::uint64_t buffer_bytes, bool is_root, Fn&& fn);
+  void check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard, const char* shard_name) const;
 
   int rank_;
   int world_size_;
