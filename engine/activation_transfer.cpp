@@ -1,7 +1,7 @@
 #include "engine/activation_transfer.h"
 
 #include "ops/error.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 

@@ -13,11 +13,12 @@
 #include "ops/buffer.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "ops/kernels/device_backend.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/transformer/activation_layout.h"
 #include "ops/transformer/gpt2_weights.h"
 #include "ops/transformer/param_init.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 namespace {
@@ -25,12 +26,12 @@ namespace {
 constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 constexpr auto pack = pack_activation_specs;
 
-// What this build trains: CPU, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
+// What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
 // communicator, no offload (activation checkpointing, cpu_checkpointing included, is provided;
 // partition_activations only warns). Anything else is refused up front, naming the key, rather
 // than trained differently from what the config asks.
 void check_config_is_provided(const config::DsConfig& c, int world_size) {
-  const char* limit = "dstrain's CPU engine trains without offload";
+  const char* limit = "dstrain trains without offload";
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
@@ -110,7 +111,7 @@ struct Engine::Impl {
   config::DsConfig config;
   EngineOptions options;
   Optimizer optimizer;
-  std::unique_ptr<CpuAllocator> own_allocator;  // when options.allocator is null
+  std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
   std::vector<LayerState> layers;
@@ -120,7 +121,8 @@ struct Engine::Impl {
   std::vector<std::size_t> segment_layer;                // the layer of each segment
   Buffer act_buf, scratch_buf;
   Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
-  Batch batch;
+  Batch batch;      // the current micro-batch, on the device
+  Buffer batch_buf;  // a device engine's copy of a host batch: tokens (B, T) then targets (B, T), int32
   LrSchedule schedule;  // from config.scheduler; stepped after every applied optimizer step
   LrHook hook;          // an embedding program's override of schedule's lr
   std::unique_ptr<ActivationCheckpointing> ckpt;  // null: every activation is kept
@@ -139,7 +141,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (options.allocator != nullptr) {
     im.allocator = options.allocator;
   } else {
-    im.own_allocator = std::make_unique<CpuAllocator>();
+    im.own_allocator = make_device_allocator(options.device);
     im.allocator = im.own_allocator.get();
   }
   im.comm = options.comm;
@@ -261,6 +263,9 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     }
   }
   im.dresidual = im.act_buf.tensor(storage, dres_shape, dres_offset);
+  if (!im.allocator->device().is_cpu()) {
+    im.batch_buf = Buffer(*im.allocator, 2 * static_cast<std::size_t>(dims_.B * dims_.T) * sizeof(std::int32_t), MemoryPurpose::buffers);
+  }
 
   // ZeRO-3's schedule: a training micro-step calls the layers forward, then backward from the last
   // with each checkpointed segment recomputed right before its last layer's backward.
@@ -305,6 +310,11 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   }
   Impl& im = *impl_;
   im.batch = batch;
+  if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
+    im.batch = Batch{im.batch_buf.tensor(DType::int32, bt), im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t))};
+    copy_tensor(im.batch.tokens, batch.tokens);
+    copy_tensor(im.batch.targets, batch.targets);
+  }
   im.states->begin_pass(train);
   for (std::size_t i = 0; i < model_.layers.size(); ++i) {
     if (im.ckpt) im.ckpt->before_forward(i, train);  // keep_input at a segment's start
@@ -446,8 +456,11 @@ bool Engine::optimizer_step() {
     if (std::find(inject.begin(), inject.end(), step_number) != inject.end() && !im.segments.empty()) {
       // One +inf where a real fp16 overflow would put it: the first gradient element this rank
       // holds (a real parameter's, never alignment padding).
-      const float inf = std::numeric_limits<float>::infinity();
-      convert(&inf, DType::fp32, im.segments.front().grads.data, im.segments.front().grads.dtype, 1);
+      float inf = std::numeric_limits<float>::infinity();
+      std::uint32_t value = 0;  // inf in the gradient dtype, on the host
+      const Tensor g = im.segments.front().grads;
+      convert_tensor(Tensor(&value, g.dtype, Shape{1}), Tensor(&inf, DType::fp32, Shape{1}));
+      copy_tensor(Tensor(g.data, g.dtype, Shape{1}, g.device), Tensor(&value, g.dtype, Shape{1}));
     }
   }
   // One fused norm + overflow pass over this rank's gradients; the first layer (in model order)
@@ -592,6 +605,8 @@ void Engine::gather_master_params(const std::function<void(const std::string& na
 
 int Engine::rank() const { return impl_->states->rank(); }
 int Engine::world_size() const { return impl_->world; }
+Device Engine::device() const { return impl_->allocator->device(); }
+void Engine::synchronize() const { synchronize_device(device()); }
 int Engine::zero_stage() const { return impl_->config.zero_optimization.stage; }
 
 ZeroReport Engine::zero_report() const {
@@ -647,9 +662,9 @@ GenerationModel Engine::generation_model() {
 void Engine::save_weights(const std::filesystem::path& path) {
   if (!model_.gpt2) fail("save_weights: the model is not a GPT-2 (it has no Gpt2Config), and weights are written in the Hugging Face GPT-2 layout");
   Impl& im = *impl_;
-  if (im.config.zero_optimization.stage == 0) {
+  if (im.config.zero_optimization.stage == 0 && device().is_cpu()) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
-    // Every rank holds them whole; rank 0 writes.
+    // Every rank holds them whole, in host memory; rank 0 writes.
     if (rank() == 0) export_gpt2_safetensors(path, *model_.gpt2, [this](const std::string& n) { return master_param(n); });
     return;
   }
@@ -658,7 +673,8 @@ void Engine::save_weights(const std::filesystem::path& path) {
          "is false, so they are not gathered for saving (DeepSpeed's save_16bit_model refuses likewise); set it to true",
          im.world);
   }
-  // Gather the fp32 masters (collective), keep a host copy of each, rank 0 writes.
+  // Gather the fp32 masters (collective; on a GPU also at stage 0: they come to the host), keep a
+  // host copy of each, rank 0 writes.
   std::unordered_map<std::string, std::pair<Shape, std::vector<float>>> host;
   gather_master_params([&](const std::string& name, const Tensor& t) {
     if (rank() != 0) return;

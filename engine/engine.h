@@ -9,7 +9,7 @@
 //     engine.step();                         // optimizer step at every GAS-th call
 //   }
 //
-// What it does: CPU, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of `options.comm` (one rank
+// What it does: CPU or one CUDA GPU per rank (the allocator's device), fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of `options.comm` (one rank
 // without it; zero/model_states.h holds the params, grads and optimizer states as each stage
 // says). Every rank runs the same calls on its own micro-batch; gradients are averaged over the
 // ranks, so W ranks with micro-batch B train like one rank with W·B. At stage 0 on one rank:
@@ -70,7 +70,11 @@ struct EngineOptions {
   Communicator* comm = nullptr;
   std::int64_t sequence_length = 0;  // T of every micro-batch; 0: the model's n_positions
   bool init_params = true;           // false: parameters start at zero (e.g. load_weights follows)
-  Allocator* allocator = nullptr;    // nullptr: a CpuAllocator of the engine's own (its statistics are this rank's alone)
+  // Where the engine trains: every parameter, gradient, optimizer state and activation lives in
+  // `allocator`'s memory (its device decides: cpu, or cuda:N with the CUDA backend). nullptr: an
+  // allocator of the engine's own for `device` (its statistics are this rank's alone).
+  Allocator* allocator = nullptr;
+  Device device = Device::cpu();     // used only when allocator is nullptr
   // Activation checkpointing on (engine/activation_checkpointing.h); the config's
   // "activation_checkpointing" section configures it. `dstrain train --checkpoint-activations`.
   bool checkpoint_activations = false;
@@ -116,7 +120,8 @@ class Engine {
   // ---- the step ----
   // Runs the layers forward on `batch` ((B, T) int32 tokens and targets, B = the config's
   // train_micro_batch_size_per_gpu, T = sequence_length()), dropout on. Returns the micro-batch's
-  // mean loss. The batch's memory must stay valid until backward() returns.
+  // mean loss. The batch may be in host memory or on the engine's device (host batches are
+  // uploaded into a buffer of the engine's); its memory must stay valid until backward() returns.
   float forward(const Batch& batch);
   // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (reference §2:
   // every backward divides the loss by gradient_accumulation_steps).
@@ -168,6 +173,11 @@ class Engine {
 
   int rank() const;
   int world_size() const;
+  Device device() const;  // where the engine's tensors live
+  // Blocks until the device has finished every step queued so far (a no-op on the CPU): the host
+  // returns from forward/backward/step before a GPU has run all their kernels, so a caller timing
+  // steps synchronises before reading the clock.
+  void synchronize() const;
   int zero_stage() const;
   ZeroReport zero_report() const;
 
@@ -183,7 +193,8 @@ class Engine {
   std::int64_t parameter_count() const { return parameter_count_; }
   // The parameter / gradient with this name (Hugging Face names for GPT-2; a tied name such as
   // "lm_head.weight" resolves to its owner). Error naming the parameter if unknown.
-  // Under fp16 / bf16 these are the 16-bit tensors the layers read and write.
+  // Under fp16 / bf16 these are the 16-bit tensors the layers read and write. They live on the
+  // engine's device (device()): copy_tensor (ops/kernels/tensor_ops.h) brings them to the host.
   // Under ZeRO a partitioned tensor has no whole copy on a rank: param() is an Error at stage 3
   // (stage 3's persistent layers excepted), master_param() at stages 1-3, grad() at stages 2-3;
   // gather_master_params() gives the whole fp32 values instead.
@@ -192,7 +203,7 @@ class Engine {
   Tensor master_param(std::string_view name) const;
   Tensor grad(std::string_view name) const;
   // Collective (every rank calls it): fn(name, value) for every owned parameter, in layer order,
-  // with its whole fp32 master value (a temporary under ZeRO stages 1-3).
+  // with its whole fp32 master value in host memory (a temporary, except at stage 0 on the CPU).
   void gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn);
   // Owned parameter names, in layer order.
   std::vector<std::string> param_names() const;

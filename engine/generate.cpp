@@ -6,6 +6,7 @@
 
 #include "engine/data/tokenizer.h"
 #include "ops/error.h"
+#include "ops/kernels/tensor_ops.h"
 #include "ops/kernels/philox.h"
 #include "ops/transformer/activation_layout.h"
 
@@ -14,15 +15,6 @@ namespace {
 
 constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 
-
-float to_float(const Tensor& t, std::int64_t i) {
-  switch (t.dtype) {
-    case DType::fp32: return static_cast<const float*>(t.data)[i];
-    case DType::fp16: return fp16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]);
-    case DType::bf16: return bf16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]);
-    default: fail("generate: logits of dtype {} are not floating point", dtype_name(t.dtype));
-  }
-}
 
 // Sampling's Philox stream: a layer index no model reaches, so it never coincides with a dropout
 // stream of the same seed.
@@ -113,9 +105,6 @@ Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator&
     fail("Generator: max_context is {}; use 0 (= n_positions) or 1 .. n_positions = {}", max_context,
          model_.n_positions);
   if (!is_floating(model_.dtype)) fail("Generator: storage dtype {} is not fp32, fp16 or bf16", dtype_name(model_.dtype));
-  if (!allocator.device().is_cpu())
-    fail("Generator: allocator on {}; generation reads the logits on the host and runs on CPU tensors for now",
-         allocator.device().str());
   window_ = max_context == 0 ? model_.n_positions : max_context;
 
   Layer& head = *model_.layers.back();
@@ -173,7 +162,9 @@ Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator&
   // tokens (window) then targets (window), int32; targets all -1: no loss is wanted.
   const std::size_t tok_bytes = align_up(static_cast<std::size_t>(window_) * sizeof(std::int32_t), kAlignBytes);
   token_buf_ = Buffer(allocator, 2 * tok_bytes, MemoryPurpose::buffers);
-  std::fill_n(static_cast<std::int32_t*>(token_buf_.data()), 2 * tok_bytes / sizeof(std::int32_t), -1);
+  host_tokens_.assign(2 * tok_bytes / sizeof(std::int32_t), -1);
+  copy_tensor(token_buf_.tensor(DType::int32, Shape{static_cast<std::int64_t>(host_tokens_.size())}),
+              Tensor(host_tokens_.data(), DType::int32, Shape{static_cast<std::int64_t>(host_tokens_.size())}));
 
   for (std::size_t b = 0; b < Ts.size(); ++b) {
     const std::int64_t T = Ts[b];
@@ -205,6 +196,7 @@ Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator&
     buckets_.push_back(std::move(bk));
   }
   row_.resize(static_cast<std::size_t>(model_.vocab_size));
+  row_storage_.resize(static_cast<std::size_t>(model_.vocab_size));
 }
 
 const Generator::Bucket& Generator::bucket_for(std::int64_t len) const {
@@ -219,7 +211,8 @@ std::span<const float> Generator::next_token_logits(std::span<const std::int32_t
   const std::int64_t len = std::min(n, window_);
   const std::span<const std::int32_t> window = context.subspan(static_cast<std::size_t>(n - len));
   const Bucket& bk = bucket_for(len);
-  auto* tokens = bk.tokens.as<std::int32_t>();
+  // Written on the host, then uploaded (a no-op copy when the model runs on the CPU).
+  std::int32_t* tokens = host_tokens_.data();
   for (std::int64_t t = 0; t < len; ++t) {
     const std::int32_t id = window[static_cast<std::size_t>(t)];
     if (id < 0 || id >= model_.vocab_size)
@@ -228,6 +221,7 @@ std::span<const float> Generator::next_token_logits(std::span<const std::int32_t
   }
   // Positions past the context: any valid id; causal attention keeps them out of position len-1.
   std::fill(tokens + len, tokens + bk.T, 0);
+  copy_tensor(bk.tokens, Tensor(tokens, DType::int32, bk.tokens.shape));
 
   float loss = 0.0f;
   for (std::size_t i = 0; i < model_.layers.size(); ++i) {
@@ -246,9 +240,17 @@ std::span<const float> Generator::next_token_logits(std::span<const std::int32_t
     model_.layers[i]->forward(a);
     if (model_.release) model_.release(i);
   }
+  // The last real position's logits over the real vocabulary: to the host, then to fp32.
   const std::int64_t Vp = bk.logits.shape[2];
-  const std::int64_t row = (len - 1) * Vp;
-  for (std::int64_t v = 0; v < model_.vocab_size; ++v) row_[static_cast<std::size_t>(v)] = to_float(bk.logits, row + v);
+  const Shape v_shape{model_.vocab_size};
+  const Tensor row(static_cast<char*>(bk.logits.data) + static_cast<std::size_t>((len - 1) * Vp) * dtype_size(bk.logits.dtype), bk.logits.dtype,
+                   v_shape, bk.logits.device);
+  Tensor host_row = row;
+  if (!row.device.is_cpu()) {
+    host_row = Tensor(row_storage_.data(), row.dtype, v_shape);
+    copy_tensor(host_row, row);
+  }
+  convert_tensor(Tensor(row_.data(), DType::fp32, v_shape), host_row);
   return row_;
 }
 

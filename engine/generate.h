@@ -22,7 +22,8 @@
 //
 // The model's last layer must save an activation named "logits" of shape (B, T, Vp), Vp >= V (the
 // GPT-2 head does); its output (the per-position losses) is computed with all targets ignored.
-// CPU tensors only for now: the logits row is read on the host.
+// Any device: the context is written on the host and uploaded; the last position's logits row is
+// copied back (V values) for sampling on the host.
 #pragma once
 
 #include <cstdint>
@@ -85,7 +86,7 @@ double sampling_uniform(std::uint64_t seed, std::uint64_t n);
 class Generator {
  public:
   // max_context: the window (0 = model.n_positions; at most n_positions). Allocates from
-  // `allocator` (host memory: see the top of this file).
+  // `allocator`, on the device of the model's parameters.
   explicit Generator(GenerationModel model, std::int64_t max_context = 0, Allocator& allocator = cpu_allocator());
 
   // Returns the max_new_tokens new tokens (the prompt not included). An empty prompt means
@@ -117,6 +118,8 @@ class Generator {
   Buffer act_buf_, scratch_buf_, token_buf_;
   std::vector<Bucket> buckets_;   // ascending T; the last has T = window_
   std::vector<float> row_;        // (V) the last position's logits, fp32
+  std::vector<std::int32_t> host_tokens_;   // the token buffer's host side (tokens, then targets = -1)
+  std::vector<std::uint32_t> row_storage_;  // (V) the logits row copied from a device, any dtype
   TokenSampler sampler_;
 };
 

@@ -99,22 +99,12 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
     if (s.params.numel() == 0) continue;
     const bool decay = s.weight_decay && weight_decay_ != 0.0;
     c.decoupled_weight_decay = true;
-    if (decay && !decoupled_ && s.grads.dtype != DType::fp32) {
-      // 16-bit gradients cannot hold the effective gradient: the kernel's coupled-L2 form adds
-      // weight_decay·θ (fp32 master) to grad·grad_scale itself, the same formula.
+    if (decay && !decoupled_) {
+      // Adam with L2 (torch.optim.Adam): the kernel's coupled form adds weight_decay·θ (the fp32
+      // master) to grad·grad_scale, on the clipped gradient, in its own pass over the buffer.
       c.weight_decay = static_cast<float>(weight_decay_);
       c.grad_scale = grad_scale;
       c.decoupled_weight_decay = false;
-    } else if (decay && !decoupled_) {
-      // torch.optim.Adam: grad = grad + weight_decay * param, on the clipped gradient.
-      float* g = s.grads.as<float>();
-      const float* th = s.params.as<float>();
-      const float wd = static_cast<float>(weight_decay_);
-      const std::int64_t n = s.params.numel();
-#pragma omp parallel for schedule(static) if (n >= (std::int64_t{1} << 15))
-      for (std::int64_t i = 0; i < n; ++i) g[i] = g[i] * grad_scale + wd * th[i];
-      c.weight_decay = 0.0f;
-      c.grad_scale = 1.0f;
     } else {
       c.weight_decay = decay ? static_cast<float>(weight_decay_) : 0.0f;
       c.grad_scale = grad_scale;

@@ -107,6 +107,12 @@ class Communicator {
   // backends that complete on return). Fails with Error after the timeout rather than hang.
   virtual void synchronize() {}
 
+  // Orders the device work the caller queues from now on after every collective issued so far,
+  // without blocking the host (NCCL: the compute stream waits for the communicator's stream). Call
+  // it before compute reads, overwrites or frees a communicated buffer. No-op for backends whose
+  // collectives have completed when they return.
+  virtual void order_compute_after_collectives() {}
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 

@@ -6,7 +6,7 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 
@@ -129,7 +129,10 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     }
   }
 
-  queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1);
+  // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
+  // on streams and overlap by themselves (NCCL's stream), so they are issued inline.
+  queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1 && alloc_.device().is_cpu());
+  if (world_ > 1 && !alloc_.device().is_cpu()) reduce_staging_ = Buffer(alloc_, kReduceStagingBytes, MemoryPurpose::buffers);
   if (s_.stage == 3) {
     std::vector<std::int64_t> numel(L, 0);
     std::vector<std::vector<std::size_t>> needs(L);
@@ -162,6 +165,16 @@ Tensor ModelStates::region(const Buffer& b, DType t, std::int64_t begin, std::in
   return b.tensor(t, Shape{count}, static_cast<std::size_t>(begin) * dtype_size(t));
 }
 
+void ModelStates::wait(CommQueue::Ticket t) {
+  queue_->wait(t);
+  if (comm_ != nullptr) comm_->order_compute_after_collectives();
+}
+
+void ModelStates::drain() {
+  queue_->drain();
+  if (comm_ != nullptr) comm_->order_compute_after_collectives();
+}
+
 void ModelStates::set_traces(std::vector<std::size_t> train, std::vector<std::size_t> eval) {
   train_trace_ = std::move(train);
   eval_trace_ = std::move(eval);
@@ -191,11 +204,11 @@ void ModelStates::gather_layer(std::size_t j) {
   });
 }
 
-void ModelStates::wait_layer(std::size_t j) { queue_->wait(layers_[j]->gather_ticket); }
+void ModelStates::wait_layer(std::size_t j) { wait(layers_[j]->gather_ticket); }
 
 void ModelStates::free_layer(std::size_t j) {
   Layer& ly = *layers_[j];
-  queue_->wait(ly.gather_ticket);
+  wait(ly.gather_ticket);
   ly.gathered.reset();
 }
 
@@ -204,7 +217,7 @@ void ModelStates::acquire_all() {
   if (coordinator_) coordinator_->end_pass();
   for (std::size_t j = 0; j < layers_.size(); ++j)
     if (layers_[j]->partitioned && layers_[j]->gathered.empty()) gather_layer(j);
-  queue_->drain();
+  drain();
   all_acquired_ = true;
 }
 
@@ -262,7 +275,7 @@ void ModelStates::before_backward(std::size_t i) {
   // next layer's whole gradients are allocated only once the oldest reduction has freed its own.
   constexpr std::size_t kMaxReductionsInFlight = 2;
   while (reductions_in_flight_.size() >= kMaxReductionsInFlight) {
-    queue_->wait(reductions_in_flight_.front());
+    wait(reductions_in_flight_.front());
     reductions_in_flight_.erase(reductions_in_flight_.begin());
   }
   for (std::size_t o : layers_[i]->owners) {
@@ -342,6 +355,7 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
       const Tensor mine = shard_of(chunk, r, w);
       if (comm != nullptr && rs) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
       if (comm != nullptr && !rs) comm->all_reduce(chunk, ReduceOp::avg);
+      if (comm != nullptr) comm->order_compute_after_collectives();  // the add below reads what the collective wrote
       residual_forward(part, part, mine);  // accumulate over micro-steps (fp32 add, one rounding)
     }
     transient->reset();
@@ -354,14 +368,14 @@ void ModelStates::end_backward(bool boundary) {
     flush_allreduce(pending_begin_, pending_end_);
     pending_begin_ = pending_end_ = -1;
   }
-  queue_->drain();
+  drain();
   reductions_in_flight_.clear();
   if (coordinator_) coordinator_->end_pass();
 }
 
 void ModelStates::end_eval() {
   if (coordinator_) coordinator_->end_pass();
-  queue_->drain();
+  drain();
 }
 
 // ---- the optimizer step ----
@@ -382,7 +396,7 @@ void ModelStates::after_update() {
       for (const Tensor& c : chunks) comm->all_gather(shard_of(c, r, w), c);
     });
   }
-  queue_->drain();
+  drain();
 }
 
 void ModelStates::zero_grads() {
@@ -393,7 +407,17 @@ void ModelStates::zero_grads() {
 void ModelStates::all_reduce_sum(Tensor values) {
   if (world_ == 1) return;
   Communicator* comm = comm_;
-  queue_->wait(queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); }));
+  if (values.device == alloc_.device()) {
+    wait(queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); }));
+    return;
+  }
+  // Host values, device collectives: through the small device buffer kept for this.
+  DSTRAIN_CHECK(values.nbytes() <= reduce_staging_.bytes(), "ModelStates::all_reduce_sum: {} host bytes, the device staging holds {}", values.nbytes(),
+                reduce_staging_.bytes());
+  const Tensor staged = reduce_staging_.tensor(values.dtype, values.shape);
+  copy_tensor(staged, values);
+  wait(queue_->submit([comm, staged] { comm->all_reduce(staged, ReduceOp::sum); }));
+  copy_tensor(values, staged);
 }
 
 // ---- whole parameters ----
@@ -417,68 +441,92 @@ Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
   return master_.tensor(DType::fp32, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.shard_begin + slot.offset) * sizeof(float));
 }
 
+// A layer's whole fp32 values for gather_masters / set_masters. `host` is what the caller's
+// function reads or writes (host staging comes from cpu_allocator(), outside the rank's
+// allocator: it is not part of what training holds); `dev` is where the collectives and the
+// conversions work: the same memory on a CPU rank, a device buffer (purpose buffers) otherwise.
+struct ModelStates::Staging {
+  Buffer host_buf, dev_buf;
+  Tensor host, dev;
+  Tensor host_slot(const ParamSpec& ps, const FlatSlot& sl) const { return host_buf.tensor(DType::fp32, ps.shape, static_cast<std::size_t>(sl.offset) * sizeof(float)); }
+};
+
+ModelStates::Staging ModelStates::staging(std::int64_t numel) const {
+  Staging st;
+  const std::size_t bytes = static_cast<std::size_t>(numel) * sizeof(float);
+  st.host_buf = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+  st.host = st.host_buf.tensor(DType::fp32, Shape{numel});
+  if (alloc_.device().is_cpu()) {
+    st.dev = st.host;
+  } else {
+    st.dev_buf = Buffer(alloc_, bytes, MemoryPurpose::buffers);
+    st.dev = st.dev_buf.tensor(DType::fp32, Shape{numel});
+  }
+  return st;
+}
+
 void ModelStates::gather_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fn) {
-  queue_->drain();
+  drain();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& ly = *layers_[i];
     const FlatLayout& lo = ly.layout;
     if (lo.numel == 0) continue;
-    if (s_.stage == 0) {
-      for (const FlatSlot& sl : lo.slots) fn(i, sl, full_master(i, sl));
+    if (s_.stage == 0 && alloc_.device().is_cpu()) {
+      for (const FlatSlot& sl : lo.slots) fn(i, sl, full_master(i, sl));  // in place
       continue;
     }
-    // This rank's pieces (from the segments: they cover every piece exactly once), then an
-    // all-gather of each chunk in place.
-    // Host staging, outside the rank's allocator: it is not part of what training holds.
-    Buffer tmp(cpu_allocator(), static_cast<std::size_t>(lo.numel) * sizeof(float), MemoryPurpose::buffers);
-    zero_tensor(tmp.tensor(DType::fp32, Shape{lo.numel}));
-    const int r = rank();
-    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
-      const FlatRange pc = lo.piece(k, r);
-      const Tensor dst = region(tmp, DType::fp32, pc.begin, pc.size());
-      const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
-      if (s_.fp32_masters) {
-        copy_tensor(dst, region(master_, DType::fp32, at_shard, pc.size()));
-      } else if (ly.partitioned) {
-        copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
-      } else {
-        copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
+    const Staging st = staging(lo.numel);
+    if (s_.stage == 0) {
+      for (const FlatSlot& sl : lo.slots) copy_tensor(st.host_slot(specs_[i][sl.spec], sl), full_master(i, sl));
+    } else {
+      // This rank's pieces (from the segments: they cover every piece exactly once), then an
+      // all-gather of each chunk in place.
+      zero_tensor(st.dev);
+      const int r = rank();
+      for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+        const FlatRange pc = lo.piece(k, r);
+        const Tensor dst = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
+        const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
+        if (s_.fp32_masters) {
+          copy_tensor(dst, region(master_, DType::fp32, at_shard, pc.size()));
+        } else if (ly.partitioned) {
+          copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
+        } else {
+          copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
+        }
+        if (world_ > 1) {
+          const FlatRange c = lo.chunk_range(k);
+          const Tensor whole = st.dev.slice_rows(c.begin, c.begin + c.size());
+          Communicator* comm = comm_;
+          wait(queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); }));
+        }
       }
-      if (world_ > 1) {
-        const FlatRange c = lo.chunk_range(k);
-        const Tensor whole = region(tmp, DType::fp32, c.begin, c.size());
-        Communicator* comm = comm_;
-        queue_->wait(queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); }));
-      }
+      copy_tensor(st.host, st.dev);  // a no-op on a CPU rank (the same memory)
     }
-    for (const FlatSlot& sl : lo.slots) fn(i, sl, tmp.tensor(DType::fp32, specs_[i][sl.spec].shape, static_cast<std::size_t>(sl.offset) * sizeof(float)));
+    for (const FlatSlot& sl : lo.slots) fn(i, sl, st.host_slot(specs_[i][sl.spec], sl));
   }
 }
 
 void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fill) {
-  queue_->drain();
+  drain();
   const int r = s_.stage >= 1 ? rank() : 0;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& ly = *layers_[i];
     const FlatLayout& lo = ly.layout;
     if (lo.numel == 0) continue;
-    // Host staging, outside the rank's allocator: it is not part of what training holds.
-    Buffer tmp(cpu_allocator(), static_cast<std::size_t>(lo.numel) * sizeof(float), MemoryPurpose::buffers);
-    const Tensor whole = tmp.tensor(DType::fp32, Shape{lo.numel});
-    zero_tensor(whole);
-    for (const FlatSlot& sl : lo.slots) fill(i, sl, tmp.tensor(DType::fp32, specs_[i][sl.spec].shape, static_cast<std::size_t>(sl.offset) * sizeof(float)));
+    const Staging st = staging(lo.numel);
+    zero_tensor(st.host);
+    for (const FlatSlot& sl : lo.slots) fill(i, sl, st.host_slot(specs_[i][sl.spec], sl));
+    copy_tensor(st.dev, st.host);  // a no-op on a CPU rank
     // Layers kept whole: every rank rounds the whole layer (no collective needed: every rank
     // computed the same values).
-    if (!ly.partitioned) convert(whole.data, DType::fp32, region(params_full_, s_.storage, ly.full_begin, lo.numel).data, s_.storage, static_cast<std::size_t>(lo.numel));
+    if (!ly.partitioned) convert_tensor(region(params_full_, s_.storage, ly.full_begin, lo.numel), st.dev);
     for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
       const FlatRange pc = lo.piece(k, r);
-      const Tensor src = region(tmp, DType::fp32, pc.begin, pc.size());
+      const Tensor src = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
       const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
       if (s_.fp32_masters) copy_tensor(region(master_, DType::fp32, at_shard, pc.size()), src);
-      if (ly.partitioned) {
-        const Tensor dst = region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), pc.size());
-        convert(src.data, DType::fp32, dst.data, s_.storage, static_cast<std::size_t>(pc.size()));
-      }
+      if (ly.partitioned) convert_tensor(region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), pc.size()), src);
     }
   }
 }

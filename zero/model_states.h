@@ -147,6 +147,11 @@ class ModelStates {
   void wait_layer(std::size_t j);
   void free_layer(std::size_t j);
   void flush_allreduce(std::int64_t begin, std::int64_t end);
+  struct Staging;
+  Staging staging(std::int64_t numel) const;
+  // queue_->wait / drain, then device work queued afterwards is ordered after the collectives.
+  void wait(CommQueue::Ticket t);
+  void drain();
   Tensor region(const Buffer& b, DType t, std::int64_t begin, std::int64_t count) const;
 
   ZeroSettings s_;
@@ -159,6 +164,9 @@ class ModelStates {
   std::int64_t total_numel_ = 0;
   // Model-wide buffers (regions per layer; see the table above).
   Buffer params_full_, params_shard_, grads_full_, grads_shard_, master_, m_, v_;
+  // Device training with several ranks: all_reduce_sum's host values go through this buffer.
+  static constexpr std::size_t kReduceStagingBytes = 256;
+  Buffer reduce_staging_;
   std::vector<PartitionSegment> segments_;
   std::unique_ptr<CommQueue> queue_;
   std::unique_ptr<ParamCoordinator> coordinator_;

@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   void wait_for_compute();
   // The compute stream waits for every collective issued so far (no host sync).
   void compute_wait_for_comm();
+  void order_compute_after_collectives() override { compute_wait_for_comm(); }
   // The host waits for every collective issued so far, failing after the timeout.
   void synchronize() override;
   // Throws if NCCL has reported an asynchronous error (a peer died, a network failure), without

@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels: GELU, dropout (the CPU's Philox stream: identical masks), encoder
+// Elementwise CUDA kernels: GELU, residual add, dropout (the CPU's Philox stream: identical masks), encoder
 // forward/backward. Semantics as ops/cpu/{gelu,dropout,encoder}.cpp; fp32 math, one RNE store.
 #include <cstdint>
 
@@ -34,6 +34,14 @@ __global__ void gelu_backward_kernel(typename S::storage* __restrict__ dinp, con
     const float sech2 = 4.0f * (e * inv) * inv;
     const float local = 0.5f * (1.0f + th) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
     dinp[i] = S::store(S::load(dinp[i]) + local * S::load(dout[i]));
+  }
+}
+
+template <typename S>
+__global__ void residual_add_kernel(typename S::storage* out, const typename S::storage* a, const typename S::storage* b, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = S::store(S::load(a[i]) + S::load(b[i]));  // out may alias a or b: both read first
   }
 }
 
@@ -115,6 +123,15 @@ cudaError_t launch_gelu_forward(void* out, const void* inp, DType t, std::int64_
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
     gelu_forward_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(inp), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_residual_add(void* out, const void* a, const void* b, DType t, std::int64_t n, cudaStream_t s) {
+  return dispatch_storage(t, [&]<typename S>(S) {
+    using P = typename S::storage;
+    residual_add_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(a),
+                                                                                     static_cast<const P*>(b), n);
     return cudaGetLastError();
   });
 }

@@ -24,6 +24,9 @@ cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const 
 cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens, const std::int32_t* order,
                                     const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t s);
 
+// elementwise.cu: out = a + b in fp32, one rounding (out may alias a or b).
+cudaError_t launch_residual_add(void* out, const void* a, const void* b, DType t, std::int64_t n, cudaStream_t s);
+
 // optim.cu (compiled with -fmad=false: the same fp32 operations as the CPU, no contractions).
 // bc1, bc2: the bias corrections computed on the host in double as the CPU does; lowp_t is
 // fp16/bf16 for a 16-bit copy (lowp != nullptr).

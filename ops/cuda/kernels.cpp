@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/cuda/cast.h"
 #include "ops/cuda/cublaslt.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernel_launch.h"
@@ -327,6 +328,28 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
                                                static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, params.numel(), c.lr,
                                                c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_scale, bc1, bc2, c.decoupled_weight_decay,
                                                kStream));
+}
+
+void zero_tensor(Tensor t) {
+  use_device_of(t);
+  DSTRAIN_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), kStream));
+}
+
+void copy_tensor(Tensor dst, Tensor src) {
+  use_device_of(dst.device.is_cuda() ? dst : src);
+  // cudaMemcpy, not Async: host memory on either side is done with when it returns (pageable
+  // memory would make the Async form synchronous anyway); device to device stays stream-ordered.
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault));
+}
+
+void convert_tensor(Tensor dst, Tensor src) {
+  use_device_of(dst);
+  cuda_convert(src.data, src.dtype, dst.data, dst.dtype, static_cast<std::size_t>(dst.numel()), kStream);
+}
+
+void residual_forward(Tensor out, Tensor a, Tensor b) {
+  use_device_of(out);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_residual_add(out.data, a.data, b.data, out.dtype, out.numel(), kStream));
 }
 
 }  // namespace dstrain::cuda

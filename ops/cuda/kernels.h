@@ -59,4 +59,10 @@ void sgd_update(Tensor params, Tensor grads, Tensor momentum_buffer, Tensor para
 GradNormOverflow grad_norm_overflow(Tensor grads);
 void scale_grads(Tensor grads, float factor);
 
+// ops/kernels/tensor_ops.h. copy_tensor: one side may be host memory (cudaMemcpy, cudaMemcpyDefault).
+void zero_tensor(Tensor t);
+void copy_tensor(Tensor dst, Tensor src);
+void convert_tensor(Tensor dst, Tensor src);
+void residual_forward(Tensor out, Tensor a, Tensor b);
+
 }  // namespace dstrain::cuda

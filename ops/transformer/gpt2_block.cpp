@@ -21,7 +21,7 @@
 #include "ops/kernels/matmul.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/layer_args.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 

@@ -7,7 +7,7 @@
 #include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/layer_args.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 

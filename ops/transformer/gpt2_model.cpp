@@ -8,7 +8,7 @@
 #include "ops/transformer/activation_layout.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/param_init.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 namespace {

@@ -18,7 +18,7 @@
 #include "engine/grad_norm.h"
 #include "ops/error.h"
 #include "ops/transformer/gpt2_model.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 #include "engine_test_util.h"
 

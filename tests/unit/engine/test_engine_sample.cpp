@@ -12,7 +12,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "ops/transformer/gpt2_model.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 namespace {

@@ -16,7 +16,7 @@
 #include "ops/error.h"
 #include "ops/transformer/gpt2_config.h"
 #include "ops/transformer/gpt2_model.h"
-#include "ops/transformer/tensor_ops.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 namespace {

@@ -1,0 +1,69 @@
+#include "ops/kernels/tensor_ops.h"
+
+#include <cstring>
+
+#include "ops/cpu/backend_dispatch.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+template <typename T>
+void add_impl(T* out, const T* a, const T* b, std::int64_t n) {
+#pragma omp parallel for simd if (n >= (std::int64_t{1} << 16))
+  for (std::int64_t i = 0; i < n; ++i) out[i] = T(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+void add_f32(float* out, const float* a, const float* b, std::int64_t n) {
+#pragma omp parallel for simd if (n >= (std::int64_t{1} << 16))
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+void zero_tensor(Tensor t) {
+  const bool gpu = cpu::on_cuda("zero_tensor", {{"t", t}});
+  if (t.numel() == 0) return;
+  DSTRAIN_RETURN_ON_CUDA(gpu, zero_tensor(t));
+  std::memset(t.data, 0, t.nbytes());
+}
+
+void copy_tensor(Tensor dst, Tensor src) {
+  DSTRAIN_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_tensor: dst {} and src {} differ in dtype or element count",
+                dst.str(), src.str());
+  if (dst.data == src.data || dst.numel() == 0) return;
+  // Devices may differ (host <-> cuda): each side is checked on its own.
+  const bool gpu_dst = cpu::on_cuda("copy_tensor", {{"dst", dst}});
+  const bool gpu_src = cpu::on_cuda("copy_tensor", {{"src", src}});
+  DSTRAIN_RETURN_ON_CUDA(gpu_dst || gpu_src, copy_tensor(dst, src));
+  std::memmove(dst.data, src.data, dst.nbytes());
+}
+
+void convert_tensor(Tensor dst, Tensor src) {
+  const bool gpu = cpu::on_cuda("convert_tensor", {{"dst", dst}, {"src", src}});
+  DSTRAIN_CHECK(dst.numel() == src.numel(), "convert_tensor: dst {} and src {} hold different numbers of elements", dst.str(), src.str());
+  if (dst.dtype == src.dtype) return copy_tensor(dst, src);
+  DSTRAIN_CHECK(is_floating(dst.dtype) && is_floating(src.dtype), "convert_tensor: {} -> {} is not a floating-point conversion; it takes fp32, fp16 or bf16",
+                dtype_name(src.dtype), dtype_name(dst.dtype));
+  if (dst.numel() == 0) return;
+  DSTRAIN_RETURN_ON_CUDA(gpu, convert_tensor(dst, src));
+  convert(src.data, src.dtype, dst.data, dst.dtype, static_cast<std::size_t>(dst.numel()));
+}
+
+void residual_forward(Tensor out, Tensor a, Tensor b) {
+  const bool gpu = cpu::on_cuda("residual_forward", {{"out", out}, {"a", a}, {"b", b}});
+  DSTRAIN_CHECK(out.shape == a.shape && out.shape == b.shape && out.dtype == a.dtype && out.dtype == b.dtype,
+                "residual_forward: out {}, a {}, b {} must have the same shape and dtype", out.str(), a.str(), b.str());
+  DSTRAIN_CHECK(is_floating(out.dtype), "residual_forward: dtype {} is not a floating storage type; use fp32, fp16 or bf16", dtype_name(out.dtype));
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  DSTRAIN_RETURN_ON_CUDA(gpu, residual_forward(out, a, b));
+  switch (out.dtype) {
+    case DType::fp32: add_f32(out.as<float>(), a.as<float>(), b.as<float>(), n); break;
+    case DType::fp16: add_impl(out.as<fp16_t>(), a.as<fp16_t>(), b.as<fp16_t>(), n); break;
+    case DType::bf16: add_impl(out.as<bf16_t>(), a.as<bf16_t>(), b.as<bf16_t>(), n); break;
+    default: break;
+  }
+}
+
+}  // namespace dstrain

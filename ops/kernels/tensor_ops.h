@@ -1,0 +1,28 @@
+// Small tensor helpers the layers and the engine need between kernels: zero fill, copy (also
+// between the host and a device), dtype conversion, residual add. Dispatched on the tensors'
+// device like every ops/kernels entry point (ops/cpu/backend_dispatch.h).
+#pragma once
+
+#include "ops/tensor.h"
+
+namespace dstrain {
+
+// t = 0 (any dtype). CUDA: queued on the device's legacy default stream.
+void zero_tensor(Tensor t);
+
+// dst = src: same dtype, same number of elements (shapes may differ); dst == src is a no-op.
+// The one op whose tensors may be on different devices: host <-> cuda and cuda <-> cuda copies
+// are cudaMemcpy on the legacy default stream, so a copy into host memory has completed (with
+// everything queued before it) when copy_tensor returns, and a copy out of host memory has
+// read it. Without the CUDA backend a cuda tensor is an Error.
+void copy_tensor(Tensor dst, Tensor src);
+
+// dst = src converted to dst's dtype (fp32 / fp16 / bf16; round to nearest even, as convert() in
+// ops/dtype.h); same number of elements, same device. Same dtype: copy_tensor.
+void convert_tensor(Tensor dst, Tensor src);
+
+// out = a + b, computed in fp32 and rounded once into the storage dtype (fp32 / fp16 / bf16).
+// Same shape and dtype; out may alias a or b.
+void residual_forward(Tensor out, Tensor a, Tensor b);
+
+}  // namespace dstrain
