@@ -10,6 +10,8 @@
 #include "ops/allocator.h"
 #include "ops/buffer.h"
 #include "ops/device.h"
+#include "ops/kernels/device_backend.h"
+#include "ops/kernels/tensor_ops.h"
 #include "ops/dtype.h"
 #include "ops/error.h"
 #include "ops/log.h"
@@ -32,6 +34,7 @@
 // Data parallelism: the communicator ranks train over (local threads; launcher environments).
 #include "zero/communicator.h"
 #include "zero/launch_env.h"
+#include "zero/launcher_communicator.h"
 #include "zero/local_communicator.h"
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"

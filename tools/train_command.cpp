@@ -41,6 +41,7 @@ struct TrainArgs {
   float sample_temperature = 1.0f;
   double peak_flops = 0.0;  // 0: measure this machine's sgemm once (flops_profiler only)
   std::int64_t num_ranks = 1;  // data-parallel ranks, as threads of this process (local communicator)
+  std::string device = "cpu";  // where the engine trains: cpu, cuda, cuda:N
 };
 
 using Clock = std::chrono::steady_clock;
@@ -197,7 +198,10 @@ void require_file(const std::string& path, const char* option) {
 // its own slot; the main thread reads them after run_local_ranks has joined every thread).
 struct RunResult {
   std::optional<TrainSummary> summary;  // rank 0's
-  std::vector<ZeroReport> reports;      // one per rank, indexed by rank
+  // One per rank of this process, indexed by rank - report_offset: every rank with --num-ranks;
+  // with a launcher, this process's rank alone (the others' stay in their processes).
+  std::vector<ZeroReport> reports;
+  int report_offset = 0;
 };
 
 // The val loss over every rank's share of the val batches (EvalLoader gives rank r of W the
@@ -244,7 +248,8 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports) {
 // One rank's run: its own Engine (options.comm = comm; nullptr: the single rank), its own
 // DataLoader for rank r of W, the same Engine calls in the same order as every other rank. Only
 // rank 0 prints, writes monitors and samples.
-void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator* comm, double peak_flops, bool peak_measured, RunResult& result) {
+void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Device device, Communicator* comm, double peak_flops, bool peak_measured,
+                RunResult& result) {
   const int rank = comm != nullptr ? comm->rank() : 0;
   const int world = comm != nullptr ? comm->world_size() : 1;
   const bool lead = rank == 0;
@@ -274,6 +279,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
                               .comm = comm,
                               .sequence_length = T,
                               .init_params = args.init_from.empty(),
+                              .device = device,
                               .checkpoint_activations = args.checkpoint_activations,
                               .inject_overflow_steps = args.inject_overflow});
   if (!args.init_from.empty()) engine.load_weights(args.init_from);
@@ -311,9 +317,12 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
   say0(fmt::format("model {}: {}", args.model, gcfg.n_layer > 0 ? describe(gcfg) : ""));
   say0(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
                    TBS, B, GAS, world, T, format_count(static_cast<double>(TBS * T))));
-  if (world > 1 || stage > 0) {
+  if (!device.is_cpu()) say0(fmt::format("device: {}", device.str()));
+  if (world > 1 || stage > 0 || (comm != nullptr && comm->backend() != "local")) {
+    const bool local = comm == nullptr || comm->backend() == "local";
     say0(fmt::format("zero: stage {} on {} rank{}{}", stage, world, world == 1 ? "" : "s",
-                     world > 1 ? " (--num-ranks: threads of this process, local communicator)" : ""));
+                     !local ? fmt::format(" ({}: one process per rank)", comm->backend())
+                     : world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)") : std::string()));
   }
   say0(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", args.data, format_count(static_cast<double>(loader.window_count())), T + 1,
                    epoch_steps,
@@ -357,7 +366,9 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
   // ---- samples (rank 0 generates; at ZeRO stage 3 every rank takes part in generation_model(),
   // which gathers the partitioned parameters, and its views last only until the next forward, so
   // the generator is rebuilt at every sample) ----
-  CpuAllocator sample_allocator;  // its own, so the run's peak memory stays the engine's; outlives the generator
+  // Its own, so the run's peak memory stays the engine's; on the engine's device; outlives the generator.
+  const std::unique_ptr<Allocator> sample_allocator_owner = make_device_allocator(engine.device());
+  Allocator& sample_allocator = *sample_allocator_owner;
   std::unique_ptr<Tokenizer> tokenizer;
   std::optional<Generator> generator;
   SamplingOptions sampling;
@@ -403,6 +414,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
       timed(kBackwardGlobalTimer, [&] { engine.backward(); });
       timed(kStepGlobalTimer, [&] { engine.step(); });
     }
+    engine.synchronize();  // a GPU may still run the step's last kernels: time them
     const double dt = seconds_since(t0);
     train_s += dt;
     interval_train_s += dt;
@@ -464,7 +476,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
     }
   }
   // This rank's ZeRO figures after training (before the final evaluation and save).
-  result.reports[static_cast<std::size_t>(rank)] = engine.zero_report();
+  result.reports[static_cast<std::size_t>(rank - result.report_offset)] = engine.zero_report();
   if (val) {
     const double vl = evaluate_all_ranks(engine, *val, tb, comm);
     summary.val_losses.emplace_back(engine.global_steps(), vl);
@@ -490,30 +502,40 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Communicator
   }
 }
 
-// The process was started by a launcher as one of several ranks: the CPU engine has no transport
-// between processes (the local communicator is threads of one process; NCCL needs the CUDA engine).
-void refuse_launcher_world() {
+// The launcher's environment: world size 1 (and launcher "none") when there is none. A process
+// started as one of several ranks trains over NCCL, which needs --device cuda.
+LaunchEnv launcher_env(Device device) {
   LaunchEnv env;
   try {
     env = detect_launch_env();
   } catch (const Error& e) {
-    fail("the launcher's environment does not describe a rank ({}); dstrain train on the CPU runs its ranks as threads of one process: "
-         "start it without a launcher and give --num-ranks N",
+    fail("the launcher's environment does not describe a rank ({}); start dstrain train without a launcher (--num-ranks N runs N ranks as "
+         "threads of one process), or fix the launcher's variables",
          e.what());
   }
-  if (env.world_size > 1) {
-    fail("this process was started by a launcher as one of {} ranks ({}): dstrain train runs on the CPU, whose ranks are threads of one "
-         "process, and cannot join other processes (training across processes over NCCL needs the CUDA engine); start one process without "
-         "the launcher and give --num-ranks {} instead",
+  if (env.world_size > 1 && device.is_cpu()) {
+    fail("this process was started by a launcher as one of {} ranks ({}): on the cpu dstrain's ranks are threads of one process and cannot "
+         "join other processes; give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and give --num-ranks {}",
          env.world_size, env.str(), env.world_size);
   }
+  return env;
 }
 
 void run_train(const TrainArgs& args) {
   if (args.num_ranks < 1) {
     fail("--num-ranks {}: must be >= 1 (the number of data-parallel ranks, run as threads of this process)", args.num_ranks);
   }
-  refuse_launcher_world();
+  // --device: "cuda" alone means the launcher's local rank (cuda:0 without a launcher).
+  Device device = parse_device(args.device);
+  const bool explicit_ordinal = args.device.find(':') != std::string::npos;
+  const LaunchEnv env = launcher_env(device);
+  if (device.is_cuda() && !explicit_ordinal) device = Device::cuda(env.local_rank);
+  // A launcher with a GPU per process: NCCL over its ranks (also at world size 1).
+  const bool launcher_group = device.is_cuda() && env.launcher != "none";
+  if (launcher_group && args.num_ranks > 1) {
+    fail("--num-ranks {} with a launcher ({}): the launcher's processes are the ranks; drop --num-ranks", args.num_ranks, env.str());
+  }
+  const int world = launcher_group ? env.world_size : static_cast<int>(args.num_ranks);
   if (args.steps && *args.steps < 0) fail("--steps {}: must be >= 0", *args.steps);
   require_file(args.data, "--data");
   if (!args.val_data.empty()) require_file(args.val_data, "--val-data");
@@ -523,7 +545,7 @@ void run_train(const TrainArgs& args) {
   // --steps fills "auto" total_num_steps of a scheduler ----
   const ConfigText text = load_config_argument(args.config);
   config::ConfigOptions options;
-  options.world_size = args.num_ranks;
+  options.world_size = world;
   options.autos.total_num_steps = args.steps;
   options.autos.warmup_num_steps = args.warmup_steps;
   const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
@@ -537,12 +559,18 @@ void run_train(const TrainArgs& args) {
   if (peak_measured) peak_flops = measure_sgemm_flops();
 
   RunResult result;
-  result.reports.resize(static_cast<std::size_t>(args.num_ranks));
-  if (args.num_ranks == 1) {
-    train_rank(args, cfg, nullptr, peak_flops, peak_measured, result);
+  result.reports.resize(static_cast<std::size_t>(world));
+  if (launcher_group) {
+    // This process is one rank; reports of the others stay on their processes.
+    const std::unique_ptr<Communicator> comm = join_launcher_group(env, device);
+    result.reports.assign(1, ZeroReport{});
+    result.report_offset = comm->rank();
+    train_rank(args, cfg, device, comm.get(), peak_flops, peak_measured, result);
+  } else if (args.num_ranks == 1) {
+    train_rank(args, cfg, device, nullptr, peak_flops, peak_measured, result);
   } else {
     run_local_ranks(static_cast<int>(args.num_ranks),
-                    [&](Communicator& comm) { train_rank(args, cfg, &comm, peak_flops, peak_measured, result); });
+                    [&](Communicator& comm) { train_rank(args, cfg, device, &comm, peak_flops, peak_measured, result); });
   }
   if (!args.summary_json.empty() && result.summary) {
     const std::filesystem::path p(args.summary_json);
@@ -550,6 +578,7 @@ void run_train(const TrainArgs& args) {
     std::ofstream out(p);
     if (!out) fail("--summary-json {}: cannot write the file (check the folder exists and is writable)", args.summary_json);
     nlohmann::json j = to_json(*result.summary);
+    j["device"] = device.str();
     j["zero"] = zero_json(result.reports);
     out << j.dump(2) << '\n';
     if (!out) fail("--summary-json {}: writing failed (disk full?)", args.summary_json);
@@ -590,6 +619,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--num-ranks", args->num_ranks,
                   "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
+      ->capture_default_str();
+  cmd->add_option("--device", args->device,
+                  "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK and the "
+                  "launcher's processes train over NCCL)")
       ->capture_default_str();
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "

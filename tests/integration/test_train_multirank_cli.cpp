@@ -215,6 +215,16 @@ TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
   EXPECT_EQ(launched.exit_code, 2);
   EXPECT_NE(launched.err.find("--num-ranks 2"), std::string::npos) << launched.err;
   EXPECT_NE(launched.err.find("NCCL"), std::string::npos) << launched.err;
+  EXPECT_NE(launched.err.find("--device cuda"), std::string::npos) << launched.err;
+
+  // --device: an unknown device, and a GPU this machine cannot have (no driver in CI; no 100th GPU
+  // anywhere): exit 2 naming it, before any training.
+  const CliResult tpu = run_dstrain(train_args(config(0, 2), "1") + " --steps 1 --device tpu");
+  EXPECT_EQ(tpu.exit_code, 2);
+  EXPECT_NE(tpu.err.find("tpu"), std::string::npos) << tpu.err;
+  const CliResult gpu99 = run_dstrain(train_args(config(0, 2), "1") + " --steps 1 --device cuda:99");
+  EXPECT_EQ(gpu99.exit_code, 2);
+  EXPECT_NE(gpu99.err.find("99"), std::string::npos) << gpu99.err;
 }
 
 }  // namespace

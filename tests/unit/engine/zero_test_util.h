@@ -58,6 +58,7 @@ struct RunSpec {
   float dropout = 0.0f;
   // Per rank: optimizer steps (1-based) at which that rank injects an inf gradient.
   std::vector<std::vector<std::int64_t>> inject_overflow{};
+  Device device = Device::cpu();  // every rank's engine trains there (tests/gpu: cuda:0)
 };
 
 // AdamW with decay and clipping, so that the global norm (one all-reduce across ranks) matters.
@@ -118,6 +119,7 @@ inline RunResult run_zero(const RunSpec& s) {
     o.comm = &comm;
     o.sequence_length = kT;
     o.checkpoint_activations = s.ckpt;
+    o.device = s.device;
     if (static_cast<std::size_t>(r) < s.inject_overflow.size()) o.inject_overflow_steps = s.inject_overflow[static_cast<std::size_t>(r)];
     Engine e = initialize(make_gpt2_model(model_config(s.dropout)), c, o);
     for (int step = 0; step < s.steps; ++step) {

@@ -1,0 +1,34 @@
+#include "zero/launcher_communicator.h"
+
+#include "ops/error.h"
+
+#if DSTRAIN_HAS_NCCL
+#include "zero/nccl_communicator.h"
+#endif
+
+namespace dstrain {
+
+bool nccl_backend_built() {
+#if DSTRAIN_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device device) {
+  if (!device.is_cuda()) {
+    fail("{}: processes started by a launcher communicate over NCCL, which needs a GPU per rank; give --device cuda (each rank uses "
+         "cuda:LOCAL_RANK), or start one process without the launcher and give --num-ranks {} to run the ranks as threads on the {}",
+         env.str(), env.world_size, device.str());
+  }
+#if DSTRAIN_HAS_NCCL
+  NcclOptions options;
+  options.device = device.index;
+  return std::make_unique<NcclCommunicator>(env, options);
+#else
+  fail("{}: this dstrain was built without the CUDA backend, so it has no NCCL; rebuild on a machine with the CUDA toolkit and NCCL", env.str());
+#endif
+}
+
+}  // namespace dstrain
