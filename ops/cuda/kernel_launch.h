@@ -49,14 +49,23 @@ cudaError_t launch_lamb(float* p, const void* g, DType gt, float* m, float* v, v
                         std::int64_t nranges, double* partials, float* coeffs, float step_size, float beta1, float beta2, float eps,
                         float weight_decay, float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt, cudaStream_t s);
 
-// rows.cu
+// rows.cu. Column sums (LayerNorm's dweight/dbias, matmul's dbias) go through fixed partitions of
+// kColumnRowsPerPart rows: each partition's sums (in double) land in `partials`, then one thread per
+// column adds the partitions in order. The order depends only on the shape: deterministic.
+inline constexpr std::int64_t kColumnRowsPerPart = 256;
+// Bytes of `partials` for rows x C (room for two sums per column).
+inline std::size_t column_partials_bytes(std::int64_t rows, std::int64_t C) {
+  const std::int64_t parts = (rows + kColumnRowsPerPart - 1) / kColumnRowsPerPart;
+  return static_cast<std::size_t>(2 * parts * C) * sizeof(double);
+}
 cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t,
                                      std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
 cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
                                                     const void* w, const void* bias, DType t, std::int64_t rows, std::int64_t C, float eps,
                                                     cudaStream_t s);
 cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w,
-                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, cudaStream_t s);
+                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials,
+                                      cudaStream_t s);
 cudaError_t launch_softmax_ce_forward(float* losses, float* lse, const void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
                                       std::int64_t V, std::int64_t Vp, cudaStream_t s);
 cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t,
@@ -70,8 +79,8 @@ cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* 
                                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
                                       cudaStream_t st);
 
-// matmul's dbias (rows.cu): dbias[c] += sum over rows of dout[r, c] (double, rows in order, rounded once).
-cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, cudaStream_t s);
+// matmul's dbias (rows.cu): dbias[c] += sum over rows of dout[r, c] (double, partitions in order, rounded once).
+cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, double* partials, cudaStream_t s);
 // out[r, c] += bias[c] (rows x OC): the bias for pointers the cuBLASLt epilogue cannot take.
 cudaError_t launch_add_bias(void* out, const void* bias, DType t, std::int64_t rows, std::int64_t OC, cudaStream_t s);
 

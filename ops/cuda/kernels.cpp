@@ -34,6 +34,45 @@ std::vector<std::int32_t> to_host_i32(const Tensor& t, std::int64_t n) {
   return h;
 }
 
+// Device memory of the kernels whose reductions go through partial sums (fixed partitions, so the
+// sums are deterministic): one growing buffer per device. cudaFree synchronises the device, so a
+// buffer still read by queued kernels is never released early; after the first step of a run it
+// no longer grows. A lease holds the lock while its caller queues the kernels that use the
+// memory: work on a device's legacy default stream runs in enqueue order, so two ranks sharing a
+// GPU (threads) never interleave their use of it.
+class DeviceScratch {
+ public:
+  struct Lease {
+    void* ptr;
+    std::unique_lock<std::mutex> lock;
+  };
+  static Lease get(int device, std::size_t bytes, const char* op) {
+    static DeviceScratch instance;
+    return instance.lease(device, bytes, op);
+  }
+
+ private:
+  Lease lease(int device, std::size_t bytes, const char* op) {
+    if (device < 0 || device >= static_cast<int>(slots_.size())) fail("{}: device index {} out of range", op, device);
+    std::unique_lock<std::mutex> lock(mu_);
+    Slot& s = slots_[static_cast<std::size_t>(device)];
+    if (s.bytes < bytes) {
+      if (s.ptr != nullptr) DSTRAIN_CUDA_CHECK(cudaFree(s.ptr));
+      s.ptr = nullptr;
+      s.bytes = 0;
+      DSTRAIN_CUDA_CHECK(cudaMalloc(&s.ptr, bytes));
+      s.bytes = bytes;
+    }
+    return {s.ptr, std::move(lock)};
+  }
+  struct Slot {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::mutex mu_;
+  std::array<Slot, 64> slots_{};
+};
+
 void check_tokens(const char* op, const std::vector<std::int32_t>& tok, std::int64_t V) {
   for (std::size_t i = 0; i < tok.size(); ++i) {
     if (tok[i] < 0 || tok[i] >= V) fail("{}: token {} at flat position {} is outside the vocabulary [0, {})", op, tok[i], i, V);
@@ -100,9 +139,10 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd) {
   use_device_of(inp);
   const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(rows, C), "layernorm_backward");
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_layernorm_backward(dinp.data, dweight.data, dbias.data, dout.data, inp.data, weight.data,
                                                             static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data),
-                                                            inp.dtype, rows, C, kStream));
+                                                            inp.dtype, rows, C, static_cast<double*>(partials.ptr), kStream));
 }
 
 void gelu_forward(Tensor out, Tensor inp) {
@@ -204,7 +244,10 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
   if (BT == 0 || OC == 0 || C == 0) return;
   CublasLtContext& ctx = CublasLtContext::get(inp.device.index);
-  if (!dbias.empty()) DSTRAIN_CUDA_CHECK(cuda_detail::launch_matmul_dbias(dbias.data, dout.data, dout.dtype, BT, OC, kStream));
+  if (!dbias.empty()) {
+    const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(BT, OC), "matmul_backward");
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_matmul_dbias(dbias.data, dout.data, dout.dtype, BT, OC, static_cast<double*>(partials.ptr), kStream));
+  }
   if (!dinp.empty()) {
     GemmArgs g;
     g.dtype = inp.dtype;
@@ -232,23 +275,10 @@ GradNormOverflow grad_norm_overflow(Tensor grads) {
   const std::int64_t n = grads.numel();
   if (n == 0) return {};
   use_device_of(grads);
-  // Per-device partials buffer, allocated once (kernels never allocate per call).
-  static std::mutex mu;
-  static std::array<double*, 64> buffers{};
-  const int dev = grads.device.index;
-  if (dev < 0 || dev >= static_cast<int>(buffers.size())) fail("grad_norm_overflow: device index {} out of range", dev);
-  double* partials = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    double*& b = buffers[static_cast<std::size_t>(dev)];
-    if (!b) DSTRAIN_CUDA_CHECK(cudaMalloc(&b, 2 * cuda_detail::kNormBlocks * sizeof(double)));
-    partials = b;
-  }
   std::vector<double> host(2 * cuda_detail::kNormBlocks);
   {
-    // One call at a time per device uses the buffer (held until the copy back completes).
-    static std::mutex run_mu;
-    std::lock_guard<std::mutex> lock(run_mu);
+    const DeviceScratch::Lease scratch = DeviceScratch::get(grads.device.index, host.size() * sizeof(double), "grad_norm_overflow");
+    auto* partials = static_cast<double*>(scratch.ptr);
     DSTRAIN_CUDA_CHECK(cuda_detail::launch_grad_norm_partials(grads.data, grads.dtype, n, partials, kStream));
     DSTRAIN_CUDA_CHECK(cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost));
   }
@@ -276,25 +306,10 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
     const auto bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t));
     step_size = c.lr * std::sqrt(bc2) / bc1;
   }
-  // Per-device buffer: ranges (2 int64 per range), then the partials (2 * kLambSlices doubles per range).
-  struct LambBuffer {
-    void* ptr = nullptr;
-    std::size_t bytes = 0;
-  };
-  static std::mutex mu;
-  static std::array<LambBuffer, 64> buffers{};
-  const int dev = params.device.index;
-  if (dev < 0 || dev >= static_cast<int>(buffers.size())) fail("lamb_update: device index {} out of range", dev);
-  std::lock_guard<std::mutex> lock(mu);  // one LAMB step at a time uses the buffer
-  LambBuffer& buf = buffers[static_cast<std::size_t>(dev)];
+  // Scratch: ranges (2 int64 per range), then the partials (2 * kLambSlices doubles per range).
   const std::size_t range_bytes = static_cast<std::size_t>(nr) * 2 * sizeof(std::int64_t);
   const std::size_t need = range_bytes + static_cast<std::size_t>(nr) * 2 * cuda_detail::kLambSlices * sizeof(double);
-  if (buf.bytes < need) {
-    if (buf.ptr) DSTRAIN_CUDA_CHECK(cudaFree(buf.ptr));
-    buf.ptr = nullptr;
-    DSTRAIN_CUDA_CHECK(cudaMalloc(&buf.ptr, need));
-    buf.bytes = need;
-  }
+  const DeviceScratch::Lease buf = DeviceScratch::get(params.device.index, need, "lamb_update");
   std::vector<std::int64_t> host(static_cast<std::size_t>(nr) * 2);
   for (std::size_t k = 0; k < ranges.size(); ++k) {
     host[2 * k] = ranges[k].offset;

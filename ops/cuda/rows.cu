@@ -1,7 +1,8 @@
 // Row-wise CUDA kernels: LayerNorm forward/backward, the fused residual + LayerNorm, and the
 // fused softmax cross-entropy. One block per row for the row statistics (fixed reduction tree:
-// deterministic); LayerNorm's dweight/dbias: one thread per channel summing every row in order in
-// double, as the CPU does (no atomics). Semantics as ops/cpu/{layernorm,softmax_cross_entropy}.cpp.
+// deterministic); column sums (LayerNorm's dweight/dbias, matmul's dbias) in two passes over fixed
+// partitions of rows, in double (kernel_launch.h): the whole GPU works on them, and the order of
+// every sum depends only on the shape (no atomics). Semantics as ops/cpu/{layernorm,softmax_cross_entropy}.cpp.
 #include <cstdint>
 
 #include "ops/cuda/kernel_launch.h"
@@ -74,21 +75,73 @@ __global__ void layernorm_backward_dinp_kernel(typename S::storage* __restrict__
   }
 }
 
-template <typename S>
-__global__ void layernorm_backward_params_kernel(typename S::storage* __restrict__ dweight, typename S::storage* __restrict__ dbias,
-                                                 const typename S::storage* __restrict__ dout, const typename S::storage* __restrict__ inp,
-                                                 const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
-                                                 std::int64_t C) {
+// Column sums, pass 1: block (x: 32 columns, y: kColumnLanes row lanes) sums its columns over one
+// partition of kColumnRowsPerPart rows, lane y taking rows y, y + kColumnLanes, ...; the lanes are
+// added in order through shared memory. kLayerNorm: also sum (x - mean)·rstd·dout (dweight), the
+// product rounded in fp32 as the CPU rounds it. partials: [part][column] for dbias, then the same
+// for dweight.
+constexpr unsigned kColumnLanes = 8;
+
+template <typename S, bool kLayerNorm>
+__global__ void __launch_bounds__(32 * kColumnLanes) column_partials_kernel(double* __restrict__ partials, const typename S::storage* __restrict__ dout,
+                                                                           const typename S::storage* __restrict__ inp, const float* __restrict__ mean,
+                                                                           const float* __restrict__ rstd, std::int64_t rows, std::int64_t C,
+                                                                           std::int64_t parts) {
+  __shared__ double sb[kColumnLanes][32], sw[kColumnLanes][32];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const std::int64_t part = blockIdx.y;
+  const std::int64_t r0 = part * kColumnRowsPerPart;
+  const std::int64_t r1 = r0 + kColumnRowsPerPart < rows ? r0 + kColumnRowsPerPart : rows;
+  double ab = 0.0, aw = 0.0;
+  if (c < C) {
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColumnLanes) {
+      const float g = S::load(dout[r * C + c]);
+      ab += static_cast<double>(g);
+      if constexpr (kLayerNorm) aw += static_cast<double>((S::load(inp[r * C + c]) - mean[r]) * rstd[r] * g);
+    }
+  }
+  sb[threadIdx.y][threadIdx.x] = ab;
+  sw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  double tb = 0.0, tw = 0.0;
+  for (unsigned y = 0; y < kColumnLanes; ++y) {
+    tb += sb[y][threadIdx.x];
+    tw += sw[y][threadIdx.x];
+  }
+  partials[part * C + c] = tb;
+  if constexpr (kLayerNorm) partials[(parts + part) * C + c] = tw;
+}
+
+// Pass 2: one thread per column adds the partitions in order and accumulates into the gradient
+// (one rounding to the storage dtype).
+template <typename S, bool kLayerNorm>
+__global__ void column_finish_kernel(typename S::storage* __restrict__ dbias, typename S::storage* __restrict__ dweight,
+                                     const double* __restrict__ partials, std::int64_t parts, std::int64_t C) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  double accw = 0.0, accb = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float gv = S::load(dout[r * C + c]);
-    accw += static_cast<double>((S::load(inp[r * C + c]) - mean[r]) * rstd[r] * gv);
-    accb += static_cast<double>(gv);
+  double tb = 0.0, tw = 0.0;
+  for (std::int64_t p = 0; p < parts; ++p) {
+    tb += partials[p * C + c];
+    if constexpr (kLayerNorm) tw += partials[(parts + p) * C + c];
   }
-  dweight[c] = S::store(static_cast<float>(S::load(dweight[c]) + accw));
-  dbias[c] = S::store(static_cast<float>(S::load(dbias[c]) + accb));
+  dbias[c] = S::store(static_cast<float>(S::load(dbias[c]) + tb));
+  if constexpr (kLayerNorm) dweight[c] = S::store(static_cast<float>(S::load(dweight[c]) + tw));
+}
+
+template <typename S, bool kLayerNorm>
+cudaError_t launch_column_sums(typename S::storage* dbias, typename S::storage* dweight, const typename S::storage* dout,
+                               const typename S::storage* inp, const float* mean, const float* rstd, std::int64_t rows, std::int64_t C,
+                               double* partials, cudaStream_t s) {
+  const std::int64_t parts = (rows + kColumnRowsPerPart - 1) / kColumnRowsPerPart;
+  if (parts > 65535) return cudaErrorInvalidValue;  // grid y; 16.7M rows
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(parts));
+  column_partials_kernel<S, kLayerNorm><<<grid, dim3(32, kColumnLanes), 0, s>>>(partials, dout, inp, mean, rstd, rows, C, parts);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  constexpr unsigned kChan = 128;
+  column_finish_kernel<S, kLayerNorm><<<static_cast<unsigned>((C + kChan - 1) / kChan), kChan, 0, s>>>(dbias, dweight, partials, parts, C);
+  return cudaGetLastError();
 }
 
 template <typename S>
@@ -127,16 +180,6 @@ __global__ void softmax_ce_backward_kernel(typename S::storage* dlogits, const t
 }
 
 template <typename S>
-__global__ void matmul_dbias_kernel(typename S::storage* __restrict__ dbias, const typename S::storage* __restrict__ dout, std::int64_t rows,
-                                    std::int64_t OC) {
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
-  double acc = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<double>(S::load(dout[r * OC + c]));
-  dbias[c] = S::store(static_cast<float>(S::load(dbias[c]) + acc));
-}
-
-template <typename S>
 __global__ void add_bias_kernel(typename S::storage* __restrict__ out, const typename S::storage* __restrict__ bias, std::int64_t n,
                                 std::int64_t OC) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -154,14 +197,11 @@ unsigned row_threads(std::int64_t C, unsigned max_threads) {
 
 }  // namespace
 
-cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, cudaStream_t s) {
-  if (OC == 0) return cudaSuccess;
+cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, double* partials, cudaStream_t s) {
+  if (OC == 0 || rows == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    constexpr unsigned kChan = 128;
-    matmul_dbias_kernel<S><<<static_cast<unsigned>((OC + kChan - 1) / kChan), kChan, 0, s>>>(static_cast<P*>(dbias), static_cast<const P*>(dout),
-                                                                                           rows, OC);
-    return cudaGetLastError();
+    return launch_column_sums<S, false>(static_cast<P*>(dbias), nullptr, static_cast<const P*>(dout), nullptr, nullptr, nullptr, rows, OC, partials, s);
   });
 }
 
@@ -200,7 +240,8 @@ cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, f
 }
 
 cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w,
-                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, cudaStream_t s) {
+                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials,
+                                      cudaStream_t s) {
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
@@ -208,10 +249,8 @@ cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, co
         static_cast<P*>(dinp), static_cast<const P*>(dout), static_cast<const P*>(inp), static_cast<const P*>(w), mean, rstd, C);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    constexpr unsigned kChan = 128;
-    layernorm_backward_params_kernel<S><<<static_cast<unsigned>((C + kChan - 1) / kChan), kChan, 0, s>>>(
-        static_cast<P*>(dweight), static_cast<P*>(dbias), static_cast<const P*>(dout), static_cast<const P*>(inp), mean, rstd, rows, C);
-    return cudaGetLastError();
+    return launch_column_sums<S, true>(static_cast<P*>(dbias), static_cast<P*>(dweight), static_cast<const P*>(dout), static_cast<const P*>(inp),
+                                       mean, rstd, rows, C, partials, s);
   });
 }
 
