@@ -310,8 +310,10 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   }
   Impl& im = *impl_;
   im.batch = batch;
+  if (batch.targets.device.is_cpu()) im.batch.target_count = count_targets(batch);  // on the host, before any upload
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
-    im.batch = Batch{im.batch_buf.tensor(DType::int32, bt), im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t))};
+    im.batch.tokens = im.batch_buf.tensor(DType::int32, bt);
+    im.batch.targets = im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t));
     copy_tensor(im.batch.tokens, batch.tokens);
     copy_tensor(im.batch.targets, batch.targets);
   }
@@ -480,7 +482,7 @@ bool Engine::optimizer_step() {
   double loss_sum = step_loss_sum_;
   if (im.world > 1) {
     float v[3] = {static_cast<float>(total.norm_sq), static_cast<float>(total.nonfinite), static_cast<float>(step_loss_sum_)};
-    im.states->all_reduce_sum(Tensor(v, DType::fp32, Shape{3}));
+    all_reduce_sum(v);
     total.norm_sq = v[0];
     total.nonfinite = v[1];
     loss_sum = v[2];
@@ -624,6 +626,11 @@ ZeroReport Engine::zero_report() const {
   r.peak_gathered_param_elements = im.states->peak_gathered_elements();
   r.step_comm = im.step_comm;
   return r;
+}
+
+void Engine::all_reduce_sum(std::span<float> values) {
+  if (values.empty()) return;
+  impl_->states->all_reduce_sum(Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}));
 }
 
 std::vector<std::string> Engine::param_names() const {

@@ -205,6 +205,10 @@ class Engine {
   // Collective (every rank calls it): fn(name, value) for every owned parameter, in layer order,
   // with its whole fp32 master value in host memory (a temporary, except at stage 0 on the CPU).
   void gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn);
+  // Collective: sums host `values` over the ranks in place (e.g. a validation loss sum and count),
+  // in order with the engine's own collectives; through the engine's device when its communicator
+  // needs device memory (NCCL). One rank: unchanged. At most 64 values.
+  void all_reduce_sum(std::span<float> values);
   // Owned parameter names, in layer order.
   std::vector<std::string> param_names() const;
 

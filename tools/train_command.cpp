@@ -211,7 +211,7 @@ double evaluate_all_ranks(Engine& engine, EvalLoader& loader, TokenBatch& tb, Co
   if (comm == nullptr || comm->world_size() == 1) return evaluate(engine, loader, tb);
   const auto [sum, n] = evaluate_sum(engine, loader, tb);
   std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
-  comm->all_reduce(Tensor(buf.data(), DType::fp32, Shape{2}), ReduceOp::sum);
+  engine.all_reduce_sum(buf);
   return buf[1] > 0.0f ? static_cast<double>(buf[0]) / static_cast<double>(buf[1]) : 0.0;
 }
 

@@ -68,9 +68,7 @@ void Gpt2Head::backward(const BackwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
   // The loss is the mean over the non-ignored targets, so each position's loss has weight 1 / n.
-  const auto* tgt = a.batch.targets.as<std::int32_t>();
-  std::int64_t n = 0;
-  for (std::int64_t i = 0; i < a.batch.targets.numel(); ++i) n += tgt[i] >= 0 ? 1 : 0;
+  const std::int64_t n = count_targets(a.batch);
   const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
   const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
   softmax_cross_entropy_backward(dlogits, s[kLogits], s[kLse], a.batch.targets, dloss, cfg_.vocab_size);

@@ -88,7 +88,15 @@ struct LayerDims {
 struct Batch {
   Tensor tokens;   // (B, T) int32, each in [0, vocab_size)
   Tensor targets;  // (B, T) int32, each in [0, vocab_size) or -1 (ignored: no loss, no gradient)
+  // How many targets are not -1 (the loss is their mean); -1: not counted yet, and the loss layer
+  // counts them, reading device targets back to the host. The engine counts a host batch before
+  // uploading it, so a step on a GPU reads nothing back for this.
+  std::int64_t target_count = -1;
 };
+
+// batch.target_count, or the count of its targets that are not -1 (copied to the host when they
+// live on a device).
+std::int64_t count_targets(const Batch& batch);
 
 // Dropout call sites per layer: the engine sets `rng.layer` to the layer's index in the model and
 // `rng.site` to 0; a layer tells its dropout call sites apart with sites 0 .. kRngSitesPerLayer-1.
