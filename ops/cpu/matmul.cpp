@@ -11,6 +11,7 @@
 
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
+#include "ops/cpu/matmul_check.h"
 #include "ops/kernels/kernel_check.h"
 
 namespace dstrain {
@@ -48,9 +49,7 @@ void narrow(T* dst, std::int64_t ldd, const float* src, std::int64_t lds, std::i
   }
 }
 
-struct MmShape {
-  std::int64_t BT, C, OC;
-};
+using cpu::MmShape;
 
 MmShape check_inp_weight(const char* op, const Tensor& inp, const Tensor& weight) {
   require_present(op, {"inp", inp});
@@ -181,6 +180,30 @@ void check_blas_range(const char* op, const MmShape& s) {
 
 }  // namespace
 
+MmShape cpu::check_matmul_forward_args(const char* op, const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                                  const Tensor& scratch) {
+  const MmShape s = check_inp_weight(op, inp, weight);
+  require_shape(op, {"out", out}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
+  if (!bias.empty()) require_shape(op, {"bias", bias}, Shape{s.OC}, "(OC) with OC = weight.shape[0]");
+  require_same_dtype(op, {{"inp", inp}, {"weight", weight}, {"out", out}, {"bias", bias}});
+  check_scratch(op, scratch, inp.dtype, s.C);
+  check_blas_range(op, s);
+  return s;
+}
+
+MmShape cpu::check_matmul_backward_args(const char* op, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                                   const Tensor& inp, const Tensor& weight, const Tensor& scratch) {
+  const MmShape s = check_inp_weight(op, inp, weight);
+  require_shape(op, {"dout", dout}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
+  if (!dinp.empty()) require_shape(op, {"dinp", dinp}, inp.shape, "(the shape of inp)");
+  if (!dweight.empty()) require_shape(op, {"dweight", dweight}, weight.shape, "(the shape of weight)");
+  if (!dbias.empty()) require_shape(op, {"dbias", dbias}, Shape{s.OC}, "(OC)");
+  require_same_dtype(op, {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}});
+  check_scratch(op, scratch, inp.dtype, s.C);
+  check_blas_range(op, s);
+  return s;
+}
+
 std::size_t matmul_scratch_elems(DType storage, std::int64_t C) {
   if (storage == DType::fp32) return 0;
   return static_cast<std::size_t>(2 * R * C + R * R);
@@ -189,12 +212,7 @@ std::size_t matmul_scratch_elems(DType storage, std::int64_t C) {
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor scratch) {
   const char* op = "matmul_forward";
   const bool gpu = cpu::on_cuda(op, {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}, {"scratch", scratch}});
-  const MmShape s = check_inp_weight(op, inp, weight);
-  require_shape(op, {"out", out}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
-  if (!bias.empty()) require_shape(op, {"bias", bias}, Shape{s.OC}, "(OC) with OC = weight.shape[0]");
-  require_same_dtype(op, {{"inp", inp}, {"weight", weight}, {"out", out}, {"bias", bias}});
-  check_scratch(op, scratch, inp.dtype, s.C);
-  check_blas_range(op, s);
+  const MmShape s = cpu::check_matmul_forward_args(op, out, inp, weight, bias, scratch);
   DSTRAIN_RETURN_ON_CUDA(gpu, matmul_forward(out, inp, weight, bias, scratch));
   if (s.BT == 0 || s.OC == 0) return;
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {
@@ -213,14 +231,7 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   const char* op = "matmul_backward";
   const bool gpu =
       cpu::on_cuda(op, {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"scratch", scratch}});
-  const MmShape s = check_inp_weight(op, inp, weight);
-  require_shape(op, {"dout", dout}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
-  if (!dinp.empty()) require_shape(op, {"dinp", dinp}, inp.shape, "(the shape of inp)");
-  if (!dweight.empty()) require_shape(op, {"dweight", dweight}, weight.shape, "(the shape of weight)");
-  if (!dbias.empty()) require_shape(op, {"dbias", dbias}, Shape{s.OC}, "(OC)");
-  require_same_dtype(op, {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}});
-  check_scratch(op, scratch, inp.dtype, s.C);
-  check_blas_range(op, s);
+  const MmShape s = cpu::check_matmul_backward_args(op, dinp, dweight, dbias, dout, inp, weight, scratch);
   DSTRAIN_RETURN_ON_CUDA(gpu, matmul_backward(dinp, dweight, dbias, dout, inp, weight, scratch));
   if (s.BT == 0 || s.OC == 0 || s.C == 0) return;
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {

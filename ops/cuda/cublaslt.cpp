@@ -59,17 +59,39 @@ CublasLtContext::CublasLtContext(int device) : device_(device) {
 }
 
 void CublasLtContext::gemm(const GemmArgs& g, cudaStream_t stream) {
+  if (!try_gemm(g, stream)) {
+    fail("cublaslt gemm: no cuBLASLt algorithm for {} m={} n={} k={} (transa={}, transb={}, lda={}, ldb={}, ldd={}, bias={}) on device {}",
+         dtype_name(g.dtype), g.m, g.n, g.k, g.transa, g.transb, g.lda, g.ldb, g.ldd, g.bias != nullptr, device_);
+  }
+}
+
+bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   const cudaDataType_t t = cuda_type(g.dtype);
   Descs ds;
   DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // no TF32: see the header
   const cublasOperation_t ta = g.transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
   DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (g.act) {
+    case GemmArgs::Act::none: epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; break;
+    case GemmArgs::Act::gelu_aux: epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX; break;
+    case GemmArgs::Act::dgelu:
+      DSTRAIN_CHECK(g.bias == nullptr && g.beta == 0.0f, "cublaslt gemm: the DGELU epilogue takes no bias and beta 0");
+      epi = CUBLASLT_EPILOGUE_DGELU;
+      break;
+  }
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (g.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
     DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+  }
+  if (g.act != GemmArgs::Act::none) {
+    DSTRAIN_CHECK(g.aux != nullptr && g.ldaux >= g.m, "cublaslt gemm: a GELU epilogue needs the aux matrix (ld >= m = {})", g.m);
+    const auto ldaux = static_cast<std::int64_t>(g.ldaux);
+    DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+    DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux)));
+    DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &t, sizeof(t)));
   }
   // Stored shapes (before op): A is m x k or k x m, B k x n or n x k.
   const auto rows_a = static_cast<std::uint64_t>(g.transa ? g.k : g.m), cols_a = static_cast<std::uint64_t>(g.transa ? g.m : g.k);
@@ -79,9 +101,10 @@ void CublasLtContext::gemm(const GemmArgs& g, cudaStream_t stream) {
   DSTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.d, t, static_cast<std::uint64_t>(g.m), static_cast<std::uint64_t>(g.n), g.ldd));
 
   const unsigned al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D), al_bias = g.bias ? alignment_of(g.bias) : 256;
+  const unsigned al_aux = g.aux ? alignment_of(g.aux) : 256;
   const Key key{static_cast<int>(g.dtype), g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, g.bias != nullptr,
-                al_a, al_b, al_d, al_bias};
-  cublasLtMatmulAlgo_t algo{};
+                al_a, al_b, al_d, al_bias, static_cast<int>(g.act), g.ldaux, al_aux};
+  std::optional<cublasLtMatmulAlgo_t> algo;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = algos_.find(key);
@@ -99,18 +122,15 @@ void CublasLtContext::gemm(const GemmArgs& g, cudaStream_t stream) {
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
       const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found);
-      if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-        fail("cublaslt gemm: no cuBLASLt algorithm for {} m={} n={} k={} (transa={}, transb={}, lda={}, ldb={}, ldd={}, bias={}, alignments "
-             "A/B/D {}/{}/{} bytes) on device {}",
-             dtype_name(g.dtype), g.m, g.n, g.k, g.transa, g.transb, g.lda, g.ldb, g.ldd, g.bias != nullptr, al_a, al_b, al_d, device_);
-      }
-      algo = result.algo;
+      if (st == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
       algos_.emplace(key, algo);
     }
   }
+  if (!algo) return false;
   const float alpha = 1.0f, beta = g.beta;
-  DSTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D, ds.d, g.D, ds.d, &algo, workspace_,
+  DSTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D, ds.d, g.D, ds.d, &*algo, workspace_,
                                       kWorkspaceBytes, stream));
+  return true;
 }
 
 }  // namespace dstrain::cuda

@@ -4,6 +4,7 @@
 #include "ops/cuda/kernels.h"
 
 #include <array>
+#include <initializer_list>
 #include <cmath>
 #include <mutex>
 #include <cstdint>
@@ -269,6 +270,64 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
     g.beta = 1.0f;
     ctx.gemm(g, kStream);
   }
+}
+
+namespace {
+// cuBLASLt's GELU epilogues read and write the aux matrix in 16-byte vectors: its leading dimension
+// must be a multiple of 8 elements and every pointer 16-byte aligned.
+bool gelu_epilogue_fits(std::int64_t ld, std::initializer_list<const void*> ptrs) {
+  if (ld % 8 != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+}  // namespace
+
+void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, Tensor scratch) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
+  if (BT == 0 || OC == 0) return;
+  if (C > 0 && gelu_epilogue_fits(OC, {out.data, pre.data, bias.data, inp.data, weight.data})) {
+    GemmArgs g;
+    g.dtype = inp.dtype;
+    g.transa = true;
+    g.m = OC, g.n = BT, g.k = C;
+    g.A = weight.data, g.lda = C;
+    g.B = inp.data, g.ldb = C;
+    g.D = out.data, g.ldd = OC;
+    g.bias = bias.data;
+    g.act = GemmArgs::Act::gelu_aux;
+    g.aux = pre.data, g.ldaux = OC;
+    if (CublasLtContext::get(inp.device.index).try_gemm(g, kStream)) return;
+  }
+  matmul_forward(pre, inp, weight, bias, scratch);
+  gelu_forward(out, pre);
+}
+
+void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dy, Tensor out, Tensor pre, Tensor weight, Tensor dout_scratch,
+                          Tensor scratch) {
+  use_device_of(out);
+  const std::int64_t C = out.shape[out.shape.rank - 1], BT = C == 0 ? 0 : out.numel() / C, OC = weight.shape[0];
+  if (BT == 0 || C == 0) return;
+  if (OC > 0 && gelu_epilogue_fits(C, {dpre.data, pre.data, dy.data, weight.data})) {
+    // dpre = gelu'(pre) ⊙ (dy · weight): the dinp GEMM of matmul_backward with beta 0 and DGELU.
+    GemmArgs g;
+    g.dtype = out.dtype;
+    g.m = C, g.n = BT, g.k = OC;
+    g.A = weight.data, g.lda = C;
+    g.B = dy.data, g.ldb = OC;
+    g.D = dpre.data, g.ldd = C;
+    g.act = GemmArgs::Act::dgelu;
+    g.aux = pre.data, g.ldaux = C;
+    if (CublasLtContext::get(out.device.index).try_gemm(g, kStream)) {
+      matmul_backward(Tensor{}, dweight, dbias, dy, out, weight, scratch);
+      return;
+    }
+  }
+  zero_tensor(dout_scratch);
+  matmul_backward(dout_scratch, dweight, dbias, dy, out, weight, scratch);
+  zero_tensor(dpre);
+  gelu_backward(dpre, pre, dout_scratch);
 }
 
 GradNormOverflow grad_norm_overflow(Tensor grads) {

@@ -45,6 +45,11 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
 // cuBLASLt (ops/cuda/cublaslt.h); the fp32 scratch of the CPU contract is accepted and unused.
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor scratch);
 void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor scratch);
+// GELU in the cuBLASLt epilogue (GELU_AUX_BIAS forward, DGELU backward) where cuBLASLt offers it for
+// the shape; otherwise the separate kernels, as the CPU composes them.
+void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, Tensor scratch);
+void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dy, Tensor out, Tensor pre, Tensor weight, Tensor dout_scratch,
+                          Tensor scratch);
 
 void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, const AdamWConfig& config);
 // The ranges and the per-range norm partials go to a per-device buffer (allocated on first use,

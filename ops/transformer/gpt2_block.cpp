@@ -16,9 +16,9 @@
 
 #include "ops/kernels/attention.h"
 #include "ops/kernels/dropout.h"
-#include "ops/kernels/gelu.h"
 #include "ops/kernels/layernorm.h"
 #include "ops/kernels/matmul.h"
+#include "ops/kernels/matmul_gelu.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/layer_args.h"
 #include "ops/kernels/tensor_ops.h"
@@ -98,8 +98,7 @@ void Gpt2Block::forward(const ForwardArgs& a) {
   if (drop1.p > 0.0f) dropout_forward(proj, proj, drop1);
   fused_residual_layernorm_forward(s[kResidual2], s[kLn2], s[kLn2Mean], s[kLn2Rstd], a.input, proj, p[kLn2W], p[kLn2B], eps);
 
-  matmul_forward(s[kFch], s[kLn2], p[kFcW], p[kFcB], mm);
-  gelu_forward(s[kFchGelu], s[kFch]);
+  matmul_gelu_forward(s[kFchGelu], s[kFch], s[kLn2], p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
   matmul_forward(proj, s[kFchGelu], p[kFcProjW], p[kFcProjB], mm);
   const DropoutParams drop2 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 2, a.train);
   if (drop2.p > 0.0f) dropout_forward(proj, proj, drop2);
@@ -131,10 +130,9 @@ void Gpt2Block::backward(const BackwardArgs& a) {
     dropout_backward(dproj, dres, drop2);
   }
   const Tensor dgelu = bt4c_a, dfch = bt4c_b, dln2 = btc_b;
-  zero_tensor(dgelu);
-  matmul_backward(dgelu, g[kFcProjW], g[kFcProjB], dproj, s[kFchGelu], p[kFcProjW], mm);
-  zero_tensor(dfch);
-  gelu_backward(dfch, s[kFch], dgelu);
+  // dfch = gelu'(fch) ⊙ (dproj · W_fcproj) and the fc_proj weight / bias gradients (dgelu: the
+  // unfused backends' d(fch_gelu)).
+  matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
   zero_tensor(dln2);
   matmul_backward(dln2, g[kFcW], g[kFcB], dfch, s[kLn2], p[kFcW], mm);
   layernorm_backward(dres, g[kLn2W], g[kLn2B], dln2, s[kResidual2], p[kLn2W], s[kLn2Mean], s[kLn2Rstd]);
