@@ -25,9 +25,11 @@
 // default stream also orders itself with every blocking stream (cudaStreamCreate without flags).
 // A caller that uses a block on a NON-blocking stream (cudaStreamNonBlocking, including NCCL's and
 // the transfer's side streams) must, before freeing it, either make the legacy default stream wait
-// on an event recorded after that work (cudaStreamWaitEvent — what dstrain's collectives and
-// transfers do) or synchronise that stream; otherwise the block may be handed to new work while
-// the old is still running.
+// on an event recorded after that work (cudaStreamWaitEvent: NcclCommunicator::
+// compute_wait_for_comm(), CudaActivationTransfer::wait()) or synchronise that stream; otherwise
+// the block may be handed to new work while the old is still running. (New work enqueued on
+// NCCL's or the transfer's stream is safe too: those streams wait on the compute stream's event
+// before each collective or copy.)
 //
 // Thread-safe: the base class locks its block table, the pool its free lists (each rank has its
 // own allocator; several threads may still share one).
