@@ -8,6 +8,10 @@
 #include "ops/log.h"
 #include "ops/transformer/activation_layout.h"
 
+#if defined(DSTRAIN_HAS_CUDA)
+#include "ops/cuda/pinned_allocator.h"
+#endif
+
 namespace dstrain {
 namespace {
 
@@ -93,7 +97,11 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
   if (host != nullptr) {
     host_ = host;
   } else {
-    own_host_ = std::make_unique<CpuAllocator>();
+#if defined(DSTRAIN_HAS_CUDA)
+    // Pinned, so the copies to and from a GPU run asynchronously at PCIe speed.
+    if (device.device().is_cuda()) own_host_ = std::make_unique<CudaPinnedAllocator>(device.device().index);
+#endif
+    if (own_host_ == nullptr) own_host_ = std::make_unique<CpuAllocator>();
     host_ = own_host_.get();
   }
   transfer_ = make_activation_transfer(device.device());

@@ -90,7 +90,8 @@ class ActivationCheckpointing {
  public:
   // Allocates the kept inputs, the segment area and the boundary buffers from `device` (purpose
   // activations) and, for cpu_checkpointing, the kept inputs from `host` (nullptr: a host
-  // allocator of its own, so host bytes are counted apart from the device's). `layers` must have
+  // allocator of its own, so host bytes are counted apart from the device's; pinned memory,
+  // CudaPinnedAllocator, when `device` is a GPU in a CUDA build). `layers` must have
   // at least 3 entries (first layer, >= 1 block, last layer) whose outputs are (B, T, n_embd)
   // except the last's. Error naming the key or the model otherwise.
   ActivationCheckpointing(const config::ActivationCheckpointingConfig& cfg, std::span<const std::unique_ptr<Layer>> layers,

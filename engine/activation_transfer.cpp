@@ -3,6 +3,10 @@
 #include "ops/error.h"
 #include "ops/kernels/tensor_ops.h"
 
+#if defined(DSTRAIN_HAS_CUDA)
+#include "engine/activation_transfer_cuda.h"
+#endif
+
 namespace dstrain {
 
 ActivationTransfer::Ticket CpuActivationTransfer::to_host(const Tensor& dst, const Tensor& src) {
@@ -18,12 +22,13 @@ ActivationTransfer::Ticket CpuActivationTransfer::to_device(const Tensor& dst, c
 }
 
 std::unique_ptr<ActivationTransfer> make_activation_transfer(Device device) {
-  if (!device.is_cpu()) {
-    fail("activation checkpointing: no activation transfer for device {} in this build (the CUDA side-stream copy is not built yet); "
-         "train on the CPU or turn checkpointing off",
-         device.str());
-  }
-  return std::make_unique<CpuActivationTransfer>();
+  if (device.is_cpu()) return std::make_unique<CpuActivationTransfer>();
+#if defined(DSTRAIN_HAS_CUDA)
+  if (device.is_cuda()) return std::make_unique<CudaActivationTransfer>(device.index);
+#endif
+  fail("activation checkpointing: no activation transfer for device {} in this build (it was built without the CUDA backend); "
+       "rebuild with -DDSTRAIN_CUDA=ON, train on the CPU, or turn checkpointing off",
+       device.str());
 }
 
 }  // namespace dstrain

@@ -3,9 +3,10 @@
 //
 // Activation checkpointing issues its copies and waits only through this interface, so the overlap
 // is written once for every backend:
-//   - CUDA (to come): to_host / to_device are a cudaMemcpyAsync on a side stream that first waits
-//     on an event of the compute stream (the source is ready), then records an event; wait(ticket)
-//     makes the compute stream wait on that event (the host never blocks); synchronize() is
+//   - CUDA (engine/activation_transfer_cuda.h, CudaActivationTransfer, in builds with DSTRAIN_CUDA):
+//     to_host / to_device are a cudaMemcpyAsync on a side stream that first waits on an event of
+//     the compute stream (the source is ready), then records an event; wait(ticket) makes the
+//     compute stream wait on that event (the host never blocks); synchronize() is
 //     cudaDeviceSynchronize. Host memory is then pinned, so the copies run at PCIe speed.
 //   - CPU (this file's CpuActivationTransfer): device and host memory are the same RAM and there is
 //     one stream of work, so a copy is a real memcpy done at once (a copy, not an alias: the kept
@@ -37,7 +38,8 @@ class ActivationTransfer {
   // dst (device) = src (host).
   virtual Ticket to_device(const Tensor& dst, const Tensor& src) = 0;
   // Work issued after this call sees the copy finished (its source may be overwritten, its
-  // destination read).
+  // destination read). On a GPU "work" is device work (kernels, later copies): host code that
+  // reads a to_host destination or overwrites a to_device source calls synchronize() first.
   virtual void wait(Ticket ticket) = 0;
   // A full device synchronize (DeepSpeed's get_accelerator().synchronize()).
   virtual void synchronize() = 0;

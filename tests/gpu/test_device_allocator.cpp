@@ -1,15 +1,25 @@
-// CudaAllocator: statistics (hand-worked sequence), alignment, real device memory, misuse, OOM.
+// CudaAllocator: statistics (hand-worked sequence, and equal to the CPU allocator's), alignment,
+// real device memory, misuse, OOM, the cache (reuse, empty_cache, OOM flush). CudaPinnedAllocator
+// and CudaActivationTransfer round trips.
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
+#include "engine/activation_transfer.h"
+#include "engine/activation_transfer_cuda.h"
 #include "gpu_test.h"
+#include "ops/allocator.h"
 #include "ops/buffer.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_allocator.h"
+#include "ops/cuda/pinned_allocator.h"
 #include "ops/error.h"
 
 using namespace dstrain;
@@ -108,4 +118,232 @@ TEST(CudaAllocator, ThreadsAndBuffers) {
   const Tensor t = b.tensor(DType::bf16, Shape{512});
   EXPECT_EQ(t.device, Device::cuda(0));
   EXPECT_THROW(b.tensor(DType::fp32, Shape{512}), Error);
+}
+
+// ---- the cache ----
+
+// A freed block is reused for the same size without cudaMalloc; the per-step transient pattern
+// stops calling cudaMalloc / cudaFree after the first step.
+TEST(CudaAllocator, CachingReuse) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator a(0);
+  void* p = a.allocate(1 << 20, MemoryPurpose::buffers);
+  const std::uint64_t mallocs = a.cuda_malloc_calls();
+  EXPECT_EQ(mallocs, 1u);
+  a.deallocate(p);
+  EXPECT_EQ(a.cuda_free_calls(), 0u);
+  EXPECT_GT(a.cached_bytes(), 0u);
+  void* q = a.allocate(1 << 20, MemoryPurpose::grads);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.cuda_malloc_calls(), mallocs);
+  EXPECT_EQ(a.cache_hits(), 1u);
+  a.deallocate(q);
+
+  // Transient buffers of a "step", allocated and freed in the same order every step.
+  const std::vector<std::size_t> sizes = {4 << 20, 300, 96 << 20, 64 << 10, 12 << 20, 1 << 20, 7};
+  std::uint64_t after_first = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Buffer> held;
+    for (std::size_t s : sizes) held.emplace_back(a, s, MemoryPurpose::buffers);
+    held.clear();
+    if (step == 0) after_first = a.cuda_malloc_calls();
+  }
+  EXPECT_EQ(a.cuda_malloc_calls(), after_first);
+  EXPECT_EQ(a.cuda_free_calls(), 0u);
+  EXPECT_EQ(a.stats().total.current, 0u);
+  EXPECT_GE(a.reserved_bytes(), std::size_t{96} << 20);
+}
+
+// The per-purpose statistics are those of the CPU allocator for the same sequence: the cache
+// (rounding, reserved bytes) is invisible in them.
+TEST(CudaAllocator, StatsEqualTheCpuAllocators) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator gpu(0);
+  CpuAllocator cpu;
+  std::vector<std::pair<void*, void*>> live;
+  std::uint64_t x = 88172645463325252ull;  // xorshift: the same sequence on both
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int i = 0; i < 2000; ++i) {
+    if (live.empty() || next() % 100 < 55) {
+      const auto purpose = kAllMemoryPurposes[next() % kNumMemoryPurposes];
+      const std::size_t bytes = 1 + next() % (next() % 8 == 0 ? (std::size_t{24} << 20) : (std::size_t{256} << 10));
+      live.emplace_back(gpu.allocate(bytes, purpose), cpu.allocate(bytes, purpose));
+    } else {
+      const std::size_t k = next() % live.size();
+      gpu.deallocate(live[k].first);
+      cpu.deallocate(live[k].second);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    if (i % 500 == 250) {
+      gpu.reset_peaks();
+      cpu.reset_peaks();
+    }
+  }
+  const MemoryStats g = gpu.stats(), c = cpu.stats();
+  for (MemoryPurpose p : kAllMemoryPurposes) {
+    EXPECT_EQ(g[p].current, c[p].current) << memory_purpose_name(p);
+    EXPECT_EQ(g[p].peak, c[p].peak) << memory_purpose_name(p);
+    EXPECT_EQ(g[p].allocations, c[p].allocations) << memory_purpose_name(p);
+    EXPECT_EQ(g[p].frees, c[p].frees) << memory_purpose_name(p);
+  }
+  EXPECT_EQ(g.total.current, c.total.current);
+  EXPECT_EQ(g.total.peak, c.total.peak);
+  EXPECT_GE(gpu.reserved_bytes(), g.total.current);
+  for (auto& [gp, cp] : live) {
+    gpu.deallocate(gp);
+    cpu.deallocate(cp);
+  }
+}
+
+TEST(CudaAllocator, EmptyCache) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator a(0);
+  void* kept = a.allocate(1000, MemoryPurpose::params);  // its 2 MiB segment stays
+  void* big = a.allocate(std::size_t{64} << 20, MemoryPurpose::buffers);
+  void* small = a.allocate(5000, MemoryPurpose::buffers);
+  a.deallocate(big);
+  a.deallocate(small);
+  EXPECT_EQ(a.reserved_bytes(), (std::size_t{64} << 20) + (std::size_t{2} << 20));
+  EXPECT_EQ(a.empty_cache(), std::size_t{64} << 20);
+  EXPECT_EQ(a.reserved_bytes(), std::size_t{2} << 20);
+  EXPECT_EQ(a.cuda_free_calls(), 1u);
+  DSTRAIN_CUDA_CHECK(cudaMemset(kept, 1, 1000));  // the live block is untouched and usable
+  DSTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  a.deallocate(kept);
+  EXPECT_EQ(a.empty_cache(), std::size_t{2} << 20);
+  EXPECT_EQ(a.reserved_bytes(), 0u);
+  EXPECT_EQ(a.stats().total.current, 0u);
+}
+
+// Out of memory frees the cache first (cudaFree of the unused segments), retries once, then
+// reports with the base class's message and what the pool reserves.
+TEST(CudaAllocator, OutOfMemoryFreesTheCacheFirst) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator a(0);
+  void* held = a.allocate(1000, MemoryPurpose::grads);
+  a.deallocate(a.allocate(std::size_t{256} << 20, MemoryPurpose::buffers));  // 256 MiB cached
+  EXPECT_EQ(a.reserved_bytes(), (std::size_t{256} << 20) + (std::size_t{2} << 20));
+  try {
+    a.allocate(std::size_t{1} << 50, MemoryPurpose::activations);
+    ADD_FAILURE() << "1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(contains(msg, "out of cuda:0 memory")) << msg;
+    EXPECT_TRUE(contains(msg, "for activations")) << msg;
+    EXPECT_TRUE(contains(msg, "grads 1000 B")) << msg;
+    EXPECT_TRUE(contains(msg, "reserves 2.00 MiB from CUDA")) << msg;
+    EXPECT_TRUE(contains(msg, "free of")) << msg;
+  }
+  EXPECT_EQ(a.pool_stats().cache_flushes, 1u);
+  EXPECT_EQ(a.cuda_free_calls(), 1u);
+  EXPECT_EQ(a.reserved_bytes(), std::size_t{2} << 20);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  // Still usable after the failure.
+  void* p = a.allocate(std::size_t{8} << 20, MemoryPurpose::buffers);
+  DSTRAIN_CUDA_CHECK(cudaMemset(p, 0, std::size_t{8} << 20));
+  a.deallocate(p);
+  a.deallocate(held);
+}
+
+// ---- pinned host memory ----
+
+TEST(CudaPinnedAllocator, RoundTripThroughTheGpu) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaPinnedAllocator pinned(0);
+  CudaAllocator dev(0);
+  EXPECT_EQ(pinned.device(), Device::cpu());
+  constexpr std::size_t n = std::size_t{3} << 20;
+  Buffer src(pinned, n, MemoryPurpose::activations);
+  Buffer back(pinned, n, MemoryPurpose::activations);
+  Buffer d(dev, n, MemoryPurpose::activations);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(src.data()) % CudaPinnedAllocator::kDefaultAlignment, 0u);
+  cudaPointerAttributes attr{};
+  DSTRAIN_CUDA_CHECK(cudaPointerGetAttributes(&attr, src.data()));
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);  // page-locked, known to CUDA
+  auto* s = static_cast<unsigned char*>(src.data());
+  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<unsigned char>(i * 31 + 7);
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(d.data(), src.data(), n, cudaMemcpyHostToDevice, nullptr));
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(back.data(), d.data(), n, cudaMemcpyDeviceToHost, nullptr));
+  DSTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto* b = static_cast<const unsigned char*>(back.data());
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < n; ++i) mismatches += b[i] != s[i];
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_EQ(pinned.stats()[MemoryPurpose::activations].current, 2 * n);
+  // Cached: freeing and allocating the same size pins nothing new.
+  const std::uint64_t calls = pinned.cuda_host_alloc_calls();
+  void* first = src.data();
+  src.reset();
+  Buffer again(pinned, n, MemoryPurpose::activations);
+  EXPECT_EQ(again.data(), first);
+  EXPECT_EQ(pinned.cuda_host_alloc_calls(), calls);
+  EXPECT_THROW(pinned.allocate(64, MemoryPurpose::buffers, 4096), Error);
+}
+
+// ---- the activation transfer ----
+
+TEST(CudaActivationTransfer, RoundTripDeviceHostDevice) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator dev(0);
+  CudaPinnedAllocator pinned(0);
+  const std::unique_ptr<ActivationTransfer> t = make_activation_transfer(Device::cuda(0));
+  ASSERT_NE(dynamic_cast<CudaActivationTransfer*>(t.get()), nullptr);
+  const Shape shape{4, 64, 1024};
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
+  Buffer a(dev, bytes, MemoryPurpose::activations), b(dev, bytes, MemoryPurpose::activations);
+  Buffer host(pinned, bytes, MemoryPurpose::activations);
+  const Tensor ta = a.tensor(DType::fp32, shape), tb = b.tensor(DType::fp32, shape), th = host.tensor(DType::fp32, shape);
+  std::vector<float> want(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(a.data(), want.data(), bytes, cudaMemcpyHostToDevice));
+  DSTRAIN_CUDA_CHECK(cudaMemset(b.data(), 0, bytes));
+
+  const ActivationTransfer::Ticket down = t->to_host(th, ta);
+  EXPECT_GT(down, 0u);
+  t->wait(down);
+  // Issued after the wait on the compute stream: must not change what the copy read.
+  DSTRAIN_CUDA_CHECK(cudaMemsetAsync(a.data(), 0xff, bytes, nullptr));
+  const ActivationTransfer::Ticket up = t->to_device(tb, th);
+  t->wait(up);
+  std::vector<float> got(want.size());
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(got.data(), b.data(), bytes, cudaMemcpyDeviceToHost));  // legacy stream: after the wait
+  EXPECT_EQ(got, want);
+  t->synchronize();
+  EXPECT_EQ(t->synchronizations(), 1u);
+  EXPECT_EQ(0, std::memcmp(host.data(), want.data(), bytes));
+  EXPECT_EQ(t->bytes_to_host(), bytes);
+  EXPECT_EQ(t->bytes_to_device(), bytes);
+
+  // Many tickets (more than the event ring): old tickets still wait correctly.
+  std::vector<ActivationTransfer::Ticket> tickets;
+  for (std::size_t i = 0; i < 3 * CudaActivationTransfer::kEvents; ++i) tickets.push_back(t->to_host(th, tb));
+  for (auto tk : tickets) t->wait(tk);
+  t->wait(0);
+  EXPECT_THROW(t->wait(tickets.back() + 1), Error);
+  // Misuse: dtype or size mismatch, sides swapped.
+  EXPECT_THROW(t->to_host(host.tensor(DType::fp16, shape), ta), Error);
+  EXPECT_THROW(t->to_host(ta, th), Error);
+  EXPECT_THROW(t->to_device(th, ta), Error);
+  t->synchronize();
+}
+
+// Pageable host memory works too (slower: the device-to-host copy blocks the host).
+TEST(CudaActivationTransfer, PageableHostMemory) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator dev(0);
+  CudaActivationTransfer t(0);
+  std::vector<float> host(1000, 0.0f), want(1000);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i);
+  Buffer a(dev, sizeof(float) * 1000, MemoryPurpose::activations);
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(a.data(), want.data(), sizeof(float) * 1000, cudaMemcpyHostToDevice));
+  const Tensor ta = a.tensor(DType::fp32, Shape{1000});
+  const Tensor th{host.data(), DType::fp32, Shape{1000}, Device::cpu()};
+  t.wait(t.to_host(th, ta));
+  t.synchronize();
+  EXPECT_EQ(host, want);
 }
