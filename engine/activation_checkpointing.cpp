@@ -166,7 +166,16 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
   profile_.assign(K, {});
 }
 
-ActivationCheckpointing::~ActivationCheckpointing() = default;
+// The buffers are members declared before transfer_, so they are freed first: a copy still in
+// flight (a step that ended in an exception) must finish before its memory goes back to the
+// allocator's cache.
+ActivationCheckpointing::~ActivationCheckpointing() {
+  if (!transfer_) return;
+  try {
+    transfer_->synchronize();
+  } catch (...) {  // a destructor cannot throw; the device error resurfaces at the next call
+  }
+}
 
 Tensor ActivationCheckpointing::boundary(std::size_t s) const {
   if (host_mode()) return staging_[s % 2];
