@@ -9,10 +9,13 @@
 // so the 8 row addresses of an ldmatrix fall in 8 different bank groups (no conflicts).
 // Per warp: a 16-row slab of the block's tile (the mma's M); the block is 4 warps (128 threads).
 //
-// Forward (grid: one block per (query block of 64, b, h), the longest query blocks first):
-//   Q tile (64 x HS) -> registers as mma A fragments once. Key blocks of 64 (K and V tiles double
-//   buffered with cp.async: the next block loads while this one computes), only blocks
-//   0 .. the diagonal one (fully masked blocks are never touched), only the diagonal block masked.
+// Forward (grid: one block per (query block, b, h), the longest query blocks first): query
+//   blocks of 128 (each warp 2 m-tiles of 16 rows, so each K/V fragment loaded by ldmatrix feeds
+//   two mma) at HS <= 64 without dropout, of 64 (1 m-tile per warp) at HS = 128 or with dropout
+//   (registers). Q tile -> registers as mma A fragments once. Key blocks of 64 (K and V tiles
+//   double buffered with cp.async: the next block loads while this one computes), only blocks up
+//   to the diagonal (fully masked blocks are never loaded; a warp skips a block wholly after its
+//   rows), masks only on blocks that cross the diagonal.
 //   S = Q Kᵀ (16 x 64 per warp in registers), online softmax in the log2 domain (the scale
 //   1/sqrt(HS) and log2(e) folded into one multiply, exp2 via ex2.approx), P rounded to 16 bits
 //   and reused in registers as the A operand of O += P V (the C-fragment layout of two 8-key
@@ -20,7 +23,7 @@
 //   and reduced over the 4 threads of a quad (fixed shuffle order). lse = (m + log2 l) ln 2.
 // Backward: D_i = dout_i · out_i (a warp per (b, i, h) row), then two kernels, no atomics:
 //   dK/dV: one block per (key block of 64, b, h), a warp per 16 keys; query tiles of BR (64, or
-//     32 at HS = 128 to keep dK and dV accumulators in registers without spills) from the key
+//     32 at HS = 128 or with dropout, to stay in registers without spills) from the key
 //     block's first query to T, Q/dO/lse/D double buffered. Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, P from lse,
 //     dSᵀ = Pᵀ ∘ (dPᵀ ∘ mask − D); dV += P̃ᵀ dO, dK += dSᵀ Q (k-dimension = the tile's queries).
 //   dQ: one block per (query block of 64, b, h), key blocks 0 .. diagonal as in forward:
@@ -31,9 +34,10 @@
 // Dropout (template flag, so the common p = 0 path carries no RNG code): the keep scale of
 // element ((b*NH + h)*T + i)*T + j from the same Philox word as the CPU, applied to P for P V /
 // dV and to dP for dS; the row sum l is taken before dropout, as on the CPU.
-// Why these tiles: 64 x 64 with 4 warps keeps a 16 x 64 score slab and the output accumulators
-// of one warp in registers at HS <= 128 (no spills), gives enough blocks at T = 1024 for 132 SMs
-// at GPT-2 sizes, and 64-key steps halve the shared-memory traffic of 32-key ones.
+// Why these tiles: 4 warps x (16 or 32 rows) x 64 keys keeps the score slabs and the output
+// accumulators of a warp in registers at HS <= 128 without spills (checked with -Xptxas -v for
+// sm_80 and sm_90), gives enough blocks at T = 1024 for 132 SMs at GPT-2 sizes (B*NH*8 or
+// B*NH*16), and 64-key steps halve the synchronisations and fragment reloads of 32-key ones.
 #include <cstdint>
 #include <type_traits>
 
@@ -123,8 +127,13 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The dropout factor of element e: RngKey::element_bits's word, picked with selects rather than
+// a dynamic index into the Philox output (which would live in local memory).
 __device__ __forceinline__ float keep_scale_of(const RngKey& key, std::uint64_t e, float p, float keep_scale) {
-  return dropout_keep(key.element_bits(e), p) ? keep_scale : 0.0f;
+  const PhiloxCounter r = key.group_bits(e >> 2);
+  const unsigned k = static_cast<unsigned>(e & 3u);
+  const std::uint32_t bits = k == 0 ? r.v[0] : (k == 1 ? r.v[1] : (k == 2 ? r.v[2] : r.v[3]));
+  return dropout_keep(bits, p) ? keep_scale : 0.0f;
 }
 
 // dst[0..1] += (a, b): one fp32 add and one RNE rounding per element (the gradient contract).
@@ -186,36 +195,45 @@ __device__ __forceinline__ void c_to_a(unsigned (&a)[4], const float (&c0)[4], c
 
 // ---- forward ------------------------------------------------------------------------------
 
-template <int HS>
+// m-tiles (16 query rows each) per warp in forward: 2 at HS <= 64, so every K/V fragment read
+// from shared memory feeds two mma (ldmatrix bandwidth, not the tensor cores, bounds one m-tile
+// per warp); 1 at HS = 128, where the output accumulators of two would not fit in registers,
+// and with dropout, whose Philox rounds would then spill.
+template <int HS, bool DROP>
+constexpr int kFwdMT = (HS <= 64 && !DROP) ? 2 : 1;
+template <int HS, bool DROP>
+constexpr int kFwdRows = 64 * kFwdMT<HS, DROP>;  // queries per block: 4 warps x 16 x MT
+template <int HS, bool DROP>
 constexpr int fwd_smem_bytes() {
-  return (kTile + 4 * kTile) * TileGeom<HS>::LD * 2;  // Q + 2 x (K, V)
+  return (kFwdRows<HS, DROP> + 4 * kTile) * TileGeom<HS>::LD * 2;  // Q + 2 x (K, V)
 }
 
 template <typename S, int HS, bool DROP>
 __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* __restrict__ out, float* __restrict__ lse,
                                                                           const u16* __restrict__ qkv, TcDims s, float p, RngKey key) {
   using G = TileGeom<HS>;
-  constexpr int LD = G::LD, KS = G::KS, ND = G::ND;
+  constexpr int LD = G::LD, KS = G::KS, ND = G::ND, MT = kFwdMT<HS, DROP>, BQ = kFwdRows<HS, DROP>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   u16* sQ = reinterpret_cast<u16*>(smem_raw);
-  u16* sK = sQ + kTile * LD;      // [2][kTile][LD]
+  u16* sK = sQ + BQ * LD;         // [2][kTile][LD]
   u16* sV = sK + 2 * kTile * LD;  // [2][kTile][LD]
 
   const std::int64_t T = s.T, C = s.C, C3 = 3 * C, BH = s.B * s.NH;
-  const int nqb = static_cast<int>((T + kTile - 1) / kTile);
+  const int nqb = static_cast<int>((T + BQ - 1) / BQ);
   const std::int64_t idx = blockIdx.x;
   const int qb = nqb - 1 - static_cast<int>(idx / BH);  // longest query blocks first
   const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH;
-  const int q0 = qb * kTile;
+  const int q0 = qb * BQ;
   const u16* qbase = qkv + b * T * C3 + h * HS;  // row t at + t * C3
   const u16* kbase = qbase + C;
   const u16* vbase = qbase + 2 * C;
   const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5, g = lane >> 2, c = lane & 3;
-  const int nkb = qb + 1;  // key blocks 0 .. qb; block qb is the diagonal one
+  const std::int64_t kend = T < q0 + BQ ? T : q0 + BQ;  // causal: keys < min(T, last query + 1)
+  const int nkb = static_cast<int>((kend + kTile - 1) / kTile);
   const float sl2 = (1.0f / sqrtf(static_cast<float>(HS))) * kLog2e;
   const float keep_scale = DROP ? 1.0f / (1.0f - p) : 1.0f;
 
-  load_rows<HS, kTile>(sQ, qbase + q0 * C3, C3, static_cast<int>(T - q0 < kTile ? T - q0 : kTile));
+  load_rows<HS, BQ>(sQ, qbase + q0 * C3, C3, static_cast<int>(T - q0 < BQ ? T - q0 : BQ));
   cp_async_commit();
   {
     const int nv = static_cast<int>(T < kTile ? T : kTile);
@@ -224,12 +242,18 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
     cp_async_commit();
   }
 
-  unsigned qf[KS][4];
-  float o[ND][4];
+  unsigned qf[MT][KS][4];
+  float o[MT][ND][4];
+  float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int nd = 0; nd < ND; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int row0 = q0 + w * 16 + g;  // this thread's rows: row0 and row0 + 8
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) o[mt][nd][0] = o[mt][nd][1] = o[mt][nd][2] = o[mt][nd][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+  const int wrow = w * 16 * MT;  // the warp's first row in the block
+  const int row0 = q0 + wrow + g;  // this thread's rows: row0 + 16 mt and row0 + 16 mt + 8
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int buf = kb & 1;
@@ -246,98 +270,121 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
     __syncthreads();
     if (kb == 0) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) ldsm_x4(qf[ks], a_addr<LD>(sQ, w * 16, ks * 16, lane));
-    }
-    const u16* ks_ = sK + buf * kTile * LD;
-    const u16* vs_ = sV + buf * kTile * LD;
-
-    float sc[8][4];
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int nb2 = 0; nb2 < 4; ++nb2) {
-        unsigned bk[4];
-        ldsm_x4(bk, bnk_addr<LD>(ks_, nb2 * 16, ks * 16, lane));
-        mma16816<S>(sc[2 * nb2], qf[ks], bk[0], bk[1]);
-        mma16816<S>(sc[2 * nb2 + 1], qf[ks], bk[2], bk[3]);
-      }
+        for (int ks = 0; ks < KS; ++ks) ldsm_x4(qf[mt][ks], a_addr<LD>(sQ, wrow + 16 * mt, ks * 16, lane));
     }
     const int k0 = kb * kTile;
-    if (kb == qb) {  // the diagonal block: key j > query i is masked (this covers keys >= T too)
+    // Warp-uniform: skip a key block that lies wholly after the warp's last query (all masked).
+    if (k0 <= q0 + wrow + 16 * MT - 1) {
+      const u16* ks_ = sK + buf * kTile * LD;
+      const u16* vs_ = sV + buf * kTile * LD;
+      float sc[MT][8][4];
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = k0 + nb * 8 + 2 * c + (e & 1), i = row0 + 8 * (e >> 1);
-          if (j > i) sc[nb][e] = -INFINITY;
-        }
-    }
+        for (int nb = 0; nb < 8; ++nb) sc[mt][nb][0] = sc[mt][nb][1] = sc[mt][nb][2] = sc[mt][nb][3] = 0.0f;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
+      for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(sc[nb][2 * r], sc[nb][2 * r + 1]));
-      const float mn = fmaxf(m[r], quad_max(mx) * sl2);
-      const float ms = mn == -INFINITY ? 0.0f : mn;  // never for a real row (key 0 or the diagonal is unmasked)
-      const float corr = ex2(m[r] - ms);             // 0 on the first block (m = -inf)
-      m[r] = mn;
-      float rs = 0.0f;
+        for (int nb2 = 0; nb2 < 4; ++nb2) {
+          unsigned bk[4];
+          ldsm_x4(bk, bnk_addr<LD>(ks_, nb2 * 16, ks * 16, lane));
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float pe = ex2(sc[nb][e] * sl2 - ms);
-          sc[nb][e] = pe;
-          rs += pe;
-        }
-      }
-      l[r] = l[r] * corr + rs;
-#pragma unroll
-      for (int nd = 0; nd < ND; ++nd) {
-        o[nd][2 * r] *= corr;
-        o[nd][2 * r + 1] *= corr;
-      }
-    }
-    if constexpr (DROP) {
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = k0 + nb * 8 + 2 * c + (e & 1), i = row0 + 8 * (e >> 1);
-          if (i < T && j <= i) {
-            sc[nb][e] *= keep_scale_of(key, static_cast<std::uint64_t>((bh * T + i) * T + j), p, keep_scale);
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816<S>(sc[mt][2 * nb2], qf[mt][ks], bk[0], bk[1]);
+            mma16816<S>(sc[mt][2 * nb2 + 1], qf[mt][ks], bk[2], bk[3]);
           }
         }
-    }
+      }
+      if (k0 + kTile - 1 > q0 + wrow) {  // a diagonal block: key j > query i is masked (keys >= T too)
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // O += P V, 16 keys per k-step
-      unsigned pa[4];
-      c_to_a<S>(pa, sc[2 * kk], sc[2 * kk + 1]);
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nd2 = 0; nd2 < HS / 16; ++nd2) {
-        unsigned bv[4];
-        ldsm_x4_t(bv, bkn_addr<LD>(vs_, kk * 16, nd2 * 16, lane));
-        mma16816<S>(o[2 * nd2], pa, bv[0], bv[1]);
-        mma16816<S>(o[2 * nd2 + 1], pa, bv[2], bv[3]);
+          for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = k0 + nb * 8 + 2 * c + (e & 1), i = row0 + 16 * mt + 8 * (e >> 1);
+              if (j > i) sc[mt][nb][e] = -INFINITY;
+            }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(sc[mt][nb][2 * r], sc[mt][nb][2 * r + 1]));
+          const float mn = fmaxf(m[mt][r], quad_max(mx) * sl2);
+          const float ms = mn == -INFINITY ? 0.0f : mn;  // never for a real row (key 0 is unmasked)
+          const float corr = ex2(m[mt][r] - ms);         // 0 on the first block (m = -inf)
+          m[mt][r] = mn;
+          float rs = 0.0f;
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              const float pe = ex2(sc[mt][nb][e] * sl2 - ms);
+              sc[mt][nb][e] = pe;
+              rs += pe;
+            }
+          }
+          l[mt][r] = l[mt][r] * corr + rs;
+#pragma unroll
+          for (int nd = 0; nd < ND; ++nd) {
+            o[mt][nd][2 * r] *= corr;
+            o[mt][nd][2 * r + 1] *= corr;
+          }
+        }
+      }
+      if constexpr (DROP) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = k0 + nb * 8 + 2 * c + (e & 1), i = row0 + 16 * mt + 8 * (e >> 1);
+              if (i < T && j <= i) {
+                sc[mt][nb][e] *= keep_scale_of(key, static_cast<std::uint64_t>((bh * T + i) * T + j), p, keep_scale);
+              }
+            }
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // O += P V, 16 keys per k-step
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) c_to_a<S>(pa[mt], sc[mt][2 * kk], sc[mt][2 * kk + 1]);
+#pragma unroll
+        for (int nd2 = 0; nd2 < HS / 16; ++nd2) {
+          unsigned bv[4];
+          ldsm_x4_t(bv, bkn_addr<LD>(vs_, kk * 16, nd2 * 16, lane));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816<S>(o[mt][2 * nd2], pa[mt], bv[0], bv[1]);
+            mma16816<S>(o[mt][2 * nd2 + 1], pa[mt], bv[2], bv[3]);
+          }
+        }
       }
     }
     __syncthreads();  // this buffer is refilled by the prefetch of iteration kb + 1
   }
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lr = quad_sum(l[r]);
-    const int i = row0 + 8 * r;
-    if (i < T) {
-      const float inv = 1.0f / lr;
-      u16* orow = out + (b * T + i) * C + h * HS + 2 * c;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nd = 0; nd < ND; ++nd) {
-        *reinterpret_cast<unsigned*>(orow + nd * 8) = pack2<S>(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      const float lr = quad_sum(l[mt][r]);
+      const int i = row0 + 16 * mt + 8 * r;
+      if (i < T) {
+        const float inv = 1.0f / lr;
+        u16* orow = out + (b * T + i) * C + h * HS + 2 * c;
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+          *reinterpret_cast<unsigned*>(orow + nd * 8) = pack2<S>(o[mt][nd][2 * r] * inv, o[mt][nd][2 * r + 1] * inv);
+        }
+        if (c == 0) lse[bh * T + i] = m[mt][r] * kLn2 + logf(lr);
       }
-      if (c == 0) lse[bh * T + i] = m[r] * kLn2 + logf(lr);
     }
   }
 }
@@ -368,11 +415,13 @@ __global__ void __launch_bounds__(kTcThreads) attention_dsum_tc_kernel(float* __
 
 // ---- backward: dK, dV ---------------------------------------------------------------------
 
-template <int HS>
-constexpr int kDkvRows = HS == 128 ? 32 : 64;  // queries per tile of the dK/dV kernel
-template <int HS>
+// Queries per tile of the dK/dV kernel: 32 where the dK and dV accumulators (HS = 128) or the
+// Philox rounds of dropout leave no registers for a 16 x 64 Sᵀ and dPᵀ slab, else 64.
+template <int HS, bool DROP>
+constexpr int kDkvRows = (HS == 128 || DROP) ? 32 : 64;
+template <int HS, bool DROP>
 constexpr int dkv_smem_bytes() {
-  constexpr int BR = kDkvRows<HS>;
+  constexpr int BR = kDkvRows<HS, DROP>;
   return (2 * kTile + 4 * BR) * TileGeom<HS>::LD * 2 + 4 * BR * 4;  // K, V, 2 x (Q, dO), 2 x (lse, D)
 }
 
@@ -381,7 +430,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
                                                                       const u16* __restrict__ qkv, const float* __restrict__ lse,
                                                                       const float* __restrict__ Dsum, TcDims s, float p, RngKey key) {
   using G = TileGeom<HS>;
-  constexpr int LD = G::LD, KS = G::KS, ND = G::ND, BR = kDkvRows<HS>, NB = BR / 8;
+  constexpr int LD = G::LD, KS = G::KS, ND = G::ND, BR = kDkvRows<HS, DROP>, NB = BR / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   u16* sK = reinterpret_cast<u16*>(smem_raw);
   u16* sV = sK + kTile * LD;
@@ -697,10 +746,10 @@ cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, 
                                         std::int64_t NH, float p, const RngKey& key, cudaStream_t st) {
   if (B * NH * T == 0 || C == 0) return cudaSuccess;
   const TcDims s{B, T, C, NH};
-  const std::int64_t blocks = (T + kTile - 1) / kTile * B * NH;
   return dispatch_tc(t, C / NH, p > 0.0f, [&]<typename S, int HS, bool DROP>(S, std::integral_constant<int, HS>, std::bool_constant<DROP>) {
+    const std::int64_t blocks = (T + kFwdRows<HS, DROP> - 1) / kFwdRows<HS, DROP> * B * NH;
     auto kernel = attention_forward_tc_kernel<S, HS, DROP>;
-    constexpr int smem = fwd_smem_bytes<HS>();
+    constexpr int smem = fwd_smem_bytes<HS, DROP>();
     cudaError_t e = set_smem(kernel, smem);
     if (e != cudaSuccess) return e;
     kernel<<<static_cast<unsigned>(blocks), kTcThreads, smem, st>>>(static_cast<u16*>(out), lse, static_cast<const u16*>(qkv), s, p, key);
@@ -725,7 +774,7 @@ cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const voi
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     auto dkv = attention_dkv_tc_kernel<S, HS, DROP>;
-    constexpr int dkv_smem = dkv_smem_bytes<HS>();
+    constexpr int dkv_smem = dkv_smem_bytes<HS, DROP>();
     if ((e = set_smem(dkv, dkv_smem)) != cudaSuccess) return e;
     dkv<<<static_cast<unsigned>(blocks), kTcThreads, dkv_smem, st>>>(pdqkv, pdout, pqkv, lse, Dsum, s, p, key);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
