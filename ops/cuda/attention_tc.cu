@@ -710,6 +710,15 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
 
 // ---- launch -------------------------------------------------------------------------------
 
+constexpr int max_of(int a, int b) { return a > b ? a : b; }
+template <int HS>
+constexpr int max_smem_bytes() {  // the largest dynamic shared memory of the HS kernels
+  return max_of(max_of(max_of(fwd_smem_bytes<HS, false>(), fwd_smem_bytes<HS, true>()),
+                       max_of(dkv_smem_bytes<HS, false>(), dkv_smem_bytes<HS, true>())),
+                dq_smem_bytes<HS>());
+}
+static_assert(max_smem_bytes<128>() <= 160 * 1024, "the sm_80 opt-in limit is 163 KiB");
+
 template <typename K>
 cudaError_t set_smem(K kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -739,7 +748,15 @@ cudaError_t dispatch_tc(DType t, std::int64_t HS, bool drop, F&& f) {
 }  // namespace
 
 bool attention_tc_supported(DType t, std::int64_t HS) {
-  return (t == DType::fp16 || t == DType::bf16) && (HS == 32 || HS == 64 || HS == 128);
+  if (!((t == DType::fp16 || t == DType::bf16) && (HS == 32 || HS == 64 || HS == 128))) return false;
+  // The largest block (dQ at HS = 128: 102 KiB) needs the opt-in shared memory of sm_80 / sm_90;
+  // a GPU with less (sm_86, sm_89: 99 KiB) keeps the warp-per-row kernels.
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    return false;
+  }
+  const int need = HS == 32 ? max_smem_bytes<32>() : (HS == 64 ? max_smem_bytes<64>() : max_smem_bytes<128>());
+  return need <= optin;
 }
 
 cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
