@@ -66,7 +66,6 @@ cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DTy
 cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
                                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
                                       cudaStream_t st);
-
 // attention_tc.cu: the tensor-core (FlashAttention-2 style) kernels for fp16/bf16 storage and
 // HS in {32, 64, 128}, same arguments and contract as above. Callers check
 // attention_tc_supported and 16-byte alignment of every tensor pointer (cp.async) first.
