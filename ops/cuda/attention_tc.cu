@@ -7,7 +7,7 @@
 // shared memory, tiles staged with cp.async (16-byte chunks, rows past T zero-filled so no
 // garbage, NaN included, ever enters a product). Shared rows are padded by 8 elements (16 bytes)
 // so the 8 row addresses of an ldmatrix fall in 8 different bank groups (no conflicts).
-// Per warp: a 16-row slab of the block's tile (the mma's M); the block is 4 warps (128 threads).
+// Per warp: 16-row slabs (m-tiles, the mma's M) of the block's tile; a block is 4 warps.
 //
 // Forward (grid: one block per (query block, b, h), the longest query blocks first): query
 //   blocks of 128 (each warp 2 m-tiles of 16 rows, so each K/V fragment loaded by ldmatrix feeds
@@ -16,7 +16,7 @@
 //   double buffered with cp.async: the next block loads while this one computes), only blocks up
 //   to the diagonal (fully masked blocks are never loaded; a warp skips a block wholly after its
 //   rows), masks only on blocks that cross the diagonal.
-//   S = Q Kᵀ (16 x 64 per warp in registers), online softmax in the log2 domain (the scale
+//   S = Q Kᵀ (16 x 64 per m-tile in registers), online softmax in the log2 domain (the scale
 //   1/sqrt(HS) and log2(e) folded into one multiply, exp2 via ex2.approx), P rounded to 16 bits
 //   and reused in registers as the A operand of O += P V (the C-fragment layout of two 8-key
 //   n-blocks is the A-fragment layout of one 16-key k-step). Row max and sum are kept per thread
