@@ -1,10 +1,13 @@
 // Causal self-attention, CUDA, flash-style (only lse is saved; no T×T buffer anywhere):
 // correctness first, a warp per query (forward, dq) or per key (dk, dv), keys/queries in chunks
 // of 32 with one lane per key/query and the head dimension spread over the lanes (HS <= 128:
-// 4 dims per lane). No tensor cores yet. Deterministic: every output element is summed by one
-// warp in a fixed order, no atomics. Semantics as ops/cpu/attention.cpp: the scale is folded into
-// q in forward, online softmax over 32-key blocks (the CPU's kKB), fast_exp for the probabilities,
-// dropout on the probabilities from Philox element ((b*NH + h)*T + i)*T + j.
+// 4 dims per lane), no tensor cores. It serves fp32 storage (which must match the CPU to fp32
+// rounding) and head sizes outside {32, 64, 128}; fp16/bf16 at those sizes run on the
+// tensor-core kernels of attention_tc.cu (kernels.cpp chooses). Deterministic: every output
+// element is summed by one warp in a fixed order, no atomics. Semantics as ops/cpu/attention.cpp:
+// the scale is folded into q in forward, online softmax over 32-key blocks (the CPU's kKB),
+// fast_exp for the probabilities, dropout on the probabilities from Philox element
+// ((b*NH + h)*T + i)*T + j.
 #include <cstdint>
 
 #include "ops/cuda/kernel_launch.h"

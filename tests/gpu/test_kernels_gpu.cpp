@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -395,6 +396,22 @@ TEST_P(GpuKernels, MatmulMatchesCpu) {
   }
 }
 
+// Cases for the tensor-core path (ops/cuda/attention_tc.cu: fp16/bf16, HS in {32, 64, 128},
+// 64-query x 64-key tiles, 32-query tiles in dK/dV at HS = 128): one exact tile, several tiles,
+// T not a multiple of 64 (or of 32), every supported HS, dropout, and GPT-2's layout at T = 1024.
+// For fp32 they run the warp-per-row kernels.
+const AttentionCase kAttentionTcCases[] = {
+    {"tc_T1", 1, 1, 64, 1, 0.0f},                  // HS = 64, a single key
+    {"tc_hs64_one_tile", 1, 64, 128, 2, 0.0f},     // exactly one 64 x 64 tile, all of it diagonal
+    {"tc_hs64_partial", 2, 200, 256, 4, 0.0f},     // 4 query blocks, the last with 8 rows
+    {"tc_hs32", 2, 130, 128, 4, 0.0f},             // HS = 32, last block of 2 rows
+    {"tc_hs128", 1, 161, 256, 2, 0.0f},            // HS = 128: 3 blocks, 6 dK/dV query tiles of 32
+    {"tc_hs64_dropout", 2, 100, 128, 2, 0.1f},
+    {"tc_hs32_dropout", 1, 77, 96, 3, 0.15f},
+    {"tc_hs128_dropout", 1, 97, 256, 2, 0.2f},
+    {"tc_gpt2_T1024", 1, 1024, 768, 12, 0.0f},     // GPT-2 124M's attention at T = 1024
+};
+
 // Flash-style attention (with and without probability dropout, the same Philox elements) against
 // the CPU's: the case table's per-dtype tolerance; lse in fp32 with the fp32 tolerance.
 TEST_P(GpuKernels, AttentionMatchesCpu) {
@@ -402,7 +419,9 @@ TEST_P(GpuKernels, AttentionMatchesCpu) {
   const DType dt = GetParam();
   const Tol tol = kAttentionTols.of(dt);
   std::mt19937_64 rng(31);
-  for (const AttentionCase& c : kAttentionCases) {
+  std::vector<AttentionCase> cases(std::begin(kAttentionCases), std::end(kAttentionCases));
+  cases.insert(cases.end(), std::begin(kAttentionTcCases), std::end(kAttentionTcCases));
+  for (const AttentionCase& c : cases) {
     SCOPED_TRACE(c.name);
     const std::int64_t B = c.B, T = c.T, C = c.C, NH = c.NH;
     DropoutParams dp;
