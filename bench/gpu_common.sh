@@ -3,11 +3,11 @@
 #
 # ensure_cuda_build TARGET...: makes sure $build_dir (a global the caller sets, as it sets $repo,
 # say and die) is a CUDA build of this checkout and that TARGET... are up to date (an incremental
-# build: seconds when nothing changed). Configures it when it has no CMakeCache.txt (Release,
-# DSTRAIN_CUDA=ON, tests off, CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native}: this machine's GPU);
-# switches to ${build_dir}-gpu when $build_dir is a build of another source folder (a copied build
-# tree) or a CPU-only build, and says so. Uses every core. DSTRAIN_BENCH_NO_BUILD=1: use
-# $build_dir as it is (built by hand).
+# build: seconds when nothing changed). Configures it when it has no CMakeCache.txt: Release,
+# DSTRAIN_CUDA=ON, the tests when GoogleTest is found, CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native}
+# (this machine's GPU). Switches to ${build_dir}-gpu when $build_dir is a build of another source
+# folder (a copied build tree) or a CPU-only build, and says so. Uses every core.
+# DSTRAIN_BENCH_NO_BUILD=1: use $build_dir as it is (built by hand).
 
 ensure_cuda_build() {
   : "${repo:?}" "${build_dir:?}"
@@ -32,9 +32,15 @@ ensure_cuda_build() {
     command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || die "nvcc not found: the CUDA build needs the CUDA toolkit"
     mkdir -p "$build_dir"
     say "configuring $build_dir (Release, CUDA arch ${CUDA_ARCH:-native})"
-    cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=ON -DDSTRAIN_BUILD_TESTS=OFF \
-      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" > "$build_dir/dstrain_configure.log" 2>&1 ||
-      { tail -n 30 "$build_dir/dstrain_configure.log" >&2; die "cmake configure failed (full log: $build_dir/dstrain_configure.log)"; }
+    # With the tests (bench/gpu_all.sh runs the GPU ones) when GoogleTest is found, else without.
+    if ! cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" > "$build_dir/dstrain_configure.log" 2>&1; then
+      say "configure with the tests failed (no GoogleTest?); configuring without them"
+      rm -f "$build_dir/CMakeCache.txt"
+      cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=ON -DDSTRAIN_BUILD_TESTS=OFF \
+        -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" > "$build_dir/dstrain_configure.log" 2>&1 ||
+        { tail -n 30 "$build_dir/dstrain_configure.log" >&2; die "cmake configure failed (full log: $build_dir/dstrain_configure.log)"; }
+    fi
   fi
   jobs=$(nproc 2>/dev/null || echo 8)
   say "building $* in $build_dir (-j$jobs; nothing to do when up to date)"

@@ -6,13 +6,13 @@
 #
 #   bash bench/gpu_gpt2.sh [OUT_DIR] [--batches "8 16 32 64"] [--ckpt "off on"] [--steps 20]
 #                          [--warmup 5] [--data FILE] [--no-peer] [--no-ours] [--no-compile]
-#                          [--budget-min 9] [--fresh] [--retry-failed] [--build-dir build]
+#                          [--budget-min 8] [--fresh] [--retry-failed] [--build-dir build]
 #
 # OUT_DIR: where the table, logs and JSON go (default: $OUT if set, else build/gpu_bench/out).
 # Every point's raw files are kept in BUILD_DIR/gpu_bench/ (git-ignored, survives between calls on
 # the same machine) and a point already there is not run again (--fresh: run everything again); a
 # point that failed (not for time) is not retried either (--retry-failed: retry those).
-# A call stops starting new points after --budget-min minutes (default 9) and prints the table of
+# A call stops starting new points after --budget-min minutes (default 8) and prints the table of
 # what is done: run the same command again to finish. Expected time on one H100: building dstrain
 # (only when BUILD_DIR has no CUDA build) 3-6 min at -j16; then per point ~15-60 s for dstrain
 # (d12, 25 steps) and ~40-90 s for PyTorch (mostly torch.compile); the GEMM peak ~10 s. The full
@@ -26,12 +26,13 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the checkout
 
 usage() { sed -n '7,9p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 say() { printf '[gpu_gpt2] %s\n' "$*"; }
 die() { printf '[gpu_gpt2] error: %s\n' "$*" >&2; exit 1; }
 
-out_dir="" batches="8 16 32 64" ckpts="off on" steps=20 warmup=5 data="" peer=1 ours=1 compile=1 budget_min=9 fresh=0 retry=0
+out_dir="" batches="8 16 32 64" ckpts="off on" steps=20 warmup=5 data="" peer=1 ours=1 compile=1 budget_min=8 fresh=0 retry=0
 build_dir="build"
 while (($#)); do
   case "$1" in
@@ -71,7 +72,9 @@ say "GPU: $(sed -n 2p "$out_dir/gpu.txt")"
 . "$repo/bench/gpu_common.sh"
 ensure_cuda_build dstrain_cli bench_gemm_peak
 dstrain="$build_dir/dstrain"
-"$dstrain" train --help 2>&1 | grep -q -- '--device' ||
+[ -x "$dstrain" ] || die "$dstrain is missing: build it (cmake --build $build_dir --target dstrain_cli) or drop DSTRAIN_BENCH_NO_BUILD"
+help="$("$dstrain" train --help 2>&1 || true)"  # captured: grep -q on a pipe would cut it short (SIGPIPE under pipefail)
+grep -q -- '--device' <<<"$help" ||
   die "$dstrain train has no --device option: this checkout's CLI cannot train on the GPU yet (issue 7's dstrain train --device cuda)"
 
 # ---- points are cached per settings ----

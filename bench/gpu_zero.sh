@@ -6,7 +6,7 @@
 #           communicator on device memory.
 #
 #   bash bench/gpu_zero.sh [OUT_DIR] [--model gpt2:d12] [--batch 8] [--seq 1024] [--steps 10]
-#                          [--warmup 3] [--backends "nccl local"] [--data FILE] [--budget-min 9]
+#                          [--warmup 3] [--backends "nccl local"] [--data FILE] [--budget-min 8]
 #                          [--fresh] [--build-dir build]
 #
 # OUT_DIR: default $OUT if set, else build/gpu_bench/out. --batch is the micro-batch per rank (the
@@ -18,12 +18,13 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the checkout
 
 usage() { sed -n '8,10p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 say() { printf '[gpu_zero] %s\n' "$*"; }
 die() { printf '[gpu_zero] error: %s\n' "$*" >&2; exit 1; }
 
-out_dir="" model="gpt2:d12" batch=8 T=1024 steps=10 warmup=3 backends="nccl local" data="" budget_min=9 fresh=0 build_dir="build"
+out_dir="" model="gpt2:d12" batch=8 T=1024 steps=10 warmup=3 backends="nccl local" data="" budget_min=8 fresh=0 build_dir="build"
 while (($#)); do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -55,7 +56,8 @@ mkdir -p "$out_dir"
 . "$repo/bench/gpu_common.sh"
 ensure_cuda_build dstrain_cli
 dstrain="$build_dir/dstrain"
-help="$("$dstrain" train --help 2>&1)"
+[ -x "$dstrain" ] || die "$dstrain is missing: build it (cmake --build $build_dir --target dstrain_cli) or drop DSTRAIN_BENCH_NO_BUILD"
+help="$("$dstrain" train --help 2>&1 || true)"
 grep -q -- '--device' <<<"$help" ||
   die "$dstrain train has no --device option: this checkout's CLI cannot train on the GPU yet (issue 7's dstrain train --device cuda)"
 if [[ " $backends " == *" nccl "* ]] && ! grep -q -- '--comm' <<<"$help"; then

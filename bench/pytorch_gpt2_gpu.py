@@ -34,7 +34,7 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8, help="B: sequences per step (micro-batch, one GPU)")
     p.add_argument("--seq", type=int, default=1024, help="T: tokens per sequence (also the position table)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, allocator, cuBLAS heuristics)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, allocator, cuBLAS heuristics; the first step is never timed)")
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing: recompute every block in backward")
     p.add_argument("--no-compile", action="store_true", help="eager mode (no torch.compile)")
     p.add_argument("--compile-mode", default="default", help="torch.compile mode (default, max-autotune, ...)")
