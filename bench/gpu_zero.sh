@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 7's ZeRO table: stages 0-3 of `dstrain train --device cuda` on one GPU, step time of each
 # stage against stage 0 of the same backend, peak memory per rank and bytes sent per step:
-#   nccl  — one process as rank 0 of a launcher world of 1 (RANK=0 WORLD_SIZE=1 ...), --comm nccl;
+#   nccl  — one process as rank 0 of a launcher world of 1 (RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ...):
+#           with --device cuda, dstrain train joins the launcher's NCCL group;
 #   local — --num-ranks 2: two ranks as threads of one process sharing the GPU, the local
 #           communicator on device memory.
 #
@@ -20,7 +21,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the checkout
 
-usage() { sed -n '8,10p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '9,11p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 say() { printf '[gpu_zero] %s\n' "$*"; }
 die() { printf '[gpu_zero] error: %s\n' "$*" >&2; exit 1; }
 
@@ -60,10 +61,6 @@ dstrain="$build_dir/dstrain"
 help="$("$dstrain" train --help 2>&1 || true)"
 grep -q -- '--device' <<<"$help" ||
   die "$dstrain train has no --device option: this checkout's CLI cannot train on the GPU yet (issue 7's dstrain train --device cuda)"
-if [[ " $backends " == *" nccl "* ]] && ! grep -q -- '--comm' <<<"$help"; then
-  say "warning: $dstrain train has no --comm option, so NCCL at world size 1 cannot be chosen from the CLI: skipping the nccl rows"
-  backends="${backends//nccl/}"
-fi
 
 cache="$build_dir/gpu_bench/zero_$(echo "$model" | tr -c 'A-Za-z0-9\n' '_')_B${batch}_T${T}_s${steps}_w${warmup}"
 [ "$fresh" = 0 ] || rm -rf "$cache"
@@ -96,9 +93,11 @@ for backend in $backends; do
     say "$backend stage $stage"
     rc=0
     if [ "$backend" = nccl ]; then
-      # One process as the whole launcher world: what torchrun --nproc_per_node 1 would export.
+      # One process as the whole launcher world (what torchrun --nproc_per_node 1 exports): with
+      # --device cuda, dstrain train joins the launcher's NCCL group, here of world size 1.
       env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="${MASTER_PORT:-29533}" \
-        timeout "$(point_timeout)" "$dstrain" "${args[@]}" --comm nccl > "$cache/$tag.log" 2>&1 || rc=$?
+        timeout "$(point_timeout)" "$dstrain" "${args[@]}" > "$cache/$tag.log" 2>&1 || rc=$?
+      grep -q 'nccl' "$cache/$tag.log" || say "  warning: the log does not mention nccl: did the run join the launcher's NCCL group?"
     else
       timeout "$(point_timeout)" "$dstrain" "${args[@]}" --num-ranks 2 > "$cache/$tag.log" 2>&1 || rc=$?
     fi
