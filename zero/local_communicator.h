@@ -119,6 +119,11 @@ class LocalCommunicator final : public Communicator {
   // Error after the group's timeout rather than hang. No-op when all were on the host.
   void synchronize() override;
 
+  // Nothing to do: device collectives are queued on the legacy default stream, the stream
+  // dstrain's kernels run on, so compute queued after the call already runs after them (the
+  // ordering argument at LocalCommunicator::collective). Host collectives are complete.
+  void order_compute_after_collectives() override {}
+
  protected:
   void do_all_reduce(const Tensor& buf, ReduceOp op) override;
   void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
