@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """PyTorch CPU peer: one GPT-2 training step (forward + backward + AdamW), fp32, timed.
 
-The same architecture as dstrain's GPT model (and llm.c's): learned token and position embeddings,
-pre-LayerNorm blocks (LN -> causal self-attention -> residual, LN -> MLP 4C with GELU tanh ->
-residual), a final LayerNorm, and an LM head tied to the token embedding. No dropout, no biases
-dropped. With --padded-vocab Vp > V the embedding table has Vp rows (as llm.c pads 50257 to 50304
-for faster GEMMs) and the loss is taken over the first V logits only, so the pad rows never win.
+The same architecture as dstrain's GPT model (and llm.c's), defined in bench/gpt2_torch.py (shared
+with the GPU peer): learned token and position embeddings, pre-LayerNorm blocks, GELU tanh, a tied
+LM head; no dropout. With --padded-vocab Vp > V the embedding table has Vp rows (as llm.c pads 50257
+to 50304 for faster GEMMs) and the loss is taken over the first V logits only. Attention is the
+explicit masked softmax (torch 1.13 has no scaled_dot_product_attention).
 
 Prints one JSON line: tokens_per_s, ms_per_step, the torch version, the threads, and which BLAS the
 process really loaded (Debian's torch is built against the generic libblas.so.3, which resolves to
@@ -17,7 +17,6 @@ Run with Debian's python (bench/setup_peer.sh installs python3-torch):
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -58,73 +57,9 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 try:
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 except ImportError:
     sys.exit(f"{sys.executable} has no torch: run bench/setup_peer.sh, and use /usr/bin/python3 (Debian's python3-torch)")
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, C, NH, T):
-        super().__init__()
-        self.NH = NH
-        self.qkv = nn.Linear(C, 3 * C)
-        self.proj = nn.Linear(C, C)
-        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        # [B, NH, T, HS]
-        q = q.view(B, T, self.NH, C // self.NH).transpose(1, 2)
-        k = k.view(B, T, self.NH, C // self.NH).transpose(1, 2)
-        v = v.view(B, T, self.NH, C // self.NH).transpose(1, 2)
-        # torch 1.13 has no scaled_dot_product_attention: the explicit form, as llm.c's CPU reference.
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.proj(y)
-
-
-class Block(nn.Module):
-    def __init__(self, C, NH, T):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(C)
-        self.attn = CausalSelfAttention(C, NH, T)
-        self.ln2 = nn.LayerNorm(C)
-        self.fc = nn.Linear(C, 4 * C)
-        self.fc_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, L, C, NH, V, Vp, T):
-        super().__init__()
-        self.V = V
-        self.wte = nn.Embedding(Vp, C)
-        self.wpe = nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block(C, NH, T) for _ in range(L))
-        self.ln_f = nn.LayerNorm(C)
-        # GPT-2's initialisation; residual projections scaled by 1/sqrt(2L).
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx, targets):
-        B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head: [B, T, Vp]
-        logits = logits[..., : self.V]  # the pad rows are not part of the softmax
-        return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1))
+from gpt2_torch import GPT  # bench/gpt2_torch.py: the model shared with the GPU peer
 
 
 def loaded_blas():

@@ -9,6 +9,13 @@
 #include "ops/error.h"
 #include "ops/log.h"
 
+#if DSTRAIN_LOCAL_COMM_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/rank_reduce.h"
+#endif
+
 namespace dstrain {
 namespace {
 
@@ -91,6 +98,71 @@ void reduce_dispatch(DType dtype, const std::vector<const void*>& in, const std:
     case DType::uint16: break;
   }
   fail("local communicator: dtype {} cannot be reduced", dtype_name(dtype));
+}
+
+#if DSTRAIN_LOCAL_COMM_CUDA
+// ---- the same work on device memory, enqueued on the device's legacy default stream ----
+
+// Makes `device` this thread's current device while it lives: the legacy default stream (and the
+// context the copies and kernels go to) is the current device's.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    DSTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) DSTRAIN_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+  }
+  ~CurrentDevice() {
+    if (changed_) (void)cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+RankReduceOp rank_reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return RankReduceOp::sum;
+    case ReduceOp::avg: return RankReduceOp::avg;
+    case ReduceOp::max: return RankReduceOp::max;
+  }
+  return RankReduceOp::sum;
+}
+
+// reduce_dispatch's device twin: one kernel, the inputs in rank order, every output written.
+void device_reduce(DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n, ReduceOp op) {
+  DSTRAIN_CHECK(static_cast<int>(in.size()) <= kRankReduceMaxBuffers,
+                "local communicator: {} ranks share one GPU, but a device reduction takes at most {}; use fewer --num-ranks or the "
+                "nccl backend",
+                in.size(), kRankReduceMaxBuffers);
+  cuda_rank_reduce(in.data(), static_cast<int>(in.size()), out.data(), static_cast<int>(out.size()), dtype, static_cast<std::size_t>(n),
+                   rank_reduce_op(op), cudaStreamLegacy);
+}
+
+void device_copy(void* dst, const void* src, std::size_t bytes) {
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy));
+}
+#endif
+
+// The work of a collective on `device`: executed on the host, enqueued on the GPU.
+void reduce_on(const Device& device, DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n,
+               ReduceOp op) {
+#if DSTRAIN_LOCAL_COMM_CUDA
+  if (device.is_cuda()) return device_reduce(dtype, in, out, n, op);
+#endif
+  (void)device;
+  reduce_dispatch(dtype, in, out, n, op);
+}
+
+void copy_on(const Device& device, void* dst, const void* src, std::size_t bytes) {
+#if DSTRAIN_LOCAL_COMM_CUDA
+  if (device.is_cuda()) return device_copy(dst, src, bytes);
+#endif
+  (void)device;
+  std::memcpy(dst, src, bytes);
 }
 
 const char* at(const void* p, std::int64_t elements, DType dtype) {
@@ -187,6 +259,17 @@ std::string LocalGroup::check_calls_locked() const {
           "same collectives in the same order with the same dtype, element count, op and root. Fix: look for a "
           "rank-dependent branch or size before this call",
           describe(c0, world_size_), r, describe(c, world_size_));
+    }
+  }
+  // Device memory on one rank and host memory (or another GPU) on another: no copy could serve
+  // both, and device pointers of two GPUs are two contexts' memory.
+  for (int r = 1; r < world_size_; ++r) {
+    const Call& c = call_of(r);
+    if (c.kind != CollectiveKind::barrier && c.device != c0.device) {
+      return fmt::format(
+          "local communicator: in {}, rank 0's buffers are on {} but rank {}'s on {}. The ranks of a local group communicate "
+          "buffers on one device: all on the CPU, or all on the same GPU. Fix: put every rank's buffers on the same device",
+          describe(c0, world_size_), c0.device.str(), r, c.device.str());
     }
   }
   // Memory one rank writes must not be memory another rank reads or writes: threads share an
@@ -302,23 +385,106 @@ void LocalCommunicator::on_error(const std::string& message) noexcept {
   }
 }
 
-void LocalCommunicator::check_host(const Tensor& t, const char* what) const {
-  DSTRAIN_CHECK(t.device.is_cpu(), "local communicator: {} of {} #{} on rank {} is on {}; the local backend communicates "
-                "host memory. Fix: use the nccl backend for GPU buffers", what, "collective", sequence(), rank(),
-                t.device.str());
+void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
+  if (t.device.is_cpu()) return;
+#if DSTRAIN_LOCAL_COMM_CUDA
+  // Device memory of a GPU this process can use, on the device the tensor names: anything else
+  // (no GPU or driver, a host pointer labelled cuda) would fail later inside a copy or a kernel
+  // with a CUDA error that names neither the collective nor the rank.
+  if (t.device.is_cuda()) {
+    if (t.data == nullptr || t.numel() == 0) return;
+    cudaPointerAttributes attr{};
+    const cudaError_t status = cudaPointerGetAttributes(&attr, t.data);
+    if (status != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it for the next CUDA call
+    const bool on_device = status == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
+                           attr.device == t.device.index;
+    if (on_device) return;
+    fail("local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory, or device "
+         "memory of one GPU that every rank shares, and this is not device memory of {} ({}). Fix: allocate the buffer on {} "
+         "(cudaMalloc, the engine's device allocator), or pass host memory as a cpu tensor",
+         what, sequence(), rank(), t.device.str(), t.device.str(),
+         status != cudaSuccess                ? fmt::format("CUDA: {}", cudaGetErrorString(status))
+         : attr.type == cudaMemoryTypeHost     ? std::string("the pointer is pinned host memory")
+         : attr.type == cudaMemoryTypeUnregistered ? std::string("the pointer is host memory")
+                                               : fmt::format("the pointer is memory of cuda:{}", attr.device),
+         t.device.str());
+  }
+#endif
+  fail("local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory (this build has no "
+       "CUDA backend for device memory). Fix: use host buffers, or build with -DDSTRAIN_CUDA=ON to share one GPU between the ranks",
+       what, sequence(), rank(), t.device.str());
 }
 
+void LocalCommunicator::synchronize() {
+#if DSTRAIN_LOCAL_COMM_CUDA
+  if (pending_device_ < 0) return;
+  CurrentDevice current(pending_device_);
+  // Polls instead of cudaStreamSynchronize so that a GPU that never finishes fails after the
+  // timeout rather than hang (the Communicator contract).
+  const auto deadline = Clock::now() + group_.timeout();
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(cudaStreamLegacy);
+    if (status == cudaSuccess) break;
+    if (status != cudaErrorNotReady) DSTRAIN_CUDA_CHECK(status);
+    if (Clock::now() > deadline) {
+      fail("local communicator: rank {}: the GPU work of its collectives (up to #{}) did not finish within {} ms on cuda:{}. Fix: raise "
+           "DSTRAIN_COMM_TIMEOUT (seconds) if the GPU is only busy, or look for a kernel that never ends",
+           rank(), sequence(), group_.timeout().count(), pending_device_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  pending_device_ = -1;
+#endif
+}
+
+// Host memory: the work is done when `work` returns, and the two rendezvous order it against the
+// ranks' own reads and writes of their buffers directly.
+//
+// Device memory (CUDA build): `work` only enqueues copies and kernels, on the legacy default
+// stream of the one device every rank's buffers are on (check_calls_locked checks it); ranks are
+// threads of one process, so each rank's device pointers are valid in that device's one (primary)
+// context, for every thread. One in-order stream that every rank shares orders all GPU work by
+// the host order of the enqueues, and the rendezvous put the enqueues in the order the data needs:
+//   1. Producers before the collective. Rank q enqueued the kernels that wrote its buffers before
+//      it called the collective (program order in q's thread). The arrive rendezvous lets rank r
+//      through only after every rank posted its call (a mutex hand-off: q's enqueues happen before
+//      r's), so r's copies/kernel that read q's buffer are queued behind q's producers.
+//   2. Consumers after the collective. The depart rendezvous lets a rank return only after every
+//      rank finished `work`, i.e. enqueued all of its part of the collective. A returning rank's
+//      next kernels are therefore queued behind the whole collective: those that read its result
+//      (written by its own part, or, for all-reduce chunks, by the other ranks' parts) and those
+//      that overwrite its buffers while another rank's part still reads them (the write-after-read
+//      hazard: without depart, rank q could return and queue a kernel overwriting its send buffer
+//      before rank r had queued the copy that reads it, and the copy would read the new data).
+//   3. The next collective's work is queued after its arrive, hence behind all of this one's.
+// Kernels on other streams: a blocking stream (created without cudaStreamNonBlocking, or the
+// per-thread default stream) synchronises with the legacy stream implicitly; work on a
+// non-blocking stream must be synchronised by the caller before the collective and before
+// reading its result. The call returns with the work enqueued, not done (as NCCL's do): the host
+// reads a result after synchronize() or any synchronising call (a cudaMemcpy to the host).
 void LocalCommunicator::collective(LocalGroup::Call call, const std::function<void()>& work) {
   call.sequence = sequence();
   const auto deadline = Clock::now() + group_.timeout();
   group_.wait_all(rank(), call, LocalGroup::Phase::arrive, deadline);
-  if (work) work();
+  if (work) {
+#if DSTRAIN_LOCAL_COMM_CUDA
+    if (call.device.is_cuda()) {
+      CurrentDevice current(call.device.index);
+      work();
+      pending_device_ = call.device.index;
+    } else {
+      work();
+    }
+#else
+    work();
+#endif
+  }
   group_.wait_all(rank(), call, LocalGroup::Phase::depart, deadline + group_.timeout());
 }
 
 void LocalCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
-  check_host(buf, "the buffer");
-  LocalGroup::Call call{CollectiveKind::all_reduce, buf.dtype, buf.numel(), op, 0, 0, buf.data, buf.data};
+  check_device(buf, "the buffer");
+  LocalGroup::Call call{CollectiveKind::all_reduce, buf.dtype, buf.numel(), op, 0, 0, buf.data, buf.data, buf.device};
   collective(call, [&] {
     // This rank owns elements [n·r/W, n·(r+1)/W) of every rank's buffer: no two ranks touch the
     // same element, and uneven splits (W = 3) need no padding.
@@ -334,42 +500,42 @@ void LocalCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
       in.push_back(at(p, begin, buf.dtype));
       out.push_back(at(p, begin, buf.dtype));
     }
-    reduce_dispatch(buf.dtype, in, out, end - begin, op);
+    reduce_on(buf.device, buf.dtype, in, out, end - begin, op);
   });
 }
 
 void LocalCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  LocalGroup::Call call{CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op, 0, 0, send.data, recv.data};
+  check_device(send, "send");
+  check_device(recv, "recv");
+  LocalGroup::Call call{CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op, 0, 0, send.data, recv.data, send.device};
   collective(call, [&] {
     const std::int64_t n = recv.numel();
     if (n == 0) return;
     std::vector<const void*> in;
     for (int r = 0; r < world_size(); ++r) in.push_back(at(group_.call_of(r).send, n * rank(), send.dtype));
-    reduce_dispatch(send.dtype, in, {recv.data}, n, op);
+    reduce_on(send.device, send.dtype, in, {recv.data}, n, op);
   });
 }
 
 void LocalCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  LocalGroup::Call call{CollectiveKind::all_gather, send.dtype, send.numel(), ReduceOp::sum, 0, 0, send.data, recv.data};
+  check_device(send, "send");
+  check_device(recv, "recv");
+  LocalGroup::Call call{CollectiveKind::all_gather, send.dtype, send.numel(), ReduceOp::sum, 0, 0, send.data, recv.data, send.device};
   collective(call, [&] {
     const std::int64_t n = send.numel();
     for (int r = 0; r < world_size(); ++r) {
       char* dst = at(recv.data, n * r, recv.dtype);
       const void* src = group_.call_of(r).send;
-      if (dst != src && n > 0) std::memcpy(dst, src, send.nbytes());  // in place: own shard already there
+      if (dst != src && n > 0) copy_on(send.device, dst, src, send.nbytes());  // in place: own shard already there
     }
   });
 }
 
 void LocalCommunicator::do_broadcast(const Tensor& buf, int root) {
-  check_host(buf, "the buffer");
-  LocalGroup::Call call{CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root, 0, buf.data, buf.data};
+  check_device(buf, "the buffer");
+  LocalGroup::Call call{CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root, 0, buf.data, buf.data, buf.device};
   collective(call, [&] {
-    if (rank() != root && buf.nbytes() > 0) std::memcpy(buf.data, group_.call_of(root).send, buf.nbytes());
+    if (rank() != root && buf.nbytes() > 0) copy_on(buf.device, buf.data, group_.call_of(root).send, buf.nbytes());
   });
 }
 

@@ -1,14 +1,24 @@
-// The local backend: W ranks as W threads of one process, communicating host memory.
+// The local backend: W ranks as W threads of one process, communicating host memory, or device
+// memory of one GPU that all of them share (CUDA build).
 //
 // This is how CI trains with several ranks without GPUs or a network, and how ZeRO can be tried on
-// one machine. Each collective is a shared-memory rendezvous:
-//   1. arrive: every rank posts its call (kind, dtype, sizes, op, root) and buffer pointers, and
-//      waits until all W have posted; the last to arrive checks that the calls match;
+// one machine (on the CPU, or with every rank on the same GPU). Each collective is a shared-memory
+// rendezvous:
+//   1. arrive: every rank posts its call (kind, dtype, sizes, op, root, device) and buffer pointers,
+//      and waits until all W have posted; the last to arrive checks that the calls match;
 //   2. work: each rank reduces (or copies) the part of the result it owns, reading the other ranks'
 //      buffers directly: all-reduce chunk r of N (chunks split N·r/W, any N), reduce-scatter
 //      shard r, all-gather/broadcast into its own buffer. Reductions run over ranks 0, 1, ..., W−1
 //      in that order, so the result is bit-identical on every rank and in every run;
 //   3. depart: every rank waits until all have finished, so no buffer is reused while read.
+//
+// Device memory (all ranks' buffers on one cuda device; CUDA build only): the same three phases,
+// but the work is enqueued rather than executed — device-to-device cudaMemcpyAsync for copies and
+// cuda_rank_reduce kernels (ops/cuda/rank_reduce.h, the host reduction's semantics bit for bit)
+// for reductions — on the device's legacy default stream, the stream dstrain's kernels run on.
+// The call returns once the work is enqueued (as NCCL's do); synchronize() waits for it. Why the
+// rendezvous make this ordering correct is explained at LocalCommunicator::collective
+// (local_communicator.cpp).
 //
 // Failure is loud, never a hang or silent corruption:
 //   - a rank that does not reach a collective within the timeout (default_comm_timeout(): 60 s or
@@ -62,6 +72,7 @@ class LocalGroup {
     std::uint64_t sequence = 0;
     const void* send = nullptr;  // all_reduce/broadcast: the buffer itself
     void* recv = nullptr;
+    Device device = Device::cpu();  // where the buffers are (every rank's must be on the same one)
   };
 
  private:
@@ -103,6 +114,16 @@ class LocalCommunicator final : public Communicator {
   std::string_view backend() const override { return "local"; }
   LocalGroup& group() const { return group_; }
 
+  // Device collectives (see the top of this file) are asynchronous: waits until every one this
+  // rank issued has finished on the GPU (the device's legacy default stream drained), failing with
+  // Error after the group's timeout rather than hang. No-op when all were on the host.
+  void synchronize() override;
+
+  // Nothing to do: device collectives are queued on the legacy default stream, the stream
+  // dstrain's kernels run on, so compute queued after the call already runs after them (the
+  // ordering argument at LocalCommunicator::collective). Host collectives are complete.
+  void order_compute_after_collectives() override {}
+
  protected:
   void do_all_reduce(const Tensor& buf, ReduceOp op) override;
   void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
@@ -114,9 +135,11 @@ class LocalCommunicator final : public Communicator {
  private:
   // arrive, work (if any), depart; `work` runs between the two rendezvous.
   void collective(LocalGroup::Call call, const std::function<void()>& work);
-  void check_host(const Tensor& t, const char* what) const;
+  // Host memory, or (CUDA build) device memory; an Error naming the fix otherwise.
+  void check_device(const Tensor& t, const char* what) const;
 
   LocalGroup& group_;
+  int pending_device_ = -1;  // the cuda device with collectives not yet synchronize()d; -1: none
 };
 
 // Runs fn(communicator) on `world_size` threads, rank r on thread r, each with its own
