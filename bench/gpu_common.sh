@@ -15,6 +15,10 @@ ensure_cuda_build() {
     say "DSTRAIN_BENCH_NO_BUILD=1: using $build_dir as it is"
     return 0
   fi
+  # The carried libraries of a machine without Debian's -dev packages (scripts/gpu_deps.sh).
+  bash "$repo/scripts/gpu_deps.sh" ensure
+  # shellcheck source=/dev/null
+  if [ -f "$repo/.gpu_deps/env.sh" ]; then . "$repo/.gpu_deps/env.sh"; fi
   local cache="$build_dir/CMakeCache.txt" home jobs
   if [ -f "$cache" ]; then
     home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache")
