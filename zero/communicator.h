@@ -1,9 +1,9 @@
 // Communicator: the collectives ZeRO needs (all-reduce, reduce-scatter, all-gather, broadcast,
 // barrier) over one group of `world_size` ranks, on flat buffers communicated in place.
 //
-// Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, host
-// memory: how CI tests multi-rank training) and NcclCommunicator (zero/nccl_communicator.h, CUDA
-// build; one process per GPU).
+// Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
+// memory — how CI tests multi-rank training — or on one GPU they share) and NcclCommunicator
+// (zero/nccl_communicator.h, CUDA build; one process per GPU).
 //
 // Contract, identical for every backend (NCCL's):
 //   - Every rank issues the same collectives in the same order, with the same dtype, element count,
@@ -15,8 +15,10 @@
 //     round at each hop, so NCCL results can differ in the last bit, never the local ones). fp32
 //     accumulates in fp32; int32 sums wrap around as NCCL's do.
 //   - avg = sum / world_size, computed in the accumulation type (NCCL: ncclAvg).
-//   - Completion: the local backend has finished when the call returns. NCCL enqueues on its own
-//     stream; synchronize() waits for the host, stream helpers order it with compute.
+//   - Completion: on host memory the local backend has finished when the call returns; on a GPU it
+//     has queued its work on the device's legacy default stream, before any work its ranks queue
+//     afterwards. NCCL enqueues on its own stream; order_compute_after_collectives() orders later
+//     compute after it, synchronize() waits on the host.
 //   - Errors are dstrain::Error, never exit/abort. After a failure the group is unusable.
 #pragma once
 
