@@ -245,10 +245,9 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
 //   out (BT, OC)  = inp (BT, C) · weightᵀ  ->  outᶜ (OC x BT) = W(C x OC)ᵀ · inpᶜ (C x BT)
 //   dinp (BT, C) += dout · weight          ->  dinpᶜ (C x BT) += Wᶜ (C x OC) · doutᶜ (OC x BT)
 //   dW (OC, C)   += doutᵀ · inp            ->  dWᶜ (C x OC) += inpᶜ (C x BT) · doutᶜ (OC x BT)ᵀ
-void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor /*scratch*/) {
-  use_device_of(inp);
-  const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
-  if (BT == 0 || OC == 0) return;  // C == 0 counts as BT == 0, as on the CPU
+namespace {
+// The column-major GEMMs of the comment above, for out (BT, OC), inp (BT, C), weight (OC, C).
+GemmArgs forward_gemm(const Tensor& out, const Tensor& inp, const Tensor& weight, std::int64_t BT, std::int64_t C, std::int64_t OC) {
   GemmArgs g;
   g.dtype = inp.dtype;
   g.transa = true;
@@ -256,6 +255,26 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor /
   g.A = weight.data, g.lda = C;
   g.B = inp.data, g.ldb = C;
   g.D = out.data, g.ldd = OC;
+  return g;
+}
+// dinp (BT, C) [+]= dout (BT, OC) · weight (OC, C); beta 1 accumulates.
+GemmArgs dinp_gemm(const Tensor& dinp, const Tensor& dout, const Tensor& weight, std::int64_t BT, std::int64_t C, std::int64_t OC) {
+  GemmArgs g;
+  g.dtype = dout.dtype;
+  g.m = C, g.n = BT, g.k = OC;
+  g.A = weight.data, g.lda = C;
+  g.B = dout.data, g.ldb = OC;
+  g.D = dinp.data, g.ldd = C;
+  g.beta = 1.0f;
+  return g;
+}
+}  // namespace
+
+void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor /*scratch*/) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
+  if (BT == 0 || OC == 0) return;  // C == 0 counts as BT == 0, as on the CPU
+  GemmArgs g = forward_gemm(out, inp, weight, BT, C, OC);
   // The bias epilogue needs a 16-byte aligned bias (a slice of a flat parameter buffer may not be):
   // otherwise a separate add (for 16-bit storage that rounds twice: within the matmul tolerance).
   const bool epilogue = bias.data != nullptr && reinterpret_cast<std::uintptr_t>(bias.data) % 16 == 0;
@@ -273,16 +292,7 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
     const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(BT, OC), "matmul_backward");
     DSTRAIN_CUDA_CHECK(cuda_detail::launch_matmul_dbias(dbias.data, dout.data, dout.dtype, BT, OC, static_cast<double*>(partials.ptr), kStream));
   }
-  if (!dinp.empty()) {
-    GemmArgs g;
-    g.dtype = inp.dtype;
-    g.m = C, g.n = BT, g.k = OC;
-    g.A = weight.data, g.lda = C;
-    g.B = dout.data, g.ldb = OC;
-    g.D = dinp.data, g.ldd = C;
-    g.beta = 1.0f;
-    ctx.gemm(g, kStream);
-  }
+  if (!dinp.empty()) ctx.gemm(dinp_gemm(dinp, dout, weight, BT, C, OC), kStream);
   if (!dweight.empty()) {
     GemmArgs g;
     g.dtype = inp.dtype;
@@ -312,13 +322,7 @@ void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tens
   const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
   if (BT == 0 || OC == 0) return;
   if (C > 0 && gelu_epilogue_fits(OC, {out.data, pre.data, bias.data, inp.data, weight.data})) {
-    GemmArgs g;
-    g.dtype = inp.dtype;
-    g.transa = true;
-    g.m = OC, g.n = BT, g.k = C;
-    g.A = weight.data, g.lda = C;
-    g.B = inp.data, g.ldb = C;
-    g.D = out.data, g.ldd = OC;
+    GemmArgs g = forward_gemm(out, inp, weight, BT, C, OC);
     g.bias = bias.data;
     g.act = GemmArgs::Act::gelu_aux;
     g.aux = pre.data, g.ldaux = OC;
@@ -335,12 +339,8 @@ void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dy, 
   if (BT == 0 || C == 0) return;
   if (OC > 0 && gelu_epilogue_fits(C, {dpre.data, pre.data, dy.data, weight.data})) {
     // dpre = gelu'(pre) ⊙ (dy · weight): the dinp GEMM of matmul_backward with beta 0 and DGELU.
-    GemmArgs g;
-    g.dtype = out.dtype;
-    g.m = C, g.n = BT, g.k = OC;
-    g.A = weight.data, g.lda = C;
-    g.B = dy.data, g.ldb = OC;
-    g.D = dpre.data, g.ldd = C;
+    GemmArgs g = dinp_gemm(dpre, dy, weight, BT, C, OC);
+    g.beta = 0.0f;  // dpre is written
     g.act = GemmArgs::Act::dgelu;
     g.aux = pre.data, g.ldaux = C;
     if (CublasLtContext::get(out.device.index).try_gemm(g, kStream)) {

@@ -17,49 +17,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ops/cuda/exact_storage.cuh"
 #include "ops/cuda/rank_reduce.h"
 #include "ops/dtype.h"
 
 namespace dstrain {
 namespace {
 
-// Storage types: load into the accumulation type, store with one rounding.
-struct F32 {
-  using storage = float;
-  using acc = float;
-  __device__ static float load(float x) { return x; }
-  __device__ static float store(float f) { return f; }
-};
-
-struct F16 {
-  using storage = std::uint16_t;
-  using acc = float;
-  __device__ static float load(std::uint16_t h) {
-    if ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0) {  // NaN: exact widening, payload kept
-      return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
-                             (static_cast<std::uint32_t>(h & 0x03ffu) << 13));
-    }
-    return __half2float(__ushort_as_half(h));
-  }
-  __device__ static std::uint16_t store(float f) {
-    const std::uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: sign, quiet bit, top payload bits
-      return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x03ffu));
-    }
-    return __half_as_ushort(__float2half_rn(f));
-  }
-};
-
-struct BF16 {
-  using storage = std::uint16_t;
-  using acc = float;
-  __device__ static float load(std::uint16_t b) { return __uint_as_float(static_cast<std::uint32_t>(b) << 16); }
-  __device__ static std::uint16_t store(float f) {
-    const std::uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-};
+// Storage types: load into the accumulation type, store with one rounding (exact_storage.cuh).
+using cuda_exact::BF16;
+using cuda_exact::F16;
+using cuda_exact::F32;
 
 struct I32 {
   using storage = std::int32_t;

@@ -25,6 +25,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "device_buf.h"
 #include "gpu_test.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/error.h"
@@ -32,31 +33,12 @@
 #include "zero/local_communicator.h"
 
 using namespace dstrain;
+using dstrain::testing_comm::DeviceBuf;
 using dstrain::testing_comm::HostBuf;
 using ::testing::HasSubstr;
 
 namespace {
 
-// A device buffer owned by one rank's thread (allocated and freed there).
-struct DeviceBuf {
-  void* ptr = nullptr;
-  DType dtype = DType::fp32;
-  std::int64_t n = 0;
-  DeviceBuf(DType d, std::int64_t count) : dtype(d), n(count) { DSTRAIN_CUDA_CHECK(cudaMalloc(&ptr, bytes() == 0 ? 4 : bytes())); }
-  explicit DeviceBuf(const HostBuf& h) : DeviceBuf(h.dtype, h.n) {
-    if (bytes() > 0) DSTRAIN_CUDA_CHECK(cudaMemcpy(ptr, h.mem.data(), bytes(), cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuf() { (void)cudaFree(ptr); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  std::size_t bytes() const { return static_cast<std::size_t>(n) * dtype_size(dtype); }
-  Tensor tensor() const { return Tensor(ptr, dtype, Shape{n}, Device::cuda(0)); }
-  HostBuf to_host() const {
-    HostBuf h(dtype, n);
-    if (bytes() > 0) DSTRAIN_CUDA_CHECK(cudaMemcpy(h.mem.data(), ptr, bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // Rank r's inputs: reproducible, random sign and magnitude over many binades (the sums round),
 // with ~2% special values. int32: the full range (sums wrap).

@@ -17,6 +17,7 @@
 
 #include "gpu_test.h"
 #include "ops/cuda/cuda_check.h"
+#include "device_buf.h"
 #include "ops/error.h"
 #include "tests/unit/zero/comm_test_util.h"
 #include "zero/nccl_communicator.h"
@@ -25,32 +26,13 @@ extern char** environ;
 
 using namespace dstrain;
 using dstrain::testing_comm::expected_bits;
+using dstrain::testing_comm::DeviceBuf;
 using dstrain::testing_comm::HostBuf;
 using dstrain::testing_comm::input_value;
 using ::testing::HasSubstr;
 
 namespace {
 
-// A device copy of a HostBuf, freed on scope exit.
-struct DeviceBuf {
-  void* ptr = nullptr;
-  DType dtype;
-  std::int64_t n;
-  explicit DeviceBuf(const HostBuf& h) : dtype(h.dtype), n(h.n) {
-    DSTRAIN_CUDA_CHECK(cudaMalloc(&ptr, bytes() == 0 ? 4 : bytes()));
-    if (bytes() > 0) DSTRAIN_CUDA_CHECK(cudaMemcpy(ptr, h.mem.data(), bytes(), cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuf() { (void)cudaFree(ptr); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  std::size_t bytes() const { return static_cast<std::size_t>(n) * dtype_size(dtype); }
-  Tensor tensor() const { return Tensor(ptr, dtype, Shape{n}, Device::cuda(0)); }
-  HostBuf to_host() const {
-    HostBuf h(dtype, n);
-    if (bytes() > 0) DSTRAIN_CUDA_CHECK(cudaMemcpy(h.mem.data(), ptr, bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 HostBuf inputs(int rank, DType dt, std::int64_t n) {
   HostBuf h(dt, n);
