@@ -166,6 +166,27 @@ __device__ __forceinline__ void load_rows(u16* sm, const u16* g, std::int64_t ld
   }
 }
 
+// The K/V pipeline of a loop over key blocks kb = 0 .. nkb-1, double buffered in shared memory
+// (block kb in buffer kb & 1; block 0 was requested before the loop): request block kb + 1 into
+// the other buffer, then wait for block kb (one cp.async group per block) and for every thread.
+template <int HS>
+__device__ __forceinline__ void next_kv_block(u16* sK, u16* sV, const u16* kbase, const u16* vbase, std::int64_t C3, std::int64_t T, int kb,
+                                              int nkb) {
+  constexpr int LD = TileGeom<HS>::LD;
+  if (kb + 1 < nkb) {
+    const std::int64_t k1 = static_cast<std::int64_t>(kb + 1) * kTile;
+    const int nv = static_cast<int>(T - k1 < kTile ? T - k1 : kTile);
+    const int next = (kb + 1) & 1;
+    load_rows<HS, kTile>(sK + next * kTile * LD, kbase + k1 * C3, C3, nv);
+    load_rows<HS, kTile>(sV + next * kTile * LD, vbase + k1 * C3, C3, nv);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // Address (per lane) of the A fragment (16 x 16, row-major in shared) at rows r0.., cols k0..
 // for ldmatrix.x4: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
 template <int LD>
@@ -257,17 +278,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int buf = kb & 1;
-    if (kb + 1 < nkb) {
-      const std::int64_t k1 = static_cast<std::int64_t>(kb + 1) * kTile;
-      const int nv = static_cast<int>(T - k1 < kTile ? T - k1 : kTile);
-      load_rows<HS, kTile>(sK + (buf ^ 1) * kTile * LD, kbase + k1 * C3, C3, nv);
-      load_rows<HS, kTile>(sV + (buf ^ 1) * kTile * LD, vbase + k1 * C3, C3, nv);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv_block<HS>(sK, sV, kbase, vbase, C3, T, kb, nkb);
     if (kb == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -630,17 +641,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int buf = kb & 1;
-    if (kb + 1 < nkb) {
-      const std::int64_t k1 = static_cast<std::int64_t>(kb + 1) * kTile;
-      const int nv = static_cast<int>(T - k1 < kTile ? T - k1 : kTile);
-      load_rows<HS, kTile>(sK + (buf ^ 1) * kTile * LD, kbase + k1 * C3, C3, nv);
-      load_rows<HS, kTile>(sV + (buf ^ 1) * kTile * LD, vbase + k1 * C3, C3, nv);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv_block<HS>(sK, sV, kbase, vbase, C3, T, kb, nkb);
     const u16* ks_ = sK + buf * kTile * LD;
     const u16* vs_ = sV + buf * kTile * LD;
 
