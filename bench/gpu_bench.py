@@ -2,10 +2,10 @@
 """Helpers of bench/gpu_gpt2.sh and bench/gpu_zero.sh (standard library only; no torch needed): the
 tables from the files their runs left, the per-run ds_config, and a random token file.
 
-dstrain's figures come from two files per run: the `dstrain train` log, whose progress lines (one per
-step: the config sets steps_per_print 1) give each step's tokens/s, and the --summary-json (peak
-memory, parameters, the ZeRO report). Steps after the warm-up are timed: step time = tokens per step
-/ the step's tokens/s; tokens/s = tokens / the sum of those step times. The summary's own
+dstrain's figures come from its --summary-json: step_seconds (each optimizer step's time, taken after
+a device synchronise), peak memory, parameters, the ZeRO report. Steps after the warm-up are timed;
+tokens/s = tokens / the sum of their times. (Older builds without step_seconds: the `dstrain train`
+log's progress lines, one per step with steps_per_print 1, give each step's tokens/s instead.) The summary's own
 tokens_per_s covers every step including the warm-up (first-step allocations, cuBLASLt heuristics)
 and is kept as tokens_per_s_all_steps.
 
@@ -83,11 +83,13 @@ def dstrain_point(log_path, summary_path, warmup, layers=12, channels=768):
         return {"error": "out of memory" if oom else "failed (see log)", "detail": tail[:300]}
     T = summary["sequence_length"]
     tokens_per_step = summary["train_batch_size"] * T
-    per_step = step_tokens_per_s(log_path)
-    timed = [per_step[s] for s in sorted(per_step) if s > warmup and per_step[s] > 0]
-    r = {"tokens_per_s_all_steps": summary.get("tokens_per_s"), "steps": summary.get("steps"), "timed_steps": len(timed)}
-    if timed:
-        times = [tokens_per_step / t for t in timed]
+    if summary.get("step_seconds"):
+        times = [t for t in summary["step_seconds"][warmup:] if t > 0]
+    else:
+        per_step = step_tokens_per_s(log_path)
+        times = [tokens_per_step / per_step[s] for s in sorted(per_step) if s > warmup and per_step[s] > 0]
+    r = {"tokens_per_s_all_steps": summary.get("tokens_per_s"), "steps": summary.get("steps"), "timed_steps": len(times)}
+    if times:
         r["tokens_per_s"] = tokens_per_step * len(times) / sum(times)
         r["ms_per_step"] = 1000.0 * sum(times) / len(times)
         r["ms_per_step_median"] = 1000.0 * statistics.median(times)

@@ -1,5 +1,7 @@
 #include "engine/train_summary.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "engine/progress.h"
@@ -16,6 +18,14 @@ std::optional<double> TrainSummary::final_val_loss() const {
   return val_losses.back().second;
 }
 
+double TrainSummary::steady_tokens_per_s() const {
+  std::vector<double> t(step_seconds.size() > 1 ? step_seconds.begin() + 1 : step_seconds.begin(), step_seconds.end());
+  if (t.empty()) return 0.0;
+  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+  const double median = t[t.size() / 2];
+  return median > 0.0 ? static_cast<double>(train_batch_size * sequence_length) / median : 0.0;
+}
+
 nlohmann::json to_json(const TrainSummary& s) {
   nlohmann::json j;
   j["model"] = s.model;
@@ -29,7 +39,9 @@ nlohmann::json to_json(const TrainSummary& s) {
   j["final_train_loss"] = opt(s.final_train_loss());
   j["final_val_loss"] = opt(s.final_val_loss());
   j["tokens_per_s"] = s.tokens_per_s();
+  j["steady_tokens_per_s"] = s.steady_tokens_per_s();
   j["train_seconds"] = s.train_seconds;
+  j["step_seconds"] = s.step_seconds;
   j["elapsed_seconds"] = s.elapsed_seconds;
   j["train_losses"] = s.train_losses;
   j["lrs"] = s.lrs;

@@ -25,6 +25,7 @@ struct TrainSummary {
   std::vector<double> lrs;                // per step: the learning rate it used
   std::vector<std::pair<std::int64_t, double>> val_losses;  // (after step, loss)
   double train_seconds = 0.0;             // the steps only (evaluation excluded)
+  std::vector<double> step_seconds;       // per optimizer step (on a GPU: after a device synchronise)
   double elapsed_seconds = 0.0;           // everything from the first step to the end
   std::int64_t skipped_steps = 0;         // optimizer steps skipped for an inf/NaN gradient
   std::optional<double> loss_scale;       // fp16: the loss scale at the end
@@ -33,9 +34,13 @@ struct TrainSummary {
   std::optional<double> final_train_loss() const;
   std::optional<double> final_val_loss() const;
   double tokens_per_s() const { return train_seconds > 0.0 ? static_cast<double>(tokens) / train_seconds : 0.0; }
+  // Tokens per second of a typical step: train_batch_size · T over the median step time, the
+  // first step left out when there are more (it pays for cuBLASLt's heuristics, the allocator's
+  // first allocations, page faults). What a benchmark reports; tokens_per_s() is the whole run's.
+  double steady_tokens_per_s() const;
 };
 
-// {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ...,
+// {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ..., "steady_tokens_per_s": ..., "step_seconds": [...],
 //  "train_losses": [...], "lrs": [...], "val_losses": [[step, loss], ...], "peak_memory_bytes": {"params": ...,
 //  ..., "total": ...}, ...}; a missing loss is null.
 nlohmann::json to_json(const TrainSummary& s);

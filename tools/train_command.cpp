@@ -416,6 +416,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Device devic
     }
     engine.synchronize();  // a GPU may still run the step's last kernels: time them
     const double dt = seconds_since(t0);
+    summary.step_seconds.push_back(dt);
     train_s += dt;
     interval_train_s += dt;
     ++interval_steps;

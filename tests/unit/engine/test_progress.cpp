@@ -47,5 +47,20 @@ TEST(TrainSummary, JsonFields) {
   EXPECT_EQ(to_json(s)["val_losses"], nlohmann::json::parse("[[2, 9.25]]"));
 }
 
+// The steady rate leaves the first (warm-up) step out and takes the median of the rest:
+// 4 sequences of 256 tokens, steps of 5 s (the first), 0.5, 0.4, 0.6, 0.5 s -> 1024 / 0.5 s.
+TEST(TrainSummary, SteadyTokensPerSecondIgnoresTheFirstStepAndOutliers) {
+  TrainSummary s;
+  s.train_batch_size = 4;
+  s.sequence_length = 256;
+  s.step_seconds = {5.0, 0.5, 0.4, 0.6, 0.5};
+  EXPECT_DOUBLE_EQ(s.steady_tokens_per_s(), 2048.0);
+  EXPECT_EQ(to_json(s)["step_seconds"].size(), 5u);
+  s.step_seconds = {2.0};  // one step: it is all there is
+  EXPECT_DOUBLE_EQ(s.steady_tokens_per_s(), 512.0);
+  s.step_seconds.clear();
+  EXPECT_EQ(s.steady_tokens_per_s(), 0.0);
+}
+
 }  // namespace
 }  // namespace dstrain
