@@ -344,6 +344,10 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(i), global_micro_batch(), 0};
   a.train = train;
   a.loss = loss;
+  // Training: the loss layer computes its gradient in the same pass (the scale backward would use
+  // is already known: it changes only at the optimizer step).
+  a.fuse_loss_grad = train && !recompute && model_.layers[i]->fuses_loss_grad();
+  a.dloss = micro_batch_dloss();
   model_.layers[i]->forward(a);
   im.states->release(i);
 }
@@ -371,10 +375,7 @@ void Engine::backward() {
   const auto step = static_cast<std::uint32_t>(global_steps_);
   const std::uint32_t micro = global_micro_batch();
   const bool boundary = is_gradient_accumulation_boundary();
-  // fp16: the loss is multiplied by the loss scale (reference §6.1) so small gradients survive in
-  // fp16; fp32 / bf16 keep exactly 1/GAS.
-  const float dloss = im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
-                                                                   : static_cast<float>(im.scaler.scale() / static_cast<double>(gas_));
+  const float dloss = micro_batch_dloss();
   for (std::size_t k = 0; k <= last; ++k) {
     const std::size_t i = last - k;
     if (im.ckpt) {
@@ -405,6 +406,7 @@ void Engine::backward() {
     a.rng = RngKey{im.options.seed, step, static_cast<std::uint32_t>(i), micro, 0};
     a.train = true;
     a.dloss = dloss;
+    a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
     model_.layers[i]->backward(a);
     // Layer i's own gradients are complete (tied users come later in the model, so earlier in
     // backward): reduce them now, overlapped with the layers below when overlap_comm.
@@ -414,6 +416,14 @@ void Engine::backward() {
   }
   im.states->end_backward(boundary);
   step_loss_sum_ += static_cast<double>(last_loss_);
+}
+
+// d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
+// (reference §6.1) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
+float Engine::micro_batch_dloss() const {
+  const Impl& im = *impl_;
+  return im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
+                                                      : static_cast<float>(im.scaler.scale() / static_cast<double>(gas_));
 }
 
 // The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank

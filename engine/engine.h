@@ -241,6 +241,7 @@ class Engine {
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
+  float micro_batch_dloss() const;
 
   Model model_;
   std::unique_ptr<Impl> impl_;

@@ -132,4 +132,16 @@ void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, T
   });
 }
 
+float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V) {
+  const char* op = "softmax_cross_entropy_forward_backward";
+  const bool gpu = cpu::on_cuda(op, {{"losses", losses}, {"lse", lse}, {"logits", logits}, {"targets", targets}});
+  const CeShape s = check_ce(op, "logits", logits, targets, lse, V, !gpu);
+  require_shape(op, {"losses", losses}, s.lead, "(the leading dimensions of logits)");
+  require_dtype(op, {"losses", losses}, DType::fp32);
+  DSTRAIN_RETURN_ON_CUDA(gpu, softmax_cross_entropy_forward_backward(losses, lse, logits, targets, dloss, V));
+  const float mean = softmax_cross_entropy_forward(losses, lse, logits, targets, V);
+  softmax_cross_entropy_backward(logits, logits, lse, targets, dloss, V);
+  return mean;
+}
+
 }  // namespace dstrain

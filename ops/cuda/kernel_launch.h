@@ -70,6 +70,9 @@ cudaError_t launch_softmax_ce_forward(float* losses, float* lse, const void* log
                                       std::int64_t V, std::int64_t Vp, cudaStream_t s);
 cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t,
                                        std::int64_t BT, std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
+// Forward and backward in one kernel: losses, lse, and the logits overwritten with dlogits.
+cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
+                                    std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
 
 // attention.cu. p: attention dropout probability (0: none). Dsum: B*NH*T fp32 (the tail of the
 // caller's attention_backward scratch).

@@ -171,17 +171,12 @@ void dropout_backward(Tensor dinp, Tensor dout, const DropoutParams& params) {
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_dropout(dinp.data, dout.data, dout.dtype, dout.numel(), params.p, params.rng, true, kStream));
 }
 
-float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, std::int64_t V) {
-  const char* op = "softmax_cross_entropy_forward";
-  use_device_of(logits);
-  const std::int64_t Vp = logits.shape[logits.shape.rank - 1], BT = lse.numel();
-  const std::vector<std::int32_t> tg = to_host_i32(targets, BT);
-  check_targets(op, tg, V);
-  DSTRAIN_CUDA_CHECK(cuda_detail::launch_softmax_ce_forward(static_cast<float*>(losses.data), static_cast<float*>(lse.data), logits.data,
-                                                            static_cast<const std::int32_t*>(targets.data), logits.dtype, BT, V, Vp, kStream));
-  // The mean as the CPU computes it: double, in position order, over the non-ignored positions.
-  std::vector<float> loss(static_cast<std::size_t>(BT));
-  if (BT > 0) DSTRAIN_CUDA_CHECK(cudaMemcpy(loss.data(), losses.data, loss.size() * sizeof(float), cudaMemcpyDeviceToHost));
+namespace {
+// The loss mean as the CPU computes it: double, in position order, over the non-ignored positions
+// (the losses copied back: this is where a step's host synchronisation for the loss happens).
+float mean_loss(const Tensor& losses, const std::vector<std::int32_t>& tg) {
+  std::vector<float> loss(tg.size());
+  if (!loss.empty()) DSTRAIN_CUDA_CHECK(cudaMemcpy(loss.data(), losses.data, loss.size() * sizeof(float), cudaMemcpyDeviceToHost));
   double total = 0.0;
   std::int64_t count = 0;
   for (std::size_t i = 0; i < loss.size(); ++i) {
@@ -191,6 +186,29 @@ float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Te
     }
   }
   return count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+}
+}  // namespace
+
+float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, std::int64_t V) {
+  const char* op = "softmax_cross_entropy_forward";
+  use_device_of(logits);
+  const std::int64_t Vp = logits.shape[logits.shape.rank - 1], BT = lse.numel();
+  const std::vector<std::int32_t> tg = to_host_i32(targets, BT);
+  check_targets(op, tg, V);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_softmax_ce_forward(static_cast<float*>(losses.data), static_cast<float*>(lse.data), logits.data,
+                                                            static_cast<const std::int32_t*>(targets.data), logits.dtype, BT, V, Vp, kStream));
+  return mean_loss(losses, tg);
+}
+
+float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V) {
+  const char* op = "softmax_cross_entropy_forward_backward";
+  use_device_of(logits);
+  const std::int64_t Vp = logits.shape[logits.shape.rank - 1], BT = lse.numel();
+  const std::vector<std::int32_t> tg = to_host_i32(targets, BT);
+  check_targets(op, tg, V);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_softmax_ce_fused(static_cast<float*>(losses.data), static_cast<float*>(lse.data), logits.data,
+                                                          static_cast<const std::int32_t*>(targets.data), logits.dtype, BT, V, Vp, dloss, kStream));
+  return mean_loss(losses, tg);
 }
 
 void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t V) {

@@ -35,6 +35,7 @@ void dropout_backward(Tensor dinp, Tensor dout, const DropoutParams& params);
 
 float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, std::int64_t V);
 void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t V);
+float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V);
 
 // Flash-style (attention.cu): saves lse only. attention_backward uses the B*NH*T tail of the
 // caller's scratch for D_i; dq accumulates in registers, so the B*T*C head of it stays unused.

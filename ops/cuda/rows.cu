@@ -163,6 +163,41 @@ __global__ void softmax_ce_forward_kernel(float* __restrict__ losses, float* __r
   }
 }
 
+// Forward and backward of one row in one block: each thread's online (max, sum) over its columns
+// in one read of the row, a fixed-tree block reduction (deterministic), then the gradient written
+// over the logits in a second sweep that finds the row in cache. The target's logit is read
+// before any thread writes (the reductions synchronise the block in between).
+template <typename S>
+__global__ void softmax_ce_fused_kernel(float* __restrict__ losses, float* __restrict__ lse, typename S::storage* logits,
+                                        const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp, float dloss) {
+  const std::int64_t i = blockIdx.x;
+  typename S::storage* x = logits + i * Vp;
+  const std::int32_t t = targets[i];
+  float m = -INFINITY, s = 0.0f;
+  for (std::int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float xv = S::load(x[v]);
+    if (xv > m) {
+      s = (s > 0.0f ? s * fast_exp(m - xv) : 0.0f) + 1.0f;
+      m = xv;
+    } else {
+      s += fast_exp(xv - m);
+    }
+  }
+  const float xt = t >= 0 ? S::load(x[t]) : 0.0f;  // before the writes below
+  const float mall = block_max(m);
+  const double total = block_sum(static_cast<double>(s > 0.0f ? s * fast_exp(m - mall) : 0.0f));
+  const float l = mall + static_cast<float>(log(total));
+  if (threadIdx.x == 0) {
+    lse[i] = l;
+    losses[i] = t < 0 ? 0.0f : l - xt;
+  }
+  for (std::int64_t v = threadIdx.x; v < Vp; v += blockDim.x) {
+    float g = 0.0f;
+    if (t >= 0 && v < V) g = (fast_exp(S::load(x[v]) - l) - (v == t ? 1.0f : 0.0f)) * dloss;
+    x[v] = S::store(g);
+  }
+}
+
 // In place allowed (dlogits == logits): each element is read and written by one thread.
 template <typename S>
 __global__ void softmax_ce_backward_kernel(typename S::storage* dlogits, const typename S::storage* logits, const float* __restrict__ lse,
@@ -261,6 +296,17 @@ cudaError_t launch_softmax_ce_forward(float* losses, float* lse, const void* log
     using P = typename S::storage;
     softmax_ce_forward_kernel<S><<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<const P*>(logits),
                                                                                            targets, V, Vp);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
+                                    std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s) {
+  if (BT == 0) return cudaSuccess;
+  return dispatch_storage(t, [&]<typename S>(S) {
+    using P = typename S::storage;
+    softmax_ce_fused_kernel<S><<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<P*>(logits), targets, V, Vp,
+                                                                                        dloss);
     return cudaGetLastError();
   });
 }

@@ -29,4 +29,11 @@ float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Te
 // Scratch: none.
 void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t V);
 
+// Forward and backward in one pass over the logits (llm.c's fused classifier), for training, where
+// dloss is known before the loss: the forward's losses, lse and mean, and the logits OVERWRITTEN
+// with dlogits as softmax_cross_entropy_backward writes them. The CPU composes the two ops (the
+// same results); the GPU reads each row once from memory (online max and sum), then again from
+// cache as it writes the gradient, instead of three times.
+float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V);
+
 }  // namespace dstrain

@@ -57,7 +57,16 @@ void Gpt2Head::forward(const ForwardArgs& a) {
   const auto& s = a.saved;
   layernorm_forward(s[kLnf], s[kLnfMean], s[kLnfRstd], a.input, a.params[kW], a.params[kB], cfg_.layer_norm_epsilon);
   matmul_forward(s[kLogits], s[kLnf], a.params[kWte], Tensor{}, a.scratch[kMatmul]);  // (B, T, Vp) = lnf · wteᵀ
-  const float mean = softmax_cross_entropy_forward(a.output, s[kLse], s[kLogits], a.batch.targets, cfg_.vocab_size);
+  float mean = 0.0f;
+  if (a.fuse_loss_grad) {
+    // Training: dlogits over the logits now (backward then starts from them); the loss is the mean
+    // over the non-ignored targets, so each position's loss has weight 1 / n.
+    const std::int64_t n = count_targets(a.batch);
+    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
+    mean = softmax_cross_entropy_forward_backward(a.output, s[kLse], s[kLogits], a.batch.targets, dloss, cfg_.vocab_size);
+  } else {
+    mean = softmax_cross_entropy_forward(a.output, s[kLse], s[kLogits], a.batch.targets, cfg_.vocab_size);
+  }
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -67,11 +76,13 @@ void Gpt2Head::backward(const BackwardArgs& a) {
   expect_count(name(), "saved", a.saved, kNumSaved);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
-  // The loss is the mean over the non-ignored targets, so each position's loss has weight 1 / n.
-  const std::int64_t n = count_targets(a.batch);
-  const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
   const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
-  softmax_cross_entropy_backward(dlogits, s[kLogits], s[kLse], a.batch.targets, dloss, cfg_.vocab_size);
+  if (!a.loss_grad_done) {
+    // The loss is the mean over the non-ignored targets, so each position's loss has weight 1 / n.
+    const std::int64_t n = count_targets(a.batch);
+    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
+    softmax_cross_entropy_backward(dlogits, s[kLogits], s[kLse], a.batch.targets, dloss, cfg_.vocab_size);
+  }
   const Tensor dlnf = a.scratch[kDLnf];
   zero_tensor(dlnf);
   matmul_backward(dlnf, a.grads[kWte], Tensor{}, dlogits, s[kLnf], a.params[kWte], a.scratch[kMatmul]);

@@ -72,6 +72,8 @@ class Gpt2Head final : public Layer {
   std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
   void forward(const ForwardArgs& a) override;
   void backward(const BackwardArgs& a) override;
+  // Training forwards write dlogits over the logits (softmax_cross_entropy_forward_backward).
+  bool fuses_loss_grad() const override { return true; }
 
  private:
   Gpt2Config cfg_;

@@ -115,6 +115,11 @@ struct ForwardArgs {
   RngKey rng;
   bool train = true;               // false: dropout off (evaluation)
   float* loss = nullptr;           // a layer that computes the loss (the head) stores the mean here
+  // Training, for a layer whose fuses_loss_grad() is true: compute the loss's gradient in the same
+  // pass as the loss (dloss as BackwardArgs will carry it; the GPU then reads the logits once
+  // instead of three times); its backward gets BackwardArgs::loss_grad_done = true.
+  bool fuse_loss_grad = false;
+  float dloss = 1.0f;              // with fuse_loss_grad: BackwardArgs::dloss of this micro-batch
 };
 
 struct BackwardArgs {
@@ -134,6 +139,7 @@ struct BackwardArgs {
   // For a layer that ends in the loss: d(objective)/d(mean loss of this micro-batch), e.g. 1, or
   // loss_scale / gradient_accumulation_steps under fp16 loss scaling with accumulation.
   float dloss = 1.0f;
+  bool loss_grad_done = false;     // the forward ran with fuse_loss_grad (the same dloss)
 };
 
 class Layer {
@@ -165,6 +171,9 @@ class Layer {
 
   // Writes dinput, accumulates grads (+=).
   virtual void backward(const BackwardArgs& args) = 0;
+  // A loss layer that can compute its loss gradient during a training forward
+  // (ForwardArgs::fuse_loss_grad). False by default: the engine then leaves it to backward.
+  virtual bool fuses_loss_grad() const { return false; }
 };
 
 }  // namespace dstrain

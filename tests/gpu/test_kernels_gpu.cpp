@@ -304,6 +304,15 @@ TEST_P(GpuKernels, SoftmaxCrossEntropyMatchesCpu) {
     softmax_cross_entropy_backward(d_logits.tensor(dt, ls), d_logits.tensor(dt, ls), d_lse.tensor(DType::fp32, rs), d_tg.tensor(DType::int32, rs),
                                    dloss, V);
     expect_close(d_logits.to_buf(dt, BT * Vp), dlogits.values(), tol, "dlogits in place " + dtype_label(dt));
+    // Forward and backward in one kernel (online max and sum): the same losses, lse, mean and
+    // dlogits, written over the logits.
+    Dev f_logits(logits), f_losses(losses), f_lse(lse);
+    const float f_mean = softmax_cross_entropy_forward_backward(f_losses.tensor(DType::fp32, rs), f_lse.tensor(DType::fp32, rs),
+                                                                f_logits.tensor(dt, ls), d_tg.tensor(DType::int32, rs), dloss, V);
+    expect_close(f32_buf(f_lse.to_vec<float>()), as_double(lse), ftol, "fused lse");
+    expect_close(f32_buf(f_losses.to_vec<float>()), as_double(losses), ftol, "fused losses");
+    EXPECT_NEAR(f_mean, mean, ftol.atol + ftol.rtol * std::abs(mean)) << "fused mean loss";
+    expect_close(f_logits.to_buf(dt, BT * Vp), dlogits.values(), tol, "fused dlogits " + dtype_label(dt));
   }
 }
 

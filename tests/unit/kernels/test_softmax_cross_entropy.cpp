@@ -71,6 +71,17 @@ TEST_P(SoftmaxCrossEntropyTest, MatchesReference) {
     for (std::int64_t i = 0; i < BT * Vp; ++i) inplace.set(i, logits.get(i));
     softmax_cross_entropy_backward(inplace.tensor({BT, Vp}), inplace.tensor({BT, Vp}), f32(lse, {BT}), i32(tg, {BT}), static_cast<float>(dloss), V);
     for (std::int64_t i = 0; i < BT * Vp; ++i) ASSERT_EQ(inplace.get(i), dlogits.get(i)) << "in-place element " << i;
+    // Forward and backward in one call: the same losses, lse and mean, and the same dlogits
+    // written over the logits.
+    Buf fused(dt, BT * Vp);
+    for (std::int64_t i = 0; i < BT * Vp; ++i) fused.set(i, logits.get(i));
+    std::vector<float> f_losses(losses.size()), f_lse(lse.size());
+    const float f_mean = softmax_cross_entropy_forward_backward(f32(f_losses, {BT}), f32(f_lse, {BT}), fused.tensor({BT, Vp}), i32(tg, {BT}),
+                                                                static_cast<float>(dloss), V);
+    EXPECT_EQ(f_mean, mean);
+    EXPECT_EQ(f_losses, losses);
+    EXPECT_EQ(f_lse, lse);
+    for (std::int64_t i = 0; i < BT * Vp; ++i) ASSERT_EQ(fused.get(i), dlogits.get(i)) << "fused element " << i;
   }
 }
 
