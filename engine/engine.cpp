@@ -127,6 +127,7 @@ struct Engine::Impl {
   LrHook hook;          // an embedding program's override of schedule's lr
   std::unique_ptr<ActivationCheckpointing> ckpt;  // null: every activation is kept
   LossScaler scaler;  // fp16: DeepSpeed's loss scale; bf16 / fp32: scale 1 and its overflow policy
+  StochasticRoundingOptions rounding;  // the bf16 copies' rounding (EngineOptions::bf16_stochastic_rounding)
   bool mixed = false;  // fp16 or bf16: 16-bit layers, fp32 masters
   Communicator* comm = nullptr;
   int world = 1;
@@ -158,6 +159,19 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (!options.inject_overflow_steps.empty() && !im.mixed) {
     fail("inject_overflow_steps (--inject-overflow) needs fp16 or bf16 training: fp32 has no overflow check, so an inf gradient would "
          "turn the parameters into NaN; enable \"fp16\" or \"bf16\" in the config");
+  }
+  if (options.bf16_stochastic_rounding) {
+    if (storage != DType::bf16) {
+      fail("bf16_stochastic_rounding (--bf16-stochastic-rounding) rounds the bf16 parameter copies; the config trains in {} — enable \"bf16\" "
+           "or drop the option",
+           dtype_name(storage));
+    }
+    if (config.optimizer.kind != config::OptimizerKind::adam && config.optimizer.kind != config::OptimizerKind::adamw) {
+      fail("bf16_stochastic_rounding (--bf16-stochastic-rounding) is built into the fused Adam/AdamW step; optimizer.type \"{}\" rounds to "
+           "nearest — use Adam or AdamW, or drop the option",
+           config.optimizer.type);
+    }
+    im.rounding = StochasticRoundingOptions{true, options.seed};
   }
   dims_ = LayerDims{config.train_micro_batch_size_per_gpu, T, storage};
   gas_ = config.gradient_accumulation_steps;
@@ -191,7 +205,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     }
   }
   for (const PartitionSegment& p : im.states->partitions()) {
-    im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges});
+    im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges, static_cast<std::uint32_t>(p.layer), p.layer_offset});
     im.segment_layer.push_back(p.layer);
   }
   if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
@@ -505,7 +519,7 @@ bool Engine::optimizer_step() {
     clip_coef_ = dstrain::clip_coefficient(grad_norm_, im.config.gradient_clipping);
     // lr_ is this step's LR (set at construction / after the previous step); the schedule steps
     // after the update, as DeepSpeed's _take_model_step does (fp32 never skips a step).
-    im.optimizer.update(im.segments, lr_, clip_coef_, t, betas);
+    im.optimizer.update(im.segments, lr_, clip_coef_, t, betas, im.rounding);
     im.states->after_update();
     last_step_lr_ = lr_;
     im.schedule.step();
@@ -530,7 +544,7 @@ bool Engine::optimizer_step() {
     // the optimizer's single pass.
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);
-    im.optimizer.update(im.segments, lr_, static_cast<float>(1.0 / divisor), t, betas);
+    im.optimizer.update(im.segments, lr_, static_cast<float>(1.0 / divisor), t, betas, im.rounding);
     im.states->after_update();
     last_step_lr_ = lr_;
   }

@@ -79,6 +79,10 @@ struct EngineOptions {
   // "activation_checkpointing" section configures it. `dstrain train --checkpoint-activations`.
   bool checkpoint_activations = false;
   Allocator* host_allocator = nullptr;  // cpu_checkpointing's host memory; nullptr: one of its own
+  // bf16 training: round the bf16 parameter copies stochastically from the fp32 masters after
+  // each Adam/AdamW step (llm.c's choice; unbiased, deterministic for the seed, the same on CPU
+  // and GPU and for any ZeRO split) instead of to nearest (DeepSpeed's). `--bf16-stochastic-rounding`.
+  bool bf16_stochastic_rounding = false;
   // Test hook for loss scaling (`dstrain train --inject-overflow`): at these optimizer steps
   // (1-based) one gradient element is set to +inf before the overflow check, as a real fp16
   // overflow would. Only with fp16 or bf16 (fp32 has no overflow check: the update would be NaN).

@@ -6,6 +6,7 @@
 #include "ops/kernels/adamw.h"
 #include "ops/kernels/lamb.h"
 #include "ops/kernels/sgd.h"
+#include "ops/transformer/layer.h"  // kRngSitesPerLayer
 
 namespace dstrain {
 
@@ -49,7 +50,7 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
 }
 
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
-                       std::optional<std::pair<double, double>> betas) const {
+                       std::optional<std::pair<double, double>> betas, StochasticRoundingOptions rounding) const {
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
   if (kind_ == config::OptimizerKind::sgd) {
     SgdConfig c;
@@ -109,6 +110,11 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
       c.weight_decay = decay ? static_cast<float>(weight_decay_) : 0.0f;
       c.grad_scale = grad_scale;
     }
+    c.stochastic_rounding = rounding.enabled;
+    // A site past the layer's dropout sites (kRngSitesPerLayer), so no dropout mask shares these
+    // bits; the step is the optimizer's t, so a skipped step does not shift the steps after it.
+    c.rounding_key = RngKey{rounding.seed, static_cast<std::uint32_t>(t), s.layer, 0, kRngSitesPerLayer};
+    c.rounding_offset = s.layer_offset;
     adamw_update(s.params, s.grads, s.m, s.v, s.params_lowp, c);
   }
 }

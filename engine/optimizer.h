@@ -33,6 +33,17 @@ struct OptimizerSegment {
   // The parameter tensors inside the segment (offsets from its start), for Lamb's per-tensor
   // trust ratio.
   std::vector<TensorRange> ranges{};
+  // Where the segment's first element sits in the model: layer index and offset in that layer's
+  // flat buffer (the same for any ZeRO split), numbering the stochastic rounding's random bits.
+  std::uint32_t layer = 0;
+  std::int64_t layer_offset = 0;
+};
+
+// Stochastic rounding of the bf16 parameter copies (AdamW / Adam only; see AdamWConfig): off, or on
+// with the run's seed (the bits of optimizer step t, layer l, element e are Philox(seed, t, l, e)).
+struct StochasticRoundingOptions {
+  bool enabled = false;
+  std::uint64_t seed = 0;
 };
 
 class Optimizer {
@@ -51,7 +62,7 @@ class Optimizer {
   // The L2 form (adam_w_mode false) overwrites the gradients of decayed segments with the
   // effective gradient grad_scale·g + weight_decay·θ (the engine zeroes them right after).
   void update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
-              std::optional<std::pair<double, double>> betas = std::nullopt) const;
+              std::optional<std::pair<double, double>> betas = std::nullopt, StochasticRoundingOptions rounding = {}) const;
 
  private:
   config::OptimizerKind kind_ = config::OptimizerKind::adamw;

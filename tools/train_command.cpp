@@ -36,6 +36,7 @@ struct TrainArgs {
   std::uint64_t seed = 42;
   std::int64_t val_interval = 100, val_batches = 20;
   bool checkpoint_activations = false;
+  bool bf16_stochastic_rounding = false;
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   float sample_temperature = 1.0f;
@@ -281,6 +282,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Device devic
                               .init_params = args.init_from.empty(),
                               .device = device,
                               .checkpoint_activations = args.checkpoint_activations,
+                              .bf16_stochastic_rounding = args.bf16_stochastic_rounding,
                               .inject_overflow_steps = args.inject_overflow});
   if (!args.init_from.empty()) engine.load_weights(args.init_from);
   const std::int64_t B = engine.micro_batch_size(), GAS = engine.gradient_accumulation_steps(), TBS = engine.train_batch_size();
@@ -625,6 +627,9 @@ void add_train_command(CLI::App& app) {
                   "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK and the "
                   "launcher's processes train over NCCL)")
       ->capture_default_str();
+  cmd->add_flag("--bf16-stochastic-rounding", args->bf16_stochastic_rounding,
+                "bf16 training: round the bf16 weights stochastically from the fp32 masters after each Adam/AdamW step (llm.c's choice) "
+                "instead of to nearest (DeepSpeed's)");
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
                 "\"activation_checkpointing\" section configures it");

@@ -114,6 +114,7 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
                                                  : region(params_full_, s_.storage, ly.full_begin + r.begin, n);
         PartitionSegment seg;
         seg.layer = i;
+        seg.layer_offset = r.begin;
         seg.weight_decay = decay;
         seg.master = s_.fp32_masters ? region(master_, DType::fp32, at_shard, n) : param_here;
         seg.lowp = s_.fp32_masters ? param_here : Tensor{};

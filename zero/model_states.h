@@ -72,6 +72,7 @@ struct ZeroSettings {
 // are the fp32 master itself).
 struct PartitionSegment {
   std::size_t layer = 0;
+  std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split)
   Tensor master, grads, m, v, lowp;
   bool weight_decay = true;
   std::vector<TensorRange> ranges;  // whole parameter tensors inside the segment (stage 0 only: Lamb)

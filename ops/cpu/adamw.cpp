@@ -2,12 +2,14 @@
 // once per call in double; the per-element math is fp32, as on the GPU.
 #include "ops/kernels/adamw.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
 #include "ops/kernels/kernel_check.h"
+#include "ops/kernels/stochastic_round.h"
 
 namespace dstrain {
 namespace {
@@ -32,7 +34,14 @@ void adamw_impl(float* __restrict p, const G* __restrict g, float* __restrict m,
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if constexpr (!std::is_same_v<L, float>) lowp[i] = cpu::store<L>(pi);
+    if constexpr (std::is_same_v<L, bf16_t>) {
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(pi);
+      lowp[i] = c.stochastic_rounding && fp32_bits_finite(bits)
+                    ? bf16_t::from_bits(bf16_bits_stochastic(bits, c.rounding_key.element_bits(static_cast<std::uint64_t>(c.rounding_offset + i))))
+                    : cpu::store<L>(pi);
+    } else if constexpr (!std::is_same_v<L, float>) {
+      lowp[i] = cpu::store<L>(pi);
+    }
   }
 }
 

@@ -27,11 +27,20 @@ cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, co
 // elementwise.cu: out = a + b in fp32, one rounding (out may alias a or b).
 cudaError_t launch_residual_add(void* out, const void* a, const void* b, DType t, std::int64_t n, cudaStream_t s);
 
+// The bf16 copy's stochastic rounding (AdamWConfig::stochastic_rounding): element i uses
+// key.element_bits(offset + i) when `on`.
+struct StochasticRounding {
+  bool on = false;
+  RngKey key{};
+  std::int64_t offset = 0;
+};
+
 // optim.cu (compiled with -fmad=false: the same fp32 operations as the CPU, no contractions).
 // bc1, bc2: the bias corrections computed on the host in double as the CPU does; lowp_t is
 // fp16/bf16 for a 16-bit copy (lowp != nullptr).
 cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, void* lowp, DType lowp_t, std::int64_t n, float lr, float beta1,
-                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled, cudaStream_t s);
+                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled, const StochasticRounding& sr,
+                         cudaStream_t s);
 
 // Fixed grid of kNormBlocks blocks; partials: 2 * kNormBlocks doubles (device), see optim.cu.
 inline constexpr unsigned kNormBlocks = 1024;

@@ -443,7 +443,7 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_adamw(static_cast<float*>(params.data), grads.data, grads.dtype, static_cast<float*>(m.data),
                                                static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, params.numel(), c.lr,
                                                c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_scale, bc1, bc2, c.decoupled_weight_decay,
-                                               kStream));
+                                               cuda_detail::StochasticRounding{c.stochastic_rounding, c.rounding_key, c.rounding_offset}, kStream));
 }
 
 void zero_tensor(Tensor t) {

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/kernel_launch.h"
 #include "ops/cuda/kernel_math.cuh"
+#include "ops/kernels/stochastic_round.h"
 
 namespace dstrain::cuda_detail {
 namespace {
@@ -17,7 +18,7 @@ struct NoCopy {
 template <typename G, typename L, bool kDecoupled>
 __global__ void adamw_kernel(float* __restrict__ p, const typename G::storage* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
                              typename L::storage* __restrict__ lowp, std::int64_t n, float lr, float b1, float b2, float eps, float wd,
-                             float gs, float bc1, float bc2) {
+                             float gs, float bc1, float bc2, StochasticRounding sr) {
   const float decay = 1.0f - lr * wd;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -29,22 +30,28 @@ __global__ void adamw_kernel(float* __restrict__ p, const typename G::storage* _
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if constexpr (!std::is_same_v<L, NoCopy>) lowp[i] = L::store(pi);
+    if constexpr (std::is_same_v<L, BF16>) {
+      const std::uint32_t bits = __float_as_uint(pi);
+      lowp[i] = sr.on && fp32_bits_finite(bits) ? bf16_bits_stochastic(bits, sr.key.element_bits(static_cast<std::uint64_t>(sr.offset + i)))
+                                                 : L::store(pi);
+    } else if constexpr (!std::is_same_v<L, NoCopy>) {
+      lowp[i] = L::store(pi);
+    }
   }
 }
 
 template <typename G, typename L>
 cudaError_t launch_typed(float* p, const void* g, float* m, float* v, void* lowp, std::int64_t n, float lr, float b1, float b2, float eps,
-                         float wd, float gs, float bc1, float bc2, bool decoupled, cudaStream_t s) {
+                         float wd, float gs, float bc1, float bc2, bool decoupled, const StochasticRounding& sr, cudaStream_t s) {
   using GP = typename G::storage;
   using LP = typename L::storage;
   const unsigned grid = grid_for(static_cast<std::size_t>(n));
   if (decoupled) {
     adamw_kernel<G, L, true><<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd, gs,
-                                                       bc1, bc2);
+                                                       bc1, bc2, sr);
   } else {
     adamw_kernel<G, L, false><<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd,
-                                                        gs, bc1, bc2);
+                                                        gs, bc1, bc2, sr);
   }
   return cudaGetLastError();
 }
@@ -236,12 +243,16 @@ cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp
 }
 
 cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, void* lowp, DType lowp_t, std::int64_t n, float lr, float beta1,
-                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled, cudaStream_t s) {
+                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled,
+                         const StochasticRounding& sr, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   return dispatch_storage(gt, [&]<typename G>(G) {
-    if (lowp == nullptr) return launch_typed<G, NoCopy>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, s);
-    if (lowp_t == DType::fp16) return launch_typed<G, F16>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, s);
-    if (lowp_t == DType::bf16) return launch_typed<G, BF16>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, s);
+    if (lowp == nullptr)
+      return launch_typed<G, NoCopy>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, sr, s);
+    if (lowp_t == DType::fp16)
+      return launch_typed<G, F16>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, sr, s);
+    if (lowp_t == DType::bf16)
+      return launch_typed<G, BF16>(p, g, m, v, lowp, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2, decoupled, sr, s);
     return cudaErrorInvalidValue;
   });
 }

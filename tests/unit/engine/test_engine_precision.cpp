@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <unistd.h>
@@ -293,6 +294,45 @@ TEST(EnginePrecision, Fp16WithCheckpointingMatchesWithout) {
 
 TEST(EnginePrecision, InjectOverflowNeeds16BitTraining) {
   EXPECT_THROW(initialize(make_gpt2_model("gpt2:tiny"), ds(config_json("")), {.sequence_length = 8, .inject_overflow_steps = {1}}), Error);
+}
+
+// --bf16-stochastic-rounding: every bf16 weight is one of the two bf16 neighbours of its fp32
+// master (and not always the nearer one: the rounding is stochastic), training still follows the
+// round-to-nearest run's loss curve, and a config it cannot apply to is refused naming the fix.
+TEST(EnginePrecision, Bf16StochasticRoundingKeepsWeightsNextToTheMasters) {
+  const std::string bf16 = R"("bf16": {"enabled": true})";
+  EngineOptions o{.seed = 7, .sequence_length = 8, .bf16_stochastic_rounding = true};
+  Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(bf16)), o);
+  auto data = fixed_data();
+  std::vector<float> losses;
+  for (int s = 0; s < 30; ++s) {
+    train_step(e, data);
+    losses.push_back(e.last_step_loss());
+  }
+  const auto masters = all_masters(e), params = all_params(e);
+  ASSERT_EQ(masters.size(), params.size());
+  std::int64_t not_nearest = 0;
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    // The two bf16 values around the master: its bits truncated (toward zero), and one step away.
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(static_cast<float>(masters[i]));
+    const auto toward = static_cast<float>(bf16_t::from_bits(static_cast<std::uint16_t>(bits >> 16)));
+    const auto away = static_cast<float>(bf16_t::from_bits(static_cast<std::uint16_t>((bits >> 16) + 1)));
+    ASSERT_TRUE(params[i] == toward || params[i] == away) << "element " << i << ": bf16 " << params[i] << ", master " << masters[i];
+    not_nearest += params[i] != static_cast<float>(bf16_t(static_cast<float>(masters[i])));
+  }
+  EXPECT_GT(not_nearest, 0) << "every weight rounded to nearest: the rounding is not stochastic";
+  const auto rne = loss_curve(bf16);
+  EXPECT_LT(losses.back(), 0.5f * losses.front());
+  EXPECT_NEAR(losses.back(), rne.back(), 0.25 * rne.back());
+
+  EXPECT_THROW(initialize(make_gpt2_model("gpt2:tiny"), ds(config_json("")), o), Error);  // fp32: nothing to round
+  const std::string sgd = R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
+  try {
+    (void)initialize(make_gpt2_model("gpt2:tiny"), ds(sgd), o);
+    ADD_FAILURE() << "SGD with stochastic rounding accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("Adam"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

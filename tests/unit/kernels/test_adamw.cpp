@@ -137,3 +137,47 @@ TEST(AdamL2, MatchesTorchAdamFormula) {
     }
   }
 }
+
+// Stochastic rounding of the bf16 copy: each element lands on one of its two bf16 neighbours, up
+// with probability equal to its distance from the lower one (so the mean over many elements is the
+// fp32 value), the same bits for the same key, and element i of a call at offset o equals element
+// o + i of a call over the whole buffer (the numbering a ZeRO split keeps).
+TEST(AdamW, StochasticRoundingOfTheBf16CopyIsUnbiasedAndReproducible) {
+  constexpr std::int64_t n = 40000;
+  // Halfway is 1 + 2^-8 (bf16 neighbours 1 and 1 + 2^-7); take a quarter of the way: 1 + 2^-9.
+  const float x = 1.0f + 0x1p-9f;
+  std::vector<float> p(n, x), g(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<bf16_t> low(n);
+  AdamWConfig c;
+  c.lr = 0.0f;  // the master stays x: only the rounding is under test
+  c.stochastic_rounding = true;
+  c.rounding_key = RngKey{7, 3, 2, 0, 4};
+  const auto run = [&](std::int64_t begin, std::int64_t count, std::int64_t offset) {
+    AdamWConfig cc = c;
+    cc.rounding_offset = offset;
+    adamw_update(Tensor(p.data() + begin, DType::fp32, Shape{count}), Tensor(g.data() + begin, DType::fp32, Shape{count}),
+                 Tensor(m.data() + begin, DType::fp32, Shape{count}), Tensor(v.data() + begin, DType::fp32, Shape{count}),
+                 Tensor(low.data() + begin, DType::bf16, Shape{count}), cc);
+  };
+  run(0, n, 0);
+  double sum = 0.0;
+  std::int64_t up = 0;
+  for (const bf16_t b : low) {
+    const float f = static_cast<float>(b);
+    ASSERT_TRUE(f == 1.0f || f == 1.0f + 0x1p-7f) << f;
+    up += f > 1.0f;
+    sum += f;
+  }
+  // P(up) = 1/4: 10,000 expected, standard deviation ~87; 5 sigma.
+  EXPECT_NEAR(static_cast<double>(up), 0.25 * n, 5 * std::sqrt(n * 0.25 * 0.75));
+  EXPECT_NEAR(sum / n, x, 5 * 0x1p-7 * std::sqrt(0.25 * 0.75 / n));
+  const std::vector<bf16_t> whole = low;
+  run(0, n, 0);
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(low[i].bits, whole[i].bits) << "same key, same bits: element " << i;
+  run(1000, 500, 1000);  // a partition: its elements numbered by their place in the whole buffer
+  for (std::int64_t i = 1000; i < 1500; ++i) ASSERT_EQ(low[i].bits, whole[i].bits) << "offset numbering: element " << i;
+  // Off: round to nearest even (x is below halfway: always down).
+  c.stochastic_rounding = false;
+  run(0, n, 0);
+  for (const bf16_t b : low) ASSERT_EQ(static_cast<float>(b), 1.0f);
+}
