@@ -59,35 +59,46 @@ struct TcDims {
 using u16 = std::uint16_t;
 
 // ---- PTX wrappers -------------------------------------------------------------------------
+// cp.async and mma.m16n8k16 need sm_80 (ldmatrix sm_75). A build whose CMAKE_CUDA_ARCHITECTURES
+// also lists an older target compiles these to a trap there instead of failing in ptxas, and
+// attention_tc_supported keeps such GPUs on the warp-per-row kernels, so the trap never runs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define DSTRAIN_TC_PTX(...) __trap()
+#else
+#define DSTRAIN_TC_PTX(...) asm volatile(__VA_ARGS__)
+#endif
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
 // 16 bytes global -> shared; src_bytes = 0 writes zeros (rows past T).
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  DSTRAIN_TC_PTX("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { DSTRAIN_TC_PTX("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+  DSTRAIN_TC_PTX("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  DSTRAIN_TC_PTX("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
 }
 __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
+  DSTRAIN_TC_PTX("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
 }
 
 // d += a (16x16, row) * b (16x8, col), fp32 accumulators.
 template <typename S>
 __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
   if constexpr (std::is_same_v<S, F16>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -97,6 +108,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+#endif
 }
 
 // Two floats -> one register of two 16-bit values (lo in the low half: the lower column), RNE.
@@ -750,12 +762,15 @@ cudaError_t dispatch_tc(DType t, std::int64_t HS, bool drop, F&& f) {
 
 bool attention_tc_supported(DType t, std::int64_t HS) {
   if (!((t == DType::fp16 || t == DType::bf16) && (HS == 32 || HS == 64 || HS == 128))) return false;
-  // The largest block (dQ at HS = 128: 102 KiB) needs the opt-in shared memory of sm_80 / sm_90;
-  // a GPU with less (sm_86, sm_89: 99 KiB) keeps the warp-per-row kernels.
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+  // sm_80 or newer (cp.async, bf16 mma.m16n8k16); and the largest block of this HS must fit the
+  // opt-in shared memory: dQ at HS = 128 needs 102 KiB, which sm_80 / sm_90 have and sm_86 /
+  // sm_89 (99 KiB) do not, so there HS = 128 keeps the warp-per-row kernels (HS <= 64: 55 KiB).
+  int dev = 0, major = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
     return false;
   }
+  if (major < 8) return false;
   const int need = HS == 32 ? max_smem_bytes<32>() : (HS == 64 ? max_smem_bytes<64>() : max_smem_bytes<128>());
   return need <= optin;
 }
