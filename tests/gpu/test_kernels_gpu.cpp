@@ -412,9 +412,10 @@ TEST_P(GpuKernels, MatmulMatchesCpu) {
   }
 }
 
-// Cases for the tensor-core path (ops/cuda/attention_tc.cu: fp16/bf16, HS in {32, 64, 128},
-// 64-query x 64-key tiles, 32-query tiles in dK/dV at HS = 128): one exact tile, several tiles,
-// T not a multiple of 64 (or of 32), every supported HS, dropout, and GPT-2's layout at T = 1024.
+// Cases for the tensor-core path (ops/cuda/attention_tc.cu: fp16/bf16, HS in {32, 64, 128};
+// 64-key blocks, forward blocks of 128 or 64 queries, dK/dV query tiles of 64 or 32 at HS = 128
+// or with dropout): one exact tile, several tiles, T not a multiple of 64 (or of 32), every
+// supported HS, dropout, and GPT-2's layout at T = 1024.
 // For fp32 they run the warp-per-row kernels.
 const AttentionCase kAttentionTcCases[] = {
     {"tc_T1", 1, 1, 64, 1, 0.0f},                  // HS = 64, a single key
