@@ -525,11 +525,12 @@ void run_train(const TrainArgs& args) {
   if (args.num_ranks < 1) {
     fail("--num-ranks {}: must be >= 1 (the number of data-parallel ranks, run as threads of this process)", args.num_ranks);
   }
-  // --device: "cuda" alone means the launcher's local rank (cuda:0 without a launcher).
+  // --device: "cuda" alone means the launcher's local rank (cuda:0 without a launcher, and when
+  // the launcher shows each process only its own GPU).
   Device device = parse_device(args.device);
   const bool explicit_ordinal = args.device.find(':') != std::string::npos;
   const LaunchEnv env = launcher_env(device);
-  if (device.is_cuda() && !explicit_ordinal) device = Device::cuda(env.local_rank);
+  if (device.is_cuda() && !explicit_ordinal) device = launcher_device(env);
   // A launcher with a GPU per process: NCCL over its ranks (also at world size 1).
   const bool launcher_group = device.is_cuda() && env.launcher != "none";
   if (launcher_group && args.num_ranks > 1) {
@@ -621,8 +622,8 @@ void add_train_command(CLI::App& app) {
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
       ->capture_default_str();
   cmd->add_option("--device", args->device,
-                  "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK and the "
-                  "launcher's processes train over NCCL)")
+                  "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK, or "
+                  "cuda:0 when each process sees one GPU, and the launcher's processes train over NCCL)")
       ->capture_default_str();
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
