@@ -143,16 +143,42 @@ void print_sample(Generator& gen, const Tokenizer* tok, const SamplingOptions& s
 
 // ---- flops profiler ----
 
-// FLOP/s of one 1024 x 1024 x 1024 fp32 sgemm through dstrain's matmul kernel (the BLAS the
-// layers use), best of 3: the CPU's practical peak for MFU when --peak-flops is not given.
-double measure_sgemm_flops() {
-  constexpr std::int64_t n = 1024;
-  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-  const Tensor ta(a.data(), DType::fp32, Shape{n, n}), tb(b.data(), DType::fp32, Shape{n, n}), tc(c.data(), DType::fp32, Shape{n, n});
+// FLOP/s of one n x n x n GEMM through dstrain's matmul kernel on the training device, best of 3:
+// the practical peak for MFU when --peak-flops is not given. The CPU: a 1024^3 fp32 sgemm (the
+// BLAS the layers use). A GPU: a 4096^3 GEMM in the training dtype (the tensor cores for fp16 /
+// bf16) on device memory, each run synchronised; a CPU sgemm would make a GPU's MFU meaningless.
+double measure_gemm_flops(Device device, DType dtype) {
+  const bool gpu = !device.is_cpu();
+  const std::int64_t n = gpu ? 4096 : 1024;
+  const Shape sq{n, n};
+  std::vector<float> a, b, c;
+  std::unique_ptr<Allocator> alloc;
+  Buffer buf;
+  Tensor ta, tb, tc;
+  if (gpu) {
+    alloc = make_device_allocator(device);
+    const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dtype);
+    buf = Buffer(*alloc, 3 * bytes, MemoryPurpose::buffers);
+    ta = buf.tensor(dtype, sq, 0);
+    tb = buf.tensor(dtype, sq, bytes);
+    tc = buf.tensor(dtype, sq, 2 * bytes);
+    zero_tensor(ta);
+    zero_tensor(tb);
+    matmul_forward(tc, ta, tb, Tensor{}, Tensor{});  // warm-up: cuBLASLt's handle and algorithm choice
+    synchronize_device(device);
+  } else {
+    a.assign(static_cast<std::size_t>(n * n), 0.5f);
+    b.assign(a.size(), 0.25f);
+    c.resize(a.size());
+    ta = Tensor(a.data(), DType::fp32, sq);
+    tb = Tensor(b.data(), DType::fp32, sq);
+    tc = Tensor(c.data(), DType::fp32, sq);
+  }
   double best = 0.0;
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
     matmul_forward(tc, ta, tb, Tensor{}, Tensor{});
+    if (gpu) synchronize_device(device);
     const double s = seconds_since(t0);
     if (s > 0.0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
   }
@@ -179,7 +205,7 @@ void emit_profile(const config::DsConfig& cfg, const Gpt2Config& g, std::int64_t
   const double per_token = model_flops_per_token(parameter_count_padded(g), g.n_layer, g.n_embd, T);
   text += fmt::format("\nMFU (6N + 6LCT = {} per token, {} tokens/s, against a peak of {}{}): {:.2f}%\n", flops_number_to_string(per_token),
                       format_count(tokens_per_s), flops_flops_to_string(peak_flops),
-                      peak_measured ? " measured by a 1024^3 sgemm; set --peak-flops" : " from --peak-flops",
+                      peak_measured ? " measured by one GEMM on the training device; set --peak-flops" : " from --peak-flops",
                       100.0 * mfu(per_token, tokens_per_s, peak_flops));
   emit_flops_profile(text, cfg.flops_profiler);
   if (cfg.flops_profiler.output_file) say(fmt::format("flops profile of step {} written to {}", in.profile_step, *cfg.flops_profiler.output_file));
@@ -557,7 +583,9 @@ void run_train(const TrainArgs& args) {
   // The flops profiler's peak, measured once here rather than on rank 0 while the others wait.
   double peak_flops = args.peak_flops;
   const bool peak_measured = cfg.flops_profiler.enabled && peak_flops <= 0.0;
-  if (peak_measured) peak_flops = measure_sgemm_flops();
+  if (peak_measured) {
+    peak_flops = measure_gemm_flops(device, cfg.fp16.enabled ? DType::fp16 : cfg.bf16.enabled ? DType::bf16 : DType::fp32);
+  }
 
   RunResult result;
   result.reports.resize(static_cast<std::size_t>(world));
@@ -638,7 +666,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,
-                  "Peak FLOP/s for the flops profiler's MFU (default 0: measure a 1024^3 fp32 sgemm once on this machine)")
+                  "Peak FLOP/s for the flops profiler's MFU (default 0: measure one GEMM once on the training device: a 1024^3 fp32 "
+                  "sgemm on the cpu, a 4096^3 GEMM in the training dtype on a GPU)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->callback([args] { run_train(*args); });
