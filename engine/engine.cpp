@@ -326,6 +326,18 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   im.batch = batch;
   if (batch.targets.device.is_cpu()) im.batch.target_count = count_targets(batch);  // on the host, before any upload
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
+    // The layers see the uploaded copy, and the device encoder checks ids only against its
+    // table's padded rows: check the real vocabulary here, as the CPU embedding does.
+    if (batch.tokens.device.is_cpu() && model_.vocab_size > 0) {
+      const std::int32_t* tok = batch.tokens.as<std::int32_t>();
+      for (std::int64_t k = 0; k < batch.tokens.numel(); ++k) {
+        if (tok[k] < 0 || tok[k] >= model_.vocab_size) {
+          fail("Engine::forward: token id {} at flat position {} of the batch is outside the vocabulary [0, {}); check the data matches "
+               "the model's tokenizer",
+               tok[k], k, model_.vocab_size);
+        }
+      }
+    }
     im.batch.tokens = im.batch_buf.tensor(DType::int32, bt);
     im.batch.targets = im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t));
     copy_tensor(im.batch.tokens, batch.tokens);

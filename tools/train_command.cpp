@@ -144,16 +144,44 @@ void print_sample(Generator& gen, const Tokenizer* tok, const SamplingOptions& s
 
 // ---- flops profiler ----
 
-// FLOP/s of one 1024 x 1024 x 1024 fp32 sgemm through dstrain's matmul kernel (the BLAS the
-// layers use), best of 3: the CPU's practical peak for MFU when --peak-flops is not given.
-double measure_sgemm_flops() {
-  constexpr std::int64_t n = 1024;
-  std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-  const Tensor ta(a.data(), DType::fp32, Shape{n, n}), tb(b.data(), DType::fp32, Shape{n, n}), tc(c.data(), DType::fp32, Shape{n, n});
+// FLOP/s of one n x n x n GEMM through dstrain's matmul kernel on the training device, best of 3:
+// the practical peak for MFU when --peak-flops is not given. The CPU: a 1024^3 fp32 sgemm (the
+// BLAS the layers use). A GPU: a 4096^3 GEMM in the training dtype (the tensor cores for fp16 /
+// bf16) on device memory, each run synchronised; a CPU sgemm would make a GPU's MFU meaningless.
+double measure_gemm_flops(Device device, DType dtype) {
+  const bool gpu = !device.is_cpu();
+  const std::int64_t n = gpu ? 4096 : 1024;
+  const Shape sq{n, n};
+  std::vector<float> a, b, c;
+  std::unique_ptr<Allocator> alloc;
+  Buffer buf;
+  Tensor ta, tb, tc, scratch;  // scratch: the fp32 one matmul's contract asks of 16-bit storage (unused on a GPU)
+  if (gpu) {
+    alloc = make_device_allocator(device);
+    const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dtype);
+    const auto scratch_elems = static_cast<std::int64_t>(matmul_scratch_elems(dtype, n));
+    buf = Buffer(*alloc, 3 * bytes + static_cast<std::size_t>(scratch_elems) * sizeof(float), MemoryPurpose::buffers);
+    ta = buf.tensor(dtype, sq, 0);
+    tb = buf.tensor(dtype, sq, bytes);
+    tc = buf.tensor(dtype, sq, 2 * bytes);
+    if (scratch_elems > 0) scratch = buf.tensor(DType::fp32, Shape{scratch_elems}, 3 * bytes);
+    zero_tensor(ta);
+    zero_tensor(tb);
+    matmul_forward(tc, ta, tb, Tensor{}, scratch);  // warm-up: cuBLASLt's handle and algorithm choice
+    synchronize_device(device);
+  } else {
+    a.assign(static_cast<std::size_t>(n * n), 0.5f);
+    b.assign(a.size(), 0.25f);
+    c.resize(a.size());
+    ta = Tensor(a.data(), DType::fp32, sq);
+    tb = Tensor(b.data(), DType::fp32, sq);
+    tc = Tensor(c.data(), DType::fp32, sq);
+  }
   double best = 0.0;
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
-    matmul_forward(tc, ta, tb, Tensor{}, Tensor{});
+    matmul_forward(tc, ta, tb, Tensor{}, scratch);
+    if (gpu) synchronize_device(device);
     const double s = seconds_since(t0);
     if (s > 0.0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
   }
@@ -180,7 +208,7 @@ void emit_profile(const config::DsConfig& cfg, const Gpt2Config& g, std::int64_t
   const double per_token = model_flops_per_token(parameter_count_padded(g), g.n_layer, g.n_embd, T);
   text += fmt::format("\nMFU (6N + 6LCT = {} per token, {} tokens/s, against a peak of {}{}): {:.2f}%\n", flops_number_to_string(per_token),
                       format_count(tokens_per_s), flops_flops_to_string(peak_flops),
-                      peak_measured ? " measured by a 1024^3 sgemm; set --peak-flops" : " from --peak-flops",
+                      peak_measured ? " measured by one GEMM on the training device; set --peak-flops" : " from --peak-flops",
                       100.0 * mfu(per_token, tokens_per_s, peak_flops));
   emit_flops_profile(text, cfg.flops_profiler);
   if (cfg.flops_profiler.output_file) say(fmt::format("flops profile of step {} written to {}", in.profile_step, *cfg.flops_profiler.output_file));
@@ -528,11 +556,12 @@ void run_train(const TrainArgs& args) {
   if (args.num_ranks < 1) {
     fail("--num-ranks {}: must be >= 1 (the number of data-parallel ranks, run as threads of this process)", args.num_ranks);
   }
-  // --device: "cuda" alone means the launcher's local rank (cuda:0 without a launcher).
+  // --device: "cuda" alone means the launcher's local rank (cuda:0 without a launcher, and when
+  // the launcher shows each process only its own GPU).
   Device device = parse_device(args.device);
   const bool explicit_ordinal = args.device.find(':') != std::string::npos;
   const LaunchEnv env = launcher_env(device);
-  if (device.is_cuda() && !explicit_ordinal) device = Device::cuda(env.local_rank);
+  if (device.is_cuda() && !explicit_ordinal) device = launcher_device(env);
   // A launcher with a GPU per process: NCCL over its ranks (also at world size 1).
   const bool launcher_group = device.is_cuda() && env.launcher != "none";
   if (launcher_group && args.num_ranks > 1) {
@@ -559,7 +588,9 @@ void run_train(const TrainArgs& args) {
   // The flops profiler's peak, measured once here rather than on rank 0 while the others wait.
   double peak_flops = args.peak_flops;
   const bool peak_measured = cfg.flops_profiler.enabled && peak_flops <= 0.0;
-  if (peak_measured) peak_flops = measure_sgemm_flops();
+  if (peak_measured) {
+    peak_flops = measure_gemm_flops(device, cfg.fp16.enabled ? DType::fp16 : cfg.bf16.enabled ? DType::bf16 : DType::fp32);
+  }
 
   RunResult result;
   result.reports.resize(static_cast<std::size_t>(world));
@@ -624,8 +655,8 @@ void add_train_command(CLI::App& app) {
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
       ->capture_default_str();
   cmd->add_option("--device", args->device,
-                  "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK and the "
-                  "launcher's processes train over NCCL)")
+                  "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK, or "
+                  "cuda:0 when each process sees one GPU, and the launcher's processes train over NCCL)")
       ->capture_default_str();
   cmd->add_flag("--bf16-stochastic-rounding", args->bf16_stochastic_rounding,
                 "bf16 training: round the bf16 weights stochastically from the fp32 masters after each Adam/AdamW step (llm.c's choice) "
@@ -643,7 +674,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,
-                  "Peak FLOP/s for the flops profiler's MFU (default 0: measure a 1024^3 fp32 sgemm once on this machine)")
+                  "Peak FLOP/s for the flops profiler's MFU (default 0: measure one GEMM once on the training device: a 1024^3 fp32 "
+                  "sgemm on the cpu, a 4096^3 GEMM in the training dtype on a GPU)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->callback([args] { run_train(*args); });

@@ -3,6 +3,8 @@
 #include "ops/error.h"
 
 #if DSTRAIN_HAS_NCCL
+#include <cuda_runtime_api.h>
+
 #include "zero/nccl_communicator.h"
 #endif
 
@@ -29,6 +31,15 @@ std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device d
 #else
   fail("{}: this dstrain was built without the CUDA backend, so it has no NCCL; rebuild on a machine with the CUDA toolkit and NCCL", env.str());
 #endif
+}
+
+Device launcher_device(const LaunchEnv& env) {
+#if DSTRAIN_HAS_NCCL
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices == 1) return Device::cuda(0);
+  (void)cudaGetLastError();  // no driver / no GPU: not sticky, and not this function's error to report
+#endif
+  return Device::cuda(env.local_rank);
 }
 
 }  // namespace dstrain

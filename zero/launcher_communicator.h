@@ -23,4 +23,11 @@ bool nccl_backend_built();
 // have no host transport) and in a build without NCCL.
 std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device device);
 
+// The GPU of this process when the user names none (`--device cuda`): cuda:LOCAL_RANK, except
+// when the process sees exactly one GPU (srun --gpus-per-task=1, one container per rank, a
+// CUDA_VISIBLE_DEVICES per process): then its own GPU is cuda:0 whatever its local rank, as
+// NcclOptions::device = -1 chooses. cuda:LOCAL_RANK in a build without NCCL or when the GPUs
+// cannot be counted (the allocator then reports the problem).
+Device launcher_device(const LaunchEnv& env);
+
 }  // namespace dstrain

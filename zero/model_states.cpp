@@ -173,7 +173,10 @@ void ModelStates::wait(CommQueue::Ticket t) {
 
 void ModelStates::drain() {
   queue_->drain();
-  if (comm_ != nullptr) comm_->order_compute_after_collectives();
+  if (comm_ != nullptr) {
+    comm_->order_compute_after_collectives();
+    if (world_ > 1) comm_->synchronize();
+  }
 }
 
 void ModelStates::set_traces(std::vector<std::size_t> train, std::vector<std::size_t> eval) {
@@ -409,7 +412,8 @@ void ModelStates::all_reduce_sum(Tensor values) {
   if (world_ == 1) return;
   Communicator* comm = comm_;
   if (values.device == alloc_.device()) {
-    wait(queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); }));
+    queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); });
+    drain();  // the caller reads the sums next: bounded by the communicator's timeout first
     return;
   }
   // Host values, device collectives: through the small device buffer kept for this.
@@ -417,7 +421,8 @@ void ModelStates::all_reduce_sum(Tensor values) {
                 reduce_staging_.bytes());
   const Tensor staged = reduce_staging_.tensor(values.dtype, values.shape);
   copy_tensor(staged, values);
-  wait(queue_->submit([comm, staged] { comm->all_reduce(staged, ReduceOp::sum); }));
+  queue_->submit([comm, staged] { comm->all_reduce(staged, ReduceOp::sum); });
+  drain();  // the copy back waits on the host: bounded by the communicator's timeout first
   copy_tensor(values, staged);
 }
 
@@ -502,6 +507,7 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
           wait(queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); }));
         }
       }
+      if (world_ > 1) drain();       // the copy below waits on the host: bounded by the comm timeout first
       copy_tensor(st.host, st.dev);  // a no-op on a CPU rank (the same memory)
     }
     for (const FlatSlot& sl : lo.slots) fn(i, sl, st.host_slot(specs_[i][sl.spec], sl));

@@ -151,6 +151,10 @@ class ModelStates {
   struct Staging;
   Staging staging(std::int64_t numel) const;
   // queue_->wait / drain, then device work queued afterwards is ordered after the collectives.
+  // drain() also waits for them on the host (Communicator::synchronize(), bounded by the comm
+  // timeout): it ends a pass or a step, where the host would block on the compute stream next
+  // anyway (a loss or norm read, a batch upload), and there a dead NCCL peer must surface as the
+  // communicator's timeout Error instead of an unbounded wait inside a cudaMemcpy.
   void wait(CommQueue::Ticket t);
   void drain();
   Tensor region(const Buffer& b, DType t, std::int64_t begin, std::int64_t count) const;

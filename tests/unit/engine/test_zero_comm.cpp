@@ -283,5 +283,68 @@ TEST(ZeroCommOverflow, EveryRankSkipsTheSameStep) {
   }
 }
 
+// Forwards every collective to the rank's local communicator and records when synchronize() was
+// called: the sequence number of the last collective it covered.
+class SyncRecorder final : public Communicator {
+ public:
+  explicit SyncRecorder(Communicator& inner) : Communicator(inner.rank(), inner.world_size()), inner_(inner) {}
+  std::string_view backend() const override { return inner_.backend(); }
+  void synchronize() override {
+    inner_.synchronize();
+    ++syncs;
+    synced_through = inner_.sequence();
+  }
+  void order_compute_after_collectives() override { inner_.order_compute_after_collectives(); }
+  std::uint64_t issued() const { return inner_.sequence(); }
+  int syncs = 0;
+  std::uint64_t synced_through = 0;
+
+ protected:
+  void do_all_reduce(const Tensor& buf, ReduceOp op) override { inner_.all_reduce(buf, op); }
+  void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override { inner_.reduce_scatter(send, recv, op); }
+  void do_all_gather(const Tensor& send, const Tensor& recv) override { inner_.all_gather(send, recv); }
+  void do_broadcast(const Tensor& buf, int root) override { inner_.broadcast(buf, root); }
+  void do_barrier() override { inner_.barrier(); }
+
+ private:
+  Communicator& inner_;
+};
+
+// On a GPU the collectives run on NCCL's stream and only NcclCommunicator::synchronize() bounds a
+// wait for them by the timeout: the host's next blocking read (the loss, the grad norm, a batch
+// upload) would otherwise hang on a dead peer. So every backward, optimizer step and host-value
+// all-reduce ends with every collective it issued synchronized.
+TEST(ZeroEngineComm, EveryPassEndsSynchronized) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    RunSpec s;
+    s.stage = stage;
+    s.world = 2;
+    s.gas = 2;
+    const std::string json = zero_config_json(s);
+    run_local_ranks(s.world, [&](Communicator& local) {
+      SyncRecorder comm(local);
+      config::ConfigOptions copts;
+      copts.world_size = s.world;
+      const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+      EngineOptions o;
+      o.seed = 11;
+      o.comm = &comm;
+      o.sequence_length = kT;
+      Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+      for (int step = 0; step < 2; ++step) {
+        for (int m = 0; m < s.gas; ++m) {
+          Tokens t = slot_batch(step, m * s.world + comm.rank());
+          e.forward(t.batch());
+          e.backward();
+          EXPECT_EQ(comm.synced_through, comm.issued()) << "stage " << stage << " after backward, step " << step << " micro " << m;
+          e.step();
+          EXPECT_EQ(comm.synced_through, comm.issued()) << "stage " << stage << " after step(), step " << step << " micro " << m;
+        }
+      }
+      EXPECT_GT(comm.syncs, 0) << "stage " << stage;
+    });
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
