@@ -118,7 +118,6 @@ struct Engine::Impl {
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   std::vector<OptimizerSegment> segments;                // this rank's optimizer work
-  std::vector<std::size_t> segment_layer;                // the layer of each segment
   Buffer act_buf, scratch_buf;
   Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
   Batch batch;      // the current micro-batch, on the device
@@ -206,7 +205,6 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   for (const PartitionSegment& p : im.states->partitions()) {
     im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges, static_cast<std::uint32_t>(p.layer), p.layer_offset});
-    im.segment_layer.push_back(p.layer);
   }
   if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
     log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
@@ -328,16 +326,7 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
     // The layers see the uploaded copy, and the device encoder checks ids only against its
     // table's padded rows: check the real vocabulary here, as the CPU embedding does.
-    if (batch.tokens.device.is_cpu() && model_.vocab_size > 0) {
-      const std::int32_t* tok = batch.tokens.as<std::int32_t>();
-      for (std::int64_t k = 0; k < batch.tokens.numel(); ++k) {
-        if (tok[k] < 0 || tok[k] >= model_.vocab_size) {
-          fail("Engine::forward: token id {} at flat position {} of the batch is outside the vocabulary [0, {}); check the data matches "
-               "the model's tokenizer",
-               tok[k], k, model_.vocab_size);
-        }
-      }
-    }
+    if (model_.vocab_size > 0) check_token_ids(batch.tokens, model_.vocab_size, "Engine::forward");
     im.batch.tokens = im.batch_buf.tensor(DType::int32, bt);
     im.batch.targets = im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t));
     copy_tensor(im.batch.tokens, batch.tokens);
@@ -508,7 +497,7 @@ bool Engine::optimizer_step() {
   if (counts_here) {
     for (std::size_t k = 0; k < im.segments.size(); ++k) {
       const GradNormOverflow r = grad_norm_overflow(im.segments[k].grads);
-      if (r.overflow() && first_bad.empty()) first_bad = model_.layers[im.segment_layer[k]]->name();
+      if (r.overflow() && first_bad.empty()) first_bad = model_.layers[im.segments[k].layer]->name();
       total += r;
     }
   }

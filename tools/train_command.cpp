@@ -236,8 +236,8 @@ struct RunResult {
 // The val loss over every rank's share of the val batches (EvalLoader gives rank r of W the
 // batches j·W + r): each rank sums its own, and one all-reduce of [sum, count] combines them.
 // One rank: the mean of its batches, as before ZeRO.
-double evaluate_all_ranks(Engine& engine, EvalLoader& loader, TokenBatch& tb, Communicator* comm) {
-  if (comm == nullptr || comm->world_size() == 1) return evaluate(engine, loader, tb);
+double evaluate_all_ranks(Engine& engine, EvalLoader& loader, TokenBatch& tb) {
+  if (engine.world_size() == 1) return evaluate(engine, loader, tb);
   const auto [sum, n] = evaluate_sum(engine, loader, tb);
   std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
   engine.all_reduce_sum(buf);
@@ -499,7 +499,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Device devic
     }
     if (args.val_interval > 0 && done % args.val_interval == 0 && done != steps) {
       if (val) {
-        const double vl = evaluate_all_ranks(engine, *val, tb, comm);
+        const double vl = evaluate_all_ranks(engine, *val, tb);
         summary.val_losses.emplace_back(done, vl);
         say0(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
       }
@@ -509,7 +509,7 @@ void train_rank(const TrainArgs& args, const config::DsConfig& cfg, Device devic
   // This rank's ZeRO figures after training (before the final evaluation and save).
   result.reports[static_cast<std::size_t>(rank - result.report_offset)] = engine.zero_report();
   if (val) {
-    const double vl = evaluate_all_ranks(engine, *val, tb, comm);
+    const double vl = evaluate_all_ranks(engine, *val, tb);
     summary.val_losses.emplace_back(engine.global_steps(), vl);
     say0(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), steps, vl));
   }

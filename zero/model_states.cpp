@@ -290,6 +290,19 @@ void ModelStates::before_backward(std::size_t i) {
   }
 }
 
+namespace {
+// Averages one chunk of whole gradients over the ranks so that rank r's piece (shard_of(chunk, r,
+// w)) holds the average: a reduce-scatter in place, or with reduce_scatter off (DeepSpeed's
+// reduce_scatter: false) an all-reduce of the whole chunk.
+void average_chunk(Communicator* comm, const Tensor& chunk, int r, int w, bool reduce_scatter) {
+  if (reduce_scatter) {
+    comm->reduce_scatter(chunk, shard_of(chunk, r, w), ReduceOp::avg);
+  } else {
+    comm->all_reduce(chunk, ReduceOp::avg);
+  }
+}
+}  // namespace
+
 void ModelStates::flush_allreduce(std::int64_t begin, std::int64_t end) {
   Communicator* comm = comm_;
   for (std::int64_t b = begin; b < end;) {
@@ -333,13 +346,7 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
       chunks.push_back(region(grads_full_, s_.storage, ly.grad_begin + c.begin, c.size()));
     }
     queue_->submit([comm, r, chunks = std::move(chunks), w = world_, rs = s_.reduce_scatter] {
-      for (const Tensor& c : chunks) {
-        if (rs) {
-          comm->reduce_scatter(c, shard_of(c, r, w), ReduceOp::avg);
-        } else {
-          comm->all_reduce(c, ReduceOp::avg);
-        }
-      }
+      for (const Tensor& c : chunks) average_chunk(comm, c, r, w, rs);
     });
     return;
   }
@@ -356,11 +363,11 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
   Buffer* transient = &ly.transient_grads;
   const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
     for (const auto& [chunk, part] : parts) {
-      const Tensor mine = shard_of(chunk, r, w);
-      if (comm != nullptr && rs) comm->reduce_scatter(chunk, mine, ReduceOp::avg);
-      if (comm != nullptr && !rs) comm->all_reduce(chunk, ReduceOp::avg);
-      if (comm != nullptr) comm->order_compute_after_collectives();  // the add below reads what the collective wrote
-      residual_forward(part, part, mine);  // accumulate over micro-steps (fp32 add, one rounding)
+      if (comm != nullptr) {
+        average_chunk(comm, chunk, r, w, rs);
+        comm->order_compute_after_collectives();  // the add below reads what the collective wrote
+      }
+      residual_forward(part, part, shard_of(chunk, r, w));  // accumulate over micro-steps (fp32 add, one rounding)
     }
     transient->reset();
   });
@@ -410,20 +417,18 @@ void ModelStates::zero_grads() {
 
 void ModelStates::all_reduce_sum(Tensor values) {
   if (world_ == 1) return;
-  Communicator* comm = comm_;
-  if (values.device == alloc_.device()) {
-    queue_->submit([comm, values] { comm->all_reduce(values, ReduceOp::sum); });
-    drain();  // the caller reads the sums next: bounded by the communicator's timeout first
-    return;
+  // Host values with device collectives go through the small device buffer kept for this.
+  Tensor t = values;
+  if (values.device != alloc_.device()) {
+    DSTRAIN_CHECK(values.nbytes() <= reduce_staging_.bytes(), "ModelStates::all_reduce_sum: {} host bytes, the device staging holds {}",
+                  values.nbytes(), reduce_staging_.bytes());
+    t = reduce_staging_.tensor(values.dtype, values.shape);
+    copy_tensor(t, values);
   }
-  // Host values, device collectives: through the small device buffer kept for this.
-  DSTRAIN_CHECK(values.nbytes() <= reduce_staging_.bytes(), "ModelStates::all_reduce_sum: {} host bytes, the device staging holds {}", values.nbytes(),
-                reduce_staging_.bytes());
-  const Tensor staged = reduce_staging_.tensor(values.dtype, values.shape);
-  copy_tensor(staged, values);
-  queue_->submit([comm, staged] { comm->all_reduce(staged, ReduceOp::sum); });
-  drain();  // the copy back waits on the host: bounded by the communicator's timeout first
-  copy_tensor(values, staged);
+  Communicator* comm = comm_;
+  queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::sum); });
+  drain();  // the caller reads the sums next: bounded by the communicator's timeout first
+  copy_tensor(values, t);  // a no-op when t is values
 }
 
 // ---- whole parameters ----
@@ -504,10 +509,10 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
           const FlatRange c = lo.chunk_range(k);
           const Tensor whole = st.dev.slice_rows(c.begin, c.begin + c.size());
           Communicator* comm = comm_;
-          wait(queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); }));
+          queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); });
         }
       }
-      if (world_ > 1) drain();       // the copy below waits on the host: bounded by the comm timeout first
+      drain();                       // every chunk gathered; the copy below waits on the host, bounded by the comm timeout first
       copy_tensor(st.host, st.dev);  // a no-op on a CPU rank (the same memory)
     }
     for (const FlatSlot& sl : lo.slots) fn(i, sl, st.host_slot(specs_[i][sl.spec], sl));

@@ -36,17 +36,8 @@ void Gpt2Embedding::forward(const ForwardArgs& a) {
   expect_count(name(), "params", a.params, 2);
   expect_count(name(), "scratch", a.scratch, 2);
   const Tensor& tokens = a.batch.tokens;
-  if (tokens.dtype == DType::int32 && tokens.device.is_cpu()) {
-    // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
-    const auto* tok = tokens.as<std::int32_t>();
-    for (std::int64_t i = 0; i < tokens.numel(); ++i) {
-      if (tok[i] < 0 || tok[i] >= cfg_.vocab_size) {
-        fail("layer 'embedding': token id {} at flat position {} is outside the vocabulary [0, {}); check the data matches the model's "
-             "tokenizer",
-             tok[i], i, cfg_.vocab_size);
-      }
-    }
-  }
+  // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
+  check_token_ids(tokens, cfg_.vocab_size, "layer 'embedding'");
   if (tokens.shape.rank == 2 && tokens.shape[1] > cfg_.n_positions) {
     fail("layer 'embedding': sequence length T = {} exceeds n_positions = {}; use T <= {} or a model with more positions", tokens.shape[1],
          cfg_.n_positions, cfg_.n_positions);

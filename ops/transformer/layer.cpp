@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "ops/error.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
@@ -21,6 +22,17 @@ std::int64_t count_targets(const Batch& batch) {
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < t.numel(); ++i) n += v[i] >= 0 ? 1 : 0;
   return n;
+}
+
+void check_token_ids(const Tensor& tokens, std::int64_t vocab_size, std::string_view who) {
+  if (tokens.dtype != DType::int32 || !tokens.device.is_cpu()) return;
+  const auto* tok = tokens.as<std::int32_t>();
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    if (tok[i] < 0 || tok[i] >= vocab_size) {
+      fail("{}: token id {} at flat position {} is outside the vocabulary [0, {}); check the data matches the model's tokenizer", who, tok[i], i,
+           vocab_size);
+    }
+  }
 }
 
 }  // namespace dstrain

@@ -98,6 +98,11 @@ struct Batch {
 // live on a device).
 std::int64_t count_targets(const Batch& batch);
 
+// Error naming `who`, the id and its position when an int32 token id in host memory is outside
+// [0, vocab_size): a padded embedding table (Vp > V rows) would accept ids in [V, Vp) silently.
+// Nothing to check for tokens on a device (their kernel checks against the table).
+void check_token_ids(const Tensor& tokens, std::int64_t vocab_size, std::string_view who);
+
 // Dropout call sites per layer: the engine sets `rng.layer` to the layer's index in the model and
 // `rng.site` to 0; a layer tells its dropout call sites apart with sites 0 .. kRngSitesPerLayer-1.
 inline constexpr std::uint32_t kRngSitesPerLayer = 4;
