@@ -1,19 +1,12 @@
 #include "engine/activation_transfer_cuda.h"
 
+#include "ops/cuda/compute_stream.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_runtime_info.h"
 #include "ops/cuda/device_scope.h"
 #include "ops/error.h"
 
 namespace dstrain {
-
-namespace {
-
-// Where dstrain's kernels run (ops/cuda/kernels.cpp's kStream = nullptr is this stream in a build
-// without --default-stream per-thread; with it, the per-thread stream still orders with this one).
-const cudaStream_t kComputeStream = cudaStreamLegacy;
-
-}  // namespace
 
 CudaActivationTransfer::CudaActivationTransfer(int ordinal) : ordinal_(ordinal) {
   require_cuda_device(ordinal);
@@ -65,7 +58,7 @@ ActivationTransfer::Ticket CudaActivationTransfer::copy(const Tensor& dst, const
 
   CudaDeviceScope scope(ordinal_);
   // The source was written, and the destination last read, by work already on the compute stream.
-  DSTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, kComputeStream));
+  DSTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, cuda::compute_stream()));
   DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
   DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, to_host_direction ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
                                      stream_));
@@ -85,7 +78,7 @@ void CudaActivationTransfer::wait(Ticket ticket) {
   DSTRAIN_CHECK(ticket <= next_, "activation transfer wait: ticket {} was never issued (the last is {}); wait only on tickets that "
                 "to_host / to_device returned", ticket, next_);
   CudaDeviceScope scope(ordinal_);
-  DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, done_[ticket % kEvents], 0));
+  DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_[ticket % kEvents], 0));
 }
 
 void CudaActivationTransfer::synchronize() {

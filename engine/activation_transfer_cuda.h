@@ -50,8 +50,6 @@ class CudaActivationTransfer final : public ActivationTransfer {
   void wait(Ticket ticket) override;
   void synchronize() override;
 
-  int ordinal() const { return ordinal_; }
-  cudaStream_t stream() const { return stream_; }
 
  private:
   Ticket copy(const Tensor& dst, const Tensor& src, bool to_host_direction);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "ops/error.h"
@@ -12,7 +13,9 @@
 #if DSTRAIN_LOCAL_COMM_CUDA
 #include <cuda_runtime_api.h>
 
+#include "ops/cuda/compute_stream.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_scope.h"
 #include "ops/cuda/rank_reduce.h"
 #endif
 
@@ -103,26 +106,6 @@ void reduce_dispatch(DType dtype, const std::vector<const void*>& in, const std:
 #if DSTRAIN_LOCAL_COMM_CUDA
 // ---- the same work on device memory, enqueued on the device's legacy default stream ----
 
-// Makes `device` this thread's current device while it lives: the legacy default stream (and the
-// context the copies and kernels go to) is the current device's.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    DSTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) DSTRAIN_CUDA_CHECK(cudaSetDevice(device));
-    changed_ = previous_ != device;
-  }
-  ~CurrentDevice() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
 RankReduceOp rank_reduce_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return RankReduceOp::sum;
@@ -139,11 +122,11 @@ void device_reduce(DType dtype, const std::vector<const void*>& in, const std::v
                 "nccl backend",
                 in.size(), kRankReduceMaxBuffers);
   cuda_rank_reduce(in.data(), static_cast<int>(in.size()), out.data(), static_cast<int>(out.size()), dtype, static_cast<std::size_t>(n),
-                   rank_reduce_op(op), cudaStreamLegacy);
+                   rank_reduce_op(op), cuda::compute_stream());
 }
 
 void device_copy(void* dst, const void* src, std::size_t bytes) {
-  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy));
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
 }
 #endif
 
@@ -418,12 +401,12 @@ void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
 void LocalCommunicator::synchronize() {
 #if DSTRAIN_LOCAL_COMM_CUDA
   if (pending_device_ < 0) return;
-  CurrentDevice current(pending_device_);
+  CudaDeviceScope current(pending_device_);
   // Polls instead of cudaStreamSynchronize so that a GPU that never finishes fails after the
   // timeout rather than hang (the Communicator contract).
   const auto deadline = Clock::now() + group_.timeout();
   for (;;) {
-    const cudaError_t status = cudaStreamQuery(cudaStreamLegacy);
+    const cudaError_t status = cudaStreamQuery(cuda::compute_stream());
     if (status == cudaSuccess) break;
     if (status != cudaErrorNotReady) DSTRAIN_CUDA_CHECK(status);
     if (Clock::now() > deadline) {
@@ -468,16 +451,13 @@ void LocalCommunicator::collective(LocalGroup::Call call, const std::function<vo
   group_.wait_all(rank(), call, LocalGroup::Phase::arrive, deadline);
   if (work) {
 #if DSTRAIN_LOCAL_COMM_CUDA
+    std::optional<CudaDeviceScope> current;  // device memory: enqueue on that device's stream
     if (call.device.is_cuda()) {
-      CurrentDevice current(call.device.index);
-      work();
+      current.emplace(call.device.index);
       pending_device_ = call.device.index;
-    } else {
-      work();
     }
-#else
-    work();
 #endif
+    work();
   }
   group_.wait_all(rank(), call, LocalGroup::Phase::depart, deadline + group_.timeout());
 }

@@ -34,6 +34,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "ops/cuda/compute_stream.h"
 #include "zero/communicator.h"
 #include "zero/launch_env.h"
 
@@ -109,7 +110,7 @@ class NcclCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaStream_t compute_stream_ = nullptr;
+  cudaStream_t compute_stream_ = cuda::compute_stream();
   cudaEvent_t compute_ready_ = nullptr;
   cudaEvent_t comm_done_ = nullptr;
   int* barrier_word_ = nullptr;  // 4 bytes of device memory for barrier()

@@ -66,6 +66,16 @@ void CublasLtContext::gemm(const GemmArgs& g, cudaStream_t stream) {
 }
 
 bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
+  const unsigned al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D), al_bias = g.bias ? alignment_of(g.bias) : 256;
+  const unsigned al_aux = g.aux ? alignment_of(g.aux) : 256;
+  const Key key{static_cast<int>(g.dtype), g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, g.bias != nullptr,
+                al_a, al_b, al_d, al_bias, static_cast<int>(g.act), g.ldaux, al_aux};
+  {
+    // A problem already known to have no algorithm (the caller's fallback runs) costs no descriptors.
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = algos_.find(key);
+    if (it != algos_.end() && !it->second) return false;
+  }
   const cudaDataType_t t = cuda_type(g.dtype);
   Descs ds;
   DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // no TF32: see the header
@@ -100,10 +110,6 @@ bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   DSTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, t, rows_b, cols_b, g.ldb));
   DSTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.d, t, static_cast<std::uint64_t>(g.m), static_cast<std::uint64_t>(g.n), g.ldd));
 
-  const unsigned al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D), al_bias = g.bias ? alignment_of(g.bias) : 256;
-  const unsigned al_aux = g.aux ? alignment_of(g.aux) : 256;
-  const Key key{static_cast<int>(g.dtype), g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, g.bias != nullptr,
-                al_a, al_b, al_d, al_bias, static_cast<int>(g.act), g.ldaux, al_aux};
   std::optional<cublasLtMatmulAlgo_t> algo;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -4,7 +4,6 @@
 #include "ops/cuda/kernels.h"
 
 #include <array>
-#include <initializer_list>
 #include <cmath>
 #include <mutex>
 #include <cstdint>
@@ -13,6 +12,7 @@
 
 #include "ops/cuda/cast.h"
 #include "ops/cuda/cublaslt.h"
+#include "ops/cuda/compute_stream.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernel_launch.h"
 #include "ops/error.h"
@@ -20,13 +20,21 @@
 namespace dstrain::cuda {
 namespace {
 
-constexpr cudaStream_t kStream = nullptr;  // legacy default stream: ordered with cudaMemcpy
+const cudaStream_t kStream = compute_stream();  // ordered with cudaMemcpy (ops/cuda/compute_stream.h)
 
 // The entry point checked that all tensors share one device; make it current.
 void use_device_of(const Tensor& t) {
   int current = -1;
   DSTRAIN_CUDA_CHECK(cudaGetDevice(&current));
   if (current != t.device.index) DSTRAIN_CUDA_CHECK(cudaSetDevice(t.device.index));
+}
+
+// Every non-null pointer 16-byte aligned: what cp.async, cuBLASLt's epilogue vectors and its bias
+// pointer need.
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 // Copies n int32 from device to host (synchronous).
@@ -225,11 +233,7 @@ void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, T
 // other head sizes on the warp-per-row kernels (attention.cu).
 namespace {
 bool use_attention_tc(DType t, std::int64_t C, std::int64_t NH, std::initializer_list<const void*> ptrs) {
-  if (NH <= 0 || !cuda_detail::attention_tc_supported(t, C / NH)) return false;
-  for (const void* p : ptrs) {
-    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  }
-  return true;
+  return NH > 0 && cuda_detail::attention_tc_supported(t, C / NH) && aligned16(ptrs);
 }
 }  // namespace
 
@@ -295,7 +299,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor /
   GemmArgs g = forward_gemm(out, inp, weight, BT, C, OC);
   // The bias epilogue needs a 16-byte aligned bias (a slice of a flat parameter buffer may not be):
   // otherwise a separate add (for 16-bit storage that rounds twice: within the matmul tolerance).
-  const bool epilogue = bias.data != nullptr && reinterpret_cast<std::uintptr_t>(bias.data) % 16 == 0;
+  const bool epilogue = bias.data != nullptr && aligned16({bias.data});
   g.bias = epilogue ? bias.data : nullptr;
   CublasLtContext::get(inp.device.index).gemm(g, kStream);
   if (bias.data != nullptr && !epilogue) DSTRAIN_CUDA_CHECK(cuda_detail::launch_add_bias(out.data, bias.data, out.dtype, BT, OC, kStream));
@@ -327,12 +331,7 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
 namespace {
 // cuBLASLt's GELU epilogues read and write the aux matrix in 16-byte vectors: its leading dimension
 // must be a multiple of 8 elements and every pointer 16-byte aligned.
-bool gelu_epilogue_fits(std::int64_t ld, std::initializer_list<const void*> ptrs) {
-  if (ld % 8 != 0) return false;
-  for (const void* p : ptrs)
-    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
+bool gelu_epilogue_fits(std::int64_t ld, std::initializer_list<const void*> ptrs) { return ld % 8 == 0 && aligned16(ptrs); }
 }  // namespace
 
 void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias, Tensor scratch) {
@@ -355,21 +354,27 @@ void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dy, 
   use_device_of(out);
   const std::int64_t C = out.shape[out.shape.rank - 1], BT = C == 0 ? 0 : out.numel() / C, OC = weight.shape[0];
   if (BT == 0 || C == 0) return;
-  if (OC > 0 && gelu_epilogue_fits(C, {dpre.data, pre.data, dy.data, weight.data})) {
-    // dpre = gelu'(pre) ⊙ (dy · weight): the dinp GEMM of matmul_backward with beta 0 and DGELU.
-    GemmArgs g = dinp_gemm(dpre, dy, weight, BT, C, OC);
-    g.beta = 0.0f;  // dpre is written
-    g.act = GemmArgs::Act::dgelu;
-    g.aux = pre.data, g.ldaux = C;
-    if (CublasLtContext::get(out.device.index).try_gemm(g, kStream)) {
-      matmul_backward(Tensor{}, dweight, dbias, dy, out, weight, scratch);
-      return;
-    }
+  if (OC == 0) return zero_tensor(dpre);  // dy · weight is empty: dpre = gelu'(pre) · 0
+  // d(out) = dy · weight: the dinp GEMM of matmul_backward, written (beta 0). With DGELU in its
+  // epilogue it lands as dpre = gelu'(pre) ⊙ d(out) directly; else in dout_scratch, then GELU's
+  // backward.
+  CublasLtContext& ctx = CublasLtContext::get(out.device.index);
+  GemmArgs g = dinp_gemm(dpre, dy, weight, BT, C, OC);
+  g.beta = 0.0f;
+  bool fused = false;
+  if (gelu_epilogue_fits(C, {dpre.data, pre.data, dy.data, weight.data})) {
+    GemmArgs f = g;
+    f.act = GemmArgs::Act::dgelu;
+    f.aux = pre.data, f.ldaux = C;
+    fused = ctx.try_gemm(f, kStream);
   }
-  zero_tensor(dout_scratch);
-  matmul_backward(dout_scratch, dweight, dbias, dy, out, weight, scratch);
-  zero_tensor(dpre);
-  gelu_backward(dpre, pre, dout_scratch);
+  if (!fused) {
+    g.D = dout_scratch.data;
+    ctx.gemm(g, kStream);
+    zero_tensor(dpre);
+    gelu_backward(dpre, pre, dout_scratch);
+  }
+  matmul_backward(Tensor{}, dweight, dbias, dy, out, weight, scratch);
 }
 
 GradNormOverflow grad_norm_overflow(Tensor grads) {

@@ -33,7 +33,7 @@ CachingPool::Backend pinned_backend(int ordinal) {
 
 }  // namespace
 
-CudaPinnedAllocator::CudaPinnedAllocator(int ordinal) : ordinal_(ordinal), pool_(pinned_backend(ordinal)) {
+CudaPinnedAllocator::CudaPinnedAllocator(int ordinal) : pool_(pinned_backend(ordinal)) {
   require_cuda_device(ordinal);
 }
 

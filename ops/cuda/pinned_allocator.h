@@ -36,7 +36,6 @@ class CudaPinnedAllocator final : public Allocator {
   ~CudaPinnedAllocator() override = default;  // cudaFreeHost of cached segments (errors ignored)
 
   Device device() const override { return Device::cpu(); }
-  int ordinal() const { return ordinal_; }
   std::size_t default_alignment() const override { return kDefaultAlignment; }
 
   std::size_t reserved_bytes() const { return pool_.stats().reserved_bytes; }
@@ -52,7 +51,6 @@ class CudaPinnedAllocator final : public Allocator {
   std::string out_of_memory_detail() const override;
 
  private:
-  int ordinal_;
   CachingPool pool_;
 };
 

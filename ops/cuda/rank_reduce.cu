@@ -12,9 +12,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cuda_runtime_api.h>
 
 #include "ops/cuda/exact_storage.cuh"

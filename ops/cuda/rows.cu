@@ -144,35 +144,11 @@ cudaError_t launch_column_sums(typename S::storage* dbias, typename S::storage* 
   return cudaGetLastError();
 }
 
+// log sum_v<V exp(x[v]) of one row, by the whole block: each thread's online (max, sum) over its
+// columns in one read of the row, then a fixed-tree block reduction (deterministic). Every thread
+// returns the row's value (the reductions synchronise the block).
 template <typename S>
-__global__ void softmax_ce_forward_kernel(float* __restrict__ losses, float* __restrict__ lse, const typename S::storage* __restrict__ logits,
-                                          const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp) {
-  const std::int64_t i = blockIdx.x;
-  const typename S::storage* x = logits + i * Vp;
-  float mx = -INFINITY;
-  for (std::int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, S::load(x[v]));
-  const float m = block_max(mx);
-  float s = 0.0f;
-  for (std::int64_t v = threadIdx.x; v < V; v += blockDim.x) s += fast_exp(S::load(x[v]) - m);
-  const double total = block_sum(static_cast<double>(s));
-  if (threadIdx.x == 0) {
-    const float l = m + static_cast<float>(log(total));
-    lse[i] = l;
-    const std::int32_t t = targets[i];
-    losses[i] = t < 0 ? 0.0f : l - S::load(x[t]);
-  }
-}
-
-// Forward and backward of one row in one block: each thread's online (max, sum) over its columns
-// in one read of the row, a fixed-tree block reduction (deterministic), then the gradient written
-// over the logits in a second sweep that finds the row in cache. The target's logit is read
-// before any thread writes (the reductions synchronise the block in between).
-template <typename S>
-__global__ void softmax_ce_fused_kernel(float* __restrict__ losses, float* __restrict__ lse, typename S::storage* logits,
-                                        const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp, float dloss) {
-  const std::int64_t i = blockIdx.x;
-  typename S::storage* x = logits + i * Vp;
-  const std::int32_t t = targets[i];
+__device__ float row_lse(const typename S::storage* x, std::int64_t V) {
   float m = -INFINITY, s = 0.0f;
   for (std::int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float xv = S::load(x[v]);
@@ -183,35 +159,61 @@ __global__ void softmax_ce_fused_kernel(float* __restrict__ losses, float* __res
       s += fast_exp(xv - m);
     }
   }
-  const float xt = t >= 0 ? S::load(x[t]) : 0.0f;  // before the writes below
   const float mall = block_max(m);
   const double total = block_sum(static_cast<double>(s > 0.0f ? s * fast_exp(m - mall) : 0.0f));
-  const float l = mall + static_cast<float>(log(total));
-  if (threadIdx.x == 0) {
-    lse[i] = l;
-    losses[i] = t < 0 ? 0.0f : l - xt;
-  }
-  for (std::int64_t v = threadIdx.x; v < Vp; v += blockDim.x) {
-    float g = 0.0f;
-    if (t >= 0 && v < V) g = (fast_exp(S::load(x[v]) - l) - (v == t ? 1.0f : 0.0f)) * dloss;
-    x[v] = S::store(g);
-  }
+  return mall + static_cast<float>(log(total));
 }
 
-// In place allowed (dlogits == logits): each element is read and written by one thread.
+// dlogits of one row from its lse: (softmax - onehot(t))·dloss over the real vocabulary, 0 in the
+// padding columns and for an ignored row (t < 0). Each element is read and written by one thread,
+// so d may be x (in place).
 template <typename S>
-__global__ void softmax_ce_backward_kernel(typename S::storage* dlogits, const typename S::storage* logits, const float* __restrict__ lse,
-                                           const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp, float dloss) {
-  const std::int64_t i = blockIdx.x;
-  const typename S::storage* x = logits + i * Vp;
-  typename S::storage* d = dlogits + i * Vp;
-  const std::int32_t t = targets[i];
-  const float l = lse[i];
+__device__ void write_row_grad(typename S::storage* d, const typename S::storage* x, float l, std::int32_t t, std::int64_t V, std::int64_t Vp,
+                               float dloss) {
   for (std::int64_t v = threadIdx.x; v < Vp; v += blockDim.x) {
     float g = 0.0f;
     if (t >= 0 && v < V) g = (fast_exp(S::load(x[v]) - l) - (v == t ? 1.0f : 0.0f)) * dloss;
     d[v] = S::store(g);
   }
+}
+
+template <typename S>
+__global__ void softmax_ce_forward_kernel(float* __restrict__ losses, float* __restrict__ lse, const typename S::storage* __restrict__ logits,
+                                          const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp) {
+  const std::int64_t i = blockIdx.x;
+  const typename S::storage* x = logits + i * Vp;
+  const float l = row_lse<S>(x, V);
+  if (threadIdx.x == 0) {
+    lse[i] = l;
+    const std::int32_t t = targets[i];
+    losses[i] = t < 0 ? 0.0f : l - S::load(x[t]);
+  }
+}
+
+// Forward and backward of one row in one block: the forward's lse (one read of the row), then the
+// gradient written over the logits in a second sweep that finds the row in cache. The target's
+// logit is read before any thread writes (row_lse's reductions synchronise the block in between).
+template <typename S>
+__global__ void softmax_ce_fused_kernel(float* __restrict__ losses, float* __restrict__ lse, typename S::storage* logits,
+                                        const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp, float dloss) {
+  const std::int64_t i = blockIdx.x;
+  typename S::storage* x = logits + i * Vp;
+  const std::int32_t t = targets[i];
+  const float xt = t >= 0 ? S::load(x[t]) : 0.0f;
+  const float l = row_lse<S>(x, V);
+  if (threadIdx.x == 0) {
+    lse[i] = l;
+    losses[i] = t < 0 ? 0.0f : l - xt;
+  }
+  write_row_grad<S>(x, x, l, t, V, Vp, dloss);
+}
+
+// In place allowed (dlogits == logits).
+template <typename S>
+__global__ void softmax_ce_backward_kernel(typename S::storage* dlogits, const typename S::storage* logits, const float* __restrict__ lse,
+                                           const std::int32_t* __restrict__ targets, std::int64_t V, std::int64_t Vp, float dloss) {
+  const std::int64_t i = blockIdx.x;
+  write_row_grad<S>(dlogits + i * Vp, logits + i * Vp, lse[i], targets[i], V, Vp, dloss);
 }
 
 template <typename S>
