@@ -36,18 +36,12 @@ start_s=$SECONDS
 left_min() { echo $(((budget_min * 60 - (SECONDS - start_s)) / 60)); }
 mkdir -p "$out_dir"
 
-if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then die "no NVIDIA GPU (nvidia-smi -L fails)"; fi
-
 # shellcheck source=bench/gpu_common.sh
 . "$repo/bench/gpu_common.sh"
-targets=(dstrain_cli bench_gemm_peak)
-# The test exists when the build has the tests (ensure_cuda_build configures them when it can).
-if [ ! -f "$build_dir/CMakeCache.txt" ] || grep -q '^DSTRAIN_BUILD_TESTS:BOOL=ON' "$build_dir/CMakeCache.txt"; then
-  ensure_cuda_build "${targets[@]}"
-  if grep -q '^DSTRAIN_BUILD_TESTS:BOOL=ON' "$build_dir/CMakeCache.txt"; then ensure_cuda_build test_gpu_local_comm; fi
-else
-  ensure_cuda_build "${targets[@]}"
-fi
+require_gpu
+ensure_cuda_build dstrain_cli bench_gemm_peak
+# The local communicator's GPU test, when the build has the tests (configured with them when it can).
+if grep -q '^DSTRAIN_BUILD_TESTS:BOOL=ON' "$build_dir/CMakeCache.txt"; then ensure_cuda_build test_gpu_local_comm; fi
 export DSTRAIN_BENCH_NO_BUILD=1  # built above, for the scripts below
 
 state="$build_dir/gpu_bench"

@@ -4,8 +4,7 @@ tables from the files their runs left, the per-run ds_config, and a random token
 
 dstrain's figures come from its --summary-json: step_seconds (each optimizer step's time, taken after
 a device synchronise), peak memory, parameters, the ZeRO report. Steps after the warm-up are timed;
-tokens/s = tokens / the sum of their times. (Older builds without step_seconds: the `dstrain train`
-log's progress lines, one per step with steps_per_print 1, give each step's tokens/s instead.) The summary's own
+tokens/s = tokens / the sum of their times. The summary's own
 tokens_per_s covers every step including the warm-up (first-step allocations, cuBLASLt heuristics)
 and is kept as tokens_per_s_all_steps.
 
@@ -18,7 +17,6 @@ import argparse
 import array
 import json
 import os
-import re
 import statistics
 import struct
 import sys
@@ -27,7 +25,6 @@ H100_SXM_BF16_PEAK = 989.4e12  # dense bf16, /work/shared/reference/anchors.md Â
 LLMC = ("llm.c (published, not run here): about 471K tokens/s per H100 at d12, B=64, T=1024, on 8 GPUs "
         "(139 ms/step median for 524,288 tokens per step; modded-nanogpt record 2024-10-13), 38% MFU")
 GIB = 1024.0 ** 3
-PROGRESS = re.compile(r"^step (\d+)/(\d+) \| .*\| ([\d,]+) tokens/s \|")
 
 
 def load_json(path):
@@ -54,20 +51,6 @@ def flops_per_token(params, layers, channels, seq):
     return 6 * params + 6 * layers * channels * seq
 
 
-def step_tokens_per_s(log_path):
-    """{step: tokens/s} from a dstrain train log's progress lines."""
-    out = {}
-    try:
-        with open(log_path, errors="replace") as f:
-            for line in f:
-                m = PROGRESS.match(line.strip())
-                if m:
-                    out[int(m.group(1))] = float(m.group(3).replace(",", ""))
-    except OSError:
-        pass
-    return out
-
-
 def dstrain_point(log_path, summary_path, warmup, layers=12, channels=768):
     """The timed figures of one dstrain run, or {"error": ...}."""
     summary = load_json(summary_path)
@@ -83,20 +66,16 @@ def dstrain_point(log_path, summary_path, warmup, layers=12, channels=768):
         return {"error": "out of memory" if oom else "failed (see log)", "detail": tail[:300]}
     T = summary["sequence_length"]
     tokens_per_step = summary["train_batch_size"] * T
-    if summary.get("step_seconds"):
-        times = [t for t in summary["step_seconds"][warmup:] if t > 0]
-    else:
-        per_step = step_tokens_per_s(log_path)
-        times = [tokens_per_step / per_step[s] for s in sorted(per_step) if s > warmup and per_step[s] > 0]
+    times = [t for t in summary.get("step_seconds", [])[warmup:] if t > 0]
     r = {"tokens_per_s_all_steps": summary.get("tokens_per_s"), "steps": summary.get("steps"), "timed_steps": len(times)}
     if times:
         r["tokens_per_s"] = tokens_per_step * len(times) / sum(times)
         r["ms_per_step"] = 1000.0 * sum(times) / len(times)
         r["ms_per_step_median"] = 1000.0 * statistics.median(times)
-    else:  # no progress lines after the warm-up: fall back to the summary (warm-up included)
+    else:  # no step after the warm-up: the summary's whole-run figure (warm-up included)
         r["tokens_per_s"] = summary.get("tokens_per_s") or 0.0
         r["ms_per_step"] = 1000.0 * tokens_per_step / r["tokens_per_s"] if r["tokens_per_s"] else None
-        r["note"] = "warm-up included (no per-step progress lines found)"
+        r["note"] = "warm-up included (no step after the warm-up)"
     params = summary.get("parameters_stored") or summary.get("parameters")
     r["parameters"] = params
     r["flops_per_token"] = flops_per_token(params, layers, channels, T)
@@ -224,8 +203,8 @@ def report_zero(a):
 
 
 def ds_config(a):
-    """BASE with the micro-batch and ZeRO stage of one run, progress printed every step (the timing
-    reads it), gradient accumulation 1 and train_batch_size left to follow (micro x world)."""
+    """BASE with the micro-batch and ZeRO stage of one run, progress printed every step (the log shows
+    each step), gradient accumulation 1 and train_batch_size left to follow (micro x world)."""
     with open(a.base) as f:
         cfg = json.load(f)
     cfg["train_micro_batch_size_per_gpu"] = a.micro_batch

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Sourced by bench/gpu_gpt2.sh and bench/gpu_zero.sh: the CUDA Release build they need.
+# Sourced by bench/gpu_gpt2.sh, bench/gpu_zero.sh and bench/gpu_all.sh: the CUDA Release build they need, the GPU
+# check and the data.
 #
 # ensure_cuda_build TARGET...: makes sure $build_dir (a global the caller sets, as it sets $repo,
 # say and die) is a CUDA build of this checkout and that TARGET... are up to date (an incremental
@@ -11,14 +12,15 @@
 
 ensure_cuda_build() {
   : "${repo:?}" "${build_dir:?}"
+  # The carried libraries of a machine without Debian's -dev packages (scripts/gpu_deps.sh): the
+  # build links them and the programs load them, so the environment is set also without a build.
+  bash "$repo/scripts/gpu_deps.sh" ensure
+  # shellcheck source=/dev/null
+  if [ -f "$repo/.gpu_deps/env.sh" ]; then . "$repo/.gpu_deps/env.sh"; fi
   if [ "${DSTRAIN_BENCH_NO_BUILD:-0}" = 1 ]; then
     say "DSTRAIN_BENCH_NO_BUILD=1: using $build_dir as it is"
     return 0
   fi
-  # The carried libraries of a machine without Debian's -dev packages (scripts/gpu_deps.sh).
-  bash "$repo/scripts/gpu_deps.sh" ensure
-  # shellcheck source=/dev/null
-  if [ -f "$repo/.gpu_deps/env.sh" ]; then . "$repo/.gpu_deps/env.sh"; fi
   local cache="$build_dir/CMakeCache.txt" home jobs
   if [ -f "$cache" ]; then
     home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache")
@@ -52,4 +54,27 @@ ensure_cuda_build() {
   cmake --build "$build_dir" --target "$@" -j "$jobs" > "$build_dir/dstrain_build.log" 2>&1 ||
     { tail -n 40 "$build_dir/dstrain_build.log" >&2; die "build failed (full log: $build_dir/dstrain_build.log)"; }
   say "build done in $((SECONDS - t0)) s"
+}
+
+# require_gpu: dies unless nvidia-smi sees a GPU.
+require_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: this script needs a machine with an NVIDIA GPU"
+  nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi sees no GPU ($(nvidia-smi -L 2>&1 | head -1))"
+}
+
+# bench_data: the token file to train on when --data is not given: the Brown corpus prepared by
+# scripts/setup.sh if this checkout has it, else 4M random GPT-2 token ids written once (the
+# throughput does not depend on the tokens). Prints the path.
+bench_data() {
+  if [ -f "$repo/data/brown_train.bin" ]; then
+    echo "$repo/data/brown_train.bin"
+    return
+  fi
+  local f="$build_dir/gpu_bench/random_tokens.bin"
+  if [ ! -f "$f" ]; then
+    mkdir -p "$(dirname "$f")"
+    say "no data/brown_train.bin: writing $f (4M random GPT-2 token ids; throughput does not depend on them)" >&2
+    python3 "$repo/bench/gpu_bench.py" random-tokens "$f" 4194304 50257 >&2
+  fi
+  echo "$f"
 }

@@ -61,24 +61,18 @@ budget_s=$((budget_min * 60))
 T=1024
 
 # ---- the GPU ----
-command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: this script needs a machine with an NVIDIA GPU"
-nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi sees no GPU ($(nvidia-smi -L 2>&1 | head -1))"
+# shellcheck source=bench/gpu_common.sh
+. "$repo/bench/gpu_common.sh"
+require_gpu
 mkdir -p "$out_dir"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,power.limit,driver_version --format=csv > "$out_dir/gpu.txt" 2>&1 || true
 say "GPU: $(sed -n 2p "$out_dir/gpu.txt")"
 
 # ---- build (only what is missing) ----
-# shellcheck source=bench/gpu_common.sh
-. "$repo/bench/gpu_common.sh"
 ensure_cuda_build dstrain_cli bench_gemm_peak
 dstrain="$build_dir/dstrain"
 if [ "$ours" = 1 ]; then
   [ -x "$dstrain" ] || die "$dstrain is missing: build it (cmake --build $build_dir --target dstrain_cli) or drop DSTRAIN_BENCH_NO_BUILD"
-  help="$("$dstrain" train --help 2>&1 || true)"  # captured: grep -q on a pipe would cut it short (SIGPIPE under pipefail)
-  if ! grep -q -- '--device' <<<"$help"; then
-    say "warning: $dstrain train has no --device option (this checkout's CLI cannot train on the GPU yet): the dstrain columns stay empty"
-    ours=0
-  fi
 fi
 
 # ---- points are cached per settings ----
@@ -89,17 +83,7 @@ mkdir -p "$cache/configs"
 export TORCHINDUCTOR_CACHE_DIR="$build_dir/gpu_bench/inductor"  # compiled kernels reused by later points and calls
 
 # ---- data ----
-if [ -z "$data" ]; then
-  if [ -f data/brown_train.bin ]; then
-    data=data/brown_train.bin
-  else
-    data="$build_dir/gpu_bench/random_tokens.bin"
-    if [ ! -f "$data" ]; then
-      say "no data/brown_train.bin: writing $data (4M random GPT-2 token ids; throughput does not depend on them)"
-      python3 "$repo/bench/gpu_bench.py" random-tokens "$data" 4194304 50257
-    fi
-  fi
-fi
+[ -n "$data" ] || data=$(bench_data)
 [ -f "$data" ] || die "--data $data: no such file"
 say "data: $data"
 

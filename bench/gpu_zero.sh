@@ -49,31 +49,20 @@ out_dir="${out_dir:-${OUT:-$build_dir/gpu_bench/out}}"
 start_s=$SECONDS
 budget_s=$((budget_min * 60))
 
-command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: this script needs a machine with an NVIDIA GPU"
-nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi sees no GPU ($(nvidia-smi -L 2>&1 | head -1))"
-mkdir -p "$out_dir"
-
 # shellcheck source=bench/gpu_common.sh
 . "$repo/bench/gpu_common.sh"
+require_gpu
+mkdir -p "$out_dir"
+
 ensure_cuda_build dstrain_cli
 dstrain="$build_dir/dstrain"
 [ -x "$dstrain" ] || die "$dstrain is missing: build it (cmake --build $build_dir --target dstrain_cli) or drop DSTRAIN_BENCH_NO_BUILD"
-help="$("$dstrain" train --help 2>&1 || true)"
-grep -q -- '--device' <<<"$help" ||
-  die "$dstrain train has no --device option: this checkout's CLI cannot train on the GPU yet (issue 7's dstrain train --device cuda)"
 
 cache="$build_dir/gpu_bench/zero_$(echo "$model" | tr -c 'A-Za-z0-9\n' '_')_B${batch}_T${T}_s${steps}_w${warmup}"
 [ "$fresh" = 0 ] || rm -rf "$cache"
 mkdir -p "$cache/configs"
 
-if [ -z "$data" ]; then
-  if [ -f data/brown_train.bin ]; then
-    data=data/brown_train.bin
-  else
-    data="$build_dir/gpu_bench/random_tokens.bin"
-    [ -f "$data" ] || { say "writing $data (random tokens)"; python3 "$repo/bench/gpu_bench.py" random-tokens "$data" 4194304 50257; }
-  fi
-fi
+[ -n "$data" ] || data=$(bench_data)
 [ -f "$data" ] || die "--data $data: no such file"
 say "model $model, micro-batch $batch per rank, T=$T, $warmup + $steps steps, data $data"
 

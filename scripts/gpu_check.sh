@@ -13,28 +13,24 @@
 # printed by DSTRAIN_GPU_VERBOSE=1 included) and OUT_DIR/gpu_build.log.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$repo/build-gpu"
-out="${1:-${OUT:-$build}}"
-mkdir -p "$out" "$build"
+build_dir="$repo/build-gpu"
+out="${1:-${OUT:-$build_dir}}"
+mkdir -p "$out"
 say() { printf '[gpu_check] %s\n' "$*"; }
+die() { printf '[gpu_check] error: %s\n' "$*" >&2; exit 1; }
 
-bash "$repo/scripts/gpu_deps.sh" ensure
-# shellcheck source=/dev/null
-if [ -f "$repo/.gpu_deps/env.sh" ]; then . "$repo/.gpu_deps/env.sh"; fi
+# The build bench/ uses (configure for this GPU when missing, carried libraries, every core).
+# shellcheck source=bench/gpu_common.sh
+. "$repo/bench/gpu_common.sh"
 nvidia-smi -L || say "nvidia-smi -L failed: the tests will say why they skip"
-
-jobs=$(nproc 2>/dev/null || echo 8)
-t0=$SECONDS
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-native}" > "$out/gpu_build.log" 2>&1 ||
-    { tail -n 40 "$out/gpu_build.log"; exit 1; }
-fi
-cmake --build "$build" -j "$jobs" >> "$out/gpu_build.log" 2>&1 || { grep -E "error|Error" "$out/gpu_build.log" | head -40; exit 1; }
-say "built in $((SECONDS - t0)) s"
+ensure_cuda_build all
+grep -q '^DSTRAIN_BUILD_TESTS:BOOL=ON' "$build_dir/CMakeCache.txt" ||
+  die "$build_dir was configured without the tests (GoogleTest not found: carry .gpu_deps/debs, see scripts/gpu_deps.sh)"
+cp "$build_dir/dstrain_build.log" "$out/gpu_build.log" 2>/dev/null || true
 
 t0=$SECONDS
 rc=0
-(cd "$build" && DSTRAIN_GPU_VERBOSE=1 ctest -L gpu -V --timeout 900) > "$out/gpu_tests.log" 2>&1 || rc=$?
+(cd "$build_dir" && DSTRAIN_GPU_VERBOSE=1 ctest -L gpu -V --timeout 900) > "$out/gpu_tests.log" 2>&1 || rc=$?
 grep -E "^\[gpu-vs-cpu\]|^\[d12\]" "$out/gpu_tests.log" || true
 tail -n 25 "$out/gpu_tests.log"
 say "ctest -L gpu: exit $rc in $((SECONDS - t0)) s (whole log: $out/gpu_tests.log)"

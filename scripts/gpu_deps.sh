@@ -32,7 +32,7 @@ packages=(
 fetch() {
   command -v apt-get >/dev/null || die "apt-get not found: fetch runs on a Debian 12 machine with its package registry"
   mkdir -p "$deps/debs"
-  (cd "$deps/debs" && apt-get download "${packages[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+  (cd "$deps/debs" && { apt-get download "${packages[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true; })
   local n; n=$(find "$deps/debs" -name '*.deb' | wc -l)
   ((n >= ${#packages[@]})) || die "only $n of ${#packages[@]} packages downloaded into $deps/debs (apt-get update first?)"
   say "$n packages, $(du -sh "$deps/debs" | cut -f1) in $deps/debs: carry .gpu_deps to the GPU machine, then run: bash scripts/gpu_deps.sh unpack"

@@ -8,14 +8,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "device_tensors.h"
 #include "gpu_test.h"
-#include "ops/buffer.h"
-#include "ops/kernels/device_backend.h"
 #include "ops/kernels/tensor_ops.h"
 #include "tests/unit/kernels/kernel_test_util.h"
 
 using namespace dstrain;
 using dstrain::test::Buf;
+using dstrain::test::DeviceTensors;
 
 namespace {
 
@@ -36,33 +36,17 @@ void expect_same_bytes(Buf& got, Buf& want, const char* what) {
 
 class TensorOpsGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    DSTRAIN_SKIP_WITHOUT_GPU();
-    alloc_ = make_device_allocator(Device::cuda(0));
-  }
-  // A device tensor holding `host`'s values (copied by copy_tensor: the host -> device path).
-  Tensor upload(Buf& host, std::vector<Buffer>& keep) {
-    keep.emplace_back(*alloc_, static_cast<std::size_t>(host.size()) * dtype_size(host.dtype()), MemoryPurpose::buffers);
-    const Tensor d = keep.back().tensor(host.dtype(), Shape{host.size()});
-    copy_tensor(d, host.tensor(Shape{host.size()}));
-    return d;
-  }
-  Buf download(const Tensor& d) {
-    Buf b(d.dtype, d.numel());
-    copy_tensor(b.tensor(Shape{d.numel()}), d);
-    return b;
-  }
-  std::unique_ptr<Allocator> alloc_;
+  void SetUp() override { DSTRAIN_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_F(TensorOpsGpu, ResidualMatchesTheCpuBitForBit) {
   for (const DType t : {DType::fp32, DType::fp16, DType::bf16}) {
-    std::vector<Buffer> keep;
+    DeviceTensors g;
     Buf a = random_buf(t, 1), b = random_buf(t, 2), want(t, kN);
     residual_forward(want.tensor(Shape{kN}), a.tensor(Shape{kN}), b.tensor(Shape{kN}));
-    const Tensor da = upload(a, keep), db = upload(b, keep);
+    const Tensor da = g.put(a, Shape{kN}), db = g.put(b, Shape{kN});
     residual_forward(da, da, db);  // in place, as the layers use it
-    Buf got = download(da);
+    Buf got = DeviceTensors::get(da);
     expect_same_bytes(got, want, "residual_forward");
   }
 }
@@ -70,26 +54,26 @@ TEST_F(TensorOpsGpu, ResidualMatchesTheCpuBitForBit) {
 TEST_F(TensorOpsGpu, ConvertMatchesTheCpuBitForBit) {
   for (const DType from : {DType::fp32, DType::fp16, DType::bf16}) {
     for (const DType to : {DType::fp32, DType::fp16, DType::bf16}) {
-      std::vector<Buffer> keep;
+      DeviceTensors g;
       Buf src = random_buf(from, 3), want(to, kN), zeros(to, kN);
       convert_tensor(want.tensor(Shape{kN}), src.tensor(Shape{kN}));
-      const Tensor ds = upload(src, keep), dd = upload(zeros, keep);
+      const Tensor ds = g.put(src, Shape{kN}), dd = g.put(zeros, Shape{kN});
       convert_tensor(dd, ds);
-      Buf got = download(dd);
+      Buf got = DeviceTensors::get(dd);
       expect_same_bytes(got, want, "convert_tensor");
     }
   }
 }
 
 TEST_F(TensorOpsGpu, CopiesAndZeroFill) {
-  std::vector<Buffer> keep;
+  DeviceTensors g;
   Buf src = random_buf(DType::bf16, 4), zeros(DType::bf16, kN);
-  const Tensor d1 = upload(src, keep), d2 = upload(zeros, keep);
+  const Tensor d1 = g.put(src, Shape{kN}), d2 = g.put(zeros, Shape{kN});
   copy_tensor(d2, d1);  // device -> device
-  Buf back = download(d2);
+  Buf back = DeviceTensors::get(d2);
   expect_same_bytes(back, src, "device-to-device copy");
   zero_tensor(d2);
-  Buf z = download(d2);
+  Buf z = DeviceTensors::get(d2);
   expect_same_bytes(z, zeros, "zero_tensor");
 }
 

@@ -41,6 +41,10 @@ inline Tokens random_tokens(std::int64_t B, std::int64_t T, std::int32_t V, std:
   return t;
 }
 
+// GPT recipes' weight-decay rule, written independently of the layers' ParamSpecs (the naive
+// optimizer references use it): matrices and embeddings decay; biases and LayerNorm parameters do not.
+inline bool decays(const std::string& name) { return name.ends_with(".weight") && name.find("ln_") == std::string::npos; }
+
 // An fp32 tensor's elements.
 inline std::vector<float> values(const Tensor& t) {
   const float* p = t.as<float>();

@@ -34,9 +34,6 @@ std::string adamw_json(int micro, int gas, double lr, double wd, double clip, do
                      micro, gas, clip, type, lr, eps, wd, extra_params);
 }
 
-// GPT recipes' rule, written independently of the layers' ParamSpecs: matrices and embeddings
-// decay; biases and LayerNorm parameters do not.
-bool decays(const std::string& name) { return name.ends_with(".weight") && name.find("ln_") == std::string::npos; }
 
 // One naive double AdamW / Adam step (torch.optim.AdamW and torch.optim.Adam docs), per parameter.
 struct NaiveAdam {

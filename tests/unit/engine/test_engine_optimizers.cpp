@@ -28,8 +28,6 @@ namespace {
 
 using namespace engine_testing;
 
-bool decays(const std::string& name) { return name.ends_with(".weight") && name.find("ln_") == std::string::npos; }
-
 using Vec = std::vector<double>;
 // One naive update of every parameter tensor (t: 1-based step), from the un-scaled gradients.
 using NaiveStep = std::function<void(std::map<std::string, Vec>& theta, const std::map<std::string, Vec>& grads, int t)>;

@@ -96,8 +96,6 @@ TEST(EnginePrecision, Fp16AndBf16FollowTheFp32LossCurve) {
   std::printf("loss %.4f -> %.4f; max |fp16 - fp32| %.4f, max |bf16 - fp32| %.4f\n", f32.front(), f32.back(), d16, db16);
 }
 
-// GPT recipes' rule, independent of the layers' ParamSpecs: matrices and embeddings decay.
-bool decays(const std::string& name) { return name.ends_with(".weight") && name.find("ln_") == std::string::npos; }
 
 // Step 1's update against a naive double AdamW (torch.optim.AdamW docs) on the engine's own 16-bit
 // gradients, which carry loss_scale / GAS per micro-batch; DeepSpeed divides them by clip·S when

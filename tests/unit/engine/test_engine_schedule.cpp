@@ -196,7 +196,6 @@ TEST(EngineSchedule, OneCycleUpdatesAreAdamWAtTheScheduledLrAndBetas) {
   Engine e = initialize(make_gpt2_model(cfg), ds(config_with(kOneCycle)), {.seed = 3, .sequence_length = 8});
   Gpt2Model ref(cfg, DType::fp32, 2, 8);
   ref.init_params(3);
-  const auto decays = [](const std::string& n) { return n.ends_with(".weight") && n.find("ln_") == std::string::npos; };
   std::map<std::string, std::vector<double>> theta, m, v;
   for (const auto& p : ref.params()) theta[p.spec.name].assign(p.value.as<float>(), p.value.as<float>() + p.value.numel());
   for (int k = 1; k <= 3; ++k) {

@@ -44,6 +44,7 @@ struct ZeroKnobs {
   std::int64_t persistence_threshold = 100'000;
   std::int64_t max_live = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
+  bool reduce_scatter = true;  // false: DeepSpeed's all-reduce path
 };
 
 struct RunSpec {
@@ -71,9 +72,10 @@ inline std::string zero_config_json(const RunSpec& s) {
     "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}}},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {}, "overlap_comm": {},
       "stage3_prefetch_bucket_size": {}, "stage3_param_persistence_threshold": {}, "stage3_max_live_parameters": {},
-      "stage3_max_reuse_distance": {}}}{}}})",
+      "stage3_max_reuse_distance": {}, "reduce_scatter": {}}}{}}})",
                      kMicro, s.gas, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
-                     k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, prec);
+                     k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, k.reduce_scatter ? "true" : "false",
+                     prec);
 }
 
 inline Gpt2Config model_config(float dropout) {

@@ -78,6 +78,18 @@ class Buf {
   std::vector<unsigned char> bytes_;
 };
 
+// GELU (tanh approximation) and its derivative in double: the reference of the GELU ops.
+inline double gelu_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+inline double gelu_grad_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  const double u = k * (x + 0.044715 * x * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 inline std::vector<double> random_vec(std::mt19937_64& rng, std::size_t n, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> d(lo, hi);
   std::vector<double> v(n);

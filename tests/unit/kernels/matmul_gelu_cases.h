@@ -28,17 +28,6 @@ inline const std::vector<MatmulGeluCase>& matmul_gelu_cases() {
 // the output and of d(out) (CPU) — a few 16-bit ulps of the inputs' scale.
 inline DTypeTols matmul_gelu_tols() { return {{2e-5, 2e-4}, {4e-3, 1.5e-2}, {3e-2, 6e-2}}; }
 
-inline double gelu_ref(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
-}
-inline double gelu_grad_ref(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  const double u = k * (x + 0.044715 * x * x * x);
-  const double th = std::tanh(u);
-  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x);
-}
-
 // The inputs of one case in storage dtype t, and the reference results in double.
 struct MatmulGeluData {
   Buf inp, weight, bias;            // forward: pre = inp · weightᵀ + bias, (BT, C) -> (BT, OC)
