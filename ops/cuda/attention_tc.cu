@@ -38,6 +38,8 @@
 // accumulators of a warp in registers at HS <= 128 without spills (checked with -Xptxas -v for
 // sm_80 and sm_90), gives enough blocks at T = 1024 for 132 SMs at GPT-2 sizes (B*NH*8 or
 // B*NH*16), and 64-key steps halve the synchronisations and fragment reloads of 32-key ones.
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -765,14 +767,21 @@ bool attention_tc_supported(DType t, std::int64_t HS) {
   // sm_80 or newer (cp.async, bf16 mma.m16n8k16); and the largest block of this HS must fit the
   // opt-in shared memory: dQ at HS = 128 needs 102 KiB, which sm_80 / sm_90 have and sm_86 /
   // sm_89 (99 KiB) do not, so there HS = 128 keeps the warp-per-row kernels (HS <= 64: 55 KiB).
-  int dev = 0, major = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    return false;
+  // The two attributes per device, asked once (every attention call comes here): 0 = not read yet,
+  // -1 = unreadable (keep the fallback kernels).
+  static std::array<std::atomic<int>, 64> major_of{}, optin_of{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= static_cast<int>(major_of.size())) return false;
+  if (major_of[static_cast<std::size_t>(dev)].load() == 0) {
+    int major = 0, optin = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess;
+    optin_of[static_cast<std::size_t>(dev)].store(ok ? optin : -1);
+    major_of[static_cast<std::size_t>(dev)].store(ok ? major : -1);
   }
-  if (major < 8) return false;
+  if (major_of[static_cast<std::size_t>(dev)].load() < 8) return false;
   const int need = HS == 32 ? max_smem_bytes<32>() : (HS == 64 ? max_smem_bytes<64>() : max_smem_bytes<128>());
-  return need <= optin;
+  return need <= optin_of[static_cast<std::size_t>(dev)].load();
 }
 
 cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
