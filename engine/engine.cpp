@@ -63,12 +63,13 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0)) fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
-ZeroSettings zero_settings(const config::DsConfig& c, DType storage) {
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer) {
   const config::ZeroConfig& z = c.zero_optimization;
   ZeroSettings s;
   s.stage = z.stage;
   s.storage = storage;
-  s.fp32_masters = storage != DType::fp32;
+  s.optimizer_states = optimizer.state_names();
+  s.sub_group_size = z.sub_group_size;
   s.reduce_bucket_size = z.reduce_bucket_size;
   s.allgather_bucket_size = z.allgather_bucket_size;
   s.overlap_comm = z.overlap_comm;
@@ -117,7 +118,6 @@ struct Engine::Impl {
   std::vector<LayerState> layers;
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
-  std::vector<OptimizerSegment> segments;                // this rank's optimizer work
   Buffer act_buf, scratch_buf;
   Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
   Batch batch;      // the current micro-batch, on the device
@@ -194,7 +194,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     specs[i] = model_.layers[i]->params();
     names[i] = model_.layers[i]->name();
   }
-  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage), im.comm, *im.allocator);
+  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer), im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
     for (const FlatSlot& sl : im.states->layout(i).slots) {
       const ParamSpec& ps = specs[i][sl.spec];
@@ -202,9 +202,6 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
       im.owned.push_back({ps, i, &sl});
       parameter_count_ += ps.shape.numel();
     }
-  }
-  for (const PartitionSegment& p : im.states->partitions()) {
-    im.segments.push_back({p.master, p.grads, p.m, p.v, p.weight_decay, p.lowp, p.ranges, static_cast<std::uint32_t>(p.layer), p.layer_offset});
   }
   if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
     log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
@@ -215,7 +212,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     log_info("ZeRO stage {} on {} rank(s): {} padded parameter elements, this rank updates {} of them", config.zero_optimization.stage, im.world,
              im.states->padded_numel(), [&] {
                std::int64_t n = 0;
-               for (const OptimizerSegment& sg : im.segments) n += sg.params.numel();
+               for (const PartitionSegment& sg : im.states->partitions()) n += sg.numel;
                return n;
              }());
   }
@@ -384,6 +381,10 @@ float Engine::evaluate(const Batch& batch) {
 
 void Engine::backward() {
   if (!have_forward_) fail("Engine::backward: call forward(batch) first (backward reads the activations the forward saved)");
+  if (have_backward_) {
+    fail("Engine::backward: step() was not called after the previous backward(); every backward() is followed by step(), which counts "
+         "the micro-step (and at the gradient-accumulation boundary reduces and applies the gradients), as DeepSpeed's engine pairs them");
+  }
   have_forward_ = false;  // the head turns its logits into their gradient in place
   Impl& im = *impl_;
   const std::size_t last = model_.layers.size() - 1;
@@ -431,6 +432,8 @@ void Engine::backward() {
   }
   im.states->end_backward(boundary);
   step_loss_sum_ += static_cast<double>(last_loss_);
+  have_backward_ = true;
+  boundary_reduced_ = boundary;
 }
 
 // d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
@@ -450,6 +453,12 @@ std::uint32_t Engine::global_micro_batch() const {
 bool Engine::is_gradient_accumulation_boundary() const { return (micro_steps_ + 1) % gas_ == 0; }
 
 void Engine::step() {
+  if (!have_backward_) {
+    fail("Engine::step: call backward() first; step() counts the micro-step whose gradients backward() accumulated (forward, backward, "
+         "step for every micro-batch)");
+  }
+  have_backward_ = false;
+  boundary_reduced_ = false;
   if (is_gradient_accumulation_boundary()) {
     const bool counted = optimizer_step();
     last_step_loss_ = static_cast<float>(step_loss_sum_ / static_cast<double>(gas_));
@@ -480,12 +489,13 @@ bool Engine::optimizer_step() {
   if (im.mixed) {
     const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts
     const auto& inject = im.options.inject_overflow_steps;
-    if (std::find(inject.begin(), inject.end(), step_number) != inject.end() && !im.segments.empty()) {
+    const std::vector<PartitionSegment>& parts = im.states->partitions();
+    if (std::find(inject.begin(), inject.end(), step_number) != inject.end() && !parts.empty()) {
       // One +inf where a real fp16 overflow would put it: the first gradient element this rank
       // holds (a real parameter's, never alignment padding).
       float inf = std::numeric_limits<float>::infinity();
       std::uint32_t value = 0;  // inf in the gradient dtype, on the host
-      const Tensor g = im.segments.front().grads;
+      const Tensor g = parts.front().grads;
       convert_tensor(Tensor(&value, g.dtype, Shape{1}), Tensor(&inf, DType::fp32, Shape{1}));
       copy_tensor(Tensor(g.data, g.dtype, Shape{1}, g.device), Tensor(&value, g.dtype, Shape{1}));
     }
@@ -495,19 +505,20 @@ bool Engine::optimizer_step() {
   GradNormOverflow total;
   std::string first_bad;
   if (counts_here) {
-    for (std::size_t k = 0; k < im.segments.size(); ++k) {
-      const GradNormOverflow r = grad_norm_overflow(im.segments[k].grads);
-      if (r.overflow() && first_bad.empty()) first_bad = model_.layers[im.segments[k].layer]->name();
+    for (const PartitionSegment& sg : im.states->partitions()) {
+      const GradNormOverflow r = grad_norm_overflow(sg.grads);
+      if (r.overflow() && first_bad.empty()) first_bad = model_.layers[sg.layer]->name();
       total += r;
     }
   }
   if (!im.mixed) total.nonfinite = 0.0;  // fp32 has no overflow check: a NaN norm clips to NaN, as in DeepSpeed
-  // Several ranks: ONE all-reduce of (norm², non-finite count, loss) so that every rank takes the
-  // same skip and clip decision and reports the global batch's loss.
+  // Several ranks: ONE all-reduce of (norm², non-finite count, loss), in fp64 (docs/training_state.md
+  // §4), so that every rank takes the same skip and clip decision as one rank would, a norm² past
+  // FLT_MAX stays finite, and the loss is the global batch's.
   double loss_sum = step_loss_sum_;
   if (im.world > 1) {
-    float v[3] = {static_cast<float>(total.norm_sq), static_cast<float>(total.nonfinite), static_cast<float>(step_loss_sum_)};
-    all_reduce_sum(v);
+    double v[3] = {total.norm_sq, total.nonfinite, step_loss_sum_};
+    im.states->all_reduce_sum(Tensor(v, DType::fp64, Shape{3}));
     total.norm_sq = v[0];
     total.nonfinite = v[1];
     loss_sum = v[2];
@@ -520,7 +531,7 @@ bool Engine::optimizer_step() {
     clip_coef_ = dstrain::clip_coefficient(grad_norm_, im.config.gradient_clipping);
     // lr_ is this step's LR (set at construction / after the previous step); the schedule steps
     // after the update, as DeepSpeed's _take_model_step does (fp32 never skips a step).
-    im.optimizer.update(im.segments, lr_, clip_coef_, t, betas, im.rounding);
+    im.optimizer.step(*im.states, lr_, clip_coef_, t, betas, im.rounding);
     im.states->after_update();
     last_step_lr_ = lr_;
     im.schedule.step();
@@ -545,7 +556,7 @@ bool Engine::optimizer_step() {
     // the optimizer's single pass.
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);
-    im.optimizer.update(im.segments, lr_, static_cast<float>(1.0 / divisor), t, betas, im.rounding);
+    im.optimizer.step(*im.states, lr_, static_cast<float>(1.0 / divisor), t, betas, im.rounding);
     im.states->after_update();
     last_step_lr_ = lr_;
   }
@@ -618,6 +629,12 @@ Tensor Engine::master_param(std::string_view name) const {
 Tensor Engine::grad(std::string_view name) const {
   const Impl& im = *impl_;
   const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  if (boundary_reduced_ && im.world > 1 && im.config.zero_optimization.stage == 1) {
+    fail("Engine::grad('{}'): at ZeRO stage 1 the boundary backward reduce-scatters the gradients in place, so until step() each rank "
+         "holds averaged values only in its own partition beside local sums elsewhere; read grads before the boundary backward, or "
+         "after step() (they are zero then)",
+         name);
+  }
   const Tensor t = im.states->full_grad(o.layer, *o.slot);
   if (t.empty()) {
     fail("Engine::grad('{}'): ZeRO stage {} keeps only each rank's partition of the averaged gradients", name, im.config.zero_optimization.stage);

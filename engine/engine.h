@@ -130,7 +130,7 @@ class Engine {
   // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (reference §2:
   // every backward divides the loss by gradient_accumulation_steps).
   void backward();
-  // Call after every backward. At the gradient-accumulation boundary (every GAS-th call): global
+  // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call): global
   // grad norm, clipping to gradient_clipping (reference §7), optimizer update at lr() (and
   // betas()), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
   // train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step changes no
@@ -265,6 +265,8 @@ class Engine {
   double grad_norm_ = 0.0;
   float clip_coef_ = 1.0f;
   bool have_forward_ = false;
+  bool have_backward_ = false;     // a backward() ran since the last step()
+  bool boundary_reduced_ = false;  // ... and it was the boundary's (the grads are reduced)
 };
 
 // The entry point, as deepspeed.initialize: the model, the parsed ds_config (resolved for the

@@ -49,6 +49,16 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
   bias_correction_ = p.bias_correction;
 }
 
+std::vector<std::string> Optimizer::state_names() const {
+  if (kind_ == config::OptimizerKind::sgd) return p_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas,
+                     StochasticRoundingOptions rounding) const {
+  partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) { update(segments, lr, grad_scale, t, betas, rounding); });
+}
+
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
                        std::optional<std::pair<double, double>> betas, StochasticRoundingOptions rounding) const {
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
@@ -65,7 +75,7 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
       if (s.params.numel() == 0) continue;
       c.weight_decay = s.weight_decay ? static_cast<float>(weight_decay_) : 0.0f;
       // The momentum buffer is the segment's m (torch keeps none without momentum).
-      sgd_update(s.params, s.grads, p_.momentum != 0.0 ? s.m : Tensor{}, s.params_lowp, c);
+      sgd_update(s.params, s.grads, p_.momentum != 0.0 ? s.states[0] : Tensor{}, s.params_lowp, c);
     }
     return;
   }
@@ -84,7 +94,10 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;
       c.weight_decay = s.weight_decay ? static_cast<float>(weight_decay_) : 0.0f;
-      lamb_update(s.params, s.grads, s.m, s.v, s.params_lowp, s.ranges, Tensor{}, c);
+      // Whole tensors only (stage 0: the engine refuses Lamb under ZeRO), so each piece is a tensor.
+      std::vector<TensorRange> ranges;
+      for (const TensorPiece& p : s.pieces) ranges.push_back({p.offset, p.numel});
+      lamb_update(s.params, s.grads, s.states[0], s.states[1], s.params_lowp, ranges, Tensor{}, c);
     }
     return;
   }
@@ -93,9 +106,8 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
   c.beta1 = static_cast<float>(beta1);
   c.beta2 = static_cast<float>(beta2);
   c.eps = static_cast<float>(eps_);
-  // Without bias correction: the kernel divides by 1 - β^t, which is exactly 1 once β^t underflows
-  // to 0 in double — any t this large makes it so (0.999^(2^62) is far below the smallest double).
-  c.step = bias_correction_ ? t : (std::int64_t{1} << 62);
+  c.step = t;
+  c.bias_correction = bias_correction_;
   for (const OptimizerSegment& s : segments) {
     if (s.params.numel() == 0) continue;
     const bool decay = s.weight_decay && weight_decay_ != 0.0;
@@ -115,7 +127,7 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
     // bits; the step is the optimizer's t, so a skipped step does not shift the steps after it.
     c.rounding_key = RngKey{rounding.seed, static_cast<std::uint32_t>(t), s.layer, 0, kRngSitesPerLayer};
     c.rounding_offset = s.layer_offset;
-    adamw_update(s.params, s.grads, s.m, s.v, s.params_lowp, c);
+    adamw_update(s.params, s.grads, s.states[0], s.states[1], s.params_lowp, c);
   }
 }
 

@@ -13,31 +13,15 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "config_schema/optimizer_config.h"
-#include "ops/kernels/lamb.h"
 #include "ops/tensor.h"
+#include "zero/optimizer_partition.h"
 
 namespace dstrain {
-
-// A contiguous run of parameters that share a weight-decay setting, with its gradient and Adam
-// moments (the same number of elements; m and v start at zero). params, m, v are fp32; grads are
-// fp32, or the 16-bit storage dtype under fp16 / bf16, where params is the fp32 master copy and
-// params_lowp the 16-bit parameters the layers read (rewritten by the update in the same pass).
-struct OptimizerSegment {
-  Tensor params, grads, m, v;
-  bool weight_decay = true;  // false: biases, LayerNorm weights (ParamSpec::weight_decay)
-  Tensor params_lowp{};      // empty in fp32 training
-  // The parameter tensors inside the segment (offsets from its start), for Lamb's per-tensor
-  // trust ratio.
-  std::vector<TensorRange> ranges{};
-  // Where the segment's first element sits in the model: layer index and offset in that layer's
-  // flat buffer (the same for any ZeRO split), numbering the stochastic rounding's random bits.
-  std::uint32_t layer = 0;
-  std::int64_t layer_offset = 0;
-};
 
 // Stochastic rounding of the bf16 parameter copies (AdamW / Adam only; see AdamWConfig): off, or on
 // with the run's seed (the bits of optimizer step t, layer l, element e are Philox(seed, t, l, e)).
@@ -53,6 +37,15 @@ class Optimizer {
 
   double base_lr() const { return lr_; }  // optimizer.params.lr
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }  // optimizer.params.betas
+  // The per-element fp32 states this optimizer keeps, in order, with PyTorch's state_dict names
+  // (docs/training_state.md §1): Adam / AdamW / Lamb {exp_avg, exp_avg_sq}; SGD {momentum_buffer}
+  // with momentum, {} without. ModelStates allocates exactly these; OptimizerSegment::states
+  // holds them in this order.
+  std::vector<std::string> state_names() const;
+
+  // One optimizer step over this rank's partition, sub-group by sub-group (update() on each).
+  void step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t,
+            std::optional<std::pair<double, double>> betas = std::nullopt, StochasticRoundingOptions rounding = {}) const;
 
   // One update of every segment at learning rate `lr`, optimizer step t (1-based, for the bias
   // corrections and SGD's momentum start), with the gradients multiplied by grad_scale (the clip

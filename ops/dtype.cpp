@@ -16,6 +16,7 @@ std::string_view dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::int32: return "int32";
     case DType::uint16: return "uint16";
+    case DType::fp64: return "fp64";
   }
   return "unknown";
 }

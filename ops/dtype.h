@@ -20,7 +20,9 @@
 
 namespace dstrain {
 
-enum class DType : std::uint8_t { fp32, fp16, bf16, int32, uint16 };
+// fp64 is not a storage or compute format of the layers: it carries the step's global sums (norm²,
+// overflow count, loss) through the communicators, which reduce it in double.
+enum class DType : std::uint8_t { fp32, fp16, bf16, int32, uint16, fp64 };
 
 // Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
@@ -30,14 +32,15 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::int32: return 4;
     case DType::uint16: return 2;
+    case DType::fp64: return 8;
   }
   return 0;
 }
 
-// Canonical short names: "fp32", "fp16", "bf16", "int32", "uint16".
+// Canonical short names: "fp32", "fp16", "bf16", "int32", "uint16", "fp64".
 std::string_view dtype_name(DType t);
 
-// Accepts the canonical names and the spellings DeepSpeed and PyTorch use: "float32", "float",
+// Accepts (fp64 excepted: no config or file names it) the canonical names and the spellings DeepSpeed and PyTorch use: "float32", "float",
 // "fp16", "float16", "half", "bf16", "bfloat16", "int32", "int", "uint16". Throws Error naming the
 // value and the accepted names otherwise.
 DType parse_dtype(std::string_view name);

@@ -12,8 +12,8 @@ namespace dstrain {
 namespace {
 
 void check_dtype(std::string_view call, DType dtype, const char* what) {
-  DSTRAIN_CHECK(dtype == DType::fp32 || dtype == DType::fp16 || dtype == DType::bf16 || dtype == DType::int32,
-                "{}: {} has dtype {}; collectives take fp32, fp16, bf16 or int32 (counts). Fix: cast the buffer first",
+  DSTRAIN_CHECK(dtype == DType::fp32 || dtype == DType::fp16 || dtype == DType::bf16 || dtype == DType::int32 || dtype == DType::fp64,
+                "{}: {} has dtype {}; collectives take fp32, fp16, bf16, fp64 (sums) or int32 (counts). Fix: cast the buffer first",
                 call, what, dtype_name(dtype));
 }
 

@@ -10,7 +10,8 @@
 //     op and root. A backend that can see the other ranks' calls (local) reports a mismatch as an
 //     Error naming both calls; NCCL cannot, and a mismatch there is undefined behaviour.
 //   - Buffers are Tensors viewed as flat arrays (their shape is ignored, only numel counts).
-//   - dtypes: fp32, fp16, bf16; int32 for counts (sum and max only). fp16/bf16 reductions accumulate
+//   - dtypes: fp32, fp16, bf16; fp64 for the step's global sums (accumulated in double); int32 for
+//     counts (sum and max only). fp16/bf16 reductions accumulate
 //     in fp32 and round once to 16 bits at the end (local backend; NCCL's ring/tree kernels may
 //     round at each hop, so NCCL results can differ in the last bit, never the local ones). fp32
 //     accumulates in fp32; int32 sums wrap around as NCCL's do.

@@ -30,10 +30,11 @@ using Clock = std::chrono::steady_clock;
 // int32 sums wrap (computed in uint32: signed overflow would be undefined behaviour).
 template <typename T> struct Acc { using type = float; };
 template <> struct Acc<std::int32_t> { using type = std::int32_t; };
+template <> struct Acc<double> { using type = double; };
 
 template <typename T> typename Acc<T>::type load(T v) { return static_cast<typename Acc<T>::type>(v); }
 template <typename T> T store(typename Acc<T>::type v) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, std::int32_t>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t>) {
     return v;
   } else {
     return T(v);
@@ -98,6 +99,7 @@ void reduce_dispatch(DType dtype, const std::vector<const void*>& in, const std:
     case DType::fp16: return reduce_into<fp16_t>(in, out, n, op);
     case DType::bf16: return reduce_into<bf16_t>(in, out, n, op);
     case DType::int32: return reduce_into<std::int32_t>(in, out, n, op);
+    case DType::fp64: return reduce_into<double>(in, out, n, op);
     case DType::uint16: break;
   }
   fail("local communicator: dtype {} cannot be reduced", dtype_name(dtype));

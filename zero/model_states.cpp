@@ -19,7 +19,7 @@ struct ModelStates::Layer {
   std::int64_t full_begin = 0;       // offset in params_full_ (layers kept whole)
   std::int64_t pshard_begin = 0;     // offset in params_shard_ (partitioned layers)
   std::int64_t grad_begin = 0;       // offset in grads_full_ (stages 0-1)
-  std::int64_t shard_begin = 0;      // offset in grads_shard_, master_, m_, v_
+  std::int64_t shard_begin = 0;      // offset in grads_shard_ and the shard space (the optimizer partition)
   Buffer gathered;                   // stage 3: the whole params while gathered
   Buffer transient_grads;            // stages 2-3: the whole grads during backward
   CommQueue::Ticket gather_ticket = 0;
@@ -93,41 +93,93 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   } else {
     grads_shard_ = make(shard, s_.storage, MemoryPurpose::grads);
   }
-  if (s_.fp32_masters) master_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
-  m_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
-  v_ = make(shard, DType::fp32, MemoryPurpose::optimizer);
 
-  // This rank's optimizer work: its piece of every chunk, split at the decay boundary.
+  // ---- the optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from
+  // the params, then the optimizer's states, in one store cut into sub-groups ----
+  masters_apart_ = s_.storage != DType::fp32 || s_.optimizer_home != StateHome::device;
+  StateStoreLayout sl;
+  sl.numel = shard;
+  if (masters_apart_) sl.names.emplace_back("master");
+  for (const std::string& n : s_.optimizer_states) sl.names.push_back(n);
+  sl.groups = StateStoreLayout::cut(shard, s_.sub_group_size);
+  const std::vector<FlatRange> groups = sl.groups;
+  if (s_.store_factory) {
+    store_ = s_.store_factory(std::move(sl));
+  } else {
+    if (s_.optimizer_home != StateHome::device) {
+      fail("ModelStates: optimizer partition home '{}' needs a store factory", state_home_name(s_.optimizer_home));
+    }
+    store_ = std::make_unique<ResidentStateStore>(std::move(sl), alloc_, StateHome::device);
+  }
+  if (!store_) fail("ModelStates: the state store factory returned no store");
+  if (store_->home() != s_.optimizer_home) {
+    fail("ModelStates: the state store lives in {} memory but the settings ask for {}", state_home_name(store_->home()),
+         state_home_name(s_.optimizer_home));
+  }
+
+  // Owned parameter tensors, numbered in layer order (the engine's order too).
+  std::vector<std::vector<std::int32_t>> tensor_of(L);  // [layer][slot index]
+  for (std::size_t i = 0; i < L; ++i)
+    for (std::size_t k = 0; k < layers_[i]->layout.slots.size(); ++k) tensor_of[i].push_back(tensor_count_++);
+
+  // This rank's optimizer work: its piece of every chunk, split at the decay boundary and at the
+  // store's sub-group boundaries, with the parameter pieces each run holds.
   const int prank = s_.stage >= 1 ? rank() : 0;
+  std::size_t g = 0;  // the sub-group of the next run (shard offsets only grow)
   for (std::size_t i = 0; i < L; ++i) {
     const Layer& ly = *layers_[i];
     const FlatLayout& lo = ly.layout;
     for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
       const FlatRange pc = lo.piece(k, prank);
-      for (const bool decay : {true, false}) {
-        const FlatRange r = intersect(pc, decay ? FlatRange{0, lo.decay_end} : FlatRange{lo.decay_end, lo.numel});
+      for (std::size_t si = 0; si < lo.slots.size(); ++si) {
+        const FlatSlot& sl2 = lo.slots[si];
+        const FlatRange r = intersect(pc, FlatRange{sl2.offset, sl2.offset + sl2.numel});
         if (r.empty()) continue;
-        const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin);
-        const std::int64_t n = r.size();
-        // Where the storage-dtype params of this range live: the whole layer, or this rank's shard.
-        const Tensor param_here = ly.partitioned ? region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k) + (r.begin - pc.begin), n)
-                                                 : region(params_full_, s_.storage, ly.full_begin + r.begin, n);
-        PartitionSegment seg;
-        seg.layer = i;
-        seg.layer_offset = r.begin;
-        seg.weight_decay = decay;
-        seg.master = s_.fp32_masters ? region(master_, DType::fp32, at_shard, n) : param_here;
-        seg.lowp = s_.fp32_masters ? param_here : Tensor{};
-        seg.grads = s_.stage <= 1 ? region(grads_full_, s_.storage, ly.grad_begin + r.begin, n) : region(grads_shard_, s_.storage, at_shard, n);
-        seg.m = region(m_, DType::fp32, at_shard, n);
-        seg.v = region(v_, DType::fp32, at_shard, n);
-        if (pw == 1) {
-          for (const FlatSlot& sl : lo.slots)
-            if (sl.weight_decay == decay) seg.ranges.push_back({sl.offset - r.begin, sl.numel});
+        owned_pieces_.push_back({i, &sl2, tensor_of[i][si], r.begin - sl2.offset, r.size(), ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin)});
+      }
+      for (const bool decay : {true, false}) {
+        const FlatRange whole = intersect(pc, decay ? FlatRange{0, lo.decay_end} : FlatRange{lo.decay_end, lo.numel});
+        for (std::int64_t b = whole.begin; b < whole.end;) {
+          const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k) + (b - pc.begin);
+          while (g + 1 < groups.size() && groups[g].end <= at_shard) ++g;
+          const std::int64_t n = std::min(whole.end - b, groups[g].end - at_shard);
+          const FlatRange r{b, b + n};
+          PartitionSegment seg;
+          seg.layer = i;
+          seg.group = g;
+          seg.layer_offset = r.begin;
+          seg.shard_offset = at_shard;
+          seg.numel = n;
+          seg.weight_decay = decay;
+          // Where the storage-dtype params of this range live: the whole layer, or this rank's shard.
+          seg.param = ly.partitioned ? region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k) + (r.begin - pc.begin), n)
+                                     : region(params_full_, s_.storage, ly.full_begin + r.begin, n);
+          seg.grads = s_.stage <= 1 ? region(grads_full_, s_.storage, ly.grad_begin + r.begin, n) : region(grads_shard_, s_.storage, at_shard, n);
+          for (std::size_t si = 0; si < lo.slots.size(); ++si) {
+            const FlatSlot& sl2 = lo.slots[si];
+            const FlatRange t = intersect(r, FlatRange{sl2.offset, sl2.offset + sl2.numel});
+            if (t.empty()) continue;
+            seg.pieces.push_back({tensor_of[i][si], t.begin - r.begin, t.size(), t.begin - sl2.offset, sl2.numel});
+          }
+          segments_.push_back(std::move(seg));
+          b += n;
         }
-        segments_.push_back(std::move(seg));
       }
     }
+  }
+  group_segments_.assign(groups.size(), {0, 0});
+  for (std::size_t j = 0; j < segments_.size(); ++j) {
+    auto& [first, last] = group_segments_[segments_[j].group];
+    if (last == 0) first = j;
+    last = j + 1;
+  }
+  if (store_->view_device() != alloc_.device()) {
+    // The store's memory is not the training device's (offload from a GPU): a sub-group's grads
+    // and params pass through staging buffers in the store's memory.
+    std::int64_t most = 0;
+    for (const FlatRange& gr : groups) most = std::max(most, gr.size());
+    stage_grads_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
+    stage_params_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
   }
 
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
@@ -417,18 +469,116 @@ void ModelStates::zero_grads() {
 
 void ModelStates::all_reduce_sum(Tensor values) {
   if (world_ == 1) return;
-  // Host values with device collectives go through the small device buffer kept for this.
+  // Host values with device collectives go through a device buffer: the small one kept for the
+  // step's all-reduce, or a temporary one for more.
   Tensor t = values;
+  Buffer temporary;
   if (values.device != alloc_.device()) {
-    DSTRAIN_CHECK(values.nbytes() <= reduce_staging_.bytes(), "ModelStates::all_reduce_sum: {} host bytes, the device staging holds {}",
-                  values.nbytes(), reduce_staging_.bytes());
-    t = reduce_staging_.tensor(values.dtype, values.shape);
+    if (values.nbytes() <= reduce_staging_.bytes()) {
+      t = reduce_staging_.tensor(values.dtype, values.shape);
+    } else {
+      temporary = Buffer(alloc_, values.nbytes(), MemoryPurpose::buffers);
+      t = temporary.tensor(values.dtype, values.shape);
+    }
     copy_tensor(t, values);
   }
   Communicator* comm = comm_;
   queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::sum); });
   drain();  // the caller reads the sums next: bounded by the communicator's timeout first
   copy_tensor(values, t);  // a no-op when t is values
+}
+
+void ModelStates::all_reduce_sum(std::span<double> values) {
+  // Stage 0: every rank holds the whole partition, so its sums are already the model's.
+  if (s_.stage == 0 || world_ == 1 || values.empty()) return;
+  all_reduce_sum(Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}));
+}
+
+// ---- the optimizer partition ----
+
+void ModelStates::for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) {
+  drain();  // every reduction has landed in the grads
+  StateStore& st = *store_;
+  const std::vector<FlatRange>& groups = st.layout().groups;
+  const bool staged = !stage_grads_.empty();
+  const std::size_t first_state = first_state_buffer();
+  std::vector<OptimizerSegment> work;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (g + 1 < groups.size()) st.prefetch(g + 1);
+    const std::span<const Tensor> views = st.acquire(g);
+    const FlatRange gr = groups[g];
+    const auto [first, last] = group_segments_[g];
+    work.clear();
+    for (std::size_t j = first; j < last; ++j) {
+      const PartitionSegment& sg = segments_[j];
+      const std::int64_t at = sg.shard_offset - gr.begin;  // offset inside the sub-group's views
+      const auto part = [&](const Tensor& v) { return v.slice_rows(at, at + sg.numel); };
+      OptimizerSegment o;
+      o.layer = static_cast<std::uint32_t>(sg.layer);
+      o.layer_offset = sg.layer_offset;
+      o.weight_decay = sg.weight_decay;
+      o.pieces = sg.pieces;
+      for (std::size_t b = first_state; b < views.size(); ++b) o.states.push_back(part(views[b]));
+      if (staged) {
+        // Grads into the store's memory; the updated params come back below.
+        o.grads = stage_grads_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage));
+        copy_tensor(o.grads, sg.grads);
+      } else {
+        o.grads = sg.grads;
+      }
+      if (masters_apart_) {
+        o.params = part(views[0]);
+        // A 16-bit copy is written in the update's own pass; an fp32 one (offloaded fp32 training)
+        // is copied after it.
+        if (s_.storage != DType::fp32) {
+          o.params_lowp = staged ? stage_params_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
+        }
+      } else {
+        o.params = sg.param;  // fp32 on the store's device: the master is the param
+      }
+      work.push_back(std::move(o));
+    }
+    fn(work);
+    for (std::size_t j = first; j < last; ++j) {
+      const PartitionSegment& sg = segments_[j];
+      const OptimizerSegment& o = work[j - first];
+      if (!masters_apart_) continue;
+      if (s_.storage == DType::fp32) {
+        copy_tensor(sg.param, o.params);
+      } else if (staged) {
+        copy_tensor(sg.param, o.params_lowp);
+      }
+    }
+    st.release(g, true);
+  }
+}
+
+void ModelStates::read_shard(std::size_t b, std::int64_t shard_begin, const Tensor& out) {
+  StateStore& st = *store_;
+  const FlatRange want{shard_begin, shard_begin + out.numel()};
+  const std::vector<FlatRange>& groups = st.layout().groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const FlatRange r = intersect(want, groups[g]);
+    if (r.empty()) continue;
+    const std::span<const Tensor> views = st.acquire(g);
+    DSTRAIN_CHECK(b < views.size(), "ModelStates::read_shard: buffer {} of {}", b, views.size());
+    copy_tensor(out.slice_rows(r.begin - want.begin, r.end - want.begin), views[b].slice_rows(r.begin - groups[g].begin, r.end - groups[g].begin));
+    st.release(g, false);
+  }
+}
+
+void ModelStates::write_shard(std::size_t b, std::int64_t shard_begin, const Tensor& in) {
+  StateStore& st = *store_;
+  const FlatRange want{shard_begin, shard_begin + in.numel()};
+  const std::vector<FlatRange>& groups = st.layout().groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const FlatRange r = intersect(want, groups[g]);
+    if (r.empty()) continue;
+    const std::span<const Tensor> views = st.acquire(g);
+    DSTRAIN_CHECK(b < views.size(), "ModelStates::write_shard: buffer {} of {}", b, views.size());
+    copy_tensor(views[b].slice_rows(r.begin - groups[g].begin, r.end - groups[g].begin), in.slice_rows(r.begin - want.begin, r.end - want.begin));
+    st.release(g, true);
+  }
 }
 
 // ---- whole parameters ----
@@ -447,9 +597,20 @@ Tensor ModelStates::full_grad(std::size_t layer, const FlatSlot& slot) const {
 
 Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
   if (s_.stage >= 1) return {};
-  const Layer& ly = *layers_[layer];
-  if (!s_.fp32_masters) return full_param(layer, slot);
-  return master_.tensor(DType::fp32, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.shard_begin + slot.offset) * sizeof(float));
+  if (!masters_apart_) return full_param(layer, slot);
+  // Stage 0: the slot's masters sit at its layer offset of the shard space; in place only in a
+  // resident device store whose one sub-group holds the whole slot.
+  if (store_->home() != StateHome::device) return {};
+  const std::int64_t begin = layers_[layer]->shard_begin + slot.offset;
+  for (std::size_t g = 0; g < store_->layout().groups.size(); ++g) {
+    const FlatRange gr = store_->layout().groups[g];
+    if (begin < gr.begin || begin >= gr.end) continue;
+    if (begin + slot.numel > gr.end) return {};
+    const std::span<const Tensor> v = store_->acquire(g);
+    store_->release(g, false);
+    return Tensor(static_cast<float*>(v[0].data) + (begin - gr.begin), DType::fp32, specs_[layer][slot.spec].shape, v[0].device);
+  }
+  return {};
 }
 
 // A layer's whole fp32 values for gather_masters / set_masters. `host` is what the caller's
@@ -483,38 +644,38 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
     const FlatLayout& lo = ly.layout;
     if (lo.numel == 0) continue;
     if (s_.stage == 0 && alloc_.device().is_cpu()) {
-      for (const FlatSlot& sl : lo.slots) fn(i, sl, full_master(i, sl));  // in place
-      continue;
+      bool in_place = true;
+      for (const FlatSlot& sl : lo.slots) in_place = in_place && !full_master(i, sl).empty();
+      if (in_place) {
+        for (const FlatSlot& sl : lo.slots) fn(i, sl, full_master(i, sl));
+        continue;
+      }
     }
     const Staging st = staging(lo.numel);
-    if (s_.stage == 0) {
-      for (const FlatSlot& sl : lo.slots) copy_tensor(st.host_slot(specs_[i][sl.spec], sl), full_master(i, sl));
-    } else {
-      // This rank's pieces (from the segments: they cover every piece exactly once), then an
-      // all-gather of each chunk in place.
-      zero_tensor(st.dev);
-      const int r = rank();
-      for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
-        const FlatRange pc = lo.piece(k, r);
-        const Tensor dst = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
-        const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
-        if (s_.fp32_masters) {
-          copy_tensor(dst, region(master_, DType::fp32, at_shard, pc.size()));
-        } else if (ly.partitioned) {
-          copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
-        } else {
-          copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
-        }
-        if (world_ > 1) {
-          const FlatRange c = lo.chunk_range(k);
-          const Tensor whole = st.dev.slice_rows(c.begin, c.begin + c.size());
-          Communicator* comm = comm_;
-          queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); });
-        }
+    zero_tensor(st.dev);
+    // This rank's pieces of every chunk (stage 0: the one rank's pieces are the whole buffer), then
+    // with several ranks an all-gather of each chunk in place.
+    const int r = s_.stage >= 1 ? rank() : 0;
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange pc = lo.piece(k, r);
+      const Tensor dst = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
+      const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
+      if (masters_apart_) {
+        read_shard(0, at_shard, dst);
+      } else if (ly.partitioned) {
+        copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
+      } else {
+        copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
       }
-      drain();                       // every chunk gathered; the copy below waits on the host, bounded by the comm timeout first
-      copy_tensor(st.host, st.dev);  // a no-op on a CPU rank (the same memory)
+      if (s_.stage >= 1 && world_ > 1) {
+        const FlatRange c = lo.chunk_range(k);
+        const Tensor whole = st.dev.slice_rows(c.begin, c.begin + c.size());
+        Communicator* comm = comm_;
+        queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); });
+      }
     }
+    drain();                       // every chunk gathered; the copy below waits on the host, bounded by the comm timeout first
+    copy_tensor(st.host, st.dev);  // a no-op on a CPU rank (the same memory)
     for (const FlatSlot& sl : lo.slots) fn(i, sl, st.host_slot(specs_[i][sl.spec], sl));
   }
 }
@@ -537,7 +698,7 @@ void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSl
       const FlatRange pc = lo.piece(k, r);
       const Tensor src = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
       const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
-      if (s_.fp32_masters) copy_tensor(region(master_, DType::fp32, at_shard, pc.size()), src);
+      if (masters_apart_) write_shard(0, at_shard, src);
       if (ly.partitioned) convert_tensor(region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), pc.size()), src);
     }
   }

@@ -7,13 +7,19 @@
 // place. Per rank, with Ψ = the model's (padded) parameter elements, s = storage bytes (4 fp32,
 // 2 fp16/bf16), masters fp32 only under fp16/bf16:
 //
-//   stage  params (s)        grads (s)              fp32 master + Adam m, v      collectives per step
-//   0      Ψ                 Ψ                      Ψ                            all-reduce grads (buckets)
-//   1      Ψ                 Ψ                      Ψ/W                          reduce-scatter grads, all-gather params
-//   2      Ψ                 Ψ/W (+ one layer's     Ψ/W                          reduce-scatter per layer in backward,
+//   stage  params (s)        grads (s)              optimizer partition (fp32)   collectives per step
+//   0      Ψ                 Ψ                      Ψ·B                          all-reduce grads (buckets)
+//   1      Ψ                 Ψ                      Ψ·B/W                        reduce-scatter grads, all-gather params
+//   2      Ψ                 Ψ/W (+ one layer's     Ψ·B/W                        reduce-scatter per layer in backward,
 //                            full grads, transient)                              all-gather params
-//   3      Ψ/W (+ gathered   Ψ/W (+ transient)      Ψ/W                          all-gather before forward and
+//   3      Ψ/W (+ gathered   Ψ/W (+ transient)      Ψ·B/W                        all-gather before forward and
 //          layers)                                                               backward, reduce-scatter grads
+//
+// B, the optimizer partition's fp32 buffers: the optimizer's declared states (Adam 2, SGD with
+// momentum 1, ...) plus 1 for the masters when they are kept apart from the params (fp16 / bf16, or
+// a partition that is not on the training device). The partition lives in a StateStore
+// (zero/state_store.h) on the device, in host memory or on NVMe, and the optimizer visits it one
+// sub-group at a time (for_each_subgroup; docs/training_state.md).
 //
 // Stage 3 layers with fewer than param_persistence_threshold parameters keep them whole on every
 // rank (they are all-gathered after each step, as stages 1-2 do); the rest are gathered per call
@@ -28,7 +34,8 @@
 //   before_backward(i) / after_backward(i)  around layer i's backward
 //   end_backward()                          after the last layer's backward: waits for every
 //                                           reduction and releases gathered params
-//   partitions(): the optimizer's work; after_update(): the post-step all-gather; zero_grads().
+//   for_each_subgroup(): the optimizer's work (OptimizerPartition); after_update(): the post-step
+//   all-gather; zero_grads().
 #pragma once
 
 #include <cstdint>
@@ -40,19 +47,27 @@
 
 #include "ops/allocator.h"
 #include "ops/buffer.h"
-#include "ops/kernels/lamb.h"
 #include "ops/transformer/layer.h"
 #include "zero/comm_queue.h"
 #include "zero/communicator.h"
 #include "zero/flat_layout.h"
+#include "zero/optimizer_partition.h"
 #include "zero/param_coordinator.h"
+#include "zero/state_store.h"
 
 namespace dstrain {
 
 struct ZeroSettings {
   int stage = 0;
   DType storage = DType::fp32;  // params and grads as the layers see them
-  bool fp32_masters = false;    // fp16 / bf16: a separate fp32 master copy the optimizer updates
+  // The optimizer's per-element fp32 states, by name, in its order (Optimizer::state_names()).
+  std::vector<std::string> optimizer_states{};
+  // Where the optimizer partition lives, and the store that holds it there (nullptr: a device
+  // store on the training allocator; it must then be `device`). A home other than the device keeps
+  // the fp32 masters apart from the params even in fp32 training, as DeepSpeed's offload does.
+  StateHome optimizer_home = StateHome::device;
+  StateStoreFactory store_factory{};
+  std::int64_t sub_group_size = 1'000'000'000;  // elements per optimizer sub-group
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;
@@ -66,19 +81,35 @@ struct ZeroSettings {
   std::int64_t max_reuse_distance = 1'000'000'000;
 };
 
-// One contiguous run of this rank's optimizer work: a piece of one layer's buffers with one
-// weight-decay setting. master / m / v are fp32; grads is the reduced (averaged) gradient in the
-// storage dtype; lowp is the storage-dtype parameter the update rewrites (empty when the params
-// are the fp32 master itself).
+// One contiguous run of this rank's optimizer partition inside one sub-group, with one layer and
+// one weight-decay setting. `grads` is the reduced (averaged) gradient in the storage dtype and
+// `param` the storage-dtype parameter the layers read, both on the training device; the masters and
+// optimizer states are at [shard_offset, shard_offset + numel) of the StateStore's buffers.
 struct PartitionSegment {
   std::size_t layer = 0;
+  std::size_t group = 0;          // the StateStore sub-group it lies in
   std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split)
-  Tensor master, grads, m, v, lowp;
+  std::int64_t shard_offset = 0;  // ... and in the rank's shard space
+  std::int64_t numel = 0;
+  Tensor grads, param;
   bool weight_decay = true;
-  std::vector<TensorRange> ranges;  // whole parameter tensors inside the segment (stage 0 only: Lamb)
+  std::vector<TensorPiece> pieces;  // with offsets from the segment's start
 };
 
-class ModelStates {
+// One piece of one owned parameter that this rank holds in its optimizer partition: elements
+// [tensor_offset, tensor_offset + numel) of the parameter, at shard_offset of the shard space
+// (docs/training_state.md §5). Every element of every owned parameter is in exactly one piece of
+// exactly one rank (stage 0: the single rank's view covers all).
+struct OwnedPiece {
+  std::size_t layer = 0;
+  const FlatSlot* slot = nullptr;
+  std::int32_t tensor = 0;  // index among the owned parameters, layer order
+  std::int64_t tensor_offset = 0;
+  std::int64_t numel = 0;
+  std::int64_t shard_offset = 0;
+};
+
+class ModelStates final : public OptimizerPartition {
  public:
   // specs[i]: layer i's params(); names[i]: its name. comm == nullptr: one rank. Allocates every
   // persistent buffer from `allocator`; params, masters and moments start at zero.
@@ -113,12 +144,30 @@ class ModelStates {
   void end_eval();
 
   // ---- the optimizer step ----
+  // This rank's partition, every segment once, in shard order (the grads the step's norm reads).
   const std::vector<PartitionSegment>& partitions() const { return segments_; }
+  // OptimizerPartition: visits the store's sub-groups (prefetch the next, acquire, stage the grads
+  // where the store's memory is not the device's, fn, write the params back, release).
+  void for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) override;
+  void all_reduce_sum(std::span<double> values) override;
+  std::int32_t tensor_count() const override { return tensor_count_; }
+  // The optimizer partition's store, and the index of its first optimizer state (1 when buffer 0
+  // holds the masters, else 0: the masters are the params).
+  StateStore& store() { return *store_; }
+  const StateStore& store() const { return *store_; }
+  bool masters_apart() const { return masters_apart_; }
+  std::size_t first_state_buffer() const { return masters_apart_ ? 1 : 0; }
+  // Reads / writes elements [shard_begin, shard_begin + out.numel()) of store buffer `b` through the
+  // store (acquire / release per sub-group); `out` / `in` fp32 on any device.
+  void read_shard(std::size_t b, std::int64_t shard_begin, const Tensor& out);
+  void write_shard(std::size_t b, std::int64_t shard_begin, const Tensor& in);
+  // The pieces of owned parameters in this rank's optimizer partition, in shard order.
+  const std::vector<OwnedPiece>& owned_pieces() const { return owned_pieces_; }
   // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).
   void after_update();
   void zero_grads();
   // Sum over the ranks, in place, in order with the other collectives (the step's one small
-  // all-reduce of norm², overflow count and loss). No-op on one rank.
+  // all-reduce of norm², overflow count and loss, in fp64). No-op on one rank.
   void all_reduce_sum(Tensor values);
 
   // ---- whole parameters ----
@@ -132,7 +181,7 @@ class ModelStates {
   // Empty tensor when it is partitioned (stage 3 params, stage 2-3 grads).
   Tensor full_param(std::size_t layer, const FlatSlot& slot) const;
   Tensor full_grad(std::size_t layer, const FlatSlot& slot) const;
-  // Stage 0: the fp32 master of a slot, in place; empty otherwise.
+  // Stage 0 with a device store: the fp32 master of a slot, in place; empty otherwise.
   Tensor full_master(std::size_t layer, const FlatSlot& slot) const;
   // Gathers every partitioned layer for a reader outside the step (sampling); collective. Held
   // until the next begin_pass.
@@ -168,9 +217,16 @@ class ModelStates {
   std::vector<std::vector<ParamSpec>> specs_;
   std::int64_t total_numel_ = 0;
   // Model-wide buffers (regions per layer; see the table above).
-  Buffer params_full_, params_shard_, grads_full_, grads_shard_, master_, m_, v_;
+  Buffer params_full_, params_shard_, grads_full_, grads_shard_;
+  std::unique_ptr<StateStore> store_;  // the optimizer partition: masters (when apart) + optimizer states
+  bool masters_apart_ = false;
+  std::int32_t tensor_count_ = 0;
+  std::vector<OwnedPiece> owned_pieces_;
+  std::vector<std::pair<std::size_t, std::size_t>> group_segments_;  // per sub-group: [first, last) of segments_
+  // Staging of a sub-group's grads and params in the store's memory, when that is not the device's.
+  Buffer stage_grads_, stage_params_;
   // Device training with several ranks: all_reduce_sum's host values go through this buffer.
-  static constexpr std::size_t kReduceStagingBytes = 256;
+  static constexpr std::size_t kReduceStagingBytes = 512;
   Buffer reduce_staging_;
   std::vector<PartitionSegment> segments_;
   std::unique_ptr<CommQueue> queue_;

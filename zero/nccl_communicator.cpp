@@ -23,6 +23,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::fp16: return ncclFloat16;
     case DType::bf16: return ncclBfloat16;
     case DType::int32: return ncclInt32;
+    case DType::fp64: return ncclFloat64;
     case DType::uint16: break;
   }
   fail("NCCL communicator: dtype {} cannot be communicated", dtype_name(dtype));

@@ -13,7 +13,8 @@ cudaError_t launch_rank_reduce_kernel(const void* const* in, int n_in, void* con
 
 void cuda_rank_reduce(const void* const* in, int n_in, void* const* out, int n_out, DType dtype, std::size_t n, RankReduceOp op,
                       cudaStream_t stream) {
-  DSTRAIN_CHECK(is_floating(dtype) || dtype == DType::int32, "cuda_rank_reduce: dtype {} cannot be reduced; it takes fp32, fp16, bf16 or int32",
+  DSTRAIN_CHECK(is_floating(dtype) || dtype == DType::int32 || dtype == DType::fp64,
+                "cuda_rank_reduce: dtype {} cannot be reduced; it takes fp32, fp16, bf16, fp64 or int32",
                 dtype_name(dtype));
   DSTRAIN_CHECK(dtype != DType::int32 || op != RankReduceOp::avg,
                 "cuda_rank_reduce: avg is not defined for int32 (an integer mean would truncate); use sum and divide");

@@ -26,6 +26,13 @@ using cuda_exact::BF16;
 using cuda_exact::F16;
 using cuda_exact::F32;
 
+struct F64 {
+  using storage = double;
+  using acc = double;
+  __device__ static double load(double x) { return x; }
+  __device__ static double store(double x) { return x; }
+};
+
 struct I32 {
   using storage = std::int32_t;
   using acc = std::int32_t;
@@ -37,10 +44,16 @@ struct I32 {
 // a NaN wins a max (the first in rank order, bits kept), and ties keep the earlier rank's value
 // (so max(−0, +0) is −0 when rank 0 holds −0, as on the CPU).
 __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ std::int32_t add(std::int32_t a, std::int32_t b) {
   return static_cast<std::int32_t>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b));
 }
 __device__ __forceinline__ float max_of(float a, float b) {
+  if (isnan(a)) return a;
+  if (isnan(b)) return b;
+  return b > a ? b : a;
+}
+__device__ __forceinline__ double max_of(double a, double b) {
   if (isnan(a)) return a;
   if (isnan(b)) return b;
   return b > a ? b : a;
@@ -65,7 +78,9 @@ __global__ void rank_reduce_kernel(Buffers b, int n_in, int n_out, std::size_t n
       const A v = S::load(static_cast<const T*>(b.in[r])[i]);
       acc = op == static_cast<int>(RankReduceOp::max) ? max_of(acc, v) : add(acc, v);
     }
-    if constexpr (!std::is_same_v<A, std::int32_t>) {
+    if constexpr (std::is_same_v<A, double>) {
+      if (op == static_cast<int>(RankReduceOp::avg)) acc = __ddiv_rn(acc, static_cast<double>(n_in));
+    } else if constexpr (!std::is_same_v<A, std::int32_t>) {
       if (op == static_cast<int>(RankReduceOp::avg)) acc = __fdiv_rn(acc, static_cast<float>(n_in));
     }
     // Every input of element i was read above: outputs may alias inputs (all-reduce in place).
@@ -98,6 +113,7 @@ cudaError_t launch_rank_reduce_kernel(const void* const* in, int n_in, void* con
     case DType::fp16: return launch<F16>(b, n_in, n_out, n, op, stream);
     case DType::bf16: return launch<BF16>(b, n_in, n_out, n, op, stream);
     case DType::int32: return launch<I32>(b, n_in, n_out, n, op, stream);
+    case DType::fp64: return launch<F64>(b, n_in, n_out, n, op, stream);
     default: return cudaErrorInvalidValue;
   }
 }

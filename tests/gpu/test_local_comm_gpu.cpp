@@ -63,7 +63,7 @@ HostBuf random_inputs(int rank, DType dt, std::int64_t n, std::uint32_t salt) {
   return h;
 }
 
-bool is_nan_bits(DType dt, std::uint32_t b) {
+bool is_nan_bits(DType dt, std::uint64_t b) {
   switch (dt) {
     case DType::fp32: return (b & 0x7fffffffu) > 0x7f800000u;
     case DType::fp16: return (b & 0x7fffu) > 0x7c00u;
@@ -150,7 +150,7 @@ void expect_same(const Case& c) {
     ASSERT_EQ(w.n, g.n) << describe(c);
     std::int64_t bad = 0;
     for (std::int64_t i = 0; i < w.n && bad < 5; ++i) {
-      const std::uint32_t wb = w.bits(i), gb = g.bits(i);
+      const std::uint64_t wb = w.bits(i), gb = g.bits(i);
       if (wb == gb) continue;
       if (sum_like && is_nan_bits(c.dtype, wb) && is_nan_bits(c.dtype, gb)) continue;  // NaN made by arithmetic
       ++bad;

@@ -19,6 +19,7 @@
 #include "ops/error.h"
 #include "ops/transformer/gpt2_model.h"
 #include "ops/kernels/tensor_ops.h"
+#include "zero/local_communicator.h"
 
 #include "engine_test_util.h"
 
@@ -404,6 +405,68 @@ TEST(Engine, LrHookOverridesTheSchedule) {
   e.set_lr_schedule(nullptr);               // back to the config's (constant) lr
   EXPECT_DOUBLE_EQ(e.lr(), 1e-3);
   std::filesystem::remove(file);
+}
+
+// forward, backward, step for every micro-batch: a second backward() before step() would count one
+// micro-step twice (and at the boundary reduce twice at stages 0/1), and a step() without backward()
+// counts a micro-step that accumulated nothing; both are Errors that name the call to make.
+TEST(Engine, CallOrderIsEnforced) {
+  Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
+  Engine e = initialize(make_gpt2_model(cfg), ds(adamw_json(2, 2, 1e-3, 0.0, 1.0)), {.seed = 5, .sequence_length = 8});
+  Tokens t = random_tokens(2, 8, static_cast<std::int32_t>(cfg.vocab_size), 9);
+  try {
+    e.step();
+    ADD_FAILURE() << "step() without backward() was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("backward()"), std::string::npos) << err.what();
+  }
+  e.forward(t.batch());
+  e.backward();
+  e.forward(t.batch());
+  try {
+    e.backward();
+    ADD_FAILURE() << "a second backward() before step() was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("step()"), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(e.micro_steps(), 0);
+  e.step();  // the first backward's micro-step; the engine is still usable
+  EXPECT_EQ(e.micro_steps(), 1);
+  e.forward(t.batch());
+  e.backward();
+  e.step();
+  EXPECT_EQ(e.global_steps(), 1);
+}
+
+// ZeRO stage 1 on 2 ranks: after the boundary backward the gradients are reduce-scattered in place
+// (averages in the rank's own partition, local sums elsewhere), so grad() refuses until step();
+// before the boundary it gives the rank's local accumulation.
+TEST(Engine, GradRefusedWhereStageOneWouldMixAveragesAndLocalSums) {
+  run_local_ranks(2, [&](Communicator& comm) {
+    config::ConfigOptions co;
+    co.world_size = 2;
+    const config::DsConfig c = config::parse_ds_config(
+        config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+                               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})"),
+        co);
+    Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
+    Engine e = initialize(make_gpt2_model(cfg), c, {.seed = 5, .comm = &comm, .sequence_length = 8});
+    Tokens t = random_tokens(2, 8, static_cast<std::int32_t>(cfg.vocab_size), 9 + static_cast<std::uint32_t>(comm.rank()));
+    e.forward(t.batch());
+    e.backward();
+    EXPECT_NO_THROW(e.grad("wte.weight"));  // not the boundary: local sums only
+    e.step();
+    e.forward(t.batch());
+    e.backward();  // the boundary: reduce-scattered
+    try {
+      e.grad("wte.weight");
+      ADD_FAILURE() << "grad() after the boundary backward at stage 1 was accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("stage 1"), std::string::npos) << err.what();
+    }
+    e.step();
+    EXPECT_NO_THROW(e.grad("wte.weight"));
+  });
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ namespace {
 using namespace zero_testing;
 
 std::uint64_t ring(std::uint64_t bytes, int w) { return bytes * static_cast<std::uint64_t>(w - 1) / static_cast<std::uint64_t>(w); }
-// The step's (norm², overflow, loss) all-reduce: 3 fp32 values.
-std::uint64_t small_all_reduce(int w) { return 2 * static_cast<std::uint64_t>(w - 1) * 12 / static_cast<std::uint64_t>(w); }
+// The step's (norm², overflow, loss) all-reduce: 3 fp64 values (docs/training_state.md §4).
+std::uint64_t small_all_reduce(int w) { return 2 * static_cast<std::uint64_t>(w - 1) * 24 / static_cast<std::uint64_t>(w); }
 
 std::uint64_t bytes(const CommStats& c, CollectiveKind k) { return c.bytes_sent(k); }
 std::uint64_t calls(const CommStats& c, CollectiveKind k) { return c.call_count(k); }

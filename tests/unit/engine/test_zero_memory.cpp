@@ -32,7 +32,8 @@ struct Expected {
   std::uint64_t params = 0, grads = 0, optimizer = 0;
 };
 
-Expected expected(int stage, Precision p, std::int64_t persistence_threshold = 0) {
+// `optimizer_states`: the per-element fp32 buffers the optimizer declares (Adam's m and v: 2).
+Expected expected(int stage, Precision p, std::int64_t persistence_threshold = 0, std::uint64_t optimizer_states = 2) {
   const auto specs = model_specs();
   const std::size_t s = storage_bytes(p);
   const int pw = stage >= 1 ? kW : 1;
@@ -47,7 +48,7 @@ Expected expected(int stage, Precision p, std::int64_t persistence_threshold = 0
   const std::uint64_t psi = static_cast<std::uint64_t>(e.psi);
   e.params = static_cast<std::uint64_t>(params_elems) * s;
   e.grads = (stage >= 2 ? psi / kW : psi) * s;
-  const std::uint64_t fp32_copies = p == Precision::fp32 ? 2 : 3;  // m, v (+ master)
+  const std::uint64_t fp32_copies = optimizer_states + (p == Precision::fp32 ? 0 : 1);  // the states (+ master)
   e.optimizer = fp32_copies * 4 * (stage >= 1 ? psi / kW : psi);
   return e;
 }
@@ -88,6 +89,29 @@ TEST_P(ZeroMemory, StatesMatchTheTable) {
 
 INSTANTIATE_TEST_SUITE_P(W4, ZeroMemory, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::fp32, Precision::bf16)),
                          [](const auto& pinfo) { return fmt::format("Stage{}_{}", std::get<0>(pinfo.param), precision_name(std::get<1>(pinfo.param))); });
+
+// The optimizer partition holds exactly the states the optimizer declares (docs/training_state.md
+// §1): SGD without momentum none (fp32: no optimizer bytes at all; bf16: only the masters), SGD
+// with momentum one buffer, where Adam holds two.
+TEST(ZeroMemoryOptimizerStates, SgdHoldsOnlyWhatItDeclares) {
+  for (const auto& [json, states] : {std::pair<const char*, std::uint64_t>{R"({"type": "SGD", "params": {"lr": 0.1}})", 0},
+                                     std::pair<const char*, std::uint64_t>{R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})", 1}}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      for (const int stage : {0, 2}) {
+        SCOPED_TRACE(testing::Message() << json << " " << precision_name(p) << " stage " << stage);
+        RunSpec s = memory_run(stage, p);
+        s.knobs.optimizer_json = json;
+        s.knobs.allow_untested_optimizer = true;
+        const RunResult run = run_zero(s);
+        const Expected e = expected(stage, p, 0, states);
+        for (const RankResult& r : run.ranks) EXPECT_EQ(r.report.optimizer_bytes, e.optimizer);
+        if (states == 0 && p == Precision::fp32) {
+          EXPECT_EQ(e.optimizer, 0u);
+        }
+      }
+    }
+  }
+}
 
 // Stage 3 on 4 ranks holds a quarter of each state of stage 0 (up to the padding to 4 · 64 bytes
 // per layer: under 2% here).

@@ -45,6 +45,10 @@ struct ZeroKnobs {
   std::int64_t max_live = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
   bool reduce_scatter = true;  // false: DeepSpeed's all-reduce path
+  std::int64_t sub_group_size = 1'000'000'000;  // the optimizer partition's sub-groups
+  // The "optimizer" block; empty: AdamW with decay (below).
+  std::string optimizer_json{};
+  bool allow_untested_optimizer = false;  // zero_allow_untested_optimizer (optimizers off ZeRO's whitelist)
 };
 
 struct RunSpec {
@@ -68,14 +72,17 @@ inline std::string zero_config_json(const RunSpec& s) {
   if (s.precision == Precision::bf16) prec = R"(, "bf16": {"enabled": true})";
   if (s.precision == Precision::fp16) prec = fmt::format(R"(, "fp16": {{"enabled": true, "initial_scale_power": {}}})", s.fp16_initial_scale_power);
   const ZeroKnobs& k = s.knobs;
+  const std::string optimizer =
+      k.optimizer_json.empty() ? std::string(R"({"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}})")
+                               : k.optimizer_json;
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
-    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}}},
+    "optimizer": {},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {}, "overlap_comm": {},
       "stage3_prefetch_bucket_size": {}, "stage3_param_persistence_threshold": {}, "stage3_max_live_parameters": {},
-      "stage3_max_reuse_distance": {}, "reduce_scatter": {}}}{}}})",
-                     kMicro, s.gas, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
+      "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}}}, "zero_allow_untested_optimizer": {}{}}})",
+                     kMicro, s.gas, optimizer, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
                      k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, k.reduce_scatter ? "true" : "false",
-                     prec);
+                     k.sub_group_size, k.allow_untested_optimizer ? "true" : "false", prec);
 }
 
 inline Gpt2Config model_config(float dropout) {

@@ -23,7 +23,7 @@ struct HostBuf {
 
   HostBuf() = default;
   HostBuf(DType d, std::int64_t count)
-      : dtype(d), n(count), mem(static_cast<std::size_t>((count * static_cast<std::int64_t>(dtype_size(d)) + 3) / 4 + 1)) {}
+      : dtype(d), n(count), mem(static_cast<std::size_t>((count * static_cast<std::int64_t>(dtype_size(d)) + 3) / 4 + 2)) {}
 
   Tensor tensor() { return Tensor(mem.data(), dtype, Shape{n}); }
   void* at(std::int64_t i) { return reinterpret_cast<char*>(mem.data()) + static_cast<std::size_t>(i) * dtype_size(dtype); }
@@ -38,6 +38,7 @@ struct HostBuf {
       case DType::bf16: { const std::uint16_t b = fp32_to_bf16_bits(static_cast<float>(v)); std::memcpy(at(i), &b, 2); break; }
       case DType::int32: { const auto k = static_cast<std::int32_t>(v); std::memcpy(at(i), &k, 4); break; }
       case DType::uint16: { const auto k = static_cast<std::uint16_t>(v); std::memcpy(at(i), &k, 2); break; }
+      case DType::fp64: std::memcpy(at(i), &v, 8); break;
     }
   }
   double get(std::int64_t i) const {
@@ -47,12 +48,13 @@ struct HostBuf {
       case DType::bf16: { std::uint16_t b; std::memcpy(&b, at(i), 2); return bf16_bits_to_fp32(b); }
       case DType::int32: { std::int32_t k; std::memcpy(&k, at(i), 4); return k; }
       case DType::uint16: { std::uint16_t k; std::memcpy(&k, at(i), 2); return k; }
+      case DType::fp64: { double d; std::memcpy(&d, at(i), 8); return d; }
     }
     return 0;
   }
   // The raw bits of element i, for bit-exact comparisons.
-  std::uint32_t bits(std::int64_t i) const {
-    std::uint32_t b = 0;
+  std::uint64_t bits(std::int64_t i) const {
+    std::uint64_t b = 0;
     std::memcpy(&b, at(i), dtype_size(dtype));
     return b;
   }
@@ -74,13 +76,16 @@ inline double expected_reduce(ReduceOp op, DType dtype, int world, std::int64_t 
     mx = std::max(mx, input_value(r, i));
   }
   double v = op == ReduceOp::max ? mx : sum;
-  if (op == ReduceOp::avg) v = static_cast<double>(static_cast<float>(sum) / static_cast<float>(world));
+  if (op == ReduceOp::avg) {
+    // fp64 accumulates (and divides) in double; the others in fp32.
+    v = dtype == DType::fp64 ? sum / world : static_cast<double>(static_cast<float>(sum) / static_cast<float>(world));
+  }
   HostBuf one(dtype, 1);
   one.set(0, v);  // the single rounding to the storage type
   return one.get(0);
 }
 
-inline std::uint32_t expected_bits(ReduceOp op, DType dtype, int world, std::int64_t i) {
+inline std::uint64_t expected_bits(ReduceOp op, DType dtype, int world, std::int64_t i) {
   HostBuf one(dtype, 1);
   one.set(0, expected_reduce(op, dtype, world, i));
   return one.bits(0);

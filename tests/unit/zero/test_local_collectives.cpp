@@ -176,7 +176,7 @@ TEST_P(LocalCollectives, StatsCountRingBytesPerRank) {
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, LocalCollectives,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                                            ::testing::Values(DType::fp32, DType::fp16, DType::bf16)),
+                                            ::testing::Values(DType::fp32, DType::fp16, DType::bf16, DType::fp64)),
                          param_name);
 
 }  // namespace
