@@ -4,6 +4,7 @@
 // FLOP counts are the usual nominal ones (2 per multiply-add for GEMMs and attention; a small
 // per-element count for the memory-bound kernels, stated in the table), so GFLOP/s compares runs,
 // not instruction mixes.
+// AdamW runs once per instruction set the CPU supports (scalar, AVX2, AVX-512), in GB/s.
 // Usage: bench_kernels_cpu [fp32|fp16|bf16 ...] [--only NAME_SUBSTRING]   (default: fp32 bf16, all kernels)
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "ops/dtype.h"
 #include "ops/kernels/adamw.h"
 #include "ops/kernels/attention.h"
+#include "ops/kernels/cpu_isa.h"
 #include "ops/kernels/dropout.h"
 #include "ops/kernels/encoder.h"
 #include "ops/kernels/gelu.h"
@@ -163,10 +165,31 @@ void bench_adamw(DType grad_dt) {
   HostBuf p(DType::fp32, n, rng), g(grad_dt, n, rng), m(DType::fp32, n, rng, 0.01f), v(DType::fp32, n, rng, 0.0001f), low(DType::bf16, n, rng);
   for (std::size_t i = 0; i < v.bytes.size() / 4; ++i) reinterpret_cast<float*>(v.bytes.data())[i] = 1e-4f;
   AdamWConfig cfg{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-  report("adamw (124M params, bf16 copy)", "step", grad_dt, 12.0 * n, [&] {
-    adamw_update(p.t({n}), g.t({n}), m.t({n}), v.t({n}), low.t({n}), cfg);
-    ++cfg.step;
-  });
+  // Every instruction set this CPU runs (ops/kernels/cpu_isa.h), side by side; the bytes each
+  // element moves: θ, m, v read and written (24), the gradient read, the bf16 copy written (2).
+  const double bytes = (24.0 + static_cast<double>(dtype_size(grad_dt)) + 2.0) * static_cast<double>(n);
+  const CpuIsa chosen = cpu_isa();
+  // In memory (124M elements: bandwidth-bound) and in cache (16K elements, one thread: the
+  // arithmetic the vector width speeds up).
+  const std::int64_t small = 16384;
+  for (const CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (!cpu_isa_supported(isa)) continue;
+    set_cpu_isa(isa);
+    for (const std::int64_t count : {n, small}) {
+      const std::string name = std::string(count == n ? "adamw (124M, bf16 copy) " : "adamw (16K in cache)    ") + std::string(cpu_isa_name(isa));
+      const double ms = time_ms([&] {
+        for (int r = 0; r < (count == n ? 1 : 1000); ++r) {
+          adamw_update(p.t({count}), g.t({count}), m.t({count}), v.t({count}), low.t({count}), cfg);
+          ++cfg.step;
+        }
+      }) / (count == n ? 1.0 : 1000.0);
+      const double b = bytes / static_cast<double>(n) * static_cast<double>(count);
+      std::printf("%-40s %-5s %10.4f ms %10.2f GB/s %8.3f Gparam/s\n", name.c_str(), std::string(dtype_name(grad_dt)).c_str(), ms, b / (ms * 1e6),
+                  static_cast<double>(count) / (ms * 1e6));
+      std::fflush(stdout);
+    }
+  }
+  set_cpu_isa(chosen);
 }
 
 }  // namespace

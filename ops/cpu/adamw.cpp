@@ -1,60 +1,18 @@
-// AdamW, CPU: one elementwise pass, parallel over elements. The bias corrections are computed
-// once per call in double; the per-element math is fp32, as on the GPU.
+// AdamW, CPU: argument checks, then one element-wise pass split over the threads, in the ISA
+// chosen at run time (ops/cpu/adamw_isa.cpp). The bias corrections are computed once per call in
+// double; the per-element math is fp32, as on the GPU.
 #include "ops/kernels/adamw.h"
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 
-#include "ops/cpu/cpu_common.h"
+#include "ops/cpu/adamw_isa.h"
 #include "ops/cpu/backend_dispatch.h"
 #include "ops/kernels/kernel_check.h"
-#include "ops/kernels/stochastic_round.h"
 
 namespace dstrain {
-namespace {
 
 using namespace kernel_check;
-
-template <bool kDecoupled, typename G, typename L>
-void adamw_impl(float* __restrict p, const G* __restrict g, float* __restrict m, float* __restrict v, L* __restrict lowp, std::int64_t n,
-                const AdamWConfig& c) {
-  const double t = static_cast<double>(c.step);
-  const float bc1 = c.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), t)) : 1.0f;
-  const float bc2 = c.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t)) : 1.0f;
-  const float decay = 1.0f - c.lr * c.weight_decay;
-  const float b1 = c.beta1, b2 = c.beta2, lr = c.lr, eps = c.eps, gs = c.grad_scale, wd = c.weight_decay;
-#pragma omp parallel for schedule(static) if (cpu::parallel_worth(n))
-  for (std::int64_t i = 0; i < n; ++i) {
-    // AdamW decays θ itself; Adam with L2 adds wd·θ to the gradient before the moments.
-    const float gi = kDecoupled ? cpu::load(g[i]) * gs : cpu::load(g[i]) * gs + wd * p[i];
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    const float pi = (kDecoupled ? p[i] * decay : p[i]) - lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
-    if constexpr (std::is_same_v<L, bf16_t>) {
-      const std::uint32_t bits = std::bit_cast<std::uint32_t>(pi);
-      lowp[i] = c.stochastic_rounding && fp32_bits_finite(bits)
-                    ? bf16_t::from_bits(bf16_bits_stochastic(bits, c.rounding_key.element_bits(static_cast<std::uint64_t>(c.rounding_offset + i))))
-                    : cpu::store<L>(pi);
-    } else if constexpr (!std::is_same_v<L, float>) {
-      lowp[i] = cpu::store<L>(pi);
-    }
-  }
-}
-
-template <typename G, typename L>
-void adamw_dispatch(float* p, const G* g, float* m, float* v, L* lowp, std::int64_t n, const AdamWConfig& c) {
-  if (c.decoupled_weight_decay) {
-    adamw_impl<true, G, L>(p, g, m, v, lowp, n, c);
-  } else {
-    adamw_impl<false, G, L>(p, g, m, v, lowp, n, c);
-  }
-}
-
-}  // namespace
 
 void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, const AdamWConfig& config) {
   const char* op = "adamw_update";
@@ -85,20 +43,19 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
     fail("{}: betas ({}, {}) must be in [0, 1)", op, config.beta1, config.beta2);
   }
   DSTRAIN_RETURN_ON_CUDA(gpu, adamw_update(params, grads, m, v, params_lowp, config));
-  const std::int64_t n = params.numel();
-  cpu::dispatch_float(op, grads.dtype, [&]<typename G>(cpu::TypeTag<G>) {
-    const G* g = static_cast<const G*>(grads.data);
-    auto* p = static_cast<float*>(params.data);
-    auto* mp = static_cast<float*>(m.data);
-    auto* vp = static_cast<float*>(v.data);
-    if (params_lowp.empty()) {
-      adamw_dispatch<G, float>(p, g, mp, vp, nullptr, n, config);
-    } else if (params_lowp.dtype == DType::fp16) {
-      adamw_dispatch<G, fp16_t>(p, g, mp, vp, static_cast<fp16_t*>(params_lowp.data), n, config);
-    } else {
-      adamw_dispatch<G, bf16_t>(p, g, mp, vp, static_cast<bf16_t*>(params_lowp.data), n, config);
-    }
-  });
+  const double t = static_cast<double>(config.step);
+  const cpu::AdamWArgs args{static_cast<float*>(params.data),
+                            grads.data,
+                            grads.dtype,
+                            static_cast<float*>(m.data),
+                            static_cast<float*>(v.data),
+                            params_lowp.empty() ? nullptr : params_lowp.data,
+                            params_lowp.dtype,
+                            config,
+                            config.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), t)) : 1.0f,
+                            config.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta2), t)) : 1.0f};
+  const auto range = cpu::isa_select(cpu::scalar::adamw_range, cpu::avx2::adamw_range, cpu::avx512::adamw_range);
+  cpu::for_each_block(params.numel(), [&](std::int64_t b, std::int64_t e) { range(args, b, e); });
 }
 
 }  // namespace dstrain

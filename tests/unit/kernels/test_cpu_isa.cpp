@@ -1,0 +1,120 @@
+// The CPU optimizer kernels on every instruction set this machine runs (ops/kernels/cpu_isa.h):
+// each variant must give the scalar variant's bits exactly (the same fp32 operations in the same
+// order, no FMA contraction), for every gradient dtype, 16-bit copy and mode, on a buffer large
+// enough to be split over the threads and vectorised with a remainder. ISAs the CPU lacks are
+// reported and skipped (the scalar variant always runs).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernel_test_util.h"
+#include "ops/kernels/adamw.h"
+#include "ops/kernels/cpu_isa.h"
+
+using namespace dstrain;
+using namespace dstrain::test;
+
+namespace {
+
+// Fresh inputs for one kernel call, the same for every ISA (seeded), and the bytes of every
+// output after the call.
+struct Case {
+  std::string name;
+  std::function<std::vector<std::vector<unsigned char>>()> run;
+};
+
+std::vector<unsigned char> bytes_of(const void* p, std::size_t n) {
+  std::vector<unsigned char> b(n);
+  std::memcpy(b.data(), p, n);
+  return b;
+}
+
+std::vector<float> uniform(std::int64_t n, double lo, double hi, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = static_cast<float>(d(rng));
+  return v;
+}
+
+Tensor f32(std::vector<float>& v) { return Tensor(v.data(), DType::fp32, Shape{static_cast<std::int64_t>(v.size())}); }
+
+std::vector<Case> adamw_cases() {
+  std::vector<Case> cases;
+  for (const std::int64_t n : {std::int64_t{37}, std::int64_t{100003}}) {
+    for (const DType gdt : kFloatDTypes) {
+      for (const DType lowdt : {DType::fp32, DType::fp16, DType::bf16}) {  // fp32: no 16-bit copy
+        for (const int mode : {0, 1, 2}) {  // decoupled, L2, decoupled + stochastic rounding
+          if (mode == 2 && lowdt != DType::bf16) continue;
+          const std::string name = "adamw n=" + std::to_string(n) + " grads " + dtype_label(gdt) + " copy " + dtype_label(lowdt) + " mode " +
+                                   std::to_string(mode);
+          cases.push_back({name, [=] {
+                             std::vector<float> p = uniform(n, -1, 1, 1), m = uniform(n, -0.01, 0.01, 2), v = uniform(n, 0, 1e-4, 3);
+                             Buf g(gdt, n), low(lowdt == DType::fp32 ? DType::bf16 : lowdt, n);
+                             std::mt19937_64 rng(4);
+                             g.fill_uniform(rng, -1, 1);
+                             AdamWConfig c{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f};
+                             c.decoupled_weight_decay = mode != 1;
+                             c.stochastic_rounding = mode == 2;
+                             c.rounding_key = RngKey{5, 7, 1, 0, 3};
+                             adamw_update(f32(p), g.tensor({n}), f32(m), f32(v), lowdt == DType::fp32 ? Tensor() : low.tensor({n}), c);
+                             return std::vector<std::vector<unsigned char>>{bytes_of(p.data(), p.size() * 4), bytes_of(m.data(), m.size() * 4),
+                                                                            bytes_of(v.data(), v.size() * 4),
+                                                                            bytes_of(low.data(), static_cast<std::size_t>(n) * 2)};
+                           }});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class CpuIsaTest : public ::testing::Test {
+ protected:
+  void TearDown() override { set_cpu_isa(detected_cpu_isa()); }
+};
+
+void expect_same_bits_on_every_isa(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    set_cpu_isa(CpuIsa::scalar);
+    const auto want = c.run();
+    for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
+      if (!cpu_isa_supported(isa)) continue;
+      set_cpu_isa(isa);
+      const auto got = c.run();
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t k = 0; k < got.size(); ++k) {
+        ASSERT_EQ(got[k], want[k]) << "output " << k << " differs between " << cpu_isa_name(isa) << " and scalar";
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_F(CpuIsaTest, DetectionAndChoice) {
+  EXPECT_TRUE(cpu_isa_supported(CpuIsa::scalar));
+  const CpuIsa d = detected_cpu_isa();
+  EXPECT_TRUE(cpu_isa_supported(d));
+  if (d == CpuIsa::avx512) {
+    EXPECT_TRUE(cpu_isa_supported(CpuIsa::avx2));
+  }
+  for (const CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
+    if (!cpu_isa_supported(isa)) {
+      std::printf("[ NOTE     ] this CPU has no %s: its variant is not exercised here\n", std::string(cpu_isa_name(isa)).c_str());
+      const std::string name(cpu_isa_name(isa));
+      expect_error([&] { set_cpu_isa(isa); }, {"set_cpu_isa", name.c_str()});
+    }
+  }
+  set_cpu_isa(CpuIsa::scalar);
+  EXPECT_EQ(cpu_isa(), CpuIsa::scalar);
+}
+
+TEST_F(CpuIsaTest, AdamWSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(adamw_cases()); }
