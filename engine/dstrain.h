@@ -51,6 +51,15 @@
 #include "engine/monitor/timers.h"
 #include "engine/monitor/train_events.h"
 
+// The training loop around the engine, as `dstrain train` runs it: Trainer (the whole run: the
+// pre-flight, every rank of this process, the summary) and RankTrainer (one rank's loop).
+#include "engine/flops_report.h"
+#include "engine/rank_trainer.h"
+#include "engine/sample_printer.h"
+#include "engine/trainer.h"
+#include "engine/trainer_options.h"
+#include "engine/training_plan.h"
+
 namespace dstrain {
 
 // The library's version, "MAJOR.MINOR.PATCH".

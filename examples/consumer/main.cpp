@@ -1,10 +1,14 @@
 // A program outside the dstrain tree, built against the installed package (find_package(dstrain)):
-// it reads a DeepSpeed config the way DeepSpeed does, then embeds the engine the way a DeepSpeed
-// user drives `model_engine`: initialize, then forward / backward / step.
+// it reads a DeepSpeed config the way DeepSpeed does, embeds the engine the way a DeepSpeed user
+// drives `model_engine` (initialize, then forward / backward / step), and runs the whole training
+// loop `dstrain train` runs through dstrain::Trainer.
 //
 //   dstrain_consumer ds_config.json
 #include <cstdio>
 #include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <dstrain/dstrain.h>
@@ -52,7 +56,35 @@ int main(int argc, char** argv) {
     }
     std::printf("embedded engine: %lld optimizer steps, loss %.3f -> %.3f\n", static_cast<long long>(engine.global_steps()),
                 static_cast<double>(first), static_cast<double>(last));
-    return last < first ? 0 : 4;
+    if (!(last < first)) return 4;
+
+    // 3. The training loop of `dstrain train` (data, evaluation, progress, summary) through
+    // dstrain::Trainer, on 2 ranks (threads of this process) at ZeRO stage 2, on a token file of a
+    // repeated pattern; its lines come back through options.print.
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "dstrain_consumer_data";
+    std::filesystem::create_directories(dir);
+    std::vector<std::int32_t> stream(4096);
+    for (std::size_t i = 0; i < stream.size(); ++i) stream[i] = static_cast<std::int32_t>(i % 7);
+    dstrain::write_token_file(dir / "train.bin", stream);
+    dstrain::TrainerOptions run_options;
+    run_options.data = dir / "train.bin";
+    run_options.val_data = dir / "train.bin";
+    run_options.val_batches = 2;
+    run_options.steps = 10;
+    run_options.num_ranks = 2;
+    run_options.sample_tokens = 0;
+    std::size_t lines = 0;
+    run_options.print = [&lines](std::string_view) { ++lines; };
+    dstrain::Trainer trainer(dstrain::ConfigText{dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1, "steps_per_print": 5, "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})"), "consumer"},
+                             "gpt2:tiny", run_options);
+    const dstrain::TrainResult result = trainer.run();
+    std::filesystem::remove_all(dir);
+    const dstrain::TrainSummary& s = *result.summary;
+    std::printf("trainer: %lld steps on %zu ranks, loss %.3f -> %.3f, val loss %.3f, %zu lines printed\n", static_cast<long long>(s.steps),
+                result.reports.size(), s.train_losses.front(), s.train_losses.back(), *s.final_val_loss(), lines);
+    return s.train_losses.back() < s.train_losses.front() ? 0 : 5;
   } catch (const dstrain::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

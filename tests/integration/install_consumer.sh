@@ -14,3 +14,5 @@ echo "$out"
 # through the installed engine whose loss fell (the program exits non-zero otherwise).
 grep -q "zero stage 2, precision fp16, train_batch_size 32 = 4 x 4 x 2" <<<"$out"
 grep -q "embedded engine: 20 optimizer steps" <<<"$out"
+# The Trainer's whole run on 2 local ranks through the installed library.
+grep -q "trainer: 10 steps on 2 ranks" <<<"$out"

@@ -1,0 +1,109 @@
+#include "engine/trainer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/rank_trainer.h"
+#include "ops/error.h"
+#include "zero/launcher_communicator.h"
+#include "zero/local_communicator.h"
+
+namespace dstrain {
+namespace {
+
+nlohmann::json comm_json(const CommStats& c) {
+  nlohmann::json j;
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    j[std::string(collective_name(kind))] = {{"bytes", c.bytes_sent(kind)}, {"calls", c.call_count(kind)}};
+  }
+  j["total"] = {{"bytes", c.total_bytes_sent()}, {"calls", c.total_calls()}};
+  return j;
+}
+
+// --summary-json's "zero" object: the stage, the world size and every rank's ZeroReport.
+nlohmann::json zero_json(const std::vector<ZeroReport>& reports) {
+  nlohmann::json z;
+  z["stage"] = reports.empty() ? 0 : reports.front().stage;
+  z["world_size"] = reports.size();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const ZeroReport& r : reports) {
+    ranks.push_back({{"rank", r.rank},
+                     {"param_bytes", r.param_bytes},
+                     {"grad_bytes", r.grad_bytes},
+                     {"optimizer_bytes", r.optimizer_bytes},
+                     {"peak_bytes", r.peak_bytes},
+                     {"padded_param_elements", r.padded_param_elements},
+                     {"peak_gathered_param_elements", r.peak_gathered_param_elements},
+                     {"step_comm", comm_json(r.step_comm)}});
+  }
+  z["ranks"] = ranks;
+  return z;
+}
+
+}  // namespace
+
+Trainer::Trainer(ConfigText config, std::string model, TrainerOptions options)
+    : config_(std::move(config)), model_(std::move(model)), options_(std::move(options)) {}
+
+const TrainingPlan& Trainer::prepare() {
+  if (!plan_) plan_ = plan_training(config_, model_, options_);
+  return *plan_;
+}
+
+const TrainingPlan& Trainer::plan() const {
+  DSTRAIN_CHECK(plan_.has_value(), "Trainer::plan(): call prepare() (or run()) first");
+  return *plan_;
+}
+
+TrainResult Trainer::run() {
+  const TrainingPlan& plan = prepare();
+  TrainResult result;
+  // Each rank fills its own slot (threads of one process); they are read after every rank is done.
+  std::vector<std::optional<TrainSummary>> summaries;
+  const auto train_rank = [&](Communicator* comm, std::size_t slot) {
+    RankTrainer rank(plan, options_, comm);
+    rank.run();
+    result.reports[slot] = rank.zero_report();
+    if (rank.lead()) summaries[slot] = rank.take_summary();
+  };
+  if (plan.launcher_group) {
+    // This process is one rank; the reports of the others stay in their processes.
+    const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(comm.get(), 0);
+  } else if (options_.num_ranks == 1) {
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(nullptr, 0);
+  } else {
+    result.reports.assign(static_cast<std::size_t>(plan.world), ZeroReport{});
+    summaries.resize(static_cast<std::size_t>(plan.world));
+    run_local_ranks(plan.world, [&](Communicator& comm) { train_rank(&comm, static_cast<std::size_t>(comm.rank())); });
+  }
+  for (std::optional<TrainSummary>& s : summaries) {
+    if (s) result.summary = std::move(*s);
+  }
+  write_summary_json(result);
+  return result;
+}
+
+void Trainer::write_summary_json(const TrainResult& result) const {
+  if (options_.summary_json.empty() || !result.summary) return;
+  const std::filesystem::path& p = options_.summary_json;
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p);
+  if (!out) fail("--summary-json {}: cannot write the file (check the folder exists and is writable)", p.string());
+  nlohmann::json j = to_json(*result.summary);
+  j["device"] = plan_->device.str();
+  j["zero"] = zero_json(result.reports);
+  out << j.dump(2) << '\n';
+  if (!out) fail("--summary-json {}: writing failed (disk full?)", p.string());
+}
+
+}  // namespace dstrain

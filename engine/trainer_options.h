@@ -1,0 +1,62 @@
+// TrainerOptions: what a training run is asked to do — everything `dstrain train` takes on its
+// command line besides the config, in one struct an embedding program fills the same way
+// (engine/trainer.h runs it).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config_schema/auto_values.h"
+
+namespace dstrain {
+
+struct TrainerOptions {
+  // ---- what to train on ----
+  std::filesystem::path data;      // training token file (engine/data/token_file.h); required
+  std::filesystem::path val_data;  // validation token file; empty: no evaluation
+  std::filesystem::path init_from;  // start from these weights (HF GPT-2 safetensors); empty: the init
+  // Optimizer steps of the run; nullopt: one pass over `data` (its windows / train_batch_size);
+  // 0: only evaluate. Also fills a scheduler's "auto" total_num_steps.
+  std::optional<std::int64_t> steps;
+  std::optional<std::int64_t> warmup_steps;     // fills a scheduler's "auto" warmup_num_steps
+  std::optional<std::int64_t> sequence_length;  // T; nullopt: the model's n_positions, at most 1024
+  std::uint64_t seed = 42;         // parameter init, data order, dropout, samples
+  std::string tokenizer;           // "gpt2" | "bytes" | "": the data's tokenizer (vocabulary check, samples)
+  // Values for the config's other "auto" keys, as `check-config` takes them (config_schema/auto_values.h).
+  // total_num_steps / warmup_num_steps come from `steps` / `warmup_steps` when left unset here.
+  config::AutoValues autos;
+
+  // ---- evaluation and samples ----
+  std::int64_t val_interval = 100;  // evaluate (and sample) every N steps and at the end; 0: only at the end
+  std::int64_t val_batches = 20;    // batches of the micro-batch size per evaluation, over all ranks; 0: the whole file
+  std::int64_t sample_tokens = 64;  // tokens per sample; 0: no samples
+  std::int64_t sample_top_k = 40;
+  float sample_temperature = 1.0f;
+  double peak_flops = 0.0;          // the flops profiler's MFU peak; 0: measure one GEMM once
+
+  // ---- the engine ----
+  std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
+  std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  bool checkpoint_activations = false;
+  bool bf16_stochastic_rounding = false;
+  std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
+
+  // ---- outputs ----
+  std::filesystem::path save_weights;  // the final weights (HF GPT-2 safetensors); empty: none
+  std::filesystem::path summary_json;  // the run's figures as JSON; empty: none
+
+  // ---- where the run's lines go ----
+  // Rank 0's progress lines (model, batch, steps, val losses, samples, the summary), one call per
+  // line or block without a trailing newline. Empty: stdout, flushed after every line.
+  std::function<void(std::string_view)> print;
+  // Warnings (the config's, the loader's), one call each without the "warning: " prefix. Empty:
+  // stderr as "warning: <text>".
+  std::function<void(std::string_view)> warn;
+};
+
+}  // namespace dstrain
