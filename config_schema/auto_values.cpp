@@ -12,18 +12,19 @@ namespace {
 
 bool is_auto(const Json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
-// The options that fill "auto", named as the CLI flag and the AutoValues member.
-constexpr const char* kMicro = "--micro-batch-size (AutoValues::train_micro_batch_size_per_gpu)";
-constexpr const char* kGas = "--gradient-accumulation-steps (AutoValues::gradient_accumulation_steps)";
-constexpr const char* kHidden = "--hidden-size or the model's hidden size (AutoValues::hidden_size)";
-constexpr const char* kClip = "--gradient-clipping (AutoValues::gradient_clipping)";
-constexpr const char* kLr = "--lr (AutoValues::lr)";
-constexpr const char* kEps = "--adam-eps (AutoValues::eps)";
-constexpr const char* kWd = "--weight-decay (AutoValues::weight_decay)";
-constexpr const char* kBetas = "--adam-betas (AutoValues::betas)";
-constexpr const char* kTotal = "--steps (AutoValues::total_num_steps)";
-constexpr const char* kWarmup = "--warmup-steps (AutoValues::warmup_num_steps)";
-constexpr const char* kPrecision = "--precision fp32|fp16|bf16 (AutoValues::precision)";
+// The options that fill "auto", named as the CLI flag (`check-config` and `train` share them;
+// AutoValues has a member of the same meaning for a program that embeds the engine).
+constexpr const char* kMicro = "--micro-batch-size";
+constexpr const char* kGas = "--gradient-accumulation-steps";
+constexpr const char* kHidden = "--hidden-size (the model's hidden size; train takes it from the model)";
+constexpr const char* kClip = "--gradient-clipping";
+constexpr const char* kLr = "--lr";
+constexpr const char* kEps = "--adam-eps";
+constexpr const char* kWd = "--weight-decay";
+constexpr const char* kBetas = "--adam-betas";
+constexpr const char* kTotal = "--steps";
+constexpr const char* kWarmup = "--warmup-steps";
+constexpr const char* kPrecision = "--precision fp32|fp16|bf16";
 
 class Resolver {
  public:
@@ -74,7 +75,8 @@ class Resolver {
 
 std::optional<std::int64_t> as_int(const Json& v) {
   if (v.is_number_integer()) return v.get<std::int64_t>();
-  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return static_cast<std::int64_t>(v.get<double>());
+  if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.2e18)
+    return static_cast<std::int64_t>(v.get<double>());
   return std::nullopt;
 }
 
@@ -84,6 +86,18 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
                          std::vector<Warning>* mismatches) {
   Json root = input;
   if (!root.is_object()) return root;
+  // A NaN or infinite option would become null (or a non-number) in the resolved config.
+  const auto finite = [](const std::optional<double>& v, const char* flag) {
+    if (v && !std::isfinite(*v)) fail("{} {}: not a finite number; give a number such as 1e-4", flag, *v);
+  };
+  finite(a.lr, kLr);
+  finite(a.eps, kEps);
+  finite(a.weight_decay, kWd);
+  finite(a.gradient_clipping, kClip);
+  if (a.betas) {
+    finite(a.betas->first, kBetas);
+    finite(a.betas->second, kBetas);
+  }
   Resolver r(log, mismatches);
 
   // Batch triple (HF: micro from per_device_train_batch_size, TBS = world * micro * GAS).
@@ -100,7 +114,11 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
       fail("train_batch_size is \"auto\": it is derived as micro batch * gradient accumulation steps * world size, "
            "but the micro batch size is unknown; pass {} or write train_micro_batch_size_per_gpu",
            kMicro);
-    const std::int64_t tbs = *micro * *gas * w;
+    std::int64_t tbs = 0;
+    if (__builtin_mul_overflow(*micro, *gas, &tbs) || __builtin_mul_overflow(tbs, w, &tbs))
+      fail("train_batch_size is \"auto\": micro batch {} * gradient accumulation steps {} * world size {} does not fit in a 64-bit "
+           "integer (at most 2^63 - 1); give smaller values",
+           *micro, *gas, w);
     root["train_batch_size"] = tbs;
     log.push_back(fmt::format("train_batch_size: auto -> {} (= {} * {} * data-parallel world size {})", tbs, *micro,
                               *gas, w));

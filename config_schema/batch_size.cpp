@@ -16,6 +16,18 @@ std::int64_t floor_div(std::int64_t a, std::int64_t b) {
 
 namespace {
 
+// micro * gas * w, or an Error with the values as the user wrote them when the product does not
+// fit in 64 bits (it would wrap to a small or negative "batch size").
+std::int64_t checked_product(std::int64_t mbs, std::int64_t gas, std::int64_t w) {
+  std::int64_t mg = 0, p = 0;
+  if (__builtin_mul_overflow(mbs, gas, &mg) || __builtin_mul_overflow(mg, w, &p)) {
+    fail("train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * data-parallel world size {} = {:.4g} samples per step "
+         "does not fit in a 64-bit integer (at most 2^63 - 1): give smaller values",
+         mbs, gas, w, static_cast<double>(mbs) * static_cast<double>(gas) * static_cast<double>(w));
+  }
+  return p;
+}
+
 // What would satisfy TBS = MBS * GAS * W, in words.
 std::string mismatch_fix(std::int64_t tbs, std::int64_t mbs, std::int64_t gas, std::int64_t w) {
   std::string fix = fmt::format("set train_batch_size to {} (= {} * {} * {})", mbs * gas * w, mbs, gas, w);
@@ -60,11 +72,11 @@ BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional
     need_positive_gas(*gas_in);
     b = {*tbs_in, floor_div(floor_div(*tbs_in, w), *gas_in), *gas_in};
   } else if (mbs_in && gas_in) {
-    b = {*mbs_in * *gas_in * w, *mbs_in, *gas_in};
+    b = {checked_product(*mbs_in, *gas_in, w), *mbs_in, *gas_in};
   } else if (tbs_in) {
     b = {*tbs_in, floor_div(*tbs_in, w), 1};
   } else if (mbs_in) {
-    b = {*mbs_in * w, *mbs_in, 1};
+    b = {checked_product(*mbs_in, 1, w), *mbs_in, 1};
   } else {
     fail("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided{}; add "
          "\"train_micro_batch_size_per_gpu\" (samples per GPU per step) or \"train_batch_size\" (samples per optimizer "
@@ -89,7 +101,7 @@ BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional
                 : fmt::format("; it was inferred as train_batch_size {} // train_micro_batch_size_per_gpu {} // world "
                               "size {}, which is 0 — train_batch_size must be at least micro batch * world size",
                               b.train_batch_size, b.train_micro_batch_size_per_gpu, w));
-  const std::int64_t product = b.train_micro_batch_size_per_gpu * b.gradient_accumulation_steps * w;
+  const std::int64_t product = checked_product(b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w);
   if (b.train_batch_size != product)
     fail("Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * "
          "world_size {} != {} * {} * {}{}. Fix: {}",

@@ -1,5 +1,6 @@
 #include "config_schema/config_source.h"
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -94,13 +95,23 @@ ConfigText load_config_file(const std::filesystem::path& path) {
     fail("cannot open DeepSpeed config file '{}': {}; check that it is readable", name,
          std::strerror(errno));
   }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
+  // Read at most one byte more than the cap, so that /dev/zero or a data file given by mistake is
+  // an error after 16 MiB instead of a read without end.
+  std::string raw;
+  std::array<char, 65536> chunk{};
+  while (raw.size() <= kMaxConfigFileBytes && in.read(chunk.data(), chunk.size()).gcount() > 0) {
+    raw.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
+  }
   if (in.bad()) {
     fail("error while reading DeepSpeed config file '{}': {}; check the file and the disk", name,
          std::strerror(errno));
   }
-  const std::string text = universal_newlines(buffer.str());
+  if (raw.size() > kMaxConfigFileBytes) {
+    fail("'{}' holds more than {} MiB, far more than any DeepSpeed config (a few KiB): it is not a config file; check the path passed "
+         "as the config",
+         name, kMaxConfigFileBytes >> 20);
+  }
+  const std::string text = universal_newlines(raw);
   if (is_blank(text)) {
     fail("DeepSpeed config file '{}' is empty; it must hold a JSON object such as "
          "{{\"train_batch_size\": 8}}",
@@ -109,7 +120,7 @@ ConfigText load_config_file(const std::filesystem::path& path) {
   HjsonOptions opts;
   opts.source_name = name;
   opts.reject_duplicate_keys = true;  // DeepSpeed's object_pairs_hook for file paths
-  ConfigText result{parse_hjson(text, opts), "file " + name};
+  ConfigText result{parse_hjson(text, opts), "file " + name, path};
   require_object(result.tree, result.origin);
   return result;
 }
@@ -128,7 +139,7 @@ ConfigText load_config_argument(std::string_view arg) {
     HjsonOptions opts;
     opts.source_name = "<JSON string>";
     opts.reject_duplicate_keys = true;
-    ConfigText result{parse_hjson(arg, opts), "JSON string"};
+    ConfigText result{parse_hjson(arg, opts), "JSON string", {}};
     require_object(result.tree, result.origin);
     return result;
   }
@@ -155,7 +166,7 @@ ConfigText load_config_argument(std::string_view arg) {
          "object)",
          kExpected, shorten(arg), type_name(tree));
   }
-  return ConfigText{std::move(tree), "base64 string"};
+  return ConfigText{std::move(tree), "base64 string", {}};
 }
 
 }  // namespace dstrain

@@ -18,11 +18,16 @@ namespace dstrain {
 struct ConfigText {
   nlohmann::ordered_json tree;  // always a JSON object
   std::string origin;           // "file <path>" | "JSON string" | "base64 string"
+  std::filesystem::path file;   // the file it was read from; empty for a string
 };
 
+// The largest config file read (DeepSpeed configs are a few KiB): a larger one, or a device that
+// never ends such as /dev/zero, is an Error instead of a read without bound.
+inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{16} << 20;
+
 // Reads and parses a config file. Throws Error (naming the path and the fix) when the file is
-// missing, a directory, unreadable, empty, not Hjson/JSON, has duplicate keys, or its top-level
-// value is not an object.
+// missing, a directory, unreadable, empty, larger than kMaxConfigFileBytes, not Hjson/JSON, has
+// duplicate keys, or its top-level value is not an object.
 ConfigText load_config_file(const std::filesystem::path& path);
 
 // Resolves a --deepspeed_config style argument: an existing path -> load_config_file; text

@@ -179,6 +179,17 @@ std::optional<std::int64_t> integral(double x) {
   return static_cast<std::int64_t>(x);
 }
 
+// A whole number beyond int64 (2^63 as an unsigned JSON integer, 1e30 as a float) is reported as
+// the user wrote it, never wrapped to a negative or small value.
+void check_int64_range(const FieldSpec& f, const Json& v) {
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    type_error(f, v, "too large for a 64-bit integer (at most 2^63 - 1)");
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (std::isfinite(x) && std::floor(x) == x && std::fabs(x) > 9.2e18) type_error(f, v, "too large for a 64-bit integer (at most 2^63 - 1)");
+  }
+}
+
 Json finish_int(const FieldSpec& f, std::int64_t x, const Json& original) {
   check_range(f, static_cast<double>(x), original);
   if (!f.enum_values.empty()) {
@@ -273,6 +284,7 @@ Json coerce_validated(const Json& v, const FieldSpec& f) {
     }
     case FieldKind::integer: {
       if (v.is_boolean()) return finish_int(f, v.get<bool>() ? 1 : 0, v);
+      check_int64_range(f, v);
       if (v.is_number_integer()) return finish_int(f, v.get<std::int64_t>(), v);
       if (v.is_number_float()) {
         if (auto x = integral(v.get<double>())) return finish_int(f, *x, v);
@@ -339,6 +351,7 @@ Json check_dict_lookup(const Json& v, const FieldSpec& f, ParseContext& ctx) {
       }
       type_error(f, v);
     case FieldKind::integer:
+      check_int64_range(f, v);
       if (v.is_number_integer()) return finish_int(f, v.get<std::int64_t>(), v);
       if (v.is_number_float()) {
         // hjson reads 5e8 as a float; DeepSpeed's arithmetic works with integral floats.

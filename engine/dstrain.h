@@ -26,6 +26,7 @@
 #include "engine/data/eval_loader.h"
 #include "engine/data/gpt2_tokenizer.h"
 #include "engine/data/prepare.h"
+#include "engine/data/run_files.h"
 #include "engine/data/token_file.h"
 #include "engine/data/tokenizer.h"
 
@@ -54,6 +55,7 @@
 // The training loop around the engine, as `dstrain train` runs it: Trainer (the whole run: the
 // pre-flight, every rank of this process, the summary) and RankTrainer (one rank's loop).
 #include "engine/flops_report.h"
+#include "engine/memory_estimate.h"
 #include "engine/rank_trainer.h"
 #include "engine/sample_printer.h"
 #include "engine/trainer.h"

@@ -84,6 +84,11 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
 
 }  // namespace
 
+void check_engine_trains(const config::DsConfig& config) {
+  check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
+  if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
+}
+
 struct Engine::Impl {
   // One layer's views, in params() / saved_activations() / scratch() order. params and grads are
   // refreshed by ModelStates::views before every call (ZeRO-3 gathers land anywhere).

@@ -110,6 +110,12 @@ struct ZeroReport {
   CommStats step_comm;
 };
 
+// Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,
+// Apex AMP, fp16 with bf16, Lamb's combinations, managed_gradient_accumulation, the optimizer's type
+// and params) — the message the Engine's constructor gives. `dstrain check-config` calls it, so a
+// config it calls valid is one `dstrain train` trains.
+void check_engine_trains(const config::DsConfig& config);
+
 class Engine {
  public:
   // Use dstrain::initialize(). Validates that the config asks only for what this engine provides

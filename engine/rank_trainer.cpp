@@ -1,6 +1,7 @@
 #include "engine/rank_trainer.h"
 
 #include <array>
+#include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "engine/monitor/memory_breakdown.h"
 #include "engine/monitor/train_events.h"
 #include "engine/progress.h"
+#include "ops/error.h"
 #include "ops/kernels/device_backend.h"
 
 namespace dstrain {
@@ -58,17 +60,16 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.rank = rank_;
   dlo.seed = options.seed;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size);
-  loader_.emplace(DataLoader::open(options.data, dlo));
-  if (lead()) loader_->validate(static_cast<std::int32_t>(plan.model.vocab_size));  // one scan is enough: the ranks read the same file
+  loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
   if (!options.val_data.empty()) {
     EvalLoaderOptions elo;
     elo.batch_size = static_cast<std::size_t>(B_);
     elo.sequence_length = static_cast<std::size_t>(T_);
-    // --val-batches counts batches of B sequences over all ranks, so W ranks evaluate the windows
-    // one rank would (the first val-batches·B of the file), each rank a disjoint 1/W of them.
+    // --val-batches counts batches of B sequences over all ranks, so W ranks evaluate exactly the
+    // windows one rank would (engine/data/eval_loader.h), each rank a disjoint share of them.
     elo.world_size = world;
     elo.rank = rank_;
-    elo.max_batches = static_cast<std::size_t>((options.val_batches + world - 1) / world);
+    elo.max_batches = static_cast<std::size_t>(options.val_batches);
     elo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size);
     val_.emplace(EvalLoader::open(options.val_data, elo));
   }
@@ -97,7 +98,7 @@ void RankTrainer::announce() {
   }
   say(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", options_.data.string(),
                   format_count(static_cast<double>(loader_->window_count())), T_ + 1, plan_.epoch_steps,
-                  val_ ? fmt::format("; val {} ({} batches per evaluation)", options_.val_data.string(), val_->batch_count() * static_cast<std::size_t>(world))
+                  val_ ? fmt::format("; val {} ({} batches per evaluation)", options_.val_data.string(), val_->total_batches())
                        : std::string("; no val data")));
   say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
                   options_.seed, plan_.steps, plan_.steps_from_epoch ? " (one epoch; set --steps)" : ""));
@@ -132,7 +133,7 @@ void RankTrainer::announce() {
     if (stage_ < 3) generator_.emplace(engine.generation_model(), T_, *sample_allocator_);
     sampling_.max_new_tokens = options_.sample_tokens;
     sampling_.top_k = options_.sample_top_k;
-    sampling_.temperature = options_.sample_temperature;
+    sampling_.temperature = static_cast<float>(options_.sample_temperature);  // finite and <= FLT_MAX (plan_training)
     sampling_.seed = options_.seed;
     sampling_.eot_token = tokenizer_ ? tokenizer_->eot_token() : Gpt2Tokenizer::kEotToken;
     if (sampling_.eot_token >= plan_.model.vocab_size) sampling_.eot_token = 0;
@@ -189,6 +190,12 @@ void RankTrainer::after_step(double dt) {
   summary_.train_losses.push_back(engine.last_step_loss());
   summary_.lrs.push_back(engine.last_step_lr());
   const std::int64_t done = engine.global_steps();
+  // A non-finite loss of a step that was applied (fp16 / bf16 skip a step whose gradients
+  // overflowed, and that step changes nothing) has put NaN into the weights: stop, on every rank
+  // alike (the loss is the all-reduced mean), before anything is written from them.
+  const bool skipped = engine.skipped_steps() > skipped_before_;
+  skipped_before_ = engine.skipped_steps();
+  if (!skipped) check_finite(engine.last_step_loss(), "training loss", done);
   if (monitors_.enabled()) {
     // DeepSpeed's names at global_samples after the step: the step's mean loss (as the pipeline
     // engine writes it), the lr the next step uses (get_lr() after the scheduler stepped), and
@@ -248,6 +255,7 @@ void RankTrainer::after_step(double dt) {
   if (options_.val_interval > 0 && done % options_.val_interval == 0 && done != steps) {
     if (val_) {
       const double vl = evaluate();
+      check_finite(vl, "val loss", done);
       summary_.val_losses.emplace_back(done, vl);
       say(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
     }
@@ -264,27 +272,48 @@ double RankTrainer::evaluate() {
   double sum = 0.0;
   std::size_t n = 0;
   while (loader.next(inputs_, targets_)) {
-    sum += engine.evaluate(batch);
+    const float loss = engine.evaluate(batch);  // every rank evaluates every round (collective at ZeRO-3)
+    if (!loader.last_counts()) continue;      // a padding batch of the last round
+    sum += loss;
     ++n;
   }
   if (engine.world_size() == 1) return n > 0 ? sum / static_cast<double>(n) : 0.0;
-  // The val loss over every rank's share of the val batches (EvalLoader gives rank r of W the
-  // batches j·W + r): each rank sums its own, and one all-reduce of [sum, count] combines them.
+  // The val loss over every rank's share of the val batches: each rank sums its own, and one
+  // all-reduce of [sum, count] combines them.
   std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
   engine.all_reduce_sum(buf);
   return buf[1] > 0.0f ? static_cast<double>(buf[0]) / static_cast<double>(buf[1]) : 0.0;
 }
 
+void RankTrainer::check_finite(double loss, const char* what, std::int64_t step) const {
+  if (std::isfinite(loss)) return;
+  fail("step {}/{}: the {} is {}: the weights no longer hold numbers, so the run stops here{}. Fix: lower the learning rate "
+       "(optimizer.params.lr, the scheduler's peak), keep gradient_clipping on, check --init-from; fp16 and bf16 runs skip a step "
+       "whose gradients overflow instead",
+       step, plan_.steps, what, std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf",
+       options_.save_weights.empty() ? std::string() : fmt::format(" and --save-weights {} is not written", options_.save_weights.string()));
+}
+
 void RankTrainer::sample(std::int64_t step) {
   if (options_.sample_tokens <= 0) return;
   Engine& engine = *engine_;
+  // A sample is never worth failing a run: a model whose logits overflowed (diverging, its loss
+  // not yet NaN) gets a warning here, and the next step's loss check ends the run as it would
+  // without samples. Only rank 0 generates, so catching here keeps the ranks' collectives matched.
+  const auto block = [&](Generator& gen) {
+    try {
+      say(generate_sample_block(gen, tokenizer_.get(), sampling_, step, plan_.steps));
+    } catch (const Error& e) {
+      trainer_warn(options_, fmt::format("step {}/{}: no sample: {}", step, plan_.steps, e.what()));
+    }
+  };
   if (stage_ >= 3) {
     GenerationModel gm = engine.generation_model();  // collective: every rank
     if (!lead()) return;
     Generator gen(std::move(gm), T_, *sample_allocator_);
-    say(generate_sample_block(gen, tokenizer_.get(), sampling_, step, plan_.steps));
+    block(gen);
   } else if (lead()) {
-    say(generate_sample_block(*generator_, tokenizer_.get(), sampling_, step, plan_.steps));
+    block(*generator_);
   }
 }
 
@@ -296,6 +325,7 @@ void RankTrainer::finish() {
   report_ = engine.zero_report();
   if (val_) {
     const double vl = evaluate();
+    check_finite(vl, "val loss", engine.global_steps());
     summary_.val_losses.emplace_back(engine.global_steps(), vl);
     say(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), plan_.steps, vl));
   }

@@ -74,6 +74,8 @@ class RankTrainer {
   template <typename Fn>
   void timed(std::string_view name, Fn&& fn);
   void after_step(double step_seconds);
+  // Error naming the step when `loss` (the training or val loss) is NaN or infinite.
+  void check_finite(double loss, const char* what, std::int64_t step) const;
 
   const TrainingPlan& plan_;
   const TrainerOptions& options_;
@@ -101,6 +103,7 @@ class RankTrainer {
   bool started_ = false;
   double train_s_ = 0.0, interval_train_s_ = 0.0;
   std::int64_t interval_steps_ = 0;
+  std::int64_t skipped_before_ = 0;  // engine.skipped_steps() before the last step
 };
 
 }  // namespace dstrain

@@ -1,13 +1,13 @@
 #include "engine/trainer.h"
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/rank_trainer.h"
+#include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "zero/launcher_communicator.h"
 #include "zero/local_communicator.h"
@@ -25,11 +25,12 @@ nlohmann::json comm_json(const CommStats& c) {
   return j;
 }
 
-// --summary-json's "zero" object: the stage, the world size and every rank's ZeroReport.
-nlohmann::json zero_json(const std::vector<ZeroReport>& reports) {
+// --summary-json's "zero" object: the stage, the world size and the ZeroReport of every rank of
+// this process (under a launcher, this process's rank alone: the others are in their processes).
+nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size) {
   nlohmann::json z;
   z["stage"] = reports.empty() ? 0 : reports.front().stage;
-  z["world_size"] = reports.size();
+  z["world_size"] = world_size;
   nlohmann::json ranks = nlohmann::json::array();
   for (const ZeroReport& r : reports) {
     ranks.push_back({{"rank", r.rank},
@@ -95,15 +96,12 @@ TrainResult Trainer::run() {
 
 void Trainer::write_summary_json(const TrainResult& result) const {
   if (options_.summary_json.empty() || !result.summary) return;
-  const std::filesystem::path& p = options_.summary_json;
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  std::ofstream out(p);
-  if (!out) fail("--summary-json {}: cannot write the file (check the folder exists and is writable)", p.string());
   nlohmann::json j = to_json(*result.summary);
   j["device"] = plan_->device.str();
-  j["zero"] = zero_json(result.reports);
-  out << j.dump(2) << '\n';
-  if (!out) fail("--summary-json {}: writing failed (disk full?)", p.string());
+  j["zero"] = zero_json(result.reports, plan_->world);
+  // Atomic (ops/atomic_file.h): a reader never sees half a summary; its folder was created and
+  // proven writable before step 1 (plan_training).
+  write_file_atomically(options_.summary_json, j.dump(2) + "\n");
 }
 
 }  // namespace dstrain

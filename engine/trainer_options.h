@@ -36,12 +36,15 @@ struct TrainerOptions {
   std::int64_t val_batches = 20;    // batches of the micro-batch size per evaluation, over all ranks; 0: the whole file
   std::int64_t sample_tokens = 64;  // tokens per sample; 0: no samples
   std::int64_t sample_top_k = 40;
-  float sample_temperature = 1.0f;
+  double sample_temperature = 1.0;  // finite, >= 0 (0: greedy), at most FLT_MAX
   double peak_flops = 0.0;          // the flops profiler's MFU peak; 0: measure one GEMM once
 
   // ---- the engine ----
   std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
   std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  // The local rank a launcher passed as an argument (DeepSpeed's launcher appends --local_rank=N);
+  // nullopt: none. Must agree with the launcher's environment (LOCAL_RANK, ...).
+  std::optional<std::int64_t> local_rank;
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient

@@ -30,6 +30,7 @@ struct TrainingPlan {
   std::int64_t sequence_length = 0;   // T
   std::int64_t window_count = 0;      // training windows of T + 1 tokens in the data file
   std::int64_t epoch_steps = 0;       // steps of one pass over them (at least 1)
+  std::int64_t val_batches = 0;       // batches per evaluation over all ranks (0: no val data)
   std::int64_t steps = 0;             // the run's optimizer steps
   bool steps_from_epoch = false;      // `steps` was not given: one epoch
   std::int64_t print_every = 10;      // steps between progress lines (steps_per_print; 10 unset)
@@ -38,9 +39,14 @@ struct TrainingPlan {
   bool peak_measured = false;
 };
 
-// The pre-flight: the launcher, the device, every input file, the config resolved for the world
-// size (its warnings go to options.warn), the model's shape against T and the tokenizer, the
-// training file's windows. Throws Error naming the option, key or file and the fix.
+// The pre-flight, everything that can be checked before step 1 (README "dstrain train"): the option
+// values; the launcher and the device; every input file read (the config, the model's config.json,
+// both token files scanned whole against the vocabulary); every output (--save-weights,
+// --summary-json, flops_profiler.output_file) proven writable, never one of the inputs; the config
+// resolved for the world size (its warnings go to options.warn, its resolved "auto" values to
+// options.print); the model's shape against T, the tokenizer and the memory there is; what the end
+// of the run will need (stage 3 weights gathered for --save-weights). Throws Error naming the
+// option, key or file and the fix.
 TrainingPlan plan_training(const ConfigText& config, const std::string& model_spec, const TrainerOptions& options);
 
 // options.print / options.warn, or their defaults (stdout; stderr with "warning: ").

@@ -1,10 +1,12 @@
 // dstrain: the command-line runner. Each subcommand lives in its own file and registers itself here.
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <dstrain/dstrain.h>
@@ -13,20 +15,34 @@
 #include "prepare_data_command.h"
 #include "train_command.h"
 
+namespace {
+
 // libgomp reads OMP_WAIT_POLICY once, when it loads, and by default its idle threads spin. The CPU
 // kernels use two thread pools (OpenMP, and Debian's pthread OpenBLAS for sgemm), so spinning
 // OpenMP threads steal the cores OpenBLAS computes on: 4-25x slower steps were measured on a shared
 // 2-core machine (ops/kernels/README.md). Unless the user chose a policy, run again with "passive"
 // before any OpenMP code has started; the cost is a futex wake per parallel region, microseconds
 // against milliseconds of work.
+// The program is executed again by its real path, not by /proc/self/exe: the kernel names a
+// process after the file it executes, and "exe" is what pgrep, top and ps would show.
 void prefer_passive_openmp_threads(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  std::vector<char> self(4096);
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n <= 0 || static_cast<std::size_t>(n) >= self.size() - 1) return;  // unknown: go on with the default policy
+  self[static_cast<std::size_t>(n)] = '\0';
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: then go on with the default policy
+  ::execv(self.data(), argv);  // returns only on failure: then go on with the default policy
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   prefer_passive_openmp_threads(argv);
+  // A file size limit (ulimit -f) would otherwise kill the process with SIGXFSZ in the middle of a
+  // write, leaving a temporary file; ignored, the write fails with EFBIG and the writer reports it
+  // (naming the file and the limit) and removes its temporary file.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"dstrain: train transformer language models from DeepSpeed configs", "dstrain"};
   app.set_version_flag("--version", std::string("dstrain ") + dstrain::kVersion);
   app.require_subcommand(1);
@@ -36,7 +52,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version: CLI11 prints them and succeeds.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    // A command-line mistake is bad input like any other: exit 2, with the option and the fix.
+    std::string where = "dstrain";
+    for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    std::fprintf(stderr, "dstrain: error: %s\nRun `%s --help` for the options.\n", e.what(), where.c_str());
+    return 2;
   } catch (const dstrain::Error& e) {
     // Invalid input (config, file, value): the message names the cause and the fix.
     std::fprintf(stderr, "dstrain: error: %s\n", e.what());

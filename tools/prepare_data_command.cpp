@@ -83,6 +83,28 @@ std::vector<std::filesystem::path> expand_inputs(const std::vector<std::string>&
   return files;
 }
 
+// An output never replaces an input file, and never lands directly in an input folder (text
+// format): the next run of the same command would read it as one more document.
+void check_outputs_spare_inputs(const std::vector<std::string>& inputs, const std::vector<std::filesystem::path>& files,
+                                const PrepareDataOutputs& outputs, bool brown) {
+  std::vector<RunFile> in, out{{outputs.train, outputs.val && !outputs.train.empty() ? "the train output" : "-o"}};
+  for (const auto& f : files) in.push_back({f, "an input"});
+  if (outputs.val) out.push_back({*outputs.val, "the val output"});
+  check_outputs_spare_inputs(in, out);
+  if (brown) return;  // a Brown folder stands for its corpus files only (brown_corpus_files)
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(input, ec)) continue;
+    for (const RunFile& o : out) {
+      const std::filesystem::path parent = o.path.has_parent_path() ? o.path.parent_path() : std::filesystem::path(".");
+      if (same_file(parent, input)) {
+        fail("{} {} lies in the input folder {}: the next run would read it as a text document; write it to another folder", o.role,
+             o.path.string(), input);
+      }
+    }
+  }
+}
+
 void create_parent(const std::filesystem::path& file) {
   const std::filesystem::path parent = file.parent_path();
   if (parent.empty()) return;
@@ -105,6 +127,7 @@ void run(const PrepareDataArgs& args) {
   const std::vector<std::filesystem::path> files = expand_inputs(args.inputs, brown);
   // The split needs 2 documents; say so now rather than after tokenising everything.
   (void)val_document_count(files.size(), val_fraction);
+  check_outputs_spare_inputs(args.inputs, files, outputs, brown);
 
   const std::filesystem::path cache = resolve_cache_dir(
       args.cache_dir.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.cache_dir));

@@ -10,6 +10,8 @@
 #include <CLI/CLI.hpp>
 #include <dstrain/dstrain.h>
 
+#include "cli_options.h"
+
 namespace dstrain::cli {
 namespace {
 
@@ -23,10 +25,12 @@ struct TrainArgs {
   bool bf16_stochastic_rounding = false;
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
-  float sample_temperature = 1.0f;
+  double sample_temperature = 1.0;
   double peak_flops = 0.0;  // 0: measure this machine's sgemm once (flops_profiler only)
   std::int64_t num_ranks = 1;  // data-parallel ranks, as threads of this process (local communicator)
   std::string device = "cpu";  // where the engine trains: cpu, cuda, cuda:N
+  std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
+  AutoValueArgs autos;  // the config's "auto" values, as check-config takes them
 };
 
 TrainerOptions trainer_options(const TrainArgs& args) {
@@ -52,6 +56,8 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.inject_overflow = args.inject_overflow;
   o.save_weights = args.save_weights;
   o.summary_json = args.summary_json;
+  o.local_rank = args.local_rank;
+  o.autos = to_auto_values(args.autos);
   return o;
 }
 
@@ -71,34 +77,41 @@ void add_train_command(CLI::App& app) {
       ->required();
   cmd->add_option("--data", args->data, "Training token file (dstrain prepare-data)")->required();
   cmd->add_option("--val-data", args->val_data, "Validation token file");
-  cmd->add_option("--steps", args->steps, "Optimizer steps (default: one pass over --data; 0: only evaluate); fills \"auto\" total_num_steps");
-  cmd->add_option("--warmup-steps", args->warmup_steps, "Fills a scheduler's \"auto\" warmup_num_steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", args->steps, "Optimizer steps (default: one pass over --data; 0: only evaluate); fills \"auto\" total_num_steps")
+      ->check(whole_number_at_least(0));
+  cmd->add_option("--warmup-steps", args->warmup_steps, "Fills a scheduler's \"auto\" warmup_num_steps")->check(whole_number_at_least(1));
   cmd->add_option("--seed", args->seed, "Seed of the parameter init, the data order and dropout")->capture_default_str();
-  cmd->add_option("--sequence-length", args->sequence_length, "T: tokens per sequence (default: the model's n_positions, at most 1024)");
+  cmd->add_option("--sequence-length", args->sequence_length, "T: tokens per sequence (default: the model's n_positions, at most 1024)")
+      ->check(whole_number_at_least(1));
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer of the data files: checks the model's vocabulary covers it")
-      ->check(CLI::IsMember({"gpt2", "bytes"}));
+      ->check(one_of({"gpt2", "bytes"}));
   cmd->add_option("--val-interval", args->val_interval, "Evaluate every N steps (and always at the end; 0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number_at_least(0))
       ->capture_default_str();
-  cmd->add_option("--val-batches", args->val_batches, "Batches (of the micro-batch size) per evaluation, shared out over the --num-ranks ranks, each taking ceil(N / ranks) "
+  cmd->add_option("--val-batches", args->val_batches,
+                  "Batches (of the micro-batch size) per evaluation, shared out over the ranks: exactly N whatever the world size "
                   "(0: the whole val file)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number_at_least(0))
       ->capture_default_str();
   cmd->add_option("--init-from", args->init_from, "Start from these weights (Hugging Face GPT-2 safetensors) instead of the init");
   cmd->add_option("--save-weights", args->save_weights, "Write the final weights (Hugging Face GPT-2 safetensors)");
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number_at_least(1));
   cmd->add_option("--summary-json", args->summary_json, "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)");
   cmd->add_option("--num-ranks", args->num_ranks,
                   "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
+      ->check(whole_number_at_least(1))
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK, or "
                   "cuda:0 when each process sees one GPU, and the launcher's processes train over NCCL)")
       ->capture_default_str();
+  cmd->add_option("--local_rank,--local-rank", args->local_rank,
+                  "The local rank DeepSpeed's launcher appends (--local_rank=N); checked against the launcher's LOCAL_RANK")
+      ->check(whole_number_at_least(0));
   cmd->add_flag("--bf16-stochastic-rounding", args->bf16_stochastic_rounding,
                 "bf16 training: round the bf16 weights stochastically from the fp32 masters after each Adam/AdamW step (llm.c's choice) "
                 "instead of to nearest (DeepSpeed's)");
@@ -106,19 +119,20 @@ void add_train_command(CLI::App& app) {
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
                 "\"activation_checkpointing\" section configures it");
   cmd->add_option("--sample-tokens", args->sample_tokens, "Tokens of the sample printed every --val-interval steps and at the end (0: no samples)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number_at_least(0))
       ->capture_default_str();
   cmd->add_option("--sample-top-k", args->sample_top_k, "Sample among the k most likely tokens (0: the whole vocabulary)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(whole_number_at_least(0))
       ->capture_default_str();
   cmd->add_option("--sample-temperature", args->sample_temperature, "Sampling temperature (0: greedy)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_number_at_least(0.0))
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,
                   "Peak FLOP/s for the flops profiler's MFU (default 0: measure one GEMM once on the training device: a 1024^3 fp32 "
                   "sgemm on the cpu, a 4096^3 GEMM in the training dtype on a GPU)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_number_at_least(0.0))
       ->capture_default_str();
+  add_auto_value_options(cmd, args->autos);
   cmd->callback([args] { run_train(*args); });
 }
 

@@ -19,9 +19,12 @@ struct Launcher {
   const char* local_rank;
 };
 
+// MPICH's and Intel MPI's mpiexec (Hydra) come before srun: Hydra starts its proxies with srun
+// inside a Slurm allocation, so its ranks inherit the proxy's SLURM_PROCID as well.
 constexpr Launcher kLaunchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
     {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
     {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
@@ -65,7 +68,8 @@ LaunchEnv detect_launch_env(const EnvLookup& getenv) {
   env.launcher = "none";
   const Launcher* chosen = nullptr;
   for (const Launcher& l : kLaunchers) {
-    if (getenv(l.rank)) {
+    // PMI_RANK alone (srun --mpi=pmi2 may set it without PMI_SIZE) leaves the choice to srun.
+    if (getenv(l.rank) && (std::string_view(l.name) != "mpiexec" || getenv(l.size))) {
       chosen = &l;
       break;
     }

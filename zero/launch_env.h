@@ -8,10 +8,13 @@
 //        RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. LOCAL_RANK unset: 0 for a single
 //        process, else RANK (one node assumed), said in `note`.
 //   2. mpirun (Open MPI): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK.
-//   3. srun (Slurm): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; master address from
+//   3. mpiexec (MPICH, Intel MPI: Hydra's PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID (chosen only
+//      when PMI_SIZE is set too; PMI_RANK alone, as srun --mpi=pmi2 may leave it, goes on to srun).
+//   4. srun (Slurm): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; master address from
 //      SLURM_LAUNCH_NODE_IPADDR, else the first host of SLURM_NODELIST / SLURM_JOB_NODELIST
 //      ("node[03-05,7]" -> "node03", "a,b" -> "a").
-//   4. none of them: a single process, rank 0 of 1.
+//   5. none of them: a single process, rank 0 of 1. (PMIx launchers put PMIX_RANK but no world
+//      size in the environment; MPI itself tells those processes their place.)
 // MASTER_ADDR and MASTER_PORT, when set, override what mpirun/srun imply (they are how a user
 // points those launchers at rank 0); without them, mpirun gives no address (empty), srun the node
 // above, and the port defaults to 29500 (torch's default).
@@ -34,7 +37,7 @@ struct LaunchEnv {
   int local_rank = 0;
   std::string master_addr;  // empty: unknown (single process, or mpirun without MASTER_ADDR)
   int master_port = 29500;
-  std::string launcher;  // "torchrun", "mpirun", "srun" or "none"
+  std::string launcher;  // "torchrun", "mpirun", "mpiexec", "srun" or "none"
   std::string note;      // assumptions made (e.g. LOCAL_RANK defaulted), empty if none
 
   // "rank 3 of 8 (local rank 3) via torchrun, master 10.0.0.1:29500"

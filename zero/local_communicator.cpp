@@ -1,6 +1,10 @@
 #include "zero/local_communicator.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <vector>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -529,35 +533,62 @@ void run_local_ranks(int world_size, const std::function<void(Communicator&)>& f
   LocalGroup group(world_size, timeout);
   std::mutex first_mu;
   std::exception_ptr first;
+  // Every thread waits at this gate until all of them exist: when the system refuses a thread
+  // (a memory or process limit), the ones already started leave without touching the group, and
+  // the caller gets an Error instead of std::terminate from a joinable thread's destructor.
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  enum class Gate { closed, go, abort } gate = Gate::closed;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
+  const auto open_gate = [&](Gate to) {
+    {
+      std::lock_guard<std::mutex> lock(gate_mu);
+      gate = to;
+    }
+    gate_cv.notify_all();
+  };
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      set_thread_log_rank(r, world_size);
-      try {
-        LocalCommunicator comm(group, r);
-        fn(comm);
-      } catch (...) {
-        std::exception_ptr e = std::current_exception();
-        std::string what = "an exception that is not a std::exception";
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          what = ex.what();
-        } catch (...) {
-        }
+    try {
+      threads.emplace_back([&, r] {
         {
-          std::lock_guard<std::mutex> lock(first_mu);
-          if (!first) first = e;
+          std::unique_lock<std::mutex> lock(gate_mu);
+          gate_cv.wait(lock, [&] { return gate != Gate::closed; });
+          if (gate == Gate::abort) return;
         }
-        // The others must not wait for this rank until the timeout. A collective's own Error
-        // already poisoned the group with its message; then this one is ignored.
-        group.poison(fmt::format("local communicator: rank {} failed: {}", r, what));
-      }
-      group.leave(r);
-      set_thread_log_rank(-1, 1);
-    });
+        set_thread_log_rank(r, world_size);
+        try {
+          LocalCommunicator comm(group, r);
+          fn(comm);
+        } catch (...) {
+          std::exception_ptr e = std::current_exception();
+          std::string what = "an exception that is not a std::exception";
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& ex) {
+            what = ex.what();
+          } catch (...) {
+          }
+          {
+            std::lock_guard<std::mutex> lock(first_mu);
+            if (!first) first = e;
+          }
+          // The others must not wait for this rank until the timeout. A collective's own Error
+          // already poisoned the group with its message; then this one is ignored.
+          group.poison(fmt::format("local communicator: rank {} failed: {}", r, what));
+        }
+        group.leave(r);
+        set_thread_log_rank(-1, 1);
+      });
+    } catch (const std::system_error& e) {
+      open_gate(Gate::abort);
+      for (std::thread& t : threads) t.join();
+      fail("cannot start the thread of local rank {} of {}: {}. Each rank is a thread of this process with its own model states; give "
+           "fewer --num-ranks, or raise the process or memory limits (ulimit -u / -v)",
+           r, world_size, e.what());
+    }
   }
+  open_gate(Gate::go);
   for (std::thread& t : threads) t.join();
   if (first) std::rethrow_exception(first);
 }

@@ -49,16 +49,17 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
     fail("data loader: the batch buffers hold {} inputs and {} targets, but {} sequences of {} tokens need {} each",
          inputs.size(), targets.size(), windows.size(), T, expected);
   }
-  const std::span<const std::uint16_t> tokens = file.tokens();
   // vocab_size 0 means unchecked: every uint16 is below the limit.
   const std::uint32_t limit = vocab_size > 0 ? static_cast<std::uint32_t>(vocab_size) : 65536u;
+  std::vector<std::uint16_t> window(T + 1);  // one window's tokens, read from the file (TokenFile::read)
   for (std::size_t row = 0; row < windows.size(); ++row) {
     const std::size_t start = windows[row] * T;
-    if (start + T + 1 > tokens.size()) {
+    if (start + T + 1 > file.size()) {
       fail("data loader: window {} (tokens {}..{}) lies past the end of {} ({} tokens)", windows[row], start,
-           start + T, file.path().string(), tokens.size());
+           start + T, file.path().string(), file.size());
     }
-    const std::uint16_t* src = tokens.data() + start;
+    file.read(start, window);
+    const std::uint16_t* src = window.data();
     std::int32_t* in = inputs.data() + row * T;
     std::int32_t* tg = targets.data() + row * T;
     std::uint32_t largest = 0;
@@ -82,13 +83,19 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
 
 void validate_token_file(const TokenFile& file, std::int32_t vocab_size) {
   if (vocab_size <= 0) fail("validate: vocab_size is {}: give the tokenizer's vocabulary size (>= 1)", vocab_size);
-  const std::span<const std::uint16_t> tokens = file.tokens();
   const auto limit = static_cast<std::uint32_t>(vocab_size);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= limit) {
-      fail("token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
-           "tokenizer; {} with the model's tokenizer",
-           file.path().string(), tokens[i], i, vocab_size, kRegenerate);
+  constexpr std::size_t kChunk = std::size_t{1} << 20;  // tokens per read: 2 MiB
+  std::vector<std::uint16_t> chunk(std::min(kChunk, file.size()));
+  for (std::size_t first = 0; first < file.size(); first += kChunk) {
+    const std::size_t n = std::min(kChunk, file.size() - first);
+    const std::span<std::uint16_t> part(chunk.data(), n);
+    file.read(first, part);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (part[i] >= limit) {
+        fail("token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
+             "tokenizer; {} with the model's tokenizer",
+             file.path().string(), part[i], first + i, vocab_size, kRegenerate);
+      }
     }
   }
 }

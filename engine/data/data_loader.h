@@ -1,4 +1,4 @@
-// DataLoader: training batches of int32 tokens from a memory-mapped llm.c token file.
+// DataLoader: training batches of int32 tokens from an llm.c token file.
 //
 // Windows. With T = sequence_length and `count` tokens in the file, the file is cut into
 //   N = (count - 1) / T

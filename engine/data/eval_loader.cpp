@@ -30,23 +30,30 @@ EvalLoader EvalLoader::open(const std::filesystem::path& path, const EvalLoaderO
 EvalLoader::EvalLoader(TokenFile file, const EvalLoaderOptions& options) : file_(std::move(file)), options_(options) {
   check_options(options_);
   const std::size_t T = options_.sequence_length;
-  const std::size_t per_batch = options_.batch_size * static_cast<std::size_t>(options_.world_size);
+  const std::size_t B = options_.batch_size;
   window_count_ = file_.size() > T ? (file_.size() - 1) / T : 0;
-  const std::size_t available = window_count_ / per_batch;
+  const std::size_t available = window_count_ / B;
   if (available == 0) {
-    fail("val token file {} holds {} tokens, too few for one evaluation batch of {} ranks x {} sequences x {} tokens "
+    fail("val token file {} holds {} tokens, too few for one evaluation batch of {} sequences x {} tokens "
          "(needs {} tokens): use a larger val split (--val-fraction of prepare-data) or a smaller batch",
-         file_.path().string(), file_.size(), options_.world_size, options_.batch_size, T, per_batch * T + 1);
+         file_.path().string(), file_.size(), B, T, B * T + 1);
   }
-  batch_count_ = options_.max_batches == 0 ? available : std::min(options_.max_batches, available);
+  total_batches_ = options_.max_batches == 0 ? available : std::min(options_.max_batches, available);
+  const auto W = static_cast<std::size_t>(options_.world_size);
+  batch_count_ = (total_batches_ + W - 1) / W;
+}
+
+bool EvalLoader::batch_counts(std::size_t j) const {
+  return j * static_cast<std::size_t>(options_.world_size) + static_cast<std::size_t>(options_.rank) < total_batches_;
 }
 
 std::vector<std::size_t> EvalLoader::batch_windows(std::size_t j) const {
   if (j >= batch_count_) fail("eval loader: batch {} is past the last batch {}", j, batch_count_ - 1);
   const std::size_t B = options_.batch_size;
-  const std::size_t first = (j * static_cast<std::size_t>(options_.world_size) + static_cast<std::size_t>(options_.rank)) * B;
+  // A padding batch (past G) reads global batch 0: it exists, and its loss is not counted.
+  const std::size_t g = batch_counts(j) ? j * static_cast<std::size_t>(options_.world_size) + static_cast<std::size_t>(options_.rank) : 0;
   std::vector<std::size_t> windows(B);
-  for (std::size_t b = 0; b < B; ++b) windows[b] = first + b;
+  for (std::size_t b = 0; b < B; ++b) windows[b] = g * B + b;
   return windows;
 }
 
@@ -54,6 +61,7 @@ bool EvalLoader::next(std::span<std::int32_t> inputs, std::span<std::int32_t> ta
   if (next_batch_ >= batch_count_) return false;
   const std::vector<std::size_t> windows = batch_windows(next_batch_);
   copy_windows(file_, options_.sequence_length, windows, options_.vocab_size, inputs, targets);
+  last_counts_ = batch_counts(next_batch_);
   ++next_batch_;
   return true;
 }

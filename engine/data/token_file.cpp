@@ -1,7 +1,6 @@
 #include "engine/data/token_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "ops/log.h"
 
 namespace dstrain {
 
-// The format is little-endian and the reader hands out the mapped bytes as uint16 directly.
+// The format is little-endian and the reader hands out the file's bytes as uint16 directly.
 static_assert(std::endian::native == std::endian::little, "token files are little-endian; add byte swapping");
 
 namespace {
@@ -93,9 +93,9 @@ void write_token_file(const std::filesystem::path& path, std::span<const std::in
   }
 
   // Same folder as the target, so rename() is atomic; pid + counter keep concurrent writers apart.
-  static std::atomic<unsigned> counter{0};
-  std::filesystem::path temp_path = path;
-  temp_path += fmt::format(".tmp.{}.{}", ::getpid(), counter.fetch_add(1));
+  // Temporaries of earlier writes whose process died go first (ops/atomic_file.h).
+  remove_stale_temp_files(path);
+  const std::filesystem::path temp_path = temp_path_for(path);
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) fail("cannot create {} (to write {}): {}", temp_path.string(), path.string(), errno_text(errno));
   TempFile temp(temp_path, fd);
@@ -139,34 +139,23 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
   constexpr const char* kFix = "regenerate it with `dstrain prepare-data`";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open token file {}: {}; check the path or {}", path.string(), std::strerror(errno), kFix);
+  TokenFile file;
+  file.path_ = path;
+  file.fd_ = fd;  // from here on the destructor closes, also when a check fails
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    fail("cannot stat token file {}: {}", path.string(), std::strerror(error));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("token file {} is not a regular file (a folder?): give the path of a .bin file", path.string());
-  }
+  if (::fstat(fd, &st) != 0) fail("cannot stat token file {}: {}", path.string(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("token file {} is not a regular file (a folder?): give the path of a .bin file", path.string());
   const auto file_bytes = static_cast<std::size_t>(st.st_size);
   if (file_bytes < kTokenFileHeaderBytes) {
-    ::close(fd);
     fail("token file {} has {} bytes, less than its 1024-byte header: it is truncated or not a token file; {}",
          path.string(), file_bytes, kFix);
   }
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_error = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (mapping == MAP_FAILED) fail("cannot map token file {}: {}", path.string(), std::strerror(map_error));
-
-  TokenFile file;
-  file.path_ = path;
-  file.mapping_ = mapping;
-  file.mapping_bytes_ = file_bytes;  // from here on the destructor unmaps, also when a check fails
 
   std::array<std::int32_t, 3> header{};
-  std::memcpy(header.data(), mapping, sizeof(header));
+  const ssize_t got = ::pread(fd, header.data(), sizeof(header), 0);
+  if (got != static_cast<ssize_t>(sizeof(header))) {
+    fail("cannot read the header of token file {}: {}", path.string(), got < 0 ? std::strerror(errno) : "it shrank while being opened");
+  }
   if (header[0] != kTokenFileMagic) {
     fail("token file {} starts with magic {}, not {}: it is not an llm.c token file; {}", path.string(), header[0],
          kTokenFileMagic, kFix);
@@ -186,40 +175,59 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
          path.string(), file_bytes, count, expected, file_bytes < expected ? "truncated" : "longer than its header says",
          kFix);
   }
-  file.tokens_ = reinterpret_cast<const std::uint16_t*>(static_cast<const unsigned char*>(mapping) +
-                                                         kTokenFileHeaderBytes);
   file.count_ = count;
   // Training reads the tokens in order and more than once; tell the kernel, ignore if it declines.
-  ::madvise(mapping, file_bytes, MADV_WILLNEED);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
   return file;
 }
 
+void TokenFile::read(std::size_t first, std::span<std::uint16_t> out) const {
+  if (first > count_ || out.size() > count_ - first) {
+    fail("token file {}: tokens {}..{} lie past its end ({} tokens)", path_.string(), first, first + out.size(), count_);
+  }
+  auto* p = reinterpret_cast<unsigned char*>(out.data());
+  std::size_t left = out.size_bytes();
+  auto offset = static_cast<off_t>(kTokenFileHeaderBytes + first * sizeof(std::uint16_t));
+  while (left > 0) {
+    const ssize_t n = ::pread(fd_, p, left, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("reading token file {} failed: {}", path_.string(), std::strerror(errno));
+    if (n == 0) {
+      fail("token file {} shrank while this run reads it: it held {} tokens at the start and now ends before token {}; something "
+           "truncated or rewrote it in place. Keep a file's contents fixed while a run reads it (prepare-data replaces its outputs "
+           "atomically, which is safe)",
+           path_.string(), count_, first + (out.size_bytes() - left) / sizeof(std::uint16_t));
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+    offset += n;
+  }
+}
+
+std::vector<std::uint16_t> TokenFile::read_all() const {
+  std::vector<std::uint16_t> all(count_);
+  read(0, all);
+  return all;
+}
+
 TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, nullptr)),
-      count_(std::exchange(other.count_, 0)) {}
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), count_(std::exchange(other.count_, 0)) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
-    unmap();
+    close();
     path_ = std::move(other.path_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, nullptr);
+    fd_ = std::exchange(other.fd_, -1);
     count_ = std::exchange(other.count_, 0);
   }
   return *this;
 }
 
-TokenFile::~TokenFile() { unmap(); }
+TokenFile::~TokenFile() { close(); }
 
-void TokenFile::unmap() noexcept {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
-  mapping_ = nullptr;
-  mapping_bytes_ = 0;
-  tokens_ = nullptr;
+void TokenFile::close() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   count_ = 0;
 }
 

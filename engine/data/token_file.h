@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <vector>
 
 namespace dstrain {
 
@@ -25,10 +26,14 @@ inline constexpr std::size_t kTokenFileHeaderBytes = 1024;
 // or behind: an existing file at `path` keeps its old contents.
 void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens);
 
-// A token file mapped read-only into memory. Move-only; unmaps on destruction.
+// A token file open for reading. Move-only; closes on destruction.
+//
+// Tokens are read with pread, not through a memory mapping: a file truncated or rewritten in place
+// while a run reads it (another job regenerating it, a full disk) then gives an Error naming the
+// file at the next read, where a mapping would kill the process with SIGBUS.
 class TokenFile {
  public:
-  // Maps and validates `path` (magic, version, token count, size = 1024 + 2·count). Throws Error
+  // Opens and validates `path` (magic, version, token count, size = 1024 + 2·count). Throws Error
   // naming the file, what is wrong, and how to regenerate it.
   static TokenFile open(const std::filesystem::path& path);
 
@@ -38,18 +43,20 @@ class TokenFile {
   TokenFile& operator=(const TokenFile&) = delete;
   ~TokenFile();
 
-  std::span<const std::uint16_t> tokens() const { return {tokens_, count_}; }
+  // Copies tokens [first, first + out.size()) into `out`. Throws Error naming the file when the
+  // range lies past size(), or the file no longer holds it (it shrank since open()).
+  void read(std::size_t first, std::span<std::uint16_t> out) const;
+  // Every token (size() of them).
+  std::vector<std::uint16_t> read_all() const;
   std::size_t size() const { return count_; }
   const std::filesystem::path& path() const { return path_; }
 
  private:
   TokenFile() = default;
-  void unmap() noexcept;
+  void close() noexcept;
 
   std::filesystem::path path_;
-  void* mapping_ = nullptr;
-  std::size_t mapping_bytes_ = 0;
-  const std::uint16_t* tokens_ = nullptr;
+  int fd_ = -1;
   std::size_t count_ = 0;
 };
 

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
     run_options.print = [&lines](std::string_view) { ++lines; };
     dstrain::Trainer trainer(dstrain::ConfigText{dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1, "steps_per_print": 5, "zero_optimization": {"stage": 2},
-        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})"), "consumer"},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})"), "consumer", {}},
                              "gpt2:tiny", run_options);
     const dstrain::TrainResult result = trainer.run();
     std::filesystem::remove_all(dir);

@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <limits>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -39,13 +42,20 @@ bool parse_int(std::string_view s, std::int64_t& out) {
 // "L4-C128-H4-V512-T64" (V and T optional, any order after L, C, H are all given).
 Gpt2Config parse_descriptor(std::string_view spec, std::string_view body) {
   std::int64_t L = -1, C = -1, H = -1, V = 50257, T = 1024;
+  bool seen[5] = {false, false, false, false, false};  // L, C, H, V, T
   std::size_t pos = 0;
   while (pos <= body.size()) {
     const std::size_t dash = body.find('-', pos);
     const std::string_view part = body.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
     std::int64_t v = 0;
     if (part.size() < 2 || !parse_int(part.substr(1), v) || v <= 0) {
+      const bool digits = part.size() >= 2 && part.substr(1).find_first_not_of("0123456789") == std::string_view::npos;
+      if (digits) fail("model spec '{}': part '{}' is too large a number (at most 2^63 - 1, and far less fits in memory)", spec, part);
       fail("model spec '{}': part '{}' is not a letter L, C, H, V or T followed by a positive number; accepted forms: {}", spec, part, kSpecForms);
+    }
+    if (const std::size_t at = std::string_view("LCHVT").find(part[0]); at != std::string_view::npos) {
+      if (seen[at]) fail("model spec '{}': {} is given twice; give each of L, C, H, V and T at most once", spec, part[0]);
+      seen[at] = true;
     }
     switch (part[0]) {
       case 'L': L = v; break;
@@ -107,11 +117,27 @@ void validate(const Gpt2Config& c) {
 
 Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view source) {
   nlohmann::json j;
+  // A key given twice in one object is an error, as in a ds_config: which of the two values a
+  // reader keeps differs between readers (Python's json keeps the last).
+  std::vector<std::set<std::string>> keys;  // per open object, by depth
+  std::string duplicate;
+  const nlohmann::json::parser_callback_t check_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    const auto d = static_cast<std::size_t>(depth);
+    if (event == nlohmann::json::parse_event_t::object_start) {
+      if (keys.size() <= d) keys.resize(d + 1);
+      keys[d].clear();
+    } else if (event == nlohmann::json::parse_event_t::key && d >= 1 && keys.size() >= d) {
+      const std::string key = parsed.get<std::string>();
+      if (!keys[d - 1].insert(key).second && duplicate.empty()) duplicate = key;
+    }
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = nlohmann::json::parse(json_text, check_keys);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
     fail("model config '{}' is not valid JSON ({}); give a Hugging Face GPT-2 config.json", source, e.what());
   }
+  if (!duplicate.empty()) fail("model config '{}': key '{}' is given twice; keep one", source, duplicate);
   if (!j.is_object()) fail("model config '{}' must be a JSON object (a Hugging Face GPT-2 config.json)", source);
 
   auto get_int = [&](const char* key, std::int64_t& out, bool required) {
@@ -121,6 +147,9 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
     }
     const auto& v = j[key];
     if (!v.is_number_integer()) fail("model config '{}': '{}' must be an integer, got {}", source, key, v.dump());
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail("model config '{}': '{}' is {}, too large a number (at most 2^63 - 1, and far less fits in memory)", source, key, v.dump());
+    }
     out = v.get<std::int64_t>();
     return true;
   };
@@ -143,6 +172,33 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
     if (a != "gelu_new" && a != "gelu_pytorch_tanh") {
       fail("model config '{}': activation_function is \"{}\" but only \"gelu_new\" (GELU, tanh approximation, as GPT-2) is supported", source,
            a);
+    }
+  }
+
+  // Keys of HF's GPT2Config that change the model dstrain would build: each is honoured (the shape,
+  // dropouts, layer_norm_epsilon, activation_function, n_inner above and below) or refused here
+  // when it asks for something else than GPT-2's own architecture — never silently ignored.
+  // (Keys of the other heads, summary_*, and of generation, use_cache / bos / eos, do not change
+  // the language model.)
+  const auto require_flag = [&](const char* key, bool gpt2_value, const char* why) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    const auto& v = j[key];
+    if (!v.is_boolean()) fail("model config '{}': '{}' must be true or false, got {}", source, key, v.dump());
+    if (v.get<bool>() != gpt2_value) {
+      fail("model config '{}': {} is {} but dstrain's GPT-2 {}; set it to {} or remove it", source, key, v.dump(), why, gpt2_value ? "true" : "false");
+    }
+  };
+  require_flag("tie_word_embeddings", true, "ties the LM head to the token embedding (wte), as GPT-2 does");
+  require_flag("scale_attn_weights", true, "scales attention scores by 1/sqrt(head size), as GPT-2 does");
+  require_flag("scale_attn_by_inverse_layer_idx", false, "does not scale attention by 1/(layer index + 1) (Stanford Mistral's GPT-2 variant)");
+  require_flag("reorder_and_upcast_attn", false, "does not reorder the attention's scaling and upcast (Stanford Mistral's GPT-2 variant)");
+  require_flag("add_cross_attention", false, "is a decoder-only model without cross-attention");
+  if (j.contains("initializer_range") && !j["initializer_range"].is_null()) {
+    const auto& v = j["initializer_range"];
+    if (!v.is_number() || v.get<double>() != 0.02) {
+      fail("model config '{}': initializer_range is {} but dstrain initialises GPT-2's weights with a standard deviation of 0.02 (its "
+           "residual projections scaled by 1/sqrt(2 n_layer), as GPT-2 and llm.c do); set it to 0.02 or remove it",
+           source, v.dump());
     }
   }
 

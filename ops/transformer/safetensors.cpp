@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ops/atomic_file.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -231,9 +232,11 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create {}: {}; check that the folder exists and is writable", quoted(tmp), std::strerror(errno));
+  // Temporaries of earlier writes whose process died go first (ops/atomic_file.h).
+  remove_stale_temp_files(path);
+  const std::filesystem::path tmp = temp_path_for(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot create {}: {}; check that the folder exists and is writable", quoted(tmp), write_errno_text(errno));
   auto write_all = [&](const void* p, std::size_t n) {
     const auto* c = static_cast<const char*>(p);
     while (n > 0) {
@@ -244,8 +247,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
         ::close(fd);
         std::error_code ec;
         std::filesystem::remove(tmp, ec);
-        fail("writing {} failed: {}; free disk space or choose another folder (the previous file, if any, is untouched)", quoted(path),
-             std::strerror(err));
+        fail("writing {} failed: {} (the previous file, if any, is untouched)", quoted(path), write_errno_text(err));
       }
       c += w;
       n -= static_cast<std::size_t>(w);
@@ -263,7 +265,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
     const int err = synced ? errno : sync_err;
     std::error_code ec;
     std::filesystem::remove(tmp, ec);
-    fail("flushing {} to disk failed: {}", quoted(tmp), std::strerror(err));
+    fail("flushing {} to disk failed: {}", quoted(tmp), write_errno_text(err));
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

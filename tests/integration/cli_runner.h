@@ -24,15 +24,18 @@ inline std::string read_file_text(const std::filesystem::path& p) {
   return s.str();
 }
 
-// `args` is appended to the binary path as shell words; callers quote what needs quoting.
-inline CliResult run_dstrain(const std::string& args) {
+// `args` is appended to the binary path as shell words; callers quote what needs quoting. `prefix`
+// goes before the binary in the same shell command (e.g. "ulimit -f 20;", "cd /tmp &&", "VAR=1").
+inline CliResult run_dstrain(const std::string& args, const std::string& prefix = "") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_cli_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string out_path = (dir / "out.txt").string(), err_path = (dir / "err.txt").string();
-  const std::string cmd = std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + args + " >" + out_path + " 2>" + err_path + " </dev/null";
+  const std::string cmd = prefix + (prefix.empty() ? "" : " ") + std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + args + " >" + out_path + " 2>" +
+                          err_path + " </dev/null";
   const int status = std::system(cmd.c_str());
   CliResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  // A signal (the shell reports it as 128 + n) is -1, as a process that did not exit.
+  r.exit_code = WIFEXITED(status) && WEXITSTATUS(status) < 128 ? WEXITSTATUS(status) : -1;
   r.out = read_file_text(out_path);
   r.err = read_file_text(err_path);
   std::filesystem::remove_all(dir);

@@ -105,7 +105,8 @@ RunResult run_dstrain(const std::vector<std::string>& args, const fs::path& cwd)
 
 std::vector<int> tokens_of(const fs::path& path) {
   const dstrain::TokenFile file = dstrain::TokenFile::open(path);
-  return {file.tokens().begin(), file.tokens().end()};
+  const std::vector<std::uint16_t> all = file.read_all();
+  return {all.begin(), all.end()};
 }
 
 constexpr int kEot = 255;  // the bytes tokenizer's end-of-text token

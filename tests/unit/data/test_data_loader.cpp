@@ -421,8 +421,10 @@ TEST(DataLoader, BadOptionsAndBuffersAreNamed) {
 TEST(EvalLoader, ReadsTheFileOnceInOrderInterleavingRanks) {
   TempDir dir;
   const auto path = position_file(dir, 10 * 3 + 2);  // T = 3: N = 10 windows
-  // W = 2, B = 2: batch j of rank r = windows (2j + r)·2, +1. 10 / 4 = 2 batches per rank.
+  // W = 2, B = 2: G = 10 / 2 = 5 global batches, global batch g = windows 2g, 2g + 1; rank r takes
+  // g = 2j + r, so 3 rounds each, rank 1's third (g = 5 >= G) a padding batch that does not count.
   std::vector<std::vector<std::int32_t>> first_inputs(2);
+  std::vector<std::vector<bool>> counts(2);
   for (int r = 0; r < 2; ++r) {
     EvalLoaderOptions o;
     o.batch_size = 2;
@@ -430,23 +432,64 @@ TEST(EvalLoader, ReadsTheFileOnceInOrderInterleavingRanks) {
     o.world_size = 2;
     o.rank = r;
     EvalLoader loader = EvalLoader::open(path, o);
-    EXPECT_EQ(loader.batch_count(), 2u);
+    EXPECT_EQ(loader.batch_count(), 3u);
+    EXPECT_EQ(loader.total_batches(), 5u);
     std::vector<std::int32_t> in(6), tg(6);
     for (int pass = 0; pass < 2; ++pass) {  // reset() gives the same batches again
       std::vector<std::int32_t> firsts;
+      std::vector<bool> counted;
       while (loader.next(in, tg)) {
         firsts.push_back(in[0]);
         firsts.push_back(in[3]);
+        counted.push_back(loader.last_counts());
         EXPECT_EQ(tg[2], in[2] + 1);
       }
-      if (pass == 0) first_inputs[static_cast<std::size_t>(r)] = firsts;
-      else EXPECT_EQ(firsts, first_inputs[static_cast<std::size_t>(r)]);
+      if (pass == 0) {
+        first_inputs[static_cast<std::size_t>(r)] = firsts;
+        counts[static_cast<std::size_t>(r)] = counted;
+      } else {
+        EXPECT_EQ(firsts, first_inputs[static_cast<std::size_t>(r)]);
+      }
       loader.reset();
     }
   }
-  // rank 0: windows 0, 1 then 4, 5; rank 1: windows 2, 3 then 6, 7 (first input = 3·window).
-  EXPECT_THAT(first_inputs[0], ElementsAre(0, 3, 12, 15));
-  EXPECT_THAT(first_inputs[1], ElementsAre(6, 9, 18, 21));
+  // rank 0: windows 0, 1 / 4, 5 / 8, 9; rank 1: windows 2, 3 / 6, 7 / padding = 0, 1 (first input = 3·window).
+  EXPECT_THAT(first_inputs[0], ElementsAre(0, 3, 12, 15, 24, 27));
+  EXPECT_THAT(first_inputs[1], ElementsAre(6, 9, 18, 21, 0, 3));
+  EXPECT_THAT(counts[0], ElementsAre(true, true, true));
+  EXPECT_THAT(counts[1], ElementsAre(true, true, false));
+}
+
+// The batches that count are the same G for every world size: W = 3 with max_batches 5 counts
+// global batches 0..4 exactly once (one rank alone would evaluate those), not ceil(5 / 3) · 3 = 6.
+TEST(EvalLoader, CountsExactlyMaxBatchesForAnyWorldSize) {
+  TempDir dir;
+  const auto path = position_file(dir, 20 * 2 + 1);  // T = 2: N = 20 windows; B = 1
+  for (int W : {1, 2, 3, 4, 7}) {
+    SCOPED_TRACE("W = " + std::to_string(W));
+    std::multiset<std::int32_t> counted_windows;
+    std::size_t rounds = 0;
+    for (int r = 0; r < W; ++r) {
+      EvalLoaderOptions o;
+      o.batch_size = 1;
+      o.sequence_length = 2;
+      o.world_size = W;
+      o.rank = r;
+      o.max_batches = 5;
+      EvalLoader loader = EvalLoader::open(path, o);
+      EXPECT_EQ(loader.total_batches(), 5u);
+      std::vector<std::int32_t> in(2), tg(2);
+      std::size_t n = 0;
+      while (loader.next(in, tg)) {
+        ++n;
+        if (loader.last_counts()) counted_windows.insert(in[0] / 2);
+      }
+      if (r == 0) rounds = n;
+      EXPECT_EQ(n, rounds);  // every rank runs the same number of batches
+      EXPECT_EQ(n, (5u + static_cast<std::size_t>(W) - 1) / static_cast<std::size_t>(W));
+    }
+    EXPECT_EQ(counted_windows, (std::multiset<std::int32_t>{0, 1, 2, 3, 4}));
+  }
 }
 
 TEST(EvalLoader, MaxBatchesCapsAndTooSmallFilesAreNamed) {

@@ -22,7 +22,8 @@ namespace {
 
 std::vector<std::int32_t> tokens_of(const std::filesystem::path& path) {
   const TokenFile file = TokenFile::open(path);
-  return {file.tokens().begin(), file.tokens().end()};
+  const std::vector<std::uint16_t> all = file.read_all();
+  return {all.begin(), all.end()};
 }
 
 std::string prepare_error(const std::vector<std::string>& documents, std::optional<std::filesystem::path> out_val,

@@ -74,15 +74,16 @@ TEST(TokenFile, ReaderMapsWhatTheWriterWrote) {
   TokenFile file = TokenFile::open(path);
   ASSERT_EQ(file.size(), tokens.size());
   EXPECT_EQ(file.path(), path);
-  for (std::size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(file.tokens()[i], tokens[i]) << i;
+  const std::vector<std::uint16_t> all = file.read_all();
+  for (std::size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(all[i], tokens[i]) << i;
 
   TokenFile moved = std::move(file);
   EXPECT_EQ(moved.size(), tokens.size());
   EXPECT_EQ(file.size(), 0u);  // NOLINT(bugprone-use-after-move): a moved-from file is empty
-  EXPECT_TRUE(file.tokens().empty());
+  EXPECT_TRUE(file.read_all().empty());
   TokenFile other = TokenFile::open(path);
   other = std::move(moved);
-  EXPECT_EQ(other.tokens()[1], 7919);
+  EXPECT_EQ(other.read_all()[1], 7919);
 }
 
 TEST(TokenFile, EmptyFileHoldsJustTheHeader) {
@@ -190,4 +191,33 @@ TEST(TokenFile, WriteIntoAMissingFolderNamesThePath) {
     EXPECT_THAT(e.what(), HasSubstr(path.string()));
     EXPECT_THAT(e.what(), HasSubstr("create the folder"));
   }
+}
+
+// A file truncated while a run reads it (another job regenerating it in place, a full disk): the
+// next read is an Error naming the file. Through a memory mapping it was SIGBUS, which killed the
+// process (and this test with it).
+TEST(TokenFile, AFileTruncatedWhileReadIsAnErrorNotASignal) {
+  TempDir dir;
+  const auto path = dir / "t.bin";
+  std::vector<std::int32_t> tokens(100000);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i % 50000);
+  write_token_file(path, tokens);
+  const TokenFile file = TokenFile::open(path);
+  std::vector<std::uint16_t> window(64);
+  file.read(90000, window);
+  EXPECT_EQ(window[0], 40000);
+  std::filesystem::resize_file(path, kTokenFileHeaderBytes + 2 * 1000);  // in place: the same inode
+  std::string message;
+  try {
+    file.read(90000, window);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_THAT(message, HasSubstr(path.string()));
+  EXPECT_THAT(message, HasSubstr("shrank while this run reads it"));
+  // Reads of what is still there go on working; a range past the header's count is an Error.
+  file.read(10, window);
+  EXPECT_EQ(window[0], 10);
+  std::vector<std::uint16_t> past(2);
+  EXPECT_THROW(file.read(tokens.size() - 1, past), Error);
 }

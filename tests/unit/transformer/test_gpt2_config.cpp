@@ -153,7 +153,10 @@ TEST(Gpt2Config, HuggingFaceConfigErrors) {
   expect_error([&] { gpt2_config_from_hf_json(R"({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 1000})", "cfg.json"); },
                {"n_positions", "n_ctx"});
   expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "n_inner": 100})", "cfg.json"); }, {"n_inner", "256"});
-  expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "n_layer": "2"})", "cfg.json"); }, {"n_layer", "integer"});
+  expect_error([&] { gpt2_config_from_hf_json(R"({"n_layer": "2", "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 1000})", "cfg.json"); },
+               {"n_layer", "integer"});
+  // A key given twice is an error (which value a reader keeps differs between readers).
+  expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "n_layer": 3})", "cfg.json"); }, {"cfg.json", "n_layer", "twice"});
   expect_error([&] { gpt2_config_from_hf_json("{" + base, "cfg.json"); }, {"cfg.json", "JSON"});
   // gelu_pytorch_tanh is the same function as gelu_new.
   EXPECT_NO_THROW(gpt2_config_from_hf_json("{" + base + R"(, "activation_function": "gelu_pytorch_tanh"})", "cfg.json"));

@@ -76,6 +76,25 @@ TEST(LaunchEnv, Mpirun) {
   EXPECT_EQ(m.master_port, 1234);
 }
 
+// MPICH's and Intel MPI's mpiexec (Hydra): PMI_RANK / PMI_SIZE / MPI_LOCALRANKID. Without this
+// entry each process was rank 0 of 1. Inside a Slurm allocation Hydra's ranks also carry their
+// proxy's SLURM_PROCID, which must not win; PMI_RANK without PMI_SIZE (srun --mpi=pmi2) is srun's.
+TEST(LaunchEnv, MpiexecOfMpichAndIntelMpi) {
+  const LaunchEnv e = detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}});
+  EXPECT_EQ(e.launcher, "mpiexec");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  const LaunchEnv in_slurm = detect({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_EQ(in_slurm.launcher, "mpiexec");
+  EXPECT_EQ(in_slurm.rank, 5);
+  EXPECT_EQ(in_slurm.world_size, 8);
+  const LaunchEnv pmi2 = detect({{"PMI_RANK", "1"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}});
+  EXPECT_EQ(pmi2.launcher, "srun");
+  EXPECT_EQ(pmi2.rank, 1);
+  EXPECT_THAT(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "x"}}), HasSubstr("PMI_SIZE=x"));
+}
+
 TEST(LaunchEnv, Srun) {
   const LaunchEnv e = detect({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "12"}, {"SLURM_LOCALID", "1"},
                               {"SLURM_LAUNCH_NODE_IPADDR", "192.168.0.4"}, {"SLURM_NODELIST", "gpu[01-03]"}});

@@ -1,0 +1,32 @@
+// The files a command reads and writes, checked against each other before any work starts: an
+// output never replaces an input (train --save-weights onto the data file, --summary-json onto the
+// config, prepare-data a.txt -o a.txt), two outputs are never one file, and every output's folder
+// exists (created if need be) and takes a new file — so a mistake is found before training, not
+// after it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace dstrain {
+
+struct RunFile {
+  std::filesystem::path path;
+  std::string role;  // how the user gave it, e.g. "--data", "--save-weights", "the config file"
+};
+
+// True when a and b name the same file: the same device and inode when both exist, else the same
+// absolute normal path (following the symbolic links that exist).
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
+
+// Throws Error naming both roles and the path when an output is one of the inputs or two outputs
+// are the same file.
+void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs);
+
+// Creates the folders above `output` and proves a file can be created next to it (a temporary of
+// ops/atomic_file.h, created and removed). Throws Error naming the role, the folder and the cause
+// (no permission, read-only file system, a file where a folder should be).
+void prove_writable(const RunFile& output);
+
+}  // namespace dstrain

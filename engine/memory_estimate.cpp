@@ -1,0 +1,108 @@
+#include "engine/memory_estimate.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace dstrain {
+namespace {
+
+// A number from a cgroup file ("max" or unreadable: nullopt).
+std::optional<double> read_cgroup_number(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stod(text);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig& cfg, std::int64_t T) {
+  const double L = static_cast<double>(g.n_layer), C = static_cast<double>(g.n_embd);
+  const double Vp = static_cast<double>(g.padded_vocab_size);
+  const double P = static_cast<double>(g.n_positions);
+  MemoryEstimate e;
+  // As parameter_count_padded(), in double: wte Vp·C, wpe P·C, per block 12C² + 13C, final LN 2C.
+  e.parameters = Vp * C + P * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+  const bool mixed = cfg.fp16.enabled || cfg.bf16.enabled;
+  const double b = mixed ? 2.0 : 4.0;
+  const int stage = cfg.zero_optimization.stage;
+  const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size));
+  const double psi = e.parameters;
+  e.params = psi * b / (stage >= 3 ? W : 1.0);
+  e.grads = psi * b / (stage >= 2 ? W : 1.0);
+  const config::OptimizerKind k = cfg.optimizer.kind;
+  const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb;
+  e.optimizer = ((mixed ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0)) / (stage >= 1 ? W : 1.0);
+  e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
+  return e;
+}
+
+std::optional<HostMemoryLimit> host_memory_limit() {
+  std::optional<HostMemoryLimit> best;
+  const auto consider = [&](double bytes, std::string source) {
+    if (std::isnan(bytes)) return;
+    bytes = std::max(0.0, bytes);
+    if (!best || bytes < best->bytes) best = HostMemoryLimit{bytes, std::move(source)};
+  };
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0.0, available = -1.0, swap_free = 0.0;
+    std::string unit;
+    while (in >> key >> kib) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") available = kib * 1024.0;
+      if (key == "SwapFree:") swap_free = kib * 1024.0;
+    }
+    if (available >= 0.0) consider(available + swap_free, "MemAvailable + SwapFree in /proc/meminfo");
+  }
+  // cgroup v2, then v1: the limit of the container or job this process runs in.
+  if (const auto max = read_cgroup_number("/sys/fs/cgroup/memory.max")) {
+    const double used = read_cgroup_number("/sys/fs/cgroup/memory.current").value_or(0.0);
+    consider(*max - used, "the cgroup's memory.max less memory.current");
+  } else if (const auto limit = read_cgroup_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"); limit && *limit < 1e18) {
+    const double used = read_cgroup_number("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0.0);
+    consider(*limit - used, "the cgroup's memory.limit_in_bytes less its usage");
+  }
+  // ulimit -v / -d, less what this process has mapped already (VmSize / VmData of /proc/self/status).
+  double vm_size = 0.0, vm_data = 0.0;
+  {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string key;
+      double kib = 0.0;
+      if (!(fields >> key >> kib)) continue;
+      if (key == "VmSize:") vm_size = kib * 1024.0;
+      if (key == "VmData:") vm_data = kib * 1024.0;
+    }
+  }
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_size, "the address-space limit (ulimit -v) less what is mapped");
+  if (::getrlimit(RLIMIT_DATA, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_data, "the data-segment limit (ulimit -d) less what is in use");
+  return best;
+}
+
+std::string format_estimate_bytes(double bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024.0) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  if (bytes >= 1e6) return fmt::format("{:.2e} {}", bytes, kUnits[u]);
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, kUnits[u]);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,46 @@
+// A lower bound of the memory a training run takes, computed from the model's shape and the
+// config before anything is allocated, so that a model that cannot fit is refused in the pre-flight
+// with the figures — instead of an allocation failing (or the machine swapping) after minutes of
+// building layers, or a size so large that its arithmetic overflows.
+//
+// Per rank, with Ψ the stored parameters (padded vocabulary), b the bytes of the model dtype (4 in
+// fp32, 2 in fp16 / bf16) and W the data-parallel ranks:
+//   params      Ψ·b           (ZeRO-3: / W)
+//   grads       Ψ·b           (ZeRO-2, 3: / W)
+//   optimizer   (4Ψ fp32 masters under fp16 / bf16) + 8Ψ Adam / AdamW / Lamb moments (ZeRO-1+: / W)
+//   activations the logits of one micro-batch, B·T·Vp·b, the least any forward keeps
+// All in double: a spec such as gpt2:L4294967296-C4294967296-H2 gives a finite, huge figure.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config_schema/ds_config.h"
+#include "ops/transformer/gpt2_config.h"
+
+namespace dstrain {
+
+struct MemoryEstimate {
+  double parameters = 0.0;  // Ψ, the stored parameters
+  double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank
+  double per_rank() const { return params + grads + optimizer + activations; }
+};
+
+// The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
+// data-parallel world size) training `model` on sequences of T tokens.
+MemoryEstimate estimate_rank_memory(const Gpt2Config& model, const config::DsConfig& cfg, std::int64_t T);
+
+// What this process may still allocate on the host, and where the figure comes from: the smallest
+// of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the
+// address-space / data-segment limits (ulimit -v / -d). nullopt when none is known.
+struct HostMemoryLimit {
+  double bytes = 0.0;
+  std::string source;  // e.g. "MemAvailable + SwapFree in /proc/meminfo", "the cgroup's memory.max"
+};
+std::optional<HostMemoryLimit> host_memory_limit();
+
+// "3.21 GiB" style, for doubles beyond 2^64 too ("8.00e+09 TiB").
+std::string format_estimate_bytes(double bytes);
+
+}  // namespace dstrain

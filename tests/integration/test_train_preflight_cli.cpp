@@ -1,0 +1,327 @@
+// `dstrain train` with bad inputs, through the built binary (issue 14, sections 1-3, 5): every
+// mistake that can be found before step 1 is an exit 2 naming the option, key or file before any
+// progress line; no input is ever overwritten; nothing crashes, hangs or leaves a temporary behind;
+// a NaN loss ends the run with the step and writes no weights; DeepSpeed launchers' conventions and
+// "auto" configs work. Each check fails without its fix: before it, the run trained first and failed
+// at the end (a progress line in stdout), crashed (exit -1: a signal), exited 3, or trained when it
+// should not have.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using dstrain::testing::CliResult;
+using dstrain::testing::read_file_text;
+using dstrain::testing::run_dstrain;
+using dstrain::testing::shell_quote;
+
+namespace {
+
+class TrainPreflightCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("dstrain_test_train_preflight_cli." + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
+    ASSERT_EQ(prep.exit_code, 0) << prep.err;
+    std::ofstream(dir_ / "ds.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
+    std::ofstream(dir_ / "a_file") << "not a folder";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string q(const fs::path& p) { return shell_quote(p.string()); }
+  // 3 steps, no samples, unless `extra` says otherwise.
+  static std::string train(const std::string& extra, const std::string& config = "ds.json") {
+    std::string defaults;
+    if (extra.find("--steps") == std::string::npos) defaults += " --steps 3";
+    if (extra.find("--sample-tokens") == std::string::npos) defaults += " --sample-tokens 0";
+    return "train --deepspeed_config " + q(dir_ / config) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
+           defaults + " " + extra;
+  }
+  // Refused before step 1: exit 2, `what` in the message, no progress line printed.
+  static void expect_refused_before_training(const CliResult& r, const std::string& what) {
+    EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("| loss"), std::string::npos) << "trained before refusing:\n" << r.out;
+  }
+  static std::vector<std::string> temp_files(const fs::path& folder) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(folder))
+      if (e.path().filename().string().find(".tmp.") != std::string::npos) found.push_back(e.path().filename().string());
+    return found;
+  }
+
+  static fs::path dir_;
+};
+fs::path TrainPreflightCli::dir_;
+
+// ---- section 1: checked before step 1 ----
+
+TEST_F(TrainPreflightCli, OutputLocationsAreCreatedOrRefusedBeforeStep1) {
+  // A folder that does not exist yet is created (as --summary-json's always was) and the run saves.
+  const fs::path nested = dir_ / "new" / "sub" / "w.safetensors";
+  const CliResult ok = run_dstrain(train("--save-weights " + q(nested)));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(fs::is_regular_file(nested));
+  // A folder that cannot be made (a file stands where it would be): refused before training.
+  expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "a_file" / "w.safetensors"))), "--save-weights");
+  // --summary-json there was "internal error" (exit 3) after the last step.
+  expect_refused_before_training(run_dstrain(train("--summary-json " + q(dir_ / "a_file" / "s.json"))), "--summary-json");
+  // A folder given as the file.
+  expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_))), "is a folder");
+}
+
+TEST_F(TrainPreflightCli, ValDataIsCheckedWholeBeforeStep1) {
+  // A val file holding a token beyond the model's vocabulary (256): found at the first evaluation,
+  // after the steps, before; now by the pre-flight's scan.
+  const std::string val = read_file_text(dir_ / "t_val.bin");
+  std::string bad = val;
+  bad[1024 + 2 * 100] = static_cast<char>(0x2C);  // token 100 := 300 (0x012C, little-endian)
+  bad[1024 + 2 * 100 + 1] = 0x01;
+  std::ofstream(dir_ / "bad_val.bin", std::ios::binary) << bad;
+  const CliResult r = run_dstrain(train("--val-data " + q(dir_ / "bad_val.bin")));
+  expect_refused_before_training(r, "bad_val.bin");
+  EXPECT_NE(r.err.find("token 300 at position 100"), std::string::npos) << r.err;
+}
+
+TEST_F(TrainPreflightCli, SampleTemperatureMustBeAFiniteFloat) {
+  for (const char* t : {"nan", "inf", "1e308", "-1"}) {
+    SCOPED_TRACE(t);
+    expect_refused_before_training(run_dstrain(train(std::string("--sample-tokens 4 --sample-temperature ") + t)), "--sample-temperature");
+  }
+  const CliResult zero = run_dstrain(train("--sample-tokens 4 --sample-temperature 0 --steps 1"));
+  EXPECT_EQ(zero.exit_code, 0) << zero.err;  // greedy
+}
+
+TEST_F(TrainPreflightCli, Stage3SaveWithoutGatherIsRefusedBeforeStep1) {
+  std::ofstream(dir_ / "z3.json") << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})";
+  const CliResult r = run_dstrain(train("--num-ranks 2 --save-weights " + q(dir_ / "z3.safetensors"), "z3.json"));
+  expect_refused_before_training(r, "stage3_gather_16bit_weights_on_model_save");
+  EXPECT_FALSE(fs::exists(dir_ / "z3.safetensors"));
+}
+
+// ---- section 2: never overwrite an input; no crash, hang or leftover ----
+
+TEST_F(TrainPreflightCli, OutputsNeverOverwriteInputs) {
+  const std::string data = read_file_text(dir_ / "t_train.bin"), config = read_file_text(dir_ / "ds.json");
+  expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "t_train.bin"))), "--data");
+  expect_refused_before_training(run_dstrain(train("--summary-json " + q(dir_ / "ds.json"))), "the config file");
+  expect_refused_before_training(run_dstrain(train("--val-data " + q(dir_ / "t_val.bin") + " --summary-json " + q(dir_ / "t_val.bin"))), "--val-data");
+  expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "x.out") + " --summary-json " + q(dir_ / "x.out"))),
+                                 "--save-weights");
+  // The same file through another path (a symbolic link) is the same file.
+  fs::create_symlink(dir_ / "t_train.bin", dir_ / "link.bin");
+  expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "link.bin"))), "--data");
+  EXPECT_EQ(read_file_text(dir_ / "t_train.bin"), data);
+  EXPECT_EQ(read_file_text(dir_ / "ds.json"), config);
+  // --init-from onto --save-weights: the weights a run starts from are an input too.
+  ASSERT_EQ(run_dstrain(train("--steps 1 --save-weights " + q(dir_ / "w0.safetensors"))).exit_code, 0);
+  expect_refused_before_training(
+      run_dstrain(train("--init-from " + q(dir_ / "w0.safetensors") + " --save-weights " + q(dir_ / "w0.safetensors"))), "--init-from");
+}
+
+TEST_F(TrainPreflightCli, HugeModelsAreRefusedWithTheFigures) {
+  // Before: std::bad_alloc after building layers for seconds (exit 3), or a hang; 4294967296^2
+  // overflowed the parameter count. `timeout` turns a hang into a failure here.
+  for (const char* spec : {"gpt2:L100000-C768-H12", "gpt2:L4294967296-C4294967296-H2"}) {
+    SCOPED_TRACE(spec);
+    const CliResult r = run_dstrain(
+        "train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + spec + " --data " + q(dir_ / "t_train.bin") + " --steps 1", "timeout 60");
+    expect_refused_before_training(r, "does not fit");
+    EXPECT_NE(r.err.find("parameters"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("optimizer"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(TrainPreflightCli, HfConfigKeysAreHonouredOrRefused) {
+  const auto hf = [&](const std::string& name, const std::string& extra) {
+    std::ofstream(dir_ / name) << R"({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 256, "n_positions": 32)" << extra
+                               << "}";
+    return run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + q(dir_ / name) + " --data " + q(dir_ / "t_train.bin") +
+                       " --steps 1 --sample-tokens 0");
+  };
+  const CliResult ok = hf("ok.json", R"(, "tie_word_embeddings": true, "scale_attn_weights": true, "initializer_range": 0.02)");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  expect_refused_before_training(hf("untied.json", R"(, "tie_word_embeddings": false)"), "tie_word_embeddings");
+  expect_refused_before_training(hf("inv.json", R"(, "scale_attn_by_inverse_layer_idx": true)"), "scale_attn_by_inverse_layer_idx");
+  expect_refused_before_training(hf("noscale.json", R"(, "scale_attn_weights": false)"), "scale_attn_weights");
+  expect_refused_before_training(hf("upcast.json", R"(, "reorder_and_upcast_attn": true)"), "reorder_and_upcast_attn");
+  expect_refused_before_training(hf("cross.json", R"(, "add_cross_attention": true)"), "add_cross_attention");
+  expect_refused_before_training(hf("init.json", R"(, "initializer_range": 0.1)"), "initializer_range");
+  expect_refused_before_training(hf("dup.json", R"(, "n_layer": 3)"), "'n_layer' is given twice");
+  // "n_layer": 1e400 was exit 3 (a JSON library exception); 2^64 - 1 wrapped to -1.
+  std::ofstream(dir_ / "inf.json") << R"({"n_layer": 1e400, "n_head": 2, "n_embd": 32, "vocab_size": 256, "n_positions": 32})";
+  expect_refused_before_training(run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + q(dir_ / "inf.json") + " --data " +
+                                             q(dir_ / "t_train.bin") + " --steps 1"),
+                                 "1e400");
+  std::ofstream(dir_ / "u64.json") << R"({"n_layer": 18446744073709551615, "n_head": 2, "n_embd": 32, "vocab_size": 256, "n_positions": 32})";
+  expect_refused_before_training(run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + q(dir_ / "u64.json") + " --data " +
+                                             q(dir_ / "t_train.bin") + " --steps 1"),
+                                 "18446744073709551615");
+  // A field repeated in a descriptor was silently the last one.
+  expect_refused_before_training(
+      run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-L4 --data " + q(dir_ / "t_train.bin")),
+      "L is given twice");
+}
+
+TEST_F(TrainPreflightCli, NanLossStopsWithTheStepAndWritesNoWeights) {
+  // fp32 has no overflow check: lr 1e20 without clipping makes the weights non-finite at once.
+  std::ofstream(dir_ / "nan.json") << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1, "gradient_clipping": 0,
+      "optimizer": {"type": "SGD", "params": {"lr": 1e20}}})";
+  std::string first_error;
+  for (const char* sampling : {"--sample-tokens 0", "--sample-tokens 8 --val-interval 1"}) {
+    SCOPED_TRACE(sampling);
+    const fs::path weights = dir_ / "nan.safetensors";
+    const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "nan.json") + " --model gpt2:L2-C32-H2-V256-T32 --data " +
+                                    q(dir_ / "t_train.bin") + " --steps 6 --save-weights " + q(weights) + " " + sampling);
+    EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+    const std::size_t at = r.err.find("step ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the training loss is nan"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(weights));
+    EXPECT_EQ(r.out.find("| sample ("), std::string::npos) << r.out;  // never sampled from NaN weights
+    const std::string error = r.err.substr(r.err.find("dstrain: error"));
+    if (first_error.empty()) first_error = error;
+    else EXPECT_EQ(error, first_error);  // the same with and without sampling
+  }
+}
+
+TEST_F(TrainPreflightCli, FileSizeLimitIsAnErrorWithoutLeftovers) {
+  // ulimit -f: SIGXFSZ killed the process in the middle of the write and left the temporary.
+  const fs::path out = dir_ / "limited";
+  fs::create_directories(out);
+  const CliResult r = run_dstrain(train("--steps 1 --save-weights " + q(out / "w.safetensors")), "ulimit -f 20;");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("ulimit -f"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out / "w.safetensors"));
+  EXPECT_TRUE(temp_files(out).empty());
+}
+
+TEST_F(TrainPreflightCli, StaleTemporariesAreRemovedLiveOnesKept) {
+  const fs::path out = dir_ / "stale";
+  fs::create_directories(out);
+  // pid 2147483646 runs nowhere (above any pid_max); this test's own pid runs.
+  std::ofstream(out / "w.safetensors.tmp.2147483646") << "half a file";
+  std::ofstream(out / "s.json.tmp.2147483646.3") << "{";
+  const std::string live = "w.safetensors.tmp." + std::to_string(::getpid()) + ".0";
+  std::ofstream(out / live) << "being written";
+  const CliResult r = run_dstrain(train("--steps 1 --save-weights " + q(out / "w.safetensors") + " --summary-json " + q(out / "s.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(temp_files(out), std::vector<std::string>{live});
+}
+
+TEST_F(TrainPreflightCli, NumRanksBeyondTheThreadLimitIsAnError) {
+  // 1000 rank threads' stacks do not fit 4 GB of address space: a thread cannot start, which was
+  // std::terminate (a signal); now an Error naming --num-ranks.
+  std::ofstream(dir_ / "many.json") << R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
+  const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "many.json") + " --model gpt2:L1-C16-H2-V256-T8 --data " + q(dir_ / "t_train.bin") +
+                                      " --steps 1 --sample-tokens 0 --num-ranks 1000",
+                                  "ulimit -v 4000000;");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--num-ranks"), std::string::npos) << r.err;
+}
+
+// ---- section 3: launchers and "auto" configs ----
+
+TEST_F(TrainPreflightCli, LocalRankArgumentOfDeepSpeedsLauncher) {
+  const std::string env = "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0";
+  EXPECT_EQ(run_dstrain(train("--steps 1 --local_rank=0"), env).exit_code, 0);
+  EXPECT_EQ(run_dstrain(train("--steps 1 --local-rank 0"), env).exit_code, 0);
+  expect_refused_before_training(run_dstrain(train("--steps 1 --local_rank=1"), env), "--local_rank=1");
+}
+
+TEST_F(TrainPreflightCli, MpichAndPmixLaunchersAreNotRankZeroOfOne) {
+  // Each process trained alone as rank 0 of 1.
+  const CliResult mpich = run_dstrain(train("--steps 1"), "PMI_RANK=1 PMI_SIZE=2 MPI_LOCALRANKID=1");
+  expect_refused_before_training(mpich, "via mpiexec");
+  EXPECT_NE(mpich.err.find("--num-ranks 2"), std::string::npos) << mpich.err;
+  expect_refused_before_training(run_dstrain(train("--steps 1"), "PMIX_RANK=1"), "PMIX_RANK=1");
+}
+
+TEST_F(TrainPreflightCli, HfTrainerAutoConfigTrainsWithTheSameFlagsAsCheckConfig) {
+  const std::string config = shell_quote(std::string(DSTRAIN_SOURCE_DIR) + "/examples/ds_configs/hf_trainer_auto.json");
+  const std::string autos = " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
+                            " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2";
+  const CliResult r = run_dstrain("train --deepspeed_config " + config + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin") +
+                                  " --steps 3 --num-ranks 2 --sample-tokens 0" + autos);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("train_batch_size 4 = micro-batch 2 x gradient_accumulation_steps 1 x world size 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero: stage 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("precision bf16"), std::string::npos) << r.out;
+  // The hidden size comes from the model (n_embd 32): reduce_bucket_size = 32^2.
+  EXPECT_NE(r.out.find("reduce_bucket_size: auto -> 1024"), std::string::npos) << r.out;
+  // Without the flags: the error names the flag train has.
+  const CliResult missing = run_dstrain("train --deepspeed_config " + config + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin"));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("--micro-batch-size"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.err.find("AutoValues::"), std::string::npos) << missing.err;
+}
+
+// Every shipped example trains (a tiny model, 1 step, 2 ranks), or check-config refuses it too,
+// with the same message.
+TEST_F(TrainPreflightCli, EveryExampleConfigTrainsOrCheckConfigRefusesItAlike) {
+  const fs::path examples = fs::path(DSTRAIN_SOURCE_DIR) / "examples" / "ds_configs";
+  const std::string autos = " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
+                            " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2 --hidden-size 32";
+  const fs::path cwd = dir_ / "examples_cwd";  // monitoring.json writes under runs/
+  fs::create_directories(cwd);
+  int trained = 0;
+  for (const auto& e : fs::directory_iterator(examples)) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().filename().string());
+    const std::string cfg = q(e.path());
+    const CliResult t = run_dstrain("train --deepspeed_config " + cfg + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin") +
+                                        " --steps 1 --num-ranks 2 --sample-tokens 0 --summary-json " + q(cwd / "s.json") + autos,
+                                    "cd " + q(cwd) + " &&");
+    const CliResult c = run_dstrain("check-config " + cfg + " --world-size 2 --steps 1" + autos, "cd " + q(cwd) + " &&");
+    if (t.exit_code == 0) {
+      ++trained;
+      EXPECT_EQ(c.exit_code, 0) << c.err;
+      continue;
+    }
+    EXPECT_EQ(t.exit_code, 2) << t.err;
+    EXPECT_EQ(c.exit_code, 2) << "train refused it but check-config did not:\n" << t.err;
+    const auto error_line = [](const std::string& err) { return err.substr(err.find("dstrain: error")); };
+    ASSERT_NE(c.err.find("dstrain: error"), std::string::npos) << c.err;
+    EXPECT_EQ(error_line(c.err), error_line(t.err));
+  }
+  EXPECT_GE(trained, 6);
+}
+
+// ---- section 5: the loop ----
+
+TEST_F(TrainPreflightCli, ValLossDoesNotDependOnTheWorldSize) {
+  // --val-batches 5 on 3 ranks evaluated ceil(5 / 3) = 2 batches each, 6 in all; now exactly the 5
+  // one rank evaluates. --steps 0: the same initial weights on both.
+  std::ofstream(dir_ / "w1.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  std::ofstream(dir_ / "w3.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const auto run = [&](const char* cfg, const char* ranks, const char* json) {
+    const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / cfg) + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin") +
+                                    " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 5 --steps 0 --sample-tokens 0 --num-ranks " + ranks +
+                                    " --summary-json " + q(dir_ / json));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("(5 batches per evaluation)"), std::string::npos) << r.out;
+    return nlohmann::json::parse(read_file_text(dir_ / json));
+  };
+  const nlohmann::json one = run("w1.json", "1", "v1.json"), three = run("w3.json", "3", "v3.json");
+  EXPECT_NEAR(three["final_val_loss"].get<double>(), one["final_val_loss"].get<double>(), 2e-6);
+  EXPECT_EQ(three["zero"]["world_size"], 3);
+}
+
+}  // namespace

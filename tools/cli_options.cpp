@@ -1,0 +1,103 @@
+#include "cli_options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace dstrain::cli {
+
+CLI::Validator whole_number_at_least(std::int64_t min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) {
+          return fmt::format("'{}' is not a whole number{}", text, errno == ERANGE ? " this program can hold (at most 2^63 - 1)" : "");
+        }
+        if (v < min) return fmt::format("{} is less than {}: give a whole number >= {}", text, min, min);
+        return std::string();
+      },
+      fmt::format("INT>={}", min));
+}
+
+CLI::Validator finite_number_at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return fmt::format("'{}' is not a number", text);
+        if (!std::isfinite(v) || errno == ERANGE) return fmt::format("{} is not a finite number in range: give a finite number >= {}", text, min);
+        if (v < min) return fmt::format("{} is less than {}: give a number >= {}", text, min, min);
+        return std::string();
+      },
+      fmt::format("NUMBER>={}", min));
+}
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return fmt::format("'{}' is not a number", text);
+        if (!std::isfinite(v) || errno == ERANGE) return fmt::format("{} is not a finite number in range", text);
+        return std::string();
+      },
+      "NUMBER");
+}
+
+CLI::Validator one_of(std::vector<std::string> choices) {
+  std::string list;
+  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+  return CLI::Validator(
+      [choices = std::move(choices), list](std::string& text) -> std::string {
+        for (const std::string& c : choices) {
+          if (text == c) return std::string();
+        }
+        return fmt::format("'{}' is not one of {}", text, list);
+      },
+      "{" + list + "}");
+}
+
+void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args) {
+  const char* group = "Values for \"auto\" keys (as the HF Trainer fills them)";
+  cmd->add_option("--micro-batch-size", args.micro_batch, "train_micro_batch_size_per_gpu")->group(group)->check(whole_number_at_least(1));
+  cmd->add_option("--gradient-accumulation-steps", args.grad_accum, "gradient_accumulation_steps")->group(group)->check(whole_number_at_least(1));
+  cmd->add_option("--hidden-size", args.hidden_size,
+                  "Model hidden size: reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h, "
+                  "stage3_param_persistence_threshold = 10*h (train: the model's n_embd when not given)")
+      ->group(group)
+      ->check(whole_number_at_least(1));
+  cmd->add_option("--lr", args.lr, "optimizer.params.lr and scheduler warmup_max_lr")->group(group)->check(finite_number());
+  cmd->add_option("--adam-betas", args.betas, "optimizer.params.betas (two values)")->group(group)->expected(2)->check(finite_number());
+  cmd->add_option("--adam-eps", args.eps, "optimizer.params.eps")->group(group)->check(finite_number());
+  cmd->add_option("--weight-decay", args.weight_decay, "optimizer.params.weight_decay")->group(group)->check(finite_number());
+  cmd->add_option("--gradient-clipping", args.clipping, "gradient_clipping (max_grad_norm)")->group(group)->check(finite_number());
+  cmd->add_option("--precision", args.precision, "fp32, fp16 or bf16: fills fp16.enabled / bf16.enabled")
+      ->group(group)
+      ->check(one_of({"fp32", "fp16", "bf16"}));
+}
+
+config::AutoValues to_auto_values(const AutoValueArgs& args) {
+  config::AutoValues autos;
+  autos.train_micro_batch_size_per_gpu = args.micro_batch;
+  autos.gradient_accumulation_steps = args.grad_accum;
+  autos.hidden_size = args.hidden_size;
+  autos.lr = args.lr;
+  autos.eps = args.eps;
+  autos.weight_decay = args.weight_decay;
+  autos.gradient_clipping = args.clipping;
+  autos.precision = args.precision;
+  if (!args.betas.empty()) {
+    DSTRAIN_CHECK(args.betas.size() == 2, "--adam-betas takes two values (beta1 beta2), got {}", args.betas.size());
+    autos.betas = std::make_pair(args.betas[0], args.betas[1]);
+  }
+  return autos;
+}
+
+}  // namespace dstrain::cli
