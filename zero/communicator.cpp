@@ -53,6 +53,7 @@ std::string_view collective_name(CollectiveKind kind) {
     case CollectiveKind::all_gather: return "all_gather";
     case CollectiveKind::broadcast: return "broadcast";
     case CollectiveKind::barrier: return "barrier";
+    case CollectiveKind::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -64,7 +65,8 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
   switch (kind) {
     case CollectiveKind::all_reduce: return 2 * (w - 1) * buffer_bytes / w;
     case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_gather: return (w - 1) * buffer_bytes / w;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::all_to_all: return (w - 1) * buffer_bytes / w;
     case CollectiveKind::broadcast: return is_root ? buffer_bytes : 0;
     case CollectiveKind::barrier: return 0;
   }
@@ -184,6 +186,21 @@ void Communicator::broadcast(Tensor buf, int root) {
     DSTRAIN_CHECK(root >= 0 && root < world_size_, "{}: root {} is not a rank (world size {})", call, root, world_size_);
     check_data(call, buf, "the buffer");
     do_broadcast(buf, root);
+  });
+}
+
+void Communicator::all_to_all(Tensor send, Tensor recv) {
+  run(CollectiveKind::all_to_all, send.nbytes(), false, [&] {
+    const auto call = fmt::format("all_to_all #{} on rank {}", sequence_, rank_);
+    check_dtype(call, send.dtype, "send");
+    DSTRAIN_CHECK(send.dtype == recv.dtype && send.numel() == recv.numel() && send.device == recv.device,
+                  "{}: send ({}) and recv ({}) must have the same dtype, element count and device", call, send.str(), recv.str());
+    DSTRAIN_CHECK(send.numel() % world_size_ == 0, "{}: {} elements do not split into {} equal shards. Fix: pad the buffers to a multiple of the world size",
+                  call, send.numel(), world_size_);
+    check_data(call, send, "send");
+    check_data(call, recv, "recv");
+    DSTRAIN_CHECK(!overlaps(send, recv), "{}: send and recv overlap; all_to_all has no in-place form. Fix: use two buffers", call);
+    do_all_to_all(send, recv);
   });
 }
 

@@ -1,5 +1,10 @@
 // Communicator: the collectives ZeRO needs (all-reduce, reduce-scatter, all-gather, broadcast,
-// barrier) over one group of `world_size` ranks, on flat buffers communicated in place.
+// barrier, all-to-all) over one group of `world_size` ranks, on flat buffers communicated in place,
+// and the 1-bit optimizers' compressed all-reduce built on them (compressed_all_reduce below,
+// implemented once here for every backend; docs/optimizers_onebit.md).
+//
+// A backend implements the do_* primitives. all_to_all is the newest: every backend must implement
+// it (local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; an MPI backend: MPI_Alltoall).
 //
 // Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
 // memory — how CI tests multi-rank training — or on one GPU they share) and NcclCommunicator
@@ -35,8 +40,8 @@ namespace dstrain {
 
 enum class ReduceOp { sum, avg, max };
 
-enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier };
-inline constexpr int kCollectiveKinds = 5;
+enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all };
+inline constexpr int kCollectiveKinds = 6;
 
 std::string_view reduce_op_name(ReduceOp op);          // "sum", "avg", "max"
 std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ...
@@ -53,6 +58,7 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ...
 //   all_gather      (W−1)·N / W     = (W−1)·n·elem_size, exact
 //   broadcast       N on the root, 0 on the others (the root sends the buffer once)
 //   barrier         0
+//   all_to_all      (W−1)·N / W     (N = the W·n send buffer: every shard but the rank's own), exact
 // W = 1: every collective sends 0 bytes.
 std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, bool is_root = false);
 
@@ -106,6 +112,31 @@ class Communicator {
   // Returns once every rank has called it.
   void barrier();
 
+  // send, recv: W·n elements each, any collective dtype, not overlapping. Shard j of send goes to
+  // rank j; on return shard i of recv holds rank i's shard `rank` (MPI_Alltoall, all_to_all_single).
+  void all_to_all(Tensor send, Tensor recv);
+
+  // DeepSpeed's compressed all-reduce (deepspeed/runtime/comm/nccl.py compressed_allreduce), the
+  // average over the ranks of `buf` sent as 1 bit per element, with error feedback:
+  //   worker: x = buf + worker_error; s = ‖x‖/√n; worker_error = x − s·sign(x);
+  //           sign(x) packed 8 per byte, cut into W chunks; chunk j and s go to rank j (all_to_all)
+  //   server (rank r, for chunk r): y = Σ_i sign_i·(s_i/W) over ranks i in order + server_error;
+  //           t = ‖y‖/√(n/W); server_error = y − t·sign(y); sign(y) packed, t (all_gather)
+  //   result: buf chunk j = t_j·sign(y_j)
+  // sign(v) is +1 for v ≥ 0 (zero included) and −1 otherwise, as DeepSpeed's sign().add_(1).bool().
+  // buf, worker_error: n fp32 elements; server_error: n/W; n a multiple of 8·W (DeepSpeed pads each
+  // tensor to W·lcm(W, 8)); errors start at zero and persist between calls (the caller owns them).
+  // The bits travel as int32 words (the bytes of DeepSpeed's uint8 buffer, in order, each chunk's
+  // bytes padded to whole words, its scale's bits in one more word): one all_to_all and one
+  // all_gather, about n/8·2(W−1)/W bytes instead of the fp32 all-reduce's 8n(W−1)/W — 1/32, as the
+  // byte counters show. Deterministic: the same bits on every rank, in every run, for any W.
+  // The arithmetic runs on the host; device buffers (NCCL) are copied there and back, and then
+  // `workspace` (int32, on buf's device, compressed_workspace_numel(n) elements) carries the bits;
+  // host buffers need no workspace. W = 1: buf is compressed and decompressed once, as DeepSpeed's
+  // formula gives, with no collective.
+  void compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor server_error, Tensor workspace = {});
+  std::int64_t compressed_workspace_numel(std::int64_t n) const;
+
   // Blocks the calling thread until every collective issued so far has completed (no-op for
   // backends that complete on return). Fails with Error after the timeout rather than hang.
   virtual void synchronize() {}
@@ -133,6 +164,7 @@ class Communicator {
   virtual void do_all_gather(const Tensor& send, const Tensor& recv) = 0;
   virtual void do_broadcast(const Tensor& buf, int root) = 0;
   virtual void do_barrier() = 0;
+  virtual void do_all_to_all(const Tensor& send, const Tensor& recv) = 0;
 
   // Called with any Error a collective raises on this rank (its own bad arguments included) before
   // it propagates: the local backend poisons the group so the other ranks fail now, not at timeout.

@@ -196,6 +196,7 @@ std::string describe(const LocalGroup::Call& c, int world) {
     case CollectiveKind::broadcast:
       return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
     case CollectiveKind::barrier: return fmt::format("{} #{}", name, c.sequence);
+    case CollectiveKind::all_to_all: return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
   }
   return std::string(name);
 }
@@ -279,6 +280,10 @@ std::string LocalGroup::check_calls_locked() const {
         break;
       case CollectiveKind::all_gather:
         v.push_back({static_cast<const char*>(c.send), n * es, "send"});
+        v.push_back({static_cast<const char*>(c.recv), w * n * es, "recv"});
+        break;
+      case CollectiveKind::all_to_all:
+        v.push_back({static_cast<const char*>(c.send), w * n * es, "send"});
         v.push_back({static_cast<const char*>(c.recv), w * n * es, "recv"});
         break;
       case CollectiveKind::barrier: break;
@@ -522,6 +527,21 @@ void LocalCommunicator::do_broadcast(const Tensor& buf, int root) {
   LocalGroup::Call call{CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root, 0, buf.data, buf.data, buf.device};
   collective(call, [&] {
     if (rank() != root && buf.nbytes() > 0) copy_on(buf.device, buf.data, group_.call_of(root).send, buf.nbytes());
+  });
+}
+
+void LocalCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
+  check_device(send, "send");
+  check_device(recv, "recv");
+  const std::int64_t n = send.numel() / world_size();  // one shard
+  LocalGroup::Call call{CollectiveKind::all_to_all, send.dtype, n, ReduceOp::sum, 0, 0, send.data, recv.data, send.device};
+  collective(call, [&] {
+    if (n == 0) return;
+    // This rank writes only its own recv: shard r comes from shard `rank` of rank r's send.
+    for (int r = 0; r < world_size(); ++r) {
+      copy_on(send.device, at(recv.data, n * r, recv.dtype), at(group_.call_of(r).send, n * rank(), send.dtype),
+              static_cast<std::size_t>(n) * dtype_size(send.dtype));
+    }
   });
 }
 

@@ -8,7 +8,7 @@
 //      and waits until all W have posted; the last to arrive checks that the calls match;
 //   2. work: each rank reduces (or copies) the part of the result it owns, reading the other ranks'
 //      buffers directly: all-reduce chunk r of N (chunks split N·r/W, any N), reduce-scatter
-//      shard r, all-gather/broadcast into its own buffer. Reductions run over ranks 0, 1, ..., W−1
+//      shard r, all-gather/broadcast/all-to-all into its own buffer. Reductions run over ranks 0, 1, ..., W−1
 //      in that order, so the result is bit-identical on every rank and in every run;
 //   3. depart: every rank waits until all have finished, so no buffer is reused while read.
 //
@@ -130,6 +130,7 @@ class LocalCommunicator final : public Communicator {
   void do_all_gather(const Tensor& send, const Tensor& recv) override;
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
+  void do_all_to_all(const Tensor& send, const Tensor& recv) override;
   void on_error(const std::string& message) noexcept override;
 
  private:

@@ -291,6 +291,27 @@ void NcclCommunicator::do_broadcast(const Tensor& buf, int root) {
   after_enqueue();
 }
 
+void NcclCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
+  check_usable();
+  check_device(send, "send", "all_to_all");
+  check_device(recv, "recv", "all_to_all");
+  wait_for_compute();
+  const std::int64_t n = send.numel() / world_size();
+  last_call_ = fmt::format("all_to_all #{} ({}, {}×{} elements)", sequence(), dtype_name(send.dtype), world_size(), n);
+  // NCCL has no all-to-all collective: one group of W sends and W receives (NCCL's documented
+  // pattern), which NCCL schedules as a single operation.
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(send.dtype);
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupStart());
+  for (int r = 0; r < world_size(); ++r) {
+    DSTRAIN_NCCL_ENQUEUE(ncclSend(static_cast<const char*>(send.data) + bytes * static_cast<std::size_t>(r), static_cast<std::size_t>(n),
+                                  nccl_type(send.dtype), r, comm_, stream_));
+    DSTRAIN_NCCL_ENQUEUE(ncclRecv(static_cast<char*>(recv.data) + bytes * static_cast<std::size_t>(r), static_cast<std::size_t>(n),
+                                  nccl_type(recv.dtype), r, comm_, stream_));
+  }
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
+  after_enqueue();
+}
+
 void NcclCommunicator::do_barrier() {
   check_usable();
   wait_for_compute();

@@ -89,6 +89,8 @@ class NcclCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   // NCCL has no barrier: an all-reduce of one int32, then synchronize().
   void do_barrier() override;
+  // Grouped ncclSend / ncclRecv to and from every rank.
+  void do_all_to_all(const Tensor& send, const Tensor& recv) override;
 
  private:
   void init(const ncclUniqueId& id);
