@@ -131,6 +131,22 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
     fail("optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
          "fp16.loss_scale to 0",
          c.fp16.loss_scale);
+  // deepspeed/runtime/engine.py _configure_basic_optimizer: the 1-bit family is stage 0 only, 1-bit
+  // LAMB needs dynamic loss scaling like Lamb, and their convergence is verified under fp16 only.
+  if (c.optimizer.is_onebit()) {
+    const char* ds_name = kind == OptimizerKind::onebit_adam ? "1bit-Adam" : kind == OptimizerKind::zero_one_adam ? "0/1 Adam" : "1bit-Lamb";
+    if (stage > 0)
+      fail("optimizer.type {} with zero_optimization.stage {}: {} is not compatible with ZeRO (DeepSpeed asserts this); use "
+           "zero_optimization.stage 0, or Adam/AdamW with ZeRO",
+           c.optimizer.type, stage, ds_name);
+    if (kind == OptimizerKind::onebit_lamb && c.fp16.enabled && !c.fp16.dynamic())
+      fail("optimizer.type {} with fp16.loss_scale {}: DeepSpeed onebitlamb optimizer requires dynamic loss scaling; set "
+           "fp16.loss_scale to 0",
+           c.optimizer.type, c.fp16.loss_scale);
+    if (!c.fp16.enabled)
+      ctx.warn("optimizer.type", fmt::format("Currently the convergence of {} is only verified under FP16 (DeepSpeed's warning)",
+                                             kind == OptimizerKind::onebit_adam ? "1-bit Adam" : kind == OptimizerKind::zero_one_adam ? "0/1 Adam" : "1-bit Lamb"));
+  }
   if ((stage == 1 || stage == 2) && !c.optimizer.present())
     ctx.warn("optimizer", fmt::format("zero stage {} requires an optimizer and the config has none; DeepSpeed fails "
                                       "unless the program passes its own optimizer",

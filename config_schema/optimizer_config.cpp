@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -35,6 +36,17 @@ std::vector<std::string> params_for(OptimizerKind kind) {
               "amsgrad"};
     case OptimizerKind::sgd:
       return {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"};
+    // deepspeed/runtime/fp16/onebit/{adam,zoadam,lamb}.py constructors (max_grad_norm is refused
+    // for every type, above).
+    case OptimizerKind::onebit_adam:
+      return {"lr", "freeze_step", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "amsgrad", "cuda_aware",
+              "comm_backend_name"};
+    case OptimizerKind::zero_one_adam:
+      return {"lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "var_freeze_step", "var_update_scaler",
+              "local_step_scaler", "local_step_clipper", "amsgrad", "cuda_aware", "comm_backend_name"};
+    case OptimizerKind::onebit_lamb:
+      return {"lr", "freeze_step", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_coeff", "min_coeff",
+              "amsgrad", "cuda_aware", "comm_backend_name", "coeff_beta", "factor_max", "factor_min", "factor_threshold"};
     default: return {};
   }
 }
@@ -72,6 +84,17 @@ SectionSpec optimizer_params_section_spec() {
           number_field("dampening", 0.0, "SGD dampening."),
           bool_field("nesterov", false, "SGD Nesterov momentum (needs momentum > 0 and dampening 0)."),
           bool_field("maximize", false, "SGD: maximise the objective."),
+          number_field("freeze_step", 100000, "OneBitAdam/OneBitLamb: full-precision warm-up steps before compression.").min(0),
+          string_field("comm_backend_name", "nccl", "1-bit optimizers: nccl, mpi, hccl or compressed (dstrain: the engine's communicator)."),
+          bool_field("cuda_aware", false, "1-bit optimizers with MPI: CUDA-aware MPI."),
+          number_field("var_freeze_step", 100000, "ZeroOneAdam: steps before the variance freezes.").min(0),
+          number_field("var_update_scaler", 16, "ZeroOneAdam: variance updates per doubling of their interval.").min(1),
+          number_field("local_step_scaler", 32678, "ZeroOneAdam: local steps per doubling of their interval.").min(1),
+          number_field("local_step_clipper", 16, "ZeroOneAdam: the largest local-step interval.").min(1),
+          number_field("coeff_beta", 0.9, "OneBitLamb: EMA coefficient of the warm-up trust ratios."),
+          number_field("factor_max", 4.0, "OneBitLamb: upper clamp of the frozen ratio's factor."),
+          number_field("factor_min", 0.5, "OneBitLamb: lower clamp of the frozen ratio's factor."),
+          number_field("factor_threshold", 0.1, "OneBitLamb: the factor's largest relative change per step."),
       });
 }
 
@@ -91,6 +114,9 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   if (low == "adam") c.kind = OptimizerKind::adam;
   else if (low == "adamw") c.kind = OptimizerKind::adamw;
   else if (low == "lamb") c.kind = OptimizerKind::lamb;
+  else if (low == "onebitadam") c.kind = OptimizerKind::onebit_adam;
+  else if (low == "zerooneadam") c.kind = OptimizerKind::zero_one_adam;
+  else if (low == "onebitlamb") c.kind = OptimizerKind::onebit_lamb;
   else if (c.type == "SGD") c.kind = OptimizerKind::sgd;
   else if (std::find(kDeepSpeedNames.begin(), kDeepSpeedNames.end(), low) != kDeepSpeedNames.end() ||
            std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end())
@@ -162,10 +188,36 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   p.dampening = all["dampening"].get<double>();
   p.nesterov = all["nesterov"].get<bool>();
   p.maximize = all["maximize"].get<bool>();
+  auto& ob = c.onebit;
+  auto integer = [&](const char* key) {
+    const double v = all[key].get<double>();
+    if (v != std::floor(v)) fail("optimizer.params.{} is {}: expected a whole number of steps", key, show(all[key]));
+    return static_cast<std::int64_t>(v);
+  };
+  ob.freeze_step = integer("freeze_step");
+  ob.comm_backend_name = all["comm_backend_name"].get<std::string>();
+  ob.cuda_aware = all["cuda_aware"].get<bool>();
+  ob.var_freeze_step = integer("var_freeze_step");
+  ob.var_update_scaler = integer("var_update_scaler");
+  ob.local_step_scaler = integer("local_step_scaler");
+  ob.local_step_clipper = integer("local_step_clipper");
+  ob.coeff_beta = all["coeff_beta"].get<double>();
+  ob.factor_max = all["factor_max"].get<double>();
+  ob.factor_min = all["factor_min"].get<double>();
+  ob.factor_threshold = all["factor_threshold"].get<double>();
+  if (c.is_onebit()) {
+    // DeepSpeed builds its backend from this name and has none for any other (the optimizer then
+    // fails on comm_backend_handle.size).
+    const std::string& b = ob.comm_backend_name;
+    if (b != "nccl" && b != "mpi" && b != "hccl" && b != "compressed")
+      fail("optimizer.params.comm_backend_name is \"{}\": {} communicates through \"nccl\", \"mpi\", \"hccl\" or \"compressed\" "
+           "(DeepSpeed has no other backend for it); dstrain runs any of them on the engine's communicator",
+           b, c.type);
+  }
 
   if (p.amsgrad)
-    fail("optimizer.params.amsgrad is true: DeepSpeed's fused {} does not support the AMSGrad variant; remove it",
-         c.kind == OptimizerKind::lamb ? "Lamb" : "Adam");
+    fail("optimizer.params.amsgrad is true: DeepSpeed's {} does not support the AMSGrad variant; remove it",
+         c.is_onebit() ? c.type : c.kind == OptimizerKind::lamb ? "fused Lamb" : "fused Adam");
   if (c.kind == OptimizerKind::sgd && p.nesterov && (p.momentum <= 0.0 || p.dampening != 0.0))
     fail("optimizer.params.nesterov is true with momentum {} and dampening {}: Nesterov momentum requires a momentum "
          "and zero dampening",

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "config_schema/field_spec.h"
+#include "config_schema/onebit_params.h"
 #include "config_schema/section_reader.h"
 
 namespace dstrain::config {
@@ -17,6 +18,9 @@ enum class OptimizerKind {
   adamw,        // "AdamW" (any case)
   sgd,          // "SGD" (torch.optim, case-sensitive)
   lamb,         // "Lamb" (any case)
+  onebit_adam,  // "OneBitAdam" (any case): DeepSpeed's 1-bit Adam (docs/optimizers_onebit.md)
+  zero_one_adam,  // "ZeroOneAdam" (any case): 0/1 Adam
+  onebit_lamb,  // "OneBitLamb" (any case): 1-bit LAMB
   unsupported,  // a type DeepSpeed knows that dstrain does not provide (OneBitAdam, Adagrad, RMSprop, ...)
 };
 
@@ -41,14 +45,21 @@ struct OptimizerParams {
   bool maximize = false;                        // SGD
 };
 
+// OneBitAdam, ZeroOneAdam, OneBitLamb: the optimizers that communicate in their step.
+inline bool is_onebit_kind(OptimizerKind k) {
+  return k == OptimizerKind::onebit_adam || k == OptimizerKind::zero_one_adam || k == OptimizerKind::onebit_lamb;
+}
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::none;
   std::string type;              // as written in the config
   OptimizerParams params;
+  OneBitParams onebit;           // the 1-bit family's own keys
   Json raw_params = Json::object();  // params as given (for unsupported types: all we keep)
   bool legacy_fusion = false;
 
   bool present() const { return kind != OptimizerKind::none; }
+  bool is_onebit() const { return is_onebit_kind(kind); }
   // DeepSpeed: decoupled weight decay iff type is AdamW or adam_w_mode (default true) — so "Adam"
   // with weight decay behaves as AdamW unless "adam_w_mode": false.
   bool decoupled_weight_decay() const {

@@ -8,6 +8,7 @@
 
 #include "engine/grad_norm.h"
 #include "engine/loss_scaler.h"
+#include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/model_states.h"
 #include "ops/buffer.h"
@@ -117,6 +118,8 @@ struct Engine::Impl {
   config::DsConfig config;
   EngineOptions options;
   Optimizer optimizer;
+  // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
+  std::unique_ptr<OneBitOptimizer> onebit;
   std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
@@ -200,6 +203,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     names[i] = model_.layers[i]->name();
   }
   im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer), im.comm, *im.allocator);
+  if (config.optimizer.is_onebit()) im.onebit = std::make_unique<OneBitOptimizer>(config.optimizer, im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
     for (const FlatSlot& sl : im.states->layout(i).slots) {
       const ParamSpec& ps = specs[i][sl.spec];
@@ -489,7 +493,10 @@ bool Engine::optimizer_step() {
   // The optimizer's own step count (Adam's bias corrections): skipped steps do not advance it.
   const std::int64_t t = global_steps_ - skipped_steps_ + 1;
   const int stage = im.config.zero_optimization.stage;
-  const bool counts_here = stage >= 1 || im.states->rank() == 0;  // stage 0: every rank holds the same averaged grads
+  // The 1-bit optimizers' compressed phase: the backward did not all-reduce, each rank holds its own
+  // gradients, and DeepSpeed clips them with their own (local) norm.
+  const bool local_grads = im.onebit != nullptr && !im.states->gradient_all_reduce() && im.world > 1;
+  const bool counts_here = stage >= 1 || im.states->rank() == 0 || local_grads;  // stage 0: every rank holds the same averaged grads
 
   if (im.mixed) {
     const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts
@@ -524,7 +531,7 @@ bool Engine::optimizer_step() {
   if (im.world > 1) {
     double v[3] = {total.norm_sq, total.nonfinite, step_loss_sum_};
     im.states->all_reduce_sum(Tensor(v, DType::fp64, Shape{3}));
-    total.norm_sq = v[0];
+    if (!local_grads) total.norm_sq = v[0];
     total.nonfinite = v[1];
     loss_sum = v[2];
     if (total.overflow() && first_bad.empty()) first_bad = "a layer of another rank";
@@ -536,7 +543,7 @@ bool Engine::optimizer_step() {
     clip_coef_ = dstrain::clip_coefficient(grad_norm_, im.config.gradient_clipping);
     // lr_ is this step's LR (set at construction / after the previous step); the schedule steps
     // after the update, as DeepSpeed's _take_model_step does (fp32 never skips a step).
-    im.optimizer.step(*im.states, lr_, clip_coef_, t, betas, im.rounding);
+    apply_optimizer(lr_, clip_coef_, t, betas);
     im.states->after_update();
     last_step_lr_ = lr_;
     im.schedule.step();
@@ -561,7 +568,7 @@ bool Engine::optimizer_step() {
     // the optimizer's single pass.
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);
-    im.optimizer.step(*im.states, lr_, static_cast<float>(1.0 / divisor), t, betas, im.rounding);
+    apply_optimizer(lr_, static_cast<float>(1.0 / divisor), t, betas);
     im.states->after_update();
     last_step_lr_ = lr_;
   }
@@ -572,6 +579,17 @@ bool Engine::optimizer_step() {
   }
   im.states->zero_grads();
   return !r.count_skipped;
+}
+
+void Engine::apply_optimizer(double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas) {
+  Impl& im = *impl_;
+  if (im.onebit) {
+    im.onebit->step(*im.states, lr, grad_scale, t);
+    // DeepSpeed's enable_backward_allreduce, which the 1-bit optimizers switch: the next backward.
+    im.states->set_gradient_all_reduce(im.onebit->gradient_all_reduce());
+    return;
+  }
+  im.optimizer.step(*im.states, lr, grad_scale, t, betas, im.rounding);
 }
 
 double Engine::loss_scale() const { return impl_->scaler.scale(); }

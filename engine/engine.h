@@ -42,6 +42,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -249,6 +250,8 @@ class Engine {
   void forward_layers(const Batch& batch, bool train, float* loss);
   void forward_layer(std::size_t i, bool train, float* loss, bool recompute);
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
+  // The optimizer's update of this rank's partition (the 1-bit family through OneBitOptimizer).
+  void apply_optimizer(double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas);
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
   float micro_batch_dloss() const;

@@ -1,5 +1,7 @@
 #include "engine/optimizer.h"
 
+#include "engine/onebit_optimizer.h"
+
 #include <limits>
 
 #include "ops/error.h"
@@ -17,6 +19,9 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
     case OptimizerKind::adamw:
     case OptimizerKind::sgd:
     case OptimizerKind::lamb:
+    case OptimizerKind::onebit_adam:    // stepped by OneBitOptimizer (engine/onebit_optimizer.h), which
+    case OptimizerKind::zero_one_adam:  // communicates; this object gives their lr, betas and states
+    case OptimizerKind::onebit_lamb:
       break;
     case OptimizerKind::none:
       fail("optimizer: the config has no \"optimizer\" block, so there is nothing to train with; add one, e.g. "
@@ -51,6 +56,7 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
 
 std::vector<std::string> Optimizer::state_names() const {
   if (kind_ == config::OptimizerKind::sgd) return p_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  if (config::is_onebit_kind(kind_)) return OneBitOptimizer::state_names(kind_);
   return {"exp_avg", "exp_avg_sq"};
 }
 
@@ -62,6 +68,8 @@ void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale,
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
                        std::optional<std::pair<double, double>> betas, StochasticRoundingOptions rounding) const {
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
+  DSTRAIN_CHECK(!config::is_onebit_kind(kind_), "Optimizer::update: the 1-bit optimizers communicate in their step; the engine "
+                "steps them through OneBitOptimizer");
   if (kind_ == config::OptimizerKind::sgd) {
     SgdConfig c;
     c.lr = static_cast<float>(lr);

@@ -130,9 +130,9 @@ class Communicator {
   // bytes padded to whole words, its scale's bits in one more word): one all_to_all and one
   // all_gather, about n/8·2(W−1)/W bytes instead of the fp32 all-reduce's 8n(W−1)/W — 1/32, as the
   // byte counters show. Deterministic: the same bits on every rank, in every run, for any W.
-  // The arithmetic runs on the host; device buffers (NCCL) are copied there and back, and then
-  // `workspace` (int32, on buf's device, compressed_workspace_numel(n) elements) carries the bits;
-  // host buffers need no workspace. W = 1: buf is compressed and decompressed once, as DeepSpeed's
+  // The arithmetic runs on the host (device buffers are copied there and back). The bits travel
+  // through host memory, or, when `workspace` is given (int32, compressed_workspace_numel(n)
+  // elements, e.g. on the GPU for NCCL, which communicates device memory only), through it. W = 1: buf is compressed and decompressed once, as DeepSpeed's
   // formula gives, with no collective.
   void compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor server_error, Tensor workspace = {});
   std::int64_t compressed_workspace_numel(std::int64_t n) const;

@@ -79,12 +79,12 @@ void Communicator::compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor
   const bool on_host = buf.device.is_cpu();
   const std::int64_t chunk = n / w;
   const std::int64_t sw = slot_words(chunk);
-  if (!on_host) {
-    DSTRAIN_CHECK(workspace.dtype == DType::int32 && workspace.numel() >= compressed_workspace_numel(n) && workspace.device == buf.device,
-                  "{}: device buffers need an int32 workspace of compressed_workspace_numel({}) = {} elements on {}; got {}", call, n,
-                  compressed_workspace_numel(n), buf.device.str(), workspace.str());
+  const bool via_workspace = !workspace.empty();
+  if (via_workspace) {
+    DSTRAIN_CHECK(workspace.dtype == DType::int32 && workspace.numel() >= compressed_workspace_numel(n),
+                  "{}: the workspace must be int32 with compressed_workspace_numel({}) = {} elements; got {}", call, n,
+                  compressed_workspace_numel(n), workspace.str());
   }
-
   // The arithmetic reads and writes host memory: the buffers themselves, or host copies of them.
   std::vector<float> x_copy, we_copy, se_copy;
   float* x = static_cast<float*>(buf.data);
@@ -115,14 +115,14 @@ void Communicator::compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor
   }
   const Shape all_slots{w * sw};
   auto exchange = [&](auto&& collective, std::int32_t* host_in, std::int32_t* host_out, std::int64_t in_words) {
-    if (on_host) {
+    if (!via_workspace) {
       collective(Tensor(host_in, DType::int32, Shape{in_words}), Tensor(host_out, DType::int32, all_slots));
       return;
     }
-    // Device backends communicate device memory: through the workspace (first half: in, second: out).
+    // Through the workspace (a device backend's memory): first half in, second half out.
     auto* dev = static_cast<std::int32_t*>(workspace.data);
-    const Tensor din(dev, DType::int32, Shape{in_words}, buf.device);
-    const Tensor dout(dev + w * sw, DType::int32, all_slots, buf.device);
+    const Tensor din(dev, DType::int32, Shape{in_words}, workspace.device);
+    const Tensor dout(dev + w * sw, DType::int32, all_slots, workspace.device);
     copy_tensor(din, Tensor(host_in, DType::int32, Shape{in_words}));
     collective(din, dout);
     synchronize();

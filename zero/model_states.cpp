@@ -370,7 +370,7 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
   const FlatLayout& lo = ly.layout;
   if (lo.numel == 0) return;
   if (s_.stage == 0) {
-    if (!boundary || world_ == 1) return;
+    if (!boundary || world_ == 1 || !gradient_all_reduce_) return;
     // Backward runs from the last layer to the first, so the finished regions of grads_full_ form
     // one contiguous range growing downwards: all-reduce it in reduce_bucket_size pieces.
     const std::int64_t b = ly.grad_begin, e = ly.grad_begin + lo.numel;

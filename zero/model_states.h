@@ -142,6 +142,13 @@ class ModelStates final : public OptimizerPartition {
   void after_backward(std::size_t i, bool boundary);
   void end_backward(bool boundary);
   void end_eval();
+  // Stage 0: whether the backward all-reduces the gradients (DeepSpeed's enable_backward_allreduce,
+  // default true). The 1-bit optimizers turn it off after their warm-up and communicate the
+  // momentum themselves (docs/optimizers_onebit.md); each rank's grads are then its own. Takes
+  // effect from the next backward.
+  void set_gradient_all_reduce(bool on) { gradient_all_reduce_ = on; }
+  bool gradient_all_reduce() const { return gradient_all_reduce_; }
+  Communicator* communicator() const { return comm_; }
 
   // ---- the optimizer step ----
   // This rank's partition, every segment once, in shard order (the grads the step's norm reads).
@@ -237,6 +244,7 @@ class ModelStates final : public OptimizerPartition {
   std::vector<CommQueue::Ticket> reductions_in_flight_;
   std::int64_t pending_begin_ = -1, pending_end_ = -1;  // stage 0: grads_full range awaiting all-reduce
   bool all_acquired_ = false;
+  bool gradient_all_reduce_ = true;
 };
 
 }  // namespace dstrain
