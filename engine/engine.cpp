@@ -37,12 +37,6 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
   }
-  if (c.optimizer.kind == config::OptimizerKind::lamb && c.zero_optimization.stage >= 1) {
-    fail("optimizer.type \"Lamb\" with zero_optimization.stage {}: Lamb's trust ratio needs each parameter tensor's whole norm, and ZeRO "
-         "splits tensors across ranks (DeepSpeed, with zero_allow_untested_optimizer, would silently compute it per partition); use stage 0, "
-         "or Adam/AdamW",
-         c.zero_optimization.stage);
-  }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
   if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none) {
@@ -118,11 +112,12 @@ struct Engine::Impl {
   config::DsConfig config;
   EngineOptions options;
   Optimizer optimizer;
-  // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
-  std::unique_ptr<OneBitOptimizer> onebit;
   std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
+  // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
+  // Declared after the allocator: its buffers are freed first.
+  std::unique_ptr<OneBitOptimizer> onebit;
   std::vector<LayerState> layers;
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
@@ -203,6 +198,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     names[i] = model_.layers[i]->name();
   }
   im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer), im.comm, *im.allocator);
+  im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);
   if (config.optimizer.is_onebit()) im.onebit = std::make_unique<OneBitOptimizer>(config.optimizer, im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
     for (const FlatSlot& sl : im.states->layout(i).slots) {

@@ -42,11 +42,13 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
   e.grads = psi * b / (stage >= 2 ? W : 1.0);
   const config::OptimizerKind k = cfg.optimizer.kind;
   const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb;
-  // The 1-bit family (stage 0 only): exp_avg, exp_avg_sq and the worker error (+ 0/1 Adam's momentum
-  // accumulator, 1-bit LAMB's fresh variance), the server error ψ/W (docs/optimizers_onebit.md).
-  const double onebit = k == config::OptimizerKind::onebit_adam ? 12.0 + 4.0 / W
-                        : k == config::OptimizerKind::zero_one_adam || k == config::OptimizerKind::onebit_lamb ? 16.0 + 4.0 / W
-                                                                                                                : 0.0;
+  // The 1-bit family (stage 0 only; docs/optimizers_onebit.md §5): exp_avg, exp_avg_sq (+ 0/1 Adam's
+  // momentum accumulator or 1-bit LAMB's fresh variance), the worker error, the staging copy that is
+  // communicated (+ 1-bit LAMB's previous momentum), and the server error, ψ/W.
+  const double onebit = k == config::OptimizerKind::onebit_adam     ? 16.0 + 4.0 / W
+                        : k == config::OptimizerKind::zero_one_adam ? 20.0 + 4.0 / W
+                        : k == config::OptimizerKind::onebit_lamb   ? 24.0 + 4.0 / W
+                                                                    : 0.0;
   e.optimizer = ((mixed ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;

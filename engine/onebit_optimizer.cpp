@@ -5,59 +5,13 @@
 #include <numeric>
 
 #include "ops/error.h"
+#include "engine/host_segment.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 namespace {
 
 using config::OptimizerKind;
-
-// A segment's values as host fp32 arrays: the memory itself when it is host fp32, otherwise a copy
-// (device memory, 16-bit grads) that commit() writes back.
-class HostSegment {
- public:
-  HostSegment(const OptimizerSegment& s, std::size_t n_states) : s_(s) {
-    master_ = view(s.params, master_copy_);
-    grads_ = view(s.grads, grads_copy_);
-    states_.resize(n_states);
-    state_copies_.resize(n_states);
-    for (std::size_t k = 0; k < n_states; ++k) states_[k] = view(s.states[k], state_copies_[k]);
-  }
-  float* master() { return master_; }
-  const float* grads() const { return grads_; }
-  float* state(std::size_t k) { return states_[k]; }
-  // Writes the copies back and rounds the master into the 16-bit params the layers read.
-  void commit() {
-    if (!master_copy_.empty()) copy_tensor(s_.params, Tensor(master_copy_.data(), DType::fp32, Shape{s_.params.numel()}));
-    for (std::size_t k = 0; k < states_.size(); ++k)
-      if (!state_copies_[k].empty()) copy_tensor(s_.states[k], Tensor(state_copies_[k].data(), DType::fp32, Shape{s_.states[k].numel()}));
-    if (!s_.params_lowp.empty()) convert_tensor(s_.params_lowp, s_.params);
-  }
-
- private:
-  static float* view(const Tensor& t, std::vector<float>& copy) {
-    if (t.device.is_cpu() && t.dtype == DType::fp32) return static_cast<float*>(t.data);
-    copy.resize(static_cast<std::size_t>(t.numel()));
-    const Tensor host(copy.data(), DType::fp32, Shape{t.numel()});
-    if (t.dtype == DType::fp32) {
-      copy_tensor(host, t);
-    } else if (t.device.is_cpu()) {
-      convert_tensor(host, t);
-    } else {
-      std::vector<std::uint16_t> raw(static_cast<std::size_t>(t.numel()));
-      const Tensor host_raw(raw.data(), t.dtype, Shape{t.numel()});
-      copy_tensor(host_raw, t);
-      convert_tensor(host, host_raw);
-    }
-    return copy.data();
-  }
-  const OptimizerSegment& s_;
-  float* master_ = nullptr;
-  float* grads_ = nullptr;
-  std::vector<float*> states_;
-  std::vector<float> master_copy_, grads_copy_;
-  std::vector<std::vector<float>> state_copies_;
-};
 
 // fn(segment, host values, piece) for every tensor piece of the partition, sub-group by sub-group;
 // `write`: the values changed (committed back).
@@ -76,6 +30,22 @@ void visit(OptimizerPartition& partition, std::size_t n_states, bool write, Fn&&
 std::int64_t lcm8(int w) { return static_cast<std::int64_t>(w) * 8 / std::gcd(w, 8); }
 
 }  // namespace
+
+void HostFloats::allocate(Allocator& allocator, std::int64_t n) {
+  n_ = n;
+  if (allocator.device().is_cpu()) {
+    vec_.clear();
+    buffer_ = Buffer(allocator, static_cast<std::size_t>(n) * 4, MemoryPurpose::optimizer);
+    ptr_ = static_cast<float*>(buffer_.data());
+  } else {
+    buffer_.reset();
+    vec_.assign(static_cast<std::size_t>(n), 0.0f);
+    ptr_ = vec_.data();
+  }
+  zero();
+}
+
+void HostFloats::zero() { std::fill(ptr_, ptr_ + n_, 0.0f); }
 
 std::vector<std::string> OneBitOptimizer::state_names(OptimizerKind kind) {
   switch (kind) {
@@ -127,7 +97,9 @@ void OneBitOptimizer::build_groups(OptimizerPartition& partition) {
   std::int64_t largest = 0;
   for (CommGroup& g : groups_) {
     g.padded = pad(std::max<std::int64_t>(g.numel, 1));
-    g.buf.assign(static_cast<std::size_t>(g.padded), 0.0f);
+    g.buf.allocate(allocator_, g.padded);
+    g.worker_error.allocate(allocator_, g.padded);
+    g.server_error.allocate(allocator_, g.padded / world_);
     largest = std::max(largest, g.padded);
   }
   reset_errors();
@@ -139,15 +111,15 @@ void OneBitOptimizer::build_groups(OptimizerPartition& partition) {
 
 void OneBitOptimizer::reset_errors() {
   for (CommGroup& g : groups_) {
-    g.worker_error.assign(static_cast<std::size_t>(g.padded), 0.0f);
-    g.server_error.assign(static_cast<std::size_t>(g.padded / world_), 0.0f);
+    g.worker_error.zero();
+    g.server_error.zero();
   }
 }
 
 void OneBitOptimizer::communicate() {
   for (CommGroup& g : groups_) {
     // The padding is zero on every call (DeepSpeed concatenates fresh zeros).
-    std::fill(g.buf.begin() + g.numel, g.buf.end(), 0.0f);
+    std::fill(g.buf.data() + g.numel, g.buf.data() + g.padded, 0.0f);
     Tensor ws;
     if (!workspace_.empty()) ws = workspace_.tensor(DType::int32, Shape{comm_->compressed_workspace_numel(g.padded)});
     comm_->compressed_all_reduce(Tensor(g.buf.data(), DType::fp32, Shape{g.padded}), Tensor(g.worker_error.data(), DType::fp32, Shape{g.padded}),
@@ -428,7 +400,7 @@ void OneBitOptimizer::step_onebit_lamb(OptimizerPartition& partition, double lr,
     for (std::size_t k = 0; k < nt; ++k) scaling_coeff_[k] = united / scales[k];
     std::fill(a.begin(), a.end(), 0.0);
   }
-  last_momentum_.resize(group.buf.size());
+  if (last_momentum_.size() != group.padded) last_momentum_.allocate(allocator_, group.padded);
   visit(partition, 3, true, [&](const OptimizerSegment&, HostSegment& h, const TensorPiece& piece) {
     float* m = h.state(0);
     const float* g = h.grads();

@@ -28,6 +28,22 @@
 
 namespace dstrain {
 
+// fp32 host memory of the optimizer's own buffers: from the engine's allocator when that is the
+// host's (so it is counted as optimizer memory), else plain host memory (a GPU engine).
+class HostFloats {
+ public:
+  void allocate(Allocator& allocator, std::int64_t n);  // zeroed
+  float* data() const { return ptr_; }
+  std::int64_t size() const { return n_; }
+  void zero();
+
+ private:
+  Buffer buffer_;
+  std::vector<float> vec_;
+  float* ptr_ = nullptr;
+  std::int64_t n_ = 0;
+};
+
 class OneBitOptimizer {
  public:
   // comm: the data-parallel group (nullptr: one rank). allocator: where the NCCL workspace of the
@@ -55,7 +71,7 @@ class OneBitOptimizer {
   struct CommGroup {
     std::vector<std::int32_t> tensors;
     std::int64_t numel = 0, padded = 0;
-    std::vector<float> buf, worker_error, server_error;
+    HostFloats buf, worker_error, server_error;
   };
   struct TensorSlot {
     std::int64_t numel = 0;
@@ -93,7 +109,7 @@ class OneBitOptimizer {
   // 1-bit LAMB, per tensor.
   std::vector<double> lamb_coeff_freeze_, last_factor_, scaling_coeff_;
   std::vector<float> lamb_coeffs_;
-  std::vector<float> last_momentum_;  // 1-bit LAMB: the momentum before this step, in the group's layout
+  HostFloats last_momentum_;  // 1-bit LAMB: the momentum before this step, in the group's layout
 };
 
 }  // namespace dstrain

@@ -1,5 +1,6 @@
 #include "engine/optimizer.h"
 
+#include "engine/lamb_exact.h"
 #include "engine/onebit_optimizer.h"
 
 #include <limits>
@@ -62,6 +63,26 @@ std::vector<std::string> Optimizer::state_names() const {
 
 void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas,
                      StochasticRoundingOptions rounding) const {
+  if (kind_ == config::OptimizerKind::lamb && !split_tensors_) split_tensors_ = partitioned_ || has_split_tensors(partition);  // the layout is fixed
+  if (kind_ == config::OptimizerKind::lamb && *split_tensors_) {
+    // Tensors cut by ZeRO's partitions or by sub-groups: the trust ratios from the whole tensors'
+    // norms, the pieces' partial sums all-reduced (engine/lamb_exact.h).
+    const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
+    LambConfig c;
+    c.lr = static_cast<float>(lr);
+    c.beta1 = static_cast<float>(beta1);
+    c.beta2 = static_cast<float>(beta2);
+    c.eps = static_cast<float>(eps_);
+    c.weight_decay = static_cast<float>(weight_decay_);
+    c.max_coeff = static_cast<float>(p_.max_coeff);
+    c.min_coeff = static_cast<float>(p_.min_coeff);
+    c.bias_correction = bias_correction_;
+    c.eps_inside_sqrt = p_.eps_inside_sqrt;
+    c.step = t;
+    c.grad_scale = grad_scale;
+    lamb_step_exact(partition, c);
+    return;
+  }
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) { update(segments, lr, grad_scale, t, betas, rounding); });
 }
 
@@ -102,7 +123,7 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;
       c.weight_decay = s.weight_decay ? static_cast<float>(weight_decay_) : 0.0f;
-      // Whole tensors only (stage 0: the engine refuses Lamb under ZeRO), so each piece is a tensor.
+      // Whole tensors only (step() takes the exact path otherwise), so each piece is a tensor.
       std::vector<TensorRange> ranges;
       for (const TensorPiece& p : s.pieces) ranges.push_back({p.offset, p.numel});
       lamb_update(s.params, s.grads, s.states[0], s.states[1], s.params_lowp, ranges, Tensor{}, c);

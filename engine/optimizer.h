@@ -36,6 +36,9 @@ class Optimizer {
   explicit Optimizer(const config::OptimizerConfig& config);
 
   double base_lr() const { return lr_; }  // optimizer.params.lr
+  // ZeRO stages 1-3 on several ranks: tensors are split across ranks, so whole-tensor quantities
+  // (Lamb's trust ratio) need every rank's partial sums (engine/lamb_exact.h).
+  void set_partitioned(bool partitioned) { partitioned_ = partitioned; }
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }  // optimizer.params.betas
   // The per-element fp32 states this optimizer keeps, in order, with PyTorch's state_dict names
   // (docs/training_state.md §1): Adam / AdamW / Lamb {exp_avg, exp_avg_sq}; SGD {momentum_buffer}
@@ -63,6 +66,8 @@ class Optimizer {
   double lr_ = 1e-3, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0.0;
   bool decoupled_ = true;
   bool bias_correction_ = true;
+  bool partitioned_ = false;
+  mutable std::optional<bool> split_tensors_;  // Lamb: some tensor is cut into pieces (found at the first step)
 };
 
 }  // namespace dstrain

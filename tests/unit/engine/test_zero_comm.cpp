@@ -305,6 +305,7 @@ class SyncRecorder final : public Communicator {
   void do_all_gather(const Tensor& send, const Tensor& recv) override { inner_.all_gather(send, recv); }
   void do_broadcast(const Tensor& buf, int root) override { inner_.broadcast(buf, root); }
   void do_barrier() override { inner_.barrier(); }
+  void do_all_to_all(const Tensor& send, const Tensor& recv) override { inner_.all_to_all(send, recv); }
 
  private:
   Communicator& inner_;
