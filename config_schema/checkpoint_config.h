@@ -1,4 +1,4 @@
-// checkpoint (reference §10.1) and activation_checkpointing (§9); both regime A.
+// checkpoint (docs/config.md §8.2) and activation_checkpointing (§8.3); both regime A.
 #pragma once
 
 #include <cstdint>

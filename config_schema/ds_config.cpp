@@ -44,7 +44,7 @@ std::optional<std::string> opt_string(const Json& v) {
   return v.get<std::string>();
 }
 
-// The data-parallel world size (reference §2): world / sequence_parallel_size when that key is
+// The data-parallel world size (docs/batch.md §1): world / sequence_parallel_size when that key is
 // present. Read before "auto" resolution because train_batch_size = micro * GAS * this.
 std::int64_t data_parallel_world(const Json& root, std::int64_t world, std::vector<Warning>& scratch) {
   DSTRAIN_CHECK(world > 0, "world size is {}; it must be a positive number of ranks", world);

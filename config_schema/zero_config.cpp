@@ -30,7 +30,7 @@ std::optional<std::string> opt_string(const Json& v) {
 }
 
 // DeepSpeed's deprecated booleans: mapped to their replacement with a warning; giving both is an
-// error even when the deprecated value is false (reference §1.2 rule 4).
+// error even when the deprecated value is false (docs/config.md §5).
 void check_deprecated_pair(const Json& obj, const std::string& old_key, const std::vector<std::string>& new_keys) {
   if (!obj.contains(old_key)) return;
   for (const auto& k : new_keys)
@@ -280,7 +280,7 @@ ZeroConfig parse_zero_config(const Json* value, std::int64_t allgather_size, Par
     }
   }
 
-  // Deprecated names (reference §8.1): converted, with DeepSpeed's warning text.
+  // Deprecated names (docs/config.md §5): converted, with DeepSpeed's warning text.
   check_deprecated_pair(object, "cpu_offload", {"offload_optimizer"});
   check_deprecated_pair(object, "cpu_offload_param", {"offload_param"});
   check_deprecated_pair(object, "stage3_gather_fp16_weights_on_model_save",

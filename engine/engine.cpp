@@ -442,7 +442,7 @@ void Engine::backward() {
 }
 
 // d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
-// (reference §6.1) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
+// (docs/precision.md §6) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
 float Engine::micro_batch_dloss() const {
   const Impl& im = *impl_;
   return im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
@@ -557,7 +557,7 @@ bool Engine::optimizer_step() {
                   "the LR schedule does not step)",
                   first_bad);
     }
-    // Un-scale with the NEW scale (reference §6.2: the update precedes un-scaling) and clip, in
+    // Un-scale with the NEW scale (docs/precision.md §6: the update precedes un-scaling) and clip, in
     // the optimizer's single pass.
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);

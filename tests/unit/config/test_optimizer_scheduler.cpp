@@ -1,4 +1,4 @@
-// optimizer and scheduler sections (reference §4, §5; §17 rules 9, 11, 12).
+// optimizer and scheduler sections (docs/optimizers.md, docs/lr_schedules.md, docs/precision.md §7).
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"

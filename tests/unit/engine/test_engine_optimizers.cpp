@@ -56,7 +56,7 @@ void compare(const std::string& optimizer_json, const std::string& precision, in
       grads[n] = widen(e.grad(n));
       for (double& g : grads[n]) g /= scale;
     }
-    // gradient_clipping (default 1.0, reference §7): g *= c / (||g|| + 1e-6) when that is < 1.
+    // gradient_clipping (default 1.0, docs/precision.md §7): g *= c / (||g|| + 1e-6) when that is < 1.
     double norm_sq = 0.0;
     for (const auto& [n, g] : grads)
       for (double x : g) norm_sq += x * x;

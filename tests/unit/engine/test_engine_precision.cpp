@@ -1,7 +1,7 @@
-// fp16 / bf16 training through the engine (reference §6, §7), against independent expectations:
+// fp16 / bf16 training through the engine (docs/precision.md), against independent expectations:
 // the fp32 run's loss curve, a naive double AdamW applied to the engine's own (scaled) 16-bit
 // gradients with DeepSpeed's un-scale/clip divisor written out by hand, and loss-scale sequences
-// written by hand from the reference's non-ZeRO rules (halve on overflow, double after
+// written by hand from the non-ZeRO rules of docs/precision.md §5 (halve on overflow, double after
 // loss_scale_window clean steps counted from the last overflow).
 #include <gtest/gtest.h>
 
@@ -155,7 +155,7 @@ TEST(EnginePrecision, Bf16StepMatchesNaiveAdamW) {
   check_first_step_against_naive(R"("bf16": {"enabled": true})", 0.05);
 }
 
-// Overflow injected at optimizer step 3 (reference §6: the step is skipped — no parameter,
+// Overflow injected at optimizer step 3 (docs/precision.md §6: the step is skipped — no parameter,
 // optimizer or LR-schedule change; skipped_steps += 1; global_steps += 1; non-ZeRO dynamic fp16
 // halves the scale).
 TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
@@ -187,7 +187,7 @@ TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
 }
 
 // Scripted overflows at steps 2, 3 and 9 with loss_scale_window 2, non-ZeRO dynamic fp16
-// (FP16_Optimizer's _update_scale, reference §6.2). By hand, with i = step - 1 the update's
+// (FP16_Optimizer's _update_scale, docs/precision.md §5). By hand, with i = step - 1 the update's
 // iteration and L the last overflow's iteration (initially -1):
 //   overflow: scale /= 2, L = i;  else: stable = i - L - 1, and scale *= 2 when stable > 0 and
 //   stable % 2 == 0.
@@ -240,7 +240,7 @@ TEST(EnginePrecision, WeightsRoundTripThroughTheMasters) {
 }
 
 // Static fp16 scale (fp16.loss_scale > 0): an overflow still skips the step, the scale stays
-// (reference §6.1); the gradients carry exactly that scale.
+// (docs/precision.md §2, §6); the gradients carry exactly that scale.
 TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
   Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("fp16": {"enabled": true, "loss_scale": 64})")),
                         {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2}});
@@ -256,7 +256,7 @@ TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
   EXPECT_NE(all_masters(e), master1);
 }
 
-// bf16 without ZeRO (DeepSpeed's FP16_Optimizer in bf16 mode, reference §6.3): a non-finite
+// bf16 without ZeRO (DeepSpeed's FP16_Optimizer in bf16 mode, docs/precision.md §8): a non-finite
 // gradient does not skip the update, but the step counts as skipped and the LR schedule does not
 // step; the scale stays 1.
 TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
