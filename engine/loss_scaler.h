@@ -119,8 +119,9 @@ class LossScaler {
   //                 "... Attempted loss scale: A, but hysteresis is H. Reducing hysteresis to H-1"
   //   non-ZeRO dynamic: "Overflow detected. Skipping step. Attempted loss scale: A, reducing to B"
   //                 (numbers as Python prints them: int until the first halving, then float "32768.0")
-  //   non-ZeRO static: "Grad overflow on iteration: N\nUsing static loss scale of: S"
-  //   ZeRO static / unscaled: "[deepspeed] OVERFLOW! Rank R Skipping step." (+ the static scale)
+  //   static (any stage): "Grad overflow on iteration: N\nUsing static loss scale of: S" (the
+  //                 non-ZeRO wrappers' lines; DeepSpeed's ZeRO static scaler prints nothing)
+  //   unscaled (bf16 / fp32): "[deepspeed] OVERFLOW! Rank R Skipping step."
   std::string overflow_log_line(const LossScaleUpdate& result, int rank = 0, std::string_view first_overflow_layer = {}) const;
 
   LossScalerState state() const { return state_; }
