@@ -1,4 +1,4 @@
-// Engine: the training step loop over layers (DESIGN.md "The step, as data flows"), in the shape of
+// Engine: the training step loop over layers (docs/design.md "The step, as data flows"), in the shape of
 // DeepSpeed's engine:
 //
 //   dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model("gpt2:d12"), ds_config,

@@ -28,7 +28,7 @@
 // batch). Collectives run through a CommQueue: with overlap_comm on a worker thread, overlapping
 // the backward (and stage 3's prefetch) with compute.
 //
-// The hooks follow the engine's step loop (DESIGN.md "The step, as data flows"):
+// The hooks follow the engine's step loop (docs/design.md "The step, as data flows"):
 //   begin_pass(train)                       once per micro-step (or evaluation)
 //   acquire(i) ... layer call ... release(i)   around every forward, recompute and backward call
 //   before_backward(i) / after_backward(i)  around layer i's backward

@@ -1,5 +1,5 @@
 // `dstrain train --num-ranks N` through the built binary: N local ranks (threads of one process)
-// train like one rank with the same global batch (DESIGN.md "Correctness contract"): for ZeRO stages
+// train like one rank with the same global batch (docs/design.md "Correctness contract"): for ZeRO stages
 // 0-3, 2 ranks with gradient_accumulation_steps g give the losses of 1 rank with 2g, and the same
 // val loss. --summary-json's "zero" object holds every rank's ZeroReport, whose bytes show what each
 // stage partitions. Rank 0 alone prints. Bad --num-ranks, a train_batch_size that does not fit the
