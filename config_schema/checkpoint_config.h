@@ -23,6 +23,7 @@ struct CheckpointConfig {
 };
 
 struct ActivationCheckpointingConfig {
+  bool present = false;  // the config has an "activation_checkpointing" section (it only configures; it never switches on)
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;  // needs partition_activations and number_checkpoints

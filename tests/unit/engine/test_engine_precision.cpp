@@ -258,20 +258,52 @@ TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
 
 // bf16 without ZeRO (DeepSpeed's FP16_Optimizer in bf16 mode, docs/precision.md §8): a non-finite
 // gradient does not skip the update, but the step counts as skipped and the LR schedule does not
-// step; the scale stays 1.
+// step; the scale stays 1. "Applied" is checked element by element against the same run without
+// the injected inf: Adam is elementwise and clipping is off, so every other master takes exactly
+// the same update, and only the one element whose gradient is +inf becomes NaN (m = inf, v = inf,
+// m / sqrt(v) = NaN) — a weight anywhere else turning NaN or keeping its old value is a failure.
+// (warmup_min_lr > 0: the first steps' LR is not 0, so the update moves the weights.)
 TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
-  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("bf16": {"enabled": true})", 1e-2, 0.0, sched)),
-                        {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2}});
-  auto data = fixed_data();
-  train_step(e, data);
-  const double lr1 = e.lr();
-  const auto master1 = all_masters(e);
-  train_step(e, data);
-  EXPECT_EQ(e.skipped_steps(), 1);
-  EXPECT_EQ(e.loss_scale(), 1.0);
-  EXPECT_EQ(e.lr(), lr1);
-  EXPECT_NE(all_masters(e), master1);  // applied (the injected inf reaches the weights)
+  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.005, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
+  const auto run = [&](std::vector<std::int64_t> inject, std::vector<double>* after1, double* lr1, std::int64_t* skipped, double* lr2) {
+    Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("bf16": {"enabled": true})", 1e-2, 0.0, sched)),
+                          {.seed = 5, .sequence_length = 8, .inject_overflow_steps = std::move(inject)});
+    auto data = fixed_data();
+    train_step(e, data);
+    *lr1 = e.lr();
+    *after1 = all_masters(e);
+    train_step(e, data);
+    EXPECT_EQ(e.loss_scale(), 1.0);
+    *skipped = e.skipped_steps();
+    *lr2 = e.lr();
+    return all_masters(e);
+  };
+  std::vector<double> inj1, clean1;
+  double inj_lr1 = 0, inj_lr2 = 0, clean_lr1 = 0, clean_lr2 = 0;
+  std::int64_t inj_skipped = 0, clean_skipped = 0;
+  const auto injected = run({2}, &inj1, &inj_lr1, &inj_skipped, &inj_lr2);
+  const auto clean = run({}, &clean1, &clean_lr1, &clean_skipped, &clean_lr2);
+  EXPECT_EQ(inj_skipped, 1);
+  EXPECT_EQ(clean_skipped, 0);
+  EXPECT_EQ(inj_lr2, inj_lr1);      // the schedule did not step
+  EXPECT_GT(clean_lr2, clean_lr1);  // ... where the clean run's warm-up did
+  ASSERT_EQ(inj1, clean1);          // identical up to the injected step
+  ASSERT_EQ(injected.size(), clean.size());
+  std::size_t nan_count = 0, moved = 0;
+  for (std::size_t i = 0; i < injected.size(); ++i) {
+    if (std::isnan(injected[i])) {
+      ++nan_count;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(injected[i])) << "master " << i;
+    ASSERT_EQ(injected[i], clean[i]) << "master " << i << ": the update applied differs from the run without the overflow";
+    if (injected[i] != inj1[i]) ++moved;
+  }
+  EXPECT_EQ(nan_count, 1u);  // only the element whose gradient was +inf
+  std::size_t clean_moved = 0;
+  for (std::size_t i = 0; i < clean.size(); ++i) clean_moved += clean[i] != clean1[i];
+  EXPECT_GT(moved, injected.size() / 2) << "lr " << inj_lr1 << " -> " << inj_lr2 << ", clean lr " << clean_lr1 << " -> " << clean_lr2
+                                         << ", clean run moved " << clean_moved;  // the update was applied, not skipped
 }
 
 // Activation checkpointing under fp16: the recompute regenerates the 16-bit activations bit for
