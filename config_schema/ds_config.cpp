@@ -247,7 +247,20 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   out["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
 
   Json r;
-  c.optimizer = parse_optimizer_config(child(root, "optimizer"), ctx, r);
+  // A client optimizer replaces the config's block; a default fills its absence (ConfigOptions).
+  const Json* optimizer_block = child(root, "optimizer");
+  const bool config_has_optimizer = optimizer_block != nullptr && !optimizer_block->is_null();
+  if (options.client_optimizer) {
+    if (config_has_optimizer)
+      ctx.warn("optimizer", "the program passes its own optimizer, which replaces this block (DeepSpeed, too, uses "
+                            "the client optimizer and ignores the config's)");
+    optimizer_block = &*options.client_optimizer;
+    c.optimizer_source = OptimizerSource::client;
+  } else if (!config_has_optimizer && options.default_optimizer) {
+    optimizer_block = &*options.default_optimizer;
+    c.optimizer_source = OptimizerSource::default_adamw;
+  }
+  c.optimizer = parse_optimizer_config(optimizer_block, ctx, r);
   if (c.optimizer.present()) out["optimizer"] = r;
   std::optional<double> opt_lr;
   if (c.optimizer.present()) {
@@ -349,8 +362,14 @@ std::string DsConfig::summary() const {
       line(fmt::format("optimizer: {} lr {} betas ({}, {}) eps {} weight_decay {}{}", optimizer.type, p.lr,
                        p.betas.first, p.betas.second, p.eps, p.weight_decay,
                        optimizer.decoupled_weight_decay() ? " (decoupled, AdamW)" : ""));
+    if (optimizer_source == OptimizerSource::default_adamw)
+      line("  (the config has no \"optimizer\" block: the Hugging Face Trainer's default AdamW, with --lr, --adam-beta1, "
+           "--adam-beta2, --adam-eps, --weight-decay)");
+    else if (optimizer_source == OptimizerSource::client)
+      line("  (the program's own optimizer, in place of the config's block)");
   } else {
-    line("optimizer: none in the config");
+    line("optimizer: none in the config (dstrain train: AdamW with the Hugging Face Trainer's defaults, lr 5e-5, "
+         "betas (0.9, 0.999), eps 1e-8, weight_decay 0)");
   }
   if (scheduler.present()) {
     const auto& p = scheduler.params;

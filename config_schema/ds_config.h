@@ -30,7 +30,18 @@ namespace dstrain::config {
 struct ConfigOptions {
   std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (sequence_parallel_size)
   AutoValues autos;
+  // The optimizer a program passes to deepspeed.initialize (DeepSpeed's client optimizer), as an
+  // "optimizer" block ({"type": ..., "params": {...}}) read like the config's: it replaces the
+  // config's block (DeepSpeed builds the client's and ignores the block; a warning says so).
+  std::optional<Json> client_optimizer;
+  // The optimizer for a config with no "optimizer" block and no client_optimizer: `dstrain train`
+  // passes AdamW with the HF Trainer's defaults (default_optimizer_block). nullopt: none, as
+  // DeepSpeed (check-config reports the config as it is).
+  std::optional<Json> default_optimizer;
 };
+
+// Where DsConfig::optimizer came from.
+enum class OptimizerSource { config, client, default_adamw };
 
 enum class Precision { fp32, fp16, bf16 };
 const char* to_string(Precision p);
@@ -70,6 +81,7 @@ struct DsConfig {
 
   // --- sections ---
   OptimizerConfig optimizer;
+  OptimizerSource optimizer_source = OptimizerSource::config;  // config also when there is none
   SchedulerConfig scheduler;
   Fp16Config fp16;
   Bf16Config bf16;

@@ -203,10 +203,22 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (!config_options.autos.total_num_steps) config_options.autos.total_num_steps = options.steps;
   if (!config_options.autos.warmup_num_steps) config_options.autos.warmup_num_steps = options.warmup_steps;
   if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd;
+  // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
+  config_options.client_optimizer = options.optimizer;
+  const bool config_has_optimizer = config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
+  if (!options.optimizer && !config_has_optimizer) config_options.default_optimizer = config::default_optimizer_block(config_options.autos);
   plan.config = config::parse_ds_config(config_text.tree, config_options);
   for (const config::Warning& w : plan.config.warnings) trainer_warn(options, fmt::format("{}{}{}", w.path, w.path.empty() ? "" : ": ", w.message));
   for (const std::string& r : plan.config.resolved_autos) trainer_print(options, fmt::format("auto: {}", r));
   const config::DsConfig& cfg = plan.config;
+  if (cfg.optimizer_source == config::OptimizerSource::default_adamw) {
+    const config::OptimizerParams& p = cfg.optimizer.params;
+    trainer_print(options, fmt::format("optimizer: the config has no \"optimizer\" block, so AdamW with the Hugging Face Trainer's defaults: lr {} "
+                                       "betas ({}, {}) eps {} weight_decay {} (--lr, --adam-beta1, --adam-beta2, --adam-eps, --weight-decay)",
+                                       p.lr, p.betas.first, p.betas.second, p.eps, p.weight_decay));
+  } else if (cfg.optimizer_source == config::OptimizerSource::client) {
+    trainer_print(options, fmt::format("optimizer: the program's own, {} (in place of the config's block, if any)", cfg.optimizer.type));
+  }
   if (cfg.flops_profiler.enabled && cfg.flops_profiler.output_file && !cfg.flops_profiler.output_file->empty()) {
     outputs.push_back({*cfg.flops_profiler.output_file, "flops_profiler.output_file"});
   }
