@@ -19,6 +19,9 @@ using Clock = std::chrono::steady_clock;
 // The arrival exchange's tag on ctrl_ (MPI keeps messages of one tag between two ranks in order,
 // so rank q's descriptions arrive in q's call order).
 constexpr int kArrivalTag = 7;
+// The data's tag on data_: each collective sends at most one message each way between two ranks, so
+// messages match by order as well.
+constexpr int kDataTag = 8;
 
 // Elements travel as unsigned integers of their size: MPI moves the bits and never rounds them.
 MPI_Datatype element_type(DType dtype) {
@@ -258,23 +261,48 @@ void MpiCommunicator::arrive(const Call& call) {
   }
 }
 
-void MpiCommunicator::complete(MPI_Request& request, const Call& call) {
+void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call) {
+  const MPI_Datatype type = element_type(dtype);
+  std::vector<MPI_Request> requests;
+  std::vector<int> peer_of;
+  requests.reserve(sends.size() + recvs.size());
+  for (const Part& p : recvs) {
+    if (p.count == 0) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Irecv(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Irecv", call);
+    requests.push_back(r);
+    peer_of.push_back(p.peer);
+  }
+  for (const Part& p : sends) {
+    if (p.count == 0) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Isend(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Isend", call);
+    requests.push_back(r);
+    peer_of.push_back(p.peer);
+  }
+  if (requests.empty()) return;
+  std::vector<int> indices(requests.size());
   int status = MPI_SUCCESS;
-  int done = 0;
-  const bool ok = poll_until(
+  const bool all = poll_until(
       [&] {
-        status = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-        return status != MPI_SUCCESS || done;
+        int done = 0;
+        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
+        if (status != MPI_SUCCESS) return true;
+        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
       },
       Clock::now() + timeout_);
-  check(status, "MPI_Test", call);
-  if (!ok) {
-    fail_with(fmt::format(
-        "MPI communicator: {} on rank {} did not complete within {} ms although every rank reached it: a process probably ended during "
-        "it, or the network between the processes failed. Fix: look at the other ranks' output and the launcher's messages, or raise "
-        "DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
-        describe(call, world_size()), rank(), timeout_.count()));
+  check(status, "MPI_Testsome", call);
+  if (all) return;
+  std::vector<int> stuck;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] != MPI_REQUEST_NULL && std::find(stuck.begin(), stuck.end(), peer_of[i]) == stuck.end()) stuck.push_back(peer_of[i]);
   }
+  std::sort(stuck.begin(), stuck.end());
+  fail_with(fmt::format(
+      "MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not complete their part of it, although every rank "
+      "reached it: a process stopped or ended during the collective, or the network between the processes failed. Fix: look at rank(s) "
+      "{}'s own output and the launcher's messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
+      describe(call, world_size()), rank(), timeout_.count(), ranks_text(stuck), world_size(), ranks_text(stuck)));
 }
 
 void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
@@ -287,41 +315,38 @@ void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
   if (w == 1 || buf.numel() == 0) return;
   const std::int64_t n = buf.numel();
   const std::size_t es = dtype_size(buf.dtype);
-  const MPI_Datatype type = element_type(buf.dtype);
   // Chunk k = elements [n·k/W, n·(k+1)/W): the local backend's split, so any n works.
   std::vector<int> begin(static_cast<std::size_t>(w) + 1);
   for (int k = 0; k <= w; ++k) begin[static_cast<std::size_t>(k)] = as_count(n * k / w, call, w);
   const auto len = [&](int k) { return begin[static_cast<std::size_t>(k) + 1] - begin[static_cast<std::size_t>(k)]; };
   const int mine = len(me);
-  // 1. alltoallv: chunk k of this buffer to rank k; chunk `me` of rank q's into scratch slot q.
+  char* base = static_cast<char*>(buf.data);
+  const auto at = [&](std::int64_t elements) { return base + static_cast<std::size_t>(elements) * es; };
+  // 1. all-to-all: chunk k of this buffer to rank k; chunk `me` of rank q's buffer into slot q.
   char* slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(mine) * es);
-  std::vector<int> send_counts(static_cast<std::size_t>(w)), send_displs(static_cast<std::size_t>(w));
-  std::vector<int> recv_counts(static_cast<std::size_t>(w)), recv_displs(static_cast<std::size_t>(w));
-  for (int k = 0; k < w; ++k) {
-    const auto i = static_cast<std::size_t>(k);
-    send_counts[i] = k == me ? 0 : len(k);
-    send_displs[i] = begin[i];
-    recv_counts[i] = k == me ? 0 : mine;
-    recv_displs[i] = as_count(static_cast<std::int64_t>(k) * mine, call, w);
+  std::vector<Part> sends, recvs;
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    sends.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
+    recvs.push_back({q, slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(mine) * es, mine});
   }
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ialltoallv(buf.data, send_counts.data(), send_displs.data(), type, slots, recv_counts.data(), recv_displs.data(), type, data_,
-                       &request),
-        "MPI_Ialltoallv", call);
-  complete(request, call);
+  exchange(sends, recvs, buf.dtype, call);
   // 2. reduce chunk `me` over ranks 0..W−1 in order, into this buffer (its own chunk read in place).
-  char* own = static_cast<char*>(buf.data) + static_cast<std::size_t>(begin[static_cast<std::size_t>(me)]) * es;
+  char* own = at(begin[static_cast<std::size_t>(me)]);
   if (mine > 0) {
     std::vector<const void*> in(static_cast<std::size_t>(w));
     for (int q = 0; q < w; ++q) in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * mine * es;
     reduce_over_ranks(buf.dtype, in, {own}, mine, op);
   }
-  // 3. allgatherv in place: every rank's reduced chunk to every rank.
-  std::vector<int> counts(static_cast<std::size_t>(w));
-  for (int k = 0; k < w; ++k) counts[static_cast<std::size_t>(k)] = len(k);
-  check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, counts.data(), begin.data(), type, data_, &request), "MPI_Iallgatherv",
-        call);
-  complete(request, call);
+  // 3. all-gather in place: this rank's reduced chunk to every rank, theirs into their places.
+  sends.clear();
+  recvs.clear();
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    sends.push_back({q, own, mine});
+    recvs.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
+  }
+  exchange(sends, recvs, buf.dtype, call);
 }
 
 void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
@@ -338,21 +363,17 @@ void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, 
   const char* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(n) * static_cast<std::size_t>(me) * es;
   char* slots = nullptr;
   if (w > 1) {
-    // alltoallv: shard k of send to rank k; shard `me` of rank q's send into scratch slot q.
+    // all-to-all: shard k of send to rank k; shard `me` of rank q's send into scratch slot q.
     const int count = as_count(n, call, w);
     slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(n) * es);
-    std::vector<int> send_counts(static_cast<std::size_t>(w)), recv_counts(static_cast<std::size_t>(w)), displs(static_cast<std::size_t>(w));
-    for (int k = 0; k < w; ++k) {
-      const auto i = static_cast<std::size_t>(k);
-      send_counts[i] = k == me ? 0 : count;
-      recv_counts[i] = send_counts[i];
-      displs[i] = as_count(static_cast<std::int64_t>(k) * n, call, w);
+    std::vector<Part> sends, recvs;
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      const std::size_t offset = static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
+      sends.push_back({q, static_cast<char*>(send.data) + offset, count});
+      recvs.push_back({q, slots + offset, count});
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    const MPI_Datatype type = element_type(send.dtype);
-    check(MPI_Ialltoallv(send.data, send_counts.data(), displs.data(), type, slots, recv_counts.data(), displs.data(), type, data_, &request),
-          "MPI_Ialltoallv", call);
-    complete(request, call);
+    exchange(sends, recvs, send.dtype, call);
   }
   // In place (recv = this rank's shard of send) the output aliases input `me`: reduce_over_ranks
   // reads a block's inputs before writing it.
@@ -373,15 +394,18 @@ void MpiCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
     if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
     return;
   }
-  const int count = as_count(n, call, world_size());
-  as_count(n * world_size(), call, world_size());
-  const MPI_Datatype type = element_type(send.dtype);
-  const bool in_place = send.data == shard_of(recv, rank(), world_size()).data;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send.data, in_place ? 0 : count, in_place ? MPI_DATATYPE_NULL : type, recv.data, count, type,
-                       data_, &request),
-        "MPI_Iallgather", call);
-  complete(request, call);
+  const int w = world_size();
+  const int count = as_count(n, call, w);
+  const std::size_t bytes = send.nbytes();
+  char* base = static_cast<char*>(recv.data);
+  if (send.data != base + static_cast<std::size_t>(rank()) * bytes) std::memcpy(base + static_cast<std::size_t>(rank()) * bytes, send.data, bytes);
+  std::vector<Part> sends, recvs;
+  for (int q = 0; q < w; ++q) {
+    if (q == rank()) continue;
+    sends.push_back({q, send.data, count});
+    recvs.push_back({q, base + static_cast<std::size_t>(q) * bytes, count});
+  }
+  exchange(sends, recvs, send.dtype, call);
 }
 
 void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
@@ -390,9 +414,17 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
                   static_cast<std::int32_t>(ReduceOp::sum), root, buf.numel()};
   arrive(call);
   if (world_size() == 1 || buf.numel() == 0) return;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibcast(buf.data, as_count(buf.numel(), call, world_size()), element_type(buf.dtype), root, data_, &request), "MPI_Ibcast", call);
-  complete(request, call);
+  // From the root to every rank directly (the engine broadcasts nothing per step).
+  const int count = as_count(buf.numel(), call, world_size());
+  std::vector<Part> sends, recvs;
+  if (rank() == root) {
+    for (int q = 0; q < world_size(); ++q) {
+      if (q != root) sends.push_back({q, buf.data, count});
+    }
+  } else {
+    recvs.push_back({root, buf.data, count});
+  }
+  exchange(sends, recvs, buf.dtype, call);
 }
 
 // Every rank has reached the barrier once every rank's description has come.

@@ -4,16 +4,21 @@
 //
 // Results are bit-identical to the local backend's (zero/local_communicator.h): MPI has no bf16
 // type, and a user-defined MPI_Op would round fp16/bf16 at every hop of MPI's reduction tree, so
-// no MPI reduction is used. The reductions are built from data movement plus the local backend's
-// own rank-order reduction (zero/rank_reduce.h):
-//   all_reduce      alltoallv: rank r receives chunk r (elements [n·r/W, n·(r+1)/W), the local
-//                   backend's split) of every rank's buffer; reduces it over ranks 0..W−1;
-//                   allgatherv in place sends the reduced chunks back. (W−1)/W·N bytes each way,
-//                   the ring volume the byte counters state.
-//   reduce_scatter  alltoallv of the shards, then the same reduction into recv.
-//   all_gather      allgather (in place when send is this rank's shard of recv).
-//   broadcast       bcast.   barrier: the arrival exchange below.
-// Element bytes travel as MPI integer types of the element's size: MPI never interprets them.
+// no MPI reduction is used. The reductions are built from an all-to-all and an all-gather plus the
+// local backend's own rank-order reduction (zero/rank_reduce.h):
+//   all_reduce      all-to-all: rank r receives chunk r (elements [n·r/W, n·(r+1)/W), the local
+//                   backend's split, any n) of every rank's buffer; reduces it over ranks 0..W−1;
+//                   all-gather in place sends the reduced chunks back. (W−1)/W·N bytes sent by
+//                   each rank in each phase: the ring volume the byte counters state.
+//   reduce_scatter  all-to-all of the shards, then the same reduction into recv.
+//   all_gather      every rank's shard to every rank (in place when send is its shard of recv).
+//   broadcast       the root sends the buffer to every rank (the engine broadcasts nothing per step).
+//   barrier         the arrival exchange below.
+// The all-to-all and all-gather are written as MPI_Isend/MPI_Irecv pairs between every two ranks,
+// one message each way per phase — the pairwise algorithm MPI's own alltoallv uses — rather than
+// MPI_Ialltoallv/MPI_Iallgatherv: then a collective that does not complete names the ranks whose
+// messages are missing, which a collective request cannot tell. Element bytes travel as MPI
+// integer types of the element's size: MPI never interprets them.
 //
 // Arrival, agreement and deadlines (the Communicator contract: fail, never hang):
 //   1. arrival: each rank sends every other rank a 32-byte description of its call (sequence
@@ -22,9 +27,9 @@
 //      the Error, with the last collective it did reach. Descriptions that differ (another
 //      collective, dtype, size, op or root) fail on every rank naming both calls, before any data
 //      moves. This exchange is the barrier.
-//   2. data: the non-blocking MPI collective above, tested against a fresh deadline; a timeout
-//      here means every rank arrived but the data did not move (a process died during it, the
-//      network failed).
+//   2. data: the messages above, tested against a fresh deadline; a timeout here names the ranks
+//      whose messages did not complete although they arrived (a process stopped or ended during
+//      the collective, the network failed).
 //   Every MPI call runs under MPI_ERRORS_RETURN: an MPI failure is an Error naming the call.
 //   After a failure the communicator refuses every call with the same message; MPI may still own
 //   the last collective's buffers, so the process should end (the CLI calls abort_mpi_job(),
@@ -78,8 +83,15 @@ class MpiCommunicator final : public Communicator {
  private:
   // Step 1 above: throws naming the missing ranks or the mismatch.
   void arrive(const Call& call);
-  // Step 2: tests `request` until done, failing after the timeout.
-  void complete(MPI_Request& request, const Call& call);
+  // Step 2: one message of `count` elements to or from `peer` (none when count is 0).
+  struct Part {
+    int peer;
+    void* data;
+    int count;
+  };
+  // Posts every receive and send, tests them until done, and fails after the timeout naming the
+  // peers whose messages did not complete.
+  void exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call);
   // An MPI call's status: Error naming `what` unless MPI_SUCCESS.
   void check(int status, const char* what, const Call& call);
   [[noreturn]] void fail_with(std::string message);
