@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -144,11 +146,22 @@ void plan_mpi_world(TrainingPlan& plan, const TrainerOptions& options) {
     env = LaunchEnv{};  // MPI itself is the truth about the world; a malformed variable of another launcher does not matter
     env.launcher = "none";
   }
+  // Read before MPI starts: a singleton Open MPI sets PMIX_RANK itself.
+  const char* pmix_variable = std::getenv("PMIX_RANK");
+  const std::optional<std::string> pmix_rank = pmix_variable != nullptr ? std::optional<std::string>(pmix_variable) : std::nullopt;
   plan.mpi = init_mpi();
+  const char* fix = "under srun give --mpi=pmix or --mpi=pmi2; otherwise start dstrain with the mpirun / mpiexec of the MPI it was built "
+                    "with, or start one process without a launcher and give --num-ranks {} to run the ranks as threads";
   if (env.launcher != "none" && env.world_size != plan.mpi.world_size) {
-    fail("{} says this process is one of {} ranks, but MPI_COMM_WORLD has {} process{}: MPI did not get the launcher's world (under "
-         "srun give --mpi=pmix or --mpi=pmi2; with another launcher's variables set, start dstrain with mpirun or mpiexec)",
-         env.str(), env.world_size, plan.mpi.world_size, plan.mpi.world_size == 1 ? "" : "es");
+    fail("{} says this process is one of {} ranks, but MPI_COMM_WORLD has {} process{}: MPI did not get the launcher's world, and each "
+         "process would train alone. Fix: {}",
+         env.str(), env.world_size, plan.mpi.world_size, plan.mpi.world_size == 1 ? "" : "es", fmt::format(fmt::runtime(fix), env.world_size));
+  }
+  // A PMIx launcher gives no world size in the environment, but its rank must be MPI's.
+  if (pmix_rank && *pmix_rank != std::to_string(plan.mpi.rank)) {
+    fail("PMIX_RANK={} is set, but MPI says this process is rank {} of {}: MPI did not get the PMIx launcher's world, and each process "
+         "would train alone. Fix: {}",
+         *pmix_rank, plan.mpi.rank, plan.mpi.world_size, fmt::format(fmt::runtime(fix), "N"));
   }
   plan.launch = env;
   plan.launch.rank = plan.mpi.rank;
