@@ -47,6 +47,10 @@ struct TrainerOptions {
   // ---- the engine ----
   std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
   std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  // The communicator backend: "auto" (mpi when an MPI launcher started this process on the cpu,
+  // nccl when a launcher started it with --device cuda, else local), "local" (--num-ranks threads),
+  // "mpi" (the processes of MPI_COMM_WORLD; docs/mpi.md) or "nccl" (a launcher's processes, a GPU each).
+  std::string comm = "auto";
   // The local rank a launcher passed as an argument (DeepSpeed's launcher appends --local_rank=N);
   // nullopt: none. Must agree with the launcher's environment (LOCAL_RANK, ...).
   std::optional<std::int64_t> local_rank;
