@@ -111,6 +111,24 @@ struct ZeroReport {
   CommStats step_comm;
 };
 
+// What Engine::load_checkpoint restores besides the weights, as DeepSpeed's arguments of the same
+// names: the optimizer states (and the fp16 loss scaler, which DeepSpeed keeps with them), the LR
+// schedule, or only the weights (no counters, optimizer or schedule).
+struct LoadCheckpointOptions {
+  bool load_optimizer_states = true;
+  bool load_lr_scheduler_states = true;
+  bool load_module_only = false;
+};
+
+// What a load found: the checkpoint's folder (empty when there was nothing to load), its tag and
+// the client state the saver passed.
+struct LoadedCheckpoint {
+  std::filesystem::path path;
+  std::string tag;
+  config::Json client_state;
+  bool loaded() const { return !path.empty(); }
+};
+
 // Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,
 // Apex AMP, fp16 with bf16, Lamb's combinations, managed_gradient_accumulation, the optimizer's type
 // and params) — the message the Engine's constructor gives. `dstrain check-config` calls it, so a
@@ -245,6 +263,24 @@ class Engine {
   void save_weights(const std::filesystem::path& path);
   void load_weights(const std::filesystem::path& path);
 
+  // ---- training checkpoints (docs/checkpoints.md) ----
+  // Collective. Saves everything a continuation needs under save_dir/<tag> — fp32 masters, the
+  // 16-bit params, every optimizer state the optimizer declares, the counters, the loss scaler, the
+  // LR schedule, the seed, the resolved config, the layout (world, stage, dtype) and
+  // `client_state` — each rank writing the pieces of parameter space it owns, then rewrites
+  // save_dir/latest. Atomic: a crash leaves the previous checkpoint loadable. Default tag
+  // "global_step<N>"; checkpoint.tag_validation compares the tag across ranks (Warn / Fail).
+  // Call at a gradient-accumulation boundary (after the step() that completes one): the
+  // accumulated gradients of a half-done step are not saved. Returns the tag. Error naming the
+  // file and the cause (disk full, permissions); the run's state is untouched by a failed save.
+  std::string save_checkpoint(const std::filesystem::path& save_dir, std::string tag = "", const config::Json& client_state = config::Json::object());
+  // Collective. Loads load_dir/<tag> (tag "": the one load_dir/latest names; nothing is loaded, with
+  // a warning, when there is no latest) saved at any world size, ZeRO stage and dtype: each rank
+  // reads the saved pieces that intersect what it owns. Verifies every checksum and shape first;
+  // an Error (naming the file and tensor) leaves the engine as it was. Call before the first
+  // forward or at a gradient-accumulation boundary.
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});
+
  private:
   struct Impl;
   void forward_layers(const Batch& batch, bool train, float* loss);
@@ -252,6 +288,10 @@ class Engine {
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
+  // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
+  void agree_on_errors(const std::string& error);
+  config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
+  void restore_scalars(const config::Json& manifest, const LoadCheckpointOptions& options);
   float micro_batch_dloss() const;
 
   Model model_;

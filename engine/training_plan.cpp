@@ -340,6 +340,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     if (!out.path.empty()) prove_writable(out);
   }
 
+  // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
+  // model (engine/trainer_checkpoints.h) ----
+  plan.resume = plan_resume(options, g, cfg);
+
   // ---- the sequence length, the tokenizer, the memory the run needs ----
   const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions, 1024);
   if (T < 1 || T > g.n_positions) {

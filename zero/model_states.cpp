@@ -571,6 +571,12 @@ void ModelStates::write_shard(std::size_t b, std::int64_t shard_begin, const Ten
   }
 }
 
+Tensor ModelStates::owned_param(const OwnedPiece& piece) const {
+  const Layer& ly = *layers_[piece.layer];
+  if (ly.partitioned) return region(params_shard_, s_.storage, ly.pshard_begin + (piece.shard_offset - ly.shard_begin), piece.numel);
+  return region(params_full_, s_.storage, ly.full_begin + piece.slot->offset + piece.tensor_offset, piece.numel);
+}
+
 // ---- whole parameters ----
 
 Tensor ModelStates::full_param(std::size_t layer, const FlatSlot& slot) const {

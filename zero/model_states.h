@@ -167,6 +167,11 @@ class ModelStates final : public OptimizerPartition {
   void write_shard(std::size_t b, std::int64_t shard_begin, const Tensor& in);
   // The pieces of owned parameters in this rank's optimizer partition, in shard order.
   const std::vector<OwnedPiece>& owned_pieces() const { return owned_pieces_; }
+  // The storage-dtype parameter elements of an owned piece, in place on the training device: where
+  // the optimizer writes its update of them (the whole layer's params, or this rank's stage-3
+  // shard). A checkpoint saves and restores the 16-bit copies there (docs/training_state.md §5);
+  // after writing pieces, after_update() spreads them to the ranks that hold the layer whole.
+  Tensor owned_param(const OwnedPiece& piece) const;
   // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).
   void after_update();
   void zero_grads();
