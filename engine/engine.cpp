@@ -867,7 +867,9 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
       {"tag", tag},
       {"layout", {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(dims_.dtype))}}},
       {"model", {{"parameter_count", parameter_count_}, {"params", params}}},
-      {"optimizer", {{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
+      // The 1-bit family's scalars (phase, counters, frozen ratios; docs/optimizers_onebit.md §5).
+      {"optimizer", im.onebit ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
+                              : config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
       {"engine",
        {{"global_steps", global_steps_},
         {"global_samples", global_samples_},
@@ -1050,6 +1052,12 @@ void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions&
   } else if (saved_kind == loss_scaler_kind_name(im.scaler.kind())) {
     s.cur_scale = im.scaler.scale();  // a static or unit scale comes from the config
     im.scaler.set_state(s);
+  }
+  if (im.onebit && m.at("optimizer").contains("onebit")) {
+    // The phase decides who all-reduces the gradients next, as DeepSpeed's load_state_dict sets
+    // enable_backward_allreduce; the compression errors start at zero, as DeepSpeed's do.
+    im.onebit->load_state(m.at("optimizer").at("onebit"));
+    im.states->set_gradient_all_reduce(im.onebit->gradient_all_reduce());
   }
 }
 

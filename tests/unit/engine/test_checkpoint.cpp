@@ -238,6 +238,26 @@ TEST(Checkpoint, ResumeBitwiseOptimizersAndSchedule) {
   }
 }
 
+// Lamb at ZeRO 2 (exact trust ratios across partitions), and the 1-bit family on 2 ranks saved in
+// the warm-up and resumed across the switch: their scalars (phase, counters) travel in the
+// manifest, and before the switch the compression errors are still zero, so the resume is exact.
+// (After the switch DeepSpeed, and dstrain, reset the errors at load: docs/optimizers_onebit.md §5.)
+TEST(Checkpoint, ResumeBitwiseLambUnderZeroAndOneBitAcrossTheSwitch) {
+  {
+    RunSpec s = spec(2, 2, Precision::fp32);
+    s.knobs.optimizer_json = R"({"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}})";
+    s.knobs.allow_untested_optimizer = true;
+    expect_resume_bitwise(s, 4);
+  }
+  for (const char* opt : {R"({"type": "OneBitAdam", "params": {"lr": 1e-2, "freeze_step": 3}})",
+                          R"({"type": "ZeroOneAdam", "params": {"lr": 1e-2, "var_freeze_step": 3}})",
+                          R"({"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 3}})"}) {
+    RunSpec s = spec(0, 2, Precision::fp32);
+    s.knobs.optimizer_json = opt;
+    expect_resume_bitwise(s, 6);
+  }
+}
+
 // ---- reshard ----
 
 // Every buffer of every parameter, read whole from a checkpoint.
