@@ -111,7 +111,7 @@ struct Engine::Impl {
       : config(c),
         options(o),
         optimizer(c.optimizer),
-        schedule(c.scheduler, optimizer.base_lr(), optimizer.betas()),
+        schedule(c.scheduler, optimizer.base_lr(), optimizer.has_betas() ? std::optional(optimizer.betas()) : std::nullopt),
         scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage)) {}
 
   config::DsConfig config;

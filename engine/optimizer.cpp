@@ -1,5 +1,7 @@
 #include "engine/optimizer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <limits>
 
 #include "ops/error.h"
@@ -37,6 +39,15 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
            "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
            "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
     default:
+      // DeepSpeed 0.19's Muon (MuonWithAuxAdam) orthogonalises each weight matrix's momentum
+      // (Newton-Schulz) inside its ZeRO-3 optimizer, which gathers the matrix's whole gradient;
+      // dstrain's ZeRO has no such gather (docs/optimizers.md).
+      if (std::string low = config.type; (std::transform(low.begin(), low.end(), low.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }), low == "muon"))
+        fail("optimizer.type: \"{}\" — DeepSpeed's Muon (MuonWithAuxAdam: Newton-Schulz orthogonalised momentum on the weight matrices, "
+             "Adam on the rest) is not provided by dstrain: DeepSpeed applies the Muon update only in its ZeRO-3 optimizer, from each "
+             "matrix's gathered gradient (below stage 3 its Muon parameters take plain lr·grad steps), and dstrain's ZeRO does not "
+             "gather whole gradients for the optimizer; use \"AdamW\" or \"Lion\"",
+             config.type);
       fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
            "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
            "\"Lion\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\" and \"Rprop\" (docs/optimizers.md)",
@@ -64,6 +75,20 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
   weight_decay_ = p.weight_decay;
   decoupled_ = config.decoupled_weight_decay();
   bias_correction_ = p.bias_correction;
+}
+
+bool Optimizer::has_betas() const {
+  using config::OptimizerKind;
+  switch (kind_) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+    case OptimizerKind::lamb:
+    case OptimizerKind::lion:
+    case OptimizerKind::adamax:
+    case OptimizerKind::nadam:
+    case OptimizerKind::radam: return true;
+    default: return false;
+  }
 }
 
 std::vector<std::string> Optimizer::state_names() const {

@@ -39,6 +39,10 @@ class Optimizer {
 
   double base_lr() const { return lr_; }  // optimizer.params.lr
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }  // optimizer.params.betas
+  // Whether the type has betas (torch's param-group key "betas"): Adam, AdamW, Lamb, Lion, Adamax,
+  // NAdam, RAdam. OneCycle cycles β1 only for these; for the others DeepSpeed disables
+  // cycle_momentum with a warning.
+  bool has_betas() const;
   // The per-element fp32 states this optimizer keeps, in order, with PyTorch's state_dict names
   // (docs/training_state.md §1): Adam / AdamW / Lamb {exp_avg, exp_avg_sq}; SGD {momentum_buffer}
   // with momentum, {} without; the element-wise rules' as docs/optimizers.md lists them. ModelStates

@@ -156,6 +156,10 @@ TEST(OptimizerRules, DefaultsAndChecks) {
   EXPECT_DOUBLE_EQ(optimizer_config(R"({"type": "Adadelta"})").params.eps, 1e-6);
   EXPECT_EQ(Optimizer(optimizer_config(R"({"type": "RMSprop", "params": {"momentum": 0.9, "centered": true}})")).state_names(),
             (std::vector<std::string>{"square_avg", "momentum_buffer", "grad_avg"}));
+  // "betas" is a key of torch's defaults for these only (OneCycle's cycle_momentum needs it).
+  for (const char* t : {"Lion", "Adamax", "NAdam", "RAdam", "AdamW"}) EXPECT_TRUE(Optimizer(optimizer_config(std::string(R"({"type": ")") + t + "\"}")).has_betas()) << t;
+  for (const char* t : {"Adagrad", "RMSprop", "Adadelta", "ASGD", "Rprop", "SGD"})
+    EXPECT_FALSE(Optimizer(optimizer_config(std::string(R"({"type": ")") + t + "\"}")).has_betas()) << t;
   const auto error_of = [](const std::string& block) {
     try {
       Optimizer o(optimizer_config(block));

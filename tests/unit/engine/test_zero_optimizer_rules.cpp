@@ -1,6 +1,7 @@
 // Sharded equals unsharded for the element-wise optimizers (docs/optimizers.md): each at ZeRO
 // stages 0-3 on 2 local ranks gives the losses and parameters of stage 0 on one rank fed the same
-// global batch (zero_test_util.h), in fp32 (stages 0-3) and bf16 (stages 2, 3). Their states are
+// global batch (zero_test_util.h), in fp32 (stages 0-3), fp16 (stages 1, 3; dynamic loss scaling,
+// the gradients un-scaled inside the update) and bf16 (stages 2, 3). Their states are
 // per element, so each rank updates its partition exactly as the one rank does; only the gradient
 // sums' order differs, within test_zero_equivalence.cpp's tolerances — looser for the sign-based
 // Lion and Rprop, whose step of ±lr flips where a gradient is a near-cancelling sum. The run is
@@ -100,6 +101,8 @@ std::string combo_name(const ::testing::TestParamInfo<Combo>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp32, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::fp32)),
+                         combo_name);
+INSTANTIATE_TEST_SUITE_P(Fp16, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(1, 3), ::testing::Values(Precision::fp16)),
                          combo_name);
 INSTANTIATE_TEST_SUITE_P(Bf16, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(2, 3), ::testing::Values(Precision::bf16)),
                          combo_name);
