@@ -1,6 +1,7 @@
 #include "config_schema/ds_config.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <fmt/format.h>
 
@@ -128,6 +129,13 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
          "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. (ZeRO's whitelist has "
          "Adam/AdamW, Adagrad and Lion; {} is not on it)",
          c.optimizer.type, stage, c.optimizer.type);
+  // DeepSpeed's ZeRO-3 optimizer (stage3.py) refuses Muon with reduce_scatter, which is on by default.
+  std::string type_lower = c.optimizer.type;
+  for (char& ch : type_lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (stage == 3 && type_lower == "muon" && c.zero_optimization.reduce_scatter)
+    fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used "
+         "together (DeepSpeed's ZeRO-3 raises this ValueError); set zero_optimization.reduce_scatter to false",
+         c.optimizer.type);
   if (kind == OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic())
     fail("optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
          "fp16.loss_scale to 0",
