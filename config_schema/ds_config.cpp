@@ -1,7 +1,7 @@
 #include "config_schema/ds_config.h"
 
 #include <algorithm>
-#include <cctype>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -45,7 +45,7 @@ std::optional<std::string> opt_string(const Json& v) {
   return v.get<std::string>();
 }
 
-// The data-parallel world size (reference §2): world / sequence_parallel_size when that key is
+// The data-parallel world size (docs/batch.md §1): world / sequence_parallel_size when that key is
 // present. Read before "auto" resolution because train_batch_size = micro * GAS * this.
 std::int64_t data_parallel_world(const Json& root, std::int64_t world, std::vector<Warning>& scratch) {
   DSTRAIN_CHECK(world > 0, "world size is {}; it must be a positive number of ranks", world);
@@ -117,11 +117,48 @@ void check_top_level_enums(const Json& root) {
   }
 }
 
+// prescale_gradients / gradient_predivide_factor where DeepSpeed's reduction path cannot apply them
+// (docs/zero.md, "Gradient reduction"): its ZeRO-2 and ZeRO-3 optimizers assert at start-up on
+// the reduce-scatter path, and its ZeRO-1 reduce-scatter path divides by the world size only.
+void check_gradient_reduction(const DsConfig& c, ParseContext& ctx) {
+  const int stage = c.zero_optimization.stage;
+  const double p = c.gradient_predivide_factor;
+  if (!(p > 0.0) || !std::isfinite(p))
+    fail("gradient_predivide_factor: {} — gradients are multiplied by 1/gradient_predivide_factor before the all-reduce; give a "
+         "positive finite number (1.0 = off)",
+         p);
+  const bool average = c.gradient_allreduce_op != "sum";
+  const bool rs = c.zero_optimization.reduce_scatter;
+  if ((stage == 2 && rs && average) || (stage == 3 && rs)) {
+    const std::string zero = fmt::format("ZeRO-{}", stage);
+    if (p != 1.0)
+      fail("gradient_predivide_factor {} with zero_optimization.stage {}: gradient_predivide_factor != 1.0 is not yet supported with {} "
+           "with reduce scatter enabled (DeepSpeed's assertion); set gradient_predivide_factor to 1.0, or "
+           "zero_optimization.reduce_scatter to false",
+           p, stage, zero);
+    if (c.prescale_gradients)
+      fail("prescale_gradients true with zero_optimization.stage {}: pre-scale gradients is not yet supported with {} with reduce "
+           "scatter enabled (DeepSpeed's assertion); set prescale_gradients to false, or zero_optimization.reduce_scatter to false",
+           stage, zero);
+  }
+  if (stage == 3 && !rs && !c.prescale_gradients && p != 1.0 && p == static_cast<double>(c.data_parallel_world_size))
+    fail("gradient_predivide_factor {} equals the data-parallel world size at zero_optimization.stage 3 with reduce_scatter false: "
+         "DeepSpeed's ZeRO-3 divides by the factor and by the world size but skips multiplying the factor back when the two are "
+         "equal, so the gradients come out {} times too small; use 1.0 or another factor",
+         p, c.data_parallel_world_size);
+  if (stage == 1 && rs && average && (p != 1.0 || c.prescale_gradients))
+    ctx.warn(c.prescale_gradients ? "prescale_gradients" : "gradient_predivide_factor",
+             "has no effect at zero_optimization.stage 1 with reduce_scatter: DeepSpeed's ZeRO-1 reduce-scatter path divides the "
+             "gradients by the world size before the reduce, whatever these keys say (they act at stage 0, and with "
+             "reduce_scatter false)");
+}
+
 void check_cross_sections(DsConfig& c, ParseContext& ctx) {
   const int stage = c.zero_optimization.stage;
   if (c.gradient_allreduce_op == "sum" && stage == 3)
     fail("gradient_allreduce_op is \"sum\" with zero_optimization.stage 3: ZeRO-3 always averages gradients; use "
          "\"mean\" or a lower ZeRO stage");
+  check_gradient_reduction(c, ctx);
   const auto kind = c.optimizer.kind;
   if (stage > 0 && c.optimizer.present() && kind != OptimizerKind::unsupported && !c.optimizer.zero_tested() &&
       !c.zero_allow_untested_optimizer)
@@ -129,13 +166,6 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
          "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. (ZeRO's whitelist has "
          "Adam/AdamW, Adagrad and Lion; {} is not on it)",
          c.optimizer.type, stage, c.optimizer.type);
-  // DeepSpeed's ZeRO-3 optimizer (stage3.py) refuses Muon with reduce_scatter, which is on by default.
-  std::string type_lower = c.optimizer.type;
-  for (char& ch : type_lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (stage == 3 && type_lower == "muon" && c.zero_optimization.reduce_scatter)
-    fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used "
-         "together (DeepSpeed's ZeRO-3 raises this ValueError); set zero_optimization.reduce_scatter to false",
-         c.optimizer.type);
   if (kind == OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic())
     fail("optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
          "fp16.loss_scale to 0",

@@ -47,14 +47,14 @@ enum class Precision { fp32, fp16, bf16 };
 const char* to_string(Precision p);
 
 struct DsConfig {
-  // --- batch (resolved, reference §2) ---
+  // --- batch (resolved, docs/batch.md) ---
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 0;
   std::int64_t world_size = 1;                // ConfigOptions::world_size
   std::int64_t data_parallel_world_size = 1;  // world_size / sequence_parallel_size
 
-  // --- top-level scalars (reference §3) ---
+  // --- top-level scalars (docs/config.md §7) ---
   bool managed_gradient_accumulation = true;
   std::optional<std::int64_t> steps_per_print;  // None = never print (default since v0.15.2)
   bool wall_clock_breakdown = false;            // forced on by flops_profiler.enabled
@@ -125,7 +125,7 @@ struct DsConfig {
 // Parses a ds_config tree (already read from text, e.g. by the hjson reader). Throws dstrain::Error.
 DsConfig parse_ds_config(const Json& root, const ConfigOptions& options);
 
-// The top-level scalar keys (reference §3).
+// The top-level scalar keys (docs/config.md §7).
 SectionSpec top_level_section_spec();
 
 // Top-level keys that hold sections (optimizer, zero_optimization, pipeline, ...), including the

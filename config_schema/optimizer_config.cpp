@@ -16,7 +16,7 @@ std::string lower(std::string s) {
   return s;
 }
 
-// DeepSpeed's own optimizer names, matched case-insensitively (reference §4).
+// DeepSpeed's own optimizer names, matched case-insensitively (docs/optimizers.md §1).
 const std::vector<std::string> kDeepSpeedNames = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
                                                   "onebitlamb", "muadam", "muadamw", "musgd", "lion", "muon"};
 // torch.optim classes: the fallback, matched case-sensitively.

@@ -1,4 +1,4 @@
-// optimizer: reference §4. Regime A in DeepSpeed, but `params` are constructor kwargs, so for the
+// optimizer: docs/optimizers.md. Regime A in DeepSpeed, but `params` are constructor kwargs, so for the
 // optimizers dstrain implements an unknown parameter name is an error (DeepSpeed: TypeError).
 #pragma once
 

@@ -47,6 +47,10 @@ struct TrainerOptions {
   // ---- the engine ----
   std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
   std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  // The communicator backend: "auto" (mpi when an MPI launcher started this process on the cpu,
+  // nccl when a launcher started it with --device cuda, else local), "local" (--num-ranks threads),
+  // "mpi" (the processes of MPI_COMM_WORLD; docs/mpi.md) or "nccl" (a launcher's processes, a GPU each).
+  std::string comm = "auto";
   // The local rank a launcher passed as an argument (DeepSpeed's launcher appends --local_rank=N);
   // nullopt: none. Must agree with the launcher's environment (LOCAL_RANK, ...).
   std::optional<std::int64_t> local_rank;
@@ -56,6 +60,19 @@ struct TrainerOptions {
 
   // ---- outputs ----
   std::filesystem::path save_weights;  // the final weights (HF GPT-2 safetensors); empty: none
+  // ---- training checkpoints (docs/checkpoints.md "The training loop") ----
+  std::filesystem::path save_dir;   // checkpoints go here (every save_interval steps and at the end); empty: none
+  std::int64_t save_interval = 0;   // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
+  std::int64_t keep_last = 0;       // keep the newest K checkpoints under save_dir; 0: all
+  // Continue a run: "" (start fresh), "auto" (from the checkpoint `latest` names under save_dir if
+  // there is one, else fresh: a job script can be rerun as it is) or the folder of a run's save_dir.
+  std::string resume;
+  std::string load_tag;             // the checkpoint to resume from; empty: the one `latest` names
+  // SIGTERM / SIGINT finish the current step, save a checkpoint (with save_dir) and end the run
+  // (TrainResult::stopped_by_signal): the ranks agree after every step (one small all-reduce).
+  // `dstrain train` sets it; with it an embedding program may also call request_stop()
+  // (engine/trainer_checkpoints.h).
+  bool handle_signals = false;
   std::filesystem::path summary_json;  // the run's figures as JSON; empty: none
 
   // ---- where the run's lines go ----

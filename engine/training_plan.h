@@ -6,14 +6,17 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config_schema/config_source.h"
 #include "config_schema/ds_config.h"
+#include "engine/trainer_checkpoints.h"
 #include "engine/trainer_options.h"
 #include "ops/device.h"
 #include "ops/transformer/gpt2_config.h"
 #include "zero/launch_env.h"
+#include "zero/mpi_process.h"
 
 namespace dstrain {
 
@@ -26,6 +29,12 @@ struct TrainingPlan {
   // True when this process is one rank of a launcher's group (a GPU per process, NCCL): the ranks
   // are processes; otherwise they are options.num_ranks threads of this process.
   bool launcher_group = false;
+  // The communicator backend the ranks use: "local" (threads of this process, or a single rank),
+  // "mpi" (this process is rank launch.rank of MPI_COMM_WORLD's launch.world_size processes) or
+  // "nccl" (launcher_group). comm_note says which and why, for the start of the run.
+  std::string comm = "local";
+  std::string comm_note;
+  MpiWorld mpi;                    // comm "mpi": this process's place and MPI's thread level
   int world = 1;                   // data-parallel ranks of the run
   std::int64_t sequence_length = 0;   // T
   std::int64_t window_count = 0;      // training windows of T + 1 tokens in the data file
@@ -35,6 +44,8 @@ struct TrainingPlan {
   bool steps_from_epoch = false;      // `steps` was not given: one epoch
   std::int64_t print_every = 10;      // steps between progress lines (steps_per_print; 10 unset)
   bool print_every_defaulted = false;  // steps_per_print was unset
+  // The checkpoint the run continues from (--resume), checked before step 1; nullopt: fresh.
+  std::optional<ResumePoint> resume;
   double peak_flops = 0.0;            // the flops profiler's peak (measured when not given)
   bool peak_measured = false;
 };

@@ -41,4 +41,12 @@ void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args);
 // other than two values, or with --adam-beta1 / --adam-beta2.
 config::AutoValues to_auto_values(const AutoValueArgs& args);
 
+// A command's exit status other than 0, thrown by a subcommand's callback and returned by main.
+struct ExitStatus {
+  int code = 0;
+};
+// `dstrain train` stopped by SIGTERM / SIGINT after saving a checkpoint: EX_TEMPFAIL of
+// sysexits.h, "a temporary failure; try again" — rerunning the command with --resume auto continues.
+inline constexpr int kExitStoppedBySignal = 75;
+
 }  // namespace dstrain::cli
