@@ -1,4 +1,4 @@
-// Engine: the training step loop over layers (DESIGN.md "The step, as data flows"), in the shape of
+// Engine: the training step loop over layers (docs/design.md "The step, as data flows"), in the shape of
 // DeepSpeed's engine:
 //
 //   dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model("gpt2:d12"), ds_config,
@@ -16,14 +16,15 @@
 //   params      one flat fp32 buffer per layer (its owned parameters, each view 64-byte aligned;
 //               a tied parameter is a view of its owner in an earlier layer)
 //   grads       one flat buffer per layer, the same layout
-//   optimizer   Adam m and v, one flat buffer each per layer, the same layout
+//   optimizer   the optimizer's states (Adam/AdamW/Lamb m and v; SGD its momentum buffer, or none),
+//               one flat buffer each per layer, the same layout (docs/optimizers.md §2)
 //   activations every layer's output and saved activations for one micro-batch (B, T), plus the
 //               residual-stream gradient (B, T, C) that backward runs through in place; with
 //               checkpoint_activations, only the kept inputs and one segment's activations
 //               (engine/activation_checkpointing.h) plus that gradient
 //   buffers     one scratch arena, as large as the largest layer's scratch
 //
-// Mixed precision (fp16.enabled or bf16.enabled, reference §6): the layers run in that storage
+// Mixed precision (fp16.enabled or bf16.enabled, docs/precision.md): the layers run in that storage
 // dtype; params and grads above are 16-bit, and each layer adds an fp32 master copy (purpose
 // optimizer) that the optimizer updates, writing the 16-bit copy in the same pass. fp16 backward
 // multiplies dloss by the loss scale; at the boundary one overflow + norm pass per layer feeds
@@ -33,7 +34,7 @@
 //
 // The learning rate (and OneCycle's betas) come from the config's "scheduler" block: a
 // dstrain::LrSchedule built at construction from the optimizer's lr and betas, read before every
-// optimizer step and stepped after it (reference §5: optimizer step k uses the value for it = k - 2,
+// optimizer step and stepped after it (docs/lr_schedules.md §1: optimizer step k uses the value for it = k - 2,
 // the constructor's for k = 1). Without a scheduler block the lr is optimizer.params.lr, constant.
 // An embedding program may override it with set_lr_schedule(hook).
 #pragma once
@@ -100,7 +101,7 @@ struct ZeroReport {
   int rank = 0;
   int world_size = 1;
   // Bytes held between steps (allocator statistics, purposes params / grads / optimizer: the fp32
-  // masters and Adam moments count as optimizer) and the allocator's peak of all purposes.
+  // masters and the optimizer's states count as optimizer) and the allocator's peak of all purposes.
   std::uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   std::uint64_t peak_bytes = 0;
   std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
@@ -108,6 +109,24 @@ struct ZeroReport {
   // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
   // gathers), the step's (norm², overflow, loss) all-reduce and the post-step all-gather.
   CommStats step_comm;
+};
+
+// What Engine::load_checkpoint restores besides the weights, as DeepSpeed's arguments of the same
+// names: the optimizer states (and the fp16 loss scaler, which DeepSpeed keeps with them), the LR
+// schedule, or only the weights (no counters, optimizer or schedule).
+struct LoadCheckpointOptions {
+  bool load_optimizer_states = true;
+  bool load_lr_scheduler_states = true;
+  bool load_module_only = false;
+};
+
+// What a load found: the checkpoint's folder (empty when there was nothing to load), its tag and
+// the client state the saver passed.
+struct LoadedCheckpoint {
+  std::filesystem::path path;
+  std::string tag;
+  config::Json client_state;
+  bool loaded() const { return !path.empty(); }
 };
 
 // Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,
@@ -133,11 +152,11 @@ class Engine {
   // mean loss. The batch may be in host memory or on the engine's device (host batches are
   // uploaded into a buffer of the engine's); its memory must stay valid until backward() returns.
   float forward(const Batch& batch);
-  // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (reference §2:
+  // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (docs/batch.md §5:
   // every backward divides the loss by gradient_accumulation_steps).
   void backward();
   // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call): global
-  // grad norm, clipping to gradient_clipping (reference §7), optimizer update at lr() (and
+  // grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at lr() (and
   // betas()), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
   // train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step changes no
   // parameter, optimizer state or LR schedule, but still counts in global_steps and
@@ -244,6 +263,24 @@ class Engine {
   void save_weights(const std::filesystem::path& path);
   void load_weights(const std::filesystem::path& path);
 
+  // ---- training checkpoints (docs/checkpoints.md) ----
+  // Collective. Saves everything a continuation needs under save_dir/<tag> — fp32 masters, the
+  // 16-bit params, every optimizer state the optimizer declares, the counters, the loss scaler, the
+  // LR schedule, the seed, the resolved config, the layout (world, stage, dtype) and
+  // `client_state` — each rank writing the pieces of parameter space it owns, then rewrites
+  // save_dir/latest. Atomic: a crash leaves the previous checkpoint loadable. Default tag
+  // "global_step<N>"; checkpoint.tag_validation compares the tag across ranks (Warn / Fail).
+  // Call at a gradient-accumulation boundary (after the step() that completes one): the
+  // accumulated gradients of a half-done step are not saved. Returns the tag. Error naming the
+  // file and the cause (disk full, permissions); the run's state is untouched by a failed save.
+  std::string save_checkpoint(const std::filesystem::path& save_dir, std::string tag = "", const config::Json& client_state = config::Json::object());
+  // Collective. Loads load_dir/<tag> (tag "": the one load_dir/latest names; nothing is loaded, with
+  // a warning, when there is no latest) saved at any world size, ZeRO stage and dtype: each rank
+  // reads the saved pieces that intersect what it owns. Verifies every checksum and shape first;
+  // an Error (naming the file and tensor) leaves the engine as it was. Call before the first
+  // forward or at a gradient-accumulation boundary.
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});
+
  private:
   struct Impl;
   void forward_layers(const Batch& batch, bool train, float* loss);
@@ -251,6 +288,10 @@ class Engine {
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
+  // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
+  void agree_on_errors(const std::string& error);
+  config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
+  void restore_scalars(const config::Json& manifest, const LoadCheckpointOptions& options);
   float micro_batch_dloss() const;
 
   Model model_;

@@ -1,6 +1,7 @@
 #include "engine/rank_trainer.h"
 
 #include <array>
+#include <csignal>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include "engine/monitor/memory_breakdown.h"
 #include "engine/monitor/train_events.h"
 #include "engine/progress.h"
+#include "engine/trainer_checkpoints.h"
 #include "ops/error.h"
 #include "ops/kernels/device_backend.h"
 
@@ -31,19 +33,21 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   const config::DsConfig& cfg = plan.config;
   const int world = comm != nullptr ? comm->world_size() : 1;
   T_ = plan.sequence_length;
+  // A resumed run continues with its own seed: the same data order and dropout streams.
+  seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
   engine_.emplace(initialize(make_gpt2_model(plan.model), cfg,
-                             {.seed = options.seed,
+                             {.seed = seed_,
                               .comm = comm,
                               .sequence_length = T_,
-                              .init_params = options.init_from.empty(),
+                              .init_params = options.init_from.empty() || plan.resume.has_value(),
                               .device = plan.device,
                               .checkpoint_activations = options.checkpoint_activations,
                               .bf16_stochastic_rounding = options.bf16_stochastic_rounding,
                               .inject_overflow_steps = options.inject_overflow}));
   Engine& engine = *engine_;
-  if (!options.init_from.empty()) engine.load_weights(options.init_from);
+  if (!options.init_from.empty() && !plan.resume) engine.load_weights(options.init_from);
   B_ = engine.micro_batch_size();
   GAS_ = engine.gradient_accumulation_steps();
   TBS_ = engine.train_batch_size();
@@ -58,9 +62,23 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.gradient_accumulation_steps = static_cast<int>(GAS_);
   dlo.world_size = world;
   dlo.rank = rank_;
-  dlo.seed = options.seed;
+  dlo.seed = seed_;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size);
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
+  if (plan.resume) {
+    // The engine's state, then the data loader's position (the client state of save_checkpoint).
+    const LoadedCheckpoint l = engine.load_checkpoint(plan.resume->dir, plan.resume->tag);
+    const config::Json data = l.client_state.value("data", config::Json::object());
+    if (data.contains("epoch") && data.contains("position")) {
+      loader_->set_state(DataLoaderState{data.at("epoch").get<std::uint64_t>(), data.at("position").get<std::uint64_t>()});
+    } else {
+      fail("--resume: checkpoint {} has no data loader position in its client state (it was not saved by `dstrain train`); "
+           "load it with Engine::load_checkpoint from the program that saved it",
+           l.path.string());
+    }
+    skipped_before_ = engine.skipped_steps();
+    resumed_steps_ = engine.global_steps();
+  }
   if (!options.val_data.empty()) {
     EvalLoaderOptions elo;
     elo.batch_size = static_cast<std::size_t>(B_);
@@ -113,6 +131,16 @@ void RankTrainer::announce() {
     say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.lr()));
   }
   if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
+  if (plan_.resume) {
+    say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),
+                    engine.global_steps(), seed_, loader_->state().epoch, loader_->state().position));
+    if (!options_.init_from.empty()) trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
+  }
+  if (!options_.save_dir.empty()) {
+    say(fmt::format("checkpoints: {} ({}{})", options_.save_dir.string(),
+                    options_.save_interval > 0 ? fmt::format("every {} steps and at the end", options_.save_interval) : std::string("at the end"),
+                    options_.keep_last > 0 ? fmt::format("; keeping the newest {}", options_.keep_last) : std::string()));
+  }
 
   // ---- monitoring (rank 0 writes): csv_monitor / tensorboard files, wall_clock_breakdown timers,
   // memory_breakdown lines, the flops profile ----
@@ -240,7 +268,7 @@ void RankTrainer::after_step(double dt) {
       p.skipped = engine.skipped_steps();
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
       p.elapsed_s = seconds_since(start_);
-      p.eta_s = train_s_ / static_cast<double>(done) * static_cast<double>(steps - done);
+      p.eta_s = train_s_ / static_cast<double>(std::max<std::int64_t>(1, done - resumed_steps_)) * static_cast<double>(steps - done);
       say(format_progress(p));
       if (cfg.wall_clock_breakdown) {
         // DeepSpeed's global timer line, here the mean per optimizer step since the last line.
@@ -338,6 +366,7 @@ void RankTrainer::finish() {
   summary_.memory = engine.memory_stats();
   summary_.skipped_steps = engine.skipped_steps();
   if (cfg.fp16.enabled) summary_.loss_scale = engine.loss_scale();
+  if (!options_.save_dir.empty() && last_saved_tag_.empty()) save_checkpoint();
   if (!options_.save_weights.empty()) {
     engine.save_weights(options_.save_weights);  // collective with several ranks: rank 0 writes
     say(fmt::format("weights saved to {}", options_.save_weights.string()));
@@ -350,9 +379,48 @@ void RankTrainer::finish() {
   }
 }
 
+std::string RankTrainer::save_checkpoint() {
+  Engine& engine = *engine_;
+  const DataLoaderState d = loader_->state();
+  const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
+  last_saved_tag_ = engine.save_checkpoint(options_.save_dir, "", client);
+  if (lead()) {
+    for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
+  }
+  say(fmt::format("step {}/{} | checkpoint {} saved", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string()));
+  return last_saved_tag_;
+}
+
+bool RankTrainer::stop_requested() {
+  float v = static_cast<float>(stop_signal());
+  // Every rank stops after the same step: the largest signal number any rank saw.
+  if (engine_->world_size() > 1) {
+    std::array<float, 1> buf{v > 0.0f ? 1.0f : 0.0f};
+    engine_->all_reduce_sum(buf);
+    if (buf[0] > 0.0f && v == 0.0f) v = static_cast<float>(SIGTERM);
+  }
+  stopped_by_signal_ = static_cast<int>(v);
+  return stopped_by_signal_ != 0;
+}
+
 void RankTrainer::run() {
   announce();
-  while (!done()) train_step();
+  while (!done()) {
+    train_step();
+    last_saved_tag_.clear();
+    if (options_.handle_signals && stop_requested()) {
+      // A scheduler's preemption notice: this step is done; save it and end the run.
+      if (!options_.save_dir.empty()) save_checkpoint();
+      say(fmt::format("step {}/{} | stopped by signal {} ({}){}", engine_->global_steps(), plan_.steps, stopped_by_signal_,
+                      stopped_by_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
+                      options_.save_dir.empty() ? std::string("; no --save-dir: nothing was saved")
+                                                : std::string("; rerun the same command with --resume auto to continue")));
+      report_ = engine_->zero_report();
+      summary_.steps = engine_->global_steps();
+      return;
+    }
+    if (options_.save_interval > 0 && engine_->global_steps() % options_.save_interval == 0 && !done() && !options_.save_dir.empty()) save_checkpoint();
+  }
   finish();
 }
 

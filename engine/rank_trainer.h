@@ -69,6 +69,15 @@ class RankTrainer {
   // This rank's ZeRO figures after training (set by finish()).
   const ZeroReport& zero_report() const { return report_; }
 
+  // A checkpoint of the run so far under options.save_dir (collective): the engine's state and, as
+  // its client state, the data loader's position and the seed; then --keep-last. Returns the tag.
+  std::string save_checkpoint();
+  // Collective: true when a stop was requested (SIGTERM / SIGINT, request_stop()) on any rank, so
+  // that every rank stops after the same step.
+  bool stop_requested();
+  // The signal that ended run() early (after a checkpoint), or 0.
+  int stopped_by_signal() const { return stopped_by_signal_; }
+
  private:
   void say(const std::string& line) const;
   template <typename Fn>
@@ -104,6 +113,10 @@ class RankTrainer {
   double train_s_ = 0.0, interval_train_s_ = 0.0;
   std::int64_t interval_steps_ = 0;
   std::int64_t skipped_before_ = 0;  // engine.skipped_steps() before the last step
+  std::uint64_t seed_ = 0;           // options.seed, or the resumed run's
+  std::int64_t resumed_steps_ = 0;   // global_steps when this process started training
+  std::string last_saved_tag_;       // the checkpoint of the current step, once saved
+  int stopped_by_signal_ = 0;
 };
 
 }  // namespace dstrain

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/rank_trainer.h"
+#include "engine/trainer_checkpoints.h"
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "zero/launcher_communicator.h"
@@ -110,11 +111,16 @@ TrainResult Trainer::run() {
   TrainResult result;
   // Each rank fills its own slot (threads of one process); they are read after every rank is done.
   std::vector<std::optional<TrainSummary>> summaries;
+  std::optional<StopSignalHandler> signals;
+  if (options_.handle_signals) signals.emplace();
   const auto train_rank = [&](Communicator* comm, std::size_t slot) {
     RankTrainer rank(plan, options_, comm);
     rank.run();
     result.reports[slot] = rank.zero_report();
-    if (rank.lead()) summaries[slot] = rank.take_summary();
+    if (rank.lead()) {
+      summaries[slot] = rank.take_summary();
+      result.stopped_by_signal = rank.stopped_by_signal();
+    }
   };
   if (plan.comm == "mpi") {
     // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.

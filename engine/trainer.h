@@ -41,6 +41,8 @@ struct TrainResult {
   std::optional<TrainSummary> summary;  // rank 0's; empty in a launcher's process of another rank
   // One per rank: every rank with num_ranks and over MPI (gathered); under NCCL this process's rank alone.
   std::vector<ZeroReport> reports;
+  // The signal (SIGTERM, SIGINT) that stopped the run after a step and a checkpoint; 0: it ran to the end.
+  int stopped_by_signal = 0;
 };
 
 class Trainer {

@@ -30,6 +30,11 @@ struct TrainerOptions {
   // Values for the config's other "auto" keys, as `check-config` takes them (config_schema/auto_values.h).
   // total_num_steps / warmup_num_steps come from `steps` / `warmup_steps` when left unset here.
   config::AutoValues autos;
+  // The program's own optimizer, as an "optimizer" block ({"type": "Lion", "params": {"lr": 1e-4}}):
+  // it replaces the config's block, as the optimizer a program passes to deepspeed.initialize does.
+  // nullopt: the config's block, or with none AdamW with the HF Trainer's defaults, filled from
+  // autos' lr / betas / eps / weight_decay (config::default_optimizer_block).
+  std::optional<config::Json> optimizer;
 
   // ---- evaluation and samples ----
   std::int64_t val_interval = 100;  // evaluate (and sample) every N steps and at the end; 0: only at the end
@@ -55,6 +60,19 @@ struct TrainerOptions {
 
   // ---- outputs ----
   std::filesystem::path save_weights;  // the final weights (HF GPT-2 safetensors); empty: none
+  // ---- training checkpoints (docs/checkpoints.md "The training loop") ----
+  std::filesystem::path save_dir;   // checkpoints go here (every save_interval steps and at the end); empty: none
+  std::int64_t save_interval = 0;   // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
+  std::int64_t keep_last = 0;       // keep the newest K checkpoints under save_dir; 0: all
+  // Continue a run: "" (start fresh), "auto" (from the checkpoint `latest` names under save_dir if
+  // there is one, else fresh: a job script can be rerun as it is) or the folder of a run's save_dir.
+  std::string resume;
+  std::string load_tag;             // the checkpoint to resume from; empty: the one `latest` names
+  // SIGTERM / SIGINT finish the current step, save a checkpoint (with save_dir) and end the run
+  // (TrainResult::stopped_by_signal): the ranks agree after every step (one small all-reduce).
+  // `dstrain train` sets it; with it an embedding program may also call request_stop()
+  // (engine/trainer_checkpoints.h).
+  bool handle_signals = false;
   std::filesystem::path summary_json;  // the run's figures as JSON; empty: none
 
   // ---- where the run's lines go ----

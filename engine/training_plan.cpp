@@ -307,12 +307,24 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (!config_options.autos.total_num_steps) config_options.autos.total_num_steps = options.steps;
   if (!config_options.autos.warmup_num_steps) config_options.autos.warmup_num_steps = options.warmup_steps;
   if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd;
+  // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
+  config_options.client_optimizer = options.optimizer;
+  const bool config_has_optimizer = config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
+  if (!options.optimizer && !config_has_optimizer) config_options.default_optimizer = config::default_optimizer_block(config_options.autos);
   plan.config = config::parse_ds_config(config_text.tree, config_options);
   if (lead_process) {
     for (const config::Warning& w : plan.config.warnings) trainer_warn(options, fmt::format("{}{}{}", w.path, w.path.empty() ? "" : ": ", w.message));
     for (const std::string& r : plan.config.resolved_autos) trainer_print(options, fmt::format("auto: {}", r));
   }
   const config::DsConfig& cfg = plan.config;
+  if (lead_process && cfg.optimizer_source == config::OptimizerSource::default_adamw) {
+    const config::OptimizerParams& p = cfg.optimizer.params;
+    trainer_print(options, fmt::format("optimizer: the config has no \"optimizer\" block, so AdamW with the Hugging Face Trainer's defaults: lr {} "
+                                       "betas ({}, {}) eps {} weight_decay {} (--lr, --adam-beta1, --adam-beta2, --adam-eps, --weight-decay)",
+                                       p.lr, p.betas.first, p.betas.second, p.eps, p.weight_decay));
+  } else if (lead_process && cfg.optimizer_source == config::OptimizerSource::client) {
+    trainer_print(options, fmt::format("optimizer: the program's own, {} (in place of the config's block, if any)", cfg.optimizer.type));
+  }
   // overlap_comm issues the collectives from a worker thread (zero/comm_queue.h): MPI must allow
   // calls from any one thread at a time.
   if (plan.comm == "mpi" && cfg.zero_optimization.overlap_comm && !plan.mpi.threads_serialized) {
@@ -327,6 +339,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   for (const RunFile& out : outputs) {
     if (!out.path.empty()) prove_writable(out);
   }
+
+  // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
+  // model (engine/trainer_checkpoints.h) ----
+  plan.resume = plan_resume(options, g, cfg);
 
   // ---- the sequence length, the tokenizer, the memory the run needs ----
   const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions, 1024);

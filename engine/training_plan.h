@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config_schema/config_source.h"
 #include "config_schema/ds_config.h"
+#include "engine/trainer_checkpoints.h"
 #include "engine/trainer_options.h"
 #include "ops/device.h"
 #include "ops/transformer/gpt2_config.h"
@@ -42,6 +44,8 @@ struct TrainingPlan {
   bool steps_from_epoch = false;      // `steps` was not given: one epoch
   std::int64_t print_every = 10;      // steps between progress lines (steps_per_print; 10 unset)
   bool print_every_defaulted = false;  // steps_per_print was unset
+  // The checkpoint the run continues from (--resume), checked before step 1; nullopt: fresh.
+  std::optional<ResumePoint> resume;
   double peak_flops = 0.0;            // the flops profiler's peak (measured when not given)
   bool peak_measured = false;
 };

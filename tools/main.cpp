@@ -12,6 +12,7 @@
 #include <dstrain/dstrain.h>
 
 #include "check_config_command.h"
+#include "cli_options.h"
 #include "prepare_data_command.h"
 #include "train_command.h"
 
@@ -81,6 +82,8 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
     std::fprintf(stderr, "dstrain: error: %s\nRun `%s --help` for the options.\n", e.what(), where.c_str());
     return 2;
+  } catch (const dstrain::cli::ExitStatus& e) {
+    return e.code;  // the command said why on its own lines
   } catch (const dstrain::Error& e) {
     // Invalid input (config, file, value): the message names the cause and the fix.
     std::fprintf(stderr, "dstrain: error%s: %s\n", mpi_rank_tag().c_str(), e.what());

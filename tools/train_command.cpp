@@ -18,6 +18,8 @@ namespace {
 // The command line as CLI11 fills it; run_train turns it into TrainerOptions.
 struct TrainArgs {
   std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json;
+  std::string save_dir, resume, load_tag;
+  std::int64_t save_interval = 0, keep_last = 0;
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
   std::uint64_t seed = 42;
   std::int64_t val_interval = 100, val_batches = 20;
@@ -57,6 +59,12 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.bf16_stochastic_rounding = args.bf16_stochastic_rounding;
   o.inject_overflow = args.inject_overflow;
   o.save_weights = args.save_weights;
+  o.save_dir = args.save_dir;
+  o.save_interval = args.save_interval;
+  o.keep_last = args.keep_last;
+  o.resume = args.resume;
+  o.load_tag = args.load_tag;
+  o.handle_signals = true;
   o.summary_json = args.summary_json;
   o.local_rank = args.local_rank;
   o.autos = to_auto_values(args.autos);
@@ -65,7 +73,10 @@ TrainerOptions trainer_options(const TrainArgs& args) {
 
 void run_train(const TrainArgs& args) {
   Trainer trainer(load_config_argument(args.config), args.model, trainer_options(args));
-  trainer.run();
+  const TrainResult r = trainer.run();
+  // Stopped by SIGTERM / SIGINT after a checkpoint: EX_TEMPFAIL, "try again" — a job script
+  // reruns the same command (with --resume auto) to continue.
+  if (r.stopped_by_signal != 0) throw ExitStatus{kExitStoppedBySignal};
 }
 
 }  // namespace
@@ -97,6 +108,19 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--init-from", args->init_from, "Start from these weights (Hugging Face GPT-2 safetensors) instead of the init");
   cmd->add_option("--save-weights", args->save_weights, "Write the final weights (Hugging Face GPT-2 safetensors)");
+  cmd->add_option("--save-dir", args->save_dir,
+                  "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT");
+  cmd->add_option("--save-interval", args->save_interval, "Optimizer steps between checkpoints (0: only at the end)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--keep-last", args->keep_last, "Keep only the newest K checkpoints under --save-dir (0: all)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str();
+  CLI::Option* resume = cmd->add_option("--resume", args->resume,
+                  "Continue a run from a checkpoint: DIR (a --save-dir), or auto (the latest under --save-dir if there is one, else start "
+                  "fresh). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
+      ->expected(0, 1);
+  cmd->add_option("--load-tag", args->load_tag, "The checkpoint to resume from (default: the one DIR/latest names)");
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
@@ -141,7 +165,10 @@ void add_train_command(CLI::App& app) {
       ->check(finite_number_at_least(0.0))
       ->capture_default_str();
   add_auto_value_options(cmd, args->autos);
-  cmd->callback([args] { run_train(*args); });
+  cmd->callback([args, resume] {
+    if (resume->count() > 0 && args->resume.empty()) args->resume = "auto";  // --resume alone
+    run_train(*args);
+  });
 }
 
 }  // namespace dstrain::cli

@@ -1,0 +1,126 @@
+// The files of a training checkpoint (docs/checkpoints.md): how a rank writes its pieces, how the
+// checkpoint is committed atomically, and how a loading rank finds and verifies the pieces it
+// needs. Nothing here knows the Engine: it moves named element ranges of named buffers
+// ("master", "exp_avg", ..., "param") of named parameters, which is parameter space
+// (docs/training_state.md §5), so any world size, ZeRO stage or bucket size reads what any other
+// wrote.
+//
+//   <save_dir>/latest                        the newest tag, as DeepSpeed writes it (no newline)
+//   <save_dir>/<tag>/checkpoint.json         the manifest: scalars, layout, config, rank indexes
+//   <save_dir>/<tag>/rank_00000.safetensors  rank 0's pieces: tensor "<buffer>/<param>/<offset>", shape [numel]
+//   <save_dir>/<tag>/rank_00000.json         its index: file size, and per tensor buffer, param, offset, numel, crc32c
+//
+// A save writes everything into "<save_dir>/<tag>.partial", fsyncs every file and the folder,
+// writes checkpoint.json last, renames the folder to <tag> and only then rewrites `latest`
+// (temporary + fsync + rename), so a crash at any moment leaves the previous checkpoint (and
+// `latest` naming it) intact, and a half-written folder never carries a tag's name.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config_schema/field_spec.h"
+#include "ops/dtype.h"
+
+namespace dstrain {
+
+inline constexpr const char* kCheckpointFormat = "dstrain-checkpoint";
+inline constexpr int kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointManifest = "checkpoint.json";
+inline constexpr const char* kLatestFile = "latest";
+// The test hook of the crash-safety tests: when set to N > 0, a save sleeps N milliseconds before
+// each file it writes and before its renames, so a test can kill -9 the process between any two.
+inline constexpr const char* kCheckpointPauseEnv = "DSTRAIN_TEST_CHECKPOINT_PAUSE_MS";
+
+// Elements [offset, offset + numel) of parameter `param` in buffer `buffer`.
+struct CheckpointPiece {
+  std::string buffer;
+  std::string param;
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  DType dtype = DType::fp32;
+  std::string tensor_name() const;  // "<buffer>/<param>/<offset>"
+};
+
+// A tag must be usable as a folder name: Error naming it otherwise (empty, "." or "..", a '/',
+// or ending in ".partial", the name of a folder being written).
+void check_checkpoint_tag(const std::string& tag);
+std::filesystem::path partial_checkpoint_dir(const std::filesystem::path& save_dir, const std::string& tag);
+std::string rank_file_name(int rank, const char* ext);  // "rank_00003.safetensors" / ".json"
+
+// Sleeps for the test hook (kCheckpointPauseEnv); no-op when unset.
+void checkpoint_test_pause();
+
+// Writes one rank's pieces as a safetensors file, streaming: the header is written first (the
+// sizes are known), then each piece's bytes in order, each checksummed as it goes. Error naming the
+// file and the cause (disk full, permissions) on any failed write.
+class RankFileWriter {
+ public:
+  RankFileWriter(std::filesystem::path path, std::vector<CheckpointPiece> pieces);
+  ~RankFileWriter();
+  RankFileWriter(const RankFileWriter&) = delete;
+  RankFileWriter& operator=(const RankFileWriter&) = delete;
+  // Piece i's bytes (numel * dtype size); pieces are written in the order given.
+  void write(std::size_t i, const void* bytes);
+  // Flushes the file to disk (fsync) and returns its index: {"file", "bytes", "tensors": [...]}.
+  config::Json finish();
+
+ private:
+  void put(const void* bytes, std::size_t n);
+  std::filesystem::path path_;
+  std::vector<CheckpointPiece> pieces_;
+  std::vector<std::uint32_t> crcs_;
+  std::size_t next_ = 0;
+  std::uint64_t written_ = 0;
+  int fd_ = -1;
+};
+
+// Writes `text` to `path` and fsyncs it (inside the partial folder; no rename needed).
+void write_checkpoint_text(const std::filesystem::path& path, const std::string& text);
+// fsync of a folder (the names in it are durable).
+void sync_dir(const std::filesystem::path& dir);
+// Renames the partial folder to <tag> (replacing an older <tag>), fsyncs save_dir, then writes
+// `latest` atomically.
+void commit_checkpoint(const std::filesystem::path& save_dir, const std::string& tag);
+// The tag `latest` names; nullopt when there is no `latest` file. Error when it is unreadable or
+// names no folder holding a manifest.
+std::optional<std::string> read_latest_tag(const std::filesystem::path& save_dir);
+// The committed tags under save_dir (folders with a manifest), oldest first by global_steps then name.
+std::vector<std::string> list_checkpoint_tags(const std::filesystem::path& save_dir);
+
+// A committed checkpoint opened for loading: the manifest and every rank's index read and
+// checked (format, version, each index's size and checksum as the manifest records them). The
+// data files are opened when first read; each piece's checksum is verified the first time it is
+// read. Every Error names the file and, where there is one, the tensor.
+class CheckpointReader {
+ public:
+  CheckpointReader(const std::filesystem::path& save_dir, const std::string& tag);
+  ~CheckpointReader();
+  CheckpointReader(CheckpointReader&&) noexcept;
+  CheckpointReader& operator=(CheckpointReader&&) = delete;
+
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::string& tag() const { return tag_; }
+  const config::Json& manifest() const { return manifest_; }
+  // The saved dtype of `buffer` (nullopt: the checkpoint does not hold it).
+  std::optional<DType> buffer_dtype(const std::string& buffer) const;
+  // Copies elements [offset, offset + numel) of `param`'s `buffer` into `out` (numel values of the
+  // saved dtype). Error naming the parameter and the elements when the saved pieces do not cover
+  // them, and naming file and tensor when a piece is truncated or fails its checksum.
+  void read(const std::string& buffer, const std::string& param, std::int64_t offset, std::int64_t numel, void* out);
+
+ private:
+  struct Impl;
+  std::filesystem::path dir_;
+  std::string tag_;
+  config::Json manifest_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,172 @@
+// Training checkpoints through `dstrain train` as a job script uses them (docs/checkpoints.md):
+// a run stopped and resumed in a new process ends where the uninterrupted run does, with the same
+// losses; resumed at another world size and stage; SIGTERM / SIGINT finish the step, save and exit
+// 75; kill -9 at many points of a save always leaves `latest` naming a loadable checkpoint; every
+// mistake (no such folder or tag, another model, --save-dir a file) exits 2 before step 1.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using dstrain::testing::CliResult;
+using dstrain::testing::read_file_text;
+using dstrain::testing::run_dstrain;
+using dstrain::testing::shell_quote;
+
+namespace {
+
+class CheckpointCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("dstrain_test_checkpoint_cli." + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
+    ASSERT_EQ(prep.exit_code, 0) << prep.err;
+    // bf16 with stochastic rounding, ZeRO 2, GAS 2, a warmup schedule: everything a resume restores.
+    std::ofstream(dir_ / "bf16.json") << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 2},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 12}}})";
+    std::ofstream(dir_ / "fp32_s1.json") << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+    std::ofstream(dir_ / "fp32_s3.json") << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string q(const fs::path& p) { return shell_quote(p.string()); }
+  static std::string train(const std::string& config, int ranks, const std::string& model = "gpt2:L2-C32-H2-V256-T32") {
+    return "train --deepspeed_config " + q(dir_ / config) + " --model " + model + " --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
+           " --sample-tokens 0 --val-interval 0 --num-ranks " + std::to_string(ranks);
+  }
+  static std::vector<double> losses(const fs::path& summary) {
+    return nlohmann::json::parse(read_file_text(summary))["train_losses"].get<std::vector<double>>();
+  }
+  // Starts `args` in the background, sends `signal` after `seconds`, waits; returns the exit status
+  // (128 + n for a process killed by signal n) and leaves its output in dir_/bg.txt.
+  static int run_and_signal(const std::string& args, const std::string& signal, double seconds, const std::string& env = "") {
+    const fs::path out = dir_ / "bg.txt", code = dir_ / "bg.code";
+    const std::string cmd = "(" + env + " " + std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + args + " >" + q(out) + " 2>&1 </dev/null & p=$!; sleep " +
+                            std::to_string(seconds) + "; kill -" + signal + " $p; wait $p; echo $? >" + q(code) + ")";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    return std::stoi(read_file_text(code));
+  }
+
+  static fs::path dir_;
+};
+fs::path CheckpointCli::dir_;
+
+TEST_F(CheckpointCli, ResumedRunEndsWhereTheUninterruptedOneDoes) {
+  const fs::path ck = dir_ / "ck_resume";
+  const std::string sr = " --bf16-stochastic-rounding";
+  const CliResult whole = run_dstrain(train("bf16.json", 2) + sr + " --steps 6 --summary-json " + q(dir_ / "whole.json"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const CliResult first = run_dstrain(train("bf16.json", 2) + sr + " --steps 3 --save-dir " + q(ck));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(read_file_text(ck / "latest"), "global_step3");
+  // The same command with --resume and --steps 6: steps 4-6, the same losses bit for bit.
+  const CliResult second = run_dstrain(train("bf16.json", 2) + sr + " --steps 6 --save-dir " + q(ck) + " --resume --summary-json " + q(dir_ / "res.json"));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("resumed from checkpoint"), std::string::npos) << second.out;
+  EXPECT_EQ(second.out.find("step 1/6 |"), std::string::npos) << second.out;
+  const std::vector<double> a = losses(dir_ / "whole.json"), b = losses(dir_ / "res.json");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(b[i], a[3 + i]) << "step " << 4 + i;
+  EXPECT_EQ(read_file_text(ck / "latest"), "global_step6");
+}
+
+TEST_F(CheckpointCli, ResumesAtAnotherWorldSizeAndStage) {
+  const fs::path ck = dir_ / "ck_reshard";
+  const CliResult whole = run_dstrain(train("fp32_s1.json", 2) + " --steps 6 --summary-json " + q(dir_ / "w1.json"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_EQ(run_dstrain(train("fp32_s1.json", 2) + " --steps 3 --save-dir " + q(ck)).exit_code, 0);
+  // Saved at stage 1 on 2 ranks, resumed at stage 3 on 4 ranks and at stage 1 on 1 rank: the
+  // global batch is the same data; only the reduction order differs (fp32).
+  for (const auto& [config, ranks] : std::vector<std::pair<std::string, int>>{{"fp32_s3.json", 4}, {"fp32_s1.json", 1}}) {
+    const fs::path sum = dir_ / fmt::format("r{}.json", ranks);
+    const CliResult r = run_dstrain(train(config, ranks) + " --steps 6 --resume " + q(ck) + " --summary-json " + q(sum));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<double> a = losses(dir_ / "w1.json"), b = losses(sum);
+    ASSERT_EQ(b.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(b[i], a[3 + i], 1e-5 * a[3 + i]) << config << " step " << 4 + i;
+  }
+}
+
+TEST_F(CheckpointCli, SigtermFinishesTheStepSavesAndExits75) {
+  for (const std::string sig : {"TERM", "INT"}) {
+    const fs::path ck = dir_ / ("ck_sig" + sig);
+    const int code = run_and_signal(train("bf16.json", 2) + " --steps 100000 --save-dir " + q(ck), sig, 1.5);
+    const std::string out = read_file_text(dir_ / "bg.txt");
+    ASSERT_EQ(code, 75) << out;
+    EXPECT_NE(out.find("stopped by signal"), std::string::npos) << out;
+    const std::string tag = read_file_text(ck / "latest");
+    ASSERT_TRUE(fs::exists(ck / tag / "checkpoint.json")) << tag;
+    const long steps = std::stol(tag.substr(std::string("global_step").size()));
+    EXPECT_GT(steps, 0);
+    // Rerun with --resume auto: it continues from there and ends at --steps.
+    const CliResult r = run_dstrain(train("bf16.json", 2) + " --steps " + std::to_string(steps + 2) + " --save-dir " + q(ck) + " --resume auto");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("at step " + std::to_string(steps)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("step " + std::to_string(steps + 2) + "/" + std::to_string(steps + 2) + " | checkpoint"), std::string::npos) << r.out;
+  }
+}
+
+// kill -9 at many moments: a save pauses before each file and rename (the test hook), so the kills
+// land between any two of its writes. After each, `latest` (when there is one) names a complete
+// checkpoint that a new run resumes from.
+TEST_F(CheckpointCli, KillDuringSaveLeavesPreviousCheckpointLoadable) {
+  const fs::path ck = dir_ / "ck_kill";
+  int resumed = 0;
+  for (int i = 0; i < 10; ++i) {
+    const double at = 0.45 + 0.13 * i;
+    const int code = run_and_signal(train("bf16.json", 2) + " --steps 100000 --save-interval 1 --keep-last 2 --save-dir " + q(ck) + " --resume auto",
+                                    "KILL", at, "DSTRAIN_TEST_CHECKPOINT_PAUSE_MS=40");
+    EXPECT_EQ(code, 128 + 9) << read_file_text(dir_ / "bg.txt");
+    if (!fs::exists(ck / "latest")) continue;
+    const std::string tag = read_file_text(ck / "latest");
+    ASSERT_TRUE(fs::exists(ck / tag / "checkpoint.json")) << "kill at " << at << "s: latest names " << tag;
+    const long steps = std::stol(tag.substr(std::string("global_step").size()));
+    const CliResult r = run_dstrain(train("bf16.json", 2) + " --steps " + std::to_string(steps + 1) + " --resume " + q(ck));
+    ASSERT_EQ(r.exit_code, 0) << "kill at " << at << "s, tag " << tag << ": " << r.err;
+    ++resumed;
+  }
+  EXPECT_GE(resumed, 5);
+}
+
+TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {
+  const fs::path ck = dir_ / "ck_errors";
+  ASSERT_EQ(run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --save-dir " + q(ck)).exit_code, 0);
+  const auto expect_refused = [&](const std::string& args, const std::string& needle) {
+    const CliResult r = run_dstrain(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  };
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(dir_ / "nope"), "--resume");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --load-tag global_step9", "global_step9");
+  expect_refused(train("fp32_s1.json", 1, "gpt2:L3-C32-H2-V256-T32") + " --steps 2 --resume " + q(ck), "another model");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --save-interval 1", "--save-dir");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --save-dir " + q(dir_ / "t_train.bin"), "--save-dir");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume auto", "--save-dir");
+  // A corrupt data file is found when the ranks load, before step 1 too.
+  const fs::path data = ck / "global_step1" / "rank_00000.safetensors";
+  std::string bytes = read_file_text(data);
+  bytes[bytes.size() - 1] ^= 0x01;
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck), "checksum");
+}
+
+}  // namespace

@@ -1,0 +1,605 @@
+// Training checkpoints through the engine (docs/checkpoints.md):
+//   - resume bit for bit: N steps in one engine == N/2 steps, save, a new engine, load, N/2 steps —
+//     the same loss every step, and the same parameters, 16-bit copies, optimizer states, counters,
+//     loss scaler and LR schedule (the final checkpoints' rank files are byte-identical and their
+//     manifests' scalars equal), over stages × worlds × dtypes × GAS × activation checkpointing ×
+//     optimizers, fp16 saved in the middle of a hysteresis window;
+//   - reshard: a checkpoint saved at (s, W) and loaded at (s', W') holds, saved again, exactly the
+//     same values in parameter space; its continuation equals the (s, W) continuation within the
+//     ZeRO equivalence tolerances (reduction order); the loss scaler crosses the ZeRO / non-ZeRO rules;
+//   - corrupt, truncated, missing and foreign files, another model, an unknown tag: each an Error
+//     naming the file (and tensor), the engine unchanged;
+//   - tag validation, `latest`, a failed save leaving the previous checkpoint loadable.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_files.h"
+#include "ops/crc32c.h"
+#include "zero_test_util.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace zero_testing;
+
+// A fresh folder under the test temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path = fs::temp_directory_path() / fmt::format("dstrain_ckpt_{}_{}", name, ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct Segment {
+  std::optional<fs::path> load_dir;  // load latest from here first
+  std::string load_tag;
+  LoadCheckpointOptions load_options{};
+  int from = 0, to = 0;               // optimizer steps [from, to) (global step numbers)
+  std::optional<fs::path> save_dir;  // save at the end (tag "final" unless save_tag)
+  std::string save_tag = "final";
+  bool stochastic_rounding = false;
+};
+
+struct SegmentResult {
+  std::vector<float> losses;
+  std::vector<double> loss_scales;
+  std::map<std::string, std::vector<float>> params;
+  std::int64_t global_steps = 0, skipped = 0;
+  config::Json client_state;
+};
+
+// Trains `seg` on s.world local ranks, feeding global step k's slots as run_zero does.
+SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
+  SegmentResult out;
+  const std::string json = zero_config_json(s);
+  run_local_ranks(s.world, [&](Communicator& comm) {
+    const int r = comm.rank();
+    config::ConfigOptions copts;
+    copts.world_size = s.world;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.seed = 11;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    o.checkpoint_activations = s.ckpt;
+    o.bf16_stochastic_rounding = seg.stochastic_rounding;
+    if (static_cast<std::size_t>(r) < s.inject_overflow.size()) o.inject_overflow_steps = s.inject_overflow[static_cast<std::size_t>(r)];
+    Engine e = initialize(make_gpt2_model(model_config(s.dropout)), c, o);
+    if (seg.load_dir) {
+      const LoadedCheckpoint l = e.load_checkpoint(*seg.load_dir, seg.load_tag, seg.load_options);
+      EXPECT_TRUE(l.loaded());
+      if (r == 0) out.client_state = l.client_state;
+    }
+    EXPECT_EQ(e.global_steps(), seg.from);
+    for (int step = seg.from; step < seg.to; ++step) {
+      for (int m = 0; m < s.gas; ++m) {
+        Tokens t = slot_batch(step, m * s.world + r);
+        e.forward(t.batch());
+        e.backward();
+        e.step();
+      }
+      if (r == 0) {
+        out.losses.push_back(e.last_step_loss());
+        out.loss_scales.push_back(e.loss_scale());
+      }
+    }
+    if (seg.save_dir) e.save_checkpoint(*seg.save_dir, seg.save_tag, config::Json{{"step", seg.to}, {"note", "client"}});
+    std::map<std::string, std::vector<float>> params;
+    e.gather_master_params([&](const std::string& n, const Tensor& t) { params[n] = values(t); });
+    if (r == 0) {
+      out.params = std::move(params);
+      out.global_steps = e.global_steps();
+      out.skipped = e.skipped_steps();
+    }
+  });
+  return out;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+config::Json manifest_of(const fs::path& dir) { return config::Json::parse(file_bytes(dir / "checkpoint.json")); }
+
+std::string describe(const RunSpec& s, const std::string& extra = "") {
+  return fmt::format("stage {} world {} gas {} {} ckpt {} {}{}", s.stage, s.world, s.gas, precision_name(s.precision), s.ckpt,
+                     s.knobs.optimizer_json.empty() ? "AdamW" : s.knobs.optimizer_json, extra);
+}
+
+// N steps == N/2, save, new engine, load, N/2: bitwise.
+void expect_resume_bitwise(RunSpec s, int n, bool stochastic_rounding = false) {
+  SCOPED_TRACE(describe(s, stochastic_rounding ? " stochastic rounding" : ""));
+  TempDir whole("whole"), split("split");
+  Segment a;
+  a.to = n;
+  a.save_dir = whole.path;
+  a.stochastic_rounding = stochastic_rounding;
+  const SegmentResult ra = run_segment(s, a);
+
+  Segment b1 = a;
+  b1.to = n / 2;
+  b1.save_dir = split.path;
+  b1.save_tag = "";  // default: global_step<N>
+  run_segment(s, b1);
+  ASSERT_TRUE(fs::exists(split.path / fmt::format("global_step{}", n / 2) / "checkpoint.json"));
+  ASSERT_EQ(file_bytes(split.path / "latest"), fmt::format("global_step{}", n / 2));
+  Segment b2 = a;
+  b2.load_dir = split.path;
+  b2.from = n / 2;
+  b2.save_dir = split.path;
+  const SegmentResult rb = run_segment(s, b2);
+  EXPECT_EQ(rb.client_state, (config::Json{{"step", n / 2}, {"note", "client"}}));
+
+  ASSERT_EQ(rb.losses.size(), static_cast<std::size_t>(n - n / 2));
+  for (std::size_t i = 0; i < rb.losses.size(); ++i) {
+    EXPECT_EQ(rb.losses[i], ra.losses[n / 2 + i]) << "loss of step " << n / 2 + i + 1;
+    EXPECT_EQ(rb.loss_scales[i], ra.loss_scales[n / 2 + i]) << "loss scale after step " << n / 2 + i + 1;
+  }
+  EXPECT_EQ(rb.params, ra.params);
+  EXPECT_EQ(rb.skipped, ra.skipped);
+  // Every saved tensor (masters, 16-bit params, every optimizer state) bit for bit: the rank files
+  // of the two final checkpoints are the same bytes; and the same scalars.
+  const int files = s.stage >= 1 ? s.world : 1;
+  for (int k = 0; k < files; ++k) {
+    const std::string name = rank_file_name(k, ".safetensors");
+    EXPECT_EQ(file_bytes(whole.path / "final" / name), file_bytes(split.path / "final" / name)) << name;
+  }
+  const config::Json ma = manifest_of(whole.path / "final"), mb = manifest_of(split.path / "final");
+  for (const char* key : {"engine", "loss_scaler", "lr_scheduler", "layout", "optimizer", "seed"}) EXPECT_EQ(ma.at(key), mb.at(key)) << key;
+}
+
+RunSpec spec(int stage, int world, Precision p, int gas = 1, bool ckpt = false) {
+  RunSpec s;
+  s.stage = stage;
+  s.world = world;
+  s.precision = p;
+  s.gas = gas;
+  s.ckpt = ckpt;
+  // Small buckets: several chunks per layer, so pieces split tensors.
+  s.knobs.reduce_bucket_size = 4000;
+  s.knobs.allgather_bucket_size = 4000;
+  s.knobs.persistence_threshold = 500;
+  // A scheduler, so that the LR schedule's position matters.
+  return s;
+}
+
+TEST(Checkpoint, ResumeBitwiseStagesWorldsDtypes) {
+  for (const Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (const int world : {1, 2}) expect_resume_bitwise(spec(stage, world, p, /*gas=*/world == 1 ? 2 : 1, /*ckpt=*/stage == 2), 4);
+}
+
+TEST(Checkpoint, ResumeBitwiseFourRanksGasCheckpointing) {
+  expect_resume_bitwise(spec(1, 4, Precision::fp32, 2, false), 4);
+  expect_resume_bitwise(spec(3, 4, Precision::bf16, 1, true), 4);
+  expect_resume_bitwise(spec(2, 2, Precision::fp16, 2, true), 4);
+}
+
+TEST(Checkpoint, ResumeBitwiseStochasticRounding) {
+  expect_resume_bitwise(spec(0, 1, Precision::bf16), 4, true);
+  expect_resume_bitwise(spec(2, 2, Precision::bf16), 4, true);
+}
+
+// fp16 saved in the middle of a hysteresis window (ZeRO's DynamicLossScaler, hysteresis 2): the
+// overflow of step 2 uses one unit of hysteresis; the checkpoint after it must carry that, or the
+// overflow of step 3 would not halve the scale.
+TEST(Checkpoint, ResumeFp16MidHysteresis) {
+  for (const int stage : {1, 3}) {
+    RunSpec s = spec(stage, 2, Precision::fp16);
+    s.inject_overflow = {{2, 3}};
+    expect_resume_bitwise(s, 4);
+    TempDir d("hyst");
+    Segment seg;
+    seg.to = 2;
+    seg.save_dir = d.path;
+    run_segment(s, seg);
+    const config::Json ls = manifest_of(d.path / "final").at("loss_scaler");
+    EXPECT_EQ(ls.at("cur_hysteresis").get<int>(), 1) << ls.dump();
+    EXPECT_EQ(ls.at("cur_scale").get<double>(), 256.0) << ls.dump();
+  }
+  // Non-ZeRO rule (halving, no hysteresis) likewise.
+  RunSpec s0 = spec(0, 1, Precision::fp16);
+  s0.inject_overflow = {{2, 3}};
+  expect_resume_bitwise(s0, 4);
+}
+
+TEST(Checkpoint, ResumeBitwiseOptimizersAndSchedule) {
+  const std::vector<std::pair<std::string, std::vector<int>>> optimizers = {
+      {R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}})", {0, 1, 2, 3}},
+      {R"({"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.1, "adam_w_mode": false}})", {0, 3}},
+      {R"({"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}})", {0}},
+  };
+  for (const auto& [opt, stages] : optimizers) {
+    for (const int stage : stages) {
+      RunSpec s = spec(stage, stage == 0 ? 1 : 2, Precision::fp32);
+      s.knobs.optimizer_json = opt;
+      s.knobs.allow_untested_optimizer = true;
+      expect_resume_bitwise(s, 4);
+    }
+  }
+}
+
+// ---- reshard ----
+
+// Every buffer of every parameter, read whole from a checkpoint.
+std::map<std::string, std::vector<std::uint32_t>> parameter_space(const fs::path& save_dir, const std::string& tag) {
+  CheckpointReader rd(save_dir, tag);
+  std::map<std::string, std::vector<std::uint32_t>> out;
+  std::vector<std::string> buffers{"master"};
+  for (const auto& n : rd.manifest().at("optimizer").at("states")) buffers.push_back(n.get<std::string>());
+  if (rd.buffer_dtype("param")) buffers.emplace_back("param");
+  for (const config::Json& p : rd.manifest().at("model").at("params")) {
+    std::int64_t numel = 1;
+    for (const auto& d : p.at("shape")) numel *= d.get<std::int64_t>();
+    for (const std::string& b : buffers) {
+      const std::size_t esize = dtype_size(*rd.buffer_dtype(b));
+      std::vector<std::uint32_t> v(static_cast<std::size_t>((numel * static_cast<std::int64_t>(esize) + 3) / 4), 0u);
+      rd.read(b, p.at("name").get<std::string>(), 0, numel, v.data());
+      out[b + "/" + p.at("name").get<std::string>()] = std::move(v);
+    }
+  }
+  return out;
+}
+
+TEST(Checkpoint, ReshardAcrossStagesAndWorlds) {
+  // The global batch is 4 micro-batches: (W, GAS) = (1, 4), (2, 2), (4, 1).
+  const auto at = [](int stage, int world, Precision p) { return spec(stage, world, p, 4 / world); };
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const auto& [s0, w0] : std::vector<std::pair<int, int>>{{0, 1}, {2, 2}, {3, 4}}) {
+      const RunSpec src = at(s0, w0, p);
+      TempDir d("reshard_src");
+      Segment save;
+      save.to = 2;
+      save.save_dir = d.path;
+      run_segment(src, save);
+      const auto saved_space = parameter_space(d.path, "final");
+      Segment cont;
+      cont.load_dir = d.path;
+      cont.load_tag = "final";
+      cont.from = 2;
+      cont.to = 4;
+      const SegmentResult ref = run_segment(src, cont);
+      for (int s1 = 0; s1 <= 3; ++s1) {
+        for (const int w1 : {1, 2, 4}) {
+          if (s1 == s0 && w1 == w0) continue;
+          if (s1 == 0 && w1 == 4) continue;  // keeps the matrix short: stage 0 is the same on any W
+          SCOPED_TRACE(fmt::format("{} saved at stage {} W {}, loaded at stage {} W {}", precision_name(p), s0, w0, s1, w1));
+          const RunSpec dst = at(s1, w1, p);
+          // Loaded and saved again without a step: exactly the same parameter space.
+          TempDir d2("reshard_dst");
+          Segment again;
+          again.load_dir = d.path;
+          again.load_tag = "final";
+          again.from = again.to = 2;
+          again.save_dir = d2.path;
+          run_segment(dst, again);
+          EXPECT_TRUE(parameter_space(d2.path, "final") == saved_space);
+          // The continuation: the ZeRO equivalence tolerances (reduction order differs with W).
+          const SegmentResult got = run_segment(dst, cont);
+          const Tolerance tol = tolerance(p);
+          for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], tol.loss_rtol * std::abs(ref.losses[i]) + 1e-7);
+          std::map<std::string, std::vector<float>> init;
+          {
+            CheckpointReader rd(d.path, "final");
+            for (const auto& [name, v] : ref.params) {
+              std::vector<float> m(v.size());
+              rd.read("master", name, 0, static_cast<std::int64_t>(v.size()), m.data());
+              init[name] = std::move(m);
+            }
+          }
+          const ParamDiff diff = compare_params(got.params, ref.params, init, tol.atol, tol.rtol);
+          EXPECT_TRUE(diff.finite);
+          EXPECT_LE(diff.update_rel, tol.update_rel) << diff.worst_tensor;
+          EXPECT_LE(diff.key_bias_max_abs, tol.key_bias_abs);
+        }
+      }
+    }
+  }
+}
+
+TEST(Checkpoint, LossScalerCrossesZeroRules) {
+  // Saved by the non-ZeRO rule (stage 0, no hysteresis) after an overflow halved the scale; loaded
+  // at stage 1 (ZeRO's DynamicLossScaler): the scale carries over, the hysteresis starts full.
+  RunSpec s0 = spec(0, 1, Precision::fp16);
+  s0.inject_overflow = {{1}};
+  TempDir d("scaler");
+  Segment save;
+  save.to = 2;
+  save.save_dir = d.path;
+  const SegmentResult r0 = run_segment(s0, save);
+  ASSERT_EQ(r0.loss_scales.back(), 128.0);
+  RunSpec s1 = spec(1, 2, Precision::fp16);
+  TempDir d2("scaler2");
+  Segment load;
+  load.load_dir = d.path;
+  load.from = load.to = 2;
+  load.save_dir = d2.path;
+  run_segment(s1, load);
+  const config::Json ls = manifest_of(d2.path / "final").at("loss_scaler");
+  EXPECT_EQ(ls.at("cur_scale").get<double>(), 128.0);
+  EXPECT_EQ(ls.at("cur_hysteresis").get<int>(), 2);  // DeepSpeed's default hysteresis
+  EXPECT_EQ(ls.at("cur_iter").get<int>(), 2);
+  EXPECT_EQ(ls.at("last_overflow_iter").get<int>(), 0);
+  // And back: a ZeRO checkpoint mid-hysteresis loads at stage 0 with its scale.
+  RunSpec s2 = spec(2, 2, Precision::fp16);
+  s2.inject_overflow = {{1}};
+  TempDir d3("scaler3"), d4("scaler4");
+  Segment save2 = save;
+  save2.save_dir = d3.path;
+  run_segment(s2, save2);
+  EXPECT_EQ(manifest_of(d3.path / "final").at("loss_scaler").at("cur_hysteresis").get<int>(), 1);
+  Segment load2 = load;
+  load2.load_dir = d3.path;
+  load2.save_dir = d4.path;
+  run_segment(spec(0, 1, Precision::fp16), load2);
+  EXPECT_EQ(manifest_of(d4.path / "final").at("loss_scaler").at("cur_scale").get<double>(), 256.0);
+}
+
+// ---- errors ----
+
+// One rank, stage 1 over 2 ranks' files: a saved checkpoint and an engine to load it into.
+struct ErrorFixture {
+  TempDir dir{"errors"};
+  RunSpec s = spec(1, 2, Precision::bf16);
+  ErrorFixture() {
+    Segment seg;
+    seg.to = 1;
+    seg.save_dir = dir.path;
+    run_segment(s, seg);
+  }
+  fs::path file(const std::string& name) const { return dir.path / "final" / name; }
+  // The load's error on a fresh 2-rank engine (rank 0's), checking the engine kept its weights.
+  std::string load_error(const std::string& tag = "final", std::optional<RunSpec> at_opt = std::nullopt) {
+    const RunSpec at = at_opt.value_or(s);
+    std::string message;
+    const std::string json = zero_config_json(at);
+    run_local_ranks(at.world, [&](Communicator& comm) {
+      config::ConfigOptions copts;
+      copts.world_size = at.world;
+      const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+      EngineOptions o;
+      o.seed = 5;
+      o.comm = &comm;
+      o.sequence_length = kT;
+      Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+      std::map<std::string, std::vector<float>> before, after;
+      e.gather_master_params([&](const std::string& n, const Tensor& t) { before[n] = values(t); });
+      bool failed = false;
+      try {
+        e.load_checkpoint(dir.path, tag);
+      } catch (const Error& err) {
+        failed = true;
+        if (comm.rank() == 0) message = err.what();
+      }
+      e.gather_master_params([&](const std::string& n, const Tensor& t) { after[n] = values(t); });
+      if (failed) {
+        EXPECT_TRUE(before == after) << "a failed load changed the weights";
+      }
+    });
+    return message;
+  }
+};
+
+TEST(Checkpoint, CorruptTruncatedMissingForeignFiles) {
+  ErrorFixture f;
+  EXPECT_EQ(f.load_error(), "");  // the intact checkpoint loads
+  const fs::path data = f.file(rank_file_name(1, ".safetensors"));
+  const std::string good = file_bytes(data);
+  {  // one flipped bit in the last tensor's data
+    std::string bad = good;
+    bad[bad.size() - 3] ^= 0x10;
+    std::ofstream(data, std::ios::binary | std::ios::trunc) << bad;
+    const std::string m = f.load_error();
+    EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank_00001.safetensors"), std::string::npos) << m;
+    EXPECT_NE(m.find("param/"), std::string::npos) << m;  // the tensor: the last ones are the 16-bit params
+  }
+  {  // truncated
+    std::ofstream(data, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() / 2);
+    const std::string m = f.load_error();
+    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank_00001.safetensors"), std::string::npos) << m;
+  }
+  {  // missing
+    fs::remove(data);
+    const std::string m = f.load_error();
+    EXPECT_NE(m.find("missing"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank_00001.safetensors"), std::string::npos) << m;
+  }
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << good;
+  EXPECT_EQ(f.load_error(), "");
+  {  // a rank index edited
+    const fs::path idx = f.file(rank_file_name(0, ".json"));
+    const std::string text = file_bytes(idx);
+    std::ofstream(idx, std::ios::binary | std::ios::trunc) << text.substr(0, text.size() - 5);
+    const std::string m = f.load_error();
+    EXPECT_NE(m.find("rank_00000.json"), std::string::npos) << m;
+    std::ofstream(idx, std::ios::binary | std::ios::trunc) << text;
+  }
+  {  // a manifest that is not ours
+    const std::string text = file_bytes(f.file("checkpoint.json"));
+    std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << R"({"module": {}, "global_steps": 3})";
+    const std::string m = f.load_error();
+    EXPECT_NE(m.find("not a dstrain checkpoint"), std::string::npos) << m;
+    std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << "{\"format\": \"dstrain-chec";
+    EXPECT_NE(f.load_error().find("not valid JSON"), std::string::npos);
+    fs::remove(f.file("checkpoint.json"));
+    EXPECT_NE(f.load_error().find("holds no checkpoint.json"), std::string::npos);
+    std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << text;
+  }
+  EXPECT_EQ(f.load_error(), "");
+  {  // an unknown tag names the ones there are
+    const std::string m = f.load_error("global_step7");
+    EXPECT_NE(m.find("not found"), std::string::npos) << m;
+    EXPECT_NE(m.find("final"), std::string::npos) << m;
+  }
+}
+
+TEST(Checkpoint, AnotherModelOrOptimizerIsRefused) {
+  ErrorFixture f;
+  // Another model: a 3-layer GPT-2 cannot load the 2-layer checkpoint.
+  std::string message;
+  run_local_ranks(1, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(spec(0, 1, Precision::fp32))), copts);
+    EngineOptions o;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Gpt2Config mc = model_config_from_spec("gpt2:L3-C32-H2-V96-T16");
+    Engine e = initialize(make_gpt2_model(mc), c, o);
+    try {
+      e.load_checkpoint(f.dir.path, "final");
+    } catch (const Error& err) {
+      message = err.what();
+    }
+  });
+  EXPECT_NE(message.find("another model"), std::string::npos) << message;
+  // Another optimizer's states: refused unless load_optimizer_states = false.
+  RunSpec sgd = spec(1, 2, Precision::bf16);
+  sgd.knobs.optimizer_json = R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}})";
+  sgd.knobs.allow_untested_optimizer = true;
+  const std::string m = f.load_error("final", sgd);
+  EXPECT_NE(m.find("load_optimizer_states"), std::string::npos) << m;
+  Segment seg;
+  seg.load_dir = f.dir.path;
+  seg.load_tag = "final";
+  seg.load_options.load_optimizer_states = false;
+  seg.from = 1;
+  seg.to = 2;
+  EXPECT_EQ(run_segment(sgd, seg).global_steps, 2);
+}
+
+TEST(Checkpoint, TagsLatestAndValidation) {
+  TempDir d("tags");
+  RunSpec s = spec(1, 2, Precision::fp32);
+  // No latest: nothing loaded, a warning.
+  run_local_ranks(2, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    copts.world_size = 2;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts);
+    EngineOptions o;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    EXPECT_FALSE(e.load_checkpoint(d.path).loaded());
+    // Different tags on the ranks with tag_validation Fail: an Error on every rank, nothing written.
+    EXPECT_NO_THROW(e.save_checkpoint(d.path, "same"));  // default Warn, same tag: fine
+    EXPECT_THROW(e.save_checkpoint(d.path, "bad/tag"), Error);
+  });
+  EXPECT_EQ(file_bytes(d.path / "latest"), "same");
+  std::string json = zero_config_json(s);
+  json.insert(json.size() - 1, R"(, "checkpoint": {"tag_validation": "Fail"})");
+  std::vector<std::string> errors(2);
+  run_local_ranks(2, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    copts.world_size = 2;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    try {
+      e.save_checkpoint(d.path, comm.rank() == 0 ? "a" : "b");
+    } catch (const Error& err) {
+      errors[static_cast<std::size_t>(comm.rank())] = err.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("tag_validation"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("tag_validation"), std::string::npos) << errors[1];
+  EXPECT_FALSE(fs::exists(d.path / "a"));
+  EXPECT_EQ(file_bytes(d.path / "latest"), "same");
+}
+
+// A save that fails while writing (here the process's file size limit, which gives EFBIG as a full
+// disk gives ENOSPC, and works for root too) is an Error on every rank naming the file and the
+// cause, and leaves the previous checkpoint and `latest` as they were; the run goes on.
+TEST(Checkpoint, FailedSaveKeepsPreviousCheckpoint) {
+  TempDir d("failsave");
+  RunSpec s = spec(2, 2, Precision::fp32);
+  Segment seg;
+  seg.to = 1;
+  seg.save_dir = d.path;
+  seg.save_tag = "good";
+  run_segment(s, seg);
+  std::vector<std::string> errors(2);
+  std::vector<std::int64_t> steps_after(2, 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  ::getrlimit(RLIMIT_FSIZE, &old_limit);
+  run_local_ranks(2, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    copts.world_size = 2;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts);
+    EngineOptions o;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    e.load_checkpoint(d.path);
+    comm.barrier();
+    if (comm.rank() == 0) {
+      rlimit small = old_limit;
+      small.rlim_cur = 16 * 1024;  // smaller than a rank's file
+      ::setrlimit(RLIMIT_FSIZE, &small);
+    }
+    comm.barrier();
+    try {
+      e.save_checkpoint(d.path, "next");
+    } catch (const Error& err) {
+      errors[static_cast<std::size_t>(comm.rank())] = err.what();
+    }
+    comm.barrier();
+    if (comm.rank() == 0) ::setrlimit(RLIMIT_FSIZE, &old_limit);
+    comm.barrier();
+    // The run's state is intact: it trains on.
+    Tokens t = slot_batch(1, comm.rank());
+    e.forward(t.batch());
+    e.backward();
+    e.step();
+    steps_after[static_cast<std::size_t>(comm.rank())] = e.global_steps();
+  });
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(errors[0].find("rank_0000"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("file size limit"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank_0000"), std::string::npos) << errors[1];
+  EXPECT_FALSE(fs::exists(d.path / "next.partial"));  // the failed save's files are removed
+  EXPECT_EQ(steps_after, (std::vector<std::int64_t>{2, 2}));
+  EXPECT_EQ(file_bytes(d.path / "latest"), "good");
+  EXPECT_FALSE(fs::exists(d.path / "next"));
+  Segment load;
+  load.load_dir = d.path;
+  load.from = 1;
+  load.to = 2;
+  EXPECT_EQ(run_segment(s, load).global_steps, 2);
+}
+
+TEST(Checkpoint, Crc32cKnownValues) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+  std::string z(32, '\0');
+  EXPECT_EQ(crc32c(z.data(), z.size()), 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+  // Incremental = whole.
+  const std::string text = "The quick brown fox jumps over the lazy dog, twice over the lazy dog";
+  EXPECT_EQ(crc32c(text.data() + 10, text.size() - 10, crc32c(text.data(), 10)), crc32c(text.data(), text.size()));
+}
+
+}  // namespace
+}  // namespace dstrain
