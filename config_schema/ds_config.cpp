@@ -404,8 +404,10 @@ std::string DsConfig::summary() const {
   }
   line(gradient_clipping > 0 ? fmt::format("gradient clipping: max norm {}", gradient_clipping)
                              : std::string("gradient clipping: off"));
-  line(fmt::format("gradient reduction: {}{}", gradient_allreduce_op,
-                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : ""));
+  line(fmt::format("gradient reduction: {}{}{}{}", gradient_allreduce_op,
+                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : "",
+                   prescale_gradients ? ", prescaled by 1/world" : "",
+                   gradient_predivide_factor != 1.0 ? fmt::format(", predivided by {}", gradient_predivide_factor) : ""));
   const auto& ac = activation_checkpointing;
   line(fmt::format("activation checkpointing: partition_activations {}, cpu_checkpointing {}", ac.partition_activations,
                    ac.cpu_checkpointing));
