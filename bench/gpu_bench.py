@@ -21,7 +21,7 @@ import statistics
 import struct
 import sys
 
-H100_SXM_BF16_PEAK = 989.4e12  # dense bf16, /work/shared/reference/anchors.md §2.0
+H100_SXM_BF16_PEAK = 989.4e12  # dense bf16 tensor FLOP/s, NVIDIA H100 SXM datasheet (1,978.9 TFLOPS is with 2:4 sparsity)
 LLMC = ("llm.c (published, not run here): about 471K tokens/s per H100 at d12, B=64, T=1024, on 8 GPUs "
         "(139 ms/step median for 524,288 tokens per step; modded-nanogpt record 2024-10-13), 38% MFU")
 GIB = 1024.0 ** 3

@@ -1,4 +1,4 @@
-// aio: the asynchronous I/O engine of NVMe offload (reference §8.4). Regime A (unknown keys are
+// aio: the asynchronous I/O engine of NVMe offload (docs/config.md §8.1). Regime A (unknown keys are
 // warnings, notably the pre-v0.16.4 name thread_count).
 #pragma once
 

@@ -1,4 +1,4 @@
-// "auto" values (reference §13): DeepSpeed has no resolution of its own; HF Trainer / Accelerate
+// "auto" values (docs/config.md §6): DeepSpeed has no resolution of its own; HF Trainer / Accelerate
 // rewrite the dict first. dstrain resolves the same keys from AutoValues, following HF's mapping,
 // and records each resolution; any other "auto" is an error naming the key (see read_section).
 #pragma once

@@ -1,5 +1,5 @@
-// Batch-size arithmetic: DeepSpeed's _set_batch_related_parameters + _batch_assertion (reference
-// §2), for the data-parallel world size.
+// Batch-size arithmetic: DeepSpeed's _set_batch_related_parameters + _batch_assertion
+// (docs/batch.md §2–§3), for the data-parallel world size.
 #pragma once
 
 #include <cstdint>

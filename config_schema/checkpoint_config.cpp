@@ -69,12 +69,22 @@ CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, J
            "['WARN', 'IGNORE', 'FAIL'] (any case)",
            t.is_string() ? t.get<std::string>() : t.dump());
   }
+  // DeepSpeed accepts what Python's `value in [True, False]` accepts: the booleans, and the numbers
+  // equal to them (1, 0, 1.0, 0.0), which then act as true / false.
+  Json patched;
+  const Json* src = &obj;
   if (obj.is_object() && obj.contains("parallel_write") && obj["parallel_write"].is_object() &&
-      obj["parallel_write"].contains("pipeline_stage") && !obj["parallel_write"]["pipeline_stage"].is_boolean())
-    fail("checkpoint.parallel_write.pipeline_stage is {}: it must be a real boolean (true or false without quotes); "
-         "DeepSpeed raises DeepSpeedConfigError for anything else",
-         show(obj["parallel_write"]["pipeline_stage"]));
-  resolved = read_section(obj, checkpoint_section_spec(), ctx);
+      obj["parallel_write"].contains("pipeline_stage") && !obj["parallel_write"]["pipeline_stage"].is_boolean()) {
+    const Json& v = obj["parallel_write"]["pipeline_stage"];
+    if (!v.is_number() || (v.get<double>() != 0.0 && v.get<double>() != 1.0))
+      fail("checkpoint.parallel_write.pipeline_stage: checkpoint::parallel_write::pipeline_stage value of '{}' is invalid, expecting: "
+           "true or false (1 and 0 are accepted too, as in DeepSpeed)",
+           show(v));
+    patched = obj;
+    patched["parallel_write"]["pipeline_stage"] = v.get<double>() == 1.0;
+    src = &patched;
+  }
+  resolved = read_section(*src, checkpoint_section_spec(), ctx);
   CheckpointConfig c;
   const std::string tv = resolved["tag_validation"].get<std::string>();
   c.tag_validation = tv == "Ignore" ? TagValidation::ignore : tv == "Fail" ? TagValidation::fail : TagValidation::warn;
@@ -96,6 +106,7 @@ ActivationCheckpointingConfig parse_activation_checkpointing_config(const Json* 
                                                                     Json& resolved) {
   resolved = read_section(obj_or_empty(value), activation_checkpointing_section_spec(), ctx);
   ActivationCheckpointingConfig c;
+  c.present = value != nullptr && !value->is_null();
   c.partition_activations = resolved["partition_activations"].get<bool>();
   c.cpu_checkpointing = resolved["cpu_checkpointing"].get<bool>();
   c.contiguous_memory_optimization = resolved["contiguous_memory_optimization"].get<bool>();

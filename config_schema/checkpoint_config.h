@@ -1,4 +1,4 @@
-// checkpoint (reference §10.1) and activation_checkpointing (§9); both regime A.
+// checkpoint (docs/config.md §8.2) and activation_checkpointing (§8.3); both regime A.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@ struct CheckpointConfig {
 };
 
 struct ActivationCheckpointingConfig {
+  bool present = false;  // the config has an "activation_checkpointing" section (it only configures; it never switches on)
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;  // needs partition_activations and number_checkpoints

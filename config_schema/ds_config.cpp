@@ -1,6 +1,7 @@
 #include "config_schema/ds_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -44,7 +45,7 @@ std::optional<std::string> opt_string(const Json& v) {
   return v.get<std::string>();
 }
 
-// The data-parallel world size (reference §2): world / sequence_parallel_size when that key is
+// The data-parallel world size (docs/batch.md §1): world / sequence_parallel_size when that key is
 // present. Read before "auto" resolution because train_batch_size = micro * GAS * this.
 std::int64_t data_parallel_world(const Json& root, std::int64_t world, std::vector<Warning>& scratch) {
   DSTRAIN_CHECK(world > 0, "world size is {}; it must be a positive number of ranks", world);
@@ -116,11 +117,48 @@ void check_top_level_enums(const Json& root) {
   }
 }
 
+// prescale_gradients / gradient_predivide_factor where DeepSpeed's reduction path cannot apply them
+// (docs/zero.md, "Gradient reduction"): its ZeRO-2 and ZeRO-3 optimizers assert at start-up on
+// the reduce-scatter path, and its ZeRO-1 reduce-scatter path divides by the world size only.
+void check_gradient_reduction(const DsConfig& c, ParseContext& ctx) {
+  const int stage = c.zero_optimization.stage;
+  const double p = c.gradient_predivide_factor;
+  if (!(p > 0.0) || !std::isfinite(p))
+    fail("gradient_predivide_factor: {} — gradients are multiplied by 1/gradient_predivide_factor before the all-reduce; give a "
+         "positive finite number (1.0 = off)",
+         p);
+  const bool average = c.gradient_allreduce_op != "sum";
+  const bool rs = c.zero_optimization.reduce_scatter;
+  if ((stage == 2 && rs && average) || (stage == 3 && rs)) {
+    const std::string zero = fmt::format("ZeRO-{}", stage);
+    if (p != 1.0)
+      fail("gradient_predivide_factor {} with zero_optimization.stage {}: gradient_predivide_factor != 1.0 is not yet supported with {} "
+           "with reduce scatter enabled (DeepSpeed's assertion); set gradient_predivide_factor to 1.0, or "
+           "zero_optimization.reduce_scatter to false",
+           p, stage, zero);
+    if (c.prescale_gradients)
+      fail("prescale_gradients true with zero_optimization.stage {}: pre-scale gradients is not yet supported with {} with reduce "
+           "scatter enabled (DeepSpeed's assertion); set prescale_gradients to false, or zero_optimization.reduce_scatter to false",
+           stage, zero);
+  }
+  if (stage == 3 && !rs && !c.prescale_gradients && p != 1.0 && p == static_cast<double>(c.data_parallel_world_size))
+    fail("gradient_predivide_factor {} equals the data-parallel world size at zero_optimization.stage 3 with reduce_scatter false: "
+         "DeepSpeed's ZeRO-3 divides by the factor and by the world size but skips multiplying the factor back when the two are "
+         "equal, so the gradients come out {} times too small; use 1.0 or another factor",
+         p, c.data_parallel_world_size);
+  if (stage == 1 && rs && average && (p != 1.0 || c.prescale_gradients))
+    ctx.warn(c.prescale_gradients ? "prescale_gradients" : "gradient_predivide_factor",
+             "has no effect at zero_optimization.stage 1 with reduce_scatter: DeepSpeed's ZeRO-1 reduce-scatter path divides the "
+             "gradients by the world size before the reduce, whatever these keys say (they act at stage 0, and with "
+             "reduce_scatter false)");
+}
+
 void check_cross_sections(DsConfig& c, ParseContext& ctx) {
   const int stage = c.zero_optimization.stage;
   if (c.gradient_allreduce_op == "sum" && stage == 3)
     fail("gradient_allreduce_op is \"sum\" with zero_optimization.stage 3: ZeRO-3 always averages gradients; use "
          "\"mean\" or a lower ZeRO stage");
+  check_gradient_reduction(c, ctx);
   const auto kind = c.optimizer.kind;
   if (stage > 0 && (kind == OptimizerKind::lamb || kind == OptimizerKind::sgd) && !c.zero_allow_untested_optimizer)
     fail("optimizer.type {} with zero_optimization.stage {}: You are using an untested ZeRO Optimizer. Please add "
@@ -209,7 +247,20 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   out["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
 
   Json r;
-  c.optimizer = parse_optimizer_config(child(root, "optimizer"), ctx, r);
+  // A client optimizer replaces the config's block; a default fills its absence (ConfigOptions).
+  const Json* optimizer_block = child(root, "optimizer");
+  const bool config_has_optimizer = optimizer_block != nullptr && !optimizer_block->is_null();
+  if (options.client_optimizer) {
+    if (config_has_optimizer)
+      ctx.warn("optimizer", "the program passes its own optimizer, which replaces this block (DeepSpeed, too, uses "
+                            "the client optimizer and ignores the config's)");
+    optimizer_block = &*options.client_optimizer;
+    c.optimizer_source = OptimizerSource::client;
+  } else if (!config_has_optimizer && options.default_optimizer) {
+    optimizer_block = &*options.default_optimizer;
+    c.optimizer_source = OptimizerSource::default_adamw;
+  }
+  c.optimizer = parse_optimizer_config(optimizer_block, ctx, r);
   if (c.optimizer.present()) out["optimizer"] = r;
   std::optional<double> opt_lr;
   if (c.optimizer.present()) {
@@ -311,8 +362,14 @@ std::string DsConfig::summary() const {
       line(fmt::format("optimizer: {} lr {} betas ({}, {}) eps {} weight_decay {}{}", optimizer.type, p.lr,
                        p.betas.first, p.betas.second, p.eps, p.weight_decay,
                        optimizer.decoupled_weight_decay() ? " (decoupled, AdamW)" : ""));
+    if (optimizer_source == OptimizerSource::default_adamw)
+      line("  (the config has no \"optimizer\" block: the Hugging Face Trainer's default AdamW, with --lr, --adam-beta1, "
+           "--adam-beta2, --adam-eps, --weight-decay)");
+    else if (optimizer_source == OptimizerSource::client)
+      line("  (the program's own optimizer, in place of the config's block)");
   } else {
-    line("optimizer: none in the config");
+    line("optimizer: none in the config (dstrain train: AdamW with the Hugging Face Trainer's defaults, lr 5e-5, "
+         "betas (0.9, 0.999), eps 1e-8, weight_decay 0)");
   }
   if (scheduler.present()) {
     const auto& p = scheduler.params;

@@ -30,20 +30,31 @@ namespace dstrain::config {
 struct ConfigOptions {
   std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (sequence_parallel_size)
   AutoValues autos;
+  // The optimizer a program passes to deepspeed.initialize (DeepSpeed's client optimizer), as an
+  // "optimizer" block ({"type": ..., "params": {...}}) read like the config's: it replaces the
+  // config's block (DeepSpeed builds the client's and ignores the block; a warning says so).
+  std::optional<Json> client_optimizer;
+  // The optimizer for a config with no "optimizer" block and no client_optimizer: `dstrain train`
+  // passes AdamW with the HF Trainer's defaults (default_optimizer_block). nullopt: none, as
+  // DeepSpeed (check-config reports the config as it is).
+  std::optional<Json> default_optimizer;
 };
+
+// Where DsConfig::optimizer came from.
+enum class OptimizerSource { config, client, default_adamw };
 
 enum class Precision { fp32, fp16, bf16 };
 const char* to_string(Precision p);
 
 struct DsConfig {
-  // --- batch (resolved, reference §2) ---
+  // --- batch (resolved, docs/batch.md) ---
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 0;
   std::int64_t world_size = 1;                // ConfigOptions::world_size
   std::int64_t data_parallel_world_size = 1;  // world_size / sequence_parallel_size
 
-  // --- top-level scalars (reference §3) ---
+  // --- top-level scalars (docs/config.md §7) ---
   bool managed_gradient_accumulation = true;
   std::optional<std::int64_t> steps_per_print;  // None = never print (default since v0.15.2)
   bool wall_clock_breakdown = false;            // forced on by flops_profiler.enabled
@@ -70,6 +81,7 @@ struct DsConfig {
 
   // --- sections ---
   OptimizerConfig optimizer;
+  OptimizerSource optimizer_source = OptimizerSource::config;  // config also when there is none
   SchedulerConfig scheduler;
   Fp16Config fp16;
   Bf16Config bf16;
@@ -113,7 +125,7 @@ struct DsConfig {
 // Parses a ds_config tree (already read from text, e.g. by the hjson reader). Throws dstrain::Error.
 DsConfig parse_ds_config(const Json& root, const ConfigOptions& options);
 
-// The top-level scalar keys (reference §3).
+// The top-level scalar keys (docs/config.md §7).
 SectionSpec top_level_section_spec();
 
 // Top-level keys that hold sections (optimizer, zero_optimization, pipeline, ...), including the

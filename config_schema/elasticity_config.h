@@ -1,4 +1,4 @@
-// elasticity (reference §2, §12.6): DeepSpeed computes the batch triple from the elastic settings
+// elasticity (docs/batch.md §4): DeepSpeed computes the batch triple from the elastic settings
 // and the data-parallel world size, overriding train_batch_size / micro batch / GAS. Regime A.
 // The computation follows deepspeed/elasticity/elasticity.py (versions 0.1 and 0.2).
 #pragma once

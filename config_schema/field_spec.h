@@ -18,7 +18,7 @@ using Json = nlohmann::ordered_json;
 
 // DeepSpeed parses a section either with plain dict lookups (regime A: no coercion, unknown keys
 // ignored — we warn) or with a pydantic model (regime B: lax coercion, unknown keys rejected).
-// See reference §1.2.
+// See docs/config.md §3.
 enum class Regime { dict_lookup, validated };
 
 enum class FieldKind { boolean, integer, number, string, object, array, any };

@@ -1,4 +1,4 @@
-// Monitoring, logging and profiling sections (reference §11): tensorboard, csv_monitor, wandb,
+// Monitoring, logging and profiling sections (docs/monitoring.md): tensorboard, csv_monitor, wandb,
 // comet, comms_logger, timers (regime B) and flops_profiler (regime A).
 #pragma once
 

@@ -16,7 +16,7 @@ std::string lower(std::string s) {
   return s;
 }
 
-// DeepSpeed's own optimizer names, matched case-insensitively (reference §4).
+// DeepSpeed's own optimizer names, matched case-insensitively (docs/optimizers.md §1).
 const std::vector<std::string> kDeepSpeedNames = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
                                                   "onebitlamb", "muadam", "muadamw", "musgd", "lion", "muon"};
 // torch.optim classes: the fallback, matched case-sensitively.
@@ -178,6 +178,21 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
              "type AdamW with adam_w_mode false: DeepSpeed still uses decoupled weight decay (type AdamW wins)");
   resolved["params"] = out;
   return c;
+}
+
+Json default_optimizer_block(const AutoValues& autos) {
+  const double lr = autos.lr.value_or(5e-5), eps = autos.eps.value_or(1e-8), wd = autos.weight_decay.value_or(0.0);
+  const std::pair<double, double> betas = autos.betas.value_or(std::pair{0.9, 0.999});
+  // torch.optim.AdamW's constructor checks, named by the flag that gave the value.
+  if (!(lr >= 0.0)) fail("--lr {}: the default AdamW (the config has no \"optimizer\" block) needs lr >= 0", lr);
+  if (!(eps >= 0.0)) fail("--adam-eps {}: the default AdamW (the config has no \"optimizer\" block) needs eps >= 0", eps);
+  if (!(wd >= 0.0)) fail("--weight-decay {}: the default AdamW (the config has no \"optimizer\" block) needs weight_decay >= 0", wd);
+  for (double b : {betas.first, betas.second})
+    if (!(b >= 0.0 && b < 1.0))
+      fail("--adam-beta1 / --adam-beta2 ({}, {}): the default AdamW (the config has no \"optimizer\" block) needs each beta in [0, 1)",
+           betas.first, betas.second);
+  return Json{{"type", "AdamW"},
+              {"params", {{"lr", lr}, {"betas", Json::array({betas.first, betas.second})}, {"eps", eps}, {"weight_decay", wd}}}};
 }
 
 }  // namespace dstrain::config

@@ -1,4 +1,4 @@
-// optimizer: reference §4. Regime A in DeepSpeed, but `params` are constructor kwargs, so for the
+// optimizer: docs/optimizers.md. Regime A in DeepSpeed, but `params` are constructor kwargs, so for the
 // optimizers dstrain implements an unknown parameter name is an error (DeepSpeed: TypeError).
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "config_schema/auto_values.h"
 #include "config_schema/field_spec.h"
 #include "config_schema/section_reader.h"
 
@@ -60,5 +61,13 @@ SectionSpec optimizer_section_spec();
 SectionSpec optimizer_params_section_spec();  // union of the params of Adam, AdamW, SGD, Lamb
 
 OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Json& resolved);
+
+// The Hugging Face Trainer's default optimizer, as the "optimizer" block a config would hold:
+// torch.optim.AdamW ("adamw_torch") with TrainingArguments' defaults learning_rate 5e-5,
+// adam_beta1 0.9, adam_beta2 0.999, adam_epsilon 1e-8, weight_decay 0.0, each replaced by the
+// value `autos` gives (lr, betas, eps, weight_decay: the --lr, --adam-beta1/--adam-beta2 or
+// --adam-betas, --adam-eps, --weight-decay flags). Error naming the flag for a value torch.optim.AdamW
+// refuses (lr, eps, weight_decay < 0; a beta outside [0, 1)).
+Json default_optimizer_block(const AutoValues& autos);
 
 }  // namespace dstrain::config

@@ -228,7 +228,7 @@ void check_precision(const Fp16Config& fp16, Bf16Config& bf16, const AmpConfig& 
          "need bf16 master weights; set bf16_master_weights_and_grads to true or bf16_optimizer_states to false",
          bf16.source_key, bf16.source_key);
   // The ZeRO optimizers own the master weights; without ZeRO these options have nothing to act on
-  // (the reference documents no DeepSpeed error here, so this is a warning, not an error).
+  // (DeepSpeed raises no error here, so this is a warning, not an error; docs/precision.md §1).
   if (bf16.enabled && zero_stage == 0 && (bf16.bf16_master_weights_and_grads || bf16.bf16_optimizer_states)) {
     ctx.warn(bf16.source_key + ".bf16_master_weights_and_grads",
              "bf16_master_weights_and_grads / bf16_optimizer_states need ZeRO stage 1, 2 or 3; with ZeRO off they "

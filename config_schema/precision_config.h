@@ -1,5 +1,5 @@
 // Mixed precision: fp16 (+ loss scaling), bf16 / legacy bfloat16, amp, torch_autocast, data_types
-// (reference §6).
+// (docs/precision.md §1–§2, §9).
 #pragma once
 
 #include <cstdint>

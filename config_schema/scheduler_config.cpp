@@ -134,6 +134,11 @@ SchedulerConfig parse_scheduler_config(const Json* value, std::optional<double> 
     fail("scheduler.params.warmup_num_steps is {}: it must be a positive integer written without a decimal point or "
          "exponent (DeepSpeed v0.19.3+ rejects floats such as 1e3); write {}",
          show(raw["warmup_num_steps"]), fmt::format("{:.0f}", raw["warmup_num_steps"].get<double>()));
+  // LRRangeTest checks isinstance(lr_range_test_step_size, int) too (ValueError at construction).
+  if (raw.contains("lr_range_test_step_size") && raw["lr_range_test_step_size"].is_number_float())
+    fail("scheduler.params.lr_range_test_step_size is {}: lr_range_test_step_size must be a positive integer, got {} (DeepSpeed's "
+         "ValueError: a float such as 1e3 or 1000.0 is not an int); write it without a decimal point or exponent",
+         show(raw["lr_range_test_step_size"]), show(raw["lr_range_test_step_size"]));
   Json all = read_section(raw, scheduler_params_section_spec(), ctx);
   auto& p = c.params;
   p.warmup_min_lr = all["warmup_min_lr"].get<double>();

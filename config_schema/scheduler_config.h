@@ -1,4 +1,4 @@
-// scheduler: reference §5. Regime A; params are constructor kwargs, so for the schedulers dstrain
+// scheduler: docs/lr_schedules.md. Regime A; params are constructor kwargs, so for the schedulers dstrain
 // implements an unknown parameter name is an error.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Reading one config section through its field table: unknown keys, aliases, "auto", and the type
-// coercion of the section's regime (reference §1.2, §1.4).
+// coercion of the section's regime (docs/config.md §3–§6).
 #pragma once
 
 #include <string>

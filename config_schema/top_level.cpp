@@ -1,4 +1,4 @@
-// Top-level scalar keys (reference §3): regime A, read with dict lookups by DeepSpeed.
+// Top-level scalar keys (docs/config.md §7): regime A, read with dict lookups by DeepSpeed.
 #include "config_schema/ds_config.h"
 
 namespace dstrain::config {

@@ -30,7 +30,7 @@ std::optional<std::string> opt_string(const Json& v) {
 }
 
 // DeepSpeed's deprecated booleans: mapped to their replacement with a warning; giving both is an
-// error even when the deprecated value is false (reference §1.2 rule 4).
+// error even when the deprecated value is false (docs/config.md §5).
 void check_deprecated_pair(const Json& obj, const std::string& old_key, const std::vector<std::string>& new_keys) {
   if (!obj.contains(old_key)) return;
   for (const auto& k : new_keys)
@@ -213,7 +213,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (o.device != OffloadDevice::none && z.stage == 0)
       ctx.warn("zero_optimization.offload_optimizer",
                fmt::format("offload_optimizer.device is \"{}\" but ZeRO is off (stage 0): optimizer offload needs "
-                           "stage 1, 2 or 3 and is ignored",
+                           "stage 1, 2 or 3, and DeepSpeed ignores it at stage 0; `dstrain train` trains without offload and refuses "
+                           "the block: remove \"offload_optimizer\"",
                            to_string(o.device)));
     if (o.device == OffloadDevice::nvme && (z.stage == 1 || z.stage == 2))
       ctx.warn("zero_optimization.offload_optimizer.device",
@@ -233,7 +234,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (p.device != OffloadDevice::none && z.stage != 3)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "
-                           "DeepSpeed ignores it silently, and so does dstrain",
+                           "DeepSpeed ignores it silently; `dstrain train` trains without offload and refuses the block: remove "
+                           "\"offload_param\"",
                            to_string(p.device), z.stage));
   }
   if (z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients ||
@@ -280,7 +282,7 @@ ZeroConfig parse_zero_config(const Json* value, std::int64_t allgather_size, Par
     }
   }
 
-  // Deprecated names (reference §8.1): converted, with DeepSpeed's warning text.
+  // Deprecated names (docs/config.md §5): converted, with DeepSpeed's warning text.
   check_deprecated_pair(object, "cpu_offload", {"offload_optimizer"});
   check_deprecated_pair(object, "cpu_offload_param", {"offload_param"});
   check_deprecated_pair(object, "stage3_gather_fp16_weights_on_model_save",

@@ -1,4 +1,4 @@
-// zero_optimization (+ offload_param, offload_optimizer): reference §8.1–§8.3. Regime B in
+// zero_optimization (+ offload_param, offload_optimizer): docs/zero.md §9. Regime B in
 // DeepSpeed (pydantic): unknown keys are errors, integers accept 5e8 and "500".
 #pragma once
 

@@ -48,14 +48,14 @@ std::vector<CheckpointSegment> plan_checkpoint_segments(std::size_t first_block,
 
 std::vector<CheckpointingNote> activation_checkpointing_notes(const config::ActivationCheckpointingConfig& c, bool enabled) {
   std::vector<CheckpointingNote> notes;
-  const bool configures = c.partition_activations || c.cpu_checkpointing || c.contiguous_memory_optimization || c.number_checkpoints.has_value() ||
-                          c.synchronize_checkpoint_boundary || c.profile;
+  const bool configures = c.present || c.partition_activations || c.cpu_checkpointing || c.contiguous_memory_optimization ||
+                          c.number_checkpoints.has_value() || c.synchronize_checkpoint_boundary || c.profile;
   if (!enabled && configures) {
-    notes.push_back({false,
-                     "note: the \"activation_checkpointing\" section configures activation checkpointing but does not switch it on (as in "
-                     "DeepSpeed, where the model code must call deepspeed.checkpointing.checkpoint), so every activation is kept; pass "
-                     "--checkpoint-activations to `dstrain train` (EngineOptions::checkpoint_activations = true when embedding the engine) "
-                     "to recompute activations in backward"});
+    notes.push_back({true,
+                     "the \"activation_checkpointing\" section only configures activation checkpointing; it does not switch it on (as "
+                     "in DeepSpeed, where the model code must call deepspeed.checkpointing.checkpoint), so every activation is kept; "
+                     "pass --checkpoint-activations to `dstrain train` (EngineOptions::checkpoint_activations = true when embedding the "
+                     "engine) to recompute activations in backward, or remove the section"});
   }
   if (enabled && c.partition_activations) {
     notes.push_back({true,

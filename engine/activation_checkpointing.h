@@ -1,4 +1,4 @@
-// ActivationCheckpointing: layer-granular recompute in the engine's layer loop (DESIGN.md "The
+// ActivationCheckpointing: layer-granular recompute in the engine's layer loop (docs/design.md "The
 // step, as data flows": ckpt.keep_input(i, x) in forward, recompute before backward).
 //
 // Switched on by EngineOptions::checkpoint_activations (`dstrain train --checkpoint-activations`),

@@ -32,11 +32,13 @@
 
 // Training: the model (layers), the engine and its step loop, weights in the HF GPT-2 layout.
 #include "engine/engine.h"
-// Data parallelism: the communicator ranks train over (local threads; launcher environments).
+// Data parallelism: the communicator ranks train over (local threads; MPI processes; launcher
+// environments).
 #include "zero/communicator.h"
 #include "zero/launch_env.h"
 #include "zero/launcher_communicator.h"
 #include "zero/local_communicator.h"
+#include "zero/mpi_process.h"
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"
 #include "engine/model.h"

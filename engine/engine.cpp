@@ -81,12 +81,27 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
   s.allgather_bucket_size = z.allgather_bucket_size;
   s.overlap_comm = z.overlap_comm;
   s.reduce_scatter = z.reduce_scatter;
+  s.reduction.average = c.gradient_allreduce_op != "sum";
+  s.reduction.prescale = c.prescale_gradients;
+  s.reduction.predivide = c.gradient_predivide_factor;
+  // DeepSpeed's default communication dtype is the model dtype: the gradients' own here.
+  if (c.communication_data_type && parse_dtype(*c.communication_data_type) != storage)
+    s.reduction.comm_dtype = parse_dtype(*c.communication_data_type);
   s.prefetch_bucket_size = z.prefetch_bucket_size;
   s.param_persistence_threshold = z.param_persistence_threshold;
   s.model_persistence_threshold = z.model_persistence_threshold;
   s.max_live_parameters = z.max_live_parameters;
   s.max_reuse_distance = z.max_reuse_distance;
   return s;
+}
+
+// DeepSpeed wraps the optimizer in its BF16_Optimizer (which never skips a step) instead of the
+// ZeRO optimizer for bf16 at ZeRO stage 1 with an fp32 gradient accumulation dtype and no CPU
+// optimizer offload (engine._do_optimizer_sanity_check; docs/precision.md).
+bool runs_bf16_optimizer(const config::DsConfig& c) {
+  const auto& off = c.zero_optimization.offload_optimizer;
+  return c.bf16.enabled && c.data_types.grad_accum_dtype == "fp32" && c.zero_optimization.stage == 1 &&
+         !(off && off->device == config::OffloadDevice::cpu);
 }
 
 }  // namespace
@@ -119,7 +134,7 @@ struct Engine::Impl {
         options(o),
         optimizer(c.optimizer),
         schedule(c.scheduler, optimizer.base_lr(), optimizer.betas()),
-        scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage)) {}
+        scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage, runs_bf16_optimizer(c))) {}
 
   config::DsConfig config;
   EngineOptions options;
@@ -458,7 +473,7 @@ void Engine::backward() {
 }
 
 // d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
-// (reference §6.1) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
+// (docs/precision.md §6) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
 float Engine::micro_batch_dloss() const {
   const Impl& im = *impl_;
   return im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
@@ -569,11 +584,17 @@ bool Engine::optimizer_step() {
     clip_coef_ = 1.0f;
   } else {
     if (total.overflow()) {
-      log_warning("non-finite gradient (first in {}): applied anyway, as DeepSpeed's non-ZeRO bf16 optimizer does (counted as a skipped step, "
-                  "the LR schedule does not step)",
-                  first_bad);
+      if (r.count_skipped) {
+        log_warning("non-finite gradient (first in {}): applied anyway, as DeepSpeed's non-ZeRO bf16 optimizer does (counted as a skipped step, "
+                    "the LR schedule does not step)",
+                    first_bad);
+      } else {
+        log_warning("non-finite gradient (first in {}): applied anyway, as DeepSpeed does here (its BF16_Optimizer, or bf16 ZeRO with "
+                    "check_grad_overflow false, never checks; docs/precision.md)",
+                    first_bad);
+      }
     }
-    // Un-scale with the NEW scale (reference §6.2: the update precedes un-scaling) and clip, in
+    // Un-scale with the NEW scale (docs/precision.md §6: the update precedes un-scaling) and clip, in
     // the optimizer's single pass.
     const double divisor = unscale_clip_divisor(total.norm_sq, r.new_scale, im.config.gradient_clipping);
     clip_coef_ = static_cast<float>(r.new_scale / divisor);

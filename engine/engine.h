@@ -1,4 +1,4 @@
-// Engine: the training step loop over layers (DESIGN.md "The step, as data flows"), in the shape of
+// Engine: the training step loop over layers (docs/design.md "The step, as data flows"), in the shape of
 // DeepSpeed's engine:
 //
 //   dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model("gpt2:d12"), ds_config,
@@ -16,14 +16,15 @@
 //   params      one flat fp32 buffer per layer (its owned parameters, each view 64-byte aligned;
 //               a tied parameter is a view of its owner in an earlier layer)
 //   grads       one flat buffer per layer, the same layout
-//   optimizer   Adam m and v, one flat buffer each per layer, the same layout
+//   optimizer   the optimizer's states (Adam/AdamW/Lamb m and v; SGD its momentum buffer, or none),
+//               one flat buffer each per layer, the same layout (docs/optimizers.md §2)
 //   activations every layer's output and saved activations for one micro-batch (B, T), plus the
 //               residual-stream gradient (B, T, C) that backward runs through in place; with
 //               checkpoint_activations, only the kept inputs and one segment's activations
 //               (engine/activation_checkpointing.h) plus that gradient
 //   buffers     one scratch arena, as large as the largest layer's scratch
 //
-// Mixed precision (fp16.enabled or bf16.enabled, reference §6): the layers run in that storage
+// Mixed precision (fp16.enabled or bf16.enabled, docs/precision.md): the layers run in that storage
 // dtype; params and grads above are 16-bit, and each layer adds an fp32 master copy (purpose
 // optimizer) that the optimizer updates, writing the 16-bit copy in the same pass. fp16 backward
 // multiplies dloss by the loss scale; at the boundary one overflow + norm pass per layer feeds
@@ -33,7 +34,7 @@
 //
 // The learning rate (and OneCycle's betas) come from the config's "scheduler" block: a
 // dstrain::LrSchedule built at construction from the optimizer's lr and betas, read before every
-// optimizer step and stepped after it (reference §5: optimizer step k uses the value for it = k - 2,
+// optimizer step and stepped after it (docs/lr_schedules.md §1: optimizer step k uses the value for it = k - 2,
 // the constructor's for k = 1). Without a scheduler block the lr is optimizer.params.lr, constant.
 // An embedding program may override it with set_lr_schedule(hook).
 #pragma once
@@ -100,7 +101,7 @@ struct ZeroReport {
   int rank = 0;
   int world_size = 1;
   // Bytes held between steps (allocator statistics, purposes params / grads / optimizer: the fp32
-  // masters and Adam moments count as optimizer) and the allocator's peak of all purposes.
+  // masters and the optimizer's states count as optimizer) and the allocator's peak of all purposes.
   std::uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   std::uint64_t peak_bytes = 0;
   std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
@@ -151,11 +152,11 @@ class Engine {
   // mean loss. The batch may be in host memory or on the engine's device (host batches are
   // uploaded into a buffer of the engine's); its memory must stay valid until backward() returns.
   float forward(const Batch& batch);
-  // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (reference §2:
+  // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (docs/batch.md §5:
   // every backward divides the loss by gradient_accumulation_steps).
   void backward();
   // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call): global
-  // grad norm, clipping to gradient_clipping (reference §7), optimizer update at lr() (and
+  // grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at lr() (and
   // betas()), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
   // train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step changes no
   // parameter, optimizer state or LR schedule, but still counts in global_steps and

@@ -1,4 +1,4 @@
-// Global gradient norm and the clipping coefficient (reference §7).
+// Global gradient norm and the clipping coefficient (docs/precision.md §7).
 //
 // DeepSpeed clips to a max global L2 norm c: g *= c / (‖g‖ + 1e-6) when that factor is < 1, and
 // reports the norm from before clipping. The engine folds the factor into the optimizer's

@@ -81,7 +81,7 @@ LossScaler LossScaler::fp16(const config::Fp16Config& c, bool zero) {
   s.python_int_scale_ = c.initial_scale_power >= 0;  // 2 ** power is a Python int for power >= 0
   s.window_ = c.loss_scale_window;
   s.min_scale_ = static_cast<double>(c.min_loss_scale);
-  // Hysteresis and its refill belong to the ZeRO DynamicLossScaler only (reference §6.2 (ii)).
+  // Hysteresis and its refill belong to the ZeRO DynamicLossScaler only (docs/precision.md §5).
   s.delayed_shift_ = zero ? c.hysteresis : 1;
   s.consecutive_hysteresis_ = zero && c.consecutive_hysteresis;
   s.state_.cur_hysteresis = s.delayed_shift_;

@@ -1,4 +1,4 @@
-// LossScaler: DeepSpeed's loss scaling, step for step (reference §6.1–6.3, §17 rules 6–8).
+// LossScaler: DeepSpeed's loss scaling, step for step (docs/precision.md §2–§6, §8).
 //
 // Four behaviours, chosen by the factory from the fp16 / bf16 sections and the ZeRO stage:
 //   dynamic_zero      fp16, loss_scale 0, ZeRO stage >= 1: DeepSpeed's DynamicLossScaler
@@ -9,7 +9,7 @@
 //   static_scale      fp16, loss_scale > 0: the scale never changes; an overflow still skips.
 //   unscaled          bf16 / fp32: scale 1; what an inf/NaN gradient does is the OverflowPolicy.
 //
-// The dynamic update, called exactly once per optimizer step (reference §6.2):
+// The dynamic update, called exactly once per optimizer step (docs/precision.md §4, §5):
 //   if overflow:
 //     ZeRO:     if hysteresis == 1 or cur_hysteresis == 1:
 //                 if cur_scale == min_scale: Error("Current loss scale already at minimum ...")
@@ -25,9 +25,9 @@
 //       cur_scale *= 2
 //   cur_iter += 1
 // (DeepSpeed releases before the stable-interval fix tested (cur_iter - last_overflow_iter) %
-// window == 0, which grows one update earlier; dstrain follows the reference's v0.19 rule.)
+// window == 0, which grows one update earlier; dstrain follows the v0.19 rule, docs/precision.md §4.)
 //
-// How the engine uses it (the "scale update precedes un-scaling" quirk, §6.2, rule 8): after the
+// How the engine uses it (the "scale update precedes un-scaling" quirk, docs/precision.md §6): after the
 // fused overflow + norm pass and its all-reduce,
 //     const double s_used = scaler.scale();            // the scale the gradients carry
 //     auto r = scaler.update(overflow, first_bad_layer);
@@ -89,7 +89,7 @@ class LossScaler {
   // bf16 / fp32: scale 1 with the given policy.
   static LossScaler unscaled(OverflowPolicy policy);
 
-  // DeepSpeed's bf16 policy (§6.3, §6.5): ZeRO 1/2 through DeepSpeedZeroOptimizer checks iff
+  // DeepSpeed's bf16 policy (docs/precision.md §8): ZeRO 1/2 through DeepSpeedZeroOptimizer checks iff
   // bf16.check_grad_overflow; ZeRO 3 and the BF16_Optimizer wrapper (ZeRO 1 with fp32
   // grad_accum_dtype and no CPU optimizer offload; pipeline) never check; no ZeRO (FP16_Optimizer
   // in bf16 mode) computes the flag but applies the update.
@@ -119,8 +119,9 @@ class LossScaler {
   //                 "... Attempted loss scale: A, but hysteresis is H. Reducing hysteresis to H-1"
   //   non-ZeRO dynamic: "Overflow detected. Skipping step. Attempted loss scale: A, reducing to B"
   //                 (numbers as Python prints them: int until the first halving, then float "32768.0")
-  //   non-ZeRO static: "Grad overflow on iteration: N\nUsing static loss scale of: S"
-  //   ZeRO static / unscaled: "[deepspeed] OVERFLOW! Rank R Skipping step." (+ the static scale)
+  //   static (any stage): "Grad overflow on iteration: N\nUsing static loss scale of: S" (the
+  //                 non-ZeRO wrappers' lines; DeepSpeed's ZeRO static scaler prints nothing)
+  //   unscaled (bf16 / fp32): "[deepspeed] OVERFLOW! Rank R Skipping step."
   std::string overflow_log_line(const LossScaleUpdate& result, int rank = 0, std::string_view first_overflow_layer = {}) const;
 
   LossScalerState state() const { return state_; }

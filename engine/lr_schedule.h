@@ -1,5 +1,5 @@
 // LrSchedule: DeepSpeed's five LR schedules (deepspeed/runtime/lr_schedules.py) with their exact
-// formulas; reference §5 and §17 rule 12.
+// formulas; docs/lr_schedules.md.
 //
 // Notation: it = last_batch_iteration, -1 at construction (unless the config resumes elsewhere),
 // +1 per step(). W = max(2, warmup_num_steps).

@@ -20,7 +20,9 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
       break;
     case OptimizerKind::none:
       fail("optimizer: the config has no \"optimizer\" block, so there is nothing to train with; add one, e.g. "
-           "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}");
+           "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}, or pass the program's own "
+           "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
+           "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
     default:
       fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
            "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\" and \"Lamb\"",

@@ -1,4 +1,4 @@
-// Optimizer: the update rule of the config's "optimizer" block (reference §4), applied to flat
+// Optimizer: the update rule of the config's "optimizer" block (docs/optimizers.md), applied to flat
 // segments of the engine's buffers.
 //
 // Provided: "Adam" and "AdamW" (any case), "SGD" (torch.optim.SGD, ops/kernels/sgd.h: momentum in

@@ -1,7 +1,7 @@
 // The progress line of a training run, printed every steps_per_print optimizer steps:
 //   step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,210 tokens/s | elapsed 1m05s | ETA 3m15s
 // with fp16 "| loss scale 65536" after the grad norm, and "| skipped 2" once a step was skipped.
-// DeepSpeed's own line is "step=N, skipped=S, lr=[...], mom=[...]" (reference §11); this one adds
+// DeepSpeed's own line is "step=N, skipped=S, lr=[...], mom=[...]" (docs/monitoring.md §1); this one adds
 // what a user watches a run for (loss, norm, speed, time left).
 #pragma once
 

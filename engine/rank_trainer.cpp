@@ -108,6 +108,7 @@ void RankTrainer::announce() {
   say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
                   TBS_, B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
+  if (!plan_.comm_note.empty()) say(plan_.comm_note);
   if (world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
     const bool local = comm_ == nullptr || comm_->backend() == "local";
     say(fmt::format("zero: stage {} on {} rank{}{}", stage_, world, world == 1 ? "" : "s",

@@ -12,6 +12,7 @@
 #include "ops/error.h"
 #include "zero/launcher_communicator.h"
 #include "zero/local_communicator.h"
+#include "zero/mpi_process.h"
 
 namespace dstrain {
 namespace {
@@ -47,6 +48,49 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
   return z;
 }
 
+// Every rank's ZeroReport on every process of a process-per-rank group (MPI): one all-gather of
+// fp64 values (exact: every figure is an integer below 2^53), so rank 0's --summary-json holds the
+// memory and traffic of all ranks, as a run of local ranks' does.
+std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& mine) {
+  constexpr std::size_t kFields = 9 + 2 * kCollectiveKinds;
+  const auto pack = [](const ZeroReport& r) {
+    std::vector<double> v{static_cast<double>(r.stage),         static_cast<double>(r.rank),
+                          static_cast<double>(r.world_size),    static_cast<double>(r.param_bytes),
+                          static_cast<double>(r.grad_bytes),    static_cast<double>(r.optimizer_bytes),
+                          static_cast<double>(r.peak_bytes),    static_cast<double>(r.padded_param_elements),
+                          static_cast<double>(r.peak_gathered_param_elements)};
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      v.push_back(static_cast<double>(r.step_comm.bytes[static_cast<std::size_t>(k)]));
+      v.push_back(static_cast<double>(r.step_comm.calls[static_cast<std::size_t>(k)]));
+    }
+    return v;
+  };
+  std::vector<double> own = pack(mine);
+  const int w = comm.world_size();
+  std::vector<double> all(kFields * static_cast<std::size_t>(w));
+  comm.all_gather(Tensor(own.data(), DType::fp64, Shape{static_cast<std::int64_t>(kFields)}),
+                  Tensor(all.data(), DType::fp64, Shape{static_cast<std::int64_t>(all.size())}));
+  std::vector<ZeroReport> reports(static_cast<std::size_t>(w));
+  for (int q = 0; q < w; ++q) {
+    const double* f = all.data() + kFields * static_cast<std::size_t>(q);
+    ZeroReport& r = reports[static_cast<std::size_t>(q)];
+    r.stage = static_cast<int>(f[0]);
+    r.rank = static_cast<int>(f[1]);
+    r.world_size = static_cast<int>(f[2]);
+    r.param_bytes = static_cast<std::uint64_t>(f[3]);
+    r.grad_bytes = static_cast<std::uint64_t>(f[4]);
+    r.optimizer_bytes = static_cast<std::uint64_t>(f[5]);
+    r.peak_bytes = static_cast<std::uint64_t>(f[6]);
+    r.padded_param_elements = static_cast<std::int64_t>(f[7]);
+    r.peak_gathered_param_elements = static_cast<std::int64_t>(f[8]);
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[9 + 2 * k]);
+      r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
+    }
+  }
+  return reports;
+}
+
 }  // namespace
 
 Trainer::Trainer(ConfigText config, std::string model, TrainerOptions options)
@@ -78,7 +122,14 @@ TrainResult Trainer::run() {
       result.stopped_by_signal = rank.stopped_by_signal();
     }
   };
-  if (plan.launcher_group) {
+  if (plan.comm == "mpi") {
+    // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.
+    const std::unique_ptr<Communicator> comm = join_mpi_world();
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(comm.get(), 0);
+    result.reports = gather_reports(*comm, result.reports.front());
+  } else if (plan.launcher_group) {
     // This process is one rank; the reports of the others stay in their processes.
     const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
     result.reports.assign(1, ZeroReport{});

@@ -14,10 +14,13 @@
 //      resolved for it, the model's shape, every input file read and checked. Nothing trains
 //      before it has passed; a mistake is an Error naming the option, key or file.
 //   2. the step loop, on each rank (engine/rank_trainer.h): options.num_ranks ranks as threads of
-//      this process over the local communicator, or, started by a launcher with a GPU per process,
-//      this process's rank of the launcher's group (NCCL). Every rank runs the same Engine calls.
+//      this process over the local communicator; or this process's rank of MPI_COMM_WORLD (the MPI
+//      backend, processes on the cpu: `mpirun -np N`); or, started by a launcher with a GPU per
+//      process, this process's rank of the launcher's group (NCCL). Every rank runs the same Engine
+//      calls.
 //   3. the finish: each rank's final evaluation, sample and weights; then the summary, printed by
-//      rank 0 and written to options.summary_json with every rank's ZeroReport of this process.
+//      rank 0 and written to options.summary_json with every rank's ZeroReport (over MPI gathered
+//      from every process).
 // The loop's lines go to options.print (rank 0 only) and warnings to options.warn.
 #pragma once
 
@@ -36,7 +39,7 @@ namespace dstrain {
 // What a run hands back.
 struct TrainResult {
   std::optional<TrainSummary> summary;  // rank 0's; empty in a launcher's process of another rank
-  // One per rank of this process: every rank with num_ranks; under a launcher this process's rank alone.
+  // One per rank: every rank with num_ranks and over MPI (gathered); under NCCL this process's rank alone.
   std::vector<ZeroReport> reports;
   // The signal (SIGTERM, SIGINT) that stopped the run after a step and a checkpoint; 0: it ran to the end.
   int stopped_by_signal = 0;

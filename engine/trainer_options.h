@@ -30,6 +30,11 @@ struct TrainerOptions {
   // Values for the config's other "auto" keys, as `check-config` takes them (config_schema/auto_values.h).
   // total_num_steps / warmup_num_steps come from `steps` / `warmup_steps` when left unset here.
   config::AutoValues autos;
+  // The program's own optimizer, as an "optimizer" block ({"type": "Lion", "params": {"lr": 1e-4}}):
+  // it replaces the config's block, as the optimizer a program passes to deepspeed.initialize does.
+  // nullopt: the config's block, or with none AdamW with the HF Trainer's defaults, filled from
+  // autos' lr / betas / eps / weight_decay (config::default_optimizer_block).
+  std::optional<config::Json> optimizer;
 
   // ---- evaluation and samples ----
   std::int64_t val_interval = 100;  // evaluate (and sample) every N steps and at the end; 0: only at the end
@@ -42,6 +47,10 @@ struct TrainerOptions {
   // ---- the engine ----
   std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
   std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  // The communicator backend: "auto" (mpi when an MPI launcher started this process on the cpu,
+  // nccl when a launcher started it with --device cuda, else local), "local" (--num-ranks threads),
+  // "mpi" (the processes of MPI_COMM_WORLD; docs/mpi.md) or "nccl" (a launcher's processes, a GPU each).
+  std::string comm = "auto";
   // The local rank a launcher passed as an argument (DeepSpeed's launcher appends --local_rank=N);
   // nullopt: none. Must agree with the launcher's environment (LOCAL_RANK, ...).
   std::optional<std::int64_t> local_rank;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,6 +22,7 @@
 #include "engine/progress.h"
 #include "ops/error.h"
 #include "zero/launcher_communicator.h"
+#include "zero/mpi_process.h"
 
 namespace dstrain {
 namespace {
@@ -70,9 +73,13 @@ LaunchEnv launcher_env(Device device) {
          e.what());
   }
   if (env.world_size > 1 && device.is_cpu()) {
-    fail("this process was started by a launcher as one of {} ranks ({}): on the cpu dstrain's ranks are threads of one process and cannot "
-         "join other processes; give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and give --num-ranks {}",
-         env.world_size, env.str(), env.world_size);
+    fail("this process was started by a launcher as one of {} ranks ({}), but its ranks would be threads of one process (--comm local) and "
+         "could not join the other processes; {}give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and "
+         "give --num-ranks {}",
+         env.world_size, env.str(),
+         mpi_backend_built() ? "start the processes with mpirun / mpiexec / srun --mpi=pmix and --comm mpi (or auto), "
+                             : "rebuild with MPI (libopenmpi-dev) to train over MPI processes, ",
+         env.world_size);
   }
   return env;
 }
@@ -89,6 +96,78 @@ void refuse_unsized_launcher(const LaunchEnv& env) {
          "process; on one machine, one process with --num-ranks N",
          pmix);
   }
+}
+
+// The variable an MPI launcher sets in every process it starts ("OMPI_COMM_WORLD_SIZE=2"): Open
+// MPI's mpirun, Hydra's mpiexec (MPICH, Intel MPI), PMIx launchers (prterun, srun --mpi=pmix);
+// empty when none is set.
+std::string mpi_launcher_variable() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(name)) return fmt::format("{}={}", name, v);
+  }
+  return {};
+}
+
+// --comm: the backend asked for, "auto" resolved (TrainerOptions::comm); `why` says why auto chose it.
+std::string resolve_comm(const TrainerOptions& o, const Device& device, std::string& why) {
+  const std::string& c = o.comm;
+  if (c != "auto" && c != "local" && c != "mpi" && c != "nccl") {
+    fail("--comm {}: must be auto, local (--num-ranks threads of this process), mpi (the processes mpirun starts) or nccl (a GPU per "
+         "process)", c.empty() ? "''" : c);
+  }
+  if (c != "auto") {
+    why = fmt::format("--comm {}", c);
+    return c;
+  }
+  const std::string mpi_variable = mpi_launcher_variable();
+  if (device.is_cpu() && !mpi_variable.empty() && o.num_ranks == 1 && mpi_backend_built()) {
+    why = fmt::format("auto: an MPI launcher started this process ({}) on the cpu", mpi_variable);
+    return "mpi";
+  }
+  why = "auto";
+  return device.is_cuda() ? "nccl" : "local";  // nccl only under a launcher (plan_training)
+}
+
+// --comm mpi: this process is one rank of MPI_COMM_WORLD, whose rank and size MPI itself gives
+// (after MPI_Init_thread); the launcher's variables only have to agree with them.
+void plan_mpi_world(TrainingPlan& plan, const TrainerOptions& options) {
+  if (options.num_ranks > 1) {
+    fail("--comm mpi with --num-ranks {}: the MPI processes are the ranks; drop --num-ranks and start that many processes (mpirun -np {})",
+         options.num_ranks, options.num_ranks);
+  }
+  if (!plan.device.is_cpu()) {
+    fail("--comm mpi with --device {}: the MPI backend communicates host memory; give --device cpu, or --comm nccl for a GPU per process",
+         plan.device.str());
+  }
+  LaunchEnv env;
+  try {
+    env = detect_launch_env();
+  } catch (const Error&) {
+    env = LaunchEnv{};  // MPI itself is the truth about the world; a malformed variable of another launcher does not matter
+    env.launcher = "none";
+  }
+  // Read before MPI starts: a singleton Open MPI sets PMIX_RANK itself.
+  const char* pmix_variable = std::getenv("PMIX_RANK");
+  const std::optional<std::string> pmix_rank = pmix_variable != nullptr ? std::optional<std::string>(pmix_variable) : std::nullopt;
+  plan.mpi = init_mpi();
+  const char* fix = "under srun give --mpi=pmix or --mpi=pmi2; otherwise start dstrain with the mpirun / mpiexec of the MPI it was built "
+                    "with, or start one process without a launcher and give --num-ranks {} to run the ranks as threads";
+  if (env.launcher != "none" && env.world_size != plan.mpi.world_size) {
+    fail("{} says this process is one of {} ranks, but MPI_COMM_WORLD has {} process{}: MPI did not get the launcher's world, and each "
+         "process would train alone. Fix: {}",
+         env.str(), env.world_size, plan.mpi.world_size, plan.mpi.world_size == 1 ? "" : "es", fmt::format(fmt::runtime(fix), env.world_size));
+  }
+  // A PMIx launcher gives no world size in the environment, but its rank must be MPI's.
+  if (pmix_rank && *pmix_rank != std::to_string(plan.mpi.rank)) {
+    fail("PMIX_RANK={} is set, but MPI says this process is rank {} of {}: MPI did not get the PMIx launcher's world, and each process "
+         "would train alone. Fix: {}",
+         *pmix_rank, plan.mpi.rank, plan.mpi.world_size, fmt::format(fmt::runtime(fix), "N"));
+  }
+  plan.launch = env;
+  plan.launch.rank = plan.mpi.rank;
+  plan.launch.world_size = plan.mpi.world_size;
+  if (env.launcher == "none") plan.launch.local_rank = 0;
+  plan.world = plan.mpi.world_size;
 }
 
 // DeepSpeed's launcher appends --local_rank=N to the command and sets LOCAL_RANK=N: they must agree.
@@ -170,16 +249,41 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // without a launcher, and when the launcher shows each process only its own GPU) ----
   plan.device = parse_device(options.device);
   const bool explicit_ordinal = options.device.find(':') != std::string::npos;
-  plan.launch = launcher_env(plan.device);
-  refuse_unsized_launcher(plan.launch);
-  check_local_rank_argument(plan.launch, options.local_rank);
-  if (plan.device.is_cuda() && !explicit_ordinal) plan.device = launcher_device(plan.launch);
-  // A launcher with a GPU per process: NCCL over its ranks (also at world size 1).
-  plan.launcher_group = plan.device.is_cuda() && plan.launch.launcher != "none";
-  if (plan.launcher_group && options.num_ranks > 1) {
-    fail("--num-ranks {} with a launcher ({}): the launcher's processes are the ranks; drop --num-ranks", options.num_ranks, plan.launch.str());
+  std::string why;
+  plan.comm = resolve_comm(options, plan.device, why);
+  if (plan.comm == "mpi") {
+    plan_mpi_world(plan, options);
+    check_local_rank_argument(plan.launch, options.local_rank);
+    plan.comm_note = fmt::format("comm: mpi, {} process{} of MPI_COMM_WORLD, this one rank {} ({}; {}; {})", plan.world, plan.world == 1 ? "" : "es",
+                                 plan.launch.rank, why, plan.mpi.library.empty() ? std::string("MPI") : plan.mpi.library, plan.mpi.thread_level);
+  } else {
+    if (plan.comm == "nccl" && !plan.device.is_cuda()) {
+      fail("--comm nccl with --device {}: NCCL communicates GPU memory; give --device cuda, or --comm mpi / local on the cpu", plan.device.str());
+    }
+    plan.launch = launcher_env(plan.device);
+    refuse_unsized_launcher(plan.launch);
+    check_local_rank_argument(plan.launch, options.local_rank);
+    if (plan.device.is_cuda() && !explicit_ordinal) plan.device = launcher_device(plan.launch);
+    // A launcher with a GPU per process: NCCL over its ranks (also at world size 1); --comm nccl asks
+    // for it without a launcher too (a group of one).
+    plan.launcher_group = plan.device.is_cuda() && (plan.comm == "nccl" && (options.comm == "nccl" || plan.launch.launcher != "none"));
+    if (plan.comm == "local" && plan.launch.world_size > 1) {
+      fail("--comm local but a launcher started this process as one of {} ranks ({}): each process would train alone; drop --comm local, "
+           "or start one process with --num-ranks {}",
+           plan.launch.world_size, plan.launch.str(), plan.launch.world_size);
+    }
+    if (!plan.launcher_group) plan.comm = "local";
+    if (plan.launcher_group && options.num_ranks > 1) {
+      fail("--num-ranks {} with a launcher ({}): the launcher's processes are the ranks; drop --num-ranks", options.num_ranks, plan.launch.str());
+    }
+    plan.world = plan.launcher_group ? plan.launch.world_size : static_cast<int>(options.num_ranks);
+    plan.comm_note = plan.launcher_group
+                         ? fmt::format("comm: nccl, {} process{}, this one rank {} on {} ({})", plan.world, plan.world == 1 ? "" : "es", plan.launch.rank,
+                                       plan.device.str(), plan.launch.str())
+                     : plan.world > 1 ? fmt::format("comm: local, {} ranks as threads of this process (--num-ranks)", plan.world)
+                                      : std::string("comm: none (1 rank)");
   }
-  plan.world = plan.launcher_group ? plan.launch.world_size : static_cast<int>(options.num_ranks);
+  const bool lead_process = plan.launch.rank == 0;  // prints the config's warnings and resolved values
 
   // ---- the inputs exist, the outputs spare them and can be written ----
   require_file(options.data, "--data");
@@ -203,10 +307,31 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (!config_options.autos.total_num_steps) config_options.autos.total_num_steps = options.steps;
   if (!config_options.autos.warmup_num_steps) config_options.autos.warmup_num_steps = options.warmup_steps;
   if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd;
+  // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
+  config_options.client_optimizer = options.optimizer;
+  const bool config_has_optimizer = config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
+  if (!options.optimizer && !config_has_optimizer) config_options.default_optimizer = config::default_optimizer_block(config_options.autos);
   plan.config = config::parse_ds_config(config_text.tree, config_options);
-  for (const config::Warning& w : plan.config.warnings) trainer_warn(options, fmt::format("{}{}{}", w.path, w.path.empty() ? "" : ": ", w.message));
-  for (const std::string& r : plan.config.resolved_autos) trainer_print(options, fmt::format("auto: {}", r));
+  if (lead_process) {
+    for (const config::Warning& w : plan.config.warnings) trainer_warn(options, fmt::format("{}{}{}", w.path, w.path.empty() ? "" : ": ", w.message));
+    for (const std::string& r : plan.config.resolved_autos) trainer_print(options, fmt::format("auto: {}", r));
+  }
   const config::DsConfig& cfg = plan.config;
+  if (lead_process && cfg.optimizer_source == config::OptimizerSource::default_adamw) {
+    const config::OptimizerParams& p = cfg.optimizer.params;
+    trainer_print(options, fmt::format("optimizer: the config has no \"optimizer\" block, so AdamW with the Hugging Face Trainer's defaults: lr {} "
+                                       "betas ({}, {}) eps {} weight_decay {} (--lr, --adam-beta1, --adam-beta2, --adam-eps, --weight-decay)",
+                                       p.lr, p.betas.first, p.betas.second, p.eps, p.weight_decay));
+  } else if (lead_process && cfg.optimizer_source == config::OptimizerSource::client) {
+    trainer_print(options, fmt::format("optimizer: the program's own, {} (in place of the config's block, if any)", cfg.optimizer.type));
+  }
+  // overlap_comm issues the collectives from a worker thread (zero/comm_queue.h): MPI must allow
+  // calls from any one thread at a time.
+  if (plan.comm == "mpi" && cfg.zero_optimization.overlap_comm && !plan.mpi.threads_serialized) {
+    fail("zero_optimization.overlap_comm is true, which issues the collectives from a worker thread, but this MPI provides only {} "
+         "(MPI_THREAD_SERIALIZED is needed); set \"overlap_comm\": false, or use an MPI built with thread support",
+         plan.mpi.thread_level);
+  }
   if (cfg.flops_profiler.enabled && cfg.flops_profiler.output_file && !cfg.flops_profiler.output_file->empty()) {
     outputs.push_back({*cfg.flops_profiler.output_file, "flops_profiler.output_file"});
   }
@@ -233,7 +358,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
            g.vocab_size, tv);
     }
   }
-  check_memory(plan, model_spec, plan.launcher_group ? 1 : plan.world);
+  check_memory(plan, model_spec, plan.comm == "local" ? plan.world : 1);
 
   // ---- the data: the training file's windows give the length of an epoch; both files are read
   // whole once, every token checked against the vocabulary ----

@@ -16,6 +16,7 @@
 #include "ops/device.h"
 #include "ops/transformer/gpt2_config.h"
 #include "zero/launch_env.h"
+#include "zero/mpi_process.h"
 
 namespace dstrain {
 
@@ -28,6 +29,12 @@ struct TrainingPlan {
   // True when this process is one rank of a launcher's group (a GPU per process, NCCL): the ranks
   // are processes; otherwise they are options.num_ranks threads of this process.
   bool launcher_group = false;
+  // The communicator backend the ranks use: "local" (threads of this process, or a single rank),
+  // "mpi" (this process is rank launch.rank of MPI_COMM_WORLD's launch.world_size processes) or
+  // "nccl" (launcher_group). comm_note says which and why, for the start of the run.
+  std::string comm = "local";
+  std::string comm_note;
+  MpiWorld mpi;                    // comm "mpi": this process's place and MPI's thread level
   int world = 1;                   // data-parallel ranks of the run
   std::int64_t sequence_length = 0;   // T
   std::int64_t window_count = 0;      // training windows of T + 1 tokens in the data file

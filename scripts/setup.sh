@@ -23,6 +23,8 @@ packages=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   hjson-go   # hjson-cli: an independent Hjson parser the config tests compare against
   python3-protobuf  # decodes our TensorBoard event files in the monitor tests
+  python3-torch libopenblas0-pthread  # the PyTorch GPT-2 the whole-model test compares with (tests/integration/gpt2_vs_pytorch.py)
+  libopenmpi-dev openmpi-bin  # the MPI backend (zero/mpi_communicator.h) and its mpiexec tests
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

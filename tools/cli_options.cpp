@@ -73,10 +73,17 @@ void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args) {
                   "stage3_param_persistence_threshold = 10*h (train: the model's n_embd when not given)")
       ->group(group)
       ->check(whole_number_at_least(1));
-  cmd->add_option("--lr", args.lr, "optimizer.params.lr and scheduler warmup_max_lr")->group(group)->check(finite_number());
+  // With no "optimizer" block, `train` uses AdamW with these (HF TrainingArguments' defaults).
+  cmd->add_option("--lr", args.lr, "optimizer.params.lr and scheduler warmup_max_lr (no optimizer block: AdamW's lr, default 5e-5)")
+      ->group(group)
+      ->check(finite_number());
   cmd->add_option("--adam-betas", args.betas, "optimizer.params.betas (two values)")->group(group)->expected(2)->check(finite_number());
-  cmd->add_option("--adam-eps", args.eps, "optimizer.params.eps")->group(group)->check(finite_number());
-  cmd->add_option("--weight-decay", args.weight_decay, "optimizer.params.weight_decay")->group(group)->check(finite_number());
+  cmd->add_option("--adam-beta1", args.beta1, "optimizer.params.betas[0] (default 0.9)")->group(group)->check(finite_number());
+  cmd->add_option("--adam-beta2", args.beta2, "optimizer.params.betas[1] (default 0.999)")->group(group)->check(finite_number());
+  cmd->add_option("--adam-eps", args.eps, "optimizer.params.eps (no optimizer block: default 1e-8)")->group(group)->check(finite_number());
+  cmd->add_option("--weight-decay", args.weight_decay, "optimizer.params.weight_decay (no optimizer block: default 0)")
+      ->group(group)
+      ->check(finite_number());
   cmd->add_option("--gradient-clipping", args.clipping, "gradient_clipping (max_grad_norm)")->group(group)->check(finite_number());
   cmd->add_option("--precision", args.precision, "fp32, fp16 or bf16: fills fp16.enabled / bf16.enabled")
       ->group(group)
@@ -95,7 +102,10 @@ config::AutoValues to_auto_values(const AutoValueArgs& args) {
   autos.precision = args.precision;
   if (!args.betas.empty()) {
     DSTRAIN_CHECK(args.betas.size() == 2, "--adam-betas takes two values (beta1 beta2), got {}", args.betas.size());
+    DSTRAIN_CHECK(!args.beta1 && !args.beta2, "--adam-betas with --adam-beta1 / --adam-beta2: give the betas one way");
     autos.betas = std::make_pair(args.betas[0], args.betas[1]);
+  } else if (args.beta1 || args.beta2) {
+    autos.betas = std::make_pair(args.beta1.value_or(0.9), args.beta2.value_or(0.999));  // HF's defaults for the other
   }
   return autos;
 }

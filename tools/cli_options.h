@@ -27,15 +27,18 @@ struct AutoValueArgs {
   std::optional<std::int64_t> micro_batch, grad_accum, hidden_size;
   std::optional<double> lr, eps, weight_decay, clipping;
   std::vector<double> betas;
+  std::optional<double> beta1, beta2;  // HF's adam_beta1 / adam_beta2: the other keeps its default
   std::optional<std::string> precision;
 };
 
 // Adds --micro-batch-size, --gradient-accumulation-steps, --hidden-size, --lr, --adam-betas,
-// --adam-eps, --weight-decay, --gradient-clipping and --precision to `cmd`, in a group of their own.
+// --adam-beta1, --adam-beta2, --adam-eps, --weight-decay, --gradient-clipping and --precision to
+// `cmd`, in a group of their own. The optimizer flags also fill `train`'s default AdamW (a config
+// with no "optimizer" block).
 void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args);
 
 // The AutoValues they give (total / warmup steps are the caller's). Error for --adam-betas with
-// other than two values.
+// other than two values, or with --adam-beta1 / --adam-beta2.
 config::AutoValues to_auto_values(const AutoValueArgs& args);
 
 // A command's exit status other than 0, thrown by a subcommand's callback and returned by main.

@@ -36,6 +36,25 @@ void prefer_passive_openmp_threads(char** argv) {
   ::execv(self.data(), argv);  // returns only on failure: then go on with the default policy
 }
 
+// " (MPI rank 1 of 4)" when this process is one of several MPI processes: which rank's error it is.
+std::string mpi_rank_tag() {
+  if (!dstrain::mpi_active()) return {};
+  const dstrain::MpiWorld w = dstrain::init_mpi();  // running already: only asks
+  return w.world_size > 1 ? " (MPI rank " + std::to_string(w.rank) + " of " + std::to_string(w.world_size) + ")" : std::string();
+}
+
+// After an error in one of several MPI processes: the others may wait for this one in a collective
+// (until their timeout) or have failed alike; MPI_Abort ends them all now, with a non-zero status
+// from the launcher, and leaves no process behind.
+void end_mpi_job(int status) {
+  if (!dstrain::mpi_active()) return;
+  if (dstrain::init_mpi().world_size > 1) {
+    std::fflush(stderr);
+    std::fflush(stdout);
+    dstrain::abort_mpi_job(status);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +69,9 @@ int main(int argc, char** argv) {
   dstrain::cli::add_check_config_command(app);
   dstrain::add_prepare_data_command(app);
   dstrain::cli::add_train_command(app);
+  // Under MPI (dstrain train --comm mpi) every process ends MPI before it exits; after an error the
+  // whole job ends (ends_job) so that no rank waits for one that failed.
+  int status = 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -64,11 +86,13 @@ int main(int argc, char** argv) {
     return e.code;  // the command said why on its own lines
   } catch (const dstrain::Error& e) {
     // Invalid input (config, file, value): the message names the cause and the fix.
-    std::fprintf(stderr, "dstrain: error: %s\n", e.what());
-    return 2;
+    std::fprintf(stderr, "dstrain: error%s: %s\n", mpi_rank_tag().c_str(), e.what());
+    status = 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dstrain: internal error (please report it): %s\n", e.what());
-    return 3;
+    std::fprintf(stderr, "dstrain: internal error (please report it)%s: %s\n", mpi_rank_tag().c_str(), e.what());
+    status = 3;
   }
-  return 0;
+  if (status != 0) end_mpi_job(status);
+  dstrain::finalize_mpi();
+  return status;
 }

@@ -31,6 +31,7 @@ struct TrainArgs {
   double peak_flops = 0.0;  // 0: measure this machine's sgemm once (flops_profiler only)
   std::int64_t num_ranks = 1;  // data-parallel ranks, as threads of this process (local communicator)
   std::string device = "cpu";  // where the engine trains: cpu, cuda, cuda:N
+  std::string comm = "auto";   // the communicator backend: auto, local, mpi, nccl
   std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
   AutoValueArgs autos;  // the config's "auto" values, as check-config takes them
 };
@@ -53,6 +54,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.peak_flops = args.peak_flops;
   o.device = args.device;
   o.num_ranks = args.num_ranks;
+  o.comm = args.comm;
   o.checkpoint_activations = args.checkpoint_activations;
   o.bf16_stochastic_rounding = args.bf16_stochastic_rounding;
   o.inject_overflow = args.inject_overflow;
@@ -81,7 +83,7 @@ void run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 from a DeepSpeed config on a token file (CPU; ZeRO stages 0-3 on --num-ranks local ranks)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks local ranks or mpirun -np N processes)");
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
   cmd->add_option("--model", args->model,
                   "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a Hugging Face config.json")
@@ -128,6 +130,12 @@ void add_train_command(CLI::App& app) {
                   "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
       ->check(whole_number_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--comm", args->comm,
+                  "The communicator between the ranks: local (--num-ranks threads of this process), mpi (each process mpirun / "
+                  "mpiexec / srun --mpi=pmix starts is a rank, on the cpu; docs/mpi.md), nccl (a GPU per process), or auto: mpi under an "
+                  "MPI launcher on the cpu, nccl under a launcher with --device cuda, else local. Said at the start of the run")
+      ->check(one_of({"auto", "local", "mpi", "nccl"}))
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK, or "

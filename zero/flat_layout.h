@@ -1,7 +1,7 @@
 // FlatLayout: where one layer's owned parameters sit in its flat buffers, and how those buffers
 // split across the ranks of a ZeRO group.
 //
-// Every per-layer buffer (16-bit or fp32 params, grads, fp32 masters, Adam m and v) uses the same
+// Every per-layer buffer (16-bit or fp32 params, grads, fp32 masters, the optimizer's states) uses the same
 // element layout, so one offset addresses a parameter in all of them:
 //
 //   [ decayed params ... | not-decayed params ... | zero padding ]

@@ -13,6 +13,7 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
+#include "zero/rank_reduce.h"
 
 #if DSTRAIN_LOCAL_COMM_CUDA
 #include <cuda_runtime_api.h>
@@ -28,87 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// ---- element-wise reduction over ranks, in rank order ----
-
-// Accumulation type and conversions: 16-bit floats accumulate in fp32 and round once at the end;
-// int32 sums wrap (computed in uint32: signed overflow would be undefined behaviour).
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<std::int32_t> { using type = std::int32_t; };
-template <> struct Acc<double> { using type = double; };
-
-template <typename T> typename Acc<T>::type load(T v) { return static_cast<typename Acc<T>::type>(v); }
-template <typename T> T store(typename Acc<T>::type v) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t>) {
-    return v;
-  } else {
-    return T(v);
-  }
-}
-
-template <typename A> A add(A a, A b) {
-  if constexpr (std::is_same_v<A, std::int32_t>) {
-    return static_cast<std::int32_t>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b));
-  } else {
-    return a + b;
-  }
-}
-
-// NaN wins, as in a sum: a max that hid a NaN gradient would hide an overflow.
-template <typename A> A max_of(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (std::isnan(a)) return a;
-    if (std::isnan(b)) return b;
-  }
-  return b > a ? b : a;
-}
-
-// out[k][i] = op over r of in[r][i] for every output k, i in [0, n). Blocks of kBlock elements
-// keep the accumulator on the stack; inputs of a block are all read before any output is written,
-// so an output may alias an input (all-reduce in place).
-template <typename T>
-void reduce_into(const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n, ReduceOp op) {
-  using A = typename Acc<T>::type;
-  constexpr std::int64_t kBlock = 1024;
-  A acc[kBlock];
-  const auto world = static_cast<int>(in.size());
-  for (std::int64_t b = 0; b < n; b += kBlock) {
-    const std::int64_t m = std::min(kBlock, n - b);
-    const T* first = static_cast<const T*>(in[0]) + b;
-    for (std::int64_t i = 0; i < m; ++i) acc[i] = load(first[i]);
-    for (int r = 1; r < world; ++r) {
-      const T* src = static_cast<const T*>(in[static_cast<std::size_t>(r)]) + b;
-      if (op == ReduceOp::max) {
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = max_of<A>(acc[i], load(src[i]));
-      } else {
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = add<A>(acc[i], load(src[i]));
-      }
-    }
-    if (op == ReduceOp::avg) {
-      if constexpr (std::is_floating_point_v<A>) {
-        const A w = static_cast<A>(world);
-        for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / w;
-      }
-    }
-    for (void* o : out) {
-      T* dst = static_cast<T*>(o) + b;
-      for (std::int64_t i = 0; i < m; ++i) dst[i] = store<T>(acc[i]);
-    }
-  }
-}
-
-void reduce_dispatch(DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n,
-                     ReduceOp op) {
-  switch (dtype) {
-    case DType::fp32: return reduce_into<float>(in, out, n, op);
-    case DType::fp16: return reduce_into<fp16_t>(in, out, n, op);
-    case DType::bf16: return reduce_into<bf16_t>(in, out, n, op);
-    case DType::int32: return reduce_into<std::int32_t>(in, out, n, op);
-    case DType::fp64: return reduce_into<double>(in, out, n, op);
-    case DType::uint16: break;
-  }
-  fail("local communicator: dtype {} cannot be reduced", dtype_name(dtype));
-}
-
 #if DSTRAIN_LOCAL_COMM_CUDA
 // ---- the same work on device memory, enqueued on the device's legacy default stream ----
 
@@ -121,7 +41,8 @@ RankReduceOp rank_reduce_op(ReduceOp op) {
   return RankReduceOp::sum;
 }
 
-// reduce_dispatch's device twin: one kernel, the inputs in rank order, every output written.
+// reduce_over_ranks's device twin (zero/rank_reduce.h): one kernel, the inputs in rank order,
+// every output written.
 void device_reduce(DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n, ReduceOp op) {
   DSTRAIN_CHECK(static_cast<int>(in.size()) <= kRankReduceMaxBuffers,
                 "local communicator: {} ranks share one GPU, but a device reduction takes at most {}; use fewer --num-ranks or the "
@@ -143,7 +64,7 @@ void reduce_on(const Device& device, DType dtype, const std::vector<const void*>
   if (device.is_cuda()) return device_reduce(dtype, in, out, n, op);
 #endif
   (void)device;
-  reduce_dispatch(dtype, in, out, n, op);
+  reduce_over_ranks(dtype, in, out, n, op);
 }
 
 void copy_on(const Device& device, void* dst, const void* src, std::size_t bytes) {

@@ -7,6 +7,7 @@
 #include "ops/error.h"
 #include "ops/log.h"
 #include "ops/kernels/tensor_ops.h"
+#include "zero/gradient_reduction.h"
 
 namespace dstrain {
 
@@ -342,25 +343,13 @@ void ModelStates::before_backward(std::size_t i) {
   }
 }
 
-namespace {
-// Averages one chunk of whole gradients over the ranks so that rank r's piece (shard_of(chunk, r,
-// w)) holds the average: a reduce-scatter in place, or with reduce_scatter off (DeepSpeed's
-// reduce_scatter: false) an all-reduce of the whole chunk.
-void average_chunk(Communicator* comm, const Tensor& chunk, int r, int w, bool reduce_scatter) {
-  if (reduce_scatter) {
-    comm->reduce_scatter(chunk, shard_of(chunk, r, w), ReduceOp::avg);
-  } else {
-    comm->all_reduce(chunk, ReduceOp::avg);
-  }
-}
-}  // namespace
-
 void ModelStates::flush_allreduce(std::int64_t begin, std::int64_t end) {
   Communicator* comm = comm_;
+  Allocator* scratch = &alloc_;
   for (std::int64_t b = begin; b < end;) {
     const std::int64_t e = s_.reduce_bucket_size > 0 ? std::min(end, b + s_.reduce_bucket_size) : end;
     const Tensor t = region(grads_full_, s_.storage, b, e - b);
-    queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::avg); });
+    queue_->submit([comm, t, scratch, g = s_.reduction] { reduce_gradients(*comm, t, false, g, ReductionPath::all_reduce, *scratch); });
     b = e;
   }
 }
@@ -389,16 +378,16 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
   }
   if (s_.stage == 1) {
     if (!boundary || world_ == 1) return;
-    // Reduce-scatter every chunk in place: rank r's piece of it becomes the average.
+    // Reduce-scatter every chunk in place: rank r's piece of it becomes the average (with
+    // reduce_scatter off, an all-reduce of the whole chunk).
     Communicator* comm = comm_;
-    const int r = rank();
     std::vector<Tensor> chunks;
     for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
       const FlatRange c = lo.chunk_range(k);
       chunks.push_back(region(grads_full_, s_.storage, ly.grad_begin + c.begin, c.size()));
     }
-    queue_->submit([comm, r, chunks = std::move(chunks), w = world_, rs = s_.reduce_scatter] {
-      for (const Tensor& c : chunks) average_chunk(comm, c, r, w, rs);
+    queue_->submit([comm, chunks = std::move(chunks), rs = s_.reduce_scatter, g = s_.reduction, scratch = &alloc_] {
+      for (const Tensor& c : chunks) reduce_gradients(*comm, c, rs, g, reduction_path(1, rs), *scratch);
     });
     return;
   }
@@ -413,10 +402,11 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
                        region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
   }
   Buffer* transient = &ly.transient_grads;
-  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter] {
+  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter,
+                                               g = s_.reduction, path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
     for (const auto& [chunk, part] : parts) {
       if (comm != nullptr) {
-        average_chunk(comm, chunk, r, w, rs);
+        reduce_gradients(*comm, chunk, rs, g, path, *scratch);
         comm->order_compute_after_collectives();  // the add below reads what the collective wrote
       }
       residual_forward(part, part, shard_of(chunk, r, w));  // accumulate over micro-steps (fp32 add, one rounding)

@@ -28,7 +28,7 @@
 // batch). Collectives run through a CommQueue: with overlap_comm on a worker thread, overlapping
 // the backward (and stage 3's prefetch) with compute.
 //
-// The hooks follow the engine's step loop (DESIGN.md "The step, as data flows"):
+// The hooks follow the engine's step loop (docs/design.md "The step, as data flows"):
 //   begin_pass(train)                       once per micro-step (or evaluation)
 //   acquire(i) ... layer call ... release(i)   around every forward, recompute and backward call
 //   before_backward(i) / after_backward(i)  around layer i's backward
@@ -52,6 +52,7 @@
 #include "zero/communicator.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer_partition.h"
+#include "zero/gradient_reduction.h"
 #include "zero/param_coordinator.h"
 #include "zero/state_store.h"
 
@@ -74,6 +75,9 @@ struct ZeroSettings {
   // false: gradients are all-reduced and each rank keeps its piece (DeepSpeed's reduce_scatter:
   // false; twice the traffic of the reduce-scatter used by default).
   bool reduce_scatter = true;
+  // DeepSpeed's gradient_allreduce_op / prescale_gradients / gradient_predivide_factor /
+  // communication_data_type (zero/gradient_reduction.h).
+  GradientReduction reduction{};
   std::int64_t prefetch_bucket_size = 50'000'000;
   std::int64_t param_persistence_threshold = 100'000;   // a stage-3 layer with fewer elements stays whole
   std::int64_t model_persistence_threshold = INT64_MAX;  // cap on the elements kept whole that way

@@ -1,7 +1,7 @@
 // The fused gradient check of the optimizer step: one pass over a flat gradient buffer giving
 // the sum of squares (for the global L2 norm) and the count of inf/NaN elements (the fp16 / bf16
 // overflow flag), designed so that the results of all partitions combine with ONE all-reduce SUM
-// of two doubles (DESIGN.md, "the step"; DeepSpeed needs two collectives, deepspeed_internals §1.7).
+// of two doubles (docs/precision.md §6; DeepSpeed needs two collectives, an overflow MAX and a norm SUM).
 //
 //   norm_sq   = Σ_i g_i²      each g_i widened to fp32 (exact), squared and summed in double
 //   nonfinite = #{i : g_i is ±inf or NaN}
@@ -41,7 +41,7 @@ struct GradNormOverflow {
 // Scratch: none (the block partials live on the stack).
 GradNormOverflow grad_norm_overflow(Tensor grads);
 
-// The divisor DeepSpeed un-scales and clips with (reference §7, deepspeed_internals §1.7): with the
+// The divisor DeepSpeed un-scales and clips with (docs/precision.md §7): with the
 // norm of the SCALED gradients N_s = sqrt(norm_sq), the loss scale S and gradient_clipping c:
 //   clip = (N_s / S + 1e-6) / c;  divisor = clip * S  if c > 0 and clip > 1,  else S.
 // Pass grad_scale = 1 / divisor to the optimizer kernels (adamw / sgd / lamb), which fold the

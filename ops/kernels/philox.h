@@ -6,7 +6,7 @@
 // and the CPU, the GPU and any world size agree, because each element's bits depend only on its
 // address, not on which thread or rank produced it.
 //
-// Addressing (DESIGN.md "RNG"): key = the 64-bit seed; counter =
+// Addressing (docs/design.md "RNG"): key = the 64-bit seed; counter =
 //   {group bits 0..31,  group bits 32..47 | site << 16,  step,  layer << 16 | micro_batch}
 // where group = element / 4 (one Philox call yields 4 words, one per element of the group), and
 // site tells apart the dropout call sites of one layer (attention probabilities, attention

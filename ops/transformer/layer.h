@@ -1,4 +1,4 @@
-// Layer: the unit the engine's step loop runs, in both directions (DESIGN.md "The step, as data
+// Layer: the unit the engine's step loop runs, in both directions (docs/design.md "The step, as data
 // flows"). A model is an ordered list of layers; the GPT-2 one is Embedding, n_layer Blocks, Head.
 //
 // A layer owns NO memory. It declares

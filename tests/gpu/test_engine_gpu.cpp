@@ -1,4 +1,4 @@
-// The whole training step on the GPU against the CPU backend (DESIGN.md "Correctness contract"):
+// The whole training step on the GPU against the CPU backend (docs/design.md "Correctness contract"):
 // the same model, seed and global batches through Engine on cuda:0 and on the CPU, comparing the
 // loss of every optimizer step and the fp32 master parameters afterwards; ZeRO stages 1-3 on two
 // local ranks sharing the GPU against stage 0; greedy sampling from the same weights; and a short

@@ -63,7 +63,7 @@ TEST(CliCheckConfig, ReadableSummaryByDefault) {
 }
 
 TEST(CliCheckConfig, BatchMismatchExitsTwoWithDeepSpeedsNumbers) {
-  // TBS 32, MBS 3 on 2 ranks: GAS = (32 // 3) // 2 = 5, and 32 != 3 * 5 * 2 (reference §2).
+  // TBS 32, MBS 3 on 2 ranks: GAS = (32 // 3) // 2 = 5, and 32 != 3 * 5 * 2 (docs/batch.md §2).
   const std::string cfg = write_temp("dstrain_cli_batch.json", R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})");
   auto r = run_dstrain("check-config " + shell_quote(cfg) + " --world-size 2");
   EXPECT_EQ(r.exit_code, 2);

@@ -201,12 +201,12 @@ std::vector<std::string> sample_blocks(const std::string& out) {
 }
 
 // WarmupDecayLR with "auto" total_num_steps / warmup_num_steps from --steps / --warmup-steps: the
-// lr of every step (summary "lrs") against reference §5.2 with optimizer step k at it = k - 2;
+// lr of every step (summary "lrs") against docs/lr_schedules.md §3 with optimizer step k at it = k - 2;
 // csv_monitor rows at global_samples = k · 8 with the summary's losses and the next step's lr;
 // a TensorBoard file whose records verify; the wall_clock_breakdown line; samples, the same
 // for the same seed.
-// fp16 with overflows injected at steps 3 and 4 (non-ZeRO dynamic scaling, window 1000, reference
-// §6.2): the scale halves at each, 256 -> 128 -> 64, and stays; both steps are skipped and logged
+// fp16 with overflows injected at steps 3 and 4 (non-ZeRO dynamic scaling, window 1000,
+// docs/precision.md §5): the scale halves at each, 256 -> 128 -> 64, and stays; both steps are skipped and logged
 // with DeepSpeed's line; csv_monitor's Train/Samples/loss_scale row after each step holds the
 // scale the next step uses. bf16 trains too (no loss scale, no loss_scale file).
 TEST_F(TrainCli, Fp16InjectedOverflowsAreSkippedAndMonitored) {

@@ -1,4 +1,4 @@
-// "auto" resolution (reference §13, §17 rule 3): the HF mapping, the record of each resolution, and
+// "auto" resolution (docs/config.md §6): the HF mapping, the record of each resolution, and
 // errors naming the key and the option when nothing derives the value.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Batch-size arithmetic, reference §2: every inference row, null vs 0, and the four assertions with
+// Batch-size arithmetic, docs/batch.md §2–§3: every inference row, null vs 0, and the four assertions with
 // DeepSpeed's messages.
 #include <gtest/gtest.h>
 
@@ -81,7 +81,7 @@ TEST(BatchSize, AssertionGradientAccumulation) {
 }
 
 TEST(BatchSize, AssertionProductWithFloorDivision) {
-  // The reference's example: TBS=32, MBS=3, world=2 -> GAS=5 -> "32 != 3 * 5 * 2".
+  // docs/batch.md §2's example: TBS=32, MBS=3, world=2 -> GAS=5 -> "32 != 3 * 5 * 2".
   const std::string m = error_of(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})", 2);
   EXPECT_TRUE(contains(m, "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
                           "gradient_acc_step * world_size 32 != 3 * 5 * 2"))

@@ -1,4 +1,4 @@
-// Type coercion, reference §1.4 (regime B, pydantic lax mode) — every cell of the table — and the
+// Type coercion, docs/config.md §4 (regime B, pydantic lax mode) — every cell of the table — and the
 // regime-A rules (no coercion in DeepSpeed: crash -> our error; silent misread -> warning).
 #include <gtest/gtest.h>
 

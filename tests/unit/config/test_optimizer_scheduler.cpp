@@ -1,4 +1,4 @@
-// optimizer and scheduler sections (reference §4, §5; §17 rules 9, 11, 12).
+// optimizer and scheduler sections (docs/optimizers.md, docs/lr_schedules.md, docs/precision.md §7).
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"
@@ -87,6 +87,60 @@ TEST(Optimizer, ZeroWhitelist) {
                          "zero_allow_untested_optimizer": true)")).zero_optimization.stage, 2);
   EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Lamb"}, "fp16": {"enabled": true, "loss_scale": 128})")),
                        "DeepSpeed lamb optimizer requires dynamic loss scaling"));
+}
+
+// ConfigOptions::default_optimizer fills a missing block (the HF Trainer's AdamW, from the flags'
+// AutoValues); client_optimizer replaces the config's block, with a warning, as DeepSpeed uses the
+// client's. Both are read like a config's block (its checks apply), and the scheduler's default
+// warmup_max_lr is their lr.
+TEST(Optimizer, DefaultAndClientOptimizers) {
+  const Json hf = default_optimizer_block({});
+  EXPECT_EQ(hf, Json::parse(R"({"type": "AdamW", "params": {"lr": 5e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}})"));
+  AutoValues autos;
+  autos.lr = 1e-3;
+  autos.betas = std::pair{0.8, 0.95};
+  autos.eps = 1e-6;
+  autos.weight_decay = 0.1;
+  EXPECT_EQ(default_optimizer_block(autos),
+            Json::parse(R"({"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}})"));
+  autos.betas = std::pair{0.9, 1.0};
+  std::string beta_error;
+  try {
+    default_optimizer_block(autos);
+  } catch (const Error& e) {
+    beta_error = e.what();
+  }
+  EXPECT_TRUE(contains(beta_error, "--adam-beta2")) << beta_error;
+
+  ConfigOptions o;
+  o.default_optimizer = hf;
+  const DsConfig d = parse_ds_config(Json::parse(with(R"("scheduler": {"type": "WarmupLR", "params": {}})")), o);
+  EXPECT_EQ(d.optimizer_source, OptimizerSource::default_adamw);
+  EXPECT_EQ(d.optimizer.kind, OptimizerKind::adamw);
+  EXPECT_DOUBLE_EQ(d.optimizer.params.lr, 5e-5);
+  EXPECT_DOUBLE_EQ(d.scheduler.params.warmup_max_lr, 5e-5);
+  EXPECT_EQ(d.to_json()["optimizer"]["type"], "AdamW");
+  // A config with a block keeps it.
+  const DsConfig kept = parse_ds_config(Json::parse(with(R"("optimizer": {"type": "SGD", "params": {"lr": 0.5}})")), o);
+  EXPECT_EQ(kept.optimizer_source, OptimizerSource::config);
+  EXPECT_EQ(kept.optimizer.kind, OptimizerKind::sgd);
+
+  ConfigOptions c;
+  c.client_optimizer = Json::parse(R"({"type": "SGD", "params": {"lr": 0.25, "momentum": 0.9}})");
+  const DsConfig client = parse_ds_config(Json::parse(with(R"("optimizer": {"type": "AdamW"})")), c);
+  EXPECT_EQ(client.optimizer_source, OptimizerSource::client);
+  EXPECT_EQ(client.optimizer.kind, OptimizerKind::sgd);
+  EXPECT_DOUBLE_EQ(client.optimizer.params.momentum, 0.9);
+  EXPECT_NE(find_warning(client, "optimizer", "replaces this block"), nullptr);
+  // The client's block is checked as a config's.
+  c.client_optimizer = Json::parse(R"({"type": "SGD", "params": {"betas": [0.9, 0.9]}})");
+  std::string m;
+  try {
+    parse_ds_config(Json::parse(with("\"steps_per_print\": 1")), c);
+  } catch (const Error& e) {
+    m = e.what();
+  }
+  EXPECT_TRUE(contains(m, "SGD does not take a parameter named \"betas\"")) << m;
 }
 
 TEST(Scheduler, WarmupLRDefaultsInheritOptimizerLr) {

@@ -1,4 +1,4 @@
-// fp16 / bf16 / bfloat16 / amp / torch_autocast / data_types (reference §6, §17 rule 10).
+// fp16 / bf16 / bfloat16 / amp / torch_autocast / data_types (docs/precision.md §1–§2, §8–§9).
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"

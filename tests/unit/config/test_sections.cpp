@@ -1,5 +1,5 @@
 // Top-level keys, aio, activation_checkpointing, checkpoint, monitors, unsupported sections,
-// to_json round trip and summary (reference §3, §8.4, §9, §10.1, §11, §12; §17 rules 2, 14, 15).
+// to_json round trip and summary (docs/config.md §3, §7, §8; docs/monitoring.md).
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"

@@ -1,5 +1,5 @@
 // zero_optimization, offload_param, offload_optimizer: defaults, aliases, deprecated fields, legacy
-// boolean form and cross-field rules (reference §8, §17 rule 13).
+// boolean form and cross-field rules (docs/zero.md §9, docs/config.md §5).
 #include <gtest/gtest.h>
 
 #include "config_test_util.h"

@@ -292,10 +292,17 @@ TEST(ActivationCheckpointing, NotesSayHowToEnableAndWhatHasNoEffect) {
   c.number_checkpoints = 4;
   auto off = activation_checkpointing_notes(c, false);
   ASSERT_EQ(off.size(), 1u);
-  EXPECT_FALSE(off[0].warning);
+  EXPECT_TRUE(off[0].warning);
+  EXPECT_NE(off[0].text.find("only configures"), std::string::npos);
   EXPECT_NE(off[0].text.find("--checkpoint-activations"), std::string::npos);
   EXPECT_NE(off[0].text.find("EngineOptions::checkpoint_activations"), std::string::npos);
   EXPECT_TRUE(activation_checkpointing_notes(c, true).empty());
+  // A section with only default values still warns: its presence says the user expected checkpointing.
+  config::ActivationCheckpointingConfig empty_section;
+  empty_section.present = true;
+  ASSERT_EQ(activation_checkpointing_notes(empty_section, false).size(), 1u);
+  EXPECT_TRUE(activation_checkpointing_notes(empty_section, false)[0].warning);
+  EXPECT_TRUE(activation_checkpointing_notes(empty_section, true).empty());
   c.partition_activations = true;
   auto on = activation_checkpointing_notes(c, true);
   ASSERT_EQ(on.size(), 1u);

@@ -1,7 +1,7 @@
-// fp16 / bf16 training through the engine (reference §6, §7), against independent expectations:
+// fp16 / bf16 training through the engine (docs/precision.md), against independent expectations:
 // the fp32 run's loss curve, a naive double AdamW applied to the engine's own (scaled) 16-bit
 // gradients with DeepSpeed's un-scale/clip divisor written out by hand, and loss-scale sequences
-// written by hand from the reference's non-ZeRO rules (halve on overflow, double after
+// written by hand from the non-ZeRO rules of docs/precision.md §5 (halve on overflow, double after
 // loss_scale_window clean steps counted from the last overflow).
 #include <gtest/gtest.h>
 
@@ -155,7 +155,7 @@ TEST(EnginePrecision, Bf16StepMatchesNaiveAdamW) {
   check_first_step_against_naive(R"("bf16": {"enabled": true})", 0.05);
 }
 
-// Overflow injected at optimizer step 3 (reference §6: the step is skipped — no parameter,
+// Overflow injected at optimizer step 3 (docs/precision.md §6: the step is skipped — no parameter,
 // optimizer or LR-schedule change; skipped_steps += 1; global_steps += 1; non-ZeRO dynamic fp16
 // halves the scale).
 TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
@@ -187,7 +187,7 @@ TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
 }
 
 // Scripted overflows at steps 2, 3 and 9 with loss_scale_window 2, non-ZeRO dynamic fp16
-// (FP16_Optimizer's _update_scale, reference §6.2). By hand, with i = step - 1 the update's
+// (FP16_Optimizer's _update_scale, docs/precision.md §5). By hand, with i = step - 1 the update's
 // iteration and L the last overflow's iteration (initially -1):
 //   overflow: scale /= 2, L = i;  else: stable = i - L - 1, and scale *= 2 when stable > 0 and
 //   stable % 2 == 0.
@@ -240,7 +240,7 @@ TEST(EnginePrecision, WeightsRoundTripThroughTheMasters) {
 }
 
 // Static fp16 scale (fp16.loss_scale > 0): an overflow still skips the step, the scale stays
-// (reference §6.1); the gradients carry exactly that scale.
+// (docs/precision.md §2, §6); the gradients carry exactly that scale.
 TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
   Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("fp16": {"enabled": true, "loss_scale": 64})")),
                         {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2}});
@@ -256,22 +256,54 @@ TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
   EXPECT_NE(all_masters(e), master1);
 }
 
-// bf16 without ZeRO (DeepSpeed's FP16_Optimizer in bf16 mode, reference §6.3): a non-finite
+// bf16 without ZeRO (DeepSpeed's FP16_Optimizer in bf16 mode, docs/precision.md §8): a non-finite
 // gradient does not skip the update, but the step counts as skipped and the LR schedule does not
-// step; the scale stays 1.
+// step; the scale stays 1. "Applied" is checked element by element against the same run without
+// the injected inf: Adam is elementwise and clipping is off, so every other master takes exactly
+// the same update, and only the one element whose gradient is +inf becomes NaN (m = inf, v = inf,
+// m / sqrt(v) = NaN) — a weight anywhere else turning NaN or keeping its old value is a failure.
+// (warmup_min_lr > 0: the first steps' LR is not 0, so the update moves the weights.)
 TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
-  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("bf16": {"enabled": true})", 1e-2, 0.0, sched)),
-                        {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2}});
-  auto data = fixed_data();
-  train_step(e, data);
-  const double lr1 = e.lr();
-  const auto master1 = all_masters(e);
-  train_step(e, data);
-  EXPECT_EQ(e.skipped_steps(), 1);
-  EXPECT_EQ(e.loss_scale(), 1.0);
-  EXPECT_EQ(e.lr(), lr1);
-  EXPECT_NE(all_masters(e), master1);  // applied (the injected inf reaches the weights)
+  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.005, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
+  const auto run = [&](std::vector<std::int64_t> inject, std::vector<double>* after1, double* lr1, std::int64_t* skipped, double* lr2) {
+    Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("bf16": {"enabled": true})", 1e-2, 0.0, sched)),
+                          {.seed = 5, .sequence_length = 8, .inject_overflow_steps = std::move(inject)});
+    auto data = fixed_data();
+    train_step(e, data);
+    *lr1 = e.lr();
+    *after1 = all_masters(e);
+    train_step(e, data);
+    EXPECT_EQ(e.loss_scale(), 1.0);
+    *skipped = e.skipped_steps();
+    *lr2 = e.lr();
+    return all_masters(e);
+  };
+  std::vector<double> inj1, clean1;
+  double inj_lr1 = 0, inj_lr2 = 0, clean_lr1 = 0, clean_lr2 = 0;
+  std::int64_t inj_skipped = 0, clean_skipped = 0;
+  const auto injected = run({2}, &inj1, &inj_lr1, &inj_skipped, &inj_lr2);
+  const auto clean = run({}, &clean1, &clean_lr1, &clean_skipped, &clean_lr2);
+  EXPECT_EQ(inj_skipped, 1);
+  EXPECT_EQ(clean_skipped, 0);
+  EXPECT_EQ(inj_lr2, inj_lr1);      // the schedule did not step
+  EXPECT_GT(clean_lr2, clean_lr1);  // ... where the clean run's warm-up did
+  ASSERT_EQ(inj1, clean1);          // identical up to the injected step
+  ASSERT_EQ(injected.size(), clean.size());
+  std::size_t nan_count = 0, moved = 0;
+  for (std::size_t i = 0; i < injected.size(); ++i) {
+    if (std::isnan(injected[i])) {
+      ++nan_count;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(injected[i])) << "master " << i;
+    ASSERT_EQ(injected[i], clean[i]) << "master " << i << ": the update applied differs from the run without the overflow";
+    if (injected[i] != inj1[i]) ++moved;
+  }
+  EXPECT_EQ(nan_count, 1u);  // only the element whose gradient was +inf
+  std::size_t clean_moved = 0;
+  for (std::size_t i = 0; i < clean.size(); ++i) clean_moved += clean[i] != clean1[i];
+  EXPECT_GT(moved, injected.size() / 2) << "lr " << inj_lr1 << " -> " << inj_lr2 << ", clean lr " << clean_lr1 << " -> " << clean_lr2
+                                         << ", clean run moved " << clean_moved;  // the update was applied, not skipped
 }
 
 // Activation checkpointing under fp16: the recompute regenerates the 16-bit activations bit for

@@ -1,5 +1,5 @@
 // The config's "scheduler" block through the engine: the LR (and OneCycle's betas) each optimizer
-// step uses, against the formulas of reference §5 written out here independently of
+// step uses, against the formulas of docs/lr_schedules.md written out here independently of
 // engine/lr_schedule.cpp, with the stepping rule "optimizer step k uses it = k - 2, the
 // constructor's value for k = 1"; and the parameter update each step actually makes, against a
 // naive double AdamW run at those expected values.

@@ -1,5 +1,5 @@
-// LossScaler against sequences worked out by hand from the pseudo-code of ds_config_reference.md
-// §6.2 (ZeRO DynamicLossScaler, non-ZeRO FP16 optimizers, static scale) and §6.3 (bf16). Every
+// LossScaler against sequences worked out by hand from the pseudo-code of docs/precision.md §4-§5
+// (ZeRO DynamicLossScaler, non-ZeRO FP16 optimizers, static scale) and §8 (bf16). Every
 // expected scale / hysteresis / skip below was written from the text, step by step, not by
 // running the code.
 #include <cstdint>
@@ -62,7 +62,7 @@ void run_script(LossScaler& s, const std::vector<Step>& script, bool check_hyste
 
 // ---- ZeRO DynamicLossScaler -------------------------------------------------------------------
 
-// §6.2 worked example: defaults 2^16, window 1000, hysteresis 2; updates 0-2 overflow, then clean.
+// docs/precision.md §4 worked example: defaults 2^16, window 1000, hysteresis 2; updates 0-2 overflow, then clean.
 TEST(LossScalerZero, ReferenceWorkedExample) {
   Fp16Config c;
   c.enabled = true;  // documented defaults: power 16, window 1000, hysteresis 2, min 1
@@ -304,7 +304,7 @@ TEST(LossScalerUnscaled, Policies) {
   EXPECT_FALSE(r.count_skipped);
   EXPECT_EQ(r.new_scale, 1.0);
 
-  // Non-ZeRO bf16 quirk (§6.3): applied, yet counted as skipped.
+  // Non-ZeRO bf16 quirk (docs/precision.md §8): applied, yet counted as skipped.
   LossScaler count = LossScaler::unscaled(OverflowPolicy::apply_but_count);
   r = count.update(true);
   EXPECT_FALSE(r.skipped);

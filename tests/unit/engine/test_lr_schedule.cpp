@@ -1,4 +1,4 @@
-// LrSchedule against the formulas of ds_config_reference.md §5, written out again here from the
+// LrSchedule against the formulas of docs/lr_schedules.md, written out again here from the
 // text (naive, no shared code with engine/lr_schedule.cpp), plus hand-computed values.
 #include <cmath>
 #include <cstdint>
@@ -29,14 +29,14 @@ SchedulerConfig make(SchedulerKind kind, const std::string& type) {
   return c;
 }
 
-// ---- the reference's formulas, evaluated naively ------------------------------------------------
+// ---- the formulas of docs/lr_schedules.md, evaluated naively --------------------------------------
 
 double ref_warmup_gamma(std::int64_t it, std::int64_t warmup_num_steps, const std::string& type) {
   const double W = static_cast<double>(std::max<std::int64_t>(2, warmup_num_steps));
   return type == "linear" ? static_cast<double>(it) / W : std::log(static_cast<double>(it) + 1.0) / std::log(W);
 }
 
-// §5.1
+// docs/lr_schedules.md §2 (WarmupLR)
 double ref_warmup_lr(std::int64_t it, double mn, double mx, std::int64_t n, const std::string& type) {
   const std::int64_t W = std::max<std::int64_t>(2, n);
   if (it < 0) return mn;
@@ -44,7 +44,7 @@ double ref_warmup_lr(std::int64_t it, double mn, double mx, std::int64_t n, cons
   return mx;
 }
 
-// §5.2
+// docs/lr_schedules.md §3 (WarmupDecayLR)
 double ref_warmup_decay_lr(std::int64_t it, std::int64_t T, double mn, double mx, std::int64_t n,
                            const std::string& type) {
   const std::int64_t W = std::max<std::int64_t>(2, n);
@@ -53,7 +53,7 @@ double ref_warmup_decay_lr(std::int64_t it, std::int64_t T, double mn, double mx
   return mn + (mx - mn) * g;
 }
 
-// §5.3
+// docs/lr_schedules.md §4 (WarmupCosineLR)
 double ref_cosine_lr(std::int64_t it, double org_lr, std::int64_t T, double warmup_min_ratio, std::int64_t n,
                      double cos_min_ratio, const std::string& type) {
   const std::int64_t W = std::max<std::int64_t>(2, n);
@@ -68,7 +68,7 @@ double ref_cosine_lr(std::int64_t it, double org_lr, std::int64_t T, double warm
   return org_lr * ratio;
 }
 
-// §5.4, cycle phase: the scale s (0 at min lr / max momentum, 1 at max lr / min momentum).
+// docs/lr_schedules.md §5 (OneCycle), cycle phase: the scale s (0 at min lr / max momentum, 1 at max lr / min momentum).
 double ref_one_cycle_s(std::int64_t it, std::int64_t F, std::int64_t S, std::int64_t k1, std::int64_t k2) {
   const std::int64_t N = F + S;
   const std::int64_t b = it + 1;
@@ -107,7 +107,7 @@ struct OneCycleRef {
   }
 };
 
-// §5.5
+// docs/lr_schedules.md §6 (LRRangeTest)
 double ref_range_test_lr(std::int64_t it, double mn, std::int64_t size, double rate, bool staircase) {
   const double q = static_cast<double>(it + 1) / static_cast<double>(size);
   return mn * (1.0 + rate * (staircase ? std::floor(q) : q));
@@ -177,7 +177,7 @@ TEST(LrSchedule, WarmupLrLinearHand) {
 }
 
 TEST(LrSchedule, WarmupLrMaxDefaultsToOptimizerLrThroughTheConfig) {
-  // §17 rule 12: WarmupLR's max defaults to the optimizer lr, WarmupDecayLR's to 0.001.
+  // docs/lr_schedules.md §2-§3: WarmupLR's max defaults to the optimizer lr, WarmupDecayLR's to 0.001.
   const auto cfg = config::parse_ds_config(
       config::Json::parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.0006}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear"}}})"),

@@ -5,11 +5,11 @@
 // storage dtype's bytes s, per optimizer step:
 //   stage 0     all-reduce of the gradients 2Ψ·(W−1)/W
 //   stages 1-2  reduce-scatter Ψ + all-gather Ψ, each ·(W−1)/W: 2Ψ, not DeepSpeed's 3Ψ (which
-//               all-reduces the gradients, deepspeed_internals.md §1.8); stage 2 reduces every
+//               all-reduces the gradients, docs/zero.md §6); stage 2 reduces every
 //               micro-step, so GAS·Ψ reduce-scatter
 //   stage 3     all-gather before each forward and backward call, minus what stays gathered
 //               between the forward and backward of the last layers, + reduce-scatter Ψ ≈ 3Ψ
-// plus ONE small all-reduce per step of (norm², overflow count, loss): 3 fp32 values.
+// plus ONE small all-reduce per step of (norm², overflow count, loss): 3 fp64 values.
 // Also: an fp16 overflow on one rank makes every rank skip the same step.
 #include <algorithm>
 #include <cmath>
@@ -236,7 +236,7 @@ TEST(ZeroCommStage3, PersistentLayersGatherAfterTheStep) {
 // step's one all-reduce), update the loss scale the same way, and end with the same parameters as
 // one rank of the same stage that overflowed at the same step. (Same stage: the loss-scale rules
 // differ by design between stage 0 — FP16_Optimizer, no hysteresis — and ZeRO 1-3 —
-// DynamicLossScaler, hysteresis 2; ds_config_reference.md §6.2.)
+// DynamicLossScaler, hysteresis 2; docs/precision.md §4.)
 TEST(ZeroCommOverflow, EveryRankSkipsTheSameStep) {
   constexpr int w = 2;
   RunSpec at_init;

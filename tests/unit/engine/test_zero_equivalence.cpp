@@ -1,4 +1,4 @@
-// The correctness contract of ZeRO (DESIGN.md): with the same global batch and seed, stages 0-3 on
+// The correctness contract of ZeRO (docs/design.md): with the same global batch and seed, stages 0-3 on
 // W ranks, with or without activation checkpointing, produce the same losses and parameters as
 // stage 0 on ONE rank.
 //
@@ -143,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ZeroEquivalence,
                                             ::testing::Bool()),
                          combo_name);
 
-// Dropout on: its masks are addressed by (seed, step, layer, micro-batch, element) (DESIGN.md "Core
+// Dropout on: its masks are addressed by (seed, step, layer, micro-batch, element) (docs/design.md "Core
 // types"), so that they are "the same ... for any world size": W ranks must draw for global slot
 // m·W + r what one rank draws at its micro-step m·W + r, and the runs stay equal (fp32: the same
 // reduction-order tolerance as above).

@@ -49,6 +49,8 @@ struct ZeroKnobs {
   // The "optimizer" block; empty: AdamW with decay (below).
   std::string optimizer_json{};
   bool allow_untested_optimizer = false;  // zero_allow_untested_optimizer (optimizers off ZeRO's whitelist)
+  // More top-level keys, written as `"key": value, ...` (e.g. "gradient_allreduce_op": "sum").
+  std::string extra_json{};
 };
 
 struct RunSpec {
@@ -79,10 +81,10 @@ inline std::string zero_config_json(const RunSpec& s) {
     "optimizer": {},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {}, "overlap_comm": {},
       "stage3_prefetch_bucket_size": {}, "stage3_param_persistence_threshold": {}, "stage3_max_live_parameters": {},
-      "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}}}, "zero_allow_untested_optimizer": {}{}}})",
+      "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}}}, "zero_allow_untested_optimizer": {}{}{}}})",
                      kMicro, s.gas, optimizer, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
                      k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, k.reduce_scatter ? "true" : "false",
-                     k.sub_group_size, k.allow_untested_optimizer ? "true" : "false", prec);
+                     k.sub_group_size, k.allow_untested_optimizer ? "true" : "false", prec, k.extra_json.empty() ? "" : ", " + k.extra_json);
 }
 
 inline Gpt2Config model_config(float dropout) {

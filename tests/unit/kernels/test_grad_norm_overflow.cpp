@@ -1,6 +1,6 @@
 // grad_norm_overflow against a naive double loop; inf / NaN anywhere (first, last, middle element,
 // fp16 / bf16 infinities and overflow to inf on conversion); thread-count invariance; the
-// un-scale / clip divisor against the reference's formula; scale_grads; bad inputs.
+// un-scale / clip divisor against the formula of docs/precision.md §7; scale_grads; bad inputs.
 #include <omp.h>
 
 #include <cmath>
@@ -162,7 +162,7 @@ TEST(GradNormOverflow, BadInputs) {
   expect_error([&] { scale_grads(Tensor(ints.data(), DType::int32, Shape{4}), 2.0f); }, {"scale_grads", "grads"});
 }
 
-// Reference §7: clip = (N_s / S + 1e-6) / c; divide by clip·S when clip > 1, else by S.
+// docs/precision.md §7: clip = (N_s / S + 1e-6) / c; divide by clip·S when clip > 1, else by S.
 TEST(UnscaleClipDivisor, ReferenceFormula) {
   // Scaled norm 3000 at scale 1000: true norm 3. Clip 1: clip = (3 + 1e-6) / 1 > 1.
   EXPECT_DOUBLE_EQ(unscale_clip_divisor(3000.0 * 3000.0, 1000.0, 1.0), (3.0 + 1e-6) * 1000.0);

@@ -1,4 +1,8 @@
 // The memory_breakdown text against lines written by hand in DeepSpeed's see_memory_usage format.
+#include <sys/sysinfo.h>
+
+#include <cstdint>
+
 #include <gtest/gtest.h>
 
 #include "engine/monitor/memory_breakdown.h"
@@ -30,11 +34,22 @@ TEST(MemoryBreakdown, DeepSpeedLinesPlusPerPurpose) {
             " | activations 0.0 GB Max_MA 0.0 GB | buffers 0.0 GB Max_MA 0.0 GB");
 }
 
+// The figures against the kernel's own counters read another way: sysinfo(2) gives the total RAM
+// in units of mem_unit bytes, the figure /proc/meminfo's MemTotal shows in KiB (rounded down), so
+// total = totalram · mem_unit to within the KiB rounding. MemAvailable has no sysinfo twin; it
+// lies between freeram (the strictly free pages, which it includes) and the total.
 TEST(MemoryBreakdown, ReadsHostMemoryOnLinux) {
+  struct sysinfo si {};
   const auto host = read_host_memory();
+  ASSERT_EQ(::sysinfo(&si), 0);
   ASSERT_TRUE(host.has_value());  // CI and developers run Linux
-  EXPECT_GT(host->total, 0u);
+  const std::uint64_t total = static_cast<std::uint64_t>(si.totalram) * si.mem_unit;
+  EXPECT_LE(host->total, total);
+  EXPECT_GT(host->total + 1024, total);
+  EXPECT_EQ(host->total % 1024, 0u);  // KiB in /proc/meminfo, times 1024
   EXPECT_LE(host->available, host->total);
+  // freeram moves between the two reads; a slack of 1/8 of RAM still catches a unit error (KiB vs B).
+  EXPECT_GE(host->available + total / 8, static_cast<std::uint64_t>(si.freeram) * si.mem_unit);
 }
 
 }  // namespace

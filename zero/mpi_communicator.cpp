@@ -1,0 +1,435 @@
+#include "zero/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ops/error.h"
+#include "ops/log.h"
+#include "zero/rank_reduce.h"
+
+namespace dstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The arrival exchange's tag on ctrl_ (MPI keeps messages of one tag between two ranks in order,
+// so rank q's descriptions arrive in q's call order).
+constexpr int kArrivalTag = 7;
+// The data's tag on data_: each collective sends at most one message each way between two ranks, so
+// messages match by order as well.
+constexpr int kDataTag = 8;
+
+// Elements travel as unsigned integers of their size: MPI moves the bits and never rounds them.
+MPI_Datatype element_type(DType dtype) {
+  switch (dtype_size(dtype)) {
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    default: break;
+  }
+  fail("MPI communicator: dtype {} cannot be communicated", dtype_name(dtype));
+}
+
+// "all_reduce #3 (fp32, 1024 elements, sum)": how errors name a call (the local backend's words).
+std::string describe(const MpiCommunicator::Call& c, int world) {
+  const auto kind = static_cast<CollectiveKind>(c.kind);
+  const auto name = collective_name(kind);
+  const auto dt = dtype_name(static_cast<DType>(c.dtype));
+  const auto op = reduce_op_name(static_cast<ReduceOp>(c.op));
+  switch (kind) {
+    case CollectiveKind::all_reduce: return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, op);
+    case CollectiveKind::reduce_scatter:
+      return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count, op);
+    case CollectiveKind::all_gather: return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
+    case CollectiveKind::broadcast: return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
+    case CollectiveKind::barrier: return fmt::format("{} #{}", name, c.sequence);
+  }
+  return std::string(name);
+}
+
+bool same_call(const MpiCommunicator::Call& a, const MpiCommunicator::Call& b) {
+  if (a.kind != b.kind || a.sequence != b.sequence) return false;
+  const auto kind = static_cast<CollectiveKind>(a.kind);
+  if (kind == CollectiveKind::barrier) return true;
+  const bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
+  return a.dtype == b.dtype && a.count == b.count && (!reduces || a.op == b.op) && (kind != CollectiveKind::broadcast || a.root == b.root);
+}
+
+std::string mpi_error_text(int status) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(status, text, &length) != MPI_SUCCESS) return fmt::format("MPI error {}", status);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+// MPI counts and displacements are ints.
+int as_count(std::int64_t n, const MpiCommunicator::Call& call, int world) {
+  DSTRAIN_CHECK(n <= INT_MAX,
+                "MPI communicator: {} needs a count or offset of {} elements, above MPI's int limit {}. Fix: use smaller buckets "
+                "(zero_optimization.reduce_bucket_size / allgather_bucket_size) or fewer elements per collective",
+                describe(call, world), n, INT_MAX);
+  return static_cast<int>(n);
+}
+
+// Polls a set of requests until they are done or the deadline passes: returns false then. The
+// first 100 µs test without pause (a collective between processes of one machine often completes
+// in that time); afterwards the waits grow to 200 µs so that a rank waiting for a slow peer leaves
+// the core to the compute of this machine's other ranks. Each MPI_Test* also advances MPI's
+// progress engine, which non-blocking collectives need.
+template <typename Test>
+bool poll_until(Test test, Clock::time_point deadline) {
+  const auto start = Clock::now();
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    if (test()) return true;
+    const auto now = Clock::now();
+    if (now > deadline) return false;
+    if (now - start > std::chrono::microseconds(100)) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i == 0 ? "" : ", ", ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout)
+    : Communicator(
+          [&] {
+            int initialized = 0, finalized = 0;
+            MPI_Initialized(&initialized);
+            MPI_Finalized(&finalized);
+            DSTRAIN_CHECK(initialized && !finalized,
+                          "MPI communicator: MPI is {} in this process. Fix: call dstrain::init_mpi() (zero/mpi_process.h) or "
+                          "MPI_Init_thread first",
+                          finalized ? "already finalized" : "not initialized");
+            int r = 0;
+            DSTRAIN_CHECK(MPI_Comm_rank(comm, &r) == MPI_SUCCESS, "MPI communicator: MPI_Comm_rank failed (an invalid communicator?)");
+            return r;
+          }(),
+          [&] {
+            int w = 0;
+            DSTRAIN_CHECK(MPI_Comm_size(comm, &w) == MPI_SUCCESS, "MPI communicator: MPI_Comm_size failed (an invalid communicator?)");
+            return w;
+          }()),
+      timeout_(timeout) {
+  DSTRAIN_CHECK(timeout.count() > 0, "MPI communicator: the timeout must be positive, got {} ms", timeout.count());
+  // Duplicating is collective but MPI_Comm_dup has no deadline; MPI_Comm_idup does.
+  for (MPI_Comm* dup : {&ctrl_, &data_}) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int status = MPI_Comm_idup(comm, dup, &request);
+    if (status != MPI_SUCCESS) fail("MPI communicator: MPI_Comm_idup on rank {} failed: {}", rank(), mpi_error_text(status));
+    int done = 0;
+    const bool ok = poll_until([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done; },
+                               Clock::now() + timeout_);
+    if (!ok) {
+      fail("MPI communicator: rank {} of {}: the other processes did not join the communicator within {} ms. Fix: check that every "
+           "process of the job starts dstrain the same way, or raise DSTRAIN_COMM_TIMEOUT (seconds)",
+           rank(), world_size(), timeout_.count());
+    }
+    MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
+  }
+  set_log_rank(rank(), world_size());  // one rank per process: its log lines carry its rank, rank 0 prints info
+  const auto w = static_cast<std::size_t>(world_size());
+  seen_.assign(w, Call{});
+  has_seen_.assign(w, false);
+  received_.assign(w, Call{});
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!failure_.empty()) {
+    // MPI may still write the buffers of the exchange that failed (scratch, arrival receives, this
+    // rank's pending description): leave them to the process's end, which follows a failure.
+    new std::vector<char>(std::move(scratch_));     // NOLINT: deliberately leaked
+    new std::vector<Call>(std::move(received_));  // NOLINT
+    new std::vector<Call>(std::move(seen_));      // NOLINT
+    return;
+  }
+  for (MPI_Comm* c : {&ctrl_, &data_}) {
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+  }
+}
+
+void MpiCommunicator::fail_with(std::string message) {
+  if (failure_.empty()) failure_ = message;
+  throw Error(message);
+}
+
+void MpiCommunicator::check_usable() const {
+  if (!failure_.empty()) {
+    throw Error(fmt::format("MPI communicator: rank {} cannot issue collective #{}: the group failed earlier: {}", rank(), sequence(),
+                            failure_));
+  }
+}
+
+void MpiCommunicator::check_host(const Tensor& t, const char* what) const {
+  DSTRAIN_CHECK(t.device.is_cpu(),
+                "MPI communicator: {} of collective #{} on rank {} is on {}; the MPI backend communicates host memory. Fix: use host "
+                "buffers (--device cpu), or the nccl backend for GPUs",
+                what, sequence(), rank(), t.device.str());
+}
+
+void MpiCommunicator::check(int status, const char* what, const Call& call) {
+  if (status == MPI_SUCCESS) return;
+  fail_with(fmt::format("MPI communicator: {} failed on rank {} in {}: {}", what, rank(), describe(call, world_size()), mpi_error_text(status)));
+}
+
+char* MpiCommunicator::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void MpiCommunicator::arrive(const Call& call) {
+  check_usable();
+  const int w = world_size();
+  const int me = rank();
+  seen_[static_cast<std::size_t>(me)] = call;
+  has_seen_[static_cast<std::size_t>(me)] = true;
+  if (w == 1) return;
+  // Receives first (indices 0..w−2 map to the peers in rank order), then sends.
+  std::vector<MPI_Request> requests;
+  std::vector<int> peer_of;
+  requests.reserve(static_cast<std::size_t>(2 * (w - 1)));
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Irecv(&received_[static_cast<std::size_t>(q)], sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Irecv", call);
+    requests.push_back(r);
+    peer_of.push_back(q);
+  }
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Isend(&seen_[static_cast<std::size_t>(me)], sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Isend", call);
+    requests.push_back(r);
+  }
+  std::vector<int> indices(requests.size());
+  int status = MPI_SUCCESS;
+  const bool all = poll_until(
+      [&] {
+        int done = 0;
+        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
+        if (status != MPI_SUCCESS) return true;
+        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+      },
+      Clock::now() + timeout_);
+  check(status, "MPI_Testsome", call);
+  // The descriptions that came, then who is missing.
+  std::vector<int> missing;
+  for (std::size_t i = 0; i < peer_of.size(); ++i) {
+    const auto q = static_cast<std::size_t>(peer_of[i]);
+    if (requests[i] == MPI_REQUEST_NULL) {
+      seen_[q] = received_[q];
+      has_seen_[q] = true;
+    } else {
+      missing.push_back(peer_of[i]);
+    }
+  }
+  if (!all) {
+    std::string whose;
+    for (int q : missing) {
+      const auto k = static_cast<std::size_t>(q);
+      whose += has_seen_[k] ? fmt::format("; rank {} last reached {}", q, describe(seen_[k], w))
+                            : fmt::format("; rank {} has reached no collective yet", q);
+    }
+    fail_with(fmt::format(
+        "MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not reach it{}. Every rank must issue the same "
+        "collectives in the same order; a rank that skips one (an early return, a rank-dependent branch), is stuck, or whose process "
+        "ended leaves the others waiting. Fix: look at rank(s) {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) "
+        "if it is only slow",
+        describe(call, w), me, timeout_.count(), ranks_text(missing), w, whose, ranks_text(missing)));
+  }
+  for (int q = 0; q < w; ++q) {
+    const Call& other = seen_[static_cast<std::size_t>(q)];
+    if (q != me && !same_call(call, other)) {
+      fail_with(fmt::format(
+          "MPI communicator: collective mismatch: rank {} called {} but rank {} called {}. Every rank must issue the same collectives "
+          "in the same order with the same dtype, element count, op and root. Fix: look for a rank-dependent branch or size before "
+          "this call",
+          me, describe(call, w), q, describe(other, w)));
+    }
+  }
+}
+
+void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call) {
+  const MPI_Datatype type = element_type(dtype);
+  std::vector<MPI_Request> requests;
+  std::vector<int> peer_of;
+  requests.reserve(sends.size() + recvs.size());
+  for (const Part& p : recvs) {
+    if (p.count == 0) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Irecv(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Irecv", call);
+    requests.push_back(r);
+    peer_of.push_back(p.peer);
+  }
+  for (const Part& p : sends) {
+    if (p.count == 0) continue;
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Isend(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Isend", call);
+    requests.push_back(r);
+    peer_of.push_back(p.peer);
+  }
+  if (requests.empty()) return;
+  std::vector<int> indices(requests.size());
+  int status = MPI_SUCCESS;
+  const bool all = poll_until(
+      [&] {
+        int done = 0;
+        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
+        if (status != MPI_SUCCESS) return true;
+        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+      },
+      Clock::now() + timeout_);
+  check(status, "MPI_Testsome", call);
+  if (all) return;
+  std::vector<int> stuck;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] != MPI_REQUEST_NULL && std::find(stuck.begin(), stuck.end(), peer_of[i]) == stuck.end()) stuck.push_back(peer_of[i]);
+  }
+  std::sort(stuck.begin(), stuck.end());
+  fail_with(fmt::format(
+      "MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not complete their part of it, although every rank "
+      "reached it: a process stopped or ended during the collective, or the network between the processes failed. Fix: look at rank(s) "
+      "{}'s own output and the launcher's messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
+      describe(call, world_size()), rank(), timeout_.count(), ranks_text(stuck), world_size(), ranks_text(stuck)));
+}
+
+void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
+  check_host(buf, "the buffer");
+  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::all_reduce), static_cast<std::int32_t>(buf.dtype),
+                  static_cast<std::int32_t>(op), 0, buf.numel()};
+  arrive(call);
+  const int w = world_size();
+  const int me = rank();
+  if (w == 1 || buf.numel() == 0) return;
+  const std::int64_t n = buf.numel();
+  const std::size_t es = dtype_size(buf.dtype);
+  // Chunk k = elements [n·k/W, n·(k+1)/W): the local backend's split, so any n works.
+  std::vector<int> begin(static_cast<std::size_t>(w) + 1);
+  for (int k = 0; k <= w; ++k) begin[static_cast<std::size_t>(k)] = as_count(n * k / w, call, w);
+  const auto len = [&](int k) { return begin[static_cast<std::size_t>(k) + 1] - begin[static_cast<std::size_t>(k)]; };
+  const int mine = len(me);
+  char* base = static_cast<char*>(buf.data);
+  const auto at = [&](std::int64_t elements) { return base + static_cast<std::size_t>(elements) * es; };
+  // 1. all-to-all: chunk k of this buffer to rank k; chunk `me` of rank q's buffer into slot q.
+  char* slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(mine) * es);
+  std::vector<Part> sends, recvs;
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    sends.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
+    recvs.push_back({q, slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(mine) * es, mine});
+  }
+  exchange(sends, recvs, buf.dtype, call);
+  // 2. reduce chunk `me` over ranks 0..W−1 in order, into this buffer (its own chunk read in place).
+  char* own = at(begin[static_cast<std::size_t>(me)]);
+  if (mine > 0) {
+    std::vector<const void*> in(static_cast<std::size_t>(w));
+    for (int q = 0; q < w; ++q) in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * mine * es;
+    reduce_over_ranks(buf.dtype, in, {own}, mine, op);
+  }
+  // 3. all-gather in place: this rank's reduced chunk to every rank, theirs into their places.
+  sends.clear();
+  recvs.clear();
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    sends.push_back({q, own, mine});
+    recvs.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
+  }
+  exchange(sends, recvs, buf.dtype, call);
+}
+
+void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::reduce_scatter), static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(op), 0, recv.numel()};
+  arrive(call);
+  const int w = world_size();
+  const int me = rank();
+  const std::int64_t n = recv.numel();
+  if (n == 0) return;
+  const std::size_t es = dtype_size(send.dtype);
+  const char* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(n) * static_cast<std::size_t>(me) * es;
+  char* slots = nullptr;
+  if (w > 1) {
+    // all-to-all: shard k of send to rank k; shard `me` of rank q's send into scratch slot q.
+    const int count = as_count(n, call, w);
+    slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(n) * es);
+    std::vector<Part> sends, recvs;
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      const std::size_t offset = static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
+      sends.push_back({q, static_cast<char*>(send.data) + offset, count});
+      recvs.push_back({q, slots + offset, count});
+    }
+    exchange(sends, recvs, send.dtype, call);
+  }
+  // In place (recv = this rank's shard of send) the output aliases input `me`: reduce_over_ranks
+  // reads a block's inputs before writing it.
+  std::vector<const void*> in(static_cast<std::size_t>(w));
+  for (int q = 0; q < w; ++q) in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
+  reduce_over_ranks(send.dtype, in, {recv.data}, n, op);
+}
+
+void MpiCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::all_gather), static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum), 0, send.numel()};
+  arrive(call);
+  const std::int64_t n = send.numel();
+  if (n == 0) return;
+  if (world_size() == 1) {
+    if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
+    return;
+  }
+  const int w = world_size();
+  const int count = as_count(n, call, w);
+  const std::size_t bytes = send.nbytes();
+  char* base = static_cast<char*>(recv.data);
+  if (send.data != base + static_cast<std::size_t>(rank()) * bytes) std::memcpy(base + static_cast<std::size_t>(rank()) * bytes, send.data, bytes);
+  std::vector<Part> sends, recvs;
+  for (int q = 0; q < w; ++q) {
+    if (q == rank()) continue;
+    sends.push_back({q, send.data, count});
+    recvs.push_back({q, base + static_cast<std::size_t>(q) * bytes, count});
+  }
+  exchange(sends, recvs, send.dtype, call);
+}
+
+void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
+  check_host(buf, "the buffer");
+  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::broadcast), static_cast<std::int32_t>(buf.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum), root, buf.numel()};
+  arrive(call);
+  if (world_size() == 1 || buf.numel() == 0) return;
+  // From the root to every rank directly (the engine broadcasts nothing per step).
+  const int count = as_count(buf.numel(), call, world_size());
+  std::vector<Part> sends, recvs;
+  if (rank() == root) {
+    for (int q = 0; q < world_size(); ++q) {
+      if (q != root) sends.push_back({q, buf.data, count});
+    }
+  } else {
+    recvs.push_back({root, buf.data, count});
+  }
+  exchange(sends, recvs, buf.dtype, call);
+}
+
+// Every rank has reached the barrier once every rank's description has come.
+void MpiCommunicator::do_barrier() {
+  arrive(Call{sequence(), static_cast<std::int32_t>(CollectiveKind::barrier), 0, 0, 0, 0});
+}
+
+}  // namespace dstrain

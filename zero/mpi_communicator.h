@@ -1,0 +1,113 @@
+// The MPI backend: one process per rank, on one machine or many, communicating host memory —
+// how dstrain trains across processes and machines without GPUs (`mpirun -np N dstrain train`).
+// docs/mpi.md says how to run it.
+//
+// Results are bit-identical to the local backend's (zero/local_communicator.h): MPI has no bf16
+// type, and a user-defined MPI_Op would round fp16/bf16 at every hop of MPI's reduction tree, so
+// no MPI reduction is used. The reductions are built from an all-to-all and an all-gather plus the
+// local backend's own rank-order reduction (zero/rank_reduce.h):
+//   all_reduce      all-to-all: rank r receives chunk r (elements [n·r/W, n·(r+1)/W), the local
+//                   backend's split, any n) of every rank's buffer; reduces it over ranks 0..W−1;
+//                   all-gather in place sends the reduced chunks back. (W−1)/W·N bytes sent by
+//                   each rank in each phase: the ring volume the byte counters state.
+//   reduce_scatter  all-to-all of the shards, then the same reduction into recv.
+//   all_gather      every rank's shard to every rank (in place when send is its shard of recv).
+//   broadcast       the root sends the buffer to every rank (the engine broadcasts nothing per step).
+//   barrier         the arrival exchange below.
+// The all-to-all and all-gather are written as MPI_Isend/MPI_Irecv pairs between every two ranks,
+// one message each way per phase — the pairwise algorithm MPI's own alltoallv uses — rather than
+// MPI_Ialltoallv/MPI_Iallgatherv: then a collective that does not complete names the ranks whose
+// messages are missing, which a collective request cannot tell. Element bytes travel as MPI
+// integer types of the element's size: MPI never interprets them.
+//
+// Arrival, agreement and deadlines (the Communicator contract: fail, never hang):
+//   1. arrival: each rank sends every other rank a 32-byte description of its call (sequence
+//      number, kind, dtype, count, op, root) and receives theirs; a rank whose description has not
+//      come within the timeout (default_comm_timeout(): 60 s or DSTRAIN_COMM_TIMEOUT) is named in
+//      the Error, with the last collective it did reach. Descriptions that differ (another
+//      collective, dtype, size, op or root) fail on every rank naming both calls, before any data
+//      moves. This exchange is the barrier.
+//   2. data: the messages above, tested against a fresh deadline; a timeout here names the ranks
+//      whose messages did not complete although they arrived (a process stopped or ended during
+//      the collective, the network failed).
+//   Every MPI call runs under MPI_ERRORS_RETURN: an MPI failure is an Error naming the call.
+//   After a failure the communicator refuses every call with the same message; MPI may still own
+//   the last collective's buffers, so the process should end (the CLI calls abort_mpi_job(),
+//   zero/mpi_process.h, which ends every rank). The library itself never aborts.
+//
+// Threads: calls must be serialized (the Communicator contract: one rank's calls are ordered). With
+// overlap_comm a worker thread issues them, which needs MPI_THREAD_SERIALIZED (init_mpi() asks for
+// it, the training plan checks it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "zero/communicator.h"
+
+namespace dstrain {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Over duplicates of `comm` (so no message of another library can match ours); rank and world
+  // size are comm's. MPI must be initialized (init_mpi(), zero/mpi_process.h, or the program's own
+  // MPI_Init_thread). Collective over comm.
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD, std::chrono::milliseconds timeout = default_comm_timeout());
+  // Frees the duplicates (after a failure they are left to MPI_Abort / MPI_Finalize). Never throws.
+  ~MpiCommunicator() override;
+
+  std::string_view backend() const override { return "mpi"; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // The description one rank sends the others when it reaches a collective (public for messages).
+  struct Call {
+    std::uint64_t sequence = 0;
+    std::int32_t kind = 0;   // CollectiveKind
+    std::int32_t dtype = 0;  // DType
+    std::int32_t op = 0;     // ReduceOp
+    std::int32_t root = 0;
+    std::int64_t count = 0;  // all_reduce/broadcast: buffer; reduce_scatter: recv; all_gather: send
+  };
+
+ protected:
+  void do_all_reduce(const Tensor& buf, ReduceOp op) override;
+  void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
+  void do_all_gather(const Tensor& send, const Tensor& recv) override;
+  void do_broadcast(const Tensor& buf, int root) override;
+  void do_barrier() override;
+
+ private:
+  // Step 1 above: throws naming the missing ranks or the mismatch.
+  void arrive(const Call& call);
+  // Step 2: one message of `count` elements to or from `peer` (none when count is 0).
+  struct Part {
+    int peer;
+    void* data;
+    int count;
+  };
+  // Posts every receive and send, tests them until done, and fails after the timeout naming the
+  // peers whose messages did not complete.
+  void exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call);
+  // An MPI call's status: Error naming `what` unless MPI_SUCCESS.
+  void check(int status, const char* what, const Call& call);
+  [[noreturn]] void fail_with(std::string message);
+  void check_usable() const;
+  void check_host(const Tensor& t, const char* what) const;
+  // Scratch for the chunks an all-to-all brings: grown, never shrunk.
+  char* scratch(std::size_t bytes);
+
+  MPI_Comm ctrl_ = MPI_COMM_NULL;  // arrival descriptions
+  MPI_Comm data_ = MPI_COMM_NULL;  // collectives' data
+  std::chrono::milliseconds timeout_;
+  std::vector<Call> seen_;       // per rank: the last description received (this rank's own: its last call)
+  std::vector<bool> has_seen_;   // per rank: a description has come
+  std::vector<Call> received_;   // per rank: receive buffers of the arrival exchange
+  std::vector<char> scratch_;
+  std::string failure_;
+};
+
+}  // namespace dstrain
