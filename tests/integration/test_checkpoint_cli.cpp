@@ -146,6 +146,25 @@ TEST_F(CheckpointCli, KillDuringSaveLeavesPreviousCheckpointLoadable) {
   EXPECT_GE(resumed, 5);
 }
 
+// dstrain consolidate: the checkpoint's weights in one Hugging Face file, byte for byte what
+// --save-weights of the same run wrote; bf16 too, and loadable by --init-from.
+TEST_F(CheckpointCli, ConsolidateEqualsSaveWeights) {
+  const fs::path ck = dir_ / "ck_cons";
+  const CliResult r = run_dstrain(train("bf16.json", 2) + " --steps 2 --save-dir " + q(ck) + " --save-weights " + q(dir_ / "w.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CliResult c = run_dstrain("consolidate " + q(ck) + " -o " + q(dir_ / "c.safetensors"));
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(read_file_text(dir_ / "c.safetensors"), read_file_text(dir_ / "w.safetensors"));
+  const CliResult b = run_dstrain("consolidate " + q(ck) + " --tag global_step2 --dtype bf16 -o " + q(dir_ / "c16.safetensors"));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_LT(fs::file_size(dir_ / "c16.safetensors"), fs::file_size(dir_ / "c.safetensors") * 6 / 10);
+  const CliResult e = run_dstrain(train("fp32_s1.json", 1) + " --steps 0 --init-from " + q(dir_ / "c16.safetensors"));
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  const CliResult bad = run_dstrain("consolidate " + q(ck) + " --tag nope -o " + q(dir_ / "x.safetensors"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("not found"), std::string::npos) << bad.err;
+}
+
 TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {
   const fs::path ck = dir_ / "ck_errors";
   ASSERT_EQ(run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --save-dir " + q(ck)).exit_code, 0);
