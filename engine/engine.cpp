@@ -805,7 +805,7 @@ void Engine::load_weights(const std::filesystem::path& path) {
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());
   for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.shape.numel()), 0.0f);
-  import_gpt2_safetensors(path, *model_.gpt2, [&](const std::string& n) {
+  import_gpt2_weights(path, *model_.gpt2, [&](const std::string& n) {
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
   });
