@@ -131,10 +131,11 @@ std::string describe(const RunSpec& s, const std::string& extra = "") {
 }
 
 // N steps == N/2, save, new engine, load, N/2: bitwise.
-void expect_resume_bitwise(RunSpec s, int n, bool stochastic_rounding = false) {
-  SCOPED_TRACE(describe(s, stochastic_rounding ? " stochastic rounding" : ""));
+void expect_resume_bitwise(RunSpec s, int n, bool stochastic_rounding = false, const std::string& extra_config = "") {
+  SCOPED_TRACE(describe(s, (stochastic_rounding ? " stochastic rounding " : " ") + extra_config));
   TempDir whole("whole"), split("split");
   Segment a;
+  a.extra_config = extra_config;
   a.to = n;
   a.save_dir = whole.path;
   a.stochastic_rounding = stochastic_rounding;
@@ -183,7 +184,6 @@ RunSpec spec(int stage, int world, Precision p, int gas = 1, bool ckpt = false) 
   s.knobs.reduce_bucket_size = 4000;
   s.knobs.allgather_bucket_size = 4000;
   s.knobs.persistence_threshold = 500;
-  // A scheduler, so that the LR schedule's position matters.
   return s;
 }
 
@@ -225,6 +225,23 @@ TEST(Checkpoint, ResumeFp16MidHysteresis) {
   RunSpec s0 = spec(0, 1, Precision::fp16);
   s0.inject_overflow = {{2, 3}};
   expect_resume_bitwise(s0, 4);
+}
+
+// Every LR schedule DeepSpeed has, mid-schedule: the resumed run must take up the schedule's position
+// (and OneCycle's cycled momentum).
+TEST(Checkpoint, ResumeBitwiseSchedules) {
+  for (const char* sched : {
+           R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 6}})",
+           R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2, "total_num_steps": 8}})",
+           R"("scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 8}})",
+           R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 3, "cycle_momentum": true}})",
+           R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 1.0}})"}) {
+    expect_resume_bitwise(spec(1, 2, Precision::fp32), 6, false, sched);
+  }
+  // A skipped fp16 step does not step the schedule: the count carries over.
+  RunSpec s = spec(2, 2, Precision::fp16);
+  s.inject_overflow = {{2}};
+  expect_resume_bitwise(s, 6, false, R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 8}})");
 }
 
 TEST(Checkpoint, ResumeBitwiseOptimizersAndSchedule) {
