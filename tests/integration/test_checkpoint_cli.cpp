@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -86,6 +87,14 @@ TEST_F(CheckpointCli, ResumedRunEndsWhereTheUninterruptedOneDoes) {
   ASSERT_EQ(b.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(b[i], a[3 + i]) << "step " << 4 + i;
   EXPECT_EQ(read_file_text(ck / "latest"), "global_step6");
+  // --save-interval 1 --keep-last 2: only the newest two remain.
+  const fs::path kl = dir_ / "ck_keep";
+  ASSERT_EQ(run_dstrain(train("bf16.json", 1) + " --steps 5 --save-interval 1 --keep-last 2 --save-dir " + q(kl)).exit_code, 0);
+  std::vector<std::string> tags;
+  for (const auto& e : fs::directory_iterator(kl))
+    if (e.is_directory()) tags.push_back(e.path().filename().string());
+  std::sort(tags.begin(), tags.end());
+  EXPECT_EQ(tags, (std::vector<std::string>{"global_step4", "global_step5"}));
 }
 
 TEST_F(CheckpointCli, ResumesAtAnotherWorldSizeAndStage) {
