@@ -119,7 +119,7 @@ struct Engine::SaveJob {
   std::string tag;
   int rank_files = 1;
   std::vector<CheckpointPiece> pieces;
-  std::vector<std::byte> snapshot;
+  std::unique_ptr<std::byte[]> snapshot;  // uninitialised: every byte is copied in before it is read
   config::Json manifest;  // rank 0
   std::thread thread;
   std::string error;
@@ -990,12 +990,12 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       job->index_file = job->partial / rank_file_name(r, ".json");
       if (decoupled) {
         // The snapshot: every piece copied into host memory now; the files are written from it.
-        job->snapshot.resize(total);
+        job->snapshot.reset(new std::byte[total]);
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
           for (const OwnedPiece& p : st.owned_pieces()) {
             const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
-            read_piece(bi, p, Tensor(job->snapshot.data() + at, dt, Shape{p.numel}));
+            read_piece(bi, p, Tensor(job->snapshot.get() + at, dt, Shape{p.numel}));
             at += static_cast<std::size_t>(p.numel) * dtype_size(dt);
           }
         }
@@ -1026,14 +1026,14 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
           RankFileWriter w(jp->data_file, jp->pieces);
           std::size_t at = 0;
           for (std::size_t k = 0; k < jp->pieces.size(); ++k) {
-            w.write(k, jp->snapshot.data() + at);
+            w.write(k, jp->snapshot.get() + at);
             at += static_cast<std::size_t>(jp->pieces[k].numel) * dtype_size(jp->pieces[k].dtype);
           }
           write_checkpoint_text(jp->index_file, w.finish().dump(1));
         } catch (const std::exception& e) {
           jp->error = e.what();
         }
-        std::vector<std::byte>().swap(jp->snapshot);
+        jp->snapshot.reset();
       });
     }
     im.pending_save = std::move(job);
