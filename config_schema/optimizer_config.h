@@ -22,6 +22,17 @@ enum class OptimizerKind {
   onebit_adam,  // "OneBitAdam" (any case): DeepSpeed's 1-bit Adam (docs/optimizers_onebit.md)
   zero_one_adam,  // "ZeroOneAdam" (any case): 0/1 Adam
   onebit_lamb,  // "OneBitLamb" (any case): 1-bit LAMB
+  // docs/optimizers.md: DeepSpeed's Adagrad (torch.optim.Adagrad without offload) and Lion
+  // (FusedLion), any case; the torch.optim fallbacks, case-sensitive as getattr(torch.optim, name).
+  adagrad,      // "Adagrad"
+  lion,         // "Lion"
+  rmsprop,      // "RMSprop"
+  adamax,       // "Adamax"
+  nadam,        // "NAdam"
+  radam,        // "RAdam"
+  adadelta,     // "Adadelta"
+  asgd,         // "ASGD"
+  rprop,        // "Rprop"
   unsupported,  // a type DeepSpeed knows that dstrain does not provide (OneBitAdam, Adagrad, RMSprop, ...)
 };
 
@@ -43,7 +54,19 @@ struct OptimizerParams {
   double momentum = 0.0;                        // SGD
   double dampening = 0.0;                       // SGD
   bool nesterov = false;                        // SGD
-  bool maximize = false;                        // SGD
+  bool maximize = false;                        // SGD and the torch.optim types that take it
+  // The torch.optim types of docs/optimizers.md; each type's own defaults replace these (lr, eps, alpha).
+  double lr_decay = 0.0;                        // Adagrad
+  double initial_accumulator_value = 0.0;       // Adagrad
+  double alpha = 0.99;                          // RMSprop (ASGD: 0.75)
+  bool centered = false;                        // RMSprop
+  double momentum_decay = 4e-3;                 // NAdam
+  bool decoupled_weight_decay = false;          // NAdam, RAdam
+  double rho = 0.9;                             // Adadelta
+  double lambd = 1e-4;                          // ASGD
+  double t0 = 1e6;                              // ASGD
+  std::pair<double, double> etas{0.5, 1.2};     // Rprop
+  std::pair<double, double> step_sizes{1e-6, 50.0};  // Rprop
 };
 
 // OneBitAdam, ZeroOneAdam, OneBitLamb: the optimizers that communicate in their step.
@@ -61,6 +84,11 @@ struct OptimizerConfig {
 
   bool present() const { return kind != OptimizerKind::none; }
   bool is_onebit() const { return is_onebit_kind(kind); }
+  // On ZeRO's list of tested optimizers (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS: FusedAdam /
+  // torch Adam, AdamW, Adagrad, Lion); any other type at stage >= 1 needs zero_allow_untested_optimizer.
+  bool zero_tested() const {
+    return kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::adagrad || kind == OptimizerKind::lion;
+  }
   // DeepSpeed: decoupled weight decay iff type is AdamW or adam_w_mode (default true) — so "Adam"
   // with weight decay behaves as AdamW unless "adam_w_mode": false.
   bool decoupled_weight_decay() const {
@@ -69,7 +97,7 @@ struct OptimizerConfig {
 };
 
 SectionSpec optimizer_section_spec();
-SectionSpec optimizer_params_section_spec();  // union of the params of Adam, AdamW, SGD, Lamb
+SectionSpec optimizer_params_section_spec();  // union of the params of every type dstrain provides
 
 OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Json& resolved);
 

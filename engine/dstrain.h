@@ -32,6 +32,8 @@
 
 // Training: the model (layers), the engine and its step loop, weights in the HF GPT-2 layout.
 #include "engine/engine.h"
+#include "engine/checkpoint_consolidate.h"
+#include "engine/checkpoint_files.h"
 // Data parallelism: the communicator ranks train over (local threads; MPI processes; launcher
 // environments).
 #include "zero/communicator.h"
@@ -61,6 +63,7 @@
 #include "engine/rank_trainer.h"
 #include "engine/sample_printer.h"
 #include "engine/trainer.h"
+#include "engine/trainer_checkpoints.h"
 #include "engine/trainer_options.h"
 #include "engine/training_plan.h"
 

@@ -1,12 +1,14 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/ranges.h>
@@ -43,6 +45,15 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
+  }
+  // DeepSpeed's ZeRO-3 optimizer (stage3.py) refuses Muon with reduce_scatter, which is on by default.
+  if (std::string type = c.optimizer.type; c.zero_optimization.stage == 3 && c.zero_optimization.reduce_scatter &&
+                                           (std::transform(type.begin(), type.end(), type.begin(),
+                                                           [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }),
+                                            type == "muon")) {
+    fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
+         "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
+         c.optimizer.type);
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
@@ -106,6 +117,22 @@ void check_engine_trains(const config::DsConfig& config) {
   if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
 }
 
+// A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
+// checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
+struct Engine::SaveJob {
+  std::filesystem::path save_dir, partial, data_file, index_file;
+  std::string tag;
+  int rank_files = 1;
+  std::vector<CheckpointPiece> pieces;
+  std::unique_ptr<std::byte[]> snapshot;  // uninitialised: every byte is copied in before it is read
+  config::Json manifest;  // rank 0
+  std::thread thread;
+  std::string error;
+  ~SaveJob() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
 struct Engine::Impl {
   // One layer's views, in params() / saved_activations() / scratch() order. params and grads are
   // refreshed by ModelStates::views before every call (ZeRO-3 gathers land anywhere).
@@ -128,7 +155,7 @@ struct Engine::Impl {
       : config(c),
         options(o),
         optimizer(c.optimizer),
-        schedule(c.scheduler, optimizer.base_lr(), optimizer.betas()),
+        schedule(c.scheduler, optimizer.base_lr(), optimizer.has_betas() ? std::optional(optimizer.betas()) : std::nullopt),
         scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage, runs_bf16_optimizer(c))) {}
 
   config::DsConfig config;
@@ -157,6 +184,8 @@ struct Engine::Impl {
   int world = 1;
   CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
   CommStats step_comm;           // the last optimizer step's collectives
+  std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
+  bool writer_announced = false;
 };
 
 Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions& options)
@@ -800,7 +829,7 @@ void Engine::load_weights(const std::filesystem::path& path) {
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());
   for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.shape.numel()), 0.0f);
-  import_gpt2_safetensors(path, *model_.gpt2, [&](const std::string& n) {
+  import_gpt2_weights(path, *model_.gpt2, [&](const std::string& n) {
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
   });
@@ -886,6 +915,14 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
         {"last_overflow_iter", ss.last_overflow_iter},
         {"cur_hysteresis", ss.cur_hysteresis}}},
       {"lr_scheduler", {{"last_batch_iteration", im.schedule.last_batch_iteration()}}},
+      {"gpt2", model_.gpt2 ? config::Json{{"n_layer", model_.gpt2->n_layer},
+                                           {"n_head", model_.gpt2->n_head},
+                                           {"n_embd", model_.gpt2->n_embd},
+                                           {"n_positions", model_.gpt2->n_positions},
+                                           {"vocab_size", model_.gpt2->vocab_size},
+                                           {"padded_vocab_size", model_.gpt2->padded_vocab_size},
+                                           {"layer_norm_epsilon", model_.gpt2->layer_norm_epsilon}}
+                           : config::Json(nullptr)},
       {"seed", im.options.seed},
       {"bf16_stochastic_rounding", im.rounding.enabled},
       {"ds_config", im.config.to_json()},
@@ -900,6 +937,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
          "half-done step are not saved — call it after the step() that completes the window",
          micro_steps_ % gas_, gas_);
   }
+  wait_for_checkpoint();  // a decoupled save still being written is committed first
   if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
   check_checkpoint_tag(tag);
   const int r = rank();
@@ -917,95 +955,164 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       log_warning("{}", msg);
     }
   }
-  const std::filesystem::path partial = partial_checkpoint_dir(save_dir, tag);
+  auto job = std::make_unique<SaveJob>();
+  job->save_dir = save_dir;
+  job->tag = tag;
+  job->partial = partial_checkpoint_dir(save_dir, tag);
+  const bool decoupled = im.config.checkpoint.writer.is_object() && im.config.checkpoint.writer.value("decoupled", false);
+  if (!im.writer_announced && r == 0) {
+    log_info("checkpoint writer: {}", decoupled ? "decoupled (a snapshot in host memory, written by a background thread while training goes on; the "
+                                                  "next save or the end of the run waits for it and commits it)"
+                                                : "synchronous (each rank streams its pieces from the optimizer partition to its file, then fsync; "
+                                                  "checkpoint.writer.decoupled: true writes in the background instead)");
+  }
+  im.writer_announced = true;
   // 1. rank 0 makes a fresh partial folder.
   std::string error;
-  // Every rank learns of any rank's failure; the partial folder of a failed save goes.
-  const auto agree = [&] {
-    try {
-      agree_on_errors(error);
-    } catch (const Error&) {
-      std::error_code ec;
-      if (r == 0) std::filesystem::remove_all(partial, ec);
-      throw;
-    }
-  };
   if (r == 0) {
     try {
       std::error_code ec;
       std::filesystem::create_directories(save_dir, ec);
       if (ec) fail("cannot create the checkpoint folder '{}': {}", save_dir.string(), ec.message());
-      std::filesystem::remove_all(partial, ec);
-      std::filesystem::create_directory(partial, ec);
-      if (ec) fail("cannot create '{}': {}; check that the save folder is writable", partial.string(), ec.message());
+      std::filesystem::remove_all(job->partial, ec);
+      std::filesystem::create_directory(job->partial, ec);
+      if (ec) fail("cannot create '{}': {}; check that the save folder is writable", job->partial.string(), ec.message());
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree();
+  finish_save_phase(*job, error);
   // 2. every rank that owns a distinct part writes its pieces (stage 0: every rank holds the same
-  // values, rank 0 writes them), read through the store (docs/training_state.md §3).
+  // values, rank 0 writes them), read through the store (docs/training_state.md §3). The pieces:
+  // every buffer (masters, each optimizer state, the 16-bit params) of every owned piece.
   const int stage = im.config.zero_optimization.stage;
+  job->rank_files = stage >= 1 ? im.world : 1;
   const bool writes = stage >= 1 || r == 0;
+  ModelStates& st = *im.states;
+  std::vector<std::string> buffers{kMasterBuffer};
+  for (const std::string& n : im.optimizer.state_names()) buffers.push_back(n);
+  if (im.mixed) buffers.emplace_back(kParamBuffer);
+  // Copies piece k (buffer bi, owned piece p) into `out` (host memory of its dtype).
+  const auto read_piece = [&st, buffers](std::size_t bi, const OwnedPiece& p, const Tensor& out) {
+    if (buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())) {
+      copy_tensor(out, st.owned_param(p));  // the 16-bit params, or the fp32 params that are the masters
+    } else {
+      st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset, out);
+    }
+  };
   if (writes) {
     try {
-      ModelStates& st = *im.states;
-      const std::vector<std::string> state_names = im.optimizer.state_names();
-      std::vector<std::string> buffers{kMasterBuffer};
-      for (const std::string& n : state_names) buffers.push_back(n);
-      if (im.mixed) buffers.emplace_back(kParamBuffer);
-      std::vector<CheckpointPiece> pieces;
       std::int64_t most = 0;
+      std::size_t total = 0;
       for (const std::string& b : buffers) {
         const DType dt = b == kParamBuffer ? dims_.dtype : DType::fp32;
         for (const OwnedPiece& p : st.owned_pieces()) {
-          pieces.push_back({b, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel, dt});
+          job->pieces.push_back({b, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel, dt});
           most = std::max(most, p.numel);
+          total += static_cast<std::size_t>(p.numel) * dtype_size(dt);
         }
       }
-      std::vector<float> host(static_cast<std::size_t>(most));
-      RankFileWriter w(partial / rank_file_name(r, ".safetensors"), pieces);
-      std::size_t k = 0;
-      for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
-        for (const OwnedPiece& p : st.owned_pieces()) {
-          const Tensor out(host.data(), buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32, Shape{p.numel});
-          if (buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())) {
-            copy_tensor(out, st.owned_param(p));  // the 16-bit params, or the fp32 params that are the masters
-          } else {
-            st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset, out);
+      job->data_file = job->partial / rank_file_name(r, ".safetensors");
+      job->index_file = job->partial / rank_file_name(r, ".json");
+      if (decoupled) {
+        // The snapshot: every piece copied into host memory now; the files are written from it.
+        job->snapshot.reset(new std::byte[total]);
+        std::size_t at = 0;
+        for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
+          for (const OwnedPiece& p : st.owned_pieces()) {
+            const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
+            read_piece(bi, p, Tensor(job->snapshot.get() + at, dt, Shape{p.numel}));
+            at += static_cast<std::size_t>(p.numel) * dtype_size(dt);
           }
-          w.write(k++, host.data());
         }
+      } else {
+        std::vector<float> host(static_cast<std::size_t>(most));
+        RankFileWriter w(job->data_file, job->pieces);
+        std::size_t k = 0;
+        for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
+          for (const OwnedPiece& p : st.owned_pieces()) {
+            read_piece(bi, p, Tensor(host.data(), buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32, Shape{p.numel}));
+            w.write(k++, host.data());
+          }
+        }
+        write_checkpoint_text(job->index_file, w.finish().dump(1));
       }
-      const config::Json index = w.finish();
-      write_checkpoint_text(partial / rank_file_name(r, ".json"), index.dump(1));
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree();
-  // 3. rank 0 writes the manifest (every rank's index is durable by now), renames the folder and
-  // rewrites `latest`.
-  if (r == 0) {
+  if (r == 0) job->manifest = checkpoint_manifest(tag, client_state);  // the state of this step, whenever it is committed
+  if (decoupled) {
+    // Agree that every snapshot was taken, then write in the background.
+    finish_save_phase(*job, error);
+    if (writes) {
+      SaveJob* jp = job.get();
+      job->thread = std::thread([jp] {
+        try {
+          RankFileWriter w(jp->data_file, jp->pieces);
+          std::size_t at = 0;
+          for (std::size_t k = 0; k < jp->pieces.size(); ++k) {
+            w.write(k, jp->snapshot.get() + at);
+            at += static_cast<std::size_t>(jp->pieces[k].numel) * dtype_size(jp->pieces[k].dtype);
+          }
+          write_checkpoint_text(jp->index_file, w.finish().dump(1));
+        } catch (const std::exception& e) {
+          jp->error = e.what();
+        }
+        jp->snapshot.reset();
+      });
+    }
+    im.pending_save = std::move(job);
+    return tag;
+  }
+  finish_save_phase(*job, error);
+  commit_save(*job);
+  return tag;
+}
+
+void Engine::finish_save_phase(const SaveJob& job, const std::string& error) {
+  try {
+    agree_on_errors(error);
+  } catch (const Error&) {
+    // Every rank learns of any rank's failure; the partial folder of a failed save goes.
+    std::error_code ec;
+    if (rank() == 0) std::filesystem::remove_all(job.partial, ec);
+    throw;
+  }
+}
+
+// 3. rank 0 writes the manifest (every rank's index is durable by now), renames the folder and
+// rewrites `latest`.
+void Engine::commit_save(SaveJob& job) {
+  std::string error;
+  if (rank() == 0) {
     try {
-      config::Json manifest = checkpoint_manifest(tag, client_state);
+      config::Json manifest = std::move(job.manifest);
       config::Json ranks = config::Json::array();
-      for (int k = 0; k < (stage >= 1 ? im.world : 1); ++k) {
-        const std::filesystem::path ip = partial / rank_file_name(k, ".json");
+      for (int k = 0; k < job.rank_files; ++k) {
+        const std::filesystem::path ip = job.partial / rank_file_name(k, ".json");
         std::ifstream in(ip, std::ios::binary);
+        if (!in) fail("cannot read back '{}'", ip.string());
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        if (!in.good() && !in.eof()) fail("cannot read back '{}'", ip.string());
         ranks.push_back({{"index", ip.filename().string()}, {"bytes", text.size()}, {"crc32c", crc32c(text.data(), text.size())}});
       }
       manifest["ranks"] = std::move(ranks);
-      write_checkpoint_text(partial / kCheckpointManifest, manifest.dump(1));
-      commit_checkpoint(save_dir, tag);
+      write_checkpoint_text(job.partial / kCheckpointManifest, manifest.dump(1));
+      commit_checkpoint(job.save_dir, job.tag);
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree();
-  return tag;
+  finish_save_phase(job, error);
+}
+
+void Engine::wait_for_checkpoint() {
+  Impl& im = *impl_;
+  if (!im.pending_save) return;
+  std::unique_ptr<SaveJob> job = std::move(im.pending_save);
+  if (job->thread.joinable()) job->thread.join();
+  finish_save_phase(*job, job->error);
+  commit_save(*job);
 }
 
 void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions& options) {
@@ -1063,6 +1170,7 @@ void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions&
 
 LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, std::string tag, const LoadCheckpointOptions& options) {
   Impl& im = *impl_;
+  wait_for_checkpoint();
   if (have_backward_ || micro_steps_ % gas_ != 0) {
     fail("load_checkpoint: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
          "after the step() that completes a window",

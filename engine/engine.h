@@ -281,6 +281,13 @@ class Engine {
   // an Error (naming the file and tensor) leaves the engine as it was. Call before the first
   // forward or at a gradient-accumulation boundary.
   LoadedCheckpoint load_checkpoint(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});
+  // Collective. With checkpoint.writer.decoupled, save_checkpoint returns once every rank has a
+  // snapshot in host memory and writes the files in the background; this waits for them and
+  // commits the checkpoint (manifest, rename, `latest`). The next save, a load and the Trainer's
+  // end of run call it; a no-op when nothing is pending. (An Engine destroyed with a save pending
+  // waits for its files but does not commit them: the partial folder is removed by the next run's
+  // pre-flight.)
+  void wait_for_checkpoint();
 
  private:
   struct Impl;
@@ -293,6 +300,9 @@ class Engine {
   std::uint32_t global_micro_batch() const;
   // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
   void agree_on_errors(const std::string& error);
+  struct SaveJob;  // a checkpoint save between its phases (engine.cpp)
+  void finish_save_phase(const SaveJob& job, const std::string& error);
+  void commit_save(SaveJob& job);
   config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
   void restore_scalars(const config::Json& manifest, const LoadCheckpointOptions& options);
   float micro_batch_dloss() const;

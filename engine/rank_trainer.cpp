@@ -367,6 +367,7 @@ void RankTrainer::finish() {
   summary_.skipped_steps = engine.skipped_steps();
   if (cfg.fp16.enabled) summary_.loss_scale = engine.loss_scale();
   if (!options_.save_dir.empty() && last_saved_tag_.empty()) save_checkpoint();
+  engine.wait_for_checkpoint();  // a decoupled save is committed before the run ends
   if (!options_.save_weights.empty()) {
     engine.save_weights(options_.save_weights);  // collective with several ranks: rank 0 writes
     say(fmt::format("weights saved to {}", options_.save_weights.string()));
@@ -383,11 +384,13 @@ std::string RankTrainer::save_checkpoint() {
   Engine& engine = *engine_;
   const DataLoaderState d = loader_->state();
   const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
-  last_saved_tag_ = engine.save_checkpoint(options_.save_dir, "", client);
+  last_saved_tag_ = engine.save_checkpoint(options_.save_dir, "", client);  // commits a decoupled save still pending first
   if (lead()) {
     for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
   }
-  say(fmt::format("step {}/{} | checkpoint {} saved", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string()));
+  const bool decoupled = plan_.config.checkpoint.writer.is_object() && plan_.config.checkpoint.writer.value("decoupled", false);
+  say(fmt::format("step {}/{} | checkpoint {} {}", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string(),
+                  decoupled ? "snapshot taken (written in the background, committed at the next save or the end)" : "saved"));
   return last_saved_tag_;
 }
 
@@ -411,6 +414,7 @@ void RankTrainer::run() {
     if (options_.handle_signals && stop_requested()) {
       // A scheduler's preemption notice: this step is done; save it and end the run.
       if (!options_.save_dir.empty()) save_checkpoint();
+      engine_->wait_for_checkpoint();
       say(fmt::format("step {}/{} | stopped by signal {} ({}){}", engine_->global_steps(), plan_.steps, stopped_by_signal_,
                       stopped_by_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
                       options_.save_dir.empty() ? std::string("; no --save-dir: nothing was saved")

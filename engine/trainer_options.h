@@ -19,7 +19,7 @@ struct TrainerOptions {
   // ---- what to train on ----
   std::filesystem::path data;      // training token file (engine/data/token_file.h); required
   std::filesystem::path val_data;  // validation token file; empty: no evaluation
-  std::filesystem::path init_from;  // start from these weights (HF GPT-2 safetensors); empty: the init
+  std::filesystem::path init_from;  // start from these weights (HF GPT-2 safetensors, or a torch.save state dict); empty: the init
   // Optimizer steps of the run; nullopt: one pass over `data` (its windows / train_batch_size);
   // 0: only evaluate. Also fills a scheduler's "auto" total_num_steps.
   std::optional<std::int64_t> steps;

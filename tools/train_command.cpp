@@ -106,7 +106,7 @@ void add_train_command(CLI::App& app) {
                   "(0: the whole val file)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
-  cmd->add_option("--init-from", args->init_from, "Start from these weights (Hugging Face GPT-2 safetensors) instead of the init");
+  cmd->add_option("--init-from", args->init_from, "Start from these weights instead of the init: Hugging Face GPT-2 safetensors, or a torch.save state dict (pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output), read without running its code");
   cmd->add_option("--save-weights", args->save_weights, "Write the final weights (Hugging Face GPT-2 safetensors)");
   cmd->add_option("--save-dir", args->save_dir,
                   "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT");

@@ -1,5 +1,7 @@
 #include "ops/transformer/gpt2_weights.h"
 
+#include <functional>
+#include <map>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/gpt2_model.h"
 #include "ops/transformer/safetensors.h"
+#include "ops/transformer/torch_state_dict.h"
 
 namespace dstrain {
 namespace {
@@ -66,34 +69,42 @@ Tensor checked_param(const Gpt2ParamLookup& param, const HfTensor& t) {
 
 }  // namespace
 
-void import_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
-  const SafetensorsFile f(file);
-  const std::string fname = file.string();
+namespace {
+
+// A weights file as the importer reads it: its tensors' names and shapes, and their fp32 values.
+struct WeightSource {
+  std::string file;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::function<std::vector<float>(const std::string& name)> read;
+};
+
+void import_gpt2(const WeightSource& f, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+  const std::string& fname = f.file;
   const auto expected = hf_tensors(cfg);
   std::set<std::string> known;
   for (const auto& t : expected) known.insert(t.name);
 
   // Every tensor in the file must be one we know or one we may ignore.
-  for (const auto& e : f.entries()) {
-    std::string_view n = e.name;
+  for (const auto& [name, shape] : f.shapes) {
+    std::string_view n = name;
     if (n.starts_with("transformer.")) n.remove_prefix(std::string_view("transformer.").size());
     if (known.count(std::string(n)) != 0 || is_mask_buffer(n) || n == "lm_head.weight") continue;
     fail("GPT-2 weights '{}': tensor '{}' is not part of a GPT-2 with {} layers (n_layer = {}, n_embd = {}); check that the model config matches "
          "the weights",
-         fname, e.name, cfg.n_layer, cfg.n_layer, cfg.n_embd);
+         fname, name, cfg.n_layer, cfg.n_layer, cfg.n_embd);
   }
 
   for (const auto& t : expected) {
-    const SafetensorsEntry* e = f.find(t.name);
-    if (e == nullptr) e = f.find("transformer." + t.name);
-    if (e == nullptr) fail("GPT-2 weights '{}': tensor '{}' is missing (expected shape {}); the file is not a complete GPT-2 checkpoint", fname, t.name, shape_str(t.hf));
-    if (e->shape != t.hf) {
+    auto e = f.shapes.find(t.name);
+    if (e == f.shapes.end()) e = f.shapes.find("transformer." + t.name);
+    if (e == f.shapes.end()) fail("GPT-2 weights '{}': tensor '{}' is missing (expected shape {}); the file is not a complete GPT-2 checkpoint", fname, t.name, shape_str(t.hf));
+    if (e->second != t.hf) {
       fail("GPT-2 weights '{}': tensor '{}' has shape {} but {} is expected for this config (n_embd = {}, vocab_size = {}, n_positions = {}); "
            "check that the model config matches the weights",
-           fname, e->name, shape_str(e->shape), shape_str(t.hf), cfg.n_embd, cfg.vocab_size, cfg.n_positions);
+           fname, e->first, shape_str(e->second), shape_str(t.hf), cfg.n_embd, cfg.vocab_size, cfg.n_positions);
     }
     const Tensor p = checked_param(param, t);
-    std::vector<float> v = f.read_fp32(*e);  // HF layout
+    std::vector<float> v = f.read(e->first);  // HF layout
     std::vector<float> ours(static_cast<std::size_t>(t.ours.numel()), 0.0f);
     if (t.transpose) {
       const std::int64_t in = t.hf[0], out = t.hf[1];  // file (in, out) -> ours (out, in)
@@ -103,6 +114,45 @@ void import_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config
       std::copy(v.begin(), v.end(), ours.begin());  // wte: rows [V, Vp) stay zero
     }
     convert(ours.data(), DType::fp32, p.data, p.dtype, ours.size());
+  }
+}
+
+}  // namespace
+
+void import_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+  const SafetensorsFile f(file);
+  WeightSource src;
+  src.file = file.string();
+  for (const auto& e : f.entries()) src.shapes[e.name] = e.shape;
+  src.read = [&f](const std::string& name) { return f.read_fp32(*f.find(name)); };
+  import_gpt2(src, cfg, param);
+}
+
+void import_gpt2_torch(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+  const TorchStateDict f(file);
+  // DeepSpeed's mp_rank_00_model_states.pt holds the state dict under "module" (beside its own
+  // scalars and config); a model wrapped in DistributedDataParallel names its tensors "module.*".
+  std::string prefix;
+  for (const auto& [name, t] : f.tensors())
+    if (name.starts_with("module.")) prefix = "module.";
+  WeightSource src;
+  src.file = file.string();
+  std::map<std::string, std::string> full;  // the importer's name -> the file's
+  for (const auto& [name, t] : f.tensors()) {
+    if (!prefix.empty() && !name.starts_with(prefix)) continue;  // DeepSpeed's other tensors (none in a model-states file)
+    const std::string n = name.substr(prefix.size());
+    src.shapes[n] = t.shape;
+    full[n] = name;
+  }
+  src.read = [&f, &full](const std::string& name) { return f.read_fp32(full.at(name)); };
+  import_gpt2(src, cfg, param);
+}
+
+void import_gpt2_weights(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+  if (TorchStateDict::looks_like(file)) {
+    import_gpt2_torch(file, cfg, param);
+  } else {
+    import_gpt2_safetensors(file, cfg, param);
   }
 }
 

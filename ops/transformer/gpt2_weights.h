@@ -28,6 +28,12 @@ using Gpt2ParamLookup = std::function<Tensor(const std::string& name)>;
 
 // Reads every GPT-2 tensor of `file` into the parameters (converted to their dtype).
 void import_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
+// The same from a torch.save state dict (ops/transformer/torch_state_dict.h: Hugging Face's
+// pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt with its "module", zero_to_fp32's
+// output), read without running any of its code; "module." prefixes are dropped.
+void import_gpt2_torch(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
+// Either, by the file's first bytes (a zip: torch.save; otherwise safetensors).
+void import_gpt2_weights(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
 
 // Writes the parameters in the HF layout with dtype `file_dtype` (F32 by default), atomically.
 // Metadata {"format": "pt"} as transformers' save_pretrained writes it.

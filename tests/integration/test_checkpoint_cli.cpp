@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -86,6 +87,14 @@ TEST_F(CheckpointCli, ResumedRunEndsWhereTheUninterruptedOneDoes) {
   ASSERT_EQ(b.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(b[i], a[3 + i]) << "step " << 4 + i;
   EXPECT_EQ(read_file_text(ck / "latest"), "global_step6");
+  // --save-interval 1 --keep-last 2: only the newest two remain.
+  const fs::path kl = dir_ / "ck_keep";
+  ASSERT_EQ(run_dstrain(train("bf16.json", 1) + " --steps 5 --save-interval 1 --keep-last 2 --save-dir " + q(kl)).exit_code, 0);
+  std::vector<std::string> tags;
+  for (const auto& e : fs::directory_iterator(kl))
+    if (e.is_directory()) tags.push_back(e.path().filename().string());
+  std::sort(tags.begin(), tags.end());
+  EXPECT_EQ(tags, (std::vector<std::string>{"global_step4", "global_step5"}));
 }
 
 TEST_F(CheckpointCli, ResumesAtAnotherWorldSizeAndStage) {
@@ -144,6 +153,72 @@ TEST_F(CheckpointCli, KillDuringSaveLeavesPreviousCheckpointLoadable) {
     ++resumed;
   }
   EXPECT_GE(resumed, 5);
+}
+
+// dstrain consolidate: the checkpoint's weights in one Hugging Face file, byte for byte what
+// --save-weights of the same run wrote; bf16 too, and loadable by --init-from.
+TEST_F(CheckpointCli, ConsolidateEqualsSaveWeights) {
+  const fs::path ck = dir_ / "ck_cons";
+  const CliResult r = run_dstrain(train("bf16.json", 2) + " --steps 2 --save-dir " + q(ck) + " --save-weights " + q(dir_ / "w.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CliResult c = run_dstrain("consolidate " + q(ck) + " -o " + q(dir_ / "c.safetensors"));
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(read_file_text(dir_ / "c.safetensors"), read_file_text(dir_ / "w.safetensors"));
+  const CliResult b = run_dstrain("consolidate " + q(ck) + " --tag global_step2 --dtype bf16 -o " + q(dir_ / "c16.safetensors"));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_LT(fs::file_size(dir_ / "c16.safetensors"), fs::file_size(dir_ / "c.safetensors") * 6 / 10);
+  const CliResult e = run_dstrain(train("fp32_s1.json", 1) + " --steps 0 --init-from " + q(dir_ / "c16.safetensors"));
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  const CliResult bad = run_dstrain("consolidate " + q(ck) + " --tag nope -o " + q(dir_ / "x.safetensors"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("not found"), std::string::npos) << bad.err;
+}
+
+// --init-from a torch.save state dict written by PyTorch itself (/usr/bin/python3): DeepSpeed's
+// mp_rank_00_model_states.pt shape ({"module": HF GPT-2 state dict with its mask buffers and
+// lm_head, beside scalars}) loads the same weights as a safetensors file of the same values.
+TEST_F(CheckpointCli, InitFromTorchSaveEqualsSafetensors) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) GTEST_SKIP() << "/usr/bin/python3 with torch is not installed";
+  std::ofstream(dir_ / "gpt2_pt.py") << R"PY(
+import collections, json, os, struct, sys, torch
+out = sys.argv[1]
+C, V, T, L = 32, 256, 32, 2
+g = torch.Generator().manual_seed(5)
+def r(*shape): return torch.randn(*shape, generator=g) * 0.05
+sd = collections.OrderedDict()
+sd['transformer.wte.weight'] = r(V, C)
+sd['transformer.wpe.weight'] = r(T, C)
+for i in range(L):
+    p = 'transformer.h.%d.' % i
+    sd[p + 'ln_1.weight'] = 1 + r(C); sd[p + 'ln_1.bias'] = r(C)
+    sd[p + 'attn.bias'] = torch.tril(torch.ones(T, T, dtype=torch.bool)).view(1, 1, T, T)
+    sd[p + 'attn.c_attn.weight'] = r(C, 3 * C); sd[p + 'attn.c_attn.bias'] = r(3 * C)
+    sd[p + 'attn.c_proj.weight'] = r(C, C); sd[p + 'attn.c_proj.bias'] = r(C)
+    sd[p + 'ln_2.weight'] = 1 + r(C); sd[p + 'ln_2.bias'] = r(C)
+    sd[p + 'mlp.c_fc.weight'] = r(C, 4 * C); sd[p + 'mlp.c_fc.bias'] = r(4 * C)
+    sd[p + 'mlp.c_proj.weight'] = r(4 * C, C); sd[p + 'mlp.c_proj.bias'] = r(C)
+sd['transformer.ln_f.weight'] = 1 + r(C); sd['transformer.ln_f.bias'] = r(C)
+sd['lm_head.weight'] = sd['transformer.wte.weight']
+torch.save({'module': sd, 'global_steps': 3, 'ds_version': '0.14', 'param_shapes': [collections.OrderedDict(a=torch.Size([2]))]},
+           os.path.join(out, 'mp_rank_00_model_states.pt'))
+# The same values as safetensors, written by hand (float32, little-endian).
+header, blobs, at = {}, [], 0
+for k, v in sd.items():
+    if k.endswith('.attn.bias') or k == 'lm_head.weight': continue
+    b = v.contiguous().numpy().astype('<f4').tobytes()
+    header[k] = {'dtype': 'F32', 'shape': list(v.shape), 'data_offsets': [at, at + len(b)]}
+    blobs.append(b); at += len(b)
+h = json.dumps(header).encode()
+h += b' ' * ((8 - len(h) % 8) % 8)
+with open(os.path.join(out, 'same.safetensors'), 'wb') as f:
+    f.write(struct.pack('<Q', len(h))); f.write(h); [f.write(b) for b in blobs]
+)PY";
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + q(dir_ / "gpt2_pt.py") + " " + q(dir_)).c_str()), 0);
+  for (const std::string from : {"mp_rank_00_model_states.pt", "same.safetensors"}) {
+    const CliResult r = run_dstrain(train("fp32_s1.json", 1) + " --steps 0 --init-from " + q(dir_ / from) + " --save-weights " + q(dir_ / (from + ".out")));
+    ASSERT_EQ(r.exit_code, 0) << from << ": " << r.err;
+  }
+  EXPECT_EQ(read_file_text(dir_ / "mp_rank_00_model_states.pt.out"), read_file_text(dir_ / "same.safetensors.out"));
 }
 
 TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {

@@ -56,6 +56,8 @@ struct Segment {
   std::optional<fs::path> save_dir;  // save at the end (tag "final" unless save_tag)
   std::string save_tag = "final";
   bool stochastic_rounding = false;
+  int save_mid_at = -1;        // also save (tag "mid") after this step, and train on
+  std::string extra_config{};  // keys added to the config, e.g. R"("checkpoint": {...})"
 };
 
 struct SegmentResult {
@@ -69,7 +71,8 @@ struct SegmentResult {
 // Trains `seg` on s.world local ranks, feeding global step k's slots as run_zero does.
 SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
   SegmentResult out;
-  const std::string json = zero_config_json(s);
+  std::string json = zero_config_json(s);
+  if (!seg.extra_config.empty()) json.insert(json.size() - 1, ", " + seg.extra_config);
   run_local_ranks(s.world, [&](Communicator& comm) {
     const int r = comm.rank();
     config::ConfigOptions copts;
@@ -100,8 +103,10 @@ SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
         out.losses.push_back(e.last_step_loss());
         out.loss_scales.push_back(e.loss_scale());
       }
+      if (step + 1 == seg.save_mid_at) e.save_checkpoint(*seg.save_dir, "mid", config::Json{{"step", step + 1}});
     }
     if (seg.save_dir) e.save_checkpoint(*seg.save_dir, seg.save_tag, config::Json{{"step", seg.to}, {"note", "client"}});
+    e.wait_for_checkpoint();
     std::map<std::string, std::vector<float>> params;
     e.gather_master_params([&](const std::string& n, const Tensor& t) { params[n] = values(t); });
     if (r == 0) {
@@ -126,10 +131,11 @@ std::string describe(const RunSpec& s, const std::string& extra = "") {
 }
 
 // N steps == N/2, save, new engine, load, N/2: bitwise.
-void expect_resume_bitwise(RunSpec s, int n, bool stochastic_rounding = false) {
-  SCOPED_TRACE(describe(s, stochastic_rounding ? " stochastic rounding" : ""));
+void expect_resume_bitwise(RunSpec s, int n, bool stochastic_rounding = false, const std::string& extra_config = "") {
+  SCOPED_TRACE(describe(s, (stochastic_rounding ? " stochastic rounding " : " ") + extra_config));
   TempDir whole("whole"), split("split");
   Segment a;
+  a.extra_config = extra_config;
   a.to = n;
   a.save_dir = whole.path;
   a.stochastic_rounding = stochastic_rounding;
@@ -178,7 +184,6 @@ RunSpec spec(int stage, int world, Precision p, int gas = 1, bool ckpt = false) 
   s.knobs.reduce_bucket_size = 4000;
   s.knobs.allgather_bucket_size = 4000;
   s.knobs.persistence_threshold = 500;
-  // A scheduler, so that the LR schedule's position matters.
   return s;
 }
 
@@ -222,11 +227,37 @@ TEST(Checkpoint, ResumeFp16MidHysteresis) {
   expect_resume_bitwise(s0, 4);
 }
 
+// Every LR schedule DeepSpeed has, mid-schedule: the resumed run must take up the schedule's position
+// (and OneCycle's cycled momentum).
+TEST(Checkpoint, ResumeBitwiseSchedules) {
+  for (const char* sched : {
+           R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 6}})",
+           R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2, "total_num_steps": 8}})",
+           R"("scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 8}})",
+           R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 3, "cycle_momentum": true}})",
+           R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 1.0}})"}) {
+    expect_resume_bitwise(spec(1, 2, Precision::fp32), 6, false, sched);
+  }
+  // A skipped fp16 step does not step the schedule: the count carries over.
+  RunSpec s = spec(2, 2, Precision::fp16);
+  s.inject_overflow = {{2}};
+  expect_resume_bitwise(s, 6, false, R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 8}})");
+}
+
 TEST(Checkpoint, ResumeBitwiseOptimizersAndSchedule) {
   const std::vector<std::pair<std::string, std::vector<int>>> optimizers = {
       {R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}})", {0, 1, 2, 3}},
       {R"({"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.1, "adam_w_mode": false}})", {0, 3}},
       {R"({"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}})", {0}},
+      // The element-wise types (docs/optimizers.md §8): their states by torch's names, and the
+      // scalars they derive from the step t (NAdam's mu_product, ASGD's eta and mu) and the
+      // values written at t = 1 (Adagrad's sum, Rprop's step_size) continue across the resume.
+      {R"({"type": "Adagrad", "params": {"lr": 0.05, "weight_decay": 0.01, "initial_accumulator_value": 0.1}})", {0, 2}},
+      {R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})", {3}},
+      {R"({"type": "RMSprop", "params": {"lr": 1e-3, "momentum": 0.9, "centered": true}})", {1}},
+      {R"({"type": "NAdam", "params": {"lr": 1e-2}})", {2}},
+      {R"({"type": "ASGD", "params": {"lr": 0.05, "t0": 1}})", {0}},
+      {R"({"type": "Rprop", "params": {"lr": 1e-3}})", {3}},
   };
   for (const auto& [opt, stages] : optimizers) {
     for (const int stage : stages) {
@@ -256,6 +287,54 @@ TEST(Checkpoint, ResumeBitwiseLambUnderZeroAndOneBitAcrossTheSwitch) {
     s.knobs.optimizer_json = opt;
     expect_resume_bitwise(s, 6);
   }
+}
+
+// checkpoint.writer.decoupled: the save returns after the snapshot, training goes on while the
+// files are written, the next save commits it; the checkpoint resumes bit for bit, and `latest`
+// names a save only once it is committed.
+TEST(Checkpoint, DecoupledWriterResumesBitwise) {
+  for (const auto& [stage, world] : std::vector<std::pair<int, int>>{{0, 1}, {3, 2}}) {
+    RunSpec s = spec(stage, world, Precision::bf16);
+    TempDir d("decoupled");
+    Segment a;
+    a.to = 4;
+    a.save_mid_at = 2;
+    a.save_dir = d.path;
+    a.extra_config = R"("checkpoint": {"writer": {"decoupled": true}})";
+    const SegmentResult ra = run_segment(s, a);
+    EXPECT_EQ(file_bytes(d.path / "latest"), "final");
+    Segment b;
+    b.load_dir = d.path;
+    b.load_tag = "mid";
+    b.from = 2;
+    b.to = 4;
+    const SegmentResult rb = run_segment(s, b);
+    ASSERT_EQ(rb.losses.size(), 2u);
+    EXPECT_EQ(rb.losses[0], ra.losses[2]);
+    EXPECT_EQ(rb.losses[1], ra.losses[3]);
+    EXPECT_EQ(rb.params, ra.params);
+  }
+  // Pending until waited for: the folder carries the tag only once committed.
+  TempDir d("decoupled_pending");
+  std::string json = zero_config_json(spec(1, 2, Precision::fp32));
+  json.insert(json.size() - 1, R"(, "checkpoint": {"writer": {"decoupled": true}})");
+  run_local_ranks(2, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    copts.world_size = 2;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    e.save_checkpoint(d.path, "x");
+    comm.barrier();
+    EXPECT_FALSE(fs::exists(d.path / "x"));
+    EXPECT_FALSE(fs::exists(d.path / "latest"));
+    comm.barrier();
+    e.wait_for_checkpoint();
+    EXPECT_TRUE(fs::exists(d.path / "x" / "checkpoint.json"));
+  });
+  EXPECT_EQ(file_bytes(d.path / "latest"), "x");
 }
 
 // ---- reshard ----

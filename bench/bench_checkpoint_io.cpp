@@ -1,0 +1,130 @@
+// bench_checkpoint_io: Engine::save_checkpoint / load_checkpoint throughput (GB/s per rank) and the
+// training stall of a decoupled save, on W local ranks. bench/checkpoint_io.sh runs it next to fio's
+// sequential write / read of the same size on the same disk. Never asserts.
+//
+//   build/bench/bench_checkpoint_io --dir /tmp/ck --model gpt2:d12 --ranks 2 --stage 1 --dtype bf16 --repeat 2
+//
+// Figures per rank: the bytes it writes (its files), the synchronous save's time (streaming from
+// the optimizer partition, write, fsync, commit), the load's (read, checksum, scatter into the
+// store; the files are in the page cache right after the save, as fio's read of its own file is),
+// and with checkpoint.writer.decoupled the time save_checkpoint blocks (the snapshot into host
+// memory) against the time until the background write is committed.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "config_schema/ds_config.h"
+#include "engine/engine.h"
+#include "zero/local_communicator.h"
+
+namespace {
+
+struct Args {
+  std::string dir = "/tmp/dstrain_bench_ckpt", model = "gpt2:L6-C512-H8-T256", dtype = "bf16";
+  long ranks = 2, stage = 1, repeat = 2;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "bench_checkpoint_io: %s\noptions: --dir DIR --model SPEC --ranks W --stage S --dtype fp32|bf16|fp16 --repeat N\n", why.c_str());
+  std::exit(2);
+}
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::uint64_t folder_bytes(const std::filesystem::path& p, const std::string& prefix) {
+  std::uint64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(p))
+    if (e.path().filename().string().starts_with(prefix)) n += e.file_size();
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage(k + " needs a value");
+    const char* v = argv[++i];
+    if (k == "--dir") a.dir = v;
+    else if (k == "--model") a.model = v;
+    else if (k == "--dtype") a.dtype = v;
+    else if (k == "--ranks") a.ranks = std::atol(v);
+    else if (k == "--stage") a.stage = std::atol(v);
+    else if (k == "--repeat") a.repeat = std::atol(v);
+    else usage("unknown option " + k);
+  }
+  using namespace dstrain;
+  try {
+    const std::string prec = a.dtype == "bf16" ? R"(, "bf16": {"enabled": true})" : a.dtype == "fp16" ? R"(, "fp16": {"enabled": true})" : "";
+    const auto json = [&](bool decoupled) {
+      return fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}, "zero_optimization": {{"stage": {}}},
+        "checkpoint": {{"writer": {{"decoupled": {}}}}}{}}})",
+                         a.stage, decoupled ? "true" : "false", prec);
+    };
+    std::filesystem::remove_all(a.dir);
+    std::mutex mu;
+    double save_s = 0, load_s = 0, stall_s = 0, commit_s = 0;
+    std::uint64_t bytes = 0;
+    run_local_ranks(static_cast<int>(a.ranks), [&](Communicator& comm) {
+      config::ConfigOptions co;
+      co.world_size = static_cast<int>(a.ranks);
+      EngineOptions o;
+      o.comm = &comm;
+      o.sequence_length = 16;
+      Engine sync = initialize(make_gpt2_model(a.model), config::parse_ds_config(config::Json::parse(json(false)), co), o);
+      double s = 1e30, l = 1e30;
+      for (long r = 0; r < a.repeat; ++r) {
+        comm.barrier();
+        auto t = Clock::now();
+        sync.save_checkpoint(a.dir, fmt::format("sync{}", r));
+        comm.barrier();
+        s = std::min(s, since(t));
+        t = Clock::now();
+        sync.load_checkpoint(a.dir, fmt::format("sync{}", r));
+        comm.barrier();
+        l = std::min(l, since(t));
+      }
+      Engine dec = initialize(make_gpt2_model(a.model), config::parse_ds_config(config::Json::parse(json(true)), co), o);
+      double st = 1e30, cm = 1e30;
+      for (long r = 0; r < a.repeat; ++r) {
+        comm.barrier();
+        auto t = Clock::now();
+        dec.save_checkpoint(a.dir, fmt::format("dec{}", r));
+        const double stall = since(t);
+        dec.wait_for_checkpoint();
+        comm.barrier();
+        st = std::min(st, stall);
+        cm = std::min(cm, since(t));
+      }
+      const std::lock_guard<std::mutex> lock(mu);
+      if (comm.rank() == 0) {
+        save_s = s;
+        load_s = l;
+        stall_s = st;
+        commit_s = cm;
+        bytes = folder_bytes(std::filesystem::path(a.dir) / "sync0", "rank_00000.");
+      }
+    });
+    const double gb = static_cast<double>(bytes) / 1e9;
+    std::printf("model %s, %s, ZeRO stage %ld on %ld rank(s): %.3f GB per rank (rank 0's files)\n", a.model.c_str(), a.dtype.c_str(), a.stage, a.ranks, gb);
+    std::printf("save (synchronous, fsync, commit): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", save_s, gb / save_s, gb * a.ranks / save_s);
+    std::printf("load (read, crc32c, scatter):      %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s, gb * a.ranks / load_s);
+    std::printf("decoupled save: training stalls %.3f s (the snapshot), committed after %.3f s; synchronous stall %.3f s\n", stall_s, commit_s, save_s);
+    std::filesystem::remove_all(a.dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_checkpoint_io: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

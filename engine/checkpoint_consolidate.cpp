@@ -1,0 +1,66 @@
+#include "engine/checkpoint_consolidate.h"
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "engine/checkpoint_files.h"
+#include "engine/model.h"
+#include "ops/error.h"
+#include "ops/transformer/gpt2_weights.h"
+
+namespace dstrain {
+
+std::string consolidate_checkpoint(const std::filesystem::path& save_dir, std::string tag, const std::filesystem::path& output, DType dtype) {
+  if (tag.empty()) {
+    const std::optional<std::string> latest = read_latest_tag(save_dir);
+    if (!latest) fail("consolidate: no '{}' file in '{}'; give the checkpoint with --tag", kLatestFile, save_dir.string());
+    tag = *latest;
+  }
+  check_checkpoint_tag(tag);
+  CheckpointReader rd(save_dir, tag);
+  const config::Json& m = rd.manifest();
+  if (!m.contains("gpt2") || m.at("gpt2").is_null()) fail("consolidate: checkpoint '{}' is not of a GPT-2 model (its manifest has no \"gpt2\" shape)", rd.dir().string());
+  const config::Json& g = m.at("gpt2");
+  Gpt2Config cfg;
+  cfg.n_layer = g.at("n_layer").get<std::int64_t>();
+  cfg.n_head = g.at("n_head").get<std::int64_t>();
+  cfg.n_embd = g.at("n_embd").get<std::int64_t>();
+  cfg.n_positions = g.at("n_positions").get<std::int64_t>();
+  cfg.vocab_size = g.at("vocab_size").get<std::int64_t>();
+  cfg.padded_vocab_size = g.at("padded_vocab_size").get<std::int64_t>();
+  cfg.layer_norm_epsilon = g.at("layer_norm_epsilon").get<float>();
+  validate(cfg);
+  // The owned parameters (their names and shapes from the model; the manifest must agree), and
+  // where a tied name points.
+  const Model model = make_gpt2_model(cfg);
+  std::map<std::string, std::string> owner;
+  std::map<std::string, Shape> shapes;
+  for (const auto& layer : model.layers) {
+    for (const ParamSpec& ps : layer->params()) {
+      if (ps.tied()) {
+        owner[ps.name] = ps.tied_to;
+      } else {
+        owner[ps.name] = ps.name;
+        shapes[ps.name] = ps.shape;
+      }
+    }
+  }
+  std::map<std::string, std::vector<float>> values;
+  for (const auto& [name, shape] : shapes) {
+    std::vector<float> v(static_cast<std::size_t>(shape.numel()));
+    rd.read("master", name, 0, shape.numel(), v.data());
+    values[name] = std::move(v);
+  }
+  export_gpt2_safetensors(
+      output, cfg,
+      [&](const std::string& n) {
+        const auto it = owner.find(n);
+        if (it == owner.end()) fail("consolidate: the GPT-2 layout asks for '{}', which the model does not have", n);
+        return Tensor(values.at(it->second).data(), DType::fp32, shapes.at(it->second));
+      },
+      dtype);
+  return tag;
+}
+
+}  // namespace dstrain
