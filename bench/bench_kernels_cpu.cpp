@@ -231,6 +231,8 @@ void bench_optimizer_rules(DType grad_dt) {
       auto* f = reinterpret_cast<float*>(states[static_cast<std::size_t>(j)].bytes.data());
       for (std::int64_t i = 0; i < n; ++i) f[i] = j == 0 ? 1e-2f : 1e-3f;
     }
+    auto* pf = reinterpret_cast<float*>(p.bytes.data());
+    for (std::int64_t i = 0; i < n; ++i) pf[i] = 0.5f;
     const double bytes = (8.0 * (1 + step.states) + static_cast<double>(dtype_size(grad_dt)) + 2.0) * static_cast<double>(n);
     for (const CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
       if (!cpu_isa_supported(isa)) continue;
