@@ -16,6 +16,16 @@
 
 #include "ops/dtype.h"
 #include "ops/kernels/adamw.h"
+#include "ops/kernels/adadelta.h"
+#include "ops/kernels/adagrad.h"
+#include "ops/kernels/adamax.h"
+#include "ops/kernels/asgd.h"
+#include "ops/kernels/lion.h"
+#include "ops/kernels/nadam.h"
+#include "ops/kernels/optimizer_rule.h"
+#include "ops/kernels/radam.h"
+#include "ops/kernels/rmsprop.h"
+#include "ops/kernels/rprop.h"
 #include "ops/kernels/attention.h"
 #include "ops/kernels/cpu_isa.h"
 #include "ops/kernels/dropout.h"
@@ -192,6 +202,59 @@ void bench_adamw(DType grad_dt) {
   set_cpu_isa(chosen);
 }
 
+// The element-wise optimizer rules (ops/kernels/optimizer_rule.h) on every ISA: 16M elements in
+// memory (bandwidth-bound: θ and each state read and written, the gradient read, the bf16 copy
+// written) and 16K in cache, one thread (the arithmetic, divisions and square roots).
+void bench_optimizer_rules(DType grad_dt) {
+  if (!g_only.empty() && std::string("optimizer_rule").find(g_only) == std::string::npos) return;
+  std::mt19937 rng(98);
+  const std::int64_t n = 16 * 1024 * 1024, small = 16384;
+  const std::pair<const char*, RuleStep> rules[] = {
+      {"adagrad", adagrad_step({.weight_decay = 0.1}, 3, 1.0f)},
+      {"lion", lion_step({.weight_decay = 0.1}, 1.0f)},
+      {"rmsprop (momentum, centered)", rmsprop_step({.weight_decay = 0.1, .momentum = 0.9, .centered = true}, 1.0f)},
+      {"adamax", adamax_step({.weight_decay = 0.1}, 3, 1.0f)},
+      {"nadam", nadam_step({.weight_decay = 0.1}, 3, 1.0f)},
+      {"radam", radam_step({.weight_decay = 0.1}, 8, 1.0f)},
+      {"adadelta", adadelta_step({.weight_decay = 0.1}, 1.0f)},
+      {"asgd", asgd_step({.weight_decay = 0.1}, 3, 1.0f)},
+      {"rprop", rprop_step({}, 3, 1.0f)},
+  };
+  HostBuf p(DType::fp32, n, rng), g(grad_dt, n, rng), low(DType::bf16, n, rng);
+  std::vector<HostBuf> states;
+  for (int j = 0; j < 3; ++j) states.emplace_back(DType::fp32, n, rng, 0.01f);
+  const CpuIsa chosen = cpu_isa();
+  for (const auto& [rule, step] : rules) {
+    // Fresh states per rule (what one rule leaves would be another's input otherwise): a sum of
+    // squares above any running mean squared, so no sqrt of a negative.
+    for (int j = 0; j < 3; ++j) {
+      auto* f = reinterpret_cast<float*>(states[static_cast<std::size_t>(j)].bytes.data());
+      for (std::int64_t i = 0; i < n; ++i) f[i] = j == 0 ? 1e-2f : 1e-3f;
+    }
+    auto* pf = reinterpret_cast<float*>(p.bytes.data());
+    for (std::int64_t i = 0; i < n; ++i) pf[i] = 0.5f;
+    const double bytes = (8.0 * (1 + step.states) + static_cast<double>(dtype_size(grad_dt)) + 2.0) * static_cast<double>(n);
+    for (const CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
+      if (!cpu_isa_supported(isa)) continue;
+      set_cpu_isa(isa);
+      for (const std::int64_t count : {n, small}) {
+        std::vector<Tensor> st;
+        for (int j = 0; j < step.states; ++j) st.push_back(states[static_cast<std::size_t>(j)].t({count}));
+        const std::string name = std::string(rule) + (count == n ? " (16M) " : " (16K in cache) ") + std::string(cpu_isa_name(isa));
+        const int reps = count == n ? 1 : 1000;
+        const double ms = time_ms([&] {
+          for (int r = 0; r < reps; ++r) optimizer_rule_update(step, p.t({count}), g.t({count}), st, low.t({count}));
+        }) / reps;
+        const double b = bytes / static_cast<double>(n) * static_cast<double>(count);
+        std::printf("%-48s %-5s %10.4f ms %10.2f GB/s %8.3f Gparam/s\n", name.c_str(), std::string(dtype_name(grad_dt)).c_str(), ms, b / (ms * 1e6),
+                    static_cast<double>(count) / (ms * 1e6));
+        std::fflush(stdout);
+      }
+    }
+  }
+  set_cpu_isa(chosen);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,6 +274,7 @@ int main(int argc, char** argv) {
   for (DType dt : dtypes) {
     bench_dtype(dt);
     bench_adamw(dt);
+    bench_optimizer_rules(dt);
   }
   return 0;
 }

@@ -54,11 +54,10 @@ DSTRAIN_HOST_DEVICE inline float rule_element<OptimizerRule::radam>(const RuleSt
   s[0] = m;
   s[1] = v;
   const float mhat = m / k.k0;
-  if (k.option0) {
-    const float adaptive = k.k1 / (rule_sqrt(v) + k.eps);
-    return p - mhat * k.lr * adaptive * k.k2;
-  }
-  return p - mhat * k.lr;
+  // Selects, not a branch, so the loop vectorises; × 1.0f twice is exact, so the unrectified
+  // step is still θ − m̂·lr.
+  const float adaptive = k.option0 ? k.k1 / (rule_sqrt(v) + k.eps) : 1.0f;
+  return p - mhat * k.lr * adaptive * (k.option0 ? k.k2 : 1.0f);
 }
 
 }  // namespace dstrain
