@@ -18,19 +18,26 @@ cd "$build_dir"
 ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "${labels[@]}"
 
 # ---- gates (README "Gates"; scripts/gates.sh): sanitizers and fuzzing, after the suite ----------
-# CI's budget is 45 minutes on 2 cores for all of .ci/run; the suite above takes about 15. A whole
-# ASan+UBSan build and run of the CPU suite does not fit beside it (see the figures below), so CI runs:
-#   - ASan+UBSan on the test programs of the layers that read untrusted input or share memory across
-#     threads: the Hjson/config readers, the communicator and ZeRO parts, GPT-2 weights and
+# CI's budget is 45 minutes on 2 cores for all of .ci/run; set-up, build and suite above take about 15. Measured
+# here (CPU seconds, user + sys, of a build from scratch at -O1; wall on 2 free cores is about half):
+#   ASan+UBSan, the 6 test programs below: build 620 s CPU (~109 objects), run 31 s
+#   TSan, the 4 test programs below: build 102 + 141 s CPU, run 15 s
+#   fuzz: build 200 s CPU (clang), run 4 x 30 s
+# so CI's gates add about 12 minutes (~1060 s CPU of builds / 2 cores + ~3 min of runs). The whole CPU suite under ASan (about 200 objects, ~1300 s CPU
+# to build, and every engine / ZeRO training test 3-5x slower under ASan) does not fit beside the
+# suite in 45 minutes, so CI runs:
+#   - ASan+UBSan on the test programs of the layers that read untrusted input or share memory
+#     across threads: the Hjson/config readers, the communicator and ZeRO parts, GPT-2 weights and
 #     safetensors, token files and tokenizers;
-#   - TSan on the communicator, comm queue and ZeRO parts (the engine-level overlap and activation-
-#     transfer tests run under `bash scripts/gates.sh tsan`);
+#   - TSan on the communicator, the comm queue, ZeRO's parts and its overlapped reductions through
+#     the engine (the activation-transfer tests of test_engine run under `bash scripts/gates.sh tsan`);
 #   - each fuzz target for 30 s on its seed corpus, after replaying its regressions.
-# The whole gates run alone: `bash scripts/gates.sh asan`, `... tsan`, `... fuzz 300`.
+# Each gate alone, whole: `bash scripts/gates.sh asan`, `... tsan`, `... fuzz 300`.
 # DSTRAIN_GATES=0 skips them (a quick local run).
 if [ "${DSTRAIN_GATES:-1}" != 0 ]; then
   DSTRAIN_GATES_TARGETS="test_hjson test_config test_zero_comm test_zero_parts test_transformer test_data" \
     bash "$repo/scripts/gates.sh" asan
-  DSTRAIN_GATES_TARGETS="test_zero_comm test_zero_parts" bash "$repo/scripts/gates.sh" tsan
+  DSTRAIN_GATES_TARGETS="test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off" \
+    bash "$repo/scripts/gates.sh" tsan
   bash "$repo/scripts/gates.sh" fuzz "${DSTRAIN_FUZZ_SECONDS:-30}"
 fi
