@@ -91,19 +91,20 @@ gate_fuzz() {
   local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   mkdir -p "$dir/artifacts"
+  local bin="$dir/tests/fuzz"
   for t in "${targets[@]}"; do
     local name="${t#fuzz_}" corpus="$repo/tests/fuzz/corpus/${t#fuzz_}" regress="$repo/tests/fuzz/regressions/${t#fuzz_}"
     local cases=()
     mapfile -t cases < <(find "$regress" -type f ! -name .keep | sort)
     if ((${#cases[@]})); then
       say "fuzz: $t replays ${#cases[@]} regression case(s)"
-      "$dir/$t" -rss_limit_mb=2048 -timeout=20 "${cases[@]}" || { failed=1; continue; }
+      "$bin/$t" -rss_limit_mb=2048 -timeout=20 "${cases[@]}" || { failed=1; continue; }
     fi
     # New inputs go to a scratch corpus: the committed seed corpus stays as it is.
     local work="$dir/corpus/$name"
     mkdir -p "$work"
     say "fuzz: $t for ${seconds}s on $corpus"
-    if ! "$dir/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+    if ! "$bin/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
          -artifact_prefix="$dir/artifacts/$name-" "$work" "$corpus" 2>"$dir/$t.log"; then
       tail -n 60 "$dir/$t.log"
       say "fuzz: $t FAILED; the input is in $dir/artifacts/ — fix the bug and add the input to tests/fuzz/regressions/$name/"
