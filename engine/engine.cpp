@@ -850,6 +850,21 @@ void check_saved_scalars(const config::Json& m) {
 
 }  // namespace
 
+void Engine::exclude_from_step_comm() {
+  Impl& im = *impl_;
+  // Between optimizer steps only: then no collective of the next step has been counted yet.
+  if (im.comm != nullptr && micro_steps_ % gas_ == 0 && !have_backward_) im.comm_at_step_start = im.comm->stats();
+}
+
+bool Engine::any_rank(bool flag) {
+  Impl& im = *impl_;
+  if (im.world == 1) return flag;
+  double v = flag ? 1.0 : 0.0;
+  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  exclude_from_step_comm();
+  return v > 0.0;
+}
+
 void Engine::agree_on_errors(const std::string& error) {
   Impl& im = *impl_;
   if (im.world == 1) {
@@ -1058,10 +1073,12 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       });
     }
     im.pending_save = std::move(job);
+    exclude_from_step_comm();
     return tag;
   }
   finish_save_phase(*job, error);
   commit_save(*job);
+  exclude_from_step_comm();
   return tag;
 }
 
@@ -1108,6 +1125,7 @@ void Engine::wait_for_checkpoint() {
   if (job->thread.joinable()) job->thread.join();
   finish_save_phase(*job, job->error);
   commit_save(*job);
+  exclude_from_step_comm();
 }
 
 void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions& options) {
@@ -1268,6 +1286,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   log_info("loaded checkpoint '{}' (saved at ZeRO stage {} on {} rank(s) in {}; loaded at stage {} on {} in {})", rd->dir().string(),
            layout.value("zero_stage", -1), layout.value("world_size", -1), layout.value("dtype", std::string("?")),
            im.config.zero_optimization.stage, im.world, dtype_name(dims_.dtype));
+  exclude_from_step_comm();
   LoadedCheckpoint out;
   out.path = rd->dir();
   out.tag = tag;
