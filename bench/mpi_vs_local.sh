@@ -12,7 +12,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DSTRAIN_BUILD_DIR:-$repo/build}"
 data="$repo/data/brown_train.bin"
 mpiexec=(mpiexec)
-if mpiexec --version 2>&1 | grep -q "Open MPI"; then mpiexec+=(--allow-run-as-root --oversubscribe); fi
+if mpiexec --version 2>&1 | grep -qE "Open MPI|OpenRTE"; then mpiexec+=(--allow-run-as-root --oversubscribe); fi
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 
 echo "== all-reduce: mpiexec -n 2 bench_mpi_allreduce =="
@@ -41,7 +41,7 @@ JSON
 }
 
 echo "== step time, same config and global batch (micro-batch per rank x 2 ranks) =="
-for stage in 0 2 3; do step "gpt2:L4-C256-H4-T128 B=8 T=128" gpt2:L4-C256-H4-T128 8 128 12 "$stage"; done
+for stage in 0 3; do step "gpt2:L4-C256-H4-T128 B=8 T=128" gpt2:L4-C256-H4-T128 8 128 8 "$stage"; done
 if [ "${1:-}" = "--d12" ]; then
   step "gpt2:d12 B=2 T=128" gpt2:d12 2 128 5 2
 fi

@@ -160,10 +160,11 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
          "\"mean\" or a lower ZeRO stage");
   check_gradient_reduction(c, ctx);
   const auto kind = c.optimizer.kind;
-  if (stage > 0 && (kind == OptimizerKind::lamb || kind == OptimizerKind::sgd) && !c.zero_allow_untested_optimizer)
+  if (stage > 0 && c.optimizer.present() && kind != OptimizerKind::unsupported && !c.optimizer.zero_tested() &&
+      !c.zero_allow_untested_optimizer)
     fail("optimizer.type {} with zero_optimization.stage {}: You are using an untested ZeRO Optimizer. Please add "
          "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. (ZeRO's whitelist has "
-         "Adam/AdamW; {} is not on it)",
+         "Adam/AdamW, Adagrad and Lion; {} is not on it)",
          c.optimizer.type, stage, c.optimizer.type);
   if (kind == OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic())
     fail("optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
@@ -358,6 +359,8 @@ std::string DsConfig::summary() const {
       line(fmt::format("optimizer: SGD lr {} momentum {} weight_decay {}", p.lr, p.momentum, p.weight_decay));
     else if (optimizer.kind == OptimizerKind::unsupported)
       line(fmt::format("optimizer: {} (not provided by dstrain)", optimizer.type));
+    else if (optimizer.kind != OptimizerKind::adam && optimizer.kind != OptimizerKind::adamw && optimizer.kind != OptimizerKind::lamb)
+      line(fmt::format("optimizer: {} {}", optimizer.type, resolved.contains("optimizer") ? resolved["optimizer"]["params"].dump() : ""));
     else
       line(fmt::format("optimizer: {} lr {} betas ({}, {}) eps {} weight_decay {}{}", optimizer.type, p.lr,
                        p.betas.first, p.betas.second, p.eps, p.weight_decay,
@@ -401,8 +404,10 @@ std::string DsConfig::summary() const {
   }
   line(gradient_clipping > 0 ? fmt::format("gradient clipping: max norm {}", gradient_clipping)
                              : std::string("gradient clipping: off"));
-  line(fmt::format("gradient reduction: {}{}", gradient_allreduce_op,
-                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : ""));
+  line(fmt::format("gradient reduction: {}{}{}{}", gradient_allreduce_op,
+                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : "",
+                   prescale_gradients ? ", prescaled by 1/world" : "",
+                   gradient_predivide_factor != 1.0 ? fmt::format(", predivided by {}", gradient_predivide_factor) : ""));
   const auto& ac = activation_checkpointing;
   line(fmt::format("activation checkpointing: partition_activations {}, cpu_checkpointing {}", ac.partition_activations,
                    ac.cpu_checkpointing));

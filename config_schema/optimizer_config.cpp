@@ -35,8 +35,67 @@ std::vector<std::string> params_for(OptimizerKind kind) {
               "amsgrad"};
     case OptimizerKind::sgd:
       return {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"};
+    // torch.optim's constructor arguments (torch 2.x; foreach / fused / capturable / differentiable
+    // choose torch's implementation, not the update) and FusedLion's.
+    case OptimizerKind::adagrad:
+      return {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize", "differentiable", "fused"};
+    case OptimizerKind::lion: return {"lr", "betas", "weight_decay", "set_grad_none"};
+    case OptimizerKind::rmsprop:
+      return {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize", "differentiable"};
+    case OptimizerKind::adamax:
+      return {"lr", "betas", "eps", "weight_decay", "foreach", "maximize", "differentiable", "capturable"};
+    case OptimizerKind::nadam:
+      return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "foreach", "maximize", "capturable",
+              "differentiable"};
+    case OptimizerKind::radam:
+      return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "foreach", "maximize", "capturable", "differentiable"};
+    case OptimizerKind::adadelta:
+      return {"lr", "rho", "eps", "weight_decay", "foreach", "capturable", "maximize", "differentiable"};
+    case OptimizerKind::asgd:
+      return {"lr", "lambd", "alpha", "t0", "weight_decay", "foreach", "maximize", "differentiable", "capturable"};
+    case OptimizerKind::rprop:
+      return {"lr", "etas", "step_sizes", "capturable", "foreach", "maximize", "differentiable"};
     default: return {};
   }
+}
+
+// The constructor defaults of a type where they differ from the params table's (Adam's).
+Json type_defaults(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adagrad: return {{"lr", 1e-2}, {"eps", 1e-10}};
+    case OptimizerKind::rmsprop: return {{"lr", 1e-2}};
+    case OptimizerKind::adamax:
+    case OptimizerKind::nadam: return {{"lr", 2e-3}};
+    case OptimizerKind::adadelta: return {{"lr", 1.0}, {"eps", 1e-6}};
+    case OptimizerKind::asgd: return {{"lr", 1e-2}, {"alpha", 0.75}};
+    case OptimizerKind::rprop: return {{"lr", 1e-2}};
+    default: return Json::object();
+  }
+}
+
+// The type of a name DeepSpeed builds: its own names in any case, torch.optim's as spelt there.
+OptimizerKind kind_of(const std::string& type) {
+  const std::string low = lower(type);
+  if (low == "adam") return OptimizerKind::adam;
+  if (low == "adamw") return OptimizerKind::adamw;
+  if (low == "lamb") return OptimizerKind::lamb;
+  if (low == "adagrad") return OptimizerKind::adagrad;
+  if (low == "lion") return OptimizerKind::lion;
+  if (type == "SGD") return OptimizerKind::sgd;
+  if (type == "RMSprop") return OptimizerKind::rmsprop;
+  if (type == "Adamax") return OptimizerKind::adamax;
+  if (type == "NAdam") return OptimizerKind::nadam;
+  if (type == "RAdam") return OptimizerKind::radam;
+  if (type == "Adadelta") return OptimizerKind::adadelta;
+  if (type == "ASGD") return OptimizerKind::asgd;
+  if (type == "Rprop") return OptimizerKind::rprop;
+  return OptimizerKind::none;
+}
+
+std::pair<double, double> number_pair(const Json& v, const char* key, const char* example) {
+  if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
+    fail("optimizer.params.{} is {}: expected a list of two numbers, e.g. {}", key, show(v), example);
+  return {v[0].get<double>(), v[1].get<double>()};
 }
 
 }  // namespace
@@ -44,7 +103,7 @@ std::vector<std::string> params_for(OptimizerKind kind) {
 SectionSpec optimizer_section_spec() {
   return make_section("optimizer", Regime::dict_lookup, "The optimizer built from the config.",
                       {
-                          string_field("type", nullptr, "Adam, AdamW, Lamb (any case) or SGD; other DeepSpeed/torch "
+                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (as torch.optim); other DeepSpeed/torch "
                                                         "optimizers are recognised but not provided by dstrain."),
                           object_field("params", "Constructor arguments of the optimizer."),
                           bool_field("legacy_fusion", false, "Legacy fused fp16 optimizer path."),
@@ -56,7 +115,7 @@ SectionSpec optimizer_params_section_spec() {
       "optimizer.params", Regime::dict_lookup,
       "Optimizer constructor arguments; which ones are valid depends on optimizer.type.",
       {
-          number_field("lr", 1e-3, "Learning rate (Adam, AdamW, Lamb, SGD).").min(0),
+          number_field("lr", 1e-3, "Learning rate (every type; defaults per type, docs/optimizers.md).").min(0),
           array_field("betas", Json::array({0.9, 0.999}), "Adam/Lamb coefficients [beta1, beta2], each in [0, 1)."),
           number_field("eps", 1e-8, "Denominator epsilon (Adam, AdamW, Lamb).").min(0),
           number_field("weight_decay", 0.0, "Weight decay (decoupled for AdamW and Adam with adam_w_mode).").min(0),
@@ -71,7 +130,23 @@ SectionSpec optimizer_params_section_spec() {
           number_field("momentum", 0.0, "SGD momentum.").min(0),
           number_field("dampening", 0.0, "SGD dampening."),
           bool_field("nesterov", false, "SGD Nesterov momentum (needs momentum > 0 and dampening 0)."),
-          bool_field("maximize", false, "SGD: maximise the objective."),
+          bool_field("maximize", false, "SGD and torch's types: maximise the objective."),
+          number_field("lr_decay", 0.0, "Adagrad: lr / (1 + (t - 1) lr_decay).").min(0),
+          number_field("initial_accumulator_value", 0.0, "Adagrad: the sum of squares starts here.").min(0),
+          number_field("alpha", 0.99, "RMSprop smoothing constant (ASGD: the eta power, default 0.75).").min(0),
+          bool_field("centered", false, "RMSprop: normalise by the variance estimate."),
+          number_field("momentum_decay", 4e-3, "NAdam momentum decay psi.").min(0),
+          bool_field("decoupled_weight_decay", false, "NAdam / RAdam: decoupled (AdamW-style) weight decay."),
+          number_field("rho", 0.9, "Adadelta: running average coefficient.").min(0).max(1),
+          number_field("lambd", 1e-4, "ASGD decay term."),
+          number_field("t0", 1e6, "ASGD: the step averaging starts at."),
+          array_field("etas", Json::array({0.5, 1.2}), "Rprop (etaminus, etaplus), 0 < etaminus < 1 < etaplus."),
+          array_field("step_sizes", Json::array({1e-6, 50}), "Rprop (min, max) step size."),
+          bool_field("foreach", false, "torch: implementation choice (no effect on the update)."),
+          bool_field("fused", false, "torch: implementation choice (no effect on the update)."),
+          bool_field("capturable", false, "torch: implementation choice (no effect on the update)."),
+          bool_field("differentiable", false, "torch: autograd through the step (no effect on the update)."),
+          bool_field("set_grad_none", true, "Lion: zero_grad sets gradients to None (no effect on the update)."),
       });
 }
 
@@ -88,19 +163,18 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   c.type = head["type"].get<std::string>();
   c.legacy_fusion = head["legacy_fusion"].get<bool>();
   const std::string low = lower(c.type);
-  if (low == "adam") c.kind = OptimizerKind::adam;
-  else if (low == "adamw") c.kind = OptimizerKind::adamw;
-  else if (low == "lamb") c.kind = OptimizerKind::lamb;
-  else if (c.type == "SGD") c.kind = OptimizerKind::sgd;
-  else if (std::find(kDeepSpeedNames.begin(), kDeepSpeedNames.end(), low) != kDeepSpeedNames.end() ||
-           std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end())
-    c.kind = OptimizerKind::unsupported;
-  else {
-    std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "SGD"};
-    const std::string guess = closest_key(c.type, names);
-    fail("optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb "
-         "(any case) and SGD (case-sensitive, as torch.optim)",
-         c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
+  c.kind = kind_of(c.type);
+  if (c.kind == OptimizerKind::none) {
+    if (std::find(kDeepSpeedNames.begin(), kDeepSpeedNames.end(), low) != kDeepSpeedNames.end() ||
+        std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end()) {
+      c.kind = OptimizerKind::unsupported;
+    } else {
+      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop"};
+      const std::string guess = closest_key(c.type, names);
+      fail("optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb, "
+           "Adagrad, Lion (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (case-sensitive, as torch.optim)",
+           c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
+    }
   }
 
   const Json& raw = head["params"].is_null() ? Json::object() : head["params"];
@@ -135,6 +209,9 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   }
   SectionSpec spec = optimizer_params_section_spec();
   Json all = read_section(raw, spec, ctx);
+  const Json defaults = type_defaults(c.kind);
+  for (const auto& [key, v] : defaults.items())
+    if (!raw.contains(key)) all[key] = v;
   Json out = Json::object();
   for (const auto& k : valid) out[k] = all[k];
 
@@ -162,6 +239,19 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   p.dampening = all["dampening"].get<double>();
   p.nesterov = all["nesterov"].get<bool>();
   p.maximize = all["maximize"].get<bool>();
+  p.lr_decay = all["lr_decay"].get<double>();
+  p.initial_accumulator_value = all["initial_accumulator_value"].get<double>();
+  p.alpha = all["alpha"].get<double>();
+  p.centered = all["centered"].get<bool>();
+  p.momentum_decay = all["momentum_decay"].get<double>();
+  p.decoupled_weight_decay = all["decoupled_weight_decay"].get<bool>();
+  p.rho = all["rho"].get<double>();
+  p.lambd = all["lambd"].get<double>();
+  p.t0 = all["t0"].get<double>();
+  p.etas = number_pair(all["etas"], "etas", "[0.5, 1.2]");
+  p.step_sizes = number_pair(all["step_sizes"], "step_sizes", "[1e-06, 50]");
+  if (c.kind == OptimizerKind::rprop && !(0.0 < p.etas.first && p.etas.first < 1.0 && 1.0 < p.etas.second))
+    fail("optimizer.params.etas is {}: Rprop needs 0 < etaminus < 1 < etaplus (torch: \"Invalid eta values\")", show(all["etas"]));
 
   if (p.amsgrad)
     fail("optimizer.params.amsgrad is true: DeepSpeed's fused {} does not support the AMSGrad variant; remove it",

@@ -18,6 +18,17 @@ enum class OptimizerKind {
   adamw,        // "AdamW" (any case)
   sgd,          // "SGD" (torch.optim, case-sensitive)
   lamb,         // "Lamb" (any case)
+  // docs/optimizers.md: DeepSpeed's Adagrad (torch.optim.Adagrad without offload) and Lion
+  // (FusedLion), any case; the torch.optim fallbacks, case-sensitive as getattr(torch.optim, name).
+  adagrad,      // "Adagrad"
+  lion,         // "Lion"
+  rmsprop,      // "RMSprop"
+  adamax,       // "Adamax"
+  nadam,        // "NAdam"
+  radam,        // "RAdam"
+  adadelta,     // "Adadelta"
+  asgd,         // "ASGD"
+  rprop,        // "Rprop"
   unsupported,  // a type DeepSpeed knows that dstrain does not provide (OneBitAdam, Adagrad, RMSprop, ...)
 };
 
@@ -39,7 +50,19 @@ struct OptimizerParams {
   double momentum = 0.0;                        // SGD
   double dampening = 0.0;                       // SGD
   bool nesterov = false;                        // SGD
-  bool maximize = false;                        // SGD
+  bool maximize = false;                        // SGD and the torch.optim types that take it
+  // The torch.optim types of docs/optimizers.md; each type's own defaults replace these (lr, eps, alpha).
+  double lr_decay = 0.0;                        // Adagrad
+  double initial_accumulator_value = 0.0;       // Adagrad
+  double alpha = 0.99;                          // RMSprop (ASGD: 0.75)
+  bool centered = false;                        // RMSprop
+  double momentum_decay = 4e-3;                 // NAdam
+  bool decoupled_weight_decay = false;          // NAdam, RAdam
+  double rho = 0.9;                             // Adadelta
+  double lambd = 1e-4;                          // ASGD
+  double t0 = 1e6;                              // ASGD
+  std::pair<double, double> etas{0.5, 1.2};     // Rprop
+  std::pair<double, double> step_sizes{1e-6, 50.0};  // Rprop
 };
 
 struct OptimizerConfig {
@@ -50,6 +73,11 @@ struct OptimizerConfig {
   bool legacy_fusion = false;
 
   bool present() const { return kind != OptimizerKind::none; }
+  // On ZeRO's list of tested optimizers (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS: FusedAdam /
+  // torch Adam, AdamW, Adagrad, Lion); any other type at stage >= 1 needs zero_allow_untested_optimizer.
+  bool zero_tested() const {
+    return kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::adagrad || kind == OptimizerKind::lion;
+  }
   // DeepSpeed: decoupled weight decay iff type is AdamW or adam_w_mode (default true) — so "Adam"
   // with weight decay behaves as AdamW unless "adam_w_mode": false.
   bool decoupled_weight_decay() const {
@@ -58,7 +86,7 @@ struct OptimizerConfig {
 };
 
 SectionSpec optimizer_section_spec();
-SectionSpec optimizer_params_section_spec();  // union of the params of Adam, AdamW, SGD, Lamb
+SectionSpec optimizer_params_section_spec();  // union of the params of every type dstrain provides
 
 OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Json& resolved);
 

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -49,6 +50,15 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
          "splits tensors across ranks (DeepSpeed, with zero_allow_untested_optimizer, would silently compute it per partition); use stage 0, "
          "or Adam/AdamW",
          c.zero_optimization.stage);
+  }
+  // DeepSpeed's ZeRO-3 optimizer (stage3.py) refuses Muon with reduce_scatter, which is on by default.
+  if (std::string type = c.optimizer.type; c.zero_optimization.stage == 3 && c.zero_optimization.reduce_scatter &&
+                                           (std::transform(type.begin(), type.end(), type.begin(),
+                                                           [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }),
+                                            type == "muon")) {
+    fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
+         "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
+         c.optimizer.type);
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
@@ -150,7 +160,7 @@ struct Engine::Impl {
       : config(c),
         options(o),
         optimizer(c.optimizer),
-        schedule(c.scheduler, optimizer.base_lr(), optimizer.betas()),
+        schedule(c.scheduler, optimizer.base_lr(), optimizer.has_betas() ? std::optional(optimizer.betas()) : std::nullopt),
         scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage, runs_bf16_optimizer(c))) {}
 
   config::DsConfig config;

@@ -1,10 +1,14 @@
 #include "engine/optimizer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <limits>
 
 #include "ops/error.h"
 #include "ops/kernels/adamw.h"
+#include "engine/optimizer_rules.h"
 #include "ops/kernels/lamb.h"
+#include "ops/kernels/optimizer_rule.h"
 #include "ops/kernels/sgd.h"
 #include "ops/transformer/layer.h"  // kRngSitesPerLayer
 
@@ -18,19 +22,41 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
     case OptimizerKind::sgd:
     case OptimizerKind::lamb:
       break;
+    case OptimizerKind::adagrad:
+    case OptimizerKind::lion:
+    case OptimizerKind::rmsprop:
+    case OptimizerKind::adamax:
+    case OptimizerKind::nadam:
+    case OptimizerKind::radam:
+    case OptimizerKind::adadelta:
+    case OptimizerKind::asgd:
+    case OptimizerKind::rprop:
+      check_rule_params(config);  // the element-wise rules (engine/optimizer_rules.h)
+      break;
     case OptimizerKind::none:
       fail("optimizer: the config has no \"optimizer\" block, so there is nothing to train with; add one, e.g. "
            "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}, or pass the program's own "
            "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
            "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
     default:
+      // DeepSpeed 0.19's Muon (MuonWithAuxAdam) orthogonalises each weight matrix's momentum
+      // (Newton-Schulz) inside its ZeRO-3 optimizer, which gathers the matrix's whole gradient;
+      // dstrain's ZeRO has no such gather (docs/optimizers.md).
+      if (std::string low = config.type; (std::transform(low.begin(), low.end(), low.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }), low == "muon"))
+        fail("optimizer.type: \"{}\" — DeepSpeed's Muon (MuonWithAuxAdam: Newton-Schulz orthogonalised momentum on the weight matrices, "
+             "Adam on the rest) is not provided by dstrain: DeepSpeed applies the Muon update only in its ZeRO-3 optimizer, from each "
+             "matrix's gathered gradient (below stage 3 its Muon parameters take plain lr·grad steps), and dstrain's ZeRO does not "
+             "gather whole gradients for the optimizer; use \"AdamW\" or \"Lion\"",
+             config.type);
       fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
-           "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\" and \"Lamb\"",
+           "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
+           "\"Lion\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\" and \"Rprop\" (docs/optimizers.md)",
            config.type);
   }
   const config::OptimizerParams& p = config.params;
   kind_ = config.kind;
   p_ = p;
+  config_ = config;
   if (kind_ == OptimizerKind::sgd) {
     // torch.optim.SGD's constructor checks.
     if (p.lr < 0.0) fail("optimizer.params.lr: {} — SGD needs lr >= 0", p.lr);
@@ -51,7 +77,22 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
   bias_correction_ = p.bias_correction;
 }
 
+bool Optimizer::has_betas() const {
+  using config::OptimizerKind;
+  switch (kind_) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw:
+    case OptimizerKind::lamb:
+    case OptimizerKind::lion:
+    case OptimizerKind::adamax:
+    case OptimizerKind::nadam:
+    case OptimizerKind::radam: return true;
+    default: return false;
+  }
+}
+
 std::vector<std::string> Optimizer::state_names() const {
+  if (optimizer_rule_of(kind_)) return rule_state_names(config_);
   if (kind_ == config::OptimizerKind::sgd) return p_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   return {"exp_avg", "exp_avg_sq"};
 }
@@ -64,6 +105,13 @@ void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale,
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
                        std::optional<std::pair<double, double>> betas, StochasticRoundingOptions rounding) const {
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
+  if (optimizer_rule_of(kind_)) {
+    for (const OptimizerSegment& s : segments) {
+      if (s.params.numel() == 0) continue;
+      optimizer_rule_update(rule_step(config_, lr, t, grad_scale, {beta1, beta2}, s.weight_decay), s.params, s.grads, s.states, s.params_lowp);
+    }
+    return;
+  }
   if (kind_ == config::OptimizerKind::sgd) {
     SgdConfig c;
     c.lr = static_cast<float>(lr);

@@ -7,7 +7,9 @@
 // is AdamW or adam_w_mode is true (DeepSpeed's default, so "Adam" with weight_decay is AdamW);
 // with "Adam" and "adam_w_mode": false, the L2 form of torch.optim.Adam: g += weight_decay·θ before
 // the moments. bias_correction false drops both bias corrections (FusedAdam's option).
-// Other types (Adagrad, OneBitAdam, ...) are an Error naming optimizer.type and the types available.
+// Adagrad, Lion and the torch.optim fallbacks (RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop)
+// are the element-wise rules of engine/optimizer_rules.h (docs/optimizers.md). Other types
+// (OneBitAdam, ...) are an Error naming optimizer.type and the types available.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +39,14 @@ class Optimizer {
 
   double base_lr() const { return lr_; }  // optimizer.params.lr
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }  // optimizer.params.betas
+  // Whether the type has betas (torch's param-group key "betas"): Adam, AdamW, Lamb, Lion, Adamax,
+  // NAdam, RAdam. OneCycle cycles β1 only for these; for the others DeepSpeed disables
+  // cycle_momentum with a warning.
+  bool has_betas() const;
   // The per-element fp32 states this optimizer keeps, in order, with PyTorch's state_dict names
   // (docs/training_state.md §1): Adam / AdamW / Lamb {exp_avg, exp_avg_sq}; SGD {momentum_buffer}
-  // with momentum, {} without. ModelStates allocates exactly these; OptimizerSegment::states
-  // holds them in this order.
+  // with momentum, {} without; the element-wise rules' as docs/optimizers.md lists them. ModelStates
+  // allocates exactly these; OptimizerSegment::states holds them in this order.
   std::vector<std::string> state_names() const;
 
   // One optimizer step over this rank's partition, sub-group by sub-group (update() on each).
@@ -59,6 +65,7 @@ class Optimizer {
 
  private:
   config::OptimizerKind kind_ = config::OptimizerKind::adamw;
+  config::OptimizerConfig config_;
   config::OptimizerParams p_;
   double lr_ = 1e-3, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0.0;
   bool decoupled_ = true;

@@ -1,5 +1,7 @@
 #include "zero/comm_queue.h"
 
+#include <omp.h>
+
 #include <utility>
 
 #include "ops/error.h"
@@ -23,6 +25,7 @@ CommQueue::~CommQueue() {
 
 void CommQueue::run_worker() {
   set_thread_log_rank(log_rank_, log_world_);
+  omp_set_num_threads(1);  // this thread's parallel regions: one thread (see comm_queue.h)
   for (;;) {
     std::pair<Ticket, std::function<void()>> item;
     {

@@ -10,6 +10,10 @@
 //
 // A collective that fails on the worker is rethrown by the next wait() / drain() on the caller,
 // and the queue refuses further work (the group is unusable after a failure anyway).
+//
+// The worker runs its CPU work (reductions, conversions, the partition adds) with ONE OpenMP thread:
+// the caller's OpenMP team already has the cores, and a second team on the worker would
+// oversubscribe them.
 #pragma once
 
 #include <condition_variable>

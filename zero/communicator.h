@@ -2,13 +2,15 @@
 // barrier) over one group of `world_size` ranks, on flat buffers communicated in place.
 //
 // Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
-// memory — how CI tests multi-rank training — or on one GPU they share) and NcclCommunicator
-// (zero/nccl_communicator.h, CUDA build; one process per GPU).
+// memory — how CI tests multi-rank training — or on one GPU they share), MpiCommunicator
+// (zero/mpi_communicator.h, built with an MPI; one process per rank on host memory, bit-identical
+// to the local backend) and NcclCommunicator (zero/nccl_communicator.h, CUDA build; one process
+// per GPU).
 //
 // Contract, identical for every backend (NCCL's):
 //   - Every rank issues the same collectives in the same order, with the same dtype, element count,
-//     op and root. A backend that can see the other ranks' calls (local) reports a mismatch as an
-//     Error naming both calls; NCCL cannot, and a mismatch there is undefined behaviour.
+//     op and root. A backend that can see the other ranks' calls (local, mpi) reports a mismatch as
+//     an Error naming both calls; NCCL cannot, and a mismatch there is undefined behaviour.
 //   - Buffers are Tensors viewed as flat arrays (their shape is ignored, only numel counts).
 //   - dtypes: fp32, fp16, bf16; fp64 for the step's global sums (accumulated in double); int32 for
 //     counts (sum and max only). fp16/bf16 reductions accumulate
@@ -86,7 +88,7 @@ class Communicator {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
-  virtual std::string_view backend() const = 0;  // "local", "nccl"
+  virtual std::string_view backend() const = 0;  // "local", "mpi", "nccl"
 
   // In place: on return every rank's `buf` holds op over all ranks' `buf`, element by element.
   void all_reduce(Tensor buf, ReduceOp op);

@@ -1,6 +1,6 @@
 // The MPI backend: one process per rank, on one machine or many, communicating host memory —
 // how dstrain trains across processes and machines without GPUs (`mpirun -np N dstrain train`).
-// docs/mpi.md says how to run it.
+// docs/mpi.md says how to run it (§1) and why it is built this way (§2).
 //
 // Results are bit-identical to the local backend's (zero/local_communicator.h): MPI has no bf16
 // type, and a user-defined MPI_Op would round fp16/bf16 at every hop of MPI's reduction tree, so

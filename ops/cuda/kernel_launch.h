@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ops/dtype.h"
+#include "ops/kernels/optimizer_rule_step.h"
 #include "ops/kernels/philox.h"
 
 namespace dstrain::cuda_detail {
@@ -49,6 +50,11 @@ cudaError_t launch_scale(void* g, DType t, std::int64_t n, float factor, cudaStr
 // damp = 1 - dampening; gs already negated for maximize (as ops/cpu/sgd.cpp).
 cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp, DType lowp_t, std::int64_t n, float lr, float momentum,
                        float damp, float weight_decay, float gs, bool first, bool nesterov, cudaStream_t s);
+
+// optimizer_rule.cu: the element-wise optimizer rules (ops/kernels/optimizer_rule.h); states:
+// k.states fp32 device pointers.
+cudaError_t launch_optimizer_rule(const RuleStep& k, float* p, const void* g, DType gt, float* const* states, void* lowp, DType lowp_t,
+                                  std::int64_t n, cudaStream_t s);
 
 // LAMB (DeepSpeed FusedLamb semantics, ops/cpu/lamb.cpp): ranges = nranges (offset, numel) int64
 // pairs on the device; partials: 2 * kLambSlices * nranges doubles (device); coeffs: nranges

@@ -439,6 +439,14 @@ void sgd_update(Tensor params, Tensor grads, Tensor momentum_buffer, Tensor para
                                              c.weight_decay, gs, c.step == 1, c.nesterov, kStream));
 }
 
+void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, std::span<const Tensor> states, Tensor params_lowp) {
+  use_device_of(params);
+  float* ptrs[3] = {nullptr, nullptr, nullptr};
+  for (std::size_t j = 0; j < states.size() && j < 3; ++j) ptrs[j] = static_cast<float*>(states[j].data);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_optimizer_rule(step, static_cast<float*>(params.data), grads.data, grads.dtype, ptrs, params_lowp.data,
+                                                        params_lowp.dtype, params.numel(), kStream));
+}
+
 void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, const AdamWConfig& c) {
   use_device_of(params);
   // Bias corrections exactly as ops/cpu/adamw.cpp: in double, rounded to float once.

@@ -14,6 +14,7 @@
 #include "ops/kernels/dropout.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/kernels/lamb.h"
+#include "ops/kernels/optimizer_rule.h"
 #include "ops/kernels/sgd.h"
 #include "ops/tensor.h"
 
@@ -58,6 +59,7 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
 void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges, Tensor lamb_coeffs,
                  const LambConfig& config);
 void sgd_update(Tensor params, Tensor grads, Tensor momentum_buffer, Tensor params_lowp, const SgdConfig& config);
+void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, std::span<const Tensor> states, Tensor params_lowp);
 
 // A fixed-size grid (the same bits on every run and GPU; not the CPU's block order, so equal to
 // it within the double rounding of a reordered sum); synchronises to return the host value. The

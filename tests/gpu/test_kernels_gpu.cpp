@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +32,16 @@
 #include "ops/kernels/layernorm.h"
 #include "ops/kernels/matmul.h"
 #include "ops/kernels/sgd.h"
+#include "ops/kernels/adadelta.h"
+#include "ops/kernels/adagrad.h"
+#include "ops/kernels/adamax.h"
+#include "ops/kernels/asgd.h"
+#include "ops/kernels/lion.h"
+#include "ops/kernels/nadam.h"
+#include "ops/kernels/optimizer_rule.h"
+#include "ops/kernels/radam.h"
+#include "ops/kernels/rmsprop.h"
+#include "ops/kernels/rprop.h"
 #include "ops/kernels/softmax_cross_entropy.h"
 #include "tests/unit/kernels/adamw_cases.h"
 #include "tests/unit/kernels/attention_cases.h"
@@ -571,6 +582,54 @@ TEST_P(GpuKernels, LambMatchesCpu) {
           for (std::int64_t i = r.offset; i < r.offset + r.numel; ++i) want.set(i, gp[static_cast<std::size_t>(i)]);
         expect_identical(d_lowp.to_buf(lowp_t, n), want, "lamb 16-bit copy (RNE of the master)");
       }
+    }
+  }
+}
+
+// The element-wise optimizer rules (optimizer_rule.cu, -fmad=false, the rule headers' own
+// element functions): bit for bit with the CPU over 7 steps, every state and the 16-bit copy.
+TEST_P(GpuKernels, OptimizerRulesBitExact) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  const DType gt = GetParam();
+  std::mt19937_64 rng(41);
+  using StepOf = RuleStep (*)(std::int64_t t);
+  const std::pair<const char*, StepOf> rules[] = {
+      {"adagrad", [](std::int64_t t) { return adagrad_step({.lr = 0.1, .lr_decay = 0.01, .weight_decay = 0.1, .initial_accumulator_value = 0.5}, t, 0.5f); }},
+      {"lion", [](std::int64_t) { return lion_step({.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1}, 1.0f); }},
+      {"rmsprop", [](std::int64_t) { return rmsprop_step({.lr = 1e-3, .weight_decay = 0.1, .momentum = 0.9, .centered = true, .maximize = true}, 1.0f); }},
+      {"adamax", [](std::int64_t t) { return adamax_step({.weight_decay = 0.1}, t, 1.0f); }},
+      {"nadam", [](std::int64_t t) { return nadam_step({.weight_decay = 0.1, .decoupled_weight_decay = true}, t, 1.0f); }},
+      {"radam", [](std::int64_t t) { return radam_step({.weight_decay = 0.1}, t, 1.0f); }},
+      {"adadelta", [](std::int64_t) { return adadelta_step({.weight_decay = 0.1}, 1.0f); }},
+      {"asgd", [](std::int64_t t) { return asgd_step({.lr = 0.05, .lambd = 0.01, .t0 = 2}, t, 1.0f); }},
+      {"rprop", [](std::int64_t t) { return rprop_step({}, t, 1.0f); }},
+  };
+  const std::int64_t n = 4099;
+  const Shape s{n};
+  for (const auto& [name, step_of] : rules) {
+    for (DType lowp_t : {DType::fp32, DType::fp16, DType::bf16}) {  // fp32: no 16-bit copy
+      SCOPED_TRACE(std::string(name) + " copy " + dtype_label(lowp_t));
+      const int nstates = step_of(1).states;
+      std::vector<float> p(static_cast<std::size_t>(n));
+      for (float& x : p) x = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(rng));
+      std::vector<std::vector<float>> st(static_cast<std::size_t>(nstates), std::vector<float>(p.size(), 0.0f));
+      Buf lowp(lowp_t == DType::fp32 ? DType::fp16 : lowp_t, n);
+      Dev d_p(p), d_lowp(lowp);
+      std::vector<std::unique_ptr<Dev>> d_st;
+      for (auto& v : st) d_st.push_back(std::make_unique<Dev>(v));
+      for (std::int64_t t = 1; t <= 7; ++t) {
+        Buf g(gt, n);
+        g.fill_uniform(rng, -1, 1);
+        Dev d_g(g);
+        std::vector<Tensor> hs, ds;
+        for (auto& v : st) hs.push_back(Tensor(v.data(), DType::fp32, s));
+        for (auto& d : d_st) ds.push_back(d->tensor(DType::fp32, s));
+        optimizer_rule_update(step_of(t), Tensor(p.data(), DType::fp32, s), g.tensor(s), hs, lowp_t == DType::fp32 ? Tensor() : lowp.tensor(s));
+        optimizer_rule_update(step_of(t), d_p.tensor(DType::fp32, s), d_g.tensor(gt, s), ds, lowp_t == DType::fp32 ? Tensor() : d_lowp.tensor(lowp_t, s));
+      }
+      expect_identical(d_p.to_vec<float>(), p, "params");
+      for (std::size_t j = 0; j < st.size(); ++j) expect_identical(d_st[j]->to_vec<float>(), st[j], "state " + std::to_string(j));
+      if (lowp_t != DType::fp32) expect_identical(d_lowp.to_buf(lowp_t, n), lowp, "16-bit params copy");
     }
   }
 }

@@ -14,6 +14,8 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +149,74 @@ TEST(TrainMpiCliErrors, NumRanksWithMpiAndMpiOnAGpuAreRefused) {
   const CliResult bad = run_dstrain(common.substr(0, common.size() - 3) + "fast");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("--comm"), std::string::npos) << bad.err;
+  const CliResult nccl = run_dstrain(common.substr(0, common.size() - 3) + "nccl");
+  EXPECT_EQ(nccl.exit_code, 2);
+  EXPECT_NE(nccl.err.find("--comm nccl with --device cpu"), std::string::npos) << nccl.err;
+  // Threads under an MPI launcher's world of 2: each process would train alone.
+  const CliResult local = run_dstrain(common.substr(0, common.size() - 3) + "local", "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2");
+  EXPECT_EQ(local.exit_code, 2);
+  EXPECT_NE(local.err.find("one of 2 ranks"), std::string::npos) << local.err;
+  EXPECT_EQ(local.out.find("| loss"), std::string::npos) << local.out;
+}
+
+// --comm mpi without a launcher: an MPI job of one process, said at the start, trains like 1 rank.
+TEST(TrainMpiCliErrors, MpiWithoutALauncherIsAJobOfOne) {
+  const fs::path dir = data_dir();
+  const fs::path cfg = write_config({1, 0, "fp32", 1});
+  const std::string common = "train --deepspeed_config " + shell_quote(cfg.string()) + " --model gpt2:L2-C32-H2-V256-T32 --data " +
+                             shell_quote((dir / "t_train.bin").string()) + " --steps 2 --sample-tokens 0 --seed 3";
+  const CliResult mpi = run_dstrain(common + " --comm mpi");
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.err;
+  EXPECT_NE(mpi.out.find("comm: mpi, 1 process of MPI_COMM_WORLD, this one rank 0 (--comm mpi"), std::string::npos) << mpi.out;
+  const CliResult one = run_dstrain(common);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.out.find("comm: none (1 rank)"), std::string::npos) << one.out;
+  const auto losses = [](const std::string& out) {
+    std::string l;
+    for (auto at = out.find("| loss"); at != std::string::npos; at = out.find("| loss", at + 1)) l += out.substr(at, 14);
+    return l;
+  };
+  EXPECT_EQ(losses(mpi.out), losses(one.out));
+  EXPECT_FALSE(losses(one.out).empty());
+}
+
+// Checkpoints across the backends' world sizes: saved by 2 MPI processes and resumed by 4 (and the
+// reverse) ends exactly where the same save and resume on --num-ranks 2 / 4 ends: the same losses
+// and the same weights, bit for bit. (bf16, ZeRO 2, a schedule: what a resume restores; the global
+// batch of 8 is GAS 2 on 2 ranks, GAS 1 on 4.)
+TEST(TrainMpiCliCheckpoints, SaveOnOneWorldSizeResumeOnAnotherMatchesLocalRanks) {
+  const fs::path dir = data_dir();
+  const fs::path cfg = dir / "ckpt.json";
+  std::ofstream(cfg) << R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 2},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 12}}})";
+  const auto q = [](const fs::path& p) { return shell_quote(p.string()); };
+  const std::string common = "train --deepspeed_config " + q(cfg) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " +
+                             q(dir / "t_train.bin") + " --sample-tokens 0 --val-interval 0 --seed 9";
+  for (const auto& [saving, resuming] : std::vector<std::pair<int, int>>{{2, 4}, {4, 2}}) {
+    const std::string name = "ck" + std::to_string(saving) + "to" + std::to_string(resuming);
+    SCOPED_TRACE(name);
+    const auto run = [&](bool mpi, int world, const std::string& args) {
+      return mpi ? run_dstrain(common + args, std::string(DSTRAIN_MPIEXEC) + " " + std::to_string(world))
+                 : run_dstrain(common + " --num-ranks " + std::to_string(world) + args);
+    };
+    for (bool mpi : {false, true}) {
+      const std::string tag = name + (mpi ? "_mpi" : "_local");
+      const CliResult save = run(mpi, saving, " --steps 3 --save-dir " + q(dir / tag));
+      ASSERT_EQ(save.exit_code, 0) << save.err << save.out;
+      const CliResult resume = run(mpi, resuming, " --steps 6 --resume " + q(dir / tag) + " --summary-json " + q(dir / (tag + ".json")) +
+                                                      " --save-weights " + q(dir / (tag + ".safetensors")));
+      ASSERT_EQ(resume.exit_code, 0) << resume.err << resume.out;
+      EXPECT_NE(resume.out.find("resumed from checkpoint"), std::string::npos) << resume.out;
+    }
+    const nlohmann::json a = nlohmann::json::parse(read_file_text(dir / (name + "_mpi.json")));
+    const nlohmann::json b = nlohmann::json::parse(read_file_text(dir / (name + "_local.json")));
+    EXPECT_EQ(a["train_losses"].size(), 3u);
+    EXPECT_EQ(a["train_losses"], b["train_losses"]);
+    EXPECT_EQ(a["zero"]["world_size"], resuming);
+    EXPECT_EQ(read_file_text(dir / (name + "_mpi.safetensors")), read_file_text(dir / (name + "_local.safetensors"))) << "the weights differ";
+  }
 }
 
 }  // namespace

@@ -115,6 +115,21 @@ TEST(ParallelWrite, PipelineStageAcceptsWhatPythonsInTrueFalseAccepts) {
   }
 }
 
+// The config layer's notes must not contradict what `dstrain train` does: it refuses offload blocks
+// (engine/engine.cpp check_config_is_provided), so the stage-0 / non-stage-3 notes say so.
+TEST(OffloadNotes, SayTrainRefusesTheBlock) {
+  const DsConfig opt = parse(cfg(R"("zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}})"));
+  const Warning* w = find_warning(opt, "zero_optimization.offload_optimizer", "DeepSpeed ignores it at stage 0");
+  ASSERT_NE(w, nullptr);
+  EXPECT_TRUE(contains(w->message, "refuses")) << w->message;
+  EXPECT_FALSE(contains(w->message, "and so does dstrain")) << w->message;
+  const DsConfig par = parse(cfg(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"));
+  const Warning* p = find_warning(par, "zero_optimization.offload_param", "only acts at stage 3");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(contains(p->message, "refuses")) << p->message;
+  EXPECT_FALSE(contains(p->message, "and so does dstrain")) << p->message;
+}
+
 TEST(ActivationCheckpointingSection, PresenceIsRecorded) {
   EXPECT_FALSE(parse(cfg(R"("steps_per_print": 1)")).activation_checkpointing.present);
   EXPECT_TRUE(parse(cfg(R"("activation_checkpointing": {})")).activation_checkpointing.present);

@@ -249,6 +249,15 @@ TEST(Checkpoint, ResumeBitwiseOptimizersAndSchedule) {
       {R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}})", {0, 1, 2, 3}},
       {R"({"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.1, "adam_w_mode": false}})", {0, 3}},
       {R"({"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}})", {0}},
+      // The element-wise types (docs/optimizers.md §8): their states by torch's names, and the
+      // scalars they derive from the step t (NAdam's mu_product, ASGD's eta and mu) and the
+      // values written at t = 1 (Adagrad's sum, Rprop's step_size) continue across the resume.
+      {R"({"type": "Adagrad", "params": {"lr": 0.05, "weight_decay": 0.01, "initial_accumulator_value": 0.1}})", {0, 2}},
+      {R"({"type": "Lion", "params": {"lr": 1e-3, "weight_decay": 0.1}})", {3}},
+      {R"({"type": "RMSprop", "params": {"lr": 1e-3, "momentum": 0.9, "centered": true}})", {1}},
+      {R"({"type": "NAdam", "params": {"lr": 1e-2}})", {2}},
+      {R"({"type": "ASGD", "params": {"lr": 0.05, "t0": 1}})", {0}},
+      {R"({"type": "Rprop", "params": {"lr": 1e-3}})", {3}},
   };
   for (const auto& [opt, stages] : optimizers) {
     for (const int stage : stages) {

@@ -16,6 +16,11 @@
 #include "kernel_test_util.h"
 #include "ops/kernels/adamw.h"
 #include "ops/kernels/cpu_isa.h"
+#include "ops/kernels/lion.h"
+#include "ops/kernels/nadam.h"
+#include "ops/kernels/optimizer_rule.h"
+#include "ops/kernels/rmsprop.h"
+#include "ops/kernels/rprop.h"
 
 using namespace dstrain;
 using namespace dstrain::test;
@@ -75,6 +80,42 @@ std::vector<Case> adamw_cases() {
   return cases;
 }
 
+// The element-wise optimizer rules (ops/kernels/optimizer_rule.h): one with a branch per element
+// (Lion's sign, Rprop's three cases), one with division and sqrt and all three states (RMSprop
+// centered with momentum), one with weight decay decoupled (NAdam).
+std::vector<Case> rule_cases() {
+  std::vector<Case> cases;
+  const std::pair<const char*, RuleStep> steps[] = {
+      {"lion", lion_step({.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1}, 0.5f)},
+      {"rprop", rprop_step({}, 3, 1.0f)},
+      {"rmsprop", rmsprop_step({.lr = 1e-3, .alpha = 0.9, .eps = 1e-8, .weight_decay = 0.1, .momentum = 0.9, .centered = true}, 0.5f)},
+      {"nadam", nadam_step({.weight_decay = 0.1, .decoupled_weight_decay = true}, 4, 1.0f)},
+  };
+  for (const auto& [rule, step] : steps) {
+    for (const DType gdt : kFloatDTypes) {
+      for (const DType lowdt : {DType::fp32, DType::bf16}) {
+        const std::int64_t n = 100003;
+        const std::string name = std::string(rule) + " grads " + dtype_label(gdt) + " copy " + dtype_label(lowdt);
+        cases.push_back({name, [=, k = step] {
+                           std::vector<float> p = uniform(n, -1, 1, 1);
+                           std::vector<std::vector<float>> st;
+                           for (int j = 0; j < k.states; ++j) st.push_back(uniform(n, 0, 1e-2, 2 + static_cast<std::uint64_t>(j)));
+                           Buf g(gdt, n), low(DType::bf16, n);
+                           std::mt19937_64 rng(9);
+                           g.fill_uniform(rng, -1, 1);
+                           std::vector<Tensor> states;
+                           for (auto& s : st) states.push_back(f32(s));
+                           optimizer_rule_update(k, f32(p), g.tensor({n}), states, lowdt == DType::fp32 ? Tensor() : low.tensor({n}));
+                           std::vector<std::vector<unsigned char>> out{bytes_of(p.data(), p.size() * 4), bytes_of(low.data(), static_cast<std::size_t>(n) * 2)};
+                           for (auto& s : st) out.push_back(bytes_of(s.data(), s.size() * 4));
+                           return out;
+                         }});
+      }
+    }
+  }
+  return cases;
+}
+
 class CpuIsaTest : public ::testing::Test {
  protected:
   void TearDown() override { set_cpu_isa(detected_cpu_isa()); }
@@ -118,3 +159,5 @@ TEST_F(CpuIsaTest, DetectionAndChoice) {
 }
 
 TEST_F(CpuIsaTest, AdamWSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(adamw_cases()); }
+
+TEST_F(CpuIsaTest, OptimizerRulesSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(rule_cases()); }

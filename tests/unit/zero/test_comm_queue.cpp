@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "ops/error.h"
 #include "ops/log.h"
@@ -82,6 +83,26 @@ TEST(ZeroCommQueue, InlineErrorThrowsAtSubmitAndRefusesLaterWork) {
                            "failed ticket in zero/comm_queue.cpp's inline path)";
   EXPECT_TRUE(threw->load());
   delete q;
+}
+
+// The worker's OpenMP regions use one thread (the caller's team has the cores); the caller's own
+// setting is left as it was.
+TEST(ZeroCommQueue, OverlapWorkerRunsOpenMpSingleThreaded) {
+  const int caller_threads = omp_get_max_threads();
+  CommQueue q(true);
+  int worker_max = -1, worker_team = -1;
+  q.submit([&] {
+    worker_max = omp_get_max_threads();
+#pragma omp parallel
+    {
+#pragma omp single
+      worker_team = omp_get_num_threads();
+    }
+  });
+  q.drain();
+  EXPECT_EQ(worker_max, 1);
+  EXPECT_EQ(worker_team, 1);
+  EXPECT_EQ(omp_get_max_threads(), caller_threads);
 }
 
 TEST(ZeroCommQueue, OverlapRunsInOrderOnAnotherThread) {

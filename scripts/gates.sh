@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# dstrain's gates beyond the test suite: sanitizers and fuzzing. Each gate builds in its own folder
+# (CPU only, no benchmarks) and fails (exit 1) on the first report.
+#
+#   bash scripts/gates.sh asan [REGEX]   the CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#                                        (build-asan/); REGEX: only the ctest tests it matches (with
+#                                        DSTRAIN_GATES_TARGETS: a gtest filter)
+#   bash scripts/gates.sh tsan           the communicator, comm queue, overlap and activation-transfer
+#                                        tests under ThreadSanitizer (build-tsan/); DSTRAIN_GATES_TARGETS
+#                                        narrows the test programs
+#   bash scripts/gates.sh fuzz [SECONDS] every libFuzzer target (tests/fuzz, clang) replays its
+#                                        regressions, then runs SECONDS (default 60) from its seed corpus
+#                                        (build-fuzz/); a crash is saved in build-fuzz/artifacts/
+#
+#   DSTRAIN_GATES_JOBS=N   build and test jobs (default: nproc)
+#   DSTRAIN_GATES_TARGETS="test_a test_b"   asan: build and run only these test programs
+# A crash the fuzzer finds is fixed and its input kept in tests/fuzz/regressions/<target>/, which every
+# later run replays first.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+jobs="${DSTRAIN_GATES_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+say() { printf '[gates] %s\n' "$*"; }
+
+launcher=()
+command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# -O1: the sanitizers' usual level, and a third of -O3's compile time on CI's 2 cores.
+common=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DDSTRAIN_CUDA=OFF -DDSTRAIN_BUILD_BENCH=OFF "${launcher[@]}")
+
+# Tests under TSan: the local communicator (collectives, failures), the comm queue, ZeRO's
+# overlapped reductions through the engine, and the activation transfers of checkpointing.
+tsan_targets=(test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off test_engine)
+tsan_filter='*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*'
+
+gate_asan() {
+  local regex="${1:-}" dir="$repo/build-asan" t exe
+  say "ASan+UBSan: configuring and building in $dir"
+  cmake -S "$repo" -B "$dir" "${common[@]}" -DDSTRAIN_SANITIZE=address,undefined >/dev/null
+  local targets=()
+  [ -n "${DSTRAIN_GATES_TARGETS:-}" ] && read -r -a targets <<<"$DSTRAIN_GATES_TARGETS"
+  # halt_on_error: the first report fails the test. Leak checking is on (DSTRAIN_GATES_LEAKS=0 where
+  # ptrace-restricted containers stop LeakSanitizer).
+  export ASAN_OPTIONS="detect_leaks=${DSTRAIN_GATES_LEAKS:-1}:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  if ((${#targets[@]})); then
+    # A subset (what CI runs): these test programs, each run whole.
+    cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+    for t in "${targets[@]}"; do
+      exe="$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -n 1)"
+      [ -n "$exe" ] || { say "error: $t was not built in $dir"; return 1; }
+      say "ASan+UBSan: $t"
+      (cd "$(dirname "$exe")" && "$exe" --gtest_brief=1 ${regex:+--gtest_filter="$regex"})
+    done
+    return 0
+  fi
+  cmake --build "$dir" -j "$jobs"
+  say "ASan+UBSan: running the CPU suite${regex:+ (tests matching $regex)}"
+  # The install test builds an outside project against the installed (sanitized) libraries without
+  # the sanitizer runtime: it checks packaging, not memory, and runs in the plain suite.
+  local sel=(-LE gpu -E '^install_and_find_package$')
+  [ -n "$regex" ] && sel+=(-R "$regex")
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 1200 "${sel[@]}")
+}
+
+gate_tsan() {
+  local dir="$repo/build-tsan" t exe
+  local targets=("${tsan_targets[@]}")
+  [ -n "${DSTRAIN_GATES_TARGETS:-}" ] && read -r -a targets <<<"$DSTRAIN_GATES_TARGETS"
+  say "TSan: configuring and building ${targets[*]} in $dir"
+  cmake -S "$repo" -B "$dir" "${common[@]}" -DDSTRAIN_SANITIZE=thread >/dev/null
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  # OpenMP's and OpenBLAS's own threads are not instrumented (Debian's libgomp/libopenblas): one
+  # thread each, so what TSan sees is dstrain's threads (ranks, comm queue, transfers) only.
+  export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+  for t in "${targets[@]}"; do
+    exe="$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -n 1)"
+    [ -n "$exe" ] || { say "error: $t was not built in $dir"; return 1; }
+    say "TSan: $t ($tsan_filter)"
+    (cd "$(dirname "$exe")" && "$exe" --gtest_brief=1 --gtest_filter="$tsan_filter")
+  done
+}
+
+gate_fuzz() {
+  local seconds="${1:-60}" dir="$repo/build-fuzz" t failed=0
+  # Debian's clang and its compiler-rt (libFuzzer, the sanitizer runtimes).
+  say_prefix=gates
+  # shellcheck source=scripts/apt_install.sh
+  source "$repo/scripts/apt_install.sh"
+  apt_install_missing clang libclang-rt-14-dev
+  say "fuzz: configuring and building the libFuzzer targets in $dir (clang)"
+  cmake -S "$repo" -B "$dir" "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DDSTRAIN_BUILD_TESTS=OFF -DDSTRAIN_FUZZ=ON >/dev/null
+  local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors)
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  mkdir -p "$dir/artifacts"
+  for t in "${targets[@]}"; do
+    local name="${t#fuzz_}" corpus="$repo/tests/fuzz/corpus/${t#fuzz_}" regress="$repo/tests/fuzz/regressions/${t#fuzz_}"
+    local cases=()
+    mapfile -t cases < <(find "$regress" -type f ! -name .keep | sort)
+    if ((${#cases[@]})); then
+      say "fuzz: $t replays ${#cases[@]} regression case(s)"
+      "$dir/$t" -rss_limit_mb=2048 -timeout=20 "${cases[@]}" || { failed=1; continue; }
+    fi
+    # New inputs go to a scratch corpus: the committed seed corpus stays as it is.
+    local work="$dir/corpus/$name"
+    mkdir -p "$work"
+    say "fuzz: $t for ${seconds}s on $corpus"
+    if ! "$dir/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+         -artifact_prefix="$dir/artifacts/$name-" "$work" "$corpus" 2>"$dir/$t.log"; then
+      tail -n 60 "$dir/$t.log"
+      say "fuzz: $t FAILED; the input is in $dir/artifacts/ — fix the bug and add the input to tests/fuzz/regressions/$name/"
+      failed=1
+    else
+      grep -E '^stat::number_of_executed_units|^Done' "$dir/$t.log" | tr '\n' ' '
+      echo
+    fi
+  done
+  return "$failed"
+}
+
+case "${1:-}" in
+  asan) shift; gate_asan "$@" ;;
+  tsan) shift; gate_tsan "$@" ;;
+  fuzz) shift; gate_fuzz "$@" ;;
+  *) echo "usage: bash scripts/gates.sh asan [REGEX] | tsan | fuzz [SECONDS]" >&2; exit 2 ;;
+esac
