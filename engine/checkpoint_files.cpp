@@ -109,6 +109,14 @@ RankFileWriter::RankFileWriter(fs::path path, std::vector<CheckpointPiece> piece
   checkpoint_test_pause();
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create checkpoint file {}: {}; check that the save folder is writable", q(path_), write_errno_text(errno));
+  // The whole size is known: reserve it now, so a full disk fails here (before any time is spent
+  // writing) and the file system lays the file out in large extents.
+  if (const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(8 + header.size() + off)); rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
+    ::close(fd_);
+    fd_ = -1;
+    fail("cannot reserve {} bytes for checkpoint file {}: {} (the previous checkpoint, if any, is untouched; the run's state is intact)",
+         8 + header.size() + off, q(path_), write_errno_text(rc));
+  }
   std::uint8_t len[8];
   const std::uint64_t hn = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(hn >> (8 * i));

@@ -851,7 +851,43 @@ constexpr const char* kParamBuffer = "param";
 // crc32c(tag) cut to 20 bits: W·h and W·h² stay exact in an fp64 sum for any world size.
 double tag_hash(const std::string& tag) { return static_cast<double>(crc32c(tag.data(), tag.size()) & 0xFFFFFu); }
 
+// Every scalar a load restores, read and checked before anything of the engine changes (a JSON
+// type error becomes the caller's malformed-manifest Error).
+void check_saved_scalars(const config::Json& m) {
+  const config::Json& e = m.at("engine");
+  const auto steps = e.at("global_steps").get<std::int64_t>(), skipped = e.at("skipped_steps").get<std::int64_t>();
+  (void)e.at("global_samples").get<std::int64_t>();
+  (void)e.at("last_step_lr").get<double>();
+  (void)e.at("last_step_loss").get<float>();
+  (void)m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
+  (void)m.at("seed").get<std::uint64_t>();
+  if (steps < 0 || skipped < 0 || skipped > steps) fail("checkpoint counters global_steps {} / skipped_steps {} are inconsistent", steps, skipped);
+  const config::Json& ls = m.at("loss_scaler");
+  (void)ls.at("kind").get<std::string>();
+  const auto scale = ls.at("cur_scale").get<double>();
+  const auto it = ls.at("cur_iter").get<std::int64_t>(), last = ls.at("last_overflow_iter").get<std::int64_t>();
+  const auto hyst = ls.at("cur_hysteresis").get<std::int64_t>();
+  if (!(std::isfinite(scale) && scale > 0) || it < 0 || last < -1 || last >= it || hyst < 0) {
+    fail("checkpoint loss scaler state (scale {}, iteration {}, last overflow {}, hysteresis {}) is not valid", scale, it, last, hyst);
+  }
+}
+
 }  // namespace
+
+void Engine::exclude_from_step_comm() {
+  Impl& im = *impl_;
+  // Between optimizer steps only: then no collective of the next step has been counted yet.
+  if (im.comm != nullptr && micro_steps_ % gas_ == 0 && !have_backward_) im.comm_at_step_start = im.comm->stats();
+}
+
+bool Engine::any_rank(bool flag) {
+  Impl& im = *impl_;
+  if (im.world == 1) return flag;
+  double v = flag ? 1.0 : 0.0;
+  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  exclude_from_step_comm();
+  return v > 0.0;
+}
 
 void Engine::agree_on_errors(const std::string& error) {
   Impl& im = *impl_;
@@ -977,7 +1013,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       std::filesystem::remove_all(job->partial, ec);
       std::filesystem::create_directory(job->partial, ec);
       if (ec) fail("cannot create '{}': {}; check that the save folder is writable", job->partial.string(), ec.message());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
       error = e.what();
     }
   }
@@ -1037,7 +1073,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         }
         write_checkpoint_text(job->index_file, w.finish().dump(1));
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
       error = e.what();
     }
   }
@@ -1063,10 +1099,12 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       });
     }
     im.pending_save = std::move(job);
+    exclude_from_step_comm();
     return tag;
   }
   finish_save_phase(*job, error);
   commit_save(*job);
+  exclude_from_step_comm();
   return tag;
 }
 
@@ -1099,7 +1137,7 @@ void Engine::commit_save(SaveJob& job) {
       manifest["ranks"] = std::move(ranks);
       write_checkpoint_text(job.partial / kCheckpointManifest, manifest.dump(1));
       commit_checkpoint(job.save_dir, job.tag);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
       error = e.what();
     }
   }
@@ -1113,6 +1151,7 @@ void Engine::wait_for_checkpoint() {
   if (job->thread.joinable()) job->thread.join();
   finish_save_phase(*job, job->error);
   commit_save(*job);
+  exclude_from_step_comm();
 }
 
 void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions& options) {
@@ -1225,6 +1264,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
                rd->dir().string(), fmt::join(saved_states, ", "), m.at("optimizer").value("type", std::string("?")), fmt::join(state_names, ", "));
         }
       }
+      if (!options.load_module_only) check_saved_scalars(m);
       have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(dims_.dtype);
       for (const OwnedPiece& p : st.owned_pieces()) {
         const std::string& name = st.spec(p.layer, *p.slot).name;
@@ -1245,6 +1285,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     }
   } catch (const Error& e) {
     error = e.what();
+  } catch (const std::exception& e) {
+    error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), e.what());
   }
   agree_on_errors(error);
   if (nothing) {
@@ -1276,6 +1318,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   log_info("loaded checkpoint '{}' (saved at ZeRO stage {} on {} rank(s) in {}; loaded at stage {} on {} in {})", rd->dir().string(),
            layout.value("zero_stage", -1), layout.value("world_size", -1), layout.value("dtype", std::string("?")),
            im.config.zero_optimization.stage, im.world, dtype_name(dims_.dtype));
+  exclude_from_step_comm();
   LoadedCheckpoint out;
   out.path = rd->dir();
   out.tag = tag;

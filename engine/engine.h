@@ -288,6 +288,9 @@ class Engine {
   // waits for its files but does not commit them: the partial folder is removed by the next run's
   // pre-flight.)
   void wait_for_checkpoint();
+  // Collective: true when any rank passes true (the training loop's stop request). Like the
+  // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
+  bool any_rank(bool flag);
 
  private:
   struct Impl;
@@ -300,6 +303,8 @@ class Engine {
   std::uint32_t global_micro_batch() const;
   // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
   void agree_on_errors(const std::string& error);
+  // Between steps: the collectives issued since the last step stay out of the next one's figures.
+  void exclude_from_step_comm();
   struct SaveJob;  // a checkpoint save between its phases (engine.cpp)
   void finish_save_phase(const SaveJob& job, const std::string& error);
   void commit_save(SaveJob& job);

@@ -395,14 +395,10 @@ std::string RankTrainer::save_checkpoint() {
 }
 
 bool RankTrainer::stop_requested() {
-  float v = static_cast<float>(stop_signal());
-  // Every rank stops after the same step: the largest signal number any rank saw.
-  if (engine_->world_size() > 1) {
-    std::array<float, 1> buf{v > 0.0f ? 1.0f : 0.0f};
-    engine_->all_reduce_sum(buf);
-    if (buf[0] > 0.0f && v == 0.0f) v = static_cast<float>(SIGTERM);
-  }
-  stopped_by_signal_ = static_cast<int>(v);
+  // Every rank stops after the same step (a rank that saw no signal itself says SIGTERM).
+  const int mine = stop_signal();
+  const bool any = engine_->any_rank(mine != 0);
+  stopped_by_signal_ = mine != 0 ? mine : any ? SIGTERM : 0;
   return stopped_by_signal_ != 0;
 }
 

@@ -17,6 +17,10 @@
 namespace dstrain {
 namespace fs = std::filesystem;
 
+namespace {
+void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Gpt2Config& model, const config::DsConfig& config);
+}
+
 std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Gpt2Config& model, const config::DsConfig& config) {
   if (options.save_interval < 0) fail("--save-interval {}: give a number of optimizer steps >= 1 (0: only at the end)", options.save_interval);
   if (options.keep_last < 0) fail("--keep-last {}: give how many checkpoints to keep (>= 1; 0: all)", options.keep_last);
@@ -55,6 +59,21 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Gpt2
     rp.tag = *latest;
   }
   check_checkpoint_tag(rp.tag);
+  try {
+    check_resume_point(rp, options, model, config);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("--resume: checkpoint '{}' under '{}' has a malformed manifest ({}); resume from another tag (--load-tag)", rp.tag, rp.dir.string(), e.what());
+  }
+  return rp;
+}
+
+namespace {
+// The checkpoint rp names, opened and checked against the run (manifest, indexes, model, optimizer);
+// fills its steps and seed.
+void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Gpt2Config& model, const config::DsConfig& config) {
+  (void)options;
   const CheckpointReader rd(rp.dir, rp.tag);  // the manifest and every rank's index, checked
   const config::Json& m = rd.manifest();
   // The same model: every owned parameter by name and shape.
@@ -90,8 +109,8 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Gpt2
   }
   rp.global_steps = m.at("engine").at("global_steps").get<std::int64_t>();
   rp.seed = m.at("seed").get<std::uint64_t>();
-  return rp;
 }
+}  // namespace
 
 std::vector<std::string> prune_checkpoints(const fs::path& save_dir, std::int64_t keep) {
   std::vector<std::string> removed;

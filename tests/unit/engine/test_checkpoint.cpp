@@ -543,6 +543,17 @@ TEST(Checkpoint, CorruptTruncatedMissingForeignFiles) {
     EXPECT_NE(f.load_error().find("not valid JSON"), std::string::npos);
     fs::remove(f.file("checkpoint.json"));
     EXPECT_NE(f.load_error().find("holds no checkpoint.json"), std::string::npos);
+    // Valid JSON with a wrong type or an impossible value: an Error, the engine untouched.
+    config::Json bad = config::Json::parse(text);
+    bad["engine"]["global_steps"] = "three";
+    std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << bad.dump();
+    std::string m2 = f.load_error();
+    EXPECT_NE(m2.find("malformed"), std::string::npos) << m2;
+    bad = config::Json::parse(text);
+    bad["loss_scaler"]["cur_scale"] = -1.0;
+    std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << bad.dump();
+    m2 = f.load_error();
+    EXPECT_NE(m2.find("loss scaler"), std::string::npos) << m2;
     std::ofstream(f.file("checkpoint.json"), std::ios::binary | std::ios::trunc) << text;
   }
   EXPECT_EQ(f.load_error(), "");
