@@ -1,5 +1,5 @@
 // How gradients are reduced across the data-parallel ranks, as DeepSpeed does it for its four
-// top-level keys (docs/zero.md, "Gradient reduction"):
+// top-level keys (docs/zero.md §3.1):
 //   gradient_allreduce_op      "mean" averages, "sum" only sums (no division by the world size);
 //   prescale_gradients         divide by W before the sum instead of after it;
 //   gradient_predivide_factor  p: multiply by 1/p before the sum and by p/W after it;
