@@ -28,6 +28,27 @@ struct RuleStep {
 
 inline int optimizer_rule_state_count(const RuleStep& s) { return s.states; }
 
+// The fields the Adam-like rules (NAdam, RAdam) fill alike: lr, maximize as the gradient's sign,
+// weight decay in torch's decoupled form (θ·(1 − lr·wd) before the update) or its L2 form
+// (g + wd·θ), the betas and eps.
+inline RuleStep adam_like_step(OptimizerRule rule, double lr, double weight_decay, bool decoupled_weight_decay, bool maximize,
+                               float grad_scale, double beta1, double beta2, double eps) {
+  RuleStep s;
+  s.rule = rule;
+  s.states = 2;
+  s.lr = static_cast<float>(lr);
+  s.grad_scale = maximize ? -grad_scale : grad_scale;
+  if (decoupled_weight_decay) {
+    s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  } else {
+    s.weight_decay = static_cast<float>(weight_decay);
+  }
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.eps = static_cast<float>(eps);
+  return s;
+}
+
 // The new θ from θ (after the decoupled decay), the prepared gradient g and the element's states
 // s[0..states) (read and written). Specialised in each rule's header.
 template <OptimizerRule R>
