@@ -78,6 +78,11 @@ cudaError_t launch_swiglu_forward(void* out, const void* gate, const void* up, D
 cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, std::int64_t n,
                                    cudaStream_t s);
 
+// rope.cu: x (B, T, H, D) rotated on heads [0, rotate_heads), the others copied (out may alias
+// inp); transpose: the inverse rotation (rope_backward). inv_freq: D/2 fp32 on the device.
+cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, DType t, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
+                        std::int64_t rotate_heads, std::int64_t pos_offset, bool transpose, cudaStream_t s);
+
 // rmsnorm.cu. partials: column_partials_bytes(rows, C) of device scratch (dweight's column sums).
 cudaError_t launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, DType t, std::int64_t rows, std::int64_t C, float eps,
                                    cudaStream_t s);

@@ -188,6 +188,18 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_swiglu_backward(dgate.data, dup.data, dout.data, gate.data, up.data, gate.dtype, gate.numel(), kStream));
 }
 
+void rope_forward(Tensor out, Tensor inp, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset) {
+  use_device_of(inp);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rope(out.data, inp.data, static_cast<const float*>(inv_freq.data), inp.dtype, inp.shape[0], inp.shape[1],
+                                              inp.shape[2], inp.shape[3], rotate_heads, pos_offset, false, kStream));
+}
+
+void rope_backward(Tensor dinp, Tensor dout, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset) {
+  use_device_of(dout);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rope(dinp.data, dout.data, static_cast<const float*>(inv_freq.data), dout.dtype, dout.shape[0],
+                                              dout.shape[1], dout.shape[2], dout.shape[3], rotate_heads, pos_offset, true, kStream));
+}
+
 void gelu_forward(Tensor out, Tensor inp) {
   use_device_of(inp);
   if (inp.numel() == 0) return;

@@ -35,6 +35,9 @@ void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Te
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 
+void rope_forward(Tensor out, Tensor inp, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset);
+void rope_backward(Tensor dinp, Tensor dout, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset);
+
 void gelu_forward(Tensor out, Tensor inp);
 void gelu_backward(Tensor dinp, Tensor inp, Tensor dout);
 
