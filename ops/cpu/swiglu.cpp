@@ -35,7 +35,11 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
 #pragma omp parallel for simd schedule(static) if (cpu::parallel_worth(n * 8))
     for (std::int64_t i = 0; i < n; ++i) {
       const float x = cpu::load(g[i]);
-      o[i] = cpu::store<T>(x * sigmoid(x) * cpu::load(u[i]));
+      // sigmoid(x) = 0.5 + 0.5·tanh(x/2) through fast_tanh, as GELU: GCC vectorises
+      // x·up·sigmoid(x) written with sigmoid()'s 1/(1 + e^-x) into two divisions per vector, ~3x
+      // slower (bench_kernels_cpu --only swiglu). The absolute error stays ~1e-7·|x·up|
+      // where sigmoid is tiny (x << 0).
+      o[i] = cpu::store<T>(x * cpu::load(u[i]) * (0.5f + 0.5f * cpu::fast_tanh(0.5f * x)));
     }
   });
 }

@@ -1,5 +1,5 @@
 // SwiGLU CUDA kernels: out = silu(gate)·up and its backward, elementwise in grid-stride loops.
-// Semantics as ops/cpu/swiglu.cpp (sigmoid through the same fast_exp); fp32 math, one RNE store.
+// Semantics as ops/cpu/swiglu.cpp (sigmoid through the same fast_exp / fast_tanh); fp32 math, one RNE store.
 #include <cstdint>
 
 #include "ops/cuda/kernel_launch.h"
@@ -15,7 +15,7 @@ __global__ void swiglu_forward_kernel(typename S::storage* out, const typename S
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = S::load(gate[i]);  // out may alias gate or up: read, then write the same element
-    out[i] = S::store(x * sigmoid(x) * S::load(up[i]));
+    out[i] = S::store(x * S::load(up[i]) * (0.5f + 0.5f * fast_tanh(0.5f * x)));  // the CPU's formula
   }
 }
 
