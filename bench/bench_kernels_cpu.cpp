@@ -32,6 +32,9 @@
 #include "ops/kernels/encoder.h"
 #include "ops/kernels/gelu.h"
 #include "ops/kernels/layernorm.h"
+#include "ops/kernels/rmsnorm.h"
+#include "ops/kernels/rope.h"
+#include "ops/kernels/swiglu.h"
 #include "ops/kernels/matmul.h"
 #include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/tensor.h"
@@ -153,6 +156,31 @@ void bench_dtype(DType dt) {
     const DropoutParams dp{0.1f, RngKey{7, 1, 2, 0, 0}};
     report("dropout p=0.1 (B,T,4C)", "forward", dt, 1.0 * n, [&] { dropout_forward(y.t({n}), x.t({n}), dp); });
     report("dropout p=0.1 (B,T,4C)", "backward", dt, 2.0 * n, [&] { dropout_backward(dx.t({n}), y.t({n}), dp); });
+  }
+  // Llama-family kernels at the same (B, T, C): RMSNorm, RoPE on q and k inside a fused q|k|v with
+  // grouped KV heads (NH q + NH/4 k rotated, NH/4 v left untouched, in place; head size C/NH), and
+  // SwiGLU on (B, T, I) with I = 8C/3 rounded to 64 (Llama's intermediate width rule).
+  {
+    HostBuf x(dt, BT * C, rng), y(dt, BT * C, rng), a(dt, BT * C, rng), res(dt, BT * C, rng), w(dt, C, rng), dx(dt, BT * C, rng), dw(dt, C, rng);
+    std::vector<float> rstd(static_cast<std::size_t>(BT));
+    Tensor tr(rstd.data(), DType::fp32, Shape{B, T});
+    report("rmsnorm", "forward", dt, 4.0 * BT * C, [&] { rmsnorm_forward(y.t({B, T, C}), tr, x.t({B, T, C}), w.t({C})); });
+    report("fused_residual_rmsnorm", "forward", dt, 5.0 * BT * C,
+           [&] { fused_residual_rmsnorm_forward(res.t({B, T, C}), y.t({B, T, C}), tr, x.t({B, T, C}), a.t({B, T, C}), w.t({C})); });
+    report("rmsnorm", "backward", dt, 9.0 * BT * C,
+           [&] { rmsnorm_backward(dx.t({B, T, C}), dw.t({C}), y.t({B, T, C}), x.t({B, T, C}), w.t({C}), tr); });
+    const std::int64_t HS = C / NH, NKV = NH / 4, H = NH + 2 * NKV;
+    HostBuf qkv(dt, BT * H * HS, rng);
+    std::vector<float> freq = rope_inv_freq(HS, 10000.0);
+    Tensor tf(freq.data(), DType::fp32, Shape{HS / 2});
+    const double rotated = static_cast<double>(BT) * static_cast<double>((NH + NKV) * HS);
+    report("rope (q,k of GQA qkv, in place)", "forward", dt, 3.0 * rotated, [&] { rope_forward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV); });
+    report("rope (q,k of GQA qkv, in place)", "backward", dt, 3.0 * rotated,
+           [&] { rope_backward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV); });
+    const std::int64_t n = BT * ((8 * C / 3 + 63) / 64 * 64);
+    HostBuf g(dt, n, rng), u(dt, n, rng), o(dt, n, rng), dg(dt, n, rng), du(dt, n, rng);
+    report("swiglu (B,T,I)", "forward", dt, 6.0 * n, [&] { swiglu_forward(o.t({n}), g.t({n}), u.t({n})); });
+    report("swiglu (B,T,I)", "backward", dt, 12.0 * n, [&] { swiglu_backward(dg.t({n}), du.t({n}), o.t({n}), g.t({n}), u.t({n})); });
   }
   // softmax cross-entropy over the padded vocabulary
   {

@@ -73,6 +73,23 @@ inline std::size_t column_partials_bytes(std::int64_t rows, std::int64_t C) {
   const std::int64_t parts = (rows + kColumnRowsPerPart - 1) / kColumnRowsPerPart;
   return static_cast<std::size_t>(2 * parts * C) * sizeof(double);
 }
+// swiglu.cu: out = silu(gate)·up (out may alias gate or up); the backward accumulates into dgate, dup.
+cudaError_t launch_swiglu_forward(void* out, const void* gate, const void* up, DType t, std::int64_t n, cudaStream_t s);
+cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, std::int64_t n,
+                                   cudaStream_t s);
+
+// rope.cu: x (B, T, H, D) rotated on heads [0, rotate_heads), the others copied (out may alias
+// inp); transpose: the inverse rotation (rope_backward). inv_freq: D/2 fp32 on the device.
+cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, DType t, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
+                        std::int64_t rotate_heads, std::int64_t pos_offset, bool transpose, cudaStream_t s);
+
+// rmsnorm.cu. partials: column_partials_bytes(rows, C) of device scratch (dweight's column sums).
+cudaError_t launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, DType t, std::int64_t rows, std::int64_t C, float eps,
+                                   cudaStream_t s);
+cudaError_t launch_fused_residual_rmsnorm_forward(void* residual, void* out, float* rstd, const void* a, const void* b, const void* w, DType t,
+                                                  std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
+cudaError_t launch_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* w, const float* rstd, DType t,
+                                    std::int64_t rows, std::int64_t C, double* partials, cudaStream_t s);
 cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t,
                                      std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
 cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,

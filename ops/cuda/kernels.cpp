@@ -155,6 +155,51 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                                                             inp.dtype, rows, C, static_cast<double*>(partials.ptr), kStream));
 }
 
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_forward(out.data, static_cast<float*>(rstd.data), inp.data, weight.data, inp.dtype, rows, C, eps,
+                                                         kStream));
+}
+
+void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor weight, float eps) {
+  use_device_of(a);
+  const std::int64_t C = a.shape[a.shape.rank - 1], rows = C == 0 ? 0 : a.numel() / C;
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_fused_residual_rmsnorm_forward(residual.data, out.data, static_cast<float*>(rstd.data), a.data, b.data,
+                                                                        weight.data, a.dtype, rows, C, eps, kStream));
+}
+
+void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(rows, C), "rmsnorm_backward");
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_backward(dinp.data, dweight.data, dout.data, inp.data, weight.data,
+                                                          static_cast<const float*>(rstd.data), inp.dtype, rows, C,
+                                                          static_cast<double*>(partials.ptr), kStream));
+}
+
+void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
+  use_device_of(gate);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_swiglu_forward(out.data, gate.data, up.data, gate.dtype, gate.numel(), kStream));
+}
+
+void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
+  use_device_of(gate);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_swiglu_backward(dgate.data, dup.data, dout.data, gate.data, up.data, gate.dtype, gate.numel(), kStream));
+}
+
+void rope_forward(Tensor out, Tensor inp, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset) {
+  use_device_of(inp);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rope(out.data, inp.data, static_cast<const float*>(inv_freq.data), inp.dtype, inp.shape[0], inp.shape[1],
+                                              inp.shape[2], inp.shape[3], rotate_heads, pos_offset, false, kStream));
+}
+
+void rope_backward(Tensor dinp, Tensor dout, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset) {
+  use_device_of(dout);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rope(dinp.data, dout.data, static_cast<const float*>(inv_freq.data), dout.dtype, dout.shape[0],
+                                              dout.shape[1], dout.shape[2], dout.shape[3], rotate_heads, pos_offset, true, kStream));
+}
+
 void gelu_forward(Tensor out, Tensor inp) {
   use_device_of(inp);
   if (inp.numel() == 0) return;

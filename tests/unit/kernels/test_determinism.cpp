@@ -15,6 +15,7 @@
 #include "ops/kernels/encoder.h"
 #include "ops/kernels/layernorm.h"
 #include "ops/kernels/matmul.h"
+#include "ops/kernels/rmsnorm.h"
 #include "ops/kernels/softmax_cross_entropy.h"
 
 using namespace dstrain;
@@ -60,6 +61,24 @@ TEST_P(DeterminismTest, LayernormBackward) {
         layernorm_backward(dx.tensor({B, T, C}), dw.tensor({C}), db.tensor({C}), g.tensor({B, T, C}), x.tensor({B, T, C}), w.tensor({C}), tm, tr);
       },
       {&y, &dx, &dw, &db});
+}
+
+TEST_P(DeterminismTest, RmsnormBackward) {
+  const DType dt = GetParam();
+  const std::int64_t B = 4, T = 64, C = 200;
+  std::mt19937_64 rng(85);
+  Buf x(dt, B * T * C), w(dt, C), g(dt, B * T * C), dx(dt, B * T * C), dw(dt, C), y(dt, B * T * C);
+  for (Buf* p : {&x, &w, &g}) p->fill_uniform(rng, -1, 1);
+  std::vector<float> rstd(static_cast<std::size_t>(B * T));
+  Tensor tr(rstd.data(), DType::fp32, Shape{B, T});
+  expect_thread_count_invariant(
+      [&] {
+        dx.fill(0);
+        dw.fill(0);
+        rmsnorm_forward(y.tensor({B, T, C}), tr, x.tensor({B, T, C}), w.tensor({C}));
+        rmsnorm_backward(dx.tensor({B, T, C}), dw.tensor({C}), g.tensor({B, T, C}), x.tensor({B, T, C}), w.tensor({C}), tr);
+      },
+      {&y, &dx, &dw});
 }
 
 TEST_P(DeterminismTest, EncoderBackward) {

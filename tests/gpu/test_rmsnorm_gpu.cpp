@@ -1,0 +1,65 @@
+// rmsnorm_forward / fused_residual_rmsnorm_forward / rmsnorm_backward on the GPU against the CPU
+// kernels on the CPU tests' case table (tests/unit/kernels/rmsnorm_cases.h) and tolerances: the
+// residual is one add and one rounding on both (bit-exact); the rest differs by reduction order.
+#include <random>
+#include <vector>
+
+#include "device_tensors.h"
+#include "gpu_test.h"
+#include "ops/kernels/rmsnorm.h"
+#include "tests/unit/kernels/rmsnorm_cases.h"
+
+using namespace dstrain;
+using namespace dstrain::test;
+
+namespace {
+
+Buf f32_values(const std::vector<float>& v) {
+  Buf b(DType::fp32, static_cast<std::int64_t>(v.size()));
+  for (std::size_t i = 0; i < v.size(); ++i) b.set(static_cast<std::int64_t>(i), v[i]);
+  return b;
+}
+
+TEST(RmsnormGpu, MatchesCpuOnTheCaseTable) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const DType dt : kFloatDTypes) {
+    const Tol tol = kRmsnormTols.of(dt);
+    std::mt19937_64 rng(7);
+    for (const RmsnormCase& c : kRmsnormCases) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_label(dt));
+      const std::int64_t rows = c.B * c.T, C = c.C, n = rows * C;
+      const Shape xs{c.B, c.T, C}, ws{C}, rs{c.B, c.T};
+      const auto eps = static_cast<float>(c.eps);
+      Buf a(dt, n), b(dt, n), w(dt, C), res(dt, n), out(dt, n), dout(dt, n), dinp(dt, n), dw(dt, C);
+      for (Buf* p : {&a, &b, &dout, &dinp, &dw}) p->fill_uniform(rng, -1, 1);
+      w.fill_uniform(rng, 0.5, 1.5);
+      DeviceTensors g;
+      const Tensor d_a = g.put(a, xs), d_b = g.put(b, xs), d_w = g.put(w, ws), d_dout = g.put(dout, xs), d_dinp = g.put(dinp, xs),
+                   d_dw = g.put(dw, ws);
+      const Tensor d_res = g.zeros(dt, xs), d_out = g.zeros(dt, xs), d_rstd = g.zeros(DType::fp32, rs);
+      std::vector<float> rstd(static_cast<std::size_t>(rows));
+      const Tensor h_rstd(rstd.data(), DType::fp32, rs);
+
+      fused_residual_rmsnorm_forward(res.tensor(xs), out.tensor(xs), h_rstd, a.tensor(xs), b.tensor(xs), w.tensor(ws), eps);
+      rmsnorm_backward(dinp.tensor(xs), dw.tensor(ws), dout.tensor(xs), res.tensor(xs), w.tensor(ws), h_rstd);
+      fused_residual_rmsnorm_forward(d_res, d_out, d_rstd, d_a, d_b, d_w, eps);
+      rmsnorm_backward(d_dinp, d_dw, d_dout, d_res, d_w, d_rstd);
+
+      const Buf g_res = DeviceTensors::get(d_res);
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g_res.get(i), res.get(i)) << "residual " << i << " (one add, one rounding)";
+      expect_close(DeviceTensors::get(d_out), out.values(), tol, "fused rmsnorm out");
+      expect_close(DeviceTensors::get(d_rstd), f32_values(rstd).values(), kRmsnormTols.fp32, "rstd");
+      expect_close(DeviceTensors::get(d_dinp), dinp.values(), Tol{tol.atol * 4, tol.rtol * 2}, "dinp");
+      expect_close(DeviceTensors::get(d_dw), dw.values(), Tol{tol.atol * static_cast<double>(rows), tol.rtol}, "dweight");
+
+      // Plain RMSNorm of a.
+      Buf out2(dt, n);
+      const Tensor d_out2 = g.zeros(dt, xs);
+      rmsnorm_forward(out2.tensor(xs), h_rstd, a.tensor(xs), w.tensor(ws), eps);
+      rmsnorm_forward(d_out2, d_rstd, d_a, d_w, eps);
+      expect_close(DeviceTensors::get(d_out2), out2.values(), tol, "rmsnorm out");
+    }
+  }
+}
+
+}  // namespace
