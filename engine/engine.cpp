@@ -20,9 +20,7 @@
 #include "engine/optimizer.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
-#if defined(DSTRAIN_HAS_CUDA)
-#include "ops/cuda/pinned_allocator.h"
-#endif
+#include "offload/host_memory.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -105,17 +103,6 @@ StateHome optimizer_home(const config::DsConfig& c) {
   const auto& off = c.zero_optimization.offload_optimizer;
   if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage == 0) return StateHome::device;
   return StateHome::host;
-}
-
-// The engine's host memory when the caller gives none: page-locked (cudaHostAlloc) next to a GPU
-// when offload_optimizer.pin_memory asks for it or no offload is configured (cpu_checkpointing's
-// copies), so host<->device copies run asynchronously at PCIe speed; plain host memory otherwise.
-std::unique_ptr<Allocator> make_host_allocator(Device device, [[maybe_unused]] bool pinned) {
-#if defined(DSTRAIN_HAS_CUDA)
-  if (device.is_cuda() && pinned) return std::make_unique<CudaPinnedAllocator>(device.index);
-#endif
-  (void)device;
-  return std::make_unique<CpuAllocator>();
 }
 
 ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host) {
@@ -250,12 +237,15 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.own_allocator = make_device_allocator(options.device);
     im.allocator = im.own_allocator.get();
   }
+  const char* host_memory_kind = "the caller's";
   if (options.host_allocator != nullptr) {
     im.host_allocator = options.host_allocator;
   } else {
     const auto& off = config.zero_optimization.offload_optimizer;
-    im.own_host_allocator = make_host_allocator(im.allocator->device(), !off || off->pin_memory);
+    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) == StateHome::host, !off || off->pin_memory);
+    im.own_host_allocator = std::move(host.allocator);
     im.host_allocator = im.own_host_allocator.get();
+    host_memory_kind = host.kind;
   }
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
@@ -342,9 +332,9 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   if (im.states->store().home() != StateHome::device) {
     const StateStoreBytes b = im.states->store().bytes();
-    log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory; "
-             "the optimizer steps there",
-             im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()));
+    log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
+             "({}); the optimizer steps there",
+             im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), host_memory_kind);
   }
 
   // ---- activations: every layer's output and saved tensors (or, checkpointing, what
