@@ -23,6 +23,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/memory_estimate.h"
 #include "ops/error.h"
 #include "zero_test_util.h"
 
@@ -125,6 +126,27 @@ TEST(OptimizerOffloadConfig, DeprecatedCpuOffloadAndNvmeBelowStage3OffloadToHost
       EXPECT_EQ(run.ranks[r].report.host_optimizer_bytes, cpu.ranks[r].report.host_optimizer_bytes);
       EXPECT_EQ(run.ranks[r].losses, cpu.ranks[r].losses);
     }
+  }
+}
+
+// The pre-flight's lower bound (engine/memory_estimate.h) counts the masters offload keeps apart:
+// in fp32 the optimizer's share grows from the two moments (8Ψ/W) to 12Ψ/W; in bf16 the masters
+// were already apart.
+TEST(OptimizerOffloadConfig, MemoryEstimateCountsTheMastersKeptApart) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    const auto estimate = [&](const std::string& offload) {
+      config::ConfigOptions copts;
+      copts.world_size = 2;
+      const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(offload_run(2, 2, p, offload))), copts);
+      return estimate_rank_memory(model_config(0.0f), c, kT);
+    };
+    const MemoryEstimate plain = estimate(""), off = estimate(kOffloadCpu);
+    const double psi = plain.parameters;
+    EXPECT_DOUBLE_EQ(plain.optimizer, (p == Precision::fp32 ? 8.0 : 12.0) * psi / 2);
+    EXPECT_DOUBLE_EQ(off.optimizer, 12.0 * psi / 2);
+    EXPECT_DOUBLE_EQ(off.params, plain.params);
+    EXPECT_DOUBLE_EQ(off.grads, plain.grads);
   }
 }
 
