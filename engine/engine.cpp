@@ -19,6 +19,8 @@
 #include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/model_states.h"
+#include "zero/state_store.h"
+#include "offload/host_memory.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -37,11 +39,11 @@ constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 constexpr auto pack = pack_activation_specs;
 
 // What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
-// communicator, no offload (activation checkpointing, cpu_checkpointing included, is provided;
-// partition_activations only warns). Anything else is refused up front, naming the key, rather
+// communicator, optimizer offload to host memory, no parameter offload (activation checkpointing,
+// cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
 // than trained differently from what the config asks.
 void check_config_is_provided(const config::DsConfig& c, int world_size) {
-  const char* limit = "dstrain trains without offload";
+  const char* limit = "dstrain trains without parameter offload";
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
@@ -60,9 +62,27 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none) {
     fail("zero_optimization.offload_param.device: \"{}\" — {}; remove \"offload_param\"", to_string(c.zero_optimization.offload_param->device), limit);
   }
-  if (c.zero_optimization.offload_optimizer && c.zero_optimization.offload_optimizer->device != config::OffloadDevice::none) {
-    fail("zero_optimization.offload_optimizer.device: \"{}\" — {}; remove \"offload_optimizer\"", to_string(c.zero_optimization.offload_optimizer->device),
-         limit);
+  // Optimizer offload (docs/training_state.md §3): device "cpu" at stages 1-3 keeps the optimizer
+  // partition in host memory; "nvme" at stages 1-2 does the same, as DeepSpeed swaps optimizer
+  // states to NVMe only at stage 3 (its ZeRO-1/2 optimizer treats any offload device as cpu).
+  if (const auto& off = c.zero_optimization.offload_optimizer; off && off->device != config::OffloadDevice::none) {
+    const int stage = c.zero_optimization.stage;
+    if (stage == 0) {
+      fail("zero_optimization.offload_optimizer.device: \"{}\" with ZeRO off (stage 0) — optimizer offload partitions the optimizer "
+           "states with ZeRO (DeepSpeed's offload lives in its ZeRO optimizers); set zero_optimization.stage to 1, 2 or 3, or remove "
+           "\"offload_optimizer\"",
+           to_string(off->device));
+    }
+    if (off->device == config::OffloadDevice::nvme && stage == 3) {
+      fail("zero_optimization.offload_optimizer.device: \"nvme\" at stage 3 — the NVMe optimizer store (swap files under nvme_path) "
+           "is not in this build's engine yet; use \"device\": \"cpu\" (the optimizer states in host memory) or stage 1 / 2, where "
+           "\"nvme\" behaves like \"cpu\" as in DeepSpeed");
+    }
+    if (off->ratio < 1.0) {
+      fail("zero_optimization.offload_optimizer.ratio: {} — partial optimizer offload (a share of the states kept on the device) is "
+           "not in this build's engine yet; set ratio to 1.0",
+           off->ratio);
+    }
   }
   if (!c.managed_gradient_accumulation) {
     fail("managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
@@ -76,10 +96,27 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0)) fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
-ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer) {
+// Where the optimizer partition lives (docs/training_state.md §3): host memory with
+// offload_optimizer at stages 1-3 (check_config_is_provided refused what is not trained), else the
+// training device.
+StateHome optimizer_home(const config::DsConfig& c) {
+  const auto& off = c.zero_optimization.offload_optimizer;
+  if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage == 0) return StateHome::device;
+  return StateHome::host;
+}
+
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host) {
   const config::ZeroConfig& z = c.zero_optimization;
   ZeroSettings s;
   s.stage = z.stage;
+  s.optimizer_home = optimizer_home(c);
+  if (s.optimizer_home == StateHome::host) {
+    // The masters and optimizer states in the host allocator's memory, counted there (purpose
+    // optimizer); ModelStates keeps the masters apart from the params (§1).
+    s.store_factory = [&host](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
+      return std::make_unique<ResidentStateStore>(std::move(layout), host, StateHome::host);
+    };
+  }
   s.storage = storage;
   s.optimizer_states = optimizer.state_names();
   s.sub_group_size = z.sub_group_size;
@@ -163,6 +200,8 @@ struct Engine::Impl {
   Optimizer optimizer;
   std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
+  std::unique_ptr<Allocator> own_host_allocator;  // when options.host_allocator is null
+  Allocator* host_allocator = nullptr;  // cpu_checkpointing's kept inputs, the offloaded optimizer partition
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
   // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
   // Declared after the allocator: its buffers are freed first.
@@ -197,6 +236,16 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   } else {
     im.own_allocator = make_device_allocator(options.device);
     im.allocator = im.own_allocator.get();
+  }
+  const char* host_memory_kind = "the caller's";
+  if (options.host_allocator != nullptr) {
+    im.host_allocator = options.host_allocator;
+  } else {
+    const auto& off = config.zero_optimization.offload_optimizer;
+    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) == StateHome::host, !off || off->pin_memory);
+    im.own_host_allocator = std::move(host.allocator);
+    im.host_allocator = im.own_host_allocator.get();
+    host_memory_kind = host.kind;
   }
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
@@ -248,7 +297,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     specs[i] = model_.layers[i]->params();
     names[i] = model_.layers[i]->name();
   }
-  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer), im.comm, *im.allocator);
+  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer, *im.host_allocator), im.comm, *im.allocator);
   im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);
   if (config.optimizer.is_onebit()) im.onebit = std::make_unique<OneBitOptimizer>(config.optimizer, im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
@@ -281,6 +330,12 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
                return n;
              }());
   }
+  if (im.states->store().home() != StateHome::device) {
+    const StateStoreBytes b = im.states->store().bytes();
+    log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
+             "({}); the optimizer steps there",
+             im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), host_memory_kind);
+  }
 
   // ---- activations: every layer's output and saved tensors (or, checkpointing, what
   // ActivationCheckpointing allocates), then the residual gradient; one scratch arena shared by
@@ -294,7 +349,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   if (options.checkpoint_activations) {
     im.ckpt = std::make_unique<ActivationCheckpointing>(config.activation_checkpointing, model_.layers, dims_, model_.n_embd, *im.allocator,
-                                                       options.host_allocator);
+                                                       im.host_allocator);
     log_info("{}", im.ckpt->describe());
   }
   std::vector<std::vector<ActivationSpec>> act_specs(L), scratch_specs(L);
@@ -748,6 +803,7 @@ ZeroReport Engine::zero_report() const {
   r.param_bytes = m[MemoryPurpose::params].current;
   r.grad_bytes = m[MemoryPurpose::grads].current;
   r.optimizer_bytes = m[MemoryPurpose::optimizer].current;
+  r.host_optimizer_bytes = im.host_allocator->stats()[MemoryPurpose::optimizer].current;
   r.peak_bytes = m.total.peak;
   r.padded_param_elements = im.states->padded_numel();
   r.peak_gathered_param_elements = im.states->peak_gathered_elements();
@@ -768,7 +824,7 @@ std::vector<std::string> Engine::param_names() const {
 
 MemoryStats Engine::memory_stats() const { return impl_->allocator->stats(); }
 
-MemoryStats Engine::host_memory_stats() const { return impl_->ckpt ? impl_->ckpt->host_memory_stats() : MemoryStats{}; }
+MemoryStats Engine::host_memory_stats() const { return impl_->host_allocator->stats(); }
 
 const ActivationCheckpointing* Engine::activation_checkpointing() const { return impl_->ckpt.get(); }
 

@@ -80,7 +80,12 @@ struct EngineOptions {
   // Activation checkpointing on (engine/activation_checkpointing.h); the config's
   // "activation_checkpointing" section configures it. `dstrain train --checkpoint-activations`.
   bool checkpoint_activations = false;
-  Allocator* host_allocator = nullptr;  // cpu_checkpointing's host memory; nullptr: one of its own
+  // Host memory: cpu_checkpointing's kept activations and, with zero_optimization.offload_optimizer
+  // (device "cpu"), the optimizer partition — the fp32 masters and the optimizer states
+  // (docs/training_state.md §3). nullptr: one of the engine's own (pinned on a GPU). On the CPU
+  // device it is still an allocator apart from `allocator`, so the statistics say where each byte
+  // lives: with optimizer offload `allocator` counts no optimizer bytes.
+  Allocator* host_allocator = nullptr;
   // bf16 training: round the bf16 parameter copies stochastically from the fp32 masters after
   // each Adam/AdamW step (llm.c's choice; unbiased, deterministic for the seed, the same on CPU
   // and GPU and for any ZeRO split) instead of to nearest (DeepSpeed's). `--bf16-stochastic-rounding`.
@@ -105,6 +110,9 @@ struct ZeroReport {
   // masters and the optimizer's states count as optimizer) and the allocator's peak of all purposes.
   std::uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   std::uint64_t peak_bytes = 0;
+  // The optimizer partition's bytes in host memory (offload_optimizer.device "cpu"; the host
+  // allocator's optimizer purpose). optimizer_bytes above is the training device's share.
+  std::uint64_t host_optimizer_bytes = 0;
   std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
   std::int64_t peak_gathered_param_elements = 0;  // stage 3: most parameter elements gathered at once
   // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
@@ -243,7 +251,8 @@ class Engine {
   std::vector<std::string> param_names() const;
 
   MemoryStats memory_stats() const;
-  // Host memory held apart from the device: cpu_checkpointing's kept inputs (purpose activations).
+  // Host memory held apart from the device (EngineOptions::host_allocator): cpu_checkpointing's kept
+  // inputs (purpose activations) and the offloaded optimizer partition (purpose optimizer).
   MemoryStats host_memory_stats() const;
   // The checkpointing state (segments, transfers, profile); nullptr when checkpointing is off.
   const ActivationCheckpointing* activation_checkpointing() const;

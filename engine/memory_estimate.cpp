@@ -49,7 +49,10 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
                         : k == config::OptimizerKind::zero_one_adam ? 20.0 + 4.0 / W
                         : k == config::OptimizerKind::onebit_lamb   ? 24.0 + 4.0 / W
                                                                     : 0.0;
-  e.optimizer = ((mixed ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
+  // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
+  const auto& off = cfg.zero_optimization.offload_optimizer;
+  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none);
+  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;
 }

@@ -39,6 +39,7 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
                      {"param_bytes", r.param_bytes},
                      {"grad_bytes", r.grad_bytes},
                      {"optimizer_bytes", r.optimizer_bytes},
+                     {"host_optimizer_bytes", r.host_optimizer_bytes},
                      {"peak_bytes", r.peak_bytes},
                      {"padded_param_elements", r.padded_param_elements},
                      {"peak_gathered_param_elements", r.peak_gathered_param_elements},
@@ -52,13 +53,13 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
 // fp64 values (exact: every figure is an integer below 2^53), so rank 0's --summary-json holds the
 // memory and traffic of all ranks, as a run of local ranks' does.
 std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& mine) {
-  constexpr std::size_t kFields = 9 + 2 * kCollectiveKinds;
+  constexpr std::size_t kFields = 10 + 2 * kCollectiveKinds;
   const auto pack = [](const ZeroReport& r) {
     std::vector<double> v{static_cast<double>(r.stage),         static_cast<double>(r.rank),
                           static_cast<double>(r.world_size),    static_cast<double>(r.param_bytes),
                           static_cast<double>(r.grad_bytes),    static_cast<double>(r.optimizer_bytes),
                           static_cast<double>(r.peak_bytes),    static_cast<double>(r.padded_param_elements),
-                          static_cast<double>(r.peak_gathered_param_elements)};
+                          static_cast<double>(r.peak_gathered_param_elements), static_cast<double>(r.host_optimizer_bytes)};
     for (int k = 0; k < kCollectiveKinds; ++k) {
       v.push_back(static_cast<double>(r.step_comm.bytes[static_cast<std::size_t>(k)]));
       v.push_back(static_cast<double>(r.step_comm.calls[static_cast<std::size_t>(k)]));
@@ -83,9 +84,10 @@ std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& min
     r.peak_bytes = static_cast<std::uint64_t>(f[6]);
     r.padded_param_elements = static_cast<std::int64_t>(f[7]);
     r.peak_gathered_param_elements = static_cast<std::int64_t>(f[8]);
+    r.host_optimizer_bytes = static_cast<std::uint64_t>(f[9]);
     for (int k = 0; k < kCollectiveKinds; ++k) {
-      r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[9 + 2 * k]);
-      r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
+      r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
+      r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[11 + 2 * k]);
     }
   }
   return reports;

@@ -91,6 +91,40 @@ TEST(EngineGpu, TrainingStepsMatchTheCpuBackend) {
   }
 }
 
+// Optimizer offload next to a GPU (offload_optimizer.device "cpu", docs/training_state.md §3):
+// forward and backward on cuda:0, the optimizer partition in page-locked host memory, the grads
+// staged to the host and the updated params copied back. Against the CPU run without offload (the
+// same CPU optimizer kernel; only forward/backward sum in another order): the GPU-vs-CPU
+// tolerances. The device allocator holds no optimizer bytes; the host holds the masters and both
+// Adam moments of the rank's partition.
+TEST(EngineGpu, OptimizerOffloadMatchesTheCpuAndLeavesNoOptimizerBytesOnTheDevice) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const int stage : {1, 2, 3}) {
+      RunSpec s;
+      s.stage = stage;
+      s.world = 2;
+      s.precision = p;
+      s.gas = 2;
+      s.knobs.reduce_bucket_size = 3000;
+      s.knobs.sub_group_size = 5000;
+      const auto init = initial_params(s);
+      const RunResult cpu = run_zero(s);
+      s.knobs.zero_extra_json = R"("offload_optimizer": {"device": "cpu", "pin_memory": true})";
+      s.device = kGpu;
+      const RunResult gpu = run_zero(s);
+      expect_close(gpu, cpu, init, gpu_tolerance(p), fmt::format("offload {} stage {}", precision_name(p), stage));
+      for (std::size_t r = 0; r < gpu.ranks.size(); ++r) {
+        EXPECT_EQ(gpu.ranks[r].report.optimizer_bytes, 0u);
+        EXPECT_EQ(gpu.ranks[r].memory[MemoryPurpose::optimizer].peak, 0u);
+        // The CPU run without offload keeps 2 (fp32: the params are the masters) or 3 fp32 copies.
+        const std::uint64_t per_copy = cpu.ranks[r].report.optimizer_bytes / (p == Precision::fp32 ? 2 : 3);
+        EXPECT_EQ(gpu.ranks[r].report.host_optimizer_bytes, 3 * per_copy);
+      }
+    }
+  }
+}
+
 // fp16's loss scaler on the GPU: an injected inf gradient is skipped at the same step and the
 // scale halves, as on the CPU.
 TEST(EngineGpu, Fp16OverflowIsSkippedLikeTheCpu) {

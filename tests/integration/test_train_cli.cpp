@@ -363,4 +363,38 @@ TEST_F(TrainCli, MonitoringExampleConfigRuns) {
   fs::remove_all(runs);
 }
 
+// Optimizer offload (zero_optimization.offload_optimizer, docs/training_state.md §3): train and
+// check-config agree — what check-config calls valid trains, with the optimizer partition in host
+// memory and the same losses as without offload; what train refuses, check-config refuses with the
+// same key, both exit 2.
+TEST_F(TrainCli, OptimizerOffloadTrainsWhatCheckConfigAccepts) {
+  const std::string head = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}, "zero_optimization": )";
+  std::ofstream(dir_ / "z2.json") << head + R"({"stage": 2}})";
+  std::ofstream(dir_ / "z2_off.json") << head + R"({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})";
+  std::ofstream(dir_ / "z0_off.json") << head + R"({"stage": 0, "offload_optimizer": {"device": "cpu"}}})";
+
+  EXPECT_EQ(run_dstrain("check-config " + q(dir_ / "z2_off.json")).exit_code, 0);
+  const CliResult plain = run_dstrain(train_args("z2.json") + " --steps 3 --seed 5 --summary-json " + q(dir_ / "z2.out.json"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const CliResult off = run_dstrain(train_args("z2_off.json") + " --steps 3 --seed 5 --summary-json " + q(dir_ / "z2_off.out.json"));
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  const nlohmann::json a = summary(dir_ / "z2_off.out.json");
+  const nlohmann::json b = summary(dir_ / "z2.out.json");
+  EXPECT_EQ(a["train_losses"], b["train_losses"]);
+  const nlohmann::json& ra = a["zero"]["ranks"][0];
+  const nlohmann::json& rb = b["zero"]["ranks"][0];
+  EXPECT_EQ(ra["optimizer_bytes"], 0);
+  // Adam's two moments plus the masters that offload keeps apart: 3/2 of the device's share without offload.
+  EXPECT_EQ(ra["host_optimizer_bytes"].get<std::uint64_t>() * 2, rb["optimizer_bytes"].get<std::uint64_t>() * 3);
+  EXPECT_EQ(rb["host_optimizer_bytes"], 0);
+
+  const CliResult check0 = run_dstrain("check-config " + q(dir_ / "z0_off.json"));
+  const CliResult train0 = run_dstrain(train_args("z0_off.json") + " --steps 1");
+  EXPECT_EQ(check0.exit_code, 2);
+  EXPECT_EQ(train0.exit_code, 2);
+  EXPECT_NE(check0.err.find("offload_optimizer.device"), std::string::npos) << check0.err;
+  EXPECT_NE(train0.err.find("offload_optimizer.device"), std::string::npos) << train0.err;
+}
+
 }  // namespace

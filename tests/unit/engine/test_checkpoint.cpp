@@ -359,6 +359,46 @@ std::map<std::string, std::vector<std::uint32_t>> parameter_space(const fs::path
   return out;
 }
 
+// Optimizer offload (docs/training_state.md §3, §5): the partition in host memory is saved and
+// loaded through its store like a device one — resume is bit for bit, and the rank files are the
+// same bytes as the run without offload's (a checkpoint stores parameter space, not where the
+// state lived), so one loads into the other.
+TEST(Checkpoint, OptimizerOffloadResumesBitwiseAndSavesWhatTheDeviceRunSaves) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      RunSpec off = spec(stage, 2, p);
+      off.knobs.zero_extra_json = R"("offload_optimizer": {"device": "cpu"})";
+      off.knobs.sub_group_size = 5000;
+      expect_resume_bitwise(off, 4);
+
+      RunSpec plain = off;
+      plain.knobs.zero_extra_json.clear();
+      SCOPED_TRACE(describe(off, " offload vs device"));
+      TempDir a("offload"), b("device");
+      Segment seg;
+      seg.to = 2;
+      seg.save_dir = a.path;
+      run_segment(off, seg);
+      seg.save_dir = b.path;
+      run_segment(plain, seg);
+      for (int k = 0; k < 2; ++k) {
+        const std::string name = rank_file_name(k, ".safetensors");
+        EXPECT_EQ(file_bytes(a.path / "final" / name), file_bytes(b.path / "final" / name)) << name;
+      }
+      // Saved with offload, continued without it: the device run's own continuation.
+      Segment cont;
+      cont.from = 2;
+      cont.to = 4;
+      cont.load_dir = a.path;
+      const SegmentResult from_offload = run_segment(plain, cont);
+      cont.load_dir = b.path;
+      const SegmentResult from_device = run_segment(plain, cont);
+      EXPECT_EQ(from_offload.losses, from_device.losses);
+      EXPECT_EQ(from_offload.params, from_device.params);
+    }
+  }
+}
+
 TEST(Checkpoint, ReshardAcrossStagesAndWorlds) {
   // The global batch is 4 micro-batches: (W, GAS) = (1, 4), (2, 2), (4, 1).
   const auto at = [](int stage, int world, Precision p) { return spec(stage, world, p, 4 / world); };

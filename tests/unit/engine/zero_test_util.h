@@ -51,6 +51,8 @@ struct ZeroKnobs {
   bool allow_untested_optimizer = false;  // zero_allow_untested_optimizer (optimizers off ZeRO's whitelist)
   // More top-level keys, written as `"key": value, ...` (e.g. "gradient_allreduce_op": "sum").
   std::string extra_json{};
+  // More zero_optimization keys, the same way (e.g. "offload_optimizer": {"device": "cpu"}).
+  std::string zero_extra_json{};
 };
 
 struct RunSpec {
@@ -81,10 +83,10 @@ inline std::string zero_config_json(const RunSpec& s) {
     "optimizer": {},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "allgather_bucket_size": {}, "overlap_comm": {},
       "stage3_prefetch_bucket_size": {}, "stage3_param_persistence_threshold": {}, "stage3_max_live_parameters": {},
-      "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}}}, "zero_allow_untested_optimizer": {}{}{}}})",
+      "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}{}}}, "zero_allow_untested_optimizer": {}{}{}}})",
                      kMicro, s.gas, optimizer, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
                      k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, k.reduce_scatter ? "true" : "false",
-                     k.sub_group_size, k.allow_untested_optimizer ? "true" : "false", prec, k.extra_json.empty() ? "" : ", " + k.extra_json);
+                     k.sub_group_size, k.zero_extra_json.empty() ? "" : ", " + k.zero_extra_json, k.allow_untested_optimizer ? "true" : "false", prec, k.extra_json.empty() ? "" : ", " + k.extra_json);
 }
 
 inline Gpt2Config model_config(float dropout) {
@@ -106,6 +108,7 @@ struct RankResult {
   std::vector<double> grad_norms;   // grad_norm() after every optimizer step
   ZeroReport report;                // zero_report() after the last step
   MemoryStats memory;               // memory_stats() after the last step
+  MemoryStats host_memory;          // host_memory_stats() after the last step
 };
 
 struct RunResult {
@@ -147,6 +150,7 @@ inline RunResult run_zero(const RunSpec& s) {
     me.skipped_steps = e.skipped_steps();
     me.report = e.zero_report();
     me.memory = e.memory_stats();
+    me.host_memory = e.host_memory_stats();
     e.gather_master_params([&](const std::string& n, const Tensor& t) { me.params[n] = values(t); });
   });
   return out;

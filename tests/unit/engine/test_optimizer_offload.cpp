@@ -1,0 +1,181 @@
+// Optimizer offload to host memory (zero_optimization.offload_optimizer.device "cpu",
+// docs/training_state.md §3): the rank's optimizer partition — the fp32 masters, kept apart from
+// the params even in fp32 training, and the optimizer's states — lives in the engine's host
+// allocator instead of the training device's.
+//
+// The contract checked here:
+//   - equivalence: on the CPU device an offloaded run computes exactly what the same run without
+//     offload computes (the same CPU optimizer kernel on the same fp32 values; a kept-apart fp32
+//     master copied into fp32 params changes no bit), so losses, gradient norms and the final
+//     masters are equal bit for bit — stages 1-3 × world 1, 2 in fp32 and bf16, with sub-groups
+//     small enough that the step visits several;
+//   - memory: the device allocator holds no optimizer bytes, the host allocator holds the masters
+//     and both Adam moments of the rank's partition (3 fp32 copies of Ψ/W, the formula of
+//     zero/model_states.h with the masters apart), and params and grads stay on the device as
+//     without offload;
+//   - the config rules: DeepSpeed's deprecated `cpu_offload: true` offloads the same way; "nvme"
+//     at stages 1-2 behaves as "cpu" (DeepSpeed swaps to NVMe only at stage 3); stage 0 is refused
+//     naming the key.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "engine/memory_estimate.h"
+#include "ops/error.h"
+#include "zero_test_util.h"
+
+namespace dstrain {
+namespace {
+
+using namespace zero_testing;
+
+constexpr const char* kOffloadCpu = R"("offload_optimizer": {"device": "cpu", "pin_memory": true})";
+
+RunSpec offload_run(int stage, int world, Precision p, const std::string& offload) {
+  RunSpec s;
+  s.stage = stage;
+  s.world = world;
+  s.gas = 2;
+  s.precision = p;
+  s.steps = 3;
+  s.knobs.reduce_bucket_size = 3000;
+  s.knobs.sub_group_size = 5000;  // several sub-groups per rank: the step's loop over the store
+  s.knobs.zero_extra_json = offload;
+  return s;
+}
+
+// Ψ/W: the rank's shard of every layer's padded flat buffer (zero/flat_layout.h), in elements.
+std::uint64_t shard_elements(int world, Precision p) {
+  std::uint64_t n = 0;
+  for (const auto& layer : model_specs()) n += static_cast<std::uint64_t>(padded_numel(layer, world, storage_bytes(p)));
+  return n / static_cast<std::uint64_t>(world);
+}
+
+using Combo = std::tuple<int, int, Precision>;  // stage, world, precision
+
+class OptimizerOffload : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(OptimizerOffload, EqualsTheRunWithoutOffloadBitForBit) {
+  const auto [stage, world, prec] = GetParam();
+  const RunResult plain = run_zero(offload_run(stage, world, prec, ""));
+  const RunResult off = run_zero(offload_run(stage, world, prec, kOffloadCpu));
+  ASSERT_EQ(off.ranks.size(), plain.ranks.size());
+  for (std::size_t r = 0; r < off.ranks.size(); ++r) {
+    SCOPED_TRACE(testing::Message() << "rank " << r);
+    const RankResult& a = off.ranks[r];
+    const RankResult& b = plain.ranks[r];
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.grad_norms, b.grad_norms);
+    EXPECT_EQ(a.skipped_steps, b.skipped_steps);
+    ASSERT_EQ(a.params.size(), b.params.size());
+    for (const auto& [name, values] : b.params) {
+      ASSERT_TRUE(a.params.count(name)) << name;
+      EXPECT_EQ(a.params.at(name), values) << name;
+    }
+  }
+  // The run trained: the parameters moved and the losses are finite.
+  for (float l : off.r0().losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+TEST_P(OptimizerOffload, DeviceHoldsNoOptimizerBytes) {
+  const auto [stage, world, prec] = GetParam();
+  const RunResult plain = run_zero(offload_run(stage, world, prec, ""));
+  const RunResult off = run_zero(offload_run(stage, world, prec, kOffloadCpu));
+  // Adam's exp_avg and exp_avg_sq, plus the fp32 masters, which offload keeps apart from the params
+  // in fp32 training too (docs/training_state.md §1).
+  const std::uint64_t expected_host = 3 * 4 * shard_elements(world, prec);
+  for (std::size_t r = 0; r < off.ranks.size(); ++r) {
+    SCOPED_TRACE(testing::Message() << "rank " << r);
+    const RankResult& a = off.ranks[r];
+    const RankResult& b = plain.ranks[r];
+    EXPECT_EQ(a.report.optimizer_bytes, 0u);
+    EXPECT_EQ(a.memory[MemoryPurpose::optimizer].current, 0u);
+    EXPECT_EQ(a.memory[MemoryPurpose::optimizer].peak, 0u);
+    EXPECT_EQ(a.report.host_optimizer_bytes, expected_host);
+    EXPECT_EQ(a.host_memory[MemoryPurpose::optimizer].current, expected_host);
+    // Without offload the same partition is on the device and nothing on the host.
+    EXPECT_EQ(b.report.host_optimizer_bytes, 0u);
+    EXPECT_EQ(b.report.optimizer_bytes, (prec == Precision::fp32 ? 2 : 3) * 4 * shard_elements(world, prec));
+    // Params and grads stay on the training device, as without offload.
+    EXPECT_EQ(a.report.param_bytes, b.report.param_bytes);
+    EXPECT_EQ(a.report.grad_bytes, b.report.grad_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerOffload,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2), ::testing::Values(Precision::fp32, Precision::bf16)),
+                         [](const auto& pinfo) {
+                           return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param),
+                                              precision_name(std::get<2>(pinfo.param)));
+                         });
+
+// DeepSpeed's deprecated boolean `cpu_offload: true` means offload_optimizer {device: cpu}
+// (docs/config.md §5), and "nvme" below stage 3 behaves as "cpu" (its ZeRO-1/2 optimizer swaps
+// nothing to NVMe): both train with the partition in host memory, as "cpu" does.
+TEST(OptimizerOffloadConfig, DeprecatedCpuOffloadAndNvmeBelowStage3OffloadToHost) {
+  const RunResult cpu = run_zero(offload_run(2, 2, Precision::fp32, kOffloadCpu));
+  for (const std::string& zero_json : {std::string(R"("cpu_offload": true)"),
+                                       std::string(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})")}) {
+    SCOPED_TRACE(zero_json);
+    const RunResult run = run_zero(offload_run(2, 2, Precision::fp32, zero_json));
+    for (std::size_t r = 0; r < run.ranks.size(); ++r) {
+      EXPECT_EQ(run.ranks[r].report.optimizer_bytes, 0u);
+      EXPECT_EQ(run.ranks[r].report.host_optimizer_bytes, cpu.ranks[r].report.host_optimizer_bytes);
+      EXPECT_EQ(run.ranks[r].losses, cpu.ranks[r].losses);
+    }
+  }
+}
+
+// The pre-flight's lower bound (engine/memory_estimate.h) counts the masters offload keeps apart:
+// in fp32 the optimizer's share grows from the two moments (8Ψ/W) to 12Ψ/W; in bf16 the masters
+// were already apart.
+TEST(OptimizerOffloadConfig, MemoryEstimateCountsTheMastersKeptApart) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    const auto estimate = [&](const std::string& offload) {
+      config::ConfigOptions copts;
+      copts.world_size = 2;
+      const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(offload_run(2, 2, p, offload))), copts);
+      return estimate_rank_memory(model_config(0.0f), c, kT);
+    };
+    const MemoryEstimate plain = estimate(""), off = estimate(kOffloadCpu);
+    const double psi = plain.parameters;
+    EXPECT_DOUBLE_EQ(plain.optimizer, (p == Precision::fp32 ? 8.0 : 12.0) * psi / 2);
+    EXPECT_DOUBLE_EQ(off.optimizer, 12.0 * psi / 2);
+    EXPECT_DOUBLE_EQ(off.params, plain.params);
+    EXPECT_DOUBLE_EQ(off.grads, plain.grads);
+  }
+}
+
+std::string engine_error(const std::string& zero_json) {
+  try {
+    initialize(make_gpt2_model("gpt2:tiny"),
+                               ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                                                  "zero_optimization": {)" + zero_json + "}}"),
+                               {.sequence_length = 8});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// What is refused names the key and the fix, before step 1; `check-config` gives the same message
+// (check_engine_trains runs the same rules).
+TEST(OptimizerOffloadConfig, RefusesWhatIsNotTrainedNamingTheKey) {
+  EXPECT_EQ(engine_error(R"("stage": 1, "offload_optimizer": {"device": "cpu"})"), "<no error>");
+  EXPECT_EQ(engine_error(R"("stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": false})"), "<no error>");
+  const std::string stage0 = engine_error(R"("stage": 0, "offload_optimizer": {"device": "cpu"})");
+  EXPECT_NE(stage0.find("offload_optimizer.device"), std::string::npos) << stage0;
+  EXPECT_NE(stage0.find("stage"), std::string::npos) << stage0;
+  const std::string nvme3 = engine_error(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})");
+  EXPECT_NE(nvme3.find("offload_optimizer.device"), std::string::npos) << nvme3;
+  EXPECT_NE(nvme3.find("\"cpu\""), std::string::npos) << nvme3;
+  const std::string ratio = engine_error(R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5})");
+  EXPECT_NE(ratio.find("offload_optimizer.ratio"), std::string::npos) << ratio;
+}
+
+}  // namespace
+}  // namespace dstrain
