@@ -36,9 +36,11 @@ void CommQueue::run_worker() {
       queue_.pop_front();
     }
     std::exception_ptr err;
+    std::uint64_t mark = 0;
     if (!error_) {  // after a failure the rest is dropped: the group is unusable
       try {
         item.second();
+        if (marker_) mark = marker_();
       } catch (...) {
         err = std::current_exception();
       }
@@ -46,6 +48,7 @@ void CommQueue::run_worker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (err && !error_) error_ = err;
+      marks_[item.first % kMarks] = {item.first, mark};
       completed_ = item.first;
     }
     cv_.notify_all();
@@ -63,6 +66,7 @@ CommQueue::Ticket CommQueue::submit(std::function<void()> work) {
       completed_ = submitted_;  // a later wait() rethrows instead of waiting for work that will never run
       throw;
     }
+    marks_[submitted_ % kMarks] = {submitted_, marker_ ? marker_() : 0};
     completed_ = submitted_;
     return submitted_;
   }
@@ -85,6 +89,12 @@ void CommQueue::wait(Ticket ticket) {
   // communicator's timeout, so this wait ends.
   cv_.wait(lock, [&] { return completed_ >= ticket; });  // after an error the worker still marks the dropped work done
   if (error_) std::rethrow_exception(error_);
+}
+
+std::uint64_t CommQueue::mark(Ticket ticket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& [t, m] = marks_[ticket % kMarks];
+  return t == ticket ? m : 0;
 }
 
 void CommQueue::drain() {

@@ -16,6 +16,7 @@
 // oversubscribe them.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,15 +46,27 @@ class CommQueue {
   // wait() for everything submitted so far.
   void drain();
 
+  // Marks: `marker` is called right after each work item has run, on the thread that ran it, and
+  // its value is kept for that ticket — the communicator's sequence() there, so that a wait can
+  // order compute after the ticket's own collectives and not after later ones (NCCL's per-ticket
+  // events, Communicator::order_compute_after). Set before the first submit.
+  void set_marker(std::function<std::uint64_t()> marker) { marker_ = std::move(marker); }
+  // The mark of `ticket` once wait(ticket) has returned; 0 when no marker is set or the ticket is
+  // older than the last kMarks tickets (then the caller orders after everything: never too early).
+  std::uint64_t mark(Ticket ticket) const;
+
  private:
   void run_worker();
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<Ticket, std::function<void()>>> queue_;
   Ticket submitted_ = 0;
   Ticket completed_ = 0;
   std::exception_ptr error_;
+  std::function<std::uint64_t()> marker_;
+  static constexpr std::size_t kMarks = 256;
+  std::array<std::pair<Ticket, std::uint64_t>, kMarks> marks_{};  // marks_[t % kMarks] = (t, mark)
   bool stop_ = false;
   int log_rank_ = 0;
   int log_world_ = 1;

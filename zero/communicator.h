@@ -149,6 +149,14 @@ class Communicator {
   // collectives have completed when they return.
   virtual void order_compute_after_collectives() {}
 
+  // Like order_compute_after_collectives(), but only after collective number `sequence` (see
+  // sequence()) and those before it, not after collectives issued since: waiting for layer i's
+  // gather must not also wait for layer i+1's prefetch. A backend may order after more (never
+  // less); the default orders after everything. 0 orders after nothing.
+  virtual void order_compute_after(std::uint64_t sequence) {
+    if (sequence != 0) order_compute_after_collectives();
+  }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 

@@ -186,6 +186,9 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
   // on streams and overlap by themselves (NCCL's stream), so they are issued inline.
   queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1 && alloc_.device().is_cpu());
+  // Each ticket remembers the communicator's last collective, so wait(t) orders compute after t's
+  // own collectives only (a later prefetch or reduction keeps running beside compute).
+  if (comm_ != nullptr) queue_->set_marker([c = comm_] { return c->sequence(); });
   if (world_ > 1 && !alloc_.device().is_cpu()) reduce_staging_ = Buffer(alloc_, kReduceStagingBytes, MemoryPurpose::buffers);
   if (s_.stage == 3) {
     std::vector<std::int64_t> numel(L, 0);
@@ -221,7 +224,13 @@ Tensor ModelStates::region(const Buffer& b, DType t, std::int64_t begin, std::in
 
 void ModelStates::wait(CommQueue::Ticket t) {
   queue_->wait(t);
-  if (comm_ != nullptr) comm_->order_compute_after_collectives();
+  if (comm_ == nullptr) return;
+  const std::uint64_t mark = queue_->mark(t);
+  if (mark != 0) {
+    comm_->order_compute_after(mark);
+  } else {
+    comm_->order_compute_after_collectives();  // an old ticket: after everything (never too early)
+  }
 }
 
 void ModelStates::drain() {

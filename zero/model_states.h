@@ -215,7 +215,8 @@ class ModelStates final : public OptimizerPartition {
   void flush_allreduce(std::int64_t begin, std::int64_t end);
   struct Staging;
   Staging staging(std::int64_t numel) const;
-  // queue_->wait / drain, then device work queued afterwards is ordered after the collectives.
+  // wait(t): queue_->wait, then device work queued afterwards is ordered after t's own collectives
+  // (CommQueue::mark, Communicator::order_compute_after); drain(): after all of them.
   // drain() also waits for them on the host (Communicator::synchronize(), bounded by the comm
   // timeout): it ends a pass or a step, where the host would block on the compute stream next
   // anyway (a loss or norm read, a batch upload), and there a dead NCCL peer must surface as the

@@ -98,6 +98,7 @@ void NcclCommunicator::init(const ncclUniqueId& id) {
     DSTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
     DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : marks_) DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     DSTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)));
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -117,6 +118,9 @@ void NcclCommunicator::init(const ncclUniqueId& id) {
     comm_ = nullptr;
     if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
     if (comm_done_ != nullptr) (void)cudaEventDestroy(comm_done_);
+    for (cudaEvent_t e : marks_) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
     if (compute_ready_ != nullptr) (void)cudaEventDestroy(compute_ready_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     throw;
@@ -146,6 +150,9 @@ NcclCommunicator::~NcclCommunicator() {
   };
   if (barrier_word_ != nullptr) warn(cudaFree(barrier_word_), "cudaFree(barrier word)");
   if (comm_done_ != nullptr) warn(cudaEventDestroy(comm_done_), "cudaEventDestroy");
+  for (cudaEvent_t e : marks_) {
+    if (e != nullptr) warn(cudaEventDestroy(e), "cudaEventDestroy(mark)");
+  }
   if (compute_ready_ != nullptr) warn(cudaEventDestroy(compute_ready_), "cudaEventDestroy");
   if (stream_ != nullptr) warn(cudaStreamDestroy(stream_), "cudaStreamDestroy");
 }
@@ -223,8 +230,14 @@ void NcclCommunicator::wait_for_compute() {
 
 void NcclCommunicator::compute_wait_for_comm() { DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, comm_done_, 0)); }
 
+void NcclCommunicator::order_compute_after(std::uint64_t sequence) {
+  if (sequence == 0) return;
+  DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, marks_[sequence % kMarkEvents], 0));
+}
+
 void NcclCommunicator::after_enqueue() {
   DSTRAIN_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
+  DSTRAIN_CUDA_CHECK(cudaEventRecord(marks_[sequence() % kMarkEvents], stream_));
 }
 
 void NcclCommunicator::poll_errors() {

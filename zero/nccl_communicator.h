@@ -28,6 +28,8 @@
 // backend, which runs the same ZeRO code in CI, detects them.
 #pragma once
 
+#include <array>
+
 #include <chrono>
 #include <string>
 
@@ -76,6 +78,10 @@ class NcclCommunicator final : public Communicator {
   // The compute stream waits for every collective issued so far (no host sync).
   void compute_wait_for_comm();
   void order_compute_after_collectives() override { compute_wait_for_comm(); }
+  // The compute stream waits for the event recorded after collective `sequence` (a ring of
+  // kMarkEvents: a collective older than that waits on the newer one that reused its event, which
+  // finishes later on the same in-order stream — still correct, never too early).
+  void order_compute_after(std::uint64_t sequence) override;
   // The host waits for every collective issued so far, failing after the timeout.
   void synchronize() override;
   // Throws if NCCL has reported an asynchronous error (a peer died, a network failure), without
@@ -115,6 +121,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t compute_stream_ = cuda::compute_stream();
   cudaEvent_t compute_ready_ = nullptr;
   cudaEvent_t comm_done_ = nullptr;
+  static constexpr std::size_t kMarkEvents = 64;
+  std::array<cudaEvent_t, kMarkEvents> marks_{};  // marks_[s % kMarkEvents]: recorded after collective s
   int* barrier_word_ = nullptr;  // 4 bytes of device memory for barrier()
   std::string last_call_ = "no collective yet";
   std::string failure_;

@@ -252,5 +252,38 @@ TEST(ZeroCommQueue, WorkerCarriesTheCallersLogRank) {
   EXPECT_EQ(seen_world.load(), 4);
 }
 
+// Marks (the per-ticket ordering NCCL needs): each ticket keeps the marker's value right after its
+// own work ran — here a counter of "collectives" that work items advance by different amounts — so
+// a ticket's mark names its last collective, not one a later ticket issued; a ticket older than the
+// ring gives 0 (the caller then orders after everything).
+TEST(ZeroCommQueue, EachTicketKeepsTheMarkOfItsOwnWork) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlap" : "inline");
+    CommQueue q(overlap);
+    std::atomic<std::uint64_t> collectives{0};
+    q.set_marker([&] { return collectives.load(); });
+    std::vector<CommQueue::Ticket> tickets;
+    std::vector<std::uint64_t> expected;
+    std::uint64_t total = 0;
+    for (int i = 1; i <= 300; ++i) {
+      const int issued = i % 3;  // 0, 1 or 2 collectives per work item
+      total += static_cast<std::uint64_t>(issued);
+      tickets.push_back(q.submit([&, issued] { collectives += static_cast<std::uint64_t>(issued); }));
+      expected.push_back(total);
+    }
+    q.drain();
+    ASSERT_EQ(collectives.load(), total);
+    for (std::size_t k = 0; k < tickets.size(); ++k) {
+      const std::uint64_t m = q.mark(tickets[k]);
+      if (k + 256 < tickets.size()) {
+        EXPECT_EQ(m, 0u) << "ticket " << tickets[k] << " is older than the ring";
+      } else {
+        EXPECT_EQ(m, expected[k]) << "ticket " << tickets[k];
+        if (k + 1 < tickets.size() && expected[k] != total) EXPECT_LT(m, total);  // not the latest collective
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
