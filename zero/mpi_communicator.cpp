@@ -96,6 +96,22 @@ bool poll_until(Test test, Clock::time_point deadline) {
   }
 }
 
+// Tests `requests` until all have completed (true) or the deadline passes (false: the pending
+// ones stay non-null, so the caller can name their peers). `status` is MPI_Testsome's; on a
+// failure the test stops at once (true) and the caller's check() reports it.
+bool test_all_until(std::vector<MPI_Request>& requests, Clock::time_point deadline, int& status) {
+  std::vector<int> indices(requests.size());
+  status = MPI_SUCCESS;
+  return poll_until(
+      [&] {
+        int done = 0;
+        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
+        if (status != MPI_SUCCESS) return true;
+        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+      },
+      deadline);
+}
+
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string s;
   for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i == 0 ? "" : ", ", ranks[i]);
@@ -214,16 +230,8 @@ void MpiCommunicator::arrive(const Call& call) {
     check(MPI_Isend(&seen_[static_cast<std::size_t>(me)], sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Isend", call);
     requests.push_back(r);
   }
-  std::vector<int> indices(requests.size());
   int status = MPI_SUCCESS;
-  const bool all = poll_until(
-      [&] {
-        int done = 0;
-        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
-        if (status != MPI_SUCCESS) return true;
-        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
-      },
-      Clock::now() + timeout_);
+  const bool all = test_all_until(requests, Clock::now() + timeout_, status);
   check(status, "MPI_Testsome", call);
   // The descriptions that came, then who is missing.
   std::vector<int> missing;
@@ -282,16 +290,8 @@ void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector
     peer_of.push_back(p.peer);
   }
   if (requests.empty()) return;
-  std::vector<int> indices(requests.size());
   int status = MPI_SUCCESS;
-  const bool all = poll_until(
-      [&] {
-        int done = 0;
-        status = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &done, indices.data(), MPI_STATUSES_IGNORE);
-        if (status != MPI_SUCCESS) return true;
-        return done == MPI_UNDEFINED || std::all_of(requests.begin(), requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
-      },
-      Clock::now() + timeout_);
+  const bool all = test_all_until(requests, Clock::now() + timeout_, status);
   check(status, "MPI_Testsome", call);
   if (all) return;
   std::vector<int> stuck;
