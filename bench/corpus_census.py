@@ -37,3 +37,5 @@ for path in files:
         counts["broken"] += 1; reasons["BROKEN rc=%s %s" % (rc, err.strip()[-150:])] += 1
 print("census: %d trains / %d accepted (%d refused, %d broken); %d invalid; of %d" % (counts["trains"], counts["trains"]+counts["refused"]+counts["broken"], counts["refused"], counts["broken"], counts["invalid"], len(files)))
 for k, v in reasons.most_common(): print("  %3d  %s" % (v, k))
+import shutil
+shutil.rmtree(tmp, ignore_errors=True)
