@@ -1,0 +1,94 @@
+// Engine's private state (the pimpl behind engine/engine.h), shared by the files that implement
+// Engine: engine.cpp (the step loop) and engine_checkpoint.cpp (training checkpoints). Not installed.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/activation_checkpointing.h"
+#include "engine/checkpoint_files.h"
+#include "engine/engine.h"
+#include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
+#include "engine/onebit_optimizer.h"
+#include "engine/optimizer.h"
+#include "ops/buffer.h"
+#include "zero/communicator.h"
+#include "zero/model_states.h"
+
+namespace dstrain {
+
+// A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
+// checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
+struct Engine::SaveJob {
+  std::filesystem::path save_dir, partial, data_file, index_file;
+  std::string tag;
+  int rank_files = 1;
+  std::vector<CheckpointPiece> pieces;
+  std::unique_ptr<std::byte[]> snapshot;  // uninitialised: every byte is copied in before it is read
+  config::Json manifest;  // rank 0
+  std::thread thread;
+  std::string error;
+  ~SaveJob() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+struct Engine::Impl {
+  // One layer's views, in params() / saved_activations() / scratch() order. params and grads are
+  // refreshed by ModelStates::views before every call (ZeRO-3 gathers land anywhere).
+  struct LayerState {
+    std::vector<Tensor> params, grads;  // tied entries are views of the owner's
+    std::vector<Tensor> saved, scratch;
+    Tensor input;             // the previous layer's output (empty for the first layer)
+    Tensor output;            // where forward writes
+    Tensor recompute_output;  // where a checkpointed recompute writes (= output otherwise)
+  };
+  struct Owned {
+    ParamSpec spec;
+    std::size_t layer = 0;
+    const FlatSlot* slot = nullptr;
+  };
+
+  // The schedule gets the optimizer's lr and betas, as DeepSpeed's schedulers read them from the
+  // optimizer's param groups.
+  Impl(const config::DsConfig& c, const EngineOptions& o);  // engine.cpp
+
+  config::DsConfig config;
+  EngineOptions options;
+  Optimizer optimizer;
+  std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
+  Allocator* allocator = nullptr;
+  std::unique_ptr<Allocator> own_host_allocator;  // when options.host_allocator is null
+  Allocator* host_allocator = nullptr;  // cpu_checkpointing's kept inputs, the offloaded optimizer partition
+  std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
+  // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
+  // Declared after the allocator: its buffers are freed first.
+  std::unique_ptr<OneBitOptimizer> onebit;
+  std::vector<LayerState> layers;
+  std::vector<Owned> owned;
+  std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
+  Buffer act_buf, scratch_buf;
+  Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
+  Batch batch;      // the current micro-batch, on the device
+  Buffer batch_buf;  // a device engine's copy of a host batch: tokens (B, T) then targets (B, T), int32
+  LrSchedule schedule;  // from config.scheduler; stepped after every applied optimizer step
+  LrHook hook;          // an embedding program's override of schedule's lr
+  std::unique_ptr<ActivationCheckpointing> ckpt;  // null: every activation is kept
+  LossScaler scaler;  // fp16: DeepSpeed's loss scale; bf16 / fp32: scale 1 and its overflow policy
+  StochasticRoundingOptions rounding;  // the bf16 copies' rounding (EngineOptions::bf16_stochastic_rounding)
+  bool mixed = false;  // fp16 or bf16: 16-bit layers, fp32 masters
+  Communicator* comm = nullptr;
+  int world = 1;
+  CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
+  CommStats step_comm;           // the last optimizer step's collectives
+  std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
+  bool writer_announced = false;
+};
+
+}  // namespace dstrain
