@@ -49,6 +49,14 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// A fresh, empty folder for one test suite's files: <tmp>/<name>.<pid> (removed first if a
+// killed earlier run left it).
+inline std::filesystem::path fresh_suite_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
 // A small English corpus tokenized with the bytes tokenizer into `dir`/t_train.bin and
 // `dir`/t_val.bin: four documents of plain English under `dir`/text; prepare-data puts the last one
 // in the val file. Returns prepare-data's result.

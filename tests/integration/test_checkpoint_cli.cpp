@@ -31,8 +31,7 @@ namespace {
 class CheckpointCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("dstrain_test_checkpoint_cli." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_checkpoint_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
     // bf16 with stochastic rounding, ZeRO 2, GAS 2, a warmup schedule: everything a resume restores.

@@ -25,8 +25,7 @@ namespace {
 class CliHardening : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("dstrain_test_cli_hardening." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_cli_hardening");
     fs::create_directories(dir_);
     std::ofstream(dir_ / "ds.json") << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
   }

@@ -32,8 +32,7 @@ constexpr double kLossTolerance = 2e-4;
 class TrainMultirankCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("dstrain_test_train_multirank_cli." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_train_multirank_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
   }

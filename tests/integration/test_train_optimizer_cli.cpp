@@ -51,8 +51,7 @@ std::map<std::string, std::vector<float>> read_safetensors_f32(const fs::path& p
 class TrainOptimizerCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("dstrain_test_train_optimizer_cli." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_train_optimizer_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
     // No optimizer block; no clipping, so the step is the optimizer's alone.

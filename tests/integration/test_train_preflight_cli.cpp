@@ -31,8 +31,7 @@ namespace {
 class TrainPreflightCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("dstrain_test_train_preflight_cli." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_train_preflight_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
     std::ofstream(dir_ / "ds.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
