@@ -402,7 +402,9 @@ TEST(Checkpoint, OptimizerOffloadResumesBitwiseAndSavesWhatTheDeviceRunSaves) {
 TEST(Checkpoint, ReshardAcrossStagesAndWorlds) {
   // The global batch is 4 micro-batches: (W, GAS) = (1, 4), (2, 2), (4, 1).
   const auto at = [](int stage, int world, Precision p) { return spec(stage, world, p, 4 / world); };
-  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+  // fp16 too: its loss scaler (scale, hysteresis, good steps) crosses stages and world sizes with
+  // the rest of the state.
+  for (const Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     for (const auto& [s0, w0] : std::vector<std::pair<int, int>>{{0, 1}, {2, 2}, {3, 4}}) {
       const RunSpec src = at(s0, w0, p);
       TempDir d("reshard_src");
