@@ -5,11 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace dstrain {
+#include "config_schema/aio_config.h"
 
-namespace config {
-struct AioConfig;
-}
+namespace dstrain {
 
 struct IoOptions {
   // Largest transfer the kernel is asked for at once (aio.block_size). A request is cut into pieces
@@ -31,9 +29,9 @@ struct IoOptions {
   unsigned max_registered_buffers = 256;
 
   // The io_uring limit on a ring's size (the kernel's IORING_MAX_ENTRIES).
-  static constexpr unsigned kMaxQueueDepth = 32768;
+  static constexpr unsigned kMaxQueueDepth = static_cast<unsigned>(config::kMaxQueueDepth);
   // Rings (and threads) per engine: more than a few per drive only adds threads.
-  static constexpr unsigned kMaxIntraOpParallelism = 256;
+  static constexpr unsigned kMaxIntraOpParallelism = static_cast<unsigned>(config::kMaxIntraOpParallelism);
   // One transfer never exceeds this: Linux moves at most 0x7ffff000 bytes per read/write.
   static constexpr std::uint64_t kMaxBlockSize = std::uint64_t{1} << 30;
 
