@@ -49,9 +49,9 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
     fail("data loader: the batch buffers hold {} inputs and {} targets, but {} sequences of {} tokens need {} each",
          inputs.size(), targets.size(), windows.size(), T, expected);
   }
-  // vocab_size 0 means unchecked: every uint16 is below the limit.
-  const std::uint32_t limit = vocab_size > 0 ? static_cast<std::uint32_t>(vocab_size) : 65536u;
-  std::vector<std::uint16_t> window(T + 1);  // one window's tokens, read from the file (TokenFile::read)
+  // vocab_size 0 means checked only against int32, the type the batch holds ids in.
+  const std::uint32_t limit = vocab_size > 0 ? static_cast<std::uint32_t>(vocab_size) : 0x80000000u;
+  std::vector<std::uint32_t> window(T + 1);  // one window's tokens, read from the file (TokenFile::read)
   for (std::size_t row = 0; row < windows.size(); ++row) {
     const std::size_t start = windows[row] * T;
     if (start + T + 1 > file.size()) {
@@ -59,16 +59,16 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
            start + T, file.path().string(), file.size());
     }
     file.read(start, window);
-    const std::uint16_t* src = window.data();
+    const std::uint32_t* src = window.data();
     std::int32_t* in = inputs.data() + row * T;
     std::int32_t* tg = targets.data() + row * T;
     std::uint32_t largest = 0;
     for (std::size_t t = 0; t < T; ++t) {
-      in[t] = src[t];
-      tg[t] = src[t + 1];
-      largest = std::max<std::uint32_t>(largest, src[t]);
+      in[t] = static_cast<std::int32_t>(src[t]);
+      tg[t] = static_cast<std::int32_t>(src[t + 1]);
+      largest = std::max(largest, src[t]);
     }
-    largest = std::max<std::uint32_t>(largest, src[T]);
+    largest = std::max(largest, src[T]);
     if (largest >= limit) {
       for (std::size_t t = 0; t <= T; ++t) {
         if (src[t] >= limit) {
@@ -84,11 +84,11 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
 void validate_token_file(const TokenFile& file, std::int32_t vocab_size) {
   if (vocab_size <= 0) fail("validate: vocab_size is {}: give the tokenizer's vocabulary size (>= 1)", vocab_size);
   const auto limit = static_cast<std::uint32_t>(vocab_size);
-  constexpr std::size_t kChunk = std::size_t{1} << 20;  // tokens per read: 2 MiB
-  std::vector<std::uint16_t> chunk(std::min(kChunk, file.size()));
+  constexpr std::size_t kChunk = std::size_t{1} << 20;  // tokens per read: 4 MiB
+  std::vector<std::uint32_t> chunk(std::min(kChunk, file.size()));
   for (std::size_t first = 0; first < file.size(); first += kChunk) {
     const std::size_t n = std::min(kChunk, file.size() - first);
-    const std::span<std::uint16_t> part(chunk.data(), n);
+    const std::span<std::uint32_t> part(chunk.data(), n);
     file.read(first, part);
     for (std::size_t i = 0; i < n; ++i) {
       if (part[i] >= limit) {

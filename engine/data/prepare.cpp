@@ -35,11 +35,7 @@ std::size_t check_arguments(std::size_t documents, const Tokenizer& tokenizer,
          "output",
          out_val->string());
   }
-  if (tokenizer.vocab_size() > 65536) {
-    fail("tokenizer '{}' has {} token ids, but token files store uint16 ids (at most 65536): use a tokenizer with a "
-         "smaller vocabulary",
-         tokenizer.name(), tokenizer.vocab_size());
-  }
+  (void)token_width_for_vocab(tokenizer.vocab_size());
   return val_documents;
 }
 
@@ -55,8 +51,11 @@ PrepareResult prepare(std::size_t documents, const std::function<std::string_vie
     tokens.push_back(tokenizer.eot_token());
     tokenizer.encode_append(document(i), tokens);
   }
-  write_token_file(out_train, train);
-  if (out_val) write_token_file(*out_val, val);
+  // The width follows the vocabulary, not the ids that happen to occur, so every file made with one
+  // tokenizer has the same format.
+  const TokenWidth width = token_width_for_vocab(tokenizer.vocab_size());
+  write_token_file(out_train, train, width);
+  if (out_val) write_token_file(*out_val, val, width);
   log_info("prepared {} documents with tokenizer '{}': {} train tokens ({} documents) -> {}{}", documents,
            tokenizer.name(), train.size(), train_documents, out_train.string(),
            out_val ? fmt::format(", {} val tokens ({} documents) -> {}", val.size(), val_documents, out_val->string())

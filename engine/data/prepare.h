@@ -28,7 +28,8 @@ struct PrepareResult {
 // Reads each input file (raw bytes, one document per file) and writes the token files. Throws Error
 // naming the value and the fix for a missing/unreadable input, val_fraction outside [0, 1), no
 // documents, val_fraction > 0 without out_val (or with fewer than 2 documents), out_val with
-// val_fraction 0, or a tokenizer whose ids do not fit uint16.
+// val_fraction 0. Token files are uint16 (version 1) for vocabularies up to 65536 ids, uint32
+// (version 2) above (token_width_for_vocab).
 PrepareResult prepare_token_files(const std::vector<std::filesystem::path>& inputs, const Tokenizer& tokenizer,
                                   const std::filesystem::path& out_train,
                                   std::optional<std::filesystem::path> out_val, double val_fraction);

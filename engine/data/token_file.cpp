@@ -77,18 +77,33 @@ class TempFile {
 
 }  // namespace
 
-void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
+TokenWidth token_width_for_vocab(std::int64_t vocab_size) {
+  if (vocab_size <= 0 || vocab_size > std::int64_t{1} << 32) {
+    fail("a vocabulary of {} ids does not fit a token file (ids are uint16 or uint32)", vocab_size);
+  }
+  return vocab_size <= 65536 ? TokenWidth::uint16 : TokenWidth::uint32;
+}
+
+void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens, TokenWidth width) {
+  if (width != TokenWidth::uint16 && width != TokenWidth::uint32) {
+    fail("cannot write {}: token width {} is neither 2 (uint16) nor 4 (uint32) bytes", path.string(),
+         static_cast<std::int32_t>(width));
+  }
   if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
     fail("cannot write {}: {} tokens exceed the token file's int32 count (2^31-1); split the data into several "
          "files",
          path.string(), tokens.size());
   }
-  // Check every id before creating anything, so a bad tokenizer leaves no file at all.
+  // Check every id before creating anything, so a bad tokenizer leaves no file at all. int32 ids are
+  // never above uint32's range, so only uint16 has an upper limit to check.
+  const bool narrow = width == TokenWidth::uint16;
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] > 0xFFFF) {
-      fail("cannot write {}: token {} at position {} does not fit the token file's uint16 (the vocabulary must be "
-           "smaller than 65536); use a tokenizer with a smaller vocabulary",
-           path.string(), tokens[i], i);
+    if (tokens[i] < 0 || (narrow && tokens[i] > 0xFFFF)) {
+      fail("cannot write {}: token {} at position {} does not fit the token file's {} ids{}", path.string(), tokens[i], i,
+           narrow ? "uint16" : "uint32",
+           narrow ? " (vocabulary < 65536); write it with TokenWidth::uint32 (version 2), as prepare-data does for a "
+                    "larger vocabulary"
+                  : "");
     }
   }
 
@@ -102,21 +117,30 @@ void write_token_file(const std::filesystem::path& path, std::span<const std::in
 
   std::array<std::int32_t, kTokenFileHeaderBytes / sizeof(std::int32_t)> header{};
   header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
+  header[1] = narrow ? kTokenFileVersionUint16 : kTokenFileVersionWidth;
   header[2] = static_cast<std::int32_t>(tokens.size());
+  if (!narrow) header[3] = static_cast<std::int32_t>(width);
   if (const int error = write_all(fd, header.data(), sizeof(header)); error != 0) {
     fail("cannot write {}: {}", path.string(), errno_text(error));
   }
   constexpr std::size_t kChunk = std::size_t{1} << 20;
-  std::vector<std::uint16_t> chunk;
-  chunk.reserve(std::min(kChunk, tokens.size()));
-  for (std::size_t start = 0; start < tokens.size(); start += kChunk) {
-    const std::size_t n = std::min(kChunk, tokens.size() - start);
-    chunk.resize(n);
-    for (std::size_t i = 0; i < n; ++i) chunk[i] = static_cast<std::uint16_t>(tokens[start + i]);
-    if (const int error = write_all(fd, chunk.data(), n * sizeof(std::uint16_t)); error != 0) {
-      fail("cannot write {}: {}", path.string(), errno_text(error));
+  const auto write_chunks = [&]<typename Id>(std::vector<Id>& chunk) {
+    chunk.reserve(std::min(kChunk, tokens.size()));
+    for (std::size_t start = 0; start < tokens.size(); start += kChunk) {
+      const std::size_t n = std::min(kChunk, tokens.size() - start);
+      chunk.resize(n);
+      for (std::size_t i = 0; i < n; ++i) chunk[i] = static_cast<Id>(tokens[start + i]);
+      if (const int error = write_all(fd, chunk.data(), n * sizeof(Id)); error != 0) {
+        fail("cannot write {}: {}", path.string(), errno_text(error));
+      }
     }
+  };
+  if (narrow) {
+    std::vector<std::uint16_t> chunk;
+    write_chunks(chunk);
+  } else {
+    std::vector<std::uint32_t> chunk;
+    write_chunks(chunk);
   }
   if (::fsync(fd) != 0) fail("cannot flush {} to disk: {}", path.string(), errno_text(errno));
   if (const int error = temp.close(); error != 0) fail("cannot write {}: {}", path.string(), errno_text(error));
@@ -151,7 +175,7 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
          path.string(), file_bytes, kFix);
   }
 
-  std::array<std::int32_t, 3> header{};
+  std::array<std::int32_t, 4> header{};
   const ssize_t got = ::pread(fd, header.data(), sizeof(header), 0);
   if (got != static_cast<ssize_t>(sizeof(header))) {
     fail("cannot read the header of token file {}: {}", path.string(), got < 0 ? std::strerror(errno) : "it shrank while being opened");
@@ -160,34 +184,51 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
     fail("token file {} starts with magic {}, not {}: it is not an llm.c token file; {}", path.string(), header[0],
          kTokenFileMagic, kFix);
   }
-  if (header[1] != kTokenFileVersion) {
-    fail("token file {} has version {}; this reader knows version {} (uint16 tokens); {}", path.string(), header[1],
-         kTokenFileVersion, kFix);
+  TokenWidth width = TokenWidth::uint16;
+  if (header[1] == kTokenFileVersionWidth) {
+    if (header[3] != static_cast<std::int32_t>(TokenWidth::uint16) && header[3] != static_cast<std::int32_t>(TokenWidth::uint32)) {
+      fail("token file {} (version 2) gives {} bytes per token; the format allows 2 (uint16) or 4 (uint32): the header "
+           "is corrupt; {}",
+           path.string(), header[3], kFix);
+    }
+    width = static_cast<TokenWidth>(header[3]);
+  } else if (header[1] != kTokenFileVersionUint16) {
+    fail("token file {} has version {}; this reader knows versions 1 (uint16 tokens) and 2 (uint16 or uint32 tokens, "
+         "width in the header); {}",
+         path.string(), header[1], kFix);
   }
   if (header[2] < 0) {
     fail("token file {} claims {} tokens, a negative count: the header is corrupt; {}", path.string(), header[2],
          kFix);
   }
   const auto count = static_cast<std::size_t>(header[2]);
-  const std::size_t expected = kTokenFileHeaderBytes + count * sizeof(std::uint16_t);
+  const auto bytes_per_token = static_cast<std::size_t>(width);
+  const std::size_t expected = kTokenFileHeaderBytes + count * bytes_per_token;
   if (file_bytes != expected) {
-    fail("token file {} has {} bytes, but its header's {} tokens need {} (1024 + 2 per token): it is {}; {}",
-         path.string(), file_bytes, count, expected, file_bytes < expected ? "truncated" : "longer than its header says",
-         kFix);
+    fail("token file {} has {} bytes, but its header's {} tokens need {} (1024 + {} per token): it is {}; {}",
+         path.string(), file_bytes, count, expected, bytes_per_token,
+         file_bytes < expected ? "truncated" : "longer than its header says", kFix);
   }
+  file.width_ = width;
   file.count_ = count;
   // Training reads the tokens in order and more than once; tell the kernel, ignore if it declines.
   (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
   return file;
 }
 
-void TokenFile::read(std::size_t first, std::span<std::uint16_t> out) const {
+void TokenFile::read(std::size_t first, std::span<std::uint32_t> out) const {
   if (first > count_ || out.size() > count_ - first) {
     fail("token file {}: tokens {}..{} lie past its end ({} tokens)", path_.string(), first, first + out.size(), count_);
   }
-  auto* p = reinterpret_cast<unsigned char*>(out.data());
-  std::size_t left = out.size_bytes();
-  auto offset = static_cast<off_t>(kTokenFileHeaderBytes + first * sizeof(std::uint16_t));
+  const auto bytes_per_token = static_cast<std::size_t>(width_);
+  // uint32 ids land in `out` directly; uint16 ids are read into the back half of `out` and widened
+  // from the front, which never overwrites an id not yet widened (element i is written after the
+  // narrow ids 0..i were read, and narrow id i lies at byte 2·(n + i) >= 4·i).
+  auto* base = reinterpret_cast<unsigned char*>(out.data());
+  const std::size_t total = out.size() * bytes_per_token;
+  unsigned char* p = base + (out.size_bytes() - total);
+  std::size_t left = total;
+  auto offset = static_cast<off_t>(kTokenFileHeaderBytes + first * bytes_per_token);
   while (left > 0) {
     const ssize_t n = ::pread(fd_, p, left, offset);
     if (n < 0 && errno == EINTR) continue;
@@ -196,22 +237,33 @@ void TokenFile::read(std::size_t first, std::span<std::uint16_t> out) const {
       fail("token file {} shrank while this run reads it: it held {} tokens at the start and now ends before token {}; something "
            "truncated or rewrote it in place. Keep a file's contents fixed while a run reads it (prepare-data replaces its outputs "
            "atomically, which is safe)",
-           path_.string(), count_, first + (out.size_bytes() - left) / sizeof(std::uint16_t));
+           path_.string(), count_, first + (total - left) / bytes_per_token);
     }
     p += n;
     left -= static_cast<std::size_t>(n);
     offset += n;
   }
+  if (width_ == TokenWidth::uint16) {
+    const unsigned char* narrow = base + (out.size_bytes() - total);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      std::uint16_t id;
+      std::memcpy(&id, narrow + 2 * i, sizeof(id));
+      out[i] = id;
+    }
+  }
 }
 
-std::vector<std::uint16_t> TokenFile::read_all() const {
-  std::vector<std::uint16_t> all(count_);
+std::vector<std::uint32_t> TokenFile::read_all() const {
+  std::vector<std::uint32_t> all(count_);
   read(0, all);
   return all;
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), count_(std::exchange(other.count_, 0)) {}
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      count_(std::exchange(other.count_, 0)),
+      width_(other.width_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -219,6 +271,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
     count_ = std::exchange(other.count_, 0);
+    width_ = other.width_;
   }
   return *this;
 }

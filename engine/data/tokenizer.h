@@ -1,7 +1,7 @@
 // Tokenizer: what the data preparation needs from any tokenizer.
 //
 // Token ids are int32, as the training loop consumes them (llm.c widens its uint16 file tokens to
-// int too); token files store them as uint16, which write_token_file checks.
+// int too); token files store them as uint16 or, for vocabularies above 65536, uint32.
 #pragma once
 
 #include <cstdint>

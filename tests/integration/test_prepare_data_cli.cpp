@@ -105,7 +105,7 @@ RunResult run_dstrain(const std::vector<std::string>& args, const fs::path& cwd)
 
 std::vector<int> tokens_of(const fs::path& path) {
   const dstrain::TokenFile file = dstrain::TokenFile::open(path);
-  const std::vector<std::uint16_t> all = file.read_all();
+  const std::vector<std::uint32_t> all = file.read_all();
   return {all.begin(), all.end()};
 }
 

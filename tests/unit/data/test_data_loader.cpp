@@ -400,6 +400,40 @@ TEST(DataLoader, TokensBeyondTheVocabularyAreReportedWhereTheyAre) {
   EXPECT_THAT(error_of([&] { (void)load(loader2, 0); }), HasSubstr("token 256 at position 8"));
 }
 
+// Version 2 (uint32) files: Llama 3 / Qwen ids above 65535 reach the batch intact, and an id past
+// the model's vocabulary is refused as in a uint16 file.
+TEST(DataLoader, WideTokenFilesLoadAndAreCheckedAgainstTheVocabulary) {
+  TempDir dir;
+  std::vector<std::int32_t> tokens;
+  for (std::int32_t i = 0; i < 13; ++i) tokens.push_back(128000 + i);  // T = 4: windows [0..4], [4..8], [8..12]
+  tokens[10] = 151935;
+  write_token_file(dir / "wide.bin", tokens, TokenWidth::uint32);
+  DataLoaderOptions o = options(1, 4, 1, 1, 0, /*shuffle=*/false);
+  o.vocab_size = 151936;
+  DataLoader loader = DataLoader::open(dir / "wide.bin", o);
+  EXPECT_EQ(loader.window_count(), 3u);
+  Batch b = load(loader, 0);
+  EXPECT_THAT(b.inputs, ElementsAre(128000, 128001, 128002, 128003));
+  EXPECT_THAT(b.targets, ElementsAre(128001, 128002, 128003, 128004));
+  EXPECT_EQ(error_of([&] { loader.validate(151936); }), "no error");
+
+  o.vocab_size = 128256;  // Llama 3's vocabulary: 151935 does not belong to it
+  DataLoader llama = DataLoader::open(dir / "wide.bin", o);
+  EXPECT_THAT(error_of([&] { llama.validate(128256); }), HasSubstr("token 151935 at position 10"));
+  llama.advance_step();
+  llama.advance_step();
+  EXPECT_THAT(error_of([&] { (void)load(llama, 0); }), HasSubstr("vocabulary size 128256"));
+
+  EvalLoaderOptions e;
+  e.batch_size = 1;
+  e.sequence_length = 4;
+  e.vocab_size = 151936;
+  EvalLoader eval = EvalLoader::open(dir / "wide.bin", e);
+  std::vector<std::int32_t> in(4), tg(4);
+  ASSERT_TRUE(eval.next(in, tg));
+  EXPECT_THAT(in, ElementsAre(128000, 128001, 128002, 128003));
+}
+
 TEST(DataLoader, BadOptionsAndBuffersAreNamed) {
   TempDir dir;
   const auto path = position_file(dir, 100);

@@ -22,7 +22,7 @@ namespace {
 
 std::vector<std::int32_t> tokens_of(const std::filesystem::path& path) {
   const TokenFile file = TokenFile::open(path);
-  const std::vector<std::uint16_t> all = file.read_all();
+  const std::vector<std::uint32_t> all = file.read_all();
   return {all.begin(), all.end()};
 }
 
@@ -36,14 +36,18 @@ std::string prepare_error(const std::vector<std::string>& documents, std::option
   return "no error";
 }
 
-// A tokenizer whose ids cannot fit a token file.
-class HugeVocabulary final : public Tokenizer {
+// A tokenizer with `vocab` ids whose every text is the one token vocab - 2 (eot: vocab - 1).
+class FixedVocabulary final : public Tokenizer {
  public:
-  void encode_append(std::string_view, std::vector<std::int32_t>&) const override {}
+  explicit FixedVocabulary(std::int32_t vocab) : vocab_(vocab) {}
+  void encode_append(std::string_view, std::vector<std::int32_t>& out) const override { out.push_back(vocab_ - 2); }
   std::string decode(std::span<const std::int32_t>) const override { return {}; }
-  std::int32_t eot_token() const override { return 69999; }
-  std::int32_t vocab_size() const override { return 70000; }
-  std::string_view name() const override { return "huge"; }
+  std::int32_t eot_token() const override { return vocab_ - 1; }
+  std::int32_t vocab_size() const override { return vocab_; }
+  std::string_view name() const override { return "fixed"; }
+
+ private:
+  std::int32_t vocab_;
 };
 
 }  // namespace
@@ -93,8 +97,22 @@ TEST(Prepare, BadArgumentsNameTheValueAndTheFix) {
   EXPECT_THAT(prepare_error({"a"}, dir / "val.bin", 0.1, train), HasSubstr("at least 2 documents"));
   EXPECT_THAT(prepare_error({"a", "b"}, std::nullopt, 0.1, train), HasSubstr("no val output file"));
   EXPECT_THAT(prepare_error({"a", "b"}, dir / "val.bin", 0.0, train), HasSubstr("val_fraction is 0"));
-  EXPECT_THROW((void)prepare_token_files_from_texts({"a"}, HugeVocabulary(), train, std::nullopt, 0.0), Error);
+  EXPECT_THROW((void)prepare_token_files_from_texts({"a"}, FixedVocabulary(0), train, std::nullopt, 0.0), Error);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "failed preparations must write nothing";
+}
+
+// The token width follows the vocabulary: uint16 (version 1) up to 65536 ids, uint32 (version 2)
+// above, even when the ids that occur would all fit uint16.
+TEST(Prepare, TokenWidthFollowsTheVocabulary) {
+  TempDir dir;
+  (void)prepare_token_files_from_texts({"a", "b"}, FixedVocabulary(65536), dir / "narrow.bin", std::nullopt, 0.0);
+  EXPECT_EQ(TokenFile::open(dir / "narrow.bin").width(), TokenWidth::uint16);
+  EXPECT_EQ(tokens_of(dir / "narrow.bin"), (std::vector<std::int32_t>{65535, 65534, 65535, 65534}));
+  (void)prepare_token_files_from_texts({"a", "b"}, FixedVocabulary(151936), dir / "wide.bin", std::nullopt, 0.0);
+  EXPECT_EQ(TokenFile::open(dir / "wide.bin").width(), TokenWidth::uint32);
+  EXPECT_EQ(tokens_of(dir / "wide.bin"), (std::vector<std::int32_t>{151935, 151934, 151935, 151934}));
+  (void)prepare_token_files_from_texts({"a"}, FixedVocabulary(65537), dir / "edge.bin", std::nullopt, 0.0);
+  EXPECT_EQ(TokenFile::open(dir / "edge.bin").width(), TokenWidth::uint32);
 }
 
 TEST(Prepare, ReadsOneDocumentPerFile) {

@@ -74,8 +74,9 @@ TEST(TokenFile, ReaderMapsWhatTheWriterWrote) {
   TokenFile file = TokenFile::open(path);
   ASSERT_EQ(file.size(), tokens.size());
   EXPECT_EQ(file.path(), path);
-  const std::vector<std::uint16_t> all = file.read_all();
-  for (std::size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(all[i], tokens[i]) << i;
+  EXPECT_EQ(file.width(), TokenWidth::uint16);
+  const std::vector<std::uint32_t> all = file.read_all();
+  for (std::size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(all[i], static_cast<std::uint32_t>(tokens[i])) << i;
 
   TokenFile moved = std::move(file);
   EXPECT_EQ(moved.size(), tokens.size());
@@ -108,9 +109,19 @@ TEST(TokenFile, ReaderRejectsDamagedFiles) {
   EXPECT_THAT(open_error(bad), HasSubstr("prepare-data"));
 
   std::string version = bytes;
-  put_int32(version, 4, 2);
+  put_int32(version, 4, 3);
   write_bytes(bad, version);
-  EXPECT_THAT(open_error(bad), HasSubstr("version 2"));
+  EXPECT_THAT(open_error(bad), HasSubstr("version 3"));
+
+  // Version 2 with a width that is neither 2 nor 4; and with width 4, a body sized for uint16.
+  std::string width = bytes;
+  put_int32(width, 4, 2);
+  put_int32(width, 12, 3);
+  write_bytes(bad, width);
+  EXPECT_THAT(open_error(bad), HasSubstr("3 bytes per token"));
+  put_int32(width, 12, 4);
+  write_bytes(bad, width);
+  EXPECT_THAT(open_error(bad), HasSubstr("3 tokens need 1036 (1024 + 4 per token)"));
 
   write_bytes(bad, bytes.substr(0, bytes.size() - 1));
   EXPECT_THAT(open_error(bad), HasSubstr("truncated"));
@@ -136,6 +147,60 @@ TEST(TokenFile, ReaderRejectsDamagedFiles) {
   EXPECT_THAT(open_error(dir.path()), HasSubstr("not a regular file"));
 }
 
+// Version 2, uint32: the width in header[3], four little-endian bytes per id, ids past 65535 intact.
+TEST(TokenFile, WideFileHeaderAndBodyBytesFollowTheFormat) {
+  TempDir dir;
+  const auto path = dir / "wide.bin";
+  const std::vector<std::int32_t> tokens{0, 65535, 65536, 128255, 151935, 0x7FFFFFFF};
+  write_token_file(path, tokens, TokenWidth::uint32);
+  const std::string bytes = read_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 4u * 6u);
+  EXPECT_EQ(int32_at(bytes, 0), 20240520);
+  EXPECT_EQ(int32_at(bytes, 4), 2);  // version
+  EXPECT_EQ(int32_at(bytes, 8), 6);  // token count
+  EXPECT_EQ(int32_at(bytes, 12), 4);  // bytes per token
+  for (std::size_t offset = 16; offset < 1024; offset += 4) ASSERT_EQ(int32_at(bytes, offset), 0) << offset;
+  for (std::size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(int32_at(bytes, 1024 + 4 * i), tokens[i]) << i;
+  EXPECT_TRUE(only_file_in(dir.path(), path)) << "the temporary file should be gone";
+
+  const TokenFile file = TokenFile::open(path);
+  EXPECT_EQ(file.width(), TokenWidth::uint32);
+  const std::vector<std::uint32_t> all = file.read_all();
+  ASSERT_EQ(all.size(), tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(all[i], static_cast<std::uint32_t>(tokens[i])) << i;
+  std::vector<std::uint32_t> middle(2);
+  file.read(2, middle);
+  EXPECT_EQ(middle[0], 65536u);
+  EXPECT_EQ(middle[1], 128255u);
+}
+
+// A version 2 file may also say 2 bytes per token; the reader takes it like version 1.
+TEST(TokenFile, VersionTwoWithTwoByteIdsReads) {
+  TempDir dir;
+  const auto path = dir / "v2narrow.bin";
+  std::string bytes(1024 + 2 * 3, '\0');
+  put_int32(bytes, 0, 20240520);
+  put_int32(bytes, 4, 2);
+  put_int32(bytes, 8, 3);
+  put_int32(bytes, 12, 2);
+  const unsigned char body[] = {0x01, 0x00, 0xFF, 0xFF, 0x50, 0xC4};
+  std::memcpy(bytes.data() + 1024, body, sizeof(body));
+  write_bytes(path, bytes);
+  const TokenFile file = TokenFile::open(path);
+  EXPECT_EQ(file.width(), TokenWidth::uint16);
+  EXPECT_EQ(file.read_all(), (std::vector<std::uint32_t>{1, 65535, 50256}));
+}
+
+TEST(TokenFile, WidthForAVocabulary) {
+  EXPECT_EQ(token_width_for_vocab(256), TokenWidth::uint16);
+  EXPECT_EQ(token_width_for_vocab(50257), TokenWidth::uint16);
+  EXPECT_EQ(token_width_for_vocab(65536), TokenWidth::uint16);  // ids 0..65535
+  EXPECT_EQ(token_width_for_vocab(65537), TokenWidth::uint32);
+  EXPECT_EQ(token_width_for_vocab(128256), TokenWidth::uint32);
+  EXPECT_EQ(token_width_for_vocab(151936), TokenWidth::uint32);
+  EXPECT_THROW((void)token_width_for_vocab(0), Error);
+}
+
 TEST(TokenFile, WriterRejectsIdsThatDoNotFitUint16) {
   TempDir dir;
   const auto path = dir / "t.bin";
@@ -147,6 +212,7 @@ TEST(TokenFile, WriterRejectsIdsThatDoNotFitUint16) {
     EXPECT_THAT(e.what(), HasSubstr(path.string()));
   }
   EXPECT_THROW(write_token_file(path, std::vector<std::int32_t>{-1}), Error);
+  EXPECT_THROW(write_token_file(path, std::vector<std::int32_t>{5, -1}, TokenWidth::uint32), Error);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "a rejected write must leave no file";
 }
 
@@ -203,7 +269,7 @@ TEST(TokenFile, AFileTruncatedWhileReadIsAnErrorNotASignal) {
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i % 50000);
   write_token_file(path, tokens);
   const TokenFile file = TokenFile::open(path);
-  std::vector<std::uint16_t> window(64);
+  std::vector<std::uint32_t> window(64);
   file.read(90000, window);
   EXPECT_EQ(window[0], 40000);
   std::filesystem::resize_file(path, kTokenFileHeaderBytes + 2 * 1000);  // in place: the same inode
@@ -218,6 +284,6 @@ TEST(TokenFile, AFileTruncatedWhileReadIsAnErrorNotASignal) {
   // Reads of what is still there go on working; a range past the header's count is an Error.
   file.read(10, window);
   EXPECT_EQ(window[0], 10);
-  std::vector<std::uint16_t> past(2);
+  std::vector<std::uint32_t> past(2);
   EXPECT_THROW(file.read(tokens.size() - 1, past), Error);
 }
