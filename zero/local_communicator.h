@@ -140,7 +140,7 @@ class LocalCommunicator final : public Communicator {
   void check_device(const Tensor& t, const char* what) const;
 
   LocalGroup& group_;
-  int pending_device_ = -1;  // the cuda device with collectives not yet synchronize()d; -1: none
+  [[maybe_unused]] int pending_device_ = -1;  // (used only in CUDA builds) the cuda device with collectives not yet synchronize()d; -1: none
 };
 
 // Runs fn(communicator) on `world_size` threads, rank r on thread r, each with its own

@@ -312,7 +312,10 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
   params.clear();
   if (grads != nullptr) grads->clear();
   for (std::size_t j = 0; j < ly.refs.size(); ++j) {
-    const auto [owner, slot] = ly.refs[j];
+    // Named copies, not a structured binding: the lambda below captures `slot`, which C++20 allows
+    // for bindings but clang before 16 (the fuzz gate's Debian clang 14) does not.
+    const auto owner = ly.refs[j].first;
+    const auto slot = ly.refs[j].second;
     const Layer& o = *layers_[owner];
     const Shape shape = specs_[i][j].shape;
     const auto at = [&](const Buffer& b, std::int64_t begin) { return b.tensor(s_.storage, shape, static_cast<std::size_t>(begin + slot->offset) * dtype_size(s_.storage)); };
