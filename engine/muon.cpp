@@ -89,14 +89,15 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
     if (!mt.muon) continue;
     std::vector<float>& u = whole[k];
     const std::size_t n = static_cast<std::size_t>(mt.rows * mt.cols);
+    const bool held = !u.empty();  // this rank holds a piece of the matrix
     if (c.partitioned) {
       sum.assign(n, 0.0);
       for (std::size_t i = 0; i < u.size(); ++i) sum[i] = u[i];
-      partition.all_reduce_sum(sum);
-      u.resize(n);
-      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
+      partition.all_reduce_sum(sum);  // collective: every rank, every Muon matrix
+      if (held)
+        for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
     }
-    if (u.empty()) continue;  // no piece here (the rank holds none of it)
+    if (!held) continue;
     workspace.resize(static_cast<std::size_t>(newton_schulz_workspace_numel(mt.rows, mt.cols)));
     newton_schulz(Tensor(u.data(), DType::fp32, Shape{mt.rows, mt.cols}), Tensor(workspace.data(), DType::fp32, Shape{static_cast<std::int64_t>(workspace.size())}));
     const auto scale = static_cast<float>(mt.scale);
