@@ -23,6 +23,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
+#include "engine/memory_estimate.h"
 #include "engine/muon.h"
 #include "engine/optimizer.h"
 #include "ops/error.h"
@@ -332,13 +333,20 @@ INSTANTIATE_TEST_SUITE_P(Stages, MuonZero,
                                            std::tuple{2, Precision::bf16}, std::tuple{3, Precision::fp16}),
                          [](const auto& p) { return fmt::format("Stage{}_{}", std::get<0>(p.param), precision_name(std::get<1>(p.param))); });
 
-// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h).
+// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h), and the
+// pre-flight estimate (engine/memory_estimate.h) counts them so.
 TEST(Muon, StateBytes) {
   RunSpec s = muon_spec(2, 2, 1, Precision::fp32);
   s.steps = 1;
   const std::uint64_t muon = run_zero(s).r0().report.optimizer_bytes;
+  config::ConfigOptions o;
+  o.world_size = 2;
+  const double muon_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   s.knobs.optimizer_json.clear();
   EXPECT_EQ(muon, run_zero(s).r0().report.optimizer_bytes);
+  const double adamw_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  EXPECT_GT(muon_estimate, 0.0);
+  EXPECT_EQ(muon_estimate, adamw_estimate);
 }
 
 }  // namespace
