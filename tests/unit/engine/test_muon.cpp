@@ -225,6 +225,26 @@ TEST(Muon, NewtonSchulz) {
   EXPECT_THROW(newton_schulz(Tensor(z.data(), DType::fp32, Shape{3, 4}), Tensor(ws.data(), DType::fp32, Shape{3})), Error);
 }
 
+// The Adam group's lr under a schedule (Optimizer::set_schedule_sets_every_group): a schedule that
+// writes one lr into every group (WarmupLR, ...) gives it the step's lr; otherwise it keeps its own
+// adam_lr scaled by the schedule's ratio lr / muon_lr. Adam's first step moves each element by
+// adam_lr (|m̂| / √v̂ = 1, eps 1e-10 is below fp32 resolution here).
+TEST(Muon, AdamGroupLrUnderSchedules) {
+  const std::vector<ParamSpec> specs = {spec("h.0.ln_1.weight", Shape{8}, false)};
+  for (const bool every : {false, true}) {
+    Optimizer opt(optimizer_config(R"({"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 0.001}})"));
+    opt.set_parameters(specs);
+    opt.set_schedule_sets_every_group(every);
+    HostPartition part(specs, {});
+    for (std::size_t i = 0; i < part.grads.size(); ++i) part.grads[i] = i % 2 == 0 ? 0.5f : -0.25f;
+    const double lr = 0.01;  // the schedule's value for this step: half of muon_lr
+    opt.step(part, lr, 1.0f, 1);
+    const double want = every ? lr : 0.001 * (lr / 0.02);
+    for (std::size_t i = 0; i < part.params.size(); ++i)
+      EXPECT_NEAR(std::abs(part.params[i]), want, 1e-9) << (every ? "every group" : "ratio") << " element " << i;
+  }
+}
+
 // engine.py's two param groups: muon_lr / adam_lr override lr, MuonWithAuxAdam's defaults fill
 // the rest; other keys are ignored with a warning; ns_method is checked as its assert does.
 TEST(Muon, ConfigGroups) {
@@ -332,6 +352,18 @@ INSTANTIATE_TEST_SUITE_P(Stages, MuonZero,
                          ::testing::Values(std::tuple{1, Precision::fp32}, std::tuple{2, Precision::fp32}, std::tuple{3, Precision::fp32},
                                            std::tuple{2, Precision::bf16}, std::tuple{3, Precision::fp16}),
                          [](const auto& p) { return fmt::format("Stage{}_{}", std::get<0>(p.param), precision_name(std::get<1>(p.param))); });
+
+// Optimizer offload (stage 2, reduce_scatter off as DeepSpeed requires with Muon): the step runs on
+// the host partition and gives the same bits as on the device partition.
+TEST(Muon, OptimizerOffloadSameBits) {
+  RunSpec s = muon_spec(2, 2, 1, Precision::bf16);
+  s.steps = 3;
+  const RunResult device = run_zero(s);
+  s.knobs.zero_extra_json = R"("offload_optimizer": {"device": "cpu"})";
+  const RunResult host = run_zero(s);
+  EXPECT_EQ(host.r0().losses, device.r0().losses);
+  EXPECT_EQ(host.r0().params, device.r0().params);
+}
 
 // Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h), and the
 // pre-flight estimate (engine/memory_estimate.h) counts them so.
