@@ -46,6 +46,8 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
 
   // Pass 1: momentum and Nesterov input of the Muon pieces (into whole-matrix copies), Adam on the rest.
   std::vector<std::vector<float>> whole(nt);
+  // The rank holding a matrix's first element orthogonalises it (exactly one rank holds it).
+  std::vector<char> owner(nt, 0);
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) {
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;
@@ -59,6 +61,7 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
         if (mt.muon) {
           std::vector<float>& u = whole[static_cast<std::size_t>(piece.tensor)];
           if (u.empty()) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+          if (piece.tensor_offset == 0 && piece.numel > 0) owner[static_cast<std::size_t>(piece.tensor)] = 1;
           float* ut = u.data() + (piece.tensor_offset - piece.offset);
           for (std::int64_t i = piece.offset; i < end; ++i) {
             const float gi = g[i] * gs;
@@ -81,27 +84,41 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
     }
   });
 
-  // Whole matrices (the ranks' pieces added), orthogonalised and scaled.
+  // Whole matrices (the ranks' pieces added), orthogonalised and scaled. Partitioned, the ranks'
+  // pieces are summed (one value and zeros: exact), the owner orthogonalises, and a second sum hands
+  // its result to the other ranks (theirs are zeros), so each matrix is computed once, not per rank.
   std::vector<float> workspace;
   std::vector<double> sum;
+  const auto orthogonalise = [&](const MuonTensor& mt, float* u) {
+    workspace.resize(static_cast<std::size_t>(newton_schulz_workspace_numel(mt.rows, mt.cols)));
+    newton_schulz(Tensor(u, DType::fp32, Shape{mt.rows, mt.cols}), Tensor(workspace.data(), DType::fp32, Shape{static_cast<std::int64_t>(workspace.size())}));
+    const auto scale = static_cast<float>(mt.scale);
+    for (std::int64_t i = 0; i < mt.rows * mt.cols; ++i) u[i] = u[i] * scale;
+  };
   for (std::size_t k = 0; k < nt; ++k) {
     const MuonTensor& mt = tensors[k];
     if (!mt.muon) continue;
     std::vector<float>& u = whole[k];
     const std::size_t n = static_cast<std::size_t>(mt.rows * mt.cols);
     const bool held = !u.empty();  // this rank holds a piece of the matrix
-    if (c.partitioned) {
-      sum.assign(n, 0.0);
-      for (std::size_t i = 0; i < u.size(); ++i) sum[i] = u[i];
-      partition.all_reduce_sum(sum);  // collective: every rank, every Muon matrix
-      if (held)
-        for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
+    if (!c.partitioned) {
+      if (held) orthogonalise(mt, u.data());
+      continue;
     }
-    if (!held) continue;
-    workspace.resize(static_cast<std::size_t>(newton_schulz_workspace_numel(mt.rows, mt.cols)));
-    newton_schulz(Tensor(u.data(), DType::fp32, Shape{mt.rows, mt.cols}), Tensor(workspace.data(), DType::fp32, Shape{static_cast<std::int64_t>(workspace.size())}));
-    const auto scale = static_cast<float>(mt.scale);
-    for (float& x : u) x = x * scale;
+    // Collectives: every rank, every Muon matrix, twice.
+    sum.assign(n, 0.0);
+    for (std::size_t i = 0; i < u.size(); ++i) sum[i] = u[i];
+    partition.all_reduce_sum(sum);
+    if (owner[k]) {
+      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
+      orthogonalise(mt, u.data());
+      for (std::size_t i = 0; i < n; ++i) sum[i] = u[i];
+    } else {
+      std::fill(sum.begin(), sum.end(), 0.0);
+    }
+    partition.all_reduce_sum(sum);
+    if (held && !owner[k])
+      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
   }
 
   // Pass 2: W ← W·(1 − lr·λ) − lr·O on the Muon pieces.
