@@ -93,7 +93,6 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
   // pieces are summed (one value and zeros: exact), the owner orthogonalises, and a second sum hands
   // its result to the other ranks (theirs are zeros), so each matrix is computed once, not per rank.
   std::vector<float> workspace;
-  std::vector<double> sum;
   // On a GPU the iteration's GEMMs run there (cuBLASLt): the matrix is copied over and back.
   std::unique_ptr<Allocator> device_alloc;
   Buffer device_matrix, device_workspace;
@@ -120,26 +119,21 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
     const MuonTensor& mt = tensors[k];
     if (!mt.muon) continue;
     std::vector<float>& u = whole[k];
-    const std::size_t n = static_cast<std::size_t>(mt.rows * mt.cols);
     const bool held = !u.empty();  // this rank holds a piece of the matrix
     if (!c.partitioned) {
       if (held) orthogonalise(mt, u.data());
       continue;
     }
-    // Collectives: every rank, every Muon matrix, twice.
-    sum.assign(n, 0.0);
-    for (std::size_t i = 0; i < u.size(); ++i) sum[i] = u[i];
-    partition.all_reduce_sum(sum);
+    // Collectives: every rank, every Muon matrix, twice (fp32: one non-zero term per element).
+    if (!held) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+    partition.all_reduce_sum(std::span<float>(u));
     if (owner[k]) {
-      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
       orthogonalise(mt, u.data());
-      for (std::size_t i = 0; i < n; ++i) sum[i] = u[i];
     } else {
-      std::fill(sum.begin(), sum.end(), 0.0);
+      std::fill(u.begin(), u.end(), 0.0f);
     }
-    partition.all_reduce_sum(sum);
-    if (held && !owner[k])
-      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
+    partition.all_reduce_sum(std::span<float>(u));
+    if (!held) std::vector<float>().swap(u);
   }
 
   // Pass 2: W ← W·(1 − lr·λ) − lr·O on the Muon pieces.

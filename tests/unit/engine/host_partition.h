@@ -65,6 +65,7 @@ class HostPartition : public OptimizerPartition {
       fn(out);
     }
   }
+  using OptimizerPartition::all_reduce_sum;
   void all_reduce_sum(std::span<double>) override {}
   std::int32_t tensor_count() const override { return static_cast<std::int32_t>(specs_.size()); }
 
