@@ -105,6 +105,7 @@ OptimizerKind kind_of(const std::string& type) {
   if (type == "Adadelta") return OptimizerKind::adadelta;
   if (type == "ASGD") return OptimizerKind::asgd;
   if (type == "Rprop") return OptimizerKind::rprop;
+  if (type == "Adafactor") return OptimizerKind::adafactor;
   return OptimizerKind::none;
 }
 
@@ -119,6 +120,60 @@ std::pair<double, double> number_pair(const Json& v, const char* key, const char
 // fill the rest (docs/optimizers.md §9).
 const std::vector<std::string> kMuonGroupKeys = {"lr", "momentum", "weight_decay", "muon_lr", "ns_method"};
 const std::vector<std::string> kAdamGroupKeys = {"lr", "betas", "eps", "weight_decay", "adam_lr"};
+
+// torch.optim.Adafactor (torch 2.5+): its keyword arguments and constructor checks. `eps` is a pair
+// (eps1 or null, eps2), unlike every other type's number, so it is read here rather than through
+// the params table.
+void parse_adafactor_params(const Json& raw, OptimizerConfig& c, Json& resolved) {
+  const std::vector<std::string> valid = {"lr", "beta2_decay", "eps", "d", "weight_decay", "foreach", "maximize"};
+  for (const auto& [key, v] : raw.items()) {
+    if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
+    const std::string guess = closest_key(key, valid);
+    fail("optimizer.params.{}: {} does not take a parameter named \"{}\" (DeepSpeed fails with \"unexpected keyword argument\"){}; valid "
+         "parameters: {}",
+         key, c.type, key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess), fmt::format("{}", fmt::join(valid, ", ")));
+  }
+  auto number = [&](const char* key, double fallback) {
+    if (!raw.contains(key)) return fallback;
+    const Json& v = raw[key];
+    if (!v.is_number()) fail("optimizer.params.{} is {}: Adafactor expects a number", key, show(v));
+    return v.get<double>();
+  };
+  auto flag = [&](const char* key) {
+    if (!raw.contains(key) || raw[key].is_null()) return false;
+    if (!raw[key].is_boolean()) fail("optimizer.params.{} is {}: expected true or false", key, show(raw[key]));
+    return raw[key].get<bool>();
+  };
+  auto& p = c.params;
+  p.lr = number("lr", 1e-2);
+  p.beta2_decay = number("beta2_decay", -0.8);
+  p.clip_threshold = number("d", 1.0);
+  p.weight_decay = number("weight_decay", 0.0);
+  p.maximize = flag("maximize");
+  (void)flag("foreach");  // how torch computes the step, not what
+  p.eps1.reset();
+  p.eps2 = 1e-3;
+  if (raw.contains("eps")) {
+    const Json& e = raw["eps"];
+    if (!e.is_array() || e.size() != 2 || !(e[0].is_null() || e[0].is_number()) || !e[1].is_number())
+      fail("optimizer.params.eps is {}: Adafactor's eps is a pair (eps1, eps2) with eps1 a number or null, e.g. [null, 0.001]", show(e));
+    if (e[0].is_number()) p.eps1 = e[0].get<double>();
+    p.eps2 = e[1].get<double>();
+  }
+  // torch.optim.Adafactor's constructor checks, with its words.
+  if (!(p.lr >= 0.0)) fail("optimizer.params.lr is {}: Learning rate should be >= 0 (torch.optim.Adafactor)", p.lr);
+  if (!(p.beta2_decay <= 0.0)) fail("optimizer.params.beta2_decay is {}: beta2_decay should be <= 0 (torch.optim.Adafactor)", p.beta2_decay);
+  if (p.eps1 && !(*p.eps1 >= 0.0)) fail("optimizer.params.eps is {}: epsilon1 should be >= 0 (torch.optim.Adafactor)", show(raw["eps"]));
+  if (!(p.eps2 >= 0.0)) fail("optimizer.params.eps is {}: epsilon2 should be >= 0 (torch.optim.Adafactor)", show(raw["eps"]));
+  if (!(p.clip_threshold >= 1.0)) fail("optimizer.params.d is {}: Clipping threshold d should be >= 1 (torch.optim.Adafactor)", p.clip_threshold);
+  if (!(p.weight_decay >= 0.0)) fail("optimizer.params.weight_decay is {}: weight_decay should be >= 0 (torch.optim.Adafactor)", p.weight_decay);
+  resolved["params"] = Json{{"lr", p.lr},
+                            {"beta2_decay", p.beta2_decay},
+                            {"eps", Json::array({p.eps1 ? Json(*p.eps1) : Json(nullptr), p.eps2})},
+                            {"d", p.clip_threshold},
+                            {"weight_decay", p.weight_decay},
+                            {"maximize", p.maximize}};
+}
 
 void parse_muon_params(const Json& raw, OptimizerConfig& c, ParseContext& ctx, Json& resolved) {
   for (const auto& [key, v] : raw.items()) {
@@ -164,11 +219,36 @@ void parse_muon_params(const Json& raw, OptimizerConfig& c, ParseContext& ctx, J
 
 }  // namespace
 
+std::optional<std::string> deepspeed_failure_reason(const OptimizerConfig& c) {
+  if (c.kind != OptimizerKind::unsupported) return std::nullopt;
+  const std::string& t = c.type;
+  if (t == "SparseAdam")
+    return fmt::format("optimizer.type \"{}\": DeepSpeed builds torch.optim.SparseAdam, which takes only sparse gradients "
+                       "(nn.Embedding(sparse=True)); every gradient of a dstrain model is dense, so DeepSpeed's first step would raise "
+                       "\"SparseAdam does not support dense gradients, please consider Adam instead\"; use \"Adam\" or \"AdamW\"",
+                       t);
+  if (t == "LBFGS")
+    return fmt::format("optimizer.type \"{}\": DeepSpeed builds torch.optim.LBFGS, whose step(closure) re-evaluates the model through the "
+                       "closure; DeepSpeed's engine calls optimizer.step() without one, so its first step would raise \"TypeError: step() "
+                       "missing 1 required positional argument: 'closure'\"; use a first-order optimizer (\"AdamW\", \"SGD\", \"Lion\", ...)",
+                       t);
+  const std::string low = lower(t);
+  if (low == "muadam" || low == "muadamw" || low == "musgd") {
+    const char* plain = low == "muadam" ? "Adam" : low == "muadamw" ? "AdamW" : "SGD";
+    return fmt::format("optimizer.type \"{}\": DeepSpeed builds mup's {} (μP learning-rate scaling), which asserts that every parameter has "
+                       "μP base shapes (\"A parameter with shape ... does not have `infshape` attribute. Did you forget to call "
+                       "`mup.set_base_shapes` on the model?\"), so deepspeed.initialize fails unless the program called "
+                       "mup.set_base_shapes on a μP-parametrised model; dstrain's models have no μP base shapes; use \"{}\" (what {} "
+                       "becomes at the base width)",
+                       t, t, plain, t);
+  }
+  return std::nullopt;
+}
+
 SectionSpec optimizer_section_spec() {
   return make_section("optimizer", Regime::dict_lookup, "The optimizer built from the config.",
                       {
-                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion, Muon (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (as torch.optim); other DeepSpeed/torch "
-                                                        "optimizers are recognised but not provided by dstrain."),
+                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, Adafactor (as torch.optim); SparseAdam, LBFGS, MuAdam, MuAdamW, MuSGD are recognised and refused with DeepSpeed's reason."),
                           object_field("params", "Constructor arguments of the optimizer."),
                           bool_field("legacy_fusion", false, "Legacy fused fp16 optimizer path."),
                       });
@@ -244,10 +324,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
         std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end()) {
       c.kind = OptimizerKind::unsupported;
     } else {
-      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "Muon", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
+      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "Muon", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "Adafactor", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
       const std::string guess = closest_key(c.type, names);
       fail("optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb, "
-           "Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (case-sensitive, as torch.optim)",
+           "Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, Adafactor (case-sensitive, as torch.optim)",
            c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
     }
   }
@@ -263,16 +343,23 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
          show(raw["max_grad_norm"]), show(raw["max_grad_norm"]));
 
   if (c.kind == OptimizerKind::unsupported) {
-    ctx.warn("optimizer.type",
-             fmt::format("dstrain does not provide the {} optimizer (DeepSpeed would build it); the optimizer section "
-                         "is kept as given but no dstrain optimizer implements it. Use Adam, AdamW, Lamb or SGD",
-                         c.type));
+    if (const auto reason = deepspeed_failure_reason(c))
+      ctx.warn("optimizer.type", fmt::format("DeepSpeed could not train with it either, and the engine refuses it: {}", *reason));
+    else
+      ctx.warn("optimizer.type",
+               fmt::format("dstrain does not provide the {} optimizer (DeepSpeed would build it); the optimizer section is kept as given "
+                           "and the engine refuses it. Use Adam, AdamW, Lamb, Muon or SGD",
+                           c.type));
     resolved["params"] = raw;
     return c;
   }
 
   if (c.kind == OptimizerKind::muon) {
     parse_muon_params(raw, c, ctx, resolved);
+    return c;
+  }
+  if (c.kind == OptimizerKind::adafactor) {
+    parse_adafactor_params(raw, c, resolved);
     return c;
   }
 

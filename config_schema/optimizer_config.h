@@ -34,6 +34,7 @@ enum class OptimizerKind {
   asgd,         // "ASGD"
   rprop,        // "Rprop"
   muon,         // "Muon" (any case): DeepSpeed's MuonWithAuxAdam (docs/optimizers.md §9)
+  adafactor,    // "Adafactor": torch.optim.Adafactor (torch >= 2.5; docs/optimizers.md §10)
   unsupported,  // a type DeepSpeed knows that dstrain does not provide (OneBitAdam, Adagrad, RMSprop, ...)
 };
 
@@ -73,6 +74,12 @@ struct OptimizerParams {
   // `betas` (0.9, 0.95) and `eps` (1e-10); `weight_decay` is both groups'.
   double adam_lr = 3e-4;
   std::string ns_method = "gram";               // Muon: "gram" or "standard" (the same function)
+  // Adafactor (torch.optim.Adafactor): beta2_decay, eps = (eps1, eps2) with eps1 None = the fp32
+  // machine epsilon, d the update clipping threshold.
+  double beta2_decay = -0.8;
+  std::optional<double> eps1{};
+  double eps2 = 1e-3;
+  double clip_threshold = 1.0;                  // "d"
 };
 
 // OneBitAdam, ZeroOneAdam, OneBitLamb: the optimizers that communicate in their step.
@@ -102,6 +109,11 @@ struct OptimizerConfig {
     return kind == OptimizerKind::adamw || (kind == OptimizerKind::adam && params.adam_w_mode);
   }
 };
+
+// Why DeepSpeed itself fails with an optimizer it builds when the model is a dense transformer
+// without μP base shapes (docs/optimizers.md §10) — SparseAdam, LBFGS, MuAdam, MuAdamW, MuSGD —
+// with the fix; nullopt for any other type. The engine refuses these types with this reason.
+std::optional<std::string> deepspeed_failure_reason(const OptimizerConfig& config);
 
 SectionSpec optimizer_section_spec();
 SectionSpec optimizer_params_section_spec();  // union of the params of every type dstrain provides

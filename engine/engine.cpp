@@ -250,11 +250,14 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
       parameter_count_ += ps.shape.numel();
     }
   }
+  {
+    // Muon's use_muon flags and Adafactor's factored shapes come from the owned parameters' names and
+    // shapes (engine/muon.h, engine/adafactor.h).
+    std::vector<ParamSpec> owned_specs;
+    for (const auto& o : im.owned) owned_specs.push_back(o.spec);
+    im.optimizer.set_parameters(owned_specs);
+  }
   if (config.optimizer.kind == config::OptimizerKind::muon) {
-    // DeepSpeed's use_muon flags, from the owned parameters' names and shapes (engine/muon.h).
-    std::vector<MuonTensor> muon;
-    for (const auto& o : im.owned) muon.push_back(muon_tensor_of(o.spec));
-    im.optimizer.set_muon_tensors(std::move(muon));
     const config::SchedulerKind sk = config.scheduler.kind;
     im.optimizer.set_schedule_sets_every_group(sk == config::SchedulerKind::warmup_lr || sk == config::SchedulerKind::warmup_decay_lr ||
                                                sk == config::SchedulerKind::one_cycle || sk == config::SchedulerKind::lr_range_test);

@@ -41,7 +41,9 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
   e.params = psi * b / (stage >= 3 ? W : 1.0);
   e.grads = psi * b / (stage >= 2 ? W : 1.0);
   const config::OptimizerKind k = cfg.optimizer.kind;
-  const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb;
+  // Muon and Adafactor keep two fp32 states per element too (docs/optimizers.md §9, §10.1).
+  const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb ||
+                           k == config::OptimizerKind::muon || k == config::OptimizerKind::adafactor;
   // The 1-bit family (stage 0 only; docs/optimizers_onebit.md §5): exp_avg, exp_avg_sq (+ 0/1 Adam's
   // momentum accumulator or 1-bit LAMB's fresh variance), the worker error, the staging copy that is
   // communicated (+ 1-bit LAMB's previous momentum), and the server error, ψ/W.

@@ -8,7 +8,10 @@
 
 #include "engine/host_segment.h"
 #include "ops/error.h"
+#include "ops/buffer.h"
+#include "ops/kernels/device_backend.h"
 #include "ops/kernels/newton_schulz.h"
+#include "ops/kernels/tensor_ops.h"
 #include "ops/transformer/gpt2_weights.h"
 
 namespace dstrain {
@@ -46,9 +49,13 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
 
   // Pass 1: momentum and Nesterov input of the Muon pieces (into whole-matrix copies), Adam on the rest.
   std::vector<std::vector<float>> whole(nt);
+  // The rank holding a matrix's first element orthogonalises it (exactly one rank holds it).
+  std::vector<char> owner(nt, 0);
+  Device device = Device::cpu();  // where the partition lives: the iteration runs there
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) {
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;
+      if (!s.params.device.is_cpu()) device = s.params.device;
       const auto adam_decay = static_cast<float>(1.0 - c.adam_lr * (s.weight_decay ? c.weight_decay : 0.0));
       HostSegment h(s, 2);
       float *p = h.master(), *m = h.state(0), *v = h.state(1);
@@ -59,6 +66,7 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
         if (mt.muon) {
           std::vector<float>& u = whole[static_cast<std::size_t>(piece.tensor)];
           if (u.empty()) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+          if (piece.tensor_offset == 0 && piece.numel > 0) owner[static_cast<std::size_t>(piece.tensor)] = 1;
           float* ut = u.data() + (piece.tensor_offset - piece.offset);
           for (std::int64_t i = piece.offset; i < end; ++i) {
             const float gi = g[i] * gs;
@@ -81,26 +89,51 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
     }
   });
 
-  // Whole matrices (the ranks' pieces added), orthogonalised and scaled.
+  // Whole matrices (the ranks' pieces added), orthogonalised and scaled. Partitioned, the ranks'
+  // pieces are summed (one value and zeros: exact), the owner orthogonalises, and a second sum hands
+  // its result to the other ranks (theirs are zeros), so each matrix is computed once, not per rank.
   std::vector<float> workspace;
-  std::vector<double> sum;
+  // On a GPU the iteration's GEMMs run there (cuBLASLt): the matrix is copied over and back.
+  std::unique_ptr<Allocator> device_alloc;
+  Buffer device_matrix, device_workspace;
+  const auto orthogonalise = [&](const MuonTensor& mt, float* u) {
+    const Shape shape{mt.rows, mt.cols};
+    const std::int64_t ws = newton_schulz_workspace_numel(mt.rows, mt.cols);
+    if (device.is_cpu()) {
+      workspace.resize(static_cast<std::size_t>(ws));
+      newton_schulz(Tensor(u, DType::fp32, shape), Tensor(workspace.data(), DType::fp32, Shape{ws}));
+    } else {
+      if (!device_alloc) device_alloc = make_device_allocator(device);
+      const std::size_t matrix_bytes = static_cast<std::size_t>(mt.rows * mt.cols) * sizeof(float), ws_bytes = static_cast<std::size_t>(ws) * sizeof(float);
+      if (device_matrix.bytes() < matrix_bytes) device_matrix = Buffer(*device_alloc, matrix_bytes, MemoryPurpose::buffers);
+      if (device_workspace.bytes() < ws_bytes) device_workspace = Buffer(*device_alloc, ws_bytes, MemoryPurpose::buffers);
+      const Tensor host(u, DType::fp32, shape), x = device_matrix.tensor(DType::fp32, shape);
+      copy_tensor(x, host);
+      newton_schulz(x, device_workspace.tensor(DType::fp32, Shape{ws}));
+      copy_tensor(host, x);  // completes the queued iteration before returning
+    }
+    const auto scale = static_cast<float>(mt.scale);
+    for (std::int64_t i = 0; i < mt.rows * mt.cols; ++i) u[i] = u[i] * scale;
+  };
   for (std::size_t k = 0; k < nt; ++k) {
     const MuonTensor& mt = tensors[k];
     if (!mt.muon) continue;
     std::vector<float>& u = whole[k];
-    const std::size_t n = static_cast<std::size_t>(mt.rows * mt.cols);
-    if (c.partitioned) {
-      sum.assign(n, 0.0);
-      for (std::size_t i = 0; i < u.size(); ++i) sum[i] = u[i];
-      partition.all_reduce_sum(sum);
-      u.resize(n);
-      for (std::size_t i = 0; i < n; ++i) u[i] = static_cast<float>(sum[i]);
+    const bool held = !u.empty();  // this rank holds a piece of the matrix
+    if (!c.partitioned) {
+      if (held) orthogonalise(mt, u.data());
+      continue;
     }
-    if (u.empty()) continue;  // no piece here (the rank holds none of it)
-    workspace.resize(static_cast<std::size_t>(newton_schulz_workspace_numel(mt.rows, mt.cols)));
-    newton_schulz(Tensor(u.data(), DType::fp32, Shape{mt.rows, mt.cols}), Tensor(workspace.data(), DType::fp32, Shape{static_cast<std::int64_t>(workspace.size())}));
-    const auto scale = static_cast<float>(mt.scale);
-    for (float& x : u) x = x * scale;
+    // Collectives: every rank, every Muon matrix, twice (fp32: one non-zero term per element).
+    if (!held) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+    partition.all_reduce_sum(std::span<float>(u));
+    if (owner[k]) {
+      orthogonalise(mt, u.data());
+    } else {
+      std::fill(u.begin(), u.end(), 0.0f);
+    }
+    partition.all_reduce_sum(std::span<float>(u));
+    if (!held) std::vector<float>().swap(u);
   }
 
   // Pass 2: W ← W·(1 − lr·λ) − lr·O on the Muon pieces.

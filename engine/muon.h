@@ -16,7 +16,9 @@
 //
 // Newton–Schulz needs the whole matrix U. ZeRO 1–3 cut matrices across ranks, so each rank writes
 // the pieces it holds into a zeroed copy of the whole matrix and OptimizerPartition::all_reduce_sum
-// adds the copies (a sum of one value and zeros: exact), so a sharded step equals the unsharded one.
+// adds the copies (fp32; a sum of one value and zeros: exact); the rank holding the matrix's first element
+// orthogonalises it and a second sum hands the result to the others. A sharded step equals the
+// unsharded one.
 // The momentum buffer is the optimizer's first state ("exp_avg" slot) on Muon matrices.
 #pragma once
 

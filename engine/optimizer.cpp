@@ -45,11 +45,14 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
            "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
            "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
     case OptimizerKind::muon:
+    case OptimizerKind::adafactor:
       break;
     default:
+      // SparseAdam, LBFGS and mup's optimizers: DeepSpeed builds them and then fails (docs/optimizers.md §10).
+      if (const auto reason = config::deepspeed_failure_reason(config)) fail("{}", *reason);
       fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
            "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
-           "\"Lion\", \"Muon\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\", \"Rprop\" and the 1-bit family "
+           "\"Lion\", \"Muon\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\", \"Rprop\", \"Adafactor\" and the 1-bit family "
            "(docs/optimizers.md)",
            config.type);
   }
@@ -95,9 +98,19 @@ std::vector<std::string> Optimizer::state_names() const {
   if (optimizer_rule_of(kind_)) return rule_state_names(config_);
   if (kind_ == config::OptimizerKind::sgd) return p_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   if (config::is_onebit_kind(kind_)) return OneBitOptimizer::state_names(kind_);
+  if (kind_ == config::OptimizerKind::adafactor) return {"row_var", "col_var"};  // engine/adafactor.h
   // Muon: Adam's two states on every element; a Muon matrix keeps its momentum_buffer in the first
   // and leaves the second at zero (engine/muon.h).
   return {"exp_avg", "exp_avg_sq"};
+}
+
+void Optimizer::set_parameters(const std::vector<ParamSpec>& owned) {
+  muon_tensors_.clear();
+  adafactor_tensors_.clear();
+  if (kind_ == config::OptimizerKind::muon)
+    for (const ParamSpec& ps : owned) muon_tensors_.push_back(muon_tensor_of(ps));
+  if (kind_ == config::OptimizerKind::adafactor)
+    for (const ParamSpec& ps : owned) adafactor_tensors_.push_back(adafactor_tensor_of(ps));
 }
 
 void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas,
@@ -117,6 +130,21 @@ void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale,
     c.grad_scale = grad_scale;
     c.partitioned = partitioned_;
     muon_step(partition, muon_tensors_, c);
+    return;
+  }
+  if (kind_ == config::OptimizerKind::adafactor) {
+    DSTRAIN_CHECK(!adafactor_tensors_.empty() || partition.tensor_count() == 0, "Optimizer::step: Adafactor needs set_parameters() first");
+    AdafactorStepConfig c;
+    c.lr = lr;
+    c.beta2_decay = p_.beta2_decay;
+    c.eps1 = p_.eps1;
+    c.eps2 = p_.eps2;
+    c.d = p_.clip_threshold;
+    c.weight_decay = weight_decay_;
+    c.maximize = p_.maximize;
+    c.step = t;
+    c.grad_scale = grad_scale;
+    adafactor_step(partition, adafactor_tensors_, c);
     return;
   }
   if (kind_ == config::OptimizerKind::lamb && !split_tensors_) split_tensors_ = partitioned_ || has_split_tensors(partition);  // the layout is fixed
@@ -147,8 +175,8 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
   DSTRAIN_CHECK(!config::is_onebit_kind(kind_), "Optimizer::update: the 1-bit optimizers communicate in their step; the engine "
                 "steps them through OneBitOptimizer");
-  DSTRAIN_CHECK(kind_ != config::OptimizerKind::muon, "Optimizer::update: Muon orthogonalises whole matrices across sub-groups and ranks; "
-                "call Optimizer::step");
+  DSTRAIN_CHECK(kind_ != config::OptimizerKind::muon && kind_ != config::OptimizerKind::adafactor,
+                "Optimizer::update: Muon and Adafactor need whole-tensor quantities across sub-groups and ranks; call Optimizer::step");
   if (optimizer_rule_of(kind_)) {
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;

@@ -9,7 +9,8 @@
 // the moments. bias_correction false drops both bias corrections (FusedAdam's option).
 // Adagrad, Lion and the torch.optim fallbacks (RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop)
 // are the element-wise rules of engine/optimizer_rules.h (docs/optimizers.md). "Muon" is DeepSpeed's
-// MuonWithAuxAdam (engine/muon.h): it needs each parameter's name and shape (set_muon_tensors).
+// MuonWithAuxAdam (engine/muon.h) and "Adafactor" torch.optim.Adafactor (engine/adafactor.h): they
+// need each parameter's name and shape (set_parameters).
 // The 1-bit family is stepped by engine/onebit_optimizer.h. Other types are an Error naming
 // optimizer.type and the types available.
 #pragma once
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "config_schema/optimizer_config.h"
+#include "engine/adafactor.h"
 #include "engine/muon.h"
 #include "ops/tensor.h"
 #include "zero/optimizer_partition.h"
@@ -44,7 +46,10 @@ class Optimizer {
   // ZeRO stages 1-3 on several ranks: tensors are split across ranks, so whole-tensor quantities
   // (Lamb's trust ratio) need every rank's partial sums (engine/lamb_exact.h).
   void set_partitioned(bool partitioned) { partitioned_ = partitioned; }
-  // Muon: which owned tensors (TensorPiece::tensor order) are Muon matrices, and their shapes.
+  // The owned parameters in TensorPiece::tensor order: the per-tensor types (Muon, Adafactor) take
+  // their names and shapes from here; the others ignore them.
+  void set_parameters(const std::vector<ParamSpec>& owned);
+  // Muon: which owned tensors are Muon matrices, and their shapes (set_parameters does this).
   void set_muon_tensors(std::vector<MuonTensor> tensors) { muon_tensors_ = std::move(tensors); }
   // Muon: how the LR schedule reaches its two param groups. true: it writes one lr into every group
   // (DeepSpeed's WarmupLR, WarmupDecayLR, OneCycle, LRRangeTest), so the Adam group takes the step's
@@ -85,6 +90,7 @@ class Optimizer {
   bool bias_correction_ = true;
   bool partitioned_ = false;
   std::vector<MuonTensor> muon_tensors_;
+  std::vector<AdafactorTensor> adafactor_tensors_;
   bool schedule_sets_every_group_ = false;
   mutable std::optional<bool> split_tensors_;  // Lamb: some tensor is cut into pieces (found at the first step)
 };

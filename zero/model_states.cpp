@@ -496,6 +496,11 @@ void ModelStates::all_reduce_sum(std::span<double> values) {
   all_reduce_sum(Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}));
 }
 
+void ModelStates::all_reduce_sum(std::span<float> values) {
+  if (s_.stage == 0 || world_ == 1 || values.empty()) return;
+  all_reduce_sum(Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}));
+}
+
 // ---- the optimizer partition ----
 
 void ModelStates::for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) {

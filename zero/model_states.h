@@ -161,6 +161,7 @@ class ModelStates final : public OptimizerPartition {
   // where the store's memory is not the device's, fn, write the params back, release).
   void for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) override;
   void all_reduce_sum(std::span<double> values) override;
+  void all_reduce_sum(std::span<float> values) override;
   std::int32_t tensor_count() const override { return tensor_count_; }
   // The optimizer partition's store, and the index of its first optimizer state (1 when buffer 0
   // holds the masters, else 0: the masters are the params).

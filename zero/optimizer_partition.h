@@ -53,6 +53,13 @@ class OptimizerPartition {
   // Sums `values` over the ranks that split the partition (in place; fp64); one rank: unchanged.
   // Every rank must call it the same number of times with the same count.
   virtual void all_reduce_sum(std::span<double> values) = 0;
+  // The same for fp32 values: for gathers, where each element has one non-zero term, so the sum is
+  // exact (Muon's whole matrices) at half the bytes of fp64. The default goes through fp64.
+  virtual void all_reduce_sum(std::span<float> values) {
+    std::vector<double> wide(values.begin(), values.end());
+    all_reduce_sum(std::span<double>(wide));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(wide[i]);
+  }
   // The number of owned parameter tensors (TensorPiece::tensor is below it).
   virtual std::int32_t tensor_count() const = 0;
 };

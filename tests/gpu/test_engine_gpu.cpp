@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/generate.h"
@@ -127,6 +128,33 @@ TEST(EngineGpu, OptimizerOffloadMatchesTheCpuAndLeavesNoOptimizerBytesOnTheDevic
 
 // fp16's loss scaler on the GPU: an injected inf gradient is skipped at the same step and the
 // scale halves, as on the CPU.
+// The per-tensor optimizers with the partition on the GPU (docs/optimizers.md §9, §10.1): Muon
+// (Newton-Schulz through cuBLASLt on the device copy of each whole matrix) and Adafactor, at stage 0
+// on one rank and ZeRO 2 on two local ranks (reduce_scatter off, as DeepSpeed's Muon needs at
+// stage 3), against the same runs on the CPU.
+TEST(EngineGpu, MuonAndAdafactorMatchTheCpu) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const char* opt : {R"({"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3, "weight_decay": 0.1}})",
+                          R"({"type": "Adafactor", "params": {"lr": 0.05, "weight_decay": 0.1}})"}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      for (const auto& [stage, world] : std::vector<std::pair<int, int>>{{0, 1}, {2, 2}}) {
+        RunSpec s;
+        s.precision = p;
+        s.stage = stage;
+        s.world = world;
+        s.knobs.reduce_scatter = false;
+        s.knobs.allow_untested_optimizer = true;
+        s.knobs.optimizer_json = opt;
+        const auto init = initial_params(s);
+        const RunResult cpu = run_zero(s);
+        s.device = kGpu;
+        const RunResult gpu = run_zero(s);
+        expect_close(gpu, cpu, init, gpu_tolerance(p), fmt::format("{} {} stage {} W {}", opt, precision_name(p), stage, world));
+      }
+    }
+  }
+}
+
 TEST(EngineGpu, Fp16OverflowIsSkippedLikeTheCpu) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   RunSpec s;

@@ -457,15 +457,18 @@ TEST(Checkpoint, ReshardAcrossStagesAndWorlds) {
   }
 }
 
-// Muon (docs/optimizers.md §9): the momentum buffers (the "exp_avg" slot of the Muon matrices) and
-// the Adam moments resume bit for bit at stages 0, 2 and 3, and a checkpoint saved at stage 2 on 2
-// ranks loads at stage 3 on 4 ranks and at stage 0 on one rank in the same parameter space, the
-// continuation within the ZeRO tolerances (each matrix's Newton-Schulz input is gathered whole).
-TEST(Checkpoint, MuonResumesBitwiseAndReshards) {
-  const auto muon = [](int stage, int world, int gas) {
+// The per-tensor optimizers (docs/optimizers.md §9-§10): Muon's momentum buffers (the "exp_avg" slot
+// of its matrices) with the Adam moments, and Adafactor's row / column factors (held at elements
+// (i, 0) and (0, j)) resume bit for bit at stages 0, 2 and 3, and a checkpoint saved at stage 2 on
+// 2 ranks loads at stage 3 on 4 ranks and at stage 0 on one rank in the same parameter space, the
+// continuation within the ZeRO tolerances (whole-tensor quantities are gathered across ranks).
+void expect_per_tensor_optimizer_resumes_and_reshards(const std::string& optimizer_json) {
+  SCOPED_TRACE(optimizer_json);
+  const auto muon = [&](int stage, int world, int gas) {
     RunSpec s = spec(stage, world, Precision::fp32, gas);
-    s.knobs.optimizer_json = R"({"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3, "weight_decay": 0.1}})";
+    s.knobs.optimizer_json = optimizer_json;
     s.knobs.reduce_scatter = false;  // stage 3 refuses Muon with it
+    s.knobs.allow_untested_optimizer = true;
     return s;
   };
   for (const auto& [stage, world] : std::vector<std::pair<int, int>>{{0, 1}, {2, 2}, {3, 2}}) expect_resume_bitwise(muon(stage, world, 1), 4);
@@ -512,6 +515,14 @@ TEST(Checkpoint, MuonResumesBitwiseAndReshards) {
     EXPECT_LE(diff.update_rel, tol.update_rel) << diff.worst_tensor;
     EXPECT_LE(diff.key_bias_max_abs, tol.key_bias_abs);
   }
+}
+
+TEST(Checkpoint, MuonResumesBitwiseAndReshards) {
+  expect_per_tensor_optimizer_resumes_and_reshards(R"({"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3, "weight_decay": 0.1}})");
+}
+
+TEST(Checkpoint, AdafactorResumesBitwiseAndReshards) {
+  expect_per_tensor_optimizer_resumes_and_reshards(R"({"type": "Adafactor", "params": {"lr": 0.05, "weight_decay": 0.1}})");
 }
 
 TEST(Checkpoint, LossScalerCrossesZeroRules) {

@@ -23,9 +23,11 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
+#include "engine/memory_estimate.h"
 #include "engine/muon.h"
 #include "engine/optimizer.h"
 #include "ops/error.h"
+#include "host_partition.h"
 #include "ops/kernels/newton_schulz.h"
 #include "zero_test_util.h"
 
@@ -34,81 +36,11 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using namespace zero_testing;
+using testing_partition::HostPartition;
 
 config::OptimizerConfig optimizer_config(const std::string& block) {
   return config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": )" + block + "}"), {}).optimizer;
 }
-
-// One rank's partition over host vectors: tensors packed one after another (decayed first, as the
-// engine packs them), cut into sub-groups at `cuts` (flat offsets, some inside a matrix), each
-// sub-group's segments split where the decay flag changes.
-class HostPartition : public OptimizerPartition {
- public:
-  HostPartition(std::vector<ParamSpec> specs, std::vector<std::int64_t> cuts) : specs_(std::move(specs)) {
-    for (const ParamSpec& s : specs_) {
-      offsets_.push_back(n_);
-      n_ += s.shape.numel();
-    }
-    params.assign(static_cast<std::size_t>(n_), 0.0f);
-    grads.assign(static_cast<std::size_t>(n_), 0.0f);
-    m.assign(static_cast<std::size_t>(n_), 0.0f);
-    v.assign(static_cast<std::size_t>(n_), 0.0f);
-    std::vector<std::int64_t> bounds{0};
-    for (std::int64_t c : cuts) bounds.push_back(c);
-    bounds.push_back(n_);
-    for (std::size_t g = 0; g + 1 < bounds.size(); ++g) {
-      std::vector<std::pair<std::int64_t, std::int64_t>> segs;
-      std::int64_t b = bounds[g];
-      while (b < bounds[g + 1]) {
-        const bool decay = specs_[tensor_at(b)].weight_decay;
-        std::int64_t e = b;
-        while (e < bounds[g + 1] && specs_[tensor_at(e)].weight_decay == decay) e = std::min(bounds[g + 1], end_of(tensor_at(e)));
-        segs.emplace_back(b, e);
-        b = e;
-      }
-      groups_.push_back(std::move(segs));
-    }
-  }
-  std::int64_t offset(std::size_t k) const { return offsets_[k]; }
-  std::int64_t numel() const { return n_; }
-
-  void for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) override {
-    for (const auto& segs : groups_) {
-      std::vector<OptimizerSegment> out;
-      for (const auto& [b, e] : segs) {
-        OptimizerSegment s;
-        s.params = view(params, b, e);
-        s.grads = view(grads, b, e);
-        s.states = {view(m, b, e), view(v, b, e)};
-        s.weight_decay = specs_[tensor_at(b)].weight_decay;
-        for (std::int64_t x = b; x < e; x = std::min(e, end_of(tensor_at(x)))) {
-          const std::size_t k = tensor_at(x);
-          const std::int64_t piece_end = std::min(e, end_of(k));
-          s.pieces.push_back({static_cast<std::int32_t>(k), x - b, piece_end - x, x - offsets_[k], specs_[k].shape.numel()});
-        }
-        out.push_back(std::move(s));
-      }
-      fn(out);
-    }
-  }
-  void all_reduce_sum(std::span<double>) override {}
-  std::int32_t tensor_count() const override { return static_cast<std::int32_t>(specs_.size()); }
-
-  std::vector<float> params, grads, m, v;
-
- private:
-  static Tensor view(std::vector<float>& x, std::int64_t b, std::int64_t e) { return Tensor(x.data() + b, DType::fp32, Shape{e - b}); }
-  std::size_t tensor_at(std::int64_t x) const {
-    std::size_t k = 0;
-    while (k + 1 < offsets_.size() && offsets_[k + 1] <= x) ++k;
-    return k;
-  }
-  std::int64_t end_of(std::size_t k) const { return offsets_[k] + specs_[k].shape.numel(); }
-  std::vector<ParamSpec> specs_;
-  std::vector<std::int64_t> offsets_;
-  std::int64_t n_ = 0;
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> groups_;
-};
 
 ParamSpec spec(const std::string& name, Shape shape, bool decay, std::int64_t init_rows = -1) {
   return {name, shape, ParamInit::normal(0.02f, init_rows), decay, {}};
@@ -293,6 +225,26 @@ TEST(Muon, NewtonSchulz) {
   EXPECT_THROW(newton_schulz(Tensor(z.data(), DType::fp32, Shape{3, 4}), Tensor(ws.data(), DType::fp32, Shape{3})), Error);
 }
 
+// The Adam group's lr under a schedule (Optimizer::set_schedule_sets_every_group): a schedule that
+// writes one lr into every group (WarmupLR, ...) gives it the step's lr; otherwise it keeps its own
+// adam_lr scaled by the schedule's ratio lr / muon_lr. Adam's first step moves each element by
+// adam_lr (|m̂| / √v̂ = 1, eps 1e-10 is below fp32 resolution here).
+TEST(Muon, AdamGroupLrUnderSchedules) {
+  const std::vector<ParamSpec> specs = {spec("h.0.ln_1.weight", Shape{8}, false)};
+  for (const bool every : {false, true}) {
+    Optimizer opt(optimizer_config(R"({"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 0.001}})"));
+    opt.set_parameters(specs);
+    opt.set_schedule_sets_every_group(every);
+    HostPartition part(specs, {});
+    for (std::size_t i = 0; i < part.grads.size(); ++i) part.grads[i] = i % 2 == 0 ? 0.5f : -0.25f;
+    const double lr = 0.01;  // the schedule's value for this step: half of muon_lr
+    opt.step(part, lr, 1.0f, 1);
+    const double want = every ? lr : 0.001 * (lr / 0.02);
+    for (std::size_t i = 0; i < part.params.size(); ++i)
+      EXPECT_NEAR(std::abs(part.params[i]), want, 1e-9) << (every ? "every group" : "ratio") << " element " << i;
+  }
+}
+
 // engine.py's two param groups: muon_lr / adam_lr override lr, MuonWithAuxAdam's defaults fill
 // the rest; other keys are ignored with a warning; ns_method is checked as its assert does.
 TEST(Muon, ConfigGroups) {
@@ -401,13 +353,32 @@ INSTANTIATE_TEST_SUITE_P(Stages, MuonZero,
                                            std::tuple{2, Precision::bf16}, std::tuple{3, Precision::fp16}),
                          [](const auto& p) { return fmt::format("Stage{}_{}", std::get<0>(p.param), precision_name(std::get<1>(p.param))); });
 
-// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h).
+// Optimizer offload (stage 2, reduce_scatter off as DeepSpeed requires with Muon): the step runs on
+// the host partition and gives the same bits as on the device partition.
+TEST(Muon, OptimizerOffloadSameBits) {
+  RunSpec s = muon_spec(2, 2, 1, Precision::bf16);
+  s.steps = 3;
+  const RunResult device = run_zero(s);
+  s.knobs.zero_extra_json = R"("offload_optimizer": {"device": "cpu"})";
+  const RunResult host = run_zero(s);
+  EXPECT_EQ(host.r0().losses, device.r0().losses);
+  EXPECT_EQ(host.r0().params, device.r0().params);
+}
+
+// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h), and the
+// pre-flight estimate (engine/memory_estimate.h) counts them so.
 TEST(Muon, StateBytes) {
   RunSpec s = muon_spec(2, 2, 1, Precision::fp32);
   s.steps = 1;
   const std::uint64_t muon = run_zero(s).r0().report.optimizer_bytes;
+  config::ConfigOptions o;
+  o.world_size = 2;
+  const double muon_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   s.knobs.optimizer_json.clear();
   EXPECT_EQ(muon, run_zero(s).r0().report.optimizer_bytes);
+  const double adamw_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  EXPECT_GT(muon_estimate, 0.0);
+  EXPECT_EQ(muon_estimate, adamw_estimate);
 }
 
 }  // namespace

@@ -383,6 +383,7 @@ class FakePartition final : public OptimizerPartition {
     const auto b = segments(cut, params.size());
     fn(b);
   }
+  using OptimizerPartition::all_reduce_sum;
   void all_reduce_sum(std::span<double>) override {}  // stage 0: every rank holds every tensor
   std::int32_t tensor_count() const override { return static_cast<std::int32_t>(kSizes.size()); }
   float param(std::size_t t, std::size_t i) const { return params[offsets_[t] + i]; }

@@ -176,5 +176,38 @@ TEST(OptimizerRules, DefaultsAndChecks) {
   EXPECT_NE(error_of(R"({"type": "rmsprop"})").find("did you mean \"RMSprop\""), std::string::npos);
 }
 
+// The names DeepSpeed builds but cannot train a dense model without μP base shapes with
+// (docs/optimizers.md §10): refused before step 1, by check_engine_trains (check-config) as by the
+// engine, with DeepSpeed's reason and the fix; any case for mup's names (DeepSpeed's own).
+TEST(OptimizerRules, NamesDeepSpeedFailsWithAreRefusedWithItsReason) {
+  const auto error_of = [](const std::string& type) {
+    try {
+      check_engine_trains(config::parse_ds_config(
+          config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"(", "params": {"lr": 1e-3}}})"), {}));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"SparseAdam", {"SparseAdam does not support dense gradients, please consider Adam instead", "use \"Adam\""}},
+      {"LBFGS", {"step() missing 1 required positional argument: 'closure'", "first-order optimizer"}},
+      {"MuAdam", {"mup.set_base_shapes", "does not have `infshape` attribute", "use \"Adam\""}},
+      {"muadamw", {"mup.set_base_shapes", "use \"AdamW\""}},
+      {"MuSGD", {"mup.set_base_shapes", "use \"SGD\""}},
+  };
+  for (const auto& [type, phrases] : cases) {
+    const std::string e = error_of(type);
+    EXPECT_NE(e.find("optimizer.type \"" + type + "\""), std::string::npos) << e;
+    for (const std::string& ph : phrases) EXPECT_NE(e.find(ph), std::string::npos) << type << ": " << e;
+    // The config layer keeps the block and says the same in its warning.
+    const config::DsConfig c = config::parse_ds_config(
+        config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"("}})"), {});
+    bool warned = false;
+    for (const auto& w : c.warnings) warned = warned || w.message.find(phrases.front()) != std::string::npos;
+    EXPECT_TRUE(warned) << type;
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
