@@ -51,6 +51,12 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
 
   run_folder_ = root_ / "dstrain_swap" / (run.empty() ? default_run_name() : run);
   folder_ = run_folder_ / fmt::format("rank{}", rank);
+  // Unnamed runs of one process (engines made one after another, or side by side in tests) take the
+  // next free "<host>-<pid>-N"; a named run's folder must be free.
+  for (int n = 2; run.empty() && fs::exists(folder_, ec) && n < 10000; ++n) {
+    run_folder_ = root_ / "dstrain_swap" / fmt::format("{}-{}", default_run_name(), n);
+    folder_ = run_folder_ / fmt::format("rank{}", rank);
+  }
   if (fs::exists(folder_, ec))
     fail("the swap folder {} exists already: another run with the same name is using it, or one that crashed left it; "
          "remove it if no run uses it, or give this run another name",
