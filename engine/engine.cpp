@@ -123,9 +123,10 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
     const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
     const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(off.buffer_count, 1));
     const std::string path = off.nvme_path.value_or("");
-    s.store_factory = [&host, io, rank, slots, path](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
+    const NvmePipelining pipelining{off.pipeline_read, off.pipeline_write};
+    s.store_factory = [&host, io, rank, slots, path, pipelining](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
       auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path,
-                                                    "zero_optimization.offload_optimizer.nvme_path", "", rank);
+                                                    "zero_optimization.offload_optimizer.nvme_path", "", rank, pipelining);
       log_info("{}", store->folder().describe());
       return store;
     };

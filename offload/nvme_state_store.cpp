@@ -25,8 +25,8 @@ std::uint64_t NvmeStateStore::file_bytes(const StateStoreLayout& layout) {
 
 NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots,
                                const std::string& nvme_path, const std::string& config_key, const std::string& run,
-                               int rank)
-    : StateStore(std::move(layout)), io_(io), host_(host) {
+                               int rank, NvmePipelining pipelining)
+    : StateStore(std::move(layout)), io_(io), host_(host), pipelining_(pipelining) {
   const StateStoreLayout& l = this->layout();
   if (slots < 1) fail("offload_optimizer.buffer_count is {}: the NVMe store needs at least 1 host buffer (4 is DeepSpeed's default)", slots);
   std::uint64_t offset = 0, largest = 0;
@@ -154,11 +154,12 @@ void NvmeStateStore::release(std::size_t g, bool modified) {
   s->state = SlotState::writing;
   for (std::size_t b = 0; b < layout().buffer_count(); ++b)
     s->pending.push_back(io_.write(folder_->file(b), offsets_[g], s->memory + b * stride_, padded_bytes(g)));
+  if (!pipelining_.write) settle(*s);  // pipeline_write false: on disk before the step goes on
 }
 
 void NvmeStateStore::prefetch(std::size_t g) {
   check_group(g, "prefetch");
-  if (find(g) != nullptr) return;
+  if (!pipelining_.read || find(g) != nullptr) return;  // pipeline_read false: read at acquire
   Slot* s = victim(/*without_waiting=*/true);
   if (s == nullptr) return;  // every buffer busy: acquire will read it
   settle(*s);

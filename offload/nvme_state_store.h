@@ -22,12 +22,19 @@
 
 namespace dstrain {
 
+// offload_optimizer.pipeline_read / pipeline_write, with DeepSpeed's meaning: without them a
+// sub-group is read when acquired (prefetch does nothing) and written back before release returns.
+struct NvmePipelining {
+  bool read = true;
+  bool write = true;
+};
+
 class NvmeStateStore final : public StateStore {
  public:
   // `io` and `host` outlive the store; `host` should give page-aligned memory (PinnedHostAllocator).
   // Creates and preallocates the swap files (SwapFolder: errors before step 1, named by `config_key`).
   NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots, const std::string& nvme_path,
-                 const std::string& config_key, const std::string& run, int rank);
+                 const std::string& config_key, const std::string& run, int rank, NvmePipelining pipelining = {});
   // Waits for the write-backs (a failure is logged: the destructor cannot throw), then removes the files.
   ~NvmeStateStore() override;
 
@@ -69,6 +76,7 @@ class NvmeStateStore final : public StateStore {
   std::uint64_t stride_ = 0;            // bytes of one buffer's region in a slot
   std::vector<Slot> slots_;
   std::uint64_t clock_ = 0;
+  NvmePipelining pipelining_;
 };
 
 }  // namespace dstrain

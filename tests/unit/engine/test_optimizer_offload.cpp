@@ -25,6 +25,7 @@
 #include <tuple>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/memory_estimate.h"
 #include "ops/error.h"
@@ -160,7 +161,11 @@ TEST(OptimizerOffloadConfig, MemoryEstimateCountsTheMastersKeptApart) {
 TEST(OptimizerOffloadNvme, Stage3EqualsCpuOffloadBitForBitWithOnlyBuffersInMemory) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_nvme_offload_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string nvme = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": ")" + dir.string() + "\"}";
+  const std::string path = nlohmann::json(dir.string()).dump();
+  // Synchronous (DeepSpeed's defaults) and pipelined (read ahead, write behind): the same values.
+  const std::string nvme_sync = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}";
+  const std::string nvme_pipe = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, )"
+                                R"("pipeline_write": true, "nvme_path": )" + path + "}";
   // Sub-groups of 1000 elements: each rank's partition is many of them, cycled through 2 buffers.
   const auto run = [](int world, Precision p, const std::string& offload) {
     RunSpec s = offload_run(3, world, p, offload);
@@ -169,24 +174,26 @@ TEST(OptimizerOffloadNvme, Stage3EqualsCpuOffloadBitForBitWithOnlyBuffersInMemor
   };
   for (const int world : {1, 2}) {
     for (const Precision p : {Precision::fp32, Precision::bf16}) {
-      SCOPED_TRACE(testing::Message() << "world " << world << " " << precision_name(p));
-      const RunResult cpu = run_zero(run(world, p, kOffloadCpu));
-      const RunResult off = run_zero(run(world, p, nvme));
-      ASSERT_EQ(off.ranks.size(), cpu.ranks.size());
-      for (std::size_t r = 0; r < off.ranks.size(); ++r) {
-        const RankResult& a = off.ranks[r];
-        const RankResult& b = cpu.ranks[r];
-        EXPECT_EQ(a.losses, b.losses);
-        EXPECT_EQ(a.grad_norms, b.grad_norms);
-        for (const auto& [name, values] : b.params) EXPECT_EQ(a.params.at(name), values) << name;
-        EXPECT_EQ(a.report.optimizer_bytes, 0u);
-        // 2 buffers of one sub-group (<= 1000 fp32, padded to 4096 bytes) for each of master,
-        // exp_avg, exp_avg_sq: far less than the partition "cpu" holds.
-        const std::uint64_t buffers = 2 * 3 * ((1000 * 4 + 4095) / 4096 * 4096);
-        EXPECT_GT(a.host_memory[MemoryPurpose::optimizer].peak, 0u);
-        EXPECT_LE(a.host_memory[MemoryPurpose::optimizer].peak, buffers);
-        EXPECT_EQ(b.host_memory[MemoryPurpose::optimizer].current, 3 * 4 * shard_elements(world, p));
-        EXPECT_LT(buffers, 3 * 4 * shard_elements(world, p)) << "the partition fits the buffers: nothing is swapped";
+      for (const std::string& nvme : {nvme_sync, nvme_pipe}) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " " << precision_name(p) << " " << nvme);
+        const RunResult cpu = run_zero(run(world, p, kOffloadCpu));
+        const RunResult off = run_zero(run(world, p, nvme));
+        ASSERT_EQ(off.ranks.size(), cpu.ranks.size());
+        for (std::size_t r = 0; r < off.ranks.size(); ++r) {
+          const RankResult& a = off.ranks[r];
+          const RankResult& b = cpu.ranks[r];
+          EXPECT_EQ(a.losses, b.losses);
+          EXPECT_EQ(a.grad_norms, b.grad_norms);
+          for (const auto& [name, values] : b.params) EXPECT_EQ(a.params.at(name), values) << name;
+          EXPECT_EQ(a.report.optimizer_bytes, 0u);
+          // 2 buffers of one sub-group (<= 1000 fp32, padded to 4096 bytes) for each of master,
+          // exp_avg, exp_avg_sq: far less than the partition "cpu" holds.
+          const std::uint64_t buffers = 2 * 3 * ((1000 * 4 + 4095) / 4096 * 4096);
+          EXPECT_GT(a.host_memory[MemoryPurpose::optimizer].peak, 0u);
+          EXPECT_LE(a.host_memory[MemoryPurpose::optimizer].peak, buffers);
+          EXPECT_EQ(b.host_memory[MemoryPurpose::optimizer].current, 3 * 4 * shard_elements(world, p));
+          EXPECT_LT(buffers, 3 * 4 * shard_elements(world, p)) << "the partition fits the buffers: nothing is swapped";
+        }
       }
     }
   }

@@ -89,6 +89,32 @@ TEST(NvmeStateStore, SameValuesAsTheResidentStoreForAnyBufferCount) {
   EXPECT_FALSE(fs::exists(dir.path / "dstrain_swap")) << "swap files left behind";
 }
 
+// pipeline_read / pipeline_write (DeepSpeed's keys): off, prefetch reads nothing and a release is
+// on disk when it returns (checked with pread, not through the engine); on, prefetch reads ahead.
+TEST(NvmeStateStore, PipelineReadAndWriteAsDeepSpeedMeansThem) {
+  ScratchDir dir("nvmepipe");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "pipelined" : "not pipelined");
+    NvmeStateStore s(layout_of(4096, 1024), io, host, 3, dir.path.string(), kKey, "run", 0, NvmePipelining{on, on});
+    const std::uint64_t before = io.totals().pieces;
+    s.prefetch(1);
+    EXPECT_EQ(io.totals().pieces - before, on ? 3u : 0u);
+    std::span<const Tensor> v = s.acquire(2);
+    static_cast<float*>(v[0].data)[5] = 42.0f;
+    s.release(2, true);
+    if (!on) {
+      const auto bytes = testing_io::pread_reference((s.folder().path() / "master.swp").string(), 2 * 4096 + 5 * 4, 4);
+      ASSERT_EQ(bytes.size(), 4u);
+      float x = 0;
+      std::memcpy(&x, bytes.data(), 4);
+      EXPECT_EQ(x, 42.0f) << "release returned before the write-back reached the file";
+    }
+    s.flush();
+  }
+}
+
 TEST(NvmeStateStore, TooManyAcquiredAndInjectedReadErrorsAreNamed) {
   ScratchDir dir("nvmestorebad");
   IoEngine io;
