@@ -41,9 +41,17 @@ NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator&
   stride_ = largest;
   slots_.resize(slots);
   const std::size_t slot_bytes = static_cast<std::size_t>(stride_ * l.buffer_count());
+  const bool page_aligned = host_.default_alignment() >= kAlign;
   for (Slot& s : slots_) {
     if (slot_bytes == 0) break;
-    s.memory = static_cast<std::byte*>(host_.allocate(slot_bytes, MemoryPurpose::optimizer, kAlign));
+    if (page_aligned) {
+      s.block = static_cast<std::byte*>(host_.allocate(slot_bytes, MemoryPurpose::optimizer, kAlign));
+      s.memory = s.block;
+    } else {
+      s.block = static_cast<std::byte*>(host_.allocate(slot_bytes + kAlign, MemoryPurpose::optimizer));
+      const auto address = reinterpret_cast<std::uintptr_t>(s.block);
+      s.memory = s.block + (round_up(address) - address);
+    }
     io_.register_buffer(s.memory, slot_bytes);  // best effort: unregistered I/O works too
   }
 }
@@ -58,9 +66,9 @@ NvmeStateStore::~NvmeStateStore() {
       }
     }
     s.pending.clear();
-    if (s.memory != nullptr) {
+    if (s.block != nullptr) {
       io_.unregister_buffer(s.memory);
-      host_.deallocate(s.memory);
+      host_.deallocate(s.block);
     }
   }
 }

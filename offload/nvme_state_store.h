@@ -31,7 +31,9 @@ struct NvmePipelining {
 
 class NvmeStateStore final : public StateStore {
  public:
-  // `io` and `host` outlive the store; `host` should give page-aligned memory (PinnedHostAllocator).
+  // `io` and `host` outlive the store. Slots are 4096-aligned (O_DIRECT): asked of `host` when its
+  // default alignment is a page (PinnedHostAllocator), else cut from a block 4096 bytes larger
+  // (cudaHostAlloc'ed memory: CudaPinnedAllocator aligns to 512 only).
   // Creates and preallocates the swap files (SwapFolder: errors before step 1, named by `config_key`).
   NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots, const std::string& nvme_path,
                  const std::string& config_key, const std::string& run, int rank, NvmePipelining pipelining = {});
@@ -57,7 +59,8 @@ class NvmeStateStore final : public StateStore {
     SlotState state = SlotState::empty;
     std::vector<IoHandle> pending;  // the reads or writes in flight for `group`
     std::uint64_t last_use = 0;
-    std::byte* memory = nullptr;    // buffer_count() regions of stride_ bytes
+    std::byte* block = nullptr;     // what the host allocator gave (freed with it)
+    std::byte* memory = nullptr;    // buffer_count() regions of stride_ bytes, 4096-aligned, in `block`
     std::vector<Tensor> views;
   };
 

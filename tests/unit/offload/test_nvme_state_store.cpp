@@ -2,6 +2,7 @@
 // sequence of acquire / update / release / prefetch gives the same values, bit for bit, with 1 to 4
 // host buffers; the swap files have the size the formula says; an injected read error is named and
 // nothing hangs.
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -113,6 +114,37 @@ TEST(NvmeStateStore, PipelineReadAndWriteAsDeepSpeedMeansThem) {
     }
     s.flush();
   }
+}
+
+// An allocator like CudaPinnedAllocator (ops/cuda/pinned_allocator.h): blocks aligned to 512
+// bytes only, and larger alignments refused. Its blocks here are deliberately not 4096-aligned.
+class Align512Allocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+  std::size_t default_alignment() const override { return 512; }
+
+ protected:
+  void* raw_allocate(std::size_t bytes, std::size_t alignment) override {
+    if (alignment > 512) throw Error("Align512Allocator: alignment above 512 refused");
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 512 + 4095) / 4096 * 4096));
+    return p == nullptr ? nullptr : p + 512;
+  }
+  void raw_deallocate(void* ptr, std::size_t, std::size_t) override { std::free(static_cast<std::byte*>(ptr) - 512); }
+};
+
+TEST(NvmeStateStore, WorksWithHostMemoryAlignedTo512Only) {
+  ScratchDir dir("nvme512");
+  IoEngine io;
+  Align512Allocator host;
+  CpuAllocator cpu;
+  const StateStoreLayout l = layout_of(5000, 1000);
+  ResidentStateStore ref(l, cpu, StateHome::host);
+  NvmeStateStore nvme(l, io, host, 2, dir.path.string(), kKey, "run", 0);
+  for (int t = 0; t < 2; ++t) {
+    step(ref, t, true);
+    step(nvme, t, true);
+  }
+  expect_same(nvme, ref);
 }
 
 TEST(NvmeStateStore, TooManyAcquiredAndInjectedReadErrorsAreNamed) {
