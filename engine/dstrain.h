@@ -34,6 +34,9 @@
 #include "engine/engine.h"
 #include "engine/checkpoint_consolidate.h"
 #include "engine/checkpoint_files.h"
+// Offload: pinned host memory and the io_uring engine that NVMe offload and fast checkpoints use.
+#include "offload/io_uring_engine.h"
+#include "offload/pinned_host_allocator.h"
 // Data parallelism: the communicator ranks train over (local threads; MPI processes; launcher
 // environments).
 #include "zero/communicator.h"

@@ -22,6 +22,7 @@
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 #include "offload/host_memory.h"
+#include "offload/nvme_state_store.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -71,8 +72,9 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
     fail("zero_optimization.offload_param.device: \"{}\" — {}; remove \"offload_param\"", to_string(c.zero_optimization.offload_param->device), limit);
   }
   // Optimizer offload (docs/training_state.md §3): device "cpu" at stages 1-3 keeps the optimizer
-  // partition in host memory; "nvme" at stages 1-2 does the same, as DeepSpeed swaps optimizer
-  // states to NVMe only at stage 3 (its ZeRO-1/2 optimizer treats any offload device as cpu).
+  // partition in host memory; "nvme" at stage 3 in swap files under nvme_path (docs/offload.md §5),
+  // and at stages 1-2 as "cpu", as DeepSpeed swaps optimizer states to NVMe only at stage 3 (its
+  // ZeRO-1/2 optimizer treats any offload device as cpu).
   if (const auto& off = c.zero_optimization.offload_optimizer; off && off->device != config::OffloadDevice::none) {
     const int stage = c.zero_optimization.stage;
     if (stage == 0) {
@@ -80,11 +82,6 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
            "states with ZeRO (DeepSpeed's offload lives in its ZeRO optimizers); set zero_optimization.stage to 1, 2 or 3, or remove "
            "\"offload_optimizer\"",
            to_string(off->device));
-    }
-    if (off->device == config::OffloadDevice::nvme && stage == 3) {
-      fail("zero_optimization.offload_optimizer.device: \"nvme\" at stage 3 — the NVMe optimizer store (swap files under nvme_path) "
-           "is not in this build's engine yet; use \"device\": \"cpu\" (the optimizer states in host memory) or stage 1 / 2, where "
-           "\"nvme\" behaves like \"cpu\" as in DeepSpeed");
     }
     if (off->ratio < 1.0) {
       fail("zero_optimization.offload_optimizer.ratio: {} — partial optimizer offload (a share of the states kept on the device) is "
@@ -105,15 +102,18 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
 }
 
 // Where the optimizer partition lives (docs/training_state.md §3): host memory with
-// offload_optimizer at stages 1-3 (check_config_is_provided refused what is not trained), else the
+// offload_optimizer at stages 1-3 (check_config_is_provided refused what is not trained), NVMe swap
+// files with device "nvme" at stage 3 (below stage 3 DeepSpeed treats "nvme" as "cpu"), else the
 // training device.
 StateHome optimizer_home(const config::DsConfig& c) {
   const auto& off = c.zero_optimization.offload_optimizer;
   if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage == 0) return StateHome::device;
+  if (off->device == config::OffloadDevice::nvme && c.zero_optimization.stage == 3) return StateHome::nvme;
   return StateHome::host;
 }
 
-ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host) {
+// `io`: the engine's io_uring engine (non-null when the home is nvme); `rank`: for the swap folder.
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host, IoEngine* io, int rank) {
   const config::ZeroConfig& z = c.zero_optimization;
   ZeroSettings s;
   s.stage = z.stage;
@@ -123,6 +123,19 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
     // optimizer); ModelStates keeps the masters apart from the params (§1).
     s.store_factory = [&host](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
       return std::make_unique<ResidentStateStore>(std::move(layout), host, StateHome::host);
+    };
+  } else if (s.optimizer_home == StateHome::nvme) {
+    // Swap files under nvme_path, checked and preallocated now, before step 1; buffer_count
+    // sub-groups in host memory at a time (docs/offload.md §4-5).
+    const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
+    const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(off.buffer_count, 1));
+    const std::string path = off.nvme_path.value_or("");
+    const NvmePipelining pipelining{off.pipeline_read, off.pipeline_write};
+    s.store_factory = [&host, io, rank, slots, path, pipelining](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
+      auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path,
+                                                    "zero_optimization.offload_optimizer.nvme_path", "", rank, pipelining);
+      log_info("{}", store->folder().describe());
+      return store;
     };
   }
   s.storage = storage;
@@ -184,7 +197,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.host_allocator = options.host_allocator;
   } else {
     const auto& off = config.zero_optimization.offload_optimizer;
-    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) == StateHome::host, !off || off->pin_memory);
+    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) != StateHome::device, !off || off->pin_memory);
     im.own_host_allocator = std::move(host.allocator);
     im.host_allocator = im.own_host_allocator.get();
     host_memory_kind = host.kind;
@@ -239,7 +252,11 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     specs[i] = model_.layers[i]->params();
     names[i] = model_.layers[i]->name();
   }
-  im.states = std::make_unique<ModelStates>(specs, names, zero_settings(config, storage, im.optimizer, *im.host_allocator), im.comm, *im.allocator);
+  if (optimizer_home(config) == StateHome::nvme) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
+  im.states = std::make_unique<ModelStates>(specs, names,
+                                            zero_settings(config, storage, im.optimizer, *im.host_allocator, im.io.get(),
+                                                          im.comm != nullptr ? im.comm->rank() : 0),
+                                            im.comm, *im.allocator);
   im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);
   if (config.optimizer.is_onebit()) im.onebit = std::make_unique<OneBitOptimizer>(config.optimizer, im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
@@ -286,9 +303,14 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   if (im.states->store().home() != StateHome::device) {
     const StateStoreBytes b = im.states->store().bytes();
-    log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
-             "({}); the optimizer steps there",
-             im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), host_memory_kind);
+    if (im.states->store().home() == StateHome::nvme)
+      log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in swap "
+               "files on NVMe, {} bytes of it in host buffers ({}) at a time; the optimizer steps there",
+               im.states->store().layout().buffer_count() - 1, b.nvme, b.host, host_memory_kind);
+    else
+      log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
+               "({}); the optimizer steps there",
+               im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), host_memory_kind);
   }
 
   // ---- activations: every layer's output and saved tensors (or, checkpointing, what

@@ -17,6 +17,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
+#include "offload/io_uring_engine.h"
 #include "ops/buffer.h"
 #include "zero/communicator.h"
 #include "zero/model_states.h"
@@ -66,6 +67,9 @@ struct Engine::Impl {
   Allocator* allocator = nullptr;
   std::unique_ptr<Allocator> own_host_allocator;  // when options.host_allocator is null
   Allocator* host_allocator = nullptr;  // cpu_checkpointing's kept inputs, the offloaded optimizer partition
+  // NVMe optimizer offload (offload_optimizer.device "nvme" at stage 3): the io_uring engine the
+  // store's swap files go through (docs/offload.md §5). Declared before `states`: it outlives the store.
+  std::unique_ptr<IoEngine> io;
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
   // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
   // Declared after the allocator: its buffers are freed first.

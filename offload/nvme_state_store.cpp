@@ -1,0 +1,197 @@
+#include "offload/nvme_state_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ops/error.h"
+#include "ops/log.h"
+
+namespace dstrain {
+namespace {
+
+constexpr std::uint64_t kAlign = IoEngine::kMinAlignment;
+
+std::uint64_t round_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+std::uint64_t NvmeStateStore::file_bytes(const StateStoreLayout& layout) {
+  std::uint64_t total = 0;
+  for (const FlatRange& r : layout.groups) total += round_up(static_cast<std::uint64_t>(r.size()) * sizeof(float));
+  return total;
+}
+
+NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots,
+                               const std::string& nvme_path, const std::string& config_key, const std::string& run,
+                               int rank, NvmePipelining pipelining)
+    : StateStore(std::move(layout)), io_(io), host_(host), pipelining_(pipelining) {
+  const StateStoreLayout& l = this->layout();
+  if (slots < 1) fail("offload_optimizer.buffer_count is {}: the NVMe store needs at least 1 host buffer (4 is DeepSpeed's default)", slots);
+  std::uint64_t offset = 0, largest = 0;
+  for (std::size_t g = 0; g < l.groups.size(); ++g) {
+    offsets_.push_back(offset);
+    offset += padded_bytes(g);
+    largest = std::max(largest, padded_bytes(g));
+  }
+  std::vector<SwapFileSpec> files;
+  for (const std::string& name : l.names) files.push_back({name + ".swp", offset});
+  folder_ = std::make_unique<SwapFolder>(io, nvme_path, config_key, run, rank, files);
+  stride_ = largest;
+  slots_.resize(slots);
+  const std::size_t slot_bytes = static_cast<std::size_t>(stride_ * l.buffer_count());
+  const bool page_aligned = host_.default_alignment() >= kAlign;
+  for (Slot& s : slots_) {
+    if (slot_bytes == 0) break;
+    if (page_aligned) {
+      s.block = static_cast<std::byte*>(host_.allocate(slot_bytes, MemoryPurpose::optimizer, kAlign));
+      s.memory = s.block;
+    } else {
+      s.block = static_cast<std::byte*>(host_.allocate(slot_bytes + kAlign, MemoryPurpose::optimizer));
+      const auto address = reinterpret_cast<std::uintptr_t>(s.block);
+      s.memory = s.block + (round_up(address) - address);
+    }
+    io_.register_buffer(s.memory, slot_bytes);  // best effort: unregistered I/O works too
+  }
+}
+
+NvmeStateStore::~NvmeStateStore() {
+  for (Slot& s : slots_) {
+    for (const IoHandle& h : s.pending) {
+      try {
+        h.wait();
+      } catch (const Error& e) {
+        log_warning("NVMe optimizer store, at the end: {}", e.what());
+      }
+    }
+    s.pending.clear();
+    if (s.block != nullptr) {
+      io_.unregister_buffer(s.memory);
+      host_.deallocate(s.block);
+    }
+  }
+}
+
+std::uint64_t NvmeStateStore::padded_bytes(std::size_t g) const {
+  return round_up(static_cast<std::uint64_t>(layout().groups[g].size()) * sizeof(float));
+}
+
+NvmeStateStore::Slot* NvmeStateStore::find(std::size_t g) {
+  for (Slot& s : slots_)
+    if (s.group == static_cast<std::ptrdiff_t>(g)) return &s;
+  return nullptr;
+}
+
+NvmeStateStore::Slot* NvmeStateStore::victim(bool without_waiting) {
+  Slot* best = nullptr;
+  for (Slot& s : slots_) {
+    if (s.state == SlotState::acquired) continue;
+    if (without_waiting && s.state == SlotState::reading) continue;  // a prefetch not yet used
+    if (without_waiting && std::any_of(s.pending.begin(), s.pending.end(), [](const IoHandle& h) { return !h.done(); }))
+      continue;
+    if (s.state == SlotState::empty) return &s;
+    if (best == nullptr || s.last_use < best->last_use) best = &s;
+  }
+  return best;
+}
+
+void NvmeStateStore::settle(Slot& s) {
+  std::vector<IoHandle> pending = std::move(s.pending);
+  s.pending.clear();
+  std::string first_error;
+  for (const IoHandle& h : pending) {
+    try {
+      h.wait();
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  if (!first_error.empty()) {
+    // What the slot held is not what the file holds (a failed write) or not what it should
+    // (a failed read): forget it, so that nothing uses it.
+    s.group = -1;
+    s.state = SlotState::empty;
+    throw Error(first_error);
+  }
+  if (s.state == SlotState::reading || s.state == SlotState::writing) s.state = SlotState::ready;
+}
+
+void NvmeStateStore::start_read(Slot& s, std::size_t g) {
+  s.group = static_cast<std::ptrdiff_t>(g);
+  s.state = SlotState::reading;
+  s.last_use = ++clock_;  // a prefetched group is about to be used: not the next to be evicted
+  for (std::size_t b = 0; b < layout().buffer_count(); ++b)
+    s.pending.push_back(io_.read(folder_->file(b), offsets_[g], s.memory + b * stride_, padded_bytes(g)));
+}
+
+std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
+  check_group(g, "acquire");
+  Slot* s = find(g);
+  if (s != nullptr && s->state == SlotState::acquired)
+    fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
+  if (s == nullptr) {
+    s = victim(/*without_waiting=*/false);
+    if (s == nullptr)
+      fail("NVMe optimizer store: all {} host buffers (zero_optimization.offload_optimizer.buffer_count) hold acquired "
+           "sub-groups; raise buffer_count",
+           slots_.size());
+    settle(*s);  // its write-back (or an unused prefetch) must finish before the buffer is reused
+    start_read(*s, g);
+  }
+  settle(*s);
+  s->state = SlotState::acquired;
+  s->last_use = ++clock_;
+  s->views.clear();
+  const std::int64_t n = layout().groups[g].size();
+  for (std::size_t b = 0; b < layout().buffer_count(); ++b)
+    s->views.emplace_back(s->memory + b * stride_, DType::fp32, Shape{n}, Device::cpu());
+  return s->views;
+}
+
+void NvmeStateStore::release(std::size_t g, bool modified) {
+  check_group(g, "release");
+  Slot* s = find(g);
+  if (s == nullptr || s->state != SlotState::acquired)
+    fail("NVMe optimizer store: release of sub-group {}, which is not acquired", g);
+  s->views.clear();
+  if (!modified) {
+    s->state = SlotState::ready;
+    return;
+  }
+  s->state = SlotState::writing;
+  for (std::size_t b = 0; b < layout().buffer_count(); ++b)
+    s->pending.push_back(io_.write(folder_->file(b), offsets_[g], s->memory + b * stride_, padded_bytes(g)));
+  if (!pipelining_.write) settle(*s);  // pipeline_write false: on disk before the step goes on
+}
+
+void NvmeStateStore::prefetch(std::size_t g) {
+  check_group(g, "prefetch");
+  if (!pipelining_.read || find(g) != nullptr) return;  // pipeline_read false: read at acquire
+  Slot* s = victim(/*without_waiting=*/true);
+  if (s == nullptr) return;  // every buffer busy: acquire will read it
+  settle(*s);
+  start_read(*s, g);
+}
+
+void NvmeStateStore::flush() {
+  std::string first_error;
+  for (Slot& s : slots_) {
+    if (s.state != SlotState::writing) continue;
+    try {
+      settle(s);
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  if (!first_error.empty()) throw Error(first_error);
+}
+
+StateStoreBytes NvmeStateStore::bytes() const {
+  StateStoreBytes b;
+  b.host = slots_.size() * stride_ * layout().buffer_count();
+  b.nvme = folder_->bytes();
+  return b;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,85 @@
+// NvmeStateStore: a rank's optimizer partition on NVMe (offload_optimizer.device "nvme"), behind
+// the StateStore interface (zero/state_store.h) — docs/offload.md §5.
+//
+// Each buffer of the layout ("master", "exp_avg", ...) is one swap file in the rank's SwapFolder,
+// holding the sub-groups in order, each padded to 4096 bytes so every sub-group starts at an
+// O_DIRECT-aligned offset (file_bytes gives the size). `slots` host buffers of one sub-group each
+// (offload_optimizer.buffer_count) hold what is in memory: acquire(g) reads g into a free slot (or
+// finds it there, prefetched), release(g, true) starts writing it back and frees the slot for reuse
+// once the write is done. With 3 slots, reading k+1 (prefetch) and writing k-1 overlap updating k.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "offload/io_uring_engine.h"
+#include "offload/swap_folder.h"
+#include "ops/allocator.h"
+#include "zero/state_store.h"
+
+namespace dstrain {
+
+// offload_optimizer.pipeline_read / pipeline_write, with DeepSpeed's meaning: without them a
+// sub-group is read when acquired (prefetch does nothing) and written back before release returns.
+struct NvmePipelining {
+  bool read = true;
+  bool write = true;
+};
+
+class NvmeStateStore final : public StateStore {
+ public:
+  // `io` and `host` outlive the store. Slots are 4096-aligned (O_DIRECT): asked of `host` when its
+  // default alignment is a page (PinnedHostAllocator), else cut from a block 4096 bytes larger
+  // (cudaHostAlloc'ed memory: CudaPinnedAllocator aligns to 512 only).
+  // Creates and preallocates the swap files (SwapFolder: errors before step 1, named by `config_key`).
+  NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots, const std::string& nvme_path,
+                 const std::string& config_key, const std::string& run, int rank, NvmePipelining pipelining = {});
+  // Waits for the write-backs (a failure is logged: the destructor cannot throw), then removes the files.
+  ~NvmeStateStore() override;
+
+  StateHome home() const override { return StateHome::nvme; }
+  Device view_device() const override { return Device::cpu(); }
+  std::span<const Tensor> acquire(std::size_t g) override;
+  void release(std::size_t g, bool modified) override;
+  void prefetch(std::size_t g) override;
+  void flush() override;
+  StateStoreBytes bytes() const override;
+
+  const SwapFolder& folder() const { return *folder_; }
+  // The bytes of each swap file: every sub-group's fp32 bytes rounded up to 4096.
+  static std::uint64_t file_bytes(const StateStoreLayout& layout);
+
+ private:
+  enum class SlotState { empty, reading, ready, acquired, writing };
+  struct Slot {
+    std::ptrdiff_t group = -1;
+    SlotState state = SlotState::empty;
+    std::vector<IoHandle> pending;  // the reads or writes in flight for `group`
+    std::uint64_t last_use = 0;
+    std::byte* block = nullptr;     // what the host allocator gave (freed with it)
+    std::byte* memory = nullptr;    // buffer_count() regions of stride_ bytes, 4096-aligned, in `block`
+    std::vector<Tensor> views;
+  };
+
+  Slot* find(std::size_t g);
+  // A slot to load into: empty first, then the least recently used one not acquired; nullptr when
+  // all are acquired. `without_waiting`: only slots whose I/O has finished (for prefetch).
+  Slot* victim(bool without_waiting);
+  void settle(Slot& s);  // waits for its I/O; throws the I/O's Error
+  void start_read(Slot& s, std::size_t g);
+  std::uint64_t padded_bytes(std::size_t g) const;
+
+  IoEngine& io_;
+  Allocator& host_;
+  std::unique_ptr<SwapFolder> folder_;
+  std::vector<std::uint64_t> offsets_;  // file offset of each sub-group
+  std::uint64_t stride_ = 0;            // bytes of one buffer's region in a slot
+  std::vector<Slot> slots_;
+  std::uint64_t clock_ = 0;
+  NvmePipelining pipelining_;
+};
+
+}  // namespace dstrain

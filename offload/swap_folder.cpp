@@ -1,0 +1,99 @@
+#include "offload/swap_folder.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "offload/io_error.h"
+#include "ops/error.h"
+#include "ops/memory_stats.h"
+
+namespace dstrain {
+
+namespace fs = std::filesystem;
+
+std::string SwapFolder::default_run_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "host");
+  return fmt::format("{}-{}", host, ::getpid());
+}
+
+SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run,
+                       int rank, const std::vector<SwapFileSpec>& files)
+    : root_(nvme_path) {
+  std::error_code ec;
+  if (nvme_path.empty()) fail("{} is empty: set it to a folder on the NVMe drive", config_key);
+  if (!fs::exists(root_, ec))
+    fail("{} \"{}\" does not exist: create it on the NVMe drive (mkdir -p {}) or fix the path", config_key, nvme_path,
+         nvme_path);
+  if (!fs::is_directory(root_, ec))
+    fail("{} \"{}\" is not a folder: point it at a folder on the NVMe drive", config_key, nvme_path);
+  if (::access(nvme_path.c_str(), W_OK | X_OK) != 0)
+    fail("{} \"{}\" is not writable by this user ({}): choose a folder you may write to, or fix its permissions",
+         config_key, nvme_path, std::strerror(errno));
+
+  // The space check comes first, before anything is created: the bytes every file needs, rounded up
+  // to the O_DIRECT alignment (a multiple of 4096; the device may ask more, checked at open).
+  std::uint64_t needed = 0;
+  for (const SwapFileSpec& f : files) needed += (f.bytes + IoEngine::kMinAlignment - 1) / IoEngine::kMinAlignment * IoEngine::kMinAlignment;
+  const std::int64_t available = io_available_bytes(nvme_path);
+  available_before_ = available < 0 ? 0 : static_cast<std::uint64_t>(available);
+  if (available >= 0 && needed > static_cast<std::uint64_t>(available))
+    fail("rank {}'s swap files need {} ({} bytes, {} files) under {} \"{}\", but its file system has {} ({} bytes) "
+         "available: free {} bytes there, point {} at a larger drive, or offload less (device \"cpu\", a smaller model, "
+         "more ranks)",
+         rank, format_bytes(needed), needed, files.size(), config_key, nvme_path, format_bytes(static_cast<std::uint64_t>(available)),
+         available, needed - static_cast<std::uint64_t>(available), config_key);
+
+  run_folder_ = root_ / "dstrain_swap" / (run.empty() ? default_run_name() : run);
+  folder_ = run_folder_ / fmt::format("rank{}", rank);
+  // Unnamed runs of one process (engines made one after another, or side by side in tests) take the
+  // next free "<host>-<pid>-N"; a named run's folder must be free.
+  for (int n = 2; run.empty() && fs::exists(folder_, ec) && n < 10000; ++n) {
+    run_folder_ = root_ / "dstrain_swap" / fmt::format("{}-{}", default_run_name(), n);
+    folder_ = run_folder_ / fmt::format("rank{}", rank);
+  }
+  if (fs::exists(folder_, ec))
+    fail("the swap folder {} exists already: another run with the same name is using it, or one that crashed left it; "
+         "remove it if no run uses it, or give this run another name",
+         folder_.string());
+  fs::create_directories(folder_, ec);
+  if (ec) fail("cannot create the swap folder {}: {}; check {} \"{}\"", folder_.string(), ec.message(), config_key, nvme_path);
+  try {
+    for (const SwapFileSpec& f : files) {
+      files_.push_back(io.open((folder_ / f.name).string(), IoOpen::create));
+      IoFile& file = files_.back();
+      const std::uint64_t rounded = (f.bytes + file.alignment() - 1) / file.alignment() * file.alignment();
+      file.allocate(rounded);
+      bytes_ += rounded;
+    }
+  } catch (...) {
+    files_.clear();
+    remove_folders();
+    throw;
+  }
+}
+
+SwapFolder::~SwapFolder() {
+  files_.clear();  // closes them, after their requests
+  remove_folders();
+}
+
+void SwapFolder::remove_folders() noexcept {
+  std::error_code ec;
+  fs::remove_all(folder_, ec);
+  // The run folder and dstrain_swap only when empty: other ranks of the run, other runs, keep theirs.
+  fs::remove(run_folder_, ec);
+  fs::remove(root_ / "dstrain_swap", ec);
+}
+
+std::string SwapFolder::describe() const {
+  return fmt::format("NVMe swap: {} file(s), {} preallocated in {} ({} were free)", files_.size(), format_bytes(bytes_),
+                     folder_.string(), format_bytes(available_before_));
+}
+
+}  // namespace dstrain

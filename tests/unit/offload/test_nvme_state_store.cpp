@@ -1,0 +1,182 @@
+// NvmeStateStore (offload/nvme_state_store.h) against ResidentStateStore, the reference: the same
+// sequence of acquire / update / release / prefetch gives the same values, bit for bit, with 1 to 4
+// host buffers; the swap files have the size the formula says; an injected read error is named and
+// nothing hangs.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "io_test_util.h"
+#include "offload/nvme_state_store.h"
+#include "offload/pinned_host_allocator.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+using testing_io::ScratchDir;
+namespace fs = std::filesystem;
+const char* kKey = "zero_optimization.offload_optimizer.nvme_path";
+
+StateStoreLayout layout_of(std::int64_t numel, std::int64_t sub_group) {
+  StateStoreLayout l;
+  l.numel = numel;
+  l.names = {"master", "exp_avg", "exp_avg_sq"};
+  l.groups = StateStoreLayout::cut(numel, sub_group);
+  return l;
+}
+
+// One "step" over every group in order, prefetching the next, as the pipelined optimizer does.
+void step(StateStore& s, int t, bool prefetch) {
+  const std::size_t groups = s.layout().groups.size();
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (prefetch && g + 1 < groups) s.prefetch(g + 1);
+    std::span<const Tensor> v = s.acquire(g);
+    for (std::size_t b = 0; b < v.size(); ++b) {
+      float* x = static_cast<float*>(v[b].data);
+      for (std::int64_t i = 0; i < v[b].numel(); ++i)
+        x[i] = x[i] * 0.5f + static_cast<float>(t + 1) * static_cast<float>(b + 1) + static_cast<float>(i) * 1e-3f;
+    }
+    s.release(g, /*modified=*/true);
+  }
+  s.flush();
+}
+
+void expect_same(StateStore& a, StateStore& b) {
+  for (std::size_t g = 0; g < a.layout().groups.size(); ++g) {
+    std::span<const Tensor> va = a.acquire(g);
+    std::span<const Tensor> vb = b.acquire(g);
+    ASSERT_EQ(va.size(), vb.size());
+    for (std::size_t k = 0; k < va.size(); ++k) {
+      ASSERT_EQ(va[k].numel(), vb[k].numel());
+      ASSERT_EQ(std::memcmp(va[k].data, vb[k].data, static_cast<std::size_t>(va[k].numel()) * 4), 0)
+          << "group " << g << " buffer " << k;
+    }
+    a.release(g, false);
+    b.release(g, false);
+  }
+}
+
+TEST(NvmeStateStore, SameValuesAsTheResidentStoreForAnyBufferCount) {
+  ScratchDir dir("nvmestore");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  CpuAllocator cpu;
+  for (std::size_t slots : {1u, 2u, 3u, 4u}) {
+    for (bool prefetch : {false, true}) {
+      SCOPED_TRACE(testing::Message() << slots << " buffers, prefetch " << prefetch);
+      const StateStoreLayout l = layout_of(10007, 1000);  // 11 groups, the last one short
+      ResidentStateStore ref(l, cpu, StateHome::host);
+      NvmeStateStore nvme(l, io, host, slots, dir.path.string(), kKey, "run", 0);
+      for (int t = 0; t < 3; ++t) {
+        step(ref, t, prefetch);
+        step(nvme, t, prefetch && slots > 1);
+      }
+      expect_same(nvme, ref);
+      // The files: the formula, independently — each group's fp32 bytes rounded up to 4096.
+      std::uint64_t expected = 0;
+      for (const FlatRange& r : l.groups) expected += (static_cast<std::uint64_t>(r.size()) * 4 + 4095) / 4096 * 4096;
+      EXPECT_EQ(NvmeStateStore::file_bytes(l), expected);
+      for (const char* name : {"master.swp", "exp_avg.swp", "exp_avg_sq.swp"})
+        EXPECT_EQ(fs::file_size(nvme.folder().path() / name), expected) << name;
+      EXPECT_EQ(nvme.bytes().nvme, 3 * expected);
+      EXPECT_EQ(nvme.bytes().host, slots * 3 * 4096u);  // one 1000-element group padded, per buffer
+      EXPECT_EQ(nvme.bytes().device, 0u);
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir.path / "dstrain_swap")) << "swap files left behind";
+}
+
+// pipeline_read / pipeline_write (DeepSpeed's keys): off, prefetch reads nothing and a release is
+// on disk when it returns (checked with pread, not through the engine); on, prefetch reads ahead.
+TEST(NvmeStateStore, PipelineReadAndWriteAsDeepSpeedMeansThem) {
+  ScratchDir dir("nvmepipe");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "pipelined" : "not pipelined");
+    NvmeStateStore s(layout_of(4096, 1024), io, host, 3, dir.path.string(), kKey, "run", 0, NvmePipelining{on, on});
+    const std::uint64_t before = io.totals().pieces;
+    s.prefetch(1);
+    EXPECT_EQ(io.totals().pieces - before, on ? 3u : 0u);
+    std::span<const Tensor> v = s.acquire(2);
+    static_cast<float*>(v[0].data)[5] = 42.0f;
+    s.release(2, true);
+    if (!on) {
+      const auto bytes = testing_io::pread_reference((s.folder().path() / "master.swp").string(), 2 * 4096 + 5 * 4, 4);
+      ASSERT_EQ(bytes.size(), 4u);
+      float x = 0;
+      std::memcpy(&x, bytes.data(), 4);
+      EXPECT_EQ(x, 42.0f) << "release returned before the write-back reached the file";
+    }
+    s.flush();
+  }
+}
+
+// An allocator like CudaPinnedAllocator (ops/cuda/pinned_allocator.h): blocks aligned to 512
+// bytes only, and larger alignments refused. Its blocks here are deliberately not 4096-aligned.
+class Align512Allocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+  std::size_t default_alignment() const override { return 512; }
+
+ protected:
+  void* raw_allocate(std::size_t bytes, std::size_t alignment) override {
+    if (alignment > 512) throw Error("Align512Allocator: alignment above 512 refused");
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 512 + 4095) / 4096 * 4096));
+    return p == nullptr ? nullptr : p + 512;
+  }
+  void raw_deallocate(void* ptr, std::size_t, std::size_t) override { std::free(static_cast<std::byte*>(ptr) - 512); }
+};
+
+TEST(NvmeStateStore, WorksWithHostMemoryAlignedTo512Only) {
+  ScratchDir dir("nvme512");
+  IoEngine io;
+  Align512Allocator host;
+  CpuAllocator cpu;
+  const StateStoreLayout l = layout_of(5000, 1000);
+  ResidentStateStore ref(l, cpu, StateHome::host);
+  NvmeStateStore nvme(l, io, host, 2, dir.path.string(), kKey, "run", 0);
+  for (int t = 0; t < 2; ++t) {
+    step(ref, t, true);
+    step(nvme, t, true);
+  }
+  expect_same(nvme, ref);
+}
+
+TEST(NvmeStateStore, TooManyAcquiredAndInjectedReadErrorsAreNamed) {
+  ScratchDir dir("nvmestorebad");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  NvmeStateStore s(layout_of(4096, 1024), io, host, 2, dir.path.string(), kKey, "run", 0);
+  s.acquire(0);
+  s.acquire(1);
+  try {
+    s.acquire(2);
+    ADD_FAILURE() << "a third acquire with 2 buffers succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer_count"), std::string::npos) << e.what();
+  }
+  s.release(0, true);
+  s.release(1, false);
+  s.flush();
+  io.inject_fault(IoFault::parse("eio:read@2"));  // group 2's second buffer (exp_avg)
+  try {
+    s.acquire(2);
+    ADD_FAILURE() << "the injected read error was not reported";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("exp_avg.swp"), std::string::npos) << m;
+    EXPECT_NE(m.find("offset 8192"), std::string::npos) << m;
+    EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+  }
+  io.inject_fault(std::nullopt);
+  s.acquire(2);  // the store goes on: the failed read was forgotten and is read again
+  s.release(2, false);
+}
+
+}  // namespace
+}  // namespace dstrain
