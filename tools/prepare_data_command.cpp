@@ -189,7 +189,9 @@ PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output,
 void add_prepare_data_command(CLI::App& app) {
   auto args = std::make_shared<PrepareDataArgs>();
   CLI::App* sub = app.add_subcommand("prepare-data", "Tokenize text files into llm.c token files (train, val)");
-  sub->add_option("--tokenizer", args->tokenizer, "gpt2 (GPT-2 BPE, vocab 50257) or bytes (one token per byte)")
+  sub->add_option("--tokenizer", args->tokenizer,
+                  "gpt2 (GPT-2 BPE, vocab 50257), bytes (one token per byte), or the path of a Hugging Face "
+                  "tokenizer.json (with its tokenizer_config.json beside it)")
       ->required();
   sub->add_option("inputs", args->inputs, "Text files (one document each) or folders of them")->required();
   sub->add_option("-o,--output", args->output,
