@@ -18,7 +18,7 @@
 // Refused at load, naming the file and key and what is supported: a model type other than BPE,
 // BPE dropout, word prefixes/suffixes, normalizers / pre-tokenizers / decoders / post-processors not
 // listed in their headers, added tokens with lstrip / rstrip / single_word / normalized, a missing
-// tokenizer_config.json or eos_token.
+// tokenizer_config.json or eos_token. The user-facing specification is docs/data.md §7.
 #pragma once
 
 #include <filesystem>
