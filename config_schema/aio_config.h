@@ -9,13 +9,19 @@
 
 namespace dstrain::config {
 
+// The engine's limits (offload/io_options.h): a ring holds at most 32768 entries (IORING_MAX_ENTRIES);
+// rings each have a thread, so their number is bounded; pieces are multiples of the page size.
+inline constexpr std::int64_t kMaxQueueDepth = 32768;
+inline constexpr std::int64_t kMaxIntraOpParallelism = 256;
+inline constexpr std::int64_t kDirectIoAlignment = 4096;
+
 struct AioConfig {
-  std::int64_t block_size = 1048576;      // bytes per I/O request
-  std::int64_t queue_depth = 8;
-  std::int64_t intra_op_parallelism = 1;  // threads per read/write request (was thread_count)
+  std::int64_t block_size = 1048576;      // bytes per I/O request (piece)
+  std::int64_t queue_depth = 8;           // pieces in flight per ring
+  std::int64_t intra_op_parallelism = 1;  // rings, one thread each (was thread_count)
   bool single_submit = false;
   bool overlap_events = true;
-  bool use_gds = false;                   // GPUDirect Storage
+  bool use_gds = false;                   // GPUDirect Storage: warned (no cuFile), not used
 };
 
 SectionSpec aio_section_spec();

@@ -188,6 +188,13 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
       ctx.warn("optimizer.type", fmt::format("Currently the convergence of {} is only verified under FP16 (DeepSpeed's warning)",
                                              kind == OptimizerKind::onebit_adam ? "1-bit Adam" : kind == OptimizerKind::zero_one_adam ? "0/1 Adam" : "1-bit Lamb"));
   }
+  // deepspeed/runtime/zero/muon/muon_optimizer.py: DeepSpeed's engine-level MuonWithAuxAdam steps its
+  // Muon matrices with the plain gradient and leaves the Newton-Schulz update to the ZeRO optimizers.
+  if (kind == OptimizerKind::muon && stage == 0)
+    ctx.warn("optimizer.type", "Muon at zero_optimization.stage 0: DeepSpeed computes Muon's orthogonalised update only in its ZeRO "
+                               "optimizers (stages 1-3) and steps the Muon matrices with the plain gradient at stage 0 "
+                               "(W -= lr*(grad + weight_decay*W)); dstrain applies Muon at every stage, so this run trains as DeepSpeed's "
+                               "stage 1-3 runs do (docs/optimizers.md §9)");
   if ((stage == 1 || stage == 2) && !c.optimizer.present())
     ctx.warn("optimizer", fmt::format("zero stage {} requires an optimizer and the config has none; DeepSpeed fails "
                                       "unless the program passes its own optimizer",

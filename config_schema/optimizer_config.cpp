@@ -96,6 +96,7 @@ OptimizerKind kind_of(const std::string& type) {
   if (low == "onebitadam") return OptimizerKind::onebit_adam;
   if (low == "zerooneadam") return OptimizerKind::zero_one_adam;
   if (low == "onebitlamb") return OptimizerKind::onebit_lamb;
+  if (low == "muon") return OptimizerKind::muon;
   if (type == "SGD") return OptimizerKind::sgd;
   if (type == "RMSprop") return OptimizerKind::rmsprop;
   if (type == "Adamax") return OptimizerKind::adamax;
@@ -113,12 +114,60 @@ std::pair<double, double> number_pair(const Json& v, const char* key, const char
   return {v[0].get<double>(), v[1].get<double>()};
 }
 
+// Muon: deepspeed/runtime/engine.py (_configure_basic_optimizer) builds MuonWithAuxAdam from two
+// param groups, copying only these keys of the params block into them; the constructor's defaults
+// fill the rest (docs/optimizers.md §9).
+const std::vector<std::string> kMuonGroupKeys = {"lr", "momentum", "weight_decay", "muon_lr", "ns_method"};
+const std::vector<std::string> kAdamGroupKeys = {"lr", "betas", "eps", "weight_decay", "adam_lr"};
+
+void parse_muon_params(const Json& raw, OptimizerConfig& c, ParseContext& ctx, Json& resolved) {
+  for (const auto& [key, v] : raw.items()) {
+    if (std::find(kMuonGroupKeys.begin(), kMuonGroupKeys.end(), key) != kMuonGroupKeys.end() ||
+        std::find(kAdamGroupKeys.begin(), kAdamGroupKeys.end(), key) != kAdamGroupKeys.end())
+      continue;
+    const std::string guess = closest_key(key, {"lr", "momentum", "weight_decay", "muon_lr", "ns_method", "betas", "eps", "adam_lr"});
+    ctx.warn(fmt::format("optimizer.params.{}", key),
+             fmt::format("{} is ignored: DeepSpeed's engine gives MuonWithAuxAdam only lr, momentum, weight_decay, muon_lr, ns_method "
+                         "(the Muon matrices) and lr, betas, eps, weight_decay, adam_lr (the Adam parameters){}",
+                         key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess)));
+  }
+  auto number = [&](const char* key, double fallback) {
+    if (!raw.contains(key)) return fallback;
+    const Json& v = raw[key];
+    if (!v.is_number()) fail("optimizer.params.{} is {}: Muon expects a number, e.g. {}", key, show(v), fallback);
+    const double x = v.get<double>();
+    if (!std::isfinite(x)) fail("optimizer.params.{} is {}: expected a finite number", key, show(v));
+    return x;
+  };
+  auto& p = c.params;
+  // "muon_lr will override lr", "adam_lr will override lr" (engine.py); else MuonWithAuxAdam's defaults.
+  const double lr = number("lr", -1.0);
+  p.lr = number("muon_lr", raw.contains("lr") ? lr : 0.02);
+  p.adam_lr = number("adam_lr", raw.contains("lr") ? lr : 3e-4);
+  for (const auto& [key, v] : {std::pair{"muon_lr", p.lr}, std::pair{"adam_lr", p.adam_lr}})
+    if (v < 0.0) fail("optimizer.params.{}: the {} lr is {}; give an lr >= 0", raw.contains(key) ? key : "lr", key, v);
+  p.momentum = number("momentum", 0.95);
+  p.weight_decay = number("weight_decay", 0.0);
+  p.eps = number("eps", 1e-10);
+  p.betas = raw.contains("betas") ? number_pair(raw["betas"], "betas", "[0.9, 0.95]") : std::pair{0.9, 0.95};
+  for (double b : {p.betas.first, p.betas.second})
+    if (b < 0.0 || b >= 1.0) fail("optimizer.params.betas is {}: each beta must be in [0, 1) (the Adam bias correction divides by 1 - beta^t)", show(raw["betas"]));
+  if (raw.contains("ns_method")) {
+    const Json& v = raw["ns_method"];
+    if (!v.is_string() || (v.get<std::string>() != "gram" && v.get<std::string>() != "standard"))
+      fail("optimizer.params.ns_method is {}: ns_method must be one of {{'standard', 'gram'}} (MuonWithAuxAdam asserts this)", show(v));
+    p.ns_method = v.get<std::string>();
+  }
+  resolved["params"] = Json{{"muon_lr", p.lr},   {"adam_lr", p.adam_lr}, {"momentum", p.momentum}, {"weight_decay", p.weight_decay},
+                            {"ns_method", p.ns_method}, {"betas", Json::array({p.betas.first, p.betas.second})}, {"eps", p.eps}};
+}
+
 }  // namespace
 
 SectionSpec optimizer_section_spec() {
   return make_section("optimizer", Regime::dict_lookup, "The optimizer built from the config.",
                       {
-                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (as torch.optim); other DeepSpeed/torch "
+                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion, Muon (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (as torch.optim); other DeepSpeed/torch "
                                                         "optimizers are recognised but not provided by dstrain."),
                           object_field("params", "Constructor arguments of the optimizer."),
                           bool_field("legacy_fusion", false, "Legacy fused fp16 optimizer path."),
@@ -195,10 +244,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
         std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end()) {
       c.kind = OptimizerKind::unsupported;
     } else {
-      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
+      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "Muon", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
       const std::string guess = closest_key(c.type, names);
       fail("optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb, "
-           "Adagrad, Lion, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (case-sensitive, as torch.optim)",
+           "Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop (case-sensitive, as torch.optim)",
            c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
     }
   }
@@ -219,6 +268,11 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
                          "is kept as given but no dstrain optimizer implements it. Use Adam, AdamW, Lamb or SGD",
                          c.type));
     resolved["params"] = raw;
+    return c;
+  }
+
+  if (c.kind == OptimizerKind::muon) {
+    parse_muon_params(raw, c, ctx, resolved);
     return c;
   }
 

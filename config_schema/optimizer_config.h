@@ -33,6 +33,7 @@ enum class OptimizerKind {
   adadelta,     // "Adadelta"
   asgd,         // "ASGD"
   rprop,        // "Rprop"
+  muon,         // "Muon" (any case): DeepSpeed's MuonWithAuxAdam (docs/optimizers.md §9)
   unsupported,  // a type DeepSpeed knows that dstrain does not provide (OneBitAdam, Adagrad, RMSprop, ...)
 };
 
@@ -67,6 +68,11 @@ struct OptimizerParams {
   double t0 = 1e6;                              // ASGD
   std::pair<double, double> etas{0.5, 1.2};     // Rprop
   std::pair<double, double> step_sizes{1e-6, 50.0};  // Rprop
+  // Muon (MuonWithAuxAdam): `lr` is the Muon matrices' lr (muon_lr, else lr, else 0.02), `momentum`
+  // their momentum (0.95); the other parameters take Adam with adam_lr (adam_lr, else lr, else 3e-4),
+  // `betas` (0.9, 0.95) and `eps` (1e-10); `weight_decay` is both groups'.
+  double adam_lr = 3e-4;
+  std::string ns_method = "gram";               // Muon: "gram" or "standard" (the same function)
 };
 
 // OneBitAdam, ZeroOneAdam, OneBitLamb: the optimizers that communicate in their step.
@@ -85,9 +91,10 @@ struct OptimizerConfig {
   bool present() const { return kind != OptimizerKind::none; }
   bool is_onebit() const { return is_onebit_kind(kind); }
   // On ZeRO's list of tested optimizers (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS: FusedAdam /
-  // torch Adam, AdamW, Adagrad, Lion); any other type at stage >= 1 needs zero_allow_untested_optimizer.
+  // torch Adam, AdamW, Adagrad, Lion, MuonWithAuxAdam); any other type at stage >= 1 needs zero_allow_untested_optimizer.
   bool zero_tested() const {
-    return kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::adagrad || kind == OptimizerKind::lion;
+    return kind == OptimizerKind::adam || kind == OptimizerKind::adamw || kind == OptimizerKind::adagrad || kind == OptimizerKind::lion ||
+           kind == OptimizerKind::muon;  // zero/utils.py appends MuonWithAuxAdam to the list
   }
   // DeepSpeed: decoupled weight decay iff type is AdamW or adam_w_mode (default true) — so "Adam"
   // with weight decay behaves as AdamW unless "adam_w_mode": false.

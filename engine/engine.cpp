@@ -49,14 +49,21 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
   }
-  // DeepSpeed's ZeRO-3 optimizer (stage3.py) refuses Muon with reduce_scatter, which is on by default.
-  if (std::string type = c.optimizer.type; c.zero_optimization.stage == 3 && c.zero_optimization.reduce_scatter &&
-                                           (std::transform(type.begin(), type.end(), type.begin(),
-                                                           [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }),
-                                            type == "muon")) {
-    fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
-         "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
-         c.optimizer.type);
+  // DeepSpeed's ZeRO optimizers refuse Muon with reduce_scatter (on by default) at stage 3
+  // (stage3.py), and with reduce_scatter and optimizer offload at stages 1-2 (stage_1_and_2.py).
+  if (c.optimizer.kind == config::OptimizerKind::muon && c.zero_optimization.reduce_scatter) {
+    const auto& off = c.zero_optimization.offload_optimizer;
+    if (c.zero_optimization.stage == 3) {
+      fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
+           "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
+           c.optimizer.type);
+    }
+    if ((c.zero_optimization.stage == 1 || c.zero_optimization.stage == 2) && off && off->device != config::OffloadDevice::none) {
+      fail("optimizer.type {} with zero_optimization.stage {}, reduce_scatter true and offload_optimizer: Muon with reduce scatter does "
+           "not support optimizer offload because offload retains only partition slices (DeepSpeed's ZeRO-1/2 optimizer raises this "
+           "ValueError); disable reduce scatter (zero_optimization.reduce_scatter: false) or optimizer offload",
+           c.optimizer.type, c.zero_optimization.stage);
+    }
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
@@ -242,6 +249,15 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
       im.owned.push_back({ps, i, &sl});
       parameter_count_ += ps.shape.numel();
     }
+  }
+  if (config.optimizer.kind == config::OptimizerKind::muon) {
+    // DeepSpeed's use_muon flags, from the owned parameters' names and shapes (engine/muon.h).
+    std::vector<MuonTensor> muon;
+    for (const auto& o : im.owned) muon.push_back(muon_tensor_of(o.spec));
+    im.optimizer.set_muon_tensors(std::move(muon));
+    const config::SchedulerKind sk = config.scheduler.kind;
+    im.optimizer.set_schedule_sets_every_group(sk == config::SchedulerKind::warmup_lr || sk == config::SchedulerKind::warmup_decay_lr ||
+                                               sk == config::SchedulerKind::one_cycle || sk == config::SchedulerKind::lr_range_test);
   }
   if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
     log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "

@@ -44,19 +44,13 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
            "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}, or pass the program's own "
            "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
            "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
+    case OptimizerKind::muon:
+      break;
     default:
-      // DeepSpeed 0.19's Muon (MuonWithAuxAdam) orthogonalises each weight matrix's momentum
-      // (Newton-Schulz) inside its ZeRO-3 optimizer, which gathers the matrix's whole gradient;
-      // dstrain's ZeRO has no such gather (docs/optimizers.md).
-      if (std::string low = config.type; (std::transform(low.begin(), low.end(), low.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); }), low == "muon"))
-        fail("optimizer.type: \"{}\" — DeepSpeed's Muon (MuonWithAuxAdam: Newton-Schulz orthogonalised momentum on the weight matrices, "
-             "Adam on the rest) is not provided by dstrain: DeepSpeed applies the Muon update only in its ZeRO-3 optimizer, from each "
-             "matrix's gathered gradient (below stage 3 its Muon parameters take plain lr·grad steps), and dstrain's ZeRO does not "
-             "gather whole gradients for the optimizer; use \"AdamW\" or \"Lion\"",
-             config.type);
       fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
            "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
-           "\"Lion\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\" and \"Rprop\" (docs/optimizers.md)",
+           "\"Lion\", \"Muon\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\", \"Rprop\" and the 1-bit family "
+           "(docs/optimizers.md)",
            config.type);
   }
   const config::OptimizerParams& p = config.params;
@@ -101,11 +95,30 @@ std::vector<std::string> Optimizer::state_names() const {
   if (optimizer_rule_of(kind_)) return rule_state_names(config_);
   if (kind_ == config::OptimizerKind::sgd) return p_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   if (config::is_onebit_kind(kind_)) return OneBitOptimizer::state_names(kind_);
+  // Muon: Adam's two states on every element; a Muon matrix keeps its momentum_buffer in the first
+  // and leaves the second at zero (engine/muon.h).
   return {"exp_avg", "exp_avg_sq"};
 }
 
 void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas,
                      StochasticRoundingOptions rounding) const {
+  if (kind_ == config::OptimizerKind::muon) {
+    DSTRAIN_CHECK(!muon_tensors_.empty() || partition.tensor_count() == 0, "Optimizer::step: Muon needs set_muon_tensors() first");
+    MuonStepConfig c;
+    c.lr = lr;
+    // The Adam group's lr (set_schedule_sets_every_group); lr / lr_ is exactly 1 without a schedule.
+    c.adam_lr = schedule_sets_every_group_ ? lr : lr_ != 0.0 ? p_.adam_lr * (lr / lr_) : p_.adam_lr;
+    c.momentum = p_.momentum;
+    c.weight_decay = weight_decay_;
+    c.beta1 = beta1_;
+    c.beta2 = beta2_;
+    c.eps = eps_;
+    c.step = t;
+    c.grad_scale = grad_scale;
+    c.partitioned = partitioned_;
+    muon_step(partition, muon_tensors_, c);
+    return;
+  }
   if (kind_ == config::OptimizerKind::lamb && !split_tensors_) split_tensors_ = partitioned_ || has_split_tensors(partition);  // the layout is fixed
   if (kind_ == config::OptimizerKind::lamb && *split_tensors_) {
     // Tensors cut by ZeRO's partitions or by sub-groups: the trust ratios from the whole tensors'
@@ -134,6 +147,8 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
   DSTRAIN_CHECK(!config::is_onebit_kind(kind_), "Optimizer::update: the 1-bit optimizers communicate in their step; the engine "
                 "steps them through OneBitOptimizer");
+  DSTRAIN_CHECK(kind_ != config::OptimizerKind::muon, "Optimizer::update: Muon orthogonalises whole matrices across sub-groups and ranks; "
+                "call Optimizer::step");
   if (optimizer_rule_of(kind_)) {
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;

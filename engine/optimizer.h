@@ -8,8 +8,10 @@
 // with "Adam" and "adam_w_mode": false, the L2 form of torch.optim.Adam: g += weight_decay·θ before
 // the moments. bias_correction false drops both bias corrections (FusedAdam's option).
 // Adagrad, Lion and the torch.optim fallbacks (RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop)
-// are the element-wise rules of engine/optimizer_rules.h (docs/optimizers.md). Other types
-// (OneBitAdam, ...) are an Error naming optimizer.type and the types available.
+// are the element-wise rules of engine/optimizer_rules.h (docs/optimizers.md). "Muon" is DeepSpeed's
+// MuonWithAuxAdam (engine/muon.h): it needs each parameter's name and shape (set_muon_tensors).
+// The 1-bit family is stepped by engine/onebit_optimizer.h. Other types are an Error naming
+// optimizer.type and the types available.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "config_schema/optimizer_config.h"
+#include "engine/muon.h"
 #include "ops/tensor.h"
 #include "zero/optimizer_partition.h"
 
@@ -41,6 +44,13 @@ class Optimizer {
   // ZeRO stages 1-3 on several ranks: tensors are split across ranks, so whole-tensor quantities
   // (Lamb's trust ratio) need every rank's partial sums (engine/lamb_exact.h).
   void set_partitioned(bool partitioned) { partitioned_ = partitioned; }
+  // Muon: which owned tensors (TensorPiece::tensor order) are Muon matrices, and their shapes.
+  void set_muon_tensors(std::vector<MuonTensor> tensors) { muon_tensors_ = std::move(tensors); }
+  // Muon: how the LR schedule reaches its two param groups. true: it writes one lr into every group
+  // (DeepSpeed's WarmupLR, WarmupDecayLR, OneCycle, LRRangeTest), so the Adam group takes the step's
+  // lr too; false (no schedule, WarmupCosineLR): each group keeps its own lr times the schedule's
+  // ratio, adam_lr · lr / muon_lr.
+  void set_schedule_sets_every_group(bool every) { schedule_sets_every_group_ = every; }
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }  // optimizer.params.betas
   // Whether the type has betas (torch's param-group key "betas"): Adam, AdamW, Lamb, Lion, Adamax,
   // NAdam, RAdam. OneCycle cycles β1 only for these; for the others DeepSpeed disables
@@ -74,6 +84,8 @@ class Optimizer {
   bool decoupled_ = true;
   bool bias_correction_ = true;
   bool partitioned_ = false;
+  std::vector<MuonTensor> muon_tensors_;
+  bool schedule_sets_every_group_ = false;
   mutable std::optional<bool> split_tensors_;  // Lamb: some tensor is cut into pieces (found at the first step)
 };
 

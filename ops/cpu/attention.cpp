@@ -21,17 +21,39 @@ using namespace kernel_check;
 
 constexpr std::int64_t kMaxHS = kAttentionMaxHeadSize;
 
+// C = NH·HS is the output width; W = (NH + 2·NKV)·HS the qkv row; k of KV head g starts at column
+// koff + g·HS, v at voff + g·HS; query head h reads KV head h / G.
 struct AttShape {
-  std::int64_t B, T, C, NH, HS;
+  std::int64_t B, T, C, NH, HS, NKV, G, W, koff, voff;
 };
 
-AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, std::int64_t NH) {
-  require_rank(op, {"qkv", qkv}, 3, "(B, T, 3C)");
-  AttShape s{qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, NH, 0};
-  if (qkv.shape[2] % 3 != 0) fail("{}: tensor 'qkv' has shape {} but (B, T, 3C) is expected: the last dimension is not a multiple of 3", op, qkv.shape.str());
-  if (NH <= 0 || s.C % NH != 0) fail("{}: NH = {} must be positive and divide C = {} (qkv {})", op, NH, s.C, qkv.shape.str());
-  s.HS = s.C / NH;
-  if (s.HS > kMaxHS) fail("{}: head size C / NH = {} exceeds the supported maximum {} (qkv {}, NH = {})", op, s.HS, kMaxHS, qkv.shape.str(), NH);
+AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, AttentionHeads heads) {
+  require_rank(op, {"qkv", qkv}, 3, "(B, T, (NH + 2*NKV)*HS)");
+  const std::int64_t NH = heads.q, NKV = heads.kv, W = qkv.shape[2];
+  AttShape s{};
+  s.B = qkv.shape[0];
+  s.T = qkv.shape[1];
+  s.NH = NH;
+  s.NKV = NKV;
+  s.W = W;
+  if (NKV == NH) {  // GPT-2's multi-head attention: the messages speak of (B, T, 3C)
+    if (W % 3 != 0) fail("{}: tensor 'qkv' has shape {} but (B, T, 3C) is expected: the last dimension is not a multiple of 3", op, qkv.shape.str());
+    if (NH <= 0 || (W / 3) % NH != 0) fail("{}: NH = {} must be positive and divide C = {} (qkv {})", op, NH, W / 3, qkv.shape.str());
+  } else {
+    if (NH <= 0 || NKV <= 0 || NH % NKV != 0) {
+      fail("{}: the KV head count NKV = {} must be positive and divide the query head count NH = {} (grouped-query attention)", op, NKV, NH);
+    }
+    if (W % (NH + 2 * NKV) != 0) {
+      fail("{}: tensor 'qkv' has shape {} but (B, T, (NH + 2*NKV)*HS) is expected with NH = {}, NKV = {}: {} is not a multiple of {}", op,
+           qkv.shape.str(), NH, NKV, W, NH + 2 * NKV);
+    }
+  }
+  s.HS = W / (NH + 2 * NKV);
+  s.C = NH * s.HS;
+  s.G = NH / NKV;
+  s.koff = s.C;
+  s.voff = s.C + NKV * s.HS;
+  if (s.HS > kMaxHS) fail("{}: head size HS = {} exceeds the supported maximum {} (qkv {}, NH = {}, NKV = {})", op, s.HS, kMaxHS, qkv.shape.str(), NH, NKV);
   require_shape(op, {"lse", lse}, Shape{s.B, NH, s.T}, "(B, NH, T)");
   require_dtype(op, {"lse", lse}, DType::fp32);
   return s;
@@ -45,6 +67,13 @@ void check_dropout(const char* op, const DropoutParams& p, const AttShape& s) {
   if (!p.rng.valid()) {
     fail("{}: RngKey layer = {}, micro_batch = {}, site = {} must each be < 65536", op, p.rng.layer, p.rng.micro_batch, p.rng.site);
   }
+}
+
+// The CUDA attention kernels (ops/cuda/attention.cu, attention_tc.cu) read k and v at the
+// multi-head offsets; grouped KV heads there would read the wrong columns.
+[[noreturn]] void refuse_grouped_on_cuda(const char* op, AttentionHeads heads) {
+  fail("{}: grouped KV heads (NKV = {} < NH = {}) on a CUDA device: the CUDA attention kernels take NKV = NH only; run this model on the CPU "
+       "or with num_key_value_heads = num_attention_heads", op, heads.kv, heads.q);
 }
 
 // out[k] = dropout scale (0 or 1/(1-p)) of elements e0 .. e0+n-1: one Philox call per group of 4.
@@ -67,7 +96,7 @@ constexpr std::int64_t kKB = 32;  // keys per block
 // 50 KiB per thread in forward and 100 KiB in backward at the maximum HS = 128.
 template <typename T>
 void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const DropoutParams& dp) {
-  const std::int64_t B = s.B, T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = 3 * C;
+  const std::int64_t B = s.B, T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = s.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool drop = dp.p > 0.0f;
   const float keep_scale = drop ? 1.0f / (1.0f - dp.p) : 1.0f;
@@ -92,8 +121,8 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
     for (std::int64_t j0 = 0; j0 < i0 + qn; j0 += kKB) {
       const std::int64_t jn = std::min(kKB, i0 + qn - j0);
       for (std::int64_t jj = 0; jj < jn; ++jj) {
-        const T* kj = base + (j0 + jj) * C3 + C + h * HS;
-        const T* vj = kj + C;
+        const T* kj = base + (j0 + jj) * C3 + s.koff + (h / s.G) * HS;
+        const T* vj = base + (j0 + jj) * C3 + s.voff + (h / s.G) * HS;
         for (std::int64_t d = 0; d < HS; ++d) {
           kt[d][jj] = cpu::load(kj[d]);
           vs[jj][d] = cpu::load(vj[d]);
@@ -149,7 +178,7 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
 template <typename T>
 void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch, const AttShape& s,
                    const DropoutParams& dp) {
-  const std::int64_t B = s.B, T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = 3 * C;
+  const std::int64_t B = s.B, T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = s.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool drop = dp.p > 0.0f;
   const float keep_scale = drop ? 1.0f / (1.0f - dp.p) : 1.0f;
@@ -167,24 +196,25 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
       Dsum[(b * NH + h) * T_ + i] = acc;
     }
   }
-  // One task per (b, h): it owns that head's columns of dqkv and of the dq scratch.
+  // One task per (b, KV head g): it owns the columns of g's k and v in dqkv, and those of its G
+  // query heads in dqkv and in the dq scratch. Key blocks outer: the K/V tile of a block is loaded
+  // once and serves every query head of the group, whose dk/dv add into one stack tile in head order.
+  const std::int64_t NKV = s.NKV, G = s.G;
 #pragma omp parallel for schedule(dynamic, 1) if (cpu::parallel_worth(B * NH * T_ * T_ * HS))
-  for (std::int64_t bh = 0; bh < B * NH; ++bh) {
-    const std::int64_t b = bh / NH, h = bh % NH;
+  for (std::int64_t bg = 0; bg < B * NKV; ++bg) {
+    const std::int64_t b = bg / NKV, g = bg % NKV;
     const T* base = qkv + b * T_ * C3;
     const T* gbase = dout + b * T_ * C;
-    float* dqb = dq + b * T_ * C + h * HS;
+    float* dqg = dq + b * T_ * C + g * G * HS;  // the group's G heads are adjacent columns
     for (std::int64_t i = 0; i < T_; ++i)
-      for (std::int64_t d = 0; d < HS; ++d) dqb[i * C + d] = 0.0f;
-    const float* lse_bh = lse + bh * T_;
-    const float* D_bh = Dsum + bh * T_;
+      for (std::int64_t d = 0; d < G * HS; ++d) dqg[i * C + d] = 0.0f;
     alignas(64) float kt[kMaxHS][kKB], vt[kMaxHS][kKB], ks[kKB][kMaxHS], dk[kKB][kMaxHS], dv[kKB][kMaxHS];
     alignas(64) float qs[kQB][kMaxHS], gs[kQB][kMaxHS], sp[kKB], sd[kKB];
     for (std::int64_t j0 = 0; j0 < T_; j0 += kKB) {
       const std::int64_t jn = std::min(kKB, T_ - j0);
       for (std::int64_t jj = 0; jj < jn; ++jj) {
-        const T* kj = base + (j0 + jj) * C3 + C + h * HS;
-        const T* vj = kj + C;
+        const T* kj = base + (j0 + jj) * C3 + s.koff + g * HS;
+        const T* vj = base + (j0 + jj) * C3 + s.voff + g * HS;
         for (std::int64_t d = 0; d < HS; ++d) {
           const float kv = cpu::load(kj[d]);
           kt[d][jj] = kv;
@@ -194,72 +224,78 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           dv[jj][d] = 0.0f;
         }
       }
-      for (std::int64_t i0 = j0; i0 < T_; i0 += kQB) {  // causal: only queries i >= j0
-        const std::int64_t qn = std::min(kQB, T_ - i0);
-        for (std::int64_t ii = 0; ii < qn; ++ii) {
-          const T* qi = base + (i0 + ii) * C3 + h * HS;
-          const T* gi = gbase + (i0 + ii) * C + h * HS;
-          for (std::int64_t d = 0; d < HS; ++d) {
-            qs[ii][d] = cpu::load(qi[d]);
-            gs[ii][d] = cpu::load(gi[d]);
-          }
-        }
-        for (std::int64_t ii = 0; ii < qn; ++ii) {
-          const std::int64_t i = i0 + ii;
-          const std::int64_t jmax = std::min(jn, i - j0 + 1);  // keys j <= i
-          if (jmax <= 0) continue;
-          for (std::int64_t jj = 0; jj < jmax; ++jj) {
-            sp[jj] = 0.0f;
-            sd[jj] = 0.0f;
-          }
-          for (std::int64_t d = 0; d < HS; ++d) {  // scores and dP̃ = dout_i · v_j for the key block
-            const float qd = qs[ii][d], gd = gs[ii][d];
-            const float* __restrict kd = kt[d];
-            const float* __restrict vd = vt[d];
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
-              sp[jj] += qd * kd[jj];
-              sd[jj] += gd * vd[jj];
-            }
-          }
-          // sp <- P̃ = P * mask (for dv);  sd <- dS * scale = P (dP̃ * mask - D_i) * scale
-          const float li = lse_bh[i], Di = D_bh[i];
-          if (!drop) {
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
-              const float p = cpu::fast_exp(sp[jj] * scale - li);
-              sp[jj] = p;
-              sd[jj] = p * (sd[jj] - Di) * scale;
-            }
-          } else {
-            float md[kKB];
-            dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0), jmax, dp.p, keep_scale, md);
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
-              const float p = cpu::fast_exp(sp[jj] * scale - li);
-              sp[jj] = p * md[jj];
-              sd[jj] = p * (sd[jj] * md[jj] - Di) * scale;
-            }
-          }
-          const float* __restrict gi = gs[ii];
-          const float* __restrict qi = qs[ii];
-          for (std::int64_t jj = 0; jj < jmax; ++jj) {
-            const float pj = sp[jj], dsj = sd[jj];
-            float* __restrict dvj = dv[jj];
-            float* __restrict dkj = dk[jj];
+      for (std::int64_t h = g * G; h < (g + 1) * G; ++h) {
+        const std::int64_t bh = b * NH + h;
+        const float* lse_bh = lse + bh * T_;
+        const float* D_bh = Dsum + bh * T_;
+        float* dqb = dq + b * T_ * C + h * HS;
+        for (std::int64_t i0 = j0; i0 < T_; i0 += kQB) {  // causal: only queries i >= j0
+          const std::int64_t qn = std::min(kQB, T_ - i0);
+          for (std::int64_t ii = 0; ii < qn; ++ii) {
+            const T* qi = base + (i0 + ii) * C3 + h * HS;
+            const T* gi = gbase + (i0 + ii) * C + h * HS;
             for (std::int64_t d = 0; d < HS; ++d) {
-              dvj[d] += pj * gi[d];
-              dkj[d] += dsj * qi[d];
+              qs[ii][d] = cpu::load(qi[d]);
+              gs[ii][d] = cpu::load(gi[d]);
             }
           }
-          float* __restrict dqi = dqb + i * C;
-          for (std::int64_t jj = 0; jj < jmax; ++jj) {
-            const float dsj = sd[jj];
-            const float* __restrict kj = ks[jj];
-            for (std::int64_t d = 0; d < HS; ++d) dqi[d] += dsj * kj[d];
+          for (std::int64_t ii = 0; ii < qn; ++ii) {
+            const std::int64_t i = i0 + ii;
+            const std::int64_t jmax = std::min(jn, i - j0 + 1);  // keys j <= i
+            if (jmax <= 0) continue;
+            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              sp[jj] = 0.0f;
+              sd[jj] = 0.0f;
+            }
+            for (std::int64_t d = 0; d < HS; ++d) {  // scores and dP̃ = dout_i · v_j for the key block
+              const float qd = qs[ii][d], gd = gs[ii][d];
+              const float* __restrict kd = kt[d];
+              const float* __restrict vd = vt[d];
+              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+                sp[jj] += qd * kd[jj];
+                sd[jj] += gd * vd[jj];
+              }
+            }
+            // sp <- P̃ = P * mask (for dv);  sd <- dS * scale = P (dP̃ * mask - D_i) * scale
+            const float li = lse_bh[i], Di = D_bh[i];
+            if (!drop) {
+              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+                const float p = cpu::fast_exp(sp[jj] * scale - li);
+                sp[jj] = p;
+                sd[jj] = p * (sd[jj] - Di) * scale;
+              }
+            } else {
+              float md[kKB];
+              dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0), jmax, dp.p, keep_scale, md);
+              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+                const float p = cpu::fast_exp(sp[jj] * scale - li);
+                sp[jj] = p * md[jj];
+                sd[jj] = p * (sd[jj] * md[jj] - Di) * scale;
+              }
+            }
+            const float* __restrict gi = gs[ii];
+            const float* __restrict qi = qs[ii];
+            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              const float pj = sp[jj], dsj = sd[jj];
+              float* __restrict dvj = dv[jj];
+              float* __restrict dkj = dk[jj];
+              for (std::int64_t d = 0; d < HS; ++d) {
+                dvj[d] += pj * gi[d];
+                dkj[d] += dsj * qi[d];
+              }
+            }
+            float* __restrict dqi = dqb + i * C;
+            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              const float dsj = sd[jj];
+              const float* __restrict kj = ks[jj];
+              for (std::int64_t d = 0; d < HS; ++d) dqi[d] += dsj * kj[d];
+            }
           }
         }
       }
       for (std::int64_t jj = 0; jj < jn; ++jj) {
-        T* __restrict dkj = dqkv + (b * T_ + j0 + jj) * C3 + C + h * HS;
-        T* __restrict dvj = dkj + C;
+        T* __restrict dkj = dqkv + (b * T_ + j0 + jj) * C3 + s.koff + g * HS;
+        T* __restrict dvj = dqkv + (b * T_ + j0 + jj) * C3 + s.voff + g * HS;
         for (std::int64_t d = 0; d < HS; ++d) {
           dkj[d] = cpu::store<T>(cpu::load(dkj[d]) + dk[jj][d]);
           dvj[d] = cpu::store<T>(cpu::load(dvj[d]) + dv[jj][d]);
@@ -267,23 +303,24 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
       }
     }
     for (std::int64_t i = 0; i < T_; ++i) {
-      T* __restrict dqi = dqkv + (b * T_ + i) * C3 + h * HS;
-      const float* __restrict acc = dqb + i * C;
-      for (std::int64_t d = 0; d < HS; ++d) dqi[d] = cpu::store<T>(cpu::load(dqi[d]) + acc[d]);
+      T* __restrict dqi = dqkv + (b * T_ + i) * C3 + g * G * HS;
+      const float* __restrict acc = dqg + i * C;
+      for (std::int64_t d = 0; d < G * HS; ++d) dqi[d] = cpu::store<T>(cpu::load(dqi[d]) + acc[d]);
     }
   }
 }
 
 }  // namespace
 
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, const DropoutParams& dropout) {
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout) {
   const char* op = "attention_forward";
   const bool gpu = cpu::on_cuda(op, {{"out", out}, {"lse", lse}, {"qkv", qkv}});
-  const AttShape s = check_att(op, qkv, lse, NH);
-  require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = qkv.shape[2] / 3");
+  const AttShape s = check_att(op, qkv, lse, heads);
+  require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");
   require_same_dtype(op, {{"qkv", qkv}, {"out", out}});
   check_dropout(op, dropout, s);
-  DSTRAIN_RETURN_ON_CUDA(gpu, attention_forward(out, lse, qkv, NH, dropout));
+  if (gpu && heads.kv != heads.q) refuse_grouped_on_cuda(op, heads);
+  DSTRAIN_RETURN_ON_CUDA(gpu, attention_forward(out, lse, qkv, heads.q, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     forward_impl<T>(static_cast<T*>(out.data), static_cast<float*>(lse.data), static_cast<const T*>(qkv.data), s, dropout);
   });
@@ -293,14 +330,15 @@ std::size_t attention_backward_scratch_elems(std::int64_t B, std::int64_t T, std
   return static_cast<std::size_t>(B * T * C + B * NH * T);
 }
 
-void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, Tensor scratch,
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, AttentionHeads heads, Tensor scratch,
                         const DropoutParams& dropout) {
   const char* op = "attention_backward";
   const bool gpu = cpu::on_cuda(op, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}, {"lse", lse}, {"scratch", scratch}});
-  const AttShape s = check_att(op, qkv, lse, NH);
+  const AttShape s = check_att(op, qkv, lse, heads);
+  const std::int64_t NH = heads.q;
   require_shape(op, {"dqkv", dqkv}, qkv.shape, "(the shape of qkv)");
-  require_shape(op, {"dout", dout}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = qkv.shape[2] / 3");
-  require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = qkv.shape[2] / 3");
+  require_shape(op, {"dout", dout}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");
+  require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");
   require_same_dtype(op, {{"qkv", qkv}, {"dqkv", dqkv}, {"dout", dout}, {"out", out}});
   check_dropout(op, dropout, s);
   const std::size_t need = attention_backward_scratch_elems(s.B, s.T, s.C, NH);
@@ -309,6 +347,7 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
          scratch.empty() ? std::string("none") : scratch.str());
   }
   if (dqkv.data == qkv.data) fail("{}: dqkv must not alias qkv (dqkv accumulates)", op);
+  if (gpu && heads.kv != heads.q) refuse_grouped_on_cuda(op, heads);
   DSTRAIN_RETURN_ON_CUDA(gpu, attention_backward(dqkv, dout, qkv, out, lse, NH, scratch, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     backward_impl<T>(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data),

@@ -14,6 +14,13 @@
 
 namespace dstrain::cuda_detail {
 
+// newton_schulz.cu: X (n x m) from G (rows x cols; its transpose when tall), the inverse, the
+// Frobenius normalisation (one block, double sum), dst = f·src.
+cudaError_t launch_ns_load(const float* g, float* x, std::int64_t n, std::int64_t m, bool tall, cudaStream_t s);
+cudaError_t launch_ns_store(float* g, const float* x, std::int64_t n, std::int64_t m, bool tall, cudaStream_t s);
+cudaError_t launch_ns_normalise(float* x, std::int64_t total, float eps, cudaStream_t s);
+cudaError_t launch_ns_scale(float* dst, const float* src, std::int64_t total, float f, cudaStream_t s);
+
 // elementwise.cu
 cudaError_t launch_gelu_forward(void* out, const void* inp, DType t, std::int64_t n, cudaStream_t s);
 cudaError_t launch_gelu_backward(void* dinp, const void* inp, const void* dout, DType t, std::int64_t n, cudaStream_t s);

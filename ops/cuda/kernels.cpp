@@ -3,11 +3,13 @@
 // need (token and target validation, encoder_backward's counting sort, the loss mean).
 #include "ops/cuda/kernels.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <mutex>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "ops/cuda/cast.h"
@@ -474,6 +476,57 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
                                               static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, d_ranges, nr, partials,
                                               static_cast<float*>(lamb_coeffs.data), step_size, c.beta1, c.beta2, c.eps, c.weight_decay,
                                               c.grad_scale, c.max_coeff, c.min_coeff, c.eps_inside_sqrt, kStream));
+}
+
+// Newton–Schulz: row-major X (n x m) is column-major Xᵀ, so the row-major product P·Q is the
+// column-major Qᵀ·Pᵀ: A = X·Xᵀ, A·A and B·X become column-major GEMMs with swapped operands.
+// B = b·A + c·A·A is computed as c·((b/c)·A + A·A): cuBLASLt's GEMM here has beta but no alpha.
+void newton_schulz(Tensor x, Tensor workspace, const NewtonSchulzConfig& c) {
+  use_device_of(x);
+  const std::int64_t rows = x.shape[0], cols = x.shape[1];
+  if (rows == 0 || cols == 0) return;
+  const bool tall = rows > cols;
+  const std::int64_t n = std::min(rows, cols), m = std::max(rows, cols);
+  float* g = static_cast<float*>(x.data);
+  float* X = static_cast<float*>(workspace.data);
+  float* Y = X + n * m;
+  float* A = Y + n * m;
+  float* B = A + n * n;
+  CublasLtContext& ctx = CublasLtContext::get(x.device.index);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_load(g, X, n, m, tall, kStream));
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_normalise(X, n * m, c.eps, kStream));
+  for (int s = 0; s < c.steps; ++s) {
+    GemmArgs xxt;  // A (n x n) = X·Xᵀ
+    xxt.m = n, xxt.n = n, xxt.k = m;
+    xxt.transa = true;
+    xxt.A = X, xxt.lda = m;
+    xxt.B = X, xxt.ldb = m;
+    xxt.D = A, xxt.ldd = n;
+    ctx.gemm(xxt, kStream);
+    if (c.c != 0.0f) {
+      DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_scale(B, A, n * n, c.b / c.c, kStream));
+      GemmArgs aa;  // B += A·A
+      aa.m = n, aa.n = n, aa.k = n;
+      aa.A = A, aa.lda = n;
+      aa.B = A, aa.ldb = n;
+      aa.D = B, aa.ldd = n;
+      aa.beta = 1.0f;
+      ctx.gemm(aa, kStream);
+      DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_scale(B, B, n * n, c.c, kStream));
+    } else {
+      DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_scale(B, A, n * n, c.b, kStream));
+    }
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_scale(Y, X, n * m, c.a, kStream));
+    GemmArgs bx;  // Y += B·X
+    bx.m = m, bx.n = n, bx.k = n;
+    bx.A = X, bx.lda = m;
+    bx.B = B, bx.ldb = n;
+    bx.D = Y, bx.ldd = m;
+    bx.beta = 1.0f;
+    ctx.gemm(bx, kStream);
+    std::swap(X, Y);
+  }
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_ns_store(g, X, n, m, tall, kStream));
 }
 
 void sgd_update(Tensor params, Tensor grads, Tensor momentum_buffer, Tensor params_lowp, const SgdConfig& c) {

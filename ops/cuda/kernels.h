@@ -14,6 +14,7 @@
 #include "ops/kernels/dropout.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/kernels/lamb.h"
+#include "ops/kernels/newton_schulz.h"
 #include "ops/kernels/optimizer_rule.h"
 #include "ops/kernels/sgd.h"
 #include "ops/tensor.h"
@@ -68,6 +69,7 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
 // regrown for more ranges; the copy of the ranges synchronises with the host).
 void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges, Tensor lamb_coeffs,
                  const LambConfig& config);
+void newton_schulz(Tensor x, Tensor workspace, const NewtonSchulzConfig& config);
 void sgd_update(Tensor params, Tensor grads, Tensor momentum_buffer, Tensor params_lowp, const SgdConfig& config);
 void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, std::span<const Tensor> states, Tensor params_lowp);
 

@@ -1,7 +1,11 @@
-// Causal multi-head self-attention as one fused op (GPT-2): qkv (B, T, 3C) -> out (B, T, C).
+// Causal multi-head self-attention as one fused op (GPT-2), with grouped KV heads (grouped-query
+// attention: Llama, Mistral, Qwen): qkv (B, T, (NH + 2·NKV)·HS) -> out (B, T, C = NH·HS).
 //
-// Layout (llm.c, nn.Linear c_attn): qkv[b, t, :] = [q | k | v], each C = NH * HS wide, head h at
-// columns h*HS .. h*HS+HS-1 of its part; out[b, t, h*HS + d] is head h's output. Scale 1/sqrt(HS).
+// Layout (llm.c, nn.Linear c_attn; Llama's q_proj | k_proj | v_proj outputs side by side):
+// qkv[b, t, :] = [q (NH·HS) | k (NKV·HS) | v (NKV·HS)], head h at columns h*HS .. h*HS+HS-1 of its
+// part; out[b, t, h*HS + d] is query head h's output. Query head h reads KV head h / (NH / NKV)
+// (Hugging Face's repeat_kv: consecutive query heads share a KV head). NKV = NH is GPT-2's
+// multi-head attention (qkv (B, T, 3C)); NKV = 1 is multi-query attention. Scale 1/sqrt(HS).
 //
 // Saved for backward: flash-style, only the per-row logsumexp lse (B, NH, T) in fp32, and the
 // backward pass recomputes the scores. Why: the probabilities would be (B, NH, T, T), e.g.
@@ -23,25 +27,35 @@
 
 namespace dstrain {
 
+// Query heads and KV heads of one attention call. A plain head count (GPT-2) means NKV = NH.
+struct AttentionHeads {
+  std::int64_t q = 0;   // NH
+  std::int64_t kv = 0;  // NKV: divides NH
+  AttentionHeads(std::int64_t nh) : q(nh), kv(nh) {}  // NOLINT(google-explicit-constructor): MHA call sites pass NH
+  AttentionHeads(std::int64_t nh, std::int64_t nkv) : q(nh), kv(nkv) {}
+};
+
 // The largest head size HS = C / NH the kernels accept: the CPU tiles live on the stack (GPT-2
 // and GPT-3 use HS = 64 .. 128).
 inline constexpr std::int64_t kAttentionMaxHeadSize = 128;
 
 // out = softmax(mask(q kᵀ / sqrt(HS))) v per head, with optional dropout on the probabilities.
-//   qkv: (B, T, 3C) storage dtype S (fp32 / fp16 / bf16);  out: (B, T, C) S
+//   qkv: (B, T, (NH + 2·NKV)·HS) storage dtype S (fp32 / fp16 / bf16);  out: (B, T, C = NH·HS) S
 //   lse: (B, NH, T) fp32: log sum_j exp(score_ij) per query row (before dropout)
-//   NH divides C, C / NH <= kAttentionMaxHeadSize. Scratch: none.
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, const DropoutParams& dropout = {});
+//   NKV divides NH, HS <= kAttentionMaxHeadSize. Scratch: none.
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout = {});
 
-// fp32 scratch elements for attention_backward: B*T*C (dq accumulated in fp32) + B*NH*T (D_i).
+// fp32 scratch elements for attention_backward: B*T*C (dq accumulated in fp32) + B*NH*T (D_i),
+// C = NH·HS (the output width, whatever NKV is).
 std::size_t attention_backward_scratch_elems(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH);
 
 // dqkv += d(loss)/d(qkv), given dout = d(loss)/d(out).
-//   dqkv: (B, T, 3C) S;  dout, out: (B, T, C) S;  qkv: (B, T, 3C) S;  lse: (B, NH, T) fp32
+//   dqkv, qkv: (B, T, (NH + 2·NKV)·HS) S;  dout, out: (B, T, C) S;  lse: (B, NH, T) fp32
 //   scratch: fp32, >= attention_backward_scratch_elems(B, T, C, NH) elements.
-//   dropout: the same params as the forward. Parallel over (b, h): each (b, h) writes only its
-//   own columns of dqkv, in a fixed order: deterministic.
-void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, Tensor scratch,
+//   dropout: the same params as the forward. Parallel over (b, KV head): each task writes only
+//   its own columns of dqkv; the query heads of a group add into their shared dk/dv in head
+//   order, so the result is deterministic.
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, AttentionHeads heads, Tensor scratch,
                         const DropoutParams& dropout = {});
 
 }  // namespace dstrain

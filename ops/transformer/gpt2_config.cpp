@@ -3,10 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <limits>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/error.h"
+#include "ops/transformer/hf_config_json.h"
 
 namespace dstrain {
 namespace {
@@ -75,14 +73,6 @@ Gpt2Config parse_descriptor(std::string_view spec, std::string_view body) {
   return make(L, C, H, V, T);
 }
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("cannot open the model config '{}'; check the path and its permissions", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 std::int64_t padded_vocab(std::int64_t vocab_size) {
@@ -116,29 +106,7 @@ void validate(const Gpt2Config& c) {
 }
 
 Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view source) {
-  nlohmann::json j;
-  // A key given twice in one object is an error, as in a ds_config: which of the two values a
-  // reader keeps differs between readers (Python's json keeps the last).
-  std::vector<std::set<std::string>> keys;  // per open object, by depth
-  std::string duplicate;
-  const nlohmann::json::parser_callback_t check_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    const auto d = static_cast<std::size_t>(depth);
-    if (event == nlohmann::json::parse_event_t::object_start) {
-      if (keys.size() <= d) keys.resize(d + 1);
-      keys[d].clear();
-    } else if (event == nlohmann::json::parse_event_t::key && d >= 1 && keys.size() >= d) {
-      const std::string key = parsed.get<std::string>();
-      if (!keys[d - 1].insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  try {
-    j = nlohmann::json::parse(json_text, check_keys);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
-    fail("model config '{}' is not valid JSON ({}); give a Hugging Face GPT-2 config.json", source, e.what());
-  }
-  if (!duplicate.empty()) fail("model config '{}': key '{}' is given twice; keep one", source, duplicate);
-  if (!j.is_object()) fail("model config '{}' must be a JSON object (a Hugging Face GPT-2 config.json)", source);
+  nlohmann::json j = parse_hf_config_json(json_text, source, "a Hugging Face GPT-2 config.json");
 
   auto get_int = [&](const char* key, std::int64_t& out, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
@@ -254,10 +222,10 @@ Gpt2Config model_config_from_spec(std::string_view spec) {
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) {
     const auto inner = p / "config.json";
-    if (std::filesystem::is_regular_file(inner, ec)) return gpt2_config_from_hf_json(read_file(inner), inner.string());
+    if (std::filesystem::is_regular_file(inner, ec)) return gpt2_config_from_hf_json(read_model_config_file(inner), inner.string());
     fail("model spec '{}' is a folder without a config.json; give the config.json itself or a folder holding one", spec);
   }
-  if (std::filesystem::is_regular_file(p, ec)) return gpt2_config_from_hf_json(read_file(p), spec);
+  if (std::filesystem::is_regular_file(p, ec)) return gpt2_config_from_hf_json(read_model_config_file(p), spec);
   fail("model spec '{}' is neither a known preset nor an existing file; accepted forms: {}", spec, kSpecForms);
 }
 

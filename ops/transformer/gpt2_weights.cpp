@@ -27,10 +27,14 @@ struct HfTensor {
   std::int64_t file_rows = -1; // wte: the file holds only the first V rows
 };
 
+}  // namespace
+
 bool is_conv1d_weight(std::string_view n) {
   return n.ends_with("attn.c_attn.weight") || n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_fc.weight") ||
          n.ends_with("mlp.c_proj.weight");
 }
+
+namespace {
 
 std::vector<HfTensor> hf_tensors(const Gpt2Config& cfg) {
   std::vector<HfTensor> out;

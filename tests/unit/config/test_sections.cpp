@@ -82,6 +82,26 @@ TEST(Aio, DefaultsAndRenamedThreadCount) {
   EXPECT_EQ(parse(with(R"("aio": null)")).aio.queue_depth, 8);
 }
 
+// The io_uring engine's limits (docs/offload.md §2): values it cannot run are refused before step 1,
+// by check-config and train alike; what it adjusts or cannot provide is said, with the key.
+TEST(Aio, EngineLimitsAndWhatItCannotProvide) {
+  const DsConfig ok = parse(with(R"("aio": {"queue_depth": 32768, "intra_op_parallelism": 256, "block_size": 8388608})"));
+  EXPECT_EQ(ok.aio.queue_depth, 32768);
+  EXPECT_EQ(find_warning(ok, "aio.block_size", ""), nullptr);
+  const std::string q = error_of(with(R"("aio": {"queue_depth": 32769})"));
+  EXPECT_TRUE(contains(q, "aio.queue_depth") && contains(q, "32768")) << q;
+  const std::string t = error_of(with(R"("aio": {"intra_op_parallelism": 257})"));
+  EXPECT_TRUE(contains(t, "aio.intra_op_parallelism") && contains(t, "256")) << t;
+  const Warning* b = find_warning(parse(with(R"("aio": {"block_size": 6000})")), "aio.block_size", "8192-byte pieces");
+  EXPECT_NE(b, nullptr);
+  const DsConfig gds = parse(with(R"("aio": {"use_gds": true})"));
+  EXPECT_TRUE(gds.aio.use_gds);
+  const Warning* g = find_warning(gds, "aio.use_gds", "cuFile");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(contains(g->message, "pinned host buffers")) << g->message;
+  EXPECT_EQ(find_warning(parse(R"({"train_batch_size": 1})"), "aio.use_gds", ""), nullptr);
+}
+
 TEST(ActivationCheckpointing, DefaultsAndRules) {
   const ActivationCheckpointingConfig d = parse(R"({"train_batch_size": 1})").activation_checkpointing;
   EXPECT_FALSE(d.partition_activations);

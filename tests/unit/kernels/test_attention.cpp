@@ -22,19 +22,23 @@ struct RefAtt {
   std::vector<double> out, lse, dqkv;
 };
 
-// Reference in double; dqkv starts from dqkv0 (the kernel accumulates).
+// Reference in double; dqkv starts from dqkv0 (the kernel accumulates). qkv rows are
+// [q (NH·HS) | k (NKV·HS) | v (NKV·HS)]; query head h uses KV head h / (NH / NKV), written as
+// Hugging Face's repeat_kv does it (the KV head index of each query head), NKV = NH for GPT-2.
 RefAtt ref_attention(const std::vector<double>& qkv, const std::vector<double>& dout, const std::vector<double>& dqkv0, std::int64_t B,
-                     std::int64_t T, std::int64_t C, std::int64_t NH, const DropoutParams& dp) {
-  const std::int64_t HS = C / NH, C3 = 3 * C;
+                     std::int64_t T, std::int64_t C, std::int64_t NH, const DropoutParams& dp, std::int64_t NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  const std::int64_t HS = C / NH, C3 = C + 2 * NKV * HS, KOFF = C, VOFF = C + NKV * HS;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   RefAtt r{std::vector<double>(static_cast<std::size_t>(B * T * C)), std::vector<double>(static_cast<std::size_t>(B * NH * T)), dqkv0};
   auto at = [](const std::vector<double>& v, std::int64_t i) { return v[static_cast<std::size_t>(i)]; };
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < NH; ++h) {
+      const std::int64_t kvh = h / (NH / NKV);
       std::vector<double> P(static_cast<std::size_t>(T * T), 0.0), M(static_cast<std::size_t>(T * T), 0.0);
       auto q = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + h * HS + d); };
-      auto k = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + C + h * HS + d); };
-      auto v = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + 2 * C + h * HS + d); };
+      auto k = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + KOFF + kvh * HS + d); };
+      auto v = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + VOFF + kvh * HS + d); };
       auto go = [&](std::int64_t t, std::int64_t d) { return at(dout, (b * T + t) * C + h * HS + d); };
       for (std::int64_t i = 0; i < T; ++i) {
         double mx = -1e300;
@@ -79,8 +83,8 @@ RefAtt ref_attention(const std::vector<double>& qkv, const std::vector<double>& 
           const double ds = pij * (dP[static_cast<std::size_t>(j)] - rs) * scale;
           for (std::int64_t d = 0; d < HS; ++d) {
             r.dqkv[static_cast<std::size_t>((b * T + i) * C3 + h * HS + d)] += ds * k(j, d);
-            r.dqkv[static_cast<std::size_t>((b * T + j) * C3 + C + h * HS + d)] += ds * q(i, d);
-            r.dqkv[static_cast<std::size_t>((b * T + j) * C3 + 2 * C + h * HS + d)] += pij * M[static_cast<std::size_t>(i * T + j)] * go(i, d);
+            r.dqkv[static_cast<std::size_t>((b * T + j) * C3 + KOFF + kvh * HS + d)] += ds * q(i, d);
+            r.dqkv[static_cast<std::size_t>((b * T + j) * C3 + VOFF + kvh * HS + d)] += pij * M[static_cast<std::size_t>(i * T + j)] * go(i, d);
           }
         }
       }
@@ -119,6 +123,120 @@ TEST_P(AttentionTest, ForwardBackwardMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, AttentionTest, ::testing::ValuesIn(kFloatDTypes), dtype_param_name);
+
+class GqaAttentionTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GqaAttentionTest, ForwardBackwardMatchReference) {
+  const DType dt = GetParam();
+  const Tol tol = kAttentionTols.of(dt);
+  std::mt19937_64 rng(54);
+  for (const GqaAttentionCase& c : kGqaAttentionCases) {
+    SCOPED_TRACE(c.name);
+    const std::int64_t B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, C = NH * c.HS, W = (NH + 2 * NKV) * c.HS;
+    const DropoutParams dp{c.dropout_p, RngKey{98, 4, 6, 2, 0}};
+    Buf qkv(dt, B * T * W), out(dt, B * T * C), dout(dt, B * T * C), dqkv(dt, B * T * W);
+    qkv.fill_uniform(rng, -1.5, 1.5);
+    dout.fill_uniform(rng, -1, 1);
+    dqkv.fill_uniform(rng, -1, 1);
+    std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
+    const RefAtt ref = ref_attention(qkv.values(), dout.values(), dqkv.values(), B, T, C, NH, dp, NKV);
+    attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
+                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    expect_close(out, ref.out, tol, "gqa attention out " + dtype_label(dt));
+    expect_close(std::vector<double>(lse.begin(), lse.end()), ref.lse, Tol{1e-4, 1e-5}, "gqa attention lse");
+    // dk/dv sum over the G query heads of a group: a few more roundings than multi-head.
+    expect_close(dqkv, ref.dqkv, Tol{tol.atol * 6, tol.rtol * 3}, "gqa attention dqkv " + dtype_label(dt));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, GqaAttentionTest, ::testing::ValuesIn(kFloatDTypes), dtype_param_name);
+
+// Grouped KV heads through the multi-head kernel: repeating each KV head G times (repeat_kv) and
+// running NKV = NH must give the same output, and the multi-head dk/dv summed over each group
+// must give the grouped kernel's dk/dv.
+TEST(GqaAttention, EqualsMultiHeadOnRepeatedKv) {
+  std::mt19937_64 rng(55);
+  const std::int64_t B = 2, T = 17, NH = 6, NKV = 2, HS = 8, G = NH / NKV, C = NH * HS, W = (NH + 2 * NKV) * HS;
+  Buf qkv(DType::fp32, B * T * W), rep(DType::fp32, B * T * 3 * C);
+  qkv.fill_uniform(rng, -1, 1);
+  for (std::int64_t bt = 0; bt < B * T; ++bt) {
+    for (std::int64_t d = 0; d < C; ++d) rep.set(bt * 3 * C + d, qkv.get(bt * W + d));
+    for (std::int64_t h = 0; h < NH; ++h)
+      for (std::int64_t d = 0; d < HS; ++d) {
+        rep.set(bt * 3 * C + C + h * HS + d, qkv.get(bt * W + C + (h / G) * HS + d));
+        rep.set(bt * 3 * C + 2 * C + h * HS + d, qkv.get(bt * W + C + NKV * HS + (h / G) * HS + d));
+      }
+  }
+  Buf o1(DType::fp32, B * T * C), o2(DType::fp32, B * T * C), dout(DType::fp32, B * T * C), d1(DType::fp32, B * T * W), d2(DType::fp32, B * T * 3 * C);
+  dout.fill_uniform(rng, -1, 1);
+  std::vector<float> l1(static_cast<std::size_t>(B * NH * T)), l2(l1.size()), scratch(attention_backward_scratch_elems(B, T, C, NH));
+  const Tensor sc = f32(scratch, {static_cast<std::int64_t>(scratch.size())});
+  attention_forward(o1.tensor({B, T, C}), f32(l1, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV});
+  attention_forward(o2.tensor({B, T, C}), f32(l2, {B, NH, T}), rep.tensor({B, T, 3 * C}), NH);
+  attention_backward(d1.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), o1.tensor({B, T, C}), f32(l1, {B, NH, T}), {NH, NKV}, sc);
+  attention_backward(d2.tensor({B, T, 3 * C}), dout.tensor({B, T, C}), rep.tensor({B, T, 3 * C}), o2.tensor({B, T, C}), f32(l2, {B, NH, T}), NH, sc);
+  for (std::int64_t i = 0; i < B * T * C; ++i) ASSERT_NEAR(o1.get(i), o2.get(i), 1e-6) << i;
+  for (std::int64_t bt = 0; bt < B * T; ++bt) {
+    for (std::int64_t d = 0; d < C; ++d) ASSERT_NEAR(d1.get(bt * W + d), d2.get(bt * 3 * C + d), 1e-5) << "dq " << bt << " " << d;
+    for (std::int64_t g = 0; g < NKV; ++g)
+      for (std::int64_t d = 0; d < HS; ++d) {
+        double dk = 0, dv = 0;
+        for (std::int64_t h = g * G; h < (g + 1) * G; ++h) {
+          dk += d2.get(bt * 3 * C + C + h * HS + d);
+          dv += d2.get(bt * 3 * C + 2 * C + h * HS + d);
+        }
+        ASSERT_NEAR(d1.get(bt * W + C + g * HS + d), dk, 1e-5) << "dk " << bt;
+        ASSERT_NEAR(d1.get(bt * W + C + NKV * HS + g * HS + d), dv, 1e-5) << "dv " << bt;
+      }
+  }
+}
+
+TEST(GqaAttention, FiniteDifferences) {
+  for (float p : {0.0f, 0.3f}) {
+    SCOPED_TRACE(p);
+    std::mt19937_64 rng(56);
+    const std::int64_t B = 1, T = 5, NH = 4, NKV = 2, HS = 3, C = NH * HS, W = (NH + 2 * NKV) * HS;
+    const DropoutParams dp{p, RngKey{5, 1, 2, 0, 0}};
+    Buf qkv(DType::fp32, B * T * W), out(DType::fp32, B * T * C), dqkv(DType::fp32, B * T * W), dout(DType::fp32, B * T * C);
+    qkv.fill_uniform(rng, -1, 1);
+    const auto proj = random_vec(rng, static_cast<std::size_t>(B * T * C));
+    for (std::int64_t i = 0; i < B * T * C; ++i) dout.set(i, proj[static_cast<std::size_t>(i)]);
+    std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
+    attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
+                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    Buf o2(DType::fp32, B * T * C);
+    std::vector<float> l2(lse.size());
+    auto loss = [&] {
+      attention_forward(o2.tensor({B, T, C}), f32(l2, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp);
+      double l = 0;
+      for (std::int64_t i = 0; i < B * T * C; ++i) l += proj[static_cast<std::size_t>(i)] * o2.get(i);
+      return l;
+    };
+    for (std::int64_t i = 0; i < qkv.size(); ++i) {
+      const double fd = central_difference(static_cast<float*>(qkv.data()), i, 1e-2, loss);
+      EXPECT_NEAR(dqkv.get(i), fd, kFdTol.atol + kFdTol.rtol * std::abs(fd)) << "dqkv " << i;
+    }
+  }
+}
+
+TEST(GqaAttention, BadHeadCountsNameTheCounts) {
+  Buf qkv(DType::fp32, 2 * 3 * 32), out(DType::fp32, 2 * 3 * 16);
+  std::vector<float> lse(2 * 4 * 3);
+  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 3}); },
+               {"attention_forward", "NKV = 3", "NH = 4"});
+  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 0}); },
+               {"attention_forward", "NKV = 0"});
+  // (NH + 2·NKV) = 6 does not divide 32.
+  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 1}); },
+               {"attention_forward", "[2, 3, 32]", "NKV = 1", "multiple of 6"});
+  Tensor g(qkv.data(), DType::fp32, Shape{2, 3, 32}, Device::cuda(0));
+  Tensor go(out.data(), DType::fp32, Shape{2, 3, 16}, Device::cuda(0));
+  // qkv (2, 3, 32) with NH 4, NKV 2: HS 4, out 16.
+  expect_error([&] { attention_forward(go, Tensor(lse.data(), DType::fp32, Shape{2, 4, 3}, Device::cuda(0)), g, {4, 2}); },
+               {"attention_forward", "cuda"});
+}
 
 TEST(Attention, FiniteDifferencesWithAndWithoutDropout) {
   for (float p : {0.0f, 0.3f}) {
