@@ -25,6 +25,8 @@
 #include "engine/data/data_loader.h"
 #include "engine/data/eval_loader.h"
 #include "engine/data/gpt2_tokenizer.h"
+#include "engine/data/hf_tokenizer.h"
+#include "engine/data/jsonl_documents.h"
 #include "engine/data/prepare.h"
 #include "engine/data/run_files.h"
 #include "engine/data/token_file.h"

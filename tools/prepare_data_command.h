@@ -1,11 +1,15 @@
 // `dstrain prepare-data`: text files -> llm.c token files (train, and val with --val-fraction).
 //
-//   dstrain prepare-data --tokenizer gpt2|bytes INPUT... -o OUT.bin [--val-fraction F]
-//                        [--val-output VAL.bin] [--format text|brown] [--cache-dir DIR]
+//   dstrain prepare-data --tokenizer gpt2|bytes|PATH/tokenizer.json INPUT... -o OUT.bin [--val-fraction F]
+//                        [--val-output VAL.bin] [--format text|brown|jsonl] [--text-key KEY] [--cache-dir DIR]
 //
-// Each input file is one document, written after an end-of-text token. An INPUT that is a folder
+// Each input file is one document, written as Tokenizer::encode_document says (docs/data.md §6):
+// after an end-of-text token (gpt2, bytes), or between bos and eos (a Hugging Face tokenizer.json). An INPUT that is a folder
 // stands for its regular files sorted by name (not recursing); with --format brown, for its Brown
-// corpus files only (ca01 ... cr09), whose POS tags are stripped (brown_to_text).
+// corpus files only (ca01 ... cr09), whose POS tags are stripped (brown_to_text). With --format jsonl
+// each input is a JSON Lines file and each of its lines one document, the string under --text-key
+// ("text" by default); every line of every file is checked before tokenising, and a bad one is an
+// error naming the file and line (engine/data/jsonl_documents.h).
 //
 // Output names:
 //   F = 0                      -> OUT exactly (no val file; --val-output is an error)

@@ -1,6 +1,7 @@
 #include "train_command.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,8 +97,21 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Seed of the parameter init, the data order and dropout")->capture_default_str();
   cmd->add_option("--sequence-length", args->sequence_length, "T: tokens per sequence (default: the model's n_positions, at most 1024)")
       ->check(whole_number_at_least(1));
-  cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer of the data files: checks the model's vocabulary covers it")
-      ->check(one_of({"gpt2", "bytes"}));
+  // The spelling is checked here, before the data files are looked at; a tokenizer.json's contents
+  // where it is loaded (make_tokenizer).
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Tokenizer of the data files (gpt2, bytes, or a Hugging Face tokenizer.json): checks the model's "
+                  "vocabulary covers it, and decodes the samples")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            std::error_code error;
+            if (text == "gpt2" || text == "bytes" || std::filesystem::path(text).extension() == ".json" ||
+                std::filesystem::is_directory(text, error)) {
+              return std::string();
+            }
+            return fmt::format("'{}' is not one of gpt2, bytes, or the path of a tokenizer.json (or of its folder)", text);
+          },
+          "{gpt2, bytes, PATH/tokenizer.json}"));
   cmd->add_option("--val-interval", args->val_interval, "Evaluate every N steps (and always at the end; 0: only at the end)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();

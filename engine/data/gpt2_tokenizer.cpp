@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/data/byte_level_alphabet.h"
+#include "engine/data/utf8.h"
 #include "ops/error.h"
 #include "ops/log.h"
 
@@ -42,94 +44,6 @@ struct StringHash {
 };
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
-
-// GPT-2's bytes_to_unicode(): the printable Latin-1 bytes map to themselves, the other 68 bytes to
-// U+0100 onwards, in byte order. Returned as its inverse, code point -> byte, since we only ever need
-// to turn encoder.json / vocab.bpe strings back into the bytes they stand for.
-std::unordered_map<char32_t, unsigned char> unicode_to_byte() {
-  std::unordered_map<char32_t, unsigned char> inverse;
-  char32_t next_extra = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    inverse[printable ? static_cast<char32_t>(b) : next_extra++] = static_cast<unsigned char>(b);
-  }
-  return inverse;
-}
-
-// Decodes UTF-8 `s` (strict; the files are written by JSON / Python tools) into code points, maps
-// each through `inverse`. Returns false if `s` is not UTF-8 or holds a code point outside the map.
-bool unicode_token_to_bytes(std::string_view s, const std::unordered_map<char32_t, unsigned char>& inverse,
-                            std::string& bytes) {
-  bytes.clear();
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    char32_t cp;
-    int extra;
-    if (c < 0x80) { cp = c; extra = 0; }
-    else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; extra = 1; }
-    else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; extra = 2; }
-    else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; extra = 3; }
-    else return false;
-    if (i + 1 + static_cast<std::size_t>(extra) > s.size()) return false;
-    for (int k = 1; k <= extra; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    i += 1 + static_cast<std::size_t>(extra);
-    const auto it = inverse.find(cp);
-    if (it == inverse.end()) return false;
-    bytes.push_back(static_cast<char>(it->second));
-  }
-  return true;
-}
-
-// WHATWG UTF-8 decode with replacement, re-encoded as UTF-8: each maximal invalid subsequence becomes
-// U+FFFD. This is what node does to a file read as "utf8" before Encoder.js sees it. Returns
-// nullopt when `text` is valid UTF-8 already (the common case, which then costs no copy).
-std::optional<std::string> replace_invalid_utf8(std::string_view text) {
-  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  std::string out;
-  bool changed = false;
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    int needed = 0;
-    unsigned char lower = 0x80, upper = 0xBF;
-    if (b <= 0x7F) needed = 0;
-    else if (b >= 0xC2 && b <= 0xDF) needed = 1;
-    else if (b >= 0xE0 && b <= 0xEF) { needed = 2; if (b == 0xE0) lower = 0xA0; if (b == 0xED) upper = 0x9F; }
-    else if (b >= 0xF0 && b <= 0xF4) { needed = 3; if (b == 0xF0) lower = 0x90; if (b == 0xF4) upper = 0x8F; }
-    else needed = -1;
-    std::size_t seen = 0;
-    bool ok = needed >= 0;
-    if (ok) {
-      for (; seen < static_cast<std::size_t>(needed); ++seen) {
-        const std::size_t j = i + 1 + seen;
-        if (j >= text.size()) { ok = false; break; }
-        const auto c = static_cast<unsigned char>(text[j]);
-        if (c < lower || c > upper) { ok = false; break; }
-        lower = 0x80;
-        upper = 0xBF;
-      }
-    }
-    if (ok) {
-      if (changed) out.append(text.substr(i, 1 + seen));
-      i += 1 + seen;
-      continue;
-    }
-    if (!changed) {
-      out.assign(text.substr(0, i));
-      changed = true;
-    }
-    out.append(kReplacement);
-    // The lead byte and the continuation bytes accepted so far form the maximal subpart; the byte
-    // that broke the sequence starts the next one.
-    i += 1 + (needed > 0 ? seen : 0);
-  }
-  if (!changed) return std::nullopt;
-  return out;
-}
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -233,8 +147,6 @@ Gpt2Tokenizer::~Gpt2Tokenizer() = default;
 
 Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
   auto impl = std::make_unique<Impl>();
-  const auto inverse = unicode_to_byte();
-  std::string bytes;
 
   // encoder.json: {"<token as bytes_to_unicode string>": id, ...}, ids 0..50256 each once.
   const std::filesystem::path encoder_path = dir / "encoder.json";
@@ -260,13 +172,14 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
       fail("GPT-2 tokenizer file {}: token {:?} has id {}, outside 0..{} or given twice: {}", encoder_path.string(),
            token, id, kVocabSize - 1, kSetupHint);
     }
-    if (!unicode_token_to_bytes(token, inverse, bytes)) {
+    const std::optional<std::string> bytes = byte_level_to_bytes(token);
+    if (!bytes) {
       fail("GPT-2 tokenizer file {}: token {:?} uses a character outside GPT-2's byte alphabet: {}",
            encoder_path.string(), token, kSetupHint);
     }
     seen[static_cast<std::size_t>(id)] = true;
-    impl->id_to_bytes[static_cast<std::size_t>(id)] = bytes;
-    impl->bytes_to_id.emplace(bytes, static_cast<std::int32_t>(id));
+    impl->id_to_bytes[static_cast<std::size_t>(id)] = *bytes;
+    impl->bytes_to_id.emplace(*bytes, static_cast<std::int32_t>(id));
   }
   if (impl->id_to_bytes[kEotToken] != "<|endoftext|>") {
     fail("GPT-2 tokenizer file {}: id {} should be <|endoftext|>: {}", encoder_path.string(), kEotToken, kSetupHint);
@@ -290,7 +203,6 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
   // Merge ranks keyed "first,second", exactly as Encoder.js keys its bpe_ranks object (',' is one of
   // the bytes bytes_to_unicode maps to itself, so the key translates to bytes one to one).
   StringMap<std::int32_t> rank_by_key;
-  std::string first_bytes, second_bytes;
   for (std::size_t n = 1; n + 1 < lines.size(); ++n) {
     std::vector<std::string_view> parts;
     const std::string_view line = lines[n];
@@ -301,14 +213,14 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
       parts.push_back(line.substr(begin, end - begin));
       i = end;
     }
-    if (parts.size() != 2 || !unicode_token_to_bytes(parts[0], inverse, first_bytes) ||
-        !unicode_token_to_bytes(parts[1], inverse, second_bytes) ||
-        !impl->bytes_to_id.contains(first_bytes + second_bytes)) {
+    const std::optional<std::string> first_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[0]) : std::nullopt;
+    const std::optional<std::string> second_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[1]) : std::nullopt;
+    if (!first_bytes || !second_bytes || !impl->bytes_to_id.contains(*first_bytes + *second_bytes)) {
       fail("GPT-2 tokenizer file {}, line {}: {:?} is not a merge of two tokens whose join is in encoder.json: {}",
            merges_path.string(), n + 1, std::string(line), kSetupHint);
     }
     // Later lines overwrite earlier ones with the same key, as in Encoder.js's dictZip.
-    rank_by_key[first_bytes + "," + second_bytes] = static_cast<std::int32_t>(n - 1);
+    rank_by_key[*first_bytes + "," + *second_bytes] = static_cast<std::int32_t>(n - 1);
   }
   // Every split of a key at one of its commas into two vocabulary tokens is a pair Encoder.js merges
   // at that key's rank: the merge itself, and the few pairs whose joined key is the same string.

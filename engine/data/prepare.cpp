@@ -39,7 +39,8 @@ std::size_t check_arguments(std::size_t documents, const Tokenizer& tokenizer,
   return val_documents;
 }
 
-// Tokenises document i of n (fetched by `document`), eot first, into train or val, then writes.
+// Tokenises document i of n (fetched by `document`) as Tokenizer::encode_document does, into train
+// or val, then writes.
 PrepareResult prepare(std::size_t documents, const std::function<std::string_view(std::size_t)>& document,
                       const Tokenizer& tokenizer, const std::filesystem::path& out_train,
                       const std::optional<std::filesystem::path>& out_val, double val_fraction) {
@@ -48,8 +49,7 @@ PrepareResult prepare(std::size_t documents, const std::function<std::string_vie
   std::vector<std::int32_t> train, val;
   for (std::size_t i = 0; i < documents; ++i) {
     std::vector<std::int32_t>& tokens = i < train_documents ? train : val;
-    tokens.push_back(tokenizer.eot_token());
-    tokenizer.encode_append(document(i), tokens);
+    tokenizer.encode_document(document(i), tokens);
   }
   // The width follows the vocabulary, not the ids that happen to occur, so every file made with one
   // tokenizer has the same format.

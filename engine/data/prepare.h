@@ -1,7 +1,8 @@
 // Text documents -> train (and val) token files, the work behind `dstrain prepare-data`.
 //
-// Every document becomes [eot, tokens of the document...]: the end-of-text token goes BEFORE each
-// document, as llm.c's dev/data scripts do, so a sequence never starts mid-way without a marker.
+// Every document becomes Tokenizer::encode_document(text): for gpt2 and bytes [eot, tokens of the
+// document...], the end-of-text token BEFORE each document, as llm.c's dev/data scripts do, so a
+// sequence never starts mid-way without a marker; for a Hugging Face tokenizer [bos?, tokens..., eos].
 //
 // Val split: with N documents and val_fraction f > 0, the LAST k = round(f·N) documents go to val,
 // with k clamped to 1..N-1 (val gets at least one document, train keeps at least one); this needs
@@ -21,7 +22,7 @@ namespace dstrain {
 struct PrepareResult {
   std::size_t train_documents = 0;
   std::size_t val_documents = 0;
-  std::size_t train_tokens = 0;  // including one eot per document
+  std::size_t train_tokens = 0;  // including the document markers (eot, or bos/eos)
   std::size_t val_tokens = 0;
 };
 

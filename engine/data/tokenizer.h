@@ -22,7 +22,14 @@ class Tokenizer {
   virtual void encode_append(std::string_view text, std::vector<std::int32_t>& out) const = 0;
   // Bytes of the text the tokens stand for. Throws Error for an id outside [0, vocab_size()).
   virtual std::string decode(std::span<const std::int32_t> tokens) const = 0;
-  // The token written before every document ("end of text" of the previous one).
+  // Appends one document as prepare-data writes it: by default [eot, tokens of the document...], the
+  // end-of-text token before each document as llm.c's scripts do; HfTokenizer writes
+  // [bos?, tokens..., eos] as its tokenizer_config.json says.
+  virtual void encode_document(std::string_view text, std::vector<std::int32_t>& out) const {
+    out.push_back(eot_token());
+    encode_append(text, out);
+  }
+  // The end-of-text token: between documents, and where generation stops.
   virtual std::int32_t eot_token() const = 0;
   // Number of token ids; every id is < vocab_size().
   virtual std::int32_t vocab_size() const = 0;
@@ -38,6 +45,8 @@ class Tokenizer {
 
 // "gpt2": GPT-2's byte-level BPE, loaded from gpt2_encoder_dir(cache_dir).
 // "bytes": one token per byte (cache_dir unused).
+// A path ending in ".json", or a folder holding tokenizer.json: a Hugging Face tokenizer
+// (hf_tokenizer.h).
 // Throws Error for any other name, listing the accepted ones.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::filesystem::path& cache_dir);
 

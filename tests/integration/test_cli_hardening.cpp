@@ -49,7 +49,7 @@ TEST_F(CliHardening, CommandLineMistakesExit2WithReadableMessages) {
   EXPECT_NE(zero.err.find("dstrain train --help"), std::string::npos) << zero.err;
   expect_exit2_naming(run_dstrain(train + " --num-ranks two"), "'two' is not a whole number");
   expect_exit2_naming(run_dstrain(train + " --steps -1"), "--steps");
-  expect_exit2_naming(run_dstrain(train + " --tokenizer klingon"), "'klingon' is not one of gpt2, bytes");
+  expect_exit2_naming(run_dstrain(train + " --tokenizer klingon"), "'klingon' is not one of gpt2, bytes, or the path of a tokenizer.json");
   expect_exit2_naming(run_dstrain(train + " --no-such-option"), "--no-such-option");
   expect_exit2_naming(run_dstrain("train --model gpt2:tiny"), "--deepspeed_config");
   expect_exit2_naming(run_dstrain("trian"), "subcommand");

@@ -177,6 +177,45 @@ TEST(PrepareDataCli, BrownFormatStripsTagsAndTakesOnlyCorpusFiles) {
   EXPECT_THAT(tokens_of(dir / "b.bin"), ElementsAre(kEot, 'H', 'i', ',', ' ', 'd', 'o', 'g', '.', '\n'));
 }
 
+// JSONL: each line one document (blank lines skipped), files in order, --text-key; a bad line
+// anywhere stops the run before any output is written, naming the file and line.
+TEST(PrepareDataCli, JsonlLinesAreDocuments) {
+  TempDir dir;
+  write_file(dir / "a.jsonl", "{\"text\": \"ab\"}\n\n{\"text\": \"c\", \"n\": 2}\n");
+  write_file(dir / "b.jsonl", "{\"text\": \"d\"}\n");
+  RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "b.jsonl", "-o", "j.bin",
+                             "--val-fraction", "0.3"},
+                            dir.path());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // 3 documents, 0.3 -> round(0.9) = 1 val document, the last (d).
+  EXPECT_THAT(tokens_of(dir / "j_train.bin"), ElementsAre(kEot, 'a', 'b', kEot, 'c'));
+  EXPECT_THAT(tokens_of(dir / "j_val.bin"), ElementsAre(kEot, 'd'));
+
+  write_file(dir / "k.jsonl", "{\"body\": \"xy\"}\n");
+  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "--text-key", "body", "k.jsonl", "-o", "k.bin"},
+                  dir.path());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(tokens_of(dir / "k.bin"), ElementsAre(kEot, 'x', 'y'));
+
+  write_file(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": 7}\n");
+  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "bad.jsonl", "-o", "bad.bin"},
+                  dir.path());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("bad.jsonl:2: \"text\" is a number, not a string"));
+  EXPECT_FALSE(fs::exists(dir / "bad.bin"));
+
+  // A tokenizer.json is an input: no output may replace it (checked before the file is even read).
+  write_file(dir / "tok" / "tokenizer.json", "{}");
+  r = run_dstrain({"prepare-data", "--tokenizer", "tok/tokenizer.json", "k.jsonl", "-o", "tok/tokenizer.json"}, dir.path());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--tokenizer"));
+  EXPECT_EQ(read_file(dir / "tok" / "tokenizer.json"), "{}");
+
+  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--text-key", "body", "k.jsonl", "-o", "t.bin"}, dir.path());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--text-key 'body' is given but --format is 'text'"));
+}
+
 TEST(PrepareDataCli, BadInputsExitWithStatus2AndAMessage) {
   TempDir dir;
   write_file(dir / "a.txt", "a");

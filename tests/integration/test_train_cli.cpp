@@ -115,6 +115,23 @@ TEST_F(TrainCli, BadInputsExit2NamingTheCause) {
                                       q(dir_ / "t_train.bin"));
   EXPECT_EQ(vocab.exit_code, 2);
   EXPECT_NE(vocab.err.find("--tokenizer gpt2"), std::string::npos) << vocab.err;
+
+  // ...nor does a tokenizer.json of 300 tokens, whose size is read from the file; an unknown name is refused.
+  nlohmann::json tokens = nlohmann::json::object();
+  for (int i = 0; i < 299; ++i) tokens[std::string("t").append(std::to_string(i))] = i;  // not "t" + ...: a false GCC 12 -Wrestrict
+  tokens["</s>"] = 299;
+  fs::create_directories(dir_ / "tok300");
+  std::ofstream(dir_ / "tok300" / "tokenizer.json")
+      << nlohmann::json{{"model", {{"type", "BPE"}, {"vocab", tokens}, {"merges", nlohmann::json::array()}}}}.dump();
+  std::ofstream(dir_ / "tok300" / "tokenizer_config.json") << R"({"eos_token": "</s>"})";
+  const CliResult hf = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer " +
+                                   q(dir_ / "tok300" / "tokenizer.json") + " --data " + q(dir_ / "t_train.bin"));
+  EXPECT_EQ(hf.exit_code, 2);
+  EXPECT_NE(hf.err.find("has 300 tokens but the model"), std::string::npos) << hf.err;
+  const CliResult unknown = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer words --data " +
+                                        q(dir_ / "t_train.bin"));
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("'words' is not one of gpt2, bytes"), std::string::npos) << unknown.err;
 }
 
 // --checkpoint-activations switches checkpointing on (the section only configures it): the same
