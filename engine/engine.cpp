@@ -31,6 +31,7 @@
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/transformer/activation_layout.h"
 #include "ops/transformer/gpt2_weights.h"
+#include "ops/transformer/llama_weights.h"
 #include "ops/transformer/param_init.h"
 #include "ops/kernels/tensor_ops.h"
 
@@ -825,13 +826,28 @@ GenerationModel Engine::generation_model() {
   return g;
 }
 
+namespace {
+// The Hugging Face layout of the model's architecture: GPT-2's model.safetensors, or the Llama
+// family's (sharded above transformers' 5 GB, docs/models.md §4). fp32 on disk: the masters.
+void export_hf_weights(const Model& model, const std::filesystem::path& path, const std::function<Tensor(const std::string&)>& param) {
+  if (model.llama) {
+    export_llama_weights(path, *model.llama, param);
+  } else {
+    export_gpt2_safetensors(path, *model.gpt2, param);
+  }
+}
+}  // namespace
+
 void Engine::save_weights(const std::filesystem::path& path) {
-  if (!model_.gpt2) fail("save_weights: the model is not a GPT-2 (it has no Gpt2Config), and weights are written in the Hugging Face GPT-2 layout");
+  if (!model_.gpt2 && !model_.llama) {
+    fail("save_weights: the model is neither a GPT-2 nor of the Llama family (it has no built-in config), and weights are written in their Hugging "
+         "Face layouts");
+  }
   Impl& im = *impl_;
   if (im.config.zero_optimization.stage == 0 && device().is_cpu()) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
     // Every rank holds them whole, in host memory; rank 0 writes.
-    if (rank() == 0) export_gpt2_safetensors(path, *model_.gpt2, [this](const std::string& n) { return master_param(n); });
+    if (rank() == 0) export_hf_weights(model_, path, [this](const std::string& n) { return master_param(n); });
     return;
   }
   if (im.config.zero_optimization.stage == 3 && !im.config.zero_optimization.gather_16bit_weights_on_model_save && im.world > 1) {
@@ -848,23 +864,31 @@ void Engine::save_weights(const std::filesystem::path& path) {
     host[name] = {t.shape, std::vector<float>(p, p + t.numel())};
   });
   if (rank() != 0) return;
-  export_gpt2_safetensors(path, *model_.gpt2, [&](const std::string& n) {
+  export_hf_weights(model_, path, [&](const std::string& n) {
     auto& [shape, v] = host.at(im.owned[owned_index(model_, im.by_name, im.owned.size(), "-", n)].spec.name);
     return Tensor(v.data(), DType::fp32, shape);
   });
 }
 
 void Engine::load_weights(const std::filesystem::path& path) {
-  if (!model_.gpt2) fail("load_weights: the model is not a GPT-2 (it has no Gpt2Config), and weights are read in the Hugging Face GPT-2 layout");
+  if (!model_.gpt2 && !model_.llama) {
+    fail("load_weights: the model is neither a GPT-2 nor of the Llama family (it has no built-in config), and weights are read in their Hugging "
+         "Face layouts");
+  }
   Impl& im = *impl_;
   // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());
   for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.shape.numel()), 0.0f);
-  import_gpt2_weights(path, *model_.gpt2, [&](const std::string& n) {
+  const auto lookup = [&](const std::string& n) {
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
-  });
+  };
+  if (model_.llama) {
+    import_llama_weights(path, *model_.llama, lookup);
+  } else {
+    import_gpt2_weights(path, *model_.gpt2, lookup);
+  }
   im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
     const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
     copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));

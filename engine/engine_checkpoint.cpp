@@ -22,6 +22,7 @@
 #include "ops/log.h"
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/tensor_ops.h"
+#include "ops/transformer/llama_config.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 
@@ -147,6 +148,8 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
                                            {"padded_vocab_size", model_.gpt2->padded_vocab_size},
                                            {"layer_norm_epsilon", model_.gpt2->layer_norm_epsilon}}
                            : config::Json(nullptr)},
+      // The Llama family's Hugging Face config.json (docs/models.md §3), for consolidate.
+      {"llama", model_.llama ? config::Json::parse(llama_hf_config_json(*model_.llama)) : config::Json(nullptr)},
       {"seed", im.options.seed},
       {"bf16_stochastic_rounding", im.rounding.enabled},
       {"ds_config", im.config.to_json()},

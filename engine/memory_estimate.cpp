@@ -26,13 +26,12 @@ std::optional<double> read_cgroup_number(const char* path) {
 
 }  // namespace
 
-MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig& cfg, std::int64_t T) {
-  const double L = static_cast<double>(g.n_layer), C = static_cast<double>(g.n_embd);
-  const double Vp = static_cast<double>(g.padded_vocab_size);
-  const double P = static_cast<double>(g.n_positions);
+namespace {
+
+// Ψ stored parameters, Vp the padded vocabulary (the logits' width, the largest activation).
+MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
   MemoryEstimate e;
-  // As parameter_count_padded(), in double: wte Vp·C, wpe P·C, per block 12C² + 13C, final LN 2C.
-  e.parameters = Vp * C + P * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+  e.parameters = parameters;
   const bool mixed = cfg.fp16.enabled || cfg.bf16.enabled;
   const double b = mixed ? 2.0 : 4.0;
   const int stage = cfg.zero_optimization.stage;
@@ -57,6 +56,21 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
   e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig& cfg, std::int64_t T) {
+  const double L = static_cast<double>(g.n_layer), C = static_cast<double>(g.n_embd);
+  const double Vp = static_cast<double>(g.padded_vocab_size);
+  const double P = static_cast<double>(g.n_positions);
+  // As parameter_count_padded(), in double: wte Vp·C, wpe P·C, per block 12C² + 13C, final LN 2C.
+  return estimate(Vp * C + P * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C, Vp, cfg, T);
+}
+
+MemoryEstimate estimate_rank_memory(const ModelConfig& m, const config::DsConfig& cfg, std::int64_t T) {
+  if (m.gpt2) return estimate_rank_memory(*m.gpt2, cfg, T);
+  return estimate(static_cast<double>(m.parameters_stored()), static_cast<double>(m.padded_vocab_size()), cfg, T);
 }
 
 std::optional<HostMemoryLimit> host_memory_limit() {

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "config_schema/ds_config.h"
+#include "engine/model.h"
 #include "ops/transformer/gpt2_config.h"
 
 namespace dstrain {
@@ -31,6 +32,8 @@ struct MemoryEstimate {
 // The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
 // data-parallel world size) training `model` on sequences of T tokens.
 MemoryEstimate estimate_rank_memory(const Gpt2Config& model, const config::DsConfig& cfg, std::int64_t T);
+// The same for either architecture: its stored parameter count and padded vocabulary.
+MemoryEstimate estimate_rank_memory(const ModelConfig& model, const config::DsConfig& cfg, std::int64_t T);
 
 // What this process may still allocate on the host, and where the figure comes from: the smallest
 // of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the

@@ -37,7 +37,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
-  engine_.emplace(initialize(make_gpt2_model(plan.model), cfg,
+  engine_.emplace(initialize(make_model(plan.model), cfg,
                              {.seed = seed_,
                               .comm = comm,
                               .sequence_length = T_,
@@ -63,7 +63,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.world_size = world;
   dlo.rank = rank_;
   dlo.seed = seed_;
-  dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size);
+  dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
   if (plan.resume) {
     // The engine's state, then the data loader's position (the client state of save_checkpoint).
@@ -88,7 +88,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     elo.world_size = world;
     elo.rank = rank_;
     elo.max_batches = static_cast<std::size_t>(options.val_batches);
-    elo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size);
+    elo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
     val_.emplace(EvalLoader::open(options.val_data, elo));
   }
 }
@@ -101,10 +101,9 @@ void RankTrainer::say(const std::string& line) const {
 
 void RankTrainer::announce() {
   const config::DsConfig& cfg = plan_.config;
-  const Gpt2Config& g = plan_.model;
   Engine& engine = *engine_;
   const int world = engine.world_size();
-  say(fmt::format("model {}: {}", plan_.model_spec, g.n_layer > 0 ? describe(g) : ""));
+  say(fmt::format("model {}: {}", plan_.model_spec, plan_.model.describe()));
   say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
                   TBS_, B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
@@ -157,7 +156,7 @@ void RankTrainer::announce() {
   sample_allocator_ = make_device_allocator(engine.device());
   if (options_.sample_tokens > 0 && lead()) {
     std::string warning;
-    tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model.vocab_size, &warning);
+    tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model.vocab_size(), &warning);
     if (!warning.empty()) trainer_warn(options_, warning);
     if (stage_ < 3) generator_.emplace(engine.generation_model(), T_, *sample_allocator_);
     sampling_.max_new_tokens = options_.sample_tokens;
@@ -165,12 +164,12 @@ void RankTrainer::announce() {
     sampling_.temperature = static_cast<float>(options_.sample_temperature);  // finite and <= FLT_MAX (plan_training)
     sampling_.seed = options_.seed;
     sampling_.eot_token = tokenizer_ ? tokenizer_->eot_token() : Gpt2Tokenizer::kEotToken;
-    if (sampling_.eot_token >= plan_.model.vocab_size) sampling_.eot_token = 0;
+    if (sampling_.eot_token >= plan_.model.vocab_size()) sampling_.eot_token = 0;
   }
 
-  summary_.model = describe(plan_.model);
-  summary_.parameters = parameter_count(plan_.model);
-  summary_.parameters_stored = parameter_count_padded(plan_.model);
+  summary_.model = plan_.model.describe();
+  summary_.parameters = plan_.model.parameters();
+  summary_.parameters_stored = plan_.model.parameters_stored();
   summary_.train_batch_size = TBS_;
   summary_.sequence_length = T_;
   start_ = Clock::now();
@@ -241,7 +240,7 @@ void RankTrainer::after_step(double dt) {
   }
   if (lead() && cfg.flops_profiler.enabled && done == cfg.flops_profiler.profile_step) {
     FlopsReportInput in;
-    in.model = plan_.model;
+    in.model = *plan_.model.gpt2;  // plan_training refuses the profiler for other models
     in.micro_batch = B_;
     in.sequence_length = T_;
     in.train_batch_size = TBS_;

@@ -19,7 +19,7 @@ struct TrainerOptions {
   // ---- what to train on ----
   std::filesystem::path data;      // training token file (engine/data/token_file.h); required
   std::filesystem::path val_data;  // validation token file; empty: no evaluation
-  std::filesystem::path init_from;  // start from these weights (HF GPT-2 safetensors, or a torch.save state dict); empty: the init
+  std::filesystem::path init_from;  // start from these weights (HF safetensors: GPT-2 or the Llama family, docs/models.md §4; GPT-2 also a torch.save state dict); empty: the init
   // Optimizer steps of the run; nullopt: one pass over `data` (its windows / train_batch_size);
   // 0: only evaluate. Also fills a scheduler's "auto" total_num_steps.
   std::optional<std::int64_t> steps;
@@ -59,7 +59,7 @@ struct TrainerOptions {
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
 
   // ---- outputs ----
-  std::filesystem::path save_weights;  // the final weights (HF GPT-2 safetensors); empty: none
+  std::filesystem::path save_weights;  // the final weights in the HF layout of the model (docs/models.md §4); empty: none
   // ---- training checkpoints (docs/checkpoints.md "The training loop") ----
   std::filesystem::path save_dir;   // checkpoints go here (every save_interval steps and at the end); empty: none
   std::int64_t save_interval = 0;   // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)

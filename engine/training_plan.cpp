@@ -189,7 +189,7 @@ void check_local_rank_argument(const LaunchEnv& env, const std::optional<std::in
 
 // The Hugging Face config.json a model spec reads (empty for the gpt2: presets and descriptors).
 std::filesystem::path model_config_file(const std::string& spec) {
-  if (spec.rfind("gpt2:", 0) == 0) return {};
+  if (spec.rfind("gpt2:", 0) == 0 || spec.rfind("llama:", 0) == 0) return {};
   const std::filesystem::path p(spec);
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) return p / "config.json";
@@ -296,9 +296,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----
-  plan.model = model_config_from_spec(model_spec);
-  validate(plan.model);
-  const Gpt2Config& g = plan.model;
+  plan.model = model_config_of(model_spec);
+  const ModelConfig& g = plan.model;
 
   // ---- config: resolved for the world size (train_batch_size = micro x GAS x world); --steps
   // fills "auto" total_num_steps of a scheduler, --warmup-steps its warmup_num_steps, the model's
@@ -308,7 +307,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   config_options.autos = options.autos;
   if (!config_options.autos.total_num_steps) config_options.autos.total_num_steps = options.steps;
   if (!config_options.autos.warmup_num_steps) config_options.autos.warmup_num_steps = options.warmup_steps;
-  if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd;
+  if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd();
   // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
   config_options.client_optimizer = options.optimizer;
   const bool config_has_optimizer = config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
@@ -334,6 +333,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
          "(MPI_THREAD_SERIALIZED is needed); set \"overlap_comm\": false, or use an MPI built with thread support",
          plan.mpi.thread_level);
   }
+  if (cfg.flops_profiler.enabled && g.llama) {
+    fail("flops_profiler.enabled is true, but its per-module profile (engine/monitor/flops.h) describes GPT-2's modules and the model {} is of "
+         "the Llama family; set flops_profiler.enabled to false for this model",
+         model_spec);
+  }
   if (cfg.flops_profiler.enabled && cfg.flops_profiler.output_file && !cfg.flops_profiler.output_file->empty()) {
     outputs.push_back({*cfg.flops_profiler.output_file, "flops_profiler.output_file"});
   }
@@ -347,11 +351,12 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   plan.resume = plan_resume(options, g, cfg);
 
   // ---- the sequence length, the tokenizer, the memory the run needs ----
-  const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions, 1024);
-  if (T < 1 || T > g.n_positions) {
-    fail("--sequence-length {}: must be between 1 and the model's n_positions = {} (give a model with more positions, e.g. a -T<n> descriptor)", T,
-         g.n_positions);
+  const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions(), 1024);
+  if (T < 1 || T > g.n_positions()) {
+    fail("--sequence-length {}: must be between 1 and the model's {} = {} (give a model with more positions, e.g. a -T<n> descriptor)", T,
+         g.llama ? "max_position_embeddings" : "n_positions", g.n_positions());
   }
+  if (g.llama) llama_check_sequence(*g.llama, T);  // a sliding window shorter than T is refused, naming the key
   plan.sequence_length = T;
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
@@ -359,16 +364,16 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     const std::int64_t tv = options.tokenizer == "gpt2"    ? Gpt2Tokenizer::kVocabSize
                             : options.tokenizer == "bytes" ? ByteTokenizer().vocab_size()
                                                            : make_tokenizer(options.tokenizer, resolve_cache_dir())->vocab_size();
-    if (g.vocab_size < tv) {
+    if (g.vocab_size() < tv) {
       fail("--tokenizer {} has {} tokens but the model {} has a vocabulary of {}; give a model with -V{} (or more)", options.tokenizer, tv, model_spec,
-           g.vocab_size, tv);
+           g.vocab_size(), tv);
     }
   }
   check_memory(plan, model_spec, plan.comm == "local" ? plan.world : 1);
 
   // ---- the data: the training file's windows give the length of an epoch; both files are read
   // whole once, every token checked against the vocabulary ----
-  const auto vocab = static_cast<std::int32_t>(g.vocab_size);
+  const auto vocab = static_cast<std::int32_t>(g.vocab_size());
   {
     DataLoaderOptions dlo;
     dlo.micro_batch_size = static_cast<std::size_t>(cfg.train_micro_batch_size_per_gpu);

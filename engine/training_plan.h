@@ -14,7 +14,7 @@
 #include "engine/trainer_checkpoints.h"
 #include "engine/trainer_options.h"
 #include "ops/device.h"
-#include "ops/transformer/gpt2_config.h"
+#include "engine/model.h"
 #include "zero/launch_env.h"
 #include "zero/mpi_process.h"
 
@@ -22,7 +22,7 @@ namespace dstrain {
 
 struct TrainingPlan {
   std::string model_spec;          // as the user wrote it (printed at the top of the run)
-  Gpt2Config model;                // its shape, read once (a config.json is not read per rank)
+  ModelConfig model;               // its architecture and shape, read once (a config.json is not read per rank)
   config::DsConfig config;         // resolved for `world` ranks, "auto" values filled
   Device device = Device::cpu();   // where every rank trains (under a launcher: this process's GPU)
   LaunchEnv launch;                // the launcher's environment ("none": no launcher)

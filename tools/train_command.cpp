@@ -84,10 +84,11 @@ void run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks local ranks or mpirun -np N processes)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 or a Llama-family model from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks local ranks or mpirun -np N processes)");
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
   cmd->add_option("--model", args->model,
-                  "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a Hugging Face config.json")
+                  "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], llama:L<n>-C<c>-H<h>[-KV<k>][-I<i>][-D<d>][-V<v>][-T<t>][-tied], "
+                  "or a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2, Qwen3; docs/models.md)")
       ->required();
   cmd->add_option("--data", args->data, "Training token file (dstrain prepare-data)")->required();
   cmd->add_option("--val-data", args->val_data, "Validation token file");
@@ -120,8 +121,8 @@ void add_train_command(CLI::App& app) {
                   "(0: the whole val file)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
-  cmd->add_option("--init-from", args->init_from, "Start from these weights instead of the init: Hugging Face GPT-2 safetensors, or a torch.save state dict (pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output), read without running its code");
-  cmd->add_option("--save-weights", args->save_weights, "Write the final weights (Hugging Face GPT-2 safetensors)");
+  cmd->add_option("--init-from", args->init_from, "Start from these weights instead of the init: Hugging Face safetensors (GPT-2: model.safetensors or a torch.save state dict such as pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output, read without running its code; the Llama family: model.safetensors, model.safetensors.index.json or their folder)");
+  cmd->add_option("--save-weights", args->save_weights, "Write the final weights in the Hugging Face layout (GPT-2: model.safetensors; the Llama family: model.safetensors, sharded with an index above 5 GB)");
   cmd->add_option("--save-dir", args->save_dir,
                   "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT");
   cmd->add_option("--save-interval", args->save_interval, "Optimizer steps between checkpoints (0: only at the end)")

@@ -69,13 +69,6 @@ void check_dropout(const char* op, const DropoutParams& p, const AttShape& s) {
   }
 }
 
-// The CUDA attention kernels (ops/cuda/attention.cu, attention_tc.cu) read k and v at the
-// multi-head offsets; grouped KV heads there would read the wrong columns.
-[[noreturn]] void refuse_grouped_on_cuda(const char* op, AttentionHeads heads) {
-  fail("{}: grouped KV heads (NKV = {} < NH = {}) on a CUDA device: the CUDA attention kernels take NKV = NH only; run this model on the CPU "
-       "or with num_key_value_heads = num_attention_heads", op, heads.kv, heads.q);
-}
-
 // out[k] = dropout scale (0 or 1/(1-p)) of elements e0 .. e0+n-1: one Philox call per group of 4.
 inline void dropout_scales(const RngKey& rng, std::uint64_t e0, std::int64_t n, float p, float keep_scale, float* out) {
   std::int64_t k = 0;
@@ -319,8 +312,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads,
   require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");
   require_same_dtype(op, {{"qkv", qkv}, {"out", out}});
   check_dropout(op, dropout, s);
-  if (gpu && heads.kv != heads.q) refuse_grouped_on_cuda(op, heads);
-  DSTRAIN_RETURN_ON_CUDA(gpu, attention_forward(out, lse, qkv, heads.q, dropout));
+  DSTRAIN_RETURN_ON_CUDA(gpu, attention_forward(out, lse, qkv, heads.q, heads.kv, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     forward_impl<T>(static_cast<T*>(out.data), static_cast<float*>(lse.data), static_cast<const T*>(qkv.data), s, dropout);
   });
@@ -347,8 +339,7 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
          scratch.empty() ? std::string("none") : scratch.str());
   }
   if (dqkv.data == qkv.data) fail("{}: dqkv must not alias qkv (dqkv accumulates)", op);
-  if (gpu && heads.kv != heads.q) refuse_grouped_on_cuda(op, heads);
-  DSTRAIN_RETURN_ON_CUDA(gpu, attention_backward(dqkv, dout, qkv, out, lse, NH, scratch, dropout));
+  DSTRAIN_RETURN_ON_CUDA(gpu, attention_backward(dqkv, dout, qkv, out, lse, NH, heads.kv, scratch, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     backward_impl<T>(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data),
                      static_cast<const T*>(out.data), static_cast<const float*>(lse.data), static_cast<float*>(scratch.data), s, dropout);

@@ -39,7 +39,7 @@ void head_rmsnorm_forward(Tensor x, Tensor rstd, Tensor weight, std::int64_t hea
   const bool gpu = cpu::on_cuda(op, {{"x", x}, {"rstd", rstd}, {"weight", weight}});
   const HeadShape s = check_heads(op, "x", x, weight, rstd, head0, nheads);
   require_same_dtype(op, {{"x", x}, {"weight", weight}});
-  if (gpu) fail("{}: per-head RMSNorm (Qwen3 q_norm / k_norm) has no CUDA kernel in this build; train Qwen3 models on the CPU", op);
+  DSTRAIN_RETURN_ON_CUDA(gpu, head_rmsnorm_forward(x, rstd, weight, head0, nheads, eps));
   cpu::dispatch_float(op, x.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     T* px = static_cast<T*>(x.data);
     const T* w = static_cast<const T*>(weight.data);
@@ -68,7 +68,7 @@ void head_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor inp, Tensor weight,
   require_shape(op, {"dweight", dweight}, Shape{s.D}, "(D)");
   require_same_dtype(op, {{"inp", inp}, {"dx", dx}, {"weight", weight}, {"dweight", dweight}});
   if (dx.data == inp.data) fail("{}: dx must not alias inp", op);
-  if (gpu) fail("{}: per-head RMSNorm (Qwen3 q_norm / k_norm) has no CUDA kernel in this build; train Qwen3 models on the CPU", op);
+  DSTRAIN_RETURN_ON_CUDA(gpu, head_rmsnorm_backward(dx, dweight, inp, weight, rstd, head0, nheads));
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     T* g = static_cast<T*>(dx.data);
     T* dw = static_cast<T*>(dweight.data);

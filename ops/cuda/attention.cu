@@ -7,7 +7,9 @@
 // element is summed by one warp in a fixed order, no atomics. Semantics as ops/cpu/attention.cpp:
 // the scale is folded into q in forward, online softmax over 32-key blocks (the CPU's kKB),
 // fast_exp for the probabilities, dropout on the probabilities from Philox element
-// ((b*NH + h)*T + i)*T + j.
+// ((b*NH + h)*T + i)*T + j. Grouped KV heads (NKV < NH): qkv rows are [q (NH·HS) | k (NKV·HS) |
+// v (NKV·HS)] and query head h reads KV head h / G (G = NH / NKV); dk/dv take a warp per (b, KV
+// head, key) that sums over the G query heads in order, so they stay deterministic without atomics.
 #include <cstdint>
 
 #include "ops/cuda/kernel_launch.h"
@@ -20,9 +22,16 @@ constexpr int kMaxHS = 128;  // kAttentionMaxHeadSize
 constexpr int kDims = kMaxHS / 32;
 constexpr int kWarps = 4;  // warps per block
 
+// C = NH·HS (the output width); W = (NH + 2·NKV)·HS the qkv row; k of KV head g at koff + g·HS,
+// v at voff + g·HS.
 struct AttDims {
-  std::int64_t B, T, C, NH, HS;
+  std::int64_t B, T, C, NH, HS, NKV, G, W, koff, voff;
 };
+
+AttDims att_dims(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+  const std::int64_t HS = C / NH;
+  return AttDims{B, T, C, NH, HS, NKV, NH / NKV, (NH + 2 * NKV) * HS, C, C + NKV * HS};
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -60,7 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_forward_kernel(typename
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + wib;  // (b, h, i)
   if (row >= s.B * s.NH * s.T) return;  // warp-uniform
   const std::int64_t i = row % s.T, bh = row / s.T, b = bh / s.NH, h = bh % s.NH;
-  const std::int64_t C = s.C, C3 = 3 * C, HS = s.HS, T = s.T;
+  const std::int64_t C = s.C, C3 = s.W, HS = s.HS, T = s.T;
+  const std::int64_t koff = s.koff + (h / s.G) * HS, voff = s.voff + (h / s.G) * HS;
   const P* base = qkv + b * T * C3;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const bool drop = p > 0.0f;
@@ -73,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_forward_kernel(typename
   for (std::int64_t j0 = 0; j0 <= i; j0 += 32) {
     const std::int64_t j = j0 + lane;
     const bool valid = j <= i;
-    const float sc = valid ? dot_row<S>(q, base + j * C3 + C + h * HS, HS) : -INFINITY;
+    const float sc = valid ? dot_row<S>(q, base + j * C3 + koff, HS) : -INFINITY;
     const float mn = fmaxf(m, warp_max(sc));
     const float corr = expf(m - mn);  // 0 on the first block (m = -inf)
     float pj = valid ? fast_exp(sc - mn) : 0.0f;
@@ -85,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_forward_kernel(typename
     for (int r = 0; r < kDims; ++r) acc[r] *= corr;
     for (std::int64_t jj = 0; jj < jn; ++jj) {
       const float pjj = __shfl_sync(0xffffffffu, pj, static_cast<int>(jj));
-      const P* v = base + (j0 + jj) * C3 + 2 * C + h * HS;
+      const P* v = base + (j0 + jj) * C3 + voff;
 #pragma unroll
       for (int r = 0; r < kDims; ++r) {
         const std::int64_t d = lane + 32 * r;
@@ -127,7 +137,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dq_kernel(typename S::s
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + wib;
   if (row >= s.B * s.NH * s.T) return;
   const std::int64_t i = row % s.T, bh = row / s.T, b = bh / s.NH, h = bh % s.NH;
-  const std::int64_t C = s.C, C3 = 3 * C, HS = s.HS, T = s.T;
+  const std::int64_t C = s.C, C3 = s.W, HS = s.HS, T = s.T;
+  const std::int64_t koff = s.koff + (h / s.G) * HS, voff = s.voff + (h / s.G) * HS;
   const P* base = qkv + b * T * C3;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const bool drop = p > 0.0f;
@@ -145,16 +156,15 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dq_kernel(typename S::s
     const std::int64_t j = j0 + lane;
     float ds = 0.0f;
     if (j <= i) {
-      const P* kj = base + j * C3 + C + h * HS;
-      const float pij = fast_exp(dot_row<S>(q, kj, HS) * scale - li);
-      float dp = dot_row<S>(g, kj + C, HS);
+      const float pij = fast_exp(dot_row<S>(q, base + j * C3 + koff, HS) * scale - li);
+      float dp = dot_row<S>(g, base + j * C3 + voff, HS);
       if (drop) dp *= drop_scale(key, static_cast<std::uint64_t>((bh * T + i) * T + j), p, keep_scale);
       ds = pij * (dp - Di) * scale;
     }
     const std::int64_t jn = (i - j0 + 1 < 32) ? i - j0 + 1 : 32;
     for (std::int64_t jj = 0; jj < jn; ++jj) {
       const float dsj = __shfl_sync(0xffffffffu, ds, static_cast<int>(jj));
-      const P* k = base + (j0 + jj) * C3 + C + h * HS;
+      const P* k = base + (j0 + jj) * C3 + koff;
 #pragma unroll
       for (int r = 0; r < kDims; ++r) {
         const std::int64_t d = lane + 32 * r;
@@ -170,8 +180,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dq_kernel(typename S::s
   }
 }
 
-// dk, dv: a warp per key j; lanes = queries i >= j of a 32-query chunk.
-//   dv_j = sum_i P̃_ij dout_i,  dk_j = sum_i dS_ij * scale * q_i.
+// dk, dv: a warp per (b, KV head g, key j); for each query head h of the group in order, lanes =
+// queries i >= j of a 32-query chunk.  dv_j = sum_{h, i} P̃_ij dout_i,  dk_j = sum_{h, i} dS_ij * scale * q_i.
 template <typename S>
 __global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::storage* __restrict__ dqkv, const typename S::storage* __restrict__ dout,
                                                                     const typename S::storage* __restrict__ qkv, const float* __restrict__ lse,
@@ -180,9 +190,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::
   __shared__ float ksh[kWarps][kMaxHS], vsh[kWarps][kMaxHS];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + wib;
-  if (row >= s.B * s.NH * s.T) return;
-  const std::int64_t j = row % s.T, bh = row / s.T, b = bh / s.NH, h = bh % s.NH;
-  const std::int64_t C = s.C, C3 = 3 * C, HS = s.HS, T = s.T;
+  if (row >= s.B * s.NKV * s.T) return;
+  const std::int64_t j = row % s.T, bg = row / s.T, b = bg / s.NKV, g = bg % s.NKV;
+  const std::int64_t C = s.C, C3 = s.W, HS = s.HS, T = s.T;
   const P* base = qkv + b * T * C3;
   const P* gbase = dout + b * T * C;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
@@ -191,40 +201,43 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::
   float* k = ksh[wib];
   float* v = vsh[wib];
   for (std::int64_t d = lane; d < HS; d += 32) {
-    k[d] = S::load(base[j * C3 + C + h * HS + d]);
-    v[d] = S::load(base[j * C3 + 2 * C + h * HS + d]);
+    k[d] = S::load(base[j * C3 + s.koff + g * HS + d]);
+    v[d] = S::load(base[j * C3 + s.voff + g * HS + d]);
   }
   __syncwarp();
   float dk[kDims] = {}, dv[kDims] = {};
-  for (std::int64_t i0 = j; i0 < T; i0 += 32) {
-    const std::int64_t i = i0 + lane;
-    float pt = 0.0f, ds = 0.0f;
-    if (i < T) {
-      const float pij = fast_exp(dot_row<S>(k, base + i * C3 + h * HS, HS) * scale - lse[bh * T + i]);
-      float dp = dot_row<S>(v, gbase + i * C + h * HS, HS);
-      const float md = drop ? drop_scale(key, static_cast<std::uint64_t>((bh * T + i) * T + j), p, keep_scale) : 1.0f;
-      pt = pij * md;
-      dp *= md;
-      ds = pij * (dp - Dsum[bh * T + i]) * scale;
-    }
-    const std::int64_t in = (T - i0 < 32) ? T - i0 : 32;
-    for (std::int64_t ii = 0; ii < in; ++ii) {
-      const float pti = __shfl_sync(0xffffffffu, pt, static_cast<int>(ii));
-      const float dsi = __shfl_sync(0xffffffffu, ds, static_cast<int>(ii));
-      const P* qi = base + (i0 + ii) * C3 + h * HS;
-      const P* gi = gbase + (i0 + ii) * C + h * HS;
+  for (std::int64_t h = g * s.G; h < (g + 1) * s.G; ++h) {
+    const std::int64_t bh = b * s.NH + h;
+    for (std::int64_t i0 = j; i0 < T; i0 += 32) {
+      const std::int64_t i = i0 + lane;
+      float pt = 0.0f, ds = 0.0f;
+      if (i < T) {
+        const float pij = fast_exp(dot_row<S>(k, base + i * C3 + h * HS, HS) * scale - lse[bh * T + i]);
+        float dp = dot_row<S>(v, gbase + i * C + h * HS, HS);
+        const float md = drop ? drop_scale(key, static_cast<std::uint64_t>((bh * T + i) * T + j), p, keep_scale) : 1.0f;
+        pt = pij * md;
+        dp *= md;
+        ds = pij * (dp - Dsum[bh * T + i]) * scale;
+      }
+      const std::int64_t in = (T - i0 < 32) ? T - i0 : 32;
+      for (std::int64_t ii = 0; ii < in; ++ii) {
+        const float pti = __shfl_sync(0xffffffffu, pt, static_cast<int>(ii));
+        const float dsi = __shfl_sync(0xffffffffu, ds, static_cast<int>(ii));
+        const P* qi = base + (i0 + ii) * C3 + h * HS;
+        const P* gi = gbase + (i0 + ii) * C + h * HS;
 #pragma unroll
-      for (int r = 0; r < kDims; ++r) {
-        const std::int64_t d = lane + 32 * r;
-        if (d < HS) {
-          dv[r] += pti * S::load(gi[d]);
-          dk[r] += dsi * S::load(qi[d]);
+        for (int r = 0; r < kDims; ++r) {
+          const std::int64_t d = lane + 32 * r;
+          if (d < HS) {
+            dv[r] += pti * S::load(gi[d]);
+            dk[r] += dsi * S::load(qi[d]);
+          }
         }
       }
     }
   }
-  P* dkj = dqkv + (b * T + j) * C3 + C + h * HS;
-  P* dvj = dkj + C;
+  P* dkj = dqkv + (b * T + j) * C3 + s.koff + g * HS;
+  P* dvj = dqkv + (b * T + j) * C3 + s.voff + g * HS;
 #pragma unroll
   for (int r = 0; r < kDims; ++r) {
     const std::int64_t d = lane + 32 * r;
@@ -238,8 +251,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::
 }  // namespace
 
 cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                     std::int64_t NH, float p, const RngKey& key, cudaStream_t st) {
-  const AttDims s{B, T, C, NH, C / NH};
+                                     std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st) {
+  const AttDims s = att_dims(B, T, C, NH, NKV);
   const std::int64_t rows = B * NH * T;
   if (rows == 0 || C == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
@@ -251,12 +264,13 @@ cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DTy
 }
 
 cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
-                                      cudaStream_t st) {
-  const AttDims s{B, T, C, NH, C / NH};
-  const std::int64_t rows = B * NH * T;
+                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
+                                      const RngKey& key, cudaStream_t st) {
+  const AttDims s = att_dims(B, T, C, NH, NKV);
+  const std::int64_t rows = B * NH * T, kv_rows = B * NKV * T;
   if (rows == 0 || C == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  const auto kv_blocks = static_cast<unsigned>((kv_rows + kWarps - 1) / kWarps);
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
     attention_dsum_kernel<S><<<grid_for(static_cast<std::size_t>(rows)), kThreads, 0, st>>>(Dsum, static_cast<const P*>(dout),
@@ -267,7 +281,7 @@ cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* 
                                                           Dsum, s, p, key);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    attention_dkv_kernel<S><<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse,
+    attention_dkv_kernel<S><<<kv_blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse,
                                                            Dsum, s, p, key);
     return cudaGetLastError();
   });

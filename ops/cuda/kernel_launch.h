@@ -90,6 +90,12 @@ cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, con
 cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, DType t, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
                         std::int64_t rotate_heads, std::int64_t pos_offset, bool transpose, cudaStream_t s);
 
+// head_rmsnorm.cu: heads [head0, head0 + nheads) of (BT, H, D); forward in place, backward
+// overwrites dx in place and accumulates dweight.
+cudaError_t launch_head_rmsnorm_forward(void* x, float* rstd, const void* w, DType t, std::int64_t BT, std::int64_t H, std::int64_t D,
+                                        std::int64_t head0, std::int64_t nheads, float eps, cudaStream_t st);
+cudaError_t launch_head_rmsnorm_backward(void* dx, void* dweight, const void* inp, const void* w, const float* rstd, DType t, std::int64_t BT,
+                                         std::int64_t H, std::int64_t D, std::int64_t head0, std::int64_t nheads, cudaStream_t st);
 // rmsnorm.cu. partials: column_partials_bytes(rows, C) of device scratch (dweight's column sums).
 cudaError_t launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* w, DType t, std::int64_t rows, std::int64_t C, float eps,
                                    cudaStream_t s);
@@ -113,15 +119,16 @@ cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const 
 cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
                                     std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
 
-// attention.cu. p: attention dropout probability (0: none). Dsum: B*NH*T fp32 (the tail of the
-// caller's attention_backward scratch).
+// attention.cu. C = NH·HS (the output width); NKV KV heads (dividing NH; NKV = NH: multi-head),
+// qkv rows (NH + 2·NKV)·HS wide. p: attention dropout probability (0: none). Dsum: B*NH*T fp32
+// (the tail of the caller's attention_backward scratch).
 cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                     std::int64_t NH, float p, const RngKey& key, cudaStream_t st);
+                                     std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st);
 cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
-                                      cudaStream_t st);
+                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
+                                      const RngKey& key, cudaStream_t st);
 // attention_tc.cu: the tensor-core (FlashAttention-2 style) kernels for fp16/bf16 storage and
-// HS in {32, 64, 128}, same arguments and contract as above. Callers check
+// HS in {32, 64, 128}, multi-head only (NKV = NH: qkv (B, T, 3C)), otherwise the contract above. Callers check
 // attention_tc_supported and 16-byte alignment of every tensor pointer (cp.async) first.
 bool attention_tc_supported(DType t, std::int64_t HS);
 cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,

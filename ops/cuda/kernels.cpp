@@ -180,6 +180,19 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
                                                           static_cast<double*>(partials.ptr), kStream));
 }
 
+void head_rmsnorm_forward(Tensor x, Tensor rstd, Tensor weight, std::int64_t head0, std::int64_t nheads, float eps) {
+  use_device_of(x);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_head_rmsnorm_forward(x.data, static_cast<float*>(rstd.data), weight.data, x.dtype, x.shape[0] * x.shape[1],
+                                                              x.shape[2], x.shape[3], head0, nheads, eps, kStream));
+}
+
+void head_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor inp, Tensor weight, Tensor rstd, std::int64_t head0, std::int64_t nheads) {
+  use_device_of(inp);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_head_rmsnorm_backward(dx.data, dweight.data, inp.data, weight.data, static_cast<const float*>(rstd.data),
+                                                               inp.dtype, inp.shape[0] * inp.shape[1], inp.shape[2], inp.shape[3], head0, nheads,
+                                                               kStream));
+}
+
 void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   use_device_of(gate);
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_swiglu_forward(out.data, gate.data, up.data, gate.dtype, gate.numel(), kStream));
@@ -284,30 +297,30 @@ bool use_attention_tc(DType t, std::int64_t C, std::int64_t NH, std::initializer
 }
 }  // namespace
 
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, const DropoutParams& dropout) {
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, std::int64_t NKV, const DropoutParams& dropout) {
   use_device_of(qkv);
-  const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
-  if (use_attention_tc(qkv.dtype, C, NH, {out.data, qkv.data})) {
+  const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / (NH + 2 * NKV) * NH;
+  if (NKV == NH && use_attention_tc(qkv.dtype, C, NH, {out.data, qkv.data})) {
     DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_forward_tc(out.data, static_cast<float*>(lse.data), qkv.data, qkv.dtype, B, T, C, NH,
                                                                 dropout.p, dropout.rng, kStream));
     return;
   }
-  DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_forward(out.data, static_cast<float*>(lse.data), qkv.data, qkv.dtype, B, T, C, NH, dropout.p,
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_forward(out.data, static_cast<float*>(lse.data), qkv.data, qkv.dtype, B, T, C, NH, NKV, dropout.p,
                                                            dropout.rng, kStream));
 }
 
-void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, Tensor scratch,
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, std::int64_t NKV, Tensor scratch,
                         const DropoutParams& dropout) {
   use_device_of(qkv);
-  const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
+  const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / (NH + 2 * NKV) * NH;
   float* Dsum = static_cast<float*>(scratch.data) + B * T * C;  // the CPU's layout: dq (B*T*C), then D (B*NH*T)
-  if (use_attention_tc(qkv.dtype, C, NH, {dqkv.data, dout.data, qkv.data, out.data})) {
+  if (NKV == NH && use_attention_tc(qkv.dtype, C, NH, {dqkv.data, dout.data, qkv.data, out.data})) {
     DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward_tc(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data),
                                                                  Dsum, qkv.dtype, B, T, C, NH, dropout.p, dropout.rng, kStream));
     return;
   }
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data), Dsum,
-                                                            qkv.dtype, B, T, C, NH, dropout.p, dropout.rng, kStream));
+                                                            qkv.dtype, B, T, C, NH, NKV, dropout.p, dropout.rng, kStream));
 }
 
 // Row-major nn.Linear as column-major GEMMs (see cublaslt.h):

@@ -32,6 +32,8 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
 void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
 void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor weight, float eps);
+void head_rmsnorm_forward(Tensor x, Tensor rstd, Tensor weight, std::int64_t head0, std::int64_t nheads, float eps);
+void head_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor inp, Tensor weight, Tensor rstd, std::int64_t head0, std::int64_t nheads);
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
@@ -51,8 +53,9 @@ float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor l
 
 // Flash-style (attention.cu): saves lse only. attention_backward uses the B*NH*T tail of the
 // caller's scratch for D_i; dq accumulates in registers, so the B*T*C head of it stays unused.
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, const DropoutParams& dropout);
-void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, Tensor scratch,
+// NKV KV heads (ops/kernels/attention.h's grouped layout); the tensor-core kernels serve NKV = NH.
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, std::int64_t NKV, const DropoutParams& dropout);
+void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, std::int64_t NKV, Tensor scratch,
                         const DropoutParams& dropout);
 
 // cuBLASLt (ops/cuda/cublaslt.h); the fp32 scratch of the CPU contract is accepted and unused.

@@ -131,7 +131,7 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
   if (j.contains("model_type")) {
     const auto& mt = j["model_type"];
     if (!mt.is_string() || mt.get<std::string>() != "gpt2") {
-      fail("model config '{}': model_type is {} but only \"gpt2\" is supported (GPT-2 architecture)", source, mt.dump());
+      fail("model config '{}': model_type is {} but dstrain builds \"gpt2\" (GPT-2) and the Llama family (\"llama\", \"mistral\", \"qwen2\", \"qwen3\"; docs/models.md)", source, mt.dump());
     }
   }
   if (j.contains("activation_function")) {

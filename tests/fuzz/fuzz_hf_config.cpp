@@ -1,10 +1,11 @@
-// A Hugging Face GPT-2 config.json (`--model path/config.json`).
+// A Hugging Face config.json (`--model path/config.json`): read as GPT-2 and as the Llama family.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "ops/error.h"
 #include "ops/transformer/gpt2_config.h"
+#include "ops/transformer/llama_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -12,6 +13,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const dstrain::Gpt2Config c = dstrain::gpt2_config_from_hf_json(text, "fuzz/config.json");
     (void)dstrain::parameter_count_padded(c);
     (void)dstrain::describe(c);
+  } catch (const dstrain::Error&) {
+  }
+  (void)dstrain::is_llama_family_json(text);
+  try {
+    const dstrain::LlamaConfig c = dstrain::llama_config_from_hf_json(text, "fuzz/config.json");
+    (void)dstrain::parameter_count(c);
+    (void)dstrain::describe(c);
+    (void)dstrain::llama_hf_config_json(c);
   } catch (const dstrain::Error&) {
   }
   return 0;

@@ -472,6 +472,37 @@ TEST_P(GpuKernels, AttentionMatchesCpu) {
   }
 }
 
+// Grouped KV heads (the warp-per-row kernels of attention.cu; the tensor-core kernels take NKV = NH
+// only) against the CPU's, on the CPU tests' GQA case table.
+TEST_P(GpuKernels, GqaAttentionMatchesCpu) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const Tol tol = kAttentionTols.of(dt);
+  std::mt19937_64 rng(32);
+  for (const GqaAttentionCase& c : kGqaAttentionCases) {
+    SCOPED_TRACE(c.name);
+    const std::int64_t B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, C = NH * c.HS, W = (NH + 2 * NKV) * c.HS;
+    const AttentionHeads heads{NH, NKV};
+    DropoutParams dp;
+    dp.p = c.dropout_p;
+    dp.rng = RngKey{98, 4, 1, 0, 2};
+    Buf qkv(dt, B * T * W), out(dt, B * T * C), dout(dt, B * T * C), dqkv(dt, B * T * W);
+    for (Buf* b : {&qkv, &dout, &dqkv}) b->fill_uniform(rng, -1, 1);
+    std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
+    Dev d_qkv(qkv), d_out(out), d_dout(dout), d_dqkv(dqkv), d_lse(lse), d_scratch(scratch);
+    const Shape qs{B, T, W}, os{B, T, C}, ls{B, NH, T}, ss{static_cast<std::int64_t>(scratch.size())};
+    const Tensor hl(lse.data(), DType::fp32, ls), hs(scratch.data(), DType::fp32, ss);
+    attention_forward(out.tensor(os), hl, qkv.tensor(qs), heads, dp);
+    attention_backward(dqkv.tensor(qs), dout.tensor(os), qkv.tensor(qs), out.tensor(os), hl, heads, hs, dp);
+    attention_forward(d_out.tensor(dt, os), d_lse.tensor(DType::fp32, ls), d_qkv.tensor(dt, qs), heads, dp);
+    attention_backward(d_dqkv.tensor(dt, qs), d_dout.tensor(dt, os), d_qkv.tensor(dt, qs), d_out.tensor(dt, os), d_lse.tensor(DType::fp32, ls), heads,
+                       d_scratch.tensor(DType::fp32, ss), dp);
+    expect_close(d_out.to_buf(dt, B * T * C), out.values(), tol, "gqa attention out " + dtype_label(dt));
+    expect_close(f32_buf(d_lse.to_vec<float>()), as_double(lse), kAttentionTols.fp32, "gqa attention lse");
+    expect_close(d_dqkv.to_buf(dt, B * T * W), dqkv.values(), Tol{tol.atol * 2, tol.rtol * 2}, "gqa attention dqkv " + dtype_label(dt));
+  }
+}
+
 // SGD (optim.cu, -fmad=false): bit for bit with the CPU, as AdamW.
 TEST_P(GpuKernels, SgdBitExact) {
   DSTRAIN_SKIP_WITHOUT_GPU();

@@ -6,7 +6,9 @@
 
 #include "device_tensors.h"
 #include "gpu_test.h"
+#include "ops/kernels/head_rmsnorm.h"
 #include "ops/kernels/rmsnorm.h"
+#include "tests/unit/kernels/head_rmsnorm_cases.h"
 #include "tests/unit/kernels/rmsnorm_cases.h"
 
 using namespace dstrain;
@@ -58,6 +60,39 @@ TEST(RmsnormGpu, MatchesCpuOnTheCaseTable) {
       rmsnorm_forward(out2.tensor(xs), h_rstd, a.tensor(xs), w.tensor(ws), eps);
       rmsnorm_forward(d_out2, d_rstd, d_a, d_w, eps);
       expect_close(DeviceTensors::get(d_out2), out2.values(), tol, "rmsnorm out");
+    }
+  }
+}
+
+// Per-head RMSNorm (Qwen3's q/k norm) on the GPU against the CPU, in place, on its case table;
+// heads outside the range must come back untouched (bit for bit).
+TEST(HeadRmsnormGpu, MatchesCpuOnTheCaseTable) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const DType dt : kFloatDTypes) {
+    const Tol tol = kHeadRmsnormTols.of(dt);
+    std::mt19937_64 rng(8);
+    for (const HeadRmsnormCase& c : kHeadRmsnormCases) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_label(dt));
+      const std::int64_t n = c.B * c.T * c.H * c.D;
+      const Shape xs{c.B, c.T, c.H, c.D}, ws{c.D}, rs{c.B, c.T, c.nheads};
+      Buf x(dt, n), w(dt, c.D), dx(dt, n), dw(dt, c.D);
+      for (Buf* p : {&x, &dx, &dw}) p->fill_uniform(rng, -1, 1);
+      w.fill_uniform(rng, 0.5, 1.5);
+      Buf raw = x;
+      DeviceTensors g;
+      const Tensor d_x = g.put(x, xs), d_raw = g.put(raw, xs), d_w = g.put(w, ws), d_dx = g.put(dx, xs), d_dw = g.put(dw, ws);
+      const Tensor d_rstd = g.zeros(DType::fp32, rs);
+      std::vector<float> rstd(static_cast<std::size_t>(c.B * c.T * c.nheads));
+      const Tensor h_rstd(rstd.data(), DType::fp32, rs);
+      Buf h_raw = raw;
+      head_rmsnorm_forward(x.tensor(xs), h_rstd, w.tensor(ws), c.head0, c.nheads, 1e-6f);
+      head_rmsnorm_backward(dx.tensor(xs), dw.tensor(ws), h_raw.tensor(xs), w.tensor(ws), h_rstd, c.head0, c.nheads);
+      head_rmsnorm_forward(d_x, d_rstd, d_w, c.head0, c.nheads, 1e-6f);
+      head_rmsnorm_backward(d_dx, d_dw, d_raw, d_w, d_rstd, c.head0, c.nheads);
+      expect_close(DeviceTensors::get(d_x), x.values(), tol, "head_rmsnorm out");
+      expect_close(DeviceTensors::get(d_rstd), f32_values(rstd).values(), kHeadRmsnormTols.fp32, "rstd");
+      expect_close(DeviceTensors::get(d_dx), dx.values(), Tol{tol.atol * 4, tol.rtol * 2}, "dx");
+      expect_close(DeviceTensors::get(d_dw), dw.values(), Tol{tol.atol * static_cast<double>(c.B * c.T * c.nheads), tol.rtol}, "dweight");
     }
   }
 }

@@ -78,6 +78,46 @@ TEST_F(TrainCli, TrainsSavesAndReloads) {
   EXPECT_EQ(summary(dir_ / "c.json")["final_val_loss"], s["final_val_loss"]);
 }
 
+// The Llama family through the CLI (docs/models.md): a llama: descriptor trains with activation
+// checkpointing, --save-weights writes the Hugging Face layout, --init-from reads it back (the
+// same val loss); a Qwen2 config.json trains; a Mistral window shorter than T is refused by name.
+TEST_F(TrainCli, LlamaFamilyTrainsSavesAndReloads) {
+  const std::string base = "train --deepspeed_config " + q(dir_ / "ds.json") + " --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
+                           " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 4 --sample-tokens 0";
+  const std::string llama = base + " --model llama:L2-C32-H4-KV2-I64-V256-T32";
+  fs::create_directories(dir_ / "llama_w");
+  const CliResult a = run_dstrain(llama + " --steps 20 --checkpoint-activations --seed 3 --summary-json " + q(dir_ / "l.json") + " --save-weights " +
+                                  q(dir_ / "llama_w" / "model.safetensors"));
+  ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
+  EXPECT_NE(a.out.find("llama: 2 layers, 4 heads (2 KV heads, head size 8)"), std::string::npos) << a.out;
+  const nlohmann::json s = summary(dir_ / "l.json");
+  const auto losses = s["train_losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 20u);
+  EXPECT_NEAR(losses.front(), std::log(256.0), 0.3);
+  EXPECT_LT(s["final_train_loss"].get<double>(), losses.front() - 1.0);
+  ASSERT_TRUE(fs::exists(dir_ / "llama_w" / "model.safetensors"));
+  const std::string header = read_file_text(dir_ / "llama_w" / "model.safetensors").substr(8, 4000);
+  EXPECT_NE(header.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos);
+  const CliResult c = run_dstrain(llama + " --steps 0 --init-from " + q(dir_ / "llama_w" / "model.safetensors") + " --summary-json " + q(dir_ / "lc.json"));
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(summary(dir_ / "lc.json")["final_val_loss"], s["final_val_loss"]);
+
+  std::ofstream(dir_ / "qwen2.json") << R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 256,
+    "max_position_embeddings": 64, "rope_theta": 1000000.0, "tie_word_embeddings": true, "use_sliding_window": false, "torch_dtype": "bfloat16"})";
+  const CliResult q2 = run_dstrain(base + " --model " + q(dir_ / "qwen2.json") + " --steps 2 --sequence-length 32");
+  ASSERT_EQ(q2.exit_code, 0) << q2.err << q2.out;
+  EXPECT_NE(q2.out.find("qwen2: 2 layers, 4 heads (1 KV heads"), std::string::npos) << q2.out;
+  EXPECT_NE(q2.out.find("q/k/v bias"), std::string::npos) << q2.out;
+
+  std::ofstream(dir_ / "mistral.json") << R"({"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "sliding_window": 16})";
+  const CliResult m = run_dstrain(base + " --model " + q(dir_ / "mistral.json") + " --steps 2 --sequence-length 32");
+  EXPECT_EQ(m.exit_code, 2) << m.out;
+  EXPECT_NE(m.err.find("sliding_window = 16"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("T = 32"), std::string::npos) << m.err;
+}
+
 TEST_F(TrainCli, BadInputsExit2NamingTheCause) {
   const CliResult missing = run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:tiny --data " + q(dir_ / "nope.bin"));
   EXPECT_EQ(missing.exit_code, 2);

@@ -41,6 +41,18 @@ Gpt2Config model(const std::string& spec) {
 }
 const char* kTiny = "gpt2:tiny";
 const char* kFour = "gpt2:L4-C16-H2-V61-T8";
+// A 4-block Llama-family model (multi-query attention, untied head) with attention dropout on.
+const char* kLlamaFour = "llama:L4-C16-H2-KV1-I32-V61-T8";
+
+// The model of a spec: GPT-2 with every dropout on, or a Llama-family descriptor with attention dropout.
+Model make_any(const std::string& spec) {
+  if (spec.starts_with("llama:")) {
+    LlamaConfig c = llama_config_from_spec(spec);
+    c.attention_dropout = 0.15f;
+    return make_llama_model(c);
+  }
+  return make_gpt2_model(model(spec));
+}
 
 // The checkpointing variants every equality test runs.
 struct Variant {
@@ -63,10 +75,13 @@ std::vector<Variant> variants(int n_layer) {
   return v;
 }
 
+Engine make_engine(Model m, int micro, int gas, const std::string& section, bool on, Allocator* alloc = nullptr, Allocator* host = nullptr) {
+  return initialize(std::move(m), ds(config_json(micro, gas, section)),
+                    {.seed = 11, .sequence_length = 8, .allocator = alloc, .checkpoint_activations = on, .host_allocator = host});
+}
 Engine make_engine(const Gpt2Config& cfg, int micro, int gas, const std::string& section, bool on, Allocator* alloc = nullptr,
                    Allocator* host = nullptr) {
-  return initialize(make_gpt2_model(cfg), ds(config_json(micro, gas, section)),
-                    {.seed = 11, .sequence_length = 8, .allocator = alloc, .checkpoint_activations = on, .host_allocator = host});
+  return make_engine(make_gpt2_model(cfg), micro, gas, section, on, alloc, host);
 }
 
 // ---- the segment plan ----
@@ -111,9 +126,8 @@ TEST(ActivationCheckpointing, BadNumberCheckpointsNamesTheKey) {
 
 // ---- gradients, losses and parameters: bitwise equal to the run that keeps every activation ----
 void expect_same_run(const std::string& spec, const Variant& v) {
-  const Gpt2Config cfg = model(spec);
-  Engine ref = make_engine(cfg, 2, 2, "", false);
-  Engine ck = make_engine(cfg, 2, 2, v.section(), true);
+  Engine ref = make_engine(make_any(spec), 2, 2, "", false);
+  Engine ck = make_engine(make_any(spec), 2, 2, v.section(), true);
   ASSERT_NE(ck.activation_checkpointing(), nullptr);
   ASSERT_EQ(ref.activation_checkpointing(), nullptr);
   for (int micro = 0; micro < 6; ++micro) {  // 3 optimizer steps of 2 micro-batches
@@ -144,13 +158,19 @@ TEST(ActivationCheckpointing, BitwiseEqualFourBlocksAllVariants) {
   expect_same_run(kFour, {3, true, false});  // uneven segments 2,1,1 through the host
 }
 
+TEST(ActivationCheckpointing, BitwiseEqualLlamaFourBlocksAllVariants) {
+  for (const Variant& v : variants(4)) expect_same_run(kLlamaFour, v);
+}
+
 // The recompute really matters: a run whose dropout masks differed would differ. (Guards the
 // equality tests against passing because dropout was off.)
 TEST(ActivationCheckpointing, DropoutIsOnInTheseRuns) {
-  Engine a = make_engine(model(kFour), 2, 1, "", false);
-  Tokens tk = random_tokens(2, 8, 61, 1, 3);
-  const float train_loss = a.forward(tk.batch());
-  EXPECT_NE(train_loss, a.evaluate(tk.batch()));
+  for (const char* spec : {kFour, kLlamaFour}) {
+    Engine a = make_engine(make_any(spec), 2, 1, "", false);
+    Tokens tk = random_tokens(2, 8, 61, 1, 3);
+    const float train_loss = a.forward(tk.batch());
+    EXPECT_NE(train_loss, a.evaluate(tk.batch())) << spec;
+  }
 }
 
 // ---- memory: the formula, from the layers' specs summed here ----

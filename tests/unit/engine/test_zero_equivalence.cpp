@@ -53,11 +53,11 @@ ZeroKnobs knobs_for(const Combo& c) {
 
 // One reference per (precision, GAS·W, checkpointing), shared by the cases that need it (within
 // one process; ctest runs each case in its own). micro_steps 0: the initial parameters.
-const RunResult& reference(Precision p, int micro_steps, bool ckpt) {
+const RunResult& reference(Precision p, int micro_steps, bool ckpt, const char* model = kModel) {
   static std::mutex mu;
-  static std::map<std::tuple<Precision, int, bool>, RunResult> cache;
+  static std::map<std::tuple<Precision, int, bool, std::string>, RunResult> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(p, micro_steps, ckpt);
+  const auto key = std::make_tuple(p, micro_steps, ckpt, std::string(model));
   auto it = cache.find(key);
   if (it == cache.end()) {
     RunSpec s;
@@ -67,17 +67,17 @@ const RunResult& reference(Precision p, int micro_steps, bool ckpt) {
     s.steps = micro_steps == 0 ? 0 : s.steps;
     s.precision = p;
     s.ckpt = ckpt;
+    s.model = model;
     it = cache.emplace(key, run_zero(s)).first;
   }
   return it->second;
 }
 
-class ZeroEquivalence : public ::testing::TestWithParam<Combo> {};
-
-TEST_P(ZeroEquivalence, MatchesStageZeroOnOneRank) {
-  const Combo c = GetParam();
+// The W-rank run of combination c against stage 0 on one rank, for `model`.
+void check_equivalence(const Combo& c, const char* model) {
   const auto [stage, world, prec, gas, ckpt] = c;
   RunSpec s;
+  s.model = model;
   s.stage = stage;
   s.world = world;
   s.gas = gas;
@@ -85,7 +85,7 @@ TEST_P(ZeroEquivalence, MatchesStageZeroOnOneRank) {
   s.ckpt = ckpt;
   s.knobs = knobs_for(c);
   const RunResult run = run_zero(s);
-  const RunResult& ref = reference(prec, gas * world, ckpt);
+  const RunResult& ref = reference(prec, gas * world, ckpt, model);
   const Tolerance tol = tolerance(prec);
 
   // Every rank reports the same (all-reduced) losses and gathers the same parameters, bit for bit.
@@ -114,7 +114,7 @@ TEST_P(ZeroEquivalence, MatchesStageZeroOnOneRank) {
     loss_rel = std::max(loss_rel, std::abs(a - b) / std::abs(b));
     EXPECT_LE(std::abs(a - b), tol.loss_rtol * std::abs(b)) << "step " << k + 1 << ": loss " << a << ", one rank " << b;
   }
-  const RunResult& init = reference(prec, 0, false);
+  const RunResult& init = reference(prec, 0, false, model);
   const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);
   EXPECT_TRUE(d.finite);
   EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs << " vs atol " << tol.atol << " + rtol "
@@ -122,15 +122,24 @@ TEST_P(ZeroEquivalence, MatchesStageZeroOnOneRank) {
   EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor << " (difference relative to its update)";
   EXPECT_LE(d.update_rel, tol.update_rel) << "all parameters (difference relative to the update)";
   EXPECT_LE(d.key_bias_max_abs, tol.key_bias_abs) << "attention key bias";
-  RecordProperty("loss_rel_diff", std::to_string(loss_rel));
-  RecordProperty("param_abs_diff", std::to_string(d.max_abs));
-  RecordProperty("param_update_rel_diff", std::to_string(d.max_update_rel));
+  ::testing::Test::RecordProperty("loss_rel_diff", std::to_string(loss_rel));
+  ::testing::Test::RecordProperty("param_abs_diff", std::to_string(d.max_abs));
+  ::testing::Test::RecordProperty("param_update_rel_diff", std::to_string(d.max_update_rel));
   if (std::getenv("DSTRAIN_ZERO_EQ_VERBOSE") != nullptr) {
     std::printf("MEASURE %s %d %d %d %d: loss_rel %.3g abs %.3g upd_rel %.3g keyb %.3g all_upd_rel %.3g worst %s / %s\n", precision_name(prec), stage,
                 world, gas, ckpt ? 1 : 0, loss_rel, d.max_abs, d.max_update_rel, d.key_bias_max_abs, d.update_rel, d.worst_element.c_str(),
                 d.worst_tensor.c_str());
   }
 }
+
+class ZeroEquivalence : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(ZeroEquivalence, MatchesStageZeroOnOneRank) { check_equivalence(GetParam(), kModel); }
+
+// The same contract for the Llama family (kLlamaModel: GQA, RMSNorm, RoPE, SwiGLU, tied embeddings).
+class LlamaZeroEquivalence : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(LlamaZeroEquivalence, MatchesStageZeroOnOneRank) { check_equivalence(GetParam(), kLlamaModel); }
 
 std::string combo_name(const ::testing::TestParamInfo<Combo>& info) {
   const auto [stage, world, prec, gas, ckpt] = info.param;
@@ -140,6 +149,13 @@ std::string combo_name(const ::testing::TestParamInfo<Combo>& info) {
 INSTANTIATE_TEST_SUITE_P(Matrix, ZeroEquivalence,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 4),
                                             ::testing::Values(Precision::fp32, Precision::bf16, Precision::fp16), ::testing::Values(1, 4),
+                                            ::testing::Bool()),
+                         combo_name);
+
+// Every stage, 2 and 4 ranks, every precision, with and without checkpointing (GAS 2).
+INSTANTIATE_TEST_SUITE_P(Matrix, LlamaZeroEquivalence,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 4),
+                                            ::testing::Values(Precision::fp32, Precision::bf16, Precision::fp16), ::testing::Values(2),
                                             ::testing::Bool()),
                          combo_name);
 

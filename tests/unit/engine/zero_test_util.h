@@ -28,6 +28,9 @@ using namespace engine_testing;
 // that the whole equivalence matrix runs in seconds on 2 cores, large enough that a block
 // (12·C² + 13·C = 12704 elements) splits into several chunks of a small reduce_bucket_size.
 inline constexpr const char* kModel = "gpt2:L2-C32-H2-V96-T16";
+// The Llama-family model of the same tests (docs/models.md): grouped KV heads, tied embeddings (the
+// head reads the embedding's parameter, gathered for it under ZeRO-3), the same T and vocabulary.
+inline constexpr const char* kLlamaModel = "llama:L2-C32-H4-KV2-I48-V96-T16-tied";
 inline constexpr std::int64_t kT = 16;
 inline constexpr std::int32_t kVocab = 96;
 inline constexpr std::int64_t kMicro = 2;
@@ -68,6 +71,7 @@ struct RunSpec {
   // Per rank: optimizer steps (1-based) at which that rank injects an inf gradient.
   std::vector<std::vector<std::int64_t>> inject_overflow{};
   Device device = Device::cpu();  // every rank's engine trains there (tests/gpu: cuda:0)
+  const char* model = kModel;     // kModel (GPT-2, with `dropout`) or a llama: descriptor
 };
 
 // AdamW with decay and clipping, so that the global norm (one all-reduce across ranks) matters.
@@ -93,6 +97,12 @@ inline Gpt2Config model_config(float dropout) {
   Gpt2Config c = model_config_from_spec(kModel);
   c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = dropout;
   return c;
+}
+
+// The model of a run: GPT-2 (kModel with s.dropout) or the Llama-family descriptor s.model.
+inline Model make_test_model(const RunSpec& s) {
+  if (std::string_view(s.model).starts_with("llama:")) return make_llama_model(llama_config_from_spec(s.model));
+  return make_gpt2_model(model_config(s.dropout));
 }
 
 // The micro-batch at global slot `slot` of optimizer step `step`: what the data loader gives rank
@@ -135,7 +145,7 @@ inline RunResult run_zero(const RunSpec& s) {
     o.checkpoint_activations = s.ckpt;
     o.device = s.device;
     if (static_cast<std::size_t>(r) < s.inject_overflow.size()) o.inject_overflow_steps = s.inject_overflow[static_cast<std::size_t>(r)];
-    Engine e = initialize(make_gpt2_model(model_config(s.dropout)), c, o);
+    Engine e = initialize(make_test_model(s), c, o);
     for (int step = 0; step < s.steps; ++step) {
       for (int m = 0; m < s.gas; ++m) {
         Tokens t = slot_batch(step, m * s.world + r);
