@@ -6,9 +6,12 @@
 //
 // Figures per rank: the bytes it writes (its files), the synchronous save's time (streaming from
 // the optimizer partition, write, fsync, commit), the load's (read, checksum, scatter into the
-// store; the files are in the page cache right after the save, as fio's read of its own file is),
+// store; the files are first dropped from the page cache, as fio's read drops its own file's),
 // and with checkpoint.writer.decoupled the time save_checkpoint blocks (the snapshot into host
 // memory) against the time until the background write is committed.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -29,16 +32,29 @@ namespace {
 
 struct Args {
   std::string dir = "/tmp/dstrain_bench_ckpt", model = "gpt2:L6-C512-H8-T256", dtype = "bf16";
+  std::string writer;  // checkpoint.writer.type; empty: no writer block (the engine's choice)
+  long io_buffer_mib = 64;
   long ranks = 2, stage = 1, repeat = 2;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "bench_checkpoint_io: %s\noptions: --dir DIR --model SPEC --ranks W --stage S --dtype fp32|bf16|fp16 --repeat N\n", why.c_str());
+  std::fprintf(stderr, "bench_checkpoint_io: %s\noptions: --dir DIR --model SPEC --ranks W --stage S --dtype fp32|bf16|fp16 --repeat N [--writer fast|python] [--io-buffer-mib N]\n", why.c_str());
   std::exit(2);
 }
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Drops a checkpoint's files from the page cache (they are clean after the save's fsync), so the
+// load reads the disk as fio's read does (fio invalidates its file's cache before reading).
+void evict(const std::filesystem::path& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
 
 std::uint64_t folder_bytes(const std::filesystem::path& p, const std::string& prefix) {
   std::uint64_t n = 0;
@@ -61,16 +77,21 @@ int main(int argc, char** argv) {
     else if (k == "--ranks") a.ranks = std::atol(v);
     else if (k == "--stage") a.stage = std::atol(v);
     else if (k == "--repeat") a.repeat = std::atol(v);
+    else if (k == "--writer") a.writer = v;
+    else if (k == "--io-buffer-mib") a.io_buffer_mib = std::atol(v);
     else usage("unknown option " + k);
   }
   using namespace dstrain;
   try {
     const std::string prec = a.dtype == "bf16" ? R"(, "bf16": {"enabled": true})" : a.dtype == "fp16" ? R"(, "fp16": {"enabled": true})" : "";
     const auto json = [&](bool decoupled) {
+      const std::string writer = a.writer.empty() && !decoupled ? ""
+                                 : a.writer.empty()            ? R"(, "checkpoint": {"writer": {"decoupled": true}})"
+                                                               : fmt::format(R"(, "checkpoint": {{"writer": {{"type": "{}", "decoupled": {}, "io_buffer_size": {}}}}})",
+                                                                             a.writer, decoupled, a.io_buffer_mib << 20);
       return fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-        "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}, "zero_optimization": {{"stage": {}}},
-        "checkpoint": {{"writer": {{"decoupled": {}}}}}{}}})",
-                         a.stage, decoupled ? "true" : "false", prec);
+        "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}, "zero_optimization": {{"stage": {}}}{}{}}})",
+                         a.stage, writer, prec);
     };
     std::filesystem::remove_all(a.dir);
     std::mutex mu;
@@ -90,6 +111,8 @@ int main(int argc, char** argv) {
         sync.save_checkpoint(a.dir, fmt::format("sync{}", r));
         comm.barrier();
         s = std::min(s, since(t));
+        if (comm.rank() == 0) evict(std::filesystem::path(a.dir) / fmt::format("sync{}", r));
+        comm.barrier();
         t = Clock::now();
         sync.load_checkpoint(a.dir, fmt::format("sync{}", r));
         comm.barrier();
@@ -117,9 +140,10 @@ int main(int argc, char** argv) {
       }
     });
     const double gb = static_cast<double>(bytes) / 1e9;
-    std::printf("model %s, %s, ZeRO stage %ld on %ld rank(s): %.3f GB per rank (rank 0's files)\n", a.model.c_str(), a.dtype.c_str(), a.stage, a.ranks, gb);
+    std::printf("model %s, %s, ZeRO stage %ld on %ld rank(s), writer %s: %.3f GB per rank (rank 0's files)\n", a.model.c_str(), a.dtype.c_str(), a.stage,
+                a.ranks, a.writer.empty() ? "(no writer block: the engine's choice)" : a.writer.c_str(), gb);
     std::printf("save (synchronous, fsync, commit): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", save_s, gb / save_s, gb * a.ranks / save_s);
-    std::printf("load (read, crc32c, scatter):      %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s, gb * a.ranks / load_s);
+    std::printf("load (cold: read, crc32c, scatter): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s, gb * a.ranks / load_s);
     std::printf("decoupled save: training stalls %.3f s (the snapshot), committed after %.3f s; synchronous stall %.3f s\n", stall_s, commit_s, save_s);
     std::filesystem::remove_all(a.dir);
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #include "config_schema/checkpoint_config.h"
 
 #include <cctype>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,8 @@ const char* to_string(TagValidation v) {
   }
   return "Warn";
 }
+
+const char* to_string(CheckpointWriterType t) { return t == CheckpointWriterType::python ? "python" : "fast"; }
 
 namespace {
 const Json& obj_or_empty(const Json* v) {
@@ -34,7 +37,7 @@ SectionSpec checkpoint_section_spec() {
           bool_field("use_node_local_storage", false, "Writer decisions by local rank, for node-local disks."),
           object_field("parallel_write", "{pipeline_stage: bool}: spread pipeline layer files over DP ranks."),
           bool_field("checkpoint_serialization", true, "torch.save zip container format."),
-          object_field("writer", "Checkpoint writer: decoupled (background writes) is honoured; DeepSpeed's fast-writer settings are warned about."),
+          object_field("writer", "Checkpoint writer {type: python|fast, decoupled, io_buffer_size, io_buffer_double, show_statistics}."),
       });
 }
 
@@ -55,6 +58,65 @@ SectionSpec activation_checkpointing_section_spec() {
           bool_field("synchronize_checkpoint_boundary", false, "Synchronise the device at each checkpoint boundary."),
           bool_field("profile", false, "Log forward/backward time per checkpoint."),
       });
+}
+
+namespace {
+
+bool writer_bool(const Json& v, const std::string& key) {
+  if (!v.is_boolean()) fail("checkpoint.writer.{}: {} — give true or false", key, v.dump());
+  return v.get<bool>();
+}
+
+}  // namespace
+
+// DeepSpeed's keys and defaults (deepspeed/runtime/model_checkpointing/config.py): the type is
+// upper-cased and one of MOCK / PYTHON / FAST, FAST when absent.
+CheckpointWriterConfig parse_checkpoint_writer(const Json& w, ParseContext& ctx) {
+  CheckpointWriterConfig c;
+  c.present = true;
+  for (const auto& [key, v] : w.items()) {
+    if (key == "type") {
+      std::string up = v.is_string() ? v.get<std::string>() : v.dump();
+      for (auto& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      if (!v.is_string() || (up != "FAST" && up != "PYTHON" && up != "MOCK")) {
+        fail("checkpoint.writer.type: {} — give \"fast\" (O_DIRECT from aligned staging buffers) or \"python\" (buffered writes through "
+             "the page cache), any case",
+             v.dump());
+      }
+      if (up == "MOCK") {
+        fail("checkpoint.writer.type: \"mock\" is DeepSpeed's writer that writes nothing; a checkpoint that is not written cannot be "
+             "resumed — give \"fast\" or \"python\"");
+      }
+      c.type = up == "FAST" ? CheckpointWriterType::fast : CheckpointWriterType::python;
+    } else if (key == "decoupled") {
+      c.decoupled = writer_bool(v, key);
+    } else if (key == "io_buffer_double") {
+      c.io_buffer_double = writer_bool(v, key);
+    } else if (key == "show_statistics") {
+      c.show_statistics = writer_bool(v, key);
+    } else if (key == "io_buffer_size") {
+      // A JSON number such as 64e6 is accepted when it is a whole number, as Python's int() would.
+      if (!v.is_number() || (v.is_number_float() && (v.get<double>() != std::floor(v.get<double>()) || v.get<double>() > 9.0e15))) {
+        fail("checkpoint.writer.io_buffer_size: {} — give a whole number of bytes, a multiple of {}", v.dump(), kCheckpointIoAlignment);
+      }
+      c.io_buffer_size = v.is_number_float() ? static_cast<std::int64_t>(v.get<double>()) : v.get<std::int64_t>();
+    } else {
+      ctx.warn("checkpoint.writer." + key, key == "data_parallel" || key == "io_multiplier"
+                                               ? "DeepSpeed's split of one file over several data-parallel writers; every dstrain rank "
+                                                 "writes its own file already, so it is not used"
+                                               : "not a key of DeepSpeed's checkpoint writer; ignored");
+    }
+  }
+  // Each staging buffer is one O_DIRECT request: a whole number of 4096-byte blocks (DeepSpeed's
+  // Double_IO_Buffer asserts the same of its halves).
+  const std::int64_t buffers = c.io_buffer_double ? 2 : 1;
+  if (c.io_buffer_size < buffers * kCheckpointIoAlignment || c.io_buffer_size % (buffers * kCheckpointIoAlignment) != 0) {
+    fail("checkpoint.writer.io_buffer_size: {} bytes cannot be split into {} staging buffer(s) of whole {}-byte blocks; give a multiple of {} "
+         "(at least {}; DeepSpeed's default is {} = 64 MiB)",
+         c.io_buffer_size, buffers, kCheckpointIoAlignment, buffers * kCheckpointIoAlignment, buffers * kCheckpointIoAlignment,
+         CheckpointWriterConfig{}.io_buffer_size);
+  }
+  return c;
 }
 
 CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, Json& resolved) {
@@ -96,21 +158,10 @@ CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, J
   c.parallel_write_pipeline_stage = pw_resolved["pipeline_stage"].get<bool>();
   c.checkpoint_serialization = resolved["checkpoint_serialization"].get<bool>();
   c.writer = resolved["writer"];
-  // dstrain's writer (docs/checkpoints.md) honours "decoupled"; the rest of DeepSpeed's fast-writer
-  // block has nothing to act on here, and says so.
   if (c.writer.is_object()) {
-    for (const auto& [key, v] : c.writer.items()) {
-      if (key == "decoupled") {
-        if (!v.is_boolean()) fail("checkpoint.writer.decoupled: {} — give true or false", v.dump());
-        continue;
-      }
-      ctx.warn("checkpoint.writer." + key,
-               key == "type" ? "dstrain writes checkpoints with its own atomic writer (buffered writes, fsync, rename); this build has no io_uring "
-                               "\"fast\" writer, so the type is not used (\"decoupled\": true does act: the save writes in the background)"
-                             : "a setting of DeepSpeed's fast writer, which dstrain's atomic writer has no use for; ignored");
-    }
+    c.writer_options = parse_checkpoint_writer(c.writer, ctx);
   } else if (!c.writer.is_null()) {
-    fail("checkpoint.writer: {} — give an object such as {{\"decoupled\": true}}", c.writer.dump());
+    fail("checkpoint.writer: {} — give an object such as {{\"type\": \"fast\", \"decoupled\": true}}", c.writer.dump());
   }
   return c;
 }

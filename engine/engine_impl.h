@@ -31,7 +31,9 @@ struct Engine::SaveJob {
   std::string tag;
   int rank_files = 1;
   std::vector<CheckpointPiece> pieces;
-  std::unique_ptr<std::byte[]> snapshot;  // uninitialised: every byte is copied in before it is read
+  RankFileWriterOptions writer;
+  std::uint64_t bytes = 0;  // this rank's data, for checkpoint.writer.show_statistics
+  CheckpointMemory snapshot;  // uninitialised: every byte is copied in before it is read
   config::Json manifest;  // rank 0
   std::thread thread;
   std::string error;

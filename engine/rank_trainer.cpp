@@ -387,7 +387,7 @@ std::string RankTrainer::save_checkpoint() {
   if (lead()) {
     for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
   }
-  const bool decoupled = plan_.config.checkpoint.writer.is_object() && plan_.config.checkpoint.writer.value("decoupled", false);
+  const bool decoupled = plan_.config.checkpoint.writer_options.decoupled;
   say(fmt::format("step {}/{} | checkpoint {} {}", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string(),
                   decoupled ? "snapshot taken (written in the background, committed at the next save or the end)" : "saved"));
   return last_saved_tag_;

@@ -1,0 +1,172 @@
+// The checkpoint writers (docs/checkpoints.md "Writers"): RankFileWriter's files, whatever the
+// writer ("fast": O_DIRECT from aligned staging buffers; "python": buffered) and staging layout
+// (one or two buffers, buffers smaller than a piece, an element straddling two buffers), hold the
+// pieces' bytes as safetensors reads them back, are cut to their exact size, and carry CRC-32Cs
+// equal to a bit-at-a-time reference; the config keys of checkpoint.writer are checked as
+// DeepSpeed defines them.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "config_schema/ds_config.h"
+#include "engine/checkpoint_files.h"
+#include "ops/error.h"
+#include "ops/transformer/safetensors.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// CRC-32C one bit at a time, straight from the definition (reflected 0x82F63B78, ~0 in and out).
+std::uint32_t crc32c_bitwise(const std::byte* p, std::size_t n) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < n; ++i) {
+    c ^= static_cast<std::uint8_t>(p[i]);
+    for (int b = 0; b < 8; ++b) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+  }
+  return ~c;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct WriterCase {
+  const char* name;
+  RankFileWriterOptions options;
+};
+
+// A bf16 piece of odd length first, so that every later fp32 piece starts 2 bytes off a 4-byte
+// boundary and, with 4096-byte buffers, one of its elements straddles two buffers.
+const std::vector<CheckpointPiece> kPieces = {
+    {"param", "a", 0, 1001, DType::bf16}, {"master", "a", 0, 3000, DType::fp32}, {"master", "b", 8, 7, DType::fp32},
+    {"exp_avg", "a", 0, 0, DType::fp32},  {"param", "b", 0, 5, DType::bf16},     {"master", "c", 0, 2049, DType::fp32},
+};
+
+std::vector<std::vector<std::byte>> random_pieces() {
+  std::mt19937 rng(7);
+  std::vector<std::vector<std::byte>> data;
+  for (const CheckpointPiece& p : kPieces) {
+    std::vector<std::byte> b(static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+    for (std::byte& x : b) x = static_cast<std::byte>(rng());
+    data.push_back(std::move(b));
+  }
+  return data;
+}
+
+config::Json write_file(const fs::path& path, const RankFileWriterOptions& o, const std::vector<std::vector<std::byte>>& data, bool* direct = nullptr) {
+  RankFileWriter w(path, kPieces, o);
+  for (std::size_t i = 0; i < kPieces.size(); ++i) {
+    if (i % 2 == 0) {
+      w.write(i, data[i].data());
+    } else {
+      // Through the source callback, as the engine writes from the optimizer partition.
+      const std::size_t esize = dtype_size(kPieces[i].dtype);
+      w.write(i, [&, i, esize](std::int64_t first, std::int64_t count, void* dst) {
+        std::memcpy(dst, data[i].data() + static_cast<std::size_t>(first) * esize, static_cast<std::size_t>(count) * esize);
+      });
+    }
+  }
+  config::Json index = w.finish();
+  if (direct != nullptr) *direct = w.direct();
+  return index;
+}
+
+TEST(CheckpointWriter, EveryWriterWritesTheSameCheckedFile) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("dstrain_ckpt_writer_{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto data = random_pieces();
+  const std::vector<WriterCase> cases = {
+      {"fast-double-8k", {true, 8192, true, "checkpoint.writer.type"}},
+      {"fast-single-4k", {true, 4096, false, "checkpoint.writer.type"}},
+      {"fast-default", {}},
+      {"python-double-8k", {false, 8192, true, ""}},
+      {"python-single-64k", {false, 65536, false, ""}},
+  };
+  std::string reference;
+  for (const WriterCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path path = dir / (std::string(c.name) + ".safetensors");
+    bool direct = false;
+    const config::Json index = write_file(path, c.options, data, &direct);
+    EXPECT_EQ(direct, c.options.direct);  // this test folder's file system takes O_DIRECT (ext4, xfs, tmpfs >= 6.6)
+    const std::string bytes = file_bytes(path);
+    EXPECT_EQ(index.at("bytes").get<std::uint64_t>(), bytes.size());  // the padded tail cut off
+    if (reference.empty()) reference = bytes;
+    EXPECT_EQ(bytes, reference);
+    const SafetensorsFile st(path);
+    for (std::size_t i = 0; i < kPieces.size(); ++i) {
+      const SafetensorsEntry* e = st.find(kPieces[i].tensor_name());
+      ASSERT_NE(e, nullptr) << kPieces[i].tensor_name();
+      const auto got = st.bytes(*e);
+      ASSERT_EQ(got.size(), data[i].size());
+      EXPECT_EQ(std::memcmp(got.data(), data[i].data(), got.size()), 0) << kPieces[i].tensor_name();
+      EXPECT_EQ(index.at("tensors")[i].at("crc32c").get<std::uint32_t>(), crc32c_bitwise(data[i].data(), data[i].size())) << kPieces[i].tensor_name();
+    }
+  }
+  // A file system that refuses O_DIRECT (the test hook stands in for tmpfs on older kernels): the
+  // same file through the page cache.
+  ::setenv(kCheckpointNoDirectEnv, "1", 1);
+  bool direct = true;
+  write_file(dir / "refused.safetensors", {true, 8192, true, "checkpoint.writer.type"}, data, &direct);
+  ::unsetenv(kCheckpointNoDirectEnv);
+  EXPECT_FALSE(direct);
+  EXPECT_EQ(file_bytes(dir / "refused.safetensors"), reference);
+  fs::remove_all(dir);
+}
+
+// ---- checkpoint.writer keys, as DeepSpeed's model_checkpointing/config.py reads them ----
+
+config::CheckpointWriterConfig writer_of(const std::string& writer) {
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "checkpoint": {"writer": )" + writer + "}}";
+  config::ConfigOptions o;
+  o.world_size = 1;
+  return config::parse_ds_config(config::Json::parse(json), o).checkpoint.writer_options;
+}
+
+void expect_refused(const std::string& writer, const std::string& key) {
+  try {
+    writer_of(writer);
+    ADD_FAILURE() << writer << " was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointWriter, ConfigKeysAsDeepSpeedDefinesThem) {
+  const config::CheckpointWriterConfig d = writer_of("{}");
+  EXPECT_TRUE(d.present);
+  EXPECT_EQ(d.type, config::CheckpointWriterType::fast);  // DeepSpeed's default once the block is there
+  EXPECT_EQ(d.io_buffer_size, 64 << 20);
+  EXPECT_TRUE(d.io_buffer_double);
+  EXPECT_FALSE(d.decoupled);
+  EXPECT_EQ(writer_of(R"({"type": "Python"})").type, config::CheckpointWriterType::python);  // any case
+  EXPECT_EQ(writer_of(R"({"type": "FAST", "decoupled": true})").decoupled, true);
+  EXPECT_EQ(writer_of(R"({"io_buffer_size": 8192})").io_buffer_size, 8192);
+  EXPECT_EQ(writer_of(R"({"io_buffer_size": 4096, "io_buffer_double": false})").io_buffer_size, 4096);
+  // 64e6 (DeepSpeed's documented example) is whole 4096-byte blocks, but not two halves of them.
+  EXPECT_EQ(writer_of(R"({"io_buffer_size": 64e6, "io_buffer_double": false})").io_buffer_size, 64000000);
+  expect_refused(R"({"io_buffer_size": 64e6})", "checkpoint.writer.io_buffer_size");
+  expect_refused(R"({"io_buffer_size": 1000000})", "checkpoint.writer.io_buffer_size");  // not whole blocks
+  expect_refused(R"({"io_buffer_size": 4096})", "checkpoint.writer.io_buffer_size");     // too small for two buffers
+  expect_refused(R"({"io_buffer_size": 0, "io_buffer_double": false})", "checkpoint.writer.io_buffer_size");
+  expect_refused(R"({"io_buffer_size": 8192.5})", "checkpoint.writer.io_buffer_size");
+  expect_refused(R"({"io_buffer_size": "64M"})", "checkpoint.writer.io_buffer_size");
+  expect_refused(R"({"type": "mock"})", "checkpoint.writer.type");  // writes nothing: no checkpoint to resume
+  expect_refused(R"({"type": "nvme"})", "checkpoint.writer.type");
+  expect_refused(R"({"io_buffer_double": 1})", "checkpoint.writer.io_buffer_double");
+  expect_refused(R"({"decoupled": "yes"})", "checkpoint.writer.decoupled");
+}
+
+}  // namespace
+}  // namespace dstrain
