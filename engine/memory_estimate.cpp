@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/optimizer_rules.h"
+
 namespace dstrain {
 namespace {
 
@@ -54,7 +56,10 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
   // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
   const auto& off = cfg.zero_optimization.offload_optimizer;
   const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none);
-  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
+  // The element-wise rules (Adagrad, Lion, RMSprop, ...; engine/optimizer_rules.h): one fp32 state
+  // per element for each of the rule's states, which may depend on its params (RMSprop's momentum, centered).
+  const double rule_states = optimizer_rule_of(k) ? 4.0 * static_cast<double>(rule_state_names(cfg.optimizer).size()) : 0.0;
+  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;
 }
