@@ -174,12 +174,13 @@ TEST(ZeroOptimizerRulesMemory, HoldsOnlyTheDeclaredStates) {
 }
 
 // The pre-flight estimate (engine/memory_estimate.h) counts each rule's states: for every rule (and
-// RMSprop with one and three states), ZeRO-1 and -2 on 2 ranks, fp32 (the master is the parameter)
+// RMSprop with one and three states, and SGD with momentum), ZeRO-1 and -2 on 2 ranks, fp32 (the master is the parameter)
 // and bf16 (fp32 masters apart), its optimizer bytes are the allocator's.
 TEST(ZeroOptimizerRulesMemory, EstimateEqualsTheAllocatorsBytes) {
   std::vector<std::string> jsons;
   for (const Rule& r : kRules) jsons.emplace_back(r.json);
   jsons.emplace_back(R"({"type": "RMSprop", "params": {"lr": 1e-3}})");
+  jsons.emplace_back(R"({"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})");  // its momentum buffer
   for (const std::string& json : jsons) {
     for (const Precision p : {Precision::fp32, Precision::bf16}) {
       for (const int stage : {1, 2}) {
