@@ -399,6 +399,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) { init_param(out, im.states->spec(layer, slot), options.seed); });
   }
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
+  if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
 }
 
 Engine::~Engine() = default;
@@ -559,6 +560,13 @@ void Engine::step() {
   if (is_gradient_accumulation_boundary()) {
     const bool counted = optimizer_step();
     last_step_loss_ = static_cast<float>(step_loss_sum_ / static_cast<double>(gas_));
+    if (impl_->io) {
+      // This step's NVMe traffic, counted as the collectives are.
+      const IoEngine::Totals now = impl_->io->totals();
+      impl_->step_io = now - impl_->io_at_step_start;
+      impl_->train_io += impl_->step_io;
+      impl_->io_at_step_start = now;
+    }
     if (impl_->comm != nullptr) {
       // This step's collectives: everything since the previous step ended.
       const CommStats now = impl_->comm->stats();
@@ -781,6 +789,17 @@ ZeroReport Engine::zero_report() const {
   r.grad_bytes = m[MemoryPurpose::grads].current;
   r.optimizer_bytes = m[MemoryPurpose::optimizer].current;
   r.host_optimizer_bytes = im.host_allocator->stats()[MemoryPurpose::optimizer].current;
+  const MemoryStats host = im.host_allocator->stats();
+  for (MemoryPurpose p : kAllMemoryPurposes) {
+    r.device_bytes[static_cast<std::size_t>(p)] = m[p].current;
+    r.host_bytes[static_cast<std::size_t>(p)] = host[p].current;
+  }
+  const StateStore& store = im.states->store();
+  r.optimizer_home = std::string(state_home_name(store.home()));
+  r.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)] = store.bytes().nvme;
+  const auto io = [](const IoEngine::Totals& t) { return OffloadIo{t.bytes_read, t.bytes_written, t.wait_seconds}; };
+  r.step_io = io(im.step_io);
+  r.train_io = io(im.train_io);
   r.peak_bytes = m.total.peak;
   r.padded_param_elements = im.states->padded_numel();
   r.peak_gathered_param_elements = im.states->peak_gathered_elements();

@@ -39,6 +39,7 @@
 // An embedding program may override it with set_lr_schedule(hook).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -101,6 +102,13 @@ struct EngineOptions {
 // of DeepSpeed's schedulers, engine/lr_schedule.h, which the engine builds from the config.)
 using LrHook = std::function<double(std::int64_t step)>;
 
+// NVMe traffic of the engine's io_uring engine (offload/io_uring_engine.h): bytes read and written,
+// and the seconds the step was blocked waiting for a transfer (docs/offload.md §7).
+struct OffloadIo {
+  std::uint64_t bytes_read = 0, bytes_written = 0;
+  double wait_seconds = 0.0;
+};
+
 // What ZeRO holds and sends on this rank (dstrain train --summary-json writes it per rank).
 struct ZeroReport {
   int stage = 0;
@@ -113,6 +121,13 @@ struct ZeroReport {
   // The optimizer partition's bytes in host memory (offload_optimizer.device "cpu"; the host
   // allocator's optimizer purpose). optimizer_bytes above is the training device's share.
   std::uint64_t host_optimizer_bytes = 0;
+  // Bytes held between steps per purpose (index: MemoryPurpose) and location: the training
+  // allocator's, the host allocator's (offloaded state, pinned staging) and the swap files' on NVMe.
+  std::string optimizer_home = "device";  // where the optimizer partition lives: "device", "host", "nvme"
+  std::array<std::uint64_t, kNumMemoryPurposes> device_bytes{}, host_bytes{}, nvme_bytes{};
+  // NVMe transfers (offload_optimizer.device "nvme"; zero otherwise): of the last optimizer step
+  // (from the end of the previous one, checkpoints and evaluation excluded) and of every step.
+  OffloadIo step_io, train_io;
   std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
   std::int64_t peak_gathered_param_elements = 0;  // stage 3: most parameter elements gathered at once
   // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
@@ -312,7 +327,7 @@ class Engine {
   std::uint32_t global_micro_batch() const;
   // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
   void agree_on_errors(const std::string& error);
-  // Between steps: the collectives issued since the last step stay out of the next one's figures.
+  // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the next one's figures.
   void exclude_from_step_comm();
   struct SaveJob;  // a checkpoint save between its phases (engine.cpp)
   void finish_save_phase(const SaveJob& job, const std::string& error);

@@ -74,7 +74,9 @@ void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clo
 void Engine::exclude_from_step_comm() {
   Impl& im = *impl_;
   // Between optimizer steps only: then no collective of the next step has been counted yet.
-  if (im.comm != nullptr && micro_steps_ % gas_ == 0 && !have_backward_) im.comm_at_step_start = im.comm->stats();
+  if (micro_steps_ % gas_ != 0 || have_backward_) return;
+  if (im.comm != nullptr) im.comm_at_step_start = im.comm->stats();
+  if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
 }
 
 bool Engine::any_rank(bool flag) {

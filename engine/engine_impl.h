@@ -93,6 +93,9 @@ struct Engine::Impl {
   int world = 1;
   CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
   CommStats step_comm;           // the last optimizer step's collectives
+  // The same for the NVMe transfers of `io` (when there is one): counters when the current step
+  // began, the last step's traffic, and every step's together.
+  IoEngine::Totals io_at_step_start, step_io, train_io;
   std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
   bool writer_announced = false;
 };

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/optimizer_rules.h"
+
 namespace dstrain {
 namespace {
 
@@ -53,7 +55,16 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
   // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
   const auto& off = cfg.zero_optimization.offload_optimizer;
   const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none);
-  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
+  // The element-wise rules (Adagrad, Lion, RMSprop, ...; engine/optimizer_rules.h): one fp32 state
+  // per element for each of the rule's states, which may depend on its params (RMSprop's momentum, centered).
+  // SGD keeps a momentum buffer only with momentum (docs/training_state.md §1).
+  double rule_states = 0.0;
+  if (optimizer_rule_of(k)) {
+    rule_states = 4.0 * static_cast<double>(rule_state_names(cfg.optimizer).size());
+  } else if (k == config::OptimizerKind::sgd && cfg.optimizer.params.momentum != 0.0) {
+    rule_states = 4.0;
+  }
+  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;
 }

@@ -8,7 +8,9 @@
 //   params      Ψ·b           (ZeRO-3: / W)
 //   grads       Ψ·b           (ZeRO-2, 3: / W)
 //   optimizer   (4Ψ fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ Adam / AdamW / Lamb
-//               moments (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
+//               moments, or 4Ψ per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
+//               engine/optimizer_rules.h), or 4Ψ for SGD's momentum buffer when momentum != 0
+//               (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
 //   activations the logits of one micro-batch, B·T·Vp·b, the least any forward keeps
 // All in double: a spec such as gpt2:L4294967296-C4294967296-H2 gives a finite, huge figure.
 #pragma once

@@ -351,6 +351,19 @@ void RankTrainer::finish() {
   const config::DsConfig& cfg = plan_.config;
   // This rank's ZeRO figures after training (before the final evaluation and save).
   report_ = engine.zero_report();
+  if (report_.optimizer_home != "device") {
+    OffloadSummary o;
+    o.optimizer_home = report_.optimizer_home;
+    o.device = report_.device_bytes;
+    o.host = report_.host_bytes;
+    o.nvme = report_.nvme_bytes;
+    o.last_step_bytes_read = report_.step_io.bytes_read;
+    o.last_step_bytes_written = report_.step_io.bytes_written;
+    o.bytes_read = report_.train_io.bytes_read;
+    o.bytes_written = report_.train_io.bytes_written;
+    o.wait_seconds = report_.train_io.wait_seconds;
+    summary_.offload = o;
+  }
   if (val_) {
     const double vl = evaluate();
     check_finite(vl, "val loss", engine.global_steps());

@@ -26,6 +26,39 @@ double TrainSummary::steady_tokens_per_s() const {
   return median > 0.0 ? static_cast<double>(train_batch_size * sequence_length) / median : 0.0;
 }
 
+double OffloadSummary::bytes_read_per_step(std::int64_t steps) const { return steps > 0 ? static_cast<double>(bytes_read) / static_cast<double>(steps) : 0.0; }
+
+double OffloadSummary::bytes_written_per_step(std::int64_t steps) const {
+  return steps > 0 ? static_cast<double>(bytes_written) / static_cast<double>(steps) : 0.0;
+}
+
+double OffloadSummary::gb_per_s(double train_seconds) const {
+  return train_seconds > 0.0 ? static_cast<double>(bytes_read + bytes_written) / train_seconds / 1e9 : 0.0;
+}
+
+double OffloadSummary::io_wait_share(double train_seconds) const { return train_seconds > 0.0 ? wait_seconds / train_seconds : 0.0; }
+
+namespace {
+
+nlohmann::json purposes(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+  nlohmann::json j;
+  std::uint64_t total = 0;
+  for (MemoryPurpose p : kAllMemoryPurposes) {
+    j[std::string(memory_purpose_name(p))] = bytes[static_cast<std::size_t>(p)];
+    total += bytes[static_cast<std::size_t>(p)];
+  }
+  j["total"] = total;
+  return j;
+}
+
+std::uint64_t total(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+  std::uint64_t t = 0;
+  for (std::uint64_t b : bytes) t += b;
+  return t;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const TrainSummary& s) {
   nlohmann::json j;
   j["model"] = s.model;
@@ -54,6 +87,20 @@ nlohmann::json to_json(const TrainSummary& s) {
   for (MemoryPurpose p : kAllMemoryPurposes) peak[std::string(memory_purpose_name(p))] = s.memory[p].peak;
   peak["total"] = s.memory.total.peak;
   j["peak_memory_bytes"] = peak;
+  if (s.offload) {
+    const OffloadSummary& o = *s.offload;
+    j["offload"] = {{"optimizer_home", o.optimizer_home},
+                    {"bytes_held", {{"device", purposes(o.device)}, {"host", purposes(o.host)}, {"nvme", purposes(o.nvme)}}},
+                    {"nvme_bytes_read", o.bytes_read},
+                    {"nvme_bytes_written", o.bytes_written},
+                    {"nvme_bytes_read_per_step", o.bytes_read_per_step(s.steps)},
+                    {"nvme_bytes_written_per_step", o.bytes_written_per_step(s.steps)},
+                    {"nvme_last_step_bytes_read", o.last_step_bytes_read},
+                    {"nvme_last_step_bytes_written", o.last_step_bytes_written},
+                    {"nvme_gb_per_s", o.gb_per_s(s.train_seconds)},
+                    {"io_wait_seconds", o.wait_seconds},
+                    {"io_wait_share", o.io_wait_share(s.train_seconds)}};
+  }
   return j;
 }
 
@@ -68,6 +115,22 @@ std::string format_summary(const TrainSummary& s) {
   out += "peak memory:";
   for (MemoryPurpose p : kAllMemoryPurposes) out += fmt::format(" {} {} |", memory_purpose_name(p), format_bytes(s.memory[p].peak));
   out += fmt::format(" total {}\n", format_bytes(s.memory.total.peak));
+  if (s.offload) {
+    const OffloadSummary& o = *s.offload;
+    const auto held = [](const char* where, const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+      std::string line = fmt::format("  {:<6}", where);
+      for (MemoryPurpose p : kAllMemoryPurposes) line += fmt::format(" {} {} |", memory_purpose_name(p), format_bytes(bytes[static_cast<std::size_t>(p)]));
+      return line + fmt::format(" total {}\n", format_bytes(total(bytes)));
+    };
+    out += fmt::format("offload (optimizer on {}), bytes held:\n", o.optimizer_home);
+    out += held("device", o.device) + held("host", o.host) + held("nvme", o.nvme);
+    if (o.bytes_read + o.bytes_written > 0 || total(o.nvme) > 0) {
+      out += fmt::format("nvme per step: read {} written {} | {:.2f} GB/s over the steps | waiting on I/O {:.1f}% of step time\n",
+                         format_bytes(static_cast<std::size_t>(o.bytes_read_per_step(s.steps))),
+                         format_bytes(static_cast<std::size_t>(o.bytes_written_per_step(s.steps))), o.gb_per_s(s.train_seconds),
+                         100.0 * o.io_wait_share(s.train_seconds));
+    }
+  }
   return out;
 }
 

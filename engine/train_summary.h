@@ -1,6 +1,7 @@
 // The figures of a finished training run: printed at the end, and written by --summary-json.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,6 +13,24 @@
 #include "ops/memory_stats.h"
 
 namespace dstrain {
+
+// Where an offloaded run (offload_optimizer "cpu" or "nvme") kept its state, and what NVMe moved
+// (docs/offload.md §7). The lead rank's figures; --summary-json's "zero" object has every rank's.
+struct OffloadSummary {
+  std::string optimizer_home;  // "host" or "nvme"
+  // Bytes held between steps per purpose (index: MemoryPurpose) on the training device, in host
+  // memory and in the swap files.
+  std::array<std::uint64_t, kNumMemoryPurposes> device{}, host{}, nvme{};
+  std::uint64_t last_step_bytes_read = 0, last_step_bytes_written = 0;  // the last optimizer step's
+  std::uint64_t bytes_read = 0, bytes_written = 0;                      // every optimizer step's
+  double wait_seconds = 0.0;  // every step's time blocked waiting for an NVMe transfer
+
+  // Per step (means over `steps`), the rate over the steps' time, and the share of it spent waiting.
+  double bytes_read_per_step(std::int64_t steps) const;
+  double bytes_written_per_step(std::int64_t steps) const;
+  double gb_per_s(double train_seconds) const;
+  double io_wait_share(double train_seconds) const;
+};
 
 struct TrainSummary {
   std::string model;                      // describe() of the model
@@ -30,6 +49,7 @@ struct TrainSummary {
   std::int64_t skipped_steps = 0;         // optimizer steps skipped for an inf/NaN gradient
   std::optional<double> loss_scale;       // fp16: the loss scale at the end
   MemoryStats memory;                     // the allocator's statistics at the end (peaks per purpose)
+  std::optional<OffloadSummary> offload;  // runs with an offloaded optimizer only
 
   std::optional<double> final_train_loss() const;
   std::optional<double> final_val_loss() const;
@@ -42,7 +62,7 @@ struct TrainSummary {
 
 // {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ..., "steady_tokens_per_s": ..., "step_seconds": [...],
 //  "train_losses": [...], "lrs": [...], "val_losses": [[step, loss], ...], "peak_memory_bytes": {"params": ...,
-//  ..., "total": ...}, ...}; a missing loss is null.
+//  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §7), ...}; a missing loss is null.
 nlohmann::json to_json(const TrainSummary& s);
 
 // The lines printed at the end of a run.

@@ -27,6 +27,21 @@ nlohmann::json comm_json(const CommStats& c) {
   return j;
 }
 
+nlohmann::json purposes_json(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+  nlohmann::json j;
+  std::uint64_t total = 0;
+  for (MemoryPurpose p : kAllMemoryPurposes) {
+    j[std::string(memory_purpose_name(p))] = bytes[static_cast<std::size_t>(p)];
+    total += bytes[static_cast<std::size_t>(p)];
+  }
+  j["total"] = total;
+  return j;
+}
+
+nlohmann::json io_json(const OffloadIo& io) {
+  return {{"bytes_read", io.bytes_read}, {"bytes_written", io.bytes_written}, {"wait_seconds", io.wait_seconds}};
+}
+
 // --summary-json's "zero" object: the stage, the world size and the ZeroReport of every rank of
 // this process (under a launcher, this process's rank alone: the others are in their processes).
 nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size) {
@@ -40,6 +55,10 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
                      {"grad_bytes", r.grad_bytes},
                      {"optimizer_bytes", r.optimizer_bytes},
                      {"host_optimizer_bytes", r.host_optimizer_bytes},
+                     {"optimizer_home", r.optimizer_home},
+                     {"bytes_held", {{"device", purposes_json(r.device_bytes)}, {"host", purposes_json(r.host_bytes)}, {"nvme", purposes_json(r.nvme_bytes)}}},
+                     {"nvme_step_io", io_json(r.step_io)},
+                     {"nvme_train_io", io_json(r.train_io)},
                      {"peak_bytes", r.peak_bytes},
                      {"padded_param_elements", r.padded_param_elements},
                      {"peak_gathered_param_elements", r.peak_gathered_param_elements},
@@ -53,7 +72,7 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
 // fp64 values (exact: every figure is an integer below 2^53), so rank 0's --summary-json holds the
 // memory and traffic of all ranks, as a run of local ranks' does.
 std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& mine) {
-  constexpr std::size_t kFields = 10 + 2 * kCollectiveKinds;
+  constexpr std::size_t kFields = 10 + 2 * kCollectiveKinds + 3 * kNumMemoryPurposes + 6 + 1;
   const auto pack = [](const ZeroReport& r) {
     std::vector<double> v{static_cast<double>(r.stage),         static_cast<double>(r.rank),
                           static_cast<double>(r.world_size),    static_cast<double>(r.param_bytes),
@@ -64,6 +83,14 @@ std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& min
       v.push_back(static_cast<double>(r.step_comm.bytes[static_cast<std::size_t>(k)]));
       v.push_back(static_cast<double>(r.step_comm.calls[static_cast<std::size_t>(k)]));
     }
+    for (const auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
+      for (std::uint64_t b : *bytes) v.push_back(static_cast<double>(b));
+    for (const OffloadIo* io : {&r.step_io, &r.train_io}) {
+      v.push_back(static_cast<double>(io->bytes_read));
+      v.push_back(static_cast<double>(io->bytes_written));
+      v.push_back(io->wait_seconds);
+    }
+    v.push_back(r.optimizer_home == "nvme" ? 2.0 : r.optimizer_home == "host" ? 1.0 : 0.0);
     return v;
   };
   std::vector<double> own = pack(mine);
@@ -89,6 +116,16 @@ std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& min
       r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
       r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[11 + 2 * k]);
     }
+    std::size_t at = 10 + 2 * kCollectiveKinds;
+    for (auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
+      for (std::uint64_t& b : *bytes) b = static_cast<std::uint64_t>(f[at++]);
+    for (OffloadIo* io : {&r.step_io, &r.train_io}) {
+      io->bytes_read = static_cast<std::uint64_t>(f[at++]);
+      io->bytes_written = static_cast<std::uint64_t>(f[at++]);
+      io->wait_seconds = f[at++];
+    }
+    const double home = f[at++];
+    r.optimizer_home = home == 2.0 ? "nvme" : home == 1.0 ? "host" : "device";
   }
   return reports;
 }

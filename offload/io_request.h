@@ -3,8 +3,10 @@
 // the engine's count of unfinished requests, for wait_all (docs/offload.md §1.5).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,8 +34,9 @@ class IoTracker {
 class IoRequestState {
  public:
   // `pieces` > 0. The trackers (the engine's, the file's) outlive the request: the engine and a
-  // file wait for their requests before they end.
-  IoRequestState(std::size_t pieces, IoTracker* engine, IoTracker* file);
+  // file wait for their requests before they end. `waited_ns` (shared with the engine, which may
+  // end before a finished handle is waited for): where wait() adds the nanoseconds it blocked.
+  IoRequestState(std::size_t pieces, IoTracker* engine, IoTracker* file, std::shared_ptr<std::atomic<std::uint64_t>> waited_ns = nullptr);
 
   // Called once per piece, by the ring thread that completed it; `error` null on success.
   void piece_done(const std::string* error);
@@ -47,6 +50,7 @@ class IoRequestState {
   std::string error_;
   IoTracker* engine_;
   IoTracker* file_;
+  std::shared_ptr<std::atomic<std::uint64_t>> waited_ns_;
 };
 
 // A read or write in flight. wait() blocks until every piece has completed and throws Error with

@@ -55,6 +55,8 @@ class IoEngineCore {
   std::atomic<std::uint64_t> bytes_read{0};
   std::atomic<std::uint64_t> bytes_written{0};
   std::atomic<std::uint64_t> pieces{0};
+  // Nanoseconds callers spent blocked in IoHandle::wait (io_request.cpp); shared with the requests.
+  std::shared_ptr<std::atomic<std::uint64_t>> waited_ns = std::make_shared<std::atomic<std::uint64_t>>(0);
 
   // Ends the rings (after every request); open files keep their descriptors until closed.
   void shut_down() {
@@ -202,7 +204,7 @@ IoEngine::~IoEngine() { core_->shut_down(); }
 const IoOptions& IoEngine::options() const { return core_->options; }
 
 IoEngine::Totals IoEngine::totals() const {
-  return {core_->bytes_read.load(), core_->bytes_written.load(), core_->pieces.load()};
+  return {core_->bytes_read.load(), core_->bytes_written.load(), core_->pieces.load(), static_cast<double>(core_->waited_ns->load()) * 1e-9};
 }
 
 void IoEngine::inject_fault(std::optional<IoFault> fault) {
@@ -306,7 +308,7 @@ IoHandle IoEngine::submit(IoOp op, IoFile& file, std::uint64_t offset, std::byte
   const std::uint64_t direct = round_down(bytes, align);
   const std::uint64_t tail = bytes - direct;
   const std::size_t n = static_cast<std::size_t>((direct + block - 1) / block + (tail > 0 ? 1 : 0));
-  auto request = std::make_shared<IoRequestState>(n, &c.requests, &f.requests);
+  auto request = std::make_shared<IoRequestState>(n, &c.requests, &f.requests, c.waited_ns);
 
   std::vector<IoPiece> pieces(n);
   std::unique_lock lock(c.mutex);

@@ -113,10 +113,25 @@ class IoEngine {
   void inject_fault(std::optional<IoFault> fault);
 
   const IoOptions& options() const;
+  // Counted since the engine started, with atomics at submission (bytes, pieces) and in IoHandle::wait
+  // (wait_seconds: the time callers were blocked there, summed over the threads that waited; a
+  // wait on a finished request adds nothing and reads no clock). The summary's offload figures
+  // (docs/offload.md §7) are differences of two Totals.
   struct Totals {
     std::uint64_t bytes_read = 0;
     std::uint64_t bytes_written = 0;
     std::uint64_t pieces = 0;
+    double wait_seconds = 0.0;
+    Totals operator-(const Totals& o) const {
+      return {bytes_read - o.bytes_read, bytes_written - o.bytes_written, pieces - o.pieces, wait_seconds - o.wait_seconds};
+    }
+    Totals& operator+=(const Totals& o) {
+      bytes_read += o.bytes_read;
+      bytes_written += o.bytes_written;
+      pieces += o.pieces;
+      wait_seconds += o.wait_seconds;
+      return *this;
+    }
   };
   Totals totals() const;
 

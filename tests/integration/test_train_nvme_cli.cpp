@@ -2,6 +2,7 @@
 // runs it: the losses of the "cpu" run, the swap folder announced before step 1 and gone after; an
 // I/O error injected mid-step (DSTRAIN_IO_FAULT) and a tmpfs nvme_path exit 2 naming the file and
 // the fix, without a hang and without leaving swap files.
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -58,6 +59,58 @@ TEST_F(TrainNvmeCli, TrainsAsTheCpuRunAndCleansUp) {
   const auto losses = [&](const std::string& f) { return nlohmann::json::parse(read_file_text(dir_ / f))["train_losses"]; };
   EXPECT_EQ(losses("nvme.json.out"), losses("cpu.json.out"));
   EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files left behind";
+}
+
+// The summary's offload figures (docs/offload.md §7): every step reads and writes the whole swap
+// partition (17 sub-groups of 2000 elements through 3 buffers), so the last step's bytes read =
+// written = the swap files' bytes, the totals are 6 steps of it (reads: less what step 1 found
+// still in the buffers), the rate and the wait share follow from them, and "zero" holds the same
+// figures per rank. A "cpu" run reports its optimizer in host memory and no NVMe traffic.
+TEST_F(TrainNvmeCli, TheSummaryReportsBytesHeldAndMovedPerStep) {
+  const CliResult nvme = run_dstrain(train_args("nvme.json", "report_nvme.json.out"));
+  ASSERT_EQ(nvme.exit_code, 0) << nvme.err;
+  EXPECT_THAT(nvme.out, HasSubstr("offload (optimizer on nvme), bytes held:"));
+  EXPECT_THAT(nvme.out, HasSubstr("nvme per step: read"));
+  const nlohmann::json j = nlohmann::json::parse(read_file_text(dir_ / "report_nvme.json.out"));
+  ASSERT_TRUE(j.contains("offload")) << j.dump(2);
+  const nlohmann::json& o = j["offload"];
+  EXPECT_EQ(o["optimizer_home"], "nvme");
+  const auto files = o["bytes_held"]["nvme"]["optimizer"].get<std::uint64_t>();
+  EXPECT_GT(files, 0u);
+  EXPECT_EQ(o["bytes_held"]["nvme"]["total"].get<std::uint64_t>(), files);
+  EXPECT_EQ(o["bytes_held"]["device"]["optimizer"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(o["bytes_held"]["host"]["optimizer"].get<std::uint64_t>(), 0u);
+  EXPECT_LT(o["bytes_held"]["host"]["optimizer"].get<std::uint64_t>(), files) << "only the buffers are in memory";
+  EXPECT_EQ(o["nvme_last_step_bytes_read"].get<std::uint64_t>(), files);
+  EXPECT_EQ(o["nvme_last_step_bytes_written"].get<std::uint64_t>(), files);
+  const auto written = o["nvme_bytes_written"].get<std::uint64_t>(), read = o["nvme_bytes_read"].get<std::uint64_t>();
+  EXPECT_EQ(written, 6 * files);
+  EXPECT_LE(read, 6 * files);
+  EXPECT_GT(read, 5 * files);
+  EXPECT_DOUBLE_EQ(o["nvme_bytes_written_per_step"].get<double>(), static_cast<double>(files));
+  const double train_s = j["train_seconds"].get<double>();
+  EXPECT_NEAR(o["nvme_gb_per_s"].get<double>(), static_cast<double>(read + written) / train_s / 1e9, 1e-12);
+  const double share = o["io_wait_share"].get<double>();
+  EXPECT_GE(share, 0.0);
+  EXPECT_LT(share, 1.0);
+  EXPECT_NEAR(share, o["io_wait_seconds"].get<double>() / train_s, 1e-12);
+  const nlohmann::json& rank = j["zero"]["ranks"][0];
+  EXPECT_EQ(rank["optimizer_home"], "nvme");
+  EXPECT_EQ(rank["nvme_train_io"]["bytes_written"].get<std::uint64_t>(), written);
+  EXPECT_EQ(rank["nvme_step_io"]["bytes_read"].get<std::uint64_t>(), files);
+  EXPECT_EQ(rank["bytes_held"]["nvme"]["optimizer"].get<std::uint64_t>(), files);
+
+  const CliResult cpu = run_dstrain(train_args("cpu.json", "report_cpu.json.out"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_THAT(cpu.out, HasSubstr("offload (optimizer on host), bytes held:"));
+  const nlohmann::json c = nlohmann::json::parse(read_file_text(dir_ / "report_cpu.json.out"))["offload"];
+  EXPECT_EQ(c["optimizer_home"], "host");
+  EXPECT_EQ(c["bytes_held"]["nvme"]["total"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(c["bytes_held"]["host"]["optimizer"].get<std::uint64_t>(), 3 * o["bytes_held"]["host"]["optimizer"].get<std::uint64_t>())
+      << "the whole partition in host memory, not 3 buffers of it";
+  EXPECT_EQ(c["nvme_bytes_read"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(c["nvme_bytes_written"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(c["io_wait_seconds"].get<double>(), 0.0);
 }
 
 TEST_F(TrainNvmeCli, AnInjectedReadErrorMidStepExitsTwoNamingTheSwapFile) {

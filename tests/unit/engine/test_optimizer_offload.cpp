@@ -201,6 +201,58 @@ TEST(OptimizerOffloadNvme, Stage3EqualsCpuOffloadBitForBitWithOnlyBuffersInMemor
   std::filesystem::remove_all(dir);
 }
 
+// The offload figures of ZeroReport (docs/offload.md §7) against the formula. Sub-groups of 1024
+// elements (4096 bytes: no padding but the last group's) cycled through 2 buffers: every step
+// misses every group, so it reads and writes each of master, exp_avg, exp_avg_sq once —
+// ceil(Ψ/W / 1024) · 4096 bytes each, the swap files' size. "cpu" offload moves nothing to NVMe.
+TEST(OptimizerOffloadNvme, ReportsTheBytesHeldAndMovedPerStep) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_nvme_report_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = nlohmann::json(dir.string()).dump();
+  const std::string nvme_sync = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}";
+  const std::string nvme_pipe = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, )"
+                                R"("pipeline_write": true, "nvme_path": )" + path + "}";
+  constexpr std::uint64_t kSubGroup = 1024;
+  for (const int world : {1, 2}) {
+    for (const std::string& nvme : {nvme_sync, nvme_pipe}) {
+      SCOPED_TRACE(testing::Message() << "world " << world << " " << nvme);
+      RunSpec s = offload_run(3, world, Precision::bf16, nvme);
+      s.knobs.sub_group_size = static_cast<std::int64_t>(kSubGroup);
+      const RunResult run = run_zero(s);
+      const std::uint64_t shard = shard_elements(world, Precision::bf16);
+      const std::uint64_t partition = 3 * ((shard + kSubGroup - 1) / kSubGroup) * 4096;  // 3 buffers' swap files
+      ASSERT_GT(shard, 4 * kSubGroup) << "too few sub-groups to cycle through the buffers";
+      for (const RankResult& r : run.ranks) {
+        const ZeroReport& z = r.report;
+        const auto at = [](const auto& bytes, MemoryPurpose p) { return bytes[static_cast<std::size_t>(p)]; };
+        EXPECT_EQ(z.optimizer_home, "nvme");
+        EXPECT_EQ(at(z.nvme_bytes, MemoryPurpose::optimizer), partition);
+        EXPECT_EQ(at(z.device_bytes, MemoryPurpose::optimizer), 0u);
+        EXPECT_EQ(at(z.host_bytes, MemoryPurpose::optimizer), 2 * 3 * kSubGroup * 4);  // the 2 buffers
+        EXPECT_EQ(at(z.device_bytes, MemoryPurpose::params), z.param_bytes);
+        EXPECT_EQ(z.step_io.bytes_read, partition);
+        EXPECT_EQ(z.step_io.bytes_written, partition);
+        EXPECT_EQ(z.train_io.bytes_written, static_cast<std::uint64_t>(s.steps) * partition);
+        // Step 1 may find the last groups initialisation wrote still in the buffers.
+        EXPECT_LE(z.train_io.bytes_read, static_cast<std::uint64_t>(s.steps) * partition);
+        EXPECT_GE(z.train_io.bytes_read, static_cast<std::uint64_t>(s.steps) * partition - 2 * 3 * kSubGroup * 4);
+        EXPECT_GE(z.step_io.wait_seconds, 0.0);
+        EXPECT_GE(z.train_io.wait_seconds, z.step_io.wait_seconds);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+  const RunResult cpu = run_zero(offload_run(3, 2, Precision::bf16, kOffloadCpu));
+  for (const RankResult& r : cpu.ranks) {
+    const ZeroReport& z = r.report;
+    EXPECT_EQ(z.optimizer_home, "host");
+    for (std::uint64_t b : z.nvme_bytes) EXPECT_EQ(b, 0u);
+    EXPECT_EQ(z.step_io.bytes_read + z.step_io.bytes_written + z.train_io.bytes_read + z.train_io.bytes_written, 0u);
+    EXPECT_EQ(z.train_io.wait_seconds, 0.0);
+    EXPECT_EQ(z.host_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)], 3 * 4 * shard_elements(2, Precision::bf16));
+  }
+}
+
 std::string engine_error(const std::string& zero_json) {
   try {
     initialize(make_gpt2_model("gpt2:tiny"),
