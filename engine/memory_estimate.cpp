@@ -53,7 +53,10 @@ MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig&
                                                                     : 0.0;
   // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
   const auto& off = cfg.zero_optimization.offload_optimizer;
-  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none);
+  // So does parameter offload (stage 3; docs/offload.md §6).
+  const auto& poff = cfg.zero_optimization.offload_param;
+  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none) ||
+                             (stage == 3 && poff && poff->device != config::OffloadDevice::none);
   e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   return e;
