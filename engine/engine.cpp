@@ -20,6 +20,7 @@
 #include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/model_states.h"
+#include "zero/split_state_store.h"
 #include "zero/state_store.h"
 #include "offload/host_memory.h"
 #include "offload/nvme_param_store.h"
@@ -88,10 +89,14 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
            "\"offload_optimizer\"",
            to_string(off->device));
     }
-    if (off->ratio < 1.0) {
-      fail("zero_optimization.offload_optimizer.ratio: {} — partial optimizer offload (a share of the states kept on the device) is "
-           "not in this build's engine yet; set ratio to 1.0",
-           off->ratio);
+    // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
+    // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
+    // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
+    if (off->ratio < 1.0 && c.optimizer.present() && c.optimizer.kind != config::OptimizerKind::adam &&
+        c.optimizer.kind != config::OptimizerKind::adamw) {
+      fail("zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
+           "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
+           off->ratio, c.optimizer.type);
     }
   }
   if (!c.managed_gradient_accumulation) {
@@ -126,7 +131,8 @@ StateHome param_home(const config::DsConfig& c) {
 }
 
 // `io`: the engine's io_uring engine (non-null when a home is nvme); `rank`: for the swap folder.
-ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host, IoEngine* io, int rank) {
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& device, Allocator& host, IoEngine* io,
+                           int rank) {
   const config::ZeroConfig& z = c.zero_optimization;
   ZeroSettings s;
   s.stage = z.stage;
@@ -149,6 +155,18 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
                                                     "zero_optimization.offload_optimizer.nvme_path", "", rank, pipelining);
       log_info("{}", store->folder().describe());
       return store;
+    };
+  }
+  if (s.optimizer_home != StateHome::device && z.offload_optimizer->ratio < 1.0) {
+    // Partial offload (docs/offload.md §7): the first int((1 - ratio) * N) of the N sub-groups stay
+    // on the training device, the rest go to the store made above.
+    const double ratio = z.offload_optimizer->ratio;
+    const StateHome home = s.optimizer_home;
+    s.store_factory = [&device, ratio, home, offloaded = s.store_factory](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
+      const std::size_t on_device = SplitStateStore::device_groups(ratio, layout.groups.size());
+      log_info("offload_optimizer.ratio {}: {} of {} optimizer sub-groups stay on the training device, the rest in {}", ratio, on_device,
+               layout.groups.size(), state_home_name(home));
+      return std::make_unique<SplitStateStore>(std::move(layout), on_device, device, offloaded, home);
     };
   }
   s.param_home = param_home(c);
@@ -287,7 +305,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   if (optimizer_home(config) == StateHome::nvme || param_home(config) == StateHome::nvme) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
   im.states = std::make_unique<ModelStates>(specs, names,
-                                            zero_settings(config, storage, im.optimizer, *im.host_allocator, im.io.get(),
+                                            zero_settings(config, storage, im.optimizer, *im.allocator, *im.host_allocator, im.io.get(),
                                                           im.comm != nullptr ? im.comm->rank() : 0),
                                             im.comm, *im.allocator);
   im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);

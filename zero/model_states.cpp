@@ -197,20 +197,29 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     if (last == 0) first = j;
     last = j + 1;
   }
-  if (store_->view_device() != alloc_.device()) {
-    // The store's memory is not the training device's (offload from a GPU): a sub-group's grads
-    // and params pass through staging buffers in the store's memory.
+  {
+    // Staging where the optimizer cannot use the training device's buffers in place:
+    // - a sub-group whose store memory is not the training device's (offload from a GPU): its grads
+    //   and params pass through host staging buffers (stage_grads_, stage_params_);
+    // - params the optimizer cannot write in place (offload_param): its 16-bit output goes through
+    //   a staging buffer where the optimizer works (stage_params_ on the host, stage_params_device_
+    //   on the device), then into the parameter store.
     std::int64_t most = 0;
-    for (const FlatRange& gr : groups) most = std::max(most, gr.size());
-    stage_grads_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
-    stage_params_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
-  } else if (std::any_of(segments_.begin(), segments_.end(), [&](const PartitionSegment& sg) { return sg.param.empty() || sg.param.device != store_->view_device(); })) {
-    // Params that the optimizer cannot write in place (offload_param): its 16-bit output goes
-    // through a staging buffer where the optimizer works, then into the parameter store.
-    std::int64_t most = 0;
-    for (const FlatRange& gr : groups) most = std::max(most, gr.size());
-    stage_params_ = Buffer(store_->view_device().is_cpu() ? cpu_allocator() : alloc_, static_cast<std::size_t>(most) * dtype_size(s_.storage),
-                           MemoryPurpose::buffers);
+    bool host_groups = false, unreachable_on_device = false, unreachable_on_host = false;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      most = std::max(most, groups[gi].size());
+      const Device d = store_->group_device(gi);
+      if (d != alloc_.device()) host_groups = true;
+      for (std::size_t j = group_segments_[gi].first; j < group_segments_[gi].second; ++j) {
+        const PartitionSegment& sg = segments_[j];
+        if (!sg.param.empty() && sg.param.device == d) continue;
+        (d.is_cpu() ? unreachable_on_host : unreachable_on_device) = true;
+      }
+    }
+    const std::size_t bytes = static_cast<std::size_t>(most) * dtype_size(s_.storage);
+    if (host_groups) stage_grads_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+    if (host_groups || unreachable_on_host) stage_params_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+    if (unreachable_on_device && !alloc_.device().is_cpu()) stage_params_device_ = Buffer(alloc_, bytes, MemoryPurpose::buffers);
   }
 
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
@@ -549,7 +558,6 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
   drain();  // every reduction has landed in the grads
   StateStore& st = *store_;
   const std::vector<FlatRange>& groups = st.layout().groups;
-  const bool staged = !stage_grads_.empty();
   const std::size_t first_state = first_state_buffer();
   std::vector<OptimizerSegment> work;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -560,7 +568,11 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
     // The optimizer writes params it cannot reach in place into the staging buffer; the parameter
     // store's units they go to start reading now, while the optimizer works (read-modify-write: a
     // unit may straddle two sub-groups).
-    const auto in_place = [&](const PartitionSegment& sg) { return !sg.param.empty() && sg.param.device == st.view_device(); };
+    // This sub-group's memory (offload_optimizer.ratio < 1 keeps the first sub-groups on the device).
+    const Device where = st.group_device(g);
+    const bool staged = where != alloc_.device();
+    const Buffer& param_staging = where.is_cpu() ? stage_params_ : stage_params_device_;
+    const auto in_place = [&](const PartitionSegment& sg) { return !sg.param.empty() && sg.param.device == where; };
     for (std::size_t j = first; j < last; ++j)
       if (!in_place(segments_[j])) param_store_->prefetch(static_cast<std::size_t>(segments_[j].param_unit));
     work.clear();
@@ -586,7 +598,7 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
         // A 16-bit copy is written in the update's own pass; an fp32 one (offloaded fp32 training)
         // is copied after it.
         if (s_.storage != DType::fp32) {
-          o.params_lowp = staged || !in_place(sg) ? stage_params_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
+          o.params_lowp = staged || !in_place(sg) ? param_staging.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
         }
       } else {
         o.params = sg.param;  // fp32 on the store's device: the master is the param

@@ -261,6 +261,7 @@ class ModelStates final : public OptimizerPartition {
   std::vector<std::pair<std::size_t, std::size_t>> group_segments_;  // per sub-group: [first, last) of segments_
   // Staging of a sub-group's grads and params in the store's memory, when that is not the device's.
   Buffer stage_grads_, stage_params_;
+  Buffer stage_params_device_;  // offload_param with sub-groups on a GPU: the 16-bit output before the parameter store
   // Device training with several ranks: all_reduce_sum's host values go through this buffer.
   static constexpr std::size_t kReduceStagingBytes = 512;
   Buffer reduce_staging_;
