@@ -140,6 +140,43 @@ TEST(ParamOffload, WithNvmeOptimizerOffloadToo) {
   EXPECT_FALSE(std::filesystem::exists(d.dir / "dstrain_swap")) << "swap files left behind";
 }
 
+// Checkpoints read and write the 16-bit params through the store (read_owned_param /
+// write_owned_param): saving from an NVMe-offloaded run and loading into a fresh one continues with
+// the losses of the run that went on without a break.
+TEST(ParamOffload, CheckpointRoundTripThroughTheNvmeStore) {
+  const SwapDir d;
+  const std::filesystem::path ckpt = d.dir / "ckpt";
+  const RunSpec spec = param_run(1, Precision::bf16, nvme_param(d, largest_shard(1, Precision::bf16), 0));
+  config::ConfigOptions copts;
+  const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(spec)), copts);
+  EngineOptions o;
+  o.seed = 11;
+  o.sequence_length = kT;
+  const auto train = [&](Engine& e, int from, int to) {
+    std::vector<float> losses;
+    for (int step = from; step < to; ++step) {
+      for (int m = 0; m < spec.gas; ++m) {
+        Tokens t = slot_batch(step, m);
+        e.forward(t.batch());
+        e.backward();
+        e.step();
+      }
+      losses.push_back(e.last_step_loss());
+    }
+    return losses;
+  };
+  std::vector<float> straight;
+  {
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    (void)train(e, 0, 2);
+    e.save_checkpoint(ckpt, "two");
+    straight = train(e, 2, 4);
+  }
+  Engine resumed = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+  (void)resumed.load_checkpoint(ckpt, "two");
+  EXPECT_EQ(train(resumed, 2, 4), straight);
+}
+
 std::string engine_error(const std::string& zero_json) {
   try {
     (void)run_zero([&] {
