@@ -12,7 +12,7 @@
 // the 16-bit copy in the same pass: 8 + 2 + 8 + 8 + 2 = 28 B.
 //
 // Usage: bench_cpu_optimizer [--mparams N (default 64)] [--repeats N (default 10)] [--json]
-// Threads: OMP_NUM_THREADS, as for training. Never asserts. Figures: docs/offload.md §6.
+// Threads: OMP_NUM_THREADS, as for training. Never asserts. Figures: docs/offload.md §8.
 #include <omp.h>
 
 #include <algorithm>

@@ -234,7 +234,7 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (p.device != OffloadDevice::none && z.stage != 3)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "
-                           "DeepSpeed ignores it silently; `dstrain train` trains without offload and refuses the block: remove "
+                           "DeepSpeed ignores it silently; `dstrain train` refuses it: set stage to 3 or remove "
                            "\"offload_param\"",
                            to_string(p.device), z.stage));
   }

@@ -20,8 +20,10 @@
 #include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
 #include "zero/model_states.h"
+#include "zero/split_state_store.h"
 #include "zero/state_store.h"
 #include "offload/host_memory.h"
+#include "offload/nvme_param_store.h"
 #include "offload/nvme_state_store.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
@@ -42,11 +44,10 @@ constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 constexpr auto pack = pack_activation_specs;
 
 // What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
-// communicator, optimizer offload to host memory, no parameter offload (activation checkpointing,
+// communicator, optimizer offload to host memory or NVMe, parameter offload at stage 3 (activation checkpointing,
 // cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
 // than trained differently from what the config asks.
 void check_config_is_provided(const config::DsConfig& c, int world_size) {
-  const char* limit = "dstrain trains without parameter offload";
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
     fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
@@ -69,8 +70,13 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
-  if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none) {
-    fail("zero_optimization.offload_param.device: \"{}\" — {}; remove \"offload_param\"", to_string(c.zero_optimization.offload_param->device), limit);
+  // Parameter offload partitions the parameters first: ZeRO stage 3 only (DeepSpeed ignores the
+  // block below stage 3 silently; check-config warns, and train refuses rather than ignore it).
+  if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none &&
+      c.zero_optimization.stage != 3) {
+    fail("zero_optimization.offload_param.device: \"{}\" at zero_optimization.stage {} — parameter offload moves the stage-3 parameter "
+         "partition, so it needs stage 3 (DeepSpeed ignores it below stage 3); set stage to 3 or remove \"offload_param\"",
+         to_string(c.zero_optimization.offload_param->device), c.zero_optimization.stage);
   }
   // Optimizer offload (docs/training_state.md §3): device "cpu" at stages 1-3 keeps the optimizer
   // partition in host memory; "nvme" at stage 3 in swap files under nvme_path (docs/offload.md §5),
@@ -84,10 +90,14 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
            "\"offload_optimizer\"",
            to_string(off->device));
     }
-    if (off->ratio < 1.0) {
-      fail("zero_optimization.offload_optimizer.ratio: {} — partial optimizer offload (a share of the states kept on the device) is "
-           "not in this build's engine yet; set ratio to 1.0",
-           off->ratio);
+    // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
+    // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
+    // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
+    if (off->ratio < 1.0 && c.optimizer.present() && c.optimizer.kind != config::OptimizerKind::adam &&
+        c.optimizer.kind != config::OptimizerKind::adamw) {
+      fail("zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
+           "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
+           off->ratio, c.optimizer.type);
     }
   }
   if (!c.managed_gradient_accumulation) {
@@ -113,8 +123,17 @@ StateHome optimizer_home(const config::DsConfig& c) {
   return StateHome::host;
 }
 
-// `io`: the engine's io_uring engine (non-null when the home is nvme); `rank`: for the swap folder.
-ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& host, IoEngine* io, int rank) {
+// Where the stage-3 parameter partition lives: host memory or NVMe with offload_param at stage 3
+// (check_config_is_provided refused it below stage 3), else the training device.
+StateHome param_home(const config::DsConfig& c) {
+  const auto& off = c.zero_optimization.offload_param;
+  if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage != 3) return StateHome::device;
+  return off->device == config::OffloadDevice::nvme ? StateHome::nvme : StateHome::host;
+}
+
+// `io`: the engine's io_uring engine (non-null when a home is nvme); `rank`: for the swap folder.
+ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& device, Allocator& host, IoEngine* io,
+                           int rank) {
   const config::ZeroConfig& z = c.zero_optimization;
   ZeroSettings s;
   s.stage = z.stage;
@@ -136,6 +155,35 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
       auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path,
                                                     "zero_optimization.offload_optimizer.nvme_path", "", rank, pipelining);
       log_info("{}", store->folder().describe());
+      return store;
+    };
+  }
+  if (s.optimizer_home != StateHome::device && z.offload_optimizer->ratio < 1.0) {
+    // Partial offload (docs/offload.md §7): the first int((1 - ratio) * N) of the N sub-groups stay
+    // on the training device, the rest go to the store made above.
+    const double ratio = z.offload_optimizer->ratio;
+    const StateHome home = s.optimizer_home;
+    s.store_factory = [&device, ratio, home, offloaded = s.store_factory](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
+      const std::size_t on_device = SplitStateStore::device_groups(ratio, layout.groups.size());
+      log_info("offload_optimizer.ratio {}: {} of {} optimizer sub-groups stay on the training device, the rest in {}", ratio, on_device,
+               layout.groups.size(), state_home_name(home));
+      return std::make_unique<SplitStateStore>(std::move(layout), on_device, device, offloaded, home);
+    };
+  }
+  s.param_home = param_home(c);
+  if (s.param_home == StateHome::host) {
+    // The 16-bit (fp32 in fp32 runs) shards in the host allocator's memory, counted there (purpose
+    // params); each is copied to the device for its all-gather (docs/offload.md §6).
+    s.param_store_factory = [&host](ParamStoreLayout layout) -> std::unique_ptr<ParamStore> {
+      return std::make_unique<ResidentParamStore>(std::move(layout), host, StateHome::host);
+    };
+  } else if (s.param_home == StateHome::nvme) {
+    const config::OffloadParamConfig& off = *z.offload_param;
+    const NvmeParamSettings ps{static_cast<std::size_t>(off.buffer_count), off.buffer_size, off.max_in_cpu};
+    const std::string path = off.nvme_path.value_or("");
+    s.param_store_factory = [&host, io, rank, ps, path](ParamStoreLayout layout) -> std::unique_ptr<ParamStore> {
+      auto store = std::make_unique<NvmeParamStore>(std::move(layout), *io, host, ps, path, "", rank);
+      log_info("{}", store->describe());
       return store;
     };
   }
@@ -198,7 +246,10 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.host_allocator = options.host_allocator;
   } else {
     const auto& off = config.zero_optimization.offload_optimizer;
-    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) != StateHome::device, !off || off->pin_memory);
+    const auto& poff = config.zero_optimization.offload_param;
+    const bool pin = (optimizer_home(config) == StateHome::device || !off || off->pin_memory) &&
+                     (param_home(config) == StateHome::device || !poff || poff->pin_memory);
+    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) != StateHome::device || param_home(config) != StateHome::device, pin);
     im.own_host_allocator = std::move(host.allocator);
     im.host_allocator = im.own_host_allocator.get();
     host_memory_kind = host.kind;
@@ -253,9 +304,9 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     specs[i] = model_.layers[i]->params();
     names[i] = model_.layers[i]->name();
   }
-  if (optimizer_home(config) == StateHome::nvme) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
+  if (optimizer_home(config) == StateHome::nvme || param_home(config) == StateHome::nvme) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
   im.states = std::make_unique<ModelStates>(specs, names,
-                                            zero_settings(config, storage, im.optimizer, *im.host_allocator, im.io.get(),
+                                            zero_settings(config, storage, im.optimizer, *im.allocator, *im.host_allocator, im.io.get(),
                                                           im.comm != nullptr ? im.comm->rank() : 0),
                                             im.comm, *im.allocator);
   im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);
@@ -301,6 +352,12 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
                for (const PartitionSegment& sg : im.states->partitions()) n += sg.numel;
                return n;
              }());
+  }
+  if (const ParamStore* ps = im.states->param_store(); ps != nullptr && ps->home() != StateHome::device) {
+    const StateStoreBytes b = ps->bytes();
+    log_info("offload_param: this rank's parameter partition ({} units, {}) lives in {} ({} bytes in host memory, {} in swap files); "
+             "each layer's shard is fetched ahead of its all-gather", ps->layout().numel.size(), dtype_name(ps->layout().dtype),
+             ps->home() == StateHome::nvme ? "swap files on NVMe" : "host memory", b.host, b.nvme);
   }
   if (im.states->store().home() != StateHome::device) {
     const StateStoreBytes b = im.states->store().bytes();

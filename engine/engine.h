@@ -103,7 +103,7 @@ struct EngineOptions {
 using LrHook = std::function<double(std::int64_t step)>;
 
 // NVMe traffic of the engine's io_uring engine (offload/io_uring_engine.h): bytes read and written,
-// and the seconds the step was blocked waiting for a transfer (docs/offload.md §7).
+// and the seconds the step was blocked waiting for a transfer (docs/offload.md §9).
 struct OffloadIo {
   std::uint64_t bytes_read = 0, bytes_written = 0;
   double wait_seconds = 0.0;

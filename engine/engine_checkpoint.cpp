@@ -246,8 +246,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   // memory of the buffer's dtype).
   const auto read_piece = [&st, buffers](std::size_t bi, const OwnedPiece& p, std::int64_t first, const Tensor& out) {
     if (buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())) {
-      // the 16-bit params, or the fp32 params that are the masters
-      copy_tensor(out, st.owned_param(p).slice_rows(first, first + out.numel()));
+      st.read_owned_param(p, out, first);  // the 16-bit params, or the fp32 params that are the masters
     } else {
       st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset + first, out);
     }
@@ -536,11 +535,10 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     const OwnedPiece& p = st.owned_pieces()[k];
     const Tensor master(masters[k], DType::fp32, Shape{p.numel});
     if (st.masters_apart()) st.write_shard(0, p.shard_offset, master);
-    const Tensor param = st.owned_param(p);
     if (have_lowp) {
-      copy_tensor(param, Tensor(lowp[k], dims_.dtype, Shape{p.numel}));
+      st.write_owned_param(p, Tensor(lowp[k], dims_.dtype, Shape{p.numel}));
     } else {
-      convert_tensor(param, master);  // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest
+      st.write_owned_param(p, master);  // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest
     }
     if (want_states) {
       for (std::size_t j = 0; j < state_names.size(); ++j) {

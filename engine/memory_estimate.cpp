@@ -54,7 +54,10 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
                                                                     : 0.0;
   // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
   const auto& off = cfg.zero_optimization.offload_optimizer;
-  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none);
+  // So does parameter offload (stage 3; docs/offload.md §6).
+  const auto& poff = cfg.zero_optimization.offload_param;
+  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none) ||
+                             (stage == 3 && poff && poff->device != config::OffloadDevice::none);
   // The element-wise rules (Adagrad, Lion, RMSprop, ...; engine/optimizer_rules.h): one fp32 state
   // per element for each of the rule's states, which may depend on its params (RMSprop's momentum, centered).
   // SGD keeps a momentum buffer only with momentum (docs/training_state.md §1).

@@ -15,7 +15,7 @@
 namespace dstrain {
 
 // Where an offloaded run (offload_optimizer "cpu" or "nvme") kept its state, and what NVMe moved
-// (docs/offload.md §7). The lead rank's figures; --summary-json's "zero" object has every rank's.
+// (docs/offload.md §9). The lead rank's figures; --summary-json's "zero" object has every rank's.
 struct OffloadSummary {
   std::string optimizer_home;  // "host" or "nvme"
   // Bytes held between steps per purpose (index: MemoryPurpose) on the training device, in host
@@ -62,7 +62,7 @@ struct TrainSummary {
 
 // {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ..., "steady_tokens_per_s": ..., "step_seconds": [...],
 //  "train_losses": [...], "lrs": [...], "val_losses": [[step, loss], ...], "peak_memory_bytes": {"params": ...,
-//  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §7), ...}; a missing loss is null.
+//  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §9), ...}; a missing loss is null.
 nlohmann::json to_json(const TrainSummary& s);
 
 // The lines printed at the end of a run.

@@ -116,7 +116,7 @@ class IoEngine {
   // Counted since the engine started, with atomics at submission (bytes, pieces) and in IoHandle::wait
   // (wait_seconds: the time callers were blocked there, summed over the threads that waited; a
   // wait on a finished request adds nothing and reads no clock). The summary's offload figures
-  // (docs/offload.md §7) are differences of two Totals.
+  // (docs/offload.md §9) are differences of two Totals.
   struct Totals {
     std::uint64_t bytes_read = 0;
     std::uint64_t bytes_written = 0;

@@ -18,10 +18,11 @@ struct ModelStates::Layer {
   std::vector<std::pair<std::size_t, const FlatSlot*>> refs;
   bool partitioned = false;          // stage 3 above the persistence threshold: gathered per call
   std::int64_t full_begin = 0;       // offset in params_full_ (layers kept whole)
-  std::int64_t pshard_begin = 0;     // offset in params_shard_ (partitioned layers)
+  std::size_t unit = 0;              // the ParamStore unit holding this rank's shard (partitioned layers)
   std::int64_t grad_begin = 0;       // offset in grads_full_ (stages 0-1)
   std::int64_t shard_begin = 0;      // offset in grads_shard_ and the shard space (the optimizer partition)
   Buffer gathered;                   // stage 3: the whole params while gathered
+  Buffer fetched;                    // stage 3: the shard copied out of an offloaded store for the gather
   Buffer transient_grads;            // stages 2-3: the whole grads during backward
   CommQueue::Ticket gather_ticket = 0;
 };
@@ -40,7 +41,8 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   if (s_.stage == 3) max_chunk = s_.reduce_bucket_size;
 
   std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> owner_of;  // name -> (layer, spec)
-  std::int64_t full = 0, pshard = 0, shard = 0, persisted = 0;
+  std::int64_t full = 0, shard = 0, persisted = 0;
+  std::vector<std::int64_t> unit_numel;  // the parameter store's units: the partitioned layers' shards
   for (std::size_t i = 0; i < L; ++i) {
     auto ly = std::make_unique<Layer>();
     ly->layout = make_flat_layout(specs_[i], pw, esize, max_chunk);
@@ -69,8 +71,8 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
                       !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
     if (s_.stage == 3 && lo.numel > 0 && !ly->partitioned) persisted += owned;
     if (ly->partitioned) {
-      ly->pshard_begin = pshard;
-      pshard += lo.shard_numel();
+      ly->unit = unit_numel.size();
+      unit_numel.push_back(lo.shard_numel());
     } else {
       ly->full_begin = full;
       full += lo.numel;
@@ -88,7 +90,22 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     return b;
   };
   params_full_ = make(full, s_.storage, MemoryPurpose::params);
-  params_shard_ = make(pshard, s_.storage, MemoryPurpose::params);
+  if (s_.stage == 3) {
+    ParamStoreLayout pl{s_.storage, std::move(unit_numel)};
+    if (s_.param_store_factory) {
+      param_store_ = s_.param_store_factory(std::move(pl));
+    } else {
+      if (s_.param_home != StateHome::device) fail("ModelStates: parameter home '{}' needs a store factory", state_home_name(s_.param_home));
+      param_store_ = std::make_unique<ResidentParamStore>(std::move(pl), alloc_, StateHome::device);
+    }
+    if (!param_store_) fail("ModelStates: the parameter store factory returned no store");
+    if (param_store_->home() != s_.param_home) {
+      fail("ModelStates: the parameter store lives in {} memory but the settings ask for {}", state_home_name(param_store_->home()),
+           state_home_name(s_.param_home));
+    }
+  } else if (s_.param_home != StateHome::device) {
+    fail("ModelStates: parameter offload (home '{}') is a ZeRO stage 3 feature; the stage is {}", state_home_name(s_.param_home), s_.stage);
+  }
   if (s_.stage <= 1) {
     grads_full_ = make(total_numel_, s_.storage, MemoryPurpose::grads);
   } else {
@@ -97,7 +114,7 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
 
   // ---- the optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from
   // the params, then the optimizer's states, in one store cut into sub-groups ----
-  masters_apart_ = s_.storage != DType::fp32 || s_.optimizer_home != StateHome::device;
+  masters_apart_ = s_.storage != DType::fp32 || s_.optimizer_home != StateHome::device || s_.param_home != StateHome::device;
   StateStoreLayout sl;
   sl.numel = shard;
   if (masters_apart_) sl.names.emplace_back("master");
@@ -153,8 +170,14 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
           seg.numel = n;
           seg.weight_decay = decay;
           // Where the storage-dtype params of this range live: the whole layer, or this rank's shard.
-          seg.param = ly.partitioned ? region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k) + (r.begin - pc.begin), n)
-                                     : region(params_full_, s_.storage, ly.full_begin + r.begin, n);
+          if (ly.partitioned) {
+            seg.param_unit = static_cast<std::ptrdiff_t>(ly.unit);
+            seg.unit_offset = lo.shard_offset(k) + (r.begin - pc.begin);
+            const Tensor in = param_store_->in_place(ly.unit);
+            if (!in.empty()) seg.param = in.slice_rows(seg.unit_offset, seg.unit_offset + n);
+          } else {
+            seg.param = region(params_full_, s_.storage, ly.full_begin + r.begin, n);
+          }
           seg.grads = s_.stage <= 1 ? region(grads_full_, s_.storage, ly.grad_begin + r.begin, n) : region(grads_shard_, s_.storage, at_shard, n);
           for (std::size_t si = 0; si < lo.slots.size(); ++si) {
             const FlatSlot& sl2 = lo.slots[si];
@@ -174,13 +197,29 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     if (last == 0) first = j;
     last = j + 1;
   }
-  if (store_->view_device() != alloc_.device()) {
-    // The store's memory is not the training device's (offload from a GPU): a sub-group's grads
-    // and params pass through staging buffers in the store's memory.
+  {
+    // Staging where the optimizer cannot use the training device's buffers in place:
+    // - a sub-group whose store memory is not the training device's (offload from a GPU): its grads
+    //   and params pass through host staging buffers (stage_grads_, stage_params_);
+    // - params the optimizer cannot write in place (offload_param): its 16-bit output goes through
+    //   a staging buffer where the optimizer works (stage_params_ on the host, stage_params_device_
+    //   on the device), then into the parameter store.
     std::int64_t most = 0;
-    for (const FlatRange& gr : groups) most = std::max(most, gr.size());
-    stage_grads_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
-    stage_params_ = Buffer(cpu_allocator(), static_cast<std::size_t>(most) * dtype_size(s_.storage), MemoryPurpose::buffers);
+    bool host_groups = false, unreachable_on_device = false, unreachable_on_host = false;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      most = std::max(most, groups[gi].size());
+      const Device d = store_->group_device(gi);
+      if (d != alloc_.device()) host_groups = true;
+      for (std::size_t j = group_segments_[gi].first; j < group_segments_[gi].second; ++j) {
+        const PartitionSegment& sg = segments_[j];
+        if (!sg.param.empty() && sg.param.device == d) continue;
+        (d.is_cpu() ? unreachable_on_host : unreachable_on_device) = true;
+      }
+    }
+    const std::size_t bytes = static_cast<std::size_t>(most) * dtype_size(s_.storage);
+    if (host_groups) stage_grads_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+    if (host_groups || unreachable_on_host) stage_params_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+    if (unreachable_on_device && !alloc_.device().is_cpu()) stage_params_device_ = Buffer(alloc_, bytes, MemoryPurpose::buffers);
   }
 
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
@@ -199,7 +238,8 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     }
     ParamCoordinatorSettings cs{s_.prefetch_bucket_size, s_.max_live_parameters, s_.max_reuse_distance};
     ParamCoordinatorCallbacks cb{[this](std::size_t j) { gather_layer(j); }, [this](std::size_t j) { wait_layer(j); },
-                                 [this](std::size_t j) { free_layer(j); }};
+                                 [this](std::size_t j) { free_layer(j); },
+                                 [this](std::size_t j) { param_store_->prefetch(layers_[j]->unit); }};
     coordinator_ = std::make_unique<ParamCoordinator>(std::move(numel), std::move(needs), names_, cs, std::move(cb));
   }
 }
@@ -252,11 +292,21 @@ void ModelStates::gather_layer(std::size_t j) {
   Layer& ly = *layers_[j];
   const FlatLayout& lo = ly.layout;
   ly.gathered = Buffer(alloc_, static_cast<std::size_t>(lo.numel) * dtype_size(s_.storage), MemoryPurpose::params);
+  // This rank's shard: in place where it is in the training device's memory; otherwise fetched from
+  // the parameter store (offload_param: host memory, or read from NVMe unless prefetched) into a
+  // transient buffer the collective sends from.
+  Tensor shard = param_store_->in_place(ly.unit);
+  if (shard.empty() || shard.device != alloc_.device()) {
+    ly.fetched = Buffer(alloc_, static_cast<std::size_t>(lo.shard_numel()) * dtype_size(s_.storage), MemoryPurpose::params);
+    const Tensor fetched = ly.fetched.tensor(s_.storage, Shape{lo.shard_numel()});
+    copy_tensor(fetched, param_store_->acquire(ly.unit));
+    param_store_->release(ly.unit, false);
+    shard = fetched;
+  }
   std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's shard piece, the chunk in the gathered buffer)
   for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
     const FlatRange c = lo.chunk_range(k);
-    parts.emplace_back(region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), c.size() / world_),
-                       region(ly.gathered, s_.storage, c.begin, c.size()));
+    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / world_), region(ly.gathered, s_.storage, c.begin, c.size()));
   }
   Communicator* comm = world_ > 1 ? comm_ : nullptr;
   ly.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
@@ -276,6 +326,7 @@ void ModelStates::free_layer(std::size_t j) {
   Layer& ly = *layers_[j];
   wait(ly.gather_ticket);
   ly.gathered.reset();
+  ly.fetched.reset();
 }
 
 void ModelStates::acquire_all() {
@@ -507,7 +558,6 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
   drain();  // every reduction has landed in the grads
   StateStore& st = *store_;
   const std::vector<FlatRange>& groups = st.layout().groups;
-  const bool staged = !stage_grads_.empty();
   const std::size_t first_state = first_state_buffer();
   std::vector<OptimizerSegment> work;
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -515,6 +565,16 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
     const std::span<const Tensor> views = st.acquire(g);
     const FlatRange gr = groups[g];
     const auto [first, last] = group_segments_[g];
+    // The optimizer writes params it cannot reach in place into the staging buffer; the parameter
+    // store's units they go to start reading now, while the optimizer works (read-modify-write: a
+    // unit may straddle two sub-groups).
+    // This sub-group's memory (offload_optimizer.ratio < 1 keeps the first sub-groups on the device).
+    const Device where = st.group_device(g);
+    const bool staged = where != alloc_.device();
+    const Buffer& param_staging = where.is_cpu() ? stage_params_ : stage_params_device_;
+    const auto in_place = [&](const PartitionSegment& sg) { return !sg.param.empty() && sg.param.device == where; };
+    for (std::size_t j = first; j < last; ++j)
+      if (!in_place(segments_[j])) param_store_->prefetch(static_cast<std::size_t>(segments_[j].param_unit));
     work.clear();
     for (std::size_t j = first; j < last; ++j) {
       const PartitionSegment& sg = segments_[j];
@@ -538,7 +598,7 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
         // A 16-bit copy is written in the update's own pass; an fp32 one (offloaded fp32 training)
         // is copied after it.
         if (s_.storage != DType::fp32) {
-          o.params_lowp = staged ? stage_params_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
+          o.params_lowp = staged || !in_place(sg) ? param_staging.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
         }
       } else {
         o.params = sg.param;  // fp32 on the store's device: the master is the param
@@ -546,16 +606,26 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
       work.push_back(std::move(o));
     }
     fn(work);
+    std::ptrdiff_t open_unit = -1;  // the parameter store unit acquired for the write-back below
+    Tensor unit;
     for (std::size_t j = first; j < last; ++j) {
       const PartitionSegment& sg = segments_[j];
       const OptimizerSegment& o = work[j - first];
       if (!masters_apart_) continue;
-      if (s_.storage == DType::fp32) {
-        copy_tensor(sg.param, o.params);
-      } else if (staged) {
-        copy_tensor(sg.param, o.params_lowp);
+      const Tensor& updated = s_.storage == DType::fp32 ? o.params : o.params_lowp;
+      if (in_place(sg)) {
+        if (s_.storage == DType::fp32 || staged) copy_tensor(sg.param, updated);
+        continue;
       }
+      if (sg.param_unit != open_unit) {
+        if (open_unit >= 0) param_store_->release(static_cast<std::size_t>(open_unit), true);
+        open_unit = -1;
+        unit = param_store_->acquire(static_cast<std::size_t>(sg.param_unit));
+        open_unit = sg.param_unit;
+      }
+      copy_tensor(unit.slice_rows(sg.unit_offset, sg.unit_offset + sg.numel), updated);
     }
+    if (open_unit >= 0) param_store_->release(static_cast<std::size_t>(open_unit), true);  // written back to the home
     st.release(g, true);
   }
 }
@@ -590,8 +660,57 @@ void ModelStates::write_shard(std::size_t b, std::int64_t shard_begin, const Ten
 
 Tensor ModelStates::owned_param(const OwnedPiece& piece) const {
   const Layer& ly = *layers_[piece.layer];
-  if (ly.partitioned) return region(params_shard_, s_.storage, ly.pshard_begin + (piece.shard_offset - ly.shard_begin), piece.numel);
+  if (ly.partitioned) {
+    const Tensor in = param_store_->in_place(ly.unit);
+    const std::int64_t at = piece.shard_offset - ly.shard_begin;
+    return in.empty() ? Tensor{} : in.slice_rows(at, at + piece.numel);
+  }
   return region(params_full_, s_.storage, ly.full_begin + piece.slot->offset + piece.tensor_offset, piece.numel);
+}
+
+void ModelStates::read_owned_param(const OwnedPiece& piece, const Tensor& out, std::int64_t first) {
+  const Tensor in = owned_param(piece);
+  if (!in.empty()) {
+    copy_tensor(out, in.slice_rows(first, first + out.numel()));
+    return;
+  }
+  const Layer& ly = *layers_[piece.layer];
+  const std::int64_t at = piece.shard_offset - ly.shard_begin + first;
+  const Tensor unit = param_store_->acquire(ly.unit);
+  copy_tensor(out, unit.slice_rows(at, at + out.numel()));
+  param_store_->release(ly.unit, false);
+}
+
+void ModelStates::write_owned_param(const OwnedPiece& piece, const Tensor& in) {
+  const Layer& ly = *layers_[piece.layer];
+  if (ly.partitioned) {
+    write_unit(ly.unit, piece.shard_offset - ly.shard_begin, in);
+  } else {
+    const Tensor dst = owned_param(piece);
+    if (in.dtype == dst.dtype) {
+      copy_tensor(dst, in);
+    } else {
+      convert_tensor(dst, in);
+    }
+  }
+}
+
+void ModelStates::write_unit(std::size_t u, std::int64_t offset, const Tensor& values) {
+  const Tensor unit = param_store_->acquire(u);
+  const Tensor dst = unit.slice_rows(offset, offset + values.numel());
+  if (values.dtype == dst.dtype) {
+    copy_tensor(dst, values);
+  } else if (values.device == dst.device) {
+    convert_tensor(dst, values);
+  } else {
+    // Rounded where the values are, then moved: convert_tensor works within one device.
+    Buffer tmp(values.device == alloc_.device() ? alloc_ : cpu_allocator(), static_cast<std::size_t>(values.numel()) * dtype_size(dst.dtype),
+               MemoryPurpose::buffers);
+    const Tensor t = tmp.tensor(dst.dtype, Shape{values.numel()});
+    convert_tensor(t, values);
+    copy_tensor(dst, t);
+  }
+  param_store_->release(u, true);
 }
 
 // ---- whole parameters ----
@@ -676,7 +795,8 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
       if (masters_apart_) {
         read_shard(0, at_shard, dst);
       } else if (ly.partitioned) {
-        copy_tensor(dst, region(params_shard_, DType::fp32, ly.pshard_begin + lo.shard_offset(k), pc.size()));
+        // fp32 params that are the masters: no offload_param (masters_apart_ otherwise), so in place.
+        copy_tensor(dst, param_store_->in_place(ly.unit).slice_rows(lo.shard_offset(k), lo.shard_offset(k) + pc.size()));
       } else {
         copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
       }
@@ -712,7 +832,7 @@ void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSl
       const Tensor src = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
       const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
       if (masters_apart_) write_shard(0, at_shard, src);
-      if (ly.partitioned) convert_tensor(region(params_shard_, s_.storage, ly.pshard_begin + lo.shard_offset(k), pc.size()), src);
+      if (ly.partitioned) write_unit(ly.unit, lo.shard_offset(k), src);
     }
   }
 }

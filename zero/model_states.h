@@ -54,6 +54,7 @@
 #include "zero/optimizer_partition.h"
 #include "zero/gradient_reduction.h"
 #include "zero/param_coordinator.h"
+#include "zero/param_store.h"
 #include "zero/state_store.h"
 
 namespace dstrain {
@@ -68,6 +69,12 @@ struct ZeroSettings {
   // the fp32 masters apart from the params even in fp32 training, as DeepSpeed's offload does.
   StateHome optimizer_home = StateHome::device;
   StateStoreFactory store_factory{};
+  // Stage 3: where the partitioned layers' storage-dtype shards live (offload_param; docs/offload.md
+  // §6), and the store that holds them there (nullptr: a resident store on the training allocator;
+  // it must then be `device`). Offloaded params keep the fp32 masters apart from the params, as
+  // DeepSpeed's stage 3 always does.
+  StateHome param_home = StateHome::device;
+  ParamStoreFactory param_store_factory{};
   std::int64_t sub_group_size = 1'000'000'000;  // elements per optimizer sub-group
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
@@ -95,7 +102,9 @@ struct PartitionSegment {
   std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split)
   std::int64_t shard_offset = 0;  // ... and in the rank's shard space
   std::int64_t numel = 0;
-  Tensor grads, param;
+  Tensor grads, param;  // param empty: it lives in a swapped ParamStore unit (below)
+  std::ptrdiff_t param_unit = -1;  // partitioned layers: the ParamStore unit, and the first element's offset in it
+  std::int64_t unit_offset = 0;
   bool weight_decay = true;
   std::vector<TensorPiece> pieces;  // with offsets from the segment's start
 };
@@ -179,7 +188,14 @@ class ModelStates final : public OptimizerPartition {
   // the optimizer writes its update of them (the whole layer's params, or this rank's stage-3
   // shard). A checkpoint saves and restores the 16-bit copies there (docs/training_state.md §5);
   // after writing pieces, after_update() spreads them to the ranks that hold the layer whole.
+  // Empty when the piece lives in a swapped ParamStore unit (offload_param "nvme"): read and write
+  // it with read_owned_param / write_owned_param, which work for every piece.
   Tensor owned_param(const OwnedPiece& piece) const;
+  // Elements [first, first + out.numel()) of the piece into `out`.
+  void read_owned_param(const OwnedPiece& piece, const Tensor& out, std::int64_t first = 0);
+  void write_owned_param(const OwnedPiece& piece, const Tensor& in);  // `in` of the storage dtype
+  // Stage 3: the parameter partition's store (nullptr below stage 3).
+  const ParamStore* param_store() const { return param_store_.get(); }
   // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).
   void after_update();
   void zero_grads();
@@ -213,6 +229,8 @@ class ModelStates final : public OptimizerPartition {
   void gather_layer(std::size_t j);
   void wait_layer(std::size_t j);
   void free_layer(std::size_t j);
+  // Writes `values` (any float dtype) at `offset` of a partitioned layer's shard, wherever it lives.
+  void write_unit(std::size_t unit, std::int64_t offset, const Tensor& values);  // converted to the storage dtype
   void flush_allreduce(std::int64_t begin, std::int64_t end);
   struct Staging;
   Staging staging(std::int64_t numel) const;
@@ -235,7 +253,8 @@ class ModelStates final : public OptimizerPartition {
   std::vector<std::vector<ParamSpec>> specs_;
   std::int64_t total_numel_ = 0;
   // Model-wide buffers (regions per layer; see the table above).
-  Buffer params_full_, params_shard_, grads_full_, grads_shard_;
+  Buffer params_full_, grads_full_, grads_shard_;
+  std::unique_ptr<ParamStore> param_store_;  // stage 3: the partitioned layers' shards, one unit per layer
   std::unique_ptr<StateStore> store_;  // the optimizer partition: masters (when apart) + optimizer states
   bool masters_apart_ = false;
   std::int32_t tensor_count_ = 0;
@@ -243,6 +262,7 @@ class ModelStates final : public OptimizerPartition {
   std::vector<std::pair<std::size_t, std::size_t>> group_segments_;  // per sub-group: [first, last) of segments_
   // Staging of a sub-group's grads and params in the store's memory, when that is not the device's.
   Buffer stage_grads_, stage_params_;
+  Buffer stage_params_device_;  // offload_param with sub-groups on a GPU: the 16-bit output before the parameter store
   // Device training with several ranks: all_reduce_sum's host values go through this buffer.
   static constexpr std::size_t kReduceStagingBytes = 512;
   Buffer reduce_staging_;

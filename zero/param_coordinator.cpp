@@ -114,6 +114,20 @@ void ParamCoordinator::before(std::size_t layer) {
       }
       if (stop) break;
     }
+    if (cb_.prefetch_read) {
+      // The next owners not gathered yet, in trace order, within another prefetch_bucket.
+      std::int64_t hinted = 0;
+      std::vector<bool> seen(numel_.size(), false);
+      for (std::size_t q = pos_ + 1; q < trace_.size() && hinted < s_.prefetch_bucket; ++q) {
+        for (std::size_t o : needs_[trace_[q]]) {
+          if (gathered_[o] || seen[o] || numel_[o] == 0) continue;
+          seen[o] = true;
+          if (hinted > 0 && hinted + numel_[o] > s_.prefetch_bucket) break;
+          cb_.prefetch_read(o);
+          hinted += numel_[o];
+        }
+      }
+    }
   }
   for (std::size_t o : need) cb_.wait_gathered(o);
 }

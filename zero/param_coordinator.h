@@ -41,6 +41,10 @@ struct ParamCoordinatorCallbacks {
   std::function<void(std::size_t owner)> issue_gather;
   std::function<void(std::size_t owner)> wait_gathered;
   std::function<void(std::size_t owner)> release;
+  // Optional: a hint that `owner` is gathered soon — the owners next in the trace after the
+  // prefetched ones, within another prefetch_bucket of elements — so that an offloaded parameter
+  // store reads their shards ahead of their gathers (docs/offload.md §6).
+  std::function<void(std::size_t owner)> prefetch_read{};
 };
 
 class ParamCoordinator {

@@ -62,6 +62,9 @@ class StateStore {
   virtual StateHome home() const = 0;
   // Where acquire()'s views live: the training device for a device store, the CPU otherwise.
   virtual Device view_device() const = 0;
+  // Where sub-group g's views live: view_device() unless the store splits its sub-groups between
+  // memories (SplitStateStore: offload_optimizer.ratio < 1).
+  virtual Device group_device(std::size_t /*g*/) const { return view_device(); }
 
   // Views of sub-group g, one per buffer (fp32, layout().groups[g].size() elements), valid until
   // release(g). Blocks until the values are in memory. A sub-group is acquired by one caller at a

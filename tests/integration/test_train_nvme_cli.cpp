@@ -61,7 +61,7 @@ TEST_F(TrainNvmeCli, TrainsAsTheCpuRunAndCleansUp) {
   EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files left behind";
 }
 
-// The summary's offload figures (docs/offload.md §7): every step reads and writes the whole swap
+// The summary's offload figures (docs/offload.md §9): every step reads and writes the whole swap
 // partition (17 sub-groups of 2000 elements through 3 buffers), so the last step's bytes read =
 // written = the swap files' bytes, the totals are 6 steps of it (reads: less what step 1 found
 // still in the buffers), the rate and the wait share follow from them, and "zero" holds the same

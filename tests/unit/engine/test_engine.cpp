@@ -373,7 +373,8 @@ TEST(Engine, RefusesWhatThisBuildDoesNotTrain) {
   // >= 1 with zero_allow_untested_optimizer (test_lamb_zero.cpp).
   EXPECT_EQ(init_error("{" + base + R"(, "zero_optimization": {"stage": 2}})"), "<no error>");
   EXPECT_EQ(init_error("{" + base + R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})"), "<no error>");
-  EXPECT_NE(init_error("{" + base + R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})").find("offload_param.device"),
+  EXPECT_EQ(init_error("{" + base + R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})"), "<no error>");
+  EXPECT_NE(init_error("{" + base + R"(, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})").find("offload_param.device"),
             std::string::npos);
   EXPECT_EQ(init_error(R"({"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": true, "zero_optimization": {"stage": 1},
                            "optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})"),

@@ -18,6 +18,7 @@
 //     naming the key.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <cstdint>
@@ -29,6 +30,7 @@
 
 #include "engine/memory_estimate.h"
 #include "ops/error.h"
+#include "zero/state_store.h"
 #include "zero_test_util.h"
 
 namespace dstrain {
@@ -201,7 +203,7 @@ TEST(OptimizerOffloadNvme, Stage3EqualsCpuOffloadBitForBitWithOnlyBuffersInMemor
   std::filesystem::remove_all(dir);
 }
 
-// The offload figures of ZeroReport (docs/offload.md §7) against the formula. Sub-groups of 1024
+// The offload figures of ZeroReport (docs/offload.md §9) against the formula. Sub-groups of 1024
 // elements (4096 bytes: no padding but the last group's) cycled through 2 buffers: every step
 // misses every group, so it reads and writes each of master, exp_avg, exp_avg_sq once —
 // ceil(Ψ/W / 1024) · 4096 bytes each, the swap files' size. "cpu" offload moves nothing to NVMe.
@@ -278,8 +280,85 @@ TEST(OptimizerOffloadConfig, RefusesWhatIsNotTrainedNamingTheKey) {
   const std::string missing = engine_error(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/dstrain-no-such-folder"})");
   EXPECT_NE(missing.find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos) << missing;
   EXPECT_NE(missing.find("does not exist"), std::string::npos) << missing;
-  const std::string ratio = engine_error(R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5})");
-  EXPECT_NE(ratio.find("offload_optimizer.ratio"), std::string::npos) << ratio;
+  // Partial offload trains with Adam / AdamW (DeepSpeed's twin-flow needs its CPU Adam), below.
+  EXPECT_EQ(engine_error(R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5})"), "<no error>");
+}
+
+// offload_optimizer.ratio < 1 (partial offload, DeepSpeed's "ZeRO-Offload++" twin-flow;
+// docs/offload.md §7): of the N sub-groups of the rank's optimizer partition, the first
+// int((1 - ratio) * N) stay on the training device and the rest are offloaded, as DeepSpeed's
+// stage3.py assigns them. The same optimizer kernel on the same values: bit for bit the run without
+// offload in fp32 (and in bf16), world 1 and 2; the device holds exactly the device share's masters
+// and moments, the host the rest.
+TEST(OptimizerOffloadRatio, KeepsTheFirstSubGroupsOnTheDeviceBitForBit) {
+  for (const int world : {1, 2}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      const RunResult plain = run_zero(offload_run(3, world, p, ""));
+      const std::vector<FlatRange> groups = StateStoreLayout::cut(static_cast<std::int64_t>(shard_elements(world, p)), 5000);
+      ASSERT_GE(groups.size(), 4u) << "the test needs several sub-groups";
+      for (const double ratio : {0.0, 0.3, 0.5, 0.9}) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " " << precision_name(p) << " ratio " << ratio);
+        const RunResult off = run_zero(offload_run(3, world, p, fmt::format(R"("offload_optimizer": {{"device": "cpu", "ratio": {}}})", ratio)));
+        // DeepSpeed: sub-group i goes to the CPU when i >= int((1 - ratio) * N).
+        const std::size_t on_device = std::min(groups.size(), static_cast<std::size_t>(std::trunc((1.0 - ratio) * static_cast<double>(groups.size()))));
+        const std::uint64_t device_elems = on_device > 0 ? static_cast<std::uint64_t>(groups[on_device - 1].end) : 0;
+        ASSERT_EQ(off.ranks.size(), plain.ranks.size());
+        for (std::size_t r = 0; r < off.ranks.size(); ++r) {
+          const RankResult& a = off.ranks[r];
+          const RankResult& b = plain.ranks[r];
+          EXPECT_EQ(a.losses, b.losses);
+          EXPECT_EQ(a.grad_norms, b.grad_norms);
+          for (const auto& [name, values] : b.params) EXPECT_EQ(a.params.at(name), values) << name;
+          // masters + exp_avg + exp_avg_sq, split at the sub-group boundary.
+          EXPECT_EQ(a.report.optimizer_bytes, 3 * 4 * device_elems);
+          EXPECT_EQ(a.host_memory[MemoryPurpose::optimizer].current, 3 * 4 * (shard_elements(world, p) - device_elems));
+        }
+        if (ratio == 0.5) {
+          EXPECT_EQ(on_device, groups.size() / 2);
+        }
+        if (ratio == 0.0) {
+          EXPECT_EQ(on_device, groups.size());
+        }
+      }
+    }
+  }
+}
+
+// With "nvme" the offloaded share is the NVMe store of the sub-groups after the device share.
+TEST(OptimizerOffloadRatio, NvmeShareEqualsTheRunWithoutOffload) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_ratio_nvme_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    const RunResult plain = run_zero(offload_run(3, 2, p, ""));
+    const RunResult off = run_zero(offload_run(
+        3, 2, p, R"("offload_optimizer": {"device": "nvme", "ratio": 0.5, "buffer_count": 2, "nvme_path": )" + nlohmann::json(dir.string()).dump() + "}"));
+    for (std::size_t r = 0; r < off.ranks.size(); ++r) {
+      EXPECT_EQ(off.ranks[r].losses, plain.ranks[r].losses);
+      for (const auto& [name, values] : plain.ranks[r].params) EXPECT_EQ(off.ranks[r].params.at(name), values) << name;
+      EXPECT_GT(off.ranks[r].report.optimizer_bytes, 0u);
+      EXPECT_LT(off.ranks[r].report.optimizer_bytes, plain.ranks[r].report.optimizer_bytes + 4 * shard_elements(2, p));
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "dstrain_swap")) << "swap files left behind";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OptimizerOffloadRatio, NeedsAdamAsDeepSpeedsTwinFlowDoes) {
+  const std::string sgd = [] {
+    try {
+      initialize(make_gpt2_model("gpt2:tiny"),
+                 ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 1e-3, "momentum": 0.9}},
+                        "zero_allow_untested_optimizer": true,
+                        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
+                 {.sequence_length = 8});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  }();
+  EXPECT_NE(sgd.find("zero_optimization.offload_optimizer.ratio"), std::string::npos) << sgd;
+  EXPECT_NE(sgd.find("Adam"), std::string::npos) << sgd;
 }
 
 }  // namespace
