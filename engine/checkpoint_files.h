@@ -63,9 +63,8 @@ std::string rank_file_name(int rank, const char* ext);  // "rank_00003.safetenso
 void checkpoint_test_pause();
 
 // Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned and
-// advised MADV_HUGEPAGE and populated up front (MADV_POPULATE_WRITE), because faulting fresh 4 KiB
-// pages in one by one costs more than the copy into them (measured on the CI VM under load: first
-// touch 0.3-1.0 GB/s that way, 1.3-2.4 GB/s huge and populated).
+// advised MADV_HUGEPAGE, because faulting fresh memory in costs more than the copy into it
+// (docs/checkpoints.md "Measured": the decoupled snapshot's stall fell from 1.9-4.6 s to 0.8-1.1 s).
 struct FreeCheckpointMemory {
   void operator()(std::byte* p) const { std::free(p); }
 };
