@@ -22,7 +22,7 @@ mkdir -p "$dir"
 bench() {
   "$build/bench/bench_checkpoint_io" --dir "$dir/ck" --model "$model" --ranks "$ranks" --stage "$stage" --dtype "$dtype" --repeat "$repeat" "$@" 2>/dev/null
 }
-echo "== dstrain, no checkpoint.writer block (the engine's choice: fast, O_DIRECT, 2 x 32 MiB), best of $repeat =="
+echo "== dstrain, no checkpoint.writer block (the engine's choice: fast, O_DIRECT through io_uring, 2 x 32 MiB), best of $repeat =="
 out="$(bench)"
 echo "$out"
 echo "== dstrain, checkpoint.writer.type \"python\" (buffered, 2 x 32 MiB), best of $repeat =="

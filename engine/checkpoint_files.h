@@ -65,7 +65,7 @@ void checkpoint_test_pause();
 
 // Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned and
 // advised MADV_HUGEPAGE, because faulting fresh memory in costs more than the copy into it
-// (docs/checkpoints.md "Measured": the decoupled snapshot's stall fell from 1.9-4.6 s to 0.8-1.1 s).
+// (docs/checkpoints.md "Measured": the decoupled snapshot's stall fell from 1.3-1.9 s to 0.6 s).
 struct FreeCheckpointMemory {
   void operator()(std::byte* p) const { std::free(p); }
 };

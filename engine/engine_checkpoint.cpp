@@ -192,7 +192,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   job->tag = tag;
   job->partial = partial_checkpoint_dir(save_dir, tag);
   // checkpoint.writer (docs/checkpoints.md "Writers"). Without a writer block the fast writer is
-  // the engine's own choice (measured 2-3x the page cache's rate, bench/checkpoint_io.sh), and a
+  // the engine's own choice (measured 1.7-1.9x the buffered writer's rate, docs/checkpoints.md), and a
   // file system that refuses O_DIRECT falls back without a warning.
   const config::CheckpointWriterConfig& wc = im.config.checkpoint.writer_options;
   const bool decoupled = wc.decoupled;
