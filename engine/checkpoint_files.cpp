@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "offload/io_uring_engine.h"
 #include "ops/atomic_file.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -108,13 +109,6 @@ namespace {
 constexpr std::size_t kBlock = 4096;                // O_DIRECT's unit of offset, size and address
 constexpr std::size_t kChecksumChunk = std::size_t{4} << 20;  // staged and checksummed while still in cache
 
-// Faults the whole range in with one call: 2-3x faster than first-touch faults on the CI VM.
-#ifdef MADV_POPULATE_WRITE
-constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
-#else
-constexpr int kMadvPopulateWrite = 23;  // Linux 5.14's value; older kernels answer EINVAL
-#endif
-
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
@@ -124,10 +118,8 @@ CheckpointMemory allocate_checkpoint_memory(std::size_t bytes) {
   const std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), kHuge);
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
   if (p == nullptr) fail("cannot allocate {} bytes of host memory for a checkpoint (its staging, snapshot or load copy)", bytes);
-  // Advice only: without transparent huge pages the memory stays on 4 KiB pages, and a kernel
-  // before 5.14 (no MADV_POPULATE_WRITE) faults it in page by page as it is first written.
+  // Advice only: without transparent huge pages the memory stays on 4 KiB pages.
   (void)::madvise(p, rounded, MADV_HUGEPAGE);
-  (void)::madvise(p, rounded, kMadvPopulateWrite);
   return CheckpointMemory(p);
 }
 
@@ -146,8 +138,19 @@ struct RankFileWriter::Staging {
   std::size_t job_bytes = 0;
   std::uint64_t job_at = 0;
   std::exception_ptr error;
+  // The io_uring path (RankFileWriterOptions::aio); destroyed before the buffers, waiting for its requests.
+  std::unique_ptr<IoEngine> io;
+  IoFile file;
+  IoHandle in_flight;
+  bool has_in_flight = false;
 
   ~Staging() {
+    if (io) {
+      try {
+        io->wait_all();
+      } catch (...) {  // a save already failing: its first error is the one reported
+      }
+    }
     if (thread.joinable()) {
       {
         const std::lock_guard<std::mutex> lock(mu);
@@ -174,63 +177,91 @@ RankFileWriter::RankFileWriter(fs::path path, std::vector<CheckpointPiece> piece
   size_ = 8 + header.size() + off;
   crcs_.reserve(pieces_.size());
   checkpoint_test_pause();
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  if (options.direct) {
-    const bool refused = std::getenv(kCheckpointNoDirectEnv) != nullptr;
-    fd_ = refused ? -1 : ::open(path_.c_str(), kFlags | O_DIRECT, 0644);
-    if (refused) errno = EINVAL;
-    direct_ = fd_ >= 0;
-    if (fd_ < 0 && errno == EINVAL) {
-      // tmpfs and some network file systems refuse O_DIRECT: buffered writes are as safe (fsync).
-      static std::atomic<bool> warned{false};
-      if (!options.direct_key.empty() && !warned.exchange(true)) {
-        log_warning("{} \"fast\": the file system of {} refuses O_DIRECT; checkpoints there are written through the page cache instead",
-                    options.direct_key, q(path_.parent_path()));
-      }
-    }
-  }
-  if (fd_ < 0) fd_ = ::open(path_.c_str(), kFlags, 0644);
+  staging_ = std::make_unique<Staging>();
+  // Created and reserved through a plain descriptor whatever writes it: the whole size is known,
+  // so a full disk (or a file size limit) fails here, before any time is spent writing, with the
+  // same message for every writer; and the file system lays the file out in large extents.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create checkpoint file {}: {}; check that the save folder is writable", q(path_), write_errno_text(errno));
-  // The whole size is known: reserve it now, so a full disk fails here (before any time is spent
-  // writing) and the file system lays the file out in large extents.
   if (const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_)); rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
-    ::close(fd_);
-    fd_ = -1;
+    ::close(std::exchange(fd_, -1));
     fail("cannot reserve {} bytes for checkpoint file {}: {} (the previous checkpoint, if any, is untouched; the run's state is intact)", size_,
          q(path_), write_errno_text(rc));
   }
-  staging_ = std::make_unique<Staging>();
-  Staging& S = *staging_;
-  const std::size_t count = options.double_buffer ? 2 : 1;
-  DSTRAIN_CHECK(options.io_buffer_size >= count * kBlock && options.io_buffer_size % (count * kBlock) == 0,
-                "RankFileWriter: io_buffer_size {} is not {} buffer(s) of whole {}-byte blocks", options.io_buffer_size, count, kBlock);
-  // No more memory than the file needs (a small model's checkpoint).
-  S.buffer_size = std::min(options.io_buffer_size / count, round_up(static_cast<std::size_t>(size_), kBlock));
-  for (std::size_t b = 0; b < count; ++b) S.buffers.push_back(allocate_checkpoint_memory(S.buffer_size));
-  if (count == 2) {
-    S.thread = std::thread([this, &S] {
-      std::unique_lock<std::mutex> lock(S.mu);
-      for (;;) {
-        S.cv.wait(lock, [&S] { return S.has_job || S.stop; });
-        if (!S.has_job) return;
-        lock.unlock();
-        try {
-          write_at(S.job, S.job_bytes, S.job_at);
-        } catch (...) {
-          const std::lock_guard<std::mutex> g(S.mu);
-          if (!S.error) S.error = std::current_exception();
+  try {
+    // The test hook stands in for a file system that refuses O_DIRECT.
+    const bool refused = std::getenv(kCheckpointNoDirectEnv) != nullptr;
+    if (options.direct && options.aio && !refused) {
+      try {
+        staging_->io = std::make_unique<IoEngine>(*options.aio);
+        staging_->file = staging_->io->open(path_.string(), IoOpen::read_write);
+        uring_ = direct_ = true;
+        ::close(std::exchange(fd_, -1));
+      } catch (const Error& e) {
+        // io_uring refused (an old kernel, a seccomp filter) or O_DIRECT refused: pwrite below.
+        static std::atomic<bool> warned{false};
+        if (!options.direct_key.empty() && !warned.exchange(true)) {
+          log_warning("{} \"fast\": the io_uring engine cannot write {} ({}); writing with pwrite instead", options.direct_key, q(path_), e.what());
         }
-        lock.lock();
-        S.has_job = false;
-        S.cv.notify_all();
+        staging_->file = IoFile();
+        staging_->io.reset();
       }
-    });
+    }
+    if (options.direct && !uring_) {
+      const int direct_fd = refused ? -1 : ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+      if (refused) errno = EINVAL;
+      if (direct_fd >= 0) {
+        ::close(std::exchange(fd_, direct_fd));
+        direct_ = true;
+      } else if (errno == EINVAL) {
+        // tmpfs and some network file systems refuse O_DIRECT: buffered writes are as safe (fsync).
+        static std::atomic<bool> warned{false};
+        if (!options.direct_key.empty() && !warned.exchange(true)) {
+          log_warning("{} \"fast\": the file system of {} refuses O_DIRECT; checkpoints there are written through the page cache instead",
+                      options.direct_key, q(path_.parent_path()));
+        }
+      } else {
+        const int err = errno;
+        ::close(std::exchange(fd_, -1));
+        fail("cannot open checkpoint file {} for O_DIRECT writes: {}", q(path_), write_errno_text(err));
+      }
+    }
+    Staging& S = *staging_;
+    const std::size_t count = options.double_buffer ? 2 : 1;
+    DSTRAIN_CHECK(options.io_buffer_size >= count * kBlock && options.io_buffer_size % (count * kBlock) == 0,
+                  "RankFileWriter: io_buffer_size {} is not {} buffer(s) of whole {}-byte blocks", options.io_buffer_size, count, kBlock);
+    // No more memory than the file needs (a small model's checkpoint).
+    S.buffer_size = std::min(options.io_buffer_size / count, round_up(static_cast<std::size_t>(size_), kBlock));
+    for (std::size_t b = 0; b < count; ++b) S.buffers.push_back(allocate_checkpoint_memory(S.buffer_size));
+    if (count == 2 && !S.io) {
+      S.thread = std::thread([this, &S] {
+        std::unique_lock<std::mutex> lock(S.mu);
+        for (;;) {
+          S.cv.wait(lock, [&S] { return S.has_job || S.stop; });
+          if (!S.has_job) return;
+          lock.unlock();
+          try {
+            write_at(S.job, S.job_bytes, S.job_at);
+          } catch (...) {
+            const std::lock_guard<std::mutex> g(S.mu);
+            if (!S.error) S.error = std::current_exception();
+          }
+          lock.lock();
+          S.has_job = false;
+          S.cv.notify_all();
+        }
+      });
+    }
+    std::uint8_t len[8];
+    const std::uint64_t hn = header.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(hn >> (8 * i));
+    stage(len, 8);
+    stage(header.data(), header.size());
+  } catch (...) {  // a constructor that throws runs no destructor: the descriptor is closed here
+    staging_.reset();
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+    throw;
   }
-  std::uint8_t len[8];
-  const std::uint64_t hn = header.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(hn >> (8 * i));
-  stage(len, 8);
-  stage(header.data(), header.size());
 }
 
 RankFileWriter::~RankFileWriter() {
@@ -252,8 +283,16 @@ void RankFileWriter::write_at(const std::byte* p, std::size_t n, std::uint64_t a
   }
 }
 
+
 void RankFileWriter::wait_in_flight() {
   Staging& S = *staging_;
+  if (S.io) {
+    if (S.has_in_flight) {
+      S.has_in_flight = false;
+      S.in_flight.wait();
+    }
+    return;
+  }
   if (!S.thread.joinable()) return;
   std::unique_lock<std::mutex> lock(S.mu);
   S.cv.wait(lock, [&S] { return !S.has_job; });
@@ -265,6 +304,17 @@ void RankFileWriter::flush_fill_buffer(bool last) {
   std::size_t n = S.fill_pos;
   if (n == 0) return;
   std::byte* buf = S.buffers[S.fill].get();
+  if (S.io) {
+    // The engine writes a last partial block itself (through a buffered descriptor): no padding.
+    wait_in_flight();
+    S.in_flight = S.io->write(S.file, flushed_, buf, n);
+    S.has_in_flight = true;
+    if (S.buffers.size() == 1) wait_in_flight();
+    S.fill = (S.fill + 1) % S.buffers.size();
+    flushed_ += S.fill_pos;
+    S.fill_pos = 0;
+    return;
+  }
   if (last && direct_) {
     // O_DIRECT writes whole blocks: the tail is padded with zeros and cut off by ftruncate.
     const std::size_t padded = round_up(n, kBlock);
@@ -348,6 +398,12 @@ Json RankFileWriter::finish() {
   DSTRAIN_CHECK(written_ == size_, "RankFileWriter: {} bytes staged, the file is {}", written_, size_);
   flush_fill_buffer(true);
   wait_in_flight();
+  if (staging_->io) {
+    staging_->file.sync();
+    staging_->file.close();
+    staging_.reset();
+    return index_json();
+  }
   if (direct_ && ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
     fail("cutting checkpoint file {} to its {} bytes failed: {} (the previous checkpoint, if any, is untouched)", q(path_), size_,
          write_errno_text(errno));
@@ -356,6 +412,10 @@ Json RankFileWriter::finish() {
   const int fd = fd_;
   fd_ = -1;
   fsync_close(fd, path_);
+  return index_json();
+}
+
+Json RankFileWriter::index_json() const {
   Json tensors = Json::array();
   for (std::size_t i = 0; i < pieces_.size(); ++i) {
     const CheckpointPiece& p = pieces_[i];

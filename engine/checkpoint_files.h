@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "config_schema/field_spec.h"
+#include "offload/io_options.h"
 #include "ops/dtype.h"
 
 namespace dstrain {
@@ -63,9 +64,8 @@ std::string rank_file_name(int rank, const char* ext);  // "rank_00003.safetenso
 void checkpoint_test_pause();
 
 // Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned and
-// advised MADV_HUGEPAGE and populated up front (MADV_POPULATE_WRITE), because faulting fresh 4 KiB
-// pages in one by one costs more than the copy into them (measured on the CI VM under load: first
-// touch 0.3-1.0 GB/s that way, 1.3-2.4 GB/s huge and populated).
+// advised MADV_HUGEPAGE, because faulting fresh memory in costs more than the copy into it
+// (docs/checkpoints.md "Measured": the decoupled snapshot's stall fell from 1.3-1.9 s to 0.6 s).
 struct FreeCheckpointMemory {
   void operator()(std::byte* p) const { std::free(p); }
 };
@@ -84,6 +84,10 @@ struct RankFileWriterOptions {
   // Named in the warning when the file system refuses O_DIRECT (tmpfs) and buffered writes are
   // used instead; empty: fall back silently (the engine's own choice, not the config's).
   std::string direct_key = "checkpoint.writer.type";
+  // With `direct`: the offload layer's io_uring engine (DeepSpeed's `aio` block: block_size pieces,
+  // queue_depth of them in flight) writes the staging buffers. Without it, or where the kernel
+  // refuses io_uring, one pwrite per buffer from the writing thread.
+  std::optional<IoOptions> aio;
 };
 
 // Writes one rank's pieces as a safetensors file, streaming: the header first (the sizes are
@@ -107,12 +111,15 @@ class RankFileWriter {
   config::Json finish();
   // Whether the file is written with O_DIRECT (false after a fallback).
   bool direct() const { return direct_; }
+  // Whether the io_uring engine writes it.
+  bool io_uring() const { return uring_; }
 
  private:
   void stage(const void* bytes, std::size_t n);  // copies into the staging buffers, flushing full ones
   void flush_fill_buffer(bool last);             // hands the filled buffer to the disk
   void wait_in_flight();                         // the other buffer's write has finished (rethrows its error)
   void write_at(const std::byte* p, std::size_t n, std::uint64_t at);
+  config::Json index_json() const;
   std::filesystem::path path_;
   std::vector<CheckpointPiece> pieces_;
   std::vector<std::uint32_t> crcs_;
@@ -122,6 +129,7 @@ class RankFileWriter {
   std::uint64_t flushed_ = 0;  // file offset of the fill buffer's start
   int fd_ = -1;
   bool direct_ = false;
+  bool uring_ = false;
   struct Staging;
   std::unique_ptr<Staging> staging_;
 };

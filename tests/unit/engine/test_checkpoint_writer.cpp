@@ -1,5 +1,6 @@
 // The checkpoint writers (docs/checkpoints.md "Writers"): RankFileWriter's files, whatever the
-// writer ("fast": O_DIRECT from aligned staging buffers; "python": buffered) and staging layout
+// writer ("fast": O_DIRECT from aligned staging buffers, through the offload layer's io_uring
+// engine or pwrite; "python": buffered) and staging layout
 // (one or two buffers, buffers smaller than a piece, an element straddling two buffers), hold the
 // pieces' bytes as safetensors reads them back, are cut to their exact size, and carry CRC-32Cs
 // equal to a bit-at-a-time reference; the config keys of checkpoint.writer are checked as
@@ -63,7 +64,8 @@ std::vector<std::vector<std::byte>> random_pieces() {
   return data;
 }
 
-config::Json write_file(const fs::path& path, const RankFileWriterOptions& o, const std::vector<std::vector<std::byte>>& data, bool* direct = nullptr) {
+config::Json write_file(const fs::path& path, const RankFileWriterOptions& o, const std::vector<std::vector<std::byte>>& data, bool* direct = nullptr,
+                        bool* io_uring = nullptr) {
   RankFileWriter w(path, kPieces, o);
   for (std::size_t i = 0; i < kPieces.size(); ++i) {
     if (i % 2 == 0) {
@@ -78,6 +80,7 @@ config::Json write_file(const fs::path& path, const RankFileWriterOptions& o, co
   }
   config::Json index = w.finish();
   if (direct != nullptr) *direct = w.direct();
+  if (io_uring != nullptr) *io_uring = w.io_uring();
   return index;
 }
 
@@ -87,19 +90,22 @@ TEST(CheckpointWriter, EveryWriterWritesTheSameCheckedFile) {
   fs::create_directories(dir);
   const auto data = random_pieces();
   const std::vector<WriterCase> cases = {
-      {"fast-double-8k", {true, 8192, true, "checkpoint.writer.type"}},
-      {"fast-single-4k", {true, 4096, false, "checkpoint.writer.type"}},
+      {"fast-double-8k", {true, 8192, true, "checkpoint.writer.type", std::nullopt}},
+      {"fast-single-4k", {true, 4096, false, "checkpoint.writer.type", std::nullopt}},
       {"fast-default", {}},
-      {"python-double-8k", {false, 8192, true, ""}},
-      {"python-single-64k", {false, 65536, false, ""}},
+      {"fast-io_uring-8k", {true, 8192, true, "checkpoint.writer.type", IoOptions{}}},
+      {"fast-io_uring-single-4k-small-blocks", {true, 4096, false, "checkpoint.writer.type", IoOptions{.block_size = 4096, .queue_depth = 2}}},
+      {"python-double-8k", {false, 8192, true, "", std::nullopt}},
+      {"python-single-64k", {false, 65536, false, "", std::nullopt}},
   };
   std::string reference;
   for (const WriterCase& c : cases) {
     SCOPED_TRACE(c.name);
     const fs::path path = dir / (std::string(c.name) + ".safetensors");
-    bool direct = false;
-    const config::Json index = write_file(path, c.options, data, &direct);
+    bool direct = false, io_uring = false;
+    const config::Json index = write_file(path, c.options, data, &direct, &io_uring);
     EXPECT_EQ(direct, c.options.direct);  // this test folder's file system takes O_DIRECT (ext4, xfs, tmpfs >= 6.6)
+    EXPECT_EQ(io_uring, c.options.aio.has_value());  // the kernel has io_uring (the offload tests need it too)
     const std::string bytes = file_bytes(path);
     EXPECT_EQ(index.at("bytes").get<std::uint64_t>(), bytes.size());  // the padded tail cut off
     if (reference.empty()) reference = bytes;
@@ -118,7 +124,7 @@ TEST(CheckpointWriter, EveryWriterWritesTheSameCheckedFile) {
   // same file through the page cache.
   ::setenv(kCheckpointNoDirectEnv, "1", 1);
   bool direct = true;
-  write_file(dir / "refused.safetensors", {true, 8192, true, "checkpoint.writer.type"}, data, &direct);
+  write_file(dir / "refused.safetensors", {true, 8192, true, "checkpoint.writer.type", IoOptions{}}, data, &direct);
   ::unsetenv(kCheckpointNoDirectEnv);
   EXPECT_FALSE(direct);
   EXPECT_EQ(file_bytes(dir / "refused.safetensors"), reference);
