@@ -4,6 +4,8 @@
 // bench/compare_pytorch_cpu.sh can put the two side by side. Never asserts.
 //
 //   build/bench/bench_train_cpu --layers 12 --channels 768 --heads 12 --vocab 50257 --batch 4 --seq 256 --steps 3
+//   build/bench/bench_train_cpu --model llama:L30-C576-H9-KV3-I1536-V49152-tied --batch 4 --seq 256 --steps 3
+// (--model: any spec `dstrain train --model` takes; it replaces --layers/--channels/--heads/--vocab.)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,12 +18,14 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
+#include "engine/model.h"
 
 namespace {
 
 struct Args {
   long layers = 2, channels = 64, heads = 4, vocab = 256, batch = 4, seq = 64, steps = 5, warmup = 1;
   double lr = 3e-4;
+  std::string model;  // a model spec; empty: the GPT-2 descriptor of the shape options
 };
 
 Args parse(int argc, char** argv) {
@@ -42,8 +46,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::atol(v);
     else if (k == "--warmup") a.warmup = std::atol(v);
     else if (k == "--lr") a.lr = std::atof(v);
+    else if (k == "--model") a.model = v;
     else {
-      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--layers --channels --heads --vocab --batch --seq --steps --warmup --lr)\n", k.c_str());
+      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--model --layers --channels --heads --vocab --batch --seq --steps --warmup --lr)\n", k.c_str());
       std::exit(2);
     }
   }
@@ -58,20 +63,22 @@ double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::durati
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   try {
-    const std::string spec = fmt::format("gpt2:L{}-C{}-H{}-V{}-T{}", a.layers, a.channels, a.heads, a.vocab, a.seq);
+    const std::string spec = !a.model.empty() ? a.model : fmt::format("gpt2:L{}-C{}-H{}-V{}-T{}", a.layers, a.channels, a.heads, a.vocab, a.seq);
+    const dstrain::ModelConfig model = dstrain::model_config_of(spec);
+    const long vocab = static_cast<long>(model.vocab_size());
     // The PyTorch peer's optimizer: AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-8, no weight decay.
     const auto cfg = dstrain::config::parse_ds_config(
         dstrain::config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0,
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}}}}})",
                                                  a.batch, a.lr)),
         {});
-    dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model(spec), cfg, {.seed = 0, .sequence_length = a.seq});
+    dstrain::Engine engine = dstrain::initialize(dstrain::make_model(model), cfg, {.seed = 0, .sequence_length = a.seq});
     // One fixed batch (the step's cost does not depend on the tokens), as the peer.
     std::vector<std::int32_t> tok(static_cast<std::size_t>(a.batch * a.seq + 1));
     std::uint32_t s = 1;
     for (auto& t : tok) {
       s = s * 1664525u + 1013904223u;
-      t = static_cast<std::int32_t>((s >> 8) % static_cast<std::uint32_t>(a.vocab));
+      t = static_cast<std::int32_t>((s >> 8) % static_cast<std::uint32_t>(vocab));
     }
     std::vector<std::int32_t> in(tok.begin(), tok.end() - 1), tg(tok.begin() + 1, tok.end());
     const dstrain::Shape bt{a.batch, a.seq};
@@ -105,7 +112,8 @@ int main(int argc, char** argv) {
     j["omp_num_threads"] = threads != nullptr ? threads : "unset";
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     j["omp_wait_policy"] = wait != nullptr ? wait : "unset";
-    j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
+    if (a.model.empty()) j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
+    else j["shape"] = {{"model", model.describe()}, {"B", a.batch}, {"T", a.seq}};
     j["parameters"] = engine.parameter_count();
     j["steps"] = a.steps;
     j["warmup_steps"] = a.warmup;

@@ -59,7 +59,7 @@ struct SamplingOptions {
   float temperature = 1.0f;         // > 0: softmax(logits / temperature); 0: greedy (argmax)
   std::int64_t top_k = 0;           // > 0: sample among the k largest logits only; 0: all V
   std::uint64_t seed = 1337;        // Philox key; token n of the output uses counter n
-  std::int32_t eot_token = 50256;   // the prompt when none is given (GPT-2's <|endoftext|>)
+  std::int32_t eot_token = 50256;   // the prompt when none is given (GPT-2's <|endoftext|>; a Llama tokenizer's bos: sample_start_token)
 };
 
 // Draws one token from logits over the real vocabulary (logits.size() = V: the caller passes only

@@ -163,8 +163,7 @@ void RankTrainer::announce() {
     sampling_.top_k = options_.sample_top_k;
     sampling_.temperature = static_cast<float>(options_.sample_temperature);  // finite and <= FLT_MAX (plan_training)
     sampling_.seed = options_.seed;
-    sampling_.eot_token = tokenizer_ ? tokenizer_->eot_token() : Gpt2Tokenizer::kEotToken;
-    if (sampling_.eot_token >= plan_.model.vocab_size()) sampling_.eot_token = 0;
+    sampling_.eot_token = sample_start_token(tokenizer_.get(), plan_.model.vocab_size());
   }
 
   summary_.model = plan_.model.describe();

@@ -11,13 +11,38 @@
 namespace dstrain {
 
 std::unique_ptr<Tokenizer> sample_tokenizer(const std::string& name, std::int64_t vocab, std::string* warning) {
-  const std::string chosen = !name.empty() ? name : vocab >= Gpt2Tokenizer::kVocabSize ? "gpt2" : "bytes";
+  std::string chosen = name;
+  if (chosen.empty()) {
+    if (vocab == Gpt2Tokenizer::kVocabSize) chosen = "gpt2";
+    else if (vocab == 256) chosen = "bytes";
+    else {
+      if (warning != nullptr) {
+        *warning = fmt::format("samples print token ids: the model's vocabulary of {} tokens is neither GPT-2's {} nor bytes' 256; give "
+                               "--tokenizer path/to/tokenizer.json (the one the data was prepared with) to print them as text",
+                               vocab, Gpt2Tokenizer::kVocabSize);
+      }
+      return nullptr;
+    }
+  }
+  std::unique_ptr<Tokenizer> tokenizer;
   try {
-    return make_tokenizer(chosen, resolve_cache_dir());
+    tokenizer = make_tokenizer(chosen, resolve_cache_dir());
   } catch (const Error& e) {
     if (warning != nullptr) *warning = fmt::format("samples print token ids: the {} tokenizer did not load ({})", chosen, e.what());
     return nullptr;
   }
+  if (tokenizer->vocab_size() > vocab && warning != nullptr) {
+    *warning = fmt::format("the {} tokenizer has {} tokens, the model's vocabulary {}: check that --tokenizer is the one the data was "
+                           "prepared with (samples may decode wrongly)",
+                           chosen, tokenizer->vocab_size(), vocab);
+  }
+  return tokenizer;
+}
+
+std::int32_t sample_start_token(const Tokenizer* tokenizer, std::int64_t vocab) {
+  std::int32_t start = Gpt2Tokenizer::kEotToken;
+  if (tokenizer != nullptr) start = tokenizer->bos_token().value_or(tokenizer->eot_token());
+  return start < vocab ? start : 0;
 }
 
 std::string printable_utf8(std::string_view bytes) {

@@ -12,15 +12,24 @@
 
 namespace dstrain {
 
-// The run's tokenizer for printing samples: `name` when given, else GPT-2's when the model's
-// vocabulary holds its 50257 tokens, else bytes. nullptr (samples print as token ids) when it does
-// not load (GPT-2's encoder files missing from the cache); `warning` then says why — a sample is
-// never worth failing a run.
+// The run's tokenizer for printing samples: `name` when given, else the default for the model's
+// vocabulary: GPT-2's when it has exactly GPT-2's 50257 tokens, bytes when it has 256. Any other
+// vocabulary (a Llama model's 128256, SmolLM's 49152) has no default — decoding it with GPT-2's or
+// bytes would print the wrong text — so samples print token ids and `warning` says to give
+// --tokenizer. Also nullptr, with `warning`, when the tokenizer does not load (GPT-2's encoder files
+// missing from the cache) — a sample is never worth failing a run; and a `warning` (the tokenizer
+// kept) when a given tokenizer has more tokens than the model.
 std::unique_ptr<Tokenizer> sample_tokenizer(const std::string& name, std::int64_t vocab, std::string* warning);
 
 // `bytes` with every byte that does not start a valid UTF-8 sequence replaced by U+FFFD, as
 // nanoGPT's decode(errors="replace") prints: a barely trained byte-level model emits lone high
 // bytes, which would otherwise reach the terminal or log as invalid UTF-8.
+// The token a sample starts from without a prompt: the tokenizer's beginning-of-sequence token
+// where its documents start with one (a Llama model saw every document begin with it), else its
+// end-of-text token (GPT-2, as llm.c and nanoGPT start); GPT-2's <|endoftext|> without a
+// tokenizer. 0 when that id is outside the model's vocabulary.
+std::int32_t sample_start_token(const Tokenizer* tokenizer, std::int64_t vocab);
+
 std::string printable_utf8(std::string_view bytes);
 
 // Generates one sample and returns its block:

@@ -23,6 +23,7 @@
 #include "engine/memory_estimate.h"
 #include "engine/progress.h"
 #include "ops/error.h"
+#include "ops/transformer/hf_weights_file.h"
 #include "zero/launcher_communicator.h"
 #include "zero/mpi_process.h"
 
@@ -290,8 +291,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // ---- the inputs exist, the outputs spare them and can be written ----
   require_file(options.data, "--data");
   if (!options.val_data.empty()) require_file(options.val_data, "--val-data");
-  if (!options.init_from.empty()) require_file(options.init_from, "--init-from");
-  std::vector<RunFile> inputs{{options.data, "--data"}, {options.val_data, "--val-data"}, {options.init_from, "--init-from"},
+  // A folder stands for the checkpoint it holds (a Hugging Face model folder); its file is what must exist.
+  const std::filesystem::path init_file = options.init_from.empty() ? options.init_from : hf_weights_file(options.init_from, "--init-from");
+  if (!init_file.empty()) require_file(init_file, "--init-from");
+  std::vector<RunFile> inputs{{options.data, "--data"}, {options.val_data, "--val-data"}, {init_file, "--init-from"},
                               {config_text.file, "the config file"}, {model_config_file(model_spec), "the model config (--model)"}};
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
 

@@ -48,7 +48,7 @@ class HfTokenizer final : public Tokenizer {
   // The tokenizer.json path as given.
   std::string_view name() const override;
 
-  std::optional<std::int32_t> bos_token() const;  // set when documents start with it
+  std::optional<std::int32_t> bos_token() const override;  // set when documents start with it
   // The id of a token string (vocabulary or added token), or nullopt.
   std::optional<std::int32_t> token_id(std::string_view token) const;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,9 @@ class Tokenizer {
   }
   // The end-of-text token: between documents, and where generation stops.
   virtual std::int32_t eot_token() const = 0;
+  // The beginning-of-sequence token when this tokenizer starts each document with one (Llama 2/3's
+  // tokenizer.json); none for GPT-2's and bytes, whose documents follow an end-of-text token.
+  virtual std::optional<std::int32_t> bos_token() const { return std::nullopt; }
   // Number of token ids; every id is < vocab_size().
   virtual std::int32_t vocab_size() const = 0;
   // The name make_tokenizer() accepts for this tokenizer.

@@ -12,6 +12,7 @@
 #include "ops/error.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/gpt2_model.h"
+#include "ops/transformer/hf_weights_file.h"
 #include "ops/transformer/safetensors.h"
 #include "ops/transformer/torch_state_dict.h"
 
@@ -152,7 +153,8 @@ void import_gpt2_torch(const std::filesystem::path& file, const Gpt2Config& cfg,
   import_gpt2(src, cfg, param);
 }
 
-void import_gpt2_weights(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+void import_gpt2_weights(const std::filesystem::path& path, const Gpt2Config& cfg, const Gpt2ParamLookup& param) {
+  const std::filesystem::path file = hf_weights_file(path, "GPT-2 weights:");
   if (TorchStateDict::looks_like(file)) {
     import_gpt2_torch(file, cfg, param);
   } else {

@@ -33,8 +33,9 @@ void import_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config
 // pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt with its "module", zero_to_fp32's
 // output), read without running any of its code; "module." prefixes are dropped.
 void import_gpt2_torch(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
-// Either, by the file's first bytes (a zip: torch.save; otherwise safetensors).
-void import_gpt2_weights(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
+// Either, by the file's first bytes (a zip: torch.save; otherwise safetensors); a folder is read as
+// hf_weights_file() resolves it (its model.safetensors).
+void import_gpt2_weights(const std::filesystem::path& path, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
 
 // True for the GPT-2 weights that Hugging Face holds as Conv1D (in, out), the transpose of ours
 // (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj): Muon's shape scale reads the HF orientation.

@@ -14,6 +14,7 @@
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "ops/transformer/hf_config_json.h"
+#include "ops/transformer/hf_weights_file.h"
 #include "ops/transformer/llama_layers.h"
 #include "ops/transformer/safetensors.h"
 
@@ -91,13 +92,7 @@ struct Checkpoint {
 
 Checkpoint open_checkpoint(const fs::path& path) {
   Checkpoint ck;
-  fs::path p = path;
-  std::error_code ec;
-  if (fs::is_directory(p, ec)) {
-    if (fs::is_regular_file(p / "model.safetensors.index.json", ec)) p = p / "model.safetensors.index.json";
-    else if (fs::is_regular_file(p / "model.safetensors", ec)) p = p / "model.safetensors";
-    else fail("Llama weights: folder '{}' holds neither model.safetensors.index.json nor model.safetensors", path.string());
-  }
+  const fs::path p = hf_weights_file(path, "Llama weights:");
   ck.where = p.string();
   auto add_file = [&](const fs::path& f, const std::set<std::string>* only) {
     ck.files.push_back(std::make_unique<SafetensorsFile>(f));

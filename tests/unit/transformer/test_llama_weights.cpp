@@ -13,6 +13,7 @@
 
 #include "ops/error.h"
 #include "ops/transformer/llama_model.h"
+#include "ops/transformer/hf_weights_file.h"
 #include "ops/transformer/llama_weights.h"
 #include "ops/transformer/safetensors.h"
 
@@ -165,5 +166,34 @@ TEST(LlamaWeights, ImportErrorsNameTheTensor) {
     EXPECT_NE(std::string(e.what()).find("[48, 32]"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("[64, 32]"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+TEST(LlamaWeights, AFolderStandsForTheCheckpointItHolds) {
+  const fs::path dir = fresh_dir("folder");
+  // Neither file: the error names the folder and both names.
+  try {
+    (void)hf_weights_file(dir, "--init-from");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("--init-from"), std::string::npos) << m;
+    EXPECT_NE(m.find("model.safetensors.index.json"), std::string::npos) << m;
+  }
+  const LlamaConfig cfg = small(false);
+  LlamaModel a(cfg, DType::fp32, 1, 8);
+  try {
+    import_llama_weights(dir, cfg, [&](const std::string& n) { return a.param(n); });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("neither model.safetensors.index.json nor model.safetensors"), std::string::npos) << e.what();
+  }
+  // A file is itself; a folder with the single file gives it; with an index too, the index.
+  EXPECT_EQ(hf_weights_file(dir / "x.safetensors", "--init-from"), dir / "x.safetensors");
+  export_llama_weights(dir / "model.safetensors", cfg, [&](const std::string& n) { return a.param(n); });
+  EXPECT_EQ(hf_weights_file(dir, "--init-from"), dir / "model.safetensors");
+  std::ofstream(dir / "model.safetensors.index.json") << "{}";
+  EXPECT_EQ(hf_weights_file(dir, "--init-from"), dir / "model.safetensors.index.json");
   fs::remove_all(dir);
 }
