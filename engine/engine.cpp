@@ -25,6 +25,7 @@
 #include "offload/host_memory.h"
 #include "offload/nvme_param_store.h"
 #include "offload/nvme_state_store.h"
+#include "offload/swap_folder.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -222,6 +223,14 @@ bool runs_bf16_optimizer(const config::DsConfig& c) {
 void check_engine_trains(const config::DsConfig& config) {
   check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
   if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
+  // The swap folders' paths, as the engine checks them first at initialize (the space check needs
+  // the model, and waits for train).
+  if (optimizer_home(config) == StateHome::nvme) {
+    SwapFolder::check_path(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
+  }
+  if (param_home(config) == StateHome::nvme) {
+    SwapFolder::check_path(config.zero_optimization.offload_param->nvme_path.value_or(""), "zero_optimization.offload_param.nvme_path");
+  }
 }
 
 Engine::Impl::Impl(const config::DsConfig& c, const EngineOptions& o)

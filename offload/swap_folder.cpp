@@ -22,19 +22,24 @@ std::string SwapFolder::default_run_name() {
   return fmt::format("{}-{}", host, ::getpid());
 }
 
-SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run,
-                       int rank, const std::vector<SwapFileSpec>& files)
-    : root_(nvme_path) {
+void SwapFolder::check_path(const std::string& nvme_path, const std::string& config_key) {
   std::error_code ec;
   if (nvme_path.empty()) fail("{} is empty: set it to a folder on the NVMe drive", config_key);
-  if (!fs::exists(root_, ec))
+  if (!fs::exists(nvme_path, ec))
     fail("{} \"{}\" does not exist: create it on the NVMe drive (mkdir -p {}) or fix the path", config_key, nvme_path,
          nvme_path);
-  if (!fs::is_directory(root_, ec))
+  if (!fs::is_directory(nvme_path, ec))
     fail("{} \"{}\" is not a folder: point it at a folder on the NVMe drive", config_key, nvme_path);
   if (::access(nvme_path.c_str(), W_OK | X_OK) != 0)
     fail("{} \"{}\" is not writable by this user ({}): choose a folder you may write to, or fix its permissions",
          config_key, nvme_path, std::strerror(errno));
+}
+
+SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run,
+                       int rank, const std::vector<SwapFileSpec>& files)
+    : root_(nvme_path) {
+  std::error_code ec;
+  check_path(nvme_path, config_key);
 
   // The space check comes first, before anything is created: the bytes every file needs, rounded up
   // to the O_DIRECT alignment (a multiple of 4096; the device may ask more, checked at open).
