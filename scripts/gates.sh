@@ -41,6 +41,8 @@ gate_asan() {
   # ptrace-restricted containers stop LeakSanitizer).
   export ASAN_OPTIONS="detect_leaks=${DSTRAIN_GATES_LEAKS:-1}:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # Open MPI's own allocations at MPI_Init live until exit (tests/sanitizers/lsan.supp).
+  export LSAN_OPTIONS="suppressions=$repo/tests/sanitizers/lsan.supp:print_suppressions=0"
   if ((${#targets[@]})); then
     # A subset (what CI runs): these test programs, each run whole.
     cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
@@ -88,7 +90,8 @@ gate_fuzz() {
   apt_install_missing clang libclang-rt-14-dev
   say "fuzz: configuring and building the libFuzzer targets in $dir (clang)"
   cmake -S "$repo" -B "$dir" "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DDSTRAIN_BUILD_TESTS=OFF -DDSTRAIN_FUZZ=ON >/dev/null
-  local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors fuzz_jsonl fuzz_hf_tokenizer)
+  local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors fuzz_jsonl fuzz_hf_tokenizer fuzz_torch_state_dict
+                 fuzz_checkpoint)
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   mkdir -p "$dir/artifacts"
   local bin="$dir/tests/fuzz"
