@@ -24,8 +24,9 @@ ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "${labels[@]}"
 #   ASan+UBSan, 11 test programs: build 620 s (readers, communicator, ZeRO parts, GPT-2, data)
 #              + 300 s (engine, kernels, schedules); run 62 s
 #   TSan, 4 test programs: build 102 + 141 s; run 15 s
-#   fuzz: build 200 s (clang); run 4 x 30 s
-# so the gates add about 15 minutes (~1360 s of builds / 2 cores + ~3.5 min of runs): ~30 in all.
+#   fuzz: build 200 s (clang; the four first readers) — now 8 targets, and fuzz_checkpoint links the
+#         engine, so more (not re-measured on a clean clone: 2026-11-27 had no quiet machine); run 8 x 30 s
+# so the gates add about 17 minutes (~1360 s of builds / 2 cores + ~5.5 min of runs).
 # Not in CI: the ZeRO equivalence / memory / state-partition tests, the monitors and the CLI
 # integration tests under ASan (the rest of the whole suite: about 90 more objects and the longest
 # training tests, which would take CI to the edge of its 45 minutes), and the activation-transfer
