@@ -659,6 +659,13 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
         const std::string param = t.at("param").get<std::string>();
         s.offset = t.at("offset").get<std::int64_t>();
         s.numel = t.at("numel").get<std::int64_t>();
+        // An element range a model could have: what read() adds and multiplies stays far from overflow.
+        constexpr std::int64_t kMaxElements = std::int64_t{1} << 48;
+        if (s.offset < 0 || s.numel < 0 || s.offset > kMaxElements || s.numel > kMaxElements) {
+          fail("checkpoint index {} lists tensor '{}' of parameter '{}' at elements [{}, +{}), which no model has: the index is "
+               "corrupt — load another tag",
+               q(ipath), buffer, param, s.offset, s.numel);
+        }
         s.dtype = parse_dtype(t.at("dtype").get<std::string>());
         s.crc = t.at("crc32c").get<std::uint32_t>();
         s.name = CheckpointPiece{buffer, param, s.offset, s.numel, s.dtype}.tensor_name();
