@@ -279,7 +279,9 @@ TEST(ZeroCommQueue, EachTicketKeepsTheMarkOfItsOwnWork) {
         EXPECT_EQ(m, 0u) << "ticket " << tickets[k] << " is older than the ring";
       } else {
         EXPECT_EQ(m, expected[k]) << "ticket " << tickets[k];
-        if (k + 1 < tickets.size() && expected[k] != total) EXPECT_LT(m, total);  // not the latest collective
+        if (k + 1 < tickets.size() && expected[k] != total) {
+          EXPECT_LT(m, total);  // not the latest collective
+        }
       }
     }
   }
