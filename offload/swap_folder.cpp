@@ -76,6 +76,13 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
       file.allocate(rounded);
       bytes_ += rounded;
     }
+  } catch (const Error& e) {
+    files_.clear();
+    remove_folders();
+    // The engine's open errors (tmpfs, no O_DIRECT) name the file; the user fixes the key.
+    const std::string what = e.what();
+    if (what.find(config_key) != std::string::npos) throw;
+    throw Error(fmt::format("{} \"{}\": {}", config_key, nvme_path, what));
   } catch (...) {
     files_.clear();
     remove_folders();
