@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/monitor/crc32c.h"
+#include "engine/monitor/tfrecord_crc.h"
 #include "engine/monitor/monitor_log_dir.h"
 #include "ops/error.h"
 

@@ -1,15 +1,18 @@
-// CRC-32C against RFC 3720 (iSCSI) appendix B.4 and the usual check value.
+// The CRC-32C TensorBoard framing uses (ops/crc32c.h) against RFC 3720 (iSCSI) appendix B.4 and the
+// usual check value, and TFRecord's masking of it.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <string_view>
 
-#include "engine/monitor/crc32c.h"
+#include "engine/monitor/tfrecord_crc.h"
+#include "ops/crc32c.h"
 
 namespace dstrain {
 namespace {
 
-std::uint32_t crc_of(std::string_view s) { return crc32c(std::as_bytes(std::span(s.data(), s.size()))); }
+std::uint32_t crc_of(std::string_view s) { return crc32c(s.data(), s.size()); }
+std::uint32_t crc32c(const std::array<std::byte, 32>& b) { return dstrain::crc32c(b.data(), b.size()); }
 
 TEST(Crc32c, Rfc3720KnownAnswers) {
   EXPECT_EQ(crc_of("123456789"), 0xE3069283u);
