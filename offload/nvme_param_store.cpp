@@ -65,15 +65,9 @@ NvmeParamStore::NvmeParamStore(ParamStoreLayout layout, IoEngine& io, Allocator&
   }
   if (swapped_ == 0) return;  // everything fits max_in_cpu: no file, no buffers
   // The optimizer store of the same rank may use the default run name: its own sub-folder name.
-  try {
-    folder_ = std::make_unique<SwapFolder>(io, nvme_path, kPathKey, (run.empty() ? SwapFolder::default_run_name() : run) + "-params",
-                                           rank, std::vector<SwapFileSpec>{{"params.swp", offset}});
-  } catch (const Error& e) {
-    // The engine's open errors (tmpfs, no O_DIRECT) name the file, not the key that chose it.
-    const std::string what = e.what();
-    if (what.find(kPathKey) != std::string::npos) throw;
-    throw Error(fmt::format("{} \"{}\": {}", kPathKey, nvme_path, what));
-  }
+  // SwapFolder names kPathKey in every error, its files' open errors included.
+  folder_ = std::make_unique<SwapFolder>(io, nvme_path, kPathKey, (run.empty() ? SwapFolder::default_run_name() : run) + "-params", rank,
+                                         std::vector<SwapFileSpec>{{"params.swp", offset}});
   slot_bytes_ = round_up(static_cast<std::uint64_t>(largest) * es);
   slots_.resize(settings_.buffer_count);
   const bool page_aligned = host_.default_alignment() >= kAlign;
