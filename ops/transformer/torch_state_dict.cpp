@@ -13,7 +13,8 @@ namespace dstrain {
 namespace {
 
 std::uint64_t le(const std::string& b, std::size_t at, int n, const std::string& file) {
-  if (at + static_cast<std::size_t>(n) > b.size()) fail("torch file '{}': truncated zip structure at byte {}", file, at);
+  // Written as a subtraction: an offset read from the file can be near 2^64, where `at + n` wraps.
+  if (at > b.size() || static_cast<std::size_t>(n) > b.size() - at) fail("torch file '{}': truncated zip structure at byte {}", file, at);
   std::uint64_t v = 0;
   for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[at + static_cast<std::size_t>(i)]);
   return v;
@@ -68,7 +69,7 @@ std::map<std::string, std::string> read_zip(const std::string& z, const std::str
     if (method != 0) fail("torch file '{}': entry '{}' is compressed (method {}); torch.save stores its entries uncompressed", file, name, method);
     if (L(local, 4) != 0x04034b50) fail("torch file '{}': malformed local header of '{}'", file, name);
     const std::size_t data = local + 30 + L(local + 26, 2) + L(local + 28, 2);
-    if (data + usize > z.size()) fail("torch file '{}': entry '{}' runs past the end of the file (truncated?)", file, name);
+    if (data > z.size() || usize > z.size() - data) fail("torch file '{}': entry '{}' runs past the end of the file (truncated?)", file, name);
     out[name] = z.substr(data, usize);
     at += 46 + nlen + xlen + clen;
   }
