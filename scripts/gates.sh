@@ -11,6 +11,10 @@
 #   bash scripts/gates.sh fuzz [SECONDS] every libFuzzer target (tests/fuzz, clang) replays its
 #                                        regressions, then runs SECONDS (default 60) from its seed corpus
 #                                        (build-fuzz/); a crash is saved in build-fuzz/artifacts/
+#   bash scripts/gates.sh fuzz-fixed [RUNS]  the same, but reproducible: every target runs exactly RUNS
+#                                        inputs (default 60000) from seed 1, starting from the committed
+#                                        corpus only. CI runs this form, so a CI result is the result any
+#                                        machine gets; the timed form is for hunting new bugs.
 #
 #   DSTRAIN_GATES_JOBS=N   build and test jobs (default: nproc)
 #   DSTRAIN_GATES_TARGETS="test_a test_b"   asan: build and run only these test programs
@@ -81,8 +85,13 @@ gate_tsan() {
   done
 }
 
+# gate_fuzz timed SECONDS | gate_fuzz fixed RUNS
 gate_fuzz() {
-  local seconds="${1:-60}" dir="$repo/build-fuzz" t failed=0
+  local mode="$1" amount="$2" dir="$repo/build-fuzz" t failed=0
+  local budget=(-max_total_time="$amount")
+  # Fixed: a seed and a number of runs instead of a time, so the inputs tried do not depend on the
+  # machine's speed. The cap on time is a safety net far above what the runs take.
+  [ "$mode" = fixed ] && budget=(-seed=1 -runs="$amount" -max_total_time=600)
   # Debian's clang and its compiler-rt (libFuzzer, the sanitizer runtimes).
   say_prefix=gates
   # shellcheck source=scripts/apt_install.sh
@@ -104,10 +113,12 @@ gate_fuzz() {
       "$bin/$t" -rss_limit_mb=2048 -timeout=20 "${cases[@]}" || { failed=1; continue; }
     fi
     # New inputs go to a scratch corpus: the committed seed corpus stays as it is.
+    # A fixed run starts from an empty scratch corpus: what earlier runs found would change its inputs.
     local work="$dir/corpus/$name"
+    [ "$mode" = fixed ] && rm -rf "$work"
     mkdir -p "$work"
-    say "fuzz: $t for ${seconds}s on $corpus"
-    if ! "$bin/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+    say "fuzz: $t, ${budget[*]}, on $corpus"
+    if ! "$bin/$t" "${budget[@]}" -timeout=20 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
          -artifact_prefix="$dir/artifacts/$name-" "$work" "$corpus" 2>"$dir/$t.log"; then
       tail -n 60 "$dir/$t.log"
       say "fuzz: $t FAILED; the input is in $dir/artifacts/ — fix the bug and add the input to tests/fuzz/regressions/$name/"
@@ -123,6 +134,7 @@ gate_fuzz() {
 case "${1:-}" in
   asan) shift; gate_asan "$@" ;;
   tsan) shift; gate_tsan "$@" ;;
-  fuzz) shift; gate_fuzz "$@" ;;
-  *) echo "usage: bash scripts/gates.sh asan [REGEX] | tsan | fuzz [SECONDS]" >&2; exit 2 ;;
+  fuzz) gate_fuzz timed "${2:-60}" ;;
+  fuzz-fixed) gate_fuzz fixed "${2:-60000}" ;;
+  *) echo "usage: bash scripts/gates.sh asan [REGEX] | tsan | fuzz [SECONDS] | fuzz-fixed [RUNS]" >&2; exit 2 ;;
 esac
