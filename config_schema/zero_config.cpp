@@ -54,7 +54,7 @@ bool deprecated_bool(const Json& obj, const std::string& key) {
 SectionSpec offload_param_section_spec() {
   return make_section(
       "zero_optimization.offload_param", Regime::validated,
-      "Offload of partitioned parameters (ZeRO stage 3 only; ignored at stages 1-2).",
+      "Offload of partitioned parameters (ZeRO stage 3 only; ignored at stages 0-2, as DeepSpeed does).",
       {
           string_field("device", "none", "Where partitioned parameters live: none, cpu or nvme (lower-case).")
               .one_of(kDevices),
@@ -213,8 +213,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (o.device != OffloadDevice::none && z.stage == 0)
       ctx.warn("zero_optimization.offload_optimizer",
                fmt::format("offload_optimizer.device is \"{}\" but ZeRO is off (stage 0): optimizer offload needs "
-                           "stage 1, 2 or 3, and DeepSpeed ignores it at stage 0; `dstrain train` trains without offload and refuses "
-                           "the block: remove \"offload_optimizer\"",
+                           "stage 1, 2 or 3; DeepSpeed ignores it at stage 0, and so does dstrain: the optimizer state stays "
+                           "on the training device. Set stage to 1, 2 or 3 to offload it, or remove \"offload_optimizer\"",
                            to_string(o.device)));
     if (o.device == OffloadDevice::nvme && (z.stage == 1 || z.stage == 2))
       ctx.warn("zero_optimization.offload_optimizer.device",
@@ -234,8 +234,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (p.device != OffloadDevice::none && z.stage != 3)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "
-                           "DeepSpeed ignores it silently; `dstrain train` refuses it: set stage to 3 or remove "
-                           "\"offload_param\"",
+                           "DeepSpeed ignores it, and so does dstrain: the parameters stay on the training device. "
+                           "Set stage to 3 to offload them, or remove \"offload_param\"",
                            to_string(p.device), z.stage));
   }
   if (z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients ||

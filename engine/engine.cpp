@@ -71,26 +71,15 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
-  // Parameter offload partitions the parameters first: ZeRO stage 3 only (DeepSpeed ignores the
-  // block below stage 3 silently; check-config warns, and train refuses rather than ignore it).
-  if (c.zero_optimization.offload_param && c.zero_optimization.offload_param->device != config::OffloadDevice::none &&
-      c.zero_optimization.stage != 3) {
-    fail("zero_optimization.offload_param.device: \"{}\" at zero_optimization.stage {} — parameter offload moves the stage-3 parameter "
-         "partition, so it needs stage 3 (DeepSpeed ignores it below stage 3); set stage to 3 or remove \"offload_param\"",
-         to_string(c.zero_optimization.offload_param->device), c.zero_optimization.stage);
-  }
-  // Optimizer offload (docs/training_state.md §3): device "cpu" at stages 1-3 keeps the optimizer
-  // partition in host memory; "nvme" at stage 3 in swap files under nvme_path (docs/offload.md §5),
-  // and at stages 1-2 as "cpu", as DeepSpeed swaps optimizer states to NVMe only at stage 3 (its
-  // ZeRO-1/2 optimizer treats any offload device as cpu).
+  // Offload below the stage it belongs to is ignored, as DeepSpeed ignores it (docs/offload.md §6):
+  // offload_param below stage 3 and offload_optimizer at stage 0 (no ZeRO optimizer to hold it).
+  // Real configs carry it (DeepSpeed-Chat's and OpenRLHF's builders set offload_param at stage 2),
+  // so refusing would refuse configs DeepSpeed trains; the config layer warns, and optimizer_home /
+  // param_home below give the training device. Optimizer offload (docs/training_state.md §3):
+  // device "cpu" at stages 1-3 keeps the optimizer partition in host memory; "nvme" at stage 3 in
+  // swap files under nvme_path (docs/offload.md §5), and at stages 1-2 as "cpu", as DeepSpeed swaps
+  // optimizer states to NVMe only at stage 3 (its ZeRO-1/2 optimizer treats any offload device as cpu).
   if (const auto& off = c.zero_optimization.offload_optimizer; off && off->device != config::OffloadDevice::none) {
-    const int stage = c.zero_optimization.stage;
-    if (stage == 0) {
-      fail("zero_optimization.offload_optimizer.device: \"{}\" with ZeRO off (stage 0) — optimizer offload partitions the optimizer "
-           "states with ZeRO (DeepSpeed's offload lives in its ZeRO optimizers); set zero_optimization.stage to 1, 2 or 3, or remove "
-           "\"offload_optimizer\"",
-           to_string(off->device));
-    }
     // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
     // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
     // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
@@ -114,7 +103,7 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
 }
 
 // Where the optimizer partition lives (docs/training_state.md §3): host memory with
-// offload_optimizer at stages 1-3 (check_config_is_provided refused what is not trained), NVMe swap
+// offload_optimizer at stages 1-3 (at stage 0 DeepSpeed ignores the block, and so do we), NVMe swap
 // files with device "nvme" at stage 3 (below stage 3 DeepSpeed treats "nvme" as "cpu"), else the
 // training device.
 StateHome optimizer_home(const config::DsConfig& c) {
@@ -125,7 +114,7 @@ StateHome optimizer_home(const config::DsConfig& c) {
 }
 
 // Where the stage-3 parameter partition lives: host memory or NVMe with offload_param at stage 3
-// (check_config_is_provided refused it below stage 3), else the training device.
+// (below stage 3 DeepSpeed ignores the block, and so do we), else the training device.
 StateHome param_home(const config::DsConfig& c) {
   const auto& off = c.zero_optimization.offload_param;
   if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage != 3) return StateHome::device;
