@@ -629,15 +629,17 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
          q(dir_), kCheckpointManifest);
   }
   manifest_ = read_json_file(mpath, "manifest");
-  if (!manifest_.is_object() || manifest_.value("format", std::string()) != kCheckpointFormat) {
-    fail("{} is not a dstrain checkpoint manifest (no \"format\": \"{}\"); a DeepSpeed torch checkpoint is converted with "
-         "`dstrain train --init-from` of its weights instead",
-         q(mpath), kCheckpointFormat);
-  }
-  if (manifest_.value("version", 0) != kCheckpointVersion) {
-    fail("{}: checkpoint format version {} — this dstrain reads version {}", q(mpath), manifest_.value("version", 0), kCheckpointVersion);
-  }
+  // Every typed read below is inside the try: json's value()/get() throw its own type_error on a
+  // field of the wrong type ("format": {}), which must become the malformed-manifest Error.
   try {
+    if (!manifest_.is_object() || manifest_.value("format", std::string()) != kCheckpointFormat) {
+      fail("{} is not a dstrain checkpoint manifest (no \"format\": \"{}\"); a DeepSpeed torch checkpoint is converted with "
+           "`dstrain train --init-from` of its weights instead",
+           q(mpath), kCheckpointFormat);
+    }
+    if (manifest_.value("version", 0) != kCheckpointVersion) {
+      fail("{}: checkpoint format version {} — this dstrain reads version {}", q(mpath), manifest_.value("version", 0), kCheckpointVersion);
+    }
     for (const Json& r : manifest_.at("ranks")) {
       const fs::path ipath = dir_ / r.at("index").get<std::string>();
       if (!fs::exists(ipath, ec)) fail("checkpoint index {} is missing; the checkpoint is incomplete — load another tag", q(ipath));
