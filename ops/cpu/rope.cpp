@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <vector>
 
 #include "ops/cpu/backend_dispatch.h"
 #include "ops/cpu/cpu_common.h"
@@ -39,19 +40,29 @@ RopeShape check_rope(const char* op, const char* oname, const Tensor& out, const
   return s;
 }
 
-// sign = +1: forward rotation; -1: its transpose (the backward).
+// sign = +1: forward rotation; -1: its transpose (the backward). cos and sin depend on the position
+// only, so they are taken once per position (T·D/2 pairs) and shared by the B sequences: the
+// double-precision sin/cos otherwise cost more than the rotation itself at Llama's widths.
 template <typename T>
 void rope_impl(T* out, const T* inp, const float* inv_freq, const RopeShape& s, std::int64_t rotate_heads, std::int64_t pos_offset, float sign) {
   const std::int64_t h = s.D / 2, rows = s.B * s.T, row = s.H * s.D;
+  std::vector<float> cs(static_cast<std::size_t>(s.T * h * 2));  // position t: cos at [2(t·h + j)], sign·sin after it
+#pragma omp parallel for schedule(static) if (cpu::parallel_worth(s.T * h * 64))
+  for (std::int64_t t = 0; t < s.T; ++t) {
+    const auto pos = static_cast<float>(t + pos_offset);
+    for (std::int64_t j = 0; j < h; ++j) {
+      const double angle = static_cast<double>(pos * inv_freq[j]);  // fp32 product, as Hugging Face
+      cs[static_cast<std::size_t>(2 * (t * h + j))] = static_cast<float>(std::cos(angle));
+      cs[static_cast<std::size_t>(2 * (t * h + j) + 1)] = sign * static_cast<float>(std::sin(angle));
+    }
+  }
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(rows * row * 4))
   for (std::int64_t r = 0; r < rows; ++r) {
-    const auto pos = static_cast<float>(r % s.T + pos_offset);
+    const float* cst = cs.data() + 2 * (r % s.T) * h;
     T* o = out + r * row;
     const T* x = inp + r * row;
     for (std::int64_t j = 0; j < h; ++j) {
-      const double angle = static_cast<double>(pos * inv_freq[j]);  // fp32 product, as Hugging Face
-      const auto c = static_cast<float>(std::cos(angle));
-      const float sn = sign * static_cast<float>(std::sin(angle));
+      const float c = cst[2 * j], sn = cst[2 * j + 1];
       for (std::int64_t hd = 0; hd < rotate_heads; ++hd) {
         const std::int64_t k = hd * s.D + j;
         const float x1 = cpu::load(x[k]), x2 = cpu::load(x[k + h]);  // both read before either is written (in place)

@@ -8,6 +8,11 @@
 // garbage, NaN included, ever enters a product). Shared rows are padded by 8 elements (16 bytes)
 // so the 8 row addresses of an ldmatrix fall in 8 different bank groups (no conflicts).
 // Per warp: 16-row slabs (m-tiles, the mma's M) of the block's tile; a block is 4 warps.
+// Grouped KV heads (Llama, Mistral, Qwen; NKV = NH is GPT-2's multi-head case): qkv rows are
+// (NH + 2·NKV)·HS wide and query head h reads KV head h / (NH / NKV) (TcDims). Forward and dQ
+// blocks belong to a query head and read their KV head's rows; a dK/dV block belongs to a KV head
+// and runs the query tiles of each query head of its group in head order into the same fp32
+// accumulators (one rounding at the end, no atomics), so K and V are loaded once per group.
 //
 // Forward (grid: one block per (query block, b, h), the longest query blocks first): query
 //   blocks of 128 (each warp 2 m-tiles of 16 rows, so each K/V fragment loaded by ldmatrix feeds
@@ -22,9 +27,10 @@
 //   n-blocks is the A-fragment layout of one 16-key k-step). Row max and sum are kept per thread
 //   and reduced over the 4 threads of a quad (fixed shuffle order). lse = (m + log2 l) ln 2.
 // Backward: D_i = dout_i · out_i (a warp per (b, i, h) row), then two kernels, no atomics:
-//   dK/dV: one block per (key block of 64, b, h), a warp per 16 keys; query tiles of BR (64, or
-//     32 at HS = 128 or with dropout, to stay in registers without spills) from the key
-//     block's first query to T, Q/dO/lse/D double buffered. Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, P from lse,
+//   dK/dV: one block per (key block of 64, b, KV head), a warp per 16 keys; for each query head
+//     of the group, query tiles of BR (64, or 32 at HS = 128 or with dropout, to stay in
+//     registers without spills) from the key block's first query to T, Q/dO/lse/D double buffered
+//     (one pipeline over the group's (head, tile) steps). Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, P from lse,
 //     dSᵀ = Pᵀ ∘ (dPᵀ ∘ mask − D); dV += P̃ᵀ dO, dK += dSᵀ Q (k-dimension = the tile's queries).
 //   dQ: one block per (query block of 64, b, h), key blocks 0 .. diagonal as in forward:
 //     S = Q Kᵀ, dP = dO Vᵀ, dS, dQ += dS K.
@@ -54,9 +60,15 @@ constexpr int kTile = 64;        // queries per block (forward, dq); keys per bl
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// C = NH·HS is the output width; W = (NH + 2·NKV)·HS the qkv row; k of KV head g starts at column
+// koff + g·HS, v at voff + g·HS; query head h reads KV head h / G (G = NH / NKV), as on the CPU.
 struct TcDims {
-  std::int64_t B, T, C, NH;
+  std::int64_t B, T, C, NH, NKV, G, W, koff, voff;
 };
+TcDims tc_dims(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+  const std::int64_t HS = C / NH;
+  return TcDims{B, T, C, NH, NKV, NH / NKV, (NH + 2 * NKV) * HS, C, C + NKV * HS};
+}
 
 using u16 = std::uint16_t;
 
@@ -184,15 +196,15 @@ __device__ __forceinline__ void load_rows(u16* sm, const u16* g, std::int64_t ld
 // (block kb in buffer kb & 1; block 0 was requested before the loop): request block kb + 1 into
 // the other buffer, then wait for block kb (one cp.async group per block) and for every thread.
 template <int HS>
-__device__ __forceinline__ void next_kv_block(u16* sK, u16* sV, const u16* kbase, const u16* vbase, std::int64_t C3, std::int64_t T, int kb,
+__device__ __forceinline__ void next_kv_block(u16* sK, u16* sV, const u16* kbase, const u16* vbase, std::int64_t ld, std::int64_t T, int kb,
                                               int nkb) {
   constexpr int LD = TileGeom<HS>::LD;
   if (kb + 1 < nkb) {
     const std::int64_t k1 = static_cast<std::int64_t>(kb + 1) * kTile;
     const int nv = static_cast<int>(T - k1 < kTile ? T - k1 : kTile);
     const int next = (kb + 1) & 1;
-    load_rows<HS, kTile>(sK + next * kTile * LD, kbase + k1 * C3, C3, nv);
-    load_rows<HS, kTile>(sV + next * kTile * LD, vbase + k1 * C3, C3, nv);
+    load_rows<HS, kTile>(sK + next * kTile * LD, kbase + k1 * ld, ld, nv);
+    load_rows<HS, kTile>(sV + next * kTile * LD, vbase + k1 * ld, ld, nv);
     cp_async_commit();
     cp_async_wait<1>();
   } else {
@@ -253,27 +265,28 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
   u16* sK = sQ + BQ * LD;         // [2][kTile][LD]
   u16* sV = sK + 2 * kTile * LD;  // [2][kTile][LD]
 
-  const std::int64_t T = s.T, C = s.C, C3 = 3 * C, BH = s.B * s.NH;
+  const std::int64_t T = s.T, C = s.C, W = s.W, BH = s.B * s.NH;
   const int nqb = static_cast<int>((T + BQ - 1) / BQ);
   const std::int64_t idx = blockIdx.x;
   const int qb = nqb - 1 - static_cast<int>(idx / BH);  // longest query blocks first
-  const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH;
+  const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH, kvh = h / s.G;
   const int q0 = qb * BQ;
-  const u16* qbase = qkv + b * T * C3 + h * HS;  // row t at + t * C3
-  const u16* kbase = qbase + C;
-  const u16* vbase = qbase + 2 * C;
+  const u16* rows = qkv + b * T * W;  // row t at + t * W
+  const u16* qbase = rows + h * HS;
+  const u16* kbase = rows + s.koff + kvh * HS;
+  const u16* vbase = rows + s.voff + kvh * HS;
   const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5, g = lane >> 2, c = lane & 3;
   const std::int64_t kend = T < q0 + BQ ? T : q0 + BQ;  // causal: keys < min(T, last query + 1)
   const int nkb = static_cast<int>((kend + kTile - 1) / kTile);
   const float sl2 = (1.0f / sqrtf(static_cast<float>(HS))) * kLog2e;
   const float keep_scale = DROP ? 1.0f / (1.0f - p) : 1.0f;
 
-  load_rows<HS, BQ>(sQ, qbase + q0 * C3, C3, static_cast<int>(T - q0 < BQ ? T - q0 : BQ));
+  load_rows<HS, BQ>(sQ, qbase + q0 * W, W, static_cast<int>(T - q0 < BQ ? T - q0 : BQ));
   cp_async_commit();
   {
     const int nv = static_cast<int>(T < kTile ? T : kTile);
-    load_rows<HS, kTile>(sK, kbase, C3, nv);
-    load_rows<HS, kTile>(sV, vbase, C3, nv);
+    load_rows<HS, kTile>(sK, kbase, W, nv);
+    load_rows<HS, kTile>(sV, vbase, W, nv);
     cp_async_commit();
   }
 
@@ -292,7 +305,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int buf = kb & 1;
-    next_kv_block<HS>(sK, sV, kbase, vbase, C3, T, kb, nkb);
+    next_kv_block<HS>(sK, sV, kbase, vbase, W, T, kb, nkb);
     if (kb == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -464,23 +477,27 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
   float* sL = reinterpret_cast<float*>(sG + 2 * BR * LD);  // [2][BR]: lse * log2(e), +inf past T
   float* sD = sL + 2 * BR;                                 // [2][BR]: D, 0 past T
 
-  const std::int64_t T = s.T, C = s.C, C3 = 3 * C, BH = s.B * s.NH;
+  const std::int64_t T = s.T, C = s.C, W = s.W, BKV = s.B * s.NKV;
   const std::int64_t idx = blockIdx.x;
-  const int kb = static_cast<int>(idx / BH);  // key block 0 (the most queries) first
-  const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH;
+  const int kb = static_cast<int>(idx / BKV);  // key block 0 (the most queries) first
+  const std::int64_t bkv = idx % BKV, b = bkv / s.NKV, kvh = bkv % s.NKV;
   const int k0 = kb * kTile;
-  const u16* qbase = qkv + b * T * C3 + h * HS;
-  const u16* gbase = dout + b * T * C + h * HS;
+  const u16* rows = qkv + b * T * W;  // row t at + t * W
   const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5, g = lane >> 2, c = lane & 3;
   const float sl2 = (1.0f / sqrtf(static_cast<float>(HS))) * kLog2e;
   const float keep_scale = DROP ? 1.0f / (1.0f - p) : 1.0f;
-  const int t0 = k0 / BR, nt = static_cast<int>((T + BR - 1) / BR);  // query tiles t0 .. nt-1
+  // Steps n = 0 .. G·ntile-1: query head h = kvh·G + n / ntile (the group's heads in order), query
+  // tile t = t0 + n % ntile (tiles t0 .. nt-1 from the key block's first query to T).
+  const int t0 = k0 / BR, nt = static_cast<int>((T + BR - 1) / BR), ntile = nt - t0;
+  const int nsteps = static_cast<int>(s.G) * ntile;
+  auto head_of = [&](int n) { return kvh * s.G + n / ntile; };
 
-  auto load_q_tile = [&](int t, int buf) {
-    const std::int64_t qt = static_cast<std::int64_t>(t) * BR;
+  auto load_q_tile = [&](int n, int buf) {
+    const std::int64_t h = head_of(n), bh = b * s.NH + h;
+    const std::int64_t qt = static_cast<std::int64_t>(t0 + n % ntile) * BR;
     const int nv = static_cast<int>(T - qt < BR ? T - qt : BR);
-    load_rows<HS, BR>(sQ + buf * BR * LD, qbase + qt * C3, C3, nv);
-    load_rows<HS, BR>(sG + buf * BR * LD, gbase + qt * C, C, nv);
+    load_rows<HS, BR>(sQ + buf * BR * LD, rows + h * HS + qt * W, W, nv);
+    load_rows<HS, BR>(sG + buf * BR * LD, dout + b * T * C + h * HS + qt * C, C, nv);
     for (int r = static_cast<int>(threadIdx.x); r < BR; r += kTcThreads) {
       const bool ok = r < nv;
       sL[buf * BR + r] = ok ? lse[bh * T + qt + r] * kLog2e : INFINITY;
@@ -490,10 +507,10 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
 
   {
     const int nv = static_cast<int>(T - k0 < kTile ? T - k0 : kTile);
-    load_rows<HS, kTile>(sK, qbase + C + static_cast<std::int64_t>(k0) * C3, C3, nv);
-    load_rows<HS, kTile>(sV, qbase + 2 * C + static_cast<std::int64_t>(k0) * C3, C3, nv);
+    load_rows<HS, kTile>(sK, rows + s.koff + kvh * HS + static_cast<std::int64_t>(k0) * W, W, nv);
+    load_rows<HS, kTile>(sV, rows + s.voff + kvh * HS + static_cast<std::int64_t>(k0) * W, W, nv);
   }
-  load_q_tile(t0, 0);
+  load_q_tile(0, 0);
   cp_async_commit();
 
   float dk[ND][4], dv[ND][4];
@@ -504,10 +521,10 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
   }
   const int key0 = k0 + w * 16 + g;  // this thread's keys: key0 and key0 + 8
 
-  for (int t = t0; t < nt; ++t) {
-    const int buf = (t - t0) & 1;
-    if (t + 1 < nt) {
-      load_q_tile(t + 1, buf ^ 1);
+  for (int n = 0; n < nsteps; ++n) {
+    const int buf = n & 1;
+    if (n + 1 < nsteps) {
+      load_q_tile(n + 1, buf ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -518,7 +535,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
     const u16* gs_ = sG + buf * BR * LD;
     const float* ls_ = sL + buf * BR;
     const float* ds_ = sD + buf * BR;
-    const int q0 = t * BR;
+    const int q0 = (t0 + n % ntile) * BR;
+    [[maybe_unused]] const std::int64_t bh = b * s.NH + head_of(n);  // the query head's dropout elements
 
     float st[NB][4], dpt[NB][4];  // Sᵀ and dPᵀ: rows = this warp's 16 keys, cols = the tile's queries
 #pragma unroll
@@ -578,7 +596,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
         mma16816<S>(dk[2 * nd2 + 1], da, bq[2], bq[3]);
       }
     }
-    __syncthreads();  // this buffer is refilled by the prefetch of iteration t + 1
+    __syncthreads();  // this buffer is refilled by the prefetch of step n + 1
   }
 
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));  // the CPU's scale
@@ -586,8 +604,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
   for (int r = 0; r < 2; ++r) {
     const int j = key0 + 8 * r;
     if (j < T) {
-      u16* dkrow = dqkv + (b * T + j) * C3 + C + h * HS + 2 * c;
-      u16* dvrow = dkrow + C;
+      u16* dkrow = dqkv + (b * T + j) * W + s.koff + kvh * HS + 2 * c;
+      u16* dvrow = dqkv + (b * T + j) * W + s.voff + kvh * HS + 2 * c;
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd) {
         accumulate2<S>(dkrow + nd * 8, dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale);
@@ -616,15 +634,16 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
   u16* sK = sG + kTile * LD;      // [2][kTile][LD]
   u16* sV = sK + 2 * kTile * LD;  // [2][kTile][LD]
 
-  const std::int64_t T = s.T, C = s.C, C3 = 3 * C, BH = s.B * s.NH;
+  const std::int64_t T = s.T, C = s.C, W = s.W, BH = s.B * s.NH;
   const int nqb = static_cast<int>((T + kTile - 1) / kTile);
   const std::int64_t idx = blockIdx.x;
   const int qb = nqb - 1 - static_cast<int>(idx / BH);  // longest query blocks first
-  const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH;
+  const std::int64_t bh = idx % BH, b = bh / s.NH, h = bh % s.NH, kvh = h / s.G;
   const int q0 = qb * kTile;
-  const u16* qbase = qkv + b * T * C3 + h * HS;
-  const u16* kbase = qbase + C;
-  const u16* vbase = qbase + 2 * C;
+  const u16* rows = qkv + b * T * W;  // row t at + t * W
+  const u16* qbase = rows + h * HS;
+  const u16* kbase = rows + s.koff + kvh * HS;
+  const u16* vbase = rows + s.voff + kvh * HS;
   const u16* gbase = dout + b * T * C + h * HS;
   const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5, g = lane >> 2, c = lane & 3;
   const int nkb = qb + 1;
@@ -633,11 +652,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
 
   {
     const int nv = static_cast<int>(T - q0 < kTile ? T - q0 : kTile);
-    load_rows<HS, kTile>(sQ, qbase + static_cast<std::int64_t>(q0) * C3, C3, nv);
+    load_rows<HS, kTile>(sQ, qbase + static_cast<std::int64_t>(q0) * W, W, nv);
     load_rows<HS, kTile>(sG, gbase + static_cast<std::int64_t>(q0) * C, C, nv);
     const int nk = static_cast<int>(T < kTile ? T : kTile);
-    load_rows<HS, kTile>(sK, kbase, C3, nk);
-    load_rows<HS, kTile>(sV, vbase, C3, nk);
+    load_rows<HS, kTile>(sK, kbase, W, nk);
+    load_rows<HS, kTile>(sV, vbase, W, nk);
     cp_async_commit();
   }
 
@@ -655,7 +674,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
 
   for (int kb = 0; kb < nkb; ++kb) {
     const int buf = kb & 1;
-    next_kv_block<HS>(sK, sV, kbase, vbase, C3, T, kb, nkb);
+    next_kv_block<HS>(sK, sV, kbase, vbase, W, T, kb, nkb);
     const u16* ks_ = sK + buf * kTile * LD;
     const u16* vs_ = sV + buf * kTile * LD;
 
@@ -716,7 +735,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __rest
   for (int r = 0; r < 2; ++r) {
     const int i = row0 + 8 * r;
     if (i < T) {
-      u16* dqrow = dqkv + (b * T + i) * C3 + h * HS + 2 * c;
+      u16* dqrow = dqkv + (b * T + i) * W + h * HS + 2 * c;
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd) accumulate2<S>(dqrow + nd * 8, dq[nd][2 * r] * scale, dq[nd][2 * r + 1] * scale);
     }
@@ -785,9 +804,9 @@ bool attention_tc_supported(DType t, std::int64_t HS) {
 }
 
 cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                        std::int64_t NH, float p, const RngKey& key, cudaStream_t st) {
+                                        std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st) {
   if (B * NH * T == 0 || C == 0) return cudaSuccess;
-  const TcDims s{B, T, C, NH};
+  const TcDims s = tc_dims(B, T, C, NH, NKV);
   return dispatch_tc(t, C / NH, p > 0.0f, [&]<typename S, int HS, bool DROP>(S, std::integral_constant<int, HS>, std::bool_constant<DROP>) {
     const std::int64_t blocks = (T + kFwdRows<HS, DROP> - 1) / kFwdRows<HS, DROP> * B * NH;
     auto kernel = attention_forward_tc_kernel<S, HS, DROP>;
@@ -800,12 +819,13 @@ cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, 
 }
 
 cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                         std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
-                                         cudaStream_t st) {
+                                         std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
+                                         const RngKey& key, cudaStream_t st) {
   if (B * NH * T == 0 || C == 0) return cudaSuccess;
-  const TcDims s{B, T, C, NH};
+  const TcDims s = tc_dims(B, T, C, NH, NKV);
   const std::int64_t rows = B * NH * T;
-  const std::int64_t blocks = (T + kTile - 1) / kTile * B * NH;
+  const std::int64_t dkv_blocks = (T + kTile - 1) / kTile * B * NKV;  // one per (key block, b, KV head)
+  const std::int64_t dq_blocks = (T + kTile - 1) / kTile * B * NH;    // one per (query block, b, query head)
   return dispatch_tc(t, C / NH, p > 0.0f, [&]<typename S, int HS, bool DROP>(S, std::integral_constant<int, HS>, std::bool_constant<DROP>) {
     auto* pdqkv = static_cast<u16*>(dqkv);
     const auto* pdout = static_cast<const u16*>(dout);
@@ -818,12 +838,12 @@ cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const voi
     auto dkv = attention_dkv_tc_kernel<S, HS, DROP>;
     constexpr int dkv_smem = dkv_smem_bytes<HS, DROP>();
     if ((e = set_smem(dkv, dkv_smem)) != cudaSuccess) return e;
-    dkv<<<static_cast<unsigned>(blocks), kTcThreads, dkv_smem, st>>>(pdqkv, pdout, pqkv, lse, Dsum, s, p, key);
+    dkv<<<static_cast<unsigned>(dkv_blocks), kTcThreads, dkv_smem, st>>>(pdqkv, pdout, pqkv, lse, Dsum, s, p, key);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     auto dq = attention_dq_tc_kernel<S, HS, DROP>;
     constexpr int dq_smem = dq_smem_bytes<HS>();
     if ((e = set_smem(dq, dq_smem)) != cudaSuccess) return e;
-    dq<<<static_cast<unsigned>(blocks), kTcThreads, dq_smem, st>>>(pdqkv, pdout, pqkv, lse, Dsum, s, p, key);
+    dq<<<static_cast<unsigned>(dq_blocks), kTcThreads, dq_smem, st>>>(pdqkv, pdout, pqkv, lse, Dsum, s, p, key);
     return cudaGetLastError();
   });
 }

@@ -128,14 +128,14 @@ cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* 
                                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
                                       const RngKey& key, cudaStream_t st);
 // attention_tc.cu: the tensor-core (FlashAttention-2 style) kernels for fp16/bf16 storage and
-// HS in {32, 64, 128}, multi-head only (NKV = NH: qkv (B, T, 3C)), otherwise the contract above. Callers check
+// HS in {32, 64, 128}, multi-head or grouped KV heads, otherwise the contract above. Callers check
 // attention_tc_supported and 16-byte alignment of every tensor pointer (cp.async) first.
 bool attention_tc_supported(DType t, std::int64_t HS);
 cudaError_t launch_attention_forward_tc(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                        std::int64_t NH, float p, const RngKey& key, cudaStream_t st);
+                                        std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st);
 cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                         std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, float p, const RngKey& key,
-                                         cudaStream_t st);
+                                         std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
+                                         const RngKey& key, cudaStream_t st);
 
 // matmul's dbias (rows.cu): dbias[c] += sum over rows of dout[r, c] (double, partitions in order, rounded once).
 cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, double* partials, cudaStream_t s);

@@ -289,8 +289,8 @@ void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, T
 }
 
 // fp16/bf16 with HS in {32, 64, 128} and 16-byte aligned tensors (cp.async) run on the
-// tensor-core kernels (attention_tc.cu); fp32 (which must match the CPU to fp32 rounding) and
-// other head sizes on the warp-per-row kernels (attention.cu).
+// tensor-core kernels (attention_tc.cu), multi-head and grouped KV heads alike; fp32 (which must
+// match the CPU to fp32 rounding) and other head sizes on the warp-per-row kernels (attention.cu).
 namespace {
 bool use_attention_tc(DType t, std::int64_t C, std::int64_t NH, std::initializer_list<const void*> ptrs) {
   return NH > 0 && cuda_detail::attention_tc_supported(t, C / NH) && aligned16(ptrs);
@@ -300,8 +300,8 @@ bool use_attention_tc(DType t, std::int64_t C, std::int64_t NH, std::initializer
 void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, std::int64_t NKV, const DropoutParams& dropout) {
   use_device_of(qkv);
   const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / (NH + 2 * NKV) * NH;
-  if (NKV == NH && use_attention_tc(qkv.dtype, C, NH, {out.data, qkv.data})) {
-    DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_forward_tc(out.data, static_cast<float*>(lse.data), qkv.data, qkv.dtype, B, T, C, NH,
+  if (use_attention_tc(qkv.dtype, C, NH, {out.data, qkv.data})) {
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_forward_tc(out.data, static_cast<float*>(lse.data), qkv.data, qkv.dtype, B, T, C, NH, NKV,
                                                                 dropout.p, dropout.rng, kStream));
     return;
   }
@@ -314,9 +314,9 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   use_device_of(qkv);
   const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / (NH + 2 * NKV) * NH;
   float* Dsum = static_cast<float*>(scratch.data) + B * T * C;  // the CPU's layout: dq (B*T*C), then D (B*NH*T)
-  if (NKV == NH && use_attention_tc(qkv.dtype, C, NH, {dqkv.data, dout.data, qkv.data, out.data})) {
+  if (use_attention_tc(qkv.dtype, C, NH, {dqkv.data, dout.data, qkv.data, out.data})) {
     DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward_tc(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data),
-                                                                 Dsum, qkv.dtype, B, T, C, NH, dropout.p, dropout.rng, kStream));
+                                                                 Dsum, qkv.dtype, B, T, C, NH, NKV, dropout.p, dropout.rng, kStream));
     return;
   }
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data), Dsum,

@@ -53,7 +53,7 @@ float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor l
 
 // Flash-style (attention.cu): saves lse only. attention_backward uses the B*NH*T tail of the
 // caller's scratch for D_i; dq accumulates in registers, so the B*T*C head of it stays unused.
-// NKV KV heads (ops/kernels/attention.h's grouped layout); the tensor-core kernels serve NKV = NH.
+// NKV KV heads (ops/kernels/attention.h's grouped layout), on the tensor-core kernels or attention.cu's.
 void attention_forward(Tensor out, Tensor lse, Tensor qkv, std::int64_t NH, std::int64_t NKV, const DropoutParams& dropout);
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, std::int64_t NH, std::int64_t NKV, Tensor scratch,
                         const DropoutParams& dropout);

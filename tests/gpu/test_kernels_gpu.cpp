@@ -472,14 +472,32 @@ TEST_P(GpuKernels, AttentionMatchesCpu) {
   }
 }
 
-// Grouped KV heads (the warp-per-row kernels of attention.cu; the tensor-core kernels take NKV = NH
-// only) against the CPU's, on the CPU tests' GQA case table.
+// Grouped KV heads on the tensor-core path (fp16/bf16, HS in {32, 64, 128}): 1, 2 and all KV
+// heads; groups of 2 to 4 query heads whose dK/dV blocks run several heads' query tiles through
+// one pipeline (T not a multiple of the 64-key block or of the 32- and 64-query tiles); dropout
+// (the query head's Philox elements); SmolLM-135M's grouping at T = 256. For fp32 they run the
+// warp-per-row kernels.
+const GqaAttentionCase kGqaAttentionTcCases[] = {
+    {"tc_kv4_of_8_T1", 1, 1, 8, 4, 32, 0.0f},
+    {"tc_mqa_hs64", 2, 200, 4, 1, 64, 0.0f},        // NKV = 1: one dK/dV block per key block runs 4 heads
+    {"tc_kv2_of_4_hs32", 1, 130, 4, 2, 32, 0.0f},
+    {"tc_kv_all_hs64", 1, 100, 3, 3, 64, 0.0f},     // NKV = NH: G = 1
+    {"tc_kv3_of_9_smollm", 2, 256, 9, 3, 64, 0.0f},  // SmolLM-135M's attention
+    {"tc_mqa_hs128", 1, 161, 4, 1, 128, 0.0f},      // dK/dV query tiles of 32
+    {"tc_kv2_of_6_hs64_dropout", 2, 77, 6, 2, 64, 0.1f},
+    {"tc_kv2_of_8_hs128_dropout", 1, 97, 8, 2, 128, 0.2f},
+};
+
+// Grouped KV heads against the CPU's: the CPU tests' GQA case table (head sizes the tensor-core
+// kernels do not take: the warp-per-row kernels of attention.cu) and the tensor-core cases above.
 TEST_P(GpuKernels, GqaAttentionMatchesCpu) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   const DType dt = GetParam();
   const Tol tol = kAttentionTols.of(dt);
   std::mt19937_64 rng(32);
-  for (const GqaAttentionCase& c : kGqaAttentionCases) {
+  std::vector<GqaAttentionCase> cases(std::begin(kGqaAttentionCases), std::end(kGqaAttentionCases));
+  cases.insert(cases.end(), std::begin(kGqaAttentionTcCases), std::end(kGqaAttentionTcCases));
+  for (const GqaAttentionCase& c : cases) {
     SCOPED_TRACE(c.name);
     const std::int64_t B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, C = NH * c.HS, W = (NH + 2 * NKV) * c.HS;
     const AttentionHeads heads{NH, NKV};
