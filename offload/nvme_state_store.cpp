@@ -174,6 +174,19 @@ void NvmeStateStore::prefetch(std::size_t g) {
   start_read(*s, g);
 }
 
+void NvmeStateStore::prefetch_step() {
+  if (!pipelining_.read) return;
+  for (std::size_t g = 0; g < layout().groups.size(); ++g) {
+    if (find(g) != nullptr) continue;  // in memory, being read, or being written back
+    // In visiting order, so that a later sub-group never takes the buffer an earlier one needs;
+    // a group read ahead stays `reading` until acquired, and victim() never picks it.
+    Slot* s = victim(/*without_waiting=*/true);
+    if (s == nullptr) return;
+    settle(*s);
+    start_read(*s, g);
+  }
+}
+
 void NvmeStateStore::flush() {
   std::string first_error;
   for (Slot& s : slots_) {

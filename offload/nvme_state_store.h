@@ -45,6 +45,9 @@ class NvmeStateStore final : public StateStore {
   std::span<const Tensor> acquire(std::size_t g) override;
   void release(std::size_t g, bool modified) override;
   void prefetch(std::size_t g) override;
+  // Reads sub-groups 0, 1, ... into free slots (whose I/O has finished) until one does not fit:
+  // between steps every slot can hold the next step's first sub-groups (pipeline_read only).
+  void prefetch_step() override;
   void flush() override;
   StateStoreBytes bytes() const override;
 

@@ -352,6 +352,9 @@ void ModelStates::begin_pass(bool train) {
 
 void ModelStates::acquire(std::size_t i) {
   if (coordinator_ && !all_acquired_) coordinator_->before(i);
+  // An NVMe optimizer store reads the step's first sub-groups while the forward and backward run,
+  // as its buffers' write-backs of the previous step finish (docs/offload.md §5).
+  store_->prefetch_step();
 }
 
 void ModelStates::release(std::size_t i) {

@@ -59,6 +59,10 @@ void SplitStateStore::prefetch(std::size_t g) {
   if (g >= on_device_) offloaded_->prefetch(g - on_device_);
 }
 
+void SplitStateStore::prefetch_step() {
+  if (offloaded_) offloaded_->prefetch_step();
+}
+
 void SplitStateStore::flush() {
   if (offloaded_) offloaded_->flush();
 }

@@ -32,6 +32,7 @@ class SplitStateStore final : public StateStore {
   std::span<const Tensor> acquire(std::size_t g) override;
   void release(std::size_t g, bool modified) override;
   void prefetch(std::size_t g) override;
+  void prefetch_step() override;  // the offloaded share's first sub-groups: visited right after the device's
   void flush() override;
   StateStoreBytes bytes() const override;
 

@@ -75,6 +75,11 @@ class StateStore {
   virtual void release(std::size_t g, bool modified) = 0;
   // A hint that g will be acquired next (a swapped store starts reading it). Default: nothing.
   virtual void prefetch(std::size_t /*g*/) {}
+  // A hint that the optimizer step will come next and visit the sub-groups from the first: a swapped
+  // store starts reading the first ones into the buffers that are free, so that their reads overlap
+  // the forward and backward (docs/offload.md §5). Called often between steps (each layer), so it
+  // must cost nothing when there is nothing to start. Default: nothing.
+  virtual void prefetch_step() {}
   // Every write-back has reached the home (before the process reads the home another way, or exits).
   virtual void flush() {}
   virtual StateStoreBytes bytes() const = 0;

@@ -29,9 +29,15 @@ StateStoreLayout layout_of(std::int64_t numel, std::int64_t sub_group) {
   return l;
 }
 
-// One "step" over every group in order, prefetching the next, as the pipelined optimizer does.
+// One "step" over every group in order, prefetching the next, as the pipelined optimizer does —
+// after the hint ModelStates gives while the forward and backward run (prefetch_step), twice, as
+// the write-backs of the previous step finish between calls.
 void step(StateStore& s, int t, bool prefetch) {
   const std::size_t groups = s.layout().groups.size();
+  if (prefetch) {
+    s.prefetch_step();
+    s.prefetch_step();
+  }
   for (std::size_t g = 0; g < groups; ++g) {
     if (prefetch && g + 1 < groups) s.prefetch(g + 1);
     std::span<const Tensor> v = s.acquire(g);
@@ -112,6 +118,31 @@ TEST(NvmeStateStore, PipelineReadAndWriteAsDeepSpeedMeansThem) {
       std::memcpy(&x, bytes.data(), 4);
       EXPECT_EQ(x, 42.0f) << "release returned before the write-back reached the file";
     }
+    s.flush();
+  }
+}
+
+// Between steps (pipeline_read), prefetch_step reads the step's first sub-groups into every buffer
+// whose I/O has finished, in visiting order, and nothing more; the step then finds them read.
+TEST(NvmeStateStore, PrefetchStepReadsTheFirstSubGroupsIntoTheFreeBuffers) {
+  ScratchDir dir("nvmeahead");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "pipeline_read" : "no pipeline_read");
+    // 6 groups of 1024 floats (one 4096-byte piece per buffer), 3 buffers, 4 slots.
+    NvmeStateStore s(layout_of(6 * 1024, 1024), io, host, 4, dir.path.string(), kKey, "run", 0, NvmePipelining{on, on});
+    step(s, 0, /*prefetch=*/false);  // every group written once; the slots hold groups 2-5
+    const std::uint64_t before = io.totals().pieces;
+    s.prefetch_step();
+    EXPECT_EQ(io.totals().pieces - before, on ? 4u * 3u : 0u) << "groups 0-3, 3 buffers each";
+    s.prefetch_step();  // nothing free: nothing more
+    EXPECT_EQ(io.totals().pieces - before, on ? 4u * 3u : 0u);
+    for (std::size_t g = 0; g < 4; ++g) {
+      s.acquire(g);
+      s.release(g, false);
+    }
+    EXPECT_EQ(io.totals().pieces - before, 4u * 3u) << "the step read again what was read ahead (or nothing was)";
     s.flush();
   }
 }
