@@ -271,11 +271,20 @@ void validate(const LlamaConfig& c) {
   (void)rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);  // throws, naming the rope key
 }
 
-void llama_check_sequence(const LlamaConfig& c, std::int64_t T) {
+void llama_check_sequence(const LlamaConfig& c, std::int64_t T, bool cuda) {
   if (c.sliding_window > 0 && T > c.sliding_window) {
-    fail("model: sliding_window = {} is smaller than the sequence length T = {}; dstrain's attention is full causal attention, which equals "
-         "sliding-window attention only while T <= sliding_window; train with T <= {} (or a config without sliding_window)",
-         c.sliding_window, T, c.sliding_window);
+    if (c.attention_window() == 0) {
+      fail("model: sliding_window = {} is smaller than the sequence length T = {}, and this {} config applies it to some layers only "
+           "(use_sliding_window with max_window_layers, or layer_types), which dstrain does not build; its full causal attention equals "
+           "sliding-window attention while T <= sliding_window: train with T <= {} (or set use_sliding_window to false)",
+           c.sliding_window, T, c.model_type, c.sliding_window);
+    }
+    if (cuda) {
+      fail("model: sliding_window = {} is smaller than the sequence length T = {}; the windowed attention mask is computed on the CPU "
+           "only (the CUDA attention kernels are full causal, which equals it while T <= sliding_window): train with T <= {} or "
+           "--device cpu",
+           c.sliding_window, T, c.sliding_window);
+    }
   }
   if (T > c.max_position_embeddings) {
     fail("model: sequence length T = {} exceeds max_position_embeddings = {}; use T <= {}", T, c.max_position_embeddings, c.max_position_embeddings);
