@@ -359,7 +359,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     fail("--sequence-length {}: must be between 1 and the model's {} = {} (give a model with more positions, e.g. a -T<n> descriptor)", T,
          g.llama ? "max_position_embeddings" : "n_positions", g.n_positions());
   }
-  if (g.llama) llama_check_sequence(*g.llama, T);  // a sliding window shorter than T is refused, naming the key
+  if (g.llama) llama_check_sequence(*g.llama, T, plan.device.is_cuda());  // a window it cannot compute there is refused, naming the key
   plan.sequence_length = T;
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails

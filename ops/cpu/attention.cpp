@@ -23,11 +23,12 @@ constexpr std::int64_t kMaxHS = kAttentionMaxHeadSize;
 
 // C = NH·HS is the output width; W = (NH + 2·NKV)·HS the qkv row; k of KV head g starts at column
 // koff + g·HS, v at voff + g·HS; query head h reads KV head h / G.
+// Query i sees keys max(0, i - win + 1) .. i: win = the sliding window, or T (plain causal).
 struct AttShape {
-  std::int64_t B, T, C, NH, HS, NKV, G, W, koff, voff;
+  std::int64_t B, T, C, NH, HS, NKV, G, W, koff, voff, win;
 };
 
-AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, AttentionHeads heads) {
+AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, AttentionHeads heads, std::int64_t window) {
   require_rank(op, {"qkv", qkv}, 3, "(B, T, (NH + 2*NKV)*HS)");
   const std::int64_t NH = heads.q, NKV = heads.kv, W = qkv.shape[2];
   AttShape s{};
@@ -56,6 +57,8 @@ AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, Attenti
   if (s.HS > kMaxHS) fail("{}: head size HS = {} exceeds the supported maximum {} (qkv {}, NH = {}, NKV = {})", op, s.HS, kMaxHS, qkv.shape.str(), NH, NKV);
   require_shape(op, {"lse", lse}, Shape{s.B, NH, s.T}, "(B, NH, T)");
   require_dtype(op, {"lse", lse}, DType::fp32);
+  if (window < 0) fail("{}: sliding window = {} must be >= 0 (0: none)", op, window);
+  s.win = window > 0 && window < s.T ? window : s.T;
   return s;
 }
 
@@ -66,6 +69,15 @@ void check_dropout(const char* op, const DropoutParams& p, const AttShape& s) {
   if (!(p.p >= 0.0f && p.p < 1.0f)) fail("{}: attention dropout probability p = {} is outside [0, 1)", op, p.p);
   if (!p.rng.valid()) {
     fail("{}: RngKey layer = {}, micro_batch = {}, site = {} must each be < 65536", op, p.rng.layer, p.rng.micro_batch, p.rng.site);
+  }
+}
+
+// The CUDA kernels compute plain causal attention: a window that masks a key (win < T) is refused.
+void check_no_window_on_cuda(const char* op, const AttShape& s) {
+  if (s.win < s.T) {
+    fail("{}: a sliding window of {} keys shorter than the sequence (T = {}) runs on the CPU only; the CUDA kernels compute full causal "
+         "attention, which equals it while T <= window",
+         op, s.win, s.T);
   }
 }
 
@@ -111,7 +123,8 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
       m[ii] = -std::numeric_limits<float>::infinity();
       l[ii] = 0.0f;
     }
-    for (std::int64_t j0 = 0; j0 < i0 + qn; j0 += kKB) {
+    // Key blocks from the one holding the block's first visible key (i0 - win + 1) to the diagonal.
+    for (std::int64_t j0 = std::max<std::int64_t>(0, i0 - s.win + 1) / kKB * kKB; j0 < i0 + qn; j0 += kKB) {
       const std::int64_t jn = std::min(kKB, i0 + qn - j0);
       for (std::int64_t jj = 0; jj < jn; ++jj) {
         const T* kj = base + (j0 + jj) * C3 + s.koff + (h / s.G) * HS;
@@ -123,22 +136,23 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
       }
       for (std::int64_t ii = 0; ii < qn; ++ii) {
         const std::int64_t i = i0 + ii;
-        const std::int64_t jmax = std::min(jn, i - j0 + 1);  // causal: keys j <= i
-        if (jmax <= 0) continue;
-        for (std::int64_t jj = 0; jj < jmax; ++jj) sc[jj] = 0.0f;
+        const std::int64_t jmax = std::min(jn, i - j0 + 1);                   // causal: keys j <= i
+        const std::int64_t jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);  // window: keys j > i - win
+        if (jmax <= jlo) continue;
+        for (std::int64_t jj = jlo; jj < jmax; ++jj) sc[jj] = 0.0f;
         for (std::int64_t d = 0; d < HS; ++d) {
           const float qd = q[ii][d];
           const float* __restrict kd = kt[d];
-          for (std::int64_t jj = 0; jj < jmax; ++jj) sc[jj] += qd * kd[jj];
+          for (std::int64_t jj = jlo; jj < jmax; ++jj) sc[jj] += qd * kd[jj];
         }
         float cm = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : cm)
-        for (std::int64_t jj = 0; jj < jmax; ++jj) cm = std::max(cm, sc[jj]);
+        for (std::int64_t jj = jlo; jj < jmax; ++jj) cm = std::max(cm, sc[jj]);
         const float mn = std::max(m[ii], cm);
         const float corr = std::exp(m[ii] - mn);  // exp(-inf) = 0 on the first block
         float psum = 0.0f;
 #pragma omp simd reduction(+ : psum)
-        for (std::int64_t jj = 0; jj < jmax; ++jj) {
+        for (std::int64_t jj = jlo; jj < jmax; ++jj) {
           const float p = cpu::fast_exp(sc[jj] - mn);
           sc[jj] = p;
           psum += p;
@@ -147,12 +161,12 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
         m[ii] = mn;
         if (drop) {
           float md[kKB];
-          dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0), jmax, dp.p, keep_scale, md);
-          for (std::int64_t jj = 0; jj < jmax; ++jj) sc[jj] *= md[jj];
+          dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0 + jlo), jmax - jlo, dp.p, keep_scale, md + jlo);
+          for (std::int64_t jj = jlo; jj < jmax; ++jj) sc[jj] *= md[jj];
         }
         float* __restrict a = acc[ii];
         for (std::int64_t d = 0; d < HS; ++d) a[d] *= corr;
-        for (std::int64_t jj = 0; jj < jmax; ++jj) {
+        for (std::int64_t jj = jlo; jj < jmax; ++jj) {
           const float pj = sc[jj];
           const float* __restrict vj = vs[jj];
           for (std::int64_t d = 0; d < HS; ++d) a[d] += pj * vj[d];
@@ -222,7 +236,9 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
         const float* lse_bh = lse + bh * T_;
         const float* D_bh = Dsum + bh * T_;
         float* dqb = dq + b * T_ * C + h * HS;
-        for (std::int64_t i0 = j0; i0 < T_; i0 += kQB) {  // causal: only queries i >= j0
+        // Causal: only queries i >= j0; window: only queries i < j0 + jn - 1 + win (the block's last key is visible to them).
+        const std::int64_t iend = std::min(T_, j0 + jn - 1 + s.win);
+        for (std::int64_t i0 = j0; i0 < iend; i0 += kQB) {
           const std::int64_t qn = std::min(kQB, T_ - i0);
           for (std::int64_t ii = 0; ii < qn; ++ii) {
             const T* qi = base + (i0 + ii) * C3 + h * HS;
@@ -234,9 +250,10 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           }
           for (std::int64_t ii = 0; ii < qn; ++ii) {
             const std::int64_t i = i0 + ii;
-            const std::int64_t jmax = std::min(jn, i - j0 + 1);  // keys j <= i
-            if (jmax <= 0) continue;
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+            const std::int64_t jmax = std::min(jn, i - j0 + 1);                   // keys j <= i
+            const std::int64_t jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);  // keys j > i - win
+            if (jmax <= jlo) continue;
+            for (std::int64_t jj = jlo; jj < jmax; ++jj) {
               sp[jj] = 0.0f;
               sd[jj] = 0.0f;
             }
@@ -244,7 +261,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
               const float qd = qs[ii][d], gd = gs[ii][d];
               const float* __restrict kd = kt[d];
               const float* __restrict vd = vt[d];
-              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              for (std::int64_t jj = jlo; jj < jmax; ++jj) {
                 sp[jj] += qd * kd[jj];
                 sd[jj] += gd * vd[jj];
               }
@@ -252,15 +269,15 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
             // sp <- P̃ = P * mask (for dv);  sd <- dS * scale = P (dP̃ * mask - D_i) * scale
             const float li = lse_bh[i], Di = D_bh[i];
             if (!drop) {
-              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              for (std::int64_t jj = jlo; jj < jmax; ++jj) {
                 const float p = cpu::fast_exp(sp[jj] * scale - li);
                 sp[jj] = p;
                 sd[jj] = p * (sd[jj] - Di) * scale;
               }
             } else {
               float md[kKB];
-              dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0), jmax, dp.p, keep_scale, md);
-              for (std::int64_t jj = 0; jj < jmax; ++jj) {
+              dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0 + jlo), jmax - jlo, dp.p, keep_scale, md + jlo);
+              for (std::int64_t jj = jlo; jj < jmax; ++jj) {
                 const float p = cpu::fast_exp(sp[jj] * scale - li);
                 sp[jj] = p * md[jj];
                 sd[jj] = p * (sd[jj] * md[jj] - Di) * scale;
@@ -268,7 +285,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
             }
             const float* __restrict gi = gs[ii];
             const float* __restrict qi = qs[ii];
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+            for (std::int64_t jj = jlo; jj < jmax; ++jj) {
               const float pj = sp[jj], dsj = sd[jj];
               float* __restrict dvj = dv[jj];
               float* __restrict dkj = dk[jj];
@@ -278,7 +295,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
               }
             }
             float* __restrict dqi = dqb + i * C;
-            for (std::int64_t jj = 0; jj < jmax; ++jj) {
+            for (std::int64_t jj = jlo; jj < jmax; ++jj) {
               const float dsj = sd[jj];
               const float* __restrict kj = ks[jj];
               for (std::int64_t d = 0; d < HS; ++d) dqi[d] += dsj * kj[d];
@@ -305,10 +322,11 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
 
 }  // namespace
 
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout) {
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout, std::int64_t window) {
   const char* op = "attention_forward";
   const bool gpu = cpu::on_cuda(op, {{"out", out}, {"lse", lse}, {"qkv", qkv}});
-  const AttShape s = check_att(op, qkv, lse, heads);
+  const AttShape s = check_att(op, qkv, lse, heads, window);
+  if (gpu) check_no_window_on_cuda(op, s);
   require_shape(op, {"out", out}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");
   require_same_dtype(op, {{"qkv", qkv}, {"out", out}});
   check_dropout(op, dropout, s);
@@ -323,10 +341,11 @@ std::size_t attention_backward_scratch_elems(std::int64_t B, std::int64_t T, std
 }
 
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, AttentionHeads heads, Tensor scratch,
-                        const DropoutParams& dropout) {
+                        const DropoutParams& dropout, std::int64_t window) {
   const char* op = "attention_backward";
   const bool gpu = cpu::on_cuda(op, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}, {"lse", lse}, {"scratch", scratch}});
-  const AttShape s = check_att(op, qkv, lse, heads);
+  const AttShape s = check_att(op, qkv, lse, heads, window);
+  if (gpu) check_no_window_on_cuda(op, s);
   const std::int64_t NH = heads.q;
   require_shape(op, {"dqkv", dqkv}, qkv.shape, "(the shape of qkv)");
   require_shape(op, {"dout", dout}, Shape{s.B, s.T, s.C}, "(B, T, C) with C = NH*HS");

@@ -43,7 +43,10 @@ inline constexpr std::int64_t kAttentionMaxHeadSize = 128;
 //   qkv: (B, T, (NH + 2·NKV)·HS) storage dtype S (fp32 / fp16 / bf16);  out: (B, T, C = NH·HS) S
 //   lse: (B, NH, T) fp32: log sum_j exp(score_ij) per query row (before dropout)
 //   NKV divides NH, HS <= kAttentionMaxHeadSize. Scratch: none.
-void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout = {});
+//   window: 0 = causal (query i sees keys 0 .. i); W > 0 = sliding window (Mistral): query i sees
+//   keys i - W < j <= i (itself and the W - 1 before it, Hugging Face's sliding_window mask).
+//   The CPU computes both; the CUDA kernels only windows that mask nothing (W >= T), else Error.
+void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads, const DropoutParams& dropout = {}, std::int64_t window = 0);
 
 // fp32 scratch elements for attention_backward: B*T*C (dq accumulated in fp32) + B*NH*T (D_i),
 // C = NH·HS (the output width, whatever NKV is).
@@ -55,7 +58,8 @@ std::size_t attention_backward_scratch_elems(std::int64_t B, std::int64_t T, std
 //   dropout: the same params as the forward. Parallel over (b, KV head): each task writes only
 //   its own columns of dqkv; the query heads of a group add into their shared dk/dv in head
 //   order, so the result is deterministic.
+//   window: the forward's.
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, AttentionHeads heads, Tensor scratch,
-                        const DropoutParams& dropout = {});
+                        const DropoutParams& dropout = {}, std::int64_t window = 0);
 
 }  // namespace dstrain

@@ -218,15 +218,8 @@ Gpt2Config model_config_from_spec(std::string_view spec) {
     }
     return c;
   }
-  const std::filesystem::path p{std::string(spec)};
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) {
-    const auto inner = p / "config.json";
-    if (std::filesystem::is_regular_file(inner, ec)) return gpt2_config_from_hf_json(read_model_config_file(inner), inner.string());
-    fail("model spec '{}' is a folder without a config.json; give the config.json itself or a folder holding one", spec);
-  }
-  if (std::filesystem::is_regular_file(p, ec)) return gpt2_config_from_hf_json(read_model_config_file(p), spec);
-  fail("model spec '{}' is neither a known preset nor an existing file; accepted forms: {}", spec, kSpecForms);
+  const std::filesystem::path p = model_config_path(spec, "a known preset", kSpecForms);
+  return gpt2_config_from_hf_json(read_model_config_file(p), p.string());
 }
 
 std::int64_t parameter_count(const Gpt2Config& c) {

@@ -4,7 +4,6 @@
 
 #include "ops/kernels/layernorm.h"
 #include "ops/kernels/matmul.h"
-#include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/transformer/gpt2_layers.h"
 #include "ops/transformer/layer_args.h"
 #include "ops/kernels/tensor_ops.h"
@@ -57,16 +56,7 @@ void Gpt2Head::forward(const ForwardArgs& a) {
   const auto& s = a.saved;
   layernorm_forward(s[kLnf], s[kLnfMean], s[kLnfRstd], a.input, a.params[kW], a.params[kB], cfg_.layer_norm_epsilon);
   matmul_forward(s[kLogits], s[kLnf], a.params[kWte], Tensor{}, a.scratch[kMatmul]);  // (B, T, Vp) = lnf · wteᵀ
-  float mean = 0.0f;
-  if (a.fuse_loss_grad) {
-    // Training: dlogits over the logits now (backward then starts from them); the loss is the mean
-    // over the non-ignored targets, so each position's loss has weight 1 / n.
-    const std::int64_t n = count_targets(a.batch);
-    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
-    mean = softmax_cross_entropy_forward_backward(a.output, s[kLse], s[kLogits], a.batch.targets, dloss, cfg_.vocab_size);
-  } else {
-    mean = softmax_cross_entropy_forward(a.output, s[kLse], s[kLogits], a.batch.targets, cfg_.vocab_size);
-  }
+  const float mean = layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -77,12 +67,7 @@ void Gpt2Head::backward(const BackwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
   const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
-  if (!a.loss_grad_done) {
-    // The loss is the mean over the non-ignored targets, so each position's loss has weight 1 / n.
-    const std::int64_t n = count_targets(a.batch);
-    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
-    softmax_cross_entropy_backward(dlogits, s[kLogits], s[kLse], a.batch.targets, dloss, cfg_.vocab_size);
-  }
+  layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
   const Tensor dlnf = a.scratch[kDLnf];
   zero_tensor(dlnf);
   matmul_backward(dlnf, a.grads[kWte], Tensor{}, dlogits, s[kLnf], a.params[kWte], a.scratch[kMatmul]);

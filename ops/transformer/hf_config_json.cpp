@@ -34,6 +34,18 @@ nlohmann::json parse_hf_config_json(std::string_view json_text, std::string_view
   return j;
 }
 
+std::filesystem::path model_config_path(std::string_view spec, std::string_view descriptor, std::string_view forms) {
+  const std::filesystem::path p{std::string(spec)};
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) {
+    auto inner = p / "config.json";
+    if (std::filesystem::is_regular_file(inner, ec)) return inner;
+    fail("model spec '{}' is a folder without a config.json; give the config.json itself or a folder holding one", spec);
+  }
+  if (std::filesystem::is_regular_file(p, ec)) return p;
+  fail("model spec '{}' is neither {} nor an existing file; accepted forms: {}", spec, descriptor, forms);
+}
+
 std::string read_model_config_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   if (!f) fail("cannot open the model config '{}'; check the path and its permissions", p.string());

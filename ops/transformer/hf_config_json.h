@@ -18,4 +18,9 @@ nlohmann::json parse_hf_config_json(std::string_view json_text, std::string_view
 // The text of a model config file; Error naming the path when it cannot be read.
 std::string read_model_config_file(const std::filesystem::path& path);
 
+// The config.json a model spec that is not a descriptor names: the file itself, or the
+// config.json inside a folder (as Hugging Face checkpoints come). Error naming the spec otherwise:
+// "neither <descriptor> nor an existing file; accepted forms: <forms>".
+std::filesystem::path model_config_path(std::string_view spec, std::string_view descriptor, std::string_view forms);
+
 }  // namespace dstrain

@@ -6,6 +6,7 @@
 //   qkv = qkv_raw; q/k heads RMSNorm'd in place (Qwen3)             (B, T, W), rstd (B, T, NH + NKV)
 //   qkv: q and k heads rotated in place (RoPE, positions 0 .. T-1)
 //   atty, lse = attention(qkv, NH, NKV) (attention_dropout, site 0) (B, T, NH·D), (B, NH, T)
+//     causal, or within Mistral's sliding_window (cfg.attention_window())
 //   proj = atty · o_projᵀ (+ b)                                     (B, T, C) scratch
 //   residual2 = x + proj; ln2, rstd2 = rmsnorm(residual2)           one fused pass
 //   gate = ln2 · gate_projᵀ, up = ln2 · up_projᵀ (+ b)              (B, T, I) each
@@ -172,7 +173,8 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
   const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
   rope_forward(heads, heads, s[kInvFreq], NH + NKV);
-  attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV}, layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train));
+  attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV}, layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train),
+                    cfg_.attention_window());
   matmul_forward(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b), mm);
   fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
 
@@ -223,7 +225,7 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   const Tensor dqkv = a.scratch[kDqkv];
   zero_tensor(dqkv);
   attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kLse], AttentionHeads{NH, NKV}, a.scratch[kAttention],
-                     layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train));
+                     layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train), cfg_.attention_window());
   const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
   rope_backward(dheads, dheads, s[kInvFreq], NH + NKV);
   if (cfg_.qk_norm) {

@@ -271,11 +271,20 @@ void validate(const LlamaConfig& c) {
   (void)rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);  // throws, naming the rope key
 }
 
-void llama_check_sequence(const LlamaConfig& c, std::int64_t T) {
+void llama_check_sequence(const LlamaConfig& c, std::int64_t T, bool cuda) {
   if (c.sliding_window > 0 && T > c.sliding_window) {
-    fail("model: sliding_window = {} is smaller than the sequence length T = {}; dstrain's attention is full causal attention, which equals "
-         "sliding-window attention only while T <= sliding_window; train with T <= {} (or a config without sliding_window)",
-         c.sliding_window, T, c.sliding_window);
+    if (c.attention_window() == 0) {
+      fail("model: sliding_window = {} is smaller than the sequence length T = {}, and this {} config applies it to some layers only "
+           "(use_sliding_window with max_window_layers, or layer_types), which dstrain does not build; its full causal attention equals "
+           "sliding-window attention while T <= sliding_window: train with T <= {} (or set use_sliding_window to false)",
+           c.sliding_window, T, c.model_type, c.sliding_window);
+    }
+    if (cuda) {
+      fail("model: sliding_window = {} is smaller than the sequence length T = {}; the windowed attention mask is computed on the CPU "
+           "only (the CUDA attention kernels are full causal, which equals it while T <= sliding_window): train with T <= {} or "
+           "--device cpu",
+           c.sliding_window, T, c.sliding_window);
+    }
   }
   if (T > c.max_position_embeddings) {
     fail("model: sequence length T = {} exceeds max_position_embeddings = {}; use T <= {}", T, c.max_position_embeddings, c.max_position_embeddings);
@@ -431,15 +440,8 @@ LlamaConfig llama_config_from_spec(std::string_view spec) {
     }
     return c;
   }
-  const std::filesystem::path p{std::string(spec)};
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) {
-    const auto inner = p / "config.json";
-    if (std::filesystem::is_regular_file(inner, ec)) return llama_config_from_hf_json(read_model_config_file(inner), inner.string());
-    fail("model spec '{}' is a folder without a config.json; give the config.json itself or a folder holding one", spec);
-  }
-  if (std::filesystem::is_regular_file(p, ec)) return llama_config_from_hf_json(read_model_config_file(p), spec);
-  fail("model spec '{}' is neither a llama: descriptor nor an existing file; accepted forms: {}", spec, kSpecForms);
+  const std::filesystem::path p = model_config_path(spec, "a llama: descriptor", kSpecForms);
+  return llama_config_from_hf_json(read_model_config_file(p), p.string());
 }
 
 std::int64_t parameter_count(const LlamaConfig& c) {

@@ -43,10 +43,13 @@ struct LlamaConfig {
   float attention_dropout = 0.0f;          // on the attention probabilities
   float initializer_range = 0.02f;         // init std of every linear and embedding weight
   // Sliding-window attention (Mistral; Qwen with use_sliding_window): each query sees the last
-  // `sliding_window` keys. 0: none. A window smaller than the sequence is refused when the model
-  // is set up for that T (llama_check_sequence), naming the key.
+  // `sliding_window` keys (itself included). 0: none. Mistral's window acts on every layer and is
+  // computed (attention_window); Qwen's acts on some layers only, and a sequence it would mask is
+  // refused (llama_check_sequence), naming the key.
   std::int64_t sliding_window = 0;
 
+  // The window every layer's attention applies: Mistral's sliding_window; 0 (causal) otherwise.
+  std::int64_t attention_window() const { return model_type == "mistral" ? sliding_window : 0; }
   std::int64_t q_dim() const { return n_head * head_dim; }
   std::int64_t kv_dim() const { return n_kv_head * head_dim; }
   std::int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
@@ -56,8 +59,10 @@ struct LlamaConfig {
 // dividing n_head, odd head_dim, head_dim above the attention kernel's maximum, rope parameters).
 void validate(const LlamaConfig& cfg);
 
-// Error naming `sliding_window` when a sequence of T tokens would reach beyond the window.
-void llama_check_sequence(const LlamaConfig& cfg, std::int64_t T);
+// Error naming the key when T exceeds max_position_embeddings, or when a sliding window shorter
+// than T would mask keys where dstrain does not compute it: Qwen's per-layer windows, and any
+// window on a CUDA device (`cuda`: its attention kernels are full causal).
+void llama_check_sequence(const LlamaConfig& cfg, std::int64_t T, bool cuda = false);
 
 // A descriptor or a config.json path (see the top of this file).
 LlamaConfig llama_config_from_spec(std::string_view spec);

@@ -4,7 +4,6 @@
 
 #include "ops/kernels/matmul.h"
 #include "ops/kernels/rmsnorm.h"
-#include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/kernels/tensor_ops.h"
 #include "ops/transformer/layer_args.h"
 #include "ops/transformer/llama_layers.h"
@@ -55,14 +54,7 @@ void LlamaHead::forward(const ForwardArgs& a) {
   const auto& s = a.saved;
   rmsnorm_forward(s[kNorm], s[kRstd], a.input, a.params[kW], cfg_.rms_norm_eps);
   matmul_forward(s[kLogits], s[kNorm], a.params[kLmHead], Tensor{}, a.scratch[kMatmul]);
-  float mean = 0.0f;
-  if (a.fuse_loss_grad) {
-    const std::int64_t n = count_targets(a.batch);
-    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
-    mean = softmax_cross_entropy_forward_backward(a.output, s[kLse], s[kLogits], a.batch.targets, dloss, cfg_.vocab_size);
-  } else {
-    mean = softmax_cross_entropy_forward(a.output, s[kLse], s[kLogits], a.batch.targets, cfg_.vocab_size);
-  }
+  const float mean = layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -72,12 +64,8 @@ void LlamaHead::backward(const BackwardArgs& a) {
   expect_count(name(), "saved", a.saved, kNumSaved);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
-  const Tensor dlogits = s[kLogits];
-  if (!a.loss_grad_done) {
-    const std::int64_t n = count_targets(a.batch);
-    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
-    softmax_cross_entropy_backward(dlogits, s[kLogits], s[kLse], a.batch.targets, dloss, cfg_.vocab_size);
-  }
+  const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
+  layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
   const Tensor dnorm = a.scratch[kDNorm];
   zero_tensor(dnorm);
   matmul_backward(dnorm, a.grads[kLmHead], Tensor{}, dlogits, s[kNorm], a.params[kLmHead], a.scratch[kMatmul]);

@@ -8,7 +8,8 @@ here in float64 from the published equations, not from dstrain's code:
   RMSNorm      x / sqrt(mean(x^2) + eps) * w                          (Zhang & Sennrich 2019)
   RoPE         rotate-half pairs (j, j + D/2) by p * inv_freq[j]; inv_freq = theta^(-2j/D), then
                "linear" (/ factor) or "llama3" (Meta's wavelength bands) scaling
-  attention    causal softmax(q k^T / sqrt(D)) v, KV head h // (NH / NKV) for query head h (GQA)
+  attention    causal softmax(q k^T / sqrt(D)) v, KV head h // (NH / NKV) for query head h (GQA);
+               Mistral's sliding_window W: query i sees keys i - W < j <= i only
   MLP          down(silu(gate(x)) * up(x))                            (SwiGLU, Shazeer 2020)
   optional     q/k/v (and o, MLP) biases; q/k RMSNorm per head before RoPE (Qwen3)
   head         final RMSNorm, logits = x lm_head^T (embed_tokens when tied), mean cross-entropy
@@ -92,7 +93,11 @@ def forward(w, cfg, tokens, targets):
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq(cfg)[None, :]  # (T, D/2)
     ang = torch.cat((ang, ang), dim=-1)
     cos, sin = ang.cos(), ang.sin()
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))  # key j visible to query i: j <= i
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    if window is not None:  # Mistral's sliding window: and j > i - window (the query and the window - 1 keys before it)
+        i_idx, j_idx = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        mask &= j_idx > i_idx - window
     qk_norm = cfg["model_type"] == "qwen3"
     x = w["model.embed_tokens.weight"][tokens]
 

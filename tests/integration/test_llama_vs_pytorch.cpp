@@ -1,7 +1,7 @@
 // The Llama family against an independent implementation: small models of each variant (grouped
 // KV heads 1, 2 and all; tied and untied embeddings; linear and llama3 rope scaling; Qwen2's
 // q/k/v biases; Qwen3's q/k norms with o bias and a head size that is not C / H; Llama's MLP
-// biases) run forward and backward here with random weights large enough that every part
+// biases; Mistral's sliding window shorter than the sequence) run forward and backward here with random weights large enough that every part
 // matters; the weights (dstrain's Hugging Face export), the gradients, logits and loss go to a
 // folder that tests/integration/llama_vs_pytorch.py reads into a Llama written in PyTorch from the
 // published equations, in float64, and compares (tolerances in that script). Then five AdamW
@@ -37,6 +37,7 @@ struct Case {
   RopeScaling::Kind rope = RopeScaling::Kind::none;
   bool qkv_bias = false, o_bias = false, mlp_bias = false, qk_norm = false;
   bool train = false;
+  std::int64_t sliding_window = 0;  // Mistral's; 0: none
 };
 
 LlamaConfig config_of(const Case& c) {
@@ -57,6 +58,7 @@ LlamaConfig config_of(const Case& c) {
   cfg.o_bias = c.o_bias;
   cfg.mlp_bias = c.mlp_bias;
   cfg.qk_norm = c.qk_norm;
+  cfg.sliding_window = c.sliding_window;
   return cfg;
 }
 
@@ -173,24 +175,29 @@ void check_case(const Case& c) {
 }
 
 TEST(LlamaVsPytorch, MultiQueryUntiedWithMlpBias) {
-  check_case({"mqa", "llama:L2-C64-H4-KV1-I96-V97-T16", "llama", RopeScaling::Kind::none, false, false, true, false, false});
+  check_case({"mqa", "llama:L2-C64-H4-KV1-I96-V97-T16", "llama", RopeScaling::Kind::none, false, false, true, false, false, 0});
 }
 
 TEST(LlamaVsPytorch, TwoKvHeadsTiedLlama3RopeTrainsFiveSteps) {
-  check_case({"kv2_tied_llama3", "llama:L2-C64-H4-KV2-I96-V97-T16-tied", "llama", RopeScaling::Kind::llama3, false, false, false, false, true});
+  check_case({"kv2_tied_llama3", "llama:L2-C64-H4-KV2-I96-V97-T16-tied", "llama", RopeScaling::Kind::llama3, false, false, false, false, true, 0});
 }
 
 TEST(LlamaVsPytorch, AllKvHeadsLinearRopeWithAttentionBias) {
-  check_case({"kv_all_linear", "llama:L2-C48-H4-I80-V97-T16", "llama", RopeScaling::Kind::linear, true, true, false, false, false});
+  check_case({"kv_all_linear", "llama:L2-C48-H4-I80-V97-T16", "llama", RopeScaling::Kind::linear, true, true, false, false, false, 0});
 }
 
 TEST(LlamaVsPytorch, Qwen2QkvBiasTrainsFiveSteps) {
-  check_case({"qwen2", "llama:L2-C64-H4-KV2-I96-V97-T16-tied", "qwen2", RopeScaling::Kind::none, true, false, false, false, true});
+  check_case({"qwen2", "llama:L2-C64-H4-KV2-I96-V97-T16-tied", "qwen2", RopeScaling::Kind::none, true, false, false, false, true, 0});
 }
 
 TEST(LlamaVsPytorch, Qwen3QkNormHeadSizeNotCOverH) {
   // D = 24 with C = 64, H = 4: q is 96 wide, o_proj maps 96 -> 64.
-  check_case({"qwen3", "llama:L2-C64-H4-KV2-D24-I96-V97-T16", "qwen3", RopeScaling::Kind::none, true, true, false, true, true});
+  check_case({"qwen3", "llama:L2-C64-H4-KV2-D24-I96-V97-T16", "qwen3", RopeScaling::Kind::none, true, true, false, true, true, 0});
+}
+
+TEST(LlamaVsPytorch, MistralSlidingWindowShorterThanTTrainsFiveSteps) {
+  // T = 16 with a window of 5 keys: most queries lose keys to the window, across both layers.
+  check_case({"mistral_window", "llama:L2-C64-H4-KV2-I96-V97-T16", "mistral", RopeScaling::Kind::none, false, false, false, false, true, 5});
 }
 
 }  // namespace

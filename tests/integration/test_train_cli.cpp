@@ -80,7 +80,7 @@ TEST_F(TrainCli, TrainsSavesAndReloads) {
 
 // The Llama family through the CLI (docs/models.md): a llama: descriptor trains with activation
 // checkpointing, --save-weights writes the Hugging Face layout, --init-from reads it back (the
-// same val loss); a Qwen2 config.json trains; a Mistral window shorter than T is refused by name.
+// same val loss); a Qwen2 config.json trains; so does a Mistral config whose window is shorter than T.
 TEST_F(TrainCli, LlamaFamilyTrainsSavesAndReloads) {
   const std::string base = "train --deepspeed_config " + q(dir_ / "ds.json") + " --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
                            " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 4 --sample-tokens 0";
@@ -112,10 +112,10 @@ TEST_F(TrainCli, LlamaFamilyTrainsSavesAndReloads) {
 
   std::ofstream(dir_ / "mistral.json") << R"({"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "sliding_window": 16})";
+  // A window shorter than the sequence is computed on the CPU (the windowed mask of the attention kernel).
   const CliResult m = run_dstrain(base + " --model " + q(dir_ / "mistral.json") + " --steps 2 --sequence-length 32");
-  EXPECT_EQ(m.exit_code, 2) << m.out;
-  EXPECT_NE(m.err.find("sliding_window = 16"), std::string::npos) << m.err;
-  EXPECT_NE(m.err.find("T = 32"), std::string::npos) << m.err;
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  EXPECT_NE(m.out.find("sliding window 16"), std::string::npos) << m.out;
 }
 
 TEST_F(TrainCli, BadInputsExit2NamingTheCause) {

@@ -1,6 +1,7 @@
 // Causal multi-head attention against a naive double reference that materialises the T×T
 // probabilities (the textbook algorithm, independent of the kernel's flash-style recompute),
 // finite differences with and without dropout, and argument errors.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -25,8 +26,9 @@ struct RefAtt {
 // Reference in double; dqkv starts from dqkv0 (the kernel accumulates). qkv rows are
 // [q (NH·HS) | k (NKV·HS) | v (NKV·HS)]; query head h uses KV head h / (NH / NKV), written as
 // Hugging Face's repeat_kv does it (the KV head index of each query head), NKV = NH for GPT-2.
+// window > 0: query i sees keys i - window < j <= i only (every other probability is 0).
 RefAtt ref_attention(const std::vector<double>& qkv, const std::vector<double>& dout, const std::vector<double>& dqkv0, std::int64_t B,
-                     std::int64_t T, std::int64_t C, std::int64_t NH, const DropoutParams& dp, std::int64_t NKV = 0) {
+                     std::int64_t T, std::int64_t C, std::int64_t NH, const DropoutParams& dp, std::int64_t NKV = 0, std::int64_t window = 0) {
   if (NKV == 0) NKV = NH;
   const std::int64_t HS = C / NH, C3 = C + 2 * NKV * HS, KOFF = C, VOFF = C + NKV * HS;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
@@ -40,19 +42,20 @@ RefAtt ref_attention(const std::vector<double>& qkv, const std::vector<double>& 
       auto k = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + KOFF + kvh * HS + d); };
       auto v = [&](std::int64_t t, std::int64_t d) { return at(qkv, (b * T + t) * C3 + VOFF + kvh * HS + d); };
       auto go = [&](std::int64_t t, std::int64_t d) { return at(dout, (b * T + t) * C + h * HS + d); };
+      auto first_key = [&](std::int64_t i) { return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : std::int64_t{0}; };
       for (std::int64_t i = 0; i < T; ++i) {
         double mx = -1e300;
         std::vector<double> s(static_cast<std::size_t>(i + 1));
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = first_key(i); j <= i; ++j) {
           double acc = 0;
           for (std::int64_t d = 0; d < HS; ++d) acc += q(i, d) * k(j, d);
           s[static_cast<std::size_t>(j)] = acc * scale;
           mx = std::max(mx, acc * scale);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
+        for (std::int64_t j = first_key(i); j <= i; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
         r.lse[static_cast<std::size_t>((b * NH + h) * T + i)] = mx + std::log(sum);
-        for (std::int64_t j = 0; j <= i; ++j) {
+        for (std::int64_t j = first_key(i); j <= i; ++j) {
           P[static_cast<std::size_t>(i * T + j)] = std::exp(s[static_cast<std::size_t>(j)] - mx) / sum;
           double m = 1.0;
           if (dp.p > 0) {
@@ -151,6 +154,67 @@ TEST_P(GqaAttentionTest, ForwardBackwardMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, GqaAttentionTest, ::testing::ValuesIn(kFloatDTypes), dtype_param_name);
+
+// Mistral's sliding window (query i sees keys i - W < j <= i): windows of 1 (each query only
+// itself), within one 32-key block, across block edges, longer than a block (whole key blocks
+// skipped in forward, query ranges cut in backward), with dropout, and W >= T (plain causal).
+struct WindowAttentionCase {
+  const char* name;
+  std::int64_t B, T, NH, NKV, HS, window;
+  float dropout_p;
+};
+constexpr WindowAttentionCase kWindowAttentionCases[] = {
+    {"win1", 1, 9, 2, 1, 8, 1, 0.0f},
+    {"win3_mqa", 2, 21, 4, 1, 8, 3, 0.0f},
+    {"win5_kv2_blocks", 1, 70, 4, 2, 16, 5, 0.0f},
+    {"win40_longer_than_a_block", 1, 100, 2, 2, 8, 40, 0.0f},
+    {"win7_dropout", 2, 37, 4, 2, 6, 7, 0.2f},
+    {"win_equals_T", 1, 19, 2, 1, 8, 19, 0.0f},
+};
+
+class WindowAttentionTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(WindowAttentionTest, ForwardBackwardMatchReference) {
+  const DType dt = GetParam();
+  const Tol tol = kAttentionTols.of(dt);
+  std::mt19937_64 rng(57);
+  for (const WindowAttentionCase& c : kWindowAttentionCases) {
+    SCOPED_TRACE(c.name);
+    const std::int64_t B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, C = NH * c.HS, W = (NH + 2 * NKV) * c.HS;
+    const DropoutParams dp{c.dropout_p, RngKey{97, 4, 6, 2, 0}};
+    Buf qkv(dt, B * T * W), out(dt, B * T * C), dout(dt, B * T * C), dqkv(dt, B * T * W);
+    qkv.fill_uniform(rng, -1.5, 1.5);
+    dout.fill_uniform(rng, -1, 1);
+    dqkv.fill_uniform(rng, -1, 1);
+    std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
+    const RefAtt ref = ref_attention(qkv.values(), dout.values(), dqkv.values(), B, T, C, NH, dp, NKV, c.window);
+    attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp, c.window);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
+                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp, c.window);
+    expect_close(out, ref.out, tol, "window attention out " + dtype_label(dt));
+    expect_close(std::vector<double>(lse.begin(), lse.end()), ref.lse, Tol{1e-4, 1e-5}, "window attention lse");
+    expect_close(dqkv, ref.dqkv, Tol{tol.atol * 6, tol.rtol * 3}, "window attention dqkv " + dtype_label(dt));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, WindowAttentionTest, ::testing::ValuesIn(kFloatDTypes), dtype_param_name);
+
+// A window of one key: each query attends only to itself, so out = v of its own position exactly
+// (the probability is 1) — a check that does not go through the reference's own masking.
+TEST(WindowAttention, WindowOfOneCopiesV) {
+  std::mt19937_64 rng(58);
+  const std::int64_t B = 2, T = 40, NH = 4, NKV = 2, HS = 8, C = NH * HS, W = (NH + 2 * NKV) * HS;
+  Buf qkv(DType::fp32, B * T * W), out(DType::fp32, B * T * C);
+  qkv.fill_uniform(rng, -3, 3);
+  std::vector<float> lse(static_cast<std::size_t>(B * NH * T));
+  attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, {}, 1);
+  for (std::int64_t bt = 0; bt < B * T; ++bt)
+    for (std::int64_t h = 0; h < NH; ++h)
+      for (std::int64_t d = 0; d < HS; ++d)
+        ASSERT_NEAR(out.get(bt * C + h * HS + d), qkv.get(bt * W + C + NKV * HS + (h / 2) * HS + d), 1e-6) << bt << " " << h << " " << d;
+  expect_error([&] { attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, {}, -1); },
+               {"attention_forward", "sliding window = -1"});
+}
 
 // Grouped KV heads through the multi-head kernel: repeating each KV head G times (repeat_kv) and
 // running NKV = NH must give the same output, and the multi-head dk/dv summed over each group

@@ -103,7 +103,16 @@ TEST(LlamaConfig, FamiliesSetTheirBiasesNormsAndWindows) {
   const LlamaConfig mn = llama_config_from_hf_json(base + R"(, "model_type": "mistral", "sliding_window": null})", "mn");
   EXPECT_EQ(mn.sliding_window, 0);
   llama_check_sequence(m, 4096);
-  expect_error_with([&] { llama_check_sequence(m, 4097); }, {"sliding_window = 4096", "T = 4097"});
+  llama_check_sequence(m, 4097);  // Mistral's window is computed (on the CPU)
+  expect_error_with([&] { llama_check_sequence(m, 4097, /*cuda=*/true); }, {"sliding_window = 4096", "T = 4097", "--device cpu"});
+  llama_check_sequence(m, 4096, /*cuda=*/true);  // T <= window: full causal attention is the same
+  EXPECT_EQ(m.attention_window(), 4096);
+  // Qwen's windows act from max_window_layers on only: refused where they would mask a key.
+  const LlamaConfig q2w = llama_config_from_hf_json(base + R"(, "model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64,
+    "max_window_layers": 1})", "q2w");
+  EXPECT_EQ(q2w.attention_window(), 0);
+  llama_check_sequence(q2w, 64);
+  expect_error_with([&] { llama_check_sequence(q2w, 65); }, {"sliding_window = 64", "T = 65", "qwen2", "use_sliding_window"});
   const LlamaConfig l3 = llama_config_from_hf_json(base + R"(, "model_type": "llama", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
     "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0})", "l3");
   EXPECT_EQ(l3.rope_scaling.kind, RopeScaling::Kind::llama3);
