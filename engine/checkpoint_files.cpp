@@ -1,7 +1,6 @@
 #include "engine/checkpoint_files.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,9 +16,11 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <utility>
 
+#include "engine/host_prefault.h"
 #include "offload/io_uring_engine.h"
 #include "ops/atomic_file.h"
 #include "ops/crc32c.h"
@@ -118,9 +119,15 @@ CheckpointMemory allocate_checkpoint_memory(std::size_t bytes) {
   const std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), kHuge);
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
   if (p == nullptr) fail("cannot allocate {} bytes of host memory for a checkpoint (its staging, snapshot or load copy)", bytes);
-  // Advice only: without transparent huge pages the memory stays on 4 KiB pages.
-  (void)::madvise(p, rounded, MADV_HUGEPAGE);
   return CheckpointMemory(p);
+}
+
+void free_in_background(CheckpointMemory memory) {
+  if (!memory) return;
+  try {
+    std::thread([m = std::move(memory)]() mutable { m.reset(); }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: the caller frees it (the lambda's copy is gone with it)
+  }
 }
 
 // The staging buffers and, when double-buffered, the thread that writes one while the caller
@@ -510,6 +517,25 @@ namespace {
 // read by a second thread meanwhile, so a front-to-back load keeps one large request at the disk
 // at all times and never waits on the kernel's readahead (this disk serves 32 MiB requests several
 // times faster than 1 MiB ones; docs/checkpoints.md "Measured").
+// A load's unit of reading: one window of WindowedFileReader, one request of read_all (this disk
+// serves 32 MiB requests several times faster than 1 MiB ones; docs/checkpoints.md "Measured").
+constexpr std::size_t kReadWindow = std::size_t{32} << 20;
+
+// Reads up to n bytes at `from` (n, from and dst whole blocks, as O_DIRECT wants them) into dst;
+// returns how many there were (fewer only at the end of the file).
+std::size_t read_blocks(int fd, const fs::path& path, std::byte* dst, std::size_t n, std::uint64_t from) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(from + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail("reading checkpoint file {} failed at byte {}: {}; load another tag", q(path), from + got, std::strerror(errno));
+    if (r == 0) break;  // end of file
+    got += static_cast<std::size_t>(r);
+    if (got % kBlock != 0) break;  // a short read ends at the end of the file
+  }
+  return got;
+}
+
 class WindowedFileReader {
  public:
   WindowedFileReader(fs::path path, std::uint64_t size) : path_(std::move(path)), size_(size) {
@@ -518,7 +544,6 @@ class WindowedFileReader {
     if (fd_ < 0) fail("cannot open checkpoint file {}: {}", q(path_), std::strerror(errno));
     const std::size_t window = std::min<std::size_t>(kReadWindow, round_up(static_cast<std::size_t>(size_), kBlock));
     window_ = std::max(window, kBlock);
-    for (Window& w : windows_) w.buf = allocate_checkpoint_memory(window_);
   }
   ~WindowedFileReader() {
     if (pending_.valid()) pending_.wait();
@@ -526,6 +551,9 @@ class WindowedFileReader {
   }
   WindowedFileReader(const WindowedFileReader&) = delete;
   WindowedFileReader& operator=(const WindowedFileReader&) = delete;
+  // The file, opened with O_DIRECT where the file system takes it (CheckpointReader::read_all
+  // reads spans of it straight into the caller's memory).
+  int fd() const { return fd_; }
 
   // Copies bytes [at, at + n) of the file into out; Error naming the file when it ends early.
   void read(void* out, std::size_t n, std::uint64_t at) {
@@ -547,6 +575,9 @@ class WindowedFileReader {
   };
 
   const Window& window_at(std::uint64_t at) {
+    if (!windows_[0].buf) {  // allocated on first use: a load that reads spans straight (read_all) needs none
+      for (Window& w : windows_) w.buf = allocate_checkpoint_memory(window_);
+    }
     Window& cur = windows_[0];
     if (at >= cur.begin && at < cur.end) return cur;
     if (pending_.valid()) pending_.get();  // rethrows a failed read
@@ -570,19 +601,9 @@ class WindowedFileReader {
   // Reads one window at `from` (a multiple of kBlock).
   void fill(Window& w, std::uint64_t from) {
     w.begin = w.end = from;
-    std::size_t got = 0;
-    while (got < window_) {
-      const ssize_t r = ::pread(fd_, w.buf.get() + got, window_ - got, static_cast<off_t>(from + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) fail("reading checkpoint file {} failed at byte {}: {}; load another tag", q(path_), from + got, std::strerror(errno));
-      if (r == 0) break;  // end of file
-      got += static_cast<std::size_t>(r);
-      if (got % kBlock != 0) break;  // a short read ends at the end of the file
-    }
-    w.end = from + got;
+    w.end = from + read_blocks(fd_, path_, w.buf.get(), window_, from);
   }
 
-  static constexpr std::size_t kReadWindow = std::size_t{32} << 20;
   fs::path path_;
   std::uint64_t size_ = 0;
   int fd_ = -1;
@@ -609,6 +630,11 @@ struct CheckpointReader::Impl {
     std::unique_ptr<WindowedFileReader> data;
     std::uint64_t data_start = 0;  // file offset of the data section
   };
+  // Opens f's data file on first use: its size against the index, its safetensors header, the reader.
+  void open(File& f);
+  // The saved piece that is exactly w (same offset and numel) and its entry in its file; nullptr
+  // when there is none (w is then read through read(), which names what is wrong).
+  std::pair<Saved*, const SafetensorsEntry*> exact(const Want& w);
   std::vector<std::byte> scratch;  // a saved piece only partly wanted (a reshard), read whole to check it
   std::vector<File> files;
   std::map<std::pair<std::string, std::string>, std::vector<Saved>> pieces;  // (buffer, param) -> sorted by offset
@@ -683,6 +709,132 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
   for (auto& [key, v] : impl_->pieces) std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
 }
 
+void CheckpointReader::Impl::open(File& f) {
+  if (f.st) return;
+  std::error_code ec;
+  const auto size = fs::file_size(f.path, ec);
+  if (ec) fail("checkpoint file {} is missing or unreadable ({}); the checkpoint is incomplete — load another tag", q(f.path), ec.message());
+  if (size != f.bytes) {
+    fail("checkpoint file {} has {} bytes but its index says {}: the file is truncated or was replaced — load another tag", q(f.path), size, f.bytes);
+  }
+  auto st = std::make_unique<SafetensorsFile>(f.path);
+  // The data section starts after the 8-byte header length and the header (SafetensorsFile
+  // checked that the header fits in the file).
+  const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::uint8_t len[8];
+  const bool got = fd >= 0 && ::pread(fd, len, 8, 0) == 8;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!got) fail("cannot read checkpoint file {}: {}; load another tag", q(f.path), std::strerror(err));
+  std::uint64_t hn = 0;
+  for (int i = 7; i >= 0; --i) hn = (hn << 8) | len[i];
+  f.data = std::make_unique<WindowedFileReader>(f.path, f.bytes);
+  f.data_start = 8 + hn;
+  f.st = std::move(st);
+}
+
+std::pair<CheckpointReader::Impl::Saved*, const SafetensorsEntry*> CheckpointReader::Impl::exact(const Want& w) {
+  const auto it = pieces.find({w.buffer, w.param});
+  if (it == pieces.end()) return {nullptr, nullptr};
+  std::vector<Saved>& v = it->second;
+  const auto s = std::lower_bound(v.begin(), v.end(), w.offset, [](const Saved& a, std::int64_t o) { return a.offset < o; });
+  if (s == v.end() || s->offset != w.offset || s->numel != w.numel) return {nullptr, nullptr};
+  File& f = files[s->file];
+  open(f);
+  const SafetensorsEntry* e = f.st->find(s->name);
+  if (e == nullptr || e->numel() != s->numel || e->end - e->begin != static_cast<std::uint64_t>(s->numel) * dtype_size(s->dtype) ||
+      f.data_start + e->end > f.bytes || (f.data_start + e->begin) % dtype_size(s->dtype) != 0) {  // read in place: aligned for its dtype
+    return {nullptr, nullptr};
+  }
+  return {&*s, e};
+}
+
+CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& want) {
+  Loaded out;
+  // A run of one file's pieces, back to back in it, in the order wanted?
+  std::vector<std::pair<Impl::Saved*, const SafetensorsEntry*>> run;
+  for (const Want& w : want) {
+    const auto [s, e] = impl_->exact(w);
+    if (s == nullptr || (!run.empty() && (s->file != run.front().first->file || e->begin != run.back().second->end))) {
+      run.clear();
+      break;
+    }
+    run.emplace_back(s, e);
+  }
+  if (run.empty()) {
+    std::size_t total = 0;
+    std::vector<std::size_t> bytes;
+    for (const Want& w : want) {
+      const std::optional<DType> dt = buffer_dtype(w.buffer);
+      bytes.push_back(static_cast<std::size_t>(w.numel) * (dt ? dtype_size(*dt) : 0));  // absent: read() says so
+      total += bytes.back();
+    }
+    out.memory = allocate_checkpoint_memory(total);
+    BackgroundPrefault prefault(out.memory.get(), total);
+    std::byte* at = out.memory.get();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      out.at.push_back(at);
+      read(want[i].buffer, want[i].param, want[i].offset, want[i].numel, at);
+      at += bytes[i];
+    }
+    return out;
+  }
+  // Straight from the file: blocks [first, last) hold the run (whole blocks, as O_DIRECT reads).
+  Impl::File& f = impl_->files[run.front().first->file];
+  const std::uint64_t begin = f.data_start + run.front().second->begin, end = f.data_start + run.back().second->end;
+  const std::uint64_t first = begin / kBlock * kBlock;
+  const std::size_t span = round_up(static_cast<std::size_t>(end - first), kBlock);
+  out.memory = allocate_checkpoint_memory(span);
+  std::byte* const base = out.memory.get();
+  for (const auto& [s, e] : run) out.at.push_back(base + (f.data_start + e->begin - first));
+  BackgroundPrefault prefault(base, span);
+  // Request k reads blocks [first + k * kReadWindow, ...) into the same offset of the memory, on
+  // its own thread; kInFlight of them at a time, the oldest checked while the others are read.
+  constexpr std::size_t kInFlight = 2;
+  const std::size_t requests = (span + kReadWindow - 1) / kReadWindow;
+  const int fd = f.data->fd();
+  const auto issue = [&](std::size_t k) {
+    const std::size_t off = k * kReadWindow, n = std::min(kReadWindow, span - off);
+    return std::async(std::launch::async, [fd, &f, p = base + off, n, at = first + off] { return read_blocks(fd, f.path, p, n, at); });
+  };
+  std::vector<std::future<std::size_t>> flight;
+  const auto drain = [&flight] {
+    for (auto& r : flight)
+      if (r.valid()) r.wait();
+  };
+  try {
+    for (std::size_t k = 0; k < std::min(kInFlight, requests); ++k) flight.push_back(issue(k));
+    std::size_t piece = 0;      // the piece being checked
+    std::uint64_t checked = begin;  // file offset checked up to
+    std::uint32_t crc = 0;
+    for (std::size_t k = 0; k < requests; ++k) {
+      const std::size_t got = flight[k].get();
+      if (k + kInFlight < requests) flight.push_back(issue(k + kInFlight));
+      const std::uint64_t landed = std::min<std::uint64_t>(end, first + k * kReadWindow + got);
+      if (landed < std::min<std::uint64_t>(end, first + (k + 1) * kReadWindow)) {
+        fail("reading checkpoint file {} failed at byte {}: the file ends there — it is truncated; load another tag", q(f.path), landed);
+      }
+      for (; piece < run.size(); ++piece) {
+        const auto& [s, e] = run[piece];
+        const std::uint64_t piece_end = f.data_start + e->end;
+        const std::uint64_t upto = std::min(piece_end, landed);
+        crc = crc32c(base + (checked - first), static_cast<std::size_t>(upto - checked), crc);
+        checked = upto;
+        if (upto < piece_end) break;  // the rest of this piece is in the next request
+        if (crc != s->crc) {
+          fail("checkpoint file {}: tensor '{}' fails its checksum (crc32c): the file is corrupt — load another tag", q(f.path), s->name);
+        }
+        s->verified = true;
+        crc = 0;
+      }
+    }
+  } catch (...) {
+    drain();  // no request may outlive the memory it reads into
+    throw;
+  }
+  return out;
+}
+
 CheckpointReader::~CheckpointReader() = default;
 CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
 
@@ -705,22 +857,7 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
     if (s.offset + s.numel <= at || s.offset >= end) continue;
     if (s.offset > at) break;  // a gap
     Impl::File& f = impl_->files[s.file];
-    if (!f.st) {
-      std::error_code ec;
-      const auto size = fs::file_size(f.path, ec);
-      if (ec) fail("checkpoint file {} is missing or unreadable ({}); the checkpoint is incomplete — load another tag", q(f.path), ec.message());
-      if (size != f.bytes) {
-        fail("checkpoint file {} has {} bytes but its index says {}: the file is truncated or was replaced — load another tag", q(f.path), size,
-             f.bytes);
-      }
-      f.st = std::make_unique<SafetensorsFile>(f.path);
-      f.data = std::make_unique<WindowedFileReader>(f.path, f.bytes);
-      std::uint8_t len[8];
-      f.data->read(len, 8, 0);
-      std::uint64_t hn = 0;
-      for (int i = 7; i >= 0; --i) hn = (hn << 8) | len[i];
-      f.data_start = 8 + hn;  // SafetensorsFile checked that the header fits
-    }
+    impl_->open(f);
     const SafetensorsEntry* e = f.st->find(s.name);
     const std::size_t esize = dtype_size(s.dtype);
     if (e == nullptr || e->numel() != s.numel || e->end - e->begin != static_cast<std::uint64_t>(s.numel) * esize) {

@@ -63,15 +63,21 @@ std::string rank_file_name(int rank, const char* ext);  // "rank_00003.safetenso
 // Sleeps for the test hook (kCheckpointPauseEnv); no-op when unset.
 void checkpoint_test_pause();
 
-// Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned and
-// advised MADV_HUGEPAGE, because faulting fresh memory in costs more than the copy into it
-// (docs/checkpoints.md "Measured": the decoupled snapshot's stall fell from 1.3-1.9 s to 0.6 s).
+// Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned (a
+// kernel with transparent huge pages "always" may back it with huge pages), never advised
+// MADV_HUGEPAGE: under the kernel's default defrag policy that advice makes every fault wait for
+// memory compaction, which ran at 0.3-0.7 GB/s against 1.5-2.5 GB/s for 4 KiB pages on the CI VM
+// (docs/checkpoints.md "Host memory"). Large blocks are faulted in by a BackgroundPrefault
+// (engine/host_prefault.h) ahead of their filling.
 struct FreeCheckpointMemory {
   void operator()(std::byte* p) const { std::free(p); }
 };
 using CheckpointMemory = std::unique_ptr<std::byte[], FreeCheckpointMemory>;
 // Uninitialised; Error naming the size when the host is out of memory.
 CheckpointMemory allocate_checkpoint_memory(std::size_t bytes);
+// Frees `memory` on a thread of its own: returning a load's gigabytes to the kernel (unmapping
+// every page) took 0.3 s per 1.7 GB on the CI VM, time the caller need not wait for.
+void free_in_background(CheckpointMemory memory);
 
 // How a rank file reaches the disk (checkpoint.writer; docs/checkpoints.md "Writers"). Both ways
 // stage the pieces in io_buffer_size bytes of 4096-aligned memory (two halves when double: one is
@@ -167,6 +173,25 @@ class CheckpointReader {
   // saved dtype). Error naming the parameter and the elements when the saved pieces do not cover
   // them, and naming file and tensor when a piece is truncated or fails its checksum.
   void read(const std::string& buffer, const std::string& param, std::int64_t offset, std::int64_t numel, void* out);
+
+  // One piece a load wants: elements [offset, offset + numel) of `param`'s `buffer`.
+  struct Want {
+    std::string buffer, param;
+    std::int64_t offset = 0, numel = 0;
+  };
+  // Every wanted piece, in the saved dtype, in one block of host memory; at[i] is where piece i starts.
+  struct Loaded {
+    CheckpointMemory memory;
+    std::vector<std::byte*> at;
+  };
+  // Reads and verifies every wanted piece (the Errors of read()). When the pieces are, in the
+  // order given, saved pieces of one file lying back to back in it (a load at the saving layout:
+  // a rank's own file, front to back), that span of the file is read straight into the memory
+  // (O_DIRECT where the file system takes it; two 32 MiB requests in flight) and each piece's
+  // checksum is computed on the requests already landed while the next ones are read; otherwise
+  // piece by piece through read(). Either way a BackgroundPrefault faults the memory in ahead of
+  // the reads (docs/checkpoints.md "Loading").
+  Loaded read_all(const std::vector<Want>& want);
 
  private:
   struct Impl;

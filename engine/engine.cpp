@@ -455,6 +455,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
   if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
+  if (config.checkpoint.writer_options.decoupled) prepare_checkpoint_snapshot();
 }
 
 Engine::~Engine() = default;

@@ -333,6 +333,10 @@ class Engine {
   void finish_save_phase(const SaveJob& job, const std::string& error);
   void commit_save(SaveJob& job);
   config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
+  // The bytes of this rank's checkpoint file's pieces (0 when it writes none: stage 0, rank > 0).
+  std::size_t checkpoint_rank_bytes() const;
+  // checkpoint.writer.decoupled: allocates the snapshot memory and starts faulting it in.
+  void prepare_checkpoint_snapshot();
   void restore_scalars(const config::Json& manifest, const LoadCheckpointOptions& options);
   float micro_batch_dloss() const;
 

@@ -266,13 +266,20 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       job->data_file = job->partial / rank_file_name(r, ".safetensors");
       job->index_file = job->partial / rank_file_name(r, ".json");
       if (decoupled) {
-        // The snapshot: every piece copied into host memory now; the files are written from it.
-        job->snapshot = allocate_checkpoint_memory(total);
+        // The snapshot: every piece copied into host memory now (the memory the engine faulted in
+        // when it started); the files are written from it.
+        if (!im.snapshot_memory || im.snapshot_bytes != total) {
+          im.snapshot_prefault.reset();
+          im.snapshot_memory = allocate_checkpoint_memory(total);
+          im.snapshot_bytes = total;
+        }
+        std::byte* const snapshot = im.snapshot_memory.get();
+        job->snapshot = snapshot;
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
           for (const OwnedPiece& p : st.owned_pieces()) {
             const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
-            read_piece(bi, p, 0, Tensor(job->snapshot.get() + at, dt, Shape{p.numel}));
+            read_piece(bi, p, 0, Tensor(snapshot + at, dt, Shape{p.numel}));
             at += static_cast<std::size_t>(p.numel) * dtype_size(dt);
           }
         }
@@ -306,7 +313,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
           RankFileWriter w(jp->data_file, jp->pieces, jp->writer);
           std::size_t at = 0;
           for (std::size_t k = 0; k < jp->pieces.size(); ++k) {
-            w.write(k, jp->snapshot.get() + at);
+            w.write(k, jp->snapshot + at);
             at += static_cast<std::size_t>(jp->pieces[k].numel) * dtype_size(jp->pieces[k].dtype);
           }
           write_checkpoint_text(jp->index_file, w.finish().dump(1));
@@ -314,7 +321,6 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         } catch (const std::exception& e) {
           jp->error = e.what();
         }
-        jp->snapshot.reset();
       });
     }
     im.pending_save = std::move(job);
@@ -325,6 +331,24 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   commit_save(*job);
   exclude_from_step_comm();
   return tag;
+}
+
+std::size_t Engine::checkpoint_rank_bytes() const {
+  const Impl& im = *impl_;
+  if (im.config.zero_optimization.stage < 1 && rank() != 0) return 0;  // stage 0: rank 0 writes the one file
+  // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
+  const std::size_t per_element = sizeof(float) * (1 + im.optimizer.state_names().size()) + (im.mixed ? dtype_size(dims_.dtype) : 0);
+  std::size_t total = 0;
+  for (const OwnedPiece& p : im.states->owned_pieces()) total += static_cast<std::size_t>(p.numel) * per_element;
+  return total;
+}
+
+void Engine::prepare_checkpoint_snapshot() {
+  Impl& im = *impl_;
+  im.snapshot_bytes = checkpoint_rank_bytes();
+  if (im.snapshot_bytes == 0) return;
+  im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes);
+  im.snapshot_prefault = std::make_unique<BackgroundPrefault>(im.snapshot_memory.get(), im.snapshot_bytes);
 }
 
 void Engine::finish_save_phase(const SaveJob& job, const std::string& error) {
@@ -441,8 +465,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   ModelStates& st = *im.states;
   const std::vector<std::string> state_names = im.optimizer.state_names();
   const bool want_states = options.load_optimizer_states && !options.load_module_only;
-  // Views into one block of host memory (allocate_checkpoint_memory: huge pages).
-  CheckpointMemory host;
+  // Views into one block of host memory (CheckpointReader::read_all).
+  CheckpointReader::Loaded loaded;
   std::vector<float*> masters, states;
   std::vector<std::uint16_t*> lowp;
   bool have_lowp = false;
@@ -489,36 +513,24 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
       have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(dims_.dtype);
       if (rd->buffer_dtype(kMasterBuffer) != std::optional<DType>(DType::fp32)) fail("checkpoint '{}' holds no fp32 masters", rd->dir().string());
       // Buffer by buffer, in the order a rank file holds them (masters, each state, the 16-bit
-      // params), so that a load at the saving layout reads each file front to back through the
-      // reader's prefetching windows.
+      // params), so that a load at the saving layout is one span of its rank file, read straight
+      // into host memory (CheckpointReader::read_all).
       const std::vector<OwnedPiece>& owned = st.owned_pieces();
-      std::size_t total = 0;
-      for (const OwnedPiece& p : owned) {
-        total += static_cast<std::size_t>(p.numel) * (sizeof(float) * (1 + (want_states ? state_names.size() : 0)) + (have_lowp ? 2 : 0));
-      }
-      host = allocate_checkpoint_memory(total);
-      std::byte* at = host.get();
-      const auto carve = [&at](std::int64_t numel, std::size_t esize) {
-        std::byte* p = at;
-        at += static_cast<std::size_t>(numel) * esize;
-        return p;
+      std::vector<CheckpointReader::Want> want;
+      const auto wants = [&](const char* buffer) {
+        for (const OwnedPiece& p : owned) want.push_back({buffer, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel});
       };
-      for (std::size_t k = 0; k < owned.size(); ++k) {
-        masters.push_back(reinterpret_cast<float*>(carve(owned[k].numel, sizeof(float))));
-        rd->read(kMasterBuffer, st.spec(owned[k].layer, *owned[k].slot).name, owned[k].tensor_offset, owned[k].numel, masters[k]);
-      }
+      wants(kMasterBuffer);
+      for (std::size_t j = 0; want_states && j < state_names.size(); ++j) wants(state_names[j].c_str());
+      if (have_lowp) wants(kParamBuffer);
+      loaded = rd->read_all(want);
+      std::size_t i = 0;
+      for (std::size_t k = 0; k < owned.size(); ++k) masters.push_back(reinterpret_cast<float*>(loaded.at[i++]));
       if (want_states) states.resize(owned.size() * state_names.size());
       for (std::size_t j = 0; want_states && j < state_names.size(); ++j) {
-        for (std::size_t k = 0; k < owned.size(); ++k) {
-          float*& v = states[k * state_names.size() + j];
-          v = reinterpret_cast<float*>(carve(owned[k].numel, sizeof(float)));
-          rd->read(state_names[j], st.spec(owned[k].layer, *owned[k].slot).name, owned[k].tensor_offset, owned[k].numel, v);
-        }
+        for (std::size_t k = 0; k < owned.size(); ++k) states[k * state_names.size() + j] = reinterpret_cast<float*>(loaded.at[i++]);
       }
-      for (std::size_t k = 0; have_lowp && k < owned.size(); ++k) {
-        lowp.push_back(reinterpret_cast<std::uint16_t*>(carve(owned[k].numel, 2)));
-        rd->read(kParamBuffer, st.spec(owned[k].layer, *owned[k].slot).name, owned[k].tensor_offset, owned[k].numel, lowp[k]);
-      }
+      for (std::size_t k = 0; have_lowp && k < owned.size(); ++k) lowp.push_back(reinterpret_cast<std::uint16_t*>(loaded.at[i++]));
     }
   } catch (const Error& e) {
     error = e.what();
@@ -547,6 +559,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
       }
     }
   }
+  free_in_background(std::move(loaded.memory));  // copied into the store: the kernel takes it back off the critical path
   st.after_update();  // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
   if (!options.load_module_only) restore_scalars(m, options);

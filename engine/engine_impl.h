@@ -17,6 +17,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/onebit_optimizer.h"
 #include "engine/optimizer.h"
+#include "engine/host_prefault.h"
 #include "offload/io_uring_engine.h"
 #include "ops/buffer.h"
 #include "zero/communicator.h"
@@ -33,7 +34,7 @@ struct Engine::SaveJob {
   std::vector<CheckpointPiece> pieces;
   RankFileWriterOptions writer;
   std::uint64_t bytes = 0;  // this rank's data, for checkpoint.writer.show_statistics
-  CheckpointMemory snapshot;  // uninitialised: every byte is copied in before it is read
+  const std::byte* snapshot = nullptr;  // Impl::snapshot_memory, copied in before the thread starts
   config::Json manifest;  // rank 0
   std::thread thread;
   std::string error;
@@ -96,6 +97,13 @@ struct Engine::Impl {
   // The same for the NVMe transfers of `io` (when there is one): counters when the current step
   // began, the last step's traffic, and every step's together.
   IoEngine::Totals io_at_step_start, step_io, train_io;
+  // checkpoint.writer.decoupled: the host memory every snapshot is copied into, allocated when the
+  // engine starts and faulted in by a background thread then, so that no save's stall pays for
+  // faulting it in (docs/checkpoints.md "Host memory"). Declared before pending_save, whose
+  // thread reads it, and kept for the whole run.
+  CheckpointMemory snapshot_memory;
+  std::size_t snapshot_bytes = 0;
+  std::unique_ptr<BackgroundPrefault> snapshot_prefault;
   std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
   bool writer_announced = false;
 };

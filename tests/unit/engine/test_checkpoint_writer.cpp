@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -172,6 +173,100 @@ TEST(CheckpointWriter, ConfigKeysAsDeepSpeedDefinesThem) {
   expect_refused(R"({"type": "nvme"})", "checkpoint.writer.type");
   expect_refused(R"({"io_buffer_double": 1})", "checkpoint.writer.io_buffer_double");
   expect_refused(R"({"decoupled": "yes"})", "checkpoint.writer.decoupled");
+}
+
+
+// ---- reading back: CheckpointReader::read_all (docs/checkpoints.md "Loading") ----
+
+// A one-rank checkpoint folder holding `pieces` (random bytes, returned) as RankFileWriter writes
+// them, with the index and a manifest as the engine commits them.
+std::vector<std::vector<std::byte>> write_checkpoint(const fs::path& dir, const std::vector<CheckpointPiece>& pieces) {
+  fs::create_directories(dir);
+  std::mt19937 rng(11);
+  std::vector<std::vector<std::byte>> data;
+  RankFileWriter w(dir / rank_file_name(0, ".safetensors"), pieces);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    std::vector<std::byte> b(static_cast<std::size_t>(pieces[i].numel) * dtype_size(pieces[i].dtype));
+    for (std::byte& x : b) x = static_cast<std::byte>(rng());
+    w.write(i, b.data());
+    data.push_back(std::move(b));
+  }
+  const std::string index = w.finish().dump(1);
+  std::ofstream(dir / rank_file_name(0, ".json"), std::ios::binary) << index;
+  const config::Json manifest = {{"format", kCheckpointFormat},
+                                 {"version", kCheckpointVersion},
+                                 {"ranks", {{{"index", rank_file_name(0, ".json")}, {"bytes", index.size()}, {"crc32c", crc32c_bitwise(
+                                                                                                                     reinterpret_cast<const std::byte*>(index.data()), index.size())}}}}};
+  std::ofstream(dir / kCheckpointManifest, std::ios::binary) << manifest.dump();
+  return data;
+}
+
+TEST(CheckpointReader, ReadAllStraightFromTheFileOrPieceByPiece) {
+  const fs::path root = fs::temp_directory_path() / fmt::format("dstrain_ckpt_reader_{}", ::getpid());
+  fs::remove_all(root);
+  // 40 MB: more than one 32 MiB request, "master/b" straddling the first two; an empty piece; the
+  // 16-bit params last, as the engine writes them.
+  const std::vector<CheckpointPiece> pieces = {
+      {"master", "a", 0, 5'000'000, DType::fp32}, {"master", "b", 0, 4'000'000, DType::fp32}, {"master", "b", 4'000'000, 7, DType::fp32},
+      {"exp_avg", "c", 0, 0, DType::fp32},        {"exp_avg", "a", 0, 1'000'000, DType::fp32}, {"param", "a", 0, 1001, DType::bf16},
+  };
+  const auto data = write_checkpoint(root / "t", pieces);
+  const auto want_of = [&](std::size_t i) { return CheckpointReader::Want{pieces[i].buffer, pieces[i].param, pieces[i].offset, pieces[i].numel}; };
+  const auto expect_values = [&](const CheckpointReader::Loaded& got, const std::vector<std::size_t>& order) {
+    ASSERT_EQ(got.at.size(), order.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const auto& d = data[order[k]];
+      EXPECT_EQ(std::memcmp(got.at[k], d.data(), d.size()), 0) << pieces[order[k]].tensor_name();
+    }
+  };
+  const std::vector<std::size_t> file_order = {0, 1, 2, 3, 4, 5};
+  {  // the saving layout, front to back: one span of the file, pieces back to back
+    CheckpointReader rd(root, "t");
+    std::vector<CheckpointReader::Want> want;
+    for (std::size_t i : file_order) want.push_back(want_of(i));
+    const auto got = rd.read_all(want);
+    expect_values(got, file_order);
+    // Read in place: the first piece sits at its file offset's place within a 4096-byte block
+    // (the data section starts after the 8-byte length and the header).
+    const std::string head = file_bytes(root / "t" / rank_file_name(0, ".safetensors")).substr(0, 8);
+    std::uint64_t data_start = 8;
+    for (int i = 7; i >= 0; --i) data_start += static_cast<std::uint64_t>(static_cast<std::uint8_t>(head[static_cast<std::size_t>(i)])) << (8 * i);
+    ASSERT_NE(data_start % 4096, 0u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(got.at[0]) % 4096, data_start % 4096);
+  }
+  {  // another order: piece by piece
+    CheckpointReader rd(root, "t");
+    const std::vector<std::size_t> order = {5, 2, 0, 3, 4, 1};
+    std::vector<CheckpointReader::Want> want;
+    for (std::size_t i : order) want.push_back(want_of(i));
+    expect_values(rd.read_all(want), order);
+  }
+  {  // a reshard: part of a piece, across the two saved pieces of "master/b"
+    CheckpointReader rd(root, "t");
+    const auto got = rd.read_all({{"master", "b", 3'999'990, 15}});
+    std::vector<std::byte> expect(data[1].end() - 40, data[1].end());
+    expect.insert(expect.end(), data[2].begin(), data[2].begin() + 20);
+    EXPECT_EQ(std::memcmp(got.at[0], expect.data(), expect.size()), 0);
+  }
+  // One flipped bit past the first 32 MiB request, in "master/b/0": its checksum, checked on the
+  // requests already landed, names it.
+  const fs::path file = root / "t" / rank_file_name(0, ".safetensors");
+  std::string bytes = file_bytes(file);
+  const std::size_t at = bytes.size() - data[5].size() - data[4].size() - data[2].size() - 1000;
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x04);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    CheckpointReader rd(root, "t");
+    std::vector<CheckpointReader::Want> want;
+    for (std::size_t i : file_order) want.push_back(want_of(i));
+    rd.read_all(want);
+    ADD_FAILURE() << "a corrupt piece was read";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("master/b/0"), std::string::npos) << m;
+    EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+  }
+  fs::remove_all(root);
 }
 
 }  // namespace
