@@ -6,9 +6,11 @@
 # Every figure is the best of REPEAT runs (default 3): the CI VM's disk and 2 cores are shared
 # with other builds and any one run moves by 2x. Loads are cold (the checkpoint's files are
 # dropped from the page cache first), as fio's reads are (fio invalidates its file's cache).
+# The default writer's run also times a training step and the stall of a synchronous and a
+# decoupled save after it (bench_checkpoint_io --steps; STEPS rounds, default 1).
 # Prints figures; never asserts.
 #
-#   bench/checkpoint_io.sh [DIR] [MODEL] [RANKS] [STAGE] [DTYPE]      (REPEAT=3 BUILD=build)
+#   bench/checkpoint_io.sh [DIR] [MODEL] [RANKS] [STAGE] [DTYPE]      (REPEAT=3 STEPS=1 BUILD=build)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${BUILD:-$here/../build}"
@@ -23,10 +25,10 @@ bench() {
   "$build/bench/bench_checkpoint_io" --dir "$dir/ck" --model "$model" --ranks "$ranks" --stage "$stage" --dtype "$dtype" --repeat "$repeat" "$@" 2>/dev/null
 }
 echo "== dstrain, no checkpoint.writer block (the engine's choice: fast, O_DIRECT through io_uring, 2 x 32 MiB), best of $repeat =="
-out="$(bench)"
+out="$(bench --steps "${STEPS:-1}")"
 echo "$out"
 echo "== dstrain, checkpoint.writer.type \"python\" (buffered, 2 x 32 MiB), best of $repeat =="
-bench --writer python
+bench --writer python --steps 0
 gb="$(echo "$out" | sed -n 's/.*: \([0-9.]*\) GB per rank.*/\1/p')"
 mb="$(awk -v g="$gb" 'BEGIN { printf "%d", g * 1000 / 1.048576 + 1 }')"
 # best-of-$repeat GB/s per job of one fio job line; $1: terse field (48 write bw KiB/s, 7 read).

@@ -1,5 +1,6 @@
 // A training checkpoint (`--resume`, `dstrain consolidate`): the manifest, a rank's index and its
-// data file, opened by CheckpointReader and every piece the index lists read back.
+// data file, opened by CheckpointReader and every piece the index lists read back, one by one
+// (read) and all together (read_all).
 //
 // The input is the three files joined by kSeparator: checkpoint.json, rank_00000.json,
 // rank_00000.safetensors (the seed corpus holds real ones, corpus/checkpoint/). The manifest records
@@ -78,6 +79,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       rd.read(t.at("buffer").get<std::string>(), t.at("param").get<std::string>(), t.at("offset").get<std::int64_t>(), numel, out.data());
     }
   } catch (const dstrain::Error&) {
+  }
+  // The same pieces in the index's order through read_all, as a load at the saving layout asks
+  // for them: the file's span read in place when they lie back to back, else piece by piece.
+  try {
+    dstrain::CheckpointReader rd(root, "t");
+    std::vector<dstrain::CheckpointReader::Want> want;
+    std::int64_t total = 0;
+    const dstrain::config::Json idx = dstrain::config::Json::parse(parts[1]);
+    for (const auto& t : idx.at("tensors")) {
+      const auto numel = t.at("numel").get<std::int64_t>();
+      if (numel < 0 || numel > (1 << 20) || (total += numel) > (1 << 22)) break;  // the harness's memory bound
+      want.push_back({t.at("buffer").get<std::string>(), t.at("param").get<std::string>(), t.at("offset").get<std::int64_t>(), numel});
+    }
+    (void)rd.read_all(want);
+  } catch (const dstrain::Error&) {  // (the reader parsed and checked the index the loop reads)
   }
   return 0;
 }
