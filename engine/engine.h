@@ -146,6 +146,10 @@ struct LoadCheckpointOptions {
 
 // What a load found: the checkpoint's folder (empty when there was nothing to load), its tag and
 // the client state the saver passed.
+// A checkpoint manifest's scalars (counters, schedule, seed, loss scaler, 1-bit phase), read and
+// type-checked in load_checkpoint's first phase and applied in its second (engine_checkpoint.cpp).
+struct CheckpointScalars;
+
 struct LoadedCheckpoint {
   std::filesystem::path path;
   std::string tag;
@@ -337,7 +341,7 @@ class Engine {
   std::size_t checkpoint_rank_bytes() const;
   // checkpoint.writer.decoupled: allocates the snapshot memory and starts faulting it in.
   void prepare_checkpoint_snapshot();
-  void restore_scalars(const config::Json& manifest, const LoadCheckpointOptions& options);
+  void restore_scalars(const CheckpointScalars& saved, const LoadCheckpointOptions& options);
   float micro_batch_dloss() const;
 
   Model model_;

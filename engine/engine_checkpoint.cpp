@@ -43,25 +43,6 @@ double tag_hash(const std::string& tag) { return static_cast<double>(crc32c(tag.
 
 // Every scalar a load restores, read and checked before anything of the engine changes (a JSON
 // type error becomes the caller's malformed-manifest Error).
-void check_saved_scalars(const config::Json& m) {
-  const config::Json& e = m.at("engine");
-  const auto steps = e.at("global_steps").get<std::int64_t>(), skipped = e.at("skipped_steps").get<std::int64_t>();
-  (void)e.at("global_samples").get<std::int64_t>();
-  (void)e.at("last_step_lr").get<double>();
-  (void)e.at("last_step_loss").get<float>();
-  (void)m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
-  (void)m.at("seed").get<std::uint64_t>();
-  if (steps < 0 || skipped < 0 || skipped > steps) fail("checkpoint counters global_steps {} / skipped_steps {} are inconsistent", steps, skipped);
-  const config::Json& ls = m.at("loss_scaler");
-  (void)ls.at("kind").get<std::string>();
-  const auto scale = ls.at("cur_scale").get<double>();
-  const auto it = ls.at("cur_iter").get<std::int64_t>(), last = ls.at("last_overflow_iter").get<std::int64_t>();
-  const auto hyst = ls.at("cur_hysteresis").get<std::int64_t>();
-  if (!(std::isfinite(scale) && scale > 0) || it < 0 || last < -1 || last >= it || hyst < 0) {
-    fail("checkpoint loss scaler state (scale {}, iteration {}, last overflow {}, hysteresis {}) is not valid", scale, it, last, hyst);
-  }
-}
-
 // checkpoint.writer.show_statistics: what DeepSpeed's FastFileWriter reports, per rank.
 void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clock::time_point since, const RankFileWriter& w) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -397,19 +378,71 @@ void Engine::wait_for_checkpoint() {
   exclude_from_step_comm();
 }
 
-void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions& options) {
-  Impl& im = *impl_;
+// Read in phase 1 of a load, inside its try: every typed read of the manifest's scalars happens
+// here, so a field that is missing or of the wrong type is the malformed-manifest Error before
+// anything of the engine changes (nothing of this may throw in phase 2).
+struct CheckpointScalars {
+  std::int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
+  double last_step_lr = 0.0;
+  float last_step_loss = 0.0f;
+  std::int64_t lr_last_batch_iteration = 0;
+  std::uint64_t seed = 0;
+  // The loss scaler, and the 1-bit optimizers' phase where saved (applied with load_optimizer_states).
+  LossScalerState scaler;
+  std::string scaler_kind;
+  std::optional<OneBitOptimizer::SavedState> onebit;
+  std::string saved_layout;  // "ZeRO stage S on W rank(s) in DTYPE", for the log
+};
+
+namespace {
+
+// Everything is read whatever the load options, so a checkpoint is as valid loaded one way as another.
+CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
+  CheckpointScalars c;
   const config::Json& e = m.at("engine");
-  global_steps_ = e.at("global_steps").get<std::int64_t>();
-  global_samples_ = e.at("global_samples").get<std::int64_t>();
-  skipped_steps_ = e.at("skipped_steps").get<std::int64_t>();
+  c.global_steps = e.at("global_steps").get<std::int64_t>();
+  c.global_samples = e.at("global_samples").get<std::int64_t>();
+  c.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
+  c.last_step_lr = e.at("last_step_lr").get<double>();
+  c.last_step_loss = e.at("last_step_loss").get<float>();
+  if (c.global_steps < 0 || c.skipped_steps < 0 || c.skipped_steps > c.global_steps) {
+    fail("checkpoint counters global_steps {} / skipped_steps {} are inconsistent", c.global_steps, c.skipped_steps);
+  }
+  c.lr_last_batch_iteration = m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
+  c.seed = m.at("seed").get<std::uint64_t>();
+  const config::Json& ls = m.at("loss_scaler");
+  LossScalerState& s = c.scaler;
+  s.cur_scale = ls.at("cur_scale").get<double>();
+  s.cur_iter = ls.at("cur_iter").get<std::int64_t>();
+  s.last_overflow_iter = ls.at("last_overflow_iter").get<std::int64_t>();
+  s.cur_hysteresis = ls.at("cur_hysteresis").get<std::int64_t>();
+  c.scaler_kind = ls.at("kind").get<std::string>();
+  if (!(std::isfinite(s.cur_scale) && s.cur_scale > 0) || s.cur_iter < 0 || s.last_overflow_iter < -1 || s.last_overflow_iter >= s.cur_iter ||
+      s.cur_hysteresis < 0) {
+    fail("checkpoint loss scaler state (scale {}, iteration {}, last overflow {}, hysteresis {}) is not valid", s.cur_scale, s.cur_iter,
+         s.last_overflow_iter, s.cur_hysteresis);
+  }
+  if (onebit && m.at("optimizer").contains("onebit")) c.onebit = OneBitOptimizer::parse_state(m.at("optimizer").at("onebit"));
+  const config::Json& layout = m.at("layout");
+  c.saved_layout = fmt::format("ZeRO stage {} on {} rank(s) in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
+                               layout.value("dtype", std::string("?")));
+  return c;
+}
+
+}  // namespace
+
+void Engine::restore_scalars(const CheckpointScalars& c, const LoadCheckpointOptions& options) {
+  Impl& im = *impl_;
+  global_steps_ = c.global_steps;
+  global_samples_ = c.global_samples;
+  skipped_steps_ = c.skipped_steps;
   micro_steps_ = global_steps_ * gas_;  // saved at a boundary; GAS may differ at another world size
-  last_step_lr_ = e.at("last_step_lr").get<double>();
-  last_step_loss_ = e.at("last_step_loss").get<float>();
-  if (options.load_lr_scheduler_states) im.schedule.set_last_batch_iteration(m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>());
+  last_step_lr_ = c.last_step_lr;
+  last_step_loss_ = c.last_step_loss;
+  if (options.load_lr_scheduler_states) im.schedule.set_last_batch_iteration(c.lr_last_batch_iteration);
   lr_ = im.hook ? im.hook(global_steps_ - skipped_steps_) : im.schedule.lr();
   // The dropout streams and stochastic rounding continue from the saved seed.
-  const std::uint64_t seed = m.at("seed").get<std::uint64_t>();
+  const std::uint64_t seed = c.seed;
   if (seed != im.options.seed) log_info("checkpoint: continuing with the saved seed {} (the engine was built with {})", seed, im.options.seed);
   im.options.seed = seed;
   if (im.rounding.enabled) im.rounding.seed = seed;
@@ -417,13 +450,8 @@ void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions&
   // The loss scaler (DeepSpeed keeps it with the optimizer states). Saved under another rule — the
   // non-ZeRO FP16 optimizer has no hysteresis, ZeRO's DynamicLossScaler does — the scale and the
   // overflow history carry over and the hysteresis starts full, as a fresh ZeRO scaler's.
-  const config::Json& ls = m.at("loss_scaler");
-  LossScalerState s;
-  s.cur_scale = ls.at("cur_scale").get<double>();
-  s.cur_iter = ls.at("cur_iter").get<std::int64_t>();
-  s.last_overflow_iter = ls.at("last_overflow_iter").get<std::int64_t>();
-  s.cur_hysteresis = ls.at("cur_hysteresis").get<std::int64_t>();
-  const std::string saved_kind = ls.at("kind").get<std::string>();
+  LossScalerState s = c.scaler;
+  const std::string& saved_kind = c.scaler_kind;
   const bool saved_dynamic = saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_zero) ||
                              saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_non_zero);
   if (im.scaler.dynamic()) {
@@ -442,10 +470,10 @@ void Engine::restore_scalars(const config::Json& m, const LoadCheckpointOptions&
     s.cur_scale = im.scaler.scale();  // a static or unit scale comes from the config
     im.scaler.set_state(s);
   }
-  if (im.onebit && m.at("optimizer").contains("onebit")) {
+  if (im.onebit && c.onebit) {
     // The phase decides who all-reduces the gradients next, as DeepSpeed's load_state_dict sets
     // enable_backward_allreduce; the compression errors start at zero, as DeepSpeed's do.
-    im.onebit->load_state(m.at("optimizer").at("onebit"));
+    im.onebit->load_state(*c.onebit);
     im.states->set_gradient_all_reduce(im.onebit->gradient_all_reduce());
   }
 }
@@ -471,6 +499,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   std::vector<std::uint16_t*> lowp;
   bool have_lowp = false;
   bool nothing = false;
+  CheckpointScalars scalars;
   try {
     if (tag.empty()) {
       const std::optional<std::string> latest = read_latest_tag(load_dir);
@@ -509,7 +538,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
                rd->dir().string(), fmt::join(saved_states, ", "), m.at("optimizer").value("type", std::string("?")), fmt::join(state_names, ", "));
         }
       }
-      if (!options.load_module_only) check_saved_scalars(m);
+      scalars = read_checkpoint_scalars(m, im.onebit != nullptr);
       have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(dims_.dtype);
       if (rd->buffer_dtype(kMasterBuffer) != std::optional<DType>(DType::fp32)) fail("checkpoint '{}' holds no fp32 masters", rd->dir().string());
       // Buffer by buffer, in the order a rank file holds them (masters, each state, the 16-bit
@@ -562,10 +591,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   free_in_background(std::move(loaded.memory));  // copied into the store: the kernel takes it back off the critical path
   st.after_update();  // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
-  if (!options.load_module_only) restore_scalars(m, options);
-  const config::Json& layout = m.at("layout");
-  log_info("loaded checkpoint '{}' (saved at ZeRO stage {} on {} rank(s) in {}; loaded at stage {} on {} in {})", rd->dir().string(),
-           layout.value("zero_stage", -1), layout.value("world_size", -1), layout.value("dtype", std::string("?")),
+  if (!options.load_module_only) restore_scalars(scalars, options);
+  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {} in {})", rd->dir().string(), scalars.saved_layout,
            im.config.zero_optimization.stage, im.world, dtype_name(dims_.dtype));
   exclude_from_step_comm();
   LoadedCheckpoint out;

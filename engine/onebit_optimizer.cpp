@@ -478,20 +478,38 @@ nlohmann::json OneBitOptimizer::state() const {
   return j;
 }
 
-void OneBitOptimizer::load_state(const nlohmann::json& j) {
-  initialized_ = j.at("initialized").get<bool>();
-  frozen_ = j.at("frozen").get<bool>();
-  gradient_all_reduce_ = j.at("gradient_all_reduce").get<bool>();
-  counters_ready_ = j.at("counters_ready").get<bool>();
-  errors_reset_ = j.at("errors_reset").get<bool>();
-  var_interval_ = j.at("var_interval").get<std::int64_t>();
-  var_counter_ = j.at("var_counter").get<std::int64_t>();
-  local_step_interval_ = j.at("local_step_interval").get<std::int64_t>();
-  local_step_counter_ = j.at("local_step_counter").get<std::int64_t>();
-  lrs_ = j.at("lrs").get<double>();
-  lamb_coeff_freeze_ = j.at("lamb_coeff_freeze").get<std::vector<double>>();
-  last_factor_ = j.at("last_factor").get<std::vector<double>>();
-  scaling_coeff_ = j.at("scaling_coeff").get<std::vector<double>>();
+OneBitOptimizer::SavedState OneBitOptimizer::parse_state(const nlohmann::json& j) {
+  SavedState s;
+  s.initialized = j.at("initialized").get<bool>();
+  s.frozen = j.at("frozen").get<bool>();
+  s.gradient_all_reduce = j.at("gradient_all_reduce").get<bool>();
+  s.counters_ready = j.at("counters_ready").get<bool>();
+  s.errors_reset = j.at("errors_reset").get<bool>();
+  s.var_interval = j.at("var_interval").get<std::int64_t>();
+  s.var_counter = j.at("var_counter").get<std::int64_t>();
+  s.local_step_interval = j.at("local_step_interval").get<std::int64_t>();
+  s.local_step_counter = j.at("local_step_counter").get<std::int64_t>();
+  s.lrs = j.at("lrs").get<double>();
+  s.lamb_coeff_freeze = j.at("lamb_coeff_freeze").get<std::vector<double>>();
+  s.last_factor = j.at("last_factor").get<std::vector<double>>();
+  s.scaling_coeff = j.at("scaling_coeff").get<std::vector<double>>();
+  return s;
+}
+
+void OneBitOptimizer::load_state(const SavedState& s) {
+  initialized_ = s.initialized;
+  frozen_ = s.frozen;
+  gradient_all_reduce_ = s.gradient_all_reduce;
+  counters_ready_ = s.counters_ready;
+  errors_reset_ = s.errors_reset;
+  var_interval_ = s.var_interval;
+  var_counter_ = s.var_counter;
+  local_step_interval_ = s.local_step_interval;
+  local_step_counter_ = s.local_step_counter;
+  lrs_ = s.lrs;
+  lamb_coeff_freeze_ = s.lamb_coeff_freeze;
+  last_factor_ = s.last_factor;
+  scaling_coeff_ = s.scaling_coeff;
   // DeepSpeed resets the compression errors when a checkpoint is loaded (they are per rank and per
   // world size); so does dstrain.
   reset_errors();

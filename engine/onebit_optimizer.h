@@ -61,9 +61,18 @@ class OneBitOptimizer {
   // The trust ratios of the last 1-bit LAMB step, one per tensor in tensor order (DeepSpeed's lamb_coeffs).
   const std::vector<float>& lamb_coeffs() const { return lamb_coeffs_; }
 
-  // The scalars (phase, counters, 1-bit LAMB's per-tensor coefficients), for checkpoints.
+  // The scalars (phase, counters, 1-bit LAMB's per-tensor coefficients), for checkpoints. Loading
+  // is in two parts so that a malformed checkpoint is refused before anything changes:
+  // parse_state reads and type-checks (json's exceptions), load_state only assigns.
+  struct SavedState {
+    bool initialized = false, frozen = false, gradient_all_reduce = true, counters_ready = false, errors_reset = false;
+    std::int64_t var_interval = 0, var_counter = 0, local_step_interval = 0, local_step_counter = 0;
+    double lrs = 0.0;
+    std::vector<double> lamb_coeff_freeze, last_factor, scaling_coeff;
+  };
   nlohmann::json state() const;
-  void load_state(const nlohmann::json& j);
+  static SavedState parse_state(const nlohmann::json& j);
+  void load_state(const SavedState& s);
 
  private:
   // One compressed all-reduce unit: 1-bit / 0/1 Adam one per tensor, 1-bit LAMB one for the model.
