@@ -164,15 +164,16 @@ def main():
     for _ in range(a.warmup):
         loss = step()
         first = loss if first is None else first
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()  # process_time: CPU seconds of all threads
     for _ in range(a.steps):
         loss = step()
         first = loss if first is None else first
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
     print(json.dumps({
         "peer": "pytorch-cpu-llama",
         "tokens_per_s": round(a.batch * a.seq * a.steps / elapsed, 2),
         "ms_per_step": round(1000.0 * elapsed / a.steps, 2),
+        "cpu_s_per_step": round(cpu_s / a.steps, 3),
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "adamw": adamw,
