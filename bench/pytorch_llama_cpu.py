@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch CPU peer: one Llama training step (forward + backward + AdamW), fp32, timed.
+"""PyTorch CPU peer: one Llama training step (forward + backward + gradient clipping + AdamW), fp32, timed.
 
 The Llama architecture written here from its published equations (Touvron et al. 2023, and
 Hugging Face's LlamaForCausalLM for the conventions): RMSNorm (eps 1e-5), rotary embeddings with
@@ -11,7 +11,8 @@ Written for speed with what torch 1.13 has (no scaled_dot_product_attention, no 
 q/k/v as one Linear and gate/up as one Linear (one GEMM each instead of three and two); the GQA
 scores as one batched matmul per (batch, KV head) with the group's G query heads stacked along the
 rows — (G·T × D) @ (D × T) — so K and V are never repeated; an additive causal mask built once;
-AdamW's multi-tensor (foreach) path.
+AdamW's multi-tensor (foreach) path. The gradient norm is clipped to 1.0 before the step, as
+bench_train_cpu's ds_config does (gradient_clipping 1.0): both peers do the same work.
 
 Prints one JSON line, as bench/pytorch_gpt2_cpu.py does (bench/compare_pytorch_llama_cpu.sh reads it):
     /usr/bin/python3 bench/pytorch_llama_cpu.py --layers 30 --channels 576 --heads 9 --kv-heads 3 \
@@ -157,6 +158,7 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         loss = model(inputs, targets)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # bench_train_cpu: gradient_clipping 1.0
         optimizer.step()
         return loss.item()
 
