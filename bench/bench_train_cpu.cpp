@@ -6,6 +6,8 @@
 //   build/bench/bench_train_cpu --layers 12 --channels 768 --heads 12 --vocab 50257 --batch 4 --seq 256 --steps 3
 //   build/bench/bench_train_cpu --model llama:L30-C576-H9-KV3-I1536-V49152-tied --batch 4 --seq 256 --steps 3
 // (--model: any spec `dstrain train --model` takes; it replaces --layers/--channels/--heads/--vocab.)
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +60,15 @@ Args parse(int argc, char** argv) {
 using Clock = std::chrono::steady_clock;
 double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
+// CPU seconds this process has used, all threads (user + system): on a machine shared with other
+// work the wall time of a step grows with the load while its CPU time hardly does, so the two
+// peers are also compared by CPU seconds per step.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,9 +94,10 @@ int main(int argc, char** argv) {
     std::vector<std::int32_t> in(tok.begin(), tok.end() - 1), tg(tok.begin() + 1, tok.end());
     const dstrain::Shape bt{a.batch, a.seq};
     const dstrain::Batch batch{dstrain::Tensor(in.data(), dstrain::DType::int32, bt), dstrain::Tensor(tg.data(), dstrain::DType::int32, bt)};
-    double fwd = 0, bwd = 0, opt = 0;
+    double fwd = 0, bwd = 0, opt = 0, cpu0 = 0;
     float first_loss = 0, loss = 0;
     for (long i = 0; i < a.warmup + a.steps; ++i) {
+      if (i == a.warmup) cpu0 = process_cpu_s();
       const auto t0 = Clock::now();
       loss = engine.forward(batch);
       const auto t1 = Clock::now();
@@ -100,6 +112,7 @@ int main(int argc, char** argv) {
         opt += ms(t2, t3);
       }
     }
+    const double cpu_s = process_cpu_s() - cpu0;
     const double total = fwd + bwd + opt, n = static_cast<double>(a.steps);
     nlohmann::json j;
     j["peer"] = "dstrain-cpu";
@@ -108,6 +121,7 @@ int main(int argc, char** argv) {
     j["ms_forward"] = fwd / n;
     j["ms_backward"] = bwd / n;
     j["ms_optimizer"] = opt / n;
+    j["cpu_s_per_step"] = cpu_s / n;
     const char* threads = std::getenv("OMP_NUM_THREADS");
     j["omp_num_threads"] = threads != nullptr ? threads : "unset";
     const char* wait = std::getenv("OMP_WAIT_POLICY");

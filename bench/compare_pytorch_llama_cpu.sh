@@ -5,8 +5,10 @@
 #   bash bench/compare_pytorch_llama_cpu.sh [--steps N] [--threads N] [--batch B] [--seq T] [--repeat R]
 #
 # Shape: SmolLM-135M's (L30 C576 H9 KV3 I1536 V49152, tied). Each side runs --repeat times
-# (default 2) and the best is kept: on a machine shared with other work the fastest run is the one
-# least disturbed. Needs build/bench/bench_train_cpu (cmake --build build --target bench_train_cpu)
+# (default 2), alternating, and the best is kept: on a machine shared with other work the fastest
+# run is the one least disturbed. A second row compares CPU seconds per step (all threads, user +
+# system), which a loaded machine inflates far less than wall time (the ratio is PyTorch's CPU
+# time over dstrain's, so above 1 means dstrain needs less). Needs build/bench/bench_train_cpu (cmake --build build --target bench_train_cpu)
 # and /usr/bin/python3 with torch (bench/setup_peer.sh). The load average is printed with the row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +31,11 @@ ours=build/bench/bench_train_cpu
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_WAIT_POLICY=passive
 
 L=30 C=576 H=9 KV=3 I=1536 V=49152
-best() {  # best() KEY JSON...: the JSON line with the largest tokens_per_s
+best() {  # best() JSON...: the largest tokens_per_s
   /usr/bin/python3 -c "import json,sys; print(max((json.loads(l) for l in sys.argv[1:]), key=lambda j: j['tokens_per_s'])['tokens_per_s'])" "$@"
+}
+least_cpu() {  # least_cpu() JSON...: the smallest CPU seconds per step (all threads, user + system)
+  /usr/bin/python3 -c "import json,sys; print(min(json.loads(l)['cpu_s_per_step'] for l in sys.argv[1:]))" "$@"
 }
 load0=$(cut -d' ' -f1 /proc/loadavg)
 ds=() pt=()
@@ -46,4 +51,6 @@ ta=$(best "${ds[@]}") tb=$(best "${pt[@]}")
 printf '%-44s %14s %14s %8s  %s\n' "SmolLM-135M shape, B T, threads" "dstrain tok/s" "pytorch tok/s" ratio "load (1 min) before/after"
 printf '%-44s %14.1f %14.1f %7.2fx  %s/%s\n' "L$L C$C H$H KV$KV I$I V$V tied, $batch $seq, $threads" "$ta" "$tb" \
   "$(/usr/bin/python3 -c "print($ta/$tb)")" "$load0" "$load1"
-echo "(best of $repeat runs of $steps steps after 1 warm-up step, each side)"
+ca=$(least_cpu "${ds[@]}") cb=$(least_cpu "${pt[@]}")
+printf '%-44s %14.2f %14.2f %7.2fx\n' "CPU s per step (all threads; less load-bound)" "$ca" "$cb" "$(/usr/bin/python3 -c "print($cb/$ca)")"
+echo "(best of $repeat runs of $steps steps after 1 warm-up step, each side; the runs alternate between the two)"

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch CPU peer: one Llama training step (forward + backward + AdamW), fp32, timed.
+"""PyTorch CPU peer: one Llama training step (forward + backward + gradient clipping + AdamW), fp32, timed.
 
 The Llama architecture written here from its published equations (Touvron et al. 2023, and
 Hugging Face's LlamaForCausalLM for the conventions): RMSNorm (eps 1e-5), rotary embeddings with
@@ -11,7 +11,8 @@ Written for speed with what torch 1.13 has (no scaled_dot_product_attention, no 
 q/k/v as one Linear and gate/up as one Linear (one GEMM each instead of three and two); the GQA
 scores as one batched matmul per (batch, KV head) with the group's G query heads stacked along the
 rows — (G·T × D) @ (D × T) — so K and V are never repeated; an additive causal mask built once;
-AdamW's multi-tensor (foreach) path.
+AdamW's multi-tensor (foreach) path. The gradient norm is clipped to 1.0 before the step, as
+bench_train_cpu's ds_config does (gradient_clipping 1.0): both peers do the same work.
 
 Prints one JSON line, as bench/pytorch_gpt2_cpu.py does (bench/compare_pytorch_llama_cpu.sh reads it):
     /usr/bin/python3 bench/pytorch_llama_cpu.py --layers 30 --channels 576 --heads 9 --kv-heads 3 \
@@ -157,6 +158,7 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         loss = model(inputs, targets)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # bench_train_cpu: gradient_clipping 1.0
         optimizer.step()
         return loss.item()
 
@@ -164,15 +166,16 @@ def main():
     for _ in range(a.warmup):
         loss = step()
         first = loss if first is None else first
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()  # process_time: CPU seconds of all threads
     for _ in range(a.steps):
         loss = step()
         first = loss if first is None else first
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
     print(json.dumps({
         "peer": "pytorch-cpu-llama",
         "tokens_per_s": round(a.batch * a.seq * a.steps / elapsed, 2),
         "ms_per_step": round(1000.0 * elapsed / a.steps, 2),
+        "cpu_s_per_step": round(cpu_s / a.steps, 3),
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "adamw": adamw,
