@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "engine/optimizer_rules.h"
+#include "zero/split_state_store.h"
 
 namespace dstrain {
 namespace {
@@ -29,6 +30,53 @@ std::optional<double> read_cgroup_number(const char* path) {
 }  // namespace
 
 namespace {
+
+// Moves the offloaded shares of e's params and optimizer off the device (memory_estimate.h says
+// where; the engine's stores: engine.cpp make_state_stores, docs/offload.md).
+// b: bytes per stored parameter element.
+void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, double b) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (const auto& poff = z.offload_param; z.stage == 3 && poff && poff->device != config::OffloadDevice::none) {
+    e.params_device = 0.0;
+    if (poff->device == config::OffloadDevice::cpu) {
+      e.params_host = e.params;
+    } else {
+      // NvmeParamStore keeps the units, in order, while their running total fits max_in_cpu: all of
+      // them when it covers the partition; otherwise an unknown prefix (0 as the lower bound) and
+      // buffer_count buffers of the largest swapped unit (at least one element: the bound again).
+      const double partition = e.parameters / W;
+      if (static_cast<double>(poff->max_in_cpu) >= partition) {
+        e.params_host = e.params;
+      } else {
+        e.params_nvme = e.params;
+        e.params_host = static_cast<double>(std::max<std::int64_t>(poff->buffer_count, 1)) * b;
+      }
+    }
+  }
+  const auto& off = z.offload_optimizer;
+  if (z.stage < 1 || !off || off->device == config::OffloadDevice::none || e.optimizer <= 0.0 || e.parameters <= 0.0) return;
+  // Sub-groups of sub_group_size elements over the rank's partition; the first int((1 - ratio)·N)
+  // stay on the device (SplitStateStore::device_groups), only at stage 3.
+  const double partition = e.parameters / W;
+  // StateStoreLayout::cut's step: sub_group_size rounded down to a multiple of 16 elements.
+  const std::int64_t step = z.sub_group_size > 16 ? z.sub_group_size - z.sub_group_size % 16 : std::max<std::int64_t>(z.sub_group_size, 1);
+  const double group = std::min(static_cast<double>(step), partition);
+  const double groups = std::ceil(partition / group);
+  const double ratio = z.stage == 3 ? off->ratio : 1.0;
+  const double kept_groups = groups < 0x1p53 ? static_cast<double>(SplitStateStore::device_groups(ratio, static_cast<std::size_t>(groups)))
+                                             : std::floor((1.0 - ratio) * groups);
+  const double on_device = std::min(kept_groups * group, partition);
+  const double per_element = e.optimizer / partition;
+  e.optimizer_device = on_device * per_element;
+  const double offloaded = e.optimizer - e.optimizer_device;
+  if (off->device == config::OffloadDevice::nvme && z.stage == 3 && offloaded > 0.0) {
+    // NvmeStateStore: buffer_count slots, each one sub-group of every state, in host memory.
+    e.optimizer_nvme = offloaded;
+    e.optimizer_host = static_cast<double>(std::max<std::int64_t>(off->buffer_count, 1)) * group * per_element;
+  } else {
+    e.optimizer_host = offloaded;
+  }
+}
 
 // Ψ stored parameters, Vp the padded vocabulary (the logits' width, the largest activation).
 MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
@@ -69,6 +117,9 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
   }
   e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
+  e.params_device = e.params;
+  e.optimizer_device = e.optimizer;
+  place_offloaded(e, cfg, W, b);
   return e;
 }
 

@@ -12,6 +12,11 @@
 //               engine/optimizer_rules.h), or 4Ψ for SGD's momentum buffer when momentum != 0
 //               (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
 //   activations the logits of one micro-batch, B·T·Vp·b, the least any forward keeps
+// Where they live (docs/offload.md §11): offload_param (stage 3) moves the params to host memory
+// ("cpu") or to swap files ("nvme": host memory keeps them all only when max_in_cpu covers the
+// partition); offload_optimizer moves the optimizer's offloaded share — all of it, or the sub-groups
+// past the first int((1 - ratio)·N) — to host memory, or to swap files with buffer_count sub-group
+// buffers of every state in host memory ("nvme" at stage 3). Bytes in swap files are in no memory.
 // All in double: a spec such as gpt2:L4294967296-C4294967296-H2 gives a finite, huge figure.
 #pragma once
 
@@ -27,8 +32,17 @@ namespace dstrain {
 
 struct MemoryEstimate {
   double parameters = 0.0;  // Ψ, the stored parameters
-  double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank
-  double per_rank() const { return params + grads + optimizer + activations; }
+  double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
+  // Where params and optimizer are: the training device's memory, host memory by offload (for
+  // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the
+  // total above except for "nvme", whose host buffers hold copies of what is in the files.
+  double params_device = 0.0, params_host = 0.0, params_nvme = 0.0;
+  double optimizer_device = 0.0, optimizer_host = 0.0, optimizer_nvme = 0.0;
+  // Bytes in memory, device and host (on the cpu device they are the same memory); swap files not.
+  double per_rank() const { return params_device + params_host + grads + optimizer_device + optimizer_host + activations; }
+  // Of per_rank(): what offload holds in host memory, and what stays on the training device.
+  double host() const { return params_host + optimizer_host; }
+  double device() const { return per_rank() - host(); }
 };
 
 // The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and

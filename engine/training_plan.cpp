@@ -208,18 +208,34 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
   const double needed = e.per_rank() * static_cast<double>(ranks_here);
   const std::string figures = fmt::format(
       "{} parameters; per rank at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
-      format_estimate_bytes(e.params), format_estimate_bytes(e.grads), format_estimate_bytes(e.optimizer), format_estimate_bytes(e.activations),
+      format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads), format_estimate_bytes(e.optimizer_device + e.optimizer_host),
+      format_estimate_bytes(e.activations),
       format_estimate_bytes(e.per_rank()), ranks_here > 1 ? fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)) : "");
+  // Offload (docs/offload.md §11): what is in host memory instead of the device, and in swap files.
+  const std::string offloaded =
+      e.host() > 0.0 || e.params_nvme + e.optimizer_nvme > 0.0
+          ? fmt::format(" (of it offloaded to host memory: {}; in swap files, in no memory: {})", format_estimate_bytes(e.host()),
+                        format_estimate_bytes(e.params_nvme + e.optimizer_nvme))
+          : "";
   const char* fix = "give a smaller model (--model), a smaller micro-batch or sequence length, or partition the model states with a higher ZeRO "
                     "stage";
   if (plan.device.is_cpu()) {
     const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && needed > limit->bytes) {
-      fail("the model {} does not fit in memory: {}, but {} is available ({}); {}", model_spec, figures, format_estimate_bytes(limit->bytes),
-           limit->source, fix);
+      fail("the model {} does not fit in memory: {}{}, but {} is available ({}); {}", model_spec, figures, offloaded,
+           format_estimate_bytes(limit->bytes), limit->source, fix);
     }
-  } else if (e.per_rank() > 0x1p50) {  // 1 PiB
-    fail("the model {} does not fit on any GPU: {}; {}", model_spec, figures, fix);
+  } else {
+    if (e.device() > 0x1p50) {  // 1 PiB
+      fail("the model {} does not fit on any GPU: {}{}; {}", model_spec, figures, offloaded, fix);
+    }
+    // What offload puts in host memory must fit there, for every rank of this process.
+    const std::optional<HostMemoryLimit> limit = host_memory_limit();
+    if (limit && e.host() * static_cast<double>(ranks_here) > limit->bytes) {
+      fail("the model {} does not fit in host memory with this offload: {}{}, but {} is available ({}); use offload_optimizer / "
+           "offload_param device \"nvme\", or {}",
+           model_spec, figures, offloaded, format_estimate_bytes(limit->bytes), limit->source, fix);
+    }
   }
 }
 

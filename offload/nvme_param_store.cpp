@@ -63,7 +63,12 @@ NvmeParamStore::NvmeParamStore(ParamStoreLayout layout, IoEngine& io, Allocator&
       ++swapped_;
     }
   }
-  if (swapped_ == 0) return;  // everything fits max_in_cpu: no file, no buffers
+  // Everything fits max_in_cpu (or is persistent): no file, no buffers. The folder is still checked
+  // (tmpfs included), so a config that only works while the model is small is refused now.
+  if (swapped_ == 0) {
+    SwapFolder::check_path(nvme_path, kPathKey);
+    return;
+  }
   // The optimizer store of the same rank may use the default run name: its own sub-folder name.
   // SwapFolder names kPathKey in every error, its files' open errors included.
   folder_ = std::make_unique<SwapFolder>(io, nvme_path, kPathKey, (run.empty() ? SwapFolder::default_run_name() : run) + "-params", rank,

@@ -1,5 +1,7 @@
 #include "offload/swap_folder.h"
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,6 +35,12 @@ void SwapFolder::check_path(const std::string& nvme_path, const std::string& con
   if (::access(nvme_path.c_str(), W_OK | X_OK) != 0)
     fail("{} \"{}\" is not writable by this user ({}): choose a folder you may write to, or fix its permissions",
          config_key, nvme_path, std::strerror(errno));
+  // tmpfs / ramfs: the engine refuses its files there at open (io_uring_engine.cpp says why), but a
+  // store that swaps nothing (every unit within max_in_cpu, or persistent) opens none, and would
+  // train on a path that can never work once the model grows: refused here, before any file.
+  struct statfs s {};
+  if (::statfs(nvme_path.c_str(), &s) == 0 && (s.f_type == TMPFS_MAGIC || s.f_type == RAMFS_MAGIC))
+    fail("{} \"{}\": {}", config_key, nvme_path, io_memory_file_system_message(nvme_path));
 }
 
 SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run,

@@ -44,7 +44,8 @@ class SwapFolder {
 
   // "<host>-<pid>": the default run name.
   static std::string default_run_name();
-  // The checks of `nvme_path` that need no model: set, exists, a folder, writable. Error naming
+  // The checks of `nvme_path` that need no model: set, exists, a folder, writable, not tmpfs/ramfs
+  // (even when no file ends up there: the folder is the user's promise of a drive). Error naming
   // `config_key` and the fix. The constructor runs them first; check-config runs them too
   // (check_engine_trains), so it refuses what train would.
   static void check_path(const std::string& nvme_path, const std::string& config_key);

@@ -13,10 +13,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/generate.h"
 #include "gpu_test.h"
@@ -124,6 +129,61 @@ TEST(EngineGpu, OptimizerOffloadMatchesTheCpuAndLeavesNoOptimizerBytesOnTheDevic
       }
     }
   }
+}
+
+// Stage 3 offload next to a GPU (docs/offload.md §5-7): the optimizer's share in swap files
+// ("nvme"), split with the device (ratio 0.5), and the parameter partition in host memory or swap
+// files (offload_param), its shards copied to cuda:0 for each all-gather and the updated 16-bit
+// params copied back. Each offloaded CUDA run against the CUDA run without offload and against the
+// CPU run with the same offload (the same CPU optimizer kernel): the GPU-vs-CPU tolerances; the
+// device allocator holds no optimizer bytes where everything is offloaded.
+TEST(EngineGpu, Stage3OffloadMatchesTheGpuRunWithoutOffloadAndTheCpu) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_gpu_offload_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = nlohmann::json(dir.string()).dump();
+  const std::vector<std::pair<std::string, bool>> offloads = {  // (zero json, the device holds no optimizer bytes)
+      {R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, "pipeline_write": true, "nvme_path": )" + path + "}", true},
+      {R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})", false},
+      {R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true})", true},
+      {R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "max_in_cpu": 0, "buffer_count": 2, "nvme_path": )" + path +
+           "}, \"stage3_param_persistence_threshold\": 0",
+       true},
+  };
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const int world : {1, 2}) {
+      RunSpec s;
+      s.stage = 3;
+      s.world = world;
+      s.precision = p;
+      s.gas = 2;
+      s.knobs.reduce_bucket_size = 3000;
+      s.knobs.sub_group_size = 5000;
+      const auto init = initial_params(s);
+      RunSpec g = s;
+      g.device = kGpu;
+      const RunResult gpu_plain = run_zero(g);
+      for (const auto& [offload, no_device_optimizer] : offloads) {
+        const std::string what = fmt::format("{} world {} {}", precision_name(p), world, offload);
+        SCOPED_TRACE(what);
+        RunSpec c = s;
+        c.knobs.zero_extra_json = offload;
+        const RunResult cpu = run_zero(c);
+        c.device = kGpu;
+        const RunResult gpu = run_zero(c);
+        expect_close(gpu, cpu, init, gpu_tolerance(p), "vs cpu: " + what);
+        expect_close(gpu, gpu_plain, init, gpu_tolerance(p), "vs gpu without offload: " + what);
+        for (const RankResult& r : gpu.ranks) {
+          if (no_device_optimizer) {
+            EXPECT_EQ(r.report.optimizer_bytes, 0u);
+          }
+          EXPECT_GT(r.report.host_optimizer_bytes + r.report.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)], 0u);
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "dstrain_swap")) << "swap files left behind";
+  std::filesystem::remove_all(dir);
 }
 
 // fp16's loss scaler on the GPU: an injected inf gradient is skipped at the same step and the

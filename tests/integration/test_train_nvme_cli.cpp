@@ -129,9 +129,28 @@ TEST_F(TrainNvmeCli, ATmpfsNvmePathIsRefusedBeforeStepOne) {
   const CliResult r = run_dstrain(train_args("shm.json", "shm.json.out"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("tmpfs"));
-  EXPECT_THAT(r.err, HasSubstr("/dev/shm/dstrain_swap"));
+  EXPECT_THAT(r.err, HasSubstr("zero_optimization.offload_optimizer.nvme_path \"/dev/shm\""));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
   EXPECT_FALSE(fs::exists("/dev/shm/dstrain_swap"));
+}
+
+// offload_param on nvme where nothing is swapped: this model's parameters are all below
+// stage3_param_persistence_threshold (default 1e5 elements), so no swap file is ever opened, and
+// the engine's open-time tmpfs check never ran — the run trained on /dev/shm. The folder itself is
+// now checked before step 1, as check-config checks it.
+TEST_F(TrainNvmeCli, ATmpfsParamNvmePathIsRefusedEvenWhenNothingIsSwapped) {
+  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm here";
+  std::ofstream(dir_ / "param_shm.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/dev/shm", "max_in_cpu": 0}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const CliResult r = run_dstrain(train_args("param_shm.json", "param_shm.json.out"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("zero_optimization.offload_param.nvme_path \"/dev/shm\""));
+  EXPECT_THAT(r.err, HasSubstr("tmpfs"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+  const CliResult check = run_dstrain("check-config " + q(dir_ / "param_shm.json"));
+  EXPECT_EQ(check.exit_code, 2) << "check-config and train agree: " << check.out;
+  EXPECT_THAT(check.err, HasSubstr("zero_optimization.offload_param.nvme_path"));
 }
 
 }  // namespace

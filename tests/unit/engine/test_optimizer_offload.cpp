@@ -379,3 +379,70 @@ TEST(OptimizerOffloadRatio, NeedsAdamAsDeepSpeedsTwinFlowDoes) {
 
 }  // namespace
 }  // namespace dstrain
+
+namespace dstrain {
+namespace {
+
+using namespace zero_testing;
+
+// The pre-flight's estimate places the offloaded shares where the engine's stores put them
+// (engine/memory_estimate.h, docs/offload.md §10), checked against the allocators' counts of real
+// runs: ratio < 1 splits the optimizer at the same sub-group boundary as SplitStateStore, "nvme"
+// keeps buffer_count sub-groups of every state in host memory (the store rounds each to 4096 bytes)
+// and the rest in swap files, and offload_param "cpu" takes the params off the device. The estimate
+// counts Ψ from the model's shape, the engine pads each layer: the tolerance is the padding.
+TEST(OptimizerOffloadEstimate, PlacesTheOffloadedSharesAsTheAllocatorsCountThem) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_estimate_nvme_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = nlohmann::json(dir.string()).dump();
+  for (const int world : {1, 2}) {
+    for (const std::string& offload :
+         {std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})"), std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.3})"),
+          R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}",
+          R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "ratio": 0.5, "nvme_path": )" + path + "}",
+          std::string(R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})")}) {
+      SCOPED_TRACE(testing::Message() << "world " << world << " " << offload);
+      const RunSpec s = offload_run(3, world, Precision::fp32, offload);
+      const RunResult run = run_zero(s);
+      config::ConfigOptions copts;
+      copts.world_size = world;
+      const MemoryEstimate e = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts), kT);
+      const double padding = static_cast<double>(shard_elements(world, Precision::fp32)) - e.parameters / world;
+      ASSERT_GE(padding, 0.0);
+      const double tolerance = 12.0 * padding;  // fp32 masters are the params here; + exp_avg + exp_avg_sq
+      for (const RankResult& r : run.ranks) {
+        const ZeroReport& z = r.report;
+        const auto opt = static_cast<std::size_t>(MemoryPurpose::optimizer);
+        EXPECT_NEAR(e.optimizer_device, static_cast<double>(z.optimizer_bytes), tolerance);
+        // The swap files round each sub-group of each state up to 4096 bytes (docs/offload.md §5).
+        const double offloaded_groups = std::ceil(e.optimizer_nvme / (12.0 * 4992.0));
+        EXPECT_LE(e.optimizer_nvme, static_cast<double>(z.nvme_bytes[opt]) + tolerance);
+        EXPECT_GE(e.optimizer_nvme + 3 * 4096.0 * offloaded_groups, static_cast<double>(z.nvme_bytes[opt]));
+        if (e.optimizer_nvme > 0.0) {
+          // 2 slots x 3 states, each rounded up to 4096 bytes.
+          EXPECT_LE(e.optimizer_host, static_cast<double>(z.host_bytes[opt]));
+          EXPECT_GE(e.optimizer_host + 2 * 3 * 4096.0, static_cast<double>(z.host_bytes[opt]));
+          EXPECT_GT(e.optimizer_host, 0.0);
+        } else {
+          EXPECT_NEAR(e.optimizer_host, static_cast<double>(z.host_bytes[opt]), tolerance);
+        }
+        const auto par = static_cast<std::size_t>(MemoryPurpose::params);
+        if (offload.find("offload_param") != std::string::npos) {
+          EXPECT_EQ(e.params_device, 0.0);
+          EXPECT_NEAR(e.params_host, e.params, 0.0);
+          // On the cpu device the host store may share the training allocator: either count.
+          EXPECT_LE(e.params_host, static_cast<double>(z.host_bytes[par] + z.device_bytes[par]));
+        } else {
+          EXPECT_EQ(e.params_host, 0.0);
+        }
+        // per_rank() is what is in memory: the swap files' bytes are not.
+        EXPECT_DOUBLE_EQ(e.per_rank(), e.params_device + e.params_host + e.grads + e.optimizer_device + e.optimizer_host + e.activations);
+        EXPECT_DOUBLE_EQ(e.device() + e.host(), e.per_rank());
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dstrain
