@@ -386,7 +386,7 @@ namespace {
 using namespace zero_testing;
 
 // The pre-flight's estimate places the offloaded shares where the engine's stores put them
-// (engine/memory_estimate.h, docs/offload.md §10), checked against the allocators' counts of real
+// (engine/memory_estimate.h, docs/offload.md §11), checked against the allocators' counts of real
 // runs: ratio < 1 splits the optimizer at the same sub-group boundary as SplitStateStore, "nvme"
 // keeps buffer_count sub-groups of every state in host memory (the store rounds each to 4096 bytes)
 // and the rest in swap files, and offload_param "cpu" takes the params off the device. The estimate
