@@ -59,8 +59,10 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 jobs="$(nproc 2>/dev/null || echo 2)"
 say "configuring and building in $build_dir ($jobs jobs)"
+# Every test program by default (DSTRAIN_CPU_TESTS=ON, also over an earlier -DDSTRAIN_CPU_TESTS=OFF
+# from scripts/test.sh); DSTRAIN_CMAKE_ARGS can say otherwise.
 # shellcheck disable=SC2086
-cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release ${DSTRAIN_CMAKE_ARGS:-} >/dev/null
+cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CPU_TESTS=ON ${DSTRAIN_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 say "done: $build_dir/dstrain"
 
