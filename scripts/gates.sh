@@ -64,9 +64,15 @@ gate_asan() {
   say "ASan+UBSan: running the CPU suite${regex:+ (tests matching $regex)}"
   # The install test builds an outside project against the installed (sanitized) libraries without
   # the sanitizer runtime: it checks packaging, not memory, and runs in the plain suite.
-  local sel=(-LE gpu -E '^install_and_find_package$')
+  local sel=(-E '^install_and_find_package$')
   [ -n "$regex" ] && sel+=(-R "$regex")
-  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 1200 "${sel[@]}")
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 1200 -LE 'gpu|mpi' "${sel[@]}")
+  # The MPI tests without leak checking: Open MPI dlcloses its plug-ins at MPI_Finalize, so what
+  # they keep until exit has no module left to suppress by (lsan.supp), only "<unknown module>";
+  # and a communicator whose group failed leaves its buffers to the process's end on purpose
+  # (MPI may still write them). Memory errors and undefined behaviour are still checked.
+  (cd "$dir" && ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
+     ctest --output-on-failure -j "$jobs" --timeout 1200 -L mpi "${sel[@]}")
 }
 
 gate_tsan() {

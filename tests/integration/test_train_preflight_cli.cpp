@@ -226,6 +226,10 @@ TEST_F(TrainPreflightCli, StaleTemporariesAreRemovedLiveOnesKept) {
 TEST_F(TrainPreflightCli, NumRanksBeyondTheThreadLimitIsAnError) {
   // 1000 rank threads' stacks do not fit 4 GB of address space: a thread cannot start, which was
   // std::terminate (a signal); now an Error naming --num-ranks.
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space for its shadow memory at start, so a process under "
+                  "`ulimit -v` cannot start at all; this test runs in the plain build (DSTRAIN_GATES=0 bash scripts/test.sh)";
+#endif
   std::ofstream(dir_ / "many.json") << R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
   const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "many.json") + " --model gpt2:L1-C16-H2-V256-T8 --data " + q(dir_ / "t_train.bin") +
                                       " --steps 1 --sample-tokens 0 --num-ranks 1000",

@@ -544,7 +544,11 @@ void expect_per_tensor_optimizer_resumes_and_reshards(const std::string& optimiz
     run_segment(dst, again);
     EXPECT_TRUE(parameter_space(d2.path, "final") == saved_space);
     const SegmentResult got = run_segment(dst, cont);
-    const Tolerance tol = tolerance(Precision::fp32);
+    Tolerance tol = tolerance(Precision::fp32);
+    // The key bias's gradient is rounding noise only; the per-tensor optimizers turn noise into
+    // steps of their own size (Muon's auxiliary Adam at adam_lr), so its bound is a sanity bound:
+    // measured up to 1.05e-4 (Muon, the -O1 sanitizer build), AdamW's 1e-4 with no margin.
+    tol.key_bias_abs = 3e-4;
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], tol.loss_rtol * std::abs(ref.losses[i]) + 1e-7);
     std::map<std::string, std::vector<float>> init;
