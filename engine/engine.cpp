@@ -853,6 +853,8 @@ ZeroReport Engine::zero_report() const {
   const StateStore& store = im.states->store();
   r.optimizer_home = std::string(state_home_name(store.home()));
   r.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)] = store.bytes().nvme;
+  // offload_param "nvme" keeps the parameter partition in its own swap file (docs/offload.md §6, §9).
+  if (const ParamStore* params = im.states->param_store()) r.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::params)] = params->bytes().nvme;
   const auto io = [](const IoEngine::Totals& t) { return OffloadIo{t.bytes_read, t.bytes_written, t.wait_seconds}; };
   r.step_io = io(im.step_io);
   r.train_io = io(im.train_io);

@@ -72,7 +72,10 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, d
   if (off->device == config::OffloadDevice::nvme && z.stage == 3 && offloaded > 0.0) {
     // NvmeStateStore: buffer_count slots, each one sub-group of every state, in host memory.
     e.optimizer_nvme = offloaded;
-    e.optimizer_host = static_cast<double>(std::max<std::int64_t>(off->buffer_count, 1)) * group * per_element;
+    e.optimizer_buffers = static_cast<double>(std::max<std::int64_t>(off->buffer_count, 1));
+    e.optimizer_buffer_elements = group;
+    e.optimizer_bytes_per_element = per_element;
+    e.optimizer_host = e.optimizer_buffers * group * per_element;
   } else {
     e.optimizer_host = offloaded;
   }

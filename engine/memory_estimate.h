@@ -38,6 +38,11 @@ struct MemoryEstimate {
   // total above except for "nvme", whose host buffers hold copies of what is in the files.
   double params_device = 0.0, params_host = 0.0, params_nvme = 0.0;
   double optimizer_device = 0.0, optimizer_host = 0.0, optimizer_nvme = 0.0;
+  // offload_optimizer "nvme" at stage 3: optimizer_host is optimizer_buffers host buffers, each one
+  // sub-group (optimizer_buffer_elements, sub_group_size or the whole partition if smaller) of every
+  // fp32 state, optimizer_bytes_per_element bytes per element (12 for Adam: master + 2 moments).
+  // The pre-flight names sub_group_size when these buffers do not fit (docs/offload.md §11).
+  double optimizer_buffers = 0.0, optimizer_buffer_elements = 0.0, optimizer_bytes_per_element = 0.0;
   // Bytes in memory, device and host (on the cpu device they are the same memory); swap files not.
   double per_rank() const { return params_device + params_host + grads + optimizer_device + optimizer_host + activations; }
   // Of per_rank(): what offload holds in host memory, and what stays on the training device.

@@ -350,7 +350,9 @@ void RankTrainer::finish() {
   const config::DsConfig& cfg = plan_.config;
   // This rank's ZeRO figures after training (before the final evaluation and save).
   report_ = engine.zero_report();
-  if (report_.optimizer_home != "device") {
+  // Offloaded parameters alone (offload_param at stage 3, the optimizer on the device) are reported too.
+  const auto params = static_cast<std::size_t>(MemoryPurpose::params);
+  if (report_.optimizer_home != "device" || report_.host_bytes[params] > 0 || report_.nvme_bytes[params] > 0) {
     OffloadSummary o;
     o.optimizer_home = report_.optimizer_home;
     o.device = report_.device_bytes;

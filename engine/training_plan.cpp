@@ -203,6 +203,27 @@ std::string parameter_figure(double value) { return value < 1e15 ? format_count(
 // Refuses a model that cannot fit before any layer is built (engine/memory_estimate.h): on the
 // cpu against what this process may still allocate, for every rank it runs; on a GPU against a
 // bound no device reaches (the allocator reports a real shortage at the first allocation).
+// offload_optimizer "nvme" at stage 3 keeps buffer_count sub-groups of every fp32 state in host
+// memory; with DeepSpeed's default sub_group_size (1e9) that is 12 GB per buffer for Adam, so these
+// buffers are often what does not fit (docs/offload.md §10.2, §11). `budget`: the bytes per rank left
+// for them by everything else; the advice names the largest sub_group_size that fits, if any.
+std::string nvme_optimizer_buffers_advice(const MemoryEstimate& e, const config::DsConfig& cfg, double budget) {
+  if (e.optimizer_buffers <= 0.0 || e.optimizer_host <= 0.0) return "";
+  const auto& z = cfg.zero_optimization;
+  std::string advice = fmt::format(
+      "; the NVMe optimizer store's host buffers take {} of it: zero_optimization.offload_optimizer.buffer_count {} buffers, each one sub-group "
+      "of {} elements (zero_optimization.sub_group_size {}) x {:g} B of fp32 master and optimizer states — lower zero_optimization.sub_group_size",
+      format_estimate_bytes(e.optimizer_host), z.offload_optimizer->buffer_count, parameter_figure(e.optimizer_buffer_elements), z.sub_group_size,
+      e.optimizer_bytes_per_element);
+  const double fits = budget / (e.optimizer_buffers * e.optimizer_bytes_per_element);
+  if (fits >= 16.0) {
+    // One significant digit, rounded down: a value a config would carry (5e7 rather than 53687091).
+    const double scale = std::pow(10.0, std::floor(std::log10(fits)));
+    advice += fmt::format(" (to {:.0f} or less: what fits beside the rest)", std::floor(fits / scale) * scale);
+  }
+  return advice + " or zero_optimization.offload_optimizer.buffer_count";
+}
+
 void check_memory(const TrainingPlan& plan, const std::string& model_spec, int ranks_here) {
   const MemoryEstimate e = estimate_rank_memory(plan.model, plan.config, plan.sequence_length);
   const double needed = e.per_rank() * static_cast<double>(ranks_here);
@@ -222,8 +243,9 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
   if (plan.device.is_cpu()) {
     const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && needed > limit->bytes) {
-      fail("the model {} does not fit in memory: {}{}, but {} is available ({}); {}", model_spec, figures, offloaded,
-           format_estimate_bytes(limit->bytes), limit->source, fix);
+      const double budget = limit->bytes / static_cast<double>(ranks_here) - (e.per_rank() - e.optimizer_host);
+      fail("the model {} does not fit in memory: {}{}, but {} is available ({}){}; {}", model_spec, figures, offloaded,
+           format_estimate_bytes(limit->bytes), limit->source, nvme_optimizer_buffers_advice(e, plan.config, budget), fix);
     }
   } else {
     if (e.device() > 0x1p50) {  // 1 PiB
@@ -232,9 +254,10 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
     // What offload puts in host memory must fit there, for every rank of this process.
     const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && e.host() * static_cast<double>(ranks_here) > limit->bytes) {
-      fail("the model {} does not fit in host memory with this offload: {}{}, but {} is available ({}); use offload_optimizer / "
+      const double budget = limit->bytes / static_cast<double>(ranks_here) - (e.host() - e.optimizer_host);
+      fail("the model {} does not fit in host memory with this offload: {}{}, but {} is available ({}){}; use offload_optimizer / "
            "offload_param device \"nvme\", or {}",
-           model_spec, figures, offloaded, format_estimate_bytes(limit->bytes), limit->source, fix);
+           model_spec, figures, offloaded, format_estimate_bytes(limit->bytes), limit->source, nvme_optimizer_buffers_advice(e, plan.config, budget), fix);
     }
   }
 }

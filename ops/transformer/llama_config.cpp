@@ -378,10 +378,12 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
     bool use_sw = false;
     r.get_bool("use_sliding_window", use_sw);
     r.use("sliding_window");
+    c.use_sliding_window = use_sw;
     if (use_sw) {
-      std::int64_t w = 4096, first = 28;
+      std::int64_t w = 4096, first = 28;  // Qwen2Config's / Qwen3Config's defaults
       if (r.has("sliding_window")) r.get_int("sliding_window", w, false);
       r.get_int("max_window_layers", first, false);
+      c.max_window_layers = first;
       if (first < c.n_layer) c.sliding_window = w;
     }
   }
@@ -394,6 +396,7 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
         if (!t.is_string() || (t.get<std::string>() != "full_attention" && t.get<std::string>() != "sliding_attention")) {
           fail("model config '{}': layer_types holds {}; dstrain knows \"full_attention\" and \"sliding_attention\"", source, t.dump());
         }
+        c.layer_types.push_back(t.get<std::string>());
         if (t.get<std::string>() == "sliding_attention" && c.sliding_window == 0) {
           std::int64_t w = 4096;
           if (r.has("sliding_window")) r.get_int("sliding_window", w, false);
@@ -497,11 +500,14 @@ std::string llama_hf_config_json(const LlamaConfig& c) {
   if (c.model_type == "mistral") {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json(nullptr);
   } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
-    j["use_sliding_window"] = c.sliding_window > 0;
-    if (c.sliding_window > 0) {
-      j["sliding_window"] = c.sliding_window;
-      j["max_window_layers"] = 0;
-    }
+    // The layers the imported config windowed, in its own keys (docs/models.md §3.4): Hugging Face
+    // windows layer i when use_sliding_window and i >= max_window_layers, or where layer_types says
+    // so. A window with neither (a config not read from JSON) acts on every layer: from layer 0.
+    const bool every_layer = c.sliding_window > 0 && !c.use_sliding_window && c.layer_types.empty();
+    j["use_sliding_window"] = c.use_sliding_window || every_layer;
+    if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+    if (c.use_sliding_window || every_layer) j["max_window_layers"] = every_layer ? 0 : c.max_window_layers;
+    if (!c.layer_types.empty()) j["layer_types"] = c.layer_types;
   }
   return j.dump(2) + "\n";
 }

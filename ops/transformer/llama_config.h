@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ops/kernels/rope.h"
 
@@ -47,6 +48,14 @@ struct LlamaConfig {
   // computed (attention_window); Qwen's acts on some layers only, and a sequence it would mask is
   // refused (llama_check_sequence), naming the key.
   std::int64_t sliding_window = 0;
+  // Qwen2/Qwen3: which layers the window acts on, as Hugging Face reads config.json — layer i when
+  // use_sliding_window and i >= max_window_layers, or where layer_types says "sliding_attention".
+  // Kept as read so that the config.json dstrain writes windows the same layers (docs/models.md
+  // §3.4). A config not read from JSON leaves them unset: a qwen sliding_window then acts on every
+  // layer (written as use_sliding_window with max_window_layers 0).
+  bool use_sliding_window = false;
+  std::int64_t max_window_layers = 0;
+  std::vector<std::string> layer_types;
 
   // The window every layer's attention applies: Mistral's sliding_window; 0 (causal) otherwise.
   std::int64_t attention_window() const { return model_type == "mistral" ? sliding_window : 0; }

@@ -113,6 +113,29 @@ TEST_F(TrainNvmeCli, TheSummaryReportsBytesHeldAndMovedPerStep) {
   EXPECT_EQ(c["io_wait_seconds"].get<double>(), 0.0);
 }
 
+// offload_param on nvme with the optimizer on the device: the summary reports the parameter swap
+// file under nvme params (docs/offload.md §9), in the text and in --summary-json, lead rank and
+// zero.ranks[] alike. Before, the run printed no offload figures at all, and with the optimizer
+// offloaded too it printed "nvme params 0 B" beside the parameter store's swap file.
+TEST_F(TrainNvmeCli, TheSummaryReportsTheParameterSwapFileUnderNvmeParams) {
+  std::ofstream(dir_ / "param.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 1,
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+        "offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": )" + nlohmann::json((dir_ / "nvme").string()).dump() + R"(}},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
+  const CliResult r = run_dstrain(train_args("param.json", "param.json.out"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("offload (optimizer on device), bytes held:"));
+  const nlohmann::json j = nlohmann::json::parse(read_file_text(dir_ / "param.json.out"));
+  ASSERT_TRUE(j.contains("offload")) << j.dump(2);
+  const auto files = j["offload"]["bytes_held"]["nvme"]["params"].get<std::uint64_t>();
+  EXPECT_GT(files, 0u);
+  EXPECT_EQ(files % 4096, 0u) << "each unit at a 4096-aligned offset";
+  EXPECT_EQ(j["offload"]["bytes_held"]["nvme"]["optimizer"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(j["zero"]["ranks"][0]["bytes_held"]["nvme"]["params"].get<std::uint64_t>(), files);
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("nvme   params 0 B")));
+  EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files left behind";
+}
+
 TEST_F(TrainNvmeCli, AnInjectedReadErrorMidStepExitsTwoNamingTheSwapFile) {
   const CliResult r = run_dstrain(train_args("nvme.json", "fault.json.out"), "DSTRAIN_IO_FAULT=eio:read@250");
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -146,6 +146,35 @@ TEST_F(TrainPreflightCli, HugeModelsAreRefusedWithTheFigures) {
   }
 }
 
+// offload_optimizer "nvme" at stage 3 keeps buffer_count sub-groups of fp32 masters + Adam moments
+// (12 B per element) in host memory: with DeepSpeed's default sub_group_size (1e9) and 4 buffers,
+// 48 GB for GPT-2 XL. The pre-flight counts them and names sub_group_size and buffer_count with a
+// value that fits (docs/offload.md §10.2, §11); before, the refusal named only a smaller model, a
+// smaller batch or a higher stage. ulimit -v (32 GiB) makes the figure this machine's on any host.
+TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefusedNamingIt) {
+  const fs::path swap = dir_ / "nvme";
+  fs::create_directories(swap);
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": " + nlohmann::json(swap.string()).dump();
+  std::ofstream(dir_ / "nvme.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": )" << nvme << R"(, "buffer_count": 4},
+      "offload_param": )" << nvme << R"(, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e8}}})";
+  const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "nvme.json") + " --model gpt2:d48 --tokenizer bytes --data " +
+                                      q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0 --sequence-length 128",
+                                  "ulimit -v 33554432; timeout 120");
+  expect_refused_before_training(r, "does not fit");
+  for (const char* part : {"zero_optimization.sub_group_size 1000000000", "zero_optimization.offload_optimizer.buffer_count 4",
+                           "lower zero_optimization.sub_group_size", "12 B"}) {
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << " not in: " << r.err;
+  }
+  // The value it proposes, times 4 buffers of 12 B, fits in the 32 GiB less the rest (> 2.9 GiB of grads).
+  const auto at = r.err.find("(to ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const double proposed = std::stod(r.err.substr(at + 4));
+  EXPECT_GT(proposed, 0.0);
+  EXPECT_LE(proposed * 12.0 * 4.0, 32.0 * (1ull << 30) - 2.9 * (1ull << 30)) << r.err;
+}
+
 TEST_F(TrainPreflightCli, HfConfigKeysAreHonouredOrRefused) {
   const auto hf = [&](const std::string& name, const std::string& extra) {
     std::ofstream(dir_ / name) << R"({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 256, "n_positions": 32)" << extra

@@ -140,6 +140,43 @@ TEST(ParamOffload, WithNvmeOptimizerOffloadToo) {
   EXPECT_FALSE(std::filesystem::exists(d.dir / "dstrain_swap")) << "swap files left behind";
 }
 
+// The report (dstrain train's summary, --summary-json's bytes_held) names the parameter swap file
+// under nvme params: every swapped unit (layer shard) at a 4096-aligned offset, so Σ round_up(shard
+// bytes, 4096) over the units max_in_cpu does not keep (docs/offload.md §6, §9); the optimizer's
+// swap files stay under nvme optimizer.
+TEST(ParamOffload, ReportsTheSwapFileUnderNvmeParams) {
+  const SwapDir d;
+  const auto round_up = [](std::uint64_t v) { return (v + 4095) / 4096 * 4096; };
+  for (const int world : {1, 2}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(testing::Message() << "world " << world << " " << precision_name(p));
+      const std::uint64_t s = storage_bytes(p);
+      std::uint64_t all_swapped = 0, last_only = 0;
+      for (const auto& layer : model_specs()) {
+        last_only = round_up(static_cast<std::uint64_t>(padded_numel(layer, world, s) / world) * s);
+        all_swapped += last_only;
+      }
+      const std::uint64_t kParams = static_cast<std::size_t>(MemoryPurpose::params), kOptimizer = static_cast<std::size_t>(MemoryPurpose::optimizer);
+      const RunResult all = run_zero(param_run(world, p, nvme_param(d, largest_shard(world, p), 0)));
+      const RunResult most_in_cpu = run_zero(param_run(world, p, nvme_param(d, largest_shard(world, p), shard_total(world, p) - 1)));
+      for (std::size_t r = 0; r < all.ranks.size(); ++r) {
+        EXPECT_EQ(all.ranks[r].report.nvme_bytes[kParams], all_swapped) << "rank " << r;
+        EXPECT_EQ(all.ranks[r].report.nvme_bytes[kOptimizer], 0u) << "rank " << r;
+        EXPECT_EQ(most_in_cpu.ranks[r].report.nvme_bytes[kParams], last_only) << "rank " << r << ": only the last unit is swapped";
+      }
+      const RunResult cpu = run_zero(param_run(world, p, R"("offload_param": {"device": "cpu"})"));
+      for (const RankResult& r : cpu.ranks) EXPECT_EQ(r.report.nvme_bytes[kParams], 0u);
+    }
+  }
+  // Both on NVMe: each store's swap files under its own purpose.
+  const Precision p = Precision::bf16;
+  const std::string both = R"("offload_optimizer": {"device": "nvme", "nvme_path": )" + d.json() + "}, " + nvme_param(d, largest_shard(1, p), 0);
+  const RankResult r = run_zero(param_run(1, p, both)).r0();
+  EXPECT_GT(r.report.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::params)], 0u);
+  EXPECT_GT(r.report.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)], 0u);
+  EXPECT_FALSE(std::filesystem::exists(d.dir / "dstrain_swap")) << "swap files left behind";
+}
+
 // Checkpoints read and write the 16-bit params through the store (read_owned_param /
 // write_owned_param): saving from an NVMe-offloaded run and loading into a fresh one continues with
 // the losses of the run that went on without a break.

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ops/error.h"
 #include "ops/transformer/llama_config.h"
@@ -169,4 +172,69 @@ TEST(LlamaConfig, WrittenConfigJsonReadsBackTheSame) {
     EXPECT_DOUBLE_EQ(r.rope_theta, c.rope_theta);
     EXPECT_FLOAT_EQ(r.rms_norm_eps, c.rms_norm_eps);
   }
+}
+
+namespace {
+
+// Which layers a Qwen2/Qwen3 config.json windows, as Hugging Face's Qwen2Config / Qwen3Config read
+// it (written here from their rules, independently of dstrain's reader): sliding_window counts only
+// with use_sliding_window; layer_types, when given, names each layer, otherwise layer i is
+// "sliding_attention" iff the window counts and i >= max_window_layers (default 28).
+std::vector<bool> hf_windowed_layers(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  const auto n = j.at("num_hidden_layers").get<std::int64_t>();
+  const bool window = j.value("use_sliding_window", false) && !(j.contains("sliding_window") && j["sliding_window"].is_null());
+  const auto first = j.value("max_window_layers", std::int64_t{28});
+  std::vector<bool> out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool sliding = j.contains("layer_types") ? j["layer_types"][static_cast<std::size_t>(i)] == "sliding_attention" : i >= first;
+    out.push_back(window && sliding);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Exporting an imported Qwen config keeps which layers are windowed: max_window_layers and
+// layer_types as read (the writer once wrote max_window_layers 0, windowing every layer).
+TEST(LlamaConfig, WrittenQwenConfigWindowsTheLayersTheImportedOneDid) {
+  const std::string base = R"({"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 96, "vocab_size": 100, )";
+  struct Case {
+    const char* name;
+    std::string json;
+    std::vector<bool> windowed;  // what Hugging Face windows, by hand
+  };
+  const std::vector<Case> cases{
+      {"from layer 2", base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2})",
+       {false, false, true, true}},
+      {"default max_window_layers 28 >= 4 layers", base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64})",
+       {false, false, false, false}},
+      {"layer_types", base + R"("model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 0,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]})",
+       {false, true, false, true}},
+      {"off", base + R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 1})",
+       {false, false, false, false}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    ASSERT_EQ(hf_windowed_layers(k.json), k.windowed);
+    const LlamaConfig c = llama_config_from_hf_json(k.json, "imported");
+    const std::string written = llama_hf_config_json(c);
+    EXPECT_EQ(hf_windowed_layers(written), k.windowed) << written;
+    const LlamaConfig r = llama_config_from_hf_json(written, "written");
+    EXPECT_EQ(r.sliding_window, c.sliding_window);
+    EXPECT_EQ(r.use_sliding_window, c.use_sliding_window);
+    EXPECT_EQ(r.max_window_layers, c.max_window_layers);
+    EXPECT_EQ(r.layer_types, c.layer_types);
+    EXPECT_EQ(llama_hf_config_json(r), written);
+  }
+  // A window set in code (no JSON read) acts on every layer, and is written so.
+  LlamaConfig spec = llama_config_from_spec("llama:L3-C96-H6-KV2-I200-V300-T64");
+  spec.model_type = "qwen2";
+  spec.qkv_bias = true;
+  spec.sliding_window = 32;
+  const std::string written = llama_hf_config_json(spec);
+  EXPECT_EQ(hf_windowed_layers(written), std::vector<bool>(3, true)) << written;
+  EXPECT_EQ(llama_config_from_hf_json(written, "written").sliding_window, 32);
 }
