@@ -159,9 +159,18 @@ TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefused
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
     "zero_optimization": {"stage": 3, "offload_optimizer": )" << nvme << R"(, "buffer_count": 4},
       "offload_param": )" << nvme << R"(, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e8}}})";
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's shadow memory cannot be reserved under ulimit -v: the host's memory decides
+  // (48 GB of buffers fit no CI machine either), and the bound on the proposal below is not checked.
+  constexpr bool kLimited = false;
+  const char* limit = "timeout 120";
+#else
+  constexpr bool kLimited = true;
+  const char* limit = "ulimit -v 33554432; timeout 120";
+#endif
   const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "nvme.json") + " --model gpt2:d48 --tokenizer bytes --data " +
                                       q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0 --sequence-length 128",
-                                  "ulimit -v 33554432; timeout 120");
+                                  limit);
   expect_refused_before_training(r, "does not fit");
   for (const char* part : {"zero_optimization.sub_group_size 1000000000", "zero_optimization.offload_optimizer.buffer_count 4",
                            "lower zero_optimization.sub_group_size", "12 B"}) {
@@ -172,7 +181,7 @@ TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefused
   ASSERT_NE(at, std::string::npos) << r.err;
   const double proposed = std::stod(r.err.substr(at + 4));
   EXPECT_GT(proposed, 0.0);
-  EXPECT_LE(proposed * 12.0 * 4.0, 32.0 * (1ull << 30) - 2.9 * (1ull << 30)) << r.err;
+  if (kLimited) EXPECT_LE(proposed * 12.0 * 4.0, 32.0 * (1ull << 30) - 2.9 * (1ull << 30)) << r.err;
 }
 
 TEST_F(TrainPreflightCli, HfConfigKeysAreHonouredOrRefused) {
