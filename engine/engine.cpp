@@ -212,13 +212,14 @@ bool runs_bf16_optimizer(const config::DsConfig& c) {
 void check_engine_trains(const config::DsConfig& config) {
   check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
   if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
-  // The swap folders' paths, as the engine checks them first at initialize (the space check needs
-  // the model, and waits for train).
-  if (optimizer_home(config) == StateHome::nvme) {
-    SwapFolder::check_path(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
-  }
+  // The swap folders' paths, in the order the engine checks them at initialize (ModelStates makes
+  // the parameter store before the optimizer's), so that check-config and train name the same key
+  // when both are wrong; the space check needs the model, and waits for train.
   if (param_home(config) == StateHome::nvme) {
     SwapFolder::check_path(config.zero_optimization.offload_param->nvme_path.value_or(""), "zero_optimization.offload_param.nvme_path");
+  }
+  if (optimizer_home(config) == StateHome::nvme) {
+    SwapFolder::check_path(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
   }
 }
 

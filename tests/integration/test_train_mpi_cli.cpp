@@ -29,6 +29,13 @@ using dstrain::testing::shell_quote;
 
 namespace {
 
+// Both layouts run OpenBLAS with one thread per rank. dstrain's own kernels give the same bits for
+// any thread count (test_determinism), but OpenBLAS's GEMMs split their sums by its thread count on
+// some CPUs (measured on an AMD EPYC with AVX-512: 1 and 2 threads differ in the last bits), and
+// the two layouts would give each rank a different share of the cores (docs/mpi.md §1). Set before
+// any run: every dstrain (and mpiexec's children) inherits it.
+[[maybe_unused]] const bool kOneBlasThreadPerRank = [] { return ::setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0; }();
+
 fs::path data_dir_path() { return fs::temp_directory_path() / ("dstrain_test_train_mpi_cli." + std::to_string(::getpid())); }
 
 // The token files, made once per test process and removed at its end.
