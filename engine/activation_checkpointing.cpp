@@ -104,7 +104,7 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
     if (own_host_ == nullptr) own_host_ = std::make_unique<CpuAllocator>();
     host_ = own_host_.get();
   }
-  transfer_ = make_activation_transfer(device.device());
+  transfer_ = make_copy_stream(device.device(), "activation checkpointing");
 
   // ---- kept inputs: K on the device, or K - 1 on the host (the last segment's stays on the device) ----
   const std::size_t n_kept = host_mode() ? K - 1 : K;

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "config_schema/checkpoint_config.h"
-#include "engine/activation_transfer.h"
+#include "ops/kernels/copy_stream.h"
 #include "ops/allocator.h"
 #include "ops/buffer.h"
 #include "ops/memory_stats.h"
@@ -122,7 +122,7 @@ class ActivationCheckpointing {
 
   // ---- reporting ----
   MemoryStats host_memory_stats() const { return host_->stats(); }
-  const ActivationTransfer& transfer() const { return *transfer_; }
+  const CopyStream& transfer() const { return *transfer_; }
   const std::vector<SegmentProfile>& profile() const { return profile_; }
   // One line: "12 segments of 1 block, kept inputs 36.00 MiB on the device (12 buffers)".
   std::string describe() const;
@@ -148,13 +148,13 @@ class ActivationCheckpointing {
   std::vector<Binding> bind_;
   std::unique_ptr<Allocator> own_host_;
   Allocator* host_ = nullptr;
-  std::unique_ptr<ActivationTransfer> transfer_;
+  std::unique_ptr<CopyStream> transfer_;
   std::vector<Buffer> kept_bufs_;       // kept inputs (device, or host for cpu_checkpointing)
   std::vector<Tensor> kept_;            // one per segment (cpu_checkpointing: segments 0..K-2)
   Buffer boundary_buf_;                 // device: head input; cpu_checkpointing: 2 ping-pong slots
   std::vector<Tensor> staging_;         // the boundary views
   Buffer area_buf_, first_saved_buf_;
-  std::vector<ActivationTransfer::Ticket> keep_ticket_, fetch_ticket_;
+  std::vector<CopyStream::Ticket> keep_ticket_, fetch_ticket_;
   std::vector<SegmentProfile> profile_;
   Clock::time_point t0_;
 };

@@ -177,6 +177,9 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
       return store;
     };
   }
+  // Offload next to a GPU: the staging the sub-groups' grads and params pass through is page-locked
+  // host memory, so the copy stream's copies run asynchronously (docs/offload.md §12).
+  s.staging_host = &host;
   s.storage = storage;
   s.optimizer_states = optimizer.state_names();
   s.sub_group_size = z.sub_group_size;

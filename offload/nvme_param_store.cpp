@@ -13,6 +13,7 @@ namespace {
 
 constexpr std::uint64_t kAlign = IoEngine::kMinAlignment;
 constexpr const char* kPathKey = "zero_optimization.offload_param.nvme_path";
+constexpr const char* kContext = "offload_param (NVMe parameter store)";  // the prefix of its I/O errors
 
 std::uint64_t round_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -125,47 +126,10 @@ Tensor NvmeParamStore::in_place(std::size_t u) const {
   return in_cpu_views_[u];
 }
 
-NvmeParamStore::Slot* NvmeParamStore::find(std::size_t u) {
-  for (Slot& s : slots_)
-    if (s.unit == static_cast<std::ptrdiff_t>(u)) return &s;
-  return nullptr;
-}
-
-NvmeParamStore::Slot* NvmeParamStore::victim(bool without_waiting) {
-  Slot* best = nullptr;
-  for (Slot& s : slots_) {
-    if (s.state == SlotState::acquired) continue;
-    if (without_waiting && s.state == SlotState::reading) continue;  // a prefetch not yet used
-    if (without_waiting && std::any_of(s.pending.begin(), s.pending.end(), [](const IoHandle& h) { return !h.done(); })) continue;
-    if (s.state == SlotState::empty) return &s;
-    if (best == nullptr || s.last_use < best->last_use) best = &s;
-  }
-  return best;
-}
-
-void NvmeParamStore::settle(Slot& s) {
-  std::vector<IoHandle> pending = std::move(s.pending);
-  s.pending.clear();
-  std::string first_error;
-  for (const IoHandle& h : pending) {
-    try {
-      h.wait();
-    } catch (const Error& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  if (!first_error.empty()) {
-    // What the buffer holds is not what the file holds (a failed write) or should (a failed read).
-    s.unit = -1;
-    s.state = SlotState::empty;
-    throw Error(fmt::format("offload_param (NVMe parameter store): {}", first_error));
-  }
-  if (s.state == SlotState::reading || s.state == SlotState::writing) s.state = SlotState::ready;
-}
 
 void NvmeParamStore::start_read(Slot& s, std::size_t u) {
-  s.unit = static_cast<std::ptrdiff_t>(u);
-  s.state = SlotState::reading;
+  s.key = static_cast<std::ptrdiff_t>(u);
+  s.state = SwapSlot::State::reading;
   s.last_use = ++clock_;
   s.pending.push_back(io_.read(folder_->file(0), offsets_[u], s.memory, padded_bytes(u)));
 }
@@ -173,19 +137,19 @@ void NvmeParamStore::start_read(Slot& s, std::size_t u) {
 Tensor NvmeParamStore::acquire(std::size_t u) {
   check_unit(u, "acquire");
   if (!in_cpu_views_[u].empty()) return in_cpu_views_[u];
-  Slot* s = find(u);
-  if (s != nullptr && s->state == SlotState::acquired) fail("NVMe parameter store: unit {} acquired twice without a release", u);
+  Slot* s = find_slot(slots_, u);
+  if (s != nullptr && s->state == SwapSlot::State::acquired) fail("NVMe parameter store: unit {} acquired twice without a release", u);
   if (s == nullptr) {
-    s = victim(/*without_waiting=*/false);
+    s = choose_victim(slots_, /*without_waiting=*/false);
     if (s == nullptr)
       fail("NVMe parameter store: all {} host buffers (zero_optimization.offload_param.buffer_count) hold acquired partitions; "
            "raise buffer_count",
            slots_.size());
-    settle(*s);  // its write-back (or an unused prefetch) finishes before the buffer is reused
+    settle_slot(*s, kContext);  // its write-back (or an unused prefetch) finishes before the buffer is reused
     start_read(*s, u);
   }
-  settle(*s);
-  s->state = SlotState::acquired;
+  settle_slot(*s, kContext);
+  s->state = SwapSlot::State::acquired;
   s->last_use = ++clock_;
   return Tensor(s->memory, layout().dtype, Shape{layout().numel[u]}, Device::cpu());
 }
@@ -193,31 +157,31 @@ Tensor NvmeParamStore::acquire(std::size_t u) {
 void NvmeParamStore::release(std::size_t u, bool modified) {
   check_unit(u, "release");
   if (!in_cpu_views_[u].empty()) return;
-  Slot* s = find(u);
-  if (s == nullptr || s->state != SlotState::acquired) fail("NVMe parameter store: release of unit {}, which is not acquired", u);
+  Slot* s = find_slot(slots_, u);
+  if (s == nullptr || s->state != SwapSlot::State::acquired) fail("NVMe parameter store: release of unit {}, which is not acquired", u);
   if (!modified) {
-    s->state = SlotState::ready;
+    s->state = SwapSlot::State::ready;
     return;
   }
-  s->state = SlotState::writing;
+  s->state = SwapSlot::State::writing;
   s->pending.push_back(io_.write(folder_->file(0), offsets_[u], s->memory, padded_bytes(u)));
 }
 
 void NvmeParamStore::prefetch(std::size_t u) {
   check_unit(u, "prefetch");
-  if (!in_cpu_views_[u].empty() || find(u) != nullptr) return;
-  Slot* s = victim(/*without_waiting=*/true);
+  if (!in_cpu_views_[u].empty() || find_slot(slots_, u) != nullptr) return;
+  Slot* s = choose_victim(slots_, /*without_waiting=*/true);
   if (s == nullptr) return;  // every buffer busy: acquire reads it
-  settle(*s);
+  settle_slot(*s, kContext);
   start_read(*s, u);
 }
 
 void NvmeParamStore::flush() {
   std::string first_error;
   for (Slot& s : slots_) {
-    if (s.state != SlotState::writing) continue;
+    if (s.state != SwapSlot::State::writing) continue;
     try {
-      settle(s);
+      settle_slot(s, kContext);
     } catch (const Error& e) {
       if (first_error.empty()) first_error = e.what();
     }

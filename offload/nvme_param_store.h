@@ -18,6 +18,7 @@
 
 #include "offload/io_uring_engine.h"
 #include "offload/swap_folder.h"
+#include "offload/swap_slot.h"
 #include "ops/allocator.h"
 #include "zero/param_store.h"
 
@@ -49,19 +50,8 @@ class NvmeParamStore final : public ParamStore {
   std::string describe() const;
 
  private:
-  enum class SlotState { empty, reading, ready, acquired, writing };
-  struct Slot {
-    std::ptrdiff_t unit = -1;
-    SlotState state = SlotState::empty;
-    std::vector<IoHandle> pending;
-    std::uint64_t last_use = 0;
-    std::byte* block = nullptr;
-    std::byte* memory = nullptr;  // 4096-aligned, slot_bytes_
-  };
+  using Slot = SwapSlot;  // key: the unit it holds; memory: slot_bytes_
 
-  Slot* find(std::size_t u);
-  Slot* victim(bool without_waiting);
-  void settle(Slot& s);
   void start_read(Slot& s, std::size_t u);
   std::uint64_t padded_bytes(std::size_t u) const;
 

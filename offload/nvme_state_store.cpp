@@ -77,49 +77,10 @@ std::uint64_t NvmeStateStore::padded_bytes(std::size_t g) const {
   return round_up(static_cast<std::uint64_t>(layout().groups[g].size()) * sizeof(float));
 }
 
-NvmeStateStore::Slot* NvmeStateStore::find(std::size_t g) {
-  for (Slot& s : slots_)
-    if (s.group == static_cast<std::ptrdiff_t>(g)) return &s;
-  return nullptr;
-}
-
-NvmeStateStore::Slot* NvmeStateStore::victim(bool without_waiting) {
-  Slot* best = nullptr;
-  for (Slot& s : slots_) {
-    if (s.state == SlotState::acquired) continue;
-    if (without_waiting && s.state == SlotState::reading) continue;  // a prefetch not yet used
-    if (without_waiting && std::any_of(s.pending.begin(), s.pending.end(), [](const IoHandle& h) { return !h.done(); }))
-      continue;
-    if (s.state == SlotState::empty) return &s;
-    if (best == nullptr || s.last_use < best->last_use) best = &s;
-  }
-  return best;
-}
-
-void NvmeStateStore::settle(Slot& s) {
-  std::vector<IoHandle> pending = std::move(s.pending);
-  s.pending.clear();
-  std::string first_error;
-  for (const IoHandle& h : pending) {
-    try {
-      h.wait();
-    } catch (const Error& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  if (!first_error.empty()) {
-    // What the slot held is not what the file holds (a failed write) or not what it should
-    // (a failed read): forget it, so that nothing uses it.
-    s.group = -1;
-    s.state = SlotState::empty;
-    throw Error(first_error);
-  }
-  if (s.state == SlotState::reading || s.state == SlotState::writing) s.state = SlotState::ready;
-}
 
 void NvmeStateStore::start_read(Slot& s, std::size_t g) {
-  s.group = static_cast<std::ptrdiff_t>(g);
-  s.state = SlotState::reading;
+  s.key = static_cast<std::ptrdiff_t>(g);
+  s.state = SwapSlot::State::reading;
   s.last_use = ++clock_;  // a prefetched group is about to be used: not the next to be evicted
   for (std::size_t b = 0; b < layout().buffer_count(); ++b)
     s.pending.push_back(io_.read(folder_->file(b), offsets_[g], s.memory + b * stride_, padded_bytes(g)));
@@ -127,20 +88,20 @@ void NvmeStateStore::start_read(Slot& s, std::size_t g) {
 
 std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
   check_group(g, "acquire");
-  Slot* s = find(g);
-  if (s != nullptr && s->state == SlotState::acquired)
+  Slot* s = find_slot(slots_, g);
+  if (s != nullptr && s->state == SwapSlot::State::acquired)
     fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
   if (s == nullptr) {
-    s = victim(/*without_waiting=*/false);
+    s = choose_victim(slots_, /*without_waiting=*/false);
     if (s == nullptr)
       fail("NVMe optimizer store: all {} host buffers (zero_optimization.offload_optimizer.buffer_count) hold acquired "
            "sub-groups; raise buffer_count",
            slots_.size());
-    settle(*s);  // its write-back (or an unused prefetch) must finish before the buffer is reused
+    settle_slot(*s, "");  // its write-back (or an unused prefetch) must finish before the buffer is reused
     start_read(*s, g);
   }
-  settle(*s);
-  s->state = SlotState::acquired;
+  settle_slot(*s, "");
+  s->state = SwapSlot::State::acquired;
   s->last_use = ++clock_;
   s->views.clear();
   const std::int64_t n = layout().groups[g].size();
@@ -151,38 +112,38 @@ std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
 
 void NvmeStateStore::release(std::size_t g, bool modified) {
   check_group(g, "release");
-  Slot* s = find(g);
-  if (s == nullptr || s->state != SlotState::acquired)
+  Slot* s = find_slot(slots_, g);
+  if (s == nullptr || s->state != SwapSlot::State::acquired)
     fail("NVMe optimizer store: release of sub-group {}, which is not acquired", g);
   s->views.clear();
   if (!modified) {
-    s->state = SlotState::ready;
+    s->state = SwapSlot::State::ready;
     return;
   }
-  s->state = SlotState::writing;
+  s->state = SwapSlot::State::writing;
   for (std::size_t b = 0; b < layout().buffer_count(); ++b)
     s->pending.push_back(io_.write(folder_->file(b), offsets_[g], s->memory + b * stride_, padded_bytes(g)));
-  if (!pipelining_.write) settle(*s);  // pipeline_write false: on disk before the step goes on
+  if (!pipelining_.write) settle_slot(*s, "");  // pipeline_write false: on disk before the step goes on
 }
 
 void NvmeStateStore::prefetch(std::size_t g) {
   check_group(g, "prefetch");
-  if (!pipelining_.read || find(g) != nullptr) return;  // pipeline_read false: read at acquire
-  Slot* s = victim(/*without_waiting=*/true);
+  if (!pipelining_.read || find_slot(slots_, g) != nullptr) return;  // pipeline_read false: read at acquire
+  Slot* s = choose_victim(slots_, /*without_waiting=*/true);
   if (s == nullptr) return;  // every buffer busy: acquire will read it
-  settle(*s);
+  settle_slot(*s, "");
   start_read(*s, g);
 }
 
 void NvmeStateStore::prefetch_step() {
   if (!pipelining_.read) return;
   for (std::size_t g = 0; g < layout().groups.size(); ++g) {
-    if (find(g) != nullptr) continue;  // in memory, being read, or being written back
+    if (find_slot(slots_, g) != nullptr) continue;  // in memory, being read, or being written back
     // In visiting order, so that a later sub-group never takes the buffer an earlier one needs;
     // a group read ahead stays `reading` until acquired, and victim() never picks it.
-    Slot* s = victim(/*without_waiting=*/true);
+    Slot* s = choose_victim(slots_, /*without_waiting=*/true);
     if (s == nullptr) return;
-    settle(*s);
+    settle_slot(*s, "");
     start_read(*s, g);
   }
 }
@@ -190,9 +151,9 @@ void NvmeStateStore::prefetch_step() {
 void NvmeStateStore::flush() {
   std::string first_error;
   for (Slot& s : slots_) {
-    if (s.state != SlotState::writing) continue;
+    if (s.state != SwapSlot::State::writing) continue;
     try {
-      settle(s);
+      settle_slot(s, "");
     } catch (const Error& e) {
       if (first_error.empty()) first_error = e.what();
     }

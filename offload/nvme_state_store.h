@@ -17,6 +17,7 @@
 
 #include "offload/io_uring_engine.h"
 #include "offload/swap_folder.h"
+#include "offload/swap_slot.h"
 #include "ops/allocator.h"
 #include "zero/state_store.h"
 
@@ -56,22 +57,10 @@ class NvmeStateStore final : public StateStore {
   static std::uint64_t file_bytes(const StateStoreLayout& layout);
 
  private:
-  enum class SlotState { empty, reading, ready, acquired, writing };
-  struct Slot {
-    std::ptrdiff_t group = -1;
-    SlotState state = SlotState::empty;
-    std::vector<IoHandle> pending;  // the reads or writes in flight for `group`
-    std::uint64_t last_use = 0;
-    std::byte* block = nullptr;     // what the host allocator gave (freed with it)
-    std::byte* memory = nullptr;    // buffer_count() regions of stride_ bytes, 4096-aligned, in `block`
+  struct Slot : SwapSlot {  // key: the sub-group it holds; memory: buffer_count() regions of stride_ bytes
     std::vector<Tensor> views;
   };
 
-  Slot* find(std::size_t g);
-  // A slot to load into: empty first, then the least recently used one not acquired; nullptr when
-  // all are acquired. `without_waiting`: only slots whose I/O has finished (for prefetch).
-  Slot* victim(bool without_waiting);
-  void settle(Slot& s);  // waits for its I/O; throws the I/O's Error
   void start_read(Slot& s, std::size_t g);
   std::uint64_t padded_bytes(std::size_t g) const;
 

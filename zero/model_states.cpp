@@ -1,5 +1,6 @@
 #include "zero/model_states.h"
 
+#include <array>
 #include <algorithm>
 #include <unordered_map>
 #include <utility>
@@ -217,9 +218,20 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
       }
     }
     const std::size_t bytes = static_cast<std::size_t>(most) * dtype_size(s_.storage);
-    if (host_groups) stage_grads_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
-    if (host_groups || unreachable_on_host) stage_params_ = Buffer(cpu_allocator(), bytes, MemoryPurpose::buffers);
+    // Next to a GPU the host staging is two halves in the staging host memory (page-locked from
+    // the engine), and the copies run on a copy stream of their own (for_each_subgroup); on the
+    // CPU host groups are the device's own memory and nothing is copied through staging but the
+    // offloaded params' 16-bit output.
+    const bool copies = host_groups && !alloc_.device().is_cpu();
+    Allocator& host = copies && s_.staging_host != nullptr ? *s_.staging_host : cpu_allocator();
+    stage_half_bytes_ = bytes;
+    stage_halves_ = copies ? 2 : 1;
+    if (host_groups) stage_grads_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
+    if (host_groups || unreachable_on_host) stage_params_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
     if (unreachable_on_device && !alloc_.device().is_cpu()) stage_params_device_ = Buffer(alloc_, bytes, MemoryPurpose::buffers);
+  }
+  if (!alloc_.device().is_cpu() && (!stage_grads_.empty() || (param_store_ && param_store_->home() != StateHome::device))) {
+    copies_ = make_copy_stream(alloc_.device(), "ZeRO offload");
   }
 
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
@@ -299,7 +311,17 @@ void ModelStates::gather_layer(std::size_t j) {
   if (shard.empty() || shard.device != alloc_.device()) {
     ly.fetched = Buffer(alloc_, static_cast<std::size_t>(lo.shard_numel()) * dtype_size(s_.storage), MemoryPurpose::params);
     const Tensor fetched = ly.fetched.tensor(s_.storage, Shape{lo.shard_numel()});
-    copy_tensor(fetched, param_store_->acquire(ly.unit));
+    const Tensor home = param_store_->acquire(ly.unit);
+    if (copies_ && home.device.is_cpu()) {
+      // Host to GPU on the copy stream; the all-gather (ordered after compute) runs after it. The
+      // host waits for the copy before the unit goes back to its store, whose NVMe buffers are few
+      // and are reused at once (docs/offload.md §12).
+      const CopyStream::Ticket t = copies_->to_device(fetched, home);
+      copies_->wait(t);
+      copies_->wait_host(t);
+    } else {
+      copy_tensor(fetched, home);
+    }
     param_store_->release(ly.unit, false);
     shard = fetched;
   }
@@ -562,6 +584,31 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
   StateStore& st = *store_;
   const std::vector<FlatRange>& groups = st.layout().groups;
   const std::size_t first_state = first_state_buffer();
+  const std::size_t elem = dtype_size(s_.storage);
+  // Host staging of sub-group g: half g % 2 when there are two (next to a GPU), else the one.
+  const auto staging = [&](const Buffer& b, std::size_t g, std::int64_t at, std::int64_t numel) {
+    return b.tensor(s_.storage, Shape{numel}, (g % stage_halves_) * stage_half_bytes_ + static_cast<std::size_t>(at) * elem);
+  };
+  const auto staged_group = [&](std::size_t g) { return st.group_device(g) != alloc_.device(); };
+  // Sub-group g's grads to its host staging half: on the copy stream next to a GPU (returns the
+  // last copy's ticket), a memcpy otherwise. Issued one sub-group ahead, so they travel while the
+  // optimizer updates the sub-group before (docs/offload.md §12).
+  const auto send_grads = [&](std::size_t g) -> CopyStream::Ticket {
+    CopyStream::Ticket last = 0;
+    if (!staged_group(g)) return last;
+    for (std::size_t j = group_segments_[g].first; j < group_segments_[g].second; ++j) {
+      const PartitionSegment& sg = segments_[j];
+      const Tensor dst = staging(stage_grads_, g, sg.shard_offset - groups[g].begin, sg.numel);
+      if (copies_) {
+        last = copies_->to_host(dst, sg.grads);
+      } else {
+        copy_tensor(dst, sg.grads);
+      }
+    }
+    return last;
+  };
+  CopyStream::Ticket grads_sent = groups.empty() ? 0 : send_grads(0);
+  std::array<CopyStream::Ticket, 2> params_sent{0, 0};  // the last params copy out of each staging half
   std::vector<OptimizerSegment> work;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (g + 1 < groups.size()) st.prefetch(g + 1);
@@ -574,7 +621,6 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
     // This sub-group's memory (offload_optimizer.ratio < 1 keeps the first sub-groups on the device).
     const Device where = st.group_device(g);
     const bool staged = where != alloc_.device();
-    const Buffer& param_staging = where.is_cpu() ? stage_params_ : stage_params_device_;
     const auto in_place = [&](const PartitionSegment& sg) { return !sg.param.empty() && sg.param.device == where; };
     for (std::size_t j = first; j < last; ++j)
       if (!in_place(segments_[j])) param_store_->prefetch(static_cast<std::size_t>(segments_[j].param_unit));
@@ -589,35 +635,51 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
       o.weight_decay = sg.weight_decay;
       o.pieces = sg.pieces;
       for (std::size_t b = first_state; b < views.size(); ++b) o.states.push_back(part(views[b]));
-      if (staged) {
-        // Grads into the store's memory; the updated params come back below.
-        o.grads = stage_grads_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage));
-        copy_tensor(o.grads, sg.grads);
-      } else {
-        o.grads = sg.grads;
-      }
+      // Staged: the grads were sent to the store's memory (send_grads); the updated params come
+      // back below.
+      o.grads = staged ? staging(stage_grads_, g, at, sg.numel) : sg.grads;
       if (masters_apart_) {
         o.params = part(views[0]);
         // A 16-bit copy is written in the update's own pass; an fp32 one (offloaded fp32 training)
         // is copied after it.
-        if (s_.storage != DType::fp32) {
-          o.params_lowp = staged || !in_place(sg) ? param_staging.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * dtype_size(s_.storage)) : sg.param;
+        if (s_.storage != DType::fp32 && (staged || !in_place(sg))) {
+          o.params_lowp = where.is_cpu() ? staging(stage_params_, g, at, sg.numel)
+                                         : stage_params_device_.tensor(s_.storage, Shape{sg.numel}, static_cast<std::size_t>(at) * elem);
+        } else if (s_.storage != DType::fp32) {
+          o.params_lowp = sg.param;
         }
       } else {
         o.params = sg.param;  // fp32 on the store's device: the master is the param
       }
       work.push_back(std::move(o));
     }
+    // The next sub-group's grads travel while this one is updated; this one's must have arrived,
+    // and the params copies that last read this staging half (sub-group g - 2) must be done.
+    const CopyStream::Ticket next_grads = g + 1 < groups.size() ? send_grads(g + 1) : 0;
+    if (copies_) {
+      copies_->wait_host(grads_sent);
+      copies_->wait_host(params_sent[g % 2]);
+    }
+    grads_sent = next_grads;
     fn(work);
     std::ptrdiff_t open_unit = -1;  // the parameter store unit acquired for the write-back below
     Tensor unit;
+    // Updated params into device memory: on the copy stream from host staging next to a GPU (the
+    // host goes on to the next sub-group), a memcpy or a synchronous copy otherwise.
+    const auto put = [&](const Tensor& dst, const Tensor& src) {
+      if (copies_ && src.device.is_cpu() && !dst.device.is_cpu()) {
+        params_sent[g % 2] = copies_->to_device(dst, src);
+      } else {
+        copy_tensor(dst, src);
+      }
+    };
     for (std::size_t j = first; j < last; ++j) {
       const PartitionSegment& sg = segments_[j];
       const OptimizerSegment& o = work[j - first];
       if (!masters_apart_) continue;
       const Tensor& updated = s_.storage == DType::fp32 ? o.params : o.params_lowp;
       if (in_place(sg)) {
-        if (s_.storage == DType::fp32 || staged) copy_tensor(sg.param, updated);
+        if (s_.storage == DType::fp32 || staged) put(sg.param, updated);
         continue;
       }
       if (sg.param_unit != open_unit) {
@@ -626,11 +688,18 @@ void ModelStates::for_each_subgroup(const std::function<void(std::span<const Opt
         unit = param_store_->acquire(static_cast<std::size_t>(sg.param_unit));
         open_unit = sg.param_unit;
       }
-      copy_tensor(unit.slice_rows(sg.unit_offset, sg.unit_offset + sg.numel), updated);
+      put(unit.slice_rows(sg.unit_offset, sg.unit_offset + sg.numel), updated);
     }
     if (open_unit >= 0) param_store_->release(static_cast<std::size_t>(open_unit), true);  // written back to the home
+    // fp32 training copies the params straight out of the store's memory, which release() may
+    // hand to the next sub-group (NVMe buffers): those copies finish first.
+    if (copies_ && s_.storage == DType::fp32) copies_->wait_host(params_sent[g % 2]);
     st.release(g, true);
   }
+  // Every copy done before the step ends: the host may read or refill staging at the next step
+  // without waiting, and the compute that follows (the next forward's reads of the params, the
+  // zeroing of the grads) is issued after the copies finished.
+  if (copies_) copies_->wait_host(std::max(params_sent[0], params_sent[1]));
 }
 
 void ModelStates::read_shard(std::size_t b, std::int64_t shard_begin, const Tensor& out) {

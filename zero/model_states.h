@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "ops/allocator.h"
+#include "ops/kernels/copy_stream.h"
 #include "ops/buffer.h"
 #include "ops/transformer/layer.h"
 #include "zero/comm_queue.h"
@@ -75,6 +76,10 @@ struct ZeroSettings {
   // DeepSpeed's stage 3 always does.
   StateHome param_home = StateHome::device;
   ParamStoreFactory param_store_factory{};
+  // Host memory for the staging buffers an offloaded sub-group's grads and params pass through
+  // next to a GPU (the engine's host allocator: page-locked, so the copies run asynchronously);
+  // nullptr: cpu_allocator().
+  Allocator* staging_host = nullptr;
   std::int64_t sub_group_size = 1'000'000'000;  // elements per optimizer sub-group
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;
@@ -261,8 +266,15 @@ class ModelStates final : public OptimizerPartition {
   std::vector<OwnedPiece> owned_pieces_;
   std::vector<std::pair<std::size_t, std::size_t>> group_segments_;  // per sub-group: [first, last) of segments_
   // Staging of a sub-group's grads and params in the store's memory, when that is not the device's.
+  // Next to a GPU each holds two halves (sub-group g uses half g % 2), so that the next sub-group's
+  // grads and the last one's params travel while the optimizer works on this one (docs/offload.md §12).
   Buffer stage_grads_, stage_params_;
+  std::size_t stage_half_bytes_ = 0;  // the bytes of one half (0: no host staging)
+  std::size_t stage_halves_ = 1;
   Buffer stage_params_device_;  // offload_param with sub-groups on a GPU: the 16-bit output before the parameter store
+  // Copies between the training device and host memory on a stream of their own (a GPU with
+  // offload; nullptr otherwise: on the CPU every copy is a memcpy in place).
+  std::unique_ptr<CopyStream> copies_;
   // Device training with several ranks: all_reduce_sum's host values go through this buffer.
   static constexpr std::size_t kReduceStagingBytes = 512;
   Buffer reduce_staging_;

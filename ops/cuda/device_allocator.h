@@ -18,7 +18,7 @@
 // When reuse of a freed block is safe (the streams contract): every dstrain kernel and copy runs on
 // the legacy default stream of the device (ops/cuda/README.md); NCCL's stream waits on an event of
 // the compute stream before reading, and the compute stream waits on an event of NCCL's before
-// using what NCCL wrote; CudaActivationTransfer's side stream does the same. A block is freed in
+// using what NCCL wrote; CudaCopyStream's side stream does the same. A block is freed in
 // host program order after the last work that uses it was enqueued, and the next user's work is
 // enqueued later on the legacy default stream (or on a stream ordered after it by an event), so it
 // runs after the previous user's work has finished: no synchronisation is needed. The legacy
@@ -26,7 +26,7 @@
 // A caller that uses a block on a NON-blocking stream (cudaStreamNonBlocking, including NCCL's and
 // the transfer's side streams) must, before freeing it, either make the legacy default stream wait
 // on an event recorded after that work (cudaStreamWaitEvent: NcclCommunicator::
-// compute_wait_for_comm(), CudaActivationTransfer::wait()) or synchronise that stream; otherwise
+// compute_wait_for_comm(), CudaCopyStream::wait()) or synchronise that stream; otherwise
 // the block may be handed to new work while the old is still running. (New work enqueued on
 // NCCL's or the transfer's stream is safe too: those streams wait on the compute stream's event
 // before each collective or copy.)

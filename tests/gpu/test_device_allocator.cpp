@@ -1,6 +1,7 @@
 // CudaAllocator: statistics (hand-worked sequence, and equal to the CPU allocator's), alignment,
 // real device memory, misuse, OOM, the cache (reuse, empty_cache, OOM flush). CudaPinnedAllocator
-// and CudaActivationTransfer round trips.
+// and CudaCopyStream round trips.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -12,11 +13,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include "engine/activation_transfer.h"
-#include "engine/activation_transfer_cuda.h"
 #include "gpu_test.h"
 #include "ops/allocator.h"
 #include "ops/buffer.h"
+#include "ops/kernels/copy_stream.h"
+#include "ops/cuda/copy_stream.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_allocator.h"
 #include "ops/cuda/pinned_allocator.h"
@@ -285,14 +286,14 @@ TEST(CudaPinnedAllocator, RoundTripThroughTheGpu) {
   EXPECT_THROW(pinned.allocate(64, MemoryPurpose::buffers, 4096), Error);
 }
 
-// ---- the activation transfer ----
+// ---- the copy stream (activation checkpointing, offload) ----
 
-TEST(CudaActivationTransfer, RoundTripDeviceHostDevice) {
+TEST(CudaCopyStream, RoundTripDeviceHostDevice) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   CudaAllocator dev(0);
   CudaPinnedAllocator pinned(0);
-  const std::unique_ptr<ActivationTransfer> t = make_activation_transfer(Device::cuda(0));
-  ASSERT_NE(dynamic_cast<CudaActivationTransfer*>(t.get()), nullptr);
+  const std::unique_ptr<CopyStream> t = make_copy_stream(Device::cuda(0), "test");
+  ASSERT_NE(dynamic_cast<CudaCopyStream*>(t.get()), nullptr);
   const Shape shape{4, 64, 1024};
   const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
   Buffer a(dev, bytes, MemoryPurpose::activations), b(dev, bytes, MemoryPurpose::activations);
@@ -303,12 +304,12 @@ TEST(CudaActivationTransfer, RoundTripDeviceHostDevice) {
   DSTRAIN_CUDA_CHECK(cudaMemcpy(a.data(), want.data(), bytes, cudaMemcpyHostToDevice));
   DSTRAIN_CUDA_CHECK(cudaMemset(b.data(), 0, bytes));
 
-  const ActivationTransfer::Ticket down = t->to_host(th, ta);
+  const CopyStream::Ticket down = t->to_host(th, ta);
   EXPECT_GT(down, 0u);
   t->wait(down);
   // Issued after the wait on the compute stream: must not change what the copy read.
   DSTRAIN_CUDA_CHECK(cudaMemsetAsync(a.data(), 0xff, bytes, nullptr));
-  const ActivationTransfer::Ticket up = t->to_device(tb, th);
+  const CopyStream::Ticket up = t->to_device(tb, th);
   t->wait(up);
   std::vector<float> got(want.size());
   DSTRAIN_CUDA_CHECK(cudaMemcpy(got.data(), b.data(), bytes, cudaMemcpyDeviceToHost));  // legacy stream: after the wait
@@ -320,8 +321,8 @@ TEST(CudaActivationTransfer, RoundTripDeviceHostDevice) {
   EXPECT_EQ(t->bytes_to_device(), bytes);
 
   // Many tickets (more than the event ring): old tickets still wait correctly.
-  std::vector<ActivationTransfer::Ticket> tickets;
-  for (std::size_t i = 0; i < 3 * CudaActivationTransfer::kEvents; ++i) tickets.push_back(t->to_host(th, tb));
+  std::vector<CopyStream::Ticket> tickets;
+  for (std::size_t i = 0; i < 3 * CudaCopyStream::kEvents; ++i) tickets.push_back(t->to_host(th, tb));
   for (auto tk : tickets) t->wait(tk);
   t->wait(0);
   EXPECT_THROW(t->wait(tickets.back() + 1), Error);
@@ -333,10 +334,10 @@ TEST(CudaActivationTransfer, RoundTripDeviceHostDevice) {
 }
 
 // Pageable host memory works too (slower: the device-to-host copy blocks the host).
-TEST(CudaActivationTransfer, PageableHostMemory) {
+TEST(CudaCopyStream, PageableHostMemory) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   CudaAllocator dev(0);
-  CudaActivationTransfer t(0);
+  CudaCopyStream t(0);
   std::vector<float> host(1000, 0.0f), want(1000);
   for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i);
   Buffer a(dev, sizeof(float) * 1000, MemoryPurpose::activations);
@@ -346,4 +347,39 @@ TEST(CudaActivationTransfer, PageableHostMemory) {
   t.wait(t.to_host(th, ta));
   t.synchronize();
   EXPECT_EQ(host, want);
+}
+
+// wait_host: the host may read a to_host destination, or overwrite a to_device source, once it
+// returns — with no device synchronize. The copy also sees compute-stream work queued before it.
+TEST(CudaCopyStream, WaitHostLetsTheHostUseItsSideOfTheCopy) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  CudaAllocator dev(0);
+  CudaPinnedAllocator pinned(0);
+  CudaCopyStream t(0);
+  const std::int64_t n = 16 << 20;  // 64 MiB of fp32: long enough that a missing wait is seen
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+  Buffer a(dev, bytes, MemoryPurpose::buffers), b(dev, bytes, MemoryPurpose::buffers);
+  Buffer host(pinned, bytes, MemoryPurpose::buffers);
+  const Tensor ta = a.tensor(DType::fp32, Shape{n}), tb = b.tensor(DType::fp32, Shape{n}), th = host.tensor(DType::fp32, Shape{n});
+  std::memset(host.data(), 0, bytes);
+  DSTRAIN_CUDA_CHECK(cudaMemsetAsync(a.data(), 0x3f, bytes, nullptr));  // compute stream: 0x3f3f3f3f
+  const CopyStream::Ticket down = t.to_host(th, ta);
+  t.wait_host(down);
+  const auto* h = static_cast<const unsigned char*>(host.data());
+  EXPECT_EQ(h[0], 0x3f);
+  EXPECT_EQ(h[bytes - 1], 0x3f);
+  // to_device, wait_host, then overwrite the source: the device keeps what was sent.
+  std::memset(host.data(), 0x11, bytes);
+  const CopyStream::Ticket up = t.to_device(tb, th);
+  t.wait_host(up);
+  std::memset(host.data(), 0x22, bytes);
+  t.wait(up);
+  std::vector<unsigned char> got(bytes);
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(got.data(), b.data(), bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got.front(), 0x11);
+  EXPECT_EQ(got.back(), 0x11);
+  EXPECT_EQ(std::count(got.begin(), got.end(), 0x11), static_cast<std::ptrdiff_t>(bytes));
+  t.wait_host(0);
+  EXPECT_THROW(t.wait_host(up + 1), Error);
+  EXPECT_EQ(t.synchronizations(), 0u);
 }

@@ -255,7 +255,7 @@ TEST(ActivationCheckpointing, CpuCheckpointingCopiesEachKeptInputOutAndBack) {
   const Sizes z = sizes_of(model(kFour), 2, 8);
   for (int k : {1, 2, 3, 4}) {
     Engine e = make_engine(model(kFour), 2, 1, fmt::format(R"({{"cpu_checkpointing": true, "number_checkpoints": {}}})", k), true);
-    const ActivationTransfer& t = e.activation_checkpointing()->transfer();
+    const CopyStream& t = e.activation_checkpointing()->transfer();
     Tokens tk = random_tokens(2, 8, 61, 1, 3);
     e.evaluate(tk.batch());  // evaluation keeps nothing
     EXPECT_EQ(t.bytes_to_host(), 0u);

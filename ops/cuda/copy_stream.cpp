@@ -1,4 +1,4 @@
-#include "engine/activation_transfer_cuda.h"
+#include "ops/cuda/copy_stream.h"
 
 #include "ops/cuda/compute_stream.h"
 #include "ops/cuda/cuda_check.h"
@@ -8,7 +8,7 @@
 
 namespace dstrain {
 
-CudaActivationTransfer::CudaActivationTransfer(int ordinal) : ordinal_(ordinal) {
+CudaCopyStream::CudaCopyStream(int ordinal) : ordinal_(ordinal) {
   require_cuda_device(ordinal);
   try {
     CudaDeviceScope scope(ordinal);
@@ -21,9 +21,9 @@ CudaActivationTransfer::CudaActivationTransfer(int ordinal) : ordinal_(ordinal) 
   }
 }
 
-CudaActivationTransfer::~CudaActivationTransfer() { destroy(); }
+CudaCopyStream::~CudaCopyStream() { destroy(); }
 
-void CudaActivationTransfer::destroy() noexcept {
+void CudaCopyStream::destroy() noexcept {
   try {
     CudaDeviceScope scope(ordinal_);
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
@@ -40,21 +40,21 @@ void CudaActivationTransfer::destroy() noexcept {
   stream_ = nullptr;
 }
 
-ActivationTransfer::Ticket CudaActivationTransfer::copy(const Tensor& dst, const Tensor& src, bool to_host_direction) {
+CopyStream::Ticket CudaCopyStream::copy(const Tensor& dst, const Tensor& src, bool to_host_direction) {
   const char* what = to_host_direction ? "to_host" : "to_device";
   const Tensor& dev = to_host_direction ? src : dst;
   const Tensor& host = to_host_direction ? dst : src;
   DSTRAIN_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
-                "activation transfer {}: destination {} {} and source {} {} differ in dtype or element count; pass views of the same "
+                "copy stream {}: destination {} {} and source {} {} differ in dtype or element count; pass views of the same "
                 "shape and dtype",
                 what, dtype_name(dst.dtype), dst.shape.str(), dtype_name(src.dtype), src.shape.str());
   DSTRAIN_CHECK(dev.device == Device::cuda(ordinal_) && host.device.is_cpu(),
-                "activation transfer {} on cuda:{}: the device side is on {} and the host side on {}; the device tensor must be on "
+                "copy stream {} on cuda:{}: the device side is on {} and the host side on {}; the device tensor must be on "
                 "cuda:{} and the host tensor on the cpu",
                 what, ordinal_, dev.device.str(), host.device.str(), ordinal_);
   const std::size_t bytes = src.nbytes();
   if (bytes == 0) return 0;
-  DSTRAIN_CHECK(dst.data != nullptr && src.data != nullptr, "activation transfer {}: a tensor of {} bytes has no data pointer", what, bytes);
+  DSTRAIN_CHECK(dst.data != nullptr && src.data != nullptr, "copy stream {}: a tensor of {} bytes has no data pointer", what, bytes);
 
   CudaDeviceScope scope(ordinal_);
   // The source was written, and the destination last read, by work already on the compute stream.
@@ -69,19 +69,28 @@ ActivationTransfer::Ticket CudaActivationTransfer::copy(const Tensor& dst, const
   return ticket;
 }
 
-ActivationTransfer::Ticket CudaActivationTransfer::to_host(const Tensor& dst, const Tensor& src) { return copy(dst, src, true); }
+CopyStream::Ticket CudaCopyStream::to_host(const Tensor& dst, const Tensor& src) { return copy(dst, src, true); }
 
-ActivationTransfer::Ticket CudaActivationTransfer::to_device(const Tensor& dst, const Tensor& src) { return copy(dst, src, false); }
+CopyStream::Ticket CudaCopyStream::to_device(const Tensor& dst, const Tensor& src) { return copy(dst, src, false); }
 
-void CudaActivationTransfer::wait(Ticket ticket) {
+void CudaCopyStream::wait(Ticket ticket) {
   if (ticket == 0) return;
-  DSTRAIN_CHECK(ticket <= next_, "activation transfer wait: ticket {} was never issued (the last is {}); wait only on tickets that "
+  DSTRAIN_CHECK(ticket <= next_, "copy stream wait: ticket {} was never issued (the last is {}); wait only on tickets that "
                 "to_host / to_device returned", ticket, next_);
   CudaDeviceScope scope(ordinal_);
   DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_[ticket % kEvents], 0));
 }
 
-void CudaActivationTransfer::synchronize() {
+void CudaCopyStream::wait_host(Ticket ticket) {
+  if (ticket == 0) return;
+  DSTRAIN_CHECK(ticket <= next_, "copy stream wait_host: ticket {} was never issued (the last is {}); wait only on tickets that "
+                "to_host / to_device returned", ticket, next_);
+  CudaDeviceScope scope(ordinal_);
+  // A ticket older than the ring is covered by the newer copy that reused its event (in order).
+  DSTRAIN_CUDA_CHECK(cudaEventSynchronize(done_[ticket % kEvents]));
+}
+
+void CudaCopyStream::synchronize() {
   CudaDeviceScope scope(ordinal_);
   DSTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   ++synchronizations_;
