@@ -31,26 +31,23 @@ fi
 (cd "$build_dir" && ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "${labels[@]}")
 
 # ---- gates (README "Gates"; scripts/gates.sh): sanitizers and fuzzing, after the Release tests ---
-# CI's budget is 45 minutes on 2 cores for all of .ci/run (hard limit 90). CPU seconds (user + sys)
-# measured on the 2-core development machine, 2026-11-27 (wall on 2 free cores is about half;
-# figures marked ~ are estimates from sampled files):
-#   Release build (-O3, CUDA): the CPU test programs no longer built here: 115 test files at
-#     ~5.5 s (sampled: 0.5-0.65 of their -O1 ASan time) ~ 630 s + ~35 links, and the suite's run
-#     (~250 s, the sum of ctest's recorded times) — about 900 s less than before.
+# CI's budget is 45 minutes on 2 cores for all of .ci/run (hard limit 90). Measured 2026-12-01 on
+# a fresh 2-core machine (an AMD EPYC; `/usr/bin/time bash .ci/run`, fresh build folders, no ccache
+# hits), wall time:
+#   set-up and the Release build (-O3, CUDA for sm_80 and sm_90, benchmarks, GPU test programs;
+#     the CPU test programs are not built here) + its 8 tests: 10.5 min
 #   ASan+UBSan (-O1 libraries, -Og test files: tests/CMakeLists.txt), the whole CPU suite:
-#     build: 165 library files ~ 700 s (103 measured from scratch: 399 s) + 115 test files 6.5 s
-#     each (73 measured: 473 s) ~ 750 s, so ~1450 s against 920 s for the 11 programs before;
-#     run: each program run whole once, 415 s summed (test_data 83 s, most of it node;
-#     test_checkpoint 64; test_zero_equivalence 55; test_zero_optimizer_rules 33), plus ctest's
-#     one process per test (~2500, a few hundredths of a second each under ASan): ~550 s, so the
-#     ASan gate ~ (1450 + 550) / 2 ~ 17 min wall. NOT YET PASSING: see the WIP commit message.
-#   TSan, 4 test programs: build 102 + 141 s; run 15 s (unchanged)
-#   fuzz: build 200 s (clang; the four first readers; not re-measured for the 8 targets, and
-#         fuzz_checkpoint links the engine, so more); run 8 x 60000 inputs from seed 1 (`fuzz-fixed`:
-#         15-40 s a target). A fixed seed and count, not a time: a timed run tries different inputs
-#         on every machine, so CI could fail on a bug no developer run had met (2026-11-27: a zip64
-#         overflow found at CI's 30 s).
-# Not in CI: the activation-transfer tests of test_engine under TSan. Run every gate alone:
+#     build 16.5 min; run ~8 min with each of the 40 test programs run whole, 2 at a time (ctest's
+#     one process per test took 10.2 min: ~1350 tests, ~0.25 s of ASan start-up each)
+#   TSan, 4 test programs: 4.9 min (mostly building the libraries under TSan)
+#   fuzz-fixed: 9.0 min (build 5.5, clang; run 8 targets x 60000 inputs from seed 1, fuzz_checkpoint
+#     15000: 3.5). A fixed seed and count, not a time: a timed run tries different inputs on every
+#     machine, so CI could fail on a bug no developer run had met (2026-11-27: a zip64 overflow
+#     found at CI's 30 s).
+#   Total ~49 min: over the 45-minute target, within the limit. What would bring it under: one
+#   clang build for ASan and the fuzz targets (the libraries are compiled four times today:
+#   Release, ASan, TSan, fuzz).
+# Not in CI: the activation checkpointing (copy stream) tests of test_engine under TSan. Run every gate alone:
 # `bash scripts/gates.sh asan`, `... tsan`, `... fuzz 300` (timed, random: hunting new bugs).
 if [ "$gates" != 0 ]; then
   bash "$repo/scripts/gates.sh" asan
