@@ -313,12 +313,10 @@ void ModelStates::gather_layer(std::size_t j) {
     const Tensor fetched = ly.fetched.tensor(s_.storage, Shape{lo.shard_numel()});
     const Tensor home = param_store_->acquire(ly.unit);
     if (copies_ && home.device.is_cpu()) {
-      // Host to GPU on the copy stream; the all-gather (ordered after compute) runs after it. The
-      // host waits for the copy before the unit goes back to its store, whose NVMe buffers are few
-      // and are reused at once (docs/offload.md §12).
-      const CopyStream::Ticket t = copies_->to_device(fetched, home);
-      copies_->wait(t);
-      copies_->wait_host(t);
+      // Host to GPU on the copy stream. The host waits for the copy before the unit goes back to
+      // its store, whose NVMe buffers are few and are reused at once (docs/offload.md §12); the
+      // all-gather, issued after that wait, then runs after the copy without a device-side wait.
+      copies_->wait_host(copies_->to_device(fetched, home));
     } else {
       copy_tensor(fetched, home);
     }
