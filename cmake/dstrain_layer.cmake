@@ -11,6 +11,9 @@ function(dstrain_add_layer name)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/dstrain>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(dstrain_${name} PUBLIC ${L_LINKS} PRIVATE ${L_PRIVATE_LINKS} $<BUILD_INTERFACE:dstrain_warnings>)
+  if(DSTRAIN_FUZZ AND name IN_LIST DSTRAIN_FUZZ_COVERAGE_LAYERS)
+    target_compile_options(dstrain_${name} PRIVATE -fsanitize=fuzzer-no-link)  # see DSTRAIN_FUZZ_COVERAGE_LAYERS
+  endif()
   install(TARGETS dstrain_${name} EXPORT dstrainTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   foreach(h ${L_HEADERS})
     get_filename_component(dir ${h} DIRECTORY)

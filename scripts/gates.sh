@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# dstrain's gates beyond the test suite: sanitizers and fuzzing. Each gate builds in its own folder
-# (CPU only, no benchmarks) and fails (exit 1) on the first report.
+# dstrain's gates beyond the test suite: sanitizers and fuzzing. Each gate builds CPU only, without
+# benchmarks, and fails (exit 1) on the first report. The ASan + UBSan suite and the libFuzzer
+# targets share one clang build (build-asan/): the libraries are compiled once for both.
 #
 #   bash scripts/gates.sh asan [REGEX]   the CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #                                        (build-asan/); REGEX: only the ctest tests it matches (with
@@ -8,9 +9,9 @@
 #   bash scripts/gates.sh tsan           the communicator, comm queue, overlap and activation-transfer
 #                                        tests under ThreadSanitizer (build-tsan/); DSTRAIN_GATES_TARGETS
 #                                        narrows the test programs
-#   bash scripts/gates.sh fuzz [SECONDS] every libFuzzer target (tests/fuzz, clang) replays its
-#                                        regressions, then runs SECONDS (default 60) from its seed corpus
-#                                        (build-fuzz/); a crash is saved in build-fuzz/artifacts/
+#   bash scripts/gates.sh fuzz [SECONDS] every libFuzzer target (tests/fuzz) replays its regressions,
+#                                        then runs SECONDS (default 60) from its seed corpus; a crash is
+#                                        saved in build-asan/artifacts/
 #   bash scripts/gates.sh fuzz-fixed [RUNS]  the same, but reproducible: every target runs exactly RUNS
 #                                        inputs (default 60000; fuzz_checkpoint a quarter) from seed 1, starting from the committed
 #                                        corpus only. CI runs this form, so a CI result is the result any
@@ -32,13 +33,26 @@ common=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DDS
 
 # Tests under TSan: the local communicator (collectives, failures), the comm queue, ZeRO's
 # overlapped reductions through the engine, and the activation transfers of checkpointing.
+asan_dir="$repo/build-asan"
+
 tsan_targets=(test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off test_engine)
 tsan_filter='*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*'
 
+# configure_asan: build-asan/, clang with ASan + UBSan, the test suite and the libFuzzer targets.
+configure_asan() {
+  say_prefix=gates
+  # shellcheck source=scripts/apt_install.sh
+  source "$repo/scripts/apt_install.sh"
+  # Debian's clang, its compiler-rt (libFuzzer, the sanitizer runtimes) and LLVM's OpenMP runtime,
+  # which clang's -fopenmp links.
+  apt_install_missing clang libclang-rt-14-dev libomp-dev
+  cmake -S "$repo" -B "$asan_dir" "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DDSTRAIN_SANITIZE=address,undefined -DDSTRAIN_FUZZ=ON >/dev/null
+}
+
 gate_asan() {
-  local regex="${1:-}" dir="$repo/build-asan" t exe
-  say "ASan+UBSan: configuring and building in $dir"
-  cmake -S "$repo" -B "$dir" "${common[@]}" -DDSTRAIN_SANITIZE=address,undefined >/dev/null
+  local regex="${1:-}" dir="$asan_dir" t exe
+  say "ASan+UBSan: configuring and building in $dir (clang; the test programs and the libFuzzer targets)"
+  configure_asan
   local targets=()
   [ -n "${DSTRAIN_GATES_TARGETS:-}" ] && read -r -a targets <<<"$DSTRAIN_GATES_TARGETS"
   # halt_on_error: the first report fails the test. Leak checking is on (DSTRAIN_GATES_LEAKS=0 where
@@ -117,20 +131,15 @@ gate_tsan() {
 
 # gate_fuzz timed SECONDS | gate_fuzz fixed RUNS
 gate_fuzz() {
-  local mode="$1" amount="$2" dir="$repo/build-fuzz" t failed=0
+  local mode="$1" amount="$2" dir="$asan_dir" t failed=0
   # Timed: random inputs for SECONDS. Fixed (below, per target): a seed and a number of runs instead
   # of a time, so the inputs tried do not depend on the machine's speed; its cap on time is a safety
   # net far above what the runs take.
   local budget=(-max_total_time="$amount")
-  # Debian's clang and its compiler-rt (libFuzzer, the sanitizer runtimes).
-  say_prefix=gates
-  # shellcheck source=scripts/apt_install.sh
-  source "$repo/scripts/apt_install.sh"
-  apt_install_missing clang libclang-rt-14-dev
-  say "fuzz: configuring and building the libFuzzer targets in $dir (clang)"
-  cmake -S "$repo" -B "$dir" "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DDSTRAIN_BUILD_TESTS=OFF -DDSTRAIN_FUZZ=ON >/dev/null
   local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors fuzz_jsonl fuzz_hf_tokenizer fuzz_torch_state_dict
                  fuzz_checkpoint)
+  say "fuzz: configuring and building the libFuzzer targets in $dir (clang; nothing to do after the asan gate)"
+  configure_asan
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   mkdir -p "$dir/artifacts"
   local bin="$dir/tests/fuzz"

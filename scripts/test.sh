@@ -31,22 +31,22 @@ fi
 (cd "$build_dir" && ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "${labels[@]}")
 
 # ---- gates (README "Gates"; scripts/gates.sh): sanitizers and fuzzing, after the Release tests ---
-# CI's budget is 45 minutes on 2 cores for all of .ci/run (hard limit 90). Measured 2026-12-01 on
-# a fresh 2-core machine (an AMD EPYC; `/usr/bin/time bash .ci/run`, fresh build folders, no ccache
-# hits), wall time:
+# CI's budget is 45 minutes on 2 cores for all of .ci/run (hard limit 90). Measured on a fresh
+# 2-core machine (an AMD EPYC; fresh build folders, no ccache hits), wall time:
 #   set-up and the Release build (-O3, CUDA for sm_80 and sm_90, benchmarks, GPU test programs;
-#     the CPU test programs are not built here) + its 8 tests: 10.5 min
-#   ASan+UBSan (-O1 libraries, -Og test files: tests/CMakeLists.txt), the whole CPU suite:
-#     build 16.5 min; run ~8 min with each of the 40 test programs run whole, 2 at a time (ctest's
-#     one process per test took 10.2 min: ~1350 tests, ~0.25 s of ASan start-up each)
-#   TSan, 4 test programs: 4.9 min (mostly building the libraries under TSan)
-#   fuzz-fixed: 9.0 min (build 5.5, clang; run 8 targets x 60000 inputs from seed 1, fuzz_checkpoint
-#     15000: 3.5). A fixed seed and count, not a time: a timed run tries different inputs on every
+#     the CPU test programs are not built here) + its 8 tests: 10.5 min (2026-12-01)
+#   ASan+UBSan, one clang build for the whole CPU suite and the libFuzzer targets (libraries at -O1
+#     under both sanitizers, the reader layers with the fuzzers' coverage too; test files at -O0
+#     under ASan: tests/CMakeLists.txt): 12.2 min (2026-12-02; before, g++ built the suite in 17.9
+#     min and clang the fuzz targets' libraries again in 5.5); the suite's run ~8.5 min, each of the
+#     40 test programs run whole, 2 at a time (ctest's one process per test took 10.2 min: ~1350
+#     tests, ~0.25 s of ASan start-up each)
+#   TSan, 4 test programs: 4.9 min (mostly building the libraries under TSan, g++)
+#   fuzz-fixed: 3.5 min (8 targets x 60000 inputs from seed 1, fuzz_checkpoint 15000; built
+#     above). A fixed seed and count, not a time: a timed run tries different inputs on every
 #     machine, so CI could fail on a bug no developer run had met (2026-11-27: a zip64 overflow
 #     found at CI's 30 s).
-#   Total ~49 min: over the 45-minute target, within the limit. What would bring it under: one
-#   clang build for ASan and the fuzz targets (the libraries are compiled four times today:
-#   Release, ASan, TSan, fuzz).
+#   Total ~40 min (2026-12-01, before the shared build: ~49 min, CI 2952 s).
 # Not in CI: the activation checkpointing (copy stream) tests of test_engine under TSan. Run every gate alone:
 # `bash scripts/gates.sh asan`, `... tsan`, `... fuzz 300` (timed, random: hunting new bugs).
 if [ "$gates" != 0 ]; then

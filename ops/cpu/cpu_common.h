@@ -61,9 +61,14 @@ inline float load(bf16_t x) { return static_cast<float>(x); }
 // Max relative error ~2 ulp on [-87, 88] (tested); inputs below -87.3 give ~1e-38 (treated as 0
 // by the softmax sums), above 88.37 give ~2.4e38 (finite). The upper clamp keeps n <= 127: at
 // 88.7 n rounds to 128, whose exponent bits 255 make 2^n infinite (and GELU's backward NaN).
+// A NaN input gives NaN: x stays NaN through the clamp (std::max(NaN, b) is NaN), while n is
+// computed from xn, whose clamp turns NaN into -87.3 (std::max(a, NaN) is a), because converting a
+// NaN n to an integer below is undefined behaviour (UBSan: float-cast-overflow). For every other
+// input xn == x.
 inline float fast_exp(float x) {
   x = std::min(std::max(x, -87.3f), 88.37f);  // maxps/minps: no branch
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  const float xn = std::min(std::max(-87.3f, x), 88.37f);
+  const float n = (xn * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
   float r = x - n * 0.693359375f;  // ln2 split in two for an exact first product
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;

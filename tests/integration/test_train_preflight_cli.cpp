@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "tests/sanitizers/asan_build.h"
 
 namespace fs = std::filesystem;
 using dstrain::testing::CliResult;
@@ -159,15 +160,10 @@ TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefused
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
     "zero_optimization": {"stage": 3, "offload_optimizer": )" << nvme << R"(, "buffer_count": 4},
       "offload_param": )" << nvme << R"(, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e8}}})";
-#if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer's shadow memory cannot be reserved under ulimit -v: the host's memory decides
   // (48 GB of buffers fit no CI machine either), and the bound on the proposal below is not checked.
-  constexpr bool kLimited = false;
-  const char* limit = "timeout 120";
-#else
-  constexpr bool kLimited = true;
-  const char* limit = "ulimit -v 33554432; timeout 120";
-#endif
+  constexpr bool kLimited = !dstrain::testing::kAddressSanitizer;
+  const char* limit = kLimited ? "ulimit -v 33554432; timeout 120" : "timeout 120";
   const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "nvme.json") + " --model gpt2:d48 --tokenizer bytes --data " +
                                       q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0 --sequence-length 128",
                                   limit);
@@ -264,10 +260,10 @@ TEST_F(TrainPreflightCli, StaleTemporariesAreRemovedLiveOnesKept) {
 TEST_F(TrainPreflightCli, NumRanksBeyondTheThreadLimitIsAnError) {
   // 1000 rank threads' stacks do not fit 4 GB of address space: a thread cannot start, which was
   // std::terminate (a signal); now an Error naming --num-ranks.
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space for its shadow memory at start, so a process under "
-                  "`ulimit -v` cannot start at all; this test runs in the plain build (DSTRAIN_GATES=0 bash scripts/test.sh)";
-#endif
+  if (dstrain::testing::kAddressSanitizer) {
+    GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space for its shadow memory at start, so a process under "
+                    "`ulimit -v` cannot start at all; this test runs in the plain build (DSTRAIN_GATES=0 bash scripts/test.sh)";
+  }
   std::ofstream(dir_ / "many.json") << R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
   const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "many.json") + " --model gpt2:L1-C16-H2-V256-T8 --data " + q(dir_ / "t_train.bin") +
                                       " --steps 1 --sample-tokens 0 --num-ranks 1000",

@@ -415,7 +415,9 @@ config::OptimizerConfig parse_optimizer(const std::string& json) {
 class OneBitAlgorithm : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(OneBitAlgorithm, ParametersEqualDeepSpeedsAlgorithmAcrossFreezeStep) {
-  const auto [type, w] = GetParam();
+  // Named copies, not a structured binding: clang 14 cannot capture a binding in a lambda.
+  const std::string type = std::get<0>(GetParam());
+  const int w = std::get<1>(GetParam());
   constexpr int kSteps = 14;
   const std::int64_t freeze = type == "ZeroOneAdam" ? 8 : 4;  // 0/1 Adam: var_freeze_step
   Reference ref(type, w, freeze);

@@ -38,6 +38,11 @@ TEST(CpuMath, FastExpRelativeError) {
   }
   EXPECT_LT(cpu::fast_exp(-1000.0f), 1e-37f);
   EXPECT_LT(cpu::fast_exp(-std::numeric_limits<float>::infinity()), 1e-37f);
+  // NaN in, NaN out: a NaN logit must reach the loss. (That no NaN is converted to an integer on
+  // the way is checked where the kernels are compiled with UBSan: the gate's overflow tests feed
+  // the library's GELU and softmax NaN, which is how clang's float-cast-overflow check found it.)
+  EXPECT_TRUE(std::isnan(cpu::fast_exp(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(cpu::fast_tanh(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(CpuMath, FastTanhAbsoluteError) {

@@ -15,6 +15,7 @@
 #include "offload/host_memory.h"
 #include "offload/pinned_host_allocator.h"
 #include "ops/error.h"
+#include "tests/sanitizers/asan_build.h"
 
 namespace dstrain {
 namespace {
@@ -22,17 +23,7 @@ namespace {
 // AddressSanitizer's runtime intercepts mlock with a no-op that returns 0 (sanitizer_common), so in the
 // ASan build (scripts/gates.sh asan) the kernel never counts the pages: there the allocator's own
 // count is checked and /proc's VmLck only for staying unchanged.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kMlockReachesTheKernel = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kMlockReachesTheKernel = false;
-#else
-constexpr bool kMlockReachesTheKernel = true;
-#endif
-#else
-constexpr bool kMlockReachesTheKernel = true;
-#endif
+constexpr bool kMlockReachesTheKernel = !dstrain::testing::kAddressSanitizer;
 
 // The kernel's count of this process's mlock'ed bytes; -1 when /proc does not say.
 std::int64_t vm_locked_bytes() {
