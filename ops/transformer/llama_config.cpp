@@ -397,7 +397,9 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
           fail("model config '{}': layer_types holds {}; dstrain knows \"full_attention\" and \"sliding_attention\"", source, t.dump());
         }
         c.layer_types.push_back(t.get<std::string>());
-        if (t.get<std::string>() == "sliding_attention" && c.sliding_window == 0) {
+        // Qwen2Config / Qwen3Config drop sliding_window unless use_sliding_window: a
+        // "sliding_attention" layer then attends in full.
+        if (t.get<std::string>() == "sliding_attention" && c.use_sliding_window && c.sliding_window == 0) {
           std::int64_t w = 4096;
           if (r.has("sliding_window")) r.get_int("sliding_window", w, false);
           c.sliding_window = w;

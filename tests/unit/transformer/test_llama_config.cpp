@@ -2,6 +2,7 @@
 // refusals that name the key, and the config.json dstrain writes reading back the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -215,11 +216,18 @@ TEST(LlamaConfig, WrittenQwenConfigWindowsTheLayersTheImportedOneDid) {
        {false, true, false, true}},
       {"off", base + R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 1})",
        {false, false, false, false}},
+      {"layer_types, off", base + R"("model_type": "qwen3", "use_sliding_window": false, "sliding_window": 64,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]})",
+       {false, false, false, false}},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
     ASSERT_EQ(hf_windowed_layers(k.json), k.windowed);
     const LlamaConfig c = llama_config_from_hf_json(k.json, "imported");
+    // No layer windowed: no window to refuse a long sequence for (T = 128 > 64).
+    const bool any = std::find(k.windowed.begin(), k.windowed.end(), true) != k.windowed.end();
+    EXPECT_EQ(c.sliding_window != 0, any);
+    if (!any) EXPECT_NO_THROW(llama_check_sequence(c, 128, false));
     const std::string written = llama_hf_config_json(c);
     EXPECT_EQ(hf_windowed_layers(written), k.windowed) << written;
     const LlamaConfig r = llama_config_from_hf_json(written, "written");
