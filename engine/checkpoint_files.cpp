@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <cerrno>
@@ -635,6 +636,16 @@ struct CheckpointReader::Impl {
   // The saved piece that is exactly w (same offset and numel) and its entry in its file; nullptr
   // when there is none (w is then read through read(), which names what is wrong).
   std::pair<Saved*, const SafetensorsEntry*> exact(const Want& w);
+  // The saved pieces that are, in the order wanted, exactly the wanted ones, lying back to back in
+  // one file (a load at the saving layout); empty when they are not.
+  using Run = std::vector<std::pair<Saved*, const SafetensorsEntry*>>;
+  Run run_of(const std::vector<Want>& want);
+  // Reads a run's span of its file (see the body) into slot(k) for request k, checks each piece's
+  // CRC-32C as it lands and, given `landed`, hands on bytes [from, to) of piece i (offsets within
+  // the piece) at `data` once they are in. A failed checksum or short read is an Error after the
+  // ranges before it were handed on.
+  void read_run(const Run& run, const std::function<std::byte*(std::size_t)>& slot, std::size_t slots,
+                const std::function<void(std::size_t, std::uint64_t, std::uint64_t, const std::byte*)>& landed);
   std::vector<std::byte> scratch;  // a saved piece only partly wanted (a reshard), read whole to check it
   std::vector<File> files;
   std::map<std::pair<std::string, std::string>, std::vector<Saved>> pieces;  // (buffer, param) -> sorted by offset
@@ -749,18 +760,80 @@ std::pair<CheckpointReader::Impl::Saved*, const SafetensorsEntry*> CheckpointRea
   return {&*s, e};
 }
 
-CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& want) {
-  Loaded out;
-  // A run of one file's pieces, back to back in it, in the order wanted?
-  std::vector<std::pair<Impl::Saved*, const SafetensorsEntry*>> run;
+CheckpointReader::Impl::Run CheckpointReader::Impl::run_of(const std::vector<Want>& want) {
+  Run run;
   for (const Want& w : want) {
-    const auto [s, e] = impl_->exact(w);
-    if (s == nullptr || (!run.empty() && (s->file != run.front().first->file || e->begin != run.back().second->end))) {
-      run.clear();
-      break;
-    }
+    const auto [s, e] = exact(w);
+    if (s == nullptr || (!run.empty() && (s->file != run.front().first->file || e->begin != run.back().second->end))) return {};
     run.emplace_back(s, e);
   }
+  return run;
+}
+
+void CheckpointReader::Impl::read_run(const Run& run, const std::function<std::byte*(std::size_t)>& slot, std::size_t slots,
+                                      const std::function<void(std::size_t, std::uint64_t, std::uint64_t, const std::byte*)>& landed) {
+  File& f = files[run.front().first->file];
+  // Blocks [first, first + span) hold the run (whole blocks, as O_DIRECT reads).
+  const std::uint64_t begin = f.data_start + run.front().second->begin, end = f.data_start + run.back().second->end;
+  const std::uint64_t first = begin / kBlock * kBlock;
+  const std::size_t span = round_up(static_cast<std::size_t>(end - first), kBlock);
+  // Request k reads blocks [first + k * kReadWindow, ...) into slot(k), on its own thread; kInFlight
+  // of them at a time, the oldest checked (and handed on) while the others are read. With `slots`
+  // reused slots, request k + kInFlight is issued once request k has landed, into a slot that is
+  // neither k's (being handed on) nor one still being read.
+  constexpr std::size_t kInFlight = 2;
+  DSTRAIN_CHECK(slots == 0 || slots > kInFlight, "CheckpointReader: {} reused slots for {} requests in flight", slots, kInFlight);
+  const std::size_t requests = (span + kReadWindow - 1) / kReadWindow;
+  const int fd = f.data->fd();
+  const auto issue = [&](std::size_t k) {
+    const std::size_t off = k * kReadWindow, n = std::min(kReadWindow, span - off);
+    return std::async(std::launch::async, [fd, &f, p = slot(k), n, at = first + off] { return read_blocks(fd, f.path, p, n, at); });
+  };
+  std::vector<std::future<std::size_t>> flight;
+  const auto drain = [&flight] {
+    for (auto& r : flight)
+      if (r.valid()) r.wait();
+  };
+  try {
+    for (std::size_t k = 0; k < std::min(kInFlight, requests); ++k) flight.push_back(issue(k));
+    std::size_t piece = 0;          // the piece being checked
+    std::uint64_t checked = begin;  // file offset checked up to
+    std::uint32_t crc = 0;
+    for (std::size_t k = 0; k < requests; ++k) {
+      const std::size_t got = flight[k].get();
+      if (k + kInFlight < requests) flight.push_back(issue(k + kInFlight));
+      const std::uint64_t lo = first + k * kReadWindow;
+      const std::uint64_t landed_to = std::min<std::uint64_t>(end, lo + got);
+      if (landed_to < std::min<std::uint64_t>(end, lo + kReadWindow)) {
+        fail("reading checkpoint file {} failed at byte {}: the file ends there — it is truncated; load another tag", q(f.path), landed_to);
+      }
+      const std::byte* const data = slot(k);
+      for (; piece < run.size(); ++piece) {
+        const auto& [s, e] = run[piece];
+        const std::uint64_t piece_end = f.data_start + e->end;
+        const std::uint64_t upto = std::min(piece_end, landed_to);
+        if (upto > checked) {
+          crc = crc32c(data + (checked - lo), static_cast<std::size_t>(upto - checked), crc);
+          if (landed) landed(piece, checked - (f.data_start + e->begin), upto - (f.data_start + e->begin), data + (checked - lo));
+        }
+        checked = upto;
+        if (upto < piece_end) break;  // the rest of this piece is in the next request
+        if (crc != s->crc) {
+          fail("checkpoint file {}: tensor '{}' fails its checksum (crc32c): the file is corrupt — load another tag", q(f.path), s->name);
+        }
+        s->verified = true;
+        crc = 0;
+      }
+    }
+  } catch (...) {
+    drain();  // no request may outlive the memory it reads into
+    throw;
+  }
+}
+
+CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& want) {
+  Loaded out;
+  const Impl::Run run = impl_->run_of(want);  // one file's pieces, back to back in it, in the order wanted?
   if (run.empty()) {
     std::size_t total = 0;
     std::vector<std::size_t> bytes;
@@ -779,60 +852,39 @@ CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& wan
     }
     return out;
   }
-  // Straight from the file: blocks [first, last) hold the run (whole blocks, as O_DIRECT reads).
-  Impl::File& f = impl_->files[run.front().first->file];
-  const std::uint64_t begin = f.data_start + run.front().second->begin, end = f.data_start + run.back().second->end;
-  const std::uint64_t first = begin / kBlock * kBlock;
-  const std::size_t span = round_up(static_cast<std::size_t>(end - first), kBlock);
+  // Straight from the file into one block of memory, each piece at its file offset's place within
+  // a block (as O_DIRECT requires); the checksums hide behind the reads.
+  const Impl::File& f = impl_->files[run.front().first->file];
+  const std::uint64_t first = (f.data_start + run.front().second->begin) / kBlock * kBlock;
+  const std::size_t span = round_up(static_cast<std::size_t>(f.data_start + run.back().second->end - first), kBlock);
   out.memory = allocate_checkpoint_memory(span);
   std::byte* const base = out.memory.get();
   for (const auto& [s, e] : run) out.at.push_back(base + (f.data_start + e->begin - first));
   BackgroundPrefault prefault(base, span);
-  // Request k reads blocks [first + k * kReadWindow, ...) into the same offset of the memory, on
-  // its own thread; kInFlight of them at a time, the oldest checked while the others are read.
-  constexpr std::size_t kInFlight = 2;
-  const std::size_t requests = (span + kReadWindow - 1) / kReadWindow;
-  const int fd = f.data->fd();
-  const auto issue = [&](std::size_t k) {
-    const std::size_t off = k * kReadWindow, n = std::min(kReadWindow, span - off);
-    return std::async(std::launch::async, [fd, &f, p = base + off, n, at = first + off] { return read_blocks(fd, f.path, p, n, at); });
-  };
-  std::vector<std::future<std::size_t>> flight;
-  const auto drain = [&flight] {
-    for (auto& r : flight)
-      if (r.valid()) r.wait();
-  };
-  try {
-    for (std::size_t k = 0; k < std::min(kInFlight, requests); ++k) flight.push_back(issue(k));
-    std::size_t piece = 0;      // the piece being checked
-    std::uint64_t checked = begin;  // file offset checked up to
-    std::uint32_t crc = 0;
-    for (std::size_t k = 0; k < requests; ++k) {
-      const std::size_t got = flight[k].get();
-      if (k + kInFlight < requests) flight.push_back(issue(k + kInFlight));
-      const std::uint64_t landed = std::min<std::uint64_t>(end, first + k * kReadWindow + got);
-      if (landed < std::min<std::uint64_t>(end, first + (k + 1) * kReadWindow)) {
-        fail("reading checkpoint file {} failed at byte {}: the file ends there — it is truncated; load another tag", q(f.path), landed);
-      }
-      for (; piece < run.size(); ++piece) {
-        const auto& [s, e] = run[piece];
-        const std::uint64_t piece_end = f.data_start + e->end;
-        const std::uint64_t upto = std::min(piece_end, landed);
-        crc = crc32c(base + (checked - first), static_cast<std::size_t>(upto - checked), crc);
-        checked = upto;
-        if (upto < piece_end) break;  // the rest of this piece is in the next request
-        if (crc != s->crc) {
-          fail("checkpoint file {}: tensor '{}' fails its checksum (crc32c): the file is corrupt — load another tag", q(f.path), s->name);
-        }
-        s->verified = true;
-        crc = 0;
-      }
-    }
-  } catch (...) {
-    drain();  // no request may outlive the memory it reads into
-    throw;
-  }
+  impl_->read_run(run, [base](std::size_t k) { return base + k * kReadWindow; }, 0, nullptr);
   return out;
+}
+
+bool CheckpointReader::stream(const std::vector<Want>& want, const Sink& sink) {
+  const Impl::Run run = impl_->run_of(want);
+  if (run.empty()) return false;
+  // Three request-sized slots, reused: two being read while the third is checked and handed on.
+  constexpr std::size_t kSlots = 3;
+  const Impl::File& f = impl_->files[run.front().first->file];
+  const std::uint64_t first = (f.data_start + run.front().second->begin) / kBlock * kBlock;
+  const std::size_t span = round_up(static_cast<std::size_t>(f.data_start + run.back().second->end - first), kBlock);
+  const std::size_t slot_bytes = std::min(kReadWindow, span);
+  const std::size_t slots = std::min(kSlots, (span + kReadWindow - 1) / kReadWindow);
+  CheckpointMemory ring = allocate_checkpoint_memory(slot_bytes * slots);
+  BackgroundPrefault prefault(ring.get(), slot_bytes * slots);
+  std::byte* const base = ring.get();
+  impl_->read_run(
+      run, [base, slot_bytes](std::size_t k) { return base + (k % kSlots) * slot_bytes; }, kSlots,
+      [&](std::size_t i, std::uint64_t from, std::uint64_t to, const std::byte* data) {
+        const std::size_t es = dtype_size(run[i].first->dtype);
+        sink(i, static_cast<std::int64_t>(from / es), static_cast<std::int64_t>((to - from) / es), data);
+      });
+  return true;
 }
 
 CheckpointReader::~CheckpointReader() = default;

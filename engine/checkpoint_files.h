@@ -192,6 +192,17 @@ class CheckpointReader {
   // piece by piece through read(). Either way a BackgroundPrefault faults the memory in ahead of
   // the reads (docs/checkpoints.md "Loading").
   Loaded read_all(const std::vector<Want>& want);
+  // Elements [first, first + count) of wanted piece i, in the saved dtype, at `data` (valid during
+  // the call only).
+  using Sink = std::function<void(std::size_t i, std::int64_t first, std::int64_t count, const std::byte* data)>;
+  // A load at the saving layout without a copy of the checkpoint in memory: when the wanted pieces
+  // are such a run as read_all reads in place, reads its span through three reused 32 MiB slots
+  // (two requests in flight while the third is checked) and hands every range to `sink` in file
+  // order as it lands, checking each piece's CRC-32C when its last range is in. Returns false,
+  // having read nothing, when they are not such a run (read_all then). A failed checksum or a
+  // short read is an Error thrown after the ranges before it were handed on: the caller must be
+  // able to undo them (Engine::load_checkpoint: docs/checkpoints.md "Loading").
+  bool stream(const std::vector<Want>& want, const Sink& sink);
 
  private:
   struct Impl;

@@ -452,6 +452,8 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (config.zero_optimization.stage < 3)
     for (std::size_t i = 0; i < L; ++i) im.states->views(i, im.layers[i].params, nullptr);
 
+  im.init_params = options.init_params;
+  im.init_seed = options.seed;
   if (options.init_params) {
     // Initialised in fp32 (the master; every rank computes the same values and keeps its part),
     // then rounded: the 16-bit weights are the master's copy.
@@ -644,6 +646,7 @@ void Engine::step() {
 }
 
 bool Engine::optimizer_step() {
+  impl_->initial_state = false;
   Impl& im = *impl_;
   const std::optional<LrSchedule::Betas> betas = im.hook ? std::nullopt : im.schedule.betas();
   // The optimizer's own step count (Adam's bias corrections): skipped steps do not advance it.
@@ -957,6 +960,7 @@ void Engine::load_weights(const std::filesystem::path& path) {
          "Face layouts");
   }
   Impl& im = *impl_;
+  im.initial_state = false;
   // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());

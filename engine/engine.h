@@ -342,6 +342,9 @@ class Engine {
   // checkpoint.writer.decoupled: allocates the snapshot memory and starts faulting it in.
   void prepare_checkpoint_snapshot();
   void restore_scalars(const CheckpointScalars& saved, const LoadCheckpointOptions& options);
+  // Puts back the training state initialize made (the seed's parameters, zero optimizer states),
+  // after a load streamed into it failed.
+  void restore_initial_state();
   float micro_batch_dloss() const;
 
   Model model_;

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include <fmt/ranges.h>
 
@@ -24,6 +25,7 @@
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/tensor_ops.h"
 #include "ops/transformer/llama_config.h"
+#include "ops/transformer/param_init.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 
@@ -499,6 +501,9 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   std::vector<std::uint16_t*> lowp;
   bool have_lowp = false;
   bool nothing = false;
+  bool streamed = false;  // read straight into the state (CheckpointReader::stream)
+  bool touched = false;   // ... and something of the state was overwritten
+  std::vector<CheckpointReader::Want> want;
   CheckpointScalars scalars;
   try {
     if (tag.empty()) {
@@ -545,13 +550,37 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
       // params), so that a load at the saving layout is one span of its rank file, read straight
       // into host memory (CheckpointReader::read_all).
       const std::vector<OwnedPiece>& owned = st.owned_pieces();
-      std::vector<CheckpointReader::Want> want;
       const auto wants = [&](const char* buffer) {
         for (const OwnedPiece& p : owned) want.push_back({buffer, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel});
       };
       wants(kMasterBuffer);
       for (std::size_t j = 0; want_states && j < state_names.size(); ++j) wants(state_names[j].c_str());
       if (have_lowp) wants(kParamBuffer);
+      // An engine still in its initial state takes a checkpoint of its own layout straight into
+      // the state, range by range as the file is read, without a copy of it in host memory (whose
+      // first touch costs more than the disk: docs/checkpoints.md "Loading"); a failure after the
+      // first range puts the initial state back below. Otherwise phase 2 copies from read_all's.
+      if (im.initial_state) {
+        const std::size_t n = owned.size(), n_states = want_states ? state_names.size() : 0;
+        streamed = rd->stream(want, [&](std::size_t i, std::int64_t first, std::int64_t count, const std::byte* data) {
+          touched = true;
+          const OwnedPiece& p = owned[i % n];
+          const std::size_t group = i / n;  // the order of `want`: masters, each state, the 16-bit params
+          void* const d = const_cast<std::byte*>(data);
+          if (group == 0) {
+            const Tensor master(d, DType::fp32, Shape{count});
+            if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, master);
+            if (!have_lowp) st.write_owned_param(p, master, first);  // as phase 2 below
+          } else if (group <= n_states) {
+            st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(d, DType::fp32, Shape{count}));
+          } else {
+            st.write_owned_param(p, Tensor(d, dims_.dtype, Shape{count}), first);
+          }
+        });
+      }
+    }
+    if (!nothing && !streamed) {
+      const std::vector<OwnedPiece>& owned = st.owned_pieces();
       loaded = rd->read_all(want);
       std::size_t i = 0;
       for (std::size_t k = 0; k < owned.size(); ++k) masters.push_back(reinterpret_cast<float*>(loaded.at[i++]));
@@ -566,14 +595,20 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   } catch (const std::exception& e) {
     error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), e.what());
   }
-  agree_on_errors(error);
+  try {
+    agree_on_errors(error);
+  } catch (const Error&) {
+    if (touched) restore_initial_state();  // a load streamed in part, here or (agreed) on another rank
+    throw;
+  }
+  im.initial_state = false;
   if (nothing) {
     log_warning("load_checkpoint: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
     return {};
   }
   // Phase 2: write through the store (docs/training_state.md §3) and into the params.
   std::size_t si = 0;
-  for (std::size_t k = 0; k < st.owned_pieces().size(); ++k) {
+  for (std::size_t k = 0; !streamed && k < st.owned_pieces().size(); ++k) {
     const OwnedPiece& p = st.owned_pieces()[k];
     const Tensor master(masters[k], DType::fp32, Shape{p.numel});
     if (st.masters_apart()) st.write_shard(0, p.shard_offset, master);
@@ -600,6 +635,28 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   out.tag = tag;
   out.client_state = m.value("client_state", config::Json::object());
   return out;
+}
+
+void Engine::restore_initial_state() {
+  Impl& im = *impl_;
+  ModelStates& st = *im.states;
+  // The parameters and masters as initialize set them: the same call with the same seed (or the
+  // zeros set_masters starts from, for an engine made without init_params).
+  st.set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
+    if (im.init_params) init_param(out, st.spec(layer, slot), im.init_seed);
+  });
+  // Every optimizer state starts at zero.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  std::vector<float> zeros;
+  for (std::size_t j = 0; j < im.optimizer.state_names().size(); ++j) {
+    for (const OwnedPiece& p : st.owned_pieces()) {
+      for (std::int64_t at = 0; at < p.numel; at += kChunk) {
+        const std::int64_t count = std::min(kChunk, p.numel - at);
+        if (zeros.size() < static_cast<std::size_t>(count)) zeros.assign(static_cast<std::size_t>(count), 0.0f);
+        st.write_shard(st.first_state_buffer() + j, p.shard_offset + at, Tensor(zeros.data(), DType::fp32, Shape{count}));
+      }
+    }
+  }
 }
 
 }  // namespace dstrain

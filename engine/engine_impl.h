@@ -106,6 +106,13 @@ struct Engine::Impl {
   std::unique_ptr<BackgroundPrefault> snapshot_prefault;
   std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
   bool writer_announced = false;
+  // The training state (masters, optimizer states, parameters) is still what initialize made: no
+  // step, load_weights or load_checkpoint has changed it. A checkpoint at this engine's layout is
+  // then streamed straight into the state, and a failed load puts the initial state back
+  // (Engine::restore_initial_state; docs/checkpoints.md "Loading").
+  bool initial_state = true;
+  bool init_params = true;   // EngineOptions::init_params: the seed's parameters, else zeros
+  std::uint64_t init_seed = 0;
 };
 
 }  // namespace dstrain

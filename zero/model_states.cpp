@@ -751,12 +751,12 @@ void ModelStates::read_owned_param(const OwnedPiece& piece, const Tensor& out, s
   param_store_->release(ly.unit, false);
 }
 
-void ModelStates::write_owned_param(const OwnedPiece& piece, const Tensor& in) {
+void ModelStates::write_owned_param(const OwnedPiece& piece, const Tensor& in, std::int64_t first) {
   const Layer& ly = *layers_[piece.layer];
   if (ly.partitioned) {
-    write_unit(ly.unit, piece.shard_offset - ly.shard_begin, in);
+    write_unit(ly.unit, piece.shard_offset - ly.shard_begin + first, in);
   } else {
-    const Tensor dst = owned_param(piece);
+    const Tensor dst = owned_param(piece).slice_rows(first, first + in.numel());
     if (in.dtype == dst.dtype) {
       copy_tensor(dst, in);
     } else {

@@ -198,7 +198,8 @@ class ModelStates final : public OptimizerPartition {
   Tensor owned_param(const OwnedPiece& piece) const;
   // Elements [first, first + out.numel()) of the piece into `out`.
   void read_owned_param(const OwnedPiece& piece, const Tensor& out, std::int64_t first = 0);
-  void write_owned_param(const OwnedPiece& piece, const Tensor& in);  // `in` of the storage dtype
+  // `in` into elements [first, first + in.numel()) of the piece: of the storage dtype, or rounded to it.
+  void write_owned_param(const OwnedPiece& piece, const Tensor& in, std::int64_t first = 0);
   // Stage 3: the parameter partition's store (nullptr below stage 3).
   const ParamStore* param_store() const { return param_store_.get(); }
   // The post-step all-gather of the updated parameters (stages 1-2; stage 3's persistent layers).

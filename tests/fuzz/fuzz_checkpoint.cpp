@@ -1,6 +1,6 @@
 // A training checkpoint (`--resume`, `dstrain consolidate`): the manifest, a rank's index and its
 // data file, opened by CheckpointReader and every piece the index lists read back, one by one
-// (read) and all together (read_all).
+// (read), all together (read_all) and streamed (stream).
 //
 // The input is the three files joined by kSeparator: checkpoint.json, rank_00000.json,
 // rank_00000.safetensors (the seed corpus holds real ones, corpus/checkpoint/). The manifest records
@@ -93,6 +93,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       want.push_back({t.at("buffer").get<std::string>(), t.at("param").get<std::string>(), t.at("offset").get<std::int64_t>(), numel});
     }
     (void)rd.read_all(want);
+    // And streamed, as a load into an engine in its initial state reads them: every range handed
+    // on must lie within its piece (the harness's bounds check).
+    dstrain::CheckpointReader rs(root, "t");
+    (void)rs.stream(want, [&want](std::size_t i, std::int64_t first, std::int64_t count, const std::byte* bytes) {
+      if (i >= want.size() || first < 0 || count <= 0 || first + count > want[i].numel || bytes == nullptr) __builtin_trap();
+      volatile std::byte sink = bytes[0];  // the range is readable memory (ASan checks the accesses)
+      sink = bytes[static_cast<std::size_t>(count) - 1];
+      (void)sink;
+    });
   } catch (const dstrain::Error&) {  // (the reader parsed and checked the index the loop reads)
   }
   return 0;

@@ -620,6 +620,7 @@ TEST(Checkpoint, LossScalerCrossesZeroRules) {
 // One rank, stage 1 over 2 ranks' files: a saved checkpoint and an engine to load it into.
 struct ErrorFixture {
   TempDir dir{"errors"};
+  TempDir probe{"errors_probe"};  // the loading engine's own saves, before and after a failed load
   RunSpec s = spec(1, 2, Precision::bf16);
   ErrorFixture() {
     Segment seg;
@@ -628,7 +629,10 @@ struct ErrorFixture {
     run_segment(s, seg);
   }
   fs::path file(const std::string& name) const { return dir.path / "final" / name; }
-  // The load's error on a fresh 2-rank engine (rank 0's), checking the engine kept its weights.
+  // The load's error on a fresh 2-rank engine (rank 0's), checking the engine kept its weights —
+  // and its whole training state: a fresh engine takes a checkpoint of its own layout straight
+  // into its state, and a failed load puts the initial state back (Engine::restore_initial_state),
+  // so the engine saved before and after the failure must write the same bytes.
   std::string load_error(const std::string& tag = "final", std::optional<RunSpec> at_opt = std::nullopt) {
     const RunSpec at = at_opt.value_or(s);
     std::string message;
@@ -644,6 +648,7 @@ struct ErrorFixture {
       Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
       std::map<std::string, std::vector<float>> before, after;
       e.gather_master_params([&](const std::string& n, const Tensor& t) { before[n] = values(t); });
+      e.save_checkpoint(probe.path, "before");
       bool failed = false;
       try {
         e.load_checkpoint(dir.path, tag);
@@ -654,11 +659,49 @@ struct ErrorFixture {
       e.gather_master_params([&](const std::string& n, const Tensor& t) { after[n] = values(t); });
       if (failed) {
         EXPECT_TRUE(before == after) << "a failed load changed the weights";
+        e.save_checkpoint(probe.path, "after");
+        const std::string rank_file = rank_file_name(comm.rank(), ".safetensors");
+        EXPECT_TRUE(file_bytes(probe.path / "before" / rank_file) == file_bytes(probe.path / "after" / rank_file))
+            << "a failed load changed the training state (optimizer states or 16-bit params)";
       }
     });
     return message;
   }
 };
+
+// An engine that has loaded a checkpoint is no longer in its initial state: a failed load after it
+// leaves the state it loaded (read whole before anything is written), never the initial one.
+TEST(Checkpoint, FailedLoadAfterALoadKeepsTheLoadedState) {
+  ErrorFixture f;
+  fs::copy(f.dir.path / "final", f.dir.path / "bad", fs::copy_options::recursive);
+  const fs::path data = f.dir.path / "bad" / rank_file_name(1, ".safetensors");
+  std::string bad = file_bytes(data);
+  bad[bad.size() - 3] ^= 0x10;  // the last tensor's data: found by its checksum, at the end of the file
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << bad;
+  std::vector<std::string> errors(2);
+  run_local_ranks(f.s.world, [&](Communicator& comm) {
+    config::ConfigOptions copts;
+    copts.world_size = f.s.world;
+    EngineOptions o;
+    o.seed = 5;
+    o.comm = &comm;
+    o.sequence_length = kT;
+    Engine e = initialize(make_gpt2_model(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(f.s)), copts), o);
+    e.load_checkpoint(f.dir.path, "final");
+    e.save_checkpoint(f.probe.path, "loaded");
+    try {
+      e.load_checkpoint(f.dir.path, "bad");
+    } catch (const Error& err) {
+      errors[static_cast<std::size_t>(comm.rank())] = err.what();
+    }
+    e.save_checkpoint(f.probe.path, "after");
+    const std::string rank_file = rank_file_name(comm.rank(), ".safetensors");
+    EXPECT_TRUE(file_bytes(f.probe.path / "loaded" / rank_file) == file_bytes(f.probe.path / "after" / rank_file))
+        << "a failed load changed the state an earlier load had set";
+  });
+  EXPECT_NE(errors[0].find("checksum"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("checksum"), std::string::npos) << errors[1];
+}
 
 TEST(Checkpoint, CorruptTruncatedMissingForeignFiles) {
   ErrorFixture f;

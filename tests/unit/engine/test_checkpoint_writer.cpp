@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/checkpoint_files.h"
+#include "ops/crc32c.h"
 #include "ops/error.h"
 #include "ops/transformer/safetensors.h"
 
@@ -35,6 +37,25 @@ std::uint32_t crc32c_bitwise(const std::byte* p, std::size_t n) {
     for (int b = 0; b < 8; ++b) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
   }
   return ~c;
+}
+
+// ops/crc32c.cpp runs three interleaved chains over each 3 x 8192-byte block and joins them by a
+// shift through 8192 zero bytes: every length, alignment and split point must still give the
+// definition's value.
+TEST(Crc32c, EqualsTheBitwiseDefinitionAcrossLanesAlignmentsAndSplits) {
+  std::mt19937_64 rng(3);
+  std::vector<std::byte> b(4 * 3 * 8192 + 1000);
+  for (std::byte& x : b) x = static_cast<std::byte>(rng());
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{24575}, std::size_t{24576},
+                              std::size_t{24577}, std::size_t{49152 + 13}, b.size() - 5}) {
+    for (const std::size_t off : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+      EXPECT_EQ(crc32c(b.data() + off, n), crc32c_bitwise(b.data() + off, n)) << n << " bytes at " << off;
+    }
+  }
+  const std::uint32_t whole = crc32c_bitwise(b.data(), b.size());
+  for (const std::size_t m : {std::size_t{1}, std::size_t{8191}, std::size_t{24576}, std::size_t{30001}}) {
+    EXPECT_EQ(crc32c(b.data() + m, b.size() - m, crc32c(b.data(), m)), whole) << "split at " << m;
+  }
 }
 
 std::string file_bytes(const fs::path& p) {
@@ -185,12 +206,15 @@ TEST(CheckpointWriter, ConfigKeysAsDeepSpeedDefinesThem) {
 // them, with the index and a manifest as the engine commits them.
 std::vector<std::vector<std::byte>> write_checkpoint(const fs::path& dir, const std::vector<CheckpointPiece>& pieces) {
   fs::create_directories(dir);
-  std::mt19937 rng(11);
+  std::mt19937_64 rng(11);
   std::vector<std::vector<std::byte>> data;
   RankFileWriter w(dir / rank_file_name(0, ".safetensors"), pieces);
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     std::vector<std::byte> b(static_cast<std::size_t>(pieces[i].numel) * dtype_size(pieces[i].dtype));
-    for (std::byte& x : b) x = static_cast<std::byte>(rng());
+    for (std::size_t k = 0; k < b.size(); k += 8) {  // eight random bytes a draw: the stream test writes 100 MB
+      const std::uint64_t r = rng();
+      std::memcpy(b.data() + k, &r, std::min<std::size_t>(8, b.size() - k));
+    }
     w.write(i, b.data());
     data.push_back(std::move(b));
   }
@@ -269,6 +293,83 @@ TEST(CheckpointReader, ReadAllStraightFromTheFileOrPieceByPiece) {
     EXPECT_NE(m.find("master/b/0"), std::string::npos) << m;
     EXPECT_NE(m.find("checksum"), std::string::npos) << m;
   }
+  fs::remove_all(root);
+}
+
+// CheckpointReader::stream: the saving layout's span handed on range by range through three
+// reused slots, in file order, each piece's checksum checked when its last range is in.
+TEST(CheckpointReader, StreamHandsOnEveryRangeInFileOrderCheckingEachPiece) {
+  const fs::path root = fs::temp_directory_path() / fmt::format("dstrain_ckpt_stream_{}", ::getpid());
+  fs::remove_all(root);
+  // 102 MB: four 32 MiB requests, so the three slots are each reused; pieces straddling requests,
+  // an empty one, the 16-bit params last.
+  const std::vector<CheckpointPiece> pieces = {
+      {"master", "a", 0, 10'000'000, DType::fp32}, {"master", "b", 0, 9'000'001, DType::fp32}, {"exp_avg", "c", 0, 0, DType::fp32},
+      {"exp_avg", "a", 0, 6'000'000, DType::fp32}, {"param", "a", 0, 1'000'001, DType::bf16},
+  };
+  const auto data = write_checkpoint(root / "t", pieces);
+  std::vector<CheckpointReader::Want> want;
+  for (const CheckpointPiece& p : pieces) want.push_back({p.buffer, p.param, p.offset, p.numel});
+  // Copies each range where it belongs; checks that the ranges come in file order, each piece's
+  // front to back without gap or repeat.
+  struct Received {
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<std::int64_t> next;
+    std::size_t last = 0, calls = 0;
+  };
+  const auto receiver = [&](Received& r) {
+    r.bytes.resize(pieces.size());
+    for (std::size_t i = 0; i < pieces.size(); ++i) r.bytes[i].assign(data[i].size(), std::byte{0});
+    r.next.assign(pieces.size(), 0);
+    return [&](std::size_t i, std::int64_t first, std::int64_t count, const std::byte* d) {
+      ASSERT_LT(i, pieces.size());
+      EXPECT_GE(i, r.last) << "out of file order";
+      r.last = i;
+      EXPECT_EQ(first, r.next[i]) << pieces[i].tensor_name();
+      ASSERT_LE(first + count, pieces[i].numel);
+      const std::size_t es = dtype_size(pieces[i].dtype);
+      std::memcpy(r.bytes[i].data() + static_cast<std::size_t>(first) * es, d, static_cast<std::size_t>(count) * es);
+      r.next[i] = first + count;
+      ++r.calls;
+    };
+  };
+  {
+    CheckpointReader rd(root, "t");
+    Received r;
+    ASSERT_TRUE(rd.stream(want, receiver(r)));
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      EXPECT_EQ(r.next[i], pieces[i].numel) << pieces[i].tensor_name();
+      EXPECT_TRUE(r.bytes[i] == data[i]) << pieces[i].tensor_name();
+    }
+    EXPECT_GE(r.calls, 6u);  // 4 non-empty pieces, at least two of them straddling a request
+  }
+  {  // another order is not the file's span: nothing read, nothing handed on
+    CheckpointReader rd(root, "t");
+    std::vector<CheckpointReader::Want> other = {want[1], want[0]};
+    bool called = false;
+    EXPECT_FALSE(rd.stream(other, [&](std::size_t, std::int64_t, std::int64_t, const std::byte*) { called = true; }));
+    EXPECT_FALSE(called);
+  }
+  // One flipped bit in "exp_avg/a/0", in the third request: the pieces before it were handed on
+  // whole, then its checksum fails naming it.
+  const fs::path file = root / "t" / rank_file_name(0, ".safetensors");
+  std::string bytes = file_bytes(file);
+  const std::size_t at = bytes.size() - data[4].size() - 1000;
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x40);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  Received r;
+  try {
+    CheckpointReader rd(root, "t");
+    rd.stream(want, receiver(r));
+    ADD_FAILURE() << "a corrupt piece was streamed without an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("exp_avg/a/0"), std::string::npos) << m;
+    EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+  }
+  EXPECT_EQ(r.next[0], pieces[0].numel);
+  EXPECT_EQ(r.next[1], pieces[1].numel);
+  EXPECT_EQ(r.next[4], 0);  // nothing after the corrupt piece
   fs::remove_all(root);
 }
 
