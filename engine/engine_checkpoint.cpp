@@ -601,11 +601,11 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     if (touched) restore_initial_state();  // a load streamed in part, here or (agreed) on another rank
     throw;
   }
-  im.initial_state = false;
   if (nothing) {
     log_warning("load_checkpoint: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
     return {};
   }
+  im.initial_state = false;
   // Phase 2: write through the store (docs/training_state.md §3) and into the params.
   std::size_t si = 0;
   for (std::size_t k = 0; !streamed && k < st.owned_pieces().size(); ++k) {
