@@ -640,6 +640,12 @@ struct CheckpointReader::Impl {
   // one file (a load at the saving layout); empty when they are not.
   using Run = std::vector<std::pair<Saved*, const SafetensorsEntry*>>;
   Run run_of(const std::vector<Want>& want);
+  // The whole blocks [first, first + bytes) of its file that hold a run (as O_DIRECT reads them).
+  struct Span {
+    std::uint64_t first = 0;
+    std::size_t bytes = 0;
+  };
+  Span span_of(const Run& run) const;
   // Reads a run's span of its file (see the body) into slot(k) for request k, checks each piece's
   // CRC-32C as it lands and, given `landed`, hands on bytes [from, to) of piece i (offsets within
   // the piece) at `data` once they are in. A failed checksum or short read is an Error after the
@@ -770,13 +776,19 @@ CheckpointReader::Impl::Run CheckpointReader::Impl::run_of(const std::vector<Wan
   return run;
 }
 
+CheckpointReader::Impl::Span CheckpointReader::Impl::span_of(const Run& run) const {
+  const File& f = files[run.front().first->file];
+  const std::uint64_t first = (f.data_start + run.front().second->begin) / kBlock * kBlock;
+  return {first, round_up(static_cast<std::size_t>(f.data_start + run.back().second->end - first), kBlock)};
+}
+
 void CheckpointReader::Impl::read_run(const Run& run, const std::function<std::byte*(std::size_t)>& slot, std::size_t slots,
                                       const std::function<void(std::size_t, std::uint64_t, std::uint64_t, const std::byte*)>& landed) {
   File& f = files[run.front().first->file];
-  // Blocks [first, first + span) hold the run (whole blocks, as O_DIRECT reads).
   const std::uint64_t begin = f.data_start + run.front().second->begin, end = f.data_start + run.back().second->end;
-  const std::uint64_t first = begin / kBlock * kBlock;
-  const std::size_t span = round_up(static_cast<std::size_t>(end - first), kBlock);
+  const Span sp = span_of(run);  // named, not bound: clang 14 cannot capture a structured binding
+  const std::uint64_t first = sp.first;
+  const std::size_t span = sp.bytes;
   // Request k reads blocks [first + k * kReadWindow, ...) into slot(k), on its own thread; kInFlight
   // of them at a time, the oldest checked (and handed on) while the others are read. With `slots`
   // reused slots, request k + kInFlight is issued once request k has landed, into a slot that is
@@ -855,8 +867,7 @@ CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& wan
   // Straight from the file into one block of memory, each piece at its file offset's place within
   // a block (as O_DIRECT requires); the checksums hide behind the reads.
   const Impl::File& f = impl_->files[run.front().first->file];
-  const std::uint64_t first = (f.data_start + run.front().second->begin) / kBlock * kBlock;
-  const std::size_t span = round_up(static_cast<std::size_t>(f.data_start + run.back().second->end - first), kBlock);
+  const auto [first, span] = impl_->span_of(run);
   out.memory = allocate_checkpoint_memory(span);
   std::byte* const base = out.memory.get();
   for (const auto& [s, e] : run) out.at.push_back(base + (f.data_start + e->begin - first));
@@ -870,9 +881,7 @@ bool CheckpointReader::stream(const std::vector<Want>& want, const Sink& sink) {
   if (run.empty()) return false;
   // Three request-sized slots, reused: two being read while the third is checked and handed on.
   constexpr std::size_t kSlots = 3;
-  const Impl::File& f = impl_->files[run.front().first->file];
-  const std::uint64_t first = (f.data_start + run.front().second->begin) / kBlock * kBlock;
-  const std::size_t span = round_up(static_cast<std::size_t>(f.data_start + run.back().second->end - first), kBlock);
+  const std::size_t span = impl_->span_of(run).bytes;
   const std::size_t slot_bytes = std::min(kReadWindow, span);
   const std::size_t slots = std::min(kSlots, (span + kReadWindow - 1) / kReadWindow);
   CheckpointMemory ring = allocate_checkpoint_memory(slot_bytes * slots);

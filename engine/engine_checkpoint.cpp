@@ -495,15 +495,30 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   ModelStates& st = *im.states;
   const std::vector<std::string> state_names = im.optimizer.state_names();
   const bool want_states = options.load_optimizer_states && !options.load_module_only;
-  // Views into one block of host memory (CheckpointReader::read_all).
-  CheckpointReader::Loaded loaded;
-  std::vector<float*> masters, states;
-  std::vector<std::uint16_t*> lowp;
+  CheckpointReader::Loaded loaded;  // read_all's pieces, one block of host memory
   bool have_lowp = false;
   bool nothing = false;
   bool streamed = false;  // read straight into the state (CheckpointReader::stream)
   bool touched = false;   // ... and something of the state was overwritten
   std::vector<CheckpointReader::Want> want;
+  // Writes elements [first, first + count) of wanted piece i (in the order of `want`: masters,
+  // each state, the 16-bit params; each over the owned pieces) through the store
+  // (docs/training_state.md §3) and into the params.
+  const auto write_range = [&](std::size_t i, std::int64_t first, std::int64_t count, void* data) {
+    const std::size_t n = st.owned_pieces().size(), n_states = want_states ? state_names.size() : 0;
+    const OwnedPiece& p = st.owned_pieces()[i % n];
+    const std::size_t group = i / n;
+    if (group == 0) {
+      const Tensor master(data, DType::fp32, Shape{count});
+      if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, master);
+      // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest.
+      if (!have_lowp) st.write_owned_param(p, master, first);
+    } else if (group <= n_states) {
+      st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(data, DType::fp32, Shape{count}));
+    } else {
+      st.write_owned_param(p, Tensor(data, dims_.dtype, Shape{count}), first);
+    }
+  };
   CheckpointScalars scalars;
   try {
     if (tag.empty()) {
@@ -561,34 +576,12 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
       // first touch costs more than the disk: docs/checkpoints.md "Loading"); a failure after the
       // first range puts the initial state back below. Otherwise phase 2 copies from read_all's.
       if (im.initial_state) {
-        const std::size_t n = owned.size(), n_states = want_states ? state_names.size() : 0;
         streamed = rd->stream(want, [&](std::size_t i, std::int64_t first, std::int64_t count, const std::byte* data) {
           touched = true;
-          const OwnedPiece& p = owned[i % n];
-          const std::size_t group = i / n;  // the order of `want`: masters, each state, the 16-bit params
-          void* const d = const_cast<std::byte*>(data);
-          if (group == 0) {
-            const Tensor master(d, DType::fp32, Shape{count});
-            if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, master);
-            if (!have_lowp) st.write_owned_param(p, master, first);  // as phase 2 below
-          } else if (group <= n_states) {
-            st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(d, DType::fp32, Shape{count}));
-          } else {
-            st.write_owned_param(p, Tensor(d, dims_.dtype, Shape{count}), first);
-          }
+          write_range(i, first, count, const_cast<std::byte*>(data));
         });
       }
-    }
-    if (!nothing && !streamed) {
-      const std::vector<OwnedPiece>& owned = st.owned_pieces();
-      loaded = rd->read_all(want);
-      std::size_t i = 0;
-      for (std::size_t k = 0; k < owned.size(); ++k) masters.push_back(reinterpret_cast<float*>(loaded.at[i++]));
-      if (want_states) states.resize(owned.size() * state_names.size());
-      for (std::size_t j = 0; want_states && j < state_names.size(); ++j) {
-        for (std::size_t k = 0; k < owned.size(); ++k) states[k * state_names.size() + j] = reinterpret_cast<float*>(loaded.at[i++]);
-      }
-      for (std::size_t k = 0; have_lowp && k < owned.size(); ++k) lowp.push_back(reinterpret_cast<std::uint16_t*>(loaded.at[i++]));
+      if (!streamed) loaded = rd->read_all(want);
     }
   } catch (const Error& e) {
     error = e.what();
@@ -606,23 +599,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     return {};
   }
   im.initial_state = false;
-  // Phase 2: write through the store (docs/training_state.md §3) and into the params.
-  std::size_t si = 0;
-  for (std::size_t k = 0; !streamed && k < st.owned_pieces().size(); ++k) {
-    const OwnedPiece& p = st.owned_pieces()[k];
-    const Tensor master(masters[k], DType::fp32, Shape{p.numel});
-    if (st.masters_apart()) st.write_shard(0, p.shard_offset, master);
-    if (have_lowp) {
-      st.write_owned_param(p, Tensor(lowp[k], dims_.dtype, Shape{p.numel}));
-    } else {
-      st.write_owned_param(p, master);  // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest
-    }
-    if (want_states) {
-      for (std::size_t j = 0; j < state_names.size(); ++j) {
-        st.write_shard(st.first_state_buffer() + j, p.shard_offset, Tensor(states[si++], DType::fp32, Shape{p.numel}));
-      }
-    }
-  }
+  // Phase 2 (read_all's pieces, verified on every rank): into the state.
+  for (std::size_t i = 0; !streamed && i < want.size(); ++i) write_range(i, 0, want[i].numel, loaded.at[i]);
   free_in_background(std::move(loaded.memory));  // copied into the store: the kernel takes it back off the critical path
   st.after_update();  // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
