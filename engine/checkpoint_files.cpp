@@ -1,6 +1,7 @@
 #include "engine/checkpoint_files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -115,11 +116,14 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 
 }  // namespace
 
-CheckpointMemory allocate_checkpoint_memory(std::size_t bytes) {
+CheckpointMemory allocate_checkpoint_memory(std::size_t bytes, HostPages pages) {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
   const std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), kHuge);
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
   if (p == nullptr) fail("cannot allocate {} bytes of host memory for a checkpoint (its staging, snapshot or load copy)", bytes);
+#if defined(MADV_HUGEPAGE)
+  if (pages == HostPages::huge) (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: THP "never" refuses it
+#endif
   return CheckpointMemory(p);
 }
 

@@ -64,17 +64,21 @@ std::string rank_file_name(int rank, const char* ext);  // "rank_00003.safetenso
 void checkpoint_test_pause();
 
 // Host memory for a checkpoint's staging buffers, snapshot and load copies: 2 MiB aligned (a
-// kernel with transparent huge pages "always" may back it with huge pages), never advised
-// MADV_HUGEPAGE: under the kernel's default defrag policy that advice makes every fault wait for
-// memory compaction, which ran at 0.3-0.7 GB/s against 1.5-2.5 GB/s for 4 KiB pages on the CI VM
-// (docs/checkpoints.md "Host memory"). Large blocks are faulted in by a BackgroundPrefault
-// (engine/host_prefault.h) ahead of their filling.
+// kernel with transparent huge pages "always" may back it with huge pages). Only the decoupled
+// save's snapshot asks for huge pages (HostPages::huge, MADV_HUGEPAGE): under the kernel's default
+// defrag policy that advice makes every fault wait for memory compaction, which ran at 0.3-0.7 GB/s
+// against 1.5-2.5 GB/s for 4 KiB pages on the CI VM — a cost a load would pay on its critical
+// path, but the snapshot's memory is faulted in once, in the background, when the engine starts,
+// and every save then copies into it at up to twice the rate (docs/checkpoints.md "Host memory").
+// Large blocks are faulted in by a BackgroundPrefault (engine/host_prefault.h) ahead of their
+// filling.
 struct FreeCheckpointMemory {
   void operator()(std::byte* p) const { std::free(p); }
 };
 using CheckpointMemory = std::unique_ptr<std::byte[], FreeCheckpointMemory>;
+enum class HostPages { base, huge };
 // Uninitialised; Error naming the size when the host is out of memory.
-CheckpointMemory allocate_checkpoint_memory(std::size_t bytes);
+CheckpointMemory allocate_checkpoint_memory(std::size_t bytes, HostPages pages = HostPages::base);
 // Frees `memory` on a thread of its own: returning a load's gigabytes to the kernel (unmapping
 // every page) took 0.3 s per 1.7 GB on the CI VM, time the caller need not wait for.
 void free_in_background(CheckpointMemory memory);

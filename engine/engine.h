@@ -316,6 +316,9 @@ class Engine {
   // waits for its files but does not commit them: the partial folder is removed by the next run's
   // pre-flight.)
   void wait_for_checkpoint();
+  // The bytes of this rank's part of a checkpoint, its file's tensors (0 when it writes none: stage
+  // 0, rank > 0): what a save writes and a decoupled save's snapshot holds.
+  std::size_t checkpoint_rank_bytes() const;
   // Collective: true when any rank passes true (the training loop's stop request). Like the
   // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
   bool any_rank(bool flag);
@@ -337,8 +340,6 @@ class Engine {
   void finish_save_phase(const SaveJob& job, const std::string& error);
   void commit_save(SaveJob& job);
   config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
-  // The bytes of this rank's checkpoint file's pieces (0 when it writes none: stage 0, rank > 0).
-  std::size_t checkpoint_rank_bytes() const;
   // checkpoint.writer.decoupled: allocates the snapshot memory and starts faulting it in.
   void prepare_checkpoint_snapshot();
   void restore_scalars(const CheckpointScalars& saved, const LoadCheckpointOptions& options);

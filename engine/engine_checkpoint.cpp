@@ -228,11 +228,15 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   if (im.mixed) buffers.emplace_back(kParamBuffer);
   // Copies elements [first, first + out.numel()) of owned piece p of buffer bi into `out` (host
   // memory of the buffer's dtype).
-  const auto read_piece = [&st, buffers](std::size_t bi, const OwnedPiece& p, std::int64_t first, const Tensor& out) {
-    if (buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())) {
-      st.read_owned_param(p, out, first);  // the 16-bit params, or the fp32 params that are the masters
+  // Buffer bi lies in the optimizer shard (the masters when apart from the params, each optimizer
+  // state), at this index there; else it is read through the owned params.
+  const auto from_shard = [&st, &buffers](std::size_t bi) { return !(buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())); };
+  const auto shard_buffer = [&st](std::size_t bi) { return bi == 0 ? std::size_t{0} : st.first_state_buffer() + (bi - 1); };
+  const auto read_piece = [&](std::size_t bi, const OwnedPiece& p, std::int64_t first, const Tensor& out) {
+    if (from_shard(bi)) {
+      st.read_shard(shard_buffer(bi), p.shard_offset + first, out);
     } else {
-      st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset + first, out);
+      st.read_owned_param(p, out, first);  // the 16-bit params, or the fp32 params that are the masters
     }
   };
   if (writes) {
@@ -253,17 +257,27 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         // when it started); the files are written from it.
         if (!im.snapshot_memory || im.snapshot_bytes != total) {
           im.snapshot_prefault.reset();
-          im.snapshot_memory = allocate_checkpoint_memory(total);
+          im.snapshot_memory = allocate_checkpoint_memory(total, HostPages::huge);
           im.snapshot_bytes = total;
         }
         std::byte* const snapshot = im.snapshot_memory.get();
         job->snapshot = snapshot;
+        // Pieces that lie back to back in the shard are copied as one run: one large copy per
+        // buffer instead of one per tensor (hundreds of small copies, each a fork of the copy's
+        // threads, on local ranks oversubscribed cores) — the same bytes in the same places.
+        const std::vector<OwnedPiece>& owned = st.owned_pieces();
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
-          for (const OwnedPiece& p : st.owned_pieces()) {
-            const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
-            read_piece(bi, p, 0, Tensor(snapshot + at, dt, Shape{p.numel}));
-            at += static_cast<std::size_t>(p.numel) * dtype_size(dt);
+          const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
+          for (std::size_t i = 0; i < owned.size();) {
+            std::size_t j = i + 1;
+            std::int64_t n = owned[i].numel;
+            while (from_shard(bi) && j < owned.size() && owned[j].shard_offset == owned[i].shard_offset + n) n += owned[j++].numel;
+            const Tensor out(snapshot + at, dt, Shape{n});
+            if (j == i + 1) read_piece(bi, owned[i], 0, out);
+            else st.read_shard(shard_buffer(bi), owned[i].shard_offset, out);
+            at += static_cast<std::size_t>(n) * dtype_size(dt);
+            i = j;
           }
         }
       } else {
@@ -330,7 +344,7 @@ void Engine::prepare_checkpoint_snapshot() {
   Impl& im = *impl_;
   im.snapshot_bytes = checkpoint_rank_bytes();
   if (im.snapshot_bytes == 0) return;
-  im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes);
+  im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes, HostPages::huge);
   im.snapshot_prefault = std::make_unique<BackgroundPrefault>(im.snapshot_memory.get(), im.snapshot_bytes);
 }
 

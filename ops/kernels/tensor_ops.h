@@ -14,7 +14,8 @@ void zero_tensor(Tensor t);
 // The one op whose tensors may be on different devices: host <-> cuda and cuda <-> cuda copies
 // are cudaMemcpy on the legacy default stream, so a copy into host memory has completed (with
 // everything queued before it) when copy_tensor returns, and a copy out of host memory has
-// read it. Without the CUDA backend a cuda tensor is an Error.
+// read it. Without the CUDA backend a cuda tensor is an Error. Host copies of 1 MiB and more
+// (not overlapping, not inside a parallel region) are split over the OpenMP threads.
 void copy_tensor(Tensor dst, Tensor src);
 
 // dst = src converted to dst's dtype (fp32 / fp16 / bf16; round to nearest even, as convert() in

@@ -3,7 +3,9 @@
 // zero_tensor, and the argument errors. The CUDA versions are checked against these in
 // tests/gpu/test_tensor_ops_gpu.cpp.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +66,43 @@ TEST(TensorOps, CopyAndZero) {
   EXPECT_EQ(b, a);
   zero_tensor(Tensor(b.data(), DType::int32, Shape{4}));
   EXPECT_EQ(b, (std::vector<std::int32_t>{0, 0, 0, 0}));
+}
+
+// Host copies of a MiB and more are split over the OpenMP threads (ops/cpu/tensor_ops.cpp). Each
+// must equal a byte-by-byte copy at any thread count, at sizes that are no multiple of the split's
+// page-aligned blocks, from and to addresses off any alignment, without writing past either end;
+// and overlapping tensors keep memmove's result.
+TEST(TensorOps, LargeCopiesEqualAByteByByteCopyAtEveryThreadCount) {
+  const int saved = omp_get_max_threads();
+  for (const std::size_t elements : {std::size_t{3} << 18, (std::size_t{1} << 19) + 3, (std::size_t{5} << 19) + 1}) {  // 1.5, 1 + 6 B, 5 MiB + 2 B
+    const std::size_t bytes = elements * 2;
+    std::vector<std::uint8_t> src(bytes + 7), dst(bytes + 64);
+    std::uint32_t x = 12345;
+    for (auto& b : src) b = static_cast<std::uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::fill(dst.begin(), dst.end(), std::uint8_t{0xEE});
+      copy_tensor(Tensor(dst.data() + 30, DType::uint16, Shape{static_cast<std::int64_t>(elements)}),
+                  Tensor(src.data() + 5, DType::uint16, Shape{static_cast<std::int64_t>(elements)}));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < bytes; ++i) wrong += dst[30 + i] != src[5 + i];
+      for (std::size_t i = 0; i < 30; ++i) wrong += dst[i] != 0xEE;
+      for (std::size_t i = 30 + bytes; i < dst.size(); ++i) wrong += dst[i] != 0xEE;
+      EXPECT_EQ(wrong, 0u) << bytes << " bytes on " << threads << " thread(s)";
+      // Overlapping, either way round: what memmove gives.
+      for (const std::ptrdiff_t shift : {std::ptrdiff_t{6}, std::ptrdiff_t{-6}}) {
+        std::vector<std::uint8_t> buf(src.begin(), src.end()), want(src.begin(), src.end());
+        const std::size_t from = shift > 0 ? 0 : 6, to = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(from) + shift);
+        const std::size_t n = bytes - 2;
+        std::vector<std::uint8_t> moved(want.begin() + static_cast<std::ptrdiff_t>(from), want.begin() + static_cast<std::ptrdiff_t>(from + n));
+        std::copy(moved.begin(), moved.end(), want.begin() + static_cast<std::ptrdiff_t>(to));
+        copy_tensor(Tensor(buf.data() + to, DType::uint16, Shape{static_cast<std::int64_t>(n / 2)}),
+                    Tensor(buf.data() + from, DType::uint16, Shape{static_cast<std::int64_t>(n / 2)}));
+        EXPECT_TRUE(buf == want) << "overlapping copy of " << n << " bytes shifted by " << shift << " on " << threads << " thread(s)";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(TensorOps, BadArgumentsAreErrors) {
