@@ -14,6 +14,9 @@
 // writes checkpoint.json last, renames the folder to <tag> and only then rewrites `latest`
 // (temporary + fsync + rename), so a crash at any moment leaves the previous checkpoint (and
 // `latest` naming it) intact, and a half-written folder never carries a tag's name.
+//
+// Implemented in three files: checkpoint_files.cpp (names, host memory, commit, `latest`),
+// checkpoint_writer.cpp (RankFileWriter) and checkpoint_reader.cpp (CheckpointReader).
 #pragma once
 
 #include <cstdint>
