@@ -132,6 +132,14 @@ Engine::Impl::Impl(const config::DsConfig& c, const EngineOptions& o)
       schedule(c.scheduler, optimizer.base_lr(), optimizer.has_betas() ? std::optional(optimizer.betas()) : std::nullopt),
       scaler(LossScaler::create(c.fp16, c.bf16, c.zero_optimization.stage, runs_bf16_optimizer(c))) {}
 
+void Engine::Impl::set_initial_masters() {
+  // Initialised in fp32 (the master; every rank computes the same values and keeps its part), then
+  // rounded: the 16-bit weights are the master's copy.
+  states->set_masters([this](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
+    if (init_params) init_param(out, states->spec(layer, slot), init_seed);
+  });
+}
+
 Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions& options)
     : model_(std::move(model)),
       impl_((check_config_is_provided(config, options.comm != nullptr ? options.comm->world_size() : 1), std::make_unique<Impl>(config, options))) {
@@ -353,11 +361,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
 
   im.init_params = options.init_params;
   im.init_seed = options.seed;
-  if (options.init_params) {
-    // Initialised in fp32 (the master; every rank computes the same values and keeps its part),
-    // then rounded: the 16-bit weights are the master's copy.
-    im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) { init_param(out, im.states->spec(layer, slot), options.seed); });
-  }
+  if (options.init_params) im.set_initial_masters();  // else the zeros ModelStates starts from
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
   if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
   if (config.checkpoint.writer_options.decoupled) prepare_checkpoint_snapshot();

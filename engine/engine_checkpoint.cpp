@@ -25,7 +25,6 @@
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/tensor_ops.h"
 #include "ops/transformer/llama_config.h"
-#include "ops/transformer/param_init.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 
@@ -632,11 +631,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
 void Engine::restore_initial_state() {
   Impl& im = *impl_;
   ModelStates& st = *im.states;
-  // The parameters and masters as initialize set them: the same call with the same seed (or the
-  // zeros set_masters starts from, for an engine made without init_params).
-  st.set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
-    if (im.init_params) init_param(out, st.spec(layer, slot), im.init_seed);
-  });
+  im.set_initial_masters();  // the parameters and masters as initialize set them
   // Every optimizer state starts at zero.
   constexpr std::int64_t kChunk = std::int64_t{1} << 20;
   std::vector<float> zeros;

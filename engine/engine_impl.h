@@ -113,6 +113,9 @@ struct Engine::Impl {
   bool initial_state = true;
   bool init_params = true;   // EngineOptions::init_params: the seed's parameters, else zeros
   std::uint64_t init_seed = 0;
+  // The masters (and the params rounded from them) as initialize sets them: init_param with
+  // init_seed, or zeros without init_params. engine.cpp; also what a failed streamed load restores.
+  void set_initial_masters();
 };
 
 }  // namespace dstrain
