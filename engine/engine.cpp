@@ -364,7 +364,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (options.init_params) im.set_initial_masters();  // else the zeros ModelStates starts from
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
   if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
-  if (config.checkpoint.writer_options.decoupled) prepare_checkpoint_snapshot();
+  if (config.checkpoint.writer_options.decoupled) prepare_checkpoint_snapshot(checkpoint_rank_bytes());
 }
 
 Engine::~Engine() = default;

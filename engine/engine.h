@@ -340,8 +340,9 @@ class Engine {
   void finish_save_phase(const SaveJob& job, const std::string& error);
   void commit_save(SaveJob& job);
   config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
-  // checkpoint.writer.decoupled: allocates the snapshot memory and starts faulting it in.
-  void prepare_checkpoint_snapshot();
+  // checkpoint.writer.decoupled: allocates `bytes` of snapshot memory (replacing any before) and
+  // starts faulting it in.
+  void prepare_checkpoint_snapshot(std::size_t bytes);
   void restore_scalars(const CheckpointScalars& saved, const LoadCheckpointOptions& options);
   // Puts back the training state initialize made (the seed's parameters, zero optimizer states),
   // after a load streamed into it failed.

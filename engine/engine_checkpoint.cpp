@@ -225,15 +225,16 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   std::vector<std::string> buffers{kMasterBuffer};
   for (const std::string& n : im.optimizer.state_names()) buffers.push_back(n);
   if (im.mixed) buffers.emplace_back(kParamBuffer);
-  // Copies elements [first, first + out.numel()) of owned piece p of buffer bi into `out` (host
-  // memory of the buffer's dtype).
+  const auto dtype_of = [this](const std::string& buffer) { return buffer == kParamBuffer ? dims_.dtype : DType::fp32; };
   // Buffer bi lies in the optimizer shard (the masters when apart from the params, each optimizer
-  // state), at this index there; else it is read through the owned params.
+  // state); else it is read through the owned params.
   const auto from_shard = [&st, &buffers](std::size_t bi) { return !(buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())); };
-  const auto shard_buffer = [&st](std::size_t bi) { return bi == 0 ? std::size_t{0} : st.first_state_buffer() + (bi - 1); };
+  // Copies elements [first, first + out.numel()) of owned piece p of buffer bi into `out` (host
+  // memory of the buffer's dtype). A buffer in the shard may be read past the piece's end, into
+  // the pieces that follow it there.
   const auto read_piece = [&](std::size_t bi, const OwnedPiece& p, std::int64_t first, const Tensor& out) {
     if (from_shard(bi)) {
-      st.read_shard(shard_buffer(bi), p.shard_offset + first, out);
+      st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset + first, out);
     } else {
       st.read_owned_param(p, out, first);  // the 16-bit params, or the fp32 params that are the masters
     }
@@ -242,7 +243,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
     try {
       std::size_t total = 0;
       for (const std::string& b : buffers) {
-        const DType dt = b == kParamBuffer ? dims_.dtype : DType::fp32;
+        const DType dt = dtype_of(b);
         for (const OwnedPiece& p : st.owned_pieces()) {
           job->pieces.push_back({b, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel, dt});
           total += static_cast<std::size_t>(p.numel) * dtype_size(dt);
@@ -254,11 +255,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       if (decoupled) {
         // The snapshot: every piece copied into host memory now (the memory the engine faulted in
         // when it started); the files are written from it.
-        if (!im.snapshot_memory || im.snapshot_bytes != total) {
-          im.snapshot_prefault.reset();
-          im.snapshot_memory = allocate_checkpoint_memory(total, HostPages::huge);
-          im.snapshot_bytes = total;
-        }
+        if (!im.snapshot_memory || im.snapshot_bytes != total) prepare_checkpoint_snapshot(total);
         std::byte* const snapshot = im.snapshot_memory.get();
         job->snapshot = snapshot;
         // Pieces that lie back to back in the shard are copied as one run: one large copy per
@@ -267,14 +264,12 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         const std::vector<OwnedPiece>& owned = st.owned_pieces();
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
-          const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
+          const DType dt = dtype_of(buffers[bi]);
           for (std::size_t i = 0; i < owned.size();) {
             std::size_t j = i + 1;
             std::int64_t n = owned[i].numel;
             while (from_shard(bi) && j < owned.size() && owned[j].shard_offset == owned[i].shard_offset + n) n += owned[j++].numel;
-            const Tensor out(snapshot + at, dt, Shape{n});
-            if (j == i + 1) read_piece(bi, owned[i], 0, out);
-            else st.read_shard(shard_buffer(bi), owned[i].shard_offset, out);
+            read_piece(bi, owned[i], 0, Tensor(snapshot + at, dt, Shape{n}));  // pieces i .. j - 1
             at += static_cast<std::size_t>(n) * dtype_size(dt);
             i = j;
           }
@@ -285,7 +280,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         RankFileWriter w(job->data_file, job->pieces, job->writer);
         std::size_t k = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
-          const DType dt = buffers[bi] == kParamBuffer ? dims_.dtype : DType::fp32;
+          const DType dt = dtype_of(buffers[bi]);
           for (const OwnedPiece& p : st.owned_pieces()) {
             w.write(k++, [&, bi, dt](std::int64_t first, std::int64_t count, void* dst) { read_piece(bi, p, first, Tensor(dst, dt, Shape{count})); });
           }
@@ -339,10 +334,12 @@ std::size_t Engine::checkpoint_rank_bytes() const {
   return total;
 }
 
-void Engine::prepare_checkpoint_snapshot() {
+void Engine::prepare_checkpoint_snapshot(std::size_t bytes) {
   Impl& im = *impl_;
-  im.snapshot_bytes = checkpoint_rank_bytes();
-  if (im.snapshot_bytes == 0) return;
+  im.snapshot_prefault.reset();  // stops faulting in the memory replaced below
+  im.snapshot_bytes = bytes;
+  im.snapshot_memory.reset();
+  if (bytes == 0) return;
   im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes, HostPages::huge);
   im.snapshot_prefault = std::make_unique<BackgroundPrefault>(im.snapshot_memory.get(), im.snapshot_bytes);
 }

@@ -243,7 +243,9 @@ TEST(CheckpointReader, ReadAllStraightFromTheFileOrPieceByPiece) {
     ASSERT_EQ(got.at.size(), order.size());
     for (std::size_t k = 0; k < order.size(); ++k) {
       const auto& d = data[order[k]];
-      if (!d.empty()) EXPECT_EQ(std::memcmp(got.at[k], d.data(), d.size()), 0) << pieces[order[k]].tensor_name();  // memcmp: never a null pointer
+      if (!d.empty()) {  // memcmp: never a null pointer
+        EXPECT_EQ(std::memcmp(got.at[k], d.data(), d.size()), 0) << pieces[order[k]].tensor_name();
+      }
     }
   };
   const std::vector<std::size_t> file_order = {0, 1, 2, 3, 4, 5};
