@@ -25,7 +25,7 @@
 #include "engine/activation_checkpointing.h"
 #include "engine/engine.h"
 #include "ops/log.h"
-#include "ops/transformer/gpt2_layers.h"
+#include "models/gpt2/gpt2_layers.h"
 
 namespace {
 

@@ -35,7 +35,7 @@
 #include <fmt/format.h>
 
 #include "config_schema/ds_config.h"
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine.h"
 #include "ops/kernels/tensor_ops.h"
 #include "zero/local_communicator.h"

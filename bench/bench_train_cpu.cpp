@@ -20,7 +20,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "engine/model.h"
+#include "models/model.h"
 
 namespace {
 

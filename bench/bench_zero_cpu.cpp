@@ -24,7 +24,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "engine/progress.h"
+#include "train/progress.h"
 #include "zero/local_communicator.h"
 
 namespace {

@@ -21,7 +21,7 @@ import torch.utils.checkpoint
 
 
 def flops_per_token(params, layers, channels, seq):
-    """llm.c's (and dstrain's engine/monitor/flops.h) model flops per trained token: 6N + 6·L·C·T."""
+    """llm.c's (and dstrain's train/monitor/flops.h) model flops per trained token: 6N + 6·L·C·T."""
     return 6 * params + 6 * layers * channels * seq
 
 

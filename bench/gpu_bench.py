@@ -218,7 +218,7 @@ def ds_config(a):
 
 
 def random_tokens(a):
-    """An llm.c token file (engine/data/token_file.h) of N uniform-ish random ids below VOCAB."""
+    """An llm.c token file (data/token_file.h) of N uniform-ish random ids below VOCAB."""
     raw = array.array("H", os.urandom(2 * a.n))
     ids = array.array("H", (x % a.vocab for x in raw))
     if sys.byteorder != "little":

@@ -65,7 +65,7 @@ echo "$model, bf16, ZeRO stage 3, B 1, T $seq, $steps steps; sub_group_size $sub
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); memory $(free -g | awk '/Mem:/ {print $2 " GiB total, " $7 " GiB available"}')"
 echo "nvme_path $nvme_dir: $(findmnt -no SOURCE,FSTYPE -T "$nvme_dir"), $(df -h --output=avail "$nvme_dir" | tail -1 | tr -d ' ') free"
 
-# Without offload: dstrain's pre-flight estimate (engine/memory_estimate.h), printed when it refuses
+# Without offload: dstrain's pre-flight estimate (train/memory_estimate.h), printed when it refuses
 # the run; a 3 GB address-space limit makes sure it refuses (and that nothing is built) whatever
 # this machine has free.
 none_line="$( (ulimit -v 3000000; "$dstrain" train --deepspeed_config "$out/none.json" "${args[@]}" 2>&1) | grep -o 'per rank at least.*= [0-9.]* [KMGT]iB' || true)"

@@ -64,7 +64,7 @@ except ImportError:
     sys.exit(f"pytorch_gpt2_gpu.py: {sys.executable} has no torch; run it with the python that has PyTorch with CUDA")
 from gpt2_torch import GPT, flops_per_token  # bench/gpt2_torch.py: the model shared with the CPU peer
 
-TOKEN_MAGIC = 20240520  # engine/data/token_file.h
+TOKEN_MAGIC = 20240520  # data/token_file.h
 
 
 def load_tokens(path, device, max_tokens=200_000_000):

@@ -6,7 +6,7 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
-#include "ops/transformer/activation_layout.h"
+#include "models/activation_layout.h"
 
 #if defined(DSTRAIN_HAS_CUDA)
 #include "ops/cuda/pinned_allocator.h"

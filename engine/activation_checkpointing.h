@@ -52,7 +52,7 @@
 #include "ops/buffer.h"
 #include "ops/memory_stats.h"
 #include "ops/tensor.h"
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 
 namespace dstrain {
 

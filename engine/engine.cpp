@@ -13,12 +13,12 @@
 
 #include <fmt/ranges.h>
 
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine_impl.h"
 #include "engine/grad_norm.h"
 #include "engine/loss_scaler.h"
-#include "engine/onebit_optimizer.h"
-#include "engine/optimizer.h"
+#include "engine/optim/onebit_optimizer.h"
+#include "engine/optim/optimizer.h"
 #include "engine/zero_settings.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
@@ -30,10 +30,10 @@
 #include "ops/log.h"
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/grad_norm_overflow.h"
-#include "ops/transformer/activation_layout.h"
-#include "ops/transformer/gpt2_weights.h"
-#include "ops/transformer/llama_weights.h"
-#include "ops/transformer/param_init.h"
+#include "models/activation_layout.h"
+#include "models/gpt2/gpt2_weights.h"
+#include "models/llama/llama_weights.h"
+#include "models/param_init.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
@@ -230,7 +230,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   }
   {
     // Muon's use_muon flags and Adafactor's factored shapes come from the owned parameters' names and
-    // shapes (engine/muon.h, engine/adafactor.h).
+    // shapes (engine/optim/muon.h, engine/optim/adafactor.h).
     std::vector<ParamSpec> owned_specs;
     for (const auto& o : im.owned) owned_specs.push_back(o.spec);
     im.optimizer.set_parameters(owned_specs);

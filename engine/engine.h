@@ -55,11 +55,11 @@
 #include "engine/activation_checkpointing.h"
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"
-#include "engine/model.h"
+#include "models/model.h"
 #include "ops/allocator.h"
 #include "ops/memory_stats.h"
 #include "ops/tensor.h"
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 #include "zero/communicator.h"
 
 namespace dstrain {
@@ -284,7 +284,7 @@ class Engine {
   // collective, gathering every layer's parameters.
   GenerationModel generation_model();
 
-  // Hugging Face GPT-2 safetensors (ops/transformer/gpt2_weights.h), fp32, from / into the fp32
+  // Hugging Face GPT-2 safetensors (models/gpt2/gpt2_weights.h), fp32, from / into the fp32
   // master params under fp16 / bf16 (loading rounds them into the 16-bit params). Error for a model that is
   // not GPT-2, or a file that does not fit the model (naming the tensor and the shapes).
   // With several ranks both are collective: every rank reads the file; rank 0 alone writes it

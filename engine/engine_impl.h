@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "engine/activation_checkpointing.h"
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
-#include "engine/onebit_optimizer.h"
-#include "engine/optimizer.h"
-#include "engine/host_prefault.h"
+#include "engine/optim/onebit_optimizer.h"
+#include "engine/optim/optimizer.h"
+#include "engine/checkpoint/host_prefault.h"
 #include "offload/io_uring_engine.h"
 #include "ops/buffer.h"
 #include "zero/communicator.h"

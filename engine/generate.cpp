@@ -4,11 +4,11 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/data/tokenizer.h"
+#include "data/tokenizer.h"
 #include "ops/error.h"
 #include "ops/kernels/tensor_ops.h"
 #include "ops/kernels/philox.h"
-#include "ops/transformer/activation_layout.h"
+#include "models/activation_layout.h"
 
 namespace dstrain {
 namespace {

@@ -34,8 +34,8 @@
 
 #include "ops/allocator.h"
 #include "ops/buffer.h"
-#include "ops/transformer/gpt2_model.h"
-#include "ops/transformer/layer.h"
+#include "models/gpt2/gpt2_model.h"
+#include "models/layer.h"
 
 namespace dstrain {
 

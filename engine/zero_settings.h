@@ -5,7 +5,7 @@
 #pragma once
 
 #include "config_schema/ds_config.h"
-#include "engine/optimizer.h"
+#include "engine/optim/optimizer.h"
 #include "offload/io_uring_engine.h"
 #include "ops/allocator.h"
 #include "zero/model_states.h"

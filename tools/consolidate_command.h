@@ -1,5 +1,5 @@
 // `dstrain consolidate`: a training checkpoint's weights as one Hugging Face GPT-2 model.safetensors
-// (engine/checkpoint_consolidate.h; DeepSpeed's zero_to_fp32.py without Python).
+// (engine/checkpoint/checkpoint_consolidate.h; DeepSpeed's zero_to_fp32.py without Python).
 //
 //   dstrain consolidate DIR [--tag T] -o model.safetensors [--dtype fp32|bf16|fp16]
 //

@@ -9,7 +9,7 @@
 // corpus files only (ca01 ... cr09), whose POS tags are stripped (brown_to_text). With --format jsonl
 // each input is a JSON Lines file and each of its lines one document, the string under --text-key
 // ("text" by default); every line of every file is checked before tokenising, and a bad one is an
-// error naming the file and line (engine/data/jsonl_documents.h).
+// error naming the file and line (data/jsonl_documents.h).
 //
 // Output names:
 //   F = 0                      -> OUT exactly (no val file; --val-output is an error)

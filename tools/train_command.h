@@ -24,7 +24,7 @@
 // a summary with peak memory by purpose. The config's csv_monitor / tensorboard, wall_clock_breakdown,
 // memory_breakdown and flops_profiler write and print what DeepSpeed's do (README, "Monitoring").
 // Same seed, config and data: the same losses, run after run.
-// The loop itself is dstrain::Trainer (engine/trainer.h); this file maps the flags onto TrainerOptions.
+// The loop itself is dstrain::Trainer (train/trainer.h); this file maps the flags onto TrainerOptions.
 #pragma once
 
 namespace CLI {

@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 
 namespace dstrain {
 

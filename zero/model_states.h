@@ -48,7 +48,7 @@
 #include "ops/allocator.h"
 #include "ops/kernels/copy_stream.h"
 #include "ops/buffer.h"
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 #include "zero/comm_queue.h"
 #include "zero/communicator.h"
 #include "zero/flat_layout.h"

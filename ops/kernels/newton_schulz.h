@@ -12,7 +12,7 @@
 //
 // with the quintic coefficients (a, b, c) = (3.4445, -4.7750, 2.0315). The result approximates
 // U·S'·Vᵀ, S' roughly uniform in (0.5, 1.5) (not the exact orthogonal factor), and the iteration
-// treats G and Gᵀ identically. Muon's shape scale and the momentum are the caller's (engine/muon.h).
+// treats G and Gᵀ identically. Muon's shape scale and the momentum are the caller's (engine/optim/muon.h).
 //
 // Precision: fp32 storage and fp32 products (OpenBLAS sgemm on the CPU, cuBLASLt without TF32 on
 // the GPU); the Frobenius norm is summed in double. DeepSpeed computes the iteration in bf16 (fp32

@@ -18,7 +18,7 @@
 
 #include <unistd.h>
 
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
 

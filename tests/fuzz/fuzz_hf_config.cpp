@@ -4,8 +4,8 @@
 #include <string_view>
 
 #include "ops/error.h"
-#include "ops/transformer/gpt2_config.h"
-#include "ops/transformer/llama_config.h"
+#include "models/gpt2/gpt2_config.h"
+#include "models/llama/llama_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "engine/data/hf_tokenizer.h"
+#include "data/hf_tokenizer.h"
 #include "ops/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/data/jsonl_documents.h"
+#include "data/jsonl_documents.h"
 #include "fuzz_input_file.h"
 #include "ops/error.h"
 

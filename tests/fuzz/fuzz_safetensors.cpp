@@ -5,7 +5,7 @@
 
 #include "fuzz_input_file.h"
 #include "ops/error.h"
-#include "ops/transformer/safetensors.h"
+#include "formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto path = dstrain::fuzz::input_file(data, size, ".safetensors");

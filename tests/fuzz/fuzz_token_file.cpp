@@ -2,7 +2,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/data/token_file.h"
+#include "data/token_file.h"
 #include "fuzz_input_file.h"
 #include "ops/error.h"
 

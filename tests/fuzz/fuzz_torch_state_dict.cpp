@@ -5,7 +5,7 @@
 
 #include "fuzz_input_file.h"
 #include "ops/error.h"
-#include "ops/transformer/torch_state_dict.h"
+#include "formats/torch_state_dict.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto path = dstrain::fuzz::input_file(data, size, ".pt");

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "engine/generate.h"
-#include "ops/transformer/gpt2_config.h"
-#include "ops/transformer/gpt2_model.h"
-#include "ops/transformer/gpt2_weights.h"
-#include "ops/transformer/safetensors.h"
+#include "models/gpt2/gpt2_config.h"
+#include "models/gpt2/gpt2_model.h"
+#include "models/gpt2/gpt2_weights.h"
+#include "formats/safetensors.h"
 
 namespace dstrain {
 namespace {

@@ -20,10 +20,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/kernels/adamw.h"
-#include "ops/transformer/llama_config.h"
-#include "ops/transformer/llama_model.h"
-#include "ops/transformer/llama_weights.h"
-#include "ops/transformer/safetensors.h"
+#include "models/llama/llama_config.h"
+#include "models/llama/llama_model.h"
+#include "models/llama/llama_weights.h"
+#include "formats/safetensors.h"
 
 namespace dstrain {
 namespace {

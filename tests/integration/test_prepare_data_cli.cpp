@@ -16,7 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/token_file.h"
+#include "data/token_file.h"
 
 extern char** environ;
 

@@ -228,7 +228,7 @@ TEST_F(TrainCli, CheckpointActivationsFlag) {
 // ---- the config's scheduler, monitors, timers and samples, through `dstrain train` ----
 
 // CRC-32C (Castagnoli, reflected 0x82F63B78), bit by bit, masked as TFRecord masks it: written
-// here from the TFRecord format, independently of ops/crc32c.cpp and engine/monitor/tfrecord_crc.cpp.
+// here from the TFRecord format, independently of ops/crc32c.cpp and train/monitor/tfrecord_crc.cpp.
 std::uint32_t masked_crc32c(const unsigned char* p, std::size_t n) {
   std::uint32_t c = 0xFFFFFFFFu;
   for (std::size_t i = 0; i < n; ++i) {

@@ -2,8 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/brown_corpus.h"
-#include "engine/data/cache_dir.h"
+#include "data/brown_corpus.h"
+#include "data/cache_dir.h"
 #include "ops/error.h"
 #include "test_support.h"
 

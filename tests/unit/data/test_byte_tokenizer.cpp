@@ -2,8 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/byte_tokenizer.h"
-#include "engine/data/cache_dir.h"
+#include "data/byte_tokenizer.h"
+#include "data/cache_dir.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -9,10 +9,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/data_loader.h"
-#include "engine/data/eval_loader.h"
-#include "engine/data/token_file.h"
-#include "engine/data/window_shuffle.h"
+#include "data/data_loader.h"
+#include "data/eval_loader.h"
+#include "data/token_file.h"
+#include "data/window_shuffle.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/data/brown_corpus.h"
-#include "engine/data/cache_dir.h"
-#include "engine/data/gpt2_tokenizer.h"
+#include "data/brown_corpus.h"
+#include "data/cache_dir.h"
+#include "data/gpt2_tokenizer.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -13,14 +13,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/data/bpe_merges.h"
-#include "engine/data/brown_corpus.h"
-#include "engine/data/cache_dir.h"
-#include "engine/data/gpt2_tokenizer.h"
-#include "engine/data/hf_pre_tokenizer.h"
-#include "engine/data/hf_tokenizer.h"
-#include "engine/data/prepare.h"
-#include "engine/data/token_file.h"
+#include "data/bpe_merges.h"
+#include "data/brown_corpus.h"
+#include "data/cache_dir.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/hf_pre_tokenizer.h"
+#include "data/hf_tokenizer.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
 #include "ops/error.h"
 #include "test_support.h"
 

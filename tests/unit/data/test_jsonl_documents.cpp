@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/jsonl_documents.h"
+#include "data/jsonl_documents.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -6,11 +6,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/byte_tokenizer.h"
-#include "engine/data/cache_dir.h"
-#include "engine/data/gpt2_tokenizer.h"
-#include "engine/data/prepare.h"
-#include "engine/data/token_file.h"
+#include "data/byte_tokenizer.h"
+#include "data/cache_dir.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -7,7 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/data/token_file.h"
+#include "data/token_file.h"
 #include "ops/error.h"
 #include "test_support.h"
 

@@ -11,7 +11,7 @@
 #include "config_schema/ds_config.h"
 #include "ops/dtype.h"
 #include "ops/tensor.h"
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 
 namespace dstrain::engine_testing {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 #include "zero/optimizer_partition.h"
 
 namespace dstrain::testing_partition {

@@ -15,7 +15,7 @@
 #include "engine/engine.h"
 #include "ops/error.h"
 #include "ops/log.h"
-#include "ops/transformer/gpt2_layers.h"
+#include "models/gpt2/gpt2_layers.h"
 
 #include "engine_test_util.h"
 

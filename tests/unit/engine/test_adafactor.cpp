@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "config_schema/ds_config.h"
-#include "engine/adafactor.h"
+#include "engine/optim/adafactor.h"
 #include "engine/engine.h"
-#include "engine/optimizer.h"
+#include "engine/optim/optimizer.h"
 #include "host_partition.h"
 #include "ops/error.h"
 #include "zero_test_util.h"

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "ops/crc32c.h"
 #include "zero_test_util.h"
 

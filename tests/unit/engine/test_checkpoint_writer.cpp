@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "config_schema/ds_config.h"
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
-#include "ops/transformer/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace dstrain {
 namespace {

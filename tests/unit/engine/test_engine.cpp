@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "config_schema/ds_config.h"
-#include "engine/data/byte_tokenizer.h"
-#include "engine/data/data_loader.h"
-#include "engine/data/token_file.h"
+#include "data/byte_tokenizer.h"
+#include "data/data_loader.h"
+#include "data/token_file.h"
 #include "engine/engine.h"
 #include "engine/grad_norm.h"
 #include "ops/error.h"
-#include "ops/transformer/gpt2_model.h"
+#include "models/gpt2/gpt2_model.h"
 #include "ops/kernels/tensor_ops.h"
 #include "zero/local_communicator.h"
 

@@ -19,7 +19,7 @@
 #include "engine/engine.h"
 #include "ops/dtype.h"
 #include "ops/error.h"
-#include "ops/transformer/gpt2_model.h"
+#include "models/gpt2/gpt2_model.h"
 
 #include "engine_test_util.h"
 

@@ -11,7 +11,7 @@
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
-#include "ops/transformer/gpt2_model.h"
+#include "models/gpt2/gpt2_model.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {

@@ -16,7 +16,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "ops/transformer/gpt2_model.h"
+#include "models/gpt2/gpt2_model.h"
 
 #include "engine_test_util.h"
 

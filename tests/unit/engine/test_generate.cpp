@@ -11,11 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/data/byte_tokenizer.h"
+#include "data/byte_tokenizer.h"
 #include "engine/generate.h"
 #include "ops/error.h"
-#include "ops/transformer/gpt2_config.h"
-#include "ops/transformer/gpt2_model.h"
+#include "models/gpt2/gpt2_config.h"
+#include "models/gpt2/gpt2_model.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {

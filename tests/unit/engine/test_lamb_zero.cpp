@@ -1,5 +1,5 @@
 // Lamb at ZeRO stages 1-3 (zero_allow_untested_optimizer, as DeepSpeed requires): each tensor's
-// trust ratio from its whole norms, the partitions' partial sums all-reduced (engine/lamb_exact.h),
+// trust ratio from its whole norms, the partitions' partial sums all-reduced (engine/optim/lamb_exact.h),
 // so W ranks train as stage 0 on one rank with the same global batch — within fp32 reduction-order
 // differences of the gradients, the tolerance of the ZeRO equivalence matrix. Also stage 0 with
 // sub-groups that cut tensors. Per-piece ratios (the trust ratio of each partition's slice, what a

@@ -23,9 +23,9 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "engine/memory_estimate.h"
-#include "engine/muon.h"
-#include "engine/optimizer.h"
+#include "train/memory_estimate.h"
+#include "engine/optim/muon.h"
+#include "engine/optim/optimizer.h"
 #include "ops/error.h"
 #include "host_partition.h"
 #include "ops/kernels/newton_schulz.h"
@@ -365,8 +365,8 @@ TEST(Muon, OptimizerOffloadSameBits) {
   EXPECT_EQ(host.r0().params, device.r0().params);
 }
 
-// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/muon.h), and the
-// pre-flight estimate (engine/memory_estimate.h) counts them so.
+// Muon's optimizer bytes are AdamW's: two fp32 states per element (engine/optim/muon.h), and the
+// pre-flight estimate (train/memory_estimate.h) counts them so.
 TEST(Muon, StateBytes) {
   RunSpec s = muon_spec(2, 2, 1, Precision::fp32);
   s.steps = 1;

@@ -1,4 +1,4 @@
-// The 1-bit family (engine/onebit_optimizer.h, docs/optimizers_onebit.md) against an independent
+// The 1-bit family (engine/optim/onebit_optimizer.h, docs/optimizers_onebit.md) against an independent
 // simulation of DeepSpeed's OnebitAdam / ZeroOneAdam / OnebitLamb (deepspeed/runtime/fp16/onebit/)
 // written here from DeepSpeed's code, on W = 1, 2 and 4 local ranks fed the same gradients, across
 // the switch at freeze_step; then through the engine: the gradient all-reduce stops after the
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/onebit_optimizer.h"
+#include "engine/optim/onebit_optimizer.h"
 #include "ops/allocator.h"
 #include "tests/unit/engine/zero_test_util.h"
 #include "zero/local_communicator.h"

@@ -28,7 +28,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/memory_estimate.h"
+#include "train/memory_estimate.h"
 #include "ops/error.h"
 #include "zero/state_store.h"
 #include "zero_test_util.h"
@@ -135,7 +135,7 @@ TEST(OptimizerOffloadConfig, DeprecatedCpuOffloadAndNvmeBelowStage3OffloadToHost
   }
 }
 
-// The pre-flight's lower bound (engine/memory_estimate.h) counts the masters offload keeps apart:
+// The pre-flight's lower bound (train/memory_estimate.h) counts the masters offload keeps apart:
 // in fp32 the optimizer's share grows from the two moments (8Ψ/W) to 12Ψ/W; in bf16 the masters
 // were already apart.
 TEST(OptimizerOffloadConfig, MemoryEstimateCountsTheMastersKeptApart) {
@@ -386,7 +386,7 @@ namespace {
 using namespace zero_testing;
 
 // The pre-flight's estimate places the offloaded shares where the engine's stores put them
-// (engine/memory_estimate.h, docs/offload.md §11), checked against the allocators' counts of real
+// (train/memory_estimate.h, docs/offload.md §11), checked against the allocators' counts of real
 // runs: ratio < 1 splits the optimizer at the same sub-group boundary as SplitStateStore, "nvme"
 // keeps buffer_count sub-groups of every state in host memory (the store rounds each to 4096 bytes)
 // and the rest in swap files, and offload_param "cpu" takes the params off the device. The estimate

@@ -20,7 +20,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "engine/optimizer.h"
+#include "engine/optim/optimizer.h"
 #include "ops/error.h"
 
 namespace dstrain {

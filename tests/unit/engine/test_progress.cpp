@@ -1,8 +1,8 @@
 // The progress line and the run summary: formats and JSON fields against hand-written values.
 #include <gtest/gtest.h>
 
-#include "engine/progress.h"
-#include "engine/train_summary.h"
+#include "train/progress.h"
+#include "train/train_summary.h"
 
 namespace dstrain {
 namespace {

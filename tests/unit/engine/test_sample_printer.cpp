@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/data/cache_dir.h"
-#include "engine/sample_printer.h"
+#include "data/cache_dir.h"
+#include "train/sample_printer.h"
 
 using namespace dstrain;
 

@@ -4,7 +4,7 @@
 //
 // The reference: stage 0, world 1, gradient_accumulation_steps = GAS·W, micro-batch 2, fed the
 // global batch slot by slot. Rank r of a W-rank run at micro-step m takes global slot m·W + r (the
-// data loader's order, engine/data/data_loader.h), so the reference's micro-step m' takes slot m'.
+// data loader's order, data/data_loader.h), so the reference's micro-step m' takes slot m'.
 // Both sides divide each micro-batch's loss by their GAS and the W-rank run averages over the
 // ranks, so both compute d(mean loss over the GAS·W micro-batches); only the order of the sums
 // (and, in 16-bit, where they are rounded) differs.

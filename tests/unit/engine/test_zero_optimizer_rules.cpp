@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "config_schema/ds_config.h"
-#include "engine/memory_estimate.h"
+#include "train/memory_estimate.h"
 #include "ops/error.h"
 #include "zero_test_util.h"
 
@@ -173,7 +173,7 @@ TEST(ZeroOptimizerRulesMemory, HoldsOnlyTheDeclaredStates) {
   for (const auto& [json, states] : cases) EXPECT_EQ(bytes(json) * 2, adam * states) << json;
 }
 
-// The pre-flight estimate (engine/memory_estimate.h) counts each rule's states: for every rule (and
+// The pre-flight estimate (train/memory_estimate.h) counts each rule's states: for every rule (and
 // RMSprop with one and three states, and SGD with momentum), ZeRO-1 and -2 on 2 ranks, fp32 (the master is the parameter)
 // and bf16 (fp32 masters apart), its optimizer bytes are the allocator's.
 TEST(ZeroOptimizerRulesMemory, EstimateEqualsTheAllocatorsBytes) {

@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
-#include "engine/model.h"
+#include "models/model.h"
 #include "engine_test_util.h"
-#include "ops/transformer/gpt2_config.h"
+#include "models/gpt2/gpt2_config.h"
 #include "zero/local_communicator.h"
 
 namespace dstrain::zero_testing {
@@ -106,7 +106,7 @@ inline Model make_test_model(const RunSpec& s) {
 }
 
 // The micro-batch at global slot `slot` of optimizer step `step`: what the data loader gives rank
-// r at micro-step m when slot = m·W + r (engine/data/data_loader.h), so one rank with GAS·W
+// r at micro-step m when slot = m·W + r (data/data_loader.h), so one rank with GAS·W
 // micro-steps sees the same global batch in slot order.
 inline Tokens slot_batch(int step, int slot) { return random_tokens(kMicro, kT, kVocab, static_cast<std::uint32_t>(1000 * step + slot + 1)); }
 

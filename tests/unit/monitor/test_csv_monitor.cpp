@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/monitor/csv_monitor.h"
-#include "engine/monitor/monitor_master.h"
-#include "engine/monitor/train_events.h"
+#include "train/monitor/csv_monitor.h"
+#include "train/monitor/monitor_master.h"
+#include "train/monitor/train_events.h"
 #include "monitor_test_util.h"
 #include "ops/error.h"
 

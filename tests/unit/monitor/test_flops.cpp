@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "engine/monitor/flops.h"
+#include "train/monitor/flops.h"
 #include "monitor_test_util.h"
 #include "ops/error.h"
 

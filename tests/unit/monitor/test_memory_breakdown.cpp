@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/monitor/memory_breakdown.h"
+#include "train/monitor/memory_breakdown.h"
 
 namespace dstrain {
 namespace {

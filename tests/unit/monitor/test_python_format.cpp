@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "engine/monitor/python_format.h"
+#include "train/monitor/python_format.h"
 
 namespace dstrain {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/monitor/tensorboard_monitor.h"
+#include "train/monitor/tensorboard_monitor.h"
 #include "monitor_test_util.h"
 #include "ops/error.h"
 

@@ -5,7 +5,7 @@
 #include <array>
 #include <string_view>
 
-#include "engine/monitor/tfrecord_crc.h"
+#include "train/monitor/tfrecord_crc.h"
 #include "ops/crc32c.h"
 
 namespace dstrain {

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "engine/monitor/timers.h"
+#include "train/monitor/timers.h"
 #include "ops/error.h"
 
 namespace dstrain {

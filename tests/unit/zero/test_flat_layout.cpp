@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/error.h"
-#include "ops/transformer/layer.h"
+#include "models/layer.h"
 #include "zero/flat_layout.h"
 
 namespace dstrain {

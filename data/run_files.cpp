@@ -1,0 +1,60 @@
+#include "data/run_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "ops/atomic_file.h"
+#include "ops/error.h"
+
+namespace dstrain {
+
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  std::error_code ea, eb;
+  const std::filesystem::path ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ea), ea);
+  const std::filesystem::path cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, eb), eb);
+  if (ea || eb) return std::filesystem::absolute(a).lexically_normal() == std::filesystem::absolute(b).lexically_normal();
+  return ca == cb;
+}
+
+void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const RunFile& out = outputs[i];
+    if (out.path.empty()) continue;
+    for (const RunFile& in : inputs) {
+      if (in.path.empty() || !same_file(out.path, in.path)) continue;
+      fail("{} {} is the file given as {}: writing it would destroy an input of this run; give {} another path", out.role, out.path.string(),
+           in.role, out.role);
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (outputs[j].path.empty() || !same_file(out.path, outputs[j].path)) continue;
+      fail("{} {} is the file given as {}: one output would overwrite the other; give them different paths", out.role, out.path.string(),
+           outputs[j].role);
+    }
+  }
+}
+
+void prove_writable(const RunFile& output) {
+  const std::filesystem::path& path = output.path;
+  if (path.empty() || !path.has_filename() || path.filename() == "." || path.filename() == "..") {
+    fail("{} '{}' does not name a file: give a file path", output.role, path.string());
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail("{} {} is a folder: give the path of a file to write", output.role, path.string());
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("{} {}: cannot create its folder {}: {}", output.role, path.string(), dir.string(), ec.message());
+  // The writers write a temporary beside the file and rename it: prove exactly that is allowed.
+  const std::filesystem::path probe = temp_path_for(path);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{} {}: cannot create a file in {}: {}", output.role, path.string(), dir.string(), write_errno_text(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+}  // namespace dstrain

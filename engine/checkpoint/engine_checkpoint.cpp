@@ -1,0 +1,646 @@
+// Engine's training checkpoints: save_checkpoint / load_checkpoint and their collective agreement
+// (docs/checkpoints.md; what is saved is parameter space, docs/training_state.md §5). The step
+// loop is engine/engine.cpp; the file formats are engine/checkpoint/checkpoint_files.h.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "engine/checkpoint/checkpoint_files.h"
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/loss_scaler.h"
+#include "engine/optim/onebit_optimizer.h"
+#include "engine/optim/optimizer.h"
+#include "ops/buffer.h"
+#include "ops/crc32c.h"
+#include "ops/error.h"
+#include "ops/log.h"
+#include "ops/kernels/device_backend.h"
+#include "ops/kernels/tensor_ops.h"
+#include "models/llama/llama_config.h"
+#include "zero/model_states.h"
+#include "zero/state_store.h"
+
+namespace dstrain {
+
+// ---- training checkpoints (docs/checkpoints.md; docs/training_state.md §5) ----
+
+namespace {
+
+// The buffers a rank saves besides the optimizer states: the fp32 masters, and under fp16 / bf16
+// the 16-bit params (so that stochastic rounding resumes bit for bit).
+constexpr const char* kMasterBuffer = "master";
+constexpr const char* kParamBuffer = "param";
+
+// crc32c(tag) cut to 20 bits: W·h and W·h² stay exact in an fp64 sum for any world size.
+double tag_hash(const std::string& tag) { return static_cast<double>(crc32c(tag.data(), tag.size()) & 0xFFFFFu); }
+
+// Every scalar a load restores, read and checked before anything of the engine changes (a JSON
+// type error becomes the caller's malformed-manifest Error).
+// checkpoint.writer.show_statistics: what DeepSpeed's FastFileWriter reports, per rank.
+void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clock::time_point since, const RankFileWriter& w) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  log_info("checkpoint writer statistics, rank {}: {} bytes in {:.3f} s = {:.2f} GB/s ({}, staged, checksummed, written and fsync'd)", rank, bytes,
+           s, static_cast<double>(bytes) / 1e9 / std::max(s, 1e-9), !w.direct() ? "buffered" : w.io_uring() ? "O_DIRECT, io_uring" : "O_DIRECT, pwrite");
+}
+
+}  // namespace
+
+void Engine::exclude_from_step_comm() {
+  Impl& im = *impl_;
+  // Between optimizer steps only: then no collective of the next step has been counted yet.
+  if (micro_steps_ % gas_ != 0 || have_backward_) return;
+  if (im.comm != nullptr) im.comm_at_step_start = im.comm->stats();
+  if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
+}
+
+bool Engine::any_rank(bool flag) {
+  Impl& im = *impl_;
+  if (im.world == 1) return flag;
+  double v = flag ? 1.0 : 0.0;
+  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  exclude_from_step_comm();
+  return v > 0.0;
+}
+
+void Engine::agree_on_errors(const std::string& error) {
+  Impl& im = *impl_;
+  if (im.world == 1) {
+    if (!error.empty()) throw Error(error);
+    return;
+  }
+  // One all-reduce of every rank's failure flag and the first characters of its message (one byte
+  // per fp64, rank r's in slot r), so that every rank throws the cause of the first failing rank.
+  constexpr std::size_t kChars = 480;
+  const std::size_t slot = kChars + 1;
+  std::vector<double> v(slot * static_cast<std::size_t>(im.world), 0.0);
+  const std::size_t me = slot * static_cast<std::size_t>(rank());
+  if (!error.empty()) {
+    v[me] = 1.0;
+    for (std::size_t i = 0; i < std::min(kChars, error.size()); ++i) v[me + 1 + i] = static_cast<unsigned char>(error[i]);
+  }
+  im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
+  for (int k = 0; k < im.world; ++k) {
+    const std::size_t at = slot * static_cast<std::size_t>(k);
+    if (v[at] == 0.0) continue;
+    if (k == rank()) throw Error(error);
+    std::string text;
+    for (std::size_t i = 0; i < kChars && v[at + 1 + i] != 0.0; ++i) text.push_back(static_cast<char>(static_cast<unsigned char>(v[at + 1 + i])));
+    if (error.empty()) throw Error(text);
+    throw Error(error);
+  }
+}
+
+config::Json Engine::checkpoint_manifest(const std::string& tag, const config::Json& client_state) const {
+  const Impl& im = *impl_;
+  config::Json params = config::Json::array();
+  for (const Impl::Owned& o : im.owned) {
+    std::vector<std::int64_t> shape;
+    for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
+    params.push_back({{"name", o.spec.name}, {"shape", shape}});
+  }
+  const LossScalerState ss = im.scaler.state();
+  return config::Json{
+      {"format", kCheckpointFormat},
+      {"version", kCheckpointVersion},
+      {"tag", tag},
+      {"layout", {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(dims_.dtype))}}},
+      {"model", {{"parameter_count", parameter_count_}, {"params", params}}},
+      // The 1-bit family's scalars (phase, counters, frozen ratios; docs/optimizers_onebit.md §5).
+      {"optimizer", im.onebit ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
+                              : config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
+      {"engine",
+       {{"global_steps", global_steps_},
+        {"global_samples", global_samples_},
+        {"skipped_steps", skipped_steps_},
+        {"micro_steps", micro_steps_},
+        {"gradient_accumulation_steps", gas_},
+        {"train_batch_size", train_batch_size_},
+        {"last_step_lr", last_step_lr_},
+        {"last_step_loss", last_step_loss_}}},
+      {"loss_scaler",
+       {{"kind", std::string(loss_scaler_kind_name(im.scaler.kind()))},
+        {"cur_scale", ss.cur_scale},
+        {"cur_iter", ss.cur_iter},
+        {"last_overflow_iter", ss.last_overflow_iter},
+        {"cur_hysteresis", ss.cur_hysteresis}}},
+      {"lr_scheduler", {{"last_batch_iteration", im.schedule.last_batch_iteration()}}},
+      {"gpt2", model_.gpt2 ? config::Json{{"n_layer", model_.gpt2->n_layer},
+                                           {"n_head", model_.gpt2->n_head},
+                                           {"n_embd", model_.gpt2->n_embd},
+                                           {"n_positions", model_.gpt2->n_positions},
+                                           {"vocab_size", model_.gpt2->vocab_size},
+                                           {"padded_vocab_size", model_.gpt2->padded_vocab_size},
+                                           {"layer_norm_epsilon", model_.gpt2->layer_norm_epsilon}}
+                           : config::Json(nullptr)},
+      // The Llama family's Hugging Face config.json (docs/models.md §3), for consolidate.
+      {"llama", model_.llama ? config::Json::parse(llama_hf_config_json(*model_.llama)) : config::Json(nullptr)},
+      {"seed", im.options.seed},
+      {"bf16_stochastic_rounding", im.rounding.enabled},
+      {"ds_config", im.config.to_json()},
+      {"client_state", client_state},
+  };
+}
+
+std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::string tag, const config::Json& client_state) {
+  Impl& im = *impl_;
+  if (have_backward_ || micro_steps_ % gas_ != 0) {
+    fail("save_checkpoint: the engine is inside a gradient-accumulation window (micro-step {} of {}); the accumulated gradients of a "
+         "half-done step are not saved — call it after the step() that completes the window",
+         micro_steps_ % gas_, gas_);
+  }
+  wait_for_checkpoint();  // a decoupled save still being written is committed first
+  if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
+  check_checkpoint_tag(tag);
+  const int r = rank();
+  // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash
+  // of it across ranks). Sum h and h² over the ranks: both equal W·h, W·h² only when every h is h.
+  if (im.world > 1 && im.config.checkpoint.tag_validation != config::TagValidation::ignore) {
+    const double h = tag_hash(tag);
+    double v[2] = {h, h * h};
+    im.states->all_reduce_sum(Tensor(v, DType::fp64, Shape{2}));
+    if (v[0] != im.world * h || v[1] != im.world * h * h) {
+      const std::string msg = fmt::format(
+          "checkpoint tag '{}' of rank {} is not the same on every rank (checkpoint.tag_validation: {}); pass the same tag on every rank", tag, r,
+          config::to_string(im.config.checkpoint.tag_validation));
+      if (im.config.checkpoint.tag_validation == config::TagValidation::fail) throw Error(msg);
+      log_warning("{}", msg);
+    }
+  }
+  auto job = std::make_unique<SaveJob>();
+  job->save_dir = save_dir;
+  job->tag = tag;
+  job->partial = partial_checkpoint_dir(save_dir, tag);
+  // checkpoint.writer (docs/checkpoints.md "Writers"). Without a writer block the fast writer is
+  // the engine's own choice (measured 1.7-1.9x the buffered writer's rate, docs/checkpoints.md), and a
+  // file system that refuses O_DIRECT falls back without a warning.
+  const config::CheckpointWriterConfig& wc = im.config.checkpoint.writer_options;
+  const bool decoupled = wc.decoupled;
+  job->writer.direct = wc.type == config::CheckpointWriterType::fast;
+  job->writer.io_buffer_size = static_cast<std::size_t>(wc.io_buffer_size);
+  job->writer.double_buffer = wc.io_buffer_double;
+  job->writer.aio = IoOptions::from_config(im.config.aio);  // DeepSpeed's fast writer takes its aio_config too
+  if (!wc.present) job->writer.direct_key.clear();
+  if (!im.writer_announced && r == 0) {
+    const std::int64_t each = wc.io_buffer_size / (wc.io_buffer_double ? 2 : 1);
+    log_info("checkpoint writer: {}{} {}, {} staging buffer(s) of {}{}; {}", wc.present ? "" : "(no checkpoint.writer block: the engine's choice) ",
+             to_string(wc.type), job->writer.direct ? "(O_DIRECT)" : "(buffered, through the page cache)", wc.io_buffer_double ? 2 : 1,
+             each % (1 << 20) == 0 ? fmt::format("{} MiB", each >> 20) : fmt::format("{} KiB", each / 1024.0),
+             wc.io_buffer_double ? " (one written while the other is filled)" : "",
+             decoupled ? "decoupled (a snapshot in host memory, written by a background thread while training goes on; the next save or the end "
+                         "of the run waits for it and commits it)"
+                       : "synchronous (each rank streams its pieces from the optimizer partition to its file, then fsync; "
+                         "checkpoint.writer.decoupled: true writes in the background instead)");
+  }
+  im.writer_announced = true;
+  // 1. rank 0 makes a fresh partial folder.
+  std::string error;
+  if (r == 0) {
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(save_dir, ec);
+      if (ec) fail("cannot create the checkpoint folder '{}': {}", save_dir.string(), ec.message());
+      std::filesystem::remove_all(job->partial, ec);
+      std::filesystem::create_directory(job->partial, ec);
+      if (ec) fail("cannot create '{}': {}; check that the save folder is writable", job->partial.string(), ec.message());
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
+      error = e.what();
+    }
+  }
+  finish_save_phase(*job, error);
+  // 2. every rank that owns a distinct part writes its pieces (stage 0: every rank holds the same
+  // values, rank 0 writes them), read through the store (docs/training_state.md §3). The pieces:
+  // every buffer (masters, each optimizer state, the 16-bit params) of every owned piece.
+  const int stage = im.config.zero_optimization.stage;
+  job->rank_files = stage >= 1 ? im.world : 1;
+  const bool writes = stage >= 1 || r == 0;
+  ModelStates& st = *im.states;
+  std::vector<std::string> buffers{kMasterBuffer};
+  for (const std::string& n : im.optimizer.state_names()) buffers.push_back(n);
+  if (im.mixed) buffers.emplace_back(kParamBuffer);
+  const auto dtype_of = [this](const std::string& buffer) { return buffer == kParamBuffer ? dims_.dtype : DType::fp32; };
+  // Buffer bi lies in the optimizer shard (the masters when apart from the params, each optimizer
+  // state); else it is read through the owned params.
+  const auto from_shard = [&st, &buffers](std::size_t bi) { return !(buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())); };
+  // Copies elements [first, first + out.numel()) of owned piece p of buffer bi into `out` (host
+  // memory of the buffer's dtype). A buffer in the shard may be read past the piece's end, into
+  // the pieces that follow it there.
+  const auto read_piece = [&](std::size_t bi, const OwnedPiece& p, std::int64_t first, const Tensor& out) {
+    if (from_shard(bi)) {
+      st.read_shard(bi == 0 ? 0 : st.first_state_buffer() + (bi - 1), p.shard_offset + first, out);
+    } else {
+      st.read_owned_param(p, out, first);  // the 16-bit params, or the fp32 params that are the masters
+    }
+  };
+  if (writes) {
+    try {
+      std::size_t total = 0;
+      for (const std::string& b : buffers) {
+        const DType dt = dtype_of(b);
+        for (const OwnedPiece& p : st.owned_pieces()) {
+          job->pieces.push_back({b, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel, dt});
+          total += static_cast<std::size_t>(p.numel) * dtype_size(dt);
+        }
+      }
+      job->bytes = total;
+      job->data_file = job->partial / rank_file_name(r, ".safetensors");
+      job->index_file = job->partial / rank_file_name(r, ".json");
+      if (decoupled) {
+        // The snapshot: every piece copied into host memory now (the memory the engine faulted in
+        // when it started); the files are written from it.
+        if (!im.snapshot_memory || im.snapshot_bytes != total) prepare_checkpoint_snapshot(total);
+        std::byte* const snapshot = im.snapshot_memory.get();
+        job->snapshot = snapshot;
+        // Pieces that lie back to back in the shard are copied as one run: one large copy per
+        // buffer instead of one per tensor (hundreds of small copies, each a fork of the copy's
+        // threads, on local ranks oversubscribed cores) — the same bytes in the same places.
+        const std::vector<OwnedPiece>& owned = st.owned_pieces();
+        std::size_t at = 0;
+        for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
+          const DType dt = dtype_of(buffers[bi]);
+          for (std::size_t i = 0; i < owned.size();) {
+            std::size_t j = i + 1;
+            std::int64_t n = owned[i].numel;
+            while (from_shard(bi) && j < owned.size() && owned[j].shard_offset == owned[i].shard_offset + n) n += owned[j++].numel;
+            read_piece(bi, owned[i], 0, Tensor(snapshot + at, dt, Shape{n}));  // pieces i .. j - 1
+            at += static_cast<std::size_t>(n) * dtype_size(dt);
+            i = j;
+          }
+        }
+      } else {
+        // Straight from the optimizer partition into the writer's staging buffers.
+        const auto t0 = std::chrono::steady_clock::now();
+        RankFileWriter w(job->data_file, job->pieces, job->writer);
+        std::size_t k = 0;
+        for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
+          const DType dt = dtype_of(buffers[bi]);
+          for (const OwnedPiece& p : st.owned_pieces()) {
+            w.write(k++, [&, bi, dt](std::int64_t first, std::int64_t count, void* dst) { read_piece(bi, p, first, Tensor(dst, dt, Shape{count})); });
+          }
+        }
+        write_checkpoint_text(job->index_file, w.finish().dump(1));
+        if (wc.show_statistics) log_write_statistics(r, job->bytes, t0, w);
+      }
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
+      error = e.what();
+    }
+  }
+  if (r == 0) job->manifest = checkpoint_manifest(tag, client_state);  // the state of this step, whenever it is committed
+  if (decoupled) {
+    // Agree that every snapshot was taken, then write in the background.
+    finish_save_phase(*job, error);
+    if (writes) {
+      SaveJob* jp = job.get();
+      job->thread = std::thread([jp, r, stats = wc.show_statistics] {
+        try {
+          const auto t0 = std::chrono::steady_clock::now();
+          RankFileWriter w(jp->data_file, jp->pieces, jp->writer);
+          std::size_t at = 0;
+          for (std::size_t k = 0; k < jp->pieces.size(); ++k) {
+            w.write(k, jp->snapshot + at);
+            at += static_cast<std::size_t>(jp->pieces[k].numel) * dtype_size(jp->pieces[k].dtype);
+          }
+          write_checkpoint_text(jp->index_file, w.finish().dump(1));
+          if (stats) log_write_statistics(r, jp->bytes, t0, w);
+        } catch (const std::exception& e) {
+          jp->error = e.what();
+        }
+      });
+    }
+    im.pending_save = std::move(job);
+    exclude_from_step_comm();
+    return tag;
+  }
+  finish_save_phase(*job, error);
+  commit_save(*job);
+  exclude_from_step_comm();
+  return tag;
+}
+
+std::size_t Engine::checkpoint_rank_bytes() const {
+  const Impl& im = *impl_;
+  if (im.config.zero_optimization.stage < 1 && rank() != 0) return 0;  // stage 0: rank 0 writes the one file
+  // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
+  const std::size_t per_element = sizeof(float) * (1 + im.optimizer.state_names().size()) + (im.mixed ? dtype_size(dims_.dtype) : 0);
+  std::size_t total = 0;
+  for (const OwnedPiece& p : im.states->owned_pieces()) total += static_cast<std::size_t>(p.numel) * per_element;
+  return total;
+}
+
+void Engine::prepare_checkpoint_snapshot(std::size_t bytes) {
+  Impl& im = *impl_;
+  im.snapshot_prefault.reset();  // stops faulting in the memory replaced below
+  im.snapshot_bytes = bytes;
+  im.snapshot_memory.reset();
+  if (bytes == 0) return;
+  im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes, HostPages::huge);
+  im.snapshot_prefault = std::make_unique<BackgroundPrefault>(im.snapshot_memory.get(), im.snapshot_bytes);
+}
+
+void Engine::finish_save_phase(const SaveJob& job, const std::string& error) {
+  try {
+    agree_on_errors(error);
+  } catch (const Error&) {
+    // Every rank learns of any rank's failure; the partial folder of a failed save goes.
+    std::error_code ec;
+    if (rank() == 0) std::filesystem::remove_all(job.partial, ec);
+    throw;
+  }
+}
+
+// 3. rank 0 writes the manifest (every rank's index is durable by now), renames the folder and
+// rewrites `latest`.
+void Engine::commit_save(SaveJob& job) {
+  std::string error;
+  if (rank() == 0) {
+    try {
+      config::Json manifest = std::move(job.manifest);
+      config::Json ranks = config::Json::array();
+      for (int k = 0; k < job.rank_files; ++k) {
+        const std::filesystem::path ip = job.partial / rank_file_name(k, ".json");
+        std::ifstream in(ip, std::ios::binary);
+        if (!in) fail("cannot read back '{}'", ip.string());
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        ranks.push_back({{"index", ip.filename().string()}, {"bytes", text.size()}, {"crc32c", crc32c(text.data(), text.size())}});
+      }
+      manifest["ranks"] = std::move(ranks);
+      write_checkpoint_text(job.partial / kCheckpointManifest, manifest.dump(1));
+      commit_checkpoint(job.save_dir, job.tag);
+    } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
+      error = e.what();
+    }
+  }
+  finish_save_phase(job, error);
+}
+
+void Engine::wait_for_checkpoint() {
+  Impl& im = *impl_;
+  if (!im.pending_save) return;
+  std::unique_ptr<SaveJob> job = std::move(im.pending_save);
+  if (job->thread.joinable()) job->thread.join();
+  finish_save_phase(*job, job->error);
+  commit_save(*job);
+  exclude_from_step_comm();
+}
+
+// Read in phase 1 of a load, inside its try: every typed read of the manifest's scalars happens
+// here, so a field that is missing or of the wrong type is the malformed-manifest Error before
+// anything of the engine changes (nothing of this may throw in phase 2).
+struct CheckpointScalars {
+  std::int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
+  double last_step_lr = 0.0;
+  float last_step_loss = 0.0f;
+  std::int64_t lr_last_batch_iteration = 0;
+  std::uint64_t seed = 0;
+  // The loss scaler, and the 1-bit optimizers' phase where saved (applied with load_optimizer_states).
+  LossScalerState scaler;
+  std::string scaler_kind;
+  std::optional<OneBitOptimizer::SavedState> onebit;
+  std::string saved_layout;  // "ZeRO stage S on W rank(s) in DTYPE", for the log
+};
+
+namespace {
+
+// Everything is read whatever the load options, so a checkpoint is as valid loaded one way as another.
+CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
+  CheckpointScalars c;
+  const config::Json& e = m.at("engine");
+  c.global_steps = e.at("global_steps").get<std::int64_t>();
+  c.global_samples = e.at("global_samples").get<std::int64_t>();
+  c.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
+  c.last_step_lr = e.at("last_step_lr").get<double>();
+  c.last_step_loss = e.at("last_step_loss").get<float>();
+  if (c.global_steps < 0 || c.skipped_steps < 0 || c.skipped_steps > c.global_steps) {
+    fail("checkpoint counters global_steps {} / skipped_steps {} are inconsistent", c.global_steps, c.skipped_steps);
+  }
+  c.lr_last_batch_iteration = m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
+  c.seed = m.at("seed").get<std::uint64_t>();
+  const config::Json& ls = m.at("loss_scaler");
+  LossScalerState& s = c.scaler;
+  s.cur_scale = ls.at("cur_scale").get<double>();
+  s.cur_iter = ls.at("cur_iter").get<std::int64_t>();
+  s.last_overflow_iter = ls.at("last_overflow_iter").get<std::int64_t>();
+  s.cur_hysteresis = ls.at("cur_hysteresis").get<std::int64_t>();
+  c.scaler_kind = ls.at("kind").get<std::string>();
+  if (!(std::isfinite(s.cur_scale) && s.cur_scale > 0) || s.cur_iter < 0 || s.last_overflow_iter < -1 || s.last_overflow_iter >= s.cur_iter ||
+      s.cur_hysteresis < 0) {
+    fail("checkpoint loss scaler state (scale {}, iteration {}, last overflow {}, hysteresis {}) is not valid", s.cur_scale, s.cur_iter,
+         s.last_overflow_iter, s.cur_hysteresis);
+  }
+  if (onebit && m.at("optimizer").contains("onebit")) c.onebit = OneBitOptimizer::parse_state(m.at("optimizer").at("onebit"));
+  const config::Json& layout = m.at("layout");
+  c.saved_layout = fmt::format("ZeRO stage {} on {} rank(s) in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
+                               layout.value("dtype", std::string("?")));
+  return c;
+}
+
+}  // namespace
+
+void Engine::restore_scalars(const CheckpointScalars& c, const LoadCheckpointOptions& options) {
+  Impl& im = *impl_;
+  global_steps_ = c.global_steps;
+  global_samples_ = c.global_samples;
+  skipped_steps_ = c.skipped_steps;
+  micro_steps_ = global_steps_ * gas_;  // saved at a boundary; GAS may differ at another world size
+  last_step_lr_ = c.last_step_lr;
+  last_step_loss_ = c.last_step_loss;
+  if (options.load_lr_scheduler_states) im.schedule.set_last_batch_iteration(c.lr_last_batch_iteration);
+  lr_ = im.hook ? im.hook(global_steps_ - skipped_steps_) : im.schedule.lr();
+  // The dropout streams and stochastic rounding continue from the saved seed.
+  const std::uint64_t seed = c.seed;
+  if (seed != im.options.seed) log_info("checkpoint: continuing with the saved seed {} (the engine was built with {})", seed, im.options.seed);
+  im.options.seed = seed;
+  if (im.rounding.enabled) im.rounding.seed = seed;
+  if (!options.load_optimizer_states) return;
+  // The loss scaler (DeepSpeed keeps it with the optimizer states). Saved under another rule — the
+  // non-ZeRO FP16 optimizer has no hysteresis, ZeRO's DynamicLossScaler does — the scale and the
+  // overflow history carry over and the hysteresis starts full, as a fresh ZeRO scaler's.
+  LossScalerState s = c.scaler;
+  const std::string& saved_kind = c.scaler_kind;
+  const bool saved_dynamic = saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_zero) ||
+                             saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_non_zero);
+  if (im.scaler.dynamic()) {
+    if (!saved_dynamic) {
+      log_info("checkpoint: saved with a {} loss scale; the dynamic fp16 loss scale starts fresh at {}", saved_kind, im.scaler.scale());
+      return;
+    }
+    if (saved_kind != loss_scaler_kind_name(im.scaler.kind())) {
+      log_info("checkpoint: loss scaler saved as {}, continued as {} (scale {}, hysteresis {})", saved_kind, loss_scaler_kind_name(im.scaler.kind()),
+               s.cur_scale, im.scaler.hysteresis());
+      s.cur_hysteresis = im.scaler.hysteresis();
+    }
+    s.cur_hysteresis = std::min(s.cur_hysteresis, im.scaler.hysteresis());
+    im.scaler.set_state(s);
+  } else if (saved_kind == loss_scaler_kind_name(im.scaler.kind())) {
+    s.cur_scale = im.scaler.scale();  // a static or unit scale comes from the config
+    im.scaler.set_state(s);
+  }
+  if (im.onebit && c.onebit) {
+    // The phase decides who all-reduces the gradients next, as DeepSpeed's load_state_dict sets
+    // enable_backward_allreduce; the compression errors start at zero, as DeepSpeed's do.
+    im.onebit->load_state(*c.onebit);
+    im.states->set_gradient_all_reduce(im.onebit->gradient_all_reduce());
+  }
+}
+
+LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, std::string tag, const LoadCheckpointOptions& options) {
+  Impl& im = *impl_;
+  wait_for_checkpoint();
+  if (have_backward_ || micro_steps_ % gas_ != 0) {
+    fail("load_checkpoint: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
+         "after the step() that completes a window",
+         micro_steps_ % gas_, gas_);
+  }
+  // Phase 1, every rank: read and verify everything this rank needs into host memory. Nothing of
+  // the engine changes until every rank has succeeded.
+  std::string error;
+  std::optional<CheckpointReader> rd;
+  ModelStates& st = *im.states;
+  const std::vector<std::string> state_names = im.optimizer.state_names();
+  const bool want_states = options.load_optimizer_states && !options.load_module_only;
+  CheckpointReader::Loaded loaded;  // read_all's pieces, one block of host memory
+  bool have_lowp = false;
+  bool nothing = false;
+  bool streamed = false;  // read straight into the state (CheckpointReader::stream)
+  bool touched = false;   // ... and something of the state was overwritten
+  std::vector<CheckpointReader::Want> want;
+  // Writes elements [first, first + count) of wanted piece i (in the order of `want`: masters,
+  // each state, the 16-bit params; each over the owned pieces) through the store
+  // (docs/training_state.md §3) and into the params.
+  const auto write_range = [&](std::size_t i, std::int64_t first, std::int64_t count, void* data) {
+    const std::size_t n = st.owned_pieces().size(), n_states = want_states ? state_names.size() : 0;
+    const OwnedPiece& p = st.owned_pieces()[i % n];
+    const std::size_t group = i / n;
+    if (group == 0) {
+      const Tensor master(data, DType::fp32, Shape{count});
+      if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, master);
+      // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest.
+      if (!have_lowp) st.write_owned_param(p, master, first);
+    } else if (group <= n_states) {
+      st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(data, DType::fp32, Shape{count}));
+    } else {
+      st.write_owned_param(p, Tensor(data, dims_.dtype, Shape{count}), first);
+    }
+  };
+  CheckpointScalars scalars;
+  try {
+    if (tag.empty()) {
+      const std::optional<std::string> latest = read_latest_tag(load_dir);
+      if (!latest) {
+        nothing = true;
+      } else {
+        tag = *latest;
+      }
+    }
+    if (!nothing) {
+      check_checkpoint_tag(tag);
+      rd.emplace(load_dir, tag);
+      const config::Json& m = rd->manifest();
+      // The same model: every owned parameter by name and shape, and nothing else.
+      std::map<std::string, std::vector<std::int64_t>> saved;
+      for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
+      for (const Impl::Owned& o : im.owned) {
+        std::vector<std::int64_t> shape;
+        for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
+        const auto it = saved.find(o.spec.name);
+        if (it == saved.end() || it->second != shape) {
+          fail("checkpoint '{}' was saved from another model: its parameter '{}' is {} but this model's is {}; load it into the model it was "
+               "saved from (its config is in {})",
+               rd->dir().string(), o.spec.name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
+               fmt::format("{}", fmt::join(shape, "x")), kCheckpointManifest);
+        }
+      }
+      if (saved.size() != im.owned.size()) {
+        fail("checkpoint '{}' was saved from another model: it has {} parameters, this model {}", rd->dir().string(), saved.size(), im.owned.size());
+      }
+      if (want_states) {
+        const auto saved_states = m.at("optimizer").at("states").get<std::vector<std::string>>();
+        if (saved_states != state_names) {
+          fail("checkpoint '{}' holds the optimizer states [{}] of optimizer \"{}\", but this engine's optimizer keeps [{}]; load with "
+               "load_optimizer_states = false to start the optimizer fresh from the saved weights",
+               rd->dir().string(), fmt::join(saved_states, ", "), m.at("optimizer").value("type", std::string("?")), fmt::join(state_names, ", "));
+        }
+      }
+      scalars = read_checkpoint_scalars(m, im.onebit != nullptr);
+      have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(dims_.dtype);
+      if (rd->buffer_dtype(kMasterBuffer) != std::optional<DType>(DType::fp32)) fail("checkpoint '{}' holds no fp32 masters", rd->dir().string());
+      // Buffer by buffer, in the order a rank file holds them (masters, each state, the 16-bit
+      // params), so that a load at the saving layout is one span of its rank file, read straight
+      // into host memory (CheckpointReader::read_all).
+      const std::vector<OwnedPiece>& owned = st.owned_pieces();
+      const auto wants = [&](const char* buffer) {
+        for (const OwnedPiece& p : owned) want.push_back({buffer, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel});
+      };
+      wants(kMasterBuffer);
+      for (std::size_t j = 0; want_states && j < state_names.size(); ++j) wants(state_names[j].c_str());
+      if (have_lowp) wants(kParamBuffer);
+      // An engine still in its initial state takes a checkpoint of its own layout straight into
+      // the state, range by range as the file is read, without a copy of it in host memory (whose
+      // first touch costs more than the disk: docs/checkpoints.md "Loading"); a failure after the
+      // first range puts the initial state back below. Otherwise phase 2 copies from read_all's.
+      if (im.initial_state) {
+        streamed = rd->stream(want, [&](std::size_t i, std::int64_t first, std::int64_t count, const std::byte* data) {
+          touched = true;
+          write_range(i, first, count, const_cast<std::byte*>(data));
+        });
+      }
+      if (!streamed) loaded = rd->read_all(want);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), e.what());
+  }
+  try {
+    agree_on_errors(error);
+  } catch (const Error&) {
+    if (touched) restore_initial_state();  // a load streamed in part, here or (agreed) on another rank
+    throw;
+  }
+  if (nothing) {
+    log_warning("load_checkpoint: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
+    return {};
+  }
+  im.initial_state = false;
+  // Phase 2 (read_all's pieces, verified on every rank): into the state.
+  for (std::size_t i = 0; !streamed && i < want.size(); ++i) write_range(i, 0, want[i].numel, loaded.at[i]);
+  free_in_background(std::move(loaded.memory));  // copied into the store: the kernel takes it back off the critical path
+  st.after_update();  // the layers kept whole get every rank's pieces (collective)
+  const config::Json& m = rd->manifest();
+  if (!options.load_module_only) restore_scalars(scalars, options);
+  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {} in {})", rd->dir().string(), scalars.saved_layout,
+           im.config.zero_optimization.stage, im.world, dtype_name(dims_.dtype));
+  exclude_from_step_comm();
+  LoadedCheckpoint out;
+  out.path = rd->dir();
+  out.tag = tag;
+  out.client_state = m.value("client_state", config::Json::object());
+  return out;
+}
+
+void Engine::restore_initial_state() {
+  Impl& im = *impl_;
+  ModelStates& st = *im.states;
+  im.set_initial_masters();  // the parameters and masters as initialize set them
+  // Every optimizer state starts at zero.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+  std::vector<float> zeros;
+  for (std::size_t j = 0; j < im.optimizer.state_names().size(); ++j) {
+    for (const OwnedPiece& p : st.owned_pieces()) {
+      for (std::int64_t at = 0; at < p.numel; at += kChunk) {
+        const std::int64_t count = std::min(kChunk, p.numel - at);
+        if (zeros.size() < static_cast<std::size_t>(count)) zeros.assign(static_cast<std::size_t>(count), 0.0f);
+        st.write_shard(st.first_state_buffer() + j, p.shard_offset + at, Tensor(zeros.data(), DType::fp32, Shape{count}));
+      }
+    }
+  }
+}
+
+}  // namespace dstrain

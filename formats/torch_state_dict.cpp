@@ -1,0 +1,485 @@
+#include "formats/torch_state_dict.h"
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "ops/dtype.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+std::uint64_t le(const std::string& b, std::size_t at, int n, const std::string& file) {
+  // Written as a subtraction: an offset read from the file can be near 2^64, where `at + n` wraps.
+  if (at > b.size() || static_cast<std::size_t>(n) > b.size() - at) fail("torch file '{}': truncated zip structure at byte {}", file, at);
+  std::uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[at + static_cast<std::size_t>(i)]);
+  return v;
+}
+
+// The entries of a stored (uncompressed) zip archive: name -> bytes. Zip64 sizes and offsets are
+// read from the extra field where the 32-bit ones are saturated.
+std::map<std::string, std::string> read_zip(const std::string& z, const std::string& file) {
+  const auto L = [&](std::size_t at, int n) { return le(z, at, n, file); };
+  if (z.size() < 22) fail("torch file '{}': not a zip archive (too short); dstrain reads torch.save files of PyTorch >= 1.6", file);
+  std::size_t eocd = std::string::npos;
+  for (std::size_t i = z.size() - 22 + 1; i-- > (z.size() > 22 + 65535 ? z.size() - 22 - 65535 : 0);) {
+    if (L(i, 4) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd == std::string::npos) {
+    fail("torch file '{}': no zip directory; it is not a torch.save file of PyTorch >= 1.6 (re-save it with torch.save in a current PyTorch, "
+         "or convert it to safetensors)",
+         file);
+  }
+  std::uint64_t count = L(eocd + 10, 2), cd = L(eocd + 16, 4);
+  if (cd == 0xFFFFFFFFu || count == 0xFFFF) {
+    // Zip64 end of central directory locator, just before the EOCD.
+    if (eocd < 20 || L(eocd - 20, 4) != 0x07064b50) fail("torch file '{}': malformed zip64 directory", file);
+    const std::size_t z64 = L(eocd - 20 + 8, 8);
+    if (L(z64, 4) != 0x06064b50) fail("torch file '{}': malformed zip64 directory", file);
+    count = L(z64 + 32, 8);
+    cd = L(z64 + 48, 8);
+  }
+  std::map<std::string, std::string> out;
+  std::size_t at = cd;
+  for (std::uint64_t k = 0; k < count; ++k) {
+    if (L(at, 4) != 0x02014b50) fail("torch file '{}': malformed zip directory entry {}", file, k);
+    const std::uint64_t method = L(at + 10, 2);
+    std::uint64_t csize = L(at + 20, 4), usize = L(at + 24, 4);
+    const std::size_t nlen = L(at + 28, 2), xlen = L(at + 30, 2), clen = L(at + 32, 2);
+    std::uint64_t local = L(at + 42, 4);
+    const std::string name = z.substr(at + 46, nlen);
+    // Zip64 extra field (id 1): the saturated values, in the order usize, csize, offset.
+    for (std::size_t x = at + 46 + nlen; x + 4 <= at + 46 + nlen + xlen;) {
+      const std::uint64_t id = L(x, 2), len = L(x + 2, 2);
+      if (id == 1) {
+        std::size_t p = x + 4;
+        if (usize == 0xFFFFFFFFu) usize = L(p, 8), p += 8;
+        if (csize == 0xFFFFFFFFu) csize = L(p, 8), p += 8;
+        if (local == 0xFFFFFFFFu) local = L(p, 8);
+      }
+      x += 4 + len;
+    }
+    if (method != 0) fail("torch file '{}': entry '{}' is compressed (method {}); torch.save stores its entries uncompressed", file, name, method);
+    if (L(local, 4) != 0x04034b50) fail("torch file '{}': malformed local header of '{}'", file, name);
+    const std::size_t data = local + 30 + L(local + 26, 2) + L(local + 28, 2);
+    if (data > z.size() || usize > z.size() - data) fail("torch file '{}': entry '{}' runs past the end of the file (truncated?)", file, name);
+    out[name] = z.substr(data, usize);
+    at += 46 + nlen + xlen + clen;
+  }
+  return out;
+}
+
+// ---- the restricted unpickler ----
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+struct Value {
+  enum Kind { none, boolean, integer, real, str, bytes, tuple, list, dict, global, tensor, storage, mark } kind = none;
+  std::int64_t i = 0;
+  double f = 0;
+  std::string s;                                     // str, bytes, global "module.name", storage key
+  std::string s2;                                    // storage dtype
+  std::vector<ValuePtr> items;                       // tuple, list
+  std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // dict
+  TorchTensorInfo t;
+};
+
+ValuePtr make(Value::Kind k) {
+  auto v = std::make_shared<Value>();
+  v->kind = k;
+  return v;
+}
+
+// The storage type's element dtype, or "" for a global that is not a storage type.
+std::string storage_dtype(const std::string& g) {
+  static const std::map<std::string, std::string> m = {
+      {"torch.FloatStorage", "F32"},  {"torch.HalfStorage", "F16"}, {"torch.BFloat16Storage", "BF16"}, {"torch.DoubleStorage", "F64"},
+      {"torch.LongStorage", "I64"},   {"torch.IntStorage", "I32"},  {"torch.ShortStorage", "I16"},     {"torch.CharStorage", "I8"},
+      {"torch.ByteStorage", "U8"},    {"torch.BoolStorage", "BOOL"}};
+  const auto it = m.find(g);
+  return it == m.end() ? std::string() : it->second;
+}
+
+bool allowed_global(const std::string& g) {
+  return g == "collections.OrderedDict" || g == "torch._utils._rebuild_tensor_v2" || g == "torch._utils._rebuild_parameter" || g == "torch.Size" ||
+         g == "builtins.set" || g == "__builtin__.set" || g == "builtins.frozenset" || !storage_dtype(g).empty();
+}
+
+std::size_t elem_size(const std::string& dt) {
+  if (dt == "F64" || dt == "I64") return 8;
+  if (dt == "F32" || dt == "I32") return 4;
+  if (dt == "F16" || dt == "BF16" || dt == "I16") return 2;
+  return 1;
+}
+
+class Unpickler {
+ public:
+  Unpickler(const std::string& data, const std::string& file) : d_(data), file_(file) {}
+
+  ValuePtr run() {
+    for (;;) {
+      const unsigned char op = byte();
+      switch (op) {
+        case 0x80: byte(); break;             // PROTO
+        case 0x95: take(8); break;            // FRAME
+        case '.': return pop();               // STOP
+        case '(': push(make(Value::mark)); break;
+        case 'N': push(make(Value::none)); break;
+        case 0x88: case 0x89: {               // NEWTRUE / NEWFALSE
+          auto v = make(Value::boolean);
+          v->i = op == 0x88;
+          push(v);
+          break;
+        }
+        case 'J': push_int(static_cast<std::int32_t>(uint(4))); break;
+        case 'K': push_int(static_cast<std::int64_t>(uint(1))); break;
+        case 'M': push_int(static_cast<std::int64_t>(uint(2))); break;
+        case 0x8a: {                          // LONG1: little-endian two's complement
+          const std::size_t n = byte();
+          if (n > 8) fail("torch file '{}': integer of {} bytes in the pickle; dstrain reads at most 64-bit integers", file_, n);
+          std::uint64_t u = n > 0 ? uint(static_cast<int>(n)) : 0;
+          if (n > 0 && n < 8 && (u >> (8 * n - 1)) != 0) u |= ~std::uint64_t{0} << (8 * n);
+          push_int(static_cast<std::int64_t>(u));
+          break;
+        }
+        case 'G': {                           // BINFLOAT, big-endian
+          std::uint64_t u = 0;
+          for (int k = 0; k < 8; ++k) u = (u << 8) | byte();
+          auto v = make(Value::real);
+          std::memcpy(&v->f, &u, 8);
+          push(v);
+          break;
+        }
+        case 'X': push_str(Value::str, uint(4)); break;     // BINUNICODE
+        case 0x8c: push_str(Value::str, byte()); break;      // SHORT_BINUNICODE
+        case 0x8d: push_str(Value::str, uint(8)); break;     // BINUNICODE8
+        case 'T': push_str(Value::str, uint(4)); break;      // BINSTRING (Python 2)
+        case 'U': push_str(Value::str, byte()); break;       // SHORT_BINSTRING
+        case 'B': push_str(Value::bytes, uint(4)); break;    // BINBYTES
+        case 'C': push_str(Value::bytes, byte()); break;     // SHORT_BINBYTES
+        case 0x8e: push_str(Value::bytes, uint(8)); break;   // BINBYTES8
+        case '}': push(make(Value::dict)); break;
+        case ']': push(make(Value::list)); break;
+        case ')': push(make(Value::tuple)); break;
+        case 't': {
+          auto v = make(Value::tuple);
+          v->items = pop_mark();
+          push(v);
+          break;
+        }
+        case 0x85: case 0x86: case 0x87: {    // TUPLE1..3
+          const int n = op - 0x84;
+          auto v = make(Value::tuple);
+          v->items.resize(static_cast<std::size_t>(n));
+          for (int k = n - 1; k >= 0; --k) v->items[static_cast<std::size_t>(k)] = pop();
+          push(v);
+          break;
+        }
+        case 'l': {                           // LIST
+          auto v = make(Value::list);
+          v->items = pop_mark();
+          push(v);
+          break;
+        }
+        case 'd': {                           // DICT
+          auto v = make(Value::dict);
+          const auto items = pop_mark();
+          for (std::size_t k = 0; k + 1 < items.size(); k += 2) v->pairs.emplace_back(items[k], items[k + 1]);
+          push(v);
+          break;
+        }
+        case 'a': {                           // APPEND
+          ValuePtr x = pop();
+          container(top(), Value::list)->items.push_back(x);
+          break;
+        }
+        case 'e': {                           // APPENDS
+          auto items = pop_mark();
+          auto& l = container(top(), Value::list)->items;
+          l.insert(l.end(), items.begin(), items.end());
+          break;
+        }
+        case 's': {                           // SETITEM
+          ValuePtr v = pop(), k = pop();
+          container(top(), Value::dict)->pairs.emplace_back(k, v);
+          break;
+        }
+        case 'u': {                           // SETITEMS
+          const auto items = pop_mark();
+          auto& p = container(top(), Value::dict)->pairs;
+          for (std::size_t k = 0; k + 1 < items.size(); k += 2) p.emplace_back(items[k], items[k + 1]);
+          break;
+        }
+        case 'q': memo_[uint(1)] = top(); break;   // BINPUT
+        case 'r': memo_[uint(4)] = top(); break;   // LONG_BINPUT
+        case 0x94: memo_[memo_.size()] = top(); break;  // MEMOIZE
+        case 'h': push(memo(uint(1))); break;      // BINGET
+        case 'j': push(memo(uint(4))); break;      // LONG_BINGET
+        case 'c': {                                // GLOBAL "module\nname\n"
+          const std::string module = line(), name = line();
+          push(global(module, name));
+          break;
+        }
+        case 0x93: {                               // STACK_GLOBAL
+          ValuePtr name = pop(), module = pop();
+          if (name->kind != Value::str || module->kind != Value::str) bad("STACK_GLOBAL without strings");
+          push(global(module->s, name->s));
+          break;
+        }
+        case 'Q': {                                // BINPERSID: ('storage', type, key, location, numel)
+          ValuePtr pid = pop();
+          if (pid->kind != Value::tuple || pid->items.size() < 5 || pid->items[0]->s != "storage" || pid->items[1]->kind != Value::global) {
+            bad("a persistent id that is not a torch storage");
+          }
+          auto v = make(Value::storage);
+          v->s = pid->items[2]->s;
+          v->s2 = storage_dtype(pid->items[1]->s);
+          push(v);
+          break;
+        }
+        case 'R': {                                // REDUCE
+          ValuePtr args = pop(), fn = pop();
+          push(reduce(fn, args));
+          break;
+        }
+        case 'b': {                                // BUILD: an OrderedDict's attributes (_metadata); dropped
+          pop();
+          if (top()->kind != Value::dict && top()->kind != Value::tensor) bad("BUILD on something other than a dict or a tensor");
+          break;
+        }
+        case '0': pop(); break;                    // POP
+        case '2': push(top()); break;              // DUP
+        case '1': pop_mark(); break;               // POP_MARK
+        default:
+          fail("torch file '{}': the pickle uses opcode 0x{:02x} at byte {}, which dstrain does not run (it reads only tensors and plain "
+               "containers: no objects, no code)",
+               file_, op, at_ - 1);
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& what) const { fail("torch file '{}': the pickle has {} at byte {}; it is not a plain state dict", file_, what, at_); }
+  unsigned char byte() {
+    if (at_ >= d_.size()) fail("torch file '{}': the pickle ends without STOP (truncated)", file_);
+    return static_cast<unsigned char>(d_[at_++]);
+  }
+  std::uint64_t uint(int n) {
+    std::uint64_t v = 0;
+    for (int k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(byte()) << (8 * k);
+    return v;
+  }
+  void take(std::uint64_t n) {
+    if (n > d_.size() - at_) fail("torch file '{}': the pickle is truncated", file_);
+    at_ += n;
+  }
+  std::string line() {
+    const std::size_t e = d_.find('\n', at_);
+    if (e == std::string::npos) bad("an unterminated GLOBAL");
+    std::string s = d_.substr(at_, e - at_);
+    at_ = e + 1;
+    return s;
+  }
+  void push(ValuePtr v) { stack_.push_back(std::move(v)); }
+  void push_int(std::int64_t x) {
+    auto v = make(Value::integer);
+    v->i = x;
+    push(v);
+  }
+  void push_str(Value::Kind k, std::uint64_t n) {
+    const std::size_t from = at_;
+    take(n);
+    auto v = make(k);
+    v->s = d_.substr(from, n);
+    push(v);
+  }
+  ValuePtr pop() {
+    if (stack_.empty() || stack_.back()->kind == Value::mark) bad("a pop from an empty stack");
+    ValuePtr v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  ValuePtr& top() {
+    if (stack_.empty()) bad("an empty stack");
+    return stack_.back();
+  }
+  std::vector<ValuePtr> pop_mark() {
+    std::size_t k = stack_.size();
+    while (k > 0 && stack_[k - 1]->kind != Value::mark) --k;
+    if (k == 0) bad("a missing MARK");
+    std::vector<ValuePtr> items(stack_.begin() + static_cast<std::ptrdiff_t>(k), stack_.end());
+    stack_.resize(k - 1);
+    return items;
+  }
+  ValuePtr container(const ValuePtr& v, Value::Kind k) {
+    if (v->kind != k) bad(k == Value::list ? "APPEND to something other than a list" : "SETITEM on something other than a dict");
+    return v;
+  }
+  ValuePtr memo(std::uint64_t k) {
+    const auto it = memo_.find(k);
+    if (it == memo_.end()) bad("a reference to an unknown memo entry");
+    return it->second;
+  }
+  ValuePtr global(const std::string& module, const std::string& name) {
+    const std::string g = module + "." + name;
+    if (!allowed_global(g)) {
+      fail("torch file '{}': the pickle asks for '{}', which dstrain refuses: it would run code (torch.load would import and call it); "
+           "dstrain reads only tensors and plain containers — save the model's state_dict() instead",
+           file_, g);
+    }
+    auto v = make(Value::global);
+    v->s = g;
+    return v;
+  }
+  static std::vector<std::int64_t> ints(const ValuePtr& v) {
+    std::vector<std::int64_t> out;
+    for (const ValuePtr& x : v->items) out.push_back(x->i);
+    return out;
+  }
+  ValuePtr reduce(const ValuePtr& fn, const ValuePtr& args) {
+    if (fn->kind != Value::global || args->kind != Value::tuple) bad("a call of something that is not an allowed function");
+    const std::string& g = fn->s;
+    if (g == "collections.OrderedDict") return make(Value::dict);  // items follow by SETITEMS
+    if (g == "torch.Size") {
+      auto v = make(Value::tuple);
+      if (!args->items.empty()) v->items = args->items[0]->items;
+      return v;
+    }
+    if (g == "builtins.set" || g == "__builtin__.set" || g == "builtins.frozenset") {
+      auto v = make(Value::list);
+      if (!args->items.empty()) v->items = args->items[0]->items;
+      return v;
+    }
+    if (g == "torch._utils._rebuild_parameter") {
+      if (args->items.empty() || args->items[0]->kind != Value::tensor) bad("_rebuild_parameter without a tensor");
+      return args->items[0];
+    }
+    if (g == "torch._utils._rebuild_tensor_v2") {
+      if (args->items.size() < 4 || args->items[0]->kind != Value::storage) bad("_rebuild_tensor_v2 without a storage");
+      auto v = make(Value::tensor);
+      v->t.storage_key = args->items[0]->s;
+      v->t.dtype = args->items[0]->s2;
+      v->t.storage_offset = args->items[1]->i;
+      v->t.shape = ints(args->items[2]);
+      v->t.stride = ints(args->items[3]);
+      if (v->t.shape.size() != v->t.stride.size()) bad("a tensor whose shape and stride differ in length");
+      return v;
+    }
+    bad("a call of " + g + " as a function");
+  }
+
+  const std::string& d_;
+  std::string file_;
+  std::size_t at_ = 0;
+  std::vector<ValuePtr> stack_;
+  std::map<std::uint64_t, ValuePtr> memo_;
+};
+
+void collect(const ValuePtr& v, const std::string& prefix, std::map<std::string, TorchTensorInfo>& out, int depth) {
+  if (depth > 64) return;
+  if (v->kind == Value::tensor) {
+    out[prefix] = v->t;
+    return;
+  }
+  if (v->kind != Value::dict) return;
+  for (const auto& [k, x] : v->pairs) {
+    if (k->kind != Value::str) continue;
+    collect(x, prefix.empty() ? k->s : prefix + "." + k->s, out, depth + 1);
+  }
+}
+
+}  // namespace
+
+bool TorchStateDict::looks_like(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char m[4] = {};
+  in.read(m, 4);
+  return in.gcount() == 4 && m[0] == 'P' && m[1] == 'K' && m[2] == 3 && m[3] == 4;
+}
+
+TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) {
+  const std::string file = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string z = ss.str();
+  std::map<std::string, std::string> entries = read_zip(z, file);
+  std::string pkl, archive;
+  for (const auto& [name, bytes] : entries) {
+    if (name.ends_with("/data.pkl") || name == "data.pkl") {
+      pkl = name;
+      archive = name.substr(0, name.size() - std::string("data.pkl").size());
+    }
+  }
+  if (pkl.empty()) fail("torch file '{}': the zip holds no data.pkl; it is not a torch.save file", file);
+  if (const auto bo = entries.find(archive + "byteorder"); bo != entries.end() && bo->second != "little") {
+    fail("torch file '{}': saved with byte order '{}'; dstrain reads little-endian files", file, bo->second);
+  }
+  Unpickler u(entries.at(pkl), file);
+  const ValuePtr root = u.run();
+  if (root->kind != Value::dict) fail("torch file '{}': the saved object is not a dict (a state dict); save model.state_dict()", file);
+  collect(root, "", tensors_, 0);
+  if (tensors_.empty()) fail("torch file '{}': no tensors in the saved dict", file);
+  for (const auto& [name, t] : tensors_) {
+    if (t.dtype.empty()) fail("torch file '{}': tensor '{}' has a storage type dstrain does not know", file, name);
+    const auto it = entries.find(archive + "data/" + t.storage_key);
+    if (it == entries.end()) fail("torch file '{}': tensor '{}' needs storage '{}', which the archive lacks (truncated?)", file, name, t.storage_key);
+    // The last element the strides reach must lie inside the storage.
+    std::int64_t last = t.storage_offset;
+    bool empty = false;
+    for (std::size_t k = 0; k < t.shape.size(); ++k) {
+      if (t.shape[k] < 0 || t.stride[k] < 0) fail("torch file '{}': tensor '{}' has a negative size or stride", file, name);
+      if (t.shape[k] == 0) empty = true;
+      last += (t.shape[k] - 1) * t.stride[k];
+    }
+    const auto elems = static_cast<std::int64_t>(it->second.size() / elem_size(t.dtype));
+    if (!empty && (t.storage_offset < 0 || last >= elems)) {
+      fail("torch file '{}': tensor '{}' reaches element {} of a storage of {} elements (truncated or corrupt)", file, name, last, elems);
+    }
+    storages_.emplace(t.storage_key, it->second);
+  }
+}
+
+std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail("torch file '{}' has no tensor '{}'", path_.string(), name);
+  const TorchTensorInfo& t = it->second;
+  const std::string& s = storages_.at(t.storage_key);
+  std::int64_t n = 1;
+  for (std::int64_t d : t.shape) n *= d;
+  std::vector<float> out(static_cast<std::size_t>(n));
+  const std::size_t es = elem_size(t.dtype);
+  const int kind = t.dtype == "F32" ? 0 : t.dtype == "F16" ? 1 : t.dtype == "BF16" ? 2 : t.dtype == "F64" ? 3 : -1;
+  if (kind < 0) fail("torch file '{}': tensor '{}' is {}; weights must be a floating type (F32, F16, BF16, F64)", path_.string(), name, t.dtype);
+  const auto load = [&](std::int64_t e) -> float {
+    const char* p = s.data() + static_cast<std::size_t>(e) * es;
+    switch (kind) {
+      case 0: { float f; std::memcpy(&f, p, 4); return f; }
+      case 1: { std::uint16_t h; std::memcpy(&h, p, 2); return fp16_bits_to_fp32(h); }
+      case 2: { std::uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_fp32(h); }
+      default: { double d; std::memcpy(&d, p, 8); return static_cast<float>(d); }
+    }
+  };
+  // Row-major walk over the shape, following the strides (a saved view may be non-contiguous).
+  std::vector<std::int64_t> idx(t.shape.size(), 0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t e = t.storage_offset;
+    for (std::size_t d = 0; d < idx.size(); ++d) e += idx[d] * t.stride[d];
+    out[static_cast<std::size_t>(k)] = load(e);
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,63 @@
+// Gpt2Embedding: x = dropout(wte[tokens] + wpe[t]).
+#include <cstdint>
+
+#include "ops/kernels/dropout.h"
+#include "ops/kernels/encoder.h"
+#include "models/gpt2/gpt2_layers.h"
+#include "models/layer_args.h"
+#include "ops/kernels/tensor_ops.h"
+
+namespace dstrain {
+
+using layer_args::expect_count;
+
+Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_); }
+
+std::vector<ParamSpec> Gpt2Embedding::params() const {
+  const std::int64_t C = cfg_.n_embd;
+  return {
+      {"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}},  // (Vp, C)
+      {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},                         // (maxT, C)
+  };
+}
+
+ActivationSpec Gpt2Embedding::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
+
+std::vector<ActivationSpec> Gpt2Embedding::saved_activations(const LayerDims&) const { return {}; }
+
+std::vector<ActivationSpec> Gpt2Embedding::scratch(const LayerDims& d) const {
+  return {
+      {"dx_dropped", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},  // (B, T, C) gradient before the dropout
+      {"encoder_buckets", Shape{static_cast<std::int64_t>(encoder_backward_scratch_elems(d.B, d.T, cfg_.padded_vocab_size))}, DType::int32},
+  };
+}
+
+void Gpt2Embedding::forward(const ForwardArgs& a) {
+  expect_count(name(), "params", a.params, 2);
+  expect_count(name(), "scratch", a.scratch, 2);
+  const Tensor& tokens = a.batch.tokens;
+  // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
+  check_token_ids(tokens, cfg_.vocab_size, "layer 'embedding'");
+  if (tokens.shape.rank == 2 && tokens.shape[1] > cfg_.n_positions) {
+    fail("layer 'embedding': sequence length T = {} exceeds n_positions = {}; use T <= {} or a model with more positions", tokens.shape[1],
+         cfg_.n_positions, cfg_.n_positions);
+  }
+  encoder_forward(a.output, tokens, a.params[0], a.params[1]);
+  const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
+  if (drop.p > 0.0f) dropout_forward(a.output, a.output, drop);
+}
+
+void Gpt2Embedding::backward(const BackwardArgs& a) {
+  expect_count(name(), "grads", a.grads, 2);
+  expect_count(name(), "scratch", a.scratch, 2);
+  const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
+  Tensor dx = a.dout;
+  if (drop.p > 0.0f) {
+    dx = a.scratch[0];
+    zero_tensor(dx);
+    dropout_backward(dx, a.dout, drop);
+  }
+  encoder_backward(a.grads[0], a.grads[1], dx, a.batch.tokens, a.scratch[1]);
+}
+
+}  // namespace dstrain

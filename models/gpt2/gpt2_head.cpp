@@ -1,0 +1,78 @@
+// Gpt2Head: ln_f, tied LM head over the padded vocabulary, fused softmax cross-entropy.
+#include <cmath>
+#include <cstdint>
+
+#include "ops/kernels/layernorm.h"
+#include "ops/kernels/matmul.h"
+#include "models/gpt2/gpt2_layers.h"
+#include "models/layer_args.h"
+#include "ops/kernels/tensor_ops.h"
+
+namespace dstrain {
+
+using layer_args::expect_count;
+
+namespace {
+enum Saved { kLnf, kLnfMean, kLnfRstd, kLogits, kLse, kNumSaved };
+enum Scratch { kDLnf, kMatmul, kNumScratch };
+enum P { kW, kB, kWte, kNumParams };
+}  // namespace
+
+Gpt2Head::Gpt2Head(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_); }
+
+std::vector<ParamSpec> Gpt2Head::params() const {
+  const std::int64_t C = cfg_.n_embd;
+  return {
+      {"ln_f.weight", Shape{C}, ParamInit::ones(), false, {}},
+      {"ln_f.bias", Shape{C}, ParamInit::zeros(), false, {}},
+      {"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, "wte.weight"},  // (Vp, C)
+  };
+}
+
+ActivationSpec Gpt2Head::output(const LayerDims& d) const { return {"losses", Shape{d.B, d.T}, DType::fp32}; }
+
+std::vector<ActivationSpec> Gpt2Head::saved_activations(const LayerDims& d) const {
+  const std::int64_t C = cfg_.n_embd;
+  return {
+      {"lnf", Shape{d.B, d.T, C}, d.dtype},
+      {"lnf_mean", Shape{d.B, d.T}, DType::fp32},
+      {"lnf_rstd", Shape{d.B, d.T}, DType::fp32},
+      {"logits", Shape{d.B, d.T, cfg_.padded_vocab_size}, d.dtype},  // (B, T, Vp); backward turns it into dlogits in place
+      {"lse", Shape{d.B, d.T}, DType::fp32},
+  };
+}
+
+std::vector<ActivationSpec> Gpt2Head::scratch(const LayerDims& d) const {
+  return {
+      {"dlnf", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
+      {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, cfg_.n_embd))}, DType::fp32},
+  };
+}
+
+void Gpt2Head::forward(const ForwardArgs& a) {
+  expect_count(name(), "params", a.params, kNumParams);
+  expect_count(name(), "saved", a.saved, kNumSaved);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  const auto& s = a.saved;
+  layernorm_forward(s[kLnf], s[kLnfMean], s[kLnfRstd], a.input, a.params[kW], a.params[kB], cfg_.layer_norm_epsilon);
+  matmul_forward(s[kLogits], s[kLnf], a.params[kWte], Tensor{}, a.scratch[kMatmul]);  // (B, T, Vp) = lnf · wteᵀ
+  const float mean = layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
+  if (a.loss != nullptr) *a.loss = mean;
+}
+
+void Gpt2Head::backward(const BackwardArgs& a) {
+  expect_count(name(), "params", a.params, kNumParams);
+  expect_count(name(), "grads", a.grads, kNumParams);
+  expect_count(name(), "saved", a.saved, kNumSaved);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  const auto& s = a.saved;
+  const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
+  layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
+  const Tensor dlnf = a.scratch[kDLnf];
+  zero_tensor(dlnf);
+  matmul_backward(dlnf, a.grads[kWte], Tensor{}, dlogits, s[kLnf], a.params[kWte], a.scratch[kMatmul]);
+  zero_tensor(a.dinput);
+  layernorm_backward(a.dinput, a.grads[kW], a.grads[kB], dlnf, a.input, a.params[kW], s[kLnfMean], s[kLnfRstd]);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,85 @@
+// The three layer kinds of GPT-2 (pre-LN, as Hugging Face GPT2LMHeadModel and llm.c):
+//   Gpt2Embedding  tokens (B, T) -> x (B, T, C):  wte[token] + wpe[t], embd dropout
+//   Gpt2Block      x -> x + attn(ln_1(x)) -> + mlp(ln_2(.)), resid dropout on both branches:
+//                    ln_1 -> c_attn -> causal attention (attn dropout) -> c_proj -> dropout ->
+//                    residual + ln_2 (one fused pass) -> c_fc -> GELU (tanh) -> c_proj -> dropout
+//                    -> residual
+//   Gpt2Head       x -> ln_f -> logits = ln_f(x) · wteᵀ over the padded vocab (tied weight, no
+//                    bias) -> fused softmax cross-entropy; output: per-position losses (B, T) fp32,
+//                    the mean over the non-ignored targets in *ForwardArgs::loss
+// Parameter names are Hugging Face's ("h.3.mlp.c_fc.weight"); linear weights are stored in the
+// nn.Linear (out, in) layout (HF's Conv1D files are (in, out); gpt2_weights.h transposes).
+//
+// Init (GPT-2 / llm.c / nanoGPT): linear and embedding weights normal(0, 0.02), the two residual
+// projections (attn.c_proj, mlp.c_proj weights) normal(0, 0.02 / sqrt(2 n_layer)), wpe normal(0,
+// 0.02) too (llm.c's train_gpt2.py: "initialize the position embedding at std=0.02 to match the
+// scale of the token embedding"; HF's _init_weights also uses initializer_range = 0.02 for every
+// nn.Embedding), biases 0, LayerNorm weight 1 / bias 0, the padded rows of wte 0.
+//
+// Dropout sites (added to ForwardArgs::rng.site): embedding 0; block: 0 attention probabilities,
+// 1 after attn.c_proj, 2 after mlp.c_proj.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/gpt2/gpt2_config.h"
+#include "models/layer.h"
+
+namespace dstrain {
+
+class Gpt2Embedding final : public Layer {
+ public:
+  explicit Gpt2Embedding(const Gpt2Config& cfg);
+  std::string name() const override { return "embedding"; }
+  std::vector<ParamSpec> params() const override;  // wte.weight (Vp, C), wpe.weight (maxT, C)
+  ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;  // none
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+
+ private:
+  Gpt2Config cfg_;
+};
+
+class Gpt2Block final : public Layer {
+ public:
+  Gpt2Block(const Gpt2Config& cfg, std::int64_t index);  // index: N of "h.N"
+  std::string name() const override { return "h." + std::to_string(index_); }
+  std::vector<ParamSpec> params() const override;
+  ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+
+ private:
+  Gpt2Config cfg_;
+  std::int64_t index_;
+};
+
+class Gpt2Head final : public Layer {
+ public:
+  explicit Gpt2Head(const Gpt2Config& cfg);
+  std::string name() const override { return "head"; }
+  // ln_f.weight, ln_f.bias, lm_head.weight (tied to wte.weight)
+  std::vector<ParamSpec> params() const override;
+  ActivationSpec output(const LayerDims& d) const override;  // losses (B, T) fp32
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+  // Training forwards write dlogits over the logits (softmax_cross_entropy_forward_backward).
+  bool fuses_loss_grad() const override { return true; }
+
+ private:
+  Gpt2Config cfg_;
+};
+
+// Embedding, n_layer blocks, head: the model in the order the engine runs it.
+std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg);
+
+}  // namespace dstrain

@@ -1,0 +1,253 @@
+// LlamaBlock: one pre-norm decoder layer of the Llama family.
+//
+// forward (S = storage dtype, W = (NH + 2·NKV)·D, I = intermediate_size):
+//   ln1, rstd1 = rmsnorm(x) (input_layernorm)                       (B, T, C), (B, T)
+//   qkv_raw = ln1 · qkv_projᵀ (+ b)                                 (B, T, W)   [only with q/k norm]
+//   qkv = qkv_raw; q/k heads RMSNorm'd in place (Qwen3)             (B, T, W), rstd (B, T, NH + NKV)
+//   qkv: q and k heads rotated in place (RoPE, positions 0 .. T-1)
+//   atty, lse = attention(qkv, NH, NKV) (attention_dropout, site 0) (B, T, NH·D), (B, NH, T)
+//     causal, or within Mistral's sliding_window (cfg.attention_window())
+//   proj = atty · o_projᵀ (+ b)                                     (B, T, C) scratch
+//   residual2 = x + proj; ln2, rstd2 = rmsnorm(residual2)           one fused pass
+//   gate = ln2 · gate_projᵀ, up = ln2 · up_projᵀ (+ b)              (B, T, I) each
+//   h = silu(gate) * up                                             (B, T, I)
+//   out = residual2 + h · down_projᵀ (+ b)
+// backward runs the same in reverse; RoPE and the q/k norm backward run in place on dqkv.
+// dinput carries the residual stream's gradient and may be the same memory as dout.
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/kernels/attention.h"
+#include "ops/kernels/head_rmsnorm.h"
+#include "ops/kernels/matmul.h"
+#include "ops/kernels/rmsnorm.h"
+#include "ops/kernels/rope.h"
+#include "ops/kernels/swiglu.h"
+#include "ops/kernels/tensor_ops.h"
+#include "models/layer_args.h"
+#include "models/llama/llama_layers.h"
+
+namespace dstrain {
+
+using layer_args::expect_count;
+
+namespace {
+
+// Positions of the optional parameters in params(): -1 when the config has none.
+struct ParamIndex {
+  int ln1 = -1, qkv_w = -1, qkv_b = -1, q_norm = -1, k_norm = -1, o_w = -1, o_b = -1, ln2 = -1, gate_w = -1, gate_b = -1, up_w = -1, up_b = -1,
+      down_w = -1, down_b = -1, count = 0;
+};
+
+ParamIndex param_index(const LlamaConfig& c) {
+  ParamIndex p;
+  int n = 0;
+  p.ln1 = n++;
+  p.qkv_w = n++;
+  if (c.qkv_bias) p.qkv_b = n++;
+  if (c.qk_norm) {
+    p.q_norm = n++;
+    p.k_norm = n++;
+  }
+  p.o_w = n++;
+  if (c.o_bias) p.o_b = n++;
+  p.ln2 = n++;
+  p.gate_w = n++;
+  if (c.mlp_bias) p.gate_b = n++;
+  p.up_w = n++;
+  if (c.mlp_bias) p.up_b = n++;
+  p.down_w = n++;
+  if (c.mlp_bias) p.down_b = n++;
+  p.count = n;
+  return p;
+}
+
+enum Saved { kLn1, kRstd1, kQkvRaw, kQkNormRstd, kQkv, kInvFreq, kAtty, kLse, kResidual2, kLn2, kRstd2, kGate, kUp, kH, kNumSaved };
+enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kNumScratch };
+
+Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
+
+// (B, T, H, D) view of a (B, T, H·D) tensor.
+Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) {
+  return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device);
+}
+
+}  // namespace
+
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index)
+    : cfg_(cfg), index_(index), inv_freq_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)) {
+  validate(cfg_);
+}
+
+std::vector<ParamSpec> LlamaBlock::params() const {
+  const std::int64_t C = cfg_.n_embd, I = cfg_.intermediate_size, D = cfg_.head_dim;
+  const float sd = cfg_.initializer_range;
+  const std::string p = "model.layers." + std::to_string(index_) + ".";
+  std::vector<ParamSpec> v;
+  v.push_back({p + "input_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
+  v.push_back({p + "self_attn.qkv_proj.weight", Shape{cfg_.qkv_dim(), C}, ParamInit::normal(sd), true, {}});  // [q_proj | k_proj | v_proj]
+  if (cfg_.qkv_bias) v.push_back({p + "self_attn.qkv_proj.bias", Shape{cfg_.qkv_dim()}, ParamInit::zeros(), false, {}});
+  if (cfg_.qk_norm) {
+    v.push_back({p + "self_attn.q_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
+    v.push_back({p + "self_attn.k_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
+  }
+  v.push_back({p + "self_attn.o_proj.weight", Shape{C, cfg_.q_dim()}, ParamInit::normal(sd), true, {}});
+  if (cfg_.o_bias) v.push_back({p + "self_attn.o_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
+  v.push_back({p + "post_attention_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
+  v.push_back({p + "mlp.gate_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}});
+  if (cfg_.mlp_bias) v.push_back({p + "mlp.gate_proj.bias", Shape{I}, ParamInit::zeros(), false, {}});
+  v.push_back({p + "mlp.up_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}});
+  if (cfg_.mlp_bias) v.push_back({p + "mlp.up_proj.bias", Shape{I}, ParamInit::zeros(), false, {}});
+  v.push_back({p + "mlp.down_proj.weight", Shape{C, I}, ParamInit::normal(sd), true, {}});
+  if (cfg_.mlp_bias) v.push_back({p + "mlp.down_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
+  return v;
+}
+
+ActivationSpec LlamaBlock::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
+
+std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) const {
+  llama_check_sequence(cfg_, d.T);
+  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = cfg_.intermediate_size, W = cfg_.qkv_dim();
+  const DType S = d.dtype, F = DType::fp32;
+  // Without q/k norm the raw qkv is not needed after the forward (RoPE's backward needs no input).
+  const std::int64_t raw = cfg_.qk_norm ? B * T * W : 0;
+  const std::int64_t qk_rows = cfg_.qk_norm ? B * T * (cfg_.n_head + cfg_.n_kv_head) : 0;
+  return {
+      {"ln1", Shape{B, T, C}, S},
+      {"ln1_rstd", Shape{B, T}, F},
+      {"qkv_raw", Shape{raw}, S},
+      {"qk_norm_rstd", Shape{qk_rows}, F},
+      {"qkv", Shape{B, T, W}, S},
+      {"rope_inv_freq", Shape{cfg_.head_dim / 2}, F},
+      {"atty", Shape{B, T, cfg_.q_dim()}, S},
+      {"att_lse", Shape{B, cfg_.n_head, T}, F},
+      {"residual2", Shape{B, T, C}, S},
+      {"ln2", Shape{B, T, C}, S},
+      {"ln2_rstd", Shape{B, T}, F},
+      {"gate", Shape{B, T, I}, S},
+      {"up", Shape{B, T, I}, S},
+      {"h", Shape{B, T, I}, S},
+  };
+}
+
+std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
+  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = cfg_.intermediate_size;
+  const std::int64_t widest_in = std::max({C, cfg_.q_dim(), I});
+  return {
+      {"btc_a", Shape{B, T, C}, d.dtype},  // forward: branch outputs; backward: d(ln2), then d(ln1)
+      {"btc_b", Shape{B, T, std::max(C, cfg_.q_dim())}, d.dtype},  // backward: d(atty)
+      {"dqkv", Shape{B, T, cfg_.qkv_dim()}, d.dtype},
+      {"bti_a", Shape{B, T, I}, d.dtype},  // backward: d(h), then d(gate)
+      {"bti_b", Shape{B, T, I}, d.dtype},  // backward: d(up)
+      {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, widest_in))}, DType::fp32},
+      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, cfg_.q_dim(), cfg_.n_head))}, DType::fp32},
+  };
+}
+
+void LlamaBlock::forward(const ForwardArgs& a) {
+  const ParamIndex pi = param_index(cfg_);
+  expect_count(name(), "params", a.params, static_cast<std::size_t>(pi.count));
+  expect_count(name(), "saved", a.saved, kNumSaved);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  const auto& p = a.params;
+  const auto& s = a.saved;
+  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.n_kv_head, D = cfg_.head_dim;
+  const Tensor proj = Tensor(a.scratch[kBtcA].data, a.dims.dtype, Shape{B, T, C}, a.scratch[kBtcA].device);
+  const Tensor mm = a.scratch[kMatmul];
+  const float eps = cfg_.rms_norm_eps;
+
+  rmsnorm_forward(s[kLn1], s[kRstd1], a.input, p[pi.ln1], eps);
+  if (cfg_.qk_norm) {
+    const Tensor raw(s[kQkvRaw].data, a.dims.dtype, s[kQkv].shape, s[kQkvRaw].device);
+    matmul_forward(raw, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
+    copy_tensor(s[kQkv], raw);
+    const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
+    const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
+    const std::int64_t q_rows = B * T * NH;
+    head_rmsnorm_forward(heads, Tensor(rstd.data, DType::fp32, Shape{B, T, NH}, rstd.device), p[pi.q_norm], 0, NH, eps);
+    head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH,
+                         NKV, eps);
+  } else {
+    matmul_forward(s[kQkv], s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
+  }
+  copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
+  const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
+  rope_forward(heads, heads, s[kInvFreq], NH + NKV);
+  attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV}, layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train),
+                    cfg_.attention_window());
+  matmul_forward(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b), mm);
+  fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
+
+  matmul_forward(s[kGate], s[kLn2], p[pi.gate_w], opt(p, pi.gate_b), mm);
+  matmul_forward(s[kUp], s[kLn2], p[pi.up_w], opt(p, pi.up_b), mm);
+  swiglu_forward(s[kH], s[kGate], s[kUp]);
+  matmul_forward(proj, s[kH], p[pi.down_w], opt(p, pi.down_b), mm);
+  residual_forward(a.output, s[kResidual2], proj);
+}
+
+void LlamaBlock::backward(const BackwardArgs& a) {
+  const ParamIndex pi = param_index(cfg_);
+  expect_count(name(), "params", a.params, static_cast<std::size_t>(pi.count));
+  expect_count(name(), "grads", a.grads, static_cast<std::size_t>(pi.count));
+  expect_count(name(), "saved", a.saved, kNumSaved);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  const auto& p = a.params;
+  const auto& g = a.grads;
+  const auto& s = a.saved;
+  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.n_kv_head, D = cfg_.head_dim;
+  const DType S = a.dims.dtype;
+  const Device dev = a.scratch[kBtcA].device;
+  const Tensor btc_a(a.scratch[kBtcA].data, S, Shape{B, T, C}, dev);
+  const Tensor mm = a.scratch[kMatmul];
+
+  const Tensor dres = a.dinput;
+  copy_tensor(dres, a.dout);  // a no-op when dinput is dout
+
+  // ---- MLP branch: out = residual2 + down(silu(gate(ln2)) * up(ln2)) ----
+  const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
+  zero_tensor(dh);
+  matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dres, s[kH], p[pi.down_w], mm);
+  // d(gate) goes into the saved h, which is dead once down_proj's backward has read it.
+  const Tensor dgate = s[kH];
+  zero_tensor(dgate);
+  zero_tensor(dup);
+  swiglu_backward(dgate, dup, dh, s[kGate], s[kUp]);
+  const Tensor dln2 = btc_a;
+  zero_tensor(dln2);
+  matmul_backward(dln2, g[pi.gate_w], opt(g, pi.gate_b), dgate, s[kLn2], p[pi.gate_w], mm);
+  matmul_backward(dln2, g[pi.up_w], opt(g, pi.up_b), dup, s[kLn2], p[pi.up_w], mm);
+  rmsnorm_backward(dres, g[pi.ln2], dln2, s[kResidual2], p[pi.ln2], s[kRstd2]);
+
+  // ---- attention branch: residual2 = x + o_proj(attn(...)) ----
+  const Tensor datty(a.scratch[kBtcB].data, S, Shape{B, T, cfg_.q_dim()}, dev);
+  zero_tensor(datty);
+  matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres, s[kAtty], p[pi.o_w], mm);
+  const Tensor dqkv = a.scratch[kDqkv];
+  zero_tensor(dqkv);
+  attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kLse], AttentionHeads{NH, NKV}, a.scratch[kAttention],
+                     layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train), cfg_.attention_window());
+  const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
+  rope_backward(dheads, dheads, s[kInvFreq], NH + NKV);
+  if (cfg_.qk_norm) {
+    const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, s[kQkv].shape, s[kQkvRaw].device), NH + 2 * NKV, D);
+    float* rstd = static_cast<float*>(s[kQkNormRstd].data);
+    const Device rd = s[kQkNormRstd].device;
+    head_rmsnorm_backward(dheads, g[pi.q_norm], raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
+    head_rmsnorm_backward(dheads, g[pi.k_norm], raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
+  }
+  const Tensor dln1 = btc_a;  // d(ln2) is dead
+  zero_tensor(dln1);
+  matmul_backward(dln1, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, s[kLn1], p[pi.qkv_w], mm);
+  rmsnorm_backward(dres, g[pi.ln1], dln1, a.input, p[pi.ln1], s[kRstd1]);
+}
+
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg) {
+  validate(cfg);
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(std::make_unique<LlamaEmbedding>(cfg));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i));
+  layers.push_back(std::make_unique<LlamaHead>(cfg));
+  return layers;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,55 @@
+// LlamaEmbedding: x = embed_tokens[tokens]. The encoder kernel adds a position table too; Llama
+// has none (RoPE acts inside attention), so a zero table from the scratch stands in for it: one
+// extra add of zeros per element, in exchange for no second embedding kernel.
+#include <cstdint>
+
+#include "ops/kernels/encoder.h"
+#include "ops/kernels/tensor_ops.h"
+#include "models/layer_args.h"
+#include "models/llama/llama_layers.h"
+
+namespace dstrain {
+
+using layer_args::expect_count;
+
+namespace {
+enum Scratch { kZeroPositions, kBuckets, kNumScratch };
+}
+
+LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg) : cfg_(cfg) { validate(cfg_); }
+
+std::vector<ParamSpec> LlamaEmbedding::params() const {
+  return {{"model.embed_tokens.weight", Shape{cfg_.padded_vocab_size, cfg_.n_embd}, ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
+           true, {}}};  // (Vp, C)
+}
+
+ActivationSpec LlamaEmbedding::output(const LayerDims& d) const {
+  llama_check_sequence(cfg_, d.T);
+  return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype};
+}
+
+std::vector<ActivationSpec> LlamaEmbedding::saved_activations(const LayerDims&) const { return {}; }
+
+std::vector<ActivationSpec> LlamaEmbedding::scratch(const LayerDims& d) const {
+  return {
+      {"zero_positions", Shape{d.T, cfg_.n_embd}, d.dtype},  // forward: the encoder's position table (zeros); backward: its discarded gradient
+      {"encoder_buckets", Shape{static_cast<std::int64_t>(encoder_backward_scratch_elems(d.B, d.T, cfg_.padded_vocab_size))}, DType::int32},
+  };
+}
+
+void LlamaEmbedding::forward(const ForwardArgs& a) {
+  expect_count(name(), "params", a.params, 1);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  check_token_ids(a.batch.tokens, cfg_.vocab_size, "layer 'embedding'");
+  llama_check_sequence(cfg_, a.dims.T);
+  zero_tensor(a.scratch[kZeroPositions]);
+  encoder_forward(a.output, a.batch.tokens, a.params[0], a.scratch[kZeroPositions]);
+}
+
+void LlamaEmbedding::backward(const BackwardArgs& a) {
+  expect_count(name(), "grads", a.grads, 1);
+  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  encoder_backward(a.grads[0], a.scratch[kZeroPositions], a.dout, a.batch.tokens, a.scratch[kBuckets]);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,85 @@
+// The three layer kinds of the Llama family (pre-norm decoder; Hugging Face's LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM):
+//   LlamaEmbedding  tokens (B, T) -> x (B, T, C): embed_tokens[token] (no position embedding)
+//   LlamaBlock      x -> h = x + o_proj(attn(rope(qkv(rmsnorm(x))))) -> h + down(silu(gate(n)) * up(n)),
+//                   n = rmsnorm(h); grouped-query attention with num_key_value_heads; optional
+//                   q/k/v (and o, MLP) biases; Qwen3's q/k head RMSNorm before RoPE
+//   LlamaHead       x -> model.norm -> logits = norm(x) · lm_headᵀ over the padded vocab (tied to
+//                   embed_tokens or its own weight) -> fused softmax cross-entropy
+//
+// Parameter names are Hugging Face's ("model.layers.3.mlp.gate_proj.weight"), except that the
+// q, k and v projections are ONE parameter, "model.layers.N.self_attn.qkv_proj.weight" of shape
+// ((NH + 2·NKV)·D, C) (and ".bias"), rows [q_proj | k_proj | v_proj]: one GEMM writes the fused
+// attention input the attention kernel reads. llama_weights.h splits and joins it on the way to
+// and from Hugging Face files.
+//
+// Init (transformers' LlamaPreTrainedModel._init_weights): every linear and embedding weight
+// normal(0, initializer_range), biases 0, RMSNorm weights 1, the padded rows of the vocabulary 0.
+//
+// Dropout: attention_dropout on the attention probabilities (block site 0); no other dropout
+// exists in these models.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layer.h"
+#include "models/llama/llama_config.h"
+
+namespace dstrain {
+
+class LlamaEmbedding final : public Layer {
+ public:
+  explicit LlamaEmbedding(const LlamaConfig& cfg);
+  std::string name() const override { return "embedding"; }
+  std::vector<ParamSpec> params() const override;  // model.embed_tokens.weight (Vp, C)
+  ActivationSpec output(const LayerDims& d) const override;
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+
+ private:
+  LlamaConfig cfg_;
+};
+
+class LlamaBlock final : public Layer {
+ public:
+  LlamaBlock(const LlamaConfig& cfg, std::int64_t index);  // index: N of "model.layers.N"
+  std::string name() const override { return "layers." + std::to_string(index_); }
+  std::vector<ParamSpec> params() const override;
+  ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+
+ private:
+  LlamaConfig cfg_;
+  std::int64_t index_;
+  std::vector<float> inv_freq_;  // (D/2) rope_inv_freq, uploaded into the saved "rope_inv_freq" per forward
+};
+
+class LlamaHead final : public Layer {
+ public:
+  explicit LlamaHead(const LlamaConfig& cfg);
+  std::string name() const override { return "head"; }
+  // model.norm.weight, lm_head.weight (tied to model.embed_tokens.weight when tie_word_embeddings)
+  std::vector<ParamSpec> params() const override;
+  ActivationSpec output(const LayerDims& d) const override;  // losses (B, T) fp32
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
+  std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
+  void forward(const ForwardArgs& a) override;
+  void backward(const BackwardArgs& a) override;
+  bool fuses_loss_grad() const override { return true; }
+
+ private:
+  LlamaConfig cfg_;
+};
+
+// Embedding, n_layer blocks, head.
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg);
+
+}  // namespace dstrain

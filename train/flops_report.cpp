@@ -1,0 +1,86 @@
+#include "train/flops_report.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "train/monitor/flops.h"
+#include "train/progress.h"
+#include "ops/allocator.h"
+#include "ops/buffer.h"
+#include "ops/kernels/device_backend.h"
+#include "ops/kernels/matmul.h"
+#include "ops/kernels/tensor_ops.h"
+#include "ops/tensor.h"
+
+namespace dstrain {
+
+double measure_gemm_flops(Device device, DType dtype) {
+  using Clock = std::chrono::steady_clock;
+  const bool gpu = !device.is_cpu();
+  const std::int64_t n = gpu ? 4096 : 1024;
+  const Shape sq{n, n};
+  std::vector<float> a, b, c;
+  std::unique_ptr<Allocator> alloc;
+  Buffer buf;
+  Tensor ta, tb, tc, scratch;  // scratch: the fp32 one matmul's contract asks of 16-bit storage (unused on a GPU)
+  if (gpu) {
+    alloc = make_device_allocator(device);
+    const std::size_t bytes = static_cast<std::size_t>(n * n) * dtype_size(dtype);
+    const auto scratch_elems = static_cast<std::int64_t>(matmul_scratch_elems(dtype, n));
+    buf = Buffer(*alloc, 3 * bytes + static_cast<std::size_t>(scratch_elems) * sizeof(float), MemoryPurpose::buffers);
+    ta = buf.tensor(dtype, sq, 0);
+    tb = buf.tensor(dtype, sq, bytes);
+    tc = buf.tensor(dtype, sq, 2 * bytes);
+    if (scratch_elems > 0) scratch = buf.tensor(DType::fp32, Shape{scratch_elems}, 3 * bytes);
+    zero_tensor(ta);
+    zero_tensor(tb);
+    matmul_forward(tc, ta, tb, Tensor{}, scratch);  // warm-up: cuBLASLt's handle and algorithm choice
+    synchronize_device(device);
+  } else {
+    a.assign(static_cast<std::size_t>(n * n), 0.5f);
+    b.assign(a.size(), 0.25f);
+    c.resize(a.size());
+    ta = Tensor(a.data(), DType::fp32, sq);
+    tb = Tensor(b.data(), DType::fp32, sq);
+    tc = Tensor(c.data(), DType::fp32, sq);
+  }
+  double best = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    matmul_forward(tc, ta, tb, Tensor{}, scratch);
+    if (gpu) synchronize_device(device);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0.0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
+  }
+  return best;
+}
+
+std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in) {
+  const Gpt2Config& g = in.model;
+  const std::int64_t T = in.sequence_length;
+  Gpt2FlopsShape shape{.batch = in.micro_batch, .seq_len = T, .channels = g.n_embd, .heads = g.n_head, .vocab = g.padded_vocab_size,
+                       .layers = g.n_layer, .max_seq_len = g.n_positions};
+  const ModuleFlops tree = gpt2_forward_flops(shape);
+  FlopsProfileInput p;
+  p.model = &tree;
+  p.profile_step = cfg.flops_profiler.profile_step;
+  p.micro_batch_per_gpu = in.micro_batch;
+  p.fwd_ms = in.fwd_ms;
+  p.bwd_ms = in.bwd_ms;
+  p.step_ms = in.step_ms;
+  std::string text = format_flops_profile(p, cfg.flops_profiler);
+  const double step_s = (in.fwd_ms + in.bwd_ms + in.step_ms) / 1000.0;
+  const double tokens_per_s = step_s > 0.0 ? static_cast<double>(in.train_batch_size * T) / step_s : 0.0;
+  const double per_token = model_flops_per_token(parameter_count_padded(g), g.n_layer, g.n_embd, T);
+  text += fmt::format("\nMFU (6N + 6LCT = {} per token, {} tokens/s, against a peak of {}{}): {:.2f}%\n", flops_number_to_string(per_token),
+                      format_count(tokens_per_s), flops_flops_to_string(in.peak_flops),
+                      in.peak_measured ? " measured by one GEMM on the training device; set --peak-flops" : " from --peak-flops",
+                      100.0 * mfu(per_token, tokens_per_s, in.peak_flops));
+  return text;
+}
+
+}  // namespace dstrain

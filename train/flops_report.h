@@ -1,0 +1,35 @@
+// The flops profiler's report of a training run (config "flops_profiler"): DeepSpeed's
+// print_model_profile at profile_step with the step's measured forward / backward / step times,
+// plus MFU against a peak — given, or measured once by one GEMM on the training device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config_schema/ds_config.h"
+#include "ops/device.h"
+#include "ops/dtype.h"
+#include "models/gpt2/gpt2_config.h"
+
+namespace dstrain {
+
+// FLOP/s of one n x n x n GEMM through dstrain's matmul kernel on `device`, best of 3: the
+// practical peak for MFU when none is given. The CPU: a 1024^3 fp32 sgemm (the BLAS the layers
+// use). A GPU: a 4096^3 GEMM in `dtype` (the tensor cores for fp16 / bf16) on device memory, each
+// run synchronised; a CPU sgemm would make a GPU's MFU meaningless.
+double measure_gemm_flops(Device device, DType dtype);
+
+// The step's times and the model's shape, for the report.
+struct FlopsReportInput {
+  Gpt2Config model;
+  std::int64_t micro_batch = 0, sequence_length = 0, train_batch_size = 0;
+  double fwd_ms = 0.0, bwd_ms = 0.0, step_ms = 0.0;
+  double peak_flops = 0.0;
+  bool peak_measured = false;  // false: from --peak-flops
+};
+
+// DeepSpeed's profile text for cfg.flops_profiler.profile_step, then
+// "MFU (6N + 6LCT = ... per token, ... tokens/s, against a peak of ...): x.xx%" (llm.c's count).
+std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in);
+
+}  // namespace dstrain

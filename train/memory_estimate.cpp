@@ -1,0 +1,202 @@
+#include "train/memory_estimate.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "engine/optim/optimizer_rules.h"
+#include "zero/split_state_store.h"
+
+namespace dstrain {
+namespace {
+
+// A number from a cgroup file ("max" or unreadable: nullopt).
+std::optional<double> read_cgroup_number(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stod(text);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Moves the offloaded shares of e's params and optimizer off the device (memory_estimate.h says
+// where; the engine's stores: engine.cpp make_state_stores, docs/offload.md).
+// b: bytes per stored parameter element.
+void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, double b) {
+  const config::ZeroConfig& z = cfg.zero_optimization;
+  if (const auto& poff = z.offload_param; z.stage == 3 && poff && poff->device != config::OffloadDevice::none) {
+    e.params_device = 0.0;
+    if (poff->device == config::OffloadDevice::cpu) {
+      e.params_host = e.params;
+    } else {
+      // NvmeParamStore keeps the units, in order, while their running total fits max_in_cpu: all of
+      // them when it covers the partition; otherwise an unknown prefix (0 as the lower bound) and
+      // buffer_count buffers of the largest swapped unit (at least one element: the bound again).
+      const double partition = e.parameters / W;
+      if (static_cast<double>(poff->max_in_cpu) >= partition) {
+        e.params_host = e.params;
+      } else {
+        e.params_nvme = e.params;
+        e.params_host = static_cast<double>(std::max<std::int64_t>(poff->buffer_count, 1)) * b;
+      }
+    }
+  }
+  const auto& off = z.offload_optimizer;
+  if (z.stage < 1 || !off || off->device == config::OffloadDevice::none || e.optimizer <= 0.0 || e.parameters <= 0.0) return;
+  // Sub-groups of sub_group_size elements over the rank's partition; the first int((1 - ratio)·N)
+  // stay on the device (SplitStateStore::device_groups), only at stage 3.
+  const double partition = e.parameters / W;
+  // StateStoreLayout::cut's step: sub_group_size rounded down to a multiple of 16 elements.
+  const std::int64_t step = z.sub_group_size > 16 ? z.sub_group_size - z.sub_group_size % 16 : std::max<std::int64_t>(z.sub_group_size, 1);
+  const double group = std::min(static_cast<double>(step), partition);
+  const double groups = std::ceil(partition / group);
+  const double ratio = z.stage == 3 ? off->ratio : 1.0;
+  const double kept_groups = groups < 0x1p53 ? static_cast<double>(SplitStateStore::device_groups(ratio, static_cast<std::size_t>(groups)))
+                                             : std::floor((1.0 - ratio) * groups);
+  const double on_device = std::min(kept_groups * group, partition);
+  const double per_element = e.optimizer / partition;
+  e.optimizer_device = on_device * per_element;
+  const double offloaded = e.optimizer - e.optimizer_device;
+  if (off->device == config::OffloadDevice::nvme && z.stage == 3 && offloaded > 0.0) {
+    // NvmeStateStore: buffer_count slots, each one sub-group of every state, in host memory.
+    e.optimizer_nvme = offloaded;
+    e.optimizer_buffers = static_cast<double>(std::max<std::int64_t>(off->buffer_count, 1));
+    e.optimizer_buffer_elements = group;
+    e.optimizer_bytes_per_element = per_element;
+    e.optimizer_host = e.optimizer_buffers * group * per_element;
+  } else {
+    e.optimizer_host = offloaded;
+  }
+}
+
+// Ψ stored parameters, Vp the padded vocabulary (the logits' width, the largest activation).
+MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
+  MemoryEstimate e;
+  e.parameters = parameters;
+  const bool mixed = cfg.fp16.enabled || cfg.bf16.enabled;
+  const double b = mixed ? 2.0 : 4.0;
+  const int stage = cfg.zero_optimization.stage;
+  const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size));
+  const double psi = e.parameters;
+  e.params = psi * b / (stage >= 3 ? W : 1.0);
+  e.grads = psi * b / (stage >= 2 ? W : 1.0);
+  const config::OptimizerKind k = cfg.optimizer.kind;
+  // Muon and Adafactor keep two fp32 states per element too (docs/optimizers.md §9, §10.1).
+  const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb ||
+                           k == config::OptimizerKind::muon || k == config::OptimizerKind::adafactor;
+  // The 1-bit family (stage 0 only; docs/optimizers_onebit.md §5): exp_avg, exp_avg_sq (+ 0/1 Adam's
+  // momentum accumulator or 1-bit LAMB's fresh variance), the worker error, the staging copy that is
+  // communicated (+ 1-bit LAMB's previous momentum), and the server error, ψ/W.
+  const double onebit = k == config::OptimizerKind::onebit_adam     ? 16.0 + 4.0 / W
+                        : k == config::OptimizerKind::zero_one_adam ? 20.0 + 4.0 / W
+                        : k == config::OptimizerKind::onebit_lamb   ? 24.0 + 4.0 / W
+                                                                    : 0.0;
+  // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
+  const auto& off = cfg.zero_optimization.offload_optimizer;
+  // So does parameter offload (stage 3; docs/offload.md §6).
+  const auto& poff = cfg.zero_optimization.offload_param;
+  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none) ||
+                             (stage == 3 && poff && poff->device != config::OffloadDevice::none);
+  // The element-wise rules (Adagrad, Lion, RMSprop, ...; engine/optim/optimizer_rules.h): one fp32 state
+  // per element for each of the rule's states, which may depend on its params (RMSprop's momentum, centered).
+  // SGD keeps a momentum buffer only with momentum (docs/training_state.md §1).
+  double rule_states = 0.0;
+  if (optimizer_rule_of(k)) {
+    rule_states = 4.0 * static_cast<double>(rule_state_names(cfg.optimizer).size());
+  } else if (k == config::OptimizerKind::sgd && cfg.optimizer.params.momentum != 0.0) {
+    rule_states = 4.0;
+  }
+  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
+  e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
+  e.params_device = e.params;
+  e.optimizer_device = e.optimizer;
+  place_offloaded(e, cfg, W, b);
+  return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig& cfg, std::int64_t T) {
+  const double L = static_cast<double>(g.n_layer), C = static_cast<double>(g.n_embd);
+  const double Vp = static_cast<double>(g.padded_vocab_size);
+  const double P = static_cast<double>(g.n_positions);
+  // As parameter_count_padded(), in double: wte Vp·C, wpe P·C, per block 12C² + 13C, final LN 2C.
+  return estimate(Vp * C + P * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C, Vp, cfg, T);
+}
+
+MemoryEstimate estimate_rank_memory(const ModelConfig& m, const config::DsConfig& cfg, std::int64_t T) {
+  if (m.gpt2) return estimate_rank_memory(*m.gpt2, cfg, T);
+  return estimate(static_cast<double>(m.parameters_stored()), static_cast<double>(m.padded_vocab_size()), cfg, T);
+}
+
+std::optional<HostMemoryLimit> host_memory_limit() {
+  std::optional<HostMemoryLimit> best;
+  const auto consider = [&](double bytes, std::string source) {
+    if (std::isnan(bytes)) return;
+    bytes = std::max(0.0, bytes);
+    if (!best || bytes < best->bytes) best = HostMemoryLimit{bytes, std::move(source)};
+  };
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0.0, available = -1.0, swap_free = 0.0;
+    std::string unit;
+    while (in >> key >> kib) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") available = kib * 1024.0;
+      if (key == "SwapFree:") swap_free = kib * 1024.0;
+    }
+    if (available >= 0.0) consider(available + swap_free, "MemAvailable + SwapFree in /proc/meminfo");
+  }
+  // cgroup v2, then v1: the limit of the container or job this process runs in.
+  if (const auto max = read_cgroup_number("/sys/fs/cgroup/memory.max")) {
+    const double used = read_cgroup_number("/sys/fs/cgroup/memory.current").value_or(0.0);
+    consider(*max - used, "the cgroup's memory.max less memory.current");
+  } else if (const auto limit = read_cgroup_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"); limit && *limit < 1e18) {
+    const double used = read_cgroup_number("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0.0);
+    consider(*limit - used, "the cgroup's memory.limit_in_bytes less its usage");
+  }
+  // ulimit -v / -d, less what this process has mapped already (VmSize / VmData of /proc/self/status).
+  double vm_size = 0.0, vm_data = 0.0;
+  {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string key;
+      double kib = 0.0;
+      if (!(fields >> key >> kib)) continue;
+      if (key == "VmSize:") vm_size = kib * 1024.0;
+      if (key == "VmData:") vm_data = kib * 1024.0;
+    }
+  }
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_size, "the address-space limit (ulimit -v) less what is mapped");
+  if (::getrlimit(RLIMIT_DATA, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_data, "the data-segment limit (ulimit -d) less what is in use");
+  return best;
+}
+
+std::string format_estimate_bytes(double bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024.0) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  if (bytes >= 1e6) return fmt::format("{:.2e} {}", bytes, kUnits[u]);
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, kUnits[u]);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,71 @@
+// A lower bound of the memory a training run takes, computed from the model's shape and the
+// config before anything is allocated, so that a model that cannot fit is refused in the pre-flight
+// with the figures — instead of an allocation failing (or the machine swapping) after minutes of
+// building layers, or a size so large that its arithmetic overflows.
+//
+// Per rank, with Ψ the stored parameters (padded vocabulary), b the bytes of the model dtype (4 in
+// fp32, 2 in fp16 / bf16) and W the data-parallel ranks:
+//   params      Ψ·b           (ZeRO-3: / W)
+//   grads       Ψ·b           (ZeRO-2, 3: / W)
+//   optimizer   (4Ψ fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ Adam / AdamW / Lamb
+//               moments, or 4Ψ per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
+//               engine/optim/optimizer_rules.h), or 4Ψ for SGD's momentum buffer when momentum != 0
+//               (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
+//   activations the logits of one micro-batch, B·T·Vp·b, the least any forward keeps
+// Where they live (docs/offload.md §11): offload_param (stage 3) moves the params to host memory
+// ("cpu") or to swap files ("nvme": host memory keeps them all only when max_in_cpu covers the
+// partition); offload_optimizer moves the optimizer's offloaded share — all of it, or the sub-groups
+// past the first int((1 - ratio)·N) — to host memory, or to swap files with buffer_count sub-group
+// buffers of every state in host memory ("nvme" at stage 3). Bytes in swap files are in no memory.
+// All in double: a spec such as gpt2:L4294967296-C4294967296-H2 gives a finite, huge figure.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config_schema/ds_config.h"
+#include "models/model.h"
+#include "models/gpt2/gpt2_config.h"
+
+namespace dstrain {
+
+struct MemoryEstimate {
+  double parameters = 0.0;  // Ψ, the stored parameters
+  double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
+  // Where params and optimizer are: the training device's memory, host memory by offload (for
+  // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the
+  // total above except for "nvme", whose host buffers hold copies of what is in the files.
+  double params_device = 0.0, params_host = 0.0, params_nvme = 0.0;
+  double optimizer_device = 0.0, optimizer_host = 0.0, optimizer_nvme = 0.0;
+  // offload_optimizer "nvme" at stage 3: optimizer_host is optimizer_buffers host buffers, each one
+  // sub-group (optimizer_buffer_elements, sub_group_size or the whole partition if smaller) of every
+  // fp32 state, optimizer_bytes_per_element bytes per element (12 for Adam: master + 2 moments).
+  // The pre-flight names sub_group_size when these buffers do not fit (docs/offload.md §11).
+  double optimizer_buffers = 0.0, optimizer_buffer_elements = 0.0, optimizer_bytes_per_element = 0.0;
+  // Bytes in memory, device and host (on the cpu device they are the same memory); swap files not.
+  double per_rank() const { return params_device + params_host + grads + optimizer_device + optimizer_host + activations; }
+  // Of per_rank(): what offload holds in host memory, and what stays on the training device.
+  double host() const { return params_host + optimizer_host; }
+  double device() const { return per_rank() - host(); }
+};
+
+// The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
+// data-parallel world size) training `model` on sequences of T tokens.
+MemoryEstimate estimate_rank_memory(const Gpt2Config& model, const config::DsConfig& cfg, std::int64_t T);
+// The same for either architecture: its stored parameter count and padded vocabulary.
+MemoryEstimate estimate_rank_memory(const ModelConfig& model, const config::DsConfig& cfg, std::int64_t T);
+
+// What this process may still allocate on the host, and where the figure comes from: the smallest
+// of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the
+// address-space / data-segment limits (ulimit -v / -d). nullopt when none is known.
+struct HostMemoryLimit {
+  double bytes = 0.0;
+  std::string source;  // e.g. "MemAvailable + SwapFree in /proc/meminfo", "the cgroup's memory.max"
+};
+std::optional<HostMemoryLimit> host_memory_limit();
+
+// "3.21 GiB" style, for doubles beyond 2^64 too ("8.00e+09 TiB").
+std::string format_estimate_bytes(double bytes);
+
+}  // namespace dstrain

@@ -1,0 +1,440 @@
+#include "train/rank_trainer.h"
+
+#include <array>
+#include <csignal>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "data/gpt2_tokenizer.h"
+#include "train/flops_report.h"
+#include "models/model.h"
+#include "train/monitor/flops.h"
+#include "train/monitor/memory_breakdown.h"
+#include "train/monitor/train_events.h"
+#include "train/progress.h"
+#include "train/trainer_checkpoints.h"
+#include "ops/error.h"
+#include "ops/kernels/device_backend.h"
+
+namespace dstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options, Communicator* comm)
+    : plan_(plan), options_(options), comm_(comm), rank_(comm != nullptr ? comm->rank() : 0) {
+  const config::DsConfig& cfg = plan.config;
+  const int world = comm != nullptr ? comm->world_size() : 1;
+  T_ = plan.sequence_length;
+  // A resumed run continues with its own seed: the same data order and dropout streams.
+  seed_ = plan.resume ? plan.resume->seed : options.seed;
+
+  // ---- engine ----
+  engine_.emplace(initialize(make_model(plan.model), cfg,
+                             {.seed = seed_,
+                              .comm = comm,
+                              .sequence_length = T_,
+                              .init_params = options.init_from.empty() || plan.resume.has_value(),
+                              .device = plan.device,
+                              .checkpoint_activations = options.checkpoint_activations,
+                              .bf16_stochastic_rounding = options.bf16_stochastic_rounding,
+                              .inject_overflow_steps = options.inject_overflow}));
+  Engine& engine = *engine_;
+  if (!options.init_from.empty() && !plan.resume) engine.load_weights(options.init_from);
+  B_ = engine.micro_batch_size();
+  GAS_ = engine.gradient_accumulation_steps();
+  TBS_ = engine.train_batch_size();
+  stage_ = engine.zero_stage();
+  inputs_.assign(static_cast<std::size_t>(B_ * T_), 0);
+  targets_.assign(inputs_.size(), 0);
+
+  // ---- data: rank r of W reads its slots of every global batch (data/data_loader.h) ----
+  DataLoaderOptions dlo;
+  dlo.micro_batch_size = static_cast<std::size_t>(B_);
+  dlo.sequence_length = static_cast<std::size_t>(T_);
+  dlo.gradient_accumulation_steps = static_cast<int>(GAS_);
+  dlo.world_size = world;
+  dlo.rank = rank_;
+  dlo.seed = seed_;
+  dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
+  loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
+  if (plan.resume) {
+    // The engine's state, then the data loader's position (the client state of save_checkpoint).
+    const LoadedCheckpoint l = engine.load_checkpoint(plan.resume->dir, plan.resume->tag);
+    const config::Json data = l.client_state.value("data", config::Json::object());
+    if (data.contains("epoch") && data.contains("position")) {
+      loader_->set_state(DataLoaderState{data.at("epoch").get<std::uint64_t>(), data.at("position").get<std::uint64_t>()});
+    } else {
+      fail("--resume: checkpoint {} has no data loader position in its client state (it was not saved by `dstrain train`); "
+           "load it with Engine::load_checkpoint from the program that saved it",
+           l.path.string());
+    }
+    skipped_before_ = engine.skipped_steps();
+    resumed_steps_ = engine.global_steps();
+  }
+  if (!options.val_data.empty()) {
+    EvalLoaderOptions elo;
+    elo.batch_size = static_cast<std::size_t>(B_);
+    elo.sequence_length = static_cast<std::size_t>(T_);
+    // --val-batches counts batches of B sequences over all ranks, so W ranks evaluate exactly the
+    // windows one rank would (data/eval_loader.h), each rank a disjoint share of them.
+    elo.world_size = world;
+    elo.rank = rank_;
+    elo.max_batches = static_cast<std::size_t>(options.val_batches);
+    elo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
+    val_.emplace(EvalLoader::open(options.val_data, elo));
+  }
+}
+
+RankTrainer::~RankTrainer() = default;
+
+void RankTrainer::say(const std::string& line) const {
+  if (lead()) trainer_print(options_, line);
+}
+
+void RankTrainer::announce() {
+  const config::DsConfig& cfg = plan_.config;
+  Engine& engine = *engine_;
+  const int world = engine.world_size();
+  say(fmt::format("model {}: {}", plan_.model_spec, plan_.model.describe()));
+  say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
+                  TBS_, B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
+  if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
+  if (!plan_.comm_note.empty()) say(plan_.comm_note);
+  if (world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
+    const bool local = comm_ == nullptr || comm_->backend() == "local";
+    say(fmt::format("zero: stage {} on {} rank{}{}", stage_, world, world == 1 ? "" : "s",
+                    !local ? fmt::format(" ({}: one process per rank)", comm_->backend())
+                    : world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)") : std::string()));
+  }
+  say(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", options_.data.string(),
+                  format_count(static_cast<double>(loader_->window_count())), T_ + 1, plan_.epoch_steps,
+                  val_ ? fmt::format("; val {} ({} batches per evaluation)", options_.val_data.string(), val_->total_batches())
+                       : std::string("; no val data")));
+  say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
+                  options_.seed, plan_.steps, plan_.steps_from_epoch ? " (one epoch; set --steps)" : ""));
+  if (cfg.fp16.enabled) {
+    say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.loss_scale(),
+                    cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
+  } else if (cfg.bf16.enabled) {
+    say("precision bf16 (fp32 master params and optimizer state)");
+  }
+  if (cfg.scheduler.present()) {
+    say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.lr()));
+  }
+  if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
+  if (plan_.resume) {
+    say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),
+                    engine.global_steps(), seed_, loader_->state().epoch, loader_->state().position));
+    if (!options_.init_from.empty()) trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
+  }
+  if (!options_.save_dir.empty()) {
+    say(fmt::format("checkpoints: {} ({}{})", options_.save_dir.string(),
+                    options_.save_interval > 0 ? fmt::format("every {} steps and at the end", options_.save_interval) : std::string("at the end"),
+                    options_.keep_last > 0 ? fmt::format("; keeping the newest {}", options_.keep_last) : std::string()));
+  }
+
+  // ---- monitoring (rank 0 writes): csv_monitor / tensorboard files, wall_clock_breakdown timers,
+  // memory_breakdown lines, the flops profile ----
+  monitors_ = MonitorMaster(cfg, rank_);
+  // DeepSpeed times with wall_clock_breakdown or the flops profiler on (the config layer turns the
+  // former on with the latter). step_timers: this optimizer step (events, profile), reset every
+  // step; print_timers: since the last progress line (the log line, per step).
+  timing_ = cfg.wall_clock_breakdown || cfg.flops_profiler.enabled;
+
+  // ---- samples (rank 0 generates; at ZeRO stage 3 every rank takes part in generation_model(),
+  // which gathers the partitioned parameters, and its views last only until the next forward, so
+  // the generator is rebuilt at every sample) ----
+  // Its own allocator, so the run's peak memory stays the engine's; on the engine's device.
+  sample_allocator_ = make_device_allocator(engine.device());
+  if (options_.sample_tokens > 0 && lead()) {
+    std::string warning;
+    tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model.vocab_size(), &warning);
+    if (!warning.empty()) trainer_warn(options_, warning);
+    if (stage_ < 3) generator_.emplace(engine.generation_model(), T_, *sample_allocator_);
+    sampling_.max_new_tokens = options_.sample_tokens;
+    sampling_.top_k = options_.sample_top_k;
+    sampling_.temperature = static_cast<float>(options_.sample_temperature);  // finite and <= FLT_MAX (plan_training)
+    sampling_.seed = options_.seed;
+    sampling_.eot_token = sample_start_token(tokenizer_.get(), plan_.model.vocab_size());
+  }
+
+  summary_.model = plan_.model.describe();
+  summary_.parameters = plan_.model.parameters();
+  summary_.parameters_stored = plan_.model.parameters_stored();
+  summary_.train_batch_size = TBS_;
+  summary_.sequence_length = T_;
+  start_ = Clock::now();
+  started_ = true;
+}
+
+template <typename Fn>
+void RankTrainer::timed(std::string_view name, Fn&& fn) {
+  if (!timing_) {
+    fn();
+    return;
+  }
+  step_timers_(name).start();
+  print_timers_(name).start();
+  fn();
+  step_timers_(name).stop();
+  print_timers_(name).stop();
+}
+
+bool RankTrainer::done() const { return engine_->global_steps() >= plan_.steps; }
+
+void RankTrainer::train_step() {
+  if (!started_) announce();
+  Engine& engine = *engine_;
+  const auto t0 = Clock::now();
+  for (std::int64_t m = 0; m < GAS_; ++m) {
+    loader_->next_micro_batch(inputs_, targets_);
+    const Shape shape{B_, T_};
+    const Batch batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
+    timed(kForwardGlobalTimer, [&] { engine.forward(batch); });
+    timed(kBackwardGlobalTimer, [&] { engine.backward(); });
+    timed(kStepGlobalTimer, [&] { engine.step(); });
+  }
+  engine.synchronize();  // a GPU may still run the step's last kernels: time them
+  after_step(seconds_since(t0));
+}
+
+void RankTrainer::after_step(double dt) {
+  const config::DsConfig& cfg = plan_.config;
+  Engine& engine = *engine_;
+  const std::int64_t steps = plan_.steps;
+  summary_.step_seconds.push_back(dt);
+  train_s_ += dt;
+  interval_train_s_ += dt;
+  ++interval_steps_;
+  summary_.train_losses.push_back(engine.last_step_loss());
+  summary_.lrs.push_back(engine.last_step_lr());
+  const std::int64_t done = engine.global_steps();
+  // A non-finite loss of a step that was applied (fp16 / bf16 skip a step whose gradients
+  // overflowed, and that step changes nothing) has put NaN into the weights: stop, on every rank
+  // alike (the loss is the all-reduced mean), before anything is written from them.
+  const bool skipped = engine.skipped_steps() > skipped_before_;
+  skipped_before_ = engine.skipped_steps();
+  if (!skipped) check_finite(engine.last_step_loss(), "training loss", done);
+  if (monitors_.enabled()) {
+    // DeepSpeed's names at global_samples after the step: the step's mean loss (as the pipeline
+    // engine writes it), the lr the next step uses (get_lr() after the scheduler stepped), and
+    // the step's timers (backward_inner and backward_allreduce read 0: the reduction runs
+    // inside backward, not as a separate phase).
+    std::vector<MonitorEvent> events{train_loss_event(engine.last_step_loss(), engine.global_samples())};
+    for (MonitorEvent& e : step_events(engine.lr(), cfg.fp16.enabled ? std::optional<double>(engine.loss_scale()) : std::nullopt, engine.global_samples())) {
+      events.push_back(std::move(e));
+    }
+    if (cfg.wall_clock_breakdown) {
+      for (MonitorEvent& e : elapsed_time_events(step_timers_, engine.global_samples())) events.push_back(std::move(e));
+    }
+    monitors_.write_events(events);
+  }
+  if (lead() && cfg.flops_profiler.enabled && done == cfg.flops_profiler.profile_step) {
+    FlopsReportInput in;
+    in.model = *plan_.model.gpt2;  // plan_training refuses the profiler for other models
+    in.micro_batch = B_;
+    in.sequence_length = T_;
+    in.train_batch_size = TBS_;
+    in.fwd_ms = step_timers_(kForwardGlobalTimer).elapsed_ms(false);
+    in.bwd_ms = step_timers_(kBackwardGlobalTimer).elapsed_ms(false);
+    in.step_ms = step_timers_(kStepGlobalTimer).elapsed_ms(false);
+    in.peak_flops = plan_.peak_flops;
+    in.peak_measured = plan_.peak_measured;
+    emit_flops_profile(flops_report(cfg, in), cfg.flops_profiler);
+    if (cfg.flops_profiler.output_file) say(fmt::format("flops profile of step {} written to {}", cfg.flops_profiler.profile_step, *cfg.flops_profiler.output_file));
+  }
+  if (timing_) {
+    for (std::string_view name : {kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer}) step_timers_(name).reset();
+  }
+  if (done % plan_.print_every == 0 || done == 1 || done == steps) {  // step 1: the starting loss
+    if (lead()) {
+      ProgressLine p;
+      p.step = done;
+      p.total_steps = steps;
+      p.loss = engine.last_step_loss();
+      p.lr = engine.lr();
+      p.grad_norm = engine.grad_norm();
+      p.loss_scale = cfg.fp16.enabled ? engine.loss_scale() : 0.0;
+      p.skipped = engine.skipped_steps();
+      p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
+      p.elapsed_s = seconds_since(start_);
+      p.eta_s = train_s_ / static_cast<double>(std::max<std::int64_t>(1, done - resumed_steps_)) * static_cast<double>(steps - done);
+      say(format_progress(p));
+      if (cfg.wall_clock_breakdown) {
+        // DeepSpeed's global timer line, here the mean per optimizer step since the last line.
+        // No bwd_inner / bwd_allreduce: the reduction is not timed apart from backward.
+        const std::array<std::string_view, 3> names{kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer};
+        say(print_timers_.log_line(names, static_cast<double>(interval_steps_)));
+      }
+      if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.memory_stats(), read_host_memory()));
+    }
+    interval_train_s_ = 0.0;
+    interval_steps_ = 0;
+  }
+  if (options_.val_interval > 0 && done % options_.val_interval == 0 && done != steps) {
+    if (val_) {
+      const double vl = evaluate();
+      check_finite(vl, "val loss", done);
+      summary_.val_losses.emplace_back(done, vl);
+      say(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
+    }
+    sample(done);
+  }
+}
+
+double RankTrainer::evaluate() {
+  Engine& engine = *engine_;
+  EvalLoader& loader = *val_;
+  const Shape shape{B_, T_};
+  const Batch batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
+  loader.reset();
+  double sum = 0.0;
+  std::size_t n = 0;
+  while (loader.next(inputs_, targets_)) {
+    const float loss = engine.evaluate(batch);  // every rank evaluates every round (collective at ZeRO-3)
+    if (!loader.last_counts()) continue;      // a padding batch of the last round
+    sum += loss;
+    ++n;
+  }
+  if (engine.world_size() == 1) return n > 0 ? sum / static_cast<double>(n) : 0.0;
+  // The val loss over every rank's share of the val batches: each rank sums its own, and one
+  // all-reduce of [sum, count] combines them.
+  std::array<float, 2> buf{static_cast<float>(sum), static_cast<float>(n)};
+  engine.all_reduce_sum(buf);
+  return buf[1] > 0.0f ? static_cast<double>(buf[0]) / static_cast<double>(buf[1]) : 0.0;
+}
+
+void RankTrainer::check_finite(double loss, const char* what, std::int64_t step) const {
+  if (std::isfinite(loss)) return;
+  fail("step {}/{}: the {} is {}: the weights no longer hold numbers, so the run stops here{}. Fix: lower the learning rate "
+       "(optimizer.params.lr, the scheduler's peak), keep gradient_clipping on, check --init-from; fp16 and bf16 runs skip a step "
+       "whose gradients overflow instead",
+       step, plan_.steps, what, std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf",
+       options_.save_weights.empty() ? std::string() : fmt::format(" and --save-weights {} is not written", options_.save_weights.string()));
+}
+
+void RankTrainer::sample(std::int64_t step) {
+  if (options_.sample_tokens <= 0) return;
+  Engine& engine = *engine_;
+  // A sample is never worth failing a run: a model whose logits overflowed (diverging, its loss
+  // not yet NaN) gets a warning here, and the next step's loss check ends the run as it would
+  // without samples. Only rank 0 generates, so catching here keeps the ranks' collectives matched.
+  const auto block = [&](Generator& gen) {
+    try {
+      say(generate_sample_block(gen, tokenizer_.get(), sampling_, step, plan_.steps));
+    } catch (const Error& e) {
+      trainer_warn(options_, fmt::format("step {}/{}: no sample: {}", step, plan_.steps, e.what()));
+    }
+  };
+  if (stage_ >= 3) {
+    GenerationModel gm = engine.generation_model();  // collective: every rank
+    if (!lead()) return;
+    Generator gen(std::move(gm), T_, *sample_allocator_);
+    block(gen);
+  } else if (lead()) {
+    block(*generator_);
+  }
+}
+
+void RankTrainer::finish() {
+  if (!started_) announce();
+  Engine& engine = *engine_;
+  const config::DsConfig& cfg = plan_.config;
+  // This rank's ZeRO figures after training (before the final evaluation and save).
+  report_ = engine.zero_report();
+  // Offloaded parameters alone (offload_param at stage 3, the optimizer on the device) are reported too.
+  const auto params = static_cast<std::size_t>(MemoryPurpose::params);
+  if (report_.optimizer_home != "device" || report_.host_bytes[params] > 0 || report_.nvme_bytes[params] > 0) {
+    OffloadSummary o;
+    o.optimizer_home = report_.optimizer_home;
+    o.device = report_.device_bytes;
+    o.host = report_.host_bytes;
+    o.nvme = report_.nvme_bytes;
+    o.last_step_bytes_read = report_.step_io.bytes_read;
+    o.last_step_bytes_written = report_.step_io.bytes_written;
+    o.bytes_read = report_.train_io.bytes_read;
+    o.bytes_written = report_.train_io.bytes_written;
+    o.wait_seconds = report_.train_io.wait_seconds;
+    summary_.offload = o;
+  }
+  if (val_) {
+    const double vl = evaluate();
+    check_finite(vl, "val loss", engine.global_steps());
+    summary_.val_losses.emplace_back(engine.global_steps(), vl);
+    say(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), plan_.steps, vl));
+  }
+  sample(engine.global_steps());
+  summary_.steps = engine.global_steps();
+  summary_.tokens = summary_.steps * TBS_ * T_;
+  summary_.train_seconds = train_s_;
+  summary_.elapsed_seconds = seconds_since(start_);
+  summary_.memory = engine.memory_stats();
+  summary_.skipped_steps = engine.skipped_steps();
+  if (cfg.fp16.enabled) summary_.loss_scale = engine.loss_scale();
+  if (!options_.save_dir.empty() && last_saved_tag_.empty()) save_checkpoint();
+  engine.wait_for_checkpoint();  // a decoupled save is committed before the run ends
+  if (!options_.save_weights.empty()) {
+    engine.save_weights(options_.save_weights);  // collective with several ranks: rank 0 writes
+    say(fmt::format("weights saved to {}", options_.save_weights.string()));
+  }
+  if (lead()) {
+    std::string text = format_summary(summary_);
+    // format_summary ends its lines with '\n'; print takes lines without the last one.
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    trainer_print(options_, text);
+  }
+}
+
+std::string RankTrainer::save_checkpoint() {
+  Engine& engine = *engine_;
+  const DataLoaderState d = loader_->state();
+  const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
+  last_saved_tag_ = engine.save_checkpoint(options_.save_dir, "", client);  // commits a decoupled save still pending first
+  if (lead()) {
+    for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
+  }
+  const bool decoupled = plan_.config.checkpoint.writer_options.decoupled;
+  say(fmt::format("step {}/{} | checkpoint {} {}", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string(),
+                  decoupled ? "snapshot taken (written in the background, committed at the next save or the end)" : "saved"));
+  return last_saved_tag_;
+}
+
+bool RankTrainer::stop_requested() {
+  // Every rank stops after the same step (a rank that saw no signal itself says SIGTERM).
+  const int mine = stop_signal();
+  const bool any = engine_->any_rank(mine != 0);
+  stopped_by_signal_ = mine != 0 ? mine : any ? SIGTERM : 0;
+  return stopped_by_signal_ != 0;
+}
+
+void RankTrainer::run() {
+  announce();
+  while (!done()) {
+    train_step();
+    last_saved_tag_.clear();
+    if (options_.handle_signals && stop_requested()) {
+      // A scheduler's preemption notice: this step is done; save it and end the run.
+      if (!options_.save_dir.empty()) save_checkpoint();
+      engine_->wait_for_checkpoint();
+      say(fmt::format("step {}/{} | stopped by signal {} ({}){}", engine_->global_steps(), plan_.steps, stopped_by_signal_,
+                      stopped_by_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
+                      options_.save_dir.empty() ? std::string("; no --save-dir: nothing was saved")
+                                                : std::string("; rerun the same command with --resume auto to continue")));
+      report_ = engine_->zero_report();
+      summary_.steps = engine_->global_steps();
+      return;
+    }
+    if (options_.save_interval > 0 && engine_->global_steps() % options_.save_interval == 0 && !done() && !options_.save_dir.empty()) save_checkpoint();
+  }
+  finish();
+}
+
+}  // namespace dstrain

@@ -1,0 +1,122 @@
+// RankTrainer: one rank's part of a training run (train/trainer.h) — its Engine, its slots of
+// every global batch (data/data_loader.h), its share of the val batches, the monitors,
+// timers, progress lines, samples and the flops profile. Rank 0 alone prints and writes monitor
+// files; every rank makes the same Engine calls in the same order (collectives match).
+//
+//   RankTrainer rank(plan, options, comm);   // builds the engine, the loaders, the monitors
+//   rank.announce();                         // rank 0: what is about to run
+//   while (!rank.done()) rank.train_step();  // one optimizer step, with its cadence
+//   rank.finish();                           // final evaluation, sample, weights, summary lines
+//
+// run() is those four calls. An embedding program that drives its own loop calls them itself; a
+// later step (checkpoints, a stop request) slots in between train_step() calls, where every rank
+// stands at the same optimizer-step boundary.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "data/data_loader.h"
+#include "data/eval_loader.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "train/monitor/monitor_master.h"
+#include "train/monitor/timers.h"
+#include "train/sample_printer.h"
+#include "train/train_summary.h"
+#include "train/trainer_options.h"
+#include "train/training_plan.h"
+#include "zero/communicator.h"
+
+namespace dstrain {
+
+class RankTrainer {
+ public:
+  // `plan` and `options` must outlive this object. comm: the rank's communicator (its world size
+  // must be plan.world); nullptr: the single rank of a one-rank run.
+  RankTrainer(const TrainingPlan& plan, const TrainerOptions& options, Communicator* comm);
+  ~RankTrainer();
+  RankTrainer(const RankTrainer&) = delete;
+  RankTrainer& operator=(const RankTrainer&) = delete;
+
+  // Rank 0 prints the model, the batch, the data, the optimizer and precision.
+  void announce();
+  // One optimizer step (gradient_accumulation_steps micro-batches), then its monitor events,
+  // flops profile, progress line, and at the val interval the val loss and a sample.
+  void train_step();
+  // True once plan.steps optimizer steps have been taken.
+  bool done() const;
+  // The end of the run: this rank's ZeroReport, the final val loss and sample, the weights
+  // (collective), and rank 0's summary lines.
+  void finish();
+  // announce(), train_step() until done(), finish().
+  void run();
+
+  // The val loss over options.val_batches batches (every rank's share; collective).
+  double evaluate();
+  // Rank 0 prints a sample generated from the model (collective at ZeRO stage 3).
+  void sample(std::int64_t step);
+
+  Engine& engine() { return *engine_; }
+  int rank() const { return rank_; }
+  bool lead() const { return rank_ == 0; }
+  // The run's figures so far (complete after finish()).
+  const TrainSummary& summary() const { return summary_; }
+  TrainSummary take_summary() { return std::move(summary_); }
+  // This rank's ZeRO figures after training (set by finish()).
+  const ZeroReport& zero_report() const { return report_; }
+
+  // A checkpoint of the run so far under options.save_dir (collective): the engine's state and, as
+  // its client state, the data loader's position and the seed; then --keep-last. Returns the tag.
+  std::string save_checkpoint();
+  // Collective: true when a stop was requested (SIGTERM / SIGINT, request_stop()) on any rank, so
+  // that every rank stops after the same step.
+  bool stop_requested();
+  // The signal that ended run() early (after a checkpoint), or 0.
+  int stopped_by_signal() const { return stopped_by_signal_; }
+
+ private:
+  void say(const std::string& line) const;
+  template <typename Fn>
+  void timed(std::string_view name, Fn&& fn);
+  void after_step(double step_seconds);
+  // Error naming the step when `loss` (the training or val loss) is NaN or infinite.
+  void check_finite(double loss, const char* what, std::int64_t step) const;
+
+  const TrainingPlan& plan_;
+  const TrainerOptions& options_;
+  Communicator* comm_;
+  int rank_ = 0;
+  std::optional<Engine> engine_;
+  std::int64_t B_ = 0, GAS_ = 0, TBS_ = 0, T_ = 0;
+  int stage_ = 0;
+  std::optional<DataLoader> loader_;
+  std::optional<EvalLoader> val_;
+  std::vector<std::int32_t> inputs_, targets_;  // (B, T) micro-batch storage the engine's Batch views
+
+  MonitorMaster monitors_;
+  bool timing_ = false;  // wall_clock_breakdown or the flops profiler
+  Timers step_timers_, print_timers_;
+
+  std::unique_ptr<Allocator> sample_allocator_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<Generator> generator_;
+  SamplingOptions sampling_;
+
+  TrainSummary summary_;
+  ZeroReport report_;
+  std::chrono::steady_clock::time_point start_;
+  bool started_ = false;
+  double train_s_ = 0.0, interval_train_s_ = 0.0;
+  std::int64_t interval_steps_ = 0;
+  std::int64_t skipped_before_ = 0;  // engine.skipped_steps() before the last step
+  std::uint64_t seed_ = 0;           // options.seed, or the resumed run's
+  std::int64_t resumed_steps_ = 0;   // global_steps when this process started training
+  std::string last_saved_tag_;       // the checkpoint of the current step, once saved
+  int stopped_by_signal_ = 0;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,203 @@
+#include "train/trainer.h"
+
+#include <filesystem>
+#include <memory>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "train/rank_trainer.h"
+#include "train/trainer_checkpoints.h"
+#include "ops/atomic_file.h"
+#include "ops/error.h"
+#include "zero/launcher_communicator.h"
+#include "zero/local_communicator.h"
+#include "zero/mpi_process.h"
+
+namespace dstrain {
+namespace {
+
+nlohmann::json comm_json(const CommStats& c) {
+  nlohmann::json j;
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    j[std::string(collective_name(kind))] = {{"bytes", c.bytes_sent(kind)}, {"calls", c.call_count(kind)}};
+  }
+  j["total"] = {{"bytes", c.total_bytes_sent()}, {"calls", c.total_calls()}};
+  return j;
+}
+
+nlohmann::json purposes_json(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+  nlohmann::json j;
+  std::uint64_t total = 0;
+  for (MemoryPurpose p : kAllMemoryPurposes) {
+    j[std::string(memory_purpose_name(p))] = bytes[static_cast<std::size_t>(p)];
+    total += bytes[static_cast<std::size_t>(p)];
+  }
+  j["total"] = total;
+  return j;
+}
+
+nlohmann::json io_json(const OffloadIo& io) {
+  return {{"bytes_read", io.bytes_read}, {"bytes_written", io.bytes_written}, {"wait_seconds", io.wait_seconds}};
+}
+
+// --summary-json's "zero" object: the stage, the world size and the ZeroReport of every rank of
+// this process (under a launcher, this process's rank alone: the others are in their processes).
+nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size) {
+  nlohmann::json z;
+  z["stage"] = reports.empty() ? 0 : reports.front().stage;
+  z["world_size"] = world_size;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const ZeroReport& r : reports) {
+    ranks.push_back({{"rank", r.rank},
+                     {"param_bytes", r.param_bytes},
+                     {"grad_bytes", r.grad_bytes},
+                     {"optimizer_bytes", r.optimizer_bytes},
+                     {"host_optimizer_bytes", r.host_optimizer_bytes},
+                     {"optimizer_home", r.optimizer_home},
+                     {"bytes_held", {{"device", purposes_json(r.device_bytes)}, {"host", purposes_json(r.host_bytes)}, {"nvme", purposes_json(r.nvme_bytes)}}},
+                     {"nvme_step_io", io_json(r.step_io)},
+                     {"nvme_train_io", io_json(r.train_io)},
+                     {"peak_bytes", r.peak_bytes},
+                     {"padded_param_elements", r.padded_param_elements},
+                     {"peak_gathered_param_elements", r.peak_gathered_param_elements},
+                     {"step_comm", comm_json(r.step_comm)}});
+  }
+  z["ranks"] = ranks;
+  return z;
+}
+
+// Every rank's ZeroReport on every process of a process-per-rank group (MPI): one all-gather of
+// fp64 values (exact: every figure is an integer below 2^53), so rank 0's --summary-json holds the
+// memory and traffic of all ranks, as a run of local ranks' does.
+std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& mine) {
+  constexpr std::size_t kFields = 10 + 2 * kCollectiveKinds + 3 * kNumMemoryPurposes + 6 + 1;
+  const auto pack = [](const ZeroReport& r) {
+    std::vector<double> v{static_cast<double>(r.stage),         static_cast<double>(r.rank),
+                          static_cast<double>(r.world_size),    static_cast<double>(r.param_bytes),
+                          static_cast<double>(r.grad_bytes),    static_cast<double>(r.optimizer_bytes),
+                          static_cast<double>(r.peak_bytes),    static_cast<double>(r.padded_param_elements),
+                          static_cast<double>(r.peak_gathered_param_elements), static_cast<double>(r.host_optimizer_bytes)};
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      v.push_back(static_cast<double>(r.step_comm.bytes[static_cast<std::size_t>(k)]));
+      v.push_back(static_cast<double>(r.step_comm.calls[static_cast<std::size_t>(k)]));
+    }
+    for (const auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
+      for (std::uint64_t b : *bytes) v.push_back(static_cast<double>(b));
+    for (const OffloadIo* io : {&r.step_io, &r.train_io}) {
+      v.push_back(static_cast<double>(io->bytes_read));
+      v.push_back(static_cast<double>(io->bytes_written));
+      v.push_back(io->wait_seconds);
+    }
+    v.push_back(r.optimizer_home == "nvme" ? 2.0 : r.optimizer_home == "host" ? 1.0 : 0.0);
+    return v;
+  };
+  std::vector<double> own = pack(mine);
+  const int w = comm.world_size();
+  std::vector<double> all(kFields * static_cast<std::size_t>(w));
+  comm.all_gather(Tensor(own.data(), DType::fp64, Shape{static_cast<std::int64_t>(kFields)}),
+                  Tensor(all.data(), DType::fp64, Shape{static_cast<std::int64_t>(all.size())}));
+  std::vector<ZeroReport> reports(static_cast<std::size_t>(w));
+  for (int q = 0; q < w; ++q) {
+    const double* f = all.data() + kFields * static_cast<std::size_t>(q);
+    ZeroReport& r = reports[static_cast<std::size_t>(q)];
+    r.stage = static_cast<int>(f[0]);
+    r.rank = static_cast<int>(f[1]);
+    r.world_size = static_cast<int>(f[2]);
+    r.param_bytes = static_cast<std::uint64_t>(f[3]);
+    r.grad_bytes = static_cast<std::uint64_t>(f[4]);
+    r.optimizer_bytes = static_cast<std::uint64_t>(f[5]);
+    r.peak_bytes = static_cast<std::uint64_t>(f[6]);
+    r.padded_param_elements = static_cast<std::int64_t>(f[7]);
+    r.peak_gathered_param_elements = static_cast<std::int64_t>(f[8]);
+    r.host_optimizer_bytes = static_cast<std::uint64_t>(f[9]);
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
+      r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[11 + 2 * k]);
+    }
+    std::size_t at = 10 + 2 * kCollectiveKinds;
+    for (auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
+      for (std::uint64_t& b : *bytes) b = static_cast<std::uint64_t>(f[at++]);
+    for (OffloadIo* io : {&r.step_io, &r.train_io}) {
+      io->bytes_read = static_cast<std::uint64_t>(f[at++]);
+      io->bytes_written = static_cast<std::uint64_t>(f[at++]);
+      io->wait_seconds = f[at++];
+    }
+    const double home = f[at++];
+    r.optimizer_home = home == 2.0 ? "nvme" : home == 1.0 ? "host" : "device";
+  }
+  return reports;
+}
+
+}  // namespace
+
+Trainer::Trainer(ConfigText config, std::string model, TrainerOptions options)
+    : config_(std::move(config)), model_(std::move(model)), options_(std::move(options)) {}
+
+const TrainingPlan& Trainer::prepare() {
+  if (!plan_) plan_ = plan_training(config_, model_, options_);
+  return *plan_;
+}
+
+const TrainingPlan& Trainer::plan() const {
+  DSTRAIN_CHECK(plan_.has_value(), "Trainer::plan(): call prepare() (or run()) first");
+  return *plan_;
+}
+
+TrainResult Trainer::run() {
+  const TrainingPlan& plan = prepare();
+  TrainResult result;
+  // Each rank fills its own slot (threads of one process); they are read after every rank is done.
+  std::vector<std::optional<TrainSummary>> summaries;
+  std::optional<StopSignalHandler> signals;
+  if (options_.handle_signals) signals.emplace();
+  const auto train_rank = [&](Communicator* comm, std::size_t slot) {
+    RankTrainer rank(plan, options_, comm);
+    rank.run();
+    result.reports[slot] = rank.zero_report();
+    if (rank.lead()) {
+      summaries[slot] = rank.take_summary();
+      result.stopped_by_signal = rank.stopped_by_signal();
+    }
+  };
+  if (plan.comm == "mpi") {
+    // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.
+    const std::unique_ptr<Communicator> comm = join_mpi_world();
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(comm.get(), 0);
+    result.reports = gather_reports(*comm, result.reports.front());
+  } else if (plan.launcher_group) {
+    // This process is one rank; the reports of the others stay in their processes.
+    const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(comm.get(), 0);
+  } else if (options_.num_ranks == 1) {
+    result.reports.assign(1, ZeroReport{});
+    summaries.resize(1);
+    train_rank(nullptr, 0);
+  } else {
+    result.reports.assign(static_cast<std::size_t>(plan.world), ZeroReport{});
+    summaries.resize(static_cast<std::size_t>(plan.world));
+    run_local_ranks(plan.world, [&](Communicator& comm) { train_rank(&comm, static_cast<std::size_t>(comm.rank())); });
+  }
+  for (std::optional<TrainSummary>& s : summaries) {
+    if (s) result.summary = std::move(*s);
+  }
+  write_summary_json(result);
+  return result;
+}
+
+void Trainer::write_summary_json(const TrainResult& result) const {
+  if (options_.summary_json.empty() || !result.summary) return;
+  nlohmann::json j = to_json(*result.summary);
+  j["device"] = plan_->device.str();
+  j["zero"] = zero_json(result.reports, plan_->world);
+  // Atomic (ops/atomic_file.h): a reader never sees half a summary; its folder was created and
+  // proven writable before step 1 (plan_training).
+  write_file_atomically(options_.summary_json, j.dump(2) + "\n");
+}
+
+}  // namespace dstrain
