@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "ops/log.h"
 #include "models/gpt2/gpt2_layers.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace {
 

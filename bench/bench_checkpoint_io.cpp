@@ -39,6 +39,8 @@
 #include "engine/engine.h"
 #include "ops/kernels/tensor_ops.h"
 #include "zero/local_communicator.h"
+#include "models/gpt2/gpt2_family.h"
+#include "models/model_registry.h"
 
 namespace {
 
@@ -156,7 +158,7 @@ int main(int argc, char** argv) {
         cm = std::min(cm, since(t));
       }
       // Training steps: one fixed micro-batch (a step's time does not depend on the tokens).
-      const std::int64_t vocab = model_config_of(a.model).vocab_size();
+      const std::int64_t vocab = model_architecture(a.model)->vocab_size();
       std::vector<std::int32_t> tok(o.sequence_length + 1);
       std::uint32_t lcg = 1;
       for (auto& t : tok) {

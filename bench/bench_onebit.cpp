@@ -19,6 +19,7 @@
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
 #include "zero/local_communicator.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace {
 
@@ -55,7 +56,7 @@ Result run(const Args& a, const std::string& optimizer) {
   const long total = a.freeze_step + 1 + a.steps;
   dstrain::run_local_ranks(static_cast<int>(a.ranks), [&](dstrain::Communicator& comm) {
     dstrain::Model model = dstrain::make_gpt2_model(a.model);
-    const std::int64_t vocab = model.gpt2 ? model.gpt2->vocab_size : 256;
+    const std::int64_t vocab = model.vocab_size;
     dstrain::Engine engine = dstrain::initialize(std::move(model), cfg, {.seed = 0, .comm = &comm, .sequence_length = a.seq});
     std::vector<std::int32_t> tok(static_cast<std::size_t>(a.micro_batch * a.seq + 1));
     std::uint32_t s = 1u + static_cast<std::uint32_t>(comm.rank());

@@ -21,6 +21,7 @@
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
 #include "models/model.h"
+#include "models/model_registry.h"
 
 namespace {
 
@@ -75,8 +76,8 @@ int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   try {
     const std::string spec = !a.model.empty() ? a.model : fmt::format("gpt2:L{}-C{}-H{}-V{}-T{}", a.layers, a.channels, a.heads, a.vocab, a.seq);
-    const dstrain::ModelConfig model = dstrain::model_config_of(spec);
-    const long vocab = static_cast<long>(model.vocab_size());
+    const std::shared_ptr<const dstrain::Architecture> model = dstrain::model_architecture(spec);
+    const long vocab = static_cast<long>(model->vocab_size());
     // The PyTorch peer's optimizer: AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-8, no weight decay.
     const auto cfg = dstrain::config::parse_ds_config(
         dstrain::config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0,
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     j["omp_wait_policy"] = wait != nullptr ? wait : "unset";
     if (a.model.empty()) j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
-    else j["shape"] = {{"model", model.describe()}, {"B", a.batch}, {"T", a.seq}};
+    else j["shape"] = {{"model", model->describe()}, {"B", a.batch}, {"T", a.seq}};
     j["parameters"] = engine.parameter_count();
     j["steps"] = a.steps;
     j["warmup_steps"] = a.warmup;

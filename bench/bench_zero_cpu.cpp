@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "train/progress.h"
 #include "zero/local_communicator.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace {
 
@@ -133,7 +134,7 @@ StageResult run_stage(const Args& a, int stage) {
   const long timed = a.steps, total = a.warmup + a.steps;
   dstrain::run_local_ranks(static_cast<int>(a.ranks), [&](dstrain::Communicator& comm) {
     dstrain::Model model = dstrain::make_gpt2_model(a.model);
-    const std::int64_t vocab = model.gpt2 ? model.gpt2->vocab_size : 256;
+    const std::int64_t vocab = model.vocab_size;
     dstrain::Engine engine = dstrain::initialize(std::move(model), cfg, {.seed = 0, .comm = &comm, .sequence_length = a.seq});
     std::vector<std::int32_t> tok(static_cast<std::size_t>(a.micro_batch * a.seq + 1));
     std::uint32_t s = 1u + static_cast<std::uint32_t>(comm.rank());

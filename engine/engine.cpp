@@ -31,8 +31,6 @@
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "models/activation_layout.h"
-#include "models/gpt2/gpt2_weights.h"
-#include "models/llama/llama_weights.h"
 #include "models/param_init.h"
 #include "ops/kernels/tensor_ops.h"
 
@@ -814,27 +812,25 @@ GenerationModel Engine::generation_model() {
 }
 
 namespace {
-// The Hugging Face layout of the model's architecture: GPT-2's model.safetensors, or the Llama
-// family's (sharded above transformers' 5 GB, docs/models.md §4). fp32 on disk: the masters.
-void export_hf_weights(const Model& model, const std::filesystem::path& path, const std::function<Tensor(const std::string&)>& param) {
-  if (model.llama) {
-    export_llama_weights(path, *model.llama, param);
-  } else {
-    export_gpt2_safetensors(path, *model.gpt2, param);
+// The architecture that reads and writes the model's weight files (its family's Hugging Face
+// layout). Error naming `who` when the model was built without one.
+const Architecture& weights_architecture(const Model& model, const char* who) {
+  if (!model.architecture) {
+    fail("{}: the model has no architecture (it was built from layers, not from a model family), and weight files are in a family's "
+         "layout; build it with make_model(...)",
+         who);
   }
+  return *model.architecture;
 }
 }  // namespace
 
 void Engine::save_weights(const std::filesystem::path& path) {
-  if (!model_.gpt2 && !model_.llama) {
-    fail("save_weights: the model is neither a GPT-2 nor of the Llama family (it has no built-in config), and weights are written in their Hugging "
-         "Face layouts");
-  }
+  const Architecture& arch = weights_architecture(model_, "save_weights");
   Impl& im = *impl_;
   if (im.config.zero_optimization.stage == 0 && device().is_cpu()) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
     // Every rank holds them whole, in host memory; rank 0 writes.
-    if (rank() == 0) export_hf_weights(model_, path, [this](const std::string& n) { return master_param(n); });
+    if (rank() == 0) arch.export_weights(path, [this](const std::string& n) { return master_param(n); });
     return;
   }
   if (im.config.zero_optimization.stage == 3 && !im.config.zero_optimization.gather_16bit_weights_on_model_save && im.world > 1) {
@@ -851,17 +847,14 @@ void Engine::save_weights(const std::filesystem::path& path) {
     host[name] = {t.shape, std::vector<float>(p, p + t.numel())};
   });
   if (rank() != 0) return;
-  export_hf_weights(model_, path, [&](const std::string& n) {
+  arch.export_weights(path, [&](const std::string& n) {
     auto& [shape, v] = host.at(im.owned[owned_index(model_, im.by_name, im.owned.size(), "-", n)].spec.name);
     return Tensor(v.data(), DType::fp32, shape);
   });
 }
 
 void Engine::load_weights(const std::filesystem::path& path) {
-  if (!model_.gpt2 && !model_.llama) {
-    fail("load_weights: the model is neither a GPT-2 nor of the Llama family (it has no built-in config), and weights are read in their Hugging "
-         "Face layouts");
-  }
+  const Architecture& arch = weights_architecture(model_, "load_weights");
   Impl& im = *impl_;
   im.initial_state = false;
   // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
@@ -872,11 +865,7 @@ void Engine::load_weights(const std::filesystem::path& path) {
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
   };
-  if (model_.llama) {
-    import_llama_weights(path, *model_.llama, lookup);
-  } else {
-    import_gpt2_weights(path, *model_.gpt2, lookup);
-  }
+  arch.import_weights(path, lookup);
   im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
     const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
     copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));

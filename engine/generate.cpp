@@ -281,24 +281,25 @@ std::vector<std::int32_t> Generator::generate(std::span<const std::int32_t> prom
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gpt2GenerationViews
+// LayerStackGenerationViews
 
-Gpt2GenerationViews::Gpt2GenerationViews(const Gpt2Model& model) : model_(&model) {
-  for (const auto& layer : model.layers()) {
+LayerStackGenerationViews::LayerStackGenerationViews(const LayerStack& stack, std::int64_t vocab_size, std::int64_t n_positions)
+    : stack_(&stack), vocab_size_(vocab_size), n_positions_(n_positions) {
+  for (const auto& layer : stack.layers()) {
     layers_.push_back(layer.get());
     std::vector<Tensor> views;
-    for (const ParamSpec& ps : layer->params()) views.push_back(model.param(ps.tied() ? ps.tied_to : ps.name));
+    for (const ParamSpec& ps : layer->params()) views.push_back(stack.param(ps.tied() ? ps.tied_to : ps.name));
     params_.push_back(std::move(views));
   }
 }
 
-GenerationModel Gpt2GenerationViews::model() const {
+GenerationModel LayerStackGenerationViews::model() const {
   GenerationModel m;
   m.layers = layers_;
   m.params = [this](std::size_t i) { return std::span<const Tensor>(params_[i]); };
-  m.vocab_size = model_->config().vocab_size;
-  m.n_positions = model_->config().n_positions;
-  m.dtype = model_->dims().dtype;
+  m.vocab_size = vocab_size_;
+  m.n_positions = n_positions_;
+  m.dtype = stack_->dims().dtype;
   return m;
 }
 

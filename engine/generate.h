@@ -1,13 +1,13 @@
-// Text generation from a GPT-2 built from our layers, as llm.c / nanoGPT sample at the val
+// Text generation from a model built from our layers (any family), as llm.c / nanoGPT sample at the val
 // interval: for every new token, one forward pass over the context (B = 1), then a token drawn
 // from softmax(logits / temperature) over the REAL vocabulary (never a padding column), optionally
 // restricted to the top k logits; temperature 0 is greedy (argmax).
 //
 // Inputs, and why: the engine owns the parameters (flat buffers, ZeRO partitions, gathered per
-// layer under ZeRO-3), so the Generator does not take a Gpt2Model. It takes the layer list and a
+// layer under ZeRO-3), so the Generator does not take a model with its own memory. It takes the layer list and a
 // callback that returns a layer's parameter views right before that layer's forward, which is
-// where the engine gathers (and, with `release`, frees) them. Gpt2GenerationViews builds the same
-// thing from a Gpt2Model for standalone use and tests.
+// where the engine gathers (and, with `release`, frees) them. LayerStackGenerationViews builds the
+// same thing from a LayerStack (Gpt2Model, LlamaModel) for standalone use and tests.
 //
 // Memory: the Generator allocates everything in its constructor (activations for B = 1 and the
 // context window, the token buffer, the sampling work arrays). generate() allocates nothing per
@@ -34,7 +34,7 @@
 
 #include "ops/allocator.h"
 #include "ops/buffer.h"
-#include "models/gpt2/gpt2_model.h"
+#include "models/layer_stack.h"
 #include "models/layer.h"
 
 namespace dstrain {
@@ -123,18 +123,21 @@ class Generator {
   TokenSampler sampler_;
 };
 
-// The GenerationModel of a Gpt2Model (its layers and parameter views, tied ones resolved to their
-// owner). Keep it alive while a Generator made from model() is used; the Gpt2Model too.
-class Gpt2GenerationViews {
+// The GenerationModel of a layer stack with its own memory (a Gpt2Model, a LlamaModel: its layers
+// and parameter views, tied ones resolved to their owner), for a model of `vocab_size` tokens and
+// sequences up to `n_positions`. Keep it alive while a Generator made from model() is used; the
+// stack too.
+class LayerStackGenerationViews {
  public:
-  explicit Gpt2GenerationViews(const Gpt2Model& model);
+  LayerStackGenerationViews(const LayerStack& stack, std::int64_t vocab_size, std::int64_t n_positions);
   // model()'s params callback points at this object: it must not move.
-  Gpt2GenerationViews(const Gpt2GenerationViews&) = delete;
-  Gpt2GenerationViews& operator=(const Gpt2GenerationViews&) = delete;
+  LayerStackGenerationViews(const LayerStackGenerationViews&) = delete;
+  LayerStackGenerationViews& operator=(const LayerStackGenerationViews&) = delete;
   GenerationModel model() const;
 
  private:
-  const Gpt2Model* model_;
+  const LayerStack* stack_;
+  std::int64_t vocab_size_ = 0, n_positions_ = 0;
   std::vector<Layer*> layers_;
   std::vector<std::vector<Tensor>> params_;
 };

@@ -2,8 +2,8 @@
 // flows"). A model is an ordered list of layers; the GPT-2 one is Embedding, n_layer Blocks, Head.
 //
 // A layer owns NO memory. It declares
-//   - its parameters (ParamSpec: name, shape, init, weight decay, or a tie to another layer's
-//     parameter),
+//   - its parameters (ParamSpec: name, shape, init, weight decay, a tie to another layer's
+//     parameter, and how tensor / expert parallelism may split it),
 //   - the activations it saves between forward and backward, its output, and its scratch, each as
 //     a (name, shape, dtype) for a given (B, T, storage dtype),
 // and the engine allocates all of it up front and passes views on every call. Because nothing is
@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/param_split.h"
 #include "ops/dtype.h"
 #include "ops/kernels/philox.h"
 #include "ops/tensor.h"
@@ -63,6 +64,13 @@ struct ParamSpec {
   // accumulates (+=) into the same gradient. The shapes must match. Under ZeRO-3 the engine gathers
   // the owner's parameter for this layer too.
   std::string tied_to;
+  // How tensor or expert parallelism may cut it (models/param_split.h): replicated by default. A
+  // tied parameter is cut as its owner is.
+  ParamSplit split;
+  // The family's Hugging Face checkpoints hold this matrix transposed, as (in, out): GPT-2's Conv1D
+  // weights. Its import and export transpose it; rules that read a matrix's shape as the model's
+  // authors wrote it (Muon's scale) swap the two dimensions.
+  bool hf_transposed = false;
 
   bool tied() const { return !tied_to.empty(); }
 };
@@ -156,6 +164,10 @@ class Layer {
 
   // A short name for tables and errors: "embedding", "h.3", "head".
   virtual std::string name() const = 0;
+  // The layer's class as its family's Hugging Face model names it ("GPT2Block",
+  // "LlamaDecoderLayer"): what a pipeline's partition method "type:<regex>" matches, as
+  // DeepSpeed's PipelineModule matches layer class names (models/stage_partition.h).
+  virtual std::string type_name() const { return "Layer"; }
 
   virtual std::vector<ParamSpec> params() const = 0;
 

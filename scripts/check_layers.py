@@ -22,8 +22,7 @@ LAYERS = [
     ("models/", 4),                 # the core: Layer, the layer stack, the model-family interface
     ("models/gpt2/", 5),            # the families, above the core
     ("models/llama/", 5),
-    ("models/model.", 6),           # the registry of families (models/model.h, model.cpp)
-    ("models/model_registry.", 6),
+    ("models/model_registry.", 6),  # the registry of families: the built-in ones and --model specs
     ("zero/", 7),
     ("offload/", 8),
     ("engine/optim/", 9),

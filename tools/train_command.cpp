@@ -16,6 +16,14 @@
 namespace dstrain::cli {
 namespace {
 
+// --model's help: every model family's spec forms (models/model_registry.h), so it lists what the
+// registry reads.
+std::string model_spec_help() {
+  std::string forms;
+  for (const auto& f : model_families()) forms += (forms.empty() ? "" : "; ") + f->spec_forms();
+  return "Model spec: " + forms + " (docs/models.md)";
+}
+
 // The command line as CLI11 fills it; run_train turns it into TrainerOptions.
 struct TrainArgs {
   std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json;
@@ -86,10 +94,7 @@ void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 or a Llama-family model from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks local ranks or mpirun -np N processes)");
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
-  cmd->add_option("--model", args->model,
-                  "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], llama:L<n>-C<c>-H<h>[-KV<k>][-I<i>][-D<d>][-V<v>][-T<t>][-tied], "
-                  "or a Hugging Face config.json (GPT-2, Llama, Mistral, Qwen2, Qwen3; docs/models.md)")
-      ->required();
+  cmd->add_option("--model", args->model, model_spec_help())->required();
   cmd->add_option("--data", args->data, "Training token file (dstrain prepare-data)")->required();
   cmd->add_option("--val-data", args->val_data, "Validation token file");
   cmd->add_option("--steps", args->steps, "Optimizer steps (default: one pass over --data; 0: only evaluate); fills \"auto\" total_num_steps")

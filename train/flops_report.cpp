@@ -10,6 +10,7 @@
 #include "train/monitor/flops.h"
 #include "train/progress.h"
 #include "ops/allocator.h"
+#include "ops/error.h"
 #include "ops/buffer.h"
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/matmul.h"
@@ -60,11 +61,10 @@ double measure_gemm_flops(Device device, DType dtype) {
 }
 
 std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in) {
-  const Gpt2Config& g = in.model;
+  DSTRAIN_CHECK(in.model != nullptr, "flops_report: no architecture given");
+  const Architecture& g = *in.model;
   const std::int64_t T = in.sequence_length;
-  Gpt2FlopsShape shape{.batch = in.micro_batch, .seq_len = T, .channels = g.n_embd, .heads = g.n_head, .vocab = g.padded_vocab_size,
-                       .layers = g.n_layer, .max_seq_len = g.n_positions};
-  const ModuleFlops tree = gpt2_forward_flops(shape);
+  const ModuleFlops tree = g.forward_flops(in.micro_batch, T);
   FlopsProfileInput p;
   p.model = &tree;
   p.profile_step = cfg.flops_profiler.profile_step;
@@ -75,7 +75,7 @@ std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in
   std::string text = format_flops_profile(p, cfg.flops_profiler);
   const double step_s = (in.fwd_ms + in.bwd_ms + in.step_ms) / 1000.0;
   const double tokens_per_s = step_s > 0.0 ? static_cast<double>(in.train_batch_size * T) / step_s : 0.0;
-  const double per_token = model_flops_per_token(parameter_count_padded(g), g.n_layer, g.n_embd, T);
+  const double per_token = g.flops_per_token(T);
   text += fmt::format("\nMFU (6N + 6LCT = {} per token, {} tokens/s, against a peak of {}{}): {:.2f}%\n", flops_number_to_string(per_token),
                       format_count(tokens_per_s), flops_flops_to_string(in.peak_flops),
                       in.peak_measured ? " measured by one GEMM on the training device; set --peak-flops" : " from --peak-flops",

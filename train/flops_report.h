@@ -9,7 +9,7 @@
 #include "config_schema/ds_config.h"
 #include "ops/device.h"
 #include "ops/dtype.h"
-#include "models/gpt2/gpt2_config.h"
+#include "models/model_family.h"
 
 namespace dstrain {
 
@@ -21,7 +21,7 @@ double measure_gemm_flops(Device device, DType dtype);
 
 // The step's times and the model's shape, for the report.
 struct FlopsReportInput {
-  Gpt2Config model;
+  const Architecture* model = nullptr;  // forward_flops and flops_per_token
   std::int64_t micro_batch = 0, sequence_length = 0, train_batch_size = 0;
   double fwd_ms = 0.0, bwd_ms = 0.0, step_ms = 0.0;
   double peak_flops = 0.0;
@@ -29,7 +29,8 @@ struct FlopsReportInput {
 };
 
 // DeepSpeed's profile text for cfg.flops_profiler.profile_step, then
-// "MFU (6N + 6LCT = ... per token, ... tokens/s, against a peak of ...): x.xx%" (llm.c's count).
+// "MFU (6N + 6LCT = ... per token, ... tokens/s, against a peak of ...): x.xx%" (llm.c's count,
+// Architecture::flops_per_token: L·C·T with C the attention's query width).
 std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in);
 
 }  // namespace dstrain

@@ -128,17 +128,8 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
 
 }  // namespace
 
-MemoryEstimate estimate_rank_memory(const Gpt2Config& g, const config::DsConfig& cfg, std::int64_t T) {
-  const double L = static_cast<double>(g.n_layer), C = static_cast<double>(g.n_embd);
-  const double Vp = static_cast<double>(g.padded_vocab_size);
-  const double P = static_cast<double>(g.n_positions);
-  // As parameter_count_padded(), in double: wte Vp·C, wpe P·C, per block 12C² + 13C, final LN 2C.
-  return estimate(Vp * C + P * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C, Vp, cfg, T);
-}
-
-MemoryEstimate estimate_rank_memory(const ModelConfig& m, const config::DsConfig& cfg, std::int64_t T) {
-  if (m.gpt2) return estimate_rank_memory(*m.gpt2, cfg, T);
-  return estimate(static_cast<double>(m.parameters_stored()), static_cast<double>(m.padded_vocab_size()), cfg, T);
+MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T) {
+  return estimate(model.stored_parameter_count(), static_cast<double>(model.padded_vocab_size()), cfg, T);
 }
 
 std::optional<HostMemoryLimit> host_memory_limit() {

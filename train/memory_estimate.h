@@ -25,8 +25,7 @@
 #include <string>
 
 #include "config_schema/ds_config.h"
-#include "models/model.h"
-#include "models/gpt2/gpt2_config.h"
+#include "models/model_family.h"
 
 namespace dstrain {
 
@@ -51,10 +50,9 @@ struct MemoryEstimate {
 };
 
 // The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
-// data-parallel world size) training `model` on sequences of T tokens.
-MemoryEstimate estimate_rank_memory(const Gpt2Config& model, const config::DsConfig& cfg, std::int64_t T);
-// The same for either architecture: its stored parameter count and padded vocabulary.
-MemoryEstimate estimate_rank_memory(const ModelConfig& model, const config::DsConfig& cfg, std::int64_t T);
+// data-parallel world size) training `model` on sequences of T tokens: from its stored parameter
+// count and padded vocabulary.
+MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T);
 
 // What this process may still allocate on the host, and where the figure comes from: the smallest
 // of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the

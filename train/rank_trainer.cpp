@@ -63,7 +63,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.world_size = world;
   dlo.rank = rank_;
   dlo.seed = seed_;
-  dlo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
+  dlo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
   if (plan.resume) {
     // The engine's state, then the data loader's position (the client state of save_checkpoint).
@@ -88,7 +88,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     elo.world_size = world;
     elo.rank = rank_;
     elo.max_batches = static_cast<std::size_t>(options.val_batches);
-    elo.vocab_size = static_cast<std::int32_t>(plan.model.vocab_size());
+    elo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
     val_.emplace(EvalLoader::open(options.val_data, elo));
   }
 }
@@ -103,7 +103,7 @@ void RankTrainer::announce() {
   const config::DsConfig& cfg = plan_.config;
   Engine& engine = *engine_;
   const int world = engine.world_size();
-  say(fmt::format("model {}: {}", plan_.model_spec, plan_.model.describe()));
+  say(fmt::format("model {}: {}", plan_.model_spec, plan_.model->describe()));
   say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
                   TBS_, B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
@@ -156,19 +156,19 @@ void RankTrainer::announce() {
   sample_allocator_ = make_device_allocator(engine.device());
   if (options_.sample_tokens > 0 && lead()) {
     std::string warning;
-    tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model.vocab_size(), &warning);
+    tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model->vocab_size(), &warning);
     if (!warning.empty()) trainer_warn(options_, warning);
     if (stage_ < 3) generator_.emplace(engine.generation_model(), T_, *sample_allocator_);
     sampling_.max_new_tokens = options_.sample_tokens;
     sampling_.top_k = options_.sample_top_k;
     sampling_.temperature = static_cast<float>(options_.sample_temperature);  // finite and <= FLT_MAX (plan_training)
     sampling_.seed = options_.seed;
-    sampling_.eot_token = sample_start_token(tokenizer_.get(), plan_.model.vocab_size());
+    sampling_.eot_token = sample_start_token(tokenizer_.get(), plan_.model->vocab_size());
   }
 
-  summary_.model = plan_.model.describe();
-  summary_.parameters = plan_.model.parameters();
-  summary_.parameters_stored = plan_.model.parameters_stored();
+  summary_.model = plan_.model->describe();
+  summary_.parameters = static_cast<std::int64_t>(plan_.model->parameter_count());
+  summary_.parameters_stored = static_cast<std::int64_t>(plan_.model->stored_parameter_count());
   summary_.train_batch_size = TBS_;
   summary_.sequence_length = T_;
   start_ = Clock::now();
@@ -239,7 +239,7 @@ void RankTrainer::after_step(double dt) {
   }
   if (lead() && cfg.flops_profiler.enabled && done == cfg.flops_profiler.profile_step) {
     FlopsReportInput in;
-    in.model = *plan_.model.gpt2;  // plan_training refuses the profiler for other models
+    in.model = plan_.model.get();
     in.micro_batch = B_;
     in.sequence_length = T_;
     in.train_batch_size = TBS_;

@@ -47,8 +47,9 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // `config`: the ds_config (load_config_argument / load_config_file); `model`: a GPT-2 spec
-  // (gpt2:d12, gpt2:L4-C256-H4-T128, a Hugging Face config.json; models/gpt2/gpt2_config.h).
+  // `config`: the ds_config (load_config_argument / load_config_file); `model`: a model spec as
+  // models/model_registry.h reads it (gpt2:d12, llama:L4-C256-H4, a Hugging Face config.json, a
+  // registered family's own spec).
   // Stores them; nothing is read or checked until prepare().
   Trainer(ConfigText config, std::string model, TrainerOptions options);
 

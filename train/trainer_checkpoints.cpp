@@ -10,7 +10,7 @@
 
 #include "engine/checkpoint/checkpoint_files.h"
 #include "data/run_files.h"
-#include "models/model.h"
+#include "models/model_family.h"
 #include "engine/optim/optimizer.h"
 #include "ops/error.h"
 
@@ -18,10 +18,10 @@ namespace dstrain {
 namespace fs = std::filesystem;
 
 namespace {
-void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const ModelConfig& model, const config::DsConfig& config);
+void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config);
 }
 
-std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const ModelConfig& model, const config::DsConfig& config) {
+std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
   if (options.save_interval < 0) fail("--save-interval {}: give a number of optimizer steps >= 1 (0: only at the end)", options.save_interval);
   if (options.keep_last < 0) fail("--keep-last {}: give how many checkpoints to keep (>= 1; 0: all)", options.keep_last);
   if (options.save_dir.empty()) {
@@ -72,15 +72,14 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Mode
 namespace {
 // The checkpoint rp names, opened and checked against the run (manifest, indexes, model, optimizer);
 // fills its steps and seed.
-void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const ModelConfig& model, const config::DsConfig& config) {
+void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
   (void)options;
   const CheckpointReader rd(rp.dir, rp.tag);  // the manifest and every rank's index, checked
   const config::Json& m = rd.manifest();
   // The same model: every owned parameter by name and shape.
   std::map<std::string, std::vector<std::int64_t>> saved, mine;
   for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
-  const Model mdl = make_model(model);
-  for (const auto& layer : mdl.layers) {
+  for (const auto& layer : model.make_layers()) {
     for (const ParamSpec& ps : layer->params()) {
       if (ps.tied()) continue;
       std::vector<std::int64_t> shape;

@@ -10,7 +10,7 @@
 
 #include "config_schema/ds_config.h"
 #include "train/trainer_options.h"
-#include "models/model.h"
+#include "models/model_family.h"
 
 namespace dstrain {
 
@@ -28,7 +28,7 @@ struct ResumePoint {
 // index read and checked — and checked to be of this model (parameter names and shapes) and, unless
 // the optimizer changed on purpose, of this optimizer's states. Error naming the option, folder or
 // file and the fix. nullopt: the run starts fresh.
-std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const ModelConfig& model, const config::DsConfig& config);
+std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config);
 
 // Removes the oldest committed checkpoints under save_dir (by global_steps) so that `keep` remain,
 // never the one `latest` names; keep <= 0 keeps all. Returns the tags removed.

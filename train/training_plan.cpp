@@ -24,6 +24,7 @@
 #include "train/progress.h"
 #include "ops/error.h"
 #include "formats/hf_weights_file.h"
+#include "models/model_registry.h"
 #include "zero/launcher_communicator.h"
 #include "zero/mpi_process.h"
 
@@ -188,9 +189,12 @@ void check_local_rank_argument(const LaunchEnv& env, const std::optional<std::in
   }
 }
 
-// The Hugging Face config.json a model spec reads (empty for the gpt2: presets and descriptors).
+// The Hugging Face config.json a model spec reads (empty for a family's own "<family>:" specs).
 std::filesystem::path model_config_file(const std::string& spec) {
-  if (spec.rfind("gpt2:", 0) == 0 || spec.rfind("llama:", 0) == 0) return {};
+  if (const std::size_t colon = spec.find(':'); colon != std::string::npos) {
+    for (const auto& f : model_families())
+      if (spec.compare(0, colon, f->name()) == 0) return {};
+  }
   const std::filesystem::path p(spec);
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) return p / "config.json";
@@ -225,7 +229,7 @@ std::string nvme_optimizer_buffers_advice(const MemoryEstimate& e, const config:
 }
 
 void check_memory(const TrainingPlan& plan, const std::string& model_spec, int ranks_here) {
-  const MemoryEstimate e = estimate_rank_memory(plan.model, plan.config, plan.sequence_length);
+  const MemoryEstimate e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
   const double needed = e.per_rank() * static_cast<double>(ranks_here);
   const std::string figures = fmt::format(
       "{} parameters; per rank at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
@@ -338,8 +342,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----
-  plan.model = model_config_of(model_spec);
-  const ModelConfig& g = plan.model;
+  plan.model = model_architecture(model_spec);
+  const Architecture& g = *plan.model;
 
   // ---- config: resolved for the world size (train_batch_size = micro x GAS x world); --steps
   // fills "auto" total_num_steps of a scheduler, --warmup-steps its warmup_num_steps, the model's
@@ -375,11 +379,6 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
          "(MPI_THREAD_SERIALIZED is needed); set \"overlap_comm\": false, or use an MPI built with thread support",
          plan.mpi.thread_level);
   }
-  if (cfg.flops_profiler.enabled && g.llama) {
-    fail("flops_profiler.enabled is true, but its per-module profile (train/monitor/flops.h) describes GPT-2's modules and the model {} is of "
-         "the Llama family; set flops_profiler.enabled to false for this model",
-         model_spec);
-  }
   if (cfg.flops_profiler.enabled && cfg.flops_profiler.output_file && !cfg.flops_profiler.output_file->empty()) {
     outputs.push_back({*cfg.flops_profiler.output_file, "flops_profiler.output_file"});
   }
@@ -396,9 +395,9 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions(), 1024);
   if (T < 1 || T > g.n_positions()) {
     fail("--sequence-length {}: must be between 1 and the model's {} = {} (give a model with more positions, e.g. a -T<n> descriptor)", T,
-         g.llama ? "max_position_embeddings" : "n_positions", g.n_positions());
+         g.n_positions_key(), g.n_positions());
   }
-  if (g.llama) llama_check_sequence(*g.llama, T, plan.device.is_cuda());  // a window it cannot compute there is refused, naming the key
+  g.check_sequence(T, plan.device);  // e.g. a sliding window the device's kernels do not compute is refused, naming the key
   plan.sequence_length = T;
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails

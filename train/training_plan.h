@@ -14,7 +14,7 @@
 #include "train/trainer_checkpoints.h"
 #include "train/trainer_options.h"
 #include "ops/device.h"
-#include "models/model.h"
+#include "models/model_family.h"
 #include "zero/launch_env.h"
 #include "zero/mpi_process.h"
 
@@ -22,7 +22,7 @@ namespace dstrain {
 
 struct TrainingPlan {
   std::string model_spec;          // as the user wrote it (printed at the top of the run)
-  ModelConfig model;               // its architecture and shape, read once (a config.json is not read per rank)
+  std::shared_ptr<const Architecture> model;  // its architecture and shape, read once (a config.json is not read per rank)
   config::DsConfig config;         // resolved for `world` ranks, "auto" values filled
   Device device = Device::cpu();   // where every rank trains (under a launcher: this process's GPU)
   LaunchEnv launch;                // the launcher's environment ("none": no launcher)

@@ -5,10 +5,8 @@
 #include <vector>
 
 #include "engine/checkpoint/checkpoint_files.h"
-#include "models/model.h"
+#include "models/model_registry.h"
 #include "ops/error.h"
-#include "models/gpt2/gpt2_weights.h"
-#include "models/llama/llama_weights.h"
 
 namespace dstrain {
 
@@ -21,29 +19,9 @@ std::string consolidate_checkpoint(const std::filesystem::path& save_dir, std::s
   check_checkpoint_tag(tag);
   CheckpointReader rd(save_dir, tag);
   const config::Json& m = rd.manifest();
-  // The architecture: GPT-2's shape, or the Llama family's Hugging Face config.json.
-  ModelConfig mc;
-  if (m.contains("llama") && !m.at("llama").is_null()) {
-    mc.llama = llama_config_from_hf_json(m.at("llama").dump(), rd.dir().string() + " (manifest \"llama\")");
-  } else if (m.contains("gpt2") && !m.at("gpt2").is_null()) {
-    const config::Json& g = m.at("gpt2");
-    Gpt2Config cfg;
-    cfg.n_layer = g.at("n_layer").get<std::int64_t>();
-    cfg.n_head = g.at("n_head").get<std::int64_t>();
-    cfg.n_embd = g.at("n_embd").get<std::int64_t>();
-    cfg.n_positions = g.at("n_positions").get<std::int64_t>();
-    cfg.vocab_size = g.at("vocab_size").get<std::int64_t>();
-    cfg.padded_vocab_size = g.at("padded_vocab_size").get<std::int64_t>();
-    cfg.layer_norm_epsilon = g.at("layer_norm_epsilon").get<float>();
-    validate(cfg);
-    mc.gpt2 = cfg;
-  } else {
-    fail("consolidate: checkpoint '{}' is of neither a GPT-2 nor a Llama-family model (its manifest has no \"gpt2\" or \"llama\" config)",
-         rd.dir().string());
-  }
-  // The owned parameters (their names and shapes from the model; the manifest must agree), and
-  // where a tied name points.
-  const Model model = make_model(mc);
+  // The owned parameters (their names and shapes from the model the manifest records), and where a
+  // tied name points.
+  const Model model = make_model(manifest_architecture(m, rd.dir().string()));
   std::map<std::string, std::string> owner;
   std::map<std::string, Shape> shapes;
   for (const auto& layer : model.layers) {
@@ -67,11 +45,7 @@ std::string consolidate_checkpoint(const std::filesystem::path& save_dir, std::s
     if (it == owner.end()) fail("consolidate: the Hugging Face layout asks for '{}', which the model does not have", n);
     return Tensor(values.at(it->second).data(), DType::fp32, shapes.at(it->second));
   };
-  if (mc.llama) {
-    export_llama_weights(output, *mc.llama, lookup, dtype);
-  } else {
-    export_gpt2_safetensors(output, *mc.gpt2, lookup, dtype);
-  }
+  model.architecture->export_weights(output, lookup, dtype);
   return tag;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/checkpoint/checkpoint_file_io.h"
+#include "models/model_registry.h"
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "ops/log.h"
@@ -193,6 +194,23 @@ std::vector<std::string> list_checkpoint_tags(const fs::path& save_dir) {
   std::vector<std::string> tags;
   for (auto& [s, n] : found) tags.push_back(std::move(n));
   return tags;
+}
+
+std::shared_ptr<const Architecture> manifest_architecture(const config::Json& m, const std::string& where) {
+  if (const auto it = m.find("architecture"); it != m.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("family") || !it->at("family").is_string() || !it->contains("config") || !it->at("config").is_object()) {
+      fail("checkpoint {}: its manifest's \"architecture\" is not {{\"family\": name, \"config\": {{...}}}}; load another tag", q(where));
+    }
+    const std::string family = it->at("family").get<std::string>();
+    return model_family(family).from_config_json(it->at("config").dump(), where + " (manifest \"architecture\")");
+  }
+  for (const auto& f : model_families()) {
+    if (const auto legacy = m.find(f->name()); legacy != m.end() && legacy->is_object()) {
+      return f->from_config_json(legacy->dump(), fmt::format("{} (manifest \"{}\")", where, f->name()));
+    }
+  }
+  fail("checkpoint {}: its manifest records no model (no \"architecture\"); it was saved from a model without a family, whose weights "
+       "have no file layout", q(where));
 }
 
 }  // namespace dstrain

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "config_schema/field_spec.h"
+#include "models/model_family.h"
 #include "offload/io_options.h"
 #include "ops/dtype.h"
 
@@ -159,6 +160,12 @@ void commit_checkpoint(const std::filesystem::path& save_dir, const std::string&
 std::optional<std::string> read_latest_tag(const std::filesystem::path& save_dir);
 // The committed tags under save_dir (folders with a manifest), oldest first by global_steps then name.
 std::vector<std::string> list_checkpoint_tags(const std::filesystem::path& save_dir);
+
+// The model a checkpoint's manifest records: "architecture" {"family", "config"}, read by that
+// family (models/model_registry.h) — or, in checkpoints saved before that key, a top-level key
+// named after a family ("gpt2", "llama") that holds its config. Error naming `where` when there
+// is neither, or the family is unknown.
+std::shared_ptr<const Architecture> manifest_architecture(const config::Json& manifest, const std::string& where);
 
 // A committed checkpoint opened for loading: the manifest and every rank's index read and
 // checked (format, version, each index's size and checksum as the manifest records them). The

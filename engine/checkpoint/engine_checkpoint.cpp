@@ -24,7 +24,6 @@
 #include "ops/log.h"
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/tensor_ops.h"
-#include "models/llama/llama_config.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 
@@ -132,16 +131,10 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
         {"last_overflow_iter", ss.last_overflow_iter},
         {"cur_hysteresis", ss.cur_hysteresis}}},
       {"lr_scheduler", {{"last_batch_iteration", im.schedule.last_batch_iteration()}}},
-      {"gpt2", model_.gpt2 ? config::Json{{"n_layer", model_.gpt2->n_layer},
-                                           {"n_head", model_.gpt2->n_head},
-                                           {"n_embd", model_.gpt2->n_embd},
-                                           {"n_positions", model_.gpt2->n_positions},
-                                           {"vocab_size", model_.gpt2->vocab_size},
-                                           {"padded_vocab_size", model_.gpt2->padded_vocab_size},
-                                           {"layer_norm_epsilon", model_.gpt2->layer_norm_epsilon}}
-                           : config::Json(nullptr)},
-      // The Llama family's Hugging Face config.json (docs/models.md §3), for consolidate.
-      {"llama", model_.llama ? config::Json::parse(llama_hf_config_json(*model_.llama)) : config::Json(nullptr)},
+      // The model's family and config (docs/checkpoints.md "Manifest"), which consolidate rebuilds it from.
+      {"architecture", model_.architecture ? config::Json{{"family", model_.architecture->family().name()},
+                                                          {"config", config::Json::parse(model_.architecture->config_json())}}
+                                           : config::Json(nullptr)},
       {"seed", im.options.seed},
       {"bf16_stochastic_rounding", im.rounding.enabled},
       {"ds_config", im.config.to_json()},

@@ -12,7 +12,6 @@
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/newton_schulz.h"
 #include "ops/kernels/tensor_ops.h"
-#include "models/gpt2/gpt2_weights.h"
 
 namespace dstrain {
 namespace {
@@ -32,7 +31,7 @@ MuonTensor muon_tensor_of(const ParamSpec& spec) {
   t.rows = spec.shape[0];
   t.cols = spec.shape.numel() / std::max<std::int64_t>(1, spec.shape[0]);
   std::int64_t hf_rows = spec.init.rows > 0 ? spec.init.rows : t.rows, hf_cols = t.cols;
-  if (is_conv1d_weight(spec.name)) std::swap(hf_rows, hf_cols);
+  if (spec.hf_transposed) std::swap(hf_rows, hf_cols);
   t.scale = std::sqrt(std::max(1.0, static_cast<double>(hf_rows) / static_cast<double>(hf_cols)));
   return t;
 }

@@ -36,21 +36,25 @@ enum Scratch { kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kNumScratch };
 Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index) : cfg_(cfg), index_(index) { validate(cfg_); }
 
 std::vector<ParamSpec> Gpt2Block::params() const {
-  const std::int64_t C = cfg_.n_embd;
+  const std::int64_t C = cfg_.n_embd, hs = C / cfg_.n_head;
   const std::string p = "h." + std::to_string(index_) + ".";
   const float std_resid = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  // Tensor parallelism (Megatron): c_attn and c_fc column-parallel (c_attn's q, k and v cut each in
+  // whole heads), the two c_proj row-parallel with their biases added once after the sum.
+  const std::vector<ParamSplit::Part> qkv{{C, hs}, {C, hs}, {C, hs}};
+  const ParamSplit heads_in = ParamSplit::columns({{C, hs}});
   return {
       {p + "ln_1.weight", Shape{C}, ParamInit::ones(), false, {}},
       {p + "ln_1.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal(0.02f), true, {}},      // (3C, C)
-      {p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::zeros(), false, {}},
-      {p + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal(std_resid), true, {}},     // (C, C)
+      {p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(qkv), true},    // (3C, C)
+      {p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::zeros(), false, {}, ParamSplit::rows(qkv)},
+      {p + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal(std_resid), true, {}, heads_in, true},                 // (C, C)
       {p + "attn.c_proj.bias", Shape{C}, ParamInit::zeros(), false, {}},
       {p + "ln_2.weight", Shape{C}, ParamInit::ones(), false, {}},
       {p + "ln_2.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::normal(0.02f), true, {}},        // (4C, C)
-      {p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::zeros(), false, {}},
-      {p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::normal(std_resid), true, {}},  // (C, 4C)
+      {p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(), true},          // (4C, C)
+      {p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::zeros(), false, {}, ParamSplit::rows()},
+      {p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::normal(std_resid), true, {}, ParamSplit::columns(), true},  // (C, 4C)
       {p + "mlp.c_proj.bias", Shape{C}, ParamInit::zeros(), false, {}},
   };
 }

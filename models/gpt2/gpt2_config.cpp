@@ -127,7 +127,7 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
   if (j.contains("model_type")) {
     const auto& mt = j["model_type"];
     if (!mt.is_string() || mt.get<std::string>() != "gpt2") {
-      fail("model config '{}': model_type is {} but dstrain builds \"gpt2\" (GPT-2) and the Llama family (\"llama\", \"mistral\", \"qwen2\", \"qwen3\"; docs/models.md)", source, mt.dump());
+      fail("model config '{}': model_type is {} but a GPT-2 config.json has \"gpt2\" (docs/models.md lists the families dstrain builds)", source, mt.dump());
     }
   }
   if (j.contains("activation_function")) {
@@ -216,6 +216,26 @@ Gpt2Config model_config_from_spec(std::string_view spec) {
   }
   const std::filesystem::path p = model_config_path(spec, "a known preset", kSpecForms);
   return gpt2_config_from_hf_json(read_model_config_file(p), p.string());
+}
+
+std::string gpt2_hf_config_json(const Gpt2Config& c) {
+  const nlohmann::json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_embd", c.n_embd},
+      {"n_positions", c.n_positions},
+      {"vocab_size", c.vocab_size},
+      {"layer_norm_epsilon", c.layer_norm_epsilon},
+      {"resid_pdrop", c.resid_pdrop},
+      {"embd_pdrop", c.embd_pdrop},
+      {"attn_pdrop", c.attn_pdrop},
+      {"activation_function", "gelu_new"},
+      {"initializer_range", 0.02},
+      {"tie_word_embeddings", true},
+  };
+  return j.dump(2);
 }
 
 std::int64_t parameter_count(const Gpt2Config& c) {

@@ -45,6 +45,10 @@ Gpt2Config model_config_from_spec(std::string_view spec);
 // Parses the text of a Hugging Face GPT-2 config.json; `source` names it in errors.
 Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view source);
 
+// The Hugging Face config.json of this model (GPT2LMHeadModel; every key that shapes it), which
+// gpt2_config_from_hf_json reads back into an equal config.
+std::string gpt2_hf_config_json(const Gpt2Config& cfg);
+
 // Parameters as GPT-2 counts them (real vocabulary): d12 = 124,439,808.
 std::int64_t parameter_count(const Gpt2Config& cfg);
 // Parameters as stored, with the padded vocabulary rows of wte (llm.c: d12 = 124,475,904).

@@ -16,7 +16,7 @@ Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_)
 std::vector<ParamSpec> Gpt2Embedding::params() const {
   const std::int64_t C = cfg_.n_embd;
   return {
-      {"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}},  // (Vp, C)
+      {"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}, ParamSplit::vocabulary()},  // (Vp, C)
       {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},                         // (maxT, C)
   };
 }

@@ -25,7 +25,8 @@ std::vector<ParamSpec> Gpt2Head::params() const {
   return {
       {"ln_f.weight", Shape{C}, ParamInit::ones(), false, {}},
       {"ln_f.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, "wte.weight"},  // (Vp, C)
+      {"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, "wte.weight",
+       ParamSplit::vocabulary()},  // (Vp, C)
   };
 }
 

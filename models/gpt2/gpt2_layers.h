@@ -34,6 +34,7 @@ class Gpt2Embedding final : public Layer {
  public:
   explicit Gpt2Embedding(const Gpt2Config& cfg);
   std::string name() const override { return "embedding"; }
+  std::string type_name() const override { return "GPT2Embedding"; }
   std::vector<ParamSpec> params() const override;  // wte.weight (Vp, C), wpe.weight (maxT, C)
   ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;  // none
@@ -49,6 +50,7 @@ class Gpt2Block final : public Layer {
  public:
   Gpt2Block(const Gpt2Config& cfg, std::int64_t index);  // index: N of "h.N"
   std::string name() const override { return "h." + std::to_string(index_); }
+  std::string type_name() const override { return "GPT2Block"; }
   std::vector<ParamSpec> params() const override;
   ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
@@ -65,6 +67,7 @@ class Gpt2Head final : public Layer {
  public:
   explicit Gpt2Head(const Gpt2Config& cfg);
   std::string name() const override { return "head"; }
+  std::string type_name() const override { return "GPT2LMHead"; }
   // ln_f.weight, ln_f.bias, lm_head.weight (tied to wte.weight)
   std::vector<ParamSpec> params() const override;
   ActivationSpec output(const LayerDims& d) const override;  // losses (B, T) fp32

@@ -28,21 +28,12 @@ struct HfTensor {
   std::int64_t file_rows = -1; // wte: the file holds only the first V rows
 };
 
-}  // namespace
-
-bool is_conv1d_weight(std::string_view n) {
-  return n.ends_with("attn.c_attn.weight") || n.ends_with("attn.c_proj.weight") || n.ends_with("mlp.c_fc.weight") ||
-         n.ends_with("mlp.c_proj.weight");
-}
-
-namespace {
-
 std::vector<HfTensor> hf_tensors(const Gpt2Config& cfg) {
   std::vector<HfTensor> out;
   for (const auto& layer : make_gpt2_layers(cfg)) {
     for (const ParamSpec& ps : layer->params()) {
       if (ps.tied()) continue;
-      HfTensor t{ps.name, ps.shape, {}, is_conv1d_weight(ps.name), -1};
+      HfTensor t{ps.name, ps.shape, {}, ps.hf_transposed, -1};
       for (int i = 0; i < ps.shape.rank; ++i) t.hf.push_back(ps.shape[i]);
       if (t.transpose) std::swap(t.hf[0], t.hf[1]);
       if (ps.name == "wte.weight") {

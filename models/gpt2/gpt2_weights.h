@@ -37,10 +37,6 @@ void import_gpt2_torch(const std::filesystem::path& file, const Gpt2Config& cfg,
 // hf_weights_file() resolves it (its model.safetensors).
 void import_gpt2_weights(const std::filesystem::path& path, const Gpt2Config& cfg, const Gpt2ParamLookup& param);
 
-// True for the GPT-2 weights that Hugging Face holds as Conv1D (in, out), the transpose of ours
-// (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj): Muon's shape scale reads the HF orientation.
-bool is_conv1d_weight(std::string_view name);
-
 // Writes the parameters in the HF layout with dtype `file_dtype` (F32 by default), atomically.
 // Metadata {"format": "pt"} as transformers' save_pretrained writes it.
 void export_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param,

@@ -83,22 +83,27 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   const std::int64_t C = cfg_.n_embd, I = cfg_.intermediate_size, D = cfg_.head_dim;
   const float sd = cfg_.initializer_range;
   const std::string p = "model.layers." + std::to_string(index_) + ".";
+  // Tensor parallelism (Megatron): qkv_proj, gate_proj and up_proj column-parallel, o_proj and
+  // down_proj row-parallel. q, k and v are cut per key/value head: k and v in whole heads, q in the
+  // group of n_head / n_kv_head query heads that share each, so that a rank's queries see its keys.
+  const std::int64_t group = cfg_.n_head / cfg_.n_kv_head * D;
+  const ParamSplit qkv = ParamSplit::rows({{cfg_.q_dim(), group}, {cfg_.kv_dim(), D}, {cfg_.kv_dim(), D}});
   std::vector<ParamSpec> v;
   v.push_back({p + "input_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
-  v.push_back({p + "self_attn.qkv_proj.weight", Shape{cfg_.qkv_dim(), C}, ParamInit::normal(sd), true, {}});  // [q_proj | k_proj | v_proj]
-  if (cfg_.qkv_bias) v.push_back({p + "self_attn.qkv_proj.bias", Shape{cfg_.qkv_dim()}, ParamInit::zeros(), false, {}});
+  v.push_back({p + "self_attn.qkv_proj.weight", Shape{cfg_.qkv_dim(), C}, ParamInit::normal(sd), true, {}, qkv});  // [q_proj | k_proj | v_proj]
+  if (cfg_.qkv_bias) v.push_back({p + "self_attn.qkv_proj.bias", Shape{cfg_.qkv_dim()}, ParamInit::zeros(), false, {}, qkv});
   if (cfg_.qk_norm) {
     v.push_back({p + "self_attn.q_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
     v.push_back({p + "self_attn.k_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
   }
-  v.push_back({p + "self_attn.o_proj.weight", Shape{C, cfg_.q_dim()}, ParamInit::normal(sd), true, {}});
+  v.push_back({p + "self_attn.o_proj.weight", Shape{C, cfg_.q_dim()}, ParamInit::normal(sd), true, {}, ParamSplit::columns({{cfg_.q_dim(), group}})});
   if (cfg_.o_bias) v.push_back({p + "self_attn.o_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
   v.push_back({p + "post_attention_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
-  v.push_back({p + "mlp.gate_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}});
-  if (cfg_.mlp_bias) v.push_back({p + "mlp.gate_proj.bias", Shape{I}, ParamInit::zeros(), false, {}});
-  v.push_back({p + "mlp.up_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}});
-  if (cfg_.mlp_bias) v.push_back({p + "mlp.up_proj.bias", Shape{I}, ParamInit::zeros(), false, {}});
-  v.push_back({p + "mlp.down_proj.weight", Shape{C, I}, ParamInit::normal(sd), true, {}});
+  v.push_back({p + "mlp.gate_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}, ParamSplit::rows()});
+  if (cfg_.mlp_bias) v.push_back({p + "mlp.gate_proj.bias", Shape{I}, ParamInit::zeros(), false, {}, ParamSplit::rows()});
+  v.push_back({p + "mlp.up_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}, ParamSplit::rows()});
+  if (cfg_.mlp_bias) v.push_back({p + "mlp.up_proj.bias", Shape{I}, ParamInit::zeros(), false, {}, ParamSplit::rows()});
+  v.push_back({p + "mlp.down_proj.weight", Shape{C, I}, ParamInit::normal(sd), true, {}, ParamSplit::columns()});
   if (cfg_.mlp_bias) v.push_back({p + "mlp.down_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
   return v;
 }

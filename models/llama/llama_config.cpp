@@ -460,6 +460,16 @@ std::int64_t parameter_count(const LlamaConfig& c) {
   return embed + (c.tie_word_embeddings ? 0 : embed) + c.n_layer * per_layer + C;
 }
 
+std::string llama_class_prefix(const LlamaConfig& c) {
+  for (const Family& f : kFamilies) {
+    if (c.model_type == f.model_type) {
+      const std::string arch = f.architecture;  // "Qwen2ForCausalLM"
+      return arch.substr(0, arch.size() - std::string_view("ForCausalLM").size());
+    }
+  }
+  return "Llama";
+}
+
 std::string llama_hf_config_json(const LlamaConfig& c) {
   const Family* fam = nullptr;
   for (const Family& f : kFamilies)

@@ -91,4 +91,8 @@ std::string llama_hf_config_json(const LlamaConfig& cfg);
 // One line for the top of a run.
 std::string describe(const LlamaConfig& cfg);
 
+// The prefix of the model's Hugging Face class names: "Llama", "Mistral", "Qwen2", "Qwen3"
+// (LlamaDecoderLayer, Qwen2RMSNorm, ...).
+std::string llama_class_prefix(const LlamaConfig& cfg);
+
 }  // namespace dstrain

@@ -20,7 +20,7 @@ LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg) : cfg_(cfg) { validate(cf
 
 std::vector<ParamSpec> LlamaEmbedding::params() const {
   return {{"model.embed_tokens.weight", Shape{cfg_.padded_vocab_size, cfg_.n_embd}, ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
-           true, {}}};  // (Vp, C)
+           true, {}, ParamSplit::vocabulary()}};  // (Vp, C)
 }
 
 ActivationSpec LlamaEmbedding::output(const LayerDims& d) const {

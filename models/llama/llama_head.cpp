@@ -25,7 +25,7 @@ std::vector<ParamSpec> LlamaHead::params() const {
   return {
       {"model.norm.weight", Shape{C}, ParamInit::ones(), false, {}},
       {"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size), true,
-       cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : ""},  // (Vp, C)
+       cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "", ParamSplit::vocabulary()},  // (Vp, C)
   };
 }
 

@@ -34,6 +34,7 @@ class LlamaEmbedding final : public Layer {
  public:
   explicit LlamaEmbedding(const LlamaConfig& cfg);
   std::string name() const override { return "embedding"; }
+  std::string type_name() const override { return llama_class_prefix(cfg_) + "Embedding"; }
   std::vector<ParamSpec> params() const override;  // model.embed_tokens.weight (Vp, C)
   ActivationSpec output(const LayerDims& d) const override;
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
@@ -49,6 +50,7 @@ class LlamaBlock final : public Layer {
  public:
   LlamaBlock(const LlamaConfig& cfg, std::int64_t index);  // index: N of "model.layers.N"
   std::string name() const override { return "layers." + std::to_string(index_); }
+  std::string type_name() const override { return llama_class_prefix(cfg_) + "DecoderLayer"; }
   std::vector<ParamSpec> params() const override;
   ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;
@@ -66,6 +68,7 @@ class LlamaHead final : public Layer {
  public:
   explicit LlamaHead(const LlamaConfig& cfg);
   std::string name() const override { return "head"; }
+  std::string type_name() const override { return llama_class_prefix(cfg_) + "LMHead"; }
   // model.norm.weight, lm_head.weight (tied to model.embed_tokens.weight when tie_word_embeddings)
   std::vector<ParamSpec> params() const override;
   ActivationSpec output(const LayerDims& d) const override;  // losses (B, T) fp32

@@ -27,6 +27,7 @@
 #include "gpu_test.h"
 #include "ops/kernels/device_backend.h"
 #include "tests/unit/engine/zero_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 using namespace dstrain;
 using namespace dstrain::zero_testing;

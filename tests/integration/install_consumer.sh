@@ -16,3 +16,5 @@ grep -q "zero stage 2, precision fp16, train_batch_size 32 = 4 x 4 x 2" <<<"$out
 grep -q "embedded engine: 20 optimizer steps" <<<"$out"
 # The Trainer's whole run on 2 local ranks through the installed library.
 grep -q "trainer: 10 steps on 2 ranks" <<<"$out"
+# A model family of the program's own, registered and trained by the Trainer at ZeRO stage 2 on 2 ranks.
+grep -q "own family: bigram model: vocab 7, width 16; 231 parameters, ZeRO stage 2 on 2 ranks, 30 steps" <<<"$out"

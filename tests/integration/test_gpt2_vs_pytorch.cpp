@@ -67,7 +67,7 @@ TEST(Gpt2VsPytorch, LogitsLossAndGradientsMatch) {
   // Logits (B, T, V): position t's are the last position's of the prefix tokens[0..t].
   std::vector<float> logits;
   {
-    Gpt2GenerationViews views(m);
+    LayerStackGenerationViews views(m, m.config().vocab_size, m.config().n_positions);
     Generator g(views.model());
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < T; ++t) {

@@ -17,45 +17,6 @@
 namespace dstrain {
 namespace {
 
-ModuleFlops leaf(std::string name, std::string type, std::int64_t params, std::int64_t macs, std::int64_t flops) {
-  ModuleFlops m;
-  m.name = std::move(name);
-  m.type = std::move(type);
-  m.params = params;
-  m.macs = m.own_macs = macs;
-  m.flops = m.own_flops = flops;
-  return m;
-}
-
-// A parent: its own work plus its children's.
-ModuleFlops parent(std::string name, std::string type, std::vector<ModuleFlops> children, std::int64_t own_macs = 0,
-                   std::int64_t own_flops = 0) {
-  ModuleFlops m;
-  m.name = std::move(name);
-  m.type = std::move(type);
-  m.own_macs = own_macs;
-  m.own_flops = own_flops;
-  m.macs = own_macs;
-  m.flops = own_flops;
-  for (const auto& c : children) {
-    m.params += c.params;
-    m.macs += c.macs;
-    m.flops += c.flops;
-  }
-  m.children = std::move(children);
-  return m;
-}
-
-// Linear over `tokens` rows: a matmul plus the bias add.
-ModuleFlops linear(std::string name, std::int64_t tokens, std::int64_t in, std::int64_t out) {
-  const std::int64_t macs = tokens * in * out;
-  return leaf(std::move(name), "Linear", in * out + out, macs, 2 * macs + tokens * out);
-}
-
-ModuleFlops layernorm(std::string name, std::int64_t tokens, std::int64_t c) {
-  return leaf(std::move(name), "LayerNorm", 2 * c, 0, 5 * tokens * c);
-}
-
 std::string percent(double part, double total) {
   return python_format_g(total != 0 ? python_round(100.0 * part / total, 2) : 0.0);
 }
@@ -133,48 +94,6 @@ void print_tree(const ModuleFlops& m, const ModuleFlops& total, const std::strin
 
 }  // namespace
 
-ModuleFlops gpt2_forward_flops(const Gpt2FlopsShape& s) {
-  DSTRAIN_CHECK(s.batch > 0 && s.seq_len > 0 && s.channels > 0 && s.heads > 0 && s.vocab > 0 && s.layers > 0 &&
-                    s.max_seq_len >= 0,
-                "gpt2_forward_flops: every dimension must be positive (B={}, T={}, C={}, NH={}, V={}, L={}, maxT={})",
-                s.batch, s.seq_len, s.channels, s.heads, s.vocab, s.layers, s.max_seq_len);
-  DSTRAIN_CHECK(s.channels % s.heads == 0, "gpt2_forward_flops: channels ({}) must be a multiple of heads ({})",
-                s.channels, s.heads);
-  const std::int64_t B = s.batch, T = s.seq_len, C = s.channels, NH = s.heads, V = s.vocab;
-  const std::int64_t max_t = s.max_seq_len > 0 ? s.max_seq_len : T;
-  const std::int64_t BT = B * T;
-
-  std::vector<ModuleFlops> blocks;
-  blocks.reserve(static_cast<std::size_t>(s.layers));
-  for (std::int64_t l = 0; l < s.layers; ++l) {
-    // QKᵀ and AV: B·NH·T·T·hs multiply-accumulates each; softmax one FLOP per score.
-    const std::int64_t attn_macs = 2 * B * T * T * C;
-    ModuleFlops attn = parent("attn", "Attention", {linear("c_attn", BT, C, 3 * C), linear("c_proj", BT, C, C)},
-                              attn_macs, 2 * attn_macs + B * NH * T * T);
-    ModuleFlops mlp =
-        parent("mlp", "MLP",
-               {linear("c_fc", BT, C, 4 * C), leaf("gelu", "GELU", 0, 0, BT * 4 * C), linear("c_proj", BT, 4 * C, C)});
-    blocks.push_back(parent(std::to_string(l), "Block",
-                            {layernorm("ln_1", BT, C), std::move(attn), layernorm("ln_2", BT, C), std::move(mlp)}, 0,
-                            2 * BT * C));  // the two residual adds
-  }
-  ModuleFlops lm_head = leaf("lm_head", "Linear", 0, BT * C * V, 2 * BT * C * V);
-  lm_head.note = "weight tied to wte";
-  std::vector<ModuleFlops> top;
-  top.push_back(leaf("wte", "Embedding", V * C, 0, 0));
-  top.push_back(leaf("wpe", "Embedding", max_t * C, 0, 0));
-  top.push_back(parent("h", "ModuleList", std::move(blocks)));
-  top.push_back(layernorm("ln_f", BT, C));
-  top.push_back(std::move(lm_head));
-  return parent("", "GPT2", std::move(top), 0, BT * C);  // token + position embedding add
-}
-
-std::int64_t gpt2_num_parameters(const Gpt2FlopsShape& s) {
-  const std::int64_t C = s.channels;
-  const std::int64_t max_t = s.max_seq_len > 0 ? s.max_seq_len : s.seq_len;
-  return s.vocab * C + max_t * C + s.layers * (12 * C * C + 13 * C) + 2 * C;
-}
-
 double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels,
                              std::int64_t seq_len) {
   return 6.0 * static_cast<double>(num_parameters) +
@@ -203,7 +122,7 @@ std::string flops_flops_to_string(double flops_per_second) { return number_with_
 std::string flops_duration_to_string(double seconds) { return number_with_units(seconds) + "s"; }
 
 std::string format_flops_profile(const FlopsProfileInput& in, const config::FlopsProfilerConfig& cfg) {
-  DSTRAIN_CHECK(in.model != nullptr, "format_flops_profile: no model tree given; pass gpt2_forward_flops(shape)");
+  DSTRAIN_CHECK(in.model != nullptr, "format_flops_profile: no model tree given; pass the architecture's forward_flops(B, T)");
   const ModuleFlops& m = *in.model;
   const auto flops = static_cast<double>(m.flops);
   const auto mp = static_cast<double>(in.model_parallel_size);

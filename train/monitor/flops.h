@@ -1,22 +1,13 @@
-// FLOP and parameter counts of a GPT-2 forward pass, per module, the model-FLOPs formula used for
-// MFU, and a summary in the shape of DeepSpeed's flops profiler (print_model_profile at
-// flops_profiler.profile_step).
+// The flops profiler's summary in the shape of DeepSpeed's (print_model_profile at
+// flops_profiler.profile_step), from a model's forward-pass tree (models/module_flops.h, which each
+// model family builds: Architecture::forward_flops), and the model-FLOPs formula used for MFU.
 //
-// What is counted (forward, one micro-batch of B sequences of T tokens, hs = C / NH):
-//   Linear(in, out)        2·B·T·in·out (matmul, 2 FLOPs per multiply-accumulate) + B·T·out (bias)
-//   attention QKᵀ and AV   2·B·NH·T·T·hs each = 2·B·T²·C each, the full T×T product as the kernels
-//                          compute it (causal masking does not remove work from a dense kernel)
-//   softmax                B·NH·T² (one per element, DeepSpeed's convention)
-//   LayerNorm              5·B·T·C (DeepSpeed's estimate with affine)
-//   GELU                   B·T·4C;  residual adds B·T·C each;  token + position embedding add B·T·C
-//   embedding lookups, dropout, the loss: 0 (DeepSpeed counts none of them)
 // Backward is 2× forward (dX and dW of every matmul); a training step is (3 + recompute) × forward,
 // with recompute = flops_profiler.recompute_fwd_factor (1.0 with full activation checkpointing).
-// MACs count the multiply-accumulates of the matmuls only.
 //
 // MFU uses the model-FLOPs formula of llm.c / PaLM appendix B instead, which does not depend on how
 // kernels are written: flops per token = 6·N + 6·L·C·T (N parameters as stored, the attention term
-// counting the causal half of QKᵀ and AV, fwd + bwd).
+// counting the causal half of QKᵀ and AV, fwd + bwd; Architecture::flops_per_token).
 #pragma once
 
 #include <cstdint>
@@ -25,41 +16,9 @@
 #include <vector>
 
 #include "config_schema/monitor_config.h"
+#include "models/module_flops.h"
 
 namespace dstrain {
-
-struct Gpt2FlopsShape {
-  std::int64_t batch = 1;        // B: sequences per micro-batch on this GPU
-  std::int64_t seq_len = 1024;   // T
-  std::int64_t channels = 768;   // C
-  std::int64_t heads = 12;       // NH
-  std::int64_t vocab = 50304;    // V as stored and multiplied: the padded vocabulary (wte rows)
-  std::int64_t layers = 12;      // L
-  std::int64_t max_seq_len = 0;  // wpe rows (n_positions); 0 = seq_len
-};
-
-// One module of the model tree; figures include the module's children (DeepSpeed's
-// get_module_flops), `own_*` only what the module computes itself (e.g. attention's QKᵀ).
-struct ModuleFlops {
-  std::string name;  // attribute name as in HF GPT-2: "wte", "h", "0", "attn", "c_attn", ...
-  std::string type;  // "GPT2", "Embedding", "ModuleList", "Block", "Attention", "Linear", ...
-  std::int64_t params = 0;
-  std::int64_t macs = 0;
-  std::int64_t flops = 0;
-  std::int64_t own_macs = 0;
-  std::int64_t own_flops = 0;
-  std::string note;  // e.g. "weight tied to wte"
-  std::vector<ModuleFlops> children;
-};
-
-// The forward-pass tree: GPT2 > {wte, wpe, h: ModuleList > Block × L > {ln_1, attn > {c_attn,
-// c_proj}, ln_2, mlp > {c_fc, gelu, c_proj}}, ln_f, lm_head (tied: 0 own params)}.
-// Throws Error when a dimension is <= 0 or C is not a multiple of NH.
-ModuleFlops gpt2_forward_flops(const Gpt2FlopsShape& shape);
-
-// Parameters as stored: V·C + maxT·C + L·(12C² + 13C) + 2C (GPT-2 124M: 124,439,808 with V = 50257,
-// 124,475,904 with the padded 50304 that llm.c counts).
-std::int64_t gpt2_num_parameters(const Gpt2FlopsShape& shape);
 
 // llm.c / PaLM: 6·N + 6·L·C·T.
 double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels,
@@ -78,7 +37,7 @@ std::string flops_flops_to_string(double flops_per_second);
 std::string flops_duration_to_string(double seconds);
 
 struct FlopsProfileInput {
-  const ModuleFlops* model = nullptr;  // from gpt2_forward_flops, for one micro-batch on this GPU
+  const ModuleFlops* model = nullptr;  // Architecture::forward_flops, for one micro-batch on this GPU
   std::int64_t profile_step = 1;
   std::int64_t world_size = 1;
   std::int64_t data_parallel_size = 1;

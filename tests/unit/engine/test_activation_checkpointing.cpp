@@ -18,6 +18,8 @@
 #include "models/gpt2/gpt2_layers.h"
 
 #include "engine_test_util.h"
+#include "models/gpt2/gpt2_family.h"
+#include "models/llama/llama_family.h"
 
 namespace dstrain {
 namespace {

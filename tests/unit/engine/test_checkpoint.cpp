@@ -27,6 +27,7 @@
 #include "engine/checkpoint/checkpoint_files.h"
 #include "ops/crc32c.h"
 #include "zero_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

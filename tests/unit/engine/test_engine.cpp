@@ -22,6 +22,7 @@
 #include "zero/local_communicator.h"
 
 #include "engine_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

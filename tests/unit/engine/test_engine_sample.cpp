@@ -13,6 +13,7 @@
 #include "engine/generate.h"
 #include "models/gpt2/gpt2_model.h"
 #include "ops/kernels/tensor_ops.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

@@ -19,6 +19,7 @@
 #include "models/gpt2/gpt2_model.h"
 
 #include "engine_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

@@ -147,7 +147,7 @@ TEST(Generator, LogitsAndGreedyMatchAnIndependentForward) {
   // Larger weights than GPT-2's init, so the logits are far apart and argmax is well defined.
   auto* w = model.flat_params().as<float>();
   for (std::int64_t i = 0; i < model.flat_params().numel(); ++i) w[i] *= 20.0f;
-  Gpt2GenerationViews views(model);
+  LayerStackGenerationViews views(model, model.config().vocab_size, model.config().n_positions);
   Generator gen(views.model());
   EXPECT_EQ(gen.window(), 8);
 
@@ -184,7 +184,7 @@ TEST(Generator, PromptLongerThanTheWindowUsesItsTail) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
   Gpt2Model model(cfg, DType::fp32, 1, cfg.n_positions);
   model.init_params(7);
-  Gpt2GenerationViews views(model);
+  LayerStackGenerationViews views(model, model.config().vocab_size, model.config().n_positions);
   Generator gen(views.model());
   std::vector<std::int32_t> prompt(30);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 13 + 1) % 61);
@@ -239,7 +239,7 @@ struct KnownDistributionModel {
 
 TEST(Generator, SamplesTheKnownDistributionAndNeverPadding) {
   KnownDistributionModel k;
-  Gpt2GenerationViews views(k.model);
+  LayerStackGenerationViews views(k.model, k.model.config().vocab_size, k.model.config().n_positions);
   Generator gen(views.model());
   for (const auto& [temperature, top_k] : {std::pair{1.0f, std::int64_t{0}}, std::pair{0.8f, std::int64_t{4}}}) {
     SamplingOptions opt;
@@ -264,7 +264,7 @@ TEST(Generator, SamplesTheKnownDistributionAndNeverPadding) {
 TEST(Generator, DefaultPromptIsEndOfText) {
   // gpt2:tiny has V = 61, so GPT-2's 50256 is out of range: say so instead of indexing wte past V.
   KnownDistributionModel k;
-  Gpt2GenerationViews views(k.model);
+  LayerStackGenerationViews views(k.model, k.model.config().vocab_size, k.model.config().n_positions);
   Generator gen(views.model());
   SamplingOptions opt;
   opt.max_new_tokens = 3;
@@ -283,7 +283,7 @@ TEST(Generator, DeterministicForASeed) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
   Gpt2Model model(cfg, DType::fp32, 1, cfg.n_positions);
   model.init_params(5);
-  Gpt2GenerationViews views(model);
+  LayerStackGenerationViews views(model, model.config().vocab_size, model.config().n_positions);
   Generator gen(views.model());
   Generator other(views.model());
   SamplingOptions opt;
@@ -303,7 +303,7 @@ TEST(Generator, Bf16Model) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
   Gpt2Model model(cfg, DType::bf16, 1, cfg.n_positions);
   model.init_params(8);
-  Gpt2GenerationViews views(model);
+  LayerStackGenerationViews views(model, model.config().vocab_size, model.config().n_positions);
   Generator gen(views.model());
   const std::span<const float> logits = gen.next_token_logits(std::vector<std::int32_t>{4, 5});
   SamplingOptions opt;

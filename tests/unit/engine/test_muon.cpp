@@ -23,6 +23,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
+#include "models/gpt2/gpt2_family.h"
 #include "train/memory_estimate.h"
 #include "engine/optim/muon.h"
 #include "engine/optim/optimizer.h"
@@ -42,15 +43,18 @@ config::OptimizerConfig optimizer_config(const std::string& block) {
   return config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": )" + block + "}"), {}).optimizer;
 }
 
-ParamSpec spec(const std::string& name, Shape shape, bool decay, std::int64_t init_rows = -1) {
-  return {name, shape, ParamInit::normal(0.02f, init_rows), decay, {}};
+// hf_transposed: Hugging Face holds the matrix as (in, out), as GPT-2's Conv1D weights.
+ParamSpec spec(const std::string& name, Shape shape, bool decay, std::int64_t init_rows = -1, bool hf_transposed = false) {
+  ParamSpec p{name, shape, ParamInit::normal(0.02f, init_rows), decay, {}};
+  p.hf_transposed = hf_transposed;
+  return p;
 }
 
 // GPT-2 names: wte (padded rows 10, real vocabulary 9) and the Conv1D matrices are Muon's by
 // DeepSpeed's rule; "embed" / "lm_head" names, the norm weight and the bias are Adam's.
 std::vector<ParamSpec> test_specs() {
-  return {spec("wte.weight", Shape{10, 6}, true, 9),        spec("h.0.attn.c_attn.weight", Shape{18, 6}, true),
-          spec("h.0.mlp.c_proj.weight", Shape{6, 24}, true), spec("model.embed_tokens.weight", Shape{8, 6}, true),
+  return {spec("wte.weight", Shape{10, 6}, true, 9),              spec("h.0.attn.c_attn.weight", Shape{18, 6}, true, -1, true),
+          spec("h.0.mlp.c_proj.weight", Shape{6, 24}, true, -1, true), spec("model.embed_tokens.weight", Shape{8, 6}, true),
           spec("lm_head.weight", Shape{8, 6}, true),         spec("h.0.ln_1.weight", Shape{6}, false),
           spec("h.0.mlp.c_fc.bias", Shape{24}, false)};
 }
@@ -373,10 +377,10 @@ TEST(Muon, StateBytes) {
   const std::uint64_t muon = run_zero(s).r0().report.optimizer_bytes;
   config::ConfigOptions o;
   o.world_size = 2;
-  const double muon_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  const double muon_estimate = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   s.knobs.optimizer_json.clear();
   EXPECT_EQ(muon, run_zero(s).r0().report.optimizer_bytes);
-  const double adamw_estimate = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  const double adamw_estimate = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   EXPECT_GT(muon_estimate, 0.0);
   EXPECT_EQ(muon_estimate, adamw_estimate);
 }

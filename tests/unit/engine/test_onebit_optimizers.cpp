@@ -15,6 +15,7 @@
 #include "ops/allocator.h"
 #include "tests/unit/engine/zero_test_util.h"
 #include "zero/local_communicator.h"
+#include "models/gpt2/gpt2_family.h"
 
 using namespace dstrain;
 using namespace dstrain::zero_testing;

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "models/gpt2/gpt2_family.h"
 #include "train/memory_estimate.h"
 #include "ops/error.h"
 #include "zero/state_store.h"
@@ -145,7 +146,7 @@ TEST(OptimizerOffloadConfig, MemoryEstimateCountsTheMastersKeptApart) {
       config::ConfigOptions copts;
       copts.world_size = 2;
       const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(offload_run(2, 2, p, offload))), copts);
-      return estimate_rank_memory(model_config(0.0f), c, kT);
+      return estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), c, kT);
     };
     const MemoryEstimate plain = estimate(""), off = estimate(kOffloadCpu);
     const double psi = plain.parameters;
@@ -406,7 +407,7 @@ TEST(OptimizerOffloadEstimate, PlacesTheOffloadedSharesAsTheAllocatorsCountThem)
       const RunResult run = run_zero(s);
       config::ConfigOptions copts;
       copts.world_size = world;
-      const MemoryEstimate e = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts), kT);
+      const MemoryEstimate e = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts), kT);
       const double padding = static_cast<double>(shard_elements(world, Precision::fp32)) - e.parameters / world;
       ASSERT_GE(padding, 0.0);
       const double tolerance = 12.0 * padding;  // fp32 masters are the params here; + exp_avg + exp_avg_sq

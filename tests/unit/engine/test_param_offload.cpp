@@ -27,6 +27,7 @@
 
 #include "ops/error.h"
 #include "zero_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

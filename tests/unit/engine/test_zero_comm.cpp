@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "zero_test_util.h"
+#include "models/gpt2/gpt2_family.h"
 
 namespace dstrain {
 namespace {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "config_schema/ds_config.h"
+#include "models/gpt2/gpt2_family.h"
 #include "train/memory_estimate.h"
 #include "ops/error.h"
 #include "zero_test_util.h"
@@ -195,7 +196,7 @@ TEST(ZeroOptimizerRulesMemory, EstimateEqualsTheAllocatorsBytes) {
         const std::uint64_t held = report.optimizer_bytes;
         config::ConfigOptions o;
         o.world_size = 2;
-        const MemoryEstimate e = estimate_rank_memory(model_config(0.0f), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT);
+        const MemoryEstimate e = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT);
         SCOPED_TRACE(testing::Message() << json << " stage " << stage << " " << precision_name(p));
         EXPECT_GT(held, 0u);
         // The estimate counts Ψ from the model's shape; the partition pads each layer to split

@@ -19,6 +19,8 @@
 #include "engine_test_util.h"
 #include "models/gpt2/gpt2_config.h"
 #include "zero/local_communicator.h"
+#include "models/gpt2/gpt2_family.h"
+#include "models/llama/llama_family.h"
 
 namespace dstrain::zero_testing {
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "train/monitor/flops.h"
+#include "models/gpt2/gpt2_flops.h"
 #include "monitor_test_util.h"
 #include "ops/error.h"
 

@@ -1,0 +1,94 @@
+#include "models/gpt2/gpt2_family.h"
+
+#include <nlohmann/json.hpp>
+
+#include "models/gpt2/gpt2_flops.h"
+#include "models/gpt2/gpt2_layers.h"
+#include "models/gpt2/gpt2_weights.h"
+
+namespace dstrain {
+namespace {
+
+class Gpt2Family final : public ModelFamily {
+ public:
+  std::string name() const override { return "gpt2"; }
+  std::string spec_forms() const override {
+    return "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a GPT-2 config.json";
+  }
+  std::shared_ptr<const Architecture> from_spec(std::string_view spec) const override {
+    return std::make_shared<Gpt2Architecture>(model_config_from_spec(spec));
+  }
+  bool reads_hf_config(std::string_view json_text) const override {
+    const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, false);
+    if (!j.is_object()) return false;
+    const bool has_type = j.contains("model_type"), has_arch = j.contains("architectures");
+    if (has_type) return j["model_type"] == "gpt2";
+    if (has_arch && j["architectures"].is_array()) {
+      for (const auto& a : j["architectures"])
+        if (a.is_string() && a.get<std::string>().rfind("GPT2", 0) == 0) return true;
+      return false;
+    }
+    return !has_arch;  // neither key: GPT-2's keys shape it (and name what is missing)
+  }
+  std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const override {
+    return std::make_shared<Gpt2Architecture>(gpt2_config_from_hf_json(json_text, source));
+  }
+};
+
+}  // namespace
+
+Gpt2Architecture::Gpt2Architecture(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_); }
+
+const ModelFamily& Gpt2Architecture::family() const { return gpt2_family(); }
+
+double Gpt2Architecture::parameter_count() const {
+  // As parameter_count(Gpt2Config), in double: wte V·C, wpe P·C, per block 12C² + 13C, final LN 2C.
+  const double L = static_cast<double>(cfg_.n_layer), C = static_cast<double>(cfg_.n_embd);
+  return static_cast<double>(cfg_.vocab_size) * C + static_cast<double>(cfg_.n_positions) * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+}
+
+double Gpt2Architecture::stored_parameter_count() const {
+  return parameter_count() + static_cast<double>(cfg_.padded_vocab_size - cfg_.vocab_size) * static_cast<double>(cfg_.n_embd);
+}
+
+std::string Gpt2Architecture::describe() const { return dstrain::describe(cfg_); }
+
+std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_layers() const { return make_gpt2_layers(cfg_); }
+
+ModuleFlops Gpt2Architecture::forward_flops(std::int64_t B, std::int64_t T) const {
+  return gpt2_forward_flops(Gpt2FlopsShape{.batch = B,
+                                           .seq_len = T,
+                                           .channels = cfg_.n_embd,
+                                           .heads = cfg_.n_head,
+                                           .vocab = cfg_.padded_vocab_size,
+                                           .layers = cfg_.n_layer,
+                                           .max_seq_len = cfg_.n_positions});
+}
+
+std::string Gpt2Architecture::config_json() const { return gpt2_hf_config_json(cfg_); }
+
+void Gpt2Architecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const {
+  import_gpt2_weights(path, cfg_, param);
+}
+
+void Gpt2Architecture::export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const {
+  export_gpt2_safetensors(path, cfg_, param, file_dtype);
+}
+
+std::shared_ptr<const ModelFamily> gpt2_family_ptr() {
+  static const std::shared_ptr<const ModelFamily> family = std::make_shared<Gpt2Family>();
+  return family;
+}
+
+const ModelFamily& gpt2_family() { return *gpt2_family_ptr(); }
+
+Model make_gpt2_model(const Gpt2Config& cfg) { return make_model(std::make_shared<Gpt2Architecture>(cfg)); }
+
+Model make_gpt2_model(std::string_view spec) { return make_model(gpt2_family().from_spec(spec)); }
+
+const Gpt2Config* gpt2_config_of(const Architecture& architecture) {
+  const auto* a = dynamic_cast<const Gpt2Architecture*>(&architecture);
+  return a != nullptr ? &a->config() : nullptr;
+}
+
+}  // namespace dstrain

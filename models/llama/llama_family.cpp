@@ -1,0 +1,125 @@
+#include "models/llama/llama_family.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/llama/llama_layers.h"
+#include "models/llama/llama_weights.h"
+
+namespace dstrain {
+namespace {
+
+class LlamaFamily final : public ModelFamily {
+ public:
+  std::string name() const override { return "llama"; }
+  std::string spec_forms() const override {
+    return "llama:L<n>-C<c>-H<h>[-KV<k>][-I<i>][-D<d>][-V<v>][-T<t>][-tied], or a config.json of LlamaForCausalLM, MistralForCausalLM, "
+           "Qwen2ForCausalLM or Qwen3ForCausalLM";
+  }
+  std::shared_ptr<const Architecture> from_spec(std::string_view spec) const override {
+    return std::make_shared<LlamaArchitecture>(llama_config_from_spec(spec));
+  }
+  bool reads_hf_config(std::string_view json_text) const override { return is_llama_family_json(json_text); }
+  std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const override {
+    return std::make_shared<LlamaArchitecture>(llama_config_from_hf_json(json_text, source));
+  }
+};
+
+}  // namespace
+
+LlamaArchitecture::LlamaArchitecture(const LlamaConfig& cfg) : cfg_(cfg) { validate(cfg_); }
+
+const ModelFamily& LlamaArchitecture::family() const { return llama_family(); }
+
+double LlamaArchitecture::parameter_count() const {
+  // As parameter_count(LlamaConfig), in double.
+  const double C = static_cast<double>(cfg_.n_embd), I = static_cast<double>(cfg_.intermediate_size);
+  const double qkv = static_cast<double>(cfg_.qkv_dim()), q = static_cast<double>(cfg_.q_dim());
+  double per_layer = 2.0 * C;                          // the two RMSNorm weights
+  per_layer += qkv * C + (cfg_.qkv_bias ? qkv : 0.0);  // q, k, v
+  per_layer += C * q + (cfg_.o_bias ? C : 0.0);        // o
+  per_layer += 3.0 * C * I + (cfg_.mlp_bias ? 2.0 * I + C : 0.0);  // gate, up, down
+  per_layer += cfg_.qk_norm ? 2.0 * static_cast<double>(cfg_.head_dim) : 0.0;
+  const double embed = static_cast<double>(cfg_.vocab_size) * C;
+  return embed + (cfg_.tie_word_embeddings ? 0.0 : embed) + static_cast<double>(cfg_.n_layer) * per_layer + C;
+}
+
+double LlamaArchitecture::stored_parameter_count() const {
+  const double pad_rows = static_cast<double>(cfg_.padded_vocab_size - cfg_.vocab_size);
+  return parameter_count() + pad_rows * static_cast<double>(cfg_.n_embd) * (cfg_.tie_word_embeddings ? 1.0 : 2.0);
+}
+
+std::string LlamaArchitecture::describe() const { return dstrain::describe(cfg_); }
+
+std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_layers() const { return make_llama_layers(cfg_); }
+
+void LlamaArchitecture::check_sequence(std::int64_t T, const Device& device) const { llama_check_sequence(cfg_, T, device.is_cuda()); }
+
+double LlamaArchitecture::flops_per_token(std::int64_t T) const {
+  return 6.0 * stored_parameter_count() +
+         6.0 * static_cast<double>(cfg_.n_layer) * static_cast<double>(cfg_.q_dim()) * static_cast<double>(T);
+}
+
+ModuleFlops LlamaArchitecture::forward_flops(std::int64_t B, std::int64_t T) const { return llama_forward_flops(cfg_, B, T); }
+
+std::string LlamaArchitecture::config_json() const { return llama_hf_config_json(cfg_); }
+
+void LlamaArchitecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const {
+  import_llama_weights(path, cfg_, param);
+}
+
+void LlamaArchitecture::export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const {
+  export_llama_weights(path, cfg_, param, file_dtype);
+}
+
+ModuleFlops llama_forward_flops(const LlamaConfig& c, std::int64_t B, std::int64_t T) {
+  const std::int64_t BT = B * T, C = c.n_embd, I = c.intermediate_size, D = c.head_dim, Vp = c.padded_vocab_size;
+  const std::string cls = llama_class_prefix(c);
+  std::vector<ModuleFlops> layers;
+  layers.reserve(static_cast<std::size_t>(c.n_layer));
+  for (std::int64_t l = 0; l < c.n_layer; ++l) {
+    std::vector<ModuleFlops> attn_children{flops_linear("q_proj", BT, C, c.q_dim(), c.qkv_bias), flops_linear("k_proj", BT, C, c.kv_dim(), c.qkv_bias),
+                                           flops_linear("v_proj", BT, C, c.kv_dim(), c.qkv_bias), flops_linear("o_proj", BT, c.q_dim(), C, c.o_bias)};
+    if (c.qk_norm) {
+      attn_children.push_back(flops_rmsnorm("q_norm", cls + "RMSNorm", BT * c.n_head, D));
+      attn_children.push_back(flops_rmsnorm("k_norm", cls + "RMSNorm", BT * c.n_kv_head, D));
+    }
+    // QKᵀ and AV: B·H·T·T·D multiply-accumulates each; softmax one FLOP per score; RoPE on q and k.
+    const std::int64_t attn_macs = 2 * B * c.n_head * T * T * D;
+    ModuleFlops attn = flops_parent("self_attn", cls + "Attention", std::move(attn_children), attn_macs,
+                                    2 * attn_macs + B * c.n_head * T * T + 3 * BT * (c.q_dim() + c.kv_dim()));
+    ModuleFlops mlp = flops_parent("mlp", cls + "MLP",
+                                   {flops_linear("gate_proj", BT, C, I, c.mlp_bias), flops_linear("up_proj", BT, C, I, c.mlp_bias),
+                                    flops_linear("down_proj", BT, I, C, c.mlp_bias), flops_leaf("act_fn", "SiLU", 0, 0, BT * I)},
+                                   0, BT * I);  // the gate-times-up product
+    layers.push_back(flops_parent(std::to_string(l), cls + "DecoderLayer",
+                                  {std::move(attn), std::move(mlp), flops_rmsnorm("input_layernorm", cls + "RMSNorm", BT, C),
+                                   flops_rmsnorm("post_attention_layernorm", cls + "RMSNorm", BT, C)},
+                                  0, 2 * BT * C));  // the two residual adds
+  }
+  ModuleFlops model = flops_parent("model", cls + "Model",
+                                   {flops_leaf("embed_tokens", "Embedding", Vp * C, 0, 0), flops_parent("layers", "ModuleList", std::move(layers)),
+                                    flops_rmsnorm("norm", cls + "RMSNorm", BT, C)});
+  ModuleFlops lm_head = flops_leaf("lm_head", "Linear", c.tie_word_embeddings ? 0 : Vp * C, BT * C * Vp, 2 * BT * C * Vp);
+  if (c.tie_word_embeddings) lm_head.note = "weight tied to embed_tokens";
+  return flops_parent("", cls + "ForCausalLM", {std::move(model), std::move(lm_head)});
+}
+
+std::shared_ptr<const ModelFamily> llama_family_ptr() {
+  static const std::shared_ptr<const ModelFamily> family = std::make_shared<LlamaFamily>();
+  return family;
+}
+
+const ModelFamily& llama_family() { return *llama_family_ptr(); }
+
+Model make_llama_model(const LlamaConfig& cfg) { return make_model(std::make_shared<LlamaArchitecture>(cfg)); }
+
+Model make_llama_model(std::string_view spec) { return make_model(llama_family().from_spec(spec)); }
+
+const LlamaConfig* llama_config_of(const Architecture& architecture) {
+  const auto* a = dynamic_cast<const LlamaArchitecture*>(&architecture);
+  return a != nullptr ? &a->config() : nullptr;
+}
+
+}  // namespace dstrain

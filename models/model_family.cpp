@@ -1,0 +1,50 @@
+#include "models/model_family.h"
+
+#include <fmt/format.h>
+
+#include "ops/error.h"
+
+namespace dstrain {
+
+void Architecture::check_sequence(std::int64_t T, const Device&) const {
+  if (T < 1 || T > n_positions()) {
+    fail("sequence length {} must be between 1 and the model's {} ({}): give --sequence-length <= {} or a model with a longer {}", T,
+         n_positions_key(), n_positions(), n_positions(), n_positions_key());
+  }
+}
+
+double Architecture::flops_per_token(std::int64_t T) const {
+  return 6.0 * stored_parameter_count() +
+         6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
+}
+
+ModuleFlops Architecture::forward_flops(std::int64_t B, std::int64_t T) const {
+  const std::int64_t tokens = B * T;
+  std::vector<ModuleFlops> children;
+  const auto layers = make_layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::int64_t params = 0, matrix = 0;
+    for (const ParamSpec& p : layers[i]->params()) {
+      if (!p.tied()) params += p.shape.numel();
+      // The first layer looks its tables up; every later matrix (a tied LM head too) multiplies:
+      // one multiply-accumulate per element and token.
+      if (i > 0 && p.shape.rank >= 2) matrix += p.shape.numel();
+    }
+    children.push_back(flops_leaf(layers[i]->name(), layers[i]->type_name(), params, tokens * matrix, 2 * tokens * matrix));
+  }
+  return flops_parent("", family().name(), std::move(children));
+}
+
+void Architecture::import_weights(const std::filesystem::path& path, const ParamLookup&) const {
+  fail("weights '{}': the model family '{}' reads no weight files (its Architecture does not implement import_weights)", path.string(),
+       family().name());
+}
+
+void Architecture::export_weights(const std::filesystem::path& path, const ParamLookup&, DType) const {
+  fail("weights '{}': the model family '{}' writes no weight files (its Architecture does not implement export_weights)", path.string(),
+       family().name());
+}
+
+bool ModelFamily::reads_hf_config(std::string_view) const { return false; }
+
+}  // namespace dstrain

@@ -1,0 +1,113 @@
+// The model-family interface: everything dstrain asks of a kind of model beyond the Layer
+// interface (models/layer.h). A family (GPT-2, the Llama family, an embedding program's own) is a
+// ModelFamily that reads its specs and config files, and an Architecture per model shape that
+// builds the layers and answers for them: sizes, FLOPs, weights in the family's Hugging Face
+// layout, and — through each layer's ParamSpecs and type_name() — how every parameter may be
+// split across tensor- or expert-parallel ranks (models/param_split.h) and how the layers group
+// into pipeline stages (models/stage_partition.h). No file outside a family's folder names the
+// family: the engine, the trainer and the CLI see only this interface.
+//
+// Adding a family (docs/design.md "Adding a model family"): a folder models/<name>/ with its
+// config, its layers and a ModelFamily, and one line in models/model_registry.cpp — or, from an
+// application that embeds dstrain, dstrain::register_model_family(...) before the first spec is
+// read (examples/consumer does so).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/layer.h"
+#include "models/module_flops.h"
+#include "ops/device.h"
+#include "ops/dtype.h"
+#include "ops/tensor.h"
+
+namespace dstrain {
+
+class ModelFamily;
+
+// Our parameter with this name (a ParamSpec name; a tied name resolves to its owner), as a host
+// tensor of the parameter's shape: what weight import writes into and export reads from.
+using ParamLookup = std::function<Tensor(const std::string& name)>;
+
+// One model's shape within its family: GPT-2 d12, a Llama config.json.
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  Architecture() = default;
+  Architecture(const Architecture&) = delete;
+  Architecture& operator=(const Architecture&) = delete;
+
+  virtual const ModelFamily& family() const = 0;
+
+  // ---- shape ----
+  virtual std::int64_t n_layer() const = 0;      // transformer blocks
+  virtual std::int64_t n_embd() const = 0;       // width of the residual stream between layers
+  virtual std::int64_t n_positions() const = 0;  // the longest sequence (T <= n_positions)
+  virtual std::int64_t vocab_size() const = 0;   // token ids are < vocab_size
+  // Rows of the embedding as stored (the built-in families pad to a multiple of 128; models/vocab.h).
+  virtual std::int64_t padded_vocab_size() const { return vocab_size(); }
+  // The config key that bounds T, for messages: GPT-2's "n_positions", Llama's "max_position_embeddings".
+  virtual std::string n_positions_key() const { return "n_positions"; }
+  // Parameters with the real vocabulary, tied weights once (a model card's figure), and as stored
+  // (padded rows too). In double: a descriptor may ask for more than an int64 holds; exact below 2^53.
+  virtual double parameter_count() const = 0;
+  virtual double stored_parameter_count() const = 0;
+  // One line for the top of a run.
+  virtual std::string describe() const = 0;
+
+  // ---- the layers, in the order the engine runs them ----
+  virtual std::vector<std::unique_ptr<Layer>> make_layers() const = 0;
+  // Error naming the config key when this model cannot train sequences of T tokens on `device`.
+  // The default: 1 <= T <= n_positions().
+  virtual void check_sequence(std::int64_t T, const Device& device) const;
+
+  // ---- FLOPs ----
+  // Training FLOPs per token, forward and backward, for MFU: llm.c's and PaLM's 6·N + 6·L·C·T
+  // by default (N stored parameters; the attention term counts the causal half of QKᵀ and AV).
+  virtual double flops_per_token(std::int64_t T) const;
+  // The forward pass of a micro-batch of B sequences of T tokens as the flops profiler prints
+  // it. The default: one module per layer, 2 FLOPs per parameter of its matrices per token (a
+  // family's own tree adds attention and the element-wise work).
+  virtual ModuleFlops forward_flops(std::int64_t B, std::int64_t T) const;
+
+  // ---- files ----
+  // The architecture as JSON text that family().from_config_json() reads back into an equal one:
+  // what a training checkpoint's manifest keeps, so that `consolidate` rebuilds the model. For the
+  // built-in families, the Hugging Face config.json.
+  virtual std::string config_json() const = 0;
+  // Weights in the family's Hugging Face layout: read every tensor of `path` into `param`, or write
+  // them from it with dtype `file_dtype` (atomically). The default: an Error saying the family
+  // has no weight files.
+  virtual void import_weights(const std::filesystem::path& path, const ParamLookup& param) const;
+  virtual void export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype = DType::fp32) const;
+};
+
+// A kind of model: its name, the specs and config files it reads.
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  ModelFamily() = default;
+  ModelFamily(const ModelFamily&) = delete;
+  ModelFamily& operator=(const ModelFamily&) = delete;
+
+  // "gpt2": its specs start with "gpt2:" and checkpoints name the family so.
+  virtual std::string name() const = 0;
+  // The forms of its specs, for --help and errors, e.g. "gpt2:d12, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>]".
+  virtual std::string spec_forms() const = 0;
+  // A spec with this family's prefix. Error naming the spec and the accepted forms.
+  virtual std::shared_ptr<const Architecture> from_spec(std::string_view spec) const = 0;
+  // True when a Hugging Face config.json (its text, parsed without error) is one this family
+  // reads: its model_type or architectures name it.
+  virtual bool reads_hf_config(std::string_view json_text) const;
+  // An architecture from config JSON text: a Hugging Face config.json, or what
+  // Architecture::config_json() wrote. `source` names it in errors.
+  virtual std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const = 0;
+};
+
+}  // namespace dstrain

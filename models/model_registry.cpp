@@ -1,0 +1,101 @@
+#include "models/model_registry.h"
+
+#include <filesystem>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "formats/hf_config_json.h"
+#include "models/gpt2/gpt2_family.h"
+#include "models/llama/llama_family.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+// The built-in families: adding one is adding its line here (docs/design.md "Adding a model family").
+std::vector<std::shared_ptr<const ModelFamily>> builtin_families() { return {gpt2_family_ptr(), llama_family_ptr()}; }
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<const ModelFamily>> families = builtin_families();
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::string family_names(const std::vector<std::shared_ptr<const ModelFamily>>& families) {
+  std::string s;
+  for (const auto& f : families) s += (s.empty() ? "" : ", ") + f->name();
+  return s;
+}
+
+std::string accepted_forms(const std::vector<std::shared_ptr<const ModelFamily>>& families) {
+  std::string s;
+  for (const auto& f : families) s += fmt::format("{}{}", s.empty() ? "" : "; ", f->spec_forms());
+  return s;
+}
+
+// A short, printable rendering of a JSON value from a user's file.
+std::string quoted_value(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return "(none)";
+  std::string v = j[key].dump();
+  return v.size() > 80 ? v.substr(0, 77) + "..." : v;
+}
+
+}  // namespace
+
+void register_model_family(std::shared_ptr<const ModelFamily> family) {
+  if (!family) fail("register_model_family: no family given");
+  const std::string name = family->name();
+  if (name.empty() || name.find(':') != std::string::npos) {
+    fail("register_model_family: the family name '{}' must be non-empty and hold no ':' (its specs are '<name>:...')", name);
+  }
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (const auto& f : r.families) {
+    if (f->name() == name) fail("register_model_family: a model family named '{}' is already registered; give yours another name", name);
+  }
+  r.families.push_back(std::move(family));
+}
+
+std::vector<std::shared_ptr<const ModelFamily>> model_families() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return r.families;
+}
+
+const ModelFamily& model_family(std::string_view name) {
+  const auto families = model_families();
+  for (const auto& f : families)
+    if (f->name() == name) return *f;  // the registry keeps every family alive for the process
+  fail("no model family named '{}'; the families are {}", name, family_names(families));
+}
+
+std::shared_ptr<const Architecture> model_architecture(std::string_view spec) {
+  const auto families = model_families();
+  if (const std::size_t colon = spec.find(':'); colon != std::string_view::npos) {
+    for (const auto& f : families)
+      if (spec.substr(0, colon) == f->name()) return f->from_spec(spec);
+  }
+  std::filesystem::path p{std::string(spec)};
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  if (spec.empty() || !std::filesystem::is_regular_file(p, ec)) {
+    fail("model spec '{}' is neither a family's spec nor an existing config.json (or a folder holding one); accepted forms: {}", spec,
+         accepted_forms(families));
+  }
+  const std::string text = read_model_config_file(p);
+  const nlohmann::json j = parse_hf_config_json(text, p.string(), "a Hugging Face config.json");
+  for (const auto& f : families)
+    if (f->reads_hf_config(text)) return f->from_config_json(text, p.string());
+  fail("model config '{}': model_type {} / architectures {} is of no model family dstrain builds; the families are {} ({})", p.string(),
+       quoted_value(j, "model_type"), quoted_value(j, "architectures"), family_names(families), accepted_forms(families));
+}
+
+Model make_model(std::string_view spec) { return make_model(model_architecture(spec)); }
+
+}  // namespace dstrain
