@@ -17,6 +17,7 @@
 #include "config_schema/checkpoint_config.h"
 #include "config_schema/elasticity_config.h"
 #include "config_schema/field_spec.h"
+#include "config_schema/state_placement.h"
 #include "config_schema/monitor_config.h"
 #include "config_schema/optimizer_config.h"
 #include "config_schema/precision_config.h"
@@ -115,6 +116,9 @@ struct DsConfig {
   Json resolved;
 
   Precision precision() const { return fp16.enabled ? Precision::fp16 : bf16.enabled ? Precision::bf16 : Precision::fp32; }
+  // Where the training state lives (config_schema/state_placement.h): the stage's and offload
+  // sections' homes, masters and pinning, as every layer that places state reads them.
+  StatePlacement placement() const { return state_placement(zero_optimization, precision() != Precision::fp32); }
 
   // The fully resolved config (see `resolved`); parse_ds_config(to_json()) gives the same config.
   Json to_json() const;

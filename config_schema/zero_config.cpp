@@ -1,5 +1,7 @@
 #include "config_schema/zero_config.h"
 
+#include "config_schema/state_placement.h"
+
 #include <fmt/format.h>
 
 #include "ops/error.h"
@@ -198,6 +200,8 @@ OffloadOptimizerConfig parse_offload_optimizer(const Json& v, ParseContext& ctx,
 }
 
 void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
+  // Which offload acts at this stage is the placement's to say (the precision does not change it).
+  const StatePlacement placement = state_placement(z, false);
   if (z.legacy_stage1)
     fail("zero_optimization.legacy_stage1 is true: the legacy stage-1 implementation was removed in DeepSpeed "
          "0.5.9; remove the key (or set it to false)");
@@ -210,13 +214,13 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (o.device == OffloadDevice::nvme && !o.nvme_path)
       fail("zero_optimization.offload_optimizer.device is \"nvme\" but nvme_path is not set (DeepSpeed would "
            "crash joining None); set offload_optimizer.nvme_path to a folder on the NVMe drive");
-    if (o.device != OffloadDevice::none && z.stage == 0)
+    if (placement.optimizer_offload_ignored)
       ctx.warn("zero_optimization.offload_optimizer",
                fmt::format("offload_optimizer.device is \"{}\" but ZeRO is off (stage 0): optimizer offload needs "
                            "stage 1, 2 or 3; DeepSpeed ignores it at stage 0, and so does dstrain: the optimizer state stays "
                            "on the training device. Set stage to 1, 2 or 3 to offload it, or remove \"offload_optimizer\"",
                            to_string(o.device)));
-    if (o.device == OffloadDevice::nvme && (z.stage == 1 || z.stage == 2))
+    if (placement.nvme_optimizer_as_cpu)
       ctx.warn("zero_optimization.offload_optimizer.device",
                fmt::format("offload_optimizer.device \"nvme\" at stage {} behaves exactly like \"cpu\" (DeepSpeed "
                            "swaps optimizer states to NVMe only at stage 3)",
@@ -231,7 +235,7 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     if (p.device == OffloadDevice::nvme && !p.nvme_path)
       fail("zero_optimization.offload_param.device is \"nvme\" but nvme_path is not set (DeepSpeed asserts "
            "\"nvme_path\" in DeepSpeed Config cannot be None); set offload_param.nvme_path");
-    if (p.device != OffloadDevice::none && z.stage != 3)
+    if (placement.param_offload_ignored)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "
                            "DeepSpeed ignores it, and so does dstrain: the parameters stay on the training device. "

@@ -51,14 +51,14 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   }
   // DeepSpeed's ZeRO optimizers refuse Muon with reduce_scatter (on by default) at stage 3
   // (stage3.py), and with reduce_scatter and optimizer offload at stages 1-2 (stage_1_and_2.py).
+  const config::StatePlacement placement = c.placement();
   if (c.optimizer.kind == config::OptimizerKind::muon && c.zero_optimization.reduce_scatter) {
-    const auto& off = c.zero_optimization.offload_optimizer;
     if (c.zero_optimization.stage == 3) {
       fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
            "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
            c.optimizer.type);
     }
-    if ((c.zero_optimization.stage == 1 || c.zero_optimization.stage == 2) && off && off->device != config::OffloadDevice::none) {
+    if (placement.optimizer != StateHome::device) {  // stages 1-2 here
       fail("optimizer.type {} with zero_optimization.stage {}, reduce_scatter true and offload_optimizer: Muon with reduce scatter does "
            "not support optimizer offload because offload retains only partition slices (DeepSpeed's ZeRO-1/2 optimizer raises this "
            "ValueError); disable reduce scatter (zero_optimization.reduce_scatter: false) or optimizer offload",
@@ -67,24 +67,17 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
   if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
-  // Offload below the stage it belongs to is ignored, as DeepSpeed ignores it (docs/offload.md §6):
-  // offload_param below stage 3 and offload_optimizer at stage 0 (no ZeRO optimizer to hold it).
-  // Real configs carry it (DeepSpeed-Chat's and OpenRLHF's builders set offload_param at stage 2),
-  // so refusing would refuse configs DeepSpeed trains; the config layer warns, and optimizer_home /
-  // param_home below give the training device. Optimizer offload (docs/training_state.md §3):
-  // device "cpu" at stages 1-3 keeps the optimizer partition in host memory; "nvme" at stage 3 in
-  // swap files under nvme_path (docs/offload.md §5), and at stages 1-2 as "cpu", as DeepSpeed swaps
-  // optimizer states to NVMe only at stage 3 (its ZeRO-1/2 optimizer treats any offload device as cpu).
-  if (const auto& off = c.zero_optimization.offload_optimizer; off && off->device != config::OffloadDevice::none) {
-    // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
-    // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
-    // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
-    if (off->ratio < 1.0 && c.optimizer.present() && c.optimizer.kind != config::OptimizerKind::adam &&
-        c.optimizer.kind != config::OptimizerKind::adamw) {
-      fail("zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
-           "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
-           off->ratio, c.optimizer.type);
-    }
+  // Offload below the stage it belongs to is ignored, as DeepSpeed ignores it, not refused: real
+  // configs carry it (DeepSpeed-Chat's and OpenRLHF's builders set offload_param at stage 2). Where
+  // each partition lives is the placement's to say (config_schema/state_placement.h).
+  // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
+  // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
+  // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
+  if (placement.optimizer != StateHome::device && placement.offload_ratio < 1.0 && c.optimizer.present() &&
+      c.optimizer.kind != config::OptimizerKind::adam && c.optimizer.kind != config::OptimizerKind::adamw) {
+    fail("zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
+         "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
+         placement.offload_ratio, c.optimizer.type);
   }
   if (!c.managed_gradient_accumulation) {
     fail("managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
@@ -115,10 +108,11 @@ void check_engine_trains(const config::DsConfig& config) {
   // The swap folders' paths, in the order the engine checks them at initialize (ModelStates makes
   // the parameter store before the optimizer's), so that check-config and train name the same key
   // when both are wrong; the space check needs the model, and waits for train.
-  if (param_home(config) == StateHome::nvme) {
+  const config::StatePlacement placement = config.placement();
+  if (placement.params == StateHome::nvme) {
     SwapFolder::check_path(config.zero_optimization.offload_param->nvme_path.value_or(""), "zero_optimization.offload_param.nvme_path");
   }
-  if (optimizer_home(config) == StateHome::nvme) {
+  if (placement.optimizer == StateHome::nvme) {
     SwapFolder::check_path(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
   }
 }
@@ -152,11 +146,8 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (options.host_allocator != nullptr) {
     im.host_allocator = options.host_allocator;
   } else {
-    const auto& off = config.zero_optimization.offload_optimizer;
-    const auto& poff = config.zero_optimization.offload_param;
-    const bool pin = (optimizer_home(config) == StateHome::device || !off || off->pin_memory) &&
-                     (param_home(config) == StateHome::device || !poff || poff->pin_memory);
-    HostMemoryChoice host = make_host_memory(im.allocator->device(), optimizer_home(config) != StateHome::device || param_home(config) != StateHome::device, pin);
+    const config::StatePlacement placement = config.placement();
+    HostMemoryChoice host = make_host_memory(im.allocator->device(), placement.offloads(), placement.pin_host_memory);
     im.own_host_allocator = std::move(host.allocator);
     im.host_allocator = im.own_host_allocator.get();
     host_memory_kind = host.kind;
@@ -211,7 +202,7 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     specs[i] = model_.layers[i]->params();
     names[i] = model_.layers[i]->name();
   }
-  if (optimizer_home(config) == StateHome::nvme || param_home(config) == StateHome::nvme) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
+  if (config.placement().uses_nvme()) im.io = std::make_unique<IoEngine>(IoOptions::from_config(config.aio));
   im.states = std::make_unique<ModelStates>(specs, names,
                                             zero_settings(config, storage, im.optimizer, *im.allocator, *im.host_allocator, im.io.get(),
                                                           im.comm != nullptr ? im.comm->rank() : 0),
@@ -759,7 +750,7 @@ ZeroReport Engine::zero_report() const {
     r.host_bytes[static_cast<std::size_t>(p)] = host[p].current;
   }
   const StateStore& store = im.states->store();
-  r.optimizer_home = std::string(state_home_name(store.home()));
+  r.optimizer_home = store.home();
   r.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::optimizer)] = store.bytes().nvme;
   // offload_param "nvme" keeps the parameter partition in its own swap file (docs/offload.md §6, §9).
   if (const ParamStore* params = im.states->param_store()) r.nvme_bytes[static_cast<std::size_t>(MemoryPurpose::params)] = params->bytes().nvme;

@@ -55,6 +55,7 @@
 #include "engine/activation_checkpointing.h"
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"
+#include "engine/zero_report.h"
 #include "models/model.h"
 #include "ops/allocator.h"
 #include "ops/memory_stats.h"
@@ -101,39 +102,6 @@ struct EngineOptions {
 // Called once per step index, before that step's update. (Not named LrSchedule: that is the class
 // of DeepSpeed's schedulers, engine/lr_schedule.h, which the engine builds from the config.)
 using LrHook = std::function<double(std::int64_t step)>;
-
-// NVMe traffic of the engine's io_uring engine (offload/io_uring_engine.h): bytes read and written,
-// and the seconds the step was blocked waiting for a transfer (docs/offload.md §9).
-struct OffloadIo {
-  std::uint64_t bytes_read = 0, bytes_written = 0;
-  double wait_seconds = 0.0;
-};
-
-// What ZeRO holds and sends on this rank (dstrain train --summary-json writes it per rank).
-struct ZeroReport {
-  int stage = 0;
-  int rank = 0;
-  int world_size = 1;
-  // Bytes held between steps (allocator statistics, purposes params / grads / optimizer: the fp32
-  // masters and the optimizer's states count as optimizer) and the allocator's peak of all purposes.
-  std::uint64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-  std::uint64_t peak_bytes = 0;
-  // The optimizer partition's bytes in host memory (offload_optimizer.device "cpu"; the host
-  // allocator's optimizer purpose). optimizer_bytes above is the training device's share.
-  std::uint64_t host_optimizer_bytes = 0;
-  // Bytes held between steps per purpose (index: MemoryPurpose) and location: the training
-  // allocator's, the host allocator's (offloaded state, pinned staging) and the swap files' on NVMe.
-  std::string optimizer_home = "device";  // where the optimizer partition lives: "device", "host", "nvme"
-  std::array<std::uint64_t, kNumMemoryPurposes> device_bytes{}, host_bytes{}, nvme_bytes{};
-  // NVMe transfers (offload_optimizer.device "nvme"; zero otherwise): of the last optimizer step
-  // (from the end of the previous one, checkpoints and evaluation excluded) and of every step.
-  OffloadIo step_io, train_io;
-  std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
-  std::int64_t peak_gathered_param_elements = 0;  // stage 3: most parameter elements gathered at once
-  // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
-  // gathers), the step's (norm², overflow, loss) all-reduce and the post-step all-gather.
-  CommStats step_comm;
-};
 
 // What Engine::load_checkpoint restores besides the weights, as DeepSpeed's arguments of the same
 // names: the optimizer states (and the fp16 loss scaler, which DeepSpeed keeps with them), the LR

@@ -14,25 +14,13 @@
 
 namespace dstrain {
 
-StateHome optimizer_home(const config::DsConfig& c) {
-  const auto& off = c.zero_optimization.offload_optimizer;
-  if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage == 0) return StateHome::device;
-  if (off->device == config::OffloadDevice::nvme && c.zero_optimization.stage == 3) return StateHome::nvme;
-  return StateHome::host;
-}
-
-StateHome param_home(const config::DsConfig& c) {
-  const auto& off = c.zero_optimization.offload_param;
-  if (!off || off->device == config::OffloadDevice::none || c.zero_optimization.stage != 3) return StateHome::device;
-  return off->device == config::OffloadDevice::nvme ? StateHome::nvme : StateHome::host;
-}
-
 ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optimizer& optimizer, Allocator& device, Allocator& host, IoEngine* io,
                            int rank) {
   const config::ZeroConfig& z = c.zero_optimization;
+  const config::StatePlacement placement = c.placement();
   ZeroSettings s;
   s.stage = z.stage;
-  s.optimizer_home = optimizer_home(c);
+  s.optimizer_home = placement.optimizer;
   if (s.optimizer_home == StateHome::host) {
     // The masters and optimizer states in the host allocator's memory, counted there (purpose
     // optimizer); ModelStates keeps the masters apart from the params (§1).
@@ -53,10 +41,10 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
       return store;
     };
   }
-  if (s.optimizer_home != StateHome::device && z.offload_optimizer->ratio < 1.0) {
+  if (s.optimizer_home != StateHome::device && placement.offload_ratio < 1.0) {
     // Partial offload (docs/offload.md §7): the first int((1 - ratio) * N) of the N sub-groups stay
     // on the training device, the rest go to the store made above.
-    const double ratio = z.offload_optimizer->ratio;
+    const double ratio = placement.offload_ratio;
     const StateHome home = s.optimizer_home;
     s.store_factory = [&device, ratio, home, offloaded = s.store_factory](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
       const std::size_t on_device = SplitStateStore::device_groups(ratio, layout.groups.size());
@@ -65,7 +53,7 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
       return std::make_unique<SplitStateStore>(std::move(layout), on_device, device, offloaded, home);
     };
   }
-  s.param_home = param_home(c);
+  s.param_home = placement.params;
   if (s.param_home == StateHome::host) {
     // The 16-bit (fp32 in fp32 runs) shards in the host allocator's memory, counted there (purpose
     // params); each is copied to the device for its all-gather (docs/offload.md §6).

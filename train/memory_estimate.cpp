@@ -34,27 +34,28 @@ namespace {
 // Moves the offloaded shares of e's params and optimizer off the device (memory_estimate.h says
 // where; the engine's stores: engine.cpp make_state_stores, docs/offload.md).
 // b: bytes per stored parameter element.
-void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, double b) {
+void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const config::StatePlacement& placement, double W, double b) {
   const config::ZeroConfig& z = cfg.zero_optimization;
-  if (const auto& poff = z.offload_param; z.stage == 3 && poff && poff->device != config::OffloadDevice::none) {
+  if (placement.params != StateHome::device) {
+    const config::OffloadParamConfig& poff = *z.offload_param;
     e.params_device = 0.0;
-    if (poff->device == config::OffloadDevice::cpu) {
+    if (placement.params == StateHome::host) {
       e.params_host = e.params;
     } else {
       // NvmeParamStore keeps the units, in order, while their running total fits max_in_cpu: all of
       // them when it covers the partition; otherwise an unknown prefix (0 as the lower bound) and
       // buffer_count buffers of the largest swapped unit (at least one element: the bound again).
       const double partition = e.parameters / W;
-      if (static_cast<double>(poff->max_in_cpu) >= partition) {
+      if (static_cast<double>(poff.max_in_cpu) >= partition) {
         e.params_host = e.params;
       } else {
         e.params_nvme = e.params;
-        e.params_host = static_cast<double>(std::max<std::int64_t>(poff->buffer_count, 1)) * b;
+        e.params_host = static_cast<double>(std::max<std::int64_t>(poff.buffer_count, 1)) * b;
       }
     }
   }
-  const auto& off = z.offload_optimizer;
-  if (z.stage < 1 || !off || off->device == config::OffloadDevice::none || e.optimizer <= 0.0 || e.parameters <= 0.0) return;
+  if (placement.optimizer == StateHome::device || e.optimizer <= 0.0 || e.parameters <= 0.0) return;
+  const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
   // Sub-groups of sub_group_size elements over the rank's partition; the first int((1 - ratio)·N)
   // stay on the device (SplitStateStore::device_groups), only at stage 3.
   const double partition = e.parameters / W;
@@ -62,17 +63,17 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, d
   const std::int64_t step = z.sub_group_size > 16 ? z.sub_group_size - z.sub_group_size % 16 : std::max<std::int64_t>(z.sub_group_size, 1);
   const double group = std::min(static_cast<double>(step), partition);
   const double groups = std::ceil(partition / group);
-  const double ratio = z.stage == 3 ? off->ratio : 1.0;
+  const double ratio = placement.offload_ratio;
   const double kept_groups = groups < 0x1p53 ? static_cast<double>(SplitStateStore::device_groups(ratio, static_cast<std::size_t>(groups)))
                                              : std::floor((1.0 - ratio) * groups);
   const double on_device = std::min(kept_groups * group, partition);
   const double per_element = e.optimizer / partition;
   e.optimizer_device = on_device * per_element;
   const double offloaded = e.optimizer - e.optimizer_device;
-  if (off->device == config::OffloadDevice::nvme && z.stage == 3 && offloaded > 0.0) {
+  if (placement.optimizer == StateHome::nvme && offloaded > 0.0) {
     // NvmeStateStore: buffer_count slots, each one sub-group of every state, in host memory.
     e.optimizer_nvme = offloaded;
-    e.optimizer_buffers = static_cast<double>(std::max<std::int64_t>(off->buffer_count, 1));
+    e.optimizer_buffers = static_cast<double>(std::max<std::int64_t>(off.buffer_count, 1));
     e.optimizer_buffer_elements = group;
     e.optimizer_bytes_per_element = per_element;
     e.optimizer_host = e.optimizer_buffers * group * per_element;
@@ -85,7 +86,8 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, double W, d
 MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
   MemoryEstimate e;
   e.parameters = parameters;
-  const bool mixed = cfg.fp16.enabled || cfg.bf16.enabled;
+  const config::StatePlacement placement = cfg.placement();
+  const bool mixed = placement.mixed_precision;
   const double b = mixed ? 2.0 : 4.0;
   const int stage = cfg.zero_optimization.stage;
   const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size));
@@ -103,12 +105,8 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
                         : k == config::OptimizerKind::zero_one_adam ? 20.0 + 4.0 / W
                         : k == config::OptimizerKind::onebit_lamb   ? 24.0 + 4.0 / W
                                                                     : 0.0;
-  // Optimizer offload keeps the fp32 masters apart from the params in fp32 too (docs/training_state.md §1).
-  const auto& off = cfg.zero_optimization.offload_optimizer;
-  // So does parameter offload (stage 3; docs/offload.md §6).
-  const auto& poff = cfg.zero_optimization.offload_param;
-  const bool masters_apart = mixed || (stage >= 1 && off && off->device != config::OffloadDevice::none) ||
-                             (stage == 3 && poff && poff->device != config::OffloadDevice::none);
+  // The fp32 masters apart from the params: 16-bit storage, or offload (docs/training_state.md §1).
+  const bool masters_apart = placement.masters_apart;
   // The element-wise rules (Adagrad, Lion, RMSprop, ...; engine/optim/optimizer_rules.h): one fp32 state
   // per element for each of the rule's states, which may depend on its params (RMSprop's momentum, centered).
   // SGD keeps a momentum buffer only with momentum (docs/training_state.md §1).
@@ -122,7 +120,7 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
   e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
   e.params_device = e.params;
   e.optimizer_device = e.optimizer;
-  place_offloaded(e, cfg, W, b);
+  place_offloaded(e, cfg, placement, W, b);
   return e;
 }
 

@@ -352,9 +352,9 @@ void RankTrainer::finish() {
   report_ = engine.zero_report();
   // Offloaded parameters alone (offload_param at stage 3, the optimizer on the device) are reported too.
   const auto params = static_cast<std::size_t>(MemoryPurpose::params);
-  if (report_.optimizer_home != "device" || report_.host_bytes[params] > 0 || report_.nvme_bytes[params] > 0) {
+  if (report_.optimizer_home != StateHome::device || report_.host_bytes[params] > 0 || report_.nvme_bytes[params] > 0) {
     OffloadSummary o;
-    o.optimizer_home = report_.optimizer_home;
+    o.optimizer_home = std::string(state_home_name(report_.optimizer_home));
     o.device = report_.device_bytes;
     o.host = report_.host_bytes;
     o.nvme = report_.nvme_bytes;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -55,7 +56,7 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
                      {"grad_bytes", r.grad_bytes},
                      {"optimizer_bytes", r.optimizer_bytes},
                      {"host_optimizer_bytes", r.host_optimizer_bytes},
-                     {"optimizer_home", r.optimizer_home},
+                     {"optimizer_home", std::string(state_home_name(r.optimizer_home))},
                      {"bytes_held", {{"device", purposes_json(r.device_bytes)}, {"host", purposes_json(r.host_bytes)}, {"nvme", purposes_json(r.nvme_bytes)}}},
                      {"nvme_step_io", io_json(r.step_io)},
                      {"nvme_train_io", io_json(r.train_io)},
@@ -69,63 +70,34 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
 }
 
 // Every rank's ZeroReport on every process of a process-per-rank group (MPI): one all-gather of
-// fp64 values (exact: every figure is an integer below 2^53), so rank 0's --summary-json holds the
-// memory and traffic of all ranks, as a run of local ranks' does.
+// fp64 values (exact: every figure is an integer below 2^53, or a time), walked in
+// for_each_figure's order both ways, so rank 0's --summary-json holds the memory and traffic of all
+// ranks, as a run of local ranks' does.
 std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& mine) {
-  constexpr std::size_t kFields = 10 + 2 * kCollectiveKinds + 3 * kNumMemoryPurposes + 6 + 1;
-  const auto pack = [](const ZeroReport& r) {
-    std::vector<double> v{static_cast<double>(r.stage),         static_cast<double>(r.rank),
-                          static_cast<double>(r.world_size),    static_cast<double>(r.param_bytes),
-                          static_cast<double>(r.grad_bytes),    static_cast<double>(r.optimizer_bytes),
-                          static_cast<double>(r.peak_bytes),    static_cast<double>(r.padded_param_elements),
-                          static_cast<double>(r.peak_gathered_param_elements), static_cast<double>(r.host_optimizer_bytes)};
-    for (int k = 0; k < kCollectiveKinds; ++k) {
-      v.push_back(static_cast<double>(r.step_comm.bytes[static_cast<std::size_t>(k)]));
-      v.push_back(static_cast<double>(r.step_comm.calls[static_cast<std::size_t>(k)]));
+  std::vector<double> own;
+  for_each_figure(mine, [&own](const auto& field) {
+    if constexpr (std::is_enum_v<std::remove_cvref_t<decltype(field)>>) {
+      own.push_back(static_cast<double>(static_cast<int>(field)));
+    } else {
+      own.push_back(static_cast<double>(field));
     }
-    for (const auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
-      for (std::uint64_t b : *bytes) v.push_back(static_cast<double>(b));
-    for (const OffloadIo* io : {&r.step_io, &r.train_io}) {
-      v.push_back(static_cast<double>(io->bytes_read));
-      v.push_back(static_cast<double>(io->bytes_written));
-      v.push_back(io->wait_seconds);
-    }
-    v.push_back(r.optimizer_home == "nvme" ? 2.0 : r.optimizer_home == "host" ? 1.0 : 0.0);
-    return v;
-  };
-  std::vector<double> own = pack(mine);
+  });
+  const std::size_t fields = own.size();
   const int w = comm.world_size();
-  std::vector<double> all(kFields * static_cast<std::size_t>(w));
-  comm.all_gather(Tensor(own.data(), DType::fp64, Shape{static_cast<std::int64_t>(kFields)}),
+  std::vector<double> all(fields * static_cast<std::size_t>(w));
+  comm.all_gather(Tensor(own.data(), DType::fp64, Shape{static_cast<std::int64_t>(fields)}),
                   Tensor(all.data(), DType::fp64, Shape{static_cast<std::int64_t>(all.size())}));
   std::vector<ZeroReport> reports(static_cast<std::size_t>(w));
   for (int q = 0; q < w; ++q) {
-    const double* f = all.data() + kFields * static_cast<std::size_t>(q);
-    ZeroReport& r = reports[static_cast<std::size_t>(q)];
-    r.stage = static_cast<int>(f[0]);
-    r.rank = static_cast<int>(f[1]);
-    r.world_size = static_cast<int>(f[2]);
-    r.param_bytes = static_cast<std::uint64_t>(f[3]);
-    r.grad_bytes = static_cast<std::uint64_t>(f[4]);
-    r.optimizer_bytes = static_cast<std::uint64_t>(f[5]);
-    r.peak_bytes = static_cast<std::uint64_t>(f[6]);
-    r.padded_param_elements = static_cast<std::int64_t>(f[7]);
-    r.peak_gathered_param_elements = static_cast<std::int64_t>(f[8]);
-    r.host_optimizer_bytes = static_cast<std::uint64_t>(f[9]);
-    for (int k = 0; k < kCollectiveKinds; ++k) {
-      r.step_comm.bytes[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[10 + 2 * k]);
-      r.step_comm.calls[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(f[11 + 2 * k]);
-    }
-    std::size_t at = 10 + 2 * kCollectiveKinds;
-    for (auto* bytes : {&r.device_bytes, &r.host_bytes, &r.nvme_bytes})
-      for (std::uint64_t& b : *bytes) b = static_cast<std::uint64_t>(f[at++]);
-    for (OffloadIo* io : {&r.step_io, &r.train_io}) {
-      io->bytes_read = static_cast<std::uint64_t>(f[at++]);
-      io->bytes_written = static_cast<std::uint64_t>(f[at++]);
-      io->wait_seconds = f[at++];
-    }
-    const double home = f[at++];
-    r.optimizer_home = home == 2.0 ? "nvme" : home == 1.0 ? "host" : "device";
+    const double* f = all.data() + fields * static_cast<std::size_t>(q);
+    for_each_figure(reports[static_cast<std::size_t>(q)], [&f](auto& field) {
+      using T = std::remove_cvref_t<decltype(field)>;
+      if constexpr (std::is_enum_v<T>) {
+        field = static_cast<T>(static_cast<int>(*f++));
+      } else {
+        field = static_cast<T>(*f++);
+      }
+    });
   }
   return reports;
 }

@@ -115,7 +115,7 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
 
   // ---- the optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from
   // the params, then the optimizer's states, in one store cut into sub-groups ----
-  masters_apart_ = s_.storage != DType::fp32 || s_.optimizer_home != StateHome::device || s_.param_home != StateHome::device;
+  masters_apart_ = dstrain::masters_apart(s_.storage != DType::fp32, s_.optimizer_home, s_.param_home);
   StateStoreLayout sl;
   sl.numel = shard;
   if (masters_apart_) sl.names.emplace_back("master");

@@ -7,15 +7,6 @@
 
 namespace dstrain {
 
-std::string_view state_home_name(StateHome h) {
-  switch (h) {
-    case StateHome::device: return "device";
-    case StateHome::host: return "host";
-    case StateHome::nvme: return "nvme";
-  }
-  return "?";
-}
-
 std::vector<FlatRange> StateStoreLayout::cut(std::int64_t numel, std::int64_t sub_group_size, std::int64_t align) {
   std::vector<FlatRange> groups;
   if (numel <= 0) return groups;

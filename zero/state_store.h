@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "config_schema/state_placement.h"
 #include "ops/allocator.h"
 #include "ops/buffer.h"
 #include "ops/tensor.h"
@@ -30,9 +31,7 @@
 
 namespace dstrain {
 
-// The partition's home (offload_optimizer.device: none -> device, cpu -> host, nvme -> nvme).
-enum class StateHome { device, host, nvme };
-std::string_view state_home_name(StateHome h);  // "device", "host", "nvme"
+// The partition's home (StateHome, state_home_name): config_schema/state_placement.h decides it.
 
 // What a store holds: buffer b is `names[b]` ("master", "exp_avg", ...), each `numel` fp32 elements
 // in shard order, cut into `groups` (contiguous, in order, covering [0, numel)).

@@ -39,7 +39,7 @@ config::OptimizerConfig optimizer_config(const std::string& block) {
   return config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": )" + block + "}"), {}).optimizer;
 }
 
-ParamSpec spec(const std::string& name, Shape shape, bool decay) { return {name, shape, ParamInit::normal(0.02f), decay, {}}; }
+ParamSpec spec(const std::string& name, Shape shape, bool decay) { return {name, shape, ParamInit::normal(0.02f), decay, {}, {}, false}; }
 
 std::vector<ParamSpec> test_specs() {
   return {spec("h.0.attn.c_attn.weight", Shape{6, 10}, true), spec("h.0.mlp.c_fc.weight", Shape{12, 5}, true),

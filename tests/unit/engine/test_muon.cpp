@@ -45,7 +45,7 @@ config::OptimizerConfig optimizer_config(const std::string& block) {
 
 // hf_transposed: Hugging Face holds the matrix as (in, out), as GPT-2's Conv1D weights.
 ParamSpec spec(const std::string& name, Shape shape, bool decay, std::int64_t init_rows = -1, bool hf_transposed = false) {
-  ParamSpec p{name, shape, ParamInit::normal(0.02f, init_rows), decay, {}};
+  ParamSpec p{name, shape, ParamInit::normal(0.02f, init_rows), decay, {}, {}, false};
   p.hf_transposed = hf_transposed;
   return p;
 }

@@ -228,7 +228,7 @@ TEST(OptimizerOffloadNvme, ReportsTheBytesHeldAndMovedPerStep) {
       for (const RankResult& r : run.ranks) {
         const ZeroReport& z = r.report;
         const auto at = [](const auto& bytes, MemoryPurpose p) { return bytes[static_cast<std::size_t>(p)]; };
-        EXPECT_EQ(z.optimizer_home, "nvme");
+        EXPECT_EQ(z.optimizer_home, StateHome::nvme);
         EXPECT_EQ(at(z.nvme_bytes, MemoryPurpose::optimizer), partition);
         EXPECT_EQ(at(z.device_bytes, MemoryPurpose::optimizer), 0u);
         EXPECT_EQ(at(z.host_bytes, MemoryPurpose::optimizer), 2 * 3 * kSubGroup * 4);  // the 2 buffers
@@ -248,7 +248,7 @@ TEST(OptimizerOffloadNvme, ReportsTheBytesHeldAndMovedPerStep) {
   const RunResult cpu = run_zero(offload_run(3, 2, Precision::bf16, kOffloadCpu));
   for (const RankResult& r : cpu.ranks) {
     const ZeroReport& z = r.report;
-    EXPECT_EQ(z.optimizer_home, "host");
+    EXPECT_EQ(z.optimizer_home, StateHome::host);
     for (std::uint64_t b : z.nvme_bytes) EXPECT_EQ(b, 0u);
     EXPECT_EQ(z.step_io.bytes_read + z.step_io.bytes_written + z.train_io.bytes_read + z.train_io.bytes_written, 0u);
     EXPECT_EQ(z.train_io.wait_seconds, 0.0);
@@ -297,7 +297,7 @@ TEST(OptimizerOffloadConfig, StageZeroIgnoresTheBlockAsDeepSpeedDoes) {
     EXPECT_GT(a.memory[MemoryPurpose::optimizer].current, 0u);
     EXPECT_EQ(a.memory[MemoryPurpose::optimizer].current, b.memory[MemoryPurpose::optimizer].current);
     EXPECT_EQ(a.host_memory[MemoryPurpose::optimizer].current, 0u);
-    EXPECT_EQ(a.report.optimizer_home, "device");
+    EXPECT_EQ(a.report.optimizer_home, StateHome::device);
   }
 }
 

@@ -1,0 +1,67 @@
+// `dstrain estimate-memory` as a user runs it: the per-rank figures by purpose and location against
+// the formulas of train/memory_estimate.h worked out by hand for a small GPT-2, DeepSpeed's table
+// beside them with this config's row marked, and bad input refused with exit 2.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "cli_runner.h"
+
+using dstrain::testing::run_dstrain;
+using dstrain::testing::shell_quote;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+namespace {
+
+// gpt2:L4-C64-H4-V1000-T64 stores Ψ = Vp·C + T·C + L·(12C² + 13C) + 2C with Vp = 1024:
+// 65,536 + 4,096 + 4·50,688 + 128 = 269,696 parameters.
+constexpr const char* kModel = "gpt2:L4-C64-H4-V1000-T64";
+
+std::string config(const std::string& zero) {
+  return shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": )" + zero + "}");
+}
+
+}  // namespace
+
+TEST(CliEstimateMemory, FiguresByPurposeAndLocation) {
+  // ZeRO-2 on 2 ranks in bf16: params 2Ψ = 539,392 B; grads 2Ψ / 2 = 269,696 B; optimizer (4Ψ fp32
+  // masters + 8Ψ Adam moments) / 2 = 1,618,176 B; activations the logits B·T·Vp·2 = 262,144 B.
+  auto r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})") + " --model " + kModel + " --num-ranks 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("ZeRO stage 2, bf16, 2 rank(s), micro-batch 2 x T 64"));
+  EXPECT_THAT(r.out, HasSubstr("  params         526.75 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  grads          263.38 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  optimizer        1.54 MiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  activations    256.00 KiB          0 B          0 B\n"));
+  // DeepSpeed's ZeRO-2 table for the same model (268,160 parameters with the real vocabulary, tied once).
+  EXPECT_THAT(r.out, HasSubstr("estimate_zero2_model_states_mem_needs_all_cold(total_params=268160, num_gpus_per_node=2, num_nodes=1)"));
+  EXPECT_THAT(r.out, HasSubstr("| offload_optimizer=none  <- this config"));
+
+  // ZeRO-3 with the optimizer in host memory: params 2Ψ / 2 on the device; the optimizer's
+  // 1,618,176 B in host memory; DeepSpeed's ZeRO-3 row of this offload marked.
+  r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})") +
+                  " --model " + kModel + " --num-ranks 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  params         263.38 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  optimizer             0 B     1.54 MiB          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("offload_param=none, offload_optimizer=cpu , zero_init=1  <- this config"));
+  EXPECT_THAT(r.out, HasSubstr("largest_layer_params=65536"));  // wte: 1024 x 64
+}
+
+TEST(CliEstimateMemory, BadInputExits2NamingIt) {
+  auto r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})") + " --model bogus");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("model spec 'bogus'"));
+  EXPECT_THAT(r.err, HasSubstr("llama:L<n>"));
+  r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})") + " --model " + kModel + " --sequence-length 65");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("n_positions"));
+  r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--model"));
+}
