@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
           t = Clock::now();
           engines[k].backward();
           b[k] = std::min(b[k], ms_since(t));
-          if (const ActivationCheckpointing* ck = engines[k].activation_checkpointing()) {
+          if (const ActivationCheckpointing* ck = engines[k].report().checkpointing) {
             double sf = 0, sr = 0;
             for (const SegmentProfile& p : ck->profile()) {
               sf += p.forward_s * 1e3;

@@ -1,4 +1,4 @@
-// bench_checkpoint_io: Engine::save_checkpoint / load_checkpoint throughput (GB/s per rank) and the
+// bench_checkpoint_io: CheckpointManager::save / load throughput (GB/s per rank) and the
 // training stall of a decoupled save, on W local ranks. bench/checkpoint_io.sh runs it next to fio's
 // sequential write / read of the same size on the same disk. Never asserts.
 //
@@ -7,7 +7,7 @@
 // Figures per rank: the bytes it writes (its files), the synchronous save's time (streaming from
 // the optimizer partition, write, fsync, commit), the load's (read, checksum, scatter into the
 // store; the files are first dropped from the page cache, as fio's read drops its own file's),
-// and with checkpoint.writer.decoupled the time save_checkpoint blocks (the snapshot into host
+// and with checkpoint.writer.decoupled the time save blocks (the snapshot into host
 // memory) against the time until the background write is committed.
 //
 // The training stall (issue 13's goal: a decoupled save stalls training no longer than the copy
@@ -36,6 +36,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/engine.h"
 #include "ops/kernels/tensor_ops.h"
 #include "zero/local_communicator.h"
@@ -131,28 +132,30 @@ int main(int argc, char** argv) {
       o.comm = &comm;
       o.sequence_length = 16;
       Engine sync = initialize(make_gpt2_model(a.model), config::parse_ds_config(config::Json::parse(json(false)), co), o);
+      CheckpointManager sync_checkpoints(sync);
       double s = 1e30, l = 1e30;
       for (long r = 0; r < a.repeat; ++r) {
         comm.barrier();
         auto t = Clock::now();
-        sync.save_checkpoint(a.dir, fmt::format("sync{}", r));
+        sync_checkpoints.save(a.dir, fmt::format("sync{}", r));
         comm.barrier();
         s = std::min(s, since(t));
         if (comm.rank() == 0) evict(std::filesystem::path(a.dir) / fmt::format("sync{}", r));
         comm.barrier();
         t = Clock::now();
-        sync.load_checkpoint(a.dir, fmt::format("sync{}", r));
+        sync_checkpoints.load(a.dir, fmt::format("sync{}", r));
         comm.barrier();
         l = std::min(l, since(t));
       }
       Engine dec = initialize(make_gpt2_model(a.model), config::parse_ds_config(config::Json::parse(json(true)), co), o);
+      CheckpointManager dec_checkpoints(dec);
       double st = 1e30, cm = 1e30;
       for (long r = 0; r < a.repeat; ++r) {
         comm.barrier();
         auto t = Clock::now();
-        dec.save_checkpoint(a.dir, fmt::format("dec{}", r));
+        dec_checkpoints.save(a.dir, fmt::format("dec{}", r));
         const double stall = since(t);
-        dec.wait_for_checkpoint();
+        dec_checkpoints.wait();
         comm.barrier();
         st = std::min(st, stall);
         cm = std::min(cm, since(t));
@@ -185,7 +188,7 @@ int main(int argc, char** argv) {
       // bytes. The saves' own times are the stall (a step's time moves by more than a snapshot on
       // a shared machine, so stalls are not step-time differences), and each is set beside the
       // copies timed in the same round: this VM's memory bandwidth moves by 2x within minutes.
-      const std::size_t rank_bytes = dec.checkpoint_rank_bytes();
+      const std::size_t rank_bytes = dec_checkpoints.rank_bytes();
       CheckpointMemory ref_from, ref_to;
       std::vector<std::byte> plain_from, plain_to;
       if (a.steps > 0 && rank_bytes > 0) {
@@ -202,11 +205,11 @@ int main(int argc, char** argv) {
       for (long r = 0; r < a.steps; ++r) {
         Round x;
         x.step = timed([&] { step(sync); });
-        x.sync = timed([&] { sync.save_checkpoint(a.dir, fmt::format("step_sync{}", r)); });
+        x.sync = timed([&] { sync_checkpoints.save(a.dir, fmt::format("step_sync{}", r)); });
         x.step = std::min(x.step, timed([&] { step(dec); }));
-        x.dec = timed([&] { dec.save_checkpoint(a.dir, fmt::format("step_dec{}", r)); });
+        x.dec = timed([&] { dec_checkpoints.save(a.dir, fmt::format("step_dec{}", r)); });
         x.after = timed([&] { step(dec); });  // while the files are written
-        dec.wait_for_checkpoint();
+        dec_checkpoints.wait();
         if (rank_bytes > 0) {
           // Each the faster of two copies back to back: the reference at its best.
           const auto plain = [&] { std::memcpy(plain_to.data(), plain_from.data(), rank_bytes); };
@@ -230,7 +233,7 @@ int main(int argc, char** argv) {
                 a.ranks, a.writer.empty() ? "(no writer block: the engine's choice)" : a.writer.c_str(), gb);
     std::printf("save (synchronous, fsync, commit): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", save_s, gb / save_s, gb * a.ranks / save_s);
     std::printf("load (cold: read, crc32c, scatter): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s, gb * a.ranks / load_s);
-    std::printf("decoupled save, no step before it: save_checkpoint returns after %.3f s (the snapshot), committed after %.3f s; synchronous %.3f s\n",
+    std::printf("decoupled save, no step before it: save returns after %.3f s (the snapshot), committed after %.3f s; synchronous %.3f s\n",
                 stall_s, commit_s, save_s);
     if (!rounds.empty()) {
       std::printf("in training, ms per round (the slowest rank's; memcpy: the rank's bytes between two 4 KiB-page buffers on one thread; "

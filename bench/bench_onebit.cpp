@@ -74,11 +74,11 @@ Result run(const Args& a, const std::string& optimizer) {
       engine.step();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (comm.rank() == 0) {
-        res.comm.push_back(engine.zero_report().step_comm);
+        res.comm.push_back(engine.report().zero.step_comm);
         res.ms.push_back(ms);
       }
     }
-    if (comm.rank() == 0) res.loss = engine.last_step_loss();
+    if (comm.rank() == 0) res.loss = engine.state().last_step_loss;
   });
   return res;
 }

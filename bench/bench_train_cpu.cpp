@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     j["omp_wait_policy"] = wait != nullptr ? wait : "unset";
     if (a.model.empty()) j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
     else j["shape"] = {{"model", model->describe()}, {"B", a.batch}, {"T", a.seq}};
-    j["parameters"] = engine.parameter_count();
+    j["parameters"] = engine.report().parameter_count;
     j["steps"] = a.steps;
     j["warmup_steps"] = a.warmup;
     j["loss_first"] = first_loss;

@@ -155,14 +155,14 @@ StageResult run_stage(const Args& a, int stage) {
       }
       if (k >= a.warmup) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
-    res.reports[static_cast<std::size_t>(comm.rank())] = engine.zero_report();
+    res.reports[static_cast<std::size_t>(comm.rank())] = engine.report().zero;
     if (comm.rank() == 0) {
       double sum = 0.0;
       for (double x : ms) sum += x;
       res.step_ms = sum / static_cast<double>(timed);
       std::sort(ms.begin(), ms.end());
       res.median_ms = ms.size() % 2 == 1 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-      res.loss = engine.last_step_loss();
+      res.loss = engine.state().last_step_loss;
       const double tokens = static_cast<double>(a.micro_batch * a.gas * a.ranks * a.seq);
       res.tokens_per_s = res.step_ms > 0.0 ? tokens / (res.step_ms / 1000.0) : 0.0;
     }

@@ -13,7 +13,6 @@
 
 #include <fmt/ranges.h>
 
-#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine_impl.h"
 #include "engine/grad_norm.h"
 #include "engine/loss_scaler.h"
@@ -132,9 +131,24 @@ void Engine::Impl::set_initial_masters() {
   });
 }
 
+// The constructor is its build steps, in order: memory, shapes, the ZeRO state, activations, the
+// ZeRO-3 traces, the initial values.
 Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions& options)
     : model_(std::move(model)),
       impl_((check_config_is_provided(config, options.comm != nullptr ? options.comm->world_size() : 1), std::make_unique<Impl>(config, options))) {
+  choose_memory(options);
+  check_shapes(config, options);
+  build_states(config);
+  log_placement();
+  build_activations(config, options);
+  set_traces(config);
+  init_state(options);
+}
+
+// Where everything lives: the training device's allocator (the caller's or the engine's own) and
+// the host allocator for offloaded state and kept activations (pinned next to a GPU unless the
+// acting offload sections say pin_memory false), and the ranks.
+void Engine::choose_memory(const EngineOptions& options) {
   Impl& im = *impl_;
   if (options.allocator != nullptr) {
     im.allocator = options.allocator;
@@ -142,18 +156,24 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     im.own_allocator = make_device_allocator(options.device);
     im.allocator = im.own_allocator.get();
   }
-  const char* host_memory_kind = "the caller's";
+  im.host_memory_kind = "the caller's";
   if (options.host_allocator != nullptr) {
     im.host_allocator = options.host_allocator;
   } else {
-    const config::StatePlacement placement = config.placement();
+    const config::StatePlacement placement = im.config.placement();
     HostMemoryChoice host = make_host_memory(im.allocator->device(), placement.offloads(), placement.pin_host_memory);
     im.own_host_allocator = std::move(host.allocator);
     im.host_allocator = im.own_host_allocator.get();
-    host_memory_kind = host.kind;
+    im.host_memory_kind = host.kind;
   }
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
+}
+
+// The model, the sequence length, the storage dtype and the batch: refused here, naming the value,
+// when they cannot train.
+void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& options) {
+  Impl& im = *impl_;
   if (model_.layers.empty()) fail("initialize: the model has no layers");
   if (model_.n_embd <= 0) fail("initialize: the model's n_embd (width of the residual stream) must be > 0, got {}", model_.n_embd);
 
@@ -193,9 +213,15 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
          gas_ * im.world);
   }
   im.layers.resize(L);
+}
 
-  // ---- parameters, gradients, optimizer states: held as the ZeRO stage says (zero/model_states.h);
-  // per layer, owned params packed decayed first, each view 64-byte aligned ----
+// The parameters, gradients and optimizer states, held as the ZeRO stage and the placement say
+// (zero/model_states.h), the owned parameters by name, and the optimizer told about them.
+void Engine::build_states(const config::DsConfig& config) {
+  Impl& im = *impl_;
+  const std::size_t L = model_.layers.size();
+  const DType storage = dims_.dtype;
+  // Per layer, owned params packed decayed first, each view 64-byte aligned.
   std::vector<std::vector<ParamSpec>> specs(L);
   std::vector<std::string> names(L);
   for (std::size_t i = 0; i < L; ++i) {
@@ -234,15 +260,12 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
                 "fp32 and rounded once; a separate {} accumulation buffer is not kept",
                 *gad, dtype_name(storage), *gad);
   }
-  // The checkpoint section's keys that change nothing here, with the reason (docs/checkpoints.md).
-  if (config.checkpoint.load_universal) {
-    log_info("checkpoint.load_universal: every dstrain checkpoint is universal (parameter space, loadable at any world size and ZeRO "
-             "stage), so it is read as any other; DeepSpeed's universal-checkpoint folders are not read");
-  }
-  if (config.checkpoint.use_node_local_storage && im.world > 1) {
-    log_warning("checkpoint.use_node_local_storage: dstrain's save has rank 0 read every rank's index before it commits the checkpoint, "
-                "so the save folder must be one every rank can read (a shared file system); the key is ignored");
-  }
+}
+
+// One line each for what ZeRO partitions and what offload keeps off the device.
+void Engine::log_placement() {
+  Impl& im = *impl_;
+  const config::DsConfig& config = im.config;
   if (config.zero_optimization.stage >= 1) {
     log_info("ZeRO stage {} on {} rank(s): {} padded parameter elements, this rank updates {} of them", config.zero_optimization.stage, im.world,
              im.states->padded_numel(), [&] {
@@ -262,16 +285,20 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     if (im.states->store().home() == StateHome::nvme)
       log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in swap "
                "files on NVMe, {} bytes of it in host buffers ({}) at a time; the optimizer steps there",
-               im.states->store().layout().buffer_count() - 1, b.nvme, b.host, host_memory_kind);
+               im.states->store().layout().buffer_count() - 1, b.nvme, b.host, im.host_memory_kind);
     else
       log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
                "({}); the optimizer steps there",
-               im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), host_memory_kind);
+               im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), im.host_memory_kind);
   }
+}
 
-  // ---- activations: every layer's output and saved tensors (or, checkpointing, what
-  // ActivationCheckpointing allocates), then the residual gradient; one scratch arena shared by
-  // all layers (scratch lives for one call) ----
+// Every layer's output and saved activations (or, with checkpointing, what ActivationCheckpointing
+// keeps), the residual stream's gradient, and one scratch arena all layers share.
+void Engine::build_activations(const config::DsConfig& config, const EngineOptions& options) {
+  Impl& im = *impl_;
+  const std::size_t L = model_.layers.size();
+  const DType storage = dims_.dtype;
   for (const CheckpointingNote& n : activation_checkpointing_notes(config.activation_checkpointing, options.checkpoint_activations)) {
     if (n.warning) {
       log_warning("{}", n.text);
@@ -327,7 +354,12 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   if (!im.allocator->device().is_cpu()) {
     im.batch_buf = Buffer(*im.allocator, 2 * static_cast<std::size_t>(dims_.B * dims_.T) * sizeof(std::int32_t), MemoryPurpose::buffers);
   }
+}
 
+// The order ZeRO-3 gathers layers in (zero/param_coordinator.h), and the views that never move.
+void Engine::set_traces(const config::DsConfig& config) {
+  Impl& im = *impl_;
+  const std::size_t L = model_.layers.size();
   // ZeRO-3's schedule: a training micro-step calls the layers forward, then backward from the last
   // with each checkpointed segment recomputed right before its last layer's backward.
   std::vector<std::size_t> train_trace, eval_trace;
@@ -344,16 +376,20 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
     train_trace.push_back(i);
   }
   im.states->set_traces(std::move(train_trace), std::move(eval_trace));
-  // Views that never move (below stage 3), so layer_params() works before the first forward.
+  // Views that never move (below stage 3), so param() works before the first forward.
   if (config.zero_optimization.stage < 3)
     for (std::size_t i = 0; i < L; ++i) im.states->views(i, im.layers[i].params, nullptr);
 
+}
+
+// The initial values: the seed's parameters (or zeros), and the step's counters starting here.
+void Engine::init_state(const EngineOptions& options) {
+  Impl& im = *impl_;
   im.init_params = options.init_params;
   im.init_seed = options.seed;
   if (options.init_params) im.set_initial_masters();  // else the zeros ModelStates starts from
   im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
   if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
-  if (config.checkpoint.writer_options.decoupled) prepare_checkpoint_snapshot(checkpoint_rank_bytes());
 }
 
 Engine::~Engine() = default;
@@ -649,19 +685,30 @@ void Engine::apply_optimizer(double lr, float grad_scale, std::int64_t t, std::o
   im.optimizer.step(*im.states, lr, grad_scale, t, betas, im.rounding);
 }
 
-double Engine::loss_scale() const { return impl_->scaler.scale(); }
 
 void Engine::set_lr_schedule(LrHook hook) {
   impl_->hook = std::move(hook);
   lr_ = impl_->hook ? impl_->hook(global_steps_ - skipped_steps_) : impl_->schedule.lr();
 }
 
-const LrSchedule& Engine::lr_schedule() const { return impl_->schedule; }
 
-std::pair<double, double> Engine::betas() const {
+EngineState Engine::state() const {
+  EngineState st;
+  st.global_steps = global_steps_;
+  st.global_samples = global_samples_;
+  st.micro_steps = micro_steps_;
+  st.skipped_steps = skipped_steps_;
+  st.lr = lr_;
+  st.last_step_lr = last_step_lr_;
+  st.betas = impl_->optimizer.betas();
   if (!impl_->hook)
-    if (const auto b = impl_->schedule.betas()) return *b;
-  return impl_->optimizer.betas();
+    if (const auto b = impl_->schedule.betas()) st.betas = *b;
+  st.loss_scale = impl_->scaler.scale();
+  st.last_loss = last_loss_;
+  st.last_step_loss = last_step_loss_;
+  st.grad_norm = grad_norm_;
+  st.clip_coefficient = clip_coef_;
+  return st;
 }
 
 namespace {
@@ -731,20 +778,24 @@ int Engine::rank() const { return impl_->states->rank(); }
 int Engine::world_size() const { return impl_->world; }
 Device Engine::device() const { return impl_->allocator->device(); }
 void Engine::synchronize() const { synchronize_device(device()); }
-int Engine::zero_stage() const { return impl_->config.zero_optimization.stage; }
 
-ZeroReport Engine::zero_report() const {
+EngineReport Engine::report() const {
   const Impl& im = *impl_;
-  const MemoryStats m = im.allocator->stats();
-  ZeroReport r;
+  EngineReport out;
+  out.memory = im.allocator->stats();
+  out.host_memory = im.host_allocator->stats();
+  out.parameter_count = parameter_count_;
+  out.checkpointing = im.ckpt.get();
+  const MemoryStats& m = out.memory;
+  ZeroReport& r = out.zero;
   r.stage = im.config.zero_optimization.stage;
   r.rank = rank();
   r.world_size = im.world;
   r.param_bytes = m[MemoryPurpose::params].current;
   r.grad_bytes = m[MemoryPurpose::grads].current;
   r.optimizer_bytes = m[MemoryPurpose::optimizer].current;
-  r.host_optimizer_bytes = im.host_allocator->stats()[MemoryPurpose::optimizer].current;
-  const MemoryStats host = im.host_allocator->stats();
+  r.host_optimizer_bytes = out.host_memory[MemoryPurpose::optimizer].current;
+  const MemoryStats& host = out.host_memory;
   for (MemoryPurpose p : kAllMemoryPurposes) {
     r.device_bytes[static_cast<std::size_t>(p)] = m[p].current;
     r.host_bytes[static_cast<std::size_t>(p)] = host[p].current;
@@ -761,7 +812,7 @@ ZeroReport Engine::zero_report() const {
   r.padded_param_elements = im.states->padded_numel();
   r.peak_gathered_param_elements = im.states->peak_gathered_elements();
   r.step_comm = im.step_comm;
-  return r;
+  return out;
 }
 
 void Engine::all_reduce_sum(std::span<float> values) {
@@ -773,17 +824,6 @@ std::vector<std::string> Engine::param_names() const {
   std::vector<std::string> names;
   for (const Impl::Owned& o : impl_->owned) names.push_back(o.spec.name);
   return names;
-}
-
-MemoryStats Engine::memory_stats() const { return impl_->allocator->stats(); }
-
-MemoryStats Engine::host_memory_stats() const { return impl_->host_allocator->stats(); }
-
-const ActivationCheckpointing* Engine::activation_checkpointing() const { return impl_->ckpt.get(); }
-
-std::span<const Tensor> Engine::layer_params(std::size_t layer) const {
-  if (layer >= impl_->layers.size()) fail("Engine::layer_params: layer {} of a model with {} layers", layer, impl_->layers.size());
-  return impl_->layers[layer].params;
 }
 
 GenerationModel Engine::generation_model() {
@@ -861,6 +901,53 @@ void Engine::load_weights(const std::filesystem::path& path) {
     const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
     copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
   });
+}
+
+// ---- collectives of the training loop and the checkpoint manager ----
+
+void Engine::exclude_from_step_comm() {
+  Impl& im = *impl_;
+  // Between optimizer steps only: then no collective of the next step has been counted yet.
+  if (micro_steps_ % gas_ != 0 || have_backward_) return;
+  if (im.comm != nullptr) im.comm_at_step_start = im.comm->stats();
+  if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
+}
+
+bool Engine::any_rank(bool flag) {
+  Impl& im = *impl_;
+  if (im.world == 1) return flag;
+  double v = flag ? 1.0 : 0.0;
+  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  exclude_from_step_comm();
+  return v > 0.0;
+}
+
+void Engine::agree_on_errors(const std::string& error) {
+  Impl& im = *impl_;
+  if (im.world == 1) {
+    if (!error.empty()) throw Error(error);
+    return;
+  }
+  // One all-reduce of every rank's failure flag and the first characters of its message (one byte
+  // per fp64, rank r's in slot r), so that every rank throws the cause of the first failing rank.
+  constexpr std::size_t kChars = 480;
+  const std::size_t slot = kChars + 1;
+  std::vector<double> v(slot * static_cast<std::size_t>(im.world), 0.0);
+  const std::size_t me = slot * static_cast<std::size_t>(rank());
+  if (!error.empty()) {
+    v[me] = 1.0;
+    for (std::size_t i = 0; i < std::min(kChars, error.size()); ++i) v[me + 1 + i] = static_cast<unsigned char>(error[i]);
+  }
+  im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
+  for (int k = 0; k < im.world; ++k) {
+    const std::size_t at = slot * static_cast<std::size_t>(k);
+    if (v[at] == 0.0) continue;
+    if (k == rank()) throw Error(error);
+    std::string text;
+    for (std::size_t i = 0; i < kChars && v[at + 1 + i] != 0.0; ++i) text.push_back(static_cast<char>(static_cast<unsigned char>(v[at + 1 + i])));
+    if (error.empty()) throw Error(text);
+    throw Error(error);
+  }
 }
 
 Engine initialize(Model model, const config::DsConfig& config, const EngineOptions& options) {

@@ -103,26 +103,40 @@ struct EngineOptions {
 // of DeepSpeed's schedulers, engine/lr_schedule.h, which the engine builds from the config.)
 using LrHook = std::function<double(std::int64_t step)>;
 
-// What Engine::load_checkpoint restores besides the weights, as DeepSpeed's arguments of the same
-// names: the optimizer states (and the fp16 loss scaler, which DeepSpeed keeps with them), the LR
-// schedule, or only the weights (no counters, optimizer or schedule).
-struct LoadCheckpointOptions {
-  bool load_optimizer_states = true;
-  bool load_lr_scheduler_states = true;
-  bool load_module_only = false;
+// The counters and scalars of the training so far (Engine::state()), as DeepSpeed's engine exposes
+// them (global_steps, global_samples, get_lr(), the loss scaler's cur_scale, ...).
+struct EngineState {
+  std::int64_t global_steps = 0;    // optimizer steps taken (skipped ones included, as in DeepSpeed)
+  std::int64_t global_samples = 0;  // global_steps x train_batch_size
+  std::int64_t micro_steps = 0;     // step() calls
+  std::int64_t skipped_steps = 0;   // optimizer steps skipped for an inf/NaN gradient (fp16 / bf16)
+  // The LR the next optimizer step will use (DeepSpeed's get_lr() after a step), and the one the
+  // last step used (0 before the first step).
+  double lr = 0.0;
+  double last_step_lr = 0.0;
+  // The Adam betas the next optimizer step will use: OneCycle's (cycled beta1, 0.99) when it
+  // cycles momentum, else the optimizer's.
+  std::pair<double, double> betas{0.0, 0.0};
+  double loss_scale = 1.0;      // what the next backward multiplies by (fp16; 1 for bf16 / fp32)
+  float last_loss = 0.0f;       // the last forward's micro-batch loss
+  float last_step_loss = 0.0f;  // mean of the micro-batch losses of the last optimizer step
+  // Global L2 norm of the last step's grads before clipping (un-scaled under fp16); -1 when they
+  // held an inf/NaN (fp16 / bf16), as DeepSpeed reports it.
+  double grad_norm = 0.0;
+  float clip_coefficient = 1.0f;  // 1, or c / (norm + 1e-6) when that is < 1 (1 for a skipped step)
 };
 
-// What a load found: the checkpoint's folder (empty when there was nothing to load), its tag and
-// the client state the saver passed.
-// A checkpoint manifest's scalars (counters, schedule, seed, loss scaler, 1-bit phase), read and
-// type-checked in load_checkpoint's first phase and applied in its second (engine_checkpoint.cpp).
-struct CheckpointScalars;
-
-struct LoadedCheckpoint {
-  std::filesystem::path path;
-  std::string tag;
-  config::Json client_state;
-  bool loaded() const { return !path.empty(); }
+// What the engine holds, where, and what it sent (Engine::report()).
+struct EngineReport {
+  ZeroReport zero;         // ZeRO's bytes by purpose and location, the last step's collectives and NVMe traffic
+  MemoryStats memory;      // the training allocator's statistics by purpose (current and peak)
+  // Host memory held apart from the device (EngineOptions::host_allocator): cpu_checkpointing's
+  // kept inputs (purpose activations) and the offloaded optimizer partition (purpose optimizer).
+  MemoryStats host_memory;
+  // Every owned parameter element (tied ones once, padding rows included).
+  std::int64_t parameter_count = 0;
+  // The checkpointing state (segments, transfers, profile); nullptr when checkpointing is off.
+  const ActivationCheckpointing* checkpointing = nullptr;
 };
 
 // Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,
@@ -152,8 +166,8 @@ class Engine {
   // every backward divides the loss by gradient_accumulation_steps).
   void backward();
   // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call): global
-  // grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at lr() (and
-  // betas()), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
+  // grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at state().lr
+  // (and state().betas), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
   // train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step changes no
   // parameter, optimizer state or LR schedule, but still counts in global_steps and
   // skipped_steps. Otherwise only counts the micro-step.
@@ -170,32 +184,15 @@ class Engine {
   // LR and the optimizer's own betas. The config's schedule keeps stepping underneath, so nullptr
   // restores it where it would have been.
   void set_lr_schedule(LrHook hook);
-  // The schedule built from the config's "scheduler" block (a constant optimizer lr without one).
-  const LrSchedule& lr_schedule() const;
 
   // ---- state ----
-  std::int64_t global_steps() const { return global_steps_; }    // optimizer steps taken
-  std::int64_t global_samples() const { return global_samples_; }
-  std::int64_t micro_steps() const { return micro_steps_; }
-  // The LR the next optimizer step will use (DeepSpeed's get_lr() after a step), and the one the
-  // last step used (0 before the first step).
-  double lr() const { return lr_; }
-  double last_step_lr() const { return last_step_lr_; }
-  // The Adam betas the next optimizer step will use: OneCycle's (cycled beta1, 0.99) when it
-  // cycles momentum, else the optimizer's.
-  std::pair<double, double> betas() const;
-  // The loss scale the next backward multiplies by (fp16; 1 for bf16 / fp32), and the optimizer
-  // steps skipped for an inf/NaN gradient (they count in global_steps too, as in DeepSpeed).
-  double loss_scale() const;
-  std::int64_t skipped_steps() const { return skipped_steps_; }
-  float last_loss() const { return last_loss_; }    // the last forward's micro-batch loss
-  // Mean of the micro-batch losses of the last completed optimizer step (what a progress line shows).
-  float last_step_loss() const { return last_step_loss_; }
-  // Global L2 norm of the last step's grads before clipping (un-scaled under fp16); -1 when they
-  // held an inf/NaN (fp16 / bf16), as DeepSpeed reports it.
-  double grad_norm() const { return grad_norm_; }
-  float clip_coefficient() const { return clip_coef_; }  // 1, or c / (norm + 1e-6) when that is < 1 (1 for a skipped step)
+  EngineState state() const;
+  // Not collective: reads this rank's counters and allocator statistics.
+  EngineReport report() const;
 
+  const config::DsConfig& config() const;  // resolved: batch triple, placement, optimizer, ...
+  const Model& model() const { return model_; }
+  std::int64_t sequence_length() const { return dims_.T; }
   int rank() const;
   int world_size() const;
   Device device() const;  // where the engine's tensors live
@@ -203,21 +200,10 @@ class Engine {
   // returns from forward/backward/step before a GPU has run all their kernels, so a caller timing
   // steps synchronises before reading the clock.
   void synchronize() const;
-  int zero_stage() const;
-  ZeroReport zero_report() const;
 
-  std::int64_t micro_batch_size() const { return dims_.B; }
-  std::int64_t sequence_length() const { return dims_.T; }
-  std::int64_t gradient_accumulation_steps() const { return gas_; }
-  std::int64_t train_batch_size() const { return train_batch_size_; }
-  const config::DsConfig& config() const;
-  const Model& model() const { return model_; }
-
-  // Parameters as GPT-2 counts them would depend on the model; this is every owned element (tied
-  // ones once, padding rows included).
-  std::int64_t parameter_count() const { return parameter_count_; }
-  // The parameter / gradient with this name (Hugging Face names for GPT-2; a tied name such as
-  // "lm_head.weight" resolves to its owner). Error naming the parameter if unknown.
+  // ---- parameters ----
+  // The parameter / gradient with this name (the model's ParamSpec names; a tied name such as
+  // GPT-2's "lm_head.weight" resolves to its owner). Error naming the parameter if unknown.
   // Under fp16 / bf16 these are the 16-bit tensors the layers read and write. They live on the
   // engine's device (device()): copy_tensor (ops/kernels/tensor_ops.h) brings them to the host.
   // Under ZeRO a partitioned tensor has no whole copy on a rank: param() is an Error at stage 3
@@ -227,69 +213,35 @@ class Engine {
   // The fp32 master copy the optimizer updates (= param(name) in fp32 training).
   Tensor master_param(std::string_view name) const;
   Tensor grad(std::string_view name) const;
+  // Owned parameter names, in layer order.
+  std::vector<std::string> param_names() const;
   // Collective (every rank calls it): fn(name, value) for every owned parameter, in layer order,
   // with its whole fp32 master value in host memory (a temporary, except at stage 0 on the CPU).
   void gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn);
+
+  // ---- weights in the model family's Hugging Face layout (models/model_family.h) ----
+  // fp32, from / into the fp32 master params under fp16 / bf16 (loading rounds them into the
+  // 16-bit params). Error for a model without an architecture, or a file that does not fit the
+  // model (naming the tensor and the shapes). With several ranks both are collective: every rank
+  // reads the file; rank 0 alone writes it (stage 3 only with
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save, as DeepSpeed). Training
+  // checkpoints (optimizer states, counters, resharding) are engine/checkpoint/checkpoint_manager.h's.
+  void save_weights(const std::filesystem::path& path);
+  void load_weights(const std::filesystem::path& path);
+
+  // ---- for the training loop ----
   // Collective: sums host `values` over the ranks in place (e.g. a validation loss sum and count),
   // in order with the engine's own collectives; through the engine's device when its communicator
   // needs device memory (NCCL). One rank: unchanged. At most 64 values.
   void all_reduce_sum(std::span<float> values);
-  // Owned parameter names, in layer order.
-  std::vector<std::string> param_names() const;
-
-  MemoryStats memory_stats() const;
-  // Host memory held apart from the device (EngineOptions::host_allocator): cpu_checkpointing's kept
-  // inputs (purpose activations) and the offloaded optimizer partition (purpose optimizer).
-  MemoryStats host_memory_stats() const;
-  // The checkpointing state (segments, transfers, profile); nullptr when checkpointing is off.
-  const ActivationCheckpointing* activation_checkpointing() const;
-
-  // Layer i's parameter views in model().layers[i]->params() order, tied entries as their owner's.
-  std::span<const Tensor> layer_params(std::size_t layer) const;
+  // Collective: true when any rank passes true (the training loop's stop request). Like the
+  // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
+  bool any_rank(bool flag);
   // The engine's layers and parameter views for a Generator (samples at the val interval): the
   // weights are read in place, never copied. The views stay valid while the engine lives (moving
   // the engine keeps them) and, at ZeRO stage 3, until the next forward / evaluate: there it is
   // collective, gathering every layer's parameters.
   GenerationModel generation_model();
-
-  // Hugging Face GPT-2 safetensors (models/gpt2/gpt2_weights.h), fp32, from / into the fp32
-  // master params under fp16 / bf16 (loading rounds them into the 16-bit params). Error for a model that is
-  // not GPT-2, or a file that does not fit the model (naming the tensor and the shapes).
-  // With several ranks both are collective: every rank reads the file; rank 0 alone writes it
-  // (stage 3 only with zero_optimization.stage3_gather_16bit_weights_on_model_save, as DeepSpeed).
-  void save_weights(const std::filesystem::path& path);
-  void load_weights(const std::filesystem::path& path);
-
-  // ---- training checkpoints (docs/checkpoints.md) ----
-  // Collective. Saves everything a continuation needs under save_dir/<tag> — fp32 masters, the
-  // 16-bit params, every optimizer state the optimizer declares, the counters, the loss scaler, the
-  // LR schedule, the seed, the resolved config, the layout (world, stage, dtype) and
-  // `client_state` — each rank writing the pieces of parameter space it owns, then rewrites
-  // save_dir/latest. Atomic: a crash leaves the previous checkpoint loadable. Default tag
-  // "global_step<N>"; checkpoint.tag_validation compares the tag across ranks (Warn / Fail).
-  // Call at a gradient-accumulation boundary (after the step() that completes one): the
-  // accumulated gradients of a half-done step are not saved. Returns the tag. Error naming the
-  // file and the cause (disk full, permissions); the run's state is untouched by a failed save.
-  std::string save_checkpoint(const std::filesystem::path& save_dir, std::string tag = "", const config::Json& client_state = config::Json::object());
-  // Collective. Loads load_dir/<tag> (tag "": the one load_dir/latest names; nothing is loaded, with
-  // a warning, when there is no latest) saved at any world size, ZeRO stage and dtype: each rank
-  // reads the saved pieces that intersect what it owns. Verifies every checksum and shape first;
-  // an Error (naming the file and tensor) leaves the engine as it was. Call before the first
-  // forward or at a gradient-accumulation boundary.
-  LoadedCheckpoint load_checkpoint(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});
-  // Collective. With checkpoint.writer.decoupled, save_checkpoint returns once every rank has a
-  // snapshot in host memory and writes the files in the background; this waits for them and
-  // commits the checkpoint (manifest, rename, `latest`). The next save, a load and the Trainer's
-  // end of run call it; a no-op when nothing is pending. (An Engine destroyed with a save pending
-  // waits for its files but does not commit them: the partial folder is removed by the next run's
-  // pre-flight.)
-  void wait_for_checkpoint();
-  // The bytes of this rank's part of a checkpoint, its file's tensors (0 when it writes none: stage
-  // 0, rank > 0): what a save writes and a decoupled save's snapshot holds.
-  std::size_t checkpoint_rank_bytes() const;
-  // Collective: true when any rank passes true (the training loop's stop request). Like the
-  // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
-  bool any_rank(bool flag);
 
  private:
   struct Impl;
@@ -300,22 +252,23 @@ class Engine {
   void apply_optimizer(double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas);
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
-  // Checkpoints: every rank learns whether any rank failed (`error` non-empty) and throws if so.
+  // Every rank learns whether any rank failed (`error` non-empty) and throws if so (checkpoints).
   void agree_on_errors(const std::string& error);
   // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the next one's figures.
   void exclude_from_step_comm();
-  struct SaveJob;  // a checkpoint save between its phases (engine.cpp)
-  void finish_save_phase(const SaveJob& job, const std::string& error);
-  void commit_save(SaveJob& job);
-  config::Json checkpoint_manifest(const std::string& tag, const config::Json& client_state) const;
-  // checkpoint.writer.decoupled: allocates `bytes` of snapshot memory (replacing any before) and
-  // starts faulting it in.
-  void prepare_checkpoint_snapshot(std::size_t bytes);
-  void restore_scalars(const CheckpointScalars& saved, const LoadCheckpointOptions& options);
-  // Puts back the training state initialize made (the seed's parameters, zero optimizer states),
-  // after a load streamed into it failed.
-  void restore_initial_state();
   float micro_batch_dloss() const;
+  // The build steps of the constructor, in order (engine.cpp).
+  void choose_memory(const EngineOptions& options);
+  void check_shapes(const config::DsConfig& config, const EngineOptions& options);
+  void build_states(const config::DsConfig& config);
+  void log_placement();
+  void build_activations(const config::DsConfig& config, const EngineOptions& options);
+  void set_traces(const config::DsConfig& config);
+  void init_state(const EngineOptions& options);
+
+  // The training checkpoints (engine/checkpoint/checkpoint_manager.h) save and restore the state
+  // below and in Impl: the counters, the optimizer partition, the scaler and the schedule.
+  friend class CheckpointManager;
 
   Model model_;
   std::unique_ptr<Impl> impl_;

@@ -1,5 +1,6 @@
-// Engine's private state (the pimpl behind engine/engine.h), shared by the files that implement
-// Engine: engine.cpp (the step loop) and engine_checkpoint.cpp (training checkpoints). Not installed.
+// Engine's private state (the pimpl behind engine/engine.h), shared by engine.cpp (the step loop)
+// and the CheckpointManager (engine/checkpoint/checkpoint_manager.cpp), which saves and restores
+// it. Not installed.
 #pragma once
 
 #include <cstddef>
@@ -11,37 +12,17 @@
 #include <vector>
 
 #include "engine/activation_checkpointing.h"
-#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optim/onebit_optimizer.h"
 #include "engine/optim/optimizer.h"
-#include "engine/checkpoint/host_prefault.h"
 #include "offload/io_uring_engine.h"
 #include "ops/buffer.h"
 #include "zero/communicator.h"
 #include "zero/model_states.h"
 
 namespace dstrain {
-
-// A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
-// checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
-struct Engine::SaveJob {
-  std::filesystem::path save_dir, partial, data_file, index_file;
-  std::string tag;
-  int rank_files = 1;
-  std::vector<CheckpointPiece> pieces;
-  RankFileWriterOptions writer;
-  std::uint64_t bytes = 0;  // this rank's data, for checkpoint.writer.show_statistics
-  const std::byte* snapshot = nullptr;  // Impl::snapshot_memory, copied in before the thread starts
-  config::Json manifest;  // rank 0
-  std::thread thread;
-  std::string error;
-  ~SaveJob() {
-    if (thread.joinable()) thread.join();
-  }
-};
 
 struct Engine::Impl {
   // One layer's views, in params() / saved_activations() / scratch() order. params and grads are
@@ -70,6 +51,7 @@ struct Engine::Impl {
   Allocator* allocator = nullptr;
   std::unique_ptr<Allocator> own_host_allocator;  // when options.host_allocator is null
   Allocator* host_allocator = nullptr;  // cpu_checkpointing's kept inputs, the offloaded optimizer partition
+  const char* host_memory_kind = "";    // what the host allocator is, for the offload log lines
   // NVMe optimizer offload (offload_optimizer.device "nvme" at stage 3): the io_uring engine the
   // store's swap files go through (docs/offload.md §5). Declared before `states`: it outlives the store.
   std::unique_ptr<IoEngine> io;
@@ -97,19 +79,10 @@ struct Engine::Impl {
   // The same for the NVMe transfers of `io` (when there is one): counters when the current step
   // began, the last step's traffic, and every step's together.
   IoEngine::Totals io_at_step_start, step_io, train_io;
-  // checkpoint.writer.decoupled: the host memory every snapshot is copied into, allocated when the
-  // engine starts and faulted in by a background thread then, so that no save's stall pays for
-  // faulting it in (docs/checkpoints.md "Host memory"). Declared before pending_save, whose
-  // thread reads it, and kept for the whole run.
-  CheckpointMemory snapshot_memory;
-  std::size_t snapshot_bytes = 0;
-  std::unique_ptr<BackgroundPrefault> snapshot_prefault;
-  std::unique_ptr<SaveJob> pending_save;  // a decoupled save written in the background, not yet committed
-  bool writer_announced = false;
   // The training state (masters, optimizer states, parameters) is still what initialize made: no
-  // step, load_weights or load_checkpoint has changed it. A checkpoint at this engine's layout is
+  // step, load_weights or checkpoint load has changed it. A checkpoint at this engine's layout is
   // then streamed straight into the state, and a failed load puts the initial state back
-  // (Engine::restore_initial_state; docs/checkpoints.md "Loading").
+  // (CheckpointManager::restore_initial_state; docs/checkpoints.md "Loading").
   bool initial_state = true;
   bool init_params = true;   // EngineOptions::init_params: the seed's parameters, else zeros
   std::uint64_t init_seed = 0;

@@ -27,7 +27,7 @@ LAYERS = [
     ("offload/", 8),
     ("engine/optim/", 9),
     ("engine/", 10),
-    ("engine/checkpoint/", 10),     # Engine's own save/load for now: the engine calls into it
+    ("engine/checkpoint/", 11),     # the CheckpointManager, above the Engine it saves
     ("train/monitor/", 12),
     ("train/", 13),
     ("tools/", 14),

@@ -36,6 +36,7 @@
 #include "engine/engine.h"
 #include "engine/checkpoint/checkpoint_consolidate.h"
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_manager.h"
 // Offload: pinned host memory and the io_uring engine that NVMe offload and fast checkpoints use.
 #include "offload/io_uring_engine.h"
 #include "offload/pinned_host_allocator.h"

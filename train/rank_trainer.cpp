@@ -47,11 +47,12 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
                               .bf16_stochastic_rounding = options.bf16_stochastic_rounding,
                               .inject_overflow_steps = options.inject_overflow}));
   Engine& engine = *engine_;
+  checkpoints_.emplace(engine);
   if (!options.init_from.empty() && !plan.resume) engine.load_weights(options.init_from);
-  B_ = engine.micro_batch_size();
-  GAS_ = engine.gradient_accumulation_steps();
-  TBS_ = engine.train_batch_size();
-  stage_ = engine.zero_stage();
+  B_ = cfg.train_micro_batch_size_per_gpu;
+  GAS_ = cfg.gradient_accumulation_steps;
+  TBS_ = cfg.train_batch_size;
+  stage_ = cfg.zero_optimization.stage;
   inputs_.assign(static_cast<std::size_t>(B_ * T_), 0);
   targets_.assign(inputs_.size(), 0);
 
@@ -67,17 +68,17 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
   if (plan.resume) {
     // The engine's state, then the data loader's position (the client state of save_checkpoint).
-    const LoadedCheckpoint l = engine.load_checkpoint(plan.resume->dir, plan.resume->tag);
+    const LoadedCheckpoint l = checkpoints_->load(plan.resume->dir, plan.resume->tag);
     const config::Json data = l.client_state.value("data", config::Json::object());
     if (data.contains("epoch") && data.contains("position")) {
       loader_->set_state(DataLoaderState{data.at("epoch").get<std::uint64_t>(), data.at("position").get<std::uint64_t>()});
     } else {
       fail("--resume: checkpoint {} has no data loader position in its client state (it was not saved by `dstrain train`); "
-           "load it with Engine::load_checkpoint from the program that saved it",
+           "load it with CheckpointManager::load from the program that saved it",
            l.path.string());
     }
-    skipped_before_ = engine.skipped_steps();
-    resumed_steps_ = engine.global_steps();
+    skipped_before_ = engine.state().skipped_steps;
+    resumed_steps_ = engine.state().global_steps;
   }
   if (!options.val_data.empty()) {
     EvalLoaderOptions elo;
@@ -121,18 +122,18 @@ void RankTrainer::announce() {
   say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
                   options_.seed, plan_.steps, plan_.steps_from_epoch ? " (one epoch; set --steps)" : ""));
   if (cfg.fp16.enabled) {
-    say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.loss_scale(),
+    say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.state().loss_scale,
                     cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
   } else if (cfg.bf16.enabled) {
     say("precision bf16 (fp32 master params and optimizer state)");
   }
   if (cfg.scheduler.present()) {
-    say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.lr()));
+    say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.state().lr));
   }
   if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
   if (plan_.resume) {
     say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),
-                    engine.global_steps(), seed_, loader_->state().epoch, loader_->state().position));
+                    engine.state().global_steps, seed_, loader_->state().epoch, loader_->state().position));
     if (!options_.init_from.empty()) trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
   }
   if (!options_.save_dir.empty()) {
@@ -188,7 +189,7 @@ void RankTrainer::timed(std::string_view name, Fn&& fn) {
   print_timers_(name).stop();
 }
 
-bool RankTrainer::done() const { return engine_->global_steps() >= plan_.steps; }
+bool RankTrainer::done() const { return engine_->state().global_steps >= plan_.steps; }
 
 void RankTrainer::train_step() {
   if (!started_) announce();
@@ -214,26 +215,26 @@ void RankTrainer::after_step(double dt) {
   train_s_ += dt;
   interval_train_s_ += dt;
   ++interval_steps_;
-  summary_.train_losses.push_back(engine.last_step_loss());
-  summary_.lrs.push_back(engine.last_step_lr());
-  const std::int64_t done = engine.global_steps();
+  summary_.train_losses.push_back(engine.state().last_step_loss);
+  summary_.lrs.push_back(engine.state().last_step_lr);
+  const std::int64_t done = engine.state().global_steps;
   // A non-finite loss of a step that was applied (fp16 / bf16 skip a step whose gradients
   // overflowed, and that step changes nothing) has put NaN into the weights: stop, on every rank
   // alike (the loss is the all-reduced mean), before anything is written from them.
-  const bool skipped = engine.skipped_steps() > skipped_before_;
-  skipped_before_ = engine.skipped_steps();
-  if (!skipped) check_finite(engine.last_step_loss(), "training loss", done);
+  const bool skipped = engine.state().skipped_steps > skipped_before_;
+  skipped_before_ = engine.state().skipped_steps;
+  if (!skipped) check_finite(engine.state().last_step_loss, "training loss", done);
   if (monitors_.enabled()) {
     // DeepSpeed's names at global_samples after the step: the step's mean loss (as the pipeline
     // engine writes it), the lr the next step uses (get_lr() after the scheduler stepped), and
     // the step's timers (backward_inner and backward_allreduce read 0: the reduction runs
     // inside backward, not as a separate phase).
-    std::vector<MonitorEvent> events{train_loss_event(engine.last_step_loss(), engine.global_samples())};
-    for (MonitorEvent& e : step_events(engine.lr(), cfg.fp16.enabled ? std::optional<double>(engine.loss_scale()) : std::nullopt, engine.global_samples())) {
+    std::vector<MonitorEvent> events{train_loss_event(engine.state().last_step_loss, engine.state().global_samples)};
+    for (MonitorEvent& e : step_events(engine.state().lr, cfg.fp16.enabled ? std::optional<double>(engine.state().loss_scale) : std::nullopt, engine.state().global_samples)) {
       events.push_back(std::move(e));
     }
     if (cfg.wall_clock_breakdown) {
-      for (MonitorEvent& e : elapsed_time_events(step_timers_, engine.global_samples())) events.push_back(std::move(e));
+      for (MonitorEvent& e : elapsed_time_events(step_timers_, engine.state().global_samples)) events.push_back(std::move(e));
     }
     monitors_.write_events(events);
   }
@@ -259,11 +260,11 @@ void RankTrainer::after_step(double dt) {
       ProgressLine p;
       p.step = done;
       p.total_steps = steps;
-      p.loss = engine.last_step_loss();
-      p.lr = engine.lr();
-      p.grad_norm = engine.grad_norm();
-      p.loss_scale = cfg.fp16.enabled ? engine.loss_scale() : 0.0;
-      p.skipped = engine.skipped_steps();
+      p.loss = engine.state().last_step_loss;
+      p.lr = engine.state().lr;
+      p.grad_norm = engine.state().grad_norm;
+      p.loss_scale = cfg.fp16.enabled ? engine.state().loss_scale : 0.0;
+      p.skipped = engine.state().skipped_steps;
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
       p.elapsed_s = seconds_since(start_);
       p.eta_s = train_s_ / static_cast<double>(std::max<std::int64_t>(1, done - resumed_steps_)) * static_cast<double>(steps - done);
@@ -274,7 +275,7 @@ void RankTrainer::after_step(double dt) {
         const std::array<std::string_view, 3> names{kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer};
         say(print_timers_.log_line(names, static_cast<double>(interval_steps_)));
       }
-      if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.memory_stats(), read_host_memory()));
+      if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.report().memory, read_host_memory()));
     }
     interval_train_s_ = 0.0;
     interval_steps_ = 0;
@@ -349,7 +350,7 @@ void RankTrainer::finish() {
   Engine& engine = *engine_;
   const config::DsConfig& cfg = plan_.config;
   // This rank's ZeRO figures after training (before the final evaluation and save).
-  report_ = engine.zero_report();
+  report_ = engine.report().zero;
   // Offloaded parameters alone (offload_param at stage 3, the optimizer on the device) are reported too.
   const auto params = static_cast<std::size_t>(MemoryPurpose::params);
   if (report_.optimizer_home != StateHome::device || report_.host_bytes[params] > 0 || report_.nvme_bytes[params] > 0) {
@@ -367,20 +368,20 @@ void RankTrainer::finish() {
   }
   if (val_) {
     const double vl = evaluate();
-    check_finite(vl, "val loss", engine.global_steps());
-    summary_.val_losses.emplace_back(engine.global_steps(), vl);
-    say(fmt::format("step {}/{} | val loss {:.4f}", engine.global_steps(), plan_.steps, vl));
+    check_finite(vl, "val loss", engine.state().global_steps);
+    summary_.val_losses.emplace_back(engine.state().global_steps, vl);
+    say(fmt::format("step {}/{} | val loss {:.4f}", engine.state().global_steps, plan_.steps, vl));
   }
-  sample(engine.global_steps());
-  summary_.steps = engine.global_steps();
+  sample(engine.state().global_steps);
+  summary_.steps = engine.state().global_steps;
   summary_.tokens = summary_.steps * TBS_ * T_;
   summary_.train_seconds = train_s_;
   summary_.elapsed_seconds = seconds_since(start_);
-  summary_.memory = engine.memory_stats();
-  summary_.skipped_steps = engine.skipped_steps();
-  if (cfg.fp16.enabled) summary_.loss_scale = engine.loss_scale();
+  summary_.memory = engine.report().memory;
+  summary_.skipped_steps = engine.state().skipped_steps;
+  if (cfg.fp16.enabled) summary_.loss_scale = engine.state().loss_scale;
   if (!options_.save_dir.empty() && last_saved_tag_.empty()) save_checkpoint();
-  engine.wait_for_checkpoint();  // a decoupled save is committed before the run ends
+  checkpoints_->wait();  // a decoupled save is committed before the run ends
   if (!options_.save_weights.empty()) {
     engine.save_weights(options_.save_weights);  // collective with several ranks: rank 0 writes
     say(fmt::format("weights saved to {}", options_.save_weights.string()));
@@ -397,12 +398,12 @@ std::string RankTrainer::save_checkpoint() {
   Engine& engine = *engine_;
   const DataLoaderState d = loader_->state();
   const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
-  last_saved_tag_ = engine.save_checkpoint(options_.save_dir, "", client);  // commits a decoupled save still pending first
+  last_saved_tag_ = checkpoints_->save(options_.save_dir, "", client);  // commits a decoupled save still pending first
   if (lead()) {
     for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
   }
   const bool decoupled = plan_.config.checkpoint.writer_options.decoupled;
-  say(fmt::format("step {}/{} | checkpoint {} {}", engine.global_steps(), plan_.steps, (options_.save_dir / last_saved_tag_).string(),
+  say(fmt::format("step {}/{} | checkpoint {} {}", engine.state().global_steps, plan_.steps, (options_.save_dir / last_saved_tag_).string(),
                   decoupled ? "snapshot taken (written in the background, committed at the next save or the end)" : "saved"));
   return last_saved_tag_;
 }
@@ -423,16 +424,16 @@ void RankTrainer::run() {
     if (options_.handle_signals && stop_requested()) {
       // A scheduler's preemption notice: this step is done; save it and end the run.
       if (!options_.save_dir.empty()) save_checkpoint();
-      engine_->wait_for_checkpoint();
-      say(fmt::format("step {}/{} | stopped by signal {} ({}){}", engine_->global_steps(), plan_.steps, stopped_by_signal_,
+      checkpoints_->wait();
+      say(fmt::format("step {}/{} | stopped by signal {} ({}){}", engine_->state().global_steps, plan_.steps, stopped_by_signal_,
                       stopped_by_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
                       options_.save_dir.empty() ? std::string("; no --save-dir: nothing was saved")
                                                 : std::string("; rerun the same command with --resume auto to continue")));
-      report_ = engine_->zero_report();
-      summary_.steps = engine_->global_steps();
+      report_ = engine_->report().zero;
+      summary_.steps = engine_->state().global_steps;
       return;
     }
-    if (options_.save_interval > 0 && engine_->global_steps() % options_.save_interval == 0 && !done() && !options_.save_dir.empty()) save_checkpoint();
+    if (options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0 && !done() && !options_.save_dir.empty()) save_checkpoint();
   }
   finish();
 }

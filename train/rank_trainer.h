@@ -21,6 +21,7 @@
 
 #include "data/data_loader.h"
 #include "data/eval_loader.h"
+#include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "train/monitor/monitor_master.h"
@@ -91,6 +92,7 @@ class RankTrainer {
   Communicator* comm_;
   int rank_ = 0;
   std::optional<Engine> engine_;
+  std::optional<CheckpointManager> checkpoints_;  // the engine's training checkpoints (declared after it: destroyed first)
   std::int64_t B_ = 0, GAS_ = 0, TBS_ = 0, T_ = 0;
   int stage_ = 0;
   std::optional<DataLoader> loader_;
@@ -112,7 +114,7 @@ class RankTrainer {
   bool started_ = false;
   double train_s_ = 0.0, interval_train_s_ = 0.0;
   std::int64_t interval_steps_ = 0;
-  std::int64_t skipped_before_ = 0;  // engine.skipped_steps() before the last step
+  std::int64_t skipped_before_ = 0;  // engine.state().skipped_steps before the last step
   std::uint64_t seed_ = 0;           // options.seed, or the resumed run's
   std::int64_t resumed_steps_ = 0;   // global_steps when this process started training
   std::string last_saved_tag_;       // the checkpoint of the current step, once saved

@@ -215,7 +215,7 @@ class CheckpointReader {
   // order as it lands, checking each piece's CRC-32C when its last range is in. Returns false,
   // having read nothing, when they are not such a run (read_all then). A failed checksum or a
   // short read is an Error thrown after the ranges before it were handed on: the caller must be
-  // able to undo them (Engine::load_checkpoint: docs/checkpoints.md "Loading").
+  // able to undo them (CheckpointManager::load: docs/checkpoints.md "Loading").
   bool stream(const std::vector<Want>& want, const Sink& sink);
 
  private:

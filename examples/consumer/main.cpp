@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     engine_options.seed = 1;
     dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model("gpt2:tiny"), train_cfg, engine_options);
 
-    const std::int64_t B = engine.micro_batch_size(), T = engine.sequence_length();
+    const std::int64_t B = engine.config().train_micro_batch_size_per_gpu, T = engine.sequence_length();
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(B * T)), targets(tokens.size());
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] = static_cast<std::int32_t>(i % 7);
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       if (micro == 0) first = loss;
       last = loss;
     }
-    std::printf("embedded engine: %lld optimizer steps, loss %.3f -> %.3f\n", static_cast<long long>(engine.global_steps()),
+    std::printf("embedded engine: %lld optimizer steps, loss %.3f -> %.3f\n", static_cast<long long>(engine.state().global_steps),
                 static_cast<double>(first), static_cast<double>(last));
     if (!(last < first)) return 4;
 

@@ -130,8 +130,8 @@ TEST(ActivationCheckpointing, BadNumberCheckpointsNamesTheKey) {
 void expect_same_run(const std::string& spec, const Variant& v) {
   Engine ref = make_engine(make_any(spec), 2, 2, "", false);
   Engine ck = make_engine(make_any(spec), 2, 2, v.section(), true);
-  ASSERT_NE(ck.activation_checkpointing(), nullptr);
-  ASSERT_EQ(ref.activation_checkpointing(), nullptr);
+  ASSERT_NE(ck.report().checkpointing, nullptr);
+  ASSERT_EQ(ref.report().checkpointing, nullptr);
   for (int micro = 0; micro < 6; ++micro) {  // 3 optimizer steps of 2 micro-batches
     Tokens tk = random_tokens(2, 8, 61, static_cast<std::uint32_t>(micro + 1), 3);
     ASSERT_EQ(ref.forward(tk.batch()), ck.forward(tk.batch())) << spec << " " << v.name() << " micro " << micro;
@@ -143,8 +143,8 @@ void expect_same_run(const std::string& spec, const Variant& v) {
     ref.step();
     ck.step();
   }
-  EXPECT_EQ(ref.last_step_loss(), ck.last_step_loss());
-  EXPECT_EQ(ref.grad_norm(), ck.grad_norm());
+  EXPECT_EQ(ref.state().last_step_loss, ck.state().last_step_loss);
+  EXPECT_EQ(ref.state().grad_norm, ck.state().grad_norm);
   for (const std::string& n : ref.param_names()) ASSERT_EQ(values(ref.param(n)), values(ck.param(n))) << spec << " " << v.name() << " " << n;
   // Dropout was on: the evaluation (dropout off) loss differs from the training loss; equal in both.
   Tokens tk = random_tokens(2, 8, 61, 99, 3);
@@ -230,7 +230,7 @@ TEST(ActivationCheckpointing, PeakActivationMemoryIsTheFormula) {
       Engine e = make_engine(cfg, 2, 1, v.section(), true, &alloc, &host_alloc);
       EXPECT_EQ(alloc.stats()[MemoryPurpose::activations].peak, device) << spec << " " << v.name();
       EXPECT_EQ(host_alloc.stats()[MemoryPurpose::activations].peak, host) << spec << " " << v.name();
-      EXPECT_EQ(e.host_memory_stats()[MemoryPurpose::activations].current, host);
+      EXPECT_EQ(e.report().host_memory[MemoryPurpose::activations].current, host);
       // contiguous: the kept inputs are one block; otherwise one block each (+ boundary, area, dresidual).
       const std::size_t kept_blocks = v.cpu ? K - 1 : K;
       const std::size_t kept_allocs = kept_blocks == 0 ? 0 : v.contiguous ? 1 : kept_blocks;
@@ -257,7 +257,7 @@ TEST(ActivationCheckpointing, CpuCheckpointingCopiesEachKeptInputOutAndBack) {
   const Sizes z = sizes_of(model(kFour), 2, 8);
   for (int k : {1, 2, 3, 4}) {
     Engine e = make_engine(model(kFour), 2, 1, fmt::format(R"({{"cpu_checkpointing": true, "number_checkpoints": {}}})", k), true);
-    const CopyStream& t = e.activation_checkpointing()->transfer();
+    const CopyStream& t = e.report().checkpointing->transfer();
     Tokens tk = random_tokens(2, 8, 61, 1, 3);
     e.evaluate(tk.batch());  // evaluation keeps nothing
     EXPECT_EQ(t.bytes_to_host(), 0u);
@@ -278,9 +278,9 @@ TEST(ActivationCheckpointing, SynchronizesAtEveryBoundary) {
     Engine e = make_engine(model(kFour), 2, 1, fmt::format(R"({{"number_checkpoints": 3, "synchronize_checkpoint_boundary": {}}})", sync), true);
     Tokens tk = random_tokens(2, 8, 61, 1, 3);
     e.forward(tk.batch());
-    EXPECT_EQ(e.activation_checkpointing()->transfer().synchronizations(), sync ? 2u * 3 : 0u);
+    EXPECT_EQ(e.report().checkpointing->transfer().synchronizations(), sync ? 2u * 3 : 0u);
     e.backward();
-    EXPECT_EQ(e.activation_checkpointing()->transfer().synchronizations(), sync ? 4u * 3 : 0u);
+    EXPECT_EQ(e.report().checkpointing->transfer().synchronizations(), sync ? 4u * 3 : 0u);
   }
 }
 
@@ -298,8 +298,8 @@ TEST(ActivationCheckpointing, ProfileLogsEverySegment) {
   EXPECT_NE(err.find("segment 1/2 (h.0..h.1): forward "), std::string::npos) << err;
   EXPECT_NE(err.find("segment 2/2 (h.2..h.3): forward "), std::string::npos) << err;
   EXPECT_NE(err.find("recompute "), std::string::npos);
-  ASSERT_EQ(e.activation_checkpointing()->profile().size(), 2u);
-  for (const SegmentProfile& p : e.activation_checkpointing()->profile()) {
+  ASSERT_EQ(e.report().checkpointing->profile().size(), 2u);
+  for (const SegmentProfile& p : e.report().checkpointing->profile()) {
     EXPECT_GT(p.forward_s, 0.0);
     EXPECT_GT(p.recompute_s, 0.0);
     EXPECT_GT(p.backward_s, 0.0);

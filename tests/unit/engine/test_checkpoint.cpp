@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "ops/crc32c.h"
 #include "zero_test_util.h"
@@ -87,12 +88,13 @@ SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
     o.bf16_stochastic_rounding = seg.stochastic_rounding;
     if (static_cast<std::size_t>(r) < s.inject_overflow.size()) o.inject_overflow_steps = s.inject_overflow[static_cast<std::size_t>(r)];
     Engine e = initialize(make_gpt2_model(model_config(s.dropout)), c, o);
+    CheckpointManager e_checkpoints(e);
     if (seg.load_dir) {
-      const LoadedCheckpoint l = e.load_checkpoint(*seg.load_dir, seg.load_tag, seg.load_options);
+      const LoadedCheckpoint l = e_checkpoints.load(*seg.load_dir, seg.load_tag, seg.load_options);
       EXPECT_TRUE(l.loaded());
       if (r == 0) out.client_state = l.client_state;
     }
-    EXPECT_EQ(e.global_steps(), seg.from);
+    EXPECT_EQ(e.state().global_steps, seg.from);
     for (int step = seg.from; step < seg.to; ++step) {
       for (int m = 0; m < s.gas; ++m) {
         Tokens t = slot_batch(step, m * s.world + r);
@@ -101,19 +103,19 @@ SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
         e.step();
       }
       if (r == 0) {
-        out.losses.push_back(e.last_step_loss());
-        out.loss_scales.push_back(e.loss_scale());
+        out.losses.push_back(e.state().last_step_loss);
+        out.loss_scales.push_back(e.state().loss_scale);
       }
-      if (step + 1 == seg.save_mid_at) e.save_checkpoint(*seg.save_dir, "mid", config::Json{{"step", step + 1}});
+      if (step + 1 == seg.save_mid_at) e_checkpoints.save(*seg.save_dir, "mid", config::Json{{"step", step + 1}});
     }
-    if (seg.save_dir) e.save_checkpoint(*seg.save_dir, seg.save_tag, config::Json{{"step", seg.to}, {"note", "client"}});
-    e.wait_for_checkpoint();
+    if (seg.save_dir) e_checkpoints.save(*seg.save_dir, seg.save_tag, config::Json{{"step", seg.to}, {"note", "client"}});
+    e_checkpoints.wait();
     std::map<std::string, std::vector<float>> params;
     e.gather_master_params([&](const std::string& n, const Tensor& t) { params[n] = values(t); });
     if (r == 0) {
       out.params = std::move(params);
-      out.global_steps = e.global_steps();
-      out.skipped = e.skipped_steps();
+      out.global_steps = e.state().global_steps;
+      out.skipped = e.state().skipped_steps;
     }
   });
   return out;
@@ -327,12 +329,13 @@ TEST(Checkpoint, DecoupledWriterResumesBitwise) {
     o.comm = &comm;
     o.sequence_length = kT;
     Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
-    e.save_checkpoint(d.path, "x");
+    CheckpointManager e_checkpoints(e);
+    e_checkpoints.save(d.path, "x");
     comm.barrier();
     EXPECT_FALSE(fs::exists(d.path / "x"));
     EXPECT_FALSE(fs::exists(d.path / "latest"));
     comm.barrier();
-    e.wait_for_checkpoint();
+    e_checkpoints.wait();
     EXPECT_TRUE(fs::exists(d.path / "x" / "checkpoint.json"));
   });
   EXPECT_EQ(file_bytes(d.path / "latest"), "x");
@@ -647,12 +650,13 @@ struct ErrorFixture {
       o.comm = &comm;
       o.sequence_length = kT;
       Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+      CheckpointManager e_checkpoints(e);
       std::map<std::string, std::vector<float>> before, after;
       e.gather_master_params([&](const std::string& n, const Tensor& t) { before[n] = values(t); });
-      e.save_checkpoint(probe.path, "before");
+      e_checkpoints.save(probe.path, "before");
       bool failed = false;
       try {
-        e.load_checkpoint(dir.path, tag);
+        e_checkpoints.load(dir.path, tag);
       } catch (const Error& err) {
         failed = true;
         if (comm.rank() == 0) message = err.what();
@@ -660,7 +664,7 @@ struct ErrorFixture {
       e.gather_master_params([&](const std::string& n, const Tensor& t) { after[n] = values(t); });
       if (failed) {
         EXPECT_TRUE(before == after) << "a failed load changed the weights";
-        e.save_checkpoint(probe.path, "after");
+        e_checkpoints.save(probe.path, "after");
         const std::string rank_file = rank_file_name(comm.rank(), ".safetensors");
         EXPECT_TRUE(file_bytes(probe.path / "before" / rank_file) == file_bytes(probe.path / "after" / rank_file))
             << "a failed load changed the training state (optimizer states or 16-bit params)";
@@ -688,14 +692,15 @@ TEST(Checkpoint, FailedLoadAfterALoadKeepsTheLoadedState) {
     o.comm = &comm;
     o.sequence_length = kT;
     Engine e = initialize(make_gpt2_model(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(f.s)), copts), o);
-    e.load_checkpoint(f.dir.path, "final");
-    e.save_checkpoint(f.probe.path, "loaded");
+    CheckpointManager e_checkpoints(e);
+    e_checkpoints.load(f.dir.path, "final");
+    e_checkpoints.save(f.probe.path, "loaded");
     try {
-      e.load_checkpoint(f.dir.path, "bad");
+      e_checkpoints.load(f.dir.path, "bad");
     } catch (const Error& err) {
       errors[static_cast<std::size_t>(comm.rank())] = err.what();
     }
-    e.save_checkpoint(f.probe.path, "after");
+    e_checkpoints.save(f.probe.path, "after");
     const std::string rank_file = rank_file_name(comm.rank(), ".safetensors");
     EXPECT_TRUE(file_bytes(f.probe.path / "loaded" / rank_file) == file_bytes(f.probe.path / "after" / rank_file))
         << "a failed load changed the state an earlier load had set";
@@ -782,8 +787,9 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsRefused) {
     o.sequence_length = kT;
     Gpt2Config mc = model_config_from_spec("gpt2:L3-C32-H2-V96-T16");
     Engine e = initialize(make_gpt2_model(mc), c, o);
+    CheckpointManager e_checkpoints(e);
     try {
-      e.load_checkpoint(f.dir.path, "final");
+      e_checkpoints.load(f.dir.path, "final");
     } catch (const Error& err) {
       message = err.what();
     }
@@ -816,10 +822,11 @@ TEST(Checkpoint, TagsLatestAndValidation) {
     o.comm = &comm;
     o.sequence_length = kT;
     Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
-    EXPECT_FALSE(e.load_checkpoint(d.path).loaded());
+    CheckpointManager e_checkpoints(e);
+    EXPECT_FALSE(e_checkpoints.load(d.path).loaded());
     // Different tags on the ranks with tag_validation Fail: an Error on every rank, nothing written.
-    EXPECT_NO_THROW(e.save_checkpoint(d.path, "same"));  // default Warn, same tag: fine
-    EXPECT_THROW(e.save_checkpoint(d.path, "bad/tag"), Error);
+    EXPECT_NO_THROW(e_checkpoints.save(d.path, "same"));  // default Warn, same tag: fine
+    EXPECT_THROW(e_checkpoints.save(d.path, "bad/tag"), Error);
   });
   EXPECT_EQ(file_bytes(d.path / "latest"), "same");
   std::string json = zero_config_json(s);
@@ -833,8 +840,9 @@ TEST(Checkpoint, TagsLatestAndValidation) {
     o.comm = &comm;
     o.sequence_length = kT;
     Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+    CheckpointManager e_checkpoints(e);
     try {
-      e.save_checkpoint(d.path, comm.rank() == 0 ? "a" : "b");
+      e_checkpoints.save(d.path, comm.rank() == 0 ? "a" : "b");
     } catch (const Error& err) {
       errors[static_cast<std::size_t>(comm.rank())] = err.what();
     }
@@ -869,7 +877,8 @@ TEST(Checkpoint, FailedSaveKeepsPreviousCheckpoint) {
     o.comm = &comm;
     o.sequence_length = kT;
     Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
-    e.load_checkpoint(d.path);
+    CheckpointManager e_checkpoints(e);
+    e_checkpoints.load(d.path);
     comm.barrier();
     if (comm.rank() == 0) {
       rlimit small = old_limit;
@@ -878,7 +887,7 @@ TEST(Checkpoint, FailedSaveKeepsPreviousCheckpoint) {
     }
     comm.barrier();
     try {
-      e.save_checkpoint(d.path, "next");
+      e_checkpoints.save(d.path, "next");
     } catch (const Error& err) {
       errors[static_cast<std::size_t>(comm.rank())] = err.what();
     }
@@ -890,7 +899,7 @@ TEST(Checkpoint, FailedSaveKeepsPreviousCheckpoint) {
     e.forward(t.batch());
     e.backward();
     e.step();
-    steps_after[static_cast<std::size_t>(comm.rank())] = e.global_steps();
+    steps_after[static_cast<std::size_t>(comm.rank())] = e.state().global_steps;
   });
   std::signal(SIGXFSZ, old_handler);
   EXPECT_NE(errors[0].find("rank_0000"), std::string::npos) << errors[0];

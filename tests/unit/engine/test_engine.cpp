@@ -136,8 +136,8 @@ TEST(Engine, AdamStepsMatchNaiveDoubleAdam) {
       ref.backward(1.0f);
       naive.step(grads_of(ref));
     }
-    EXPECT_EQ(e.global_steps(), 2);
-    EXPECT_EQ(e.global_samples(), 4);
+    EXPECT_EQ(e.state().global_steps, 2);
+    EXPECT_EQ(e.state().global_samples, 4);
     double max_move = 0.0;
     for (const auto& [name, th] : naive.theta) {
       const auto got = values(e.param(name));
@@ -173,24 +173,24 @@ std::filesystem::path token_file(const std::string& name, std::size_t n, std::in
 // Runs `steps` optimizer steps reading micro-batches from a DataLoader over `file`.
 std::vector<float> train(Engine& e, const std::filesystem::path& file, int steps) {
   DataLoaderOptions o;
-  o.micro_batch_size = static_cast<std::size_t>(e.micro_batch_size());
+  o.micro_batch_size = static_cast<std::size_t>(e.config().train_micro_batch_size_per_gpu);
   o.sequence_length = static_cast<std::size_t>(e.sequence_length());
-  o.gradient_accumulation_steps = static_cast<int>(e.gradient_accumulation_steps());
+  o.gradient_accumulation_steps = static_cast<int>(e.config().gradient_accumulation_steps);
   o.seed = 5;
   DataLoader dl = DataLoader::open(file, o);
-  const std::size_t n = static_cast<std::size_t>(e.micro_batch_size() * e.sequence_length());
+  const std::size_t n = static_cast<std::size_t>(e.config().train_micro_batch_size_per_gpu * e.sequence_length());
   std::vector<std::int32_t> in(n), tg(n);
-  const Shape bt{e.micro_batch_size(), e.sequence_length()};
+  const Shape bt{e.config().train_micro_batch_size_per_gpu, e.sequence_length()};
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    for (std::int64_t m = 0; m < e.gradient_accumulation_steps(); ++m) {
+    for (std::int64_t m = 0; m < e.config().gradient_accumulation_steps; ++m) {
       dl.next_micro_batch(in, tg);
       e.forward(Batch{Tensor(in.data(), DType::int32, bt), Tensor(tg.data(), DType::int32, bt)});
       e.backward();
-      EXPECT_EQ(e.is_gradient_accumulation_boundary(), m + 1 == e.gradient_accumulation_steps());
+      EXPECT_EQ(e.is_gradient_accumulation_boundary(), m + 1 == e.config().gradient_accumulation_steps);
       e.step();
     }
-    losses.push_back(e.last_step_loss());
+    losses.push_back(e.state().last_step_loss);
   }
   return losses;
 }
@@ -202,17 +202,17 @@ TEST(Engine, GradientAccumulationEqualsTheLargeBatch) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
   Engine a = initialize(make_gpt2_model(cfg), ds(adamw_json(2, 4, 1e-3, 0.1, 1.0)), {.seed = 1, .sequence_length = 8});
   Engine b = initialize(make_gpt2_model(cfg), ds(adamw_json(8, 1, 1e-3, 0.1, 1.0)), {.seed = 1, .sequence_length = 8});
-  EXPECT_EQ(a.train_batch_size(), 8);
+  EXPECT_EQ(a.config().train_batch_size, 8);
   const auto la = train(a, file, 2), lb = train(b, file, 2);
   for (int s = 0; s < 2; ++s) EXPECT_NEAR(la[static_cast<std::size_t>(s)], lb[static_cast<std::size_t>(s)], 2e-6);
-  EXPECT_NEAR(a.grad_norm(), b.grad_norm(), 1e-5 * b.grad_norm());
+  EXPECT_NEAR(a.state().grad_norm, b.state().grad_norm, 1e-5 * b.state().grad_norm);
   for (const auto& name : a.param_names()) {
     const auto pa = values(a.param(name)), pb = values(b.param(name));
     for (std::size_t i = 0; i < pa.size(); ++i) ASSERT_NEAR(pa[i], pb[i], 2e-6) << name << "[" << i << "]";
   }
-  EXPECT_EQ(a.global_steps(), 2);
-  EXPECT_EQ(a.micro_steps(), 8);
-  EXPECT_EQ(a.global_samples(), 16);
+  EXPECT_EQ(a.state().global_steps, 2);
+  EXPECT_EQ(a.state().micro_steps, 8);
+  EXPECT_EQ(a.state().global_samples, 16);
   std::filesystem::remove(file);
 }
 
@@ -247,9 +247,9 @@ TEST(Engine, ClipsToTheGlobalNorm) {
     e.forward(tk.batch());
     e.backward();
     e.step();
-    EXPECT_NEAR(e.grad_norm(), norm, 1e-6 * norm);
+    EXPECT_NEAR(e.state().grad_norm, norm, 1e-6 * norm);
     const double factor = c < norm ? c / (norm + 1e-6) : 1.0;
-    EXPECT_NEAR(e.clip_coefficient(), factor, 1e-6 * factor);
+    EXPECT_NEAR(e.state().clip_coefficient, factor, 1e-6 * factor);
     NaiveAdam naive{0.1, 0.9, 0.95, 1.0, 0.0, true, {}, {}, {}, 0};
     Gpt2Model init(cfg, DType::fp32, 2, 8);
     init.init_params(4);
@@ -309,7 +309,7 @@ TEST(Engine, MemoryIsAllocatedUpFront) {
   Engine e = initialize(make_gpt2_model(cfg), ds(adamw_json(2, 2, 1e-3, 0.1, 1.0)), {.seed = 1, .sequence_length = 8, .allocator = &alloc});
   const MemoryStats before = alloc.stats();
   const auto bytes = static_cast<std::size_t>(parameter_count_padded(cfg)) * 4;
-  EXPECT_EQ(e.parameter_count(), parameter_count_padded(cfg));
+  EXPECT_EQ(e.report().parameter_count, parameter_count_padded(cfg));
   EXPECT_EQ(before[MemoryPurpose::params].current, bytes);
   EXPECT_EQ(before[MemoryPurpose::grads].current, bytes);
   EXPECT_EQ(before[MemoryPurpose::optimizer].current, 2 * bytes);
@@ -333,7 +333,7 @@ TEST(Engine, EvaluateMatchesGpt2ModelWithoutDropout) {
   ref.init_params(2);
   Tokens tk = random_tokens(2, 8, 61, 4, 5);
   EXPECT_EQ(e.evaluate(tk.batch()), ref.forward(tk.batch().tokens, tk.batch().targets, {.train = false}));
-  EXPECT_EQ(e.global_steps(), 0);
+  EXPECT_EQ(e.state().global_steps, 0);
   EXPECT_THROW(e.backward(), Error);  // no training forward to go back through
 }
 
@@ -394,19 +394,19 @@ TEST(Engine, RefusesWhatThisBuildDoesNotTrain) {
 TEST(Engine, LrHookOverridesTheSchedule) {
   const auto file = token_file("engine_lr", 4000, 61);
   Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(adamw_json(2, 1, 1e-3, 0.0, 1.0)), {.seed = 1, .sequence_length = 8});
-  EXPECT_DOUBLE_EQ(e.lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(e.state().lr, 1e-3);
   std::vector<std::int64_t> seen;
   e.set_lr_schedule([&](std::int64_t s) {
     seen.push_back(s);
     return 0.5 * static_cast<double>(s + 1);
   });
-  EXPECT_DOUBLE_EQ(e.lr(), 0.5);
+  EXPECT_DOUBLE_EQ(e.state().lr, 0.5);
   train(e, file, 3);
   EXPECT_EQ(seen, (std::vector<std::int64_t>{0, 1, 2, 3}));
-  EXPECT_DOUBLE_EQ(e.last_step_lr(), 1.5);  // step index 2
-  EXPECT_DOUBLE_EQ(e.lr(), 2.0);            // step index 3, next
+  EXPECT_DOUBLE_EQ(e.state().last_step_lr, 1.5);  // step index 2
+  EXPECT_DOUBLE_EQ(e.state().lr, 2.0);            // step index 3, next
   e.set_lr_schedule(nullptr);               // back to the config's (constant) lr
-  EXPECT_DOUBLE_EQ(e.lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(e.state().lr, 1e-3);
   std::filesystem::remove(file);
 }
 
@@ -432,13 +432,13 @@ TEST(Engine, CallOrderIsEnforced) {
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("step()"), std::string::npos) << err.what();
   }
-  EXPECT_EQ(e.micro_steps(), 0);
+  EXPECT_EQ(e.state().micro_steps, 0);
   e.step();  // the first backward's micro-step; the engine is still usable
-  EXPECT_EQ(e.micro_steps(), 1);
+  EXPECT_EQ(e.state().micro_steps, 1);
   e.forward(t.batch());
   e.backward();
   e.step();
-  EXPECT_EQ(e.global_steps(), 1);
+  EXPECT_EQ(e.state().global_steps, 1);
 }
 
 // ZeRO stage 1 on 2 ranks: after the boundary backward the gradients are reduce-scattered in place

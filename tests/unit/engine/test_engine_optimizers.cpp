@@ -51,7 +51,7 @@ void compare(const std::string& optimizer_json, const std::string& precision, in
     e.step();
     e.forward(data[1].batch());
     e.backward();
-    const double scale = e.loss_scale();  // window 1000: no change in these few steps
+    const double scale = e.state().loss_scale;  // window 1000: no change in these few steps
     std::map<std::string, Vec> grads;
     for (const auto& n : e.param_names()) {
       grads[n] = widen(e.grad(n));
@@ -68,7 +68,7 @@ void compare(const std::string& optimizer_json, const std::string& precision, in
         for (double& x : g) x *= coef;
     }
     e.step();
-    ASSERT_EQ(e.skipped_steps(), 0);
+    ASSERT_EQ(e.state().skipped_steps, 0);
     naive(theta, grads, t);
     for (const auto& n : e.param_names()) {
       const Vec got = widen(e.master_param(n));

@@ -56,7 +56,7 @@ std::vector<double> all_params(const Engine& e) {
 
 // One optimizer step (GAS micro-batches, a fixed batch per micro-step index).
 void train_step(Engine& e, std::vector<Tokens>& data) {
-  for (std::int64_t m = 0; m < e.gradient_accumulation_steps(); ++m) {
+  for (std::int64_t m = 0; m < e.config().gradient_accumulation_steps; ++m) {
     e.forward(data[static_cast<std::size_t>(m)].batch());
     e.backward();
     e.step();
@@ -72,9 +72,9 @@ std::vector<float> loss_curve(const std::string& precision) {
   std::vector<float> losses;
   for (int s = 0; s < 30; ++s) {
     train_step(e, data);
-    losses.push_back(e.last_step_loss());
+    losses.push_back(e.state().last_step_loss);
   }
-  EXPECT_EQ(e.skipped_steps(), 0);  // scale 2^8 never overflows this model's gradients
+  EXPECT_EQ(e.state().skipped_steps, 0);  // scale 2^8 never overflows this model's gradients
   return losses;
 }
 
@@ -111,7 +111,7 @@ void check_first_step_against_naive(const std::string& precision, double clip) {
   e.step();
   e.forward(data[1].batch());
   e.backward();
-  const double S = e.loss_scale();  // step 1 (window 1000): the scale does not change
+  const double S = e.state().loss_scale;  // step 1 (window 1000): the scale does not change
   const auto names = e.param_names();
   std::vector<std::vector<double>> theta, grads;
   double norm_sq = 0.0;
@@ -121,8 +121,8 @@ void check_first_step_against_naive(const std::string& precision, double clip) {
     for (double g : grads.back()) norm_sq += g * g;
   }
   e.step();
-  ASSERT_EQ(e.global_steps(), 1);
-  ASSERT_EQ(e.skipped_steps(), 0);
+  ASSERT_EQ(e.state().global_steps, 1);
+  ASSERT_EQ(e.state().skipped_steps, 0);
   double divisor = S;
   const double c = (std::sqrt(norm_sq) / S + 1e-6) / clip;
   if (clip > 0.0 && c > 1.0) divisor = c * S;
@@ -168,22 +168,22 @@ TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
   train_step(e, data);
   const auto master2 = all_masters(e);
   const auto params2 = all_params(e);
-  const double lr2 = e.lr();
-  const double last_lr2 = e.last_step_lr();
-  EXPECT_EQ(e.loss_scale(), 256.0);
+  const double lr2 = e.state().lr;
+  const double last_lr2 = e.state().last_step_lr;
+  EXPECT_EQ(e.state().loss_scale, 256.0);
   train_step(e, data);  // step 3: overflow
-  EXPECT_EQ(e.global_steps(), 3);
-  EXPECT_EQ(e.skipped_steps(), 1);
-  EXPECT_EQ(e.loss_scale(), 128.0);
+  EXPECT_EQ(e.state().global_steps, 3);
+  EXPECT_EQ(e.state().skipped_steps, 1);
+  EXPECT_EQ(e.state().loss_scale, 128.0);
   EXPECT_EQ(all_masters(e), master2);
   EXPECT_EQ(all_params(e), params2);
-  EXPECT_EQ(e.lr(), lr2);  // the schedule did not advance
-  EXPECT_EQ(e.last_step_lr(), last_lr2);
+  EXPECT_EQ(e.state().lr, lr2);  // the schedule did not advance
+  EXPECT_EQ(e.state().last_step_lr, last_lr2);
   for (const auto& n : e.param_names())
     for (double g : widen(e.grad(n))) ASSERT_EQ(g, 0.0) << n;  // the overflowing grads are cleared
   train_step(e, data);  // step 4 applies, at the LR step 3 would have used
-  EXPECT_EQ(e.skipped_steps(), 1);
-  EXPECT_EQ(e.last_step_lr(), lr2);
+  EXPECT_EQ(e.state().skipped_steps, 1);
+  EXPECT_EQ(e.state().last_step_lr, lr2);
   EXPECT_NE(all_masters(e), master2);
 }
 
@@ -213,11 +213,11 @@ TEST(EnginePrecision, LossScaleSequenceFollowsDeepSpeed) {
   std::vector<double> got;
   for (std::size_t s = 0; s < expected.size(); ++s) {
     train_step(e, data);
-    got.push_back(e.loss_scale());
+    got.push_back(e.state().loss_scale);
   }
   EXPECT_EQ(got, expected);
-  EXPECT_EQ(e.skipped_steps(), 3);
-  EXPECT_EQ(e.global_steps(), 12);
+  EXPECT_EQ(e.state().skipped_steps, 3);
+  EXPECT_EQ(e.state().global_steps, 12);
 }
 
 // Weights are saved from the fp32 masters and loaded into them: an fp32 engine reads exactly the
@@ -249,11 +249,11 @@ TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
   train_step(e, data);
   const auto master1 = all_masters(e);
   train_step(e, data);
-  EXPECT_EQ(e.loss_scale(), 64.0);
-  EXPECT_EQ(e.skipped_steps(), 1);
+  EXPECT_EQ(e.state().loss_scale, 64.0);
+  EXPECT_EQ(e.state().skipped_steps, 1);
   EXPECT_EQ(all_masters(e), master1);
   train_step(e, data);
-  EXPECT_EQ(e.loss_scale(), 64.0);
+  EXPECT_EQ(e.state().loss_scale, 64.0);
   EXPECT_NE(all_masters(e), master1);
 }
 
@@ -271,12 +271,12 @@ TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
                           {.seed = 5, .sequence_length = 8, .inject_overflow_steps = std::move(inject)});
     auto data = fixed_data();
     train_step(e, data);
-    *lr1 = e.lr();
+    *lr1 = e.state().lr;
     *after1 = all_masters(e);
     train_step(e, data);
-    EXPECT_EQ(e.loss_scale(), 1.0);
-    *skipped = e.skipped_steps();
-    *lr2 = e.lr();
+    EXPECT_EQ(e.state().loss_scale, 1.0);
+    *skipped = e.state().skipped_steps;
+    *lr2 = e.state().lr;
     return all_masters(e);
   };
   std::vector<double> inj1, clean1;
@@ -317,7 +317,7 @@ TEST(EnginePrecision, Fp16WithCheckpointingMatchesWithout) {
     auto data = fixed_data();
     for (int s = 0; s < 5; ++s) {
       train_step(e, data);
-      losses[ck].push_back(e.last_step_loss());
+      losses[ck].push_back(e.state().last_step_loss);
     }
   }
   EXPECT_EQ(losses[0], losses[1]);
@@ -338,7 +338,7 @@ TEST(EnginePrecision, Bf16StochasticRoundingKeepsWeightsNextToTheMasters) {
   std::vector<float> losses;
   for (int s = 0; s < 30; ++s) {
     train_step(e, data);
-    losses.push_back(e.last_step_loss());
+    losses.push_back(e.state().last_step_loss);
   }
   const auto masters = all_masters(e), params = all_params(e);
   ASSERT_EQ(masters.size(), params.size());

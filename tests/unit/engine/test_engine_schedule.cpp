@@ -60,13 +60,13 @@ Tokens tokens_for_step(int k) {
 std::vector<double> lrs_used(Engine& e, int steps, std::vector<std::pair<double, double>>* betas = nullptr) {
   std::vector<double> out;
   for (int k = 1; k <= steps; ++k) {
-    out.push_back(e.lr());
-    if (betas) betas->push_back(e.betas());
+    out.push_back(e.state().lr);
+    if (betas) betas->push_back(e.state().betas);
     Tokens tk = tokens_for_step(k);
     e.forward(tk.batch());
     e.backward();
     e.step();
-    EXPECT_EQ(e.last_step_lr(), out.back()) << "step " << k;
+    EXPECT_EQ(e.state().last_step_lr, out.back()) << "step " << k;
   }
   return out;
 }
@@ -103,7 +103,7 @@ TEST(EngineSchedule, WarmupLrLinear) {
   EXPECT_EQ(got[1], 0.0);
   EXPECT_NEAR(got[2], 2e-4, 1e-18);
   EXPECT_NEAR(got[11], 2e-3, 1e-18);
-  EXPECT_NEAR(e.lr(), 2e-3, 1e-18);  // what step 15 will use
+  EXPECT_NEAR(e.state().lr, 2e-3, 1e-18);  // what step 15 will use
 }
 
 // WarmupDecayLR: total 20, W = 5 linear, min 1e-4, max 1e-3; after warm-up
@@ -136,7 +136,7 @@ TEST(EngineSchedule, WarmupCosineLrFirstStepAtZero) {
   }
   const auto first = lrs_used(e, 1);
   EXPECT_EQ(first[0], 0.0);
-  EXPECT_GT(e.grad_norm(), 0.0);  // there was a gradient to apply
+  EXPECT_GT(e.state().grad_norm, 0.0);  // there was a gradient to apply
   for (const auto& n : e.param_names()) {
     const Tensor p = e.param(n);
     ASSERT_EQ(std::vector<float>(p.as<float>(), p.as<float>() + p.numel()), before[n]) << n;

@@ -533,8 +533,8 @@ FixedRun run_fixed(const std::string& optimizer, int world, int steps, Precision
       e.backward();
       e.step();
       if (r == 0) {
-        out.losses.push_back(e.last_step_loss());
-        out.comm.push_back(e.zero_report().step_comm);
+        out.losses.push_back(e.state().last_step_loss);
+        out.comm.push_back(e.report().zero.step_comm);
       }
     }
     e.gather_master_params([&](const std::string& n, const Tensor& v) { out.params[static_cast<std::size_t>(r)][n] = values(v); });

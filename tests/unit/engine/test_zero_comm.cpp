@@ -1,4 +1,4 @@
-// Communication per optimizer step (zero_report().step_comm) against the ZeRO paper's volumes,
+// Communication per optimizer step (report().zero.step_comm) against the ZeRO paper's volumes,
 // computed here from the model's ParamSpecs and the layout rules. Bytes follow the ring convention
 // of zero/communicator.h: reduce-scatter and all-gather send (W−1)/W of the full buffer, all-reduce
 // 2(W−1)/W. With Ψ = padded parameter elements (per layer padded for the stage's W) times the

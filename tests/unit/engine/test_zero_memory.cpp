@@ -1,4 +1,4 @@
-// What each ZeRO stage holds per rank, measured by the allocator (zero_report()), against the table
+// What each ZeRO stage holds per rank, measured by the allocator (report().zero), against the table
 // of zero/model_states.h with Ψ computed here from the model's ParamSpecs and the layout rules of
 // zero/flat_layout.h (each parameter 64-byte aligned, each layer padded to a multiple of
 // W · 64 bytes when its states split over W ranks, stage 0 over 1):

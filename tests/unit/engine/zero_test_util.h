@@ -113,14 +113,14 @@ inline Model make_test_model(const RunSpec& s) {
 inline Tokens slot_batch(int step, int slot) { return random_tokens(kMicro, kT, kVocab, static_cast<std::uint32_t>(1000 * step + slot + 1)); }
 
 struct RankResult {
-  std::vector<float> losses;  // last_step_loss() after every optimizer step
+  std::vector<float> losses;  // state().last_step_loss after every optimizer step
   std::map<std::string, std::vector<float>> params;  // gather_master_params() after the last step
   std::int64_t skipped_steps = 0;
-  std::vector<double> loss_scales;  // loss_scale() after every optimizer step
+  std::vector<double> loss_scales;  // state().loss_scale after every optimizer step
   std::vector<double> grad_norms;   // grad_norm() after every optimizer step
-  ZeroReport report;                // zero_report() after the last step
-  MemoryStats memory;               // memory_stats() after the last step
-  MemoryStats host_memory;          // host_memory_stats() after the last step
+  ZeroReport report;                // report().zero after the last step
+  MemoryStats memory;               // report().memory after the last step
+  MemoryStats host_memory;          // report().host_memory after the last step
 };
 
 struct RunResult {
@@ -155,14 +155,14 @@ inline RunResult run_zero(const RunSpec& s) {
         e.backward();
         e.step();
       }
-      me.losses.push_back(e.last_step_loss());
-      me.loss_scales.push_back(e.loss_scale());
-      me.grad_norms.push_back(e.grad_norm());
+      me.losses.push_back(e.state().last_step_loss);
+      me.loss_scales.push_back(e.state().loss_scale);
+      me.grad_norms.push_back(e.state().grad_norm);
     }
-    me.skipped_steps = e.skipped_steps();
-    me.report = e.zero_report();
-    me.memory = e.memory_stats();
-    me.host_memory = e.host_memory_stats();
+    me.skipped_steps = e.state().skipped_steps;
+    me.report = e.report().zero;
+    me.memory = e.report().memory;
+    me.host_memory = e.report().host_memory;
     e.gather_master_params([&](const std::string& n, const Tensor& t) { me.params[n] = values(t); });
   });
   return out;

@@ -1,6 +1,8 @@
-// Engine's training checkpoints: save_checkpoint / load_checkpoint and their collective agreement
+// CheckpointManager: an engine's training checkpoints — save / load and their collective agreement
 // (docs/checkpoints.md; what is saved is parameter space, docs/training_state.md §5). The step
 // loop is engine/engine.cpp; the file formats are engine/checkpoint/checkpoint_files.h.
+#include "engine/checkpoint/checkpoint_manager.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,7 +31,41 @@
 
 namespace dstrain {
 
-// ---- training checkpoints (docs/checkpoints.md; docs/training_state.md §5) ----
+// A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
+// checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
+struct CheckpointManager::SaveJob {
+  std::filesystem::path save_dir, partial, data_file, index_file;
+  std::string tag;
+  int rank_files = 1;
+  std::vector<CheckpointPiece> pieces;
+  RankFileWriterOptions writer;
+  std::uint64_t bytes = 0;  // this rank's data, for checkpoint.writer.show_statistics
+  const std::byte* snapshot = nullptr;  // CheckpointManager::snapshot_memory_, copied in before the thread starts
+  config::Json manifest;  // rank 0
+  std::thread thread;
+  std::string error;
+  ~SaveJob() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+CheckpointManager::CheckpointManager(Engine& engine) : engine_(engine) {
+  const config::DsConfig& config = engine_.impl_->config;
+  const int world = engine_.impl_->world;
+  // The checkpoint section's keys that change nothing here, with the reason (docs/checkpoints.md).
+  if (config.checkpoint.load_universal) {
+    log_info("checkpoint.load_universal: every dstrain checkpoint is universal (parameter space, loadable at any world size and ZeRO "
+             "stage), so it is read as any other; DeepSpeed's universal-checkpoint folders are not read");
+  }
+  if (config.checkpoint.use_node_local_storage && world > 1) {
+    log_warning("checkpoint.use_node_local_storage: dstrain's save has rank 0 read every rank's index before it commits the checkpoint, "
+                "so the save folder must be one every rank can read (a shared file system); the key is ignored");
+  }
+  if (config.checkpoint.writer_options.decoupled) prepare_snapshot(rank_bytes());
+}
+
+CheckpointManager::~CheckpointManager() = default;  // a pending save's thread is joined by ~SaveJob
+
 
 namespace {
 
@@ -52,55 +88,10 @@ void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clo
 
 }  // namespace
 
-void Engine::exclude_from_step_comm() {
-  Impl& im = *impl_;
-  // Between optimizer steps only: then no collective of the next step has been counted yet.
-  if (micro_steps_ % gas_ != 0 || have_backward_) return;
-  if (im.comm != nullptr) im.comm_at_step_start = im.comm->stats();
-  if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
-}
-
-bool Engine::any_rank(bool flag) {
-  Impl& im = *impl_;
-  if (im.world == 1) return flag;
-  double v = flag ? 1.0 : 0.0;
-  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
-  exclude_from_step_comm();
-  return v > 0.0;
-}
-
-void Engine::agree_on_errors(const std::string& error) {
-  Impl& im = *impl_;
-  if (im.world == 1) {
-    if (!error.empty()) throw Error(error);
-    return;
-  }
-  // One all-reduce of every rank's failure flag and the first characters of its message (one byte
-  // per fp64, rank r's in slot r), so that every rank throws the cause of the first failing rank.
-  constexpr std::size_t kChars = 480;
-  const std::size_t slot = kChars + 1;
-  std::vector<double> v(slot * static_cast<std::size_t>(im.world), 0.0);
-  const std::size_t me = slot * static_cast<std::size_t>(rank());
-  if (!error.empty()) {
-    v[me] = 1.0;
-    for (std::size_t i = 0; i < std::min(kChars, error.size()); ++i) v[me + 1 + i] = static_cast<unsigned char>(error[i]);
-  }
-  im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
-  for (int k = 0; k < im.world; ++k) {
-    const std::size_t at = slot * static_cast<std::size_t>(k);
-    if (v[at] == 0.0) continue;
-    if (k == rank()) throw Error(error);
-    std::string text;
-    for (std::size_t i = 0; i < kChars && v[at + 1 + i] != 0.0; ++i) text.push_back(static_cast<char>(static_cast<unsigned char>(v[at + 1 + i])));
-    if (error.empty()) throw Error(text);
-    throw Error(error);
-  }
-}
-
-config::Json Engine::checkpoint_manifest(const std::string& tag, const config::Json& client_state) const {
-  const Impl& im = *impl_;
+config::Json CheckpointManager::manifest(const std::string& tag, const config::Json& client_state) const {
+  const Engine::Impl& im = *engine_.impl_;
   config::Json params = config::Json::array();
-  for (const Impl::Owned& o : im.owned) {
+  for (const Engine::Impl::Owned& o : im.owned) {
     std::vector<std::int64_t> shape;
     for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
     params.push_back({{"name", o.spec.name}, {"shape", shape}});
@@ -110,20 +101,20 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
       {"format", kCheckpointFormat},
       {"version", kCheckpointVersion},
       {"tag", tag},
-      {"layout", {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(dims_.dtype))}}},
-      {"model", {{"parameter_count", parameter_count_}, {"params", params}}},
+      {"layout", {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(engine_.dims_.dtype))}}},
+      {"model", {{"parameter_count", engine_.parameter_count_}, {"params", params}}},
       // The 1-bit family's scalars (phase, counters, frozen ratios; docs/optimizers_onebit.md §5).
       {"optimizer", im.onebit ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
                               : config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
       {"engine",
-       {{"global_steps", global_steps_},
-        {"global_samples", global_samples_},
-        {"skipped_steps", skipped_steps_},
-        {"micro_steps", micro_steps_},
-        {"gradient_accumulation_steps", gas_},
-        {"train_batch_size", train_batch_size_},
-        {"last_step_lr", last_step_lr_},
-        {"last_step_loss", last_step_loss_}}},
+       {{"global_steps", engine_.global_steps_},
+        {"global_samples", engine_.global_samples_},
+        {"skipped_steps", engine_.skipped_steps_},
+        {"micro_steps", engine_.micro_steps_},
+        {"gradient_accumulation_steps", engine_.gas_},
+        {"train_batch_size", engine_.train_batch_size_},
+        {"last_step_lr", engine_.last_step_lr_},
+        {"last_step_loss", engine_.last_step_loss_}}},
       {"loss_scaler",
        {{"kind", std::string(loss_scaler_kind_name(im.scaler.kind()))},
         {"cur_scale", ss.cur_scale},
@@ -132,8 +123,8 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
         {"cur_hysteresis", ss.cur_hysteresis}}},
       {"lr_scheduler", {{"last_batch_iteration", im.schedule.last_batch_iteration()}}},
       // The model's family and config (docs/checkpoints.md "Manifest"), which consolidate rebuilds it from.
-      {"architecture", model_.architecture ? config::Json{{"family", model_.architecture->family().name()},
-                                                          {"config", config::Json::parse(model_.architecture->config_json())}}
+      {"architecture", engine_.model_.architecture ? config::Json{{"family", engine_.model_.architecture->family().name()},
+                                                          {"config", config::Json::parse(engine_.model_.architecture->config_json())}}
                                            : config::Json(nullptr)},
       {"seed", im.options.seed},
       {"bf16_stochastic_rounding", im.rounding.enabled},
@@ -142,17 +133,17 @@ config::Json Engine::checkpoint_manifest(const std::string& tag, const config::J
   };
 }
 
-std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::string tag, const config::Json& client_state) {
-  Impl& im = *impl_;
-  if (have_backward_ || micro_steps_ % gas_ != 0) {
-    fail("save_checkpoint: the engine is inside a gradient-accumulation window (micro-step {} of {}); the accumulated gradients of a "
+std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::string tag, const config::Json& client_state) {
+  Engine::Impl& im = *engine_.impl_;
+  if (engine_.have_backward_ || engine_.micro_steps_ % engine_.gas_ != 0) {
+    fail("CheckpointManager::save: the engine is inside a gradient-accumulation window (micro-step {} of {}); the accumulated gradients of a "
          "half-done step are not saved — call it after the step() that completes the window",
-         micro_steps_ % gas_, gas_);
+         engine_.micro_steps_ % engine_.gas_, engine_.gas_);
   }
-  wait_for_checkpoint();  // a decoupled save still being written is committed first
-  if (tag.empty()) tag = fmt::format("global_step{}", global_steps_);
+  wait();  // a decoupled save still being written is committed first
+  if (tag.empty()) tag = fmt::format("global_step{}", engine_.global_steps_);
   check_checkpoint_tag(tag);
-  const int r = rank();
+  const int r = engine_.rank();
   // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash
   // of it across ranks). Sum h and h² over the ranks: both equal W·h, W·h² only when every h is h.
   if (im.world > 1 && im.config.checkpoint.tag_validation != config::TagValidation::ignore) {
@@ -181,7 +172,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   job->writer.double_buffer = wc.io_buffer_double;
   job->writer.aio = IoOptions::from_config(im.config.aio);  // DeepSpeed's fast writer takes its aio_config too
   if (!wc.present) job->writer.direct_key.clear();
-  if (!im.writer_announced && r == 0) {
+  if (!writer_announced_ && r == 0) {
     const std::int64_t each = wc.io_buffer_size / (wc.io_buffer_double ? 2 : 1);
     log_info("checkpoint writer: {}{} {}, {} staging buffer(s) of {}{}; {}", wc.present ? "" : "(no checkpoint.writer block: the engine's choice) ",
              to_string(wc.type), job->writer.direct ? "(O_DIRECT)" : "(buffered, through the page cache)", wc.io_buffer_double ? 2 : 1,
@@ -192,7 +183,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
                        : "synchronous (each rank streams its pieces from the optimizer partition to its file, then fsync; "
                          "checkpoint.writer.decoupled: true writes in the background instead)");
   }
-  im.writer_announced = true;
+  writer_announced_ = true;
   // 1. rank 0 makes a fresh partial folder.
   std::string error;
   if (r == 0) {
@@ -207,7 +198,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       error = e.what();
     }
   }
-  finish_save_phase(*job, error);
+  finish_phase(*job, error);
   // 2. every rank that owns a distinct part writes its pieces (stage 0: every rank holds the same
   // values, rank 0 writes them), read through the store (docs/training_state.md §3). The pieces:
   // every buffer (masters, each optimizer state, the 16-bit params) of every owned piece.
@@ -218,7 +209,7 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
   std::vector<std::string> buffers{kMasterBuffer};
   for (const std::string& n : im.optimizer.state_names()) buffers.push_back(n);
   if (im.mixed) buffers.emplace_back(kParamBuffer);
-  const auto dtype_of = [this](const std::string& buffer) { return buffer == kParamBuffer ? dims_.dtype : DType::fp32; };
+  const auto dtype_of = [this](const std::string& buffer) { return buffer == kParamBuffer ? engine_.dims_.dtype : DType::fp32; };
   // Buffer bi lies in the optimizer shard (the masters when apart from the params, each optimizer
   // state); else it is read through the owned params.
   const auto from_shard = [&st, &buffers](std::size_t bi) { return !(buffers[bi] == kParamBuffer || (bi == 0 && !st.masters_apart())); };
@@ -248,8 +239,8 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       if (decoupled) {
         // The snapshot: every piece copied into host memory now (the memory the engine faulted in
         // when it started); the files are written from it.
-        if (!im.snapshot_memory || im.snapshot_bytes != total) prepare_checkpoint_snapshot(total);
-        std::byte* const snapshot = im.snapshot_memory.get();
+        if (!snapshot_memory_ || snapshot_bytes_ != total) prepare_snapshot(total);
+        std::byte* const snapshot = snapshot_memory_.get();
         job->snapshot = snapshot;
         // Pieces that lie back to back in the shard are copied as one run: one large copy per
         // buffer instead of one per tensor (hundreds of small copies, each a fork of the copy's
@@ -285,10 +276,10 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
       error = e.what();
     }
   }
-  if (r == 0) job->manifest = checkpoint_manifest(tag, client_state);  // the state of this step, whenever it is committed
+  if (r == 0) job->manifest = manifest(tag, client_state);  // the state of this step, whenever it is committed
   if (decoupled) {
     // Agree that every snapshot was taken, then write in the background.
-    finish_save_phase(*job, error);
+    finish_phase(*job, error);
     if (writes) {
       SaveJob* jp = job.get();
       job->thread = std::thread([jp, r, stats = wc.show_statistics] {
@@ -307,52 +298,51 @@ std::string Engine::save_checkpoint(const std::filesystem::path& save_dir, std::
         }
       });
     }
-    im.pending_save = std::move(job);
-    exclude_from_step_comm();
+    pending_ = std::move(job);
+    engine_.exclude_from_step_comm();
     return tag;
   }
-  finish_save_phase(*job, error);
-  commit_save(*job);
-  exclude_from_step_comm();
+  finish_phase(*job, error);
+  commit(*job);
+  engine_.exclude_from_step_comm();
   return tag;
 }
 
-std::size_t Engine::checkpoint_rank_bytes() const {
-  const Impl& im = *impl_;
-  if (im.config.zero_optimization.stage < 1 && rank() != 0) return 0;  // stage 0: rank 0 writes the one file
+std::size_t CheckpointManager::rank_bytes() const {
+  const Engine::Impl& im = *engine_.impl_;
+  if (im.config.zero_optimization.stage < 1 && engine_.rank() != 0) return 0;  // stage 0: rank 0 writes the one file
   // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
-  const std::size_t per_element = sizeof(float) * (1 + im.optimizer.state_names().size()) + (im.mixed ? dtype_size(dims_.dtype) : 0);
+  const std::size_t per_element = sizeof(float) * (1 + im.optimizer.state_names().size()) + (im.mixed ? dtype_size(engine_.dims_.dtype) : 0);
   std::size_t total = 0;
   for (const OwnedPiece& p : im.states->owned_pieces()) total += static_cast<std::size_t>(p.numel) * per_element;
   return total;
 }
 
-void Engine::prepare_checkpoint_snapshot(std::size_t bytes) {
-  Impl& im = *impl_;
-  im.snapshot_prefault.reset();  // stops faulting in the memory replaced below
-  im.snapshot_bytes = bytes;
-  im.snapshot_memory.reset();
+void CheckpointManager::prepare_snapshot(std::size_t bytes) {
+  prefault_.reset();  // stops faulting in the memory replaced below
+  snapshot_bytes_ = bytes;
+  snapshot_memory_.reset();
   if (bytes == 0) return;
-  im.snapshot_memory = allocate_checkpoint_memory(im.snapshot_bytes, HostPages::huge);
-  im.snapshot_prefault = std::make_unique<BackgroundPrefault>(im.snapshot_memory.get(), im.snapshot_bytes);
+  snapshot_memory_ = allocate_checkpoint_memory(snapshot_bytes_, HostPages::huge);
+  prefault_ = std::make_unique<BackgroundPrefault>(snapshot_memory_.get(), snapshot_bytes_);
 }
 
-void Engine::finish_save_phase(const SaveJob& job, const std::string& error) {
+void CheckpointManager::finish_phase(const SaveJob& job, const std::string& error) {
   try {
-    agree_on_errors(error);
+    engine_.agree_on_errors(error);
   } catch (const Error&) {
     // Every rank learns of any rank's failure; the partial folder of a failed save goes.
     std::error_code ec;
-    if (rank() == 0) std::filesystem::remove_all(job.partial, ec);
+    if (engine_.rank() == 0) std::filesystem::remove_all(job.partial, ec);
     throw;
   }
 }
 
 // 3. rank 0 writes the manifest (every rank's index is durable by now), renames the folder and
 // rewrites `latest`.
-void Engine::commit_save(SaveJob& job) {
+void CheckpointManager::commit(SaveJob& job) {
   std::string error;
-  if (rank() == 0) {
+  if (engine_.rank() == 0) {
     try {
       config::Json manifest = std::move(job.manifest);
       config::Json ranks = config::Json::array();
@@ -370,17 +360,16 @@ void Engine::commit_save(SaveJob& job) {
       error = e.what();
     }
   }
-  finish_save_phase(job, error);
+  finish_phase(job, error);
 }
 
-void Engine::wait_for_checkpoint() {
-  Impl& im = *impl_;
-  if (!im.pending_save) return;
-  std::unique_ptr<SaveJob> job = std::move(im.pending_save);
+void CheckpointManager::wait() {
+  if (!pending_) return;
+  std::unique_ptr<SaveJob> job = std::move(pending_);
   if (job->thread.joinable()) job->thread.join();
-  finish_save_phase(*job, job->error);
-  commit_save(*job);
-  exclude_from_step_comm();
+  finish_phase(*job, job->error);
+  commit(*job);
+  engine_.exclude_from_step_comm();
 }
 
 // Read in phase 1 of a load, inside its try: every typed read of the manifest's scalars happens
@@ -436,16 +425,16 @@ CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
 
 }  // namespace
 
-void Engine::restore_scalars(const CheckpointScalars& c, const LoadCheckpointOptions& options) {
-  Impl& im = *impl_;
-  global_steps_ = c.global_steps;
-  global_samples_ = c.global_samples;
-  skipped_steps_ = c.skipped_steps;
-  micro_steps_ = global_steps_ * gas_;  // saved at a boundary; GAS may differ at another world size
-  last_step_lr_ = c.last_step_lr;
-  last_step_loss_ = c.last_step_loss;
+void CheckpointManager::restore_scalars(const CheckpointScalars& c, const LoadCheckpointOptions& options) {
+  Engine::Impl& im = *engine_.impl_;
+  engine_.global_steps_ = c.global_steps;
+  engine_.global_samples_ = c.global_samples;
+  engine_.skipped_steps_ = c.skipped_steps;
+  engine_.micro_steps_ = engine_.global_steps_ * engine_.gas_;  // saved at a boundary; GAS may differ at another world size
+  engine_.last_step_lr_ = c.last_step_lr;
+  engine_.last_step_loss_ = c.last_step_loss;
   if (options.load_lr_scheduler_states) im.schedule.set_last_batch_iteration(c.lr_last_batch_iteration);
-  lr_ = im.hook ? im.hook(global_steps_ - skipped_steps_) : im.schedule.lr();
+  engine_.lr_ = im.hook ? im.hook(engine_.global_steps_ - engine_.skipped_steps_) : im.schedule.lr();
   // The dropout streams and stochastic rounding continue from the saved seed.
   const std::uint64_t seed = c.seed;
   if (seed != im.options.seed) log_info("checkpoint: continuing with the saved seed {} (the engine was built with {})", seed, im.options.seed);
@@ -483,13 +472,13 @@ void Engine::restore_scalars(const CheckpointScalars& c, const LoadCheckpointOpt
   }
 }
 
-LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, std::string tag, const LoadCheckpointOptions& options) {
-  Impl& im = *impl_;
-  wait_for_checkpoint();
-  if (have_backward_ || micro_steps_ % gas_ != 0) {
-    fail("load_checkpoint: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
+LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, std::string tag, const LoadCheckpointOptions& options) {
+  Engine::Impl& im = *engine_.impl_;
+  wait();
+  if (engine_.have_backward_ || engine_.micro_steps_ % engine_.gas_ != 0) {
+    fail("CheckpointManager::load: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
          "after the step() that completes a window",
-         micro_steps_ % gas_, gas_);
+         engine_.micro_steps_ % engine_.gas_, engine_.gas_);
   }
   // Phase 1, every rank: read and verify everything this rank needs into host memory. Nothing of
   // the engine changes until every rank has succeeded.
@@ -519,7 +508,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     } else if (group <= n_states) {
       st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(data, DType::fp32, Shape{count}));
     } else {
-      st.write_owned_param(p, Tensor(data, dims_.dtype, Shape{count}), first);
+      st.write_owned_param(p, Tensor(data, engine_.dims_.dtype, Shape{count}), first);
     }
   };
   CheckpointScalars scalars;
@@ -539,7 +528,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
       // The same model: every owned parameter by name and shape, and nothing else.
       std::map<std::string, std::vector<std::int64_t>> saved;
       for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
-      for (const Impl::Owned& o : im.owned) {
+      for (const Engine::Impl::Owned& o : im.owned) {
         std::vector<std::int64_t> shape;
         for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
         const auto it = saved.find(o.spec.name);
@@ -562,7 +551,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
         }
       }
       scalars = read_checkpoint_scalars(m, im.onebit != nullptr);
-      have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(dims_.dtype);
+      have_lowp = im.mixed && rd->buffer_dtype(kParamBuffer) == std::optional<DType>(engine_.dims_.dtype);
       if (rd->buffer_dtype(kMasterBuffer) != std::optional<DType>(DType::fp32)) fail("checkpoint '{}' holds no fp32 masters", rd->dir().string());
       // Buffer by buffer, in the order a rank file holds them (masters, each state, the 16-bit
       // params), so that a load at the saving layout is one span of its rank file, read straight
@@ -592,13 +581,13 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
     error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), e.what());
   }
   try {
-    agree_on_errors(error);
+    engine_.agree_on_errors(error);
   } catch (const Error&) {
     if (touched) restore_initial_state();  // a load streamed in part, here or (agreed) on another rank
     throw;
   }
   if (nothing) {
-    log_warning("load_checkpoint: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
+    log_warning("CheckpointManager::load: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
     return {};
   }
   im.initial_state = false;
@@ -609,8 +598,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   const config::Json& m = rd->manifest();
   if (!options.load_module_only) restore_scalars(scalars, options);
   log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {} in {})", rd->dir().string(), scalars.saved_layout,
-           im.config.zero_optimization.stage, im.world, dtype_name(dims_.dtype));
-  exclude_from_step_comm();
+           im.config.zero_optimization.stage, im.world, dtype_name(engine_.dims_.dtype));
+  engine_.exclude_from_step_comm();
   LoadedCheckpoint out;
   out.path = rd->dir();
   out.tag = tag;
@@ -618,8 +607,8 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& load_dir, 
   return out;
 }
 
-void Engine::restore_initial_state() {
-  Impl& im = *impl_;
+void CheckpointManager::restore_initial_state() {
+  Engine::Impl& im = *engine_.impl_;
   ModelStates& st = *im.states;
   im.set_initial_masters();  // the parameters and masters as initialize set them
   // Every optimizer state starts at zero.
