@@ -32,10 +32,6 @@ FieldSpec object_field(std::string key, std::string description) {
 FieldSpec array_field(std::string key, Json def, std::string description) {
   return make(std::move(key), FieldKind::array, std::move(def), std::move(description));
 }
-FieldSpec any_field(std::string key, Json def, std::string description) {
-  return make(std::move(key), FieldKind::any, std::move(def), std::move(description));
-}
-
 const FieldSpec* SectionSpec::find(const std::string& key) const {
   for (const auto& f : fields) {
     if (f.key == key) return &f;

@@ -69,7 +69,6 @@ FieldSpec number_field(std::string key, Json def, std::string description);
 FieldSpec string_field(std::string key, Json def, std::string description);
 FieldSpec object_field(std::string key, std::string description);
 FieldSpec array_field(std::string key, Json def, std::string description);
-FieldSpec any_field(std::string key, Json def, std::string description);
 
 // A section: a JSON object whose keys are described by `fields`.
 struct SectionSpec {

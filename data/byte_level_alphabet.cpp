@@ -8,7 +8,6 @@ namespace dstrain {
 namespace {
 
 struct Alphabet {
-  std::array<char32_t, 256> code_point{};
   std::array<int, 0x144> byte_of{};  // every code point of the alphabet is below U+0144; -1: none
   Alphabet() {
     byte_of.fill(-1);
@@ -16,7 +15,6 @@ struct Alphabet {
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const char32_t cp = printable ? static_cast<char32_t>(b) : next_extra++;
-      code_point[static_cast<std::size_t>(b)] = cp;
       byte_of[cp] = b;
     }
   }
@@ -28,8 +26,6 @@ const Alphabet& alphabet() {
 }
 
 }  // namespace
-
-char32_t byte_level_code_point(unsigned char b) { return alphabet().code_point[b]; }
 
 std::optional<std::string> byte_level_to_bytes(std::string_view token) {
   const Alphabet& a = alphabet();

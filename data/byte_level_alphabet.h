@@ -10,9 +10,6 @@
 
 namespace dstrain {
 
-// The code point that stands for byte `b`.
-char32_t byte_level_code_point(unsigned char b);
-
 // The bytes a vocabulary string spells (one byte per character), or nullopt if `token` is not UTF-8
 // or holds a character outside the alphabet.
 std::optional<std::string> byte_level_to_bytes(std::string_view token);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/utf8.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -9,23 +10,6 @@ namespace {
 
 constexpr const char* kSupported = "ByteLevel, ByteFallback, Replace (String pattern), Fuse, Strip, Metaspace, Sequence";
 
-// Builds a new string rather than replacing in place: GCC 12 warns falsely (-Wrestrict) on the latter.
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  if (from.empty() || s.find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0;;) {
-    const std::size_t at = s.find(from, i);
-    if (at == std::string::npos) {
-      out.append(s, i, std::string::npos);
-      break;
-    }
-    out.append(s, i, at - i);
-    out.append(to);
-    i = at + from.size();
-  }
-  s = std::move(out);
-}
 
 // The byte of a "<0xXX>" token, or -1.
 int fallback_byte(std::string_view token) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/utf8.h"
 #include "ops/error.h"
 #include "ops/log.h"
 
@@ -24,23 +25,6 @@ constexpr std::string_view kJsSpace =
 constexpr std::string_view kByteLevelPattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-// Builds a new string rather than replacing in place: GCC 12 warns falsely (-Wrestrict) on the latter.
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  if (from.empty() || s.find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0;;) {
-    const std::size_t at = s.find(from, i);
-    if (at == std::string::npos) {
-      out.append(s, i, std::string::npos);
-      break;
-    }
-    out.append(s, i, at - i);
-    out.append(to);
-    i = at + from.size();
-  }
-  s = std::move(out);
-}
 
 struct Pcre2CodeDeleter {
   void operator()(pcre2_code* code) const noexcept { pcre2_code_free(code); }
@@ -171,14 +155,6 @@ HfPreTokenizer::HfPreTokenizer() = default;
 HfPreTokenizer::HfPreTokenizer(HfPreTokenizer&&) noexcept = default;
 HfPreTokenizer& HfPreTokenizer::operator=(HfPreTokenizer&&) noexcept = default;
 HfPreTokenizer::~HfPreTokenizer() = default;
-
-const std::string& HfPreTokenizer::metaspace_replacement() const {
-  static const std::string none;
-  for (const auto& step : steps_) {
-    if (step->kind == Step::Kind::metaspace) return step->replacement;
-  }
-  return none;
-}
 
 void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string& where, HfPreTokenizer& out) {
   if (config.is_null()) return;

@@ -37,8 +37,6 @@ class HfPreTokenizer {
   // Whether a ByteLevel step ends the chain: then BPE starts from the pieces' bytes, else from their
   // UTF-8 characters.
   bool byte_level() const { return byte_level_; }
-  // The Metaspace replacement when a Metaspace step is present, else empty.
-  const std::string& metaspace_replacement() const;
 
  private:
   HfPreTokenizer();

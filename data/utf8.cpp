@@ -90,4 +90,22 @@ bool next_code_point(std::string_view text, std::size_t& i, char32_t& cp) {
   return true;
 }
 
+// Builds a new string rather than replacing in place: GCC 12 warns falsely (-Wrestrict) on the latter.
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty() || s.find(from) == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0;;) {
+    const std::size_t at = s.find(from, i);
+    if (at == std::string::npos) {
+      out.append(s, i, std::string::npos);
+      break;
+    }
+    out.append(s, i, at - i);
+    out.append(to);
+    i = at + from.size();
+  }
+  s = std::move(out);
+}
+
 }  // namespace dstrain

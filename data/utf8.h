@@ -1,5 +1,6 @@
-// UTF-8 helpers the tokenizers share: the WHATWG decode-with-replacement that node (and so every
-// JavaScript reference encoder our tests run) applies to text, and code point <-> bytes.
+// Text helpers the tokenizers share: the WHATWG UTF-8 decode-with-replacement that node (and so
+// every JavaScript reference encoder our tests run) applies to text, code point <-> bytes, and
+// replacing every occurrence of a string.
 #pragma once
 
 #include <optional>
@@ -22,5 +23,8 @@ void append_utf8(std::string& out, char32_t cp);
 // Decodes the UTF-8 character starting at `text[i]` (strict) into `cp` and advances `i`; false (and
 // `i` unchanged) when the bytes there are not one valid UTF-8 character.
 bool next_code_point(std::string_view text, std::size_t& i, char32_t& cp);
+
+// Replaces every occurrence of `from` (non-empty) in `s` with `to`, left to right.
+void replace_all(std::string& s, std::string_view from, std::string_view to);
 
 }  // namespace dstrain

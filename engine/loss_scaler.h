@@ -130,7 +130,6 @@ class LossScaler {
   void set_state(const LossScalerState& s);
 
   // Configured parameters (for logs and checks).
-  std::int64_t scale_window() const { return window_; }
   double min_scale() const { return min_scale_; }
   std::int64_t hysteresis() const { return delayed_shift_; }
   bool consecutive_hysteresis() const { return consecutive_hysteresis_; }

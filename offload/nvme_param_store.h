@@ -46,7 +46,6 @@ class NvmeParamStore final : public ParamStore {
   StateStoreBytes bytes() const override;
 
   const SwapFolder& folder() const { return *folder_; }
-  std::size_t swapped_units() const { return swapped_; }
   std::string describe() const;
 
  private:

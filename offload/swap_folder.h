@@ -34,11 +34,9 @@ class SwapFolder {
   SwapFolder& operator=(const SwapFolder&) = delete;
 
   const std::filesystem::path& path() const { return folder_; }
-  std::size_t file_count() const { return files_.size(); }
   IoFile& file(std::size_t i) { return files_.at(i); }
-  // Bytes preallocated (each file rounded up to its alignment), and free on the drive before.
+  // Bytes preallocated (each file rounded up to its alignment).
   std::uint64_t bytes() const { return bytes_; }
-  std::uint64_t available_before() const { return available_before_; }
   // One line for the run's log: files, bytes, folder, what was free.
   std::string describe() const;
 

@@ -36,11 +36,7 @@ double OffloadSummary::gb_per_s(double train_seconds) const {
   return train_seconds > 0.0 ? static_cast<double>(bytes_read + bytes_written) / train_seconds / 1e9 : 0.0;
 }
 
-double OffloadSummary::io_wait_share(double train_seconds) const { return train_seconds > 0.0 ? wait_seconds / train_seconds : 0.0; }
-
-namespace {
-
-nlohmann::json purposes(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
+nlohmann::json memory_purposes_json(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
   nlohmann::json j;
   std::uint64_t total = 0;
   for (MemoryPurpose p : kAllMemoryPurposes) {
@@ -50,6 +46,10 @@ nlohmann::json purposes(const std::array<std::uint64_t, kNumMemoryPurposes>& byt
   j["total"] = total;
   return j;
 }
+
+double OffloadSummary::io_wait_share(double train_seconds) const { return train_seconds > 0.0 ? wait_seconds / train_seconds : 0.0; }
+
+namespace {
 
 std::uint64_t total(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
   std::uint64_t t = 0;
@@ -90,7 +90,7 @@ nlohmann::json to_json(const TrainSummary& s) {
   if (s.offload) {
     const OffloadSummary& o = *s.offload;
     j["offload"] = {{"optimizer_home", o.optimizer_home},
-                    {"bytes_held", {{"device", purposes(o.device)}, {"host", purposes(o.host)}, {"nvme", purposes(o.nvme)}}},
+                    {"bytes_held", {{"device", memory_purposes_json(o.device)}, {"host", memory_purposes_json(o.host)}, {"nvme", memory_purposes_json(o.nvme)}}},
                     {"nvme_bytes_read", o.bytes_read},
                     {"nvme_bytes_written", o.bytes_written},
                     {"nvme_bytes_read_per_step", o.bytes_read_per_step(s.steps)},

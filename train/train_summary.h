@@ -65,6 +65,10 @@ struct TrainSummary {
 //  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §9), ...}; a missing loss is null.
 nlohmann::json to_json(const TrainSummary& s);
 
+// {"params": bytes, ..., "total": sum}: bytes held per memory purpose, as --summary-json writes them
+// (the offload summary's and every rank's ZeroReport's).
+nlohmann::json memory_purposes_json(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes);
+
 // The lines printed at the end of a run.
 std::string format_summary(const TrainSummary& s);
 

@@ -28,17 +28,6 @@ nlohmann::json comm_json(const CommStats& c) {
   return j;
 }
 
-nlohmann::json purposes_json(const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
-  nlohmann::json j;
-  std::uint64_t total = 0;
-  for (MemoryPurpose p : kAllMemoryPurposes) {
-    j[std::string(memory_purpose_name(p))] = bytes[static_cast<std::size_t>(p)];
-    total += bytes[static_cast<std::size_t>(p)];
-  }
-  j["total"] = total;
-  return j;
-}
-
 nlohmann::json io_json(const OffloadIo& io) {
   return {{"bytes_read", io.bytes_read}, {"bytes_written", io.bytes_written}, {"wait_seconds", io.wait_seconds}};
 }
@@ -57,7 +46,7 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
                      {"optimizer_bytes", r.optimizer_bytes},
                      {"host_optimizer_bytes", r.host_optimizer_bytes},
                      {"optimizer_home", std::string(state_home_name(r.optimizer_home))},
-                     {"bytes_held", {{"device", purposes_json(r.device_bytes)}, {"host", purposes_json(r.host_bytes)}, {"nvme", purposes_json(r.nvme_bytes)}}},
+                     {"bytes_held", {{"device", memory_purposes_json(r.device_bytes)}, {"host", memory_purposes_json(r.host_bytes)}, {"nvme", memory_purposes_json(r.nvme_bytes)}}},
                      {"nvme_step_io", io_json(r.step_io)},
                      {"nvme_train_io", io_json(r.train_io)},
                      {"peak_bytes", r.peak_bytes},

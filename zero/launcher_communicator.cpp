@@ -10,14 +10,6 @@
 
 namespace dstrain {
 
-bool nccl_backend_built() {
-#if DSTRAIN_HAS_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device device) {
   if (!device.is_cuda()) {
     fail("{}: processes started by a launcher communicate over NCCL, which needs a GPU per rank; give --device cuda (each rank uses "

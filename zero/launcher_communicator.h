@@ -14,9 +14,6 @@
 
 namespace dstrain {
 
-// True when this build has the NCCL backend.
-bool nccl_backend_built();
-
 // Joins the launcher's group: an NcclCommunicator for rank env.rank of env.world_size on GPU
 // `device` (a cuda device; cuda:LOCAL_RANK is the usual choice). Blocks until every rank joined
 // or fails after the timeout (zero/nccl_communicator.h). Error for a cpu device (the processes

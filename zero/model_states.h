@@ -140,7 +140,6 @@ class ModelStates final : public OptimizerPartition {
   int stage() const { return s_.stage; }
   int rank() const;
   int world() const { return world_; }
-  std::size_t layer_count() const { return layers_.size(); }
   const FlatLayout& layout(std::size_t i) const;
   // The ParamSpec of an owned slot of layer i.
   const ParamSpec& spec(std::size_t i, const FlatSlot& slot) const { return specs_[i][slot.spec]; }

@@ -240,11 +240,6 @@ void NcclCommunicator::after_enqueue() {
   DSTRAIN_CUDA_CHECK(cudaEventRecord(marks_[sequence() % kMarkEvents], stream_));
 }
 
-void NcclCommunicator::poll_errors() {
-  check_usable();
-  poll_until([] { return true; }, fmt::format("checking for errors after {}", last_call_));
-}
-
 void NcclCommunicator::synchronize() {
   check_usable();
   poll_until(

@@ -84,9 +84,6 @@ class NcclCommunicator final : public Communicator {
   void order_compute_after(std::uint64_t sequence) override;
   // The host waits for every collective issued so far, failing after the timeout.
   void synchronize() override;
-  // Throws if NCCL has reported an asynchronous error (a peer died, a network failure), without
-  // waiting for the collectives: cheap enough for every step.
-  void poll_errors();
 
  protected:
   void do_all_reduce(const Tensor& buf, ReduceOp op) override;

@@ -151,23 +151,27 @@ void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale,
   if (kind_ == config::OptimizerKind::lamb && *split_tensors_) {
     // Tensors cut by ZeRO's partitions or by sub-groups: the trust ratios from the whole tensors'
     // norms, the pieces' partial sums all-reduced (engine/optim/lamb_exact.h).
-    const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
-    LambConfig c;
-    c.lr = static_cast<float>(lr);
-    c.beta1 = static_cast<float>(beta1);
-    c.beta2 = static_cast<float>(beta2);
-    c.eps = static_cast<float>(eps_);
+    LambConfig c = lamb_config(lr, grad_scale, t, betas.value_or(std::pair{beta1_, beta2_}));
     c.weight_decay = static_cast<float>(weight_decay_);
-    c.max_coeff = static_cast<float>(p_.max_coeff);
-    c.min_coeff = static_cast<float>(p_.min_coeff);
-    c.bias_correction = bias_correction_;
-    c.eps_inside_sqrt = p_.eps_inside_sqrt;
-    c.step = t;
-    c.grad_scale = grad_scale;
     lamb_step_exact(partition, c);
     return;
   }
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) { update(segments, lr, grad_scale, t, betas, rounding); });
+}
+
+LambConfig Optimizer::lamb_config(double lr, float grad_scale, std::int64_t t, std::pair<double, double> betas) const {
+  LambConfig c;
+  c.lr = static_cast<float>(lr);
+  c.beta1 = static_cast<float>(betas.first);
+  c.beta2 = static_cast<float>(betas.second);
+  c.eps = static_cast<float>(eps_);
+  c.max_coeff = static_cast<float>(p_.max_coeff);
+  c.min_coeff = static_cast<float>(p_.min_coeff);
+  c.bias_correction = bias_correction_;
+  c.eps_inside_sqrt = p_.eps_inside_sqrt;
+  c.step = t;
+  c.grad_scale = grad_scale;
+  return c;  // weight_decay: the caller's, per segment
 }
 
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
@@ -202,17 +206,7 @@ void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, fl
     return;
   }
   if (kind_ == config::OptimizerKind::lamb) {
-    LambConfig c;
-    c.lr = static_cast<float>(lr);
-    c.beta1 = static_cast<float>(beta1);
-    c.beta2 = static_cast<float>(beta2);
-    c.eps = static_cast<float>(eps_);
-    c.max_coeff = static_cast<float>(p_.max_coeff);
-    c.min_coeff = static_cast<float>(p_.min_coeff);
-    c.bias_correction = bias_correction_;
-    c.eps_inside_sqrt = p_.eps_inside_sqrt;
-    c.step = t;
-    c.grad_scale = grad_scale;
+    LambConfig c = lamb_config(lr, grad_scale, t, {beta1, beta2});
     for (const OptimizerSegment& s : segments) {
       if (s.params.numel() == 0) continue;
       c.weight_decay = s.weight_decay ? static_cast<float>(weight_decay_) : 0.0f;

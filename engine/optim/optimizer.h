@@ -25,6 +25,7 @@
 #include "config_schema/optimizer_config.h"
 #include "engine/optim/adafactor.h"
 #include "engine/optim/muon.h"
+#include "ops/kernels/lamb.h"
 #include "ops/tensor.h"
 #include "zero/optimizer_partition.h"
 
@@ -82,6 +83,9 @@ class Optimizer {
               std::optional<std::pair<double, double>> betas = std::nullopt, StochasticRoundingOptions rounding = {}) const;
 
  private:
+  // Lamb's step settings but its weight decay (whole-partition or per segment).
+  LambConfig lamb_config(double lr, float grad_scale, std::int64_t t, std::pair<double, double> betas) const;
+
   config::OptimizerKind kind_ = config::OptimizerKind::adamw;
   config::OptimizerConfig config_;
   config::OptimizerParams p_;

@@ -11,14 +11,6 @@
 
 namespace dstrain {
 
-bool cuda_backend_built() {
-#if DSTRAIN_HAS_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::unique_ptr<Allocator> make_device_allocator(Device device) {
   if (device.is_cpu()) return std::make_unique<CpuAllocator>();
 #if DSTRAIN_HAS_CUDA_KERNELS

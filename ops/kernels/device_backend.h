@@ -10,9 +10,6 @@
 
 namespace dstrain {
 
-// True when this build has the CUDA backend (DSTRAIN_CUDA=ON); says nothing about a GPU being present.
-bool cuda_backend_built();
-
 // A new allocator for `device`: CpuAllocator for the cpu; for cuda:N the caching CudaAllocator of
 // GPU N (require_cuda_device first: no driver, a driver too old, no such GPU are Errors).
 std::unique_ptr<Allocator> make_device_allocator(Device device);
