@@ -66,14 +66,14 @@ require_gpu() {
 # scripts/setup.sh if this checkout has it, else 4M random GPT-2 token ids written once (the
 # throughput does not depend on the tokens). Prints the path.
 bench_data() {
-  if [ -f "$repo/data/brown_train.bin" ]; then
-    echo "$repo/data/brown_train.bin"
+  if [ -f "$repo/datasets/brown_train.bin" ]; then
+    echo "$repo/datasets/brown_train.bin"
     return
   fi
   local f="$build_dir/gpu_bench/random_tokens.bin"
   if [ ! -f "$f" ]; then
     mkdir -p "$(dirname "$f")"
-    say "no data/brown_train.bin: writing $f (4M random GPT-2 token ids; throughput does not depend on them)" >&2
+    say "no datasets/brown_train.bin: writing $f (4M random GPT-2 token ids; throughput does not depend on them)" >&2
     python3 "$repo/bench/gpu_bench.py" random-tokens "$f" 4194304 50257 >&2
   fi
   echo "$f"

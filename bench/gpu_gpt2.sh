@@ -18,7 +18,7 @@
 # (d12, 25 steps) and ~40-90 s for PyTorch (mostly torch.compile); the GEMM peak ~10 s. The full
 # 4 x 2 grid with the peer takes ~10-15 min: two calls (or --ckpt off, then --ckpt on).
 #
-# Data: --data FILE (an llm.c token file, `dstrain prepare-data`), else data/brown_train.bin when
+# Data: --data FILE (an llm.c token file, `dstrain prepare-data`), else datasets/brown_train.bin when
 # present (scripts/setup.sh makes it; carry it to a machine without internet: 2.5 MB), else a
 # file of random GPT-2 token ids written here (throughput does not depend on the tokens).
 # Needs: nvcc, CMake, an NVIDIA GPU; python3 with torch (CUDA) for the peer (PYTHON=... to choose).

@@ -14,7 +14,7 @@
 # local world of 2 trains 2x the tokens per step; compare stages within a backend). Raw files are
 # kept in BUILD_DIR/gpu_bench/ and a run already there is not repeated (--fresh: again). Expected
 # time on one H100: ~10-40 s per run at d12 B=8 (8 runs: 2-5 min), plus the build when BUILD_DIR
-# has no CUDA build (3-6 min). Data as bench/gpu_gpt2.sh (--data, data/brown_train.bin, or random
+# has no CUDA build (3-6 min). Data as bench/gpu_gpt2.sh (--data, datasets/brown_train.bin, or random
 # tokens). Prints timings; asserts none.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

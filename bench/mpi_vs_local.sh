@@ -10,7 +10,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DSTRAIN_BUILD_DIR:-$repo/build}"
-data="$repo/data/brown_train.bin"
+data="$repo/datasets/brown_train.bin"
 mpiexec=(mpiexec)
 if mpiexec --version 2>&1 | grep -qE "Open MPI|OpenRTE"; then mpiexec+=(--allow-run-as-root --oversubscribe); fi
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT

@@ -29,10 +29,10 @@ param_buffers="${PARAM_BUFFERS:-5}"
 param_buffer_size="${PARAM_BUFFER_SIZE:-1e8}"
 max_in_cpu="${MAX_IN_CPU:-1e8}"
 min_free_gib="${MIN_FREE_GIB:-1.5}"
-data="${DATA:-$root/data/brown_train.bin}"
+data="${DATA:-$root/datasets/brown_train.bin}"
 python="${PYTHON:-python3}"
 [ -x "$dstrain" ] || { echo "no dstrain at $dstrain (build it, or set DSTRAIN)" >&2; exit 1; }
-[ -f "$data" ] || { echo "no token file $data (scripts/setup.sh prepares data/brown_train.bin; or set DATA)" >&2; exit 1; }
+[ -f "$data" ] || { echo "no token file $data (scripts/setup.sh prepares datasets/brown_train.bin; or set DATA)" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "/usr/bin/time is not installed (Debian: apt-get install time)" >&2; exit 1; }
 mkdir -p "$nvme_dir"
 out="$(mktemp -d)"

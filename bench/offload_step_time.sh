@@ -34,10 +34,10 @@ dtypes="${DTYPES:-fp32 bf16}"
 sub_group="${SUB_GROUP:-1e7}"
 buffers="${BUFFERS:-4}"
 compare="${COMPARE:-s3nvme s3sync s2cpu}"
-data="${DATA:-$root/data/brown_train.bin}"
+data="${DATA:-$root/datasets/brown_train.bin}"
 python="${PYTHON:-python3}"
 [ -x "$dstrain" ] || { echo "no dstrain at $dstrain (build it, or set DSTRAIN)" >&2; exit 1; }
-[ -f "$data" ] || { echo "no token file $data (scripts/setup.sh prepares data/brown_train.bin; or set DATA)" >&2; exit 1; }
+[ -f "$data" ] || { echo "no token file $data (scripts/setup.sh prepares datasets/brown_train.bin; or set DATA)" >&2; exit 1; }
 mkdir -p "$nvme_dir"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

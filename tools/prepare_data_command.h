@@ -14,7 +14,7 @@
 // Output names:
 //   F = 0                      -> OUT exactly (no val file; --val-output is an error)
 //   F > 0, no --val-output     -> OUT with "_train" and "_val" before its extension:
-//                                 -o data/brown.bin writes data/brown_train.bin and data/brown_val.bin
+//                                 -o datasets/brown.bin writes datasets/brown_train.bin and datasets/brown_val.bin
 //   F > 0, --val-output VAL    -> OUT and VAL exactly as given
 // Folders above the outputs are created. The paths and token counts are printed on stdout.
 // Every error (missing input, fraction outside [0, 1), unknown tokenizer or format) is a

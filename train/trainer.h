@@ -3,8 +3,8 @@
 // flops profile, the summary) on every rank of this process.
 //
 //   dstrain::TrainerOptions options;
-//   options.data = "data/brown_train.bin";
-//   options.val_data = "data/brown_val.bin";
+//   options.data = "datasets/brown_train.bin";
+//   options.val_data = "datasets/brown_val.bin";
 //   options.steps = 300;
 //   dstrain::Trainer trainer(dstrain::load_config_file("ds_config.json"), "gpt2:L4-C256-H4-T128", options);
 //   dstrain::TrainResult result = trainer.run();   // result.summary: losses, tokens/s, memory

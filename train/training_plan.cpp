@@ -36,7 +36,7 @@ void require_file(const std::filesystem::path& path, const char* option) {
     const std::string_view o(option);
     fail("{} {}: no such file; {}", option, path.string(),
          o == "--data" || o == "--val-data"
-             ? "make token files with `dstrain prepare-data` (scripts/setup.sh makes data/brown_train.bin and data/brown_val.bin)"
+             ? "make token files with `dstrain prepare-data` (scripts/setup.sh makes datasets/brown_train.bin and datasets/brown_val.bin)"
              : "give the path of an existing file");
   }
 }
