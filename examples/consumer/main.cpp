@@ -16,6 +16,20 @@
 
 #include "bigram_family.h"
 
+namespace {
+
+// dstrain::Trainer's whole run of `model` at ZeRO stage 2 with AdamW at `lr`, on the token file
+// `data` (kept until the run ends).
+dstrain::TrainResult train_zero2(const std::string& model, double lr, int print_every, const dstrain::TrainerOptions& options) {
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": )" +
+                             std::to_string(print_every) + R"(, "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": )" +
+                             std::to_string(lr) + R"(, "weight_decay": 0.0}}})";
+  dstrain::Trainer trainer(dstrain::ConfigText{dstrain::config::Json::parse(config), "consumer", {}}, model, options);
+  return trainer.run();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s ds_config.json\n", argv[0]);
@@ -78,12 +92,7 @@ int main(int argc, char** argv) {
     run_options.sample_tokens = 0;
     std::size_t lines = 0;
     run_options.print = [&lines](std::string_view) { ++lines; };
-    dstrain::Trainer trainer(dstrain::ConfigText{dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1, "steps_per_print": 5, "zero_optimization": {"stage": 2},
-        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})"), "consumer", {}},
-                             "gpt2:tiny", run_options);
-    const dstrain::TrainResult result = trainer.run();
-    std::filesystem::remove_all(dir);
+    const dstrain::TrainResult result = train_zero2("gpt2:tiny", 0.01, 5, run_options);
     const dstrain::TrainSummary& s = *result.summary;
     std::printf("trainer: %lld steps on %zu ranks, loss %.3f -> %.3f, val loss %.3f, %zu lines printed\n", static_cast<long long>(s.steps),
                 result.reports.size(), s.train_losses.front(), s.train_losses.back(), *s.final_val_loss(), lines);
@@ -93,15 +102,9 @@ int main(int argc, char** argv) {
     // trained by the same Trainer at ZeRO stage 2 on 2 ranks (the gradients reduce-scattered, each
     // rank updating half of the optimizer state).
     dstrain::register_model_family(std::make_shared<consumer::BigramFamily>());
-    std::filesystem::create_directories(dir);
-    dstrain::write_token_file(dir / "train.bin", stream);
     run_options.val_data.clear();
     run_options.steps = 30;
-    dstrain::Trainer bigram_trainer(dstrain::ConfigText{dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1, "steps_per_print": 10, "zero_optimization": {"stage": 2},
-        "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.0}}})"), "consumer", {}},
-                                    "bigram:V7-C16", run_options);
-    const dstrain::TrainResult bigram = bigram_trainer.run();
+    const dstrain::TrainResult bigram = train_zero2("bigram:V7-C16", 0.05, 10, run_options);
     std::filesystem::remove_all(dir);
     const dstrain::TrainSummary& b = *bigram.summary;
     std::printf("own family: %s, ZeRO stage %d on %zu ranks, %lld steps, loss %.3f -> %.3f\n", b.model.c_str(), bigram.reports.front().stage,
