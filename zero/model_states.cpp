@@ -34,6 +34,17 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
       specs_(std::move(specs)) {
   if (s_.stage < 0 || s_.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0, 1, 2 and 3", s_.stage);
   if (names_.size() != specs_.size()) fail("ModelStates: {} layer names for {} layers", names_.size(), specs_.size());
+  const LayoutSizes sizes = lay_out_layers();
+  allocate_params_and_grads(sizes);
+  const std::vector<FlatRange> groups = make_optimizer_store(sizes.shard);
+  cut_partition(groups);
+  allocate_staging(groups);
+  start_communication();
+}
+
+// Each layer's flat layout, its owners (tied parameters), whether stage 3 partitions it, and where
+// its parameters, gradients and shard begin in the model-wide buffers.
+ModelStates::LayoutSizes ModelStates::lay_out_layers() {
   const std::size_t L = specs_.size();
   const int pw = s_.stage >= 1 ? world_ : 1;  // ranks the optimizer states split over
   const std::size_t esize = dtype_size(s_.storage);
@@ -42,8 +53,8 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   if (s_.stage == 3) max_chunk = s_.reduce_bucket_size;
 
   std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> owner_of;  // name -> (layer, spec)
-  std::int64_t full = 0, shard = 0, persisted = 0;
-  std::vector<std::int64_t> unit_numel;  // the parameter store's units: the partitioned layers' shards
+  LayoutSizes sizes;
+  std::int64_t persisted = 0;
   for (std::size_t i = 0; i < L; ++i) {
     auto ly = std::make_unique<Layer>();
     ly->layout = make_flat_layout(specs_[i], pw, esize, max_chunk);
@@ -72,27 +83,33 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
                       !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
     if (s_.stage == 3 && lo.numel > 0 && !ly->partitioned) persisted += owned;
     if (ly->partitioned) {
-      ly->unit = unit_numel.size();
-      unit_numel.push_back(lo.shard_numel());
+      ly->unit = sizes.unit_numel.size();
+      sizes.unit_numel.push_back(lo.shard_numel());
     } else {
-      ly->full_begin = full;
-      full += lo.numel;
+      ly->full_begin = sizes.full;
+      sizes.full += lo.numel;
     }
     ly->grad_begin = total_numel_;
-    ly->shard_begin = shard;
-    shard += lo.shard_numel();
+    ly->shard_begin = sizes.shard;
+    sizes.shard += lo.shard_numel();
     total_numel_ += lo.numel;
     layers_.push_back(std::move(ly));
   }
 
+  return sizes;
+}
+
+// The whole layers' params, the stage-3 parameter store of the partitioned ones (where the
+// placement puts it), and the gradients: whole at stages 0-1, this rank's shard at 2-3.
+void ModelStates::allocate_params_and_grads(const LayoutSizes& sizes) {
   const auto make = [&](std::int64_t elems, DType t, MemoryPurpose p) {
     Buffer b(alloc_, static_cast<std::size_t>(elems) * dtype_size(t), p);
     if (elems > 0) zero_tensor(b.tensor(t, Shape{elems}));
     return b;
   };
-  params_full_ = make(full, s_.storage, MemoryPurpose::params);
+  params_full_ = make(sizes.full, s_.storage, MemoryPurpose::params);
   if (s_.stage == 3) {
-    ParamStoreLayout pl{s_.storage, std::move(unit_numel)};
+    ParamStoreLayout pl{s_.storage, sizes.unit_numel};
     if (s_.param_store_factory) {
       param_store_ = s_.param_store_factory(std::move(pl));
     } else {
@@ -110,11 +127,14 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   if (s_.stage <= 1) {
     grads_full_ = make(total_numel_, s_.storage, MemoryPurpose::grads);
   } else {
-    grads_shard_ = make(shard, s_.storage, MemoryPurpose::grads);
+    grads_shard_ = make(sizes.shard, s_.storage, MemoryPurpose::grads);
   }
 
-  // ---- the optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from
-  // the params, then the optimizer's states, in one store cut into sub-groups ----
+}
+
+// The optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from the
+// params, then the optimizer's states, in one store cut into sub-groups. Returns the sub-groups.
+std::vector<FlatRange> ModelStates::make_optimizer_store(std::int64_t shard) {
   masters_apart_ = dstrain::masters_apart(s_.storage != DType::fp32, s_.optimizer_home, s_.param_home);
   StateStoreLayout sl;
   sl.numel = shard;
@@ -136,6 +156,13 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
          state_home_name(s_.optimizer_home));
   }
 
+  return groups;
+}
+
+// This rank's optimizer work: the owned pieces of every tensor, and the partition's segments — its
+// piece of every chunk, split at the decay boundary and at the store's sub-group boundaries.
+void ModelStates::cut_partition(const std::vector<FlatRange>& groups) {
+  const std::size_t L = specs_.size();
   // Owned parameter tensors, numbered in layer order (the engine's order too).
   std::vector<std::vector<std::int32_t>> tensor_of(L);  // [layer][slot index]
   for (std::size_t i = 0; i < L; ++i)
@@ -198,42 +225,48 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
     if (last == 0) first = j;
     last = j + 1;
   }
-  {
-    // Staging where the optimizer cannot use the training device's buffers in place:
-    // - a sub-group whose store memory is not the training device's (offload from a GPU): its grads
-    //   and params pass through host staging buffers (stage_grads_, stage_params_);
-    // - params the optimizer cannot write in place (offload_param): its 16-bit output goes through
-    //   a staging buffer where the optimizer works (stage_params_ on the host, stage_params_device_
-    //   on the device), then into the parameter store.
-    std::int64_t most = 0;
-    bool host_groups = false, unreachable_on_device = false, unreachable_on_host = false;
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      most = std::max(most, groups[gi].size());
-      const Device d = store_->group_device(gi);
-      if (d != alloc_.device()) host_groups = true;
-      for (std::size_t j = group_segments_[gi].first; j < group_segments_[gi].second; ++j) {
-        const PartitionSegment& sg = segments_[j];
-        if (!sg.param.empty() && sg.param.device == d) continue;
-        (d.is_cpu() ? unreachable_on_host : unreachable_on_device) = true;
-      }
+}
+
+// Staging where the optimizer cannot use the training device's buffers in place:
+// - a sub-group whose store memory is not the training device's (offload from a GPU): its grads
+//   and params pass through host staging buffers (stage_grads_, stage_params_);
+// - params the optimizer cannot write in place (offload_param): its 16-bit output goes through
+//   a staging buffer where the optimizer works (stage_params_ on the host, stage_params_device_
+//   on the device), then into the parameter store.
+void ModelStates::allocate_staging(const std::vector<FlatRange>& groups) {
+  std::int64_t most = 0;
+  bool host_groups = false, unreachable_on_device = false, unreachable_on_host = false;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    most = std::max(most, groups[gi].size());
+    const Device d = store_->group_device(gi);
+    if (d != alloc_.device()) host_groups = true;
+    for (std::size_t j = group_segments_[gi].first; j < group_segments_[gi].second; ++j) {
+      const PartitionSegment& sg = segments_[j];
+      if (!sg.param.empty() && sg.param.device == d) continue;
+      (d.is_cpu() ? unreachable_on_host : unreachable_on_device) = true;
     }
-    const std::size_t bytes = static_cast<std::size_t>(most) * dtype_size(s_.storage);
-    // Next to a GPU the host staging is two halves in the staging host memory (page-locked from
-    // the engine), and the copies run on a copy stream of their own (for_each_subgroup); on the
-    // CPU host groups are the device's own memory and nothing is copied through staging but the
-    // offloaded params' 16-bit output.
-    const bool copies = host_groups && !alloc_.device().is_cpu();
-    Allocator& host = copies && s_.staging_host != nullptr ? *s_.staging_host : cpu_allocator();
-    stage_half_bytes_ = bytes;
-    stage_halves_ = copies ? 2 : 1;
-    if (host_groups) stage_grads_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
-    if (host_groups || unreachable_on_host) stage_params_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
-    if (unreachable_on_device && !alloc_.device().is_cpu()) stage_params_device_ = Buffer(alloc_, bytes, MemoryPurpose::buffers);
   }
+  const std::size_t bytes = static_cast<std::size_t>(most) * dtype_size(s_.storage);
+  // Next to a GPU the host staging is two halves in the staging host memory (page-locked from
+  // the engine), and the copies run on a copy stream of their own (for_each_subgroup); on the
+  // CPU host groups are the device's own memory and nothing is copied through staging but the
+  // offloaded params' 16-bit output.
+  const bool copies = host_groups && !alloc_.device().is_cpu();
+  Allocator& host = copies && s_.staging_host != nullptr ? *s_.staging_host : cpu_allocator();
+  stage_half_bytes_ = bytes;
+  stage_halves_ = copies ? 2 : 1;
+  if (host_groups) stage_grads_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
+  if (host_groups || unreachable_on_host) stage_params_ = Buffer(host, bytes * stage_halves_, MemoryPurpose::buffers);
+  if (unreachable_on_device && !alloc_.device().is_cpu()) stage_params_device_ = Buffer(alloc_, bytes, MemoryPurpose::buffers);
   if (!alloc_.device().is_cpu() && (!stage_grads_.empty() || (param_store_ && param_store_->home() != StateHome::device))) {
     copies_ = make_copy_stream(alloc_.device(), "ZeRO offload");
   }
+}
 
+// The collectives' queue (a worker thread on the CPU with overlap_comm), the device staging of
+// reductions, and stage 3's parameter coordinator (gather, prefetch, release).
+void ModelStates::start_communication() {
+  const std::size_t L = specs_.size();
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
   // on streams and overlap by themselves (NCCL's stream), so they are issued inline.
   queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1 && alloc_.device().is_cpu());

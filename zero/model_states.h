@@ -231,6 +231,18 @@ class ModelStates final : public OptimizerPartition {
 
  private:
   struct Layer;
+  // The constructor's build steps, in order (model_states.cpp).
+  struct LayoutSizes {
+    std::int64_t full = 0;   // elements of the layers kept whole (params_full_)
+    std::int64_t shard = 0;  // elements of this rank's shard of every layer (the optimizer partition)
+    std::vector<std::int64_t> unit_numel;  // stage 3: the partitioned layers' shards (the parameter store's units)
+  };
+  LayoutSizes lay_out_layers();
+  void allocate_params_and_grads(const LayoutSizes& sizes);
+  std::vector<FlatRange> make_optimizer_store(std::int64_t shard);
+  void cut_partition(const std::vector<FlatRange>& groups);
+  void allocate_staging(const std::vector<FlatRange>& groups);
+  void start_communication();
   void gather_layer(std::size_t j);
   void wait_layer(std::size_t j);
   void free_layer(std::size_t j);
