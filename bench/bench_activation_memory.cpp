@@ -52,7 +52,9 @@ struct Variant {
 
 config::DsConfig ds(long micro, const std::string& section) {
   return config::parse_ds_config(
-      config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}}{}}})", micro, section)), {});
+      config::Json::parse(
+          fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}}{}}})", micro, section)),
+      {});
 }
 
 // The formula from the layers' specs (bytes, alignment ignored).
@@ -66,8 +68,10 @@ std::size_t formula(const Gpt2Config& cfg, long B, long T, const Variant& v, std
     std::size_t b = layers[i]->output(d).nbytes();
     for (const auto& s : layers[i]->saved_activations(d)) b += s.nbytes();
     all += b;
-    if (i + 1 == layers.size()) head = b;
-    else if (i > 0) block.push_back(b);
+    if (i + 1 == layers.size())
+      head = b;
+    else if (i > 0)
+      block.push_back(b);
   }
   *host = 0;
   if (!v.on) return all + btc;
@@ -96,12 +100,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--batch") a.batch = std::atol(v);
-    else if (k == "--seq") a.seq = std::atol(v);
-    else if (k == "--time-batch") a.time_batch = std::atol(v);
-    else if (k == "--time-seq") a.time_seq = std::atol(v);
-    else if (k == "--reps") a.reps = std::atol(v);
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--batch")
+      a.batch = std::atol(v);
+    else if (k == "--seq")
+      a.seq = std::atol(v);
+    else if (k == "--time-batch")
+      a.time_batch = std::atol(v);
+    else if (k == "--time-seq")
+      a.time_seq = std::atol(v);
+    else if (k == "--reps")
+      a.reps = std::atol(v);
     else {
       std::fprintf(stderr, "bench_activation_memory: unknown option %s (--model --batch --seq --time-batch --time-seq --reps)\n", k.c_str());
       return 2;
@@ -122,14 +132,19 @@ int main(int argc, char** argv) {
     variants.push_back({fmt::format("number_checkpoints {} + cpu_checkpointing", L), true, L, true, false});
     variants.push_back({"number_checkpoints 4 + cpu_checkpointing", true, 4, true, false});
 
-    fmt::print("{} (n_layer {}, n_embd {}, Vp {}), B={}, T={}, fp32: activation memory (allocator statistics, purpose activations)\n", a.model, cfg.n_layer,
-               cfg.n_embd, cfg.padded_vocab_size, a.batch, a.seq);
+    fmt::print("{} (n_layer {}, n_embd {}, Vp {}), B={}, T={}, fp32: activation memory (allocator statistics, purpose activations)\n", a.model,
+               cfg.n_layer, cfg.n_embd, cfg.padded_vocab_size, a.batch, a.seq);
     fmt::print("{:<48} {:>14} {:>14} {:>14} {:>8}\n", "variant", "device peak", "formula", "host", "vs off");
     std::size_t off_bytes = 0;
     for (const Variant& v : variants) {
       CpuAllocator dev, host;
       Engine e = initialize(make_gpt2_model(cfg), ds(a.batch, v.section()),
-                            {.seed = 1, .sequence_length = a.seq, .init_params = false, .allocator = &dev, .checkpoint_activations = v.on, .host_allocator = &host});
+                            {.seed = 1,
+                             .sequence_length = a.seq,
+                             .init_params = false,
+                             .allocator = &dev,
+                             .checkpoint_activations = v.on,
+                             .host_allocator = &host});
       const std::size_t peak = dev.stats()[MemoryPurpose::activations].peak;
       std::size_t host_formula = 0;
       const std::size_t f = formula(cfg, a.batch, a.seq, v, &host_formula);
@@ -142,17 +157,20 @@ int main(int argc, char** argv) {
     // them alike), best of --reps; and, within one checkpointed run, the segments' recompute time
     // against their own forward time (the same work, measured side by side) ----
     if (a.reps > 0) {
-      fmt::print("\ntime per micro-batch at B={}, T={} (forward; backward incl. recompute), best of {} interleaved:\n", a.time_batch, a.time_seq, a.reps);
+      fmt::print("\ntime per micro-batch at B={}, T={} (forward; backward incl. recompute), best of {} interleaved:\n", a.time_batch, a.time_seq,
+                 a.reps);
       std::vector<std::int32_t> tok(static_cast<std::size_t>(a.time_batch * a.time_seq)), tgt(tok.size());
       for (std::size_t i = 0; i < tok.size(); ++i) {
         tok[i] = static_cast<std::int32_t>((i * 2654435761u) % static_cast<std::size_t>(cfg.vocab_size));
         tgt[i] = static_cast<std::int32_t>((i * 40503u + 7) % static_cast<std::size_t>(cfg.vocab_size));
       }
-      const Batch batch{Tensor(tok.data(), DType::int32, Shape{a.time_batch, a.time_seq}), Tensor(tgt.data(), DType::int32, Shape{a.time_batch, a.time_seq})};
+      const Batch batch{Tensor(tok.data(), DType::int32, Shape{a.time_batch, a.time_seq}),
+                        Tensor(tgt.data(), DType::int32, Shape{a.time_batch, a.time_seq})};
       const std::vector<Variant> timed{variants[0], variants[1], variants[variants.size() - 2]};
       std::vector<Engine> engines;
       for (const Variant& v : timed) {
-        engines.push_back(initialize(make_gpt2_model(cfg), ds(a.time_batch, v.section()), {.seed = 1, .sequence_length = a.time_seq, .checkpoint_activations = v.on}));
+        engines.push_back(initialize(make_gpt2_model(cfg), ds(a.time_batch, v.section()),
+                                     {.seed = 1, .sequence_length = a.time_seq, .checkpoint_activations = v.on}));
       }
       std::vector<double> f(timed.size(), 1e30), b(timed.size(), 1e30), seg_f(timed.size(), 1e30), seg_r(timed.size(), 1e30);
       for (long r = 0; r < a.reps; ++r) {

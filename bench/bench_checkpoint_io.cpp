@@ -54,7 +54,10 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "bench_checkpoint_io: %s\noptions: --dir DIR --model SPEC --ranks W --stage S --dtype fp32|bf16|fp16 --repeat N [--writer fast|python] [--io-buffer-mib N] [--steps N]\n", why.c_str());
+  std::fprintf(stderr,
+               "bench_checkpoint_io: %s\noptions: --dir DIR --model SPEC --ranks W --stage S --dtype fp32|bf16|fp16 --repeat N [--writer "
+               "fast|python] [--io-buffer-mib N] [--steps N]\n",
+               why.c_str());
   std::exit(2);
 }
 
@@ -97,25 +100,36 @@ int main(int argc, char** argv) {
     const std::string k = argv[i];
     if (i + 1 >= argc) usage(k + " needs a value");
     const char* v = argv[++i];
-    if (k == "--dir") a.dir = v;
-    else if (k == "--model") a.model = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--ranks") a.ranks = std::atol(v);
-    else if (k == "--stage") a.stage = std::atol(v);
-    else if (k == "--repeat") a.repeat = std::atol(v);
-    else if (k == "--writer") a.writer = v;
-    else if (k == "--io-buffer-mib") a.io_buffer_mib = std::atol(v);
-    else if (k == "--steps") a.steps = std::atol(v);
-    else usage("unknown option " + k);
+    if (k == "--dir")
+      a.dir = v;
+    else if (k == "--model")
+      a.model = v;
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--ranks")
+      a.ranks = std::atol(v);
+    else if (k == "--stage")
+      a.stage = std::atol(v);
+    else if (k == "--repeat")
+      a.repeat = std::atol(v);
+    else if (k == "--writer")
+      a.writer = v;
+    else if (k == "--io-buffer-mib")
+      a.io_buffer_mib = std::atol(v);
+    else if (k == "--steps")
+      a.steps = std::atol(v);
+    else
+      usage("unknown option " + k);
   }
   using namespace dstrain;
   try {
     const std::string prec = a.dtype == "bf16" ? R"(, "bf16": {"enabled": true})" : a.dtype == "fp16" ? R"(, "fp16": {"enabled": true})" : "";
     const auto json = [&](bool decoupled) {
       const std::string writer = a.writer.empty() && !decoupled ? ""
-                                 : a.writer.empty()            ? R"(, "checkpoint": {"writer": {"decoupled": true}})"
-                                                               : fmt::format(R"(, "checkpoint": {{"writer": {{"type": "{}", "decoupled": {}, "io_buffer_size": {}}}}})",
-                                                                             a.writer, decoupled, a.io_buffer_mib << 20);
+                                 : a.writer.empty()
+                                     ? R"(, "checkpoint": {"writer": {"decoupled": true}})"
+                                     : fmt::format(R"(, "checkpoint": {{"writer": {{"type": "{}", "decoupled": {}, "io_buffer_size": {}}}}})",
+                                                   a.writer, decoupled, a.io_buffer_mib << 20);
       return fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
         "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}, "zero_optimization": {{"stage": {}}}{}{}}})",
                          a.stage, writer, prec);
@@ -229,15 +243,18 @@ int main(int argc, char** argv) {
       }
     });
     const double gb = static_cast<double>(bytes) / 1e9;
-    std::printf("model %s, %s, ZeRO stage %ld on %ld rank(s), writer %s: %.3f GB per rank (rank 0's files)\n", a.model.c_str(), a.dtype.c_str(), a.stage,
-                a.ranks, a.writer.empty() ? "(no writer block: the engine's choice)" : a.writer.c_str(), gb);
-    std::printf("save (synchronous, fsync, commit): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", save_s, gb / save_s, gb * a.ranks / save_s);
-    std::printf("load (cold: read, crc32c, scatter): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s, gb * a.ranks / load_s);
-    std::printf("decoupled save, no step before it: save returns after %.3f s (the snapshot), committed after %.3f s; synchronous %.3f s\n",
-                stall_s, commit_s, save_s);
+    std::printf("model %s, %s, ZeRO stage %ld on %ld rank(s), writer %s: %.3f GB per rank (rank 0's files)\n", a.model.c_str(), a.dtype.c_str(),
+                a.stage, a.ranks, a.writer.empty() ? "(no writer block: the engine's choice)" : a.writer.c_str(), gb);
+    std::printf("save (synchronous, fsync, commit): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", save_s, gb / save_s,
+                gb * a.ranks / save_s);
+    std::printf("load (cold: read, crc32c, scatter): %.3f s  -> %.2f GB/s per rank, %.2f GB/s all ranks\n", load_s, gb / load_s,
+                gb * a.ranks / load_s);
+    std::printf("decoupled save, no step before it: save returns after %.3f s (the snapshot), committed after %.3f s; synchronous %.3f s\n", stall_s,
+                commit_s, save_s);
     if (!rounds.empty()) {
-      std::printf("in training, ms per round (the slowest rank's; memcpy: the rank's bytes between two 4 KiB-page buffers on one thread; "
-                  "engine copy: copy_tensor between two snapshot-memory buffers):\n");
+      std::printf(
+          "in training, ms per round (the slowest rank's; memcpy: the rank's bytes between two 4 KiB-page buffers on one thread; "
+          "engine copy: copy_tensor between two snapshot-memory buffers):\n");
       std::printf("  %5s %8s %12s %14s %16s %8s %11s %14s %17s\n", "round", "step", "sync stall", "decoupled stall", "next step (bg write)", "memcpy",
                   "engine copy", "stall/memcpy", "stall/engine copy");
       std::vector<double> by_memcpy, by_engine;
@@ -245,8 +262,8 @@ int main(int argc, char** argv) {
         const Round& x = rounds[r];
         by_memcpy.push_back(x.dec / x.memcpy);
         by_engine.push_back(x.dec / x.engine_copy);
-        std::printf("  %5zu %8.1f %12.1f %15.1f %20.1f %8.1f %11.1f %14.2f %17.2f\n", r, x.step * 1e3, x.sync * 1e3, x.dec * 1e3, x.after * 1e3, x.memcpy * 1e3,
-                    x.engine_copy * 1e3, by_memcpy.back(), by_engine.back());
+        std::printf("  %5zu %8.1f %12.1f %15.1f %20.1f %8.1f %11.1f %14.2f %17.2f\n", r, x.step * 1e3, x.sync * 1e3, x.dec * 1e3, x.after * 1e3,
+                    x.memcpy * 1e3, x.engine_copy * 1e3, by_memcpy.back(), by_engine.back());
       }
       std::printf("decoupled stall / memcpy of the same bytes: median %.2f over %zu rounds (goal: <= 1); / the engine's own copy: median %.2f\n",
                   median(by_memcpy), rounds.size(), median(by_engine));

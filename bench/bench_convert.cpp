@@ -28,9 +28,8 @@ void run(const Buffer& src, DType src_type, Buffer& dst, DType dst_type, int rep
   }
   std::sort(seconds.begin(), seconds.end());
   const double bytes = static_cast<double>(kElements * (dtype_size(src_type) + dtype_size(dst_type)));
-  std::printf("%-6s -> %-6s %10.2f GB/s best %10.2f GB/s median %8.2f ms best\n", dtype_name(src_type).data(),
-              dtype_name(dst_type).data(), bytes / seconds.front() / 1e9, bytes / seconds[seconds.size() / 2] / 1e9,
-              seconds.front() * 1e3);
+  std::printf("%-6s -> %-6s %10.2f GB/s best %10.2f GB/s median %8.2f ms best\n", dtype_name(src_type).data(), dtype_name(dst_type).data(),
+              bytes / seconds.front() / 1e9, bytes / seconds[seconds.size() / 2] / 1e9, seconds.front() * 1e3);
 }
 
 }  // namespace

@@ -208,10 +208,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("%s", fmt::format("{} threads, ISA {}, {} elements per array, best of {}\n", threads, cpu_isa_name(cpu_isa()), n, repeats).c_str());
-  std::printf("%s", fmt::format("{:<46} {:>6} {:>10} {:>12} {:>8} {:>9} {:>9}\n", "", "B/elem", "ms", "Melem/s", "GB/s", "of triad", "in place").c_str());
+  std::printf("%s",
+              fmt::format("{:<46} {:>6} {:>10} {:>12} {:>8} {:>9} {:>9}\n", "", "B/elem", "ms", "Melem/s", "GB/s", "of triad", "in place").c_str());
   for (const Row& r : rows) {
-    std::printf("%s", fmt::format("{:<46} {:>6.0f} {:>10.2f} {:>12.1f} {:>8.2f} {:>8.0f}% {:>8.0f}%\n", r.name, r.bytes_per_elem, r.seconds * 1e3, r.per_s() / 1e6, r.gbs(),
-                                  100.0 * r.gbs() / triad_gbs, 100.0 * r.gbs() / axpy.gbs())
+    std::printf("%s", fmt::format("{:<46} {:>6.0f} {:>10.2f} {:>12.1f} {:>8.2f} {:>8.0f}% {:>8.0f}%\n", r.name, r.bytes_per_elem, r.seconds * 1e3,
+                                  r.per_s() / 1e6, r.gbs(), 100.0 * r.gbs() / triad_gbs, 100.0 * r.gbs() / axpy.gbs())
                           .c_str());
   }
   return 0;

@@ -42,8 +42,7 @@ struct Options {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "bench_gemm_peak: %s\nusage: bench_gemm_peak [--iters N] [--warmup N] [--bt ROWS] [--only square|d12] [--device N]\n",
+  std::fprintf(stderr, "bench_gemm_peak: %s\nusage: bench_gemm_peak [--iters N] [--warmup N] [--bt ROWS] [--only square|d12] [--device N]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -54,12 +53,18 @@ Options parse(int argc, char** argv) {
     const std::string_view a = argv[i];
     if (i + 1 >= argc) usage(fmt::format("{} needs a value", a));
     const char* v = argv[++i];
-    if (a == "--iters") o.iters = std::atoi(v);
-    else if (a == "--warmup") o.warmup = std::atoi(v);
-    else if (a == "--bt") o.bt = std::atoll(v);
-    else if (a == "--device") o.device = std::atoi(v);
-    else if (a == "--only") o.only = v;
-    else usage(fmt::format("unknown option {}", a));
+    if (a == "--iters")
+      o.iters = std::atoi(v);
+    else if (a == "--warmup")
+      o.warmup = std::atoi(v);
+    else if (a == "--bt")
+      o.bt = std::atoll(v);
+    else if (a == "--device")
+      o.device = std::atoi(v);
+    else if (a == "--only")
+      o.only = v;
+    else
+      usage(fmt::format("unknown option {}", a));
   }
   if (o.iters < 1 || o.warmup < 0 || o.bt < 1) usage("--iters and --bt must be >= 1, --warmup >= 0");
   if (!o.only.empty() && o.only != "square" && o.only != "d12") usage("--only takes square or d12");

@@ -51,7 +51,8 @@ struct HostBuf {
   std::vector<unsigned char> bytes;
   DType dtype;
   std::int64_t n;
-  HostBuf(DType t, std::int64_t count, std::mt19937& rng, float scale = 1.0f) : bytes(static_cast<std::size_t>(count) * dtype_size(t)), dtype(t), n(count) {
+  HostBuf(DType t, std::int64_t count, std::mt19937& rng, float scale = 1.0f)
+      : bytes(static_cast<std::size_t>(count) * dtype_size(t)), dtype(t), n(count) {
     std::uniform_real_distribution<float> d(-scale, scale);
     std::vector<float> tmp(static_cast<std::size_t>(count));
     for (float& x : tmp) x = d(rng);
@@ -95,8 +96,7 @@ void bench_dtype(DType dt) {
     std::vector<std::int32_t> scratch(encoder_backward_scratch_elems(B, T, Vp));
     Tensor s(scratch.data(), DType::int32, Shape{static_cast<std::int64_t>(scratch.size())});
     report("encoder", "forward", dt, 1.0 * BT * C, [&] { encoder_forward(out.t({B, T, C}), tokens, wte.t({Vp, C}), wpe.t({maxT, C})); });
-    report("encoder", "backward", dt, 2.0 * BT * C,
-           [&] { encoder_backward(dwte.t({Vp, C}), dwpe.t({maxT, C}), out.t({B, T, C}), tokens, s); });
+    report("encoder", "backward", dt, 2.0 * BT * C, [&] { encoder_backward(dwte.t({Vp, C}), dwpe.t({maxT, C}), out.t({B, T, C}), tokens, s); });
   }
   // layernorm and fused residual + layernorm
   {
@@ -104,8 +104,7 @@ void bench_dtype(DType dt) {
         dw(dt, C, rng), db(dt, C, rng);
     std::vector<float> mean(static_cast<std::size_t>(BT)), rstd(mean.size());
     Tensor tm(mean.data(), DType::fp32, Shape{B, T}), tr(rstd.data(), DType::fp32, Shape{B, T});
-    report("layernorm", "forward", dt, 8.0 * BT * C,
-           [&] { layernorm_forward(y.t({B, T, C}), tm, tr, x.t({B, T, C}), w.t({C}), b.t({C})); });
+    report("layernorm", "forward", dt, 8.0 * BT * C, [&] { layernorm_forward(y.t({B, T, C}), tm, tr, x.t({B, T, C}), w.t({C}), b.t({C})); });
     report("fused_residual_layernorm", "forward", dt, 9.0 * BT * C, [&] {
       fused_residual_layernorm_forward(res.t({B, T, C}), y.t({B, T, C}), tm, tr, x.t({B, T, C}), a.t({B, T, C}), w.t({C}), b.t({C}));
     });
@@ -129,8 +128,9 @@ void bench_dtype(DType dt) {
     Tensor dbias = m.bias ? db.t({m.out}) : Tensor();
     const double flops = 2.0 * BT * m.in * m.out;
     report(m.name, "forward", dt, flops, [&] { matmul_forward(y.t({BT, m.out}), x.t({BT, m.in}), w.t({m.out, m.in}), bias, s); });
-    report(m.name, "backward", dt, 2 * flops,
-           [&] { matmul_backward(dx.t({BT, m.in}), dw.t({m.out, m.in}), dbias, y.t({BT, m.out}), x.t({BT, m.in}), w.t({m.out, m.in}), s); });
+    report(m.name, "backward", dt, 2 * flops, [&] {
+      matmul_backward(dx.t({BT, m.in}), dw.t({m.out, m.in}), dbias, y.t({BT, m.out}), x.t({BT, m.in}), w.t({m.out, m.in}), s);
+    });
   }
   // attention
   {
@@ -140,12 +140,14 @@ void bench_dtype(DType dt) {
     Tensor ts(scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(scratch.size())});
     const double pairs = static_cast<double>(B * NH) * static_cast<double>(T * (T + 1) / 2) * static_cast<double>(C / NH);
     report("attention", "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, T, C}), tl, qkv.t({B, T, 3 * C}), NH); });
-    report("attention", "backward", dt, 10.0 * pairs,
-           [&] { attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts); });
+    report("attention", "backward", dt, 10.0 * pairs, [&] {
+      attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts);
+    });
     const DropoutParams dp{0.1f, RngKey{1, 1, 1, 0, 0}};
     report("attention (dropout 0.1)", "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, T, C}), tl, qkv.t({B, T, 3 * C}), NH, dp); });
-    report("attention (dropout 0.1)", "backward", dt, 10.0 * pairs,
-           [&] { attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts, dp); });
+    report("attention (dropout 0.1)", "backward", dt, 10.0 * pairs, [&] {
+      attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts, dp);
+    });
   }
   // gelu and dropout on the MLP activation (B, T, 4C)
   {
@@ -165,18 +167,23 @@ void bench_dtype(DType dt) {
     std::vector<float> rstd(static_cast<std::size_t>(BT));
     Tensor tr(rstd.data(), DType::fp32, Shape{B, T});
     report("rmsnorm", "forward", dt, 4.0 * BT * C, [&] { rmsnorm_forward(y.t({B, T, C}), tr, x.t({B, T, C}), w.t({C})); });
-    report("fused_residual_rmsnorm", "forward", dt, 5.0 * BT * C,
-           [&] { fused_residual_rmsnorm_forward(res.t({B, T, C}), y.t({B, T, C}), tr, x.t({B, T, C}), a.t({B, T, C}), w.t({C})); });
-    report("rmsnorm", "backward", dt, 9.0 * BT * C,
-           [&] { rmsnorm_backward(dx.t({B, T, C}), dw.t({C}), y.t({B, T, C}), x.t({B, T, C}), w.t({C}), tr); });
+    report("fused_residual_rmsnorm", "forward", dt, 5.0 * BT * C, [&] {
+      fused_residual_rmsnorm_forward(res.t({B, T, C}), y.t({B, T, C}), tr, x.t({B, T, C}), a.t({B, T, C}), w.t({C}));
+    });
+    report("rmsnorm", "backward", dt, 9.0 * BT * C, [&] {
+      rmsnorm_backward(dx.t({B, T, C}), dw.t({C}), y.t({B, T, C}), x.t({B, T, C}), w.t({C}), tr);
+    });
     const std::int64_t HS = C / NH, NKV = NH / 4, H = NH + 2 * NKV;
     HostBuf qkv(dt, BT * H * HS, rng);
     std::vector<float> freq = rope_inv_freq(HS, 10000.0);
     Tensor tf(freq.data(), DType::fp32, Shape{HS / 2});
     const double rotated = static_cast<double>(BT) * static_cast<double>((NH + NKV) * HS);
-    report("rope (q,k of GQA qkv, in place)", "forward", dt, 3.0 * rotated, [&] { rope_forward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV); });
-    report("rope (q,k of GQA qkv, in place)", "backward", dt, 3.0 * rotated,
-           [&] { rope_backward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV); });
+    report("rope (q,k of GQA qkv, in place)", "forward", dt, 3.0 * rotated, [&] {
+      rope_forward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV);
+    });
+    report("rope (q,k of GQA qkv, in place)", "backward", dt, 3.0 * rotated, [&] {
+      rope_backward(qkv.t({B, T, H, HS}), qkv.t({B, T, H, HS}), tf, NH + NKV);
+    });
     const std::int64_t n = BT * ((8 * C / 3 + 63) / 64 * 64);
     HostBuf g(dt, n, rng), u(dt, n, rng), o(dt, n, rng), dg(dt, n, rng), du(dt, n, rng);
     report("swiglu (B,T,I)", "forward", dt, 6.0 * n, [&] { swiglu_forward(o.t({n}), g.t({n}), u.t({n})); });
@@ -191,8 +198,9 @@ void bench_dtype(DType dt) {
     for (auto& x : tg) x = d(rng);
     Tensor tl(losses.data(), DType::fp32, Shape{BT}), ts(lse.data(), DType::fp32, Shape{BT}), tt(tg.data(), DType::int32, Shape{BT});
     report("softmax_cross_entropy", "forward", dt, 4.0 * BT * V, [&] { softmax_cross_entropy_forward(tl, ts, logits.t({BT, Vp}), tt, V); });
-    report("softmax_cross_entropy", "backward", dt, 4.0 * BT * V,
-           [&] { softmax_cross_entropy_backward(dlogits.t({BT, Vp}), logits.t({BT, Vp}), ts, tt, 1.0f / BT, V); });
+    report("softmax_cross_entropy", "backward", dt, 4.0 * BT * V, [&] {
+      softmax_cross_entropy_backward(dlogits.t({BT, Vp}), logits.t({BT, Vp}), ts, tt, 1.0f / BT, V);
+    });
   }
 }
 
@@ -216,11 +224,12 @@ void bench_adamw(DType grad_dt) {
     for (const std::int64_t count : {n, small}) {
       const std::string name = std::string(count == n ? "adamw (124M, bf16 copy) " : "adamw (16K in cache)    ") + std::string(cpu_isa_name(isa));
       const double ms = time_ms([&] {
-        for (int r = 0; r < (count == n ? 1 : 1000); ++r) {
-          adamw_update(p.t({count}), g.t({count}), m.t({count}), v.t({count}), low.t({count}), cfg);
-          ++cfg.step;
-        }
-      }) / (count == n ? 1.0 : 1000.0);
+                          for (int r = 0; r < (count == n ? 1 : 1000); ++r) {
+                            adamw_update(p.t({count}), g.t({count}), m.t({count}), v.t({count}), low.t({count}), cfg);
+                            ++cfg.step;
+                          }
+                        }) /
+                        (count == n ? 1.0 : 1000.0);
       const double b = bytes / static_cast<double>(n) * static_cast<double>(count);
       std::printf("%-40s %-5s %10.4f ms %10.2f GB/s %8.3f Gparam/s\n", name.c_str(), std::string(dtype_name(grad_dt)).c_str(), ms, b / (ms * 1e6),
                   static_cast<double>(count) / (ms * 1e6));
@@ -271,8 +280,9 @@ void bench_optimizer_rules(DType grad_dt) {
         const std::string name = std::string(rule) + (count == n ? " (16M) " : " (16K in cache) ") + std::string(cpu_isa_name(isa));
         const int reps = count == n ? 1 : 1000;
         const double ms = time_ms([&] {
-          for (int r = 0; r < reps; ++r) optimizer_rule_update(step, p.t({count}), g.t({count}), st, low.t({count}));
-        }) / reps;
+                            for (int r = 0; r < reps; ++r) optimizer_rule_update(step, p.t({count}), g.t({count}), st, low.t({count}));
+                          }) /
+                          reps;
         const double b = bytes / static_cast<double>(n) * static_cast<double>(count);
         std::printf("%-48s %-5s %10.4f ms %10.2f GB/s %8.3f Gparam/s\n", name.c_str(), std::string(dtype_name(grad_dt)).c_str(), ms, b / (ms * 1e6),
                     static_cast<double>(count) / (ms * 1e6));

@@ -63,15 +63,18 @@ int main(int argc, char** argv) {
       const int warmup = 2;
       std::vector<float> a(n, 1.0f + static_cast<float>(world.rank));
       std::vector<float> b(n);
-      const double t_mpi = time_calls([&] { MPI_Allreduce(a.data(), b.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-                                      warmup, iterations);
+      const double t_mpi =
+          time_calls([&] { MPI_Allreduce(a.data(), b.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, warmup, iterations);
       const double t_ours = time_calls(
-          [&] { comm.all_reduce(dstrain::Tensor(a.data(), dstrain::DType::fp32, dstrain::Shape{static_cast<std::int64_t>(n)}), dstrain::ReduceOp::avg); },
+          [&] {
+            comm.all_reduce(dstrain::Tensor(a.data(), dstrain::DType::fp32, dstrain::Shape{static_cast<std::int64_t>(n)}), dstrain::ReduceOp::avg);
+          },
           warmup, iterations);
       // bf16: the same bytes as 2n half-width elements.
       const double t_bf16 = time_calls(
           [&] {
-            comm.all_reduce(dstrain::Tensor(a.data(), dstrain::DType::bf16, dstrain::Shape{static_cast<std::int64_t>(2 * n)}), dstrain::ReduceOp::avg);
+            comm.all_reduce(dstrain::Tensor(a.data(), dstrain::DType::bf16, dstrain::Shape{static_cast<std::int64_t>(2 * n)}),
+                            dstrain::ReduceOp::avg);
           },
           warmup, iterations);
       if (lead) {

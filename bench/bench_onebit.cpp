@@ -48,7 +48,8 @@ struct Result {
 };
 
 Result run(const Args& a, const std::string& optimizer) {
-  const std::string json = fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0, "optimizer": {}}})", a.micro_batch, optimizer);
+  const std::string json =
+      fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0, "optimizer": {}}})", a.micro_batch, optimizer);
   dstrain::config::ConfigOptions opts;
   opts.world_size = a.ranks;
   const auto cfg = dstrain::config::parse_ds_config(dstrain::config::Json::parse(json), opts);
@@ -91,13 +92,20 @@ int main(int argc, char** argv) {
     const std::string k = argv[i];
     if (i + 1 >= argc) usage(k + " needs a value");
     const char* v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--micro-batch") a.micro_batch = integer(k, v, 1);
-    else if (k == "--seq") a.seq = integer(k, v, 1);
-    else if (k == "--ranks") a.ranks = integer(k, v, 1);
-    else if (k == "--freeze-step") a.freeze_step = integer(k, v, 1);
-    else if (k == "--steps") a.steps = integer(k, v, 1);
-    else usage("unknown option " + k);
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--micro-batch")
+      a.micro_batch = integer(k, v, 1);
+    else if (k == "--seq")
+      a.seq = integer(k, v, 1);
+    else if (k == "--ranks")
+      a.ranks = integer(k, v, 1);
+    else if (k == "--freeze-step")
+      a.freeze_step = integer(k, v, 1);
+    else if (k == "--steps")
+      a.steps = integer(k, v, 1);
+    else
+      usage("unknown option " + k);
   }
   std::printf("bench_onebit: %s, micro-batch %ld, T %ld, %ld local ranks, fp32, ZeRO 0; OneBitAdam freeze_step %ld, %ld steps after it\n",
               a.model.c_str(), a.micro_batch, a.seq, a.ranks, a.freeze_step, a.steps);
@@ -108,7 +116,8 @@ int main(int argc, char** argv) {
     for (const auto* r : {&adam, &onebit}) {
       const dstrain::CommStats& c = r->comm[k];
       std::printf("%-6zu %-12s %14llu %14llu %14llu %14llu %10.1f\n", k + 1, r == &adam ? "Adam" : "OneBitAdam",
-                  static_cast<unsigned long long>(c.total_bytes_sent()), static_cast<unsigned long long>(c.bytes_sent(dstrain::CollectiveKind::all_reduce)),
+                  static_cast<unsigned long long>(c.total_bytes_sent()),
+                  static_cast<unsigned long long>(c.bytes_sent(dstrain::CollectiveKind::all_reduce)),
                   static_cast<unsigned long long>(c.bytes_sent(dstrain::CollectiveKind::all_to_all)),
                   static_cast<unsigned long long>(c.bytes_sent(dstrain::CollectiveKind::all_gather)), r->ms[k]);
     }

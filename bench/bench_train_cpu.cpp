@@ -40,18 +40,29 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
     const char* v = argv[++i];
-    if (k == "--layers") a.layers = std::atol(v);
-    else if (k == "--channels") a.channels = std::atol(v);
-    else if (k == "--heads") a.heads = std::atol(v);
-    else if (k == "--vocab") a.vocab = std::atol(v);
-    else if (k == "--batch") a.batch = std::atol(v);
-    else if (k == "--seq") a.seq = std::atol(v);
-    else if (k == "--steps") a.steps = std::atol(v);
-    else if (k == "--warmup") a.warmup = std::atol(v);
-    else if (k == "--lr") a.lr = std::atof(v);
-    else if (k == "--model") a.model = v;
+    if (k == "--layers")
+      a.layers = std::atol(v);
+    else if (k == "--channels")
+      a.channels = std::atol(v);
+    else if (k == "--heads")
+      a.heads = std::atol(v);
+    else if (k == "--vocab")
+      a.vocab = std::atol(v);
+    else if (k == "--batch")
+      a.batch = std::atol(v);
+    else if (k == "--seq")
+      a.seq = std::atol(v);
+    else if (k == "--steps")
+      a.steps = std::atol(v);
+    else if (k == "--warmup")
+      a.warmup = std::atol(v);
+    else if (k == "--lr")
+      a.lr = std::atof(v);
+    else if (k == "--model")
+      a.model = v;
     else {
-      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--model --layers --channels --heads --vocab --batch --seq --steps --warmup --lr)\n", k.c_str());
+      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--model --layers --channels --heads --vocab --batch --seq --steps --warmup --lr)\n",
+                   k.c_str());
       std::exit(2);
     }
   }
@@ -79,11 +90,11 @@ int main(int argc, char** argv) {
     const std::shared_ptr<const dstrain::Architecture> model = dstrain::model_architecture(spec);
     const long vocab = static_cast<long>(model->vocab_size());
     // The PyTorch peer's optimizer: AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-8, no weight decay.
-    const auto cfg = dstrain::config::parse_ds_config(
-        dstrain::config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0,
+    const auto cfg =
+        dstrain::config::parse_ds_config(dstrain::config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0,
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}}}}})",
-                                                 a.batch, a.lr)),
-        {});
+                                                                                  a.batch, a.lr)),
+                                         {});
     dstrain::Engine engine = dstrain::initialize(dstrain::make_model(model), cfg, {.seed = 0, .sequence_length = a.seq});
     // One fixed batch (the step's cost does not depend on the tokens), as the peer.
     std::vector<std::int32_t> tok(static_cast<std::size_t>(a.batch * a.seq + 1));
@@ -127,8 +138,10 @@ int main(int argc, char** argv) {
     j["omp_num_threads"] = threads != nullptr ? threads : "unset";
     const char* wait = std::getenv("OMP_WAIT_POLICY");
     j["omp_wait_policy"] = wait != nullptr ? wait : "unset";
-    if (a.model.empty()) j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
-    else j["shape"] = {{"model", model->describe()}, {"B", a.batch}, {"T", a.seq}};
+    if (a.model.empty())
+      j["shape"] = {{"L", a.layers}, {"C", a.channels}, {"NH", a.heads}, {"V", a.vocab}, {"B", a.batch}, {"T", a.seq}};
+    else
+      j["shape"] = {{"model", model->describe()}, {"B", a.batch}, {"T", a.seq}};
     j["parameters"] = engine.report().parameter_count;
     j["steps"] = a.steps;
     j["warmup_steps"] = a.warmup;

@@ -33,8 +33,8 @@ namespace {
 struct Args {
   std::string model = "gpt2:L2-C64-H2-V256-T64";
   long micro_batch = 4, seq = 64, gas = 1, steps = 5, warmup = 1, ranks = 2;
-  std::string dtype = "fp32";  // fp32 | fp16 | bf16
-  bool overlap = true;         // zero_optimization.overlap_comm
+  std::string dtype = "fp32";      // fp32 | fp16 | bf16
+  bool overlap = true;             // zero_optimization.overlap_comm
   long persistence_threshold = 0;  // stage3_param_persistence_threshold (0: partition every parameter)
   // stage3_max_reuse_distance / stage3_prefetch_bucket_size / stage3_max_live_parameters; -1: the
   // config's default (DeepSpeed's). With the defaults a small model stays gathered from forward to
@@ -66,17 +66,28 @@ Args parse(int argc, char** argv) {
     const std::string k = argv[i];
     if (i + 1 >= argc) usage(k + " needs a value");
     const char* v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--micro-batch") a.micro_batch = positive(k, v, 1);
-    else if (k == "--seq") a.seq = positive(k, v, 1);
-    else if (k == "--gas") a.gas = positive(k, v, 1);
-    else if (k == "--steps") a.steps = positive(k, v, 1);
-    else if (k == "--warmup") a.warmup = positive(k, v, 0);
-    else if (k == "--ranks") a.ranks = positive(k, v, 1);
-    else if (k == "--persistence-threshold") a.persistence_threshold = positive(k, v, 0);
-    else if (k == "--max-reuse-distance") a.max_reuse_distance = positive(k, v, 0);
-    else if (k == "--prefetch-bucket-size") a.prefetch_bucket_size = positive(k, v, 0);
-    else if (k == "--max-live-parameters") a.max_live_parameters = positive(k, v, 1);
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--micro-batch")
+      a.micro_batch = positive(k, v, 1);
+    else if (k == "--seq")
+      a.seq = positive(k, v, 1);
+    else if (k == "--gas")
+      a.gas = positive(k, v, 1);
+    else if (k == "--steps")
+      a.steps = positive(k, v, 1);
+    else if (k == "--warmup")
+      a.warmup = positive(k, v, 0);
+    else if (k == "--ranks")
+      a.ranks = positive(k, v, 1);
+    else if (k == "--persistence-threshold")
+      a.persistence_threshold = positive(k, v, 0);
+    else if (k == "--max-reuse-distance")
+      a.max_reuse_distance = positive(k, v, 0);
+    else if (k == "--prefetch-bucket-size")
+      a.prefetch_bucket_size = positive(k, v, 0);
+    else if (k == "--max-live-parameters")
+      a.max_live_parameters = positive(k, v, 1);
     else if (k == "--dtype") {
       a.dtype = v;
       if (a.dtype != "fp32" && a.dtype != "fp16" && a.dtype != "bf16") usage("--dtype " + a.dtype + ": fp32, fp16 or bf16");
@@ -184,10 +195,10 @@ std::uint64_t states(const dstrain::ZeroReport& r) { return r.param_bytes + r.gr
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  std::printf("bench_zero_cpu: %s, micro-batch %ld x GAS %ld x %ld ranks, T %ld, %s, overlap_comm %s, stage3_param_persistence_threshold %ld; "
-              "%ld warm-up + %ld timed steps\n",
-              a.model.c_str(), a.micro_batch, a.gas, a.ranks, a.seq, a.dtype.c_str(), a.overlap ? "on" : "off", a.persistence_threshold, a.warmup,
-              a.steps);
+  std::printf(
+      "bench_zero_cpu: %s, micro-batch %ld x GAS %ld x %ld ranks, T %ld, %s, overlap_comm %s, stage3_param_persistence_threshold %ld; "
+      "%ld warm-up + %ld timed steps\n",
+      a.model.c_str(), a.micro_batch, a.gas, a.ranks, a.seq, a.dtype.c_str(), a.overlap ? "on" : "off", a.persistence_threshold, a.warmup, a.steps);
   std::vector<StageResult> results;
   for (int stage : a.stages) {
     try {
@@ -203,8 +214,9 @@ int main(int argc, char** argv) {
   // Memory: rank 0's bytes held between steps (the ranks' shares are equal: the layout pads every
   // layer to split evenly), the peak the largest over ranks. Traffic: rank 0's bytes sent in the
   // last optimizer step, by kind (ring volume), and its calls.
-  std::printf("\n%-5s %9s %9s %11s | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7s %9s %9s\n", "stage", "step ms", "median", "tokens/s", "params MiB",
-              "grads MiB", "optim MiB", "states MiB", "peak MiB", "allred MiB", "redsct MiB", "allgth MiB", "bcast MiB", "calls", "gathered", "loss");
+  std::printf("\n%-5s %9s %9s %11s | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7s %9s %9s\n", "stage", "step ms", "median", "tokens/s",
+              "params MiB", "grads MiB", "optim MiB", "states MiB", "peak MiB", "allred MiB", "redsct MiB", "allgth MiB", "bcast MiB", "calls",
+              "gathered", "loss");
   for (const StageResult& r : results) {
     if (!r.error.empty()) {
       std::printf("%-5d error: %s\n", r.stage, r.error.c_str());
@@ -213,19 +225,21 @@ int main(int argc, char** argv) {
     const dstrain::ZeroReport& z = r.reports.front();
     const auto& c = z.step_comm;
     using K = dstrain::CollectiveKind;
-    std::printf("%-5d %9.2f %9.2f %11.0f | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7llu %9lld %9.4f\n", r.stage, r.step_ms, r.median_ms, r.tokens_per_s,
-                mib(z.param_bytes).c_str(), mib(z.grad_bytes).c_str(), mib(z.optimizer_bytes).c_str(), mib(states(z)).c_str(),
+    std::printf("%-5d %9.2f %9.2f %11.0f | %10s %10s %10s %10s %10s | %11s %11s %11s %11s | %7llu %9lld %9.4f\n", r.stage, r.step_ms, r.median_ms,
+                r.tokens_per_s, mib(z.param_bytes).c_str(), mib(z.grad_bytes).c_str(), mib(z.optimizer_bytes).c_str(), mib(states(z)).c_str(),
                 mib(max_over(r.reports, &dstrain::ZeroReport::peak_bytes)).c_str(), mib(c.bytes_sent(K::all_reduce)).c_str(),
                 mib(c.bytes_sent(K::reduce_scatter)).c_str(), mib(c.bytes_sent(K::all_gather)).c_str(), mib(c.bytes_sent(K::broadcast)).c_str(),
-                static_cast<unsigned long long>(c.total_calls()), static_cast<long long>(z.peak_gathered_param_elements), static_cast<double>(r.loss));
+                static_cast<unsigned long long>(c.total_calls()), static_cast<long long>(z.peak_gathered_param_elements),
+                static_cast<double>(r.loss));
   }
   if (!results.empty() && results.front().error.empty()) {
     const auto& z = results.front().reports.front();
-    std::printf("\npadded parameters (Psi): %lld elements; comm per step in units of Psi x %s bytes:", static_cast<long long>(z.padded_param_elements),
-                a.dtype == "fp32" ? "4" : "2");
+    std::printf("\npadded parameters (Psi): %lld elements; comm per step in units of Psi x %s bytes:",
+                static_cast<long long>(z.padded_param_elements), a.dtype == "fp32" ? "4" : "2");
     const double unit = static_cast<double>(z.padded_param_elements) * (a.dtype == "fp32" ? 4.0 : 2.0);
     for (const StageResult& r : results) {
-      if (r.error.empty() && unit > 0) std::printf(" stage %d %.2f", r.stage, static_cast<double>(r.reports.front().step_comm.total_bytes_sent()) / unit);
+      if (r.error.empty() && unit > 0)
+        std::printf(" stage %d %.2f", r.stage, static_cast<double>(r.reports.front().step_comm.total_bytes_sent()) / unit);
     }
     std::printf("\n");
   }

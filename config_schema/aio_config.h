@@ -21,7 +21,7 @@ struct AioConfig {
   std::int64_t intra_op_parallelism = 1;  // rings, one thread each (was thread_count)
   bool single_submit = false;
   bool overlap_events = true;
-  bool use_gds = false;                   // GPUDirect Storage: warned (no cuFile), not used
+  bool use_gds = false;  // GPUDirect Storage: warned (no cuFile), not used
 };
 
 SectionSpec aio_section_spec();

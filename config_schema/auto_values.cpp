@@ -32,20 +32,16 @@ class Resolver {
 
   // Resolves object[key] if it is "auto"; otherwise reports a value that differs from the option.
   template <typename T>
-  void fill(Json& object, const std::string& path, const std::string& key, const std::optional<T>& value,
-            const char* source) {
+  void fill(Json& object, const std::string& path, const std::string& key, const std::optional<T>& value, const char* source) {
     if (!object.is_object() || !object.contains(key)) return;
     if (!is_auto(object[key])) {
       if (value && mismatches_ != nullptr && !same(object[key], Json(*value)))
         mismatches_->push_back({join(path, key), fmt::format("{} is {} in the config but {} gives {}; the config value "
                                                              "is used (HF Trainer would refuse the mismatch)",
-                                                             join(path, key), object[key].dump(), flag(source),
-                                                             Json(*value).dump())});
+                                                             join(path, key), object[key].dump(), flag(source), Json(*value).dump())});
       return;
     }
-    if (!value)
-      fail("{} is \"auto\" and nothing was given to derive it: pass {}, or write a value in the config",
-           join(path, key), source);
+    if (!value) fail("{} is \"auto\" and nothing was given to derive it: pass {}, or write a value in the config", join(path, key), source);
     object[key] = *value;
     log_.push_back(fmt::format("{}: auto -> {} (from {})", join(path, key), Json(*value).dump(), flag(source)));
   }
@@ -82,8 +78,7 @@ std::optional<std::int64_t> as_int(const Json& v) {
 
 }  // namespace
 
-Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w, std::vector<std::string>& log,
-                         std::vector<Warning>* mismatches) {
+Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w, std::vector<std::string>& log, std::vector<Warning>* mismatches) {
   Json root = input;
   if (!root.is_object()) return root;
   // A NaN or infinite option would become null (or a non-number) in the resolved config.
@@ -111,17 +106,18 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
     else if (!gas)
       gas = 1;  // HF's default gradient_accumulation_steps
     if (!micro)
-      fail("train_batch_size is \"auto\": it is derived as micro batch * gradient accumulation steps * world size, "
-           "but the micro batch size is unknown; pass {} or write train_micro_batch_size_per_gpu",
-           kMicro);
+      fail(
+          "train_batch_size is \"auto\": it is derived as micro batch * gradient accumulation steps * world size, "
+          "but the micro batch size is unknown; pass {} or write train_micro_batch_size_per_gpu",
+          kMicro);
     std::int64_t tbs = 0;
     if (__builtin_mul_overflow(*micro, *gas, &tbs) || __builtin_mul_overflow(tbs, w, &tbs))
-      fail("train_batch_size is \"auto\": micro batch {} * gradient accumulation steps {} * world size {} does not fit in a 64-bit "
-           "integer (at most 2^63 - 1); give smaller values",
-           *micro, *gas, w);
+      fail(
+          "train_batch_size is \"auto\": micro batch {} * gradient accumulation steps {} * world size {} does not fit in a 64-bit "
+          "integer (at most 2^63 - 1); give smaller values",
+          *micro, *gas, w);
     root["train_batch_size"] = tbs;
-    log.push_back(fmt::format("train_batch_size: auto -> {} (= {} * {} * data-parallel world size {})", tbs, *micro,
-                              *gas, w));
+    log.push_back(fmt::format("train_batch_size: auto -> {} (= {} * {} * data-parallel world size {})", tbs, *micro, *gas, w));
   }
   r.fill(root, "", "gradient_clipping", a.gradient_clipping, kClip);
 
@@ -141,8 +137,7 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
     std::optional<double> lr = a.lr;
     const char* lr_source = kLr;
     if (!lr && root.contains("optimizer") && root["optimizer"].is_object() && root["optimizer"].contains("params") &&
-        root["optimizer"]["params"].is_object() && root["optimizer"]["params"].contains("lr") &&
-        root["optimizer"]["params"]["lr"].is_number()) {
+        root["optimizer"]["params"].is_object() && root["optimizer"]["params"].contains("lr") && root["optimizer"]["params"]["lr"].is_number()) {
       lr = root["optimizer"]["params"]["lr"].get<double>();
       lr_source = "optimizer.params.lr";
     }
@@ -161,8 +156,7 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
     bf16_on = *a.precision == "bf16";
   }
   for (const char* key : {"fp16", "bf16", "bfloat16"}) {
-    if (root.contains(key) && root[key].is_object())
-      r.fill(root[key], key, "enabled", std::string(key) == "fp16" ? fp16_on : bf16_on, kPrecision);
+    if (root.contains(key) && root[key].is_object()) r.fill(root[key], key, "enabled", std::string(key) == "fp16" ? fp16_on : bf16_on, kPrecision);
   }
   // Apex AMP: HF enables it only with its apex backend, which dstrain does not have.
   if (root.contains("amp") && root["amp"].is_object())

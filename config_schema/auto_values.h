@@ -31,7 +31,7 @@ struct AutoValues {
 // Where a key has an explicit value and the matching option is also given with a different value,
 // HF Trainer raises ("... mismatch TrainingArguments values"); dstrain keeps the config value and
 // appends a Warning to `mismatches`, because a CLI may pass its defaults for every option.
-Json resolve_auto_values(const Json& root, const AutoValues& autos, std::int64_t data_parallel_world_size,
-                         std::vector<std::string>& resolved, std::vector<Warning>* mismatches = nullptr);
+Json resolve_auto_values(const Json& root, const AutoValues& autos, std::int64_t data_parallel_world_size, std::vector<std::string>& resolved,
+                         std::vector<Warning>* mismatches = nullptr);
 
 }  // namespace dstrain::config

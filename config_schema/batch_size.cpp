@@ -21,9 +21,10 @@ namespace {
 std::int64_t checked_product(std::int64_t mbs, std::int64_t gas, std::int64_t w) {
   std::int64_t mg = 0, p = 0;
   if (__builtin_mul_overflow(mbs, gas, &mg) || __builtin_mul_overflow(mg, w, &p)) {
-    fail("train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * data-parallel world size {} = {:.4g} samples per step "
-         "does not fit in a 64-bit integer (at most 2^63 - 1): give smaller values",
-         mbs, gas, w, static_cast<double>(mbs) * static_cast<double>(gas) * static_cast<double>(w));
+    fail(
+        "train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * data-parallel world size {} = {:.4g} samples per step "
+        "does not fit in a 64-bit integer (at most 2^63 - 1): give smaller values",
+        mbs, gas, w, static_cast<double>(mbs) * static_cast<double>(gas) * static_cast<double>(w));
   }
   return p;
 }
@@ -31,35 +32,36 @@ std::int64_t checked_product(std::int64_t mbs, std::int64_t gas, std::int64_t w)
 // What would satisfy TBS = MBS * GAS * W, in words.
 std::string mismatch_fix(std::int64_t tbs, std::int64_t mbs, std::int64_t gas, std::int64_t w) {
   std::string fix = fmt::format("set train_batch_size to {} (= {} * {} * {})", mbs * gas * w, mbs, gas, w);
-  if (mbs > 0 && tbs % (mbs * w) == 0 && tbs / (mbs * w) > 0)
-    fix += fmt::format(", or gradient_accumulation_steps to {}", tbs / (mbs * w));
-  if (gas > 0 && tbs % (gas * w) == 0 && tbs / (gas * w) > 0)
-    fix += fmt::format(", or train_micro_batch_size_per_gpu to {}", tbs / (gas * w));
+  if (mbs > 0 && tbs % (mbs * w) == 0 && tbs / (mbs * w) > 0) fix += fmt::format(", or gradient_accumulation_steps to {}", tbs / (mbs * w));
+  if (gas > 0 && tbs % (gas * w) == 0 && tbs / (gas * w) > 0) fix += fmt::format(", or train_micro_batch_size_per_gpu to {}", tbs / (gas * w));
   if (tbs % w != 0)
-    fix += fmt::format("; train_batch_size {} is not a multiple of the data-parallel world size {}, so no micro "
-                       "batch size and accumulation steps can reach it",
-                       tbs, w);
+    fix += fmt::format(
+        "; train_batch_size {} is not a multiple of the data-parallel world size {}, so no micro "
+        "batch size and accumulation steps can reach it",
+        tbs, w);
   fix += ". Or give only two of the three keys and let dstrain infer the third";
   return fix;
 }
 
 }  // namespace
 
-BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional<std::int64_t> mbs_in,
-                               std::optional<std::int64_t> gas_in, std::int64_t w) {
+BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional<std::int64_t> mbs_in, std::optional<std::int64_t> gas_in,
+                               std::int64_t w) {
   DSTRAIN_CHECK(w > 0, "data-parallel world size is {}; it must be positive", w);
   const std::string world = fmt::format(" (data-parallel world size {})", w);
   // DeepSpeed divides during inference, so a zero divisor fails there with ZeroDivisionError; we
   // report it with the assertion that would follow.
   auto need_positive_mbs = [&](std::int64_t mbs) {
     if (mbs == 0)
-      fail("Micro batch size per gpu: 0 has to be greater than 0 (train_micro_batch_size_per_gpu is 0; DeepSpeed "
-           "fails dividing by it); set it to a positive number of samples per GPU");
+      fail(
+          "Micro batch size per gpu: 0 has to be greater than 0 (train_micro_batch_size_per_gpu is 0; DeepSpeed "
+          "fails dividing by it); set it to a positive number of samples per GPU");
   };
   auto need_positive_gas = [&](std::int64_t gas) {
     if (gas == 0)
-      fail("Gradient accumulation steps: 0 has to be greater than 0 (DeepSpeed fails dividing by it); set "
-           "gradient_accumulation_steps to 1 or more");
+      fail(
+          "Gradient accumulation steps: 0 has to be greater than 0 (DeepSpeed fails dividing by it); set "
+          "gradient_accumulation_steps to 1 or more");
   };
 
   BatchSizes b;
@@ -78,10 +80,11 @@ BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional
   } else if (mbs_in) {
     b = {checked_product(*mbs_in, 1, w), *mbs_in, 1};
   } else {
-    fail("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided{}; add "
-         "\"train_micro_batch_size_per_gpu\" (samples per GPU per step) or \"train_batch_size\" (samples per optimizer "
-         "step over all GPUs)",
-         gas_in ? " (gradient_accumulation_steps alone is not enough)" : "");
+    fail(
+        "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided{}; add "
+        "\"train_micro_batch_size_per_gpu\" (samples per GPU per step) or \"train_batch_size\" (samples per optimizer "
+        "step over all GPUs)",
+        gas_in ? " (gradient_accumulation_steps alone is not enough)" : "");
   }
 
   if (b.train_batch_size <= 0)
@@ -103,10 +106,11 @@ BatchSizes resolve_batch_sizes(std::optional<std::int64_t> tbs_in, std::optional
                               b.train_batch_size, b.train_micro_batch_size_per_gpu, w));
   const std::int64_t product = checked_product(b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w);
   if (b.train_batch_size != product)
-    fail("Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * "
-         "world_size {} != {} * {} * {}{}. Fix: {}",
-         b.train_batch_size, b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w, world,
-         mismatch_fix(b.train_batch_size, b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w));
+    fail(
+        "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * "
+        "world_size {} != {} * {} * {}{}. Fix: {}",
+        b.train_batch_size, b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w, world,
+        mismatch_fix(b.train_batch_size, b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, w));
   return b;
 }
 

@@ -16,10 +16,8 @@ struct BatchSizes {
 // Infers the missing values with Python floor division in DeepSpeed's order, then runs DeepSpeed's
 // four assertions. nullopt = not given (a JSON null counts as not given; 0 counts as given).
 // Throws Error carrying DeepSpeed's assertion text plus the fix.
-BatchSizes resolve_batch_sizes(std::optional<std::int64_t> train_batch_size,
-                               std::optional<std::int64_t> micro_batch_per_gpu,
-                               std::optional<std::int64_t> gradient_accumulation_steps,
-                               std::int64_t data_parallel_world_size);
+BatchSizes resolve_batch_sizes(std::optional<std::int64_t> train_batch_size, std::optional<std::int64_t> micro_batch_per_gpu,
+                               std::optional<std::int64_t> gradient_accumulation_steps, std::int64_t data_parallel_world_size);
 
 // Python's a // b (rounds toward negative infinity). b must not be 0.
 std::int64_t floor_div(std::int64_t a, std::int64_t b);

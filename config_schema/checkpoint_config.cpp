@@ -11,9 +11,12 @@ namespace dstrain::config {
 
 const char* to_string(TagValidation v) {
   switch (v) {
-    case TagValidation::ignore: return "Ignore";
-    case TagValidation::warn: return "Warn";
-    case TagValidation::fail: return "Fail";
+    case TagValidation::ignore:
+      return "Ignore";
+    case TagValidation::warn:
+      return "Warn";
+    case TagValidation::fail:
+      return "Fail";
   }
   return "Warn";
 }
@@ -28,17 +31,17 @@ const Json& obj_or_empty(const Json* v) {
 }  // namespace
 
 SectionSpec checkpoint_section_spec() {
-  return make_section(
-      "checkpoint", Regime::dict_lookup, "Checkpoint saving and loading.",
-      {
-          string_field("tag_validation", "Warn", "Check that the tag is the same on all ranks: Ignore, Warn or Fail.")
-              .one_of({"Ignore", "Warn", "Fail"}, true),
-          bool_field("load_universal", false, "Load a universal checkpoint (reads latest_universal)."),
-          bool_field("use_node_local_storage", false, "Writer decisions by local rank, for node-local disks."),
-          object_field("parallel_write", "{pipeline_stage: bool}: spread pipeline layer files over DP ranks."),
-          bool_field("checkpoint_serialization", true, "torch.save zip container format."),
-          object_field("writer", "Checkpoint writer {type: python|fast, decoupled, io_buffer_size, io_buffer_double, show_statistics}."),
-      });
+  return make_section("checkpoint", Regime::dict_lookup, "Checkpoint saving and loading.",
+                      {
+                          string_field("tag_validation", "Warn", "Check that the tag is the same on all ranks: Ignore, Warn or Fail.")
+                              .one_of({"Ignore", "Warn", "Fail"}, true),
+                          bool_field("load_universal", false, "Load a universal checkpoint (reads latest_universal)."),
+                          bool_field("use_node_local_storage", false, "Writer decisions by local rank, for node-local disks."),
+                          object_field("parallel_write", "{pipeline_stage: bool}: spread pipeline layer files over DP ranks."),
+                          bool_field("checkpoint_serialization", true, "torch.save zip container format."),
+                          object_field("writer",
+                                       "Checkpoint writer {type: python|fast, decoupled, io_buffer_size, io_buffer_double, show_statistics}."),
+                      });
 }
 
 SectionSpec checkpoint_parallel_write_section_spec() {
@@ -47,17 +50,16 @@ SectionSpec checkpoint_parallel_write_section_spec() {
 }
 
 SectionSpec activation_checkpointing_section_spec() {
-  return make_section(
-      "activation_checkpointing", Regime::dict_lookup, "Activation checkpointing (recompute in backward).",
-      {
-          bool_field("partition_activations", false, "Split checkpointed activations across model-parallel ranks."),
-          bool_field("cpu_checkpointing", false, "Keep checkpointed activations in host memory."),
-          bool_field("contiguous_memory_optimization", false,
-                     "Copy checkpoints into one contiguous buffer; needs partition_activations and number_checkpoints."),
-          int_field("number_checkpoints", nullptr, "Number of checkpoints (sizes the contiguous buffer)."),
-          bool_field("synchronize_checkpoint_boundary", false, "Synchronise the device at each checkpoint boundary."),
-          bool_field("profile", false, "Log forward/backward time per checkpoint."),
-      });
+  return make_section("activation_checkpointing", Regime::dict_lookup, "Activation checkpointing (recompute in backward).",
+                      {
+                          bool_field("partition_activations", false, "Split checkpointed activations across model-parallel ranks."),
+                          bool_field("cpu_checkpointing", false, "Keep checkpointed activations in host memory."),
+                          bool_field("contiguous_memory_optimization", false,
+                                     "Copy checkpoints into one contiguous buffer; needs partition_activations and number_checkpoints."),
+                          int_field("number_checkpoints", nullptr, "Number of checkpoints (sizes the contiguous buffer)."),
+                          bool_field("synchronize_checkpoint_boundary", false, "Synchronise the device at each checkpoint boundary."),
+                          bool_field("profile", false, "Log forward/backward time per checkpoint."),
+                      });
 }
 
 namespace {
@@ -79,13 +81,15 @@ CheckpointWriterConfig parse_checkpoint_writer(const Json& w, ParseContext& ctx)
       std::string up = v.is_string() ? v.get<std::string>() : v.dump();
       for (auto& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
       if (!v.is_string() || (up != "FAST" && up != "PYTHON" && up != "MOCK")) {
-        fail("checkpoint.writer.type: {} — give \"fast\" (O_DIRECT from aligned staging buffers) or \"python\" (buffered writes through "
-             "the page cache), any case",
-             v.dump());
+        fail(
+            "checkpoint.writer.type: {} — give \"fast\" (O_DIRECT from aligned staging buffers) or \"python\" (buffered writes through "
+            "the page cache), any case",
+            v.dump());
       }
       if (up == "MOCK") {
-        fail("checkpoint.writer.type: \"mock\" is DeepSpeed's writer that writes nothing; a checkpoint that is not written cannot be "
-             "resumed — give \"fast\" or \"python\"");
+        fail(
+            "checkpoint.writer.type: \"mock\" is DeepSpeed's writer that writes nothing; a checkpoint that is not written cannot be "
+            "resumed — give \"fast\" or \"python\"");
       }
       c.type = up == "FAST" ? CheckpointWriterType::fast : CheckpointWriterType::python;
     } else if (key == "decoupled") {
@@ -111,10 +115,11 @@ CheckpointWriterConfig parse_checkpoint_writer(const Json& w, ParseContext& ctx)
   // Double_IO_Buffer asserts the same of its halves).
   const std::int64_t buffers = c.io_buffer_double ? 2 : 1;
   if (c.io_buffer_size < buffers * kCheckpointIoAlignment || c.io_buffer_size % (buffers * kCheckpointIoAlignment) != 0) {
-    fail("checkpoint.writer.io_buffer_size: {} bytes cannot be split into {} staging buffer(s) of whole {}-byte blocks; give a multiple of {} "
-         "(at least {}; DeepSpeed's default is {} = 64 MiB)",
-         c.io_buffer_size, buffers, kCheckpointIoAlignment, buffers * kCheckpointIoAlignment, buffers * kCheckpointIoAlignment,
-         CheckpointWriterConfig{}.io_buffer_size);
+    fail(
+        "checkpoint.writer.io_buffer_size: {} bytes cannot be split into {} staging buffer(s) of whole {}-byte blocks; give a multiple of {} "
+        "(at least {}; DeepSpeed's default is {} = 64 MiB)",
+        c.io_buffer_size, buffers, kCheckpointIoAlignment, buffers * kCheckpointIoAlignment, buffers * kCheckpointIoAlignment,
+        CheckpointWriterConfig{}.io_buffer_size);
   }
   return c;
 }
@@ -127,21 +132,23 @@ CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, J
     std::string up = t.is_string() ? t.get<std::string>() : t.dump();
     for (auto& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     if (!t.is_string() || (up != "WARN" && up != "IGNORE" && up != "FAIL"))
-      fail("checkpoint.tag_validation: Checkpoint config contains invalid tag_validation value of {}, expecting one of "
-           "['WARN', 'IGNORE', 'FAIL'] (any case)",
-           t.is_string() ? t.get<std::string>() : t.dump());
+      fail(
+          "checkpoint.tag_validation: Checkpoint config contains invalid tag_validation value of {}, expecting one of "
+          "['WARN', 'IGNORE', 'FAIL'] (any case)",
+          t.is_string() ? t.get<std::string>() : t.dump());
   }
   // DeepSpeed accepts what Python's `value in [True, False]` accepts: the booleans, and the numbers
   // equal to them (1, 0, 1.0, 0.0), which then act as true / false.
   Json patched;
   const Json* src = &obj;
-  if (obj.is_object() && obj.contains("parallel_write") && obj["parallel_write"].is_object() &&
-      obj["parallel_write"].contains("pipeline_stage") && !obj["parallel_write"]["pipeline_stage"].is_boolean()) {
+  if (obj.is_object() && obj.contains("parallel_write") && obj["parallel_write"].is_object() && obj["parallel_write"].contains("pipeline_stage") &&
+      !obj["parallel_write"]["pipeline_stage"].is_boolean()) {
     const Json& v = obj["parallel_write"]["pipeline_stage"];
     if (!v.is_number() || (v.get<double>() != 0.0 && v.get<double>() != 1.0))
-      fail("checkpoint.parallel_write.pipeline_stage: checkpoint::parallel_write::pipeline_stage value of '{}' is invalid, expecting: "
-           "true or false (1 and 0 are accepted too, as in DeepSpeed)",
-           show(v));
+      fail(
+          "checkpoint.parallel_write.pipeline_stage: checkpoint::parallel_write::pipeline_stage value of '{}' is invalid, expecting: "
+          "true or false (1 and 0 are accepted too, as in DeepSpeed)",
+          show(v));
     patched = obj;
     patched["parallel_write"]["pipeline_stage"] = v.get<double>() == 1.0;
     src = &patched;
@@ -166,8 +173,7 @@ CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, J
   return c;
 }
 
-ActivationCheckpointingConfig parse_activation_checkpointing_config(const Json* value, ParseContext& ctx,
-                                                                    Json& resolved) {
+ActivationCheckpointingConfig parse_activation_checkpointing_config(const Json* value, ParseContext& ctx, Json& resolved) {
   resolved = read_section(obj_or_empty(value), activation_checkpointing_section_spec(), ctx);
   ActivationCheckpointingConfig c;
   c.present = value != nullptr && !value->is_null();

@@ -21,7 +21,7 @@ const char* to_string(CheckpointWriterType t);
 inline constexpr std::int64_t kCheckpointIoAlignment = 4096;  // O_DIRECT's offset / size / address unit
 
 struct CheckpointWriterConfig {
-  bool present = false;  // a "writer" block was given (without one the engine picks the writer)
+  bool present = false;                                    // a "writer" block was given (without one the engine picks the writer)
   CheckpointWriterType type = CheckpointWriterType::fast;  // DeepSpeed's default once a block is given
   bool decoupled = false;
   std::int64_t io_buffer_size = 64 * 1024 * 1024;  // the staging memory in all, split in two when io_buffer_double
@@ -31,12 +31,12 @@ struct CheckpointWriterConfig {
 
 struct CheckpointConfig {
   TagValidation tag_validation = TagValidation::warn;  // case-insensitive Ignore/Warn/Fail
-  bool load_universal = false;           // read latest_universal and load a universal checkpoint
-  bool use_node_local_storage = false;   // writer decisions by local rank (node-local disks)
-  bool parallel_write_pipeline_stage = false;  // checkpoint.parallel_write.pipeline_stage
-  bool checkpoint_serialization = true;  // torch zip container format
-  Json writer;                           // null or the writer block as given
-  CheckpointWriterConfig writer_options;  // that block, checked and typed
+  bool load_universal = false;                         // read latest_universal and load a universal checkpoint
+  bool use_node_local_storage = false;                 // writer decisions by local rank (node-local disks)
+  bool parallel_write_pipeline_stage = false;          // checkpoint.parallel_write.pipeline_stage
+  bool checkpoint_serialization = true;                // torch zip container format
+  Json writer;                                         // null or the writer block as given
+  CheckpointWriterConfig writer_options;               // that block, checked and typed
 };
 
 struct ActivationCheckpointingConfig {
@@ -57,7 +57,6 @@ SectionSpec activation_checkpointing_section_spec();
 // boolean; keys DeepSpeed's writer has but dstrain has no use for are warned about.
 CheckpointWriterConfig parse_checkpoint_writer(const Json& writer, ParseContext& ctx);
 CheckpointConfig parse_checkpoint_config(const Json* value, ParseContext& ctx, Json& resolved);
-ActivationCheckpointingConfig parse_activation_checkpointing_config(const Json* value, ParseContext& ctx,
-                                                                    Json& resolved);
+ActivationCheckpointingConfig parse_activation_checkpointing_config(const Json* value, ParseContext& ctx, Json& resolved);
 
 }  // namespace dstrain::config

@@ -19,8 +19,7 @@
 namespace dstrain {
 namespace {
 
-constexpr std::string_view kExpected =
-    "expected a path to an existing DeepSpeed config file, a JSON string, or base64 of one";
+constexpr std::string_view kExpected = "expected a path to an existing DeepSpeed config file, a JSON string, or base64 of one";
 
 // Long arguments (a whole base64 config) are cut so that the message stays readable.
 std::string shorten(std::string_view text) {
@@ -33,19 +32,25 @@ std::string shorten(std::string_view text) {
 
 const char* type_name(const nlohmann::ordered_json& v) {
   switch (v.type()) {
-    case nlohmann::ordered_json::value_t::array: return "an array";
-    case nlohmann::ordered_json::value_t::string: return "a string";
-    case nlohmann::ordered_json::value_t::boolean: return "a boolean";
-    case nlohmann::ordered_json::value_t::null: return "null";
-    default: return "a number";
+    case nlohmann::ordered_json::value_t::array:
+      return "an array";
+    case nlohmann::ordered_json::value_t::string:
+      return "a string";
+    case nlohmann::ordered_json::value_t::boolean:
+      return "a boolean";
+    case nlohmann::ordered_json::value_t::null:
+      return "null";
+    default:
+      return "a number";
   }
 }
 
 void require_object(const nlohmann::ordered_json& tree, const std::string& origin) {
   if (!tree.is_object()) {
-    fail("{}: the top-level value of a DeepSpeed config must be a JSON object {{...}}, but it is {}; "
-         "wrap the settings in {{ }}",
-         origin, type_name(tree));
+    fail(
+        "{}: the top-level value of a DeepSpeed config must be a JSON object {{...}}, but it is {}; "
+        "wrap the settings in {{ }}",
+        origin, type_name(tree));
   }
 }
 
@@ -70,9 +75,7 @@ std::string universal_newlines(std::string_view text) {
   return out;
 }
 
-bool is_blank(std::string_view text) {
-  return text.find_first_not_of(" \t\r\n") == std::string_view::npos;
-}
+bool is_blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") == std::string_view::npos; }
 
 }  // namespace
 
@@ -81,19 +84,20 @@ ConfigText load_config_file(const std::filesystem::path& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(status)) {
-    fail("DeepSpeed config file '{}' not found (looked in '{}'); check the path passed to "
-         "--deepspeed_config",
-         name, std::filesystem::absolute(path, ec).string());
+    fail(
+        "DeepSpeed config file '{}' not found (looked in '{}'); check the path passed to "
+        "--deepspeed_config",
+        name, std::filesystem::absolute(path, ec).string());
   }
   if (std::filesystem::is_directory(status)) {
-    fail("'{}' is a directory, not a DeepSpeed config file; pass the path of the JSON file inside "
-         "it (for example {}/ds_config.json)",
-         name, name);
+    fail(
+        "'{}' is a directory, not a DeepSpeed config file; pass the path of the JSON file inside "
+        "it (for example {}/ds_config.json)",
+        name, name);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    fail("cannot open DeepSpeed config file '{}': {}; check that it is readable", name,
-         std::strerror(errno));
+    fail("cannot open DeepSpeed config file '{}': {}; check that it is readable", name, std::strerror(errno));
   }
   // Read at most one byte more than the cap, so that /dev/zero or a data file given by mistake is
   // an error after 16 MiB instead of a read without end.
@@ -103,19 +107,20 @@ ConfigText load_config_file(const std::filesystem::path& path) {
     raw.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
   }
   if (in.bad()) {
-    fail("error while reading DeepSpeed config file '{}': {}; check the file and the disk", name,
-         std::strerror(errno));
+    fail("error while reading DeepSpeed config file '{}': {}; check the file and the disk", name, std::strerror(errno));
   }
   if (raw.size() > kMaxConfigFileBytes) {
-    fail("'{}' holds more than {} MiB, far more than any DeepSpeed config (a few KiB): it is not a config file; check the path passed "
-         "as the config",
-         name, kMaxConfigFileBytes >> 20);
+    fail(
+        "'{}' holds more than {} MiB, far more than any DeepSpeed config (a few KiB): it is not a config file; check the path passed "
+        "as the config",
+        name, kMaxConfigFileBytes >> 20);
   }
   const std::string text = universal_newlines(raw);
   if (is_blank(text)) {
-    fail("DeepSpeed config file '{}' is empty; it must hold a JSON object such as "
-         "{{\"train_batch_size\": 8}}",
-         name);
+    fail(
+        "DeepSpeed config file '{}' is empty; it must hold a JSON object such as "
+        "{{\"train_batch_size\": 8}}",
+        name);
   }
   HjsonOptions opts;
   opts.source_name = name;
@@ -158,13 +163,13 @@ ConfigText load_config_argument(std::string_view arg) {
     tree = parse_hjson(*decoded, opts);
   } catch (const Error& e) {
     // A mistyped file name can be valid base64 by accident; say both things that went wrong.
-    fail("{}; got '{}' (no file by that name exists, and its base64 decoding is not a config: {})",
-         kExpected, shorten(arg), e.what());
+    fail("{}; got '{}' (no file by that name exists, and its base64 decoding is not a config: {})", kExpected, shorten(arg), e.what());
   }
   if (!tree.is_object()) {
-    fail("{}; got '{}' (no file by that name exists, and its base64 decoding is {}, not a JSON "
-         "object)",
-         kExpected, shorten(arg), type_name(tree));
+    fail(
+        "{}; got '{}' (no file by that name exists, and its base64 decoding is {}, not a JSON "
+        "object)",
+        kExpected, shorten(arg), type_name(tree));
   }
   return ConfigText{std::move(tree), "base64 string", {}};
 }

@@ -11,22 +11,39 @@ namespace dstrain::config {
 
 const char* to_string(Precision p) {
   switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::fp16: return "fp16";
-    case Precision::bf16: return "bf16";
+    case Precision::fp32:
+      return "fp32";
+    case Precision::fp16:
+      return "fp16";
+    case Precision::bf16:
+      return "bf16";
   }
   return "fp32";
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<std::string> top_level_section_keys() {
-  std::vector<std::string> keys = {"optimizer",  "scheduler",   "fp16",         "bf16",         "bfloat16",
-                                   "amp",        "torch_autocast", "data_types", "zero_optimization", "aio",
-                                   "activation_checkpointing", "checkpoint", "tensorboard", "csv_monitor",
-                                   "wandb",      "comet",       "comms_logger", "flops_profiler", "timers", "elasticity"};
+  std::vector<std::string> keys = {"optimizer",
+                                   "scheduler",
+                                   "fp16",
+                                   "bf16",
+                                   "bfloat16",
+                                   "amp",
+                                   "torch_autocast",
+                                   "data_types",
+                                   "zero_optimization",
+                                   "aio",
+                                   "activation_checkpointing",
+                                   "checkpoint",
+                                   "tensorboard",
+                                   "csv_monitor",
+                                   "wandb",
+                                   "comet",
+                                   "comms_logger",
+                                   "flops_profiler",
+                                   "timers",
+                                   "elasticity"};
   const auto& extra = unsupported_section_keys();
   keys.insert(keys.end(), extra.begin(), extra.end());
   return keys;
@@ -55,16 +72,18 @@ std::int64_t data_parallel_world(const Json& root, std::int64_t world, std::vect
   const Json sp_json = check_dict_lookup(root["sequence_parallel_size"], *top.find("sequence_parallel_size"), ctx);
   const std::int64_t sp = sp_json.get<std::int64_t>();
   if (world % sp != 0)
-    fail("sequence_parallel_size is {} but the world size {} is not a multiple of it; the data-parallel size would "
-         "be {}/{} (not a whole number of ranks). Use a sequence_parallel_size that divides the number of ranks",
-         sp, world, world, sp);
+    fail(
+        "sequence_parallel_size is {} but the world size {} is not a multiple of it; the data-parallel size would "
+        "be {}/{} (not a whole number of ranks). Use a sequence_parallel_size that divides the number of ranks",
+        sp, world, world, sp);
   std::int64_t dp = world / sp;
   if (root.contains("data_parallel_size") && !root["data_parallel_size"].is_null()) {
     const Json dp_json = check_dict_lookup(root["data_parallel_size"], *top.find("data_parallel_size"), ctx);
     if (dp_json.get<std::int64_t>() != dp)
-      fail("data_parallel_size is {} but world size {} / sequence_parallel_size {} = {}; the device mesh needs "
-           "data_parallel_size * sequence_parallel_size == world size",
-           dp_json.get<std::int64_t>(), world, sp, dp);
+      fail(
+          "data_parallel_size is {} but world size {} / sequence_parallel_size {} = {}; the device mesh needs "
+          "data_parallel_size * sequence_parallel_size == world size",
+          dp_json.get<std::int64_t>(), world, sp, dp);
   }
   return dp;
 }
@@ -111,8 +130,7 @@ void check_top_level_enums(const Json& root) {
     if (root.contains(key) && root[key].is_string()) {
       const std::string d = lower(root[key].get<std::string>());
       if (d != "fp32" && d != "fp16" && d != "bf16")
-        fail("{}: Invalid {}. Supported data types: ['fp16', 'bf16', 'fp32']. Got: {}", key, key,
-             root[key].get<std::string>());
+        fail("{}: Invalid {}. Supported data types: ['fp16', 'bf16', 'fp32']. Got: {}", key, key, root[key].get<std::string>());
     }
   }
 }
@@ -124,28 +142,32 @@ void check_gradient_reduction(const DsConfig& c, ParseContext& ctx) {
   const int stage = c.zero_optimization.stage;
   const double p = c.gradient_predivide_factor;
   if (!(p > 0.0) || !std::isfinite(p))
-    fail("gradient_predivide_factor: {} — gradients are multiplied by 1/gradient_predivide_factor before the all-reduce; give a "
-         "positive finite number (1.0 = off)",
-         p);
+    fail(
+        "gradient_predivide_factor: {} — gradients are multiplied by 1/gradient_predivide_factor before the all-reduce; give a "
+        "positive finite number (1.0 = off)",
+        p);
   const bool average = c.gradient_allreduce_op != "sum";
   const bool rs = c.zero_optimization.reduce_scatter;
   if ((stage == 2 && rs && average) || (stage == 3 && rs)) {
     const std::string zero = fmt::format("ZeRO-{}", stage);
     if (p != 1.0)
-      fail("gradient_predivide_factor {} with zero_optimization.stage {}: gradient_predivide_factor != 1.0 is not yet supported with {} "
-           "with reduce scatter enabled (DeepSpeed's assertion); set gradient_predivide_factor to 1.0, or "
-           "zero_optimization.reduce_scatter to false",
-           p, stage, zero);
+      fail(
+          "gradient_predivide_factor {} with zero_optimization.stage {}: gradient_predivide_factor != 1.0 is not yet supported with {} "
+          "with reduce scatter enabled (DeepSpeed's assertion); set gradient_predivide_factor to 1.0, or "
+          "zero_optimization.reduce_scatter to false",
+          p, stage, zero);
     if (c.prescale_gradients)
-      fail("prescale_gradients true with zero_optimization.stage {}: pre-scale gradients is not yet supported with {} with reduce "
-           "scatter enabled (DeepSpeed's assertion); set prescale_gradients to false, or zero_optimization.reduce_scatter to false",
-           stage, zero);
+      fail(
+          "prescale_gradients true with zero_optimization.stage {}: pre-scale gradients is not yet supported with {} with reduce "
+          "scatter enabled (DeepSpeed's assertion); set prescale_gradients to false, or zero_optimization.reduce_scatter to false",
+          stage, zero);
   }
   if (stage == 3 && !rs && !c.prescale_gradients && p != 1.0 && p == static_cast<double>(c.data_parallel_world_size))
-    fail("gradient_predivide_factor {} equals the data-parallel world size at zero_optimization.stage 3 with reduce_scatter false: "
-         "DeepSpeed's ZeRO-3 divides by the factor and by the world size but skips multiplying the factor back when the two are "
-         "equal, so the gradients come out {} times too small; use 1.0 or another factor",
-         p, c.data_parallel_world_size);
+    fail(
+        "gradient_predivide_factor {} equals the data-parallel world size at zero_optimization.stage 3 with reduce_scatter false: "
+        "DeepSpeed's ZeRO-3 divides by the factor and by the world size but skips multiplying the factor back when the two are "
+        "equal, so the gradients come out {} times too small; use 1.0 or another factor",
+        p, c.data_parallel_world_size);
   if (stage == 1 && rs && average && (p != 1.0 || c.prescale_gradients))
     ctx.warn(c.prescale_gradients ? "prescale_gradients" : "gradient_predivide_factor",
              "has no effect at zero_optimization.stage 1 with reduce_scatter: DeepSpeed's ZeRO-1 reduce-scatter path divides the "
@@ -156,45 +178,53 @@ void check_gradient_reduction(const DsConfig& c, ParseContext& ctx) {
 void check_cross_sections(DsConfig& c, ParseContext& ctx) {
   const int stage = c.zero_optimization.stage;
   if (c.gradient_allreduce_op == "sum" && stage == 3)
-    fail("gradient_allreduce_op is \"sum\" with zero_optimization.stage 3: ZeRO-3 always averages gradients; use "
-         "\"mean\" or a lower ZeRO stage");
+    fail(
+        "gradient_allreduce_op is \"sum\" with zero_optimization.stage 3: ZeRO-3 always averages gradients; use "
+        "\"mean\" or a lower ZeRO stage");
   check_gradient_reduction(c, ctx);
   const auto kind = c.optimizer.kind;
   // The 1-bit family is refused at any ZeRO stage below, by the assert DeepSpeed reaches first
   // (_configure_basic_optimizer runs before the whitelist check).
-  if (stage > 0 && c.optimizer.present() && kind != OptimizerKind::unsupported && !c.optimizer.is_onebit() &&
-      !c.optimizer.zero_tested() && !c.zero_allow_untested_optimizer)
-    fail("optimizer.type {} with zero_optimization.stage {}: You are using an untested ZeRO Optimizer. Please add "
-         "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. (ZeRO's whitelist has "
-         "Adam/AdamW, Adagrad and Lion; {} is not on it)",
-         c.optimizer.type, stage, c.optimizer.type);
+  if (stage > 0 && c.optimizer.present() && kind != OptimizerKind::unsupported && !c.optimizer.is_onebit() && !c.optimizer.zero_tested() &&
+      !c.zero_allow_untested_optimizer)
+    fail(
+        "optimizer.type {} with zero_optimization.stage {}: You are using an untested ZeRO Optimizer. Please add "
+        "<\"zero_allow_untested_optimizer\": true> in the configuration file to use it. (ZeRO's whitelist has "
+        "Adam/AdamW, Adagrad and Lion; {} is not on it)",
+        c.optimizer.type, stage, c.optimizer.type);
   if (kind == OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic())
-    fail("optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
-         "fp16.loss_scale to 0",
-         c.fp16.loss_scale);
+    fail(
+        "optimizer.type Lamb with fp16.loss_scale {}: DeepSpeed lamb optimizer requires dynamic loss scaling; set "
+        "fp16.loss_scale to 0",
+        c.fp16.loss_scale);
   // deepspeed/runtime/engine.py _configure_basic_optimizer: the 1-bit family is stage 0 only, 1-bit
   // LAMB needs dynamic loss scaling like Lamb, and their convergence is verified under fp16 only.
   if (c.optimizer.is_onebit()) {
     const char* ds_name = kind == OptimizerKind::onebit_adam ? "1bit-Adam" : kind == OptimizerKind::zero_one_adam ? "0/1 Adam" : "1bit-Lamb";
     if (stage > 0)
-      fail("optimizer.type {} with zero_optimization.stage {}: {} is not compatible with ZeRO (DeepSpeed asserts this); use "
-           "zero_optimization.stage 0, or Adam/AdamW with ZeRO",
-           c.optimizer.type, stage, ds_name);
+      fail(
+          "optimizer.type {} with zero_optimization.stage {}: {} is not compatible with ZeRO (DeepSpeed asserts this); use "
+          "zero_optimization.stage 0, or Adam/AdamW with ZeRO",
+          c.optimizer.type, stage, ds_name);
     if (kind == OptimizerKind::onebit_lamb && c.fp16.enabled && !c.fp16.dynamic())
-      fail("optimizer.type {} with fp16.loss_scale {}: DeepSpeed onebitlamb optimizer requires dynamic loss scaling; set "
-           "fp16.loss_scale to 0",
-           c.optimizer.type, c.fp16.loss_scale);
+      fail(
+          "optimizer.type {} with fp16.loss_scale {}: DeepSpeed onebitlamb optimizer requires dynamic loss scaling; set "
+          "fp16.loss_scale to 0",
+          c.optimizer.type, c.fp16.loss_scale);
     if (!c.fp16.enabled)
       ctx.warn("optimizer.type", fmt::format("Currently the convergence of {} is only verified under FP16 (DeepSpeed's warning)",
-                                             kind == OptimizerKind::onebit_adam ? "1-bit Adam" : kind == OptimizerKind::zero_one_adam ? "0/1 Adam" : "1-bit Lamb"));
+                                             kind == OptimizerKind::onebit_adam     ? "1-bit Adam"
+                                             : kind == OptimizerKind::zero_one_adam ? "0/1 Adam"
+                                                                                    : "1-bit Lamb"));
   }
   // deepspeed/runtime/zero/muon/muon_optimizer.py: DeepSpeed's engine-level MuonWithAuxAdam steps its
   // Muon matrices with the plain gradient and leaves the Newton-Schulz update to the ZeRO optimizers.
   if (kind == OptimizerKind::muon && stage == 0)
-    ctx.warn("optimizer.type", "Muon at zero_optimization.stage 0: DeepSpeed computes Muon's orthogonalised update only in its ZeRO "
-                               "optimizers (stages 1-3) and steps the Muon matrices with the plain gradient at stage 0 "
-                               "(W -= lr*(grad + weight_decay*W)); dstrain applies Muon at every stage, so this run trains as DeepSpeed's "
-                               "stage 1-3 runs do (docs/optimizers.md §9)");
+    ctx.warn("optimizer.type",
+             "Muon at zero_optimization.stage 0: DeepSpeed computes Muon's orthogonalised update only in its ZeRO "
+             "optimizers (stages 1-3) and steps the Muon matrices with the plain gradient at stage 0 "
+             "(W -= lr*(grad + weight_decay*W)); dstrain applies Muon at every stage, so this run trains as DeepSpeed's "
+             "stage 1-3 runs do (docs/optimizers.md §9)");
   if ((stage == 1 || stage == 2) && !c.optimizer.present())
     ctx.warn("optimizer", fmt::format("zero stage {} requires an optimizer and the config has none; DeepSpeed fails "
                                       "unless the program passes its own optimizer",
@@ -207,11 +237,11 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
                                             "a padded vocabulary (e.g. {})",
                                             *c.vocabulary_size, (*c.vocabulary_size + 7) / 8 * 8));
   if (c.data_parallel_size && !c.sequence_parallel_size)
-    ctx.warn("data_parallel_size", "data_parallel_size is only read together with sequence_parallel_size; alone it "
-                                   "has no effect (the data-parallel size is the world size)");
-  if (c.optimizer.present() && c.zero_optimization.offload_optimizer &&
-      c.zero_optimization.offload_optimizer->device != OffloadDevice::none && c.zero_optimization.stage > 0 &&
-      c.optimizer.kind != OptimizerKind::adam && c.optimizer.kind != OptimizerKind::adamw &&
+    ctx.warn("data_parallel_size",
+             "data_parallel_size is only read together with sequence_parallel_size; alone it "
+             "has no effect (the data-parallel size is the world size)");
+  if (c.optimizer.present() && c.zero_optimization.offload_optimizer && c.zero_optimization.offload_optimizer->device != OffloadDevice::none &&
+      c.zero_optimization.stage > 0 && c.optimizer.kind != OptimizerKind::adam && c.optimizer.kind != OptimizerKind::adamw &&
       c.optimizer.kind != OptimizerKind::unsupported)
     ctx.warn("zero_optimization.offload_optimizer.device",
              fmt::format("optimizer offload runs the optimizer on the CPU; DeepSpeed has CPU versions of "
@@ -228,8 +258,7 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   std::vector<Warning> scratch;
   c.world_size = options.world_size;
   c.data_parallel_world_size = data_parallel_world(input, options.world_size, scratch);
-  const Json root =
-      resolve_auto_values(input, options.autos, c.data_parallel_world_size, c.resolved_autos, &c.warnings);
+  const Json root = resolve_auto_values(input, options.autos, c.data_parallel_world_size, c.resolved_autos, &c.warnings);
 
   check_top_level_enums(root);
   Json top = read_section(root, top_level_section_spec(), ctx, top_level_section_keys());
@@ -246,18 +275,19 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
     for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
       if (root.contains(k)) given.emplace_back(k);
     if (!given.empty() && !c.elasticity.ignore_non_elastic_batch_info)
-      fail("{}: One or more batch related parameters were found in your ds_config (train_batch_size, "
-           "train_micro_batch_size_per_gpu, and/or gradient_accumulation_steps). These parameters *will not be used* "
-           "since elastic training is enabled, which takes control of these parameters. If you want to suppress this "
-           "error (the parameters will be silently ignored) please set 'ignore_non_elastic_batch_info':true in your "
-           "elasticity config. Or remove {}",
-           fmt::join(given, ", "), fmt::join(given, ", "));
+      fail(
+          "{}: One or more batch related parameters were found in your ds_config (train_batch_size, "
+          "train_micro_batch_size_per_gpu, and/or gradient_accumulation_steps). These parameters *will not be used* "
+          "since elastic training is enabled, which takes control of these parameters. If you want to suppress this "
+          "error (the parameters will be silently ignored) please set 'ignore_non_elastic_batch_info':true in your "
+          "elasticity config. Or remove {}",
+          fmt::join(given, ", "), fmt::join(given, ", "));
     const ElasticBatch e = compute_elastic_batch(c.elasticity, c.data_parallel_world_size);
     if (!given.empty())
       ctx.warn("elasticity", fmt::format("elasticity is enabled: {} from the config {} replaced by the elastic values "
                                          "(train_batch_size {}, micro batch {}, gradient accumulation {})",
-                                         fmt::join(given, ", "), given.size() == 1 ? "is" : "are",
-                                         e.train_batch_size, e.micro_batch_size, e.gradient_accumulation_steps));
+                                         fmt::join(given, ", "), given.size() == 1 ? "is" : "are", e.train_batch_size, e.micro_batch_size,
+                                         e.gradient_accumulation_steps));
     tbs = e.train_batch_size;
     mbs = e.micro_batch_size;
     gas = e.gradient_accumulation_steps;
@@ -278,8 +308,9 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   const bool config_has_optimizer = optimizer_block != nullptr && !optimizer_block->is_null();
   if (options.client_optimizer) {
     if (config_has_optimizer)
-      ctx.warn("optimizer", "the program passes its own optimizer, which replaces this block (DeepSpeed, too, uses "
-                            "the client optimizer and ignores the config's)");
+      ctx.warn("optimizer",
+               "the program passes its own optimizer, which replaces this block (DeepSpeed, too, uses "
+               "the client optimizer and ignores the config's)");
     optimizer_block = &*options.client_optimizer;
     c.optimizer_source = OptimizerSource::client;
   } else if (!config_has_optimizer && options.default_optimizer) {
@@ -290,15 +321,17 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   if (c.optimizer.present()) out["optimizer"] = r;
   std::optional<double> opt_lr;
   if (c.optimizer.present()) {
-    if (c.optimizer.kind != OptimizerKind::unsupported) opt_lr = c.optimizer.params.lr;
+    if (c.optimizer.kind != OptimizerKind::unsupported)
+      opt_lr = c.optimizer.params.lr;
     else if (c.optimizer.raw_params.contains("lr") && c.optimizer.raw_params["lr"].is_number())
       opt_lr = c.optimizer.raw_params["lr"].get<double>();
   }
   c.scheduler = parse_scheduler_config(child(root, "scheduler"), opt_lr, ctx, r);
   if (c.scheduler.present()) out["scheduler"] = r;
   if (c.scheduler.present() && !c.optimizer.present())
-    ctx.warn("scheduler", "a scheduler is configured but no optimizer: DeepSpeed builds the config scheduler only "
-                          "when an optimizer exists (from the config or passed by the program)");
+    ctx.warn("scheduler",
+             "a scheduler is configured but no optimizer: DeepSpeed builds the config scheduler only "
+             "when an optimizer exists (from the config or passed by the program)");
 
   c.fp16 = parse_fp16_config(child(root, "fp16"), ctx, r);
   out["fp16"] = r;
@@ -352,31 +385,26 @@ std::string DsConfig::summary() const {
   auto line = [&s](const std::string& text) { s += text + "\n"; };
   line(fmt::format("world size {}, data-parallel size {}{}", world_size, data_parallel_world_size,
                    sequence_parallel_size ? fmt::format(" (sequence_parallel_size {})", *sequence_parallel_size) : ""));
-  line(fmt::format("batch: train_batch_size {} = micro batch {} x gradient accumulation {} x data-parallel {}",
-                   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
-                   data_parallel_world_size));
+  line(fmt::format("batch: train_batch_size {} = micro batch {} x gradient accumulation {} x data-parallel {}", train_batch_size,
+                   train_micro_batch_size_per_gpu, gradient_accumulation_steps, data_parallel_world_size));
   std::string prec = to_string(precision());
   if (fp16.enabled)
-    prec += fp16.dynamic() ? fmt::format(" (dynamic loss scale 2^{}, window {}, hysteresis {}, min {})",
-                                         fp16.initial_scale_power, fp16.loss_scale_window, fp16.hysteresis,
-                                         fp16.min_loss_scale)
+    prec += fp16.dynamic() ? fmt::format(" (dynamic loss scale 2^{}, window {}, hysteresis {}, min {})", fp16.initial_scale_power,
+                                         fp16.loss_scale_window, fp16.hysteresis, fp16.min_loss_scale)
                            : fmt::format(" (static loss scale {})", fp16.loss_scale);
   if (bf16.enabled) prec += fmt::format(" (check_grad_overflow {})", bf16.check_grad_overflow);
   line("precision: " + prec);
   const auto& z = zero_optimization;
   std::string zero = fmt::format("ZeRO stage {}", z.stage);
   if (z.stage > 0)
-    zero += fmt::format(", overlap_comm {}, reduce_bucket_size {}, allgather_bucket_size {}", z.overlap_comm,
-                        z.reduce_bucket_size, z.allgather_bucket_size);
+    zero += fmt::format(", overlap_comm {}, reduce_bucket_size {}, allgather_bucket_size {}", z.overlap_comm, z.reduce_bucket_size,
+                        z.allgather_bucket_size);
   if (z.stage == 3)
-    zero += fmt::format(", prefetch_bucket_size {}, param_persistence_threshold {}", z.prefetch_bucket_size,
-                        z.param_persistence_threshold);
+    zero += fmt::format(", prefetch_bucket_size {}, param_persistence_threshold {}", z.prefetch_bucket_size, z.param_persistence_threshold);
   if (z.offload_optimizer && z.offload_optimizer->device != OffloadDevice::none)
-    zero += fmt::format(", optimizer offload to {} (pin_memory {})", to_string(z.offload_optimizer->device),
-                        z.offload_optimizer->pin_memory);
+    zero += fmt::format(", optimizer offload to {} (pin_memory {})", to_string(z.offload_optimizer->device), z.offload_optimizer->pin_memory);
   if (z.offload_param && z.offload_param->device != OffloadDevice::none)
-    zero += fmt::format(", parameter offload to {}{}", to_string(z.offload_param->device),
-                        z.stage == 3 ? "" : " (ignored below stage 3)");
+    zero += fmt::format(", parameter offload to {}{}", to_string(z.offload_param->device), z.stage == 3 ? "" : " (ignored below stage 3)");
   line(zero);
   if (optimizer.present()) {
     const auto& p = optimizer.params;
@@ -387,55 +415,51 @@ std::string DsConfig::summary() const {
     else if (optimizer.kind != OptimizerKind::adam && optimizer.kind != OptimizerKind::adamw && optimizer.kind != OptimizerKind::lamb)
       line(fmt::format("optimizer: {} {}", optimizer.type, resolved.contains("optimizer") ? resolved["optimizer"]["params"].dump() : ""));
     else
-      line(fmt::format("optimizer: {} lr {} betas ({}, {}) eps {} weight_decay {}{}", optimizer.type, p.lr,
-                       p.betas.first, p.betas.second, p.eps, p.weight_decay,
-                       optimizer.decoupled_weight_decay() ? " (decoupled, AdamW)" : ""));
+      line(fmt::format("optimizer: {} lr {} betas ({}, {}) eps {} weight_decay {}{}", optimizer.type, p.lr, p.betas.first, p.betas.second, p.eps,
+                       p.weight_decay, optimizer.decoupled_weight_decay() ? " (decoupled, AdamW)" : ""));
     if (optimizer_source == OptimizerSource::default_adamw)
-      line("  (the config has no \"optimizer\" block: the Hugging Face Trainer's default AdamW, with --lr, --adam-beta1, "
-           "--adam-beta2, --adam-eps, --weight-decay)");
+      line(
+          "  (the config has no \"optimizer\" block: the Hugging Face Trainer's default AdamW, with --lr, --adam-beta1, "
+          "--adam-beta2, --adam-eps, --weight-decay)");
     else if (optimizer_source == OptimizerSource::client)
       line("  (the program's own optimizer, in place of the config's block)");
   } else {
-    line("optimizer: none in the config (dstrain train: AdamW with the Hugging Face Trainer's defaults, lr 5e-5, "
-         "betas (0.9, 0.999), eps 1e-8, weight_decay 0)");
+    line(
+        "optimizer: none in the config (dstrain train: AdamW with the Hugging Face Trainer's defaults, lr 5e-5, "
+        "betas (0.9, 0.999), eps 1e-8, weight_decay 0)");
   }
   if (scheduler.present()) {
     const auto& p = scheduler.params;
     std::string sched = "scheduler: " + scheduler.type;
     switch (scheduler.kind) {
       case SchedulerKind::warmup_lr:
-        sched += fmt::format(" {} -> {} over {} steps ({})", p.warmup_min_lr, p.warmup_max_lr, p.warmup_num_steps,
-                             p.warmup_type);
+        sched += fmt::format(" {} -> {} over {} steps ({})", p.warmup_min_lr, p.warmup_max_lr, p.warmup_num_steps, p.warmup_type);
         break;
       case SchedulerKind::warmup_decay_lr:
-        sched += fmt::format(" {} -> {} over {} steps ({}), decay to step {}", p.warmup_min_lr, p.warmup_max_lr,
-                             p.warmup_num_steps, p.warmup_type, p.total_num_steps.value_or(0));
-        break;
-      case SchedulerKind::warmup_cosine_lr:
-        sched += fmt::format(" warmup {} steps, cosine to ratio {} at step {}", p.warmup_num_steps, p.cos_min_ratio,
+        sched += fmt::format(" {} -> {} over {} steps ({}), decay to step {}", p.warmup_min_lr, p.warmup_max_lr, p.warmup_num_steps, p.warmup_type,
                              p.total_num_steps.value_or(0));
         break;
+      case SchedulerKind::warmup_cosine_lr:
+        sched += fmt::format(" warmup {} steps, cosine to ratio {} at step {}", p.warmup_num_steps, p.cos_min_ratio, p.total_num_steps.value_or(0));
+        break;
       case SchedulerKind::one_cycle:
-        sched += fmt::format(" lr {} .. {}, steps {} + {}", p.cycle_min_lr, p.cycle_max_lr, p.cycle_first_step_size,
-                             p.cycle_second_step_size);
+        sched += fmt::format(" lr {} .. {}, steps {} + {}", p.cycle_min_lr, p.cycle_max_lr, p.cycle_first_step_size, p.cycle_second_step_size);
         break;
       case SchedulerKind::lr_range_test:
-        sched += fmt::format(" from {} step size {} rate {}", p.lr_range_test_min_lr, p.lr_range_test_step_size,
-                             p.lr_range_test_step_rate);
+        sched += fmt::format(" from {} step size {} rate {}", p.lr_range_test_min_lr, p.lr_range_test_step_size, p.lr_range_test_step_rate);
         break;
-      default: sched += " (not provided by dstrain)"; break;
+      default:
+        sched += " (not provided by dstrain)";
+        break;
     }
     line(sched);
   }
-  line(gradient_clipping > 0 ? fmt::format("gradient clipping: max norm {}", gradient_clipping)
-                             : std::string("gradient clipping: off"));
+  line(gradient_clipping > 0 ? fmt::format("gradient clipping: max norm {}", gradient_clipping) : std::string("gradient clipping: off"));
   line(fmt::format("gradient reduction: {}{}{}{}", gradient_allreduce_op,
-                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : "",
-                   prescale_gradients ? ", prescaled by 1/world" : "",
+                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : "", prescale_gradients ? ", prescaled by 1/world" : "",
                    gradient_predivide_factor != 1.0 ? fmt::format(", predivided by {}", gradient_predivide_factor) : ""));
   const auto& ac = activation_checkpointing;
-  line(fmt::format("activation checkpointing: partition_activations {}, cpu_checkpointing {}", ac.partition_activations,
-                   ac.cpu_checkpointing));
+  line(fmt::format("activation checkpointing: partition_activations {}, cpu_checkpointing {}", ac.partition_activations, ac.cpu_checkpointing));
   line(fmt::format("steps_per_print: {}", steps_per_print ? std::to_string(*steps_per_print) : "never"));
   std::vector<std::string> monitors;
   if (tensorboard.enabled) monitors.push_back("tensorboard");

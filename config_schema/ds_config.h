@@ -61,10 +61,10 @@ struct DsConfig {
   bool wall_clock_breakdown = false;            // forced on by flops_profiler.enabled
   bool memory_breakdown = false;
   bool dump_state = false;
-  double gradient_clipping = 1.0;               // max global L2 norm; <= 0 disables (default 1.0 since v0.19.3)
+  double gradient_clipping = 1.0;  // max global L2 norm; <= 0 disables (default 1.0 since v0.19.3)
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
-  std::string gradient_allreduce_op = "mean";   // "mean" | "sum" (lower-cased)
+  std::string gradient_allreduce_op = "mean";          // "mean" | "sum" (lower-cased)
   std::optional<std::string> communication_data_type;  // "fp32" | "fp16" | "bf16"; nullopt = model dtype
   std::string seq_parallel_communication_data_type = "fp32";
   bool sparse_gradients = false;
@@ -78,7 +78,7 @@ struct DsConfig {
   std::optional<std::string> log_level;
   std::optional<std::int64_t> sequence_parallel_size;
   std::optional<std::int64_t> data_parallel_size;
-  std::int64_t allgather_size = 500'000'000;    // only used by the legacy "zero_optimization": true
+  std::int64_t allgather_size = 500'000'000;  // only used by the legacy "zero_optimization": true
 
   // --- sections ---
   OptimizerConfig optimizer;
@@ -100,7 +100,7 @@ struct DsConfig {
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;
   TimersConfig timers;
-  ElasticityConfig elasticity;                    // when enabled, it produced the batch triple
+  ElasticityConfig elasticity;                   // when enabled, it produced the batch triple
   std::vector<IgnoredSection> ignored_sections;  // features dstrain does not provide (warned)
 
   // --- diagnostics ---

@@ -13,13 +13,13 @@ namespace dstrain::config {
 
 struct ElasticityConfig {
   bool enabled = false;
-  std::int64_t max_train_batch_size = 2000;         // required when enabled
+  std::int64_t max_train_batch_size = 2000;              // required when enabled
   std::vector<std::int64_t> micro_batch_sizes{2, 4, 6};  // required when enabled
   std::int64_t min_gpus = 1;
   std::int64_t max_gpus = 10000;
-  double min_time = 0.0;                            // minutes; scheduler hint only
+  double min_time = 0.0;  // minutes; scheduler hint only
   bool prefer_larger_batch = true;
-  bool ignore_non_elastic_batch_info = false;       // else giving batch keys is an error
+  bool ignore_non_elastic_batch_info = false;  // else giving batch keys is an error
   double version = 0.2;
   std::int64_t num_gpus_per_node = 1;
   std::int64_t model_parallel_size = 1;

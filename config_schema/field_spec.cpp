@@ -26,9 +26,7 @@ FieldSpec number_field(std::string key, Json def, std::string description) {
 FieldSpec string_field(std::string key, Json def, std::string description) {
   return make(std::move(key), FieldKind::string, std::move(def), std::move(description));
 }
-FieldSpec object_field(std::string key, std::string description) {
-  return make(std::move(key), FieldKind::object, nullptr, std::move(description));
-}
+FieldSpec object_field(std::string key, std::string description) { return make(std::move(key), FieldKind::object, nullptr, std::move(description)); }
 FieldSpec array_field(std::string key, Json def, std::string description) {
   return make(std::move(key), FieldKind::array, std::move(def), std::move(description));
 }
@@ -62,13 +60,20 @@ std::vector<FieldSpec> describe_fields() {
 
 const char* kind_name(FieldKind kind) {
   switch (kind) {
-    case FieldKind::boolean: return "boolean";
-    case FieldKind::integer: return "integer";
-    case FieldKind::number: return "number";
-    case FieldKind::string: return "string";
-    case FieldKind::object: return "object";
-    case FieldKind::array: return "array";
-    case FieldKind::any: return "any";
+    case FieldKind::boolean:
+      return "boolean";
+    case FieldKind::integer:
+      return "integer";
+    case FieldKind::number:
+      return "number";
+    case FieldKind::string:
+      return "string";
+    case FieldKind::object:
+      return "object";
+    case FieldKind::array:
+      return "array";
+    case FieldKind::any:
+      return "any";
   }
   return "any";
 }

@@ -25,8 +25,8 @@ enum class FieldKind { boolean, integer, number, string, object, array, any };
 
 // One key of one section.
 struct FieldSpec {
-  std::string section;                   // dotted path of the section ("" = top level)
-  std::string key;                       // canonical spelling: DeepSpeed's pydantic field name
+  std::string section;  // dotted path of the section ("" = top level)
+  std::string key;      // canonical spelling: DeepSpeed's pydantic field name
   FieldKind kind = FieldKind::any;
   Regime regime = Regime::dict_lookup;   // regime of the section it belongs to
   Json default_value;                    // null = DeepSpeed's None
@@ -34,16 +34,22 @@ struct FieldSpec {
   std::vector<std::string> aliases;      // other accepted spellings of the same key
   std::vector<std::string> enum_values;  // for strings (or integers, written as strings)
   bool enum_case_insensitive = false;
-  std::optional<double> minimum;         // inclusive
-  std::optional<double> maximum;         // inclusive
+  std::optional<double> minimum;  // inclusive
+  std::optional<double> maximum;  // inclusive
   std::string description;
-  std::string replaced_by;               // deprecated key: the key it maps to (not written to output)
+  std::string replaced_by;  // deprecated key: the key it maps to (not written to output)
 
   std::string path() const { return section.empty() ? key : section + "." + key; }
 
   // Builder helpers so that the tables read as one line per key.
-  FieldSpec&& alias(std::string name) && { aliases.push_back(std::move(name)); return std::move(*this); }
-  FieldSpec&& optional() && { nullable = true; return std::move(*this); }
+  FieldSpec&& alias(std::string name) && {
+    aliases.push_back(std::move(name));
+    return std::move(*this);
+  }
+  FieldSpec&& optional() && {
+    nullable = true;
+    return std::move(*this);
+  }
   // A None default for a typed field (DeepSpeed's Optional[...] = None); implies optional().
   FieldSpec&& default_none() && {
     default_value = nullptr;
@@ -54,8 +60,14 @@ struct FieldSpec {
     replaced_by = std::move(replacement);
     return std::move(*this);
   }
-  FieldSpec&& min(double v) && { minimum = v; return std::move(*this); }
-  FieldSpec&& max(double v) && { maximum = v; return std::move(*this); }
+  FieldSpec&& min(double v) && {
+    minimum = v;
+    return std::move(*this);
+  }
+  FieldSpec&& max(double v) && {
+    maximum = v;
+    return std::move(*this);
+  }
   FieldSpec&& one_of(std::vector<std::string> v, bool case_insensitive = false) && {
     enum_values = std::move(v);
     enum_case_insensitive = case_insensitive;
@@ -72,7 +84,7 @@ FieldSpec array_field(std::string key, Json def, std::string description);
 
 // A section: a JSON object whose keys are described by `fields`.
 struct SectionSpec {
-  std::string path;   // "" = top level
+  std::string path;  // "" = top level
   Regime regime = Regime::dict_lookup;
   std::vector<FieldSpec> fields;
   std::string description;
@@ -81,8 +93,7 @@ struct SectionSpec {
 };
 
 // Builds a section, stamping section path and regime into every field.
-SectionSpec make_section(std::string path, Regime regime, std::string description,
-                         std::vector<FieldSpec> fields);
+SectionSpec make_section(std::string path, Regime regime, std::string description, std::vector<FieldSpec> fields);
 
 // Every section dstrain reads with a field table, in config order.
 const std::vector<SectionSpec>& all_sections();

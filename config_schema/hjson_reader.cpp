@@ -102,9 +102,8 @@ void append_utf8(std::string& out, char32_t cp) {
 
 // Python's str.isspace(): hjson-py trims quoteless strings with str.strip(), which removes these.
 bool is_python_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 std::string_view python_rstrip(std::string_view s) {
@@ -136,15 +135,11 @@ int hex_value(int c) {
   return -1;
 }
 
-std::string child_path(const std::string& parent, const std::string& key) {
-  return parent.empty() ? key : parent + "." + key;
-}
+std::string child_path(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
 
 // A non-negative integer is unsigned and a negative one signed, as nlohmann::json::parse stores
 // them, so trees from both parsers compare equal type for type.
-Json make_integer(std::int64_t v) {
-  return v >= 0 ? Json(static_cast<std::uint64_t>(v)) : Json(v);
-}
+Json make_integer(std::int64_t v) { return v >= 0 ? Json(static_cast<std::uint64_t>(v)) : Json(v); }
 
 // ---- the parser ----------------------------------------------------------------------------
 
@@ -160,8 +155,7 @@ class Parser {
 
   Json parse() {
     if (const size_t bad = find_invalid_utf8(s_); bad != kNone) {
-      error_at(bad, fmt::format("byte 0x{:02X} is not valid UTF-8; save the config as UTF-8 text",
-                                static_cast<unsigned char>(s_[bad])));
+      error_at(bad, fmt::format("byte 0x{:02X} is not valid UTF-8; save the config as UTF-8 text", static_cast<unsigned char>(s_[bad])));
     }
     size_t p = 0;
     if (s_.substr(0, 3) == "\xEF\xBB\xBF") p = 3;  // a UTF-8 byte-order mark, skipped as hjson-py does
@@ -170,8 +164,9 @@ class Parser {
     if (ch(p) == '{' || ch(p) == '[') {
       root = value(p, "", 0);
     } else if (ch(p) == kEof) {
-      error_at(p, "there is no value: the text is empty or holds only whitespace and comments; "
-                  "a DeepSpeed config is a JSON object such as {\"train_batch_size\": 8}");
+      error_at(p,
+               "there is no value: the text is empty or holds only whitespace and comments; "
+               "a DeepSpeed config is a JSON object such as {\"train_batch_size\": 8}");
     } else if (s_.find('\n') != kNone) {
       // hjson-py: text without a leading '{' or '[' that spans several lines is an object whose
       // root braces were left out; a single line is a single value.
@@ -264,8 +259,7 @@ class Parser {
       std::string name = key(p, key_pos);
       p = skip_blank(p);
       if (ch(p) != ':') {
-        error_at(p, fmt::format("expected ':' after the key \"{}\" but found {}; write \"{}\": value",
-                                name, describe(p), name));
+        error_at(p, fmt::format("expected ':' after the key \"{}\" but found {}; write \"{}\": value", name, describe(p), name));
       }
       p = skip_blank(p + 1);
       Json v = value(p, child_path(path, name), depth);
@@ -327,8 +321,7 @@ class Parser {
     while (true) {
       const int c = ch(p);
       if (c == kEof) {
-        error_at(p, fmt::format("the input ends inside the key name \"{}\"; add ':' and a value",
-                                python_rstrip(s_.substr(begin, p - begin))));
+        error_at(p, fmt::format("the input ends inside the key name \"{}\"; add ':' and a value", python_rstrip(s_.substr(begin, p - begin))));
       }
       if (c == ':') {
         if (p == begin) {
@@ -338,11 +331,10 @@ class Parser {
         if (space != p - 1) {
           const std::string_view first = s_.substr(begin, first_space - begin);
           const std::string_view rest = python_rstrip(s_.substr(space + 1, p - space - 1));
-          error_at(space + 1,
-                   fmt::format("expected ':' after the key name \"{}\" but found '{}'; a key "
-                               "without quotes cannot contain whitespace — add the missing ':' or "
-                               "comma, or quote the key",
-                               first, rest.substr(0, 40)));
+          error_at(space + 1, fmt::format("expected ':' after the key name \"{}\" but found '{}'; a key "
+                                          "without quotes cannot contain whitespace — add the missing ':' or "
+                                          "comma, or quote the key",
+                                          first, rest.substr(0, 40)));
         }
         return std::string(python_rstrip(s_.substr(begin, p - begin)));
       }
@@ -354,9 +346,7 @@ class Parser {
         error_at(p, fmt::format("found '{}' where a key name was expected{}; look for a missing "
                                 "value or an extra comma or brace, or quote a key that contains "
                                 "{{}}[],: or whitespace",
-                                static_cast<char>(c),
-                                so_far.empty() ? std::string()
-                                               : fmt::format(" (after \"{}\")", so_far.substr(0, 40))));
+                                static_cast<char>(c), so_far.empty() ? std::string() : fmt::format(" (after \"{}\")", so_far.substr(0, 40))));
       }
       ++p;
     }
@@ -371,8 +361,7 @@ class Parser {
     while (true) {
       const int c = ch(p);
       if (c == kEof) {
-        error_at(open, fmt::format("this string is never closed; add the closing {}",
-                                   static_cast<char>(quote)));
+        error_at(open, fmt::format("this string is never closed; add the closing {}", static_cast<char>(quote)));
       }
       if (c == quote) {
         ++p;
@@ -398,22 +387,39 @@ class Parser {
       }
       const int e = ch(p + 1);
       switch (e) {
-        case '"': out += '"'; break;
-        case '\'': out += '\''; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           p += 2;  // now at the first hex digit
           char32_t cp = read_hex4(p, p - 2);
           p += 4;
           // A high surrogate followed by \u and a low surrogate is one character (as in Python).
-          const std::optional<char32_t> low =
-              ch(p) == '\\' && ch(p + 1) == 'u' ? hex4_at(p + 2) : std::nullopt;
+          const std::optional<char32_t> low = ch(p) == '\\' && ch(p + 1) == 'u' ? hex4_at(p + 2) : std::nullopt;
           if (cp >= 0xD800 && cp <= 0xDBFF && low && *low >= 0xDC00 && *low <= 0xDFFF) {
             cp = 0x10000 + ((cp - 0xD800) << 10) + (*low - 0xDC00);
             p += 6;
@@ -427,8 +433,7 @@ class Parser {
           continue;
         }
         case kEof:
-          error_at(open, fmt::format("this string is never closed; add the closing {}",
-                                     static_cast<char>(quote)));
+          error_at(open, fmt::format("this string is never closed; add the closing {}", static_cast<char>(quote)));
         default:
           error_at(p, fmt::format("invalid escape '\\{}' in a string; the escapes are \\\" \\' \\\\ "
                                   "\\/ \\b \\f \\n \\r \\t \\uXXXX — write \\\\ for a backslash",
@@ -505,16 +510,13 @@ class Parser {
     if (first == '}' || first == ']' || first == ',' || first == ':') {
       error_at(begin, fmt::format("found '{}' where {} was expected; write the value (a number, "
                                   "\"string\", true, false, null, {{...}} or [...])",
-                                  static_cast<char>(first),
-                                  path.empty() ? std::string("a value")
-                                               : fmt::format("the value of \"{}\"", path)));
+                                  static_cast<char>(first), path.empty() ? std::string("a value") : fmt::format("the value of \"{}\"", path)));
     }
     size_t end = begin;
     while (true) {
       const int c = ch(end);
       const bool eol = c == '\r' || c == '\n' || c == kEof;
-      if (eol || c == ',' || c == '}' || c == ']' || c == '#' ||
-          (c == '/' && (ch(end + 1) == '/' || ch(end + 1) == '*'))) {
+      if (eol || c == ',' || c == '}' || c == ']' || c == '#' || (c == '/' && (ch(end + 1) == '/' || ch(end + 1) == '*'))) {
         const std::string_view text = python_strip(s_.substr(begin, end - begin));
         if (first == 'n' && text == "null") return finish(p, end, Json(nullptr));
         if (first == 't' && text == "true") return finish(p, end, Json(true));
@@ -605,8 +607,7 @@ class Parser {
   }
 
   // Decimal exponent of the leading digit (+1), enough to tell overflow (> 0) from underflow.
-  long long decimal_magnitude(size_t int_begin, size_t int_end, size_t frac_begin, size_t frac_end,
-                              size_t exp_at) const {
+  long long decimal_magnitude(size_t int_begin, size_t int_end, size_t frac_begin, size_t frac_end, size_t exp_at) const {
     long long mag = 0;
     if (s_[int_begin] != '0') {
       mag = static_cast<long long>(int_end - int_begin);
@@ -686,9 +687,7 @@ class Parser {
   [[noreturn]] void report_duplicates() const {
     std::vector<const Duplicate*> sorted;
     for (const auto& d : duplicates_) sorted.push_back(&d);
-    std::sort(sorted.begin(), sorted.end(), [](const Duplicate* a, const Duplicate* b) {
-      return a->occurrences[1] < b->occurrences[1];
-    });
+    std::sort(sorted.begin(), sorted.end(), [](const Duplicate* a, const Duplicate* b) { return a->occurrences[1] < b->occurrences[1]; });
     std::string message;
     for (const Duplicate* d : sorted) {
       const auto [line, col] = line_col(d->occurrences[1]);
@@ -696,14 +695,12 @@ class Parser {
       for (size_t k = 0; k < d->occurrences.size(); ++k) {
         if (k != 1) other_lines.push_back(line_col(d->occurrences[k]).first);
       }
-      const std::string where = d->object_path.empty()
-                                    ? std::string("the top-level object")
-                                    : fmt::format("object at \"{}\"", d->object_path);
+      const std::string where = d->object_path.empty() ? std::string("the top-level object") : fmt::format("object at \"{}\"", d->object_path);
       if (!message.empty()) message += '\n';
-      message += fmt::format("{}:{}:{}: duplicate key \"{}\" (also at line{} {}) in {}; DeepSpeed "
-                             "rejects duplicate keys — keep one",
-                             opts_.source_name, line, col, d->key, other_lines.size() > 1 ? "s" : "",
-                             fmt::join(other_lines, ", "), where);
+      message += fmt::format(
+          "{}:{}:{}: duplicate key \"{}\" (also at line{} {}) in {}; DeepSpeed "
+          "rejects duplicate keys — keep one",
+          opts_.source_name, line, col, d->key, other_lines.size() > 1 ? "s" : "", fmt::join(other_lines, ", "), where);
     }
     throw Error(message);
   }
@@ -715,8 +712,6 @@ class Parser {
 
 }  // namespace
 
-nlohmann::ordered_json parse_hjson(std::string_view text, const HjsonOptions& opts) {
-  return Parser(text, opts).parse();
-}
+nlohmann::ordered_json parse_hjson(std::string_view text, const HjsonOptions& opts) { return Parser(text, opts).parse(); }
 
 }  // namespace dstrain

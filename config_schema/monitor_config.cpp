@@ -78,8 +78,7 @@ SectionSpec flops_profiler_section_spec() {
 }
 
 SectionSpec timers_section_spec() {
-  return make_section("timers", Regime::validated, "Engine timers.",
-                      {object_field("throughput", "Throughput timer {enabled, synchronized}.")});
+  return make_section("timers", Regime::validated, "Engine timers.", {object_field("throughput", "Throughput timer {enabled, synchronized}.")});
 }
 
 SectionSpec timers_throughput_section_spec() {
@@ -90,8 +89,7 @@ SectionSpec timers_throughput_section_spec() {
                       });
 }
 
-FileMonitorConfig parse_file_monitor_config(const std::string& key, const Json* value, ParseContext& ctx,
-                                            Json& resolved) {
+FileMonitorConfig parse_file_monitor_config(const std::string& key, const Json* value, ParseContext& ctx, Json& resolved) {
   resolved = read_section(obj_or_empty(value), file_monitor_spec(key, ""), ctx);
   FileMonitorConfig c;
   c.enabled = resolved["enabled"].get<bool>();
@@ -108,8 +106,9 @@ WandbConfig parse_wandb_config(const Json* value, ParseContext& ctx, Json& resol
   c.team = opt_string(resolved["team"]);
   c.project = resolved["project"].get<std::string>();
   if (c.enabled)
-    ctx.warn("wandb", "dstrain does not provide Weights & Biases logging; the `wandb` section is ignored. Use "
-                      "tensorboard or csv_monitor");
+    ctx.warn("wandb",
+             "dstrain does not provide Weights & Biases logging; the `wandb` section is ignored. Use "
+             "tensorboard or csv_monitor");
   return c;
 }
 
@@ -126,8 +125,9 @@ CometConfig parse_comet_config(const Json* value, ParseContext& ctx, Json& resol
   c.mode = opt_string(resolved["mode"]);
   if (!resolved["online"].is_null()) c.online = resolved["online"].get<bool>();
   if (c.enabled)
-    ctx.warn("comet", "dstrain does not provide Comet logging; the `comet` section is ignored. Use tensorboard or "
-                      "csv_monitor");
+    ctx.warn("comet",
+             "dstrain does not provide Comet logging; the `comet` section is ignored. Use tensorboard or "
+             "csv_monitor");
   return c;
 }
 
@@ -140,8 +140,7 @@ CommsLoggerConfig parse_comms_logger_config(const Json* value, ParseContext& ctx
   c.prof_all = resolved["prof_all"].get<bool>();
   c.debug = resolved["debug"].get<bool>();
   for (const auto& op : resolved["prof_ops"]) {
-    if (!op.is_string())
-      fail("comms_logger.prof_ops contains {}: expected a list of operation names such as \"all_reduce\"", show(op));
+    if (!op.is_string()) fail("comms_logger.prof_ops contains {}: expected a list of operation names such as \"all_reduce\"", show(op));
     c.prof_ops.push_back(op.get<std::string>());
   }
   return c;

@@ -15,7 +15,7 @@ namespace dstrain::config {
 // tensorboard and csv_monitor share DeepSpeed's field set.
 struct FileMonitorConfig {
   bool enabled = false;
-  std::string output_path;                   // "" = current directory
+  std::string output_path;  // "" = current directory
   std::string job_name = "DeepSpeedJobName";
 };
 using TensorboardConfig = FileMonitorConfig;
@@ -70,8 +70,7 @@ SectionSpec flops_profiler_section_spec();
 SectionSpec timers_section_spec();
 SectionSpec timers_throughput_section_spec();
 
-FileMonitorConfig parse_file_monitor_config(const std::string& key, const Json* value, ParseContext& ctx,
-                                            Json& resolved);
+FileMonitorConfig parse_file_monitor_config(const std::string& key, const Json* value, ParseContext& ctx, Json& resolved);
 WandbConfig parse_wandb_config(const Json* value, ParseContext& ctx, Json& resolved);
 CometConfig parse_comet_config(const Json* value, ParseContext& ctx, Json& resolved);
 CommsLoggerConfig parse_comms_logger_config(const Json* value, ParseContext& ctx, Json& resolved);

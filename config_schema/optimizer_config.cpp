@@ -18,47 +18,57 @@ std::string lower(std::string s) {
 }
 
 // DeepSpeed's own optimizer names, matched case-insensitively (docs/optimizers.md §1).
-const std::vector<std::string> kDeepSpeedNames = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
-                                                  "onebitlamb", "muadam", "muadamw", "musgd", "lion", "muon"};
+const std::vector<std::string> kDeepSpeedNames = {"adagrad",    "adam",   "adamw",   "lamb",  "onebitadam", "zerooneadam",
+                                                  "onebitlamb", "muadam", "muadamw", "musgd", "lion",       "muon"};
 // torch.optim classes: the fallback, matched case-sensitively.
-const std::vector<std::string> kTorchOptimizers = {"Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW",
-                                                   "SparseAdam", "Adamax", "ASGD", "LBFGS", "NAdam",
-                                                   "RAdam", "RMSprop", "Rprop", "SGD", "Muon"};
+const std::vector<std::string> kTorchOptimizers = {"Adadelta", "Adafactor", "Adagrad", "Adam",    "AdamW", "SparseAdam", "Adamax", "ASGD",
+                                                   "LBFGS",    "NAdam",     "RAdam",   "RMSprop", "Rprop", "SGD",        "Muon"};
 
 std::vector<std::string> params_for(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::adam:
     case OptimizerKind::adamw:
-      return {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "torch_adam",
-              "fp32_optimizer_states", "amsgrad"};
+      return {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "torch_adam", "fp32_optimizer_states", "amsgrad"};
     case OptimizerKind::lamb:
-      return {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff", "eps_inside_sqrt",
-              "amsgrad"};
+      return {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff", "eps_inside_sqrt", "amsgrad"};
     case OptimizerKind::sgd:
       return {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"};
     // deepspeed/runtime/fp16/onebit/{adam,zoadam,lamb}.py constructors (max_grad_norm is refused
     // for every type, above).
     case OptimizerKind::onebit_adam:
-      return {"lr", "freeze_step", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "amsgrad", "cuda_aware",
-              "comm_backend_name"};
+      return {"lr",      "freeze_step", "bias_correction",  "betas", "eps", "eps_inside_sqrt", "weight_decay",
+              "amsgrad", "cuda_aware",  "comm_backend_name"};
     case OptimizerKind::zero_one_adam:
-      return {"lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "var_freeze_step", "var_update_scaler",
-              "local_step_scaler", "local_step_clipper", "amsgrad", "cuda_aware", "comm_backend_name"};
+      return {"lr",
+              "bias_correction",
+              "betas",
+              "eps",
+              "eps_inside_sqrt",
+              "weight_decay",
+              "var_freeze_step",
+              "var_update_scaler",
+              "local_step_scaler",
+              "local_step_clipper",
+              "amsgrad",
+              "cuda_aware",
+              "comm_backend_name"};
     case OptimizerKind::onebit_lamb:
-      return {"lr", "freeze_step", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_coeff", "min_coeff",
-              "amsgrad", "cuda_aware", "comm_backend_name", "coeff_beta", "factor_max", "factor_min", "factor_threshold"};
+      return {"lr",           "freeze_step", "bias_correction", "betas",           "eps",        "eps_inside_sqrt",
+              "weight_decay", "max_coeff",   "min_coeff",       "amsgrad",         "cuda_aware", "comm_backend_name",
+              "coeff_beta",   "factor_max",  "factor_min",      "factor_threshold"};
     // torch.optim's constructor arguments (torch 2.x; foreach / fused / capturable / differentiable
     // choose torch's implementation, not the update) and FusedLion's.
     case OptimizerKind::adagrad:
       return {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "foreach", "maximize", "differentiable", "fused"};
-    case OptimizerKind::lion: return {"lr", "betas", "weight_decay", "set_grad_none"};
+    case OptimizerKind::lion:
+      return {"lr", "betas", "weight_decay", "set_grad_none"};
     case OptimizerKind::rmsprop:
       return {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "capturable", "foreach", "maximize", "differentiable"};
     case OptimizerKind::adamax:
       return {"lr", "betas", "eps", "weight_decay", "foreach", "maximize", "differentiable", "capturable"};
     case OptimizerKind::nadam:
-      return {"lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "foreach", "maximize", "capturable",
-              "differentiable"};
+      return {"lr",      "betas",    "eps",        "weight_decay",  "momentum_decay", "decoupled_weight_decay",
+              "foreach", "maximize", "capturable", "differentiable"};
     case OptimizerKind::radam:
       return {"lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "foreach", "maximize", "capturable", "differentiable"};
     case OptimizerKind::adadelta:
@@ -67,21 +77,29 @@ std::vector<std::string> params_for(OptimizerKind kind) {
       return {"lr", "lambd", "alpha", "t0", "weight_decay", "foreach", "maximize", "differentiable", "capturable"};
     case OptimizerKind::rprop:
       return {"lr", "etas", "step_sizes", "capturable", "foreach", "maximize", "differentiable"};
-    default: return {};
+    default:
+      return {};
   }
 }
 
 // The constructor defaults of a type where they differ from the params table's (Adam's).
 Json type_defaults(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::adagrad: return {{"lr", 1e-2}, {"eps", 1e-10}};
-    case OptimizerKind::rmsprop: return {{"lr", 1e-2}};
+    case OptimizerKind::adagrad:
+      return {{"lr", 1e-2}, {"eps", 1e-10}};
+    case OptimizerKind::rmsprop:
+      return {{"lr", 1e-2}};
     case OptimizerKind::adamax:
-    case OptimizerKind::nadam: return {{"lr", 2e-3}};
-    case OptimizerKind::adadelta: return {{"lr", 1.0}, {"eps", 1e-6}};
-    case OptimizerKind::asgd: return {{"lr", 1e-2}, {"alpha", 0.75}};
-    case OptimizerKind::rprop: return {{"lr", 1e-2}};
-    default: return Json::object();
+    case OptimizerKind::nadam:
+      return {{"lr", 2e-3}};
+    case OptimizerKind::adadelta:
+      return {{"lr", 1.0}, {"eps", 1e-6}};
+    case OptimizerKind::asgd:
+      return {{"lr", 1e-2}, {"alpha", 0.75}};
+    case OptimizerKind::rprop:
+      return {{"lr", 1e-2}};
+    default:
+      return Json::object();
   }
 }
 
@@ -129,9 +147,10 @@ void parse_adafactor_params(const Json& raw, OptimizerConfig& c, Json& resolved)
   for (const auto& [key, v] : raw.items()) {
     if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
     const std::string guess = closest_key(key, valid);
-    fail("optimizer.params.{}: {} does not take a parameter named \"{}\" (DeepSpeed fails with \"unexpected keyword argument\"){}; valid "
-         "parameters: {}",
-         key, c.type, key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess), fmt::format("{}", fmt::join(valid, ", ")));
+    fail(
+        "optimizer.params.{}: {} does not take a parameter named \"{}\" (DeepSpeed fails with \"unexpected keyword argument\"){}; valid "
+        "parameters: {}",
+        key, c.type, key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess), fmt::format("{}", fmt::join(valid, ", ")));
   }
   auto number = [&](const char* key, double fallback) {
     if (!raw.contains(key)) return fallback;
@@ -206,15 +225,21 @@ void parse_muon_params(const Json& raw, OptimizerConfig& c, ParseContext& ctx, J
   p.eps = number("eps", 1e-10);
   p.betas = raw.contains("betas") ? number_pair(raw["betas"], "betas", "[0.9, 0.95]") : std::pair{0.9, 0.95};
   for (double b : {p.betas.first, p.betas.second})
-    if (b < 0.0 || b >= 1.0) fail("optimizer.params.betas is {}: each beta must be in [0, 1) (the Adam bias correction divides by 1 - beta^t)", show(raw["betas"]));
+    if (b < 0.0 || b >= 1.0)
+      fail("optimizer.params.betas is {}: each beta must be in [0, 1) (the Adam bias correction divides by 1 - beta^t)", show(raw["betas"]));
   if (raw.contains("ns_method")) {
     const Json& v = raw["ns_method"];
     if (!v.is_string() || (v.get<std::string>() != "gram" && v.get<std::string>() != "standard"))
       fail("optimizer.params.ns_method is {}: ns_method must be one of {{'standard', 'gram'}} (MuonWithAuxAdam asserts this)", show(v));
     p.ns_method = v.get<std::string>();
   }
-  resolved["params"] = Json{{"muon_lr", p.lr},   {"adam_lr", p.adam_lr}, {"momentum", p.momentum}, {"weight_decay", p.weight_decay},
-                            {"ns_method", p.ns_method}, {"betas", Json::array({p.betas.first, p.betas.second})}, {"eps", p.eps}};
+  resolved["params"] = Json{{"muon_lr", p.lr},
+                            {"adam_lr", p.adam_lr},
+                            {"momentum", p.momentum},
+                            {"weight_decay", p.weight_decay},
+                            {"ns_method", p.ns_method},
+                            {"betas", Json::array({p.betas.first, p.betas.second})},
+                            {"eps", p.eps}};
 }
 
 }  // namespace
@@ -223,24 +248,27 @@ std::optional<std::string> deepspeed_failure_reason(const OptimizerConfig& c) {
   if (c.kind != OptimizerKind::unsupported) return std::nullopt;
   const std::string& t = c.type;
   if (t == "SparseAdam")
-    return fmt::format("optimizer.type \"{}\": DeepSpeed builds torch.optim.SparseAdam, which takes only sparse gradients "
-                       "(nn.Embedding(sparse=True)); every gradient of a dstrain model is dense, so DeepSpeed's first step would raise "
-                       "\"SparseAdam does not support dense gradients, please consider Adam instead\"; use \"Adam\" or \"AdamW\"",
-                       t);
+    return fmt::format(
+        "optimizer.type \"{}\": DeepSpeed builds torch.optim.SparseAdam, which takes only sparse gradients "
+        "(nn.Embedding(sparse=True)); every gradient of a dstrain model is dense, so DeepSpeed's first step would raise "
+        "\"SparseAdam does not support dense gradients, please consider Adam instead\"; use \"Adam\" or \"AdamW\"",
+        t);
   if (t == "LBFGS")
-    return fmt::format("optimizer.type \"{}\": DeepSpeed builds torch.optim.LBFGS, whose step(closure) re-evaluates the model through the "
-                       "closure; DeepSpeed's engine calls optimizer.step() without one, so its first step would raise \"TypeError: step() "
-                       "missing 1 required positional argument: 'closure'\"; use a first-order optimizer (\"AdamW\", \"SGD\", \"Lion\", ...)",
-                       t);
+    return fmt::format(
+        "optimizer.type \"{}\": DeepSpeed builds torch.optim.LBFGS, whose step(closure) re-evaluates the model through the "
+        "closure; DeepSpeed's engine calls optimizer.step() without one, so its first step would raise \"TypeError: step() "
+        "missing 1 required positional argument: 'closure'\"; use a first-order optimizer (\"AdamW\", \"SGD\", \"Lion\", ...)",
+        t);
   const std::string low = lower(t);
   if (low == "muadam" || low == "muadamw" || low == "musgd") {
     const char* plain = low == "muadam" ? "Adam" : low == "muadamw" ? "AdamW" : "SGD";
-    return fmt::format("optimizer.type \"{}\": DeepSpeed builds mup's {} (μP learning-rate scaling), which asserts that every parameter has "
-                       "μP base shapes (\"A parameter with shape ... does not have `infshape` attribute. Did you forget to call "
-                       "`mup.set_base_shapes` on the model?\"), so deepspeed.initialize fails unless the program called "
-                       "mup.set_base_shapes on a μP-parametrised model; dstrain's models have no μP base shapes; use \"{}\" (what {} "
-                       "becomes at the base width)",
-                       t, t, plain, t);
+    return fmt::format(
+        "optimizer.type \"{}\": DeepSpeed builds mup's {} (μP learning-rate scaling), which asserts that every parameter has "
+        "μP base shapes (\"A parameter with shape ... does not have `infshape` attribute. Did you forget to call "
+        "`mup.set_base_shapes` on the model?\"), so deepspeed.initialize fails unless the program called "
+        "mup.set_base_shapes on a μP-parametrised model; dstrain's models have no μP base shapes; use \"{}\" (what {} "
+        "becomes at the base width)",
+        t, t, plain, t);
   }
   return std::nullopt;
 }
@@ -248,61 +276,63 @@ std::optional<std::string> deepspeed_failure_reason(const OptimizerConfig& c) {
 SectionSpec optimizer_section_spec() {
   return make_section("optimizer", Regime::dict_lookup, "The optimizer built from the config.",
                       {
-                          string_field("type", nullptr, "Adam, AdamW, Lamb, Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case), SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, Adafactor (as torch.optim); SparseAdam, LBFGS, MuAdam, MuAdamW, MuSGD are recognised and refused with DeepSpeed's reason."),
+                          string_field("type", nullptr,
+                                       "Adam, AdamW, Lamb, Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case), SGD, RMSprop, "
+                                       "Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, Adafactor (as torch.optim); SparseAdam, LBFGS, MuAdam, MuAdamW, "
+                                       "MuSGD are recognised and refused with DeepSpeed's reason."),
                           object_field("params", "Constructor arguments of the optimizer."),
                           bool_field("legacy_fusion", false, "Legacy fused fp16 optimizer path."),
                       });
 }
 
 SectionSpec optimizer_params_section_spec() {
-  return make_section(
-      "optimizer.params", Regime::dict_lookup,
-      "Optimizer constructor arguments; which ones are valid depends on optimizer.type.",
-      {
-          number_field("lr", 1e-3, "Learning rate (every type; defaults per type, docs/optimizers.md).").min(0),
-          array_field("betas", Json::array({0.9, 0.999}), "Adam/Lamb coefficients [beta1, beta2], each in [0, 1)."),
-          number_field("eps", 1e-8, "Denominator epsilon (Adam, AdamW, Lamb).").min(0),
-          number_field("weight_decay", 0.0, "Weight decay (decoupled for AdamW and Adam with adam_w_mode).").min(0),
-          bool_field("bias_correction", true, "Adam/Lamb bias correction."),
-          bool_field("adam_w_mode", true, "Adam/AdamW: decoupled weight decay (\"Adam\" is AdamW unless false)."),
-          bool_field("torch_adam", false, "Adam/AdamW: use torch's implementation instead of the fused one."),
-          bool_field("fp32_optimizer_states", true, "Adam/AdamW with CPU offload: keep optimizer states in fp32."),
-          bool_field("amsgrad", false, "Not supported by FusedAdam/FusedLamb; must be false."),
-          number_field("max_coeff", 10.0, "Lamb: upper clamp of the trust ratio."),
-          number_field("min_coeff", 0.01, "Lamb: lower clamp of the trust ratio."),
-          bool_field("eps_inside_sqrt", false, "Lamb: add eps inside the square root."),
-          number_field("momentum", 0.0, "SGD momentum.").min(0),
-          number_field("dampening", 0.0, "SGD dampening."),
-          bool_field("nesterov", false, "SGD Nesterov momentum (needs momentum > 0 and dampening 0)."),
-          bool_field("maximize", false, "SGD and torch's types: maximise the objective."),
-          number_field("lr_decay", 0.0, "Adagrad: lr / (1 + (t - 1) lr_decay).").min(0),
-          number_field("initial_accumulator_value", 0.0, "Adagrad: the sum of squares starts here.").min(0),
-          number_field("alpha", 0.99, "RMSprop smoothing constant (ASGD: the eta power, default 0.75).").min(0),
-          bool_field("centered", false, "RMSprop: normalise by the variance estimate."),
-          number_field("momentum_decay", 4e-3, "NAdam momentum decay psi.").min(0),
-          bool_field("decoupled_weight_decay", false, "NAdam / RAdam: decoupled (AdamW-style) weight decay."),
-          number_field("rho", 0.9, "Adadelta: running average coefficient.").min(0).max(1),
-          number_field("lambd", 1e-4, "ASGD decay term."),
-          number_field("t0", 1e6, "ASGD: the step averaging starts at."),
-          array_field("etas", Json::array({0.5, 1.2}), "Rprop (etaminus, etaplus), 0 < etaminus < 1 < etaplus."),
-          array_field("step_sizes", Json::array({1e-6, 50}), "Rprop (min, max) step size."),
-          bool_field("foreach", false, "torch: implementation choice (no effect on the update)."),
-          bool_field("fused", false, "torch: implementation choice (no effect on the update)."),
-          bool_field("capturable", false, "torch: implementation choice (no effect on the update)."),
-          bool_field("differentiable", false, "torch: autograd through the step (no effect on the update)."),
-          bool_field("set_grad_none", true, "Lion: zero_grad sets gradients to None (no effect on the update)."),
-          number_field("freeze_step", 100000, "OneBitAdam/OneBitLamb: full-precision warm-up steps before compression.").min(0),
-          string_field("comm_backend_name", "nccl", "1-bit optimizers: nccl, mpi, hccl or compressed (dstrain: the engine's communicator)."),
-          bool_field("cuda_aware", false, "1-bit optimizers with MPI: CUDA-aware MPI."),
-          number_field("var_freeze_step", 100000, "ZeroOneAdam: steps before the variance freezes.").min(0),
-          number_field("var_update_scaler", 16, "ZeroOneAdam: variance updates per doubling of their interval.").min(1),
-          number_field("local_step_scaler", 32678, "ZeroOneAdam: local steps per doubling of their interval.").min(1),
-          number_field("local_step_clipper", 16, "ZeroOneAdam: the largest local-step interval.").min(1),
-          number_field("coeff_beta", 0.9, "OneBitLamb: EMA coefficient of the warm-up trust ratios."),
-          number_field("factor_max", 4.0, "OneBitLamb: upper clamp of the frozen ratio's factor."),
-          number_field("factor_min", 0.5, "OneBitLamb: lower clamp of the frozen ratio's factor."),
-          number_field("factor_threshold", 0.1, "OneBitLamb: the factor's largest relative change per step."),
-      });
+  return make_section("optimizer.params", Regime::dict_lookup, "Optimizer constructor arguments; which ones are valid depends on optimizer.type.",
+                      {
+                          number_field("lr", 1e-3, "Learning rate (every type; defaults per type, docs/optimizers.md).").min(0),
+                          array_field("betas", Json::array({0.9, 0.999}), "Adam/Lamb coefficients [beta1, beta2], each in [0, 1)."),
+                          number_field("eps", 1e-8, "Denominator epsilon (Adam, AdamW, Lamb).").min(0),
+                          number_field("weight_decay", 0.0, "Weight decay (decoupled for AdamW and Adam with adam_w_mode).").min(0),
+                          bool_field("bias_correction", true, "Adam/Lamb bias correction."),
+                          bool_field("adam_w_mode", true, "Adam/AdamW: decoupled weight decay (\"Adam\" is AdamW unless false)."),
+                          bool_field("torch_adam", false, "Adam/AdamW: use torch's implementation instead of the fused one."),
+                          bool_field("fp32_optimizer_states", true, "Adam/AdamW with CPU offload: keep optimizer states in fp32."),
+                          bool_field("amsgrad", false, "Not supported by FusedAdam/FusedLamb; must be false."),
+                          number_field("max_coeff", 10.0, "Lamb: upper clamp of the trust ratio."),
+                          number_field("min_coeff", 0.01, "Lamb: lower clamp of the trust ratio."),
+                          bool_field("eps_inside_sqrt", false, "Lamb: add eps inside the square root."),
+                          number_field("momentum", 0.0, "SGD momentum.").min(0),
+                          number_field("dampening", 0.0, "SGD dampening."),
+                          bool_field("nesterov", false, "SGD Nesterov momentum (needs momentum > 0 and dampening 0)."),
+                          bool_field("maximize", false, "SGD and torch's types: maximise the objective."),
+                          number_field("lr_decay", 0.0, "Adagrad: lr / (1 + (t - 1) lr_decay).").min(0),
+                          number_field("initial_accumulator_value", 0.0, "Adagrad: the sum of squares starts here.").min(0),
+                          number_field("alpha", 0.99, "RMSprop smoothing constant (ASGD: the eta power, default 0.75).").min(0),
+                          bool_field("centered", false, "RMSprop: normalise by the variance estimate."),
+                          number_field("momentum_decay", 4e-3, "NAdam momentum decay psi.").min(0),
+                          bool_field("decoupled_weight_decay", false, "NAdam / RAdam: decoupled (AdamW-style) weight decay."),
+                          number_field("rho", 0.9, "Adadelta: running average coefficient.").min(0).max(1),
+                          number_field("lambd", 1e-4, "ASGD decay term."),
+                          number_field("t0", 1e6, "ASGD: the step averaging starts at."),
+                          array_field("etas", Json::array({0.5, 1.2}), "Rprop (etaminus, etaplus), 0 < etaminus < 1 < etaplus."),
+                          array_field("step_sizes", Json::array({1e-6, 50}), "Rprop (min, max) step size."),
+                          bool_field("foreach", false, "torch: implementation choice (no effect on the update)."),
+                          bool_field("fused", false, "torch: implementation choice (no effect on the update)."),
+                          bool_field("capturable", false, "torch: implementation choice (no effect on the update)."),
+                          bool_field("differentiable", false, "torch: autograd through the step (no effect on the update)."),
+                          bool_field("set_grad_none", true, "Lion: zero_grad sets gradients to None (no effect on the update)."),
+                          number_field("freeze_step", 100000, "OneBitAdam/OneBitLamb: full-precision warm-up steps before compression.").min(0),
+                          string_field("comm_backend_name", "nccl",
+                                       "1-bit optimizers: nccl, mpi, hccl or compressed (dstrain: the engine's communicator)."),
+                          bool_field("cuda_aware", false, "1-bit optimizers with MPI: CUDA-aware MPI."),
+                          number_field("var_freeze_step", 100000, "ZeroOneAdam: steps before the variance freezes.").min(0),
+                          number_field("var_update_scaler", 16, "ZeroOneAdam: variance updates per doubling of their interval.").min(1),
+                          number_field("local_step_scaler", 32678, "ZeroOneAdam: local steps per doubling of their interval.").min(1),
+                          number_field("local_step_clipper", 16, "ZeroOneAdam: the largest local-step interval.").min(1),
+                          number_field("coeff_beta", 0.9, "OneBitLamb: EMA coefficient of the warm-up trust ratios."),
+                          number_field("factor_max", 4.0, "OneBitLamb: upper clamp of the frozen ratio's factor."),
+                          number_field("factor_min", 0.5, "OneBitLamb: lower clamp of the frozen ratio's factor."),
+                          number_field("factor_threshold", 0.1, "OneBitLamb: the factor's largest relative change per step."),
+                      });
 }
 
 OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Json& resolved) {
@@ -313,8 +343,9 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   }
   Json head = read_section(*value, optimizer_section_spec(), ctx);
   if (head["type"].is_null())
-    fail("optimizer.type is missing: name the optimizer, e.g. \"type\": \"AdamW\" (dstrain provides Adam, AdamW, "
-         "Lamb and SGD)");
+    fail(
+        "optimizer.type is missing: name the optimizer, e.g. \"type\": \"AdamW\" (dstrain provides Adam, AdamW, "
+        "Lamb and SGD)");
   c.type = head["type"].get<std::string>();
   c.legacy_fusion = head["legacy_fusion"].get<bool>();
   const std::string low = lower(c.type);
@@ -324,11 +355,14 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
         std::find(kTorchOptimizers.begin(), kTorchOptimizers.end(), c.type) != kTorchOptimizers.end()) {
       c.kind = OptimizerKind::unsupported;
     } else {
-      std::vector<std::string> names = {"Adam", "AdamW", "Lamb", "Muon", "SGD", "Adagrad", "Lion", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "Adafactor", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
+      std::vector<std::string> names = {"Adam",  "AdamW", "Lamb",     "Muon", "SGD",   "Adagrad",   "Lion",       "RMSprop",     "Adamax",
+                                        "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop", "Adafactor", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
       const std::string guess = closest_key(c.type, names);
-      fail("optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb, "
-           "Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, Adafactor (case-sensitive, as torch.optim)",
-           c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
+      fail(
+          "optimizer.type is \"{}\": {} is not a supported DeepSpeed Optimizer{}; dstrain provides Adam, AdamW, Lamb, "
+          "Adagrad, Lion, Muon, OneBitAdam, ZeroOneAdam, OneBitLamb (any case) and SGD, RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, "
+          "Adafactor (case-sensitive, as torch.optim)",
+          c.type, c.type, guess.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", guess));
     }
   }
 
@@ -338,9 +372,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
 
   // DeepSpeed refuses max_grad_norm for every optimizer type: clipping is the engine's job.
   if (raw.contains("max_grad_norm"))
-    fail("optimizer.params.max_grad_norm is {}: 'max_grad_norm' is not supported as an optimizer parameter, please "
-         "switch to using the deepspeed parameter 'gradient_clipping' (top level, e.g. \"gradient_clipping\": {})",
-         show(raw["max_grad_norm"]), show(raw["max_grad_norm"]));
+    fail(
+        "optimizer.params.max_grad_norm is {}: 'max_grad_norm' is not supported as an optimizer parameter, please "
+        "switch to using the deepspeed parameter 'gradient_clipping' (top level, e.g. \"gradient_clipping\": {})",
+        show(raw["max_grad_norm"]), show(raw["max_grad_norm"]));
 
   if (c.kind == OptimizerKind::unsupported) {
     if (const auto reason = deepspeed_failure_reason(c))
@@ -369,10 +404,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   for (const auto& [key, v] : raw.items()) {
     if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
     const std::string guess = closest_key(key, valid);
-    fail("optimizer.params.{}: {} does not take a parameter named \"{}\" (DeepSpeed fails with \"unexpected keyword "
-         "argument\"){}; valid parameters: {}",
-         key, c.type, key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess),
-         fmt::format("{}", fmt::join(valid, ", ")));
+    fail(
+        "optimizer.params.{}: {} does not take a parameter named \"{}\" (DeepSpeed fails with \"unexpected keyword "
+        "argument\"){}; valid parameters: {}",
+        key, c.type, key, guess.empty() ? "" : fmt::format("; did you mean \"{}\"?", guess), fmt::format("{}", fmt::join(valid, ", ")));
   }
   SectionSpec spec = optimizer_params_section_spec();
   Json all = read_section(raw, spec, ctx);
@@ -387,12 +422,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
   p.weight_decay = all["weight_decay"].get<double>();
   const Json& betas = all["betas"];
   if (betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number())
-    fail("optimizer.params.betas is {}: expected a list of two numbers [beta1, beta2], e.g. [0.9, 0.999]",
-         show(betas));
+    fail("optimizer.params.betas is {}: expected a list of two numbers [beta1, beta2], e.g. [0.9, 0.999]", show(betas));
   p.betas = {betas[0].get<double>(), betas[1].get<double>()};
   for (double b : {p.betas.first, p.betas.second})
-    if (b < 0.0 || b >= 1.0)
-      fail("optimizer.params.betas is {}: each beta must be in [0, 1)", show(betas));
+    if (b < 0.0 || b >= 1.0) fail("optimizer.params.betas is {}: each beta must be in [0, 1)", show(betas));
   p.eps = all["eps"].get<double>();
   p.bias_correction = all["bias_correction"].get<bool>();
   p.adam_w_mode = all["adam_w_mode"].get<bool>();
@@ -428,9 +461,10 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
     // fails on comm_backend_handle.size).
     const std::string& b = ob.comm_backend_name;
     if (b != "nccl" && b != "mpi" && b != "hccl" && b != "compressed")
-      fail("optimizer.params.comm_backend_name is \"{}\": {} communicates through \"nccl\", \"mpi\", \"hccl\" or \"compressed\" "
-           "(DeepSpeed has no other backend for it); dstrain runs any of them on the engine's communicator",
-           b, c.type);
+      fail(
+          "optimizer.params.comm_backend_name is \"{}\": {} communicates through \"nccl\", \"mpi\", \"hccl\" or \"compressed\" "
+          "(DeepSpeed has no other backend for it); dstrain runs any of them on the engine's communicator",
+          b, c.type);
   }
   p.lr_decay = all["lr_decay"].get<double>();
   p.initial_accumulator_value = all["initial_accumulator_value"].get<double>();
@@ -447,18 +481,19 @@ OptimizerConfig parse_optimizer_config(const Json* value, ParseContext& ctx, Jso
     fail("optimizer.params.etas is {}: Rprop needs 0 < etaminus < 1 < etaplus (torch: \"Invalid eta values\")", show(all["etas"]));
 
   if (p.amsgrad)
-    fail("optimizer.params.amsgrad is true: DeepSpeed's {} does not support the AMSGrad variant; remove it",
-         c.is_onebit() ? c.type : c.kind == OptimizerKind::lamb ? "fused Lamb" : "fused Adam");
+    fail("optimizer.params.amsgrad is true: DeepSpeed's {} does not support the AMSGrad variant; remove it", c.is_onebit() ? c.type
+                                                                                                             : c.kind == OptimizerKind::lamb
+                                                                                                                 ? "fused Lamb"
+                                                                                                                 : "fused Adam");
   if (c.kind == OptimizerKind::sgd && p.nesterov && (p.momentum <= 0.0 || p.dampening != 0.0))
-    fail("optimizer.params.nesterov is true with momentum {} and dampening {}: Nesterov momentum requires a momentum "
-         "and zero dampening",
-         p.momentum, p.dampening);
+    fail(
+        "optimizer.params.nesterov is true with momentum {} and dampening {}: Nesterov momentum requires a momentum "
+        "and zero dampening",
+        p.momentum, p.dampening);
   if (c.kind == OptimizerKind::adam && !p.adam_w_mode && p.weight_decay > 0.0)
-    ctx.warn("optimizer.params.adam_w_mode",
-             "adam_w_mode is false: weight decay is added to the gradient (classic L2 Adam), not decoupled");
+    ctx.warn("optimizer.params.adam_w_mode", "adam_w_mode is false: weight decay is added to the gradient (classic L2 Adam), not decoupled");
   if (c.kind == OptimizerKind::adamw && !p.adam_w_mode)
-    ctx.warn("optimizer.params.adam_w_mode",
-             "type AdamW with adam_w_mode false: DeepSpeed still uses decoupled weight decay (type AdamW wins)");
+    ctx.warn("optimizer.params.adam_w_mode", "type AdamW with adam_w_mode false: DeepSpeed still uses decoupled weight decay (type AdamW wins)");
   resolved["params"] = out;
   return c;
 }
@@ -472,10 +507,9 @@ Json default_optimizer_block(const AutoValues& autos) {
   if (!(wd >= 0.0)) fail("--weight-decay {}: the default AdamW (the config has no \"optimizer\" block) needs weight_decay >= 0", wd);
   for (double b : {betas.first, betas.second})
     if (!(b >= 0.0 && b < 1.0))
-      fail("--adam-beta1 / --adam-beta2 ({}, {}): the default AdamW (the config has no \"optimizer\" block) needs each beta in [0, 1)",
-           betas.first, betas.second);
-  return Json{{"type", "AdamW"},
-              {"params", {{"lr", lr}, {"betas", Json::array({betas.first, betas.second})}, {"eps", eps}, {"weight_decay", wd}}}};
+      fail("--adam-beta1 / --adam-beta2 ({}, {}): the default AdamW (the config has no \"optimizer\" block) needs each beta in [0, 1)", betas.first,
+           betas.second);
+  return Json{{"type", "AdamW"}, {"params", {{"lr", lr}, {"betas", Json::array({betas.first, betas.second})}, {"eps", eps}, {"weight_decay", wd}}}};
 }
 
 }  // namespace dstrain::config

@@ -14,14 +14,14 @@
 namespace dstrain::config {
 
 enum class OptimizerKind {
-  none,         // no optimizer section
-  adam,         // "Adam" (any case): AdamW unless adam_w_mode is false
-  adamw,        // "AdamW" (any case)
-  sgd,          // "SGD" (torch.optim, case-sensitive)
-  lamb,         // "Lamb" (any case)
-  onebit_adam,  // "OneBitAdam" (any case): DeepSpeed's 1-bit Adam (docs/optimizers_onebit.md)
+  none,           // no optimizer section
+  adam,           // "Adam" (any case): AdamW unless adam_w_mode is false
+  adamw,          // "AdamW" (any case)
+  sgd,            // "SGD" (torch.optim, case-sensitive)
+  lamb,           // "Lamb" (any case)
+  onebit_adam,    // "OneBitAdam" (any case): DeepSpeed's 1-bit Adam (docs/optimizers_onebit.md)
   zero_one_adam,  // "ZeroOneAdam" (any case): 0/1 Adam
-  onebit_lamb,  // "OneBitLamb" (any case): 1-bit LAMB
+  onebit_lamb,    // "OneBitLamb" (any case): 1-bit LAMB
   // docs/optimizers.md: DeepSpeed's Adagrad (torch.optim.Adagrad without offload) and Lion
   // (FusedLion), any case; the torch.optim fallbacks, case-sensitive as getattr(torch.optim, name).
   adagrad,      // "Adagrad"
@@ -45,41 +45,41 @@ struct OptimizerParams {
   std::pair<double, double> betas{0.9, 0.999};  // Adam, AdamW, Lamb
   double eps = 1e-8;                            // Adam, AdamW, Lamb
   double weight_decay = 0.0;
-  bool bias_correction = true;                  // Adam, AdamW, Lamb
-  bool adam_w_mode = true;                      // Adam/AdamW: decoupled weight decay
-  bool torch_adam = false;                      // Adam/AdamW: use torch's implementation
-  bool fp32_optimizer_states = true;            // Adam/AdamW with CPU offload
-  bool amsgrad = false;                         // must stay false (FusedAdam/FusedLamb raise)
-  double max_coeff = 10.0;                      // Lamb trust-ratio clamp
-  double min_coeff = 0.01;                      // Lamb
-  bool eps_inside_sqrt = false;                 // Lamb
-  double momentum = 0.0;                        // SGD
-  double dampening = 0.0;                       // SGD
-  bool nesterov = false;                        // SGD
-  bool maximize = false;                        // SGD and the torch.optim types that take it
+  bool bias_correction = true;        // Adam, AdamW, Lamb
+  bool adam_w_mode = true;            // Adam/AdamW: decoupled weight decay
+  bool torch_adam = false;            // Adam/AdamW: use torch's implementation
+  bool fp32_optimizer_states = true;  // Adam/AdamW with CPU offload
+  bool amsgrad = false;               // must stay false (FusedAdam/FusedLamb raise)
+  double max_coeff = 10.0;            // Lamb trust-ratio clamp
+  double min_coeff = 0.01;            // Lamb
+  bool eps_inside_sqrt = false;       // Lamb
+  double momentum = 0.0;              // SGD
+  double dampening = 0.0;             // SGD
+  bool nesterov = false;              // SGD
+  bool maximize = false;              // SGD and the torch.optim types that take it
   // The torch.optim types of docs/optimizers.md; each type's own defaults replace these (lr, eps, alpha).
-  double lr_decay = 0.0;                        // Adagrad
-  double initial_accumulator_value = 0.0;       // Adagrad
-  double alpha = 0.99;                          // RMSprop (ASGD: 0.75)
-  bool centered = false;                        // RMSprop
-  double momentum_decay = 4e-3;                 // NAdam
-  bool decoupled_weight_decay = false;          // NAdam, RAdam
-  double rho = 0.9;                             // Adadelta
-  double lambd = 1e-4;                          // ASGD
-  double t0 = 1e6;                              // ASGD
-  std::pair<double, double> etas{0.5, 1.2};     // Rprop
+  double lr_decay = 0.0;                             // Adagrad
+  double initial_accumulator_value = 0.0;            // Adagrad
+  double alpha = 0.99;                               // RMSprop (ASGD: 0.75)
+  bool centered = false;                             // RMSprop
+  double momentum_decay = 4e-3;                      // NAdam
+  bool decoupled_weight_decay = false;               // NAdam, RAdam
+  double rho = 0.9;                                  // Adadelta
+  double lambd = 1e-4;                               // ASGD
+  double t0 = 1e6;                                   // ASGD
+  std::pair<double, double> etas{0.5, 1.2};          // Rprop
   std::pair<double, double> step_sizes{1e-6, 50.0};  // Rprop
   // Muon (MuonWithAuxAdam): `lr` is the Muon matrices' lr (muon_lr, else lr, else 0.02), `momentum`
   // their momentum (0.95); the other parameters take Adam with adam_lr (adam_lr, else lr, else 3e-4),
   // `betas` (0.9, 0.95) and `eps` (1e-10); `weight_decay` is both groups'.
   double adam_lr = 3e-4;
-  std::string ns_method = "gram";               // Muon: "gram" or "standard" (the same function)
+  std::string ns_method = "gram";  // Muon: "gram" or "standard" (the same function)
   // Adafactor (torch.optim.Adafactor): beta2_decay, eps = (eps1, eps2) with eps1 None = the fp32
   // machine epsilon, d the update clipping threshold.
   double beta2_decay = -0.8;
   std::optional<double> eps1{};
   double eps2 = 1e-3;
-  double clip_threshold = 1.0;                  // "d"
+  double clip_threshold = 1.0;  // "d"
 };
 
 // OneBitAdam, ZeroOneAdam, OneBitLamb: the optimizers that communicate in their step.
@@ -89,9 +89,9 @@ inline bool is_onebit_kind(OptimizerKind k) {
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::none;
-  std::string type;              // as written in the config
+  std::string type;  // as written in the config
   OptimizerParams params;
-  OneBitParams onebit;           // the 1-bit family's own keys
+  OneBitParams onebit;               // the 1-bit family's own keys
   Json raw_params = Json::object();  // params as given (for unsupported types: all we keep)
   bool legacy_fusion = false;
 
@@ -105,9 +105,7 @@ struct OptimizerConfig {
   }
   // DeepSpeed: decoupled weight decay iff type is AdamW or adam_w_mode (default true) — so "Adam"
   // with weight decay behaves as AdamW unless "adam_w_mode": false.
-  bool decoupled_weight_decay() const {
-    return kind == OptimizerKind::adamw || (kind == OptimizerKind::adam && params.adam_w_mode);
-  }
+  bool decoupled_weight_decay() const { return kind == OptimizerKind::adamw || (kind == OptimizerKind::adam && params.adam_w_mode); }
 };
 
 // Why DeepSpeed itself fails with an optimizer it builds when the model is a dense transformer

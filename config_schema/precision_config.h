@@ -15,13 +15,13 @@ namespace dstrain::config {
 // fp16: regime B since DeepSpeed v0.17.1.
 struct Fp16Config {
   bool enabled = false;
-  bool auto_cast = false;               // cast floating inputs of forward to fp16
-  double loss_scale = 0.0;              // 0 = dynamic scaling; > 0 = static scale
-  std::int64_t initial_scale_power = 16;  // initial dynamic scale = 2^power
-  std::int64_t loss_scale_window = 1000;  // clean steps before the scale doubles
-  std::int64_t hysteresis = 2;          // overflows tolerated before halving (ZeRO only)
-  bool consecutive_hysteresis = false;  // refill hysteresis after every clean step
-  std::int64_t min_loss_scale = 1;      // floor of the dynamic scale
+  bool auto_cast = false;                      // cast floating inputs of forward to fp16
+  double loss_scale = 0.0;                     // 0 = dynamic scaling; > 0 = static scale
+  std::int64_t initial_scale_power = 16;       // initial dynamic scale = 2^power
+  std::int64_t loss_scale_window = 1000;       // clean steps before the scale doubles
+  std::int64_t hysteresis = 2;                 // overflows tolerated before halving (ZeRO only)
+  bool consecutive_hysteresis = false;         // refill hysteresis after every clean step
+  std::int64_t min_loss_scale = 1;             // floor of the dynamic scale
   bool fp16_master_weights_and_grads = false;  // needs ZeRO 1-3
 
   bool dynamic() const { return loss_scale == 0.0; }
@@ -31,10 +31,10 @@ struct Fp16Config {
 struct Bf16Config {
   bool enabled = false;
   bool immediate_grad_update = false;
-  bool check_grad_overflow = true;       // default true since DeepSpeed v0.19.3
+  bool check_grad_overflow = true;             // default true since DeepSpeed v0.19.3
   bool bf16_master_weights_and_grads = false;  // needs ZeRO 1-3
-  bool bf16_optimizer_states = false;    // needs ZeRO 1-3 and bf16_master_weights_and_grads
-  std::string source_key = "bf16";       // which key the section came from: "bf16" or "bfloat16"
+  bool bf16_optimizer_states = false;          // needs ZeRO 1-3 and bf16_master_weights_and_grads
+  std::string source_key = "bf16";             // which key the section came from: "bf16" or "bfloat16"
 };
 
 // amp: NVIDIA Apex AMP; dstrain does not provide it. Every key except enabled goes to apex.
@@ -72,7 +72,7 @@ DataTypesConfig parse_data_types_config(const Json* value, ParseContext& ctx, Js
 
 // Cross-section checks (fp16 xor bf16, amp vs ZeRO, master-weight options vs stage, data_types).
 // bf16 master-weight options without ZeRO are switched off in `bf16` (with a warning).
-void check_precision(const Fp16Config& fp16, Bf16Config& bf16, const AmpConfig& amp,
-                     const DataTypesConfig& data_types, int zero_stage, ParseContext& ctx);
+void check_precision(const Fp16Config& fp16, Bf16Config& bf16, const AmpConfig& amp, const DataTypesConfig& data_types, int zero_stage,
+                     ParseContext& ctx);
 
 }  // namespace dstrain::config

@@ -18,21 +18,21 @@ enum class SchedulerKind { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, o
 struct SchedulerParams {
   // WarmupLR / WarmupDecayLR / WarmupCosineLR
   double warmup_min_lr = 0.0;
-  double warmup_max_lr = 1e-3;          // resolved: WarmupLR -> optimizer lr; WarmupDecayLR -> 0.001
+  double warmup_max_lr = 1e-3;  // resolved: WarmupLR -> optimizer lr; WarmupDecayLR -> 0.001
   std::int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";      // "log" | "linear"
+  std::string warmup_type = "log";  // "log" | "linear"
   std::int64_t last_batch_iteration = -1;
   std::optional<std::int64_t> total_num_steps;  // required by WarmupDecayLR / WarmupCosineLR
-  double warmup_min_ratio = 0.0;        // WarmupCosineLR
-  double cos_min_ratio = 0.0001;        // WarmupCosineLR
+  double warmup_min_ratio = 0.0;                // WarmupCosineLR
+  double cos_min_ratio = 0.0001;                // WarmupCosineLR
   // OneCycle
-  double cycle_min_lr = 0.0;            // required
-  double cycle_max_lr = 0.0;            // required
+  double cycle_min_lr = 0.0;  // required
+  double cycle_max_lr = 0.0;  // required
   double decay_lr_rate = 0.0;
   std::int64_t cycle_first_step_size = 2000;
   std::int64_t cycle_second_step_size = 2000;  // resolved: null -> cycle_first_step_size
   std::int64_t cycle_first_stair_count = 0;
-  std::int64_t cycle_second_stair_count = 0;   // resolved: null -> cycle_first_stair_count
+  std::int64_t cycle_second_stair_count = 0;  // resolved: null -> cycle_first_stair_count
   std::int64_t decay_step_size = 0;
   bool cycle_momentum = true;
   double cycle_min_mom = 0.8;
@@ -59,7 +59,6 @@ SectionSpec scheduler_params_section_spec();  // union of the five DeepSpeed sch
 
 // `optimizer_lr` is the optimizer's lr (WarmupLR's warmup_max_lr default since v0.17.2); nullopt
 // when no optimizer is configured.
-SchedulerConfig parse_scheduler_config(const Json* value, std::optional<double> optimizer_lr, ParseContext& ctx,
-                                       Json& resolved);
+SchedulerConfig parse_scheduler_config(const Json* value, std::optional<double> optimizer_lr, ParseContext& ctx, Json& resolved);
 
 }  // namespace dstrain::config

@@ -13,9 +13,7 @@
 
 namespace dstrain::config {
 
-std::string join_path(const std::string& section, const std::string& key) {
-  return section.empty() ? key : section + "." + key;
-}
+std::string join_path(const std::string& section, const std::string& key) { return section.empty() ? key : section + "." + key; }
 
 std::string show(const Json& value) {
   std::string s = value.dump();
@@ -58,8 +56,7 @@ std::string closest_key(const std::string& key_in, const std::vector<std::string
   const std::size_t limit = std::max<std::size_t>(2, key.size() / 3);
   if (best_d <= limit) return best;
   for (const auto& c : candidates)
-    if (c.size() >= 4 && key.size() >= 4 && (low(c).find(key) != std::string::npos || key.find(low(c)) != std::string::npos))
-      return c;
+    if (c.size() >= 4 && key.size() >= 4 && (low(c).find(key) != std::string::npos || key.find(low(c)) != std::string::npos)) return c;
   return "";
 }
 
@@ -75,8 +72,7 @@ const std::map<std::string, std::string>& key_hints() {
       {"zero_optimization.aio",
        "the `aio` block belongs at the top level of the config, not inside zero_optimization (DeepSpeed issue "
        "#2721)"},
-      {"zero_optimization.grad_hooks",
-       "`grad_hooks` appears in DeepSpeed's documentation but was never a field; remove it"},
+      {"zero_optimization.grad_hooks", "`grad_hooks` appears in DeepSpeed's documentation but was never a field; remove it"},
       {"bf16.check_overflow", "the field is called `check_grad_overflow`"},
       {"bfloat16.check_overflow", "the field is called `check_grad_overflow`"},
       {"cuda_visible_devices",
@@ -87,8 +83,7 @@ const std::map<std::string, std::string>& key_hints() {
   return hints;
 }
 
-std::string unknown_key_detail(const std::string& section, const std::string& key,
-                               const std::vector<std::string>& known) {
+std::string unknown_key_detail(const std::string& section, const std::string& key, const std::vector<std::string>& known) {
   const auto& hints = key_hints();
   if (auto it = hints.find(join_path(section, key)); it != hints.end()) return it->second;
   std::string guess = closest_key(key, known);
@@ -211,22 +206,27 @@ std::string expected_text(const FieldSpec& f) {
     case FieldKind::integer:
       if (!f.enum_values.empty()) {
         std::string v;
-        for (std::size_t i = 0; i < f.enum_values.size(); ++i)
-          v += (i ? (i + 1 == f.enum_values.size() ? " or " : ", ") : "") + f.enum_values[i];
+        for (std::size_t i = 0; i < f.enum_values.size(); ++i) v += (i ? (i + 1 == f.enum_values.size() ? " or " : ", ") : "") + f.enum_values[i];
         base = "one of " + v;
       } else {
         base = "an integer";
       }
       break;
-    case FieldKind::number: base = "a number"; break;
-    case FieldKind::string:
-      base = f.enum_values.empty() ? "a string"
-                                   : "one of " + quoted_list(f.enum_values) +
-                                         (f.enum_case_insensitive ? " (any case)" : "");
+    case FieldKind::number:
+      base = "a number";
       break;
-    case FieldKind::object: base = "an object"; break;
-    case FieldKind::array: base = "a list"; break;
-    case FieldKind::any: base = "a value"; break;
+    case FieldKind::string:
+      base = f.enum_values.empty() ? "a string" : "one of " + quoted_list(f.enum_values) + (f.enum_case_insensitive ? " (any case)" : "");
+      break;
+    case FieldKind::object:
+      base = "an object";
+      break;
+    case FieldKind::array:
+      base = "a list";
+      break;
+    case FieldKind::any:
+      base = "a value";
+      break;
   }
   if (f.enum_values.empty()) {
     if (f.minimum && f.maximum)
@@ -253,7 +253,8 @@ Json check_structured(const FieldSpec& f, const Json& v) {
     case FieldKind::array:
       if (!v.is_array()) type_error(f, v);
       return v;
-    default: return v;
+    default:
+      return v;
   }
 }
 
@@ -298,8 +299,10 @@ Json coerce_validated(const Json& v, const FieldSpec& f) {
     }
     case FieldKind::number: {
       double x = 0;
-      if (v.is_number()) x = v.get<double>();
-      else if (v.is_boolean()) x = v.get<bool>() ? 1.0 : 0.0;
+      if (v.is_number())
+        x = v.get<double>();
+      else if (v.is_boolean())
+        x = v.get<bool>() ? 1.0 : 0.0;
       else if (v.is_string()) {
         auto p = parse_float_string(v.get<std::string>());
         if (!p) type_error(f, v);
@@ -313,7 +316,8 @@ Json coerce_validated(const Json& v, const FieldSpec& f) {
     case FieldKind::string:
     case FieldKind::object:
     case FieldKind::array:
-    case FieldKind::any: return check_structured(f, v);
+    case FieldKind::any:
+      return check_structured(f, v);
   }
   return v;
 }
@@ -332,15 +336,15 @@ Json check_dict_lookup(const Json& v, const FieldSpec& f, ParseContext& ctx) {
     if (f.nullable) return nullptr;
     // dict.get returns None for an explicit null, not the default; for a non-optional key that is
     // a crash (or a silent misread) later in DeepSpeed.
-    type_error(f, v, fmt::format("DeepSpeed would use None here, not the default {}; remove the key to get the "
-                                 "default",
-                                 show(f.default_value)));
+    type_error(f, v,
+               fmt::format("DeepSpeed would use None here, not the default {}; remove the key to get the "
+                           "default",
+                           show(f.default_value)));
   }
   switch (f.kind) {
     case FieldKind::boolean:
       if (v.is_boolean()) return v;
-      if (v.is_number_integer() && (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1))
-        return v.get<std::int64_t>() == 1;
+      if (v.is_number_integer() && (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1)) return v.get<std::int64_t>() == 1;
       if (v.is_string() || v.is_number()) {
         const bool t = truthy(v);
         ctx.warn(f.path(), fmt::format("{} is {}, not a boolean; DeepSpeed applies no conversion in this section and "
@@ -358,44 +362,43 @@ Json check_dict_lookup(const Json& v, const FieldSpec& f, ParseContext& ctx) {
         if (auto x = integral(v.get<double>())) return finish_int(f, *x, v);
         type_error(f, v, "a fractional number is not an integer");
       }
-      type_error(f, v, v.is_string() ? "DeepSpeed does not convert strings in this section and would fail later "
-                                       "with a TypeError; write the number without quotes"
-                                     : "");
+      type_error(f, v,
+                 v.is_string() ? "DeepSpeed does not convert strings in this section and would fail later "
+                                 "with a TypeError; write the number without quotes"
+                               : "");
     case FieldKind::number:
       if (v.is_number()) {
         check_range(f, v.get<double>(), v);
         return v.get<double>();
       }
-      type_error(f, v, v.is_string() ? "DeepSpeed does not convert strings in this section and would fail later "
-                                       "with a TypeError; write the number without quotes"
-                                     : "");
+      type_error(f, v,
+                 v.is_string() ? "DeepSpeed does not convert strings in this section and would fail later "
+                                 "with a TypeError; write the number without quotes"
+                               : "");
     case FieldKind::string:
     case FieldKind::object:
     case FieldKind::array:
-    case FieldKind::any: return check_structured(f, v);
+    case FieldKind::any:
+      return check_structured(f, v);
   }
   return v;
 }
 
-void check_unknown_keys(const Json& object, const std::string& section, Regime regime,
-                        const std::vector<std::string>& known, ParseContext& ctx) {
+void check_unknown_keys(const Json& object, const std::string& section, Regime regime, const std::vector<std::string>& known, ParseContext& ctx) {
   for (const auto& [key, value] : object.items()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
     const std::string detail = unknown_key_detail(section, key, known);
     const std::string path = join_path(section, key);
     if (regime == Regime::validated) {
       std::vector<std::string> sorted = known;
-      fail("{}: unknown key{} (DeepSpeed rejects it: \"Extra inputs are not permitted\"); valid keys of {} are: {}",
-           path, detail.empty() ? "" : "; " + detail, section.empty() ? "the config" : section,
-           fmt::format("{}", fmt::join(sorted, ", ")));
+      fail("{}: unknown key{} (DeepSpeed rejects it: \"Extra inputs are not permitted\"); valid keys of {} are: {}", path,
+           detail.empty() ? "" : "; " + detail, section.empty() ? "the config" : section, fmt::format("{}", fmt::join(sorted, ", ")));
     }
-    ctx.warn(path, fmt::format("unknown key {} is ignored (DeepSpeed ignores it silently){}", path,
-                               detail.empty() ? "" : "; " + detail));
+    ctx.warn(path, fmt::format("unknown key {} is ignored (DeepSpeed ignores it silently){}", path, detail.empty() ? "" : "; " + detail));
   }
 }
 
-Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx,
-                  const std::vector<std::string>& handled_elsewhere) {
+Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx, const std::vector<std::string>& handled_elsewhere) {
   const std::string where = spec.path.empty() ? "the config" : spec.path;
   if (!object.is_object()) fail("{} must be a JSON object, got {}", where, show(object));
 
@@ -414,9 +417,10 @@ Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx
     for (const auto& a : f.aliases)
       if (object.contains(a)) present.push_back(a);
     if (present.size() > 1)
-      fail("{}: both \"{}\" and \"{}\" are given; they are two spellings of the same field (DeepSpeed rejects "
-           "this too); keep one",
-           where, present[0], present[1]);
+      fail(
+          "{}: both \"{}\" and \"{}\" are given; they are two spellings of the same field (DeepSpeed rejects "
+          "this too); keep one",
+          where, present[0], present[1]);
     if (present.empty()) {
       out[f.key] = f.default_value;
       continue;
@@ -426,9 +430,8 @@ Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx
     given.key = present[0];
     if (is_auto(v)) {
       fail("{} is \"auto\": nothing in dstrain derives it ({}{}); write {}", join_path(spec.path, present[0]),
-           spec.regime == Regime::validated
-               ? fmt::format("DeepSpeed would silently use its default {}", show(f.default_value))
-               : std::string("DeepSpeed would fail on the string with a TypeError"),
+           spec.regime == Regime::validated ? fmt::format("DeepSpeed would silently use its default {}", show(f.default_value))
+                                            : std::string("DeepSpeed would fail on the string with a TypeError"),
            accelerate_source(f.path()), expected_text(f));
     }
     out[f.key] = spec.regime == Regime::validated ? coerce_validated(v, given) : check_dict_lookup(v, given, ctx);

@@ -47,12 +47,10 @@ Json check_dict_lookup(const Json& value, const FieldSpec& field, ParseContext& 
 // Reads `object` (the section's JSON object) through `spec`: every field of the table appears in
 // the result under its canonical key, with its default when absent. Keys listed in
 // `handled_elsewhere` are left to the caller (deprecated names, nested sections read separately).
-Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx,
-                  const std::vector<std::string>& handled_elsewhere = {});
+Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx, const std::vector<std::string>& handled_elsewhere = {});
 
 // Reports (error in regime B, warning in regime A) keys of `object` not in `known`.
-void check_unknown_keys(const Json& object, const std::string& section, Regime regime,
-                        const std::vector<std::string>& known, ParseContext& ctx);
+void check_unknown_keys(const Json& object, const std::string& section, Regime regime, const std::vector<std::string>& known, ParseContext& ctx);
 
 // Python truthiness, as DeepSpeed's `if config.get("enabled"):` sees a value.
 bool truthy(const Json& value);

@@ -4,9 +4,12 @@ namespace dstrain {
 
 std::string_view state_home_name(StateHome h) {
   switch (h) {
-    case StateHome::device: return "device";
-    case StateHome::host: return "host";
-    case StateHome::nvme: return "nvme";
+    case StateHome::device:
+      return "device";
+    case StateHome::host:
+      return "host";
+    case StateHome::nvme:
+      return "nvme";
   }
   return "?";
 }

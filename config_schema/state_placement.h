@@ -31,14 +31,14 @@ namespace config {
 
 struct StatePlacement {
   int stage = 0;
-  bool mixed_precision = false;       // fp16 or bf16 storage of params and grads
+  bool mixed_precision = false;             // fp16 or bf16 storage of params and grads
   StateHome optimizer = StateHome::device;  // the optimizer partition: fp32 masters and optimizer states
   StateHome params = StateHome::device;     // the stage-3 parameter partition
   // Of the optimizer's sub-groups, the share that is offloaded (offload_optimizer.ratio at stage 3;
   // 1 below it; 0 when the optimizer stays on the device).
   double offload_ratio = 0.0;
   bool masters_apart = false;
-  bool pin_host_memory = true;        // the acting offload sections' pin_memory (all true, or none acting)
+  bool pin_host_memory = true;  // the acting offload sections' pin_memory (all true, or none acting)
   // What the config asks that acts differently here, as DeepSpeed does (the config layer warns):
   bool optimizer_offload_ignored = false;  // offload_optimizer at stage 0
   bool nvme_optimizer_as_cpu = false;      // offload_optimizer nvme at stages 1-2

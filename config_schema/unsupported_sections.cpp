@@ -44,15 +44,14 @@ bool enabled_flag(const Json& v) { return v.is_object() && v.contains("enabled")
 bool is_active(const std::string& key, const Json& v) {
   if (v.is_null()) return false;
   if (key == "datastates_ckpt") return !(v.is_boolean() && !v.get<bool>());  // anything but false enables it
-  if (key == "pipeline" || key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" ||
-      key == "weight_quantization")
+  if (key == "pipeline" || key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" || key == "weight_quantization")
     return true;
   if (key == "compile") return v.is_object() && v.contains("deepcompile") && truthy(v["deepcompile"]);
   if (key == "tensor_parallel") {
     if (!v.is_object()) return true;
     const bool autotp = v.contains("autotp_size") && v["autotp_size"].is_number() && v["autotp_size"].get<double>() > 1;
-    const bool tp = v.contains("tp") && v["tp"].is_object() && v["tp"].contains("tp_size") &&
-                    v["tp"]["tp_size"].is_number() && v["tp"]["tp_size"].get<double>() > 1;
+    const bool tp = v.contains("tp") && v["tp"].is_object() && v["tp"].contains("tp_size") && v["tp"]["tp_size"].is_number() &&
+                    v["tp"]["tp_size"].get<double>() > 1;
     return autotp || tp;
   }
   return enabled_flag(v);
@@ -60,23 +59,23 @@ bool is_active(const std::string& key, const Json& v) {
 
 void validate(const std::string& key, const Json& v) {
   if (key == "eigenvalue" && enabled_flag(v))
-    fail("eigenvalue.enabled is true: DeepSpeed asserts that eigenvalue computation is temporarily disabled; set "
-         "eigenvalue.enabled to false");
+    fail(
+        "eigenvalue.enabled is true: DeepSpeed asserts that eigenvalue computation is temporarily disabled; set "
+        "eigenvalue.enabled to false");
   if (key == "pipeline" && v.is_object()) {
     for (const char* k : {"pipe_partitioned", "grad_partitioned"})
-      if (v.contains(k) && !v[k].is_boolean())
-        fail("pipeline.{} is {}: it must be a boolean (true or false without quotes)", k, show(v[k]));
+      if (v.contains(k) && !v[k].is_boolean()) fail("pipeline.{} is {}: it must be a boolean (true or false without quotes)", k, show(v[k]));
   }
   if (key == "sparse_attention" && v.is_object() && v.contains("mode")) {
     const Json& m = v["mode"];
     static const std::vector<std::string> modes = {"dense", "fixed", "variable", "bigbird", "bslongformer"};
     if (!m.is_string() || std::find(modes.begin(), modes.end(), m.get<std::string>()) == modes.end())
-      fail("sparse_attention.mode is {}: DeepSpeed raises NotImplementedError; valid modes: dense, fixed, variable, "
-           "bigbird, bslongformer",
-           show(m));
+      fail(
+          "sparse_attention.mode is {}: DeepSpeed raises NotImplementedError; valid modes: dense, fixed, variable, "
+          "bigbird, bslongformer",
+          show(m));
   }
-  if (key != "datastates_ckpt" && !v.is_null() && !v.is_object())
-    fail("{} must be an object, got {}", key, show(v));
+  if (key != "datastates_ckpt" && !v.is_null() && !v.is_object()) fail("{} must be an object, got {}", key, show(v));
 }
 
 }  // namespace
@@ -115,8 +114,7 @@ std::vector<IgnoredSection> check_unsupported_sections(const Json& root, ParseCo
       (void)ignored;
     }
     const bool active = is_active(f.key, v);
-    if (active)
-      ctx.warn(f.key, fmt::format("dstrain does not provide {}; the `{}` section is ignored", f.what, f.key));
+    if (active) ctx.warn(f.key, fmt::format("dstrain does not provide {}; the `{}` section is ignored", f.what, f.key));
     out.push_back({f.key, v, active});
   }
   return out;

@@ -10,9 +10,12 @@ namespace dstrain::config {
 
 const char* to_string(OffloadDevice device) {
   switch (device) {
-    case OffloadDevice::none: return "none";
-    case OffloadDevice::cpu: return "cpu";
-    case OffloadDevice::nvme: return "nvme";
+    case OffloadDevice::none:
+      return "none";
+    case OffloadDevice::cpu:
+      return "cpu";
+    case OffloadDevice::nvme:
+      return "nvme";
   }
   return "none";
 }
@@ -37,9 +40,10 @@ void check_deprecated_pair(const Json& obj, const std::string& old_key, const st
   if (!obj.contains(old_key)) return;
   for (const auto& k : new_keys)
     if (obj.contains(k))
-      fail("zero_optimization: Cannot provide deprecated parameter '{}' and replacing parameter '{}' together; "
-           "remove \"{}\" and keep \"{}\"",
-           old_key, k, old_key, k);
+      fail(
+          "zero_optimization: Cannot provide deprecated parameter '{}' and replacing parameter '{}' together; "
+          "remove \"{}\" and keep \"{}\"",
+          old_key, k, old_key, k);
 }
 
 bool deprecated_bool(const Json& obj, const std::string& key) {
@@ -54,119 +58,107 @@ bool deprecated_bool(const Json& obj, const std::string& key) {
 }  // namespace
 
 SectionSpec offload_param_section_spec() {
-  return make_section(
-      "zero_optimization.offload_param", Regime::validated,
-      "Offload of partitioned parameters (ZeRO stage 3 only; ignored at stages 0-2, as DeepSpeed does).",
-      {
-          string_field("device", "none", "Where partitioned parameters live: none, cpu or nvme (lower-case).")
-              .one_of(kDevices),
-          string_field("nvme_path", nullptr, "NVMe swap folder; required when device is nvme."),
-          int_field("buffer_count", 5, "Number of NVMe swap buffers.").min(0),
-          int_field("buffer_size", 100000000, "Elements per swap buffer; must fit the largest parameter.").min(0),
-          int_field("max_in_cpu", 1000000000, "Elements kept in CPU memory when device is nvme.").min(0),
-          bool_field("pin_memory", true, "Page-locked host buffers (default true since DeepSpeed v0.19.5)."),
-      });
+  return make_section("zero_optimization.offload_param", Regime::validated,
+                      "Offload of partitioned parameters (ZeRO stage 3 only; ignored at stages 0-2, as DeepSpeed does).",
+                      {
+                          string_field("device", "none", "Where partitioned parameters live: none, cpu or nvme (lower-case).").one_of(kDevices),
+                          string_field("nvme_path", nullptr, "NVMe swap folder; required when device is nvme."),
+                          int_field("buffer_count", 5, "Number of NVMe swap buffers.").min(0),
+                          int_field("buffer_size", 100000000, "Elements per swap buffer; must fit the largest parameter.").min(0),
+                          int_field("max_in_cpu", 1000000000, "Elements kept in CPU memory when device is nvme.").min(0),
+                          bool_field("pin_memory", true, "Page-locked host buffers (default true since DeepSpeed v0.19.5)."),
+                      });
 }
 
 SectionSpec offload_optimizer_section_spec() {
-  return make_section(
-      "zero_optimization.offload_optimizer", Regime::validated,
-      "Offload of optimizer states; the optimizer step then runs on the CPU.",
-      {
-          string_field("device", "none", "Where optimizer states live: none, cpu or nvme (lower-case).")
-              .one_of(kDevices),
-          string_field("nvme_path", nullptr, "NVMe swap folder; required when device is nvme."),
-          int_field("buffer_count", 4, "Swap buffers; at least the optimizer tensors per parameter (Adam: 4).")
-              .min(0),
-          bool_field("pin_memory", true, "Page-locked host buffers (default true since DeepSpeed v0.19.5)."),
-          bool_field("pipeline_read", false, "Overlap NVMe reads of optimizer tiles with compute."),
-          bool_field("pipeline_write", false, "Overlap NVMe writes of optimizer tiles with compute."),
-          bool_field("fast_init", false, "Fast NVMe optimizer initialisation."),
-          number_field("ratio", 1.0, "Fraction of the optimizer step run on the CPU; < 1 needs stage 3.")
-              .min(0)
-              .max(1),
-          bool_field("super_offload", false, "DeepSpeed SuperOffload (stage 3); not provided by dstrain."),
-          number_field("cpuadam_cores_perc", 0.8, "Share of CPU cores used by CPU Adam with super_offload.")
-              .min(0)
-              .max(1),
-      });
+  return make_section("zero_optimization.offload_optimizer", Regime::validated,
+                      "Offload of optimizer states; the optimizer step then runs on the CPU.",
+                      {
+                          string_field("device", "none", "Where optimizer states live: none, cpu or nvme (lower-case).").one_of(kDevices),
+                          string_field("nvme_path", nullptr, "NVMe swap folder; required when device is nvme."),
+                          int_field("buffer_count", 4, "Swap buffers; at least the optimizer tensors per parameter (Adam: 4).").min(0),
+                          bool_field("pin_memory", true, "Page-locked host buffers (default true since DeepSpeed v0.19.5)."),
+                          bool_field("pipeline_read", false, "Overlap NVMe reads of optimizer tiles with compute."),
+                          bool_field("pipeline_write", false, "Overlap NVMe writes of optimizer tiles with compute."),
+                          bool_field("fast_init", false, "Fast NVMe optimizer initialisation."),
+                          number_field("ratio", 1.0, "Fraction of the optimizer step run on the CPU; < 1 needs stage 3.").min(0).max(1),
+                          bool_field("super_offload", false, "DeepSpeed SuperOffload (stage 3); not provided by dstrain."),
+                          number_field("cpuadam_cores_perc", 0.8, "Share of CPU cores used by CPU Adam with super_offload.").min(0).max(1),
+                      });
 }
 
 SectionSpec zero_section_spec() {
   const Json huge = std::int64_t{INT64_MAX};
-  return make_section(
-      "zero_optimization", Regime::validated, "ZeRO redundancy optimizer (stages 0-3).",
-      {
-          int_field("stage", 0, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters.").one_of({"0", "1", "2", "3"}),
-          bool_field("contiguous_gradients", true, "Copy gradients into a contiguous buffer during backward."),
-          bool_field("reduce_scatter", true, "Average gradients with reduce-scatter instead of all-reduce."),
-          int_field("reduce_bucket_size", 500000000, "Elements per gradient reduction bucket.").min(0),
-          bool_field("use_multi_rank_bucket_allreduce", true, "Merge ranks' buckets into one all-reduce (stages 1-2)."),
-          bool_field("allgather_partitions", true, "All-gather updated partitions instead of broadcasts (stages 1-2)."),
-          int_field("allgather_bucket_size", 500000000, "Elements per all-gather (stages 1-2).").min(0),
-          bool_field("overlap_comm", false, "Overlap gradient reduction with backward; null/absent = true iff stage 3.")
-              .default_none(),
-          bool_field("load_from_fp32_weights", true, "On load, initialise master weights from the fp32 copies."),
-          bool_field("elastic_checkpoint", false, "Legacy elastic checkpoint (stages 1-2)."),
-          object_field("offload_param", "Parameter offload (stage 3), see offload_param."),
-          object_field("offload_optimizer", "Optimizer-state offload, see offload_optimizer."),
-          object_field("zenflow", "ZenFlow asynchronous offload; not provided by dstrain."),
-          int_field("sub_group_size", 1000000000, "Elements per optimizer sub-group (stage 3).").min(0),
-          int_field("prefetch_bucket_size", 50000000, "Elements prefetched ahead (stage 3); docs say 5e8, code 5e7.")
-              .min(0)
-              .alias("stage3_prefetch_bucket_size"),
-          int_field("param_persistence_threshold", 100000, "Parameters smaller than this stay unpartitioned (stage 3).")
-              .min(0)
-              .alias("stage3_param_persistence_threshold"),
-          int_field("model_persistence_threshold", huge, "Cap on total persisted elements (stage 3).")
-              .min(0)
-              .alias("stage3_model_persistence_threshold"),
-          int_field("max_live_parameters", 1000000000, "Most gathered elements resident at once (stage 3).")
-              .min(0)
-              .alias("stage3_max_live_parameters"),
-          int_field("max_reuse_distance", 1000000000, "Keep a parameter gathered if reused within this distance.")
-              .min(0)
-              .alias("stage3_max_reuse_distance"),
-          bool_field("gather_16bit_weights_on_model_save", false, "Consolidate 16-bit weights on model save (stage 3).")
-              .alias("stage3_gather_16bit_weights_on_model_save"),
-          int_field("module_granularity_threshold", 0, "Fetch fine-grained modules as a unit (stage 3).")
-              .alias("stage3_module_granularity_threshold"),
-          bool_field("use_all_reduce_for_fetch_params", false, "Fetch parameters with all-reduce (stage 3).")
-              .alias("stage3_use_all_reduce_for_fetch_params"),
-          bool_field("allgather_sequential", false, "Per-parameter all-gather without bucketing (stage 3).")
-              .alias("stage3_allgather_sequential"),
-          bool_field("ignore_unused_parameters", true, "Tolerate parameters without gradients (stage 2)."),
-          bool_field("legacy_stage1", false, "Removed in DeepSpeed 0.5.9; true is an error."),
-          bool_field("round_robin_gradients", false, "CPU-offload gradient copy parallelism (stages 1-2)."),
-          int_field("zero_hpz_partition_size", 1, "ZeRO++ hierarchical partition size; > 1 not provided by dstrain.")
-              .min(0),
-          bool_field("zero_quantized_weights", false, "ZeRO++ quantized weights; not provided by dstrain."),
-          bool_field("zero_quantized_nontrainable_weights", false, "ZeRO++ quantized frozen weights; not provided."),
-          bool_field("zero_quantized_gradients", false, "ZeRO++ quantized gradients; not provided by dstrain."),
-          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; not provided."),
-          int_field("mics_shard_size", -1, "> 0 enables MiCS; not provided by dstrain."),
-          bool_field("mics_hierarchical_params_gather", false, "MiCS hierarchical gather; not provided."),
-          bool_field("memory_efficient_linear", true, "Memory-efficient linear autograd function (stage 3)."),
-          bool_field("pipeline_loading_checkpoint", false, "Pipeline checkpoint loading (stage 3)."),
-          bool_field("override_module_apply", true, "Gather parameters inside module.apply (stage 3)."),
-          bool_field("log_trace_cache_warnings", false, "Log trace-cache invalidations (stage 3)."),
-          bool_field("enable_sanity_checks", false, "Extra consistency checks (stage 3)."),
-          bool_field("save_muon_momentum_buffer_in_memory", false, "Keep Muon momentum in memory (stage 3)."),
-          object_field("leaf_module", "Modules fetched as a unit {classes, names, name_suffixes} (stage 3)."),
-          // Deprecated spellings, mapped by parse_zero_config with DeepSpeed's warning.
-          bool_field("cpu_offload", false, "Deprecated: true means offload_optimizer {device: cpu}.")
-              .default_none()
-              .deprecated_for("offload_optimizer"),
-          bool_field("cpu_offload_param", false, "Deprecated: true means offload_param {device: cpu}.")
-              .default_none()
-              .deprecated_for("offload_param"),
-          bool_field("cpu_offload_use_pin_memory", false, "Deprecated; has no effect.")
-              .default_none()
-              .deprecated_for("offload_param or offload_optimizer"),
-          bool_field("stage3_gather_fp16_weights_on_model_save", false,
-                     "Deprecated spelling of gather_16bit_weights_on_model_save.")
-              .deprecated_for("gather_16bit_weights_on_model_save"),
-      });
+  return make_section("zero_optimization", Regime::validated, "ZeRO redundancy optimizer (stages 0-3).",
+                      {
+                          int_field("stage", 0, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters.").one_of({"0", "1", "2", "3"}),
+                          bool_field("contiguous_gradients", true, "Copy gradients into a contiguous buffer during backward."),
+                          bool_field("reduce_scatter", true, "Average gradients with reduce-scatter instead of all-reduce."),
+                          int_field("reduce_bucket_size", 500000000, "Elements per gradient reduction bucket.").min(0),
+                          bool_field("use_multi_rank_bucket_allreduce", true, "Merge ranks' buckets into one all-reduce (stages 1-2)."),
+                          bool_field("allgather_partitions", true, "All-gather updated partitions instead of broadcasts (stages 1-2)."),
+                          int_field("allgather_bucket_size", 500000000, "Elements per all-gather (stages 1-2).").min(0),
+                          bool_field("overlap_comm", false, "Overlap gradient reduction with backward; null/absent = true iff stage 3.")
+                              .default_none(),
+                          bool_field("load_from_fp32_weights", true, "On load, initialise master weights from the fp32 copies."),
+                          bool_field("elastic_checkpoint", false, "Legacy elastic checkpoint (stages 1-2)."),
+                          object_field("offload_param", "Parameter offload (stage 3), see offload_param."),
+                          object_field("offload_optimizer", "Optimizer-state offload, see offload_optimizer."),
+                          object_field("zenflow", "ZenFlow asynchronous offload; not provided by dstrain."),
+                          int_field("sub_group_size", 1000000000, "Elements per optimizer sub-group (stage 3).").min(0),
+                          int_field("prefetch_bucket_size", 50000000, "Elements prefetched ahead (stage 3); docs say 5e8, code 5e7.")
+                              .min(0)
+                              .alias("stage3_prefetch_bucket_size"),
+                          int_field("param_persistence_threshold", 100000, "Parameters smaller than this stay unpartitioned (stage 3).")
+                              .min(0)
+                              .alias("stage3_param_persistence_threshold"),
+                          int_field("model_persistence_threshold", huge, "Cap on total persisted elements (stage 3).")
+                              .min(0)
+                              .alias("stage3_model_persistence_threshold"),
+                          int_field("max_live_parameters", 1000000000, "Most gathered elements resident at once (stage 3).")
+                              .min(0)
+                              .alias("stage3_max_live_parameters"),
+                          int_field("max_reuse_distance", 1000000000, "Keep a parameter gathered if reused within this distance.")
+                              .min(0)
+                              .alias("stage3_max_reuse_distance"),
+                          bool_field("gather_16bit_weights_on_model_save", false, "Consolidate 16-bit weights on model save (stage 3).")
+                              .alias("stage3_gather_16bit_weights_on_model_save"),
+                          int_field("module_granularity_threshold", 0, "Fetch fine-grained modules as a unit (stage 3).")
+                              .alias("stage3_module_granularity_threshold"),
+                          bool_field("use_all_reduce_for_fetch_params", false, "Fetch parameters with all-reduce (stage 3).")
+                              .alias("stage3_use_all_reduce_for_fetch_params"),
+                          bool_field("allgather_sequential", false, "Per-parameter all-gather without bucketing (stage 3).")
+                              .alias("stage3_allgather_sequential"),
+                          bool_field("ignore_unused_parameters", true, "Tolerate parameters without gradients (stage 2)."),
+                          bool_field("legacy_stage1", false, "Removed in DeepSpeed 0.5.9; true is an error."),
+                          bool_field("round_robin_gradients", false, "CPU-offload gradient copy parallelism (stages 1-2)."),
+                          int_field("zero_hpz_partition_size", 1, "ZeRO++ hierarchical partition size; > 1 not provided by dstrain.").min(0),
+                          bool_field("zero_quantized_weights", false, "ZeRO++ quantized weights; not provided by dstrain."),
+                          bool_field("zero_quantized_nontrainable_weights", false, "ZeRO++ quantized frozen weights; not provided."),
+                          bool_field("zero_quantized_gradients", false, "ZeRO++ quantized gradients; not provided by dstrain."),
+                          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; not provided."),
+                          int_field("mics_shard_size", -1, "> 0 enables MiCS; not provided by dstrain."),
+                          bool_field("mics_hierarchical_params_gather", false, "MiCS hierarchical gather; not provided."),
+                          bool_field("memory_efficient_linear", true, "Memory-efficient linear autograd function (stage 3)."),
+                          bool_field("pipeline_loading_checkpoint", false, "Pipeline checkpoint loading (stage 3)."),
+                          bool_field("override_module_apply", true, "Gather parameters inside module.apply (stage 3)."),
+                          bool_field("log_trace_cache_warnings", false, "Log trace-cache invalidations (stage 3)."),
+                          bool_field("enable_sanity_checks", false, "Extra consistency checks (stage 3)."),
+                          bool_field("save_muon_momentum_buffer_in_memory", false, "Keep Muon momentum in memory (stage 3)."),
+                          object_field("leaf_module", "Modules fetched as a unit {classes, names, name_suffixes} (stage 3)."),
+                          // Deprecated spellings, mapped by parse_zero_config with DeepSpeed's warning.
+                          bool_field("cpu_offload", false, "Deprecated: true means offload_optimizer {device: cpu}.")
+                              .default_none()
+                              .deprecated_for("offload_optimizer"),
+                          bool_field("cpu_offload_param", false, "Deprecated: true means offload_param {device: cpu}.")
+                              .default_none()
+                              .deprecated_for("offload_param"),
+                          bool_field("cpu_offload_use_pin_memory", false, "Deprecated; has no effect.")
+                              .default_none()
+                              .deprecated_for("offload_param or offload_optimizer"),
+                          bool_field("stage3_gather_fp16_weights_on_model_save", false, "Deprecated spelling of gather_16bit_weights_on_model_save.")
+                              .deprecated_for("gather_16bit_weights_on_model_save"),
+                      });
 }
 
 namespace {
@@ -203,17 +195,20 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
   // Which offload acts at this stage is the placement's to say (the precision does not change it).
   const StatePlacement placement = state_placement(z, false);
   if (z.legacy_stage1)
-    fail("zero_optimization.legacy_stage1 is true: the legacy stage-1 implementation was removed in DeepSpeed "
-         "0.5.9; remove the key (or set it to false)");
+    fail(
+        "zero_optimization.legacy_stage1 is true: the legacy stage-1 implementation was removed in DeepSpeed "
+        "0.5.9; remove the key (or set it to false)");
   if (z.offload_optimizer) {
     const auto& o = *z.offload_optimizer;
     if (o.ratio < 1.0 && z.stage != 3)
-      fail("zero_optimization.offload_optimizer.ratio is {}: Partial offloading only supported for ZeRO Stage 3. "
-           "Set zero_optimization.stage to 3 or ratio to 1.0 (stage is {})",
-           o.ratio, z.stage);
+      fail(
+          "zero_optimization.offload_optimizer.ratio is {}: Partial offloading only supported for ZeRO Stage 3. "
+          "Set zero_optimization.stage to 3 or ratio to 1.0 (stage is {})",
+          o.ratio, z.stage);
     if (o.device == OffloadDevice::nvme && !o.nvme_path)
-      fail("zero_optimization.offload_optimizer.device is \"nvme\" but nvme_path is not set (DeepSpeed would "
-           "crash joining None); set offload_optimizer.nvme_path to a folder on the NVMe drive");
+      fail(
+          "zero_optimization.offload_optimizer.device is \"nvme\" but nvme_path is not set (DeepSpeed would "
+          "crash joining None); set offload_optimizer.nvme_path to a folder on the NVMe drive");
     if (placement.optimizer_offload_ignored)
       ctx.warn("zero_optimization.offload_optimizer",
                fmt::format("offload_optimizer.device is \"{}\" but ZeRO is off (stage 0): optimizer offload needs "
@@ -233,8 +228,9 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
   if (z.offload_param) {
     const auto& p = *z.offload_param;
     if (p.device == OffloadDevice::nvme && !p.nvme_path)
-      fail("zero_optimization.offload_param.device is \"nvme\" but nvme_path is not set (DeepSpeed asserts "
-           "\"nvme_path\" in DeepSpeed Config cannot be None); set offload_param.nvme_path");
+      fail(
+          "zero_optimization.offload_param.device is \"nvme\" but nvme_path is not set (DeepSpeed asserts "
+          "\"nvme_path\" in DeepSpeed Config cannot be None); set offload_param.nvme_path");
     if (placement.param_offload_ignored)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "
@@ -242,8 +238,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
                            "Set stage to 3 to offload them, or remove \"offload_param\"",
                            to_string(p.device), z.stage));
   }
-  if (z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients ||
-      z.zero_hpz_partition_size > 1 || !z.zeropp_loco_param.is_null())
+  if (z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1 ||
+      !z.zeropp_loco_param.is_null())
     ctx.warn("zero_optimization",
              "dstrain does not provide ZeRO++ (zero_quantized_weights/zero_quantized_nontrainable_weights/"
              "zero_quantized_gradients, zero_hpz_partition_size > 1, zeropp_loco_param); these settings are ignored "
@@ -252,10 +248,8 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
     ctx.warn("zero_optimization.mics_shard_size",
              "dstrain does not provide MiCS; mics_shard_size is ignored and parameters are sharded over all "
              "data-parallel ranks");
-  if (!z.zenflow.is_null())
-    ctx.warn("zero_optimization.zenflow", "dstrain does not provide ZenFlow; the zenflow block is ignored");
-  if (z.elastic_checkpoint && z.stage == 3)
-    ctx.warn("zero_optimization.elastic_checkpoint", "elastic_checkpoint has no effect at stage 3");
+  if (!z.zenflow.is_null()) ctx.warn("zero_optimization.zenflow", "dstrain does not provide ZenFlow; the zenflow block is ignored");
+  if (z.elastic_checkpoint && z.stage == 3) ctx.warn("zero_optimization.elastic_checkpoint", "elastic_checkpoint has no effect at stage 3");
 }
 
 }  // namespace
@@ -274,11 +268,11 @@ ZeroConfig parse_zero_config(const Json* value, std::int64_t allgather_size, Par
                fmt::format("\"zero_optimization\": {} is the deprecated boolean form; it means stage {}{}. Write "
                            "{{\"stage\": {}}} instead",
                            value->get<bool>(), value->get<bool>() ? 1 : 0,
-                           value->get<bool>() ? " with allgather_bucket_size = top-level allgather_size" : "",
-                           value->get<bool>() ? 1 : 0));
+                           value->get<bool>() ? " with allgather_bucket_size = top-level allgather_size" : "", value->get<bool>() ? 1 : 0));
     } else if (value->is_null()) {
-      fail("zero_optimization is null (DeepSpeed crashes on it); remove the key for stage 0 or write "
-           "{{\"stage\": 0}}");
+      fail(
+          "zero_optimization is null (DeepSpeed crashes on it); remove the key for stage 0 or write "
+          "{{\"stage\": 0}}");
     } else if (!value->is_object()) {
       fail("zero_optimization must be an object such as {{\"stage\": 2}}, got {}", show(*value));
     } else {
@@ -291,16 +285,15 @@ ZeroConfig parse_zero_config(const Json* value, std::int64_t allgather_size, Par
   check_deprecated_pair(object, "cpu_offload_param", {"offload_param"});
   check_deprecated_pair(object, "stage3_gather_fp16_weights_on_model_save",
                         {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"});
-  const std::vector<std::pair<std::string, std::string>> deprecated = {
-      {"cpu_offload", "offload_optimizer"},
-      {"cpu_offload_param", "offload_param"},
-      {"cpu_offload_use_pin_memory", "offload_param or offload_optimizer"},
-      {"stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"}};
+  const std::vector<std::pair<std::string, std::string>> deprecated = {{"cpu_offload", "offload_optimizer"},
+                                                                       {"cpu_offload_param", "offload_param"},
+                                                                       {"cpu_offload_use_pin_memory", "offload_param or offload_optimizer"},
+                                                                       {"stage3_gather_fp16_weights_on_model_save",
+                                                                        "gather_16bit_weights_on_model_save"}};
   for (const auto& [old_key, new_key] : deprecated) {
     if (!object.contains(old_key)) continue;
-    ctx.warn("zero_optimization." + old_key,
-             fmt::format("Config parameter {} is deprecated use {} instead{}", old_key, new_key,
-                         old_key == "cpu_offload_use_pin_memory" ? " (it has no effect)" : ""));
+    ctx.warn("zero_optimization." + old_key, fmt::format("Config parameter {} is deprecated use {} instead{}", old_key, new_key,
+                                                         old_key == "cpu_offload_use_pin_memory" ? " (it has no effect)" : ""));
     const bool on = deprecated_bool(object, old_key);
     object.erase(old_key);
     if (old_key == "cpu_offload" && on) object["offload_optimizer"] = Json{{"device", "cpu"}};

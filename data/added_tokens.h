@@ -28,8 +28,7 @@ class AddedTokens {
 
  private:
   // For each first byte, the contents starting with it, longest first.
-  std::vector<std::vector<std::pair<std::string, std::int32_t>>> by_first_byte_ =
-      std::vector<std::vector<std::pair<std::string, std::int32_t>>>(256);
+  std::vector<std::vector<std::pair<std::string, std::int32_t>>> by_first_byte_ = std::vector<std::vector<std::pair<std::string, std::int32_t>>>(256);
   std::unordered_map<std::string, std::int32_t> by_content_;
 };
 

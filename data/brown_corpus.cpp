@@ -13,14 +13,10 @@ namespace {
 
 constexpr std::string_view kSpace = " \t\r\f\v";
 
-bool is_one_of(std::string_view word, std::initializer_list<std::string_view> set) {
-  return std::find(set.begin(), set.end(), word) != set.end();
-}
+bool is_one_of(std::string_view word, std::initializer_list<std::string_view> set) { return std::find(set.begin(), set.end(), word) != set.end(); }
 
 // Punctuation written without a space before it.
-bool is_closing(std::string_view word) {
-  return is_one_of(word, {",", ".", ";", ":", "!", "?", ")", "]", "}", "''", "'s", "n't"});
-}
+bool is_closing(std::string_view word) { return is_one_of(word, {",", ".", ";", ":", "!", "?", ")", "]", "}", "''", "'s", "n't"}); }
 
 struct Token {
   std::string_view word;
@@ -61,9 +57,12 @@ class TextBuilder {
     if (word == "'") {
       // A lone quote: closing before punctuation or at the end of the line, opening at the start or
       // after an opening or a pause; between two words it closes the one opened before, else opens.
-      if (next.empty() || is_closing(next)) closing = true;
-      else if (paragraph_.empty() || glue_next_ || is_one_of(previous, {",", ":", ";", "--"})) closing = false;
-      else closing = quote_open_;
+      if (next.empty() || is_closing(next))
+        closing = true;
+      else if (paragraph_.empty() || glue_next_ || is_one_of(previous, {",", ":", ";", "--"}))
+        closing = false;
+      else
+        closing = quote_open_;
       opening = !closing;
       quote_open_ = opening;
     }
@@ -93,8 +92,8 @@ class TextBuilder {
  private:
   std::string out_;
   std::string paragraph_;
-  bool quote_open_ = false;  // a lone ' is open in this paragraph
-  bool glue_next_ = false;   // the previous word opened a quote or bracket: no space after it
+  bool quote_open_ = false;     // a lone ' is open in this paragraph
+  bool glue_next_ = false;      // the previous word opened a quote or bracket: no space after it
   std::string_view last_word_;  // points into the tagged text, which outlives the builder
 };
 
@@ -112,8 +111,7 @@ std::string brown_to_text(std::string_view tagged) {
     start = end + 1;
 
     tokens.clear();
-    for (std::size_t i = line.find_first_not_of(kSpace); i != std::string_view::npos;
-         i = line.find_first_not_of(kSpace, i)) {
+    for (std::size_t i = line.find_first_not_of(kSpace); i != std::string_view::npos; i = line.find_first_not_of(kSpace, i)) {
       const std::size_t token_end = std::min(line.find_first_of(kSpace, i), line.size());
       tokens.push_back(split_token(line.substr(i, token_end - i)));
       i = token_end;
@@ -122,9 +120,7 @@ std::string brown_to_text(std::string_view tagged) {
       after_blank = true;
       continue;
     }
-    const bool headline = std::all_of(tokens.begin(), tokens.end(), [](const Token& t) {
-      return t.tag.size() > 3 && t.tag.ends_with("-hl");
-    });
+    const bool headline = std::all_of(tokens.begin(), tokens.end(), [](const Token& t) { return t.tag.size() > 3 && t.tag.ends_with("-hl"); });
     if (after_blank || line.front() == '\t' || headline || after_headline) text.start_paragraph();
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       text.add(tokens[i].word, i + 1 < tokens.size() ? tokens[i + 1].word : std::string_view());
@@ -142,8 +138,8 @@ std::vector<std::filesystem::path> brown_corpus_files(const std::filesystem::pat
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    const bool corpus_name = name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' &&
-                             name[2] >= '0' && name[2] <= '9' && name[3] >= '0' && name[3] <= '9';
+    const bool corpus_name = name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' && name[2] >= '0' && name[2] <= '9' &&
+                             name[3] >= '0' && name[3] <= '9';
     if (corpus_name && entry.is_regular_file()) files.push_back(entry.path());
   }
   if (error) fail("cannot list Brown corpus folder {}: {}; {}", dir.string(), error.message(), kHint);
@@ -158,8 +154,7 @@ std::vector<std::string> brown_corpus_texts(const std::filesystem::path& dir) {
     std::ifstream in(file, std::ios::binary);
     std::ostringstream tagged;
     tagged << in.rdbuf();
-    if (!in || in.bad()) fail("cannot read Brown corpus file {}: check its permissions, or run scripts/setup.sh again",
-                              file.string());
+    if (!in || in.bad()) fail("cannot read Brown corpus file {}: check its permissions, or run scripts/setup.sh again", file.string());
     texts.push_back(brown_to_text(tagged.str()));
   }
   return texts;

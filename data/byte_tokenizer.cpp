@@ -9,9 +9,10 @@ void ByteTokenizer::encode_append(std::string_view text, std::vector<std::int32_
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[i]);
     if (byte == kEotToken) {
-      fail("byte 0xFF at offset {} of the text: the bytes tokenizer reserves it as the end-of-text token, and "
-           "it never occurs in UTF-8; convert the input to UTF-8 or use --tokenizer gpt2",
-           i);
+      fail(
+          "byte 0xFF at offset {} of the text: the bytes tokenizer reserves it as the end-of-text token, and "
+          "it never occurs in UTF-8; convert the input to UTF-8 or use --tokenizer gpt2",
+          i);
     }
     out.push_back(byte);
   }

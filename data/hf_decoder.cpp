@@ -10,17 +10,20 @@ namespace {
 
 constexpr const char* kSupported = "ByteLevel, ByteFallback, Replace (String pattern), Fuse, Strip, Metaspace, Sequence";
 
-
 // The byte of a "<0xXX>" token, or -1.
 int fallback_byte(std::string_view token) {
   if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
   int value = 0;
   for (const char c : token.substr(3, 2)) {
     value *= 16;
-    if (c >= '0' && c <= '9') value += c - '0';
-    else if (c >= 'A' && c <= 'F') value += c - 'A' + 10;
-    else if (c >= 'a' && c <= 'f') value += c - 'a' + 10;
-    else return -1;
+    if (c >= '0' && c <= '9')
+      value += c - '0';
+    else if (c >= 'A' && c <= 'F')
+      value += c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f')
+      value += c - 'a' + 10;
+    else
+      return -1;
   }
   return value;
 }
@@ -52,8 +55,7 @@ void HfDecoder::parse_into(const nlohmann::json& config, const std::string& wher
     const auto pattern = config.find("pattern");
     if (pattern == config.end() || !pattern->is_object() || !pattern->contains("String") || !(*pattern)["String"].is_string() ||
         !config.contains("content") || !config["content"].is_string()) {
-      fail("{}: dstrain's Replace decoder takes {{\"pattern\": {{\"String\": ...}}, \"content\": ...}} (supported decoders: {})", where,
-           kSupported);
+      fail("{}: dstrain's Replace decoder takes {{\"pattern\": {{\"String\": ...}}, \"content\": ...}} (supported decoders: {})", where, kSupported);
     }
     step.pattern = (*pattern)["String"].get<std::string>();
     step.content = config["content"].get<std::string>();
@@ -85,7 +87,8 @@ HfDecoder HfDecoder::parse(const nlohmann::json& config, std::string_view where)
 std::string HfDecoder::decode(std::vector<std::string> tokens) const {
   for (const Step& step : steps_) {
     switch (step.kind) {
-      case Kind::byte_level: break;  // the strings are bytes already
+      case Kind::byte_level:
+        break;  // the strings are bytes already
       case Kind::byte_fallback: {
         // Runs of <0xXX> tokens become their bytes, as one string.
         std::vector<std::string> out;

@@ -29,8 +29,8 @@ class HfDecoder {
   enum class Kind { byte_level, byte_fallback, replace, fuse, strip, metaspace };
   struct Step {
     Kind kind;
-    std::string pattern;  // replace: what is replaced; strip: the character; metaspace: the replacement
-    std::string content;  // replace: the replacement
+    std::string pattern;              // replace: what is replaced; strip: the character; metaspace: the replacement
+    std::string content;              // replace: the replacement
     std::size_t start = 0, stop = 0;  // strip
     bool strip_first_space = false;   // metaspace
   };

@@ -63,17 +63,23 @@ void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& w
     fail("{} should be null or an object with a \"type\"", where);
   }
   const std::string type = config["type"].get<std::string>();
-  if (type == "NFC") steps.push_back({Kind::nfc, {}, {}});
-  else if (type == "NFD") steps.push_back({Kind::nfd, {}, {}});
-  else if (type == "NFKC") steps.push_back({Kind::nfkc, {}, {}});
-  else if (type == "NFKD") steps.push_back({Kind::nfkd, {}, {}});
-  else if (type == "Prepend") steps.push_back({Kind::prepend, string_field(config, "prepend", where), {}});
+  if (type == "NFC")
+    steps.push_back({Kind::nfc, {}, {}});
+  else if (type == "NFD")
+    steps.push_back({Kind::nfd, {}, {}});
+  else if (type == "NFKC")
+    steps.push_back({Kind::nfkc, {}, {}});
+  else if (type == "NFKD")
+    steps.push_back({Kind::nfkd, {}, {}});
+  else if (type == "Prepend")
+    steps.push_back({Kind::prepend, string_field(config, "prepend", where), {}});
   else if (type == "Replace") {
     const auto pattern = config.find("pattern");
     if (pattern == config.end() || !pattern->is_object() || !pattern->contains("String") || !(*pattern)["String"].is_string()) {
-      fail("{}.pattern is {}: dstrain's Replace normalizer takes a {{\"String\": ...}} pattern only (supported "
-           "normalizers: {})",
-           where, pattern == config.end() ? "missing" : pattern->dump(), kSupported);
+      fail(
+          "{}.pattern is {}: dstrain's Replace normalizer takes a {{\"String\": ...}} pattern only (supported "
+          "normalizers: {})",
+          where, pattern == config.end() ? "missing" : pattern->dump(), kSupported);
     }
     std::string from = (*pattern)["String"].get<std::string>();
     if (from.empty()) fail("{}.pattern.String is empty: nothing to replace", where);
@@ -83,9 +89,10 @@ void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& w
     if (list == config.end() || !list->is_array()) fail("{}.normalizers should be a list", where);
     for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".normalizers[" + std::to_string(i) + "]", steps);
   } else {
-    fail("{}.type is \"{}\", which dstrain does not implement; supported normalizers: {}. Tokenising without it "
-         "would give other ids than the model was trained with",
-         where, type, kSupported);
+    fail(
+        "{}.type is \"{}\", which dstrain does not implement; supported normalizers: {}. Tokenising without it "
+        "would give other ids than the model was trained with",
+        where, type, kSupported);
   }
 }
 
@@ -99,10 +106,18 @@ std::string HfNormalizer::apply(std::string_view text) const {
   std::string s(text);
   for (const Step& step : steps_) {
     switch (step.kind) {
-      case Kind::nfc: s = icu_normalize(s, icu_instance("nfc", UNORM2_COMPOSE)); break;
-      case Kind::nfd: s = icu_normalize(s, icu_instance("nfc", UNORM2_DECOMPOSE)); break;
-      case Kind::nfkc: s = icu_normalize(s, icu_instance("nfkc", UNORM2_COMPOSE)); break;
-      case Kind::nfkd: s = icu_normalize(s, icu_instance("nfkc", UNORM2_DECOMPOSE)); break;
+      case Kind::nfc:
+        s = icu_normalize(s, icu_instance("nfc", UNORM2_COMPOSE));
+        break;
+      case Kind::nfd:
+        s = icu_normalize(s, icu_instance("nfc", UNORM2_DECOMPOSE));
+        break;
+      case Kind::nfkc:
+        s = icu_normalize(s, icu_instance("nfkc", UNORM2_COMPOSE));
+        break;
+      case Kind::nfkd:
+        s = icu_normalize(s, icu_instance("nfkc", UNORM2_DECOMPOSE));
+        break;
       case Kind::prepend:
         if (!s.empty()) s.insert(0, step.pattern);
         break;

@@ -22,9 +22,7 @@ constexpr std::string_view kJsSpace =
     "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}";
 
 // GPT-2's pattern as transformers.js's ByteLevel pre-tokenizer writes it.
-constexpr std::string_view kByteLevelPattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
+constexpr std::string_view kByteLevelPattern = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 struct Pcre2CodeDeleter {
   void operator()(pcre2_code* code) const noexcept { pcre2_code_free(code); }
@@ -39,13 +37,12 @@ class Regex {
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;
     const std::uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
-    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code,
-                              &error_offset, nullptr));
+    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code, &error_offset, nullptr));
     if (!code_) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error_code, message.data(), message.size());
-      fail("{}: PCRE2 cannot compile the pattern {:?} (as rewritten for PCRE2: {:?}) at offset {}: {}", where, pattern,
-           pattern, error_offset, reinterpret_cast<const char*>(message.data()));
+      fail("{}: PCRE2 cannot compile the pattern {:?} (as rewritten for PCRE2: {:?}) at offset {}: {}", where, pattern, pattern, error_offset,
+           reinterpret_cast<const char*>(message.data()));
     }
     if (pcre2_jit_compile(code_.get(), PCRE2_JIT_COMPLETE) != 0) log_debug("PCRE2 JIT is not available; {} runs interpreted", where);
   }
@@ -113,13 +110,28 @@ std::string js_regex_for_pcre2(std::string_view pattern) {
         }
       };
       switch (e) {
-        case 's': cls(kJsSpace, false); break;
-        case 'S': cls(kJsSpace, true); break;
-        case 'd': cls("0-9", false); break;
-        case 'D': cls("0-9", true); break;
-        case 'w': cls("A-Za-z0-9_", false); break;
-        case 'W': cls("A-Za-z0-9_", true); break;
-        default: out += c; out += e; break;
+        case 's':
+          cls(kJsSpace, false);
+          break;
+        case 'S':
+          cls(kJsSpace, true);
+          break;
+        case 'd':
+          cls("0-9", false);
+          break;
+        case 'D':
+          cls("0-9", true);
+          break;
+        case 'w':
+          cls("A-Za-z0-9_", false);
+          break;
+        case 'W':
+          cls("A-Za-z0-9_", true);
+          break;
+        default:
+          out += c;
+          out += e;
+          break;
       }
       ++i;
       continue;
@@ -142,13 +154,13 @@ std::string js_regex_for_pcre2(std::string_view pattern) {
 
 struct HfPreTokenizer::Step {
   enum class Kind { split, byte_level, digits, metaspace } kind;
-  std::unique_ptr<Regex> regex;  // split; byte_level with use_regex
-  bool removed = false;          // split: drop the matches (Removed) instead of keeping them (Isolated)
-  bool add_prefix_space = false; // byte_level
+  std::unique_ptr<Regex> regex;   // split; byte_level with use_regex
+  bool removed = false;           // split: drop the matches (Removed) instead of keeping them (Isolated)
+  bool add_prefix_space = false;  // byte_level
   bool individual_digits = false;
-  std::string replacement;       // metaspace
+  std::string replacement;  // metaspace
   enum class Prepend { always, first, never } prepend = Prepend::always;
-  bool split_words = true;       // metaspace
+  bool split_words = true;  // metaspace
 };
 
 HfPreTokenizer::HfPreTokenizer() = default;
@@ -162,9 +174,10 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
     fail("{} should be null or an object with a \"type\"", where);
   }
   if (out.byte_level_) {
-    fail("{} follows a ByteLevel pre-tokenizer; dstrain needs ByteLevel to be the last step (it then works on the "
-         "bytes)",
-         where);
+    fail(
+        "{} follows a ByteLevel pre-tokenizer; dstrain needs ByteLevel to be the last step (it then works on the "
+        "bytes)",
+        where);
   }
   const std::string type = config["type"].get<std::string>();
   auto step = std::make_unique<Step>();
@@ -207,18 +220,23 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
     if (step->replacement.empty()) fail("{}.replacement is empty", where);
     if (config.contains("prepend_scheme") && !config["prepend_scheme"].is_null()) {
       const std::string scheme = config["prepend_scheme"].is_string() ? config["prepend_scheme"].get<std::string>() : "";
-      if (scheme == "always") step->prepend = Step::Prepend::always;
-      else if (scheme == "first") step->prepend = Step::Prepend::first;
-      else if (scheme == "never") step->prepend = Step::Prepend::never;
-      else fail("{}.prepend_scheme is {}; use \"always\", \"first\" or \"never\"", where, config["prepend_scheme"].dump());
+      if (scheme == "always")
+        step->prepend = Step::Prepend::always;
+      else if (scheme == "first")
+        step->prepend = Step::Prepend::first;
+      else if (scheme == "never")
+        step->prepend = Step::Prepend::never;
+      else
+        fail("{}.prepend_scheme is {}; use \"always\", \"first\" or \"never\"", where, config["prepend_scheme"].dump());
     } else {
       step->prepend = bool_field(config, "add_prefix_space", true, where) ? Step::Prepend::always : Step::Prepend::never;
     }
     step->split_words = bool_field(config, "split", true, where);
   } else {
-    fail("{}.type is \"{}\", which dstrain does not implement; supported pre-tokenizers: {}. Tokenising without it "
-         "would give other ids than the model was trained with",
-         where, type, kSupported);
+    fail(
+        "{}.type is \"{}\", which dstrain does not implement; supported pre-tokenizers: {}. Tokenising without it "
+        "would give other ids than the model was trained with",
+        where, type, kSupported);
   }
   out.steps_.push_back(std::move(step));
 }
@@ -271,8 +289,10 @@ void HfPreTokenizer::split(std::string_view section, bool first_section, std::ve
         case Step::Kind::metaspace: {
           std::string replaced;
           for (const char c : piece) {
-            if (c == ' ') replaced += step->replacement;
-            else replaced += c;
+            if (c == ' ')
+              replaced += step->replacement;
+            else
+              replaced += c;
           }
           const bool prepend = step->prepend == Step::Prepend::always || (step->prepend == Step::Prepend::first && first_section && p == 0);
           if (prepend && replaced.compare(0, step->replacement.size(), step->replacement) != 0) replaced.insert(0, step->replacement);

@@ -36,7 +36,8 @@ using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>
 
 nlohmann::json read_json(const std::filesystem::path& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open {} {}: check the path ({})", what, path.string(), "a Hugging Face tokenizer.json with its tokenizer_config.json beside it");
+  if (!in)
+    fail("cannot open {} {}: check the path ({})", what, path.string(), "a Hugging Face tokenizer.json with its tokenizer_config.json beside it");
   std::ostringstream ss;
   ss << in.rdbuf();
   try {
@@ -69,7 +70,7 @@ struct HfTokenizer::Impl {
   std::string name;
   std::vector<std::string> id_to_token;  // vocabulary strings (bytes for a byte-level vocabulary), added tokens' content
   std::vector<bool> id_used;
-  StringMap<std::int32_t> token_to_id;   // the same strings -> id (vocabulary and added tokens)
+  StringMap<std::int32_t> token_to_id;  // the same strings -> id (vocabulary and added tokens)
   BpeMerges merges;
   AddedTokens added;
   HfNormalizer normalizer = HfNormalizer::parse(nullptr, "");
@@ -80,8 +81,8 @@ struct HfTokenizer::Impl {
   bool byte_fallback = false;
   bool fuse_unk = false;
   std::int32_t unk = -1;
-  std::array<std::int32_t, 256> byte_token{};           // byte-level: the token of each byte
-  std::array<std::int32_t, 256> fallback_token{};       // byte_fallback: the <0xXX> token of each byte
+  std::array<std::int32_t, 256> byte_token{};      // byte-level: the token of each byte
+  std::array<std::int32_t, 256> fallback_token{};  // byte_fallback: the <0xXX> token of each byte
   std::optional<std::int32_t> bos;
   std::int32_t eos = -1;
 
@@ -136,9 +137,10 @@ void HfTokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>& o
       } else if (unk >= 0) {
         if (!(fuse_unk && !result.empty() && result.back() == unk)) result.push_back(unk);
       } else {
-        fail("tokenizer {}: the character {:?} is not in the vocabulary, and the model has neither byte_fallback nor an "
-             "unk_token to stand for it",
-             name, std::string(ch));
+        fail(
+            "tokenizer {}: the character {:?} is not in the vocabulary, and the model has neither byte_fallback nor an "
+            "unk_token to stand for it",
+            name, std::string(ch));
       }
     }
   }
@@ -177,9 +179,10 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   const std::filesystem::path config_file = file.parent_path() / "tokenizer_config.json";
   const nlohmann::json json = read_json(file, "tokenizer file");
   if (!std::filesystem::exists(config_file, error)) {
-    fail("{} has no tokenizer_config.json beside it ({}): dstrain reads add_bos_token and eos_token from it; copy the "
-         "model's tokenizer_config.json there",
-         file.string(), config_file.string());
+    fail(
+        "{} has no tokenizer_config.json beside it ({}): dstrain reads add_bos_token and eos_token from it; copy the "
+        "model's tokenizer_config.json there",
+        file.string(), config_file.string());
   }
   const nlohmann::json config = read_json(config_file, "tokenizer config");
   if (!json.is_object()) fail("tokenizer file {} is not a JSON object", file.string());
@@ -194,9 +197,10 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   impl->decoder.emplace(HfDecoder::parse(json.value("decoder", nlohmann::json()), where + ": decoder"));
   impl->byte_level = impl->pre_tokenizer->byte_level();
   if (impl->decoder->byte_level() != impl->byte_level) {
-    fail("{}: the {} is ByteLevel but the {} is not; dstrain reads a vocabulary as byte-level (Llama 3, Qwen, GPT-2) "
-         "or not (Llama 2, Mistral) for both",
-         where, impl->byte_level ? "pre_tokenizer" : "decoder", impl->byte_level ? "decoder" : "pre_tokenizer");
+    fail(
+        "{}: the {} is ByteLevel but the {} is not; dstrain reads a vocabulary as byte-level (Llama 3, Qwen, GPT-2) "
+        "or not (Llama 2, Mistral) for both",
+        where, impl->byte_level ? "pre_tokenizer" : "decoder", impl->byte_level ? "decoder" : "pre_tokenizer");
   }
 
   // ---- the model ----
@@ -205,18 +209,20 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   const std::string model_where = where + ": model";
   const std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
   if (type != "BPE") {
-    fail("{}.type is \"{}\"; dstrain implements BPE models (byte-level as Llama 3 / Qwen / GPT-2, or with byte fallback "
-         "as Llama 2 / Mistral), not WordPiece, WordLevel or Unigram",
-         model_where, type);
+    fail(
+        "{}.type is \"{}\"; dstrain implements BPE models (byte-level as Llama 3 / Qwen / GPT-2, or with byte fallback "
+        "as Llama 2 / Mistral), not WordPiece, WordLevel or Unigram",
+        model_where, type);
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0)) {
     fail("{}.dropout is {}: BPE dropout randomises tokenisation for training a tokenizer; set it to null", model_where, model["dropout"].dump());
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty())) {
-      fail("{}.{} is {}; dstrain implements BPE without word prefixes or suffixes (those are for WordPiece-like "
-           "vocabularies, not the Llama family)",
-           model_where, key, model[key].dump());
+      fail(
+          "{}.{} is {}; dstrain implements BPE without word prefixes or suffixes (those are for WordPiece-like "
+          "vocabularies, not the Llama family)",
+          model_where, key, model[key].dump());
     }
   }
   impl->ignore_merges = bool_or(model, "ignore_merges", false, model_where);
@@ -309,15 +315,17 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
       }
       for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
         if (bool_or(t, flag, false, at)) {
-          fail("{}.{} is true; dstrain matches added tokens exactly as written (the flags of the Llama family's "
-               "tokenizers are all false)",
-               at, flag);
+          fail(
+              "{}.{} is true; dstrain matches added tokens exactly as written (the flags of the Llama family's "
+              "tokenizers are all false)",
+              at, flag);
         }
       }
       if (bool_or(t, "normalized", false, at) && !impl->normalizer.empty()) {
-        fail("{}.normalized is true with a normalizer present; dstrain matches added tokens in the text before "
-             "normalisation (\"normalized\": false, as the Llama family's tokenizers have it)",
-             at);
+        fail(
+            "{}.normalized is true with a normalizer present; dstrain matches added tokens in the text before "
+            "normalisation (\"normalized\": false, as the Llama family's tokenizers have it)",
+            at);
       }
       const std::string content = t["content"].get<std::string>();
       set_token(t["id"].get<std::int64_t>(), content, at);
@@ -338,9 +346,10 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
       const std::string pt = p->value("type", "");
       if (pt == "ByteLevel") continue;
       if (pt != "TemplateProcessing") {
-        fail("{}.type is \"{}\"; dstrain reads ByteLevel, TemplateProcessing and Sequence post-processors (for the "
-             "BOS a document starts with)",
-             pp_where, pt);
+        fail(
+            "{}.type is \"{}\"; dstrain reads ByteLevel, TemplateProcessing and Sequence post-processors (for the "
+            "BOS a document starts with)",
+            pp_where, pt);
       }
       const nlohmann::json single = p->value("single", nlohmann::json::array());
       for (const auto& piece : single) {
@@ -366,9 +375,10 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   }
   const std::optional<std::string> eos = config_token(config, "eos_token", config_where);
   if (!eos) {
-    fail("{} gives no eos_token: prepare-data ends every document with it (and generation stops at it); add the "
-         "model's \"eos_token\"",
-         config_where);
+    fail(
+        "{} gives no eos_token: prepare-data ends every document with it (and generation stops at it); add the "
+        "model's \"eos_token\"",
+        config_where);
   }
   impl->eos = id_of(*eos, config_where + ": eos_token");
   return HfTokenizer(std::move(impl));

@@ -39,8 +39,8 @@ void read_jsonl_documents(const std::filesystem::path& file, std::string_view te
       fail("{}:{}: not valid JSON ({}): each line of a JSONL file must be one JSON object", file.string(), number, e.what());
     }
     if (!object.is_object()) {
-      fail("{}:{}: the line is {}, not a JSON object: each line must be an object like {{\"{}\": \"...\"}}", file.string(), number,
-           type_name(object), text_key);
+      fail("{}:{}: the line is {}, not a JSON object: each line must be an object like {{\"{}\": \"...\"}}", file.string(), number, type_name(object),
+           text_key);
     }
     const auto it = object.find(text_key);
     if (it == object.end()) {
@@ -53,12 +53,11 @@ void read_jsonl_documents(const std::filesystem::path& file, std::string_view te
         }
         keys += (shown++ == 0 ? "\"" : ", \"") + key + "\"";
       }
-      fail("{}:{}: the object has no key \"{}\" (it has {}): give the key that holds the text with --text-key", file.string(),
-           number, text_key, keys.empty() ? "no keys" : keys);
+      fail("{}:{}: the object has no key \"{}\" (it has {}): give the key that holds the text with --text-key", file.string(), number, text_key,
+           keys.empty() ? "no keys" : keys);
     }
     if (!it->is_string()) {
-      fail("{}:{}: \"{}\" is {}, not a string: the text of a document must be a JSON string", file.string(), number, text_key,
-           type_name(*it));
+      fail("{}:{}: \"{}\" is {}, not a string: the text of a document must be a JSON string", file.string(), number, text_key, type_name(*it));
     }
     documents.push_back(it->get<std::string>());
   }

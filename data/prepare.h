@@ -32,13 +32,12 @@ struct PrepareResult {
 // val_fraction 0. Token files are uint16 (version 1) for vocabularies up to 65536 ids, uint32
 // (version 2) above (token_width_for_vocab).
 PrepareResult prepare_token_files(const std::vector<std::filesystem::path>& inputs, const Tokenizer& tokenizer,
-                                  const std::filesystem::path& out_train,
-                                  std::optional<std::filesystem::path> out_val, double val_fraction);
+                                  const std::filesystem::path& out_train, std::optional<std::filesystem::path> out_val, double val_fraction);
 
 // The same for documents already in memory (e.g. the Brown corpus after brown_to_text).
 PrepareResult prepare_token_files_from_texts(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
-                                             const std::filesystem::path& out_train,
-                                             std::optional<std::filesystem::path> out_val, double val_fraction);
+                                             const std::filesystem::path& out_train, std::optional<std::filesystem::path> out_val,
+                                             double val_fraction);
 
 // How many of `documents` documents the val split takes (the rule above). Throws Error for
 // val_fraction outside [0, 1), or val_fraction > 0 with fewer than 2 documents.

@@ -13,7 +13,8 @@
 namespace dstrain {
 
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
   std::error_code ea, eb;
   const std::filesystem::path ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ea), ea);
@@ -28,8 +29,8 @@ void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::v
     if (out.path.empty()) continue;
     for (const RunFile& in : inputs) {
       if (in.path.empty() || !same_file(out.path, in.path)) continue;
-      fail("{} {} is the file given as {}: writing it would destroy an input of this run; give {} another path", out.role, out.path.string(),
-           in.role, out.role);
+      fail("{} {} is the file given as {}: writing it would destroy an input of this run; give {} another path", out.role, out.path.string(), in.role,
+           out.role);
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (outputs[j].path.empty() || !same_file(out.path, outputs[j].path)) continue;

@@ -86,13 +86,13 @@ TokenWidth token_width_for_vocab(std::int64_t vocab_size) {
 
 void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens, TokenWidth width) {
   if (width != TokenWidth::uint16 && width != TokenWidth::uint32) {
-    fail("cannot write {}: token width {} is neither 2 (uint16) nor 4 (uint32) bytes", path.string(),
-         static_cast<std::int32_t>(width));
+    fail("cannot write {}: token width {} is neither 2 (uint16) nor 4 (uint32) bytes", path.string(), static_cast<std::int32_t>(width));
   }
   if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
-    fail("cannot write {}: {} tokens exceed the token file's int32 count (2^31-1); split the data into several "
-         "files",
-         path.string(), tokens.size());
+    fail(
+        "cannot write {}: {} tokens exceed the token file's int32 count (2^31-1); split the data into several "
+        "files",
+        path.string(), tokens.size());
   }
   // Check every id before creating anything, so a bad tokenizer leaves no file at all. int32 ids are
   // never above uint32's range, so only uint16 has an upper limit to check.
@@ -171,8 +171,7 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
   if (!S_ISREG(st.st_mode)) fail("token file {} is not a regular file (a folder?): give the path of a .bin file", path.string());
   const auto file_bytes = static_cast<std::size_t>(st.st_size);
   if (file_bytes < kTokenFileHeaderBytes) {
-    fail("token file {} has {} bytes, less than its 1024-byte header: it is truncated or not a token file; {}",
-         path.string(), file_bytes, kFix);
+    fail("token file {} has {} bytes, less than its 1024-byte header: it is truncated or not a token file; {}", path.string(), file_bytes, kFix);
   }
 
   std::array<std::int32_t, 4> header{};
@@ -181,33 +180,32 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
     fail("cannot read the header of token file {}: {}", path.string(), got < 0 ? std::strerror(errno) : "it shrank while being opened");
   }
   if (header[0] != kTokenFileMagic) {
-    fail("token file {} starts with magic {}, not {}: it is not an llm.c token file; {}", path.string(), header[0],
-         kTokenFileMagic, kFix);
+    fail("token file {} starts with magic {}, not {}: it is not an llm.c token file; {}", path.string(), header[0], kTokenFileMagic, kFix);
   }
   TokenWidth width = TokenWidth::uint16;
   if (header[1] == kTokenFileVersionWidth) {
     if (header[3] != static_cast<std::int32_t>(TokenWidth::uint16) && header[3] != static_cast<std::int32_t>(TokenWidth::uint32)) {
-      fail("token file {} (version 2) gives {} bytes per token; the format allows 2 (uint16) or 4 (uint32): the header "
-           "is corrupt; {}",
-           path.string(), header[3], kFix);
+      fail(
+          "token file {} (version 2) gives {} bytes per token; the format allows 2 (uint16) or 4 (uint32): the header "
+          "is corrupt; {}",
+          path.string(), header[3], kFix);
     }
     width = static_cast<TokenWidth>(header[3]);
   } else if (header[1] != kTokenFileVersionUint16) {
-    fail("token file {} has version {}; this reader knows versions 1 (uint16 tokens) and 2 (uint16 or uint32 tokens, "
-         "width in the header); {}",
-         path.string(), header[1], kFix);
+    fail(
+        "token file {} has version {}; this reader knows versions 1 (uint16 tokens) and 2 (uint16 or uint32 tokens, "
+        "width in the header); {}",
+        path.string(), header[1], kFix);
   }
   if (header[2] < 0) {
-    fail("token file {} claims {} tokens, a negative count: the header is corrupt; {}", path.string(), header[2],
-         kFix);
+    fail("token file {} claims {} tokens, a negative count: the header is corrupt; {}", path.string(), header[2], kFix);
   }
   const auto count = static_cast<std::size_t>(header[2]);
   const auto bytes_per_token = static_cast<std::size_t>(width);
   const std::size_t expected = kTokenFileHeaderBytes + count * bytes_per_token;
   if (file_bytes != expected) {
-    fail("token file {} has {} bytes, but its header's {} tokens need {} (1024 + {} per token): it is {}; {}",
-         path.string(), file_bytes, count, expected, bytes_per_token,
-         file_bytes < expected ? "truncated" : "longer than its header says", kFix);
+    fail("token file {} has {} bytes, but its header's {} tokens need {} (1024 + {} per token): it is {}; {}", path.string(), file_bytes, count,
+         expected, bytes_per_token, file_bytes < expected ? "truncated" : "longer than its header says", kFix);
   }
   file.width_ = width;
   file.count_ = count;
@@ -234,10 +232,11 @@ void TokenFile::read(std::size_t first, std::span<std::uint32_t> out) const {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("reading token file {} failed: {}", path_.string(), std::strerror(errno));
     if (n == 0) {
-      fail("token file {} shrank while this run reads it: it held {} tokens at the start and now ends before token {}; something "
-           "truncated or rewrote it in place. Keep a file's contents fixed while a run reads it (prepare-data replaces its outputs "
-           "atomically, which is safe)",
-           path_.string(), count_, first + (total - left) / bytes_per_token);
+      fail(
+          "token file {} shrank while this run reads it: it held {} tokens at the start and now ends before token {}; something "
+          "truncated or rewrote it in place. Keep a file's contents fixed while a run reads it (prepare-data replaces its outputs "
+          "atomically, which is safe)",
+          path_.string(), count_, first + (total - left) / bytes_per_token);
     }
     p += n;
     left -= static_cast<std::size_t>(n);
@@ -260,10 +259,7 @@ std::vector<std::uint32_t> TokenFile::read_all() const {
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
-      count_(std::exchange(other.count_, 0)),
-      width_(other.width_) {}
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), count_(std::exchange(other.count_, 0)), width_(other.width_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {

@@ -35,8 +35,7 @@ TokenWidth token_width_for_vocab(std::int64_t vocab_size);
 // failure (a negative token or one that does not fit `width`, more than 2^31-1 tokens, disk full, no
 // permission) throws Error naming the path, and neither `path` nor the temporary file is left changed
 // or behind: an existing file at `path` keeps its old contents.
-void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                      TokenWidth width = TokenWidth::uint16);
+void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens, TokenWidth width = TokenWidth::uint16);
 
 // A token file open for reading. Move-only; closes on destruction.
 //

@@ -16,9 +16,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name, const std::file
   if (path.extension() == ".json" || std::filesystem::is_directory(path, error)) {
     return std::make_unique<HfTokenizer>(HfTokenizer::load(path));
   }
-  fail("unknown tokenizer '{}': use 'gpt2' (GPT-2 byte-level BPE, vocab 50257), 'bytes' (one token per byte), or "
-       "the path of a Hugging Face tokenizer.json (or of the folder holding it)",
-       name);
+  fail(
+      "unknown tokenizer '{}': use 'gpt2' (GPT-2 byte-level BPE, vocab 50257), 'bytes' (one token per byte), or "
+      "the path of a Hugging Face tokenizer.json (or of the folder holding it)",
+      name);
 }
 
 }  // namespace dstrain

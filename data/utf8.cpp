@@ -11,19 +11,34 @@ std::optional<std::string> replace_invalid_utf8(std::string_view text) {
     const auto b = static_cast<unsigned char>(text[i]);
     int needed = 0;
     unsigned char lower = 0x80, upper = 0xBF;
-    if (b <= 0x7F) needed = 0;
-    else if (b >= 0xC2 && b <= 0xDF) needed = 1;
-    else if (b >= 0xE0 && b <= 0xEF) { needed = 2; if (b == 0xE0) lower = 0xA0; if (b == 0xED) upper = 0x9F; }
-    else if (b >= 0xF0 && b <= 0xF4) { needed = 3; if (b == 0xF0) lower = 0x90; if (b == 0xF4) upper = 0x8F; }
-    else needed = -1;
+    if (b <= 0x7F)
+      needed = 0;
+    else if (b >= 0xC2 && b <= 0xDF)
+      needed = 1;
+    else if (b >= 0xE0 && b <= 0xEF) {
+      needed = 2;
+      if (b == 0xE0) lower = 0xA0;
+      if (b == 0xED) upper = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      needed = 3;
+      if (b == 0xF0) lower = 0x90;
+      if (b == 0xF4) upper = 0x8F;
+    } else
+      needed = -1;
     std::size_t seen = 0;
     bool ok = needed >= 0;
     if (ok) {
       for (; seen < static_cast<std::size_t>(needed); ++seen) {
         const std::size_t j = i + 1 + seen;
-        if (j >= text.size()) { ok = false; break; }
+        if (j >= text.size()) {
+          ok = false;
+          break;
+        }
         const auto c = static_cast<unsigned char>(text[j]);
-        if (c < lower || c > upper) { ok = false; break; }
+        if (c < lower || c > upper) {
+          ok = false;
+          break;
+        }
         lower = 0x80;
         upper = 0xBF;
       }
@@ -75,11 +90,20 @@ bool next_code_point(std::string_view text, std::size_t& i, char32_t& cp) {
   if (i >= text.size()) return false;
   const auto lead = static_cast<unsigned char>(text[i]);
   std::size_t extra;
-  if (lead < 0x80) { cp = lead; extra = 0; }
-  else if ((lead & 0xE0) == 0xC0) { cp = lead & 0x1F; extra = 1; }
-  else if ((lead & 0xF0) == 0xE0) { cp = lead & 0x0F; extra = 2; }
-  else if ((lead & 0xF8) == 0xF0) { cp = lead & 0x07; extra = 3; }
-  else return false;
+  if (lead < 0x80) {
+    cp = lead;
+    extra = 0;
+  } else if ((lead & 0xE0) == 0xC0) {
+    cp = lead & 0x1F;
+    extra = 1;
+  } else if ((lead & 0xF0) == 0xE0) {
+    cp = lead & 0x0F;
+    extra = 2;
+  } else if ((lead & 0xF8) == 0xF0) {
+    cp = lead & 0x07;
+    extra = 3;
+  } else
+    return false;
   if (i + 1 + extra > text.size()) return false;
   for (std::size_t k = 1; k <= extra; ++k) {
     const auto c = static_cast<unsigned char>(text[i + k]);

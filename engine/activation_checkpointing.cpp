@@ -31,9 +31,10 @@ std::vector<CheckpointSegment> plan_checkpoint_segments(std::size_t first_block,
   if (num_blocks == 0) fail("activation checkpointing: the model has no layers between its first and its last to checkpoint; turn checkpointing off");
   const std::int64_t k = number_checkpoints.value_or(static_cast<std::int64_t>(num_blocks));
   if (k <= 0 || k > static_cast<std::int64_t>(num_blocks)) {
-    fail("activation_checkpointing.number_checkpoints: {} — it is the number of checkpoint segments (kept inputs) and must be between 1 and "
-         "the model's {} transformer blocks; give a value in that range, or remove the key for one checkpoint per block",
-         k, num_blocks);
+    fail(
+        "activation_checkpointing.number_checkpoints: {} — it is the number of checkpoint segments (kept inputs) and must be between 1 and "
+        "the model's {} transformer blocks; give a value in that range, or remove the key for one checkpoint per block",
+        k, num_blocks);
   }
   const auto K = static_cast<std::size_t>(k);
   std::vector<CheckpointSegment> segs;
@@ -70,7 +71,8 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
                                                  const LayerDims& dims, std::int64_t n_embd, Allocator& device, Allocator* host)
     : cfg_(cfg) {
   const std::size_t L = layers.size();
-  if (L < 3) fail("activation checkpointing: the model has {} layers but needs a first layer, at least one block and a last layer; turn checkpointing off", L);
+  if (L < 3)
+    fail("activation checkpointing: the model has {} layers but needs a first layer, at least one block and a last layer; turn checkpointing off", L);
   segments_ = plan_checkpoint_segments(1, L - 2, cfg.number_checkpoints);
   const std::size_t K = segments_.size();
   for (const auto& l : layers) names_.push_back(l->name());
@@ -80,8 +82,10 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
   for (std::size_t i = 0; i + 1 < L; ++i) {
     const ActivationSpec out = layers[i]->output(dims);
     if (!(out.shape == btc) || out.dtype != dims.dtype) {
-      fail("activation checkpointing: layer '{}' outputs {} {} but the kept inputs are the residual stream {} {}; turn checkpointing off for this model",
-           names_[i], out.name, out.shape.str(), btc.str(), dtype_name(dims.dtype));
+      fail(
+          "activation checkpointing: layer '{}' outputs {} {} but the kept inputs are the residual stream {} {}; turn checkpointing off for this "
+          "model",
+          names_[i], out.name, out.shape.str(), btc.str(), dtype_name(dims.dtype));
     }
   }
   const std::size_t btc_bytes = static_cast<std::size_t>(btc.numel()) * dtype_size(dims.dtype);
@@ -146,7 +150,8 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
   // ---- bindings ----
   bind_.resize(L);
   bind_[0].output = bind_[0].recompute_output = boundary(0);
-  for (std::size_t k = 0; k < first_saved.size(); ++k) bind_[0].saved.push_back(first_saved_buf_.tensor(first_saved[k].dtype, first_saved[k].shape, first_off[k]));
+  for (std::size_t k = 0; k < first_saved.size(); ++k)
+    bind_[0].saved.push_back(first_saved_buf_.tensor(first_saved[k].dtype, first_saved[k].shape, first_off[k]));
   const auto area_view = [&](std::size_t i, std::size_t k) { return area_buf_.tensor(specs[i][k].dtype, specs[i][k].shape, offsets[i][k]); };
   for (std::size_t s = 0; s < K; ++s) {
     for (std::size_t i = segments_[s].first; i <= segments_[s].last; ++i) {

@@ -94,8 +94,8 @@ class ActivationCheckpointing {
   // CudaPinnedAllocator, when `device` is a GPU in a CUDA build). `layers` must have
   // at least 3 entries (first layer, >= 1 block, last layer) whose outputs are (B, T, n_embd)
   // except the last's. Error naming the key or the model otherwise.
-  ActivationCheckpointing(const config::ActivationCheckpointingConfig& cfg, std::span<const std::unique_ptr<Layer>> layers,
-                          const LayerDims& dims, std::int64_t n_embd, Allocator& device, Allocator* host);
+  ActivationCheckpointing(const config::ActivationCheckpointingConfig& cfg, std::span<const std::unique_ptr<Layer>> layers, const LayerDims& dims,
+                          std::int64_t n_embd, Allocator& device, Allocator* host);
   ~ActivationCheckpointing();
   ActivationCheckpointing(const ActivationCheckpointing&) = delete;
   ActivationCheckpointing& operator=(const ActivationCheckpointing&) = delete;
@@ -149,10 +149,10 @@ class ActivationCheckpointing {
   std::unique_ptr<Allocator> own_host_;
   Allocator* host_ = nullptr;
   std::unique_ptr<CopyStream> transfer_;
-  std::vector<Buffer> kept_bufs_;       // kept inputs (device, or host for cpu_checkpointing)
-  std::vector<Tensor> kept_;            // one per segment (cpu_checkpointing: segments 0..K-2)
-  Buffer boundary_buf_;                 // device: head input; cpu_checkpointing: 2 ping-pong slots
-  std::vector<Tensor> staging_;         // the boundary views
+  std::vector<Buffer> kept_bufs_;  // kept inputs (device, or host for cpu_checkpointing)
+  std::vector<Tensor> kept_;       // one per segment (cpu_checkpointing: segments 0..K-2)
+  Buffer boundary_buf_;            // device: head input; cpu_checkpointing: 2 ping-pong slots
+  std::vector<Tensor> staging_;    // the boundary views
   Buffer area_buf_, first_saved_buf_;
   std::vector<CopyStream::Ticket> keep_ticket_, fetch_ticket_;
   std::vector<SegmentProfile> profile_;

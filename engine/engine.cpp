@@ -53,19 +53,22 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   const config::StatePlacement placement = c.placement();
   if (c.optimizer.kind == config::OptimizerKind::muon && c.zero_optimization.reduce_scatter) {
     if (c.zero_optimization.stage == 3) {
-      fail("optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
-           "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
-           c.optimizer.type);
+      fail(
+          "optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
+          "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
+          c.optimizer.type);
     }
     if (placement.optimizer != StateHome::device) {  // stages 1-2 here
-      fail("optimizer.type {} with zero_optimization.stage {}, reduce_scatter true and offload_optimizer: Muon with reduce scatter does "
-           "not support optimizer offload because offload retains only partition slices (DeepSpeed's ZeRO-1/2 optimizer raises this "
-           "ValueError); disable reduce scatter (zero_optimization.reduce_scatter: false) or optimizer offload",
-           c.optimizer.type, c.zero_optimization.stage);
+      fail(
+          "optimizer.type {} with zero_optimization.stage {}, reduce_scatter true and offload_optimizer: Muon with reduce scatter does "
+          "not support optimizer offload because offload retains only partition slices (DeepSpeed's ZeRO-1/2 optimizer raises this "
+          "ValueError); disable reduce scatter (zero_optimization.reduce_scatter: false) or optimizer offload",
+          c.optimizer.type, c.zero_optimization.stage);
     }
   }
   if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
-  if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
+  if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3)
+    fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
   // Offload below the stage it belongs to is ignored, as DeepSpeed ignores it, not refused: real
   // configs carry it (DeepSpeed-Chat's and OpenRLHF's builders set offload_param at stage 2). Where
   // each partition lives is the placement's to say (config_schema/state_placement.h).
@@ -74,20 +77,24 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
   // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
   if (placement.optimizer != StateHome::device && placement.offload_ratio < 1.0 && c.optimizer.present() &&
       c.optimizer.kind != config::OptimizerKind::adam && c.optimizer.kind != config::OptimizerKind::adamw) {
-    fail("zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
-         "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
-         placement.offload_ratio, c.optimizer.type);
+    fail(
+        "zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
+        "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
+        placement.offload_ratio, c.optimizer.type);
   }
   if (!c.managed_gradient_accumulation) {
-    fail("managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
-         "steps every gradient_accumulation_steps micro-batches; remove the key (or set it to true)");
+    fail(
+        "managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
+        "steps every gradient_accumulation_steps micro-batches; remove the key (or set it to true)");
   }
   if (c.data_parallel_world_size != world_size) {
-    fail("the config was resolved for a data-parallel world size of {} but the engine's communicator has {} rank(s); resolve it for {} "
-         "(dstrain check-config --world-size {}, or dstrain train --num-ranks {})",
-         c.data_parallel_world_size, world_size, world_size, world_size, c.data_parallel_world_size);
+    fail(
+        "the config was resolved for a data-parallel world size of {} but the engine's communicator has {} rank(s); resolve it for {} "
+        "(dstrain check-config --world-size {}, or dstrain train --num-ranks {})",
+        c.data_parallel_world_size, world_size, world_size, world_size, c.data_parallel_world_size);
   }
-  if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0)) fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
+  if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0))
+    fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
 // DeepSpeed wraps the optimizer in its BF16_Optimizer (which never skips a step) instead of the
@@ -184,26 +191,30 @@ void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& o
   const DType storage = config.fp16.enabled ? DType::fp16 : config.bf16.enabled ? DType::bf16 : DType::fp32;
   im.mixed = storage != DType::fp32;
   if (!options.inject_overflow_steps.empty() && !im.mixed) {
-    fail("inject_overflow_steps (--inject-overflow) needs fp16 or bf16 training: fp32 has no overflow check, so an inf gradient would "
-         "turn the parameters into NaN; enable \"fp16\" or \"bf16\" in the config");
+    fail(
+        "inject_overflow_steps (--inject-overflow) needs fp16 or bf16 training: fp32 has no overflow check, so an inf gradient would "
+        "turn the parameters into NaN; enable \"fp16\" or \"bf16\" in the config");
   }
   if (options.bf16_stochastic_rounding) {
     if (storage != DType::bf16) {
-      fail("bf16_stochastic_rounding (--bf16-stochastic-rounding) rounds the bf16 parameter copies; the config trains in {} — enable \"bf16\" "
-           "or drop the option",
-           dtype_name(storage));
+      fail(
+          "bf16_stochastic_rounding (--bf16-stochastic-rounding) rounds the bf16 parameter copies; the config trains in {} — enable \"bf16\" "
+          "or drop the option",
+          dtype_name(storage));
     }
     if (config.optimizer.kind != config::OptimizerKind::adam && config.optimizer.kind != config::OptimizerKind::adamw) {
-      fail("bf16_stochastic_rounding (--bf16-stochastic-rounding) is built into the fused Adam/AdamW step; optimizer.type \"{}\" rounds to "
-           "nearest — use Adam or AdamW, or drop the option",
-           config.optimizer.type);
+      fail(
+          "bf16_stochastic_rounding (--bf16-stochastic-rounding) is built into the fused Adam/AdamW step; optimizer.type \"{}\" rounds to "
+          "nearest — use Adam or AdamW, or drop the option",
+          config.optimizer.type);
     }
     im.rounding = StochasticRoundingOptions{true, options.seed};
   }
   dims_ = LayerDims{config.train_micro_batch_size_per_gpu, T, storage};
   gas_ = config.gradient_accumulation_steps;
   train_batch_size_ = config.train_batch_size;
-  if (dims_.B <= 0 || gas_ <= 0) fail("initialize: the config's batch is not resolved (train_micro_batch_size_per_gpu = {}, gradient_accumulation_steps = {})", dims_.B, gas_);
+  if (dims_.B <= 0 || gas_ <= 0)
+    fail("initialize: the config's batch is not resolved (train_micro_batch_size_per_gpu = {}, gradient_accumulation_steps = {})", dims_.B, gas_);
   lr_ = im.schedule.lr();
 
   const std::size_t L = model_.layers.size();
@@ -256,9 +267,10 @@ void Engine::build_states(const config::DsConfig& config) {
                                                sk == config::SchedulerKind::one_cycle || sk == config::SchedulerKind::lr_range_test);
   }
   if (const auto& gad = config.data_types.grad_accum_dtype; gad && *gad != dtype_name(storage) && im.mixed) {
-    log_warning("data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
-                "fp32 and rounded once; a separate {} accumulation buffer is not kept",
-                *gad, dtype_name(storage), *gad);
+    log_warning(
+        "data_types.grad_accum_dtype \"{}\": gradients accumulate in the model dtype ({}) here, each micro-step's sum computed in "
+        "fp32 and rounded once; a separate {} accumulation buffer is not kept",
+        *gad, dtype_name(storage), *gad);
   }
 }
 
@@ -276,20 +288,24 @@ void Engine::log_placement() {
   }
   if (const ParamStore* ps = im.states->param_store(); ps != nullptr && ps->home() != StateHome::device) {
     const StateStoreBytes b = ps->bytes();
-    log_info("offload_param: this rank's parameter partition ({} units, {}) lives in {} ({} bytes in host memory, {} in swap files); "
-             "each layer's shard is fetched ahead of its all-gather", ps->layout().numel.size(), dtype_name(ps->layout().dtype),
-             ps->home() == StateHome::nvme ? "swap files on NVMe" : "host memory", b.host, b.nvme);
+    log_info(
+        "offload_param: this rank's parameter partition ({} units, {}) lives in {} ({} bytes in host memory, {} in swap files); "
+        "each layer's shard is fetched ahead of its all-gather",
+        ps->layout().numel.size(), dtype_name(ps->layout().dtype), ps->home() == StateHome::nvme ? "swap files on NVMe" : "host memory", b.host,
+        b.nvme);
   }
   if (im.states->store().home() != StateHome::device) {
     const StateStoreBytes b = im.states->store().bytes();
     if (im.states->store().home() == StateHome::nvme)
-      log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in swap "
-               "files on NVMe, {} bytes of it in host buffers ({}) at a time; the optimizer steps there",
-               im.states->store().layout().buffer_count() - 1, b.nvme, b.host, im.host_memory_kind);
+      log_info(
+          "offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in swap "
+          "files on NVMe, {} bytes of it in host buffers ({}) at a time; the optimizer steps there",
+          im.states->store().layout().buffer_count() - 1, b.nvme, b.host, im.host_memory_kind);
     else
-      log_info("offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
-               "({}); the optimizer steps there",
-               im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), im.host_memory_kind);
+      log_info(
+          "offload_optimizer: this rank's optimizer partition (fp32 masters and {} optimizer state(s), {} bytes) lives in {} memory "
+          "({}); the optimizer steps there",
+          im.states->store().layout().buffer_count() - 1, b.host + b.nvme, state_home_name(im.states->store().home()), im.host_memory_kind);
   }
 }
 
@@ -308,7 +324,7 @@ void Engine::build_activations(const config::DsConfig& config, const EngineOptio
   }
   if (options.checkpoint_activations) {
     im.ckpt = std::make_unique<ActivationCheckpointing>(config.activation_checkpointing, model_.layers, dims_, model_.n_embd, *im.allocator,
-                                                       im.host_allocator);
+                                                        im.host_allocator);
     log_info("{}", im.ckpt->describe());
   }
   std::vector<std::vector<ActivationSpec>> act_specs(L), scratch_specs(L);
@@ -379,7 +395,6 @@ void Engine::set_traces(const config::DsConfig& config) {
   // Views that never move (below stage 3), so param() works before the first forward.
   if (config.zero_optimization.stage < 3)
     for (std::size_t i = 0; i < L; ++i) im.states->views(i, im.layers[i].params, nullptr);
-
 }
 
 // The initial values: the seed's parameters (or zeros), and the step's counters starting here.
@@ -470,8 +485,9 @@ float Engine::evaluate(const Batch& batch) {
 void Engine::backward() {
   if (!have_forward_) fail("Engine::backward: call forward(batch) first (backward reads the activations the forward saved)");
   if (have_backward_) {
-    fail("Engine::backward: step() was not called after the previous backward(); every backward() is followed by step(), which counts "
-         "the micro-step (and at the gradient-accumulation boundary reduces and applies the gradients), as DeepSpeed's engine pairs them");
+    fail(
+        "Engine::backward: step() was not called after the previous backward(); every backward() is followed by step(), which counts "
+        "the micro-step (and at the gradient-accumulation boundary reduces and applies the gradients), as DeepSpeed's engine pairs them");
   }
   have_forward_ = false;  // the head turns its logits into their gradient in place
   Impl& im = *impl_;
@@ -534,16 +550,15 @@ float Engine::micro_batch_dloss() const {
 
 // The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank
 // r at micro-step m slot m·W + r), so masks are the same for any world size and GAS split.
-std::uint32_t Engine::global_micro_batch() const {
-  return static_cast<std::uint32_t>((micro_steps_ % gas_) * impl_->world + impl_->states->rank());
-}
+std::uint32_t Engine::global_micro_batch() const { return static_cast<std::uint32_t>((micro_steps_ % gas_) * impl_->world + impl_->states->rank()); }
 
 bool Engine::is_gradient_accumulation_boundary() const { return (micro_steps_ + 1) % gas_ == 0; }
 
 void Engine::step() {
   if (!have_backward_) {
-    fail("Engine::step: call backward() first; step() counts the micro-step whose gradients backward() accumulated (forward, backward, "
-         "step for every micro-batch)");
+    fail(
+        "Engine::step: call backward() first; step() counts the micro-step whose gradients backward() accumulated (forward, backward, "
+        "step for every micro-batch)");
   }
   have_backward_ = false;
   boundary_reduced_ = false;
@@ -648,13 +663,15 @@ bool Engine::optimizer_step() {
   } else {
     if (total.overflow()) {
       if (r.count_skipped) {
-        log_warning("non-finite gradient (first in {}): applied anyway, as DeepSpeed's non-ZeRO bf16 optimizer does (counted as a skipped step, "
-                    "the LR schedule does not step)",
-                    first_bad);
+        log_warning(
+            "non-finite gradient (first in {}): applied anyway, as DeepSpeed's non-ZeRO bf16 optimizer does (counted as a skipped step, "
+            "the LR schedule does not step)",
+            first_bad);
       } else {
-        log_warning("non-finite gradient (first in {}): applied anyway, as DeepSpeed does here (its BF16_Optimizer, or bf16 ZeRO with "
-                    "check_grad_overflow false, never checks; docs/precision.md)",
-                    first_bad);
+        log_warning(
+            "non-finite gradient (first in {}): applied anyway, as DeepSpeed does here (its BF16_Optimizer, or bf16 ZeRO with "
+            "check_grad_overflow false, never checks; docs/precision.md)",
+            first_bad);
       }
     }
     // Un-scale with the NEW scale (docs/precision.md §6: the update precedes un-scaling) and clip, in
@@ -685,12 +702,10 @@ void Engine::apply_optimizer(double lr, float grad_scale, std::int64_t t, std::o
   im.optimizer.step(*im.states, lr, grad_scale, t, betas, im.rounding);
 }
 
-
 void Engine::set_lr_schedule(LrHook hook) {
   impl_->hook = std::move(hook);
   lr_ = impl_->hook ? impl_->hook(global_steps_ - skipped_steps_) : impl_->schedule.lr();
 }
-
 
 EngineState Engine::state() const {
   EngineState st;
@@ -735,9 +750,10 @@ Tensor Engine::param(std::string_view name) const {
   const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   const Tensor t = im.states->full_param(o.layer, *o.slot);
   if (t.empty()) {
-    fail("Engine::param('{}'): ZeRO stage 3 partitions this parameter across the {} ranks, so no rank holds it whole; use "
-         "gather_master_params() (collective) for its value",
-         name, im.world);
+    fail(
+        "Engine::param('{}'): ZeRO stage 3 partitions this parameter across the {} ranks, so no rank holds it whole; use "
+        "gather_master_params() (collective) for its value",
+        name, im.world);
   }
   return t;
 }
@@ -747,8 +763,8 @@ Tensor Engine::master_param(std::string_view name) const {
   const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   const Tensor t = im.states->full_master(o.layer, *o.slot);
   if (t.empty()) {
-    fail("Engine::master_param('{}'): ZeRO stage {} partitions the fp32 masters across the {} ranks; use gather_master_params() (collective)",
-         name, im.config.zero_optimization.stage, im.world);
+    fail("Engine::master_param('{}'): ZeRO stage {} partitions the fp32 masters across the {} ranks; use gather_master_params() (collective)", name,
+         im.config.zero_optimization.stage, im.world);
   }
   return t;
 }
@@ -757,10 +773,11 @@ Tensor Engine::grad(std::string_view name) const {
   const Impl& im = *impl_;
   const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   if (boundary_reduced_ && im.world > 1 && im.config.zero_optimization.stage == 1) {
-    fail("Engine::grad('{}'): at ZeRO stage 1 the boundary backward reduce-scatters the gradients in place, so until step() each rank "
-         "holds averaged values only in its own partition beside local sums elsewhere; read grads before the boundary backward, or "
-         "after step() (they are zero then)",
-         name);
+    fail(
+        "Engine::grad('{}'): at ZeRO stage 1 the boundary backward reduce-scatters the gradients in place, so until step() each rank "
+        "holds averaged values only in its own partition beside local sums elsewhere; read grads before the boundary backward, or "
+        "after step() (they are zero then)",
+        name);
   }
   const Tensor t = im.states->full_grad(o.layer, *o.slot);
   if (t.empty()) {
@@ -847,9 +864,10 @@ namespace {
 // layout). Error naming `who` when the model was built without one.
 const Architecture& weights_architecture(const Model& model, const char* who) {
   if (!model.architecture) {
-    fail("{}: the model has no architecture (it was built from layers, not from a model family), and weight files are in a family's "
-         "layout; build it with make_model(...)",
-         who);
+    fail(
+        "{}: the model has no architecture (it was built from layers, not from a model family), and weight files are in a family's "
+        "layout; build it with make_model(...)",
+        who);
   }
   return *model.architecture;
 }
@@ -865,9 +883,10 @@ void Engine::save_weights(const std::filesystem::path& path) {
     return;
   }
   if (im.config.zero_optimization.stage == 3 && !im.config.zero_optimization.gather_16bit_weights_on_model_save && im.world > 1) {
-    fail("save_weights: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
-         "is false, so they are not gathered for saving (DeepSpeed's save_16bit_model refuses likewise); set it to true",
-         im.world);
+    fail(
+        "save_weights: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
+        "is false, so they are not gathered for saving (DeepSpeed's save_16bit_model refuses likewise); set it to true",
+        im.world);
   }
   // Gather the fp32 masters (collective; on a GPU also at stage 0: they come to the host), keep a
   // host copy of each, rank 0 writes.
@@ -950,8 +969,6 @@ void Engine::agree_on_errors(const std::string& error) {
   }
 }
 
-Engine initialize(Model model, const config::DsConfig& config, const EngineOptions& options) {
-  return Engine(std::move(model), config, options);
-}
+Engine initialize(Model model, const config::DsConfig& config, const EngineOptions& options) { return Engine(std::move(model), config, options); }
 
 }  // namespace dstrain

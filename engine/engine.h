@@ -66,7 +66,7 @@
 namespace dstrain {
 
 struct EngineOptions {
-  std::uint64_t seed = 0;            // parameter init (param_init.h) and dropout streams
+  std::uint64_t seed = 0;  // parameter init (param_init.h) and dropout streams
   // The data-parallel group this rank trains in (zero/communicator.h): the local backend's ranks
   // (threads of one process) or NCCL's. nullptr: one rank. Its world size must be the config's
   // data_parallel_world_size; every rank calls the same Engine methods in the same order (the
@@ -78,7 +78,7 @@ struct EngineOptions {
   // `allocator`'s memory (its device decides: cpu, or cuda:N with the CUDA backend). nullptr: an
   // allocator of the engine's own for `device` (its statistics are this rank's alone).
   Allocator* allocator = nullptr;
-  Device device = Device::cpu();     // used only when allocator is nullptr
+  Device device = Device::cpu();  // used only when allocator is nullptr
   // Activation checkpointing on (engine/activation_checkpointing.h); the config's
   // "activation_checkpointing" section configures it. `dstrain train --checkpoint-activations`.
   bool checkpoint_activations = false;
@@ -128,8 +128,8 @@ struct EngineState {
 
 // What the engine holds, where, and what it sent (Engine::report()).
 struct EngineReport {
-  ZeroReport zero;         // ZeRO's bytes by purpose and location, the last step's collectives and NVMe traffic
-  MemoryStats memory;      // the training allocator's statistics by purpose (current and peak)
+  ZeroReport zero;     // ZeRO's bytes by purpose and location, the last step's collectives and NVMe traffic
+  MemoryStats memory;  // the training allocator's statistics by purpose (current and peak)
   // Host memory held apart from the device (EngineOptions::host_allocator): cpu_checkpointing's
   // kept inputs (purpose activations) and the offloaded optimizer partition (purpose optimizer).
   MemoryStats host_memory;
@@ -165,12 +165,10 @@ class Engine {
   // Runs the layers backward from the last forward: grads += d(loss / GAS)/d(params) (docs/batch.md §5:
   // every backward divides the loss by gradient_accumulation_steps).
   void backward();
-  // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call): global
-  // grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at state().lr
-  // (and state().betas), the LR schedule stepped, grads zeroed, global_steps += 1, global_samples +=
-  // train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step changes no
-  // parameter, optimizer state or LR schedule, but still counts in global_steps and
-  // skipped_steps. Otherwise only counts the micro-step.
+  // Call after every backward (an Error otherwise, and for a second backward() before it). At the gradient-accumulation boundary (every GAS-th call):
+  // global grad norm, clipping to gradient_clipping (docs/precision.md §7), optimizer update at state().lr (and state().betas), the LR schedule
+  // stepped, grads zeroed, global_steps += 1, global_samples += train_batch_size. Under fp16 / bf16 the overflow check comes first: a skipped step
+  // changes no parameter, optimizer state or LR schedule, but still counts in global_steps and skipped_steps. Otherwise only counts the micro-step.
   void step();
   // True when the next step() call will update the parameters ((micro_steps + 1) % GAS == 0).
   bool is_gradient_accumulation_boundary() const;

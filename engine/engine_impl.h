@@ -50,8 +50,8 @@ struct Engine::Impl {
   std::unique_ptr<Allocator> own_allocator;  // when options.allocator is null
   Allocator* allocator = nullptr;
   std::unique_ptr<Allocator> own_host_allocator;  // when options.host_allocator is null
-  Allocator* host_allocator = nullptr;  // cpu_checkpointing's kept inputs, the offloaded optimizer partition
-  const char* host_memory_kind = "";    // what the host allocator is, for the offload log lines
+  Allocator* host_allocator = nullptr;            // cpu_checkpointing's kept inputs, the offloaded optimizer partition
+  const char* host_memory_kind = "";              // what the host allocator is, for the offload log lines
   // NVMe optimizer offload (offload_optimizer.device "nvme" at stage 3): the io_uring engine the
   // store's swap files go through (docs/offload.md §5). Declared before `states`: it outlives the store.
   std::unique_ptr<IoEngine> io;
@@ -63,15 +63,15 @@ struct Engine::Impl {
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;
-  Tensor dresidual;  // (B, T, C): the residual stream's gradient, in place through the layers
-  Batch batch;      // the current micro-batch, on the device
-  Buffer batch_buf;  // a device engine's copy of a host batch: tokens (B, T) then targets (B, T), int32
-  LrSchedule schedule;  // from config.scheduler; stepped after every applied optimizer step
-  LrHook hook;          // an embedding program's override of schedule's lr
+  Tensor dresidual;                               // (B, T, C): the residual stream's gradient, in place through the layers
+  Batch batch;                                    // the current micro-batch, on the device
+  Buffer batch_buf;                               // a device engine's copy of a host batch: tokens (B, T) then targets (B, T), int32
+  LrSchedule schedule;                            // from config.scheduler; stepped after every applied optimizer step
+  LrHook hook;                                    // an embedding program's override of schedule's lr
   std::unique_ptr<ActivationCheckpointing> ckpt;  // null: every activation is kept
-  LossScaler scaler;  // fp16: DeepSpeed's loss scale; bf16 / fp32: scale 1 and its overflow policy
-  StochasticRoundingOptions rounding;  // the bf16 copies' rounding (EngineOptions::bf16_stochastic_rounding)
-  bool mixed = false;  // fp16 or bf16: 16-bit layers, fp32 masters
+  LossScaler scaler;                              // fp16: DeepSpeed's loss scale; bf16 / fp32: scale 1 and its overflow policy
+  StochasticRoundingOptions rounding;             // the bf16 copies' rounding (EngineOptions::bf16_stochastic_rounding)
+  bool mixed = false;                             // fp16 or bf16: 16-bit layers, fp32 masters
   Communicator* comm = nullptr;
   int world = 1;
   CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
@@ -84,7 +84,7 @@ struct Engine::Impl {
   // then streamed straight into the state, and a failed load puts the initial state back
   // (CheckpointManager::restore_initial_state; docs/checkpoints.md "Loading").
   bool initial_state = true;
-  bool init_params = true;   // EngineOptions::init_params: the seed's parameters, else zeros
+  bool init_params = true;  // EngineOptions::init_params: the seed's parameters, else zeros
   std::uint64_t init_seed = 0;
   // The masters (and the params rounded from them) as initialize sets them: init_param with
   // init_seed, or zeros without init_params. engine.cpp; also what a failed streamed load restores.

@@ -15,7 +15,6 @@ namespace {
 
 constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 
-
 // Sampling's Philox stream: a layer index no model reaches, so it never coincides with a dropout
 // stream of the same seed.
 constexpr std::uint32_t kSamplingStream = 65535;
@@ -33,8 +32,7 @@ TokenSampler::TokenSampler(std::int64_t vocab_size) : V_(vocab_size) {
 
 std::int32_t TokenSampler::sample(std::span<const float> logits, float temperature, std::int64_t top_k, double u) {
   if (static_cast<std::int64_t>(logits.size()) != V_)
-    fail("TokenSampler::sample: {} logits for a vocabulary of {}; pass the real vocabulary's columns only",
-         logits.size(), V_);
+    fail("TokenSampler::sample: {} logits for a vocabulary of {}; pass the real vocabulary's columns only", logits.size(), V_);
   if (!(temperature >= 0.0f) || !std::isfinite(temperature))
     fail("sampling temperature is {}: use 0 (greedy) or a positive finite value such as 1.0", temperature);
   if (top_k < 0) fail("sampling top_k is {}: use 0 (the whole vocabulary) or a positive count", top_k);
@@ -94,16 +92,14 @@ double sampling_uniform(std::uint64_t seed, std::uint64_t n) {
 // ---------------------------------------------------------------------------------------------
 // Generator
 
-Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator& allocator)
-    : model_(std::move(model)), sampler_(model_.vocab_size) {
+Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator& allocator) : model_(std::move(model)), sampler_(model_.vocab_size) {
   if (model_.layers.empty()) fail("Generator: the model has no layers");
   for (std::size_t i = 0; i < model_.layers.size(); ++i)
     if (model_.layers[i] == nullptr) fail("Generator: layer {} is null", i);
   if (!model_.params) fail("Generator: GenerationModel::params is empty; give a function returning a layer's param views");
   if (model_.n_positions <= 0) fail("Generator: n_positions is {}; it must be positive", model_.n_positions);
   if (max_context < 0 || max_context > model_.n_positions)
-    fail("Generator: max_context is {}; use 0 (= n_positions) or 1 .. n_positions = {}", max_context,
-         model_.n_positions);
+    fail("Generator: max_context is {}; use 0 (= n_positions) or 1 .. n_positions = {}", max_context, model_.n_positions);
   if (!is_floating(model_.dtype)) fail("Generator: storage dtype {} is not fp32, fp16 or bf16", dtype_name(model_.dtype));
   window_ = max_context == 0 ? model_.n_positions : max_context;
 
@@ -112,9 +108,10 @@ Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator&
     const auto saved = head.saved_activations(LayerDims{1, 1, model_.dtype});
     const auto it = std::find_if(saved.begin(), saved.end(), [](const ActivationSpec& s) { return s.name == "logits"; });
     if (it == saved.end())
-      fail("Generator: the last layer '{}' saves no activation named \"logits\"; generation reads the (B, T, Vp) "
-           "logits the LM head saves",
-           head.name());
+      fail(
+          "Generator: the last layer '{}' saves no activation named \"logits\"; generation reads the (B, T, Vp) "
+          "logits the LM head saves",
+          head.name());
     logits_index_ = static_cast<std::size_t>(it - saved.begin());
   }
 
@@ -191,8 +188,7 @@ Generator::Generator(GenerationModel model, std::int64_t max_context, Allocator&
     bk.logits = bk.layers.back().saved[logits_index_];
     const Shape& ls = bk.logits.shape;
     if (ls.rank != 3 || ls[0] != 1 || ls[1] != T || ls[2] < model_.vocab_size || !is_floating(bk.logits.dtype))
-      fail("Generator: the head's logits are {} but a floating (1, {}, Vp >= V = {}) tensor is expected",
-           bk.logits.str(), T, model_.vocab_size);
+      fail("Generator: the head's logits are {} but a floating (1, {}, Vp >= V = {}) tensor is expected", bk.logits.str(), T, model_.vocab_size);
     buckets_.push_back(std::move(bk));
   }
   row_.resize(static_cast<std::size_t>(model_.vocab_size));
@@ -262,15 +258,18 @@ std::vector<std::int32_t> Generator::generate(std::span<const std::int32_t> prom
   if (options.top_k < 0) fail("sampling top_k is {}: use 0 (the whole vocabulary) or a positive count", options.top_k);
   const std::int32_t eot = options.eot_token;
   if (prompt.empty() && (eot < 0 || eot >= model_.vocab_size))
-    fail("generate: no prompt and eot_token {} is outside the vocabulary [0, {}); give a prompt or set "
-         "SamplingOptions::eot_token",
-         eot, model_.vocab_size);
+    fail(
+        "generate: no prompt and eot_token {} is outside the vocabulary [0, {}); give a prompt or set "
+        "SamplingOptions::eot_token",
+        eot, model_.vocab_size);
   // The whole sequence, reserved once: appending never reallocates. Only its last window() tokens
   // are ever read.
   std::vector<std::int32_t> seq;
   seq.reserve((prompt.empty() ? 1 : prompt.size()) + static_cast<std::size_t>(options.max_new_tokens));
-  if (prompt.empty()) seq.push_back(eot);
-  else seq.assign(prompt.begin(), prompt.end());
+  if (prompt.empty())
+    seq.push_back(eot);
+  else
+    seq.assign(prompt.begin(), prompt.end());
   const std::size_t start = seq.size();
   for (std::int64_t n = 0; n < options.max_new_tokens; ++n) {
     const std::span<const float> logits = next_token_logits(seq);

@@ -56,10 +56,10 @@ struct GenerationModel {
 
 struct SamplingOptions {
   std::int64_t max_new_tokens = 64;
-  float temperature = 1.0f;         // > 0: softmax(logits / temperature); 0: greedy (argmax)
-  std::int64_t top_k = 0;           // > 0: sample among the k largest logits only; 0: all V
-  std::uint64_t seed = 1337;        // Philox key; token n of the output uses counter n
-  std::int32_t eot_token = 50256;   // the prompt when none is given (GPT-2's <|endoftext|>; a Llama tokenizer's bos: sample_start_token)
+  float temperature = 1.0f;        // > 0: softmax(logits / temperature); 0: greedy (argmax)
+  std::int64_t top_k = 0;          // > 0: sample among the k largest logits only; 0: all V
+  std::uint64_t seed = 1337;       // Philox key; token n of the output uses counter n
+  std::int32_t eot_token = 50256;  // the prompt when none is given (GPT-2's <|endoftext|>; a Llama tokenizer's bos: sample_start_token)
 };
 
 // Draws one token from logits over the real vocabulary (logits.size() = V: the caller passes only
@@ -116,8 +116,8 @@ class Generator {
   std::int64_t window_ = 0;
   std::size_t logits_index_ = 0;  // index of "logits" in the last layer's saved activations
   Buffer act_buf_, scratch_buf_, token_buf_;
-  std::vector<Bucket> buckets_;   // ascending T; the last has T = window_
-  std::vector<float> row_;        // (V) the last position's logits, fp32
+  std::vector<Bucket> buckets_;             // ascending T; the last has T = window_
+  std::vector<float> row_;                  // (V) the last position's logits, fp32
   std::vector<std::int32_t> host_tokens_;   // the token buffer's host side (tokens, then targets = -1)
   std::vector<std::uint32_t> row_storage_;  // (V) the logits row copied from a device, any dtype
   TokenSampler sampler_;

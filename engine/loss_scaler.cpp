@@ -31,20 +31,28 @@ std::string with_layer(std::string line, std::string_view layer) {
 
 std::string_view loss_scaler_kind_name(LossScalerKind k) {
   switch (k) {
-    case LossScalerKind::dynamic_zero: return "dynamic (ZeRO DynamicLossScaler)";
-    case LossScalerKind::dynamic_non_zero: return "dynamic (non-ZeRO FP16 optimizer)";
-    case LossScalerKind::static_scale: return "static";
-    case LossScalerKind::unscaled: return "unscaled";
+    case LossScalerKind::dynamic_zero:
+      return "dynamic (ZeRO DynamicLossScaler)";
+    case LossScalerKind::dynamic_non_zero:
+      return "dynamic (non-ZeRO FP16 optimizer)";
+    case LossScalerKind::static_scale:
+      return "static";
+    case LossScalerKind::unscaled:
+      return "unscaled";
   }
   return "?";
 }
 
 std::string_view scale_event_name(ScaleEvent e) {
   switch (e) {
-    case ScaleEvent::none: return "none";
-    case ScaleEvent::hysteresis_consumed: return "hysteresis_consumed";
-    case ScaleEvent::scale_reduced: return "scale_reduced";
-    case ScaleEvent::scale_increased: return "scale_increased";
+    case ScaleEvent::none:
+      return "none";
+    case ScaleEvent::hysteresis_consumed:
+      return "hysteresis_consumed";
+    case ScaleEvent::scale_reduced:
+      return "scale_reduced";
+    case ScaleEvent::scale_increased:
+      return "scale_increased";
   }
   return "?";
 }
@@ -63,9 +71,10 @@ LossScaler LossScaler::fp16(const config::Fp16Config& c, bool zero) {
     return s;
   }
   if (c.loss_scale_window <= 0) {
-    fail("fp16.loss_scale_window = {} but dynamic loss scaling needs a window > 0 (clean steps before the scale doubles); "
-         "set it to a positive integer (default 1000)",
-         c.loss_scale_window);
+    fail(
+        "fp16.loss_scale_window = {} but dynamic loss scaling needs a window > 0 (clean steps before the scale doubles); "
+        "set it to a positive integer (default 1000)",
+        c.loss_scale_window);
   }
   if (c.min_loss_scale <= 0) {
     fail("fp16.min_loss_scale = {} but dynamic loss scaling needs a floor > 0; set it to a positive integer (default 1)", c.min_loss_scale);
@@ -73,8 +82,7 @@ LossScaler LossScaler::fp16(const config::Fp16Config& c, bool zero) {
   // 2^power must be a finite double; DeepSpeed would compute a Python int of any size, but the
   // scale multiplies an fp32 loss, where anything beyond 2^127 is inf anyway.
   if (c.initial_scale_power < -1000 || c.initial_scale_power > 1000) {
-    fail("fp16.initial_scale_power = {} is out of range; the initial scale is 2^power (default 16); use a value in [0, 64]",
-         c.initial_scale_power);
+    fail("fp16.initial_scale_power = {} is out of range; the initial scale is 2^power (default 16); use a value in [0, 64]", c.initial_scale_power);
   }
   s.kind_ = zero ? LossScalerKind::dynamic_zero : LossScalerKind::dynamic_non_zero;
   s.state_.cur_scale = std::ldexp(1.0, static_cast<int>(c.initial_scale_power));
@@ -104,12 +112,12 @@ OverflowPolicy LossScaler::bf16_policy(const config::Bf16Config& bf16, int zero_
   return bf16.check_grad_overflow ? OverflowPolicy::skip : OverflowPolicy::ignore;
 }
 
-LossScaler LossScaler::create(const config::Fp16Config& fp16c, const config::Bf16Config& bf16, int zero_stage,
-                              bool bf16_optimizer_wrapper) {
+LossScaler LossScaler::create(const config::Fp16Config& fp16c, const config::Bf16Config& bf16, int zero_stage, bool bf16_optimizer_wrapper) {
   if (fp16c.enabled && bf16.enabled) {
-    fail("fp16.enabled and {}.enabled are both true; DeepSpeed rejects this ('bfloat16 and fp16 modes cannot be simultaneously "
-         "enabled'): enable one of them",
-         bf16.source_key);
+    fail(
+        "fp16.enabled and {}.enabled are both true; DeepSpeed rejects this ('bfloat16 and fp16 modes cannot be simultaneously "
+        "enabled'): enable one of them",
+        bf16.source_key);
   }
   if (fp16c.enabled) return fp16(fp16c, zero_stage >= 1);
   if (bf16.enabled) return unscaled(bf16_policy(bf16, zero_stage, bf16_optimizer_wrapper));
@@ -143,13 +151,14 @@ LossScaleUpdate LossScaler::update(bool overflow, std::string_view first_overflo
         if (delayed_shift_ == 1 || state_.cur_hysteresis == 1) {
           if (state_.cur_scale == min_scale_) {
             // DeepSpeed's message first (users search for it), then what to do about it.
-            fail("Current loss scale already at minimum - cannot decrease scale anymore. Exiting run. "
-                 "(fp16 gradients overflowed at update {} with the loss scale at fp16.min_loss_scale = {}{}.) "
-                 "Fix: train in bf16 (\"bf16\": {{\"enabled\": true}}), above all for a model pre-trained in bf16; "
-                 "or lower the learning rate; or enable gradient clipping (\"gradient_clipping\": 1.0); "
-                 "or lower fp16.min_loss_scale.",
-                 state_.cur_iter, py_int(min_scale_),
-                 first_overflow_layer.empty() ? std::string() : fmt::format("; first non-finite gradient in {}", first_overflow_layer));
+            fail(
+                "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run. "
+                "(fp16 gradients overflowed at update {} with the loss scale at fp16.min_loss_scale = {}{}.) "
+                "Fix: train in bf16 (\"bf16\": {{\"enabled\": true}}), above all for a model pre-trained in bf16; "
+                "or lower the learning rate; or enable gradient clipping (\"gradient_clipping\": 1.0); "
+                "or lower fp16.min_loss_scale.",
+                state_.cur_iter, py_int(min_scale_),
+                first_overflow_layer.empty() ? std::string() : fmt::format("; first non-finite gradient in {}", first_overflow_layer));
           }
           state_.cur_scale = std::max(state_.cur_scale / 2.0, min_scale_);
           r.event = ScaleEvent::scale_reduced;
@@ -200,8 +209,8 @@ std::string LossScaler::overflow_log_line(const LossScaleUpdate& r, int rank, st
   switch (kind_) {
     case LossScalerKind::dynamic_zero:
       if (r.event == ScaleEvent::hysteresis_consumed) {
-        return with_layer(fmt::format("{} Attempted loss scale: {}, but hysteresis is {}. Reducing hysteresis to {}", head,
-                                      py_int(r.old_scale), r.hysteresis_left + 1, r.hysteresis_left),
+        return with_layer(fmt::format("{} Attempted loss scale: {}, but hysteresis is {}. Reducing hysteresis to {}", head, py_int(r.old_scale),
+                                      r.hysteresis_left + 1, r.hysteresis_left),
                           layer);
       }
       return with_layer(fmt::format("{} Attempted loss scale: {}, reducing to {}", head, py_int(r.old_scale), py_int(r.new_scale)), layer);
@@ -213,8 +222,7 @@ std::string LossScaler::overflow_log_line(const LossScaleUpdate& r, int rank, st
     case LossScalerKind::static_scale:
       // The non-ZeRO wrappers' two lines; DeepSpeed's ZeRO static scaler prints nothing, and the
       // same two lines serve there too.
-      return with_layer(fmt::format("Grad overflow on iteration: {}\nUsing static loss scale of: {}", r.iteration, py_float(r.old_scale)),
-                        layer);
+      return with_layer(fmt::format("Grad overflow on iteration: {}\nUsing static loss scale of: {}", r.iteration, py_float(r.old_scale)), layer);
     case LossScalerKind::unscaled:
       return with_layer(head, layer);
   }
@@ -226,14 +234,16 @@ void LossScaler::set_state(const LossScalerState& s) {
     fail("loss scaler state: cur_scale = {} is not a positive finite number; the checkpoint is corrupt or from another run", s.cur_scale);
   }
   if (!(s.cur_iter >= 0 && s.last_overflow_iter >= -1 && s.last_overflow_iter < s.cur_iter)) {
-    fail("loss scaler state: cur_iter = {}, last_overflow_iter = {} but 0 <= cur_iter and -1 <= last_overflow_iter < cur_iter must hold; "
-         "the checkpoint is corrupt",
-         s.cur_iter, s.last_overflow_iter);
+    fail(
+        "loss scaler state: cur_iter = {}, last_overflow_iter = {} but 0 <= cur_iter and -1 <= last_overflow_iter < cur_iter must hold; "
+        "the checkpoint is corrupt",
+        s.cur_iter, s.last_overflow_iter);
   }
   if (kind_ != LossScalerKind::dynamic_zero && kind_ != LossScalerKind::dynamic_non_zero && s.cur_scale != state_.cur_scale) {
-    fail("loss scaler state: cur_scale = {} but this run's {} scale is {}; a static or unscaled run cannot resume another scale "
-         "(check fp16.loss_scale / bf16 against the checkpoint's config)",
-         s.cur_scale, loss_scaler_kind_name(kind_), state_.cur_scale);
+    fail(
+        "loss scaler state: cur_scale = {} but this run's {} scale is {}; a static or unscaled run cannot resume another scale "
+        "(check fp16.loss_scale / bf16 against the checkpoint's config)",
+        s.cur_scale, loss_scaler_kind_name(kind_), state_.cur_scale);
   }
   state_ = s;
   // After a resume the scale is a float in DeepSpeed unless it is the untouched initial int; only

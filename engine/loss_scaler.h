@@ -50,21 +50,21 @@ enum class LossScalerKind { dynamic_zero, dynamic_non_zero, static_scale, unscal
 
 // What an inf/NaN gradient does where there is no loss scale to lower (bf16 / fp32).
 enum class OverflowPolicy {
-  skip,               // skip the step (bf16 at ZeRO 1/2 with bf16.check_grad_overflow, v0.19.3 default)
-  ignore,             // no check: the update is applied (bf16 at ZeRO 3 / BF16_Optimizer; fp32)
-  apply_but_count,    // non-ZeRO bf16 (FP16_Optimizer in bf16 mode, v0.17.6+): the update is
-                      // applied, yet the engine counts the step as skipped and does not step the LR
+  skip,             // skip the step (bf16 at ZeRO 1/2 with bf16.check_grad_overflow, v0.19.3 default)
+  ignore,           // no check: the update is applied (bf16 at ZeRO 3 / BF16_Optimizer; fp32)
+  apply_but_count,  // non-ZeRO bf16 (FP16_Optimizer in bf16 mode, v0.17.6+): the update is
+                    // applied, yet the engine counts the step as skipped and does not step the LR
 };
 
 // scale_reduced: the halving branch ran (non-ZeRO at the floor: old == new, as DeepSpeed logs it).
 enum class ScaleEvent { none, hysteresis_consumed, scale_reduced, scale_increased };
 
 struct LossScaleUpdate {
-  bool skipped = false;        // the optimizer step is not applied (grads are cleared)
-  bool count_skipped = false;  // engine: skipped_steps += 1 and no LR-schedule step (== skipped,
-                               // except OverflowPolicy::apply_but_count)
-  double old_scale = 1.0;      // the scale the gradients of this step carry
-  double new_scale = 1.0;      // the scale after the update (the one to un-scale by, see above)
+  bool skipped = false;              // the optimizer step is not applied (grads are cleared)
+  bool count_skipped = false;        // engine: skipped_steps += 1 and no LR-schedule step (== skipped,
+                                     // except OverflowPolicy::apply_but_count)
+  double old_scale = 1.0;            // the scale the gradients of this step carry
+  double new_scale = 1.0;            // the scale after the update (the one to un-scale by, see above)
   std::int64_t hysteresis_left = 0;  // cur_hysteresis after the update (ZeRO dynamic; else 0)
   ScaleEvent event = ScaleEvent::none;
   std::int64_t iteration = 0;  // cur_iter when the update ran (0-based count of updates before it)
@@ -97,8 +97,7 @@ class LossScaler {
 
   // The whole choice: fp16 if enabled, else bf16 if enabled, else fp32 (no overflow check: the
   // plain fp32 paths of DeepSpeed do not skip steps).
-  static LossScaler create(const config::Fp16Config& fp16, const config::Bf16Config& bf16, int zero_stage,
-                           bool bf16_optimizer_wrapper = false);
+  static LossScaler create(const config::Fp16Config& fp16, const config::Bf16Config& bf16, int zero_stage, bool bf16_optimizer_wrapper = false);
 
   LossScalerKind kind() const { return kind_; }
   OverflowPolicy unscaled_policy() const { return policy_; }

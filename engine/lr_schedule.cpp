@@ -33,8 +33,7 @@ LrSchedule::LrSchedule(const config::SchedulerConfig& cfg, double base_lr, std::
     case SchedulerKind::warmup_decay_lr:
     case SchedulerKind::warmup_cosine_lr:
       if (p_.warmup_num_steps <= 0)
-        fail("scheduler.params.warmup_num_steps is {}: {} needs a positive integer (DeepSpeed raises ValueError)",
-             p_.warmup_num_steps, type);
+        fail("scheduler.params.warmup_num_steps is {}: {} needs a positive integer (DeepSpeed raises ValueError)", p_.warmup_num_steps, type);
       // The config layer rejects other values; DeepSpeed would warn and use log. Refusing here too
       // keeps one behaviour for configs built in code and configs read from JSON.
       if (p_.warmup_type != "log" && p_.warmup_type != "linear")
@@ -42,27 +41,23 @@ LrSchedule::LrSchedule(const config::SchedulerConfig& cfg, double base_lr, std::
       linear_warmup_ = p_.warmup_type == "linear";
       warmup_steps_ = static_cast<double>(std::max<std::int64_t>(2, p_.warmup_num_steps));
       if (kind_ != SchedulerKind::warmup_lr && !p_.total_num_steps)
-        fail("scheduler.params.total_num_steps is missing: {} requires it (the number of optimizer steps of the run)",
-             type);
+        fail("scheduler.params.total_num_steps is missing: {} requires it (the number of optimizer steps of the run)", type);
       break;
     case SchedulerKind::one_cycle:
-      if (p_.cycle_first_step_size <= 0)
-        fail("scheduler.params.cycle_first_step_size is {}: OneCycle needs it > 0", p_.cycle_first_step_size);
-      if (p_.cycle_second_step_size < 0)
-        fail("scheduler.params.cycle_second_step_size is {}: OneCycle needs it >= 0", p_.cycle_second_step_size);
-      if (p_.decay_step_size < 0)
-        fail("scheduler.params.decay_step_size is {}: it must be >= 0 (0 = no decay)", p_.decay_step_size);
+      if (p_.cycle_first_step_size <= 0) fail("scheduler.params.cycle_first_step_size is {}: OneCycle needs it > 0", p_.cycle_first_step_size);
+      if (p_.cycle_second_step_size < 0) fail("scheduler.params.cycle_second_step_size is {}: OneCycle needs it >= 0", p_.cycle_second_step_size);
+      if (p_.decay_step_size < 0) fail("scheduler.params.decay_step_size is {}: it must be >= 0 (0 = no decay)", p_.decay_step_size);
       cycle_momentum_ = p_.cycle_momentum;
       if (cycle_momentum_ && !optimizer_betas) {
-        log_warning("cycle_momentum is disabled because the optimizer has no betas (OneCycle cycles Adam's beta1); "
-                    "set \"cycle_momentum\": false to silence this");
+        log_warning(
+            "cycle_momentum is disabled because the optimizer has no betas (OneCycle cycles Adam's beta1); "
+            "set \"cycle_momentum\": false to silence this");
         cycle_momentum_ = false;
       }
       break;
     case SchedulerKind::lr_range_test:
       if (p_.lr_range_test_step_size <= 0)
-        fail("scheduler.params.lr_range_test_step_size is {}: LRRangeTest needs a positive integer",
-             p_.lr_range_test_step_size);
+        fail("scheduler.params.lr_range_test_step_size is {}: LRRangeTest needs a positive integer", p_.lr_range_test_step_size);
       break;
     case SchedulerKind::none:
     case SchedulerKind::unsupported:  // the config layer warned that it is not applied
@@ -132,7 +127,8 @@ double LrSchedule::lr_at(std::int64_t it) const {
   };
   switch (kind_) {
     case SchedulerKind::none:
-    case SchedulerKind::unsupported: return base_lr_;
+    case SchedulerKind::unsupported:
+      return base_lr_;
     case SchedulerKind::warmup_lr:
     case SchedulerKind::warmup_decay_lr: {
       if (it < 0) return p_.warmup_min_lr;  // DeepSpeed: "before it has started"
@@ -196,8 +192,7 @@ std::optional<LrSchedule::Betas> LrSchedule::betas_at(std::int64_t it) const {
   }
   if (p_.decay_step_size == 0 || p_.decay_mom_rate == 0.0) return Betas{p_.cycle_max_mom, kOneCycleBeta2};
   const double d = static_cast<double>(it) - total + 1.0;
-  return Betas{p_.cycle_max_mom * (1.0 + p_.decay_mom_rate * (d / static_cast<double>(p_.decay_step_size))),
-               kOneCycleBeta2};
+  return Betas{p_.cycle_max_mom * (1.0 + p_.decay_mom_rate * (d / static_cast<double>(p_.decay_step_size))), kOneCycleBeta2};
 }
 
 }  // namespace dstrain

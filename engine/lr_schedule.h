@@ -64,15 +64,15 @@ class LrSchedule {
   bool cycles_momentum() const { return cycle_momentum_; }
 
  private:
-  void apply();  // lr_ / betas_ from it_
+  void apply();                                   // lr_ / betas_ from it_
   double one_cycle_scale(std::int64_t it) const;  // OneCycle cycle phase: 0 at min lr, 1 at max
 
   config::SchedulerKind kind_ = config::SchedulerKind::none;
   config::SchedulerParams p_;
   double base_lr_ = 0.0;
   bool linear_warmup_ = false;
-  double warmup_steps_ = 2.0;     // W = max(2, warmup_num_steps)
-  bool cycle_momentum_ = false;   // OneCycle: cycle_momentum and the optimizer has betas
+  double warmup_steps_ = 2.0;    // W = max(2, warmup_num_steps)
+  bool cycle_momentum_ = false;  // OneCycle: cycle_momentum and the optimizer has betas
   std::int64_t it_ = -1;
   double lr_ = 0.0;
   std::optional<Betas> betas_;

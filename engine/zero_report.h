@@ -52,7 +52,7 @@ struct ZeroReport {
 // optimizer's home, by reference (a const report gives const references). Packing the report into
 // numbers and unpacking it are the same walk, so the two cannot disagree on the order.
 template <class Report, class F>
-  requires std::is_same_v<std::remove_const_t<Report>, ZeroReport>
+requires std::is_same_v<std::remove_const_t<Report>, ZeroReport>
 void for_each_figure(Report& r, F&& f) {
   f(r.stage);
   f(r.rank);

@@ -35,8 +35,8 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
     const std::string path = off.nvme_path.value_or("");
     const NvmePipelining pipelining{off.pipeline_read, off.pipeline_write};
     s.store_factory = [&host, io, rank, slots, path, pipelining](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
-      auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path,
-                                                    "zero_optimization.offload_optimizer.nvme_path", "", rank, pipelining);
+      auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path, "zero_optimization.offload_optimizer.nvme_path", "",
+                                                    rank, pipelining);
       log_info("{}", store->folder().describe());
       return store;
     };

@@ -12,10 +12,11 @@ std::filesystem::path hf_weights_file(const std::filesystem::path& path, const c
   // folder holding both (a stale single file beside new shards) is read as the index says.
   if (fs::is_regular_file(path / "model.safetensors.index.json", ec)) return path / "model.safetensors.index.json";
   if (fs::is_regular_file(path / "model.safetensors", ec)) return path / "model.safetensors";
-  fail("{} {} is a folder holding neither model.safetensors.index.json nor model.safetensors; give the folder of a Hugging Face "
-       "checkpoint (as `dstrain train --save-weights DIR/model.safetensors` or transformers' save_pretrained write it) or the path of "
-       "a weights file",
-       option, path.string());
+  fail(
+      "{} {} is a folder holding neither model.safetensors.index.json nor model.safetensors; give the folder of a Hugging Face "
+      "checkpoint (as `dstrain train --save-weights DIR/model.safetensors` or transformers' save_pretrained write it) or the path of "
+      "a weights file",
+      option, path.string());
 }
 
 }  // namespace dstrain

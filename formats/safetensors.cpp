@@ -44,16 +44,19 @@ DType safetensors_dtype(std::string_view dtype, std::string_view file, std::stri
   if (dtype == "F32") return DType::fp32;
   if (dtype == "F16") return DType::fp16;
   if (dtype == "BF16") return DType::bf16;
-  fail("safetensors file '{}': tensor '{}' has dtype {}, but only F32, F16 and BF16 weights can be loaded; convert the file", file, tensor,
-       dtype);
+  fail("safetensors file '{}': tensor '{}' has dtype {}, but only F32, F16 and BF16 weights can be loaded; convert the file", file, tensor, dtype);
 }
 
 std::string_view safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::fp32: return "F32";
-    case DType::fp16: return "F16";
-    case DType::bf16: return "BF16";
-    default: break;
+    case DType::fp32:
+      return "F32";
+    case DType::fp16:
+      return "F16";
+    case DType::bf16:
+      return "BF16";
+    default:
+      break;
   }
   fail("safetensors: dtype {} cannot be written as weights; use fp32, fp16 or bf16", dtype_name(dtype));
 }
@@ -74,8 +77,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   map_size_ = static_cast<std::size_t>(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
-    fail("safetensors file {} is {} bytes, shorter than its 8-byte header length: the file is truncated or not safetensors", quoted(path),
-         map_size_);
+    fail("safetensors file {} is {} bytes, shorter than its 8-byte header length: the file is truncated or not safetensors", quoted(path), map_size_);
   }
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
@@ -89,9 +91,10 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(base[i]);
     if (n > kMaxHeaderBytes || n > map_size_ - 8) {
-      fail("safetensors file {}: header length {} does not fit in the file of {} bytes (at most {} bytes of header are accepted): the file is "
-           "truncated or not safetensors",
-           quoted(path), n, map_size_, std::min<std::uint64_t>(kMaxHeaderBytes, map_size_ - 8));
+      fail(
+          "safetensors file {}: header length {} does not fit in the file of {} bytes (at most {} bytes of header are accepted): the file is "
+          "truncated or not safetensors",
+          quoted(path), n, map_size_, std::min<std::uint64_t>(kMaxHeaderBytes, map_size_ - 8));
     }
     const std::string_view text(reinterpret_cast<const char*>(base + 8), static_cast<std::size_t>(n));
     data_ = base + 8 + n;
@@ -109,14 +112,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       if (name == "__metadata__") {
         if (!v.is_object()) fail("safetensors file {}: __metadata__ must be an object of strings", quoted(path));
         for (auto m = v.begin(); m != v.end(); ++m) {
-          if (!m.value().is_string()) fail("safetensors file {}: __metadata__ value of '{}' must be a string, got {}", quoted(path), m.key(), m.value().dump());
+          if (!m.value().is_string())
+            fail("safetensors file {}: __metadata__ value of '{}' must be a string, got {}", quoted(path), m.key(), m.value().dump());
           metadata_[m.key()] = m.value().get<std::string>();
         }
         continue;
       }
-      auto bad = [&](const std::string& what) {
-        fail("safetensors file {}: tensor '{}': {}; the file is corrupt", quoted(path), name, what);
-      };
+      auto bad = [&](const std::string& what) { fail("safetensors file {}: tensor '{}': {}; the file is corrupt", quoted(path), name, what); };
       if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
         bad("the entry must be an object with dtype, shape and data_offsets");
       }
@@ -220,8 +222,10 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
     }
     std::int64_t n = 1;
     for (std::int64_t d : shape) n *= d;
-    if (n != t.numel()) fail("write_safetensors {}: tensor '{}' has {} elements but shape of {} elements was given", quoted(path), it.name, t.numel(), n);
-    if (it.name == "__metadata__" || h.contains(it.name)) fail("write_safetensors {}: tensor name '{}' is reserved or used twice", quoted(path), it.name);
+    if (n != t.numel())
+      fail("write_safetensors {}: tensor '{}' has {} elements but shape of {} elements was given", quoted(path), it.name, t.numel(), n);
+    if (it.name == "__metadata__" || h.contains(it.name))
+      fail("write_safetensors {}: tensor name '{}' is reserved or used twice", quoted(path), it.name);
     nlohmann::ordered_json e;
     e["dtype"] = std::string(safetensors_dtype_name(t.dtype));
     e["shape"] = shape;

@@ -27,9 +27,9 @@ namespace dstrain {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;                // as in the file: "F32", "F16", "BF16", "F64", "I64", "U8", "BOOL", ...
-  std::vector<std::int64_t> shape;  // any rank, () for a scalar
-  std::uint64_t begin = 0, end = 0; // byte range in the data section
+  std::string dtype;                 // as in the file: "F32", "F16", "BF16", "F64", "I64", "U8", "BOOL", ...
+  std::vector<std::int64_t> shape;   // any rank, () for a scalar
+  std::uint64_t begin = 0, end = 0;  // byte range in the data section
 
   std::int64_t numel() const;
 };

@@ -33,9 +33,10 @@ std::map<std::string, std::string> read_zip(const std::string& z, const std::str
     }
   }
   if (eocd == std::string::npos) {
-    fail("torch file '{}': no zip directory; it is not a torch.save file of PyTorch >= 1.6 (re-save it with torch.save in a current PyTorch, "
-         "or convert it to safetensors)",
-         file);
+    fail(
+        "torch file '{}': no zip directory; it is not a torch.save file of PyTorch >= 1.6 (re-save it with torch.save in a current PyTorch, "
+        "or convert it to safetensors)",
+        file);
   }
   std::uint64_t count = L(eocd + 10, 2), cd = L(eocd + 16, 4);
   if (cd == 0xFFFFFFFFu || count == 0xFFFF) {
@@ -99,10 +100,11 @@ ValuePtr make(Value::Kind k) {
 
 // The storage type's element dtype, or "" for a global that is not a storage type.
 std::string storage_dtype(const std::string& g) {
-  static const std::map<std::string, std::string> m = {
-      {"torch.FloatStorage", "F32"},  {"torch.HalfStorage", "F16"}, {"torch.BFloat16Storage", "BF16"}, {"torch.DoubleStorage", "F64"},
-      {"torch.LongStorage", "I64"},   {"torch.IntStorage", "I32"},  {"torch.ShortStorage", "I16"},     {"torch.CharStorage", "I8"},
-      {"torch.ByteStorage", "U8"},    {"torch.BoolStorage", "BOOL"}};
+  static const std::map<std::string, std::string> m = {{"torch.FloatStorage", "F32"},     {"torch.HalfStorage", "F16"},
+                                                       {"torch.BFloat16Storage", "BF16"}, {"torch.DoubleStorage", "F64"},
+                                                       {"torch.LongStorage", "I64"},      {"torch.IntStorage", "I32"},
+                                                       {"torch.ShortStorage", "I16"},     {"torch.CharStorage", "I8"},
+                                                       {"torch.ByteStorage", "U8"},       {"torch.BoolStorage", "BOOL"}};
   const auto it = m.find(g);
   return it == m.end() ? std::string() : it->second;
 }
@@ -127,21 +129,37 @@ class Unpickler {
     for (;;) {
       const unsigned char op = byte();
       switch (op) {
-        case 0x80: byte(); break;             // PROTO
-        case 0x95: take(8); break;            // FRAME
-        case '.': return pop();               // STOP
-        case '(': push(make(Value::mark)); break;
-        case 'N': push(make(Value::none)); break;
-        case 0x88: case 0x89: {               // NEWTRUE / NEWFALSE
+        case 0x80:
+          byte();
+          break;  // PROTO
+        case 0x95:
+          take(8);
+          break;  // FRAME
+        case '.':
+          return pop();  // STOP
+        case '(':
+          push(make(Value::mark));
+          break;
+        case 'N':
+          push(make(Value::none));
+          break;
+        case 0x88:
+        case 0x89: {  // NEWTRUE / NEWFALSE
           auto v = make(Value::boolean);
           v->i = op == 0x88;
           push(v);
           break;
         }
-        case 'J': push_int(static_cast<std::int32_t>(uint(4))); break;
-        case 'K': push_int(static_cast<std::int64_t>(uint(1))); break;
-        case 'M': push_int(static_cast<std::int64_t>(uint(2))); break;
-        case 0x8a: {                          // LONG1: little-endian two's complement
+        case 'J':
+          push_int(static_cast<std::int32_t>(uint(4)));
+          break;
+        case 'K':
+          push_int(static_cast<std::int64_t>(uint(1)));
+          break;
+        case 'M':
+          push_int(static_cast<std::int64_t>(uint(2)));
+          break;
+        case 0x8a: {  // LONG1: little-endian two's complement
           const std::size_t n = byte();
           if (n > 8) fail("torch file '{}': integer of {} bytes in the pickle; dstrain reads at most 64-bit integers", file_, n);
           std::uint64_t u = n > 0 ? uint(static_cast<int>(n)) : 0;
@@ -149,7 +167,7 @@ class Unpickler {
           push_int(static_cast<std::int64_t>(u));
           break;
         }
-        case 'G': {                           // BINFLOAT, big-endian
+        case 'G': {  // BINFLOAT, big-endian
           std::uint64_t u = 0;
           for (int k = 0; k < 8; ++k) u = (u << 8) | byte();
           auto v = make(Value::real);
@@ -157,24 +175,48 @@ class Unpickler {
           push(v);
           break;
         }
-        case 'X': push_str(Value::str, uint(4)); break;     // BINUNICODE
-        case 0x8c: push_str(Value::str, byte()); break;      // SHORT_BINUNICODE
-        case 0x8d: push_str(Value::str, uint(8)); break;     // BINUNICODE8
-        case 'T': push_str(Value::str, uint(4)); break;      // BINSTRING (Python 2)
-        case 'U': push_str(Value::str, byte()); break;       // SHORT_BINSTRING
-        case 'B': push_str(Value::bytes, uint(4)); break;    // BINBYTES
-        case 'C': push_str(Value::bytes, byte()); break;     // SHORT_BINBYTES
-        case 0x8e: push_str(Value::bytes, uint(8)); break;   // BINBYTES8
-        case '}': push(make(Value::dict)); break;
-        case ']': push(make(Value::list)); break;
-        case ')': push(make(Value::tuple)); break;
+        case 'X':
+          push_str(Value::str, uint(4));
+          break;  // BINUNICODE
+        case 0x8c:
+          push_str(Value::str, byte());
+          break;  // SHORT_BINUNICODE
+        case 0x8d:
+          push_str(Value::str, uint(8));
+          break;  // BINUNICODE8
+        case 'T':
+          push_str(Value::str, uint(4));
+          break;  // BINSTRING (Python 2)
+        case 'U':
+          push_str(Value::str, byte());
+          break;  // SHORT_BINSTRING
+        case 'B':
+          push_str(Value::bytes, uint(4));
+          break;  // BINBYTES
+        case 'C':
+          push_str(Value::bytes, byte());
+          break;  // SHORT_BINBYTES
+        case 0x8e:
+          push_str(Value::bytes, uint(8));
+          break;  // BINBYTES8
+        case '}':
+          push(make(Value::dict));
+          break;
+        case ']':
+          push(make(Value::list));
+          break;
+        case ')':
+          push(make(Value::tuple));
+          break;
         case 't': {
           auto v = make(Value::tuple);
           v->items = pop_mark();
           push(v);
           break;
         }
-        case 0x85: case 0x86: case 0x87: {    // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const int n = op - 0x84;
           auto v = make(Value::tuple);
           v->items.resize(static_cast<std::size_t>(n));
@@ -182,58 +224,68 @@ class Unpickler {
           push(v);
           break;
         }
-        case 'l': {                           // LIST
+        case 'l': {  // LIST
           auto v = make(Value::list);
           v->items = pop_mark();
           push(v);
           break;
         }
-        case 'd': {                           // DICT
+        case 'd': {  // DICT
           auto v = make(Value::dict);
           const auto items = pop_mark();
           for (std::size_t k = 0; k + 1 < items.size(); k += 2) v->pairs.emplace_back(items[k], items[k + 1]);
           push(v);
           break;
         }
-        case 'a': {                           // APPEND
+        case 'a': {  // APPEND
           ValuePtr x = pop();
           container(top(), Value::list)->items.push_back(x);
           break;
         }
-        case 'e': {                           // APPENDS
+        case 'e': {  // APPENDS
           auto items = pop_mark();
           auto& l = container(top(), Value::list)->items;
           l.insert(l.end(), items.begin(), items.end());
           break;
         }
-        case 's': {                           // SETITEM
+        case 's': {  // SETITEM
           ValuePtr v = pop(), k = pop();
           container(top(), Value::dict)->pairs.emplace_back(k, v);
           break;
         }
-        case 'u': {                           // SETITEMS
+        case 'u': {  // SETITEMS
           const auto items = pop_mark();
           auto& p = container(top(), Value::dict)->pairs;
           for (std::size_t k = 0; k + 1 < items.size(); k += 2) p.emplace_back(items[k], items[k + 1]);
           break;
         }
-        case 'q': memo_[uint(1)] = top(); break;   // BINPUT
-        case 'r': memo_[uint(4)] = top(); break;   // LONG_BINPUT
-        case 0x94: memo_[memo_.size()] = top(); break;  // MEMOIZE
-        case 'h': push(memo(uint(1))); break;      // BINGET
-        case 'j': push(memo(uint(4))); break;      // LONG_BINGET
-        case 'c': {                                // GLOBAL "module\nname\n"
+        case 'q':
+          memo_[uint(1)] = top();
+          break;  // BINPUT
+        case 'r':
+          memo_[uint(4)] = top();
+          break;  // LONG_BINPUT
+        case 0x94:
+          memo_[memo_.size()] = top();
+          break;  // MEMOIZE
+        case 'h':
+          push(memo(uint(1)));
+          break;  // BINGET
+        case 'j':
+          push(memo(uint(4)));
+          break;     // LONG_BINGET
+        case 'c': {  // GLOBAL "module\nname\n"
           const std::string module = line(), name = line();
           push(global(module, name));
           break;
         }
-        case 0x93: {                               // STACK_GLOBAL
+        case 0x93: {  // STACK_GLOBAL
           ValuePtr name = pop(), module = pop();
           if (name->kind != Value::str || module->kind != Value::str) bad("STACK_GLOBAL without strings");
           push(global(module->s, name->s));
           break;
         }
-        case 'Q': {                                // BINPERSID: ('storage', type, key, location, numel)
+        case 'Q': {  // BINPERSID: ('storage', type, key, location, numel)
           ValuePtr pid = pop();
           if (pid->kind != Value::tuple || pid->items.size() < 5 || pid->items[0]->s != "storage" || pid->items[1]->kind != Value::global) {
             bad("a persistent id that is not a torch storage");
@@ -244,29 +296,38 @@ class Unpickler {
           push(v);
           break;
         }
-        case 'R': {                                // REDUCE
+        case 'R': {  // REDUCE
           ValuePtr args = pop(), fn = pop();
           push(reduce(fn, args));
           break;
         }
-        case 'b': {                                // BUILD: an OrderedDict's attributes (_metadata); dropped
+        case 'b': {  // BUILD: an OrderedDict's attributes (_metadata); dropped
           pop();
           if (top()->kind != Value::dict && top()->kind != Value::tensor) bad("BUILD on something other than a dict or a tensor");
           break;
         }
-        case '0': pop(); break;                    // POP
-        case '2': push(top()); break;              // DUP
-        case '1': pop_mark(); break;               // POP_MARK
+        case '0':
+          pop();
+          break;  // POP
+        case '2':
+          push(top());
+          break;  // DUP
+        case '1':
+          pop_mark();
+          break;  // POP_MARK
         default:
-          fail("torch file '{}': the pickle uses opcode 0x{:02x} at byte {}, which dstrain does not run (it reads only tensors and plain "
-               "containers: no objects, no code)",
-               file_, op, at_ - 1);
+          fail(
+              "torch file '{}': the pickle uses opcode 0x{:02x} at byte {}, which dstrain does not run (it reads only tensors and plain "
+              "containers: no objects, no code)",
+              file_, op, at_ - 1);
       }
     }
   }
 
  private:
-  [[noreturn]] void bad(const std::string& what) const { fail("torch file '{}': the pickle has {} at byte {}; it is not a plain state dict", file_, what, at_); }
+  [[noreturn]] void bad(const std::string& what) const {
+    fail("torch file '{}': the pickle has {} at byte {}; it is not a plain state dict", file_, what, at_);
+  }
   unsigned char byte() {
     if (at_ >= d_.size()) fail("torch file '{}': the pickle ends without STOP (truncated)", file_);
     return static_cast<unsigned char>(d_[at_++]);
@@ -330,9 +391,10 @@ class Unpickler {
   ValuePtr global(const std::string& module, const std::string& name) {
     const std::string g = module + "." + name;
     if (!allowed_global(g)) {
-      fail("torch file '{}': the pickle asks for '{}', which dstrain refuses: it would run code (torch.load would import and call it); "
-           "dstrain reads only tensors and plain containers — save the model's state_dict() instead",
-           file_, g);
+      fail(
+          "torch file '{}': the pickle asks for '{}', which dstrain refuses: it would run code (torch.load would import and call it); "
+          "dstrain reads only tensors and plain containers — save the model's state_dict() instead",
+          file_, g);
     }
     auto v = make(Value::global);
     v->s = g;
@@ -462,10 +524,26 @@ std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
   const auto load = [&](std::int64_t e) -> float {
     const char* p = s.data() + static_cast<std::size_t>(e) * es;
     switch (kind) {
-      case 0: { float f; std::memcpy(&f, p, 4); return f; }
-      case 1: { std::uint16_t h; std::memcpy(&h, p, 2); return fp16_bits_to_fp32(h); }
-      case 2: { std::uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_fp32(h); }
-      default: { double d; std::memcpy(&d, p, 8); return static_cast<float>(d); }
+      case 0: {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+      }
+      case 1: {
+        std::uint16_t h;
+        std::memcpy(&h, p, 2);
+        return fp16_bits_to_fp32(h);
+      }
+      case 2: {
+        std::uint16_t h;
+        std::memcpy(&h, p, 2);
+        return bf16_bits_to_fp32(h);
+      }
+      default: {
+        double d;
+        std::memcpy(&d, p, 8);
+        return static_cast<float>(d);
+      }
     }
   };
   // Row-major walk over the shape, following the strides (a saved view may be non-contiguous).

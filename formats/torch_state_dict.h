@@ -23,7 +23,7 @@
 namespace dstrain {
 
 struct TorchTensorInfo {
-  std::string dtype;                 // safetensors-style: "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
+  std::string dtype;  // safetensors-style: "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> stride;  // in elements
   std::int64_t storage_offset = 0;   // in elements

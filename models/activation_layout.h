@@ -12,9 +12,7 @@ namespace dstrain {
 
 inline constexpr std::size_t kActivationAlignBytes = 64;
 
-constexpr std::size_t align_up(std::size_t v, std::size_t alignment = kActivationAlignBytes) {
-  return (v + alignment - 1) / alignment * alignment;
-}
+constexpr std::size_t align_up(std::size_t v, std::size_t alignment = kActivationAlignBytes) { return (v + alignment - 1) / alignment * alignment; }
 
 // Appends the byte offsets of `specs`, packed one after the other from `start`, to `offsets`;
 // returns the end of the last one.

@@ -42,9 +42,9 @@ namespace dstrain {
 struct ParamInit {
   enum class Kind { normal, zeros, ones };
   Kind kind = Kind::zeros;
-  float std = 0.0f;          // normal: the standard deviation (mean is always 0)
-  std::int64_t rows = -1;    // normal: draw only the first `rows` rows, the rest are zero (the
-                             // padded vocabulary rows of wte); -1 = all rows
+  float std = 0.0f;        // normal: the standard deviation (mean is always 0)
+  std::int64_t rows = -1;  // normal: draw only the first `rows` rows, the rest are zero (the
+                           // padded vocabulary rows of wte); -1 = all rows
 
   static ParamInit normal(float std, std::int64_t rows = -1) { return {Kind::normal, std, rows}; }
   static ParamInit zeros() { return {Kind::zeros, 0.0f, -1}; }
@@ -53,9 +53,9 @@ struct ParamInit {
 
 // One parameter of a layer.
 struct ParamSpec {
-  std::string name;          // Hugging Face GPT-2 name relative to the model: "wte.weight",
-                             // "h.3.attn.c_attn.weight", "ln_f.bias"; unique within the model
-  Shape shape;               // our layout: linear weights are nn.Linear (out, in)
+  std::string name;  // Hugging Face GPT-2 name relative to the model: "wte.weight",
+                     // "h.3.attn.c_attn.weight", "ln_f.bias"; unique within the model
+  Shape shape;       // our layout: linear weights are nn.Linear (out, in)
   ParamInit init;
   bool weight_decay = true;  // GPT recipes: decay matrices (and embeddings), not biases or norm weights
   // Non-empty: this parameter IS the named parameter of an earlier layer (the LM head's weight is
@@ -117,22 +117,22 @@ inline constexpr std::uint32_t kRngSitesPerLayer = 4;
 
 struct ForwardArgs {
   LayerDims dims;
-  Batch batch;                     // every layer may read it (the embedding the tokens, the head the targets)
-  Tensor input;                    // the previous layer's output (empty for the first layer)
-  Tensor output;                   // this layer's output(dims), written
-  std::span<const Tensor> params;  // in params() order, tied ones included (views of the owner)
-  std::span<const Tensor> saved;   // in saved_activations(dims) order, written
-  std::span<const Tensor> scratch; // in scratch(dims) order; contents undefined on entry and exit
+  Batch batch;                      // every layer may read it (the embedding the tokens, the head the targets)
+  Tensor input;                     // the previous layer's output (empty for the first layer)
+  Tensor output;                    // this layer's output(dims), written
+  std::span<const Tensor> params;   // in params() order, tied ones included (views of the owner)
+  std::span<const Tensor> saved;    // in saved_activations(dims) order, written
+  std::span<const Tensor> scratch;  // in scratch(dims) order; contents undefined on entry and exit
   // Dropout keys: seed, step, micro_batch of this micro-step; layer = index of this layer in the
   // model; site 0 (the layer adds its call site). A recompute passes the same key.
   RngKey rng;
-  bool train = true;               // false: dropout off (evaluation)
-  float* loss = nullptr;           // a layer that computes the loss (the head) stores the mean here
+  bool train = true;      // false: dropout off (evaluation)
+  float* loss = nullptr;  // a layer that computes the loss (the head) stores the mean here
   // Training, for a layer whose fuses_loss_grad() is true: compute the loss's gradient in the same
   // pass as the loss (dloss as BackwardArgs will carry it; the GPU then reads the logits once
   // instead of three times); its backward gets BackwardArgs::loss_grad_done = true.
   bool fuse_loss_grad = false;
-  float dloss = 1.0f;              // with fuse_loss_grad: BackwardArgs::dloss of this micro-batch
+  float dloss = 1.0f;  // with fuse_loss_grad: BackwardArgs::dloss of this micro-batch
 };
 
 struct BackwardArgs {
@@ -147,12 +147,12 @@ struct BackwardArgs {
   std::span<const Tensor> grads;   // in params() order, ACCUMULATED (+=); a tied entry is the owner's grad
   std::span<const Tensor> saved;   // as the forward left them; backward may overwrite them (dead after it)
   std::span<const Tensor> scratch;
-  RngKey rng;                      // the forward's key (dropout masks are regenerated, never stored)
-  bool train = true;               // as in forward
+  RngKey rng;         // the forward's key (dropout masks are regenerated, never stored)
+  bool train = true;  // as in forward
   // For a layer that ends in the loss: d(objective)/d(mean loss of this micro-batch), e.g. 1, or
   // loss_scale / gradient_accumulation_steps under fp16 loss scaling with accumulation.
   float dloss = 1.0f;
-  bool loss_grad_done = false;     // the forward ran with fuse_loss_grad (the same dloss)
+  bool loss_grad_done = false;  // the forward ran with fuse_loss_grad (the same dloss)
 };
 
 class Layer {

@@ -24,8 +24,8 @@
 namespace dstrain {
 
 struct StepOptions {
-  bool train = true;              // dropout on (when the config's p > 0)
-  std::uint64_t seed = 0;         // dropout stream: (seed, step, layer site, micro_batch)
+  bool train = true;       // dropout on (when the config's p > 0)
+  std::uint64_t seed = 0;  // dropout stream: (seed, step, layer site, micro_batch)
   std::uint32_t step = 0;
   std::uint32_t micro_batch = 0;
 };

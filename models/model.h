@@ -20,12 +20,12 @@ struct Model {
   // The architecture the layers come from; null for a list of layers without a family (then there
   // are no weight files, and the FLOPs and checkpoint manifests know only the layers).
   std::shared_ptr<const Architecture> architecture;
-  std::string description;                     // one line for the top of a run
+  std::string description;  // one line for the top of a run
   // Width of the residual stream (B, T, n_embd) that flows between layers; the engine keeps one
   // buffer of this shape for its gradient and runs backward in place through it (as LayerStack).
   std::int64_t n_embd = 0;
-  std::int64_t n_positions = 0;   // longest sequence the model takes (T <= n_positions)
-  std::int64_t vocab_size = 0;    // tokens must be < vocab_size
+  std::int64_t n_positions = 0;  // longest sequence the model takes (T <= n_positions)
+  std::int64_t vocab_size = 0;   // tokens must be < vocab_size
 };
 
 // The model of `architecture`: its layers, description and sizes.

@@ -14,8 +14,7 @@ void Architecture::check_sequence(std::int64_t T, const Device&) const {
 }
 
 double Architecture::flops_per_token(std::int64_t T) const {
-  return 6.0 * stored_parameter_count() +
-         6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
+  return 6.0 * stored_parameter_count() + 6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
 }
 
 ModuleFlops Architecture::forward_flops(std::int64_t B, std::int64_t T) const {

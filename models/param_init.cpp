@@ -34,16 +34,21 @@ RngKey param_init_key(std::string_view name, std::uint64_t seed) {
 }
 
 void init_param(Tensor param, const ParamSpec& spec, std::uint64_t seed) {
-  if (spec.tied()) fail("init_param: '{}' is tied to '{}' and has no storage of its own; initialise '{}' instead", spec.name, spec.tied_to, spec.tied_to);
+  if (spec.tied())
+    fail("init_param: '{}' is tied to '{}' and has no storage of its own; initialise '{}' instead", spec.name, spec.tied_to, spec.tied_to);
   if (!(param.shape == spec.shape)) fail("init_param: '{}' has shape {} but its spec says {}", spec.name, param.shape.str(), spec.shape.str());
   if (!is_floating(param.dtype)) fail("init_param: '{}' has dtype {}; parameters are fp32, fp16 or bf16", spec.name, dtype_name(param.dtype));
-  if (!param.device.is_cpu()) fail("init_param: '{}' is on {}; initialise on the cpu (e.g. the fp32 master copy) and copy over", spec.name, param.device.str());
+  if (!param.device.is_cpu())
+    fail("init_param: '{}' is on {}; initialise on the cpu (e.g. the fp32 master copy) and copy over", spec.name, param.device.str());
 
   const std::int64_t n = param.numel();
   std::vector<float> values(static_cast<std::size_t>(n), 0.0f);
   switch (spec.init.kind) {
-    case ParamInit::Kind::zeros: break;
-    case ParamInit::Kind::ones: std::fill(values.begin(), values.end(), 1.0f); break;
+    case ParamInit::Kind::zeros:
+      break;
+    case ParamInit::Kind::ones:
+      std::fill(values.begin(), values.end(), 1.0f);
+      break;
     case ParamInit::Kind::normal: {
       const std::int64_t rows = spec.shape.rank == 0 ? 1 : spec.shape[0];
       const std::int64_t row_len = rows == 0 ? 0 : n / rows;

@@ -8,20 +8,28 @@ namespace dstrain {
 
 const char* split_kind_name(SplitKind kind) {
   switch (kind) {
-    case SplitKind::replicated: return "replicated";
-    case SplitKind::rows: return "rows";
-    case SplitKind::columns: return "columns";
-    case SplitKind::vocabulary: return "vocabulary";
-    case SplitKind::experts: return "experts";
+    case SplitKind::replicated:
+      return "replicated";
+    case SplitKind::rows:
+      return "rows";
+    case SplitKind::columns:
+      return "columns";
+    case SplitKind::vocabulary:
+      return "vocabulary";
+    case SplitKind::experts:
+      return "experts";
   }
   return "?";
 }
 
 int ParamSplit::dim() const {
   switch (kind) {
-    case SplitKind::replicated: return -1;
-    case SplitKind::columns: return 1;
-    default: return 0;
+    case SplitKind::replicated:
+      return -1;
+    case SplitKind::columns:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -41,7 +49,8 @@ std::int64_t units_of_rank(std::int64_t units, int ranks, int rank) {
 std::vector<SplitRange> split_ranges(const ParamSplit& split, const Shape& shape, int ranks, int rank, const std::string& name) {
   if (ranks <= 0 || rank < 0 || rank >= ranks) fail("split_ranges: parameter '{}': rank {} is not one of {} rank(s)", name, rank, ranks);
   const int dim = split.is_replicated() ? 0 : split.dim();
-  if (shape.rank <= dim) fail("parameter '{}' of shape {} is split as {}, which cuts dimension {} it does not have", name, shape.str(), split.describe(), dim);
+  if (shape.rank <= dim)
+    fail("parameter '{}' of shape {} is split as {}, which cuts dimension {} it does not have", name, shape.str(), split.describe(), dim);
   const std::int64_t extent = shape.rank > 0 ? shape[dim] : 1;
   if (split.is_replicated()) return {{0, extent}};
   std::vector<ParamSplit::Part> parts = split.parts;
@@ -54,8 +63,8 @@ std::vector<SplitRange> split_ranges(const ParamSplit& split, const Shape& shape
     total += p.size;
   }
   if (total != extent) {
-    fail("parameter '{}' of shape {} is split as {}: its parts add up to {} but dimension {} has {}", name, shape.str(), split.describe(), total,
-         dim, extent);
+    fail("parameter '{}' of shape {} is split as {}: its parts add up to {} but dimension {} has {}", name, shape.str(), split.describe(), total, dim,
+         extent);
   }
   std::vector<SplitRange> out;
   std::int64_t part_begin = 0;

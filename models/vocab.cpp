@@ -2,8 +2,6 @@
 
 namespace dstrain {
 
-std::int64_t padded_vocab(std::int64_t vocab_size) {
-  return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple;
-}
+std::int64_t padded_vocab(std::int64_t vocab_size) { return (vocab_size + kVocabPadMultiple - 1) / kVocabPadMultiple * kVocabPadMultiple; }
 
 }  // namespace dstrain

@@ -12,12 +12,10 @@
 namespace dstrain {
 
 // A piece that failed with `error_number` (positive errno).
-std::string io_failure_message(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t bytes,
-                               int error_number);
+std::string io_failure_message(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t bytes, int error_number);
 
 // A piece that moved `done` of `bytes` bytes.
-std::string io_short_message(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t bytes,
-                             std::uint64_t done);
+std::string io_short_message(IoOp op, const std::string& path, std::uint64_t offset, std::uint64_t bytes, std::uint64_t done);
 
 // open(2) with O_DIRECT failed with `error_number`; `writing`: the file was opened for writing.
 std::string io_open_message(const std::string& path, bool writing, int error_number);

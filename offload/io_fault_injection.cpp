@@ -14,9 +14,10 @@ const char* io_op_name(IoOp op) { return op == IoOp::read ? "read" : "write"; }
 
 IoFault IoFault::parse(std::string_view text) {
   const auto bad = [&]() -> IoFault {
-    fail("{}=\"{}\" is not a fault: write KIND[:OP]@N with KIND eio, enospc, short or odirect, OP read or write, "
-         "N the piece counted from 1 (e.g. \"eio:read@3\"); unset it for normal I/O",
-         kEnvironmentVariable, text);
+    fail(
+        "{}=\"{}\" is not a fault: write KIND[:OP]@N with KIND eio, enospc, short or odirect, OP read or write, "
+        "N the piece counted from 1 (e.g. \"eio:read@3\"); unset it for normal I/O",
+        kEnvironmentVariable, text);
   };
   const std::size_t at = text.rfind('@');
   if (at == std::string_view::npos) return bad();
@@ -28,9 +29,12 @@ IoFault IoFault::parse(std::string_view text) {
   const std::size_t colon = head.find(':');
   if (colon != std::string_view::npos) {
     const std::string_view op = head.substr(colon + 1);
-    if (op == "read") f.op = IoOp::read;
-    else if (op == "write") f.op = IoOp::write;
-    else return bad();
+    if (op == "read")
+      f.op = IoOp::read;
+    else if (op == "write")
+      f.op = IoOp::write;
+    else
+      return bad();
     head = head.substr(0, colon);
   }
   if (head == "eio") {
@@ -59,9 +63,12 @@ std::optional<IoFault> IoFault::from_environment() {
 std::string IoFault::describe() const {
   const std::string which = op ? fmt::format(" {}", io_op_name(*op)) : std::string();
   switch (kind) {
-    case Kind::error: return fmt::format("errno {} at{} piece {}", errno_value, which, nth);
-    case Kind::short_transfer: return fmt::format("short transfer at{} piece {}", which, nth);
-    case Kind::open_refused: return fmt::format("O_DIRECT refused at open {}", nth);
+    case Kind::error:
+      return fmt::format("errno {} at{} piece {}", errno_value, which, nth);
+    case Kind::short_transfer:
+      return fmt::format("short transfer at{} piece {}", which, nth);
+    case Kind::open_refused:
+      return fmt::format("O_DIRECT refused at open {}", nth);
   }
   return {};
 }

@@ -25,15 +25,16 @@ std::uint64_t IoOptions::effective_block_size(std::uint64_t alignment) const {
 void IoOptions::validate() const {
   if (block_size < 1) fail("aio.block_size is {}: it must be at least 1 byte (1048576 is DeepSpeed's default)", block_size);
   if (queue_depth < 1 || queue_depth > kMaxQueueDepth)
-    fail("aio.queue_depth is {}: an io_uring ring holds 1 to {} requests (the kernel's IORING_MAX_ENTRIES); "
-         "set aio.queue_depth in that range (8 is DeepSpeed's default, 32-128 suit one NVMe drive)",
-         queue_depth, kMaxQueueDepth);
+    fail(
+        "aio.queue_depth is {}: an io_uring ring holds 1 to {} requests (the kernel's IORING_MAX_ENTRIES); "
+        "set aio.queue_depth in that range (8 is DeepSpeed's default, 32-128 suit one NVMe drive)",
+        queue_depth, kMaxQueueDepth);
   if (intra_op_parallelism < 1 || intra_op_parallelism > kMaxIntraOpParallelism)
-    fail("aio.intra_op_parallelism is {}: it is the number of io_uring rings, each with its own thread, and must be "
-         "1 to {}; set it to at most the number of NVMe drives times 2-4",
-         intra_op_parallelism, kMaxIntraOpParallelism);
-  if (max_open_files < 1 || max_registered_buffers < 1)
-    fail("IoOptions: max_open_files and max_registered_buffers must be at least 1");
+    fail(
+        "aio.intra_op_parallelism is {}: it is the number of io_uring rings, each with its own thread, and must be "
+        "1 to {}; set it to at most the number of NVMe drives times 2-4",
+        intra_op_parallelism, kMaxIntraOpParallelism);
+  if (max_open_files < 1 || max_registered_buffers < 1) fail("IoOptions: max_open_files and max_registered_buffers must be at least 1");
 }
 
 }  // namespace dstrain

@@ -18,8 +18,7 @@ constexpr int kSubmitRetries = 1000;
 
 }  // namespace
 
-IoRing::IoRing(unsigned queue_depth, bool single_submit, bool overlap_events, unsigned file_slots,
-               unsigned buffer_slots)
+IoRing::IoRing(unsigned queue_depth, bool single_submit, bool overlap_events, unsigned file_slots, unsigned buffer_slots)
     : depth_(queue_depth), single_submit_(single_submit), overlap_events_(overlap_events) {
   io_uring_params params{};
   // Twice as many completion slots as pieces in flight: completions never overflow.
@@ -28,17 +27,17 @@ IoRing::IoRing(unsigned queue_depth, bool single_submit, bool overlap_events, un
   int r = io_uring_queue_init_params(queue_depth, &ring_, &params);
   if (r < 0)
     fail("cannot create an io_uring of {} entries (aio.queue_depth): {}; {}", queue_depth, std::strerror(-r),
-         -r == EPERM || -r == ENOSYS
-             ? "io_uring is disabled here (sysctl kernel.io_uring_disabled, or a container's seccomp profile): allow it "
-               "(sysctl -w kernel.io_uring_disabled=0; docker/podman: a seccomp profile that permits io_uring_setup)"
-             : "lower aio.queue_depth / aio.intra_op_parallelism, or raise the locked-memory limit (ulimit -l)");
+         -r == EPERM || -r == ENOSYS ? "io_uring is disabled here (sysctl kernel.io_uring_disabled, or a container's seccomp profile): allow it "
+                                       "(sysctl -w kernel.io_uring_disabled=0; docker/podman: a seccomp profile that permits io_uring_setup)"
+                                     : "lower aio.queue_depth / aio.intra_op_parallelism, or raise the locked-memory limit (ulimit -l)");
   r = io_uring_register_files_sparse(&ring_, file_slots);
   if (r == 0) r = io_uring_register_buffers_sparse(&ring_, buffer_slots);
   if (r < 0) {
     io_uring_queue_exit(&ring_);
-    fail("cannot register {} file and {} buffer slots with an io_uring: {}; this needs Linux 5.19 or later "
-         "(sparse registered files and buffers): upgrade the kernel",
-         file_slots, buffer_slots, std::strerror(-r));
+    fail(
+        "cannot register {} file and {} buffer slots with an io_uring: {}; this needs Linux 5.19 or later "
+        "(sparse registered files and buffers): upgrade the kernel",
+        file_slots, buffer_slots, std::strerror(-r));
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -182,9 +181,10 @@ void IoRing::flush(std::vector<IoPiece*>& unsubmitted) {
       continue;
     }
     // The entries stay in the submission queue, which is never submitted again: fail their pieces.
-    broken_ = fmt::format("io_uring_submit failed: {}; the I/O engine stopped — restart the run (if it recurs, lower "
-                          "aio.queue_depth)",
-                          std::strerror(e));
+    broken_ = fmt::format(
+        "io_uring_submit failed: {}; the I/O engine stopped — restart the run (if it recurs, lower "
+        "aio.queue_depth)",
+        std::strerror(e));
     for (IoPiece* p : unsubmitted) {
       --in_flight_;
       in_kernel_.erase(p);

@@ -65,7 +65,7 @@ class IoRing {
   bool overlap_events_;
   unsigned in_flight_ = 0;
   std::unordered_set<IoPiece*> in_kernel_;  // prepared and not completed: failed together if the ring breaks
-  std::string broken_;  // why the ring can no longer submit (then every piece fails with it)
+  std::string broken_;                      // why the ring can no longer submit (then every piece fails with it)
 
   std::mutex mutex_;
   std::condition_variable work_;

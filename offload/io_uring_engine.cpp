@@ -151,15 +151,15 @@ std::uint64_t IoFile::size() const {
 
 void IoFile::allocate(std::uint64_t bytes) {
   DSTRAIN_CHECK(state_, "IoFile::allocate on a closed file");
-  DSTRAIN_CHECK(state_->writable, "IoFile::allocate: {} is open for reading only; open it with IoOpen::create or read_write",
-                *state_->path);
+  DSTRAIN_CHECK(state_->writable, "IoFile::allocate: {} is open for reading only; open it with IoOpen::create or read_write", *state_->path);
   const std::string folder = std::filesystem::path(*state_->path).parent_path().string();
   const std::uint64_t have = size();
   const std::int64_t available = io_available_bytes(folder.empty() ? "." : folder);
   if (bytes > have && available >= 0 && bytes - have > static_cast<std::uint64_t>(available))
-    fail("{} needs {} bytes but the file system holding {} has {} bytes available: free {} bytes there, or point "
-         "nvme_path at a larger drive",
-         *state_->path, bytes, folder, available, bytes - have - static_cast<std::uint64_t>(available));
+    fail(
+        "{} needs {} bytes but the file system holding {} has {} bytes available: free {} bytes there, or point "
+        "nvme_path at a larger drive",
+        *state_->path, bytes, folder, available, bytes - have - static_cast<std::uint64_t>(available));
   int r = ::fallocate(state_->direct_fd, 0, 0, static_cast<off_t>(bytes));
   if (r != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) r = ::posix_fallocate(state_->direct_fd, 0, static_cast<off_t>(bytes)) == 0 ? 0 : -1;
   if (r != 0) {
@@ -175,8 +175,8 @@ void IoFile::sync() {
   DSTRAIN_CHECK(state_, "IoFile::sync on a closed file");
   state_->requests.wait_idle();
   if (::fdatasync(state_->direct_fd) != 0)
-    fail("fdatasync of {} failed: {}; the bytes written may not be on the drive — check it (dmesg) and write again",
-         *state_->path, std::strerror(errno));
+    fail("fdatasync of {} failed: {}; the bytes written may not be on the drive — check it (dmesg) and write again", *state_->path,
+         std::strerror(errno));
 }
 
 void IoFile::close() {
@@ -195,8 +195,8 @@ IoEngine::IoEngine(const IoOptions& options) : core_(std::make_shared<IoEngineCo
   core_->buffer_slot_used.assign(options.max_registered_buffers, false);
   core_->fault = IoFault::from_environment();
   for (unsigned i = 0; i < options.intra_op_parallelism; ++i)
-    core_->rings.push_back(std::make_unique<IoRing>(options.queue_depth, options.single_submit, options.overlap_events,
-                                                    2 * options.max_open_files, options.max_registered_buffers));
+    core_->rings.push_back(std::make_unique<IoRing>(options.queue_depth, options.single_submit, options.overlap_events, 2 * options.max_open_files,
+                                                    options.max_registered_buffers));
 }
 
 IoEngine::~IoEngine() { core_->shut_down(); }
@@ -253,9 +253,10 @@ IoFile IoEngine::open(const std::string& path, IoOpen mode) {
   const auto free_index = std::find(c.file_index_used.begin(), c.file_index_used.end(), false);
   if (free_index == c.file_index_used.end()) {
     close_both();
-    fail("cannot open {}: the I/O engine already has {} files open (IoOptions::max_open_files); close files first or "
-         "raise the limit",
-         path, c.options.max_open_files);
+    fail(
+        "cannot open {}: the I/O engine already has {} files open (IoOptions::max_open_files); close files first or "
+        "raise the limit",
+        path, c.options.max_open_files);
   }
   state->index = static_cast<unsigned>(free_index - c.file_index_used.begin());
   for (auto& ring : c.rings) {
@@ -295,13 +296,15 @@ IoHandle IoEngine::submit(IoOp op, IoFile& file, std::uint64_t offset, std::byte
   if (bytes == 0) return IoHandle();
   const std::uint64_t align = f.alignment;
   if (reinterpret_cast<std::uintptr_t>(data) % align != 0)
-    fail("{} of {} bytes at offset {} of {}: the buffer at {} is not aligned to {} bytes, which O_DIRECT needs; "
-         "allocate it with PinnedHostAllocator (page-aligned) or std::aligned_alloc({}, ...)",
-         io_op_name(op), bytes, offset, *f.path, static_cast<const void*>(data), align, align);
+    fail(
+        "{} of {} bytes at offset {} of {}: the buffer at {} is not aligned to {} bytes, which O_DIRECT needs; "
+        "allocate it with PinnedHostAllocator (page-aligned) or std::aligned_alloc({}, ...)",
+        io_op_name(op), bytes, offset, *f.path, static_cast<const void*>(data), align, align);
   if (offset % align != 0)
-    fail("{} of {} bytes at offset {} of {}: the offset is not a multiple of {} bytes, which O_DIRECT needs; place "
-         "what the file holds at multiples of {} (pad each piece; docs/offload.md §1.4)",
-         io_op_name(op), bytes, offset, *f.path, align, align);
+    fail(
+        "{} of {} bytes at offset {} of {}: the offset is not a multiple of {} bytes, which O_DIRECT needs; place "
+        "what the file holds at multiples of {} (pad each piece; docs/offload.md §1.4)",
+        io_op_name(op), bytes, offset, *f.path, align, align);
 
   IoEngineCore& c = *core_;
   const std::uint64_t block = c.options.effective_block_size(align);
@@ -321,8 +324,7 @@ IoHandle IoEngine::submit(IoOp op, IoFile& file, std::uint64_t offset, std::byte
   int buffer_slot = -1;
   if (auto it = c.buffers.upper_bound(reinterpret_cast<std::uintptr_t>(data)); it != c.buffers.begin()) {
     --it;
-    if (reinterpret_cast<std::uintptr_t>(data) + bytes <= it->first + it->second.bytes)
-      buffer_slot = static_cast<int>(it->second.slot);
+    if (reinterpret_cast<std::uintptr_t>(data) + bytes <= it->first + it->second.bytes) buffer_slot = static_cast<int>(it->second.slot);
   }
   for (std::size_t i = 0; i < n; ++i) {
     IoPiece& p = pieces[i];
@@ -377,9 +379,10 @@ bool IoEngine::register_buffer(void* data, std::size_t bytes) {
       for (std::size_t j = 0; j < i; ++j) c.rings[j]->set_buffer(slot, nullptr, 0);
       if (!c.registration_refusal_logged) {
         c.registration_refusal_logged = true;
-        log_info("io_uring did not register a {}-byte buffer ({}): transfers from it are not fixed-buffer ones, which "
-                 "costs a little CPU per transfer; raise the locked-memory limit (ulimit -l) to register it",
-                 bytes, std::strerror(e));
+        log_info(
+            "io_uring did not register a {}-byte buffer ({}): transfers from it are not fixed-buffer ones, which "
+            "costs a little CPU per transfer; raise the locked-memory limit (ulimit -l) to register it",
+            bytes, std::strerror(e));
       }
       return false;
     }

@@ -19,8 +19,8 @@ std::uint64_t round_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAl
 
 }  // namespace
 
-NvmeParamStore::NvmeParamStore(ParamStoreLayout layout, IoEngine& io, Allocator& host, NvmeParamSettings settings,
-                               const std::string& nvme_path, const std::string& run, int rank)
+NvmeParamStore::NvmeParamStore(ParamStoreLayout layout, IoEngine& io, Allocator& host, NvmeParamSettings settings, const std::string& nvme_path,
+                               const std::string& run, int rank)
     : ParamStore(std::move(layout)), io_(io), host_(host), settings_(settings) {
   const ParamStoreLayout& lo = this->layout();
   const std::size_t es = dtype_size(lo.dtype);
@@ -41,10 +41,11 @@ NvmeParamStore::NvmeParamStore(ParamStoreLayout layout, IoEngine& io, Allocator&
     largest_unit = u;
   }
   if (largest > 0 && settings_.buffer_size < largest) {
-    fail("zero_optimization.offload_param.buffer_size: {} elements, but a swapped parameter partition (unit {}: one layer's shard "
-         "on this rank) has {} elements; every swap buffer must hold the largest one — set buffer_size to at least {} (or raise "
-         "max_in_cpu so that it stays in host memory)",
-         settings_.buffer_size, largest_unit, largest, largest);
+    fail(
+        "zero_optimization.offload_param.buffer_size: {} elements, but a swapped parameter partition (unit {}: one layer's shard "
+        "on this rank) has {} elements; every swap buffer must hold the largest one — set buffer_size to at least {} (or raise "
+        "max_in_cpu so that it stays in host memory)",
+        settings_.buffer_size, largest_unit, largest, largest);
   }
   if (largest > 0 && settings_.buffer_count < 1) {
     fail("zero_optimization.offload_param.buffer_count: 0 — swapped parameters need at least 1 host buffer (DeepSpeed's default is 5)");
@@ -126,7 +127,6 @@ Tensor NvmeParamStore::in_place(std::size_t u) const {
   return in_cpu_views_[u];
 }
 
-
 void NvmeParamStore::start_read(Slot& s, std::size_t u) {
   s.key = static_cast<std::ptrdiff_t>(u);
   s.state = SwapSlot::State::reading;
@@ -142,9 +142,10 @@ Tensor NvmeParamStore::acquire(std::size_t u) {
   if (s == nullptr) {
     s = choose_victim(slots_, /*without_waiting=*/false);
     if (s == nullptr)
-      fail("NVMe parameter store: all {} host buffers (zero_optimization.offload_param.buffer_count) hold acquired partitions; "
-           "raise buffer_count",
-           slots_.size());
+      fail(
+          "NVMe parameter store: all {} host buffers (zero_optimization.offload_param.buffer_count) hold acquired partitions; "
+          "raise buffer_count",
+          slots_.size());
     settle_slot(*s, kContext);  // its write-back (or an unused prefetch) finishes before the buffer is reused
     start_read(*s, u);
   }

@@ -25,9 +25,9 @@
 namespace dstrain {
 
 struct NvmeParamSettings {
-  std::size_t buffer_count = 5;              // offload_param.buffer_count
-  std::int64_t buffer_size = 100'000'000;    // offload_param.buffer_size, elements
-  std::int64_t max_in_cpu = 1'000'000'000;   // offload_param.max_in_cpu, elements
+  std::size_t buffer_count = 5;             // offload_param.buffer_count
+  std::int64_t buffer_size = 100'000'000;   // offload_param.buffer_size, elements
+  std::int64_t max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu, elements
 };
 
 class NvmeParamStore final : public ParamStore {
@@ -57,9 +57,9 @@ class NvmeParamStore final : public ParamStore {
   IoEngine& io_;
   Allocator& host_;
   NvmeParamSettings settings_;
-  Buffer in_cpu_;                        // the units kept in host memory (max_in_cpu)
-  std::vector<Tensor> in_cpu_views_;     // per unit; empty for a swapped unit
-  std::vector<std::uint64_t> offsets_;   // file offset of each swapped unit
+  Buffer in_cpu_;                       // the units kept in host memory (max_in_cpu)
+  std::vector<Tensor> in_cpu_views_;    // per unit; empty for a swapped unit
+  std::vector<std::uint64_t> offsets_;  // file offset of each swapped unit
   std::size_t swapped_ = 0;
   std::unique_ptr<SwapFolder> folder_;
   std::uint64_t slot_bytes_ = 0;

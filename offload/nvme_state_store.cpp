@@ -23,9 +23,8 @@ std::uint64_t NvmeStateStore::file_bytes(const StateStoreLayout& layout) {
   return total;
 }
 
-NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots,
-                               const std::string& nvme_path, const std::string& config_key, const std::string& run,
-                               int rank, NvmePipelining pipelining)
+NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots, const std::string& nvme_path,
+                               const std::string& config_key, const std::string& run, int rank, NvmePipelining pipelining)
     : StateStore(std::move(layout)), io_(io), host_(host), pipelining_(pipelining) {
   const StateStoreLayout& l = this->layout();
   if (slots < 1) fail("offload_optimizer.buffer_count is {}: the NVMe store needs at least 1 host buffer (4 is DeepSpeed's default)", slots);
@@ -77,7 +76,6 @@ std::uint64_t NvmeStateStore::padded_bytes(std::size_t g) const {
   return round_up(static_cast<std::uint64_t>(layout().groups[g].size()) * sizeof(float));
 }
 
-
 void NvmeStateStore::start_read(Slot& s, std::size_t g) {
   s.key = static_cast<std::ptrdiff_t>(g);
   s.state = SwapSlot::State::reading;
@@ -89,14 +87,14 @@ void NvmeStateStore::start_read(Slot& s, std::size_t g) {
 std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
   check_group(g, "acquire");
   Slot* s = find_slot(slots_, g);
-  if (s != nullptr && s->state == SwapSlot::State::acquired)
-    fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
+  if (s != nullptr && s->state == SwapSlot::State::acquired) fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
   if (s == nullptr) {
     s = choose_victim(slots_, /*without_waiting=*/false);
     if (s == nullptr)
-      fail("NVMe optimizer store: all {} host buffers (zero_optimization.offload_optimizer.buffer_count) hold acquired "
-           "sub-groups; raise buffer_count",
-           slots_.size());
+      fail(
+          "NVMe optimizer store: all {} host buffers (zero_optimization.offload_optimizer.buffer_count) hold acquired "
+          "sub-groups; raise buffer_count",
+          slots_.size());
     settle_slot(*s, "");  // its write-back (or an unused prefetch) must finish before the buffer is reused
     start_read(*s, g);
   }
@@ -105,16 +103,14 @@ std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
   s->last_use = ++clock_;
   s->views.clear();
   const std::int64_t n = layout().groups[g].size();
-  for (std::size_t b = 0; b < layout().buffer_count(); ++b)
-    s->views.emplace_back(s->memory + b * stride_, DType::fp32, Shape{n}, Device::cpu());
+  for (std::size_t b = 0; b < layout().buffer_count(); ++b) s->views.emplace_back(s->memory + b * stride_, DType::fp32, Shape{n}, Device::cpu());
   return s->views;
 }
 
 void NvmeStateStore::release(std::size_t g, bool modified) {
   check_group(g, "release");
   Slot* s = find_slot(slots_, g);
-  if (s == nullptr || s->state != SwapSlot::State::acquired)
-    fail("NVMe optimizer store: release of sub-group {}, which is not acquired", g);
+  if (s == nullptr || s->state != SwapSlot::State::acquired) fail("NVMe optimizer store: release of sub-group {}, which is not acquired", g);
   s->views.clear();
   if (!modified) {
     s->state = SwapSlot::State::ready;

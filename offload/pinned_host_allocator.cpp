@@ -76,10 +76,11 @@ void* PinnedHostAllocator::raw_allocate(std::size_t bytes, std::size_t alignment
   if (first_failure) {
     rlimit lim{};
     (void)::getrlimit(RLIMIT_MEMLOCK, &lim);
-    log_warning("pinned host memory: mlock of {} bytes failed ({}); the offloaded optimizer state stays in pageable memory, which the "
-                "kernel may swap out. The locked-memory limit is {} bytes: raise it (ulimit -l unlimited, or memlock in "
-                "/etc/security/limits.conf), or set offload_optimizer.pin_memory to false to silence this",
-                len, std::strerror(lock_errno), lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_cur));
+    log_warning(
+        "pinned host memory: mlock of {} bytes failed ({}); the offloaded optimizer state stays in pageable memory, which the "
+        "kernel may swap out. The locked-memory limit is {} bytes: raise it (ulimit -l unlimited, or memlock in "
+        "/etc/security/limits.conf), or set offload_optimizer.pin_memory to false to silence this",
+        len, std::strerror(lock_errno), lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_cur));
   }
   return block;
 }

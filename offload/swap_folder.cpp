@@ -28,13 +28,11 @@ void SwapFolder::check_path(const std::string& nvme_path, const std::string& con
   std::error_code ec;
   if (nvme_path.empty()) fail("{} is empty: set it to a folder on the NVMe drive", config_key);
   if (!fs::exists(nvme_path, ec))
-    fail("{} \"{}\" does not exist: create it on the NVMe drive (mkdir -p {}) or fix the path", config_key, nvme_path,
-         nvme_path);
-  if (!fs::is_directory(nvme_path, ec))
-    fail("{} \"{}\" is not a folder: point it at a folder on the NVMe drive", config_key, nvme_path);
+    fail("{} \"{}\" does not exist: create it on the NVMe drive (mkdir -p {}) or fix the path", config_key, nvme_path, nvme_path);
+  if (!fs::is_directory(nvme_path, ec)) fail("{} \"{}\" is not a folder: point it at a folder on the NVMe drive", config_key, nvme_path);
   if (::access(nvme_path.c_str(), W_OK | X_OK) != 0)
-    fail("{} \"{}\" is not writable by this user ({}): choose a folder you may write to, or fix its permissions",
-         config_key, nvme_path, std::strerror(errno));
+    fail("{} \"{}\" is not writable by this user ({}): choose a folder you may write to, or fix its permissions", config_key, nvme_path,
+         std::strerror(errno));
   // tmpfs / ramfs: the engine refuses its files there at open (io_uring_engine.cpp says why), but a
   // store that swaps nothing (every unit within max_in_cpu, or persistent) opens none, and would
   // train on a path that can never work once the model grows: refused here, before any file.
@@ -43,8 +41,8 @@ void SwapFolder::check_path(const std::string& nvme_path, const std::string& con
     fail("{} \"{}\": {}", config_key, nvme_path, io_memory_file_system_message(nvme_path));
 }
 
-SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run,
-                       int rank, const std::vector<SwapFileSpec>& files)
+SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run, int rank,
+                       const std::vector<SwapFileSpec>& files)
     : root_(nvme_path) {
   std::error_code ec;
   check_path(nvme_path, config_key);
@@ -56,11 +54,12 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
   const std::int64_t available = io_available_bytes(nvme_path);
   available_before_ = available < 0 ? 0 : static_cast<std::uint64_t>(available);
   if (available >= 0 && needed > static_cast<std::uint64_t>(available))
-    fail("rank {}'s swap files need {} ({} bytes, {} files) under {} \"{}\", but its file system has {} ({} bytes) "
-         "available: free {} bytes there, point {} at a larger drive, or offload less (device \"cpu\", a smaller model, "
-         "more ranks)",
-         rank, format_bytes(needed), needed, files.size(), config_key, nvme_path, format_bytes(static_cast<std::uint64_t>(available)),
-         available, needed - static_cast<std::uint64_t>(available), config_key);
+    fail(
+        "rank {}'s swap files need {} ({} bytes, {} files) under {} \"{}\", but its file system has {} ({} bytes) "
+        "available: free {} bytes there, point {} at a larger drive, or offload less (device \"cpu\", a smaller model, "
+        "more ranks)",
+        rank, format_bytes(needed), needed, files.size(), config_key, nvme_path, format_bytes(static_cast<std::uint64_t>(available)), available,
+        needed - static_cast<std::uint64_t>(available), config_key);
 
   run_folder_ = root_ / "dstrain_swap" / (run.empty() ? default_run_name() : run);
   folder_ = run_folder_ / fmt::format("rank{}", rank);
@@ -71,9 +70,10 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
     folder_ = run_folder_ / fmt::format("rank{}", rank);
   }
   if (fs::exists(folder_, ec))
-    fail("the swap folder {} exists already: another run with the same name is using it, or one that crashed left it; "
-         "remove it if no run uses it, or give this run another name",
-         folder_.string());
+    fail(
+        "the swap folder {} exists already: another run with the same name is using it, or one that crashed left it; "
+        "remove it if no run uses it, or give this run another name",
+        folder_.string());
   fs::create_directories(folder_, ec);
   if (ec) fail("cannot create the swap folder {}: {}; check {} \"{}\"", folder_.string(), ec.message(), config_key, nvme_path);
   try {
@@ -112,8 +112,8 @@ void SwapFolder::remove_folders() noexcept {
 }
 
 std::string SwapFolder::describe() const {
-  return fmt::format("NVMe swap: {} file(s), {} preallocated in {} ({} were free)", files_.size(), format_bytes(bytes_),
-                     folder_.string(), format_bytes(available_before_));
+  return fmt::format("NVMe swap: {} file(s), {} preallocated in {} ({} were free)", files_.size(), format_bytes(bytes_), folder_.string(),
+                     format_bytes(available_before_));
 }
 
 }  // namespace dstrain

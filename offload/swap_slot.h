@@ -20,12 +20,12 @@ namespace dstrain {
 
 struct SwapSlot {
   enum class State { empty, reading, ready, acquired, writing };
-  std::ptrdiff_t key = -1;          // the sub-group or unit it holds (-1: none)
+  std::ptrdiff_t key = -1;  // the sub-group or unit it holds (-1: none)
   State state = State::empty;
-  std::vector<IoHandle> pending;    // the reads or writes in flight for `key`
+  std::vector<IoHandle> pending;  // the reads or writes in flight for `key`
   std::uint64_t last_use = 0;
-  std::byte* block = nullptr;       // what the host allocator gave (freed with it)
-  std::byte* memory = nullptr;      // the 4096-aligned buffer inside `block`
+  std::byte* block = nullptr;   // what the host allocator gave (freed with it)
+  std::byte* memory = nullptr;  // the 4096-aligned buffer inside `block`
 };
 
 // The slot holding `key` (in memory, being read, or being written back), or nullptr.

@@ -28,11 +28,10 @@ std::string usage_by_purpose(const MemoryStats& s) {
 }  // namespace
 
 void* Allocator::allocate(std::size_t bytes, MemoryPurpose purpose, std::size_t alignment) {
-  DSTRAIN_CHECK(static_cast<std::size_t>(purpose) < kNumMemoryPurposes, "allocate: invalid memory purpose {}",
-                static_cast<int>(purpose));
+  DSTRAIN_CHECK(static_cast<std::size_t>(purpose) < kNumMemoryPurposes, "allocate: invalid memory purpose {}", static_cast<int>(purpose));
   DSTRAIN_CHECK(alignment == 0 || std::has_single_bit(alignment),
-                "allocate: alignment {} for {} bytes of {} is not a power of two; pass 0 for the default ({})", alignment,
-                bytes, memory_purpose_name(purpose), default_alignment());
+                "allocate: alignment {} for {} bytes of {} is not a power of two; pass 0 for the default ({})", alignment, bytes,
+                memory_purpose_name(purpose), default_alignment());
   if (bytes == 0) return nullptr;
   alignment = std::max(alignment, default_alignment());
 
@@ -40,11 +39,11 @@ void* Allocator::allocate(std::size_t bytes, MemoryPurpose purpose, std::size_t 
   if (ptr == nullptr) {
     const MemoryStats now = stats();
     const std::string detail = out_of_memory_detail();
-    fail("out of {} memory: could not allocate {} ({} bytes) for {}; in use by this allocator: {}{}{}. "
-         "Fix: reduce the micro-batch size or sequence length, or save memory with ZeRO stages, offload or "
-         "activation checkpointing",
-         device().str(), format_bytes(bytes), bytes, memory_purpose_name(purpose), usage_by_purpose(now),
-         detail.empty() ? "" : "; ", detail);
+    fail(
+        "out of {} memory: could not allocate {} ({} bytes) for {}; in use by this allocator: {}{}{}. "
+        "Fix: reduce the micro-batch size or sequence length, or save memory with ZeRO stages, offload or "
+        "activation checkpointing",
+        device().str(), format_bytes(bytes), bytes, memory_purpose_name(purpose), usage_by_purpose(now), detail.empty() ? "" : "; ", detail);
   }
   try {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -60,9 +59,10 @@ void* Allocator::allocate(std::size_t bytes, MemoryPurpose purpose, std::size_t 
 const Allocator::Block& Allocator::find_block(const void* ptr, const char* what) const {
   auto it = blocks_.find(ptr);
   if (it == blocks_.end()) {
-    fail("{}: pointer {} was not allocated by this {} allocator, or was already freed (double free); "
-         "free memory with the allocator that returned it, exactly once",
-         what, ptr, device().str());
+    fail(
+        "{}: pointer {} was not allocated by this {} allocator, or was already freed (double free); "
+        "free memory with the allocator that returned it, exactly once",
+        what, ptr, device().str());
   }
   return it->second;
 }

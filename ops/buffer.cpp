@@ -47,8 +47,7 @@ void Buffer::reset() noexcept {
 Tensor Buffer::tensor(DType dtype, Shape shape, std::size_t byte_offset) const {
   const std::size_t elem = dtype_size(dtype);
   const auto numel = static_cast<std::size_t>(shape.numel());
-  DSTRAIN_CHECK(elem != 0 && byte_offset % elem == 0,
-                "Buffer::tensor: byte offset {} is not a multiple of the {} element size {}", byte_offset,
+  DSTRAIN_CHECK(elem != 0 && byte_offset % elem == 0, "Buffer::tensor: byte offset {} is not a multiple of the {} element size {}", byte_offset,
                 dtype_name(dtype), elem);
   const std::size_t need = numel * elem;
   DSTRAIN_CHECK(byte_offset <= bytes_ && need / elem == numel && need <= bytes_ - byte_offset,

@@ -94,9 +94,10 @@ void CachingPool::free(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) {
-    fail("CachingPool::free: pointer {} is not a live block of this pool (already freed, or allocated elsewhere); "
-         "free each block once, through the allocator that returned it",
-         ptr);
+    fail(
+        "CachingPool::free: pointer {} is not a live block of this pool (already freed, or allocated elsewhere); "
+        "free each block once, through the allocator that returned it",
+        ptr);
   }
   Block* block = it->second;
   live_.erase(it);
@@ -105,7 +106,7 @@ void CachingPool::free(void* ptr) {
 
   FreeSet& cache = free_set(block->small);
   if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {  // prev absorbs block
-    cache.erase(prev);  // before its size (the set's key) changes
+    cache.erase(prev);                                                   // before its size (the set's key) changes
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;

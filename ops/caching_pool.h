@@ -44,11 +44,11 @@ namespace dstrain {
 class CachingPool {
  public:
   static constexpr std::size_t kMinBlock = 512;
-  static constexpr std::size_t kSmallSize = std::size_t{1} << 20;       // 1 MiB
-  static constexpr std::size_t kSmallSegment = std::size_t{2} << 20;    // 2 MiB
+  static constexpr std::size_t kSmallSize = std::size_t{1} << 20;        // 1 MiB
+  static constexpr std::size_t kSmallSegment = std::size_t{2} << 20;     // 2 MiB
   static constexpr std::size_t kLargeThreshold = std::size_t{10} << 20;  // 10 MiB
-  static constexpr std::size_t kLargeSegment = std::size_t{20} << 20;   // 20 MiB
-  static constexpr std::size_t kLargeRound = std::size_t{2} << 20;      // 2 MiB
+  static constexpr std::size_t kLargeSegment = std::size_t{20} << 20;    // 20 MiB
+  static constexpr std::size_t kLargeRound = std::size_t{2} << 20;       // 2 MiB
 
   // The memory the pool carves: allocate(bytes) returns a block of at least kMinBlock alignment or
   // nullptr when out of memory (other failures throw); free(ptr, bytes) returns it.
@@ -58,10 +58,10 @@ class CachingPool {
   };
 
   struct Stats {
-    std::size_t reserved_bytes = 0;       // held from the backend: live blocks and cache
-    std::size_t peak_reserved_bytes = 0;  // high-water mark of reserved_bytes
-    std::size_t allocated_bytes = 0;      // live blocks, as rounded (and possibly unsplit) sizes
-    std::uint64_t segments = 0;           // segments held now
+    std::size_t reserved_bytes = 0;         // held from the backend: live blocks and cache
+    std::size_t peak_reserved_bytes = 0;    // high-water mark of reserved_bytes
+    std::size_t allocated_bytes = 0;        // live blocks, as rounded (and possibly unsplit) sizes
+    std::uint64_t segments = 0;             // segments held now
     std::uint64_t backend_allocations = 0;  // successful backend allocate calls (cudaMalloc)
     std::uint64_t backend_frees = 0;        // backend free calls (cudaFree)
     std::uint64_t cache_hits = 0;           // allocate() served from the cache, no backend call
@@ -119,9 +119,7 @@ class CachingPool {
     Block* next;
   };
   struct BySize {
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->address < b->address;
-    }
+    bool operator()(const Block* a, const Block* b) const { return a->size != b->size ? a->size < b->size : a->address < b->address; }
   };
   using FreeSet = std::set<Block*, BySize>;
 

@@ -11,12 +11,18 @@ namespace dstrain {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::fp32: return "fp32";
-    case DType::fp16: return "fp16";
-    case DType::bf16: return "bf16";
-    case DType::int32: return "int32";
-    case DType::uint16: return "uint16";
-    case DType::fp64: return "fp64";
+    case DType::fp32:
+      return "fp32";
+    case DType::fp16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
+    case DType::int32:
+      return "int32";
+    case DType::uint16:
+      return "uint16";
+    case DType::fp64:
+      return "fp64";
   }
   return "unknown";
 }
@@ -43,10 +49,17 @@ void convert_typed(const Src* src, Dst* dst, std::size_t n) {
 template <typename Src>
 void convert_from(const Src* src, void* dst, DType dst_type, std::size_t n) {
   switch (dst_type) {
-    case DType::fp32: convert_typed(src, static_cast<float*>(dst), n); return;
-    case DType::fp16: convert_typed(src, static_cast<fp16_t*>(dst), n); return;
-    case DType::bf16: convert_typed(src, static_cast<bf16_t*>(dst), n); return;
-    default: fail("convert: destination dtype {} is not floating point", dtype_name(dst_type));
+    case DType::fp32:
+      convert_typed(src, static_cast<float*>(dst), n);
+      return;
+    case DType::fp16:
+      convert_typed(src, static_cast<fp16_t*>(dst), n);
+      return;
+    case DType::bf16:
+      convert_typed(src, static_cast<bf16_t*>(dst), n);
+      return;
+    default:
+      fail("convert: destination dtype {} is not floating point", dtype_name(dst_type));
   }
 }
 
@@ -58,17 +71,23 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, std::si
                 "(integer token ids are copied, not converted)",
                 dtype_name(src_type), dtype_name(dst_type));
   if (n == 0) return;
-  DSTRAIN_CHECK(src != nullptr && dst != nullptr, "convert: null pointer for {} elements ({} -> {})", n,
-                dtype_name(src_type), dtype_name(dst_type));
+  DSTRAIN_CHECK(src != nullptr && dst != nullptr, "convert: null pointer for {} elements ({} -> {})", n, dtype_name(src_type), dtype_name(dst_type));
   if (src_type == dst_type) {
     std::memmove(dst, src, n * dtype_size(src_type));
     return;
   }
   switch (src_type) {
-    case DType::fp32: convert_from(static_cast<const float*>(src), dst, dst_type, n); return;
-    case DType::fp16: convert_from(static_cast<const fp16_t*>(src), dst, dst_type, n); return;
-    case DType::bf16: convert_from(static_cast<const bf16_t*>(src), dst, dst_type, n); return;
-    default: fail("convert: source dtype {} is not floating point", dtype_name(src_type));
+    case DType::fp32:
+      convert_from(static_cast<const float*>(src), dst, dst_type, n);
+      return;
+    case DType::fp16:
+      convert_from(static_cast<const fp16_t*>(src), dst, dst_type, n);
+      return;
+    case DType::bf16:
+      convert_from(static_cast<const bf16_t*>(src), dst, dst_type, n);
+      return;
+    default:
+      fail("convert: source dtype {} is not floating point", dtype_name(src_type));
   }
 }
 

@@ -27,12 +27,18 @@ enum class DType : std::uint8_t { fp32, fp16, bf16, int32, uint16, fp64 };
 // Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::fp32: return 4;
-    case DType::fp16: return 2;
-    case DType::bf16: return 2;
-    case DType::int32: return 4;
-    case DType::uint16: return 2;
-    case DType::fp64: return 8;
+    case DType::fp32:
+      return 4;
+    case DType::fp16:
+      return 2;
+    case DType::bf16:
+      return 2;
+    case DType::int32:
+      return 4;
+    case DType::uint16:
+      return 2;
+    case DType::fp64:
+      return 8;
   }
   return 0;
 }
@@ -56,9 +62,7 @@ constexpr std::uint16_t fp32_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-constexpr float bf16_bits_to_fp32(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+constexpr float bf16_bits_to_fp32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 constexpr std::uint16_t fp32_to_fp16_bits(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -68,7 +72,7 @@ constexpr std::uint16_t fp32_to_fp16_bits(float f) {
     return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x03ffu));
   }
   if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (ax >= 0x38800000u) {  // normal in fp16 (>= 2^-14): rebias exponent 127 -> 15, round 13 bits
+  if (ax >= 0x38800000u) {                                                   // normal in fp16 (>= 2^-14): rebias exponent 127 -> 15, round 13 bits
     std::uint32_t r = ax - 0x38000000u;
     r += 0x0fffu + ((r >> 13) & 1u);
     return static_cast<std::uint16_t>(sign | (r >> 13));
@@ -107,24 +111,48 @@ struct fp16_t {
   fp16_t() = default;
   explicit constexpr fp16_t(float f) : bits(fp32_to_fp16_bits(f)) {}
   constexpr operator float() const { return fp16_bits_to_fp32(bits); }
-  static constexpr fp16_t from_bits(std::uint16_t b) { fp16_t h; h.bits = b; return h; }
+  static constexpr fp16_t from_bits(std::uint16_t b) {
+    fp16_t h;
+    h.bits = b;
+    return h;
+  }
 };
 struct bf16_t {
   std::uint16_t bits = 0;
   bf16_t() = default;
   explicit constexpr bf16_t(float f) : bits(fp32_to_bf16_bits(f)) {}
   constexpr operator float() const { return bf16_bits_to_fp32(bits); }
-  static constexpr bf16_t from_bits(std::uint16_t b) { bf16_t h; h.bits = b; return h; }
+  static constexpr bf16_t from_bits(std::uint16_t b) {
+    bf16_t h;
+    h.bits = b;
+    return h;
+  }
 };
 static_assert(sizeof(fp16_t) == 2 && sizeof(bf16_t) == 2);
 
 // The DType of a C++ storage type, for templated kernels.
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::fp32; }
-template <> constexpr DType dtype_of<fp16_t>() { return DType::fp16; }
-template <> constexpr DType dtype_of<bf16_t>() { return DType::bf16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::int32; }
-template <> constexpr DType dtype_of<std::uint16_t>() { return DType::uint16; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::fp32;
+}
+template <>
+constexpr DType dtype_of<fp16_t>() {
+  return DType::fp16;
+}
+template <>
+constexpr DType dtype_of<bf16_t>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::int32;
+}
+template <>
+constexpr DType dtype_of<std::uint16_t>() {
+  return DType::uint16;
+}
 
 // Converts n floating-point elements between any two of fp32 / fp16 / bf16 (same type: a copy;
 // src and dst must not overlap unless they are the same type). Throws Error when either dtype is an

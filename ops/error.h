@@ -26,7 +26,7 @@ template <typename... Args>
 }  // namespace dstrain
 
 // DSTRAIN_CHECK(cond, "fmt", args...): throws dstrain::Error when cond is false.
-#define DSTRAIN_CHECK(cond, ...)        \
-  do {                                  \
+#define DSTRAIN_CHECK(cond, ...)               \
+  do {                                         \
     if (!(cond)) ::dstrain::fail(__VA_ARGS__); \
   } while (0)

@@ -69,14 +69,23 @@ void log_line(LogLevel level, std::string_view message) {
 
   const char* tag = "";
   switch (level) {
-    case LogLevel::debug: tag = "debug: "; break;
-    case LogLevel::info: tag = ""; break;
-    case LogLevel::warning: tag = "warning: "; break;
-    case LogLevel::error: tag = "error: "; break;
-    case LogLevel::off: return;
+    case LogLevel::debug:
+      tag = "debug: ";
+      break;
+    case LogLevel::info:
+      tag = "";
+      break;
+    case LogLevel::warning:
+      tag = "warning: ";
+      break;
+    case LogLevel::error:
+      tag = "error: ";
+      break;
+    case LogLevel::off:
+      return;
   }
-  std::string line = log_world_size() > 1 ? fmt::format("[dstrain rank {}] {}{}\n", rank, tag, message)
-                                        : fmt::format("[dstrain] {}{}\n", tag, message);
+  std::string line =
+      log_world_size() > 1 ? fmt::format("[dstrain rank {}] {}{}\n", rank, tag, message) : fmt::format("[dstrain] {}{}\n", tag, message);
   std::lock_guard<std::mutex> lock(g_write_mutex);
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);

@@ -10,11 +10,16 @@ namespace dstrain {
 
 std::string_view memory_purpose_name(MemoryPurpose p) {
   switch (p) {
-    case MemoryPurpose::params: return "params";
-    case MemoryPurpose::grads: return "grads";
-    case MemoryPurpose::optimizer: return "optimizer";
-    case MemoryPurpose::activations: return "activations";
-    case MemoryPurpose::buffers: return "buffers";
+    case MemoryPurpose::params:
+      return "params";
+    case MemoryPurpose::grads:
+      return "grads";
+    case MemoryPurpose::optimizer:
+      return "optimizer";
+    case MemoryPurpose::activations:
+      return "activations";
+    case MemoryPurpose::buffers:
+      return "buffers";
   }
   return "unknown";
 }
@@ -29,8 +34,8 @@ void count_allocate(MemoryCounter& c, std::size_t bytes) {
 
 void count_free(MemoryCounter& c, std::size_t bytes, MemoryPurpose p) {
   // The allocator remembers each block's size and purpose, so this can only fire on a bug in it.
-  DSTRAIN_CHECK(c.current >= bytes, "memory statistics: freeing {} bytes of {} with only {} counted (allocator bug)", bytes,
-                memory_purpose_name(p), c.current);
+  DSTRAIN_CHECK(c.current >= bytes, "memory statistics: freeing {} bytes of {} with only {} counted (allocator bug)", bytes, memory_purpose_name(p),
+                c.current);
   c.current -= bytes;
   ++c.frees;
 }
@@ -67,8 +72,7 @@ std::string format_bytes(std::size_t bytes) {
 std::string format_memory_stats(const MemoryStats& stats) {
   std::string out = fmt::format("{:<12} {:>12} {:>12} {:>10} {:>10}\n", "purpose", "current", "peak", "allocs", "frees");
   auto row = [&out](std::string_view name, const MemoryCounter& c) {
-    out += fmt::format("{:<12} {:>12} {:>12} {:>10} {:>10}\n", name, format_bytes(c.current), format_bytes(c.peak),
-                       c.allocations, c.frees);
+    out += fmt::format("{:<12} {:>12} {:>12} {:>10} {:>10}\n", name, format_bytes(c.current), format_bytes(c.peak), c.allocations, c.frees);
   };
   for (MemoryPurpose p : kAllMemoryPurposes) row(memory_purpose_name(p), stats[p]);
   row("total", stats.total);

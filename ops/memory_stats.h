@@ -16,17 +16,17 @@ namespace dstrain {
 
 enum class MemoryPurpose : std::uint8_t { params, grads, optimizer, activations, buffers };
 inline constexpr std::size_t kNumMemoryPurposes = 5;
-inline constexpr std::array<MemoryPurpose, kNumMemoryPurposes> kAllMemoryPurposes = {
-    MemoryPurpose::params, MemoryPurpose::grads, MemoryPurpose::optimizer, MemoryPurpose::activations,
-    MemoryPurpose::buffers};
+inline constexpr std::array<MemoryPurpose, kNumMemoryPurposes> kAllMemoryPurposes = {MemoryPurpose::params, MemoryPurpose::grads,
+                                                                                     MemoryPurpose::optimizer, MemoryPurpose::activations,
+                                                                                     MemoryPurpose::buffers};
 
 // "params", "grads", "optimizer", "activations", "buffers".
 std::string_view memory_purpose_name(MemoryPurpose p);
 
 // One bucket. Bytes are the bytes callers asked for (alignment padding is not counted).
 struct MemoryCounter {
-  std::size_t current = 0;     // bytes live now
-  std::size_t peak = 0;        // high-water mark of `current` since creation or reset_peaks()
+  std::size_t current = 0;        // bytes live now
+  std::size_t peak = 0;           // high-water mark of `current` since creation or reset_peaks()
   std::uint64_t allocations = 0;  // allocate() calls that returned memory, ever
   std::uint64_t frees = 0;        // deallocate() calls that released memory, ever
 

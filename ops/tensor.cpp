@@ -15,8 +15,7 @@ std::string Shape::str() const {
 
 Tensor Tensor::slice_rows(std::int64_t begin, std::int64_t end) const {
   DSTRAIN_CHECK(shape.rank >= 1, "slice_rows on a scalar tensor");
-  DSTRAIN_CHECK(0 <= begin && begin <= end && end <= shape[0], "slice_rows [{}, {}) is outside the first dimension of {}", begin,
-                end, shape.str());
+  DSTRAIN_CHECK(0 <= begin && begin <= end && end <= shape[0], "slice_rows [{}, {}) is outside the first dimension of {}", begin, end, shape.str());
   const std::int64_t row = shape[0] == 0 ? 0 : numel() / shape[0];
   Shape s = shape;
   s.dims[0] = end - begin;

@@ -49,8 +49,9 @@ void run_check_config(const CheckConfigArgs& args) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
   } else {
-    std::string out = fmt::format("{} ({}) is valid for a world size of {}.\n\n{}", args.config.size() > 80 ? args.config.substr(0, 77) + "..." : args.config,
-                                  text.origin, args.world_size, cfg.summary());
+    std::string out =
+        fmt::format("{} ({}) is valid for a world size of {}.\n\n{}", args.config.size() > 80 ? args.config.substr(0, 77) + "..." : args.config,
+                    text.origin, args.world_size, cfg.summary());
     std::fwrite(out.data(), 1, out.size(), stdout);
     if (!out.empty() && out.back() != '\n') std::fputc('\n', stdout);
   }
@@ -63,8 +64,7 @@ void add_check_config_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("check-config",
                                      "Validate a DeepSpeed config as DeepSpeed 0.19 reads it and print it resolved "
                                      "(exit 0 when valid, 2 when invalid)");
-  cmd->add_option("config", args->config, "ds_config file, JSON string, or base64 of one (as the deepspeed launcher passes)")
-      ->required();
+  cmd->add_option("config", args->config, "ds_config file, JSON string, or base64 of one (as the deepspeed launcher passes)")->required();
   cmd->add_option("--world-size", args->world_size, "Number of ranks (data-parallel world size x sequence_parallel_size)")
       ->check(whole_number_at_least(1))
       ->capture_default_str();
@@ -72,7 +72,9 @@ void add_check_config_command(CLI::App& app) {
 
   add_auto_value_options(cmd, args->autos);
   const char* auto_group = "Values for \"auto\" keys (as the HF Trainer fills them)";
-  cmd->add_option("--steps", args->total_steps, "scheduler total_num_steps (optimizer steps of the run)")->group(auto_group)->check(whole_number_at_least(1));
+  cmd->add_option("--steps", args->total_steps, "scheduler total_num_steps (optimizer steps of the run)")
+      ->group(auto_group)
+      ->check(whole_number_at_least(1));
   cmd->add_option("--warmup-steps", args->warmup_steps, "scheduler warmup_num_steps")->group(auto_group)->check(whole_number_at_least(1));
 
   cmd->callback([args] { run_check_config(*args); });

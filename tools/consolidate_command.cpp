@@ -20,7 +20,9 @@ struct ConsolidateArgs {
 
 void add_consolidate_command(CLI::App& app) {
   auto args = std::make_shared<ConsolidateArgs>();
-  CLI::App* cmd = app.add_subcommand("consolidate", "Write a training checkpoint's weights in the Hugging Face layout (GPT-2, or the Llama family: sharded above 5 GB)");
+  CLI::App* cmd =
+      app.add_subcommand("consolidate",
+                         "Write a training checkpoint's weights in the Hugging Face layout (GPT-2, or the Llama family: sharded above 5 GB)");
   cmd->add_option("dir", args->dir, "The checkpoint folder (a --save-dir)")->required();
   cmd->add_option("--tag", args->tag, "The checkpoint (default: the one DIR/latest names)");
   cmd->add_option("-o,--output", args->output, "The safetensors file to write")->required();

@@ -35,7 +35,8 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   const bool has_optimizer = text.tree.is_object() && text.tree.contains("optimizer") && !text.tree["optimizer"].is_null();
   if (!has_optimizer) options.default_optimizer = config::default_optimizer_block(options.autos);
   const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
-  for (const config::Warning& w : cfg.warnings) std::fprintf(stderr, "warning: %s%s%s\n", w.path.c_str(), w.path.empty() ? "" : ": ", w.message.c_str());
+  for (const config::Warning& w : cfg.warnings)
+    std::fprintf(stderr, "warning: %s%s%s\n", w.path.c_str(), w.path.empty() ? "" : ": ", w.message.c_str());
 
   const std::int64_t T = args.sequence_length ? *args.sequence_length : std::min<std::int64_t>(model->n_positions(), 1024);
   model->check_sequence(T, Device::cpu());
@@ -43,12 +44,14 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   const config::StatePlacement& placement = cfg.placement();
 
   std::string out = fmt::format("model {}: {}\n", args.model, model->describe());
-  out += fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
-                     cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.data_parallel_world_size,
-                     cfg.train_micro_batch_size_per_gpu, T, cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
+  out +=
+      fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
+                  cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.data_parallel_world_size, cfg.train_micro_batch_size_per_gpu,
+                  T, cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
   out += "\ndstrain's estimate per rank (the lower bound train's pre-flight checks against the memory there is; docs/offload.md §11):\n";
   const auto row = [&out](const char* purpose, double device, double host, double nvme) {
-    out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", purpose, format_estimate_bytes(device), format_estimate_bytes(host), format_estimate_bytes(nvme));
+    out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", purpose, format_estimate_bytes(device), format_estimate_bytes(host),
+                       format_estimate_bytes(nvme));
   };
   out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", "purpose", "device", "host", "nvme");
   row("params", e.params_device, e.params_host, e.params_nvme);
@@ -56,9 +59,10 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   row("optimizer", e.optimizer_device, e.optimizer_host, e.optimizer_nvme);
   row("activations", e.activations, 0.0, 0.0);
   row("total", e.device(), e.host(), e.params_nvme + e.optimizer_nvme);
-  out += "  (device: the training device's memory — on the CPU the same memory as host; nvme: swap files under nvme_path, in no memory;\n"
-         "   optimizer: the fp32 masters kept apart from the params and the optimizer's states; activations: at least the logits of one "
-         "micro-batch)\n";
+  out +=
+      "  (device: the training device's memory — on the CPU the same memory as host; nvme: swap files under nvme_path, in no memory;\n"
+      "   optimizer: the fp32 masters kept apart from the params and the optimizer's states; activations: at least the logits of one "
+      "micro-batch)\n";
 
   // DeepSpeed's estimate for the same model: its total (the real vocabulary, tied weights once)
   // and largest module, on one node of num_ranks GPUs.
@@ -66,16 +70,19 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   const bool zero3 = cfg.zero_optimization.stage == 3;
   const double largest = static_cast<double>(largest_module_params(model->forward_flops(1, 1)));
   const auto rows = zero3 ? deepspeed_zero3_estimates(total, largest, cfg.world_size, 1) : deepspeed_zero2_estimates(total, cfg.world_size, 1);
-  out += fmt::format("\nDeepSpeed's estimate of the model states (params, gradients, optimizer states), as its\n"
-                     "estimate_zero{}_model_states_mem_needs_all_cold(total_params={:.0f}{}, num_gpus_per_node={}, num_nodes=1) prints it{}:\n",
-                     zero3 ? 3 : 2, total, zero3 ? fmt::format(", largest_layer_params={:.0f}", largest) : "", cfg.world_size,
-                     zero3 || cfg.zero_optimization.stage == 2 ? "" : " (its ZeRO-2 formulas; the config is at stage " +
-                                                                          std::to_string(cfg.zero_optimization.stage) + ")");
+  out += fmt::format(
+      "\nDeepSpeed's estimate of the model states (params, gradients, optimizer states), as its\n"
+      "estimate_zero{}_model_states_mem_needs_all_cold(total_params={:.0f}{}, num_gpus_per_node={}, num_nodes=1) prints it{}:\n",
+      zero3 ? 3 : 2, total, zero3 ? fmt::format(", largest_layer_params={:.0f}", largest) : "", cfg.world_size,
+      zero3 || cfg.zero_optimization.stage == 2
+          ? ""
+          : " (its ZeRO-2 formulas; the config is at stage " + std::to_string(cfg.zero_optimization.stage) + ")");
   // The row of this config's offload (ZeRO-3: built with deepspeed.zero.Init, as the HF integration does).
   int marked = -1;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const DeepSpeedStatesEstimate& r = rows[i];
-    if (r.offload_optimizer == (placement.optimizer != StateHome::device) && (!zero3 || (r.offload_param == (placement.params != StateHome::device) && r.zero_init))) {
+    if (r.offload_optimizer == (placement.optimizer != StateHome::device) &&
+        (!zero3 || (r.offload_param == (placement.params != StateHome::device) && r.zero_init))) {
       marked = static_cast<int>(i);
       break;
     }

@@ -55,8 +55,10 @@ class BenchBuffer {
     std::memset(data_, 0x5A, bytes);  // every page present before timing
   }
   ~BenchBuffer() {
-    if (mapped_) ::munmap(data_, bytes_);
-    else host_.deallocate(data_);
+    if (mapped_)
+      ::munmap(data_, bytes_);
+    else
+      host_.deallocate(data_);
   }
   BenchBuffer(const BenchBuffer&) = delete;
   BenchBuffer& operator=(const BenchBuffer&) = delete;
@@ -72,8 +74,7 @@ class BenchBuffer {
 double cpu_seconds() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 struct Measure {
@@ -111,8 +112,7 @@ void run_io_bench(const IoBenchArgs& args) {
   if (args.single_submit) base.single_submit = true;
   if (args.no_overlap_events) base.overlap_events = false;
   const std::vector<std::uint64_t> blocks = args.block_sizes.empty() ? std::vector<std::uint64_t>{base.block_size} : args.block_sizes;
-  const std::vector<std::uint64_t> depths =
-      args.queue_depths.empty() ? std::vector<std::uint64_t>{base.queue_depth} : args.queue_depths;
+  const std::vector<std::uint64_t> depths = args.queue_depths.empty() ? std::vector<std::uint64_t>{base.queue_depth} : args.queue_depths;
   if (args.size < IoEngine::kMinAlignment || args.size % IoEngine::kMinAlignment != 0)
     fail("io-bench --size {}: give a multiple of {} bytes (e.g. 1G)", args.size, IoEngine::kMinAlignment);
 
@@ -132,13 +132,13 @@ void run_io_bench(const IoBenchArgs& args) {
       io.write(f, 0, buffer, args.size).wait();
     }
     if (!args.json)
-      std::printf("io-bench: %s, %s per transfer x %llu, %s pages, intra_op_parallelism %u, single_submit %s, "
-                  "overlap_events %s\n",
-                  file.c_str(), format_bytes(args.size).c_str(), static_cast<unsigned long long>(args.loops), args.pages.c_str(),
-                  base.intra_op_parallelism, base.single_submit ? "true" : "false", base.overlap_events ? "true" : "false");
+      std::printf(
+          "io-bench: %s, %s per transfer x %llu, %s pages, intra_op_parallelism %u, single_submit %s, "
+          "overlap_events %s\n",
+          file.c_str(), format_bytes(args.size).c_str(), static_cast<unsigned long long>(args.loops), args.pages.c_str(), base.intra_op_parallelism,
+          base.single_submit ? "true" : "false", base.overlap_events ? "true" : "false");
     if (!args.json)
-      std::printf("%12s %6s %10s %10s %12s %12s %8s\n", "block_size", "qd", "write GB/s", "read GB/s", "write cpu s/GB",
-                  "read cpu s/GB", "fixed");
+      std::printf("%12s %6s %10s %10s %12s %12s %8s\n", "block_size", "qd", "write GB/s", "read GB/s", "write cpu s/GB", "read cpu s/GB", "fixed");
     for (std::uint64_t block : blocks) {
       for (std::uint64_t depth : depths) {
         IoOptions o = base;
@@ -153,15 +153,21 @@ void run_io_bench(const IoBenchArgs& args) {
         f.close();
         if (fixed) io.unregister_buffer(buffer);
         const double gb = static_cast<double>(args.size) * static_cast<double>(args.loops) / 1e9;
-        nlohmann::json row = {{"block_size", block},     {"queue_depth", depth},          {"bytes", args.size * args.loops},
-                              {"write_gbps", gb / w.seconds}, {"read_gbps", gb / r.seconds},
-                              {"write_cpu_s_per_gb", w.cpu / gb}, {"read_cpu_s_per_gb", r.cpu / gb},
-                              {"write_seconds", w.seconds}, {"read_seconds", r.seconds}, {"fixed_buffers", fixed},
-                              {"intra_op_parallelism", o.intra_op_parallelism}, {"pages", args.pages}};
+        nlohmann::json row = {{"block_size", block},
+                              {"queue_depth", depth},
+                              {"bytes", args.size * args.loops},
+                              {"write_gbps", gb / w.seconds},
+                              {"read_gbps", gb / r.seconds},
+                              {"write_cpu_s_per_gb", w.cpu / gb},
+                              {"read_cpu_s_per_gb", r.cpu / gb},
+                              {"write_seconds", w.seconds},
+                              {"read_seconds", r.seconds},
+                              {"fixed_buffers", fixed},
+                              {"intra_op_parallelism", o.intra_op_parallelism},
+                              {"pages", args.pages}};
         if (!args.json)
-          std::printf("%12s %6llu %10.3f %10.3f %12.4f %12.4f %8s\n", format_bytes(block).c_str(),
-                      static_cast<unsigned long long>(depth), gb / w.seconds, gb / r.seconds, w.cpu / gb, r.cpu / gb,
-                      fixed ? "yes" : "no");
+          std::printf("%12s %6llu %10.3f %10.3f %12.4f %12.4f %8s\n", format_bytes(block).c_str(), static_cast<unsigned long long>(depth),
+                      gb / w.seconds, gb / r.seconds, w.cpu / gb, r.cpu / gb, fixed ? "yes" : "no");
         rows.push_back(std::move(row));
       }
     }
@@ -175,8 +181,9 @@ void run_io_bench(const IoBenchArgs& args) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
   } else if (!registered_any && !args.no_fixed_buffers) {
-    std::printf("fixed: the buffer could not be registered with io_uring (locked-memory limit, ulimit -l); transfers "
-                "went unregistered, as fio's do without fixedbufs\n");
+    std::printf(
+        "fixed: the buffer could not be registered with io_uring (locked-memory limit, ulimit -l); transfers "
+        "went unregistered, as fio's do without fixedbufs\n");
   }
 }
 
@@ -184,12 +191,10 @@ void run_io_bench(const IoBenchArgs& args) {
 
 void add_io_bench_command(CLI::App& app) {
   auto args = std::make_shared<IoBenchArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "io-bench", "Measure read/write GB/s and CPU time per GB of the io_uring engine (NVMe offload) on a folder's drive");
-  cmd->add_option("--path", args->path, "Folder on the drive to measure (a file dstrain_io_bench.dat is written there)")
-      ->required();
-  cmd->add_option("--size", args->size, "Bytes per transfer (K/M/G suffixes are powers of 1024; default 1G)")
-      ->transform(CLI::AsSizeValue(false));
+  CLI::App* cmd =
+      app.add_subcommand("io-bench", "Measure read/write GB/s and CPU time per GB of the io_uring engine (NVMe offload) on a folder's drive");
+  cmd->add_option("--path", args->path, "Folder on the drive to measure (a file dstrain_io_bench.dat is written there)")->required();
+  cmd->add_option("--size", args->size, "Bytes per transfer (K/M/G suffixes are powers of 1024; default 1G)")->transform(CLI::AsSizeValue(false));
   cmd->add_option("--block-size", args->block_sizes, "aio.block_size values to measure, comma-separated (e.g. 128K,1M,8M)")
       ->delimiter(',')
       ->transform(CLI::AsSizeValue(false));

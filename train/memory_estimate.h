@@ -30,7 +30,7 @@
 namespace dstrain {
 
 struct MemoryEstimate {
-  double parameters = 0.0;  // Ψ, the stored parameters
+  double parameters = 0.0;                                               // Ψ, the stored parameters
   double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
   // Where params and optimizer are: the training device's memory, host memory by offload (for
   // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the

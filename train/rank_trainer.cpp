@@ -73,9 +73,10 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     if (data.contains("epoch") && data.contains("position")) {
       loader_->set_state(DataLoaderState{data.at("epoch").get<std::uint64_t>(), data.at("position").get<std::uint64_t>()});
     } else {
-      fail("--resume: checkpoint {} has no data loader position in its client state (it was not saved by `dstrain train`); "
-           "load it with CheckpointManager::load from the program that saved it",
-           l.path.string());
+      fail(
+          "--resume: checkpoint {} has no data loader position in its client state (it was not saved by `dstrain train`); "
+          "load it with CheckpointManager::load from the program that saved it",
+          l.path.string());
     }
     skipped_before_ = engine.state().skipped_steps;
     resumed_steps_ = engine.state().global_steps;
@@ -105,22 +106,24 @@ void RankTrainer::announce() {
   Engine& engine = *engine_;
   const int world = engine.world_size();
   say(fmt::format("model {}: {}", plan_.model_spec, plan_.model->describe()));
-  say(fmt::format("batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step",
-                  TBS_, B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
+  say(fmt::format(
+      "batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step", TBS_,
+      B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
   if (!plan_.comm_note.empty()) say(plan_.comm_note);
   if (world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
     const bool local = comm_ == nullptr || comm_->backend() == "local";
     say(fmt::format("zero: stage {} on {} rank{}{}", stage_, world, world == 1 ? "" : "s",
-                    !local ? fmt::format(" ({}: one process per rank)", comm_->backend())
-                    : world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)") : std::string()));
+                    !local      ? fmt::format(" ({}: one process per rank)", comm_->backend())
+                    : world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)")
+                                : std::string()));
   }
   say(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", options_.data.string(),
                   format_count(static_cast<double>(loader_->window_count())), T_ + 1, plan_.epoch_steps,
                   val_ ? fmt::format("; val {} ({} batches per evaluation)", options_.val_data.string(), val_->total_batches())
                        : std::string("; no val data")));
-  say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr, cfg.gradient_clipping,
-                  options_.seed, plan_.steps, plan_.steps_from_epoch ? " (one epoch; set --steps)" : ""));
+  say(fmt::format("optimizer {} lr {} | gradient_clipping {} | seed {} | {} steps{}", cfg.optimizer.type, cfg.optimizer.params.lr,
+                  cfg.gradient_clipping, options_.seed, plan_.steps, plan_.steps_from_epoch ? " (one epoch; set --steps)" : ""));
   if (cfg.fp16.enabled) {
     say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.state().loss_scale,
                     cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
@@ -134,7 +137,8 @@ void RankTrainer::announce() {
   if (plan_.resume) {
     say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),
                     engine.state().global_steps, seed_, loader_->state().epoch, loader_->state().position));
-    if (!options_.init_from.empty()) trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
+    if (!options_.init_from.empty())
+      trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
   }
   if (!options_.save_dir.empty()) {
     say(fmt::format("checkpoints: {} ({}{})", options_.save_dir.string(),
@@ -230,7 +234,8 @@ void RankTrainer::after_step(double dt) {
     // the step's timers (backward_inner and backward_allreduce read 0: the reduction runs
     // inside backward, not as a separate phase).
     std::vector<MonitorEvent> events{train_loss_event(engine.state().last_step_loss, engine.state().global_samples)};
-    for (MonitorEvent& e : step_events(engine.state().lr, cfg.fp16.enabled ? std::optional<double>(engine.state().loss_scale) : std::nullopt, engine.state().global_samples)) {
+    for (MonitorEvent& e : step_events(engine.state().lr, cfg.fp16.enabled ? std::optional<double>(engine.state().loss_scale) : std::nullopt,
+                                       engine.state().global_samples)) {
       events.push_back(std::move(e));
     }
     if (cfg.wall_clock_breakdown) {
@@ -250,7 +255,8 @@ void RankTrainer::after_step(double dt) {
     in.peak_flops = plan_.peak_flops;
     in.peak_measured = plan_.peak_measured;
     emit_flops_profile(flops_report(cfg, in), cfg.flops_profiler);
-    if (cfg.flops_profiler.output_file) say(fmt::format("flops profile of step {} written to {}", cfg.flops_profiler.profile_step, *cfg.flops_profiler.output_file));
+    if (cfg.flops_profiler.output_file)
+      say(fmt::format("flops profile of step {} written to {}", cfg.flops_profiler.profile_step, *cfg.flops_profiler.output_file));
   }
   if (timing_) {
     for (std::string_view name : {kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer}) step_timers_(name).reset();
@@ -301,7 +307,7 @@ double RankTrainer::evaluate() {
   std::size_t n = 0;
   while (loader.next(inputs_, targets_)) {
     const float loss = engine.evaluate(batch);  // every rank evaluates every round (collective at ZeRO-3)
-    if (!loader.last_counts()) continue;      // a padding batch of the last round
+    if (!loader.last_counts()) continue;        // a padding batch of the last round
     sum += loss;
     ++n;
   }
@@ -315,11 +321,15 @@ double RankTrainer::evaluate() {
 
 void RankTrainer::check_finite(double loss, const char* what, std::int64_t step) const {
   if (std::isfinite(loss)) return;
-  fail("step {}/{}: the {} is {}: the weights no longer hold numbers, so the run stops here{}. Fix: lower the learning rate "
-       "(optimizer.params.lr, the scheduler's peak), keep gradient_clipping on, check --init-from; fp16 and bf16 runs skip a step "
-       "whose gradients overflow instead",
-       step, plan_.steps, what, std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf",
-       options_.save_weights.empty() ? std::string() : fmt::format(" and --save-weights {} is not written", options_.save_weights.string()));
+  fail(
+      "step {}/{}: the {} is {}: the weights no longer hold numbers, so the run stops here{}. Fix: lower the learning rate "
+      "(optimizer.params.lr, the scheduler's peak), keep gradient_clipping on, check --init-from; fp16 and bf16 runs skip a step "
+      "whose gradients overflow instead",
+      step, plan_.steps, what,
+      std::isnan(loss) ? "nan"
+      : loss > 0       ? "inf"
+                       : "-inf",
+      options_.save_weights.empty() ? std::string() : fmt::format(" and --save-weights {} is not written", options_.save_weights.string()));
 }
 
 void RankTrainer::sample(std::int64_t step) {
@@ -400,7 +410,8 @@ std::string RankTrainer::save_checkpoint() {
   const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
   last_saved_tag_ = checkpoints_->save(options_.save_dir, "", client);  // commits a decoupled save still pending first
   if (lead()) {
-    for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last)) say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
+    for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last))
+      say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
   }
   const bool decoupled = plan_.config.checkpoint.writer_options.decoupled;
   say(fmt::format("step {}/{} | checkpoint {} {}", engine.state().global_steps, plan_.steps, (options_.save_dir / last_saved_tag_).string(),
@@ -433,7 +444,8 @@ void RankTrainer::run() {
       summary_.steps = engine_->state().global_steps;
       return;
     }
-    if (options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0 && !done() && !options_.save_dir.empty()) save_checkpoint();
+    if (options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0 && !done() && !options_.save_dir.empty())
+      save_checkpoint();
   }
   finish();
 }

@@ -13,13 +13,16 @@ namespace dstrain {
 std::unique_ptr<Tokenizer> sample_tokenizer(const std::string& name, std::int64_t vocab, std::string* warning) {
   std::string chosen = name;
   if (chosen.empty()) {
-    if (vocab == Gpt2Tokenizer::kVocabSize) chosen = "gpt2";
-    else if (vocab == 256) chosen = "bytes";
+    if (vocab == Gpt2Tokenizer::kVocabSize)
+      chosen = "gpt2";
+    else if (vocab == 256)
+      chosen = "bytes";
     else {
       if (warning != nullptr) {
-        *warning = fmt::format("samples print token ids: the model's vocabulary of {} tokens is neither GPT-2's {} nor bytes' 256; give "
-                               "--tokenizer path/to/tokenizer.json (the one the data was prepared with) to print them as text",
-                               vocab, Gpt2Tokenizer::kVocabSize);
+        *warning = fmt::format(
+            "samples print token ids: the model's vocabulary of {} tokens is neither GPT-2's {} nor bytes' 256; give "
+            "--tokenizer path/to/tokenizer.json (the one the data was prepared with) to print them as text",
+            vocab, Gpt2Tokenizer::kVocabSize);
       }
       return nullptr;
     }
@@ -32,9 +35,10 @@ std::unique_ptr<Tokenizer> sample_tokenizer(const std::string& name, std::int64_
     return nullptr;
   }
   if (tokenizer->vocab_size() > vocab && warning != nullptr) {
-    *warning = fmt::format("the {} tokenizer has {} tokens, the model's vocabulary {}: check that --tokenizer is the one the data was "
-                           "prepared with (samples may decode wrongly)",
-                           chosen, tokenizer->vocab_size(), vocab);
+    *warning = fmt::format(
+        "the {} tokenizer has {} tokens, the model's vocabulary {}: check that --tokenizer is the one the data was "
+        "prepared with (samples may decode wrongly)",
+        chosen, tokenizer->vocab_size(), vocab);
   }
   return tokenizer;
 }
@@ -53,8 +57,10 @@ std::string printable_utf8(std::string_view bytes) {
     const unsigned char c = u[i];
     std::size_t len = 0;
     unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-    if (c < 0x80) len = 1;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    if (c < 0x80)
+      len = 1;
+    else if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
       len = 3;
       if (c == 0xE0) lo = 0xA0;  // no overlong forms

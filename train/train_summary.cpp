@@ -26,7 +26,9 @@ double TrainSummary::steady_tokens_per_s() const {
   return median > 0.0 ? static_cast<double>(train_batch_size * sequence_length) / median : 0.0;
 }
 
-double OffloadSummary::bytes_read_per_step(std::int64_t steps) const { return steps > 0 ? static_cast<double>(bytes_read) / static_cast<double>(steps) : 0.0; }
+double OffloadSummary::bytes_read_per_step(std::int64_t steps) const {
+  return steps > 0 ? static_cast<double>(bytes_read) / static_cast<double>(steps) : 0.0;
+}
 
 double OffloadSummary::bytes_written_per_step(std::int64_t steps) const {
   return steps > 0 ? static_cast<double>(bytes_written) / static_cast<double>(steps) : 0.0;
@@ -90,7 +92,8 @@ nlohmann::json to_json(const TrainSummary& s) {
   if (s.offload) {
     const OffloadSummary& o = *s.offload;
     j["offload"] = {{"optimizer_home", o.optimizer_home},
-                    {"bytes_held", {{"device", memory_purposes_json(o.device)}, {"host", memory_purposes_json(o.host)}, {"nvme", memory_purposes_json(o.nvme)}}},
+                    {"bytes_held",
+                     {{"device", memory_purposes_json(o.device)}, {"host", memory_purposes_json(o.host)}, {"nvme", memory_purposes_json(o.nvme)}}},
                     {"nvme_bytes_read", o.bytes_read},
                     {"nvme_bytes_written", o.bytes_written},
                     {"nvme_bytes_read_per_step", o.bytes_read_per_step(s.steps)},
@@ -106,11 +109,13 @@ nlohmann::json to_json(const TrainSummary& s) {
 
 std::string format_summary(const TrainSummary& s) {
   const auto loss = [](std::optional<double> v) { return v ? fmt::format("{:.4f}", *v) : std::string("-"); };
-  std::string out = fmt::format("done: {} steps, {} tokens in {} ({} of them training): {} tokens/s\n", s.steps, format_count(static_cast<double>(s.tokens)),
-                                format_duration(s.elapsed_seconds), format_duration(s.train_seconds), format_count(s.tokens_per_s()));
+  std::string out =
+      fmt::format("done: {} steps, {} tokens in {} ({} of them training): {} tokens/s\n", s.steps, format_count(static_cast<double>(s.tokens)),
+                  format_duration(s.elapsed_seconds), format_duration(s.train_seconds), format_count(s.tokens_per_s()));
   out += fmt::format("final train loss {} | final val loss {}\n", loss(s.final_train_loss()), loss(s.final_val_loss()));
   if (s.loss_scale || s.skipped_steps > 0) {
-    out += fmt::format("skipped steps {}{}\n", s.skipped_steps, s.loss_scale ? fmt::format(" | final loss scale {:g}", *s.loss_scale) : std::string());
+    out +=
+        fmt::format("skipped steps {}{}\n", s.skipped_steps, s.loss_scale ? fmt::format(" | final loss scale {:g}", *s.loss_scale) : std::string());
   }
   out += "peak memory:";
   for (MemoryPurpose p : kAllMemoryPurposes) out += fmt::format(" {} {} |", memory_purpose_name(p), format_bytes(s.memory[p].peak));
@@ -119,7 +124,8 @@ std::string format_summary(const TrainSummary& s) {
     const OffloadSummary& o = *s.offload;
     const auto held = [](const char* where, const std::array<std::uint64_t, kNumMemoryPurposes>& bytes) {
       std::string line = fmt::format("  {:<6}", where);
-      for (MemoryPurpose p : kAllMemoryPurposes) line += fmt::format(" {} {} |", memory_purpose_name(p), format_bytes(bytes[static_cast<std::size_t>(p)]));
+      for (MemoryPurpose p : kAllMemoryPurposes)
+        line += fmt::format(" {} {} |", memory_purpose_name(p), format_bytes(bytes[static_cast<std::size_t>(p)]));
       return line + fmt::format(" total {}\n", format_bytes(total(bytes)));
     };
     out += fmt::format("offload (optimizer on {}), bytes held:\n", o.optimizer_home);

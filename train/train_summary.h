@@ -23,7 +23,7 @@ struct OffloadSummary {
   std::array<std::uint64_t, kNumMemoryPurposes> device{}, host{}, nvme{};
   std::uint64_t last_step_bytes_read = 0, last_step_bytes_written = 0;  // the last optimizer step's
   std::uint64_t bytes_read = 0, bytes_written = 0;                      // every optimizer step's
-  double wait_seconds = 0.0;  // every step's time blocked waiting for an NVMe transfer
+  double wait_seconds = 0.0;                                            // every step's time blocked waiting for an NVMe transfer
 
   // Per step (means over `steps`), the rate over the steps' time, and the share of it spent waiting.
   double bytes_read_per_step(std::int64_t steps) const;
@@ -33,23 +33,23 @@ struct OffloadSummary {
 };
 
 struct TrainSummary {
-  std::string model;                      // describe() of the model
-  std::int64_t parameters = 0;            // as GPT-2 counts them (real vocabulary)
-  std::int64_t parameters_stored = 0;     // with the padding rows
-  std::int64_t steps = 0;                 // optimizer steps taken
-  std::int64_t train_batch_size = 0;      // sequences per step
+  std::string model;                   // describe() of the model
+  std::int64_t parameters = 0;         // as GPT-2 counts them (real vocabulary)
+  std::int64_t parameters_stored = 0;  // with the padding rows
+  std::int64_t steps = 0;              // optimizer steps taken
+  std::int64_t train_batch_size = 0;   // sequences per step
   std::int64_t sequence_length = 0;
-  std::int64_t tokens = 0;                // trained on: steps · train_batch_size · T
-  std::vector<double> train_losses;       // per step: mean of its micro-batch losses
-  std::vector<double> lrs;                // per step: the learning rate it used
+  std::int64_t tokens = 0;                                  // trained on: steps · train_batch_size · T
+  std::vector<double> train_losses;                         // per step: mean of its micro-batch losses
+  std::vector<double> lrs;                                  // per step: the learning rate it used
   std::vector<std::pair<std::int64_t, double>> val_losses;  // (after step, loss)
-  double train_seconds = 0.0;             // the steps only (evaluation excluded)
-  std::vector<double> step_seconds;       // per optimizer step (on a GPU: after a device synchronise)
-  double elapsed_seconds = 0.0;           // everything from the first step to the end
-  std::int64_t skipped_steps = 0;         // optimizer steps skipped for an inf/NaN gradient
-  std::optional<double> loss_scale;       // fp16: the loss scale at the end
-  MemoryStats memory;                     // the allocator's statistics at the end (peaks per purpose)
-  std::optional<OffloadSummary> offload;  // runs with an offloaded optimizer only
+  double train_seconds = 0.0;                               // the steps only (evaluation excluded)
+  std::vector<double> step_seconds;                         // per optimizer step (on a GPU: after a device synchronise)
+  double elapsed_seconds = 0.0;                             // everything from the first step to the end
+  std::int64_t skipped_steps = 0;                           // optimizer steps skipped for an inf/NaN gradient
+  std::optional<double> loss_scale;                         // fp16: the loss scale at the end
+  MemoryStats memory;                                       // the allocator's statistics at the end (peaks per purpose)
+  std::optional<OffloadSummary> offload;                    // runs with an offloaded optimizer only
 
   std::optional<double> final_train_loss() const;
   std::optional<double> final_val_loss() const;

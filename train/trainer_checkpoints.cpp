@@ -40,13 +40,15 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
       if (e.is_directory() && e.path().filename().string().ends_with(".partial")) fs::remove_all(e.path(), ec);
     }
   }
-  if (!options.load_tag.empty() && options.resume.empty()) fail("--load-tag {} needs --resume DIR (or --resume auto with --save-dir)", options.load_tag);
+  if (!options.load_tag.empty() && options.resume.empty())
+    fail("--load-tag {} needs --resume DIR (or --resume auto with --save-dir)", options.load_tag);
   if (options.resume.empty()) return std::nullopt;
 
   ResumePoint rp;
   rp.dir = options.resume == "auto" ? options.save_dir : fs::path(options.resume);
   if (!fs::is_directory(rp.dir)) {
-    fail("--resume {}: no such folder; give the --save-dir of the run to continue (or --resume auto to start fresh when there is none)", options.resume);
+    fail("--resume {}: no such folder; give the --save-dir of the run to continue (or --resume auto to start fresh when there is none)",
+         options.resume);
   }
   rp.tag = options.load_tag;
   if (rp.tag.empty()) {
@@ -64,7 +66,8 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    fail("--resume: checkpoint '{}' under '{}' has a malformed manifest ({}); resume from another tag (--load-tag)", rp.tag, rp.dir.string(), e.what());
+    fail("--resume: checkpoint '{}' under '{}' has a malformed manifest ({}); resume from another tag (--load-tag)", rp.tag, rp.dir.string(),
+         e.what());
   }
   return rp;
 }
@@ -91,10 +94,11 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
     for (const auto& [name, shape] : mine) {
       const auto it = saved.find(name);
       if (it == saved.end() || it->second != shape) {
-        fail("--resume: checkpoint {} was saved from another model: parameter '{}' is {} there, {} in --model; resume with the model it "
-             "was saved from",
-             rd.dir().string(), name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
-             fmt::format("{}", fmt::join(shape, "x")));
+        fail(
+            "--resume: checkpoint {} was saved from another model: parameter '{}' is {} there, {} in --model; resume with the model it "
+            "was saved from",
+            rd.dir().string(), name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
+            fmt::format("{}", fmt::join(shape, "x")));
       }
     }
     fail("--resume: checkpoint {} was saved from another model ({} parameters, --model has {})", rd.dir().string(), saved.size(), mine.size());
@@ -102,9 +106,10 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
   const auto states = m.at("optimizer").at("states").get<std::vector<std::string>>();
   const std::vector<std::string> want = Optimizer(config.optimizer).state_names();
   if (states != want) {
-    fail("--resume: checkpoint {} holds the states [{}] of optimizer \"{}\", but the config's optimizer \"{}\" keeps [{}]; resume with the "
-         "optimizer it was saved with",
-         rd.dir().string(), fmt::join(states, ", "), m.at("optimizer").value("type", std::string("?")), config.optimizer.type, fmt::join(want, ", "));
+    fail(
+        "--resume: checkpoint {} holds the states [{}] of optimizer \"{}\", but the config's optimizer \"{}\" keeps [{}]; resume with the "
+        "optimizer it was saved with",
+        rd.dir().string(), fmt::join(states, ", "), m.at("optimizer").value("type", std::string("?")), config.optimizer.type, fmt::join(want, ", "));
   }
   rp.global_steps = m.at("engine").at("global_steps").get<std::int64_t>();
   rp.seed = m.at("seed").get<std::uint64_t>();
@@ -134,7 +139,8 @@ std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 struct SavedHandlers {
-  struct sigaction term {}, intr {};
+  struct sigaction term {
+  }, intr{};
 };
 SavedHandlers g_saved;
 

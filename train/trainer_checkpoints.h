@@ -16,10 +16,10 @@ namespace dstrain {
 
 // A checkpoint a run continues from.
 struct ResumePoint {
-  std::filesystem::path dir;   // the save folder holding it
+  std::filesystem::path dir;  // the save folder holding it
   std::string tag;
   std::int64_t global_steps = 0;
-  std::uint64_t seed = 0;      // the run's seed: the data order and dropout continue with it
+  std::uint64_t seed = 0;  // the run's seed: the data order and dropout continue with it
 };
 
 // The pre-flight of --save-dir / --resume / --load-tag / --keep-last / --save-interval: the save
@@ -38,7 +38,7 @@ std::vector<std::string> prune_checkpoints(const std::filesystem::path& save_dir
 // stop_signal() at every step boundary, and the ranks agree before they stop together.
 class StopSignalHandler {
  public:
-  StopSignalHandler();   // installs the handlers (the previous ones are restored by the destructor)
+  StopSignalHandler();  // installs the handlers (the previous ones are restored by the destructor)
   ~StopSignalHandler();
   StopSignalHandler(const StopSignalHandler&) = delete;
   StopSignalHandler& operator=(const StopSignalHandler&) = delete;

@@ -17,16 +17,17 @@ namespace dstrain {
 
 struct TrainerOptions {
   // ---- what to train on ----
-  std::filesystem::path data;      // training token file (data/token_file.h); required
-  std::filesystem::path val_data;  // validation token file; empty: no evaluation
-  std::filesystem::path init_from;  // start from these weights (HF safetensors: GPT-2 or the Llama family, docs/models.md §4; GPT-2 also a torch.save state dict); empty: the init
+  std::filesystem::path data;       // training token file (data/token_file.h); required
+  std::filesystem::path val_data;   // validation token file; empty: no evaluation
+  std::filesystem::path init_from;  // start from these weights (HF safetensors: GPT-2 or the Llama family, docs/models.md §4; GPT-2 also a torch.save
+                                    // state dict); empty: the init
   // Optimizer steps of the run; nullopt: one pass over `data` (its windows / train_batch_size);
   // 0: only evaluate. Also fills a scheduler's "auto" total_num_steps.
   std::optional<std::int64_t> steps;
   std::optional<std::int64_t> warmup_steps;     // fills a scheduler's "auto" warmup_num_steps
   std::optional<std::int64_t> sequence_length;  // T; nullopt: the model's n_positions, at most 1024
-  std::uint64_t seed = 42;         // parameter init, data order, dropout, samples
-  std::string tokenizer;           // "gpt2" | "bytes" | a tokenizer.json path | "": the data's tokenizer (vocabulary check, samples)
+  std::uint64_t seed = 42;                      // parameter init, data order, dropout, samples
+  std::string tokenizer;                        // "gpt2" | "bytes" | a tokenizer.json path | "": the data's tokenizer (vocabulary check, samples)
   // Values for the config's other "auto" keys, as `check-config` takes them (config_schema/auto_values.h).
   // total_num_steps / warmup_num_steps come from `steps` / `warmup_steps` when left unset here.
   config::AutoValues autos;
@@ -45,8 +46,8 @@ struct TrainerOptions {
   double peak_flops = 0.0;          // the flops profiler's MFU peak; 0: measure one GEMM once
 
   // ---- the engine ----
-  std::string device = "cpu";       // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
-  std::int64_t num_ranks = 1;       // data-parallel ranks as threads of this process (local communicator)
+  std::string device = "cpu";  // cpu, cuda, cuda:N ("cuda" under a launcher: cuda:LOCAL_RANK)
+  std::int64_t num_ranks = 1;  // data-parallel ranks as threads of this process (local communicator)
   // The communicator backend: "auto" (mpi when an MPI launcher started this process on the cpu,
   // nccl when a launcher started it with --device cuda, else local), "local" (--num-ranks threads),
   // "mpi" (the processes of MPI_COMM_WORLD; docs/mpi.md) or "nccl" (a launcher's processes, a GPU each).
@@ -61,13 +62,13 @@ struct TrainerOptions {
   // ---- outputs ----
   std::filesystem::path save_weights;  // the final weights in the HF layout of the model (docs/models.md §4); empty: none
   // ---- training checkpoints (docs/checkpoints.md "The training loop") ----
-  std::filesystem::path save_dir;   // checkpoints go here (every save_interval steps and at the end); empty: none
-  std::int64_t save_interval = 0;   // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
-  std::int64_t keep_last = 0;       // keep the newest K checkpoints under save_dir; 0: all
+  std::filesystem::path save_dir;  // checkpoints go here (every save_interval steps and at the end); empty: none
+  std::int64_t save_interval = 0;  // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
+  std::int64_t keep_last = 0;      // keep the newest K checkpoints under save_dir; 0: all
   // Continue a run: "" (start fresh), "auto" (from the checkpoint `latest` names under save_dir if
   // there is one, else fresh: a job script can be rerun as it is) or the folder of a run's save_dir.
   std::string resume;
-  std::string load_tag;             // the checkpoint to resume from; empty: the one `latest` names
+  std::string load_tag;  // the checkpoint to resume from; empty: the one `latest` names
   // SIGTERM / SIGINT finish the current step, save a checkpoint (with save_dir) and end the run
   // (TrainResult::stopped_by_signal): the ranks agree after every step (one small all-reduce).
   // `dstrain train` sets it; with it an embedding program may also call request_stop()

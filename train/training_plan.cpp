@@ -54,8 +54,8 @@ void check_option_values(const TrainerOptions& o) {
   if (o.sample_top_k < 0) fail("--sample-top-k {}: must be >= 0 (0: the whole vocabulary)", o.sample_top_k);
   // The sampler divides float logits by the temperature: it must be a finite float.
   if (!std::isfinite(o.sample_temperature) || o.sample_temperature < 0.0 || o.sample_temperature > static_cast<double>(FLT_MAX)) {
-    fail("--sample-temperature {}: must be a finite number between 0 (greedy) and {:g}; 1 samples the model's own distribution",
-         o.sample_temperature, static_cast<double>(FLT_MAX));
+    fail("--sample-temperature {}: must be a finite number between 0 (greedy) and {:g}; 1 samples the model's own distribution", o.sample_temperature,
+         static_cast<double>(FLT_MAX));
   }
   if (!std::isfinite(o.peak_flops) || o.peak_flops < 0.0) {
     fail("--peak-flops {}: must be a finite number of FLOP/s >= 0 (0: measure one GEMM)", o.peak_flops);
@@ -72,18 +72,20 @@ LaunchEnv launcher_env(Device device) {
   try {
     env = detect_launch_env();
   } catch (const Error& e) {
-    fail("the launcher's environment does not describe a rank ({}); start dstrain train without a launcher (--num-ranks N runs N ranks as "
-         "threads of one process), or fix the launcher's variables",
-         e.what());
+    fail(
+        "the launcher's environment does not describe a rank ({}); start dstrain train without a launcher (--num-ranks N runs N ranks as "
+        "threads of one process), or fix the launcher's variables",
+        e.what());
   }
   if (env.world_size > 1 && device.is_cpu()) {
-    fail("this process was started by a launcher as one of {} ranks ({}), but its ranks would be threads of one process (--comm local) and "
-         "could not join the other processes; {}give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and "
-         "give --num-ranks {}",
-         env.world_size, env.str(),
-         mpi_backend_built() ? "start the processes with mpirun / mpiexec / srun --mpi=pmix and --comm mpi (or auto), "
-                             : "rebuild with MPI (libopenmpi-dev) to train over MPI processes, ",
-         env.world_size);
+    fail(
+        "this process was started by a launcher as one of {} ranks ({}), but its ranks would be threads of one process (--comm local) and "
+        "could not join the other processes; {}give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and "
+        "give --num-ranks {}",
+        env.world_size, env.str(),
+        mpi_backend_built() ? "start the processes with mpirun / mpiexec / srun --mpi=pmix and --comm mpi (or auto), "
+                            : "rebuild with MPI (libopenmpi-dev) to train over MPI processes, ",
+        env.world_size);
   }
   return env;
 }
@@ -94,11 +96,12 @@ LaunchEnv launcher_env(Device device) {
 void refuse_unsized_launcher(const LaunchEnv& env) {
   if (env.launcher != "none") return;
   if (const char* pmix = std::getenv("PMIX_RANK")) {
-    fail("PMIX_RANK={} is set: a PMIx launcher (prterun, srun --mpi=pmix) started this process, but its environment gives no world size "
-         "(no RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE or SLURM_* variables), so every process would train alone as rank 0 "
-         "of 1. Fix: start it with torchrun, mpirun or srun, or export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each "
-         "process; on one machine, one process with --num-ranks N",
-         pmix);
+    fail(
+        "PMIX_RANK={} is set: a PMIx launcher (prterun, srun --mpi=pmix) started this process, but its environment gives no world size "
+        "(no RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE or SLURM_* variables), so every process would train alone as rank 0 "
+        "of 1. Fix: start it with torchrun, mpirun or srun, or export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each "
+        "process; on one machine, one process with --num-ranks N",
+        pmix);
   }
 }
 
@@ -116,8 +119,10 @@ std::string mpi_launcher_variable() {
 std::string resolve_comm(const TrainerOptions& o, const Device& device, std::string& why) {
   const std::string& c = o.comm;
   if (c != "auto" && c != "local" && c != "mpi" && c != "nccl") {
-    fail("--comm {}: must be auto, local (--num-ranks threads of this process), mpi (the processes mpirun starts) or nccl (a GPU per "
-         "process)", c.empty() ? "''" : c);
+    fail(
+        "--comm {}: must be auto, local (--num-ranks threads of this process), mpi (the processes mpirun starts) or nccl (a GPU per "
+        "process)",
+        c.empty() ? "''" : c);
   }
   if (c != "auto") {
     why = fmt::format("--comm {}", c);
@@ -154,18 +159,21 @@ void plan_mpi_world(TrainingPlan& plan, const TrainerOptions& options) {
   const char* pmix_variable = std::getenv("PMIX_RANK");
   const std::optional<std::string> pmix_rank = pmix_variable != nullptr ? std::optional<std::string>(pmix_variable) : std::nullopt;
   plan.mpi = init_mpi();
-  const char* fix = "under srun give --mpi=pmix or --mpi=pmi2; otherwise start dstrain with the mpirun / mpiexec of the MPI it was built "
-                    "with, or start one process without a launcher and give --num-ranks {} to run the ranks as threads";
+  const char* fix =
+      "under srun give --mpi=pmix or --mpi=pmi2; otherwise start dstrain with the mpirun / mpiexec of the MPI it was built "
+      "with, or start one process without a launcher and give --num-ranks {} to run the ranks as threads";
   if (env.launcher != "none" && env.world_size != plan.mpi.world_size) {
-    fail("{} says this process is one of {} ranks, but MPI_COMM_WORLD has {} process{}: MPI did not get the launcher's world, and each "
-         "process would train alone. Fix: {}",
-         env.str(), env.world_size, plan.mpi.world_size, plan.mpi.world_size == 1 ? "" : "es", fmt::format(fmt::runtime(fix), env.world_size));
+    fail(
+        "{} says this process is one of {} ranks, but MPI_COMM_WORLD has {} process{}: MPI did not get the launcher's world, and each "
+        "process would train alone. Fix: {}",
+        env.str(), env.world_size, plan.mpi.world_size, plan.mpi.world_size == 1 ? "" : "es", fmt::format(fmt::runtime(fix), env.world_size));
   }
   // A PMIx launcher gives no world size in the environment, but its rank must be MPI's.
   if (pmix_rank && *pmix_rank != std::to_string(plan.mpi.rank)) {
-    fail("PMIX_RANK={} is set, but MPI says this process is rank {} of {}: MPI did not get the PMIx launcher's world, and each process "
-         "would train alone. Fix: {}",
-         *pmix_rank, plan.mpi.rank, plan.mpi.world_size, fmt::format(fmt::runtime(fix), "N"));
+    fail(
+        "PMIX_RANK={} is set, but MPI says this process is rank {} of {}: MPI did not get the PMIx launcher's world, and each process "
+        "would train alone. Fix: {}",
+        *pmix_rank, plan.mpi.rank, plan.mpi.world_size, fmt::format(fmt::runtime(fix), "N"));
   }
   plan.launch = env;
   plan.launch.rank = plan.mpi.rank;
@@ -178,14 +186,16 @@ void plan_mpi_world(TrainingPlan& plan, const TrainerOptions& options) {
 void check_local_rank_argument(const LaunchEnv& env, const std::optional<std::int64_t>& local_rank) {
   if (!local_rank) return;
   if (env.launcher == "none" && *local_rank != 0) {
-    fail("--local_rank={} is given but no launcher's environment is set (RANK and WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE, "
-         "SLURM_*): start dstrain through the launcher, or drop --local_rank",
-         *local_rank);
+    fail(
+        "--local_rank={} is given but no launcher's environment is set (RANK and WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE, "
+        "SLURM_*): start dstrain through the launcher, or drop --local_rank",
+        *local_rank);
   }
   if (env.launcher != "none" && *local_rank != env.local_rank) {
-    fail("--local_rank={} but the launcher's environment says local rank {} ({}): they must name the same rank; drop --local_rank or fix "
-         "the launcher's variables",
-         *local_rank, env.local_rank, env.str());
+    fail(
+        "--local_rank={} but the launcher's environment says local rank {} ({}): they must name the same rank; drop --local_rank or fix "
+        "the launcher's variables",
+        *local_rank, env.local_rank, env.str());
   }
 }
 
@@ -231,19 +241,20 @@ std::string nvme_optimizer_buffers_advice(const MemoryEstimate& e, const config:
 void check_memory(const TrainingPlan& plan, const std::string& model_spec, int ranks_here) {
   const MemoryEstimate e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
   const double needed = e.per_rank() * static_cast<double>(ranks_here);
-  const std::string figures = fmt::format(
-      "{} parameters; per rank at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
-      format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads), format_estimate_bytes(e.optimizer_device + e.optimizer_host),
-      format_estimate_bytes(e.activations),
-      format_estimate_bytes(e.per_rank()), ranks_here > 1 ? fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)) : "");
+  const std::string figures =
+      fmt::format("{} parameters; per rank at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
+                  format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads),
+                  format_estimate_bytes(e.optimizer_device + e.optimizer_host), format_estimate_bytes(e.activations),
+                  format_estimate_bytes(e.per_rank()),
+                  ranks_here > 1 ? fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)) : "");
   // Offload (docs/offload.md §11): what is in host memory instead of the device, and in swap files.
-  const std::string offloaded =
-      e.host() > 0.0 || e.params_nvme + e.optimizer_nvme > 0.0
-          ? fmt::format(" (of it offloaded to host memory: {}; in swap files, in no memory: {})", format_estimate_bytes(e.host()),
-                        format_estimate_bytes(e.params_nvme + e.optimizer_nvme))
-          : "";
-  const char* fix = "give a smaller model (--model), a smaller micro-batch or sequence length, or partition the model states with a higher ZeRO "
-                    "stage";
+  const std::string offloaded = e.host() > 0.0 || e.params_nvme + e.optimizer_nvme > 0.0
+                                    ? fmt::format(" (of it offloaded to host memory: {}; in swap files, in no memory: {})",
+                                                  format_estimate_bytes(e.host()), format_estimate_bytes(e.params_nvme + e.optimizer_nvme))
+                                    : "";
+  const char* fix =
+      "give a smaller model (--model), a smaller micro-batch or sequence length, or partition the model states with a higher ZeRO "
+      "stage";
   if (plan.device.is_cpu()) {
     const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && needed > limit->bytes) {
@@ -259,9 +270,11 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
     const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && e.host() * static_cast<double>(ranks_here) > limit->bytes) {
       const double budget = limit->bytes / static_cast<double>(ranks_here) - (e.host() - e.optimizer_host);
-      fail("the model {} does not fit in host memory with this offload: {}{}, but {} is available ({}){}; use offload_optimizer / "
-           "offload_param device \"nvme\", or {}",
-           model_spec, figures, offloaded, format_estimate_bytes(limit->bytes), limit->source, nvme_optimizer_buffers_advice(e, plan.config, budget), fix);
+      fail(
+          "the model {} does not fit in host memory with this offload: {}{}, but {} is available ({}){}; use offload_optimizer / "
+          "offload_param device \"nvme\", or {}",
+          model_spec, figures, offloaded, format_estimate_bytes(limit->bytes), limit->source, nvme_optimizer_buffers_advice(e, plan.config, budget),
+          fix);
     }
   }
 }
@@ -314,20 +327,20 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     // for it without a launcher too (a group of one).
     plan.launcher_group = plan.device.is_cuda() && (plan.comm == "nccl" && (options.comm == "nccl" || plan.launch.launcher != "none"));
     if (plan.comm == "local" && plan.launch.world_size > 1) {
-      fail("--comm local but a launcher started this process as one of {} ranks ({}): each process would train alone; drop --comm local, "
-           "or start one process with --num-ranks {}",
-           plan.launch.world_size, plan.launch.str(), plan.launch.world_size);
+      fail(
+          "--comm local but a launcher started this process as one of {} ranks ({}): each process would train alone; drop --comm local, "
+          "or start one process with --num-ranks {}",
+          plan.launch.world_size, plan.launch.str(), plan.launch.world_size);
     }
     if (!plan.launcher_group) plan.comm = "local";
     if (plan.launcher_group && options.num_ranks > 1) {
       fail("--num-ranks {} with a launcher ({}): the launcher's processes are the ranks; drop --num-ranks", options.num_ranks, plan.launch.str());
     }
     plan.world = plan.launcher_group ? plan.launch.world_size : static_cast<int>(options.num_ranks);
-    plan.comm_note = plan.launcher_group
-                         ? fmt::format("comm: nccl, {} process{}, this one rank {} on {} ({})", plan.world, plan.world == 1 ? "" : "es", plan.launch.rank,
-                                       plan.device.str(), plan.launch.str())
-                     : plan.world > 1 ? fmt::format("comm: local, {} ranks as threads of this process (--num-ranks)", plan.world)
-                                      : std::string("comm: none (1 rank)");
+    plan.comm_note = plan.launcher_group ? fmt::format("comm: nccl, {} process{}, this one rank {} on {} ({})", plan.world,
+                                                       plan.world == 1 ? "" : "es", plan.launch.rank, plan.device.str(), plan.launch.str())
+                     : plan.world > 1    ? fmt::format("comm: local, {} ranks as threads of this process (--num-ranks)", plan.world)
+                                         : std::string("comm: none (1 rank)");
   }
   const bool lead_process = plan.launch.rank == 0;  // prints the config's warnings and resolved values
 
@@ -337,8 +350,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // A folder stands for the checkpoint it holds (a Hugging Face model folder); its file is what must exist.
   const std::filesystem::path init_file = options.init_from.empty() ? options.init_from : hf_weights_file(options.init_from, "--init-from");
   if (!init_file.empty()) require_file(init_file, "--init-from");
-  std::vector<RunFile> inputs{{options.data, "--data"}, {options.val_data, "--val-data"}, {init_file, "--init-from"},
-                              {config_text.file, "the config file"}, {model_config_file(model_spec), "the model config (--model)"}};
+  std::vector<RunFile> inputs{{options.data, "--data"},
+                              {options.val_data, "--val-data"},
+                              {init_file, "--init-from"},
+                              {config_text.file, "the config file"},
+                              {model_config_file(model_spec), "the model config (--model)"}};
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----
@@ -356,7 +372,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd();
   // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
   config_options.client_optimizer = options.optimizer;
-  const bool config_has_optimizer = config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
+  const bool config_has_optimizer =
+      config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
   if (!options.optimizer && !config_has_optimizer) config_options.default_optimizer = config::default_optimizer_block(config_options.autos);
   plan.config = config::parse_ds_config(config_text.tree, config_options);
   if (lead_process) {
@@ -375,9 +392,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // overlap_comm issues the collectives from a worker thread (zero/comm_queue.h): MPI must allow
   // calls from any one thread at a time.
   if (plan.comm == "mpi" && cfg.zero_optimization.overlap_comm && !plan.mpi.threads_serialized) {
-    fail("zero_optimization.overlap_comm is true, which issues the collectives from a worker thread, but this MPI provides only {} "
-         "(MPI_THREAD_SERIALIZED is needed); set \"overlap_comm\": false, or use an MPI built with thread support",
-         plan.mpi.thread_level);
+    fail(
+        "zero_optimization.overlap_comm is true, which issues the collectives from a worker thread, but this MPI provides only {} "
+        "(MPI_THREAD_SERIALIZED is needed); set \"overlap_comm\": false, or use an MPI built with thread support",
+        plan.mpi.thread_level);
   }
   if (cfg.flops_profiler.enabled && cfg.flops_profiler.output_file && !cfg.flops_profiler.output_file->empty()) {
     outputs.push_back({*cfg.flops_profiler.output_file, "flops_profiler.output_file"});
@@ -406,8 +424,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
                             : options.tokenizer == "bytes" ? ByteTokenizer().vocab_size()
                                                            : make_tokenizer(options.tokenizer, resolve_cache_dir())->vocab_size();
     if (g.vocab_size() < tv) {
-      fail("--tokenizer {} has {} tokens but the model {} has a vocabulary of {}; give a model with -V{} (or more)", options.tokenizer, tv, model_spec,
-           g.vocab_size(), tv);
+      fail("--tokenizer {} has {} tokens but the model {} has a vocabulary of {}; give a model with -V{} (or more)", options.tokenizer, tv,
+           model_spec, g.vocab_size(), tv);
     }
   }
   check_memory(plan, model_spec, plan.comm == "local" ? plan.world : 1);
@@ -443,10 +461,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // ---- what the end of the run will ask, asked now ----
   if (!options.save_weights.empty() && cfg.zero_optimization.stage == 3 && !cfg.zero_optimization.gather_16bit_weights_on_model_save &&
       plan.world > 1) {
-    fail("--save-weights {}: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
-         "is false, so they would not be gathered for saving at the end of the run (DeepSpeed's save_16bit_model refuses likewise); set it to "
-         "true, or drop --save-weights",
-         options.save_weights.string(), plan.world);
+    fail(
+        "--save-weights {}: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
+        "is false, so they would not be gathered for saving at the end of the run (DeepSpeed's save_16bit_model refuses likewise); set it to "
+        "true, or drop --save-weights",
+        options.save_weights.string(), plan.world);
   }
 
   if (cfg.steps_per_print && *cfg.steps_per_print > 0) {

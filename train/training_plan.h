@@ -21,11 +21,11 @@
 namespace dstrain {
 
 struct TrainingPlan {
-  std::string model_spec;          // as the user wrote it (printed at the top of the run)
+  std::string model_spec;                     // as the user wrote it (printed at the top of the run)
   std::shared_ptr<const Architecture> model;  // its architecture and shape, read once (a config.json is not read per rank)
-  config::DsConfig config;         // resolved for `world` ranks, "auto" values filled
-  Device device = Device::cpu();   // where every rank trains (under a launcher: this process's GPU)
-  LaunchEnv launch;                // the launcher's environment ("none": no launcher)
+  config::DsConfig config;                    // resolved for `world` ranks, "auto" values filled
+  Device device = Device::cpu();              // where every rank trains (under a launcher: this process's GPU)
+  LaunchEnv launch;                           // the launcher's environment ("none": no launcher)
   // True when this process is one rank of a launcher's group (a GPU per process, NCCL): the ranks
   // are processes; otherwise they are options.num_ranks threads of this process.
   bool launcher_group = false;
@@ -34,19 +34,19 @@ struct TrainingPlan {
   // "nccl" (launcher_group). comm_note says which and why, for the start of the run.
   std::string comm = "local";
   std::string comm_note;
-  MpiWorld mpi;                    // comm "mpi": this process's place and MPI's thread level
-  int world = 1;                   // data-parallel ranks of the run
-  std::int64_t sequence_length = 0;   // T
-  std::int64_t window_count = 0;      // training windows of T + 1 tokens in the data file
-  std::int64_t epoch_steps = 0;       // steps of one pass over them (at least 1)
-  std::int64_t val_batches = 0;       // batches per evaluation over all ranks (0: no val data)
-  std::int64_t steps = 0;             // the run's optimizer steps
-  bool steps_from_epoch = false;      // `steps` was not given: one epoch
-  std::int64_t print_every = 10;      // steps between progress lines (steps_per_print; 10 unset)
+  MpiWorld mpi;                        // comm "mpi": this process's place and MPI's thread level
+  int world = 1;                       // data-parallel ranks of the run
+  std::int64_t sequence_length = 0;    // T
+  std::int64_t window_count = 0;       // training windows of T + 1 tokens in the data file
+  std::int64_t epoch_steps = 0;        // steps of one pass over them (at least 1)
+  std::int64_t val_batches = 0;        // batches per evaluation over all ranks (0: no val data)
+  std::int64_t steps = 0;              // the run's optimizer steps
+  bool steps_from_epoch = false;       // `steps` was not given: one epoch
+  std::int64_t print_every = 10;       // steps between progress lines (steps_per_print; 10 unset)
   bool print_every_defaulted = false;  // steps_per_print was unset
   // The checkpoint the run continues from (--resume), checked before step 1; nullopt: fresh.
   std::optional<ResumePoint> resume;
-  double peak_flops = 0.0;            // the flops profiler's peak (measured when not given)
+  double peak_flops = 0.0;  // the flops profiler's peak (measured when not given)
   bool peak_measured = false;
 };
 

@@ -13,19 +13,20 @@ namespace {
 
 void check_dtype(std::string_view call, DType dtype, const char* what) {
   DSTRAIN_CHECK(dtype == DType::fp32 || dtype == DType::fp16 || dtype == DType::bf16 || dtype == DType::int32 || dtype == DType::fp64,
-                "{}: {} has dtype {}; collectives take fp32, fp16, bf16, fp64 (sums) or int32 (counts). Fix: cast the buffer first",
-                call, what, dtype_name(dtype));
+                "{}: {} has dtype {}; collectives take fp32, fp16, bf16, fp64 (sums) or int32 (counts). Fix: cast the buffer first", call, what,
+                dtype_name(dtype));
 }
 
 void check_op(std::string_view call, DType dtype, ReduceOp op) {
   DSTRAIN_CHECK(!(dtype == DType::int32 && op == ReduceOp::avg),
-                "{}: avg of int32 is not defined (it would truncate). Fix: use sum and divide where the count is used",
-                call);
+                "{}: avg of int32 is not defined (it would truncate). Fix: use sum and divide where the count is used", call);
 }
 
 void check_data(std::string_view call, const Tensor& t, const char* what) {
-  DSTRAIN_CHECK(t.numel() == 0 || t.data != nullptr, "{}: {} ({}) has no memory (null data). Fix: pass a view of an "
-                "allocated buffer", call, what, t.str());
+  DSTRAIN_CHECK(t.numel() == 0 || t.data != nullptr,
+                "{}: {} ({}) has no memory (null data). Fix: pass a view of an "
+                "allocated buffer",
+                call, what, t.str());
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
@@ -39,21 +40,30 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
   }
   return "?";
 }
 
 std::string_view collective_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::barrier: return "barrier";
-    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::barrier:
+      return "barrier";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }
@@ -63,12 +73,16 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
   const auto w = static_cast<std::uint64_t>(world_size);
   if (w == 1) return 0;
   switch (kind) {
-    case CollectiveKind::all_reduce: return 2 * (w - 1) * buffer_bytes / w;
+    case CollectiveKind::all_reduce:
+      return 2 * (w - 1) * buffer_bytes / w;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
-    case CollectiveKind::all_to_all: return (w - 1) * buffer_bytes / w;
-    case CollectiveKind::broadcast: return is_root ? buffer_bytes : 0;
-    case CollectiveKind::barrier: return 0;
+    case CollectiveKind::all_to_all:
+      return (w - 1) * buffer_bytes / w;
+    case CollectiveKind::broadcast:
+      return is_root ? buffer_bytes : 0;
+    case CollectiveKind::barrier:
+      return 0;
   }
   return 0;
 }
@@ -99,22 +113,20 @@ std::chrono::milliseconds default_comm_timeout() {
 }
 
 Tensor shard_of(const Tensor& full, int index, int world_size) {
-  DSTRAIN_CHECK(world_size >= 1 && index >= 0 && index < world_size, "shard_of: shard {} of {} does not exist", index,
-                world_size);
+  DSTRAIN_CHECK(world_size >= 1 && index >= 0 && index < world_size, "shard_of: shard {} of {} does not exist", index, world_size);
   const std::int64_t n = full.numel();
   DSTRAIN_CHECK(n % world_size == 0,
                 "shard_of: {} elements ({}) do not split into {} equal shards. Fix: pad the flat buffer to a multiple "
                 "of the world size",
                 n, full.str(), world_size);
   const std::int64_t shard = n / world_size;
-  return Tensor(static_cast<char*>(full.data) + static_cast<std::size_t>(shard * index) * dtype_size(full.dtype),
-                full.dtype, Shape{shard}, full.device);
+  return Tensor(static_cast<char*>(full.data) + static_cast<std::size_t>(shard * index) * dtype_size(full.dtype), full.dtype, Shape{shard},
+                full.device);
 }
 
 Communicator::Communicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {
   DSTRAIN_CHECK(world_size >= 1, "a communicator needs world size >= 1, got {}", world_size);
-  DSTRAIN_CHECK(rank >= 0 && rank < world_size, "rank {} is outside world size {} (ranks are 0..{})", rank, world_size,
-                world_size - 1);
+  DSTRAIN_CHECK(rank >= 0 && rank < world_size, "rank {} is outside world size {} (ranks are 0..{})", rank, world_size, world_size - 1);
 }
 
 template <typename Fn>
@@ -195,8 +207,9 @@ void Communicator::all_to_all(Tensor send, Tensor recv) {
     check_dtype(call, send.dtype, "send");
     DSTRAIN_CHECK(send.dtype == recv.dtype && send.numel() == recv.numel() && send.device == recv.device,
                   "{}: send ({}) and recv ({}) must have the same dtype, element count and device", call, send.str(), recv.str());
-    DSTRAIN_CHECK(send.numel() % world_size_ == 0, "{}: {} elements do not split into {} equal shards. Fix: pad the buffers to a multiple of the world size",
-                  call, send.numel(), world_size_);
+    DSTRAIN_CHECK(send.numel() % world_size_ == 0,
+                  "{}: {} elements do not split into {} equal shards. Fix: pad the buffers to a multiple of the world size", call, send.numel(),
+                  world_size_);
     check_data(call, send, "send");
     check_data(call, recv, "recv");
     DSTRAIN_CHECK(!overlaps(send, recv), "{}: send and recv overlap; all_to_all has no in-place form. Fix: use two buffers", call);

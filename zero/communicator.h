@@ -45,7 +45,7 @@ enum class ReduceOp { sum, avg, max };
 enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all };
 inline constexpr int kCollectiveKinds = 6;
 
-std::string_view reduce_op_name(ReduceOp op);          // "sum", "avg", "max"
+std::string_view reduce_op_name(ReduceOp op);           // "sum", "avg", "max"
 std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ...
 
 // "Bytes sent" by one rank for one collective: the algorithmic volume of a ring implementation,
@@ -134,8 +134,8 @@ class Communicator {
   // byte counters show. Deterministic: the same bits on every rank, in every run, for any W.
   // The arithmetic runs on the host (device buffers are copied there and back). The bits travel
   // through host memory, or, when `workspace` is given (int32, compressed_workspace_numel(n)
-  // elements, e.g. on the GPU for NCCL, which communicates device memory only), through it. W = 1: buf is compressed and decompressed once, as DeepSpeed's
-  // formula gives, with no collective.
+  // elements, e.g. on the GPU for NCCL, which communicates device memory only), through it. W = 1: buf is compressed and decompressed once, as
+  // DeepSpeed's formula gives, with no collective.
   void compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor server_error, Tensor workspace = {});
   std::int64_t compressed_workspace_numel(std::int64_t n) const;
 

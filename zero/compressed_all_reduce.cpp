@@ -74,16 +74,16 @@ void Communicator::compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor
   DSTRAIN_CHECK(worker_error.numel() == n && server_error.numel() == n / w,
                 "{}: worker_error must have the buffer's {} elements and server_error {} / W = {}; got {} and {}", call, n, n, n / w,
                 worker_error.numel(), server_error.numel());
-  DSTRAIN_CHECK(worker_error.device == buf.device && server_error.device == buf.device, "{}: the errors must be on the buffer's device ({})",
-                call, buf.device.str());
+  DSTRAIN_CHECK(worker_error.device == buf.device && server_error.device == buf.device, "{}: the errors must be on the buffer's device ({})", call,
+                buf.device.str());
   const bool on_host = buf.device.is_cpu();
   const std::int64_t chunk = n / w;
   const std::int64_t sw = slot_words(chunk);
   const bool via_workspace = !workspace.empty();
   if (via_workspace) {
     DSTRAIN_CHECK(workspace.dtype == DType::int32 && workspace.numel() >= compressed_workspace_numel(n),
-                  "{}: the workspace must be int32 with compressed_workspace_numel({}) = {} elements; got {}", call, n,
-                  compressed_workspace_numel(n), workspace.str());
+                  "{}: the workspace must be int32 with compressed_workspace_numel({}) = {} elements; got {}", call, n, compressed_workspace_numel(n),
+                  workspace.str());
   }
   // The arithmetic reads and writes host memory: the buffers themselves, or host copies of them.
   std::vector<float> x_copy, we_copy, se_copy;

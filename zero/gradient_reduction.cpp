@@ -38,8 +38,7 @@ ReductionScales reduction_scales(const GradientReduction& g, ReductionPath path,
   return s;
 }
 
-void reduce_gradients(Communicator& comm, const Tensor& chunk, bool scatter, const GradientReduction& g, ReductionPath path,
-                      Allocator& scratch) {
+void reduce_gradients(Communicator& comm, const Tensor& chunk, bool scatter, const GradientReduction& g, ReductionPath path, Allocator& scratch) {
   const int r = comm.rank();
   const int w = comm.world_size();
   if (g.is_default()) {

@@ -18,9 +18,9 @@
 namespace dstrain {
 
 struct GradientReduction {
-  bool average = true;            // gradient_allreduce_op "mean"; false: "sum"
-  bool prescale = false;          // prescale_gradients
-  double predivide = 1.0;         // gradient_predivide_factor
+  bool average = true;                // gradient_allreduce_op "mean"; false: "sum"
+  bool prescale = false;              // prescale_gradients
+  double predivide = 1.0;             // gradient_predivide_factor
   std::optional<DType> comm_dtype{};  // communication_data_type; nullopt: the gradients' dtype
 
   bool is_default() const { return average && !prescale && predivide == 1.0 && !comm_dtype; }
@@ -54,7 +54,6 @@ ReductionScales reduction_scales(const GradientReduction& g, ReductionPath path,
 // back. `scratch` holds the communication-dtype copy when it differs from the chunk's dtype.
 // The default settings (mean, no prescale, p = 1, the chunk's dtype) are one averaging collective:
 // the same sum, divided once in fp32 (docs/zero.md).
-void reduce_gradients(Communicator& comm, const Tensor& chunk, bool scatter, const GradientReduction& g, ReductionPath path,
-                      Allocator& scratch);
+void reduce_gradients(Communicator& comm, const Tensor& chunk, bool scatter, const GradientReduction& g, ReductionPath path, Allocator& scratch);
 
 }  // namespace dstrain

@@ -33,10 +33,10 @@ int parse_int(const char* launcher, const char* var, const std::string& value) {
   errno = 0;
   char* end = nullptr;
   const long v = std::strtol(value.c_str(), &end, 10);
-  DSTRAIN_CHECK(!value.empty() && errno == 0 && end != value.c_str() && *end == '\0' &&
-                    v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
-                "{}={} (set by {}) is not an integer. Fix: the launcher sets it; check that no script overrides it",
-                var, value.empty() ? "''" : value, launcher);
+  DSTRAIN_CHECK(!value.empty() && errno == 0 && end != value.c_str() && *end == '\0' && v >= std::numeric_limits<int>::min() &&
+                    v <= std::numeric_limits<int>::max(),
+                "{}={} (set by {}) is not an integer. Fix: the launcher sets it; check that no script overrides it", var,
+                value.empty() ? "''" : value, launcher);
   return static_cast<int>(v);
 }
 
@@ -52,7 +52,7 @@ std::string first_slurm_host(std::string_view list) {
     // The first item of the bracket: "03-05" or "7": its first number, zero padding kept.
     for (; i < list.size() && list[i] != '-' && list[i] != ',' && list[i] != ']'; ++i) host += list[i];
     while (i < list.size() && list[i] != ']') ++i;
-    if (i < list.size()) ++i;  // past ']'
+    if (i < list.size()) ++i;                                                          // past ']'
     for (; i < list.size() && list[i] != ',' && list[i] != '['; ++i) host += list[i];  // a suffix
   }
   return host;
@@ -80,7 +80,8 @@ LaunchEnv detect_launch_env(const EnvLookup& getenv) {
     env.launcher = l.name;
     const std::string rank_text = *getenv(l.rank);
     const auto size_text = getenv(l.size);
-    DSTRAIN_CHECK(size_text.has_value(), "{}={} is set but {} is not: the world size is unknown. Fix: launch with {} "
+    DSTRAIN_CHECK(size_text.has_value(),
+                  "{}={} is set but {} is not: the world size is unknown. Fix: launch with {} "
                   "(which sets both), or set {} too",
                   l.rank, rank_text, l.size, l.name, l.size);
     env.rank = parse_int(l.name, l.rank, rank_text);
@@ -93,12 +94,11 @@ LaunchEnv detect_launch_env(const EnvLookup& getenv) {
     if (const auto local = getenv(l.local_rank)) {
       env.local_rank = parse_int(l.name, l.local_rank, *local);
       DSTRAIN_CHECK(env.local_rank >= 0 && env.local_rank < env.world_size,
-                    "{}={} but {}={}: a local rank must be in 0..{} (it indexes this node's processes)", l.local_rank,
-                    env.local_rank, l.size, env.world_size, env.world_size - 1);
+                    "{}={} but {}={}: a local rank must be in 0..{} (it indexes this node's processes)", l.local_rank, env.local_rank, l.size,
+                    env.world_size, env.world_size - 1);
     } else {
       env.local_rank = env.world_size == 1 ? 0 : env.rank;
-      if (env.world_size > 1)
-        env.note = fmt::format("{} is not set; assuming one node, local rank = {} = {}", l.local_rank, l.rank, env.rank);
+      if (env.world_size > 1) env.note = fmt::format("{} is not set; assuming one node, local rank = {} = {}", l.local_rank, l.rank, env.rank);
     }
     if (std::string_view(l.name) == "srun") {
       if (const auto ip = getenv("SLURM_LAUNCH_NODE_IPADDR"); ip && !ip->empty()) {
@@ -114,8 +114,7 @@ LaunchEnv detect_launch_env(const EnvLookup& getenv) {
   if (const auto addr = getenv("MASTER_ADDR"); addr && !addr->empty()) env.master_addr = *addr;
   if (const auto port = getenv("MASTER_PORT"); port && !port->empty()) {
     env.master_port = parse_int(chosen != nullptr ? chosen->name : "the user", "MASTER_PORT", *port);
-    DSTRAIN_CHECK(env.master_port >= 1 && env.master_port <= 65535, "MASTER_PORT={} is not a TCP port (1..65535)",
-                  env.master_port);
+    DSTRAIN_CHECK(env.master_port >= 1 && env.master_port <= 65535, "MASTER_PORT={} is not a TCP port (1..65535)", env.master_port);
   }
   return env;
 }

@@ -12,9 +12,10 @@ namespace dstrain {
 
 std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device device) {
   if (!device.is_cuda()) {
-    fail("{}: processes started by a launcher communicate over NCCL, which needs a GPU per rank; give --device cuda (each rank uses "
-         "cuda:LOCAL_RANK), or start one process without the launcher and give --num-ranks {} to run the ranks as threads on the {}",
-         env.str(), env.world_size, device.str());
+    fail(
+        "{}: processes started by a launcher communicate over NCCL, which needs a GPU per rank; give --device cuda (each rank uses "
+        "cuda:LOCAL_RANK), or start one process without the launcher and give --num-ranks {} to run the ranks as threads on the {}",
+        env.str(), env.world_size, device.str());
   }
 #if DSTRAIN_HAS_NCCL
   NcclOptions options;

@@ -34,9 +34,12 @@ using Clock = std::chrono::steady_clock;
 
 RankReduceOp rank_reduce_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return RankReduceOp::sum;
-    case ReduceOp::avg: return RankReduceOp::avg;
-    case ReduceOp::max: return RankReduceOp::max;
+    case ReduceOp::sum:
+      return RankReduceOp::sum;
+    case ReduceOp::avg:
+      return RankReduceOp::avg;
+    case ReduceOp::max:
+      return RankReduceOp::max;
   }
   return RankReduceOp::sum;
 }
@@ -58,8 +61,7 @@ void device_copy(void* dst, const void* src, std::size_t bytes) {
 #endif
 
 // The work of a collective on `device`: executed on the host, enqueued on the GPU.
-void reduce_on(const Device& device, DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n,
-               ReduceOp op) {
+void reduce_on(const Device& device, DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n, ReduceOp op) {
 #if DSTRAIN_LOCAL_COMM_CUDA
   if (device.is_cuda()) return device_reduce(dtype, in, out, n, op);
 #endif
@@ -78,9 +80,7 @@ void copy_on(const Device& device, void* dst, const void* src, std::size_t bytes
 const char* at(const void* p, std::int64_t elements, DType dtype) {
   return static_cast<const char*>(p) + static_cast<std::size_t>(elements) * dtype_size(dtype);
 }
-char* at(void* p, std::int64_t elements, DType dtype) {
-  return static_cast<char*>(p) + static_cast<std::size_t>(elements) * dtype_size(dtype);
-}
+char* at(void* p, std::int64_t elements, DType dtype) { return static_cast<char*>(p) + static_cast<std::size_t>(elements) * dtype_size(dtype); }
 
 struct Range {
   const char* begin;
@@ -110,14 +110,15 @@ std::string describe(const LocalGroup::Call& c, int world) {
     case CollectiveKind::all_reduce:
       return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, reduce_op_name(c.op));
     case CollectiveKind::reduce_scatter:
-      return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count,
-                         reduce_op_name(c.op));
+      return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count, reduce_op_name(c.op));
     case CollectiveKind::all_gather:
       return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
     case CollectiveKind::broadcast:
       return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
-    case CollectiveKind::barrier: return fmt::format("{} #{}", name, c.sequence);
-    case CollectiveKind::all_to_all: return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::barrier:
+      return fmt::format("{} #{}", name, c.sequence);
+    case CollectiveKind::all_to_all:
+      return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
   }
   return std::string(name);
 }
@@ -161,9 +162,8 @@ std::string LocalGroup::check_calls_locked() const {
     const Call& c = call_of(r);
     const bool reduces = c.kind == CollectiveKind::all_reduce || c.kind == CollectiveKind::reduce_scatter;
     const bool same = c.kind == c0.kind && c.sequence == c0.sequence &&
-                      (c.kind == CollectiveKind::barrier ||
-                       (c.dtype == c0.dtype && c.count == c0.count && (!reduces || c.op == c0.op) &&
-                        (c.kind != CollectiveKind::broadcast || c.root == c0.root)));
+                      (c.kind == CollectiveKind::barrier || (c.dtype == c0.dtype && c.count == c0.count && (!reduces || c.op == c0.op) &&
+                                                             (c.kind != CollectiveKind::broadcast || c.root == c0.root)));
     if (!same) {
       return fmt::format(
           "local communicator: collective mismatch: rank 0 called {} but rank {} called {}. Every rank must issue the "
@@ -194,7 +194,9 @@ std::string LocalGroup::check_calls_locked() const {
     auto& v = ranges[static_cast<std::size_t>(r)];
     switch (c.kind) {
       case CollectiveKind::all_reduce:
-      case CollectiveKind::broadcast: v.push_back({static_cast<const char*>(c.send), n * es, "buffer"}); break;
+      case CollectiveKind::broadcast:
+        v.push_back({static_cast<const char*>(c.send), n * es, "buffer"});
+        break;
       case CollectiveKind::reduce_scatter:
         v.push_back({static_cast<const char*>(c.send), w * n * es, "send"});
         v.push_back({static_cast<const char*>(c.recv), n * es, "recv"});
@@ -207,7 +209,8 @@ std::string LocalGroup::check_calls_locked() const {
         v.push_back({static_cast<const char*>(c.send), w * n * es, "send"});
         v.push_back({static_cast<const char*>(c.recv), w * n * es, "recv"});
         break;
-      case CollectiveKind::barrier: break;
+      case CollectiveKind::barrier:
+        break;
     }
   }
   for (int a = 0; a < world_size_; ++a)
@@ -311,23 +314,25 @@ void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
     cudaPointerAttributes attr{};
     const cudaError_t status = cudaPointerGetAttributes(&attr, t.data);
     if (status != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it for the next CUDA call
-    const bool on_device = status == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
-                           attr.device == t.device.index;
+    const bool on_device =
+        status == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) && attr.device == t.device.index;
     if (on_device) return;
-    fail("local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory, or device "
-         "memory of one GPU that every rank shares, and this is not device memory of {} ({}). Fix: allocate the buffer on {} "
-         "(cudaMalloc, the engine's device allocator), or pass host memory as a cpu tensor",
-         what, sequence(), rank(), t.device.str(), t.device.str(),
-         status != cudaSuccess                ? fmt::format("CUDA: {}", cudaGetErrorString(status))
-         : attr.type == cudaMemoryTypeHost     ? std::string("the pointer is pinned host memory")
-         : attr.type == cudaMemoryTypeUnregistered ? std::string("the pointer is host memory")
-                                               : fmt::format("the pointer is memory of cuda:{}", attr.device),
-         t.device.str());
+    fail(
+        "local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory, or device "
+        "memory of one GPU that every rank shares, and this is not device memory of {} ({}). Fix: allocate the buffer on {} "
+        "(cudaMalloc, the engine's device allocator), or pass host memory as a cpu tensor",
+        what, sequence(), rank(), t.device.str(), t.device.str(),
+        status != cudaSuccess                     ? fmt::format("CUDA: {}", cudaGetErrorString(status))
+        : attr.type == cudaMemoryTypeHost         ? std::string("the pointer is pinned host memory")
+        : attr.type == cudaMemoryTypeUnregistered ? std::string("the pointer is host memory")
+                                                  : fmt::format("the pointer is memory of cuda:{}", attr.device),
+        t.device.str());
   }
 #endif
-  fail("local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory (this build has no "
-       "CUDA backend for device memory). Fix: use host buffers, or build with -DDSTRAIN_CUDA=ON to share one GPU between the ranks",
-       what, sequence(), rank(), t.device.str());
+  fail(
+      "local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory (this build has no "
+      "CUDA backend for device memory). Fix: use host buffers, or build with -DDSTRAIN_CUDA=ON to share one GPU between the ranks",
+      what, sequence(), rank(), t.device.str());
 }
 
 void LocalCommunicator::synchronize() {
@@ -342,9 +347,10 @@ void LocalCommunicator::synchronize() {
     if (status == cudaSuccess) break;
     if (status != cudaErrorNotReady) DSTRAIN_CUDA_CHECK(status);
     if (Clock::now() > deadline) {
-      fail("local communicator: rank {}: the GPU work of its collectives (up to #{}) did not finish within {} ms on cuda:{}. Fix: raise "
-           "DSTRAIN_COMM_TIMEOUT (seconds) if the GPU is only busy, or look for a kernel that never ends",
-           rank(), sequence(), group_.timeout().count(), pending_device_);
+      fail(
+          "local communicator: rank {}: the GPU work of its collectives (up to #{}) did not finish within {} ms on cuda:{}. Fix: raise "
+          "DSTRAIN_COMM_TIMEOUT (seconds) if the GPU is only busy, or look for a kernel that never ends",
+          rank(), sequence(), group_.timeout().count(), pending_device_);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -524,9 +530,10 @@ void run_local_ranks(int world_size, const std::function<void(Communicator&)>& f
     } catch (const std::system_error& e) {
       open_gate(Gate::abort);
       for (std::thread& t : threads) t.join();
-      fail("cannot start the thread of local rank {} of {}: {}. Each rank is a thread of this process with its own model states; give "
-           "fewer --num-ranks, or raise the process or memory limits (ulimit -u / -v)",
-           r, world_size, e.what());
+      fail(
+          "cannot start the thread of local rank {} of {}: {}. Each rank is a thread of this process with its own model states; give "
+          "fewer --num-ranks, or raise the process or memory limits (ulimit -u / -v)",
+          r, world_size, e.what());
     }
   }
   open_gate(Gate::go);

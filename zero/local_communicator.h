@@ -148,7 +148,6 @@ class LocalCommunicator final : public Communicator {
 // set_thread_log_rank) so log lines carry the right rank. Returns when every thread is done;
 // rethrows the first exception (in time) any rank raised — the root cause, since the other ranks
 // then fail with the poisoned group's message.
-void run_local_ranks(int world_size, const std::function<void(Communicator&)>& fn,
-                     std::chrono::milliseconds timeout = default_comm_timeout());
+void run_local_ranks(int world_size, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout = default_comm_timeout());
 
 }  // namespace dstrain

@@ -14,23 +14,27 @@ namespace dstrain {
 
 struct ModelStates::Layer {
   FlatLayout layout;
-  std::vector<std::size_t> owners;   // layers whose params this one reads (itself first if it owns any)
+  std::vector<std::size_t> owners;  // layers whose params this one reads (itself first if it owns any)
   // Per params() entry: the owner layer and the slot there.
   std::vector<std::pair<std::size_t, const FlatSlot*>> refs;
-  bool partitioned = false;          // stage 3 above the persistence threshold: gathered per call
-  std::int64_t full_begin = 0;       // offset in params_full_ (layers kept whole)
-  std::size_t unit = 0;              // the ParamStore unit holding this rank's shard (partitioned layers)
-  std::int64_t grad_begin = 0;       // offset in grads_full_ (stages 0-1)
-  std::int64_t shard_begin = 0;      // offset in grads_shard_ and the shard space (the optimizer partition)
-  Buffer gathered;                   // stage 3: the whole params while gathered
-  Buffer fetched;                    // stage 3: the shard copied out of an offloaded store for the gather
-  Buffer transient_grads;            // stages 2-3: the whole grads during backward
+  bool partitioned = false;      // stage 3 above the persistence threshold: gathered per call
+  std::int64_t full_begin = 0;   // offset in params_full_ (layers kept whole)
+  std::size_t unit = 0;          // the ParamStore unit holding this rank's shard (partitioned layers)
+  std::int64_t grad_begin = 0;   // offset in grads_full_ (stages 0-1)
+  std::int64_t shard_begin = 0;  // offset in grads_shard_ and the shard space (the optimizer partition)
+  Buffer gathered;               // stage 3: the whole params while gathered
+  Buffer fetched;                // stage 3: the shard copied out of an offloaded store for the gather
+  Buffer transient_grads;        // stages 2-3: the whole grads during backward
   CommQueue::Ticket gather_ticket = 0;
 };
 
-ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings,
-                         Communicator* comm, Allocator& allocator)
-    : s_(settings), comm_(comm), world_(comm != nullptr ? comm->world_size() : 1), alloc_(allocator), names_(std::move(names)),
+ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings, Communicator* comm,
+                         Allocator& allocator)
+    : s_(settings),
+      comm_(comm),
+      world_(comm != nullptr ? comm->world_size() : 1),
+      alloc_(allocator),
+      names_(std::move(names)),
       specs_(std::move(specs)) {
   if (s_.stage < 0 || s_.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0, 1, 2 and 3", s_.stage);
   if (names_.size() != specs_.size()) fail("ModelStates: {} layer names for {} layers", names_.size(), specs_.size());
@@ -79,8 +83,8 @@ ModelStates::LayoutSizes ModelStates::lay_out_layers() {
       if (std::find(ly->owners.begin(), ly->owners.end(), owner) == ly->owners.end()) ly->owners.push_back(owner);
     }
     const std::int64_t owned = lo.used;
-    ly->partitioned = s_.stage == 3 && lo.numel > 0 &&
-                      !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
+    ly->partitioned =
+        s_.stage == 3 && lo.numel > 0 && !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
     if (s_.stage == 3 && lo.numel > 0 && !ly->partitioned) persisted += owned;
     if (ly->partitioned) {
       ly->unit = sizes.unit_numel.size();
@@ -129,7 +133,6 @@ void ModelStates::allocate_params_and_grads(const LayoutSizes& sizes) {
   } else {
     grads_shard_ = make(sizes.shard, s_.storage, MemoryPurpose::grads);
   }
-
 }
 
 // The optimizer partition (docs/training_state.md §1-3): fp32 masters when kept apart from the
@@ -181,7 +184,8 @@ void ModelStates::cut_partition(const std::vector<FlatRange>& groups) {
         const FlatSlot& sl2 = lo.slots[si];
         const FlatRange r = intersect(pc, FlatRange{sl2.offset, sl2.offset + sl2.numel});
         if (r.empty()) continue;
-        owned_pieces_.push_back({i, &sl2, tensor_of[i][si], r.begin - sl2.offset, r.size(), ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin)});
+        owned_pieces_.push_back(
+            {i, &sl2, tensor_of[i][si], r.begin - sl2.offset, r.size(), ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin)});
       }
       for (const bool decay : {true, false}) {
         const FlatRange whole = intersect(pc, decay ? FlatRange{0, lo.decay_end} : FlatRange{lo.decay_end, lo.numel});
@@ -283,8 +287,7 @@ void ModelStates::start_communication() {
     }
     ParamCoordinatorSettings cs{s_.prefetch_bucket_size, s_.max_live_parameters, s_.max_reuse_distance};
     ParamCoordinatorCallbacks cb{[this](std::size_t j) { gather_layer(j); }, [this](std::size_t j) { wait_layer(j); },
-                                 [this](std::size_t j) { free_layer(j); },
-                                 [this](std::size_t j) { param_store_->prefetch(layers_[j]->unit); }};
+                                 [this](std::size_t j) { free_layer(j); }, [this](std::size_t j) { param_store_->prefetch(layers_[j]->unit); }};
     coordinator_ = std::make_unique<ParamCoordinator>(std::move(numel), std::move(needs), names_, cs, std::move(cb));
   }
 }
@@ -359,7 +362,8 @@ void ModelStates::gather_layer(std::size_t j) {
   std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's shard piece, the chunk in the gathered buffer)
   for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
     const FlatRange c = lo.chunk_range(k);
-    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / world_), region(ly.gathered, s_.storage, c.begin, c.size()));
+    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / world_),
+                       region(ly.gathered, s_.storage, c.begin, c.size()));
   }
   Communicator* comm = world_ > 1 ? comm_ : nullptr;
   ly.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
@@ -425,7 +429,9 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
     const auto slot = ly.refs[j].second;
     const Layer& o = *layers_[owner];
     const Shape shape = specs_[i][j].shape;
-    const auto at = [&](const Buffer& b, std::int64_t begin) { return b.tensor(s_.storage, shape, static_cast<std::size_t>(begin + slot->offset) * dtype_size(s_.storage)); };
+    const auto at = [&](const Buffer& b, std::int64_t begin) {
+      return b.tensor(s_.storage, shape, static_cast<std::size_t>(begin + slot->offset) * dtype_size(s_.storage));
+    };
     if (o.partitioned) {
       if (o.gathered.empty()) {
         fail("ZeRO-3: layer '{}' reads the parameters of layer '{}', which are not gathered (ModelStates::acquire({}) must precede the call)",
@@ -439,7 +445,8 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
     if (s_.stage <= 1) {
       grads->push_back(at(grads_full_, o.grad_begin));
     } else {
-      if (o.transient_grads.empty()) fail("ZeRO-{}: layer '{}' gradients requested outside its backward (before_backward({}) must precede it)", s_.stage, names_[i], i);
+      if (o.transient_grads.empty())
+        fail("ZeRO-{}: layer '{}' gradients requested outside its backward (before_backward({}) must precede it)", s_.stage, names_[i], i);
       grads->push_back(at(o.transient_grads, 0));
     }
   }
@@ -521,8 +528,8 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
                        region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
   }
   Buffer* transient = &ly.transient_grads;
-  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter,
-                                               g = s_.reduction, path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
+  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter, g = s_.reduction,
+                                              path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
     for (const auto& [chunk, part] : parts) {
       if (comm != nullptr) {
         reduce_gradients(*comm, chunk, rs, g, path, *scratch);
@@ -593,7 +600,7 @@ void ModelStates::all_reduce_sum(Tensor values) {
   }
   Communicator* comm = comm_;
   queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::sum); });
-  drain();  // the caller reads the sums next: bounded by the communicator's timeout first
+  drain();                 // the caller reads the sums next: bounded by the communicator's timeout first
   copy_tensor(values, t);  // a no-op when t is values
 }
 
@@ -821,13 +828,15 @@ void ModelStates::write_unit(std::size_t u, std::int64_t offset, const Tensor& v
 Tensor ModelStates::full_param(std::size_t layer, const FlatSlot& slot) const {
   const Layer& ly = *layers_[layer];
   if (ly.partitioned) return {};
-  return params_full_.tensor(s_.storage, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.full_begin + slot.offset) * dtype_size(s_.storage));
+  return params_full_.tensor(s_.storage, specs_[layer][slot.spec].shape,
+                             static_cast<std::size_t>(ly.full_begin + slot.offset) * dtype_size(s_.storage));
 }
 
 Tensor ModelStates::full_grad(std::size_t layer, const FlatSlot& slot) const {
   if (s_.stage >= 2) return {};
   const Layer& ly = *layers_[layer];
-  return grads_full_.tensor(s_.storage, specs_[layer][slot.spec].shape, static_cast<std::size_t>(ly.grad_begin + slot.offset) * dtype_size(s_.storage));
+  return grads_full_.tensor(s_.storage, specs_[layer][slot.spec].shape,
+                            static_cast<std::size_t>(ly.grad_begin + slot.offset) * dtype_size(s_.storage));
 }
 
 Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
@@ -855,7 +864,9 @@ Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
 struct ModelStates::Staging {
   Buffer host_buf, dev_buf;
   Tensor host, dev;
-  Tensor host_slot(const ParamSpec& ps, const FlatSlot& sl) const { return host_buf.tensor(DType::fp32, ps.shape, static_cast<std::size_t>(sl.offset) * sizeof(float)); }
+  Tensor host_slot(const ParamSpec& ps, const FlatSlot& sl) const {
+    return host_buf.tensor(DType::fp32, ps.shape, static_cast<std::size_t>(sl.offset) * sizeof(float));
+  }
 };
 
 ModelStates::Staging ModelStates::staging(std::int64_t numel) const {

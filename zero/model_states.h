@@ -91,7 +91,7 @@ struct ZeroSettings {
   // communication_data_type (zero/gradient_reduction.h).
   GradientReduction reduction{};
   std::int64_t prefetch_bucket_size = 50'000'000;
-  std::int64_t param_persistence_threshold = 100'000;   // a stage-3 layer with fewer elements stays whole
+  std::int64_t param_persistence_threshold = 100'000;    // a stage-3 layer with fewer elements stays whole
   std::int64_t model_persistence_threshold = INT64_MAX;  // cap on the elements kept whole that way
   std::int64_t max_live_parameters = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
@@ -107,7 +107,7 @@ struct PartitionSegment {
   std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split)
   std::int64_t shard_offset = 0;  // ... and in the rank's shard space
   std::int64_t numel = 0;
-  Tensor grads, param;  // param empty: it lives in a swapped ParamStore unit (below)
+  Tensor grads, param;             // param empty: it lives in a swapped ParamStore unit (below)
   std::ptrdiff_t param_unit = -1;  // partitioned layers: the ParamStore unit, and the first element's offset in it
   std::int64_t unit_offset = 0;
   bool weight_decay = true;
@@ -131,8 +131,8 @@ class ModelStates final : public OptimizerPartition {
  public:
   // specs[i]: layer i's params(); names[i]: its name. comm == nullptr: one rank. Allocates every
   // persistent buffer from `allocator`; params, masters and moments start at zero.
-  ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings,
-              Communicator* comm, Allocator& allocator);
+  ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings, Communicator* comm,
+              Allocator& allocator);
   ~ModelStates();
   ModelStates(const ModelStates&) = delete;
   ModelStates& operator=(const ModelStates&) = delete;
@@ -227,14 +227,14 @@ class ModelStates final : public OptimizerPartition {
 
   // ---- statistics ----
   std::int64_t padded_numel() const { return total_numel_; }  // Ψ, padding included
-  std::int64_t peak_gathered_elements() const;  // stage 3: the most parameter elements gathered at once
+  std::int64_t peak_gathered_elements() const;                // stage 3: the most parameter elements gathered at once
 
  private:
   struct Layer;
   // The constructor's build steps, in order (model_states.cpp).
   struct LayoutSizes {
-    std::int64_t full = 0;   // elements of the layers kept whole (params_full_)
-    std::int64_t shard = 0;  // elements of this rank's shard of every layer (the optimizer partition)
+    std::int64_t full = 0;                 // elements of the layers kept whole (params_full_)
+    std::int64_t shard = 0;                // elements of this rank's shard of every layer (the optimizer partition)
     std::vector<std::int64_t> unit_numel;  // stage 3: the partitioned layers' shards (the parameter store's units)
   };
   LayoutSizes lay_out_layers();
@@ -272,7 +272,7 @@ class ModelStates final : public OptimizerPartition {
   // Model-wide buffers (regions per layer; see the table above).
   Buffer params_full_, grads_full_, grads_shard_;
   std::unique_ptr<ParamStore> param_store_;  // stage 3: the partitioned layers' shards, one unit per layer
-  std::unique_ptr<StateStore> store_;  // the optimizer partition: masters (when apart) + optimizer states
+  std::unique_ptr<StateStore> store_;        // the optimizer partition: masters (when apart) + optimizer states
   bool masters_apart_ = false;
   std::int32_t tensor_count_ = 0;
   std::vector<OwnedPiece> owned_pieces_;

@@ -26,10 +26,14 @@ constexpr int kDataTag = 8;
 // Elements travel as unsigned integers of their size: MPI moves the bits and never rounds them.
 MPI_Datatype element_type(DType dtype) {
   switch (dtype_size(dtype)) {
-    case 2: return MPI_UINT16_T;
-    case 4: return MPI_UINT32_T;
-    case 8: return MPI_UINT64_T;
-    default: break;
+    case 2:
+      return MPI_UINT16_T;
+    case 4:
+      return MPI_UINT32_T;
+    case 8:
+      return MPI_UINT64_T;
+    default:
+      break;
   }
   fail("MPI communicator: dtype {} cannot be communicated", dtype_name(dtype));
 }
@@ -41,13 +45,18 @@ std::string describe(const MpiCommunicator::Call& c, int world) {
   const auto dt = dtype_name(static_cast<DType>(c.dtype));
   const auto op = reduce_op_name(static_cast<ReduceOp>(c.op));
   switch (kind) {
-    case CollectiveKind::all_reduce: return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, op);
+    case CollectiveKind::all_reduce:
+      return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, op);
     case CollectiveKind::reduce_scatter:
       return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count, op);
-    case CollectiveKind::all_gather: return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
-    case CollectiveKind::broadcast: return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
-    case CollectiveKind::barrier: return fmt::format("{} #{}", name, c.sequence);
-    case CollectiveKind::all_to_all: return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::all_gather:
+      return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
+    case CollectiveKind::broadcast:
+      return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
+    case CollectiveKind::barrier:
+      return fmt::format("{} #{}", name, c.sequence);
+    case CollectiveKind::all_to_all:
+      return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
   }
   return std::string(name);
 }
@@ -147,12 +156,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
     const int status = MPI_Comm_idup(comm, dup, &request);
     if (status != MPI_SUCCESS) fail("MPI communicator: MPI_Comm_idup on rank {} failed: {}", rank(), mpi_error_text(status));
     int done = 0;
-    const bool ok = poll_until([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done; },
-                               Clock::now() + timeout_);
+    const bool ok = poll_until([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done; }, Clock::now() + timeout_);
     if (!ok) {
-      fail("MPI communicator: rank {} of {}: the other processes did not join the communicator within {} ms. Fix: check that every "
-           "process of the job starts dstrain the same way, or raise DSTRAIN_COMM_TIMEOUT (seconds)",
-           rank(), world_size(), timeout_.count());
+      fail(
+          "MPI communicator: rank {} of {}: the other processes did not join the communicator within {} ms. Fix: check that every "
+          "process of the job starts dstrain the same way, or raise DSTRAIN_COMM_TIMEOUT (seconds)",
+          rank(), world_size(), timeout_.count());
     }
     MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
   }
@@ -167,7 +176,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (!failure_.empty()) {
     // MPI may still write the buffers of the exchange that failed (scratch, arrival receives, this
     // rank's pending description): leave them to the process's end, which follows a failure.
-    new std::vector<char>(std::move(scratch_));     // NOLINT: deliberately leaked
+    new std::vector<char>(std::move(scratch_));   // NOLINT: deliberately leaked
     new std::vector<Call>(std::move(received_));  // NOLINT
     new std::vector<Call>(std::move(seen_));      // NOLINT
     return;
@@ -184,8 +193,7 @@ void MpiCommunicator::fail_with(std::string message) {
 
 void MpiCommunicator::check_usable() const {
   if (!failure_.empty()) {
-    throw Error(fmt::format("MPI communicator: rank {} cannot issue collective #{}: the group failed earlier: {}", rank(), sequence(),
-                            failure_));
+    throw Error(fmt::format("MPI communicator: rank {} cannot issue collective #{}: the group failed earlier: {}", rank(), sequence(), failure_));
   }
 }
 
@@ -251,21 +259,21 @@ void MpiCommunicator::arrive(const Call& call) {
       whose += has_seen_[k] ? fmt::format("; rank {} last reached {}", q, describe(seen_[k], w))
                             : fmt::format("; rank {} has reached no collective yet", q);
     }
-    fail_with(fmt::format(
-        "MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not reach it{}. Every rank must issue the same "
-        "collectives in the same order; a rank that skips one (an early return, a rank-dependent branch), is stuck, or whose process "
-        "ended leaves the others waiting. Fix: look at rank(s) {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) "
-        "if it is only slow",
-        describe(call, w), me, timeout_.count(), ranks_text(missing), w, whose, ranks_text(missing)));
+    fail_with(
+        fmt::format("MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not reach it{}. Every rank must issue the same "
+                    "collectives in the same order; a rank that skips one (an early return, a rank-dependent branch), is stuck, or whose process "
+                    "ended leaves the others waiting. Fix: look at rank(s) {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) "
+                    "if it is only slow",
+                    describe(call, w), me, timeout_.count(), ranks_text(missing), w, whose, ranks_text(missing)));
   }
   for (int q = 0; q < w; ++q) {
     const Call& other = seen_[static_cast<std::size_t>(q)];
     if (q != me && !same_call(call, other)) {
-      fail_with(fmt::format(
-          "MPI communicator: collective mismatch: rank {} called {} but rank {} called {}. Every rank must issue the same collectives "
-          "in the same order with the same dtype, element count, op and root. Fix: look for a rank-dependent branch or size before "
-          "this call",
-          me, describe(call, w), q, describe(other, w)));
+      fail_with(
+          fmt::format("MPI communicator: collective mismatch: rank {} called {} but rank {} called {}. Every rank must issue the same collectives "
+                      "in the same order with the same dtype, element count, op and root. Fix: look for a rank-dependent branch or size before "
+                      "this call",
+                      me, describe(call, w), q, describe(other, w)));
     }
   }
 }
@@ -299,17 +307,21 @@ void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector
     if (requests[i] != MPI_REQUEST_NULL && std::find(stuck.begin(), stuck.end(), peer_of[i]) == stuck.end()) stuck.push_back(peer_of[i]);
   }
   std::sort(stuck.begin(), stuck.end());
-  fail_with(fmt::format(
-      "MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not complete their part of it, although every rank "
-      "reached it: a process stopped or ended during the collective, or the network between the processes failed. Fix: look at rank(s) "
-      "{}'s own output and the launcher's messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
-      describe(call, world_size()), rank(), timeout_.count(), ranks_text(stuck), world_size(), ranks_text(stuck)));
+  fail_with(
+      fmt::format("MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not complete their part of it, although every rank "
+                  "reached it: a process stopped or ended during the collective, or the network between the processes failed. Fix: look at rank(s) "
+                  "{}'s own output and the launcher's messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
+                  describe(call, world_size()), rank(), timeout_.count(), ranks_text(stuck), world_size(), ranks_text(stuck)));
 }
 
 void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
   check_host(buf, "the buffer");
-  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::all_reduce), static_cast<std::int32_t>(buf.dtype),
-                  static_cast<std::int32_t>(op), 0, buf.numel()};
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::all_reduce),
+                  static_cast<std::int32_t>(buf.dtype),
+                  static_cast<std::int32_t>(op),
+                  0,
+                  buf.numel()};
   arrive(call);
   const int w = world_size();
   const int me = rank();
@@ -353,8 +365,12 @@ void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
 void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::reduce_scatter), static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(op), 0, recv.numel()};
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::reduce_scatter),
+                  static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(op),
+                  0,
+                  recv.numel()};
   arrive(call);
   const int w = world_size();
   const int me = rank();
@@ -379,15 +395,20 @@ void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, 
   // In place (recv = this rank's shard of send) the output aliases input `me`: reduce_over_ranks
   // reads a block's inputs before writing it.
   std::vector<const void*> in(static_cast<std::size_t>(w));
-  for (int q = 0; q < w; ++q) in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
+  for (int q = 0; q < w; ++q)
+    in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
   reduce_over_ranks(send.dtype, in, {recv.data}, n, op);
 }
 
 void MpiCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::all_gather), static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum), 0, send.numel()};
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::all_gather),
+                  static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum),
+                  0,
+                  send.numel()};
   arrive(call);
   const std::int64_t n = send.numel();
   if (n == 0) return;
@@ -415,8 +436,12 @@ void MpiCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
   check_host(send, "send");
   check_host(recv, "recv");
   const std::int64_t n = send.numel() / world_size();
-  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::all_to_all), static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum), 0, n};
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::all_to_all),
+                  static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum),
+                  0,
+                  n};
   arrive(call);
   if (n == 0) return;
   const int w = world_size();
@@ -437,8 +462,12 @@ void MpiCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
 
 void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
   check_host(buf, "the buffer");
-  const Call call{sequence(), static_cast<std::int32_t>(CollectiveKind::broadcast), static_cast<std::int32_t>(buf.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum), root, buf.numel()};
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::broadcast),
+                  static_cast<std::int32_t>(buf.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum),
+                  root,
+                  buf.numel()};
   arrive(call);
   if (world_size() == 1 || buf.numel() == 0) return;
   // From the root to every rank directly (the engine broadcasts nothing per step).
@@ -455,8 +484,6 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
 }
 
 // Every rank has reached the barrier once every rank's description has come.
-void MpiCommunicator::do_barrier() {
-  arrive(Call{sequence(), static_cast<std::int32_t>(CollectiveKind::barrier), 0, 0, 0, 0});
-}
+void MpiCommunicator::do_barrier() { arrive(Call{sequence(), static_cast<std::int32_t>(CollectiveKind::barrier), 0, 0, 0, 0}); }
 
 }  // namespace dstrain

@@ -106,9 +106,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm ctrl_ = MPI_COMM_NULL;  // arrival descriptions
   MPI_Comm data_ = MPI_COMM_NULL;  // collectives' data
   std::chrono::milliseconds timeout_;
-  std::vector<Call> seen_;       // per rank: the last description received (this rank's own: its last call)
-  std::vector<bool> has_seen_;   // per rank: a description has come
-  std::vector<Call> received_;   // per rank: receive buffers of the arrival exchange
+  std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
+  std::vector<bool> has_seen_;  // per rank: a description has come
+  std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
   std::vector<char> scratch_;
   std::string failure_;
 };

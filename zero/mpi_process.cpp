@@ -16,17 +16,23 @@ bool started_here = false;  // init_mpi() called MPI_Init_thread: finalize_mpi()
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "an unknown MPI thread level";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown MPI thread level";
   }
 }
 #else
 [[noreturn]] void no_mpi() {
-  fail("this dstrain was built without MPI, so it has no mpi backend. Fix: install an MPI (Debian: libopenmpi-dev openmpi-bin; "
-       "scripts/setup.sh does) and configure again, or run the ranks as threads of one process with --num-ranks N");
+  fail(
+      "this dstrain was built without MPI, so it has no mpi backend. Fix: install an MPI (Debian: libopenmpi-dev openmpi-bin; "
+      "scripts/setup.sh does) and configure again, or run the ranks as threads of one process with --num-ranks N");
 }
 #endif
 
@@ -60,8 +66,10 @@ MpiWorld init_mpi() {
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
     const int status = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    DSTRAIN_CHECK(status == MPI_SUCCESS, "MPI_Init_thread failed (status {}). Fix: check the MPI installation (mpirun --version) and that "
-                  "the launcher started this process", status);
+    DSTRAIN_CHECK(status == MPI_SUCCESS,
+                  "MPI_Init_thread failed (status {}). Fix: check the MPI installation (mpirun --version) and that "
+                  "the launcher started this process",
+                  status);
     started_here = true;
     // Errors come back as status codes, which the MPI backend turns into Errors: the library
     // never lets MPI end the process.

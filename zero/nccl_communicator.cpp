@@ -19,21 +19,30 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::fp32: return ncclFloat32;
-    case DType::fp16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::int32: return ncclInt32;
-    case DType::fp64: return ncclFloat64;
-    case DType::uint16: break;
+    case DType::fp32:
+      return ncclFloat32;
+    case DType::fp16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::int32:
+      return ncclInt32;
+    case DType::fp64:
+      return ncclFloat64;
+    case DType::uint16:
+      break;
   }
   fail("NCCL communicator: dtype {} cannot be communicated", dtype_name(dtype));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
   }
   fail("NCCL communicator: unknown reduce op");
 }
@@ -55,8 +64,7 @@ ncclUniqueId bootstrap_id(const LaunchEnv& env) {
                   env.world_size, env.launcher);
     const std::string address = comm_id_address(env.master_addr, env.master_port);
     // Before any NCCL call reads it; 0 = do not overwrite a value set meanwhile.
-    DSTRAIN_CHECK(::setenv("NCCL_COMM_ID", address.c_str(), 0) == 0, "NCCL bootstrap: setenv(NCCL_COMM_ID={}) failed",
-                  address);
+    DSTRAIN_CHECK(::setenv("NCCL_COMM_ID", address.c_str(), 0) == 0, "NCCL bootstrap: setenv(NCCL_COMM_ID={}) failed", address);
     log_debug("NCCL bootstrap through NCCL_COMM_ID={} (rank {} of {})", address, env.rank, env.world_size);
   }
   ncclUniqueId id;
@@ -67,9 +75,7 @@ ncclUniqueId bootstrap_id(const LaunchEnv& env) {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(const LaunchEnv& env, NcclOptions options)
-    : Communicator(env.rank, env.world_size),
-      device_(options.device >= 0 ? options.device : env.local_rank),
-      timeout_(options.timeout) {
+    : Communicator(env.rank, env.world_size), device_(options.device >= 0 ? options.device : env.local_rank), timeout_(options.timeout) {
   if (options.device < 0) {
     // A launcher that isolates GPUs (srun --gpus-per-task=1, containers) shows each process only
     // its own GPU, as device 0, whatever its local rank.
@@ -104,8 +110,8 @@ void NcclCommunicator::init(const ncclUniqueId& id) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so that a rank that never joins gives a timeout, not a hang
     const char* comm_id = std::getenv("NCCL_COMM_ID");
-    last_call_ = fmt::format("the bootstrap (ncclCommInitRankConfig as rank {} of {}, NCCL_COMM_ID={})", rank(),
-                             world_size(), comm_id != nullptr ? comm_id : "unset");
+    last_call_ = fmt::format("the bootstrap (ncclCommInitRankConfig as rank {} of {}, NCCL_COMM_ID={})", rank(), world_size(),
+                             comm_id != nullptr ? comm_id : "unset");
     const ncclResult_t status = ncclCommInitRankConfig(&comm_, world_size(), id, rank(), &config);
     if (comm_ == nullptr) DSTRAIN_NCCL_CHECK(status);  // failed before a communicator existed
     complete(status, "ncclCommInitRankConfig", __FILE__, __LINE__);
@@ -186,21 +192,21 @@ void NcclCommunicator::poll_until(Done done, const std::string& waiting_for) {
     DSTRAIN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     if (async != ncclSuccess && async != ncclInProgress) {
       const char* detail = ncclGetLastError(comm_);
-      abort_with(fmt::format(
-          "NCCL failed on rank {} of {} while {}: {}{}{}. The communicator was aborted. Fix: check the other ranks' "
-          "logs (a dead peer shows here as a remote/system error) and rerun with NCCL_DEBUG=WARN",
-          rank(), world_size(), waiting_for, ncclGetErrorString(async), detail != nullptr && *detail != '\0' ? ": " : "",
-          detail != nullptr ? detail : ""));
+      abort_with(
+          fmt::format("NCCL failed on rank {} of {} while {}: {}{}{}. The communicator was aborted. Fix: check the other ranks' "
+                      "logs (a dead peer shows here as a remote/system error) and rerun with NCCL_DEBUG=WARN",
+                      rank(), world_size(), waiting_for, ncclGetErrorString(async), detail != nullptr && *detail != '\0' ? ": " : "",
+                      detail != nullptr ? detail : ""));
     }
     if (async == ncclSuccess && done()) return;
     if (Clock::now() >= deadline) {
-      abort_with(fmt::format(
-          "NCCL on rank {} of {} timed out after {} ms while {} (last issued: {}). A peer rank is dead or stuck, is "
-          "waiting in a different collective (ranks must issue the same collectives in the same order), or cannot "
-          "reach this one (MASTER_ADDR/MASTER_PORT, NCCL_SOCKET_IFNAME). The communicator was aborted. Fix: read the "
-          "other ranks' logs first, rerun with NCCL_DEBUG=WARN, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the step "
-          "is legitimately slow",
-          rank(), world_size(), timeout_.count(), waiting_for, last_call_));
+      abort_with(
+          fmt::format("NCCL on rank {} of {} timed out after {} ms while {} (last issued: {}). A peer rank is dead or stuck, is "
+                      "waiting in a different collective (ranks must issue the same collectives in the same order), or cannot "
+                      "reach this one (MASTER_ADDR/MASTER_PORT, NCCL_SOCKET_IFNAME). The communicator was aborted. Fix: read the "
+                      "other ranks' logs first, rerun with NCCL_DEBUG=WARN, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the step "
+                      "is legitimately slow",
+                      rank(), world_size(), timeout_.count(), waiting_for, last_call_));
     }
     if (spin < 64) {
       std::this_thread::yield();
@@ -256,10 +262,8 @@ void NcclCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
   check_usable();
   check_device(buf, "the buffer", "all_reduce");
   wait_for_compute();
-  last_call_ = fmt::format("all_reduce #{} ({}, {} elements, {})", sequence(), dtype_name(buf.dtype), buf.numel(),
-                           reduce_op_name(op));
-  DSTRAIN_NCCL_ENQUEUE(ncclAllReduce(buf.data, buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype),
-                                     nccl_op(op), comm_, stream_));
+  last_call_ = fmt::format("all_reduce #{} ({}, {} elements, {})", sequence(), dtype_name(buf.dtype), buf.numel(), reduce_op_name(op));
+  DSTRAIN_NCCL_ENQUEUE(ncclAllReduce(buf.data, buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype), nccl_op(op), comm_, stream_));
   after_enqueue();
 }
 
@@ -268,11 +272,11 @@ void NcclCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv,
   check_device(send, "send", "reduce_scatter");
   check_device(recv, "recv", "reduce_scatter");
   wait_for_compute();
-  last_call_ = fmt::format("reduce_scatter #{} ({}, {}×{} -> {} elements, {})", sequence(), dtype_name(send.dtype),
-                           world_size(), recv.numel(), recv.numel(), reduce_op_name(op));
+  last_call_ = fmt::format("reduce_scatter #{} ({}, {}×{} -> {} elements, {})", sequence(), dtype_name(send.dtype), world_size(), recv.numel(),
+                           recv.numel(), reduce_op_name(op));
   // In place is NCCL's own convention too: recv == send + rank·n.
-  DSTRAIN_NCCL_ENQUEUE(ncclReduceScatter(send.data, recv.data, static_cast<std::size_t>(recv.numel()),
-                                         nccl_type(send.dtype), nccl_op(op), comm_, stream_));
+  DSTRAIN_NCCL_ENQUEUE(
+      ncclReduceScatter(send.data, recv.data, static_cast<std::size_t>(recv.numel()), nccl_type(send.dtype), nccl_op(op), comm_, stream_));
   after_enqueue();
 }
 
@@ -281,11 +285,9 @@ void NcclCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
   check_device(send, "send", "all_gather");
   check_device(recv, "recv", "all_gather");
   wait_for_compute();
-  last_call_ = fmt::format("all_gather #{} ({}, {} -> {}×{} elements)", sequence(), dtype_name(send.dtype), send.numel(),
-                           world_size(), send.numel());
+  last_call_ = fmt::format("all_gather #{} ({}, {} -> {}×{} elements)", sequence(), dtype_name(send.dtype), send.numel(), world_size(), send.numel());
   // In place: send == recv + rank·n, as NCCL defines it.
-  DSTRAIN_NCCL_ENQUEUE(ncclAllGather(send.data, recv.data, static_cast<std::size_t>(send.numel()), nccl_type(send.dtype),
-                                     comm_, stream_));
+  DSTRAIN_NCCL_ENQUEUE(ncclAllGather(send.data, recv.data, static_cast<std::size_t>(send.numel()), nccl_type(send.dtype), comm_, stream_));
   after_enqueue();
 }
 
@@ -294,8 +296,7 @@ void NcclCommunicator::do_broadcast(const Tensor& buf, int root) {
   check_device(buf, "the buffer", "broadcast");
   wait_for_compute();
   last_call_ = fmt::format("broadcast #{} ({}, {} elements, root {})", sequence(), dtype_name(buf.dtype), buf.numel(), root);
-  DSTRAIN_NCCL_ENQUEUE(ncclBroadcast(buf.data, buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype), root,
-                                     comm_, stream_));
+  DSTRAIN_NCCL_ENQUEUE(ncclBroadcast(buf.data, buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype), root, comm_, stream_));
   after_enqueue();
 }
 

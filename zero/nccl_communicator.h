@@ -120,7 +120,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t comm_done_ = nullptr;
   static constexpr std::size_t kMarkEvents = 64;
   std::array<cudaEvent_t, kMarkEvents> marks_{};  // marks_[s % kMarkEvents]: recorded after collective s
-  int* barrier_word_ = nullptr;  // 4 bytes of device memory for barrier()
+  int* barrier_word_ = nullptr;                   // 4 bytes of device memory for barrier()
   std::string last_call_ = "no collective yet";
   std::string failure_;
 };

@@ -21,11 +21,11 @@ namespace dstrain {
 
 // Where a segment's elements sit inside one parameter tensor.
 struct TensorPiece {
-  std::int32_t tensor = 0;        // the parameter's index among the model's owned parameters (layer order)
-  std::int64_t offset = 0;        // first element, counted from the segment's start
+  std::int32_t tensor = 0;  // the parameter's index among the model's owned parameters (layer order)
+  std::int64_t offset = 0;  // first element, counted from the segment's start
   std::int64_t numel = 0;
-  std::int64_t tensor_offset = 0; // the same first element, counted from the tensor's start
-  std::int64_t tensor_numel = 0;  // the whole tensor's element count (== numel when the rank holds all of it)
+  std::int64_t tensor_offset = 0;  // the same first element, counted from the tensor's start
+  std::int64_t tensor_numel = 0;   // the whole tensor's element count (== numel when the rank holds all of it)
 };
 
 // One run of the rank's partition: `master` (fp32, updated in place), its gradient (`grads`: fp32,

@@ -27,9 +27,10 @@ ParamCoordinator::ParamCoordinator(std::vector<std::int64_t> numel, std::vector<
     std::int64_t total = 0;
     for (std::size_t o : n) total += numel_[o];
     if (total > s_.max_live) {
-      fail("zero_optimization.stage3_max_live_parameters is {} but layer '{}' needs {} parameter elements gathered at once; "
-           "raise stage3_max_live_parameters to at least {}",
-           s_.max_live, names_[i], total, total);
+      fail(
+          "zero_optimization.stage3_max_live_parameters is {} but layer '{}' needs {} parameter elements gathered at once; "
+          "raise stage3_max_live_parameters to at least {}",
+          s_.max_live, names_[i], total, total);
     }
   }
 }

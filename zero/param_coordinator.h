@@ -32,8 +32,8 @@
 namespace dstrain {
 
 struct ParamCoordinatorSettings {
-  std::int64_t prefetch_bucket = 50'000'000;  // stage3_prefetch_bucket_size (0: no prefetch)
-  std::int64_t max_live = 1'000'000'000;      // stage3_max_live_parameters
+  std::int64_t prefetch_bucket = 50'000'000;        // stage3_prefetch_bucket_size (0: no prefetch)
+  std::int64_t max_live = 1'000'000'000;            // stage3_max_live_parameters
   std::int64_t max_reuse_distance = 1'000'000'000;  // stage3_max_reuse_distance
 };
 
@@ -65,8 +65,8 @@ class ParamCoordinator {
   std::int64_t live() const { return live_; }            // elements gathered or in flight now
   std::int64_t peak_live() const { return peak_live_; }  // the most ever
   void reset_peak() { peak_live_ = live_; }
-  std::uint64_t gathers() const { return gathers_; }     // gathers issued so far
-  bool prefetching() const { return trace_ok_; }         // false after a deviation from the trace
+  std::uint64_t gathers() const { return gathers_; }  // gathers issued so far
+  bool prefetching() const { return trace_ok_; }      // false after a deviation from the trace
 
  private:
   void gather(std::size_t owner);
@@ -82,7 +82,7 @@ class ParamCoordinator {
   ParamCoordinatorCallbacks cb_;
   std::vector<bool> gathered_;  // gathered or in flight
   std::span<const std::size_t> trace_;
-  std::size_t pos_ = 0;   // trace position of the current / next call
+  std::size_t pos_ = 0;  // trace position of the current / next call
   bool trace_ok_ = false;
   std::int64_t live_ = 0;
   std::int64_t peak_live_ = 0;

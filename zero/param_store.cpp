@@ -9,8 +9,7 @@ void ParamStore::check_unit(std::size_t u, const char* call) const {
   if (u >= layout_.numel.size()) fail("ParamStore::{}: unit {} of {}", call, u, layout_.numel.size());
 }
 
-ResidentParamStore::ResidentParamStore(ParamStoreLayout layout, Allocator& allocator, StateHome home)
-    : ParamStore(std::move(layout)), home_(home) {
+ResidentParamStore::ResidentParamStore(ParamStoreLayout layout, Allocator& allocator, StateHome home) : ParamStore(std::move(layout)), home_(home) {
   const ParamStoreLayout& lo = this->layout();
   std::int64_t total = 0;
   for (std::int64_t n : lo.numel) total += n;

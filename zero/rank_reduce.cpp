@@ -11,12 +11,25 @@ namespace {
 
 // Accumulation type and conversions: 16-bit floats accumulate in fp32 and round once at the end;
 // int32 sums wrap (computed in uint32: signed overflow would be undefined behaviour).
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<std::int32_t> { using type = std::int32_t; };
-template <> struct Acc<double> { using type = double; };
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<std::int32_t> {
+  using type = std::int32_t;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
 
-template <typename T> typename Acc<T>::type load(T v) { return static_cast<typename Acc<T>::type>(v); }
-template <typename T> T store(typename Acc<T>::type v) {
+template <typename T>
+typename Acc<T>::type load(T v) {
+  return static_cast<typename Acc<T>::type>(v);
+}
+template <typename T>
+T store(typename Acc<T>::type v) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t>) {
     return v;
   } else {
@@ -24,7 +37,8 @@ template <typename T> T store(typename Acc<T>::type v) {
   }
 }
 
-template <typename A> A add(A a, A b) {
+template <typename A>
+A add(A a, A b) {
   if constexpr (std::is_same_v<A, std::int32_t>) {
     return static_cast<std::int32_t>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b));
   } else {
@@ -33,7 +47,8 @@ template <typename A> A add(A a, A b) {
 }
 
 // NaN wins, as in a sum: a max that hid a NaN gradient would hide an overflow.
-template <typename A> A max_of(A a, A b) {
+template <typename A>
+A max_of(A a, A b) {
   if constexpr (std::is_floating_point_v<A>) {
     if (std::isnan(a)) return a;
     if (std::isnan(b)) return b;
@@ -77,15 +92,20 @@ void reduce_into(const std::vector<const void*>& in, const std::vector<void*>& o
 
 }  // namespace
 
-void reduce_over_ranks(DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n,
-                     ReduceOp op) {
+void reduce_over_ranks(DType dtype, const std::vector<const void*>& in, const std::vector<void*>& out, std::int64_t n, ReduceOp op) {
   switch (dtype) {
-    case DType::fp32: return reduce_into<float>(in, out, n, op);
-    case DType::fp16: return reduce_into<fp16_t>(in, out, n, op);
-    case DType::bf16: return reduce_into<bf16_t>(in, out, n, op);
-    case DType::int32: return reduce_into<std::int32_t>(in, out, n, op);
-    case DType::fp64: return reduce_into<double>(in, out, n, op);
-    case DType::uint16: break;
+    case DType::fp32:
+      return reduce_into<float>(in, out, n, op);
+    case DType::fp16:
+      return reduce_into<fp16_t>(in, out, n, op);
+    case DType::bf16:
+      return reduce_into<bf16_t>(in, out, n, op);
+    case DType::int32:
+      return reduce_into<std::int32_t>(in, out, n, op);
+    case DType::fp64:
+      return reduce_into<double>(in, out, n, op);
+    case DType::uint16:
+      break;
   }
   fail("collective: dtype {} cannot be reduced", dtype_name(dtype));
 }

@@ -57,7 +57,8 @@ void fsync_close(int fd, const fs::path& path) {
 
 Json read_json_file(const fs::path& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail("checkpoint {} {} is missing or unreadable: {}; the checkpoint is incomplete — load another tag", what, q(path), std::strerror(errno));
+  if (!in)
+    fail("checkpoint {} {} is missing or unreadable: {}; the checkpoint is incomplete — load another tag", what, q(path), std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   try {
@@ -81,9 +82,10 @@ std::string CheckpointPiece::tensor_name() const { return buffer + "/" + param +
 void check_checkpoint_tag(const std::string& tag) {
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos || tag.find('\0') != std::string::npos ||
       tag.ends_with(".partial") || tag == kLatestFile) {
-    fail("checkpoint tag '{}' cannot name a checkpoint folder: use a non-empty name without '/', not \".\", \"..\", \"latest\" or one "
-         "ending in \".partial\" (the default is global_step<N>)",
-         tag);
+    fail(
+        "checkpoint tag '{}' cannot name a checkpoint folder: use a non-empty name without '/', not \".\", \"..\", \"latest\" or one "
+        "ending in \".partial\" (the default is global_step<N>)",
+        tag);
   }
 }
 
@@ -209,8 +211,10 @@ std::shared_ptr<const Architecture> manifest_architecture(const config::Json& m,
       return f->from_config_json(legacy->dump(), fmt::format("{} (manifest \"{}\")", where, f->name()));
     }
   }
-  fail("checkpoint {}: its manifest records no model (no \"architecture\"); it was saved from a model without a family, whose weights "
-       "have no file layout", q(where));
+  fail(
+      "checkpoint {}: its manifest records no model (no \"architecture\"); it was saved from a model without a family, whose weights "
+      "have no file layout",
+      q(where));
 }
 
 }  // namespace dstrain

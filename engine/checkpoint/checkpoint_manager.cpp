@@ -39,9 +39,9 @@ struct CheckpointManager::SaveJob {
   int rank_files = 1;
   std::vector<CheckpointPiece> pieces;
   RankFileWriterOptions writer;
-  std::uint64_t bytes = 0;  // this rank's data, for checkpoint.writer.show_statistics
+  std::uint64_t bytes = 0;              // this rank's data, for checkpoint.writer.show_statistics
   const std::byte* snapshot = nullptr;  // CheckpointManager::snapshot_memory_, copied in before the thread starts
-  config::Json manifest;  // rank 0
+  config::Json manifest;                // rank 0
   std::thread thread;
   std::string error;
   ~SaveJob() {
@@ -54,18 +54,19 @@ CheckpointManager::CheckpointManager(Engine& engine) : engine_(engine) {
   const int world = engine_.impl_->world;
   // The checkpoint section's keys that change nothing here, with the reason (docs/checkpoints.md).
   if (config.checkpoint.load_universal) {
-    log_info("checkpoint.load_universal: every dstrain checkpoint is universal (parameter space, loadable at any world size and ZeRO "
-             "stage), so it is read as any other; DeepSpeed's universal-checkpoint folders are not read");
+    log_info(
+        "checkpoint.load_universal: every dstrain checkpoint is universal (parameter space, loadable at any world size and ZeRO "
+        "stage), so it is read as any other; DeepSpeed's universal-checkpoint folders are not read");
   }
   if (config.checkpoint.use_node_local_storage && world > 1) {
-    log_warning("checkpoint.use_node_local_storage: dstrain's save has rank 0 read every rank's index before it commits the checkpoint, "
-                "so the save folder must be one every rank can read (a shared file system); the key is ignored");
+    log_warning(
+        "checkpoint.use_node_local_storage: dstrain's save has rank 0 read every rank's index before it commits the checkpoint, "
+        "so the save folder must be one every rank can read (a shared file system); the key is ignored");
   }
   if (config.checkpoint.writer_options.decoupled) prepare_snapshot(rank_bytes());
 }
 
 CheckpointManager::~CheckpointManager() = default;  // a pending save's thread is joined by ~SaveJob
-
 
 namespace {
 
@@ -82,8 +83,11 @@ double tag_hash(const std::string& tag) { return static_cast<double>(crc32c(tag.
 // checkpoint.writer.show_statistics: what DeepSpeed's FastFileWriter reports, per rank.
 void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clock::time_point since, const RankFileWriter& w) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-  log_info("checkpoint writer statistics, rank {}: {} bytes in {:.3f} s = {:.2f} GB/s ({}, staged, checksummed, written and fsync'd)", rank, bytes,
-           s, static_cast<double>(bytes) / 1e9 / std::max(s, 1e-9), !w.direct() ? "buffered" : w.io_uring() ? "O_DIRECT, io_uring" : "O_DIRECT, pwrite");
+  log_info("checkpoint writer statistics, rank {}: {} bytes in {:.3f} s = {:.2f} GB/s ({}, staged, checksummed, written and fsync'd)", rank, bytes, s,
+           static_cast<double>(bytes) / 1e9 / std::max(s, 1e-9),
+           !w.direct()    ? "buffered"
+           : w.io_uring() ? "O_DIRECT, io_uring"
+                          : "O_DIRECT, pwrite");
 }
 
 }  // namespace
@@ -101,11 +105,13 @@ config::Json CheckpointManager::manifest(const std::string& tag, const config::J
       {"format", kCheckpointFormat},
       {"version", kCheckpointVersion},
       {"tag", tag},
-      {"layout", {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(engine_.dims_.dtype))}}},
+      {"layout",
+       {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(engine_.dims_.dtype))}}},
       {"model", {{"parameter_count", engine_.parameter_count_}, {"params", params}}},
       // The 1-bit family's scalars (phase, counters, frozen ratios; docs/optimizers_onebit.md §5).
-      {"optimizer", im.onebit ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
-                              : config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
+      {"optimizer", im.onebit
+                        ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
+                        : config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}}},
       {"engine",
        {{"global_steps", engine_.global_steps_},
         {"global_samples", engine_.global_samples_},
@@ -124,8 +130,8 @@ config::Json CheckpointManager::manifest(const std::string& tag, const config::J
       {"lr_scheduler", {{"last_batch_iteration", im.schedule.last_batch_iteration()}}},
       // The model's family and config (docs/checkpoints.md "Manifest"), which consolidate rebuilds it from.
       {"architecture", engine_.model_.architecture ? config::Json{{"family", engine_.model_.architecture->family().name()},
-                                                          {"config", config::Json::parse(engine_.model_.architecture->config_json())}}
-                                           : config::Json(nullptr)},
+                                                                  {"config", config::Json::parse(engine_.model_.architecture->config_json())}}
+                                                   : config::Json(nullptr)},
       {"seed", im.options.seed},
       {"bf16_stochastic_rounding", im.rounding.enabled},
       {"ds_config", im.config.to_json()},
@@ -136,9 +142,10 @@ config::Json CheckpointManager::manifest(const std::string& tag, const config::J
 std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::string tag, const config::Json& client_state) {
   Engine::Impl& im = *engine_.impl_;
   if (engine_.have_backward_ || engine_.micro_steps_ % engine_.gas_ != 0) {
-    fail("CheckpointManager::save: the engine is inside a gradient-accumulation window (micro-step {} of {}); the accumulated gradients of a "
-         "half-done step are not saved — call it after the step() that completes the window",
-         engine_.micro_steps_ % engine_.gas_, engine_.gas_);
+    fail(
+        "CheckpointManager::save: the engine is inside a gradient-accumulation window (micro-step {} of {}); the accumulated gradients of a "
+        "half-done step are not saved — call it after the step() that completes the window",
+        engine_.micro_steps_ % engine_.gas_, engine_.gas_);
   }
   wait();  // a decoupled save still being written is committed first
   if (tag.empty()) tag = fmt::format("global_step{}", engine_.global_steps_);
@@ -151,9 +158,9 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
     double v[2] = {h, h * h};
     im.states->all_reduce_sum(Tensor(v, DType::fp64, Shape{2}));
     if (v[0] != im.world * h || v[1] != im.world * h * h) {
-      const std::string msg = fmt::format(
-          "checkpoint tag '{}' of rank {} is not the same on every rank (checkpoint.tag_validation: {}); pass the same tag on every rank", tag, r,
-          config::to_string(im.config.checkpoint.tag_validation));
+      const std::string msg =
+          fmt::format("checkpoint tag '{}' of rank {} is not the same on every rank (checkpoint.tag_validation: {}); pass the same tag on every rank",
+                      tag, r, config::to_string(im.config.checkpoint.tag_validation));
       if (im.config.checkpoint.tag_validation == config::TagValidation::fail) throw Error(msg);
       log_warning("{}", msg);
     }
@@ -446,8 +453,8 @@ void CheckpointManager::restore_scalars(const CheckpointScalars& c, const LoadCh
   // overflow history carry over and the hysteresis starts full, as a fresh ZeRO scaler's.
   LossScalerState s = c.scaler;
   const std::string& saved_kind = c.scaler_kind;
-  const bool saved_dynamic = saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_zero) ||
-                             saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_non_zero);
+  const bool saved_dynamic =
+      saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_zero) || saved_kind == loss_scaler_kind_name(LossScalerKind::dynamic_non_zero);
   if (im.scaler.dynamic()) {
     if (!saved_dynamic) {
       log_info("checkpoint: saved with a {} loss scale; the dynamic fp16 loss scale starts fresh at {}", saved_kind, im.scaler.scale());
@@ -476,9 +483,10 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
   Engine::Impl& im = *engine_.impl_;
   wait();
   if (engine_.have_backward_ || engine_.micro_steps_ % engine_.gas_ != 0) {
-    fail("CheckpointManager::load: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
-         "after the step() that completes a window",
-         engine_.micro_steps_ % engine_.gas_, engine_.gas_);
+    fail(
+        "CheckpointManager::load: the engine is inside a gradient-accumulation window (micro-step {} of {}); load before the first forward or "
+        "after the step() that completes a window",
+        engine_.micro_steps_ % engine_.gas_, engine_.gas_);
   }
   // Phase 1, every rank: read and verify everything this rank needs into host memory. Nothing of
   // the engine changes until every rank has succeeded.
@@ -527,16 +535,18 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
       const config::Json& m = rd->manifest();
       // The same model: every owned parameter by name and shape, and nothing else.
       std::map<std::string, std::vector<std::int64_t>> saved;
-      for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
+      for (const config::Json& p : m.at("model").at("params"))
+        saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
       for (const Engine::Impl::Owned& o : im.owned) {
         std::vector<std::int64_t> shape;
         for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
         const auto it = saved.find(o.spec.name);
         if (it == saved.end() || it->second != shape) {
-          fail("checkpoint '{}' was saved from another model: its parameter '{}' is {} but this model's is {}; load it into the model it was "
-               "saved from (its config is in {})",
-               rd->dir().string(), o.spec.name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
-               fmt::format("{}", fmt::join(shape, "x")), kCheckpointManifest);
+          fail(
+              "checkpoint '{}' was saved from another model: its parameter '{}' is {} but this model's is {}; load it into the model it was "
+              "saved from (its config is in {})",
+              rd->dir().string(), o.spec.name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
+              fmt::format("{}", fmt::join(shape, "x")), kCheckpointManifest);
         }
       }
       if (saved.size() != im.owned.size()) {
@@ -545,9 +555,10 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
       if (want_states) {
         const auto saved_states = m.at("optimizer").at("states").get<std::vector<std::string>>();
         if (saved_states != state_names) {
-          fail("checkpoint '{}' holds the optimizer states [{}] of optimizer \"{}\", but this engine's optimizer keeps [{}]; load with "
-               "load_optimizer_states = false to start the optimizer fresh from the saved weights",
-               rd->dir().string(), fmt::join(saved_states, ", "), m.at("optimizer").value("type", std::string("?")), fmt::join(state_names, ", "));
+          fail(
+              "checkpoint '{}' holds the optimizer states [{}] of optimizer \"{}\", but this engine's optimizer keeps [{}]; load with "
+              "load_optimizer_states = false to start the optimizer fresh from the saved weights",
+              rd->dir().string(), fmt::join(saved_states, ", "), m.at("optimizer").value("type", std::string("?")), fmt::join(state_names, ", "));
         }
       }
       scalars = read_checkpoint_scalars(m, im.onebit != nullptr);
@@ -587,14 +598,15 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
     throw;
   }
   if (nothing) {
-    log_warning("CheckpointManager::load: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile, load_dir.string());
+    log_warning("CheckpointManager::load: no '{}' file in '{}' and no tag given: nothing was loaded (training starts fresh)", kLatestFile,
+                load_dir.string());
     return {};
   }
   im.initial_state = false;
   // Phase 2 (read_all's pieces, verified on every rank): into the state.
   for (std::size_t i = 0; !streamed && i < want.size(); ++i) write_range(i, 0, want[i].numel, loaded.at[i]);
   free_in_background(std::move(loaded.memory));  // copied into the store: the kernel takes it back off the critical path
-  st.after_update();  // the layers kept whole get every rank's pieces (collective)
+  st.after_update();                             // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
   if (!options.load_module_only) restore_scalars(scalars, options);
   log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {} in {})", rd->dir().string(), scalars.saved_layout,

@@ -174,7 +174,8 @@ struct CheckpointReader::Impl {
   std::map<std::string, DType> buffers;
 };
 
-CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& tag) : dir_(save_dir / tag), tag_(tag), impl_(std::make_unique<Impl>()) {
+CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& tag)
+    : dir_(save_dir / tag), tag_(tag), impl_(std::make_unique<Impl>()) {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) {
     std::string have;
@@ -184,17 +185,18 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
   }
   const fs::path mpath = dir_ / kCheckpointManifest;
   if (!fs::exists(mpath, ec)) {
-    fail("{} holds no {}: it is not a complete dstrain checkpoint (a save that did not finish never carries a tag's name); load another tag",
-         q(dir_), kCheckpointManifest);
+    fail("{} holds no {}: it is not a complete dstrain checkpoint (a save that did not finish never carries a tag's name); load another tag", q(dir_),
+         kCheckpointManifest);
   }
   manifest_ = read_json_file(mpath, "manifest");
   // Every typed read below is inside the try: json's value()/get() throw its own type_error on a
   // field of the wrong type ("format": {}), which must become the malformed-manifest Error.
   try {
     if (!manifest_.is_object() || manifest_.value("format", std::string()) != kCheckpointFormat) {
-      fail("{} is not a dstrain checkpoint manifest (no \"format\": \"{}\"); a DeepSpeed torch checkpoint is converted with "
-           "`dstrain train --init-from` of its weights instead",
-           q(mpath), kCheckpointFormat);
+      fail(
+          "{} is not a dstrain checkpoint manifest (no \"format\": \"{}\"); a DeepSpeed torch checkpoint is converted with "
+          "`dstrain train --init-from` of its weights instead",
+          q(mpath), kCheckpointFormat);
     }
     if (manifest_.value("version", 0) != kCheckpointVersion) {
       fail("{}: checkpoint format version {} — this dstrain reads version {}", q(mpath), manifest_.value("version", 0), kCheckpointVersion);
@@ -223,9 +225,10 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
         // An element range a model could have: what read() adds and multiplies stays far from overflow.
         constexpr std::int64_t kMaxElements = std::int64_t{1} << 48;
         if (s.offset < 0 || s.numel < 0 || s.offset > kMaxElements || s.numel > kMaxElements) {
-          fail("checkpoint index {} lists tensor '{}' of parameter '{}' at elements [{}, +{}), which no model has: the index is "
-               "corrupt — load another tag",
-               q(ipath), buffer, param, s.offset, s.numel);
+          fail(
+              "checkpoint index {} lists tensor '{}' of parameter '{}' at elements [{}, +{}), which no model has: the index is "
+              "corrupt — load another tag",
+              q(ipath), buffer, param, s.offset, s.numel);
         }
         s.dtype = parse_dtype(t.at("dtype").get<std::string>());
         s.crc = t.at("crc32c").get<std::uint32_t>();
@@ -388,7 +391,8 @@ CheckpointReader::Loaded CheckpointReader::read_all(const std::vector<Want>& wan
   std::byte* const base = out.memory.get();
   for (const auto& [s, e] : run) out.at.push_back(base + (f.data_start + e->begin - first));
   BackgroundPrefault prefault(base, span);
-  impl_->read_run(run, [base](std::size_t k) { return base + k * kReadWindow; }, 0, nullptr);
+  impl_->read_run(
+      run, [base](std::size_t k) { return base + k * kReadWindow; }, 0, nullptr);
   return out;
 }
 
@@ -424,9 +428,10 @@ std::optional<DType> CheckpointReader::buffer_dtype(const std::string& buffer) c
 void CheckpointReader::read(const std::string& buffer, const std::string& param, std::int64_t offset, std::int64_t numel, void* out) {
   const auto it = impl_->pieces.find({buffer, param});
   if (it == impl_->pieces.end()) {
-    fail("checkpoint {} holds no '{}' of parameter '{}': it was saved from another model (or without that state); check the model, or "
-         "load without that state",
-         q(dir_), buffer, param);
+    fail(
+        "checkpoint {} holds no '{}' of parameter '{}': it was saved from another model (or without that state); check the model, or "
+        "load without that state",
+        q(dir_), buffer, param);
   }
   std::int64_t at = offset;  // the next element to fill
   const std::int64_t end = offset + numel;
@@ -438,7 +443,8 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
     const SafetensorsEntry* e = f.st->find(s.name);
     const std::size_t esize = dtype_size(s.dtype);
     if (e == nullptr || e->numel() != s.numel || e->end - e->begin != static_cast<std::uint64_t>(s.numel) * esize) {
-      fail("checkpoint file {} has no tensor '{}' of {} elements as its index says; the file is corrupt — load another tag", q(f.path), s.name, s.numel);
+      fail("checkpoint file {} has no tensor '{}' of {} elements as its index says; the file is corrupt — load another tag", q(f.path), s.name,
+           s.numel);
     }
     const std::int64_t from = std::max(at, s.offset), to = std::min(end, s.offset + s.numel);
     std::byte* dst = static_cast<std::byte*>(out) + static_cast<std::size_t>(from - offset) * esize;
@@ -466,9 +472,10 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
     if (at >= end) break;
   }
   if (at < end) {
-    fail("checkpoint {} does not hold elements [{}, {}) of '{}' of parameter '{}': a rank's file or index is missing pieces — the "
-         "checkpoint is incomplete or from another model",
-         q(dir_), at, end, buffer, param);
+    fail(
+        "checkpoint {} does not hold elements [{}, {}) of '{}' of parameter '{}': a rank's file or index is missing pieces — the "
+        "checkpoint is incomplete or from another model",
+        q(dir_), at, end, buffer, param);
   }
 }
 

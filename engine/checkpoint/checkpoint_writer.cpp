@@ -195,7 +195,6 @@ void RankFileWriter::write_at(const std::byte* p, std::size_t n, std::uint64_t a
   }
 }
 
-
 void RankFileWriter::wait_in_flight() {
   Staging& S = *staging_;
   if (S.io) {
@@ -331,7 +330,11 @@ Json RankFileWriter::index_json() const {
   Json tensors = Json::array();
   for (std::size_t i = 0; i < pieces_.size(); ++i) {
     const CheckpointPiece& p = pieces_[i];
-    tensors.push_back({{"buffer", p.buffer}, {"param", p.param}, {"offset", p.offset}, {"numel", p.numel}, {"dtype", std::string(dtype_name(p.dtype))},
+    tensors.push_back({{"buffer", p.buffer},
+                       {"param", p.param},
+                       {"offset", p.offset},
+                       {"numel", p.numel},
+                       {"dtype", std::string(dtype_name(p.dtype))},
                        {"crc32c", crcs_[i]}});
   }
   return Json{{"format", kCheckpointFormat}, {"file", path_.filename().string()}, {"bytes", size_}, {"tensors", std::move(tensors)}};

@@ -22,7 +22,8 @@ AdafactorTensor adafactor_tensor_of(const ParamSpec& spec) {
   t.cols = s.rank == 0 ? 1 : s[s.rank - 1];
   t.rows = t.cols == 0 ? 0 : s.numel() / t.cols;
   t.logical_rows = spec.init.rows > 0 && s.rank == 2 ? spec.init.rows : t.rows;
-  if (s.rank > 2) fail("Adafactor: parameter '{}' has {} dimensions; dstrain's Adafactor factors matrices (2 dimensions) and vectors", spec.name, s.rank);
+  if (s.rank > 2)
+    fail("Adafactor: parameter '{}' has {} dimensions; dstrain's Adafactor factors matrices (2 dimensions) and vectors", spec.name, s.rank);
   return t;
 }
 

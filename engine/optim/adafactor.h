@@ -31,7 +31,7 @@
 namespace dstrain {
 
 struct AdafactorTensor {
-  bool matrix = false;           // two or more dimensions: factored over the last two
+  bool matrix = false;              // two or more dimensions: factored over the last two
   std::int64_t rows = 1, cols = 0;  // as stored (rows = the product of the leading dimensions)
   std::int64_t logical_rows = 1;    // rows without the padded vocabulary rows of wte (ParamInit::rows)
   std::int64_t logical_numel() const { return logical_rows * cols; }

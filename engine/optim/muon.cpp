@@ -103,7 +103,8 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
       newton_schulz(Tensor(u, DType::fp32, shape), Tensor(workspace.data(), DType::fp32, Shape{ws}));
     } else {
       if (!device_alloc) device_alloc = make_device_allocator(device);
-      const std::size_t matrix_bytes = static_cast<std::size_t>(mt.rows * mt.cols) * sizeof(float), ws_bytes = static_cast<std::size_t>(ws) * sizeof(float);
+      const std::size_t matrix_bytes = static_cast<std::size_t>(mt.rows * mt.cols) * sizeof(float),
+                        ws_bytes = static_cast<std::size_t>(ws) * sizeof(float);
       if (device_matrix.bytes() < matrix_bytes) device_matrix = Buffer(*device_alloc, matrix_bytes, MemoryPurpose::buffers);
       if (device_workspace.bytes() < ws_bytes) device_workspace = Buffer(*device_alloc, ws_bytes, MemoryPurpose::buffers);
       const Tensor host(u, DType::fp32, shape), x = device_matrix.tensor(DType::fp32, shape);

@@ -33,9 +33,9 @@ namespace dstrain {
 
 // What the optimizer needs to know of one owned parameter tensor.
 struct MuonTensor {
-  bool muon = false;               // Muon's update (else Adam)
-  std::int64_t rows = 0, cols = 0; // the tensor's shape in the engine (a matrix: NS treats W and Wᵀ alike)
-  double scale = 1.0;              // max(1, rows/cols)^½, rows/cols as DeepSpeed sees the tensor
+  bool muon = false;                // Muon's update (else Adam)
+  std::int64_t rows = 0, cols = 0;  // the tensor's shape in the engine (a matrix: NS treats W and Wᵀ alike)
+  double scale = 1.0;               // max(1, rows/cols)^½, rows/cols as DeepSpeed sees the tensor
 };
 
 // deepspeed.initialize's set_optimizer_flags: a parameter is Muon's when it has two or more
@@ -47,14 +47,14 @@ struct MuonTensor {
 MuonTensor muon_tensor_of(const ParamSpec& spec);
 
 struct MuonStepConfig {
-  double lr = 0.02;         // the Muon matrices' lr
-  double adam_lr = 3e-4;    // the other parameters'
+  double lr = 0.02;       // the Muon matrices' lr
+  double adam_lr = 3e-4;  // the other parameters'
   double momentum = 0.95;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-10;
-  std::int64_t step = 1;    // t (1-based) for Adam's bias corrections
+  std::int64_t step = 1;  // t (1-based) for Adam's bias corrections
   float grad_scale = 1.0f;
-  bool partitioned = false; // tensors may be cut across ranks: gather each Muon matrix
+  bool partitioned = false;  // tensors may be cut across ranks: gather each Muon matrix
 };
 
 // One optimizer step over the rank's partition; `tensors` is indexed by TensorPiece::tensor.

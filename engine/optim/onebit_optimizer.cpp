@@ -49,9 +49,12 @@ void HostFloats::zero() { std::fill(ptr_, ptr_ + n_, 0.0f); }
 
 std::vector<std::string> OneBitOptimizer::state_names(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::zero_one_adam: return {"exp_avg", "exp_avg_sq", "momentum_accumulator"};
-    case OptimizerKind::onebit_lamb: return {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
-    default: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::zero_one_adam:
+      return {"exp_avg", "exp_avg_sq", "momentum_accumulator"};
+    case OptimizerKind::onebit_lamb:
+      return {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
+    default:
+      return {"exp_avg", "exp_avg_sq"};
   }
 }
 
@@ -130,9 +133,15 @@ void OneBitOptimizer::communicate() {
 void OneBitOptimizer::step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t) {
   if (groups_.empty()) build_groups(partition);
   switch (kind_) {
-    case OptimizerKind::onebit_adam: step_onebit_adam(partition, lr, grad_scale, t); break;
-    case OptimizerKind::zero_one_adam: step_zero_one_adam(partition, lr, grad_scale, t); break;
-    default: step_onebit_lamb(partition, lr, grad_scale, t); break;
+    case OptimizerKind::onebit_adam:
+      step_onebit_adam(partition, lr, grad_scale, t);
+      break;
+    case OptimizerKind::zero_one_adam:
+      step_zero_one_adam(partition, lr, grad_scale, t);
+      break;
+    default:
+      step_onebit_lamb(partition, lr, grad_scale, t);
+      break;
   }
 }
 
@@ -387,7 +396,8 @@ void OneBitOptimizer::step_onebit_lamb(OptimizerPartition& partition, double lr,
     // First compressed step: each tensor's momentum scaled to the mean RMS over the tensors.
     visit(partition, 3, false, [&](const OptimizerSegment&, HostSegment& h, const TensorPiece& piece) {
       const float* m = h.state(0);
-      for (std::int64_t k = piece.offset; k < piece.offset + piece.numel; ++k) a[static_cast<std::size_t>(piece.tensor)] += static_cast<double>(m[k]) * m[k];
+      for (std::int64_t k = piece.offset; k < piece.offset + piece.numel; ++k)
+        a[static_cast<std::size_t>(piece.tensor)] += static_cast<double>(m[k]) * m[k];
     });
     std::vector<double> scales(nt);
     double united = 0.0;

@@ -92,7 +92,9 @@ class OneBitOptimizer {
   void reset_errors();
   // Compressed all-reduce of every group's buf (W > 1).
   void communicate();
-  float* staging(std::int32_t tensor) { return groups_[tensors_[static_cast<std::size_t>(tensor)].group].buf.data() + tensors_[static_cast<std::size_t>(tensor)].offset; }
+  float* staging(std::int32_t tensor) {
+    return groups_[tensors_[static_cast<std::size_t>(tensor)].group].buf.data() + tensors_[static_cast<std::size_t>(tensor)].offset;
+  }
 
   void step_onebit_adam(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t);
   void step_zero_one_adam(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t);

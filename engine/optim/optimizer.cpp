@@ -40,21 +40,23 @@ Optimizer::Optimizer(const config::OptimizerConfig& config) {
       check_rule_params(config);  // the element-wise rules (engine/optim/optimizer_rules.h)
       break;
     case OptimizerKind::none:
-      fail("optimizer: the config has no \"optimizer\" block, so there is nothing to train with; add one, e.g. "
-           "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}, or pass the program's own "
-           "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
-           "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
+      fail(
+          "optimizer: the config has no \"optimizer\" block, so there is nothing to train with; add one, e.g. "
+          "\"optimizer\": {{\"type\": \"AdamW\", \"params\": {{\"lr\": 1e-3, \"weight_decay\": 0.1}}}}, or pass the program's own "
+          "(config::ConfigOptions::client_optimizer, TrainerOptions::optimizer) or the default AdamW "
+          "(ConfigOptions::default_optimizer = config::default_optimizer_block(autos), as dstrain train does)");
     case OptimizerKind::muon:
     case OptimizerKind::adafactor:
       break;
     default:
       // SparseAdam, LBFGS and mup's optimizers: DeepSpeed builds them and then fails (docs/optimizers.md §10).
       if (const auto reason = config::deepspeed_failure_reason(config)) fail("{}", *reason);
-      fail("optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
-           "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
-           "\"Lion\", \"Muon\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\", \"Rprop\", \"Adafactor\" and the 1-bit family "
-           "(docs/optimizers.md)",
-           config.type);
+      fail(
+          "optimizer.type: \"{}\" is not an optimizer this build of dstrain trains with; the types available are "
+          "\"Adam\", \"AdamW\" (with \"adam_w_mode\": false, \"Adam\" is Adam with L2 weight decay), \"SGD\", \"Lamb\", \"Adagrad\", "
+          "\"Lion\", \"Muon\", \"RMSprop\", \"Adamax\", \"NAdam\", \"RAdam\", \"Adadelta\", \"ASGD\", \"Rprop\", \"Adafactor\" and the 1-bit family "
+          "(docs/optimizers.md)",
+          config.type);
   }
   const config::OptimizerParams& p = config.params;
   kind_ = config.kind;
@@ -89,8 +91,10 @@ bool Optimizer::has_betas() const {
     case OptimizerKind::lion:
     case OptimizerKind::adamax:
     case OptimizerKind::nadam:
-    case OptimizerKind::radam: return true;
-    default: return false;
+    case OptimizerKind::radam:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -177,7 +181,8 @@ LambConfig Optimizer::lamb_config(double lr, float grad_scale, std::int64_t t, s
 void Optimizer::update(std::span<const OptimizerSegment> segments, double lr, float grad_scale, std::int64_t t,
                        std::optional<std::pair<double, double>> betas, StochasticRoundingOptions rounding) const {
   const auto [beta1, beta2] = betas.value_or(std::pair{beta1_, beta2_});
-  DSTRAIN_CHECK(!config::is_onebit_kind(kind_), "Optimizer::update: the 1-bit optimizers communicate in their step; the engine "
+  DSTRAIN_CHECK(!config::is_onebit_kind(kind_),
+                "Optimizer::update: the 1-bit optimizers communicate in their step; the engine "
                 "steps them through OneBitOptimizer");
   DSTRAIN_CHECK(kind_ != config::OptimizerKind::muon && kind_ != config::OptimizerKind::adafactor,
                 "Optimizer::update: Muon and Adafactor need whole-tensor quantities across sub-groups and ranks; call Optimizer::step");

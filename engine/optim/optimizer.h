@@ -69,8 +69,8 @@ class Optimizer {
   std::vector<std::string> state_names() const;
 
   // One optimizer step over this rank's partition, sub-group by sub-group (update() on each).
-  void step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t,
-            std::optional<std::pair<double, double>> betas = std::nullopt, StochasticRoundingOptions rounding = {}) const;
+  void step(OptimizerPartition& partition, double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas = std::nullopt,
+            StochasticRoundingOptions rounding = {}) const;
 
   // One update of every segment at learning rate `lr`, optimizer step t (1-based, for the bias
   // corrections and SGD's momentum start), with the gradients multiplied by grad_scale (the clip

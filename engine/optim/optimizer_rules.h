@@ -27,7 +27,6 @@ std::vector<std::string> rule_state_names(const config::OptimizerConfig& config)
 // One update's RuleStep: `lr` (the schedule's), optimizer step t (1-based), the gradient
 // multiplier, `betas` (the schedule's, for the types with betas), `decayed` (the segment's
 // weight-decay flag: false leaves weight_decay out).
-RuleStep rule_step(const config::OptimizerConfig& config, double lr, std::int64_t t, float grad_scale, std::pair<double, double> betas,
-                   bool decayed);
+RuleStep rule_step(const config::OptimizerConfig& config, double lr, std::int64_t t, float grad_scale, std::pair<double, double> betas, bool decayed);
 
 }  // namespace dstrain

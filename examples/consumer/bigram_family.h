@@ -83,9 +83,7 @@ class BigramHead final : public dstrain::Layer {
             {"head.bias", Shape{V_}, ParamInit::zeros(), false, {}, ParamSplit::vocabulary()}};
   }
   ActivationSpec output(const LayerDims& d) const override { return {"losses", Shape{d.B, d.T}, dstrain::DType::fp32}; }
-  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override {
-    return {{"probs", Shape{d.B, d.T, V_}, dstrain::DType::fp32}};
-  }
+  std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override { return {{"probs", Shape{d.B, d.T, V_}, dstrain::DType::fp32}}; }
   std::vector<ActivationSpec> scratch(const LayerDims&) const override { return {}; }
 
   void forward(const ForwardArgs& a) override {

@@ -21,9 +21,9 @@ namespace {
 // dstrain::Trainer's whole run of `model` at ZeRO stage 2 with AdamW at `lr`, on the token file
 // `data` (kept until the run ends).
 dstrain::TrainResult train_zero2(const std::string& model, double lr, int print_every, const dstrain::TrainerOptions& options) {
-  const std::string config = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": )" +
-                             std::to_string(print_every) + R"(, "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": )" +
-                             std::to_string(lr) + R"(, "weight_decay": 0.0}}})";
+  const std::string config =
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": )" + std::to_string(print_every) +
+      R"(, "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(lr) + R"(, "weight_decay": 0.0}}})";
   dstrain::Trainer trainer(dstrain::ConfigText{dstrain::config::Json::parse(config), "consumer", {}}, model, options);
   return trainer.run();
 }
@@ -43,14 +43,13 @@ int main(int argc, char** argv) {
     const dstrain::config::DsConfig cfg = dstrain::config::parse_ds_config(text.tree, options);
     std::printf("zero stage %d, precision %s, train_batch_size %lld = %lld x %lld x 2\n", cfg.zero_optimization.stage,
                 dstrain::config::to_string(cfg.precision()), static_cast<long long>(cfg.train_batch_size),
-                static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps));
+                static_cast<long long>(cfg.train_micro_batch_size_per_gpu), static_cast<long long>(cfg.gradient_accumulation_steps));
 
     // 2. Embed the engine: a tiny GPT-2 learning to repeat a short token pattern (fp32, one process).
-    const dstrain::config::DsConfig train_cfg = dstrain::config::parse_ds_config(
-        dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    const dstrain::config::DsConfig train_cfg =
+        dstrain::config::parse_ds_config(dstrain::config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})"),
-        {});
+                                         {});
     dstrain::EngineOptions engine_options;
     engine_options.seed = 1;
     dstrain::Engine engine = dstrain::initialize(dstrain::make_gpt2_model("gpt2:tiny"), train_cfg, engine_options);

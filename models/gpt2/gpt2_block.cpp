@@ -46,13 +46,13 @@ std::vector<ParamSpec> Gpt2Block::params() const {
   return {
       {p + "ln_1.weight", Shape{C}, ParamInit::ones(), false, {}},
       {p + "ln_1.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(qkv), true},    // (3C, C)
+      {p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(qkv), true},  // (3C, C)
       {p + "attn.c_attn.bias", Shape{3 * C}, ParamInit::zeros(), false, {}, ParamSplit::rows(qkv)},
-      {p + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal(std_resid), true, {}, heads_in, true},                 // (C, C)
+      {p + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal(std_resid), true, {}, heads_in, true},  // (C, C)
       {p + "attn.c_proj.bias", Shape{C}, ParamInit::zeros(), false, {}},
       {p + "ln_2.weight", Shape{C}, ParamInit::ones(), false, {}},
       {p + "ln_2.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(), true},          // (4C, C)
+      {p + "mlp.c_fc.weight", Shape{4 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(), true},  // (4C, C)
       {p + "mlp.c_fc.bias", Shape{4 * C}, ParamInit::zeros(), false, {}, ParamSplit::rows()},
       {p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::normal(std_resid), true, {}, ParamSplit::columns(), true},  // (C, 4C)
       {p + "mlp.c_proj.bias", Shape{C}, ParamInit::zeros(), false, {}},
@@ -65,10 +65,10 @@ std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) con
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd;
   const DType S = d.dtype, F = DType::fp32;
   return {
-      {"ln1", Shape{B, T, C}, S},          {"ln1_mean", Shape{B, T}, F},           {"ln1_rstd", Shape{B, T}, F},
-      {"qkv", Shape{B, T, 3 * C}, S},      {"atty", Shape{B, T, C}, S},            {"att_lse", Shape{B, cfg_.n_head, T}, F},
-      {"residual2", Shape{B, T, C}, S},    {"ln2", Shape{B, T, C}, S},             {"ln2_mean", Shape{B, T}, F},
-      {"ln2_rstd", Shape{B, T}, F},        {"fch", Shape{B, T, 4 * C}, S},         {"fch_gelu", Shape{B, T, 4 * C}, S},
+      {"ln1", Shape{B, T, C}, S},       {"ln1_mean", Shape{B, T}, F},   {"ln1_rstd", Shape{B, T}, F},
+      {"qkv", Shape{B, T, 3 * C}, S},   {"atty", Shape{B, T, C}, S},    {"att_lse", Shape{B, cfg_.n_head, T}, F},
+      {"residual2", Shape{B, T, C}, S}, {"ln2", Shape{B, T, C}, S},     {"ln2_mean", Shape{B, T}, F},
+      {"ln2_rstd", Shape{B, T}, F},     {"fch", Shape{B, T, 4 * C}, S}, {"fch_gelu", Shape{B, T, 4 * C}, S},
   };
 }
 

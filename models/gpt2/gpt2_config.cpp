@@ -56,15 +56,26 @@ Gpt2Config parse_descriptor(std::string_view spec, std::string_view body) {
       seen[at] = true;
     }
     switch (part[0]) {
-      case 'L': L = v; break;
-      case 'C': C = v; break;
-      case 'H': H = v; break;
-      case 'V': V = v; break;
-      case 'T': T = v; break;
+      case 'L':
+        L = v;
+        break;
+      case 'C':
+        C = v;
+        break;
+      case 'H':
+        H = v;
+        break;
+      case 'V':
+        V = v;
+        break;
+      case 'T':
+        T = v;
+        break;
       default:
-        fail("model spec '{}': part '{}' starts with '{}', but only L (layers), C (channels), H (heads), V (vocab) and T (max sequence) "
-             "are known; accepted forms: {}",
-             spec, part, part[0], kSpecForms);
+        fail(
+            "model spec '{}': part '{}' starts with '{}', but only L (layers), C (channels), H (heads), V (vocab) and T (max sequence) "
+            "are known; accepted forms: {}",
+            spec, part, part[0], kSpecForms);
     }
     if (dash == std::string_view::npos) break;
     pos = dash + 1;
@@ -89,8 +100,8 @@ void validate(const Gpt2Config& c) {
          c.n_head);
   }
   if (c.padded_vocab_size < c.vocab_size) {
-    fail("GPT-2 config: padded_vocab_size = {} is smaller than vocab_size = {}; use padded_vocab(vocab_size) = {}", c.padded_vocab_size,
-         c.vocab_size, padded_vocab(c.vocab_size));
+    fail("GPT-2 config: padded_vocab_size = {} is smaller than vocab_size = {}; use padded_vocab(vocab_size) = {}", c.padded_vocab_size, c.vocab_size,
+         padded_vocab(c.vocab_size));
   }
   auto prob = [](float p, const char* name) {
     if (!(p >= 0.0f && p < 1.0f)) fail("GPT-2 config: {} = {} must be in [0, 1)", name, p);
@@ -127,15 +138,15 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
   if (j.contains("model_type")) {
     const auto& mt = j["model_type"];
     if (!mt.is_string() || mt.get<std::string>() != "gpt2") {
-      fail("model config '{}': model_type is {} but a GPT-2 config.json has \"gpt2\" (docs/models.md lists the families dstrain builds)", source, mt.dump());
+      fail("model config '{}': model_type is {} but a GPT-2 config.json has \"gpt2\" (docs/models.md lists the families dstrain builds)", source,
+           mt.dump());
     }
   }
   if (j.contains("activation_function")) {
     const auto& af = j["activation_function"];
     const std::string a = af.is_string() ? af.get<std::string>() : af.dump();
     if (a != "gelu_new" && a != "gelu_pytorch_tanh") {
-      fail("model config '{}': activation_function is \"{}\" but only \"gelu_new\" (GELU, tanh approximation, as GPT-2) is supported", source,
-           a);
+      fail("model config '{}': activation_function is \"{}\" but only \"gelu_new\" (GELU, tanh approximation, as GPT-2) is supported", source, a);
     }
   }
 
@@ -149,7 +160,8 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
     const auto& v = j[key];
     if (!v.is_boolean()) fail("model config '{}': '{}' must be true or false, got {}", source, key, v.dump());
     if (v.get<bool>() != gpt2_value) {
-      fail("model config '{}': {} is {} but dstrain's GPT-2 {}; set it to {} or remove it", source, key, v.dump(), why, gpt2_value ? "true" : "false");
+      fail("model config '{}': {} is {} but dstrain's GPT-2 {}; set it to {} or remove it", source, key, v.dump(), why,
+           gpt2_value ? "true" : "false");
     }
   };
   require_flag("tie_word_embeddings", true, "ties the LM head to the token embedding (wte), as GPT-2 does");
@@ -160,9 +172,10 @@ Gpt2Config gpt2_config_from_hf_json(std::string_view json_text, std::string_view
   if (j.contains("initializer_range") && !j["initializer_range"].is_null()) {
     const auto& v = j["initializer_range"];
     if (!v.is_number() || v.get<double>() != 0.02) {
-      fail("model config '{}': initializer_range is {} but dstrain initialises GPT-2's weights with a standard deviation of 0.02 (its "
-           "residual projections scaled by 1/sqrt(2 n_layer), as GPT-2 and llm.c do); set it to 0.02 or remove it",
-           source, v.dump());
+      fail(
+          "model config '{}': initializer_range is {} but dstrain initialises GPT-2's weights with a standard deviation of 0.02 (its "
+          "residual projections scaled by 1/sqrt(2 n_layer), as GPT-2 and llm.c do); set it to 0.02 or remove it",
+          source, v.dump());
     }
   }
 
@@ -199,14 +212,22 @@ Gpt2Config model_config_from_spec(std::string_view spec) {
   Gpt2Config c;
   if (spec.substr(0, prefix.size()) == prefix) {
     const std::string_view name = spec.substr(prefix.size());
-    if (name == "d6") c = make(6, 384, 6);
-    else if (name == "d12") c = make(12, 768, 12);
-    else if (name == "d24") c = make(24, 1024, 16);
-    else if (name == "d36") c = make(36, 1280, 20);
-    else if (name == "d48") c = make(48, 1600, 25);
-    else if (name == "tiny") c = make(2, 16, 2, 61, 8);
-    else if (!name.empty() && name[0] == 'L') c = parse_descriptor(spec, name);
-    else fail("unknown model spec '{}'; accepted forms: {}", spec, kSpecForms);
+    if (name == "d6")
+      c = make(6, 384, 6);
+    else if (name == "d12")
+      c = make(12, 768, 12);
+    else if (name == "d24")
+      c = make(24, 1024, 16);
+    else if (name == "d36")
+      c = make(36, 1280, 20);
+    else if (name == "d48")
+      c = make(48, 1600, 25);
+    else if (name == "tiny")
+      c = make(2, 16, 2, 61, 8);
+    else if (!name.empty() && name[0] == 'L')
+      c = parse_descriptor(spec, name);
+    else
+      fail("unknown model spec '{}'; accepted forms: {}", spec, kSpecForms);
     try {
       validate(c);
     } catch (const Error& e) {
@@ -244,9 +265,7 @@ std::int64_t parameter_count(const Gpt2Config& c) {
   return c.vocab_size * C + c.n_positions * C + c.n_layer * per_layer + 2 * C;
 }
 
-std::int64_t parameter_count_padded(const Gpt2Config& c) {
-  return parameter_count(c) + (c.padded_vocab_size - c.vocab_size) * c.n_embd;
-}
+std::int64_t parameter_count_padded(const Gpt2Config& c) { return parameter_count(c) + (c.padded_vocab_size - c.vocab_size) * c.n_embd; }
 
 std::string describe(const Gpt2Config& c) {
   const std::int64_t n = parameter_count(c), np = parameter_count_padded(c);

@@ -17,7 +17,7 @@ std::vector<ParamSpec> Gpt2Embedding::params() const {
   const std::int64_t C = cfg_.n_embd;
   return {
       {"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}, ParamSplit::vocabulary()},  // (Vp, C)
-      {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},                         // (maxT, C)
+      {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},                                                   // (maxT, C)
   };
 }
 

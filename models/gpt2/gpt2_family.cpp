@@ -12,9 +12,7 @@ namespace {
 class Gpt2Family final : public ModelFamily {
  public:
   std::string name() const override { return "gpt2"; }
-  std::string spec_forms() const override {
-    return "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a GPT-2 config.json";
-  }
+  std::string spec_forms() const override { return "gpt2:d6|d12|d24|d36|d48, gpt2:tiny, gpt2:L<n>-C<c>-H<h>[-V<v>][-T<t>], or a GPT-2 config.json"; }
   std::shared_ptr<const Architecture> from_spec(std::string_view spec) const override {
     return std::make_shared<Gpt2Architecture>(model_config_from_spec(spec));
   }
@@ -67,9 +65,7 @@ ModuleFlops Gpt2Architecture::forward_flops(std::int64_t B, std::int64_t T) cons
 
 std::string Gpt2Architecture::config_json() const { return gpt2_hf_config_json(cfg_); }
 
-void Gpt2Architecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const {
-  import_gpt2_weights(path, cfg_, param);
-}
+void Gpt2Architecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const { import_gpt2_weights(path, cfg_, param); }
 
 void Gpt2Architecture::export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const {
   export_gpt2_safetensors(path, cfg_, param, file_dtype);

@@ -35,8 +35,8 @@ class Gpt2Embedding final : public Layer {
   explicit Gpt2Embedding(const Gpt2Config& cfg);
   std::string name() const override { return "embedding"; }
   std::string type_name() const override { return "GPT2Embedding"; }
-  std::vector<ParamSpec> params() const override;  // wte.weight (Vp, C), wpe.weight (maxT, C)
-  ActivationSpec output(const LayerDims& d) const override;  // (B, T, C)
+  std::vector<ParamSpec> params() const override;                                    // wte.weight (Vp, C), wpe.weight (maxT, C)
+  ActivationSpec output(const LayerDims& d) const override;                          // (B, T, C)
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const override;  // none
   std::vector<ActivationSpec> scratch(const LayerDims& d) const override;
   void forward(const ForwardArgs& a) override;

@@ -24,8 +24,8 @@ struct HfTensor {
   std::string name;
   Shape ours;
   std::vector<std::int64_t> hf;
-  bool transpose = false;      // Conv1D weight: HF (in, out) = ours (out, in) transposed
-  std::int64_t file_rows = -1; // wte: the file holds only the first V rows
+  bool transpose = false;       // Conv1D weight: HF (in, out) = ours (out, in) transposed
+  std::int64_t file_rows = -1;  // wte: the file holds only the first V rows
 };
 
 std::vector<HfTensor> hf_tensors(const Gpt2Config& cfg) {
@@ -46,14 +46,10 @@ std::vector<HfTensor> hf_tensors(const Gpt2Config& cfg) {
   return out;
 }
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
+std::string shape_str(const std::vector<std::int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // "h.N.attn.bias" / "h.N.attn.masked_bias" (causal-mask buffers of old transformers versions).
-bool is_mask_buffer(std::string_view n) {
-  return n.starts_with("h.") && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"));
-}
+bool is_mask_buffer(std::string_view n) { return n.starts_with("h.") && (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")); }
 
 Tensor checked_param(const Gpt2ParamLookup& param, const HfTensor& t) {
   Tensor p = param(t.name);
@@ -85,19 +81,23 @@ void import_gpt2(const WeightSource& f, const Gpt2Config& cfg, const Gpt2ParamLo
     std::string_view n = name;
     if (n.starts_with("transformer.")) n.remove_prefix(std::string_view("transformer.").size());
     if (known.count(std::string(n)) != 0 || is_mask_buffer(n) || n == "lm_head.weight") continue;
-    fail("GPT-2 weights '{}': tensor '{}' is not part of a GPT-2 with {} layers (n_layer = {}, n_embd = {}); check that the model config matches "
-         "the weights",
-         fname, name, cfg.n_layer, cfg.n_layer, cfg.n_embd);
+    fail(
+        "GPT-2 weights '{}': tensor '{}' is not part of a GPT-2 with {} layers (n_layer = {}, n_embd = {}); check that the model config matches "
+        "the weights",
+        fname, name, cfg.n_layer, cfg.n_layer, cfg.n_embd);
   }
 
   for (const auto& t : expected) {
     auto e = f.shapes.find(t.name);
     if (e == f.shapes.end()) e = f.shapes.find("transformer." + t.name);
-    if (e == f.shapes.end()) fail("GPT-2 weights '{}': tensor '{}' is missing (expected shape {}); the file is not a complete GPT-2 checkpoint", fname, t.name, shape_str(t.hf));
+    if (e == f.shapes.end())
+      fail("GPT-2 weights '{}': tensor '{}' is missing (expected shape {}); the file is not a complete GPT-2 checkpoint", fname, t.name,
+           shape_str(t.hf));
     if (e->second != t.hf) {
-      fail("GPT-2 weights '{}': tensor '{}' has shape {} but {} is expected for this config (n_embd = {}, vocab_size = {}, n_positions = {}); "
-           "check that the model config matches the weights",
-           fname, e->first, shape_str(e->second), shape_str(t.hf), cfg.n_embd, cfg.vocab_size, cfg.n_positions);
+      fail(
+          "GPT-2 weights '{}': tensor '{}' has shape {} but {} is expected for this config (n_embd = {}, vocab_size = {}, n_positions = {}); "
+          "check that the model config matches the weights",
+          fname, e->first, shape_str(e->second), shape_str(t.hf), cfg.n_embd, cfg.vocab_size, cfg.n_positions);
     }
     const Tensor p = checked_param(param, t);
     std::vector<float> v = f.read(e->first);  // HF layout
@@ -185,7 +185,8 @@ void load_gpt2_weights(Gpt2Model& model, const std::filesystem::path& file) {
 }
 
 void save_gpt2_weights(const Gpt2Model& model, const std::filesystem::path& file, DType file_dtype) {
-  export_gpt2_safetensors(file, model.config(), [&](const std::string& n) { return model.param(n); }, file_dtype);
+  export_gpt2_safetensors(
+      file, model.config(), [&](const std::string& n) { return model.param(n); }, file_dtype);
 }
 
 }  // namespace dstrain

@@ -39,8 +39,7 @@ void import_gpt2_weights(const std::filesystem::path& path, const Gpt2Config& cf
 
 // Writes the parameters in the HF layout with dtype `file_dtype` (F32 by default), atomically.
 // Metadata {"format": "pt"} as transformers' save_pretrained writes it.
-void export_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param,
-                             DType file_dtype = DType::fp32);
+void export_gpt2_safetensors(const std::filesystem::path& file, const Gpt2Config& cfg, const Gpt2ParamLookup& param, DType file_dtype = DType::fp32);
 
 // The same for a Gpt2Model's own parameters.
 void load_gpt2_weights(Gpt2Model& model, const std::filesystem::path& file);

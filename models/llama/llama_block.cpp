@@ -68,9 +68,7 @@ enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kNumScrat
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
 
 // (B, T, H, D) view of a (B, T, H·D) tensor.
-Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) {
-  return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device);
-}
+Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device); }
 
 }  // namespace
 
@@ -139,7 +137,7 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = cfg_.intermediate_size;
   const std::int64_t widest_in = std::max({C, cfg_.q_dim(), I});
   return {
-      {"btc_a", Shape{B, T, C}, d.dtype},  // forward: branch outputs; backward: d(ln2), then d(ln1)
+      {"btc_a", Shape{B, T, C}, d.dtype},                          // forward: branch outputs; backward: d(ln2), then d(ln1)
       {"btc_b", Shape{B, T, std::max(C, cfg_.q_dim())}, d.dtype},  // backward: d(atty)
       {"dqkv", Shape{B, T, cfg_.qkv_dim()}, d.dtype},
       {"bti_a", Shape{B, T, I}, d.dtype},  // backward: d(h), then d(gate)
@@ -170,8 +168,8 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
     const std::int64_t q_rows = B * T * NH;
     head_rmsnorm_forward(heads, Tensor(rstd.data, DType::fp32, Shape{B, T, NH}, rstd.device), p[pi.q_norm], 0, NH, eps);
-    head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH,
-                         NKV, eps);
+    head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH, NKV,
+                         eps);
   } else {
     matmul_forward(s[kQkv], s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
   }

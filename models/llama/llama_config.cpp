@@ -57,23 +57,32 @@ LlamaConfig parse_descriptor(std::string_view spec, std::string_view body) {
     if (key != "tied") {
       std::int64_t v = 0;
       if (key.empty() || (key != "KV" && std::string_view("LCHIDVT").find(key) == std::string_view::npos)) {
-        fail("model spec '{}': part '{}' is not one of L (layers), C (hidden size), H (heads), KV (key/value heads), I (MLP width), D (head "
-             "size), V (vocab), T (max positions) followed by a positive number, or 'tied'; accepted forms: {}",
-             spec, part, kSpecForms);
+        fail(
+            "model spec '{}': part '{}' is not one of L (layers), C (hidden size), H (heads), KV (key/value heads), I (MLP width), D (head "
+            "size), V (vocab), T (max positions) followed by a positive number, or 'tied'; accepted forms: {}",
+            spec, part, kSpecForms);
       }
       if (!parse_int(num, v) || v <= 0) {
         const bool digits = !num.empty() && num.find_first_not_of("0123456789") == std::string_view::npos;
         if (digits) fail("model spec '{}': part '{}' is too large a number", spec, part);
         fail("model spec '{}': part '{}' needs a positive number after {}; accepted forms: {}", spec, part, key, kSpecForms);
       }
-      if (key == "L") L = v;
-      else if (key == "C") C = v;
-      else if (key == "H") H = v;
-      else if (key == "KV") KV = v;
-      else if (key == "I") I = v;
-      else if (key == "D") D = v;
-      else if (key == "V") V = v;
-      else if (key == "T") T = v;
+      if (key == "L")
+        L = v;
+      else if (key == "C")
+        C = v;
+      else if (key == "H")
+        H = v;
+      else if (key == "KV")
+        KV = v;
+      else if (key == "I")
+        I = v;
+      else if (key == "D")
+        D = v;
+      else if (key == "V")
+        V = v;
+      else if (key == "T")
+        T = v;
     } else {
       tied = true;
     }
@@ -127,17 +136,69 @@ const Family* family_of(const nlohmann::json& j) {
 // effect is the same model (pretraining_tp splits the same matmuls; max_window_layers only acts
 // with use_sliding_window, which is checked).
 const std::set<std::string>& neutral_keys() {
-  static const std::set<std::string> k = {
-      "_name_or_path", "transformers_version", "architectures", "model_type", "torch_dtype", "dtype", "use_cache", "bos_token_id",
-      "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id", "id2label", "label2id", "num_labels",
-      "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "return_dict", "output_hidden_states",
-      "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder",
-      "is_decoder", "tie_encoder_decoder", "cross_attention_hidden_size", "max_length", "min_length", "do_sample", "early_stopping",
-      "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-      "suppress_tokens", "begin_suppress_tokens", "pretraining_tp", "max_window_layers", "auto_map", "_attn_implementation",
-      "attn_implementation"};
+  static const std::set<std::string> k = {"_name_or_path",
+                                          "transformers_version",
+                                          "architectures",
+                                          "model_type",
+                                          "torch_dtype",
+                                          "dtype",
+                                          "use_cache",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "pad_token_id",
+                                          "unk_token_id",
+                                          "sep_token_id",
+                                          "decoder_start_token_id",
+                                          "id2label",
+                                          "label2id",
+                                          "num_labels",
+                                          "problem_type",
+                                          "finetuning_task",
+                                          "tokenizer_class",
+                                          "prefix",
+                                          "task_specific_params",
+                                          "return_dict",
+                                          "output_hidden_states",
+                                          "output_attentions",
+                                          "torchscript",
+                                          "use_bfloat16",
+                                          "tf_legacy_loss",
+                                          "pruned_heads",
+                                          "chunk_size_feed_forward",
+                                          "is_encoder_decoder",
+                                          "is_decoder",
+                                          "tie_encoder_decoder",
+                                          "cross_attention_hidden_size",
+                                          "max_length",
+                                          "min_length",
+                                          "do_sample",
+                                          "early_stopping",
+                                          "num_beams",
+                                          "num_beam_groups",
+                                          "diversity_penalty",
+                                          "temperature",
+                                          "top_k",
+                                          "top_p",
+                                          "typical_p",
+                                          "repetition_penalty",
+                                          "length_penalty",
+                                          "no_repeat_ngram_size",
+                                          "encoder_no_repeat_ngram_size",
+                                          "bad_words_ids",
+                                          "num_return_sequences",
+                                          "output_scores",
+                                          "return_dict_in_generate",
+                                          "forced_bos_token_id",
+                                          "forced_eos_token_id",
+                                          "remove_invalid_values",
+                                          "exponential_decay_length_penalty",
+                                          "suppress_tokens",
+                                          "begin_suppress_tokens",
+                                          "pretraining_tp",
+                                          "max_window_layers",
+                                          "auto_map",
+                                          "_attn_implementation",
+                                          "attn_implementation"};
   return k;
 }
 
@@ -227,15 +288,17 @@ RopeScaling parse_rope_scaling(const nlohmann::json& v, std::string_view source)
     num("high_freq_factor", r.high_freq_factor, true);
     num("original_max_position_embeddings", r.original_max_position_embeddings, true);
   } else {
-    fail("model config '{}': rope_scaling type \"{}\" is not provided; dstrain computes \"default\", \"linear\" and \"llama3\" (Hugging Face's "
-         "modeling_rope_utils); use one of them or remove rope_scaling",
-         source, type);
+    fail(
+        "model config '{}': rope_scaling type \"{}\" is not provided; dstrain computes \"default\", \"linear\" and \"llama3\" (Hugging Face's "
+        "modeling_rope_utils); use one of them or remove rope_scaling",
+        source, type);
   }
   for (const auto& [k, val] : v.items()) {
     if (allowed.count(k) == 0) {
-      fail("model config '{}': rope_scaling.{} is not used by the \"{}\" rope type dstrain computes; remove it (or use a rope type that "
-           "dstrain provides)",
-           source, k, type);
+      fail(
+          "model config '{}': rope_scaling.{} is not used by the \"{}\" rope type dstrain computes; remove it (or use a rope type that "
+          "dstrain provides)",
+          source, k, type);
     }
   }
   return r;
@@ -256,16 +319,18 @@ void validate(const LlamaConfig& c) {
   positive(c.vocab_size, "vocab_size");
   positive(c.max_position_embeddings, "max_position_embeddings");
   if (c.n_head % c.n_kv_head != 0) {
-    fail("Llama config: num_key_value_heads = {} does not divide num_attention_heads = {}; grouped-query attention needs whole groups",
-         c.n_kv_head, c.n_head);
+    fail("Llama config: num_key_value_heads = {} does not divide num_attention_heads = {}; grouped-query attention needs whole groups", c.n_kv_head,
+         c.n_head);
   }
   if (c.head_dim % 2 != 0) fail("Llama config: head_dim = {} is odd; rotary embeddings rotate pairs of channels", c.head_dim);
   if (c.head_dim > kAttentionMaxHeadSize) {
     fail("Llama config: head_dim = {} exceeds the attention kernels' maximum {}", c.head_dim, kAttentionMaxHeadSize);
   }
-  if (c.padded_vocab_size < c.vocab_size) fail("Llama config: padded_vocab_size = {} is smaller than vocab_size = {}", c.padded_vocab_size, c.vocab_size);
+  if (c.padded_vocab_size < c.vocab_size)
+    fail("Llama config: padded_vocab_size = {} is smaller than vocab_size = {}", c.padded_vocab_size, c.vocab_size);
   if (!(c.rms_norm_eps > 0.0f)) fail("Llama config: rms_norm_eps = {} must be positive", c.rms_norm_eps);
-  if (!(c.attention_dropout >= 0.0f && c.attention_dropout < 1.0f)) fail("Llama config: attention_dropout = {} must be in [0, 1)", c.attention_dropout);
+  if (!(c.attention_dropout >= 0.0f && c.attention_dropout < 1.0f))
+    fail("Llama config: attention_dropout = {} must be in [0, 1)", c.attention_dropout);
   if (!(c.initializer_range > 0.0f)) fail("Llama config: initializer_range = {} must be positive", c.initializer_range);
   if (c.sliding_window < 0) fail("Llama config: sliding_window = {} must be positive (or null for none)", c.sliding_window);
   (void)rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);  // throws, naming the rope key
@@ -274,16 +339,18 @@ void validate(const LlamaConfig& c) {
 void llama_check_sequence(const LlamaConfig& c, std::int64_t T, bool cuda) {
   if (c.sliding_window > 0 && T > c.sliding_window) {
     if (c.attention_window() == 0) {
-      fail("model: sliding_window = {} is smaller than the sequence length T = {}, and this {} config applies it to some layers only "
-           "(use_sliding_window with max_window_layers, or layer_types), which dstrain does not build; its full causal attention equals "
-           "sliding-window attention while T <= sliding_window: train with T <= {} (or set use_sliding_window to false)",
-           c.sliding_window, T, c.model_type, c.sliding_window);
+      fail(
+          "model: sliding_window = {} is smaller than the sequence length T = {}, and this {} config applies it to some layers only "
+          "(use_sliding_window with max_window_layers, or layer_types), which dstrain does not build; its full causal attention equals "
+          "sliding-window attention while T <= sliding_window: train with T <= {} (or set use_sliding_window to false)",
+          c.sliding_window, T, c.model_type, c.sliding_window);
     }
     if (cuda) {
-      fail("model: sliding_window = {} is smaller than the sequence length T = {}; the windowed attention mask is computed on the CPU "
-           "only (the CUDA attention kernels are full causal, which equals it while T <= sliding_window): train with T <= {} or "
-           "--device cpu",
-           c.sliding_window, T, c.sliding_window);
+      fail(
+          "model: sliding_window = {} is smaller than the sequence length T = {}; the windowed attention mask is computed on the CPU "
+          "only (the CUDA attention kernels are full causal, which equals it while T <= sliding_window): train with T <= {} or "
+          "--device cpu",
+          c.sliding_window, T, c.sliding_window);
     }
   }
   if (T > c.max_position_embeddings) {
@@ -304,16 +371,17 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
   const nlohmann::json j = parse_hf_config_json(json_text, source, "a Hugging Face config.json of the Llama family");
   const Family* fam = family_of(j);
   if (fam == nullptr) {
-    fail("model config '{}': model_type {} / architectures {} is not a Llama-family model dstrain builds; it builds llama "
-         "(LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM) and qwen3 (Qwen3ForCausalLM)",
-         source, j.contains("model_type") ? j["model_type"].dump() : "(none)", j.contains("architectures") ? j["architectures"].dump() : "(none)");
+    fail(
+        "model config '{}': model_type {} / architectures {} is not a Llama-family model dstrain builds; it builds llama "
+        "(LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM) and qwen3 (Qwen3ForCausalLM)",
+        source, j.contains("model_type") ? j["model_type"].dump() : "(none)", j.contains("architectures") ? j["architectures"].dump() : "(none)");
   }
   const std::string mt = fam->model_type;
   if (j.contains("architectures") && j["architectures"].is_array()) {
     for (const auto& a : j["architectures"]) {
       if (!a.is_string() || a.get<std::string>() != fam->architecture) {
-        fail("model config '{}': architectures {} does not match model_type \"{}\" ({}); dstrain trains the causal language model only",
-             source, j["architectures"].dump(), mt, fam->architecture);
+        fail("model config '{}': architectures {} does not match model_type \"{}\" ({}); dstrain trains the causal language model only", source,
+             j["architectures"].dump(), mt, fam->architecture);
       }
     }
   }
@@ -372,8 +440,10 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
   // with use_sliding_window (then from layer max_window_layers on; refused when it would act).
   if (mt == "mistral") {
     r.use("sliding_window");
-    if (!j.contains("sliding_window")) c.sliding_window = 4096;
-    else if (!j["sliding_window"].is_null()) r.get_int("sliding_window", c.sliding_window, false);
+    if (!j.contains("sliding_window"))
+      c.sliding_window = 4096;
+    else if (!j["sliding_window"].is_null())
+      r.get_int("sliding_window", c.sliding_window, false);
   } else if (qwen) {
     bool use_sw = false;
     r.get_bool("use_sliding_window", use_sw);
@@ -419,9 +489,10 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
       fail("model config '{}': '{}' is not a key of {} configs (transformers' {} has no such option); remove it", source, key, fam->architecture,
            fam->architecture);
     }
-    fail("model config '{}': key '{}' ({}) is not one dstrain knows for {}; it may change the model, so it is refused rather than ignored. "
-         "docs/models.md lists the keys dstrain honours and those it knows to be neutral; remove it if it does not change the network",
-         source, key, value.dump(), fam->architecture);
+    fail(
+        "model config '{}': key '{}' ({}) is not one dstrain knows for {}; it may change the model, so it is refused rather than ignored. "
+        "docs/models.md lists the keys dstrain honours and those it knows to be neutral; remove it if it does not change the network",
+        source, key, value.dump(), fam->architecture);
   }
   c.padded_vocab_size = padded_vocab(c.vocab_size);
   try {
@@ -451,10 +522,10 @@ LlamaConfig llama_config_from_spec(std::string_view spec) {
 
 std::int64_t parameter_count(const LlamaConfig& c) {
   const std::int64_t C = c.n_embd, I = c.intermediate_size, HD = c.head_dim;
-  std::int64_t per_layer = 2 * C;                                  // the two RMSNorm weights
-  per_layer += c.qkv_dim() * C + (c.qkv_bias ? c.qkv_dim() : 0);   // q, k, v
-  per_layer += C * c.q_dim() + (c.o_bias ? C : 0);                 // o
-  per_layer += 3 * C * I + (c.mlp_bias ? 2 * I + C : 0);           // gate, up, down
+  std::int64_t per_layer = 2 * C;                                 // the two RMSNorm weights
+  per_layer += c.qkv_dim() * C + (c.qkv_bias ? c.qkv_dim() : 0);  // q, k, v
+  per_layer += C * c.q_dim() + (c.o_bias ? C : 0);                // o
+  per_layer += 3 * C * I + (c.mlp_bias ? 2 * I + C : 0);          // gate, up, down
   per_layer += c.qk_norm ? 2 * HD : 0;
   const std::int64_t embed = c.vocab_size * C;
   return embed + (c.tie_word_embeddings ? 0 : embed) + c.n_layer * per_layer + C;
@@ -533,11 +604,11 @@ std::string describe(const LlamaConfig& c) {
   if (c.rope_scaling.kind == RopeScaling::Kind::linear) extras += fmt::format(", rope scaling linear x{}", c.rope_scaling.factor);
   if (c.rope_scaling.kind == RopeScaling::Kind::llama3) extras += fmt::format(", rope scaling llama3 x{}", c.rope_scaling.factor);
   if (c.sliding_window > 0) extras += fmt::format(", sliding window {}", c.sliding_window);
-  return fmt::format("{}: {} layers, {} heads ({} KV heads, head size {}), hidden {}, MLP {}, T <= {}, vocab {} (padded to {}), rope_theta {}, "
-                     "{} embeddings{}; {:.2f}M parameters",
-                     c.model_type, c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.n_embd, c.intermediate_size, c.max_position_embeddings,
-                     c.vocab_size, c.padded_vocab_size, c.rope_theta, c.tie_word_embeddings ? "tied" : "untied", extras,
-                     static_cast<double>(parameter_count(c)) / 1e6);
+  return fmt::format(
+      "{}: {} layers, {} heads ({} KV heads, head size {}), hidden {}, MLP {}, T <= {}, vocab {} (padded to {}), rope_theta {}, "
+      "{} embeddings{}; {:.2f}M parameters",
+      c.model_type, c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.n_embd, c.intermediate_size, c.max_position_embeddings, c.vocab_size,
+      c.padded_vocab_size, c.rope_theta, c.tie_word_embeddings ? "tied" : "untied", extras, static_cast<double>(parameter_count(c)) / 1e6);
 }
 
 }  // namespace dstrain

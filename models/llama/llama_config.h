@@ -23,26 +23,26 @@
 namespace dstrain {
 
 struct LlamaConfig {
-  std::string model_type = "llama";        // llama, mistral, qwen2, qwen3: names the family on export
-  std::int64_t n_layer = 32;               // num_hidden_layers
-  std::int64_t n_head = 32;                // num_attention_heads
-  std::int64_t n_kv_head = 32;             // num_key_value_heads (divides n_head)
-  std::int64_t n_embd = 4096;              // hidden_size
-  std::int64_t head_dim = 128;             // head_dim (Qwen3: not hidden_size / heads)
-  std::int64_t intermediate_size = 11008;  // the SwiGLU MLP width
-  std::int64_t vocab_size = 32000;         // V
-  std::int64_t padded_vocab_size = 32000;  // Vp: V rounded up to a multiple of 128 (zero rows)
+  std::string model_type = "llama";             // llama, mistral, qwen2, qwen3: names the family on export
+  std::int64_t n_layer = 32;                    // num_hidden_layers
+  std::int64_t n_head = 32;                     // num_attention_heads
+  std::int64_t n_kv_head = 32;                  // num_key_value_heads (divides n_head)
+  std::int64_t n_embd = 4096;                   // hidden_size
+  std::int64_t head_dim = 128;                  // head_dim (Qwen3: not hidden_size / heads)
+  std::int64_t intermediate_size = 11008;       // the SwiGLU MLP width
+  std::int64_t vocab_size = 32000;              // V
+  std::int64_t padded_vocab_size = 32000;       // Vp: V rounded up to a multiple of 128 (zero rows)
   std::int64_t max_position_embeddings = 2048;  // max T
   float rms_norm_eps = 1e-6f;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;                   // q/k/v projections with bias (Qwen2; attention_bias)
-  bool o_bias = false;                     // o_proj with bias (Llama / Qwen3 attention_bias)
-  bool mlp_bias = false;                   // gate/up/down with bias (Llama's mlp_bias)
-  bool qk_norm = false;                    // RMSNorm of each q and k head before RoPE (Qwen3)
-  float attention_dropout = 0.0f;          // on the attention probabilities
-  float initializer_range = 0.02f;         // init std of every linear and embedding weight
+  bool qkv_bias = false;            // q/k/v projections with bias (Qwen2; attention_bias)
+  bool o_bias = false;              // o_proj with bias (Llama / Qwen3 attention_bias)
+  bool mlp_bias = false;            // gate/up/down with bias (Llama's mlp_bias)
+  bool qk_norm = false;             // RMSNorm of each q and k head before RoPE (Qwen3)
+  float attention_dropout = 0.0f;   // on the attention probabilities
+  float initializer_range = 0.02f;  // init std of every linear and embedding weight
   // Sliding-window attention (Mistral; Qwen with use_sliding_window): each query sees the last
   // `sliding_window` keys (itself included). 0: none. Mistral's window acts on every layer and is
   // computed (attention_window); Qwen's acts on some layers only, and a sequence it would mask is

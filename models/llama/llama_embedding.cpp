@@ -19,8 +19,12 @@ enum Scratch { kZeroPositions, kBuckets, kNumScratch };
 LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg) : cfg_(cfg) { validate(cfg_); }
 
 std::vector<ParamSpec> LlamaEmbedding::params() const {
-  return {{"model.embed_tokens.weight", Shape{cfg_.padded_vocab_size, cfg_.n_embd}, ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
-           true, {}, ParamSplit::vocabulary()}};  // (Vp, C)
+  return {{"model.embed_tokens.weight",
+           Shape{cfg_.padded_vocab_size, cfg_.n_embd},
+           ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
+           true,
+           {},
+           ParamSplit::vocabulary()}};  // (Vp, C)
 }
 
 ActivationSpec LlamaEmbedding::output(const LayerDims& d) const {

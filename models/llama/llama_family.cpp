@@ -36,9 +36,9 @@ double LlamaArchitecture::parameter_count() const {
   // As parameter_count(LlamaConfig), in double.
   const double C = static_cast<double>(cfg_.n_embd), I = static_cast<double>(cfg_.intermediate_size);
   const double qkv = static_cast<double>(cfg_.qkv_dim()), q = static_cast<double>(cfg_.q_dim());
-  double per_layer = 2.0 * C;                          // the two RMSNorm weights
-  per_layer += qkv * C + (cfg_.qkv_bias ? qkv : 0.0);  // q, k, v
-  per_layer += C * q + (cfg_.o_bias ? C : 0.0);        // o
+  double per_layer = 2.0 * C;                                      // the two RMSNorm weights
+  per_layer += qkv * C + (cfg_.qkv_bias ? qkv : 0.0);              // q, k, v
+  per_layer += C * q + (cfg_.o_bias ? C : 0.0);                    // o
   per_layer += 3.0 * C * I + (cfg_.mlp_bias ? 2.0 * I + C : 0.0);  // gate, up, down
   per_layer += cfg_.qk_norm ? 2.0 * static_cast<double>(cfg_.head_dim) : 0.0;
   const double embed = static_cast<double>(cfg_.vocab_size) * C;
@@ -57,17 +57,14 @@ std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_layers() const { ret
 void LlamaArchitecture::check_sequence(std::int64_t T, const Device& device) const { llama_check_sequence(cfg_, T, device.is_cuda()); }
 
 double LlamaArchitecture::flops_per_token(std::int64_t T) const {
-  return 6.0 * stored_parameter_count() +
-         6.0 * static_cast<double>(cfg_.n_layer) * static_cast<double>(cfg_.q_dim()) * static_cast<double>(T);
+  return 6.0 * stored_parameter_count() + 6.0 * static_cast<double>(cfg_.n_layer) * static_cast<double>(cfg_.q_dim()) * static_cast<double>(T);
 }
 
 ModuleFlops LlamaArchitecture::forward_flops(std::int64_t B, std::int64_t T) const { return llama_forward_flops(cfg_, B, T); }
 
 std::string LlamaArchitecture::config_json() const { return llama_hf_config_json(cfg_); }
 
-void LlamaArchitecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const {
-  import_llama_weights(path, cfg_, param);
-}
+void LlamaArchitecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const { import_llama_weights(path, cfg_, param); }
 
 void LlamaArchitecture::export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const {
   export_llama_weights(path, cfg_, param, file_dtype);
@@ -79,7 +76,8 @@ ModuleFlops llama_forward_flops(const LlamaConfig& c, std::int64_t B, std::int64
   std::vector<ModuleFlops> layers;
   layers.reserve(static_cast<std::size_t>(c.n_layer));
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
-    std::vector<ModuleFlops> attn_children{flops_linear("q_proj", BT, C, c.q_dim(), c.qkv_bias), flops_linear("k_proj", BT, C, c.kv_dim(), c.qkv_bias),
+    std::vector<ModuleFlops> attn_children{flops_linear("q_proj", BT, C, c.q_dim(), c.qkv_bias),
+                                           flops_linear("k_proj", BT, C, c.kv_dim(), c.qkv_bias),
                                            flops_linear("v_proj", BT, C, c.kv_dim(), c.qkv_bias), flops_linear("o_proj", BT, c.q_dim(), C, c.o_bias)};
     if (c.qk_norm) {
       attn_children.push_back(flops_rmsnorm("q_norm", cls + "RMSNorm", BT * c.n_head, D));

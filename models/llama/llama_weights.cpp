@@ -53,7 +53,8 @@ std::vector<HfTensor> hf_tensors(const LlamaConfig& cfg) {
         const std::string suffix = weight ? ".weight" : ".bias";
         const std::int64_t row = weight ? C : 1;
         std::int64_t r0 = 0;
-        for (const auto& [part, rows] : {std::pair<const char*, std::int64_t>{"q_proj", cfg.q_dim()}, {"k_proj", cfg.kv_dim()}, {"v_proj", cfg.kv_dim()}}) {
+        for (const auto& [part, rows] :
+             {std::pair<const char*, std::int64_t>{"q_proj", cfg.q_dim()}, {"k_proj", cfg.kv_dim()}, {"v_proj", cfg.kv_dim()}}) {
           std::vector<std::int64_t> hf = weight ? std::vector<std::int64_t>{rows, C} : std::vector<std::int64_t>{rows};
           out.push_back({base + part + suffix, n, ps.shape, r0 * row, hf});
           r0 += rows;
@@ -144,23 +145,25 @@ void import_llama_weights(const fs::path& path, const LlamaConfig& cfg, const Ll
   for (const auto& t : expected) known.insert(t.name);
   for (const auto& [name, where] : ck.tensors) {
     if (known.count(name) != 0 || ignorable(name, cfg)) continue;
-    fail("Llama weights '{}': tensor '{}' (in '{}') is not part of this {} model ({} layers, hidden {}, q/k/v bias {}, q/k norm {}, tied "
-         "embeddings {}); check that the model config matches the weights",
-         ck.where, name, where.first->path().string(), cfg.model_type, cfg.n_layer, cfg.n_embd, cfg.qkv_bias, cfg.qk_norm, cfg.tie_word_embeddings);
+    fail(
+        "Llama weights '{}': tensor '{}' (in '{}') is not part of this {} model ({} layers, hidden {}, q/k/v bias {}, q/k norm {}, tied "
+        "embeddings {}); check that the model config matches the weights",
+        ck.where, name, where.first->path().string(), cfg.model_type, cfg.n_layer, cfg.n_embd, cfg.qkv_bias, cfg.qk_norm, cfg.tie_word_embeddings);
   }
   std::set<std::string> zeroed;
   for (const auto& t : expected) {
     const auto it = ck.tensors.find(t.name);
     if (it == ck.tensors.end()) {
-      fail("Llama weights '{}': tensor '{}' is missing (expected shape {}); the checkpoint does not match the config ({} layers{})", ck.where,
-           t.name, shape_str(t.hf), cfg.n_layer, t.name == "lm_head.weight" ? ", untied embeddings: tie_word_embeddings is false" : "");
+      fail("Llama weights '{}': tensor '{}' is missing (expected shape {}); the checkpoint does not match the config ({} layers{})", ck.where, t.name,
+           shape_str(t.hf), cfg.n_layer, t.name == "lm_head.weight" ? ", untied embeddings: tie_word_embeddings is false" : "");
     }
     const auto& [file, entry] = it->second;
     if (entry->shape != t.hf) {
-      fail("Llama weights '{}': tensor '{}' has shape {} but {} is expected for this config (hidden {}, heads {}, KV heads {}, head_dim {}, MLP "
-           "{}, vocab {}); check that the model config matches the weights",
-           file->path().string(), t.name, shape_str(entry->shape), shape_str(t.hf), cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim,
-           cfg.intermediate_size, cfg.vocab_size);
+      fail(
+          "Llama weights '{}': tensor '{}' has shape {} but {} is expected for this config (hidden {}, heads {}, KV heads {}, head_dim {}, MLP "
+          "{}, vocab {}); check that the model config matches the weights",
+          file->path().string(), t.name, shape_str(entry->shape), shape_str(t.hf), cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim,
+          cfg.intermediate_size, cfg.vocab_size);
     }
     const Tensor p = checked_param(param, t);
     if (zeroed.insert(t.ours).second) std::memset(p.data, 0, p.nbytes());  // padded vocabulary rows
@@ -169,7 +172,8 @@ void import_llama_weights(const fs::path& path, const LlamaConfig& cfg, const Ll
   }
 }
 
-void export_llama_weights(const fs::path& file, const LlamaConfig& cfg, const LlamaParamLookup& param, DType file_dtype, std::size_t max_shard_bytes) {
+void export_llama_weights(const fs::path& file, const LlamaConfig& cfg, const LlamaParamLookup& param, DType file_dtype,
+                          std::size_t max_shard_bytes) {
   (void)safetensors_dtype_name(file_dtype);  // Error for non-floating dtypes before any work
   if (max_shard_bytes == 0) fail("Llama weights: the shard size limit must be positive");
   const auto tensors = hf_tensors(cfg);

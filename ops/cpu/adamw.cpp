@@ -25,8 +25,8 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
   for (const Arg& a : {Arg{"grads", grads}, Arg{"m", m}, Arg{"v", v}}) {
     require_present(op, a);
     if (a.t.numel() != params.numel()) {
-      fail("{}: tensor '{}' has shape {} ({} elements) but params has shape {} ({} elements); they must hold the same number of elements", op,
-           a.name, a.t.shape.str(), a.t.numel(), params.shape.str(), params.numel());
+      fail("{}: tensor '{}' has shape {} ({} elements) but params has shape {} ({} elements); they must hold the same number of elements", op, a.name,
+           a.t.shape.str(), a.t.numel(), params.shape.str(), params.numel());
     }
   }
   if (!params_lowp.empty()) {

@@ -71,9 +71,12 @@ void adamw_lowp(const AdamWArgs& a, std::int64_t begin, std::int64_t end) {
 
 void adamw_range(const AdamWArgs& a, std::int64_t begin, std::int64_t end) {
   switch (a.g_dtype) {
-    case DType::fp16: return adamw_lowp<fp16_t>(a, begin, end);
-    case DType::bf16: return adamw_lowp<bf16_t>(a, begin, end);
-    default: return adamw_lowp<float>(a, begin, end);
+    case DType::fp16:
+      return adamw_lowp<fp16_t>(a, begin, end);
+    case DType::bf16:
+      return adamw_lowp<bf16_t>(a, begin, end);
+    default:
+      return adamw_lowp<float>(a, begin, end);
   }
 }
 

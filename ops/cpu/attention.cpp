@@ -54,7 +54,8 @@ AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, Attenti
   s.G = NH / NKV;
   s.koff = s.C;
   s.voff = s.C + NKV * s.HS;
-  if (s.HS > kMaxHS) fail("{}: head size HS = {} exceeds the supported maximum {} (qkv {}, NH = {}, NKV = {})", op, s.HS, kMaxHS, qkv.shape.str(), NH, NKV);
+  if (s.HS > kMaxHS)
+    fail("{}: head size HS = {} exceeds the supported maximum {} (qkv {}, NH = {}, NKV = {})", op, s.HS, kMaxHS, qkv.shape.str(), NH, NKV);
   require_shape(op, {"lse", lse}, Shape{s.B, NH, s.T}, "(B, NH, T)");
   require_dtype(op, {"lse", lse}, DType::fp32);
   if (window < 0) fail("{}: sliding window = {} must be >= 0 (0: none)", op, window);
@@ -75,9 +76,10 @@ void check_dropout(const char* op, const DropoutParams& p, const AttShape& s) {
 // The CUDA kernels compute plain causal attention: a window that masks a key (win < T) is refused.
 void check_no_window_on_cuda(const char* op, const AttShape& s) {
   if (s.win < s.T) {
-    fail("{}: a sliding window of {} keys shorter than the sequence (T = {}) runs on the CPU only; the CUDA kernels compute full causal "
-         "attention, which equals it while T <= window",
-         op, s.win, s.T);
+    fail(
+        "{}: a sliding window of {} keys shorter than the sequence (T = {}) runs on the CPU only; the CUDA kernels compute full causal "
+        "attention, which equals it while T <= window",
+        op, s.win, s.T);
   }
 }
 
@@ -136,7 +138,7 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
       }
       for (std::int64_t ii = 0; ii < qn; ++ii) {
         const std::int64_t i = i0 + ii;
-        const std::int64_t jmax = std::min(jn, i - j0 + 1);                   // causal: keys j <= i
+        const std::int64_t jmax = std::min(jn, i - j0 + 1);                      // causal: keys j <= i
         const std::int64_t jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);  // window: keys j > i - win
         if (jmax <= jlo) continue;
         for (std::int64_t jj = jlo; jj < jmax; ++jj) sc[jj] = 0.0f;
@@ -183,8 +185,7 @@ void forward_impl(T* out, float* lse, const T* qkv, const AttShape& s, const Dro
 }
 
 template <typename T>
-void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch, const AttShape& s,
-                   const DropoutParams& dp) {
+void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch, const AttShape& s, const DropoutParams& dp) {
   const std::int64_t B = s.B, T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = s.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool drop = dp.p > 0.0f;
@@ -250,7 +251,7 @@ void backward_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const flo
           }
           for (std::int64_t ii = 0; ii < qn; ++ii) {
             const std::int64_t i = i0 + ii;
-            const std::int64_t jmax = std::min(jn, i - j0 + 1);                   // keys j <= i
+            const std::int64_t jmax = std::min(jn, i - j0 + 1);                      // keys j <= i
             const std::int64_t jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);  // keys j > i - win
             if (jmax <= jlo) continue;
             for (std::int64_t jj = jlo; jj < jmax; ++jj) {
@@ -360,8 +361,8 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   if (dqkv.data == qkv.data) fail("{}: dqkv must not alias qkv (dqkv accumulates)", op);
   DSTRAIN_RETURN_ON_CUDA(gpu, attention_backward(dqkv, dout, qkv, out, lse, NH, heads.kv, scratch, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    backward_impl<T>(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data),
-                     static_cast<const T*>(out.data), static_cast<const float*>(lse.data), static_cast<float*>(scratch.data), s, dropout);
+    backward_impl<T>(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data), static_cast<const T*>(out.data),
+                     static_cast<const float*>(lse.data), static_cast<float*>(scratch.data), s, dropout);
   });
 }
 

@@ -38,8 +38,8 @@ inline bool on_cuda(std::string_view op, std::initializer_list<kernel_check::Arg
     if (!first) {
       first = &a;
     } else if (!(a.t.device == first->t.device)) {
-      fail("{}: tensor '{}' ({}) and tensor '{}' ({}) are on different devices; every tensor of a kernel call must be on one device", op,
-           a.name, a.t.str(), first->name, first->t.str());
+      fail("{}: tensor '{}' ({}) and tensor '{}' ({}) are on different devices; every tensor of a kernel call must be on one device", op, a.name,
+           a.t.str(), first->name, first->t.str());
     }
   }
   if (!first || first->t.device.is_cpu()) return false;

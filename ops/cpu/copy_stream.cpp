@@ -26,9 +26,10 @@ std::unique_ptr<CopyStream> make_copy_stream(Device device, const char* user) {
 #if DSTRAIN_HAS_CUDA_KERNELS
   if (device.is_cuda()) return std::make_unique<CudaCopyStream>(device.index);
 #endif
-  fail("{}: no copy stream between device {} and host memory in this build (it was built without the CUDA backend); rebuild with "
-       "-DDSTRAIN_CUDA=ON, or train on the cpu",
-       user, device.str());
+  fail(
+      "{}: no copy stream between device {} and host memory in this build (it was built without the CUDA backend); rebuild with "
+      "-DDSTRAIN_CUDA=ON, or train on the cpu",
+      user, device.str());
 }
 
 }  // namespace dstrain

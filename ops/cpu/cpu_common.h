@@ -27,10 +27,14 @@ struct TypeTag {
 template <typename F>
 decltype(auto) dispatch_float(std::string_view op, DType t, F&& f) {
   switch (t) {
-    case DType::fp32: return f(TypeTag<float>{});
-    case DType::fp16: return f(TypeTag<fp16_t>{});
-    case DType::bf16: return f(TypeTag<bf16_t>{});
-    default: break;
+    case DType::fp32:
+      return f(TypeTag<float>{});
+    case DType::fp16:
+      return f(TypeTag<fp16_t>{});
+    case DType::bf16:
+      return f(TypeTag<bf16_t>{});
+    default:
+      break;
   }
   fail("{}: storage dtype {} is not supported; use fp32, fp16 or bf16", op, dtype_name(t));
 }
@@ -69,7 +73,7 @@ inline float fast_exp(float x) {
   x = std::min(std::max(x, -87.3f), 88.37f);  // maxps/minps: no branch
   const float xn = std::min(std::max(-87.3f, x), 88.37f);
   const float n = (xn * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  float r = x - n * 0.693359375f;  // ln2 split in two for an exact first product
+  float r = x - n * 0.693359375f;                                           // ln2 split in two for an exact first product
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

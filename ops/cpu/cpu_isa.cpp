@@ -22,40 +22,48 @@ CpuIsa from_env_or_detected() {
   for (const CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512}) {
     if (want != cpu_isa_name(isa)) continue;
     if (!cpu_isa_supported(isa)) {
-      fail("DSTRAIN_CPU_ISA={}: this CPU cannot run {} kernels (the widest it supports is {}); unset the variable or choose one it "
-           "supports",
-           want, want, cpu_isa_name(detected_cpu_isa()));
+      fail(
+          "DSTRAIN_CPU_ISA={}: this CPU cannot run {} kernels (the widest it supports is {}); unset the variable or choose one it "
+          "supports",
+          want, want, cpu_isa_name(detected_cpu_isa()));
     }
     return isa;
   }
-  fail("DSTRAIN_CPU_ISA={} is not an instruction set of the CPU optimizer kernels; use scalar, avx2 or avx512 (or unset it to detect "
-       "the CPU's own)",
-       want);
+  fail(
+      "DSTRAIN_CPU_ISA={} is not an instruction set of the CPU optimizer kernels; use scalar, avx2 or avx512 (or unset it to detect "
+      "the CPU's own)",
+      want);
 }
 
 }  // namespace
 
 std::string_view cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::scalar: return "scalar";
-    case CpuIsa::avx2: return "avx2";
-    case CpuIsa::avx512: return "avx512";
+    case CpuIsa::scalar:
+      return "scalar";
+    case CpuIsa::avx2:
+      return "avx2";
+    case CpuIsa::avx512:
+      return "avx512";
   }
   return "?";
 }
 
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::scalar: return true;
+    case CpuIsa::scalar:
+      return true;
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
     // libgcc's CPU model also checks that the OS saves the YMM / ZMM state (XGETBV).
-    case CpuIsa::avx2: return __builtin_cpu_supports("avx2") != 0;
+    case CpuIsa::avx2:
+      return __builtin_cpu_supports("avx2") != 0;
     case CpuIsa::avx512:
       return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 && __builtin_cpu_supports("avx512vl") != 0 &&
              __builtin_cpu_supports("avx512dq") != 0;
 #else
     case CpuIsa::avx2:
-    case CpuIsa::avx512: return false;
+    case CpuIsa::avx512:
+      return false;
 #endif
   }
   return false;

@@ -16,9 +16,10 @@ std::unique_ptr<Allocator> make_device_allocator(Device device) {
 #if DSTRAIN_HAS_CUDA_KERNELS
   return std::make_unique<CudaAllocator>(device.index);  // checks the driver and the ordinal
 #else
-  fail("device {}: this dstrain was built without the CUDA backend (nvcc was not found, or -DDSTRAIN_CUDA=OFF); rebuild on a machine with the "
-       "CUDA toolkit, or train on the cpu",
-       device.str());
+  fail(
+      "device {}: this dstrain was built without the CUDA backend (nvcc was not found, or -DDSTRAIN_CUDA=OFF); rebuild on a machine with the "
+      "CUDA toolkit, or train on the cpu",
+      device.str());
 #endif
 }
 

@@ -64,9 +64,7 @@ void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
   });
 }
 
-std::size_t encoder_backward_scratch_elems(std::int64_t B, std::int64_t T, std::int64_t V) {
-  return static_cast<std::size_t>(B * T + V + 1);
-}
+std::size_t encoder_backward_scratch_elems(std::int64_t B, std::int64_t T, std::int64_t V) { return static_cast<std::size_t>(B * T + V + 1); }
 
 void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch) {
   const char* op = "encoder_backward";
@@ -85,7 +83,7 @@ void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tens
 
   // Counting sort of positions by token: start[v] .. start[v+1] index into order[].
   auto* order = static_cast<std::int32_t*>(scratch.data);  // (B*T)
-  std::int32_t* start = order + N;                          // (V + 1)
+  std::int32_t* start = order + N;                         // (V + 1)
   for (std::int64_t v = 0; v <= V; ++v) start[v] = 0;
   for (std::int64_t i = 0; i < N; ++i) ++start[tok[i] + 1];
   for (std::int64_t v = 0; v < V; ++v) start[v + 1] += start[v];

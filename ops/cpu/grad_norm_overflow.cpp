@@ -17,7 +17,7 @@ namespace {
 
 using namespace kernel_check;
 
-constexpr std::int64_t kMaxBlocks = 256;     // partials on the stack: 256 x 16 bytes
+constexpr std::int64_t kMaxBlocks = 256;       // partials on the stack: 256 x 16 bytes
 constexpr std::int64_t kMinBlockElems = 4096;  // below this a block is not worth a thread
 constexpr int kLanes = 8;
 

@@ -32,9 +32,12 @@ namespace dstrain::cpu {
 template <typename Fn>
 Fn* isa_select(Fn* scalar_fn, Fn* avx2_fn, Fn* avx512_fn) {
   switch (cpu_isa()) {
-    case CpuIsa::avx512: return avx512_fn;
-    case CpuIsa::avx2: return avx2_fn;
-    case CpuIsa::scalar: break;
+    case CpuIsa::avx512:
+      return avx512_fn;
+    case CpuIsa::avx2:
+      return avx2_fn;
+    case CpuIsa::scalar:
+      break;
   }
   return scalar_fn;
 }

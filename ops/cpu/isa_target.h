@@ -29,8 +29,7 @@
 #define DSTRAIN_ISA_END _Pragma("clang attribute pop")
 #elif defined(DSTRAIN_ISA_AVX512)
 #define DSTRAIN_ISA_NS avx512
-#define DSTRAIN_ISA_BEGIN \
-  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512\")")
+#define DSTRAIN_ISA_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512\")")
 #define DSTRAIN_ISA_END _Pragma("GCC pop_options")
 #elif defined(DSTRAIN_ISA_AVX2) && defined(__clang__)
 #define DSTRAIN_ISA_NS avx2

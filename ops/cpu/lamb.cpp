@@ -77,8 +77,8 @@ float lamb_range(float* __restrict p, const G* __restrict g, float* __restrict m
 
 }  // namespace
 
-void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges,
-                 Tensor lamb_coeffs, const LambConfig& config) {
+void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges, Tensor lamb_coeffs,
+                 const LambConfig& config) {
   const char* op = "lamb_update";
   const bool gpu =
       cpu::on_cuda(op, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v}, {"params_lowp", params_lowp}, {"lamb_coeffs", lamb_coeffs}});
@@ -91,8 +91,8 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
   for (const Arg& a : {Arg{"grads", grads}, Arg{"m", m}, Arg{"v", v}}) {
     require_present(op, a);
     if (a.t.numel() != n) {
-      fail("{}: tensor '{}' has shape {} ({} elements) but params has shape {} ({} elements); they must hold the same number of elements", op,
-           a.name, a.t.shape.str(), a.t.numel(), params.shape.str(), n);
+      fail("{}: tensor '{}' has shape {} ({} elements) but params has shape {} ({} elements); they must hold the same number of elements", op, a.name,
+           a.t.shape.str(), a.t.numel(), params.shape.str(), n);
     }
   }
   if (!params_lowp.empty()) {
@@ -115,9 +115,10 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
   for (std::size_t k = 0; k < ranges.size(); ++k) {
     const TensorRange& r = ranges[k];
     if (r.offset < end_prev || r.numel < 0 || r.offset > n || r.numel > n - r.offset) {
-      fail("{}: tensor range {} = [{}, {}) is {} the flat buffer of {} elements; ranges must be sorted by offset, not overlap, and lie "
-           "inside the buffer (one range per parameter tensor)",
-           op, k, r.offset, r.offset + r.numel, r.offset < end_prev ? "overlapping the previous range in" : "outside", n);
+      fail(
+          "{}: tensor range {} = [{}, {}) is {} the flat buffer of {} elements; ranges must be sorted by offset, not overlap, and lie "
+          "inside the buffer (one range per parameter tensor)",
+          op, k, r.offset, r.offset + r.numel, r.offset < end_prev ? "overlapping the previous range in" : "outside", n);
     }
     end_prev = r.offset + r.numel;
   }
@@ -127,8 +128,8 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
   }
   if (!(config.lr >= 0.0f)) fail("{}: lr = {} must be >= 0", op, config.lr);
   if (!(config.min_coeff >= 0.0f && config.max_coeff >= config.min_coeff)) {
-    fail("{}: min_coeff = {}, max_coeff = {}; the trust-ratio clamp needs 0 <= min_coeff <= max_coeff (DeepSpeed defaults 0.01 and 10)",
-         op, config.min_coeff, config.max_coeff);
+    fail("{}: min_coeff = {}, max_coeff = {}; the trust-ratio clamp needs 0 <= min_coeff <= max_coeff (DeepSpeed defaults 0.01 and 10)", op,
+         config.min_coeff, config.max_coeff);
   }
   DSTRAIN_RETURN_ON_CUDA(gpu, lamb_update(params, grads, m, v, params_lowp, ranges, lamb_coeffs, config));
   // step_size as DeepSpeed's host code: bias corrections in double (std::pow), then fp32.

@@ -20,8 +20,8 @@ struct LnShape {
   Shape lead;  // leading dims of inp: the shape of mean / rstd
 };
 
-LnShape check_ln(const char* op, const char* xname, const Tensor& x, const Tensor& weight, const char* wname, const Tensor& bias,
-                 const char* bname, const Tensor& mean, const Tensor& rstd) {
+LnShape check_ln(const char* op, const char* xname, const Tensor& x, const Tensor& weight, const char* wname, const Tensor& bias, const char* bname,
+                 const Tensor& mean, const Tensor& rstd) {
   require_present(op, {xname, x});
   if (x.shape.rank < 1) fail("{}: tensor '{}' has shape {} but (..., C) with at least one dimension is expected", op, xname, x.shape.str());
   LnShape s;
@@ -33,8 +33,8 @@ LnShape check_ln(const char* op, const char* xname, const Tensor& x, const Tenso
   require_shape(op, {wname, weight}, Shape{s.C}, "(C) with C the last dimension of " + std::string(xname));
   require_shape(op, {bname, bias}, Shape{s.C}, "(C) with C the last dimension of " + std::string(xname));
   if (mean.shape.numel() != s.rows || rstd.shape.numel() != s.rows || mean.empty() || rstd.empty()) {
-    fail("{}: mean {} and rstd {} must hold one fp32 per row of {} {}, i.e. shape {}", op, mean.shape.str(), rstd.shape.str(), xname,
-         x.shape.str(), s.lead.str());
+    fail("{}: mean {} and rstd {} must hold one fp32 per row of {} {}, i.e. shape {}", op, mean.shape.str(), rstd.shape.str(), xname, x.shape.str(),
+         s.lead.str());
   }
   require_dtype(op, {"mean", mean}, DType::fp32);
   require_dtype(op, {"rstd", rstd}, DType::fp32);
@@ -44,8 +44,8 @@ LnShape check_ln(const char* op, const char* xname, const Tensor& x, const Tenso
 // Normalises one row already in fp32 (xs), writing out, mean, rstd. Two passes over xs (mean,
 // then the variance of the deviations) avoid the cancellation of E[x^2] - E[x]^2.
 template <typename T>
-inline void normalize_row(const float* __restrict xs, T* __restrict o, const T* __restrict w, const T* __restrict b, std::int64_t C,
-                          float eps, float* mean_out, float* rstd_out) {
+inline void normalize_row(const float* __restrict xs, T* __restrict o, const T* __restrict w, const T* __restrict b, std::int64_t C, float eps,
+                          float* mean_out, float* rstd_out) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (std::int64_t c = 0; c < C; ++c) sum += xs[c];
@@ -112,9 +112,8 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor 
   require_same_dtype(op, {{"inp", inp}, {"out", out}, {"weight", weight}, {"bias", bias}});
   DSTRAIN_RETURN_ON_CUDA(gpu, layernorm_forward(out, mean, rstd, inp, weight, bias, eps));
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    ln_forward_impl<T>(static_cast<T*>(out.data), static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
-                       static_cast<const T*>(inp.data), static_cast<const T*>(weight.data), static_cast<const T*>(bias.data), s.rows, s.C,
-                       eps);
+    ln_forward_impl<T>(static_cast<T*>(out.data), static_cast<float*>(mean.data), static_cast<float*>(rstd.data), static_cast<const T*>(inp.data),
+                       static_cast<const T*>(weight.data), static_cast<const T*>(bias.data), s.rows, s.C, eps);
   });
 }
 
@@ -122,7 +121,8 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
                                       float eps) {
   const char* op = "fused_residual_layernorm_forward";
   const bool gpu =
-      cpu::on_cuda(op, {{"residual", residual}, {"out", out}, {"mean", mean}, {"rstd", rstd}, {"a", a}, {"b", b}, {"weight", weight}, {"bias", bias}});
+      cpu::on_cuda(op,
+                   {{"residual", residual}, {"out", out}, {"mean", mean}, {"rstd", rstd}, {"a", a}, {"b", b}, {"weight", weight}, {"bias", bias}});
   const LnShape s = check_ln(op, "a", a, weight, "weight", bias, "bias", mean, rstd);
   require_shape(op, {"b", b}, a.shape, "(the shape of a)");
   require_shape(op, {"residual", residual}, a.shape, "(the shape of a)");
@@ -162,8 +162,14 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd) {
   const char* op = "layernorm_backward";
-  const bool gpu = cpu::on_cuda(op, {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"inp", inp}, {"weight", weight},
-                                     {"mean", mean}, {"rstd", rstd}});
+  const bool gpu = cpu::on_cuda(op, {{"dinp", dinp},
+                                     {"dweight", dweight},
+                                     {"dbias", dbias},
+                                     {"dout", dout},
+                                     {"inp", inp},
+                                     {"weight", weight},
+                                     {"mean", mean},
+                                     {"rstd", rstd}});
   const LnShape s = check_ln(op, "inp", inp, weight, "weight", dweight, "dweight", mean, rstd);
   require_shape(op, {"dbias", dbias}, Shape{s.C}, "(C)");
   require_shape(op, {"dout", dout}, inp.shape, "(the shape of inp)");

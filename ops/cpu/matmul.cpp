@@ -85,8 +85,8 @@ template <typename T>
 void forward_impl(T* out, const T* inp, const T* w, const T* bias, float* scratch, const MmShape& s) {
   const std::int64_t BT = s.BT, C = s.C, OC = s.OC;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(BT), blas_int(OC), blas_int(C), 1.0f, inp, blas_int(C), w, blas_int(C), 0.0f,
-                out, blas_int(OC));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(BT), blas_int(OC), blas_int(C), 1.0f, inp, blas_int(C), w, blas_int(C), 0.0f, out,
+                blas_int(OC));
     if (bias) {
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(BT * OC))
       for (std::int64_t r = 0; r < BT; ++r) {
@@ -104,8 +104,8 @@ void forward_impl(T* out, const T* inp, const T* w, const T* bias, float* scratc
       for (std::int64_t i0 = 0; i0 < BT; i0 += R) {
         const std::int64_t ri = std::min(R, BT - i0);
         widen(at, C, inp + i0 * C, C, ri, C);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(ri), blas_int(rj), blas_int(C), 1.0f, at, blas_int(C), wt, blas_int(C),
-                    0.0f, ot, blas_int(rj));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(ri), blas_int(rj), blas_int(C), 1.0f, at, blas_int(C), wt, blas_int(C), 0.0f,
+                    ot, blas_int(rj));
         narrow(out + i0 * OC + j0, OC, ot, rj, ri, rj, bias ? bias + j0 : nullptr);
       }
     }
@@ -131,17 +131,17 @@ void backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (dinp) {  // (BT, C) += (BT, OC) · (OC, C)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(BT), blas_int(C), blas_int(OC), 1.0f, dout, blas_int(OC), w, blas_int(C),
-                  1.0f, dinp, blas_int(C));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(BT), blas_int(C), blas_int(OC), 1.0f, dout, blas_int(OC), w, blas_int(C), 1.0f,
+                  dinp, blas_int(C));
     }
     if (dw) {  // (OC, C) += (BT, OC)ᵀ · (BT, C)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(OC), blas_int(C), blas_int(BT), 1.0f, dout, blas_int(OC), inp, blas_int(C),
-                  1.0f, dw, blas_int(C));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(OC), blas_int(C), blas_int(BT), 1.0f, dout, blas_int(OC), inp, blas_int(C), 1.0f,
+                  dw, blas_int(C));
     }
   } else {
-    float* acc = scratch;          // (R, C) fp32 accumulator of the output tile
-    float* op = scratch + R * C;   // (R, C) widened operand rows (weight or inp)
-    float* gt = op + R * C;        // (R, R) widened dout tile
+    float* acc = scratch;         // (R, C) fp32 accumulator of the output tile
+    float* op = scratch + R * C;  // (R, C) widened operand rows (weight or inp)
+    float* gt = op + R * C;       // (R, R) widened dout tile
     if (dinp) {
       for (std::int64_t i0 = 0; i0 < BT; i0 += R) {
         const std::int64_t ri = std::min(R, BT - i0);
@@ -150,8 +150,8 @@ void backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* 
           const std::int64_t rk = std::min(R, OC - k0);
           widen(gt, rk, dout + i0 * OC + k0, OC, ri, rk);
           widen(op, C, w + k0 * C, C, rk, C);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(ri), blas_int(C), blas_int(rk), 1.0f, gt, blas_int(rk), op,
-                      blas_int(C), 1.0f, acc, blas_int(C));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(ri), blas_int(C), blas_int(rk), 1.0f, gt, blas_int(rk), op, blas_int(C),
+                      1.0f, acc, blas_int(C));
         }
         narrow<T>(dinp + i0 * C, C, acc, C, ri, C, nullptr);
       }
@@ -164,8 +164,8 @@ void backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* 
           const std::int64_t ri = std::min(R, BT - i0);
           widen(gt, rj, dout + i0 * OC + j0, OC, ri, rj);
           widen(op, C, inp + i0 * C, C, ri, C);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(rj), blas_int(C), blas_int(ri), 1.0f, gt, blas_int(rj), op,
-                      blas_int(C), 1.0f, acc, blas_int(C));
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(rj), blas_int(C), blas_int(ri), 1.0f, gt, blas_int(rj), op, blas_int(C), 1.0f,
+                      acc, blas_int(C));
         }
         narrow<T>(dw + j0 * C, C, acc, C, rj, C, nullptr);
       }
@@ -181,7 +181,7 @@ void check_blas_range(const char* op, const MmShape& s) {
 }  // namespace
 
 MmShape cpu::check_matmul_forward_args(const char* op, const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
-                                  const Tensor& scratch) {
+                                       const Tensor& scratch) {
   const MmShape s = check_inp_weight(op, inp, weight);
   require_shape(op, {"out", out}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
   if (!bias.empty()) require_shape(op, {"bias", bias}, Shape{s.OC}, "(OC) with OC = weight.shape[0]");
@@ -192,7 +192,7 @@ MmShape cpu::check_matmul_forward_args(const char* op, const Tensor& out, const 
 }
 
 MmShape cpu::check_matmul_backward_args(const char* op, const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                                   const Tensor& inp, const Tensor& weight, const Tensor& scratch) {
+                                        const Tensor& inp, const Tensor& weight, const Tensor& scratch) {
   const MmShape s = check_inp_weight(op, inp, weight);
   require_shape(op, {"dout", dout}, out_shape(inp, s.OC), "(BT, OC) with OC = weight.shape[0]");
   if (!dinp.empty()) require_shape(op, {"dinp", dinp}, inp.shape, "(the shape of inp)");
@@ -230,7 +230,8 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor s
 void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor scratch) {
   const char* op = "matmul_backward";
   const bool gpu =
-      cpu::on_cuda(op, {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"scratch", scratch}});
+      cpu::on_cuda(op,
+                   {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"scratch", scratch}});
   const MmShape s = cpu::check_matmul_backward_args(op, dinp, dweight, dbias, dout, inp, weight, scratch);
   DSTRAIN_RETURN_ON_CUDA(gpu, matmul_backward(dinp, dweight, dbias, dout, inp, weight, scratch));
   if (s.BT == 0 || s.OC == 0 || s.C == 0) return;

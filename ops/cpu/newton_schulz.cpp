@@ -37,8 +37,8 @@ void newton_schulz(Tensor x, Tensor workspace, const NewtonSchulzConfig& config)
   if (x.shape.rank != 2) fail("{}: tensor 'x' has shape {}; Newton-Schulz needs a matrix (rows, cols)", op, x.shape.str());
   const std::int64_t rows = x.shape[0], cols = x.shape[1];
   if (workspace.numel() < newton_schulz_workspace_numel(rows, cols)) {
-    fail("{}: tensor 'workspace' holds {} elements but a ({}, {}) matrix needs {} (newton_schulz_workspace_numel)", op, workspace.numel(), rows,
-         cols, newton_schulz_workspace_numel(rows, cols));
+    fail("{}: tensor 'workspace' holds {} elements but a ({}, {}) matrix needs {} (newton_schulz_workspace_numel)", op, workspace.numel(), rows, cols,
+         newton_schulz_workspace_numel(rows, cols));
   }
   if (config.steps < 0) fail("{}: steps = {}; give a number of iterations >= 0", op, config.steps);
   DSTRAIN_RETURN_ON_CUDA(gpu, newton_schulz(x, workspace, config));
@@ -72,8 +72,8 @@ void newton_schulz(Tensor x, Tensor workspace, const NewtonSchulzConfig& config)
                 blas_int(n));
     // B = b·A + c·A·A
     for (std::int64_t i = 0; i < n * n; ++i) B[i] = config.b * A[i];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(n), blas_int(n), blas_int(n), config.c, A, blas_int(n), A, blas_int(n), 1.0f,
-                B, blas_int(n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(n), blas_int(n), blas_int(n), config.c, A, blas_int(n), A, blas_int(n), 1.0f, B,
+                blas_int(n));
     // Y = a·X + B·X, then Y is the new X
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(n * m))
     for (std::int64_t i = 0; i < n * m; ++i) Y[i] = config.a * X[i];

@@ -35,8 +35,8 @@ void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, st
     require_present(op, a);
     require_dtype(op, a, DType::fp32);
     if (states[j].numel() != n) {
-      fail("{}: tensor '{}' has shape {} but params has shape {}; they must hold the same number of elements", op, names[j],
-           states[j].shape.str(), params.shape.str());
+      fail("{}: tensor '{}' has shape {} but params has shape {}; they must hold the same number of elements", op, names[j], states[j].shape.str(),
+           params.shape.str());
     }
   }
   if (!params_lowp.empty()) {
@@ -49,8 +49,13 @@ void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, st
     }
   }
   DSTRAIN_RETURN_ON_CUDA(gpu, optimizer_rule_update(step, params, grads, states, params_lowp));
-  cpu::RuleArgs args{static_cast<float*>(params.data), grads.data, grads.dtype, {nullptr, nullptr, nullptr},
-                     params_lowp.empty() ? nullptr : params_lowp.data, params_lowp.dtype, step};
+  cpu::RuleArgs args{static_cast<float*>(params.data),
+                     grads.data,
+                     grads.dtype,
+                     {nullptr, nullptr, nullptr},
+                     params_lowp.empty() ? nullptr : params_lowp.data,
+                     params_lowp.dtype,
+                     step};
   for (std::size_t j = 0; j < states.size(); ++j) args.s[j] = static_cast<float*>(states[j].data);
   const auto range = cpu::isa_select(cpu::scalar::optimizer_rule_range, cpu::avx2::optimizer_rule_range, cpu::avx512::optimizer_rule_range);
   cpu::for_each_block(n, [&](std::int64_t b, std::int64_t e) { range(args, b, e); });

@@ -31,7 +31,7 @@ void rule_loop(const RuleArgs& a, std::int64_t begin, std::int64_t end) {
   for (std::int64_t i = begin; i < end; ++i) {
     const float pi0 = p[i];
     const float gi = load(g[i]) * k.grad_scale + k.weight_decay * pi0;  // weight_decay 0 when decoupled
-    float st[kMaxRuleStates] = {0.0f, 0.0f, 0.0f};  // the rule may name states its options leave out
+    float st[kMaxRuleStates] = {0.0f, 0.0f, 0.0f};                      // the rule may name states its options leave out
     for (int j = 0; j < kStates; ++j) st[j] = s[j][i];
     const float pi = rule_element<R>(k, pi0 * k.decay, gi, st);
     for (int j = 0; j < kStates; ++j) s[j][i] = st[j];
@@ -50,9 +50,12 @@ void rule_lowp(const RuleArgs& a, std::int64_t begin, std::int64_t end) {
 template <OptimizerRule R, int kStates>
 void rule_typed(const RuleArgs& a, std::int64_t begin, std::int64_t end) {
   switch (a.g_dtype) {
-    case DType::fp16: return rule_lowp<R, kStates, fp16_t>(a, begin, end);
-    case DType::bf16: return rule_lowp<R, kStates, bf16_t>(a, begin, end);
-    default: return rule_lowp<R, kStates, float>(a, begin, end);
+    case DType::fp16:
+      return rule_lowp<R, kStates, fp16_t>(a, begin, end);
+    case DType::bf16:
+      return rule_lowp<R, kStates, bf16_t>(a, begin, end);
+    default:
+      return rule_lowp<R, kStates, float>(a, begin, end);
   }
 }
 
@@ -60,19 +63,27 @@ void rule_typed(const RuleArgs& a, std::int64_t begin, std::int64_t end) {
 
 void optimizer_rule_range(const RuleArgs& a, std::int64_t begin, std::int64_t end) {
   switch (a.k.rule) {
-    case OptimizerRule::adagrad: return rule_typed<OptimizerRule::adagrad, 1>(a, begin, end);
-    case OptimizerRule::lion: return rule_typed<OptimizerRule::lion, 1>(a, begin, end);
+    case OptimizerRule::adagrad:
+      return rule_typed<OptimizerRule::adagrad, 1>(a, begin, end);
+    case OptimizerRule::lion:
+      return rule_typed<OptimizerRule::lion, 1>(a, begin, end);
     case OptimizerRule::rmsprop:
       // 1 to 3 states (momentum_buffer, grad_avg optional): the loop copies the most it may touch.
       if (a.k.states == 1) return rule_typed<OptimizerRule::rmsprop, 1>(a, begin, end);
       if (a.k.states == 2) return rule_typed<OptimizerRule::rmsprop, 2>(a, begin, end);
       return rule_typed<OptimizerRule::rmsprop, 3>(a, begin, end);
-    case OptimizerRule::adamax: return rule_typed<OptimizerRule::adamax, 2>(a, begin, end);
-    case OptimizerRule::nadam: return rule_typed<OptimizerRule::nadam, 2>(a, begin, end);
-    case OptimizerRule::radam: return rule_typed<OptimizerRule::radam, 2>(a, begin, end);
-    case OptimizerRule::adadelta: return rule_typed<OptimizerRule::adadelta, 2>(a, begin, end);
-    case OptimizerRule::asgd: return rule_typed<OptimizerRule::asgd, 1>(a, begin, end);
-    case OptimizerRule::rprop: return rule_typed<OptimizerRule::rprop, 2>(a, begin, end);
+    case OptimizerRule::adamax:
+      return rule_typed<OptimizerRule::adamax, 2>(a, begin, end);
+    case OptimizerRule::nadam:
+      return rule_typed<OptimizerRule::nadam, 2>(a, begin, end);
+    case OptimizerRule::radam:
+      return rule_typed<OptimizerRule::radam, 2>(a, begin, end);
+    case OptimizerRule::adadelta:
+      return rule_typed<OptimizerRule::adadelta, 2>(a, begin, end);
+    case OptimizerRule::asgd:
+      return rule_typed<OptimizerRule::asgd, 1>(a, begin, end);
+    case OptimizerRule::rprop:
+      return rule_typed<OptimizerRule::rprop, 2>(a, begin, end);
   }
 }
 

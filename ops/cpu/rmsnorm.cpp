@@ -110,8 +110,7 @@ void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Te
 
 void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
   const char* op = "rmsnorm_backward";
-  const bool gpu =
-      cpu::on_cuda(op, {{"dinp", dinp}, {"dweight", dweight}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"rstd", rstd}});
+  const bool gpu = cpu::on_cuda(op, {{"dinp", dinp}, {"dweight", dweight}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"rstd", rstd}});
   const RmsShape s = check_rms(op, "inp", inp, weight, "weight", rstd);
   require_shape(op, {"dweight", dweight}, Shape{s.C}, "(C)");
   require_shape(op, {"dout", dout}, inp.shape, "(the shape of inp)");

@@ -26,8 +26,8 @@ RopeShape check_rope(const char* op, const char* oname, const Tensor& out, const
   require_present(op, {iname, inp});
   if (inp.shape.rank != 4) fail("{}: tensor '{}' has shape {} but (B, T, H, D) is expected", op, iname, inp.shape.str());
   const RopeShape s{inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3]};
-  if (s.D % 2 != 0) fail("{}: tensor '{}' has shape {}: the head size D = {} must be even (rotate-half pairs j and j + D/2)", op, iname,
-                         inp.shape.str(), s.D);
+  if (s.D % 2 != 0)
+    fail("{}: tensor '{}' has shape {}: the head size D = {} must be even (rotate-half pairs j and j + D/2)", op, iname, inp.shape.str(), s.D);
   require_shape(op, {oname, out}, inp.shape, "(the shape of " + std::string(iname) + ")");
   require_same_dtype(op, {{iname, inp}, {oname, out}});
   require_shape(op, {"inv_freq", inv_freq}, Shape{s.D / 2}, "(D/2) with D the last dimension of " + std::string(iname));
@@ -79,7 +79,8 @@ void rope_impl(T* out, const T* inp, const float* inv_freq, const RopeShape& s, 
 }  // namespace
 
 std::vector<float> rope_inv_freq(std::int64_t head_dim, double theta, const RopeScaling& sc) {
-  if (head_dim <= 0 || head_dim % 2 != 0) fail("rope: the head size (head_dim, or hidden_size / num_attention_heads) is {}; it must be even and positive", head_dim);
+  if (head_dim <= 0 || head_dim % 2 != 0)
+    fail("rope: the head size (head_dim, or hidden_size / num_attention_heads) is {}; it must be even and positive", head_dim);
   if (!(theta > 0)) fail("rope: rope_theta = {} must be > 0", theta);
   if (sc.kind != RopeScaling::Kind::none && !(sc.factor > 0)) fail("rope: rope_scaling.factor = {} must be > 0", sc.factor);
   if (sc.kind == RopeScaling::Kind::llama3) {
@@ -131,8 +132,8 @@ void rope_backward(Tensor dinp, Tensor dout, Tensor inv_freq, std::int64_t rotat
   const RopeShape s = check_rope(op, "dinp", dinp, "dout", dout, inv_freq, rotate_heads, pos_offset);
   DSTRAIN_RETURN_ON_CUDA(gpu, rope_backward(dinp, dout, inv_freq, rotate_heads, pos_offset));
   cpu::dispatch_float(op, dout.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    rope_impl<T>(static_cast<T*>(dinp.data), static_cast<const T*>(dout.data), static_cast<const float*>(inv_freq.data), s, rotate_heads,
-                 pos_offset, -1.0f);
+    rope_impl<T>(static_cast<T*>(dinp.data), static_cast<const T*>(dout.data), static_cast<const float*>(inv_freq.data), s, rotate_heads, pos_offset,
+                 -1.0f);
   });
 }
 

@@ -48,7 +48,8 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   const char* op = "swiglu_backward";
   const bool gpu = cpu::on_cuda(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
   require_present(op, {"gate", gate});
-  for (const Arg& a : {Arg{"up", up}, Arg{"dout", dout}, Arg{"dgate", dgate}, Arg{"dup", dup}}) require_shape(op, a, gate.shape, "(the shape of gate)");
+  for (const Arg& a : {Arg{"up", up}, Arg{"dout", dout}, Arg{"dgate", dgate}, Arg{"dup", dup}})
+    require_shape(op, a, gate.shape, "(the shape of gate)");
   require_same_dtype(op, {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}});
   if (gate.numel() > 0) {
     for (const void* p : {gate.data, up.data, dout.data}) {

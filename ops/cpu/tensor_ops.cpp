@@ -59,8 +59,8 @@ void zero_tensor(Tensor t) {
 }
 
 void copy_tensor(Tensor dst, Tensor src) {
-  DSTRAIN_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_tensor: dst {} and src {} differ in dtype or element count",
-                dst.str(), src.str());
+  DSTRAIN_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_tensor: dst {} and src {} differ in dtype or element count", dst.str(),
+                src.str());
   if (dst.data == src.data || dst.numel() == 0) return;
   // Devices may differ (host <-> cuda): each side is checked on its own.
   const bool gpu_dst = cpu::on_cuda("copy_tensor", {{"dst", dst}});
@@ -73,8 +73,9 @@ void convert_tensor(Tensor dst, Tensor src) {
   const bool gpu = cpu::on_cuda("convert_tensor", {{"dst", dst}, {"src", src}});
   DSTRAIN_CHECK(dst.numel() == src.numel(), "convert_tensor: dst {} and src {} hold different numbers of elements", dst.str(), src.str());
   if (dst.dtype == src.dtype) return copy_tensor(dst, src);
-  DSTRAIN_CHECK(is_floating(dst.dtype) && is_floating(src.dtype), "convert_tensor: {} -> {} is not a floating-point conversion; it takes fp32, fp16 or bf16",
-                dtype_name(src.dtype), dtype_name(dst.dtype));
+  DSTRAIN_CHECK(is_floating(dst.dtype) && is_floating(src.dtype),
+                "convert_tensor: {} -> {} is not a floating-point conversion; it takes fp32, fp16 or bf16", dtype_name(src.dtype),
+                dtype_name(dst.dtype));
   if (dst.numel() == 0) return;
   DSTRAIN_RETURN_ON_CUDA(gpu, convert_tensor(dst, src));
   convert(src.data, src.dtype, dst.data, dst.dtype, static_cast<std::size_t>(dst.numel()));
@@ -89,10 +90,17 @@ void residual_forward(Tensor out, Tensor a, Tensor b) {
   if (n == 0) return;
   DSTRAIN_RETURN_ON_CUDA(gpu, residual_forward(out, a, b));
   switch (out.dtype) {
-    case DType::fp32: add_f32(out.as<float>(), a.as<float>(), b.as<float>(), n); break;
-    case DType::fp16: add_impl(out.as<fp16_t>(), a.as<fp16_t>(), b.as<fp16_t>(), n); break;
-    case DType::bf16: add_impl(out.as<bf16_t>(), a.as<bf16_t>(), b.as<bf16_t>(), n); break;
-    default: break;
+    case DType::fp32:
+      add_f32(out.as<float>(), a.as<float>(), b.as<float>(), n);
+      break;
+    case DType::fp16:
+      add_impl(out.as<fp16_t>(), a.as<fp16_t>(), b.as<fp16_t>(), n);
+      break;
+    case DType::bf16:
+      add_impl(out.as<bf16_t>(), a.as<bf16_t>(), b.as<bf16_t>(), n);
+      break;
+    default:
+      break;
   }
 }
 

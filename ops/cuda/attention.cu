@@ -61,13 +61,12 @@ __device__ __forceinline__ float dot_rows(const typename S::storage* a, const ty
 
 template <typename S>
 __global__ void __launch_bounds__(kWarps * 32) attention_forward_kernel(typename S::storage* __restrict__ out, float* __restrict__ lse,
-                                                                        const typename S::storage* __restrict__ qkv, AttDims s, float p,
-                                                                        RngKey key) {
+                                                                        const typename S::storage* __restrict__ qkv, AttDims s, float p, RngKey key) {
   using P = typename S::storage;
   __shared__ float qsh[kWarps][kMaxHS];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + wib;  // (b, h, i)
-  if (row >= s.B * s.NH * s.T) return;  // warp-uniform
+  if (row >= s.B * s.NH * s.T) return;                                            // warp-uniform
   const std::int64_t i = row % s.T, bh = row / s.T, b = bh / s.NH, h = bh % s.NH;
   const std::int64_t C = s.C, C3 = s.W, HS = s.HS, T = s.T;
   const std::int64_t koff = s.koff + (h / s.G) * HS, voff = s.voff + (h / s.G) * HS;
@@ -128,9 +127,10 @@ __global__ void attention_dsum_kernel(float* __restrict__ Dsum, const typename S
 
 // dq: a warp per query i; lanes = keys of a 32-key chunk. dq_i = sum_j dS_ij * scale * k_j.
 template <typename S>
-__global__ void __launch_bounds__(kWarps * 32) attention_dq_kernel(typename S::storage* __restrict__ dqkv, const typename S::storage* __restrict__ dout,
-                                                                   const typename S::storage* __restrict__ qkv, const float* __restrict__ lse,
-                                                                   const float* __restrict__ Dsum, AttDims s, float p, RngKey key) {
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dq_kernel(typename S::storage* __restrict__ dqkv, const typename S::storage* __restrict__ dout,
+                        const typename S::storage* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ Dsum, AttDims s,
+                        float p, RngKey key) {
   using P = typename S::storage;
   __shared__ float qsh[kWarps][kMaxHS], gsh[kWarps][kMaxHS];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -183,9 +183,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dq_kernel(typename S::s
 // dk, dv: a warp per (b, KV head g, key j); for each query head h of the group in order, lanes =
 // queries i >= j of a 32-query chunk.  dv_j = sum_{h, i} P̃_ij dout_i,  dk_j = sum_{h, i} dS_ij * scale * q_i.
 template <typename S>
-__global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::storage* __restrict__ dqkv, const typename S::storage* __restrict__ dout,
-                                                                    const typename S::storage* __restrict__ qkv, const float* __restrict__ lse,
-                                                                    const float* __restrict__ Dsum, AttDims s, float p, RngKey key) {
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dkv_kernel(typename S::storage* __restrict__ dqkv, const typename S::storage* __restrict__ dout,
+                         const typename S::storage* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ Dsum, AttDims s,
+                         float p, RngKey key) {
   using P = typename S::storage;
   __shared__ float ksh[kWarps][kMaxHS], vsh[kWarps][kMaxHS];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -250,8 +251,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dkv_kernel(typename S::
 
 }  // namespace
 
-cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                     std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st) {
+cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                                     std::int64_t NKV, float p, const RngKey& key, cudaStream_t st) {
   const AttDims s = att_dims(B, T, C, NH, NKV);
   const std::int64_t rows = B * NH * T;
   if (rows == 0 || C == 0) return cudaSuccess;
@@ -264,8 +265,8 @@ cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DTy
 }
 
 cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
-                                      const RngKey& key, cudaStream_t st) {
+                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p, const RngKey& key,
+                                      cudaStream_t st) {
   const AttDims s = att_dims(B, T, C, NH, NKV);
   const std::int64_t rows = B * NH * T, kv_rows = B * NKV * T;
   if (rows == 0 || C == 0) return cudaSuccess;
@@ -273,16 +274,16 @@ cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* 
   const auto kv_blocks = static_cast<unsigned>((kv_rows + kWarps - 1) / kWarps);
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    attention_dsum_kernel<S><<<grid_for(static_cast<std::size_t>(rows)), kThreads, 0, st>>>(Dsum, static_cast<const P*>(dout),
-                                                                                           static_cast<const P*>(out), s);
+    attention_dsum_kernel<S>
+        <<<grid_for(static_cast<std::size_t>(rows)), kThreads, 0, st>>>(Dsum, static_cast<const P*>(dout), static_cast<const P*>(out), s);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    attention_dq_kernel<S><<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse,
-                                                          Dsum, s, p, key);
+    attention_dq_kernel<S>
+        <<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse, Dsum, s, p, key);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    attention_dkv_kernel<S><<<kv_blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse,
-                                                           Dsum, s, p, key);
+    attention_dkv_kernel<S>
+        <<<kv_blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dqkv), static_cast<const P*>(dout), static_cast<const P*>(qkv), lse, Dsum, s, p, key);
     return cudaGetLastError();
   });
 }

@@ -174,7 +174,7 @@ __device__ __forceinline__ void accumulate2(u16* dst, float a, float b) {
 
 template <int HS>
 struct TileGeom {
-  static constexpr int LD = HS + 8;  // padded shared row (elements): 16 bytes of padding
+  static constexpr int LD = HS + 8;   // padded shared row (elements): 16 bytes of padding
   static constexpr int KS = HS / 16;  // k-steps over the head dimension
   static constexpr int ND = HS / 8;   // 8-wide n-blocks over the head dimension
 };
@@ -256,8 +256,8 @@ constexpr int fwd_smem_bytes() {
 }
 
 template <typename S, int HS, bool DROP>
-__global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* __restrict__ out, float* __restrict__ lse,
-                                                                          const u16* __restrict__ qkv, TcDims s, float p, RngKey key) {
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_tc_kernel(u16* __restrict__ out, float* __restrict__ lse, const u16* __restrict__ qkv, TcDims s, float p, RngKey key) {
   using G = TileGeom<HS>;
   constexpr int LD = G::LD, KS = G::KS, ND = G::ND, MT = kFwdMT<HS, DROP>, BQ = kFwdRows<HS, DROP>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.0f;
   }
-  const int wrow = w * 16 * MT;  // the warp's first row in the block
+  const int wrow = w * 16 * MT;    // the warp's first row in the block
   const int row0 = q0 + wrow + g;  // this thread's rows: row0 + 16 mt and row0 + 16 mt + 8
 
   for (int kb = 0; kb < nkb; ++kb) {
@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc_kernel(u16* _
 // Dsum[(b, h, i)] = dout_i · out_i over head h's HS dims: a warp per row, 2 elements per lane per
 // step, one fixed shuffle tree.
 template <typename S, int HS>
-__global__ void __launch_bounds__(kTcThreads) attention_dsum_tc_kernel(float* __restrict__ Dsum, const u16* __restrict__ dout,
-                                                                       const u16* __restrict__ out, TcDims s) {
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dsum_tc_kernel(float* __restrict__ Dsum, const u16* __restrict__ dout, const u16* __restrict__ out, TcDims s) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kTcThreads / 32) + (threadIdx.x >> 5);
   if (row >= s.B * s.NH * s.T) return;  // warp-uniform
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -464,16 +464,16 @@ constexpr int dkv_smem_bytes() {
 }
 
 template <typename S, int HS, bool DROP>
-__global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __restrict__ dqkv, const u16* __restrict__ dout,
-                                                                      const u16* __restrict__ qkv, const float* __restrict__ lse,
-                                                                      const float* __restrict__ Dsum, TcDims s, float p, RngKey key) {
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dkv_tc_kernel(u16* __restrict__ dqkv, const u16* __restrict__ dout, const u16* __restrict__ qkv, const float* __restrict__ lse,
+                            const float* __restrict__ Dsum, TcDims s, float p, RngKey key) {
   using G = TileGeom<HS>;
   constexpr int LD = G::LD, KS = G::KS, ND = G::ND, BR = kDkvRows<HS, DROP>, NB = BR / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   u16* sK = reinterpret_cast<u16*>(smem_raw);
   u16* sV = sK + kTile * LD;
-  u16* sQ = sV + kTile * LD;  // [2][BR][LD]
-  u16* sG = sQ + 2 * BR * LD;  // [2][BR][LD]  (dout)
+  u16* sQ = sV + kTile * LD;                               // [2][BR][LD]
+  u16* sG = sQ + 2 * BR * LD;                              // [2][BR][LD]  (dout)
   float* sL = reinterpret_cast<float*>(sG + 2 * BR * LD);  // [2][BR]: lse * log2(e), +inf past T
   float* sD = sL + 2 * BR;                                 // [2][BR]: D, 0 past T
 
@@ -577,8 +577,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_dkv_tc_kernel(u16* __res
           pd *= md;
           dpe *= md;
         }
-        st[nb][e] = pd;                       // P̃ᵀ (for dV)
-        dpt[nb][e] = pe * (dpe - ds_[ii]);    // dSᵀ / scale
+        st[nb][e] = pd;                     // P̃ᵀ (for dV)
+        dpt[nb][e] = pe * (dpe - ds_[ii]);  // dSᵀ / scale
       }
 #pragma unroll
     for (int kq = 0; kq < NB / 2; ++kq) {  // k-steps of 16 queries
@@ -623,9 +623,9 @@ constexpr int dq_smem_bytes() {
 }
 
 template <typename S, int HS, bool DROP>
-__global__ void __launch_bounds__(kTcThreads) attention_dq_tc_kernel(u16* __restrict__ dqkv, const u16* __restrict__ dout,
-                                                                     const u16* __restrict__ qkv, const float* __restrict__ lse,
-                                                                     const float* __restrict__ Dsum, TcDims s, float p, RngKey key) {
+__global__ void __launch_bounds__(kTcThreads)
+    attention_dq_tc_kernel(u16* __restrict__ dqkv, const u16* __restrict__ dout, const u16* __restrict__ qkv, const float* __restrict__ lse,
+                           const float* __restrict__ Dsum, TcDims s, float p, RngKey key) {
   using G = TileGeom<HS>;
   constexpr int LD = G::LD, KS = G::KS, ND = G::ND;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -766,16 +766,23 @@ cudaError_t dispatch_tc(DType t, std::int64_t HS, bool drop, F&& f) {
       return drop ? f(S{}, std::integral_constant<int, H>{}, std::true_type{}) : f(S{}, std::integral_constant<int, H>{}, std::false_type{});
     };
     switch (HS) {
-      case 32: return with_drop(std::integral_constant<int, 32>{});
-      case 64: return with_drop(std::integral_constant<int, 64>{});
-      case 128: return with_drop(std::integral_constant<int, 128>{});
-      default: return cudaErrorInvalidValue;
+      case 32:
+        return with_drop(std::integral_constant<int, 32>{});
+      case 64:
+        return with_drop(std::integral_constant<int, 64>{});
+      case 128:
+        return with_drop(std::integral_constant<int, 128>{});
+      default:
+        return cudaErrorInvalidValue;
     }
   };
   switch (t) {
-    case DType::fp16: return with_hs(F16{});
-    case DType::bf16: return with_hs(BF16{});
-    default: return cudaErrorInvalidValue;
+    case DType::fp16:
+      return with_hs(F16{});
+    case DType::bf16:
+      return with_hs(BF16{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -831,8 +838,8 @@ cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const voi
     const auto* pdout = static_cast<const u16*>(dout);
     const auto* pqkv = static_cast<const u16*>(qkv);
     constexpr int rows_per_block = kTcThreads / 32;
-    attention_dsum_tc_kernel<S, HS><<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kTcThreads, 0, st>>>(
-        Dsum, pdout, static_cast<const u16*>(out), s);
+    attention_dsum_tc_kernel<S, HS>
+        <<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kTcThreads, 0, st>>>(Dsum, pdout, static_cast<const u16*>(out), s);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     auto dkv = attention_dkv_tc_kernel<S, HS, DROP>;

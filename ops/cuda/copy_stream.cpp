@@ -34,7 +34,7 @@ void CudaCopyStream::destroy() noexcept {
     if (compute_ready_ != nullptr) (void)cudaEventDestroy(compute_ready_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();  // a failure here (e.g. the runtime unloading at exit) is not the next caller's
-  } catch (...) {  // the device could not even be selected: nothing to release on it
+  } catch (...) {              // the device could not even be selected: nothing to release on it
   }
   compute_ready_ = nullptr;
   stream_ = nullptr;
@@ -60,8 +60,7 @@ CopyStream::Ticket CudaCopyStream::copy(const Tensor& dst, const Tensor& src, bo
   // The source was written, and the destination last read, by work already on the compute stream.
   DSTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, cuda::compute_stream()));
   DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
-  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, to_host_direction ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
-                                     stream_));
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, bytes, to_host_direction ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_));
   const Ticket ticket = next_ + 1;
   DSTRAIN_CUDA_CHECK(cudaEventRecord(done_[ticket % kEvents], stream_));
   next_ = ticket;
@@ -75,16 +74,20 @@ CopyStream::Ticket CudaCopyStream::to_device(const Tensor& dst, const Tensor& sr
 
 void CudaCopyStream::wait(Ticket ticket) {
   if (ticket == 0) return;
-  DSTRAIN_CHECK(ticket <= next_, "copy stream wait: ticket {} was never issued (the last is {}); wait only on tickets that "
-                "to_host / to_device returned", ticket, next_);
+  DSTRAIN_CHECK(ticket <= next_,
+                "copy stream wait: ticket {} was never issued (the last is {}); wait only on tickets that "
+                "to_host / to_device returned",
+                ticket, next_);
   CudaDeviceScope scope(ordinal_);
   DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), done_[ticket % kEvents], 0));
 }
 
 void CudaCopyStream::wait_host(Ticket ticket) {
   if (ticket == 0) return;
-  DSTRAIN_CHECK(ticket <= next_, "copy stream wait_host: ticket {} was never issued (the last is {}); wait only on tickets that "
-                "to_host / to_device returned", ticket, next_);
+  DSTRAIN_CHECK(ticket <= next_,
+                "copy stream wait_host: ticket {} was never issued (the last is {}); wait only on tickets that "
+                "to_host / to_device returned",
+                ticket, next_);
   CudaDeviceScope scope(ordinal_);
   // A ticket older than the ring is covered by the newer copy that reused its event (in order).
   DSTRAIN_CUDA_CHECK(cudaEventSynchronize(done_[ticket % kEvents]));

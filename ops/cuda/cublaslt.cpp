@@ -12,10 +12,14 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::fp32: return CUDA_R_32F;
-    case DType::fp16: return CUDA_R_16F;
-    case DType::bf16: return CUDA_R_16BF;
-    default: break;
+    case DType::fp32:
+      return CUDA_R_32F;
+    case DType::fp16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      break;
   }
   fail("cublaslt gemm: storage dtype {} is not supported; use fp32, fp16 or bf16", dtype_name(t));
 }
@@ -68,8 +72,9 @@ void CublasLtContext::gemm(const GemmArgs& g, cudaStream_t stream) {
 bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   const unsigned al_a = alignment_of(g.A), al_b = alignment_of(g.B), al_d = alignment_of(g.D), al_bias = g.bias ? alignment_of(g.bias) : 256;
   const unsigned al_aux = g.aux ? alignment_of(g.aux) : 256;
-  const Key key{static_cast<int>(g.dtype), g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, g.bias != nullptr,
-                al_a, al_b, al_d, al_bias, static_cast<int>(g.act), g.ldaux, al_aux};
+  const Key key{
+      static_cast<int>(g.dtype), g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, g.bias != nullptr, al_a, al_b, al_d, al_bias,
+      static_cast<int>(g.act),   g.ldaux,  al_aux};
   {
     // A problem already known to have no algorithm (the caller's fallback runs) costs no descriptors.
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,8 +89,12 @@ bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   DSTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   switch (g.act) {
-    case GemmArgs::Act::none: epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; break;
-    case GemmArgs::Act::gelu_aux: epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX; break;
+    case GemmArgs::Act::none:
+      epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      break;
+    case GemmArgs::Act::gelu_aux:
+      epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      break;
     case GemmArgs::Act::dgelu:
       DSTRAIN_CHECK(g.bias == nullptr && g.beta == 0.0f, "cublaslt gemm: the DGELU epilogue takes no bias and beta 0");
       epi = CUBLASLT_EPILOGUE_DGELU;
@@ -134,8 +143,8 @@ bool CublasLtContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   if (!algo) return false;
   const float alpha = 1.0f, beta = g.beta;
-  DSTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D, ds.d, g.D, ds.d, &*algo, workspace_,
-                                      kWorkspaceBytes, stream));
+  DSTRAIN_CUBLAS_CHECK(
+      cublasLtMatmul(handle_, ds.op, &alpha, g.A, ds.a, g.B, ds.b, &beta, g.D, ds.d, g.D, ds.d, &*algo, workspace_, kWorkspaceBytes, stream));
   return true;
 }
 

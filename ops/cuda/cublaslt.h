@@ -64,8 +64,8 @@ class CublasLtContext {
 
  private:
   explicit CublasLtContext(int device);
-  using Key = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool,
-                         unsigned, unsigned, unsigned, unsigned, int, std::int64_t, unsigned>;
+  using Key = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool, unsigned,
+                         unsigned, unsigned, unsigned, int, std::int64_t, unsigned>;
   int device_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -25,7 +25,8 @@ std::string cuda_fix(cudaError_t status) {
       return "Fix: use a GPU ordinal below the number of visible GPUs (CUDA_VISIBLE_DEVICES renumbers them from 0).";
     case cudaErrorNoKernelImageForDevice:
       return "Fix: rebuild with CMAKE_CUDA_ARCHITECTURES including this GPU's compute capability.";
-    default: return {};
+    default:
+      return {};
   }
 }
 
@@ -34,8 +35,8 @@ std::string cuda_fix(cudaError_t status) {
 void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
   (void)cudaGetLastError();  // clear the slot: this failure is reported here, once
   const std::string fix = cuda_fix(status);
-  throw Error(fmt::format("CUDA call {} failed at {}:{}: {} ({}){}{}", call, file, line, cudaGetErrorName(status),
-                          cudaGetErrorString(status), fix.empty() ? "" : ". ", fix));
+  throw Error(fmt::format("CUDA call {} failed at {}:{}: {} ({}){}{}", call, file, line, cudaGetErrorName(status), cudaGetErrorString(status),
+                          fix.empty() ? "" : ". ", fix));
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
@@ -56,8 +57,7 @@ void throw_nccl_error(ncclResult_t status, const char* call, const char* file, i
     fix = ". Fix: a CUDA call inside NCCL failed; rerun with NCCL_DEBUG=WARN";
   }
   throw Error(fmt::format("NCCL call {} failed at {}:{}: {} (status {}){}{}{}", call, file, line, ncclGetErrorString(status),
-                          static_cast<int>(status), detail != nullptr && *detail != '\0' ? ": " : "",
-                          detail != nullptr ? detail : "", fix));
+                          static_cast<int>(status), detail != nullptr && *detail != '\0' ? ": " : "", detail != nullptr ? detail : "", fix));
 }
 
 }  // namespace dstrain::detail

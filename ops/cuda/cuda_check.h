@@ -24,23 +24,22 @@ namespace dstrain::detail {
 
 }  // namespace dstrain::detail
 
-#define DSTRAIN_CUDA_CHECK(call)                                                                        \
-  do {                                                                                                  \
-    const cudaError_t dstrain_status_ = (call);                                                         \
+#define DSTRAIN_CUDA_CHECK(call)                                                                                         \
+  do {                                                                                                                   \
+    const cudaError_t dstrain_status_ = (call);                                                                          \
     if (dstrain_status_ != cudaSuccess) ::dstrain::detail::throw_cuda_error(dstrain_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
-#define DSTRAIN_CUBLAS_CHECK(call)                                                                      \
-  do {                                                                                                  \
-    const cublasStatus_t dstrain_status_ = (call);                                                      \
-    if (dstrain_status_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ::dstrain::detail::throw_cublas_error(dstrain_status_, #call, __FILE__, __LINE__);               \
+#define DSTRAIN_CUBLAS_CHECK(call)                                                                                                   \
+  do {                                                                                                                               \
+    const cublasStatus_t dstrain_status_ = (call);                                                                                   \
+    if (dstrain_status_ != CUBLAS_STATUS_SUCCESS) ::dstrain::detail::throw_cublas_error(dstrain_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // Blocking communicators only: a non-blocking one returns ncclInProgress, which is not a failure
 // and must be polled with ncclCommGetAsyncError instead.
-#define DSTRAIN_NCCL_CHECK(call)                                                                        \
-  do {                                                                                                  \
-    const ncclResult_t dstrain_status_ = (call);                                                        \
+#define DSTRAIN_NCCL_CHECK(call)                                                                                         \
+  do {                                                                                                                   \
+    const ncclResult_t dstrain_status_ = (call);                                                                         \
     if (dstrain_status_ != ncclSuccess) ::dstrain::detail::throw_nccl_error(dstrain_status_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -13,9 +13,9 @@ namespace dstrain {
 
 struct CudaDeviceInfo {
   int ordinal = 0;
-  std::string name;                // "NVIDIA H100 80GB HBM3"
-  int major = 0, minor = 0;        // compute capability
-  std::size_t total_memory = 0;    // bytes
+  std::string name;              // "NVIDIA H100 80GB HBM3"
+  int major = 0, minor = 0;      // compute capability
+  std::size_t total_memory = 0;  // bytes
   int multiprocessors = 0;
 };
 
@@ -26,7 +26,7 @@ struct CudaInfo {
   std::size_t cublaslt_version = 0;  // cublasLtGetVersion: 10000*major + 100*minor + patch
   int nccl_version = 0;              // ncclGetVersion: 10000*major + 100*minor + patch (0 if it failed)
   std::vector<CudaDeviceInfo> devices;
-  std::string problem;               // why no GPU can be used ("no CUDA driver found", ...); empty if devices exist
+  std::string problem;  // why no GPU can be used ("no CUDA driver found", ...); empty if devices exist
 
   bool has_driver() const { return driver_version > 0; }
 };

@@ -49,9 +49,10 @@ void CudaAllocator::raw_deallocate(void* ptr, std::size_t /*bytes*/, std::size_t
 
 std::string CudaAllocator::out_of_memory_detail() const {
   const CachingPool::Stats pool = pool_.stats();
-  std::string detail = fmt::format("this allocator reserves {} from CUDA ({} of it cached; unused cached segments were freed and "
-                                   "cudaMalloc retried)",
-                                   format_bytes(pool.reserved_bytes), format_bytes(pool.cached_bytes()));
+  std::string detail = fmt::format(
+      "this allocator reserves {} from CUDA ({} of it cached; unused cached segments were freed and "
+      "cudaMalloc retried)",
+      format_bytes(pool.reserved_bytes), format_bytes(pool.cached_bytes()));
   try {
     CudaDeviceScope scope(ordinal_);
     std::size_t free_bytes = 0, total_bytes = 0;

@@ -13,8 +13,10 @@ class CudaDeviceScope {
  public:
   explicit CudaDeviceScope(int ordinal) {
     DSTRAIN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal) DSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal));
-    else previous_ = -1;
+    if (previous_ != ordinal)
+      DSTRAIN_CUDA_CHECK(cudaSetDevice(ordinal));
+    else
+      previous_ = -1;
   }
   ~CudaDeviceScope() {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);

@@ -130,8 +130,8 @@ cudaError_t launch_gelu_forward(void* out, const void* inp, DType t, std::int64_
 cudaError_t launch_residual_add(void* out, const void* a, const void* b, DType t, std::int64_t n, cudaStream_t s) {
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    residual_add_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(a),
-                                                                                     static_cast<const P*>(b), n);
+    residual_add_kernel<S>
+        <<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(a), static_cast<const P*>(b), n);
     return cudaGetLastError();
   });
 }
@@ -166,12 +166,13 @@ cudaError_t launch_dropout(void* out, const void* inp, DType t, std::int64_t n, 
   });
 }
 
-cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT,
-                                   std::int64_t T, std::int64_t C, cudaStream_t s) {
+cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT, std::int64_t T,
+                                   std::int64_t C, cudaStream_t s) {
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    encoder_forward_kernel<S><<<grid_for(static_cast<std::size_t>(BT * C)), kThreads, 0, s>>>(
-        static_cast<P*>(out), tokens, static_cast<const P*>(wte), static_cast<const P*>(wpe), BT, T, C);
+    encoder_forward_kernel<S><<<grid_for(static_cast<std::size_t>(BT * C)), kThreads, 0, s>>>(static_cast<P*>(out), tokens,
+                                                                                              static_cast<const P*>(wte), static_cast<const P*>(wpe),
+                                                                                              BT, T, C);
     return cudaGetLastError();
   });
 }
@@ -185,8 +186,8 @@ cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, co
     encoder_backward_wte_kernel<S><<<grid, kChan, 0, s>>>(static_cast<P*>(dwte), static_cast<const P*>(dout), tokens, order, start, C);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    encoder_backward_wpe_kernel<S><<<grid_for(static_cast<std::size_t>(T * C)), kThreads, 0, s>>>(static_cast<P*>(dwpe),
-                                                                                                  static_cast<const P*>(dout), B, T, C);
+    encoder_backward_wpe_kernel<S>
+        <<<grid_for(static_cast<std::size_t>(T * C)), kThreads, 0, s>>>(static_cast<P*>(dwpe), static_cast<const P*>(dout), B, T, C);
     return cudaGetLastError();
   });
 }

@@ -23,8 +23,7 @@ struct F16 {
   using acc = float;
   __device__ static float load(std::uint16_t h) {
     if ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0) {  // NaN: exact widening, payload kept
-      return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
-                             (static_cast<std::uint32_t>(h & 0x03ffu) << 13));
+      return __uint_as_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7f800000u | (static_cast<std::uint32_t>(h & 0x03ffu) << 13));
     }
     return __half2float(__ushort_as_half(h));
   }

@@ -23,9 +23,9 @@ __device__ __forceinline__ std::int64_t row_offset(std::int64_t r, std::int64_t 
 }
 
 template <typename S>
-__global__ void __launch_bounds__(kWarps * 32) head_rmsnorm_forward_kernel(typename S::storage* x, float* rstd, const typename S::storage* w,
-                                                                           std::int64_t rows, std::int64_t nheads, std::int64_t H,
-                                                                           std::int64_t head0, std::int64_t D, float eps) {
+__global__ void __launch_bounds__(kWarps * 32)
+    head_rmsnorm_forward_kernel(typename S::storage* x, float* rstd, const typename S::storage* w, std::int64_t rows, std::int64_t nheads,
+                                std::int64_t H, std::int64_t head0, std::int64_t D, float eps) {
   const int lane = threadIdx.x & 31;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= rows) return;  // warp-uniform
@@ -54,9 +54,9 @@ __global__ void head_rmsnorm_dweight_kernel(typename S::storage* dw, const typen
 }
 
 template <typename S>
-__global__ void __launch_bounds__(kWarps * 32) head_rmsnorm_dx_kernel(typename S::storage* g, const typename S::storage* x, const typename S::storage* w,
-                                                                      const float* rstd, std::int64_t rows, std::int64_t nheads, std::int64_t H,
-                                                                      std::int64_t head0, std::int64_t D) {
+__global__ void __launch_bounds__(kWarps * 32)
+    head_rmsnorm_dx_kernel(typename S::storage* g, const typename S::storage* x, const typename S::storage* w, const float* rstd, std::int64_t rows,
+                           std::int64_t nheads, std::int64_t H, std::int64_t head0, std::int64_t D) {
   const int lane = threadIdx.x & 31;
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -83,7 +83,8 @@ cudaError_t launch_head_rmsnorm_forward(void* x, float* rstd, const void* w, DTy
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    head_rmsnorm_forward_kernel<S><<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(x), rstd, static_cast<const P*>(w), rows, nheads, H, head0, D, eps);
+    head_rmsnorm_forward_kernel<S>
+        <<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(x), rstd, static_cast<const P*>(w), rows, nheads, H, head0, D, eps);
     return cudaGetLastError();
   });
 }
@@ -95,12 +96,13 @@ cudaError_t launch_head_rmsnorm_backward(void* dx, void* dweight, const void* in
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    head_rmsnorm_dweight_kernel<S><<<grid_for(static_cast<std::size_t>(D)), kThreads, 0, st>>>(
-        static_cast<P*>(dweight), static_cast<const P*>(dx), static_cast<const P*>(inp), rstd, rows, nheads, H, head0, D);
+    head_rmsnorm_dweight_kernel<S><<<grid_for(static_cast<std::size_t>(D)), kThreads, 0, st>>>(static_cast<P*>(dweight), static_cast<const P*>(dx),
+                                                                                               static_cast<const P*>(inp), rstd, rows, nheads, H,
+                                                                                               head0, D);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    head_rmsnorm_dx_kernel<S><<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dx), static_cast<const P*>(inp), static_cast<const P*>(w), rstd, rows,
-                                                             nheads, H, head0, D);
+    head_rmsnorm_dx_kernel<S>
+        <<<blocks, kWarps * 32, 0, st>>>(static_cast<P*>(dx), static_cast<const P*>(inp), static_cast<const P*>(w), rstd, rows, nheads, H, head0, D);
     return cudaGetLastError();
   });
 }

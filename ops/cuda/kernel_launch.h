@@ -26,8 +26,8 @@ cudaError_t launch_gelu_forward(void* out, const void* inp, DType t, std::int64_
 cudaError_t launch_gelu_backward(void* dinp, const void* inp, const void* dout, DType t, std::int64_t n, cudaStream_t s);
 // accumulate = false: out = inp * mask * scale; true: out += inp * mask * scale. p == 0: no RNG.
 cudaError_t launch_dropout(void* out, const void* inp, DType t, std::int64_t n, float p, const RngKey& key, bool accumulate, cudaStream_t s);
-cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT,
-                                   std::int64_t T, std::int64_t C, cudaStream_t s);
+cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT, std::int64_t T,
+                                   std::int64_t C, cudaStream_t s);
 // order (N) and start (V + 1) are the device copy of the host counting sort (encoder_backward).
 cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens, const std::int32_t* order,
                                     const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t s);
@@ -47,16 +47,16 @@ struct StochasticRounding {
 // bc1, bc2: the bias corrections computed on the host in double as the CPU does; lowp_t is
 // fp16/bf16 for a 16-bit copy (lowp != nullptr).
 cudaError_t launch_adamw(float* p, const void* g, DType gt, float* m, float* v, void* lowp, DType lowp_t, std::int64_t n, float lr, float beta1,
-                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled, const StochasticRounding& sr,
-                         cudaStream_t s);
+                         float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2, bool decoupled,
+                         const StochasticRounding& sr, cudaStream_t s);
 
 // Fixed grid of kNormBlocks blocks; partials: 2 * kNormBlocks doubles (device), see optim.cu.
 inline constexpr unsigned kNormBlocks = 1024;
 cudaError_t launch_grad_norm_partials(const void* g, DType t, std::int64_t n, double* partials, cudaStream_t s);
 cudaError_t launch_scale(void* g, DType t, std::int64_t n, float factor, cudaStream_t s);
 // damp = 1 - dampening; gs already negated for maximize (as ops/cpu/sgd.cpp).
-cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp, DType lowp_t, std::int64_t n, float lr, float momentum,
-                       float damp, float weight_decay, float gs, bool first, bool nesterov, cudaStream_t s);
+cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp, DType lowp_t, std::int64_t n, float lr, float momentum, float damp,
+                       float weight_decay, float gs, bool first, bool nesterov, cudaStream_t s);
 
 // optimizer_rule.cu: the element-wise optimizer rules (ops/kernels/optimizer_rule.h); states:
 // k.states fp32 device pointers.
@@ -103,30 +103,28 @@ cudaError_t launch_fused_residual_rmsnorm_forward(void* residual, void* out, flo
                                                   std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
 cudaError_t launch_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* w, const float* rstd, DType t,
                                     std::int64_t rows, std::int64_t C, double* partials, cudaStream_t s);
-cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t,
-                                     std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
-cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
-                                                    const void* w, const void* bias, DType t, std::int64_t rows, std::int64_t C, float eps,
-                                                    cudaStream_t s);
-cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w,
-                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials,
-                                      cudaStream_t s);
+cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t, std::int64_t rows,
+                                     std::int64_t C, float eps, cudaStream_t s);
+cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
+                                                    const void* bias, DType t, std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
+cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w, const float* mean,
+                                      const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials, cudaStream_t s);
 cudaError_t launch_softmax_ce_forward(float* losses, float* lse, const void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
                                       std::int64_t V, std::int64_t Vp, cudaStream_t s);
-cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t,
-                                       std::int64_t BT, std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
+cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t, std::int64_t BT,
+                                       std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
 // Forward and backward in one kernel: losses, lse, and the logits overwritten with dlogits.
-cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
-                                    std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s);
+cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT, std::int64_t V,
+                                    std::int64_t Vp, float dloss, cudaStream_t s);
 
 // attention.cu. C = NH·HS (the output width); NKV KV heads (dividing NH; NKV = NH: multi-head),
 // qkv rows (NH + 2·NKV)·HS wide. p: attention dropout probability (0: none). Dsum: B*NH*T fp32
 // (the tail of the caller's attention_backward scratch).
-cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C,
-                                     std::int64_t NH, std::int64_t NKV, float p, const RngKey& key, cudaStream_t st);
+cudaError_t launch_attention_forward(void* out, float* lse, const void* qkv, DType t, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                                     std::int64_t NKV, float p, const RngKey& key, cudaStream_t st);
 cudaError_t launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* Dsum, DType t,
-                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p,
-                                      const RngKey& key, cudaStream_t st);
+                                      std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV, float p, const RngKey& key,
+                                      cudaStream_t st);
 // attention_tc.cu: the tensor-core (FlashAttention-2 style) kernels for fp16/bf16 storage and
 // HS in {32, 64, 128}, multi-head or grouped KV heads, otherwise the contract above. Callers check
 // attention_tc_supported and 16-byte alignment of every tensor pointer (cp.async) first.

@@ -35,10 +35,14 @@ struct BF16 {
 template <typename F>
 cudaError_t dispatch_storage(DType t, F&& f) {
   switch (t) {
-    case DType::fp32: return f(F32{});
-    case DType::fp16: return f(F16{});
-    case DType::bf16: return f(BF16{});
-    default: return cudaErrorInvalidValue;
+    case DType::fp32:
+      return f(F32{});
+    case DType::fp16:
+      return f(F16{});
+    case DType::bf16:
+      return f(BF16{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

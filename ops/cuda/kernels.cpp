@@ -128,8 +128,8 @@ void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tens
   start[0] = 0;
   DSTRAIN_CUDA_CHECK(cudaMemcpy(scratch.data, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
   const auto* d_order = static_cast<const std::int32_t*>(scratch.data);
-  DSTRAIN_CUDA_CHECK(cuda_detail::launch_encoder_backward(dwte.data, dwpe.data, dout.data, static_cast<const std::int32_t*>(tokens.data),
-                                                          d_order, d_order + N, dout.dtype, B, T, C, kStream));
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_encoder_backward(dwte.data, dwpe.data, dout.data, static_cast<const std::int32_t*>(tokens.data), d_order,
+                                                          d_order + N, dout.dtype, B, T, C, kStream));
 }
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias, float eps) {
@@ -144,8 +144,8 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
   use_device_of(a);
   const std::int64_t C = a.shape[a.shape.rank - 1], rows = C == 0 ? 0 : a.numel() / C;
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_fused_residual_layernorm_forward(residual.data, out.data, static_cast<float*>(mean.data),
-                                                                          static_cast<float*>(rstd.data), a.data, b.data, weight.data,
-                                                                          bias.data, a.dtype, rows, C, eps, kStream));
+                                                                          static_cast<float*>(rstd.data), a.data, b.data, weight.data, bias.data,
+                                                                          a.dtype, rows, C, eps, kStream));
 }
 
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd) {
@@ -153,15 +153,15 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
   const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
   const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(rows, C), "layernorm_backward");
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_layernorm_backward(dinp.data, dweight.data, dbias.data, dout.data, inp.data, weight.data,
-                                                            static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data),
-                                                            inp.dtype, rows, C, static_cast<double*>(partials.ptr), kStream));
+                                                            static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data), inp.dtype,
+                                                            rows, C, static_cast<double*>(partials.ptr), kStream));
 }
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) {
   use_device_of(inp);
   const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
-  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_forward(out.data, static_cast<float*>(rstd.data), inp.data, weight.data, inp.dtype, rows, C, eps,
-                                                         kStream));
+  DSTRAIN_CUDA_CHECK(
+      cuda_detail::launch_rmsnorm_forward(out.data, static_cast<float*>(rstd.data), inp.data, weight.data, inp.dtype, rows, C, eps, kStream));
 }
 
 void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor weight, float eps) {
@@ -315,8 +315,8 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   const std::int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / (NH + 2 * NKV) * NH;
   float* Dsum = static_cast<float*>(scratch.data) + B * T * C;  // the CPU's layout: dq (B*T*C), then D (B*NH*T)
   if (use_attention_tc(qkv.dtype, C, NH, {dqkv.data, dout.data, qkv.data, out.data})) {
-    DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward_tc(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data),
-                                                                 Dsum, qkv.dtype, B, T, C, NH, NKV, dropout.p, dropout.rng, kStream));
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward_tc(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data), Dsum,
+                                                                 qkv.dtype, B, T, C, NH, NKV, dropout.p, dropout.rng, kStream));
     return;
   }
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_attention_backward(dqkv.data, dout.data, qkv.data, out.data, static_cast<const float*>(lse.data), Dsum,
@@ -487,8 +487,8 @@ void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_
   auto* partials = reinterpret_cast<double*>(static_cast<char*>(buf.ptr) + range_bytes);  // range_bytes is a multiple of 16
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_lamb(static_cast<float*>(params.data), grads.data, grads.dtype, static_cast<float*>(m.data),
                                               static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, d_ranges, nr, partials,
-                                              static_cast<float*>(lamb_coeffs.data), step_size, c.beta1, c.beta2, c.eps, c.weight_decay,
-                                              c.grad_scale, c.max_coeff, c.min_coeff, c.eps_inside_sqrt, kStream));
+                                              static_cast<float*>(lamb_coeffs.data), step_size, c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_scale,
+                                              c.max_coeff, c.min_coeff, c.eps_inside_sqrt, kStream));
 }
 
 // Newton–Schulz: row-major X (n x m) is column-major Xᵀ, so the row-major product P·Q is the
@@ -565,8 +565,8 @@ void adamw_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params
   const float bc1 = c.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), t)) : 1.0f;
   const float bc2 = c.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t)) : 1.0f;
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_adamw(static_cast<float*>(params.data), grads.data, grads.dtype, static_cast<float*>(m.data),
-                                               static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, params.numel(), c.lr,
-                                               c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_scale, bc1, bc2, c.decoupled_weight_decay,
+                                               static_cast<float*>(v.data), params_lowp.data, params_lowp.dtype, params.numel(), c.lr, c.beta1,
+                                               c.beta2, c.eps, c.weight_decay, c.grad_scale, bc1, bc2, c.decoupled_weight_decay,
                                                cuda_detail::StochasticRounding{c.stochastic_rounding, c.rounding_key, c.rounding_offset}, kStream));
 }
 

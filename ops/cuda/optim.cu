@@ -17,8 +17,8 @@ struct NoCopy {
 
 template <typename G, typename L, bool kDecoupled>
 __global__ void adamw_kernel(float* __restrict__ p, const typename G::storage* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                             typename L::storage* __restrict__ lowp, std::int64_t n, float lr, float b1, float b2, float eps, float wd,
-                             float gs, float bc1, float bc2, StochasticRounding sr) {
+                             typename L::storage* __restrict__ lowp, std::int64_t n, float lr, float b1, float b2, float eps, float wd, float gs,
+                             float bc1, float bc2, StochasticRounding sr) {
   const float decay = 1.0f - lr * wd;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -32,8 +32,8 @@ __global__ void adamw_kernel(float* __restrict__ p, const typename G::storage* _
     p[i] = pi;
     if constexpr (std::is_same_v<L, BF16>) {
       const std::uint32_t bits = __float_as_uint(pi);
-      lowp[i] = sr.on && fp32_bits_finite(bits) ? bf16_bits_stochastic(bits, sr.key.element_bits(static_cast<std::uint64_t>(sr.offset + i)))
-                                                 : L::store(pi);
+      lowp[i] =
+          sr.on && fp32_bits_finite(bits) ? bf16_bits_stochastic(bits, sr.key.element_bits(static_cast<std::uint64_t>(sr.offset + i))) : L::store(pi);
     } else if constexpr (!std::is_same_v<L, NoCopy>) {
       lowp[i] = L::store(pi);
     }
@@ -41,17 +41,17 @@ __global__ void adamw_kernel(float* __restrict__ p, const typename G::storage* _
 }
 
 template <typename G, typename L>
-cudaError_t launch_typed(float* p, const void* g, float* m, float* v, void* lowp, std::int64_t n, float lr, float b1, float b2, float eps,
-                         float wd, float gs, float bc1, float bc2, bool decoupled, const StochasticRounding& sr, cudaStream_t s) {
+cudaError_t launch_typed(float* p, const void* g, float* m, float* v, void* lowp, std::int64_t n, float lr, float b1, float b2, float eps, float wd,
+                         float gs, float bc1, float bc2, bool decoupled, const StochasticRounding& sr, cudaStream_t s) {
   using GP = typename G::storage;
   using LP = typename L::storage;
   const unsigned grid = grid_for(static_cast<std::size_t>(n));
   if (decoupled) {
-    adamw_kernel<G, L, true><<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd, gs,
-                                                       bc1, bc2, sr);
+    adamw_kernel<G, L, true>
+        <<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd, gs, bc1, bc2, sr);
   } else {
-    adamw_kernel<G, L, false><<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd,
-                                                        gs, bc1, bc2, sr);
+    adamw_kernel<G, L, false>
+        <<<grid, kThreads, 0, s>>>(p, static_cast<const GP*>(g), m, v, static_cast<LP*>(lowp), n, lr, b1, b2, eps, wd, gs, bc1, bc2, sr);
   }
   return cudaGetLastError();
 }
@@ -104,8 +104,9 @@ __global__ void sgd_kernel(float* __restrict__ p, const typename G::storage* __r
 template <typename G, typename L, bool kMomentum, bool kFirst, bool kNesterov>
 cudaError_t launch_sgd_typed(float* p, const void* g, float* buf, void* lowp, std::int64_t n, float lr, float mu, float damp, float wd, float gs,
                              cudaStream_t s) {
-  sgd_kernel<G, L, kMomentum, kFirst, kNesterov><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(
-      p, static_cast<const typename G::storage*>(g), buf, static_cast<typename L::storage*>(lowp), n, lr, mu, damp, wd, gs);
+  sgd_kernel<G, L, kMomentum, kFirst, kNesterov>
+      <<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(p, static_cast<const typename G::storage*>(g), buf,
+                                                                  static_cast<typename L::storage*>(lowp), n, lr, mu, damp, wd, gs);
   return cudaGetLastError();
 }
 
@@ -127,8 +128,8 @@ __device__ __forceinline__ float lamb_denom(float v, float eps, bool inside) { r
 // (double) of this slice into partials[(r * kLambSlices + y) * 2 + {0, 1}].
 template <typename G>
 __global__ void lamb_moments_kernel(float* __restrict__ p, const typename G::storage* __restrict__ g, float* __restrict__ m, float* __restrict__ v,
-                                    const std::int64_t* __restrict__ ranges, double* __restrict__ partials, float b1, float b2, float eps,
-                                    float wd, float gs, bool inside) {
+                                    const std::int64_t* __restrict__ ranges, double* __restrict__ partials, float b1, float b2, float eps, float wd,
+                                    float gs, bool inside) {
   const std::int64_t r = blockIdx.x, off = ranges[2 * r], len = ranges[2 * r + 1];
   double sw = 0.0, su = 0.0;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.y) * blockDim.x;
@@ -184,11 +185,12 @@ __global__ void lamb_apply_kernel(float* __restrict__ p, const float* __restrict
 }
 
 template <typename L>
-cudaError_t launch_lamb_apply(float* p, const float* m, const float* v, void* lowp, const std::int64_t* ranges, const double* partials,
-                              float* coeffs, std::int64_t nranges, float step_size, float eps, float wd, float max_coeff, float min_coeff,
-                              bool inside, cudaStream_t s) {
-  lamb_apply_kernel<L><<<dim3(static_cast<unsigned>(nranges), kLambSlices), kThreads, 0, s>>>(
-      p, m, v, static_cast<typename L::storage*>(lowp), ranges, partials, coeffs, step_size, eps, wd, max_coeff, min_coeff, inside);
+cudaError_t launch_lamb_apply(float* p, const float* m, const float* v, void* lowp, const std::int64_t* ranges, const double* partials, float* coeffs,
+                              std::int64_t nranges, float step_size, float eps, float wd, float max_coeff, float min_coeff, bool inside,
+                              cudaStream_t s) {
+  lamb_apply_kernel<L><<<dim3(static_cast<unsigned>(nranges), kLambSlices), kThreads, 0, s>>>(p, m, v, static_cast<typename L::storage*>(lowp),
+                                                                                              ranges, partials, coeffs, step_size, eps, wd, max_coeff,
+                                                                                              min_coeff, inside);
   return cudaGetLastError();
 }
 
@@ -199,8 +201,9 @@ cudaError_t launch_lamb(float* p, const void* g, DType gt, float* m, float* v, v
                         float weight_decay, float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt, cudaStream_t s) {
   if (nranges == 0) return cudaSuccess;
   const cudaError_t e = dispatch_storage(gt, [&]<typename G>(G) {
-    lamb_moments_kernel<G><<<dim3(static_cast<unsigned>(nranges), kLambSlices), kThreads, 0, s>>>(
-        p, static_cast<const typename G::storage*>(g), m, v, ranges, partials, beta1, beta2, eps, weight_decay, grad_scale, eps_inside_sqrt);
+    lamb_moments_kernel<G><<<dim3(static_cast<unsigned>(nranges), kLambSlices), kThreads, 0, s>>>(p, static_cast<const typename G::storage*>(g), m, v,
+                                                                                                  ranges, partials, beta1, beta2, eps, weight_decay,
+                                                                                                  grad_scale, eps_inside_sqrt);
     return cudaGetLastError();
   });
   if (e != cudaSuccess) return e;
@@ -231,8 +234,8 @@ cudaError_t launch_scale(void* g, DType t, std::int64_t n, float factor, cudaStr
   });
 }
 
-cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp, DType lowp_t, std::int64_t n, float lr, float momentum,
-                       float damp, float weight_decay, float gs, bool first, bool nesterov, cudaStream_t s) {
+cudaError_t launch_sgd(float* p, const void* g, DType gt, float* buf, void* lowp, DType lowp_t, std::int64_t n, float lr, float momentum, float damp,
+                       float weight_decay, float gs, bool first, bool nesterov, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   return dispatch_storage(gt, [&]<typename G>(G) {
     if (lowp == nullptr) return launch_sgd_modes<G, NoCopy>(p, g, buf, lowp, n, lr, momentum, damp, weight_decay, gs, first, nesterov, s);

@@ -74,18 +74,26 @@ cudaError_t launch_optimizer_rule(const RuleStep& k, float* p, const void* g, DT
   StatePointers sp{{nullptr, nullptr, nullptr}};
   for (int j = 0; j < k.states && j < kMaxStates; ++j) sp.s[j] = states[j];
   switch (k.rule) {
-    case OptimizerRule::adagrad: return launch_rule<OptimizerRule::adagrad, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::lion: return launch_rule<OptimizerRule::lion, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::adagrad:
+      return launch_rule<OptimizerRule::adagrad, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::lion:
+      return launch_rule<OptimizerRule::lion, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
     case OptimizerRule::rmsprop:
       if (k.states == 1) return launch_rule<OptimizerRule::rmsprop, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
       if (k.states == 2) return launch_rule<OptimizerRule::rmsprop, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
       return launch_rule<OptimizerRule::rmsprop, 3>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::adamax: return launch_rule<OptimizerRule::adamax, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::nadam: return launch_rule<OptimizerRule::nadam, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::radam: return launch_rule<OptimizerRule::radam, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::adadelta: return launch_rule<OptimizerRule::adadelta, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::asgd: return launch_rule<OptimizerRule::asgd, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
-    case OptimizerRule::rprop: return launch_rule<OptimizerRule::rprop, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::adamax:
+      return launch_rule<OptimizerRule::adamax, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::nadam:
+      return launch_rule<OptimizerRule::nadam, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::radam:
+      return launch_rule<OptimizerRule::radam, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::adadelta:
+      return launch_rule<OptimizerRule::adadelta, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::asgd:
+      return launch_rule<OptimizerRule::asgd, 1>(k, p, g, gt, sp, lowp, lowp_t, n, s);
+    case OptimizerRule::rprop:
+      return launch_rule<OptimizerRule::rprop, 2>(k, p, g, gt, sp, lowp, lowp_t, n, s);
   }
   return cudaErrorInvalidValue;
 }

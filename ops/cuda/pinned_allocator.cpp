@@ -33,9 +33,7 @@ CachingPool::Backend pinned_backend(int ordinal) {
 
 }  // namespace
 
-CudaPinnedAllocator::CudaPinnedAllocator(int ordinal) : pool_(pinned_backend(ordinal)) {
-  require_cuda_device(ordinal);
-}
+CudaPinnedAllocator::CudaPinnedAllocator(int ordinal) : pool_(pinned_backend(ordinal)) { require_cuda_device(ordinal); }
 
 void* CudaPinnedAllocator::raw_allocate(std::size_t bytes, std::size_t alignment) {
   DSTRAIN_CHECK(alignment <= CachingPool::kMinBlock,
@@ -48,10 +46,11 @@ void CudaPinnedAllocator::raw_deallocate(void* ptr, std::size_t /*bytes*/, std::
 
 std::string CudaPinnedAllocator::out_of_memory_detail() const {
   const CachingPool::Stats pool = pool_.stats();
-  return fmt::format("pinned (page-locked) host memory via cudaHostAlloc; this allocator pins {} ({} of it cached; unused cached "
-                     "segments were freed and cudaHostAlloc retried); the OS limit on locked memory (ulimit -l, container "
-                     "memory limits) may be lower than the free RAM",
-                     format_bytes(pool.reserved_bytes), format_bytes(pool.cached_bytes()));
+  return fmt::format(
+      "pinned (page-locked) host memory via cudaHostAlloc; this allocator pins {} ({} of it cached; unused cached "
+      "segments were freed and cudaHostAlloc retried); the OS limit on locked memory (ulimit -l, container "
+      "memory limits) may be lower than the free RAM",
+      format_bytes(pool.reserved_bytes), format_bytes(pool.cached_bytes()));
 }
 
 }  // namespace dstrain

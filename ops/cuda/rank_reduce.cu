@@ -103,18 +103,24 @@ cudaError_t launch(const Buffers& b, int n_in, int n_out, std::size_t n, RankRed
 namespace detail {
 
 // Called by cuda_rank_reduce (rank_reduce.cpp) after it checked the arguments.
-cudaError_t launch_rank_reduce_kernel(const void* const* in, int n_in, void* const* out, int n_out, DType dtype, std::size_t n,
-                                      RankReduceOp op, cudaStream_t stream) {
+cudaError_t launch_rank_reduce_kernel(const void* const* in, int n_in, void* const* out, int n_out, DType dtype, std::size_t n, RankReduceOp op,
+                                      cudaStream_t stream) {
   Buffers b{};
   for (int r = 0; r < n_in; ++r) b.in[r] = in[r];
   for (int k = 0; k < n_out; ++k) b.out[k] = out[k];
   switch (dtype) {
-    case DType::fp32: return launch<F32>(b, n_in, n_out, n, op, stream);
-    case DType::fp16: return launch<F16>(b, n_in, n_out, n, op, stream);
-    case DType::bf16: return launch<BF16>(b, n_in, n_out, n, op, stream);
-    case DType::int32: return launch<I32>(b, n_in, n_out, n, op, stream);
-    case DType::fp64: return launch<F64>(b, n_in, n_out, n, op, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::fp32:
+      return launch<F32>(b, n_in, n_out, n, op, stream);
+    case DType::fp16:
+      return launch<F16>(b, n_in, n_out, n, op, stream);
+    case DType::bf16:
+      return launch<BF16>(b, n_in, n_out, n, op, stream);
+    case DType::int32:
+      return launch<I32>(b, n_in, n_out, n, op, stream);
+    case DType::fp64:
+      return launch<F64>(b, n_in, n_out, n, op, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -28,7 +28,6 @@ inline constexpr int kRankReduceMaxBuffers = 64;
 // before any of its outputs is written); distinct outputs must not overlap each other. dtype: fp32,
 // fp16, bf16 or int32 (sum and max). n == 0 does nothing. Throws Error for a bad dtype/op, counts
 // outside [1, kRankReduceMaxBuffers], null pointers, and launch failures.
-void cuda_rank_reduce(const void* const* in, int n_in, void* const* out, int n_out, DType dtype, std::size_t n, RankReduceOp op,
-                      cudaStream_t stream);
+void cuda_rank_reduce(const void* const* in, int n_in, void* const* out, int n_out, DType dtype, std::size_t n, RankReduceOp op, cudaStream_t stream);
 
 }  // namespace dstrain

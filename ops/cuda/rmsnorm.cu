@@ -65,9 +65,9 @@ __global__ void rmsnorm_backward_dinp_kernel(typename S::storage* __restrict__ d
 constexpr unsigned kLanes = 8;
 
 template <typename S>
-__global__ void __launch_bounds__(32 * kLanes) rmsnorm_dweight_partials_kernel(double* __restrict__ partials, const typename S::storage* __restrict__ dout,
-                                                                               const typename S::storage* __restrict__ inp,
-                                                                               const float* __restrict__ rstd, std::int64_t rows, std::int64_t C) {
+__global__ void __launch_bounds__(32 * kLanes)
+    rmsnorm_dweight_partials_kernel(double* __restrict__ partials, const typename S::storage* __restrict__ dout,
+                                    const typename S::storage* __restrict__ inp, const float* __restrict__ rstd, std::int64_t rows, std::int64_t C) {
   __shared__ double sw[kLanes][32];
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t part = blockIdx.y;
@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(32 * kLanes) rmsnorm_dweight_partials_kernel(d
   const std::int64_t r1 = r0 + kColumnRowsPerPart < rows ? r0 + kColumnRowsPerPart : rows;
   double aw = 0.0;
   if (c < C) {
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kLanes) aw += static_cast<double>(S::load(inp[r * C + c]) * rstd[r] * S::load(dout[r * C + c]));
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kLanes)
+      aw += static_cast<double>(S::load(inp[r * C + c]) * rstd[r] * S::load(dout[r * C + c]));
   }
   sw[threadIdx.y][threadIdx.x] = aw;
   __syncthreads();
@@ -111,7 +112,7 @@ cudaError_t launch_rmsnorm_forward(void* out, float* rstd, const void* inp, cons
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
     rmsnorm_forward_kernel<S><<<static_cast<unsigned>(rows), rms_row_threads(C), 0, s>>>(static_cast<P*>(out), rstd, static_cast<const P*>(inp),
-                                                                                       static_cast<const P*>(w), C, eps);
+                                                                                         static_cast<const P*>(w), C, eps);
     return cudaGetLastError();
   });
 }
@@ -121,8 +122,9 @@ cudaError_t launch_fused_residual_rmsnorm_forward(void* residual, void* out, flo
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    fused_residual_rmsnorm_kernel<S><<<static_cast<unsigned>(rows), rms_row_threads(C), 0, s>>>(
-        static_cast<P*>(residual), static_cast<P*>(out), rstd, static_cast<const P*>(a), static_cast<const P*>(b), static_cast<const P*>(w), C, eps);
+    fused_residual_rmsnorm_kernel<S><<<static_cast<unsigned>(rows), rms_row_threads(C), 0, s>>>(static_cast<P*>(residual), static_cast<P*>(out), rstd,
+                                                                                                static_cast<const P*>(a), static_cast<const P*>(b),
+                                                                                                static_cast<const P*>(w), C, eps);
     return cudaGetLastError();
   });
 }
@@ -132,15 +134,16 @@ cudaError_t launch_rmsnorm_backward(void* dinp, void* dweight, const void* dout,
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    rmsnorm_backward_dinp_kernel<S><<<static_cast<unsigned>(rows), rms_row_threads(C), 0, s>>>(
-        static_cast<P*>(dinp), static_cast<const P*>(dout), static_cast<const P*>(inp), static_cast<const P*>(w), rstd, C);
+    rmsnorm_backward_dinp_kernel<S><<<static_cast<unsigned>(rows), rms_row_threads(C), 0, s>>>(static_cast<P*>(dinp), static_cast<const P*>(dout),
+                                                                                               static_cast<const P*>(inp), static_cast<const P*>(w),
+                                                                                               rstd, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     const std::int64_t parts = (rows + kColumnRowsPerPart - 1) / kColumnRowsPerPart;
     if (parts > 65535) return cudaErrorInvalidValue;  // grid y; 16.7M rows
     const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(parts));
-    rmsnorm_dweight_partials_kernel<S><<<grid, dim3(32, kLanes), 0, s>>>(partials, static_cast<const P*>(dout), static_cast<const P*>(inp), rstd,
-                                                                         rows, C);
+    rmsnorm_dweight_partials_kernel<S>
+        <<<grid, dim3(32, kLanes), 0, s>>>(partials, static_cast<const P*>(dout), static_cast<const P*>(inp), rstd, rows, C);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     constexpr unsigned kChan = 128;

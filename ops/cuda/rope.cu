@@ -49,8 +49,8 @@ cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, DType
   if (n == 0 || H == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    rope_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(inp), inv_freq, B * T, T,
-                                                                             H, D, rotate_heads, pos_offset, transpose ? -1.0f : 1.0f);
+    rope_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(inp), inv_freq, B * T, T, H,
+                                                                              D, rotate_heads, pos_offset, transpose ? -1.0f : 1.0f);
     return cudaGetLastError();
   });
 }

@@ -14,8 +14,8 @@ namespace {
 // Two passes over the row (mean, then the variance of the deviations) as the CPU; the row is
 // re-read from global memory (L1/L2 resident for GPT-2 widths).
 template <typename S>
-__device__ void normalize_row(const typename S::storage* x, typename S::storage* o, const typename S::storage* w,
-                              const typename S::storage* b, std::int64_t C, float eps, float* mean_out, float* rstd_out) {
+__device__ void normalize_row(const typename S::storage* x, typename S::storage* o, const typename S::storage* w, const typename S::storage* b,
+                              std::int64_t C, float eps, float* mean_out, float* rstd_out) {
   float sum = 0.0f;
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += S::load(x[c]);
   const float m = block_sum(sum) / static_cast<float>(C);
@@ -83,10 +83,9 @@ __global__ void layernorm_backward_dinp_kernel(typename S::storage* __restrict__
 constexpr unsigned kColumnLanes = 8;
 
 template <typename S, bool kLayerNorm>
-__global__ void __launch_bounds__(32 * kColumnLanes) column_partials_kernel(double* __restrict__ partials, const typename S::storage* __restrict__ dout,
-                                                                           const typename S::storage* __restrict__ inp, const float* __restrict__ mean,
-                                                                           const float* __restrict__ rstd, std::int64_t rows, std::int64_t C,
-                                                                           std::int64_t parts) {
+__global__ void __launch_bounds__(32 * kColumnLanes)
+    column_partials_kernel(double* __restrict__ partials, const typename S::storage* __restrict__ dout, const typename S::storage* __restrict__ inp,
+                           const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows, std::int64_t C, std::int64_t parts) {
   __shared__ double sb[kColumnLanes][32], sw[kColumnLanes][32];
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t part = blockIdx.y;
@@ -238,7 +237,8 @@ cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int
   if (OC == 0 || rows == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    return launch_column_sums<S, false>(static_cast<P*>(dbias), nullptr, static_cast<const P*>(dout), nullptr, nullptr, nullptr, rows, OC, partials, s);
+    return launch_column_sums<S, false>(static_cast<P*>(dbias), nullptr, static_cast<const P*>(dout), nullptr, nullptr, nullptr, rows, OC, partials,
+                                        s);
   });
 }
 
@@ -246,44 +246,45 @@ cudaError_t launch_add_bias(void* out, const void* bias, DType t, std::int64_t r
   if (rows * OC == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    add_bias_kernel<S><<<grid_for(static_cast<std::size_t>(rows * OC)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(bias),
-                                                                                         rows * OC, OC);
+    add_bias_kernel<S>
+        <<<grid_for(static_cast<std::size_t>(rows * OC)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(bias), rows * OC, OC);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t,
-                                     std::int64_t rows, std::int64_t C, float eps, cudaStream_t s) {
+cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t, std::int64_t rows,
+                                     std::int64_t C, float eps, cudaStream_t s) {
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    layernorm_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(
-        static_cast<P*>(out), mean, rstd, static_cast<const P*>(inp), static_cast<const P*>(w), static_cast<const P*>(b), C, eps);
+    layernorm_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(static_cast<P*>(out), mean, rstd,
+                                                                                            static_cast<const P*>(inp), static_cast<const P*>(w),
+                                                                                            static_cast<const P*>(b), C, eps);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b,
-                                                    const void* w, const void* bias, DType t, std::int64_t rows, std::int64_t C, float eps,
-                                                    cudaStream_t s) {
+cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
+                                                    const void* bias, DType t, std::int64_t rows, std::int64_t C, float eps, cudaStream_t s) {
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    fused_residual_layernorm_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(
-        static_cast<P*>(residual), static_cast<P*>(out), mean, rstd, static_cast<const P*>(a), static_cast<const P*>(b),
-        static_cast<const P*>(w), static_cast<const P*>(bias), C, eps);
+    fused_residual_layernorm_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(static_cast<P*>(residual), static_cast<P*>(out),
+                                                                                                   mean, rstd, static_cast<const P*>(a),
+                                                                                                   static_cast<const P*>(b), static_cast<const P*>(w),
+                                                                                                   static_cast<const P*>(bias), C, eps);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w,
-                                      const float* mean, const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials,
-                                      cudaStream_t s) {
+cudaError_t launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* w, const float* mean,
+                                      const float* rstd, DType t, std::int64_t rows, std::int64_t C, double* partials, cudaStream_t s) {
   if (rows == 0 || C == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    layernorm_backward_dinp_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(
-        static_cast<P*>(dinp), static_cast<const P*>(dout), static_cast<const P*>(inp), static_cast<const P*>(w), mean, rstd, C);
+    layernorm_backward_dinp_kernel<S><<<static_cast<unsigned>(rows), row_threads(C, 512), 0, s>>>(static_cast<P*>(dinp), static_cast<const P*>(dout),
+                                                                                                  static_cast<const P*>(inp),
+                                                                                                  static_cast<const P*>(w), mean, rstd, C);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return launch_column_sums<S, true>(static_cast<P*>(dbias), static_cast<P*>(dweight), static_cast<const P*>(dout), static_cast<const P*>(inp),
@@ -296,30 +297,30 @@ cudaError_t launch_softmax_ce_forward(float* losses, float* lse, const void* log
   if (BT == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    softmax_ce_forward_kernel<S><<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<const P*>(logits),
-                                                                                           targets, V, Vp);
+    softmax_ce_forward_kernel<S>
+        <<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<const P*>(logits), targets, V, Vp);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT,
-                                    std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s) {
+cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT, std::int64_t V,
+                                    std::int64_t Vp, float dloss, cudaStream_t s) {
   if (BT == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    softmax_ce_fused_kernel<S><<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<P*>(logits), targets, V, Vp,
-                                                                                        dloss);
+    softmax_ce_fused_kernel<S>
+        <<<static_cast<unsigned>(BT), row_threads(V, 1024), 0, s>>>(losses, lse, static_cast<P*>(logits), targets, V, Vp, dloss);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t,
-                                       std::int64_t BT, std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s) {
+cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t, std::int64_t BT,
+                                       std::int64_t V, std::int64_t Vp, float dloss, cudaStream_t s) {
   if (BT == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    softmax_ce_backward_kernel<S><<<static_cast<unsigned>(BT), row_threads(Vp, 1024), 0, s>>>(
-        static_cast<P*>(dlogits), static_cast<const P*>(logits), lse, targets, V, Vp, dloss);
+    softmax_ce_backward_kernel<S><<<static_cast<unsigned>(BT), row_threads(Vp, 1024), 0, s>>>(static_cast<P*>(dlogits), static_cast<const P*>(logits),
+                                                                                              lse, targets, V, Vp, dloss);
     return cudaGetLastError();
   });
 }

@@ -14,7 +14,7 @@ template <typename S>
 __global__ void swiglu_forward_kernel(typename S::storage* out, const typename S::storage* gate, const typename S::storage* up, std::int64_t n) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float x = S::load(gate[i]);  // out may alias gate or up: read, then write the same element
+    const float x = S::load(gate[i]);                                             // out may alias gate or up: read, then write the same element
     out[i] = S::store(x * S::load(up[i]) * (0.5f + 0.5f * fast_tanh(0.5f * x)));  // the CPU's formula
   }
 }
@@ -38,8 +38,8 @@ cudaError_t launch_swiglu_forward(void* out, const void* gate, const void* up, D
   if (n == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    swiglu_forward_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(gate),
-                                                                                      static_cast<const P*>(up), n);
+    swiglu_forward_kernel<S>
+        <<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(out), static_cast<const P*>(gate), static_cast<const P*>(up), n);
     return cudaGetLastError();
   });
 }
@@ -49,8 +49,9 @@ cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, con
   if (n == 0) return cudaSuccess;
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
-    swiglu_backward_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(
-        static_cast<P*>(dgate), static_cast<P*>(dup), static_cast<const P*>(dout), static_cast<const P*>(gate), static_cast<const P*>(up), n);
+    swiglu_backward_kernel<S><<<grid_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(static_cast<P*>(dgate), static_cast<P*>(dup),
+                                                                                         static_cast<const P*>(dout), static_cast<const P*>(gate),
+                                                                                         static_cast<const P*>(up), n);
     return cudaGetLastError();
   });
 }

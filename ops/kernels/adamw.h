@@ -27,8 +27,8 @@ struct AdamWConfig {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  std::int64_t step = 1;    // t >= 1: the step being taken, for bias correction
-  float grad_scale = 1.0f;  // multiplies the gradient before use (1/loss_scale, clip factor)
+  std::int64_t step = 1;               // t >= 1: the step being taken, for bias correction
+  float grad_scale = 1.0f;             // multiplies the gradient before use (1/loss_scale, clip factor)
   bool decoupled_weight_decay = true;  // false: Adam with L2 (DeepSpeed "Adam" + adam_w_mode false)
   bool bias_correction = true;
   // A bf16 params_lowp rounded stochastically (ops/kernels/stochastic_round.h) instead of to

@@ -29,8 +29,8 @@ namespace dstrain {
 
 // Query heads and KV heads of one attention call. A plain head count (GPT-2) means NKV = NH.
 struct AttentionHeads {
-  std::int64_t q = 0;   // NH
-  std::int64_t kv = 0;  // NKV: divides NH
+  std::int64_t q = 0;                                 // NH
+  std::int64_t kv = 0;                                // NKV: divides NH
   AttentionHeads(std::int64_t nh) : q(nh), kv(nh) {}  // NOLINT(google-explicit-constructor): MHA call sites pass NH
   AttentionHeads(std::int64_t nh, std::int64_t nkv) : q(nh), kv(nkv) {}
 };

@@ -65,8 +65,8 @@ class CpuCopyStream final : public CopyStream {
  public:
   Ticket to_host(const Tensor& dst, const Tensor& src) override;
   Ticket to_device(const Tensor& dst, const Tensor& src) override;
-  void wait(Ticket) override {}       // every copy is already done
-  void wait_host(Ticket) override {}  // ditto
+  void wait(Ticket) override {}                         // every copy is already done
+  void wait_host(Ticket) override {}                    // ditto
   void synchronize() override { ++synchronizations_; }  // no-op on the CPU: nothing runs asynchronously
 
  private:

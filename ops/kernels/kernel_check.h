@@ -24,9 +24,10 @@ struct Arg {
 inline void require_cpu(std::string_view op, std::initializer_list<Arg> args) {
   for (const Arg& a : args) {
     if (!a.t.empty() && !a.t.device.is_cpu()) {
-      fail("{}: tensor '{}' ({}) is on device {}, but only the cpu kernels are built; move the tensor to the cpu or build "
-           "with DSTRAIN_CUDA=ON once the op has a CUDA implementation",
-           op, a.name, a.t.str(), a.t.device.str());
+      fail(
+          "{}: tensor '{}' ({}) is on device {}, but only the cpu kernels are built; move the tensor to the cpu or build "
+          "with DSTRAIN_CUDA=ON once the op has a CUDA implementation",
+          op, a.name, a.t.str(), a.t.device.str());
     }
   }
 }
@@ -71,8 +72,8 @@ inline void require_same_dtype(std::string_view op, std::initializer_list<Arg> a
       continue;
     }
     if (a.t.dtype != first->t.dtype) {
-      fail("{}: tensor '{}' ({}) and tensor '{}' ({}) must have the same storage dtype; convert one of them", op, a.name, a.t.str(),
-           first->name, first->t.str());
+      fail("{}: tensor '{}' ({}) and tensor '{}' ({}) must have the same storage dtype; convert one of them", op, a.name, a.t.str(), first->name,
+           first->t.str());
     }
   }
 }

@@ -41,8 +41,8 @@ struct LambConfig {
   float min_coeff = 0.01f;
   bool bias_correction = true;
   bool eps_inside_sqrt = false;  // DeepSpeed's eps_mode 0 (false = mode 1, the default)
-  std::int64_t step = 1;          // t >= 1: the step being taken, for bias correction
-  float grad_scale = 1.0f;        // multiplies the gradient before use (1/divisor)
+  std::int64_t step = 1;         // t >= 1: the step being taken, for bias correction
+  float grad_scale = 1.0f;       // multiplies the gradient before use (1/divisor)
 };
 
 // One parameter tensor inside the flat buffers: elements [offset, offset + numel).
@@ -60,7 +60,7 @@ struct TensorRange {
 //   lamb_coeffs: fp32 [ranges.size()] receiving each tensor's clamped trust ratio (DeepSpeed's
 //                get_lamb_coeffs), or an empty Tensor
 // Scratch: none.
-void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges,
-                 Tensor lamb_coeffs, const LambConfig& config);
+void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges, Tensor lamb_coeffs,
+                 const LambConfig& config);
 
 }  // namespace dstrain

@@ -23,8 +23,7 @@ struct NadamConfig {
 
 // k0 = −lr·(1 − μ_t)/(1 − Π μ), k1 = −lr·μ_{t+1}/(1 − Π μ · μ_{t+1}), k2 = 1 − β2^t (double, then fp32).
 inline RuleStep nadam_step(const NadamConfig& c, std::int64_t t, float grad_scale) {
-  RuleStep s = adam_like_step(OptimizerRule::nadam, c.lr, c.weight_decay, c.decoupled_weight_decay, c.maximize, grad_scale, c.beta1,
-                              c.beta2, c.eps);
+  RuleStep s = adam_like_step(OptimizerRule::nadam, c.lr, c.weight_decay, c.decoupled_weight_decay, c.maximize, grad_scale, c.beta1, c.beta2, c.eps);
   auto mu = [&](std::int64_t i) { return c.beta1 * (1.0 - 0.5 * std::pow(0.96, static_cast<double>(i) * c.momentum_decay)); };
   double product = 1.0;
   for (std::int64_t i = 1; i <= t; ++i) product *= mu(i);

@@ -14,12 +14,12 @@ enum class OptimizerRule : std::uint8_t { adagrad, lion, rmsprop, adamax, nadam,
 
 struct RuleStep {
   OptimizerRule rule = OptimizerRule::adagrad;
-  int states = 0;            // per-element fp32 states the rule keeps (optimizer_rule_state_count)
-  bool first = false;        // t == 1: states that torch initialises to a non-zero value start here
+  int states = 0;      // per-element fp32 states the rule keeps (optimizer_rule_state_count)
+  bool first = false;  // t == 1: states that torch initialises to a non-zero value start here
   float lr = 0.0f;
-  float grad_scale = 1.0f;   // negative for maximize
-  float weight_decay = 0.0f; // coupled L2 (0: none, or decoupled)
-  float decay = 1.0f;        // decoupled: θ *= decay before the update (1: none)
+  float grad_scale = 1.0f;    // negative for maximize
+  float weight_decay = 0.0f;  // coupled L2 (0: none, or decoupled)
+  float decay = 1.0f;         // decoupled: θ *= decay before the update (1: none)
   float beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
   // The rule's own scalars, named in its header.
   float k0 = 0.0f, k1 = 0.0f, k2 = 0.0f, k3 = 0.0f;
@@ -31,8 +31,8 @@ inline int optimizer_rule_state_count(const RuleStep& s) { return s.states; }
 // The fields the Adam-like rules (NAdam, RAdam) fill alike: lr, maximize as the gradient's sign,
 // weight decay in torch's decoupled form (θ·(1 − lr·wd) before the update) or its L2 form
 // (g + wd·θ), the betas and eps.
-inline RuleStep adam_like_step(OptimizerRule rule, double lr, double weight_decay, bool decoupled_weight_decay, bool maximize,
-                               float grad_scale, double beta1, double beta2, double eps) {
+inline RuleStep adam_like_step(OptimizerRule rule, double lr, double weight_decay, bool decoupled_weight_decay, bool maximize, float grad_scale,
+                               double beta1, double beta2, double eps) {
   RuleStep s;
   s.rule = rule;
   s.states = 2;

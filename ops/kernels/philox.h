@@ -78,14 +78,13 @@ struct RngKey {
   }
   // The counter of element group g (elements 4g .. 4g+3).
   DSTRAIN_HOST_DEVICE constexpr PhiloxCounter counter(std::uint64_t group) const {
-    return PhiloxCounter{{static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32) | (site << 16), step, (layer << 16) | micro_batch}};
+    return PhiloxCounter{
+        {static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32) | (site << 16), step, (layer << 16) | micro_batch}};
   }
   // The four random words of element group g.
   DSTRAIN_HOST_DEVICE constexpr PhiloxCounter group_bits(std::uint64_t group) const { return philox4x32_10(counter(group), key()); }
   // The random word of one element.
-  DSTRAIN_HOST_DEVICE constexpr std::uint32_t element_bits(std::uint64_t element) const {
-    return group_bits(element >> 2).v[element & 3u];
-  }
+  DSTRAIN_HOST_DEVICE constexpr std::uint32_t element_bits(std::uint64_t element) const { return group_bits(element >> 2).v[element & 3u]; }
 };
 
 // Uniform in [0, 1) from the top 24 bits: exactly representable in fp32, identical on CPU and GPU.

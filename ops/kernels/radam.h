@@ -23,8 +23,7 @@ struct RadamConfig {
 
 // k0 = 1 − β1^t, k1 = sqrt(1 − β2^t), k2 = r; option0 = ρ_t > 5.
 inline RuleStep radam_step(const RadamConfig& c, std::int64_t t, float grad_scale) {
-  RuleStep s = adam_like_step(OptimizerRule::radam, c.lr, c.weight_decay, c.decoupled_weight_decay, c.maximize, grad_scale, c.beta1,
-                              c.beta2, c.eps);
+  RuleStep s = adam_like_step(OptimizerRule::radam, c.lr, c.weight_decay, c.decoupled_weight_decay, c.maximize, grad_scale, c.beta1, c.beta2, c.eps);
   const double td = static_cast<double>(t);
   const double bc1 = 1.0 - std::pow(c.beta1, td), bc2 = 1.0 - std::pow(c.beta2, td);
   const double rho_inf = 2.0 / (1.0 - c.beta2) - 1.0;

@@ -18,10 +18,10 @@ namespace dstrain {
 struct RopeScaling {
   enum class Kind { none, linear, llama3 };
   Kind kind = Kind::none;
-  double factor = 1.0;                                   // linear and llama3
-  double low_freq_factor = 1.0;                          // llama3
-  double high_freq_factor = 4.0;                         // llama3
-  double original_max_position_embeddings = 8192.0;      // llama3
+  double factor = 1.0;                               // linear and llama3
+  double low_freq_factor = 1.0;                      // llama3
+  double high_freq_factor = 4.0;                     // llama3
+  double original_max_position_embeddings = 8192.0;  // llama3
 };
 
 // The D/2 inverse frequencies: inv_freq[j] = theta^(-2j / D), then

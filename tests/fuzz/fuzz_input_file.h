@@ -12,8 +12,7 @@
 namespace dstrain::fuzz {
 
 inline std::filesystem::path input_file(const std::uint8_t* data, std::size_t size, const char* suffix) {
-  static const std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("dstrain_fuzz_" + std::to_string(::getpid()) + suffix);
+  static const std::filesystem::path path = std::filesystem::temp_directory_path() / ("dstrain_fuzz_" + std::to_string(::getpid()) + suffix);
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return path;
 }

@@ -54,8 +54,8 @@ void expect_same_as_cpu(const std::vector<std::uint8_t>& src, DType src_type, st
         std::memcpy(&in, &src[i * dtype_size(src_type)], dtype_size(src_type));
         std::memcpy(&c, &cpu[i * w], w);
         std::memcpy(&g, &gpu[i * w], w);
-        ADD_FAILURE() << dtype_name(src_type) << " -> " << dtype_name(dst_type) << " input bits 0x" << std::hex << in
-                      << ": cpu 0x" << c << ", gpu 0x" << g;
+        ADD_FAILURE() << dtype_name(src_type) << " -> " << dtype_name(dst_type) << " input bits 0x" << std::hex << in << ": cpu 0x" << c << ", gpu 0x"
+                      << g;
       }
     }
   }

@@ -81,8 +81,7 @@ TEST(CudaInfo, FormatKnownInfo) {
   CudaInfo none;
   none.compiled_runtime_version = none.runtime_version = 13000;
   none.problem = "no CUDA driver found";
-  EXPECT_EQ(format_cuda_info(none),
-            "CUDA runtime 13.0 (built with 13.0), driver: no CUDA driver found\ncuBLASLt 0.0.0, NCCL unavailable\n");
+  EXPECT_EQ(format_cuda_info(none), "CUDA runtime 13.0 (built with 13.0), driver: no CUDA driver found\ncuBLASLt 0.0.0, NCCL unavailable\n");
 }
 
 TEST(CudaInfo, RequireCudaDeviceNamesTheFix) {

@@ -42,9 +42,12 @@ bool verbose() { return std::getenv("DSTRAIN_GPU_VERBOSE") != nullptr; }
 // and row reduction sums in another order), 16-bit runs the sign flips test_zero_equivalence bounds.
 Tolerance gpu_tolerance(Precision p) {
   switch (p) {
-    case Precision::fp32: return {1e-4, 0.035, 0.0, 0.2, 0.02, 0.07};
-    case Precision::bf16: return {2e-3, 0.07, 0.0, 0.4, 0.1, 0.07};
-    case Precision::fp16: return {1e-3, 0.05, 0.0, 0.3, 0.06, 0.07};
+    case Precision::fp32:
+      return {1e-4, 0.035, 0.0, 0.2, 0.02, 0.07};
+    case Precision::bf16:
+      return {2e-3, 0.07, 0.0, 0.4, 0.1, 0.07};
+    case Precision::fp16:
+      return {1e-3, 0.05, 0.0, 0.3, 0.06, 0.07};
   }
   return {};
 }
@@ -66,8 +69,8 @@ void expect_close(const RunResult& got, const RunResult& ref, const std::map<std
   EXPECT_LE(d.update_rel, tol.update_rel) << what;
   EXPECT_LE(d.key_bias_max_abs, tol.key_bias_abs) << what;
   if (verbose()) {
-    std::printf("[gpu-vs-cpu] %-40s loss rel %.2e | params max abs %.2e, tensor update rel %.2e, update rel %.2e, key bias %.2e\n",
-                what.c_str(), worst_loss, d.max_abs, d.max_update_rel, d.update_rel, d.key_bias_max_abs);
+    std::printf("[gpu-vs-cpu] %-40s loss rel %.2e | params max abs %.2e, tensor update rel %.2e, update rel %.2e, key bias %.2e\n", what.c_str(),
+                worst_loss, d.max_abs, d.max_update_rel, d.update_rel, d.key_bias_max_abs);
   }
 }
 
@@ -143,8 +146,10 @@ TEST(EngineGpu, Stage3OffloadMatchesTheGpuRunWithoutOffloadAndTheCpu) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_gpu_offload_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = nlohmann::json(dir.string()).dump();
-  const std::vector<std::pair<std::string, bool>> offloads = {  // (zero json, the device holds no optimizer bytes)
-      {R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, "pipeline_write": true, "nvme_path": )" + path + "}", true},
+  const std::vector<std::pair<std::string, bool>> offloads = {
+      // (zero json, the device holds no optimizer bytes)
+      {R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, "pipeline_write": true, "nvme_path": )" + path + "}",
+       true},
       {R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})", false},
       {R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true})", true},
       {R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "max_in_cpu": 0, "buffer_count": 2, "nvme_path": )" + path +

@@ -104,8 +104,7 @@ void expect_identical(const Buf& gpu, const Buf& cpu, const std::string& what) {
   const auto* c = static_cast<const unsigned char*>(const_cast<Buf&>(cpu).data());
   for (std::int64_t i = 0; i < gpu.size(); ++i) {
     if (std::memcmp(g + i * w, c + i * w, w) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " is " << gpu.get(i) << " on the GPU but " << cpu.get(i)
-                    << " on the CPU (bit-exact expected)";
+      ADD_FAILURE() << what << ": element " << i << " is " << gpu.get(i) << " on the GPU but " << cpu.get(i) << " on the CPU (bit-exact expected)";
       return;
     }
   }
@@ -173,9 +172,12 @@ TEST(GpuKernelsErrors, EncoderRejectsBadTokenOnDevice) {
   std::vector<std::int32_t> tok{0, 1, 7, 2};  // 7 >= V = 4
   std::vector<float> wte(4 * 8, 0.0f), wpe(4 * 8, 0.0f), out(4 * 8, 0.0f);
   Dev d_tok(tok), d_wte(wte), d_wpe(wpe), d_out(out);
-  expect_error([&] { encoder_forward(d_out.tensor(DType::fp32, {2, 2, 8}), d_tok.tensor(DType::int32, {2, 2}), d_wte.tensor(DType::fp32, {4, 8}),
-                                     d_wpe.tensor(DType::fp32, {4, 8})); },
-               {"encoder_forward", "token 7", "[0, 4)"});
+  expect_error(
+      [&] {
+        encoder_forward(d_out.tensor(DType::fp32, {2, 2, 8}), d_tok.tensor(DType::int32, {2, 2}), d_wte.tensor(DType::fp32, {4, 8}),
+                        d_wpe.tensor(DType::fp32, {4, 8}));
+      },
+      {"encoder_forward", "token 7", "[0, 4)"});
 }
 
 TEST_P(GpuKernels, LayernormMatchesCpu) {
@@ -190,13 +192,11 @@ TEST_P(GpuKernels, LayernormMatchesCpu) {
     Buf a(dt, n), b(dt, n), w(dt, C), bias(dt, C), out(dt, n), res(dt, n), dout(dt, n), dinp(dt, n), dw(dt, C), db(dt, C);
     for (Buf* x : {&a, &b, &w, &bias, &dout, &dinp, &dw, &db}) x->fill_uniform(rng, -1, 1);
     std::vector<float> mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
-    Dev d_a(a), d_b(b), d_w(w), d_bias(bias), d_out(out), d_res(res), d_dout(dout), d_dinp(dinp), d_dw(dw), d_db(db), d_mean(mean),
-        d_rstd(rstd);
+    Dev d_a(a), d_b(b), d_w(w), d_bias(bias), d_out(out), d_res(res), d_dout(dout), d_dinp(dinp), d_dw(dw), d_db(db), d_mean(mean), d_rstd(rstd);
     auto ft = [&](std::vector<float>& v) { return Tensor(v.data(), DType::fp32, ms); };
 
     // Fused residual + LayerNorm, then the backward from its saved statistics.
-    fused_residual_layernorm_forward(res.tensor(xs), out.tensor(xs), ft(mean), ft(rstd), a.tensor(xs), b.tensor(xs), w.tensor(ws),
-                                     bias.tensor(ws));
+    fused_residual_layernorm_forward(res.tensor(xs), out.tensor(xs), ft(mean), ft(rstd), a.tensor(xs), b.tensor(xs), w.tensor(ws), bias.tensor(ws));
     layernorm_backward(dinp.tensor(xs), dw.tensor(ws), db.tensor(ws), dout.tensor(xs), res.tensor(xs), w.tensor(ws), ft(mean), ft(rstd));
     fused_residual_layernorm_forward(d_res.tensor(dt, xs), d_out.tensor(dt, xs), d_mean.tensor(DType::fp32, ms), d_rstd.tensor(DType::fp32, ms),
                                      d_a.tensor(dt, xs), d_b.tensor(dt, xs), d_w.tensor(dt, ws), d_bias.tensor(dt, ws));
@@ -297,8 +297,8 @@ TEST_P(GpuKernels, SoftmaxCrossEntropyMatchesCpu) {
     Dev d_logits(logits), d_dlogits(dlogits), d_tg(tg), d_losses(losses), d_lse(lse);
     const Shape ls{BT, Vp}, rs{BT};
     const float dloss = 1.0f / static_cast<float>(BT);
-    const float mean = softmax_cross_entropy_forward(Tensor(losses.data(), DType::fp32, rs), Tensor(lse.data(), DType::fp32, rs),
-                                                     logits.tensor(ls), Tensor(tg.data(), DType::int32, rs), V);
+    const float mean = softmax_cross_entropy_forward(Tensor(losses.data(), DType::fp32, rs), Tensor(lse.data(), DType::fp32, rs), logits.tensor(ls),
+                                                     Tensor(tg.data(), DType::int32, rs), V);
     softmax_cross_entropy_backward(dlogits.tensor(ls), logits.tensor(ls), Tensor(lse.data(), DType::fp32, rs), Tensor(tg.data(), DType::int32, rs),
                                    dloss, V);
     const float d_mean = softmax_cross_entropy_forward(d_losses.tensor(DType::fp32, rs), d_lse.tensor(DType::fp32, rs), d_logits.tensor(dt, ls),
@@ -334,7 +334,7 @@ TEST_P(GpuKernels, AdamWBitExact) {
   const DType gt = GetParam();
   std::mt19937_64 rng(23);
   for (const AdamWCase& c0 : kAdamWCases) {
-    for (int variant = 0; variant < 4; ++variant) {  // AdamW; Adam + L2; no bias correction; stochastic rounding of a bf16 copy
+    for (int variant = 0; variant < 4; ++variant) {                   // AdamW; Adam + L2; no bias correction; stochastic rounding of a bf16 copy
       for (DType lowp_t : {DType::fp32, DType::fp16, DType::bf16}) {  // fp32 here: no 16-bit copy
         AdamWConfig cfg = c0.config;
         if (variant == 1) {
@@ -429,15 +429,15 @@ TEST_P(GpuKernels, MatmulMatchesCpu) {
 // supported HS, dropout, and GPT-2's layout at T = 1024.
 // For fp32 they run the warp-per-row kernels.
 const AttentionCase kAttentionTcCases[] = {
-    {"tc_T1", 1, 1, 64, 1, 0.0f},                  // HS = 64, a single key
-    {"tc_hs64_one_tile", 1, 64, 128, 2, 0.0f},     // exactly one 64 x 64 tile, all of it diagonal
-    {"tc_hs64_partial", 2, 200, 256, 4, 0.0f},     // 4 query blocks, the last with 8 rows
-    {"tc_hs32", 2, 130, 128, 4, 0.0f},             // HS = 32, last block of 2 rows
-    {"tc_hs128", 1, 161, 256, 2, 0.0f},            // HS = 128: 3 blocks, 6 dK/dV query tiles of 32
+    {"tc_T1", 1, 1, 64, 1, 0.0f},               // HS = 64, a single key
+    {"tc_hs64_one_tile", 1, 64, 128, 2, 0.0f},  // exactly one 64 x 64 tile, all of it diagonal
+    {"tc_hs64_partial", 2, 200, 256, 4, 0.0f},  // 4 query blocks, the last with 8 rows
+    {"tc_hs32", 2, 130, 128, 4, 0.0f},          // HS = 32, last block of 2 rows
+    {"tc_hs128", 1, 161, 256, 2, 0.0f},         // HS = 128: 3 blocks, 6 dK/dV query tiles of 32
     {"tc_hs64_dropout", 2, 100, 128, 2, 0.1f},
     {"tc_hs32_dropout", 1, 77, 96, 3, 0.15f},
     {"tc_hs128_dropout", 1, 97, 256, 2, 0.2f},
-    {"tc_gpt2_T1024", 1, 1024, 768, 12, 0.0f},     // GPT-2 124M's attention at T = 1024
+    {"tc_gpt2_T1024", 1, 1024, 768, 12, 0.0f},  // GPT-2 124M's attention at T = 1024
 };
 
 // Flash-style attention (with and without probability dropout, the same Philox elements) against
@@ -479,11 +479,11 @@ TEST_P(GpuKernels, AttentionMatchesCpu) {
 // warp-per-row kernels.
 const GqaAttentionCase kGqaAttentionTcCases[] = {
     {"tc_kv4_of_8_T1", 1, 1, 8, 4, 32, 0.0f},
-    {"tc_mqa_hs64", 2, 200, 4, 1, 64, 0.0f},        // NKV = 1: one dK/dV block per key block runs 4 heads
+    {"tc_mqa_hs64", 2, 200, 4, 1, 64, 0.0f},  // NKV = 1: one dK/dV block per key block runs 4 heads
     {"tc_kv2_of_4_hs32", 1, 130, 4, 2, 32, 0.0f},
-    {"tc_kv_all_hs64", 1, 100, 3, 3, 64, 0.0f},     // NKV = NH: G = 1
+    {"tc_kv_all_hs64", 1, 100, 3, 3, 64, 0.0f},      // NKV = NH: G = 1
     {"tc_kv3_of_9_smollm", 2, 256, 9, 3, 64, 0.0f},  // SmolLM-135M's attention
-    {"tc_mqa_hs128", 1, 161, 4, 1, 128, 0.0f},      // dK/dV query tiles of 32
+    {"tc_mqa_hs128", 1, 161, 4, 1, 128, 0.0f},       // dK/dV query tiles of 32
     {"tc_kv2_of_6_hs64_dropout", 2, 77, 6, 2, 64, 0.1f},
     {"tc_kv2_of_8_hs128_dropout", 1, 97, 8, 2, 128, 0.2f},
 };
@@ -643,9 +643,11 @@ TEST_P(GpuKernels, OptimizerRulesBitExact) {
   std::mt19937_64 rng(41);
   using StepOf = RuleStep (*)(std::int64_t t);
   const std::pair<const char*, StepOf> rules[] = {
-      {"adagrad", [](std::int64_t t) { return adagrad_step({.lr = 0.1, .lr_decay = 0.01, .weight_decay = 0.1, .initial_accumulator_value = 0.5}, t, 0.5f); }},
+      {"adagrad",
+       [](std::int64_t t) { return adagrad_step({.lr = 0.1, .lr_decay = 0.01, .weight_decay = 0.1, .initial_accumulator_value = 0.5}, t, 0.5f); }},
       {"lion", [](std::int64_t) { return lion_step({.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1}, 1.0f); }},
-      {"rmsprop", [](std::int64_t) { return rmsprop_step({.lr = 1e-3, .weight_decay = 0.1, .momentum = 0.9, .centered = true, .maximize = true}, 1.0f); }},
+      {"rmsprop",
+       [](std::int64_t) { return rmsprop_step({.lr = 1e-3, .weight_decay = 0.1, .momentum = 0.9, .centered = true, .maximize = true}, 1.0f); }},
       {"adamax", [](std::int64_t t) { return adamax_step({.weight_decay = 0.1}, t, 1.0f); }},
       {"nadam", [](std::int64_t t) { return nadam_step({.weight_decay = 0.1, .decoupled_weight_decay = true}, t, 1.0f); }},
       {"radam", [](std::int64_t t) { return radam_step({.weight_decay = 0.1}, t, 1.0f); }},
@@ -674,7 +676,8 @@ TEST_P(GpuKernels, OptimizerRulesBitExact) {
         for (auto& v : st) hs.push_back(Tensor(v.data(), DType::fp32, s));
         for (auto& d : d_st) ds.push_back(d->tensor(DType::fp32, s));
         optimizer_rule_update(step_of(t), Tensor(p.data(), DType::fp32, s), g.tensor(s), hs, lowp_t == DType::fp32 ? Tensor() : lowp.tensor(s));
-        optimizer_rule_update(step_of(t), d_p.tensor(DType::fp32, s), d_g.tensor(gt, s), ds, lowp_t == DType::fp32 ? Tensor() : d_lowp.tensor(lowp_t, s));
+        optimizer_rule_update(step_of(t), d_p.tensor(DType::fp32, s), d_g.tensor(gt, s), ds,
+                              lowp_t == DType::fp32 ? Tensor() : d_lowp.tensor(lowp_t, s));
       }
       expect_identical(d_p.to_vec<float>(), p, "params");
       for (std::size_t j = 0; j < st.size(); ++j) expect_identical(d_st[j]->to_vec<float>(), st[j], "state " + std::to_string(j));

@@ -39,7 +39,6 @@ using ::testing::HasSubstr;
 
 namespace {
 
-
 // Rank r's inputs: reproducible, random sign and magnitude over many binades (the sums round),
 // with ~2% special values. int32: the full range (sums wrap).
 HostBuf random_inputs(int rank, DType dt, std::int64_t n, std::uint32_t salt) {
@@ -65,20 +64,28 @@ HostBuf random_inputs(int rank, DType dt, std::int64_t n, std::uint32_t salt) {
 
 bool is_nan_bits(DType dt, std::uint64_t b) {
   switch (dt) {
-    case DType::fp32: return (b & 0x7fffffffu) > 0x7f800000u;
-    case DType::fp16: return (b & 0x7fffu) > 0x7c00u;
-    case DType::bf16: return (b & 0x7fffu) > 0x7f80u;
-    default: return false;
+    case DType::fp32:
+      return (b & 0x7fffffffu) > 0x7f800000u;
+    case DType::fp16:
+      return (b & 0x7fffu) > 0x7c00u;
+    case DType::bf16:
+      return (b & 0x7fffu) > 0x7f80u;
+    default:
+      return false;
   }
 }
 
 enum class Kind { all_reduce, reduce_scatter, all_gather, broadcast };
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::all_reduce: return "all_reduce";
-    case Kind::reduce_scatter: return "reduce_scatter";
-    case Kind::all_gather: return "all_gather";
-    case Kind::broadcast: return "broadcast";
+    case Kind::all_reduce:
+      return "all_reduce";
+    case Kind::reduce_scatter:
+      return "reduce_scatter";
+    case Kind::all_gather:
+      return "all_gather";
+    case Kind::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -119,8 +126,12 @@ std::vector<HostBuf> run_case(const Case& c, bool device) {
       out_t = dev_out->tensor();
     }
     switch (c.kind) {
-      case Kind::all_reduce: comm.all_reduce(in_t, c.op); break;
-      case Kind::broadcast: comm.broadcast(in_t, c.root); break;
+      case Kind::all_reduce:
+        comm.all_reduce(in_t, c.op);
+        break;
+      case Kind::broadcast:
+        comm.broadcast(in_t, c.root);
+        break;
       case Kind::reduce_scatter:
         comm.reduce_scatter(in_t, c.in_place ? shard_of(in_t, comm.rank(), c.world) : out_t, c.op);
         break;
@@ -225,7 +236,8 @@ TEST(LocalCommGpuOrdering, ProducersBeforeAndOverwritesAfterTheCollective) {
       for (int q = 0; q < kWorld; ++q) {
         const int want = 1 + (it * kWorld + q) % 250;
         for (std::int64_t i = 0; i < kN; i += 4099)
-          ASSERT_EQ(host[static_cast<std::size_t>(q * kN + i)], want) << "iteration " << it << " rank " << comm.rank() << " shard " << q << " byte " << i;
+          ASSERT_EQ(host[static_cast<std::size_t>(q * kN + i)], want)
+              << "iteration " << it << " rank " << comm.rank() << " shard " << q << " byte " << i;
         ASSERT_EQ(host[static_cast<std::size_t>(q * kN + kN - 1)], want) << "iteration " << it << " shard " << q << " last byte";
       }
     }

@@ -22,13 +22,15 @@ TEST(MatmulGeluGpu, FusedEpiloguesMatchTheNaiveReference) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   for (const DType t : kFloatDTypes) {
     for (const MatmulGeluCase& c : matmul_gelu_cases()) {
-      const std::string what = std::string(dtype_name(t)) + " BT=" + std::to_string(c.BT) + " C=" + std::to_string(c.C) + " OC=" + std::to_string(c.OC);
+      const std::string what =
+          std::string(dtype_name(t)) + " BT=" + std::to_string(c.BT) + " C=" + std::to_string(c.C) + " OC=" + std::to_string(c.OC);
       MatmulGeluData d = make_matmul_gelu_data(c, t, 17);
       DeviceTensors g;
       const Tensor pre = g.zeros(t, Shape{c.BT, c.OC}), out = g.zeros(t, Shape{c.BT, c.OC});
       const auto scratch_elems = static_cast<std::int64_t>(matmul_scratch_elems(t, std::max(c.C, c.OC)));
       const Tensor scr = scratch_elems > 0 ? g.zeros(DType::fp32, Shape{scratch_elems}) : Tensor{};
-      matmul_gelu_forward(out, pre, g.put(d.inp, Shape{c.BT, c.C}), g.put(d.weight, Shape{c.OC, c.C}), c.bias ? g.put(d.bias, Shape{c.OC}) : Tensor{}, scr);
+      matmul_gelu_forward(out, pre, g.put(d.inp, Shape{c.BT, c.C}), g.put(d.weight, Shape{c.OC, c.C}), c.bias ? g.put(d.bias, Shape{c.OC}) : Tensor{},
+                          scr);
       Buf pre_h = DeviceTensors::get(pre), out_h = DeviceTensors::get(out);
       expect_close(pre_h, d.pre, matmul_gelu_tols().of(t), what + " pre");
       expect_close(out_h, d.out, matmul_gelu_tols().of(t), what + " out");
@@ -38,7 +40,8 @@ TEST(MatmulGeluGpu, FusedEpiloguesMatchTheNaiveReference) {
       poison.fill(123.0);  // dpre is written, not accumulated
       const Tensor dpre = g.put(poison, Shape{c.BT, c.OC});
       const Tensor dw = g.put(d.dweight0, Shape{c.C, c.OC}), db = g.put(d.dbias0, Shape{c.C});
-      matmul_gelu_backward(dpre, dw, db, g.put(d.dy, Shape{c.BT, c.C}), out, pre, g.put(d.weight2, Shape{c.C, c.OC}), g.zeros(t, Shape{c.BT, c.OC}), scr);
+      matmul_gelu_backward(dpre, dw, db, g.put(d.dy, Shape{c.BT, c.C}), out, pre, g.put(d.weight2, Shape{c.C, c.OC}), g.zeros(t, Shape{c.BT, c.OC}),
+                           scr);
       expect_close(DeviceTensors::get(dpre), d.dpre, matmul_gelu_tols().of(t), what + " dpre");
       expect_close(DeviceTensors::get(dw), d.dweight, matmul_gelu_tols().of(t), what + " dweight");
       expect_close(DeviceTensors::get(db), d.dbias, matmul_gelu_tols().of(t), what + " dbias");

@@ -25,14 +25,13 @@
 extern char** environ;
 
 using namespace dstrain;
-using dstrain::testing_comm::expected_bits;
 using dstrain::testing_comm::DeviceBuf;
+using dstrain::testing_comm::expected_bits;
 using dstrain::testing_comm::HostBuf;
 using dstrain::testing_comm::input_value;
 using ::testing::HasSubstr;
 
 namespace {
-
 
 HostBuf inputs(int rank, DType dt, std::int64_t n) {
   HostBuf h(dt, n);
@@ -197,10 +196,9 @@ std::vector<int> launch_ranks(int world, const std::string& mode) {
       if (kv.rfind("NCCL_COMM_ID=", 0) == 0 || kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) continue;
       env_strings.push_back(kv);
     }
-    for (const std::string& kv : {fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", world),
-                                  fmt::format("LOCAL_RANK={}", r), std::string("MASTER_ADDR=127.0.0.1"),
-                                  fmt::format("MASTER_PORT={}", port), "DSTRAIN_NCCL_WORKER=" + mode,
-                                  std::string("DSTRAIN_COMM_TIMEOUT=20")})
+    for (const std::string& kv :
+         {fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", world), fmt::format("LOCAL_RANK={}", r), std::string("MASTER_ADDR=127.0.0.1"),
+          fmt::format("MASTER_PORT={}", port), "DSTRAIN_NCCL_WORKER=" + mode, std::string("DSTRAIN_COMM_TIMEOUT=20")})
       env_strings.push_back(kv);
     std::vector<char*> envp;
     for (std::string& s : env_strings) envp.push_back(s.data());

@@ -31,7 +31,8 @@ Buf random_buf(DType t, std::uint64_t seed) {
 
 void expect_same_bytes(Buf& got, Buf& want, const char* what) {
   ASSERT_EQ(got.size(), want.size());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<std::size_t>(got.size()) * dtype_size(got.dtype())), 0) << what << " " << dtype_name(got.dtype());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<std::size_t>(got.size()) * dtype_size(got.dtype())), 0)
+      << what << " " << dtype_name(got.dtype());
 }
 
 class TensorOpsGpu : public ::testing::Test {

@@ -60,8 +60,9 @@ class CheckpointCli : public ::testing::Test {
   static int run_and_signal(const std::string& args, const std::string& signal, double seconds, const std::string& env = "") {
     const fs::path out = dir_ / "bg.txt", code = dir_ / "bg.code";
     const std::string cmd = "(" + env + " " + std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + args + " >" + q(out) + " 2>&1 </dev/null & p=$!; " +
-                            "n=0; while ! grep -q '^step [0-9]*/' " + q(out) + " && [ $n -lt 1200 ] && kill -0 $p 2>/dev/null; do sleep 0.1; n=$((n+1)); done; sleep " +
-                            std::to_string(seconds) + "; kill -" + signal + " $p; wait $p; echo $? >" + q(code) + ")";
+                            "n=0; while ! grep -q '^step [0-9]*/' " + q(out) +
+                            " && [ $n -lt 1200 ] && kill -0 $p 2>/dev/null; do sleep 0.1; n=$((n+1)); done; sleep " + std::to_string(seconds) +
+                            "; kill -" + signal + " $p; wait $p; echo $? >" + q(code) + ")";
     EXPECT_EQ(std::system(cmd.c_str()), 0);
     return std::stoi(read_file_text(code));
   }
@@ -79,7 +80,8 @@ TEST_F(CheckpointCli, ResumedRunEndsWhereTheUninterruptedOneDoes) {
   ASSERT_EQ(first.exit_code, 0) << first.err;
   EXPECT_EQ(read_file_text(ck / "latest"), "global_step3");
   // The same command with --resume and --steps 6: steps 4-6, the same losses bit for bit.
-  const CliResult second = run_dstrain(train("bf16.json", 2) + sr + " --steps 6 --save-dir " + q(ck) + " --resume --summary-json " + q(dir_ / "res.json"));
+  const CliResult second =
+      run_dstrain(train("bf16.json", 2) + sr + " --steps 6 --save-dir " + q(ck) + " --resume --summary-json " + q(dir_ / "res.json"));
   ASSERT_EQ(second.exit_code, 0) << second.err;
   EXPECT_NE(second.out.find("resumed from checkpoint"), std::string::npos) << second.out;
   EXPECT_EQ(second.out.find("step 1/6 |"), std::string::npos) << second.out;
@@ -216,7 +218,8 @@ with open(os.path.join(out, 'same.safetensors'), 'wb') as f:
 )PY";
   ASSERT_EQ(std::system(("/usr/bin/python3 " + q(dir_ / "gpt2_pt.py") + " " + q(dir_)).c_str()), 0);
   for (const std::string from : {"mp_rank_00_model_states.pt", "same.safetensors"}) {
-    const CliResult r = run_dstrain(train("fp32_s1.json", 1) + " --steps 0 --init-from " + q(dir_ / from) + " --save-weights " + q(dir_ / (from + ".out")));
+    const CliResult r =
+        run_dstrain(train("fp32_s1.json", 1) + " --steps 0 --init-from " + q(dir_ / from) + " --save-weights " + q(dir_ / (from + ".out")));
     ASSERT_EQ(r.exit_code, 0) << from << ": " << r.err;
   }
   EXPECT_EQ(read_file_text(dir_ / "mp_rank_00_model_states.pt.out"), read_file_text(dir_ / "same.safetensors.out"));

@@ -71,8 +71,7 @@ TEST(CliCheckConfig, BatchMismatchExitsTwoWithDeepSpeedsNumbers) {
 }
 
 TEST(CliCheckConfig, UnknownTopLevelKeyWarnsWithSuggestionOnStderr) {
-  const std::string cfg =
-      write_temp("dstrain_cli_typo.json", R"({"train_batch_size": 8, "gradient_accumulation_step": 2})");
+  const std::string cfg = write_temp("dstrain_cli_typo.json", R"({"train_batch_size": 8, "gradient_accumulation_step": 2})");
   auto r = run_dstrain("check-config " + shell_quote(cfg) + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("gradient_accumulation_step"));
@@ -81,8 +80,7 @@ TEST(CliCheckConfig, UnknownTopLevelKeyWarnsWithSuggestionOnStderr) {
 }
 
 TEST(CliCheckConfig, StrictSectionUnknownKeyExitsTwoNamingThePath) {
-  const std::string cfg = write_temp("dstrain_cli_strict.json",
-                                     R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "grad_hooks": true}})");
+  const std::string cfg = write_temp("dstrain_cli_strict.json", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "grad_hooks": true}})");
   auto r = run_dstrain("check-config " + shell_quote(cfg));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("zero_optimization.grad_hooks"));

@@ -23,7 +23,8 @@ constexpr const char* kModel = "gpt2:L4-C64-H4-V1000-T64";
 
 std::string config(const std::string& zero) {
   return shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": )" + zero + "}");
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": )" +
+                     zero + "}");
 }
 
 }  // namespace

@@ -99,7 +99,8 @@ TEST_F(CliHardening, PrepareDataNeverOverwritesAnInput) {
   std::ofstream(text / "a.txt") << "The quick brown fox jumps over the lazy dog. ";
   std::ofstream(text / "b.txt") << "A stitch in time saves nine. ";
   const std::string before = read_file_text(text / "a.txt");
-  expect_exit2_naming(run_dstrain("prepare-data --tokenizer bytes " + q(text / "a.txt") + " -o " + q(text / "a.txt")), "is the file given as an input");
+  expect_exit2_naming(run_dstrain("prepare-data --tokenizer bytes " + q(text / "a.txt") + " -o " + q(text / "a.txt")),
+                      "is the file given as an input");
   EXPECT_EQ(read_file_text(text / "a.txt"), before);
   // An output in the input folder would be read as text by the next run of the same command.
   expect_exit2_naming(run_dstrain("prepare-data --tokenizer bytes " + q(text) + " -o " + q(text / "x.bin")), "lies in the input folder");

@@ -29,8 +29,7 @@ class IoBenchCli : public ::testing::Test {
 };
 
 TEST_F(IoBenchCli, OneRowPerBlockSizeAndQueueDepth) {
-  const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) +
-                             " --size 4M --block-size 64K,1M --queue-depth 1,8 --json");
+  const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 4M --block-size 64K,1M --queue-depth 1,8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 4u);
@@ -49,8 +48,7 @@ TEST_F(IoBenchCli, OneRowPerBlockSizeAndQueueDepth) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir_ / "dstrain_io_bench.dat")) << "the bench file is left behind";
   // fio's terms: 4 KiB pages, no registration.
-  const auto b = run_dstrain("io-bench --path " + shell_quote(dir_.string()) +
-                             " --size 1M --pages base --no-fixed-buffers --json");
+  const auto b = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M --pages base --no-fixed-buffers --json");
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const auto row = nlohmann::json::parse(b.out)["rows"][0];
   EXPECT_EQ(row["pages"], "base");
@@ -93,11 +91,10 @@ TEST_F(IoBenchCli, TmpfsAndMissingFoldersAreNamedErrors) {
 
 TEST_F(IoBenchCli, AnInjectedIoErrorExitsTwoNamingFileOffsetAndBytes) {
   // 1 MiB in 256 KiB pieces: the 2nd read piece is bytes [262144, 524288).
-  const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M --block-size 256K",
-                             "DSTRAIN_IO_FAULT=eio:read@2");
+  const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M --block-size 256K", "DSTRAIN_IO_FAULT=eio:read@2");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.err, HasSubstr("read of 262144 bytes at offset 262144 of " + (dir_ / "dstrain_io_bench.dat").string() +
-                               " failed: Input/output error"));
+  EXPECT_THAT(r.err,
+              HasSubstr("read of 262144 bytes at offset 262144 of " + (dir_ / "dstrain_io_bench.dat").string() + " failed: Input/output error"));
   EXPECT_FALSE(std::filesystem::exists(dir_ / "dstrain_io_bench.dat"));
   const auto bad = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M", "DSTRAIN_IO_FAULT=sometimes");
   EXPECT_EQ(bad.exit_code, 2);

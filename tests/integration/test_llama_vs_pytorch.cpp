@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 
 struct Case {
   const char* name;
-  const char* spec;   // llama: descriptor
+  const char* spec;  // llama: descriptor
   const char* model_type;
   RopeScaling::Kind rope = RopeScaling::Kind::none;
   bool qkv_bias = false, o_bias = false, mlp_bias = false, qk_norm = false;

@@ -30,8 +30,7 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<unsigned> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("dstrain_test_prepare_cli." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
+    path_ = fs::temp_directory_path() / ("dstrain_test_prepare_cli." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -133,8 +132,7 @@ TEST(PrepareDataCli, AFolderIsItsRegularFilesSortedByName) {
   write_file(dir / "docs" / "a.txt", "A");
   write_file(dir / "docs" / "sub" / "c.txt", "C");  // sub-folders are not entered
   write_file(dir / "z.txt", "Z");
-  const RunResult r =
-      run_dstrain({"prepare-data", "--tokenizer", "bytes", "z.txt", "docs", "-o", "out.bin"}, dir.path());
+  const RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "z.txt", "docs", "-o", "out.bin"}, dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(tokens_of(dir / "out.bin"), ElementsAre(kEot, 'Z', kEot, 'A', kEot, 'B'));
 }
@@ -143,9 +141,7 @@ TEST(PrepareDataCli, ValFractionSplitsIntoTrainAndValNamedAfterOutput) {
   TempDir dir;
   for (const char c : std::string("pqrs")) write_file(dir / "in" / (std::string(1, c) + ".txt"), std::string(1, c));
   // 4 documents, 0.25: the last one (s) goes to val; -o names the pair, created with its folder.
-  const RunResult r = run_dstrain(
-      {"prepare-data", "--tokenizer", "bytes", "in", "-o", "out/data/corpus.bin", "--val-fraction", "0.25"},
-      dir.path());
+  const RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "in", "-o", "out/data/corpus.bin", "--val-fraction", "0.25"}, dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(tokens_of(dir / "out/data/corpus_train.bin"), ElementsAre(kEot, 'p', kEot, 'q', kEot, 'r'));
   EXPECT_THAT(tokens_of(dir / "out/data/corpus_val.bin"), ElementsAre(kEot, 's'));
@@ -158,9 +154,9 @@ TEST(PrepareDataCli, ExplicitValOutputKeepsBothNamesAsGiven) {
   TempDir dir;
   write_file(dir / "a.txt", "a");
   write_file(dir / "b.txt", "bb");
-  const RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "a.txt", "b.txt", "-o", "t.bin",
-                                   "--val-output", "v.bin", "--val-fraction", "0.5"},
-                                  dir.path());
+  const RunResult r =
+      run_dstrain({"prepare-data", "--tokenizer", "bytes", "a.txt", "b.txt", "-o", "t.bin", "--val-output", "v.bin", "--val-fraction", "0.5"},
+                  dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(tokens_of(dir / "t.bin"), ElementsAre(kEot, 'a'));
   EXPECT_THAT(tokens_of(dir / "v.bin"), ElementsAre(kEot, 'b', 'b'));
@@ -170,8 +166,7 @@ TEST(PrepareDataCli, BrownFormatStripsTagsAndTakesOnlyCorpusFiles) {
   TempDir dir;
   write_file(dir / "brown" / "ca01", "\n\n\tHi/uh ,/, dog/nn ./.\n");
   write_file(dir / "brown" / "README", "not/nn a/at corpus/nn file/nn");
-  const RunResult r =
-      run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "brown", "brown", "-o", "b.bin"}, dir.path());
+  const RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "brown", "brown", "-o", "b.bin"}, dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   // "Hi, dog.\n": no space before , and .
   EXPECT_THAT(tokens_of(dir / "b.bin"), ElementsAre(kEot, 'H', 'i', ',', ' ', 'd', 'o', 'g', '.', '\n'));
@@ -183,23 +178,21 @@ TEST(PrepareDataCli, JsonlLinesAreDocuments) {
   TempDir dir;
   write_file(dir / "a.jsonl", "{\"text\": \"ab\"}\n\n{\"text\": \"c\", \"n\": 2}\n");
   write_file(dir / "b.jsonl", "{\"text\": \"d\"}\n");
-  RunResult r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "b.jsonl", "-o", "j.bin",
-                             "--val-fraction", "0.3"},
-                            dir.path());
+  RunResult r =
+      run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "b.jsonl", "-o", "j.bin", "--val-fraction", "0.3"},
+                  dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   // 3 documents, 0.3 -> round(0.9) = 1 val document, the last (d).
   EXPECT_THAT(tokens_of(dir / "j_train.bin"), ElementsAre(kEot, 'a', 'b', kEot, 'c'));
   EXPECT_THAT(tokens_of(dir / "j_val.bin"), ElementsAre(kEot, 'd'));
 
   write_file(dir / "k.jsonl", "{\"body\": \"xy\"}\n");
-  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "--text-key", "body", "k.jsonl", "-o", "k.bin"},
-                  dir.path());
+  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "--text-key", "body", "k.jsonl", "-o", "k.bin"}, dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(tokens_of(dir / "k.bin"), ElementsAre(kEot, 'x', 'y'));
 
   write_file(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": 7}\n");
-  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "bad.jsonl", "-o", "bad.bin"},
-                  dir.path());
+  r = run_dstrain({"prepare-data", "--tokenizer", "bytes", "--format", "jsonl", "a.jsonl", "bad.jsonl", "-o", "bad.bin"}, dir.path());
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("bad.jsonl:2: \"text\" is a number, not a string"));
   EXPECT_FALSE(fs::exists(dir / "bad.bin"));
@@ -234,8 +227,7 @@ TEST(PrepareDataCli, BadInputsExitWithStatus2AndAMessage) {
       {{"--tokenizer", "bytes", "a.txt", "-o", "o.bin", "--format", "html"}, "--format 'html'"},
       {{"--tokenizer", "bytes", "a.txt", "-o", "o.bin", "--val-output", "v.bin"}, "--val-fraction is 0"},
       {{"--tokenizer", "bytes", "a.txt", "-o", "o.bin", "--val-fraction", "0.5"}, "at least 2 documents"},
-      {{"--tokenizer", "bytes", "a.txt", "b.txt", "-o", "o.bin", "--val-output", "o.bin", "--val-fraction", "0.5"},
-       "same file"},
+      {{"--tokenizer", "bytes", "a.txt", "b.txt", "-o", "o.bin", "--val-output", "o.bin", "--val-fraction", "0.5"}, "same file"},
       {{"--tokenizer", "bytes", "--format", "brown", ".", "-o", "o.bin"}, "corpus"},
   };
   for (const Case& c : cases) {
@@ -260,15 +252,13 @@ TEST(PrepareDataCli, Gpt2TokenizerFromTheCacheDir) {
   }
   TempDir dir;
   write_file(dir / "hello.txt", "Hello world");
-  const RunResult r = run_dstrain(
-      {"prepare-data", "--tokenizer", "gpt2", "--cache-dir", cache.string(), "hello.txt", "-o", "h.bin"}, dir.path());
+  const RunResult r = run_dstrain({"prepare-data", "--tokenizer", "gpt2", "--cache-dir", cache.string(), "hello.txt", "-o", "h.bin"}, dir.path());
   ASSERT_EQ(r.status, 0) << r.err;
   // GPT-2's well-known encoding of "Hello world": "Hello" 15496, " world" 995; eot 50256.
   EXPECT_THAT(tokens_of(dir / "h.bin"), ElementsAre(50256, 15496, 995));
 
-  const RunResult missing = run_dstrain(
-      {"prepare-data", "--tokenizer", "gpt2", "--cache-dir", (dir / "nowhere").string(), "hello.txt", "-o", "m.bin"},
-      dir.path());
+  const RunResult missing =
+      run_dstrain({"prepare-data", "--tokenizer", "gpt2", "--cache-dir", (dir / "nowhere").string(), "hello.txt", "-o", "m.bin"}, dir.path());
   EXPECT_EQ(missing.status, 2);
   EXPECT_THAT(missing.err, HasSubstr("nowhere"));
 }

@@ -98,7 +98,8 @@ TEST_F(TrainCli, LlamaFamilyTrainsSavesAndReloads) {
   ASSERT_TRUE(fs::exists(dir_ / "llama_w" / "model.safetensors"));
   const std::string header = read_file_text(dir_ / "llama_w" / "model.safetensors").substr(8, 4000);
   EXPECT_NE(header.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos);
-  const CliResult c = run_dstrain(llama + " --steps 0 --init-from " + q(dir_ / "llama_w" / "model.safetensors") + " --summary-json " + q(dir_ / "lc.json"));
+  const CliResult c =
+      run_dstrain(llama + " --steps 0 --init-from " + q(dir_ / "llama_w" / "model.safetensors") + " --summary-json " + q(dir_ / "lc.json"));
   ASSERT_EQ(c.exit_code, 0) << c.err;
   EXPECT_EQ(summary(dir_ / "lc.json")["final_val_loss"], s["final_val_loss"]);
 
@@ -151,8 +152,8 @@ TEST_F(TrainCli, BadInputsExit2NamingTheCause) {
   EXPECT_NE(foo.err.find("FooBar"), std::string::npos) << foo.err;
 
   // The vocabulary of --tokenizer gpt2 does not fit a 256-token model.
-  const CliResult vocab = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer gpt2 --data " +
-                                      q(dir_ / "t_train.bin"));
+  const CliResult vocab = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") +
+                                      " --model gpt2:L2-C32-H2-V256-T32 --tokenizer gpt2 --data " + q(dir_ / "t_train.bin"));
   EXPECT_EQ(vocab.exit_code, 2);
   EXPECT_NE(vocab.err.find("--tokenizer gpt2"), std::string::npos) << vocab.err;
 
@@ -168,8 +169,8 @@ TEST_F(TrainCli, BadInputsExit2NamingTheCause) {
                                    q(dir_ / "tok300" / "tokenizer.json") + " --data " + q(dir_ / "t_train.bin"));
   EXPECT_EQ(hf.exit_code, 2);
   EXPECT_NE(hf.err.find("has 300 tokens but the model"), std::string::npos) << hf.err;
-  const CliResult unknown = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer words --data " +
-                                        q(dir_ / "t_train.bin"));
+  const CliResult unknown = run_dstrain("train --deepspeed-config " + q(dir_ / "ds.json") +
+                                        " --model gpt2:L2-C32-H2-V256-T32 --tokenizer words --data " + q(dir_ / "t_train.bin"));
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.err.find("'words' is not one of gpt2, bytes"), std::string::npos) << unknown.err;
 }
@@ -244,7 +245,9 @@ std::vector<std::string> tfrecords(const std::string& bytes) {
   std::vector<std::string> out;
   std::size_t at = 0;
   const auto u = reinterpret_cast<const unsigned char*>(bytes.data());
-  const auto le32 = [&](std::size_t i) { return std::uint32_t(u[i]) | std::uint32_t(u[i + 1]) << 8 | std::uint32_t(u[i + 2]) << 16 | std::uint32_t(u[i + 3]) << 24; };
+  const auto le32 = [&](std::size_t i) {
+    return std::uint32_t(u[i]) | std::uint32_t(u[i + 1]) << 8 | std::uint32_t(u[i + 2]) << 16 | std::uint32_t(u[i + 3]) << 24;
+  };
   while (at < bytes.size()) {
     EXPECT_LE(at + 12, bytes.size());
     if (at + 12 > bytes.size()) break;
@@ -300,7 +303,8 @@ TEST_F(TrainCli, Fp16InjectedOverflowsAreSkippedAndMonitored) {
   std::ofstream(dir_ / "fp16.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
       "fp16": {"enabled": true, "initial_scale_power": 8},
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
-      "csv_monitor": {"enabled": true, "output_path": ")" + runs.string() + R"(", "job_name": "job"}})";
+      "csv_monitor": {"enabled": true, "output_path": ")" +
+                                           runs.string() + R"(", "job_name": "job"}})";
   const CliResult a = run_dstrain(train_args("fp16.json") + " --steps 6 --seed 3 --inject-overflow 3,4 --summary-json " + q(dir_ / "fp16.out"));
   ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
   const std::string all = a.out + a.err;
@@ -327,7 +331,8 @@ TEST_F(TrainCli, Fp16InjectedOverflowsAreSkippedAndMonitored) {
   fs::remove_all(runs);
   std::ofstream(dir_ / "bf16.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 5,
       "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
-      "csv_monitor": {"enabled": true, "output_path": ")" + runs.string() + R"(", "job_name": "job"}})";
+      "csv_monitor": {"enabled": true, "output_path": ")" +
+                                           runs.string() + R"(", "job_name": "job"}})";
   const CliResult b = run_dstrain(train_args("bf16.json") + " --steps 10 --seed 3 --summary-json " + q(dir_ / "bf16.out"));
   ASSERT_EQ(b.exit_code, 0) << b.err << b.out;
   const nlohmann::json sb = summary(dir_ / "bf16.out");
@@ -343,13 +348,17 @@ TEST_F(TrainCli, SchedulerMonitorsTimersAndSamples) {
   fs::remove_all(runs);
   std::ofstream(dir_ / "mon.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 5,
       "wall_clock_breakdown": true,
-      "flops_profiler": {"enabled": true, "profile_step": 3, "output_file": ")" + (dir_ / "profile.txt").string() + R"("},
+      "flops_profiler": {"enabled": true, "profile_step": 3, "output_file": ")" +
+                                          (dir_ / "profile.txt").string() + R"("},
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
       "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto",
                     "warmup_min_lr": 0, "warmup_max_lr": 1e-2, "warmup_type": "linear"}},
-      "csv_monitor": {"enabled": true, "output_path": ")" + runs.string() + R"(", "job_name": "job"},
-      "tensorboard": {"enabled": true, "output_path": ")" + runs.string() + R"(", "job_name": "job"}})";
-  const std::string args = train_args("mon.json") + " --steps 12 --warmup-steps 4 --val-interval 6 --sample-tokens 16 --seed 3 --peak-flops 2e9 --summary-json ";
+      "csv_monitor": {"enabled": true, "output_path": ")" +
+                                          runs.string() + R"(", "job_name": "job"},
+      "tensorboard": {"enabled": true, "output_path": ")" +
+                                          runs.string() + R"(", "job_name": "job"}})";
+  const std::string args =
+      train_args("mon.json") + " --steps 12 --warmup-steps 4 --val-interval 6 --sample-tokens 16 --seed 3 --peak-flops 2e9 --summary-json ";
   const CliResult a = run_dstrain(args + q(dir_ / "mon.json.out"));
   ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
   const auto expected_lr = [](int k) {  // T = 12, W = 4, min 0, max 1e-2
@@ -392,7 +401,8 @@ TEST_F(TrainCli, SchedulerMonitorsTimersAndSamples) {
   const auto records = tfrecords(read_file_text(event_files[0]));
   ASSERT_EQ(records.size(), 1u + 12u * 7u);
   EXPECT_NE(records[0].find("brain.Event:2"), std::string::npos);
-  EXPECT_EQ(std::count_if(records.begin(), records.end(), [](const std::string& r) { return r.find("Train/Samples/train_loss") != std::string::npos; }),
+  EXPECT_EQ(std::count_if(records.begin(), records.end(),
+                          [](const std::string& r) { return r.find("Train/Samples/train_loss") != std::string::npos; }),
             12);
 
   // wall_clock_breakdown: DeepSpeed's timer line at each progress line.
@@ -435,7 +445,7 @@ TEST_F(TrainCli, MonitoringExampleConfigRuns) {
   std::ofstream(dir_ / "monitoring.json") << text;
   const CliResult r = run_dstrain(train_args("monitoring.json") + " --steps 3 --sample-tokens 8 --peak-flops 1e11");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
-  EXPECT_NE(r.out.find("MA "), std::string::npos) << r.out;           // memory_breakdown
+  EXPECT_NE(r.out.find("MA "), std::string::npos) << r.out;  // memory_breakdown
   EXPECT_NE(r.out.find("Max_MA "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("time (ms) | fwd: "), std::string::npos) << r.out;  // wall_clock_breakdown
   // flops_profiler: logged (stderr, as DeepSpeed's logger) at profile_step 2.

@@ -95,8 +95,8 @@ TEST_P(TrainMpiCli, ProcessesTrainBitIdenticallyToLocalRanks) {
   const fs::path w_mpi = dir / (name + "_mpi.safetensors"), w_local = dir / (name + "_local.safetensors");
   const fs::path s_mpi = dir / (name + "_mpi.json"), s_local = dir / (name + "_local.json");
 
-  const CliResult local = run_dstrain(common + " --num-ranks " + std::to_string(c.processes) + " --save-weights " + q(w_local) +
-                                      " --summary-json " + q(s_local));
+  const CliResult local =
+      run_dstrain(common + " --num-ranks " + std::to_string(c.processes) + " --save-weights " + q(w_local) + " --summary-json " + q(s_local));
   ASSERT_EQ(local.exit_code, 0) << local.err << local.out;
   const CliResult mpi = run_dstrain(common + " --save-weights " + q(w_mpi) + " --summary-json " + q(s_mpi),
                                     std::string(DSTRAIN_MPIEXEC) + " " + std::to_string(c.processes));
@@ -212,8 +212,9 @@ TEST(TrainMpiCliCheckpoints, SaveOnOneWorldSizeResumeOnAnotherMatchesLocalRanks)
       const std::string tag = name + (mpi ? "_mpi" : "_local");
       const CliResult save = run(mpi, saving, " --steps 3 --save-dir " + q(dir / tag));
       ASSERT_EQ(save.exit_code, 0) << save.err << save.out;
-      const CliResult resume = run(mpi, resuming, " --steps 6 --resume " + q(dir / tag) + " --summary-json " + q(dir / (tag + ".json")) +
-                                                      " --save-weights " + q(dir / (tag + ".safetensors")));
+      const CliResult resume = run(mpi, resuming,
+                                   " --steps 6 --resume " + q(dir / tag) + " --summary-json " + q(dir / (tag + ".json")) + " --save-weights " +
+                                       q(dir / (tag + ".safetensors")));
       ASSERT_EQ(resume.exit_code, 0) << resume.err << resume.out;
       EXPECT_NE(resume.out.find("resumed from checkpoint"), std::string::npos) << resume.out;
     }

@@ -47,8 +47,8 @@ class TrainMultirankCli : public ::testing::Test {
     const fs::path p = dir_ / ("zero" + std::to_string(stage) + "_gas" + std::to_string(gas) + ".json");
     std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" << gas << R"(, "steps_per_print": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-      "zero_optimization": {"stage": )" << stage
-                     << R"(, "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": true}})";
+      "zero_optimization": {"stage": )"
+                     << stage << R"(, "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": true}})";
     return p;
   }
 
@@ -93,7 +93,8 @@ TEST_F(TrainMultirankCli, TwoRanksTrainLikeOneRankWithTheSameGlobalBatch) {
       extra = " --save-weights ";
       extra += q(weights);
     }
-    const CliResult two = run_dstrain(train_args(config(stage, 2), "2") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(json) + extra);
+    const CliResult two =
+        run_dstrain(train_args(config(stage, 2), "2") + " --steps " + std::to_string(kSteps) + " --summary-json " + q(json) + extra);
     ASSERT_EQ(two.exit_code, 0) << two.err << two.out;
     EXPECT_NE(two.out.find("train_batch_size 8 = micro-batch 2 x gradient_accumulation_steps 2 x world size 2"), std::string::npos) << two.out;
     EXPECT_NE(two.out.find("zero: stage " + std::to_string(stage) + " on 2 ranks"), std::string::npos) << two.out;
@@ -145,7 +146,8 @@ TEST_F(TrainMultirankCli, SummaryJsonReportsEveryRanksZeroState) {
     for (int i = 0; i < 2; ++i) {
       const nlohmann::json& rk = z["ranks"][static_cast<std::size_t>(i)];
       EXPECT_EQ(rk["rank"], i);
-      for (const char* key : {"param_bytes", "grad_bytes", "optimizer_bytes", "peak_bytes", "padded_param_elements", "peak_gathered_param_elements"}) {
+      for (const char* key :
+           {"param_bytes", "grad_bytes", "optimizer_bytes", "peak_bytes", "padded_param_elements", "peak_gathered_param_elements"}) {
         EXPECT_TRUE(rk.contains(key)) << key;
       }
       for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"}) {

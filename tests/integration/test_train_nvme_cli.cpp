@@ -37,13 +37,14 @@ class TrainNvmeCli : public ::testing::Test {
 
   static void write_config(const std::string& name, const std::string& offload) {
     std::ofstream(dir_ / name) << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 1,
-      "zero_optimization": {"stage": 3, "sub_group_size": 2000, "offload_optimizer": {)" + offload + R"(}},
+      "zero_optimization": {"stage": 3, "sub_group_size": 2000, "offload_optimizer": {)" +
+                                      offload + R"(}},
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
   }
   static std::string q(const fs::path& p) { return shell_quote(p.string()); }
   static std::string train_args(const std::string& config, const std::string& summary) {
-    return "train --deepspeed_config " + q(dir_ / config) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " +
-           q(dir_ / "t_train.bin") + " --steps 6 --seed 5 --summary-json " + q(dir_ / summary);
+    return "train --deepspeed_config " + q(dir_ / config) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
+           " --steps 6 --seed 5 --summary-json " + q(dir_ / summary);
   }
   static fs::path dir_;
 };
@@ -120,7 +121,8 @@ TEST_F(TrainNvmeCli, TheSummaryReportsBytesHeldAndMovedPerStep) {
 TEST_F(TrainNvmeCli, TheSummaryReportsTheParameterSwapFileUnderNvmeParams) {
   std::ofstream(dir_ / "param.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 1,
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-        "offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": )" + nlohmann::json((dir_ / "nvme").string()).dump() + R"(}},
+        "offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": )" +
+                                            nlohmann::json((dir_ / "nvme").string()).dump() + R"(}},
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
   const CliResult r = run_dstrain(train_args("param.json", "param.json.out"));
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -26,8 +26,8 @@ std::string csv_field(std::string_view field) {
 }
 
 [[noreturn]] void fail_write(const std::filesystem::path& path, int err) {
-  fail("csv_monitor: cannot write to '{}': {}; free space on that disk or point csv_monitor.output_path elsewhere",
-       path.string(), std::strerror(err));
+  fail("csv_monitor: cannot write to '{}': {}; free space on that disk or point csv_monitor.output_path elsewhere", path.string(),
+       std::strerror(err));
 }
 
 }  // namespace
@@ -44,9 +44,7 @@ std::string csv_header_name(std::string_view metric_name) {
   return std::string(slash == std::string_view::npos ? metric_name : metric_name.substr(slash + 1));
 }
 
-std::string csv_row(std::string_view first, std::string_view second) {
-  return csv_field(first) + "," + csv_field(second) + "\r\n";
-}
+std::string csv_row(std::string_view first, std::string_view second) { return csv_field(first) + "," + csv_field(second) + "\r\n"; }
 
 CsvMonitor::CsvMonitor(const config::CsvMonitorConfig& cfg) : log_dir_(make_monitor_log_dir("csv_monitor", cfg)) {}
 
@@ -54,9 +52,7 @@ CsvMonitor::~CsvMonitor() {
   for (auto& [stem, file] : files_) std::fclose(file);
 }
 
-std::filesystem::path CsvMonitor::file_path(std::string_view metric_name) const {
-  return log_dir_ / (csv_file_stem(metric_name) + ".csv");
-}
+std::filesystem::path CsvMonitor::file_path(std::string_view metric_name) const { return log_dir_ / (csv_file_stem(metric_name) + ".csv"); }
 
 std::FILE* CsvMonitor::open_metric(const std::string& stem, std::string_view metric_name) {
   if (auto it = files_.find(stem); it != files_.end()) return it->second;
@@ -64,8 +60,7 @@ std::FILE* CsvMonitor::open_metric(const std::string& stem, std::string_view met
   std::FILE* f = std::fopen(path.c_str(), "ab");
   if (f == nullptr) {
     const int err = errno;
-    fail("csv_monitor: cannot open '{}': {}; set csv_monitor.output_path to a writable folder", path.string(),
-         std::strerror(err));
+    fail("csv_monitor: cannot open '{}': {}; set csv_monitor.output_path to a writable folder", path.string(), std::strerror(err));
   }
   files_.emplace(stem, f);
   const std::string header = csv_row("step", csv_header_name(metric_name));

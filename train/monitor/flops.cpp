@@ -17,9 +17,7 @@
 namespace dstrain {
 namespace {
 
-std::string percent(double part, double total) {
-  return python_format_g(total != 0 ? python_round(100.0 * part / total, 2) : 0.0);
-}
+std::string percent(double part, double total) { return python_format_g(total != 0 ? python_round(100.0 * part / total, 2) : 0.0); }
 
 // DeepSpeed's number_to_string with the unit picked by magnitude.
 std::string number_with_units(double num) {
@@ -43,9 +41,7 @@ std::string number_with_units(double num) {
   return fmt::format("{} {}", python_format_g(python_round(num / magnitude, 2)), units);
 }
 
-std::string line(std::string_view label, std::string_view value) {
-  return fmt::format("{:<70}  {:<8}\n", label, value);
-}
+std::string line(std::string_view label, std::string_view value) { return fmt::format("{:<70}  {:<8}\n", label, value); }
 
 // Python's repr of a {str: str} dict.
 std::string py_dict(const std::vector<std::pair<std::string, std::string>>& items) {
@@ -62,8 +58,7 @@ struct TypeTotals {
   std::size_t first_seen = 0;  // Python dicts keep insertion order; sorted() is stable
 };
 
-void walk(const ModuleFlops& m, std::size_t depth, std::vector<std::map<std::string, TypeTotals>>& info,
-          std::size_t& order) {
+void walk(const ModuleFlops& m, std::size_t depth, std::vector<std::map<std::string, TypeTotals>>& info, std::size_t& order) {
   if (info.size() <= depth) info.resize(depth + 1);
   auto [it, inserted] = info[depth].try_emplace(m.type);
   if (inserted) it->second.first_seen = order++;
@@ -72,14 +67,11 @@ void walk(const ModuleFlops& m, std::size_t depth, std::vector<std::map<std::str
   for (const auto& c : m.children) walk(c, depth + 1, info, order);
 }
 
-void print_tree(const ModuleFlops& m, const ModuleFlops& total, const std::string& indent, const std::string& label,
-                std::string& out) {
+void print_tree(const ModuleFlops& m, const ModuleFlops& total, const std::string& indent, const std::string& label, std::string& out) {
   std::string repr =
       fmt::format("{} = {}% Params, {} = {}% MACs, {}flops = {}% flops", flops_params_to_string(m.params),
-                  percent(static_cast<double>(m.params), static_cast<double>(total.params)),
-                  flops_macs_to_string(static_cast<double>(m.macs)),
-                  percent(static_cast<double>(m.macs), static_cast<double>(total.macs)),
-                  flops_number_to_string(static_cast<double>(m.flops)),
+                  percent(static_cast<double>(m.params), static_cast<double>(total.params)), flops_macs_to_string(static_cast<double>(m.macs)),
+                  percent(static_cast<double>(m.macs), static_cast<double>(total.macs)), flops_number_to_string(static_cast<double>(m.flops)),
                   percent(static_cast<double>(m.flops), static_cast<double>(total.flops)));
   if (!m.note.empty()) repr += ", " + m.note;
   const std::string head = label.empty() ? m.type : fmt::format("({}): {}", label, m.type);
@@ -94,10 +86,8 @@ void print_tree(const ModuleFlops& m, const ModuleFlops& total, const std::strin
 
 }  // namespace
 
-double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels,
-                             std::int64_t seq_len) {
-  return 6.0 * static_cast<double>(num_parameters) +
-         6.0 * static_cast<double>(layers) * static_cast<double>(channels) * static_cast<double>(seq_len);
+double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels, std::int64_t seq_len) {
+  return 6.0 * static_cast<double>(num_parameters) + 6.0 * static_cast<double>(layers) * static_cast<double>(channels) * static_cast<double>(seq_len);
 }
 
 double mfu(double flops_per_token, double tokens_per_second, double peak_flops_per_second) {
@@ -141,8 +131,7 @@ std::string format_flops_profile(const FlopsProfileInput& in, const config::Flop
   out += line("model parallel size: ", std::to_string(in.model_parallel_size));
   out += line("batch size per GPU: ", std::to_string(in.micro_batch_per_gpu));
   out += line("params per GPU: ", flops_params_to_string(static_cast<double>(m.params)));
-  out +=
-      line("params of model = params per GPU * mp_size: ", flops_params_to_string(static_cast<double>(m.params) * mp));
+  out += line("params of model = params per GPU * mp_size: ", flops_params_to_string(static_cast<double>(m.params) * mp));
   out += line("fwd MACs per GPU: ", flops_macs_to_string(static_cast<double>(m.macs)));
   out += line("fwd flops per GPU: ", flops_number_to_string(flops));
   out += line("fwd flops of model = fwd flops per GPU * mp_size: ", flops_number_to_string(flops * mp));
@@ -154,18 +143,15 @@ std::string format_flops_profile(const FlopsProfileInput& in, const config::Flop
       const double bwd_factor = 2.0 + cfg.recompute_fwd_factor;
       const double bwd = *in.bwd_ms / 1000.0, step = *in.step_ms / 1000.0;
       out += line("bwd latency: ", flops_duration_to_string(bwd));
-      out +=
-          line(fmt::format("bwd FLOPS per GPU = {} * fwd flops per GPU / bwd latency: ", python_format_g(bwd_factor)),
-               flops_flops_to_string(bwd_factor * flops / bwd));
-      out += line(fmt::format("fwd+bwd FLOPS per GPU = {} * fwd flops per GPU / (fwd+bwd latency): ",
-                              python_format_g(bwd_factor + 1)),
+      out += line(fmt::format("bwd FLOPS per GPU = {} * fwd flops per GPU / bwd latency: ", python_format_g(bwd_factor)),
+                  flops_flops_to_string(bwd_factor * flops / bwd));
+      out += line(fmt::format("fwd+bwd FLOPS per GPU = {} * fwd flops per GPU / (fwd+bwd latency): ", python_format_g(bwd_factor + 1)),
                   flops_flops_to_string((bwd_factor + 1) * flops / (fwd + bwd)));
       out += line("step latency: ", flops_duration_to_string(step));
       const double iter = fwd + bwd + step;
       out += line("iter latency: ", flops_duration_to_string(iter));
-      out +=
-          line(fmt::format("FLOPS per GPU = {} * fwd flops per GPU / iter latency: ", python_format_g(bwd_factor + 1)),
-               flops_flops_to_string((bwd_factor + 1) * flops / iter));
+      out += line(fmt::format("FLOPS per GPU = {} * fwd flops per GPU / iter latency: ", python_format_g(bwd_factor + 1)),
+                  flops_flops_to_string((bwd_factor + 1) * flops / iter));
       const double samples_per_iter = static_cast<double>(in.micro_batch_per_gpu * in.world_size);
       out += line("samples/second: ", python_float_repr(python_round(samples_per_iter / iter, 2)));
     }
@@ -177,29 +163,21 @@ std::string format_flops_profile(const FlopsProfileInput& in, const config::Flop
   walk(m, 0, info, order);
   // DeepSpeed: depth = len(info) - 1 for -1, then `for d in range(depth)`.
   const std::int64_t depth = cfg.module_depth == -1 ? static_cast<std::int64_t>(info.size()) - 1 : cfg.module_depth;
-  out += fmt::format("Top {} modules in terms of params, MACs or fwd latency at different model depths:\n",
-                     cfg.top_modules);
+  out += fmt::format("Top {} modules in terms of params, MACs or fwd latency at different model depths:\n", cfg.top_modules);
   for (std::int64_t d = 0; d < depth && d < static_cast<std::int64_t>(info.size()); ++d) {
-    std::vector<std::pair<std::string, TypeTotals>> rows(info[static_cast<std::size_t>(d)].begin(),
-                                                         info[static_cast<std::size_t>(d)].end());
-    std::sort(rows.begin(), rows.end(),
-              [](const auto& a, const auto& b) { return a.second.first_seen < b.second.first_seen; });
-    const auto n =
-        static_cast<std::size_t>(std::clamp<std::int64_t>(cfg.top_modules, 0, static_cast<std::int64_t>(rows.size())));
+    std::vector<std::pair<std::string, TypeTotals>> rows(info[static_cast<std::size_t>(d)].begin(), info[static_cast<std::size_t>(d)].end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first_seen < b.second.first_seen; });
+    const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(cfg.top_modules, 0, static_cast<std::int64_t>(rows.size())));
     auto top_by = [&](auto key, auto to_string) {
       auto sorted = rows;
-      std::stable_sort(sorted.begin(), sorted.end(),
-                       [&](const auto& a, const auto& b) { return key(a.second) > key(b.second); });
+      std::stable_sort(sorted.begin(), sorted.end(), [&](const auto& a, const auto& b) { return key(a.second) > key(b.second); });
       std::vector<std::pair<std::string, std::string>> items;
-      for (std::size_t i = 0; i < n; ++i)
-        items.emplace_back(sorted[i].first, to_string(static_cast<double>(key(sorted[i].second))));
+      for (std::size_t i = 0; i < n; ++i) items.emplace_back(sorted[i].first, to_string(static_cast<double>(key(sorted[i].second))));
       return py_dict(items);
     };
     out += fmt::format("depth {}:\n", d);
-    out += fmt::format("    params      - {}\n",
-                       top_by([](const TypeTotals& t) { return t.params; }, flops_params_to_string));
-    out +=
-        fmt::format("    MACs        - {}\n", top_by([](const TypeTotals& t) { return t.macs; }, flops_macs_to_string));
+    out += fmt::format("    params      - {}\n", top_by([](const TypeTotals& t) { return t.params; }, flops_params_to_string));
+    out += fmt::format("    MACs        - {}\n", top_by([](const TypeTotals& t) { return t.macs; }, flops_macs_to_string));
   }
 
   if (cfg.detailed) {

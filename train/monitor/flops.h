@@ -21,8 +21,7 @@
 namespace dstrain {
 
 // llm.c / PaLM: 6·N + 6·L·C·T.
-double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels,
-                             std::int64_t seq_len);
+double model_flops_per_token(std::int64_t num_parameters, std::int64_t layers, std::int64_t channels, std::int64_t seq_len);
 
 // Model FLOPs utilisation: flops_per_token · tokens_per_second / peak_flops_per_second (per GPU
 // figures, or all GPUs' for both). Throws Error when the peak is <= 0.

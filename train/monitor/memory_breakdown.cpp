@@ -34,15 +34,13 @@ std::optional<HostMemory> read_host_memory() {
   return m;
 }
 
-std::string format_memory_breakdown(std::string_view message, const MemoryStats& stats,
-                                    const std::optional<HostMemory>& host) {
+std::string format_memory_breakdown(std::string_view message, const MemoryStats& stats, const std::optional<HostMemory>& host) {
   const MemoryCounter& t = stats.total;
   std::string out(message);
   // DeepSpeed's f-string continues over lines with a backslash, which keeps the next line's
   // 8-space indent: hence "GB" + 9 spaces between fields, and a trailing space.
-  out +=
-      fmt::format("\nMA {} GB         Max_MA {} GB         CA {} GB         Max_CA {} GB ", gb(t.current), gb(t.peak),
-                  gb(t.current), static_cast<long long>(std::nearbyint(static_cast<double>(t.peak) / kGiB)));
+  out += fmt::format("\nMA {} GB         Max_MA {} GB         CA {} GB         Max_CA {} GB ", gb(t.current), gb(t.peak), gb(t.current),
+                     static_cast<long long>(std::nearbyint(static_cast<double>(t.peak) / kGiB)));
   out += "\nMA by purpose:";
   const char* sep = " ";
   for (MemoryPurpose p : kAllMemoryPurposes) {
@@ -51,9 +49,8 @@ std::string format_memory_breakdown(std::string_view message, const MemoryStats&
   }
   if (host && host->total > 0) {
     const std::uint64_t used = host->total - std::min(host->available, host->total);
-    out += fmt::format(
-        "\nCPU Virtual Memory:  used = {} GB, percent = {}%", gb(used),
-        python_float_repr(python_round(100.0 * static_cast<double>(used) / static_cast<double>(host->total), 1)));
+    out += fmt::format("\nCPU Virtual Memory:  used = {} GB, percent = {}%", gb(used),
+                       python_float_repr(python_round(100.0 * static_cast<double>(used) / static_cast<double>(host->total), 1)));
   }
   return out;
 }

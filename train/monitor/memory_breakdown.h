@@ -32,7 +32,6 @@ struct HostMemory {
 std::optional<HostMemory> read_host_memory();
 
 // The lines above (without a trailing newline); the CPU line only when `host` is given.
-std::string format_memory_breakdown(std::string_view message, const MemoryStats& stats,
-                                    const std::optional<HostMemory>& host);
+std::string format_memory_breakdown(std::string_view message, const MemoryStats& stats, const std::optional<HostMemory>& host);
 
 }  // namespace dstrain

@@ -12,8 +12,8 @@
 namespace dstrain {
 
 std::filesystem::path make_monitor_log_dir(std::string_view section, const config::FileMonitorConfig& cfg) {
-  const std::filesystem::path dir = cfg.output_path.empty() ? std::filesystem::path(cfg.job_name)
-                                                            : std::filesystem::path(cfg.output_path) / cfg.job_name;
+  const std::filesystem::path dir =
+      cfg.output_path.empty() ? std::filesystem::path(cfg.job_name) : std::filesystem::path(cfg.output_path) / cfg.job_name;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {

@@ -5,11 +5,9 @@
 
 namespace dstrain {
 
-MonitorMaster::MonitorMaster(const config::DsConfig& cfg, int global_rank)
-    : MonitorMaster(cfg.tensorboard, cfg.csv_monitor, global_rank) {}
+MonitorMaster::MonitorMaster(const config::DsConfig& cfg, int global_rank) : MonitorMaster(cfg.tensorboard, cfg.csv_monitor, global_rank) {}
 
-MonitorMaster::MonitorMaster(const config::TensorboardConfig& tensorboard, const config::CsvMonitorConfig& csv,
-                             int global_rank) {
+MonitorMaster::MonitorMaster(const config::TensorboardConfig& tensorboard, const config::CsvMonitorConfig& csv, int global_rank) {
   if (global_rank != 0) return;  // DeepSpeed: monitors exist on rank 0 only
   if (tensorboard.enabled) monitors_.push_back(std::make_unique<TensorBoardMonitor>(tensorboard));
   if (csv.enabled) monitors_.push_back(std::make_unique<CsvMonitor>(csv));

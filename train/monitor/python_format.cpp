@@ -19,7 +19,7 @@ std::string python_float_repr(double value) {
   // we only re-lay them out by Python's rules.
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
-  (void)ec;  // 64 bytes always suffice for a double in scientific form
+  (void)ec;                                                        // 64 bytes always suffice for a double in scientific form
   std::string_view sci(buf, static_cast<std::size_t>(end - buf));  // "-1.2345e-05"
   std::string out;
   if (sci.front() == '-') {

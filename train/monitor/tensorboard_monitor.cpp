@@ -29,9 +29,7 @@ void put_varint(std::vector<std::byte>& out, std::uint64_t v) {
   }
   out.push_back(static_cast<std::byte>(v));
 }
-void put_tag(std::vector<std::byte>& out, int field, WireType type) {
-  put_varint(out, (static_cast<std::uint64_t>(field) << 3) | type);
-}
+void put_tag(std::vector<std::byte>& out, int field, WireType type) { put_varint(out, (static_cast<std::uint64_t>(field) << 3) | type); }
 template <typename T>
 void put_fixed(std::vector<std::byte>& out, T v) {
   // resize + memcpy rather than insert(p, p + n): GCC 12 warns falsely (-Wstringop-overflow) on
@@ -45,13 +43,9 @@ void put_bytes(std::vector<std::byte>& out, int field, std::span<const std::byte
   put_varint(out, bytes.size());
   out.insert(out.end(), bytes.begin(), bytes.end());
 }
-void put_string(std::vector<std::byte>& out, int field, std::string_view s) {
-  put_bytes(out, field, std::as_bytes(std::span(s.data(), s.size())));
-}
+void put_string(std::vector<std::byte>& out, int field, std::string_view s) { put_bytes(out, field, std::as_bytes(std::span(s.data(), s.size()))); }
 
-double unix_time_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_time_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string host_name() {
   char buf[256] = {};
@@ -104,16 +98,15 @@ std::vector<std::byte> frame_tfrecord(std::span<const std::byte> data) {
   return out;
 }
 
-TensorBoardMonitor::TensorBoardMonitor(const config::TensorboardConfig& cfg)
-    : log_dir_(make_monitor_log_dir("tensorboard", cfg)) {
+TensorBoardMonitor::TensorBoardMonitor(const config::TensorboardConfig& cfg) : log_dir_(make_monitor_log_dir("tensorboard", cfg)) {
   const double now = unix_time_now();
-  file_path_ = log_dir_ / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<long long>(now), host_name(),
-                                      ::getpid(), g_event_file_uid.fetch_add(1));
+  file_path_ = log_dir_ / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<long long>(now), host_name(), ::getpid(),
+                                      g_event_file_uid.fetch_add(1));
   file_ = std::fopen(file_path_.c_str(), "wbx");
   if (file_ == nullptr) {
     const int err = errno;
-    fail("tensorboard: cannot create the event file '{}': {}; set tensorboard.output_path to a writable folder",
-         file_path_.string(), std::strerror(err));
+    fail("tensorboard: cannot create the event file '{}': {}; set tensorboard.output_path to a writable folder", file_path_.string(),
+         std::strerror(err));
   }
   write_record(encode_file_version_event(now));
   flush();
@@ -124,8 +117,7 @@ TensorBoardMonitor::~TensorBoardMonitor() {
 }
 
 void TensorBoardMonitor::write_events(std::span<const MonitorEvent> events) {
-  for (const MonitorEvent& e : events)
-    write_record(encode_scalar_event(unix_time_now(), e.step, e.name, static_cast<float>(e.value)));
+  for (const MonitorEvent& e : events) write_record(encode_scalar_event(unix_time_now(), e.step, e.name, static_cast<float>(e.value)));
   flush();
 }
 
@@ -133,16 +125,16 @@ void TensorBoardMonitor::write_record(std::span<const std::byte> data) {
   const std::vector<std::byte> record = frame_tfrecord(data);
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size()) {
     const int err = errno;
-    fail("tensorboard: cannot write to '{}': {}; free space on that disk or point tensorboard.output_path elsewhere",
-         file_path_.string(), std::strerror(err));
+    fail("tensorboard: cannot write to '{}': {}; free space on that disk or point tensorboard.output_path elsewhere", file_path_.string(),
+         std::strerror(err));
   }
 }
 
 void TensorBoardMonitor::flush() {
   if (std::fflush(file_) != 0) {
     const int err = errno;
-    fail("tensorboard: cannot write to '{}': {}; free space on that disk or point tensorboard.output_path elsewhere",
-         file_path_.string(), std::strerror(err));
+    fail("tensorboard: cannot write to '{}': {}; free space on that disk or point tensorboard.output_path elsewhere", file_path_.string(),
+         std::strerror(err));
   }
 }
 

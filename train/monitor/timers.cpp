@@ -11,9 +11,7 @@
 
 namespace dstrain {
 
-double steady_clock_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double steady_clock_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 WallClockTimer::WallClockTimer(std::string name, TimerClock clock, std::function<void()> synchronize)
     : name_(std::move(name)), clock_(std::move(clock)), synchronize_(std::move(synchronize)) {}
@@ -54,8 +52,7 @@ double WallClockTimer::mean_ms() {
   // Python's round(n * 0.1): nearbyint rounds half to even in the default rounding mode.
   const auto k = static_cast<std::size_t>(std::nearbyint(static_cast<double>(n) * 0.1));
   if (2 * k >= n) return 0.0;  // numpy's mean of an empty slice is nan; never reached for n >= 1
-  return std::accumulate(sorted.begin() + static_cast<std::ptrdiff_t>(k), sorted.end() - static_cast<std::ptrdiff_t>(k),
-                         0.0) /
+  return std::accumulate(sorted.begin() + static_cast<std::ptrdiff_t>(k), sorted.end() - static_cast<std::ptrdiff_t>(k), 0.0) /
          static_cast<double>(n - 2 * k);
 }
 
@@ -64,13 +61,11 @@ void WallClockTimer::reset() {
   records_.clear();
 }
 
-Timers::Timers(TimerClock clock, std::function<void()> synchronize)
-    : clock_(std::move(clock)), synchronize_(std::move(synchronize)) {}
+Timers::Timers(TimerClock clock, std::function<void()> synchronize) : clock_(std::move(clock)), synchronize_(std::move(synchronize)) {}
 
 WallClockTimer& Timers::operator()(std::string_view name) {
   auto it = timers_.find(name);
-  if (it == timers_.end())
-    it = timers_.emplace(std::string(name), WallClockTimer(std::string(name), clock_, synchronize_)).first;
+  if (it == timers_.end()) it = timers_.emplace(std::string(name), WallClockTimer(std::string(name), clock_, synchronize_)).first;
   return it->second;
 }
 

@@ -38,10 +38,10 @@ inline constexpr std::string_view kStepMicroTimer = "step_microstep";
 inline constexpr std::string_view kStepGlobalTimer = "step";
 
 // engine.py's EngineTimers lists, in DeepSpeed's log order.
-inline constexpr std::array<std::string_view, 5> kMicroTimerNames = {
-    kForwardMicroTimer, kBackwardMicroTimer, kBackwardInnerMicroTimer, kBackwardReduceMicroTimer, kStepMicroTimer};
-inline constexpr std::array<std::string_view, 5> kGlobalTimerNames = {
-    kForwardGlobalTimer, kBackwardGlobalTimer, kBackwardInnerGlobalTimer, kBackwardReduceGlobalTimer, kStepGlobalTimer};
+inline constexpr std::array<std::string_view, 5> kMicroTimerNames = {kForwardMicroTimer, kBackwardMicroTimer, kBackwardInnerMicroTimer,
+                                                                     kBackwardReduceMicroTimer, kStepMicroTimer};
+inline constexpr std::array<std::string_view, 5> kGlobalTimerNames = {kForwardGlobalTimer, kBackwardGlobalTimer, kBackwardInnerGlobalTimer,
+                                                                      kBackwardReduceGlobalTimer, kStepGlobalTimer};
 
 // Milliseconds on some monotonic clock; tests substitute a fake one.
 using TimerClock = std::function<double()>;
@@ -49,8 +49,7 @@ double steady_clock_ms();
 
 class WallClockTimer {
  public:
-  explicit WallClockTimer(std::string name = {}, TimerClock clock = steady_clock_ms,
-                          std::function<void()> synchronize = {});
+  explicit WallClockTimer(std::string name = {}, TimerClock clock = steady_clock_ms, std::function<void()> synchronize = {});
 
   const std::string& name() const { return name_; }
 

@@ -10,8 +10,6 @@ std::vector<MonitorEvent> step_events(double lr, std::optional<double> loss_scal
   return events;
 }
 
-MonitorEvent train_loss_event(double loss, std::int64_t global_samples) {
-  return {std::string(kTrainLossEvent), loss, global_samples};
-}
+MonitorEvent train_loss_event(double loss, std::int64_t global_samples) { return {std::string(kTrainLossEvent), loss, global_samples}; }
 
 }  // namespace dstrain

@@ -27,9 +27,7 @@ inline std::string error_of(const std::string& text, std::int64_t world = 1, con
   return "<no error>";
 }
 
-inline bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+inline bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
 
 // The first warning at `path` whose message contains `text`, or nullptr.
 inline const Warning* find_warning(const DsConfig& c, const std::string& path, const std::string& text = "") {
@@ -40,8 +38,8 @@ inline const Warning* find_warning(const DsConfig& c, const std::string& path, c
 
 }  // namespace dstrain::config::testing
 
-#define EXPECT_ERROR(text, needle)                                                         \
-  do {                                                                                     \
-    const std::string msg_ = ::dstrain::config::testing::error_of(text);                   \
+#define EXPECT_ERROR(text, needle)                                                          \
+  do {                                                                                      \
+    const std::string msg_ = ::dstrain::config::testing::error_of(text);                    \
     EXPECT_TRUE(::dstrain::config::testing::contains(msg_, needle)) << "message: " << msg_; \
   } while (0)

@@ -52,8 +52,9 @@ TEST(AutoValues, MissingOptionNamesKeyAndOption) {
 
 TEST(AutoValues, StageAutoIsErrorNotSilentZero) {
   const std::string m = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})");
-  EXPECT_TRUE(contains(m, "zero_optimization.stage is \"auto\": nothing in dstrain derives it (DeepSpeed would "
-                          "silently use its default 0; HF Accelerate fills it from its zero_stage setting)"))
+  EXPECT_TRUE(contains(m,
+                       "zero_optimization.stage is \"auto\": nothing in dstrain derives it (DeepSpeed would "
+                       "silently use its default 0; HF Accelerate fills it from its zero_stage setting)"))
       << m;
   EXPECT_TRUE(contains(m, "0, 1, 2 or 3")) << m;
   // Accelerate configs: say where Accelerate would have taken the value.
@@ -118,8 +119,7 @@ TEST(AutoValues, ExplicitValueDifferingFromOptionIsWarned) {
   AutoValues a;
   a.train_micro_batch_size_per_gpu = 8;
   a.lr = 1e-3;
-  const DsConfig c = parse(R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})",
-                           1, a);
+  const DsConfig c = parse(R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})", 1, a);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);  // the config wins
   EXPECT_NE(testing::find_warning(c, "train_micro_batch_size_per_gpu", "--micro-batch-size gives 8"), nullptr);
   EXPECT_EQ(testing::find_warning(c, "optimizer.params.lr"), nullptr);  // same value: nothing to say

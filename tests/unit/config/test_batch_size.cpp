@@ -60,8 +60,7 @@ TEST(BatchSize, AssertionTrainBatchSize) {
 }
 
 TEST(BatchSize, AssertionMicroBatch) {
-  const std::string m =
-      error_of(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": -1, "gradient_accumulation_steps": 1})");
+  const std::string m = error_of(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": -1, "gradient_accumulation_steps": 1})");
   EXPECT_TRUE(contains(m, "Micro batch size per gpu: -1 has to be greater than 0")) << m;
   // TBS smaller than the world size: MBS = 1 // 2 = 0.
   const std::string inferred = error_of(R"({"train_batch_size": 1})", 2);
@@ -72,8 +71,7 @@ TEST(BatchSize, AssertionMicroBatch) {
 }
 
 TEST(BatchSize, AssertionGradientAccumulation) {
-  const std::string m =
-      error_of(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 0})");
+  const std::string m = error_of(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 0})");
   EXPECT_TRUE(contains(m, "Gradient accumulation steps: 0 has to be greater than 0")) << m;
   // Inferred: GAS = (4 // 8) // 1 = 0.
   const std::string inferred = error_of(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 8})");
@@ -83,15 +81,15 @@ TEST(BatchSize, AssertionGradientAccumulation) {
 TEST(BatchSize, AssertionProductWithFloorDivision) {
   // docs/batch.md §2's example: TBS=32, MBS=3, world=2 -> GAS=5 -> "32 != 3 * 5 * 2".
   const std::string m = error_of(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})", 2);
-  EXPECT_TRUE(contains(m, "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
-                          "gradient_acc_step * world_size 32 != 3 * 5 * 2"))
+  EXPECT_TRUE(contains(m,
+                       "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+                       "gradient_acc_step * world_size 32 != 3 * 5 * 2"))
       << m;
   EXPECT_TRUE(contains(m, "set train_batch_size to 30")) << m;
 }
 
 TEST(BatchSize, ProductMismatchSuggestsAccumulationSteps) {
-  const std::string m = error_of(
-      R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})", 2);
+  const std::string m = error_of(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})", 2);
   EXPECT_TRUE(contains(m, "64 != 4 * 4 * 2")) << m;
   EXPECT_TRUE(contains(m, "gradient_accumulation_steps to 8")) << m;
   EXPECT_TRUE(contains(m, "train_micro_batch_size_per_gpu to 8")) << m;

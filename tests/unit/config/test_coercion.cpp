@@ -12,9 +12,7 @@ using testing::error_of;
 using testing::find_warning;
 using testing::parse;
 
-std::string zero(const std::string& body) {
-  return R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {)" + body + "}}";
-}
+std::string zero(const std::string& body) { return R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {)" + body + "}}"; }
 
 TEST(Coercion, IntegerFieldAcceptsIntegralFloat) {
   EXPECT_EQ(parse(zero(R"("reduce_bucket_size": 5e8)")).zero_optimization.reduce_bucket_size, 500000000);
@@ -29,9 +27,7 @@ TEST(Coercion, IntegerFieldRejectsFractionalFloat) {
   EXPECT_TRUE(contains(m, "integer")) << m;
 }
 
-TEST(Coercion, IntegerFieldAcceptsDigitString) {
-  EXPECT_EQ(parse(zero(R"("reduce_bucket_size": "500")")).zero_optimization.reduce_bucket_size, 500);
-}
+TEST(Coercion, IntegerFieldAcceptsDigitString) { EXPECT_EQ(parse(zero(R"("reduce_bucket_size": "500")")).zero_optimization.reduce_bucket_size, 500); }
 
 TEST(Coercion, IntegerFieldRejectsExponentString) {
   const std::string m = error_of(zero(R"("reduce_bucket_size": "5e8")"));
@@ -51,9 +47,7 @@ TEST(Coercion, IntegerFieldNullIsErrorUnlessOptional) {
   EXPECT_TRUE(parse(zero(R"("stage": 3, "overlap_comm": null)")).zero_optimization.overlap_comm);
 }
 
-TEST(Coercion, IntegerFieldTrueIsOne) {
-  EXPECT_EQ(parse(zero(R"("reduce_bucket_size": true)")).zero_optimization.reduce_bucket_size, 1);
-}
+TEST(Coercion, IntegerFieldTrueIsOne) { EXPECT_EQ(parse(zero(R"("reduce_bucket_size": true)")).zero_optimization.reduce_bucket_size, 1); }
 
 TEST(Coercion, BoolFieldTruthyInputs) {
   for (const char* v : {R"("true")", R"("yes")", R"("on")", R"("1")", "1", "true"}) {

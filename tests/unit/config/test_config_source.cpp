@@ -29,8 +29,8 @@ std::string encode_base64(std::string_view bytes, bool url_safe, bool pad) {
   std::string out;
   size_t i = 0;
   for (; i + 3 <= bytes.size(); i += 3) {
-    const unsigned v = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) | static_cast<unsigned char>(bytes[i + 2]);
+    const unsigned v =
+        (static_cast<unsigned char>(bytes[i]) << 16) | (static_cast<unsigned char>(bytes[i + 1]) << 8) | static_cast<unsigned char>(bytes[i + 2]);
     for (int k = 18; k >= 0; k -= 6) out += alphabet[(v >> k) & 63];
   }
   const size_t rest = bytes.size() - i;
@@ -50,8 +50,7 @@ class ConfigFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("dstrain_cfg_" + std::to_string(::getpid()) + "_" + info->name());
+    dir_ = fs::temp_directory_path() / ("dstrain_cfg_" + std::to_string(::getpid()) + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -171,13 +170,11 @@ TEST(ConfigArgument, JsonString) {
 }
 
 TEST(ConfigArgument, JsonStringIsCheckedForDuplicateKeys) {
-  EXPECT_THAT(error_of_argument(R"({"a": 1, "a": 2})"),
-              HasSubstr("<JSON string>:1:10: duplicate key \"a\" (also at line 1)"));
+  EXPECT_THAT(error_of_argument(R"({"a": 1, "a": 2})"), HasSubstr("<JSON string>:1:10: duplicate key \"a\" (also at line 1)"));
 }
 
 TEST(ConfigArgument, JsonStringSyntaxErrorHasLineAndColumn) {
-  EXPECT_EQ(error_of_argument(R"({"a" 1})"),
-            "<JSON string>:1:6: expected ':' after the key \"a\" but found '1'; write \"a\": value");
+  EXPECT_EQ(error_of_argument(R"({"a" 1})"), "<JSON string>:1:6: expected ':' after the key \"a\" but found '1'; write \"a\": value");
 }
 
 TEST(ConfigArgument, NeitherPathNorJsonNorBase64) {
@@ -189,10 +186,8 @@ TEST(ConfigArgument, NeitherPathNorJsonNorBase64) {
 
 TEST(ConfigArgument, Base64ThatDecodesToSomethingElse) {
   // Valid base64 by accident: a mistyped file name made only of base64 characters.
-  EXPECT_THAT(error_of_argument("dsconfig"),
-              HasSubstr("got 'dsconfig' (no file by that name exists, and its base64 decoding is not a config"));
-  EXPECT_THAT(error_of_argument(encode_base64("[1, 2]", true, true)),
-              HasSubstr("its base64 decoding is an array, not a JSON object"));
+  EXPECT_THAT(error_of_argument("dsconfig"), HasSubstr("got 'dsconfig' (no file by that name exists, and its base64 decoding is not a config"));
+  EXPECT_THAT(error_of_argument(encode_base64("[1, 2]", true, true)), HasSubstr("its base64 decoding is an array, not a JSON object"));
 }
 
 TEST(ConfigArgument, LongInputIsShortened) {

@@ -44,7 +44,7 @@ fs::path corpus_dir() {
 }
 
 struct IndexRow {
-  std::string folder;    // "", "fragments", "nonstrict", "nonstrict/unparseable", "shell_heredoc"
+  std::string folder;  // "", "fragments", "nonstrict", "nonstrict/unparseable", "shell_heredoc"
   std::string file;
   std::set<std::string> features;
   std::string ds_check;  // empty = DeepSpeed 0.19's validation passes
@@ -108,8 +108,7 @@ const std::map<std::string, std::string> kStricter = {
     // "auto" that nothing on dstrain's command line derives: DeepSpeed would silently use the
     // default (ZeRO off, no 16-bit gather, 1e9 live parameters); HF Accelerate fills these itself.
     {"accelerate__docs__source__usage_guides__deepspeed__2.json", "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
-    {"accelerate__examples__deepspeed_config_templates__zero_stage3_config.json",
-     "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+    {"accelerate__examples__deepspeed_config_templates__zero_stage3_config.json", "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
     {"accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json",
      "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
     {"accelerate__tests__deepspeed__ds_config_zero3.json", "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
@@ -126,16 +125,12 @@ const std::map<std::string, std::string> kStricter = {
 
 // Where dstrain is deliberately more lenient: DeepSpeed's check column flags the file, dstrain
 // accepts it with a warning naming the key (DeepSpeed too accepts these; it just ignores the key).
-bool lenient(const std::string& ds_check) {
-  return ds_check.rfind("ignored-top-level:", 0) == 0 || ds_check.rfind("aio-ignored:", 0) == 0;
-}
+bool lenient(const std::string& ds_check) { return ds_check.rfind("ignored-top-level:", 0) == 0 || ds_check.rfind("aio-ignored:", 0) == 0; }
 
 // A template placeholder ("train_batch_size": CONFIG_BATCH_SIZE) reads as a string in hjson.
 bool is_template(const IndexRow& r) { return r.file.find("TEMPLATE") != std::string::npos; }
 
-std::int64_t num(const Json& j, const char* key) {
-  return j.contains(key) && j.at(key).is_number_integer() ? j.at(key).get<std::int64_t>() : 0;
-}
+std::int64_t num(const Json& j, const char* key) { return j.contains(key) && j.at(key).is_number_integer() ? j.at(key).get<std::int64_t>() : 0; }
 
 struct Outcome {
   bool accepted = false;
@@ -159,8 +154,7 @@ Outcome run(const IndexRow& r) {
 
     // The world size the config was written for: the one that makes its own triple consistent.
     ConfigOptions options;
-    const std::int64_t tbs = num(j, "train_batch_size"), mbs = num(j, "train_micro_batch_size_per_gpu"),
-                       gas = num(j, "gradient_accumulation_steps");
+    const std::int64_t tbs = num(j, "train_batch_size"), mbs = num(j, "train_micro_batch_size_per_gpu"), gas = num(j, "gradient_accumulation_steps");
     if (tbs > 0 && mbs > 0 && gas > 0 && tbs % (mbs * gas) == 0) options.world_size = tbs / (mbs * gas);
     o.world = options.world_size;
 
@@ -290,8 +284,7 @@ TEST_F(Corpus, ResolvedValuesAgreeWithTheFeaturesColumn) {
       }
     }
     // The batch triple: consistent, and equal to every value the file itself gives.
-    const std::int64_t tbs = o.config.train_batch_size, mbs = o.config.train_micro_batch_size_per_gpu,
-                       gas = o.config.gradient_accumulation_steps;
+    const std::int64_t tbs = o.config.train_batch_size, mbs = o.config.train_micro_batch_size_per_gpu, gas = o.config.gradient_accumulation_steps;
     EXPECT_EQ(tbs, mbs * gas * o.config.data_parallel_world_size);
     for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
       if (o.raw.contains(key) && o.raw.at(key).is_number_integer()) {
@@ -304,8 +297,7 @@ TEST_F(Corpus, ResolvedValuesAgreeWithTheFeaturesColumn) {
   EXPECT_GT(stage_checks, 100);
   EXPECT_GT(precision_checks, 80);
   EXPECT_GT(offload_checks, 20);
-  std::printf("corpus: %d configs, %d stage, %d precision, %d offload spot checks\n", checked, stage_checks, precision_checks,
-              offload_checks);
+  std::printf("corpus: %d configs, %d stage, %d precision, %d offload spot checks\n", checked, stage_checks, precision_checks, offload_checks);
 }
 
 TEST_F(Corpus, UnparseableFilesFailWithLineAndColumn) {

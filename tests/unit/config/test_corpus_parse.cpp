@@ -36,11 +36,10 @@ fs::path corpus_dir() {
   return fs::path(DSTRAIN_SOURCE_DIR) / ".." / "shared" / "ds_configs";
 }
 
-#define REQUIRE_CORPUS(dir)                                                                  \
-  const fs::path dir = corpus_dir();                                                         \
-  if (!fs::is_directory(dir)) {                                                              \
-    GTEST_SKIP() << "corpus folder " << dir                                                  \
-                 << " not found (a user's clone has no ../shared); set DSTRAIN_DS_CONFIGS"; \
+#define REQUIRE_CORPUS(dir)                                                                                            \
+  const fs::path dir = corpus_dir();                                                                                   \
+  if (!fs::is_directory(dir)) {                                                                                        \
+    GTEST_SKIP() << "corpus folder " << dir << " not found (a user's clone has no ../shared); set DSTRAIN_DS_CONFIGS"; \
   }
 
 // The *.json files directly inside `dir`, sorted so failures read in a stable order.

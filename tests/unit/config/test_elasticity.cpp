@@ -82,11 +82,11 @@ TEST(Elasticity, BatchKeysOutsideElasticityAreRejectedUnlessIgnored) {
 
 TEST(Elasticity, ConfigValidation) {
   EXPECT_TRUE(contains(error_of(R"({"elasticity": {"enabled": true}})"), "Elasticity config missing max_train_batch_size"));
-  EXPECT_TRUE(contains(error_of(R"({"elasticity": {"enabled": true, "max_train_batch_size": 100}})"),
-                       "Elasticity config missing micro_batch_sizes"));
+  EXPECT_TRUE(contains(error_of(R"({"elasticity": {"enabled": true, "max_train_batch_size": 100}})"), "Elasticity config missing micro_batch_sizes"));
   for (const char* bad : {"[1, 4, -1, 2, -10]", "5", R"(["a", null, 0.5])", "[2, 0.5, 4]"}) {
     const std::string m = error_of(std::string(R"({"elasticity": {"enabled": true, "max_train_batch_size": 100,
-        "micro_batch_sizes": )") + bad + "}}");
+        "micro_batch_sizes": )") + bad +
+                                   "}}");
     EXPECT_TRUE(contains(m, "elasticity.micro_batch_sizes")) << bad << ": " << m;
   }
   EXPECT_TRUE(contains(error_of(R"({"elasticity": {"enabled": true, "max_train_batch_size": 100,

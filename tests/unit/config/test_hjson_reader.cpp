@@ -51,9 +51,7 @@ TEST(HjsonReader, StrictJsonGivesTheSameTreeAsNlohmann) {
   EXPECT_EQ(parse(text).dump(), Json::parse(text).dump());
 }
 
-TEST(HjsonReader, KeepsKeyOrderAsWritten) {
-  EXPECT_EQ(parse(R"({"z": 1, "a": 2, "m": 3})").dump(), R"({"z":1,"a":2,"m":3})");
-}
+TEST(HjsonReader, KeepsKeyOrderAsWritten) { EXPECT_EQ(parse(R"({"z": 1, "a": 2, "m": 3})").dump(), R"({"z":1,"a":2,"m":3})"); }
 
 // ---- comments ----
 
@@ -71,8 +69,7 @@ TEST(HjsonReader, HashSlashAndBlockComments) {
 }
 
 TEST(HjsonReader, CommentEndsANumberButNotAQuotelessString) {
-  EXPECT_TREE("{\n a: 5 # five\n b: hello # not a comment\n c: x // neither\n}",
-              R"({"a": 5, "b": "hello # not a comment", "c": "x // neither"})");
+  EXPECT_TREE("{\n a: 5 # five\n b: hello # not a comment\n c: x // neither\n}", R"({"a": 5, "b": "hello # not a comment", "c": "x // neither"})");
 }
 
 // ---- quoteless strings: they run to the end of the line ----
@@ -96,9 +93,10 @@ TEST(HjsonReader, LiteralOnlyWhenAloneBeforeATerminator) {
 }
 
 TEST(HjsonReader, ThingsThatLookLikeNumbersButAreStrings) {
-  EXPECT_TREE("{\n a: 01\n b: 1.\n c: .5\n d: 1e\n e: 0x10\n f: NaN\n g: -\n h: +1\n i: 1_000\n"
-              " j: Infinity\n k: 1 2\n}",
-              R"({"a": "01", "b": "1.", "c": ".5", "d": "1e", "e": "0x10", "f": "NaN", "g": "-",
+  EXPECT_TREE(
+      "{\n a: 01\n b: 1.\n c: .5\n d: 1e\n e: 0x10\n f: NaN\n g: -\n h: +1\n i: 1_000\n"
+      " j: Infinity\n k: 1 2\n}",
+      R"({"a": "01", "b": "1.", "c": ".5", "d": "1e", "e": "0x10", "f": "NaN", "g": "-",
                   "h": "+1", "i": "1_000", "j": "Infinity", "k": "1 2"})");
 }
 
@@ -108,8 +106,7 @@ TEST(HjsonReader, NumberBeforeACommaOnTheSameLineEndsThere) {
 }
 
 TEST(HjsonReader, LiteralsInArrays) {
-  EXPECT_TREE("{\n a: [1, true, null, -2.5]\n b: [\n  x y\n  3\n ]\n}",
-              R"({"a": [1, true, null, -2.5], "b": ["x y", 3]})");
+  EXPECT_TREE("{\n a: [1, true, null, -2.5]\n b: [\n  x y\n  3\n ]\n}", R"({"a": [1, true, null, -2.5], "b": ["x y", 3]})");
 }
 
 // ---- numbers ----
@@ -149,15 +146,13 @@ TEST(HjsonReader, OtherFloatsStayDoubles) {
 
 TEST(HjsonReader, UnderflowIsZeroAndOverflowIsAnError) {
   EXPECT_EQ(parse(R"({"a": 1e-400})").dump(), R"({"a":0})");  // float 0.0, then collapsed
-  EXPECT_EQ(error_of(R"({"a": 1e400})"),
-            "t.hjson:1:7: the number 1e400 is too large for a 64-bit float; write a smaller number");
+  EXPECT_EQ(error_of(R"({"a": 1e400})"), "t.hjson:1:7: the number 1e400 is too large for a 64-bit float; write a smaller number");
 }
 
 // ---- commas ----
 
 TEST(HjsonReader, CommasMayBeOmittedBetweenLinesAndTrail) {
-  EXPECT_TREE("{\n \"a\": 1\n \"b\": [1\n 2\n 3,\n ],\n \"c\": {\"d\": 4,},\n}",
-              R"({"a": 1, "b": [1, 2, 3], "c": {"d": 4}})");
+  EXPECT_TREE("{\n \"a\": 1\n \"b\": [1\n 2\n 3,\n ],\n \"c\": {\"d\": 4,},\n}", R"({"a": 1, "b": [1, 2, 3], "c": {"d": 4}})");
 }
 
 TEST(HjsonReader, QuotedValuesNeedNoCommaEvenOnOneLine) {
@@ -172,9 +167,7 @@ TEST(HjsonReader, UnquotedKeys) {
               R"({"zero_optimization": {"stage": 2}, "a-b.c$": 1, "spaced": 2, "quoted key": 3})");
 }
 
-TEST(HjsonReader, KeyMayBeFollowedByALineBreakBeforeTheColon) {
-  EXPECT_TREE("{\n abc\n : 1\n}", R"({"abc": 1})");
-}
+TEST(HjsonReader, KeyMayBeFollowedByALineBreakBeforeTheColon) { EXPECT_TREE("{\n abc\n : 1\n}", R"({"abc": 1})"); }
 
 // ---- single-quoted and multiline strings ----
 
@@ -197,9 +190,7 @@ TEST(HjsonReader, MultilineStringStripsIndentOfTheOpeningQuotes) {
   EXPECT_TREE(text, R"({"text": "first line\n  indented\nit's 'quoted' ''", "one": "single"})");
 }
 
-TEST(HjsonReader, MultilineStringDropsCarriageReturns) {
-  EXPECT_TREE("{\r\n  a: '''\r\n  x\r\n  y\r\n  '''\r\n}", R"({"a": "x\ny"})");
-}
+TEST(HjsonReader, MultilineStringDropsCarriageReturns) { EXPECT_TREE("{\r\n  a: '''\r\n  x\r\n  y\r\n  '''\r\n}", R"({"a": "x\ny"})"); }
 
 TEST(HjsonReader, MultilineIndentIsCountedInCharactersNotBytes) {
   // "é: " is 3 characters (4 bytes), so 3 of the 4 spaces are indentation.
@@ -223,9 +214,7 @@ TEST(HjsonReader, ASingleLineWithoutBracesIsASingleValue) {
   EXPECT_EQ(parse("[1, 2]").dump(), "[1,2]");
 }
 
-TEST(HjsonReader, ByteOrderMarkIsSkipped) {
-  EXPECT_TREE("\xEF\xBB\xBF{\"a\": 1}", R"({"a": 1})");
-}
+TEST(HjsonReader, ByteOrderMarkIsSkipped) { EXPECT_TREE("\xEF\xBB\xBF{\"a\": 1}", R"({"a": 1})"); }
 
 // ---- duplicate keys ----
 
@@ -237,16 +226,16 @@ TEST(HjsonReader, DuplicateKeyAtTopLevel) {
 
 TEST(HjsonReader, AllDuplicatesReportedWithTheirPaths) {
   const std::string text =
-      "{\n"                              // 1
-      "  \"a\": 1,\n"                    // 2
-      "  \"zero_optimization\": {\n"     // 3
-      "    \"stage\": 2,\n"              // 4
+      "{\n"                                                                    // 1
+      "  \"a\": 1,\n"                                                          // 2
+      "  \"zero_optimization\": {\n"                                           // 3
+      "    \"stage\": 2,\n"                                                    // 4
       "    \"offload_param\": {\"device\": \"cpu\", \"device\": \"nvme\"},\n"  // 5
-      "    \"stage\": 3\n"               // 6
-      "  },\n"                           // 7
-      "  \"list\": [{\"x\": 1, \"x\": 2}],\n"  // 8
-      "  \"a\": 2,\n"                    // 9
-      "  \"a\": 3\n"                     // 10
+      "    \"stage\": 3\n"                                                     // 6
+      "  },\n"                                                                 // 7
+      "  \"list\": [{\"x\": 1, \"x\": 2}],\n"                                  // 8
+      "  \"a\": 2,\n"                                                          // 9
+      "  \"a\": 3\n"                                                           // 10
       "}";
   EXPECT_EQ(error_of(text),
             "t.hjson:5:40: duplicate key \"device\" (also at line 5) in object at "
@@ -271,8 +260,7 @@ TEST(HjsonReader, WithoutTheCheckTheLastValueWinsAtTheFirstPosition) {
 // ---- syntax errors: line:column of the offending character ----
 
 TEST(HjsonReader, MissingColon) {
-  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\" 2}"),
-            "t.hjson:2:6: expected ':' after the key \"b\" but found '2'; write \"b\": value");
+  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\" 2}"), "t.hjson:2:6: expected ':' after the key \"b\" but found '2'; write \"b\": value");
   EXPECT_EQ(error_of("{\n  \"tag_validation\"=\"Warn\"\n}"),
             "t.hjson:2:19: expected ':' after the key \"tag_validation\" but found '='; write "
             "\"tag_validation\": value");
@@ -286,14 +274,12 @@ TEST(HjsonReader, StringErrors) {
   EXPECT_EQ(error_of("{\"a\": \"abc\n}"),
             "t.hjson:1:11: line break inside a quoted string (the string opens at line 1, column "
             "7); add the closing quote, write \\n for a line break, or use a '''multiline''' string");
-  EXPECT_EQ(error_of("{\"a\": \"x\ty\"}"),
-            "t.hjson:1:9: control character U+0009 inside a quoted string; write it as the escape \\t");
+  EXPECT_EQ(error_of("{\"a\": \"x\ty\"}"), "t.hjson:1:9: control character U+0009 inside a quoted string; write it as the escape \\t");
   EXPECT_EQ(error_of("{\"a\": \"abc"), "t.hjson:1:7: this string is never closed; add the closing \"");
   EXPECT_THAT(error_of(R"({"a": "x\q"})"), HasSubstr("t.hjson:1:9: invalid escape '\\q' in a string"));
   EXPECT_THAT(error_of(R"({"a": "\u12G4"})"), HasSubstr("t.hjson:1:8: invalid \\u escape"));
   EXPECT_THAT(error_of(R"({"a": "\ud83d"})"), HasSubstr("t.hjson:1:8: \\uD83D is half of a UTF-16 surrogate pair"));
-  EXPECT_EQ(error_of("{\n a: '''\n  never closed\n}"),
-            "t.hjson:2:5: this ''' multiline string is never closed; end it with '''");
+  EXPECT_EQ(error_of("{\n a: '''\n  never closed\n}"), "t.hjson:2:5: this ''' multiline string is never closed; end it with '''");
 }
 
 TEST(HjsonReader, StructureErrors) {
@@ -310,8 +296,7 @@ TEST(HjsonReader, StructureErrors) {
             "t.hjson:1:9: unexpected '}' after the end of the top-level value; remove it, or look "
             "for an extra '}' or ']' before it");
   EXPECT_THAT(error_of("{\"a\": 1,, \"b\": 2}"), HasSubstr("t.hjson:1:9: found ',' where a key name was expected"));
-  EXPECT_EQ(error_of("{: 1}"),
-            "t.hjson:1:2: found ':' with no key name before it; an empty key must be quoted: \"\": value");
+  EXPECT_EQ(error_of("{: 1}"), "t.hjson:1:2: found ':' with no key name before it; an empty key must be quoted: \"\": value");
 }
 
 TEST(HjsonReader, DocumentationPlaceholdersFailWhereHjsonPyFails) {
@@ -328,8 +313,7 @@ TEST(HjsonReader, DocumentationPlaceholdersFailWhereHjsonPyFails) {
 }
 
 TEST(HjsonReader, WhitespaceInsideAnUnquotedKey) {
-  EXPECT_THAT(error_of("{a b: 1}"),
-              HasSubstr("t.hjson:1:4: expected ':' after the key name \"a\" but found 'b'"));
+  EXPECT_THAT(error_of("{a b: 1}"), HasSubstr("t.hjson:1:4: expected ':' after the key name \"a\" but found 'b'"));
 }
 
 TEST(HjsonReader, EmptyInputAndCommentsOnly) {
@@ -342,8 +326,7 @@ TEST(HjsonReader, UnterminatedBlockComment) {
 }
 
 TEST(HjsonReader, InvalidUtf8) {
-  EXPECT_EQ(error_of("{\"a\": \"x\xFFy\"}"),
-            "t.hjson:1:9: byte 0xFF is not valid UTF-8; save the config as UTF-8 text");
+  EXPECT_EQ(error_of("{\"a\": \"x\xFFy\"}"), "t.hjson:1:9: byte 0xFF is not valid UTF-8; save the config as UTF-8 text");
 }
 
 TEST(HjsonReader, NestingDepthIsBounded) {

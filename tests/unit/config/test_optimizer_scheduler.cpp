@@ -60,22 +60,21 @@ TEST(Optimizer, UnknownParamListsValidOnes) {
   EXPECT_TRUE(contains(m, "optimizer.params.beta")) << m;
   EXPECT_TRUE(contains(m, "did you mean \"betas\"?")) << m;
   EXPECT_TRUE(contains(m, "valid parameters: lr, betas, eps, weight_decay")) << m;
-  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.9]}})")),
-                       "SGD does not take a parameter named \"betas\""));
+  EXPECT_TRUE(
+      contains(error_of(with(R"("optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.9]}})")), "SGD does not take a parameter named \"betas\""));
 }
 
 TEST(Optimizer, MaxGradNormPointsToGradientClipping) {
   const std::string m = error_of(with(R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})"));
-  EXPECT_TRUE(contains(m, "'max_grad_norm' is not supported as an optimizer parameter, please switch to using the "
-                          "deepspeed parameter 'gradient_clipping'"))
+  EXPECT_TRUE(contains(m,
+                       "'max_grad_norm' is not supported as an optimizer parameter, please switch to using the "
+                       "deepspeed parameter 'gradient_clipping'"))
       << m;
-  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}})")),
-                       "gradient_clipping"));
+  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}})")), "gradient_clipping"));
 }
 
 TEST(Optimizer, ValueChecks) {
-  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}})")),
-                       "optimizer.params.betas"));
+  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}})")), "optimizer.params.betas"));
   EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam", "params": {"amsgrad": true}})")), "AMSGrad"));
   EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "SGD", "params": {"nesterov": true}})")),
                        "Nesterov momentum requires a momentum and zero dampening"));
@@ -84,11 +83,14 @@ TEST(Optimizer, ValueChecks) {
 
 TEST(Optimizer, ZeroWhitelist) {
   const std::string m = error_of(with(R"("optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2})"));
-  EXPECT_TRUE(contains(m, "You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": "
-                          "true> in the configuration file to use it."))
+  EXPECT_TRUE(contains(m,
+                       "You are using an untested ZeRO Optimizer. Please add <\"zero_allow_untested_optimizer\": "
+                       "true> in the configuration file to use it."))
       << m;
   EXPECT_EQ(parse(with(R"("optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2},
-                         "zero_allow_untested_optimizer": true)")).zero_optimization.stage, 2);
+                         "zero_allow_untested_optimizer": true)"))
+                .zero_optimization.stage,
+            2);
   EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Lamb"}, "fp16": {"enabled": true, "loss_scale": 128})")),
                        "DeepSpeed lamb optimizer requires dynamic loss scaling"));
 }
@@ -170,7 +172,8 @@ TEST(Scheduler, WarmupDecayLRKeepsItsOwnMax) {
 
 TEST(Scheduler, WarmupCosineAndOneCycleAndRangeTestDefaults) {
   const auto cos = parse(with(R"("optimizer": {"type": "Adam"},
-      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100}})")).scheduler.params;
+      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100}})"))
+                       .scheduler.params;
   EXPECT_DOUBLE_EQ(cos.warmup_min_ratio, 0.0);
   EXPECT_DOUBLE_EQ(cos.cos_min_ratio, 0.0001);
   const auto one = parse(with(R"("optimizer": {"type": "Adam"},
@@ -207,8 +210,7 @@ TEST(Scheduler, WarmupNumStepsMustBePositiveInt) {
 TEST(Scheduler, NamesAndParams) {
   EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "warmuplr", "params": {}})")),
                        "DeepSpeed does not recognize LR scheduler warmuplr"));
-  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR"})")),
-                       "scheduler.params is missing"));
+  EXPECT_TRUE(contains(error_of(with(R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR"})")), "scheduler.params is missing"));
   const std::string m = error_of(with(R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR", "params": {"warmup_max": 1}})"));
   EXPECT_TRUE(contains(m, "did you mean \"warmup_max_lr\"?")) << m;
   const DsConfig torch = parse(with(R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "StepLR", "params": {"step_size": 10}})"));

@@ -44,10 +44,8 @@ TEST(Fp16Config, LossScaleValidation) {
 }
 
 TEST(Fp16Config, DynamicWindowAndMinScaleMustBePositive) {
-  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "loss_scale_window": 0})")),
-                       "fp16.loss_scale_window is 0"));
-  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "min_loss_scale": 0})")),
-                       "fp16.min_loss_scale is 0"));
+  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "loss_scale_window": 0})")), "fp16.loss_scale_window is 0"));
+  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "min_loss_scale": 0})")), "fp16.min_loss_scale is 0"));
   // Fractional min_loss_scale is rejected (integer field since v0.17.1).
   EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "min_loss_scale": 0.5})")), "fp16.min_loss_scale"));
   EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "min_loss_scale": 1e-4})")), "fp16.min_loss_scale"));
@@ -56,8 +54,8 @@ TEST(Fp16Config, DynamicWindowAndMinScaleMustBePositive) {
 }
 
 TEST(Fp16Config, MasterWeightsNeedZero) {
-  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})")),
-                       "requires zero_optimization.stage 1, 2 or 3"));
+  EXPECT_TRUE(
+      contains(error_of(with(R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})")), "requires zero_optimization.stage 1, 2 or 3"));
 }
 
 TEST(Bf16Config, DefaultsAndCheckGradOverflow) {
@@ -92,8 +90,7 @@ TEST(Bf16Config, LegacyBfloat16KeyUsedOnlyWithoutBf16) {
 TEST(Precision, Fp16AndBf16Exclusive) {
   const std::string m = error_of(with(R"("fp16": {"enabled": true}, "bf16": {"enabled": true})"));
   EXPECT_TRUE(contains(m, "bfloat16 and fp16 modes cannot be simultaneously enabled")) << m;
-  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true}, "bfloat16": {"enabled": true})")),
-                       "cannot be simultaneously enabled"));
+  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true}, "bfloat16": {"enabled": true})")), "cannot be simultaneously enabled"));
   EXPECT_EQ(parse(with(R"("fp16": {"enabled": true}, "bf16": {"enabled": false})")).precision(), Precision::fp16);
   EXPECT_EQ(parse(with(R"("bf16": {"enabled": true})")).precision(), Precision::bf16);
   EXPECT_EQ(parse(with(R"("fp16": {"enabled": false})")).precision(), Precision::fp32);
@@ -124,8 +121,7 @@ TEST(Precision, AmpIsWarnedAndIncompatible) {
   EXPECT_TRUE(contains(error_of(with(R"("amp": {"enabled": true}, "optimizer": {"type": "Adam"},
                                        "zero_optimization": {"stage": 1})")),
                        "Amp and ZeRO are not currently compatible"));
-  EXPECT_TRUE(contains(error_of(with(R"("amp": {"enabled": true}, "fp16": {"enabled": true})")),
-                       "NotImplementedError"));
+  EXPECT_TRUE(contains(error_of(with(R"("amp": {"enabled": true}, "fp16": {"enabled": true})")), "NotImplementedError"));
   EXPECT_EQ(find_warning(parse(with(R"("amp": {"enabled": false})")), "amp"), nullptr);
 }
 
@@ -135,8 +131,7 @@ TEST(Precision, TorchAutocast) {
   EXPECT_NE(find_warning(c, "torch_autocast", "does not provide"), nullptr);
   EXPECT_FALSE(parse(with(R"("torch_autocast": {})")).torch_autocast.dtype.has_value());
   EXPECT_TRUE(contains(error_of(with(R"("torch_autocast": {"dtype": "int8"})")), "torch_autocast.dtype"));
-  EXPECT_TRUE(contains(error_of(with(R"("torch_autocast": {"lower_precision_safe_modules": [1]})")),
-                       "lower_precision_safe_modules"));
+  EXPECT_TRUE(contains(error_of(with(R"("torch_autocast": {"lower_precision_safe_modules": [1]})")), "lower_precision_safe_modules"));
 }
 
 TEST(Precision, DataTypes) {
@@ -144,10 +139,8 @@ TEST(Precision, DataTypes) {
                                    "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"})"));
   EXPECT_EQ(c.data_types.grad_accum_dtype, "fp32");
   // No ZeRO + bf16 + fp32 accumulation: NotImplementedError since v0.18.5.
-  EXPECT_TRUE(contains(error_of(with(R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"})")),
-                       "NotImplementedError"));
-  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true}, "data_types": {"param_dtype": "bf16"})")),
-                       "data_types.param_dtype"));
+  EXPECT_TRUE(contains(error_of(with(R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"})")), "NotImplementedError"));
+  EXPECT_TRUE(contains(error_of(with(R"("fp16": {"enabled": true}, "data_types": {"param_dtype": "bf16"})")), "data_types.param_dtype"));
   EXPECT_TRUE(contains(error_of(with(R"("data_types": {"grad_accum_dtype": "fp8"})")), "data_types.grad_accum_dtype"));
 }
 

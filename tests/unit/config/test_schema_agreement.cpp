@@ -35,7 +35,8 @@ const Json* node_at(const Json& schema, const std::string& path) {
 std::set<std::string> type_set(const Json& prop) {
   std::set<std::string> out;
   if (!prop.contains("type")) return out;
-  if (prop["type"].is_string()) out.insert(prop["type"].get<std::string>());
+  if (prop["type"].is_string())
+    out.insert(prop["type"].get<std::string>());
   else
     for (const auto& t : prop["type"]) out.insert(t.get<std::string>());
   return out;
@@ -129,10 +130,8 @@ TEST(SchemaAgreement, EverySchemaKeyIsKnownToTheParser) {
     const Json& node = *node_at(schema, section.path);
     for (const auto& [key, prop] : node["properties"].items()) {
       const bool is_field = section.find(key) != nullptr;
-      const bool is_section =
-          section.path.empty() && std::find(sections.begin(), sections.end(), key) != sections.end();
-      EXPECT_TRUE(is_field || is_section) << "schema key unknown to the parser: "
-                                          << (section.path.empty() ? key : section.path + "." + key);
+      const bool is_section = section.path.empty() && std::find(sections.begin(), sections.end(), key) != sections.end();
+      EXPECT_TRUE(is_field || is_section) << "schema key unknown to the parser: " << (section.path.empty() ? key : section.path + "." + key);
       // Any described sub-object must be a section the parser has a table for.
       if (prop.is_object() && prop.contains("properties")) {
         const std::string path = section.path.empty() ? key : section.path + "." + key;

@@ -124,21 +124,18 @@ TEST(ActivationCheckpointing, DefaultsAndRules) {
             nullptr);
   EXPECT_EQ(parse(with(R"("activation_checkpointing": {"number_checkpoints": 4})")).activation_checkpointing.number_checkpoints, 4);
   const DsConfig typo = parse(with(R"("activation_checkpointing": {"partitioned_activations": true})"));
-  EXPECT_NE(find_warning(typo, "activation_checkpointing.partitioned_activations",
-                         "did you mean \"partition_activations\"?"),
-            nullptr);
+  EXPECT_NE(find_warning(typo, "activation_checkpointing.partitioned_activations", "did you mean \"partition_activations\"?"), nullptr);
 }
 
 TEST(Checkpoint, TagValidation) {
   EXPECT_EQ(parse(R"({"train_batch_size": 1})").checkpoint.tag_validation, TagValidation::warn);
   EXPECT_EQ(parse(with(R"("checkpoint": {"tag_validation": "fail"})")).checkpoint.tag_validation, TagValidation::fail);
-  EXPECT_EQ(parse(with(R"("checkpoint": {"tag_validation": "IGNORE"})")).checkpoint.tag_validation,
-            TagValidation::ignore);
+  EXPECT_EQ(parse(with(R"("checkpoint": {"tag_validation": "IGNORE"})")).checkpoint.tag_validation, TagValidation::ignore);
   EXPECT_TRUE(contains(error_of(with(R"("checkpoint": {"tag_validation": "strict"})")),
                        "Checkpoint config contains invalid tag_validation value of strict, expecting one of ['WARN', "
                        "'IGNORE', 'FAIL']"));
-  EXPECT_TRUE(contains(error_of(with(R"("checkpoint": {"parallel_write": {"pipeline_stage": "true"}})")),
-                       "checkpoint.parallel_write.pipeline_stage"));
+  EXPECT_TRUE(
+      contains(error_of(with(R"("checkpoint": {"parallel_write": {"pipeline_stage": "true"}})")), "checkpoint.parallel_write.pipeline_stage"));
   const CheckpointConfig d = parse(R"({"train_batch_size": 1})").checkpoint;
   EXPECT_FALSE(d.load_universal);
   EXPECT_FALSE(d.use_node_local_storage);
@@ -170,8 +167,7 @@ TEST(Monitors, DefaultsAndStrictness) {
 TEST(UnsupportedSections, WarnedNeverDropped) {
   const DsConfig c = parse(with(R"("pipeline": {"stages": "auto"}, "progressive_layer_drop": {"enabled": true},
                                    "sparse_attention": {"mode": "fixed"}, "curriculum_learning": {"enabled": false})"));
-  EXPECT_NE(find_warning(c, "pipeline", "dstrain does not provide pipeline parallelism; the `pipeline` section is ignored"),
-            nullptr);
+  EXPECT_NE(find_warning(c, "pipeline", "dstrain does not provide pipeline parallelism; the `pipeline` section is ignored"), nullptr);
   EXPECT_NE(find_warning(c, "progressive_layer_drop", "does not provide"), nullptr);
   EXPECT_NE(find_warning(c, "sparse_attention", "does not provide"), nullptr);
   EXPECT_EQ(find_warning(c, "curriculum_learning"), nullptr);  // disabled: nothing is lost
@@ -185,10 +181,8 @@ TEST(UnsupportedSections, DeepSpeedValidation) {
   EXPECT_TRUE(contains(error_of(with(R"("pipeline": {"pipe_partitioned": "yes"})")), "pipeline.pipe_partitioned"));
   EXPECT_NE(find_warning(parse(with(R"("datastates_ckpt": {})")), "datastates_ckpt"), nullptr);
   // hybrid_engine is pydantic-validated in DeepSpeed.
-  EXPECT_TRUE(contains(error_of(with(R"("hybrid_engine": {"enabled": false, "max_out_token": 512})")),
-                       "did you mean \"max_out_tokens\"?"));
-  EXPECT_NE(find_warning(parse(with(R"("hybrid_engine": {"enabled": true})")), "hybrid_engine", "does not provide"),
-            nullptr);
+  EXPECT_TRUE(contains(error_of(with(R"("hybrid_engine": {"enabled": false, "max_out_token": 512})")), "did you mean \"max_out_tokens\"?"));
+  EXPECT_NE(find_warning(parse(with(R"("hybrid_engine": {"enabled": true})")), "hybrid_engine", "does not provide"), nullptr);
   EXPECT_EQ(find_warning(parse(with(R"("datastates_ckpt": false)")), "datastates_ckpt"), nullptr);
 }
 

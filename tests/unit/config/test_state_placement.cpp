@@ -33,29 +33,26 @@ TEST(StatePlacement, DeepSpeedsStageRulesForOffload) {
   const std::string cpu_par = R"("offload_param": {"device": "cpu"})";
   const std::string nvme_par = R"("offload_param": {"device": "nvme", "nvme_path": "/tmp"})";
   const std::string rows_text[] = {
-      R"("stage": 0)", R"("stage": 2)",
-      R"("stage": 0, )" + cpu_opt,                         // ignored at stage 0
-      R"("stage": 1, )" + cpu_opt, R"("stage": 2, )" + nvme_opt,  // nvme acts as cpu below stage 3
+      R"("stage": 0)",
+      R"("stage": 2)",
+      R"("stage": 0, )" + cpu_opt,  // ignored at stage 0
+      R"("stage": 1, )" + cpu_opt,
+      R"("stage": 2, )" + nvme_opt,  // nvme acts as cpu below stage 3
       R"("stage": 3, )" + nvme_opt,
-      R"("stage": 2, )" + cpu_par,                         // param offload ignored below stage 3
-      R"("stage": 3, )" + cpu_par, R"("stage": 3, )" + nvme_par,
+      R"("stage": 2, )" + cpu_par,  // param offload ignored below stage 3
+      R"("stage": 3, )" + cpu_par,
+      R"("stage": 3, )" + nvme_par,
       R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.25, "pin_memory": false})",
       R"("stage": 3, "offload_param": {"device": "cpu", "pin_memory": false})",
       R"("stage": 1, "offload_param": {"device": "cpu", "pin_memory": false})",  // ignored: its pinning too
   };
   const Row rows[] = {
-      {"", false, D, D, 0.0, false, true, false, false, false},
-      {"", true, D, D, 0.0, true, true, false, false, false},   // fp16: masters apart
-      {"", false, D, D, 0.0, false, true, true, false, false},
-      {"", false, H, D, 1.0, true, true, false, false, false},
-      {"", false, H, D, 1.0, true, true, false, true, false},
-      {"", false, N, D, 1.0, true, true, false, false, false},
-      {"", false, D, D, 0.0, false, true, false, false, true},
-      {"", false, D, H, 0.0, true, true, false, false, false},
-      {"", false, D, N, 0.0, true, true, false, false, false},
-      {"", false, H, D, 0.25, true, false, false, false, false},
-      {"", false, D, H, 0.0, true, false, false, false, false},
-      {"", false, D, D, 0.0, false, true, false, false, true},
+      {"", false, D, D, 0.0, false, true, false, false, false}, {"", true, D, D, 0.0, true, true, false, false, false},  // fp16: masters apart
+      {"", false, D, D, 0.0, false, true, true, false, false},  {"", false, H, D, 1.0, true, true, false, false, false},
+      {"", false, H, D, 1.0, true, true, false, true, false},   {"", false, N, D, 1.0, true, true, false, false, false},
+      {"", false, D, D, 0.0, false, true, false, false, true},  {"", false, D, H, 0.0, true, true, false, false, false},
+      {"", false, D, N, 0.0, true, true, false, false, false},  {"", false, H, D, 0.25, true, false, false, false, false},
+      {"", false, D, H, 0.0, true, false, false, false, false}, {"", false, D, D, 0.0, false, true, false, false, true},
   };
   for (std::size_t i = 0; i < std::size(rows); ++i) {
     Row r = rows[i];

@@ -13,8 +13,7 @@ using testing::find_warning;
 using testing::parse;
 
 std::string zero(const std::string& body) {
-  return R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {}}, "zero_optimization": {)" +
-         body + "}}";
+  return R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {}}, "zero_optimization": {)" + body + "}}";
 }
 
 TEST(ZeroConfig, Defaults) {
@@ -115,9 +114,7 @@ TEST(ZeroConfig, DeprecatedCpuOffloadMapsToOffloadOptimizer) {
   ASSERT_TRUE(c.zero_optimization.offload_optimizer.has_value());
   EXPECT_EQ(c.zero_optimization.offload_optimizer->device, OffloadDevice::cpu);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer->pin_memory);  // other fields default
-  EXPECT_NE(find_warning(c, "zero_optimization.cpu_offload",
-                         "Config parameter cpu_offload is deprecated use offload_optimizer instead"),
-            nullptr);
+  EXPECT_NE(find_warning(c, "zero_optimization.cpu_offload", "Config parameter cpu_offload is deprecated use offload_optimizer instead"), nullptr);
   EXPECT_FALSE(c.to_json()["zero_optimization"].contains("cpu_offload"));
   EXPECT_EQ(c.to_json()["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   const DsConfig off = parse(zero(R"("stage": 2, "cpu_offload": false)"));
@@ -133,8 +130,9 @@ TEST(ZeroConfig, DeprecatedCpuOffloadParamMapsToOffloadParam) {
 
 TEST(ZeroConfig, DeprecatedWithReplacementIsErrorEvenIfFalse) {
   const std::string m = error_of(zero(R"("cpu_offload": false, "offload_optimizer": {"device": "cpu"})"));
-  EXPECT_TRUE(contains(m, "Cannot provide deprecated parameter 'cpu_offload' and replacing parameter "
-                          "'offload_optimizer' together"))
+  EXPECT_TRUE(contains(m,
+                       "Cannot provide deprecated parameter 'cpu_offload' and replacing parameter "
+                       "'offload_optimizer' together"))
       << m;
   EXPECT_TRUE(contains(error_of(zero(R"("stage": 3, "cpu_offload_param": false, "offload_param": {})")),
                        "'cpu_offload_param' and replacing parameter 'offload_param'"));
@@ -184,25 +182,21 @@ TEST(ZeroConfig, PartialOffloadNeedsStage3) {
   const std::string m = error_of(zero(R"("stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5})"));
   EXPECT_TRUE(contains(m, "Partial offloading only supported for ZeRO Stage 3.")) << m;
   EXPECT_TRUE(contains(m, "zero_optimization.offload_optimizer.ratio")) << m;
-  EXPECT_DOUBLE_EQ(parse(zero(R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5})"))
-                       .zero_optimization.offload_optimizer->ratio,
+  EXPECT_DOUBLE_EQ(parse(zero(R"("stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5})")).zero_optimization.offload_optimizer->ratio,
                    0.5);
 }
 
 TEST(ZeroConfig, NvmeNeedsPath) {
   EXPECT_TRUE(contains(error_of(zero(R"("stage": 3, "offload_param": {"device": "nvme"})")),
                        "zero_optimization.offload_param.device is \"nvme\" but nvme_path is not set"));
-  EXPECT_TRUE(contains(error_of(zero(R"("stage": 3, "offload_optimizer": {"device": "nvme"})")),
-                       "offload_optimizer.nvme_path"));
+  EXPECT_TRUE(contains(error_of(zero(R"("stage": 3, "offload_optimizer": {"device": "nvme"})")), "offload_optimizer.nvme_path"));
 }
 
 TEST(ZeroConfig, OffloadWarnings) {
   const DsConfig param_stage2 = parse(zero(R"("stage": 2, "offload_param": {"device": "cpu"})"));
   EXPECT_NE(find_warning(param_stage2, "zero_optimization.offload_param", "only acts at stage 3"), nullptr);
-  const DsConfig nvme_stage2 =
-      parse(zero(R"("stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"})"));
-  EXPECT_NE(find_warning(nvme_stage2, "zero_optimization.offload_optimizer.device", "behaves exactly like \"cpu\""),
-            nullptr);
+  const DsConfig nvme_stage2 = parse(zero(R"("stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"})"));
+  EXPECT_NE(find_warning(nvme_stage2, "zero_optimization.offload_optimizer.device", "behaves exactly like \"cpu\""), nullptr);
 }
 
 TEST(ZeroConfig, UnsupportedFeaturesWarn) {

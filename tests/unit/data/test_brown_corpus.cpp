@@ -48,8 +48,7 @@ TEST(BrownCorpus, LoneQuotesOpenAndCloseByContext) {
   // Alternating between words, reset per paragraph; closing at a line's end and before punctuation.
   EXPECT_EQ(brown_to_text("\ta/at '/' b/nn '/' c/nn '/' d/nn\n\n\t'/' e/nn '/'\n"), "a 'b' c 'd\n\n'e'\n");
   // The corpus's "the ' Met ' again": an unmatched ' earlier does not flip it, since `` resets.
-  EXPECT_EQ(brown_to_text("\tx/nn '/' y/nn ./.\n``/`` the/at '/' Met/np '/' again/rb ''/'' ./.\n"),
-            "x 'y. \"the 'Met' again\".\n");
+  EXPECT_EQ(brown_to_text("\tx/nn '/' y/nn ./.\n``/`` the/at '/' Met/np '/' again/rb ''/'' ./.\n"), "x 'y. \"the 'Met' again\".\n");
   // Opening after a colon, closing before a closing double quote.
   EXPECT_EQ(brown_to_text("\tHe/pps said/vbd :/: '/' go/vb '/' ''/'' ./.\n"), "He said: 'go'\".\n");
   // Doubled ? ! ; become one, a doubled , stays.
@@ -86,8 +85,9 @@ TEST(BrownCorpus, RealCorpusBecomesPlainText) {
   EXPECT_EQ(files.front().filename(), "ca01");
   EXPECT_EQ(files.back().filename(), "cr09");
   const std::string first = brown_to_text(read_bytes(files.front()));
-  EXPECT_TRUE(first.starts_with("The Fulton County Grand Jury said Friday an investigation of Atlanta's recent "
-                                "primary election produced \"no evidence\" that any irregularities took place.\n\n"))
+  EXPECT_TRUE(
+      first.starts_with("The Fulton County Grand Jury said Friday an investigation of Atlanta's recent "
+                        "primary election produced \"no evidence\" that any irregularities took place.\n\n"))
       << first.substr(0, 300);
   const std::vector<std::string> texts = brown_corpus_texts(brown_corpus_dir(cache_dir()));
   ASSERT_EQ(texts.size(), files.size());

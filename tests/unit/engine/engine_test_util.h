@@ -56,10 +56,17 @@ inline std::vector<double> widen(const Tensor& t) {
   std::vector<double> out(static_cast<std::size_t>(t.numel()));
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     switch (t.dtype) {
-      case DType::fp32: out[static_cast<std::size_t>(i)] = t.as<float>()[i]; break;
-      case DType::fp16: out[static_cast<std::size_t>(i)] = fp16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]); break;
-      case DType::bf16: out[static_cast<std::size_t>(i)] = bf16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]); break;
-      default: ADD_FAILURE() << "unexpected dtype " << dtype_name(t.dtype);
+      case DType::fp32:
+        out[static_cast<std::size_t>(i)] = t.as<float>()[i];
+        break;
+      case DType::fp16:
+        out[static_cast<std::size_t>(i)] = fp16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]);
+        break;
+      case DType::bf16:
+        out[static_cast<std::size_t>(i)] = bf16_bits_to_fp32(static_cast<const std::uint16_t*>(t.data)[i]);
+        break;
+      default:
+        ADD_FAILURE() << "unexpected dtype " << dtype_name(t.dtype);
     }
   }
   return out;

@@ -63,7 +63,8 @@ struct Variant {
   std::string section() const {
     std::string s = "{";
     if (k) s += fmt::format("\"number_checkpoints\": {}, ", *k);
-    s += fmt::format("\"cpu_checkpointing\": {}, \"contiguous_memory_optimization\": {}, \"synchronize_checkpoint_boundary\": true}}", cpu, contiguous);
+    s += fmt::format("\"cpu_checkpointing\": {}, \"contiguous_memory_optimization\": {}, \"synchronize_checkpoint_boundary\": true}}", cpu,
+                     contiguous);
     return s;
   }
   std::string name() const { return fmt::format("k={} cpu={} contiguous={}", k ? std::to_string(*k) : "unset", cpu, contiguous); }
@@ -223,8 +224,8 @@ TEST(ActivationCheckpointing, PeakActivationMemoryIsTheFormula) {
         seg = std::max(seg, bytes);
       }
       const std::size_t area = std::max(seg, z.head);
-      const std::size_t device = v.cpu ? 2 * z.btc + area + z.first_saved + z.btc              // two boundary buffers
-                                       : K * z.btc + z.btc + area + z.first_saved + z.btc;     // kept inputs + head input
+      const std::size_t device = v.cpu ? 2 * z.btc + area + z.first_saved + z.btc           // two boundary buffers
+                                       : K * z.btc + z.btc + area + z.first_saved + z.btc;  // kept inputs + head input
       const std::size_t host = v.cpu ? (K - 1) * z.btc : 0;
       CpuAllocator alloc, host_alloc;
       Engine e = make_engine(cfg, 2, 1, v.section(), true, &alloc, &host_alloc);

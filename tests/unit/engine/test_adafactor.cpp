@@ -42,8 +42,8 @@ config::OptimizerConfig optimizer_config(const std::string& block) {
 ParamSpec spec(const std::string& name, Shape shape, bool decay) { return {name, shape, ParamInit::normal(0.02f), decay, {}, {}, false}; }
 
 std::vector<ParamSpec> test_specs() {
-  return {spec("h.0.attn.c_attn.weight", Shape{6, 10}, true), spec("h.0.mlp.c_fc.weight", Shape{12, 5}, true),
-          spec("wpe.weight", Shape{4, 9}, true), spec("h.0.ln_1.weight", Shape{7}, false), spec("h.0.mlp.c_fc.bias", Shape{9}, false)};
+  return {spec("h.0.attn.c_attn.weight", Shape{6, 10}, true), spec("h.0.mlp.c_fc.weight", Shape{12, 5}, true), spec("wpe.weight", Shape{4, 9}, true),
+          spec("h.0.ln_1.weight", Shape{7}, false), spec("h.0.mlp.c_fc.bias", Shape{9}, false)};
 }
 
 struct Case {
@@ -77,7 +77,8 @@ TEST(Adafactor, MatchesTorchAlgorithm) {
       const std::int64_t b = part.offset(k), n = specs[k].shape.numel();
       std::vector<std::int64_t> shape;
       for (int d = 0; d < specs[k].shape.rank; ++d) shape.push_back(specs[k].shape[d]);
-      jt.push_back({{"shape", shape}, {"decay", specs[k].weight_decay}, {"p0", std::vector<float>(part.params.begin() + b, part.params.begin() + b + n)}});
+      jt.push_back(
+          {{"shape", shape}, {"decay", specs[k].weight_decay}, {"p0", std::vector<float>(part.params.begin() + b, part.params.begin() + b + n)}});
     }
     Json steps = Json::array();
     for (int t = 1; t <= c.steps; ++t) {
@@ -92,10 +93,10 @@ TEST(Adafactor, MatchesTorchAlgorithm) {
       steps.push_back(per);
       opt.step(part, opt.base_lr(), c.grad_scale, t);
     }
-    jcases.push_back(
-        {{"params", config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": )" + c.block + "}"), {}).resolved["optimizer"]["params"]},
-         {"tensors", jt},
-         {"steps", steps}});
+    jcases.push_back({{"params", config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": )" + c.block + "}"), {})
+                                     .resolved["optimizer"]["params"]},
+                      {"tensors", jt},
+                      {"steps", steps}});
     finals.push_back(std::move(part));
   }
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_adafactor." + std::to_string(::getpid()));
@@ -156,16 +157,20 @@ TEST(Adafactor, ConfigAsTorch) {
     }
     return std::string("<no error>");
   };
-  const auto block = [](const std::string& params) { return R"({"train_batch_size": 1, "optimizer": {"type": "Adafactor", "params": )" + params + "}}"; };
+  const auto block = [](const std::string& params) {
+    return R"({"train_batch_size": 1, "optimizer": {"type": "Adafactor", "params": )" + params + "}}";
+  };
   EXPECT_EQ(error_of(block(R"({"eps": [null, 1e-3], "d": 2.0})")), "<no error>");
   EXPECT_NE(error_of(block(R"({"beta2_decay": 0.5})")).find("beta2_decay should be <= 0"), std::string::npos);
   EXPECT_NE(error_of(block(R"({"d": 0.5})")).find("Clipping threshold d should be >= 1"), std::string::npos);
   EXPECT_NE(error_of(block(R"({"eps": [-1, 1e-3]})")).find("epsilon1 should be >= 0"), std::string::npos);
   EXPECT_NE(error_of(block(R"({"eps": 1e-3})")).find("a pair (eps1, eps2)"), std::string::npos);
   EXPECT_NE(error_of(block(R"({"betas": [0.9, 0.99]})")).find("Adafactor does not take a parameter named \"betas\""), std::string::npos);
-  EXPECT_NE(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "adafactor"}})").find("not a supported DeepSpeed Optimizer"), std::string::npos);
+  EXPECT_NE(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "adafactor"}})").find("not a supported DeepSpeed Optimizer"),
+            std::string::npos);
   // Not on ZeRO's tested list.
-  EXPECT_NE(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "Adafactor"}, "zero_optimization": {"stage": 2}})").find("untested ZeRO Optimizer"),
+  EXPECT_NE(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "Adafactor"}, "zero_optimization": {"stage": 2}})")
+                .find("untested ZeRO Optimizer"),
             std::string::npos);
 }
 
@@ -205,8 +210,8 @@ TEST_P(AdafactorZero, ShardedEqualsOneRank) {
   const ParamDiff moved = compare_params(ref.r0().params, init.r0().params, init.r0().params, 1.0, 0.0);
   EXPECT_GT(moved.max_abs, 1e-3);
   if (std::getenv("DSTRAIN_ZERO_EQ_VERBOSE") != nullptr)
-    std::printf("MEASURE Adafactor stage %d fp32: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", stage, d.max_abs, d.max_update_rel, d.update_rel,
-                moved.max_abs);
+    std::printf("MEASURE Adafactor stage %d fp32: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", stage, d.max_abs, d.max_update_rel,
+                d.update_rel, moved.max_abs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, AdafactorZero, ::testing::Values(1, 2, 3), [](const auto& p) { return "Stage" + std::to_string(p.param); });

@@ -54,7 +54,7 @@ struct Segment {
   std::optional<fs::path> load_dir;  // load latest from here first
   std::string load_tag;
   LoadCheckpointOptions load_options{};
-  int from = 0, to = 0;               // optimizer steps [from, to) (global step numbers)
+  int from = 0, to = 0;              // optimizer steps [from, to) (global step numbers)
   std::optional<fs::path> save_dir;  // save at the end (tag "final" unless save_tag)
   std::string save_tag = "final";
   bool stochastic_rounding = false;
@@ -233,12 +233,13 @@ TEST(Checkpoint, ResumeFp16MidHysteresis) {
 // Every LR schedule DeepSpeed has, mid-schedule: the resumed run must take up the schedule's position
 // (and OneCycle's cycled momentum).
 TEST(Checkpoint, ResumeBitwiseSchedules) {
-  for (const char* sched : {
-           R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 6}})",
-           R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2, "total_num_steps": 8}})",
-           R"("scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 8}})",
-           R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 3, "cycle_momentum": true}})",
-           R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 1.0}})"}) {
+  for (
+      const char* sched :
+      {R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 6}})",
+       R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2, "total_num_steps": 8}})",
+       R"("scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 8}})",
+       R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 3, "cycle_momentum": true}})",
+       R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 2, "lr_range_test_step_rate": 1.0}})"}) {
     expect_resume_bitwise(spec(1, 2, Precision::fp32), 6, false, sched);
   }
   // A skipped fp16 step does not step the schedule: the count carries over.
@@ -489,7 +490,8 @@ TEST(Checkpoint, ReshardAcrossStagesAndWorlds) {
           // The continuation: the ZeRO equivalence tolerances (reduction order differs with W).
           const SegmentResult got = run_segment(dst, cont);
           const Tolerance tol = tolerance(p);
-          for (std::size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], tol.loss_rtol * std::abs(ref.losses[i]) + 1e-7);
+          for (std::size_t i = 0; i < got.losses.size(); ++i)
+            EXPECT_NEAR(got.losses[i], ref.losses[i], tol.loss_rtol * std::abs(ref.losses[i]) + 1e-7);
           std::map<std::string, std::vector<float>> init;
           {
             CheckpointReader rd(d.path, "final");

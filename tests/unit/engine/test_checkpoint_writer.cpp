@@ -126,7 +126,7 @@ TEST(CheckpointWriter, EveryWriterWritesTheSameCheckedFile) {
     const fs::path path = dir / (std::string(c.name) + ".safetensors");
     bool direct = false, io_uring = false;
     const config::Json index = write_file(path, c.options, data, &direct, &io_uring);
-    EXPECT_EQ(direct, c.options.direct);  // this test folder's file system takes O_DIRECT (ext4, xfs, tmpfs >= 6.6)
+    EXPECT_EQ(direct, c.options.direct);             // this test folder's file system takes O_DIRECT (ext4, xfs, tmpfs >= 6.6)
     EXPECT_EQ(io_uring, c.options.aio.has_value());  // the kernel has io_uring (the offload tests need it too)
     const std::string bytes = file_bytes(path);
     EXPECT_EQ(index.at("bytes").get<std::uint64_t>(), bytes.size());  // the padded tail cut off
@@ -199,7 +199,6 @@ TEST(CheckpointWriter, ConfigKeysAsDeepSpeedDefinesThem) {
   expect_refused(R"({"decoupled": "yes"})", "checkpoint.writer.decoupled");
 }
 
-
 // ---- reading back: CheckpointReader::read_all (docs/checkpoints.md "Loading") ----
 
 // A one-rank checkpoint folder holding `pieces` (random bytes, returned) as RankFileWriter writes
@@ -222,8 +221,10 @@ std::vector<std::vector<std::byte>> write_checkpoint(const fs::path& dir, const 
   std::ofstream(dir / rank_file_name(0, ".json"), std::ios::binary) << index;
   const config::Json manifest = {{"format", kCheckpointFormat},
                                  {"version", kCheckpointVersion},
-                                 {"ranks", {{{"index", rank_file_name(0, ".json")}, {"bytes", index.size()}, {"crc32c", crc32c_bitwise(
-                                                                                                                     reinterpret_cast<const std::byte*>(index.data()), index.size())}}}}};
+                                 {"ranks",
+                                  {{{"index", rank_file_name(0, ".json")},
+                                    {"bytes", index.size()},
+                                    {"crc32c", crc32c_bitwise(reinterpret_cast<const std::byte*>(index.data()), index.size())}}}}};
   std::ofstream(dir / kCheckpointManifest, std::ios::binary) << manifest.dump();
   return data;
 }
@@ -234,7 +235,7 @@ TEST(CheckpointReader, ReadAllStraightFromTheFileOrPieceByPiece) {
   // 40 MB: more than one 32 MiB request, "master/b" straddling the first two; an empty piece; the
   // 16-bit params last, as the engine writes them.
   const std::vector<CheckpointPiece> pieces = {
-      {"master", "a", 0, 5'000'000, DType::fp32}, {"master", "b", 0, 4'000'000, DType::fp32}, {"master", "b", 4'000'000, 7, DType::fp32},
+      {"master", "a", 0, 5'000'000, DType::fp32}, {"master", "b", 0, 4'000'000, DType::fp32},  {"master", "b", 4'000'000, 7, DType::fp32},
       {"exp_avg", "c", 0, 0, DType::fp32},        {"exp_avg", "a", 0, 1'000'000, DType::fp32}, {"param", "a", 0, 1001, DType::bf16},
   };
   const auto data = write_checkpoint(root / "t", pieces);

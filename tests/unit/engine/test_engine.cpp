@@ -36,7 +36,6 @@ std::string adamw_json(int micro, int gas, double lr, double wd, double clip, do
                      micro, gas, clip, type, lr, eps, wd, extra_params);
 }
 
-
 // One naive double AdamW / Adam step (torch.optim.AdamW and torch.optim.Adam docs), per parameter.
 struct NaiveAdam {
   double lr, b1, b2, eps, wd;
@@ -55,8 +54,10 @@ struct NaiveAdam {
       const double w = decays(name) ? wd : 0.0;
       for (std::size_t i = 0; i < th.size(); ++i) {
         double gi = g[i] * grad_scale;
-        if (decoupled) th[i] -= lr * w * th[i];
-        else gi += w * th[i];
+        if (decoupled)
+          th[i] -= lr * w * th[i];
+        else
+          gi += w * th[i];
         mm[i] = b1 * mm[i] + (1 - b1) * gi;
         vv[i] = b2 * vv[i] + (1 - b2) * gi * gi;
         const double c1 = bias_correction ? 1 - std::pow(b1, t) : 1.0, c2 = bias_correction ? 1 - std::pow(b2, t) : 1.0;
@@ -405,7 +406,7 @@ TEST(Engine, LrHookOverridesTheSchedule) {
   EXPECT_EQ(seen, (std::vector<std::int64_t>{0, 1, 2, 3}));
   EXPECT_DOUBLE_EQ(e.state().last_step_lr, 1.5);  // step index 2
   EXPECT_DOUBLE_EQ(e.state().lr, 2.0);            // step index 3, next
-  e.set_lr_schedule(nullptr);               // back to the config's (constant) lr
+  e.set_lr_schedule(nullptr);                     // back to the config's (constant) lr
   EXPECT_DOUBLE_EQ(e.state().lr, 1e-3);
   std::filesystem::remove(file);
 }
@@ -448,10 +449,11 @@ TEST(Engine, GradRefusedWhereStageOneWouldMixAveragesAndLocalSums) {
   run_local_ranks(2, [&](Communicator& comm) {
     config::ConfigOptions co;
     co.world_size = 2;
-    const config::DsConfig c = config::parse_ds_config(
-        config::Json::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+    const config::DsConfig c =
+        config::parse_ds_config(config::Json::parse(
+                                    R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
                                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})"),
-        co);
+                                co);
     Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
     Engine e = initialize(make_gpt2_model(cfg), c, {.seed = 5, .comm = &comm, .sequence_length = 8});
     Tokens t = random_tokens(2, 8, static_cast<std::int32_t>(cfg.vocab_size), 9 + static_cast<std::uint32_t>(comm.rank()));

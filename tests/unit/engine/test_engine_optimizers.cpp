@@ -187,8 +187,9 @@ TEST(EngineOptimizers, SgdNesterovMatchesTorch) {
 }
 
 TEST(EngineOptimizers, LambMatchesDeepSpeedFusedLamb) {
-  compare(R"({"type": "Lamb", "params": {"lr": 0.01, "betas": [0.9, 0.99], "eps": 1e-6, "weight_decay": 0.05, "max_coeff": 10.0, "min_coeff": 0.01}})",
-          "", 3, deepspeed_fused_lamb(0.01, 0.9, 0.99, 1e-6, 0.05, 10.0, 0.01), 1e-5);
+  compare(
+      R"({"type": "Lamb", "params": {"lr": 0.01, "betas": [0.9, 0.99], "eps": 1e-6, "weight_decay": 0.05, "max_coeff": 10.0, "min_coeff": 0.01}})",
+      "", 3, deepspeed_fused_lamb(0.01, 0.9, 0.99, 1e-6, 0.05, 10.0, 0.01), 1e-5);
 }
 
 // Under fp16 the master is updated from the scaled 16-bit gradients divided by the loss scale.

@@ -97,7 +97,6 @@ TEST(EnginePrecision, Fp16AndBf16FollowTheFp32LossCurve) {
   std::printf("loss %.4f -> %.4f; max |fp16 - fp32| %.4f, max |bf16 - fp32| %.4f\n", f32.front(), f32.back(), d16, db16);
 }
 
-
 // Step 1's update against a naive double AdamW (torch.optim.AdamW docs) on the engine's own 16-bit
 // gradients, which carry loss_scale / GAS per micro-batch; DeepSpeed divides them by clip·S when
 // the un-scaled norm exceeds gradient_clipping, else by S. A large eps makes the AdamW update
@@ -160,7 +159,8 @@ TEST(EnginePrecision, Bf16StepMatchesNaiveAdamW) {
 // optimizer or LR-schedule change; skipped_steps += 1; global_steps += 1; non-ZeRO dynamic fp16
 // halves the scale).
 TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
-  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
+  const std::string sched =
+      R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
   Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("fp16": {"enabled": true, "initial_scale_power": 8})", 1e-2, 1.0, sched)),
                         {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {3}});
   auto data = fixed_data();
@@ -181,7 +181,7 @@ TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
   EXPECT_EQ(e.state().last_step_lr, last_lr2);
   for (const auto& n : e.param_names())
     for (double g : widen(e.grad(n))) ASSERT_EQ(g, 0.0) << n;  // the overflowing grads are cleared
-  train_step(e, data);  // step 4 applies, at the LR step 3 would have used
+  train_step(e, data);                                         // step 4 applies, at the LR step 3 would have used
   EXPECT_EQ(e.state().skipped_steps, 1);
   EXPECT_EQ(e.state().last_step_lr, lr2);
   EXPECT_NE(all_masters(e), master2);
@@ -205,9 +205,9 @@ TEST(EnginePrecision, InjectedOverflowSkipsExactlyThatStep) {
 //   step 11 (i=10): stable 1          -> 128
 //   step 12 (i=11): stable 2          -> 256
 TEST(EnginePrecision, LossScaleSequenceFollowsDeepSpeed) {
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"),
-                        ds(config_json(R"("fp16": {"enabled": true, "initial_scale_power": 8, "loss_scale_window": 2})")),
-                        {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2, 3, 9}});
+  Engine e =
+      initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("fp16": {"enabled": true, "initial_scale_power": 8, "loss_scale_window": 2})")),
+                 {.seed = 5, .sequence_length = 8, .inject_overflow_steps = {2, 3, 9}});
   auto data = fixed_data();
   const std::vector<double> expected{256, 128, 64, 64, 64, 128, 128, 256, 128, 128, 128, 256};
   std::vector<double> got;
@@ -265,7 +265,8 @@ TEST(EnginePrecision, StaticScaleSkipsWithoutChangingTheScale) {
 // m / sqrt(v) = NaN) — a weight anywhere else turning NaN or keeping its old value is a failure.
 // (warmup_min_lr > 0: the first steps' LR is not 0, so the update moves the weights.)
 TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
-  const std::string sched = R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.005, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
+  const std::string sched =
+      R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.005, "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}})";
   const auto run = [&](std::vector<std::int64_t> inject, std::vector<double>* after1, double* lr1, std::int64_t* skipped, double* lr2) {
     Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_json(R"("bf16": {"enabled": true})", 1e-2, 0.0, sched)),
                           {.seed = 5, .sequence_length = 8, .inject_overflow_steps = std::move(inject)});
@@ -304,7 +305,7 @@ TEST(EnginePrecision, Bf16NonZeroAppliesButCountsTheOverflowStep) {
   std::size_t clean_moved = 0;
   for (std::size_t i = 0; i < clean.size(); ++i) clean_moved += clean[i] != clean1[i];
   EXPECT_GT(moved, injected.size() / 2) << "lr " << inj_lr1 << " -> " << inj_lr2 << ", clean lr " << clean_lr1 << " -> " << clean_lr2
-                                         << ", clean run moved " << clean_moved;  // the update was applied, not skipped
+                                        << ", clean run moved " << clean_moved;  // the update was applied, not skipped
 }
 
 // Activation checkpointing under fp16: the recompute regenerates the 16-bit activations bit for

@@ -42,11 +42,12 @@ std::int32_t reference_argmax(const Engine& e, const Gpt2Config& cfg, const std:
 
 TEST(EngineSample, GreedySampleFromTheEnginesWeightsIsTheIndependentArgmax) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");  // V 61, n_positions 8
-  Engine e = initialize(make_gpt2_model(cfg),
-                        config::parse_ds_config(config::Json::parse(
-                                                    R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})"),
-                                                {}),
-                        {.seed = 5, .sequence_length = 8});
+  Engine e =
+      initialize(make_gpt2_model(cfg),
+                 config::parse_ds_config(config::Json::parse(
+                                             R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})"),
+                                         {}),
+                 {.seed = 5, .sequence_length = 8});
   // Larger weights than the init, so the logits are far apart and argmax is well defined.
   for (const auto& name : e.param_names()) {
     const Tensor p = e.param(name);

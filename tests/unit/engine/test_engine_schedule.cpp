@@ -79,16 +79,15 @@ void expect_lrs(const std::vector<double>& got, const std::function<double(int)>
 }
 
 TEST(EngineSchedule, NoSchedulerIsTheOptimizersConstantLr) {
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"),
-                        ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}})"),
-                        {.seed = 1, .sequence_length = 8});
+  Engine e =
+      initialize(make_gpt2_model("gpt2:tiny"), ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}})"),
+                 {.seed = 1, .sequence_length = 8});
   expect_lrs(lrs_used(e, 3), [](int) { return 3e-4; });
 }
 
 // WarmupLR, linear, W = 10, min 0, max 2e-3: it < 0 -> min; it < W -> max·it/W; then max.
 TEST(EngineSchedule, WarmupLrLinear) {
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"),
-                        ds(config_with(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-3,
+  Engine e = initialize(make_gpt2_model("gpt2:tiny"), ds(config_with(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-3,
                           "warmup_num_steps": 10, "warmup_type": "linear"}})")),
                         {.seed = 1, .sequence_length = 8});
   const auto got = lrs_used(e, 14);
@@ -109,10 +108,10 @@ TEST(EngineSchedule, WarmupLrLinear) {
 // WarmupDecayLR: total 20, W = 5 linear, min 1e-4, max 1e-3; after warm-up
 // min + (max - min)·max(0, (T - it) / max(1, T - W)).
 TEST(EngineSchedule, WarmupDecayLr) {
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"),
-                        ds(config_with(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 20, "warmup_min_lr": 1e-4,
+  Engine e =
+      initialize(make_gpt2_model("gpt2:tiny"), ds(config_with(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 20, "warmup_min_lr": 1e-4,
                           "warmup_max_lr": 1e-3, "warmup_num_steps": 5, "warmup_type": "linear"}})")),
-                        {.seed = 1, .sequence_length = 8});
+                 {.seed = 1, .sequence_length = 8});
   expect_lrs(lrs_used(e, 24), [](int k) {
     const int it = k - 2;
     const double lo = 1e-4, hi = 1e-3;
@@ -125,10 +124,10 @@ TEST(EngineSchedule, WarmupDecayLr) {
 // WarmupCosineLR: org_lr 1e-3, total 12, W = 4 linear, cos_min_ratio 0.1. The first optimizer step
 // runs at lr 0, so it leaves every parameter exactly as it was (decoupled decay is lr·wd·θ = 0).
 TEST(EngineSchedule, WarmupCosineLrFirstStepAtZero) {
-  Engine e = initialize(make_gpt2_model("gpt2:tiny"),
-                        ds(config_with(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 12, "warmup_num_steps": 4,
+  Engine e =
+      initialize(make_gpt2_model("gpt2:tiny"), ds(config_with(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 12, "warmup_num_steps": 4,
                           "warmup_type": "linear", "cos_min_ratio": 0.1}})")),
-                        {.seed = 1, .sequence_length = 8});
+                 {.seed = 1, .sequence_length = 8});
   std::map<std::string, std::vector<float>> before;
   for (const auto& n : e.param_names()) {
     const Tensor p = e.param(n);

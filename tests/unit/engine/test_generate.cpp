@@ -136,9 +136,7 @@ std::vector<double> reference_logit_differences(const Gpt2Model& weights, const 
   return diff;
 }
 
-std::int32_t argmax(const std::vector<double>& x) {
-  return static_cast<std::int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
-}
+std::int32_t argmax(const std::vector<double>& x) { return static_cast<std::int32_t>(std::max_element(x.begin(), x.end()) - x.begin()); }
 
 TEST(Generator, LogitsAndGreedyMatchAnIndependentForward) {
   const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
@@ -160,8 +158,7 @@ TEST(Generator, LogitsAndGreedyMatchAnIndependentForward) {
     const std::span<const float> logits = gen.next_token_logits(ctx);
     ASSERT_EQ(logits.size(), 61u);
     for (std::size_t v = 0; v < logits.size(); ++v)
-      EXPECT_NEAR(static_cast<double>(logits[v]) - logits[0], ref[v], 2e-4 * (1.0 + std::fabs(ref[v])))
-          << "len " << len << " id " << v;
+      EXPECT_NEAR(static_cast<double>(logits[v]) - logits[0], ref[v], 2e-4 * (1.0 + std::fabs(ref[v]))) << "len " << len << " id " << v;
   }
 
   // Greedy: each new token is the argmax of the independent logits of the window so far; 14 new
@@ -228,7 +225,7 @@ struct KnownDistributionModel {
     for (std::int64_t v = 0; v < cfg.padded_vocab_size; ++v) {
       float value = 100.0f;  // padding
       if (v < cfg.vocab_size) {
-        value = -8.0f;                        // most ids: ~never
+        value = -8.0f;                                           // most ids: ~never
         if (v % 10 == 3) value = static_cast<float>(v) / 20.0f;  // ids 3, 13, ..., 53
         logits.push_back(value);
       }
@@ -295,7 +292,7 @@ TEST(Generator, DeterministicForASeed) {
   EXPECT_EQ(a, gen.generate(prompt, opt));    // the same Generator again
   EXPECT_EQ(a, other.generate(prompt, opt));  // another Generator
   opt.seed = 12;
-  EXPECT_NE(a, gen.generate(prompt, opt));    // 40 draws over ~20 candidates: a collision is ~impossible
+  EXPECT_NE(a, gen.generate(prompt, opt));  // 40 draws over ~20 candidates: a collision is ~impossible
 }
 
 TEST(Generator, Bf16Model) {

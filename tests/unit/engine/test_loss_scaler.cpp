@@ -18,8 +18,7 @@ namespace {
 using config::Bf16Config;
 using config::Fp16Config;
 
-Fp16Config fp16(std::int64_t power, std::int64_t window, std::int64_t hysteresis, std::int64_t min_scale = 1,
-                bool consecutive = false) {
+Fp16Config fp16(std::int64_t power, std::int64_t window, std::int64_t hysteresis, std::int64_t min_scale = 1, bool consecutive = false) {
   Fp16Config c;
   c.enabled = true;
   c.initial_scale_power = power;
@@ -231,14 +230,14 @@ TEST(LossScalerNonZero, NoHysteresisNoAbortSticksAtMinimum) {
   EXPECT_EQ(s.kind(), LossScalerKind::dynamic_non_zero);
   run_script(s,
              {
-                 {true, 8, 0, kDown},    // 0: halves at once despite hysteresis 2
-                 {true, 4, 0, kDown},    // 1
-                 {true, 4, 0, kDown},    // 2: max(2, 4): stuck at the floor, no Error
-                 {true, 4, 0, kDown},    // 3
-                 {false, 4, 0, kNone},   // 4: stable 0
-                 {false, 4, 0, kNone},   // 5
-                 {false, 4, 0, kNone},   // 6
-                 {false, 8, 0, kUp},     // 7 = 3 + 3 + 1
+                 {true, 8, 0, kDown},   // 0: halves at once despite hysteresis 2
+                 {true, 4, 0, kDown},   // 1
+                 {true, 4, 0, kDown},   // 2: max(2, 4): stuck at the floor, no Error
+                 {true, 4, 0, kDown},   // 3
+                 {false, 4, 0, kNone},  // 4: stable 0
+                 {false, 4, 0, kNone},  // 5
+                 {false, 4, 0, kNone},  // 6
+                 {false, 8, 0, kUp},    // 7 = 3 + 3 + 1
              },
              /*check_hysteresis=*/false);
 }

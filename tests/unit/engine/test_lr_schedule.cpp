@@ -20,7 +20,7 @@ using config::SchedulerKind;
 
 constexpr double kRel = 1e-13;  // the formulas are evaluated in double in a different order
 
-#define EXPECT_CLOSE(a, b) EXPECT_NEAR((a), (b), kRel * std::max(1.0, std::fabs(b)))
+#define EXPECT_CLOSE(a, b) EXPECT_NEAR((a), (b), kRel* std::max(1.0, std::fabs(b)))
 
 SchedulerConfig make(SchedulerKind kind, const std::string& type) {
   SchedulerConfig c;
@@ -45,8 +45,7 @@ double ref_warmup_lr(std::int64_t it, double mn, double mx, std::int64_t n, cons
 }
 
 // docs/lr_schedules.md §3 (WarmupDecayLR)
-double ref_warmup_decay_lr(std::int64_t it, std::int64_t T, double mn, double mx, std::int64_t n,
-                           const std::string& type) {
+double ref_warmup_decay_lr(std::int64_t it, std::int64_t T, double mn, double mx, std::int64_t n, const std::string& type) {
   const std::int64_t W = std::max<std::int64_t>(2, n);
   if (it < W) return ref_warmup_lr(it, mn, mx, n, type);
   const double g = std::max(0.0, static_cast<double>(T - it) / static_cast<double>(std::max<std::int64_t>(1, T - W)));
@@ -54,8 +53,8 @@ double ref_warmup_decay_lr(std::int64_t it, std::int64_t T, double mn, double mx
 }
 
 // docs/lr_schedules.md §4 (WarmupCosineLR)
-double ref_cosine_lr(std::int64_t it, double org_lr, std::int64_t T, double warmup_min_ratio, std::int64_t n,
-                     double cos_min_ratio, const std::string& type) {
+double ref_cosine_lr(std::int64_t it, double org_lr, std::int64_t T, double warmup_min_ratio, std::int64_t n, double cos_min_ratio,
+                     const std::string& type) {
   const std::int64_t W = std::max<std::int64_t>(2, n);
   if (it < 0) return 0.0;
   double ratio;
@@ -80,8 +79,8 @@ double ref_one_cycle_s(std::int64_t it, std::int64_t F, std::int64_t S, std::int
   const bool first_half = i <= F;
   const std::int64_t k = first_half ? k1 : k2;
   if (k > 0) {
-    const double position = first_half ? static_cast<double>(i * k) / static_cast<double>(F)
-                                       : static_cast<double>((N - i) * k) / static_cast<double>(S);
+    const double position =
+        first_half ? static_cast<double>(i * k) / static_cast<double>(F) : static_cast<double>((N - i) * k) / static_cast<double>(S);
     s = std::floor(position) / static_cast<double>(k);
   }
   return s;
@@ -122,12 +121,12 @@ TEST(LrSchedule, WarmupLrLogHandValues) {
   c.params.warmup_num_steps = 1000;
   LrSchedule s(c, 0.5, std::nullopt);
   EXPECT_EQ(s.last_batch_iteration(), -1);
-  EXPECT_EQ(s.lr(), 0.0);                              // it = -1: min
-  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);                   // ln(1) = 0
-  EXPECT_NEAR(s.lr_at(9), 1.0 / 3.0, 1e-15);           // ln(10) / ln(1000)
-  EXPECT_NEAR(s.lr_at(99), 2.0 / 3.0, 1e-15);          // ln(100) / ln(1000)
-  EXPECT_NEAR(s.lr_at(999), 1.0, 1e-15);               // it = W - 1: ln(1000) / ln(1000)
-  EXPECT_EQ(s.lr_at(1000), 1.0);                       // it = W: max
+  EXPECT_EQ(s.lr(), 0.0);                      // it = -1: min
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);           // ln(1) = 0
+  EXPECT_NEAR(s.lr_at(9), 1.0 / 3.0, 1e-15);   // ln(10) / ln(1000)
+  EXPECT_NEAR(s.lr_at(99), 2.0 / 3.0, 1e-15);  // ln(100) / ln(1000)
+  EXPECT_NEAR(s.lr_at(999), 1.0, 1e-15);       // it = W - 1: ln(1000) / ln(1000)
+  EXPECT_EQ(s.lr_at(1000), 1.0);               // it = W: max
   EXPECT_EQ(s.lr_at(123456), 1.0);
   EXPECT_EQ(s.betas(), std::nullopt);
 }
@@ -178,17 +177,15 @@ TEST(LrSchedule, WarmupLrLinearHand) {
 
 TEST(LrSchedule, WarmupLrMaxDefaultsToOptimizerLrThroughTheConfig) {
   // docs/lr_schedules.md §2-§3: WarmupLR's max defaults to the optimizer lr, WarmupDecayLR's to 0.001.
-  const auto cfg = config::parse_ds_config(
-      config::Json::parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.0006}},
+  const auto cfg = config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.0006}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear"}}})"),
-      {});
+                                           {});
   LrSchedule s(cfg.scheduler, cfg.optimizer.params.lr, cfg.optimizer.params.betas);
   EXPECT_DOUBLE_EQ(s.lr_at(10), 0.0006);
   EXPECT_DOUBLE_EQ(s.lr_at(5), 0.0003);
-  const auto dcfg = config::parse_ds_config(
-      config::Json::parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.0006}},
+  const auto dcfg = config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.0006}},
         "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}})"),
-      {});
+                                            {});
   LrSchedule d(dcfg.scheduler, dcfg.optimizer.params.lr, dcfg.optimizer.params.betas);
   EXPECT_DOUBLE_EQ(d.lr_at(10), 0.001);
 }
@@ -220,8 +217,8 @@ TEST(LrSchedule, WarmupDecayLrAgainstFormula) {
       c.params.warmup_type = type;
       c.params.total_num_steps = T;
       LrSchedule s(c, 1.0, std::nullopt);
-      for (const std::int64_t it : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::int64_t{7},
-                                    std::int64_t{8}, (8 + T) / 2, T - 1, T, T + 1, 2 * T + 9}) {
+      for (const std::int64_t it :
+           {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{8}, (8 + T) / 2, T - 1, T, T + 1, 2 * T + 9}) {
         SCOPED_TRACE(type + " T=" + std::to_string(T) + " it=" + std::to_string(it));
         EXPECT_CLOSE(s.lr_at(it), ref_warmup_decay_lr(it, T, 2e-5, 6e-4, 8, type));
       }
@@ -259,8 +256,8 @@ TEST(LrSchedule, WarmupCosineLrAgainstFormula) {
       c.params.warmup_min_ratio = 0.1;
       c.params.cos_min_ratio = 0.05;
       LrSchedule s(c, 3e-4, std::nullopt);
-      for (const std::int64_t it : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::int64_t{19},
-                                    std::int64_t{20}, std::int64_t{21}, (20 + T) / 2, T - 1, T, T + 1, 3 * T}) {
+      for (const std::int64_t it : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{1}, std::int64_t{19}, std::int64_t{20}, std::int64_t{21},
+                                    (20 + T) / 2, T - 1, T, T + 1, 3 * T}) {
         SCOPED_TRACE(type + " T=" + std::to_string(T) + " it=" + std::to_string(it));
         EXPECT_CLOSE(s.lr_at(it), ref_cosine_lr(it, 3e-4, T, 0.1, 20, 0.05, type));
       }
@@ -306,9 +303,9 @@ TEST(LrSchedule, OneCycleHandValues) {
   ASSERT_TRUE(s.betas());
   EXPECT_EQ(s.betas()->first, 0.8);
   EXPECT_EQ(s.betas()->second, 0.99);
-  EXPECT_NEAR(s.lr_at(4), 0.55, 1e-15);   // b = 5: s = 0.5 (rising)
+  EXPECT_NEAR(s.lr_at(4), 0.55, 1e-15);  // b = 5: s = 0.5 (rising)
   EXPECT_NEAR(s.betas_at(4)->first, 0.85, 1e-15);
-  EXPECT_NEAR(s.lr_at(9), 1.0, 1e-15);    // b = 10 = F: the peak
+  EXPECT_NEAR(s.lr_at(9), 1.0, 1e-15);  // b = 10 = F: the peak
   EXPECT_NEAR(s.betas_at(9)->first, 0.8, 1e-15);
   EXPECT_NEAR(s.lr_at(14), 0.55, 1e-15);  // b = 15: s = (0.75 - 1) / (0.5 - 1) = 0.5 (falling)
   EXPECT_NEAR(s.lr_at(19), 0.1, 1e-15);   // b = 20 = N: back at min
@@ -332,8 +329,8 @@ TEST(LrSchedule, OneCycleAgainstFormula) {
     LrSchedule s(one_cycle(r), 1.0, kAdamBetas);
     const std::int64_t N = r.F + r.S;
     for (std::int64_t it = -1; it < N + 12; ++it) {
-      SCOPED_TRACE("F=" + std::to_string(r.F) + " S=" + std::to_string(r.S) + " k=" + std::to_string(r.k1) + "/" +
-                   std::to_string(r.k2) + " it=" + std::to_string(it));
+      SCOPED_TRACE("F=" + std::to_string(r.F) + " S=" + std::to_string(r.S) + " k=" + std::to_string(r.k1) + "/" + std::to_string(r.k2) +
+                   " it=" + std::to_string(it));
       EXPECT_CLOSE(s.lr_at(it), r.lr(it));
       ASSERT_TRUE(s.betas_at(it));
       EXPECT_CLOSE(s.betas_at(it)->first, r.beta1(it));

@@ -53,9 +53,12 @@ ParamSpec spec(const std::string& name, Shape shape, bool decay, std::int64_t in
 // GPT-2 names: wte (padded rows 10, real vocabulary 9) and the Conv1D matrices are Muon's by
 // DeepSpeed's rule; "embed" / "lm_head" names, the norm weight and the bias are Adam's.
 std::vector<ParamSpec> test_specs() {
-  return {spec("wte.weight", Shape{10, 6}, true, 9),              spec("h.0.attn.c_attn.weight", Shape{18, 6}, true, -1, true),
-          spec("h.0.mlp.c_proj.weight", Shape{6, 24}, true, -1, true), spec("model.embed_tokens.weight", Shape{8, 6}, true),
-          spec("lm_head.weight", Shape{8, 6}, true),         spec("h.0.ln_1.weight", Shape{6}, false),
+  return {spec("wte.weight", Shape{10, 6}, true, 9),
+          spec("h.0.attn.c_attn.weight", Shape{18, 6}, true, -1, true),
+          spec("h.0.mlp.c_proj.weight", Shape{6, 24}, true, -1, true),
+          spec("model.embed_tokens.weight", Shape{8, 6}, true),
+          spec("lm_head.weight", Shape{8, 6}, true),
+          spec("h.0.ln_1.weight", Shape{6}, false),
           spec("h.0.mlp.c_fc.bias", Shape{24}, false)};
 }
 
@@ -77,7 +80,7 @@ TEST(Muon, WhichParametersAndScale) {
   for (std::size_t k = 3; k < s.size(); ++k) EXPECT_FALSE(muon_tensor_of(s[k]).muon) << s[k].name;
   EXPECT_TRUE(muon_tensor_of(spec("model.layers.0.mlp.up_proj.weight", Shape{24, 6}, true)).muon);
   EXPECT_DOUBLE_EQ(muon_tensor_of(spec("model.layers.0.mlp.up_proj.weight", Shape{24, 6}, true)).scale, 2.0);  // nn.Linear: ours
-  EXPECT_FALSE(muon_tensor_of(spec("transformer.EMBED.weight", Shape{4, 4}, true)).muon);  // lower-cased
+  EXPECT_FALSE(muon_tensor_of(spec("transformer.EMBED.weight", Shape{4, 4}, true)).muon);                      // lower-cased
 }
 
 struct Case {
@@ -146,8 +149,8 @@ TEST(Muon, MatchesDeepSpeedAlgorithm) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dstrain_muon." + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "cases.json") << jcases.dump();
-  const std::string cmd = std::string("/usr/bin/python3 ") + DSTRAIN_SOURCE_DIR + "/tests/unit/engine/muon_reference.py " + (dir / "cases.json").string() +
-                          " " + (dir / "result.json").string();
+  const std::string cmd = std::string("/usr/bin/python3 ") + DSTRAIN_SOURCE_DIR + "/tests/unit/engine/muon_reference.py " +
+                          (dir / "cases.json").string() + " " + (dir / "result.json").string();
   const int rc = std::system(cmd.c_str());
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "/usr/bin/python3 has no torch (apt-get install python3-torch)";
   ASSERT_EQ(rc, 0) << cmd;
@@ -191,7 +194,8 @@ TEST(Muon, NewtonSchulz) {
     const int n = std::min(rows, cols), mm = std::max(rows, cols);
     std::vector<double> X(static_cast<std::size_t>(n * mm));
     for (int i = 0; i < n; ++i)
-      for (int j = 0; j < mm; ++j) X[static_cast<std::size_t>(i * mm + j)] = tall ? g[static_cast<std::size_t>(j * cols + i)] : g[static_cast<std::size_t>(i * cols + j)];
+      for (int j = 0; j < mm; ++j)
+        X[static_cast<std::size_t>(i * mm + j)] = tall ? g[static_cast<std::size_t>(j * cols + i)] : g[static_cast<std::size_t>(i * cols + j)];
     double sq = 0.0;
     for (double x : X) sq += x * x;
     for (double& x : X) x /= std::sqrt(sq) + 1e-7;
@@ -199,7 +203,8 @@ TEST(Muon, NewtonSchulz) {
       std::vector<double> A(static_cast<std::size_t>(n * n), 0.0), B(static_cast<std::size_t>(n * n), 0.0), Y(X.size(), 0.0);
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < n; ++j)
-          for (int k = 0; k < mm; ++k) A[static_cast<std::size_t>(i * n + j)] += X[static_cast<std::size_t>(i * mm + k)] * X[static_cast<std::size_t>(j * mm + k)];
+          for (int k = 0; k < mm; ++k)
+            A[static_cast<std::size_t>(i * n + j)] += X[static_cast<std::size_t>(i * mm + k)] * X[static_cast<std::size_t>(j * mm + k)];
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < n; ++j) {
           double aa = 0.0;
@@ -225,7 +230,8 @@ TEST(Muon, NewtonSchulz) {
   std::vector<float> z(12, 0.0f), ws(static_cast<std::size_t>(newton_schulz_workspace_numel(3, 4)));
   newton_schulz(Tensor(z.data(), DType::fp32, Shape{3, 4}), Tensor(ws.data(), DType::fp32, Shape{static_cast<std::int64_t>(ws.size())}));
   for (float x : z) EXPECT_EQ(x, 0.0f);
-  EXPECT_THROW(newton_schulz(Tensor(z.data(), DType::fp32, Shape{12}), Tensor(ws.data(), DType::fp32, Shape{static_cast<std::int64_t>(ws.size())})), Error);
+  EXPECT_THROW(newton_schulz(Tensor(z.data(), DType::fp32, Shape{12}), Tensor(ws.data(), DType::fp32, Shape{static_cast<std::int64_t>(ws.size())})),
+               Error);
   EXPECT_THROW(newton_schulz(Tensor(z.data(), DType::fp32, Shape{3, 4}), Tensor(ws.data(), DType::fp32, Shape{3})), Error);
 }
 
@@ -267,8 +273,10 @@ TEST(Muon, ConfigGroups) {
   const config::OptimizerParams o = optimizer_config(R"({"type": "Muon", "params": {"lr": 0.01, "muon_lr": 0.03, "adam_lr": 1e-4}})").params;
   EXPECT_DOUBLE_EQ(o.lr, 0.03);
   EXPECT_DOUBLE_EQ(o.adam_lr, 1e-4);
-  const config::DsConfig c = config::parse_ds_config(
-      config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": "Muon", "params": {"lr": 0.01, "nesterov": false}}})"), {});
+  const config::DsConfig c =
+      config::parse_ds_config(config::Json::parse(
+                                  R"({"train_batch_size": 1, "optimizer": {"type": "Muon", "params": {"lr": 0.01, "nesterov": false}}})"),
+                              {});
   bool warned = false;
   for (const auto& w : c.warnings) warned = warned || (w.message.find("nesterov is ignored") != std::string::npos);
   EXPECT_TRUE(warned);
@@ -348,8 +356,8 @@ TEST_P(MuonZero, ShardedEqualsOneRank) {
   const ParamDiff moved = compare_params(ref.r0().params, init.r0().params, init.r0().params, 1.0, 0.0);
   EXPECT_GT(moved.max_abs, 1e-3);
   if (std::getenv("DSTRAIN_ZERO_EQ_VERBOSE") != nullptr)
-    std::printf("MEASURE Muon stage %d %s: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", stage, precision_name(prec), d.max_abs, d.max_update_rel,
-                d.update_rel, moved.max_abs);
+    std::printf("MEASURE Muon stage %d %s: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", stage, precision_name(prec), d.max_abs,
+                d.max_update_rel, d.update_rel, moved.max_abs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MuonZero,
@@ -377,10 +385,12 @@ TEST(Muon, StateBytes) {
   const std::uint64_t muon = run_zero(s).r0().report.optimizer_bytes;
   config::ConfigOptions o;
   o.world_size = 2;
-  const double muon_estimate = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  const double muon_estimate =
+      estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   s.knobs.optimizer_json.clear();
   EXPECT_EQ(muon, run_zero(s).r0().report.optimizer_bytes);
-  const double adamw_estimate = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
+  const double adamw_estimate =
+      estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT).optimizer;
   EXPECT_GT(muon_estimate, 0.0);
   EXPECT_EQ(muon_estimate, adamw_estimate);
 }

@@ -76,7 +76,8 @@ constexpr float kLr = 0.01f, kB1 = 0.9f, kB2 = 0.99f, kEps = 1e-8f, kWd = 0.05f;
 float init_param(std::size_t t, std::size_t i) { return 0.2f * std::cos(static_cast<float>(i) * 0.7f + static_cast<float>(t)); }
 // Rank r's own gradient at step t.
 float raw_grad(int step, int r, std::size_t t, std::size_t i) {
-  return 0.05f * std::sin(0.37f * static_cast<float>(i + 1) * static_cast<float>(t + 1) + 1.3f * static_cast<float>(step) + 2.1f * static_cast<float>(r)) +
+  return 0.05f * std::sin(0.37f * static_cast<float>(i + 1) * static_cast<float>(t + 1) + 1.3f * static_cast<float>(step) +
+                          2.1f * static_cast<float>(r)) +
          (i % 7 == 0 ? 0.01f : 0.0f);
 }
 // What the engine's backward gives rank r: its own gradient, or the average over the ranks (fp32, rank order).
@@ -138,13 +139,19 @@ struct Reference {
   }
 
   void step(int s /*1-based*/) {
-    if (type == "OneBitAdam") adam(s);
-    else if (type == "ZeroOneAdam") zoadam(s);
-    else lamb(s);
+    if (type == "OneBitAdam")
+      adam(s);
+    else if (type == "ZeroOneAdam")
+      zoadam(s);
+    else
+      lamb(s);
   }
 
   void adam(int s) {
-    if (!initialized) { initialized = true; return; }
+    if (!initialized) {
+      initialized = true;
+      return;
+    }
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       std::vector<Vec> ms(static_cast<std::size_t>(w));
       for (int r = 0; r < w; ++r) {
@@ -173,7 +180,10 @@ struct Reference {
   }
 
   void zoadam(int s) {
-    if (!initialized) { initialized = true; return; }
+    if (!initialized) {
+      initialized = true;
+      return;
+    }
     if (!counters) counters = true;  // counters start as declared; errors start empty (zero)
     const bool fz = frozen;
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
@@ -245,7 +255,10 @@ struct Reference {
   }
 
   void lamb(int s) {
-    if (!initialized) { initialized = true; return; }
+    if (!initialized) {
+      initialized = true;
+      return;
+    }
     const std::size_t nt = kSizes.size();
     if (!frozen) {
       for (int r = 0; r < w; ++r) {
@@ -402,8 +415,9 @@ class FakePartition final : public OptimizerPartition {
 std::string optimizer_json(const std::string& type, std::int64_t freeze) {
   const std::string common = fmt::format(R"("lr": {}, "betas": [{}, {}], "eps": {}, "weight_decay": {})", kLr, kB1, kB2, kEps, kWd);
   if (type == "ZeroOneAdam")
-    return fmt::format(R"({{"type": "{}", "params": {{{}, "var_freeze_step": {}, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 4}}}})",
-                       type, common, freeze);
+    return fmt::format(
+        R"({{"type": "{}", "params": {{{}, "var_freeze_step": {}, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 4}}}})", type,
+        common, freeze);
   return fmt::format(R"({{"type": "{}", "params": {{{}, "freeze_step": {}}}}})", type, common, freeze);
 }
 
@@ -562,8 +576,8 @@ TEST(OneBitEngine, AfterWarmUpAStepSendsAtMostASixteenthAndTheLossFallsLikeAdams
                 static_cast<unsigned long long>(warm.total_bytes_sent()), static_cast<unsigned long long>(compressed.total_bytes_sent()),
                 static_cast<double>(warm.total_bytes_sent()) / static_cast<double>(compressed.total_bytes_sent()));
     // The loss: OneBitAdam against AdamW without decay or bias correction (1-bit Adam has neither).
-    const FixedRun a = run_fixed(R"({"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.0, "bias_correction": false}})", w,
-                                 kSteps);
+    const FixedRun a =
+        run_fixed(R"({"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "weight_decay": 0.0, "bias_correction": false}})", w, kSteps);
     for (std::size_t k = 0; k < a.losses.size(); ++k) std::printf("W%d step %zu adam %.4f onebit %.4f\n", w, k + 1, a.losses[k], b.losses[k]);
     // Stated tolerance: the first 1-bit step is DeepSpeed's initialization step (no parameter
     // moves), so after K steps 1-bit Adam has made K − 1 updates; its loss must have fallen by at

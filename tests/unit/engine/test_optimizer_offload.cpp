@@ -124,8 +124,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerOffload,
 // nothing to NVMe): both train with the partition in host memory, as "cpu" does.
 TEST(OptimizerOffloadConfig, DeprecatedCpuOffloadAndNvmeBelowStage3OffloadToHost) {
   const RunResult cpu = run_zero(offload_run(2, 2, Precision::fp32, kOffloadCpu));
-  for (const std::string& zero_json : {std::string(R"("cpu_offload": true)"),
-                                       std::string(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})")}) {
+  for (const std::string& zero_json :
+       {std::string(R"("cpu_offload": true)"), std::string(R"("offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"})")}) {
     SCOPED_TRACE(zero_json);
     const RunResult run = run_zero(offload_run(2, 2, Precision::fp32, zero_json));
     for (std::size_t r = 0; r < run.ranks.size(); ++r) {
@@ -168,7 +168,8 @@ TEST(OptimizerOffloadNvme, Stage3EqualsCpuOffloadBitForBitWithOnlyBuffersInMemor
   // Synchronous (DeepSpeed's defaults) and pipelined (read ahead, write behind): the same values.
   const std::string nvme_sync = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}";
   const std::string nvme_pipe = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, )"
-                                R"("pipeline_write": true, "nvme_path": )" + path + "}";
+                                R"("pipeline_write": true, "nvme_path": )" +
+                                path + "}";
   // Sub-groups of 1000 elements: each rank's partition is many of them, cycled through 2 buffers.
   const auto run = [](int world, Precision p, const std::string& offload) {
     RunSpec s = offload_run(3, world, p, offload);
@@ -214,7 +215,8 @@ TEST(OptimizerOffloadNvme, ReportsTheBytesHeldAndMovedPerStep) {
   const std::string path = nlohmann::json(dir.string()).dump();
   const std::string nvme_sync = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}";
   const std::string nvme_pipe = R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "pipeline_read": true, )"
-                                R"("pipeline_write": true, "nvme_path": )" + path + "}";
+                                R"("pipeline_write": true, "nvme_path": )" +
+                                path + "}";
   constexpr std::uint64_t kSubGroup = 1024;
   for (const int world : {1, 2}) {
     for (const std::string& nvme : {nvme_sync, nvme_pipe}) {
@@ -259,9 +261,10 @@ TEST(OptimizerOffloadNvme, ReportsTheBytesHeldAndMovedPerStep) {
 std::string engine_error(const std::string& zero_json) {
   try {
     initialize(make_gpt2_model("gpt2:tiny"),
-                               ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                                                  "zero_optimization": {)" + zero_json + "}}"),
-                               {.sequence_length = 8});
+               ds(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                                                  "zero_optimization": {)" +
+                  zero_json + "}}"),
+               {.sequence_length = 8});
   } catch (const Error& e) {
     return e.what();
   }
@@ -317,7 +320,8 @@ TEST(OptimizerOffloadRatio, KeepsTheFirstSubGroupsOnTheDeviceBitForBit) {
         SCOPED_TRACE(testing::Message() << "world " << world << " " << precision_name(p) << " ratio " << ratio);
         const RunResult off = run_zero(offload_run(3, world, p, fmt::format(R"("offload_optimizer": {{"device": "cpu", "ratio": {}}})", ratio)));
         // DeepSpeed: sub-group i goes to the CPU when i >= int((1 - ratio) * N).
-        const std::size_t on_device = std::min(groups.size(), static_cast<std::size_t>(std::trunc((1.0 - ratio) * static_cast<double>(groups.size()))));
+        const std::size_t on_device =
+            std::min(groups.size(), static_cast<std::size_t>(std::trunc((1.0 - ratio) * static_cast<double>(groups.size()))));
         const std::uint64_t device_elems = on_device > 0 ? static_cast<std::uint64_t>(groups[on_device - 1].end) : 0;
         ASSERT_EQ(off.ranks.size(), plain.ranks.size());
         for (std::size_t r = 0; r < off.ranks.size(); ++r) {
@@ -348,8 +352,9 @@ TEST(OptimizerOffloadRatio, NvmeShareEqualsTheRunWithoutOffload) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(precision_name(p));
     const RunResult plain = run_zero(offload_run(3, 2, p, ""));
-    const RunResult off = run_zero(offload_run(
-        3, 2, p, R"("offload_optimizer": {"device": "nvme", "ratio": 0.5, "buffer_count": 2, "nvme_path": )" + nlohmann::json(dir.string()).dump() + "}"));
+    const RunResult off = run_zero(offload_run(3, 2, p,
+                                               R"("offload_optimizer": {"device": "nvme", "ratio": 0.5, "buffer_count": 2, "nvme_path": )" +
+                                                   nlohmann::json(dir.string()).dump() + "}"));
     for (std::size_t r = 0; r < off.ranks.size(); ++r) {
       EXPECT_EQ(off.ranks[r].losses, plain.ranks[r].losses);
       for (const auto& [name, values] : plain.ranks[r].params) EXPECT_EQ(off.ranks[r].params.at(name), values) << name;
@@ -397,17 +402,18 @@ TEST(OptimizerOffloadEstimate, PlacesTheOffloadedSharesAsTheAllocatorsCountThem)
   std::filesystem::create_directories(dir);
   const std::string path = nlohmann::json(dir.string()).dump();
   for (const int world : {1, 2}) {
-    for (const std::string& offload :
-         {std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})"), std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.3})"),
-          R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}",
-          R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "ratio": 0.5, "nvme_path": )" + path + "}",
-          std::string(R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})")}) {
+    for (const std::string& offload : {std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})"),
+                                       std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.3})"),
+                                       R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "nvme_path": )" + path + "}",
+                                       R"("offload_optimizer": {"device": "nvme", "buffer_count": 2, "ratio": 0.5, "nvme_path": )" + path + "}",
+                                       std::string(R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})")}) {
       SCOPED_TRACE(testing::Message() << "world " << world << " " << offload);
       const RunSpec s = offload_run(3, world, Precision::fp32, offload);
       const RunResult run = run_zero(s);
       config::ConfigOptions copts;
       copts.world_size = world;
-      const MemoryEstimate e = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts), kT);
+      const MemoryEstimate e =
+          estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), copts), kT);
       const double padding = static_cast<double>(shard_elements(world, Precision::fp32)) - e.parameters / world;
       ASSERT_GE(padding, 0.0);
       const double tolerance = 12.0 * padding;  // fp32 masters are the params here; + exp_avg + exp_avg_sq

@@ -29,8 +29,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 struct Case {
-  std::string block;       // the "optimizer" block
-  bool decayed = true;     // the segment's weight-decay flag (false: torch runs with weight_decay 0)
+  std::string block;    // the "optimizer" block
+  bool decayed = true;  // the segment's weight-decay flag (false: torch runs with weight_decay 0)
   float grad_scale = 1.0f;
 };
 
@@ -158,7 +158,8 @@ TEST(OptimizerRules, DefaultsAndChecks) {
   EXPECT_EQ(Optimizer(optimizer_config(R"({"type": "RMSprop", "params": {"momentum": 0.9, "centered": true}})")).state_names(),
             (std::vector<std::string>{"square_avg", "momentum_buffer", "grad_avg"}));
   // "betas" is a key of torch's defaults for these only (OneCycle's cycle_momentum needs it).
-  for (const char* t : {"Lion", "Adamax", "NAdam", "RAdam", "AdamW"}) EXPECT_TRUE(Optimizer(optimizer_config(std::string(R"({"type": ")") + t + "\"}")).has_betas()) << t;
+  for (const char* t : {"Lion", "Adamax", "NAdam", "RAdam", "AdamW"})
+    EXPECT_TRUE(Optimizer(optimizer_config(std::string(R"({"type": ")") + t + "\"}")).has_betas()) << t;
   for (const char* t : {"Adagrad", "RMSprop", "Adadelta", "ASGD", "Rprop", "SGD"})
     EXPECT_FALSE(Optimizer(optimizer_config(std::string(R"({"type": ")") + t + "\"}")).has_betas()) << t;
   const auto error_of = [](const std::string& block) {
@@ -182,8 +183,9 @@ TEST(OptimizerRules, DefaultsAndChecks) {
 TEST(OptimizerRules, NamesDeepSpeedFailsWithAreRefusedWithItsReason) {
   const auto error_of = [](const std::string& type) {
     try {
-      check_engine_trains(config::parse_ds_config(
-          config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"(", "params": {"lr": 1e-3}}})"), {}));
+      check_engine_trains(
+          config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"(", "params": {"lr": 1e-3}}})"),
+                                  {}));
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -201,8 +203,8 @@ TEST(OptimizerRules, NamesDeepSpeedFailsWithAreRefusedWithItsReason) {
     EXPECT_NE(e.find("optimizer.type \"" + type + "\""), std::string::npos) << e;
     for (const std::string& ph : phrases) EXPECT_NE(e.find(ph), std::string::npos) << type << ": " << e;
     // The config layer keeps the block and says the same in its warning.
-    const config::DsConfig c = config::parse_ds_config(
-        config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"("}})"), {});
+    const config::DsConfig c =
+        config::parse_ds_config(config::Json::parse(R"({"train_batch_size": 1, "optimizer": {"type": ")" + type + R"("}})"), {});
     bool warned = false;
     for (const auto& w : c.warnings) warned = warned || w.message.find(phrases.front()) != std::string::npos;
     EXPECT_TRUE(warned) << type;

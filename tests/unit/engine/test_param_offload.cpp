@@ -56,8 +56,8 @@ RunSpec param_run(int world, Precision p, const std::string& zero_json) {
   s.precision = p;
   s.steps = 3;
   s.knobs.reduce_bucket_size = 3000;
-  s.knobs.sub_group_size = 5000;       // several sub-groups: a layer's shard may straddle two
-  s.knobs.persistence_threshold = 0;   // every layer partitioned: every shard offloaded
+  s.knobs.sub_group_size = 5000;        // several sub-groups: a layer's shard may straddle two
+  s.knobs.persistence_threshold = 0;    // every layer partitioned: every shard offloaded
   s.knobs.prefetch_bucket_size = 4000;  // a few layers ahead: the reads run ahead of the gathers
   s.knobs.zero_extra_json = zero_json;
   return s;

@@ -53,9 +53,11 @@ TEST_P(SubGroups, BitIdenticalToOneSubGroup) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, SubGroups,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2), ::testing::Values(Precision::fp32, Precision::bf16)),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(Precision::fp32, Precision::bf16)),
                          [](const auto& pinfo) {
-                           return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param), precision_name(std::get<2>(pinfo.param)));
+                           return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param),
+                                              precision_name(std::get<2>(pinfo.param)));
                          });
 
 // ModelStates::owned_pieces over the W ranks of a group tile every owned parameter exactly once,

@@ -104,11 +104,11 @@ TEST_P(ZeroComm, StepVolumeMatchesThePaper) {
   spec.gas = 1;
   spec.precision = prec;
   spec.steps = 2;
-  spec.knobs.reduce_bucket_size = 3000;     // chunked collectives: the volume does not depend on it
+  spec.knobs.reduce_bucket_size = 3000;  // chunked collectives: the volume does not depend on it
   spec.knobs.allgather_bucket_size = 3000;
-  spec.knobs.persistence_threshold = 0;      // stage 3: every layer gathered per call
-  spec.knobs.max_reuse_distance = 0;         // released after each call unless the next needs it
-  spec.knobs.prefetch_bucket_size = 5000;    // prefetch changes when, not how much
+  spec.knobs.persistence_threshold = 0;    // stage 3: every layer gathered per call
+  spec.knobs.max_reuse_distance = 0;       // released after each call unless the next needs it
+  spec.knobs.prefetch_bucket_size = 5000;  // prefetch changes when, not how much
   spec.knobs.overlap_comm = w == 4;
   const RunResult run = run_zero(spec);
   const int pw = stage >= 1 ? w : 1;
@@ -155,9 +155,11 @@ TEST_P(ZeroComm, StepVolumeMatchesThePaper) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PerStep, ZeroComm,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 4), ::testing::Values(Precision::fp32, Precision::bf16)),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 4),
+                                            ::testing::Values(Precision::fp32, Precision::bf16)),
                          [](const auto& pinfo) {
-                           return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param), precision_name(std::get<2>(pinfo.param)));
+                           return fmt::format("Stage{}_W{}_{}", std::get<0>(pinfo.param), std::get<1>(pinfo.param),
+                                              precision_name(std::get<2>(pinfo.param)));
                          });
 
 // Gradient accumulation: stages 0 and 1 reduce once per step, stages 2 and 3 every micro-step (they

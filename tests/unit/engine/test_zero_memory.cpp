@@ -88,7 +88,9 @@ TEST_P(ZeroMemory, StatesMatchTheTable) {
 }
 
 INSTANTIATE_TEST_SUITE_P(W4, ZeroMemory, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::fp32, Precision::bf16)),
-                         [](const auto& pinfo) { return fmt::format("Stage{}_{}", std::get<0>(pinfo.param), precision_name(std::get<1>(pinfo.param))); });
+                         [](const auto& pinfo) {
+                           return fmt::format("Stage{}_{}", std::get<0>(pinfo.param), precision_name(std::get<1>(pinfo.param)));
+                         });
 
 // The optimizer partition holds exactly the states the optimizer declares (docs/training_state.md
 // §1): SGD without momentum none (fp32: no optimizer bytes at all; bf16: only the masters), SGD
@@ -120,8 +122,9 @@ TEST(ZeroMemoryStage3, AboutAQuarterOfStageZero) {
     SCOPED_TRACE(precision_name(p));
     const ZeroReport z0 = run_zero(memory_run(0, p)).r0().report;
     const ZeroReport z3 = run_zero(memory_run(3, p)).r0().report;
-    for (const auto& [b0, b3, what] : {std::make_tuple(z0.param_bytes, z3.param_bytes, "params"), std::make_tuple(z0.grad_bytes, z3.grad_bytes, "grads"),
-                                      std::make_tuple(z0.optimizer_bytes, z3.optimizer_bytes, "optimizer")}) {
+    for (const auto& [b0, b3, what] :
+         {std::make_tuple(z0.param_bytes, z3.param_bytes, "params"), std::make_tuple(z0.grad_bytes, z3.grad_bytes, "grads"),
+          std::make_tuple(z0.optimizer_bytes, z3.optimizer_bytes, "optimizer")}) {
       const double ratio = static_cast<double>(b3) / static_cast<double>(b0);
       EXPECT_GE(ratio, 0.25) << what;
       EXPECT_LE(ratio, 0.25 * 1.02) << what << ": " << b3 << " of " << b0;

@@ -82,7 +82,8 @@ TEST_P(ZeroOptimizerRules, ShardedEqualsOneRank) {
   }
   ASSERT_EQ(run.r0().losses.size(), ref.r0().losses.size());
   for (std::size_t k = 0; k < ref.r0().losses.size(); ++k)
-    EXPECT_LE(std::abs(run.r0().losses[k] - ref.r0().losses[k]), std::max(tol.loss_rtol, kRules[rule].sign_based ? 1e-4 : 0.0) * std::abs(ref.r0().losses[k]))
+    EXPECT_LE(std::abs(run.r0().losses[k] - ref.r0().losses[k]),
+              std::max(tol.loss_rtol, kRules[rule].sign_based ? 1e-4 : 0.0) * std::abs(ref.r0().losses[k]))
         << "step " << k + 1;
   const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);
   EXPECT_TRUE(d.finite);
@@ -93,8 +94,8 @@ TEST_P(ZeroOptimizerRules, ShardedEqualsOneRank) {
   const ParamDiff moved = compare_params(ref.r0().params, init.r0().params, init.r0().params, 1.0, 0.0);
   EXPECT_GT(moved.max_abs, 1e-4);
   if (std::getenv("DSTRAIN_ZERO_EQ_VERBOSE") != nullptr) {
-    std::printf("MEASURE %s stage %d %s: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", kRules[rule].name, stage, precision_name(prec), d.max_abs,
-                d.max_update_rel, d.update_rel, moved.max_abs);
+    std::printf("MEASURE %s stage %d %s: abs %.3g upd_rel %.3g all_upd_rel %.3g moved %.3g\n", kRules[rule].name, stage, precision_name(prec),
+                d.max_abs, d.max_update_rel, d.update_rel, moved.max_abs);
   }
 }
 
@@ -103,12 +104,12 @@ std::string combo_name(const ::testing::TestParamInfo<Combo>& info) {
   return fmt::format("{}_Stage{}_{}", kRules[rule].name, stage, precision_name(prec));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fp32, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::fp32)),
-                         combo_name);
-INSTANTIATE_TEST_SUITE_P(Fp16, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(1, 3), ::testing::Values(Precision::fp16)),
-                         combo_name);
-INSTANTIATE_TEST_SUITE_P(Bf16, ZeroOptimizerRules, ::testing::Combine(::testing::Range(0, 9), ::testing::Values(2, 3), ::testing::Values(Precision::bf16)),
-                         combo_name);
+INSTANTIATE_TEST_SUITE_P(Fp32, ZeroOptimizerRules,
+                         ::testing::Combine(::testing::Range(0, 9), ::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::fp32)), combo_name);
+INSTANTIATE_TEST_SUITE_P(Fp16, ZeroOptimizerRules,
+                         ::testing::Combine(::testing::Range(0, 9), ::testing::Values(1, 3), ::testing::Values(Precision::fp16)), combo_name);
+INSTANTIATE_TEST_SUITE_P(Bf16, ZeroOptimizerRules,
+                         ::testing::Combine(::testing::Range(0, 9), ::testing::Values(2, 3), ::testing::Values(Precision::bf16)), combo_name);
 
 // DeepSpeed's rule (zero/utils.py ZERO_SUPPORTED_OPTIMIZERS): Adagrad and Lion are on ZeRO's tested
 // list; the torch fallbacks need zero_allow_untested_optimizer at stage >= 1, with DeepSpeed's message.
@@ -196,7 +197,8 @@ TEST(ZeroOptimizerRulesMemory, EstimateEqualsTheAllocatorsBytes) {
         const std::uint64_t held = report.optimizer_bytes;
         config::ConfigOptions o;
         o.world_size = 2;
-        const MemoryEstimate e = estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT);
+        const MemoryEstimate e =
+            estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT);
         SCOPED_TRACE(testing::Message() << json << " stage " << stage << " " << precision_name(p));
         EXPECT_GT(held, 0u);
         // The estimate counts Ψ from the model's shape; the partition pads each layer to split

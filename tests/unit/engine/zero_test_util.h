@@ -49,7 +49,7 @@ struct ZeroKnobs {
   std::int64_t persistence_threshold = 100'000;
   std::int64_t max_live = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
-  bool reduce_scatter = true;  // false: DeepSpeed's all-reduce path
+  bool reduce_scatter = true;                   // false: DeepSpeed's all-reduce path
   std::int64_t sub_group_size = 1'000'000'000;  // the optimizer partition's sub-groups
   // The "optimizer" block; empty: AdamW with decay (below).
   std::string optimizer_json{};
@@ -92,7 +92,8 @@ inline std::string zero_config_json(const RunSpec& s) {
       "stage3_max_reuse_distance": {}, "reduce_scatter": {}, "sub_group_size": {}{}}}, "zero_allow_untested_optimizer": {}{}{}}})",
                      kMicro, s.gas, optimizer, s.stage, k.reduce_bucket_size, k.allgather_bucket_size, k.overlap_comm ? "true" : "false",
                      k.prefetch_bucket_size, k.persistence_threshold, k.max_live, k.max_reuse_distance, k.reduce_scatter ? "true" : "false",
-                     k.sub_group_size, k.zero_extra_json.empty() ? "" : ", " + k.zero_extra_json, k.allow_untested_optimizer ? "true" : "false", prec, k.extra_json.empty() ? "" : ", " + k.extra_json);
+                     k.sub_group_size, k.zero_extra_json.empty() ? "" : ", " + k.zero_extra_json, k.allow_untested_optimizer ? "true" : "false", prec,
+                     k.extra_json.empty() ? "" : ", " + k.extra_json);
 }
 
 inline Gpt2Config model_config(float dropout) {
@@ -113,7 +114,7 @@ inline Model make_test_model(const RunSpec& s) {
 inline Tokens slot_batch(int step, int slot) { return random_tokens(kMicro, kT, kVocab, static_cast<std::uint32_t>(1000 * step + slot + 1)); }
 
 struct RankResult {
-  std::vector<float> losses;  // state().last_step_loss after every optimizer step
+  std::vector<float> losses;                         // state().last_step_loss after every optimizer step
   std::map<std::string, std::vector<float>> params;  // gather_master_params() after the last step
   std::int64_t skipped_steps = 0;
   std::vector<double> loss_scales;  // state().loss_scale after every optimizer step

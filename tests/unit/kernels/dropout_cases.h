@@ -25,8 +25,8 @@ struct DropoutCase {
   float p;
 };
 inline constexpr DropoutCase kDropoutCases[] = {
-    {"one", 1, 0.5f}, {"odd7", 7, 0.1f}, {"p0_identity", 1001, 0.0f}, {"n4099_p01", 4099, 0.1f}, {"n10000_p05", 10000, 0.5f},
-    {"n3000_p09", 3000, 0.9f},
+    {"one", 1, 0.5f},          {"odd7", 7, 0.1f},           {"p0_identity", 1001, 0.0f},
+    {"n4099_p01", 4099, 0.1f}, {"n10000_p05", 10000, 0.5f}, {"n3000_p09", 3000, 0.9f},
 };
 // Dropout only scales by 1/(1-p) and rounds once: exact in fp32 up to one rounding.
 inline constexpr DTypeTols kDropoutTols{{0, 1e-6}, {0, 1e-3}, {0, 8e-3}};

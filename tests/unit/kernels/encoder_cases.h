@@ -13,7 +13,7 @@ struct EncoderCase {
 };
 inline constexpr EncoderCase kEncoderCases[] = {
     {"T1", 1, 1, 8, 5, 4},
-    {"C_odd", 2, 3, 13, 7, 5},          // C not a multiple of 8
+    {"C_odd", 2, 3, 13, 7, 5},              // C not a multiple of 8
     {"repeated_tokens", 3, 17, 70, 4, 20},  // tiny V: many positions per token; C > one 64-channel block
     {"gpt2ish", 2, 32, 96, 101, 64},
 };

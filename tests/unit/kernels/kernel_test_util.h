@@ -43,19 +43,30 @@ class Buf {
   }
   double get(std::int64_t i) const {
     switch (type_) {
-      case DType::fp32: return reinterpret_cast<const float*>(bytes_.data())[i];
-      case DType::fp16: return static_cast<float>(reinterpret_cast<const fp16_t*>(bytes_.data())[i]);
-      case DType::bf16: return static_cast<float>(reinterpret_cast<const bf16_t*>(bytes_.data())[i]);
-      default: return 0;
+      case DType::fp32:
+        return reinterpret_cast<const float*>(bytes_.data())[i];
+      case DType::fp16:
+        return static_cast<float>(reinterpret_cast<const fp16_t*>(bytes_.data())[i]);
+      case DType::bf16:
+        return static_cast<float>(reinterpret_cast<const bf16_t*>(bytes_.data())[i]);
+      default:
+        return 0;
     }
   }
   // Stores v rounded to the storage dtype.
   void set(std::int64_t i, double v) {
     switch (type_) {
-      case DType::fp32: reinterpret_cast<float*>(bytes_.data())[i] = static_cast<float>(v); break;
-      case DType::fp16: reinterpret_cast<fp16_t*>(bytes_.data())[i] = fp16_t(static_cast<float>(v)); break;
-      case DType::bf16: reinterpret_cast<bf16_t*>(bytes_.data())[i] = bf16_t(static_cast<float>(v)); break;
-      default: break;
+      case DType::fp32:
+        reinterpret_cast<float*>(bytes_.data())[i] = static_cast<float>(v);
+        break;
+      case DType::fp16:
+        reinterpret_cast<fp16_t*>(bytes_.data())[i] = fp16_t(static_cast<float>(v));
+        break;
+      case DType::bf16:
+        reinterpret_cast<bf16_t*>(bytes_.data())[i] = bf16_t(static_cast<float>(v));
+        break;
+      default:
+        break;
     }
   }
   // All values as double (after rounding to the storage type: the reference sees what the kernel sees).
@@ -121,8 +132,8 @@ inline void expect_close(const std::vector<double>& got, const std::vector<doubl
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double excess = std::abs(got[i] - want[i]) - (tol.atol + tol.rtol * std::abs(want[i]));
     if (!(excess <= 0)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", reference " << want[i] << " (atol " << tol.atol << ", rtol "
-                    << tol.rtol << ")";
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", reference " << want[i] << " (atol " << tol.atol << ", rtol " << tol.rtol
+                    << ")";
       return;
     }
   }

@@ -12,8 +12,8 @@ struct LayernormCase {
   std::int64_t B, T, C;
 };
 inline constexpr LayernormCase kLayernormCases[] = {
-    {"T1", 1, 1, 8}, {"C_odd", 2, 3, 13}, {"C1", 2, 2, 1}, {"C_blocks", 3, 5, 130}, {"gpt2ish", 2, 16, 96},
-    {"long_row", 1, 2, 8200},  // C above the CPU's 8192-float row buffer: the other code path
+    {"T1", 1, 1, 8},         {"C_odd", 2, 3, 13},    {"C1", 2, 2, 1},
+    {"C_blocks", 3, 5, 130}, {"gpt2ish", 2, 16, 96}, {"long_row", 1, 2, 8200},  // C above the CPU's 8192-float row buffer: the other code path
 };
 // Outputs are O(1); 16-bit errors come from rounding inputs/outputs once (reference sees the
 // rounded inputs). Gradient sums over rows get the same relative tolerance.

@@ -13,10 +13,8 @@ struct MatmulCase {
   bool bias;
 };
 inline constexpr MatmulCase kMatmulCases[] = {
-    {"1x1x1", 1, 1, 1, true},
-    {"odd", 3, 13, 7, true},
-    {"no_bias", 5, 9, 11, false},
-    {"crosses_tiles", 300, 40, 520, true},  // BT and OC both cross the 256-row tile
+    {"1x1x1", 1, 1, 1, true},      {"odd", 3, 13, 7, true},
+    {"no_bias", 5, 9, 11, false},  {"crosses_tiles", 300, 40, 520, true},  // BT and OC both cross the 256-row tile
     {"long_K", 17, 600, 33, true},
 };
 // Tolerance on values scaled by sqrt(K) (K = reduction length): inputs are uniform in [-1, 1].

@@ -30,16 +30,26 @@ inline DTypeTols matmul_gelu_tols() { return {{2e-5, 2e-4}, {4e-3, 1.5e-2}, {3e-
 
 // The inputs of one case in storage dtype t, and the reference results in double.
 struct MatmulGeluData {
-  Buf inp, weight, bias;            // forward: pre = inp · weightᵀ + bias, (BT, C) -> (BT, OC)
-  Buf weight2, dy, dweight0, dbias0;  // backward: y = out · weight2ᵀ + b2 (C, OC), dy (BT, C); the gradients before the call
-  std::vector<double> pre, out;                // forward reference
-  std::vector<double> dpre, dweight, dbias;    // backward reference (from the reference pre / out)
+  Buf inp, weight, bias;                     // forward: pre = inp · weightᵀ + bias, (BT, C) -> (BT, OC)
+  Buf weight2, dy, dweight0, dbias0;         // backward: y = out · weight2ᵀ + b2 (C, OC), dy (BT, C); the gradients before the call
+  std::vector<double> pre, out;              // forward reference
+  std::vector<double> dpre, dweight, dbias;  // backward reference (from the reference pre / out)
 };
 
 inline MatmulGeluData make_matmul_gelu_data(const MatmulGeluCase& c, DType t, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  MatmulGeluData d{Buf(t, c.BT * c.C), Buf(t, c.OC * c.C), Buf(t, c.OC), Buf(t, c.C * c.OC), Buf(t, c.BT * c.C), Buf(t, c.C * c.OC), Buf(t, c.C),
-                   {}, {}, {}, {}, {}};
+  MatmulGeluData d{Buf(t, c.BT * c.C),
+                   Buf(t, c.OC * c.C),
+                   Buf(t, c.OC),
+                   Buf(t, c.C * c.OC),
+                   Buf(t, c.BT * c.C),
+                   Buf(t, c.C * c.OC),
+                   Buf(t, c.C),
+                   {},
+                   {},
+                   {},
+                   {},
+                   {}};
   // The forward op maps inp (BT, C) -> pre (BT, OC); its backward is exercised as the MLP uses it,
   // with the output feeding a second matmul (OC -> C): dy (BT, C), weight2 (C, OC).
   d.inp.fill_uniform(rng, -1.5, 1.5);

@@ -10,8 +10,8 @@ namespace dstrain::test {
 struct SoftmaxCrossEntropyCase {
   const char* name;
   std::int64_t BT, V, Vp;
-  double logit_range;   // logits uniform in [-range, range]
-  int ignore_every;     // every k-th position has target -1 (0: none)
+  double logit_range;  // logits uniform in [-range, range]
+  int ignore_every;    // every k-th position has target -1 (0: none)
 };
 inline constexpr SoftmaxCrossEntropyCase kSoftmaxCrossEntropyCases[] = {
     {"V1", 2, 1, 1, 3.0, 0},

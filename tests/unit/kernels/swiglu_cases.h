@@ -13,7 +13,10 @@ struct SwigluCase {
   std::int64_t B, T, I;
 };
 inline constexpr SwigluCase kSwigluCases[] = {
-    {"one", 1, 1, 1}, {"odd", 2, 3, 13}, {"llamaish", 2, 16, 172}, {"big", 1, 8, 4099},
+    {"one", 1, 1, 1},
+    {"odd", 2, 3, 13},
+    {"llamaish", 2, 16, 172},
+    {"big", 1, 8, 4099},
 };
 // Elementwise: one rounding of the output; gate values span the sigmoid's tails (|x| up to 12).
 inline constexpr DTypeTols kSwigluTols{{2e-6, 2e-5}, {2e-3, 2e-3}, {1.6e-2, 1.6e-2}};

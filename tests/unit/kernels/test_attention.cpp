@@ -116,8 +116,8 @@ TEST_P(AttentionTest, ForwardBackwardMatchReference) {
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
     const RefAtt ref = ref_attention(qkv.values(), dout.values(), dqkv.values(), B, T, C, NH, dp);
     attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, 3 * C}), NH, dp);
-    attention_backward(dqkv.tensor({B, T, 3 * C}), dout.tensor({B, T, C}), qkv.tensor({B, T, 3 * C}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
-                       NH, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    attention_backward(dqkv.tensor({B, T, 3 * C}), dout.tensor({B, T, C}), qkv.tensor({B, T, 3 * C}), out.tensor({B, T, C}), f32(lse, {B, NH, T}), NH,
+                       f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
     expect_close(out, ref.out, tol, "attention out " + dtype_label(dt));
     expect_close(std::vector<double>(lse.begin(), lse.end()), ref.lse, Tol{1e-4, 1e-5}, "attention lse");
     // The kernel's D_i uses the stored (rounded) out: allow a few output roundings more.
@@ -144,8 +144,8 @@ TEST_P(GqaAttentionTest, ForwardBackwardMatchReference) {
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
     const RefAtt ref = ref_attention(qkv.values(), dout.values(), dqkv.values(), B, T, C, NH, dp, NKV);
     attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp);
-    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
-                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}), {NH, NKV},
+                       f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
     expect_close(out, ref.out, tol, "gqa attention out " + dtype_label(dt));
     expect_close(std::vector<double>(lse.begin(), lse.end()), ref.lse, Tol{1e-4, 1e-5}, "gqa attention lse");
     // dk/dv sum over the G query heads of a group: a few more roundings than multi-head.
@@ -189,8 +189,8 @@ TEST_P(WindowAttentionTest, ForwardBackwardMatchReference) {
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
     const RefAtt ref = ref_attention(qkv.values(), dout.values(), dqkv.values(), B, T, C, NH, dp, NKV, c.window);
     attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp, c.window);
-    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
-                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp, c.window);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}), {NH, NKV},
+                       f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp, c.window);
     expect_close(out, ref.out, tol, "window attention out " + dtype_label(dt));
     expect_close(std::vector<double>(lse.begin(), lse.end()), ref.lse, Tol{1e-4, 1e-5}, "window attention lse");
     expect_close(dqkv, ref.dqkv, Tol{tol.atol * 6, tol.rtol * 3}, "window attention dqkv " + dtype_label(dt));
@@ -212,8 +212,11 @@ TEST(WindowAttention, WindowOfOneCopiesV) {
     for (std::int64_t h = 0; h < NH; ++h)
       for (std::int64_t d = 0; d < HS; ++d)
         ASSERT_NEAR(out.get(bt * C + h * HS + d), qkv.get(bt * W + C + NKV * HS + (h / 2) * HS + d), 1e-6) << bt << " " << h << " " << d;
-  expect_error([&] { attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, {}, -1); },
-               {"attention_forward", "sliding window = -1"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, {}, -1);
+      },
+      {"attention_forward", "sliding window = -1"});
 }
 
 // Grouped KV heads through the multi-head kernel: repeating each KV head G times (repeat_kv) and
@@ -232,7 +235,8 @@ TEST(GqaAttention, EqualsMultiHeadOnRepeatedKv) {
         rep.set(bt * 3 * C + 2 * C + h * HS + d, qkv.get(bt * W + C + NKV * HS + (h / G) * HS + d));
       }
   }
-  Buf o1(DType::fp32, B * T * C), o2(DType::fp32, B * T * C), dout(DType::fp32, B * T * C), d1(DType::fp32, B * T * W), d2(DType::fp32, B * T * 3 * C);
+  Buf o1(DType::fp32, B * T * C), o2(DType::fp32, B * T * C), dout(DType::fp32, B * T * C), d1(DType::fp32, B * T * W),
+      d2(DType::fp32, B * T * 3 * C);
   dout.fill_uniform(rng, -1, 1);
   std::vector<float> l1(static_cast<std::size_t>(B * NH * T)), l2(l1.size()), scratch(attention_backward_scratch_elems(B, T, C, NH));
   const Tensor sc = f32(scratch, {static_cast<std::int64_t>(scratch.size())});
@@ -268,8 +272,8 @@ TEST(GqaAttention, FiniteDifferences) {
     for (std::int64_t i = 0; i < B * T * C; ++i) dout.set(i, proj[static_cast<std::size_t>(i)]);
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
     attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, W}), {NH, NKV}, dp);
-    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
-                       {NH, NKV}, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    attention_backward(dqkv.tensor({B, T, W}), dout.tensor({B, T, C}), qkv.tensor({B, T, W}), out.tensor({B, T, C}), f32(lse, {B, NH, T}), {NH, NKV},
+                       f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
     Buf o2(DType::fp32, B * T * C);
     std::vector<float> l2(lse.size());
     auto loss = [&] {
@@ -288,13 +292,22 @@ TEST(GqaAttention, FiniteDifferences) {
 TEST(GqaAttention, BadHeadCountsNameTheCounts) {
   Buf qkv(DType::fp32, 2 * 3 * 32), out(DType::fp32, 2 * 3 * 16);
   std::vector<float> lse(2 * 4 * 3);
-  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 3}); },
-               {"attention_forward", "NKV = 3", "NH = 4"});
-  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 0}); },
-               {"attention_forward", "NKV = 0"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 3});
+      },
+      {"attention_forward", "NKV = 3", "NH = 4"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 0});
+      },
+      {"attention_forward", "NKV = 0"});
   // (NH + 2·NKV) = 6 does not divide 32.
-  expect_error([&] { attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 1}); },
-               {"attention_forward", "[2, 3, 32]", "NKV = 1", "multiple of 6"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 16}), f32(lse, {2, 4, 3}), qkv.tensor({2, 3, 32}), {4, 1});
+      },
+      {"attention_forward", "[2, 3, 32]", "NKV = 1", "multiple of 6"});
 }
 
 TEST(Attention, FiniteDifferencesWithAndWithoutDropout) {
@@ -309,8 +322,8 @@ TEST(Attention, FiniteDifferencesWithAndWithoutDropout) {
     for (std::int64_t i = 0; i < B * T * C; ++i) dout.set(i, proj[static_cast<std::size_t>(i)]);
     std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
     attention_forward(out.tensor({B, T, C}), f32(lse, {B, NH, T}), qkv.tensor({B, T, 3 * C}), NH, dp);
-    attention_backward(dqkv.tensor({B, T, 3 * C}), dout.tensor({B, T, C}), qkv.tensor({B, T, 3 * C}), out.tensor({B, T, C}), f32(lse, {B, NH, T}),
-                       NH, f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
+    attention_backward(dqkv.tensor({B, T, 3 * C}), dout.tensor({B, T, C}), qkv.tensor({B, T, 3 * C}), out.tensor({B, T, C}), f32(lse, {B, NH, T}), NH,
+                       f32(scratch, {static_cast<std::int64_t>(scratch.size())}), dp);
     Buf o2(DType::fp32, B * T * C);
     std::vector<float> l2(lse.size());
     auto loss = [&] {
@@ -348,18 +361,33 @@ TEST(Attention, DropoutMaskRegeneratedOnRecompute) {
 TEST(Attention, BadArgumentsNameTheOpAndShapes) {
   Buf qkv(DType::fp32, 2 * 3 * 24), out(DType::fp32, 2 * 3 * 8), h(DType::fp16, 2 * 3 * 8);
   std::vector<float> lse(2 * 2 * 3);
-  expect_error([&] { attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 3, 24}), 3); },
-               {"attention_forward", "NH = 3", "C = 8"});
-  expect_error([&] { attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 3, 2}), qkv.tensor({2, 3, 24}), 2); },
-               {"attention_forward", "lse", "[2, 3, 2]", "[2, 2, 3]"});
-  expect_error([&] { attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 72, 1}), 2); },
-               {"attention_forward", "qkv", "[2, 72, 1]"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 3, 24}), 3);
+      },
+      {"attention_forward", "NH = 3", "C = 8"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 3, 2}), qkv.tensor({2, 3, 24}), 2);
+      },
+      {"attention_forward", "lse", "[2, 3, 2]", "[2, 2, 3]"});
+  expect_error(
+      [&] {
+        attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 72, 1}), 2);
+      },
+      {"attention_forward", "qkv", "[2, 72, 1]"});
   Buf wide(DType::fp32, 1 * 2 * 3 * 130), wout(DType::fp32, 1 * 2 * 130);
   std::vector<float> wl(2);
-  expect_error([&] { attention_forward(wout.tensor({1, 2, 130}), f32(wl, {1, 1, 2}), wide.tensor({1, 2, 390}), 1); },
-               {"attention_forward", "head size", "130", "128"});
-  expect_error([&] { attention_forward(h.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 3, 24}), 2); },
-               {"attention_forward", "fp16", "fp32"});
+  expect_error(
+      [&] {
+        attention_forward(wout.tensor({1, 2, 130}), f32(wl, {1, 1, 2}), wide.tensor({1, 2, 390}), 1);
+      },
+      {"attention_forward", "head size", "130", "128"});
+  expect_error(
+      [&] {
+        attention_forward(h.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), qkv.tensor({2, 3, 24}), 2);
+      },
+      {"attention_forward", "fp16", "fp32"});
   Tensor g(qkv.data(), DType::fp32, Shape{2, 3, 24}, Device::cuda(0));
   expect_error([&] { attention_forward(out.tensor({2, 3, 8}), f32(lse, {2, 2, 3}), g, 2); }, {"attention_forward", "cuda:0"});
   Buf dqkv(DType::fp32, 2 * 3 * 24);

@@ -55,10 +55,10 @@ std::vector<Case> adamw_cases() {
   for (const std::int64_t n : {std::int64_t{37}, std::int64_t{100003}}) {
     for (const DType gdt : kFloatDTypes) {
       for (const DType lowdt : {DType::fp32, DType::fp16, DType::bf16}) {  // fp32: no 16-bit copy
-        for (const int mode : {0, 1, 2}) {  // decoupled, L2, decoupled + stochastic rounding
+        for (const int mode : {0, 1, 2}) {                                 // decoupled, L2, decoupled + stochastic rounding
           if (mode == 2 && lowdt != DType::bf16) continue;
-          const std::string name = "adamw n=" + std::to_string(n) + " grads " + dtype_label(gdt) + " copy " + dtype_label(lowdt) + " mode " +
-                                   std::to_string(mode);
+          const std::string name =
+              "adamw n=" + std::to_string(n) + " grads " + dtype_label(gdt) + " copy " + dtype_label(lowdt) + " mode " + std::to_string(mode);
           cases.push_back({name, [=] {
                              std::vector<float> p = uniform(n, -1, 1, 1), m = uniform(n, -0.01, 0.01, 2), v = uniform(n, 0, 1e-4, 3);
                              Buf g(gdt, n), low(lowdt == DType::fp32 ? DType::bf16 : lowdt, n);
@@ -96,20 +96,21 @@ std::vector<Case> rule_cases() {
       for (const DType lowdt : {DType::fp32, DType::bf16}) {
         const std::int64_t n = 100003;
         const std::string name = std::string(rule) + " grads " + dtype_label(gdt) + " copy " + dtype_label(lowdt);
-        cases.push_back({name, [=, k = step] {
-                           std::vector<float> p = uniform(n, -1, 1, 1);
-                           std::vector<std::vector<float>> st;
-                           for (int j = 0; j < k.states; ++j) st.push_back(uniform(n, 0, 1e-2, 2 + static_cast<std::uint64_t>(j)));
-                           Buf g(gdt, n), low(DType::bf16, n);
-                           std::mt19937_64 rng(9);
-                           g.fill_uniform(rng, -1, 1);
-                           std::vector<Tensor> states;
-                           for (auto& s : st) states.push_back(f32(s));
-                           optimizer_rule_update(k, f32(p), g.tensor({n}), states, lowdt == DType::fp32 ? Tensor() : low.tensor({n}));
-                           std::vector<std::vector<unsigned char>> out{bytes_of(p.data(), p.size() * 4), bytes_of(low.data(), static_cast<std::size_t>(n) * 2)};
-                           for (auto& s : st) out.push_back(bytes_of(s.data(), s.size() * 4));
-                           return out;
-                         }});
+        cases.push_back(
+            {name, [=, k = step] {
+               std::vector<float> p = uniform(n, -1, 1, 1);
+               std::vector<std::vector<float>> st;
+               for (int j = 0; j < k.states; ++j) st.push_back(uniform(n, 0, 1e-2, 2 + static_cast<std::uint64_t>(j)));
+               Buf g(gdt, n), low(DType::bf16, n);
+               std::mt19937_64 rng(9);
+               g.fill_uniform(rng, -1, 1);
+               std::vector<Tensor> states;
+               for (auto& s : st) states.push_back(f32(s));
+               optimizer_rule_update(k, f32(p), g.tensor({n}), states, lowdt == DType::fp32 ? Tensor() : low.tensor({n}));
+               std::vector<std::vector<unsigned char>> out{bytes_of(p.data(), p.size() * 4), bytes_of(low.data(), static_cast<std::size_t>(n) * 2)};
+               for (auto& s : st) out.push_back(bytes_of(s.data(), s.size() * 4));
+               return out;
+             }});
       }
     }
   }

@@ -86,8 +86,8 @@ TEST(Encoder, FiniteDifferences) {
   const std::int64_t B = 2, T = 3, C = 5, V = 4, maxT = 4;
   auto tok = random_tokens(rng, B * T, V);
   Tensor tokens(tok.data(), DType::int32, Shape{B, T});
-  Buf wte(DType::fp32, V * C), wpe(DType::fp32, maxT * C), out(DType::fp32, B * T * C), dout(DType::fp32, B * T * C),
-      dwte(DType::fp32, V * C), dwpe(DType::fp32, maxT * C);
+  Buf wte(DType::fp32, V * C), wpe(DType::fp32, maxT * C), out(DType::fp32, B * T * C), dout(DType::fp32, B * T * C), dwte(DType::fp32, V * C),
+      dwpe(DType::fp32, maxT * C);
   wte.fill_uniform(rng, -1, 1);
   wpe.fill_uniform(rng, -1, 1);
   const auto w = random_vec(rng, static_cast<std::size_t>(B * T * C));
@@ -115,25 +115,31 @@ TEST(Encoder, BadArgumentsNameTheOpAndShapes) {
   std::vector<std::int32_t> tok = {0, 1, 2, 9};
   Tensor tokens(tok.data(), DType::int32, Shape{2, 2});
   Buf wte(DType::fp32, 4 * 8), wpe(DType::fp32, 4 * 8), out(DType::fp32, 2 * 2 * 8), half(DType::fp16, 4 * 8);
-  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({4, 8}), wpe.tensor({4, 8})); },
-               {"encoder_forward", "token 9", "[0, 4)"});
+  expect_error(
+      [&] {
+        encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({4, 8}), wpe.tensor({4, 8}));
+      },
+      {"encoder_forward", "token 9", "[0, 4)"});
   tok[3] = 3;
-  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({8, 4}), wpe.tensor({4, 8})); },
-               {"encoder_forward", "wte", "[8, 4]", "(V, C)"});
-  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({4, 8}), wpe.tensor({2, 16})); },
-               {"encoder_forward", "wpe", "[2, 16]"});
-  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), tokens, half.tensor({4, 8}), wpe.tensor({4, 8})); },
-               {"encoder_forward", "fp16", "fp32"});
+  expect_error(
+      [&] {
+        encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({8, 4}), wpe.tensor({4, 8}));
+      },
+      {"encoder_forward", "wte", "[8, 4]", "(V, C)"});
+  expect_error(
+      [&] {
+        encoder_forward(out.tensor({2, 2, 8}), tokens, wte.tensor({4, 8}), wpe.tensor({2, 16}));
+      },
+      {"encoder_forward", "wpe", "[2, 16]"});
+  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), tokens, half.tensor({4, 8}), wpe.tensor({4, 8})); }, {"encoder_forward", "fp16", "fp32"});
   Tensor ftok(wte.data(), DType::fp32, Shape{2, 2});
-  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), ftok, wte.tensor({4, 8}), wpe.tensor({4, 8})); },
-               {"encoder_forward", "tokens", "int32"});
+  expect_error([&] { encoder_forward(out.tensor({2, 2, 8}), ftok, wte.tensor({4, 8}), wpe.tensor({4, 8})); }, {"encoder_forward", "tokens", "int32"});
   Tensor gpu(out.data(), DType::fp32, Shape{2, 2, 8}, Device::cuda(0));
   expect_error([&] { encoder_forward(gpu, tokens, wte.tensor({4, 8}), wpe.tensor({4, 8})); }, {"encoder_forward", "cuda:0"});
   std::vector<std::int32_t> small(3);
   expect_error(
       [&] {
-        encoder_backward(wte.tensor({4, 8}), wpe.tensor({4, 8}), out.tensor({2, 2, 8}), tokens,
-                         Tensor(small.data(), DType::int32, Shape{3}));
+        encoder_backward(wte.tensor({4, 8}), wpe.tensor({4, 8}), out.tensor({2, 2, 8}), tokens, Tensor(small.data(), DType::int32, Shape{3}));
       },
       {"encoder_backward", "scratch", "B*T + V + 1 = 9"});
 }

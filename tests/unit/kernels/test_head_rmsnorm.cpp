@@ -111,10 +111,16 @@ TEST(HeadRmsnorm, BadArgumentsNameTheOpAndShapes) {
   Buf x(DType::fp32, 2 * 3 * 4 * 8), w(DType::fp32, 8), w7(DType::fp32, 7);
   std::vector<float> rstd(2 * 3 * 2);
   const Shape s{2, 3, 4, 8};
-  expect_error([&] { head_rmsnorm_forward(x.tensor(s), f32(rstd, {2, 3, 2}), w.tensor({8}), 3, 2, 1e-6f); },
-               {"head_rmsnorm_forward", "heads [3, 5)", "4 heads"});
+  expect_error(
+      [&] {
+        head_rmsnorm_forward(x.tensor(s), f32(rstd, {2, 3, 2}), w.tensor({8}), 3, 2, 1e-6f);
+      },
+      {"head_rmsnorm_forward", "heads [3, 5)", "4 heads"});
   expect_error([&] { head_rmsnorm_forward(x.tensor(s), f32(rstd, {2, 3, 2}), w7.tensor({7}), 0, 2, 1e-6f); }, {"head_rmsnorm_forward", "weight"});
   expect_error([&] { head_rmsnorm_forward(x.tensor(s), f32(rstd, {2, 2, 3}), w.tensor({8}), 0, 2, 1e-6f); }, {"head_rmsnorm_forward", "rstd"});
-  expect_error([&] { head_rmsnorm_backward(x.tensor(s), w.tensor({8}), x.tensor(s), w.tensor({8}), f32(rstd, {2, 3, 2}), 0, 2); },
-               {"head_rmsnorm_backward", "alias"});
+  expect_error(
+      [&] {
+        head_rmsnorm_backward(x.tensor(s), w.tensor({8}), x.tensor(s), w.tensor({8}), f32(rstd, {2, 3, 2}), 0, 2);
+      },
+      {"head_rmsnorm_backward", "alias"});
 }

@@ -22,8 +22,7 @@ struct RefLn {
   std::vector<double> out, mean, rstd;
 };
 
-RefLn ref_forward(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b, std::int64_t rows,
-                  std::int64_t C) {
+RefLn ref_forward(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b, std::int64_t rows, std::int64_t C) {
   RefLn r{std::vector<double>(x.size()), std::vector<double>(static_cast<std::size_t>(rows)), std::vector<double>(static_cast<std::size_t>(rows))};
   for (std::int64_t i = 0; i < rows; ++i) {
     double m = 0, v = 0;
@@ -145,8 +144,8 @@ TEST(Layernorm, FiniteDifferences) {
   for (std::int64_t i = 0; i < N; ++i) g.set(i, proj[static_cast<std::size_t>(i)]);
   std::vector<float> mean(static_cast<std::size_t>(B * T)), rstd(mean.size());
   layernorm_forward(y.tensor({B, T, C}), f32(mean, {B, T}), f32(rstd, {B, T}), x.tensor({B, T, C}), w.tensor({C}), b.tensor({C}));
-  layernorm_backward(dx.tensor({B, T, C}), dw.tensor({C}), db.tensor({C}), g.tensor({B, T, C}), x.tensor({B, T, C}), w.tensor({C}),
-                     f32(mean, {B, T}), f32(rstd, {B, T}));
+  layernorm_backward(dx.tensor({B, T, C}), dw.tensor({C}), db.tensor({C}), g.tensor({B, T, C}), x.tensor({B, T, C}), w.tensor({C}), f32(mean, {B, T}),
+                     f32(rstd, {B, T}));
   std::vector<float> m2(mean.size()), r2(mean.size());
   auto loss = [&] {
     layernorm_forward(y.tensor({B, T, C}), f32(m2, {B, T}), f32(r2, {B, T}), x.tensor({B, T, C}), w.tensor({C}), b.tensor({C}));
@@ -169,17 +168,32 @@ TEST(Layernorm, FiniteDifferences) {
 TEST(Layernorm, BadArgumentsNameTheOpAndShapes) {
   Buf x(DType::fp32, 24), w(DType::fp32, 6), b(DType::fp32, 6), y(DType::fp32, 24), h(DType::bf16, 6);
   std::vector<float> m(4), r(4);
-  expect_error([&] { layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6}), b.tensor({3, 2})); },
-               {"layernorm_forward", "bias", "[3, 2]", "[6]"});
-  expect_error([&] { layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), h.tensor({6}), b.tensor({6})); },
-               {"layernorm_forward", "bf16", "fp32"});
-  expect_error([&] { layernorm_forward(y.tensor({4, 6}), f32(m, {2, 2}), f32(r, {2}), x.tensor({4, 6}), w.tensor({6}), b.tensor({6})); },
-               {"layernorm_forward", "mean", "[4, 6]"});
-  expect_error([&] { layernorm_forward(y.tensor({6, 4}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6}), b.tensor({6})); },
-               {"layernorm_forward", "out", "[6, 4]", "[4, 6]"});
+  expect_error(
+      [&] {
+        layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6}), b.tensor({3, 2}));
+      },
+      {"layernorm_forward", "bias", "[3, 2]", "[6]"});
+  expect_error(
+      [&] {
+        layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), h.tensor({6}), b.tensor({6}));
+      },
+      {"layernorm_forward", "bf16", "fp32"});
+  expect_error(
+      [&] {
+        layernorm_forward(y.tensor({4, 6}), f32(m, {2, 2}), f32(r, {2}), x.tensor({4, 6}), w.tensor({6}), b.tensor({6}));
+      },
+      {"layernorm_forward", "mean", "[4, 6]"});
+  expect_error(
+      [&] {
+        layernorm_forward(y.tensor({6, 4}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6}), b.tensor({6}));
+      },
+      {"layernorm_forward", "out", "[6, 4]", "[4, 6]"});
   Tensor gx(x.data(), DType::fp32, Shape{4, 6}, Device::cuda(0));
-  expect_error([&] { layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), gx, w.tensor({6}), b.tensor({6})); },
-               {"layernorm_forward", "cuda:0"});
+  expect_error(
+      [&] {
+        layernorm_forward(y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), gx, w.tensor({6}), b.tensor({6}));
+      },
+      {"layernorm_forward", "cuda:0"});
   expect_error(
       [&] {
         fused_residual_layernorm_forward(y.tensor({4, 6}), y.tensor({4, 6}), f32(m, {4}), f32(r, {4}), x.tensor({4, 6}), x.tensor({2, 12}),

@@ -77,8 +77,8 @@ INSTANTIATE_TEST_SUITE_P(AllDTypes, MatmulTest, ::testing::ValuesIn(kFloatDTypes
 TEST(Matmul, FiniteDifferences) {
   std::mt19937_64 rng(43);
   const std::int64_t BT = 3, C = 4, OC = 5;
-  Buf x(DType::fp32, BT * C), w(DType::fp32, OC * C), b(DType::fp32, OC), y(DType::fp32, BT * OC), g(DType::fp32, BT * OC),
-      dx(DType::fp32, BT * C), dw(DType::fp32, OC * C), db(DType::fp32, OC);
+  Buf x(DType::fp32, BT * C), w(DType::fp32, OC * C), b(DType::fp32, OC), y(DType::fp32, BT * OC), g(DType::fp32, BT * OC), dx(DType::fp32, BT * C),
+      dw(DType::fp32, OC * C), db(DType::fp32, OC);
   for (Buf* p : {&x, &w, &b}) p->fill_uniform(rng, -1, 1);
   const auto proj = random_vec(rng, static_cast<std::size_t>(BT * OC));
   for (std::int64_t i = 0; i < BT * OC; ++i) g.set(i, proj[static_cast<std::size_t>(i)]);
@@ -102,17 +102,28 @@ TEST(Matmul, FiniteDifferences) {
 
 TEST(Matmul, BadArgumentsNameTheOpAndShapes) {
   Buf x(DType::fp32, 12), w(DType::fp32, 12), y(DType::fp32, 16), h(DType::bf16, 12);
-  expect_error([&] { matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), w.tensor({3, 4}), Tensor(), Tensor()); },
-               {"matmul_forward", "weight", "[3, 4]", "C = 3", "[4, 3]"});
-  expect_error([&] { matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), w.tensor({4, 3}), w.tensor({12}), Tensor()); },
-               {"matmul_forward", "bias", "[12]", "[4]"});
-  expect_error([&] { matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), h.tensor({4, 3}), Tensor(), Tensor()); },
-               {"matmul_forward", "bf16", "fp32"});
+  expect_error(
+      [&] {
+        matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), w.tensor({3, 4}), Tensor(), Tensor());
+      },
+      {"matmul_forward", "weight", "[3, 4]", "C = 3", "[4, 3]"});
+  expect_error(
+      [&] {
+        matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), w.tensor({4, 3}), w.tensor({12}), Tensor());
+      },
+      {"matmul_forward", "bias", "[12]", "[4]"});
+  expect_error([&] { matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), h.tensor({4, 3}), Tensor(), Tensor()); }, {"matmul_forward", "bf16", "fp32"});
   Buf hx(DType::bf16, 12), hy(DType::bf16, 16);
-  expect_error([&] { matmul_forward(hy.tensor({4, 4}), hx.tensor({4, 3}), h.tensor({4, 3}), Tensor(), Tensor()); },
-               {"matmul_forward", "scratch", "bf16"});
+  expect_error(
+      [&] {
+        matmul_forward(hy.tensor({4, 4}), hx.tensor({4, 3}), h.tensor({4, 3}), Tensor(), Tensor());
+      },
+      {"matmul_forward", "scratch", "bf16"});
   Tensor gw(w.data(), DType::fp32, Shape{4, 3}, Device::cuda(0));
   expect_error([&] { matmul_forward(y.tensor({4, 4}), x.tensor({4, 3}), gw, Tensor(), Tensor()); }, {"matmul_forward", "cuda:0"});
-  expect_error([&] { matmul_backward(x.tensor({4, 3}), Tensor(), Tensor(), y.tensor({2, 8}), x.tensor({4, 3}), w.tensor({4, 3}), Tensor()); },
-               {"matmul_backward", "dout", "[2, 8]", "[4, 4]"});
+  expect_error(
+      [&] {
+        matmul_backward(x.tensor({4, 3}), Tensor(), Tensor(), y.tensor({2, 8}), x.tensor({4, 3}), w.tensor({4, 3}), Tensor());
+      },
+      {"matmul_backward", "dout", "[2, 8]", "[4, 4]"});
 }

@@ -54,8 +54,8 @@ namespace {
 // counter {g lo, g hi | site << 16, step, layer << 16 | micro_batch}, key {seed lo, seed hi}.
 bool ref_keep(const RngKey& k, std::uint64_t i, float p) {
   const std::uint64_t g = i / 4;
-  const PhiloxCounter c{{static_cast<std::uint32_t>(g & 0xffffffffu), static_cast<std::uint32_t>(g >> 32) + k.site * 65536u, k.step,
-                       k.layer * 65536u + k.micro_batch}};
+  const PhiloxCounter c{
+      {static_cast<std::uint32_t>(g & 0xffffffffu), static_cast<std::uint32_t>(g >> 32) + k.site * 65536u, k.step, k.layer * 65536u + k.micro_batch}};
   const PhiloxKey key{{static_cast<std::uint32_t>(k.seed & 0xffffffffu), static_cast<std::uint32_t>(k.seed >> 32)}};
   const std::uint32_t bits = philox4x32_10(c, key).v[i % 4];
   const double u = static_cast<double>(bits >> 8) / 16777216.0;

@@ -168,12 +168,18 @@ TEST(Rmsnorm, FiniteDifferences) {
 TEST(Rmsnorm, BadArgumentsNameTheOpAndShapes) {
   Buf x(DType::fp32, 24), w(DType::fp32, 6), y(DType::fp32, 24), h(DType::bf16, 6);
   std::vector<float> r(4);
-  expect_error([&] { rmsnorm_forward(y.tensor({4, 6}), f32(r, {4}), x.tensor({4, 6}), w.tensor({3, 2})); },
-               {"rmsnorm_forward", "weight", "[3, 2]", "[6]"});
+  expect_error(
+      [&] {
+        rmsnorm_forward(y.tensor({4, 6}), f32(r, {4}), x.tensor({4, 6}), w.tensor({3, 2}));
+      },
+      {"rmsnorm_forward", "weight", "[3, 2]", "[6]"});
   expect_error([&] { rmsnorm_forward(y.tensor({4, 6}), f32(r, {4}), x.tensor({4, 6}), h.tensor({6})); }, {"rmsnorm_forward", "bf16", "fp32"});
   expect_error([&] { rmsnorm_forward(y.tensor({4, 6}), f32(r, {2}), x.tensor({4, 6}), w.tensor({6})); }, {"rmsnorm_forward", "rstd", "[4, 6]"});
-  expect_error([&] { rmsnorm_forward(y.tensor({6, 4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6})); },
-               {"rmsnorm_forward", "out", "[6, 4]", "[4, 6]"});
+  expect_error(
+      [&] {
+        rmsnorm_forward(y.tensor({6, 4}), f32(r, {4}), x.tensor({4, 6}), w.tensor({6}));
+      },
+      {"rmsnorm_forward", "out", "[6, 4]", "[4, 6]"});
   Tensor gx(x.data(), DType::fp32, Shape{4, 6}, Device::cuda(0));
   expect_error([&] { rmsnorm_forward(y.tensor({4, 6}), f32(r, {4}), gx, w.tensor({6})); }, {"rmsnorm_forward", "cuda:0"});
   expect_error(
@@ -181,6 +187,9 @@ TEST(Rmsnorm, BadArgumentsNameTheOpAndShapes) {
         fused_residual_rmsnorm_forward(y.tensor({4, 6}), w.tensor({6}), f32(r, {4}), x.tensor({4, 6}), x.tensor({2, 12}), w.tensor({6}));
       },
       {"fused_residual_rmsnorm_forward", "[2, 12]", "[4, 6]"});
-  expect_error([&] { rmsnorm_backward(x.tensor({4, 6}), w.tensor({6}), y.tensor({4, 6}), x.tensor({4, 6}), w.tensor({6}), f32(r, {4})); },
-               {"rmsnorm_backward", "alias"});
+  expect_error(
+      [&] {
+        rmsnorm_backward(x.tensor({4, 6}), w.tensor({6}), y.tensor({4, 6}), x.tensor({4, 6}), w.tensor({6}), f32(r, {4}));
+      },
+      {"rmsnorm_backward", "alias"});
 }

@@ -120,16 +120,28 @@ TEST(SoftmaxCrossEntropy, BadArgumentsNameTheOpAndShapes) {
   Buf logits(DType::fp32, 4 * 8);
   std::vector<float> losses(4), lse(4);
   std::vector<std::int32_t> tg = {0, 1, 7, 2};
-  expect_error([&] { softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({4, 8}), i32(tg, {4}), 6); },
-               {"softmax_cross_entropy_forward", "target 7", "position 2", "[0, 6)"});
+  expect_error(
+      [&] {
+        softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({4, 8}), i32(tg, {4}), 6);
+      },
+      {"softmax_cross_entropy_forward", "target 7", "position 2", "[0, 6)"});
   tg[2] = 3;
-  expect_error([&] { softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({4, 8}), i32(tg, {4}), 9); },
-               {"softmax_cross_entropy_forward", "V = 9", "Vp = 8"});
-  expect_error([&] { softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({2, 16}), i32(tg, {4}), 8); },
-               {"softmax_cross_entropy_forward", "targets", "[4]", "[2]"});
+  expect_error(
+      [&] {
+        softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({4, 8}), i32(tg, {4}), 9);
+      },
+      {"softmax_cross_entropy_forward", "V = 9", "Vp = 8"});
+  expect_error(
+      [&] {
+        softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), logits.tensor({2, 16}), i32(tg, {4}), 8);
+      },
+      {"softmax_cross_entropy_forward", "targets", "[4]", "[2]"});
   Buf half(DType::fp16, 4 * 8);
-  expect_error([&] { softmax_cross_entropy_backward(half.tensor({4, 8}), logits.tensor({4, 8}), f32(lse, {4}), i32(tg, {4}), 1.0f, 8); },
-               {"softmax_cross_entropy_backward", "fp16", "fp32"});
+  expect_error(
+      [&] {
+        softmax_cross_entropy_backward(half.tensor({4, 8}), logits.tensor({4, 8}), f32(lse, {4}), i32(tg, {4}), 1.0f, 8);
+      },
+      {"softmax_cross_entropy_backward", "fp16", "fp32"});
   Tensor g(logits.data(), DType::fp32, Shape{4, 8}, Device::cuda(0));
   expect_error([&] { softmax_cross_entropy_forward(f32(losses, {4}), f32(lse, {4}), g, i32(tg, {4}), 8); },
                {"softmax_cross_entropy_forward", "cuda:0"});

@@ -113,7 +113,8 @@ TEST(TensorOps, BadArgumentsAreErrors) {
   EXPECT_THROW(copy_tensor(Tensor(f.data(), DType::fp32, Shape{4}), Tensor(f.data() + 1, DType::fp32, Shape{3})), Error);
   // token ids are never converted
   EXPECT_THROW(convert_tensor(Tensor(f.data(), DType::fp32, Shape{4}), Tensor(i.data(), DType::int32, Shape{4})), Error);
-  EXPECT_THROW(residual_forward(Tensor(i.data(), DType::int32, Shape{4}), Tensor(i.data(), DType::int32, Shape{4}), Tensor(i.data(), DType::int32, Shape{4})),
+  EXPECT_THROW(residual_forward(Tensor(i.data(), DType::int32, Shape{4}), Tensor(i.data(), DType::int32, Shape{4}),
+                                Tensor(i.data(), DType::int32, Shape{4})),
                Error);
   // a device this machine has no kernels for, or no GPU: an Error, not a crash
   try {

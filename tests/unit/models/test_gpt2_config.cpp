@@ -26,9 +26,7 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
 }
 
 // Independent count: 12 C² + 13 C per block, (V + maxT) C embeddings, 2 C for ln_f.
-std::int64_t formula(std::int64_t L, std::int64_t C, std::int64_t V, std::int64_t maxT) {
-  return L * (12 * C * C + 13 * C) + (V + maxT) * C + 2 * C;
-}
+std::int64_t formula(std::int64_t L, std::int64_t C, std::int64_t V, std::int64_t maxT) { return L * (12 * C * C + 13 * C) + (V + maxT) * C + 2 * C; }
 
 std::int64_t spec_sum(const Gpt2Config& c) {
   std::int64_t n = 0;
@@ -144,8 +142,7 @@ TEST(Gpt2Config, HuggingFaceConfigJson) {
 TEST(Gpt2Config, HuggingFaceConfigErrors) {
   const std::string base = R"("n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 1000)";
   expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "model_type": "llama"})", "cfg.json"); }, {"cfg.json", "model_type", "llama"});
-  expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "activation_function": "relu"})", "cfg.json"); },
-               {"cfg.json", "relu", "gelu_new"});
+  expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "activation_function": "relu"})", "cfg.json"); }, {"cfg.json", "relu", "gelu_new"});
   expect_error([&] { gpt2_config_from_hf_json(R"({"n_layer": 2, "n_head": 12, "n_embd": 770, "n_positions": 8, "vocab_size": 10})", "cfg.json"); },
                {"cfg.json", "770", "12"});
   expect_error([&] { gpt2_config_from_hf_json(R"({"n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 1000})", "cfg.json"); },
@@ -153,8 +150,9 @@ TEST(Gpt2Config, HuggingFaceConfigErrors) {
   expect_error([&] { gpt2_config_from_hf_json(R"({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 1000})", "cfg.json"); },
                {"n_positions", "n_ctx"});
   expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "n_inner": 100})", "cfg.json"); }, {"n_inner", "256"});
-  expect_error([&] { gpt2_config_from_hf_json(R"({"n_layer": "2", "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 1000})", "cfg.json"); },
-               {"n_layer", "integer"});
+  expect_error(
+      [&] { gpt2_config_from_hf_json(R"({"n_layer": "2", "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 1000})", "cfg.json"); },
+      {"n_layer", "integer"});
   // A key given twice is an error (which value a reader keeps differs between readers).
   expect_error([&] { gpt2_config_from_hf_json("{" + base + R"(, "n_layer": 3})", "cfg.json"); }, {"cfg.json", "n_layer", "twice"});
   expect_error([&] { gpt2_config_from_hf_json("{" + base, "cfg.json"); }, {"cfg.json", "JSON"});

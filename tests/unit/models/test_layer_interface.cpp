@@ -111,8 +111,7 @@ TEST(LayerInterface, CheckpointedRecomputeWithSeparateBuffersMatchesTheModel) {
   std::vector<Arena> outputs;
   for (const auto& layer : layers) outputs.push_back(allocate({layer->output(dims)}));
   const Batch batch{b.tokens_tensor(), b.targets_tensor()};
-  auto fwd_args = [&](std::size_t i, std::span<const Tensor> params, std::span<const Tensor> saved, std::span<const Tensor> scratch,
-                      float* loss) {
+  auto fwd_args = [&](std::size_t i, std::span<const Tensor> params, std::span<const Tensor> saved, std::span<const Tensor> scratch, float* loss) {
     ForwardArgs a;
     a.dims = dims;
     a.batch = batch;

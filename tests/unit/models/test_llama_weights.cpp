@@ -96,7 +96,8 @@ TEST(LlamaWeights, ShardedRoundTripInEveryDiskDtype) {
     SCOPED_TRACE(dtype_name(dt));
     const fs::path sub = dir / std::string(dtype_name(dt));
     fs::create_directories(sub);
-    export_llama_weights(sub / "model.safetensors", cfg, [&](const std::string& n) { return a.param(n); }, dt, 8192);
+    export_llama_weights(
+        sub / "model.safetensors", cfg, [&](const std::string& n) { return a.param(n); }, dt, 8192);
     EXPECT_FALSE(fs::exists(sub / "model.safetensors"));
     std::ifstream in(sub / "model.safetensors.index.json");
     const nlohmann::json idx = nlohmann::json::parse(in);

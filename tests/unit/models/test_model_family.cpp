@@ -94,7 +94,8 @@ TEST_F(ConfigFile, ConfigJsonGoesToTheFamilyThatClaimsIt) {
   EXPECT_THAT(e, HasSubstr("\"bert\""));
   EXPECT_THAT(e, HasSubstr("BertForMaskedLM"));
   EXPECT_THAT(e, HasSubstr("the families are gpt2, llama"));
-  EXPECT_THAT(error_of([&] { model_architecture((dir_ / "missing.json").string()); }), HasSubstr("neither a family's spec nor an existing config.json"));
+  EXPECT_THAT(error_of([&] { model_architecture((dir_ / "missing.json").string()); }),
+              HasSubstr("neither a family's spec nor an existing config.json"));
 }
 
 // config_json() is what a checkpoint keeps: read back, it is the same architecture.
@@ -226,7 +227,8 @@ TEST(ParamSplit, EveryParameterTilesItsDimension) {
             }
             if (p.split.is_replicated()) break;  // every rank holds it whole
           }
-          for (std::int64_t i = 0; i < extent; ++i) ASSERT_EQ(covered[static_cast<std::size_t>(i)], 1) << spec << " " << p.name << " tp " << tp << " element " << i;
+          for (std::int64_t i = 0; i < extent; ++i)
+            ASSERT_EQ(covered[static_cast<std::size_t>(i)], 1) << spec << " " << p.name << " tp " << tp << " element " << i;
         }
       }
     }
@@ -345,8 +347,8 @@ TEST(ModelFamily, Gpt2FlopsAreTheProfilersTree) {
   const auto a = model_architecture("gpt2:L2-C64-H4-V100-T32");
   const Gpt2Config& c = *gpt2_config_of(*a);
   const ModuleFlops tree = a->forward_flops(2, 16);
-  const ModuleFlops direct = gpt2_forward_flops({.batch = 2, .seq_len = 16, .channels = 64, .heads = 4, .vocab = c.padded_vocab_size, .layers = 2,
-                                                 .max_seq_len = 32});
+  const ModuleFlops direct =
+      gpt2_forward_flops({.batch = 2, .seq_len = 16, .channels = 64, .heads = 4, .vocab = c.padded_vocab_size, .layers = 2, .max_seq_len = 32});
   EXPECT_EQ(tree.flops, direct.flops);
   EXPECT_EQ(tree.params, direct.params);
   EXPECT_DOUBLE_EQ(a->flops_per_token(16), 6.0 * a->stored_parameter_count() + 6.0 * 2 * 64 * 16);  // llm.c's 6N + 6LCT
@@ -413,9 +415,9 @@ TEST(ModelFamily, AnApplicationRegistersItsOwnFamily) {
   m.architecture->check_sequence(8, Device::cpu());
   const ModuleFlops tree = m.architecture->forward_flops(1, 4);
   ASSERT_EQ(tree.children.size(), 5u);
-  EXPECT_EQ(tree.children[0].flops, 0);                     // the embedding looks up
+  EXPECT_EQ(tree.children[0].flops, 0);  // the embedding looks up
   EXPECT_EQ(tree.children[1].type, "GPT2Block");
-  EXPECT_EQ(tree.children[1].macs, 4 * (12 * 16 * 16));     // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
+  EXPECT_EQ(tree.children[1].macs, 4 * (12 * 16 * 16));  // c_attn 3C², c_proj C², c_fc 4C², c_proj 4C²
   EXPECT_EQ(static_cast<double>(tree.params), m.architecture->stored_parameter_count());
   // The registry's names for rejected families.
   struct Colon final : ModelFamily {

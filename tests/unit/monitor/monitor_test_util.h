@@ -15,8 +15,7 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("dstrain_monitor_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ = std::filesystem::temp_directory_path() / ("dstrain_monitor_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

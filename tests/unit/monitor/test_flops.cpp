@@ -145,16 +145,13 @@ TEST(FlopsProfile, SummaryLinesAndAggregatesAsDeepSpeedPrintsThem) {
   EXPECT_TRUE(has(pad_line("samples/second: ", "114.29")));
   // Depth 1: ModuleList (872 params, 6656 MACs) leads Embedding (160), LayerNorm, Linear.
   EXPECT_TRUE(has("depth 0:\n    params      - {'GPT2': '1.05 K'}\n    MACs        - {'GPT2': '7.68 KMACs'}\n"));
-  EXPECT_TRUE(
-      has("depth 1:\n    params      - {'ModuleList': '872'}\n    MACs        - {'ModuleList': '6.66 KMACs'}\n"));
+  EXPECT_TRUE(has("depth 1:\n    params      - {'ModuleList': '872'}\n    MACs        - {'ModuleList': '6.66 KMACs'}\n"));
   // -1 shows depths 0..3 of 0..4, as DeepSpeed's range(len(info) - 1) does.
   EXPECT_TRUE(has("depth 3:\n"));
   EXPECT_FALSE(has("depth 4:\n"));
   // Detailed tree: the attention row with its share of the model.
-  EXPECT_TRUE(has(
-      "      (attn): Attention(\n        288 = 27.48% Params, 2.56 KMACs = 33.33% MACs, 5.44 Kflops = 31.25% flops\n"));
-  EXPECT_TRUE(has(
-      "(lm_head): Linear(0 = 0% Params, 1.02 KMACs = 13.33% MACs, 2.05 Kflops = 11.76% flops, weight tied to wte)"));
+  EXPECT_TRUE(has("      (attn): Attention(\n        288 = 27.48% Params, 2.56 KMACs = 33.33% MACs, 5.44 Kflops = 31.25% flops\n"));
+  EXPECT_TRUE(has("(lm_head): Linear(0 = 0% Params, 1.02 KMACs = 13.33% MACs, 2.05 Kflops = 11.76% flops, weight tied to wte)"));
 
   cfg.module_depth = 1;
   cfg.top_modules = 2;

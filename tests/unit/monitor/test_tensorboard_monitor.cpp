@@ -25,9 +25,7 @@ std::vector<std::byte> bytes(std::initializer_list<int> list) {
 void append(std::vector<std::byte>& out, std::string_view s) {
   for (char c : s) out.push_back(static_cast<std::byte>(c));
 }
-void append(std::vector<std::byte>& out, const std::vector<std::byte>& more) {
-  out.insert(out.end(), more.begin(), more.end());
-}
+void append(std::vector<std::byte>& out, const std::vector<std::byte>& more) { out.insert(out.end(), more.begin(), more.end()); }
 
 // wall_time 1.5, step 300, tag "Train/Samples/lr", simple_value 0.25.
 std::vector<std::byte> hand_encoded_scalar_event() {
@@ -115,9 +113,7 @@ double wall_time_of(const std::string& record) {
   return t;
 }
 
-std::string as_string(const std::vector<std::byte>& b) {
-  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
+std::string as_string(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
 
 TEST(TensorBoardMonitor, WritesAReadableEventFileUnderOutputPathJobName) {
   test::TempDir tmp;
@@ -190,8 +186,7 @@ TEST(TensorBoardMonitor, OfficialProtobufDecoderReadsOurFile) {
   test::TempDir tmp;
   std::filesystem::path file;
   {
-    TensorBoardMonitor tb(
-        config::TensorboardConfig{.enabled = true, .output_path = tmp.path().string(), .job_name = "j"});
+    TensorBoardMonitor tb(config::TensorboardConfig{.enabled = true, .output_path = tmp.path().string(), .job_name = "j"});
     const std::vector<MonitorEvent> events = {{"Train/Samples/lr", 0.25, 300},
                                               {"Train/Samples/loss_scale", 65536.0, 300},
                                               {"Train/Samples/train_loss", 0.0, 0},
@@ -200,9 +195,8 @@ TEST(TensorBoardMonitor, OfficialProtobufDecoderReadsOurFile) {
     file = tb.file_path();
   }
   const std::string out_path = (tmp.path() / "decoded.txt").string();
-  const std::string cmd = std::string("/usr/bin/python3 ") + DSTRAIN_SOURCE_DIR +
-                          "/tests/unit/monitor/read_tfevents_with_protobuf.py '" + file.string() + "' > '" + out_path +
-                          "'";
+  const std::string cmd = std::string("/usr/bin/python3 ") + DSTRAIN_SOURCE_DIR + "/tests/unit/monitor/read_tfevents_with_protobuf.py '" +
+                          file.string() + "' > '" + out_path + "'";
   const int rc = std::system(cmd.c_str());
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "protobuf module not importable";
   ASSERT_EQ(rc, 0) << test::read_file(out_path);

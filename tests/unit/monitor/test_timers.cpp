@@ -99,11 +99,9 @@ TEST(Timers, LogLineInDeepSpeedsFormat) {
   timers(kBackwardGlobalTimer).stop();
   c.advance(4.004);
   timers(kStepGlobalTimer).stop();
-  EXPECT_EQ(timers.log_line(kGlobalTimerNames),
-            "time (ms) | fwd: 12.35 | bwd: 33.35 | bwd_inner: 32.35 | bwd_allreduce: 33.35 | step: 37.35");
+  EXPECT_EQ(timers.log_line(kGlobalTimerNames), "time (ms) | fwd: 12.35 | bwd: 33.35 | bwd_inner: 32.35 | bwd_allreduce: 33.35 | step: 37.35");
   // reset by the line above
-  EXPECT_EQ(timers.log_line(kGlobalTimerNames),
-            "time (ms) | fwd: 0.00 | bwd: 0.00 | bwd_inner: 0.00 | bwd_allreduce: 0.00 | step: 0.00");
+  EXPECT_EQ(timers.log_line(kGlobalTimerNames), "time (ms) | fwd: 0.00 | bwd: 0.00 | bwd_inner: 0.00 | bwd_allreduce: 0.00 | step: 0.00");
   // Only timers that exist are printed; a normalizer divides.
   Timers only_fwd(c.clock());
   only_fwd(kForwardMicroTimer).start();
@@ -125,8 +123,8 @@ TEST(Timers, ElapsedTimeEventsAsDeepSpeedWritesThem) {
   const auto events = elapsed_time_events(timers, 4096);
   ASSERT_EQ(events.size(), 5u);
   const char* names[] = {"Train/Samples/elapsed_time_ms_forward", "Train/Samples/elapsed_time_ms_backward",
-                         "Train/Samples/elapsed_time_ms_backward_inner",
-                         "Train/Samples/elapsed_time_ms_backward_allreduce", "Train/Samples/elapsed_time_ms_step"};
+                         "Train/Samples/elapsed_time_ms_backward_inner", "Train/Samples/elapsed_time_ms_backward_allreduce",
+                         "Train/Samples/elapsed_time_ms_step"};
   const double values[] = {7, 0, 0, 0, 2};
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(events[i].name, names[i]);

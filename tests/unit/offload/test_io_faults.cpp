@@ -45,9 +45,7 @@ TEST(IoFaults, MisalignedBufferOrOffsetIsRefusedBeforeAnyIo) {
   IoFile f = io.open(path, IoOpen::create);
   auto buf = aligned_bytes(16384);
   const std::string b = error_of([&] { io.write(f, 0, buf.get() + 100, 4096); });
-  EXPECT_TRUE(has(b, path) && has(b, "4096 bytes at offset 0") && has(b, "not aligned to 4096") &&
-              has(b, "PinnedHostAllocator"))
-      << b;
+  EXPECT_TRUE(has(b, path) && has(b, "4096 bytes at offset 0") && has(b, "not aligned to 4096") && has(b, "PinnedHostAllocator")) << b;
   const std::string o = error_of([&] { io.read(f, 512, buf.get(), 4096); });
   EXPECT_TRUE(has(o, path) && has(o, "4096 bytes at offset 512") && has(o, "not a multiple of 4096")) << o;
   io.write(f, 0, buf.get(), 4096).wait();  // the engine is untouched
@@ -151,8 +149,7 @@ TEST(IoFaults, AllocateReportsNeededAndAvailableBytes) {
   ASSERT_GT(available, 0);
   const std::uint64_t too_much = static_cast<std::uint64_t>(available) + (std::uint64_t{1} << 40);
   const std::string e = error_of([&] { f.allocate(too_much); });
-  EXPECT_TRUE(has(e, "needs " + std::to_string(too_much) + " bytes") && has(e, "bytes available") && has(e, "nvme_path"))
-      << e;
+  EXPECT_TRUE(has(e, "needs " + std::to_string(too_much) + " bytes") && has(e, "bytes available") && has(e, "nvme_path")) << e;
   EXPECT_EQ(f.size(), 0u);
   f.allocate(1 << 20);
   EXPECT_EQ(f.size(), 1u << 20);

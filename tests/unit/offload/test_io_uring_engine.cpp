@@ -52,11 +52,9 @@ TEST(IoEngine, ReadsBackWhatItWroteAtUnalignedSizes) {
   std::uint32_t seed = 1;
   // Aligned offsets (4096 multiples), any size: the last partial block goes through the buffered
   // descriptor. Sizes around the alignment and the block size, and several blocks plus a tail.
-  for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097},
-                            std::size_t{65535}, std::size_t{65536}, std::size_t{65537}, std::size_t{3 * 65536 + 7},
-                            std::size_t{1 << 20}})
-    for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1 << 20}})
-      round_trip(io, path, offset, bytes, seed++);
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097}, std::size_t{65535},
+                            std::size_t{65536}, std::size_t{65537}, std::size_t{3 * 65536 + 7}, std::size_t{1 << 20}})
+    for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1 << 20}}) round_trip(io, path, offset, bytes, seed++);
   // A write that ends the file at an unaligned size leaves it exactly that long.
   const std::string tail_path = dir.file("tail.bin");
   IoFile t = io.open(tail_path, IoOpen::create);
@@ -105,8 +103,7 @@ TEST(IoEngine, EveryQueueDepthAndBlockSizeInTheConfigRange) {
   auto src = aligned_bytes(kBytes);
   auto dst = aligned_bytes(kBytes);
   std::uint32_t seed = 11;
-  const std::uint64_t blocks[] = {1, 512, 4095, 4096, 4097, 6000, 65536, 1 << 20, std::uint64_t{1} << 30,
-                                  std::uint64_t{1} << 40};
+  const std::uint64_t blocks[] = {1, 512, 4095, 4096, 4097, 6000, 65536, 1 << 20, std::uint64_t{1} << 30, std::uint64_t{1} << 40};
   const unsigned depths[] = {1, 2, 3, 8, 31, 128, 32768};
   for (std::uint64_t block : blocks) {
     for (unsigned depth : depths) {
@@ -118,8 +115,8 @@ TEST(IoEngine, EveryQueueDepthAndBlockSizeInTheConfigRange) {
         o.single_submit = (mode & 1) != 0;
         o.overlap_events = (mode & 2) == 0;
         o.intra_op_parallelism = depth == 3 ? 2 : 1;
-        SCOPED_TRACE(testing::Message() << "block_size " << block << " queue_depth " << depth << " single_submit "
-                                        << o.single_submit << " overlap_events " << o.overlap_events);
+        SCOPED_TRACE(testing::Message() << "block_size " << block << " queue_depth " << depth << " single_submit " << o.single_submit
+                                        << " overlap_events " << o.overlap_events);
         IoEngine io(o);
         fill_pattern(src.get(), kBytes, seed++);
         std::memset(dst.get(), 0, kBytes);

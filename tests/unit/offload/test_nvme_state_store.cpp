@@ -58,8 +58,7 @@ void expect_same(StateStore& a, StateStore& b) {
     ASSERT_EQ(va.size(), vb.size());
     for (std::size_t k = 0; k < va.size(); ++k) {
       ASSERT_EQ(va[k].numel(), vb[k].numel());
-      ASSERT_EQ(std::memcmp(va[k].data, vb[k].data, static_cast<std::size_t>(va[k].numel()) * 4), 0)
-          << "group " << g << " buffer " << k;
+      ASSERT_EQ(std::memcmp(va[k].data, vb[k].data, static_cast<std::size_t>(va[k].numel()) * 4), 0) << "group " << g << " buffer " << k;
     }
     a.release(g, false);
     b.release(g, false);

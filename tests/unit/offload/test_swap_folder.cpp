@@ -103,9 +103,7 @@ TEST(SwapFolder, ADriveTooSmallIsReportedWithBytesNeededAndAvailable) {
   ASSERT_GT(available, 0);
   const std::uint64_t half = (static_cast<std::uint64_t>(available) / 2 + (std::uint64_t{1} << 40)) / 4096 * 4096;
   const std::string e = error_of([&] { SwapFolder f(io, dir.path.string(), kKey, "r", 3, {{"a", half}, {"b", half}}); });
-  EXPECT_TRUE(has(e, "rank 3") && has(e, std::to_string(2 * half) + " bytes, 2 files") && has(e, "available") &&
-              has(e, kKey))
-      << e;
+  EXPECT_TRUE(has(e, "rank 3") && has(e, std::to_string(2 * half) + " bytes, 2 files") && has(e, "available") && has(e, kKey)) << e;
   EXPECT_FALSE(fs::exists(dir.path / "dstrain_swap")) << "files created before the space check";
 }
 

@@ -24,8 +24,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
-void expect_counter(const MemoryCounter& c, std::size_t current, std::size_t peak, std::uint64_t allocs,
-                    std::uint64_t frees, const char* what) {
+void expect_counter(const MemoryCounter& c, std::size_t current, std::size_t peak, std::uint64_t allocs, std::uint64_t frees, const char* what) {
   EXPECT_EQ(c.current, current) << what;
   EXPECT_EQ(c.peak, peak) << what;
   EXPECT_EQ(c.allocations, allocs) << what;
@@ -84,7 +83,7 @@ TEST(CpuAllocator, ScriptedSequence) {
   expect_counter(s[MemoryPurpose::params], 30, 30, 2, 1, "params after reset");
   expect_counter(s.total, 280, 280, 4, 1, "total after reset");
 
-  a.deallocate(g);  // 80
+  a.deallocate(g);                                     // 80
   void* big = a.allocate(1000, MemoryPurpose::grads);  // 1080: new total peak
   s = a.stats();
   expect_counter(s[MemoryPurpose::grads], 1000, 1000, 2, 1, "grads after reset");
@@ -346,7 +345,7 @@ TEST(Buffer, TensorViews) {
   EXPECT_EQ(t.dtype, DType::fp32);
   EXPECT_EQ(t.shape, (Shape{4, 6}));
   EXPECT_TRUE(t.device.is_cpu());
-  t.as<float>()[23] = 1.5f;  // last element is inside the block
+  t.as<float>()[23] = 1.5f;                           // last element is inside the block
   const Tensor h = b.tensor(DType::bf16, Shape{48});  // same bytes as 48 bf16
   EXPECT_EQ(h.nbytes(), 96u);
   const Tensor tail = b.tensor(DType::fp32, Shape{2, 6}, 48);  // rows 2..3

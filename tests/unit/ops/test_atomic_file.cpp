@@ -56,12 +56,12 @@ TEST(AtomicFile, TemporaryNames) {
 TEST(AtomicFile, RemovesOnlyTheTemporariesOfEndedProcesses) {
   Folder dir;
   const auto touch = [&](const std::string& name) { std::ofstream(dir.path / name) << "x"; };
-  touch("c.json.tmp.2147483646");        // no such process (above any pid_max)
+  touch("c.json.tmp.2147483646");  // no such process (above any pid_max)
   touch("c.json.tmp.2147483646.12");
   const std::string mine = "c.json.tmp." + std::to_string(::getpid()) + ".5";  // this process: running
   touch(mine);
-  touch("c.json.tmp.1");                 // init: running
-  touch("d.json.tmp.2147483646");        // another target
+  touch("c.json.tmp.1");           // init: running
+  touch("d.json.tmp.2147483646");  // another target
   touch("c.json");
   EXPECT_EQ(remove_stale_temp_files(dir.path / "c.json"), 2);
   for (const char* kept : {"c.json.tmp.1", "d.json.tmp.2147483646", "c.json"}) EXPECT_TRUE(std::filesystem::exists(dir.path / kept)) << kept;
@@ -76,7 +76,8 @@ TEST(AtomicFile, WriteReplacesWholeOrNotAtAll) {
   EXPECT_EQ(text_of(path), "old");
   std::ofstream(dir.path / "s.json.tmp.2147483646") << "{";  // a dead writer's leftover
   // A file size limit fails the write part-way (SIGXFSZ ignored, as the CLI does).
-  struct sigaction ignore {}, previous {};
+  struct sigaction ignore {
+  }, previous{};
   ignore.sa_handler = SIG_IGN;
   ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &previous), 0);
   rlimit old_limit{};

@@ -95,8 +95,10 @@ void check_consistent(const CachingPool& pool, const FakeBackend& be, const std:
         const auto l = live.find(b.address);
         ASSERT_NE(l, live.end()) << "allocated block the model does not know";
         ASSERT_GE(b.size, l->second);
-        if (seg.small) ASSERT_LE(b.size, CachingPool::kSmallSize);
-        else ASSERT_GT(CachingPool::round_size(l->second), CachingPool::kSmallSize);
+        if (seg.small)
+          ASSERT_LE(b.size, CachingPool::kSmallSize);
+        else
+          ASSERT_GT(CachingPool::round_size(l->second), CachingPool::kSmallSize);
         ASSERT_EQ(pool.block_size(reinterpret_cast<void*>(b.address)), b.size);
         allocated += b.size;
         ++n_live;
@@ -127,8 +129,8 @@ TEST(CachingPool, Rounding) {
   EXPECT_EQ(CachingPool::round_size(513), 1024u);
   EXPECT_EQ(CachingPool::round_size(MiB), MiB);
   EXPECT_EQ(CachingPool::segment_size(512), 2 * MiB);
-  EXPECT_EQ(CachingPool::segment_size(MiB), 2 * MiB);            // the largest small block
-  EXPECT_EQ(CachingPool::segment_size(MiB + 512), 20 * MiB);     // the smallest large one
+  EXPECT_EQ(CachingPool::segment_size(MiB), 2 * MiB);         // the largest small block
+  EXPECT_EQ(CachingPool::segment_size(MiB + 512), 20 * MiB);  // the smallest large one
   EXPECT_EQ(CachingPool::segment_size(10 * MiB - 512), 20 * MiB);
   EXPECT_EQ(CachingPool::segment_size(10 * MiB), 10 * MiB);
   EXPECT_EQ(CachingPool::segment_size(10 * MiB + 512), 12 * MiB);
@@ -221,7 +223,7 @@ TEST(CachingPool, LargeBlocks) {
 TEST(CachingPool, SmallAndLargeDoNotShareSegments) {
   FakeBackend be;
   CachingPool pool(be.backend());
-  pool.free(pool.allocate(100));  // a cached 2 MiB small segment
+  pool.free(pool.allocate(100));       // a cached 2 MiB small segment
   void* big = pool.allocate(MiB + 1);  // large: may not use it even though it would fit
   EXPECT_EQ(be.allocate_calls, 2u);
   EXPECT_EQ(pool.stats().reserved_bytes, 22 * MiB);
@@ -233,7 +235,7 @@ TEST(CachingPool, SmallAndLargeDoNotShareSegments) {
 TEST(CachingPool, ReleaseCachedReturnsOnlyWholeFreeSegments) {
   FakeBackend be;
   CachingPool pool(be.backend());
-  void* s1 = pool.allocate(1000);    // small segment, stays partly used
+  void* s1 = pool.allocate(1000);  // small segment, stays partly used
   void* s2 = pool.allocate(1000);
   void* l1 = pool.allocate(12 * MiB);  // large segment, freed whole
   pool.free(s2);
@@ -339,9 +341,12 @@ TEST(CachingPool, RandomSequenceAgainstModel) {
     if (op < 55 || live.empty()) {
       std::size_t bytes = 0;
       const int kind = static_cast<int>(rng() % 10);
-      if (kind < 6) bytes = 1 + rng() % (64 * KiB);
-      else if (kind < 8) bytes = 1 + rng() % (2 * MiB);
-      else bytes = 1 + rng() % (24 * MiB);
+      if (kind < 6)
+        bytes = 1 + rng() % (64 * KiB);
+      else if (kind < 8)
+        bytes = 1 + rng() % (2 * MiB);
+      else
+        bytes = 1 + rng() % (24 * MiB);
       const std::uint64_t refused_before = be.refused;
       void* p = pool.allocate(bytes);
       if (p == nullptr) {

@@ -38,9 +38,12 @@ float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 double ref_fp16_value(std::uint16_t h) {
   const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
   double v;
-  if (e == 0x1f) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -24);           // subnormal: m * 2^-24
-  else v = std::ldexp(static_cast<double>(1024 + m), e - 15 - 10);        // (1.m) * 2^(e-15)
+  if (e == 0x1f)
+    v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), -24);  // subnormal: m * 2^-24
+  else
+    v = std::ldexp(static_cast<double>(1024 + m), e - 15 - 10);  // (1.m) * 2^(e-15)
   return sign ? -v : v;
 }
 
@@ -48,9 +51,12 @@ double ref_fp16_value(std::uint16_t h) {
 double ref_bf16_value(std::uint16_t b) {
   const int sign = b >> 15, e = (b >> 7) & 0xff, m = b & 0x7f;
   double v;
-  if (e == 0xff) v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), -126 - 7);
-  else v = std::ldexp(static_cast<double>(128 + m), e - 127 - 7);
+  if (e == 0xff)
+    v = m == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), -126 - 7);
+  else
+    v = std::ldexp(static_cast<double>(128 + m), e - 127 - 7);
   return sign ? -v : v;
 }
 
@@ -89,9 +95,12 @@ std::uint16_t ref_round(double x, const Format16& f) {
   const auto lo = static_cast<std::uint16_t>(hi - 1);
   const double dlo = a - f.values[lo], dhi = f.values[hi] - a;
   std::uint16_t p;
-  if (dlo < dhi) p = lo;
-  else if (dhi < dlo) p = hi;
-  else p = (lo % 2 == 0) ? lo : hi;
+  if (dlo < dhi)
+    p = lo;
+  else if (dhi < dlo)
+    p = hi;
+  else
+    p = (lo % 2 == 0) ? lo : hi;
   return sign | p;
 }
 
@@ -130,12 +139,11 @@ TEST(DType, Fp16ToFp32AllPatterns) {
     if (is_fp16_nan(h)) {
       ASSERT_TRUE(std::isnan(got)) << std::hex << p;
       // Widening is exact: sign, quiet bit and the 10 payload bits land in the top of fp32's 23.
-      const std::uint32_t expect = (static_cast<std::uint32_t>(h & 0x8000) << 16) | 0x7f800000u |
-                                   (static_cast<std::uint32_t>(h & 0x03ff) << 13);
+      const std::uint32_t expect = (static_cast<std::uint32_t>(h & 0x8000) << 16) | 0x7f800000u | (static_cast<std::uint32_t>(h & 0x03ff) << 13);
       ASSERT_EQ(bits_of(got), expect) << std::hex << p;
     } else {
       const float expect = static_cast<float>(ref_fp16_value(h));  // exact: 11 bits fit in 24
-      ASSERT_EQ(bits_of(got), bits_of(expect)) << std::hex << p;    // bits: also checks -0
+      ASSERT_EQ(bits_of(got), bits_of(expect)) << std::hex << p;   // bits: also checks -0
     }
   }
 }
@@ -179,11 +187,13 @@ void check_all_midpoints(const Format16& f, Convert convert, const char* what) {
 }
 
 TEST(DType, Fp32ToFp16AllMidpoints) {
-  check_all_midpoints(fp16_format(), [](float x) { return fp32_to_fp16_bits(x); }, "fp16");
+  check_all_midpoints(
+      fp16_format(), [](float x) { return fp32_to_fp16_bits(x); }, "fp16");
 }
 
 TEST(DType, Fp32ToBf16AllMidpoints) {
-  check_all_midpoints(bf16_format(), [](float x) { return fp32_to_bf16_bits(x); }, "bf16");
+  check_all_midpoints(
+      bf16_format(), [](float x) { return fp32_to_bf16_bits(x); }, "bf16");
 }
 
 // ============================== fp32 -> 16 bits: special values ==============================
@@ -201,12 +211,12 @@ TEST(DType, Fp32ToFp16Specials) {
   EXPECT_EQ(fp32_to_fp16_bits(-65520.0f), 0xfc00);
   EXPECT_EQ(fp32_to_fp16_bits(1e10f), 0x7c00);
   EXPECT_EQ(fp32_to_fp16_bits(std::numeric_limits<float>::max()), 0x7c00);
-  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);   // smallest normal
-  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);   // smallest subnormal
-  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);   // tie between 0 and 2^-24 -> even (0)
+  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and 2^-24 -> even (0)
   EXPECT_EQ(fp32_to_fp16_bits(-std::ldexp(1.0f, -25)), 0x8000);
   EXPECT_EQ(fp32_to_fp16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);   // tie between 1 and 2 -> even (2)
+  EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);     // tie between 1 and 2 -> even (2)
   EXPECT_EQ(fp32_to_fp16_bits(std::ldexp(1023.5f, -24)), 0x0400);  // tie: largest subnormal -> smallest normal
   // Rounding carries through the mantissa into the exponent: 2047.5/1024 * 2^0 -> 2.0.
   EXPECT_EQ(fp32_to_fp16_bits(2047.5f / 1024.0f), 0x4000);
@@ -220,10 +230,10 @@ TEST(DType, Fp32ToBf16Specials) {
   EXPECT_EQ(fp32_to_bf16_bits(1.0f), 0x3f80);
   EXPECT_EQ(fp32_to_bf16_bits(3.14159265f), 0x4049);
   EXPECT_EQ(fp32_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds past 255*2^120
-  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x7f7f7fffu)), 0x7f7f);                // just below that tie
-  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x7f7f8000u)), 0x7f80);                // the tie -> even = inf
-  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x3f808000u)), 0x3f80);                // tie, even below
-  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x3f818000u)), 0x3f82);                // tie, even above
+  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x7f7f7fffu)), 0x7f7f);              // just below that tie
+  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x7f7f8000u)), 0x7f80);              // the tie -> even = inf
+  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x3f808000u)), 0x3f80);              // tie, even below
+  EXPECT_EQ(fp32_to_bf16_bits(float_of(0x3f818000u)), 0x3f82);              // tie, even above
 }
 
 // fp32 subnormal inputs: all of them round to ±0 in fp16 (they are < 2^-126, far below 2^-25);
@@ -310,8 +320,7 @@ TEST(DType, StorageTypes) {
   EXPECT_EQ(static_cast<float>(bf16_t::from_bits(0x4049)), 3.140625f);
   static_assert(fp16_t(65520.0f).bits == 0x7c00, "conversions are constexpr");
   static_assert(dtype_of<fp16_t>() == DType::fp16 && dtype_of<bf16_t>() == DType::bf16);
-  static_assert(dtype_of<float>() == DType::fp32 && dtype_of<std::int32_t>() == DType::int32 &&
-                dtype_of<std::uint16_t>() == DType::uint16);
+  static_assert(dtype_of<float>() == DType::fp32 && dtype_of<std::int32_t>() == DType::int32 && dtype_of<std::uint16_t>() == DType::uint16);
 }
 
 // ============================== names and sizes ==============================
@@ -331,10 +340,9 @@ TEST(DType, NamesAndSizes) {
 
 TEST(DType, ParseAliases) {
   const std::pair<const char*, DType> cases[] = {
-      {"float32", DType::fp32},  {"float", DType::fp32},        {"FP32", DType::fp32},
-      {"torch.float32", DType::fp32}, {"float16", DType::fp16}, {"half", DType::fp16},
-      {"Half", DType::fp16},     {"torch.float16", DType::fp16}, {"bfloat16", DType::bf16},
-      {"BF16", DType::bf16},     {"torch.bfloat16", DType::bf16}, {"int", DType::int32},
+      {"float32", DType::fp32},  {"float", DType::fp32},    {"FP32", DType::fp32},           {"torch.float32", DType::fp32},
+      {"float16", DType::fp16},  {"half", DType::fp16},     {"Half", DType::fp16},           {"torch.float16", DType::fp16},
+      {"bfloat16", DType::bf16}, {"BF16", DType::bf16},     {"torch.bfloat16", DType::bf16}, {"int", DType::int32},
       {"int32", DType::int32},   {"uint16", DType::uint16},
   };
   for (const auto& [text, expect] : cases) EXPECT_EQ(parse_dtype(text), expect) << text;
@@ -397,25 +405,34 @@ std::uint32_t load_bits(const std::uint8_t* p, DType t, std::size_t i) {
 
 double ref_value(std::uint32_t bits, DType t) {
   switch (t) {
-    case DType::fp32: return static_cast<double>(float_of(bits));
-    case DType::fp16: return ref_fp16_value(static_cast<std::uint16_t>(bits));
-    default: return ref_bf16_value(static_cast<std::uint16_t>(bits));
+    case DType::fp32:
+      return static_cast<double>(float_of(bits));
+    case DType::fp16:
+      return ref_fp16_value(static_cast<std::uint16_t>(bits));
+    default:
+      return ref_bf16_value(static_cast<std::uint16_t>(bits));
   }
 }
 
 std::uint32_t ref_encode(double v, DType t) {
   switch (t) {
-    case DType::fp32: return bits_of(static_cast<float>(v));  // exact: v came from a 16-bit value
-    case DType::fp16: return ref_round(v, fp16_format());
-    default: return ref_round(v, bf16_format());
+    case DType::fp32:
+      return bits_of(static_cast<float>(v));  // exact: v came from a 16-bit value
+    case DType::fp16:
+      return ref_round(v, fp16_format());
+    default:
+      return ref_round(v, bf16_format());
   }
 }
 
 bool is_nan_bits(std::uint32_t bits, DType t) {
   switch (t) {
-    case DType::fp32: return std::isnan(float_of(bits));
-    case DType::fp16: return is_fp16_nan(static_cast<std::uint16_t>(bits));
-    default: return is_bf16_nan(static_cast<std::uint16_t>(bits));
+    case DType::fp32:
+      return std::isnan(float_of(bits));
+    case DType::fp16:
+      return is_fp16_nan(static_cast<std::uint16_t>(bits));
+    default:
+      return is_bf16_nan(static_cast<std::uint16_t>(bits));
   }
 }
 
@@ -454,8 +471,8 @@ TEST(DType, ConvertZeroElementsAndNull) {
 TEST(DType, ConvertRejectsIntegerTypes) {
   std::int32_t ints[4] = {1, 2, 3, 4};
   float floats[4] = {};
-  for (const auto& [st, dt] : {std::pair{DType::int32, DType::fp32}, std::pair{DType::fp32, DType::uint16},
-                               std::pair{DType::uint16, DType::bf16}, std::pair{DType::int32, DType::int32}}) {
+  for (const auto& [st, dt] : {std::pair{DType::int32, DType::fp32}, std::pair{DType::fp32, DType::uint16}, std::pair{DType::uint16, DType::bf16},
+                               std::pair{DType::int32, DType::int32}}) {
     try {
       convert(ints, st, floats, dt, 4);
       ADD_FAILURE() << "convert accepted " << dtype_name(st) << " -> " << dtype_name(dt);

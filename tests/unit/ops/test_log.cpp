@@ -66,8 +66,7 @@ TEST(Log, InfoOnlyOnRankZeroWarningsOnEveryRankWithItsRank) {
   EXPECT_THAT(capture_stderr([] { log_info("step {}", 7); }), HasSubstr("[dstrain rank 0] step 7"));
   set_log_rank(3, 4);
   EXPECT_EQ(capture_stderr([] { log_info("step {}", 7); }), "");
-  EXPECT_THAT(capture_stderr([] { log_warning("overflow in {}", "h.3.mlp"); }),
-              HasSubstr("[dstrain rank 3] warning: overflow in h.3.mlp"));
+  EXPECT_THAT(capture_stderr([] { log_warning("overflow in {}", "h.3.mlp"); }), HasSubstr("[dstrain rank 3] warning: overflow in h.3.mlp"));
 }
 
 TEST(Log, LevelFilters) {

@@ -72,13 +72,15 @@ TEST(ZeroCommQueue, InlineErrorThrowsAtSubmitAndRefusesLaterWork) {
   // drain() / wait() after the failure rethrow it (as in overlap mode) rather than wait for work
   // that never completes.
   auto threw = std::make_shared<std::atomic<bool>>(false);
-  const bool returned = returns_within([q, threw] {
-    try {
-      q->drain();
-    } catch (const Error&) {
-      *threw = true;
-    }
-  }, 5s);
+  const bool returned = returns_within(
+      [q, threw] {
+        try {
+          q->drain();
+        } catch (const Error&) {
+          *threw = true;
+        }
+      },
+      5s);
   ASSERT_TRUE(returned) << "CommQueue::drain() hangs after a failed inline submit (completed_ is never advanced past the "
                            "failed ticket in zero/comm_queue.cpp's inline path)";
   EXPECT_TRUE(threw->load());

@@ -95,7 +95,7 @@ TEST(ZeroFlatLayout, SmallLayerBf16ByHand) {
   EXPECT_EQ(l.slots[3].offset, 96);
   EXPECT_EQ(l.decay_end, 64);
   EXPECT_EQ(l.used, 128);
-  EXPECT_EQ(l.numel, 128);                                  // unit 64 divides 128
+  EXPECT_EQ(l.numel, 128);                                         // unit 64 divides 128
   EXPECT_EQ(make_flat_layout(small_layer(), 3, 2, 0).numel, 192);  // unit 96
   EXPECT_EQ(l.shard_numel(), 64);
   EXPECT_EQ(l.piece(0, 0).begin, 0);
@@ -181,7 +181,7 @@ TEST(ZeroFlatLayout, BadInputsAreErrors) {
   EXPECT_THROW(make_flat_layout(specs, 0, 4, 0), Error);
   EXPECT_THROW(make_flat_layout(specs, -2, 4, 0), Error);
   EXPECT_THROW(make_flat_layout(specs, 1, 0, 0), Error);
-  EXPECT_THROW(make_flat_layout(specs, 1, 3, 0), Error);   // 3 does not divide 64
+  EXPECT_THROW(make_flat_layout(specs, 1, 3, 0), Error);    // 3 does not divide 64
   EXPECT_THROW(make_flat_layout(specs, 1, 128, 0), Error);  // larger than the alignment
   try {
     make_flat_layout(specs, 0, 4, 0);

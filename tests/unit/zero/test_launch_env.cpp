@@ -43,8 +43,8 @@ TEST(LaunchEnv, NoLauncherIsOneProcess) {
 }
 
 TEST(LaunchEnv, Torchrun) {
-  const LaunchEnv e = detect({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
-                              {"MASTER_PORT", "29611"}, {"LOCAL_WORLD_SIZE", "4"}});
+  const LaunchEnv e = detect(
+      {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29611"}, {"LOCAL_WORLD_SIZE", "4"}});
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.world_size, 8);
@@ -63,15 +63,17 @@ TEST(LaunchEnv, TorchrunWithoutLocalRankAssumesOneNode) {
 }
 
 TEST(LaunchEnv, Mpirun) {
-  const LaunchEnv e = detect({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"},
-                              {"OMPI_COMM_WORLD_LOCAL_RANK", "6"}});
+  const LaunchEnv e = detect({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "6"}});
   EXPECT_EQ(e.launcher, "mpirun");
   EXPECT_EQ(e.rank, 6);
   EXPECT_EQ(e.world_size, 16);
   EXPECT_EQ(e.local_rank, 6);
   EXPECT_EQ(e.master_addr, "");  // mpirun says nothing about rank 0's address
-  const LaunchEnv m = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                              {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}});
+  const LaunchEnv m = detect({{"OMPI_COMM_WORLD_RANK", "1"},
+                              {"OMPI_COMM_WORLD_SIZE", "2"},
+                              {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                              {"MASTER_ADDR", "node7"},
+                              {"MASTER_PORT", "1234"}});
   EXPECT_EQ(m.master_addr, "node7");
   EXPECT_EQ(m.master_port, 1234);
 }
@@ -96,23 +98,21 @@ TEST(LaunchEnv, MpiexecOfMpichAndIntelMpi) {
 }
 
 TEST(LaunchEnv, Srun) {
-  const LaunchEnv e = detect({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "12"}, {"SLURM_LOCALID", "1"},
-                              {"SLURM_LAUNCH_NODE_IPADDR", "192.168.0.4"}, {"SLURM_NODELIST", "gpu[01-03]"}});
+  const LaunchEnv e = detect({{"SLURM_PROCID", "9"},
+                              {"SLURM_NTASKS", "12"},
+                              {"SLURM_LOCALID", "1"},
+                              {"SLURM_LAUNCH_NODE_IPADDR", "192.168.0.4"},
+                              {"SLURM_NODELIST", "gpu[01-03]"}});
   EXPECT_EQ(e.launcher, "srun");
   EXPECT_EQ(e.rank, 9);
   EXPECT_EQ(e.world_size, 12);
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.master_addr, "192.168.0.4");
   // Without the launch node's address: the first node of the list.
-  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "gpu[01-03]"}})
-                .master_addr,
-            "gpu01");
-  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "a1,b2"}})
-                .master_addr,
-            "a1");
+  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "gpu[01-03]"}}).master_addr, "gpu01");
+  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "a1,b2"}}).master_addr, "a1");
   // MASTER_ADDR wins over what Slurm implies.
-  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "x"}, {"MASTER_ADDR", "y"}}).master_addr,
-            "y");
+  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODELIST", "x"}, {"MASTER_ADDR", "y"}}).master_addr, "y");
 }
 
 TEST(LaunchEnv, FirstSlurmHost) {
@@ -126,15 +126,19 @@ TEST(LaunchEnv, FirstSlurmHost) {
 
 TEST(LaunchEnv, TorchrunVariablesTakePrecedence) {
   // srun starting one torchrun per node: SLURM_PROCID is the node, RANK the process.
-  const LaunchEnv e = detect({{"RANK", "7"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "3"}, {"MASTER_ADDR", "n0"},
-                              {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
+  const LaunchEnv e = detect({{"RANK", "7"},
+                              {"WORLD_SIZE", "8"},
+                              {"LOCAL_RANK", "3"},
+                              {"MASTER_ADDR", "n0"},
+                              {"SLURM_PROCID", "1"},
+                              {"SLURM_NTASKS", "2"},
+                              {"SLURM_LOCALID", "0"}});
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_EQ(e.rank, 7);
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_rank, 3);
   // mpirun before srun.
-  const LaunchEnv m = detect({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                              {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  const LaunchEnv m = detect({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
   EXPECT_EQ(m.launcher, "mpirun");
   EXPECT_EQ(m.rank, 2);
 }

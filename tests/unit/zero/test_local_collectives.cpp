@@ -18,9 +18,9 @@
 #include "zero/local_communicator.h"
 
 using namespace dstrain;
-using dstrain::testing_comm::HostBuf;
 using dstrain::testing_comm::expected_bits;
 using dstrain::testing_comm::expected_reduce;
+using dstrain::testing_comm::HostBuf;
 using dstrain::testing_comm::input_value;
 
 namespace {
@@ -79,8 +79,7 @@ TEST_P(LocalCollectives, ReduceScatterOutOfPlaceAndInPlace) {
             const std::int64_t global = n * r + i;  // rank r owns shard r of the W·n elements
             const HostBuf& out = in_place ? send[static_cast<std::size_t>(r)] : recv[static_cast<std::size_t>(r)];
             ASSERT_EQ(out.bits(in_place ? global : i), expected_bits(op, dtype(), w, global))
-                << "rank " << r << " element " << i << " n " << n << " op " << reduce_op_name(op) << " in_place "
-                << in_place;
+                << "rank " << r << " element " << i << " n " << n << " op " << reduce_op_name(op) << " in_place " << in_place;
           }
           if (!in_place) {  // out of place: send is untouched
             for (std::int64_t i = 0; i < n * w; ++i)
@@ -102,7 +101,7 @@ TEST_P(LocalCollectives, AllGatherOutOfPlaceAndInPlace) {
         recv.emplace_back(dtype(), n * w);
         for (std::int64_t i = 0; i < n; ++i) send.back().set(i, input_value(r, i));
         for (std::int64_t i = 0; i < n * w; ++i) recv.back().set(i, 99.0);  // must all be overwritten
-        if (in_place)  // the rank's own shard already sits in recv
+        if (in_place)                                                       // the rank's own shard already sits in recv
           for (std::int64_t i = 0; i < n; ++i) recv.back().set(n * r + i, input_value(r, i));
       }
       run_local_ranks(w, [&](Communicator& c) {
@@ -148,8 +147,8 @@ TEST_P(LocalCollectives, StatsCountRingBytesPerRank) {
   }
   run_local_ranks(w, [&](Communicator& c) {
     const auto r = static_cast<std::size_t>(c.rank());
-    c.all_reduce(a[r].tensor(), ReduceOp::sum);            // N = W·n elements
-    c.all_reduce(b[r].tensor(), ReduceOp::avg);            // N = n elements
+    c.all_reduce(a[r].tensor(), ReduceOp::sum);  // N = W·n elements
+    c.all_reduce(b[r].tensor(), ReduceOp::avg);  // N = n elements
     c.reduce_scatter(a[r].tensor(), b[r].tensor(), ReduceOp::sum);
     c.all_gather(b[r].tensor(), a[r].tensor());
     c.broadcast(b[r].tensor(), w - 1);
@@ -175,8 +174,7 @@ TEST_P(LocalCollectives, StatsCountRingBytesPerRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, LocalCollectives,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                                            ::testing::Values(DType::fp32, DType::fp16, DType::bf16, DType::fp64)),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Values(DType::fp32, DType::fp16, DType::bf16, DType::fp64)),
                          param_name);
 
 }  // namespace
@@ -339,8 +337,7 @@ TEST(LocalCommunicator, RankThreadsTagWarningsWithTheirRank) {
   }
   ::close(fd);
   ::unlink(path);
-  for (int r = 0; r < 3; ++r)
-    EXPECT_NE(text.find(fmt::format("[dstrain rank {}] warning: hello from {}", r, r)), std::string::npos) << text;
+  for (int r = 0; r < 3; ++r) EXPECT_NE(text.find(fmt::format("[dstrain rank {}] warning: hello from {}", r, r)), std::string::npos) << text;
 }
 
 TEST(LocalCommunicator, ShardOf) {

@@ -84,8 +84,7 @@ TEST(LocalFailures, RankThatFinishedFailsTheOthersImmediately) {
       4,
       [&](Communicator& c) {
         if (c.rank() == 1) return;
-        c.all_gather(shard_of(bufs[static_cast<std::size_t>(c.rank())].tensor(), c.rank(), 4),
-                     bufs[static_cast<std::size_t>(c.rank())].tensor());
+        c.all_gather(shard_of(bufs[static_cast<std::size_t>(c.rank())].tensor(), c.rank(), 4), bufs[static_cast<std::size_t>(c.rank())].tensor());
       },
       std::chrono::milliseconds(60'000));
   EXPECT_LT(seconds_since(t0), 10.0) << "waited for the 60 s timeout instead";
@@ -122,20 +121,16 @@ TEST(LocalFailures, DifferentSizesDtypesOpsAndRootsAreMismatches) {
   };
   const std::vector<Case> cases = {
       {"size",
-       [](Communicator& c, HostBuf& a, HostBuf&) {
-         c.all_reduce(Tensor(a.tensor().data, DType::fp32, Shape{c.rank() == 2 ? 6 : 8}), ReduceOp::sum);
-       },
+       [](Communicator& c, HostBuf& a, HostBuf&) { c.all_reduce(Tensor(a.tensor().data, DType::fp32, Shape{c.rank() == 2 ? 6 : 8}), ReduceOp::sum); },
        "rank 0 called all_reduce #1 (fp32, 8 elements, sum)", "rank 2 called all_reduce #1 (fp32, 6 elements, sum)"},
       {"dtype",
        [](Communicator& c, HostBuf& a, HostBuf&) {
          c.all_reduce(Tensor(a.tensor().data, c.rank() == 1 ? DType::fp16 : DType::fp32, Shape{8}), ReduceOp::sum);
        },
        "rank 0 called all_reduce #1 (fp32, 8 elements, sum)", "rank 1 called all_reduce #1 (fp16, 8 elements, sum)"},
-      {"op",
-       [](Communicator& c, HostBuf& a, HostBuf&) { c.all_reduce(a.tensor(), c.rank() == 2 ? ReduceOp::max : ReduceOp::sum); },
+      {"op", [](Communicator& c, HostBuf& a, HostBuf&) { c.all_reduce(a.tensor(), c.rank() == 2 ? ReduceOp::max : ReduceOp::sum); },
        "rank 0 called all_reduce #1 (fp32, 8 elements, sum)", "rank 2 called all_reduce #1 (fp32, 8 elements, max)"},
-      {"root",
-       [](Communicator& c, HostBuf& a, HostBuf&) { c.broadcast(a.tensor(), c.rank() == 1 ? 1 : 0); },
+      {"root", [](Communicator& c, HostBuf& a, HostBuf&) { c.broadcast(a.tensor(), c.rank() == 1 ? 1 : 0); },
        "rank 0 called broadcast #1 (fp32, 8 elements, root 0)", "rank 1 called broadcast #1 (fp32, 8 elements, root 1)"},
       {"reduce_scatter size",
        [](Communicator& c, HostBuf& a, HostBuf&) {
@@ -261,12 +256,13 @@ TEST(LocalFailures, GpuTensorsAreRejectedByTheLocalBackend) {
 
 TEST(LocalFailures, UnsupportedDtypeAndBadRoot) {
   auto a = bufs_for(2, DType::uint16, 8);
-  EXPECT_THAT(run_expecting_error(2, [&](Communicator& c) { c.all_reduce(a[static_cast<std::size_t>(c.rank())].tensor(), ReduceOp::sum); },
-                                  std::chrono::milliseconds(5'000)),
+  EXPECT_THAT(run_expecting_error(
+                  2, [&](Communicator& c) { c.all_reduce(a[static_cast<std::size_t>(c.rank())].tensor(), ReduceOp::sum); },
+                  std::chrono::milliseconds(5'000)),
               HasSubstr("has dtype uint16"));
   auto b = bufs_for(2, DType::fp32, 8);
-  EXPECT_THAT(run_expecting_error(2, [&](Communicator& c) { c.broadcast(b[static_cast<std::size_t>(c.rank())].tensor(), 2); },
-                                  std::chrono::milliseconds(5'000)),
+  EXPECT_THAT(run_expecting_error(
+                  2, [&](Communicator& c) { c.broadcast(b[static_cast<std::size_t>(c.rank())].tensor(), 2); }, std::chrono::milliseconds(5'000)),
               HasSubstr("root 2 is not a rank (world size 2)"));
 }
 

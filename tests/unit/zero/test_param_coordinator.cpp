@@ -392,8 +392,8 @@ TEST(ZeroParamCoordinator, RandomTracesKeepEveryInvariant) {
       const std::size_t extra = rng() % 8;
       for (std::size_t k = 0; k < extra; ++k) calls.push_back(rng() % L);
     }
-    SCOPED_TRACE(testing::Message() << "iter " << iter << " L " << L << " prefetch " << s.prefetch_bucket << " max_live " << s.max_live
-                                    << " reuse " << s.max_reuse_distance << (deviate ? " deviating" : ""));
+    SCOPED_TRACE(testing::Message() << "iter " << iter << " L " << L << " prefetch " << s.prefetch_bucket << " max_live " << s.max_live << " reuse "
+                                    << s.max_reuse_distance << (deviate ? " deviating" : ""));
     Fake f(numel, s.max_live);
     ParamCoordinator pc(numel, needs, names, s, f.callbacks());
     for (int pass = 0; pass < 2; ++pass) {
