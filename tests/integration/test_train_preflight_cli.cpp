@@ -120,7 +120,8 @@ TEST_F(TrainPreflightCli, OutputsNeverOverwriteInputs) {
   const std::string data = read_file_text(dir_ / "t_train.bin"), config = read_file_text(dir_ / "ds.json");
   expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "t_train.bin"))), "--data");
   expect_refused_before_training(run_dstrain(train("--summary-json " + q(dir_ / "ds.json"))), "the config file");
-  expect_refused_before_training(run_dstrain(train("--val-data " + q(dir_ / "t_val.bin") + " --summary-json " + q(dir_ / "t_val.bin"))), "--val-data");
+  expect_refused_before_training(run_dstrain(train("--val-data " + q(dir_ / "t_val.bin") + " --summary-json " + q(dir_ / "t_val.bin"))),
+                                 "--val-data");
   expect_refused_before_training(run_dstrain(train("--save-weights " + q(dir_ / "x.out") + " --summary-json " + q(dir_ / "x.out"))),
                                  "--save-weights");
   // The same file through another path (a symbolic link) is the same file.
@@ -130,8 +131,8 @@ TEST_F(TrainPreflightCli, OutputsNeverOverwriteInputs) {
   EXPECT_EQ(read_file_text(dir_ / "ds.json"), config);
   // --init-from onto --save-weights: the weights a run starts from are an input too.
   ASSERT_EQ(run_dstrain(train("--steps 1 --save-weights " + q(dir_ / "w0.safetensors"))).exit_code, 0);
-  expect_refused_before_training(
-      run_dstrain(train("--init-from " + q(dir_ / "w0.safetensors") + " --save-weights " + q(dir_ / "w0.safetensors"))), "--init-from");
+  expect_refused_before_training(run_dstrain(train("--init-from " + q(dir_ / "w0.safetensors") + " --save-weights " + q(dir_ / "w0.safetensors"))),
+                                 "--init-from");
 }
 
 TEST_F(TrainPreflightCli, HugeModelsAreRefusedWithTheFigures) {
@@ -139,8 +140,9 @@ TEST_F(TrainPreflightCli, HugeModelsAreRefusedWithTheFigures) {
   // overflowed the parameter count. `timeout` turns a hang into a failure here.
   for (const char* spec : {"gpt2:L100000-C768-H12", "gpt2:L4294967296-C4294967296-H2"}) {
     SCOPED_TRACE(spec);
-    const CliResult r = run_dstrain(
-        "train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + spec + " --data " + q(dir_ / "t_train.bin") + " --steps 1", "timeout 60");
+    const CliResult r =
+        run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model " + spec + " --data " + q(dir_ / "t_train.bin") + " --steps 1",
+                    "timeout 60");
     expect_refused_before_training(r, "does not fit");
     EXPECT_NE(r.err.find("parameters"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("optimizer"), std::string::npos) << r.err;
@@ -158,7 +160,8 @@ TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefused
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": " + nlohmann::json(swap.string()).dump();
   std::ofstream(dir_ / "nvme.json") << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": )" << nvme << R"(, "buffer_count": 4},
+    "zero_optimization": {"stage": 3, "offload_optimizer": )"
+                                    << nvme << R"(, "buffer_count": 4},
       "offload_param": )" << nvme << R"(, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e8}}})";
   // AddressSanitizer's shadow memory cannot be reserved under ulimit -v: the host's memory decides
   // (48 GB of buffers fit no CI machine either), and the bound on the proposal below is not checked.
@@ -177,7 +180,9 @@ TEST_F(TrainPreflightCli, NvmeOptimizerBuffersOfTheDefaultSubGroupSizeAreRefused
   ASSERT_NE(at, std::string::npos) << r.err;
   const double proposed = std::stod(r.err.substr(at + 4));
   EXPECT_GT(proposed, 0.0);
-  if (kLimited) EXPECT_LE(proposed * 12.0 * 4.0, 32.0 * (1ull << 30) - 2.9 * (1ull << 30)) << r.err;
+  if (kLimited) {
+    EXPECT_LE(proposed * 12.0 * 4.0, 32.0 * (1ull << 30) - 2.9 * (1ull << 30)) << r.err;
+  }
 }
 
 TEST_F(TrainPreflightCli, HfConfigKeysAreHonouredOrRefused) {
@@ -206,9 +211,9 @@ TEST_F(TrainPreflightCli, HfConfigKeysAreHonouredOrRefused) {
                                              q(dir_ / "t_train.bin") + " --steps 1"),
                                  "18446744073709551615");
   // A field repeated in a descriptor was silently the last one.
-  expect_refused_before_training(
-      run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-L4 --data " + q(dir_ / "t_train.bin")),
-      "L is given twice");
+  expect_refused_before_training(run_dstrain("train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:L2-C32-H2-V256-L4 --data " +
+                                             q(dir_ / "t_train.bin")),
+                                 "L is given twice");
 }
 
 TEST_F(TrainPreflightCli, NanLossStopsWithTheStepAndWritesNoWeights) {
@@ -228,8 +233,10 @@ TEST_F(TrainPreflightCli, NanLossStopsWithTheStepAndWritesNoWeights) {
     EXPECT_FALSE(fs::exists(weights));
     EXPECT_EQ(r.out.find("| sample ("), std::string::npos) << r.out;  // never sampled from NaN weights
     const std::string error = r.err.substr(r.err.find("dstrain: error"));
-    if (first_error.empty()) first_error = error;
-    else EXPECT_EQ(error, first_error);  // the same with and without sampling
+    if (first_error.empty())
+      first_error = error;
+    else
+      EXPECT_EQ(error, first_error);  // the same with and without sampling
   }
 }
 
@@ -265,8 +272,8 @@ TEST_F(TrainPreflightCli, NumRanksBeyondTheThreadLimitIsAnError) {
                     "`ulimit -v` cannot start at all; this test runs in the plain build (DSTRAIN_GATES=0 bash scripts/test.sh)";
   }
   std::ofstream(dir_ / "many.json") << R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
-  const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "many.json") + " --model gpt2:L1-C16-H2-V256-T8 --data " + q(dir_ / "t_train.bin") +
-                                      " --steps 1 --sample-tokens 0 --num-ranks 1000",
+  const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / "many.json") + " --model gpt2:L1-C16-H2-V256-T8 --data " +
+                                      q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0 --num-ranks 1000",
                                   "ulimit -v 4000000;");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--num-ranks"), std::string::npos) << r.err;
@@ -291,8 +298,9 @@ TEST_F(TrainPreflightCli, MpichAndPmixLaunchersAreNotRankZeroOfOne) {
 
 TEST_F(TrainPreflightCli, HfTrainerAutoConfigTrainsWithTheSameFlagsAsCheckConfig) {
   const std::string config = shell_quote(std::string(DSTRAIN_SOURCE_DIR) + "/examples/ds_configs/hf_trainer_auto.json");
-  const std::string autos = " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
-                            " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2";
+  const std::string autos =
+      " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
+      " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2";
   const CliResult r = run_dstrain("train --deepspeed_config " + config + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin") +
                                   " --steps 3 --num-ranks 2 --sample-tokens 0" + autos);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -312,8 +320,9 @@ TEST_F(TrainPreflightCli, HfTrainerAutoConfigTrainsWithTheSameFlagsAsCheckConfig
 // with the same message.
 TEST_F(TrainPreflightCli, EveryExampleConfigTrainsOrCheckConfigRefusesItAlike) {
   const fs::path examples = fs::path(DSTRAIN_SOURCE_DIR) / "examples" / "ds_configs";
-  const std::string autos = " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
-                            " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2 --hidden-size 32";
+  const std::string autos =
+      " --micro-batch-size 2 --gradient-accumulation-steps 1 --lr 1e-3 --adam-betas 0.9 0.999 --adam-eps 1e-8"
+      " --weight-decay 0.0 --gradient-clipping 1.0 --precision bf16 --warmup-steps 2 --hidden-size 32";
   const fs::path cwd = dir_ / "examples_cwd";  // monitoring.json writes under runs/
   fs::create_directories(cwd);
   int trained = 0;
@@ -349,9 +358,9 @@ TEST_F(TrainPreflightCli, ValLossDoesNotDependOnTheWorldSize) {
   std::ofstream(dir_ / "w3.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
   const auto run = [&](const char* cfg, const char* ranks, const char* json) {
-    const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / cfg) + " --model gpt2:L2-C32-H2-V256-T32 --data " + q(dir_ / "t_train.bin") +
-                                    " --val-data " + q(dir_ / "t_val.bin") + " --val-batches 5 --steps 0 --sample-tokens 0 --num-ranks " + ranks +
-                                    " --summary-json " + q(dir_ / json));
+    const CliResult r = run_dstrain("train --deepspeed_config " + q(dir_ / cfg) + " --model gpt2:L2-C32-H2-V256-T32 --data " +
+                                    q(dir_ / "t_train.bin") + " --val-data " + q(dir_ / "t_val.bin") +
+                                    " --val-batches 5 --steps 0 --sample-tokens 0 --num-ranks " + ranks + " --summary-json " + q(dir_ / json));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("(5 batches per evaluation)"), std::string::npos) << r.out;
     return nlohmann::json::parse(read_file_text(dir_ / json));

@@ -89,13 +89,15 @@ TEST(LlamaConfig, FamiliesSetTheirBiasesNormsAndWindows) {
   const std::string base = R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "intermediate_size": 96, "vocab_size": 100)";
   const LlamaConfig q2 = llama_config_from_hf_json(base + R"(, "model_type": "qwen2", "rope_theta": 1000000.0, "use_sliding_window": false,
-    "sliding_window": 4096, "max_window_layers": 21})", "q2");
+    "sliding_window": 4096, "max_window_layers": 21})",
+                                                   "q2");
   EXPECT_TRUE(q2.qkv_bias);
   EXPECT_FALSE(q2.o_bias);
   EXPECT_FALSE(q2.qk_norm);
   EXPECT_EQ(q2.sliding_window, 0);
   EXPECT_DOUBLE_EQ(q2.rope_theta, 1e6);
-  const LlamaConfig q3 = llama_config_from_hf_json(base + R"(, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32, "attention_bias": true})", "q3");
+  const LlamaConfig q3 =
+      llama_config_from_hf_json(base + R"(, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32, "attention_bias": true})", "q3");
   EXPECT_TRUE(q3.qk_norm);
   EXPECT_TRUE(q3.qkv_bias);
   EXPECT_TRUE(q3.o_bias);
@@ -113,12 +115,14 @@ TEST(LlamaConfig, FamiliesSetTheirBiasesNormsAndWindows) {
   EXPECT_EQ(m.attention_window(), 4096);
   // Qwen's windows act from max_window_layers on only: refused where they would mask a key.
   const LlamaConfig q2w = llama_config_from_hf_json(base + R"(, "model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64,
-    "max_window_layers": 1})", "q2w");
+    "max_window_layers": 1})",
+                                                    "q2w");
   EXPECT_EQ(q2w.attention_window(), 0);
   llama_check_sequence(q2w, 64);
   expect_error_with([&] { llama_check_sequence(q2w, 65); }, {"sliding_window = 64", "T = 65", "qwen2", "use_sliding_window"});
   const LlamaConfig l3 = llama_config_from_hf_json(base + R"(, "model_type": "llama", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
-    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0})", "l3");
+    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0})",
+                                                   "l3");
   EXPECT_EQ(l3.rope_scaling.kind, RopeScaling::Kind::llama3);
   EXPECT_DOUBLE_EQ(l3.rope_scaling.factor, 32.0);
   const LlamaConfig lin = llama_config_from_hf_json(base + R"(, "model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}})", "lin");
@@ -127,20 +131,31 @@ TEST(LlamaConfig, FamiliesSetTheirBiasesNormsAndWindows) {
 
 TEST(LlamaConfig, KeysThatChangeTheModelAreRefusedByName) {
   const std::string base = kSmolLm;
-  expect_error_with([&] { llama_config_from_hf_json(replaced(base, R"("hidden_act": "silu")", R"("hidden_act": "gelu")"), "x"); }, {"hidden_act", "gelu", "silu"});
+  expect_error_with([&] { llama_config_from_hf_json(replaced(base, R"("hidden_act": "silu")", R"("hidden_act": "gelu")"), "x"); },
+                    {"hidden_act", "gelu", "silu"});
   expect_error_with([&] { llama_config_from_hf_json(with(base, R"("partial_rotary_factor": 0.5)"), "x"); }, {"partial_rotary_factor"});
   expect_error_with([&] { llama_config_from_hf_json(with(base, R"("quantization_config": {"bits": 4})"), "x"); }, {"quantization_config", "refused"});
   expect_error_with([&] { llama_config_from_hf_json(R"({"model_type": "gpt2", "n_layer": 2})", "x"); }, {"gpt2", "LlamaForCausalLM"});
-  expect_error_with([&] { llama_config_from_hf_json(replaced(base, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})"), "x"); },
-                    {"rope_scaling", "yarn"});
-  expect_error_with([&] { llama_config_from_hf_json(replaced(base, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "linear", "factor": 2.0, "extra": 1})"), "x"); },
-                    {"rope_scaling.extra"});
+  expect_error_with(
+      [&] { llama_config_from_hf_json(replaced(base, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})"), "x"); },
+      {"rope_scaling", "yarn"});
+  expect_error_with(
+      [&] {
+        llama_config_from_hf_json(replaced(base, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "linear", "factor": 2.0, "extra": 1})"),
+                                  "x");
+      },
+      {"rope_scaling.extra"});
   expect_error_with([&] { llama_config_from_hf_json(R"({"model_type": "llama", "hidden_size": 64, "hidden_size": 32})", "dup.json"); },
                     {"dup.json", "hidden_size", "twice"});
-  expect_error_with([&] { llama_config_from_hf_json(R"({"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 100, "attention_bias": true})", "m.json"); },
-                    {"attention_bias", "MistralForCausalLM"});
-  expect_error_with([&] { llama_config_from_hf_json(R"({"model_type": "llama", "num_hidden_layers": 2})", "m.json"); }, {"num_attention_heads", "missing"});
+  expect_error_with(
+      [&] {
+        llama_config_from_hf_json(R"({"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 100, "attention_bias": true})",
+                                  "m.json");
+      },
+      {"attention_bias", "MistralForCausalLM"});
+  expect_error_with([&] { llama_config_from_hf_json(R"({"model_type": "llama", "num_hidden_layers": 2})", "m.json"); },
+                    {"num_attention_heads", "missing"});
   expect_error_with([&] { llama_config_from_hf_json(R"({"architectures": ["MistralForCausalLM"], "model_type": "llama"})", "m.json"); },
                     {"architectures", "llama"});
 }
@@ -207,16 +222,21 @@ TEST(LlamaConfig, WrittenQwenConfigWindowsTheLayersTheImportedOneDid) {
     std::vector<bool> windowed;  // what Hugging Face windows, by hand
   };
   const std::vector<Case> cases{
-      {"from layer 2", base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2})",
+      {"from layer 2",
+       base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2})",
        {false, false, true, true}},
-      {"default max_window_layers 28 >= 4 layers", base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64})",
+      {"default max_window_layers 28 >= 4 layers",
+       base + R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64})",
        {false, false, false, false}},
-      {"layer_types", base + R"("model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 0,
+      {"layer_types",
+       base + R"("model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 0,
         "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]})",
        {false, true, false, true}},
-      {"off", base + R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 1})",
+      {"off",
+       base + R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 1})",
        {false, false, false, false}},
-      {"layer_types, off", base + R"("model_type": "qwen3", "use_sliding_window": false, "sliding_window": 64,
+      {"layer_types, off",
+       base + R"("model_type": "qwen3", "use_sliding_window": false, "sliding_window": 64,
         "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]})",
        {false, false, false, false}},
   };
@@ -227,7 +247,9 @@ TEST(LlamaConfig, WrittenQwenConfigWindowsTheLayersTheImportedOneDid) {
     // No layer windowed: no window to refuse a long sequence for (T = 128 > 64).
     const bool any = std::find(k.windowed.begin(), k.windowed.end(), true) != k.windowed.end();
     EXPECT_EQ(c.sliding_window != 0, any);
-    if (!any) EXPECT_NO_THROW(llama_check_sequence(c, 128, false));
+    if (!any) {
+      EXPECT_NO_THROW(llama_check_sequence(c, 128, false));
+    }
     const std::string written = llama_hf_config_json(c);
     EXPECT_EQ(hf_windowed_layers(written), k.windowed) << written;
     const LlamaConfig r = llama_config_from_hf_json(written, "written");
