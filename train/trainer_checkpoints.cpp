@@ -139,8 +139,8 @@ std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 struct SavedHandlers {
-  struct sigaction term {
-  }, intr{};
+  struct sigaction term {};
+  struct sigaction intr {};
 };
 SavedHandlers g_saved;
 

@@ -76,8 +76,8 @@ TEST(AtomicFile, WriteReplacesWholeOrNotAtAll) {
   EXPECT_EQ(text_of(path), "old");
   std::ofstream(dir.path / "s.json.tmp.2147483646") << "{";  // a dead writer's leftover
   // A file size limit fails the write part-way (SIGXFSZ ignored, as the CLI does).
-  struct sigaction ignore {
-  }, previous{};
+  struct sigaction ignore {};
+  struct sigaction previous {};
   ignore.sa_handler = SIG_IGN;
   ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &previous), 0);
   rlimit old_limit{};
