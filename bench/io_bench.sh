@@ -27,8 +27,9 @@ python="${PYTHON:-python3}"
 command -v fio >/dev/null || { echo "fio is not installed (Debian: apt-get install fio)" >&2; exit 1; }
 mkdir -p "$dir"
 out="$(mktemp -d)"
-trap 'rm -rf "$out"; rm -f "$dir/dstrain_io_bench.dat"' EXIT
-file="$dir/dstrain_io_bench.dat"
+# dstrain io-bench writes a scratch file of its own (dstrain_io_bench.<pid>.dat); --keep leaves it
+# for fio, which then measures the same file, and this script removes it.
+trap 'rm -rf "$out"; rm -f "$dir"/dstrain_io_bench.*.dat' EXIT
 
 echo "folder $dir: $(df --output=source "$dir" | tail -1), $(findmnt -no FSTYPE -T "$dir"); $size per transfer; $rounds rounds"
 IFS=, read -r -a block_list <<<"$blocks"
@@ -38,7 +39,8 @@ for round in $(seq 1 "$rounds"); do
     for qd in "${depth_list[@]}"; do
       "$dstrain" io-bench --path "$dir" --size "$size" --block-size "$bs" --queue-depth "$qd" --json --keep \
         >"$out/dstrain_${bs}_${qd}_${round}.json"
-      "$dstrain" io-bench --path "$dir" --size "$size" --block-size "$bs" --queue-depth "$qd" --json --keep \
+      file="$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["file"])' "$out/dstrain_${bs}_${qd}_${round}.json")"
+      "$dstrain" io-bench --path "$dir" --size "$size" --block-size "$bs" --queue-depth "$qd" --json \
         --pages base --no-fixed-buffers >"$out/dstrainbase_${bs}_${qd}_${round}.json"
       for engine in io_uring libaio; do
         for rw in write read; do
@@ -46,6 +48,7 @@ for round in $(seq 1 "$rounds"); do
             --size="$size" --numjobs=1 --output-format=json >"$out/fio_${engine}_${rw}_${bs}_${qd}_${round}.json"
         done
       done
+      rm -f "$file"
     done
   done
 done

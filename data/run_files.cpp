@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <system_error>
 
 #include "ops/atomic_file.h"
@@ -23,19 +25,42 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   return ca == cb;
 }
 
+bool is_inside(const std::filesystem::path& path, const std::filesystem::path& folder) {
+  std::error_code ea, eb;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ea), ea);
+  const std::filesystem::path f = std::filesystem::weakly_canonical(std::filesystem::absolute(folder, eb), eb);
+  if (ea || eb) return false;
+  const auto [fi, pi] = std::mismatch(f.begin(), f.end(), p.begin(), p.end());
+  // Every component of the folder is a leading component of the path ("a/b/" ends in an empty one).
+  return fi == f.end() || (std::next(fi) == f.end() && fi->empty());
+}
+
 void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs) {
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const RunFile& out = outputs[i];
-    if (out.path.empty()) continue;
+    if (out.path.empty() || out.folder) continue;
     for (const RunFile& in : inputs) {
-      if (in.path.empty() || !same_file(out.path, in.path)) continue;
-      fail("{} {} is the file given as {}: writing it would destroy an input of this run; give {} another path", out.role, out.path.string(), in.role,
-           out.role);
+      if (in.path.empty()) continue;
+      if (in.folder && is_inside(out.path, in.path)) {
+        fail("{} {} lies inside {} {}: writing it could replace a file this run reads; give {} a path outside that folder", out.role,
+             out.path.string(), in.role, in.path.string(), out.role);
+      }
+      if (!in.folder && same_file(out.path, in.path)) {
+        fail("{} {} is the file given as {}: writing it would destroy an input of this run; give {} another path", out.role, out.path.string(),
+             in.role, out.role);
+      }
     }
-    for (std::size_t j = 0; j < i; ++j) {
-      if (outputs[j].path.empty() || !same_file(out.path, outputs[j].path)) continue;
-      fail("{} {} is the file given as {}: one output would overwrite the other; give them different paths", out.role, out.path.string(),
-           outputs[j].role);
+    for (std::size_t j = 0; j < outputs.size(); ++j) {
+      const RunFile& other = outputs[j];
+      if (j == i || other.path.empty()) continue;
+      if (other.folder && is_inside(out.path, other.path)) {
+        fail("{} {} lies inside {} {}, where the run writes files of its own (a checkpoint, `latest`); give {} a path outside it", out.role,
+             out.path.string(), other.role, other.path.string(), out.role);
+      }
+      if (j < i && !other.folder && same_file(out.path, other.path)) {
+        fail("{} {} is the file given as {}: one output would overwrite the other; give them different paths", out.role, out.path.string(),
+             other.role);
+      }
     }
   }
 }
@@ -47,6 +72,7 @@ void prove_writable(const RunFile& output) {
   }
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail("{} {} is a folder: give the path of a file to write", output.role, path.string());
+  check_replaceable(path, output.role);
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("{} {}: cannot create its folder {}: {}", output.role, path.string(), dir.string(), ec.message());

@@ -14,19 +14,27 @@ namespace dstrain {
 struct RunFile {
   std::filesystem::path path;
   std::string role;  // how the user gave it, e.g. "--data", "--save-weights", "the config file"
+  // A folder the run reads (a checkpoint folder, a model folder) or writes its own files into (the
+  // --save-dir): no output file may be it or lie inside it.
+  bool folder = false;
 };
 
 // True when a and b name the same file: the same device and inode when both exist, else the same
 // absolute normal path (following the symbolic links that exist).
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
-// Throws Error naming both roles and the path when an output is one of the inputs or two outputs
-// are the same file.
+// True when `path` is `folder` or lies inside it, both resolved (absolute, the links that exist
+// followed).
+bool is_inside(const std::filesystem::path& path, const std::filesystem::path& folder);
+
+// Throws Error naming both roles and the path when an output is one of the inputs, two outputs are
+// the same file, or an output file is or lies inside an input folder or another output's folder.
 void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::vector<RunFile>& outputs);
 
 // Creates the folders above `output` and proves a file can be created next to it (a temporary of
 // ops/atomic_file.h, created and removed). Throws Error naming the role, the folder and the cause
-// (no permission, read-only file system, a file where a folder should be).
+// (no permission, read-only file system, a file where a folder should be), or when `output`
+// exists and is not a regular file (a device, a FIFO, a link: the write's rename would replace it).
 void prove_writable(const RunFile& output);
 
 }  // namespace dstrain

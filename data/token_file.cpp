@@ -109,6 +109,7 @@ void write_token_file(const std::filesystem::path& path, std::span<const std::in
 
   // Same folder as the target, so rename() is atomic; pid + counter keep concurrent writers apart.
   // Temporaries of earlier writes whose process died go first (ops/atomic_file.h).
+  check_replaceable(path, "the token file");
   remove_stale_temp_files(path);
   const std::filesystem::path temp_path = temp_path_for(path);
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -144,6 +145,7 @@ void write_token_file(const std::filesystem::path& path, std::span<const std::in
   }
   if (::fsync(fd) != 0) fail("cannot flush {} to disk: {}", path.string(), errno_text(errno));
   if (const int error = temp.close(); error != 0) fail("cannot write {}: {}", path.string(), errno_text(error));
+  check_replaceable(path, "the token file");  // what may have appeared there while writing (the temporary goes with `temp`)
   if (::rename(temp_path.c_str(), path.c_str()) != 0) {
     fail("cannot move {} to {}: {}", temp_path.string(), path.string(), errno_text(errno));
   }

@@ -99,6 +99,13 @@ std::string io_open_message(const std::string& path, bool writing, int error_num
   if (error_number == EACCES || error_number == EPERM)
     return fmt::format("cannot open {} for {}: {}; choose a folder you may write to, or fix its permissions", path, writing ? "writing" : "reading",
                        std::strerror(error_number));
+  if (error_number == EROFS)
+    return fmt::format("cannot open {} for writing: the file system is read-only; choose a folder on a writable drive", path);
+  if (error_number == EEXIST)
+    return fmt::format(
+        "cannot create {}: a file of that name exists, and dstrain never overwrites a file it did not create; remove it if it "
+        "is a leftover of an earlier run, or give another folder",
+        path);
   return fmt::format("cannot open {} for {} with O_DIRECT: {} ({}); {}", path, writing ? "writing" : "reading", std::strerror(error_number),
                      error_number, fix_for(error_number, path));
 }

@@ -225,6 +225,7 @@ IoFile IoEngine::open(const std::string& path, IoOpen mode) {
   }
   int flags = (writing ? O_RDWR : O_RDONLY) | O_CLOEXEC;
   if (mode == IoOpen::create) flags |= O_CREAT | O_TRUNC;
+  if (mode == IoOpen::create_new) flags |= O_CREAT | O_EXCL;
   auto state = std::make_shared<IoFileState>();
   state->path = std::make_shared<const std::string>(path);
   state->writable = writing;
@@ -237,11 +238,11 @@ IoFile IoEngine::open(const std::string& path, IoOpen mode) {
   state->alignment = direct_io_alignment(state->direct_fd);
   if (state->alignment == 0 || memory_file_system(state->direct_fd)) {
     const bool memory = state->alignment != 0;
-    if (mode == IoOpen::create) ::unlink(path.c_str());
+    if (mode == IoOpen::create || mode == IoOpen::create_new) ::unlink(path.c_str());
     close_both();
     throw Error(memory ? io_memory_file_system_message(path) : io_open_message(path, writing, EINVAL));
   }
-  state->buffered_fd = ::open(path.c_str(), (flags & ~(O_CREAT | O_TRUNC)), 0600);
+  state->buffered_fd = ::open(path.c_str(), (flags & ~(O_CREAT | O_TRUNC | O_EXCL)), 0600);
   if (state->buffered_fd < 0) {
     const int e = errno;
     close_both();

@@ -44,6 +44,7 @@ enum class IoOpen {
   read,        // O_RDONLY: an existing file
   read_write,  // O_RDWR: an existing file
   create,      // O_RDWR | O_CREAT | O_TRUNC, mode 0600: a new, empty file
+  create_new,  // O_RDWR | O_CREAT | O_EXCL, mode 0600: a file that must not exist yet (never someone else's)
 };
 
 class IoEngineCore;

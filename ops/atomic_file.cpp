@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,7 +73,25 @@ std::string write_errno_text(int error) {
   return std::strerror(error);
 }
 
+void check_replaceable(const std::filesystem::path& path, std::string_view what) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // absent (or unreadable: the write will say why)
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a folder"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  fail(
+      "{} '{}' is {}: dstrain writes its results atomically (a temporary renamed over the target), which would replace it rather than "
+      "write into it; give the path of a regular file{}",
+      what, path.string(), kind, S_ISLNK(st.st_mode) ? " (the path the link points to, if that is the file you mean)" : "");
+}
+
 void write_file_atomically(const std::filesystem::path& path, std::string_view text) {
+  check_replaceable(path, "the output");
   remove_stale_temp_files(path);
   const std::filesystem::path tmp = temp_path_for(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -96,6 +115,12 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view t
     const int error = errno;
     ::unlink(tmp.c_str());
     fail("writing {} failed: {}", path.string(), write_errno_text(error));
+  }
+  try {
+    check_replaceable(path, "the output");  // what may have appeared there while writing
+  } catch (const Error&) {
+    ::unlink(tmp.c_str());
+    throw;
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;

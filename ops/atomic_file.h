@@ -24,6 +24,13 @@ bool is_temp_name_of(std::string_view name, std::string_view target_name, long* 
 // that cannot be removed (or a folder that cannot be listed) is left alone. Returns how many went.
 int remove_stale_temp_files(const std::filesystem::path& target);
 
+// Error naming `path` when it exists but is not a regular file: a folder, a device node, a FIFO, a
+// socket, or a symbolic link (lstat). The rename that ends an atomic write replaces the directory
+// entry itself — it would turn /dev/null into a regular file or replace a link instead of writing
+// where it points — so every writer checks its target first, and again right before the rename.
+// `what` names the output in the message ("--save-weights", "the summary").
+void check_replaceable(const std::filesystem::path& path, std::string_view what);
+
 // Writes `text` to `path` atomically (temporary, fsync, rename, fsync of the folder), after
 // removing stale temporaries of it. Error naming the path and the cause (disk full, EFBIG of a
 // file size limit, permissions); the temporary is removed and an existing `path` keeps its old

@@ -1,5 +1,7 @@
 #include "io_bench_command.h"
 
+#include <unistd.h>
+
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -116,18 +118,22 @@ void run_io_bench(const IoBenchArgs& args) {
   if (args.size < IoEngine::kMinAlignment || args.size % IoEngine::kMinAlignment != 0)
     fail("io-bench --size {}: give a multiple of {} bytes (e.g. 1G)", args.size, IoEngine::kMinAlignment);
 
-  const std::string file = (fs::path(args.path) / "dstrain_io_bench.dat").string();
+  // A scratch file of this process's own, created exclusively: a file of the user's by that name is
+  // never truncated or removed.
+  const std::string file = (fs::path(args.path) / fmt::format("dstrain_io_bench.{}.dat", ::getpid())).string();
   BenchBuffer bench_buffer(args.size, args.pages == "huge");
   std::byte* buffer = bench_buffer.data();
   nlohmann::json rows = nlohmann::json::array();
   bool registered_any = false;
+  bool created = false;  // the scratch file is ours to remove
   try {
     {
       // Laid out once, untimed, as fio lays out its file: reserved and then written whole, so every
       // measured write overwrites written blocks (a first write into fallocated blocks also pays for
       // converting unwritten extents, which would favour whoever writes second).
       IoEngine io(base);
-      IoFile f = io.open(file, IoOpen::create);
+      IoFile f = io.open(file, IoOpen::create_new);
+      created = true;
       f.allocate(args.size);
       io.write(f, 0, buffer, args.size).wait();
     }
@@ -172,7 +178,8 @@ void run_io_bench(const IoBenchArgs& args) {
       }
     }
   } catch (...) {
-    if (!args.keep) fs::remove(file);
+    std::error_code ec;
+    if (created && !args.keep) fs::remove(file, ec);
     throw;
   }
   if (!args.keep) fs::remove(file);
@@ -193,7 +200,8 @@ void add_io_bench_command(CLI::App& app) {
   auto args = std::make_shared<IoBenchArgs>();
   CLI::App* cmd =
       app.add_subcommand("io-bench", "Measure read/write GB/s and CPU time per GB of the io_uring engine (NVMe offload) on a folder's drive");
-  cmd->add_option("--path", args->path, "Folder on the drive to measure (a file dstrain_io_bench.dat is written there)")->required();
+  cmd->add_option("--path", args->path, "Folder on the drive to measure (a scratch file dstrain_io_bench.<pid>.dat of its own is written there)")
+      ->required();
   cmd->add_option("--size", args->size, "Bytes per transfer (K/M/G suffixes are powers of 1024; default 1G)")->transform(CLI::AsSizeValue(false));
   cmd->add_option("--block-size", args->block_sizes, "aio.block_size values to measure, comma-separated (e.g. 128K,1M,8M)")
       ->delimiter(',')
@@ -214,7 +222,7 @@ void add_io_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"huge", "base"}));
   cmd->add_flag("--no-fixed-buffers", args->no_fixed_buffers, "Do not register the buffer with io_uring (as fio without fixedbufs)");
   cmd->add_flag("--json", args->json, "Print the figures as JSON on stdout");
-  cmd->add_flag("--keep", args->keep, "Keep dstrain_io_bench.dat (bench/io_bench.sh runs fio on the same file)");
+  cmd->add_flag("--keep", args->keep, "Keep the scratch file (its path is --json's \"file\"; bench/io_bench.sh runs fio on it)");
   cmd->callback([args] { run_io_bench(*args); });
 }
 

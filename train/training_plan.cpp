@@ -355,7 +355,16 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
                               {init_file, "--init-from"},
                               {config_text.file, "the config file"},
                               {model_config_file(model_spec), "the model config (--model)"}};
+  // The folders the run reads from: the model's when --model names one (a Hugging Face checkpoint
+  // folder holds its weights beside config.json) and the checkpoints --resume continues; and the
+  // one it saves into. No
+  // output file may lie inside them: --save-weights W/latest would replace the checkpoint being
+  // resumed, --summary-json X/latest the `latest` just committed under --save-dir X.
+  if (std::error_code ec; std::filesystem::is_directory(model_spec, ec)) inputs.push_back({model_spec, "the model's folder (--model)", true});
+  const std::string resume_dir = options.resume == "auto" ? options.save_dir.string() : options.resume;
+  if (!resume_dir.empty()) inputs.push_back({resume_dir, "the checkpoints resumed (--resume)", true});
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
+  if (!options.save_dir.empty()) outputs.push_back({options.save_dir, "--save-dir", true});
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----
   plan.model = model_architecture(model_spec);
@@ -402,7 +411,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   check_outputs_spare_inputs(inputs, outputs);
   for (const RunFile& out : outputs) {
-    if (!out.path.empty()) prove_writable(out);
+    // The --save-dir is a folder the checkpoint writer creates and checks itself (free space, links).
+    if (!out.path.empty() && !out.folder) prove_writable(out);
   }
 
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this

@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "data/run_files.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "models/model_registry.h"
 #include "ops/error.h"
@@ -11,6 +12,10 @@
 namespace dstrain {
 
 std::string consolidate_checkpoint(const std::filesystem::path& save_dir, std::string tag, const std::filesystem::path& output, DType dtype) {
+  // The output never replaces a file of the checkpoint it reads (a rank file, the manifest,
+  // `latest`), nor a device or a link (data/run_files.h); checked before anything is read.
+  check_outputs_spare_inputs({{save_dir, "the checkpoint folder", true}}, {{output, "consolidate's output"}});
+  prove_writable({output, "consolidate's output"});
   if (tag.empty()) {
     const std::optional<std::string> latest = read_latest_tag(save_dir);
     if (!latest) fail("consolidate: no '{}' file in '{}'; give the checkpoint with --tag", kLatestFile, save_dir.string());

@@ -5,6 +5,7 @@
 // mistake (no such folder or tag, another model, --save-dir a file) exits 2 before step 1.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -246,6 +247,51 @@ TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {
   bytes[bytes.size() - 1] ^= 0x01;
   std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
   expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck), "checksum");
+}
+
+// An output never destroys an input (docs/cli.md "Checked before step 1"): consolidate's output and
+// train's --save-weights / --summary-json inside the checkpoint folder being read, or inside the
+// --save-dir the run commits into, are refused before anything is written; so is an output that
+// is a FIFO, a device or a symbolic link, which the write's rename would replace. Every file keeps
+// its bytes, and the checkpoint still resumes.
+TEST_F(CheckpointCli, OutputsNeverReplaceTheCheckpointRead) {
+  const fs::path ck = dir_ / "ck_outputs";
+  ASSERT_EQ(run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --save-dir " + q(ck)).exit_code, 0);
+  const fs::path rank_file = ck / "global_step1" / "rank_00000.safetensors", latest = ck / "latest";
+  const std::string rank_bytes = read_file_text(rank_file), latest_bytes = read_file_text(latest);
+  const auto expect_refused = [&](const std::string& args, const std::string& needle) {
+    const CliResult r = run_dstrain(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << r.out;
+  };
+  expect_refused("consolidate " + q(ck) + " -o " + q(rank_file), "lies inside the checkpoint folder");
+  expect_refused("consolidate " + q(ck) + " -o " + q(latest), "lies inside the checkpoint folder");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --save-weights " + q(latest), "lies inside the checkpoints resumed");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --summary-json " + q(rank_file), "--resume");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --save-dir " + q(dir_ / "ck_other") + " --summary-json " + q(dir_ / "ck_other" / "latest"),
+                 "lies inside --save-dir");
+  EXPECT_EQ(read_file_text(rank_file), rank_bytes);
+  EXPECT_EQ(read_file_text(latest), latest_bytes);
+  // Not a regular file: a FIFO, a link to a file, a character device (never written: refused
+  // before step 1 by its kind).
+  const fs::path fifo = dir_ / "out.fifo", link = dir_ / "out.link", target = dir_ / "link_target.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(target) << "keep";
+  fs::create_symlink(target, link);
+  expect_refused(train("fp32_s1.json", 1) + " --steps 1 --summary-json " + q(fifo), "is a FIFO");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 1 --save-weights " + q(link), "is a symbolic link");
+  expect_refused("consolidate " + q(ck) + " -o /dev/null", "is a character device");
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read_file_text(target), "keep");
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  // The checkpoint resumes as it was, and the same outputs outside the folders are written.
+  const CliResult ok = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --save-weights " + q(dir_ / "out.safetensors"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(run_dstrain("consolidate " + q(ck) + " -o " + q(dir_ / "cons.safetensors")).exit_code, 0);
+  fs::remove(fifo);
+  fs::remove(link);
 }
 
 }  // namespace

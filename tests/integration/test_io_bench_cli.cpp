@@ -25,6 +25,12 @@ class IoBenchCli : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+  // The scratch files io-bench left in `dir` (it names them dstrain_io_bench.<pid>.dat).
+  static int scratch_files(const std::filesystem::path& dir) {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().filename().string().rfind("dstrain_io_bench.", 0) == 0;
+    return n;
+  }
   std::filesystem::path dir_;
 };
 
@@ -46,7 +52,7 @@ TEST_F(IoBenchCli, OneRowPerBlockSizeAndQueueDepth) {
     EXPECT_LT(row["read_gbps"].get<double>(), 100.0);
     EXPECT_GE(row["read_cpu_s_per_gb"].get<double>(), 0.0);
   }
-  EXPECT_FALSE(std::filesystem::exists(dir_ / "dstrain_io_bench.dat")) << "the bench file is left behind";
+  EXPECT_EQ(scratch_files(dir_), 0) << "the bench file is left behind";
   // fio's terms: 4 KiB pages, no registration.
   const auto b = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M --pages base --no-fixed-buffers --json");
   ASSERT_EQ(b.exit_code, 0) << b.err;
@@ -80,9 +86,9 @@ TEST_F(IoBenchCli, TmpfsAndMissingFoldersAreNamedErrors) {
   if (std::filesystem::is_directory("/dev/shm")) {
     const auto r = run_dstrain("io-bench --path /dev/shm --size 1M");
     EXPECT_EQ(r.exit_code, 2);
-    EXPECT_THAT(r.err, HasSubstr("/dev/shm/dstrain_io_bench.dat"));
+    EXPECT_THAT(r.err, HasSubstr("/dev/shm/dstrain_io_bench."));
     EXPECT_THAT(r.err, HasSubstr("tmpfs"));
-    EXPECT_FALSE(std::filesystem::exists("/dev/shm/dstrain_io_bench.dat"));
+    EXPECT_EQ(scratch_files("/dev/shm"), 0);
   }
   const auto m = run_dstrain("io-bench --path " + shell_quote((dir_ / "nope").string()));
   EXPECT_EQ(m.exit_code, 2);
@@ -93,12 +99,26 @@ TEST_F(IoBenchCli, AnInjectedIoErrorExitsTwoNamingFileOffsetAndBytes) {
   // 1 MiB in 256 KiB pieces: the 2nd read piece is bytes [262144, 524288).
   const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M --block-size 256K", "DSTRAIN_IO_FAULT=eio:read@2");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.err,
-              HasSubstr("read of 262144 bytes at offset 262144 of " + (dir_ / "dstrain_io_bench.dat").string() + " failed: Input/output error"));
-  EXPECT_FALSE(std::filesystem::exists(dir_ / "dstrain_io_bench.dat"));
+  EXPECT_THAT(r.err, HasSubstr("read of 262144 bytes at offset 262144 of " + (dir_ / "dstrain_io_bench.").string()));
+  EXPECT_THAT(r.err, HasSubstr(".dat failed: Input/output error"));
+  EXPECT_EQ(scratch_files(dir_), 0);
   const auto bad = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M", "DSTRAIN_IO_FAULT=sometimes");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("DSTRAIN_IO_FAULT"));
+}
+
+// A file of the user's that bears a scratch name is never truncated or removed: io-bench writes a
+// file of its own, created exclusively (it once wrote and deleted dstrain_io_bench.dat whatever
+// it held).
+TEST_F(IoBenchCli, NeverTouchesAUsersFile) {
+  const std::filesystem::path mine = dir_ / "dstrain_io_bench.dat";
+  std::ofstream(mine) << "a user's measurements";
+  const auto r = run_dstrain("io-bench --path " + shell_quote(dir_.string()) + " --size 1M");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(mine);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "a user's measurements");
+  EXPECT_EQ(scratch_files(dir_), 1);  // the user's file alone
 }
 
 }  // namespace
