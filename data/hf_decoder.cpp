@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "ops/error.h"
 
@@ -30,7 +31,13 @@ int fallback_byte(std::string_view token) {
 
 }  // namespace
 
-void HfDecoder::parse_into(const nlohmann::json& config, const std::string& where, HfDecoder& out) {
+void HfDecoder::parse_into(const nlohmann::json& config, const std::string& where, HfDecoder& out, int depth) {
+  // Real tokenizers nest a Sequence once or twice; a crafted file nesting 50,000 deep would exhaust
+  // the stack (and the error paths' memory), so the depth is bounded.
+  if (depth > kMaxTokenizerNesting) {
+    fail("{}: decoder Sequences nest more than {} deep; no tokenizer needs that — this tokenizer.json is damaged or crafted", where.substr(0, 200),
+         kMaxTokenizerNesting);
+  }
   if (config.is_null()) return;
   if (!config.is_object() || !config.contains("type") || !config["type"].is_string()) {
     fail("{} should be null or an object with a \"type\"", where);
@@ -39,7 +46,7 @@ void HfDecoder::parse_into(const nlohmann::json& config, const std::string& wher
   if (type == "Sequence") {
     const auto list = config.find("decoders");
     if (list == config.end() || !list->is_array()) fail("{}.decoders should be a list", where);
-    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".decoders[" + std::to_string(i) + "]", out);
+    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".decoders[" + std::to_string(i) + "]", out, depth + 1);
     return;
   }
   Step step{Kind::fuse, {}, {}, 0, 0, false};

@@ -34,7 +34,7 @@ class HfDecoder {
     std::size_t start = 0, stop = 0;  // strip
     bool strip_first_space = false;   // metaspace
   };
-  static void parse_into(const nlohmann::json& config, const std::string& where, HfDecoder& out);
+  static void parse_into(const nlohmann::json& config, const std::string& where, HfDecoder& out, int depth = 0);
   std::vector<Step> steps_;
   bool byte_level_ = false;
 };

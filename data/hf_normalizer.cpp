@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/tokenizer.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -57,7 +58,13 @@ const UNormalizer2* icu_instance(const char* name, UNormalization2Mode mode) {
 
 }  // namespace
 
-void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& where, std::vector<Step>& steps) {
+void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& where, std::vector<Step>& steps, int depth) {
+  // Real tokenizers nest a Sequence once or twice; a crafted file nesting 50,000 deep would exhaust
+  // the stack (and the error paths' memory), so the depth is bounded.
+  if (depth > kMaxTokenizerNesting) {
+    fail("{}: normalizer Sequences nest more than {} deep; no tokenizer needs that — this tokenizer.json is damaged or crafted", where.substr(0, 200),
+         kMaxTokenizerNesting);
+  }
   if (config.is_null()) return;
   if (!config.is_object() || !config.contains("type") || !config["type"].is_string()) {
     fail("{} should be null or an object with a \"type\"", where);
@@ -87,7 +94,7 @@ void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& w
   } else if (type == "Sequence") {
     const auto list = config.find("normalizers");
     if (list == config.end() || !list->is_array()) fail("{}.normalizers should be a list", where);
-    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".normalizers[" + std::to_string(i) + "]", steps);
+    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".normalizers[" + std::to_string(i) + "]", steps, depth + 1);
   } else {
     fail(
         "{}.type is \"{}\", which dstrain does not implement; supported normalizers: {}. Tokenising without it "

@@ -30,7 +30,7 @@ class HfNormalizer {
     std::string pattern;  // prepend: the text; replace: what is replaced
     std::string content;  // replace: the replacement
   };
-  static void parse_into(const nlohmann::json& config, const std::string& where, std::vector<Step>& steps);
+  static void parse_into(const nlohmann::json& config, const std::string& where, std::vector<Step>& steps, int depth = 0);
   std::vector<Step> steps_;
 };
 

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "ops/error.h"
 #include "ops/log.h"
@@ -168,7 +169,13 @@ HfPreTokenizer::HfPreTokenizer(HfPreTokenizer&&) noexcept = default;
 HfPreTokenizer& HfPreTokenizer::operator=(HfPreTokenizer&&) noexcept = default;
 HfPreTokenizer::~HfPreTokenizer() = default;
 
-void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string& where, HfPreTokenizer& out) {
+void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string& where, HfPreTokenizer& out, int depth) {
+  // Real tokenizers nest a Sequence once or twice; a crafted file nesting 50,000 deep would exhaust
+  // the stack (and the error paths' memory), so the depth is bounded.
+  if (depth > kMaxTokenizerNesting) {
+    fail("{}: pre-tokenizer Sequences nest more than {} deep; no tokenizer needs that — this tokenizer.json is damaged or crafted",
+         where.substr(0, 200), kMaxTokenizerNesting);
+  }
   if (config.is_null()) return;
   if (!config.is_object() || !config.contains("type") || !config["type"].is_string()) {
     fail("{} should be null or an object with a \"type\"", where);
@@ -184,7 +191,7 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
   if (type == "Sequence") {
     const auto list = config.find("pretokenizers");
     if (list == config.end() || !list->is_array()) fail("{}.pretokenizers should be a list", where);
-    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".pretokenizers[" + std::to_string(i) + "]", out);
+    for (std::size_t i = 0; i < list->size(); ++i) parse_into((*list)[i], where + ".pretokenizers[" + std::to_string(i) + "]", out, depth + 1);
     return;
   }
   if (type == "Split") {

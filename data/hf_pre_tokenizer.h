@@ -43,7 +43,7 @@ class HfPreTokenizer {
   struct Step;
   std::vector<std::unique_ptr<Step>> steps_;
   bool byte_level_ = false;
-  static void parse_into(const nlohmann::json& config, const std::string& where, HfPreTokenizer& out);
+  static void parse_into(const nlohmann::json& config, const std::string& where, HfPreTokenizer& out, int depth = 0);
 };
 
 // `pattern` (Hugging Face / JavaScript syntax) rewritten for PCRE2 so that it matches what

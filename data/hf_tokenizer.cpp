@@ -17,6 +17,7 @@
 #include "data/hf_pre_tokenizer.h"
 #include "data/utf8.h"
 #include "ops/error.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 namespace {
@@ -40,11 +41,7 @@ nlohmann::json read_json(const std::filesystem::path& path, std::string_view wha
     fail("cannot open {} {}: check the path ({})", what, path.string(), "a Hugging Face tokenizer.json with its tokenizer_config.json beside it");
   std::ostringstream ss;
   ss << in.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{} {} is not valid JSON: {}", what, path.string(), e.what());
-  }
+  return parse_json_text(ss.str(), fmt::format("{} {}", what, path.string()));
 }
 
 bool bool_or(const nlohmann::json& object, const char* key, bool fallback, const std::string& where) {

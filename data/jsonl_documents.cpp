@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/error.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 namespace {
@@ -35,8 +36,7 @@ void read_jsonl_documents(const std::filesystem::path& file, std::string_view te
     try {
       object = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      // nlohmann's message names the byte within the line; ours adds where the line is.
-      fail("{}:{}: not valid JSON ({}): each line of a JSONL file must be one JSON object", file.string(), number, e.what());
+      fail("{}:{}: not valid JSON ({}): each line of a JSONL file must be one JSON object", file.string(), number, json_error_text(e, line));
     }
     if (!object.is_object()) {
       fail("{}:{}: the line is {}, not a JSON object: each line must be an object like {{\"{}\": \"...\"}}", file.string(), number, type_name(object),

@@ -15,6 +15,10 @@
 
 namespace dstrain {
 
+// How deep a tokenizer.json's Sequence steps (normalizers, pre-tokenizers, decoders) may nest: real
+// files nest once or twice; the bound keeps a crafted file from exhausting the stack.
+inline constexpr int kMaxTokenizerNesting = 32;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

@@ -906,7 +906,6 @@ void Engine::save_weights(const std::filesystem::path& path) {
 void Engine::load_weights(const std::filesystem::path& path) {
   const Architecture& arch = weights_architecture(model_, "load_weights");
   Impl& im = *impl_;
-  im.initial_state = false;
   // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());
@@ -916,6 +915,18 @@ void Engine::load_weights(const std::filesystem::path& path) {
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
   };
   arch.import_weights(path, lookup);
+  // A NaN or an infinity would train to NaN from step 1 — or, with no step, be saved again as it
+  // is: refused here, naming the tensor, before anything of the engine changes.
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    const auto bad = std::find_if(values[k].begin(), values[k].end(), [](float v) { return !std::isfinite(v); });
+    if (bad != values[k].end()) {
+      fail(
+          "weights {}: tensor '{}' holds {} at element {}; initial weights must be finite — the file is damaged, or saved from a run that "
+          "diverged",
+          path.string(), im.owned[k].spec.name, *bad, bad - values[k].begin());
+    }
+  }
+  im.initial_state = false;
   im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
     const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
     copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/error.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 
@@ -27,7 +28,7 @@ nlohmann::json parse_hf_config_json(std::string_view json_text, std::string_view
   try {
     j = nlohmann::json::parse(json_text, check_keys);
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
-    fail("model config '{}' is not valid JSON ({}); give {}", source, e.what(), what);
+    fail("model config '{}' is not valid JSON ({}); give {}", source, json_error_text(e, json_text), what);
   }
   if (!duplicate.empty()) fail("model config '{}': key '{}' is given twice; keep one", source, duplicate);
   if (!j.is_object()) fail("model config '{}' must be a JSON object ({})", source, what);

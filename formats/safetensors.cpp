@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "formats/json_text.h"
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 
@@ -99,12 +100,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     const std::string_view text(reinterpret_cast<const char*>(base + 8), static_cast<std::size_t>(n));
     data_ = base + 8 + n;
     const std::uint64_t data_size = map_size_ - 8 - n;
-    nlohmann::json h;
-    try {
-      h = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("safetensors file {}: the header is not valid JSON ({}); the file is corrupt", quoted(path), e.what());
-    }
+    const nlohmann::json h = parse_json_text(text, fmt::format("safetensors file {}: its header (the file is corrupt)", quoted(path)));
     if (!h.is_object()) fail("safetensors file {}: the header must be a JSON object of tensors", quoted(path));
     for (auto it = h.begin(); it != h.end(); ++it) {
       const std::string& name = it.key();
@@ -237,6 +233,7 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
   header.append((8 - header.size() % 8) % 8, ' ');
 
   // Temporaries of earlier writes whose process died go first (ops/atomic_file.h).
+  check_replaceable(path, "the safetensors file");
   remove_stale_temp_files(path);
   const std::filesystem::path tmp = temp_path_for(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -272,6 +269,12 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Safete
     fail("flushing {} to disk failed: {}", quoted(tmp), write_errno_text(err));
   }
   std::error_code ec;
+  try {
+    check_replaceable(path, "the safetensors file");  // what may have appeared there while writing
+  } catch (const Error&) {
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     const std::string why = ec.message();

@@ -82,6 +82,13 @@ std::map<std::string, std::string> read_zip(const std::string& z, const std::str
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 struct Value {
+  Value() = default;
+  Value(const Value&) = delete;
+  Value& operator=(const Value&) = delete;
+  // Frees nested containers with a worklist instead of recursion: a crafted pickle nesting 200,000
+  // lists would otherwise overflow the stack in the chain of destructors.
+  ~Value();
+
   enum Kind { none, boolean, integer, real, str, bytes, tuple, list, dict, global, tensor, storage, mark } kind = none;
   std::int64_t i = 0;
   double f = 0;
@@ -91,6 +98,26 @@ struct Value {
   std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // dict
   TorchTensorInfo t;
 };
+
+Value::~Value() {
+  std::vector<ValuePtr> pending;
+  const auto take = [&pending](Value& v) {
+    for (ValuePtr& c : v.items)
+      if (c && c.use_count() == 1) pending.push_back(std::move(c));
+    for (auto& [k, x] : v.pairs) {
+      if (k && k.use_count() == 1) pending.push_back(std::move(k));
+      if (x && x.use_count() == 1) pending.push_back(std::move(x));
+    }
+    v.items.clear();
+    v.pairs.clear();
+  };
+  take(*this);
+  while (!pending.empty()) {
+    ValuePtr last = std::move(pending.back());
+    pending.pop_back();
+    take(*last);  // its children join the list; `last` then goes with no children of its own
+  }
+}
 
 ValuePtr make(Value::Kind k) {
   auto v = std::make_shared<Value>();
@@ -494,14 +521,20 @@ TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) 
     if (t.dtype.empty()) fail("torch file '{}': tensor '{}' has a storage type dstrain does not know", file, name);
     const auto it = entries.find(archive + "data/" + t.storage_key);
     if (it == entries.end()) fail("torch file '{}': tensor '{}' needs storage '{}', which the archive lacks (truncated?)", file, name, t.storage_key);
-    // The last element the strides reach must lie inside the storage.
+    // The last element the strides reach must lie inside the storage, computed without wrapping: a
+    // crafted stride of 2^62 once wrapped the sum back into range and the read went outside it.
     std::int64_t last = t.storage_offset;
-    bool empty = false;
+    bool empty = false, overflow = false;
     for (std::size_t k = 0; k < t.shape.size(); ++k) {
       if (t.shape[k] < 0 || t.stride[k] < 0) fail("torch file '{}': tensor '{}' has a negative size or stride", file, name);
       if (t.shape[k] == 0) empty = true;
-      last += (t.shape[k] - 1) * t.stride[k];
+      std::int64_t reach = 0;
+      overflow =
+          overflow || __builtin_mul_overflow(t.shape[k] == 0 ? 0 : t.shape[k] - 1, t.stride[k], &reach) || __builtin_add_overflow(last, reach, &last);
     }
+    std::int64_t numel = 1;
+    for (const std::int64_t d : t.shape) overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+    if (overflow) fail("torch file '{}': tensor '{}' has a shape and strides whose extent overflows 64 bits (corrupt or crafted)", file, name);
     const auto elems = static_cast<std::int64_t>(it->second.size() / elem_size(t.dtype));
     if (!empty && (t.storage_offset < 0 || last >= elems)) {
       fail("torch file '{}': tensor '{}' reaches element {} of a storage of {} elements (truncated or corrupt)", file, name, last, elems);
@@ -516,7 +549,7 @@ std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
   const TorchTensorInfo& t = it->second;
   const std::string& s = storages_.at(t.storage_key);
   std::int64_t n = 1;
-  for (std::int64_t d : t.shape) n *= d;
+  for (std::int64_t d : t.shape) n *= d;  // checked not to overflow when the file was opened
   std::vector<float> out(static_cast<std::size_t>(n));
   const std::size_t es = elem_size(t.dtype);
   const int kind = t.dtype == "F32" ? 0 : t.dtype == "F16" ? 1 : t.dtype == "BF16" ? 2 : t.dtype == "F64" ? 3 : -1;

@@ -20,6 +20,7 @@
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 namespace fs = std::filesystem;
@@ -61,10 +62,11 @@ Json read_json_file(const fs::path& path, const char* what) {
     fail("checkpoint {} {} is missing or unreadable: {}; the checkpoint is incomplete — load another tag", what, q(path), std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
   try {
-    return Json::parse(ss.str());
-  } catch (const std::exception& e) {
-    fail("checkpoint {} {} is not valid JSON ({}); the file is truncated or corrupt — load another tag", what, q(path), e.what());
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    fail("checkpoint {} {} is not valid JSON ({}); the file is truncated or corrupt — load another tag", what, q(path), json_error_text(e, text));
   }
 }
 

@@ -28,6 +28,7 @@
 #include "ops/kernels/tensor_ops.h"
 #include "zero/model_states.h"
 #include "zero/state_store.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 
@@ -588,6 +589,8 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
     }
   } catch (const Error& e) {
     error = e.what();
+  } catch (const config::Json::exception& e) {
+    error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), json_error_text(e, ""));
   } catch (const std::exception& e) {
     error = fmt::format("checkpoint '{}' under '{}' has a malformed manifest ({}); load another tag", tag, load_dir.string(), e.what());
   }

@@ -21,6 +21,7 @@
 #include "ops/error.h"
 #include "ops/log.h"
 #include "formats/safetensors.h"
+#include "formats/json_text.h"
 
 namespace dstrain {
 namespace fs = std::filesystem;
@@ -209,7 +210,7 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
         fail("checkpoint index {} does not match its checksum in {} ({} bytes, expected {}): the file is truncated or corrupt — load another tag",
              q(ipath), kCheckpointManifest, text.size(), r.at("bytes").get<std::uint64_t>());
       }
-      const Json idx = Json::parse(text);
+      const Json idx = parse_json_text(text, fmt::format("checkpoint index {}", q(ipath)));
       Impl::File f;
       f.path = dir_ / idx.at("file").get<std::string>();
       f.bytes = idx.at("bytes").get<std::uint64_t>();
@@ -239,6 +240,8 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
     }
   } catch (const Error&) {
     throw;
+  } catch (const Json::exception& e) {
+    fail("checkpoint {} has a malformed manifest or rank index ({}); load another tag", q(dir_), json_error_text(e, ""));
   } catch (const std::exception& e) {
     fail("checkpoint {} has a malformed manifest or rank index ({}); load another tag", q(dir_), e.what());
   }

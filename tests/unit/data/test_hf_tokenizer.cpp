@@ -359,6 +359,18 @@ TEST(HfTokenizer, TinyByteFallbackTokenizerByHand) {
   EXPECT_EQ(tok.vocab_size(), 262);
 }
 
+// Sequences nested 20,000 deep (tests/fuzz/regressions/hf_tokenizer/, written by
+// tests/fuzz/make_crafted_inputs.py) recursed without bound: a SIGSEGV in prepare-data and train.
+TEST(HfTokenizer, DeeplyNestedSequencesAreRefused) {
+  TempDir dir;
+  std::ofstream(dir.path() / "tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>"})";
+  for (const char* name : {"pre_tokenizer_nested_20k.json", "normalizer_nested_20k.json"}) {
+    std::filesystem::copy_file(std::filesystem::path(DSTRAIN_SOURCE_DIR) / "tests/fuzz/regressions/hf_tokenizer" / name,
+                               dir.path() / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+    EXPECT_THAT(load_error(dir.path() / "tokenizer.json"), HasSubstr("nest more than 32 deep")) << name;
+  }
+}
+
 TEST(HfTokenizer, UnsupportedKeysAreRefusedByName) {
   TempDir dir;
   const auto refused = [&](const std::function<void(nlohmann::json&, nlohmann::json&)>& edit) { return load_error(tiny_tokenizer(dir, edit)); };

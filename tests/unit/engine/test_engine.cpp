@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -352,6 +353,36 @@ TEST(Engine, SaveAndLoadWeights) {
   EXPECT_NE(a.evaluate(tk.batch()), b.evaluate(tk.batch()));
   b.load_weights(path);
   EXPECT_EQ(a.evaluate(tk.batch()), b.evaluate(tk.batch()));
+  std::filesystem::remove(path);
+}
+
+// Weights holding a NaN or an infinity are refused at load, naming the tensor and the element,
+// and the engine keeps the weights it had: --init-from such a file with --steps 0 once saved it again.
+TEST(Engine, NonFiniteWeightsAreRefusedAtLoad) {
+  const auto path = std::filesystem::temp_directory_path() / ("engine_nan_" + std::to_string(::getpid()) + ".safetensors");
+  const Gpt2Config cfg = model_config_from_spec("gpt2:tiny");
+  Engine a = initialize(make_gpt2_model(cfg), ds(adamw_json(2, 1, 1e-2, 0.0, 1.0)), {.seed = 1, .sequence_length = 8});
+  std::map<std::string, std::vector<float>> held;
+  a.gather_master_params([&](const std::string& n, const Tensor& t) { held[n].assign(t.as<float>(), t.as<float>() + t.numel()); });
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    held["h.1.mlp.c_fc.bias"][5] = bad;
+    a.model().architecture->export_weights(path, [&](const std::string& n) {
+      const std::string owner = n == "lm_head.weight" ? "wte.weight" : n;
+      std::vector<float>& v = held.at(owner);
+      return Tensor(v.data(), DType::fp32, a.master_param(owner).shape);
+    });
+    Engine b = initialize(make_gpt2_model(cfg), ds(adamw_json(2, 1, 1e-2, 0.0, 1.0)), {.seed = 9, .sequence_length = 8});
+    Tokens tk = random_tokens(2, 8, 61, 4, 5);
+    const float before = b.evaluate(tk.batch());
+    try {
+      b.load_weights(path);
+      ADD_FAILURE() << "non-finite weights were loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'h.1.mlp.c_fc.bias'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("element 5"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(b.evaluate(tk.batch()), before);
+  }
   std::filesystem::remove(path);
 }
 

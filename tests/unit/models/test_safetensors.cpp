@@ -162,6 +162,18 @@ TEST(Safetensors, CorruptFilesAreErrorsNamingFileAndTensor) {
   expect_error([&] { SafetensorsFile f(p); }, {file, "'a'", "non-negative"});
   write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}})", float_bytes({1}));
   expect_error([&] { SafetensorsFile f(p); }, {file, "'a'", "data_offsets"});
+  // A number no double holds: the JSON library's out_of_range once escaped as an internal error.
+  write_raw(p, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e400]}})", float_bytes({1}));
+  expect_error([&] { SafetensorsFile f(p); }, {file, "number out of range"});
+  // Not JSON: where, in words, never the library's "[json.exception.parse_error.101]".
+  write_raw(p, "{\"a\": {\"dtype\": \"F32\",\n  ]", float_bytes({1}));
+  try {
+    SafetensorsFile f(p);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line 2, column 3"), std::string::npos) << e.what();
+  }
   // A valid file with a dtype dstrain cannot load as weights: Error on reading that tensor.
   write_raw(p, R"({"i": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", float_bytes({1, 2}));
   const SafetensorsFile ok(p);

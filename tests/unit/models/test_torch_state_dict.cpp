@@ -124,5 +124,26 @@ TEST_F(TorchStateDictTest, TruncatedOrForeignFilesAreErrors) {
   EXPECT_THROW(TorchStateDict(dir_ / "text.pt"), Error);
 }
 
+// Crafted files (tests/fuzz/make_crafted_inputs.py, kept in tests/fuzz/regressions/torch_state_dict/):
+// a pickle nesting 100,000 lists or dicts overflowed the stack in the chain of destructors, and
+// strides whose extent wraps past 2^63 passed the bounds check and read outside the storage. Each
+// is an Error now, and the process lives on. No PyTorch needed.
+TEST(TorchStateDictCrafted, DeepNestingAndWrappingStridesAreErrors) {
+  const fs::path dir = fs::path(DSTRAIN_SOURCE_DIR) / "tests/fuzz/regressions/torch_state_dict";
+  const auto error_of = [](const fs::path& p) {
+    try {
+      const TorchStateDict sd(p);
+      for (const auto& [name, t] : sd.tensors()) (void)sd.read_fp32(name);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of(dir / "nested_lists_100k.pt").find("not a dict"), std::string::npos);
+  EXPECT_NE(error_of(dir / "nested_dicts_100k.pt").find("no tensors"), std::string::npos);
+  EXPECT_NE(error_of(dir / "stride_2_62.pt").find("overflows 64 bits"), std::string::npos) << error_of(dir / "stride_2_62.pt");
+  EXPECT_NE(error_of(dir / "stride_2_63_minus_1.pt").find("overflows 64 bits"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dstrain
