@@ -24,6 +24,32 @@ std::string excerpt(std::string_view text, std::size_t at) {
   return out;
 }
 
+// Where `text` first nests arrays and objects deeper than `limit` (its offset), or npos. A scan of
+// the bytes that skips strings: linear and without recursion, whatever the text holds.
+std::size_t first_nesting_beyond(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return i;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 std::string json_error_text(const nlohmann::json::exception& e, std::string_view text) {
@@ -46,6 +72,15 @@ std::string json_error_text(const nlohmann::json::exception& e, std::string_view
 }
 
 nlohmann::json parse_json_text(std::string_view text, std::string_view what, const nlohmann::json::parser_callback_t& callback) {
+  // The parser is iterative, but a parsed value is copied, compared and printed recursively (a
+  // tokenizer.json nesting 200,000 Sequence steps overflowed the stack in such a copy).
+  if (const std::size_t at = first_nesting_beyond(text, kMaxJsonNesting); at != std::string_view::npos) {
+    const std::size_t line = 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+    fail(
+        "{} nests arrays and objects more than {} levels deep (at line {}): no file of this kind needs that many; the file is corrupt or "
+        "was not written by the tool that makes it",
+        what, kMaxJsonNesting, line);
+  }
   try {
     return nlohmann::json::parse(text, callback);
   } catch (const nlohmann::json::exception& e) {

@@ -1,15 +1,22 @@
 // JSON text from a user's file, parsed with errors a person can read: where the text goes wrong
 // (line and column) and what is wrong there, in the project's words — never the JSON library's
 // "[json.exception.parse_error.101]" — and numbers beyond what a double holds (1e400) refused as
-// such instead of escaping as the library's out_of_range exception.
+// such instead of escaping as the library's out_of_range exception. Text nested deeper than
+// kMaxJsonNesting is refused before parsing: the parsed value would be copied and destroyed
+// recursively.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 namespace dstrain {
+
+// The deepest nesting of arrays and objects parse_json_text accepts. The files read with it nest a
+// few levels (a tokenizer.json's Sequence of steps: 4); deeper text is refused before parsing.
+constexpr std::size_t kMaxJsonNesting = 512;
 
 // Parses `text`; Error "{what} is not valid JSON: {reason} at line L, column C" (or "... holds a
 // number out of range ...") otherwise. `what` names the file and its role, e.g. "safetensors file

@@ -2,14 +2,17 @@
 // file), then the whole typed parse for 1 and 4 ranks.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "config_schema/ds_config.h"
+#include "fuzz_expand.h"
 #include "config_schema/hjson_reader.h"
 #include "ops/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::string expanded = dstrain::fuzz::expand_repeats(data, size);  // deep nesting (fuzz_expand.h)
+  const std::string_view text(expanded);
   try {
     dstrain::HjsonOptions opts;
     opts.reject_duplicate_keys = true;

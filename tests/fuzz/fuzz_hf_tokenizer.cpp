@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "fuzz_expand.h"
+#include "fuzz_small_stack.h"
 #include "data/hf_tokenizer.h"
 #include "ops/error.h"
 
@@ -20,14 +22,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::ofstream(d / "tokenizer_config.json") << R"({"add_bos_token": true, "bos_token": "<s>", "eos_token": "</s>"})";
     return d;
   }();
-  std::ofstream(dir / "tokenizer.json", std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  try {
-    const dstrain::HfTokenizer tokenizer = dstrain::HfTokenizer::load(dir / "tokenizer.json");
-    std::vector<std::int32_t> ids;
-    tokenizer.encode_document("Hello  world\n\n 12345 caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 <s></s> \xff\xfe x", ids);
-    (void)tokenizer.decode(ids);
-  } catch (const dstrain::Error&) {
-  }
+  // Repeat markers expanded (fuzz_expand.h): the Sequence steps of the seeds nest as deep as a count says.
+  const std::string text = dstrain::fuzz::expand_repeats(data, size);
+  std::ofstream(dir / "tokenizer.json", std::ios::binary | std::ios::trunc).write(text.data(), static_cast<std::streamsize>(text.size()));
+  // On a small stack, where a recursion without bound overflows (fuzz_small_stack.h).
+  dstrain::fuzz::run_on_small_stack([&] {
+    try {
+      const dstrain::HfTokenizer tokenizer = dstrain::HfTokenizer::load(dir / "tokenizer.json");
+      std::vector<std::int32_t> ids;
+      tokenizer.encode_document("Hello  world\n\n 12345 caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 <s></s> \xff\xfe x", ids);
+      (void)tokenizer.decode(ids);
+    } catch (const dstrain::Error&) {
+    }
+  });
   return 0;
 }
