@@ -82,8 +82,8 @@ TEST(CommsLogger, RecordsCountsSizesLatenciesAndForwards) {
   std::vector<std::uint64_t> inner_calls(W), logger_calls(W);
   run_local_ranks(W, [&](Communicator& inner) {
     const int r = inner.rank();
-    // 10 all_reduces of 1000 fp32 taking 1..10 ms, then one of each other kind taking 4 ms.
-    FakeClock clock{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 4, 4, 4, 4, 4, 4}};
+    // 10 all_reduces of 1000 fp32 taking 1..9 and 30 ms, then one of each other kind taking 4 ms.
+    FakeClock clock{{1, 2, 3, 4, 5, 6, 7, 8, 9, 30, 4, 4, 4, 4, 4, 4}};
     CommsLoggerOptions o;
     o.verbose = true;
     o.clock_ms = std::ref(clock);
@@ -127,8 +127,8 @@ TEST(CommsLogger, RecordsCountsSizesLatenciesAndForwards) {
     EXPECT_EQ(rw[1].op, "all_reduce");
     EXPECT_EQ(rw[1].msg_bytes, 4000u);
     EXPECT_EQ(rw[1].count, 10u);
-    EXPECT_DOUBLE_EQ(rw[1].total_latency_ms, 55.0);
-    // trim_mean(·, 0.1) of 10 values drops round(1.0) = 1 at each end: latencies 2..9.
+    EXPECT_DOUBLE_EQ(rw[1].total_latency_ms, 75.0);
+    // trim_mean(·, 0.1) of 10 values drops round(1.0) = 1 at each end: latencies 2..9 (the plain mean is 7.5).
     EXPECT_DOUBLE_EQ(rw[1].avg_latency_ms, 5.5);
     double alg = 0.0, bus = 0.0;
     for (int t = 2; t <= 9; ++t) {
@@ -155,8 +155,8 @@ TEST(CommsLogger, RecordsCountsSizesLatenciesAndForwards) {
     EXPECT_EQ(totals[ur][0].op, "all_reduce");
     EXPECT_EQ(totals[ur][0].count, 11u);
     EXPECT_EQ(totals[ur][0].msg_bytes, 10u * 4000 + 32);
-    EXPECT_DOUBLE_EQ(totals[ur][0].total_latency_ms, 59.0);
-    EXPECT_NEAR(totals[ur][0].algbw_gbps, (10 * 2.0 * 4000 + 2.0 * 32) * 8 / 1e6 / 59.0, 1e-15);
+    EXPECT_DOUBLE_EQ(totals[ur][0].total_latency_ms, 79.0);
+    EXPECT_NEAR(totals[ur][0].algbw_gbps, (10 * 2.0 * 4000 + 2.0 * 32) * 8 / 1e6 / 79.0, 1e-15);
   }
   // verbose: rank 0's calls only, DeepSpeed's line.
   ASSERT_EQ(verbose.size(), 16u);
