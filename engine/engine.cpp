@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -175,6 +176,35 @@ void Engine::choose_memory(const EngineOptions& options) {
   }
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
+  const config::CommsLoggerConfig& cl = im.config.comms_logger;
+  if (cl.enabled && options.comm != nullptr) {
+    // DeepSpeed makes every logged collective blocking (an accelerator synchronize) so that its
+    // latency is the collective's, not its launch's.
+    Communicator* inner = options.comm;
+    const Device device = im.allocator->device();
+    im.comms_logger = std::make_unique<CommsLogger>(*inner, CommsLoggerOptions{.verbose = cl.verbose,
+                                                                               .prof_all = cl.prof_all,
+                                                                               .prof_ops = cl.prof_ops,
+                                                                               .synchronize = [inner, device] {
+                                                                                 synchronize_device(device);
+                                                                                 inner->synchronize();
+                                                                               }});
+    im.comm = im.comms_logger.get();
+    if (inner->rank() == 0) {
+      if (const std::vector<std::string> unknown = unknown_comms_ops(cl.prof_ops); !unknown.empty()) {
+        log_warning(
+            "comms_logger.prof_ops names {}, which no collective of dstrain records, so {} never logged; the names are all_reduce, "
+            "reduce_scatter_tensor (or reduce_scatter), all_gather_into_tensor (or all_gather), broadcast, barrier, all_to_all_single "
+            "(or all_to_all)",
+            fmt::format("\"{}\"", fmt::join(unknown, "\", \"")), unknown.size() == 1 ? "it is" : "they are");
+      }
+      if (cl.debug) {
+        log_warning(
+            "comms_logger.debug has no effect: DeepSpeed appends the calling Python function to each op's name, and dstrain's "
+            "collectives are logged under their op names alone");
+      }
+    }
+  }
 }
 
 // The model, the sequence length, the storage dtype and the batch: refused here, naming the value,
@@ -496,6 +526,12 @@ void Engine::backward() {
   const std::uint32_t micro = global_micro_batch();
   const bool boundary = is_gradient_accumulation_boundary();
   const float dloss = micro_batch_dloss();
+  // DeepSpeed's bwd_inner / bwd_allreduce: the host time in the gradient reduction (after_backward's
+  // bucket reductions as layers finish, end_backward's flush and wait) is bwd_allreduce, the rest
+  // of this call bwd_inner.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point backward_start = Clock::now();
+  Clock::duration reduction{0};
   for (std::size_t k = 0; k <= last; ++k) {
     const std::size_t i = last - k;
     if (im.ckpt) {
@@ -530,11 +566,19 @@ void Engine::backward() {
     model_.layers[i]->backward(a);
     // Layer i's own gradients are complete (tied users come later in the model, so earlier in
     // backward): reduce them now, overlapped with the layers below when overlap_comm.
+    const Clock::time_point reduce_start = Clock::now();
     im.states->after_backward(i, boundary);
+    reduction += Clock::now() - reduce_start;
     im.states->release(i);
     if (im.ckpt) im.ckpt->after_backward(i);
   }
+  const Clock::time_point end_start = Clock::now();
   im.states->end_backward(boundary);
+  const Clock::time_point backward_end = Clock::now();
+  reduction += backward_end - end_start;
+  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  im.backward_allreduce_ms = ms(reduction);
+  im.backward_inner_ms = ms(backward_end - backward_start - reduction);
   step_loss_sum_ += static_cast<double>(last_loss_);
   have_backward_ = true;
   boundary_reduced_ = boundary;
@@ -723,6 +767,8 @@ EngineState Engine::state() const {
   st.last_step_loss = last_step_loss_;
   st.grad_norm = grad_norm_;
   st.clip_coefficient = clip_coef_;
+  st.last_backward_inner_ms = impl_->backward_inner_ms;
+  st.last_backward_allreduce_ms = impl_->backward_allreduce_ms;
   return st;
 }
 
@@ -803,6 +849,7 @@ EngineReport Engine::report() const {
   out.host_memory = im.host_allocator->stats();
   out.parameter_count = parameter_count_;
   out.checkpointing = im.ckpt.get();
+  if (im.comms_logger) out.comms = &im.comms_logger->log();
   const MemoryStats& m = out.memory;
   ZeroReport& r = out.zero;
   r.stage = im.config.zero_optimization.stage;

@@ -61,6 +61,7 @@
 #include "ops/memory_stats.h"
 #include "ops/tensor.h"
 #include "models/layer.h"
+#include "zero/comms_logger.h"
 #include "zero/communicator.h"
 
 namespace dstrain {
@@ -124,6 +125,11 @@ struct EngineState {
   // held an inf/NaN (fp16 / bf16), as DeepSpeed reports it.
   double grad_norm = 0.0;
   float clip_coefficient = 1.0f;  // 1, or c / (norm + 1e-6) when that is < 1 (1 for a skipped step)
+  // The last backward()'s host time split as DeepSpeed's wall_clock_breakdown names it:
+  // bwd_inner, the layers' backward (recomputes and ZeRO-3 gathers included); bwd_allreduce, the
+  // gradient reduction (the buckets reduced as layers finish, the last one flushed and waited for).
+  double last_backward_inner_ms = 0.0;
+  double last_backward_allreduce_ms = 0.0;
 };
 
 // What the engine holds, where, and what it sent (Engine::report()).
@@ -137,6 +143,9 @@ struct EngineReport {
   std::int64_t parameter_count = 0;
   // The checkpointing state (segments, transfers, profile); nullptr when checkpointing is off.
   const ActivationCheckpointing* checkpointing = nullptr;
+  // The comms_logger's records of this rank's collectives (zero/comms_logger.h); nullptr when the
+  // config's comms_logger is not enabled or the engine has no communicator.
+  const CommsLog* comms = nullptr;
 };
 
 // Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,

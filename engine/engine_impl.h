@@ -19,6 +19,7 @@
 #include "engine/optim/optimizer.h"
 #include "offload/io_uring_engine.h"
 #include "ops/buffer.h"
+#include "zero/comms_logger.h"
 #include "zero/communicator.h"
 #include "zero/model_states.h"
 
@@ -55,6 +56,9 @@ struct Engine::Impl {
   // NVMe optimizer offload (offload_optimizer.device "nvme" at stage 3): the io_uring engine the
   // store's swap files go through (docs/offload.md §5). Declared before `states`: it outlives the store.
   std::unique_ptr<IoEngine> io;
+  // comms_logger.enabled: the decorator every collective of the engine goes through (`comm` points
+  // at it). Declared before everything that holds `comm`, so that it outlives them.
+  std::unique_ptr<CommsLogger> comms_logger;
   std::unique_ptr<ModelStates> states;  // params, grads, optimizer states as the ZeRO stage holds them
   // OneBitAdam / ZeroOneAdam / OneBitLamb: their step, which communicates (docs/optimizers_onebit.md).
   // Declared after the allocator: its buffers are freed first.
@@ -74,8 +78,10 @@ struct Engine::Impl {
   bool mixed = false;                             // fp16 or bf16: 16-bit layers, fp32 masters
   Communicator* comm = nullptr;
   int world = 1;
-  CommStats comm_at_step_start;  // counters when the current optimizer step's first micro-step began
-  CommStats step_comm;           // the last optimizer step's collectives
+  CommStats comm_at_step_start;    // counters when the current optimizer step's first micro-step began
+  CommStats step_comm;             // the last optimizer step's collectives
+  double backward_inner_ms = 0.0;  // the last backward's split (EngineState::last_backward_*)
+  double backward_allreduce_ms = 0.0;
   // The same for the NVMe transfers of `io` (when there is one): counters when the current step
   // began, the last step's traffic, and every step's together.
   IoEngine::Totals io_at_step_start, step_io, train_io;

@@ -17,6 +17,7 @@
 #include "train/monitor/train_events.h"
 #include "train/progress.h"
 #include "train/trainer_checkpoints.h"
+#include "zero/comms_logger.h"
 #include "ops/error.h"
 #include "ops/kernels/device_backend.h"
 
@@ -205,6 +206,15 @@ void RankTrainer::train_step() {
     const Batch batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
     timed(kForwardGlobalTimer, [&] { engine.forward(batch); });
     timed(kBackwardGlobalTimer, [&] { engine.backward(); });
+    if (timing_) {
+      // The engine splits its backward itself (DeepSpeed's bwd_inner and bwd_allreduce timers run
+      // inside engine.backward()); both lie within the bwd record just taken.
+      const EngineState st = engine.state();
+      for (Timers* t : {&step_timers_, &print_timers_}) {
+        (*t)(kBackwardInnerGlobalTimer).add(st.last_backward_inner_ms);
+        (*t)(kBackwardReduceGlobalTimer).add(st.last_backward_allreduce_ms);
+      }
+    }
     timed(kStepGlobalTimer, [&] { engine.step(); });
   }
   engine.synchronize();  // a GPU may still run the step's last kernels: time them
@@ -228,11 +238,13 @@ void RankTrainer::after_step(double dt) {
   const bool skipped = engine.state().skipped_steps > skipped_before_;
   skipped_before_ = engine.state().skipped_steps;
   if (!skipped) check_finite(engine.state().last_step_loss, "training loss", done);
+  const bool print_step = done % plan_.print_every == 0 || done == 1 || done == steps;  // step 1: the starting loss
+  // comms_logger's table: read at progress lines only (a snapshot under its lock).
+  const CommsLog* comms = print_step ? engine.report().comms : nullptr;
   if (monitors_.enabled()) {
     // DeepSpeed's names at global_samples after the step: the step's mean loss (as the pipeline
     // engine writes it), the lr the next step uses (get_lr() after the scheduler stepped), and
-    // the step's timers (backward_inner and backward_allreduce read 0: the reduction runs
-    // inside backward, not as a separate phase).
+    // the step's timers; with comms_logger, at each progress line, its per-op figures.
     std::vector<MonitorEvent> events{train_loss_event(engine.state().last_step_loss, engine.state().global_samples)};
     for (MonitorEvent& e : step_events(engine.state().lr, cfg.fp16.enabled ? std::optional<double>(engine.state().loss_scale) : std::nullopt,
                                        engine.state().global_samples)) {
@@ -240,6 +252,9 @@ void RankTrainer::after_step(double dt) {
     }
     if (cfg.wall_clock_breakdown) {
       for (MonitorEvent& e : elapsed_time_events(step_timers_, engine.state().global_samples)) events.push_back(std::move(e));
+    }
+    if (comms != nullptr) {
+      for (MonitorEvent& e : comms_events(comms->op_totals(), engine.state().global_samples)) events.push_back(std::move(e));
     }
     monitors_.write_events(events);
   }
@@ -259,9 +274,9 @@ void RankTrainer::after_step(double dt) {
       say(fmt::format("flops profile of step {} written to {}", cfg.flops_profiler.profile_step, *cfg.flops_profiler.output_file));
   }
   if (timing_) {
-    for (std::string_view name : {kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer}) step_timers_(name).reset();
+    for (std::string_view name : kGlobalTimerNames) step_timers_(name).reset();
   }
-  if (done % plan_.print_every == 0 || done == 1 || done == steps) {  // step 1: the starting loss
+  if (print_step) {
     if (lead()) {
       ProgressLine p;
       p.step = done;
@@ -277,9 +292,13 @@ void RankTrainer::after_step(double dt) {
       say(format_progress(p));
       if (cfg.wall_clock_breakdown) {
         // DeepSpeed's global timer line, here the mean per optimizer step since the last line.
-        // No bwd_inner / bwd_allreduce: the reduction is not timed apart from backward.
-        const std::array<std::string_view, 3> names{kForwardGlobalTimer, kBackwardGlobalTimer, kStepGlobalTimer};
-        say(print_timers_.log_line(names, static_cast<double>(interval_steps_)));
+        say(print_timers_.log_line(kGlobalTimerNames, static_cast<double>(interval_steps_)));
+      }
+      if (comms != nullptr) {
+        // DeepSpeed's comms.log_summary() table, this rank's collectives since the start.
+        std::string table = format_comms_table(comms->rows());
+        if (!table.empty() && table.back() == '\n') table.pop_back();
+        say(table);
       }
       if (cfg.memory_breakdown) say(format_memory_breakdown(fmt::format("after step {}", done), engine.report().memory, read_host_memory()));
     }
@@ -390,6 +409,7 @@ void RankTrainer::finish() {
   summary_.memory = engine.report().memory;
   summary_.skipped_steps = engine.state().skipped_steps;
   if (cfg.fp16.enabled) summary_.loss_scale = engine.state().loss_scale;
+  if (const CommsLog* comms = engine.report().comms) summary_.comms = CommsSummary{comms->world_size(), rank_, comms->rows()};
   if (!options_.save_dir.empty() && last_saved_tag_.empty()) save_checkpoint();
   checkpoints_->wait();  // a decoupled save is committed before the run ends
   if (!options_.save_weights.empty()) {

@@ -104,6 +104,21 @@ nlohmann::json to_json(const TrainSummary& s) {
                     {"io_wait_seconds", o.wait_seconds},
                     {"io_wait_share", o.io_wait_share(s.train_seconds)}};
   }
+  if (s.comms) {
+    // DeepSpeed's log_all(return_dict=True) "summary": op -> message size -> figures (JSON keys
+    // are strings, so the size is written as one, as json.dumps writes DeepSpeed's int keys).
+    nlohmann::json summary = nlohmann::json::object();
+    for (const CommsLogRow& r : s.comms->rows) {
+      summary[r.op][std::to_string(r.msg_bytes)] = {{"count", r.count},
+                                                    {"total_latency_ms", r.total_latency_ms},
+                                                    {"avg_latency_ms", r.avg_latency_ms},
+                                                    {"tput_avg_gbps", r.algbw_avg_gbps},
+                                                    {"busbw_avg_gbps", r.busbw_avg_gbps},
+                                                    {"msg_size_bytes", r.msg_bytes},
+                                                    {"msg_size_str", convert_comm_size(r.msg_bytes)}};
+    }
+    j["comms"] = {{"world_size", s.comms->world_size}, {"rank", s.comms->rank}, {"summary", summary}};
+  }
   return j;
 }
 

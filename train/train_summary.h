@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/memory_stats.h"
+#include "zero/comms_logger.h"
 
 namespace dstrain {
 
@@ -32,6 +33,14 @@ struct OffloadSummary {
   double io_wait_share(double train_seconds) const;
 };
 
+// comms_logger (docs/monitoring.md §6): the lead rank's table at the end of training, as
+// DeepSpeed's comms.log_summary(return_dict=True) gives it.
+struct CommsSummary {
+  int world_size = 1;
+  int rank = 0;
+  std::vector<CommsLogRow> rows;
+};
+
 struct TrainSummary {
   std::string model;                   // describe() of the model
   std::int64_t parameters = 0;         // as GPT-2 counts them (real vocabulary)
@@ -50,6 +59,7 @@ struct TrainSummary {
   std::optional<double> loss_scale;                         // fp16: the loss scale at the end
   MemoryStats memory;                                       // the allocator's statistics at the end (peaks per purpose)
   std::optional<OffloadSummary> offload;                    // runs with an offloaded optimizer only
+  std::optional<CommsSummary> comms;                        // runs with comms_logger.enabled only
 
   std::optional<double> final_train_loss() const;
   std::optional<double> final_val_loss() const;
@@ -62,7 +72,9 @@ struct TrainSummary {
 
 // {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ..., "steady_tokens_per_s": ..., "step_seconds": [...],
 //  "train_losses": [...], "lrs": [...], "val_losses": [[step, loss], ...], "peak_memory_bytes": {"params": ...,
-//  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §9), ...}; a missing loss is null.
+//  ..., "total": ...}, "offload": {...} (offloaded runs; docs/offload.md §9), "comms": {"world_size": W, "rank": 0,
+//  "summary": {op: {"<message bytes>": {"count": ..., "total_latency_ms": ..., "avg_latency_ms": ..., "tput_avg_gbps": ...,
+//  "busbw_avg_gbps": ..., "msg_size_bytes": ..., "msg_size_str": "3.91 KB"}}}} (comms_logger), ...}; a missing loss is null.
 nlohmann::json to_json(const TrainSummary& s);
 
 // {"params": bytes, ..., "total": sum}: bytes held per memory purpose, as --summary-json writes them

@@ -434,6 +434,83 @@ TEST_F(TrainCli, SchedulerMonitorsTimersAndSamples) {
   fs::remove_all(runs);
 }
 
+// comms_logger and wall_clock_breakdown on 2 ranks at ZeRO stage 0 (docs/monitoring.md §3, §6).
+// Each optimizer step issues three all-reduces: the gradients (one bucket: the 4·Ψ bytes of the
+// padded fp32 parameters), the step's global sums (norm², non-finite count, loss: 3 fp64 = 24 B)
+// and the stop-request vote after the step (1 fp64 = 8 B). The summary JSON counts 4 of each over
+// 4 steps; the table at step 4 and the monitors' comms/all_reduce/count at each progress line (steps
+// 1, 2, 4: before that step's vote) count 3k − 1; verbose prints rank 0's 12 calls. bwd_inner and
+// bwd_allreduce are measured (> 0) and lie within bwd.
+TEST_F(TrainCli, CommsLoggerAndBackwardSplitOnTwoRanks) {
+  const fs::path runs = dir_ / "runs_comms";
+  fs::remove_all(runs);
+  std::ofstream(dir_ / "comms.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "steps_per_print": 2,
+      "wall_clock_breakdown": true, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+      "comms_logger": {"enabled": true, "verbose": true, "prof_ops": ["allreduce"]},
+      "csv_monitor": {"enabled": true, "output_path": ")" +
+                                            runs.string() + R"(", "job_name": "job"}})";
+  const CliResult a =
+      run_dstrain("train --deepspeed_config " + q(dir_ / "comms.json") + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " +
+                  q(dir_ / "t_train.bin") + " --num-ranks 2 --steps 4 --seed 3 --sample-tokens 0 --summary-json " + q(dir_ / "comms.out"));
+  ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
+  EXPECT_NE(a.err.find("comms_logger.prof_ops names \"allreduce\", which no collective of dstrain records"), std::string::npos) << a.err;
+
+  const nlohmann::json s = summary(dir_ / "comms.out");
+  const std::int64_t psi = s["zero"]["ranks"][0]["padded_param_elements"].get<std::int64_t>();
+  ASSERT_EQ(psi, 34688);
+  const nlohmann::json& c = s["comms"];
+  EXPECT_EQ(c["world_size"], 2);
+  EXPECT_EQ(c["rank"], 0);
+  ASSERT_EQ(c["summary"].size(), 1u) << c.dump();
+  const nlohmann::json& ar = c["summary"]["all_reduce"];
+  ASSERT_EQ(ar.size(), 3u) << ar.dump();
+  for (const std::int64_t bytes : {4 * psi, std::int64_t{24}, std::int64_t{8}}) {
+    const nlohmann::json& row = ar[std::to_string(bytes)];
+    EXPECT_EQ(row["count"], 4) << bytes;
+    EXPECT_EQ(row["msg_size_bytes"], bytes);
+    EXPECT_GT(row["total_latency_ms"].get<double>(), 0.0) << bytes;
+    // all_reduce at n = 2: busbw = S/t · 2(n−1)/n = algbw (2S/t) / 2, call by call.
+    EXPECT_NEAR(row["busbw_avg_gbps"].get<double>(), row["tput_avg_gbps"].get<double>() / 2, 1e-12) << bytes;
+  }
+  EXPECT_EQ(ar[std::to_string(4 * psi)]["msg_size_str"], "135.5 KB");
+
+  // The table at each progress line; the last one (step 4) has 3·4 − 1 calls: 4 of each size but
+  // the vote's 3.
+  const std::size_t last = a.out.rfind("Comm. Op            Message Size        Count               Total Latency(ms)");
+  ASSERT_NE(last, std::string::npos) << a.out;
+  const std::string table = a.out.substr(last);
+  EXPECT_NE(table.find("\nall_reduce\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("\n                    8.0 B               3                   "), std::string::npos) << table;
+  EXPECT_NE(table.find("\n                    24.0 B              4                   "), std::string::npos) << table;
+  EXPECT_NE(table.find("\n                    135.5 KB            4                   "), std::string::npos) << table;
+  std::size_t verbose = 0;
+  for (std::size_t at = a.err.find("comm op: all_reduce | time (ms): "); at != std::string::npos; at = a.err.find("comm op: all_reduce", at + 1))
+    ++verbose;
+  EXPECT_EQ(verbose, 12u) << a.err;
+
+  const fs::path job = runs / "job";
+  const auto counts = csv_rows(job / "comms_all_reduce_count.csv", "step,count");
+  const std::vector<std::pair<std::int64_t, double>> want_counts{{16, 2.0}, {32, 5.0}, {64, 11.0}};
+  EXPECT_EQ(counts, want_counts);
+  EXPECT_TRUE(fs::exists(job / "comms_all_reduce_busbw_gbps.csv"));
+
+  // wall_clock_breakdown: both parts of every step's backward measured, within it.
+  EXPECT_NE(a.out.find(" | bwd_inner: "), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find(" | bwd_allreduce: "), std::string::npos) << a.out;
+  const auto bwd = csv_rows(job / "Train_Samples_elapsed_time_ms_backward.csv", "step,elapsed_time_ms_backward");
+  const auto inner = csv_rows(job / "Train_Samples_elapsed_time_ms_backward_inner.csv", "step,elapsed_time_ms_backward_inner");
+  const auto reduce = csv_rows(job / "Train_Samples_elapsed_time_ms_backward_allreduce.csv", "step,elapsed_time_ms_backward_allreduce");
+  ASSERT_EQ(bwd.size(), 4u);
+  ASSERT_EQ(inner.size(), 4u);
+  ASSERT_EQ(reduce.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_GT(inner[i].second, 0.0) << "step " << i + 1;
+    EXPECT_GT(reduce[i].second, 0.0) << "step " << i + 1;
+    EXPECT_LE(inner[i].second + reduce[i].second, bwd[i].second + 1e-6) << "step " << i + 1;
+  }
+  fs::remove_all(runs);
+}
+
 // examples/ds_configs/monitoring.json as shipped (its output_path pointed into the temp folder):
 // memory lines, the timer line, and the flops profile with MFU at profile_step 2.
 TEST_F(TrainCli, MonitoringExampleConfigRuns) {

@@ -30,6 +30,11 @@ void WallClockTimer::stop() {
   running_ = false;
 }
 
+void WallClockTimer::add(double ms) {
+  DSTRAIN_CHECK(std::isfinite(ms) && ms >= 0.0, "timer '{}': a record of {} ms; records are finite and >= 0", name_, ms);
+  records_.push_back(ms);
+}
+
 double WallClockTimer::elapsed_ms(bool reset_after) {
   // DeepSpeed stops a running timer, sums, and starts it again: the running part is counted.
   const bool was_running = running_;

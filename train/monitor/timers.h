@@ -57,6 +57,9 @@ class WallClockTimer {
   void start();
   void stop();
   bool running() const { return running_; }
+  // One record of `ms` measured elsewhere (the engine splits its backward into bwd_inner and
+  // bwd_allreduce itself: EngineState::last_backward_*). Throws Error when ms < 0 or not finite.
+  void add(double ms);
 
   // Sum of the records in ms; a running timer counts up to now and keeps running.
   double elapsed_ms(bool reset = true);

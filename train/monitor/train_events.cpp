@@ -12,4 +12,16 @@ std::vector<MonitorEvent> step_events(double lr, std::optional<double> loss_scal
 
 MonitorEvent train_loss_event(double loss, std::int64_t global_samples) { return {std::string(kTrainLossEvent), loss, global_samples}; }
 
+std::vector<MonitorEvent> comms_events(const std::vector<CommsOpTotals>& totals, std::int64_t global_samples) {
+  std::vector<MonitorEvent> events;
+  for (const CommsOpTotals& t : totals) {
+    const std::string prefix = "comms/" + t.op + "/";
+    events.push_back({prefix + "count", static_cast<double>(t.count), global_samples});
+    events.push_back({prefix + "total_latency_ms", t.total_latency_ms, global_samples});
+    events.push_back({prefix + "algbw_gbps", t.algbw_gbps, global_samples});
+    events.push_back({prefix + "busbw_gbps", t.busbw_gbps, global_samples});
+  }
+  return events;
+}
+
 }  // namespace dstrain

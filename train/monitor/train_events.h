@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "train/monitor/monitor.h"
+#include "zero/comms_logger.h"
 
 namespace dstrain {
 
@@ -21,5 +22,11 @@ inline constexpr std::string_view kLossScaleEvent = "Train/Samples/loss_scale";
 std::vector<MonitorEvent> step_events(double lr, std::optional<double> loss_scale, std::int64_t global_samples);
 
 MonitorEvent train_loss_event(double loss, std::int64_t global_samples);
+
+// comms_logger (docs/monitoring.md §6), per op since the start of training at global_samples:
+// comms/<op>/count, comms/<op>/total_latency_ms, comms/<op>/algbw_gbps, comms/<op>/busbw_gbps (the
+// bandwidths of all the op's calls together: CommsOpTotals). <op> is DeepSpeed's name (all_reduce,
+// reduce_scatter_tensor, ...).
+std::vector<MonitorEvent> comms_events(const std::vector<CommsOpTotals>& totals, std::int64_t global_samples);
 
 }  // namespace dstrain

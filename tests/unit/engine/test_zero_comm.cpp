@@ -13,6 +13,7 @@
 // Also: an fp16 overflow on one rank makes every rank skip the same step.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -346,6 +347,60 @@ TEST(ZeroEngineComm, EveryPassEndsSynchronized) {
         }
       }
       EXPECT_GT(comm.syncs, 0) << "stage " << stage;
+    });
+  }
+}
+
+// comms_logger at every stage (stage 3 and 2 with overlap_comm: the collectives run on the queue's
+// worker thread): the logger sees every collective the communicator counts, op by op, and its
+// message sizes (the input tensor's bytes) add up to the communicator's own ring-byte counters —
+// at W = 2 all_reduce sends N, reduce_scatter N/2 of its N-byte input, all_gather its n-byte shard.
+TEST(ZeroEngineComm, CommsLoggerSeesEveryCollective) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    RunSpec s;
+    s.stage = stage;
+    s.world = 2;
+    s.gas = 2;
+    s.knobs.overlap_comm = stage >= 2;
+    s.knobs.extra_json = R"("comms_logger": {"enabled": true})";
+    const std::string json = zero_config_json(s);
+    run_local_ranks(s.world, [&](Communicator& local) {
+      config::ConfigOptions copts;
+      copts.world_size = s.world;
+      const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+      EngineOptions o;
+      o.seed = 11;
+      o.comm = &local;
+      o.sequence_length = kT;
+      Engine e = initialize(make_gpt2_model(model_config(0.0f)), c, o);
+      for (int step = 0; step < 2; ++step) {
+        for (int m = 0; m < s.gas; ++m) {
+          Tokens t = slot_batch(step, m * s.world + local.rank());
+          e.forward(t.batch());
+          e.backward();
+          e.step();
+        }
+      }
+      const CommsLog* log = e.report().comms;
+      ASSERT_NE(log, nullptr);
+      std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_op;  // calls, Σ message bytes
+      for (const CommsLogRow& r : log->rows()) {
+        by_op[r.op].first += r.count;
+        by_op[r.op].second += r.count * r.msg_bytes;
+      }
+      const CommStats& st = local.stats();
+      const auto got = [&](const char* op) { return by_op.count(op) ? by_op[op] : std::pair<std::uint64_t, std::uint64_t>{0, 0}; };
+      EXPECT_EQ(got("all_reduce").first, calls(st, CollectiveKind::all_reduce)) << "stage " << stage;
+      EXPECT_EQ(got("reduce_scatter_tensor").first, calls(st, CollectiveKind::reduce_scatter)) << "stage " << stage;
+      EXPECT_EQ(got("all_gather_into_tensor").first, calls(st, CollectiveKind::all_gather)) << "stage " << stage;
+      EXPECT_EQ(got("all_reduce").second, bytes(st, CollectiveKind::all_reduce)) << "stage " << stage;
+      EXPECT_EQ(got("reduce_scatter_tensor").second, 2 * bytes(st, CollectiveKind::reduce_scatter)) << "stage " << stage;
+      EXPECT_EQ(got("all_gather_into_tensor").second, bytes(st, CollectiveKind::all_gather)) << "stage " << stage;
+      EXPECT_EQ(log->total_calls(), st.total_calls()) << "stage " << stage;
+      EXPECT_GT(st.total_calls(), 0u);
+      if (stage >= 1) {
+        EXPECT_GT(calls(st, CollectiveKind::all_gather), 0u) << "stage " << stage;
+      }
     });
   }
 }

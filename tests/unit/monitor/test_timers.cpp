@@ -33,6 +33,20 @@ TEST(WallClockTimer, SumsRecordsAndResets) {
   EXPECT_DOUBLE_EQ(t.elapsed_ms(), 0.0);  // reset by the previous call
 }
 
+// bwd_inner / bwd_allreduce: records the engine measured, summed and averaged like timed ones.
+TEST(WallClockTimer, AddedRecordsCountLikeTimedOnes) {
+  FakeClock c;
+  WallClockTimer t("bwd_inner", c.clock());
+  t.add(2.5);
+  t.start();
+  c.advance(1);
+  t.stop();
+  t.add(0.0);
+  EXPECT_EQ(t.records(), 3u);
+  EXPECT_DOUBLE_EQ(t.elapsed_ms(), 3.5);
+  EXPECT_THROW(t.add(-1.0), Error);
+}
+
 TEST(WallClockTimer, ElapsedOfARunningTimerCountsSoFarAndKeepsRunning) {
   FakeClock c;
   WallClockTimer t("t", c.clock());

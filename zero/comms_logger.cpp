@@ -1,0 +1,267 @@
+#include "zero/comms_logger.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "ops/log.h"
+
+namespace dstrain {
+namespace {
+
+constexpr CollectiveKind kAllKinds[] = {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter, CollectiveKind::all_gather,
+                                        CollectiveKind::broadcast,  CollectiveKind::barrier,        CollectiveKind::all_to_all};
+
+// Python's f"{x:.2f}" (and "%.2f"): printf rounds the exact binary value, ties to even, as Python.
+std::string fixed2(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f", x);
+  return buf;
+}
+
+// DeepSpeed's trim_mean(data, 0.1): sorted, k = round(n · 0.1) (half to even) dropped at each end.
+double trim_mean(std::vector<double> data) {
+  const std::size_t n = data.size();
+  if (n == 0) return 0.0;
+  std::sort(data.begin(), data.end());
+  const auto k = static_cast<std::size_t>(std::nearbyint(static_cast<double>(n) * 0.1));
+  double sum = 0.0;
+  for (std::size_t i = k; i < n - k; ++i) sum += data[i];
+  return sum / static_cast<double>(n - 2 * k);
+}
+
+double default_clock_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+std::string_view comms_log_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter_tensor";
+    case CollectiveKind::all_gather:
+      return "all_gather_into_tensor";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::barrier:
+      return "barrier";
+    case CollectiveKind::all_to_all:
+      return "all_to_all_single";
+  }
+  return "?";
+}
+
+bool comms_op_from_name(std::string_view name, CollectiveKind* kind) {
+  for (CollectiveKind k : kAllKinds) {
+    if (name == comms_log_name(k) || name == collective_name(k)) {
+      *kind = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> unknown_comms_ops(const std::vector<std::string>& prof_ops) {
+  std::vector<std::string> unknown;
+  CollectiveKind k;
+  for (const std::string& name : prof_ops)
+    if (!comms_op_from_name(name, &k)) unknown.push_back(name);
+  return unknown;
+}
+
+CommBandwidth comm_bandwidth(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms, int world_size) {
+  if (!(latency_ms > 0.0)) return {};
+  const double n = world_size;
+  double size = static_cast<double>(msg_bytes);
+  double algbw = 0.0, busbw = 0.0;  // bytes per ms
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      algbw = size * 2.0 / latency_ms;
+      busbw = size / latency_ms * (2.0 * (n - 1.0) / n);
+      break;
+    case CollectiveKind::all_gather:
+      size *= n;  // the input is one shard; the gathered buffer is n of them
+      algbw = size / latency_ms;
+      busbw = algbw * ((n - 1.0) / n);
+      break;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_to_all:
+      algbw = size / latency_ms;
+      busbw = algbw * ((n - 1.0) / n);
+      break;
+    case CollectiveKind::broadcast:
+    case CollectiveKind::barrier:
+      algbw = size / latency_ms;
+      busbw = algbw;
+      break;
+  }
+  // bytes/ms · 8 bits / 1e6 = Gbit/s
+  return {algbw * 8.0 / 1e6, busbw * 8.0 / 1e6};
+}
+
+std::string convert_comm_size(std::uint64_t bytes) {
+  if (bytes == 0) return "0B";
+  static constexpr const char* kNames[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+  int i = static_cast<int>(std::floor(std::log(static_cast<double>(bytes)) / std::log(1024.0)));
+  i = std::clamp(i, 0, 8);
+  // Python's str(round(x, 2)): the 2-decimal value without trailing zeros, at least one decimal.
+  std::string s = fixed2(static_cast<double>(bytes) / std::pow(1024.0, i));
+  while (s.size() > 1 && s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();
+  return s + " " + kNames[i];
+}
+
+void CommsLog::record(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms) {
+  const CommBandwidth bw = comm_bandwidth(kind, msg_bytes, latency_ms, world_size_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(ops_.begin(), ops_.end(), [&](const Op& o) { return o.kind == kind; });
+  if (it == ops_.end()) {
+    ops_.push_back(Op{kind, {}});
+    it = ops_.end() - 1;
+  }
+  Entry& e = it->by_size[msg_bytes];
+  e.count += 1;
+  e.total_latency_ms += latency_ms;
+  e.algbw_ms_product += bw.algbw_gbps * latency_ms;
+  e.busbw_ms_product += bw.busbw_gbps * latency_ms;
+  e.recent_latency_ms.push_back(latency_ms);
+  if (e.recent_latency_ms.size() > kCommsLogWindow) e.recent_latency_ms.pop_front();
+}
+
+std::vector<CommsLogRow> CommsLog::rows() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<CommsLogRow> out;
+  for (const Op& o : ops_) {
+    for (const auto& [size, e] : o.by_size) {
+      CommsLogRow r;
+      r.op = std::string(comms_log_name(o.kind));
+      r.msg_bytes = size;
+      r.count = e.count;
+      r.total_latency_ms = e.total_latency_ms;
+      std::vector<double> lat(e.recent_latency_ms.begin(), e.recent_latency_ms.end()), alg, bus;
+      for (double t : lat) {
+        const CommBandwidth bw = comm_bandwidth(o.kind, size, t, world_size_);
+        alg.push_back(bw.algbw_gbps);
+        bus.push_back(bw.busbw_gbps);
+      }
+      r.avg_latency_ms = trim_mean(std::move(lat));
+      r.algbw_avg_gbps = trim_mean(std::move(alg));
+      r.busbw_avg_gbps = trim_mean(std::move(bus));
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+std::vector<CommsOpTotals> CommsLog::op_totals() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<CommsOpTotals> out;
+  for (const Op& o : ops_) {
+    CommsOpTotals t;
+    t.op = std::string(comms_log_name(o.kind));
+    double alg = 0.0, bus = 0.0;
+    for (const auto& [size, e] : o.by_size) {
+      t.count += e.count;
+      t.msg_bytes += size * e.count;
+      t.total_latency_ms += e.total_latency_ms;
+      alg += e.algbw_ms_product;
+      bus += e.busbw_ms_product;
+    }
+    if (t.total_latency_ms > 0.0) {
+      t.algbw_gbps = alg / t.total_latency_ms;
+      t.busbw_gbps = bus / t.total_latency_ms;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::uint64_t CommsLog::total_calls() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::uint64_t n = 0;
+  for (const Op& o : ops_)
+    for (const auto& [size, e] : o.by_size) n += e.count;
+  return n;
+}
+
+std::string format_comms_table(const std::vector<CommsLogRow>& rows) {
+  std::string out = fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}\n", "Comm. Op", "Message Size", "Count", "Total Latency(ms)",
+                                "Avg Latency(ms)", "tput_avg (Gbps)", "busbw_avg (Gbps)");
+  const std::string* op = nullptr;
+  for (const CommsLogRow& r : rows) {
+    if (op == nullptr || *op != r.op) out += r.op + "\n";
+    op = &r.op;
+    out += fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}\n", " ", convert_comm_size(r.msg_bytes), r.count, fixed2(r.total_latency_ms),
+                       fixed2(r.avg_latency_ms), fixed2(r.algbw_avg_gbps), fixed2(r.busbw_avg_gbps));
+  }
+  return out;
+}
+
+std::string format_comms_call(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms, int world_size) {
+  const CommBandwidth bw = comm_bandwidth(kind, msg_bytes, latency_ms, world_size);
+  return fmt::format("comm op: {} | time (ms): {} | msg size: {} | algbw (Gbps): {} | busbw (Gbps): {}", comms_log_name(kind), fixed2(latency_ms),
+                     convert_comm_size(msg_bytes), fixed2(bw.algbw_gbps), fixed2(bw.busbw_gbps));
+}
+
+CommsLogger::CommsLogger(Communicator& inner, CommsLoggerOptions options)
+    : Communicator(inner.rank(), inner.world_size()), inner_(inner), options_(std::move(options)), log_(inner.world_size()) {
+  for (CollectiveKind k : kAllKinds) {
+    bool on = options_.prof_all;
+    CollectiveKind named;
+    for (const std::string& name : options_.prof_ops)
+      if (comms_op_from_name(name, &named) && named == k) on = true;
+    profiled_[static_cast<std::size_t>(k)] = on;
+  }
+  if (!options_.clock_ms) options_.clock_ms = default_clock_ms;
+}
+
+template <typename Fn>
+void CommsLogger::timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn) {
+  if (!profiles(kind)) {
+    fn();
+    return;
+  }
+  const double start = options_.clock_ms();
+  fn();
+  if (options_.synchronize) options_.synchronize();
+  const double ms = options_.clock_ms() - start;
+  log_.record(kind, msg_bytes, ms);
+  if (options_.verbose) {
+    const std::string line = format_comms_call(kind, msg_bytes, ms, world_size());
+    if (options_.print) {
+      if (rank() == 0) options_.print(line);
+    } else if (rank() == 0) {
+      log_info("{}", line);
+    }
+  }
+}
+
+void CommsLogger::do_all_reduce(const Tensor& buf, ReduceOp op) {
+  timed(CollectiveKind::all_reduce, buf.nbytes(), [&] { inner_.all_reduce(buf, op); });
+}
+
+void CommsLogger::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  timed(CollectiveKind::reduce_scatter, send.nbytes(), [&] { inner_.reduce_scatter(send, recv, op); });
+}
+
+void CommsLogger::do_all_gather(const Tensor& send, const Tensor& recv) {
+  timed(CollectiveKind::all_gather, send.nbytes(), [&] { inner_.all_gather(send, recv); });
+}
+
+void CommsLogger::do_broadcast(const Tensor& buf, int root) {
+  timed(CollectiveKind::broadcast, buf.nbytes(), [&] { inner_.broadcast(buf, root); });
+}
+
+void CommsLogger::do_barrier() {
+  timed(CollectiveKind::barrier, 0, [&] { inner_.barrier(); });
+}
+
+void CommsLogger::do_all_to_all(const Tensor& send, const Tensor& recv) {
+  timed(CollectiveKind::all_to_all, send.nbytes(), [&] { inner_.all_to_all(send, recv); });
+}
+
+}  // namespace dstrain
