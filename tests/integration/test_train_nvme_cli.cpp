@@ -1,7 +1,8 @@
 // `dstrain train` with offload_optimizer.device "nvme" at stage 3 (docs/offload.md §5), as a user
 // runs it: the losses of the "cpu" run, the swap folder announced before step 1 and gone after; an
 // I/O error injected mid-step (DSTRAIN_IO_FAULT) and a tmpfs nvme_path exit 2 naming the file and
-// the fix, without a hang and without leaving swap files.
+// the fix, without a hang and without leaving swap files; a sub_group_size whose padding outweighs
+// the state is refused.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -42,9 +43,9 @@ class TrainNvmeCli : public ::testing::Test {
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
   }
   static std::string q(const fs::path& p) { return shell_quote(p.string()); }
-  static std::string train_args(const std::string& config, const std::string& summary) {
+  static std::string train_args(const std::string& config, const std::string& summary, int steps = 6) {
     return "train --deepspeed_config " + q(dir_ / config) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
-           " --steps 6 --seed 5 --summary-json " + q(dir_ / summary);
+           " --steps " + std::to_string(steps) + " --seed 5 --summary-json " + q(dir_ / summary);
   }
   static fs::path dir_;
 };
@@ -176,6 +177,27 @@ TEST_F(TrainNvmeCli, ATmpfsParamNvmePathIsRefusedEvenWhenNothingIsSwapped) {
   const CliResult check = run_dstrain("check-config " + q(dir_ / "param_shm.json"));
   EXPECT_EQ(check.exit_code, 2) << "check-config and train agree: " << check.out;
   EXPECT_THAT(check.err, HasSubstr("zero_optimization.offload_param.nvme_path"));
+}
+
+// sub_group_size 1 preallocated 39 GB of swap for 38 MB of optimizer state (every sub-group padded
+// to a 4096-byte page per state) and never finished a step. A layout whose swap exceeds 2x the state
+// is refused before step 1, naming sub_group_size and a value that fits; an accepted one says at
+// start how much swap holds how much state in how many sub-groups.
+TEST_F(TrainNvmeCli, ASubGroupSizeWhosePaddingOutweighsTheStateIsRefusedBeforeStepOne) {
+  std::ofstream(dir_ / "tiny_groups.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": )" +
+                                                  nlohmann::json((dir_ / "nvme").string()).dump() + R"(}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const CliResult r = run_dstrain(train_args("tiny_groups.json", "tiny_groups.json.out"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("zero_optimization.sub_group_size: the NVMe swap files would take"));
+  EXPECT_THAT(r.err, HasSubstr("at least 1024"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+  EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files made before the refusal";
+  const CliResult ok = run_dstrain(train_args("nvme.json", "plan.json.out", 1));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.err + ok.out, HasSubstr("of optimizer state (3 fp32 state(s) of"));
+  EXPECT_THAT(ok.err + ok.out, HasSubstr("sub-group(s) of at most 2000 elements (zero_optimization.sub_group_size)"));
 }
 
 }  // namespace
