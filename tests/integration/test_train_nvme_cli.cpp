@@ -2,7 +2,10 @@
 // runs it: the losses of the "cpu" run, the swap folder announced before step 1 and gone after; an
 // I/O error injected mid-step (DSTRAIN_IO_FAULT) and a tmpfs nvme_path exit 2 naming the file and
 // the fix, without a hang and without leaving swap files; a sub_group_size whose padding outweighs
-// the state is refused.
+// the state is refused; a killed run's swap folder is reclaimed.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -198,6 +201,29 @@ TEST_F(TrainNvmeCli, ASubGroupSizeWhosePaddingOutweighsTheStateIsRefusedBeforeSt
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_THAT(ok.err + ok.out, HasSubstr("of optimizer state (3 fp32 state(s) of"));
   EXPECT_THAT(ok.err + ok.out, HasSubstr("sub-group(s) of at most 2000 elements (zero_optimization.sub_group_size)"));
+}
+
+// After a kill -9 a run's swap folder stays; the next run reclaims a folder whose owner process is
+// gone and says so (a reaped child's pid stands for the killed run), and keeps one in use.
+TEST_F(TrainNvmeCli, AKilledRunsSwapFolderIsReclaimedByTheNextRun) {
+  const fs::path nvme = dir_ / "nvme_stale";
+  const fs::path stale = nvme / "dstrain_swap" / "killed-run" / "rank0";
+  fs::create_directories(stale);
+  std::ofstream(stale / "master.swp") << std::string(1 << 16, 'x');
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  // The owner record a run writes (offload/swap_owner.h); no start time: the pid alone is gone.
+  std::ofstream(stale / "dstrain_owner") << "host " << host << "\npid " << child << "\n";
+  write_config("stale.json", R"("device": "nvme", "buffer_count": 3, "nvme_path": )" + nlohmann::json(nvme.string()).dump());
+  const CliResult r = run_dstrain(train_args("stale.json", "stale.json.out", 1));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err + r.out, HasSubstr("reclaimed the swap folder " + stale.string()));
+  EXPECT_THAT(r.err + r.out, HasSubstr("pid " + std::to_string(child)));
+  EXPECT_FALSE(fs::exists(nvme / "dstrain_swap")) << "the stale folder or the run's own stayed";
 }
 
 }  // namespace
