@@ -8,6 +8,7 @@
 #include "ops/error.h"
 #include "ops/log.h"
 #include "ops/memory_stats.h"
+#include "ops/stop_request.h"
 
 namespace dstrain {
 namespace {
@@ -120,6 +121,10 @@ void NvmeStateStore::start_read(Slot& s, std::size_t g) {
 
 std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
   check_group(g, "acquire");
+  // The swap-in loop visits every sub-group: a stop request that waited past the grace for a step
+  // boundary ends it here, within seconds, however many sub-groups are left.
+  if (stop_overdue())
+    throw StopRequested(stop_signal(), fmt::format("swapping optimizer sub-group {} of {} in from NVMe", g + 1, layout().groups.size()));
   Slot* s = find_slot(slots_, g);
   if (s != nullptr && s->state == SwapSlot::State::acquired) fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
   if (s == nullptr) {

@@ -15,6 +15,7 @@
 #include "offload/swap_owner.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "ops/stop_request.h"
 #include "ops/memory_stats.h"
 
 namespace dstrain {
@@ -162,12 +163,17 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
   (void)SwapOwner::self().write(folder_);  // best effort: without it, a crash leaves a folder that is named, not reclaimed
   try {
     for (const SwapFileSpec& f : files) {
+      throw_if_stop_overdue("preallocating the swap files in " + folder_.string());
       files_.push_back(io.open((folder_ / f.name).string(), IoOpen::create));
       IoFile& file = files_.back();
       const std::uint64_t rounded = (f.bytes + file.alignment() - 1) / file.alignment() * file.alignment();
       file.allocate(rounded);
       bytes_ += rounded;
     }
+  } catch (const StopRequested&) {
+    files_.clear();
+    remove_folders();
+    throw;  // the trainer's to report, as it is
   } catch (const Error& e) {
     files_.clear();
     remove_folders();

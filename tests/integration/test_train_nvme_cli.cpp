@@ -2,7 +2,8 @@
 // runs it: the losses of the "cpu" run, the swap folder announced before step 1 and gone after; an
 // I/O error injected mid-step (DSTRAIN_IO_FAULT) and a tmpfs nvme_path exit 2 naming the file and
 // the fix, without a hang and without leaving swap files; a sub_group_size whose padding outweighs
-// the state is refused; a killed run's swap folder is reclaimed.
+// the state is refused; a killed run's swap folder is reclaimed; SIGTERM ends a run whose swap I/O
+// crawls within seconds.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,6 +225,28 @@ TEST_F(TrainNvmeCli, AKilledRunsSwapFolderIsReclaimedByTheNextRun) {
   EXPECT_THAT(r.err + r.out, HasSubstr("reclaimed the swap folder " + stale.string()));
   EXPECT_THAT(r.err + r.out, HasSubstr("pid " + std::to_string(child)));
   EXPECT_FALSE(fs::exists(nvme / "dstrain_swap")) << "the stale folder or the run's own stayed";
+}
+
+// SIGTERM while swap I/O crawls (DSTRAIN_IO_FAULT=slow@1: every piece waits 200 ms, so one pass over
+// the 17 sub-groups takes ~20 s): the handler records it, and the swap-in loop gives up once the
+// request has waited the grace (3 s) for a step boundary — the process ends within seconds, exit 75
+// as for a stop at a boundary, saying what was interrupted, and leaves no swap files. It used to end
+// only at the step boundary, tens of seconds (with sub_group_size 1: never) later.
+TEST_F(TrainNvmeCli, SigtermDuringSlowSwapIoEndsTheRunWithinSeconds) {
+  const fs::path out = dir_ / "slow.txt", code = dir_ / "slow.code", took = dir_ / "slow.seconds";
+  const std::string cmd = "(DSTRAIN_IO_FAULT=slow@1 " + std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + train_args("nvme.json", "slow.json.out") +
+                          " >" + q(out) + " 2>&1 </dev/null & p=$!; n=0; while ! grep -q 'NVMe swap:' " + q(out) +
+                          " && [ $n -lt 1200 ] && kill -0 $p 2>/dev/null; do sleep 0.1; n=$((n+1)); done; sleep 0.5; kill -TERM $p; " +
+                          "t0=$(date +%s.%N); n=0; while kill -0 $p 2>/dev/null && [ $n -lt 250 ]; do sleep 0.1; n=$((n+1)); done; " +
+                          "awk -v a=$t0 -v b=$(date +%s.%N) 'BEGIN { print b - a }' >" + q(took) + "; kill -9 $p 2>/dev/null; wait $p; echo $? >" +
+                          q(code) + ")";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string text = read_file_text(out);
+  EXPECT_EQ(std::stoi(read_file_text(code)), 75) << text;
+  EXPECT_LT(std::stod(read_file_text(took)), 20.0) << "SIGTERM was not honoured during swap I/O:\n" << text;
+  EXPECT_THAT(text, HasSubstr("stopped by signal 15 (SIGTERM) while swapping optimizer sub-group"));
+  EXPECT_THAT(text, HasSubstr("nothing was saved"));
+  EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files left behind after the stop";
 }
 
 }  // namespace
