@@ -9,19 +9,18 @@
 namespace dstrain::config {
 
 SectionSpec aio_section_spec() {
-  return make_section("aio", Regime::dict_lookup, "Asynchronous I/O for NVMe offload.",
-                      {
-                          int_field("block_size", 1048576, "Bytes per I/O request (rounded up to a multiple of 4096).").min(1),
-                          int_field("queue_depth", 8, "I/O requests in flight per io_uring ring (at most 32768, the kernel's ring limit).")
-                              .min(1)
-                              .max(kMaxQueueDepth),
-                          int_field("intra_op_parallelism", 1, "io_uring rings, each with its own thread (was thread_count).")
-                              .min(1)
-                              .max(kMaxIntraOpParallelism),
-                          bool_field("single_submit", false, "Submit requests one at a time."),
-                          bool_field("overlap_events", true, "Overlapped submission and completion."),
-                          bool_field("use_gds", false, "NVIDIA GPUDirect Storage (needs cuFile, which dstrain does not link)."),
-                      });
+  return make_section(
+      "aio", Regime::dict_lookup, "Asynchronous I/O for NVMe offload.",
+      {
+          int_field("block_size", 1048576, "Bytes per I/O request (rounded up to a multiple of 4096, at most 1 GiB).").min(1).max(kMaxBlockSize),
+          int_field("queue_depth", 8, "I/O requests in flight per io_uring ring (at most 32768, the kernel's ring limit).")
+              .min(1)
+              .max(kMaxQueueDepth),
+          int_field("intra_op_parallelism", 1, "io_uring rings, each with its own thread (was thread_count).").min(1).max(kMaxIntraOpParallelism),
+          bool_field("single_submit", false, "Submit requests one at a time."),
+          bool_field("overlap_events", true, "Overlapped submission and completion."),
+          bool_field("use_gds", false, "NVIDIA GPUDirect Storage (needs cuFile, which dstrain does not link)."),
+      });
 }
 
 AioConfig parse_aio_config(const Json* value, ParseContext& ctx, Json& resolved) {
@@ -38,9 +37,7 @@ AioConfig parse_aio_config(const Json* value, ParseContext& ctx, Json& resolved)
     ctx.warn("aio.block_size", fmt::format("aio.block_size {} is not a multiple of {} (O_DIRECT's alignment): dstrain's I/O engine uses "
                                            "{}-byte pieces; set a multiple of {} (1048576 is the default) to silence this",
                                            c.block_size, kDirectIoAlignment,
-                                           std::min<std::int64_t>((c.block_size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment,
-                                                                  std::int64_t{1} << 30),
-                                           kDirectIoAlignment));
+                                           (c.block_size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment, kDirectIoAlignment));
   if (c.use_gds)
     ctx.warn("aio.use_gds",
              "aio.use_gds is true, but GPUDirect Storage needs NVIDIA's cuFile library, which no dstrain build links "

@@ -14,6 +14,9 @@ namespace dstrain::config {
 inline constexpr std::int64_t kMaxQueueDepth = 32768;
 inline constexpr std::int64_t kMaxIntraOpParallelism = 256;
 inline constexpr std::int64_t kDirectIoAlignment = 4096;
+// One piece moves at most 1 GiB (Linux transfers at most 2 GiB - 4 KiB per read or write): a larger
+// block_size is refused, naming the range, rather than capped without a word.
+inline constexpr std::int64_t kMaxBlockSize = std::int64_t{1} << 30;
 
 struct AioConfig {
   std::int64_t block_size = 1048576;      // bytes per I/O request (piece)

@@ -209,6 +209,14 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
       fail(
           "zero_optimization.offload_optimizer.device is \"nvme\" but nvme_path is not set (DeepSpeed would "
           "crash joining None); set offload_optimizer.nvme_path to a folder on the NVMe drive");
+    // DeepSpeed accepts 0 (ge=0) and then fails building its swap buffers (an IndexError); the NVMe
+    // store swaps through buffer_count host buffers of one sub-group each: 0 cannot work.
+    if (placement.optimizer == StateHome::nvme && o.buffer_count < 1)
+      fail(
+          "zero_optimization.offload_optimizer.buffer_count is {}: the NVMe optimizer store swaps the sub-groups through that "
+          "many host buffers and needs at least 1; set it to 1 or more (4, DeepSpeed's default, lets reads, updates and "
+          "write-backs overlap)",
+          o.buffer_count);
     if (placement.optimizer_offload_ignored)
       ctx.warn("zero_optimization.offload_optimizer",
                fmt::format("offload_optimizer.device is \"{}\" but ZeRO is off (stage 0): optimizer offload needs "
@@ -231,6 +239,13 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
       fail(
           "zero_optimization.offload_param.device is \"nvme\" but nvme_path is not set (DeepSpeed asserts "
           "\"nvme_path\" in DeepSpeed Config cannot be None); set offload_param.nvme_path");
+    // The same rule as offload_optimizer.buffer_count: checked whatever the model, so a config does
+    // not work only while every unit fits max_in_cpu (DeepSpeed fails at the first swapped unit).
+    if (placement.params == StateHome::nvme && p.buffer_count < 1)
+      fail(
+          "zero_optimization.offload_param.buffer_count is {}: the NVMe parameter store swaps the layer shards through that "
+          "many host buffers and needs at least 1; set it to 1 or more (5 is DeepSpeed's default)",
+          p.buffer_count);
     if (placement.param_offload_ignored)
       ctx.warn("zero_optimization.offload_param",
                fmt::format("offload_param.device is \"{}\" but parameter offload only acts at stage 3 (stage is {}); "

@@ -31,13 +31,14 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
     // Swap files under nvme_path, checked and preallocated now, before step 1; buffer_count
     // sub-groups in host memory at a time (docs/offload.md §4-5).
     const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
-    const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(off.buffer_count, 1));
+    // buffer_count 0 is refused by the config layer (as offload_param's), never raised here.
+    const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(off.buffer_count, 0));
     const std::string path = off.nvme_path.value_or("");
     const NvmePipelining pipelining{off.pipeline_read, off.pipeline_write};
     s.store_factory = [&host, io, rank, slots, path, pipelining](StateStoreLayout layout) -> std::unique_ptr<StateStore> {
       auto store = std::make_unique<NvmeStateStore>(std::move(layout), *io, host, slots, path, "zero_optimization.offload_optimizer.nvme_path", "",
                                                     rank, pipelining);
-      log_info("{}", store->folder().describe());
+      log_info("{}", store->describe());
       return store;
     };
   }

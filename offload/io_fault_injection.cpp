@@ -15,7 +15,7 @@ const char* io_op_name(IoOp op) { return op == IoOp::read ? "read" : "write"; }
 IoFault IoFault::parse(std::string_view text) {
   const auto bad = [&]() -> IoFault {
     fail(
-        "{}=\"{}\" is not a fault: write KIND[:OP]@N with KIND eio, enospc, short or odirect, OP read or write, "
+        "{}=\"{}\" is not a fault: write KIND[:OP]@N with KIND eio, enospc, short, odirect or slow, OP read or write, "
         "N the piece counted from 1 (e.g. \"eio:read@3\"); unset it for normal I/O",
         kEnvironmentVariable, text);
   };
@@ -45,6 +45,8 @@ IoFault IoFault::parse(std::string_view text) {
     f.errno_value = ENOSPC;
   } else if (head == "short") {
     f.kind = Kind::short_transfer;
+  } else if (head == "slow") {
+    f.kind = Kind::slow;
   } else if (head == "odirect") {
     f.kind = Kind::open_refused;
     f.errno_value = EINVAL;
@@ -69,6 +71,8 @@ std::string IoFault::describe() const {
       return fmt::format("short transfer at{} piece {}", which, nth);
     case Kind::open_refused:
       return fmt::format("O_DIRECT refused at open {}", nth);
+    case Kind::slow:
+      return fmt::format("{} ms per{} piece from piece {} on", kSlowPieceDelayMs, which, nth);
   }
   return {};
 }

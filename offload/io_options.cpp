@@ -23,7 +23,11 @@ std::uint64_t IoOptions::effective_block_size(std::uint64_t alignment) const {
 }
 
 void IoOptions::validate() const {
-  if (block_size < 1) fail("aio.block_size is {}: it must be at least 1 byte (1048576 is DeepSpeed's default)", block_size);
+  if (block_size < 1 || block_size > kMaxBlockSize)
+    fail(
+        "aio.block_size is {}: it must be 1 to {} bytes (1 GiB: a piece is at most what Linux moves per transfer); 1048576 is "
+        "DeepSpeed's default",
+        block_size, kMaxBlockSize);
   if (queue_depth < 1 || queue_depth > kMaxQueueDepth)
     fail(
         "aio.queue_depth is {}: an io_uring ring holds 1 to {} requests (the kernel's IORING_MAX_ENTRIES); "

@@ -33,7 +33,7 @@ struct IoOptions {
   // Rings (and threads) per engine: more than a few per drive only adds threads.
   static constexpr unsigned kMaxIntraOpParallelism = static_cast<unsigned>(config::kMaxIntraOpParallelism);
   // One transfer never exceeds this: Linux moves at most 0x7ffff000 bytes per read/write.
-  static constexpr std::uint64_t kMaxBlockSize = std::uint64_t{1} << 30;
+  static constexpr std::uint64_t kMaxBlockSize = static_cast<std::uint64_t>(config::kMaxBlockSize);
 
   // From the config's top-level `aio` block (use_gds is reported by the config reader: no cuFile).
   static IoOptions from_config(const config::AioConfig& aio);

@@ -98,6 +98,8 @@ void IoRing::run() {
         delete piece;
         continue;
       }
+      if (piece->faulted && piece->fault.kind == IoFault::Kind::slow)  // the test hook's slow drive
+        std::this_thread::sleep_for(std::chrono::milliseconds(IoFault::kSlowPieceDelayMs));
       prepare(piece);
       unsubmitted.push_back(piece);
       if (single_submit_) flush(unsubmitted);

@@ -341,7 +341,9 @@ IoHandle IoEngine::submit(IoOp op, IoFile& file, std::uint64_t offset, std::byte
     p.request = request;
     if (c.fault && c.fault->kind != IoFault::Kind::open_refused) {
       const std::uint64_t count = c.fault->op ? ++c.pieces_counted[static_cast<int>(op)] : ++c.pieces_counted[2];
-      if ((!c.fault->op || *c.fault->op == op) && count == c.fault->nth) {
+      // A slow drive is slow from its Nth piece on; a failure is one piece.
+      const bool hit = c.fault->kind == IoFault::Kind::slow ? count >= c.fault->nth : count == c.fault->nth;
+      if ((!c.fault->op || *c.fault->op == op) && hit) {
         p.faulted = true;
         p.fault = *c.fault;
       }

@@ -7,6 +7,7 @@
 #include "ops/error.h"
 #include "ops/kernels/tensor_ops.h"
 #include "ops/log.h"
+#include "ops/stop_request.h"
 
 namespace dstrain {
 namespace {
@@ -137,6 +138,8 @@ void NvmeParamStore::start_read(Slot& s, std::size_t u) {
 Tensor NvmeParamStore::acquire(std::size_t u) {
   check_unit(u, "acquire");
   if (!in_cpu_views_[u].empty()) return in_cpu_views_[u];
+  // As the optimizer store's: a stop request past its grace ends the swap-in loop here.
+  if (stop_overdue()) throw StopRequested(stop_signal(), fmt::format("swapping parameter unit {} of {} in from NVMe", u + 1, in_cpu_views_.size()));
   Slot* s = find_slot(slots_, u);
   if (s != nullptr && s->state == SwapSlot::State::acquired) fail("NVMe parameter store: unit {} acquired twice without a release", u);
   if (s == nullptr) {

@@ -7,6 +7,8 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
+#include "ops/memory_stats.h"
+#include "ops/stop_request.h"
 
 namespace dstrain {
 namespace {
@@ -23,11 +25,42 @@ std::uint64_t NvmeStateStore::file_bytes(const StateStoreLayout& layout) {
   return total;
 }
 
+NvmeSwapPlan NvmeSwapPlan::of(const StateStoreLayout& layout) {
+  NvmeSwapPlan p;
+  p.states = layout.buffer_count();
+  p.groups = layout.groups.size();
+  p.state_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(layout.numel, 0)) * sizeof(float) * p.states;
+  p.swap_bytes = NvmeStateStore::file_bytes(layout) * p.states;
+  for (const FlatRange& r : layout.groups) p.largest_group = std::max(p.largest_group, r.size());
+  return p;
+}
+
+bool NvmeSwapPlan::fits() const { return swap_bytes <= kMaxOverheadFactor * state_bytes + kAlign * states; }
+
+std::string NvmeSwapPlan::describe() const {
+  return fmt::format(
+      "{} of optimizer state ({} fp32 state(s) of {} elements) in {} sub-group(s) of at most {} elements "
+      "(zero_optimization.sub_group_size)",
+      format_bytes(state_bytes), states, states == 0 ? 0 : state_bytes / sizeof(float) / states, groups, largest_group);
+}
+
 NvmeStateStore::NvmeStateStore(StateStoreLayout layout, IoEngine& io, Allocator& host, std::size_t slots, const std::string& nvme_path,
                                const std::string& config_key, const std::string& run, int rank, NvmePipelining pipelining)
     : StateStore(std::move(layout)), io_(io), host_(host), pipelining_(pipelining) {
   const StateStoreLayout& l = this->layout();
-  if (slots < 1) fail("offload_optimizer.buffer_count is {}: the NVMe store needs at least 1 host buffer (4 is DeepSpeed's default)", slots);
+  if (slots < 1)
+    fail("zero_optimization.offload_optimizer.buffer_count is {}: the NVMe optimizer store needs at least 1 host buffer (4 is DeepSpeed's default)",
+         slots);
+  // Refused before any file is made: a layout whose padding outweighs the state would preallocate
+  // (and move every step) mostly padding, and its many tiny transfers never finish a step.
+  const NvmeSwapPlan plan = NvmeSwapPlan::of(l);
+  if (!plan.fits())
+    fail(
+        "zero_optimization.sub_group_size: the NVMe swap files would take {} for {}: every sub-group is padded to 4096 "
+        "bytes per state, and the swap may be at most {}x the state (plus 4096 bytes per file). Set "
+        "zero_optimization.sub_group_size to at least 1024 (4096 bytes of fp32 per state: no padding; 1e6 to 1e8 suit NVMe)",
+        format_bytes(plan.swap_bytes), plan.describe(), NvmeSwapPlan::kMaxOverheadFactor);
+  plan_ = plan;
   std::uint64_t offset = 0, largest = 0;
   for (std::size_t g = 0; g < l.groups.size(); ++g) {
     offsets_.push_back(offset);
@@ -72,6 +105,8 @@ NvmeStateStore::~NvmeStateStore() {
   }
 }
 
+std::string NvmeStateStore::describe() const { return fmt::format("{}: {}", folder_->describe(), plan_.describe()); }
+
 std::uint64_t NvmeStateStore::padded_bytes(std::size_t g) const {
   return round_up(static_cast<std::uint64_t>(layout().groups[g].size()) * sizeof(float));
 }
@@ -86,6 +121,10 @@ void NvmeStateStore::start_read(Slot& s, std::size_t g) {
 
 std::span<const Tensor> NvmeStateStore::acquire(std::size_t g) {
   check_group(g, "acquire");
+  // The swap-in loop visits every sub-group: a stop request that waited past the grace for a step
+  // boundary ends it here, within seconds, however many sub-groups are left.
+  if (stop_overdue())
+    throw StopRequested(stop_signal(), fmt::format("swapping optimizer sub-group {} of {} in from NVMe", g + 1, layout().groups.size()));
   Slot* s = find_slot(slots_, g);
   if (s != nullptr && s->state == SwapSlot::State::acquired) fail("NVMe optimizer store: sub-group {} acquired twice without a release", g);
   if (s == nullptr) {

@@ -30,6 +30,26 @@ struct NvmePipelining {
   bool write = true;
 };
 
+// What the swap files of a layout hold, known before anything is made: the state's bytes, and the
+// files' — every sub-group padded to 4096 bytes per state, so tiny sub-groups cost a page each
+// (sub_group_size 1 turned 38 MB of state into 39 GB of swap).
+struct NvmeSwapPlan {
+  std::uint64_t state_bytes = 0;  // fp32 bytes of every state: numel x 4 x states
+  std::uint64_t swap_bytes = 0;   // the swap files' bytes: Σ_g round_up(4 · size(g), 4096) x states
+  std::size_t states = 0;         // files: "master", "exp_avg", ...
+  std::size_t groups = 0;
+  std::int64_t largest_group = 0;  // elements
+
+  static NvmeSwapPlan of(const StateStoreLayout& layout);
+  // The swap may exceed the state by the padding of small sub-groups up to this factor, plus one
+  // page per file (the last, partial sub-group): any sub_group_size of 512 elements or more fits.
+  static constexpr std::uint64_t kMaxOverheadFactor = 2;
+  bool fits() const;
+  // "183.11 MiB of optimizer state (3 fp32 states of N elements) in G sub-groups of at most S
+  // elements (zero_optimization.sub_group_size)".
+  std::string describe() const;
+};
+
 class NvmeStateStore final : public StateStore {
  public:
   // `io` and `host` outlive the store. Slots are 4096-aligned (O_DIRECT): asked of `host` when its
@@ -53,6 +73,9 @@ class NvmeStateStore final : public StateStore {
   StateStoreBytes bytes() const override;
 
   const SwapFolder& folder() const { return *folder_; }
+  // The line the run logs before step 1: the swap folder's (files, bytes preallocated, where, what
+  // was free) and the plan's (the state it holds, in how many sub-groups).
+  std::string describe() const;
   // The bytes of each swap file: every sub-group's fp32 bytes rounded up to 4096.
   static std::uint64_t file_bytes(const StateStoreLayout& layout);
 
@@ -72,6 +95,7 @@ class NvmeStateStore final : public StateStore {
   std::vector<Slot> slots_;
   std::uint64_t clock_ = 0;
   NvmePipelining pipelining_;
+  NvmeSwapPlan plan_;
 };
 
 }  // namespace dstrain

@@ -1,6 +1,7 @@
 #include "offload/swap_folder.h"
 
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -11,7 +12,10 @@
 #include <fmt/format.h>
 
 #include "offload/io_error.h"
+#include "offload/swap_owner.h"
 #include "ops/error.h"
+#include "ops/log.h"
+#include "ops/stop_request.h"
 #include "ops/memory_stats.h"
 
 namespace dstrain {
@@ -41,11 +45,82 @@ void SwapFolder::check_path(const std::string& nvme_path, const std::string& con
     fail("{} \"{}\": {}", config_key, nvme_path, io_memory_file_system_message(nvme_path));
 }
 
+namespace {
+
+// Bytes a folder holds on the drive (allocated blocks: preallocated swap files count in full).
+std::uint64_t bytes_on_drive(const fs::path& folder) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(folder, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+// Every rank folder under <nvme_path>/dstrain_swap: <run>/<rank>.
+std::vector<fs::path> rank_folders(const fs::path& swap_root) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (auto run = fs::directory_iterator(swap_root, ec); !ec && run != fs::directory_iterator(); run.increment(ec)) {
+    std::error_code e2;
+    if (!run->is_directory(e2)) continue;
+    for (auto rank = fs::directory_iterator(run->path(), e2); !e2 && rank != fs::directory_iterator(); rank.increment(e2)) {
+      std::error_code e3;
+      if (rank->is_directory(e3)) found.push_back(rank->path());
+    }
+  }
+  return found;
+}
+
+// Removes the rank folders whose owner is gone (and their run folders when that empties them).
+std::vector<std::string> reclaim_stale_folders(const fs::path& swap_root) {
+  std::vector<std::string> reclaimed;
+  for (const fs::path& folder : rank_folders(swap_root)) {
+    const std::optional<SwapOwner> owner = SwapOwner::read(folder);
+    if (!owner || owner->liveness() != SwapOwner::Liveness::gone) continue;
+    const std::uint64_t bytes = bytes_on_drive(folder);
+    std::error_code ec;
+    fs::remove_all(folder, ec);
+    if (ec) continue;                      // named by the space check if it matters
+    fs::remove(folder.parent_path(), ec);  // only when empty
+    reclaimed.push_back(fmt::format("{} ({}; its owner, {}, is gone)", folder.string(), format_bytes(bytes), owner->describe()));
+  }
+  return reclaimed;
+}
+
+// The other runs' folders still there, for the space check's message: where the room went.
+std::string other_folders(const fs::path& swap_root) {
+  std::string text;
+  std::size_t count = 0;
+  for (const fs::path& folder : rank_folders(swap_root)) {
+    const std::uint64_t bytes = bytes_on_drive(folder);
+    const std::optional<SwapOwner> owner = SwapOwner::read(folder);
+    std::string whose = "no owner recorded (an older dstrain's, or not a run's)";
+    if (owner) {
+      const SwapOwner::Liveness l = owner->liveness();
+      whose = fmt::format("owner {}, {}", owner->describe(),
+                          l == SwapOwner::Liveness::alive     ? "running"
+                          : l == SwapOwner::Liveness::unknown ? "another host"
+                                                              : "gone");
+    }
+    if (count++ < 8) text += fmt::format("{}{} ({}, {})", text.empty() ? "" : "; ", folder.string(), format_bytes(bytes), whose);
+  }
+  if (count > 8) text += fmt::format("; and {} more", count - 8);
+  return text;
+}
+
+}  // namespace
+
 SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::string& config_key, const std::string& run, int rank,
                        const std::vector<SwapFileSpec>& files)
     : root_(nvme_path) {
   std::error_code ec;
   check_path(nvme_path, config_key);
+
+  // Folders a killed run left behind take room nothing will ever free: reclaimed first, and said.
+  reclaimed_ = reclaim_stale_folders(root_ / "dstrain_swap");
+  for (const std::string& r : reclaimed_) log_warning("reclaimed the swap folder {}", r);
 
   // The space check comes first, before anything is created: the bytes every file needs, rounded up
   // to the O_DIRECT alignment (a multiple of 4096; the device may ask more, checked at open).
@@ -53,13 +128,16 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
   for (const SwapFileSpec& f : files) needed += (f.bytes + IoEngine::kMinAlignment - 1) / IoEngine::kMinAlignment * IoEngine::kMinAlignment;
   const std::int64_t available = io_available_bytes(nvme_path);
   available_before_ = available < 0 ? 0 : static_cast<std::uint64_t>(available);
-  if (available >= 0 && needed > static_cast<std::uint64_t>(available))
+  if (available >= 0 && needed > static_cast<std::uint64_t>(available)) {
+    const std::string others = other_folders(root_ / "dstrain_swap");
     fail(
         "rank {}'s swap files need {} ({} bytes, {} files) under {} \"{}\", but its file system has {} ({} bytes) "
         "available: free {} bytes there, point {} at a larger drive, or offload less (device \"cpu\", a smaller model, "
-        "more ranks)",
+        "more ranks){}",
         rank, format_bytes(needed), needed, files.size(), config_key, nvme_path, format_bytes(static_cast<std::uint64_t>(available)), available,
-        needed - static_cast<std::uint64_t>(available), config_key);
+        needed - static_cast<std::uint64_t>(available), config_key,
+        others.empty() ? std::string() : fmt::format(". Swap folders of other runs are there: {} — remove those no run uses", others));
+  }
 
   run_folder_ = root_ / "dstrain_swap" / (run.empty() ? default_run_name() : run);
   folder_ = run_folder_ / fmt::format("rank{}", rank);
@@ -74,16 +152,28 @@ SwapFolder::SwapFolder(IoEngine& io, const std::string& nvme_path, const std::st
         "the swap folder {} exists already: another run with the same name is using it, or one that crashed left it; "
         "remove it if no run uses it, or give this run another name",
         folder_.string());
-  fs::create_directories(folder_, ec);
+  // Another rank or run may remove an empty run folder or dstrain_swap (its clean end, a reclaim)
+  // between our mkdirs: tried again when a parent vanished.
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    ec.clear();
+    fs::create_directories(folder_, ec);
+    if (ec != std::errc::no_such_file_or_directory) break;
+  }
   if (ec) fail("cannot create the swap folder {}: {}; check {} \"{}\"", folder_.string(), ec.message(), config_key, nvme_path);
+  (void)SwapOwner::self().write(folder_);  // best effort: without it, a crash leaves a folder that is named, not reclaimed
   try {
     for (const SwapFileSpec& f : files) {
+      throw_if_stop_overdue("preallocating the swap files in " + folder_.string());
       files_.push_back(io.open((folder_ / f.name).string(), IoOpen::create));
       IoFile& file = files_.back();
       const std::uint64_t rounded = (f.bytes + file.alignment() - 1) / file.alignment() * file.alignment();
       file.allocate(rounded);
       bytes_ += rounded;
     }
+  } catch (const StopRequested&) {
+    files_.clear();
+    remove_folders();
+    throw;  // the trainer's to report, as it is
   } catch (const Error& e) {
     files_.clear();
     remove_folders();

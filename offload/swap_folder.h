@@ -4,7 +4,9 @@
 // needed and available; removed again when the run ends cleanly (docs/offload.md §4).
 //
 // One folder per rank and run: ranks of one run, and runs sharing an nvme_path, never touch each
-// other's files. DeepSpeed uses <nvme_path>/zero_stage_3/optimizer/rank<R> and keeps it.
+// other's files. DeepSpeed uses <nvme_path>/zero_stage_3/optimizer/rank<R> and keeps it; a rank
+// folder here records its owner process (offload/swap_owner.h), and a later run reclaims the
+// folders whose owner is gone, or names the ones it cannot when the drive is too small.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,11 @@ class SwapFolder {
   // One line for the run's log: files, bytes, folder, what was free.
   std::string describe() const;
 
+  // The folders earlier runs left behind whose owner process is gone (SwapOwner: killed with
+  // SIGKILL, crashed, before a reboot): removed, each named in what was reclaimed. The constructor
+  // does this before its space check, and logs them.
+  const std::vector<std::string>& reclaimed() const { return reclaimed_; }
+
   // "<host>-<pid>": the default run name.
   static std::string default_run_name();
   // The checks of `nvme_path` that need no model: set, exists, a folder, writable, not tmpfs/ramfs
@@ -52,6 +59,7 @@ class SwapFolder {
   void remove_folders() noexcept;
 
   std::filesystem::path root_, run_folder_, folder_;
+  std::vector<std::string> reclaimed_;
   std::vector<IoFile> files_;
   std::uint64_t bytes_ = 0;
   std::uint64_t available_before_ = 0;

@@ -125,27 +125,35 @@ TrainResult Trainer::run() {
       result.stopped_by_signal = rank.stopped_by_signal();
     }
   };
-  if (plan.comm == "mpi") {
-    // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.
-    const std::unique_ptr<Communicator> comm = join_mpi_world();
-    result.reports.assign(1, ZeroReport{});
-    summaries.resize(1);
-    train_rank(comm.get(), 0);
-    result.reports = gather_reports(*comm, result.reports.front());
-  } else if (plan.launcher_group) {
-    // This process is one rank; the reports of the others stay in their processes.
-    const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
-    result.reports.assign(1, ZeroReport{});
-    summaries.resize(1);
-    train_rank(comm.get(), 0);
-  } else if (options_.num_ranks == 1) {
-    result.reports.assign(1, ZeroReport{});
-    summaries.resize(1);
-    train_rank(nullptr, 0);
-  } else {
-    result.reports.assign(static_cast<std::size_t>(plan.world), ZeroReport{});
-    summaries.resize(static_cast<std::size_t>(plan.world));
-    run_local_ranks(plan.world, [&](Communicator& comm) { train_rank(&comm, static_cast<std::size_t>(comm.rank())); });
+  try {
+    if (plan.comm == "mpi") {
+      // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.
+      const std::unique_ptr<Communicator> comm = join_mpi_world();
+      result.reports.assign(1, ZeroReport{});
+      summaries.resize(1);
+      train_rank(comm.get(), 0);
+      result.reports = gather_reports(*comm, result.reports.front());
+    } else if (plan.launcher_group) {
+      // This process is one rank; the reports of the others stay in their processes.
+      const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
+      result.reports.assign(1, ZeroReport{});
+      summaries.resize(1);
+      train_rank(comm.get(), 0);
+    } else if (options_.num_ranks == 1) {
+      result.reports.assign(1, ZeroReport{});
+      summaries.resize(1);
+      train_rank(nullptr, 0);
+    } else {
+      result.reports.assign(static_cast<std::size_t>(plan.world), ZeroReport{});
+      summaries.resize(static_cast<std::size_t>(plan.world));
+      run_local_ranks(plan.world, [&](Communicator& comm) { train_rank(&comm, static_cast<std::size_t>(comm.rank())); });
+    }
+  } catch (const StopRequested& e) {
+    // NVMe swap I/O gave up on a stop request that waited kStopGrace for a step boundary: the run
+    // ends as a stop at a boundary does (exit 75), without the checkpoint it could not make.
+    trainer_print(options_, e.what());
+    result.stopped_by_signal = e.signal_number();
+    return result;
   }
   for (std::optional<TrainSummary>& s : summaries) {
     if (s) result.summary = std::move(*s);

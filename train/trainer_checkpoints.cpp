@@ -1,6 +1,5 @@
 #include "train/trainer_checkpoints.h"
 
-#include <atomic>
 #include <csignal>
 #include <map>
 #include <vector>
@@ -135,8 +134,7 @@ std::vector<std::string> prune_checkpoints(const fs::path& save_dir, std::int64_
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};
-void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+void on_stop_signal(int sig) { request_stop(sig); }
 
 struct SavedHandlers {
   struct sigaction term {};
@@ -147,7 +145,7 @@ SavedHandlers g_saved;
 }  // namespace
 
 StopSignalHandler::StopSignalHandler() {
-  g_stop_signal.store(0);
+  clear_stop_request();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
@@ -160,8 +158,5 @@ StopSignalHandler::~StopSignalHandler() {
   ::sigaction(SIGTERM, &g_saved.term, nullptr);
   ::sigaction(SIGINT, &g_saved.intr, nullptr);
 }
-
-int stop_signal() { return g_stop_signal.load(); }
-void request_stop(int signal_number) { g_stop_signal.store(signal_number); }
 
 }  // namespace dstrain

@@ -11,6 +11,7 @@
 #include "config_schema/ds_config.h"
 #include "train/trainer_options.h"
 #include "models/model_family.h"
+#include "ops/stop_request.h"
 
 namespace dstrain {
 
@@ -34,8 +35,9 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
 // never the one `latest` names; keep <= 0 keeps all. Returns the tags removed.
 std::vector<std::string> prune_checkpoints(const std::filesystem::path& save_dir, std::int64_t keep);
 
-// SIGTERM / SIGINT while installed: the handler only records the signal; the training loop asks
-// stop_signal() at every step boundary, and the ranks agree before they stop together.
+// SIGTERM / SIGINT while installed: the handler only records the signal (ops/stop_request.h); the
+// training loop asks stop_signal() at every step boundary, and the ranks agree before they stop
+// together; long NVMe swap I/O gives up with StopRequested once the request is overdue.
 class StopSignalHandler {
  public:
   StopSignalHandler();  // installs the handlers (the previous ones are restored by the destructor)
@@ -43,9 +45,5 @@ class StopSignalHandler {
   StopSignalHandler(const StopSignalHandler&) = delete;
   StopSignalHandler& operator=(const StopSignalHandler&) = delete;
 };
-// The signal received since the handler was installed (SIGTERM, SIGINT), or 0.
-int stop_signal();
-// Records a stop request as a signal would (an embedding program's own stop; tests).
-void request_stop(int signal_number);
 
 }  // namespace dstrain

@@ -1,7 +1,12 @@
 // `dstrain train` with offload_optimizer.device "nvme" at stage 3 (docs/offload.md §5), as a user
 // runs it: the losses of the "cpu" run, the swap folder announced before step 1 and gone after; an
 // I/O error injected mid-step (DSTRAIN_IO_FAULT) and a tmpfs nvme_path exit 2 naming the file and
-// the fix, without a hang and without leaving swap files.
+// the fix, without a hang and without leaving swap files; a sub_group_size whose padding outweighs
+// the state is refused; a killed run's swap folder is reclaimed; SIGTERM ends a run whose swap I/O
+// crawls within seconds.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -42,9 +47,9 @@ class TrainNvmeCli : public ::testing::Test {
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}})";
   }
   static std::string q(const fs::path& p) { return shell_quote(p.string()); }
-  static std::string train_args(const std::string& config, const std::string& summary) {
+  static std::string train_args(const std::string& config, const std::string& summary, int steps = 6) {
     return "train --deepspeed_config " + q(dir_ / config) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " + q(dir_ / "t_train.bin") +
-           " --steps 6 --seed 5 --summary-json " + q(dir_ / summary);
+           " --steps " + std::to_string(steps) + " --seed 5 --summary-json " + q(dir_ / summary);
   }
   static fs::path dir_;
 };
@@ -176,6 +181,72 @@ TEST_F(TrainNvmeCli, ATmpfsParamNvmePathIsRefusedEvenWhenNothingIsSwapped) {
   const CliResult check = run_dstrain("check-config " + q(dir_ / "param_shm.json"));
   EXPECT_EQ(check.exit_code, 2) << "check-config and train agree: " << check.out;
   EXPECT_THAT(check.err, HasSubstr("zero_optimization.offload_param.nvme_path"));
+}
+
+// sub_group_size 1 preallocated 39 GB of swap for 38 MB of optimizer state (every sub-group padded
+// to a 4096-byte page per state) and never finished a step. A layout whose swap exceeds 2x the state
+// is refused before step 1, naming sub_group_size and a value that fits; an accepted one says at
+// start how much swap holds how much state in how many sub-groups.
+TEST_F(TrainNvmeCli, ASubGroupSizeWhosePaddingOutweighsTheStateIsRefusedBeforeStepOne) {
+  std::ofstream(dir_ / "tiny_groups.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": )" +
+                                                  nlohmann::json((dir_ / "nvme").string()).dump() + R"(}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const CliResult r = run_dstrain(train_args("tiny_groups.json", "tiny_groups.json.out"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("zero_optimization.sub_group_size: the NVMe swap files would take"));
+  EXPECT_THAT(r.err, HasSubstr("at least 1024"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+  EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files made before the refusal";
+  const CliResult ok = run_dstrain(train_args("nvme.json", "plan.json.out", 1));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.err + ok.out, HasSubstr("of optimizer state (3 fp32 state(s) of"));
+  EXPECT_THAT(ok.err + ok.out, HasSubstr("sub-group(s) of at most 2000 elements (zero_optimization.sub_group_size)"));
+}
+
+// After a kill -9 a run's swap folder stays; the next run reclaims a folder whose owner process is
+// gone and says so (a reaped child's pid stands for the killed run), and keeps one in use.
+TEST_F(TrainNvmeCli, AKilledRunsSwapFolderIsReclaimedByTheNextRun) {
+  const fs::path nvme = dir_ / "nvme_stale";
+  const fs::path stale = nvme / "dstrain_swap" / "killed-run" / "rank0";
+  fs::create_directories(stale);
+  std::ofstream(stale / "master.swp") << std::string(1 << 16, 'x');
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  // The owner record a run writes (offload/swap_owner.h); no start time: the pid alone is gone.
+  std::ofstream(stale / "dstrain_owner") << "host " << host << "\npid " << child << "\n";
+  write_config("stale.json", R"("device": "nvme", "buffer_count": 3, "nvme_path": )" + nlohmann::json(nvme.string()).dump());
+  const CliResult r = run_dstrain(train_args("stale.json", "stale.json.out", 1));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err + r.out, HasSubstr("reclaimed the swap folder " + stale.string()));
+  EXPECT_THAT(r.err + r.out, HasSubstr("pid " + std::to_string(child)));
+  EXPECT_FALSE(fs::exists(nvme / "dstrain_swap")) << "the stale folder or the run's own stayed";
+}
+
+// SIGTERM while swap I/O crawls (DSTRAIN_IO_FAULT=slow@1: every piece waits 200 ms, so one pass over
+// the 17 sub-groups takes ~20 s): the handler records it, and the swap-in loop gives up once the
+// request has waited the grace (3 s) for a step boundary — the process ends within seconds, exit 75
+// as for a stop at a boundary, saying what was interrupted, and leaves no swap files. It used to end
+// only at the step boundary, tens of seconds (with sub_group_size 1: never) later.
+TEST_F(TrainNvmeCli, SigtermDuringSlowSwapIoEndsTheRunWithinSeconds) {
+  const fs::path out = dir_ / "slow.txt", code = dir_ / "slow.code", took = dir_ / "slow.seconds";
+  const std::string cmd = "(DSTRAIN_IO_FAULT=slow@1 " + std::string(DSTRAIN_BINARY_DIR) + "/dstrain " + train_args("nvme.json", "slow.json.out") +
+                          " >" + q(out) + " 2>&1 </dev/null & p=$!; n=0; while ! grep -q 'NVMe swap:' " + q(out) +
+                          " && [ $n -lt 1200 ] && kill -0 $p 2>/dev/null; do sleep 0.1; n=$((n+1)); done; sleep 0.5; kill -TERM $p; " +
+                          "t0=$(date +%s.%N); n=0; while kill -0 $p 2>/dev/null && [ $n -lt 250 ]; do sleep 0.1; n=$((n+1)); done; " +
+                          "awk -v a=$t0 -v b=$(date +%s.%N) 'BEGIN { print b - a }' >" + q(took) + "; kill -9 $p 2>/dev/null; wait $p; echo $? >" +
+                          q(code) + ")";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string text = read_file_text(out);
+  EXPECT_EQ(std::stoi(read_file_text(code)), 75) << text;
+  EXPECT_LT(std::stod(read_file_text(took)), 20.0) << "SIGTERM was not honoured during swap I/O:\n" << text;
+  EXPECT_THAT(text, HasSubstr("stopped by signal 15 (SIGTERM) while swapping optimizer sub-group"));
+  EXPECT_THAT(text, HasSubstr("nothing was saved"));
+  EXPECT_FALSE(fs::exists(dir_ / "nvme" / "dstrain_swap")) << "swap files left behind after the stop";
 }
 
 }  // namespace

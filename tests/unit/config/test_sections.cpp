@@ -92,6 +92,10 @@ TEST(Aio, EngineLimitsAndWhatItCannotProvide) {
   EXPECT_TRUE(contains(q, "aio.queue_depth") && contains(q, "32768")) << q;
   const std::string t = error_of(with(R"("aio": {"intra_op_parallelism": 257})"));
   EXPECT_TRUE(contains(t, "aio.intra_op_parallelism") && contains(t, "256")) << t;
+  // A piece moves at most 1 GiB: beyond it is an error naming the range (it was capped silently).
+  EXPECT_EQ(parse(with(R"("aio": {"block_size": 1073741824})")).aio.block_size, 1073741824);
+  const std::string big = error_of(with(R"("aio": {"block_size": 1e15})"));
+  EXPECT_TRUE(contains(big, "aio.block_size") && contains(big, "1073741824")) << big;
   const Warning* b = find_warning(parse(with(R"("aio": {"block_size": 6000})")), "aio.block_size", "8192-byte pieces");
   EXPECT_NE(b, nullptr);
   const DsConfig gds = parse(with(R"("aio": {"use_gds": true})"));

@@ -192,6 +192,21 @@ TEST(ZeroConfig, NvmeNeedsPath) {
   EXPECT_TRUE(contains(error_of(zero(R"("stage": 3, "offload_optimizer": {"device": "nvme"})")), "offload_optimizer.nvme_path"));
 }
 
+// Both buffer_count keys alike (DeepSpeed accepts 0 and fails when it builds the swap buffers):
+// 0 is an error naming the key and the minimum wherever the store swaps to NVMe, whatever the model;
+// where the section does not swap (nvme as cpu below stage 3, offload_param below it) 0 is harmless.
+TEST(ZeroConfig, ZeroNvmeBufferCountIsAnErrorForBothSections) {
+  const std::string o = error_of(zero(R"("stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 0})"));
+  EXPECT_TRUE(contains(o, "zero_optimization.offload_optimizer.buffer_count is 0") && contains(o, "at least 1")) << o;
+  const std::string p = error_of(zero(R"("stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 0})"));
+  EXPECT_TRUE(contains(p, "zero_optimization.offload_param.buffer_count is 0") && contains(p, "at least 1")) << p;
+  EXPECT_EQ(parse(zero(R"("stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 0})"))
+                .zero_optimization.offload_optimizer->buffer_count,
+            0);
+  EXPECT_EQ(parse(zero(R"("stage": 3, "offload_optimizer": {"device": "cpu", "buffer_count": 0})")).zero_optimization.offload_optimizer->buffer_count,
+            0);
+}
+
 TEST(ZeroConfig, OffloadWarnings) {
   const DsConfig param_stage2 = parse(zero(R"("stage": 2, "offload_param": {"device": "cpu"})"));
   EXPECT_NE(find_warning(param_stage2, "zero_optimization.offload_param", "only acts at stage 3"), nullptr);

@@ -208,5 +208,40 @@ TEST(NvmeStateStore, TooManyAcquiredAndInjectedReadErrorsAreNamed) {
   s.release(2, false);
 }
 
+// The swap files pad every sub-group to 4096 bytes per state: sub_group_size 1 made 39 GB of swap
+// for 38 MB of state. The plan says both before anything is made, and a layout whose swap exceeds
+// 2x the state (plus a page per file) is refused naming sub_group_size and a value that fits.
+TEST(NvmeStateStore, APaddingDominatedLayoutIsRefusedBeforeAnyFileNamingSubGroupSize) {
+  const NvmeSwapPlan tiny = NvmeSwapPlan::of(layout_of(3000, 1));
+  EXPECT_EQ(tiny.state_bytes, 3000u * 4 * 3);
+  EXPECT_EQ(tiny.swap_bytes, 3000u * 4096 * 3);  // one page per element and state
+  EXPECT_EQ(tiny.groups, 3000u);
+  EXPECT_FALSE(tiny.fits());
+  const NvmeSwapPlan half_page = NvmeSwapPlan::of(layout_of(8192, 512));  // 2048 bytes padded to 4096: exactly 2x
+  EXPECT_EQ(half_page.swap_bytes, 2 * half_page.state_bytes);
+  EXPECT_TRUE(half_page.fits());
+  EXPECT_TRUE(NvmeSwapPlan::of(layout_of(10, 1000)).fits());       // a tiny model: one partial page per file
+  EXPECT_FALSE(NvmeSwapPlan::of(layout_of(100000, 256)).fits());   // 1024 bytes a page: 4x
+  EXPECT_EQ(NvmeSwapPlan::of(layout_of(100000, 1024)).swap_bytes,  // whole pages: no padding
+            100000u / 1024 * 4096 * 3 + (100000u % 1024 * 4 + 4095) / 4096 * 4096 * 3);
+
+  ScratchDir dir("nvmestoreplan");
+  IoEngine io;
+  PinnedHostAllocator host(/*lock=*/false);
+  try {
+    NvmeStateStore s(layout_of(3000, 1), io, host, 2, dir.path.string(), kKey, "run", 0);
+    ADD_FAILURE() << "a layout of 3000 one-element sub-groups was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("zero_optimization.sub_group_size"), std::string::npos) << m;
+    EXPECT_NE(m.find("at least 1024"), std::string::npos) << m;
+    EXPECT_NE(m.find("3000 sub-group(s)"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir.path / "dstrain_swap")) << "files made before the refusal";
+  NvmeStateStore ok(layout_of(4096, 1024), io, host, 2, dir.path.string(), kKey, "run", 0);
+  EXPECT_NE(ok.describe().find("NVMe swap: 3 file(s)"), std::string::npos) << ok.describe();
+  EXPECT_NE(ok.describe().find("4 sub-group(s) of at most 1024 elements"), std::string::npos) << ok.describe();
+}
+
 }  // namespace
 }  // namespace dstrain

@@ -3,11 +3,13 @@
 // the end; a bad nvme_path (missing, not a folder, not writable, tmpfs, too small) is a named error
 // before anything is created.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 #include "io_test_util.h"
 #include "offload/io_error.h"
 #include "offload/swap_folder.h"
+#include "offload/swap_owner.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -105,6 +108,54 @@ TEST(SwapFolder, ADriveTooSmallIsReportedWithBytesNeededAndAvailable) {
   const std::string e = error_of([&] { SwapFolder f(io, dir.path.string(), kKey, "r", 3, {{"a", half}, {"b", half}}); });
   EXPECT_TRUE(has(e, "rank 3") && has(e, std::to_string(2 * half) + " bytes, 2 files") && has(e, "available") && has(e, kKey)) << e;
   EXPECT_FALSE(fs::exists(dir.path / "dstrain_swap")) << "files created before the space check";
+}
+
+// A rank folder records its owner; after a kill -9 the folder stays, and the next run reclaims it
+// (saying so) when its owner is gone — a pid that no longer runs, or one given to another process
+// (another start time) — and keeps the others: one whose owner runs, one with no owner recorded.
+// When the drive is still too small, the space check names the folders that remain.
+TEST(SwapFolder, FoldersOfGoneOwnersAreReclaimedAndTheOthersNamedWhenSpaceIsShort) {
+  ScratchDir dir("swapstale");
+  const fs::path swap = dir.path / "dstrain_swap";
+  const auto plant = [&](const std::string& run, const std::optional<SwapOwner>& owner) {
+    const fs::path f = swap / run / "rank0";
+    fs::create_directories(f);
+    std::ofstream(f / "master.swp") << std::string(8192, 'x');
+    if (owner) EXPECT_TRUE(owner->write(f));
+    return f;
+  };
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its pid no longer runs
+  SwapOwner dead = SwapOwner::self();
+  dead.pid = child;
+  SwapOwner reused = SwapOwner::self();  // this pid, but a process that started at another time
+  reused.start_time += 1;
+  const fs::path gone1 = plant("killed", dead), gone2 = plant("reused", reused);
+  const fs::path live = plant("running", SwapOwner::self()), legacy = plant("legacy", std::nullopt);
+  EXPECT_EQ(dead.liveness(), SwapOwner::Liveness::gone);
+  EXPECT_EQ(SwapOwner::self().liveness(), SwapOwner::Liveness::alive);
+
+  IoEngine io;
+  {
+    SwapFolder f(io, dir.path.string(), kKey, "next", 0, {{"master.swp", 4096}});
+    ASSERT_EQ(f.reclaimed().size(), 2u);
+    const std::string all = f.reclaimed()[0] + "\n" + f.reclaimed()[1];
+    EXPECT_TRUE(has(all, gone1.string()) && has(all, gone2.string()) && has(all, "is gone") && has(all, std::to_string(child))) << all;
+    EXPECT_FALSE(fs::exists(gone1.parent_path())) << "the reclaimed run folder stayed";
+    EXPECT_FALSE(fs::exists(gone2));
+    EXPECT_TRUE(fs::exists(live / "master.swp") && fs::exists(legacy / "master.swp"));
+    const std::optional<SwapOwner> mine = SwapOwner::read(f.path());
+    ASSERT_TRUE(mine.has_value()) << "the new folder records no owner";
+    EXPECT_EQ(mine->pid, ::getpid());
+  }
+  const std::int64_t available = io_available_bytes(dir.path.string());
+  const std::uint64_t too_much = (static_cast<std::uint64_t>(available) + (std::uint64_t{1} << 40)) / 4096 * 4096;
+  const std::string e = error_of([&] { SwapFolder f(io, dir.path.string(), kKey, "big", 0, {{"a", too_much}}); });
+  EXPECT_TRUE(has(e, "available") && has(e, live.string()) && has(e, "running") && has(e, legacy.string()) && has(e, "no owner recorded") &&
+              has(e, "remove those no run uses"))
+      << e;
 }
 
 }  // namespace
