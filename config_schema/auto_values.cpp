@@ -182,4 +182,73 @@ Json resolve_auto_values(const Json& input, const AutoValues& a, std::int64_t w,
   return root;
 }
 
+std::vector<Warning> unused_auto_options(const Json& root, const AutoValues& a) {
+  std::vector<Warning> out;
+  if (!root.is_object()) return out;
+  const auto has = [](const Json& object, const char* key) { return object.is_object() && object.contains(key); };
+  const auto section = [&](const char* name, const char* sub) -> const Json& {
+    static const Json none;
+    if (!has(root, name)) return none;
+    if (sub == nullptr) return root[name];
+    return has(root[name], sub) ? root[name][sub] : none;
+  };
+  const auto warn = [&](const std::string& path, const std::string& given, const std::string& what_applies, const std::string& fix) {
+    out.push_back({path, fmt::format("{} is not used: {}; {}", given, what_applies, fix)});
+  };
+  const bool tbs_auto = has(root, "train_batch_size") && is_auto(root["train_batch_size"]);
+  if (a.train_micro_batch_size_per_gpu && !has(root, "train_micro_batch_size_per_gpu") && !tbs_auto)
+    warn("train_micro_batch_size_per_gpu", fmt::format("{} {}", kMicro, *a.train_micro_batch_size_per_gpu),
+         "the config has no train_micro_batch_size_per_gpu, so it is derived from train_batch_size",
+         "set \"train_micro_batch_size_per_gpu\": \"auto\" in the config to take the flag");
+  if (a.gradient_accumulation_steps && !has(root, "gradient_accumulation_steps") && !tbs_auto)
+    warn("gradient_accumulation_steps", fmt::format("{} {}", kGas, *a.gradient_accumulation_steps),
+         "the config has no gradient_accumulation_steps, so it is derived from train_batch_size (or DeepSpeed's default 1)",
+         "set \"gradient_accumulation_steps\": \"auto\" in the config to take the flag");
+  if (a.gradient_clipping && !has(root, "gradient_clipping"))
+    warn("gradient_clipping", fmt::format("{} {}", kClip, *a.gradient_clipping),
+         "the config has no gradient_clipping, so DeepSpeed's default applies", "set \"gradient_clipping\": \"auto\" in the config to take the flag");
+
+  // The optimizer options: the config's optimizer.params (or, for --lr, a scheduler's warmup_max_lr).
+  // A config with no "optimizer" block takes them all: `train` builds its default AdamW from them.
+  if (has(root, "optimizer") && !root["optimizer"].is_null()) {
+    const Json& params = section("optimizer", "params");
+    const auto check = [&](const char* key, const std::string& flag_and_value) {
+      warn(std::string("optimizer.params.") + key, flag_and_value,
+           fmt::format("the config's optimizer has no params.{}, so the optimizer's default applies", key),
+           fmt::format("set \"{}\": \"auto\" in the config's optimizer.params to take the flag", key));
+    };
+    if (a.lr && !has(params, "lr") && !has(section("scheduler", "params"), "warmup_max_lr")) check("lr", fmt::format("{} {}", kLr, *a.lr));
+    if (a.eps && !has(params, "eps")) check("eps", fmt::format("{} {}", kEps, *a.eps));
+    if (a.weight_decay && !has(params, "weight_decay")) check("weight_decay", fmt::format("{} {}", kWd, *a.weight_decay));
+    if (a.betas && !has(params, "betas")) check("betas", fmt::format("{} ({}, {})", kBetas, a.betas->first, a.betas->second));
+  }
+  if (a.warmup_num_steps && !has(section("scheduler", "params"), "warmup_num_steps"))
+    warn("scheduler.params.warmup_num_steps", fmt::format("{} {}", kWarmup, *a.warmup_num_steps),
+         has(root, "scheduler") ? "the config's scheduler has no params.warmup_num_steps, so the scheduler's default applies"
+                                : "the config has no \"scheduler\", so the learning rate has no warmup",
+         "set \"warmup_num_steps\": \"auto\" in the config's scheduler.params to take the flag");
+
+  // Precision: fp32 unless an fp16 / bf16 block says "enabled", so --precision fp32 agrees with a
+  // config that has none.
+  if (a.precision && *a.precision != "fp32" && !has(section("fp16", nullptr), "enabled") && !has(section("bf16", nullptr), "enabled") &&
+      !has(section("bfloat16", nullptr), "enabled"))
+    warn(*a.precision, fmt::format("--precision {}", *a.precision),
+         "the config has no fp16 or bf16 \"enabled\" key, so the run is fp32 (DeepSpeed's default)",
+         fmt::format("set \"{}\": {{\"enabled\": \"auto\"}} in the config to take the flag", *a.precision));
+
+  // The hidden size only derives "auto" ZeRO bucket sizes (HF does not compare it with explicit ones).
+  if (a.hidden_size && !a.hidden_size_from_model) {
+    bool derives = false;
+    for (const char* key : {"reduce_bucket_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size", "stage3_param_persistence_threshold",
+                            "param_persistence_threshold"})
+      derives = derives || (has(section("zero_optimization", nullptr), key) && is_auto(root["zero_optimization"][key]));
+    if (!derives)
+      warn("zero_optimization", fmt::format("--hidden-size {}", *a.hidden_size),
+           "no ZeRO bucket size in the config is \"auto\", so the config's values (or DeepSpeed's defaults) of reduce_bucket_size, "
+           "stage3_prefetch_bucket_size and stage3_param_persistence_threshold apply",
+           "set them to \"auto\" in zero_optimization to derive them from the flag");
+  }
+  return out;
+}
+
 }  // namespace dstrain::config

@@ -1,9 +1,14 @@
 #include "config_schema/config_source.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <optional>
 #include <sstream>
@@ -75,11 +80,37 @@ std::string universal_newlines(std::string_view text) {
   return out;
 }
 
+// Closes the file it holds when it goes out of scope (an Error included).
+struct FileDescriptor {
+  int fd;
+  ~FileDescriptor() { ::close(fd); }
+};
+
+// Waits until a program writes to (or closes) the FIFO opened without blocking as `fd`, for at most
+// `wait`, and leaves it blocking for the read. A FIFO with no writer is an Error after `wait`.
+void wait_for_writer(int fd, const std::string& name, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  pollfd p{fd, POLLIN, 0};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (ready > 0) break;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) fail("cannot wait for DeepSpeed config file '{}' (a named pipe): {}", name, std::strerror(errno));
+    fail(
+        "DeepSpeed config file '{}' is a named pipe (FIFO) and nothing was written to it within {} s: is the program that writes the "
+        "config running? Pass a regular file, the JSON text itself, or start the writer first",
+        name, static_cast<double>(wait.count()) / 1000.0);
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
 bool is_blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") == std::string_view::npos; }
 
 }  // namespace
 
-ConfigText load_config_file(const std::filesystem::path& path) {
+ConfigText load_config_file(const std::filesystem::path& path, std::chrono::milliseconds pipe_wait) {
   const std::string name = path.string();
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -95,19 +126,25 @@ ConfigText load_config_file(const std::filesystem::path& path) {
         "it (for example {}/ds_config.json)",
         name, name);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const bool fifo = std::filesystem::is_fifo(status);
+  // A FIFO is opened without blocking (an open for reading otherwise waits for a writer) and then
+  // waited on for at most `pipe_wait`; any other file is read as it is.
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+  if (fd < 0) {
     fail("cannot open DeepSpeed config file '{}': {}; check that it is readable", name, std::strerror(errno));
   }
+  const FileDescriptor file{fd};
+  if (fifo) wait_for_writer(fd, name, pipe_wait);
   // Read at most one byte more than the cap, so that /dev/zero or a data file given by mistake is
   // an error after 16 MiB instead of a read without end.
   std::string raw;
   std::array<char, 65536> chunk{};
-  while (raw.size() <= kMaxConfigFileBytes && in.read(chunk.data(), chunk.size()).gcount() > 0) {
-    raw.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
-  }
-  if (in.bad()) {
-    fail("error while reading DeepSpeed config file '{}': {}; check the file and the disk", name, std::strerror(errno));
+  while (raw.size() <= kMaxConfigFileBytes) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("error while reading DeepSpeed config file '{}': {}; check the file and the disk", name, std::strerror(errno));
+    if (n == 0) break;
+    raw.append(chunk.data(), static_cast<std::size_t>(n));
   }
   if (raw.size() > kMaxConfigFileBytes) {
     fail(

@@ -7,6 +7,7 @@
 // it is checked for duplicate keys like a file.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -25,10 +26,16 @@ struct ConfigText {
 // never ends such as /dev/zero, is an Error instead of a read without bound.
 inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{16} << 20;
 
+// How long a named pipe (FIFO) given as the config file may stay silent. A pipe is a fair config
+// source (`--deepspeed_config <(python make_config.py)`, `/dev/stdin` fed by a pipe), but a FIFO
+// that no program writes to would block the open and the read forever.
+inline constexpr std::chrono::milliseconds kConfigPipeWait{30000};
+
 // Reads and parses a config file. Throws Error (naming the path and the fix) when the file is
 // missing, a directory, unreadable, empty, larger than kMaxConfigFileBytes, not Hjson/JSON, has
-// duplicate keys, or its top-level value is not an object.
-ConfigText load_config_file(const std::filesystem::path& path);
+// duplicate keys, or its top-level value is not an object; and when it is a FIFO that nothing
+// writes to (or closes) within `pipe_wait`.
+ConfigText load_config_file(const std::filesystem::path& path, std::chrono::milliseconds pipe_wait = kConfigPipeWait);
 
 // Resolves a --deepspeed_config style argument: an existing path -> load_config_file; text
 // starting with '{' (after whitespace) -> parsed as JSON/Hjson; otherwise base64 (URL-safe or

@@ -259,6 +259,7 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   c.world_size = options.world_size;
   c.data_parallel_world_size = data_parallel_world(input, options.world_size, scratch);
   const Json root = resolve_auto_values(input, options.autos, c.data_parallel_world_size, c.resolved_autos, &c.warnings);
+  for (Warning& w : unused_auto_options(input, options.autos)) c.warnings.push_back(std::move(w));
 
   check_top_level_enums(root);
   Json top = read_section(root, top_level_section_spec(), ctx, top_level_section_keys());

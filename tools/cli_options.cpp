@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -62,6 +63,68 @@ CLI::Validator one_of(std::vector<std::string> choices) {
         return fmt::format("'{}' is not one of {}", text, list);
       },
       "{" + list + "}");
+}
+
+CLI::Validator whole_number_64_bit_unsigned() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (digits) std::strtoull(text.c_str(), &end, 10);
+        if (!digits || errno == ERANGE) return fmt::format("'{}' is not a whole number from 0 to 18446744073709551615 (2^64 - 1)", text);
+        return std::string();
+      },
+      "UINT64");
+}
+
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (!text.empty()) return std::string();
+        return "the value is empty (an unset shell variable?); give a value, or leave the option out";
+      },
+      "");
+}
+
+CLI::Validator unsigned_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::size_t first = text.find_first_not_of(" \t");
+        if (first == std::string::npos) return fmt::format("'{}' is not a size: give a number of bytes such as 1048576, 1M or 1G", text);
+        if (text[first] == '-' || text[first] == '+')
+          return fmt::format("'{}' is not a size: give a number of bytes without a sign, such as 1048576, 1M or 1G", text);
+        return std::string();
+      },
+      "SIZE");
+}
+
+std::optional<std::string> reworded_parse_error(const CLI::App& app, const CLI::ParseError& error) {
+  // No command, or a word that is none: name it and list the commands.
+  if (app.get_subcommands().empty()) {
+    std::string commands;
+    const std::function<bool(const CLI::App*)> every = [](const CLI::App*) { return true; };
+    for (const CLI::App* sub : app.get_subcommands(every)) commands += (commands.empty() ? "" : ", ") + sub->get_name();
+    for (const std::string& word : app.remaining()) {
+      if (!word.empty() && word[0] != '-') return fmt::format("unknown command \"{}\"; the commands are {}", word, commands);
+    }
+    if (app.remaining().empty()) return fmt::format("no command given; the commands are {} (dstrain COMMAND --help)", commands);
+    return std::nullopt;
+  }
+  // An option given more often than it takes values: CLI11 says "At Most 1 required but received 2".
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&error) != nullptr) {
+    for (const CLI::App* sub : app.get_subcommands()) {
+      for (const CLI::Option* option : sub->get_options()) {
+        const int most = option->get_items_expected_max();
+        if (most != 1 || option->count() < 2) continue;
+        std::string given;
+        for (const std::string& value : option->results()) given += (given.empty() ? "" : " and ") + option->get_name() + " " + value;
+        const char* times = option->count() == 2 ? "twice" : "more than once";
+        return fmt::format("{} given {} ({}): give it once", option->get_name(), times, given);
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args) {

@@ -21,6 +21,15 @@ CLI::Validator finite_number_at_least(double min);
 CLI::Validator finite_number();
 // One of `choices` (the message lists them).
 CLI::Validator one_of(std::vector<std::string> choices);
+// A whole number from 0 to 2^64 - 1 (a seed): "-1" is refused, not wrapped to 2^64 - 1.
+CLI::Validator whole_number_64_bit_unsigned();
+// A value that is not empty: `--save-dir ""` (an unset shell variable) is refused rather than
+// read as "not given", which would lose an output without a word.
+CLI::Validator not_empty();
+// A size in bytes with an optional K/M/G/T suffix (powers of 1024): refuses a sign, which
+// CLI::AsSizeValue would wrap ("-1M" to 2^64 - 1). Add it with ->transform() after AsSizeValue's
+// (CLI11 runs the last transform added first), so that it sees the text as typed.
+CLI::Validator unsigned_size();
 
 // The "auto" values as the HF Trainer's arguments fill them, by flag.
 struct AutoValueArgs {
@@ -40,6 +49,11 @@ void add_auto_value_options(CLI::App* cmd, AutoValueArgs& args);
 // The AutoValues they give (total / warmup steps are the caller's). Error for --adam-betas with
 // other than two values, or with --adam-beta1 / --adam-beta2.
 config::AutoValues to_auto_values(const AutoValueArgs& args);
+
+// The message for a command line CLI11 refuses, in dstrain's words where CLI11's would leak its
+// own ("--steps: At Most 1 required but received 2", "A subcommand is required"); nullopt: CLI11's
+// message is fine. Call with the app after its parse threw `error`.
+std::optional<std::string> reworded_parse_error(const CLI::App& app, const CLI::ParseError& error);
 
 // A command's exit status other than 0, thrown by a subcommand's callback and returned by main.
 struct ExitStatus {

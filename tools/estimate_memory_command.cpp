@@ -31,7 +31,10 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   config::ConfigOptions options;
   options.world_size = args.num_ranks;
   options.autos = to_auto_values(args.autos);
-  if (!options.autos.hidden_size) options.autos.hidden_size = model->n_embd();
+  if (!options.autos.hidden_size) {
+    options.autos.hidden_size = model->n_embd();
+    options.autos.hidden_size_from_model = true;
+  }
   const bool has_optimizer = text.tree.is_object() && text.tree.contains("optimizer") && !text.tree["optimizer"].is_null();
   if (!has_optimizer) options.default_optimizer = config::default_optimizer_block(options.autos);
   const config::DsConfig cfg = config::parse_ds_config(text.tree, options);

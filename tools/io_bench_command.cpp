@@ -5,7 +5,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +75,43 @@ class BenchBuffer {
   bool mapped_ = false;
 };
 
+// --queue-depth: what one io_uring ring holds (the kernel's IORING_MAX_ENTRIES), so that a row
+// reports the depth it measured.
+CLI::Validator queue_depth_in_range() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        const unsigned long long v = digits ? std::strtoull(text.c_str(), &end, 10) : 0;
+        if (digits && errno != ERANGE && v >= 1 && v <= IoOptions::kMaxQueueDepth) return std::string();
+        return fmt::format("'{}' is not a queue depth an io_uring ring holds: give a whole number from 1 to {} (the kernel's IORING_MAX_ENTRIES)",
+                           text, IoOptions::kMaxQueueDepth);
+      },
+      fmt::format("1..{}", IoOptions::kMaxQueueDepth));
+}
+
+// One transfer of --size is held in memory whole and written to a scratch file of that size: a
+// size the machine cannot hold or the drive cannot take is refused before either is made, in
+// io-bench's terms (an allocator's out-of-memory advice is about training).
+void check_size_fits(std::uint64_t size, const std::string& path) {
+  const double bytes = static_cast<double>(size);
+  if (const std::optional<HostMemoryLimit> memory = host_memory_limit(); memory && bytes > memory->bytes) {
+    fail(
+        "io-bench --size {} ({}): the transfer buffer holds a whole transfer in memory, but this process may allocate only {} ({}); give a "
+        "smaller --size",
+        size, format_estimate_bytes(bytes), format_estimate_bytes(memory->bytes), memory->source);
+  }
+  std::error_code ec;
+  const std::filesystem::space_info space = std::filesystem::space(path, ec);
+  if (!ec && bytes > static_cast<double>(space.available)) {
+    fail(
+        "io-bench --size {} ({}): the scratch file is as large as a transfer, but {} has {} free; give a smaller --size, or a --path on a "
+        "drive with more room",
+        size, format_estimate_bytes(bytes), path, format_estimate_bytes(static_cast<double>(space.available)));
+  }
+}
+
 double cpu_seconds() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
@@ -121,6 +160,7 @@ void run_io_bench(const IoBenchArgs& args) {
   // A scratch file of this process's own, created exclusively: a file of the user's by that name is
   // never truncated or removed.
   const std::string file = (fs::path(args.path) / fmt::format("dstrain_io_bench.{}.dat", ::getpid())).string();
+  check_size_fits(args.size, args.path);
   BenchBuffer bench_buffer(args.size, args.pages == "huge");
   std::byte* buffer = bench_buffer.data();
   nlohmann::json rows = nlohmann::json::array();
@@ -149,7 +189,7 @@ void run_io_bench(const IoBenchArgs& args) {
       for (std::uint64_t depth : depths) {
         IoOptions o = base;
         o.block_size = block;
-        o.queue_depth = static_cast<unsigned>(std::min<std::uint64_t>(depth, IoOptions::kMaxQueueDepth + 1));
+        o.queue_depth = static_cast<unsigned>(depth);  // 1 to kMaxQueueDepth (queue_depth_in_range)
         IoEngine io(o);
         const bool fixed = !args.no_fixed_buffers && io.register_buffer(buffer, args.size);
         registered_any = registered_any || fixed;
@@ -202,13 +242,18 @@ void add_io_bench_command(CLI::App& app) {
       app.add_subcommand("io-bench", "Measure read/write GB/s and CPU time per GB of the io_uring engine (NVMe offload) on a folder's drive");
   cmd->add_option("--path", args->path, "Folder on the drive to measure (a scratch file dstrain_io_bench.<pid>.dat of its own is written there)")
       ->required();
-  cmd->add_option("--size", args->size, "Bytes per transfer (K/M/G suffixes are powers of 1024; default 1G)")->transform(CLI::AsSizeValue(false));
+  // CLI11 runs the transforms, last added first, before the checks: unsigned_size() sees the text
+  // before AsSizeValue turns it into a number.
+  cmd->add_option("--size", args->size, "Bytes per transfer (K/M/G/T suffixes are powers of 1024; default 1G)")
+      ->transform(CLI::AsSizeValue(false))
+      ->transform(unsigned_size());
   cmd->add_option("--block-size", args->block_sizes, "aio.block_size values to measure, comma-separated (e.g. 128K,1M,8M)")
       ->delimiter(',')
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false))
+      ->transform(unsigned_size());
   cmd->add_option("--queue-depth", args->queue_depths, "aio.queue_depth values to measure, comma-separated (e.g. 8,32,128)")
       ->delimiter(',')
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
+      ->check(queue_depth_in_range());
   cmd->add_option("--intra-op-parallelism", args->intra_op_parallelism, "aio.intra_op_parallelism (rings, one thread each)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
   cmd->add_flag("--single-submit", args->single_submit, "aio.single_submit: true");

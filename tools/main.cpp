@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
     // A command-line mistake is bad input like any other: exit 2, with the option and the fix.
     std::string where = "dstrain";
     for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
-    std::fprintf(stderr, "dstrain: error: %s\nRun `%s --help` for the options.\n", e.what(), where.c_str());
+    const std::optional<std::string> reworded = dstrain::cli::reworded_parse_error(app, e);
+    std::fprintf(stderr, "dstrain: error: %s\nRun `%s --help` for the options.\n", reworded ? reworded->c_str() : e.what(), where.c_str());
     return 2;
   } catch (const dstrain::cli::ExitStatus& e) {
     return e.code;  // the command said why on its own lines

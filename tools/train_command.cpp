@@ -98,11 +98,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--deepspeed_config,--deepspeed,--deepspeed-config", args->config, "ds_config file, JSON string or base64 of one")->required();
   cmd->add_option("--model", args->model, model_spec_help())->required();
   cmd->add_option("--data", args->data, "Training token file (dstrain prepare-data)")->required();
-  cmd->add_option("--val-data", args->val_data, "Validation token file");
+  cmd->add_option("--val-data", args->val_data, "Validation token file")->check(not_empty());
   cmd->add_option("--steps", args->steps, "Optimizer steps (default: one pass over --data; 0: only evaluate); fills \"auto\" total_num_steps")
       ->check(whole_number_at_least(0));
   cmd->add_option("--warmup-steps", args->warmup_steps, "Fills a scheduler's \"auto\" warmup_num_steps")->check(whole_number_at_least(1));
-  cmd->add_option("--seed", args->seed, "Seed of the parameter init, the data order and dropout")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed of the parameter init, the data order and dropout (0 to 2^64 - 1)")
+      ->check(whole_number_64_bit_unsigned())
+      ->capture_default_str();
   cmd->add_option("--sequence-length", args->sequence_length, "T: tokens per sequence (default: the model's n_positions, at most 1024)")
       ->check(whole_number_at_least(1));
   // The spelling is checked here, before the data files are looked at; a tokenizer.json's contents
@@ -131,12 +133,15 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--init-from", args->init_from,
                   "Start from these weights instead of the init: Hugging Face safetensors (GPT-2: model.safetensors or a torch.save state dict such "
                   "as pytorch_model.bin, DeepSpeed's mp_rank_00_model_states.pt, zero_to_fp32 output, read without running its code; the Llama "
-                  "family: model.safetensors, model.safetensors.index.json or their folder)");
+                  "family: model.safetensors, model.safetensors.index.json or their folder)")
+      ->check(not_empty());
   cmd->add_option("--save-weights", args->save_weights,
                   "Write the final weights in the Hugging Face layout (GPT-2: model.safetensors; the Llama family: model.safetensors, sharded with "
-                  "an index above 5 GB)");
+                  "an index above 5 GB)")
+      ->check(not_empty());
   cmd->add_option("--save-dir", args->save_dir,
-                  "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT");
+                  "Save training checkpoints here (docs/checkpoints.md): every --save-interval steps, at the end, and on SIGTERM / SIGINT")
+      ->check(not_empty());
   cmd->add_option("--save-interval", args->save_interval, "Optimizer steps between checkpoints (0: only at the end)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
@@ -144,17 +149,20 @@ void add_train_command(CLI::App& app) {
       ->check(whole_number_at_least(0))
       ->capture_default_str();
   CLI::Option* resume =
-      cmd->add_option("--resume", args->resume,
-                      "Continue a run from a checkpoint: DIR (a --save-dir), or auto (the latest under --save-dir if there is one, else start "
-                      "fresh). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
-          ->expected(0, 1);
-  cmd->add_option("--load-tag", args->load_tag, "The checkpoint to resume from (default: the one DIR/latest names)");
+      cmd->add_option(
+             "--resume", args->resume,
+             "Continue a run from a checkpoint: DIR (a --save-dir), or auto (the latest under --save-dir if there is one, else start "
+             "fresh; --resume alone is auto). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
+          ->expected(0, 1)
+          ->default_str("auto");  // the value of --resume alone, so that --resume "" stays empty
+  cmd->add_option("--load-tag", args->load_tag, "The checkpoint to resume from (default: the one DIR/latest names)")->check(not_empty());
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
       ->check(whole_number_at_least(1));
   cmd->add_option("--summary-json", args->summary_json,
-                  "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)");
+                  "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)")
+      ->check(not_empty());
   cmd->add_option("--num-ranks", args->num_ranks,
                   "Data-parallel ranks, run as threads of this process over the local communicator; the config is resolved for this "
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
@@ -195,7 +203,10 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   add_auto_value_options(cmd, args->autos);
   cmd->callback([args, resume] {
-    if (resume->count() > 0 && args->resume.empty()) args->resume = "auto";  // --resume alone
+    // --resume alone is auto (its default_str); --resume "" (an unset shell variable) is a mistake.
+    if (resume->count() > 0 && args->resume.empty()) {
+      fail("--resume is empty (an unset shell variable?); give the checkpoint folder, auto, or --resume alone");
+    }
     run_train(*args);
   });
 }

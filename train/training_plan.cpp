@@ -279,6 +279,27 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
   }
 }
 
+// flops_profiler prints its profile at the step numbered profile_step; a step the run never takes
+// (beyond --steps, or before the step a resumed run starts after) would print nothing without a word.
+std::optional<std::string> unreached_profile_step(const TrainingPlan& plan) {
+  const config::FlopsProfilerConfig& fp = plan.config.flops_profiler;
+  if (!fp.enabled) return std::nullopt;
+  const std::int64_t first = plan.resume ? plan.resume->global_steps + 1 : 1;
+  const std::string steps = plan.steps_from_epoch ? fmt::format("one pass over --data: {} steps", plan.steps) : fmt::format("--steps {}", plan.steps);
+  if (fp.profile_step > plan.steps) {
+    return fmt::format(
+        "flops_profiler.profile_step is {} but the run ends after step {} ({}): no flops profile is printed; set profile_step to at most {}, or "
+        "train for more steps",
+        fp.profile_step, plan.steps, steps, plan.steps);
+  }
+  if (fp.profile_step < first) {
+    return fmt::format("flops_profiler.profile_step is {} but the run {}: no flops profile is printed; set profile_step to a step from {} to {}",
+                       fp.profile_step, first == 1 ? "starts at step 1" : fmt::format("resumes after step {} (--resume)", first - 1), first,
+                       plan.steps);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void trainer_print(const TrainerOptions& options, std::string_view line) {
@@ -378,7 +399,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   config_options.autos = options.autos;
   if (!config_options.autos.total_num_steps) config_options.autos.total_num_steps = options.steps;
   if (!config_options.autos.warmup_num_steps) config_options.autos.warmup_num_steps = options.warmup_steps;
-  if (!config_options.autos.hidden_size) config_options.autos.hidden_size = g.n_embd();
+  if (!config_options.autos.hidden_size) {
+    config_options.autos.hidden_size = g.n_embd();
+    config_options.autos.hidden_size_from_model = true;  // no --hidden-size to warn about when nothing uses it
+  }
   // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
   config_options.client_optimizer = options.optimizer;
   const bool config_has_optimizer =
@@ -467,6 +491,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   plan.epoch_steps = std::max<std::int64_t>(1, plan.window_count / cfg.train_batch_size);
   plan.steps_from_epoch = !options.steps.has_value();
   plan.steps = options.steps ? *options.steps : plan.epoch_steps;
+  if (const std::optional<std::string> w = unreached_profile_step(plan); w && lead_process) trainer_warn(options, *w);
 
   // ---- what the end of the run will ask, asked now ----
   if (!options.save_weights.empty() && cfg.zero_optimization.stage == 3 && !cfg.zero_optimization.gather_16bit_weights_on_model_save &&

@@ -37,6 +37,13 @@ bool parse_int(std::string_view s, std::int64_t& out) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
+// "gpt2:L0-C8-H2": zero is a number, but no model has zero layers (or channels, heads, tokens,
+// positions); the message names the size the letter stands for.
+[[noreturn]] void fail_zero_size(std::string_view spec, char letter) {
+  const char* name = letter == 'L' ? "n_layer" : letter == 'C' ? "n_embd" : letter == 'H' ? "n_head" : letter == 'V' ? "vocab_size" : "n_positions";
+  fail("{} ({}) must be at least 1 in {}", name, letter, spec);
+}
+
 // "L4-C128-H4-V512-T64" (V and T optional, any order after L, C, H are all given).
 Gpt2Config parse_descriptor(std::string_view spec, std::string_view body) {
   std::int64_t L = -1, C = -1, H = -1, V = 50257, T = 1024;
@@ -46,9 +53,12 @@ Gpt2Config parse_descriptor(std::string_view spec, std::string_view body) {
     const std::size_t dash = body.find('-', pos);
     const std::string_view part = body.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
     std::int64_t v = 0;
-    if (part.size() < 2 || !parse_int(part.substr(1), v) || v <= 0) {
+    const bool parsed = part.size() >= 2 && parse_int(part.substr(1), v);
+    const bool known_letter = !part.empty() && std::string_view("LCHVT").find(part[0]) != std::string_view::npos;
+    if (parsed && v == 0 && known_letter) fail_zero_size(spec, part[0]);
+    if (!parsed || v <= 0) {
       const bool digits = part.size() >= 2 && part.substr(1).find_first_not_of("0123456789") == std::string_view::npos;
-      if (digits) fail("model spec '{}': part '{}' is too large a number (at most 2^63 - 1, and far less fits in memory)", spec, part);
+      if (digits && !parsed) fail("model spec '{}': part '{}' is too large a number (at most 2^63 - 1, and far less fits in memory)", spec, part);
       fail("model spec '{}': part '{}' is not a letter L, C, H, V or T followed by a positive number; accepted forms: {}", spec, part, kSpecForms);
     }
     if (const std::size_t at = std::string_view("LCHVT").find(part[0]); at != std::string_view::npos) {

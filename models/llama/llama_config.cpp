@@ -34,6 +34,18 @@ std::int64_t default_intermediate(std::int64_t C) {
   return (w + 255) / 256 * 256;
 }
 
+// The config.json key a descriptor letter sets, for "num_hidden_layers (L) must be at least 1".
+const char* size_name(const std::string& key) {
+  if (key == "L") return "num_hidden_layers";
+  if (key == "C") return "hidden_size";
+  if (key == "H") return "num_attention_heads";
+  if (key == "KV") return "num_key_value_heads";
+  if (key == "I") return "intermediate_size";
+  if (key == "D") return "head_dim";
+  if (key == "V") return "vocab_size";
+  return "max_position_embeddings";
+}
+
 LlamaConfig parse_descriptor(std::string_view spec, std::string_view body) {
   std::int64_t L = -1, C = -1, H = -1, KV = -1, I = -1, D = -1, V = 32000, T = 2048;
   bool tied = false;
@@ -62,9 +74,10 @@ LlamaConfig parse_descriptor(std::string_view spec, std::string_view body) {
             "size), V (vocab), T (max positions) followed by a positive number, or 'tied'; accepted forms: {}",
             spec, part, kSpecForms);
       }
+      if (parse_int(num, v) && v == 0) fail("{} ({}) must be at least 1 in {}", size_name(key), key, spec);
       if (!parse_int(num, v) || v <= 0) {
         const bool digits = !num.empty() && num.find_first_not_of("0123456789") == std::string_view::npos;
-        if (digits) fail("model spec '{}': part '{}' is too large a number", spec, part);
+        if (digits && !parse_int(num, v)) fail("model spec '{}': part '{}' is too large a number", spec, part);
         fail("model spec '{}': part '{}' needs a positive number after {}; accepted forms: {}", spec, part, key, kSpecForms);
       }
       if (key == "L")

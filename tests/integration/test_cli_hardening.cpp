@@ -52,7 +52,7 @@ TEST_F(CliHardening, CommandLineMistakesExit2WithReadableMessages) {
   expect_exit2_naming(run_dstrain(train + " --tokenizer klingon"), "'klingon' is not one of gpt2, bytes, or the path of a tokenizer.json");
   expect_exit2_naming(run_dstrain(train + " --no-such-option"), "--no-such-option");
   expect_exit2_naming(run_dstrain("train --model gpt2:tiny"), "--deepspeed_config");
-  expect_exit2_naming(run_dstrain("trian"), "subcommand");
+  expect_exit2_naming(run_dstrain("trian"), "unknown command \"trian\"; the commands are ");
   expect_exit2_naming(run_dstrain("check-config " + q(dir_ / "ds.json") + " --world-size 0"), "--world-size");
   expect_exit2_naming(run_dstrain("prepare-data --tokenizer bytes"), "");
   // --help and --version still succeed.
@@ -129,6 +129,97 @@ TEST_F(CliHardening, TheProcessKeepsItsName) {
                              "/dstrain check-config /dev/stdin >/dev/null 2>&1 & pid=$!; sleep 1; cat /proc/$pid/comm > " + q(comm) + "; wait";
   ASSERT_EQ(std::system(("sh -c " + shell_quote(script)).c_str()), 0);
   EXPECT_EQ(read_file_text(comm), "dstrain\n");
+}
+
+// Hardening round 3 (issue 30, §5 and §6): what the command line ignored, wrapped or said in
+// CLI11's words. Every run is refused before step 1 or trains one step.
+
+TEST_F(CliHardening, CommandLineWordingIsDstrains) {
+  // "A subcommand is required" named neither the word nor the commands.
+  const CliResult bogus = run_dstrain("bogus");
+  expect_exit2_naming(bogus, "unknown command \"bogus\"; the commands are check-config, prepare-data, train, consolidate, io-bench, estimate-memory");
+  expect_exit2_naming(run_dstrain(""), "no command given; the commands are check-config");
+  // "--steps: At Most 1 required but received 2".
+  const std::string train = "train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:tiny --data " + q(dir_ / "none.bin");
+  const CliResult twice = run_dstrain(train + " --steps 1 --steps 2");
+  expect_exit2_naming(twice, "--steps given twice (--steps 1 and --steps 2): give it once");
+  EXPECT_EQ(twice.err.find("At Most"), std::string::npos) << twice.err;
+}
+
+TEST_F(CliHardening, EmptyValuesAndNegativeSeedsAreRefused) {
+  const std::string train = "train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:tiny --data " + q(dir_ / "none.bin");
+  // An unset shell variable gave "" and the output was lost, with exit 0.
+  for (const std::string flag : {"--init-from", "--save-dir", "--save-weights", "--summary-json", "--val-data", "--load-tag"}) {
+    SCOPED_TRACE(flag);
+    const CliResult r = run_dstrain(train + " " + flag + " ''");
+    expect_exit2_naming(r, flag + ": the value is empty (an unset shell variable?)");
+  }
+  expect_exit2_naming(run_dstrain(train + " --resume ''"), "--resume is empty (an unset shell variable?)");
+  expect_exit2_naming(run_dstrain("consolidate " + q(dir_) + " -o ''"), "--output: the value is empty");
+  // -1 became 2^64 - 1.
+  expect_exit2_naming(run_dstrain(train + " --seed -1"), "--seed: '-1' is not a whole number from 0 to 18446744073709551615");
+  expect_exit2_naming(run_dstrain(train + " --seed 18446744073709551616"), "from 0 to 18446744073709551615");
+}
+
+TEST_F(CliHardening, AutoValueOptionsTheConfigHasNoKeyForWarn) {
+  // ds.json has an optimizer block without eps / weight_decay, and no gradient_clipping, fp16 / bf16
+  // or ZeRO bucket sizes: these options were ignored without a word (--lr, compared with the
+  // config's lr, warned).
+  const CliResult r = run_dstrain("check-config " + q(dir_ / "ds.json") +
+                                  " --gradient-clipping 0.5 --weight-decay 0.1 --adam-eps 1e-06 --precision bf16 --hidden-size 64 --lr 0.001");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* expected :
+       {"--gradient-clipping 0.5 is not used: the config has no gradient_clipping, so DeepSpeed's default applies; set \"gradient_clipping\": "
+        "\"auto\" in the config to take the flag",
+        "--weight-decay 0.1 is not used: the config's optimizer has no params.weight_decay, so the optimizer's default applies; set "
+        "\"weight_decay\": \"auto\"",
+        "--adam-eps 1e-06 is not used", "--precision bf16 is not used: the config has no fp16 or bf16 \"enabled\" key, so the run is fp32",
+        "set \"bf16\": {\"enabled\": \"auto\"}", "--hidden-size 64 is not used: no ZeRO bucket size in the config is \"auto\""}) {
+    EXPECT_NE(r.err.find(expected), std::string::npos) << expected << "\n" << r.err;
+  }
+  EXPECT_EQ(r.err.find("--lr"), std::string::npos) << r.err;  // the config's lr is the same value: nothing to say
+  // fp32 is what a config without fp16 / bf16 trains in: the option agrees.
+  const CliResult fp32 = run_dstrain("check-config " + q(dir_ / "ds.json") + " --precision fp32");
+  EXPECT_EQ(fp32.exit_code, 0) << fp32.err;
+  EXPECT_EQ(fp32.err.find("--precision"), std::string::npos) << fp32.err;
+}
+
+TEST_F(CliHardening, ModelSpecZeroSizesNameTheSize) {
+  const std::string train =
+      "train --deepspeed_config " + q(dir_ / "ds.json") + " --data " + q(dir_ / "ds.json") + " --model ";  // the spec is read before the data
+  expect_exit2_naming(run_dstrain(train + "gpt2:L0-C8-H2"), "n_layer (L) must be at least 1 in gpt2:L0-C8-H2");
+  expect_exit2_naming(run_dstrain(train + "llama:L2-C64-H4-I0"), "intermediate_size (I) must be at least 1 in llama:L2-C64-H4-I0");
+}
+
+TEST_F(CliHardening, IoBenchReportsWhatWasGivenOrRefusesIt) {
+  const std::string bench = "io-bench --path " + q(dir_);
+  // 1048576 ran as 32769, and the error named 32769.
+  const CliResult depth = run_dstrain(bench + " --queue-depth 8,1048576");
+  expect_exit2_naming(depth, "'1048576' is not a queue depth an io_uring ring holds: give a whole number from 1 to 32768");
+  // -1M wrapped to 18446744073709551615.
+  const CliResult negative = run_dstrain(bench + " --size -1M");
+  expect_exit2_naming(negative, "--size: '-1M' is not a size");
+  EXPECT_EQ(negative.err.find("18446744073709551615"), std::string::npos) << negative.err;
+  expect_exit2_naming(run_dstrain(bench + " --block-size=-4K"), "'-4K' is not a size");
+  // 1T advised reducing the micro-batch size.
+  const CliResult huge = run_dstrain(bench + " --size 1T");
+  expect_exit2_naming(huge, "io-bench --size 1099511627776 (1.00 TiB)");
+  EXPECT_EQ(huge.err.find("micro-batch"), std::string::npos) << huge.err;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().rfind("dstrain_io_bench", 0), std::string::npos) << e.path();  // refused before the scratch file
+}
+
+TEST_F(CliHardening, AnUnreachedProfileStepIsAWarning) {
+  const fs::path data = dir_ / "profile";
+  ASSERT_EQ(dstrain::testing::prepare_english_bytes_data(data).exit_code, 0);
+  std::ofstream(dir_ / "profile.json") << R"({"train_micro_batch_size_per_gpu": 2, "flops_profiler": {"enabled": true, "profile_step": 5}})";
+  const CliResult r =
+      run_dstrain("train --deepspeed_config " + q(dir_ / "profile.json") + " --model gpt2:L1-C16-H2-V256-T16 --tokenizer bytes --data " +
+                  q(data / "t_train.bin") + " --steps 1 --sample-tokens 0 --peak-flops 1e9");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("flops_profiler.profile_step is 5 but the run ends after step 1 (--steps 1): no flops profile is printed"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("--hidden-size"), std::string::npos) << r.err;  // the model's hidden size is not an option given
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 // Config sources: base64 decoding (RFC 4648 vectors), files, and --deepspeed_config arguments.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
@@ -261,4 +265,37 @@ TEST_F(ConfigFiles, RootMustBeAnObject) {
                                   ": the top-level value of a DeepSpeed config must be a JSON object "
                                   "{...}, but it is an array; wrap the settings in { }");
   EXPECT_THAT(error_of_file(write("str.json", "\"text\"")), HasSubstr("but it is a string"));
+}
+
+// A FIFO that no program writes to blocked the open forever. The watchdog opens it for writing
+// after 2 s, so that a reader that blocks ends (reading nothing) rather than hanging the test.
+TEST_F(ConfigFiles, FifoWithoutAWriterTimesOutNamingThePipe) {
+  const fs::path p = dir_ / "fifo.json";
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const int fd = ::open(p.c_str(), O_WRONLY | O_NONBLOCK);  // fails (ENXIO) when no one reads any more
+    if (fd >= 0) ::close(fd);
+  });
+  std::string error;
+  try {
+    load_config_file(p, std::chrono::milliseconds(200));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  watchdog.join();
+  EXPECT_THAT(error, HasSubstr("'" + p.string() + "' is a named pipe (FIFO) and nothing was written to it within 0.2 s"));
+}
+
+// A pipe whose writer is slower than the open (`--deepspeed_config <(python make_config.py)`) is read.
+TEST_F(ConfigFiles, FifoWithASlowWriterIsRead) {
+  const fs::path p = dir_ / "slow_fifo.json";
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::ofstream(p) << kConfig;
+  });
+  const ConfigText c = load_config_file(p);
+  writer.join();
+  EXPECT_EQ(c.tree["train_batch_size"], 8);
 }

@@ -90,6 +90,17 @@ TEST(Gpt2Config, Descriptors) {
   expect_error([] { model_config_from_spec("/no/such/config.json"); }, {"/no/such/config.json"});
 }
 
+// A zero size is a number, not "too large a number": the message names the size and its letter.
+TEST(Gpt2Config, ZeroSizesNameTheSize) {
+  expect_error([] { model_config_from_spec("gpt2:L0-C8-H2"); }, {"n_layer (L) must be at least 1 in gpt2:L0-C8-H2"});
+  expect_error([] { model_config_from_spec("gpt2:L1-C0-H2"); }, {"n_embd (C) must be at least 1"});
+  expect_error([] { model_config_from_spec("gpt2:L1-C8-H00"); }, {"n_head (H) must be at least 1"});
+  expect_error([] { model_config_from_spec("gpt2:L1-C8-H2-V0"); }, {"vocab_size (V) must be at least 1"});
+  expect_error([] { model_config_from_spec("gpt2:L1-C8-H2-T0"); }, {"n_positions (T) must be at least 1"});
+  expect_error([] { model_config_from_spec("gpt2:L1-C8-H2-X0"); }, {"'X0' is not a letter L, C, H, V or T"});
+  expect_error([] { model_config_from_spec("gpt2:L99999999999999999999-C8-H2"); }, {"too large a number"});
+}
+
 constexpr const char* kGpt2ConfigJson = R"({
   "activation_function": "gelu_new",
   "architectures": ["GPT2LMHeadModel"],

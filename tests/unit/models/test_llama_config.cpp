@@ -69,6 +69,19 @@ TEST(LlamaConfig, DescriptorFieldsAndDefaults) {
   expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-D130"); }, {"head_dim = 130", "128"});
 }
 
+// A zero size is a number, not "too large a number": the message names the config.json key and its letter.
+TEST(LlamaConfig, ZeroSizesNameTheSize) {
+  expect_error_with([] { llama_config_from_spec("llama:L0-C64-H4"); }, {"num_hidden_layers (L) must be at least 1 in llama:L0-C64-H4"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C0-H4"); }, {"hidden_size (C) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H0"); }, {"num_attention_heads (H) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-KV0"); }, {"num_key_value_heads (KV) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-I0"); }, {"intermediate_size (I) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-D0"); }, {"head_dim (D) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-V0"); }, {"vocab_size (V) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L2-C64-H4-T0"); }, {"max_position_embeddings (T) must be at least 1"});
+  expect_error_with([] { llama_config_from_spec("llama:L99999999999999999999-C64-H4"); }, {"too large a number"});
+}
+
 TEST(LlamaConfig, SmolLmConfigJson) {
   const LlamaConfig c = llama_config_from_hf_json(kSmolLm, "smollm.json");
   EXPECT_EQ(c.model_type, "llama");
