@@ -1,16 +1,22 @@
 #include "data/run_files.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <iterator>
+#include <map>
 #include <system_error>
 
 #include "ops/atomic_file.h"
 #include "ops/error.h"
+
+#include <fmt/format.h>
 
 namespace dstrain {
 
@@ -82,6 +88,64 @@ void prove_writable(const RunFile& output) {
   if (fd < 0) fail("{} {}: cannot create a file in {}: {}", output.role, path.string(), dir.string(), write_errno_text(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+OutputRoom output_room(const std::filesystem::path& folder) {
+  OutputRoom room;
+  struct statvfs vfs {};
+  if (::statvfs(folder.c_str(), &vfs) == 0) room.free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) == 0) room.device = static_cast<std::uint64_t>(st.st_dev);
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) room.file_size_limit = static_cast<double>(limit.rlim_cur);
+  return room;
+}
+
+std::string format_output_bytes(double bytes) {
+  if (bytes < 1024.0 * 1024.0) return fmt::format("{:.0f} bytes", bytes);
+  return fmt::format("{:.1f} MiB ({:.0f} bytes)", bytes / (1024.0 * 1024.0), bytes);
+}
+
+void check_outputs_fit(const std::vector<OutputSize>& outputs, const std::function<OutputRoom(const std::filesystem::path&)>& room_of) {
+  struct FileSystem {
+    OutputRoom room;
+    double bytes = 0.0;
+    std::vector<const OutputSize*> outputs;
+  };
+  std::map<std::uint64_t, FileSystem> systems;
+  std::vector<std::uint64_t> order;  // the file systems as the outputs name them first
+  for (const OutputSize& out : outputs) {
+    if (out.file.path.empty()) continue;
+    const OutputRoom room = room_of(out.folder);
+    // A file larger than RLIMIT_FSIZE would stop its write with EFBIG (or SIGXFSZ) at the end of the run.
+    if (room.file_size_limit && out.largest_file > *room.file_size_limit) {
+      fail(
+          "{} {}: it will write a file of at least {} ({}), but this process may write files of at most {} (the file size limit, ulimit -f); "
+          "raise the limit (ulimit -f unlimited) or drop {}",
+          out.file.role, out.file.path.string(), format_output_bytes(out.largest_file), out.what, format_output_bytes(*room.file_size_limit),
+          out.file.role);
+    }
+    auto [it, fresh] = systems.try_emplace(room.device);
+    if (fresh) {
+      it->second.room = room;
+      order.push_back(room.device);
+    }
+    it->second.bytes += out.bytes;
+    it->second.outputs.push_back(&out);
+  }
+  for (const std::uint64_t device : order) {
+    const FileSystem& fsys = systems.at(device);
+    if (!fsys.room.free_bytes || fsys.bytes <= *fsys.room.free_bytes) continue;
+    std::string needs;
+    for (const OutputSize* out : fsys.outputs) {
+      needs += fmt::format("{}{} {} needs {} ({})", needs.empty() ? "" : "; ", out->file.role, out->file.path.string(),
+                           format_output_bytes(out->bytes), out->what);
+    }
+    const OutputSize& first = *fsys.outputs.front();
+    fail("the outputs will not fit: {}{} — but the file system of {} has {} free; free some space there, or write {} elsewhere", needs,
+         fsys.outputs.size() > 1 ? fmt::format(", {} together", format_output_bytes(fsys.bytes)) : std::string(), first.folder.string(),
+         format_output_bytes(*fsys.room.free_bytes), fsys.outputs.size() > 1 ? std::string("them") : first.file.role);
+  }
 }
 
 }  // namespace dstrain

@@ -5,7 +5,10 @@
 // after it.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,5 +39,34 @@ void check_outputs_spare_inputs(const std::vector<RunFile>& inputs, const std::v
 // (no permission, read-only file system, a file where a folder should be), or when `output`
 // exists and is not a regular file (a device, a FIFO, a link: the write's rename would replace it).
 void prove_writable(const RunFile& output);
+
+// The room a folder's file system has for new files, and the largest file this process may write.
+struct OutputRoom {
+  std::optional<double> free_bytes;       // statvfs: bytes available to an unprivileged writer; nullopt: unknown
+  std::optional<double> file_size_limit;  // getrlimit(RLIMIT_FSIZE), `ulimit -f`; nullopt: unlimited
+  std::uint64_t device = 0;               // the file system (st_dev): outputs on one share its free space
+};
+OutputRoom output_room(const std::filesystem::path& folder);
+
+// What an output will write, known before step 1: `bytes` in all into `folder` (several files, or
+// several checkpoints kept at once), the largest of them one file of at least `largest_file` bytes.
+// Both lower bounds: the data, not the headers. `what` says where the figure comes from, for the
+// message ("3 checkpoints of 1.2 MiB kept at once").
+struct OutputSize {
+  RunFile file;
+  std::filesystem::path folder;  // an existing folder the output goes into
+  double bytes = 0.0;
+  double largest_file = 0.0;
+  std::string what;
+};
+
+// Throws Error naming the output, the size needed and the room found when the outputs on one file
+// system need more than it has free, or one file exceeds the file size limit — before the run
+// spends hours to lose them at the end. `room_of` finds a folder's room (output_room; tests inject
+// their own). The writers still check every write: the disk may fill while the run goes on.
+void check_outputs_fit(const std::vector<OutputSize>& outputs, const std::function<OutputRoom(const std::filesystem::path&)>& room_of = output_room);
+
+// "12.3 MiB (12897484 bytes)", for the messages above.
+std::string format_output_bytes(double bytes);
 
 }  // namespace dstrain

@@ -1,13 +1,17 @@
 #include "train/trainer_checkpoints.h"
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <map>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_manifest.h"
 #include "data/run_files.h"
 #include "models/model_family.h"
 #include "engine/optim/optimizer.h"
@@ -72,12 +76,39 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
 }
 
 namespace {
+// The data loader's position the Trainer saved (client_state "data": epoch, position), each a whole
+// number >= 0; Error naming the field and the file otherwise.
+void read_data_position(ResumePoint& rp, const config::Json& m, const fs::path& manifest) {
+  const config::Json* client = m.contains("client_state") && m.at("client_state").is_object() ? &m.at("client_state") : nullptr;
+  if (client == nullptr || !client->contains("data") || !client->at("data").is_object()) {
+    fail(
+        "--resume: checkpoint manifest '{}' has no data loader position (client_state.data); it was not saved by `dstrain train` — load it "
+        "with CheckpointManager::load from the program that saved it",
+        manifest.string());
+  }
+  const config::Json& data = client->at("data");
+  for (const char* key : {"epoch", "position"}) {
+    const auto it = data.find(key);
+    if (it == data.end() || !it->is_number_unsigned()) {
+      fail("--resume: checkpoint manifest '{}' is malformed: \"client_state.data.{}\" is {}, but it must be a whole number >= 0", manifest.string(),
+           key, it == data.end() ? std::string("missing") : it->dump());
+    }
+    (std::string_view(key) == "epoch" ? rp.data_epoch : rp.data_position) = it->get<std::uint64_t>();
+  }
+}
+
 // The checkpoint rp names, opened and checked against the run (manifest, indexes, model, optimizer);
-// fills its steps and seed.
+// fills its steps, seed, sequence length and data position.
 void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
   (void)options;
-  const CheckpointReader rd(rp.dir, rp.tag);  // the manifest and every rank's index, checked
+  const CheckpointReader rd(rp.dir, rp.tag);  // the manifest (every field: checkpoint_manifest.h) and every rank's index, checked
   const config::Json& m = rd.manifest();
+  const fs::path manifest_path = rd.dir() / kCheckpointManifest;
+  // The same model as the manifest records it, key by key: n_head, say, changes no parameter's shape.
+  if (const std::vector<std::string> differ = architecture_differences(m, manifest_path.string(), model); !differ.empty()) {
+    fail("--resume: checkpoint {} was saved from another model than --model gives: {}; resume with the model it was saved from", rd.dir().string(),
+         fmt::join(differ, "; "));
+  }
   // The same model: every owned parameter by name and shape.
   std::map<std::string, std::vector<std::int64_t>> saved, mine;
   for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
@@ -112,8 +143,77 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
   }
   rp.global_steps = m.at("engine").at("global_steps").get<std::int64_t>();
   rp.seed = m.at("seed").get<std::uint64_t>();
+  if (m.at("engine").contains("sequence_length")) rp.sequence_length = m.at("engine").at("sequence_length").get<std::int64_t>();
+  read_data_position(rp, m, manifest_path);
 }
 }  // namespace
+
+std::vector<std::string> check_resume_against_run(const ResumePoint& rp, const TrainerOptions& options, const Architecture& model, std::int64_t T,
+                                                  std::int64_t window_count) {
+  std::vector<std::string> warnings;
+  const std::string where = (rp.dir / rp.tag).string();
+  // DeepSpeed restores its RNG state from a checkpoint; dstrain's streams are the seed's, so the
+  // saved seed is the one that continues the run.
+  if (options.seed != rp.seed) {
+    warnings.push_back(fmt::format(
+        "--seed {} is not used for training: checkpoint {} was saved with seed {}, and the resumed run continues with it (its data order, "
+        "dropout streams and stochastic rounding, as DeepSpeed restores the RNG state from a checkpoint); only the text samples take --seed "
+        "{}",
+        options.seed, where, rp.seed, options.seed));
+  }
+  const std::uint64_t windows = static_cast<std::uint64_t>(window_count);
+  if (rp.sequence_length && *rp.sequence_length != T) {
+    warnings.push_back(fmt::format(
+        "--sequence-length {} differs from the {} checkpoint {} was trained with: the weights carry over as saved (the model keeps its {} = "
+        "{} positions; the run now trains on the first {}), but the data loader's saved position, window {} of epoch {} counted in windows "
+        "of {} tokens, is taken as window {} of the file's {} windows of {} tokens, in their own shuffle order: the data does not continue "
+        "where the saved run stopped (some text is seen again, some skipped). Resume with --sequence-length {} to continue it exactly",
+        T, *rp.sequence_length, where, model.n_positions_key(), model.n_positions(), T, rp.data_position, rp.data_epoch, *rp.sequence_length,
+        rp.data_position, windows, T, *rp.sequence_length));
+  }
+  if (rp.data_position >= windows) {
+    fail(
+        "--resume: checkpoint {} stopped at window {} of epoch {} of its training data, but --data {} holds {} windows of {} tokens: it is "
+        "another data file{}; resume with the --data{} it was trained with",
+        where, rp.data_position, rp.data_epoch, options.data.string(), windows, T,
+        rp.sequence_length && *rp.sequence_length != T ? fmt::format(" or the sequence length differs (the checkpoint's: {})", *rp.sequence_length)
+                                                       : std::string(),
+        rp.sequence_length && *rp.sequence_length != T ? std::string(" and --sequence-length") : std::string());
+  }
+  return warnings;
+}
+
+std::int64_t checkpoint_saves(std::int64_t from, std::int64_t to, std::int64_t save_interval) {
+  // RankTrainer::run saves after step s when s % interval == 0 and s < to; finish() saves at the end.
+  if (save_interval <= 0 || to - 1 <= from) return 1;
+  return 1 + (to - 1) / save_interval - from / save_interval;
+}
+
+std::int64_t checkpoints_at_once(std::int64_t prior, std::int64_t saves, std::int64_t keep_last) {
+  if (saves <= 0) return 0;
+  if (keep_last <= 0) return saves;
+  // Before save j > 1 the folder holds min(prior + j - 1, K) (pruned after each save), during it one
+  // more; counted against the `prior` already on the disk, fullest at the last save. The first save
+  // adds one whatever was there.
+  return std::max<std::int64_t>(1, std::min(prior + saves - 1, keep_last) + 1 - prior);
+}
+
+CheckpointSpace checkpoint_space(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config, int world,
+                                 std::int64_t from_step, std::int64_t to_step) {
+  CheckpointSpace c;
+  if (options.save_dir.empty()) return c;
+  const DType params = config.fp16.enabled ? DType::fp16 : config.bf16.enabled ? DType::bf16 : DType::fp32;
+  c.bytes_each =
+      model.stored_parameter_count() * static_cast<double>(checkpoint_bytes_per_element(Optimizer(config.optimizer).state_names().size(), params));
+  // ZeRO stage >= 1: each rank writes its partition; stage 0: rank 0 writes the whole.
+  c.largest_file = config.zero_optimization.stage >= 1 ? std::ceil(c.bytes_each / world) : c.bytes_each;
+  c.saves = checkpoint_saves(from_step, to_step, options.save_interval);
+  std::error_code ec;
+  const std::int64_t prior = fs::is_directory(options.save_dir, ec) ? static_cast<std::int64_t>(list_checkpoint_tags(options.save_dir).size()) : 0;
+  c.at_once = checkpoints_at_once(prior, c.saves, options.keep_last);
+  c.bytes = c.bytes_each * static_cast<double>(c.at_once);
+  return c;
+}
 
 std::vector<std::string> prune_checkpoints(const fs::path& save_dir, std::int64_t keep) {
   std::vector<std::string> removed;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config_schema/ds_config.h"
 #include "train/trainer_options.h"
@@ -21,6 +22,10 @@ struct ResumePoint {
   std::string tag;
   std::int64_t global_steps = 0;
   std::uint64_t seed = 0;  // the run's seed: the data order and dropout continue with it
+  // The sequence length it was trained with (checkpoints saved before it was recorded: nullopt),
+  // and the data loader's position then, in windows of that length (client_state "data").
+  std::optional<std::int64_t> sequence_length;
+  std::uint64_t data_epoch = 0, data_position = 0;
 };
 
 // The pre-flight of --save-dir / --resume / --load-tag / --keep-last / --save-interval: the save
@@ -30,6 +35,34 @@ struct ResumePoint {
 // the optimizer changed on purpose, of this optimizer's states. Error naming the option, folder or
 // file and the fix. nullopt: the run starts fresh.
 std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config);
+
+// What the resumed run does differently from the command line, once its sequence length T and the
+// training file's windows of T tokens are known (plan_training): returns the warnings to print —
+// --seed other than the checkpoint's (the saved seed is used: data order, dropout, stochastic
+// rounding), --sequence-length other than the checkpoint's (the weights carry over; the saved data
+// position is counted in windows of the new length, so the data order does not continue). Error
+// when the saved position lies beyond the file's windows of T tokens (another --data, or a longer T).
+std::vector<std::string> check_resume_against_run(const ResumePoint& resume, const TrainerOptions& options, const Architecture& model,
+                                                  std::int64_t sequence_length, std::int64_t window_count);
+
+// How many checkpoints a run saves: one every `save_interval` optimizer steps (0: none) strictly
+// between step `from` (where it starts: 0, or the step resumed) and its last step `to`, and one at
+// the end.
+std::int64_t checkpoint_saves(std::int64_t from, std::int64_t to, std::int64_t save_interval);
+// How many checkpoints' bytes the run adds to the save folder at its fullest, with `prior` committed
+// checkpoints there already: a save writes a whole new one before --keep-last K removes the oldest
+// (never the one `latest` names), and those removed free their space for the next. K = 0 keeps all.
+std::int64_t checkpoints_at_once(std::int64_t prior, std::int64_t saves, std::int64_t keep_last);
+
+// The room the run's checkpoints need under --save-dir (docs/checkpoints.md "The training loop"),
+// from the model's stored parameters, the optimizer's states and the precision: `bytes` in all, at
+// least `largest_file` in one rank file. Data only: a lower bound.
+struct CheckpointSpace {
+  std::int64_t saves = 0, at_once = 0;
+  double bytes_each = 0.0, bytes = 0.0, largest_file = 0.0;
+};
+CheckpointSpace checkpoint_space(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config, int world,
+                                 std::int64_t from_step, std::int64_t to_step);
 
 // Removes the oldest committed checkpoints under save_dir (by global_steps) so that `keep` remain,
 // never the one `latest` names; keep <= 0 keeps all. Returns the tags removed.

@@ -300,6 +300,51 @@ std::optional<std::string> unreached_profile_step(const TrainingPlan& plan) {
   return std::nullopt;
 }
 
+// The bytes each output will write, against the free space of its file system and the file size
+// limit (data/run_files.h), now rather than when the run ends: the checkpoints under --save-dir
+// (as many as are kept at once), the --save-weights file (every parameter in fp32, the layout
+// --save-weights writes), the summary JSON. Lower bounds: the writers still check every write.
+void check_outputs_have_room(const TrainingPlan& plan, const TrainerOptions& options) {
+  const Architecture& g = *plan.model;
+  const auto folder_of = [](const std::filesystem::path& p) { return p.has_parent_path() ? p.parent_path() : std::filesystem::path("."); };
+  std::vector<OutputSize> sizes;
+  if (!options.save_dir.empty()) {
+    const std::int64_t from = plan.resume ? plan.resume->global_steps : 0;
+    const CheckpointSpace c = checkpoint_space(options, g, plan.config, plan.world, from, plan.steps);
+    sizes.push_back({{options.save_dir, "--save-dir", true},
+                     options.save_dir,
+                     c.bytes,
+                     c.largest_file,
+                     fmt::format("{} checkpoint{} of {} kept at once, of the {} this run saves", c.at_once, c.at_once == 1 ? "" : "s",
+                                 format_output_bytes(c.bytes_each), c.saves)});
+  }
+  if (!options.save_weights.empty()) {
+    // One file holds at least the largest tensor (a family may shard the rest); the embedding's
+    // padded rows are not written.
+    double largest = 0.0;
+    for (const auto& layer : g.make_layers()) {
+      for (const ParamSpec& ps : layer->params()) {
+        if (ps.tied()) continue;
+        double n = static_cast<double>(ps.shape.numel());
+        if (ps.shape.rank > 0 && ps.shape[0] == g.padded_vocab_size())
+          n = n / static_cast<double>(g.padded_vocab_size()) * static_cast<double>(g.vocab_size());
+        largest = std::max(largest, n * 4.0);
+      }
+    }
+    const double bytes = g.parameter_count() * 4.0;
+    sizes.push_back({{options.save_weights, "--save-weights"},
+                     folder_of(options.save_weights),
+                     bytes,
+                     std::min(bytes, largest),
+                     fmt::format("{} parameters in fp32", parameter_figure(g.parameter_count()))});
+  }
+  if (!options.summary_json.empty()) {
+    constexpr double kSummaryBytes = 256.0;  // the smallest summary a run writes is larger
+    sizes.push_back({{options.summary_json, "--summary-json"}, folder_of(options.summary_json), kSummaryBytes, kSummaryBytes, "the run's figures"});
+  }
+  check_outputs_fit(sizes);
+}
+
 }  // namespace
 
 void trainer_print(const TrainerOptions& options, std::string_view line) {
@@ -492,6 +537,14 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   plan.steps_from_epoch = !options.steps.has_value();
   plan.steps = options.steps ? *options.steps : plan.epoch_steps;
   if (const std::optional<std::string> w = unreached_profile_step(plan); w && lead_process) trainer_warn(options, *w);
+
+  // ---- a resumed run: what it does differently from its command line (train/trainer_checkpoints.h) ----
+  if (plan.resume) {
+    for (const std::string& w : check_resume_against_run(*plan.resume, options, g, T, plan.window_count))
+      if (lead_process) trainer_warn(options, w);
+  }
+  // ---- every output fits where it goes ----
+  check_outputs_have_room(plan, options);
 
   // ---- what the end of the run will ask, asked now ----
   if (!options.save_weights.empty() && cfg.zero_optimization.stage == 3 && !cfg.zero_optimization.gather_16bit_weights_on_model_save &&

@@ -58,6 +58,13 @@ struct CheckpointPiece {
   std::string tensor_name() const;  // "<buffer>/<param>/<offset>"
 };
 
+// Bytes a checkpoint holds per parameter element (docs/checkpoints.md "What is saved"): the fp32
+// master, each optimizer state in fp32 and, when the params are kept in 16 bits, that copy. A
+// checkpoint's data is this times the stored parameters, split over the ranks' files.
+inline std::size_t checkpoint_bytes_per_element(std::size_t optimizer_states, DType param_dtype) {
+  return sizeof(float) * (1 + optimizer_states) + (param_dtype != DType::fp32 ? dtype_size(param_dtype) : 0);
+}
+
 // A tag must be usable as a folder name: Error naming it otherwise (empty, "." or "..", a '/',
 // or ending in ".partial", the name of a folder being written).
 void check_checkpoint_tag(const std::string& tag);

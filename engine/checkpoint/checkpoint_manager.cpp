@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -121,7 +122,9 @@ config::Json CheckpointManager::manifest(const std::string& tag, const config::J
         {"gradient_accumulation_steps", engine_.gas_},
         {"train_batch_size", engine_.train_batch_size_},
         {"last_step_lr", engine_.last_step_lr_},
-        {"last_step_loss", engine_.last_step_loss_}}},
+        {"last_step_loss", engine_.last_step_loss_},
+        // T of the run, so that a resume at another --sequence-length can say what it does to the data position.
+        {"sequence_length", engine_.sequence_length()}}},
       {"loss_scaler",
        {{"kind", std::string(loss_scaler_kind_name(im.scaler.kind()))},
         {"cur_scale", ss.cur_scale},
@@ -320,7 +323,7 @@ std::size_t CheckpointManager::rank_bytes() const {
   const Engine::Impl& im = *engine_.impl_;
   if (im.config.zero_optimization.stage < 1 && engine_.rank() != 0) return 0;  // stage 0: rank 0 writes the one file
   // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
-  const std::size_t per_element = sizeof(float) * (1 + im.optimizer.state_names().size()) + (im.mixed ? dtype_size(engine_.dims_.dtype) : 0);
+  const std::size_t per_element = checkpoint_bytes_per_element(im.optimizer.state_names().size(), im.mixed ? engine_.dims_.dtype : DType::fp32);
   std::size_t total = 0;
   for (const OwnedPiece& p : im.states->owned_pieces()) total += static_cast<std::size_t>(p.numel) * per_element;
   return total;
@@ -406,7 +409,9 @@ CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
   c.global_samples = e.at("global_samples").get<std::int64_t>();
   c.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
   c.last_step_lr = e.at("last_step_lr").get<double>();
-  c.last_step_loss = e.at("last_step_loss").get<float>();
+  // JSON has no NaN or infinity: a non-finite loss is written as null.
+  const config::Json& loss = e.at("last_step_loss");
+  c.last_step_loss = loss.is_null() ? std::numeric_limits<float>::quiet_NaN() : loss.get<float>();
   if (c.global_steps < 0 || c.skipped_steps < 0 || c.skipped_steps > c.global_steps) {
     fail("checkpoint counters global_steps {} / skipped_steps {} are inconsistent", c.global_steps, c.skipped_steps);
   }

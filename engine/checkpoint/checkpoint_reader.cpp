@@ -16,6 +16,7 @@
 
 #include "engine/checkpoint/checkpoint_file_io.h"
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_manifest.h"
 #include "engine/checkpoint/host_prefault.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -202,6 +203,8 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
     if (manifest_.value("version", 0) != kCheckpointVersion) {
       fail("{}: checkpoint format version {} — this dstrain reads version {}", q(mpath), manifest_.value("version", 0), kCheckpointVersion);
     }
+    // Every field of its type and in its range before any is used (docs/checkpoints.md "Loading").
+    validate_checkpoint_manifest(manifest_, mpath);
     for (const Json& r : manifest_.at("ranks")) {
       const fs::path ipath = dir_ / r.at("index").get<std::string>();
       if (!fs::exists(ipath, ec)) fail("checkpoint index {} is missing; the checkpoint is incomplete — load another tag", q(ipath));

@@ -249,6 +249,33 @@ TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {
   expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck), "checksum");
 }
 
+// Hardening 3 §5: a resume under another model is refused naming the keys that differ, even when
+// every parameter keeps its shape (n_head 2 -> 4); an explicit --seed or a changed --sequence-length
+// is said, in a warning that names both values and what happens. Before, all three resumed with
+// exit 0 and no word.
+TEST_F(CheckpointCli, ResumeComparesTheModelAndSaysWhatChanges) {
+  const fs::path ck = dir_ / "ck_changes";
+  ASSERT_EQ(run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --save-dir " + q(ck)).exit_code, 0);
+  const CliResult heads = run_dstrain(train("fp32_s1.json", 1, "gpt2:L2-C32-H4-V256-T32") + " --steps 2 --resume " + q(ck));
+  EXPECT_EQ(heads.exit_code, 2) << heads.err;
+  EXPECT_NE(heads.err.find("n_head 2 in the checkpoint, 4 here"), std::string::npos) << heads.err;
+  EXPECT_EQ(heads.out.find("step 2/"), std::string::npos) << heads.out;
+
+  const CliResult seed = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --seed 7 --resume " + q(ck));
+  EXPECT_EQ(seed.exit_code, 0) << seed.err;
+  EXPECT_NE(seed.err.find("warning: --seed 7 is not used for training"), std::string::npos) << seed.err;
+  EXPECT_NE(seed.err.find("saved with seed 42"), std::string::npos) << seed.err;
+  const CliResult same = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck));
+  EXPECT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.err.find("--seed"), std::string::npos) << same.err;
+  EXPECT_EQ(same.err.find("--sequence-length"), std::string::npos) << same.err;
+
+  const CliResult length = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --sequence-length 16 --resume " + q(ck));
+  EXPECT_EQ(length.exit_code, 0) << length.err;
+  EXPECT_NE(length.err.find("warning: --sequence-length 16 differs from the 32 checkpoint"), std::string::npos) << length.err;
+  EXPECT_NE(length.err.find("the data does not continue"), std::string::npos) << length.err;
+}
+
 // An output never destroys an input (docs/cli.md "Checked before step 1"): consolidate's output and
 // train's --save-weights / --summary-json inside the checkpoint folder being read, or inside the
 // --save-dir the run commits into, are refused before anything is written; so is an output that

@@ -241,14 +241,24 @@ TEST_F(TrainPreflightCli, NanLossStopsWithTheStepAndWritesNoWeights) {
 }
 
 TEST_F(TrainPreflightCli, FileSizeLimitIsAnErrorWithoutLeftovers) {
-  // ulimit -f: SIGXFSZ killed the process in the middle of the write and left the temporary.
+  // ulimit -f: SIGXFSZ killed the process in the middle of the write and left the temporary; then
+  // (hardening 3 §4) the run trained every step before the write failed. The sizes are known at
+  // the start: refused before step 1, naming the output, its size and the limit (20 blocks: 10 or
+  // 20 KiB as the shell counts them; the weights' largest tensor alone, wte 256 x 32 in fp32, is
+  // 32768 bytes, a checkpoint's one rank file 34688 parameters x 12 bytes = 416256).
   const fs::path out = dir_ / "limited";
   fs::create_directories(out);
   const CliResult r = run_dstrain(train("--steps 1 --save-weights " + q(out / "w.safetensors")), "ulimit -f 20;");
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("ulimit -f"), std::string::npos) << r.err;
+  expect_refused_before_training(r, "ulimit -f");
+  EXPECT_NE(r.err.find("--save-weights"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at least 32768 bytes"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out / "w.safetensors"));
   EXPECT_TRUE(temp_files(out).empty());
+  const CliResult ck = run_dstrain(train("--steps 1 --save-dir " + q(out / "ck")), "ulimit -f 20;");
+  expect_refused_before_training(ck, "ulimit -f");
+  EXPECT_NE(ck.err.find("--save-dir"), std::string::npos) << ck.err;
+  EXPECT_NE(ck.err.find("416256 bytes"), std::string::npos) << ck.err;
+  EXPECT_FALSE(fs::exists(out / "ck" / "latest"));
 }
 
 TEST_F(TrainPreflightCli, StaleTemporariesAreRemovedLiveOnesKept) {

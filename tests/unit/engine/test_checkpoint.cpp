@@ -19,6 +19,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -775,6 +776,58 @@ TEST(Checkpoint, CorruptTruncatedMissingForeignFiles) {
     EXPECT_NE(m.find("not found"), std::string::npos) << m;
     EXPECT_NE(m.find("final"), std::string::npos) << m;
   }
+}
+
+// Hardening 3 §5: a manifest edited by hand (or damaged) is refused before anything is loaded, the
+// message naming the field, the file and the value — before, an int8 dtype, a world size of 4 with
+// 2 rank files and a step count of 10^18 were accepted.
+TEST(Checkpoint, EditedManifestFieldsAreRefusedNamingTheField) {
+  ErrorFixture f;
+  const fs::path manifest = f.file("checkpoint.json");
+  const std::string text = file_bytes(manifest);
+  // The error of opening the checkpoint with `edit` applied to its manifest ("" when it opens).
+  const auto refusal = [&](const std::function<void(config::Json&)>& edit) {
+    config::Json m = config::Json::parse(text);
+    edit(m);
+    std::ofstream(manifest, std::ios::binary | std::ios::trunc) << m.dump(1);
+    std::string message;
+    try {
+      CheckpointReader rd(f.dir.path, "final");
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+    return message;
+  };
+  const auto expect_refused = [&](const std::function<void(config::Json&)>& edit, const std::vector<std::string>& needles) {
+    const std::string m = refusal(edit);
+    EXPECT_NE(m.find("checkpoint.json"), std::string::npos) << m;
+    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+  };
+  EXPECT_EQ(refusal([](config::Json&) {}), "");
+  expect_refused([](config::Json& m) { m["layout"]["dtype"] = "int8"; }, {"layout.dtype", "int8", "fp32, fp16, bf16"});
+  expect_refused([](config::Json& m) { m["layout"]["world_size"] = 4; }, {"\"ranks\"", "2 rank files", "layout.world_size 4"});
+  expect_refused([](config::Json& m) { m["layout"]["zero_stage"] = 7; }, {"layout.zero_stage", "7"});
+  expect_refused([](config::Json& m) { m["engine"]["global_steps"] = 1e18; }, {"engine.global_steps", "1e+18", "whole number"});
+  expect_refused([](config::Json& m) { m["engine"]["global_steps"] = std::int64_t{1000000000000000000}; },
+                 {"engine.global_steps", "1000000000000000000"});
+  expect_refused([](config::Json& m) { m["engine"]["skipped_steps"] = 5; }, {"engine.skipped_steps", "5"});
+  expect_refused([](config::Json& m) { m["engine"].erase("train_batch_size"); }, {"engine.train_batch_size", "missing"});
+  expect_refused([](config::Json& m) { m["ranks"][0]["index"] = "../../rank_00000.json"; }, {"ranks[0].index", "rank_00000.json"});
+  expect_refused([](config::Json& m) { m["loss_scaler"]["kind"] = "bogus"; }, {"loss_scaler.kind", "bogus"});
+  expect_refused([](config::Json& m) { m["seed"] = -1; }, {"\"seed\"", "-1"});
+  expect_refused([](config::Json& m) { m["model"]["params"][0]["shape"][0] = -3; }, {"model.params[0].shape[0]", "-3"});
+  expect_refused([](config::Json& m) { m["lr_scheduler"]["last_batch_iteration"] = "x"; }, {"lr_scheduler.last_batch_iteration"});
+  // A tag "global_step<N>" names the step it was saved at: an edited counter no longer matches it.
+  expect_refused([](config::Json& m) { m["tag"] = "global_step9"; }, {"engine.global_steps", "global_step9"});
+  // Through a load: the engine is left as it was (load_error checks it), the field named.
+  config::Json m = config::Json::parse(text);
+  m["layout"]["dtype"] = "int8";
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << m.dump(1);
+  const std::string loaded = f.load_error();
+  EXPECT_NE(loaded.find("layout.dtype"), std::string::npos) << loaded;
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+  EXPECT_EQ(f.load_error(), "");
 }
 
 TEST(Checkpoint, AnotherModelOrOptimizerIsRefused) {
