@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <ctime>
 
+#include <algorithm>
 #include <atomic>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@ namespace {
 
 std::atomic<int> g_signal{0};
 std::atomic<std::int64_t> g_requested_ns{0};  // CLOCK_MONOTONIC of the request
+std::atomic<std::int64_t> g_longest_step_ns{0};
 
 // clock_gettime is async-signal-safe; std::chrono's clocks are not promised to be.
 std::int64_t monotonic_ns() {
@@ -33,11 +35,23 @@ void request_stop(int signal_number) {
 void clear_stop_request() {
   g_signal.store(0);
   g_requested_ns.store(0);
+  g_longest_step_ns.store(0);
+}
+
+void note_step_seconds(double seconds) {
+  const auto ns = static_cast<std::int64_t>(std::min(seconds, 1e9) * 1e9);
+  std::int64_t seen = g_longest_step_ns.load();
+  while (ns > seen && !g_longest_step_ns.compare_exchange_weak(seen, ns)) {
+  }
+}
+
+std::chrono::milliseconds stop_grace() {
+  return std::max(kStopGrace, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(2 * g_longest_step_ns.load())));
 }
 
 bool stop_overdue() {
   if (g_signal.load() == 0) return false;
-  return monotonic_ns() - g_requested_ns.load() >= std::chrono::nanoseconds(kStopGrace).count();
+  return monotonic_ns() - g_requested_ns.load() >= std::chrono::nanoseconds(stop_grace()).count();
 }
 
 StopRequested::StopRequested(int signal_number, std::string_view during)

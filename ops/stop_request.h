@@ -21,10 +21,17 @@ void request_stop(int signal_number);
 // Forgets it (a new run in the same process).
 void clear_stop_request();
 
-// How long a stop request waits for the step boundary before long offload I/O gives up: a step
-// ending soon is still saved; one stuck in swap I/O ends within seconds.
+// How long a stop request waits for the step boundary before long offload I/O gives up: the
+// longer of kStopGrace and twice the longest step the run has finished. A step that ends in its
+// usual time is still saved (a large model swapping to NVMe may take minutes a step, and a
+// scheduler's notice gives it that long); a step stuck in swap I/O — no step finished yet, or one
+// running far past the others — ends within seconds of that.
 inline constexpr std::chrono::milliseconds kStopGrace{3000};
-// A stop was requested at least kStopGrace ago.
+// Records a finished step's duration (the trainer, after each step; any thread).
+void note_step_seconds(double seconds);
+// The grace now: max(kStopGrace, 2 x the longest step noted).
+std::chrono::milliseconds stop_grace();
+// A stop was requested at least stop_grace() ago.
 bool stop_overdue();
 
 // A stop honoured in the middle of work: the step in progress is lost (nothing was saved since the

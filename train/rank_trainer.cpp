@@ -19,6 +19,7 @@
 #include "train/trainer_checkpoints.h"
 #include "zero/comms_logger.h"
 #include "ops/error.h"
+#include "ops/stop_request.h"
 #include "ops/kernels/device_backend.h"
 
 namespace dstrain {
@@ -226,6 +227,7 @@ void RankTrainer::after_step(double dt) {
   Engine& engine = *engine_;
   const std::int64_t steps = plan_.steps;
   summary_.step_seconds.push_back(dt);
+  note_step_seconds(dt);  // a stop request waits this long for a step boundary (ops/stop_request.h)
   train_s_ += dt;
   interval_train_s_ += dt;
   ++interval_steps_;

@@ -149,7 +149,7 @@ TrainResult Trainer::run() {
       run_local_ranks(plan.world, [&](Communicator& comm) { train_rank(&comm, static_cast<std::size_t>(comm.rank())); });
     }
   } catch (const StopRequested& e) {
-    // NVMe swap I/O gave up on a stop request that waited kStopGrace for a step boundary: the run
+    // NVMe swap I/O gave up on a stop request that waited stop_grace() for a step boundary: the run
     // ends as a stop at a boundary does (exit 75), without the checkpoint it could not make.
     trainer_print(options_, e.what());
     result.stopped_by_signal = e.signal_number();

@@ -105,10 +105,12 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
   const config::Json& m = rd.manifest();
   const fs::path manifest_path = rd.dir() / kCheckpointManifest;
   // The same model as the manifest records it, key by key: n_head, say, changes no parameter's shape.
-  if (const std::vector<std::string> differ = architecture_differences(m, manifest_path.string(), model); !differ.empty()) {
+  const ArchitectureDifferences differ = architecture_differences(m, manifest_path.string(), model);
+  if (!differ.model.empty()) {
     fail("--resume: checkpoint {} was saved from another model than --model gives: {}; resume with the model it was saved from", rd.dir().string(),
-         fmt::join(differ, "; "));
+         fmt::join(differ.model, "; "));
   }
+  rp.changed_settings = differ.settings;
   // The same model: every owned parameter by name and shape.
   std::map<std::string, std::vector<std::int64_t>> saved, mine;
   for (const config::Json& p : m.at("model").at("params")) saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
@@ -152,6 +154,10 @@ std::vector<std::string> check_resume_against_run(const ResumePoint& rp, const T
                                                   std::int64_t window_count) {
   std::vector<std::string> warnings;
   const std::string where = (rp.dir / rp.tag).string();
+  if (!rp.changed_settings.empty()) {
+    warnings.push_back(fmt::format("--resume {}: the model's training settings differ from the checkpoint's ({}); the run continues with --model's",
+                                   where, fmt::join(rp.changed_settings, "; ")));
+  }
   // DeepSpeed restores its RNG state from a checkpoint; dstrain's streams are the seed's, so the
   // saved seed is the one that continues the run.
   if (options.seed != rp.seed) {

@@ -26,6 +26,9 @@ struct ResumePoint {
   // and the data loader's position then, in windows of that length (client_state "data").
   std::optional<std::int64_t> sequence_length;
   std::uint64_t data_epoch = 0, data_position = 0;
+  // The model's training settings that --model changes (dropout, initializer_range), each as
+  // "attn_pdrop 0.1 in the checkpoint, 0 here": said in a warning, not refused.
+  std::vector<std::string> changed_settings;
 };
 
 // The pre-flight of --save-dir / --resume / --load-tag / --keep-last / --save-interval: the save

@@ -232,23 +232,34 @@ class ManifestFields {
 
 void validate_checkpoint_manifest(const Json& manifest, const fs::path& manifest_path) { ManifestFields(manifest, manifest_path).check(); }
 
-std::vector<std::string> architecture_differences(const Json& manifest, const std::string& where, const Architecture& built) {
+namespace {
+
+// Config keys that set how a model is trained or first made, not the function its weights compute:
+// a resume may change them (a fine-tuning run turns dropout off) and is told so, not refused.
+bool is_training_setting(std::string_view key) {
+  return key.find("pdrop") != std::string_view::npos || key.find("dropout") != std::string_view::npos || key == "initializer_range" ||
+         key == "use_cache";
+}
+
+}  // namespace
+
+ArchitectureDifferences architecture_differences(const Json& manifest, const std::string& where, const Architecture& built) {
   bool recorded = manifest.contains("architecture") && !manifest.at("architecture").is_null();
   for (const auto& f : model_families()) recorded = recorded || (manifest.contains(f->name()) && manifest.at(f->name()).is_object());
   if (!recorded) return {};
   const std::shared_ptr<const Architecture> saved = manifest_architecture(manifest, where);
   if (saved->family().name() != built.family().name()) {
-    return {fmt::format("family {} in the checkpoint, {} here", saved->family().name(), built.family().name())};
+    return {{fmt::format("family {} in the checkpoint, {} here", saved->family().name(), built.family().name())}, {}};
   }
   const Json a = Json::parse(saved->config_json()), b = Json::parse(built.config_json());
   std::map<std::string, std::pair<std::string, std::string>> keys;  // sorted: the same message every time
   for (const auto& [k, v] : a.items()) keys[k].first = v.dump();
   for (const auto& [k, v] : b.items()) keys[k].second = v.dump();
-  std::vector<std::string> differ;
+  ArchitectureDifferences differ;
   for (const auto& [k, v] : keys) {
     if (v.first == v.second) continue;
-    differ.push_back(
-        fmt::format("{} {} in the checkpoint, {} here", k, v.first.empty() ? "absent" : v.first, v.second.empty() ? "absent" : v.second));
+    (is_training_setting(k) ? differ.settings : differ.model)
+        .push_back(fmt::format("{} {} in the checkpoint, {} here", k, v.first.empty() ? "absent" : v.first, v.second.empty() ? "absent" : v.second));
   }
   return differ;
 }

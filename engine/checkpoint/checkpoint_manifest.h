@@ -31,8 +31,13 @@ void validate_checkpoint_manifest(const config::Json& manifest, const std::files
 // The config keys whose values differ between the model a manifest records ("architecture") and
 // `built`, each as "n_head 2 in the checkpoint, 4 here" (the family first when it differs); empty
 // when they are the same model, or the manifest records no architecture (a model without a family).
-// Both are compared as their family writes them (Architecture::config_json), so the manifest's
+// Keys that only set how the model trains (dropout probabilities, initializer_range, use_cache) are
+// listed apart: a resume may change them. Both are compared as their family writes them (Architecture::config_json), so the manifest's
 // config is read back by its family first.
-std::vector<std::string> architecture_differences(const config::Json& manifest, const std::string& where, const Architecture& built);
+struct ArchitectureDifferences {
+  std::vector<std::string> model;     // keys that make it another model (n_head, n_layer, rope_theta, ...)
+  std::vector<std::string> settings;  // training settings only (dropout, initializer_range, use_cache)
+};
+ArchitectureDifferences architecture_differences(const config::Json& manifest, const std::string& where, const Architecture& built);
 
 }  // namespace dstrain

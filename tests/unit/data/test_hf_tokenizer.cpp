@@ -361,13 +361,27 @@ TEST(HfTokenizer, TinyByteFallbackTokenizerByHand) {
 
 // Sequences nested 20,000 deep (tests/fuzz/regressions/hf_tokenizer/, written by
 // tests/fuzz/make_crafted_inputs.py) recursed without bound: a SIGSEGV in prepare-data and train.
+// Text that deep is refused before parsing (formats/json_text.h: 512 levels); Sequences nested
+// deeper than 32 within that, by the steps' own reader.
 TEST(HfTokenizer, DeeplyNestedSequencesAreRefused) {
   TempDir dir;
   std::ofstream(dir.path() / "tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>"})";
   for (const char* name : {"pre_tokenizer_nested_20k.json", "normalizer_nested_20k.json"}) {
     std::filesystem::copy_file(std::filesystem::path(DSTRAIN_SOURCE_DIR) / "tests/fuzz/regressions/hf_tokenizer" / name,
                                dir.path() / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
-    EXPECT_THAT(load_error(dir.path() / "tokenizer.json"), HasSubstr("nest more than 32 deep")) << name;
+    EXPECT_THAT(load_error(dir.path() / "tokenizer.json"), HasSubstr("more than 512 levels deep")) << name;
+  }
+  // 40 Sequences: 80 levels of JSON, parsed; the steps' reader stops at 32.
+  const auto nested = [](const std::string& field, const std::string& key, std::string inner) {
+    for (int i = 0; i < 40; ++i) inner = R"({"type": "Sequence", ")" + key + R"(": [)" + inner + "]}";
+    return R"({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, ")" + field + R"(": )" + inner + "}";
+  };
+  for (const auto& [field, key, inner] :
+       {std::tuple<std::string, std::string, std::string>{"pre_tokenizer", "pretokenizers", R"({"type": "ByteLevel"})"},
+        {"normalizer", "normalizers", R"({"type": "NFC"})"},
+        {"decoder", "decoders", R"({"type": "ByteLevel"})"}}) {
+    std::ofstream(dir.path() / "tokenizer.json", std::ios::trunc) << nested(field, key, inner);
+    EXPECT_THAT(load_error(dir.path() / "tokenizer.json"), HasSubstr("nest more than 32 deep")) << field;
   }
 }
 

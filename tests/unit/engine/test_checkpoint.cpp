@@ -27,6 +27,8 @@
 
 #include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_manifest.h"
+#include "models/model_registry.h"
 #include "ops/crc32c.h"
 #include "zero_test_util.h"
 #include "models/gpt2/gpt2_family.h"
@@ -863,6 +865,35 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsRefused) {
   seg.from = 1;
   seg.to = 2;
   EXPECT_EQ(run_segment(sgd, seg).global_steps, 2);
+}
+
+// A resume compares the model the manifest records with --model's key by key: a key that makes it
+// another model (n_head: no parameter changes shape) is a difference of the model; a dropout
+// probability only a training setting, which a resume may change (a
+// fine-tuning run turns dropout off), said but not refused.
+TEST(Checkpoint, ArchitectureDifferencesTellTheModelFromItsTrainingSettings) {
+  const auto built = model_architecture("gpt2:L1-C16-H2-V64-T16");
+  const auto manifest_of = [&](const std::function<void(config::Json&)>& edit) {
+    config::Json c = config::Json::parse(built->config_json());
+    edit(c);
+    return config::Json{{"architecture", {{"family", "gpt2"}, {"config", c}}}};
+  };
+  const ArchitectureDifferences same = architecture_differences(manifest_of([](config::Json&) {}), "ck", *built);
+  EXPECT_TRUE(same.model.empty());
+  EXPECT_TRUE(same.settings.empty());
+  const ArchitectureDifferences heads = architecture_differences(manifest_of([](config::Json& c) { c["n_head"] = 4; }), "ck", *built);
+  ASSERT_EQ(heads.model.size(), 1u);
+  EXPECT_EQ(heads.model[0], "n_head 4 in the checkpoint, 2 here");
+  EXPECT_TRUE(heads.settings.empty());
+  const ArchitectureDifferences dropout = architecture_differences(manifest_of([](config::Json& c) {
+                                                                     c["attn_pdrop"] = 0.25;
+                                                                     c["initializer_range"] = 0.5;
+                                                                   }),
+                                                                   "ck", *built);
+  EXPECT_TRUE(dropout.model.empty()) << dropout.model.size();
+  ASSERT_EQ(dropout.settings.size(), 2u);
+  EXPECT_EQ(dropout.settings[0].rfind("attn_pdrop 0.25 in the checkpoint, ", 0), 0u) << dropout.settings[0];
+  EXPECT_EQ(dropout.settings[1].rfind("resid_pdrop 0.5 in the checkpoint, ", 0), 0u) << dropout.settings[1];
 }
 
 TEST(Checkpoint, TagsLatestAndValidation) {

@@ -219,12 +219,31 @@ std::vector<std::vector<std::byte>> write_checkpoint(const fs::path& dir, const 
   }
   const std::string index = w.finish().dump(1);
   std::ofstream(dir / rank_file_name(0, ".json"), std::ios::binary) << index;
+  // Every field the reader checks (engine/checkpoint/checkpoint_manifest.h), for one fp32 rank at
+  // step 0; the pieces are not parameters of a model, so the model lists none.
   const config::Json manifest = {{"format", kCheckpointFormat},
                                  {"version", kCheckpointVersion},
+                                 {"tag", "t"},
+                                 {"layout", {{"world_size", 1}, {"zero_stage", 0}, {"dtype", "fp32"}}},
                                  {"ranks",
                                   {{{"index", rank_file_name(0, ".json")},
                                     {"bytes", index.size()},
-                                    {"crc32c", crc32c_bitwise(reinterpret_cast<const std::byte*>(index.data()), index.size())}}}}};
+                                    {"crc32c", crc32c_bitwise(reinterpret_cast<const std::byte*>(index.data()), index.size())}}}},
+                                 {"model", {{"parameter_count", 0}, {"params", config::Json::array()}}},
+                                 {"optimizer", {{"type", "adamw"}, {"states", {"exp_avg", "exp_avg_sq"}}}},
+                                 {"engine",
+                                  {{"global_steps", 0},
+                                   {"skipped_steps", 0},
+                                   {"global_samples", 0},
+                                   {"micro_steps", 0},
+                                   {"gradient_accumulation_steps", 1},
+                                   {"train_batch_size", 1},
+                                   {"last_step_lr", 0.0},
+                                   {"last_step_loss", 0.0}}},
+                                 {"loss_scaler",
+                                  {{"kind", "unscaled"}, {"cur_scale", 1.0}, {"cur_iter", 0}, {"last_overflow_iter", -1}, {"cur_hysteresis", 0}}},
+                                 {"lr_scheduler", {{"last_batch_iteration", -1}}},
+                                 {"seed", 42}};
   std::ofstream(dir / kCheckpointManifest, std::ios::binary) << manifest.dump();
   return data;
 }
