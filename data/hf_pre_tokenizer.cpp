@@ -86,7 +86,7 @@ class Regex {
     }
     fail(
         "{}: the pre-tokenizer pattern {} cannot split a {}-byte piece of text at byte {} (there: {}): {}. The tokenizer file's "
-        "pattern needs fixing (Hugging Face's Rust regex engine never backtracks; a pattern such as (a+)+ can be written a+), or "
+        "pattern needs fixing (a nested repeat such as (a+)+ matches what a+ matches, without the backtracking), or "
         "split the document into smaller ones",
         where_, quoted_excerpt(pattern_), text.size(), offset, quoted_excerpt(text.substr(offset), 40), why);
   }
