@@ -45,8 +45,8 @@ void read_jsonl_documents(const std::filesystem::path& file, std::string_view te
     }
     if (!duplicates.duplicate().empty()) {
       fail(
-          "{}:{}: the key {} is given twice in the line's object: which value a reader keeps differs (Python's json and "
-          "nlohmann's keep the last, others the first); keep one",
+          "{}:{}: the key {} is given twice in the line's object: which value a reader keeps differs (Python's json keeps the "
+          "last, other readers the first); keep one",
           file.string(), number, quoted_excerpt(duplicates.duplicate()));
     }
     if (!object.is_object()) {
