@@ -18,6 +18,7 @@
 #include "data/byte_level_alphabet.h"
 #include "data/utf8.h"
 #include "ops/error.h"
+#include "ops/quoted_excerpt.h"
 #include "ops/log.h"
 
 namespace dstrain {
@@ -114,10 +115,10 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>&
     if (best == nullptr) break;
     if (best->merged < 0) {
       fail(
-          "GPT-2 BPE merged {:?} and {:?} into a token that is not in encoder.json while encoding {:?}; the "
+          "GPT-2 BPE merged {} and {} into a token that is not in encoder.json while encoding {}; the "
           "tokenizer files do not belong together: {}",
-          id_to_bytes[static_cast<std::size_t>(word[best_at])], id_to_bytes[static_cast<std::size_t>(word[best_at + 1])], std::string(piece),
-          kSetupHint);
+          quoted_excerpt(id_to_bytes[static_cast<std::size_t>(word[best_at])]),
+          quoted_excerpt(id_to_bytes[static_cast<std::size_t>(word[best_at + 1])]), quoted_excerpt(piece), kSetupHint);
     }
     // Like Encoder.js, merge every occurrence of the pair, left to right, without overlaps.
     const std::int32_t first = word[best_at];
@@ -164,16 +165,18 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
   std::vector<bool> seen(kVocabSize, false);
   for (const auto& [token, id_json] : encoder.items()) {
     if (!id_json.is_number_integer()) {
-      fail("GPT-2 tokenizer file {}: token {:?} has id {}, not an integer: {}", encoder_path.string(), token, id_json.dump(), kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {} has id {}, not an integer: {}", encoder_path.string(), quoted_excerpt(token), excerpt(id_json.dump()),
+           kSetupHint);
     }
     const auto id = id_json.get<std::int64_t>();
     if (id < 0 || id >= kVocabSize || seen[static_cast<std::size_t>(id)]) {
-      fail("GPT-2 tokenizer file {}: token {:?} has id {}, outside 0..{} or given twice: {}", encoder_path.string(), token, id, kVocabSize - 1,
-           kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {} has id {}, outside 0..{} or given twice: {}", encoder_path.string(), quoted_excerpt(token), id,
+           kVocabSize - 1, kSetupHint);
     }
     const std::optional<std::string> bytes = byte_level_to_bytes(token);
     if (!bytes) {
-      fail("GPT-2 tokenizer file {}: token {:?} uses a character outside GPT-2's byte alphabet: {}", encoder_path.string(), token, kSetupHint);
+      fail("GPT-2 tokenizer file {}: token {} uses a character outside GPT-2's byte alphabet: {}", encoder_path.string(), quoted_excerpt(token),
+           kSetupHint);
     }
     seen[static_cast<std::size_t>(id)] = true;
     impl->id_to_bytes[static_cast<std::size_t>(id)] = *bytes;
@@ -214,8 +217,8 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
     const std::optional<std::string> first_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[0]) : std::nullopt;
     const std::optional<std::string> second_bytes = parts.size() == 2 ? byte_level_to_bytes(parts[1]) : std::nullopt;
     if (!first_bytes || !second_bytes || !impl->bytes_to_id.contains(*first_bytes + *second_bytes)) {
-      fail("GPT-2 tokenizer file {}, line {}: {:?} is not a merge of two tokens whose join is in encoder.json: {}", merges_path.string(), n + 1,
-           std::string(line), kSetupHint);
+      fail("GPT-2 tokenizer file {}, line {}: {} is not a merge of two tokens whose join is in encoder.json: {}", merges_path.string(), n + 1,
+           quoted_excerpt(line), kSetupHint);
     }
     // Later lines overwrite earlier ones with the same key, as in Encoder.js's dictZip.
     rank_by_key[*first_bytes + "," + *second_bytes] = static_cast<std::int32_t>(n - 1);

@@ -11,6 +11,7 @@
 #include "data/utf8.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "ops/quoted_excerpt.h"
 
 namespace dstrain {
 namespace {
@@ -34,16 +35,17 @@ struct Pcre2MatchDataDeleter {
 
 class Regex {
  public:
-  Regex(const std::string& pattern, bool literal, const std::string& where) {
+  // `pattern`: as the tokenizer file gives it; `rewritten`: for PCRE2 (js_regex_for_pcre2).
+  Regex(const std::string& pattern, const std::string& rewritten, bool literal, const std::string& where) : pattern_(pattern), where_(where) {
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;
     const std::uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
-    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code, &error_offset, nullptr));
+    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(), options, &error_code, &error_offset, nullptr));
     if (!code_) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error_code, message.data(), message.size());
-      fail("{}: PCRE2 cannot compile the pattern {:?} (as rewritten for PCRE2: {:?}) at offset {}: {}", where, pattern, pattern, error_offset,
-           reinterpret_cast<const char*>(message.data()));
+      fail("{}: PCRE2 cannot compile the pattern {} (as rewritten for PCRE2: {}) at offset {}: {}", where, quoted_excerpt(pattern),
+           quoted_excerpt(rewritten), error_offset, reinterpret_cast<const char*>(message.data()));
     }
     if (pcre2_jit_compile(code_.get(), PCRE2_JIT_COMPLETE) != 0) log_debug("PCRE2 JIT is not available; {} runs interpreted", where);
   }
@@ -56,11 +58,7 @@ class Regex {
     for (PCRE2_SIZE offset = 0; offset < text.size();) {
       const int rc = pcre2_match(code_.get(), subject, text.size(), offset, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) return;
-      if (rc < 0) {
-        std::array<PCRE2_UCHAR, 256> message{};
-        pcre2_get_error_message(rc, message.data(), message.size());
-        fail("PCRE2 failed during pre-tokenisation at byte {}: {}", offset, reinterpret_cast<const char*>(message.data()));
-      }
+      if (rc < 0) match_failed(rc, text, offset);
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
       if (ovector[1] > ovector[0]) {
         f(ovector[0], ovector[1]);
@@ -74,7 +72,27 @@ class Regex {
   }
 
  private:
+  // A match that PCRE2 gave up on. Its limits (match steps, backtracking depth, heap) stop a pattern
+  // that backtracks exponentially on some text, as (a+)+b does on "aaa…ac"; the tokenizer file
+  // holds the pattern, so the message names both, and where in which text it happened.
+  [[noreturn]] void match_failed(int rc, std::string_view text, std::size_t offset) const {
+    std::string why;
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT) {
+      why = "the pattern backtracks too much on this text (PCRE2's limit of match steps, depth or memory was reached)";
+    } else {
+      std::array<PCRE2_UCHAR, 256> message{};
+      pcre2_get_error_message(rc, message.data(), message.size());
+      why = fmt::format("PCRE2 error {}: {}", rc, reinterpret_cast<const char*>(message.data()));
+    }
+    fail(
+        "{}: the pre-tokenizer pattern {} cannot split a {}-byte piece of text at byte {} (there: {}): {}. The tokenizer file's "
+        "pattern needs fixing (a nested repeat such as (a+)+ matches what a+ matches, without the backtracking), or "
+        "split the document into smaller ones",
+        where_, quoted_excerpt(pattern_), text.size(), offset, quoted_excerpt(text.substr(offset), 40), why);
+  }
+
   std::unique_ptr<pcre2_code, Pcre2CodeDeleter> code_;
+  std::string pattern_, where_;
 };
 
 bool bool_field(const nlohmann::json& config, const char* key, bool fallback, const std::string& where) {
@@ -198,9 +216,11 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
     step->kind = Step::Kind::split;
     const auto pattern = config.find("pattern");
     if (pattern != config.end() && pattern->is_object() && pattern->contains("Regex") && (*pattern)["Regex"].is_string()) {
-      step->regex = std::make_unique<Regex>(js_regex_for_pcre2((*pattern)["Regex"].get<std::string>()), false, where + ".pattern.Regex");
+      const std::string regex = (*pattern)["Regex"].get<std::string>();
+      step->regex = std::make_unique<Regex>(regex, js_regex_for_pcre2(regex), false, where + ".pattern.Regex");
     } else if (pattern != config.end() && pattern->is_object() && pattern->contains("String") && (*pattern)["String"].is_string()) {
-      step->regex = std::make_unique<Regex>((*pattern)["String"].get<std::string>(), true, where + ".pattern.String");
+      const std::string literal = (*pattern)["String"].get<std::string>();
+      step->regex = std::make_unique<Regex>(literal, literal, true, where + ".pattern.String");
     } else {
       fail("{}.pattern should be {{\"Regex\": ...}} or {{\"String\": ...}}", where);
     }
@@ -215,7 +235,8 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
     // Hugging Face's defaults: add_prefix_space true, use_regex true.
     step->add_prefix_space = bool_field(config, "add_prefix_space", true, where);
     if (bool_field(config, "use_regex", true, where)) {
-      step->regex = std::make_unique<Regex>(js_regex_for_pcre2(kByteLevelPattern), false, where);
+      step->regex = std::make_unique<Regex>(std::string(kByteLevelPattern), js_regex_for_pcre2(kByteLevelPattern), false,
+                                            where + " (ByteLevel's GPT-2 pattern)");
     }
     out.byte_level_ = true;
   } else if (type == "Digits") {

@@ -17,6 +17,7 @@
 #include "data/hf_pre_tokenizer.h"
 #include "data/utf8.h"
 #include "ops/error.h"
+#include "ops/quoted_excerpt.h"
 #include "formats/json_text.h"
 
 namespace dstrain {
@@ -47,7 +48,7 @@ nlohmann::json read_json(const std::filesystem::path& path, std::string_view wha
 bool bool_or(const nlohmann::json& object, const char* key, bool fallback, const std::string& where) {
   const auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail("{}.{} is {}, not true or false", where, key, it->dump());
+  if (!it->is_boolean()) fail("{}.{} is {}, not true or false", where, key, excerpt(it->dump()));
   return it->get<bool>();
 }
 
@@ -58,7 +59,7 @@ std::optional<std::string> config_token(const nlohmann::json& config, const char
   if (it == config.end() || it->is_null()) return std::nullopt;
   if (it->is_string()) return it->get<std::string>();
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-  fail("{}.{} is {}: give the token as a string", where, key, it->dump());
+  fail("{}.{} is {}: give the token as a string", where, key, excerpt(it->dump()));
 }
 
 }  // namespace
@@ -212,14 +213,15 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
         model_where, type);
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0)) {
-    fail("{}.dropout is {}: BPE dropout randomises tokenisation for training a tokenizer; set it to null", model_where, model["dropout"].dump());
+    fail("{}.dropout is {}: BPE dropout randomises tokenisation for training a tokenizer; set it to null", model_where,
+         excerpt(model["dropout"].dump()));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty())) {
       fail(
           "{}.{} is {}; dstrain implements BPE without word prefixes or suffixes (those are for WordPiece-like "
           "vocabularies, not the Llama family)",
-          model_where, key, model[key].dump());
+          model_where, key, excerpt(model[key].dump()));
     }
   }
   impl->ignore_merges = bool_or(model, "ignore_merges", false, model_where);
@@ -230,7 +232,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   const auto internal = [&](const std::string& token, const std::string& at) -> std::string {
     if (!impl->byte_level) return token;
     std::optional<std::string> bytes = byte_level_to_bytes(token);
-    if (!bytes) fail("{}: token {:?} uses a character outside the byte-level alphabet", at, token);
+    if (!bytes) fail("{}: token {} uses a character outside the byte-level alphabet", at, quoted_excerpt(token));
     return std::move(*bytes);
   };
   const auto set_token = [&](std::int64_t id, std::string token, const std::string& at) {
@@ -245,7 +247,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
     impl->token_to_id[std::move(token)] = static_cast<std::int32_t>(id);
   };
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer()) fail("{}.vocab: token {:?} has id {}, not an integer", model_where, token, id.dump());
+    if (!id.is_number_integer()) fail("{}.vocab: token {} has id {}, not an integer", model_where, quoted_excerpt(token), excerpt(id.dump()));
     set_token(id.get<std::int64_t>(), internal(token, model_where + ".vocab"), model_where + ".vocab");
   }
   if (impl->byte_level) {
@@ -265,7 +267,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   }
   if (const auto unk = config_token(model, "unk_token", model_where)) {
     const auto it = impl->token_to_id.find(*unk);
-    if (it == impl->token_to_id.end()) fail("{}.unk_token {:?} is not in the vocabulary", model_where, *unk);
+    if (it == impl->token_to_id.end()) fail("{}.unk_token {} is not in the vocabulary", model_where, quoted_excerpt(*unk));
     impl->unk = it->second;
   }
 
@@ -278,7 +280,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
       const std::string line = m.get<std::string>();
       const std::size_t space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        fail("{}.merges[{}] is {:?}, not two tokens separated by one space", model_where, rank, line);
+        fail("{}.merges[{}] is {}, not two tokens separated by one space", model_where, rank, quoted_excerpt(line));
       }
       first = line.substr(0, space);
       second = line.substr(space + 1);
@@ -286,7 +288,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
       first = m[0].get<std::string>();
       second = m[1].get<std::string>();
     } else {
-      fail("{}.merges[{}] is {}, neither \"first second\" nor [\"first\", \"second\"]", model_where, rank, m.dump());
+      fail("{}.merges[{}] is {}, neither \"first second\" nor [\"first\", \"second\"]", model_where, rank, excerpt(m.dump()));
     }
     const std::string at = fmt::format("{}.merges[{}]", model_where, rank);
     first = internal(first, at);
@@ -295,7 +297,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
     const auto b = impl->token_to_id.find(second);
     const auto joined = impl->token_to_id.find(first + second);
     if (a == impl->token_to_id.end() || b == impl->token_to_id.end() || joined == impl->token_to_id.end()) {
-      fail("{} merges {} into a token that the vocabulary lacks (or from one): the file is damaged", at, m.dump());
+      fail("{} merges {} into a token that the vocabulary lacks (or from one): the file is damaged", at, excerpt(m.dump()));
     }
     impl->merges.add(a->second, b->second, joined->second, static_cast<std::int32_t>(rank));
   }
@@ -359,7 +361,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   }
   const auto id_of = [&](const std::string& token, const std::string& what) {
     const auto it = impl->token_to_id.find(impl->byte_level && impl->added.find(token) < 0 ? internal(token, what) : token);
-    if (it == impl->token_to_id.end()) fail("{} {:?} is neither an added token nor in the vocabulary", what, token);
+    if (it == impl->token_to_id.end()) fail("{} {} is neither an added token nor in the vocabulary", what, quoted_excerpt(token));
     return it->second;
   };
   const std::optional<std::string> config_bos = config_token(config, "bos_token", config_where);

@@ -5,7 +5,8 @@
 // Windows line ends) are skipped. Anything else that is not a JSON object with a string under the
 // key is an Error naming the file and the 1-based line: invalid JSON (including bytes that are not
 // UTF-8), a value that is not an object, a missing key (listing the keys the line has), or a value
-// that is not a string. The whole file is checked before any document is used. docs/data.md §6.
+// that is not a string, or a key given twice in one object. A file whose texts are all empty, or an
+// empty key, is an Error too. The whole file is checked before any document is used. docs/data.md §6.
 #pragma once
 
 #include <filesystem>

@@ -87,6 +87,10 @@ PrepareResult prepare_token_files(const std::vector<std::filesystem::path>& inpu
     if (!std::filesystem::is_regular_file(input, error)) {
       fail("input file {} does not exist or is not a regular file: check the path", input.string());
     }
+    // An empty file is a document of no text: alone it made a token file of one end-of-text token.
+    if (std::filesystem::file_size(input, error) == 0 && !error) {
+      fail("input file {} is empty: a document needs text; remove it from the inputs (or fill it)", input.string());
+    }
   }
   std::string buffer;  // one document in memory at a time
   const auto document = [&](std::size_t i) -> std::string_view {

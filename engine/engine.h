@@ -151,8 +151,16 @@ struct EngineReport {
 // Error when this build's Engine would refuse `config` for what it asks of the engine alone (offload,
 // Apex AMP, fp16 with bf16, Lamb's combinations, managed_gradient_accumulation, the optimizer's type
 // and params) — the message the Engine's constructor gives. `dstrain check-config` calls it, so a
-// config it calls valid is one `dstrain train` trains.
+// config it calls valid is one `dstrain train` trains. What depends on the machine is left to
+// machine_findings: configs are checked on a login node for the compute nodes.
 void check_engine_trains(const config::DsConfig& config);
+
+// What `config` asks of this machine that this machine does not give: the swap folders named by
+// nvme_path (missing, not a folder, not writable, on tmpfs), one message each naming the key and
+// the fix, in the order the engine checks them at initialize; empty when there is none. The space
+// they need depends on the model, and is checked by the engine only. `dstrain check-config` prints
+// these as findings about this machine (exit 0); the engine refuses each before step 1.
+std::vector<std::string> machine_findings(const config::DsConfig& config);
 
 class Engine {
  public:

@@ -1,36 +1,23 @@
 #include "formats/hf_config_json.h"
 
 #include <fstream>
-#include <set>
 #include <sstream>
-#include <vector>
 
 #include "ops/error.h"
+#include "formats/json_duplicate_keys.h"
 #include "formats/json_text.h"
 
 namespace dstrain {
 
 nlohmann::json parse_hf_config_json(std::string_view json_text, std::string_view source, std::string_view what) {
   nlohmann::json j;
-  std::vector<std::set<std::string>> keys;  // per open object, by depth
-  std::string duplicate;
-  const nlohmann::json::parser_callback_t check_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    const auto d = static_cast<std::size_t>(depth);
-    if (event == nlohmann::json::parse_event_t::object_start) {
-      if (keys.size() <= d) keys.resize(d + 1);
-      keys[d].clear();
-    } else if (event == nlohmann::json::parse_event_t::key && d >= 1 && keys.size() >= d) {
-      const std::string key = parsed.get<std::string>();
-      if (!keys[d - 1].insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
+  DuplicateKeyFinder duplicates;
   try {
-    j = nlohmann::json::parse(json_text, check_keys);
+    j = nlohmann::json::parse(json_text, duplicates.callback());
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
     fail("model config '{}' is not valid JSON ({}); give {}", source, json_error_text(e, json_text), what);
   }
-  if (!duplicate.empty()) fail("model config '{}': key '{}' is given twice; keep one", source, duplicate);
+  if (!duplicates.duplicate().empty()) fail("model config '{}': key '{}' is given twice; keep one", source, duplicates.duplicate());
   if (!j.is_object()) fail("model config '{}' must be a JSON object ({})", source, what);
   return j;
 }

@@ -46,4 +46,6 @@ void Architecture::export_weights(const std::filesystem::path& path, const Param
 
 bool ModelFamily::reads_hf_config(std::string_view) const { return false; }
 
+std::string ModelFamily::hf_config_forms() const { return ""; }
+
 }  // namespace dstrain

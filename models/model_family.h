@@ -105,6 +105,9 @@ class ModelFamily {
   // True when a Hugging Face config.json (its text, parsed without error) is one this family
   // reads: its model_type or architectures name it.
   virtual bool reads_hf_config(std::string_view json_text) const;
+  // The config.json files it reads, by model_type and architecture, for the registry's messages:
+  // "\"gpt2\" (GPT2LMHeadModel)". Empty (the default) when it reads none.
+  virtual std::string hf_config_forms() const;
   // An architecture from config JSON text: a Hugging Face config.json, or what
   // Architecture::config_json() wrote. `source` names it in errors.
   virtual std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const = 0;

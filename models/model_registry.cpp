@@ -10,6 +10,7 @@
 #include "models/gpt2/gpt2_family.h"
 #include "models/llama/llama_family.h"
 #include "ops/error.h"
+#include "ops/quoted_excerpt.h"
 
 namespace dstrain {
 namespace {
@@ -39,11 +40,20 @@ std::string accepted_forms(const std::vector<std::shared_ptr<const ModelFamily>>
   return s;
 }
 
+// The config.json files the families read: "gpt2: \"gpt2\" (GPT2LMHeadModel); llama: ...".
+std::string hf_config_forms(const std::vector<std::shared_ptr<const ModelFamily>>& families) {
+  std::string s;
+  for (const auto& f : families) {
+    const std::string forms = f->hf_config_forms();
+    if (!forms.empty()) s += fmt::format("{}{}: {}", s.empty() ? "" : "; ", f->name(), forms);
+  }
+  return s;
+}
+
 // A short, printable rendering of a JSON value from a user's file.
 std::string quoted_value(const nlohmann::json& j, const char* key) {
   if (!j.contains(key)) return "(none)";
-  std::string v = j[key].dump();
-  return v.size() > 80 ? v.substr(0, 77) + "..." : v;
+  return excerpt(j[key].dump());
 }
 
 }  // namespace
@@ -90,8 +100,24 @@ std::shared_ptr<const Architecture> model_architecture(std::string_view spec) {
   }
   const std::string text = read_model_config_file(p);
   const nlohmann::json j = parse_hf_config_json(text, p.string(), "a Hugging Face config.json");
-  for (const auto& f : families)
-    if (f->reads_hf_config(text)) return f->from_config_json(text, p.string());
+  // A config.json that names no family (neither key) is GPT-2's when GPT-2's keys shape it, as in
+  // configs written before transformers added model_type; when they do not, the reader's error
+  // alone ("key 'n_layer' is missing") would leave the user guessing, so it says what was assumed
+  // and which families dstrain knows.
+  const bool names_no_family = !j.contains("model_type") && !j.contains("architectures");
+  for (const auto& f : families) {
+    if (!f->reads_hf_config(text)) continue;
+    if (!names_no_family) return f->from_config_json(text, p.string());
+    try {
+      return f->from_config_json(text, p.string());
+    } catch (const Error& e) {
+      fail(
+          "model config '{}' has neither \"model_type\" nor \"architectures\", so dstrain read it as a {} config.json, and that "
+          "failed: {} — if it is another model's config, say which: add \"model_type\" (and \"architectures\") as Hugging Face "
+          "writes them, e.g. \"model_type\": \"gpt2\"; dstrain knows {}",
+          p.string(), f->name(), e.what(), hf_config_forms(families));
+    }
+  }
   fail("model config '{}': model_type {} / architectures {} is of no model family dstrain builds; the families are {} ({})", p.string(),
        quoted_value(j, "model_type"), quoted_value(j, "architectures"), family_names(families), accepted_forms(families));
 }

@@ -35,6 +35,11 @@ void run_check_config(const CheckConfigArgs& args) {
   const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
   // What DeepSpeed accepts but this build's engine does not train is refused as `train` refuses it.
   check_engine_trains(cfg);
+  // What the config asks of the machine (an nvme_path here) is no fault of the config: it is often
+  // checked on a login node for compute nodes that have the drive. Reported, exit 0; train refuses
+  // it before step 1 on a machine where it holds.
+  const std::vector<std::string> findings = machine_findings(cfg);
+  for (const std::string& f : findings) std::fprintf(stderr, "on this machine: %s\n", f.c_str());
 
   for (const config::Warning& w : cfg.warnings) {
     if (w.path.empty())
@@ -52,8 +57,14 @@ void run_check_config(const CheckConfigArgs& args) {
     std::string out =
         fmt::format("{} ({}) is valid for a world size of {}.\n\n{}", args.config.size() > 80 ? args.config.substr(0, 77) + "..." : args.config,
                     text.origin, args.world_size, cfg.summary());
+    if (!out.empty() && out.back() != '\n') out += '\n';
+    if (!findings.empty()) {
+      out += fmt::format(
+          "\nOn this machine, {} finding{} (above, \"on this machine:\"): `dstrain train` refuses to start here until {} fixed; "
+          "on a machine where the paths hold, it trains.\n",
+          findings.size(), findings.size() == 1 ? "" : "s", findings.size() == 1 ? "it is" : "they are");
+    }
     std::fwrite(out.data(), 1, out.size(), stdout);
-    if (!out.empty() && out.back() != '\n') std::fputc('\n', stdout);
   }
 }
 
@@ -63,7 +74,7 @@ void add_check_config_command(CLI::App& app) {
   auto args = std::make_shared<CheckConfigArgs>();
   CLI::App* cmd = app.add_subcommand("check-config",
                                      "Validate a DeepSpeed config as DeepSpeed 0.19 reads it and print it resolved "
-                                     "(exit 0 when valid, 2 when invalid)");
+                                     "(exit 0 when valid, 2 when invalid; what this machine lacks, such as an nvme_path, is reported, exit 0)");
   cmd->add_option("config", args->config, "ds_config file, JSON string, or base64 of one (as the deepspeed launcher passes)")->required();
   cmd->add_option("--world-size", args->world_size, "Number of ranks (data-parallel world size x sequence_parallel_size)")
       ->check(whole_number_at_least(1))

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@ struct PrepareDataArgs {
   std::string val_fraction = "0";
   std::string val_output;
   std::string format = "text";
-  std::string text_key;  // --format jsonl only; "text" when not given
+  std::optional<std::string> text_key;  // --format jsonl only; "text" when not given
   std::string cache_dir;
 };
 
@@ -134,11 +135,15 @@ void run(const PrepareDataArgs& args) {
   }
   const bool brown = args.format == "brown";
   const bool jsonl = args.format == "jsonl";
-  if (!args.text_key.empty() && !jsonl) {
+  if (args.text_key && !jsonl) {
     fail(
         "--text-key '{}' is given but --format is '{}': it names the key of a JSONL object, so give --format jsonl, or "
         "drop --text-key",
-        args.text_key, args.format);
+        *args.text_key, args.format);
+  }
+  // Given empty (an unset shell variable, --text-key "$KEY"), it meant some key, not the default.
+  if (args.text_key && args.text_key->empty()) {
+    fail("--text-key is empty: give the key that holds each document's text, e.g. --text-key content, or drop it for \"text\"");
   }
   const PrepareDataOutputs outputs =
       prepare_data_outputs(args.output, args.val_output.empty() ? std::nullopt : std::optional<std::filesystem::path>(args.val_output), val_fraction);
@@ -147,7 +152,7 @@ void run(const PrepareDataArgs& args) {
   // JSONL files are read and checked in full (every line's JSON and key) before any tokenising.
   std::vector<std::string> jsonl_documents;
   if (jsonl) {
-    for (const auto& file : files) read_jsonl_documents(file, args.text_key.empty() ? "text" : args.text_key, jsonl_documents);
+    for (const auto& file : files) read_jsonl_documents(file, args.text_key.value_or("text"), jsonl_documents);
   }
   // The split needs 2 documents; say so now rather than after tokenising everything.
   (void)val_document_count(jsonl ? jsonl_documents.size() : files.size(), val_fraction);
@@ -163,7 +168,10 @@ void run(const PrepareDataArgs& args) {
   } else if (brown) {
     std::vector<std::string> texts;
     texts.reserve(files.size());
-    for (const auto& file : files) texts.push_back(brown_to_text(read_file(file)));
+    for (const auto& file : files) {
+      texts.push_back(brown_to_text(read_file(file)));
+      if (texts.back().empty()) fail("Brown corpus file {} holds no tagged words: a document needs text; remove it from the inputs", file.string());
+    }
     result = prepare_token_files_from_texts(texts, *tokenizer, outputs.train, outputs.val, val_fraction);
   } else {
     result = prepare_token_files(files, *tokenizer, outputs.train, outputs.val, val_fraction);

@@ -20,6 +20,7 @@
 #include "ops/atomic_file.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "ops/quoted_excerpt.h"
 #include "formats/json_text.h"
 
 namespace dstrain {
@@ -175,9 +176,24 @@ std::optional<std::string> read_latest_tag(const fs::path& save_dir) {
   const fs::path latest = save_dir / kLatestFile;
   std::error_code ec;
   if (!fs::exists(latest, ec)) return std::nullopt;
-  std::string tag = read_text(latest);
+  // A tag is a folder name (at most 255 bytes): reading a little more than that tells a `latest`
+  // that is something else (a link to /etc/passwd or /dev/zero) without reading all of it.
+  constexpr std::size_t kMaxRead = 4096;
+  std::ifstream in(latest, std::ios::binary);
+  std::string tag(kMaxRead, '\0');
+  in.read(tag.data(), static_cast<std::streamsize>(kMaxRead));
+  tag.resize(static_cast<std::size_t>(in.gcount()));
+  const bool more = in && in.peek() != std::ifstream::traits_type::eof();
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
   if (tag.empty()) fail("{} is empty; it should name the newest checkpoint's tag — pass the tag explicitly (--load-tag)", q(latest));
+  const bool control = std::any_of(tag.begin(), tag.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; });
+  if (more || tag.size() > 255 || control || tag.find('/') != std::string::npos) {
+    fail(
+        "{} holds {}, not a checkpoint tag (one line naming a checkpoint folder in {}); it is damaged or not dstrain's — "
+        "rewrite it with the newest tag or pass the tag explicitly (--load-tag)",
+        q(latest), more ? fmt::format("more than {} bytes, starting {}", kMaxRead, quoted_excerpt(tag.substr(0, 80))) : quoted_excerpt(tag),
+        q(save_dir));
+  }
   return tag;
 }
 

@@ -28,6 +28,7 @@ class Gpt2Family final : public ModelFamily {
     }
     return !has_arch;  // neither key: GPT-2's keys shape it (and name what is missing)
   }
+  std::string hf_config_forms() const override { return "\"gpt2\" (GPT2LMHeadModel)"; }
   std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const override {
     return std::make_shared<Gpt2Architecture>(gpt2_config_from_hf_json(json_text, source));
   }

@@ -380,6 +380,12 @@ bool is_llama_family_json(std::string_view json_text) {
   }
 }
 
+std::string llama_family_hf_forms() {
+  std::string s;
+  for (const Family& f : kFamilies) s += fmt::format("{}\"{}\" ({})", s.empty() ? "" : ", ", f.model_type, f.architecture);
+  return s;
+}
+
 LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_view source) {
   const nlohmann::json j = parse_hf_config_json(json_text, source, "a Hugging Face config.json of the Llama family");
   const Family* fam = family_of(j);

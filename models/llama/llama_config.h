@@ -80,6 +80,9 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
 // True when the JSON text is a config of the Llama family (model_type or architectures say so),
 // for a caller choosing between GPT-2 and Llama from a config.json.
 bool is_llama_family_json(std::string_view json_text);
+// The model_types (and architectures) of those configs, for messages:
+// "\"llama\" (LlamaForCausalLM), \"mistral\" (MistralForCausalLM), ...".
+std::string llama_family_hf_forms();
 
 // Parameters with the real vocabulary (the LM head counted once when tied).
 std::int64_t parameter_count(const LlamaConfig& cfg);

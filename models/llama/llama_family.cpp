@@ -21,6 +21,7 @@ class LlamaFamily final : public ModelFamily {
     return std::make_shared<LlamaArchitecture>(llama_config_from_spec(spec));
   }
   bool reads_hf_config(std::string_view json_text) const override { return is_llama_family_json(json_text); }
+  std::string hf_config_forms() const override { return llama_family_hf_forms(); }
   std::shared_ptr<const Architecture> from_config_json(std::string_view json_text, std::string_view source) const override {
     return std::make_shared<LlamaArchitecture>(llama_config_from_hf_json(json_text, source));
   }

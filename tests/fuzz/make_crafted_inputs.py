@@ -4,7 +4,10 @@ round of hardening): a torch.save zip whose pickle nests 100,000 lists or dicts 
 destructors overflowed the stack), tensors whose strides make the extent wrap past 2^63 (the bounds
 check passed and the read went outside the storage), tokenizer.json files whose Sequence steps nest
 20,000 deep (recursion without bound), and a safetensors header holding the number 1e400 (the JSON
-library's out_of_range escaped as an internal error).
+library's out_of_range escaped as an internal error). Then round 3's data and model-file items: a
+tokenizer.json whose Split pattern backtracks past PCRE2's match limit on the fuzz target's text, a
+merge entry of 1 MB, JSONL lines with a key given twice or only empty texts, and a config.json that
+names no family with a Llama's keys (read as GPT-2, which then has to say so).
 
   /usr/bin/python3 tests/fuzz/make_crafted_inputs.py OUT_DIR   # then copy into regressions/<target>/
 """
@@ -52,3 +55,23 @@ open(os.path.join(out, 'normalizer_nested_20k.json'), 'w').write('{"version": "1
 h = b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e400]}}'
 h += b' ' * ((8 - len(h) % 8) % 8)
 open(os.path.join(out, 'offset_1e400.safetensors'), 'wb').write(struct.pack('<Q', len(h)) + h + b'\0' * 4)
+# 5. round 3: a byte-fallback BPE (as tests/unit/data/test_hf_tokenizer.cpp's tiny one) whose Split
+# pattern ([\s\S]+)+(?:\x01|\x02) backtracks exponentially on every text without \x01 or \x02;
+# and the same tokenizer with a merge entry of 1 MB (echoed whole into the message before).
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+for b in range(256): vocab["<0x%02X>" % b] = 3 + b
+def tiny_tokenizer(pre_tokenizer, merges):
+    return json.dumps({"version": "1.0",
+        "added_tokens": [{"id": 1, "content": "<s>", "special": True}, {"id": 2, "content": "</s>", "special": True}],
+        "normalizer": None, "pre_tokenizer": pre_tokenizer, "post_processor": None, "decoder": None,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": True,
+                  "vocab": vocab, "merges": merges}})
+open(os.path.join(out, 'split_regex_backtracks.json'), 'w').write(tiny_tokenizer(
+    {"type": "Split", "pattern": {"Regex": "([\\s\\S]+)+(?:\\x01|\\x02)"}, "behavior": "Isolated"}, []))
+open(os.path.join(out, 'merge_entry_1mb.json'), 'w').write(tiny_tokenizer(None, ["<s>" + "x" * 1000000]))
+# 6. JSONL: a key given twice (the last value was kept silently); texts all empty (a file of separators)
+open(os.path.join(out, 'duplicate_key.jsonl'), 'w').write('{"text": "ok"}\n{"text": "first", "id": 1, "text": "second"}\n')
+open(os.path.join(out, 'empty_texts.jsonl'), 'w').write('{"text": ""}\n{"text": ""}\n')
+# 7. a Llama config.json without model_type or architectures: read as GPT-2, whose reader must say so
+open(os.path.join(out, 'no_model_type_llama_keys.json'), 'w').write(json.dumps({"hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 200, "max_position_embeddings": 64}))

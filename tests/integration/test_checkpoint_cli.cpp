@@ -321,4 +321,28 @@ TEST_F(CheckpointCli, OutputsNeverReplaceTheCheckpointRead) {
   fs::remove(link);
 }
 
+// A `latest` that is no tag — here a link to a big text file, as a link to /etc/passwd would be — was
+// echoed whole into the error ("checkpoint tag '<the whole file>' ..."); now a short, escaped
+// prefix, the file named, and nothing read past a tag's size.
+TEST(CheckpointLatest, ALatestThatIsNoTagIsQuotedShort) {
+  const fs::path dir = dstrain::testing::fresh_suite_dir("dstrain_test_checkpoint_latest");
+  fs::create_directories(dir / "ck");
+  std::string passwd;
+  for (int i = 0; i < 2000; ++i) passwd += fmt::format("user{}:x:{}:{}::/home/user{}:/bin/sh\n", i, i, i, i);
+  std::ofstream(dir / "passwd") << passwd;
+  fs::create_symlink(dir / "passwd", dir / "ck" / "latest");
+  const CliResult r = run_dstrain("consolidate " + shell_quote((dir / "ck").string()) + " -o " + shell_quote((dir / "w.safetensors").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("ck/latest' holds more than 4096 bytes, starting \"user0:x:0:0::/home/user0:/bin/sh\\nuser1:x"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--load-tag"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 1000u) << r.err;
+  // A short one that is still no tag (two lines): quoted whole, its newline escaped.
+  fs::remove(dir / "ck" / "latest");
+  std::ofstream(dir / "ck" / "latest") << "global_step1\nglobal_step2\n";
+  const CliResult two = run_dstrain("consolidate " + shell_quote((dir / "ck").string()) + " -o " + shell_quote((dir / "w.safetensors").string()));
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_NE(two.err.find("holds \"global_step1\\nglobal_step2\", not a checkpoint tag"), std::string::npos) << two.err;
+  fs::remove_all(dir);
+}
+
 }  // namespace

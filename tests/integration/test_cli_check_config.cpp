@@ -121,3 +121,30 @@ TEST(CliCheckConfig, AutoValuesComeFromTheCommandLineAndAreReported) {
   EXPECT_EQ(j.at("fp16").at("enabled"), false);
   EXPECT_THAT(r.err, HasSubstr("reduce_bucket_size"));  // each resolution is reported
 }
+
+// An nvme_path that does not exist here made check-config exit 2, though the config is valid: it is
+// often checked on a login node for compute nodes that have the drive. It is reported as a finding
+// about this machine, exit 0 (and, with --json, stdout stays pure JSON); `train` still refuses it
+// before step 1 (test_train_nvme_cli.cpp). An nvme_path given empty is wrong everywhere: exit 2.
+TEST(CliCheckConfig, AMissingNvmePathIsAFindingAboutThisMachine) {
+  const std::string missing = (std::filesystem::temp_directory_path() / "dstrain_check_config_no_such_drive" / "swap").string();
+  const auto config = [&](const std::string& path) {
+    return R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": )" +
+           nlohmann::json(path).dump() + "}}}";
+  };
+  const std::string file = write_temp("dstrain_check_config_nvme.json", config(missing));
+  auto r = run_dstrain("check-config " + shell_quote(file));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("on this machine: zero_optimization.offload_optimizer.nvme_path \"" + missing + "\" does not exist"));
+  EXPECT_THAT(r.out, HasSubstr("is valid"));
+  EXPECT_THAT(r.out, HasSubstr("On this machine, 1 finding"));
+  r = run_dstrain("check-config " + shell_quote(file) + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("zero_optimization").at("offload_optimizer").at("nvme_path"), missing);
+  EXPECT_THAT(r.err, HasSubstr("on this machine: "));
+
+  r = run_dstrain("check-config " + shell_quote(write_temp("dstrain_check_config_nvme_empty.json", config(""))));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("zero_optimization.offload_optimizer.nvme_path is empty"));
+}

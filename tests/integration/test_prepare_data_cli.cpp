@@ -244,6 +244,40 @@ TEST(PrepareDataCli, BadInputsExitWithStatus2AndAMessage) {
   }
 }
 
+// Inputs that said nothing, yet exited 0: --text-key "" read the key "text"; a key given twice
+// kept its last value; an empty input file became a token file of one end-of-text token.
+TEST(PrepareDataCli, EmptyKeyDuplicateKeyAndEmptyInputAreRefused) {
+  TempDir dir;
+  write_file(dir / "a.jsonl", "{\"text\": \"ab\"}\n");
+  write_file(dir / "dup.jsonl", "{\"text\": \"ab\"}\n{\"text\": \"first\", \"id\": 1, \"text\": \"second\"}\n");
+  write_file(dir / "blank.jsonl", "{\"text\": \"\"}\n{\"text\": \"\"}\n");
+  write_file(dir / "empty.txt", "");
+  write_file(dir / "b.txt", "b");
+  write_file(dir / "brown" / "ca01", "\n\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--format", "jsonl", "--text-key", "", "a.jsonl"}, "--text-key is empty"},
+      {{"--format", "jsonl", "dup.jsonl"}, "dup.jsonl:2: the key \"text\" is given twice"},
+      {{"--format", "jsonl", "blank.jsonl"}, "blank.jsonl: the \"text\" of each of its 2 documents is empty"},
+      {{"empty.txt"}, "input file empty.txt is empty"},
+      {{"b.txt", "empty.txt"}, "input file empty.txt is empty"},
+      {{"--format", "brown", "brown"}, "holds no tagged words"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"prepare-data", "--tokenizer", "bytes", "-o", "o.bin"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const RunResult r = run_dstrain(args, dir.path());
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    EXPECT_EQ(r.status, 2) << joined << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << joined;
+    EXPECT_FALSE(fs::exists(dir / "o.bin")) << joined;
+  }
+}
+
 TEST(PrepareDataCli, Gpt2TokenizerFromTheCacheDir) {
   const char* env = std::getenv("DSTRAIN_CACHE");
   const fs::path cache = env != nullptr && *env != '\0' ? fs::path(env) : fs::path(DSTRAIN_SOURCE_DIR) / ".cache";

@@ -423,6 +423,42 @@ TEST(HfTokenizer, UnsupportedKeysAreRefusedByName) {
   EXPECT_THAT(load_error(dir / "missing.json"), HasSubstr("missing.json"));
 }
 
+// A Split pattern that backtracks exponentially, (a+)+b on "aaa…ac b", makes PCRE2 stop at its match
+// limit; the Error named neither the tokenizer file nor the pattern ("PCRE2 failed during
+// pre-tokenisation at byte 0: match limit exceeded").
+TEST(HfTokenizer, APatternThatBacktracksTooMuchIsNamedWithItsFile) {
+  TempDir dir;
+  const HfTokenizer tok = HfTokenizer::load(tiny_tokenizer(dir, [](auto& j, auto&) {
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b"}}}, {"behavior", "Isolated"}};
+  }));
+  const std::string text = std::string(40, 'a') + "cb";
+  try {
+    (void)tok.encode(text);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_THAT(m, HasSubstr((dir / "tokenizer.json").string() + ": pre_tokenizer.pattern.Regex")) << m;
+    EXPECT_THAT(m, HasSubstr("\"(a+)+b\"")) << m;
+    // The normalised text is "▁" (3 bytes) + the 42 bytes; the first match tried fails.
+    EXPECT_THAT(m, HasSubstr("a 45-byte piece of text at byte 0")) << m;
+    EXPECT_THAT(m, HasSubstr("backtracks too much")) << m;
+    EXPECT_THAT(m, ::testing::Not(HasSubstr("match limit exceeded"))) << m;
+  }
+}
+
+// A damaged merge entry of 5 MB was echoed whole into the message (and so into stderr).
+TEST(HfTokenizer, AHugeMergeEntryIsQuotedShort) {
+  TempDir dir;
+  const std::string huge = "\u2581" + std::string(5'000'000, 'x');
+  const std::string m = load_error(tiny_tokenizer(dir, [&](auto& j, auto&) { j["model"]["merges"][0] = huge; }));
+  EXPECT_THAT(m, HasSubstr("model.merges[0] is \"\u2581xxx")) << m.substr(0, 400);
+  EXPECT_THAT(m, HasSubstr("(5000003 bytes), not two tokens")) << m.substr(0, 400);
+  EXPECT_LT(m.size(), 600u);
+  const std::string pair = load_error(tiny_tokenizer(dir, [&](auto& j, auto&) { j["model"]["merges"][0] = {std::string(1'000'000, 'y'), "a"}; }));
+  EXPECT_THAT(pair, HasSubstr("merges[0] merges [\"yyy")) << pair.substr(0, 400);
+  EXPECT_LT(pair.size(), 600u);
+}
+
 // The heap-based merge loop against the plain definition (scan for the lowest-ranked pair, merge its
 // leftmost occurrence, repeat) on random words over a small alphabet with random merges.
 TEST(BpeMerges, HeapOrderEqualsTheNaiveDefinition) {

@@ -98,6 +98,23 @@ TEST_F(ConfigFile, ConfigJsonGoesToTheFamilyThatClaimsIt) {
               HasSubstr("neither a family's spec nor an existing config.json"));
 }
 
+// A config.json with neither model_type nor architectures is read as GPT-2 (older GPT-2 configs
+// have neither); a Llama config without them failed on "key 'n_layer' is missing; a GPT-2
+// config.json needs it", naming no family and no fix.
+TEST_F(ConfigFile, ConfigJsonNamingNoFamilyIsReadAsGpt2AndSaysSoWhenThatFails) {
+  const auto old_gpt2 = write("g/config.json", R"({"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16, "vocab_size": 70})");
+  EXPECT_EQ(model_architecture(old_gpt2.string())->family().name(), "gpt2");
+  const auto llama = write("l/config.json", R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "intermediate_size": 96, "vocab_size": 200, "max_position_embeddings": 64})");
+  const std::string e = error_of([&] { model_architecture(llama.string()); });
+  EXPECT_THAT(e, HasSubstr("has neither \"model_type\" nor \"architectures\", so dstrain read it as a gpt2 config.json")) << e;
+  EXPECT_THAT(e, HasSubstr("n_layer")) << e;  // what GPT-2's reader found missing
+  EXPECT_THAT(e, HasSubstr("add \"model_type\"")) << e;
+  EXPECT_THAT(e, HasSubstr("gpt2: \"gpt2\" (GPT2LMHeadModel); llama: \"llama\" (LlamaForCausalLM), \"mistral\" (MistralForCausalLM), "
+                           "\"qwen2\" (Qwen2ForCausalLM), \"qwen3\" (Qwen3ForCausalLM)"))
+      << e;
+}
+
 // config_json() is what a checkpoint keeps: read back, it is the same architecture.
 TEST(ModelFamily, ConfigJsonRoundTrips) {
   for (const char* spec : {"gpt2:L3-C64-H4-V100-T32", "gpt2:d12", "llama:L2-C64-H4-KV2-I96-V300-T16-tied", "llama:L1-C32-H2"}) {
