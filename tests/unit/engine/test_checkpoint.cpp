@@ -887,7 +887,7 @@ TEST(Checkpoint, ArchitectureDifferencesTellTheModelFromItsTrainingSettings) {
   EXPECT_TRUE(heads.settings.empty());
   const ArchitectureDifferences dropout = architecture_differences(manifest_of([](config::Json& c) {
                                                                      c["attn_pdrop"] = 0.25;
-                                                                     c["initializer_range"] = 0.5;
+                                                                     c["resid_pdrop"] = 0.5;
                                                                    }),
                                                                    "ck", *built);
   EXPECT_TRUE(dropout.model.empty()) << dropout.model.size();
