@@ -195,6 +195,9 @@ void Engine::choose_memory(const EngineOptions& options) {
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
   const config::CommsLoggerConfig& cl = im.config.comms_logger;
+  if (cl.enabled && options.comm == nullptr) {
+    log_warning("comms_logger is enabled, but this run has one rank and no communicator: no collective runs, so there is nothing to log");
+  }
   if (cl.enabled && options.comm != nullptr) {
     // DeepSpeed makes every logged collective blocking (an accelerator synchronize) so that its
     // latency is the collective's, not its launch's.

@@ -58,8 +58,13 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
     const std::optional<std::string> latest = read_latest_tag(rp.dir);
     if (!latest) {
       if (options.resume == "auto") return std::nullopt;  // auto: nothing saved yet, a fresh start
+      const std::vector<std::string> tags = list_checkpoint_tags(rp.dir);
+      if (tags.empty()) {
+        fail("--resume {}: it holds no checkpoint (no '{}' file, no checkpoint folder); give the --save-dir of the run to continue", options.resume,
+             kLatestFile);
+      }
       fail("--resume {}: no '{}' file there names a checkpoint; give --load-tag TAG (the checkpoints there: {})", options.resume, kLatestFile,
-           fmt::join(list_checkpoint_tags(rp.dir), ", "));
+           fmt::join(tags, ", "));
     }
     rp.tag = *latest;
   }

@@ -249,6 +249,16 @@ TEST_F(CheckpointCli, MistakesExit2BeforeStep1) {
   expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck), "checksum");
 }
 
+// --resume of a folder that holds no checkpoint says so (it listed "the checkpoints there: " with
+// nothing after it).
+TEST_F(CheckpointCli, ResumeOfAFolderWithoutCheckpointsSaysSo) {
+  const fs::path empty = dir_ / "ck_none";
+  fs::create_directories(empty);
+  const CliResult r = run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --resume " + q(empty));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("it holds no checkpoint (no 'latest' file, no checkpoint folder)"), std::string::npos) << r.err;
+}
+
 // Hardening 3 §5: a resume under another model is refused naming the keys that differ, even when
 // every parameter keeps its shape (n_head 2 -> 4); an explicit --seed or a changed --sequence-length
 // is said, in a warning that names both values and what happens. Before, all three resumed with

@@ -511,6 +511,17 @@ TEST_F(TrainCli, CommsLoggerAndBackwardSplitOnTwoRanks) {
   fs::remove_all(runs);
 }
 
+// On one rank there is no communicator and no collective: comms_logger says so instead of printing
+// nothing without a word.
+TEST_F(TrainCli, CommsLoggerOnOneRankSaysThereIsNothingToLog) {
+  std::ofstream(dir_ / "comms1.json") << R"({"train_micro_batch_size_per_gpu": 4, "comms_logger": {"enabled": true}})";
+  const CliResult a =
+      run_dstrain("train --deepspeed_config " + q(dir_ / "comms1.json") + " --model gpt2:L1-C32-H2-V256-T32 --tokenizer bytes --data " +
+                  q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0");
+  ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
+  EXPECT_NE(a.err.find("comms_logger is enabled, but this run has one rank and no communicator"), std::string::npos) << a.err;
+}
+
 // examples/ds_configs/monitoring.json as shipped (its output_path pointed into the temp folder):
 // memory lines, the timer line, and the flops profile with MFU at profile_step 2.
 TEST_F(TrainCli, MonitoringExampleConfigRuns) {
