@@ -31,6 +31,7 @@ struct TrainArgs {
   std::int64_t save_interval = 0, keep_last = 0;
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
   std::uint64_t seed = 42;
+  bool seed_given = false;  // --seed on the command line, not the default
   std::int64_t val_interval = 100, val_batches = 20;
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
@@ -54,6 +55,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.warmup_steps = args.warmup_steps;
   o.sequence_length = args.sequence_length;
   o.seed = args.seed;
+  o.seed_given = args.seed_given;
   o.tokenizer = args.tokenizer;
   o.val_interval = args.val_interval;
   o.val_batches = args.val_batches;
@@ -104,6 +106,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--warmup-steps", args->warmup_steps, "Fills a scheduler's \"auto\" warmup_num_steps")->check(whole_number_at_least(1));
   cmd->add_option("--seed", args->seed, "Seed of the parameter init, the data order and dropout (0 to 2^64 - 1)")
       ->check(whole_number_64_bit_unsigned())
+      ->each([args](const std::string&) { args->seed_given = true; })
       ->capture_default_str();
   cmd->add_option("--sequence-length", args->sequence_length, "T: tokens per sequence (default: the model's n_positions, at most 1024)")
       ->check(whole_number_at_least(1));

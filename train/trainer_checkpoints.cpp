@@ -165,7 +165,7 @@ std::vector<std::string> check_resume_against_run(const ResumePoint& rp, const T
   }
   // DeepSpeed restores its RNG state from a checkpoint; dstrain's streams are the seed's, so the
   // saved seed is the one that continues the run.
-  if (options.seed != rp.seed) {
+  if (options.seed_given && options.seed != rp.seed) {
     warnings.push_back(fmt::format(
         "--seed {} is not used for training: checkpoint {} was saved with seed {}, and the resumed run continues with it (its data order, "
         "dropout streams and stochastic rounding, as DeepSpeed restores the RNG state from a checkpoint); only the text samples take --seed "

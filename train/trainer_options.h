@@ -27,6 +27,7 @@ struct TrainerOptions {
   std::optional<std::int64_t> warmup_steps;     // fills a scheduler's "auto" warmup_num_steps
   std::optional<std::int64_t> sequence_length;  // T; nullopt: the model's n_positions, at most 1024
   std::uint64_t seed = 42;                      // parameter init, data order, dropout, samples
+  bool seed_given = false;                      // --seed was given (a resume warns when it differs from the saved seed)
   std::string tokenizer;                        // "gpt2" | "bytes" | a tokenizer.json path | "": the data's tokenizer (vocabulary check, samples)
   // Values for the config's other "auto" keys, as `check-config` takes them (config_schema/auto_values.h).
   // total_num_steps / warmup_num_steps come from `steps` / `warmup_steps` when left unset here.

@@ -279,6 +279,12 @@ TEST_F(CheckpointCli, ResumeComparesTheModelAndSaysWhatChanges) {
   EXPECT_EQ(same.exit_code, 0) << same.err;
   EXPECT_EQ(same.err.find("--seed"), std::string::npos) << same.err;
   EXPECT_EQ(same.err.find("--sequence-length"), std::string::npos) << same.err;
+  // A run saved with --seed 7 resumed without --seed: the default 42 was not asked for, no warning.
+  const fs::path ck7 = dir_ / "ck_seed7";
+  ASSERT_EQ(run_dstrain(train("fp32_s1.json", 1) + " --steps 1 --seed 7 --save-dir " + q(ck7)).exit_code, 0);
+  const CliResult unasked = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck7));
+  EXPECT_EQ(unasked.exit_code, 0) << unasked.err;
+  EXPECT_EQ(unasked.err.find("--seed"), std::string::npos) << unasked.err;
 
   const CliResult length = run_dstrain(train("fp32_s1.json", 1) + " --steps 2 --sequence-length 16 --resume " + q(ck));
   EXPECT_EQ(length.exit_code, 0) << length.err;
