@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "ops/error.h"
+#include "ops/utf8_char.h"
 
 namespace dstrain {
 namespace {
@@ -37,33 +38,9 @@ constexpr int kMaxDepth = 1000;
 // Index of the first byte that is not part of well-formed UTF-8 (what Python's strict decoder
 // rejects: overlong forms, surrogates, > U+10FFFF), or kNone.
 size_t find_invalid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (b >= 0xC2 && b <= 0xDF) {
-      len = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      len = 3;
-      if (b == 0xE0) lo = 0xA0;
-      if (b == 0xED) hi = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      len = 4;
-      if (b == 0xF0) lo = 0x90;
-      if (b == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + len > s.size()) return i;
-    for (size_t k = 1; k < len; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i;
-    }
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = utf8_char_length(s, i);
+    if (len == 0) return i;
     i += len;
   }
   return kNone;
