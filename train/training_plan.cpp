@@ -32,6 +32,15 @@ namespace dstrain {
 namespace {
 
 void require_file(const std::filesystem::path& path, const char* option) {
+  std::error_code ec;
+  if (const auto st = std::filesystem::status(path, ec); std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    // A FIFO, a device or a folder exists: "no such file" would send the user looking for it.
+    fail("{} {}: not a regular file ({}); {} reads a file by its size and offsets: give the path of the file itself", option, path.string(),
+         std::filesystem::is_directory(st) ? "a folder"
+         : std::filesystem::is_fifo(st)    ? "a FIFO"
+                                           : "a device or socket",
+         option);
+  }
   if (!std::filesystem::is_regular_file(path)) {
     const std::string_view o(option);
     fail("{} {}: no such file; {}", option, path.string(),

@@ -6,6 +6,7 @@
 // negative batch size, prepare-data replacing its own input, pgrep seeing "exe").
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -144,6 +145,17 @@ TEST_F(CliHardening, CommandLineWordingIsDstrains) {
   const CliResult twice = run_dstrain(train + " --steps 1 --steps 2");
   expect_exit2_naming(twice, "--steps given twice (--steps 1 and --steps 2): give it once");
   EXPECT_EQ(twice.err.find("At Most"), std::string::npos) << twice.err;
+}
+
+// A FIFO or a folder given as --data or --init-from was reported as "no such file".
+TEST_F(CliHardening, ANonRegularDataFileIsNamedAsSuch) {
+  const fs::path fifo = dir_ / "data.fifo";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string train = "train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:tiny --steps 1";
+  expect_exit2_naming(run_dstrain(train + " --data " + q(fifo), "timeout 60"), "not a regular file (a FIFO)");
+  expect_exit2_naming(run_dstrain(train + " --data " + q(dir_), "timeout 60"), "not a regular file (a folder)");
+  fs::remove(fifo);
 }
 
 TEST_F(CliHardening, EmptyValuesAndNegativeSeedsAreRefused) {
