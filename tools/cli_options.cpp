@@ -25,6 +25,20 @@ CLI::Validator whole_number_at_least(std::int64_t min) {
       fmt::format("INT>={}", min));
 }
 
+CLI::Validator whole_number_in(std::int64_t min, std::int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max) {
+          return fmt::format("'{}' is not a whole number from {} to {}", text, min, max);
+        }
+        return std::string();
+      },
+      fmt::format("INT in [{}, {}]", min, max));
+}
+
 CLI::Validator finite_number_at_least(double min) {
   return CLI::Validator(
       [min](std::string& text) -> std::string {

@@ -15,6 +15,8 @@ namespace dstrain::cli {
 
 // A whole number (decimal, optional sign, no fraction or exponent, within int64) >= `min`.
 CLI::Validator whole_number_at_least(std::int64_t min);
+// A whole number from min to max, else "'X' is not a whole number from MIN to MAX".
+CLI::Validator whole_number_in(std::int64_t min, std::int64_t max);
 // A finite real number >= `min` (nan, inf and out-of-range values such as 1e400 are refused).
 CLI::Validator finite_number_at_least(double min);
 // Any finite real number.

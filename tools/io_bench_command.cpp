@@ -255,11 +255,10 @@ void add_io_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(queue_depth_in_range());
   cmd->add_option("--intra-op-parallelism", args->intra_op_parallelism, "aio.intra_op_parallelism (rings, one thread each)")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 20));
+      ->check(cli::whole_number_in(1, std::int64_t{1} << 20));
   cmd->add_flag("--single-submit", args->single_submit, "aio.single_submit: true");
   cmd->add_flag("--no-overlap-events", args->no_overlap_events, "aio.overlap_events: false");
-  cmd->add_option("--loops", args->loops, "Transfers of --size per measurement (default 1)")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000}));
+  cmd->add_option("--loops", args->loops, "Transfers of --size per measurement (default 1)")->check(cli::whole_number_in(1, 1000));
   cmd->add_option("--deepspeed_config,--config", args->config, "Take the aio block's settings from this ds_config");
   cmd->add_option("--pages", args->pages,
                   "Transfer buffer pages: huge (2 MiB transparent huge pages, as the swappers' buffers; default) or base "

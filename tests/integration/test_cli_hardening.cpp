@@ -219,6 +219,9 @@ TEST_F(CliHardening, IoBenchReportsWhatWasGivenOrRefusesIt) {
   EXPECT_EQ(huge.err.find("micro-batch"), std::string::npos) << huge.err;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().rfind("dstrain_io_bench", 0), std::string::npos) << e.path();  // refused before the scratch file
+  // Ranges in dstrain's words, not CLI11's "Value 0 not in range".
+  expect_exit2_naming(run_dstrain(bench + " --loops 0"), "--loops: '0' is not a whole number from 1 to 1000");
+  expect_exit2_naming(run_dstrain(bench + " --intra-op-parallelism -1"), "--intra-op-parallelism: '-1' is not a whole number from 1 to 1048576");
 }
 
 TEST_F(CliHardening, AnUnreachedProfileStepIsAWarning) {
