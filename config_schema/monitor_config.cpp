@@ -167,6 +167,11 @@ TimersConfig parse_timers_config(const Json* value, ParseContext& ctx, Json& res
   TimersConfig c;
   c.throughput_enabled = sub["enabled"].get<bool>();
   c.throughput_synchronized = sub["synchronized"].get<bool>();
+  if (!c.throughput_synchronized) {
+    ctx.warn("timers.throughput.synchronized",
+             "timers.throughput.synchronized false has no effect: dstrain times a step once it has finished on the device (its loss is "
+             "read back), so there is no unsynchronized throughput to report");
+  }
   return c;
 }
 

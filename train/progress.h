@@ -15,12 +15,13 @@ struct ProgressLine {
   std::int64_t total_steps = 0;  // of the run
   double loss = 0.0;             // mean micro-batch loss of the last step
   double lr = 0.0;
-  double grad_norm = 0.0;     // before clipping
-  double tokens_per_s = 0.0;  // over the steps since the previous line
-  double elapsed_s = 0.0;     // since training started (evaluation included)
-  double eta_s = 0.0;         // remaining steps at the average step time so far
-  double loss_scale = 0.0;    // fp16's loss scale, shown when > 0
-  std::int64_t skipped = 0;   // optimizer steps skipped for overflow so far, shown when > 0
+  double grad_norm = 0.0;       // before clipping
+  double tokens_per_s = 0.0;    // over the steps since the previous line
+  double elapsed_s = 0.0;       // since training started (evaluation included)
+  double eta_s = 0.0;           // remaining steps at the average step time so far
+  double loss_scale = 0.0;      // fp16's loss scale, shown when > 0
+  std::int64_t skipped = 0;     // optimizer steps skipped for overflow so far, shown when > 0
+  bool show_throughput = true;  // timers.throughput.enabled: false drops "N tokens/s", as DeepSpeed's ThroughputTimer stops
 };
 
 std::string format_progress(const ProgressLine& p);

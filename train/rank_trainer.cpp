@@ -289,6 +289,7 @@ void RankTrainer::after_step(double dt) {
       p.loss_scale = cfg.fp16.enabled ? engine.state().loss_scale : 0.0;
       p.skipped = engine.state().skipped_steps;
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
+      p.show_throughput = cfg.timers.throughput_enabled;
       p.elapsed_s = seconds_since(start_);
       p.eta_s = train_s_ / static_cast<double>(std::max<std::int64_t>(1, done - resumed_steps_)) * static_cast<double>(steps - done);
       say(format_progress(p));

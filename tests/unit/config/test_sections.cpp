@@ -166,6 +166,11 @@ TEST(Monitors, DefaultsAndStrictness) {
   EXPECT_NE(find_warning(parse(with(R"("wandb": {"enabled": true})")), "wandb", "does not provide"), nullptr);
   EXPECT_NE(find_warning(parse(with(R"("comet": {"enabled": true})")), "comet", "does not provide"), nullptr);
   EXPECT_TRUE(parse(with(R"("comms_logger": {})")).comms_logger.configured);
+  // timers: enabled false acts (the progress line drops tokens/s); synchronized false cannot, and says so.
+  const DsConfig t = parse(with(R"("timers": {"throughput": {"enabled": false, "synchronized": false}})"));
+  EXPECT_FALSE(t.timers.throughput_enabled);
+  EXPECT_NE(find_warning(t, "timers.throughput.synchronized", "has no effect"), nullptr);
+  EXPECT_EQ(find_warning(parse(with(R"("timers": {"throughput": {"enabled": false}})")), "timers.throughput.synchronized", ""), nullptr);
 }
 
 TEST(UnsupportedSections, WarnedNeverDropped) {

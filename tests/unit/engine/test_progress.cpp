@@ -26,6 +26,8 @@ TEST(Progress, Counts) {
 TEST(Progress, Line) {
   ProgressLine p{100, 400, 5.81234, 1e-3, 0.81234, 41210.7, 65.0, 195.0};
   EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,211 tokens/s | elapsed 1m05s | ETA 3m15s");
+  p.show_throughput = false;  // timers.throughput.enabled: false
+  EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | elapsed 1m05s | ETA 3m15s");
 }
 
 TEST(TrainSummary, JsonFields) {
