@@ -109,35 +109,40 @@ bool runs_bf16_optimizer(const config::DsConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// The swap folders the config names, (path, key), in the order the engine checks them at initialize
+// (ModelStates makes the parameter store before the optimizer's), so that check-config and train
+// name the same key when both are wrong.
+std::vector<std::pair<std::string, const char*>> swap_folder_paths(const config::DsConfig& config) {
+  std::vector<std::pair<std::string, const char*>> paths;
+  const config::StatePlacement placement = config.placement();
+  if (placement.params == StateHome::nvme)
+    paths.emplace_back(config.zero_optimization.offload_param->nvme_path.value_or(""), "zero_optimization.offload_param.nvme_path");
+  if (placement.optimizer == StateHome::nvme)
+    paths.emplace_back(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
+  return paths;
+}
+
+}  // namespace
+
 void check_engine_trains(const config::DsConfig& config) {
   check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
   if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
   // An nvme_path given empty is wrong on every machine (what it names on this one: machine_findings).
-  const config::StatePlacement placement = config.placement();
-  if (placement.params == StateHome::nvme && config.zero_optimization.offload_param->nvme_path.value_or("").empty()) {
-    SwapFolder::check_path("", "zero_optimization.offload_param.nvme_path");
-  }
-  if (placement.optimizer == StateHome::nvme && config.zero_optimization.offload_optimizer->nvme_path.value_or("").empty()) {
-    SwapFolder::check_path("", "zero_optimization.offload_optimizer.nvme_path");
-  }
+  for (const auto& [path, key] : swap_folder_paths(config))
+    if (path.empty()) SwapFolder::check_path(path, key);
 }
 
 std::vector<std::string> machine_findings(const config::DsConfig& config) {
-  // The swap folders' paths, in the order the engine checks them at initialize (ModelStates makes
-  // the parameter store before the optimizer's), so that check-config and train name the same key
-  // when both are wrong; the space check needs the model, and waits for train.
+  // The space the swap folders need depends on the model, and waits for train.
   std::vector<std::string> findings;
-  const auto check = [&](const std::optional<std::string>& path, const char* key) {
+  for (const auto& [path, key] : swap_folder_paths(config)) {
     try {
-      SwapFolder::check_path(path.value_or(""), key);
+      SwapFolder::check_path(path, key);
     } catch (const Error& e) {
       findings.emplace_back(e.what());
     }
-  };
-  const config::StatePlacement placement = config.placement();
-  if (placement.params == StateHome::nvme) check(config.zero_optimization.offload_param->nvme_path, "zero_optimization.offload_param.nvme_path");
-  if (placement.optimizer == StateHome::nvme) {
-    check(config.zero_optimization.offload_optimizer->nvme_path, "zero_optimization.offload_optimizer.nvme_path");
   }
   return findings;
 }
