@@ -14,6 +14,7 @@
 
 #include <fmt/ranges.h>
 
+#include "engine/config_checks.h"
 #include "engine/engine_impl.h"
 #include "engine/grad_norm.h"
 #include "engine/loss_scaler.h"
@@ -23,7 +24,6 @@
 #include "zero/model_states.h"
 #include "zero/state_store.h"
 #include "offload/host_memory.h"
-#include "offload/swap_folder.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -40,64 +40,6 @@ namespace {
 constexpr std::size_t kAlignBytes = kActivationAlignBytes;
 constexpr auto pack = pack_activation_specs;
 
-// What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
-// communicator, optimizer offload to host memory or NVMe, parameter offload at stage 3 (activation checkpointing,
-// cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
-// than trained differently from what the config asks.
-void check_config_is_provided(const config::DsConfig& c, int world_size) {
-  if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
-  if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
-    fail("optimizer.type \"Lamb\" with fp16.loss_scale: {} — DeepSpeed's Lamb needs dynamic loss scaling; set \"loss_scale\": 0", c.fp16.loss_scale);
-  }
-  // DeepSpeed's ZeRO optimizers refuse Muon with reduce_scatter (on by default) at stage 3
-  // (stage3.py), and with reduce_scatter and optimizer offload at stages 1-2 (stage_1_and_2.py).
-  const config::StatePlacement placement = c.placement();
-  if (c.optimizer.kind == config::OptimizerKind::muon && c.zero_optimization.reduce_scatter) {
-    if (c.zero_optimization.stage == 3) {
-      fail(
-          "optimizer.type {} with zero_optimization.stage 3 and reduce_scatter true: Muon and reduce scatter cannot be used together "
-          "(DeepSpeed's ZeRO-3 optimizer raises this ValueError); set zero_optimization.reduce_scatter to false",
-          c.optimizer.type);
-    }
-    if (placement.optimizer != StateHome::device) {  // stages 1-2 here
-      fail(
-          "optimizer.type {} with zero_optimization.stage {}, reduce_scatter true and offload_optimizer: Muon with reduce scatter does "
-          "not support optimizer offload because offload retains only partition slices (DeepSpeed's ZeRO-1/2 optimizer raises this "
-          "ValueError); disable reduce scatter (zero_optimization.reduce_scatter: false) or optimizer offload",
-          c.optimizer.type, c.zero_optimization.stage);
-    }
-  }
-  if (c.amp.enabled) fail("amp.enabled: true — NVIDIA Apex AMP is not part of dstrain; remove the \"amp\" block");
-  if (c.zero_optimization.stage < 0 || c.zero_optimization.stage > 3)
-    fail("zero_optimization.stage: {} — ZeRO has stages 0 to 3", c.zero_optimization.stage);
-  // Offload below the stage it belongs to is ignored, as DeepSpeed ignores it, not refused: real
-  // configs carry it (DeepSpeed-Chat's and OpenRLHF's builders set offload_param at stage 2). Where
-  // each partition lives is the placement's to say (config_schema/state_placement.h).
-  // Partial offload (ratio < 1; stage 3 only, which the config layer enforces as DeepSpeed does):
-  // DeepSpeed's twin-flow pairs its CPU Adam with a device AdamW and asserts the optimizer is
-  // DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports DeepSpeedCPUAdam"), i.e. Adam or AdamW.
-  if (placement.optimizer != StateHome::device && placement.offload_ratio < 1.0 && c.optimizer.present() &&
-      c.optimizer.kind != config::OptimizerKind::adam && c.optimizer.kind != config::OptimizerKind::adamw) {
-    fail(
-        "zero_optimization.offload_optimizer.ratio: {} with optimizer.type \"{}\" — partial offload runs Adam on both shares "
-        "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
-        placement.offload_ratio, c.optimizer.type);
-  }
-  if (!c.managed_gradient_accumulation) {
-    fail(
-        "managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "
-        "steps every gradient_accumulation_steps micro-batches; remove the key (or set it to true)");
-  }
-  if (c.data_parallel_world_size != world_size) {
-    fail(
-        "the config was resolved for a data-parallel world size of {} but the engine's communicator has {} rank(s); resolve it for {} "
-        "(dstrain check-config --world-size {}, or dstrain train --num-ranks {})",
-        c.data_parallel_world_size, world_size, world_size, world_size, c.data_parallel_world_size);
-  }
-  if (!(c.gradient_clipping >= 0.0) && !(c.gradient_clipping <= 0.0))
-    fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
-}
-
 // DeepSpeed wraps the optimizer in its BF16_Optimizer (which never skips a step) instead of the
 // ZeRO optimizer for bf16 at ZeRO stage 1 with an fp32 gradient accumulation dtype and no CPU
 // optimizer offload (engine._do_optimizer_sanity_check; docs/precision.md).
@@ -108,44 +50,6 @@ bool runs_bf16_optimizer(const config::DsConfig& c) {
 }
 
 }  // namespace
-
-namespace {
-
-// The swap folders the config names, (path, key), in the order the engine checks them at initialize
-// (ModelStates makes the parameter store before the optimizer's), so that check-config and train
-// name the same key when both are wrong.
-std::vector<std::pair<std::string, const char*>> swap_folder_paths(const config::DsConfig& config) {
-  std::vector<std::pair<std::string, const char*>> paths;
-  const config::StatePlacement placement = config.placement();
-  if (placement.params == StateHome::nvme)
-    paths.emplace_back(config.zero_optimization.offload_param->nvme_path.value_or(""), "zero_optimization.offload_param.nvme_path");
-  if (placement.optimizer == StateHome::nvme)
-    paths.emplace_back(config.zero_optimization.offload_optimizer->nvme_path.value_or(""), "zero_optimization.offload_optimizer.nvme_path");
-  return paths;
-}
-
-}  // namespace
-
-void check_engine_trains(const config::DsConfig& config) {
-  check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
-  if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
-  // An nvme_path given empty is wrong on every machine (what it names on this one: machine_findings).
-  for (const auto& [path, key] : swap_folder_paths(config))
-    if (path.empty()) SwapFolder::check_path(path, key);
-}
-
-std::vector<std::string> machine_findings(const config::DsConfig& config) {
-  // The space the swap folders need depends on the model, and waits for train.
-  std::vector<std::string> findings;
-  for (const auto& [path, key] : swap_folder_paths(config)) {
-    try {
-      SwapFolder::check_path(path, key);
-    } catch (const Error& e) {
-      findings.emplace_back(e.what());
-    }
-  }
-  return findings;
-}
 
 Engine::Impl::Impl(const config::DsConfig& c, const EngineOptions& o)
     : config(c),
