@@ -72,6 +72,28 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
     fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
+void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks) {
+  if (tp_ranks <= 1) return;
+  using config::OptimizerKind;
+  const OptimizerKind k = config.optimizer.kind;
+  if (k == OptimizerKind::lamb || k == OptimizerKind::onebit_lamb || k == OptimizerKind::muon || k == OptimizerKind::adafactor) {
+    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): its rule reads each weight matrix whole (a norm or factorisation per "
+         "matrix), and each tensor-parallel rank holds a piece of it; use Adam, AdamW, SGD, Lion or another element-wise optimizer, or set "
+         "tensor_parallel.autotp_size to 1",
+         config.optimizer.type, tp_ranks);
+  }
+  if (k == OptimizerKind::onebit_adam || k == OptimizerKind::zero_one_adam) {
+    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): the 1-bit optimizers compress and exchange whole-model gradients of their "
+         "own; use Adam or AdamW, or set tensor_parallel.autotp_size to 1",
+         config.optimizer.type, tp_ranks);
+  }
+  if (device.is_cuda()) {
+    fail("tensor parallelism ({} ranks) on {}: the vocabulary-parallel embedding and cross-entropy kernels have no CUDA implementation in this "
+         "build; train tensor-parallel on the CPU, or set tensor_parallel.autotp_size to 1",
+         tp_ranks, device.str());
+  }
+}
+
 namespace {
 
 // The swap folders the config names, (path, key), in the order the engine checks them at initialize

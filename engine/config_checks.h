@@ -4,11 +4,19 @@
 #pragma once
 
 #include "config_schema/ds_config.h"
+#include "ops/device.h"
 
 namespace dstrain {
 
 // Throws Error naming the key when `c` asks for something this build does not train on
 // `world_size` ranks.
 void check_config_is_provided(const config::DsConfig& c, int world_size);
+
+// Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
+// tensor-parallel ranks on `device` (docs/parallelism.md "What composes"): an optimizer whose rule
+// reads whole matrices (Lamb's trust ratio, Muon's orthogonalisation, Adafactor's factored
+// moments) or communicates its own compressed gradients (the 1-bit family), or a CUDA device,
+// whose vocabulary-parallel cross-entropy kernels are owed.
+void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks);
 
 }  // namespace dstrain

@@ -17,6 +17,7 @@
 #include "engine/config_checks.h"
 #include "engine/engine_impl.h"
 #include "engine/grad_norm.h"
+#include "models/param_split.h"
 #include "engine/loss_scaler.h"
 #include "engine/optim/onebit_optimizer.h"
 #include "engine/optim/optimizer.h"
@@ -62,7 +63,20 @@ void Engine::Impl::set_initial_masters() {
   // Initialised in fp32 (the master; every rank computes the same values and keeps its part), then
   // rounded: the 16-bit weights are the master's copy.
   states->set_masters([this](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
-    if (init_params) init_param(out, states->spec(layer, slot), init_seed);
+    if (!init_params) return;
+    const ParamSpec& spec = states->spec(layer, slot);
+    if (!spec.is_piece()) {
+      init_param(out, spec, init_seed);
+      return;
+    }
+    // A tensor-parallel piece starts as its part of the whole parameter one rank would draw, so
+    // that any tensor-parallel size trains from the same initial model.
+    const ParamSpec whole = whole_spec(spec);
+    std::vector<float> full(static_cast<std::size_t>(whole.shape.numel())), part(static_cast<std::size_t>(spec.shape.numel()));
+    init_param(Tensor(full.data(), DType::fp32, whole.shape), whole, init_seed);
+    copy_whole_to_piece(Tensor(full.data(), DType::fp32, whole.shape), Tensor(part.data(), DType::fp32, spec.shape), spec.split, spec.piece.ranks,
+                        spec.piece.rank, spec.name);
+    copy_tensor(out, Tensor(part.data(), DType::fp32, out.shape));
   });
 }
 
@@ -103,6 +117,11 @@ void Engine::choose_memory(const EngineOptions& options) {
   }
   im.comm = options.comm;
   im.world = im.comm != nullptr ? im.comm->world_size() : 1;
+  if (options.tensor_parallel != nullptr && options.tensor_parallel->world_size() > 1) {
+    im.tp = options.tensor_parallel;
+    im.tp_group = std::make_unique<CommunicatorTensorGroup>(*im.tp);
+    check_tensor_parallel_engine(im.config, im.allocator->device(), im.tp->world_size());
+  }
   const config::CommsLoggerConfig& cl = im.config.comms_logger;
   if (cl.enabled && options.comm == nullptr) {
     log_warning("comms_logger is enabled, but this run has one rank and no communicator: no collective runs, so there is nothing to log");
@@ -142,6 +161,11 @@ void Engine::choose_memory(const EngineOptions& options) {
 void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& options) {
   Impl& im = *impl_;
   if (model_.layers.empty()) fail("initialize: the model has no layers");
+  {
+    std::vector<const Layer*> layers;
+    for (const auto& l : model_.layers) layers.push_back(l.get());
+    check_layers_fit_group(layers, im.tp != nullptr ? im.tp->world_size() : 1);
+  }
   if (model_.n_embd <= 0) fail("initialize: the model's n_embd (width of the residual stream) must be > 0, got {}", model_.n_embd);
 
   const std::int64_t T = options.sequence_length > 0 ? options.sequence_length : model_.n_positions;
@@ -423,6 +447,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   // is already known: it changes only at the optimizer step).
   a.fuse_loss_grad = train && !recompute && model_.layers[i]->fuses_loss_grad();
   a.dloss = micro_batch_dloss();
+  a.tensor_parallel = im.tp_group.get();
   model_.layers[i]->forward(a);
   im.states->release(i);
 }
@@ -493,6 +518,7 @@ void Engine::backward() {
     a.train = true;
     a.dloss = dloss;
     a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
+    a.tensor_parallel = im.tp_group.get();
     model_.layers[i]->backward(a);
     // Layer i's own gradients are complete (tied users come later in the model, so earlier in
     // backward): reduce them now, overlapped with the layers below when overlap_comm.
@@ -592,11 +618,26 @@ bool Engine::optimizer_step() {
   // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.
   GradNormOverflow total;
   std::string first_bad;
-  if (counts_here) {
+  if (counts_here && im.tp == nullptr) {
     for (const PartitionSegment& sg : im.states->partitions()) {
       const GradNormOverflow r = grad_norm_overflow(sg.grads);
       if (r.overflow() && first_bad.empty()) first_bad = model_.layers[sg.layer]->name();
       total += r;
+    }
+  } else if (counts_here) {
+    // Tensor parallelism: a cut parameter's pieces add up over the group, a replicated one (the
+    // same gradient on every rank of the group) counts once — from tensor-parallel rank 0.
+    for (const PartitionSegment& sg : im.states->partitions()) {
+      const std::size_t es = dtype_size(sg.grads.dtype);
+      for (const TensorPiece& piece : sg.pieces) {
+        const bool cut = im.owned[static_cast<std::size_t>(piece.tensor)].spec.is_piece();
+        if (!cut && im.tp->rank() != 0) continue;
+        const Tensor g(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(piece.offset) * es, sg.grads.dtype, Shape{piece.numel},
+                       sg.grads.device);
+        const GradNormOverflow r = grad_norm_overflow(g);
+        if (r.overflow() && first_bad.empty()) first_bad = model_.layers[sg.layer]->name();
+        total += r;
+      }
     }
   }
   if (!im.mixed) total.nonfinite = 0.0;  // fp32 has no overflow check: a NaN norm clips to NaN, as in DeepSpeed
@@ -613,6 +654,14 @@ bool Engine::optimizer_step() {
     if (total.overflow() && first_bad.empty()) first_bad = "a layer of another rank";
   }
   step_loss_sum_ = loss_sum / static_cast<double>(im.world);
+  if (im.tp != nullptr) {
+    // ... and over the tensor-parallel group: every rank of the mesh takes the same decision.
+    double v[2] = {total.norm_sq, total.nonfinite};
+    im.tp->all_reduce(Tensor(v, DType::fp64, Shape{2}), ReduceOp::sum);
+    total.norm_sq = v[0];
+    if (v[1] > total.nonfinite && first_bad.empty()) first_bad = "a layer of another tensor-parallel rank";
+    total.nonfinite = v[1];
+  }
 
   if (!im.mixed) {
     grad_norm_ = total.norm();
@@ -764,7 +813,19 @@ Tensor Engine::grad(std::string_view name) const {
 
 void Engine::gather_master_params(const std::function<void(const std::string& name, const Tensor& fp32)>& fn) {
   Impl& im = *impl_;
-  im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) { fn(im.states->spec(layer, slot).name, t); });
+  im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) {
+    const ParamSpec& spec = im.states->spec(layer, slot);
+    if (im.tp == nullptr || !spec.is_piece()) {
+      fn(spec.name, t);
+      return;
+    }
+    // Tensor parallelism: the whole parameter from the group's pieces.
+    std::vector<float> host_piece(static_cast<std::size_t>(t.numel()));
+    copy_tensor(Tensor(host_piece.data(), DType::fp32, t.shape), t);
+    std::vector<float> whole(static_cast<std::size_t>(spec.whole_shape().numel()));
+    gather_whole(*im.tp, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()));
+    fn(spec.name, Tensor(whole.data(), DType::fp32, spec.whole_shape()));
+  });
 }
 
 int Engine::rank() const { return impl_->states->rank(); }
@@ -853,7 +914,8 @@ const Architecture& weights_architecture(const Model& model, const char* who) {
 void Engine::save_weights(const std::filesystem::path& path) {
   const Architecture& arch = weights_architecture(model_, "save_weights");
   Impl& im = *impl_;
-  if (im.config.zero_optimization.stage == 0 && device().is_cpu()) {
+  const bool writer = rank() == 0 && (im.tp == nullptr || im.tp->rank() == 0);  // rank 0 of the whole mesh
+  if (im.config.zero_optimization.stage == 0 && device().is_cpu() && im.tp == nullptr) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
     // Every rank holds them whole, in host memory; rank 0 writes.
     if (rank() == 0) arch.export_weights(path, [this](const std::string& n) { return master_param(n); });
@@ -869,11 +931,11 @@ void Engine::save_weights(const std::filesystem::path& path) {
   // host copy of each, rank 0 writes.
   std::unordered_map<std::string, std::pair<Shape, std::vector<float>>> host;
   gather_master_params([&](const std::string& name, const Tensor& t) {
-    if (rank() != 0) return;
+    if (!writer) return;
     const float* p = t.as<float>();
     host[name] = {t.shape, std::vector<float>(p, p + t.numel())};
   });
-  if (rank() != 0) return;
+  if (!writer) return;
   arch.export_weights(path, [&](const std::string& n) {
     auto& [shape, v] = host.at(im.owned[owned_index(model_, im.by_name, im.owned.size(), "-", n)].spec.name);
     return Tensor(v.data(), DType::fp32, shape);
@@ -886,10 +948,11 @@ void Engine::load_weights(const std::filesystem::path& path) {
   // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
   // master and rounds it into the 16-bit params the layers read.
   std::vector<std::vector<float>> values(im.owned.size());
-  for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.shape.numel()), 0.0f);
+  // (Tensor parallelism: whole values too; each rank keeps its piece below.)
+  for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.whole_shape().numel()), 0.0f);
   const auto lookup = [&](const std::string& n) {
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
-    return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.shape);
+    return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.whole_shape());
   };
   arch.import_weights(path, lookup);
   // A NaN or an infinity would train to NaN from step 1 — or, with no step, be saved again as it
@@ -905,8 +968,16 @@ void Engine::load_weights(const std::filesystem::path& path) {
   }
   im.initial_state = false;
   im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
-    const std::size_t k = im.by_name.at(im.states->spec(layer, slot).name);
-    copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
+    const ParamSpec& spec = im.states->spec(layer, slot);
+    const std::size_t k = im.by_name.at(spec.name);
+    if (!spec.is_piece()) {
+      copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
+      return;
+    }
+    std::vector<float> part(static_cast<std::size_t>(spec.shape.numel()));
+    copy_whole_to_piece(Tensor(values[k].data(), DType::fp32, spec.whole_shape()), Tensor(part.data(), DType::fp32, spec.shape), spec.split,
+                        spec.piece.ranks, spec.piece.rank, spec.name);
+    copy_tensor(out, Tensor(part.data(), DType::fp32, out.shape));
   });
 }
 

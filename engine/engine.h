@@ -73,6 +73,11 @@ struct EngineOptions {
   // data_parallel_world_size; every rank calls the same Engine methods in the same order (the
   // collective ones are marked so below).
   Communicator* comm = nullptr;
+  // Tensor parallelism (docs/parallelism.md): the mesh's tensor-parallel group this rank's layers
+  // split their weights across, the model built with make_model(architecture, {tp rank, tp size})
+  // (an Error otherwise). `comm` is then the data-parallel group of this rank's tensor-parallel
+  // index: ZeRO shards and reduces the pieces along it. nullptr: no tensor parallelism.
+  Communicator* tensor_parallel = nullptr;
   std::int64_t sequence_length = 0;  // T of every micro-batch; 0: the model's n_positions
   bool init_params = true;           // false: parameters start at zero (e.g. load_weights follows)
   // Where the engine trains: every parameter, gradient, optimizer state and activation lives in

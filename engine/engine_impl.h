@@ -13,6 +13,7 @@
 
 #include "engine/activation_checkpointing.h"
 #include "engine/engine.h"
+#include "engine/tensor_parallel.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/optim/onebit_optimizer.h"
@@ -64,6 +65,9 @@ struct Engine::Impl {
   // Declared after the allocator: its buffers are freed first.
   std::unique_ptr<OneBitOptimizer> onebit;
   std::vector<LayerState> layers;
+  // Tensor parallelism (engine/tensor_parallel.h): the group the layers call, over options.tensor_parallel.
+  std::unique_ptr<TensorParallelGroup> tp_group;
+  Communicator* tp = nullptr;  // null: one tensor-parallel rank
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;

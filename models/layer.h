@@ -51,6 +51,16 @@ struct ParamInit {
   static ParamInit ones() { return {Kind::ones, 0.0f, -1}; }
 };
 
+class TensorParallelGroup;  // models/tensor_parallel.h
+
+// Under tensor parallelism a layer holds a piece of some of its parameters: rank `rank` of `ranks`
+// holds the ranges models/param_split.h gives it of the parameter of shape `whole`.
+struct ParamPiece {
+  Shape whole;
+  int rank = 0;
+  int ranks = 1;
+};
+
 // One parameter of a layer.
 struct ParamSpec {
   std::string name;  // Hugging Face GPT-2 name relative to the model: "wte.weight",
@@ -71,8 +81,15 @@ struct ParamSpec {
   // weights. Its import and export transpose it; rules that read a matrix's shape as the model's
   // authors wrote it (Muon's scale) swap the two dimensions.
   bool hf_transposed = false;
+  // Tensor parallelism: `shape` is this rank's piece of the parameter (models/tensor_parallel.h's
+  // piece_spec sets it); ranks == 1 (the default): the spec is the whole parameter.
+  ParamPiece piece{};
 
   bool tied() const { return !tied_to.empty(); }
+  // True when this spec is a rank's piece of a parameter cut across tensor-parallel ranks.
+  bool is_piece() const { return piece.ranks > 1 && !split.is_replicated(); }
+  // The whole parameter's shape (= shape unless is_piece()).
+  Shape whole_shape() const { return is_piece() ? piece.whole : shape; }
 };
 
 // A tensor the engine allocates for a layer: saved activations, the output, scratch.
@@ -133,6 +150,9 @@ struct ForwardArgs {
   // instead of three times); its backward gets BackwardArgs::loss_grad_done = true.
   bool fuse_loss_grad = false;
   float dloss = 1.0f;  // with fuse_loss_grad: BackwardArgs::dloss of this micro-batch
+  // The layer's tensor-parallel group (models/tensor_parallel.h), for layers built as one rank's
+  // piece (tensor_parallel.autotp_size > 1); nullptr otherwise.
+  TensorParallelGroup* tensor_parallel = nullptr;
 };
 
 struct BackwardArgs {
@@ -153,6 +173,7 @@ struct BackwardArgs {
   // loss_scale / gradient_accumulation_steps under fp16 loss scaling with accumulation.
   float dloss = 1.0f;
   bool loss_grad_done = false;  // the forward ran with fuse_loss_grad (the same dloss)
+  TensorParallelGroup* tensor_parallel = nullptr;  // as in forward
 };
 
 class Layer {

@@ -8,8 +8,11 @@
 #include "ops/error.h"
 #include "ops/kernels/dropout.h"
 #include "ops/kernels/softmax_cross_entropy.h"
+#include "ops/kernels/vocab_parallel_cross_entropy.h"
 #include "ops/tensor.h"
 #include "models/layer.h"
+#include "models/param_split.h"
+#include "models/tensor_parallel.h"
 
 namespace dstrain::layer_args {
 
@@ -25,6 +28,15 @@ inline DropoutParams dropout(float p, const RngKey& base, std::uint32_t k, bool 
   d.p = train ? p : 0.0f;
   d.rng = base;
   d.rng.site = base.site + k;
+  return d;
+}
+
+// Dropout inside a tensor-parallel region (attention probabilities over a rank's own heads): rank
+// 0 draws the one-rank model's stream, the others streams of their own (Megatron's model-parallel
+// RNG), since their heads' element indices are not the one-rank model's.
+inline DropoutParams tensor_parallel_dropout(float p, const RngKey& base, std::uint32_t k, bool train, int tp_rank) {
+  DropoutParams d = dropout(p, base, k, train);
+  if (tp_rank > 0) d.rng.seed ^= 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(tp_rank);
   return d;
 }
 
@@ -45,6 +57,47 @@ inline void head_loss_backward(const BackwardArgs& a, Tensor lse, Tensor logits,
   const std::int64_t n = count_targets(a.batch);
   const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
   softmax_cross_entropy_backward(logits, logits, lse, a.batch.targets, dloss, vocab);
+}
+
+// A tensor-parallel rank's rows of a vocabulary table of `padded` rows whose first `vocab` are real
+// tokens: rows [first, first + rows), of which the first `valid` are real.
+struct VocabPiece {
+  std::int64_t first = 0;
+  std::int64_t rows = 0;
+  std::int64_t valid = 0;
+};
+
+inline VocabPiece vocab_piece(std::int64_t padded, std::int64_t vocab, TensorParallelRank tp) {
+  const SplitRange r = split_ranges(ParamSplit::vocabulary(), Shape{padded, 1}, tp.ranks, tp.rank, "vocabulary")[0];
+  const std::int64_t valid = r.begin >= vocab ? 0 : (r.begin + r.size <= vocab ? r.size : vocab - r.begin);
+  return {r.begin, r.size, valid};
+}
+
+// The head's loss under tensor parallelism: `logits` (B, T, rows) are this rank's vocabulary
+// columns; the vocabulary-parallel cross-entropy (ops/kernels/vocab_parallel_cross_entropy.h)
+// with its max and sum over the group, never gathering the logits. rowmax (BT) and stats (BT, 2)
+// fp32 scratch. With fuse_loss_grad the logits become their gradient, as in head_loss_forward.
+inline float vocab_parallel_head_loss_forward(const ForwardArgs& a, Tensor lse, Tensor logits, const VocabPiece& piece, TensorParallelGroup& group,
+                                              Tensor rowmax, Tensor stats) {
+  vocab_shard_max(rowmax, logits, piece.valid);
+  group.max(rowmax);
+  vocab_shard_sum_exp(stats, logits, rowmax, a.batch.targets, piece.first, piece.valid);
+  group.sum(stats);
+  const float mean = vocab_parallel_losses(a.output, lse, rowmax, stats, a.batch.targets);
+  if (a.fuse_loss_grad) {
+    const std::int64_t n = count_targets(a.batch);
+    const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
+    vocab_shard_cross_entropy_backward(logits, logits, lse, a.batch.targets, dloss, piece.first, piece.valid);
+  }
+  return mean;
+}
+
+// logits -> d(loss)/d(logits) on this rank's columns, unless the forward did it.
+inline void vocab_parallel_head_loss_backward(const BackwardArgs& a, Tensor lse, Tensor logits, const VocabPiece& piece) {
+  if (a.loss_grad_done) return;
+  const std::int64_t n = count_targets(a.batch);
+  const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
+  vocab_shard_cross_entropy_backward(logits, logits, lse, a.batch.targets, dloss, piece.first, piece.valid);
 }
 
 }  // namespace dstrain::layer_args

@@ -6,10 +6,10 @@
 
 namespace dstrain {
 
-Model make_model(std::shared_ptr<const Architecture> architecture) {
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp) {
   if (!architecture) fail("make_model: no architecture given");
   Model m;
-  m.layers = architecture->make_layers();
+  m.layers = tp.active() ? architecture->make_tensor_parallel_layers(tp) : architecture->make_layers();
   m.description = architecture->describe();
   m.n_embd = architecture->n_embd();
   m.n_positions = architecture->n_positions();

@@ -28,7 +28,8 @@ struct Model {
   std::int64_t vocab_size = 0;   // tokens must be < vocab_size
 };
 
-// The model of `architecture`: its layers, description and sizes.
-Model make_model(std::shared_ptr<const Architecture> architecture);
+// The model of `architecture`: its layers, description and sizes. With tensor parallelism, the
+// layers of rank tp.rank (Architecture::make_tensor_parallel_layers).
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {});
 
 }  // namespace dstrain

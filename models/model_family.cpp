@@ -13,6 +13,19 @@ void Architecture::check_sequence(std::int64_t T, const Device&) const {
   }
 }
 
+void Architecture::check_tensor_parallel(int ranks) const {
+  if (ranks != 1) {
+    fail("tensor_parallel: {} ranks, but the model family '{}' does not split its layers across tensor-parallel ranks; set "
+         "tensor_parallel.autotp_size to 1 (or remove the section)",
+         ranks, family().name());
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> Architecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
+  check_tensor_parallel(tp.ranks);
+  return make_layers();
+}
+
 double Architecture::flops_per_token(std::int64_t T) const {
   return 6.0 * stored_parameter_count() + 6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
 }

@@ -23,6 +23,7 @@
 
 #include "models/layer.h"
 #include "models/module_flops.h"
+#include "models/tensor_parallel.h"
 #include "ops/device.h"
 #include "ops/dtype.h"
 #include "ops/tensor.h"
@@ -63,6 +64,16 @@ class Architecture {
 
   // ---- the layers, in the order the engine runs them ----
   virtual std::vector<std::unique_ptr<Layer>> make_layers() const = 0;
+  // ---- tensor parallelism (models/tensor_parallel.h, docs/parallelism.md) ----
+  // Error naming the config key and the limit when the layers cannot be cut across `ranks`
+  // tensor-parallel ranks (what DeepSpeed's AutoTP refuses, or what this family's layers cannot
+  // do). The default: only ranks == 1, with an Error naming the family otherwise.
+  virtual void check_tensor_parallel(int ranks) const;
+  // The layers of tensor-parallel rank tp.rank of tp.ranks: each cut parameter reduced to the
+  // rank's piece (ParamSpec::piece), the layers calling their group through
+  // ForwardArgs::tensor_parallel. The default: make_layers() for one rank, else
+  // check_tensor_parallel's Error.
+  virtual std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const;
   // Error naming the config key when this model cannot train sequences of T tokens on `device`.
   // The default: 1 <= T <= n_positions().
   virtual void check_sequence(std::int64_t T, const Device& device) const;

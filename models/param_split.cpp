@@ -1,5 +1,7 @@
 #include "models/param_split.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "ops/error.h"
@@ -76,6 +78,76 @@ std::vector<SplitRange> split_ranges(const ParamSplit& split, const Shape& shape
     part_begin += p.size;
   }
   return out;
+}
+
+Shape piece_shape(const ParamSplit& split, const Shape& whole, int ranks, int rank, const std::string& name) {
+  if (split.is_replicated()) return whole;
+  std::int64_t extent = 0;
+  for (const SplitRange& r : split_ranges(split, whole, ranks, rank, name)) extent += r.size;
+  Shape s = whole;
+  s.dims[static_cast<std::size_t>(split.dim())] = extent;
+  return s;
+}
+
+namespace {
+
+// Copies every range of the rank between the whole parameter and its piece, one direction.
+void copy_ranges(const Tensor& whole, const Tensor& piece, const ParamSplit& split, int ranks, int rank, const std::string& name, bool to_piece) {
+  if (!whole.device.is_cpu() || !piece.device.is_cpu() || whole.dtype != piece.dtype) {
+    fail("parameter '{}': its whole value and its tensor-parallel piece must be host tensors of one dtype ({} and {})", name, whole.str(), piece.str());
+  }
+  const Shape want = piece_shape(split, whole.shape, ranks, rank, name);
+  if (piece.shape.numel() != want.numel()) {
+    fail("parameter '{}': rank {} of {} holds a piece of shape {} of {}, not {} elements", name, rank, ranks, want.str(), whole.shape.str(),
+         piece.shape.numel());
+  }
+  const std::size_t es = dtype_size(whole.dtype);
+  auto* w = static_cast<char*>(whole.data);
+  auto* p = static_cast<char*>(piece.data);
+  auto copy = [&](std::int64_t w_off, std::int64_t p_off, std::int64_t n) {
+    if (n <= 0) return;
+    char* a = w + static_cast<std::size_t>(w_off) * es;
+    char* b = p + static_cast<std::size_t>(p_off) * es;
+    if (to_piece) std::memcpy(b, a, static_cast<std::size_t>(n) * es);
+    else std::memcpy(a, b, static_cast<std::size_t>(n) * es);
+  };
+  if (split.is_replicated()) {
+    copy(0, 0, whole.shape.numel());
+    return;
+  }
+  const std::vector<SplitRange> ranges = split_ranges(split, whole.shape, ranks, rank, name);
+  const std::int64_t d0 = whole.shape.rank > 0 ? whole.shape[0] : 1;
+  if (split.dim() == 0) {
+    const std::int64_t inner = d0 > 0 ? whole.shape.numel() / d0 : 0;  // elements per row
+    std::int64_t p_off = 0;
+    for (const SplitRange& r : ranges) {
+      copy(r.begin * inner, p_off, r.size * inner);
+      p_off += r.size * inner;
+    }
+    return;
+  }
+  // dim 1 of a matrix (rows, cols): each row's column ranges, packed.
+  const std::int64_t cols = whole.shape[1];
+  const std::int64_t inner = cols > 0 ? whole.shape.numel() / (d0 * cols) : 0;  // elements per column entry
+  std::int64_t piece_cols = 0;
+  for (const SplitRange& r : ranges) piece_cols += r.size;
+  for (std::int64_t row = 0; row < d0; ++row) {
+    std::int64_t p_col = 0;
+    for (const SplitRange& r : ranges) {
+      copy((row * cols + r.begin) * inner, (row * piece_cols + p_col) * inner, r.size * inner);
+      p_col += r.size;
+    }
+  }
+}
+
+}  // namespace
+
+void copy_whole_to_piece(const Tensor& whole, const Tensor& piece, const ParamSplit& split, int ranks, int rank, const std::string& name) {
+  copy_ranges(whole, piece, split, ranks, rank, name, true);
+}
+
+void copy_piece_to_whole(const Tensor& piece, const Tensor& whole, const ParamSplit& split, int ranks, int rank, const std::string& name) {
+  copy_ranges(whole, piece, split, ranks, rank, name, false);
 }
 
 }  // namespace dstrain

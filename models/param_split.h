@@ -77,4 +77,15 @@ std::vector<SplitRange> split_ranges(const ParamSplit& split, const Shape& shape
 // n / W + (r < n % W).
 std::int64_t units_of_rank(std::int64_t units, int ranks, int rank);
 
+// The shape of rank `rank`'s piece of a parameter of shape `whole` split as `split` over `ranks`
+// ranks: the cut dimension shrinks to the sum of the rank's ranges (possibly 0). A replicated
+// parameter keeps its shape.
+Shape piece_shape(const ParamSplit& split, const Shape& whole, int ranks, int rank, const std::string& name);
+
+// Host copies between a whole parameter and rank `rank`'s piece of it (contiguous, the piece's
+// ranges packed in part order, as piece_shape lays them out). Both fp32 or both the same dtype;
+// host memory. Replicated: the piece is the whole.
+void copy_whole_to_piece(const Tensor& whole, const Tensor& piece, const ParamSplit& split, int ranks, int rank, const std::string& name);
+void copy_piece_to_whole(const Tensor& piece, const Tensor& whole, const ParamSplit& split, int ranks, int rank, const std::string& name);
+
 }  // namespace dstrain

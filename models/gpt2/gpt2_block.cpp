@@ -11,6 +11,17 @@
 //   out  = residual2 + proj
 // backward runs the same in reverse; dinput carries the residual stream's gradient and may be the
 // same memory as dout (in place, as llm.c's single dresidual buffer).
+//
+// Tensor parallelism (models/tensor_parallel.h, docs/parallelism.md): built for rank r of W, the
+// block holds nh = units_of_rank(NH, W, r) whole heads (Cr = nh·HS of q, k and v each) and
+// F = units_of_rank(4C, W, r) MLP features: c_attn (3Cr, C), attn.c_proj (C, Cr), c_fc (F, C),
+// mlp.c_proj (C, F). The two projections' partial outputs are summed over the group before their
+// bias (added by rank 0 alone) and dropout; in backward the partial d(ln1), d(ln2) are summed
+// before the LayerNorm backward. LayerNorms, the projections' biases and the residual stream are
+// replicated and get the same gradients on every rank. Attention dropout masks are drawn per rank
+// (Megatron's model-parallel RNG: a rank's heads are not the one-rank model's heads h..h+nh, so
+// only their distribution, not their bits, matches one rank).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -21,6 +32,8 @@
 #include "ops/kernels/matmul_gelu.h"
 #include "models/gpt2/gpt2_layers.h"
 #include "models/layer_args.h"
+#include "models/param_split.h"
+#include "models/tensor_parallel.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
@@ -33,7 +46,19 @@ enum Saved { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, k
 enum Scratch { kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kNumScratch };
 }  // namespace
 
-Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index) : cfg_(cfg), index_(index) { validate(cfg_); }
+Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp)
+    : cfg_(cfg),
+      index_(index),
+      tp_(tp),
+      heads_(units_of_rank(cfg.n_head, tp.ranks, tp.rank)),
+      width_(heads_ * (cfg.n_embd / cfg.n_head)),
+      ff_(units_of_rank(4 * cfg.n_embd, tp.ranks, tp.rank)) {
+  validate(cfg_);
+  if (tp_.active() && ff_ == 0) {
+    fail("gpt2: n_embd {} gives 4 x n_embd = {} MLP features, fewer than the {} tensor-parallel ranks; use fewer ranks", cfg.n_embd, 4 * cfg.n_embd,
+         tp.ranks);
+  }
+}
 
 std::vector<ParamSpec> Gpt2Block::params() const {
   const std::int64_t C = cfg_.n_embd, hs = C / cfg_.n_head;
@@ -43,7 +68,7 @@ std::vector<ParamSpec> Gpt2Block::params() const {
   // whole heads), the two c_proj row-parallel with their biases added once after the sum.
   const std::vector<ParamSplit::Part> qkv{{C, hs}, {C, hs}, {C, hs}};
   const ParamSplit heads_in = ParamSplit::columns({{C, hs}});
-  return {
+  std::vector<ParamSpec> whole = {
       {p + "ln_1.weight", Shape{C}, ParamInit::ones(), false, {}},
       {p + "ln_1.bias", Shape{C}, ParamInit::zeros(), false, {}},
       {p + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal(0.02f), true, {}, ParamSplit::rows(qkv), true},  // (3C, C)
@@ -57,30 +82,32 @@ std::vector<ParamSpec> Gpt2Block::params() const {
       {p + "mlp.c_proj.weight", Shape{C, 4 * C}, ParamInit::normal(std_resid), true, {}, ParamSplit::columns(), true},  // (C, 4C)
       {p + "mlp.c_proj.bias", Shape{C}, ParamInit::zeros(), false, {}},
   };
+  for (ParamSpec& spec : whole) spec = piece_spec(std::move(spec), tp_);
+  return whole;
 }
 
 ActivationSpec Gpt2Block::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
 
 std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) const {
-  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd;
+  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, Cr = width_, Fr = ff_;
   const DType S = d.dtype, F = DType::fp32;
   return {
-      {"ln1", Shape{B, T, C}, S},       {"ln1_mean", Shape{B, T}, F},   {"ln1_rstd", Shape{B, T}, F},
-      {"qkv", Shape{B, T, 3 * C}, S},   {"atty", Shape{B, T, C}, S},    {"att_lse", Shape{B, cfg_.n_head, T}, F},
-      {"residual2", Shape{B, T, C}, S}, {"ln2", Shape{B, T, C}, S},     {"ln2_mean", Shape{B, T}, F},
-      {"ln2_rstd", Shape{B, T}, F},     {"fch", Shape{B, T, 4 * C}, S}, {"fch_gelu", Shape{B, T, 4 * C}, S},
+      {"ln1", Shape{B, T, C}, S},       {"ln1_mean", Shape{B, T}, F},  {"ln1_rstd", Shape{B, T}, F},
+      {"qkv", Shape{B, T, 3 * Cr}, S},  {"atty", Shape{B, T, Cr}, S},  {"att_lse", Shape{B, heads_, T}, F},
+      {"residual2", Shape{B, T, C}, S}, {"ln2", Shape{B, T, C}, S},    {"ln2_mean", Shape{B, T}, F},
+      {"ln2_rstd", Shape{B, T}, F},     {"fch", Shape{B, T, Fr}, S},   {"fch_gelu", Shape{B, T, Fr}, S},
   };
 }
 
 std::vector<ActivationSpec> Gpt2Block::scratch(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd;
   return {
-      {"btc_a", Shape{B, T, C}, d.dtype},       // forward: branch outputs; backward: d(branch output), then d(ln1)
-      {"btc_b", Shape{B, T, C}, d.dtype},       // backward: d(atty), d(ln2)
-      {"bt4c_a", Shape{B, T, 4 * C}, d.dtype},  // backward: d(fch_gelu), then d(qkv) in its first 3C columns' worth
-      {"bt4c_b", Shape{B, T, 4 * C}, d.dtype},  // backward: d(fch)
-      {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, 4 * C))}, DType::fp32},
-      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, C, cfg_.n_head))}, DType::fp32},
+      {"btc_a", Shape{B, T, C}, d.dtype},                         // forward: branch outputs; backward: d(branch output), then d(ln1)
+      {"btc_b", Shape{B, T, std::max(C, width_)}, d.dtype},       // backward: d(atty), d(ln2)
+      {"bt4c_a", Shape{B, T, std::max(ff_, 3 * width_)}, d.dtype},  // backward: d(fch_gelu), then d(qkv)
+      {"bt4c_b", Shape{B, T, ff_}, d.dtype},                      // backward: d(fch)
+      {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, std::max({C, ff_, width_})))}, DType::fp32},
+      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, width_, heads_))}, DType::fp32},
   };
 }
 
@@ -93,17 +120,29 @@ void Gpt2Block::forward(const ForwardArgs& a) {
   const Tensor proj = a.scratch[kBtcA];
   const Tensor mm = a.scratch[kMatmul];
   const float eps = cfg_.layer_norm_epsilon;
+  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  // A row-parallel projection: this rank's partial product, the bias once (rank 0), summed.
+  auto row_parallel = [&](const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
+    if (inp.shape[inp.shape.rank - 1] == 0) {
+      zero_tensor(out);  // a rank without heads adds zeros (never rank 0, which holds the most)
+    } else {
+      matmul_forward(out, inp, w, tp_.rank == 0 ? b : Tensor{}, mm);
+    }
+    if (group != nullptr) group->sum(out);
+  };
 
   layernorm_forward(s[kLn1], s[kLn1Mean], s[kLn1Rstd], a.input, p[kLn1W], p[kLn1B], eps);
-  matmul_forward(s[kQkv], s[kLn1], p[kAttnW], p[kAttnB], mm);
-  attention_forward(s[kAtty], s[kAttLse], s[kQkv], cfg_.n_head, layer_args::dropout(cfg_.attn_pdrop, a.rng, 0, a.train));
-  matmul_forward(proj, s[kAtty], p[kAttnProjW], p[kAttnProjB], mm);
+  if (heads_ > 0) {
+    matmul_forward(s[kQkv], s[kLn1], p[kAttnW], p[kAttnB], mm);
+    attention_forward(s[kAtty], s[kAttLse], s[kQkv], heads_, layer_args::tensor_parallel_dropout(cfg_.attn_pdrop, a.rng, 0, a.train, tp_.rank));
+  }
+  row_parallel(proj, s[kAtty], p[kAttnProjW], p[kAttnProjB]);
   const DropoutParams drop1 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 1, a.train);
   if (drop1.p > 0.0f) dropout_forward(proj, proj, drop1);
   fused_residual_layernorm_forward(s[kResidual2], s[kLn2], s[kLn2Mean], s[kLn2Rstd], a.input, proj, p[kLn2W], p[kLn2B], eps);
 
   matmul_gelu_forward(s[kFchGelu], s[kFch], s[kLn2], p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
-  matmul_forward(proj, s[kFchGelu], p[kFcProjW], p[kFcProjB], mm);
+  row_parallel(proj, s[kFchGelu], p[kFcProjW], p[kFcProjB]);
   const DropoutParams drop2 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 2, a.train);
   if (drop2.p > 0.0f) dropout_forward(proj, proj, drop2);
   residual_forward(a.output, s[kResidual2], proj);
@@ -120,6 +159,9 @@ void Gpt2Block::backward(const BackwardArgs& a) {
   const Tensor btc_a = a.scratch[kBtcA], btc_b = a.scratch[kBtcB];
   const Tensor bt4c_a = a.scratch[kBt4cA], bt4c_b = a.scratch[kBt4cB];
   const Tensor mm = a.scratch[kMatmul];
+  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd;
+  auto view = [&](const Tensor& t, std::int64_t width) { return Tensor(t.data, t.dtype, Shape{B, T, width}, t.device); };
 
   // dres holds d(out) now; through the residual connections it becomes d(residual2), then d(x).
   const Tensor dres = a.dinput;
@@ -133,12 +175,13 @@ void Gpt2Block::backward(const BackwardArgs& a) {
     zero_tensor(dproj);
     dropout_backward(dproj, dres, drop2);
   }
-  const Tensor dgelu = bt4c_a, dfch = bt4c_b, dln2 = btc_b;
+  const Tensor dgelu = view(bt4c_a, ff_), dfch = bt4c_b, dln2 = view(btc_b, C);
   // dfch = gelu'(fch) ⊙ (dproj · W_fcproj) and the fc_proj weight / bias gradients (dgelu: the
   // unfused backends' d(fch_gelu)).
   matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
   zero_tensor(dln2);
   matmul_backward(dln2, g[kFcW], g[kFcB], dfch, s[kLn2], p[kFcW], mm);
+  if (group != nullptr) group->sum(dln2);  // the column-parallel c_fc's input gradient: partial per rank
   layernorm_backward(dres, g[kLn2W], g[kLn2B], dln2, s[kResidual2], p[kLn2W], s[kLn2Mean], s[kLn2Rstd]);
 
   // ---- attention branch: residual2 = x + dropout(attn(ln1(x))) ----
@@ -149,26 +192,35 @@ void Gpt2Block::backward(const BackwardArgs& a) {
     zero_tensor(dproj);
     dropout_backward(dproj, dres, drop1);
   }
-  const Tensor datty = btc_b;
-  zero_tensor(datty);
-  matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
-  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd;
-  const Tensor dqkv = Tensor(bt4c_a.data, bt4c_a.dtype, Shape{B, T, 3 * C}, bt4c_a.device);
-  zero_tensor(dqkv);
-  attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kAttLse], cfg_.n_head, a.scratch[kAttention],
-                     layer_args::dropout(cfg_.attn_pdrop, a.rng, 0, a.train));
-  const Tensor dln1 = btc_a;  // dproj is dead
-  zero_tensor(dln1);
-  matmul_backward(dln1, g[kAttnW], g[kAttnB], dqkv, s[kLn1], p[kAttnW], mm);
+  const Tensor datty = view(btc_b, width_);
+  const Tensor dln1 = btc_a;  // written once dproj is dead
+  if (heads_ == 0 && g[kAttnProjB].numel() > 0) {
+    fail("layer '{}': tensor-parallel rank {} of {} holds none of the {} heads, and attn.c_proj has a bias whose gradient it could not form; use at "
+         "most {} tensor-parallel ranks",
+         name(), tp_.rank, tp_.ranks, cfg_.n_head, cfg_.n_head);
+  }
+  if (heads_ > 0) {
+    zero_tensor(datty);
+    matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
+    const Tensor dqkv = view(bt4c_a, 3 * width_);
+    zero_tensor(dqkv);
+    attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kAttLse], heads_, a.scratch[kAttention],
+                       layer_args::tensor_parallel_dropout(cfg_.attn_pdrop, a.rng, 0, a.train, tp_.rank));
+    zero_tensor(dln1);
+    matmul_backward(dln1, g[kAttnW], g[kAttnB], dqkv, s[kLn1], p[kAttnW], mm);
+  } else {
+    zero_tensor(dln1);
+  }
+  if (group != nullptr) group->sum(dln1);  // the column-parallel c_attn's input gradient
   layernorm_backward(dres, g[kLn1W], g[kLn1B], dln1, a.input, p[kLn1W], s[kLn1Mean], s[kLn1Rstd]);
 }
 
-std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg) {
+std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp) {
   validate(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(std::make_unique<Gpt2Embedding>(cfg));
-  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<Gpt2Block>(cfg, i));
-  layers.push_back(std::make_unique<Gpt2Head>(cfg));
+  layers.push_back(std::make_unique<Gpt2Embedding>(cfg, tp));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<Gpt2Block>(cfg, i, tp));
+  layers.push_back(std::make_unique<Gpt2Head>(cfg, tp));
   return layers;
 }
 

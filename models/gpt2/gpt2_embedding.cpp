@@ -1,4 +1,7 @@
 // Gpt2Embedding: x = dropout(wte[tokens] + wpe[t]).
+// Tensor parallelism: each rank holds some rows of wte (vocabulary-parallel); its lookup gives zeros
+// for the other rows' tokens and the group's sum completes it. Rank 0 adds wpe (the others a zero
+// table), so the sum adds it once; every rank forms wpe's gradient from the same d(x).
 #include <cstdint>
 
 #include "ops/kernels/dropout.h"
@@ -11,13 +14,14 @@ namespace dstrain {
 
 using layer_args::expect_count;
 
-Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_); }
+Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
 
 std::vector<ParamSpec> Gpt2Embedding::params() const {
   const std::int64_t C = cfg_.n_embd;
   return {
-      {"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}, ParamSplit::vocabulary()},  // (Vp, C)
-      {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},                                                   // (maxT, C)
+      piece_spec({"wte.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, {}, ParamSplit::vocabulary()},
+                 tp_),                                                                            // (Vp, C); a rank: (its rows, C)
+      {"wpe.weight", Shape{cfg_.n_positions, C}, ParamInit::normal(0.02f), true, {}},  // (maxT, C)
   };
 }
 
@@ -29,12 +33,14 @@ std::vector<ActivationSpec> Gpt2Embedding::scratch(const LayerDims& d) const {
   return {
       {"dx_dropped", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},  // (B, T, C) gradient before the dropout
       {"encoder_buckets", Shape{static_cast<std::int64_t>(encoder_backward_scratch_elems(d.B, d.T, cfg_.padded_vocab_size))}, DType::int32},
+      // tensor-parallel ranks but 0: the zero position table of their lookup
+      {"zero_positions", Shape{tp_.rank > 0 ? d.T : 0, cfg_.n_embd}, d.dtype},
   };
 }
 
 void Gpt2Embedding::forward(const ForwardArgs& a) {
   expect_count(name(), "params", a.params, 2);
-  expect_count(name(), "scratch", a.scratch, 2);
+  expect_count(name(), "scratch", a.scratch, 3);
   const Tensor& tokens = a.batch.tokens;
   // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
   check_token_ids(tokens, cfg_.vocab_size, "layer 'embedding'");
@@ -42,14 +48,26 @@ void Gpt2Embedding::forward(const ForwardArgs& a) {
     fail("layer 'embedding': sequence length T = {} exceeds n_positions = {}; use T <= {} or a model with more positions", tokens.shape[1],
          cfg_.n_positions, cfg_.n_positions);
   }
-  encoder_forward(a.output, tokens, a.params[0], a.params[1]);
+  if (tp_.active()) {
+    TensorParallelGroup& group = layer_group(a.tensor_parallel, tp_, name());
+    Tensor positions = a.params[1];
+    if (tp_.rank > 0) {
+      positions = a.scratch[2];
+      zero_tensor(positions);
+    }
+    const layer_args::VocabPiece piece = layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_);
+    encoder_forward(a.output, tokens, a.params[0], positions, VocabShard{piece.first, cfg_.padded_vocab_size});
+    group.sum(a.output);
+  } else {
+    encoder_forward(a.output, tokens, a.params[0], a.params[1]);
+  }
   const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
   if (drop.p > 0.0f) dropout_forward(a.output, a.output, drop);
 }
 
 void Gpt2Embedding::backward(const BackwardArgs& a) {
   expect_count(name(), "grads", a.grads, 2);
-  expect_count(name(), "scratch", a.scratch, 2);
+  expect_count(name(), "scratch", a.scratch, 3);
   const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
   Tensor dx = a.dout;
   if (drop.p > 0.0f) {
@@ -57,7 +75,9 @@ void Gpt2Embedding::backward(const BackwardArgs& a) {
     zero_tensor(dx);
     dropout_backward(dx, a.dout, drop);
   }
-  encoder_backward(a.grads[0], a.grads[1], dx, a.batch.tokens, a.scratch[1]);
+  VocabShard shard;
+  if (tp_.active()) shard = {layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).first, cfg_.padded_vocab_size};
+  encoder_backward(a.grads[0], a.grads[1], dx, a.batch.tokens, a.scratch[1], shard);
 }
 
 }  // namespace dstrain

@@ -54,6 +54,22 @@ std::string Gpt2Architecture::describe() const { return dstrain::describe(cfg_);
 
 std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_layers() const { return make_gpt2_layers(cfg_); }
 
+void Gpt2Architecture::check_tensor_parallel(int ranks) const {
+  if (ranks < 1) fail("tensor_parallel: {} ranks; give 1 or more", ranks);
+  // Heads are kept whole (AutoTP's rule) and may be spread unevenly; a rank without heads could
+  // not form attn.c_proj's bias gradient, which GPT-2 always has.
+  if (ranks > cfg_.n_head) {
+    fail("tensor_parallel.autotp_size {} is more than GPT-2's n_head {}: every tensor-parallel rank must hold at least one whole head; use at most {} "
+         "ranks",
+         ranks, cfg_.n_head, cfg_.n_head);
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
+  check_tensor_parallel(tp.ranks);
+  return make_gpt2_layers(cfg_, tp);
+}
+
 ModuleFlops Gpt2Architecture::forward_flops(std::int64_t B, std::int64_t T) const {
   return gpt2_forward_flops(Gpt2FlopsShape{.batch = B,
                                            .seq_len = T,

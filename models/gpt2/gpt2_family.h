@@ -27,6 +27,8 @@ class Gpt2Architecture final : public Architecture {
   double stored_parameter_count() const override;
   std::string describe() const override;
   std::vector<std::unique_ptr<Layer>> make_layers() const override;
+  void check_tensor_parallel(int ranks) const override;
+  std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const override;
   ModuleFlops forward_flops(std::int64_t B, std::int64_t T) const override;
   std::string config_json() const override;
   void import_weights(const std::filesystem::path& path, const ParamLookup& param) const override;

@@ -1,4 +1,7 @@
 // Gpt2Head: ln_f, tied LM head over the padded vocabulary, fused softmax cross-entropy.
+// Tensor parallelism: each rank holds some vocabulary rows of the tied weight and computes those
+// logits; the cross-entropy is vocabulary-parallel (layer_args.h) and the partial d(ln_f) is
+// summed over the group before the LayerNorm backward.
 #include <cmath>
 #include <cstdint>
 
@@ -14,19 +17,20 @@ using layer_args::expect_count;
 
 namespace {
 enum Saved { kLnf, kLnfMean, kLnfRstd, kLogits, kLse, kNumSaved };
-enum Scratch { kDLnf, kMatmul, kNumScratch };
+enum Scratch { kDLnf, kMatmul, kRowMax, kStats, kNumScratch };
 enum P { kW, kB, kWte, kNumParams };
 }  // namespace
 
-Gpt2Head::Gpt2Head(const Gpt2Config& cfg) : cfg_(cfg) { validate(cfg_); }
+Gpt2Head::Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
 
 std::vector<ParamSpec> Gpt2Head::params() const {
   const std::int64_t C = cfg_.n_embd;
   return {
       {"ln_f.weight", Shape{C}, ParamInit::ones(), false, {}},
       {"ln_f.bias", Shape{C}, ParamInit::zeros(), false, {}},
-      {"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, "wte.weight",
-       ParamSplit::vocabulary()},  // (Vp, C)
+      piece_spec({"lm_head.weight", Shape{cfg_.padded_vocab_size, C}, ParamInit::normal(0.02f, cfg_.vocab_size), true, "wte.weight",
+                  ParamSplit::vocabulary()},
+                 tp_),  // (Vp, C); a rank: (its rows, C)
   };
 }
 
@@ -38,7 +42,7 @@ std::vector<ActivationSpec> Gpt2Head::saved_activations(const LayerDims& d) cons
       {"lnf", Shape{d.B, d.T, C}, d.dtype},
       {"lnf_mean", Shape{d.B, d.T}, DType::fp32},
       {"lnf_rstd", Shape{d.B, d.T}, DType::fp32},
-      {"logits", Shape{d.B, d.T, cfg_.padded_vocab_size}, d.dtype},  // (B, T, Vp); backward turns it into dlogits in place
+      {"logits", Shape{d.B, d.T, rows()}, d.dtype},  // (B, T, Vp) (a rank: its rows); backward turns it into dlogits in place
       {"lse", Shape{d.B, d.T}, DType::fp32},
   };
 }
@@ -47,7 +51,13 @@ std::vector<ActivationSpec> Gpt2Head::scratch(const LayerDims& d) const {
   return {
       {"dlnf", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, cfg_.n_embd))}, DType::fp32},
+      {"row_max", Shape{tp_.active() ? d.B * d.T : 0}, DType::fp32},    // tensor parallelism: the group's max logit per position
+      {"ce_stats", Shape{tp_.active() ? 2 * d.B * d.T : 0}, DType::fp32},  // ... and (sum exp, target logit)
   };
+}
+
+std::int64_t Gpt2Head::rows() const {
+  return tp_.active() ? layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).rows : cfg_.padded_vocab_size;
 }
 
 void Gpt2Head::forward(const ForwardArgs& a) {
@@ -57,7 +67,10 @@ void Gpt2Head::forward(const ForwardArgs& a) {
   const auto& s = a.saved;
   layernorm_forward(s[kLnf], s[kLnfMean], s[kLnfRstd], a.input, a.params[kW], a.params[kB], cfg_.layer_norm_epsilon);
   matmul_forward(s[kLogits], s[kLnf], a.params[kWte], Tensor{}, a.scratch[kMatmul]);  // (B, T, Vp) = lnf · wteᵀ
-  const float mean = layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
+  const float mean = tp_.active() ? layer_args::vocab_parallel_head_loss_forward(
+                                        a, s[kLse], s[kLogits], layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_),
+                                        layer_group(a.tensor_parallel, tp_, name()), a.scratch[kRowMax], a.scratch[kStats])
+                                  : layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -68,10 +81,15 @@ void Gpt2Head::backward(const BackwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
   const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
-  layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
+  if (tp_.active()) {
+    layer_args::vocab_parallel_head_loss_backward(a, s[kLse], dlogits, layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_));
+  } else {
+    layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
+  }
   const Tensor dlnf = a.scratch[kDLnf];
   zero_tensor(dlnf);
   matmul_backward(dlnf, a.grads[kWte], Tensor{}, dlogits, s[kLnf], a.params[kWte], a.scratch[kMatmul]);
+  if (tp_.active()) layer_group(a.tensor_parallel, tp_, name()).sum(dlnf);  // each rank's vocabulary rows' share
   zero_tensor(a.dinput);
   layernorm_backward(a.dinput, a.grads[kW], a.grads[kB], dlnf, a.input, a.params[kW], s[kLnfMean], s[kLnfRstd]);
 }

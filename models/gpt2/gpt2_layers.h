@@ -27,12 +27,14 @@
 
 #include "models/gpt2/gpt2_config.h"
 #include "models/layer.h"
+#include "models/tensor_parallel.h"
 
 namespace dstrain {
 
 class Gpt2Embedding final : public Layer {
  public:
-  explicit Gpt2Embedding(const Gpt2Config& cfg);
+  // tp: the tensor-parallel rank it is built for (wte cut by vocabulary rows, wpe replicated).
+  explicit Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp = {});
   std::string name() const override { return "embedding"; }
   std::string type_name() const override { return "GPT2Embedding"; }
   std::vector<ParamSpec> params() const override;                                    // wte.weight (Vp, C), wpe.weight (maxT, C)
@@ -44,11 +46,13 @@ class Gpt2Embedding final : public Layer {
 
  private:
   Gpt2Config cfg_;
+  TensorParallelRank tp_;
 };
 
 class Gpt2Block final : public Layer {
  public:
-  Gpt2Block(const Gpt2Config& cfg, std::int64_t index);  // index: N of "h.N"
+  // index: N of "h.N"; tp: the tensor-parallel rank it is built for (gpt2_block.cpp).
+  Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp = {});
   std::string name() const override { return "h." + std::to_string(index_); }
   std::string type_name() const override { return "GPT2Block"; }
   std::vector<ParamSpec> params() const override;
@@ -61,11 +65,17 @@ class Gpt2Block final : public Layer {
  private:
   Gpt2Config cfg_;
   std::int64_t index_;
+  TensorParallelRank tp_;
+  std::int64_t heads_;  // this rank's heads
+  std::int64_t width_;  // heads_ x head size: this rank's share of q, k and v each
+  std::int64_t ff_;     // this rank's MLP features (of 4C)
 };
 
 class Gpt2Head final : public Layer {
  public:
-  explicit Gpt2Head(const Gpt2Config& cfg);
+  // tp: the tensor-parallel rank it is built for (the tied weight cut by vocabulary rows, the
+  // cross-entropy vocabulary-parallel: the logits are never gathered).
+  explicit Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp = {});
   std::string name() const override { return "head"; }
   std::string type_name() const override { return "GPT2LMHead"; }
   // ln_f.weight, ln_f.bias, lm_head.weight (tied to wte.weight)
@@ -79,10 +89,12 @@ class Gpt2Head final : public Layer {
   bool fuses_loss_grad() const override { return true; }
 
  private:
+  std::int64_t rows() const;  // the vocabulary rows this rank's logits cover
   Gpt2Config cfg_;
+  TensorParallelRank tp_;
 };
 
 // Embedding, n_layer blocks, head: the model in the order the engine runs it.
-std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg);
+std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp = {});
 
 }  // namespace dstrain

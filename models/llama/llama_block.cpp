@@ -14,6 +14,15 @@
 //   out = residual2 + h · down_projᵀ (+ b)
 // backward runs the same in reverse; RoPE and the q/k norm backward run in place on dqkv.
 // dinput carries the residual stream's gradient and may be the same memory as dout.
+//
+// Tensor parallelism (models/tensor_parallel.h, docs/parallelism.md): built for rank r of W, the
+// block holds NKVr = units_of_rank(NKV, W, r) key/value heads and their NKVr·NH/NKV query heads
+// (AutoTP's whole-head split: 6 KV heads over 4 ranks are 2, 2, 1, 1; with more ranks than KV
+// heads the surplus ranks hold no attention weights and add zeros), and Ir = units_of_rank(I, W, r)
+// MLP features. o_proj's and down_proj's partial outputs are summed over the group (their biases
+// added by rank 0 alone); the partial d(ln1), d(ln2) are summed before the RMSNorm backward; the
+// q/k norm weights' gradients (partial: a rank sees its own heads) are summed in backward, so
+// every replicated parameter leaves with the same gradient on every rank.
 #include <algorithm>
 #include <cstdint>
 
@@ -26,6 +35,8 @@
 #include "ops/kernels/tensor_ops.h"
 #include "models/layer_args.h"
 #include "models/llama/llama_layers.h"
+#include "models/param_split.h"
+#include "models/tensor_parallel.h"
 
 namespace dstrain {
 
@@ -63,7 +74,7 @@ ParamIndex param_index(const LlamaConfig& c) {
 }
 
 enum Saved { kLn1, kRstd1, kQkvRaw, kQkNormRstd, kQkv, kInvFreq, kAtty, kLse, kResidual2, kLn2, kRstd2, kGate, kUp, kH, kNumSaved };
-enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kNumScratch };
+enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kNumScratch };
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
 
@@ -72,8 +83,14 @@ Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tens
 
 }  // namespace
 
-LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index)
-    : cfg_(cfg), index_(index), inv_freq_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)) {
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp)
+    : cfg_(cfg),
+      index_(index),
+      tp_(tp),
+      nkv_(units_of_rank(cfg.n_kv_head, tp.ranks, tp.rank)),
+      nh_(nkv_ * (cfg.n_kv_head > 0 ? cfg.n_head / cfg.n_kv_head : 0)),
+      inter_(units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
+      inv_freq_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)) {
   validate(cfg_);
 }
 
@@ -103,6 +120,7 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   if (cfg_.mlp_bias) v.push_back({p + "mlp.up_proj.bias", Shape{I}, ParamInit::zeros(), false, {}, ParamSplit::rows()});
   v.push_back({p + "mlp.down_proj.weight", Shape{C, I}, ParamInit::normal(sd), true, {}, ParamSplit::columns()});
   if (cfg_.mlp_bias) v.push_back({p + "mlp.down_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
+  for (ParamSpec& spec : v) spec = piece_spec(std::move(spec), tp_);
   return v;
 }
 
@@ -110,11 +128,11 @@ ActivationSpec LlamaBlock::output(const LayerDims& d) const { return {"x", Shape
 
 std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) const {
   llama_check_sequence(cfg_, d.T);
-  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = cfg_.intermediate_size, W = cfg_.qkv_dim();
+  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = inter_, W = qkv_dim();
   const DType S = d.dtype, F = DType::fp32;
   // Without q/k norm the raw qkv is not needed after the forward (RoPE's backward needs no input).
   const std::int64_t raw = cfg_.qk_norm ? B * T * W : 0;
-  const std::int64_t qk_rows = cfg_.qk_norm ? B * T * (cfg_.n_head + cfg_.n_kv_head) : 0;
+  const std::int64_t qk_rows = cfg_.qk_norm ? B * T * (nh_ + nkv_) : 0;
   return {
       {"ln1", Shape{B, T, C}, S},
       {"ln1_rstd", Shape{B, T}, F},
@@ -122,8 +140,8 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
       {"qk_norm_rstd", Shape{qk_rows}, F},
       {"qkv", Shape{B, T, W}, S},
       {"rope_inv_freq", Shape{cfg_.head_dim / 2}, F},
-      {"atty", Shape{B, T, cfg_.q_dim()}, S},
-      {"att_lse", Shape{B, cfg_.n_head, T}, F},
+      {"atty", Shape{B, T, q_dim()}, S},
+      {"att_lse", Shape{B, nh_, T}, F},
       {"residual2", Shape{B, T, C}, S},
       {"ln2", Shape{B, T, C}, S},
       {"ln2_rstd", Shape{B, T}, F},
@@ -134,16 +152,18 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
 }
 
 std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
-  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = cfg_.intermediate_size;
-  const std::int64_t widest_in = std::max({C, cfg_.q_dim(), I});
+  const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = inter_;
+  const std::int64_t widest_in = std::max({C, q_dim(), I});
   return {
       {"btc_a", Shape{B, T, C}, d.dtype},                          // forward: branch outputs; backward: d(ln2), then d(ln1)
-      {"btc_b", Shape{B, T, std::max(C, cfg_.q_dim())}, d.dtype},  // backward: d(atty)
-      {"dqkv", Shape{B, T, cfg_.qkv_dim()}, d.dtype},
+      {"btc_b", Shape{B, T, std::max(C, q_dim())}, d.dtype},  // backward: d(atty)
+      {"dqkv", Shape{B, T, qkv_dim()}, d.dtype},
       {"bti_a", Shape{B, T, I}, d.dtype},  // backward: d(h), then d(gate)
       {"bti_b", Shape{B, T, I}, d.dtype},  // backward: d(up)
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, widest_in))}, DType::fp32},
-      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, cfg_.q_dim(), cfg_.n_head))}, DType::fp32},
+      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, q_dim(), nh_))}, DType::fp32},
+      // tensor parallelism with q/k norm: this rank's share of the two norm weights' gradients, summed over the group
+      {"qk_norm_grad", Shape{tp_.active() && cfg_.qk_norm ? 2 * cfg_.head_dim : 0}, d.dtype},
   };
 }
 
@@ -154,13 +174,25 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& p = a.params;
   const auto& s = a.saved;
-  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.n_kv_head, D = cfg_.head_dim;
+  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = nh_, NKV = nkv_, D = cfg_.head_dim;
   const Tensor proj = Tensor(a.scratch[kBtcA].data, a.dims.dtype, Shape{B, T, C}, a.scratch[kBtcA].device);
   const Tensor mm = a.scratch[kMatmul];
   const float eps = cfg_.rms_norm_eps;
+  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  // A row-parallel projection: this rank's partial product, the bias once (rank 0), summed.
+  auto row_parallel = [&](const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
+    if (inp.shape[inp.shape.rank - 1] == 0) {
+      zero_tensor(out);  // a rank without heads adds zeros (never rank 0, which holds the most)
+    } else {
+      matmul_forward(out, inp, w, tp_.rank == 0 ? b : Tensor{}, mm);
+    }
+    if (group != nullptr) group->sum(out);
+  };
 
   rmsnorm_forward(s[kLn1], s[kRstd1], a.input, p[pi.ln1], eps);
-  if (cfg_.qk_norm) {
+  if (nh_ == 0) {
+    // no heads on this rank: nothing to attend; o_proj adds zeros below
+  } else if (cfg_.qk_norm) {
     const Tensor raw(s[kQkvRaw].data, a.dims.dtype, s[kQkv].shape, s[kQkvRaw].device);
     matmul_forward(raw, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
     copy_tensor(s[kQkv], raw);
@@ -174,17 +206,19 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     matmul_forward(s[kQkv], s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
   }
   copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
-  const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
-  rope_forward(heads, heads, s[kInvFreq], NH + NKV);
-  attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV}, layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train),
-                    cfg_.attention_window());
-  matmul_forward(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b), mm);
+  if (nh_ > 0) {
+    const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
+    rope_forward(heads, heads, s[kInvFreq], NH + NKV);
+    attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV},
+                      layer_args::tensor_parallel_dropout(cfg_.attention_dropout, a.rng, 0, a.train, tp_.rank), cfg_.attention_window());
+  }
+  row_parallel(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b));
   fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
 
   matmul_forward(s[kGate], s[kLn2], p[pi.gate_w], opt(p, pi.gate_b), mm);
   matmul_forward(s[kUp], s[kLn2], p[pi.up_w], opt(p, pi.up_b), mm);
   swiglu_forward(s[kH], s[kGate], s[kUp]);
-  matmul_forward(proj, s[kH], p[pi.down_w], opt(p, pi.down_b), mm);
+  row_parallel(proj, s[kH], p[pi.down_w], opt(p, pi.down_b));
   residual_forward(a.output, s[kResidual2], proj);
 }
 
@@ -197,11 +231,12 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   const auto& p = a.params;
   const auto& g = a.grads;
   const auto& s = a.saved;
-  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.n_kv_head, D = cfg_.head_dim;
+  const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = nh_, NKV = nkv_, D = cfg_.head_dim;
   const DType S = a.dims.dtype;
   const Device dev = a.scratch[kBtcA].device;
   const Tensor btc_a(a.scratch[kBtcA].data, S, Shape{B, T, C}, dev);
   const Tensor mm = a.scratch[kMatmul];
+  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
 
   const Tensor dres = a.dinput;
   copy_tensor(dres, a.dout);  // a no-op when dinput is dout
@@ -219,37 +254,58 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   zero_tensor(dln2);
   matmul_backward(dln2, g[pi.gate_w], opt(g, pi.gate_b), dgate, s[kLn2], p[pi.gate_w], mm);
   matmul_backward(dln2, g[pi.up_w], opt(g, pi.up_b), dup, s[kLn2], p[pi.up_w], mm);
+  if (group != nullptr) group->sum(dln2);  // the column-parallel gate/up's input gradient: partial per rank
   rmsnorm_backward(dres, g[pi.ln2], dln2, s[kResidual2], p[pi.ln2], s[kRstd2]);
 
   // ---- attention branch: residual2 = x + o_proj(attn(...)) ----
-  const Tensor datty(a.scratch[kBtcB].data, S, Shape{B, T, cfg_.q_dim()}, dev);
-  zero_tensor(datty);
-  matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres, s[kAtty], p[pi.o_w], mm);
-  const Tensor dqkv = a.scratch[kDqkv];
-  zero_tensor(dqkv);
-  attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kLse], AttentionHeads{NH, NKV}, a.scratch[kAttention],
-                     layer_args::dropout(cfg_.attention_dropout, a.rng, 0, a.train), cfg_.attention_window());
-  const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
-  rope_backward(dheads, dheads, s[kInvFreq], NH + NKV);
-  if (cfg_.qk_norm) {
-    const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, s[kQkv].shape, s[kQkvRaw].device), NH + 2 * NKV, D);
-    float* rstd = static_cast<float*>(s[kQkNormRstd].data);
-    const Device rd = s[kQkNormRstd].device;
-    head_rmsnorm_backward(dheads, g[pi.q_norm], raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
-    head_rmsnorm_backward(dheads, g[pi.k_norm], raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
-  }
   const Tensor dln1 = btc_a;  // d(ln2) is dead
   zero_tensor(dln1);
-  matmul_backward(dln1, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, s[kLn1], p[pi.qkv_w], mm);
+  // Tensor parallelism with q/k norm: the norm weights' gradients from this rank's heads go to a
+  // scratch that is summed over the group (every rank joins the sum, with or without heads).
+  const Tensor qk_partial = a.scratch[kQkNormGrad];
+  const bool sum_qk_norm = group != nullptr && cfg_.qk_norm;
+  const Tensor dq_norm = sum_qk_norm ? Tensor(qk_partial.data, S, Shape{D}, dev) : opt(g, pi.q_norm);
+  const Tensor dk_norm =
+      sum_qk_norm ? Tensor(static_cast<char*>(qk_partial.data) + D * static_cast<std::int64_t>(dtype_size(S)), S, Shape{D}, dev) : opt(g, pi.k_norm);
+  if (sum_qk_norm) zero_tensor(qk_partial);
+  if (nh_ > 0) {
+    const Tensor datty(a.scratch[kBtcB].data, S, Shape{B, T, q_dim()}, dev);
+    zero_tensor(datty);
+    matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres, s[kAtty], p[pi.o_w], mm);
+    const Tensor dqkv = a.scratch[kDqkv];
+    zero_tensor(dqkv);
+    attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kLse], AttentionHeads{NH, NKV}, a.scratch[kAttention],
+                       layer_args::tensor_parallel_dropout(cfg_.attention_dropout, a.rng, 0, a.train, tp_.rank), cfg_.attention_window());
+    const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
+    rope_backward(dheads, dheads, s[kInvFreq], NH + NKV);
+    if (cfg_.qk_norm) {
+      const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, s[kQkv].shape, s[kQkvRaw].device), NH + 2 * NKV, D);
+      float* rstd = static_cast<float*>(s[kQkNormRstd].data);
+      const Device rd = s[kQkNormRstd].device;
+      head_rmsnorm_backward(dheads, dq_norm, raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
+      head_rmsnorm_backward(dheads, dk_norm, raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
+    }
+    matmul_backward(dln1, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, s[kLn1], p[pi.qkv_w], mm);
+  } else if (pi.o_b >= 0) {
+    fail("layer '{}': tensor-parallel rank {} of {} holds none of the {} key/value heads, and o_proj has a bias whose gradient it could not form; "
+         "use at most {} tensor-parallel ranks",
+         name(), tp_.rank, tp_.ranks, cfg_.n_kv_head, cfg_.n_kv_head);
+  }
+  if (sum_qk_norm) {
+    group->sum(qk_partial);
+    residual_forward(g[pi.q_norm], g[pi.q_norm], dq_norm);
+    residual_forward(g[pi.k_norm], g[pi.k_norm], dk_norm);
+  }
+  if (group != nullptr) group->sum(dln1);  // the column-parallel qkv_proj's input gradient
   rmsnorm_backward(dres, g[pi.ln1], dln1, a.input, p[pi.ln1], s[kRstd1]);
 }
 
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg) {
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp) {
   validate(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(std::make_unique<LlamaEmbedding>(cfg));
-  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i));
-  layers.push_back(std::make_unique<LlamaHead>(cfg));
+  layers.push_back(std::make_unique<LlamaEmbedding>(cfg, tp));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp));
+  layers.push_back(std::make_unique<LlamaHead>(cfg, tp));
   return layers;
 }
 

@@ -16,15 +16,16 @@ namespace {
 enum Scratch { kZeroPositions, kBuckets, kNumScratch };
 }
 
-LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg) : cfg_(cfg) { validate(cfg_); }
+LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
 
 std::vector<ParamSpec> LlamaEmbedding::params() const {
-  return {{"model.embed_tokens.weight",
-           Shape{cfg_.padded_vocab_size, cfg_.n_embd},
-           ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
-           true,
-           {},
-           ParamSplit::vocabulary()}};  // (Vp, C)
+  return {piece_spec({"model.embed_tokens.weight",
+                      Shape{cfg_.padded_vocab_size, cfg_.n_embd},
+                      ParamInit::normal(cfg_.initializer_range, cfg_.vocab_size),
+                      true,
+                      {},
+                      ParamSplit::vocabulary()},
+                     tp_)};  // (Vp, C); a tensor-parallel rank: (its rows, C)
 }
 
 ActivationSpec LlamaEmbedding::output(const LayerDims& d) const {
@@ -47,13 +48,21 @@ void LlamaEmbedding::forward(const ForwardArgs& a) {
   check_token_ids(a.batch.tokens, cfg_.vocab_size, "layer 'embedding'");
   llama_check_sequence(cfg_, a.dims.T);
   zero_tensor(a.scratch[kZeroPositions]);
-  encoder_forward(a.output, a.batch.tokens, a.params[0], a.scratch[kZeroPositions]);
+  encoder_forward(a.output, a.batch.tokens, a.params[0], a.scratch[kZeroPositions], shard());
+  // Tensor parallelism: each rank looked up its vocabulary rows (zeros for the others'); the sum
+  // completes the lookup.
+  if (tp_.active()) layer_group(a.tensor_parallel, tp_, name()).sum(a.output);
+}
+
+VocabShard LlamaEmbedding::shard() const {
+  if (!tp_.active()) return {};
+  return {layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).first, cfg_.padded_vocab_size};
 }
 
 void LlamaEmbedding::backward(const BackwardArgs& a) {
   expect_count(name(), "grads", a.grads, 1);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
-  encoder_backward(a.grads[0], a.scratch[kZeroPositions], a.dout, a.batch.tokens, a.scratch[kBuckets]);
+  encoder_backward(a.grads[0], a.scratch[kZeroPositions], a.dout, a.batch.tokens, a.scratch[kBuckets], shard());
 }
 
 }  // namespace dstrain

@@ -55,6 +55,27 @@ std::string LlamaArchitecture::describe() const { return dstrain::describe(cfg_)
 
 std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_layers() const { return make_llama_layers(cfg_); }
 
+void LlamaArchitecture::check_tensor_parallel(int ranks) const {
+  if (ranks < 1) fail("tensor_parallel: {} ranks; give 1 or more", ranks);
+  if (ranks > cfg_.intermediate_size) {
+    fail("tensor_parallel.autotp_size {} is more than intermediate_size {}: every rank must hold some MLP features; use at most {} ranks", ranks,
+         cfg_.intermediate_size, cfg_.intermediate_size);
+  }
+  if (ranks > cfg_.n_kv_head) {
+    // AutoTP's rule: the key/value heads stay whole; the surplus ranks hold no attention weights.
+    if (cfg_.o_bias) {
+      fail("tensor_parallel.autotp_size {} is more than num_key_value_heads {}, and o_proj has a bias: a rank without heads could not form its "
+           "gradient; use at most {} ranks",
+           ranks, cfg_.n_kv_head, cfg_.n_kv_head);
+    }
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
+  check_tensor_parallel(tp.ranks);
+  return make_llama_layers(cfg_, tp);
+}
+
 void LlamaArchitecture::check_sequence(std::int64_t T, const Device& device) const { llama_check_sequence(cfg_, T, device.is_cuda()); }
 
 double LlamaArchitecture::flops_per_token(std::int64_t T) const {

@@ -26,13 +26,16 @@
 #include <vector>
 
 #include "models/layer.h"
+#include "ops/kernels/encoder.h"
 #include "models/llama/llama_config.h"
+#include "models/tensor_parallel.h"
 
 namespace dstrain {
 
 class LlamaEmbedding final : public Layer {
  public:
-  explicit LlamaEmbedding(const LlamaConfig& cfg);
+  // tp: the tensor-parallel rank it is built for (embed_tokens cut by vocabulary rows).
+  explicit LlamaEmbedding(const LlamaConfig& cfg, TensorParallelRank tp = {});
   std::string name() const override { return "embedding"; }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "Embedding"; }
   std::vector<ParamSpec> params() const override;  // model.embed_tokens.weight (Vp, C)
@@ -43,12 +46,15 @@ class LlamaEmbedding final : public Layer {
   void backward(const BackwardArgs& a) override;
 
  private:
+  VocabShard shard() const;  // this rank's rows of the table ({} for one rank)
   LlamaConfig cfg_;
+  TensorParallelRank tp_;
 };
 
 class LlamaBlock final : public Layer {
  public:
-  LlamaBlock(const LlamaConfig& cfg, std::int64_t index);  // index: N of "model.layers.N"
+  // index: N of "model.layers.N"; tp: the tensor-parallel rank it is built for (llama_block.cpp).
+  LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp = {});
   std::string name() const override { return "layers." + std::to_string(index_); }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "DecoderLayer"; }
   std::vector<ParamSpec> params() const override;
@@ -59,14 +65,24 @@ class LlamaBlock final : public Layer {
   void backward(const BackwardArgs& a) override;
 
  private:
+  std::int64_t q_dim() const { return nh_ * cfg_.head_dim; }
+  std::int64_t kv_dim() const { return nkv_ * cfg_.head_dim; }
+  std::int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+
   LlamaConfig cfg_;
   std::int64_t index_;
+  TensorParallelRank tp_;
+  std::int64_t nkv_;    // this rank's key/value heads
+  std::int64_t nh_;     // ... and query heads (nkv_ groups of n_head / n_kv_head)
+  std::int64_t inter_;  // ... and MLP features (of intermediate_size)
   std::vector<float> inv_freq_;  // (D/2) rope_inv_freq, uploaded into the saved "rope_inv_freq" per forward
 };
 
 class LlamaHead final : public Layer {
  public:
-  explicit LlamaHead(const LlamaConfig& cfg);
+  // tp: the tensor-parallel rank it is built for (lm_head cut by vocabulary rows, the
+  // cross-entropy vocabulary-parallel).
+  explicit LlamaHead(const LlamaConfig& cfg, TensorParallelRank tp = {});
   std::string name() const override { return "head"; }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "LMHead"; }
   // model.norm.weight, lm_head.weight (tied to model.embed_tokens.weight when tie_word_embeddings)
@@ -79,10 +95,12 @@ class LlamaHead final : public Layer {
   bool fuses_loss_grad() const override { return true; }
 
  private:
+  std::int64_t rows() const;  // the vocabulary rows this rank's logits cover
   LlamaConfig cfg_;
+  TensorParallelRank tp_;
 };
 
 // Embedding, n_layer blocks, head.
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg);
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp = {});
 
 }  // namespace dstrain

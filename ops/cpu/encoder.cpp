@@ -40,15 +40,28 @@ void check_tokens(const char* op, const std::int32_t* tok, std::int64_t n, std::
   }
 }
 
+// The whole vocabulary's size: the shard's, or the table's rows. Error when a shard does not lie
+// inside it.
+std::int64_t vocab_of(const char* op, const VocabShard& shard, std::int64_t rows) {
+  if (shard.vocab == 0) return rows;
+  if (shard.first < 0 || shard.first + rows > shard.vocab) {
+    fail("{}: the table holds rows [{}, {}) of a vocabulary of {}; a shard must lie inside the vocabulary", op, shard.first, shard.first + rows,
+         shard.vocab);
+  }
+  return shard.vocab;
+}
+
 }  // namespace
 
-void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, VocabShard shard) {
   const char* op = "encoder_forward";
   const bool gpu = cpu::on_cuda(op, {{"out", out}, {"tokens", tokens}, {"wte", wte}, {"wpe", wpe}});
   const EncShape s = check_shapes(op, out, "out", tokens, wte, "wte", wpe, "wpe");
-  DSTRAIN_RETURN_ON_CUDA(gpu, encoder_forward(out, tokens, wte, wpe));  // validates the tokens there
+  const std::int64_t vocab = vocab_of(op, shard, s.V);
+  DSTRAIN_RETURN_ON_CUDA(gpu, encoder_forward(out, tokens, wte, wpe, shard));  // validates the tokens there
   const auto* tok = static_cast<const std::int32_t*>(tokens.data);
-  check_tokens(op, tok, s.B * s.T, s.V);
+  check_tokens(op, tok, s.B * s.T, vocab);
+  const std::int64_t first = shard.first;
   cpu::dispatch_float(op, out.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     T* o = static_cast<T*>(out.data);
     const T* we = static_cast<const T*>(wte.data);
@@ -57,8 +70,13 @@ void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(s.B * s.T * C))
     for (std::int64_t bt = 0; bt < s.B * s.T; ++bt) {
       T* __restrict orow = o + bt * C;
-      const T* __restrict erow = we + static_cast<std::int64_t>(tok[bt]) * C;
+      const std::int64_t row = static_cast<std::int64_t>(tok[bt]) - first;
       const T* __restrict prow = wp + (bt % s.T) * C;
+      if (row < 0 || row >= s.V) {  // another rank's row: zeros
+        for (std::int64_t c = 0; c < C; ++c) orow[c] = cpu::store<T>(cpu::load(prow[c]));
+        continue;
+      }
+      const T* __restrict erow = we + row * C;
       for (std::int64_t c = 0; c < C; ++c) orow[c] = cpu::store<T>(cpu::load(erow[c]) + cpu::load(prow[c]));
     }
   });
@@ -66,7 +84,7 @@ void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
 
 std::size_t encoder_backward_scratch_elems(std::int64_t B, std::int64_t T, std::int64_t V) { return static_cast<std::size_t>(B * T + V + 1); }
 
-void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch) {
+void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch, VocabShard shard) {
   const char* op = "encoder_backward";
   const bool gpu = cpu::on_cuda(op, {{"dwte", dwte}, {"dwpe", dwpe}, {"dout", dout}, {"tokens", tokens}, {"scratch", scratch}});
   const EncShape s = check_shapes(op, dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe");
@@ -76,19 +94,29 @@ void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tens
   if (static_cast<std::size_t>(scratch.numel()) < need) {
     fail("{}: scratch has {} int32 elements but B*T + V + 1 = {} are needed (B={}, T={}, V={})", op, scratch.numel(), need, s.B, s.T, s.V);
   }
-  DSTRAIN_RETURN_ON_CUDA(gpu, encoder_backward(dwte, dwpe, dout, tokens, scratch));
+  const std::int64_t vocab = vocab_of(op, shard, s.V);
+  DSTRAIN_RETURN_ON_CUDA(gpu, encoder_backward(dwte, dwpe, dout, tokens, scratch, shard));
   const auto* tok = static_cast<const std::int32_t*>(tokens.data);
   const std::int64_t N = s.B * s.T, C = s.C, V = s.V;
-  check_tokens(op, tok, N, V);
+  check_tokens(op, tok, N, vocab);
+  // The table row of position i, or -1 when its token is another rank's.
+  auto row_of = [&](std::int64_t i) -> std::int64_t {
+    const std::int64_t r = static_cast<std::int64_t>(tok[i]) - shard.first;
+    return r >= 0 && r < V ? r : -1;
+  };
 
-  // Counting sort of positions by token: start[v] .. start[v+1] index into order[].
+  // Counting sort of this table's positions by row: start[v] .. start[v+1] index into order[],
+  // which holds the n_in positions whose token is one of the table's rows.
   auto* order = static_cast<std::int32_t*>(scratch.data);  // (B*T)
   std::int32_t* start = order + N;                         // (V + 1)
   for (std::int64_t v = 0; v <= V; ++v) start[v] = 0;
-  for (std::int64_t i = 0; i < N; ++i) ++start[tok[i] + 1];
+  for (std::int64_t i = 0; i < N; ++i)
+    if (const std::int64_t r = row_of(i); r >= 0) ++start[r + 1];
   for (std::int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
-  // Fill positions in increasing order per token; start[v] is advanced and restored after.
-  for (std::int64_t i = 0; i < N; ++i) order[start[tok[i]]++] = static_cast<std::int32_t>(i);
+  const std::int64_t n_in = start[V];
+  // Fill positions in increasing order per row; start[v] is advanced and restored after.
+  for (std::int64_t i = 0; i < N; ++i)
+    if (const std::int64_t r = row_of(i); r >= 0) order[start[r]++] = static_cast<std::int32_t>(i);
   for (std::int64_t v = V; v > 0; --v) start[v] = start[v - 1];
   start[0] = 0;
 
@@ -102,10 +130,10 @@ void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tens
     // wte: one task per (bucket, channel block), a bucket being the run of sorted positions of one
     // token; each dwte row is written by exactly one task. Tasks are indexed by the bucket's first
     // sorted position, so the loop is over B*T, not over the (mostly unused) vocabulary.
-#pragma omp parallel for schedule(dynamic, 8) if (cpu::parallel_worth(N * C))
-    for (std::int64_t task = 0; task < N * nblocks; ++task) {
+#pragma omp parallel for schedule(dynamic, 8) if (cpu::parallel_worth(n_in * C))
+    for (std::int64_t task = 0; task < n_in * nblocks; ++task) {
       const std::int64_t k0 = task / nblocks, c0 = (task % nblocks) * kBlock;
-      const std::int64_t v = tok[order[k0]];
+      const std::int64_t v = row_of(order[k0]);
       if (start[v] != k0) continue;  // not the first position of its bucket
       const std::int32_t lo = start[v], hi = start[v + 1];
       const std::int64_t cn = (C - c0 < kBlock) ? C - c0 : kBlock;

@@ -78,12 +78,14 @@ __global__ void add_kernel(typename S::storage* __restrict__ out, const typename
 template <typename S>
 __global__ void encoder_forward_kernel(typename S::storage* __restrict__ out, const std::int32_t* __restrict__ tokens,
                                        const typename S::storage* __restrict__ wte, const typename S::storage* __restrict__ wpe, std::int64_t BT,
-                                       std::int64_t T, std::int64_t C) {
+                                       std::int64_t T, std::int64_t C, std::int64_t first, std::int64_t V) {
   const std::int64_t n = BT * C;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const std::int64_t bt = i / C, c = i % C;
-    out[i] = S::store(S::load(wte[static_cast<std::int64_t>(tokens[bt]) * C + c]) + S::load(wpe[(bt % T) * C + c]));
+    const std::int64_t row = static_cast<std::int64_t>(tokens[bt]) - first;
+    const float e = row >= 0 && row < V ? S::load(wte[row * C + c]) : 0.0f;  // another rank's row: zeros
+    out[i] = S::store(e + S::load(wpe[(bt % T) * C + c]));
   }
 }
 
@@ -93,10 +95,10 @@ __global__ void encoder_forward_kernel(typename S::storage* __restrict__ out, co
 template <typename S>
 __global__ void encoder_backward_wte_kernel(typename S::storage* __restrict__ dwte, const typename S::storage* __restrict__ dout,
                                             const std::int32_t* __restrict__ tokens, const std::int32_t* __restrict__ order,
-                                            const std::int32_t* __restrict__ start, std::int64_t C) {
+                                            const std::int32_t* __restrict__ start, std::int64_t C, std::int64_t first) {
   const std::int64_t k0 = blockIdx.x;
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  const std::int64_t v = tokens[order[k0]];
+  const std::int64_t v = static_cast<std::int64_t>(tokens[order[k0]]) - first;
   if (start[v] != k0 || c >= C) return;
   const std::int32_t lo = start[v], hi = start[v + 1];
   float acc = 0.0f;
@@ -167,25 +169,28 @@ cudaError_t launch_dropout(void* out, const void* inp, DType t, std::int64_t n, 
 }
 
 cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT, std::int64_t T,
-                                   std::int64_t C, cudaStream_t s) {
+                                   std::int64_t C, std::int64_t first, std::int64_t V, cudaStream_t s) {
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
     encoder_forward_kernel<S><<<grid_for(static_cast<std::size_t>(BT * C)), kThreads, 0, s>>>(static_cast<P*>(out), tokens,
                                                                                               static_cast<const P*>(wte), static_cast<const P*>(wpe),
-                                                                                              BT, T, C);
+                                                                                              BT, T, C, first, V);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens, const std::int32_t* order,
-                                    const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t s) {
+                                    const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t first,
+                                    std::int64_t n_in, cudaStream_t s) {
   return dispatch_storage(t, [&]<typename S>(S) {
     using P = typename S::storage;
     constexpr unsigned kChan = 128;
-    const dim3 grid(static_cast<unsigned>(B * T), static_cast<unsigned>((C + kChan - 1) / kChan));
-    encoder_backward_wte_kernel<S><<<grid, kChan, 0, s>>>(static_cast<P*>(dwte), static_cast<const P*>(dout), tokens, order, start, C);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (n_in > 0) {
+      const dim3 grid(static_cast<unsigned>(n_in), static_cast<unsigned>((C + kChan - 1) / kChan));
+      encoder_backward_wte_kernel<S><<<grid, kChan, 0, s>>>(static_cast<P*>(dwte), static_cast<const P*>(dout), tokens, order, start, C, first);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+    }
     encoder_backward_wpe_kernel<S>
         <<<grid_for(static_cast<std::size_t>(T * C)), kThreads, 0, s>>>(static_cast<P*>(dwpe), static_cast<const P*>(dout), B, T, C);
     return cudaGetLastError();

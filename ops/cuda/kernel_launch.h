@@ -26,11 +26,14 @@ cudaError_t launch_gelu_forward(void* out, const void* inp, DType t, std::int64_
 cudaError_t launch_gelu_backward(void* dinp, const void* inp, const void* dout, DType t, std::int64_t n, cudaStream_t s);
 // accumulate = false: out = inp * mask * scale; true: out += inp * mask * scale. p == 0: no RNG.
 cudaError_t launch_dropout(void* out, const void* inp, DType t, std::int64_t n, float p, const RngKey& key, bool accumulate, cudaStream_t s);
+// first, V: the table holds rows [first, first + V) (a vocabulary shard; first = 0 for a whole table).
 cudaError_t launch_encoder_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe, DType t, std::int64_t BT, std::int64_t T,
-                                   std::int64_t C, cudaStream_t s);
-// order (N) and start (V + 1) are the device copy of the host counting sort (encoder_backward).
+                                   std::int64_t C, std::int64_t first, std::int64_t V, cudaStream_t s);
+// order (n_in) and start (V + 1) are the device copy of the host counting sort (encoder_backward)
+// of the n_in positions whose token is in the table's rows.
 cudaError_t launch_encoder_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens, const std::int32_t* order,
-                                    const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, cudaStream_t s);
+                                    const std::int32_t* start, DType t, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t first,
+                                    std::int64_t n_in, cudaStream_t s);
 
 // elementwise.cu: out = a + b in fp32, one rounding (out may alias a or b).
 cudaError_t launch_residual_add(void* out, const void* a, const void* b, DType t, std::int64_t n, cudaStream_t s);

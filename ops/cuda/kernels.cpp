@@ -101,35 +101,43 @@ void check_targets(const char* op, const std::vector<std::int32_t>& t, std::int6
 
 }  // namespace
 
-void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
+void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, VocabShard shard) {
   use_device_of(out);
   const std::int64_t B = tokens.shape[0], T = tokens.shape[1], C = out.shape[2], V = wte.shape[0];
-  check_tokens("encoder_forward", to_host_i32(tokens, B * T), V);
+  check_tokens("encoder_forward", to_host_i32(tokens, B * T), shard.vocab > 0 ? shard.vocab : V);
   if (B * T * C == 0) return;
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_encoder_forward(out.data, static_cast<const std::int32_t*>(tokens.data), wte.data, wpe.data, out.dtype,
-                                                         B * T, T, C, kStream));
+                                                         B * T, T, C, shard.first, V, kStream));
 }
 
-void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch) {
+void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch, VocabShard shard) {
   use_device_of(dout);
   const std::int64_t B = tokens.shape[0], T = tokens.shape[1], C = dout.shape[2], V = dwte.shape[0], N = B * T;
   const std::vector<std::int32_t> tok = to_host_i32(tokens, N);
-  check_tokens("encoder_backward", tok, V);
+  check_tokens("encoder_backward", tok, shard.vocab > 0 ? shard.vocab : V);
   if (N * C == 0) return;
-  // The CPU's counting sort (positions bucketed by token, increasing within a bucket), done on the
-  // host and uploaded into the int32 scratch: order (N) then start (V + 1).
+  // The CPU's counting sort (positions bucketed by table row, increasing within a bucket; tokens
+  // outside a vocabulary shard left out), done on the host and uploaded into the int32 scratch:
+  // order (n_in) then start (V + 1).
+  auto row_of = [&](std::int64_t i) -> std::int64_t {
+    const std::int64_t r = static_cast<std::int64_t>(tok[static_cast<std::size_t>(i)]) - shard.first;
+    return r >= 0 && r < V ? r : -1;
+  };
   std::vector<std::int32_t> host(static_cast<std::size_t>(N + V + 1), 0);
   std::int32_t* order = host.data();
   std::int32_t* start = order + N;
-  for (std::int64_t i = 0; i < N; ++i) ++start[tok[static_cast<std::size_t>(i)] + 1];
+  for (std::int64_t i = 0; i < N; ++i)
+    if (const std::int64_t r = row_of(i); r >= 0) ++start[r + 1];
   for (std::int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
-  for (std::int64_t i = 0; i < N; ++i) order[start[tok[static_cast<std::size_t>(i)]]++] = static_cast<std::int32_t>(i);
+  const std::int64_t n_in = start[V];
+  for (std::int64_t i = 0; i < N; ++i)
+    if (const std::int64_t r = row_of(i); r >= 0) order[start[r]++] = static_cast<std::int32_t>(i);
   for (std::int64_t v = V; v > 0; --v) start[v] = start[v - 1];
   start[0] = 0;
   DSTRAIN_CUDA_CHECK(cudaMemcpy(scratch.data, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
   const auto* d_order = static_cast<const std::int32_t*>(scratch.data);
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_encoder_backward(dwte.data, dwpe.data, dout.data, static_cast<const std::int32_t*>(tokens.data), d_order,
-                                                          d_order + N, dout.dtype, B, T, C, kStream));
+                                                          d_order + N, dout.dtype, B, T, C, shard.first, n_in, kStream));
 }
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias, float eps) {

@@ -12,6 +12,7 @@
 
 #include "ops/kernels/adamw.h"
 #include "ops/kernels/dropout.h"
+#include "ops/kernels/encoder.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/kernels/lamb.h"
 #include "ops/kernels/newton_schulz.h"
@@ -21,8 +22,8 @@
 
 namespace dstrain::cuda {
 
-void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe);
-void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch);
+void encoder_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, VocabShard shard);
+void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, Tensor scratch, VocabShard shard);
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias, float eps);
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor mean, Tensor rstd);

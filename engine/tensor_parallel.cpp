@@ -1,0 +1,62 @@
+#include "engine/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "models/param_split.h"
+#include "ops/error.h"
+
+namespace dstrain {
+
+ParamSpec whole_spec(const ParamSpec& spec) {
+  ParamSpec w = spec;
+  w.shape = spec.whole_shape();
+  w.piece = ParamPiece{};
+  return w;
+}
+
+void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks) {
+  bool any_piece = false;
+  for (const Layer* layer : layers) {
+    for (const ParamSpec& p : layer->params()) {
+      if (!p.is_piece()) continue;
+      any_piece = true;
+      if (p.piece.ranks != ranks) {
+        fail("initialize: parameter '{}' was built for {} tensor-parallel ranks but the engine's tensor-parallel group has {}; build the model with "
+             "make_model(architecture, {{rank, {}}})",
+             p.name, p.piece.ranks, ranks, ranks);
+      }
+    }
+  }
+  if (ranks > 1 && !any_piece) {
+    fail("initialize: the engine has a tensor-parallel group of {} ranks but the model's layers hold whole parameters; build the model with "
+         "make_model(architecture, {{rank, {}}})",
+         ranks, ranks);
+  }
+}
+
+void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, const Tensor& whole) {
+  const int W = tp.world_size();
+  const Shape full = spec.whole_shape();
+  if (whole.dtype != DType::fp32 || piece.dtype != DType::fp32 || whole.numel() != full.numel()) {
+    fail("gather_whole: parameter '{}': a host fp32 piece and whole of {} elements are needed, got {} and {}", spec.name, full.numel(), piece.str(),
+         whole.str());
+  }
+  if (!spec.is_piece()) {
+    std::memcpy(whole.data, piece.data, static_cast<std::size_t>(whole.numel()) * sizeof(float));
+    return;
+  }
+  // Pieces may differ in size (uneven splits): each travels in a slot of the largest size.
+  std::int64_t slot = 0;
+  for (int r = 0; r < W; ++r) slot = std::max(slot, piece_shape(spec.split, full, W, r, spec.name).numel());
+  std::vector<float> send(static_cast<std::size_t>(slot), 0.0f), recv(static_cast<std::size_t>(slot) * static_cast<std::size_t>(W), 0.0f);
+  std::memcpy(send.data(), piece.data, static_cast<std::size_t>(piece.numel()) * sizeof(float));
+  tp.all_gather(Tensor(send.data(), DType::fp32, Shape{slot}), Tensor(recv.data(), DType::fp32, Shape{slot * W}));
+  for (int r = 0; r < W; ++r) {
+    const Shape ps = piece_shape(spec.split, full, W, r, spec.name);
+    copy_piece_to_whole(Tensor(recv.data() + static_cast<std::size_t>(slot) * static_cast<std::size_t>(r), DType::fp32, ps),
+                        Tensor(whole.data, DType::fp32, full), spec.split, W, r, spec.name);
+  }
+}
+
+}  // namespace dstrain
