@@ -134,18 +134,20 @@ LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout)
 }
 
 void LocalGroup::poison(const std::string& message) {
-  std::string first;
+  std::string first = message;
   std::vector<std::shared_ptr<LocalGroup>> children;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    poison_locked(message);
-    first = poison_;
+    if (!poison_.empty()) first = poison_;
     for (const ChildMembership& m : children_)
       if (auto child = m.group.lock()) children.push_back(std::move(child));
   }
-  // Outside mu_: no two groups' locks are ever held together. The sub-groups get this group's
-  // first message, the root cause.
+  // The sub-groups first, outside mu_ (no two groups' locks are ever held together), with this
+  // group's first message, the root cause: a rank woken by this group's poison below finds its
+  // sub-groups poisoned already, rather than completing one more collective there.
   for (const auto& child : children) child->poison(first);
+  std::lock_guard<std::mutex> lock(mu_);
+  poison_locked(message);
 }
 
 bool LocalGroup::poisoned() const {
@@ -153,13 +155,16 @@ bool LocalGroup::poisoned() const {
   return !poison_.empty();
 }
 
-void LocalGroup::leave(int rank) {
+void LocalGroup::leave(int rank) { leave(rank, true); }
+
+void LocalGroup::leave(int rank, bool with_children) {
   std::vector<std::pair<std::shared_ptr<LocalGroup>, int>> joined;
   {
     std::lock_guard<std::mutex> lock(mu_);
     slots_.at(static_cast<std::size_t>(rank)).left = true;
     cv_.notify_all();
     for (const ChildMembership& m : children_) {
+      if (!with_children) break;
       if (m.rank != rank) continue;
       if (auto child = m.group.lock()) joined.emplace_back(std::move(child), m.child_rank);
     }
@@ -339,8 +344,15 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank
 
 LocalCommunicator::~LocalCommunicator() {
   if (!owned_group_) return;  // the caller's group: run_local_ranks (or the caller) says when a rank leaves
+  // Destroyed while an exception unwinds: the rank's function is failing, and run_local_ranks is
+  // about to poison every group with that exception, the root cause. Leaving now would let a
+  // peer fail first with "rank finished without calling it", and its Error, not the cause, would
+  // be the one run_local_ranks rethrows. (A thread of the caller's own that catches the exception
+  // leaves its peers to the timeout instead.)
+  if (std::uncaught_exceptions() > 0) return;
   try {
-    group_.leave(rank());  // this rank issues no more collectives in its split group
+    // This rank issues no more collectives in its split group; the groups split from it live on.
+    group_.leave(rank(), false);
   } catch (...) {          // a failed lock: the others then fail at the timeout instead
   }
 }

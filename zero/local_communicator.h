@@ -37,8 +37,11 @@
 // communicator, whatever happens to the parent. Failures cross from a group to its sub-groups,
 // never the other way (a sub-group's failure reaches the rest through that rank's thread failing):
 //   - a rank that leaves a group (its thread finished: run_local_ranks) leaves every sub-group it
-//     joined, so their other members fail at once instead of at the timeout; destroying a child
-//     LocalCommunicator leaves its group the same way;
+//     joined, and theirs, so their other members fail at once instead of at the timeout;
+//     destroying a split's LocalCommunicator leaves its group (only: the groups split from it do
+//     not need it), except while an exception unwinds (the rank is failing: the poison below
+//     then carries the cause). A sub-group reached only through a group whose every
+//     communicator is gone is no longer told (its own communicator's end still is);
 //   - poisoning a group poisons every sub-group split from it (and theirs), with the same message,
 //     so a rank waiting in a sub-group learns the root cause, not a timeout.
 #pragma once
@@ -106,6 +109,9 @@ class LocalGroup {
   // Posts `call` (on arrive) and waits until all ranks entered this phase. Throws the poison.
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
+
+  // leave(rank), and with `with_children` the same in the sub-groups `rank` joined.
+  void leave(int rank, bool with_children);
 
   // Split bookkeeping (LocalCommunicator::do_split). The child group of color `color` of the split
   // whose exchange was collective #`split`: created (with `size` ranks and this group's timeout)
