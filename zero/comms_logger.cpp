@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/error.h"
 #include "ops/log.h"
 
 namespace dstrain {
@@ -217,6 +218,30 @@ CommsLogger::CommsLogger(Communicator& inner, CommsLoggerOptions options)
     profiled_[static_cast<std::size_t>(k)] = on;
   }
   if (!options_.clock_ms) options_.clock_ms = default_clock_ms;
+}
+
+namespace {
+Communicator& non_null(const std::unique_ptr<Communicator>& comm) {
+  DSTRAIN_CHECK(comm != nullptr, "CommsLogger: the inner communicator is null. Fix: pass the communicator to log");
+  return *comm;
+}
+}  // namespace
+
+CommsLogger::CommsLogger(std::unique_ptr<Communicator> inner, CommsLoggerOptions options) : CommsLogger(non_null(inner), std::move(options)) {
+  owned_inner_ = std::move(inner);  // the object does not move: inner_ still refers to it
+}
+
+std::unique_ptr<Communicator> CommsLogger::do_split(int color, int key) {
+  std::unique_ptr<Communicator> child = inner_.split(color, key);
+  CommsLoggerOptions options = options_;
+  if (options.synchronize) {
+    Communicator* child_inner = child.get();  // owned by the logger that calls this function
+    options.synchronize = [sync = options_.synchronize, child_inner] {
+      sync();
+      child_inner->synchronize();
+    };
+  }
+  return std::make_unique<CommsLogger>(std::move(child), std::move(options));
 }
 
 template <typename Fn>

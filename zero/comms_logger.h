@@ -34,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -140,6 +141,8 @@ class CommsLogger final : public Communicator {
  public:
   // `inner` must outlive the logger; every collective of the logger runs on it.
   CommsLogger(Communicator& inner, CommsLoggerOptions options);
+  // The same, owning `inner` (a split's child: see do_split).
+  CommsLogger(std::unique_ptr<Communicator> inner, CommsLoggerOptions options);
 
   std::string_view backend() const override { return inner_.backend(); }
   void synchronize() override { inner_.synchronize(); }
@@ -160,11 +163,19 @@ class CommsLogger final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // Splits the inner communicator (its exchange is the inner's collective, not logged here: it is
+  // no deepspeed.comm op) and wraps the child in a logger of its own, with these options, so the
+  // sub-group's collectives are logged in its own table (DeepSpeed's logger is per process and
+  // mixes groups; per-group tables say which group moved what). `synchronize`, when set, then
+  // also synchronizes the child's inner communicator, whose work it would otherwise not wait for.
+  // Verbose lines come from each group's rank 0.
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
   template <typename Fn>
   void timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn);
 
+  std::unique_ptr<Communicator> owned_inner_;  // set when the logger owns inner_
   Communicator& inner_;
   CommsLoggerOptions options_;
   std::array<bool, kCollectiveKinds> profiled_{};

@@ -217,6 +217,21 @@ void Communicator::all_to_all(Tensor send, Tensor recv) {
   });
 }
 
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  try {
+    DSTRAIN_CHECK(color >= 0,
+                  "split on rank {} (after collective #{}): color {} is negative; every rank must join a group, so colors are >= 0 "
+                  "(there is no MPI_UNDEFINED here). Fix: give the ranks that need no group a color of their own",
+                  rank_, sequence_, color);
+    std::unique_ptr<Communicator> child = do_split(color, key);
+    DSTRAIN_CHECK(child != nullptr, "split on rank {}: the {} backend returned no communicator", rank_, backend());
+    return child;
+  } catch (const Error& e) {
+    on_error(e.what());
+    throw;
+  }
+}
+
 void Communicator::barrier() {
   run(CollectiveKind::barrier, 0, false, [&] { do_barrier(); });
 }

@@ -3,8 +3,10 @@
 // and the 1-bit optimizers' compressed all-reduce built on them (compressed_all_reduce below,
 // implemented once here for every backend; docs/optimizers_onebit.md).
 //
-// A backend implements the do_* primitives. all_to_all is the newest: every backend must implement
-// it (local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; an MPI backend: MPI_Alltoall).
+// A backend implements the do_* primitives. all_to_all and split are the newest: every backend must
+// implement them (all_to_all — local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI:
+// pairwise messages; split — local: a child LocalGroup shared by its member threads; MPI:
+// MPI_Comm_split; NCCL: ncclCommSplit).
 //
 // Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
 // memory — how CI tests multi-rank training — or on one GPU they share), MpiCommunicator
@@ -33,6 +35,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -139,6 +142,21 @@ class Communicator {
   void compressed_all_reduce(Tensor buf, Tensor worker_error, Tensor server_error, Tensor workspace = {});
   std::int64_t compressed_workspace_numel(std::int64_t n) const;
 
+  // Collective over this group (every rank calls it, in order with the other collectives): the ranks
+  // passing the same `color` (>= 0) form a new group, ordered by (key, rank in this group), as
+  // MPI_Comm_split. Returns this rank's communicator of that group; it does not depend on this one
+  // staying alive. Its stats() count its own collectives only (per-group byte counters).
+  //
+  // The tensor- and sequence-parallel groups of the device mesh (zero/device_mesh.h) are made
+  // this way. The child is of the same backend (and on the same device, stream policy and
+  // timeout) as this communicator. How the ranks agree on the groups is the backend's: local and
+  // mpi exchange (color, key) in one all_gather of 2 int32 per rank on this communicator, which
+  // its sequence() and stats() count like any other (and which names a rank that does not come,
+  // or calls something else, within the timeout); nccl calls ncclCommSplit, which they do not
+  // count. A color < 0 (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR: "no group for this rank") is refused:
+  // every rank gets a group. Errors poison this group as a failed collective does.
+  std::unique_ptr<Communicator> split(int color, int key);
+
   // Blocks the calling thread until every collective issued so far has completed (no-op for
   // backends that complete on return). Fails with Error after the timeout rather than hang.
   virtual void synchronize() {}
@@ -175,6 +193,8 @@ class Communicator {
   virtual void do_broadcast(const Tensor& buf, int root) = 0;
   virtual void do_barrier() = 0;
   virtual void do_all_to_all(const Tensor& send, const Tensor& recv) = 0;
+  // Called by split() after color was checked; returns the new group's communicator (never null).
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 
   // Called with any Error a collective raises on this rank (its own bad arguments included) before
   // it propagates: the local backend poisons the group so the other ranks fail now, not at timeout.

@@ -134,6 +134,18 @@ LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout)
 }
 
 void LocalGroup::poison(const std::string& message) {
+  std::string first = message;
+  std::vector<std::shared_ptr<LocalGroup>> children;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!poison_.empty()) first = poison_;
+    for (const ChildMembership& m : children_)
+      if (auto child = m.group.lock()) children.push_back(std::move(child));
+  }
+  // The sub-groups first, outside mu_ (no two groups' locks are ever held together), with this
+  // group's first message, the root cause: a rank woken by this group's poison below finds its
+  // sub-groups poisoned already, rather than completing one more collective there.
+  for (const auto& child : children) child->poison(first);
   std::lock_guard<std::mutex> lock(mu_);
   poison_locked(message);
 }
@@ -143,10 +155,41 @@ bool LocalGroup::poisoned() const {
   return !poison_.empty();
 }
 
-void LocalGroup::leave(int rank) {
+void LocalGroup::leave(int rank) { leave(rank, true); }
+
+void LocalGroup::leave(int rank, bool with_children) {
+  std::vector<std::pair<std::shared_ptr<LocalGroup>, int>> joined;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.at(static_cast<std::size_t>(rank)).left = true;
+    cv_.notify_all();
+    for (const ChildMembership& m : children_) {
+      if (!with_children) break;
+      if (m.rank != rank) continue;
+      if (auto child = m.group.lock()) joined.emplace_back(std::move(child), m.child_rank);
+    }
+  }
+  for (const auto& [child, child_rank] : joined) child->leave(child_rank);
+}
+
+std::shared_ptr<LocalGroup> LocalGroup::child_group(std::uint64_t split, int color, int size) {
   std::lock_guard<std::mutex> lock(mu_);
-  slots_.at(static_cast<std::size_t>(rank)).left = true;
-  cv_.notify_all();
+  PendingChild& pending = pending_children_[{split, color}];
+  if (!pending.group) pending.group = std::make_shared<LocalGroup>(size, timeout_);
+  std::shared_ptr<LocalGroup> group = pending.group;
+  if (++pending.taken == size) pending_children_.erase({split, color});
+  return group;
+}
+
+void LocalGroup::adopt(int rank, const std::shared_ptr<LocalGroup>& child, int child_rank) {
+  std::string poisoned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(children_, [](const ChildMembership& m) { return m.group.expired(); });
+    children_.push_back(ChildMembership{child, rank, child_rank});
+    poisoned = poison_;
+  }
+  if (!poisoned.empty()) child->poison(poisoned);
 }
 
 void LocalGroup::poison_locked(const std::string& message) {
@@ -295,6 +338,24 @@ void LocalGroup::wait_all(int rank, const Call& call, Phase phase, Clock::time_p
 // LocalCommunicator
 
 LocalCommunicator::LocalCommunicator(LocalGroup& group, int rank) : Communicator(rank, group.world_size()), group_(group) {}
+
+LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
+    : Communicator(rank, group->world_size()), owned_group_(std::move(group)), group_(*owned_group_) {}
+
+LocalCommunicator::~LocalCommunicator() {
+  if (!owned_group_) return;  // the caller's group: run_local_ranks (or the caller) says when a rank leaves
+  // Destroyed while an exception unwinds: the rank's function is failing, and run_local_ranks is
+  // about to poison every group with that exception, the root cause. Leaving now would let a
+  // peer fail first with "rank finished without calling it", and its Error, not the cause, would
+  // be the one run_local_ranks rethrows. (A thread of the caller's own that catches the exception
+  // leaves its peers to the timeout instead.)
+  if (std::uncaught_exceptions() > 0) return;
+  try {
+    // This rank issues no more collectives in its split group; the groups split from it live on.
+    group_.leave(rank(), false);
+  } catch (...) {          // a failed lock: the others then fail at the timeout instead
+  }
+}
 
 void LocalCommunicator::on_error(const std::string& message) noexcept {
   try {
@@ -473,6 +534,27 @@ void LocalCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
 }
 
 void LocalCommunicator::do_barrier() { collective(LocalGroup::Call{}, nullptr); }
+
+std::unique_ptr<Communicator> LocalCommunicator::do_split(int color, int key) {
+  // Every rank's (color, key), through the parent: a rank that does not come, or calls another
+  // collective, fails here naming it, as any collective would.
+  const int w = world_size();
+  std::int32_t mine[2] = {color, key};
+  std::vector<std::int32_t> table(static_cast<std::size_t>(2 * w));
+  all_gather(Tensor(mine, DType::int32, Shape{2}), Tensor(table.data(), DType::int32, Shape{2 * w}));
+  // The exchange's number is the same on every rank (the rendezvous checked it): it names this
+  // split in the parent's registry, so two splits never share a child.
+  const std::uint64_t split_id = sequence();
+  std::vector<int> members;  // parent ranks of this color, in rank order, then stably by key
+  for (int r = 0; r < w; ++r)
+    if (table[static_cast<std::size_t>(2 * r)] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return table[static_cast<std::size_t>(2 * a + 1)] < table[static_cast<std::size_t>(2 * b + 1)]; });
+  const int child_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+  std::shared_ptr<LocalGroup> child = group_.child_group(split_id, color, static_cast<int>(members.size()));
+  group_.adopt(rank(), child, child_rank);
+  return std::unique_ptr<Communicator>(new LocalCommunicator(std::move(child), child_rank));
+}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -28,14 +28,33 @@
 //   - mismatched calls (different collective, dtype, size, op or root) fail naming both calls;
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
+//
+// Sub-groups (split, zero/communicator.h): the ranks exchange (color, key) in one all_gather on the
+// parent, so every rank computes the same member lists; the members of a color share one child
+// LocalGroup, which the first of them to get there creates and the others find in the parent's
+// registry (keyed by the exchange's sequence number and the color). Each member's child
+// LocalCommunicator holds the child group (shared_ptr): it lives as long as any member's
+// communicator, whatever happens to the parent. Failures cross from a group to its sub-groups,
+// never the other way (a sub-group's failure reaches the rest through that rank's thread failing):
+//   - a rank that leaves a group (its thread finished: run_local_ranks) leaves every sub-group it
+//     joined, and theirs, so their other members fail at once instead of at the timeout;
+//     destroying a split's LocalCommunicator leaves its group (only: the groups split from it do
+//     not need it), except while an exception unwinds (the rank is failing: the poison below
+//     then carries the cause). A sub-group reached only through a group whose every
+//     communicator is gone is no longer told (its own communicator's end still is);
+//   - poisoning a group poisons every sub-group split from it (and theirs), with the same message,
+//     so a rank waiting in a sub-group learns the root cause, not a timeout.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/communicator.h"
@@ -55,11 +74,12 @@ class LocalGroup {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Marks the group failed (the first message wins): every waiting and later collective throws it.
+  // Poisons the groups split from this one too.
   void poison(const std::string& message);
   bool poisoned() const;
 
   // Rank `rank` will issue no more collectives (its thread is done): ranks waiting for it fail now
-  // instead of at the timeout.
+  // instead of at the timeout. It leaves the groups split from this one that it joined too.
   void leave(int rank);
 
   // One rank's current call, as the other ranks see it (public for error messages only).
@@ -90,6 +110,17 @@ class LocalGroup {
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
 
+  // leave(rank), and with `with_children` the same in the sub-groups `rank` joined.
+  void leave(int rank, bool with_children);
+
+  // Split bookkeeping (LocalCommunicator::do_split). The child group of color `color` of the split
+  // whose exchange was collective #`split`: created (with `size` ranks and this group's timeout)
+  // by the first member to ask, the same group for the others; forgotten once all `size` asked.
+  std::shared_ptr<LocalGroup> child_group(std::uint64_t split, int color, int size);
+  // Rank `rank` of this group is rank `child_rank` of `child`: leave(rank) makes it leave `child`,
+  // and poison() poisons `child`. A group poisoned already poisons `child` now.
+  void adopt(int rank, const std::shared_ptr<LocalGroup>& child, int child_rank);
+
   // Under mu_: set poison_ and wake everyone (first message wins).
   void poison_locked(const std::string& message);
   [[noreturn]] void throw_poison_locked() const;
@@ -105,12 +136,30 @@ class LocalGroup {
   std::uint64_t generation_ = 0;  // completed phases
   int entered_ = 0;               // ranks in the current phase
   std::string poison_;
+
+  // Under mu_. Children being created: (split, color) -> the group and how many members took it.
+  struct PendingChild {
+    std::shared_ptr<LocalGroup> group;
+    int taken = 0;
+  };
+  std::map<std::pair<std::uint64_t, int>, PendingChild> pending_children_;
+  // Under mu_. Every membership of a rank of this group in a child group (weak: the members'
+  // communicators own the child; an expired one is skipped, and pruned by adopt).
+  struct ChildMembership {
+    std::weak_ptr<LocalGroup> group;
+    int rank = 0;        // in this group
+    int child_rank = 0;  // in the child
+  };
+  std::vector<ChildMembership> children_;
 };
 
 // One rank of a LocalGroup. Use it from one thread.
 class LocalCommunicator final : public Communicator {
  public:
+  // Rank `rank` of `group`, which must outlive the communicator (run_local_ranks' groups do).
   LocalCommunicator(LocalGroup& group, int rank);
+  // A communicator made by split() owns (a share of) its group and leaves it when destroyed.
+  ~LocalCommunicator() override;
   std::string_view backend() const override { return "local"; }
   LocalGroup& group() const { return group_; }
 
@@ -131,14 +180,21 @@ class LocalCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // The (color, key) exchange, then this rank's LocalCommunicator of the shared child group (see
+  // the top of this file).
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
   void on_error(const std::string& message) noexcept override;
 
  private:
+  // A split's child: rank `rank` of `group`, which it shares with the other members.
+  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank);
+
   // arrive, work (if any), depart; `work` runs between the two rendezvous.
   void collective(LocalGroup::Call call, const std::function<void()>& work);
   // Host memory, or (CUDA build) device memory; an Error naming the fix otherwise.
   void check_device(const Tensor& t, const char* what) const;
 
+  std::shared_ptr<LocalGroup> owned_group_;  // a split's child only: keeps group_ alive
   LocalGroup& group_;
   [[maybe_unused]] int pending_device_ = -1;  // (used only in CUDA builds) the cuda device with collectives not yet synchronize()d; -1: none
 };

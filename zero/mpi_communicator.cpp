@@ -129,7 +129,9 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout) : MpiCommunicator(comm, timeout, true) {}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank)
     : Communicator(
           [&] {
             int initialized = 0, finalized = 0;
@@ -165,7 +167,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
     }
     MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
   }
-  set_log_rank(rank(), world_size());  // one rank per process: its log lines carry its rank, rank 0 prints info
+  // One rank per process: its log lines carry its rank, rank 0 prints info.
+  if (sets_log_rank) set_log_rank(rank(), world_size());
   const auto w = static_cast<std::size_t>(world_size());
   seen_.assign(w, Call{});
   has_seen_.assign(w, false);
@@ -485,5 +488,28 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
 
 // Every rank has reached the barrier once every rank's description has come.
 void MpiCommunicator::do_barrier() { arrive(Call{sequence(), static_cast<std::int32_t>(CollectiveKind::barrier), 0, 0, 0, 0}); }
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) {
+  // Arrival with a deadline (and a mismatch named), which MPI_Comm_split has not.
+  std::int32_t mine[2] = {color, key};
+  std::vector<std::int32_t> table(static_cast<std::size_t>(2 * world_size()));
+  all_gather(Tensor(mine, DType::int32, Shape{2}), Tensor(table.data(), DType::int32, Shape{2 * static_cast<std::int64_t>(world_size())}));
+  check_usable();
+  MPI_Comm split = MPI_COMM_NULL;
+  const int status = MPI_Comm_split(ctrl_, color, key, &split);
+  if (status != MPI_SUCCESS) {
+    fail_with(fmt::format("MPI communicator: MPI_Comm_split (color {}, key {}) failed on rank {} after collective #{}: {}", color, key, rank(),
+                          sequence(), mpi_error_text(status)));
+  }
+  std::unique_ptr<Communicator> child;
+  try {
+    child.reset(new MpiCommunicator(split, timeout_, false));
+  } catch (...) {
+    MPI_Comm_free(&split);
+    throw;
+  }
+  MPI_Comm_free(&split);  // the child works on its own duplicates
+  return child;
+}
 
 }  // namespace dstrain

@@ -37,6 +37,12 @@
 //   the last collective's buffers, so the process should end (the CLI calls abort_mpi_job(),
 //   zero/mpi_process.h, which ends every rank). The library itself never aborts.
 //
+// Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
+// (step 1 bounds it: a rank that never splits is named within the timeout), then call
+// MPI_Comm_split, which has no deadline but runs only once every rank has reached it. The child is
+// an MpiCommunicator over duplicates of the split communicator (freed with the child, which does
+// not need this one alive), with this one's timeout; it leaves the process's log rank alone.
+//
 // Threads: calls must be serialized (the Communicator contract: one rank's calls are ordered). With
 // overlap_comm a worker thread issues them, which needs MPI_THREAD_SERIALIZED (init_mpi() asks for
 // it, the training plan checks it).
@@ -44,6 +50,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,8 +89,13 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
+  // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
+  // child does not.
+  MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
+
   // Step 1 above: throws naming the missing ranks or the mismatch.
   void arrive(const Call& call);
   // Step 2: one message of `count` elements to or from `peer` (none when count is 0).

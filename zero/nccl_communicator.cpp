@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_scope.h"
 #include "ops/error.h"
 #include "ops/log.h"
 
@@ -91,9 +92,17 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, const ncclUniqueId&
   init(id);
 }
 
-void NcclCommunicator::init(const ncclUniqueId& id) {
-  DSTRAIN_CHECK(timeout_.count() > 0, "NCCL communicator: the timeout must be positive, got {} ms", timeout_.count());
+NcclCommunicator::NcclCommunicator(Adopt, ncclComm_t comm, int rank, int world_size, int device, std::chrono::milliseconds timeout,
+                                   cudaStream_t compute_stream)
+    : Communicator(rank, world_size), device_(device), timeout_(timeout), comm_(comm), compute_stream_(compute_stream) {
+  setup(nullptr);
+}
+
+void NcclCommunicator::init(const ncclUniqueId& id) { setup(&id); }
+
+void NcclCommunicator::setup(const ncclUniqueId* id) {
   try {
+    DSTRAIN_CHECK(timeout_.count() > 0, "NCCL communicator: the timeout must be positive, got {} ms", timeout_.count());
     int devices = 0;
     DSTRAIN_CUDA_CHECK(cudaGetDeviceCount(&devices));
     DSTRAIN_CHECK(device_ < devices,
@@ -106,13 +115,14 @@ void NcclCommunicator::init(const ncclUniqueId& id) {
     DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
     for (cudaEvent_t& e : marks_) DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     DSTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(int)));
+    if (id == nullptr) return;  // a split's child: comm_ is made already
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so that a rank that never joins gives a timeout, not a hang
     const char* comm_id = std::getenv("NCCL_COMM_ID");
     last_call_ = fmt::format("the bootstrap (ncclCommInitRankConfig as rank {} of {}, NCCL_COMM_ID={})", rank(), world_size(),
                              comm_id != nullptr ? comm_id : "unset");
-    const ncclResult_t status = ncclCommInitRankConfig(&comm_, world_size(), id, rank(), &config);
+    const ncclResult_t status = ncclCommInitRankConfig(&comm_, world_size(), *id, rank(), &config);
     if (comm_ == nullptr) DSTRAIN_NCCL_CHECK(status);  // failed before a communicator existed
     complete(status, "ncclCommInitRankConfig", __FILE__, __LINE__);
     last_call_ = "no collective yet";
@@ -319,6 +329,62 @@ void NcclCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
   }
   DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
   after_enqueue();
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
+  check_usable();
+  CudaDeviceScope current(device_);
+  last_call_ = fmt::format("split (ncclCommSplit, color {}, key {}) after collective #{}", color, key, sequence());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;    // as the parent: a rank that never splits gives a timeout, not a hang
+  config.splitShare = 0;  // the child's own channels and buffers: it must outlive the parent if need be
+  ncclComm_t child = nullptr;
+  const ncclResult_t status = ncclCommSplit(comm_, color, key, &child, &config);
+  if (status != ncclSuccess && status != ncclInProgress) {
+    if (child != nullptr) (void)ncclCommAbort(child);
+    DSTRAIN_NCCL_ENQUEUE(status);  // aborts this communicator and throws, naming the call
+  }
+  DSTRAIN_CHECK(child != nullptr, "NCCL on rank {}: ncclCommSplit (color {}, key {}) returned no communicator", rank(), color, key);
+  // Non-blocking: both the parent (the split is its collective) and the child report ncclInProgress
+  // until the child is connected; poll_until watches the parent and the deadline, `done` the child.
+  std::string child_failure;
+  try {
+    poll_until(
+        [&] {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t query = ncclCommGetAsyncError(child, &state);
+          if (query != ncclSuccess) state = query;
+          if (state == ncclInProgress) return false;
+          if (state != ncclSuccess) {
+            const char* detail = ncclGetLastError(child);
+            child_failure = fmt::format("{}{}{}", ncclGetErrorString(state), detail != nullptr && *detail != '\0' ? ": " : "",
+                                        detail != nullptr ? detail : "");
+          }
+          return true;
+        },
+        fmt::format("splitting the communicator (color {}, key {})", color, key));
+  } catch (...) {
+    if (child != nullptr) (void)ncclCommAbort(child);
+    throw;
+  }
+  if (!child_failure.empty()) {
+    (void)ncclCommAbort(child);
+    abort_with(fmt::format("NCCL failed on rank {} of {} while splitting the communicator (color {}, key {}): {}. The communicator was "
+                           "aborted. Fix: check the other ranks' logs and rerun with NCCL_DEBUG=WARN",
+                           rank(), world_size(), color, key, child_failure));
+  }
+  int child_rank = 0, child_size = 0;
+  const ncclResult_t rank_status = ncclCommUserRank(child, &child_rank);
+  const ncclResult_t size_status = ncclCommCount(child, &child_size);
+  if (rank_status != ncclSuccess || size_status != ncclSuccess) {
+    (void)ncclCommAbort(child);
+    abort_with(fmt::format("NCCL on rank {}: the communicator split off (color {}) cannot tell its rank and size: {}", rank(), color,
+                           ncclGetErrorString(rank_status != ncclSuccess ? rank_status : size_status)));
+  }
+  last_call_ = fmt::format("split (color {}, key {}) after collective #{}", color, key, sequence());
+  // The child's own stream and events; the same device and compute stream. Its constructor
+  // aborts `child` if it fails.
+  return std::unique_ptr<Communicator>(new NcclCommunicator(Adopt{}, child, child_rank, child_size, device_, timeout_, compute_stream_));
 }
 
 void NcclCommunicator::do_barrier() {

@@ -19,6 +19,12 @@
 // cudaStreamSynchronize elsewhere) is not protected. Call synchronize() (or barrier()) at least
 // once per step, before such host waits, so a dead peer surfaces as an Error here.
 //
+// Sub-groups (split): ncclCommSplit of this communicator, non-blocking and polled like the bootstrap
+// (bounded by the timeout), with splitShare = 0 so that the child has resources of its own and
+// does not depend on this communicator staying alive. The child is an NcclCommunicator on the
+// same GPU with this one's timeout and compute stream, and a stream of its own. The split is not
+// counted in sequence() or stats(). It leaves the process's log rank alone.
+//
 // Failure: the communicator is created non-blocking (ncclConfig_t.blocking = 0), so neither the
 // bootstrap nor a collective can block the host forever. Bootstrap, enqueue and synchronize() poll
 // ncclCommGetAsyncError and give up after the timeout (default_comm_timeout(): 60 s or
@@ -31,6 +37,7 @@
 #include <array>
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -94,9 +101,16 @@ class NcclCommunicator final : public Communicator {
   void do_barrier() override;
   // Grouped ncclSend / ncclRecv to and from every rank.
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
+  // A split's child: adopts `comm` (made by ncclCommSplit), aborting it if the setup fails.
+  struct Adopt {};
+  NcclCommunicator(Adopt, ncclComm_t comm, int rank, int world_size, int device, std::chrono::milliseconds timeout,
+                   cudaStream_t compute_stream);
   void init(const ncclUniqueId& id);
+  // The device, stream, events and barrier word; then, when `id` is given, the bootstrap.
+  void setup(const ncclUniqueId* id);
   // Throws the stored failure, if any; checks that `t` lives on this communicator's GPU.
   void check_usable() const;
   void check_device(const Tensor& t, const char* what, const char* call) const;

@@ -2,23 +2,31 @@
 // every collective, every dtype and op, odd sizes (chunks of uneven length, empty ones), in place
 // and out of place, gives on every process exactly the bits that the local backend (W threads in
 // this same process, fed the same per-rank inputs) gives the same rank, and the same byte counters.
-// Then the failures: mismatched calls fail on every rank naming both, and a rank that never
-// arrives is named by the others within the timeout.
+// Then split (MPI_Comm_split): children's members, collectives and counters against the test's
+// own enumeration, children that outlive their parent, the device mesh's groups. Then the
+// failures: mismatched calls fail on every rank naming both, a rank that never arrives (or splits
+// with a negative color) is named by the others within the timeout.
 //
 // Every process runs every test in the same order (the collectives must match); main() combines
 // the processes' results, so ctest fails when any process failed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
 
 #include "comm_test_util.h"
 #include "ops/error.h"
+#include "zero/device_mesh.h"
 #include "zero/local_communicator.h"
 #include "zero/mpi_communicator.h"
 #include "zero/mpi_process.h"
@@ -244,6 +252,161 @@ TEST(MpiCollectives, SixteenBitSumsRoundOnce) {
   EXPECT_EQ(b.bits(0), want.bits(0)) << b.get(0);
 }
 
+// ---- split: MPI_Comm_split children against the members the test enumerates ----
+
+struct SplitPattern {
+  const char* name;
+  std::function<std::pair<int, int>(int r, int w)> color_key;  // (color, key) of rank r of w
+};
+
+const SplitPattern kSplitPatterns[] = {
+    {"pairs", [](int r, int) { return std::pair{r / 2, r}; }},
+    {"one group, keys reverse the ranks", [](int r, int) { return std::pair{0, -r}; }},
+    {"sizes 1 and w-1", [](int r, int) { return std::pair{r == 0 ? 3 : 9, 0}; }},
+    {"even/odd, reversed inside", [](int r, int w) { return std::pair{r % 2, w - r}; }},
+    {"every rank alone", [](int r, int) { return std::pair{r, 0}; }},
+};
+
+// The world ranks of `color`, sorted by (key, rank).
+std::vector<int> split_members(const SplitPattern& p, int w, int color) {
+  std::vector<std::pair<int, int>> key_rank;
+  for (int r = 0; r < w; ++r) {
+    const auto [c, k] = p.color_key(r, w);
+    if (c == color) key_rank.emplace_back(k, r);
+  }
+  std::sort(key_rank.begin(), key_rank.end());
+  std::vector<int> m;
+  for (const auto& kr : key_rank) m.push_back(kr.second);
+  return m;
+}
+
+std::uint64_t ring_shard_bytes(std::uint64_t n_bytes, int w) { return w == 1 ? 0 : static_cast<std::uint64_t>(w - 1) * n_bytes / w; }
+
+// Each child's rank and size, and an all_reduce, all_gather and all_to_all in it, against values
+// the test computes from the member list; the child's counters count its own three collectives,
+// the parent's the split's exchange only.
+TEST(MpiCollectives, SplitGroupsHoldTheEnumeratedMembers) {
+  const int w = world();
+  MpiCommunicator mpi;
+  constexpr std::int64_t n = 3;
+  for (const SplitPattern& p : kSplitPatterns) {
+    SCOPED_TRACE(fmt::format("{} W={}", p.name, w));
+    const auto [color, key] = p.color_key(me(), w);
+    const std::vector<int> m = split_members(p, w, color);
+    const int cw = static_cast<int>(m.size());
+    const CommStats before = mpi.stats();
+    std::unique_ptr<Communicator> child = mpi.split(color, key);
+    const CommStats exchange = mpi.stats() - before;
+    EXPECT_EQ(exchange.call_count(CollectiveKind::all_gather), 1u);
+    EXPECT_EQ(exchange.total_calls(), 1u);
+    EXPECT_EQ(exchange.total_bytes_sent(), ring_shard_bytes(8u * static_cast<std::uint64_t>(w), w));
+    EXPECT_EQ(child->backend(), "mpi");
+    ASSERT_EQ(child->world_size(), cw);
+    ASSERT_EQ(child->rank(), std::find(m.begin(), m.end(), me()) - m.begin());
+    const int cr = child->rank();
+
+    HostBuf sum(DType::fp32, n);
+    for (std::int64_t i = 0; i < n; ++i) sum.set(i, (me() + 1) * 10 + i);
+    child->all_reduce(sum.tensor(), ReduceOp::sum);
+    for (std::int64_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int q : m) want += (q + 1) * 10 + i;
+      EXPECT_EQ(sum.get(i), want) << "all_reduce element " << i;
+    }
+    HostBuf mine(DType::fp32, n), all(DType::fp32, n * cw);
+    for (std::int64_t i = 0; i < n; ++i) mine.set(i, me() * 100 + i);
+    child->all_gather(mine.tensor(), all.tensor());
+    HostBuf send(DType::fp32, n * cw), recv(DType::fp32, n * cw);
+    for (int j = 0; j < cw; ++j)
+      for (std::int64_t i = 0; i < n; ++i) send.set(j * n + i, me() * 1000 + j * 10 + i);
+    child->all_to_all(send.tensor(), recv.tensor());
+    for (int j = 0; j < cw; ++j)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const int q = m[static_cast<std::size_t>(j)];
+        EXPECT_EQ(all.get(j * n + i), q * 100 + i) << "all_gather shard " << j;
+        EXPECT_EQ(recv.get(j * n + i), q * 1000 + cr * 10 + i) << "all_to_all shard " << j;
+      }
+    const std::uint64_t bytes = static_cast<std::uint64_t>(n) * 4;
+    EXPECT_EQ(child->stats().total_calls(), 3u);
+    EXPECT_EQ(child->stats().bytes_sent(CollectiveKind::all_reduce), cw == 1 ? 0 : 2 * static_cast<std::uint64_t>(cw - 1) * bytes / cw);
+    EXPECT_EQ(child->stats().bytes_sent(CollectiveKind::all_gather), ring_shard_bytes(bytes * cw, cw));
+    EXPECT_EQ(child->stats().bytes_sent(CollectiveKind::all_to_all), ring_shard_bytes(bytes * cw, cw));
+  }
+}
+
+// The child works on its own duplicates: it outlives the communicator it was split from, and
+// two children of one parent used in different orders by different ranks do not mix.
+TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
+  const int w = world();
+  std::unique_ptr<Communicator> parity, everyone;
+  {
+    MpiCommunicator mpi;
+    parity = mpi.split(me() % 2, me());
+    everyone = mpi.split(0, -me());
+  }
+  for (int round = 0; round < 10; ++round) {
+    HostBuf a(DType::fp32, 1), b(DType::fp32, 1);
+    a.set(0, me() + round);
+    b.set(0, 2 * me() + round);
+    // Even ranks: everyone, then their parity group; odd ranks the other way round (their parity
+    // group completes without the even ranks, then they join everyone).
+    if (me() % 2 == 0) {
+      everyone->all_reduce(b.tensor(), ReduceOp::sum);
+      parity->all_reduce(a.tensor(), ReduceOp::sum);
+    } else {
+      parity->all_reduce(a.tensor(), ReduceOp::max);  // a different op in the other group
+      everyone->all_reduce(b.tensor(), ReduceOp::sum);
+    }
+    double want_a = me() % 2 == 0 ? 0 : -1e30, want_b = 0;
+    for (int q = 0; q < w; ++q) {
+      want_b += 2 * q + round;
+      if (q % 2 != me() % 2) continue;
+      want_a = me() % 2 == 0 ? want_a + q + round : std::max(want_a, static_cast<double>(q + round));
+    }
+    EXPECT_EQ(a.get(0), want_a) << "round " << round;
+    EXPECT_EQ(b.get(0), want_b) << "round " << round;
+  }
+  EXPECT_EQ(everyone->rank(), w - 1 - me());
+}
+
+// The device mesh over MPI: for every tp x sp that divides the world, each group gathers its
+// members' world ranks, which must be the ranks the test enumerates (same coordinates but one).
+TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
+  const int w = world();
+  MpiCommunicator mpi;
+  for (int tp = 1; tp <= w; ++tp) {
+    if (w % tp != 0) continue;
+    for (int sp = 1; sp <= w / tp; ++sp) {
+      if ((w / tp) % sp != 0) continue;
+      SCOPED_TRACE(fmt::format("tp {} sp {} W={}", tp, sp, w));
+      const MeshShape shape = make_mesh_shape(w, tp, sp);
+      MeshGroups g = make_mesh_groups(mpi, shape);
+      // Coordinates by counting, tp innermost.
+      std::vector<std::array<int, 3>> coords;
+      for (int d = 0; d < w / (tp * sp); ++d)
+        for (int s = 0; s < sp; ++s)
+          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d});
+      const auto& mine = coords[static_cast<std::size_t>(me())];
+      Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get()};
+      for (int k = 0; k < 4; ++k) {
+        std::vector<int> want;
+        for (int q = 0; q < w; ++q) {
+          const auto& c = coords[static_cast<std::size_t>(q)];
+          const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2];
+          if (k == 0 ? dp_same && sp_same : k == 1 ? dp_same && tp_same : k == 2 ? sp_same && tp_same : tp_same) want.push_back(q);
+        }
+        Communicator& c = *groups[k];
+        HostBuf one(DType::int32, 1), all(DType::int32, c.world_size());
+        one.set(0, me());
+        c.all_gather(one.tensor(), all.tensor());
+        std::vector<int> got;
+        for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
+        EXPECT_EQ(got, want) << "group " << k;
+      }
+    }
+  }
+}
+
 TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
@@ -279,6 +442,29 @@ TEST(MpiCollectives, RankThatNeverArrivesIsNamedWithinTheTimeout) {
         EXPECT_NE(m.find(fmt::format("rank(s) {} of {} did not reach it", late, world())), std::string::npos) << m;
         EXPECT_NE(m.find(fmt::format("rank {} last reached barrier #1", late)), std::string::npos) << m;
         EXPECT_NE(m.find("timed out after 1500 ms"), std::string::npos) << m;
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A negative color is refused where it is passed; the other ranks, waiting in the split's exchange,
+// name that rank within the timeout. (Last but one: the group is left unusable.)
+TEST(MpiCollectives, SplitWithANegativeColorFailsEverywhere) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  const int bad = world() - 1;
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    try {
+      (void)mpi.split(me() == bad ? -1 : 0, 0);
+      ADD_FAILURE() << "a split with a negative color succeeded";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (me() == bad) {
+        EXPECT_NE(m.find("color -1 is negative"), std::string::npos) << m;
+      } else {
+        EXPECT_NE(m.find(fmt::format("rank(s) {} of {} did not reach it", bad, world())), std::string::npos) << m;
+        EXPECT_NE(m.find("all_gather #1"), std::string::npos) << m;
       }
     }
   }
