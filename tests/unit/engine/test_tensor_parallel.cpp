@@ -42,6 +42,9 @@ Model build_model(const char* spec, TensorParallelRank tp) {
   return make_model(arch, tp);
 }
 
+// Bytes each rank's tensor-parallel communicator sent during training (before the final gather).
+std::vector<std::uint64_t> g_tp_bytes;
+
 // Rank results of every mesh rank, in world order (rank = dp·TP + tp).
 RunResult run_mesh(const MeshRun& m) {
   const int world = m.tp * m.dp;
@@ -60,6 +63,7 @@ RunResult run_mesh(const MeshRun& m) {
   for (int t = 0; t < m.tp; ++t) dp_groups.push_back(std::make_unique<LocalGroup>(m.dp));
   RunResult out;
   out.ranks.resize(static_cast<std::size_t>(world));
+  g_tp_bytes.assign(static_cast<std::size_t>(world), 0);
   run_local_ranks(world, [&](Communicator& comm) {
     const int r = comm.rank(), t = r % m.tp, d = r / m.tp;
     LocalCommunicator tp_comm(*tp_groups[static_cast<std::size_t>(d)], t);
@@ -87,6 +91,7 @@ RunResult run_mesh(const MeshRun& m) {
     }
     me.report = e.report().zero;
     me.memory = e.report().memory;
+    g_tp_bytes[static_cast<std::size_t>(r)] = tp_comm.stats().total_bytes_sent();
     e.gather_master_params([&](const std::string& n, const Tensor& v) { me.params[n] = values(v); });
   });
   return out;
@@ -225,6 +230,27 @@ TEST(TensorParallelSgd, MatchesOneRankToRounding) {
     }
     std::printf("SGD %s: worst relative difference %.3g\n", model, worst);
     EXPECT_LE(worst, 1e-5);
+  }
+}
+
+// The tensor-parallel group's traffic of one optimizer step (one micro-batch, B = 2, T = 16,
+// C = 32, fp32, 2 blocks) is docs/parallelism.md's formula, counted by the group's communicator:
+// 2(W−1)/W · [(4L + 2)·B·T·C·4 + 3·B·T·4 + 16] bytes per rank — the blocks' four all-reduces, the
+// embedding's and the head's, the cross-entropy's max and (sum, target) and the step's fp64
+// (norm², overflow count).
+TEST(TensorParallelComm, BytesPerStepMatchTheFormula) {
+  for (int tp : {2, 4}) {
+    for (const char* model : {kGpt2Heads4, kLlamaGqa}) {
+      MeshRun m;
+      m.tp = tp;
+      m.steps = 1;
+      m.model = model;
+      (void)run_mesh(m);
+      const double B = kMicro, T = kT, C = 32, L = 2;
+      const double ring = 2.0 * (tp - 1) / tp;
+      const double want = ring * ((4 * L + 2) * B * T * C * 4 + 3 * B * T * 4 + 16);
+      for (std::size_t r = 0; r < g_tp_bytes.size(); ++r) EXPECT_EQ(static_cast<double>(g_tp_bytes[r]), want) << model << " tp " << tp << " rank " << r;
+    }
   }
 }
 
