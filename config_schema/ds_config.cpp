@@ -43,7 +43,8 @@ std::vector<std::string> top_level_section_keys() {
                                    "comms_logger",
                                    "flops_profiler",
                                    "timers",
-                                   "elasticity"};
+                                   "elasticity",
+                                   "tensor_parallel"};
   const auto& extra = unsupported_section_keys();
   keys.insert(keys.end(), extra.begin(), extra.end());
   return keys;
@@ -62,30 +63,43 @@ std::optional<std::string> opt_string(const Json& v) {
   return v.get<std::string>();
 }
 
-// The data-parallel world size (docs/batch.md §1): world / sequence_parallel_size when that key is
-// present. Read before "auto" resolution because train_batch_size = micro * GAS * this.
-std::int64_t data_parallel_world(const Json& root, std::int64_t world, std::vector<Warning>& scratch) {
+// The device mesh (docs/batch.md §1): world = data-parallel x sequence-parallel x tensor-parallel.
+// Settled before "auto" resolution because train_batch_size = micro * GAS * data-parallel.
+struct Mesh {
+  std::int64_t dp = 1, sp = 1, tp = 1;
+};
+
+Mesh device_mesh(const Json& root, std::int64_t world, std::int64_t tp, std::vector<Warning>& scratch) {
   DSTRAIN_CHECK(world > 0, "world size is {}; it must be a positive number of ranks", world);
-  if (!root.contains("sequence_parallel_size") || root["sequence_parallel_size"].is_null()) return world;
   ParseContext ctx(scratch);
   const SectionSpec top = top_level_section_spec();
-  const Json sp_json = check_dict_lookup(root["sequence_parallel_size"], *top.find("sequence_parallel_size"), ctx);
-  const std::int64_t sp = sp_json.get<std::int64_t>();
-  if (world % sp != 0)
+  Mesh m;
+  m.tp = tp;
+  const bool has_sp = root.contains("sequence_parallel_size") && !root["sequence_parallel_size"].is_null();
+  if (has_sp) m.sp = check_dict_lookup(root["sequence_parallel_size"], *top.find("sequence_parallel_size"), ctx).get<std::int64_t>();
+  const std::int64_t model_ranks = m.sp * m.tp;
+  if (world % model_ranks != 0) {
+    const std::string what =
+        m.sp > 1 && m.tp > 1 ? fmt::format("sequence_parallel_size is {} and tensor_parallel.autotp_size is {} (product {})", m.sp, m.tp, model_ranks)
+        : m.tp > 1           ? fmt::format("tensor_parallel.autotp_size is {}", m.tp)
+                             : fmt::format("sequence_parallel_size is {}", m.sp);
     fail(
-        "sequence_parallel_size is {} but the world size {} is not a multiple of it; the data-parallel size would "
-        "be {}/{} (not a whole number of ranks). Use a sequence_parallel_size that divides the number of ranks",
-        sp, world, world, sp);
-  std::int64_t dp = world / sp;
-  if (root.contains("data_parallel_size") && !root["data_parallel_size"].is_null()) {
-    const Json dp_json = check_dict_lookup(root["data_parallel_size"], *top.find("data_parallel_size"), ctx);
-    if (dp_json.get<std::int64_t>() != dp)
-      fail(
-          "data_parallel_size is {} but world size {} / sequence_parallel_size {} = {}; the device mesh needs "
-          "data_parallel_size * sequence_parallel_size == world size",
-          dp_json.get<std::int64_t>(), world, sp, dp);
+        "{} but the world size {} is not a multiple of {}: the ranks form a data-parallel x sequence-parallel x tensor-parallel mesh, so "
+        "the data-parallel size would be {}/{} (not a whole number of ranks). Use a world size that is a multiple of {} (e.g. {}), or "
+        "sizes whose product divides {}",
+        what, world, model_ranks, world, model_ranks, model_ranks, (world / model_ranks + 1) * model_ranks, world);
   }
-  return dp;
+  m.dp = world / model_ranks;
+  if (has_sp && root.contains("data_parallel_size") && !root["data_parallel_size"].is_null()) {
+    const std::int64_t given = check_dict_lookup(root["data_parallel_size"], *top.find("data_parallel_size"), ctx).get<std::int64_t>();
+    if (given != m.dp)
+      fail(
+          "data_parallel_size is {} but world size {} / (sequence_parallel_size {} x tensor-parallel size {}) = {}; the device mesh needs "
+          "data_parallel_size x sequence_parallel_size x tensor_parallel.autotp_size == world size: set data_parallel_size to {}, or "
+          "remove it",
+          given, world, m.sp, m.tp, m.dp, m.dp);
+  }
+  return m;
 }
 
 void read_top_level(DsConfig& c, const Json& t) {
@@ -99,7 +113,7 @@ void read_top_level(DsConfig& c, const Json& t) {
   c.gradient_predivide_factor = t["gradient_predivide_factor"].get<double>();
   c.gradient_allreduce_op = t["gradient_allreduce_op"].get<std::string>();
   c.communication_data_type = opt_string(t["communication_data_type"]);
-  c.seq_parallel_communication_data_type = t["seq_parallel_communication_data_type"].get<std::string>();
+  c.seq_parallel_communication_data_type = opt_string(t["seq_parallel_communication_data_type"]);
   c.sparse_gradients = t["sparse_gradients"].get<bool>();
   c.disable_allgather = t["disable_allgather"].get<bool>();
   c.zero_allow_untested_optimizer = t["zero_allow_untested_optimizer"].get<bool>();
@@ -238,8 +252,12 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
                                             *c.vocabulary_size, (*c.vocabulary_size + 7) / 8 * 8));
   if (c.data_parallel_size && !c.sequence_parallel_size)
     ctx.warn("data_parallel_size",
-             "data_parallel_size is only read together with sequence_parallel_size; alone it "
-             "has no effect (the data-parallel size is the world size)");
+             *c.data_parallel_size == c.data_parallel_world_size
+                 ? std::string("data_parallel_size is only read together with sequence_parallel_size; alone it has no effect (the "
+                               "data-parallel size is the world size / tensor_parallel.autotp_size)")
+                 : fmt::format("data_parallel_size {} is only read together with sequence_parallel_size; alone it has no effect: the "
+                               "data-parallel size is {} (world size {} / tensor-parallel size {})",
+                               *c.data_parallel_size, c.data_parallel_world_size, c.world_size, c.tensor_parallel_size));
   if (c.optimizer.present() && c.zero_optimization.offload_optimizer && c.zero_optimization.offload_optimizer->device != OffloadDevice::none &&
       c.zero_optimization.stage > 0 && c.optimizer.kind != OptimizerKind::adam && c.optimizer.kind != OptimizerKind::adamw &&
       c.optimizer.kind != OptimizerKind::unsupported)
@@ -247,6 +265,44 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
              fmt::format("optimizer offload runs the optimizer on the CPU; DeepSpeed has CPU versions of "
                          "Adam/AdamW/Adagrad/Lion only, so {} runs as the plain torch optimizer on the CPU",
                          c.optimizer.type));
+}
+
+// resolve_batch_sizes for the mesh's data-parallel size. Where the mesh has model-parallel ranks, an
+// error says what W is, and an explicit train_batch_size that DeepSpeed's config-only AutoTP path
+// reads differently is warned about: without an mpu, DeepSpeedConfig counts all world /
+// sequence_parallel_size ranks in train_batch_size, tensor-parallel ones included, although a
+// tensor-parallel group reads one sample stream (docs/batch.md §1).
+BatchSizes resolve_mesh_batch_sizes(const DsConfig& c, std::optional<std::int64_t> tbs, std::optional<std::int64_t> mbs,
+                                    std::optional<std::int64_t> gas, ParseContext& ctx) {
+  const bool model_parallel = c.sequence_parallel_world_size > 1 || c.tensor_parallel_size > 1;
+  BatchSizes b;
+  try {
+    b = resolve_batch_sizes(tbs, mbs, gas, c.data_parallel_world_size);
+  } catch (const Error& e) {
+    if (!model_parallel) throw;
+    throw Error(fmt::format("{} (world_size here is the data-parallel size: {}; only data-parallel ranks read different samples)", e.what(),
+                            c.mesh_description()));
+  }
+  if (c.tensor_parallel_size > 1 && tbs && !c.elasticity.enabled) {
+    const std::int64_t ds_world = c.world_size / c.sequence_parallel_world_size;
+    std::string deepspeed;
+    try {
+      const BatchSizes d = resolve_batch_sizes(tbs, mbs, gas, ds_world);
+      if (d.train_micro_batch_size_per_gpu != b.train_micro_batch_size_per_gpu || d.gradient_accumulation_steps != b.gradient_accumulation_steps)
+        deepspeed =
+            fmt::format("resolves micro batch {} x gradient accumulation {}", d.train_micro_batch_size_per_gpu, d.gradient_accumulation_steps);
+    } catch (const Error&) {
+      deepspeed = "refuses the triple";
+    }
+    if (!deepspeed.empty())
+      ctx.warn("train_batch_size",
+               fmt::format("train_batch_size {} counts data-parallel ranks ({}), so each rank runs micro batch {} x gradient accumulation {}; "
+                           "DeepSpeed, when the program passes no mpu to deepspeed.initialize, counts all {} ranks here (tensor-parallel "
+                           "ones too, though a tensor-parallel group reads one sample stream) and {}; with an mpu it reads it as dstrain does",
+                           b.train_batch_size, c.mesh_description(), b.train_micro_batch_size_per_gpu, b.gradient_accumulation_steps, ds_world,
+                           deepspeed));
+  }
+  return b;
 }
 
 }  // namespace
@@ -257,7 +313,13 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   ParseContext ctx(c.warnings);
   std::vector<Warning> scratch;
   c.world_size = options.world_size;
-  c.data_parallel_world_size = data_parallel_world(input, options.world_size, scratch);
+  // tensor_parallel first: its autotp_size is a factor of the mesh, which the batch arithmetic needs.
+  Json tp_resolved;
+  c.tensor_parallel = parse_tensor_parallel_config(child(input, "tensor_parallel"), ctx, tp_resolved);
+  const Mesh mesh = device_mesh(input, options.world_size, c.tensor_parallel.size(), scratch);
+  c.data_parallel_world_size = mesh.dp;
+  c.sequence_parallel_world_size = mesh.sp;
+  c.tensor_parallel_size = mesh.tp;
   const Json root = resolve_auto_values(input, options.autos, c.data_parallel_world_size, c.resolved_autos, &c.warnings);
   for (Warning& w : unused_auto_options(input, options.autos)) c.warnings.push_back(std::move(w));
 
@@ -293,7 +355,7 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
     mbs = e.micro_batch_size;
     gas = e.gradient_accumulation_steps;
   }
-  const BatchSizes b = resolve_batch_sizes(tbs, mbs, gas, c.data_parallel_world_size);
+  const BatchSizes b = resolve_mesh_batch_sizes(c, tbs, mbs, gas, ctx);
   c.train_batch_size = b.train_batch_size;
   c.train_micro_batch_size_per_gpu = b.train_micro_batch_size_per_gpu;
   c.gradient_accumulation_steps = b.gradient_accumulation_steps;
@@ -367,6 +429,7 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   c.timers = parse_timers_config(child(root, "timers"), ctx, r);
   out["timers"] = r;
   if (root.contains("elasticity")) out["elasticity"] = elastic_resolved;
+  if (c.tensor_parallel.configured) out["tensor_parallel"] = tp_resolved;
   c.ignored_sections = check_unsupported_sections(root, ctx);
   for (const auto& s : c.ignored_sections) out[s.key] = s.value;
 
@@ -381,11 +444,23 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
 
 Json DsConfig::to_json() const { return resolved; }
 
+std::string DsConfig::mesh_description() const {
+  return fmt::format("world size {} = data-parallel {} x sequence-parallel {} x tensor-parallel {}", world_size, data_parallel_world_size,
+                     sequence_parallel_world_size, tensor_parallel_size);
+}
+
 std::string DsConfig::summary() const {
   std::string s;
   auto line = [&s](const std::string& text) { s += text + "\n"; };
-  line(fmt::format("world size {}, data-parallel size {}{}", world_size, data_parallel_world_size,
-                   sequence_parallel_size ? fmt::format(" (sequence_parallel_size {})", *sequence_parallel_size) : ""));
+  line(mesh_description());
+  if (tensor_parallel.enabled()) {
+    const auto rules = tensor_parallel.effective_partition_config();
+    line(fmt::format("tensor parallelism: autotp_size {}{}, tp_overlap_comm {}{}", tensor_parallel.autotp_size,
+                     tensor_parallel.preset_model ? fmt::format(", preset_model {}", *tensor_parallel.preset_model) : "",
+                     tensor_parallel.tp_overlap_comm,
+                     rules ? fmt::format(", {} partition rule{}", rules->layer_specs.size(), rules->layer_specs.size() == 1 ? "" : "s")
+                           : ", partition rules from the model"));
+  }
   line(fmt::format("batch: train_batch_size {} = micro batch {} x gradient accumulation {} x data-parallel {}", train_batch_size,
                    train_micro_batch_size_per_gpu, gradient_accumulation_steps, data_parallel_world_size));
   std::string prec = to_string(precision());
@@ -456,8 +531,12 @@ std::string DsConfig::summary() const {
     line(sched);
   }
   line(gradient_clipping > 0 ? fmt::format("gradient clipping: max norm {}", gradient_clipping) : std::string("gradient clipping: off"));
+  const std::optional<std::string> comm_dtype = gradient_communication_data_type();
   line(fmt::format("gradient reduction: {}{}{}{}", gradient_allreduce_op,
-                   communication_data_type ? fmt::format(" in {}", *communication_data_type) : "", prescale_gradients ? ", prescaled by 1/world" : "",
+                   comm_dtype
+                       ? fmt::format(" in {}{}", *comm_dtype, sequence_parallel_world_size > 1 ? " (seq_parallel_communication_data_type)" : "")
+                       : "",
+                   prescale_gradients ? ", prescaled by 1/world" : "",
                    gradient_predivide_factor != 1.0 ? fmt::format(", predivided by {}", gradient_predivide_factor) : ""));
   const auto& ac = activation_checkpointing;
   line(fmt::format("activation checkpointing: partition_activations {}, cpu_checkpointing {}", ac.partition_activations, ac.cpu_checkpointing));

@@ -18,6 +18,7 @@
 #include "config_schema/elasticity_config.h"
 #include "config_schema/field_spec.h"
 #include "config_schema/state_placement.h"
+#include "config_schema/tensor_parallel_config.h"
 #include "config_schema/monitor_config.h"
 #include "config_schema/optimizer_config.h"
 #include "config_schema/precision_config.h"
@@ -29,7 +30,7 @@
 namespace dstrain::config {
 
 struct ConfigOptions {
-  std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (sequence_parallel_size)
+  std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (sequence_parallel_size, tensor_parallel)
   AutoValues autos;
   // The optimizer a program passes to deepspeed.initialize (DeepSpeed's client optimizer), as an
   // "optimizer" block ({"type": ..., "params": {...}}) read like the config's: it replaces the
@@ -52,8 +53,13 @@ struct DsConfig {
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 0;
-  std::int64_t world_size = 1;                // ConfigOptions::world_size
-  std::int64_t data_parallel_world_size = 1;  // world_size / sequence_parallel_size
+  // The device mesh (docs/batch.md §1): world_size = data-parallel x sequence-parallel x
+  // tensor-parallel, tensor-parallel innermost (ranks r and r+1 share a tensor-parallel group),
+  // then sequence-parallel, then data-parallel. Every batch key counts data-parallel ranks only.
+  std::int64_t world_size = 1;                    // ConfigOptions::world_size
+  std::int64_t data_parallel_world_size = 1;      // world_size / (sequence_parallel_world_size * tensor_parallel_size)
+  std::int64_t sequence_parallel_world_size = 1;  // sequence_parallel_size, 1 when absent
+  std::int64_t tensor_parallel_size = 1;          // tensor_parallel.autotp_size when > 1, else 1 (TensorParallelConfig::size)
 
   // --- top-level scalars (docs/config.md §7) ---
   bool managed_gradient_accumulation = true;
@@ -66,7 +72,10 @@ struct DsConfig {
   double gradient_predivide_factor = 1.0;
   std::string gradient_allreduce_op = "mean";          // "mean" | "sum" (lower-cased)
   std::optional<std::string> communication_data_type;  // "fp32" | "fp16" | "bf16"; nullopt = model dtype
-  std::string seq_parallel_communication_data_type = "fp32";
+  // "fp32" | "fp16" | "bf16" (lower-cased); nullopt = given as null (the model dtype). With more than
+  // one sequence-parallel rank DeepSpeed reduces gradients in this dtype instead of
+  // communication_data_type: see gradient_communication_data_type().
+  std::optional<std::string> seq_parallel_communication_data_type = "fp32";
   bool sparse_gradients = false;
   bool disable_allgather = false;
   bool zero_allow_untested_optimizer = false;
@@ -76,9 +85,9 @@ struct DsConfig {
   std::optional<std::int64_t> vocabulary_size;
   bool use_data_before_expert_parallelism = false;
   std::optional<std::string> log_level;
-  std::optional<std::int64_t> sequence_parallel_size;
-  std::optional<std::int64_t> data_parallel_size;
-  std::int64_t allgather_size = 500'000'000;  // only used by the legacy "zero_optimization": true
+  std::optional<std::int64_t> sequence_parallel_size;  // as given (DeepSpeed tests its presence)
+  std::optional<std::int64_t> data_parallel_size;      // as given; checked against the mesh with sequence_parallel_size
+  std::int64_t allgather_size = 500'000'000;           // only used by the legacy "zero_optimization": true
 
   // --- sections ---
   OptimizerConfig optimizer;
@@ -101,6 +110,7 @@ struct DsConfig {
   FlopsProfilerConfig flops_profiler;
   TimersConfig timers;
   ElasticityConfig elasticity;                   // when enabled, it produced the batch triple
+  TensorParallelConfig tensor_parallel;          // AutoTP; its size() is tensor_parallel_size
   std::vector<IgnoredSection> ignored_sections;  // features dstrain does not provide (warned)
 
   // --- diagnostics ---
@@ -114,6 +124,16 @@ struct DsConfig {
   // DeepSpeed release that has the alias. Unknown top-level keys are dropped (they were warned);
   // unsupported sections are kept as given.
   Json resolved;
+
+  // The dtype gradients are reduced in, as DeepSpeed's engine chooses it: with more than one
+  // sequence-parallel rank, seq_parallel_communication_data_type replaces communication_data_type
+  // (engine.py: self.communication_data_type = seq_parallel_communication_data_type). nullopt = the
+  // model dtype (fp16 / bf16 / fp32).
+  std::optional<std::string> gradient_communication_data_type() const {
+    return sequence_parallel_world_size > 1 ? seq_parallel_communication_data_type : communication_data_type;
+  }
+  // "world size 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2".
+  std::string mesh_description() const;
 
   Precision precision() const { return fp16.enabled ? Precision::fp16 : bf16.enabled ? Precision::bf16 : Precision::fp32; }
   // Where the training state lives (config_schema/state_placement.h): the stage's and offload

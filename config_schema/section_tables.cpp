@@ -32,6 +32,10 @@ const std::vector<SectionSpec>& all_sections() {
       timers_section_spec(),
       timers_throughput_section_spec(),
       elasticity_section_spec(),
+      tensor_parallel_section_spec(),
+      tensor_parallel_tp_section_spec("tensor_parallel"),
+      tensor_parallel_tp_section_spec("tp"),
+      tp_partition_config_section_spec(),
       hybrid_engine_section_spec(),
   };
   return sections;

@@ -20,7 +20,11 @@ SectionSpec top_level_section_spec() {
                           number_field("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce."),
                           string_field("gradient_allreduce_op", "mean", "Gradient reduction: mean or sum (any case).").one_of({"mean", "sum"}, true),
                           string_field("communication_data_type", nullptr, "Gradient communication dtype; null = model dtype.").one_of(dtypes, true),
-                          string_field("seq_parallel_communication_data_type", "fp32", "Sequence-parallel communication dtype.").one_of(dtypes, true),
+                          string_field("seq_parallel_communication_data_type", "fp32",
+                                       "Gradient communication dtype when sequence_parallel_size > 1 (replaces communication_data_type); "
+                                       "null = model dtype.")
+                              .one_of(dtypes, true)
+                              .optional(),
                           bool_field("sparse_gradients", false, "CSR all-reduce of embedding gradients."),
                           bool_field("disable_allgather", false, "Legacy."),
                           bool_field("zero_allow_untested_optimizer", false, "Allow optimizers outside ZeRO's whitelist (e.g. Lamb, SGD)."),
@@ -30,8 +34,12 @@ SectionSpec top_level_section_spec() {
                           int_field("vocabulary_size", nullptr, "Vocabulary size (warning if not a multiple of 8)."),
                           bool_field("use_data_before_expert_parallelism", false, "MoE topology order."),
                           string_field("log_level", nullptr, "Logging level."),
-                          int_field("sequence_parallel_size", nullptr, "Sequence-parallel ranks; data-parallel size = world / this.").min(1),
-                          int_field("data_parallel_size", nullptr, "Data-parallel ranks (used with sequence_parallel_size).").min(1),
+                          int_field("sequence_parallel_size", nullptr,
+                                    "Sequence-parallel ranks; data-parallel size = world / (this x tensor_parallel.autotp_size).")
+                              .min(1),
+                          int_field("data_parallel_size", nullptr,
+                                    "Data-parallel ranks; with sequence_parallel_size it must equal world / (sequence x tensor parallel).")
+                              .min(1),
                           int_field("allgather_size", 500000000, "All-gather bucket for the legacy \"zero_optimization\": true.").min(0),
                       });
 }

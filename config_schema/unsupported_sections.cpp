@@ -25,7 +25,6 @@ const std::vector<Feature>& features() {
       {"progressive_layer_drop", "progressive layer drop"},
       {"hybrid_engine", "the hybrid (RLHF) engine"},
       {"compile", "DeepCompile / torch.compile"},
-      {"tensor_parallel", "tensor parallelism (AutoTP)"},
       {"expert_parallel", "expert parallelism (AutoEP)"},
       {"weight_quantization", "quantized weight initialisation"},
       {"nebula", "the Nebula checkpoint engine"},
@@ -47,13 +46,6 @@ bool is_active(const std::string& key, const Json& v) {
   if (key == "pipeline" || key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" || key == "weight_quantization")
     return true;
   if (key == "compile") return v.is_object() && v.contains("deepcompile") && truthy(v["deepcompile"]);
-  if (key == "tensor_parallel") {
-    if (!v.is_object()) return true;
-    const bool autotp = v.contains("autotp_size") && v["autotp_size"].is_number() && v["autotp_size"].get<double>() > 1;
-    const bool tp = v.contains("tp") && v["tp"].is_object() && v["tp"].contains("tp_size") && v["tp"]["tp_size"].is_number() &&
-                    v["tp"]["tp_size"].get<double>() > 1;
-    return autotp || tp;
-  }
   return enabled_flag(v);
 }
 

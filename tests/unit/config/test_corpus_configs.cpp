@@ -14,6 +14,7 @@
 //
 // Doc excerpts and fragments often carry no batch key; DeepSpeed needs one from its caller (the HF
 // Trainer fills it), so the test supplies train_micro_batch_size_per_gpu = 1 there.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -152,10 +153,17 @@ Outcome run(const IndexRow& r) {
                            (j.contains("train_micro_batch_size_per_gpu") && !j.at("train_micro_batch_size_per_gpu").is_null());
     if (!has_batch) j["train_micro_batch_size_per_gpu"] = 1;
 
-    // The world size the config was written for: the one that makes its own triple consistent.
+    // The world size the config was written for: the data-parallel size that makes its own triple
+    // consistent, times the ranks of a model replica (sequence_parallel_size x
+    // tensor_parallel.autotp_size: the mesh must divide the world, docs/batch.md §1).
     ConfigOptions options;
     const std::int64_t tbs = num(j, "train_batch_size"), mbs = num(j, "train_micro_batch_size_per_gpu"), gas = num(j, "gradient_accumulation_steps");
     if (tbs > 0 && mbs > 0 && gas > 0 && tbs % (mbs * gas) == 0) options.world_size = tbs / (mbs * gas);
+    const std::int64_t sp = std::max<std::int64_t>(1, num(j, "sequence_parallel_size"));
+    const std::int64_t tp = j.contains("tensor_parallel") && j.at("tensor_parallel").is_object()
+                                ? std::max<std::int64_t>(1, num(j.at("tensor_parallel"), "autotp_size"))
+                                : 1;
+    options.world_size *= sp * tp;
     o.world = options.world_size;
 
     // What the HF Trainer would pass for "auto" values (precision from the features column).
