@@ -33,15 +33,29 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options, Communicator* comm)
     : plan_(plan), options_(options), comm_(comm), rank_(comm != nullptr ? comm->rank() : 0) {
   const config::DsConfig& cfg = plan.config;
-  const int world = comm != nullptr ? comm->world_size() : 1;
+  // The mesh: the engine's ZeRO group is the data-parallel one, its layers split across the
+  // tensor-parallel one; the data loaders read for the data-parallel ranks, the tensor-parallel
+  // ranks of one group the same micro-batches.
+  Communicator* data_comm = comm;
+  Communicator* tp_comm = nullptr;
+  TensorParallelRank tp;
+  if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1)) {
+    mesh_.emplace(make_mesh_groups(*comm, plan.mesh));
+    data_comm = mesh_->data.get();
+    tp_comm = mesh_->tp.get();
+    tp = {mesh_->coord.tp, plan.mesh.tp};
+  }
+  const int world = data_comm != nullptr ? data_comm->world_size() : 1;
+  const int data_rank = data_comm != nullptr ? data_comm->rank() : 0;
   T_ = plan.sequence_length;
   // A resumed run continues with its own seed: the same data order and dropout streams.
   seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
-  engine_.emplace(initialize(make_model(plan.model), cfg,
+  engine_.emplace(initialize(make_model(plan.model, tp), cfg,
                              {.seed = seed_,
-                              .comm = comm,
+                              .comm = data_comm,
+                              .tensor_parallel = tp_comm,
                               .sequence_length = T_,
                               .init_params = options.init_from.empty() || plan.resume.has_value(),
                               .device = plan.device,
@@ -64,7 +78,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.sequence_length = static_cast<std::size_t>(T_);
   dlo.gradient_accumulation_steps = static_cast<int>(GAS_);
   dlo.world_size = world;
-  dlo.rank = rank_;
+  dlo.rank = data_rank;
   dlo.seed = seed_;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
@@ -90,7 +104,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     // --val-batches counts batches of B sequences over all ranks, so W ranks evaluate exactly the
     // windows one rank would (data/eval_loader.h), each rank a disjoint share of them.
     elo.world_size = world;
-    elo.rank = rank_;
+    elo.rank = data_rank;
     elo.max_batches = static_cast<std::size_t>(options.val_batches);
     elo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
     val_.emplace(EvalLoader::open(options.val_data, elo));
@@ -113,6 +127,7 @@ void RankTrainer::announce() {
       B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
   if (!plan_.comm_note.empty()) say(plan_.comm_note);
+  if (mesh_) say("mesh: " + describe_mesh(plan_.mesh));
   if (world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
     const bool local = comm_ == nullptr || comm_->backend() == "local";
     say(fmt::format("zero: stage {} on {} rank{}{}", stage_, world, world == 1 ? "" : "s",
@@ -161,7 +176,13 @@ void RankTrainer::announce() {
   // the generator is rebuilt at every sample) ----
   // Its own allocator, so the run's peak memory stays the engine's; on the engine's device.
   sample_allocator_ = make_device_allocator(engine.device());
-  if (options_.sample_tokens > 0 && lead()) {
+  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1;
+  if (options_.sample_tokens > 0 && !samples_ && lead()) {
+    trainer_warn(options_, fmt::format("no samples (--sample-tokens {}): the tensor-parallel ranks each hold a slice of the logits, and the sampler "
+                                       "reads them whole; give --sample-tokens 0 to silence this",
+                                       options_.sample_tokens));
+  }
+  if (samples_ && lead()) {
     std::string warning;
     tokenizer_ = sample_tokenizer(options_.tokenizer, plan_.model->vocab_size(), &warning);
     if (!warning.empty()) trainer_warn(options_, warning);
@@ -355,7 +376,7 @@ void RankTrainer::check_finite(double loss, const char* what, std::int64_t step)
 }
 
 void RankTrainer::sample(std::int64_t step) {
-  if (options_.sample_tokens <= 0) return;
+  if (!samples_) return;
   Engine& engine = *engine_;
   // A sample is never worth failing a run: a model whose logits overflowed (diverging, its loss
   // not yet NaN) gets a warning here, and the next step's loss check ends the run as it would

@@ -31,6 +31,7 @@
 #include "train/trainer_options.h"
 #include "train/training_plan.h"
 #include "zero/communicator.h"
+#include "zero/device_mesh.h"
 
 namespace dstrain {
 
@@ -89,7 +90,13 @@ class RankTrainer {
 
   const TrainingPlan& plan_;
   const TrainerOptions& options_;
-  Communicator* comm_;
+  Communicator* comm_;  // the world's
+  // The device mesh's groups (zero/device_mesh.h): the engine trains on mesh_.data (its ZeRO group)
+  // and mesh_.tp (its layers' group); empty for one rank.
+  std::optional<MeshGroups> mesh_;
+  // Samples at the val interval: off under tensor parallelism (the generator reads whole logits;
+  // each tensor-parallel rank holds a slice of the vocabulary's).
+  bool samples_ = true;
   int rank_ = 0;
   std::optional<Engine> engine_;
   std::optional<CheckpointManager> checkpoints_;  // the engine's training checkpoints (declared after it: destroyed first)

@@ -1,5 +1,7 @@
 #include "train/training_plan.h"
 
+#include "engine/config_checks.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -374,6 +376,25 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
   std::fprintf(stderr, "warning: %.*s\n", static_cast<int>(text.size()), text.data());
 }
 
+// What the mesh asks of the run, refused before step 1 naming the key: the model's split across the
+// tensor-parallel ranks, and what does not compose with tensor or sequence parallelism yet.
+void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
+  const MeshShape& m = plan.mesh;
+  if (m.sp > 1) {
+    fail("sequence_parallel_size {}: DeepSpeed-Ulysses sequence parallelism is not part of this build yet; remove sequence_parallel_size (or set it "
+         "to 1) and train on the {} rank(s) data- and tensor-parallel",
+         m.sp, plan.world);
+  }
+  if (m.tp <= 1) return;
+  plan.model->check_tensor_parallel(m.tp);
+  check_tensor_parallel_engine(plan.config, plan.device, m.tp);
+  if (!options.save_dir.empty() || !options.resume.empty()) {
+    fail("{} with tensor parallelism (tensor_parallel.autotp_size {}): training checkpoints of a tensor-parallel run are not written or read by "
+         "this build yet; drop --save-dir / --resume (--save-weights writes the whole model at the end), or set tensor_parallel.autotp_size to 1",
+         !options.save_dir.empty() ? "--save-dir" : "--resume", m.tp);
+  }
+}
+
 TrainingPlan plan_training(const ConfigText& config_text, const std::string& model_spec, const TrainerOptions& options) {
   TrainingPlan plan;
   plan.model_spec = model_spec;
@@ -493,6 +514,10 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     if (!out.path.empty() && !out.folder) prove_writable(out);
   }
 
+  // ---- the device mesh: the config's tensor- and sequence-parallel sizes over the world ----
+  plan.mesh = make_mesh_shape(plan.world, static_cast<int>(cfg.tensor_parallel_size), static_cast<int>(cfg.sequence_parallel_world_size));
+  check_mesh_trains(plan, options);
+
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
   // model (train/trainer_checkpoints.h) ----
   plan.resume = plan_resume(options, g, cfg);
@@ -526,7 +551,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     dlo.micro_batch_size = static_cast<std::size_t>(cfg.train_micro_batch_size_per_gpu);
     dlo.sequence_length = static_cast<std::size_t>(T);
     dlo.gradient_accumulation_steps = static_cast<int>(cfg.gradient_accumulation_steps);
-    dlo.world_size = plan.world;
+    dlo.world_size = plan.mesh.dp;
     dlo.rank = 0;
     const DataLoader loader = DataLoader::open(options.data, dlo);
     loader.validate(vocab);
@@ -536,7 +561,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     EvalLoaderOptions elo;
     elo.batch_size = static_cast<std::size_t>(cfg.train_micro_batch_size_per_gpu);
     elo.sequence_length = static_cast<std::size_t>(T);
-    elo.world_size = plan.world;
+    elo.world_size = plan.mesh.dp;
     elo.max_batches = static_cast<std::size_t>(options.val_batches);
     const EvalLoader val = EvalLoader::open(options.val_data, elo);
     validate_token_file(TokenFile::open(options.val_data), vocab);

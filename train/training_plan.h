@@ -11,6 +11,7 @@
 
 #include "config_schema/config_source.h"
 #include "config_schema/ds_config.h"
+#include "zero/device_mesh.h"
 #include "train/trainer_checkpoints.h"
 #include "train/trainer_options.h"
 #include "ops/device.h"
@@ -35,7 +36,10 @@ struct TrainingPlan {
   std::string comm = "local";
   std::string comm_note;
   MpiWorld mpi;                        // comm "mpi": this process's place and MPI's thread level
-  int world = 1;                       // data-parallel ranks of the run
+  int world = 1;                       // ranks of the run (every rank of the device mesh)
+  // The device mesh (zero/device_mesh.h, docs/parallelism.md): world = dp x sp x tp, from the
+  // config's tensor_parallel and sequence_parallel_size; the data loaders read for mesh.dp ranks.
+  MeshShape mesh;
   std::int64_t sequence_length = 0;    // T
   std::int64_t window_count = 0;       // training windows of T + 1 tokens in the data file
   std::int64_t epoch_steps = 0;        // steps of one pass over them (at least 1)
