@@ -279,7 +279,9 @@ BatchSizes resolve_mesh_batch_sizes(const DsConfig& c, std::optional<std::int64_
   try {
     b = resolve_batch_sizes(tbs, mbs, gas, c.data_parallel_world_size);
   } catch (const Error& e) {
-    if (!model_parallel) throw;
+    // Only the messages that involve W (the product check, inferred values, the overflow) get the mesh.
+    const std::string what = e.what();
+    if (!model_parallel || what.find("world") == std::string::npos) throw;
     throw Error(fmt::format("{} (world_size here is the data-parallel size: {}; only data-parallel ranks read different samples)", e.what(),
                             c.mesh_description()));
   }
@@ -326,6 +328,13 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   check_top_level_enums(root);
   Json top = read_section(root, top_level_section_spec(), ctx, top_level_section_keys());
   read_top_level(c, top);
+  // (The default, fp32, written by every resolved config, is not worth a word.)
+  if (root.contains("seq_parallel_communication_data_type") && c.seq_parallel_communication_data_type != "fp32" &&
+      c.sequence_parallel_world_size == 1)
+    ctx.warn("seq_parallel_communication_data_type",
+             "seq_parallel_communication_data_type has no effect without sequence-parallel ranks: it replaces communication_data_type "
+             "only when sequence_parallel_size is > 1 (DeepSpeed also takes the sequence-parallel size from an mpu, such as HF "
+             "Accelerate's for ALST, which dstrain does not); set sequence_parallel_size, or remove the key");
 
   Json elastic_resolved;
   c.elasticity = parse_elasticity_config(child(root, "elasticity"), ctx, elastic_resolved);

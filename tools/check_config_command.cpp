@@ -76,7 +76,9 @@ void add_check_config_command(CLI::App& app) {
                                      "Validate a DeepSpeed config as DeepSpeed 0.19 reads it and print it resolved "
                                      "(exit 0 when valid, 2 when invalid; what this machine lacks, such as an nvme_path, is reported, exit 0)");
   cmd->add_option("config", args->config, "ds_config file, JSON string, or base64 of one (as the deepspeed launcher passes)")->required();
-  cmd->add_option("--world-size", args->world_size, "Number of ranks (data-parallel world size x sequence_parallel_size)")
+  cmd->add_option("--world-size", args->world_size,
+                  "Number of ranks = data-parallel x sequence-parallel (sequence_parallel_size) x tensor-parallel "
+                  "(tensor_parallel.autotp_size); the batch keys count data-parallel ranks")
       ->check(whole_number_at_least(1))
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print the resolved config as JSON on stdout (canonical key names)");

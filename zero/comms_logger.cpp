@@ -235,7 +235,7 @@ std::unique_ptr<Communicator> CommsLogger::do_split(int color, int key) {
   std::unique_ptr<Communicator> child = inner_.split(color, key);
   CommsLoggerOptions options = options_;
   if (options.synchronize) {
-    Communicator* child_inner = child.get();  // owned by the logger that calls this function
+    Communicator* child_inner = child.get();  // owned by the child logger, which holds this function
     options.synchronize = [sync = options_.synchronize, child_inner] {
       sync();
       child_inner->synchronize();

@@ -17,8 +17,9 @@ void check_shape(const MeshShape& s, const char* call) {
 
 MeshShape make_mesh_shape(int world, int tp, int sp) {
   DSTRAIN_CHECK(world >= 1, "the world has {} ranks; a device mesh needs at least 1", world);
-  DSTRAIN_CHECK(tp >= 1, "tensor_parallel.autotp_size is {}; it must be at least 1 (1: no tensor parallelism). Fix: set it to a divisor of the {} ranks",
-                tp, world);
+  DSTRAIN_CHECK(tp >= 1,
+                "tensor_parallel.autotp_size is {}; it must be at least 1 (1: no tensor parallelism). Fix: set it to a divisor of the {} ranks", tp,
+                world);
   DSTRAIN_CHECK(sp >= 1, "sequence_parallel_size is {}; it must be at least 1 (1: no sequence parallelism). Fix: set it to a divisor of the {} ranks",
                 sp, world);
   DSTRAIN_CHECK(world % tp == 0,

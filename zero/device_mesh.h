@@ -62,10 +62,12 @@ std::string describe_mesh(const MeshShape& shape);
 struct MeshGroups {
   MeshShape shape;
   MeshCoord coord;
-  std::unique_ptr<Communicator> tp;    // same (dp, sp): the ranks that split each layer's weights
-  std::unique_ptr<Communicator> sp;    // same (dp, tp): the ranks that split each sequence
-  std::unique_ptr<Communicator> dp;    // same (sp, tp)
-  std::unique_ptr<Communicator> data;  // same tp: the dp x sp ranks that reduce gradients and partition ZeRO state (DeepSpeed's sequence-data-parallel group)
+  std::unique_ptr<Communicator> tp;  // same (dp, sp): the ranks that split each layer's weights
+  std::unique_ptr<Communicator> sp;  // same (dp, tp): the ranks that split each sequence
+  std::unique_ptr<Communicator> dp;  // same (sp, tp)
+  // same tp: the dp x sp ranks that reduce gradients and partition ZeRO state (DeepSpeed's
+  // sequence-data-parallel group)
+  std::unique_ptr<Communicator> data;
 };
 
 // Collective over `world` (world.world_size() == shape.world(), else Error naming both): four

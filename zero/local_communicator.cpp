@@ -353,7 +353,7 @@ LocalCommunicator::~LocalCommunicator() {
   try {
     // This rank issues no more collectives in its split group; the groups split from it live on.
     group_.leave(rank(), false);
-  } catch (...) {          // a failed lock: the others then fail at the timeout instead
+  } catch (...) {  // a failed lock: the others then fail at the timeout instead
   }
 }
 

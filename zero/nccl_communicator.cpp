@@ -357,8 +357,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
           if (state == ncclInProgress) return false;
           if (state != ncclSuccess) {
             const char* detail = ncclGetLastError(child);
-            child_failure = fmt::format("{}{}{}", ncclGetErrorString(state), detail != nullptr && *detail != '\0' ? ": " : "",
-                                        detail != nullptr ? detail : "");
+            child_failure =
+                fmt::format("{}{}{}", ncclGetErrorString(state), detail != nullptr && *detail != '\0' ? ": " : "", detail != nullptr ? detail : "");
           }
           return true;
         },
@@ -369,9 +369,10 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
   }
   if (!child_failure.empty()) {
     (void)ncclCommAbort(child);
-    abort_with(fmt::format("NCCL failed on rank {} of {} while splitting the communicator (color {}, key {}): {}. The communicator was "
-                           "aborted. Fix: check the other ranks' logs and rerun with NCCL_DEBUG=WARN",
-                           rank(), world_size(), color, key, child_failure));
+    abort_with(
+        fmt::format("NCCL failed on rank {} of {} while splitting the communicator (color {}, key {}): {}. The communicator was "
+                    "aborted. Fix: check the other ranks' logs and rerun with NCCL_DEBUG=WARN",
+                    rank(), world_size(), color, key, child_failure));
   }
   int child_rank = 0, child_size = 0;
   const ncclResult_t rank_status = ncclCommUserRank(child, &child_rank);

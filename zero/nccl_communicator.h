@@ -106,8 +106,7 @@ class NcclCommunicator final : public Communicator {
  private:
   // A split's child: adopts `comm` (made by ncclCommSplit), aborting it if the setup fails.
   struct Adopt {};
-  NcclCommunicator(Adopt, ncclComm_t comm, int rank, int world_size, int device, std::chrono::milliseconds timeout,
-                   cudaStream_t compute_stream);
+  NcclCommunicator(Adopt, ncclComm_t comm, int rank, int world_size, int device, std::chrono::milliseconds timeout, cudaStream_t compute_stream);
   void init(const ncclUniqueId& id);
   // The device, stream, events and barrier word; then, when `id` is given, the bootstrap.
   void setup(const ncclUniqueId* id);

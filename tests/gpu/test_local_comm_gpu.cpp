@@ -7,7 +7,8 @@
 // subnormals mixed in. One exception: a NaN that a sum creates (inf − inf, NaN + x) has the
 // hardware's bits, which differ between x86 and the GPU; there both results must be NaN.
 // Plus: stream ordering under load (producers before, a write-after-read overwrite right after
-// the call), device mismatch between ranks, and a host pointer labelled cuda. Skipped, with the
+// the call), a split's pairs on device memory, device mismatch between ranks, and a host pointer
+// labelled cuda. Skipped, with the
 // reason, without a GPU.
 #include <chrono>
 #include <climits>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -270,6 +272,41 @@ TEST(LocalCommGpuOrdering, AllReduceSeesEveryProducer) {
       ASSERT_EQ(host.back(), want) << "iteration " << it;
     }
   });
+}
+
+// A split on device memory: 4 ranks on one GPU in pairs whose keys reverse them; each pair's
+// all-reduce and all-gather on the GPU against sums and shards the test computes from the pairs'
+// members (small integers: exact). The child is a LocalCommunicator of the same kind.
+TEST(LocalCommGpuSplit, PairsCommunicateDeviceMemory) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  constexpr int kWorld = 4;
+  constexpr std::int64_t kN = 1003;
+  std::vector<HostBuf> sums(kWorld), gathered(kWorld);
+  std::vector<int> child_rank(kWorld, -1);
+  run_local_ranks(kWorld, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::unique_ptr<Communicator> pair = comm.split(r / 2, -r);
+    child_rank[static_cast<std::size_t>(r)] = pair->rank();
+    HostBuf h(DType::fp32, kN);
+    for (std::int64_t i = 0; i < kN; ++i) h.set(i, static_cast<double>(r * 1000 + i % 97));
+    DeviceBuf d(h), all(DType::fp32, 2 * kN);
+    pair->all_reduce(d.tensor(), ReduceOp::sum);
+    DeviceBuf mine(h);
+    pair->all_gather(mine.tensor(), all.tensor());
+    pair->synchronize();
+    sums[static_cast<std::size_t>(r)] = d.to_host();
+    gathered[static_cast<std::size_t>(r)] = all.to_host();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    const int partner = r ^ 1;
+    const int hi = (r / 2) * 2 + 1, lo = (r / 2) * 2;  // the pair's order: the higher rank first (keys -r)
+    EXPECT_EQ(child_rank[static_cast<std::size_t>(r)], r == hi ? 0 : 1) << "rank " << r;
+    for (std::int64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(sums[static_cast<std::size_t>(r)].get(i), static_cast<double>(r * 1000 + partner * 1000 + 2 * (i % 97))) << "rank " << r << " " << i;
+      ASSERT_EQ(gathered[static_cast<std::size_t>(r)].get(i), static_cast<double>(hi * 1000 + i % 97)) << "rank " << r << " " << i;
+      ASSERT_EQ(gathered[static_cast<std::size_t>(r)].get(kN + i), static_cast<double>(lo * 1000 + i % 97)) << "rank " << r << " " << i;
+    }
+  }
 }
 
 std::string run_expecting_error(int world, const std::function<void(Communicator&)>& fn) {

@@ -1,7 +1,8 @@
 // NcclCommunicator (label gpu). One GPU: every collective at world size 1, stream ordering, device
-// checks, and the bootstrap timeout when a peer never joins. Two GPUs: the collectives across two
-// processes (this binary re-launched as rank 0 and rank 1) against independently computed sums,
-// and a peer that leaves without the collective. Skipped, with the reason, without the GPUs.
+// checks, split, and the bootstrap timeout when a peer never joins. Two GPUs: the collectives and
+// split across two processes (this binary re-launched as rank 0 and rank 1) against independently
+// computed sums, and a peer that leaves without the collective. Skipped, with the reason, without
+// the GPUs.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -161,6 +162,35 @@ TEST(NcclCommunicator, HostAndOtherDeviceTensorsAreRejected) {
   comm->barrier();  // a rejected argument does not break the communicator
 }
 
+// ncclCommSplit at world size 1: the child is an NCCL communicator on the same GPU with the same
+// compute stream, counts its own collectives only, and works after its parent is destroyed.
+TEST(NcclCommunicator, SplitAtWorldSizeOneIsAnIndependentCommunicator) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  std::unique_ptr<Communicator> child;
+  {
+    auto parent = single_rank();
+    const std::uint64_t before = parent->sequence();
+    child = parent->split(5, 3);
+    EXPECT_EQ(parent->sequence(), before) << "ncclCommSplit is not one of the parent's collectives";
+    auto* nccl = dynamic_cast<NcclCommunicator*>(child.get());
+    ASSERT_NE(nccl, nullptr);
+    EXPECT_EQ(nccl->device(), parent->device());
+    EXPECT_EQ(nccl->compute_stream(), parent->compute_stream());
+    EXPECT_NE(nccl->stream(), parent->stream());
+  }
+  EXPECT_EQ(child->rank(), 0);
+  EXPECT_EQ(child->world_size(), 1);
+  EXPECT_EQ(child->backend(), "nccl");
+  DeviceBuf d(inputs(0, DType::fp32, 257));
+  child->all_reduce(d.tensor(), ReduceOp::sum);
+  child->barrier();
+  const HostBuf out = d.to_host();
+  for (std::int64_t i = 0; i < 257; ++i) ASSERT_EQ(out.get(i), input_value(0, i)) << i;
+  EXPECT_EQ(child->stats().call_count(CollectiveKind::all_reduce), 1u);
+  EXPECT_EQ(child->stats().call_count(CollectiveKind::barrier), 1u);
+  EXPECT_THROW((void)child->split(-1, 0), Error);
+}
+
 // A peer that never joins: rank 0 of 2 alone must fail with the timeout, not hang.
 TEST(NcclCommunicator, BootstrapTimesOutWhenAPeerNeverJoins) {
   DSTRAIN_SKIP_WITHOUT_GPU();
@@ -308,4 +338,26 @@ TEST(NcclWorker, Run) {
   EXPECT_EQ(s.bytes_sent(CollectiveKind::reduce_scatter), rs_bytes);
   EXPECT_EQ(s.bytes_sent(CollectiveKind::all_gather), rs_bytes);
   EXPECT_EQ(s.bytes_sent(CollectiveKind::broadcast), r == 1 ? 77u * 2 : 0u);
+
+  // ncclCommSplit across the two processes: one group whose keys reverse the ranks, then a group
+  // per rank. The pair's sum is the two inputs' (expected_bits over W = 2), the singles' their own.
+  std::unique_ptr<Communicator> reversed = comm.split(0, -r);
+  std::unique_ptr<Communicator> alone = comm.split(r, 0);
+  EXPECT_EQ(reversed->world_size(), 2);
+  EXPECT_EQ(reversed->rank(), 1 - r);
+  EXPECT_EQ(alone->world_size(), 1);
+  DeviceBuf pair_buf(inputs(r, DType::fp32, n)), own_buf(inputs(r, DType::fp32, n));
+  reversed->all_reduce(Tensor(pair_buf.ptr, DType::fp32, Shape{n}, dev), ReduceOp::sum);
+  alone->all_reduce(Tensor(own_buf.ptr, DType::fp32, Shape{n}, dev), ReduceOp::sum);
+  reversed->synchronize();
+  alone->synchronize();
+  HostBuf pair_out(DType::fp32, n), own_out(DType::fp32, n);
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(pair_out.mem.data(), pair_buf.ptr, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToHost));
+  DSTRAIN_CUDA_CHECK(cudaMemcpy(own_out.mem.data(), own_buf.ptr, static_cast<std::size_t>(n) * 4, cudaMemcpyDeviceToHost));
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(pair_out.bits(i), expected_bits(ReduceOp::sum, DType::fp32, 2, i)) << "split pair " << i;
+    ASSERT_EQ(own_out.get(i), input_value(r, i)) << "split single " << i;
+  }
+  EXPECT_EQ(reversed->stats().bytes_sent(CollectiveKind::all_reduce), static_cast<std::uint64_t>(n) * 4);  // 2(W-1)/W N at W = 2
+  EXPECT_EQ(alone->stats().bytes_sent(CollectiveKind::all_reduce), 0u);
 }

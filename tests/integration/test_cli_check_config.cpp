@@ -79,6 +79,24 @@ TEST(CliCheckConfig, UnknownTopLevelKeyWarnsWithSuggestionOnStderr) {
   EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;
 }
 
+// The device mesh: 8 ranks = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2, and the
+// batch keys count the 2 data-parallel ranks (train_batch_size = 3 x 1 x 2).
+TEST(CliCheckConfig, PrintsTheDeviceMesh) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 3, "sequence_parallel_size": 2,
+                              "tensor_parallel": {"autotp_size": 2, "preset_model": "llama"}})";
+  auto r = run_dstrain("check-config " + shell_quote(cfg) + " --world-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("world size 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2"));
+  EXPECT_THAT(r.out, HasSubstr("train_batch_size 6 = micro batch 3 x gradient accumulation 1 x data-parallel 2"));
+  EXPECT_THAT(r.out, HasSubstr("tensor parallelism: autotp_size 2, preset_model llama"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("tensor_parallel` section is ignored")));
+  auto bad = run_dstrain("check-config " + shell_quote(cfg) + " --world-size 6");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("sequence_parallel_size is 2 and tensor_parallel.autotp_size is 2 (product 4) but the world size 6"));
+  auto help = run_dstrain("check-config --help");
+  EXPECT_THAT(help.out, HasSubstr("data-parallel x sequence-parallel"));
+}
+
 TEST(CliCheckConfig, StrictSectionUnknownKeyExitsTwoNamingThePath) {
   const std::string cfg = write_temp("dstrain_cli_strict.json", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "grad_hooks": true}})");
   auto r = run_dstrain("check-config " + shell_quote(cfg));

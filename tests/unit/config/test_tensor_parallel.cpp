@@ -349,6 +349,11 @@ TEST(SeqParallelCommunicationDataType, DeepSpeedsValuesAndDefault) {
   EXPECT_EQ(sp.gradient_communication_data_type(), "fp32");
   const DsConfig no_sp = parse(R"({"train_micro_batch_size_per_gpu": 1, "communication_data_type": "bf16"})", 4);
   EXPECT_EQ(no_sp.gradient_communication_data_type(), "bf16");
+  // Given without sequence-parallel ranks it acts nowhere: warned.
+  EXPECT_NE(find_warning(parse(R"({"train_batch_size": 1, "seq_parallel_communication_data_type": "bf16"})"), "seq_parallel_communication_data_type",
+                         "no effect"),
+            nullptr);
+  EXPECT_EQ(find_warning(sp, "seq_parallel_communication_data_type"), nullptr);
 }
 
 // The schema's layer_specs items agree with the table the parser reads each entry through (the

@@ -122,8 +122,7 @@ TEST(DeviceMesh, GroupsHoldExactlyTheEnumeratedMembers) {
       for (int k = 0; k < 4; ++k) {
         const std::vector<int> want = expected_members(coords, r, k);
         EXPECT_EQ(gathered[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)], want) << "rank " << r << " group " << group_name(k);
-        EXPECT_EQ(place[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)],
-                  std::find(want.begin(), want.end(), r) - want.begin())
+        EXPECT_EQ(place[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)], std::find(want.begin(), want.end(), r) - want.begin())
             << "rank " << r << " group " << group_name(k);
       }
       // Sizes, independently of the lists: tp, sp, dp, dp·sp.

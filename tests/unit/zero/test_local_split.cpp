@@ -42,13 +42,34 @@ struct Pattern {
 
 const std::vector<Pattern>& patterns() {
   static const std::vector<Pattern> p = {
-      {"pairs", [](int r, int) { return std::pair{r / 2, r}; }},
-      {"one group, keys reverse the ranks", [](int r, int) { return std::pair{0, -r}; }},
-      {"sizes 1, 2 and w-3", [](int r, int) { return std::pair{r == 0 ? 0 : (r < 3 ? 1 : 2), 0}; }},
-      {"mod 3, equal keys (ties keep rank order)", [](int r, int) { return std::pair{r % 3, 7}; }},
-      {"even/odd, reversed inside", [](int r, int w) { return std::pair{r % 2, w - r}; }},
-      {"sparse colors, shuffled keys", [](int r, int w) { return std::pair{r < w / 2 ? 100 : 5, (r * 5) % w}; }},
-      {"every rank alone", [](int r, int) { return std::pair{r, 0}; }},
+      {"pairs",
+       [](int r, int) {
+         return std::pair{r / 2, r};
+       }},
+      {"one group, keys reverse the ranks",
+       [](int r, int) {
+         return std::pair{0, -r};
+       }},
+      {"sizes 1, 2 and w-3",
+       [](int r, int) {
+         return std::pair{r == 0 ? 0 : (r < 3 ? 1 : 2), 0};
+       }},
+      {"mod 3, equal keys (ties keep rank order)",
+       [](int r, int) {
+         return std::pair{r % 3, 7};
+       }},
+      {"even/odd, reversed inside",
+       [](int r, int w) {
+         return std::pair{r % 2, w - r};
+       }},
+      {"sparse colors, shuffled keys",
+       [](int r, int w) {
+         return std::pair{r < w / 2 ? 100 : 5, (r * 5) % w};
+       }},
+      {"every rank alone",
+       [](int r, int) {
+         return std::pair{r, 0};
+       }},
   };
   return p;
 }
@@ -265,7 +286,7 @@ TEST(LocalSplit, ChildrenOfChildrenOutliveTheirParents) {
         std::unique_ptr<Communicator> pair;
         {
           std::unique_ptr<Communicator> half = world.split(r / 4, -r);  // halves, reversed
-          pair = half->split(half->rank() / 2, half->rank());          // pairs of the reversed halves
+          pair = half->split(half->rank() / 2, half->rank());           // pairs of the reversed halves
         }
         HostBuf b(DType::fp32, 1);
         b.set(0, 1 << r);
@@ -345,8 +366,8 @@ TEST(LocalSplit, RankThatReturnsFailsItsChildGroupPeersAtOnce) {
   const FailureRun run = run_failing(4, std::chrono::milliseconds(20'000), [](Communicator& world, std::string& error) {
     std::unique_ptr<Communicator> child = world.split(world.rank() / 2, 0);
     HostBuf b(DType::fp32, 4);
-    child->all_reduce(b.tensor(), ReduceOp::sum);  // #1: every rank
-    if (world.rank() != 2) return;                  // (group {0, 1} ends here too: nothing left to poison)
+    child->all_reduce(b.tensor(), ReduceOp::sum);                             // #1: every rank
+    if (world.rank() != 2) return;                                            // (group {0, 1} ends here too: nothing left to poison)
     recording(error, [&] { child->all_reduce(b.tensor(), ReduceOp::sum); });  // #2: rank 3 never comes
   });
   EXPECT_LT(run.seconds, 10.0) << "waited for the timeout instead of failing at once";

@@ -260,11 +260,26 @@ struct SplitPattern {
 };
 
 const SplitPattern kSplitPatterns[] = {
-    {"pairs", [](int r, int) { return std::pair{r / 2, r}; }},
-    {"one group, keys reverse the ranks", [](int r, int) { return std::pair{0, -r}; }},
-    {"sizes 1 and w-1", [](int r, int) { return std::pair{r == 0 ? 3 : 9, 0}; }},
-    {"even/odd, reversed inside", [](int r, int w) { return std::pair{r % 2, w - r}; }},
-    {"every rank alone", [](int r, int) { return std::pair{r, 0}; }},
+    {"pairs",
+     [](int r, int) {
+       return std::pair{r / 2, r};
+     }},
+    {"one group, keys reverse the ranks",
+     [](int r, int) {
+       return std::pair{0, -r};
+     }},
+    {"sizes 1 and w-1",
+     [](int r, int) {
+       return std::pair{r == 0 ? 3 : 9, 0};
+     }},
+    {"even/odd, reversed inside",
+     [](int r, int w) {
+       return std::pair{r % 2, w - r};
+     }},
+    {"every rank alone",
+     [](int r, int) {
+       return std::pair{r, 0};
+     }},
 };
 
 // The world ranks of `color`, sorted by (key, rank).
