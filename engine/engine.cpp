@@ -84,7 +84,9 @@ void Engine::Impl::set_initial_masters() {
 // ZeRO-3 traces, the initial values.
 Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions& options)
     : model_(std::move(model)),
-      impl_((check_config_is_provided(config, options.comm != nullptr ? options.comm->world_size() : 1), std::make_unique<Impl>(config, options))) {
+      impl_((check_config_is_provided(config, (options.comm != nullptr ? options.comm->world_size() : 1) /
+                                                  (options.sequence_parallel != nullptr ? options.sequence_parallel->world_size() : 1)),
+             std::make_unique<Impl>(config, options))) {
   choose_memory(options);
   check_shapes(config, options);
   build_states(config);
@@ -121,6 +123,20 @@ void Engine::choose_memory(const EngineOptions& options) {
     im.tp = options.tensor_parallel;
     im.tp_group = std::make_unique<CommunicatorTensorGroup>(*im.tp);
     check_tensor_parallel_engine(im.config, im.allocator->device(), im.tp->world_size());
+  }
+  const int sp_ranks = options.sequence_parallel != nullptr ? options.sequence_parallel->world_size() : 1;
+  if (sp_ranks != model_.sequence_parallel_ranks) {
+    fail("initialize: the model's layers were built for {} sequence-parallel rank(s) but the engine's sequence-parallel group has {}; build the model "
+         "with make_model(architecture, tp, {{rank, {}}})",
+         model_.sequence_parallel_ranks, sp_ranks, sp_ranks);
+  }
+  if (sp_ranks > 1) {
+    im.sp = options.sequence_parallel;
+    im.sp_group = std::make_unique<CommunicatorSequenceGroup>(*im.sp);
+    if (!im.allocator->device().is_cpu()) {
+      fail("sequence_parallel_size {} on {}: the all-to-alls of DeepSpeed-Ulysses move host memory in this build; train sequence-parallel on the CPU",
+           sp_ranks, im.allocator->device().str());
+    }
   }
   const config::CommsLoggerConfig& cl = im.config.comms_logger;
   if (cl.enabled && options.comm == nullptr) {
@@ -407,6 +423,14 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   Impl& im = *impl_;
   im.batch = batch;
   if (batch.targets.device.is_cpu()) im.batch.target_count = count_targets(batch);  // on the host, before any upload
+  if (im.sp != nullptr) {
+    // Sequence parallelism: the loss is the mean over the whole sequences' targets, so the layers
+    // normalise by the group's count (each rank's head: its share of the sum, over that count).
+    im.sp_local_targets = count_targets(batch);
+    double n = static_cast<double>(im.sp_local_targets);
+    im.sp->all_reduce(Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum);
+    im.batch.target_count = static_cast<std::int64_t>(n);
+  }
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
     // The layers see the uploaded copy, and the device encoder checks ids only against its
     // table's padded rows: check the real vocabulary here, as the CPU embedding does.
@@ -423,6 +447,13 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     if (im.ckpt) im.ckpt->after_forward(i, train);
   }
   if (!train) im.states->end_eval();
+  if (im.sp != nullptr && loss != nullptr) {
+    // The head returned the mean of this rank's positions; the whole sequences' mean is the sum of
+    // the ranks' sums over the group's count.
+    double v = static_cast<double>(*loss) * static_cast<double>(im.sp_local_targets);
+    im.sp->all_reduce(Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum);
+    *loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
+  }
 }
 
 // Layer i's forward on the current batch; `recompute`: the checkpointed re-run before its backward
@@ -448,6 +479,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.fuse_loss_grad = train && !recompute && model_.layers[i]->fuses_loss_grad();
   a.dloss = micro_batch_dloss();
   a.tensor_parallel = im.tp_group.get();
+  a.sequence_parallel = im.sp_group.get();
   model_.layers[i]->forward(a);
   im.states->release(i);
 }
@@ -519,6 +551,7 @@ void Engine::backward() {
     a.dloss = dloss;
     a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
     a.tensor_parallel = im.tp_group.get();
+    a.sequence_parallel = im.sp_group.get();
     model_.layers[i]->backward(a);
     // Layer i's own gradients are complete (tied users come later in the model, so earlier in
     // backward): reduce them now, overlapped with the layers below when overlap_comm.
@@ -544,8 +577,11 @@ void Engine::backward() {
 // (docs/precision.md §6) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
 float Engine::micro_batch_dloss() const {
   const Impl& im = *impl_;
-  return im.scaler.kind() == LossScalerKind::unscaled ? 1.0f / static_cast<float>(gas_)
-                                                      : static_cast<float>(im.scaler.scale() / static_cast<double>(gas_));
+  // Sequence parallelism: each rank's head differentiates its share of the sum over the whole
+  // sequences' count, and the data group averages over its DP x SP ranks — SP times too many.
+  const double sp = im.sp != nullptr ? static_cast<double>(im.sp->world_size()) : 1.0;
+  return im.scaler.kind() == LossScalerKind::unscaled ? static_cast<float>(sp / static_cast<double>(gas_))
+                                                      : static_cast<float>(im.scaler.scale() * sp / static_cast<double>(gas_));
 }
 
 // The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank

@@ -78,6 +78,12 @@ struct EngineOptions {
   // (an Error otherwise). `comm` is then the data-parallel group of this rank's tensor-parallel
   // index: ZeRO shards and reduces the pieces along it. nullptr: no tensor parallelism.
   Communicator* tensor_parallel = nullptr;
+  // Sequence parallelism (DeepSpeed-Ulysses, docs/parallelism.md): the mesh's sequence-parallel
+  // group, the model built with make_model(architecture, tp, {sp rank, sp size}). Every batch is
+  // this rank's share of the sequences (sequence_length = T / SP tokens); `comm` is then the data
+  // group (DP x SP ranks of this rank's tensor-parallel index), over which ZeRO partitions and
+  // reduces. The loss is the mean over the whole sequences' targets. nullptr: none.
+  Communicator* sequence_parallel = nullptr;
   std::int64_t sequence_length = 0;  // T of every micro-batch; 0: the model's n_positions
   bool init_params = true;           // false: parameters start at zero (e.g. load_weights follows)
   // Where the engine trains: every parameter, gradient, optimizer state and activation lives in

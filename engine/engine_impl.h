@@ -68,6 +68,9 @@ struct Engine::Impl {
   // Tensor parallelism (engine/tensor_parallel.h): the group the layers call, over options.tensor_parallel.
   std::unique_ptr<TensorParallelGroup> tp_group;
   Communicator* tp = nullptr;  // null: one tensor-parallel rank
+  std::unique_ptr<SequenceParallelGroup> sp_group;
+  Communicator* sp = nullptr;  // null: one sequence-parallel rank
+  std::int64_t sp_local_targets = 0;  // this rank's counted targets of the current batch (sequence parallelism)
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;

@@ -1,5 +1,6 @@
-// The engine's side of tensor parallelism (docs/parallelism.md): the layers' group over the mesh's
-// tensor-parallel communicator, and whole parameters from the ranks' pieces.
+// The engine's side of tensor and sequence parallelism (docs/parallelism.md): the layers' groups
+// over the mesh's tensor- and sequence-parallel communicators, and whole parameters from the
+// tensor-parallel ranks' pieces.
 //
 // The layers of a tensor-parallel rank hold pieces of the cut parameters (ParamSpec::piece); ZeRO
 // shards, reduces and updates those pieces along the data-parallel axis as if they were whole
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "models/layer.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "ops/tensor.h"
 #include "zero/communicator.h"
@@ -26,6 +28,18 @@ class CommunicatorTensorGroup final : public TensorParallelGroup {
   int size() const override { return comm_.world_size(); }
   void sum(Tensor buf) override { comm_.all_reduce(buf, ReduceOp::sum); }
   void max(Tensor buf) override { comm_.all_reduce(buf, ReduceOp::max); }
+
+ private:
+  Communicator& comm_;
+};
+
+// SequenceParallelGroup over a Communicator: all_to_all is its all_to_all.
+class CommunicatorSequenceGroup final : public SequenceParallelGroup {
+ public:
+  explicit CommunicatorSequenceGroup(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.world_size(); }
+  void all_to_all(Tensor send, Tensor recv) override { comm_.all_to_all(send, recv); }
 
  private:
   Communicator& comm_;

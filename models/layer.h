@@ -51,7 +51,8 @@ struct ParamInit {
   static ParamInit ones() { return {Kind::ones, 0.0f, -1}; }
 };
 
-class TensorParallelGroup;  // models/tensor_parallel.h
+class TensorParallelGroup;    // models/tensor_parallel.h
+class SequenceParallelGroup;  // models/sequence_parallel.h
 
 // Under tensor parallelism a layer holds a piece of some of its parameters: rank `rank` of `ranks`
 // holds the ranges models/param_split.h gives it of the parameter of shape `whole`.
@@ -153,6 +154,9 @@ struct ForwardArgs {
   // The layer's tensor-parallel group (models/tensor_parallel.h), for layers built as one rank's
   // piece (tensor_parallel.autotp_size > 1); nullptr otherwise.
   TensorParallelGroup* tensor_parallel = nullptr;
+  // The layer's sequence-parallel group (models/sequence_parallel.h), for layers built for one
+  // rank's share of the sequence (sequence_parallel_size > 1); nullptr otherwise.
+  SequenceParallelGroup* sequence_parallel = nullptr;
 };
 
 struct BackwardArgs {
@@ -173,7 +177,8 @@ struct BackwardArgs {
   // loss_scale / gradient_accumulation_steps under fp16 loss scaling with accumulation.
   float dloss = 1.0f;
   bool loss_grad_done = false;  // the forward ran with fuse_loss_grad (the same dloss)
-  TensorParallelGroup* tensor_parallel = nullptr;  // as in forward
+  TensorParallelGroup* tensor_parallel = nullptr;      // as in forward
+  SequenceParallelGroup* sequence_parallel = nullptr;  // as in forward
 };
 
 class Layer {

@@ -12,6 +12,7 @@
 #include "ops/tensor.h"
 #include "models/layer.h"
 #include "models/param_split.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 
 namespace dstrain::layer_args {
@@ -31,14 +32,18 @@ inline DropoutParams dropout(float p, const RngKey& base, std::uint32_t k, bool 
   return d;
 }
 
-// Dropout inside a tensor-parallel region (attention probabilities over a rank's own heads): rank
-// 0 draws the one-rank model's stream, the others streams of their own (Megatron's model-parallel
-// RNG), since their heads' element indices are not the one-rank model's.
-inline DropoutParams tensor_parallel_dropout(float p, const RngKey& base, std::uint32_t k, bool train, int tp_rank) {
+// Dropout over a tensor a rank holds only part of — attention probabilities over a rank's own
+// heads (tensor parallelism), a rank's tokens (sequence parallelism): stream 0 draws the one-rank
+// model's masks, the others streams of their own (Megatron's model-parallel RNG), since their
+// element indices are not the one-rank model's and must not repeat another rank's masks.
+inline DropoutParams parallel_dropout(float p, const RngKey& base, std::uint32_t k, bool train, int stream) {
   DropoutParams d = dropout(p, base, k, train);
-  if (tp_rank > 0) d.rng.seed ^= 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(tp_rank);
+  if (stream > 0) d.rng.seed ^= 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(stream);
   return d;
 }
+
+// The stream of a rank's attention heads: one per (tensor-parallel, sequence-parallel) rank.
+inline int attention_stream(TensorParallelRank tp, SequenceParallelRank sp) { return tp.rank * sp.ranks + sp.rank; }
 
 // A head's loss: the mean cross-entropy of logits (B, T, Vp) over the non-ignored targets, so
 // each position's loss has weight 1 / n. When training fuses the loss gradient

@@ -6,11 +6,14 @@
 
 namespace dstrain {
 
-Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp) {
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp, SequenceParallelRank sp) {
   if (!architecture) fail("make_model: no architecture given");
   Model m;
-  m.layers = tp.active() ? architecture->make_tensor_parallel_layers(tp) : architecture->make_layers();
+  m.layers = sp.active()   ? architecture->make_parallel_layers(tp, sp)
+             : tp.active() ? architecture->make_tensor_parallel_layers(tp)
+                           : architecture->make_layers();
   m.description = architecture->describe();
+  m.sequence_parallel_ranks = sp.ranks;
   m.n_embd = architecture->n_embd();
   m.n_positions = architecture->n_positions();
   m.vocab_size = architecture->vocab_size();

@@ -26,10 +26,13 @@ struct Model {
   std::int64_t n_embd = 0;
   std::int64_t n_positions = 0;  // longest sequence the model takes (T <= n_positions)
   std::int64_t vocab_size = 0;   // tokens must be < vocab_size
+  // The sequence-parallel ranks the layers were built for (make_model's sp.ranks; 1: whole sequences).
+  int sequence_parallel_ranks = 1;
 };
 
 // The model of `architecture`: its layers, description and sizes. With tensor parallelism, the
 // layers of rank tp.rank (Architecture::make_tensor_parallel_layers).
-Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {});
+// With sequence parallelism, of tensor-parallel rank tp and sequence-parallel rank sp.
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
 
 }  // namespace dstrain

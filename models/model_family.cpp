@@ -26,6 +26,19 @@ std::vector<std::unique_ptr<Layer>> Architecture::make_tensor_parallel_layers(Te
   return make_layers();
 }
 
+void Architecture::check_sequence_parallel(int sp_ranks, int) const {
+  if (sp_ranks != 1) {
+    fail("sequence_parallel_size {}: the model family '{}' does not split its attention across sequence-parallel ranks; remove "
+         "sequence_parallel_size (or set it to 1)",
+         sp_ranks, family().name());
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> Architecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const {
+  check_sequence_parallel(sp.ranks, tp.ranks);
+  return make_tensor_parallel_layers(tp);
+}
+
 double Architecture::flops_per_token(std::int64_t T) const {
   return 6.0 * stored_parameter_count() + 6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
 }

@@ -23,6 +23,7 @@
 
 #include "models/layer.h"
 #include "models/module_flops.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "ops/device.h"
 #include "ops/dtype.h"
@@ -74,6 +75,14 @@ class Architecture {
   // ForwardArgs::tensor_parallel. The default: make_layers() for one rank, else
   // check_tensor_parallel's Error.
   virtual std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const;
+  // ---- sequence parallelism (models/sequence_parallel.h) ----
+  // Error naming the key when `sp_ranks` sequence-parallel ranks cannot split this model's
+  // attention with `tp_ranks` tensor-parallel ranks (DeepSpeed-Ulysses: each tensor-parallel
+  // rank's heads and key/value heads divide by sp_ranks). The default: only sp_ranks == 1.
+  virtual void check_sequence_parallel(int sp_ranks, int tp_ranks) const;
+  // The layers of tensor-parallel rank tp and sequence-parallel rank sp. The default: the tensor-
+  // parallel layers for one sequence-parallel rank, else check_sequence_parallel's Error.
+  virtual std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const;
   // Error naming the config key when this model cannot train sequences of T tokens on `device`.
   // The default: 1 <= T <= n_positions().
   virtual void check_sequence(std::int64_t T, const Device& device) const;

@@ -38,25 +38,34 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   // ranks of one group the same micro-batches.
   Communicator* data_comm = comm;
   Communicator* tp_comm = nullptr;
+  Communicator* sp_comm = nullptr;
   TensorParallelRank tp;
+  SequenceParallelRank sp;
   if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1)) {
     mesh_.emplace(make_mesh_groups(*comm, plan.mesh));
     data_comm = mesh_->data.get();
     tp_comm = mesh_->tp.get();
+    sp_comm = plan.mesh.sp > 1 ? mesh_->sp.get() : nullptr;
     tp = {mesh_->coord.tp, plan.mesh.tp};
+    sp = {mesh_->coord.sp, plan.mesh.sp};
   }
-  const int world = data_comm != nullptr ? data_comm->world_size() : 1;
-  const int data_rank = data_comm != nullptr ? data_comm->rank() : 0;
+  // The loaders read for the data-parallel ranks (the sequence-parallel ranks of one group read
+  // the same sequences and each keeps its share of their tokens).
+  const int world = plan.mesh.dp;
+  const int data_rank = mesh_ ? mesh_->coord.dp : (comm != nullptr ? comm->rank() : 0);
+  sp_rank_ = sp.rank;
+  sp_ranks_ = sp.ranks;
   T_ = plan.sequence_length;
   // A resumed run continues with its own seed: the same data order and dropout streams.
   seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
-  engine_.emplace(initialize(make_model(plan.model, tp), cfg,
+  engine_.emplace(initialize(make_model(plan.model, tp, sp), cfg,
                              {.seed = seed_,
                               .comm = data_comm,
                               .tensor_parallel = tp_comm,
-                              .sequence_length = T_,
+                              .sequence_parallel = sp_comm,
+                              .sequence_length = T_ / sp_ranks_,
                               .init_params = options.init_from.empty() || plan.resume.has_value(),
                               .device = plan.device,
                               .checkpoint_activations = options.checkpoint_activations,
@@ -71,6 +80,10 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   stage_ = cfg.zero_optimization.stage;
   inputs_.assign(static_cast<std::size_t>(B_ * T_), 0);
   targets_.assign(inputs_.size(), 0);
+  if (sp_ranks_ > 1) {
+    shard_inputs_.assign(inputs_.size() / static_cast<std::size_t>(sp_ranks_), 0);
+    shard_targets_.assign(shard_inputs_.size(), 0);
+  }
 
   // ---- data: rank r of W reads its slots of every global batch (data/data_loader.h) ----
   DataLoaderOptions dlo;
@@ -120,19 +133,20 @@ void RankTrainer::say(const std::string& line) const {
 void RankTrainer::announce() {
   const config::DsConfig& cfg = plan_.config;
   Engine& engine = *engine_;
-  const int world = engine.world_size();
+  const int world = plan_.mesh.dp;  // the batch arithmetic's data-parallel size (the engine's group also spans SP)
   say(fmt::format("model {}: {}", plan_.model_spec, plan_.model->describe()));
   say(fmt::format(
-      "batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x world size {}; sequence length {} -> {} tokens per step", TBS_,
-      B_, GAS_, world, T_, format_count(static_cast<double>(TBS_ * T_))));
+      "batch: train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x {} {}; sequence length {} -> {} tokens per step", TBS_,
+      B_, GAS_, mesh_ ? "data-parallel size" : "world size", world, T_, format_count(static_cast<double>(TBS_ * T_))));
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
   if (!plan_.comm_note.empty()) say(plan_.comm_note);
   if (mesh_) say("mesh: " + describe_mesh(plan_.mesh));
-  if (world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
+  const int zero_world = engine.world_size();  // ZeRO's group: the data-parallel (x sequence-parallel) ranks
+  if (zero_world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
     const bool local = comm_ == nullptr || comm_->backend() == "local";
-    say(fmt::format("zero: stage {} on {} rank{}{}", stage_, world, world == 1 ? "" : "s",
+    say(fmt::format("zero: stage {} on {} rank{}{}", stage_, zero_world, zero_world == 1 ? "" : "s",
                     !local      ? fmt::format(" ({}: one process per rank)", comm_->backend())
-                    : world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)")
+                    : zero_world > 1 ? std::string(" (--num-ranks: threads of this process, local communicator)")
                                 : std::string()));
   }
   say(fmt::format("data: {} ({} windows of {} tokens; one epoch = {} steps){}", options_.data.string(),
@@ -176,11 +190,11 @@ void RankTrainer::announce() {
   // the generator is rebuilt at every sample) ----
   // Its own allocator, so the run's peak memory stays the engine's; on the engine's device.
   sample_allocator_ = make_device_allocator(engine.device());
-  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1;
+  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1;
   if (options_.sample_tokens > 0 && !samples_ && lead()) {
-    trainer_warn(options_, fmt::format("no samples (--sample-tokens {}): the tensor-parallel ranks each hold a slice of the logits, and the sampler "
-                                       "reads them whole; give --sample-tokens 0 to silence this",
-                                       options_.sample_tokens));
+    trainer_warn(options_, fmt::format("no samples (--sample-tokens {}): the {} ranks each hold a slice of the logits, and the sampler reads them "
+                                       "whole; give --sample-tokens 0 to silence this",
+                                       options_.sample_tokens, plan_.mesh.tp > 1 ? "tensor-parallel" : "sequence-parallel"));
   }
   if (samples_ && lead()) {
     std::string warning;
@@ -218,14 +232,29 @@ void RankTrainer::timed(std::string_view name, Fn&& fn) {
 
 bool RankTrainer::done() const { return engine_->state().global_steps >= plan_.steps; }
 
+Batch RankTrainer::rank_batch() {
+  if (sp_ranks_ <= 1) {
+    const Shape shape{B_, T_};
+    return Batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
+  }
+  // Sequence parallelism: this rank's tokens [s·Tl, (s+1)·Tl) of every sequence of the micro-batch.
+  const std::int64_t Tl = T_ / sp_ranks_;
+  for (std::int64_t b = 0; b < B_; ++b) {
+    const auto from = static_cast<std::ptrdiff_t>(b * T_ + sp_rank_ * Tl);
+    std::copy_n(inputs_.begin() + from, Tl, shard_inputs_.begin() + static_cast<std::ptrdiff_t>(b * Tl));
+    std::copy_n(targets_.begin() + from, Tl, shard_targets_.begin() + static_cast<std::ptrdiff_t>(b * Tl));
+  }
+  const Shape shape{B_, Tl};
+  return Batch{Tensor(shard_inputs_.data(), DType::int32, shape), Tensor(shard_targets_.data(), DType::int32, shape)};
+}
+
 void RankTrainer::train_step() {
   if (!started_) announce();
   Engine& engine = *engine_;
   const auto t0 = Clock::now();
   for (std::int64_t m = 0; m < GAS_; ++m) {
     loader_->next_micro_batch(inputs_, targets_);
-    const Shape shape{B_, T_};
-    const Batch batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
+    const Batch batch = rank_batch();
     timed(kForwardGlobalTimer, [&] { engine.forward(batch); });
     timed(kBackwardGlobalTimer, [&] { engine.backward(); });
     if (timing_) {
@@ -343,13 +372,11 @@ void RankTrainer::after_step(double dt) {
 double RankTrainer::evaluate() {
   Engine& engine = *engine_;
   EvalLoader& loader = *val_;
-  const Shape shape{B_, T_};
-  const Batch batch{Tensor(inputs_.data(), DType::int32, shape), Tensor(targets_.data(), DType::int32, shape)};
   loader.reset();
   double sum = 0.0;
   std::size_t n = 0;
   while (loader.next(inputs_, targets_)) {
-    const float loss = engine.evaluate(batch);  // every rank evaluates every round (collective at ZeRO-3)
+    const float loss = engine.evaluate(rank_batch());  // every rank evaluates every round (collective at ZeRO-3)
     if (!loader.last_counts()) continue;        // a padding batch of the last round
     sum += loss;
     ++n;

@@ -97,6 +97,12 @@ class RankTrainer {
   // Samples at the val interval: off under tensor parallelism (the generator reads whole logits;
   // each tensor-parallel rank holds a slice of the vocabulary's).
   bool samples_ = true;
+  // Sequence parallelism: this rank's place in its group, and its share of each micro-batch.
+  int sp_rank_ = 0;
+  int sp_ranks_ = 1;
+  std::vector<std::int32_t> shard_inputs_, shard_targets_;
+  // The micro-batch in inputs_ / targets_ as this rank trains on it (its share of the tokens).
+  Batch rank_batch();
   int rank_ = 0;
   std::optional<Engine> engine_;
   std::optional<CheckpointManager> checkpoints_;  // the engine's training checkpoints (declared after it: destroyed first)

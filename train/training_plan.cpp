@@ -380,18 +380,25 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
 // tensor-parallel ranks, and what does not compose with tensor or sequence parallelism yet.
 void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
   const MeshShape& m = plan.mesh;
-  if (m.sp > 1) {
-    fail("sequence_parallel_size {}: DeepSpeed-Ulysses sequence parallelism is not part of this build yet; remove sequence_parallel_size (or set it "
-         "to 1) and train on the {} rank(s) data- and tensor-parallel",
-         m.sp, plan.world);
-  }
-  if (m.tp <= 1) return;
-  plan.model->check_tensor_parallel(m.tp);
+  if (m.tp <= 1 && m.sp <= 1) return;
+  if (m.tp > 1) plan.model->check_tensor_parallel(m.tp);
   check_tensor_parallel_engine(plan.config, plan.device, m.tp);
+  if (m.sp > 1) {
+    plan.model->check_sequence_parallel(m.sp, m.tp);
+    if (plan.sequence_length % m.sp != 0) {
+      fail("sequence_parallel_size {}: the sequence length {} does not divide by it (each sequence-parallel rank holds T / {} tokens); give "
+           "--sequence-length {}",
+           m.sp, plan.sequence_length, m.sp, plan.sequence_length / m.sp * m.sp > 0 ? plan.sequence_length / m.sp * m.sp : m.sp);
+    }
+    if (!plan.device.is_cpu()) {
+      fail("sequence_parallel_size {} on {}: the all-to-alls of DeepSpeed-Ulysses move host memory in this build; give --device cpu", m.sp,
+           plan.device.str());
+    }
+  }
   if (!options.save_dir.empty() || !options.resume.empty()) {
-    fail("{} with tensor parallelism (tensor_parallel.autotp_size {}): training checkpoints of a tensor-parallel run are not written or read by "
-         "this build yet; drop --save-dir / --resume (--save-weights writes the whole model at the end), or set tensor_parallel.autotp_size to 1",
-         !options.save_dir.empty() ? "--save-dir" : "--resume", m.tp);
+    fail("{} with {}: training checkpoints of a tensor- or sequence-parallel run are not written or read by this build yet; drop --save-dir / "
+         "--resume (--save-weights writes the whole model at the end), or train data-parallel",
+         !options.save_dir.empty() ? "--save-dir" : "--resume", describe_mesh(m));
   }
 }
 
@@ -516,7 +523,6 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
 
   // ---- the device mesh: the config's tensor- and sequence-parallel sizes over the world ----
   plan.mesh = make_mesh_shape(plan.world, static_cast<int>(cfg.tensor_parallel_size), static_cast<int>(cfg.sequence_parallel_world_size));
-  check_mesh_trains(plan, options);
 
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
   // model (train/trainer_checkpoints.h) ----
@@ -530,6 +536,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   g.check_sequence(T, plan.device);  // e.g. a sliding window the device's kernels do not compute is refused, naming the key
   plan.sequence_length = T;
+  check_mesh_trains(plan, options);
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
     // there, listing the accepted ones).

@@ -21,6 +21,10 @@
 // replicated and get the same gradients on every rank. Attention dropout masks are drawn per rank
 // (Megatron's model-parallel RNG: a rank's heads are not the one-rank model's heads h..h+nh, so
 // only their distribution, not their bits, matches one rank).
+//
+// Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
+// block runs on its Tl tokens; around attention two all-to-alls trade them for every token of
+// 1/SP of its heads. Its residual dropouts draw a stream per SP rank (their tokens differ).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +38,7 @@
 #include "models/layer_args.h"
 #include "models/param_split.h"
 #include "models/tensor_parallel.h"
+#include "models/ulysses_attention.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
@@ -42,14 +47,15 @@ using layer_args::expect_count;
 
 namespace {
 enum P { kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumParams };
-enum Saved { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kNumSaved };
-enum Scratch { kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kNumScratch };
+enum Saved { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kQkvHeads, kAttyHeads, kNumSaved };
+enum Scratch { kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kSend, kRecv, kDattyHeads, kDqkvHeads, kNumScratch };
 }  // namespace
 
-Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp)
+Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp, SequenceParallelRank sp)
     : cfg_(cfg),
       index_(index),
       tp_(tp),
+      sp_(sp),
       heads_(units_of_rank(cfg.n_head, tp.ranks, tp.rank)),
       width_(heads_ * (cfg.n_embd / cfg.n_head)),
       ff_(units_of_rank(4 * cfg.n_embd, tp.ranks, tp.rank)) {
@@ -91,11 +97,23 @@ ActivationSpec Gpt2Block::output(const LayerDims& d) const { return {"x", Shape{
 std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, Cr = width_, Fr = ff_;
   const DType S = d.dtype, F = DType::fp32;
+  // Sequence parallelism: the attention sees every token (SP·T) of 1/SP of the heads.
+  const std::int64_t SP = sp_.ranks, Ta = sp_.active() ? SP * T : 0;
   return {
-      {"ln1", Shape{B, T, C}, S},       {"ln1_mean", Shape{B, T}, F},  {"ln1_rstd", Shape{B, T}, F},
-      {"qkv", Shape{B, T, 3 * Cr}, S},  {"atty", Shape{B, T, Cr}, S},  {"att_lse", Shape{B, heads_, T}, F},
-      {"residual2", Shape{B, T, C}, S}, {"ln2", Shape{B, T, C}, S},    {"ln2_mean", Shape{B, T}, F},
-      {"ln2_rstd", Shape{B, T}, F},     {"fch", Shape{B, T, Fr}, S},   {"fch_gelu", Shape{B, T, Fr}, S},
+      {"ln1", Shape{B, T, C}, S},
+      {"ln1_mean", Shape{B, T}, F},
+      {"ln1_rstd", Shape{B, T}, F},
+      {"qkv", Shape{B, T, 3 * Cr}, S},
+      {"atty", Shape{B, T, Cr}, S},
+      {"att_lse", Shape{B, heads_ / SP, SP * T}, F},
+      {"residual2", Shape{B, T, C}, S},
+      {"ln2", Shape{B, T, C}, S},
+      {"ln2_mean", Shape{B, T}, F},
+      {"ln2_rstd", Shape{B, T}, F},
+      {"fch", Shape{B, T, Fr}, S},
+      {"fch_gelu", Shape{B, T, Fr}, S},
+      {"qkv_heads", Shape{B, Ta, 3 * Cr / SP}, S},  // sequence parallelism: every token, this rank's heads
+      {"atty_heads", Shape{B, Ta, Cr / SP}, S},
   };
 }
 
@@ -107,7 +125,13 @@ std::vector<ActivationSpec> Gpt2Block::scratch(const LayerDims& d) const {
       {"bt4c_a", Shape{B, T, std::max(ff_, 3 * width_)}, d.dtype},  // backward: d(fch_gelu), then d(qkv)
       {"bt4c_b", Shape{B, T, ff_}, d.dtype},                      // backward: d(fch)
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, std::max({C, ff_, width_})))}, DType::fp32},
-      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, width_, heads_))}, DType::fp32},
+      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, sp_.ranks * T, width_ / sp_.ranks, heads_ / sp_.ranks))},
+       DType::fp32},
+      // sequence parallelism: the all-to-alls' buffers and the head-split gradients
+      {"ulysses_send", Shape{sp_.active() ? B * T * 3 * width_ : 0}, d.dtype},
+      {"ulysses_recv", Shape{sp_.active() ? B * T * 3 * width_ : 0}, d.dtype},
+      {"datty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, width_ / sp_.ranks}, d.dtype},
+      {"dqkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, 3 * width_ / sp_.ranks}, d.dtype},
   };
 }
 
@@ -134,16 +158,16 @@ void Gpt2Block::forward(const ForwardArgs& a) {
   layernorm_forward(s[kLn1], s[kLn1Mean], s[kLn1Rstd], a.input, p[kLn1W], p[kLn1B], eps);
   if (heads_ > 0) {
     matmul_forward(s[kQkv], s[kLn1], p[kAttnW], p[kAttnB], mm);
-    attention_forward(s[kAtty], s[kAttLse], s[kQkv], heads_, layer_args::tensor_parallel_dropout(cfg_.attn_pdrop, a.rng, 0, a.train, tp_.rank));
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kAttLse], s[kQkv], s[kQkvHeads], s[kAttyHeads]);
   }
   row_parallel(proj, s[kAtty], p[kAttnProjW], p[kAttnProjB]);
-  const DropoutParams drop1 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 1, a.train);
+  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, sp_.rank);
   if (drop1.p > 0.0f) dropout_forward(proj, proj, drop1);
   fused_residual_layernorm_forward(s[kResidual2], s[kLn2], s[kLn2Mean], s[kLn2Rstd], a.input, proj, p[kLn2W], p[kLn2B], eps);
 
   matmul_gelu_forward(s[kFchGelu], s[kFch], s[kLn2], p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
   row_parallel(proj, s[kFchGelu], p[kFcProjW], p[kFcProjB]);
-  const DropoutParams drop2 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 2, a.train);
+  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, sp_.rank);
   if (drop2.p > 0.0f) dropout_forward(proj, proj, drop2);
   residual_forward(a.output, s[kResidual2], proj);
 }
@@ -169,7 +193,7 @@ void Gpt2Block::backward(const BackwardArgs& a) {
 
   // ---- MLP branch: out = residual2 + dropout(mlp(ln2(residual2))) ----
   Tensor dproj = dres;
-  const DropoutParams drop2 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 2, a.train);
+  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, sp_.rank);
   if (drop2.p > 0.0f) {
     dproj = btc_a;
     zero_tensor(dproj);
@@ -186,7 +210,7 @@ void Gpt2Block::backward(const BackwardArgs& a) {
 
   // ---- attention branch: residual2 = x + dropout(attn(ln1(x))) ----
   dproj = dres;
-  const DropoutParams drop1 = layer_args::dropout(cfg_.resid_pdrop, a.rng, 1, a.train);
+  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, sp_.rank);
   if (drop1.p > 0.0f) {
     dproj = btc_a;
     zero_tensor(dproj);
@@ -203,9 +227,9 @@ void Gpt2Block::backward(const BackwardArgs& a) {
     zero_tensor(datty);
     matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
     const Tensor dqkv = view(bt4c_a, 3 * width_);
-    zero_tensor(dqkv);
-    attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kAttLse], heads_, a.scratch[kAttention],
-                       layer_args::tensor_parallel_dropout(cfg_.attn_pdrop, a.rng, 0, a.train, tp_.rank));
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch)
+        .backward(dqkv, datty, s[kQkv], s[kAtty], s[kQkvHeads], s[kAttyHeads], s[kAttLse], a.scratch[kAttention], a.scratch[kDattyHeads],
+                  a.scratch[kDqkvHeads]);
     zero_tensor(dln1);
     matmul_backward(dln1, g[kAttnW], g[kAttnB], dqkv, s[kLn1], p[kAttnW], mm);
   } else {
@@ -215,11 +239,22 @@ void Gpt2Block::backward(const BackwardArgs& a) {
   layernorm_backward(dres, g[kLn1W], g[kLn1B], dln1, a.input, p[kLn1W], s[kLn1Mean], s[kLn1Rstd]);
 }
 
-std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp) {
+UlyssesAttention Gpt2Block::attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const {
+  UlyssesAttention u;
+  u.group = sp_.active() ? &layer_group(group, sp_, name()) : nullptr;
+  u.heads = AttentionHeads{heads_};
+  u.parts = {width_, width_, width_};
+  u.dropout = layer_args::parallel_dropout(cfg_.attn_pdrop, rng, 0, train, layer_args::attention_stream(tp_, sp_));
+  u.send = scratch[kSend];
+  u.recv = scratch[kRecv];
+  return u;
+}
+
+std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp, SequenceParallelRank sp) {
   validate(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(std::make_unique<Gpt2Embedding>(cfg, tp));
-  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<Gpt2Block>(cfg, i, tp));
+  layers.push_back(std::make_unique<Gpt2Embedding>(cfg, tp, sp));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<Gpt2Block>(cfg, i, tp, sp));
   layers.push_back(std::make_unique<Gpt2Head>(cfg, tp));
   return layers;
 }

@@ -14,7 +14,20 @@ namespace dstrain {
 
 using layer_args::expect_count;
 
-Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
+Gpt2Embedding::Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp, SequenceParallelRank sp) : cfg_(cfg), tp_(tp), sp_(sp) { validate(cfg_); }
+
+namespace {
+
+// Sequence parallelism: rank s holds positions [s·T, (s+1)·T), so its position table starts at row
+// s·T (rows to the end of the table; the encoder reads the first T).
+Tensor positions_from(const Tensor& wpe, std::int64_t first) {
+  if (first == 0) return wpe;
+  const std::int64_t C = wpe.shape[1];
+  return Tensor(static_cast<char*>(wpe.data) + static_cast<std::size_t>(first * C) * dtype_size(wpe.dtype), wpe.dtype, Shape{wpe.shape[0] - first, C},
+                wpe.device);
+}
+
+}  // namespace
 
 std::vector<ParamSpec> Gpt2Embedding::params() const {
   const std::int64_t C = cfg_.n_embd;
@@ -44,13 +57,14 @@ void Gpt2Embedding::forward(const ForwardArgs& a) {
   const Tensor& tokens = a.batch.tokens;
   // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
   check_token_ids(tokens, cfg_.vocab_size, "layer 'embedding'");
-  if (tokens.shape.rank == 2 && tokens.shape[1] > cfg_.n_positions) {
-    fail("layer 'embedding': sequence length T = {} exceeds n_positions = {}; use T <= {} or a model with more positions", tokens.shape[1],
+  if (tokens.shape.rank == 2 && tokens.shape[1] * sp_.ranks > cfg_.n_positions) {
+    fail("layer 'embedding': sequence length T = {} exceeds n_positions = {}; use T <= {} or a model with more positions", tokens.shape[1] * sp_.ranks,
          cfg_.n_positions, cfg_.n_positions);
   }
+  const std::int64_t first_position = sp_.rank * a.dims.T;
   if (tp_.active()) {
     TensorParallelGroup& group = layer_group(a.tensor_parallel, tp_, name());
-    Tensor positions = a.params[1];
+    Tensor positions = positions_from(a.params[1], first_position);
     if (tp_.rank > 0) {
       positions = a.scratch[2];
       zero_tensor(positions);
@@ -59,16 +73,16 @@ void Gpt2Embedding::forward(const ForwardArgs& a) {
     encoder_forward(a.output, tokens, a.params[0], positions, VocabShard{piece.first, cfg_.padded_vocab_size});
     group.sum(a.output);
   } else {
-    encoder_forward(a.output, tokens, a.params[0], a.params[1]);
+    encoder_forward(a.output, tokens, a.params[0], positions_from(a.params[1], first_position));
   }
-  const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
+  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, sp_.rank);
   if (drop.p > 0.0f) dropout_forward(a.output, a.output, drop);
 }
 
 void Gpt2Embedding::backward(const BackwardArgs& a) {
   expect_count(name(), "grads", a.grads, 2);
   expect_count(name(), "scratch", a.scratch, 3);
-  const DropoutParams drop = layer_args::dropout(cfg_.embd_pdrop, a.rng, 0, a.train);
+  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, sp_.rank);
   Tensor dx = a.dout;
   if (drop.p > 0.0f) {
     dx = a.scratch[0];
@@ -77,7 +91,7 @@ void Gpt2Embedding::backward(const BackwardArgs& a) {
   }
   VocabShard shard;
   if (tp_.active()) shard = {layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).first, cfg_.padded_vocab_size};
-  encoder_backward(a.grads[0], a.grads[1], dx, a.batch.tokens, a.scratch[1], shard);
+  encoder_backward(a.grads[0], positions_from(a.grads[1], sp_.rank * a.dims.T), dx, a.batch.tokens, a.scratch[1], shard);
 }
 
 }  // namespace dstrain

@@ -65,6 +65,25 @@ void Gpt2Architecture::check_tensor_parallel(int ranks) const {
   }
 }
 
+void Gpt2Architecture::check_sequence_parallel(int sp_ranks, int tp_ranks) const {
+  check_tensor_parallel(tp_ranks);
+  if (sp_ranks < 1) fail("sequence_parallel_size {}: give 1 or more", sp_ranks);
+  // Ulysses: every tensor-parallel rank's heads split evenly across the sequence-parallel ranks.
+  for (int r = 0; r < tp_ranks; ++r) {
+    const std::int64_t heads = units_of_rank(cfg_.n_head, tp_ranks, r);
+    if (heads % sp_ranks != 0) {
+      fail("sequence_parallel_size {}: GPT-2's {} heads{} do not divide by it (DeepSpeed-Ulysses splits each rank's heads across the sequence-"
+           "parallel ranks); use a sequence_parallel_size that divides {}",
+           sp_ranks, heads, tp_ranks > 1 ? fmt::format(" on tensor-parallel rank {} of {}", r, tp_ranks) : std::string(), heads);
+    }
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const {
+  check_sequence_parallel(sp.ranks, tp.ranks);
+  return make_gpt2_layers(cfg_, tp, sp);
+}
+
 std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
   check_tensor_parallel(tp.ranks);
   return make_gpt2_layers(cfg_, tp);

@@ -27,14 +27,17 @@
 
 #include "models/gpt2/gpt2_config.h"
 #include "models/layer.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
+#include "models/ulysses_attention.h"
 
 namespace dstrain {
 
 class Gpt2Embedding final : public Layer {
  public:
   // tp: the tensor-parallel rank it is built for (wte cut by vocabulary rows, wpe replicated).
-  explicit Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp = {});
+  // sp: the sequence-parallel rank (its tokens' positions start at sp.rank x T).
+  explicit Gpt2Embedding(const Gpt2Config& cfg, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
   std::string name() const override { return "embedding"; }
   std::string type_name() const override { return "GPT2Embedding"; }
   std::vector<ParamSpec> params() const override;                                    // wte.weight (Vp, C), wpe.weight (maxT, C)
@@ -47,12 +50,13 @@ class Gpt2Embedding final : public Layer {
  private:
   Gpt2Config cfg_;
   TensorParallelRank tp_;
+  SequenceParallelRank sp_;
 };
 
 class Gpt2Block final : public Layer {
  public:
   // index: N of "h.N"; tp: the tensor-parallel rank it is built for (gpt2_block.cpp).
-  Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp = {});
+  Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
   std::string name() const override { return "h." + std::to_string(index_); }
   std::string type_name() const override { return "GPT2Block"; }
   std::vector<ParamSpec> params() const override;
@@ -63,9 +67,13 @@ class Gpt2Block final : public Layer {
   void backward(const BackwardArgs& a) override;
 
  private:
+  // The attention of this rank's heads, Ulysses-split when sequence-parallel.
+  UlyssesAttention attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const;
+
   Gpt2Config cfg_;
   std::int64_t index_;
   TensorParallelRank tp_;
+  SequenceParallelRank sp_;
   std::int64_t heads_;  // this rank's heads
   std::int64_t width_;  // heads_ x head size: this rank's share of q, k and v each
   std::int64_t ff_;     // this rank's MLP features (of 4C)
@@ -95,6 +103,6 @@ class Gpt2Head final : public Layer {
 };
 
 // Embedding, n_layer blocks, head: the model in the order the engine runs it.
-std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp = {});
+std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
 
 }  // namespace dstrain

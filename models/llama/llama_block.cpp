@@ -23,6 +23,10 @@
 // added by rank 0 alone); the partial d(ln1), d(ln2) are summed before the RMSNorm backward; the
 // q/k norm weights' gradients (partial: a rank sees its own heads) are summed in backward, so
 // every replicated parameter leaves with the same gradient on every rank.
+//
+// Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
+// block runs on its T tokens (positions s·T ..), RoPE rotating them at their positions; around
+// attention two all-to-alls trade them for every token of 1/SP of the rank's heads.
 #include <algorithm>
 #include <cstdint>
 
@@ -37,6 +41,7 @@
 #include "models/llama/llama_layers.h"
 #include "models/param_split.h"
 #include "models/tensor_parallel.h"
+#include "models/ulysses_attention.h"
 
 namespace dstrain {
 
@@ -73,8 +78,26 @@ ParamIndex param_index(const LlamaConfig& c) {
   return p;
 }
 
-enum Saved { kLn1, kRstd1, kQkvRaw, kQkNormRstd, kQkv, kInvFreq, kAtty, kLse, kResidual2, kLn2, kRstd2, kGate, kUp, kH, kNumSaved };
-enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kNumScratch };
+enum Saved {
+  kLn1,
+  kRstd1,
+  kQkvRaw,
+  kQkNormRstd,
+  kQkv,
+  kInvFreq,
+  kAtty,
+  kLse,
+  kResidual2,
+  kLn2,
+  kRstd2,
+  kGate,
+  kUp,
+  kH,
+  kQkvHeads,
+  kAttyHeads,
+  kNumSaved
+};
+enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kNumScratch };
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
 
@@ -83,10 +106,11 @@ Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tens
 
 }  // namespace
 
-LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp)
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp, SequenceParallelRank sp)
     : cfg_(cfg),
       index_(index),
       tp_(tp),
+      sp_(sp),
       nkv_(units_of_rank(cfg.n_kv_head, tp.ranks, tp.rank)),
       nh_(nkv_ * (cfg.n_kv_head > 0 ? cfg.n_head / cfg.n_kv_head : 0)),
       inter_(units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
@@ -141,13 +165,16 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
       {"qkv", Shape{B, T, W}, S},
       {"rope_inv_freq", Shape{cfg_.head_dim / 2}, F},
       {"atty", Shape{B, T, q_dim()}, S},
-      {"att_lse", Shape{B, nh_, T}, F},
+      {"att_lse", Shape{B, nh_ / sp_.ranks, sp_.ranks * T}, F},
       {"residual2", Shape{B, T, C}, S},
       {"ln2", Shape{B, T, C}, S},
       {"ln2_rstd", Shape{B, T}, F},
       {"gate", Shape{B, T, I}, S},
       {"up", Shape{B, T, I}, S},
       {"h", Shape{B, T, I}, S},
+      // sequence parallelism: every token of this rank's share of the heads
+      {"qkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, W / sp_.ranks}, S},
+      {"atty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, q_dim() / sp_.ranks}, S},
   };
 }
 
@@ -161,9 +188,16 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"bti_a", Shape{B, T, I}, d.dtype},  // backward: d(h), then d(gate)
       {"bti_b", Shape{B, T, I}, d.dtype},  // backward: d(up)
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, widest_in))}, DType::fp32},
-      {"attention", Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, T, q_dim(), nh_))}, DType::fp32},
+      {"attention",
+       Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, sp_.ranks * T, q_dim() / sp_.ranks, nh_ / sp_.ranks))},
+       DType::fp32},
       // tensor parallelism with q/k norm: this rank's share of the two norm weights' gradients, summed over the group
       {"qk_norm_grad", Shape{tp_.active() && cfg_.qk_norm ? 2 * cfg_.head_dim : 0}, d.dtype},
+      // sequence parallelism: the all-to-alls' buffers and the head-split gradients
+      {"ulysses_send", Shape{sp_.active() ? B * T * qkv_dim() : 0}, d.dtype},
+      {"ulysses_recv", Shape{sp_.active() ? B * T * qkv_dim() : 0}, d.dtype},
+      {"datty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, q_dim() / sp_.ranks}, d.dtype},
+      {"dqkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, qkv_dim() / sp_.ranks}, d.dtype},
   };
 }
 
@@ -208,9 +242,8 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
   if (nh_ > 0) {
     const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
-    rope_forward(heads, heads, s[kInvFreq], NH + NKV);
-    attention_forward(s[kAtty], s[kLse], s[kQkv], AttentionHeads{NH, NKV},
-                      layer_args::tensor_parallel_dropout(cfg_.attention_dropout, a.rng, 0, a.train, tp_.rank), cfg_.attention_window());
+    rope_forward(heads, heads, s[kInvFreq], NH + NKV, sp_.rank * T);
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kLse], s[kQkv], s[kQkvHeads], s[kAttyHeads]);
   }
   row_parallel(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b));
   fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
@@ -273,11 +306,11 @@ void LlamaBlock::backward(const BackwardArgs& a) {
     zero_tensor(datty);
     matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres, s[kAtty], p[pi.o_w], mm);
     const Tensor dqkv = a.scratch[kDqkv];
-    zero_tensor(dqkv);
-    attention_backward(dqkv, datty, s[kQkv], s[kAtty], s[kLse], AttentionHeads{NH, NKV}, a.scratch[kAttention],
-                       layer_args::tensor_parallel_dropout(cfg_.attention_dropout, a.rng, 0, a.train, tp_.rank), cfg_.attention_window());
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch)
+        .backward(dqkv, datty, s[kQkv], s[kAtty], s[kQkvHeads], s[kAttyHeads], s[kLse], a.scratch[kAttention], a.scratch[kDattyHeads],
+                  a.scratch[kDqkvHeads]);
     const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
-    rope_backward(dheads, dheads, s[kInvFreq], NH + NKV);
+    rope_backward(dheads, dheads, s[kInvFreq], NH + NKV, sp_.rank * T);
     if (cfg_.qk_norm) {
       const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, s[kQkv].shape, s[kQkvRaw].device), NH + 2 * NKV, D);
       float* rstd = static_cast<float*>(s[kQkNormRstd].data);
@@ -300,11 +333,23 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   rmsnorm_backward(dres, g[pi.ln1], dln1, a.input, p[pi.ln1], s[kRstd1]);
 }
 
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp) {
+UlyssesAttention LlamaBlock::attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const {
+  UlyssesAttention u;
+  u.group = sp_.active() ? &layer_group(group, sp_, name()) : nullptr;
+  u.heads = AttentionHeads{nh_, nkv_};
+  u.parts = {q_dim(), kv_dim(), kv_dim()};
+  u.dropout = layer_args::parallel_dropout(cfg_.attention_dropout, rng, 0, train, layer_args::attention_stream(tp_, sp_));
+  u.window = cfg_.attention_window();
+  u.send = scratch[kSend];
+  u.recv = scratch[kRecv];
+  return u;
+}
+
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp, SequenceParallelRank sp) {
   validate(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<LlamaEmbedding>(cfg, tp));
-  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp, sp));
   layers.push_back(std::make_unique<LlamaHead>(cfg, tp));
   return layers;
 }

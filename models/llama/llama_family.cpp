@@ -71,6 +71,27 @@ void LlamaArchitecture::check_tensor_parallel(int ranks) const {
   }
 }
 
+void LlamaArchitecture::check_sequence_parallel(int sp_ranks, int tp_ranks) const {
+  check_tensor_parallel(tp_ranks);
+  if (sp_ranks < 1) fail("sequence_parallel_size {}: give 1 or more", sp_ranks);
+  // Ulysses: every tensor-parallel rank's query and key/value heads split evenly across the
+  // sequence-parallel ranks (DeepSpeed asserts the head counts divide by it).
+  for (int r = 0; r < tp_ranks; ++r) {
+    const std::int64_t kv = units_of_rank(cfg_.n_kv_head, tp_ranks, r);
+    const std::int64_t q = kv * (cfg_.n_head / cfg_.n_kv_head);
+    if (kv % sp_ranks != 0 || q % sp_ranks != 0) {
+      fail("sequence_parallel_size {}: {} key/value heads and {} query heads{} do not divide by it (DeepSpeed-Ulysses splits the heads across "
+           "the sequence-parallel ranks); use a sequence_parallel_size that divides num_key_value_heads",
+           sp_ranks, kv, q, tp_ranks > 1 ? fmt::format(" on tensor-parallel rank {} of {}", r, tp_ranks) : std::string());
+    }
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const {
+  check_sequence_parallel(sp.ranks, tp.ranks);
+  return make_llama_layers(cfg_, tp, sp);
+}
+
 std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
   check_tensor_parallel(tp.ranks);
   return make_llama_layers(cfg_, tp);

@@ -31,6 +31,8 @@ class LlamaArchitecture final : public Architecture {
   std::vector<std::unique_ptr<Layer>> make_layers() const override;
   void check_tensor_parallel(int ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const override;
+  void check_sequence_parallel(int sp_ranks, int tp_ranks) const override;
+  std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const override;
   void check_sequence(std::int64_t T, const Device& device) const override;
   // 6·N + 6·L·(n_head·head_dim)·T: PaLM's attention term with the query width, which Qwen3's
   // head_dim makes differ from the hidden size.

@@ -28,7 +28,9 @@
 #include "models/layer.h"
 #include "ops/kernels/encoder.h"
 #include "models/llama/llama_config.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
+#include "models/ulysses_attention.h"
 
 namespace dstrain {
 
@@ -54,7 +56,8 @@ class LlamaEmbedding final : public Layer {
 class LlamaBlock final : public Layer {
  public:
   // index: N of "model.layers.N"; tp: the tensor-parallel rank it is built for (llama_block.cpp).
-  LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp = {});
+  // sp: the sequence-parallel rank (its tokens' positions start at sp.rank x T).
+  LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
   std::string name() const override { return "layers." + std::to_string(index_); }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "DecoderLayer"; }
   std::vector<ParamSpec> params() const override;
@@ -68,10 +71,13 @@ class LlamaBlock final : public Layer {
   std::int64_t q_dim() const { return nh_ * cfg_.head_dim; }
   std::int64_t kv_dim() const { return nkv_ * cfg_.head_dim; }
   std::int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  // The attention of this rank's heads, Ulysses-split when sequence-parallel.
+  UlyssesAttention attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const;
 
   LlamaConfig cfg_;
   std::int64_t index_;
   TensorParallelRank tp_;
+  SequenceParallelRank sp_;
   std::int64_t nkv_;    // this rank's key/value heads
   std::int64_t nh_;     // ... and query heads (nkv_ groups of n_head / n_kv_head)
   std::int64_t inter_;  // ... and MLP features (of intermediate_size)
@@ -101,6 +107,6 @@ class LlamaHead final : public Layer {
 };
 
 // Embedding, n_layer blocks, head.
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp = {});
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
 
 }  // namespace dstrain

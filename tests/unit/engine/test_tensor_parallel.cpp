@@ -8,154 +8,17 @@
 // The reference is test_zero_equivalence.cpp's: stage 0, one rank, GAS·DP micro-steps fed the
 // global batch slot by slot. Rank (dp, tp) feeds slot m·DP + dp at micro-step m: the ranks of one
 // tensor-parallel group see the same micro-batch.
-#include <map>
-#include <memory>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include <gtest/gtest.h>
 
-#include "engine/tensor_parallel.h"
-#include "models/param_split.h"
-#include "zero_test_util.h"
+#include "mesh_test_util.h"
 
 namespace dstrain {
 namespace {
 
-using namespace zero_testing;
-
-struct MeshRun {
-  int tp = 1;
-  int dp = 1;
-  int stage = 0;
-  int gas = 1;
-  int steps = 3;
-  bool ckpt = false;
-  Precision precision = Precision::fp32;
-  const char* model = kModel;
-  std::string optimizer_json{};  // empty: zero_test_util's AdamW
-};
-
-Model build_model(const char* spec, TensorParallelRank tp) {
-  std::shared_ptr<const Architecture> arch = std::string_view(spec).starts_with("llama:") ? llama_family().from_spec(spec) : gpt2_family().from_spec(spec);
-  return make_model(arch, tp);
-}
-
-// Bytes each rank's tensor-parallel communicator sent during training (before the final gather).
-std::vector<std::uint64_t> g_tp_bytes;
-
-// Rank results of every mesh rank, in world order (rank = dp·TP + tp).
-RunResult run_mesh(const MeshRun& m) {
-  const int world = m.tp * m.dp;
-  RunSpec s;
-  s.stage = m.stage;
-  s.world = m.dp;
-  s.gas = m.gas;
-  s.precision = m.precision;
-  s.knobs.optimizer_json = m.optimizer_json;
-  s.knobs.allow_untested_optimizer = !m.optimizer_json.empty();
-  const std::string json = zero_config_json(s);
-  // The groups: one tensor-parallel group per data-parallel index, one data-parallel group per
-  // tensor-parallel index (TP innermost, as the device mesh lays ranks out).
-  std::vector<std::unique_ptr<LocalGroup>> tp_groups, dp_groups;
-  for (int d = 0; d < m.dp; ++d) tp_groups.push_back(std::make_unique<LocalGroup>(m.tp));
-  for (int t = 0; t < m.tp; ++t) dp_groups.push_back(std::make_unique<LocalGroup>(m.dp));
-  RunResult out;
-  out.ranks.resize(static_cast<std::size_t>(world));
-  g_tp_bytes.assign(static_cast<std::size_t>(world), 0);
-  run_local_ranks(world, [&](Communicator& comm) {
-    const int r = comm.rank(), t = r % m.tp, d = r / m.tp;
-    LocalCommunicator tp_comm(*tp_groups[static_cast<std::size_t>(d)], t);
-    LocalCommunicator dp_comm(*dp_groups[static_cast<std::size_t>(t)], d);
-    RankResult& me = out.ranks[static_cast<std::size_t>(r)];
-    config::ConfigOptions copts;
-    copts.world_size = m.dp;
-    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
-    EngineOptions o;
-    o.seed = 11;
-    o.comm = &dp_comm;
-    o.tensor_parallel = &tp_comm;
-    o.sequence_length = kT;
-    o.checkpoint_activations = m.ckpt;
-    Engine e = initialize(build_model(m.model, {t, m.tp}), c, o);
-    for (int step = 0; step < m.steps; ++step) {
-      for (int g = 0; g < m.gas; ++g) {
-        Tokens b = slot_batch(step, g * m.dp + d);
-        e.forward(b.batch());
-        e.backward();
-        e.step();
-      }
-      me.losses.push_back(e.state().last_step_loss);
-      me.grad_norms.push_back(e.state().grad_norm);
-    }
-    me.report = e.report().zero;
-    me.memory = e.report().memory;
-    g_tp_bytes[static_cast<std::size_t>(r)] = tp_comm.stats().total_bytes_sent();
-    e.gather_master_params([&](const std::string& n, const Tensor& v) { me.params[n] = values(v); });
-  });
-  return out;
-}
-
-const RunResult& one_rank(const char* model, int micro_steps, Precision p, int steps = 3, const std::string& optimizer = {}) {
-  static std::map<std::tuple<std::string, int, Precision, int, std::string>, RunResult> cache;
-  const auto key = std::make_tuple(std::string(model), micro_steps, p, steps, optimizer);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    MeshRun m;
-    m.model = model;
-    m.optimizer_json = optimizer;
-    m.gas = std::max(micro_steps, 1);
-    m.steps = micro_steps == 0 ? 0 : steps;
-    m.precision = p;
-    it = cache.emplace(key, run_mesh(m)).first;
-  }
-  return it->second;
-}
-
-// fp32 against one rank: the row-parallel sums (each rank's partial product, then the group's sum)
-// round differently from one GEMM's running sum, in forward activations and in gradients alike;
-// Adam then turns that noise, where a gradient element is near zero, into steps of up to ~lr of
-// either sign, as zero_test_util.h says of ZeRO's reduction order. Measured over this file's
-// matrix (DSTRAIN_TP_VERBOSE=1): loss 2.1e-7 relative, parameters 4.6e-5 absolute, per tensor
-// 1.3e-4 and overall 2.8e-5 of the update, key bias 3.1e-5. The bounds are those with a margin of
-// about 3; SGD (TensorParallelSgd) shows the underlying difference without Adam: < 1e-5 relative.
-// bf16 keeps ZeRO's bf16 tolerance (its rounding of the gradients dominates).
-Tolerance tp_tolerance(Precision p) {
-  if (p != Precision::fp32) return tolerance(p);
-  return {1e-6, 1.5e-4, 0.0, 5e-4, 1e-4, 1e-4};
-}
-
-void check_against_one_rank(const MeshRun& m) {
-  const RunResult run = run_mesh(m);
-  const RunResult& ref = one_rank(m.model, m.gas * m.dp, m.precision, m.steps, m.optimizer_json);
-  const RunResult& init = one_rank(m.model, 0, m.precision);
-  const Tolerance tol = tp_tolerance(m.precision);
-  // Every rank of the mesh reports the same losses and gathers the same whole parameters.
-  for (std::size_t r = 1; r < run.ranks.size(); ++r) {
-    EXPECT_EQ(run.ranks[r].losses, run.r0().losses) << "rank " << r;
-    for (const auto& [name, v] : run.r0().params) ASSERT_EQ(run.ranks[r].params.at(name), v) << "rank " << r << " " << name;
-  }
-  ASSERT_EQ(run.r0().losses.size(), ref.r0().losses.size());
-  for (std::size_t k = 0; k < ref.r0().losses.size(); ++k) {
-    const double a = run.r0().losses[k], b = ref.r0().losses[k];
-    EXPECT_LE(std::abs(a - b), tol.loss_rtol * std::abs(b)) << "step " << k + 1 << ": loss " << a << ", one rank " << b;
-    const double na = run.r0().grad_norms[k], nb = ref.r0().grad_norms[k];
-    EXPECT_LE(std::abs(na - nb), (m.precision == Precision::fp32 ? 1e-5 : 1e-2) * std::abs(nb)) << "step " << k + 1 << ": grad norm " << na << ", one rank " << nb;
-  }
-  ASSERT_EQ(run.r0().params.size(), ref.r0().params.size());
-  const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);
-  EXPECT_TRUE(d.finite);
-  EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs;
-  EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
-  EXPECT_LE(d.update_rel, tol.update_rel);
-  EXPECT_LE(d.key_bias_max_abs, tol.key_bias_abs) << "attention key bias";
-  if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) {
-    std::printf("MEASURE tp %d dp %d stage %d %s %s: loss %.3g abs %.3g upd_rel %.3g all %.3g keyb %.3g\n", m.tp, m.dp, m.stage, m.model,
-                precision_name(m.precision), std::abs(run.r0().losses.back() - ref.r0().losses.back()) / std::abs(ref.r0().losses.back()), d.max_abs,
-                d.max_update_rel, d.update_rel, d.key_bias_max_abs);
-  }
-}
+using namespace mesh_testing;
 
 // GPT-2 with 4 heads (so that 4 ranks hold one each and 3 ranks hold 2/1/1) and a vocabulary of 100
 // (padded to 128: the last rank's rows are partly padding).
