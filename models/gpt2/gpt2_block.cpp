@@ -103,7 +103,7 @@ std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) con
       {"ln1", Shape{B, T, C}, S},
       {"ln1_mean", Shape{B, T}, F},
       {"ln1_rstd", Shape{B, T}, F},
-      {"qkv", Shape{B, T, 3 * Cr}, S},
+      {"qkv", Shape{B, sp_.active() ? 0 : T, 3 * Cr}, S},  // sequence parallelism: not kept (qkv_heads is)
       {"atty", Shape{B, T, Cr}, S},
       {"att_lse", Shape{B, heads_ / SP, SP * T}, F},
       {"residual2", Shape{B, T, C}, S},
@@ -157,8 +157,12 @@ void Gpt2Block::forward(const ForwardArgs& a) {
 
   layernorm_forward(s[kLn1], s[kLn1Mean], s[kLn1Rstd], a.input, p[kLn1W], p[kLn1B], eps);
   if (heads_ > 0) {
-    matmul_forward(s[kQkv], s[kLn1], p[kAttnW], p[kAttnB], mm);
-    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kAttLse], s[kQkv], s[kQkvHeads], s[kAttyHeads]);
+    // Sequence parallelism: the rank's tokens' qkv lives in the all-to-all's receive buffer, read
+    // only while the send buffer is packed; the attention keeps qkv_heads.
+    const Tensor qkv = sp_.active() ? Tensor(a.scratch[kRecv].data, a.dims.dtype, Shape{a.dims.B, a.dims.T, 3 * width_}, a.scratch[kRecv].device)
+                                    : s[kQkv];
+    matmul_forward(qkv, s[kLn1], p[kAttnW], p[kAttnB], mm);
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kAttLse], qkv, s[kQkvHeads], s[kAttyHeads]);
   }
   row_parallel(proj, s[kAtty], p[kAttnProjW], p[kAttnProjB]);
   const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, sp_.rank);

@@ -162,7 +162,7 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
       {"ln1_rstd", Shape{B, T}, F},
       {"qkv_raw", Shape{raw}, S},
       {"qk_norm_rstd", Shape{qk_rows}, F},
-      {"qkv", Shape{B, T, W}, S},
+      {"qkv", Shape{B, sp_.active() ? 0 : T, W}, S},  // sequence parallelism: not kept (qkv_heads is)
       {"rope_inv_freq", Shape{cfg_.head_dim / 2}, F},
       {"atty", Shape{B, T, q_dim()}, S},
       {"att_lse", Shape{B, nh_ / sp_.ranks, sp_.ranks * T}, F},
@@ -224,26 +224,29 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   };
 
   rmsnorm_forward(s[kLn1], s[kRstd1], a.input, p[pi.ln1], eps);
+  // Sequence parallelism: the rank's tokens' qkv lives in the all-to-all's receive buffer, read
+  // only while the send buffer is packed; the attention keeps qkv_heads.
+  const Tensor qkv = sp_.active() ? Tensor(a.scratch[kRecv].data, a.dims.dtype, Shape{B, T, qkv_dim()}, a.scratch[kRecv].device) : s[kQkv];
   if (nh_ == 0) {
     // no heads on this rank: nothing to attend; o_proj adds zeros below
   } else if (cfg_.qk_norm) {
-    const Tensor raw(s[kQkvRaw].data, a.dims.dtype, s[kQkv].shape, s[kQkvRaw].device);
+    const Tensor raw(s[kQkvRaw].data, a.dims.dtype, qkv.shape, s[kQkvRaw].device);
     matmul_forward(raw, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
-    copy_tensor(s[kQkv], raw);
-    const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
+    copy_tensor(qkv, raw);
+    const Tensor heads = heads_view(qkv, NH + 2 * NKV, D);
     const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
     const std::int64_t q_rows = B * T * NH;
     head_rmsnorm_forward(heads, Tensor(rstd.data, DType::fp32, Shape{B, T, NH}, rstd.device), p[pi.q_norm], 0, NH, eps);
     head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH, NKV,
                          eps);
   } else {
-    matmul_forward(s[kQkv], s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
+    matmul_forward(qkv, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
   }
   copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
   if (nh_ > 0) {
-    const Tensor heads = heads_view(s[kQkv], NH + 2 * NKV, D);
+    const Tensor heads = heads_view(qkv, NH + 2 * NKV, D);
     rope_forward(heads, heads, s[kInvFreq], NH + NKV, sp_.rank * T);
-    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kLse], s[kQkv], s[kQkvHeads], s[kAttyHeads]);
+    attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kLse], qkv, s[kQkvHeads], s[kAttyHeads]);
   }
   row_parallel(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b));
   fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
@@ -312,7 +315,7 @@ void LlamaBlock::backward(const BackwardArgs& a) {
     const Tensor dheads = heads_view(dqkv, NH + 2 * NKV, D);
     rope_backward(dheads, dheads, s[kInvFreq], NH + NKV, sp_.rank * T);
     if (cfg_.qk_norm) {
-      const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, s[kQkv].shape, s[kQkvRaw].device), NH + 2 * NKV, D);
+      const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, Shape{B, T, qkv_dim()}, s[kQkvRaw].device), NH + 2 * NKV, D);
       float* rstd = static_cast<float*>(s[kQkNormRstd].data);
       const Device rd = s[kQkNormRstd].device;
       head_rmsnorm_backward(dheads, dq_norm, raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);

