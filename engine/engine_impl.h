@@ -68,6 +68,8 @@ struct Engine::Impl {
   // Tensor parallelism (engine/tensor_parallel.h): the group the layers call, over options.tensor_parallel.
   std::unique_ptr<TensorParallelGroup> tp_group;
   Communicator* tp = nullptr;  // null: one tensor-parallel rank
+  int tp_size() const { return tp != nullptr ? tp->world_size() : 1; }
+  int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;
