@@ -1038,25 +1038,33 @@ bool Engine::any_rank(bool flag) {
 
 void Engine::agree_on_errors(const std::string& error) {
   Impl& im = *impl_;
-  if (im.world == 1) {
+  // The whole mesh agrees: the data-parallel group, then (tensor parallelism) the tensor-parallel
+  // group, so that every rank of every group throws the same cause (the checkpoints' phases).
+  const int tp_size = im.tp_size();
+  const int mesh = im.world * tp_size;
+  if (mesh == 1) {
     if (!error.empty()) throw Error(error);
     return;
   }
-  // One all-reduce of every rank's failure flag and the first characters of its message (one byte
-  // per fp64, rank r's in slot r), so that every rank throws the cause of the first failing rank.
+  // One all-reduce per group of every rank's failure flag and the first characters of its message
+  // (one byte per fp64, mesh rank m's in slot m: m = data-parallel rank x TP + tensor-parallel rank),
+  // so that every rank throws the cause of the first failing rank.
   constexpr std::size_t kChars = 480;
   const std::size_t slot = kChars + 1;
-  std::vector<double> v(slot * static_cast<std::size_t>(im.world), 0.0);
-  const std::size_t me = slot * static_cast<std::size_t>(rank());
+  const int me_rank = rank() * tp_size + im.tp_rank();
+  std::vector<double> v(slot * static_cast<std::size_t>(mesh), 0.0);
+  const std::size_t me = slot * static_cast<std::size_t>(me_rank);
   if (!error.empty()) {
     v[me] = 1.0;
     for (std::size_t i = 0; i < std::min(kChars, error.size()); ++i) v[me + 1 + i] = static_cast<unsigned char>(error[i]);
   }
-  im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
-  for (int k = 0; k < im.world; ++k) {
+  const Tensor all(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())});
+  if (im.world > 1) im.states->all_reduce_sum(all);
+  if (im.tp != nullptr) im.tp->all_reduce(all, ReduceOp::sum);
+  for (int k = 0; k < mesh; ++k) {
     const std::size_t at = slot * static_cast<std::size_t>(k);
     if (v[at] == 0.0) continue;
-    if (k == rank()) throw Error(error);
+    if (k == me_rank) throw Error(error);
     std::string text;
     for (std::size_t i = 0; i < kChars && v[at + 1 + i] != 0.0; ++i) text.push_back(static_cast<char>(static_cast<unsigned char>(v[at + 1 + i])));
     if (error.empty()) throw Error(text);

@@ -278,7 +278,9 @@ class Engine {
   void apply_optimizer(double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas);
   bool optimizer_step();
   std::uint32_t global_micro_batch() const;
-  // Every rank learns whether any rank failed (`error` non-empty) and throws if so (checkpoints).
+  // Every rank of the mesh (the data-parallel group and, with tensor parallelism, the
+  // tensor-parallel group) learns whether any rank failed (`error` non-empty) and throws if so
+  // (checkpoints).
   void agree_on_errors(const std::string& error);
   // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the next one's figures.
   void exclude_from_step_comm();

@@ -71,6 +71,8 @@ struct Engine::Impl {
   std::unique_ptr<SequenceParallelGroup> sp_group;
   Communicator* sp = nullptr;  // null: one sequence-parallel rank
   std::int64_t sp_local_targets = 0;  // this rank's counted targets of the current batch (sequence parallelism)
+  int tp_size() const { return tp != nullptr ? tp->world_size() : 1; }
+  int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;

@@ -1,5 +1,6 @@
 #include "models/param_split.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -148,6 +149,58 @@ void copy_whole_to_piece(const Tensor& whole, const Tensor& piece, const ParamSp
 
 void copy_piece_to_whole(const Tensor& piece, const Tensor& whole, const ParamSplit& split, int ranks, int rank, const std::string& name) {
   copy_ranges(whole, piece, split, ranks, rank, name, false);
+}
+
+std::vector<ElementRun> piece_runs(const ParamSplit& split, const Shape& whole, int ranks, int rank, std::int64_t local_offset, std::int64_t local_numel,
+                                   const std::string& name) {
+  const Shape piece = piece_shape(split, whole, ranks, rank, name);
+  if (local_offset < 0 || local_numel < 0 || local_offset > piece.numel() - local_numel) {
+    fail("parameter '{}': elements [{}, +{}) are not inside rank {} of {}'s piece of shape {} (of {})", name, local_offset, local_numel, rank, ranks,
+         piece.str(), whole.str());
+  }
+  std::vector<ElementRun> out;
+  if (local_numel == 0) return out;
+  const std::int64_t lo = local_offset, hi = local_offset + local_numel;
+  // Adds the part of the segment (piece elements [l, l + n) = whole elements [w, w + n)) inside [lo, hi).
+  const auto add = [&](std::int64_t w, std::int64_t l, std::int64_t n) {
+    const std::int64_t b = std::max(l, lo), e = std::min(l + n, hi);
+    if (b >= e) return;
+    const ElementRun run{w + (b - l), b, e - b};
+    if (!out.empty() && out.back().whole_offset + out.back().numel == run.whole_offset && out.back().local_offset + out.back().numel == run.local_offset) {
+      out.back().numel += run.numel;
+    } else {
+      out.push_back(run);
+    }
+  };
+  if (split.is_replicated() || ranks == 1) {
+    add(local_offset, local_offset, local_numel);
+    return out;
+  }
+  const std::vector<SplitRange> ranges = split_ranges(split, whole, ranks, rank, name);
+  const std::int64_t d0 = whole.rank > 0 ? whole[0] : 1;
+  if (split.dim() == 0) {
+    const std::int64_t inner = d0 > 0 ? whole.numel() / d0 : 0;  // elements per row
+    std::int64_t p_off = 0;
+    for (const SplitRange& r : ranges) {
+      add(r.begin * inner, p_off, r.size * inner);
+      p_off += r.size * inner;
+    }
+    return out;
+  }
+  // dim 1: row `row` of the piece is its column ranges, packed; only the rows [lo, hi) touches.
+  const std::int64_t cols = whole[1];
+  const std::int64_t inner = cols > 0 ? whole.numel() / (d0 * cols) : 0;  // elements per column entry
+  std::int64_t piece_cols = 0;
+  for (const SplitRange& r : ranges) piece_cols += r.size;
+  const std::int64_t row_len = piece_cols * inner;  // > 0: the piece holds the elements asked for
+  for (std::int64_t row = lo / row_len; row < d0 && row * row_len < hi; ++row) {
+    std::int64_t p_col = 0;
+    for (const SplitRange& r : ranges) {
+      add((row * cols + r.begin) * inner, (row * piece_cols + p_col) * inner, r.size * inner);
+      p_col += r.size;
+    }
+  }
+  return out;
 }
 
 }  // namespace dstrain

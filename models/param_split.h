@@ -88,4 +88,26 @@ Shape piece_shape(const ParamSplit& split, const Shape& whole, int ranks, int ra
 void copy_whole_to_piece(const Tensor& whole, const Tensor& piece, const ParamSplit& split, int ranks, int rank, const std::string& name);
 void copy_piece_to_whole(const Tensor& piece, const Tensor& whole, const ParamSplit& split, int ranks, int rank, const std::string& name);
 
+// A run of consecutive elements that lie consecutively both in the whole parameter and in a rank's
+// piece of it: elements [local_offset, local_offset + numel) of the piece (row-major in its
+// piece_shape) are elements [whole_offset, whole_offset + numel) of the whole (row-major).
+struct ElementRun {
+  std::int64_t whole_offset = 0;
+  std::int64_t local_offset = 0;
+  std::int64_t numel = 0;
+  friend bool operator==(const ElementRun&, const ElementRun&) = default;
+};
+
+// Elements [local_offset, local_offset + local_numel) of rank `rank`'s piece of a parameter of
+// shape `whole` split as `split` over `ranks` ranks, as runs of the whole parameter's elements, in
+// the piece's order (local offsets increasing, together exactly the range asked for). Runs that
+// continue each other in both spaces are merged: a replicated parameter, or one rank holding the
+// whole, gives one run (whole offset = local offset); a dim-0 split (rows, vocabulary, experts) at
+// most one run per part; a dim-1 split (columns) one run per row and part. This is how a training
+// checkpoint stores a piece in the whole parameter's element space (docs/checkpoints.md), so that
+// it loads at any tensor-parallel size. Error naming the parameter when the range is not inside the
+// piece.
+std::vector<ElementRun> piece_runs(const ParamSplit& split, const Shape& whole, int ranks, int rank, std::int64_t local_offset, std::int64_t local_numel,
+                                   const std::string& name);
+
 }  // namespace dstrain

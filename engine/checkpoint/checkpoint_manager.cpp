@@ -21,6 +21,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/optim/onebit_optimizer.h"
 #include "engine/optim/optimizer.h"
+#include "models/param_split.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
 #include "ops/error.h"
@@ -53,7 +54,7 @@ struct CheckpointManager::SaveJob {
 
 CheckpointManager::CheckpointManager(Engine& engine) : engine_(engine) {
   const config::DsConfig& config = engine_.impl_->config;
-  const int world = engine_.impl_->world;
+  const int world = engine_.impl_->world * engine_.impl_->tp_size();  // every rank of the mesh
   // The checkpoint section's keys that change nothing here, with the reason (docs/checkpoints.md).
   if (config.checkpoint.load_universal) {
     log_info(
@@ -92,24 +93,68 @@ void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clo
                           : "O_DIRECT, pwrite");
 }
 
+// One run of an owned piece in the whole parameter's element space (docs/checkpoints.md
+// "Tensor parallelism"): elements [first, first + numel) of owned piece `piece` (counted from the
+// piece's start) are elements [whole_offset, whole_offset + numel) of the whole parameter. Without
+// tensor parallelism every piece is one run, whole_offset = its tensor offset.
+struct PieceRun {
+  std::size_t piece = 0;  // index into ModelStates::owned_pieces()
+  std::int64_t first = 0;
+  std::int64_t whole_offset = 0;
+  std::int64_t numel = 0;
+};
+
+// Whether this rank saves owned piece p: a replicated parameter is the same on every rank of the
+// tensor-parallel group, and tensor-parallel rank 0 alone saves it; a cut one, every rank its piece.
+bool saves_piece(const ModelStates& st, const OwnedPiece& p, int tp_rank) { return tp_rank == 0 || st.spec(p.layer, *p.slot).is_piece(); }
+
+// The runs of the owned pieces a save writes (`saving`: those saves_piece keeps) or a load fills
+// (every one), in owned-piece order.
+std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool saving) {
+  std::vector<PieceRun> out;
+  const std::vector<OwnedPiece>& owned = st.owned_pieces();
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    const OwnedPiece& p = owned[i];
+    if (saving && !saves_piece(st, p, tp_rank)) continue;
+    const ParamSpec& spec = st.spec(p.layer, *p.slot);
+    if (!spec.is_piece()) {
+      out.push_back({i, 0, p.tensor_offset, p.numel});
+      continue;
+    }
+    for (const ElementRun& r : piece_runs(spec.split, spec.whole_shape(), spec.piece.ranks, spec.piece.rank, p.tensor_offset, p.numel, spec.name))
+      out.push_back({i, r.local_offset - p.tensor_offset, r.whole_offset, r.numel});
+  }
+  return out;
+}
+
 }  // namespace
 
 config::Json CheckpointManager::manifest(const std::string& tag, const config::Json& client_state) const {
   const Engine::Impl& im = *engine_.impl_;
+  // The whole parameters (under tensor parallelism a rank holds pieces of them): a checkpoint is of
+  // the model, whatever mesh saved it.
   config::Json params = config::Json::array();
+  std::int64_t parameter_count = 0;
   for (const Engine::Impl::Owned& o : im.owned) {
+    const Shape whole = o.spec.whole_shape();
     std::vector<std::int64_t> shape;
-    for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
+    for (int d = 0; d < whole.rank; ++d) shape.push_back(whole[d]);
     params.push_back({{"name", o.spec.name}, {"shape", shape}});
+    parameter_count += whole.numel();
   }
+  // The mesh it was saved on: world_size counts every rank (data-parallel x tensor-parallel), and
+  // "tensor_parallel" is written only when it is more than 1 (checkpoints without it are as before).
+  config::Json layout{{"world_size", im.world * im.tp_size()},
+                      {"zero_stage", im.config.zero_optimization.stage},
+                      {"dtype", std::string(dtype_name(engine_.dims_.dtype))}};
+  if (im.tp_size() > 1) layout["tensor_parallel"] = im.tp_size();
   const LossScalerState ss = im.scaler.state();
   return config::Json{
       {"format", kCheckpointFormat},
       {"version", kCheckpointVersion},
       {"tag", tag},
-      {"layout",
-       {{"world_size", im.world}, {"zero_stage", im.config.zero_optimization.stage}, {"dtype", std::string(dtype_name(engine_.dims_.dtype))}}},
-      {"model", {{"parameter_count", engine_.parameter_count_}, {"params", params}}},
+      {"layout", layout},
+      {"model", {{"parameter_count", parameter_count}, {"params", params}}},
       // The 1-bit family's scalars (phase, counters, frozen ratios; docs/optimizers_onebit.md §5).
       {"optimizer", im.onebit
                         ? config::Json{{"type", im.config.optimizer.type}, {"states", im.optimizer.state_names()}, {"onebit", im.onebit->state()}}
@@ -154,17 +199,23 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   wait();  // a decoupled save still being written is committed first
   if (tag.empty()) tag = fmt::format("global_step{}", engine_.global_steps_);
   check_checkpoint_tag(tag);
-  const int r = engine_.rank();
+  const int r = engine_.rank();  // the data-parallel rank
+  // The rank in the whole mesh (data-parallel rank x TP + tensor-parallel rank; docs/parallelism.md
+  // §1): its rank file's number. Mesh rank 0 makes the folder and commits.
+  const int tp_rank = im.tp_rank(), mesh = im.world * im.tp_size();
+  const int mr = r * im.tp_size() + tp_rank;
   // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash
   // of it across ranks). Sum h and h² over the ranks: both equal W·h, W·h² only when every h is h.
-  if (im.world > 1 && im.config.checkpoint.tag_validation != config::TagValidation::ignore) {
+  if (mesh > 1 && im.config.checkpoint.tag_validation != config::TagValidation::ignore) {
     const double h = tag_hash(tag);
     double v[2] = {h, h * h};
-    im.states->all_reduce_sum(Tensor(v, DType::fp64, Shape{2}));
-    if (v[0] != im.world * h || v[1] != im.world * h * h) {
+    const Tensor t(v, DType::fp64, Shape{2});
+    if (im.world > 1) im.states->all_reduce_sum(t);
+    if (im.tp != nullptr) im.tp->all_reduce(t, ReduceOp::sum);
+    if (v[0] != mesh * h || v[1] != mesh * h * h) {
       const std::string msg =
           fmt::format("checkpoint tag '{}' of rank {} is not the same on every rank (checkpoint.tag_validation: {}); pass the same tag on every rank",
-                      tag, r, config::to_string(im.config.checkpoint.tag_validation));
+                      tag, mr, config::to_string(im.config.checkpoint.tag_validation));
       if (im.config.checkpoint.tag_validation == config::TagValidation::fail) throw Error(msg);
       log_warning("{}", msg);
     }
@@ -183,7 +234,7 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   job->writer.double_buffer = wc.io_buffer_double;
   job->writer.aio = IoOptions::from_config(im.config.aio);  // DeepSpeed's fast writer takes its aio_config too
   if (!wc.present) job->writer.direct_key.clear();
-  if (!writer_announced_ && r == 0) {
+  if (!writer_announced_ && mr == 0) {
     const std::int64_t each = wc.io_buffer_size / (wc.io_buffer_double ? 2 : 1);
     log_info("checkpoint writer: {}{} {}, {} staging buffer(s) of {}{}; {}", wc.present ? "" : "(no checkpoint.writer block: the engine's choice) ",
              to_string(wc.type), job->writer.direct ? "(O_DIRECT)" : "(buffered, through the page cache)", wc.io_buffer_double ? 2 : 1,
@@ -195,9 +246,9 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
                          "checkpoint.writer.decoupled: true writes in the background instead)");
   }
   writer_announced_ = true;
-  // 1. rank 0 makes a fresh partial folder.
+  // 1. mesh rank 0 makes a fresh partial folder.
   std::string error;
-  if (r == 0) {
+  if (mr == 0) {
     try {
       std::error_code ec;
       std::filesystem::create_directories(save_dir, ec);
@@ -210,11 +261,15 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
     }
   }
   finish_phase(*job, error);
-  // 2. every rank that owns a distinct part writes its pieces (stage 0: every rank holds the same
-  // values, rank 0 writes them), read through the store (docs/training_state.md §3). The pieces:
-  // every buffer (masters, each optimizer state, the 16-bit params) of every owned piece.
+  // 2. every rank that owns a distinct part writes its pieces (stage 0: every data-parallel rank
+  // holds the same values, data-parallel rank 0 writes them), read through the store
+  // (docs/training_state.md §3). The pieces: every buffer (masters, each optimizer state, the
+  // 16-bit params) of every owned piece this rank saves, each as its runs in the whole parameter's
+  // elements (tensor parallelism: a piece of a cut parameter is several runs of the whole; a
+  // replicated parameter is saved by tensor-parallel rank 0 alone). The files are numbered by mesh
+  // rank: at stage 0 the writers are mesh ranks 0 .. TP - 1.
   const int stage = im.config.zero_optimization.stage;
-  job->rank_files = stage >= 1 ? im.world : 1;
+  job->rank_files = stage >= 1 ? mesh : im.tp_size();
   const bool writes = stage >= 1 || r == 0;
   ModelStates& st = *im.states;
   std::vector<std::string> buffers{kMasterBuffer};
@@ -236,17 +291,19 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   };
   if (writes) {
     try {
+      const std::vector<PieceRun> runs = piece_runs_of(st, tp_rank, /*saving=*/true);
       std::size_t total = 0;
       for (const std::string& b : buffers) {
         const DType dt = dtype_of(b);
-        for (const OwnedPiece& p : st.owned_pieces()) {
-          job->pieces.push_back({b, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel, dt});
-          total += static_cast<std::size_t>(p.numel) * dtype_size(dt);
+        for (const PieceRun& run : runs) {
+          const OwnedPiece& p = st.owned_pieces()[run.piece];
+          job->pieces.push_back({b, st.spec(p.layer, *p.slot).name, run.whole_offset, run.numel, dt});
+          total += static_cast<std::size_t>(run.numel) * dtype_size(dt);
         }
       }
       job->bytes = total;
-      job->data_file = job->partial / rank_file_name(r, ".safetensors");
-      job->index_file = job->partial / rank_file_name(r, ".json");
+      job->data_file = job->partial / rank_file_name(mr, ".safetensors");
+      job->index_file = job->partial / rank_file_name(mr, ".json");
       if (decoupled) {
         // The snapshot: every piece copied into host memory now (the memory the engine faulted in
         // when it started); the files are written from it.
@@ -255,8 +312,11 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
         job->snapshot = snapshot;
         // Pieces that lie back to back in the shard are copied as one run: one large copy per
         // buffer instead of one per tensor (hundreds of small copies, each a fork of the copy's
-        // threads, on local ranks oversubscribed cores) — the same bytes in the same places.
-        const std::vector<OwnedPiece>& owned = st.owned_pieces();
+        // threads, on local ranks oversubscribed cores) — the same bytes in the same places. A
+        // piece's runs cover it in order, so the runs' bytes back to back are the piece's.
+        std::vector<OwnedPiece> owned;
+        for (const OwnedPiece& p : st.owned_pieces())
+          if (saves_piece(st, p, tp_rank)) owned.push_back(p);
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
           const DType dt = dtype_of(buffers[bi]);
@@ -276,24 +336,27 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
         std::size_t k = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
           const DType dt = dtype_of(buffers[bi]);
-          for (const OwnedPiece& p : st.owned_pieces()) {
-            w.write(k++, [&, bi, dt](std::int64_t first, std::int64_t count, void* dst) { read_piece(bi, p, first, Tensor(dst, dt, Shape{count})); });
+          for (const PieceRun& run : runs) {
+            const OwnedPiece& p = st.owned_pieces()[run.piece];
+            w.write(k++, [&, bi, dt](std::int64_t first, std::int64_t count, void* dst) {
+              read_piece(bi, p, run.first + first, Tensor(dst, dt, Shape{count}));
+            });
           }
         }
         write_checkpoint_text(job->index_file, w.finish().dump(1));
-        if (wc.show_statistics) log_write_statistics(r, job->bytes, t0, w);
+        if (wc.show_statistics) log_write_statistics(mr, job->bytes, t0, w);
       }
     } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
       error = e.what();
     }
   }
-  if (r == 0) job->manifest = manifest(tag, client_state);  // the state of this step, whenever it is committed
+  if (mr == 0) job->manifest = manifest(tag, client_state);  // the state of this step, whenever it is committed
   if (decoupled) {
     // Agree that every snapshot was taken, then write in the background.
     finish_phase(*job, error);
     if (writes) {
       SaveJob* jp = job.get();
-      job->thread = std::thread([jp, r, stats = wc.show_statistics] {
+      job->thread = std::thread([jp, r = mr, stats = wc.show_statistics] {
         try {
           const auto t0 = std::chrono::steady_clock::now();
           RankFileWriter w(jp->data_file, jp->pieces, jp->writer);
@@ -325,7 +388,8 @@ std::size_t CheckpointManager::rank_bytes() const {
   // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
   const std::size_t per_element = checkpoint_bytes_per_element(im.optimizer.state_names().size(), im.mixed ? engine_.dims_.dtype : DType::fp32);
   std::size_t total = 0;
-  for (const OwnedPiece& p : im.states->owned_pieces()) total += static_cast<std::size_t>(p.numel) * per_element;
+  for (const OwnedPiece& p : im.states->owned_pieces())
+    if (saves_piece(*im.states, p, im.tp_rank())) total += static_cast<std::size_t>(p.numel) * per_element;
   return total;
 }
 
@@ -344,7 +408,7 @@ void CheckpointManager::finish_phase(const SaveJob& job, const std::string& erro
   } catch (const Error&) {
     // Every rank learns of any rank's failure; the partial folder of a failed save goes.
     std::error_code ec;
-    if (engine_.rank() == 0) std::filesystem::remove_all(job.partial, ec);
+    if (engine_.rank() == 0 && engine_.impl_->tp_rank() == 0) std::filesystem::remove_all(job.partial, ec);  // mesh rank 0
     throw;
   }
 }
@@ -353,7 +417,7 @@ void CheckpointManager::finish_phase(const SaveJob& job, const std::string& erro
 // rewrites `latest`.
 void CheckpointManager::commit(SaveJob& job) {
   std::string error;
-  if (engine_.rank() == 0) {
+  if (engine_.rank() == 0 && engine_.impl_->tp_rank() == 0) {  // mesh rank 0
     try {
       config::Json manifest = std::move(job.manifest);
       config::Json ranks = config::Json::array();
@@ -431,8 +495,9 @@ CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
   }
   if (onebit && m.at("optimizer").contains("onebit")) c.onebit = OneBitOptimizer::parse_state(m.at("optimizer").at("onebit"));
   const config::Json& layout = m.at("layout");
-  c.saved_layout = fmt::format("ZeRO stage {} on {} rank(s) in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
-                               layout.value("dtype", std::string("?")));
+  const std::int64_t saved_tp = layout.value("tensor_parallel", std::int64_t{1});
+  c.saved_layout = fmt::format("ZeRO stage {} on {} rank(s){} in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
+                               saved_tp > 1 ? fmt::format(" (tensor-parallel {})", saved_tp) : std::string(), layout.value("dtype", std::string("?")));
   return c;
 }
 
@@ -507,12 +572,17 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
   bool streamed = false;  // read straight into the state (CheckpointReader::stream)
   bool touched = false;   // ... and something of the state was overwritten
   std::vector<CheckpointReader::Want> want;
+  // The owned pieces as runs of the whole parameters' elements (one run each without tensor
+  // parallelism), which is how the checkpoint names its pieces whatever mesh saved it.
+  const std::vector<PieceRun> runs = piece_runs_of(st, im.tp_rank(), /*saving=*/false);
   // Writes elements [first, first + count) of wanted piece i (in the order of `want`: masters,
-  // each state, the 16-bit params; each over the owned pieces) through the store
+  // each state, the 16-bit params; each over the runs of the owned pieces) through the store
   // (docs/training_state.md §3) and into the params.
-  const auto write_range = [&](std::size_t i, std::int64_t first, std::int64_t count, void* data) {
-    const std::size_t n = st.owned_pieces().size(), n_states = want_states ? state_names.size() : 0;
-    const OwnedPiece& p = st.owned_pieces()[i % n];
+  const auto write_range = [&](std::size_t i, std::int64_t first_in_run, std::int64_t count, void* data) {
+    const std::size_t n = runs.size(), n_states = want_states ? state_names.size() : 0;
+    const PieceRun& run = runs[i % n];
+    const OwnedPiece& p = st.owned_pieces()[run.piece];
+    const std::int64_t first = run.first + first_in_run;  // within the piece
     const std::size_t group = i / n;
     if (group == 0) {
       const Tensor master(data, DType::fp32, Shape{count});
@@ -539,13 +609,15 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
       check_checkpoint_tag(tag);
       rd.emplace(load_dir, tag);
       const config::Json& m = rd->manifest();
-      // The same model: every owned parameter by name and shape, and nothing else.
+      // The same model: every owned parameter by name and whole shape (a checkpoint holds whole
+      // parameters, whatever tensor-parallel size saved it), and nothing else.
       std::map<std::string, std::vector<std::int64_t>> saved;
       for (const config::Json& p : m.at("model").at("params"))
         saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
       for (const Engine::Impl::Owned& o : im.owned) {
+        const Shape whole = o.spec.whole_shape();
         std::vector<std::int64_t> shape;
-        for (int d = 0; d < o.spec.shape.rank; ++d) shape.push_back(o.spec.shape[d]);
+        for (int d = 0; d < whole.rank; ++d) shape.push_back(whole[d]);
         const auto it = saved.find(o.spec.name);
         if (it == saved.end() || it->second != shape) {
           fail(
@@ -575,7 +647,10 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
       // into host memory (CheckpointReader::read_all).
       const std::vector<OwnedPiece>& owned = st.owned_pieces();
       const auto wants = [&](const char* buffer) {
-        for (const OwnedPiece& p : owned) want.push_back({buffer, st.spec(p.layer, *p.slot).name, p.tensor_offset, p.numel});
+        for (const PieceRun& run : runs) {
+          const OwnedPiece& p = owned[run.piece];
+          want.push_back({buffer, st.spec(p.layer, *p.slot).name, run.whole_offset, run.numel});
+        }
       };
       wants(kMasterBuffer);
       for (std::size_t j = 0; want_states && j < state_names.size(); ++j) wants(state_names[j].c_str());
@@ -617,8 +692,9 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
   st.after_update();                             // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
   if (!options.load_module_only) restore_scalars(scalars, options);
-  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {} in {})", rd->dir().string(), scalars.saved_layout,
-           im.config.zero_optimization.stage, im.world, dtype_name(engine_.dims_.dtype));
+  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {}{} in {})", rd->dir().string(), scalars.saved_layout,
+           im.config.zero_optimization.stage, im.world * im.tp_size(), im.tp_size() > 1 ? fmt::format(" (tensor-parallel {})", im.tp_size()) : "",
+           dtype_name(engine_.dims_.dtype));
   engine_.exclude_from_step_comm();
   LoadedCheckpoint out;
   out.path = rd->dir();

@@ -2,7 +2,9 @@
 // as torch.distributed.checkpoint and torchtitan keep them apart — the engine trains, the manager
 // saves and restores everything a continuation needs: the fp32 masters, the 16-bit params, every
 // optimizer state, the counters, the loss scaler, the LR schedule, the seed, the model and the
-// layout, in parameter space, so that a checkpoint loads at any world size, ZeRO stage and dtype.
+// layout, in parameter space of the whole model (a tensor-parallel piece is saved at its whole
+// parameter's element offsets), so that a checkpoint loads at any world size, ZeRO stage, dtype and
+// tensor-parallel size.
 //
 //   dstrain::Engine engine = dstrain::initialize(model, config, options);
 //   dstrain::CheckpointManager checkpoints(engine);   // with checkpoint.writer.decoupled: faults in
@@ -63,7 +65,8 @@ class CheckpointManager {
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   // Saves the engine's state under save_dir/<tag>, each rank writing the pieces of parameter space
-  // it owns, then rewrites save_dir/latest. Atomic: a crash leaves the previous checkpoint
+  // it owns (under tensor parallelism at whole-parameter offsets, replicated parameters by
+  // tensor-parallel rank 0; one file per mesh rank), then rewrites save_dir/latest. Atomic: a crash leaves the previous checkpoint
   // loadable. Default tag "global_step<N>"; checkpoint.tag_validation compares the tag across ranks
   // (Warn / Fail). Call at a gradient-accumulation boundary (after the step() that completes one):
   // the accumulated gradients of a half-done step are not saved. Returns the tag. Error naming the
@@ -72,8 +75,9 @@ class CheckpointManager {
   // writes the files in the background; wait() (or the next save or load) commits them.
   std::string save(const std::filesystem::path& save_dir, std::string tag = "", const config::Json& client_state = config::Json::object());
   // Loads load_dir/<tag> (tag "": the one load_dir/latest names; nothing is loaded, with a warning,
-  // when there is no latest) saved at any world size, ZeRO stage and dtype: each rank reads the
-  // saved pieces that intersect what it owns. Verifies every checksum and shape first; an Error
+  // when there is no latest) saved at any world size, ZeRO stage, dtype and tensor-parallel size:
+  // each rank reads the saved pieces that intersect what it owns (its pieces' runs in the whole
+  // parameters). Verifies every checksum and shape first; an Error
   // (naming the file and tensor) leaves the engine as it was. Call before the first forward or at a
   // gradient-accumulation boundary.
   LoadedCheckpoint load(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});

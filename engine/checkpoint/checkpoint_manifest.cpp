@@ -139,14 +139,26 @@ class ManifestFields {
     if (dtype != dtype_name(DType::fp32) && dtype != dtype_name(DType::fp16) && dtype != dtype_name(DType::bf16)) {
       bad("layout.dtype", fmt::format("\"{}\"", dtype), "it must be one of the training dtypes: fp32, fp16, bf16");
     }
+    // The mesh it was saved on (absent: no tensor parallelism): world_size counts every rank.
+    std::int64_t tp = 1;
+    if (member(layout, "layout", "tensor_parallel", false) != nullptr) {
+      tp = integer(layout, "layout", "tensor_parallel", 1, kMaxWorld);
+      if (world % tp != 0) {
+        bad("layout.tensor_parallel", fmt::format("{}", tp), fmt::format("it must divide layout.world_size {} (data-parallel x tensor-parallel)", world));
+      }
+    }
     const Json& ranks = *member(m_, "", "ranks");
     if (!ranks.is_array()) bad("ranks", ranks, "it must be a list of rank indexes");
-    // ZeRO stage >= 1: every rank wrote its partition; stage 0: rank 0 alone wrote the whole (docs/checkpoints.md "Files").
-    const std::int64_t files = stage >= 1 ? world : 1;
+    // ZeRO stage >= 1: every rank wrote its partition; stage 0: data-parallel rank 0 alone wrote the
+    // whole — one rank, or each of the tensor-parallel ranks its pieces (docs/checkpoints.md "Files").
+    const std::int64_t files = stage >= 1 ? world : tp;
     if (static_cast<std::int64_t>(ranks.size()) != files) {
       bad("ranks", fmt::format("a list of {} rank file{}", ranks.size(), ranks.size() == 1 ? "" : "s"),
-          fmt::format("layout.world_size {} at layout.zero_stage {} writes {}", world, stage,
-                      files == 1 ? std::string("one rank file") : fmt::format("{} rank files, one per rank", files)));
+          fmt::format("layout.world_size {}{} at layout.zero_stage {} writes {}", world,
+                      tp > 1 ? fmt::format(" with layout.tensor_parallel {}", tp) : std::string(), stage,
+                      files == 1   ? std::string("one rank file")
+                      : stage >= 1 ? fmt::format("{} rank files, one per rank", files)
+                                   : fmt::format("{} rank files, one per tensor-parallel rank", files)));
     }
     for (std::size_t k = 0; k < ranks.size(); ++k) {
       const std::string path = fmt::format("ranks[{}]", k);

@@ -10,9 +10,11 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "engine/checkpoint/checkpoint_file_io.h"
 #include "engine/checkpoint/checkpoint_files.h"
@@ -441,7 +443,15 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
   }
   std::int64_t at = offset;  // the next element to fill
   const std::int64_t end = offset + numel;
-  for (Impl::Saved& s : it->second) {
+  // Start at the last saved piece that begins at or before `offset` (they are sorted by offset): a
+  // parameter saved as many pieces (a column-split piece under tensor parallelism is one per row)
+  // is not scanned from its start for every range a load asks for.
+  std::vector<Impl::Saved>& saved = it->second;
+  auto from = std::upper_bound(saved.begin(), saved.end(), offset, [](std::int64_t o, const Impl::Saved& a) { return o < a.offset; });
+  if (from != saved.begin()) --from;
+  while (from != saved.begin() && std::prev(from)->offset == from->offset) --from;  // an empty piece beside it
+  for (auto si = from; si != saved.end(); ++si) {
+    Impl::Saved& s = *si;
     if (s.offset + s.numel <= at || s.offset >= end) continue;
     if (s.offset > at) break;  // a gap
     Impl::File& f = impl_->files[s.file];
