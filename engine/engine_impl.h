@@ -68,6 +68,10 @@ struct Engine::Impl {
   // Tensor parallelism (engine/tensor_parallel.h): the group the layers call, over options.tensor_parallel.
   std::unique_ptr<TensorParallelGroup> tp_group;
   Communicator* tp = nullptr;  // null: one tensor-parallel rank
+  // Host values the engine reduces or gathers over the tensor-parallel group (the step's norm,
+  // whole parameters) travel through the training device's memory on a GPU — what NCCL needs, and
+  // the local backend on a GPU takes alike (ModelStates::all_reduce_sum's rule); null on the CPU.
+  Allocator* tp_staging() const { return allocator != nullptr && !allocator->device().is_cpu() ? allocator : nullptr; }
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;
