@@ -72,7 +72,7 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
     fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
-void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks) {
+void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks, std::string_view tp_backend) {
   if (tp_ranks <= 1) return;
   using config::OptimizerKind;
   const OptimizerKind k = config.optimizer.kind;
@@ -87,9 +87,17 @@ void check_tensor_parallel_engine(const config::DsConfig& config, const Device& 
          "own; use Adam or AdamW, or set tensor_parallel.autotp_size to 1",
          config.optimizer.type, tp_ranks);
   }
-  if (device.is_cuda()) {
-    fail("tensor parallelism ({} ranks) on {}: the vocabulary-parallel embedding and cross-entropy kernels have no CUDA implementation in this "
-         "build; train tensor-parallel on the CPU, or set tensor_parallel.autotp_size to 1",
+  // The layers' collectives run on their activations in place, on the training device: the
+  // group's backend must communicate that memory (docs/parallelism.md "What composes").
+  if (device.is_cuda() && tp_backend == "mpi") {
+    fail("tensor parallelism ({} ranks) on {} over the mpi backend: the layers all-reduce their activations in device memory, and the MPI "
+         "backend communicates host memory only; make the tensor-parallel group with the nccl backend (one process per GPU) or the local "
+         "backend (ranks sharing the GPU), or train on the CPU",
+         tp_ranks, device.str());
+  }
+  if (!device.is_cuda() && tp_backend == "nccl") {
+    fail("tensor parallelism ({} ranks) on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make "
+         "the tensor-parallel group with the local or mpi backend",
          tp_ranks, device.str());
   }
 }

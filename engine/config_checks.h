@@ -3,6 +3,8 @@
 // check_engine_trains / machine_findings of engine.h that check-config and train call.
 #pragma once
 
+#include <string_view>
+
 #include "config_schema/ds_config.h"
 #include "ops/device.h"
 
@@ -13,10 +15,11 @@ namespace dstrain {
 void check_config_is_provided(const config::DsConfig& c, int world_size);
 
 // Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
-// tensor-parallel ranks on `device` (docs/parallelism.md "What composes"): an optimizer whose rule
-// reads whole matrices (Lamb's trust ratio, Muon's orthogonalisation, Adafactor's factored
-// moments) or communicates its own compressed gradients (the 1-bit family), or a CUDA device,
-// whose vocabulary-parallel cross-entropy kernels are owed.
-void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks);
+// tensor-parallel ranks on `device` over a group of backend `tp_backend` ("local", "mpi", "nccl";
+// docs/parallelism.md "What composes"): an optimizer whose rule reads whole matrices (Lamb's trust
+// ratio, Muon's orthogonalisation, Adafactor's factored moments) or communicates its own
+// compressed gradients (the 1-bit family), or a group whose backend cannot communicate the
+// device's memory (mpi on a GPU, nccl on the CPU), which the layers' collectives run on.
+void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks, std::string_view tp_backend);
 
 }  // namespace dstrain

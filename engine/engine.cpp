@@ -122,7 +122,7 @@ void Engine::choose_memory(const EngineOptions& options) {
   if (options.tensor_parallel != nullptr && options.tensor_parallel->world_size() > 1) {
     im.tp = options.tensor_parallel;
     im.tp_group = std::make_unique<CommunicatorTensorGroup>(*im.tp);
-    check_tensor_parallel_engine(im.config, im.allocator->device(), im.tp->world_size());
+    check_tensor_parallel_engine(im.config, im.allocator->device(), im.tp->world_size(), im.tp->backend());
   }
   const int sp_ranks = options.sequence_parallel != nullptr ? options.sequence_parallel->world_size() : 1;
   if (sp_ranks != model_.sequence_parallel_ranks) {
@@ -693,7 +693,7 @@ bool Engine::optimizer_step() {
   if (im.tp != nullptr) {
     // ... and over the tensor-parallel group: every rank of the mesh takes the same decision.
     double v[2] = {total.norm_sq, total.nonfinite};
-    im.tp->all_reduce(Tensor(v, DType::fp64, Shape{2}), ReduceOp::sum);
+    all_reduce_host(*im.tp, Tensor(v, DType::fp64, Shape{2}), ReduceOp::sum, im.tp_staging());
     total.norm_sq = v[0];
     if (v[1] > total.nonfinite && first_bad.empty()) first_bad = "a layer of another tensor-parallel rank";
     total.nonfinite = v[1];
@@ -859,7 +859,8 @@ void Engine::gather_master_params(const std::function<void(const std::string& na
     std::vector<float> host_piece(static_cast<std::size_t>(t.numel()));
     copy_tensor(Tensor(host_piece.data(), DType::fp32, t.shape), t);
     std::vector<float> whole(static_cast<std::size_t>(spec.whole_shape().numel()));
-    gather_whole(*im.tp, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()));
+    gather_whole(*im.tp, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()),
+                 im.tp_staging());
     fn(spec.name, Tensor(whole.data(), DType::fp32, spec.whole_shape()));
   });
 }

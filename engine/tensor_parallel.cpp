@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "models/param_split.h"
+#include "ops/buffer.h"
 #include "ops/error.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 
@@ -35,7 +37,23 @@ void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks) 
   }
 }
 
-void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, const Tensor& whole) {
+void all_reduce_host(Communicator& comm, const Tensor& values, ReduceOp op, Allocator* staging) {
+  if (staging == nullptr) {
+    comm.all_reduce(values, op);  // host memory: complete on return (local, mpi)
+    return;
+  }
+  const Buffer buf(*staging, values.nbytes(), MemoryPurpose::buffers);
+  const Tensor t = buf.tensor(values.dtype, values.shape);
+  copy_tensor(t, values);
+  comm.all_reduce(t, op);
+  // The copy back (and the buffer's next user) after the collective; the host waits for it within
+  // the communicator's timeout, so a dead peer is an Error, not a hang in the copy.
+  comm.order_compute_after_collectives();
+  comm.synchronize();
+  copy_tensor(values, t);
+}
+
+void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, const Tensor& whole, Allocator* staging) {
   const int W = tp.world_size();
   const Shape full = spec.whole_shape();
   if (whole.dtype != DType::fp32 || piece.dtype != DType::fp32 || whole.numel() != full.numel()) {
@@ -51,7 +69,20 @@ void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, 
   for (int r = 0; r < W; ++r) slot = std::max(slot, piece_shape(spec.split, full, W, r, spec.name).numel());
   std::vector<float> send(static_cast<std::size_t>(slot), 0.0f), recv(static_cast<std::size_t>(slot) * static_cast<std::size_t>(W), 0.0f);
   std::memcpy(send.data(), piece.data, static_cast<std::size_t>(piece.numel()) * sizeof(float));
-  tp.all_gather(Tensor(send.data(), DType::fp32, Shape{slot}), Tensor(recv.data(), DType::fp32, Shape{slot * W}));
+  const Tensor host_send(send.data(), DType::fp32, Shape{slot}), host_recv(recv.data(), DType::fp32, Shape{slot * W});
+  if (staging == nullptr) {
+    tp.all_gather(host_send, host_recv);
+  } else if (slot > 0) {
+    // Through device memory (the group's backend communicates it), as all_reduce_host.
+    const Buffer dev_send(*staging, static_cast<std::size_t>(slot) * sizeof(float), MemoryPurpose::buffers);
+    const Buffer dev_recv(*staging, static_cast<std::size_t>(slot * W) * sizeof(float), MemoryPurpose::buffers);
+    const Tensor ds = dev_send.tensor(DType::fp32, Shape{slot}), dr = dev_recv.tensor(DType::fp32, Shape{slot * W});
+    copy_tensor(ds, host_send);
+    tp.all_gather(ds, dr);
+    tp.order_compute_after_collectives();
+    tp.synchronize();
+    copy_tensor(host_recv, dr);
+  }
   for (int r = 0; r < W; ++r) {
     const Shape ps = piece_shape(spec.split, full, W, r, spec.name);
     copy_piece_to_whole(Tensor(recv.data() + static_cast<std::size_t>(slot) * static_cast<std::size_t>(r), DType::fp32, ps),

@@ -15,19 +15,29 @@
 #include "models/layer.h"
 #include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
+#include "ops/allocator.h"
 #include "ops/tensor.h"
 #include "zero/communicator.h"
 
 namespace dstrain {
 
-// TensorParallelGroup over a Communicator: sum and max are its all_reduce.
+// TensorParallelGroup over a Communicator: sum and max are its all_reduce, on the layers' tensors
+// in place (device memory on a GPU: what NCCL and the local backend on a GPU communicate). The
+// layer reads the result next, so the compute queued after the call is ordered after the
+// collective (NCCL runs it on a stream of its own; a no-op for backends that complete in order).
 class CommunicatorTensorGroup final : public TensorParallelGroup {
  public:
   explicit CommunicatorTensorGroup(Communicator& comm) : comm_(comm) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.world_size(); }
-  void sum(Tensor buf) override { comm_.all_reduce(buf, ReduceOp::sum); }
-  void max(Tensor buf) override { comm_.all_reduce(buf, ReduceOp::max); }
+  void sum(Tensor buf) override {
+    comm_.all_reduce(buf, ReduceOp::sum);
+    comm_.order_compute_after_collectives();
+  }
+  void max(Tensor buf) override {
+    comm_.all_reduce(buf, ReduceOp::max);
+    comm_.order_compute_after_collectives();
+  }
 
  private:
   Communicator& comm_;
@@ -45,6 +55,11 @@ class CommunicatorSequenceGroup final : public SequenceParallelGroup {
   Communicator& comm_;
 };
 
+// Collective over `comm`: host `values` reduced in place, complete on return. `staging`: the
+// training device's allocator when the group communicates device memory (a GPU run: NCCL cannot
+// read host memory), and the values travel through a buffer from it; nullptr: in place on the host.
+void all_reduce_host(Communicator& comm, const Tensor& values, ReduceOp op, Allocator* staging);
+
 // The spec of the whole parameter a piece belongs to (shape = the whole shape, piece cleared).
 ParamSpec whole_spec(const ParamSpec& spec);
 
@@ -54,7 +69,8 @@ void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks);
 
 // Collective over `tp` (every rank, the same parameters in the same order): the whole fp32 value of
 // a parameter whose piece (fp32, host) this rank holds, assembled from every rank's piece.
-// `whole` (host fp32, the whole shape) is written.
-void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, const Tensor& whole);
+// `whole` (host fp32, the whole shape) is written. `staging` as in all_reduce_host: the pieces are
+// all-gathered through device buffers from it when the group communicates device memory.
+void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, const Tensor& whole, Allocator* staging = nullptr);
 
 }  // namespace dstrain

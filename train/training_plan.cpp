@@ -382,7 +382,7 @@ void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) 
   const MeshShape& m = plan.mesh;
   if (m.tp <= 1 && m.sp <= 1) return;
   if (m.tp > 1) plan.model->check_tensor_parallel(m.tp);
-  check_tensor_parallel_engine(plan.config, plan.device, m.tp);
+  check_tensor_parallel_engine(plan.config, plan.device, m.tp, plan.comm);
   if (m.sp > 1) {
     plan.model->check_sequence_parallel(m.sp, m.tp);
     if (plan.sequence_length % m.sp != 0) {
@@ -394,11 +394,6 @@ void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) 
       fail("sequence_parallel_size {} on {}: the all-to-alls of DeepSpeed-Ulysses move host memory in this build; give --device cpu", m.sp,
            plan.device.str());
     }
-  }
-  if (!options.save_dir.empty() || !options.resume.empty()) {
-    fail("{} with {}: training checkpoints of a tensor- or sequence-parallel run are not written or read by this build yet; drop --save-dir / "
-         "--resume (--save-weights writes the whole model at the end), or train data-parallel",
-         !options.save_dir.empty() ? "--save-dir" : "--resume", describe_mesh(m));
   }
 }
 

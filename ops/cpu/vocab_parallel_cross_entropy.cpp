@@ -1,5 +1,5 @@
 // Vocabulary-parallel cross-entropy, CPU: rows in parallel, each row's sums in double in column
-// order (deterministic for any thread count).
+// order (deterministic for any thread count). On a cuda device: ops/cuda/vocab_parallel_cross_entropy.cu.
 #include "ops/kernels/vocab_parallel_cross_entropy.h"
 
 #include <algorithm>
@@ -49,7 +49,7 @@ void vocab_shard_max(Tensor rowmax, Tensor logits, std::int64_t valid) {
   const bool gpu = cpu::on_cuda(op, {{"rowmax", rowmax}, {"logits", logits}});
   require_dtype(op, {"rowmax", rowmax}, DType::fp32);
   const ShardShape s = check_shard(op, logits, valid, {{"rowmax", &rowmax}});
-  if (gpu) require_cpu(op, {{"logits", logits}});  // no CUDA kernel yet: an Error naming the op
+  DSTRAIN_RETURN_ON_CUDA(gpu, vocab_shard_max(rowmax, logits, valid));
   cpu::dispatch_float(op, logits.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.data);
     float* m = static_cast<float*>(rowmax.data);
@@ -69,7 +69,7 @@ void vocab_shard_sum_exp(Tensor stats, Tensor logits, Tensor rowmax, Tensor targ
   require_dtype(op, {"rowmax", rowmax}, DType::fp32);
   require_dtype(op, {"targets", targets}, DType::int32);
   const ShardShape s = check_shard(op, logits, valid, {{"stats", &stats}, {"rowmax", &rowmax}, {"targets", &targets}}, 2);
-  if (gpu) require_cpu(op, {{"logits", logits}});
+  DSTRAIN_RETURN_ON_CUDA(gpu, vocab_shard_sum_exp(stats, logits, rowmax, targets, first, valid));
   cpu::dispatch_float(op, logits.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.data);
     const float* m = static_cast<const float*>(rowmax.data);
@@ -90,7 +90,6 @@ void vocab_shard_sum_exp(Tensor stats, Tensor logits, Tensor rowmax, Tensor targ
 float vocab_parallel_losses(Tensor losses, Tensor lse, Tensor rowmax, Tensor stats, Tensor targets) {
   const char* op = "vocab_parallel_losses";
   const bool gpu = cpu::on_cuda(op, {{"losses", losses}, {"lse", lse}, {"rowmax", rowmax}, {"stats", stats}, {"targets", targets}});
-  if (gpu) require_cpu(op, {{"losses", losses}});
   for (const auto& [name, t] : {std::pair{"losses", &losses}, {"lse", &lse}, {"rowmax", &rowmax}, {"stats", &stats}})
     require_dtype(op, {name, *t}, DType::fp32);
   require_dtype(op, {"targets", targets}, DType::int32);
@@ -99,6 +98,7 @@ float vocab_parallel_losses(Tensor losses, Tensor lse, Tensor rowmax, Tensor sta
     fail("{}: losses, lse and rowmax need {} elements and stats {} (one per target), got {}, {}, {} and {}", op, BT, 2 * BT, losses.numel(),
          lse.numel(), rowmax.numel(), stats.numel());
   }
+  DSTRAIN_RETURN_ON_CUDA(gpu, vocab_parallel_losses(losses, lse, rowmax, stats, targets));  // the mean from a host copy, as here
   const auto* tg = static_cast<const std::int32_t*>(targets.data);
   const float* m = static_cast<const float*>(rowmax.data);
   const float* st = static_cast<const float*>(stats.data);
@@ -128,7 +128,7 @@ void vocab_shard_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor ls
   const ShardShape s = check_shard(op, logits, valid, {{"lse", &lse}, {"targets", &targets}});
   require_shape(op, {"dlogits", dlogits}, logits.shape, "(the shape of logits)");
   require_same_dtype(op, {{"dlogits", dlogits}, {"logits", logits}});
-  if (gpu) require_cpu(op, {{"logits", logits}});
+  DSTRAIN_RETURN_ON_CUDA(gpu, vocab_shard_cross_entropy_backward(dlogits, logits, lse, targets, dloss, first, valid));
   cpu::dispatch_float(op, logits.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.data);
     T* d = static_cast<T*>(dlogits.data);

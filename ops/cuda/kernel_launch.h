@@ -120,6 +120,17 @@ cudaError_t launch_softmax_ce_backward(void* dlogits, const void* logits, const 
 cudaError_t launch_softmax_ce_fused(float* losses, float* lse, void* logits, const std::int32_t* targets, DType t, std::int64_t BT, std::int64_t V,
                                     std::int64_t Vp, float dloss, cudaStream_t s);
 
+// vocab_parallel_cross_entropy.cu: the rank's logits (BT, Vr), whose first `valid` columns are the
+// real tokens [first, first + valid) of the whole vocabulary; targets whole-vocabulary ids or < 0
+// (ignored); stats (BT, 2) fp32. dlogits may be logits (in place).
+cudaError_t launch_vocab_shard_max(float* rowmax, const void* logits, DType t, std::int64_t BT, std::int64_t Vr, std::int64_t valid, cudaStream_t s);
+cudaError_t launch_vocab_shard_sum_exp(float* stats, const void* logits, const float* rowmax, const std::int32_t* targets, DType t, std::int64_t BT,
+                                       std::int64_t Vr, std::int64_t first, std::int64_t valid, cudaStream_t s);
+cudaError_t launch_vocab_parallel_losses(float* losses, float* lse, const float* rowmax, const float* stats, const std::int32_t* targets,
+                                         std::int64_t BT, cudaStream_t s);
+cudaError_t launch_vocab_shard_ce_backward(void* dlogits, const void* logits, const float* lse, const std::int32_t* targets, DType t, std::int64_t BT,
+                                           std::int64_t Vr, float dloss, std::int64_t first, std::int64_t valid, cudaStream_t s);
+
 // attention.cu. C = NH·HS (the output width); NKV KV heads (dividing NH; NKV = NH: multi-head),
 // qkv rows (NH + 2·NKV)·HS wide. p: attention dropout probability (0: none). Dsum: B*NH*T fp32
 // (the tail of the caller's attention_backward scratch).

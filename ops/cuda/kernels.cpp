@@ -296,6 +296,40 @@ void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, T
                                                              kStream));
 }
 
+// Vocabulary-parallel cross-entropy: the entry points checked the shapes (rows of the logits =
+// elements of rowmax / lse / targets, stats 2 per row, valid <= Vr).
+void vocab_shard_max(Tensor rowmax, Tensor logits, std::int64_t valid) {
+  use_device_of(rowmax);
+  const std::int64_t Vr = logits.shape[logits.shape.rank - 1], BT = rowmax.numel();
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_vocab_shard_max(static_cast<float*>(rowmax.data), logits.data, logits.dtype, BT, Vr, valid, kStream));
+}
+
+void vocab_shard_sum_exp(Tensor stats, Tensor logits, Tensor rowmax, Tensor targets, std::int64_t first, std::int64_t valid) {
+  use_device_of(stats);
+  const std::int64_t Vr = logits.shape[logits.shape.rank - 1], BT = rowmax.numel();
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_vocab_shard_sum_exp(static_cast<float*>(stats.data), logits.data, static_cast<const float*>(rowmax.data),
+                                                             static_cast<const std::int32_t*>(targets.data), logits.dtype, BT, Vr, first, valid,
+                                                             kStream));
+}
+
+float vocab_parallel_losses(Tensor losses, Tensor lse, Tensor rowmax, Tensor stats, Tensor targets) {
+  use_device_of(targets);
+  const std::int64_t BT = targets.numel();
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_vocab_parallel_losses(static_cast<float*>(losses.data), static_cast<float*>(lse.data),
+                                                               static_cast<const float*>(rowmax.data), static_cast<const float*>(stats.data),
+                                                               static_cast<const std::int32_t*>(targets.data), BT, kStream));
+  return mean_loss(losses, to_host_i32(targets, BT));  // the CPU's mean: double, position order
+}
+
+void vocab_shard_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t first,
+                                        std::int64_t valid) {
+  use_device_of(lse);  // the logits may be empty (Vr = 0), the per-row tensors are not
+  const std::int64_t Vr = logits.shape[logits.shape.rank - 1], BT = lse.numel();
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_vocab_shard_ce_backward(dlogits.data, logits.data, static_cast<const float*>(lse.data),
+                                                                 static_cast<const std::int32_t*>(targets.data), logits.dtype, BT, Vr, dloss, first,
+                                                                 valid, kStream));
+}
+
 // fp16/bf16 with HS in {32, 64, 128} and 16-byte aligned tensors (cp.async) run on the
 // tensor-core kernels (attention_tc.cu), multi-head and grouped KV heads alike; fp32 (which must
 // match the CPU to fp32 rounding) and other head sizes on the warp-per-row kernels (attention.cu).

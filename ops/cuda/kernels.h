@@ -52,6 +52,15 @@ float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Te
 void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t V);
 float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V);
 
+// The vocabulary-parallel cross-entropy's phases (vocab_parallel_cross_entropy.cu); targets stay on
+// the device (not validated, as on the CPU: < 0 is ignored, an id outside the shard adds nothing).
+// vocab_parallel_losses synchronises: the mean comes from the losses and targets copied back.
+void vocab_shard_max(Tensor rowmax, Tensor logits, std::int64_t valid);
+void vocab_shard_sum_exp(Tensor stats, Tensor logits, Tensor rowmax, Tensor targets, std::int64_t first, std::int64_t valid);
+float vocab_parallel_losses(Tensor losses, Tensor lse, Tensor rowmax, Tensor stats, Tensor targets);
+void vocab_shard_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, Tensor targets, float dloss, std::int64_t first,
+                                        std::int64_t valid);
+
 // Flash-style (attention.cu): saves lse only. attention_backward uses the B*NH*T tail of the
 // caller's scratch for D_i; dq accumulates in registers, so the B*T*C head of it stays unused.
 // NKV KV heads (ops/kernels/attention.h's grouped layout), on the tensor-core kernels or attention.cu's.

@@ -15,7 +15,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -254,6 +257,80 @@ TEST(EngineGpu, ZeroStagesOnTwoLocalRanksMatchStageZero) {
       s.knobs.persistence_threshold = 0;
       const RunResult got = run_zero(s);
       expect_close(got, ref, init, tolerance(p), fmt::format("{} stage {} x 2 ranks", precision_name(p), stage));
+    }
+  }
+}
+
+// Tensor parallelism on the GPU (docs/parallelism.md): a DP x TP mesh of local ranks sharing cuda:0
+// — the local backend on device memory, so the layers' sums and maxes, the vocabulary-parallel
+// embedding and cross-entropy kernels, and the step's norm² and whole-parameter gathers through
+// device buffers (the path NCCL takes) all run — against one rank at stage 0 on the same GPU with
+// the same global batch, as tests/unit/engine/test_tensor_parallel.cpp checks on the CPU. Rank
+// (dp, tp) feeds slot m·DP + dp at micro-step m. Every rank of the mesh must report the same losses
+// and gather the same whole parameters.
+RunResult run_tensor_parallel_mesh(const char* model, int tp, int dp, int stage, int gas, Precision p, int steps = 3) {
+  RunSpec s;
+  s.stage = stage;
+  s.world = dp;
+  s.gas = gas;
+  s.precision = p;
+  const std::string json = zero_config_json(s);
+  std::vector<std::unique_ptr<LocalGroup>> tp_groups, dp_groups;
+  for (int d = 0; d < dp; ++d) tp_groups.push_back(std::make_unique<LocalGroup>(tp));
+  for (int t = 0; t < tp; ++t) dp_groups.push_back(std::make_unique<LocalGroup>(dp));
+  RunResult out;
+  out.ranks.resize(static_cast<std::size_t>(tp * dp));
+  run_local_ranks(tp * dp, [&](Communicator& comm) {
+    const int r = comm.rank(), t = r % tp, d = r / tp;
+    LocalCommunicator tp_comm(*tp_groups[static_cast<std::size_t>(d)], t);
+    LocalCommunicator dp_comm(*dp_groups[static_cast<std::size_t>(t)], d);
+    RankResult& me = out.ranks[static_cast<std::size_t>(r)];
+    config::ConfigOptions copts;
+    copts.world_size = dp;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.seed = 11;
+    o.comm = &dp_comm;
+    o.tensor_parallel = &tp_comm;
+    o.sequence_length = kT;
+    o.device = kGpu;
+    const std::shared_ptr<const Architecture> arch =
+        std::string_view(model).starts_with("llama:") ? llama_family().from_spec(model) : gpt2_family().from_spec(model);
+    Engine e = initialize(make_model(arch, {t, tp}), c, o);
+    for (int step = 0; step < steps; ++step) {
+      for (int g = 0; g < gas; ++g) {
+        Tokens b = slot_batch(step, g * dp + d);
+        e.forward(b.batch());
+        e.backward();
+        e.step();
+      }
+      me.losses.push_back(e.state().last_step_loss);
+    }
+    e.gather_master_params([&](const std::string& n, const Tensor& v) { me.params[n] = values(v); });
+  });
+  return out;
+}
+
+TEST(EngineGpu, TensorParallelMeshMatchesOneRank) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  // GPT-2 with 4 heads over 2 ranks and a vocabulary of 100 padded to 128 (the last rank's rows
+  // partly padding); the Llama model with grouped KV heads and tied embeddings.
+  for (const char* model : {"gpt2:L2-C32-H4-V100-T16", kLlamaModel}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      // (tp, dp, stage): TP alone; TP with ZeRO-2 along two data-parallel ranks.
+      for (const auto& [tp, dp, stage] : {std::tuple{2, 1, 0}, std::tuple{2, 2, 2}}) {
+        const std::string what = fmt::format("{} {} tp {} dp {} stage {}", model, precision_name(p), tp, dp, stage);
+        const RunResult init = run_tensor_parallel_mesh(model, 1, 1, 0, 1, p, 0);
+        const RunResult ref = run_tensor_parallel_mesh(model, 1, 1, 0, dp, p);
+        const RunResult got = run_tensor_parallel_mesh(model, tp, dp, stage, 1, p);
+        for (std::size_t r = 1; r < got.ranks.size(); ++r) {
+          EXPECT_EQ(got.ranks[r].losses, got.r0().losses) << what << ": rank " << r;
+          for (const auto& [name, v] : got.r0().params) EXPECT_EQ(got.ranks[r].params.at(name), v) << what << ": rank " << r << " " << name;
+        }
+        // The row-parallel sums round differently from one GEMM's (as on the CPU), and cuBLASLt
+        // picks its tiles per shape: the GPU-vs-CPU bounds.
+        expect_close(got, ref, init.r0().params, gpu_tolerance(p), what);
+      }
     }
   }
 }

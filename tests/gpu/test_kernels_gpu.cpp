@@ -4,7 +4,8 @@
 //
 // Exactness (stated per check): where both backends do the same IEEE fp32 operations in the same
 // order and round once to nearest even, the results must be identical bit for bit: dropout (masks
-// and values, all dtypes), the encoder (adds only, the CPU's summation order), the residual of the
+// and values, all dtypes), the encoder (adds only, the CPU's summation order; whole tables and
+// vocabulary shards), the vocabulary-parallel cross-entropy's row max, the residual of the
 // fused residual+LayerNorm, and AdamW (optim.cu is built with -fmad=false; the 16-bit copy must be
 // the RNE of the master). Everything else uses the case table's per-dtype tolerance (|gpu - cpu|
 // <= atol + rtol·|cpu|), which is at least one 16-bit ulp: reduction order and FMA contraction
@@ -13,12 +14,14 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include "gpu_test.h"
 #include "ops/cuda/cuda_check.h"
@@ -43,6 +46,7 @@
 #include "ops/kernels/rmsprop.h"
 #include "ops/kernels/rprop.h"
 #include "ops/kernels/softmax_cross_entropy.h"
+#include "ops/kernels/vocab_parallel_cross_entropy.h"
 #include "tests/unit/kernels/adamw_cases.h"
 #include "tests/unit/kernels/attention_cases.h"
 #include "tests/unit/kernels/dropout_cases.h"
@@ -54,6 +58,7 @@
 #include "tests/unit/kernels/sgd_cases.h"
 #include "tests/unit/kernels/matmul_cases.h"
 #include "tests/unit/kernels/softmax_cross_entropy_cases.h"
+#include "tests/unit/kernels/vocab_parallel_cross_entropy_cases.h"
 
 using namespace dstrain;
 using namespace dstrain::test;
@@ -167,6 +172,50 @@ TEST_P(GpuKernels, EncoderBitExact) {
   }
 }
 
+// Tensor parallelism's vocabulary shards (VocabShard): the table holds rows [first, first + rows)
+// of the vocabulary; a token outside them looks up zeros and adds to no row. Shards at row 0, in
+// the middle and at the end of the vocabulary, and a shard that no token falls in (no dwte work).
+TEST_P(GpuKernels, EncoderVocabShardsBitExact) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  std::mt19937_64 rng(29);
+  constexpr int kShards = 3;
+  for (const EncoderCase& c : kEncoderCases) {
+    const std::int64_t B = c.B, T = c.T, C = c.C, vocab = c.V + 7, maxT = c.maxT;  // 3 shards of at least 2 rows each
+    for (int r = 0; r < kShards; ++r) {
+      for (const bool none_in_shard : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} shard {} of {}{}", c.name, r, kShards, none_in_shard ? ", no token in it" : ""));
+        std::int64_t first = 0, rows = 0;
+        for (int k = 0; k <= r; ++k) {
+          first += rows;
+          rows = vocab / kShards + (k < vocab % kShards ? 1 : 0);
+        }
+        auto tok = random_tokens(rng, B * T, vocab);
+        if (none_in_shard)
+          for (auto& t : tok) t = static_cast<std::int32_t>(r == 0 ? vocab - 1 : 0);
+        Buf wte(dt, rows * C), wpe(dt, maxT * C), out(dt, B * T * C), dout(dt, B * T * C), dwte(dt, rows * C), dwpe(dt, maxT * C);
+        for (Buf* b : {&wte, &wpe, &dout, &dwte, &dwpe}) b->fill_uniform(rng, -1, 1);
+        Dev d_tok(tok), d_wte(wte), d_wpe(wpe), d_out(out), d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+        std::vector<std::int32_t> scratch(encoder_backward_scratch_elems(B, T, rows), 0);
+        Dev d_scratch(scratch);
+        const Shape sc{static_cast<std::int64_t>(scratch.size())};
+        const VocabShard shard{first, vocab};
+
+        encoder_forward(out.tensor({B, T, C}), Tensor(tok.data(), DType::int32, Shape{B, T}), wte.tensor({rows, C}), wpe.tensor({maxT, C}), shard);
+        encoder_backward(dwte.tensor({rows, C}), dwpe.tensor({maxT, C}), dout.tensor({B, T, C}), Tensor(tok.data(), DType::int32, Shape{B, T}),
+                         Tensor(scratch.data(), DType::int32, sc), shard);
+        encoder_forward(d_out.tensor(dt, {B, T, C}), d_tok.tensor(DType::int32, {B, T}), d_wte.tensor(dt, {rows, C}), d_wpe.tensor(dt, {maxT, C}),
+                        shard);
+        encoder_backward(d_dwte.tensor(dt, {rows, C}), d_dwpe.tensor(dt, {maxT, C}), d_dout.tensor(dt, {B, T, C}), d_tok.tensor(DType::int32, {B, T}),
+                         d_scratch.tensor(DType::int32, sc), shard);
+        expect_identical(d_out.to_buf(dt, B * T * C), out, "encoder out");
+        expect_identical(d_dwte.to_buf(dt, rows * C), dwte, "encoder dwte");
+        expect_identical(d_dwpe.to_buf(dt, maxT * C), dwpe, "encoder dwpe");
+      }
+    }
+  }
+}
+
 TEST(GpuKernelsErrors, EncoderRejectsBadTokenOnDevice) {
   DSTRAIN_SKIP_WITHOUT_GPU();
   std::vector<std::int32_t> tok{0, 1, 7, 2};  // 7 >= V = 4
@@ -178,6 +227,15 @@ TEST(GpuKernelsErrors, EncoderRejectsBadTokenOnDevice) {
                         d_wpe.tensor(DType::fp32, {4, 8}));
       },
       {"encoder_forward", "token 7", "[0, 4)"});
+  // A vocabulary shard checks tokens against the whole vocabulary, not its rows.
+  std::vector<std::int32_t> tok2{0, 1, 9, 2};  // 9 >= vocab = 8; the shard holds rows [4, 8)
+  Dev d_tok2(tok2);
+  expect_error(
+      [&] {
+        encoder_forward(d_out.tensor(DType::fp32, {2, 2, 8}), d_tok2.tensor(DType::int32, {2, 2}), d_wte.tensor(DType::fp32, {4, 8}),
+                        d_wpe.tensor(DType::fp32, {4, 8}), VocabShard{4, 8});
+      },
+      {"encoder_forward", "token 9", "[0, 8)"});
 }
 
 TEST_P(GpuKernels, LayernormMatchesCpu) {
@@ -324,6 +382,113 @@ TEST_P(GpuKernels, SoftmaxCrossEntropyMatchesCpu) {
     expect_close(f32_buf(f_losses.to_vec<float>()), as_double(losses), ftol, "fused losses");
     EXPECT_NEAR(f_mean, mean, ftol.atol + ftol.rtol * std::abs(mean)) << "fused mean loss";
     expect_close(f_logits.to_buf(dt, BT * Vp), dlogits.values(), tol, "fused dlogits " + dtype_label(dt));
+  }
+}
+
+// The vocabulary-parallel cross-entropy shard by shard (first row 0, a middle shard, the last with
+// padding columns, one without real columns), the group's max and sum done here as the
+// tensor-parallel group does them, each backend's pipeline from its own values. The row max and the
+// target's logit are exact on both (bit for bit); Σ exp, lse, the losses and the mean within the
+// fp32 tolerance; dlogits (written over a filled buffer, and in place) within the dtype's.
+TEST_P(GpuKernels, VocabParallelCrossEntropyMatchesCpu) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const Tol tol = kVocabParallelTols.of(dt), ftol = kVocabParallelTols.fp32;
+  std::mt19937_64 rng(71);
+  for (const VocabParallelCase& c : kVocabParallelCases) {
+    SCOPED_TRACE(c.name);
+    const std::int64_t BT = c.BT;
+    std::vector<std::int32_t> tg = random_tokens(rng, BT, c.V);
+    if (c.ignore_every > 0)
+      for (std::int64_t i = 0; i < BT; i += c.ignore_every) tg[static_cast<std::size_t>(i)] = -1;
+    std::int64_t n = 0;
+    for (const std::int32_t t : tg) n += t >= 0 ? 1 : 0;
+    const float dloss = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+    const Shape rs{BT}, ss{BT, 2};
+    const auto f32 = [](std::vector<float>& v, Shape s) { return Tensor(v.data(), DType::fp32, s); };
+    const Tensor h_tg(tg.data(), DType::int32, rs);
+    Dev d_tg(tg);
+
+    // Phase 1 per shard; the group's max.
+    std::vector<Buf> shards;
+    std::vector<std::unique_ptr<Dev>> d_shards;
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    std::vector<float> cpu_max(static_cast<std::size_t>(BT), kNegInf), gpu_max(static_cast<std::size_t>(BT), kNegInf);
+    for (int r = 0; r < c.ranks; ++r) {
+      const VocabShardPiece p = vocab_shard_piece(c, r);
+      const Shape ls{BT, p.rows};
+      Buf x(dt, BT * p.rows);
+      x.fill_uniform(rng, -c.logit_range, c.logit_range);
+      for (std::int64_t i = 0; i < BT; ++i)
+        for (std::int64_t v = p.valid; v < p.rows; ++v) x.set(i * p.rows + v, 1000.0);  // padding must never contribute
+      shards.push_back(std::move(x));
+      d_shards.push_back(std::make_unique<Dev>(shards.back()));
+      std::vector<float> m(static_cast<std::size_t>(BT), 5.0f);
+      Dev d_m(m);
+      vocab_shard_max(f32(m, rs), shards.back().tensor(ls), p.valid);
+      vocab_shard_max(d_m.tensor(DType::fp32, rs), d_shards.back()->tensor(dt, ls), p.valid);
+      const std::vector<float> gm = d_m.to_vec<float>();
+      expect_identical(gm, m, fmt::format("rowmax of shard {}", r));
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        cpu_max[i] = std::max(cpu_max[i], m[i]);
+        gpu_max[i] = std::max(gpu_max[i], gm[i]);
+      }
+    }
+    // Phase 2 per shard against the group's max; the group's sum (fp32, in rank order).
+    Dev d_max(gpu_max);
+    std::vector<float> cpu_stats(static_cast<std::size_t>(2 * BT), 0.0f), gpu_stats(static_cast<std::size_t>(2 * BT), 0.0f);
+    for (int r = 0; r < c.ranks; ++r) {
+      const VocabShardPiece p = vocab_shard_piece(c, r);
+      const Shape ls{BT, p.rows};
+      std::vector<float> st(static_cast<std::size_t>(2 * BT), 9.0f);
+      Dev d_st(st);
+      vocab_shard_sum_exp(f32(st, ss), shards[static_cast<std::size_t>(r)].tensor(ls), f32(cpu_max, rs), h_tg, p.first, p.valid);
+      vocab_shard_sum_exp(d_st.tensor(DType::fp32, ss), d_shards[static_cast<std::size_t>(r)]->tensor(dt, ls), d_max.tensor(DType::fp32, rs),
+                          d_tg.tensor(DType::int32, rs), p.first, p.valid);
+      const std::vector<float> gst = d_st.to_vec<float>();
+      std::vector<float> sums, gsums, target_logits, gtarget_logits;
+      for (std::int64_t i = 0; i < BT; ++i) {
+        sums.push_back(st[static_cast<std::size_t>(2 * i)]);
+        gsums.push_back(gst[static_cast<std::size_t>(2 * i)]);
+        target_logits.push_back(st[static_cast<std::size_t>(2 * i + 1)]);
+        gtarget_logits.push_back(gst[static_cast<std::size_t>(2 * i + 1)]);
+      }
+      expect_close(f32_buf(gsums), as_double(sums), ftol, fmt::format("sum of exp of shard {}", r));
+      expect_identical(gtarget_logits, target_logits, fmt::format("target logit of shard {}", r));
+      for (std::size_t k = 0; k < st.size(); ++k) {
+        cpu_stats[k] += st[k];
+        gpu_stats[k] += gst[k];
+      }
+    }
+    // Phase 3: lse, losses and the mean (on the host from a copy, in position order).
+    std::vector<float> losses(static_cast<std::size_t>(BT), 3.0f), lse(static_cast<std::size_t>(BT), 3.0f);
+    Dev d_losses(losses), d_lse(lse), d_stats(gpu_stats);
+    const float mean = vocab_parallel_losses(f32(losses, rs), f32(lse, rs), f32(cpu_max, rs), f32(cpu_stats, ss), h_tg);
+    const float d_mean = vocab_parallel_losses(d_losses.tensor(DType::fp32, rs), d_lse.tensor(DType::fp32, rs), d_max.tensor(DType::fp32, rs),
+                                               d_stats.tensor(DType::fp32, ss), d_tg.tensor(DType::int32, rs));
+    expect_close(f32_buf(d_lse.to_vec<float>()), as_double(lse), ftol, "lse");
+    expect_close(f32_buf(d_losses.to_vec<float>()), as_double(losses), ftol, "losses");
+    EXPECT_NEAR(d_mean, mean, ftol.atol + ftol.rtol * std::abs(mean)) << "mean loss";
+    if (n == 0) {
+      EXPECT_EQ(d_mean, 0.0f) << "every target ignored";
+    }
+    // Backward per shard from each backend's lse: over a filled buffer, then in place.
+    for (int r = 0; r < c.ranks; ++r) {
+      const VocabShardPiece p = vocab_shard_piece(c, r);
+      const Shape ls{BT, p.rows};
+      Buf dl(dt, BT * p.rows);
+      dl.fill(7.0);
+      Dev d_dl(dl);
+      Buf& x = shards[static_cast<std::size_t>(r)];
+      Dev& d_x = *d_shards[static_cast<std::size_t>(r)];
+      vocab_shard_cross_entropy_backward(dl.tensor(ls), x.tensor(ls), f32(lse, rs), h_tg, dloss, p.first, p.valid);
+      vocab_shard_cross_entropy_backward(d_dl.tensor(dt, ls), d_x.tensor(dt, ls), d_lse.tensor(DType::fp32, rs), d_tg.tensor(DType::int32, rs), dloss,
+                                         p.first, p.valid);
+      expect_close(d_dl.to_buf(dt, BT * p.rows), dl.values(), tol, fmt::format("dlogits of shard {} {}", r, dtype_label(dt)));
+      vocab_shard_cross_entropy_backward(d_x.tensor(dt, ls), d_x.tensor(dt, ls), d_lse.tensor(DType::fp32, rs), d_tg.tensor(DType::int32, rs), dloss,
+                                         p.first, p.valid);
+      expect_identical(d_x.to_buf(dt, BT * p.rows), d_dl.to_buf(dt, BT * p.rows), fmt::format("dlogits of shard {} in place", r));
+    }
   }
 }
 

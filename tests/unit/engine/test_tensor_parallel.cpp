@@ -13,7 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/config_checks.h"
 #include "mesh_test_util.h"
+#include "ops/kernels/device_backend.h"
 
 namespace dstrain {
 namespace {
@@ -167,6 +169,56 @@ TEST(TensorParallelPieces, InitialPiecesAreTheWholeParameterCut) {
     return run_mesh(m);
   }();
   for (const auto& [name, v] : whole.r0().params) EXPECT_EQ(run.r0().params.at(name), v) << name;
+}
+
+// The engine's host values over the tensor-parallel group (the step's norm², whole parameters) go
+// through the training device's memory on a GPU (NCCL reads device memory only). The same code
+// with a host allocator as the staging memory: the values through staging buffers equal the
+// values in place, bit for bit.
+TEST(TensorParallelStaging, AllReduceAndGatherThroughStagingBuffersEqualInPlace) {
+  const ParamSpec whole{"w", Shape{7, 3}, ParamInit::zeros(), true, {}, ParamSplit::rows()};
+  run_local_ranks(3, [&](Communicator& comm) {
+    const std::unique_ptr<Allocator> staging = make_device_allocator(Device::cpu());
+    const int r = comm.rank();
+    double direct[2] = {1.5 * (r + 1), 0.25 * r}, staged[2] = {direct[0], direct[1]};
+    all_reduce_host(comm, Tensor(direct, DType::fp64, Shape{2}), ReduceOp::sum, nullptr);
+    all_reduce_host(comm, Tensor(staged, DType::fp64, Shape{2}), ReduceOp::sum, staging.get());
+    EXPECT_EQ(direct[0], 9.0);
+    EXPECT_EQ(direct[1], 0.75);
+    EXPECT_EQ(staged[0], direct[0]);
+    EXPECT_EQ(staged[1], direct[1]);
+    // Rows 7 over 3 ranks: pieces of 3, 2 and 2 rows; element e of the whole is e.
+    const ParamSpec piece = piece_spec(whole, {r, 3});
+    std::vector<float> full(21), mine(static_cast<std::size_t>(piece.shape.numel()));
+    for (std::size_t e = 0; e < full.size(); ++e) full[e] = static_cast<float>(e);
+    copy_whole_to_piece(Tensor(full.data(), DType::fp32, whole.shape), Tensor(mine.data(), DType::fp32, piece.shape), piece.split, 3, r, "w");
+    std::vector<float> got_direct(21, -1.0f), got_staged(21, -1.0f);
+    gather_whole(comm, piece, Tensor(mine.data(), DType::fp32, piece.shape), Tensor(got_direct.data(), DType::fp32, whole.shape));
+    gather_whole(comm, piece, Tensor(mine.data(), DType::fp32, piece.shape), Tensor(got_staged.data(), DType::fp32, whole.shape), staging.get());
+    EXPECT_EQ(got_direct, full);
+    EXPECT_EQ(got_staged, full);
+  });
+}
+
+// A tensor-parallel group whose backend cannot communicate the training device's memory is refused
+// before step 1, naming the backend and the fix; the nccl and local backends on a GPU are not.
+TEST(TensorParallelChecks, BackendMustCommunicateTheDeviceMemory) {
+  RunSpec s;
+  const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(s)), config::ConfigOptions{});
+  const auto refused = [&](Device d, const char* backend, std::vector<std::string> parts) {
+    try {
+      check_tensor_parallel_engine(c, d, 2, backend);
+      ADD_FAILURE() << backend << " on " << d.str() << " was not refused";
+    } catch (const Error& e) {
+      for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused(Device::cuda(0), "mpi", {"tensor parallelism (2 ranks)", "mpi backend", "host memory only"});
+  refused(Device::cpu(), "nccl", {"tensor parallelism (2 ranks)", "nccl backend", "GPU memory only"});
+  EXPECT_NO_THROW(check_tensor_parallel_engine(c, Device::cuda(0), 2, "nccl"));
+  EXPECT_NO_THROW(check_tensor_parallel_engine(c, Device::cuda(0), 2, "local"));
+  EXPECT_NO_THROW(check_tensor_parallel_engine(c, Device::cpu(), 2, "mpi"));
+  EXPECT_NO_THROW(check_tensor_parallel_engine(c, Device::cuda(0), 1, "mpi"));  // one rank: no group
 }
 
 }  // namespace
