@@ -27,6 +27,9 @@ namespace dstrain {
 struct SequenceParallelRank {
   int rank = 0;
   int ranks = 1;
+  // ALST's tiled loss (models/lm_head_loss.h): positions per tile of the LM head's logits, so that
+  // the (T, V) logits never exist whole; 0: untiled.
+  std::int64_t loss_tile_rows = 0;
   bool active() const { return ranks > 1; }
 };
 

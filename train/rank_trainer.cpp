@@ -1,5 +1,6 @@
 #include "train/rank_trainer.h"
 
+#include <algorithm>
 #include <array>
 #include <csignal>
 #include <cmath>
@@ -48,6 +49,13 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     sp_comm = plan.mesh.sp > 1 ? mesh_->sp.get() : nullptr;
     tp = {mesh_->coord.tp, plan.mesh.tp};
     sp = {mesh_->coord.sp, plan.mesh.sp};
+    if (sp.active()) {
+      // ALST's tiled loss for long sequences: tiles of at most 64 MiB of logits (this rank's
+      // vocabulary rows), so the (T, V) logits never exist whole (models/lm_head_loss.h).
+      const std::int64_t vocab_rows = (plan.model->padded_vocab_size() + plan.mesh.tp - 1) / plan.mesh.tp;
+      const std::int64_t bytes = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
+      sp.loss_tile_rows = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / (vocab_rows * bytes));
+    }
   }
   // The loaders read for the data-parallel ranks (the sequence-parallel ranks of one group read
   // the same sequences and each keeps its share of their tokens).

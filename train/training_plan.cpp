@@ -378,7 +378,7 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
 
 // What the mesh asks of the run, refused before step 1 naming the key: the model's split across the
 // tensor-parallel ranks, and what does not compose with tensor or sequence parallelism yet.
-void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
+void check_mesh_trains(const TrainingPlan& plan) {
   const MeshShape& m = plan.mesh;
   if (m.tp <= 1 && m.sp <= 1) return;
   if (m.tp > 1) plan.model->check_tensor_parallel(m.tp);
@@ -531,7 +531,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   g.check_sequence(T, plan.device);  // e.g. a sliding window the device's kernels do not compute is refused, naming the key
   plan.sequence_length = T;
-  check_mesh_trains(plan, options);
+  check_mesh_trains(plan);
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
     // there, listing the accepted ones).

@@ -259,7 +259,7 @@ std::vector<std::unique_ptr<Layer>> make_gpt2_layers(const Gpt2Config& cfg, Tens
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<Gpt2Embedding>(cfg, tp, sp));
   for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<Gpt2Block>(cfg, i, tp, sp));
-  layers.push_back(std::make_unique<Gpt2Head>(cfg, tp));
+  layers.push_back(std::make_unique<Gpt2Head>(cfg, tp, sp.loss_tile_rows));
   return layers;
 }
 

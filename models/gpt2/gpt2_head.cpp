@@ -9,6 +9,7 @@
 #include "ops/kernels/matmul.h"
 #include "models/gpt2/gpt2_layers.h"
 #include "models/layer_args.h"
+#include "models/lm_head_loss.h"
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
@@ -17,11 +18,14 @@ using layer_args::expect_count;
 
 namespace {
 enum Saved { kLnf, kLnfMean, kLnfRstd, kLogits, kLse, kNumSaved };
-enum Scratch { kDLnf, kMatmul, kRowMax, kStats, kNumScratch };
+enum Scratch { kDLnf, kMatmul, kRowMax, kStats, kTile, kNumScratch };
 enum P { kW, kB, kWte, kNumParams };
 }  // namespace
 
-Gpt2Head::Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
+Gpt2Head::Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp, std::int64_t loss_tile_rows)
+    : cfg_(cfg), tp_(tp), loss_{cfg.vocab_size, cfg.padded_vocab_size, tp, loss_tile_rows} {
+  validate(cfg_);
+}
 
 std::vector<ParamSpec> Gpt2Head::params() const {
   const std::int64_t C = cfg_.n_embd;
@@ -42,7 +46,7 @@ std::vector<ActivationSpec> Gpt2Head::saved_activations(const LayerDims& d) cons
       {"lnf", Shape{d.B, d.T, C}, d.dtype},
       {"lnf_mean", Shape{d.B, d.T}, DType::fp32},
       {"lnf_rstd", Shape{d.B, d.T}, DType::fp32},
-      {"logits", Shape{d.B, d.T, rows()}, d.dtype},  // (B, T, Vp) (a rank: its rows); backward turns it into dlogits in place
+      {"logits", loss_.saved_logits_shape(d.B, d.T), d.dtype},  // (B, T, Vp) (a rank: its rows; tiled: none); backward turns it into dlogits in place
       {"lse", Shape{d.B, d.T}, DType::fp32},
   };
 }
@@ -51,13 +55,10 @@ std::vector<ActivationSpec> Gpt2Head::scratch(const LayerDims& d) const {
   return {
       {"dlnf", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, cfg_.n_embd))}, DType::fp32},
-      {"row_max", Shape{tp_.active() ? d.B * d.T : 0}, DType::fp32},    // tensor parallelism: the group's max logit per position
-      {"ce_stats", Shape{tp_.active() ? 2 * d.B * d.T : 0}, DType::fp32},  // ... and (sum exp, target logit)
+      {"row_max", Shape{loss_.stat_rows(d.B, d.T)}, DType::fp32},       // tensor parallelism: the group's max logit per position
+      {"ce_stats", Shape{2 * loss_.stat_rows(d.B, d.T)}, DType::fp32},  // ... and (sum exp, target logit)
+      {"logits_tile", loss_.tile_shape(d.B, d.T), d.dtype},             // tiled loss: one tile's logits
   };
-}
-
-std::int64_t Gpt2Head::rows() const {
-  return tp_.active() ? layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).rows : cfg_.padded_vocab_size;
 }
 
 void Gpt2Head::forward(const ForwardArgs& a) {
@@ -66,11 +67,9 @@ void Gpt2Head::forward(const ForwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
   layernorm_forward(s[kLnf], s[kLnfMean], s[kLnfRstd], a.input, a.params[kW], a.params[kB], cfg_.layer_norm_epsilon);
-  matmul_forward(s[kLogits], s[kLnf], a.params[kWte], Tensor{}, a.scratch[kMatmul]);  // (B, T, Vp) = lnf · wteᵀ
-  const float mean = tp_.active() ? layer_args::vocab_parallel_head_loss_forward(
-                                        a, s[kLse], s[kLogits], layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_),
-                                        layer_group(a.tensor_parallel, tp_, name()), a.scratch[kRowMax], a.scratch[kStats])
-                                  : layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
+  // (B, T, Vp) = lnf · wteᵀ and the loss (models/lm_head_loss.h: whole, vocabulary-parallel, tiled)
+  const float mean = loss_.forward(a, s[kLnf], a.params[kWte], s[kLogits], s[kLse], a.scratch[kTile], a.scratch[kRowMax], a.scratch[kStats],
+                                   a.scratch[kMatmul], tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr);
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -80,15 +79,8 @@ void Gpt2Head::backward(const BackwardArgs& a) {
   expect_count(name(), "saved", a.saved, kNumSaved);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
-  const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
-  if (tp_.active()) {
-    layer_args::vocab_parallel_head_loss_backward(a, s[kLse], dlogits, layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_));
-  } else {
-    layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
-  }
   const Tensor dlnf = a.scratch[kDLnf];
-  zero_tensor(dlnf);
-  matmul_backward(dlnf, a.grads[kWte], Tensor{}, dlogits, s[kLnf], a.params[kWte], a.scratch[kMatmul]);
+  loss_.backward(a, s[kLnf], a.params[kWte], a.grads[kWte], dlnf, s[kLogits], s[kLse], a.scratch[kTile], a.scratch[kMatmul]);
   if (tp_.active()) layer_group(a.tensor_parallel, tp_, name()).sum(dlnf);  // each rank's vocabulary rows' share
   zero_tensor(a.dinput);
   layernorm_backward(a.dinput, a.grads[kW], a.grads[kB], dlnf, a.input, a.params[kW], s[kLnfMean], s[kLnfRstd]);

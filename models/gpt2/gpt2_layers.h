@@ -27,6 +27,7 @@
 
 #include "models/gpt2/gpt2_config.h"
 #include "models/layer.h"
+#include "models/lm_head_loss.h"
 #include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "models/ulysses_attention.h"
@@ -83,7 +84,8 @@ class Gpt2Head final : public Layer {
  public:
   // tp: the tensor-parallel rank it is built for (the tied weight cut by vocabulary rows, the
   // cross-entropy vocabulary-parallel: the logits are never gathered).
-  explicit Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp = {});
+  // loss_tile_rows: ALST's tiled loss (models/lm_head_loss.h), positions per tile; 0: untiled.
+  explicit Gpt2Head(const Gpt2Config& cfg, TensorParallelRank tp = {}, std::int64_t loss_tile_rows = 0);
   std::string name() const override { return "head"; }
   std::string type_name() const override { return "GPT2LMHead"; }
   // ln_f.weight, ln_f.bias, lm_head.weight (tied to wte.weight)
@@ -97,9 +99,9 @@ class Gpt2Head final : public Layer {
   bool fuses_loss_grad() const override { return true; }
 
  private:
-  std::int64_t rows() const;  // the vocabulary rows this rank's logits cover
   Gpt2Config cfg_;
   TensorParallelRank tp_;
+  LmHeadLoss loss_;  // the logits and the loss: whole, vocabulary-parallel, tiled
 };
 
 // Embedding, n_layer blocks, head: the model in the order the engine runs it.

@@ -353,7 +353,7 @@ std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, Te
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<LlamaEmbedding>(cfg, tp));
   for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp, sp));
-  layers.push_back(std::make_unique<LlamaHead>(cfg, tp));
+  layers.push_back(std::make_unique<LlamaHead>(cfg, tp, sp.loss_tile_rows));
   return layers;
 }
 

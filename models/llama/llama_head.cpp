@@ -6,6 +6,7 @@
 #include "ops/kernels/rmsnorm.h"
 #include "ops/kernels/tensor_ops.h"
 #include "models/layer_args.h"
+#include "models/lm_head_loss.h"
 #include "models/llama/llama_layers.h"
 
 namespace dstrain {
@@ -14,14 +15,13 @@ using layer_args::expect_count;
 
 namespace {
 enum Saved { kNorm, kRstd, kLogits, kLse, kNumSaved };
-enum Scratch { kDNorm, kMatmul, kRowMax, kStats, kNumScratch };
+enum Scratch { kDNorm, kMatmul, kRowMax, kStats, kTile, kNumScratch };
 enum P { kW, kLmHead, kNumParams };
 }  // namespace
 
-LlamaHead::LlamaHead(const LlamaConfig& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
-
-std::int64_t LlamaHead::rows() const {
-  return tp_.active() ? layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_).rows : cfg_.padded_vocab_size;
+LlamaHead::LlamaHead(const LlamaConfig& cfg, TensorParallelRank tp, std::int64_t loss_tile_rows)
+    : cfg_(cfg), tp_(tp), loss_{cfg.vocab_size, cfg.padded_vocab_size, tp, loss_tile_rows} {
+  validate(cfg_);
 }
 
 std::vector<ParamSpec> LlamaHead::params() const {
@@ -40,7 +40,7 @@ std::vector<ActivationSpec> LlamaHead::saved_activations(const LayerDims& d) con
   return {
       {"norm", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
       {"norm_rstd", Shape{d.B, d.T}, DType::fp32},
-      {"logits", Shape{d.B, d.T, rows()}, d.dtype},  // (B, T, Vp) (a rank: its rows); becomes dlogits in place
+      {"logits", loss_.saved_logits_shape(d.B, d.T), d.dtype},  // (B, T, Vp) (a rank: its rows; tiled: none); becomes dlogits in place
       {"lse", Shape{d.B, d.T}, DType::fp32},
   };
 }
@@ -49,8 +49,9 @@ std::vector<ActivationSpec> LlamaHead::scratch(const LayerDims& d) const {
   return {
       {"dnorm", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, cfg_.n_embd))}, DType::fp32},
-      {"row_max", Shape{tp_.active() ? d.B * d.T : 0}, DType::fp32},    // tensor parallelism: the group's max logit per position
-      {"ce_stats", Shape{tp_.active() ? 2 * d.B * d.T : 0}, DType::fp32},  // ... and (sum exp, target logit)
+      {"row_max", Shape{loss_.stat_rows(d.B, d.T)}, DType::fp32},       // tensor parallelism: the group's max logit per position
+      {"ce_stats", Shape{2 * loss_.stat_rows(d.B, d.T)}, DType::fp32},  // ... and (sum exp, target logit)
+      {"logits_tile", loss_.tile_shape(d.B, d.T), d.dtype},             // tiled loss: one tile's logits
   };
 }
 
@@ -60,11 +61,9 @@ void LlamaHead::forward(const ForwardArgs& a) {
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
   rmsnorm_forward(s[kNorm], s[kRstd], a.input, a.params[kW], cfg_.rms_norm_eps);
-  matmul_forward(s[kLogits], s[kNorm], a.params[kLmHead], Tensor{}, a.scratch[kMatmul]);
-  const float mean = tp_.active() ? layer_args::vocab_parallel_head_loss_forward(
-                                        a, s[kLse], s[kLogits], layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_),
-                                        layer_group(a.tensor_parallel, tp_, name()), a.scratch[kRowMax], a.scratch[kStats])
-                                  : layer_args::head_loss_forward(a, s[kLse], s[kLogits], cfg_.vocab_size);
+  // The logits and the loss (models/lm_head_loss.h: whole, vocabulary-parallel, tiled).
+  const float mean = loss_.forward(a, s[kNorm], a.params[kLmHead], s[kLogits], s[kLse], a.scratch[kTile], a.scratch[kRowMax], a.scratch[kStats],
+                                   a.scratch[kMatmul], tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr);
   if (a.loss != nullptr) *a.loss = mean;
 }
 
@@ -74,15 +73,8 @@ void LlamaHead::backward(const BackwardArgs& a) {
   expect_count(name(), "saved", a.saved, kNumSaved);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
   const auto& s = a.saved;
-  const Tensor dlogits = s[kLogits];  // in place: the logits are dead after this
-  if (tp_.active()) {
-    layer_args::vocab_parallel_head_loss_backward(a, s[kLse], dlogits, layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_));
-  } else {
-    layer_args::head_loss_backward(a, s[kLse], dlogits, cfg_.vocab_size);
-  }
   const Tensor dnorm = a.scratch[kDNorm];
-  zero_tensor(dnorm);
-  matmul_backward(dnorm, a.grads[kLmHead], Tensor{}, dlogits, s[kNorm], a.params[kLmHead], a.scratch[kMatmul]);
+  loss_.backward(a, s[kNorm], a.params[kLmHead], a.grads[kLmHead], dnorm, s[kLogits], s[kLse], a.scratch[kTile], a.scratch[kMatmul]);
   if (tp_.active()) layer_group(a.tensor_parallel, tp_, name()).sum(dnorm);  // each rank's vocabulary rows' share
   zero_tensor(a.dinput);
   rmsnorm_backward(a.dinput, a.grads[kW], dnorm, a.input, a.params[kW], s[kRstd]);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "models/layer.h"
+#include "models/lm_head_loss.h"
 #include "ops/kernels/encoder.h"
 #include "models/llama/llama_config.h"
 #include "models/sequence_parallel.h"
@@ -88,7 +89,8 @@ class LlamaHead final : public Layer {
  public:
   // tp: the tensor-parallel rank it is built for (lm_head cut by vocabulary rows, the
   // cross-entropy vocabulary-parallel).
-  explicit LlamaHead(const LlamaConfig& cfg, TensorParallelRank tp = {});
+  // loss_tile_rows: ALST's tiled loss (models/lm_head_loss.h), positions per tile; 0: untiled.
+  explicit LlamaHead(const LlamaConfig& cfg, TensorParallelRank tp = {}, std::int64_t loss_tile_rows = 0);
   std::string name() const override { return "head"; }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "LMHead"; }
   // model.norm.weight, lm_head.weight (tied to model.embed_tokens.weight when tie_word_embeddings)
@@ -101,9 +103,9 @@ class LlamaHead final : public Layer {
   bool fuses_loss_grad() const override { return true; }
 
  private:
-  std::int64_t rows() const;  // the vocabulary rows this rank's logits cover
   LlamaConfig cfg_;
   TensorParallelRank tp_;
+  LmHeadLoss loss_;  // the logits and the loss: whole, vocabulary-parallel, tiled
 };
 
 // Embedding, n_layer blocks, head.

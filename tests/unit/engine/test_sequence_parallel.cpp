@@ -139,6 +139,35 @@ TEST(SequenceParallelMemory, ActivationsShrinkWithSp) {
               peak[4] / peak[1]);
 }
 
+// ALST's tiled loss: the head's logits in tiles of 5 positions (a micro-batch's 32, or 16 / 8 per
+// SP rank, cut unevenly), never whole. The first step's loss is the untiled one bit for bit (the
+// same row-wise kernels, the same ordered sum); training matches one untiled rank within the mesh
+// tolerance (d(W) sums the tiles' products in tile order); the logits are no longer an activation.
+TEST(SequenceParallelTiledLoss, TilesMatchTheWholeLogits) {
+  for (const char* model : {kGpt2Heads4, kLlamaKv4}) {
+    for (const auto& [tp, sp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+      SCOPED_TRACE(fmt::format("{} tp {} sp {}", model, tp, sp));
+      MeshRun m;
+      m.tp = tp;
+      m.sp = sp;
+      m.dp = 4 / (tp * sp);
+      m.model = model;
+      m.loss_tile_rows = 5;
+      check_against_one_rank(m);
+      MeshRun untiled = m;
+      untiled.loss_tile_rows = 0;
+      untiled.steps = 1;
+      m.steps = 1;
+      const RunResult a = run_mesh(m), b = run_mesh(untiled);
+      EXPECT_EQ(a.r0().losses, b.r0().losses);
+      // (B, T/SP, Vp) fp32 logits fewer (the tile (5, Vp) is scratch), in the activations' peak.
+      const double logits = static_cast<double>(kMicro * (kT / sp) * 128 * 4 / tp);
+      EXPECT_LE(static_cast<double>(a.r0().memory[MemoryPurpose::activations].peak),
+                static_cast<double>(b.r0().memory[MemoryPurpose::activations].peak) - 0.9 * logits);
+    }
+  }
+}
+
 // Heads that do not divide by the sequence-parallel size are refused before step 1, naming the key.
 TEST(SequenceParallelRefusals, HeadsNotDivisibleBySp) {
   const auto arch = gpt2_family().from_spec("gpt2:L2-C48-H6-V100-T16");
