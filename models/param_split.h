@@ -88,4 +88,12 @@ Shape piece_shape(const ParamSplit& split, const Shape& whole, int ranks, int ra
 void copy_whole_to_piece(const Tensor& whole, const Tensor& piece, const ParamSplit& split, int ranks, int rank, const std::string& name);
 void copy_piece_to_whole(const Tensor& piece, const Tensor& whole, const ParamSplit& split, int ranks, int rank, const std::string& name);
 
+// Assembling a whole parameter from every rank's piece with one all-gather: pieces may differ in
+// size (uneven splits), so each travels in a slot of the largest piece's element count.
+std::int64_t piece_slot_numel(const ParamSplit& split, const Shape& whole, int ranks, const std::string& name);
+// `slots`: host, ranks · slot elements, rank r's piece (packed as copy_whole_to_piece packs it) at
+// element r · slot — what the all-gather of the padded pieces gives. Writes every rank's piece into
+// `whole` (host, the whole shape, the slots' dtype).
+void assemble_whole(const Tensor& slots, std::int64_t slot, const Tensor& whole, const ParamSplit& split, int ranks, const std::string& name);
+
 }  // namespace dstrain
