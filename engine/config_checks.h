@@ -13,10 +13,10 @@ namespace dstrain {
 void check_config_is_provided(const config::DsConfig& c, int world_size);
 
 // Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
-// tensor-parallel ranks on `device` (docs/parallelism.md "What composes"): an optimizer whose rule
-// reads whole matrices (Lamb's trust ratio, Muon's orthogonalisation, Adafactor's factored
-// moments) or communicates its own compressed gradients (the 1-bit family), or a CUDA device,
-// whose vocabulary-parallel cross-entropy kernels are owed.
+// tensor-parallel ranks on `device` (docs/parallelism.md "What composes"): the 1-bit family, which
+// communicates its own compressed gradients with scales from the pieces a rank holds, or a CUDA
+// device, whose vocabulary-parallel cross-entropy kernels are owed. (Lamb, Muon and Adafactor,
+// whose rules read whole matrices, sum or gather the pieces over the group: engine/optim/tensor_cut.h.)
 void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks);
 
 }  // namespace dstrain
