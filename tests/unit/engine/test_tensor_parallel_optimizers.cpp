@@ -68,6 +68,22 @@ INSTANTIATE_TEST_SUITE_P(Mesh, TensorParallelOptimizer,
                                             ::testing::Values(std::string(kGpt2Heads4), std::string(kLlamaModel))),
                          combo_name);
 
+// Uneven pieces (test_tensor_parallel.cpp's TP 3: GPT-2's heads 2/1/1 and vocabulary rows 43/43/42,
+// the Llama model's key/value heads 1/1/0): Muon's gather in slots of the largest piece, Adafactor's
+// whole rows and columns from ranges that differ per rank.
+TEST(TensorParallelOptimizerUneven, ThreeRanksMatchOneRank) {
+  for (const char* optimizer : {"lamb", "muon", "adafactor"}) {
+    for (const char* model : {kGpt2Heads4, kLlamaModel}) {
+      SCOPED_TRACE(fmt::format("{} {}", optimizer, model));
+      MeshRun m;
+      m.tp = 3;
+      m.model = model;
+      m.optimizer_json = optimizer_block(optimizer);
+      check_against_one_rank(m);
+    }
+  }
+}
+
 // TensorCut::whole_row_col against the whole matrix's own indices carried into the piece by
 // copy_whole_to_piece: rows (fused parts in whole units, uneven), columns, vocabulary rows.
 TEST(TensorCut, WholeRowColIsWhereCopyWholeToPieceTakesTheElement) {
