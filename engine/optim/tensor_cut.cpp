@@ -18,21 +18,8 @@ TensorCut tensor_cut_of(const ParamSpec& spec) {
   c.ranks = spec.piece.ranks;
   for (const SplitRange& r : split_ranges(c.split, c.whole, c.ranks, c.rank, c.name))
     for (std::int64_t i = 0; i < r.size; ++i) c.whole_index.push_back(r.begin + i);
+  c.cut_last = c.split.dim() == c.piece.rank - 1;
   return c;
-}
-
-std::pair<std::int64_t, std::int64_t> TensorCut::whole_row_col(std::int64_t e) const {
-  const std::int64_t cols = piece.rank == 0 ? 1 : piece[piece.rank - 1];
-  std::int64_t row = cols == 0 ? 0 : e / cols, col = cols == 0 ? 0 : e % cols;
-  if (!cut) return {row, col};
-  const int dim = split.dim();
-  if (dim == piece.rank - 1) {
-    col = whole_index[static_cast<std::size_t>(col)];
-  } else {
-    DSTRAIN_CHECK(dim == 0 && piece.rank == 2, "TensorCut::whole_row_col: parameter '{}' of shape {} cut along dimension {}", name, piece.str(), dim);
-    row = whole_index[static_cast<std::size_t>(row)];
-  }
-  return {row, col};
 }
 
 void check_cut_fits(const OptimizerPartition& partition, const TensorCut& c, const char* optimizer) {

@@ -36,9 +36,19 @@ struct TensorCut {
   // (the rank's ranges of models/param_split.h, packed in part order).
   std::vector<std::int64_t> whole_index;
 
-  // Element e of the piece (row-major) as (row, column) of the whole tensor viewed as a matrix
-  // (rows = the product of the leading dimensions, columns = the last one; a vector is one row).
-  std::pair<std::int64_t, std::int64_t> whole_row_col(std::int64_t e) const;
+  // Element e of the piece (row-major) as (row, column) of the whole tensor, a matrix or a vector
+  // (one row). Not for a 3-D stack cut along dim 0 (experts), which Adafactor refuses before.
+  // Inline: the per-element loops of Adafactor call it.
+  std::pair<std::int64_t, std::int64_t> whole_row_col(std::int64_t e) const {
+    const std::int64_t cols = piece.rank == 0 ? 1 : piece[piece.rank - 1];
+    std::int64_t row = cols == 0 ? 0 : e / cols, col = cols == 0 ? 0 : e % cols;
+    if (cut) {
+      if (cut_last) col = whole_index[static_cast<std::size_t>(col)];
+      else row = whole_index[static_cast<std::size_t>(row)];
+    }
+    return {row, col};
+  }
+  bool cut_last = false;  // cut: the cut dimension is the last one (columns, or a vector's only one); else rows of a matrix
 };
 
 // The cut of an owned parameter's spec (cut false for a whole or replicated one).
