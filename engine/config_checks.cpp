@@ -76,16 +76,21 @@ void check_tensor_parallel_engine(const config::DsConfig& config, const Device& 
   if (tp_ranks <= 1) return;
   using config::OptimizerKind;
   const OptimizerKind k = config.optimizer.kind;
-  if (k == OptimizerKind::lamb || k == OptimizerKind::onebit_lamb || k == OptimizerKind::muon || k == OptimizerKind::adafactor) {
-    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): its rule reads each weight matrix whole (a norm or factorisation per "
-         "matrix), and each tensor-parallel rank holds a piece of it; use Adam, AdamW, SGD, Lion or another element-wise optimizer, or set "
-         "tensor_parallel.autotp_size to 1",
+  // Lamb, Muon and Adafactor read each weight matrix whole; they sum (or gather) the pieces over the
+  // tensor-parallel group (engine/optim/tensor_cut.h) and train as one rank. The 1-bit family does
+  // not: in its compressed phase each rank clips its gradients by their own norm and compresses
+  // each tensor with a scale from the elements it holds — a piece's under tensor parallelism, not
+  // the whole tensor's — and OneBitLamb freezes per-tensor coefficients from the same pieces.
+  if (config::is_onebit_kind(k)) {
+    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): the 1-bit optimizers exchange compressed gradients of their own, with "
+         "scales (and OneBitLamb's frozen trust ratios) computed from the elements a rank holds, which tensor parallelism cuts into pieces — so "
+         "they would not train as one rank; use Adam, AdamW, Lamb, Muon or Adafactor, or set tensor_parallel.autotp_size to 1",
          config.optimizer.type, tp_ranks);
   }
-  if (k == OptimizerKind::onebit_adam || k == OptimizerKind::zero_one_adam) {
-    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): the 1-bit optimizers compress and exchange whole-model gradients of their "
-         "own; use Adam or AdamW, or set tensor_parallel.autotp_size to 1",
-         config.optimizer.type, tp_ranks);
+  if (device.is_cuda() && (k == OptimizerKind::lamb || k == OptimizerKind::muon || k == OptimizerKind::adafactor)) {
+    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks) on {}: its sums and gathers of the matrices' pieces over the tensor-parallel "
+         "group move host memory in this build; train it tensor-parallel on the CPU, or use Adam or AdamW on the GPU",
+         config.optimizer.type, tp_ranks, device.str());
   }
   // The layers' collectives run on their activations in place, on the training device: the
   // group's backend must communicate that memory (docs/parallelism.md "What composes").

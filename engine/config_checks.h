@@ -16,10 +16,11 @@ void check_config_is_provided(const config::DsConfig& c, int world_size);
 
 // Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
 // tensor-parallel ranks on `device` over a group of backend `tp_backend` ("local", "mpi", "nccl";
-// docs/parallelism.md "What composes"): an optimizer whose rule reads whole matrices (Lamb's trust
-// ratio, Muon's orthogonalisation, Adafactor's factored moments) or communicates its own
-// compressed gradients (the 1-bit family), or a group whose backend cannot communicate the
-// device's memory (mpi on a GPU, nccl on the CPU), which the layers' collectives run on.
+// docs/parallelism.md "What composes"): the 1-bit family, which communicates its own compressed
+// gradients with scales from the pieces a rank holds; Lamb, Muon and Adafactor on a GPU (their sums
+// and gathers of the pieces over the group, engine/optim/tensor_cut.h, move host memory); or a
+// group whose backend cannot communicate the device's memory (mpi on a GPU, nccl on the CPU),
+// which the layers' collectives run on.
 void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks, std::string_view tp_backend);
 
 }  // namespace dstrain

@@ -758,6 +758,12 @@ void Engine::apply_optimizer(double lr, float grad_scale, std::int64_t t, std::o
     im.states->set_gradient_all_reduce(im.onebit->gradient_all_reduce());
     return;
   }
+  if (im.tp != nullptr) {
+    // Tensor parallelism: the per-tensor optimizers sum the cut tensors' pieces over the group too.
+    TensorParallelPartition partition(*im.states, *im.tp);
+    im.optimizer.step(partition, lr, grad_scale, t, betas, im.rounding);
+    return;
+  }
   im.optimizer.step(*im.states, lr, grad_scale, t, betas, im.rounding);
 }
 

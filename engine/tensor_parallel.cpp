@@ -10,6 +10,18 @@
 
 namespace dstrain {
 
+void TensorParallelPartition::tensor_parallel_sum(std::span<double> values) {
+  if (values.empty()) return;
+  tp_.all_reduce(Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}), ReduceOp::sum);
+}
+
+void TensorParallelPartition::tensor_parallel_all_gather(std::span<const float> send, std::span<float> recv) {
+  const auto n = static_cast<std::int64_t>(send.size());
+  if (static_cast<std::int64_t>(recv.size()) != n * tp_.world_size())
+    fail("tensor_parallel_all_gather: {} elements received for {} sent by each of {} ranks", recv.size(), n, tp_.world_size());
+  tp_.all_gather(Tensor(const_cast<float*>(send.data()), DType::fp32, Shape{n}), Tensor(recv.data(), DType::fp32, Shape{n * tp_.world_size()}));
+}
+
 ParamSpec whole_spec(const ParamSpec& spec) {
   ParamSpec w = spec;
   w.shape = spec.whole_shape();
@@ -65,8 +77,7 @@ void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, 
     return;
   }
   // Pieces may differ in size (uneven splits): each travels in a slot of the largest size.
-  std::int64_t slot = 0;
-  for (int r = 0; r < W; ++r) slot = std::max(slot, piece_shape(spec.split, full, W, r, spec.name).numel());
+  const std::int64_t slot = piece_slot_numel(spec.split, full, W, spec.name);
   std::vector<float> send(static_cast<std::size_t>(slot), 0.0f), recv(static_cast<std::size_t>(slot) * static_cast<std::size_t>(W), 0.0f);
   std::memcpy(send.data(), piece.data, static_cast<std::size_t>(piece.numel()) * sizeof(float));
   const Tensor host_send(send.data(), DType::fp32, Shape{slot}), host_recv(recv.data(), DType::fp32, Shape{slot * W});

@@ -8,8 +8,10 @@
 // files, the gradient norm — goes through here.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "models/layer.h"
@@ -18,6 +20,7 @@
 #include "ops/allocator.h"
 #include "ops/tensor.h"
 #include "zero/communicator.h"
+#include "zero/optimizer_partition.h"
 
 namespace dstrain {
 
@@ -59,6 +62,28 @@ class CommunicatorSequenceGroup final : public SequenceParallelGroup {
 // training device's allocator when the group communicates device memory (a GPU run: NCCL cannot
 // read host memory), and the values travel through a buffer from it; nullptr: in place on the host.
 void all_reduce_host(Communicator& comm, const Tensor& values, ReduceOp op, Allocator* staging);
+
+// The optimizer's view of a tensor-parallel rank's partition (zero/optimizer_partition.h): the ZeRO
+// partition of its pieces along the data-parallel group (`inner`), and the tensor-parallel group
+// `tp`, over which Lamb, Muon and Adafactor add the pieces' partial sums and gather Muon's whole
+// matrices (engine/optim/tensor_cut.h). Host values: tensor parallelism trains on the CPU in this
+// build (check_tensor_parallel_engine).
+class TensorParallelPartition final : public OptimizerPartition {
+ public:
+  TensorParallelPartition(OptimizerPartition& inner, Communicator& tp) : inner_(inner), tp_(tp) {}
+  void for_each_subgroup(const std::function<void(std::span<const OptimizerSegment>)>& fn) override { inner_.for_each_subgroup(fn); }
+  void all_reduce_sum(std::span<double> values) override { inner_.all_reduce_sum(values); }
+  void all_reduce_sum(std::span<float> values) override { inner_.all_reduce_sum(values); }
+  std::int32_t tensor_count() const override { return inner_.tensor_count(); }
+  int tensor_parallel_size() const override { return tp_.world_size(); }
+  int tensor_parallel_rank() const override { return tp_.rank(); }
+  void tensor_parallel_sum(std::span<double> values) override;
+  void tensor_parallel_all_gather(std::span<const float> send, std::span<float> recv) override;
+
+ private:
+  OptimizerPartition& inner_;
+  Communicator& tp_;
+};
 
 // The spec of the whole parameter a piece belongs to (shape = the whole shape, piece cleared).
 ParamSpec whole_spec(const ParamSpec& spec);

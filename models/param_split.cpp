@@ -201,6 +201,23 @@ std::vector<ElementRun> piece_runs(const ParamSplit& split, const Shape& whole, 
     }
   }
   return out;
+
+std::int64_t piece_slot_numel(const ParamSplit& split, const Shape& whole, int ranks, const std::string& name) {
+  std::int64_t slot = 0;
+  for (int r = 0; r < ranks; ++r) slot = std::max(slot, piece_shape(split, whole, ranks, r, name).numel());
+  return slot;
+}
+
+void assemble_whole(const Tensor& slots, std::int64_t slot, const Tensor& whole, const ParamSplit& split, int ranks, const std::string& name) {
+  if (slots.numel() != slot * ranks || slots.dtype != whole.dtype || !slots.device.is_cpu()) {
+    fail("parameter '{}': assembling the whole {} from {} rank(s)' pieces needs host slots of {} x {} elements of its dtype, got {}", name,
+         whole.str(), ranks, ranks, slot, slots.str());
+  }
+  const std::size_t bytes = static_cast<std::size_t>(slot) * dtype_size(slots.dtype);
+  for (int r = 0; r < ranks; ++r) {
+    const Shape ps = piece_shape(split, whole.shape, ranks, r, name);
+    copy_piece_to_whole(Tensor(static_cast<char*>(slots.data) + bytes * static_cast<std::size_t>(r), slots.dtype, ps), whole, split, ranks, r, name);
+  }
 }
 
 }  // namespace dstrain

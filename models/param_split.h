@@ -110,4 +110,12 @@ struct ElementRun {
 std::vector<ElementRun> piece_runs(const ParamSplit& split, const Shape& whole, int ranks, int rank, std::int64_t local_offset, std::int64_t local_numel,
                                    const std::string& name);
 
+// Assembling a whole parameter from every rank's piece with one all-gather: pieces may differ in
+// size (uneven splits), so each travels in a slot of the largest piece's element count.
+std::int64_t piece_slot_numel(const ParamSplit& split, const Shape& whole, int ranks, const std::string& name);
+// `slots`: host, ranks · slot elements, rank r's piece (packed as copy_whole_to_piece packs it) at
+// element r · slot — what the all-gather of the padded pieces gives. Writes every rank's piece into
+// `whole` (host, the whole shape, the slots' dtype).
+void assemble_whole(const Tensor& slots, std::int64_t slot, const Tensor& whole, const ParamSplit& split, int ranks, const std::string& name);
+
 }  // namespace dstrain

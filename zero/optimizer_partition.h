@@ -7,9 +7,11 @@
 //
 // Segments are contiguous runs of one layer's elements inside one sub-group with one weight-decay
 // setting. Whole-tensor quantities (Lamb's trust ratio) come from the segments' tensor pieces:
-// sum per tensor over the sub-groups, all_reduce_sum() across the ranks, then visit again.
+// sum per tensor over the sub-groups, all_reduce_sum() across the ranks (and, for a tensor that
+// tensor parallelism cuts, tensor_parallel_sum() across its group), then visit again.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -62,6 +64,22 @@ class OptimizerPartition {
   }
   // The number of owned parameter tensors (TensorPiece::tensor is below it).
   virtual std::int32_t tensor_count() const = 0;
+
+  // Tensor parallelism (docs/parallelism.md §2): a tensor the layers hold as a tensor-parallel piece
+  // (ParamSpec::piece) has its other pieces on the other ranks of this group, which hold the same
+  // tensors in the same order (each its own piece; a replicated tensor whole, the same values).
+  // The per-tensor optimizers (Lamb, Muon, Adafactor) add the group's partial sums of a cut tensor
+  // to the data-parallel ones (all_reduce_sum) and gather Muon's whole matrices over it. The
+  // default is one rank: no tensor parallelism, the sum is the identity and the gather a copy.
+  virtual int tensor_parallel_size() const { return 1; }
+  virtual int tensor_parallel_rank() const { return 0; }
+  // Sums `values` over the tensor-parallel group (in place, fp64). Every rank of the group calls it
+  // the same number of times with the same count.
+  virtual void tensor_parallel_sum(std::span<double> values) { (void)values; }
+  // All-gather over the tensor-parallel group: `recv` (size · n) gets rank r's `send` (n) at r · n.
+  virtual void tensor_parallel_all_gather(std::span<const float> send, std::span<float> recv) {
+    std::copy(send.begin(), send.end(), recv.begin());
+  }
 };
 
 }  // namespace dstrain

@@ -17,7 +17,8 @@ inline float lerp(float a, float b, float w) { return std::abs(w) < 0.5f ? a + w
 
 AdafactorTensor adafactor_tensor_of(const ParamSpec& spec) {
   AdafactorTensor t;
-  const Shape& s = spec.shape;
+  const Shape s = spec.whole_shape();
+  t.cut = tensor_cut_of(spec);
   t.matrix = s.rank >= 2;
   t.cols = s.rank == 0 ? 1 : s[s.rank - 1];
   t.rows = t.cols == 0 ? 0 : s.numel() / t.cols;
@@ -35,9 +36,10 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
   const double rho = std::min(c.lr, 1.0 / std::sqrt(t));
   const float eps1 = c.eps1 ? static_cast<float>(*c.eps1) : std::numeric_limits<float>::epsilon();
   const float gs = c.maximize ? -c.grad_scale : c.grad_scale;
+  for (const AdafactorTensor& tk : tensors) check_cut_fits(partition, tk.cut, "Adafactor");
 
   // Layout of the all-reduced sums: [‖θ‖² per tensor] then, per matrix, [row Σg² (R), column Σg² (C),
-  // held row factors (R), held column factors (C)].
+  // held row factors (R), held column factors (C)], rows and columns of the whole matrix.
   std::vector<std::size_t> at(nt, 0);
   std::size_t total = nt;
   for (std::size_t k = 0; k < nt; ++k)
@@ -46,6 +48,14 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
       total += static_cast<std::size_t>(2 * (tensors[k].rows + tensors[k].cols));
     }
   std::vector<double> sums(total, 0.0);
+  // The values a cut tensor's other pieces add to (over the tensor-parallel group).
+  std::vector<ValueRange> cut_sums, cut_norms;
+  for (std::size_t k = 0; k < nt; ++k) {
+    if (!tensors[k].cut.cut) continue;
+    cut_sums.push_back({k, 1});
+    cut_norms.push_back({k, 1});
+    if (tensors[k].matrix) cut_sums.push_back({at[k], static_cast<std::size_t>(2 * (tensors[k].rows + tensors[k].cols))});
+  }
 
   // Pass 1: ‖θ‖², the gradient's row and column sums of squares, the held factors.
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) {
@@ -65,7 +75,7 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
         double* row_held = col_g2 + C;
         double* col_held = row_held + R;
         for (std::int64_t i = piece.offset; i < piece.offset + piece.numel; ++i) {
-          const std::int64_t e = piece.tensor_offset + (i - piece.offset), row = e / C, col = e % C;
+          const auto [row, col] = at_k.cut.whole_row_col(piece.tensor_offset + (i - piece.offset));
           const double gi = static_cast<double>(g[i] * gs);
           row_g2[row] += gi * gi;
           col_g2[col] += gi * gi;
@@ -76,6 +86,7 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
     }
   });
   partition.all_reduce_sum(sums);
+  sum_cut_values(partition, sums, cut_sums);
 
   // The new factors (every rank computes the same), and each matrix's mean row factor.
   std::vector<std::vector<float>> row_var(nt), col_var(nt);
@@ -103,10 +114,11 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
     row_mean[k] = std::max(static_cast<float>(rsum / static_cast<double>(tk.logical_rows)), eps1);
   }
   const float eps1_sq = eps1 * eps1;
-  auto update_of = [&](std::size_t k, std::int64_t e, float gi, float v) {
+  // (row, col): the element's place in the whole matrix.
+  auto update_of = [&](std::size_t k, std::int64_t row, std::int64_t col, float gi, float v) {
     const AdafactorTensor& tk = tensors[k];
     float var = v;
-    if (tk.matrix) var = row_var[k][static_cast<std::size_t>(e / tk.cols)] * col_var[k][static_cast<std::size_t>(e % tk.cols)] / row_mean[k];
+    if (tk.matrix) var = row_var[k][static_cast<std::size_t>(row)] * col_var[k][static_cast<std::size_t>(col)] / row_mean[k];
     return gi * (1.0f / std::sqrt(std::max(var, eps1_sq)));
   };
 
@@ -123,16 +135,15 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
         const AdafactorTensor& tk = tensors[k];
         double acc = 0.0;
         for (std::int64_t i = piece.offset; i < piece.offset + piece.numel; ++i) {
-          const std::int64_t e = piece.tensor_offset + (i - piece.offset);
+          const auto [row, col] = tk.cut.whole_row_col(piece.tensor_offset + (i - piece.offset));
           const float gi = g[i] * gs;
           if (!tk.matrix) {
             r[i] = lerp(r[i], gi * gi, beta_hat);
           } else {
-            const std::int64_t row = e / tk.cols, col = e % tk.cols;
             if (col == 0) r[i] = row_var[k][static_cast<std::size_t>(row)];
             if (row == 0) cv[i] = col_var[k][static_cast<std::size_t>(col)];
           }
-          const float u = update_of(k, e, gi, r[i]);
+          const float u = update_of(k, row, col, gi, r[i]);
           acc += static_cast<double>(u) * static_cast<double>(u);
         }
         u2[k] += acc;
@@ -141,6 +152,7 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
     }
   });
   partition.all_reduce_sum(u2);
+  sum_cut_values(partition, u2, cut_norms);
 
   // Pass 3: decay, then θ −= α / max(1, RMS(U)/d) · U.
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) {
@@ -158,8 +170,8 @@ void adafactor_step(OptimizerPartition& partition, std::span<const AdafactorTens
         const double denom = std::max(1.0, std::sqrt(u2[k]) / (std::sqrt(n) * c.d));
         const auto step = static_cast<float>(-alpha / denom);
         for (std::int64_t i = piece.offset; i < piece.offset + piece.numel; ++i) {
-          const std::int64_t e = piece.tensor_offset + (i - piece.offset);
-          const float u = update_of(k, e, g[i] * gs, r[i]);
+          const auto [row, col] = tensors[k].cut.whole_row_col(piece.tensor_offset + (i - piece.offset));
+          const float u = update_of(k, row, col, g[i] * gs, r[i]);
           if (wd != 0.0) p[i] = p[i] * decay;
           p[i] = p[i] + step * u;
         }

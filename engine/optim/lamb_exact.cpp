@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/optim/host_segment.h"
+#include "ops/error.h"
 
 namespace dstrain {
 namespace {
@@ -21,8 +22,14 @@ bool has_split_tensors(OptimizerPartition& partition) {
   return split;
 }
 
-void lamb_step_exact(OptimizerPartition& partition, const LambConfig& c) {
+void lamb_step_exact(OptimizerPartition& partition, const LambConfig& c, std::span<const TensorCut> cuts) {
   const std::size_t nt = static_cast<std::size_t>(partition.tensor_count());
+  DSTRAIN_CHECK(cuts.empty() || cuts.size() == nt, "lamb_step_exact: {} tensor cuts for a partition of {} tensors", cuts.size(), nt);
+  check_cuts_fit(partition, cuts, "Lamb");
+  if (partition.tensor_parallel_size() > 1 && cuts.empty()) {
+    fail("Lamb: the partition is a tensor-parallel rank's but the optimizer was not told which tensors are cut; call Optimizer::set_parameters "
+         "with the owned parameters first");
+  }
   // sums[2k]: ‖θ‖² of tensor k's pieces here, sums[2k + 1]: ‖u‖².
   std::vector<double> sums(2 * nt, 0.0);
   const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, gs = c.grad_scale;
@@ -53,6 +60,11 @@ void lamb_step_exact(OptimizerPartition& partition, const LambConfig& c) {
     }
   });
   partition.all_reduce_sum(sums);
+  // A tensor cut by tensor parallelism: the group's pieces hold the rest of its norms.
+  std::vector<ValueRange> cut_sums;
+  for (std::size_t k = 0; k < cuts.size(); ++k)
+    if (cuts[k].cut) cut_sums.push_back({2 * k, 2});
+  sum_cut_values(partition, sums, cut_sums);
   std::vector<float> coeff(nt, 1.0f);
   for (std::size_t k = 0; k < nt; ++k) {
     const float w_norm = static_cast<float>(std::sqrt(sums[2 * k])), u_norm = static_cast<float>(std::sqrt(sums[2 * k + 1]));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/optim/host_segment.h"
+#include "models/param_split.h"
 #include "ops/error.h"
 #include "ops/buffer.h"
 #include "ops/kernels/device_backend.h"
@@ -27,9 +28,12 @@ MuonTensor muon_tensor_of(const ParamSpec& spec) {
   std::transform(low.begin(), low.end(), low.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   t.muon = spec.shape.rank >= 2 && low.find("embed") == std::string::npos && low.find("lm_head") == std::string::npos;
   if (!t.muon) return t;
-  // DeepSpeed views conv filters (4-D) as (len, -1); a matrix is itself.
-  t.rows = spec.shape[0];
-  t.cols = spec.shape.numel() / std::max<std::int64_t>(1, spec.shape[0]);
+  // DeepSpeed views conv filters (4-D) as (len, -1); a matrix is itself. A tensor-parallel piece
+  // is orthogonalised (and scaled) as the whole matrix it is a piece of.
+  const Shape whole = spec.whole_shape();
+  t.rows = whole[0];
+  t.cols = whole.numel() / std::max<std::int64_t>(1, whole[0]);
+  t.cut = tensor_cut_of(spec);
   std::int64_t hf_rows = spec.init.rows > 0 ? spec.init.rows : t.rows, hf_cols = t.cols;
   if (spec.hf_transposed) std::swap(hf_rows, hf_cols);
   t.scale = std::sqrt(std::max(1.0, static_cast<double>(hf_rows) / static_cast<double>(hf_cols)));
@@ -64,7 +68,7 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
         const std::int64_t end = piece.offset + piece.numel;
         if (mt.muon) {
           std::vector<float>& u = whole[static_cast<std::size_t>(piece.tensor)];
-          if (u.empty()) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+          if (u.empty()) u.assign(static_cast<std::size_t>(mt.piece_numel()), 0.0f);
           if (piece.tensor_offset == 0 && piece.numel > 0) owner[static_cast<std::size_t>(piece.tensor)] = 1;
           float* ut = u.data() + (piece.tensor_offset - piece.offset);
           for (std::int64_t i = piece.offset; i < end; ++i) {
@@ -91,6 +95,9 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
   // Whole matrices (the ranks' pieces added), orthogonalised and scaled. Partitioned, the ranks'
   // pieces are summed (one value and zeros: exact), the owner orthogonalises, and a second sum hands
   // its result to the other ranks (theirs are zeros), so each matrix is computed once, not per rank.
+  // A matrix cut by tensor parallelism: the piece (whole on the rank after that first sum) is
+  // all-gathered over the tensor-parallel group into the whole matrix, which the rank orthogonalises
+  // (once per tensor-parallel rank) before keeping its piece of the result.
   std::vector<float> workspace;
   // On a GPU the iteration's GEMMs run there (cuBLASLt): the matrix is copied over and back.
   std::unique_ptr<Allocator> device_alloc;
@@ -115,24 +122,37 @@ void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensor
     const auto scale = static_cast<float>(mt.scale);
     for (std::int64_t i = 0; i < mt.rows * mt.cols; ++i) u[i] = u[i] * scale;
   };
+  for (const MuonTensor& mt : tensors) check_cut_fits(partition, mt.cut, "Muon");
+  std::vector<float> full;  // a cut matrix, whole
   for (std::size_t k = 0; k < nt; ++k) {
     const MuonTensor& mt = tensors[k];
     if (!mt.muon) continue;
-    std::vector<float>& u = whole[k];
-    const bool held = !u.empty();  // this rank holds a piece of the matrix
-    if (!c.partitioned) {
+    std::vector<float>& u = whole[k];  // this rank's piece of the matrix (the whole matrix unless cut)
+    const bool held = !u.empty();      // this rank holds elements of it
+    if (!c.partitioned && !mt.cut.cut) {
       if (held) orthogonalise(mt, u.data());
       continue;
     }
-    // Collectives: every rank, every Muon matrix, twice (fp32: one non-zero term per element).
-    if (!held) u.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
-    partition.all_reduce_sum(std::span<float>(u));
-    if (owner[k]) {
+    // Collectives: every rank, every Muon matrix — twice over the data-parallel ranks (fp32: one
+    // non-zero term per element) when partitioned, once over the tensor-parallel group when cut.
+    if (!held) u.assign(static_cast<std::size_t>(mt.piece_numel()), 0.0f);
+    if (c.partitioned) partition.all_reduce_sum(std::span<float>(u));
+    const bool computes = c.partitioned ? owner[k] != 0 : held;
+    if (mt.cut.cut) {
+      full.assign(static_cast<std::size_t>(mt.rows * mt.cols), 0.0f);
+      gather_whole_matrix(partition, mt.cut, u, full);
+      if (computes) {
+        orthogonalise(mt, full.data());
+        copy_whole_to_piece(Tensor(full.data(), DType::fp32, mt.cut.whole), Tensor(u.data(), DType::fp32, mt.cut.piece), mt.cut.split,
+                            mt.cut.ranks, mt.cut.rank, mt.cut.name);
+      }
+    } else if (computes) {
       orthogonalise(mt, u.data());
-    } else {
-      std::fill(u.begin(), u.end(), 0.0f);
     }
-    partition.all_reduce_sum(std::span<float>(u));
+    if (c.partitioned) {
+      if (!computes) std::fill(u.begin(), u.end(), 0.0f);
+      partition.all_reduce_sum(std::span<float>(u));
+    }
     if (!held) std::vector<float>().swap(u);
   }
 

@@ -19,6 +19,10 @@
 // adds the copies (fp32; a sum of one value and zeros: exact); the rank holding the matrix's first element
 // orthogonalises it and a second sum hands the result to the others. A sharded step equals the
 // unsharded one.
+// Tensor parallelism cuts matrices too (a rank holds a piece: rows or columns of it, engine/optim/
+// tensor_cut.h): once ZeRO's sum has made the piece whole on a rank, the tensor-parallel group
+// all-gathers the pieces into the whole matrix, the rank orthogonalises that and keeps its piece
+// of the result — the same matrix one rank orthogonalises, scaled by the whole matrix's shape.
 // The momentum buffer is the optimizer's first state ("exp_avg" slot) on Muon matrices.
 #pragma once
 
@@ -26,6 +30,7 @@
 #include <span>
 #include <string_view>
 
+#include "engine/optim/tensor_cut.h"
 #include "models/layer.h"
 #include "zero/optimizer_partition.h"
 
@@ -34,8 +39,10 @@ namespace dstrain {
 // What the optimizer needs to know of one owned parameter tensor.
 struct MuonTensor {
   bool muon = false;                // Muon's update (else Adam)
-  std::int64_t rows = 0, cols = 0;  // the tensor's shape in the engine (a matrix: NS treats W and Wᵀ alike)
-  double scale = 1.0;               // max(1, rows/cols)^½, rows/cols as DeepSpeed sees the tensor
+  std::int64_t rows = 0, cols = 0;  // the whole tensor's shape in the engine (a matrix: NS treats W and Wᵀ alike)
+  double scale = 1.0;               // max(1, rows/cols)^½, rows/cols as DeepSpeed sees the whole tensor
+  TensorCut cut{};                  // tensor parallelism: this rank's piece of the matrix (cut.cut false: whole here)
+  std::int64_t piece_numel() const { return cut.cut ? cut.piece.numel() : rows * cols; }
 };
 
 // deepspeed.initialize's set_optimizer_flags: a parameter is Muon's when it has two or more
@@ -43,7 +50,8 @@ struct MuonTensor {
 // Hugging Face names (ParamSpec::name), so GPT-2's wte/wpe ("transformer.wte.weight" in HF) are
 // Muon matrices, as they are in DeepSpeed. The scale uses the HF orientation: Conv1D weights
 // (GPT-2's attention and MLP) are (in, out) there, the transpose of ours; wte's rows are the real
-// vocabulary (ParamInit::rows), not the padded one.
+// vocabulary (ParamInit::rows), not the padded one. A tensor-parallel piece (ParamSpec::piece) is
+// described by its whole parameter's shape, and its cut.
 MuonTensor muon_tensor_of(const ParamSpec& spec);
 
 struct MuonStepConfig {
@@ -54,11 +62,12 @@ struct MuonStepConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-10;
   std::int64_t step = 1;  // t (1-based) for Adam's bias corrections
   float grad_scale = 1.0f;
-  bool partitioned = false;  // tensors may be cut across ranks: gather each Muon matrix
+  bool partitioned = false;  // tensors may be cut across the data-parallel ranks (ZeRO 1-3): gather each Muon matrix
 };
 
 // One optimizer step over the rank's partition; `tensors` is indexed by TensorPiece::tensor.
-// Collective when partitioned: every rank of the partition calls it.
+// Collective when partitioned (every rank of the partition calls it) and when a matrix is cut by
+// tensor parallelism (every rank of the tensor-parallel group).
 void muon_step(OptimizerPartition& partition, std::span<const MuonTensor> tensors, const MuonStepConfig& config);
 
 }  // namespace dstrain

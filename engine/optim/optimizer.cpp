@@ -111,6 +111,9 @@ std::vector<std::string> Optimizer::state_names() const {
 void Optimizer::set_parameters(const std::vector<ParamSpec>& owned) {
   muon_tensors_.clear();
   adafactor_tensors_.clear();
+  cuts_.clear();
+  if (kind_ == config::OptimizerKind::lamb)
+    for (const ParamSpec& ps : owned) cuts_.push_back(tensor_cut_of(ps));
   if (kind_ == config::OptimizerKind::muon)
     for (const ParamSpec& ps : owned) muon_tensors_.push_back(muon_tensor_of(ps));
   if (kind_ == config::OptimizerKind::adafactor)
@@ -151,13 +154,14 @@ void Optimizer::step(OptimizerPartition& partition, double lr, float grad_scale,
     adafactor_step(partition, adafactor_tensors_, c);
     return;
   }
-  if (kind_ == config::OptimizerKind::lamb && !split_tensors_) split_tensors_ = partitioned_ || has_split_tensors(partition);  // the layout is fixed
+  if (kind_ == config::OptimizerKind::lamb && !split_tensors_)  // the layout is fixed
+    split_tensors_ = partitioned_ || partition.tensor_parallel_size() > 1 || has_split_tensors(partition);
   if (kind_ == config::OptimizerKind::lamb && *split_tensors_) {
-    // Tensors cut by ZeRO's partitions or by sub-groups: the trust ratios from the whole tensors'
-    // norms, the pieces' partial sums all-reduced (engine/optim/lamb_exact.h).
+    // Tensors cut by ZeRO's partitions, by sub-groups or by tensor parallelism: the trust ratios from
+    // the whole tensors' norms, the pieces' partial sums all-reduced (engine/optim/lamb_exact.h).
     LambConfig c = lamb_config(lr, grad_scale, t, betas.value_or(std::pair{beta1_, beta2_}));
     c.weight_decay = static_cast<float>(weight_decay_);
-    lamb_step_exact(partition, c);
+    lamb_step_exact(partition, c, cuts_);
     return;
   }
   partition.for_each_subgroup([&](std::span<const OptimizerSegment> segments) { update(segments, lr, grad_scale, t, betas, rounding); });

@@ -25,6 +25,7 @@
 #include "config_schema/optimizer_config.h"
 #include "engine/optim/adafactor.h"
 #include "engine/optim/muon.h"
+#include "engine/optim/tensor_cut.h"
 #include "ops/kernels/lamb.h"
 #include "ops/tensor.h"
 #include "zero/optimizer_partition.h"
@@ -47,8 +48,9 @@ class Optimizer {
   // ZeRO stages 1-3 on several ranks: tensors are split across ranks, so whole-tensor quantities
   // (Lamb's trust ratio) need every rank's partial sums (engine/optim/lamb_exact.h).
   void set_partitioned(bool partitioned) { partitioned_ = partitioned; }
-  // The owned parameters in TensorPiece::tensor order: the per-tensor types (Muon, Adafactor) take
-  // their names and shapes from here; the others ignore them.
+  // The owned parameters in TensorPiece::tensor order: the per-tensor types (Lamb, Muon, Adafactor)
+  // take their names, shapes and tensor-parallel cuts (engine/optim/tensor_cut.h) from here; the
+  // element-wise types ignore them.
   void set_parameters(const std::vector<ParamSpec>& owned);
   // Muon: which owned tensors are Muon matrices, and their shapes (set_parameters does this).
   void set_muon_tensors(std::vector<MuonTensor> tensors) { muon_tensors_ = std::move(tensors); }
@@ -95,8 +97,9 @@ class Optimizer {
   bool partitioned_ = false;
   std::vector<MuonTensor> muon_tensors_;
   std::vector<AdafactorTensor> adafactor_tensors_;
+  std::vector<TensorCut> cuts_;  // Lamb: which owned tensors tensor parallelism cuts
   bool schedule_sets_every_group_ = false;
-  mutable std::optional<bool> split_tensors_;  // Lamb: some tensor is cut into pieces (found at the first step)
+  mutable std::optional<bool> split_tensors_;  // Lamb: some tensor is cut into pieces, by ZeRO or tensor parallelism (found at the first step)
 };
 
 }  // namespace dstrain

@@ -37,6 +37,7 @@ struct MeshRun {
   Precision precision = Precision::fp32;
   const char* model = kModel;
   std::string optimizer_json{};  // empty: zero_test_util's AdamW
+  bool reduce_scatter = true;    // zero_optimization.reduce_scatter (Muon at stage 3 needs false, as in DeepSpeed)
   // Targets set to -1 (ignored) in every micro-batch, at these flat positions of its (B, T) targets.
   std::vector<std::size_t> ignored{};
   std::int64_t loss_tile_rows = 0;  // ALST's tiled loss (models/lm_head_loss.h); 0: untiled
@@ -79,6 +80,7 @@ inline RunResult run_mesh(const MeshRun& m) {
   s.precision = m.precision;
   s.knobs.optimizer_json = m.optimizer_json;
   s.knobs.allow_untested_optimizer = !m.optimizer_json.empty();
+  s.knobs.reduce_scatter = m.reduce_scatter;
   std::string json = zero_config_json(s);
   json.pop_back();  // the mesh's keys, as a DeepSpeed user writes them
   json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {}}})", m.tp, m.sp);
