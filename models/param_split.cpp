@@ -201,6 +201,7 @@ std::vector<ElementRun> piece_runs(const ParamSplit& split, const Shape& whole, 
     }
   }
   return out;
+}
 
 std::int64_t piece_slot_numel(const ParamSplit& split, const Shape& whole, int ranks, const std::string& name) {
   std::int64_t slot = 0;

@@ -130,7 +130,7 @@ TEST(TensorParallelOptimizer, OneBitFamilyRefusedOthersAccepted) {
     const config::DsConfig c = config::parse_ds_config(
         config::Json::parse(R"({"train_batch_size": 2, "tensor_parallel": {"autotp_size": 2}, "optimizer": )" + optimizer + "}"), o);
     try {
-      check_tensor_parallel_engine(c, Device::cpu(), 2);
+      check_tensor_parallel_engine(c, Device::cpu(), 2, "local");
     } catch (const Error& e) {
       return e.what();
     }

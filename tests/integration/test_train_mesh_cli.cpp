@@ -1,0 +1,139 @@
+// `dstrain train` on a device mesh (docs/parallelism.md): tensor_parallel.autotp_size and
+// sequence_parallel_size in the config, --num-ranks N threads. A TP 2 x SP 2 x DP 2 run on 8 ranks
+// trains like the DP-only run on 2 ranks with the same global batch (the same losses within the
+// mesh tolerance; the saved whole weights within it too), prints the mesh, and what does not
+// compose is refused before step 1 with the key and the fix.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+
+namespace fs = std::filesystem;
+using dstrain::testing::CliResult;
+using dstrain::testing::read_file_text;
+using dstrain::testing::run_dstrain;
+using dstrain::testing::shell_quote;
+
+namespace {
+
+fs::path data_dir_path() { return fs::temp_directory_path() / ("dstrain_test_train_mesh_cli." + std::to_string(::getpid())); }
+
+fs::path data_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = data_dir_path();
+    fs::remove_all(d);
+    const CliResult prep = dstrain::testing::prepare_english_bytes_data(d);
+    EXPECT_EQ(prep.exit_code, 0) << prep.err;
+    return d;
+  }();
+  return dir;
+}
+
+class RemoveDataDir : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(data_dir_path()); }
+};
+const auto* const kRemoveDataDir = ::testing::AddGlobalTestEnvironment(new RemoveDataDir);
+
+fs::path write_config(const std::string& name, int tp, int sp, const std::string& optimizer = "AdamW") {
+  const fs::path p = data_dir() / (name + ".json");
+  std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
+      "optimizer": {"type": ")"
+                   << optimizer << R"(", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 2},
+      "tensor_parallel": {"autotp_size": )"
+                   << tp << R"(}, "sequence_parallel_size": )" << sp << "}";
+  return p;
+}
+
+std::string common(const fs::path& cfg, const std::string& model = "gpt2:L2-C32-H4-V256-T32") {
+  const fs::path dir = data_dir();
+  return "train --deepspeed_config " + shell_quote(cfg.string()) + " --model " + model + " --tokenizer bytes --data " +
+         shell_quote((dir / "t_train.bin").string()) + " --seed 5 --sample-tokens 0 --steps 3";
+}
+
+TEST(TrainMeshCli, TensorAndSequenceParallelTrainLikeDataParallel) {
+  const fs::path dir = data_dir();
+  const fs::path s_mesh = dir / "mesh.json", s_dp = dir / "dp.json", w_mesh = dir / "mesh.safetensors", w_dp = dir / "dp.safetensors";
+  const CliResult mesh = run_dstrain(common(write_config("tp2sp2", 2, 2)) + " --num-ranks 8 --summary-json " + shell_quote(s_mesh.string()) +
+                                     " --save-weights " + shell_quote(w_mesh.string()));
+  ASSERT_EQ(mesh.exit_code, 0) << mesh.err << mesh.out;
+  EXPECT_NE(mesh.out.find("mesh: world 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2"), std::string::npos) << mesh.out;
+  EXPECT_NE(mesh.out.find("x data-parallel size 2;"), std::string::npos) << mesh.out;
+  const CliResult dp = run_dstrain(common(write_config("dp", 1, 1)) + " --num-ranks 2 --summary-json " + shell_quote(s_dp.string()) +
+                                   " --save-weights " + shell_quote(w_dp.string()));
+  ASSERT_EQ(dp.exit_code, 0) << dp.err << dp.out;
+  const nlohmann::json a = nlohmann::json::parse(read_file_text(s_mesh)), b = nlohmann::json::parse(read_file_text(s_dp));
+  ASSERT_EQ(a["train_losses"].size(), 3u);
+  ASSERT_EQ(b["train_losses"].size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const double x = a["train_losses"][k].get<double>(), y = b["train_losses"][k].get<double>();
+    EXPECT_LE(std::abs(x - y), 1e-6 * std::abs(y)) << "step " << k + 1;
+  }
+  // The saved weights are whole Hugging Face tensors (the same file size as the DP run's).
+  ASSERT_TRUE(fs::exists(w_mesh));
+  EXPECT_EQ(fs::file_size(w_mesh), fs::file_size(w_dp));
+}
+
+// Refused before step 1 (exit 2, no step printed), naming the key and the fix.
+TEST(TrainMeshCli, WhatDoesNotComposeIsRefusedBeforeStepOne) {
+  struct Case {
+    std::string name, config_model_args, want;
+  };
+  const auto run = [&](const fs::path& cfg, const std::string& model, const std::string& extra) {
+    return run_dstrain(common(cfg, model) + " " + extra);
+  };
+  {  // more tensor-parallel ranks than GPT-2 heads
+    const CliResult r = run(write_config("tp8", 8, 1), "gpt2:L2-C32-H4-V256-T32", "--num-ranks 8");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.err.find("tensor_parallel.autotp_size 8 is more than GPT-2's n_head 4"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("| loss"), std::string::npos);
+  }
+  {  // heads that do not divide by the sequence-parallel size
+    const CliResult r = run(write_config("sp4", 1, 4), "gpt2:L2-C48-H6-V256-T32", "--num-ranks 4");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.err.find("sequence_parallel_size 4"), std::string::npos) << r.err;
+  }
+  {  // a sequence length that does not divide by the sequence-parallel size
+    const CliResult r = run(write_config("sp2", 1, 2), "gpt2:L2-C32-H4-V256-T32", "--num-ranks 2 --sequence-length 31");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.err.find("--sequence-length 30"), std::string::npos) << r.err;
+  }
+  {  // a world the mesh does not divide
+    const CliResult r = run(write_config("tp2b", 2, 1), "gpt2:L2-C32-H4-V256-T32", "--num-ranks 3");
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.err.find("tensor_parallel.autotp_size"), std::string::npos) << r.err;
+  }
+}
+
+// A checkpoint saved by a TP 2 x SP 2 x DP 2 run resumes on 2 data-parallel ranks (and on the same
+// mesh): it ends where the uninterrupted run ends (the same losses within the mesh tolerance).
+TEST(TrainMeshCli, CheckpointsResumeOnAnotherMesh) {
+  const fs::path dir = data_dir();
+  const fs::path ck = dir / "ck", s_full = dir / "full.json", s_resumed = dir / "resumed.json";
+  fs::remove_all(ck);
+  const CliResult full = run_dstrain(common(write_config("tp2sp2c", 2, 2)) + " --num-ranks 8 --steps 4 --save-dir " + shell_quote(ck.string()) +
+                                     " --save-interval 2 --summary-json " + shell_quote(s_full.string()));
+  ASSERT_EQ(full.exit_code, 0) << full.err << full.out;
+  const CliResult resumed = run_dstrain(common(write_config("dpc", 1, 1)) + " --num-ranks 2 --steps 4 --resume " + shell_quote(ck.string()) +
+                                        " --load-tag global_step2 --summary-json " + shell_quote(s_resumed.string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err << resumed.out;
+  const nlohmann::json a = nlohmann::json::parse(read_file_text(s_full)), b = nlohmann::json::parse(read_file_text(s_resumed));
+  ASSERT_EQ(a["train_losses"].size(), 4u);
+  ASSERT_GE(b["train_losses"].size(), 2u);
+  const auto& la = a["train_losses"];
+  const auto& lb = b["train_losses"];
+  // The resumed run's last two steps are the full run's steps 3 and 4.
+  for (std::size_t k = 0; k < 2; ++k) {
+    const double x = la[la.size() - 2 + k].get<double>(), y = lb[lb.size() - 2 + k].get<double>();
+    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x)) << "step " << 3 + k;
+  }
+}
+
+}  // namespace
