@@ -43,7 +43,7 @@ class RemoveDataDir : public ::testing::Environment {
 const auto* const kRemoveDataDir = ::testing::AddGlobalTestEnvironment(new RemoveDataDir);
 
 fs::path write_config(const std::string& name, int tp, int sp, const std::string& optimizer = "AdamW") {
-  const fs::path p = data_dir() / (name + ".json");
+  const fs::path p = data_dir() / ("config_" + name + ".json");
   std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
       "optimizer": {"type": ")"
                    << optimizer << R"(", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 2},
@@ -55,18 +55,18 @@ fs::path write_config(const std::string& name, int tp, int sp, const std::string
 std::string common(const fs::path& cfg, const std::string& model = "gpt2:L2-C32-H4-V256-T32") {
   const fs::path dir = data_dir();
   return "train --deepspeed_config " + shell_quote(cfg.string()) + " --model " + model + " --tokenizer bytes --data " +
-         shell_quote((dir / "t_train.bin").string()) + " --seed 5 --sample-tokens 0 --steps 3";
+         shell_quote((dir / "t_train.bin").string()) + " --seed 5 --sample-tokens 0";
 }
 
 TEST(TrainMeshCli, TensorAndSequenceParallelTrainLikeDataParallel) {
   const fs::path dir = data_dir();
   const fs::path s_mesh = dir / "mesh.json", s_dp = dir / "dp.json", w_mesh = dir / "mesh.safetensors", w_dp = dir / "dp.safetensors";
-  const CliResult mesh = run_dstrain(common(write_config("tp2sp2", 2, 2)) + " --num-ranks 8 --summary-json " + shell_quote(s_mesh.string()) +
+  const CliResult mesh = run_dstrain(common(write_config("tp2sp2", 2, 2)) + " --steps 3 --num-ranks 8 --summary-json " + shell_quote(s_mesh.string()) +
                                      " --save-weights " + shell_quote(w_mesh.string()));
   ASSERT_EQ(mesh.exit_code, 0) << mesh.err << mesh.out;
   EXPECT_NE(mesh.out.find("mesh: world 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2"), std::string::npos) << mesh.out;
   EXPECT_NE(mesh.out.find("x data-parallel size 2;"), std::string::npos) << mesh.out;
-  const CliResult dp = run_dstrain(common(write_config("dp", 1, 1)) + " --num-ranks 2 --summary-json " + shell_quote(s_dp.string()) +
+  const CliResult dp = run_dstrain(common(write_config("dp", 1, 1)) + " --steps 3 --num-ranks 2 --summary-json " + shell_quote(s_dp.string()) +
                                    " --save-weights " + shell_quote(w_dp.string()));
   ASSERT_EQ(dp.exit_code, 0) << dp.err << dp.out;
   const nlohmann::json a = nlohmann::json::parse(read_file_text(s_mesh)), b = nlohmann::json::parse(read_file_text(s_dp));
@@ -87,7 +87,7 @@ TEST(TrainMeshCli, WhatDoesNotComposeIsRefusedBeforeStepOne) {
     std::string name, config_model_args, want;
   };
   const auto run = [&](const fs::path& cfg, const std::string& model, const std::string& extra) {
-    return run_dstrain(common(cfg, model) + " " + extra);
+    return run_dstrain(common(cfg, model) + " --steps 3 " + extra);
   };
   {  // more tensor-parallel ranks than GPT-2 heads
     const CliResult r = run(write_config("tp8", 8, 1), "gpt2:L2-C32-H4-V256-T32", "--num-ranks 8");
