@@ -24,6 +24,7 @@
 #include "train/flops_report.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
+#include "train/tensor_parallel_plan.h"
 #include "ops/error.h"
 #include "formats/hf_weights_file.h"
 #include "models/model_registry.h"
@@ -381,7 +382,13 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
 void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
   const MeshShape& m = plan.mesh;
   if (m.tp <= 1 && m.sp <= 1) return;
-  if (m.tp > 1) plan.model->check_tensor_parallel(m.tp);
+  if (m.tp > 1) {
+    plan.model->check_tensor_parallel(m.tp);
+    // The config's AutoTP rules (preset_model, partition_config) against the model's own cut.
+    const std::vector<std::string> lines = check_tensor_parallel_partition(plan.config.tensor_parallel, *plan.model, m.tp);
+    if (plan.launch.rank == 0)
+      for (const std::string& line : lines) trainer_print(options, line);
+  }
   check_tensor_parallel_engine(plan.config, plan.device, m.tp);
   if (m.sp > 1) {
     plan.model->check_sequence_parallel(m.sp, m.tp);
