@@ -127,6 +127,8 @@ std::vector<std::pair<std::string, const char*>> swap_folder_paths(const config:
 void check_engine_trains(const config::DsConfig& config) {
   check_config_is_provided(config, static_cast<int>(config.data_parallel_world_size));
   if (config.optimizer.present()) (void)Optimizer(config.optimizer);  // its type and params, as the engine builds it
+  // What tensor parallelism refuses of the optimizer; the device is the machine's, and waits for train.
+  check_tensor_parallel_engine(config, Device::cpu(), static_cast<int>(config.tensor_parallel_size), "local");
   // An nvme_path given empty is wrong on every machine (what it names on this one: machine_findings).
   for (const auto& [path, key] : swap_folder_paths(config))
     if (path.empty()) SwapFolder::check_path(path, key);

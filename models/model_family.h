@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/hf_param_names.h"
 #include "models/layer.h"
 #include "models/module_flops.h"
 #include "models/sequence_parallel.h"
@@ -75,6 +76,14 @@ class Architecture {
   // ForwardArgs::tensor_parallel. The default: make_layers() for one rank, else
   // check_tensor_parallel's Error.
   virtual std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const;
+  // ---- the Hugging Face names: what tensor_parallel.partition_config's patterns match ----
+  // The model_type of the family's Hugging Face config ("gpt2", "llama", "qwen2"): what a layer
+  // spec's model_types name. The default: the family's name.
+  virtual std::string hf_model_type() const;
+  // Every parameter as the Hugging Face model names it, with how dstrain cuts it
+  // (models/hf_param_names.h). The default: hf_param_names_of(make_layers(), vocab_size()), for a
+  // family whose parameter names are Hugging Face's.
+  virtual std::vector<HfParamName> hf_param_names() const;
   // ---- sequence parallelism (models/sequence_parallel.h) ----
   // Error naming the key when `sp_ranks` sequence-parallel ranks cannot split this model's
   // attention with `tp_ranks` tensor-parallel ranks (DeepSpeed-Ulysses: each tensor-parallel

@@ -24,6 +24,7 @@
 #include "train/flops_report.h"
 #include "train/memory_estimate.h"
 #include "train/progress.h"
+#include "train/tensor_parallel_plan.h"
 #include "ops/error.h"
 #include "formats/hf_weights_file.h"
 #include "models/model_registry.h"
@@ -378,10 +379,16 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
 
 // What the mesh asks of the run, refused before step 1 naming the key: the model's split across the
 // tensor-parallel ranks, and what does not compose with tensor or sequence parallelism yet.
-void check_mesh_trains(const TrainingPlan& plan) {
+void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
   const MeshShape& m = plan.mesh;
   if (m.tp <= 1 && m.sp <= 1) return;
-  if (m.tp > 1) plan.model->check_tensor_parallel(m.tp);
+  if (m.tp > 1) {
+    plan.model->check_tensor_parallel(m.tp);
+    // The config's AutoTP rules (preset_model, partition_config) against the model's own cut.
+    const std::vector<std::string> lines = check_tensor_parallel_partition(plan.config.tensor_parallel, *plan.model, m.tp);
+    if (plan.launch.rank == 0)
+      for (const std::string& line : lines) trainer_print(options, line);
+  }
   check_tensor_parallel_engine(plan.config, plan.device, m.tp, plan.comm);
   if (m.sp > 1) {
     plan.model->check_sequence_parallel(m.sp, m.tp);
@@ -531,7 +538,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   g.check_sequence(T, plan.device);  // e.g. a sliding window the device's kernels do not compute is refused, naming the key
   plan.sequence_length = T;
-  check_mesh_trains(plan);
+  check_mesh_trains(plan, options);
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
     // there, listing the accepted ones).

@@ -99,6 +99,16 @@ ModuleFlops Gpt2Architecture::forward_flops(std::int64_t B, std::int64_t T) cons
                                            .max_seq_len = cfg_.n_positions});
 }
 
+std::vector<HfParamName> Gpt2Architecture::hf_param_names() const {
+  std::vector<HfParamName> names = hf_param_names_of(make_gpt2_layers(cfg_), cfg_.vocab_size);
+  for (HfParamName& p : names) {
+    if (p.name == "lm_head.weight") continue;  // GPT2LMHeadModel's own module, beside its transformer
+    p.aliases.push_back(p.name);
+    p.name = "transformer." + p.name;
+  }
+  return names;
+}
+
 std::string Gpt2Architecture::config_json() const { return gpt2_hf_config_json(cfg_); }
 
 void Gpt2Architecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const { import_gpt2_weights(path, cfg_, param); }

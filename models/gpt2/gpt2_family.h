@@ -32,6 +32,11 @@ class Gpt2Architecture final : public Architecture {
   void check_sequence_parallel(int sp_ranks, int tp_ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const override;
   ModuleFlops forward_flops(std::int64_t B, std::int64_t T) const override;
+  std::string hf_model_type() const override { return "gpt2"; }
+  // GPT2LMHeadModel's names: "transformer." + dstrain's ("transformer.h.0.attn.c_attn.weight"; the
+  // bare name, GPT2Model's, as an alias) and "lm_head.weight" (tied to wte). The Conv1D weights are
+  // read as nn.Linear's (out, in), as dstrain holds them.
+  std::vector<HfParamName> hf_param_names() const override;
   std::string config_json() const override;
   void import_weights(const std::filesystem::path& path, const ParamLookup& param) const override;
   void export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const override;

@@ -105,6 +105,31 @@ double LlamaArchitecture::flops_per_token(std::int64_t T) const {
 
 ModuleFlops LlamaArchitecture::forward_flops(std::int64_t B, std::int64_t T) const { return llama_forward_flops(cfg_, B, T); }
 
+std::vector<HfParamName> LlamaArchitecture::hf_param_names() const {
+  std::vector<HfParamName> out;
+  for (HfParamName& p : hf_param_names_of(make_llama_layers(cfg_), cfg_.vocab_size)) {
+    const auto at = p.name.find("self_attn.qkv_proj.");
+    if (at == std::string::npos) {
+      p.grad_summed = p.name.ends_with("self_attn.q_norm.weight") || p.name.ends_with("self_attn.k_norm.weight");
+      out.push_back(std::move(p));
+      continue;
+    }
+    // q_proj, k_proj, v_proj: the row blocks of qkv_proj (weight and bias), in order.
+    const std::string base = p.name.substr(0, at + std::string("self_attn.").size());
+    const std::string suffix = p.name.substr(p.name.rfind('.'));
+    const char* parts[] = {"q_proj", "k_proj", "v_proj"};
+    for (std::size_t i = 0; i < 3; ++i) {
+      HfParamName block = p;
+      block.name = base + parts[i] + suffix;
+      const ParamSplit::Part part = p.split.parts.at(i);
+      block.split = ParamSplit::rows({part});
+      block.shape = p.shape.rank == 2 ? Shape{part.size, p.shape[1]} : Shape{part.size};
+      out.push_back(std::move(block));
+    }
+  }
+  return out;
+}
+
 std::string LlamaArchitecture::config_json() const { return llama_hf_config_json(cfg_); }
 
 void LlamaArchitecture::import_weights(const std::filesystem::path& path, const ParamLookup& param) const { import_llama_weights(path, cfg_, param); }

@@ -38,6 +38,11 @@ class LlamaArchitecture final : public Architecture {
   // head_dim makes differ from the hidden size.
   double flops_per_token(std::int64_t T) const override;
   ModuleFlops forward_flops(std::int64_t B, std::int64_t T) const override;
+  std::string hf_model_type() const override { return cfg_.model_type; }
+  // LlamaForCausalLM's names (dstrain's, but q_proj, k_proj and v_proj are the row blocks of the
+  // fused qkv_proj, each with its part of the split); Qwen3's q/k norm weights are replicated with
+  // their gradients summed over the group.
+  std::vector<HfParamName> hf_param_names() const override;
   std::string config_json() const override;
   void import_weights(const std::filesystem::path& path, const ParamLookup& param) const override;
   void export_weights(const std::filesystem::path& path, const ParamLookup& param, DType file_dtype) const override;

@@ -114,6 +114,46 @@ TEST_F(TrainPreflightCli, Stage3SaveWithoutGatherIsRefusedBeforeStep1) {
   EXPECT_FALSE(fs::exists(dir_ / "z3.safetensors"));
 }
 
+// tensor_parallel.partition_config against the model (docs/parallelism.md §2): a rule that asks for
+// another cut than the layer's (row for GPT-2's column-parallel c_fc) and a preset written for
+// another architecture are refused before step 1, naming the rule, the parameter and the fix; a
+// rule that agrees is honoured, said in a line, and the run trains. check-config refuses what
+// tensor parallelism refuses of the optimizer, as train does. Before: the rules were not read.
+TEST_F(TrainPreflightCli, TensorParallelPartitionRulesAreCheckedAgainstTheModelBeforeStep1) {
+  const auto tp_config = [&](const std::string& name, const std::string& section, const std::string& optimizer = "AdamW") {
+    std::ofstream(dir_ / name) << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "optimizer": {"type": ")" << optimizer
+                               << R"(", "params": {"lr": 1e-2}}, "tensor_parallel": )" << section << "}";
+  };
+  tp_config("tp_row.json", R"({"autotp_size": 2, "partition_config": {"layer_specs": [
+      {"patterns": [".*\\.mlp\\.c_fc\\.weight$"], "partition_type": "row"}]}})");
+  CliResult r = run_dstrain(train("--num-ranks 2", "tp_row.json"));
+  expect_refused_before_training(r, "tensor_parallel.partition_config.layer_specs[0] (partition_type \"row\") names transformer.h.0.mlp.c_fc.weight");
+  EXPECT_NE(r.err.find("Fix: make it \"partition_type\": \"column\""), std::string::npos) << r.err;
+
+  tp_config("tp_preset.json", R"({"autotp_size": 2, "preset_model": "llama"})");
+  r = run_dstrain(train("--num-ranks 2", "tp_preset.json"));
+  expect_refused_before_training(r, "tensor_parallel.preset_model \"llama\" (its layer spec 0) pattern");
+  EXPECT_NE(r.err.find("names no parameter of this gpt2 model"), std::string::npos) << r.err;
+
+  tp_config("tp_column.json", R"({"autotp_size": 2, "partition_config": {"layer_specs": [
+      {"patterns": [".*\\.mlp\\.c_fc\\.weight$"], "partition_type": "column"}]}})");
+  r = run_dstrain(train("--num-ranks 2 --steps 1", "tp_column.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("autotp: tensor_parallel.partition_config.layer_specs[0] (partition_type \"column\") honoured: 2 parameters"),
+            std::string::npos)
+      << r.out;
+
+  // The 1-bit family cannot step tensor-parallel pieces (their compression scales come from a
+  // rank's elements): train and check-config refuse it alike.
+  tp_config("tp_onebit.json", R"({"autotp_size": 2})", "OneBitAdam");
+  const CliResult t = run_dstrain(train("--num-ranks 2", "tp_onebit.json"));
+  expect_refused_before_training(t, "optimizer.type \"OneBitAdam\" with tensor parallelism (2 ranks)");
+  const CliResult c = run_dstrain("check-config " + q(dir_ / "tp_onebit.json") + " --world-size 2");
+  EXPECT_EQ(c.exit_code, 2) << c.out;
+  EXPECT_NE(c.err.find("optimizer.type \"OneBitAdam\" with tensor parallelism (2 ranks)"), std::string::npos) << c.err;
+}
+
 // ---- section 2: never overwrite an input; no crash, hang or leftover ----
 
 TEST_F(TrainPreflightCli, OutputsNeverOverwriteInputs) {
