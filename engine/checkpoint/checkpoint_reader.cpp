@@ -462,12 +462,12 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
       fail("checkpoint file {} has no tensor '{}' of {} elements as its index says; the file is corrupt — load another tag", q(f.path), s.name,
            s.numel);
     }
-    const std::int64_t from = std::max(at, s.offset), to = std::min(end, s.offset + s.numel);
-    std::byte* dst = static_cast<std::byte*>(out) + static_cast<std::size_t>(from - offset) * esize;
-    const std::size_t want = static_cast<std::size_t>(to - from) * esize;
+    const std::int64_t lo = std::max(at, s.offset), to = std::min(end, s.offset + s.numel);
+    std::byte* dst = static_cast<std::byte*>(out) + static_cast<std::size_t>(lo - offset) * esize;
+    const std::size_t want = static_cast<std::size_t>(to - lo) * esize;
     const std::uint64_t piece_at = f.data_start + e->begin;
     if (s.verified) {
-      f.data->read(dst, want, piece_at + static_cast<std::uint64_t>(from - s.offset) * esize);
+      f.data->read(dst, want, piece_at + static_cast<std::uint64_t>(lo - s.offset) * esize);
     } else {
       // The checksum covers the whole saved piece: read it whole, into the caller's memory when
       // that is exactly what is wanted (a load at the saving layout), else through the scratch.
@@ -482,7 +482,7 @@ void CheckpointReader::read(const std::string& buffer, const std::string& param,
         fail("checkpoint file {}: tensor '{}' fails its checksum (crc32c): the file is corrupt — load another tag", q(f.path), s.name);
       }
       s.verified = true;
-      if (into != dst) std::memcpy(dst, into + static_cast<std::size_t>(from - s.offset) * esize, want);
+      if (into != dst) std::memcpy(dst, into + static_cast<std::size_t>(lo - s.offset) * esize, want);
     }
     at = to;
     if (at >= end) break;
