@@ -433,6 +433,7 @@ void part1(const Args& a) {
 struct Probe {
   std::uint64_t peak = 0;                                   // max over ranks of the total peak
   std::uint64_t states = 0, activations = 0, buffers = 0;   // rank 0: held states, activation and buffer peaks
+  MemoryStats rank0;
   double seconds = 0.0;
 };
 
@@ -471,6 +472,7 @@ Probe probe(const Args& a, int sp, long T, bool step) {
     std::lock_guard<std::mutex> lock(mu);
     p.peak = std::max<std::uint64_t>(p.peak, m.total.peak);
     if (comm.rank() == 0) {
+      p.rank0 = m;
       p.states = m[MemoryPurpose::params].current + m[MemoryPurpose::grads].current + m[MemoryPurpose::optimizer].current;
       p.activations = m[MemoryPurpose::activations].peak;
       p.buffers = m[MemoryPurpose::buffers].peak;
@@ -490,15 +492,44 @@ struct CapResult {
   double seconds = 0.0;
 };
 
-// The largest multiple of the quantum whose per-rank peak is <= cap, by doubling then bisecting.
-long search(const Args& a, int sp, std::uint64_t cap, bool step, int* probes) {
+// The largest multiple of the quantum q whose per-rank peak is <= cap: from `guess`, strides of
+// `stride` (doubling) up while it fits or down while it does not, then bisection. From
+// --cap-start with stride --cap-start this doubles T; `fails` (> 0) is a T known not to fit.
+long search(const Args& a, int sp, std::uint64_t cap, bool step, int* probes, long guess, long stride, long fails = 0) {
   const long q = a.cap_quantum;
-  long lo = 0, hi = std::max(q, (a.cap_start / q) * q);  // lo fits (0: none known), hi to test
-  while (true) {
+  const auto fits = [&](long T) {
     ++*probes;
-    if (probe(a, sp, hi, step).peak > cap) break;
-    lo = hi;
-    hi *= 2;
+    return probe(a, sp, T, step).peak <= cap;
+  };
+  stride = std::max(q, (stride / q) * q);
+  long lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
+  long t = std::max(q, (guess / q) * q);
+  if (fails > 0 && t >= fails) t = std::max(q, fails - q);
+  if (fits(t)) {
+    lo = t;
+    while (hi == 0) {
+      t = lo + stride;
+      if (fails > 0 && t >= fails) {
+        hi = fails;
+      } else if (fits(t)) {
+        lo = t;
+      } else {
+        hi = t;
+      }
+      stride *= 2;
+    }
+  } else {
+    hi = t;
+    while (true) {
+      t = hi - stride;
+      if (t <= 0) break;
+      if (fits(t)) {
+        lo = t;
+        break;
+      }
+      hi = t;
+      stride *= 2;
+    }
   }
   while (hi - lo > q) {
     const long mid = ((lo + hi) / 2 / q) * q;
@@ -525,16 +556,27 @@ void part2(const Args& a) {
     r.sp = sp;
     const auto t0 = Clock::now();
     try {
-      r.t_max = search(a, sp, cap, a.cap_step_each, &r.probes);
+      r.t_max = search(a, sp, cap, a.cap_step_each, &r.probes, a.cap_start, a.cap_start);
       if (r.t_max > 0) r.at_max = probe(a, sp, r.t_max, false);
       r.above = probe(a, sp, r.t_max + a.cap_quantum, false);
       if (a.cap_verify && !a.cap_step_each && r.t_max > 0) {
         r.step_at_max = probe(a, sp, r.t_max, true);
         r.verified = true;
         if (r.step_at_max.peak != r.at_max.peak) {
-          fmt::print("SP {}: a step's peak differs from the construction-time peak ({} / {} B at T {}): searching again with a step at every probe\n", sp,
-                     r.step_at_max.peak, r.at_max.peak, r.t_max);
-          r.t_max = search(a, sp, cap, true, &r.probes);
+          // A step allocates beyond what the engine holds when built (e.g. ZeRO-3's gathered
+          // parameters): search again with a step at every probe, starting where the extra bytes
+          // (at the construction-time slope, bytes per quantum) put T_max; the T one quantum above the
+          // construction-time T_max cannot fit.
+          std::string grew;
+          for (MemoryPurpose pu : kAllMemoryPurposes) {
+            const auto x = r.step_at_max.rank0[pu].peak, y = r.at_max.rank0[pu].peak;
+            if (x != y) grew += fmt::format(" {} {:+.2f} MiB", memory_purpose_name(pu), (static_cast<double>(x) - static_cast<double>(y)) / (1 << 20));
+          }
+          fmt::print("SP {}: one step peaks at {} B, the engine built at T {} at {} B (rank 0's peaks:{}): searching again with a step at every probe\n", sp,
+                     r.step_at_max.peak, r.t_max, r.at_max.peak, grew);
+          const double slope = static_cast<double>(r.above.peak - r.at_max.peak);  // bytes per quantum
+          const long back = slope > 0 ? static_cast<long>(static_cast<double>(r.step_at_max.peak - r.at_max.peak) / slope + 1.0) * a.cap_quantum : 0;
+          r.t_max = search(a, sp, cap, true, &r.probes, r.t_max - back, a.cap_quantum, r.t_max + a.cap_quantum);
           r.at_max = r.step_at_max = probe(a, sp, r.t_max, true);
           r.above = probe(a, sp, r.t_max + a.cap_quantum, true);
         }
