@@ -26,6 +26,7 @@
 //   build/bench/bench_parallel_cpu --part 1 --seq 512 --global-batch 8 --steps 5
 //   build/bench/bench_parallel_cpu --part 2 --cap-mib 1024 --cap-model llama:L8-C512-H8-KV4-I1376-V8192
 //
+// Figures measured on a 2-core machine: docs/parallelism.md §6.
 // The ranks are threads sharing this machine's cores: step times measure the engine's work plus
 // its synchronisation on shared cores, not a network; bytes and memory are exact counts.
 #include <algorithm>
@@ -114,6 +115,7 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--help" || k == "-h") usage("the options");
     if (i + 1 >= argc) usage(k + " needs a value");
     const char* v = argv[++i];
     if (k == "--part")
@@ -331,15 +333,17 @@ Predicted predict(const Heads& h, const MeshSpec& m, long micro, long Tl, std::i
                       L = static_cast<std::uint64_t>(h.L), s = 4;
   // TP (§2): 2(W−1)/W · [(4L + 2)·B·T·C·s + 3·B·T·4] (no q/k norm in these shapes), as ring all-reduces.
   if (m.tp > 1) {
-    p.tp = (4 * L + 2) * ring_bytes_sent(CollectiveKind::all_reduce, B * T * C * s, m.tp) + ring_bytes_sent(CollectiveKind::all_reduce, B * T * 4, m.tp) +
-           ring_bytes_sent(CollectiveKind::all_reduce, 2 * B * T * 4, m.tp);
+    p.tp = (4 * L + 2) * ring_bytes_sent(CollectiveKind::all_reduce, B * T * C * s, m.tp) +
+           ring_bytes_sent(CollectiveKind::all_reduce, B * T * 4, m.tp) + ring_bytes_sent(CollectiveKind::all_reduce, 2 * B * T * 4, m.tp);
   }
   // SP (§3): per block, forward and backward, (SP−1)/SP · B·Tl·(W + Q)·s with this tensor-parallel
   // rank's heads, in two all-to-alls each way; plus two fp64 all-reduces (targets, loss).
   if (m.sp > 1) {
-    const std::uint64_t nh = static_cast<std::uint64_t>(h.NH / m.tp), nkv = static_cast<std::uint64_t>(h.NKV / m.tp), hs = static_cast<std::uint64_t>(h.HS);
+    const std::uint64_t nh = static_cast<std::uint64_t>(h.NH / m.tp), nkv = static_cast<std::uint64_t>(h.NKV / m.tp),
+                        hs = static_cast<std::uint64_t>(h.HS);
     const std::uint64_t W = (nh + 2 * nkv) * hs, Q = nh * hs;
-    p.sp = 2 * L * (ring_bytes_sent(CollectiveKind::all_to_all, B * T * W * s, m.sp) + ring_bytes_sent(CollectiveKind::all_to_all, B * T * Q * s, m.sp)) +
+    p.sp = 2 * L *
+               (ring_bytes_sent(CollectiveKind::all_to_all, B * T * W * s, m.sp) + ring_bytes_sent(CollectiveKind::all_to_all, B * T * Q * s, m.sp)) +
            2 * ring_bytes_sent(CollectiveKind::all_reduce, 8, m.sp);
   }
   // Data group (DP x SP ranks; ZeRO stage 0-2: 2Ψ of this rank's pieces, fp32 gradients) — the
@@ -356,10 +360,11 @@ void part1(const Args& a) {
   for (const std::string& spec : a.models) {
     const auto arch = model_architecture(with_positions(spec, a.seq));
     const Heads h = heads_of(spec, *arch);
-    fmt::print("\n== {} ({:.2f}M parameters; L {}, C {}, heads {} / kv {}, head size {}): global batch {} x T {} = {} tokens per step, fp32, ZeRO {}, "
-               "{} warm-up + {} timed steps ==\n",
-               with_positions(spec, a.seq), arch->parameter_count() / 1e6, h.L, h.C, h.NH, h.NKV, h.HS, a.global_batch, a.seq, a.global_batch * a.seq,
-               a.stage, a.warmup, a.steps);
+    fmt::print(
+        "\n== {} ({:.2f}M parameters; L {}, C {}, heads {} / kv {}, head size {}): global batch {} x T {} = {} tokens per step, fp32, ZeRO {}, "
+        "{} warm-up + {} timed steps ==\n",
+        with_positions(spec, a.seq), arch->parameter_count() / 1e6, h.L, h.C, h.NH, h.NKV, h.HS, a.global_batch, a.seq, a.global_batch * a.seq,
+        a.stage, a.warmup, a.steps);
     std::vector<MeshResult> rs;
     for (const MeshSpec& m : a.meshes) {
       try {
@@ -403,17 +408,17 @@ void part1(const Args& a) {
     row("data group: 2(W-1)/W x 4 Psi_rank", [&](const MeshResult& r) { return fmt::format("{}", pred(r).data); });
     row("data: counted - formula", [&](const MeshResult& r) { return diff(r.ranks[0].data.total_bytes_sent(), pred(r).data); });
     row("Psi_rank (padded elements)", [](const MeshResult& r) { return fmt::format("{}", r.ranks[0].zero.padded_param_elements); });
-    fmt::print("   (the step's scalars, outside the per-micro-batch formulas: tp +16 B = one fp64 all-reduce of (norm², non-finite)\n"
-               "    over 2 ranks, +24 over 4; data: one fp64 all-reduce of (norm², non-finite, loss) = +24 B over 2 ranks, +36 over 4)\n");
+    fmt::print(
+        "   (the step's scalars, outside the per-micro-batch formulas: tp +16 B = one fp64 all-reduce of (norm², non-finite)\n"
+        "    over 2 ranks, +24 over 4; data: one fp64 all-reduce of (norm², non-finite, loss) = +24 B over 2 ranks, +36 over 4)\n");
     fmt::print("-- rank 0's memory (MiB, allocator statistics) --\n");
     const auto cur = [](const MeshResult& r, MemoryPurpose p) { return r.ranks[0].memory[p].current; };
     const auto peak = [](const MeshResult& r, MemoryPurpose p) { return r.ranks[0].memory[p].peak; };
     row("params", [&](const MeshResult& r) { return mib(cur(r, MemoryPurpose::params)); });
     row("grads", [&](const MeshResult& r) { return mib(cur(r, MemoryPurpose::grads)); });
     row("optimizer", [&](const MeshResult& r) { return mib(cur(r, MemoryPurpose::optimizer)); });
-    row("params+grads+optimizer", [&](const MeshResult& r) {
-      return mib(cur(r, MemoryPurpose::params) + cur(r, MemoryPurpose::grads) + cur(r, MemoryPurpose::optimizer));
-    });
+    row("params+grads+optimizer",
+        [&](const MeshResult& r) { return mib(cur(r, MemoryPurpose::params) + cur(r, MemoryPurpose::grads) + cur(r, MemoryPurpose::optimizer)); });
     row("activations (peak)", [&](const MeshResult& r) { return mib(peak(r, MemoryPurpose::activations)); });
     row("buffers (peak)", [&](const MeshResult& r) { return mib(peak(r, MemoryPurpose::buffers)); });
     row("total (peak)", [](const MeshResult& r) { return mib(r.ranks[0].memory.total.peak); });
@@ -431,8 +436,9 @@ void part1(const Args& a) {
 // ---- part 2 ----
 
 struct Probe {
-  std::uint64_t peak = 0;                                   // max over ranks of the total peak
-  std::uint64_t states = 0, activations = 0, buffers = 0;   // rank 0: held states, activation and buffer peaks
+  std::uint64_t peak = 0;                                  // max over ranks of the total peak
+  std::uint64_t states = 0, activations = 0, buffers = 0;  // rank 0: held states, activation and buffer peaks
+  MemoryStats rank0;
   double seconds = 0.0;
 };
 
@@ -471,6 +477,7 @@ Probe probe(const Args& a, int sp, long T, bool step) {
     std::lock_guard<std::mutex> lock(mu);
     p.peak = std::max<std::uint64_t>(p.peak, m.total.peak);
     if (comm.rank() == 0) {
+      p.rank0 = m;
       p.states = m[MemoryPurpose::params].current + m[MemoryPurpose::grads].current + m[MemoryPurpose::optimizer].current;
       p.activations = m[MemoryPurpose::activations].peak;
       p.buffers = m[MemoryPurpose::buffers].peak;
@@ -483,22 +490,51 @@ Probe probe(const Args& a, int sp, long T, bool step) {
 struct CapResult {
   int sp = 1;
   long t_max = 0;
-  Probe at_max, above;              // construction-time figures
-  Probe step_at_max;                // a real step's (when verified)
+  Probe at_max, above;  // construction-time figures
+  Probe step_at_max;    // a real step's (when verified)
   bool verified = false;
   int probes = 0;
   double seconds = 0.0;
 };
 
-// The largest multiple of the quantum whose per-rank peak is <= cap, by doubling then bisecting.
-long search(const Args& a, int sp, std::uint64_t cap, bool step, int* probes) {
+// The largest multiple of the quantum q whose per-rank peak is <= cap: from `guess`, strides of
+// `stride` (doubling) up while it fits or down while it does not, then bisection. From
+// --cap-start with stride --cap-start this doubles T; `fails` (> 0) is a T known not to fit.
+long search(const Args& a, int sp, std::uint64_t cap, bool step, int* probes, long guess, long stride, long fails = 0) {
   const long q = a.cap_quantum;
-  long lo = 0, hi = std::max(q, (a.cap_start / q) * q);  // lo fits (0: none known), hi to test
-  while (true) {
+  const auto fits = [&](long T) {
     ++*probes;
-    if (probe(a, sp, hi, step).peak > cap) break;
-    lo = hi;
-    hi *= 2;
+    return probe(a, sp, T, step).peak <= cap;
+  };
+  stride = std::max(q, (stride / q) * q);
+  long lo = 0, hi = 0;  // lo fits (0: none known), hi does not (0: none known)
+  long t = std::max(q, (guess / q) * q);
+  if (fails > 0 && t >= fails) t = std::max(q, fails - q);
+  if (fits(t)) {
+    lo = t;
+    while (hi == 0) {
+      t = lo + stride;
+      if (fails > 0 && t >= fails) {
+        hi = fails;
+      } else if (fits(t)) {
+        lo = t;
+      } else {
+        hi = t;
+      }
+      stride *= 2;
+    }
+  } else {
+    hi = t;
+    while (true) {
+      t = hi - stride;
+      if (t <= 0) break;
+      if (fits(t)) {
+        lo = t;
+        break;
+      }
+      hi = t;
+      stride *= 2;
+    }
   }
   while (hi - lo > q) {
     const long mid = ((lo + hi) / 2 / q) * q;
@@ -514,27 +550,42 @@ long search(const Args& a, int sp, std::uint64_t cap, bool step, int* probes) {
 void part2(const Args& a) {
   const std::uint64_t cap = static_cast<std::uint64_t>(a.cap_mib) << 20;
   const auto arch = model_architecture(with_positions(a.cap_model, 1024));
-  fmt::print("\n== the longest sequence within {} MiB per rank: {} ({:.2f}M parameters), micro-batch {}, fp32, ZeRO {}, world = SP (DP 1); "
-             "T to a multiple of {} ==\n",
-             a.cap_mib, a.cap_model, arch->parameter_count() / 1e6, a.cap_batch, a.cap_stage, a.cap_quantum);
+  fmt::print(
+      "\n== the longest sequence within {} MiB per rank: {} ({:.2f}M parameters), micro-batch {}, fp32, ZeRO {}, world = SP (DP 1); "
+      "T to a multiple of {} ==\n",
+      a.cap_mib, a.cap_model, arch->parameter_count() / 1e6, a.cap_batch, a.cap_stage, a.cap_quantum);
   fmt::print("(probes: the engine's allocator peak over all purposes, max over ranks, {})\n",
-             a.cap_step_each ? "after one real step at every probe" : "after the engine is built (every activation is allocated then); one real step checks T_max");
+             a.cap_step_each ? "after one real step at every probe"
+                             : "after the engine is built (every activation is allocated then); one real step checks T_max");
   std::vector<CapResult> rs;
   for (int sp : a.cap_sps) {
     CapResult r;
     r.sp = sp;
     const auto t0 = Clock::now();
     try {
-      r.t_max = search(a, sp, cap, a.cap_step_each, &r.probes);
+      r.t_max = search(a, sp, cap, a.cap_step_each, &r.probes, a.cap_start, a.cap_start);
       if (r.t_max > 0) r.at_max = probe(a, sp, r.t_max, false);
       r.above = probe(a, sp, r.t_max + a.cap_quantum, false);
       if (a.cap_verify && !a.cap_step_each && r.t_max > 0) {
         r.step_at_max = probe(a, sp, r.t_max, true);
         r.verified = true;
         if (r.step_at_max.peak != r.at_max.peak) {
-          fmt::print("SP {}: a step's peak differs from the construction-time peak ({} / {} B at T {}): searching again with a step at every probe\n", sp,
-                     r.step_at_max.peak, r.at_max.peak, r.t_max);
-          r.t_max = search(a, sp, cap, true, &r.probes);
+          // A step allocates beyond what the engine holds when built (e.g. ZeRO-3's gathered
+          // parameters): search again with a step at every probe, starting where the extra bytes
+          // (at the construction-time slope, bytes per quantum) put T_max; the T one quantum above the
+          // construction-time T_max cannot fit.
+          std::string grew;
+          for (MemoryPurpose pu : kAllMemoryPurposes) {
+            const auto x = r.step_at_max.rank0[pu].peak, y = r.at_max.rank0[pu].peak;
+            if (x != y)
+              grew += fmt::format(" {} {:+.2f} MiB", memory_purpose_name(pu), (static_cast<double>(x) - static_cast<double>(y)) / (1 << 20));
+          }
+          fmt::print(
+              "SP {}: one step peaks at {} B, the engine built at T {} at {} B (rank 0's peaks:{}): searching again with a step at every probe\n", sp,
+              r.step_at_max.peak, r.t_max, r.at_max.peak, grew);
+          const double slope = static_cast<double>(r.above.peak - r.at_max.peak);  // bytes per quantum
+          const long back = slope > 0 ? static_cast<long>(static_cast<double>(r.step_at_max.peak - r.at_max.peak) / slope + 1.0) * a.cap_quantum : 0;
+          r.t_max = search(a, sp, cap, true, &r.probes, r.t_max - back, a.cap_quantum, r.t_max + a.cap_quantum);
           r.at_max = r.step_at_max = probe(a, sp, r.t_max, true);
           r.above = probe(a, sp, r.t_max + a.cap_quantum, true);
         }
@@ -558,8 +609,9 @@ void part2(const Args& a) {
                mib(r.at_max.states), mib(r.at_max.activations), mib(r.at_max.buffers), r.verified ? mib(r.step_at_max.peak) : std::string("-"),
                mib(r.above.peak), per_token, r.probes, r.seconds);
   }
-  fmt::print("(peak: max over ranks at T_max; step peak: the same after one real step at T_max; T_max+q: the peak one quantum above T_max, > the cap;\n"
-             " act B/token: rank 0's activation peak over its own T_max / SP tokens)\n");
+  fmt::print(
+      "(peak: max over ranks at T_max; step peak: the same after one real step at T_max; T_max+q: the peak one quantum above T_max, > the cap;\n"
+      " act B/token: rank 0's activation peak over its own T_max / SP tokens)\n");
 }
 
 }  // namespace
@@ -569,7 +621,8 @@ int main(int argc, char** argv) {
   try {
     set_log_level(LogLevel::warning);
     const char* threads = std::getenv("OMP_NUM_THREADS");
-    fmt::print("bench_parallel_cpu: {} local ranks (threads of this process), OMP_NUM_THREADS={}\n", a.ranks, threads != nullptr ? threads : "(unset)");
+    fmt::print("bench_parallel_cpu: {} local ranks (threads of this process), OMP_NUM_THREADS={}\n", a.ranks,
+               threads != nullptr ? threads : "(unset)");
     const auto t0 = Clock::now();
     if (a.part == 0 || a.part == 1) part1(a);
     const auto t1 = Clock::now();
