@@ -73,13 +73,13 @@ void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, 
          whole.str());
   }
   if (!spec.is_piece()) {
-    std::memcpy(whole.data, piece.data, static_cast<std::size_t>(whole.numel()) * sizeof(float));
+    if (whole.numel() > 0) std::memcpy(whole.data, piece.data, static_cast<std::size_t>(whole.numel()) * sizeof(float));
     return;
   }
   // Pieces may differ in size (uneven splits): each travels in a slot of the largest size.
   const std::int64_t slot = piece_slot_numel(spec.split, full, W, spec.name);
   std::vector<float> send(static_cast<std::size_t>(slot), 0.0f), recv(static_cast<std::size_t>(slot) * static_cast<std::size_t>(W), 0.0f);
-  std::memcpy(send.data(), piece.data, static_cast<std::size_t>(piece.numel()) * sizeof(float));
+  if (piece.numel() > 0) std::memcpy(send.data(), piece.data, static_cast<std::size_t>(piece.numel()) * sizeof(float));  // a rank may hold none
   const Tensor host_send(send.data(), DType::fp32, Shape{slot}), host_recv(recv.data(), DType::fp32, Shape{slot * W});
   if (staging == nullptr) {
     tp.all_gather(host_send, host_recv);
