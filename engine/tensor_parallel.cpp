@@ -94,11 +94,7 @@ void gather_whole(Communicator& tp, const ParamSpec& spec, const Tensor& piece, 
     tp.synchronize();
     copy_tensor(host_recv, dr);
   }
-  for (int r = 0; r < W; ++r) {
-    const Shape ps = piece_shape(spec.split, full, W, r, spec.name);
-    copy_piece_to_whole(Tensor(recv.data() + static_cast<std::size_t>(slot) * static_cast<std::size_t>(r), DType::fp32, ps),
-                        Tensor(whole.data, DType::fp32, full), spec.split, W, r, spec.name);
-  }
+  assemble_whole(host_recv, slot, Tensor(whole.data, DType::fp32, full), spec.split, W, spec.name);
 }
 
 }  // namespace dstrain

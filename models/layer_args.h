@@ -7,6 +7,8 @@
 
 #include "ops/error.h"
 #include "ops/kernels/dropout.h"
+#include "ops/kernels/matmul.h"
+#include "ops/kernels/tensor_ops.h"
 #include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/kernels/vocab_parallel_cross_entropy.h"
 #include "ops/tensor.h"
@@ -62,6 +64,20 @@ inline void head_loss_backward(const BackwardArgs& a, Tensor lse, Tensor logits,
   const std::int64_t n = count_targets(a.batch);
   const float dloss = n > 0 ? a.dloss / static_cast<float>(n) : 0.0f;
   softmax_cross_entropy_backward(logits, logits, lse, a.batch.targets, dloss, vocab);
+}
+
+// A row-parallel projection (attention output, MLP down) under tensor parallelism: this rank's
+// partial product out = inp · wᵀ, the bias added once (by rank 0, which holds the most heads), then
+// summed over the group. A rank whose input has no columns (no heads) adds zeros. Without a group:
+// the plain linear.
+inline void row_parallel_forward(const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b, const Tensor& mm, TensorParallelRank tp,
+                                 TensorParallelGroup* group) {
+  if (inp.shape[inp.shape.rank - 1] == 0) {
+    zero_tensor(out);
+  } else {
+    matmul_forward(out, inp, w, tp.rank == 0 ? b : Tensor{}, mm);
+  }
+  if (group != nullptr) group->sum(out);
 }
 
 // A tensor-parallel rank's rows of a vocabulary table of `padded` rows whose first `vocab` are real

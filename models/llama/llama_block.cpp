@@ -213,14 +213,8 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   const Tensor mm = a.scratch[kMatmul];
   const float eps = cfg_.rms_norm_eps;
   TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
-  // A row-parallel projection: this rank's partial product, the bias once (rank 0), summed.
   auto row_parallel = [&](const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
-    if (inp.shape[inp.shape.rank - 1] == 0) {
-      zero_tensor(out);  // a rank without heads adds zeros (never rank 0, which holds the most)
-    } else {
-      matmul_forward(out, inp, w, tp_.rank == 0 ? b : Tensor{}, mm);
-    }
-    if (group != nullptr) group->sum(out);
+    layer_args::row_parallel_forward(out, inp, w, b, mm, tp_, group);
   };
 
   rmsnorm_forward(s[kLn1], s[kRstd1], a.input, p[pi.ln1], eps);
