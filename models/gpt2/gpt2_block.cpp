@@ -216,11 +216,6 @@ void Gpt2Block::backward(const BackwardArgs& a) {
   }
   const Tensor datty = view(btc_b, width_);
   const Tensor dln1 = btc_a;  // written once dproj is dead
-  if (heads_ == 0 && g[kAttnProjB].numel() > 0) {
-    fail("layer '{}': tensor-parallel rank {} of {} holds none of the {} heads, and attn.c_proj has a bias whose gradient it could not form; use at "
-         "most {} tensor-parallel ranks",
-         name(), tp_.rank, tp_.ranks, cfg_.n_head, cfg_.n_head);
-  }
   if (heads_ > 0) {
     zero_tensor(datty);
     matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
@@ -231,6 +226,8 @@ void Gpt2Block::backward(const BackwardArgs& a) {
     zero_tensor(dln1);
     matmul_backward(dln1, g[kAttnW], g[kAttnB], dqkv, s[kLn1], p[kAttnW], mm);
   } else {
+    // No heads on this rank: only the (replicated) projection bias's gradient, as every rank forms it.
+    matmul_backward(Tensor{}, Tensor{}, g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
     zero_tensor(dln1);
   }
   if (group != nullptr) group->sum(dln1);  // the column-parallel c_attn's input gradient

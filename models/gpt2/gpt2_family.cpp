@@ -56,12 +56,11 @@ std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_layers() const { retu
 
 void Gpt2Architecture::check_tensor_parallel(int ranks) const {
   if (ranks < 1) fail("tensor_parallel: {} ranks; give 1 or more", ranks);
-  // Heads are kept whole (AutoTP's rule) and may be spread unevenly; a rank without heads could
-  // not form attn.c_proj's bias gradient, which GPT-2 always has.
-  if (ranks > cfg_.n_head) {
-    fail("tensor_parallel.autotp_size {} is more than GPT-2's n_head {}: every tensor-parallel rank must hold at least one whole head; use at most {} "
-         "ranks",
-         ranks, cfg_.n_head, cfg_.n_head);
+  // Heads are kept whole (AutoTP's rule) and may be spread unevenly; with more ranks than heads the
+  // surplus ranks hold none and add zeros. The MLP's 4C features are cut one by one.
+  if (ranks > 4 * cfg_.n_embd) {
+    fail("tensor_parallel.autotp_size {} is more than GPT-2's 4 x n_embd = {} MLP features: every rank must hold some; use at most {} ranks", ranks,
+         4 * cfg_.n_embd, 4 * cfg_.n_embd);
   }
 }
 

@@ -317,9 +317,8 @@ void LlamaBlock::backward(const BackwardArgs& a) {
     }
     matmul_backward(dln1, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, s[kLn1], p[pi.qkv_w], mm);
   } else if (pi.o_b >= 0) {
-    fail("layer '{}': tensor-parallel rank {} of {} holds none of the {} key/value heads, and o_proj has a bias whose gradient it could not form; "
-         "use at most {} tensor-parallel ranks",
-         name(), tp_.rank, tp_.ranks, cfg_.n_kv_head, cfg_.n_kv_head);
+    // No heads on this rank: only the (replicated) o_proj bias's gradient, as every rank forms it.
+    matmul_backward(Tensor{}, Tensor{}, g[pi.o_b], dres, s[kAtty], p[pi.o_w], mm);
   }
   if (sum_qk_norm) {
     group->sum(qk_partial);

@@ -61,14 +61,8 @@ void LlamaArchitecture::check_tensor_parallel(int ranks) const {
     fail("tensor_parallel.autotp_size {} is more than intermediate_size {}: every rank must hold some MLP features; use at most {} ranks", ranks,
          cfg_.intermediate_size, cfg_.intermediate_size);
   }
-  if (ranks > cfg_.n_kv_head) {
-    // AutoTP's rule: the key/value heads stay whole; the surplus ranks hold no attention weights.
-    if (cfg_.o_bias) {
-      fail("tensor_parallel.autotp_size {} is more than num_key_value_heads {}, and o_proj has a bias: a rank without heads could not form its "
-           "gradient; use at most {} ranks",
-           ranks, cfg_.n_kv_head, cfg_.n_kv_head);
-    }
-  }
+  // AutoTP's rule: the key/value heads stay whole; with more ranks than them the surplus ranks hold
+  // no attention weights and add zeros (their o_proj bias gradient is formed as every rank's).
 }
 
 void LlamaArchitecture::check_sequence_parallel(int sp_ranks, int tp_ranks) const {

@@ -234,6 +234,16 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
                    {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"dout", dout}, {"inp", inp}, {"weight", weight}, {"scratch", scratch}});
   const MmShape s = cpu::check_matmul_backward_args(op, dinp, dweight, dbias, dout, inp, weight, scratch);
   DSTRAIN_RETURN_ON_CUDA(gpu, matmul_backward(dinp, dweight, dbias, dout, inp, weight, scratch));
+  if (s.C == 0 && !dbias.empty() && s.OC > 0) {
+    // An input with no columns (a tensor-parallel rank holding no heads) still has a bias
+    // gradient: the column sums of dout, by the same code as every other call, so that ranks
+    // whose replicated bias gradients must agree get the same bits.
+    const MmShape rows{dout.numel() / s.OC, 0, s.OC};
+    cpu::dispatch_float(op, dout.dtype, [&]<typename T>(cpu::TypeTag<T>) {
+      backward_impl<T>(nullptr, nullptr, static_cast<T*>(dbias.data), static_cast<const T*>(dout.data), nullptr, nullptr, nullptr, rows);
+    });
+    return;
+  }
   if (s.BT == 0 || s.OC == 0 || s.C == 0) return;
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {
     backward_impl<T>(dinp.empty() ? nullptr : static_cast<T*>(dinp.data), dweight.empty() ? nullptr : static_cast<T*>(dweight.data),

@@ -410,6 +410,14 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor /
 void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight, Tensor /*scratch*/) {
   use_device_of(inp);
   const std::int64_t C = inp.shape[inp.shape.rank - 1], BT = C == 0 ? 0 : inp.numel() / C, OC = weight.shape[0];
+  if (C == 0 && !dbias.empty() && OC > 0 && dout.numel() > 0) {
+    // An input with no columns (a tensor-parallel rank holding no heads): the bias gradient alone,
+    // by the same kernel as every other call (the CPU's rule, ops/cpu/matmul.cpp).
+    const std::int64_t rows = dout.numel() / OC;
+    const DeviceScratch::Lease partials = DeviceScratch::get(dout.device.index, cuda_detail::column_partials_bytes(rows, OC), "matmul_backward");
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_matmul_dbias(dbias.data, dout.data, dout.dtype, rows, OC, static_cast<double*>(partials.ptr), kStream));
+    return;
+  }
   if (BT == 0 || OC == 0 || C == 0) return;
   CublasLtContext& ctx = CublasLtContext::get(inp.device.index);
   if (!dbias.empty()) {

@@ -64,6 +64,16 @@ TEST(TensorParallelUneven, ThreeRanksMatchOneRank) {
   }
 }
 
+// More tensor-parallel ranks than GPT-2 heads (2 heads over 4 ranks, as AutoTP allows): the
+// surplus ranks hold no attention weights, add zeros, and form the replicated attn.c_proj bias's
+// gradient from the same d(out) as every rank (matmul_backward with an input of no columns).
+TEST(TensorParallelUneven, MoreRanksThanGpt2Heads) {
+  MeshRun m;
+  m.tp = 4;
+  m.model = kModel;  // gpt2:L2-C32-H2-V96-T16
+  check_against_one_rank(m);
+}
+
 TEST(TensorParallelPrecision, Bf16AndCheckpointing) {
   MeshRun m;
   m.tp = 2;
