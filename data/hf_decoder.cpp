@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
 #include "data/utf8.h"
 #include "ops/error.h"
 
@@ -68,16 +69,16 @@ void HfDecoder::parse_into(const nlohmann::json& config, const std::string& wher
     step.content = config["content"].get<std::string>();
   } else if (type == "Strip") {
     step.kind = Kind::strip;
-    step.pattern = config.value("content", std::string(" "));
-    step.start = config.value("start", std::size_t{0});
-    step.stop = config.value("stop", std::size_t{0});
+    step.pattern = tokenizer_json::string_or(config, "content", " ", where);
+    step.start = tokenizer_json::size_or(config, "start", 0, where);
+    step.stop = tokenizer_json::size_or(config, "stop", 0, where);
   } else if (type == "Metaspace") {
     step.kind = Kind::metaspace;
-    step.pattern = config.value("replacement", std::string("\u2581"));
+    step.pattern = tokenizer_json::string_or(config, "replacement", "\u2581", where);
     if (config.contains("prepend_scheme") && config["prepend_scheme"].is_string()) {
       step.strip_first_space = config["prepend_scheme"].get<std::string>() != "never";
     } else {
-      step.strip_first_space = config.value("add_prefix_space", true);
+      step.strip_first_space = tokenizer_json::bool_or(config, "add_prefix_space", true, where);
     }
   } else {
     fail("{}.type is \"{}\", which dstrain does not implement; supported decoders: {}", where, type, kSupported);

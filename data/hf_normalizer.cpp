@@ -6,18 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
+#include "formats/json_text.h"
 #include "ops/error.h"
 
 namespace dstrain {
 namespace {
 
 constexpr const char* kSupported = "NFC, NFD, NFKC, NFKD, Prepend, Replace (String pattern), Sequence";
-
-std::string string_field(const nlohmann::json& config, const char* key, const std::string& where) {
-  const auto it = config.find(key);
-  if (it == config.end() || !it->is_string()) fail("{}.{} should be a string", where, key);
-  return it->get<std::string>();
-}
 
 // Unicode normalisation through ICU (UTF-8 -> UTF-16 -> normalised -> UTF-8). Input is valid UTF-8
 // here (the tokenizer replaced invalid bytes before).
@@ -79,18 +75,18 @@ void HfNormalizer::parse_into(const nlohmann::json& config, const std::string& w
   else if (type == "NFKD")
     steps.push_back({Kind::nfkd, {}, {}});
   else if (type == "Prepend")
-    steps.push_back({Kind::prepend, string_field(config, "prepend", where), {}});
+    steps.push_back({Kind::prepend, tokenizer_json::required_string(config, "prepend", where), {}});
   else if (type == "Replace") {
     const auto pattern = config.find("pattern");
     if (pattern == config.end() || !pattern->is_object() || !pattern->contains("String") || !(*pattern)["String"].is_string()) {
       fail(
           "{}.pattern is {}: dstrain's Replace normalizer takes a {{\"String\": ...}} pattern only (supported "
           "normalizers: {})",
-          where, pattern == config.end() ? "missing" : pattern->dump(), kSupported);
+          where, pattern == config.end() ? "missing" : json_excerpt(*pattern), kSupported);
     }
     std::string from = (*pattern)["String"].get<std::string>();
     if (from.empty()) fail("{}.pattern.String is empty: nothing to replace", where);
-    steps.push_back({Kind::replace, std::move(from), string_field(config, "content", where)});
+    steps.push_back({Kind::replace, std::move(from), tokenizer_json::required_string(config, "content", where)});
   } else if (type == "Sequence") {
     const auto list = config.find("normalizers");
     if (list == config.end() || !list->is_array()) fail("{}.normalizers should be a list", where);

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
+#include "formats/json_text.h"
 #include "data/utf8.h"
 #include "ops/error.h"
 #include "ops/log.h"
@@ -94,13 +96,6 @@ class Regex {
   std::unique_ptr<pcre2_code, Pcre2CodeDeleter> code_;
   std::string pattern_, where_;
 };
-
-bool bool_field(const nlohmann::json& config, const char* key, bool fallback, const std::string& where) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail("{}.{} is {}, not true or false", where, key, it->dump());
-  return it->get<bool>();
-}
 
 }  // namespace
 
@@ -224,27 +219,27 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
     } else {
       fail("{}.pattern should be {{\"Regex\": ...}} or {{\"String\": ...}}", where);
     }
-    const std::string behavior = config.value("behavior", std::string("Isolated"));
+    const std::string behavior = tokenizer_json::string_or(config, "behavior", "Isolated", where);
     if (behavior != "Isolated" && behavior != "Removed") {
       fail("{}.behavior is \"{}\"; dstrain implements Isolated and Removed (supported pre-tokenizers: {})", where, behavior, kSupported);
     }
     step->removed = behavior == "Removed";
-    if (bool_field(config, "invert", false, where)) fail("{}.invert is true; dstrain implements Split with invert false only", where);
+    if (tokenizer_json::bool_or(config, "invert", false, where)) fail("{}.invert is true; dstrain implements Split with invert false only", where);
   } else if (type == "ByteLevel") {
     step->kind = Step::Kind::byte_level;
     // Hugging Face's defaults: add_prefix_space true, use_regex true.
-    step->add_prefix_space = bool_field(config, "add_prefix_space", true, where);
-    if (bool_field(config, "use_regex", true, where)) {
+    step->add_prefix_space = tokenizer_json::bool_or(config, "add_prefix_space", true, where);
+    if (tokenizer_json::bool_or(config, "use_regex", true, where)) {
       step->regex = std::make_unique<Regex>(std::string(kByteLevelPattern), js_regex_for_pcre2(kByteLevelPattern), false,
                                             where + " (ByteLevel's GPT-2 pattern)");
     }
     out.byte_level_ = true;
   } else if (type == "Digits") {
     step->kind = Step::Kind::digits;
-    step->individual_digits = bool_field(config, "individual_digits", false, where);
+    step->individual_digits = tokenizer_json::bool_or(config, "individual_digits", false, where);
   } else if (type == "Metaspace") {
     step->kind = Step::Kind::metaspace;
-    step->replacement = config.value("replacement", std::string("\u2581"));
+    step->replacement = tokenizer_json::string_or(config, "replacement", "\u2581", where);
     if (step->replacement.empty()) fail("{}.replacement is empty", where);
     if (config.contains("prepend_scheme") && !config["prepend_scheme"].is_null()) {
       const std::string scheme = config["prepend_scheme"].is_string() ? config["prepend_scheme"].get<std::string>() : "";
@@ -255,11 +250,11 @@ void HfPreTokenizer::parse_into(const nlohmann::json& config, const std::string&
       else if (scheme == "never")
         step->prepend = Step::Prepend::never;
       else
-        fail("{}.prepend_scheme is {}; use \"always\", \"first\" or \"never\"", where, config["prepend_scheme"].dump());
+        fail("{}.prepend_scheme is {}; use \"always\", \"first\" or \"never\"", where, json_excerpt(config["prepend_scheme"]));
     } else {
-      step->prepend = bool_field(config, "add_prefix_space", true, where) ? Step::Prepend::always : Step::Prepend::never;
+      step->prepend = tokenizer_json::bool_or(config, "add_prefix_space", true, where) ? Step::Prepend::always : Step::Prepend::never;
     }
-    step->split_words = bool_field(config, "split", true, where);
+    step->split_words = tokenizer_json::bool_or(config, "split", true, where);
   } else {
     fail(
         "{}.type is \"{}\", which dstrain does not implement; supported pre-tokenizers: {}. Tokenising without it "

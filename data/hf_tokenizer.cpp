@@ -14,6 +14,7 @@
 #include "data/byte_level_alphabet.h"
 #include "data/hf_decoder.h"
 #include "data/hf_normalizer.h"
+#include "data/tokenizer_json.h"
 #include "data/hf_pre_tokenizer.h"
 #include "data/utf8.h"
 #include "ops/error.h"
@@ -22,6 +23,10 @@
 
 namespace dstrain {
 namespace {
+
+using tokenizer_json::bool_or;
+using tokenizer_json::member_or_null;
+using tokenizer_json::string_or;
 
 // Pieces repeat (Zipf), so caching piece -> ids saves most BPE work; the caps bound memory on corpora
 // with endless distinct pieces, and keep out whole sections (Llama 2's files have no pre-tokenizer,
@@ -45,11 +50,42 @@ nlohmann::json read_json(const std::filesystem::path& path, std::string_view wha
   return parse_json_text(ss.str(), fmt::format("{} {}", what, path.string()));
 }
 
-bool bool_or(const nlohmann::json& object, const char* key, bool fallback, const std::string& where) {
-  const auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail("{}.{} is {}, not true or false", where, key, excerpt(it->dump()));
-  return it->get<bool>();
+// The BOS token a post-processor's template starts a document with, if any: TemplateProcessing's
+// `single` begins with a SpecialToken before the Sequence; ByteLevel adds none; a Sequence holds
+// either.
+std::optional<std::string> template_bos_token(const nlohmann::json& post_processor, const std::string& where) {
+  if (!post_processor.is_object()) fail("{} is {}: it should be null or an object with a \"type\"", where, json_excerpt(post_processor));
+  std::vector<std::pair<const nlohmann::json*, std::string>> processors{{&post_processor, where}};
+  if (string_or(post_processor, "type", "", where) == "Sequence") {
+    const nlohmann::json& list = member_or_null(post_processor, "processors");
+    if (!list.is_array()) fail("{}.processors is {}, not a list of post-processors", where, json_excerpt(list));
+    processors.clear();
+    for (std::size_t i = 0; i < list.size(); ++i) processors.emplace_back(&list[i], fmt::format("{}.processors[{}]", where, i));
+  }
+  std::optional<std::string> bos;
+  for (const auto& [processor, at] : processors) {
+    if (!processor->is_object()) fail("{} is {}, not an object with a \"type\"", at, json_excerpt(*processor));
+    const std::string type = string_or(*processor, "type", "", at);
+    if (type == "ByteLevel") continue;
+    if (type != "TemplateProcessing") {
+      fail(
+          "{}.type is \"{}\"; dstrain reads ByteLevel, TemplateProcessing and Sequence post-processors (for the "
+          "BOS a document starts with)",
+          at, type);
+    }
+    const nlohmann::json& single = member_or_null(*processor, "single");
+    if (single.is_null()) continue;
+    if (!single.is_array()) fail("{}.single is {}, not a list of template pieces", at, json_excerpt(single));
+    for (const nlohmann::json& piece : single) {
+      if (!piece.is_object() || piece.contains("Sequence")) break;
+      const nlohmann::json& special = member_or_null(piece, "SpecialToken");
+      if (!special.is_object()) continue;
+      const nlohmann::json& id = member_or_null(special, "id");
+      if (!id.is_string()) fail("{}.single: a SpecialToken's id is {}, not a token string", at, json_excerpt(id));
+      bos = id.get<std::string>();
+    }
+  }
+  return bos;
 }
 
 // A token named in tokenizer_config.json: a string, or an AddedToken object {"content": ...}; null or
@@ -59,7 +95,7 @@ std::optional<std::string> config_token(const nlohmann::json& config, const char
   if (it == config.end() || it->is_null()) return std::nullopt;
   if (it->is_string()) return it->get<std::string>();
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-  fail("{}.{} is {}: give the token as a string", where, key, excerpt(it->dump()));
+  fail("{}.{} is {}: give the token as a string", where, key, json_excerpt(*it));
 }
 
 }  // namespace
@@ -190,9 +226,9 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
 
   auto impl = std::make_unique<Impl>();
   impl->name = path.string();
-  impl->normalizer = HfNormalizer::parse(json.value("normalizer", nlohmann::json()), where + ": normalizer");
-  impl->pre_tokenizer.emplace(HfPreTokenizer::parse(json.value("pre_tokenizer", nlohmann::json()), where + ": pre_tokenizer"));
-  impl->decoder.emplace(HfDecoder::parse(json.value("decoder", nlohmann::json()), where + ": decoder"));
+  impl->normalizer = HfNormalizer::parse(member_or_null(json, "normalizer"), where + ": normalizer");
+  impl->pre_tokenizer.emplace(HfPreTokenizer::parse(member_or_null(json, "pre_tokenizer"), where + ": pre_tokenizer"));
+  impl->decoder.emplace(HfDecoder::parse(member_or_null(json, "decoder"), where + ": decoder"));
   impl->byte_level = impl->pre_tokenizer->byte_level();
   if (impl->decoder->byte_level() != impl->byte_level) {
     fail(
@@ -205,7 +241,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   if (!json.contains("model") || !json["model"].is_object()) fail("{}: \"model\" is missing or not an object", where);
   const nlohmann::json& model = json["model"];
   const std::string model_where = where + ": model";
-  const std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
+  const std::string type = string_or(model, "type", model.contains("merges") ? "BPE" : "", model_where);
   if (type != "BPE") {
     fail(
         "{}.type is \"{}\"; dstrain implements BPE models (byte-level as Llama 3 / Qwen / GPT-2, or with byte fallback "
@@ -214,14 +250,14 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0)) {
     fail("{}.dropout is {}: BPE dropout randomises tokenisation for training a tokenizer; set it to null", model_where,
-         excerpt(model["dropout"].dump()));
+         json_excerpt(model["dropout"]));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty())) {
       fail(
           "{}.{} is {}; dstrain implements BPE without word prefixes or suffixes (those are for WordPiece-like "
           "vocabularies, not the Llama family)",
-          model_where, key, excerpt(model[key].dump()));
+          model_where, key, json_excerpt(model[key]));
     }
   }
   impl->ignore_merges = bool_or(model, "ignore_merges", false, model_where);
@@ -247,7 +283,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
     impl->token_to_id[std::move(token)] = static_cast<std::int32_t>(id);
   };
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer()) fail("{}.vocab: token {} has id {}, not an integer", model_where, quoted_excerpt(token), excerpt(id.dump()));
+    if (!id.is_number_integer()) fail("{}.vocab: token {} has id {}, not an integer", model_where, quoted_excerpt(token), json_excerpt(id));
     set_token(id.get<std::int64_t>(), internal(token, model_where + ".vocab"), model_where + ".vocab");
   }
   if (impl->byte_level) {
@@ -288,7 +324,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
       first = m[0].get<std::string>();
       second = m[1].get<std::string>();
     } else {
-      fail("{}.merges[{}] is {}, neither \"first second\" nor [\"first\", \"second\"]", model_where, rank, excerpt(m.dump()));
+      fail("{}.merges[{}] is {}, neither \"first second\" nor [\"first\", \"second\"]", model_where, rank, json_excerpt(m));
     }
     const std::string at = fmt::format("{}.merges[{}]", model_where, rank);
     first = internal(first, at);
@@ -297,7 +333,7 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
     const auto b = impl->token_to_id.find(second);
     const auto joined = impl->token_to_id.find(first + second);
     if (a == impl->token_to_id.end() || b == impl->token_to_id.end() || joined == impl->token_to_id.end()) {
-      fail("{} merges {} into a token that the vocabulary lacks (or from one): the file is damaged", at, excerpt(m.dump()));
+      fail("{} merges {} into a token that the vocabulary lacks (or from one): the file is damaged", at, json_excerpt(m));
     }
     impl->merges.add(a->second, b->second, joined->second, static_cast<std::int32_t>(rank));
   }
@@ -334,30 +370,8 @@ HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
 
   // ---- document markers: tokenizer_config.json, else the post-processor's template ----
   std::optional<std::string> template_bos;
-  if (json.contains("post_processor") && !json["post_processor"].is_null()) {
-    const std::string pp_where = where + ": post_processor";
-    std::vector<const nlohmann::json*> processors{&json["post_processor"]};
-    if (json["post_processor"].value("type", "") == "Sequence") {
-      processors.clear();
-      for (const auto& p : json["post_processor"].value("processors", nlohmann::json::array())) processors.push_back(&p);
-    }
-    for (const nlohmann::json* p : processors) {
-      const std::string pt = p->value("type", "");
-      if (pt == "ByteLevel") continue;
-      if (pt != "TemplateProcessing") {
-        fail(
-            "{}.type is \"{}\"; dstrain reads ByteLevel, TemplateProcessing and Sequence post-processors (for the "
-            "BOS a document starts with)",
-            pp_where, pt);
-      }
-      const nlohmann::json single = p->value("single", nlohmann::json::array());
-      for (const auto& piece : single) {
-        if (piece.contains("Sequence")) break;
-        if (piece.contains("SpecialToken") && piece["SpecialToken"].contains("id")) {
-          template_bos = piece["SpecialToken"]["id"].get<std::string>();
-        }
-      }
-    }
+  if (const nlohmann::json& post_processor = member_or_null(json, "post_processor"); !post_processor.is_null()) {
+    template_bos = template_bos_token(post_processor, where + ": post_processor");
   }
   const auto id_of = [&](const std::string& token, const std::string& what) {
     const auto it = impl->token_to_id.find(impl->byte_level && impl->added.find(token) < 0 ? internal(token, what) : token);

@@ -1,16 +1,19 @@
 #include "formats/json_text.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ops/error.h"
+#include "ops/quoted_excerpt.h"
 
 namespace dstrain {
 namespace {
 
 // A short, printable excerpt of `text` at `at` (control bytes and quotes escaped), for a message.
-std::string excerpt(std::string_view text, std::size_t at) {
+std::string excerpt_at(std::string_view text, std::size_t at) {
   std::string out;
   for (std::size_t i = at; i < text.size() && i < at + 16; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -50,7 +53,28 @@ std::size_t first_nesting_beyond(std::string_view text, std::size_t limit) {
   return std::string_view::npos;
 }
 
+// Whether `value` nests arrays and objects deeper than `limit`: a walk with its own stack, which
+// stops at the first level beyond the limit.
+bool nests_beyond(const nlohmann::json& value, std::size_t limit) {
+  std::vector<std::pair<const nlohmann::json*, std::size_t>> pending{{&value, 0}};
+  while (!pending.empty()) {
+    const auto [node, depth] = pending.back();
+    pending.pop_back();
+    if (!node->is_structured()) continue;
+    if (depth + 1 > limit) return true;
+    for (const nlohmann::json& child : *node) pending.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
+
 }  // namespace
+
+std::string json_excerpt(const nlohmann::json& value) {
+  if (nests_beyond(value, kMaxExcerptNesting)) {
+    return fmt::format("{} nested more than {} deep", value.is_array() ? "a list" : "an object", kMaxExcerptNesting);
+  }
+  return dstrain::excerpt(value.dump());
+}
 
 std::string json_error_text(const nlohmann::json::exception& e, std::string_view text) {
   if (const auto* p = dynamic_cast<const nlohmann::json::parse_error*>(&e)) {
@@ -60,7 +84,7 @@ std::string json_error_text(const nlohmann::json::exception& e, std::string_view
     const std::size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
     const std::size_t column = at - (line_start == std::string_view::npos || at == 0 ? 0 : line_start + 1) + 1;
     if (at >= text.size()) return fmt::format("the text ends early, at line {}, column {}", line, column);
-    return fmt::format("unexpected '{}' at line {}, column {}", excerpt(text, at), line, column);
+    return fmt::format("unexpected '{}' at line {}, column {}", excerpt_at(text, at), line, column);
   }
   if (e.id == 406) return "a number out of range (beyond what a double holds, such as 1e400)";
   // Type and range errors of reading a parsed value ("type must be number, but is string", "key

@@ -28,4 +28,10 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view what, con
 // without its "[json.exception...]" tag ("key 'tensors' not found").
 std::string json_error_text(const nlohmann::json::exception& e, std::string_view text);
 
+// `value` as JSON text for an error message, cut as excerpt() (ops/quoted_excerpt.h) cuts text. A
+// value that nests deeper than kMaxExcerptNesting is described ("a list nested more than 8 deep")
+// instead: serialising recurses once per level, and the message needs no more.
+constexpr std::size_t kMaxExcerptNesting = 8;
+std::string json_excerpt(const nlohmann::json& value);
+
 }  // namespace dstrain

@@ -423,6 +423,68 @@ TEST(HfTokenizer, UnsupportedKeysAreRefusedByName) {
   EXPECT_THAT(load_error(dir / "missing.json"), HasSubstr("missing.json"));
 }
 
+// Llama 3.1's tokenizer.json: a Sequence post-processor [ByteLevel, TemplateProcessing] whose template
+// starts a document with <|begin_of_text|>. The processors were kept as pointers into a copy of the
+// list that was gone by the time they were read: the BOS was garbage, or an "internal error". With
+// add_bos_token absent from tokenizer_config.json the template decides: <s> (id 1) starts the
+// document.
+TEST(HfTokenizer, ASequencePostProcessorsTemplateGivesTheBos) {
+  TempDir dir;
+  const auto with_post_processor = [&](nlohmann::json post_processor) {
+    return HfTokenizer::load(tiny_tokenizer(dir, [&](auto& j, auto& c) {
+      j["post_processor"] = post_processor;
+      c.erase("add_bos_token");
+    }));
+  };
+  const nlohmann::json template_processing = {{"type", "TemplateProcessing"},
+                                              {"single", nlohmann::json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                                                                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}};
+  const nlohmann::json sequence = {{"type", "Sequence"},
+                                   {"processors", nlohmann::json::array({{{"type", "ByteLevel"}, {"trim_offsets", false}}, template_processing})}};
+  for (const auto& post_processor : {template_processing, sequence}) {
+    std::vector<std::int32_t> document;
+    with_post_processor(post_processor).encode_document("a", document);
+    EXPECT_EQ(document, (std::vector<std::int32_t>{1, 261, 2})) << post_processor.dump();
+  }
+  // Without a template, no BOS.
+  std::vector<std::int32_t> document;
+  with_post_processor({{"type", "Sequence"}, {"processors", nlohmann::json::array({{{"type", "ByteLevel"}}})}}).encode_document("a", document);
+  EXPECT_EQ(document, (std::vector<std::int32_t>{261, 2}));
+}
+
+// Members of the wrong type escaped as the JSON library's type_error ("internal error (please report
+// it): [json.exception.type_error.306] cannot use value() with array"), naming neither file nor key.
+TEST(HfTokenizer, MembersOfTheWrongTypeAreRefusedByName) {
+  TempDir dir;
+  const auto refused = [&](const std::function<void(nlohmann::json&, nlohmann::json&)>& edit) { return load_error(tiny_tokenizer(dir, edit)); };
+  EXPECT_THAT(refused([](auto& j, auto&) { j["post_processor"] = nlohmann::json::array({1}); }),
+              HasSubstr("post_processor is [1]: it should be null or an object"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["post_processor"] = {{"type", "Sequence"}, {"processors", 3}}; }),
+              HasSubstr("post_processor.processors is 3, not a list"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["post_processor"] = {{"type", 7}}; }), HasSubstr("post_processor.type is 7, not a string"));
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["post_processor"] = {{"type", "TemplateProcessing"}, {"single", nlohmann::json::array({{{"SpecialToken", {{"id", 5}}}}})}};
+              }),
+              HasSubstr("a SpecialToken's id is 5"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["model"]["type"] = nlohmann::json::array(); }), HasSubstr("model.type is [], not a string"));
+  EXPECT_THAT(refused([](auto& j, auto&) {
+                j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", 1}};
+              }),
+              HasSubstr("pre_tokenizer.behavior is 1, not a string"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", false}}; }),
+              HasSubstr("pre_tokenizer.replacement is false, not a string"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["decoder"]["decoders"][3]["start"] = "one"; }),
+              HasSubstr("decoder.decoders[3].start is \"one\", not a non-negative integer"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["decoder"]["decoders"][3]["stop"] = -1; }),
+              HasSubstr("decoder.decoders[3].stop is -1, not a non-negative integer"));
+  EXPECT_THAT(refused([](auto& j, auto&) { j["decoder"] = {{"type", "Metaspace"}, {"add_prefix_space", "yes"}}; }),
+              HasSubstr("decoder.add_prefix_space is \"yes\", not true or false"));
+  // A value nested deep is described, not printed (printing recurses once per level).
+  nlohmann::json deep = 0;
+  for (int i = 0; i < 100; ++i) deep = nlohmann::json::array({deep});
+  EXPECT_THAT(refused([&](auto& j, auto&) { j["model"]["dropout"] = deep; }), HasSubstr("model.dropout is a list nested more than 8 deep"));
+}
+
 // A Split pattern that backtracks exponentially, (a+)+b on "aaa…ac b", makes PCRE2 stop at its match
 // limit; the Error named neither the tokenizer file nor the pattern ("PCRE2 failed during
 // pre-tokenisation at byte 0: match limit exceeded").
