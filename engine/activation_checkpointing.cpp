@@ -68,7 +68,7 @@ std::vector<CheckpointingNote> activation_checkpointing_notes(const config::Acti
 }
 
 ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpointingConfig& cfg, std::span<const std::unique_ptr<Layer>> layers,
-                                                 const LayerDims& dims, std::int64_t n_embd, Allocator& device, Allocator* host)
+                                                 const LayerDims& dims, const Shape& residual, Allocator& device, Allocator* host)
     : cfg_(cfg) {
   const std::size_t L = layers.size();
   if (L < 3)
@@ -77,8 +77,9 @@ ActivationCheckpointing::ActivationCheckpointing(const config::ActivationCheckpo
   const std::size_t K = segments_.size();
   for (const auto& l : layers) names_.push_back(l->name());
 
-  // The residual stream (B, T, C) flows between the layers; boundaries and kept inputs hold it.
-  const Shape btc{dims.B, dims.T, n_embd};
+  // The residual stream (B, T, C), or a tensor-parallel rank's rows of it, flows between the
+  // layers; boundaries and kept inputs hold it.
+  const Shape btc = residual;
   for (std::size_t i = 0; i + 1 < L; ++i) {
     const ActivationSpec out = layers[i]->output(dims);
     if (!(out.shape == btc) || out.dtype != dims.dtype) {

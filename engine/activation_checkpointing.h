@@ -92,10 +92,11 @@ class ActivationCheckpointing {
   // activations) and, for cpu_checkpointing, the kept inputs from `host` (nullptr: a host
   // allocator of its own, so host bytes are counted apart from the device's; pinned memory,
   // CudaPinnedAllocator, when `device` is a GPU in a CUDA build). `layers` must have
-  // at least 3 entries (first layer, >= 1 block, last layer) whose outputs are (B, T, n_embd)
+  // at least 3 entries (first layer, >= 1 block, last layer) whose outputs are the residual stream
+  // of shape `residual` (Model::residual_shape: (B, T, n_embd), or a tensor-parallel rank's rows)
   // except the last's. Error naming the key or the model otherwise.
   ActivationCheckpointing(const config::ActivationCheckpointingConfig& cfg, std::span<const std::unique_ptr<Layer>> layers, const LayerDims& dims,
-                          std::int64_t n_embd, Allocator& device, Allocator* host);
+                          const Shape& residual, Allocator& device, Allocator* host);
   ~ActivationCheckpointing();
   ActivationCheckpointing(const ActivationCheckpointing&) = delete;
   ActivationCheckpointing& operator=(const ActivationCheckpointing&) = delete;

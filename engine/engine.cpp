@@ -323,7 +323,7 @@ void Engine::build_activations(const config::DsConfig& config, const EngineOptio
     }
   }
   if (options.checkpoint_activations) {
-    im.ckpt = std::make_unique<ActivationCheckpointing>(config.activation_checkpointing, model_.layers, dims_, model_.n_embd, *im.allocator,
+    im.ckpt = std::make_unique<ActivationCheckpointing>(config.activation_checkpointing, model_.layers, dims_, model_.residual_shape(dims_), *im.allocator,
                                                         im.host_allocator);
     log_info("{}", im.ckpt->describe());
   }
@@ -342,7 +342,7 @@ void Engine::build_activations(const config::DsConfig& config, const EngineOptio
   }
   abytes = align_up(abytes, kAlignBytes);
   const std::size_t dres_offset = abytes;
-  const Shape dres_shape{dims_.B, dims_.T, model_.n_embd};
+  const Shape dres_shape = model_.residual_shape(dims_);
   abytes += static_cast<std::size_t>(dres_shape.numel()) * dtype_size(storage);
   im.act_buf = Buffer(*im.allocator, abytes, MemoryPurpose::activations);
   im.scratch_buf = Buffer(*im.allocator, std::max(sbytes, kAlignBytes), MemoryPurpose::buffers);

@@ -24,7 +24,8 @@
 
 namespace dstrain {
 
-// TensorParallelGroup over a Communicator: sum and max are its all_reduce, on the layers' tensors
+// TensorParallelGroup over a Communicator: sum and max are its all_reduce, all_gather and
+// reduce_scatter its own, on the layers' tensors
 // in place (device memory on a GPU: what NCCL and the local backend on a GPU communicate). The
 // layer reads the result next, so the compute queued after the call is ordered after the
 // collective (NCCL runs it on a stream of its own; a no-op for backends that complete in order).
@@ -39,6 +40,14 @@ class CommunicatorTensorGroup final : public TensorParallelGroup {
   }
   void max(Tensor buf) override {
     comm_.all_reduce(buf, ReduceOp::max);
+    comm_.order_compute_after_collectives();
+  }
+  void all_gather(Tensor local, Tensor whole) override {
+    comm_.all_gather(local, whole);
+    comm_.order_compute_after_collectives();
+  }
+  void reduce_scatter(Tensor whole, Tensor local) override {
+    comm_.reduce_scatter(whole, local, ReduceOp::sum);
     comm_.order_compute_after_collectives();
   }
 

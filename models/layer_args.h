@@ -14,6 +14,7 @@
 #include "ops/tensor.h"
 #include "models/layer.h"
 #include "models/param_split.h"
+#include "models/residual_shards.h"
 #include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 
@@ -67,18 +68,37 @@ inline void head_loss_backward(const BackwardArgs& a, Tensor lse, Tensor logits,
 }
 
 // A row-parallel projection (attention output, MLP down) under tensor parallelism: this rank's
-// partial product out = inp · wᵀ, the bias added once (by rank 0, which holds the most heads), then
-// summed over the group. A rank whose input has no columns (no heads) adds zeros. Without a group:
-// the plain linear.
-inline void row_parallel_forward(const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b, const Tensor& mm, TensorParallelRank tp,
-                                 TensorParallelGroup* group) {
+// partial product whole = inp · wᵀ, the bias added once (by rank 0, which holds the most heads),
+// then summed over the group into the residual stream's layout: `local`, this rank's rows of the
+// sum when the stream is cut (Megatron's sequence parallelism, a reduce-scatter), or the sum in
+// place (an all-reduce; `whole` is `local`). A rank whose input has no columns (no heads) adds
+// zeros. Without a group: the plain linear.
+inline void row_parallel_forward(const Tensor& whole, const Tensor& local, const Tensor& inp, const Tensor& w, const Tensor& b, const Tensor& mm,
+                                 TensorParallelRank tp, const ResidualShards& shards) {
   if (inp.shape[inp.shape.rank - 1] == 0) {
-    zero_tensor(out);
+    zero_tensor(whole);
   } else {
-    matmul_forward(out, inp, w, tp.rank == 0 ? b : Tensor{}, mm);
+    matmul_forward(whole, inp, w, tp.rank == 0 ? b : Tensor{}, mm);
   }
-  if (group != nullptr) group->sum(out);
+  shards.reduce(whole, local);
 }
+
+// The residual stream's helpers of a layer built for `tp` on a (B, T) micro-batch: its group
+// (null without tensor parallelism) and whether the stream is cut (models/residual_shards.h).
+inline ResidualShards residual_shards(TensorParallelGroup* group, TensorParallelRank tp, const LayerDims& d, const std::string& layer) {
+  if (!tp.active()) return {};
+  return {&layer_group(group, tp, layer), tp.shards_residual(d.B * d.T)};
+}
+
+// The dropout stream of the residual stream's dropouts: one per sequence-parallel rank (their
+// tokens differ), and per tensor-parallel rank too where the stream is cut.
+inline int residual_stream(TensorParallelRank tp, SequenceParallelRank sp, const ResidualShards& shards) {
+  return shards.sharded ? attention_stream(tp, sp) : sp.rank;
+}
+
+// The shape of a norm's per-token statistics (mean, rstd) over the residual stream `residual`
+// ((B, T, C) or a rank's (1, n, C)): its first two dimensions.
+inline Shape token_stats_shape(const Shape& residual) { return Shape{residual[0], residual[1]}; }
 
 // A tensor-parallel rank's rows of a vocabulary table of `padded` rows whose first `vocab` are real
 // tokens: rows [first, first + rows), of which the first `valid` are real.

@@ -14,6 +14,7 @@ Model make_model(std::shared_ptr<const Architecture> architecture, TensorParalle
                            : architecture->make_layers();
   m.description = architecture->describe();
   m.sequence_parallel_ranks = sp.ranks;
+  m.tensor_parallel = tp;
   m.n_embd = architecture->n_embd();
   m.n_positions = architecture->n_positions();
   m.vocab_size = architecture->vocab_size();

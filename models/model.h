@@ -12,6 +12,7 @@
 
 #include "models/layer.h"
 #include "models/model_family.h"
+#include "models/tensor_parallel.h"
 
 namespace dstrain {
 
@@ -28,6 +29,12 @@ struct Model {
   std::int64_t vocab_size = 0;   // tokens must be < vocab_size
   // The sequence-parallel ranks the layers were built for (make_model's sp.ranks; 1: whole sequences).
   int sequence_parallel_ranks = 1;
+  // The tensor-parallel rank the layers were built for (make_model's tp).
+  TensorParallelRank tensor_parallel;
+
+  // The residual stream's shape for a micro-batch: (B, T, n_embd), or this tensor-parallel rank's
+  // rows of it under Megatron's sequence parallelism (models/residual_shards.h).
+  Shape residual_shape(const LayerDims& dims) const { return tensor_parallel.residual_shape(dims.B, dims.T, n_embd); }
 };
 
 // The model of `architecture`: its layers, description and sizes. With tensor parallelism, the

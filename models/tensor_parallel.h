@@ -3,7 +3,8 @@
 // models/param_split.h) — and those layers call the collectives of their group through
 // TensorParallelGroup, which the engine provides over the device mesh's tensor-parallel
 // communicator. Models sit below the communicators (docs/design.md), so they name only what they
-// call: an in-place sum and max over the group.
+// call: an in-place sum and max over the group, and the all-gather and reduce-scatter of Megatron's
+// sequence parallelism (models/residual_shards.h).
 //
 // Megatron's split of a transformer block (Shoeybi et al., 2019): the column-parallel GEMMs (QKV,
 // MLP up/gate) need nothing in forward, the row-parallel ones (attention output, MLP down) are
@@ -25,7 +26,18 @@ namespace dstrain {
 struct TensorParallelRank {
   int rank = 0;
   int ranks = 1;
+  // Megatron's sequence parallelism in the norm and dropout regions (models/residual_shards.h):
+  // between the tensor-parallel regions each rank holds 1/ranks of the residual stream's tokens.
+  bool shard_residual = false;
   bool active() const { return ranks > 1; }
+  // Whether the residual stream of a micro-batch of B·T tokens is cut across the ranks: asked for,
+  // and the tokens divide evenly (otherwise it stays whole and the regions end in an all-reduce).
+  bool shards_residual(std::int64_t tokens) const { return active() && shard_residual && tokens % ranks == 0; }
+  // The residual stream's shape for a (B, T) micro-batch of width C: (B, T, C) whole, or this
+  // rank's (1, B·T/ranks, C) rows of the flattened tokens when cut.
+  Shape residual_shape(std::int64_t B, std::int64_t T, std::int64_t C) const {
+    return shards_residual(B * T) ? Shape{1, B * T / ranks, C} : Shape{B, T, C};
+  }
 };
 
 // The collectives of a tensor-parallel group. Every rank of the group calls them in the same order
@@ -40,6 +52,10 @@ class TensorParallelGroup {
   virtual void sum(Tensor buf) = 0;
   // In place: the element-wise maximum over the group (fp32).
   virtual void max(Tensor buf) = 0;
+  // whole (size()·n elements) <- every rank's local (n), rank r's at [r·n, (r+1)·n).
+  virtual void all_gather(Tensor local, Tensor whole) = 0;
+  // local (n) <- elements [rank()·n, (rank()+1)·n) of the sum over the group of whole (size()·n).
+  virtual void reduce_scatter(Tensor whole, Tensor local) = 0;
 };
 
 // `whole` as rank tp.rank's piece: the shape piece_shape gives, ParamSpec::piece set. A replicated

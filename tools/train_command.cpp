@@ -35,6 +35,7 @@ struct TrainArgs {
   std::int64_t val_interval = 100, val_batches = 20;
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
+  bool megatron_sequence_parallel = true;
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   double sample_temperature = 1.0;
@@ -68,6 +69,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.comm = args.comm;
   o.checkpoint_activations = args.checkpoint_activations;
   o.bf16_stochastic_rounding = args.bf16_stochastic_rounding;
+  o.megatron_sequence_parallel = args.megatron_sequence_parallel;
   o.inject_overflow = args.inject_overflow;
   o.save_weights = args.save_weights;
   o.save_dir = args.save_dir;
@@ -187,6 +189,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--bf16-stochastic-rounding", args->bf16_stochastic_rounding,
                 "bf16 training: round the bf16 weights stochastically from the fp32 masters after each Adam/AdamW step (llm.c's choice) "
                 "instead of to nearest (DeepSpeed's)");
+  cmd->add_flag("--megatron-sp,!--no-megatron-sp", args->megatron_sequence_parallel,
+                "Tensor parallelism: Megatron's sequence parallelism in the norm and dropout regions — each tensor-parallel rank keeps "
+                "1/TP of the residual stream's tokens (reduce-scatter / all-gather in place of all-reduce), where the micro-batch's "
+                "tokens divide by TP. On by default; --no-megatron-sp keeps the stream whole (less memory saved, fewer bytes sent)");
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
                 "\"activation_checkpointing\" section configures it");

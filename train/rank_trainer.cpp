@@ -47,7 +47,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     data_comm = mesh_->data.get();
     tp_comm = mesh_->tp.get();
     sp_comm = plan.mesh.sp > 1 ? mesh_->sp.get() : nullptr;
-    tp = {mesh_->coord.tp, plan.mesh.tp};
+    tp = {mesh_->coord.tp, plan.mesh.tp, options.megatron_sequence_parallel};
     sp = {mesh_->coord.sp, plan.mesh.sp};
     if (sp.active()) {
       // ALST's tiled loss for long sequences: tiles of at most 64 MiB of logits (this rank's
@@ -149,6 +149,20 @@ void RankTrainer::announce() {
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
   if (!plan_.comm_note.empty()) say(plan_.comm_note);
   if (mesh_) say("mesh: " + describe_mesh(plan_.mesh));
+  if (plan_.mesh.tp > 1) {
+    const std::int64_t tokens = B_ * (T_ / sp_ranks_);  // a micro-batch's tokens on a tensor-parallel group
+    if (!options_.megatron_sequence_parallel) {
+      say("tensor parallelism: the residual stream stays whole on every tensor-parallel rank (--no-megatron-sp)");
+    } else if (tokens % plan_.mesh.tp == 0) {
+      say(fmt::format("tensor parallelism: Megatron sequence parallelism — each tensor-parallel rank keeps {} of a micro-batch's {} tokens of the "
+                      "residual stream and its norms",
+                      tokens / plan_.mesh.tp, tokens));
+    } else {
+      say(fmt::format("tensor parallelism: the residual stream stays whole: a micro-batch's {} tokens do not divide by {} tensor-parallel ranks "
+                      "(Megatron sequence parallelism needs B·T{} divisible by tensor_parallel.autotp_size)",
+                      tokens, plan_.mesh.tp, sp_ranks_ > 1 ? "/sequence_parallel_size" : ""));
+    }
+  }
   const int zero_world = engine.world_size();  // ZeRO's group: the data-parallel (x sequence-parallel) ranks
   if (zero_world > 1 || stage_ > 0 || (comm_ != nullptr && comm_->backend() != "local")) {
     const bool local = comm_ == nullptr || comm_->backend() == "local";

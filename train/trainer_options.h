@@ -58,6 +58,11 @@ struct TrainerOptions {
   std::optional<std::int64_t> local_rank;
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
+  // Under tensor parallelism, Megatron's sequence parallelism in the norm and dropout regions
+  // (models/residual_shards.h): each TP rank keeps 1/TP of the residual stream's tokens, where the
+  // micro-batch's B·T tokens divide by TP. On by default: it saves activation memory; off trades
+  // that back for 20% fewer tensor-parallel bytes (the backward's second all-gathers).
+  bool megatron_sequence_parallel = true;
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
 
   // ---- outputs ----

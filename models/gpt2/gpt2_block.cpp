@@ -22,6 +22,12 @@
 // (Megatron's model-parallel RNG: a rank's heads are not the one-rank model's heads h..h+nh, so
 // only their distribution, not their bits, matches one rank).
 //
+// Megatron's sequence parallelism (models/residual_shards.h), where the tensor-parallel rank's
+// shard_residual asks for it and B·T divides by TP: x, ln1, residual2, ln2, their statistics and
+// out hold this rank's B·T/TP rows of the tokens; ln1 and ln2 are all-gathered into scratch before
+// c_attn and c_fc (again in backward), the projections' partial outputs reduce-scattered; the
+// LayerNorms' gradients, formed from the rank's rows, are summed over the group.
+//
 // Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
 // block runs on its Tl tokens; around attention two all-to-alls trade them for every token of
 // 1/SP of its heads. Its residual dropouts draw a stream per SP rank (their tokens differ).
@@ -48,7 +54,9 @@ using layer_args::expect_count;
 namespace {
 enum P { kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumParams };
 enum Saved { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kQkvHeads, kAttyHeads, kNumSaved };
-enum Scratch { kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kSend, kRecv, kDattyHeads, kDqkvHeads, kNumScratch };
+enum Scratch {
+  kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kNumScratch
+};
 }  // namespace
 
 Gpt2Block::Gpt2Block(const Gpt2Config& cfg, std::int64_t index, TensorParallelRank tp, SequenceParallelRank sp)
@@ -92,24 +100,26 @@ std::vector<ParamSpec> Gpt2Block::params() const {
   return whole;
 }
 
-ActivationSpec Gpt2Block::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
+ActivationSpec Gpt2Block::output(const LayerDims& d) const { return {"x", tp_.residual_shape(d.B, d.T, cfg_.n_embd), d.dtype}; }
 
 std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, Cr = width_, Fr = ff_;
   const DType S = d.dtype, F = DType::fp32;
   // Sequence parallelism: the attention sees every token (SP·T) of 1/SP of the heads.
   const std::int64_t SP = sp_.ranks, Ta = sp_.active() ? SP * T : 0;
+  // The residual stream and its norms: (B, T, C), or this rank's rows under Megatron's SP.
+  const Shape R = tp_.residual_shape(B, T, C), Rs = layer_args::token_stats_shape(R);
   return {
-      {"ln1", Shape{B, T, C}, S},
-      {"ln1_mean", Shape{B, T}, F},
-      {"ln1_rstd", Shape{B, T}, F},
+      {"ln1", R, S},
+      {"ln1_mean", Rs, F},
+      {"ln1_rstd", Rs, F},
       {"qkv", Shape{B, sp_.active() ? 0 : T, 3 * Cr}, S},  // sequence parallelism: not kept (qkv_heads is)
       {"atty", Shape{B, T, Cr}, S},
       {"att_lse", Shape{B, heads_ / SP, SP * T}, F},
-      {"residual2", Shape{B, T, C}, S},
-      {"ln2", Shape{B, T, C}, S},
-      {"ln2_mean", Shape{B, T}, F},
-      {"ln2_rstd", Shape{B, T}, F},
+      {"residual2", R, S},
+      {"ln2", R, S},
+      {"ln2_mean", Rs, F},
+      {"ln2_rstd", Rs, F},
       {"fch", Shape{B, T, Fr}, S},
       {"fch_gelu", Shape{B, T, Fr}, S},
       {"qkv_heads", Shape{B, Ta, 3 * Cr / SP}, S},  // sequence parallelism: every token, this rank's heads
@@ -119,9 +129,10 @@ std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) con
 
 std::vector<ActivationSpec> Gpt2Block::scratch(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd;
+  const bool cut = tp_.shards_residual(B * T);
   return {
-      {"btc_a", Shape{B, T, C}, d.dtype},                         // forward: branch outputs; backward: d(branch output), then d(ln1)
-      {"btc_b", Shape{B, T, std::max(C, width_)}, d.dtype},       // backward: d(atty), d(ln2)
+      {"btc_a", tp_.residual_shape(B, T, C), d.dtype},            // forward: branch outputs; backward: d(branch output), then d(ln2), d(ln1)
+      {"btc_b", Shape{B, T, std::max(C, width_)}, d.dtype},       // backward: d(atty), d(ln2) of every token
       {"bt4c_a", Shape{B, T, std::max(ff_, 3 * width_)}, d.dtype},  // backward: d(fch_gelu), then d(qkv)
       {"bt4c_b", Shape{B, T, ff_}, d.dtype},                      // backward: d(fch)
       {"matmul", Shape{static_cast<std::int64_t>(matmul_scratch_elems(d.dtype, std::max({C, ff_, width_})))}, DType::fp32},
@@ -132,6 +143,11 @@ std::vector<ActivationSpec> Gpt2Block::scratch(const LayerDims& d) const {
       {"ulysses_recv", Shape{sp_.active() ? B * T * 3 * width_ : 0}, d.dtype},
       {"datty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, width_ / sp_.ranks}, d.dtype},
       {"dqkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, 3 * width_ / sp_.ranks}, d.dtype},
+      // Megatron's sequence parallelism: every token of ln1 / ln2 (gathered); of a projection's
+      // partial output, d(its output), d(ln1); the LayerNorms' gradients before the group's sum
+      {"whole_a", Shape{B, cut ? T : 0, C}, d.dtype},
+      {"whole_b", Shape{B, cut ? T : 0, C}, d.dtype},
+      {"norm_grads", Shape{cut ? 4 * C : 0}, d.dtype},
   };
 }
 
@@ -144,28 +160,33 @@ void Gpt2Block::forward(const ForwardArgs& a) {
   const Tensor proj = a.scratch[kBtcA];
   const Tensor mm = a.scratch[kMatmul];
   const float eps = cfg_.layer_norm_epsilon;
-  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
-  auto row_parallel = [&](const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
-    layer_args::row_parallel_forward(out, inp, w, b, mm, tp_, group);
-  };
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const Shape whole{a.dims.B, a.dims.T, cfg_.n_embd};
+  // A projection's partial output over every token; the residual stream's rows of its sum.
+  const Tensor proj_whole = rs.whole(a.scratch[kWholeB], proj, whole);
+  const int stream = layer_args::residual_stream(tp_, sp_, rs);
 
   layernorm_forward(s[kLn1], s[kLn1Mean], s[kLn1Rstd], a.input, p[kLn1W], p[kLn1B], eps);
+  const Tensor ln1 = rs.whole(a.scratch[kWholeA], s[kLn1], whole);
+  rs.gather(s[kLn1], ln1);
   if (heads_ > 0) {
     // Sequence parallelism: the rank's tokens' qkv lives in the all-to-all's receive buffer, read
     // only while the send buffer is packed; the attention keeps qkv_heads.
     const Tensor qkv = sp_.active() ? Tensor(a.scratch[kRecv].data, a.dims.dtype, Shape{a.dims.B, a.dims.T, 3 * width_}, a.scratch[kRecv].device)
                                     : s[kQkv];
-    matmul_forward(qkv, s[kLn1], p[kAttnW], p[kAttnB], mm);
+    matmul_forward(qkv, ln1, p[kAttnW], p[kAttnB], mm);
     attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kAttLse], qkv, s[kQkvHeads], s[kAttyHeads]);
   }
-  row_parallel(proj, s[kAtty], p[kAttnProjW], p[kAttnProjB]);
-  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, sp_.rank);
+  layer_args::row_parallel_forward(proj_whole, proj, s[kAtty], p[kAttnProjW], p[kAttnProjB], mm, tp_, rs);
+  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, stream);
   if (drop1.p > 0.0f) dropout_forward(proj, proj, drop1);
   fused_residual_layernorm_forward(s[kResidual2], s[kLn2], s[kLn2Mean], s[kLn2Rstd], a.input, proj, p[kLn2W], p[kLn2B], eps);
 
-  matmul_gelu_forward(s[kFchGelu], s[kFch], s[kLn2], p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
-  row_parallel(proj, s[kFchGelu], p[kFcProjW], p[kFcProjB]);
-  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, sp_.rank);
+  const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
+  rs.gather(s[kLn2], ln2);
+  matmul_gelu_forward(s[kFchGelu], s[kFch], ln2, p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
+  layer_args::row_parallel_forward(proj_whole, proj, s[kFchGelu], p[kFcProjW], p[kFcProjB], mm, tp_, rs);
+  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, stream);
   if (drop2.p > 0.0f) dropout_forward(proj, proj, drop2);
   residual_forward(a.output, s[kResidual2], proj);
 }
@@ -181,9 +202,14 @@ void Gpt2Block::backward(const BackwardArgs& a) {
   const Tensor btc_a = a.scratch[kBtcA], btc_b = a.scratch[kBtcB];
   const Tensor bt4c_a = a.scratch[kBt4cA], bt4c_b = a.scratch[kBt4cB];
   const Tensor mm = a.scratch[kMatmul];
-  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
   const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd;
+  const Shape whole{B, T, C};
   auto view = [&](const Tensor& t, std::int64_t width) { return Tensor(t.data, t.dtype, Shape{B, T, width}, t.device); };
+  const int stream = layer_args::residual_stream(tp_, sp_, rs);
+  // The LayerNorms' gradients: formed from this rank's rows and summed over the group when the
+  // residual stream is cut (models/residual_shards.h), into the gradients directly otherwise.
+  ReplicatedGradSum norm_grads(rs, {g[kLn1W], g[kLn1B], g[kLn2W], g[kLn2B]}, a.scratch[kNormGrads]);
 
   // dres holds d(out) now; through the residual connections it becomes d(residual2), then d(x).
   const Tensor dres = a.dinput;
@@ -191,47 +217,63 @@ void Gpt2Block::backward(const BackwardArgs& a) {
 
   // ---- MLP branch: out = residual2 + dropout(mlp(ln2(residual2))) ----
   Tensor dproj = dres;
-  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, sp_.rank);
+  const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, stream);
   if (drop2.p > 0.0f) {
     dproj = btc_a;
     zero_tensor(dproj);
     dropout_backward(dproj, dres, drop2);
   }
-  const Tensor dgelu = view(bt4c_a, ff_), dfch = bt4c_b, dln2 = view(btc_b, C);
+  // Cut: d(proj) and ln2 of every token, gathered (ln2 again: only the rank's rows were kept).
+  const Tensor dproj_whole = rs.whole(a.scratch[kWholeB], dproj, whole);
+  rs.gather(dproj, dproj_whole);
+  const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
+  rs.gather(s[kLn2], ln2);
+  const Tensor dgelu = view(bt4c_a, ff_), dfch = bt4c_b, dln2_whole = view(btc_b, C);
   // dfch = gelu'(fch) ⊙ (dproj · W_fcproj) and the fc_proj weight / bias gradients (dgelu: the
   // unfused backends' d(fch_gelu)).
-  matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
-  zero_tensor(dln2);
-  matmul_backward(dln2, g[kFcW], g[kFcB], dfch, s[kLn2], p[kFcW], mm);
-  if (group != nullptr) group->sum(dln2);  // the column-parallel c_fc's input gradient: partial per rank
-  layernorm_backward(dres, g[kLn2W], g[kLn2B], dln2, s[kResidual2], p[kLn2W], s[kLn2Mean], s[kLn2Rstd]);
+  matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj_whole, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
+  zero_tensor(dln2_whole);
+  matmul_backward(dln2_whole, g[kFcW], g[kFcB], dfch, ln2, p[kFcW], mm);
+  // The column-parallel c_fc's input gradient, partial per rank: summed (cut: this rank's rows).
+  const Tensor dln2 = rs.sharded ? btc_a : dln2_whole;
+  rs.reduce(dln2_whole, dln2);
+  layernorm_backward(dres, norm_grads.grad(2), norm_grads.grad(3), dln2, s[kResidual2], p[kLn2W], s[kLn2Mean], s[kLn2Rstd]);
 
   // ---- attention branch: residual2 = x + dropout(attn(ln1(x))) ----
   dproj = dres;
-  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, sp_.rank);
+  const DropoutParams drop1 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 1, a.train, stream);
   if (drop1.p > 0.0f) {
     dproj = btc_a;
     zero_tensor(dproj);
     dropout_backward(dproj, dres, drop1);
   }
+  const Tensor dproj1_whole = rs.whole(a.scratch[kWholeB], dproj, whole);
+  rs.gather(dproj, dproj1_whole);
   const Tensor datty = view(btc_b, width_);
-  const Tensor dln1 = btc_a;  // written once dproj is dead
+  // d(ln1) of every token: written once d(proj) is dead (cut: the gathered copy's memory).
+  const Tensor dln1_whole = rs.sharded ? dproj1_whole : btc_a;
+  // Cut: ln1 of every token again, on every rank (a rank without heads joins the collective).
+  const Tensor ln1 = rs.whole(a.scratch[kWholeA], s[kLn1], whole);
+  rs.gather(s[kLn1], ln1);
   if (heads_ > 0) {
     zero_tensor(datty);
-    matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
+    matmul_backward(datty, g[kAttnProjW], g[kAttnProjB], dproj1_whole, s[kAtty], p[kAttnProjW], mm);
     const Tensor dqkv = view(bt4c_a, 3 * width_);
     attention(a.sequence_parallel, a.rng, a.train, a.scratch)
         .backward(dqkv, datty, s[kQkv], s[kAtty], s[kQkvHeads], s[kAttyHeads], s[kAttLse], a.scratch[kAttention], a.scratch[kDattyHeads],
                   a.scratch[kDqkvHeads]);
-    zero_tensor(dln1);
-    matmul_backward(dln1, g[kAttnW], g[kAttnB], dqkv, s[kLn1], p[kAttnW], mm);
+    zero_tensor(dln1_whole);
+    matmul_backward(dln1_whole, g[kAttnW], g[kAttnB], dqkv, ln1, p[kAttnW], mm);
   } else {
     // No heads on this rank: only the (replicated) projection bias's gradient, as every rank forms it.
-    matmul_backward(Tensor{}, Tensor{}, g[kAttnProjB], dproj, s[kAtty], p[kAttnProjW], mm);
-    zero_tensor(dln1);
+    matmul_backward(Tensor{}, Tensor{}, g[kAttnProjB], dproj1_whole, s[kAtty], p[kAttnProjW], mm);
+    zero_tensor(dln1_whole);
   }
-  if (group != nullptr) group->sum(dln1);  // the column-parallel c_attn's input gradient
-  layernorm_backward(dres, g[kLn1W], g[kLn1B], dln1, a.input, p[kLn1W], s[kLn1Mean], s[kLn1Rstd]);
+  // The column-parallel c_attn's input gradient, summed (cut: this rank's rows).
+  const Tensor dln1 = btc_a;
+  rs.reduce(dln1_whole, dln1);
+  layernorm_backward(dres, norm_grads.grad(0), norm_grads.grad(1), dln1, a.input, p[kLn1W], s[kLn1Mean], s[kLn1Rstd]);
+  norm_grads.finish();
 }
 
 UlyssesAttention Gpt2Block::attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const {

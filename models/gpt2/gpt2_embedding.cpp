@@ -1,7 +1,9 @@
 // Gpt2Embedding: x = dropout(wte[tokens] + wpe[t]).
 // Tensor parallelism: each rank holds some rows of wte (vocabulary-parallel); its lookup gives zeros
 // for the other rows' tokens and the group's sum completes it. Rank 0 adds wpe (the others a zero
-// table), so the sum adds it once; every rank forms wpe's gradient from the same d(x).
+// table), so the sum adds it once; every rank forms wpe's gradient from the same d(x). Under
+// Megatron's sequence parallelism (models/residual_shards.h) the sum is a reduce-scatter into this
+// rank's rows of the residual stream, and backward all-gathers d(x) over every token first.
 #include <cstdint>
 
 #include "ops/kernels/dropout.h"
@@ -38,22 +40,26 @@ std::vector<ParamSpec> Gpt2Embedding::params() const {
   };
 }
 
-ActivationSpec Gpt2Embedding::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
+ActivationSpec Gpt2Embedding::output(const LayerDims& d) const { return {"x", tp_.residual_shape(d.B, d.T, cfg_.n_embd), d.dtype}; }
 
 std::vector<ActivationSpec> Gpt2Embedding::saved_activations(const LayerDims&) const { return {}; }
 
 std::vector<ActivationSpec> Gpt2Embedding::scratch(const LayerDims& d) const {
+  const bool cut = tp_.shards_residual(d.B * d.T);
   return {
-      {"dx_dropped", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},  // (B, T, C) gradient before the dropout
+      // (B, T, C) gradient before the dropout; cut: of every token (this rank's rows are dropped in place)
+      {"dx_dropped", Shape{d.B, d.T, cfg_.n_embd}, d.dtype},
       {"encoder_buckets", Shape{static_cast<std::int64_t>(encoder_backward_scratch_elems(d.B, d.T, cfg_.padded_vocab_size))}, DType::int32},
       // tensor-parallel ranks but 0: the zero position table of their lookup
       {"zero_positions", Shape{tp_.rank > 0 ? d.T : 0, cfg_.n_embd}, d.dtype},
+      // Megatron's sequence parallelism: every token's partial sum before the reduce-scatter
+      {"x_whole", Shape{d.B, cut ? d.T : 0, cfg_.n_embd}, d.dtype},
   };
 }
 
 void Gpt2Embedding::forward(const ForwardArgs& a) {
   expect_count(name(), "params", a.params, 2);
-  expect_count(name(), "scratch", a.scratch, 3);
+  expect_count(name(), "scratch", a.scratch, 4);
   const Tensor& tokens = a.batch.tokens;
   // wte has Vp rows, so the kernel accepts ids up to Vp; ids in [V, Vp) are data errors.
   check_token_ids(tokens, cfg_.vocab_size, "layer 'embedding'");
@@ -62,29 +68,37 @@ void Gpt2Embedding::forward(const ForwardArgs& a) {
          cfg_.n_positions, cfg_.n_positions);
   }
   const std::int64_t first_position = sp_.rank * a.dims.T;
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
   if (tp_.active()) {
-    TensorParallelGroup& group = layer_group(a.tensor_parallel, tp_, name());
     Tensor positions = positions_from(a.params[1], first_position);
     if (tp_.rank > 0) {
       positions = a.scratch[2];
       zero_tensor(positions);
     }
     const layer_args::VocabPiece piece = layer_args::vocab_piece(cfg_.padded_vocab_size, cfg_.vocab_size, tp_);
-    encoder_forward(a.output, tokens, a.params[0], positions, VocabShard{piece.first, cfg_.padded_vocab_size});
-    group.sum(a.output);
+    const Tensor x = rs.whole(a.scratch[3], a.output, Shape{a.dims.B, a.dims.T, cfg_.n_embd});
+    encoder_forward(x, tokens, a.params[0], positions, VocabShard{piece.first, cfg_.padded_vocab_size});
+    rs.reduce(x, a.output);
   } else {
     encoder_forward(a.output, tokens, a.params[0], positions_from(a.params[1], first_position));
   }
-  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, sp_.rank);
+  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, layer_args::residual_stream(tp_, sp_, rs));
   if (drop.p > 0.0f) dropout_forward(a.output, a.output, drop);
 }
 
 void Gpt2Embedding::backward(const BackwardArgs& a) {
   expect_count(name(), "grads", a.grads, 2);
-  expect_count(name(), "scratch", a.scratch, 3);
-  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, sp_.rank);
+  expect_count(name(), "scratch", a.scratch, 4);
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const DropoutParams drop = layer_args::parallel_dropout(cfg_.embd_pdrop, a.rng, 0, a.train, layer_args::residual_stream(tp_, sp_, rs));
   Tensor dx = a.dout;
-  if (drop.p > 0.0f) {
+  if (rs.sharded) {
+    // This rank's rows through the dropout — in place, as the forward's dropout_forward with the
+    // same key draws the same mask (dout is dead after) — then every token's.
+    if (drop.p > 0.0f) dropout_forward(a.dout, a.dout, drop);
+    dx = a.scratch[0];
+    rs.gather(a.dout, dx);
+  } else if (drop.p > 0.0f) {
     dx = a.scratch[0];
     zero_tensor(dx);
     dropout_backward(dx, a.dout, drop);

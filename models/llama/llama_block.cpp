@@ -24,6 +24,12 @@
 // q/k norm weights' gradients (partial: a rank sees its own heads) are summed in backward, so
 // every replicated parameter leaves with the same gradient on every rank.
 //
+// Megatron's sequence parallelism (models/residual_shards.h), where the tensor-parallel rank's
+// shard_residual asks for it and B·T divides by TP: x, ln1, residual2, ln2, their rstd and out hold
+// this rank's B·T/TP rows of the tokens; ln1 and ln2 are all-gathered into scratch before qkv_proj
+// and gate/up (again in backward), o_proj's and down_proj's partial outputs reduce-scattered; the
+// RMSNorms' gradients, formed from the rank's rows, are summed over the group.
+//
 // Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
 // block runs on its T tokens (positions s·T ..), RoPE rotating them at their positions; around
 // attention two all-to-alls trade them for every token of 1/SP of the rank's heads.
@@ -97,7 +103,9 @@ enum Saved {
   kAttyHeads,
   kNumSaved
 };
-enum Scratch { kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kNumScratch };
+enum Scratch {
+  kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kNumScratch
+};
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
 
@@ -148,7 +156,7 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   return v;
 }
 
-ActivationSpec LlamaBlock::output(const LayerDims& d) const { return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype}; }
+ActivationSpec LlamaBlock::output(const LayerDims& d) const { return {"x", tp_.residual_shape(d.B, d.T, cfg_.n_embd), d.dtype}; }
 
 std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) const {
   llama_check_sequence(cfg_, d.T);
@@ -157,18 +165,20 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
   // Without q/k norm the raw qkv is not needed after the forward (RoPE's backward needs no input).
   const std::int64_t raw = cfg_.qk_norm ? B * T * W : 0;
   const std::int64_t qk_rows = cfg_.qk_norm ? B * T * (nh_ + nkv_) : 0;
+  // The residual stream and its norms: (B, T, C), or this rank's rows under Megatron's SP.
+  const Shape R = tp_.residual_shape(B, T, C), Rs = layer_args::token_stats_shape(R);
   return {
-      {"ln1", Shape{B, T, C}, S},
-      {"ln1_rstd", Shape{B, T}, F},
+      {"ln1", R, S},
+      {"ln1_rstd", Rs, F},
       {"qkv_raw", Shape{raw}, S},
       {"qk_norm_rstd", Shape{qk_rows}, F},
       {"qkv", Shape{B, sp_.active() ? 0 : T, W}, S},  // sequence parallelism: not kept (qkv_heads is)
       {"rope_inv_freq", Shape{cfg_.head_dim / 2}, F},
       {"atty", Shape{B, T, q_dim()}, S},
       {"att_lse", Shape{B, nh_ / sp_.ranks, sp_.ranks * T}, F},
-      {"residual2", Shape{B, T, C}, S},
-      {"ln2", Shape{B, T, C}, S},
-      {"ln2_rstd", Shape{B, T}, F},
+      {"residual2", R, S},
+      {"ln2", R, S},
+      {"ln2_rstd", Rs, F},
       {"gate", Shape{B, T, I}, S},
       {"up", Shape{B, T, I}, S},
       {"h", Shape{B, T, I}, S},
@@ -181,8 +191,9 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
 std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = inter_;
   const std::int64_t widest_in = std::max({C, q_dim(), I});
+  const bool cut = tp_.shards_residual(B * T);
   return {
-      {"btc_a", Shape{B, T, C}, d.dtype},                          // forward: branch outputs; backward: d(ln2), then d(ln1)
+      {"btc_a", tp_.residual_shape(B, T, C), d.dtype},             // forward: branch outputs; backward: d(ln2), then d(ln1)
       {"btc_b", Shape{B, T, std::max(C, q_dim())}, d.dtype},  // backward: d(atty)
       {"dqkv", Shape{B, T, qkv_dim()}, d.dtype},
       {"bti_a", Shape{B, T, I}, d.dtype},  // backward: d(h), then d(gate)
@@ -198,6 +209,11 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"ulysses_recv", Shape{sp_.active() ? B * T * qkv_dim() : 0}, d.dtype},
       {"datty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, q_dim() / sp_.ranks}, d.dtype},
       {"dqkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, qkv_dim() / sp_.ranks}, d.dtype},
+      // Megatron's sequence parallelism: every token of ln1 / ln2 (gathered); of a projection's
+      // partial output, d(out), d(ln2), d(ln1); the RMSNorms' gradients before the group's sum
+      {"whole_a", Shape{B, cut ? T : 0, C}, d.dtype},
+      {"whole_b", Shape{B, cut ? T : 0, C}, d.dtype},
+      {"norm_grads", Shape{cut ? 2 * C : 0}, d.dtype},
   };
 }
 
@@ -209,15 +225,20 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   const auto& p = a.params;
   const auto& s = a.saved;
   const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = nh_, NKV = nkv_, D = cfg_.head_dim;
-  const Tensor proj = Tensor(a.scratch[kBtcA].data, a.dims.dtype, Shape{B, T, C}, a.scratch[kBtcA].device);
+  const Tensor proj = a.scratch[kBtcA];
   const Tensor mm = a.scratch[kMatmul];
   const float eps = cfg_.rms_norm_eps;
-  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
-  auto row_parallel = [&](const Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
-    layer_args::row_parallel_forward(out, inp, w, b, mm, tp_, group);
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const Shape whole{B, T, C};
+  // A projection's partial output over every token; the residual stream's rows of its sum.
+  const Tensor proj_whole = rs.whole(a.scratch[kWholeB], proj, whole);
+  auto row_parallel = [&](const Tensor& inp, const Tensor& w, const Tensor& b) {
+    layer_args::row_parallel_forward(proj_whole, proj, inp, w, b, mm, tp_, rs);
   };
 
   rmsnorm_forward(s[kLn1], s[kRstd1], a.input, p[pi.ln1], eps);
+  const Tensor ln1 = rs.whole(a.scratch[kWholeA], s[kLn1], whole);
+  rs.gather(s[kLn1], ln1);
   // Sequence parallelism: the rank's tokens' qkv lives in the all-to-all's receive buffer, read
   // only while the send buffer is packed; the attention keeps qkv_heads.
   const Tensor qkv = sp_.active() ? Tensor(a.scratch[kRecv].data, a.dims.dtype, Shape{B, T, qkv_dim()}, a.scratch[kRecv].device) : s[kQkv];
@@ -225,7 +246,7 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     // no heads on this rank: nothing to attend; o_proj adds zeros below
   } else if (cfg_.qk_norm) {
     const Tensor raw(s[kQkvRaw].data, a.dims.dtype, qkv.shape, s[kQkvRaw].device);
-    matmul_forward(raw, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
+    matmul_forward(raw, ln1, p[pi.qkv_w], opt(p, pi.qkv_b), mm);
     copy_tensor(qkv, raw);
     const Tensor heads = heads_view(qkv, NH + 2 * NKV, D);
     const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
@@ -234,7 +255,7 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH, NKV,
                          eps);
   } else {
-    matmul_forward(qkv, s[kLn1], p[pi.qkv_w], opt(p, pi.qkv_b), mm);
+    matmul_forward(qkv, ln1, p[pi.qkv_w], opt(p, pi.qkv_b), mm);
   }
   copy_tensor(s[kInvFreq], Tensor(inv_freq_.data(), DType::fp32, Shape{D / 2}));
   if (nh_ > 0) {
@@ -242,13 +263,15 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     rope_forward(heads, heads, s[kInvFreq], NH + NKV, sp_.rank * T);
     attention(a.sequence_parallel, a.rng, a.train, a.scratch).forward(s[kAtty], s[kLse], qkv, s[kQkvHeads], s[kAttyHeads]);
   }
-  row_parallel(proj, s[kAtty], p[pi.o_w], opt(p, pi.o_b));
+  row_parallel(s[kAtty], p[pi.o_w], opt(p, pi.o_b));
   fused_residual_rmsnorm_forward(s[kResidual2], s[kLn2], s[kRstd2], a.input, proj, p[pi.ln2], eps);
 
-  matmul_forward(s[kGate], s[kLn2], p[pi.gate_w], opt(p, pi.gate_b), mm);
-  matmul_forward(s[kUp], s[kLn2], p[pi.up_w], opt(p, pi.up_b), mm);
+  const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
+  rs.gather(s[kLn2], ln2);
+  matmul_forward(s[kGate], ln2, p[pi.gate_w], opt(p, pi.gate_b), mm);
+  matmul_forward(s[kUp], ln2, p[pi.up_w], opt(p, pi.up_b), mm);
   swiglu_forward(s[kH], s[kGate], s[kUp]);
-  row_parallel(proj, s[kH], p[pi.down_w], opt(p, pi.down_b));
+  row_parallel(s[kH], p[pi.down_w], opt(p, pi.down_b));
   residual_forward(a.output, s[kResidual2], proj);
 }
 
@@ -264,32 +287,52 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = nh_, NKV = nkv_, D = cfg_.head_dim;
   const DType S = a.dims.dtype;
   const Device dev = a.scratch[kBtcA].device;
-  const Tensor btc_a(a.scratch[kBtcA].data, S, Shape{B, T, C}, dev);
+  const Tensor btc_a = a.scratch[kBtcA];
   const Tensor mm = a.scratch[kMatmul];
   TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const Shape whole{B, T, C};
+  // The RMSNorms' gradients: formed from this rank's rows and summed over the group when the
+  // residual stream is cut (models/residual_shards.h), into the gradients directly otherwise.
+  ReplicatedGradSum norm_grads(rs, {g[pi.ln1], g[pi.ln2]}, a.scratch[kNormGrads]);
 
   const Tensor dres = a.dinput;
   copy_tensor(dres, a.dout);  // a no-op when dinput is dout
 
   // ---- MLP branch: out = residual2 + down(silu(gate(ln2)) * up(ln2)) ----
+  // Cut: d(out) of every token, gathered.
+  const Tensor dout_whole = rs.whole(a.scratch[kWholeB], dres, whole);
+  rs.gather(dres, dout_whole);
   const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
   zero_tensor(dh);
-  matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dres, s[kH], p[pi.down_w], mm);
+  matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dout_whole, s[kH], p[pi.down_w], mm);
   // d(gate) goes into the saved h, which is dead once down_proj's backward has read it.
   const Tensor dgate = s[kH];
   zero_tensor(dgate);
   zero_tensor(dup);
   swiglu_backward(dgate, dup, dh, s[kGate], s[kUp]);
+  // Cut: ln2 of every token again (only this rank's rows were kept); d(ln2) of every token into
+  // the gathered d(out)'s memory, dead now.
+  const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
+  rs.gather(s[kLn2], ln2);
+  const Tensor dln2_whole = rs.sharded ? dout_whole : btc_a;
+  zero_tensor(dln2_whole);
+  matmul_backward(dln2_whole, g[pi.gate_w], opt(g, pi.gate_b), dgate, ln2, p[pi.gate_w], mm);
+  matmul_backward(dln2_whole, g[pi.up_w], opt(g, pi.up_b), dup, ln2, p[pi.up_w], mm);
+  // The column-parallel gate/up's input gradient, partial per rank: summed (cut: this rank's rows).
   const Tensor dln2 = btc_a;
-  zero_tensor(dln2);
-  matmul_backward(dln2, g[pi.gate_w], opt(g, pi.gate_b), dgate, s[kLn2], p[pi.gate_w], mm);
-  matmul_backward(dln2, g[pi.up_w], opt(g, pi.up_b), dup, s[kLn2], p[pi.up_w], mm);
-  if (group != nullptr) group->sum(dln2);  // the column-parallel gate/up's input gradient: partial per rank
-  rmsnorm_backward(dres, g[pi.ln2], dln2, s[kResidual2], p[pi.ln2], s[kRstd2]);
+  rs.reduce(dln2_whole, dln2);
+  rmsnorm_backward(dres, norm_grads.grad(1), dln2, s[kResidual2], p[pi.ln2], s[kRstd2]);
 
   // ---- attention branch: residual2 = x + o_proj(attn(...)) ----
-  const Tensor dln1 = btc_a;  // d(ln2) is dead
-  zero_tensor(dln1);
+  const Tensor dres_whole = rs.whole(a.scratch[kWholeB], dres, whole);
+  rs.gather(dres, dres_whole);
+  // d(ln1) of every token: btc_a (d(ln2) is dead), or when cut the gathered d(residual2)'s memory
+  // once o_proj's backward has read it.
+  const Tensor dln1_whole = rs.sharded ? dres_whole : btc_a;
+  // Cut: ln1 of every token again, on every rank (a rank without heads joins the collective).
+  const Tensor ln1 = rs.whole(a.scratch[kWholeA], s[kLn1], whole);
+  rs.gather(s[kLn1], ln1);
   // Tensor parallelism with q/k norm: the norm weights' gradients from this rank's heads go to a
   // scratch that is summed over the group (every rank joins the sum, with or without heads).
   const Tensor qk_partial = a.scratch[kQkNormGrad];
@@ -301,7 +344,7 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   if (nh_ > 0) {
     const Tensor datty(a.scratch[kBtcB].data, S, Shape{B, T, q_dim()}, dev);
     zero_tensor(datty);
-    matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres, s[kAtty], p[pi.o_w], mm);
+    matmul_backward(datty, g[pi.o_w], opt(g, pi.o_b), dres_whole, s[kAtty], p[pi.o_w], mm);
     const Tensor dqkv = a.scratch[kDqkv];
     attention(a.sequence_parallel, a.rng, a.train, a.scratch)
         .backward(dqkv, datty, s[kQkv], s[kAtty], s[kQkvHeads], s[kAttyHeads], s[kLse], a.scratch[kAttention], a.scratch[kDattyHeads],
@@ -315,18 +358,23 @@ void LlamaBlock::backward(const BackwardArgs& a) {
       head_rmsnorm_backward(dheads, dq_norm, raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
       head_rmsnorm_backward(dheads, dk_norm, raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
     }
-    matmul_backward(dln1, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, s[kLn1], p[pi.qkv_w], mm);
-  } else if (pi.o_b >= 0) {
+    zero_tensor(dln1_whole);
+    matmul_backward(dln1_whole, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, ln1, p[pi.qkv_w], mm);
+  } else {
     // No heads on this rank: only the (replicated) o_proj bias's gradient, as every rank forms it.
-    matmul_backward(Tensor{}, Tensor{}, g[pi.o_b], dres, s[kAtty], p[pi.o_w], mm);
+    if (pi.o_b >= 0) matmul_backward(Tensor{}, Tensor{}, g[pi.o_b], dres_whole, s[kAtty], p[pi.o_w], mm);
+    zero_tensor(dln1_whole);
   }
   if (sum_qk_norm) {
     group->sum(qk_partial);
     residual_forward(g[pi.q_norm], g[pi.q_norm], dq_norm);
     residual_forward(g[pi.k_norm], g[pi.k_norm], dk_norm);
   }
-  if (group != nullptr) group->sum(dln1);  // the column-parallel qkv_proj's input gradient
-  rmsnorm_backward(dres, g[pi.ln1], dln1, a.input, p[pi.ln1], s[kRstd1]);
+  // The column-parallel qkv_proj's input gradient, summed (cut: this rank's rows).
+  const Tensor dln1 = btc_a;
+  rs.reduce(dln1_whole, dln1);
+  rmsnorm_backward(dres, norm_grads.grad(0), dln1, a.input, p[pi.ln1], s[kRstd1]);
+  norm_grads.finish();
 }
 
 UlyssesAttention LlamaBlock::attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const {

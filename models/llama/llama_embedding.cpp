@@ -1,6 +1,8 @@
 // LlamaEmbedding: x = embed_tokens[tokens]. The encoder kernel adds a position table too; Llama
 // has none (RoPE acts inside attention), so a zero table from the scratch stands in for it: one
-// extra add of zeros per element, in exchange for no second embedding kernel.
+// extra add of zeros per element, in exchange for no second embedding kernel. Under Megatron's
+// sequence parallelism (models/residual_shards.h) the tensor-parallel sum is a reduce-scatter into
+// this rank's rows of the residual stream, and backward all-gathers d(x) of every token first.
 #include <cstdint>
 
 #include "ops/kernels/encoder.h"
@@ -13,7 +15,7 @@ namespace dstrain {
 using layer_args::expect_count;
 
 namespace {
-enum Scratch { kZeroPositions, kBuckets, kNumScratch };
+enum Scratch { kZeroPositions, kBuckets, kWhole, kNumScratch };
 }
 
 LlamaEmbedding::LlamaEmbedding(const LlamaConfig& cfg, TensorParallelRank tp) : cfg_(cfg), tp_(tp) { validate(cfg_); }
@@ -30,7 +32,7 @@ std::vector<ParamSpec> LlamaEmbedding::params() const {
 
 ActivationSpec LlamaEmbedding::output(const LayerDims& d) const {
   llama_check_sequence(cfg_, d.T);
-  return {"x", Shape{d.B, d.T, cfg_.n_embd}, d.dtype};
+  return {"x", tp_.residual_shape(d.B, d.T, cfg_.n_embd), d.dtype};
 }
 
 std::vector<ActivationSpec> LlamaEmbedding::saved_activations(const LayerDims&) const { return {}; }
@@ -39,6 +41,8 @@ std::vector<ActivationSpec> LlamaEmbedding::scratch(const LayerDims& d) const {
   return {
       {"zero_positions", Shape{d.T, cfg_.n_embd}, d.dtype},  // forward: the encoder's position table (zeros); backward: its discarded gradient
       {"encoder_buckets", Shape{static_cast<std::int64_t>(encoder_backward_scratch_elems(d.B, d.T, cfg_.padded_vocab_size))}, DType::int32},
+      // Megatron's sequence parallelism: every token's partial lookup (forward), d(x) (backward)
+      {"x_whole", Shape{d.B, tp_.shards_residual(d.B * d.T) ? d.T : 0, cfg_.n_embd}, d.dtype},
   };
 }
 
@@ -48,10 +52,12 @@ void LlamaEmbedding::forward(const ForwardArgs& a) {
   check_token_ids(a.batch.tokens, cfg_.vocab_size, "layer 'embedding'");
   llama_check_sequence(cfg_, a.dims.T);
   zero_tensor(a.scratch[kZeroPositions]);
-  encoder_forward(a.output, a.batch.tokens, a.params[0], a.scratch[kZeroPositions], shard());
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const Tensor x = rs.whole(a.scratch[kWhole], a.output, Shape{a.dims.B, a.dims.T, cfg_.n_embd});
+  encoder_forward(x, a.batch.tokens, a.params[0], a.scratch[kZeroPositions], shard());
   // Tensor parallelism: each rank looked up its vocabulary rows (zeros for the others'); the sum
-  // completes the lookup.
-  if (tp_.active()) layer_group(a.tensor_parallel, tp_, name()).sum(a.output);
+  // completes the lookup (cut: this rank's rows of it).
+  rs.reduce(x, a.output);
 }
 
 VocabShard LlamaEmbedding::shard() const {
@@ -62,7 +68,10 @@ VocabShard LlamaEmbedding::shard() const {
 void LlamaEmbedding::backward(const BackwardArgs& a) {
   expect_count(name(), "grads", a.grads, 1);
   expect_count(name(), "scratch", a.scratch, kNumScratch);
-  encoder_backward(a.grads[0], a.scratch[kZeroPositions], a.dout, a.batch.tokens, a.scratch[kBuckets], shard());
+  const ResidualShards rs = layer_args::residual_shards(a.tensor_parallel, tp_, a.dims, name());
+  const Tensor dx = rs.whole(a.scratch[kWhole], a.dout, Shape{a.dims.B, a.dims.T, cfg_.n_embd});
+  rs.gather(a.dout, dx);
+  encoder_backward(a.grads[0], a.scratch[kZeroPositions], dx, a.batch.tokens, a.scratch[kBuckets], shard());
 }
 
 }  // namespace dstrain
