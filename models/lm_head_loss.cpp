@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "models/layer_args.h"
+#include "models/row_tiles.h"
 #include "ops/kernels/matmul.h"
 #include "ops/kernels/softmax_cross_entropy.h"
 #include "ops/kernels/tensor_ops.h"
@@ -13,10 +14,6 @@ namespace dstrain {
 
 namespace {
 
-// Rows [r0, r0 + n) of a (B, T, ...) or (BT, ...) tensor, as a 2-D (n, width) view.
-Tensor row_range(const Tensor& t, std::int64_t r0, std::int64_t n, std::int64_t width) {
-  return Tensor(static_cast<char*>(t.data) + static_cast<std::size_t>(r0 * width) * dtype_size(t.dtype), t.dtype, Shape{n, width}, t.device);
-}
 Tensor vec_range(const Tensor& t, std::int64_t r0, std::int64_t n) {
   return Tensor(static_cast<char*>(t.data) + static_cast<std::size_t>(r0) * dtype_size(t.dtype), t.dtype, Shape{n}, t.device);
 }

@@ -9,7 +9,7 @@ namespace dstrain {
 Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp, SequenceParallelRank sp) {
   if (!architecture) fail("make_model: no architecture given");
   Model m;
-  m.layers = sp.active() || sp.loss_tile_rows > 0 ? architecture->make_parallel_layers(tp, sp)
+  m.layers = sp.active() || sp.loss_tile_rows > 0 || sp.mlp_tile_rows > 0 ? architecture->make_parallel_layers(tp, sp)
              : tp.active() ? architecture->make_tensor_parallel_layers(tp)
                            : architecture->make_layers();
   m.description = architecture->describe();

@@ -30,7 +30,13 @@ struct SequenceParallelRank {
   // ALST's tiled loss (models/lm_head_loss.h): positions per tile of the LM head's logits, so that
   // the (T, V) logits never exist whole; 0: untiled.
   std::int64_t loss_tile_rows = 0;
+  // ALST's tiled MLP (models/row_tiles.h): positions per tile of the blocks' MLP, whose hidden
+  // features (B·T × 4C for GPT-2, 3 × B·T × I for Llama) are then never kept — backward computes
+  // each tile's again; 0 (or a tile of the whole micro-batch): untiled.
+  std::int64_t mlp_tile_rows = 0;
   bool active() const { return ranks > 1; }
+  // Whether a (B, T) micro-batch's MLP runs in tiles.
+  bool tiles_mlp(std::int64_t tokens) const { return mlp_tile_rows > 0 && mlp_tile_rows < tokens; }
 };
 
 // The collectives of a sequence-parallel group (the engine provides them over the mesh's SP

@@ -55,6 +55,9 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
       const std::int64_t vocab_rows = (plan.model->padded_vocab_size() + plan.mesh.tp - 1) / plan.mesh.tp;
       const std::int64_t bytes = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
       sp.loss_tile_rows = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / (vocab_rows * bytes));
+      // ALST's tiled MLP: tiles of n_embd positions (ALST's ceil(T / hidden_size) shards), so a
+      // tile's hidden features are about the size of the MLP's weights (models/row_tiles.h).
+      sp.mlp_tile_rows = plan.model->n_embd();
     }
   }
   // The loaders read for the data-parallel ranks (the sequence-parallel ranks of one group read
@@ -149,6 +152,15 @@ void RankTrainer::announce() {
   if (!plan_.device.is_cpu()) say(fmt::format("device: {}", plan_.device.str()));
   if (!plan_.comm_note.empty()) say(plan_.comm_note);
   if (mesh_) say("mesh: " + describe_mesh(plan_.mesh));
+  if (sp_ranks_ > 1) {
+    const std::int64_t tokens = B_ * (T_ / sp_ranks_);
+    const std::int64_t mlp_tile = plan_.model->n_embd();
+    say(fmt::format("sequence parallelism: ALST's tiled loss{}", mlp_tile < tokens ? fmt::format(" and tiled MLP ({} of a rank's {} positions per tile: "
+                                                                                              "the MLP's hidden features are recomputed in backward, "
+                                                                                              "not kept)",
+                                                                                              mlp_tile, tokens)
+                                                                                : ""));
+  }
   if (plan_.mesh.tp > 1) {
     const std::int64_t tokens = B_ * (T_ / sp_ranks_);  // a micro-batch's tokens on a tensor-parallel group
     if (!options_.megatron_sequence_parallel) {

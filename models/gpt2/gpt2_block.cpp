@@ -28,6 +28,10 @@
 // c_attn and c_fc (again in backward), the projections' partial outputs reduce-scattered; the
 // LayerNorms' gradients, formed from the rank's rows, are summed over the group.
 //
+// ALST's tiled MLP (sp.mlp_tile_rows, models/row_tiles.h): fch and fch_gelu are computed a tile of
+// positions at a time into scratch and not kept; backward computes each tile's again, then its
+// gradients (d(W) and d(b) summed over the tiles in order).
+//
 // Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
 // block runs on its Tl tokens; around attention two all-to-alls trade them for every token of
 // 1/SP of its heads. Its residual dropouts draw a stream per SP rank (their tokens differ).
@@ -43,6 +47,7 @@
 #include "models/gpt2/gpt2_layers.h"
 #include "models/layer_args.h"
 #include "models/param_split.h"
+#include "models/row_tiles.h"
 #include "models/tensor_parallel.h"
 #include "models/ulysses_attention.h"
 #include "ops/kernels/tensor_ops.h"
@@ -55,7 +60,8 @@ namespace {
 enum P { kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumParams };
 enum Saved { kLn1, kLn1Mean, kLn1Rstd, kQkv, kAtty, kAttLse, kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kQkvHeads, kAttyHeads, kNumSaved };
 enum Scratch {
-  kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kNumScratch
+  kBtcA, kBtcB, kBt4cA, kBt4cB, kMatmul, kAttention, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kFchTile, kGeluTile,
+  kNumScratch
 };
 }  // namespace
 
@@ -120,8 +126,8 @@ std::vector<ActivationSpec> Gpt2Block::saved_activations(const LayerDims& d) con
       {"ln2", R, S},
       {"ln2_mean", Rs, F},
       {"ln2_rstd", Rs, F},
-      {"fch", Shape{B, T, Fr}, S},
-      {"fch_gelu", Shape{B, T, Fr}, S},
+      {"fch", Shape{B, sp_.tiles_mlp(B * T) ? 0 : T, Fr}, S},  // tiled MLP: not kept
+      {"fch_gelu", Shape{B, sp_.tiles_mlp(B * T) ? 0 : T, Fr}, S},
       {"qkv_heads", Shape{B, Ta, 3 * Cr / SP}, S},  // sequence parallelism: every token, this rank's heads
       {"atty_heads", Shape{B, Ta, Cr / SP}, S},
   };
@@ -148,6 +154,9 @@ std::vector<ActivationSpec> Gpt2Block::scratch(const LayerDims& d) const {
       {"whole_a", Shape{B, cut ? T : 0, C}, d.dtype},
       {"whole_b", Shape{B, cut ? T : 0, C}, d.dtype},
       {"norm_grads", Shape{cut ? 4 * C : 0}, d.dtype},
+      // tiled MLP: one tile's fch and fch_gelu
+      {"fch_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, ff_}, d.dtype},
+      {"gelu_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, ff_}, d.dtype},
   };
 }
 
@@ -184,8 +193,19 @@ void Gpt2Block::forward(const ForwardArgs& a) {
 
   const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
   rs.gather(s[kLn2], ln2);
-  matmul_gelu_forward(s[kFchGelu], s[kFch], ln2, p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
-  layer_args::row_parallel_forward(proj_whole, proj, s[kFchGelu], p[kFcProjW], p[kFcProjB], mm, tp_, rs);
+  if (!sp_.tiles_mlp(a.dims.B * a.dims.T)) {
+    matmul_gelu_forward(s[kFchGelu], s[kFch], ln2, p[kFcW], p[kFcB], mm);  // GELU in the GEMM's epilogue on the GPU
+    layer_args::row_parallel_forward(proj_whole, proj, s[kFchGelu], p[kFcProjW], p[kFcProjB], mm, tp_, rs);
+  } else {
+    // Tiled: each tile's fch and gelu in scratch, its rows of the projection's partial output.
+    const std::int64_t C = cfg_.n_embd;
+    for_each_row_tile(a.dims.B * a.dims.T, sp_.mlp_tile_rows, [&](std::int64_t r0, std::int64_t n) {
+      const Tensor fch = row_range(a.scratch[kFchTile], 0, n, ff_), gelu = row_range(a.scratch[kGeluTile], 0, n, ff_);
+      matmul_gelu_forward(gelu, fch, row_range(ln2, r0, n, C), p[kFcW], p[kFcB], mm);
+      matmul_forward(row_range(proj_whole, r0, n, C), gelu, p[kFcProjW], tp_.rank == 0 ? p[kFcProjB] : Tensor{}, mm);
+    });
+    rs.reduce(proj_whole, proj);
+  }
   const DropoutParams drop2 = layer_args::parallel_dropout(cfg_.resid_pdrop, a.rng, 2, a.train, stream);
   if (drop2.p > 0.0f) dropout_forward(proj, proj, drop2);
   residual_forward(a.output, s[kResidual2], proj);
@@ -229,11 +249,24 @@ void Gpt2Block::backward(const BackwardArgs& a) {
   const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
   rs.gather(s[kLn2], ln2);
   const Tensor dgelu = view(bt4c_a, ff_), dfch = bt4c_b, dln2_whole = view(btc_b, C);
-  // dfch = gelu'(fch) ⊙ (dproj · W_fcproj) and the fc_proj weight / bias gradients (dgelu: the
-  // unfused backends' d(fch_gelu)).
-  matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj_whole, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
   zero_tensor(dln2_whole);
-  matmul_backward(dln2_whole, g[kFcW], g[kFcB], dfch, ln2, p[kFcW], mm);
+  if (!sp_.tiles_mlp(B * T)) {
+    // dfch = gelu'(fch) ⊙ (dproj · W_fcproj) and the fc_proj weight / bias gradients (dgelu: the
+    // unfused backends' d(fch_gelu)).
+    matmul_gelu_backward(dfch, g[kFcProjW], g[kFcProjB], dproj_whole, s[kFchGelu], s[kFch], p[kFcProjW], dgelu, mm);
+    matmul_backward(dln2_whole, g[kFcW], g[kFcB], dfch, ln2, p[kFcW], mm);
+  } else {
+    // Tiled: each tile's fch and gelu again, then its share of every gradient.
+    for_each_row_tile(B * T, sp_.mlp_tile_rows, [&](std::int64_t r0, std::int64_t n) {
+      const Tensor fch = row_range(a.scratch[kFchTile], 0, n, ff_), gelu = row_range(a.scratch[kGeluTile], 0, n, ff_);
+      const Tensor ln2_rows = row_range(ln2, r0, n, C);
+      matmul_gelu_forward(gelu, fch, ln2_rows, p[kFcW], p[kFcB], mm);
+      const Tensor dfch_rows = row_range(dfch, 0, n, ff_);
+      matmul_gelu_backward(dfch_rows, g[kFcProjW], g[kFcProjB], row_range(dproj_whole, r0, n, C), gelu, fch, p[kFcProjW], row_range(dgelu, 0, n, ff_),
+                           mm);
+      matmul_backward(row_range(dln2_whole, r0, n, C), g[kFcW], g[kFcB], dfch_rows, ln2_rows, p[kFcW], mm);
+    });
+  }
   // The column-parallel c_fc's input gradient, partial per rank: summed (cut: this rank's rows).
   const Tensor dln2 = rs.sharded ? btc_a : dln2_whole;
   rs.reduce(dln2_whole, dln2);

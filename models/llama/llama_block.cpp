@@ -30,6 +30,10 @@
 // and gate/up (again in backward), o_proj's and down_proj's partial outputs reduce-scattered; the
 // RMSNorms' gradients, formed from the rank's rows, are summed over the group.
 //
+// ALST's tiled MLP (sp.mlp_tile_rows, models/row_tiles.h): gate, up and h are computed a tile of
+// positions at a time into scratch and not kept; backward computes each tile's again, then its
+// gradients (d(W) and d(b) summed over the tiles in order).
+//
 // Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
 // block runs on its T tokens (positions s·T ..), RoPE rotating them at their positions; around
 // attention two all-to-alls trade them for every token of 1/SP of the rank's heads.
@@ -46,6 +50,7 @@
 #include "models/layer_args.h"
 #include "models/llama/llama_layers.h"
 #include "models/param_split.h"
+#include "models/row_tiles.h"
 #include "models/tensor_parallel.h"
 #include "models/ulysses_attention.h"
 
@@ -104,10 +109,27 @@ enum Saved {
   kNumSaved
 };
 enum Scratch {
-  kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kNumScratch
+  kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kGateTile,
+  kUpTile, kHTile, kNumScratch
 };
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
+
+// One tile of the tiled MLP: its rows' gate, up and h in the block's scratch.
+struct MlpTile {
+  Tensor gate, up, h;
+};
+MlpTile mlp_tile(std::span<const Tensor> scratch, std::int64_t n) {
+  const auto rows = [&](int k) { return row_range(scratch[static_cast<std::size_t>(k)], 0, n, scratch[static_cast<std::size_t>(k)].shape[1]); };
+  return {rows(kGateTile), rows(kUpTile), rows(kHTile)};
+}
+
+// A tile's gate = x · gate_projᵀ, up = x · up_projᵀ (+ biases), h = silu(gate) * up; x: its rows of ln2.
+void mlp_tile_forward(const MlpTile& t, const Tensor& x, std::span<const Tensor> p, const ParamIndex& pi, const Tensor& mm) {
+  matmul_forward(t.gate, x, p[static_cast<std::size_t>(pi.gate_w)], opt(p, pi.gate_b), mm);
+  matmul_forward(t.up, x, p[static_cast<std::size_t>(pi.up_w)], opt(p, pi.up_b), mm);
+  swiglu_forward(t.h, t.gate, t.up);
+}
 
 // (B, T, H, D) view of a (B, T, H·D) tensor.
 Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device); }
@@ -179,9 +201,9 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
       {"residual2", R, S},
       {"ln2", R, S},
       {"ln2_rstd", Rs, F},
-      {"gate", Shape{B, T, I}, S},
-      {"up", Shape{B, T, I}, S},
-      {"h", Shape{B, T, I}, S},
+      {"gate", Shape{B, sp_.tiles_mlp(B * T) ? 0 : T, I}, S},  // tiled MLP: not kept
+      {"up", Shape{B, sp_.tiles_mlp(B * T) ? 0 : T, I}, S},
+      {"h", Shape{B, sp_.tiles_mlp(B * T) ? 0 : T, I}, S},
       // sequence parallelism: every token of this rank's share of the heads
       {"qkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, W / sp_.ranks}, S},
       {"atty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, q_dim() / sp_.ranks}, S},
@@ -214,6 +236,10 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"whole_a", Shape{B, cut ? T : 0, C}, d.dtype},
       {"whole_b", Shape{B, cut ? T : 0, C}, d.dtype},
       {"norm_grads", Shape{cut ? 2 * C : 0}, d.dtype},
+      // tiled MLP: one tile's gate, up and h
+      {"gate_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
+      {"up_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
+      {"h_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
   };
 }
 
@@ -268,10 +294,20 @@ void LlamaBlock::forward(const ForwardArgs& a) {
 
   const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
   rs.gather(s[kLn2], ln2);
-  matmul_forward(s[kGate], ln2, p[pi.gate_w], opt(p, pi.gate_b), mm);
-  matmul_forward(s[kUp], ln2, p[pi.up_w], opt(p, pi.up_b), mm);
-  swiglu_forward(s[kH], s[kGate], s[kUp]);
-  row_parallel(s[kH], p[pi.down_w], opt(p, pi.down_b));
+  if (!sp_.tiles_mlp(B * T)) {
+    matmul_forward(s[kGate], ln2, p[pi.gate_w], opt(p, pi.gate_b), mm);
+    matmul_forward(s[kUp], ln2, p[pi.up_w], opt(p, pi.up_b), mm);
+    swiglu_forward(s[kH], s[kGate], s[kUp]);
+    row_parallel(s[kH], p[pi.down_w], opt(p, pi.down_b));
+  } else {
+    // Tiled: each tile's gate, up and h in scratch, its rows of down_proj's partial output.
+    for_each_row_tile(B * T, sp_.mlp_tile_rows, [&](std::int64_t r0, std::int64_t n) {
+      const MlpTile t = mlp_tile(a.scratch, n);
+      mlp_tile_forward(t, row_range(ln2, r0, n, C), p, pi, mm);
+      matmul_forward(row_range(proj_whole, r0, n, C), t.h, p[pi.down_w], tp_.rank == 0 ? opt(p, pi.down_b) : Tensor{}, mm);
+    });
+    rs.reduce(proj_whole, proj);
+  }
   residual_forward(a.output, s[kResidual2], proj);
 }
 
@@ -300,25 +336,45 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   copy_tensor(dres, a.dout);  // a no-op when dinput is dout
 
   // ---- MLP branch: out = residual2 + down(silu(gate(ln2)) * up(ln2)) ----
-  // Cut: d(out) of every token, gathered.
+  // Cut: d(out) of every token, gathered, and ln2 of every token again (only this rank's rows were
+  // kept); d(ln2) of every token goes into the gathered d(out)'s memory as d(out) is consumed.
   const Tensor dout_whole = rs.whole(a.scratch[kWholeB], dres, whole);
   rs.gather(dres, dout_whole);
-  const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
-  zero_tensor(dh);
-  matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dout_whole, s[kH], p[pi.down_w], mm);
-  // d(gate) goes into the saved h, which is dead once down_proj's backward has read it.
-  const Tensor dgate = s[kH];
-  zero_tensor(dgate);
-  zero_tensor(dup);
-  swiglu_backward(dgate, dup, dh, s[kGate], s[kUp]);
-  // Cut: ln2 of every token again (only this rank's rows were kept); d(ln2) of every token into
-  // the gathered d(out)'s memory, dead now.
   const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
   rs.gather(s[kLn2], ln2);
   const Tensor dln2_whole = rs.sharded ? dout_whole : btc_a;
-  zero_tensor(dln2_whole);
-  matmul_backward(dln2_whole, g[pi.gate_w], opt(g, pi.gate_b), dgate, ln2, p[pi.gate_w], mm);
-  matmul_backward(dln2_whole, g[pi.up_w], opt(g, pi.up_b), dup, ln2, p[pi.up_w], mm);
+  const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
+  if (!sp_.tiles_mlp(B * T)) {
+    zero_tensor(dh);
+    matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dout_whole, s[kH], p[pi.down_w], mm);
+    // d(gate) goes into the saved h, which is dead once down_proj's backward has read it.
+    const Tensor dgate = s[kH];
+    zero_tensor(dgate);
+    zero_tensor(dup);
+    swiglu_backward(dgate, dup, dh, s[kGate], s[kUp]);
+    zero_tensor(dln2_whole);
+    matmul_backward(dln2_whole, g[pi.gate_w], opt(g, pi.gate_b), dgate, ln2, p[pi.gate_w], mm);
+    matmul_backward(dln2_whole, g[pi.up_w], opt(g, pi.up_b), dup, ln2, p[pi.up_w], mm);
+  } else {
+    // Tiled: each tile's gate, up and h again, then its share of every gradient; a tile's rows of
+    // d(ln2) are written after its rows of d(out) are read (they may be the same memory).
+    for_each_row_tile(B * T, sp_.mlp_tile_rows, [&](std::int64_t r0, std::int64_t n) {
+      const MlpTile t = mlp_tile(a.scratch, n);
+      const Tensor ln2_rows = row_range(ln2, r0, n, C);
+      mlp_tile_forward(t, ln2_rows, p, pi, mm);
+      const Tensor dh_rows = row_range(dh, 0, n, inter_), dup_rows = row_range(dup, 0, n, inter_);
+      zero_tensor(dh_rows);
+      matmul_backward(dh_rows, g[pi.down_w], opt(g, pi.down_b), row_range(dout_whole, r0, n, C), t.h, p[pi.down_w], mm);
+      const Tensor dgate_rows = t.h;  // h is dead once read
+      zero_tensor(dgate_rows);
+      zero_tensor(dup_rows);
+      swiglu_backward(dgate_rows, dup_rows, dh_rows, t.gate, t.up);
+      const Tensor dln2_rows = row_range(dln2_whole, r0, n, C);
+      zero_tensor(dln2_rows);
+      matmul_backward(dln2_rows, g[pi.gate_w], opt(g, pi.gate_b), dgate_rows, ln2_rows, p[pi.gate_w], mm);
+      matmul_backward(dln2_rows, g[pi.up_w], opt(g, pi.up_b), dup_rows, ln2_rows, p[pi.up_w], mm);
+    });
+  }
   // The column-parallel gate/up's input gradient, partial per rank: summed (cut: this rank's rows).
   const Tensor dln2 = btc_a;
   rs.reduce(dln2_whole, dln2);

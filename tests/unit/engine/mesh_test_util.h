@@ -41,6 +41,7 @@ struct MeshRun {
   // Targets set to -1 (ignored) in every micro-batch, at these flat positions of its (B, T) targets.
   std::vector<std::size_t> ignored{};
   std::int64_t loss_tile_rows = 0;  // ALST's tiled loss (models/lm_head_loss.h); 0: untiled
+  std::int64_t mlp_tile_rows = 0;   // ALST's tiled MLP (models/row_tiles.h); 0: untiled
   bool shard_residual = false;      // Megatron's sequence parallelism (models/residual_shards.h)
 };
 
@@ -104,7 +105,7 @@ inline RunResult run_mesh(const MeshRun& m) {
     o.sequence_parallel = m.sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = kT / m.sp;
     o.checkpoint_activations = m.ckpt;
-    Engine e = initialize(build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows}), c, o);
+    Engine e = initialize(build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}), c, o);
     for (int step = 0; step < m.steps; ++step) {
       for (int g = 0; g < m.gas; ++g) {
         Tokens b = mesh_batch(m, step, g * m.dp + d, q);

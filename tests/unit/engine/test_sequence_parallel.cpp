@@ -168,6 +168,39 @@ TEST(SequenceParallelTiledLoss, TilesMatchTheWholeLogits) {
   }
 }
 
+// ALST's tiled MLP: the blocks' MLP in tiles of 5 positions (a micro-batch's 32, or 16 / 8 per SP
+// rank, cut unevenly), its hidden features never kept. Training matches one untiled rank within the
+// mesh tolerance (d(W) sums the tiles' products in tile order), also with Megatron's cut residual
+// stream; the first step's loss equals the untiled one (each position's features come from the same
+// row-wise GEMM). The MLP's saved activations are gone from the activations' buffer: exactly
+// L · (B·T/SP) · (GPT-2: 2 · 4C; Llama: 3 · I / TP) · 4 bytes fewer (the tiles are scratch).
+TEST(SequenceParallelTiledMlp, TilesMatchTheWholeMlp) {
+  for (const char* model : {kGpt2Heads4, kLlamaKv4}) {
+    const bool gpt2 = std::string_view(model).starts_with("gpt2");
+    for (const auto& [tp, sp, cut] : {std::tuple{1, 1, false}, std::tuple{1, 2, false}, std::tuple{2, 2, true}}) {
+      SCOPED_TRACE(fmt::format("{} tp {} sp {} cut {}", model, tp, sp, cut));
+      MeshRun m;
+      m.tp = tp;
+      m.sp = sp;
+      m.dp = 4 / (tp * sp);
+      m.model = model;
+      m.mlp_tile_rows = 5;
+      m.shard_residual = cut;
+      check_against_one_rank(m);
+      MeshRun untiled = m;
+      untiled.mlp_tile_rows = 0;
+      untiled.steps = 1;
+      m.steps = 1;
+      const RunResult a = run_mesh(m), b = run_mesh(untiled);
+      EXPECT_NEAR(a.r0().losses[0], b.r0().losses[0], 1e-6 * std::abs(b.r0().losses[0]));
+      const double L = 2, tokens = kMicro * (kT / sp), features = gpt2 ? 2 * 4 * 32 / tp : 3 * 48 / tp;
+      const double saved = static_cast<double>(b.r0().memory[MemoryPurpose::activations].current) -
+                           static_cast<double>(a.r0().memory[MemoryPurpose::activations].current);
+      EXPECT_NEAR(saved, L * tokens * features * 4, 64 * 3 * L);
+    }
+  }
+}
+
 // Heads that do not divide by the sequence-parallel size are refused before step 1, naming the key.
 TEST(SequenceParallelRefusals, HeadsNotDivisibleBySp) {
   const auto arch = gpt2_family().from_spec("gpt2:L2-C48-H6-V100-T16");
