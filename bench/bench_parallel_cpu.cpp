@@ -73,6 +73,9 @@ struct Args {
   std::vector<int> cap_sps{1, 2, 4};
   bool cap_step_each = false;
   bool cap_verify = true;
+  // ALST's tiles at SP > 1, as `dstrain train` sets them (train/rank_trainer.cpp): the loss in
+  // tiles of 64 MiB of logits, the MLP in tiles of n_embd positions.
+  bool cap_alst = true;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -82,7 +85,8 @@ struct Args {
                "  part 1: --llama SPEC --gpt2 SPEC (or --models SPEC,SPEC,...) --global-batch G --seq T --steps N --warmup N\n"
                "          --stage 0-3 --ranks W --meshes DPxSPxTP,... (e.g. 4x1x1,2x1x2)\n"
                "  part 2: --cap-model SPEC --cap-mib M --cap-batch B --cap-start T --cap-quantum Q --cap-sps 1,2,4 --cap-stage 0-3\n"
-               "          --cap-step-each on|off (a real step at every probe) --cap-verify on|off (a real step at T_max)\n",
+               "          --cap-step-each on|off (a real step at every probe) --cap-verify on|off (a real step at T_max)\n"
+               "          --cap-alst on|off (ALST's tiled loss and MLP at SP > 1, as train sets them; default on)\n",
                why.c_str());
   std::exit(2);
 }
@@ -162,6 +166,8 @@ Args parse(int argc, char** argv) {
       for (const std::string& s : split(v, ',')) a.cap_sps.push_back(static_cast<int>(integer(k, s.c_str(), 1)));
     } else if (k == "--cap-step-each")
       a.cap_step_each = on_off(k, v);
+    else if (k == "--cap-alst")
+      a.cap_alst = on_off(k, v);
     else if (k == "--cap-verify")
       a.cap_verify = on_off(k, v);
     else
@@ -459,7 +465,12 @@ Probe probe(const Args& a, int sp, long T, bool step) {
     o.tensor_parallel = mesh.tp.get();
     o.sequence_parallel = sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = Tl;
-    Engine e = initialize(make_model(arch, {0, 1}, {mesh.coord.sp, sp}), cfg, o);
+    SequenceParallelRank sr{mesh.coord.sp, sp};
+    if (sp > 1 && a.cap_alst) {
+      sr.loss_tile_rows = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / (arch->padded_vocab_size() * 4));
+      sr.mlp_tile_rows = arch->n_embd();
+    }
+    Engine e = initialize(make_model(arch, {0, 1}, sr), cfg, o);
     std::vector<std::int32_t> in, tg;
     if (step) {
       for (long b = 0; b < a.cap_batch; ++b) {
@@ -554,6 +565,7 @@ void part2(const Args& a) {
       "\n== the longest sequence within {} MiB per rank: {} ({:.2f}M parameters), micro-batch {}, fp32, ZeRO {}, world = SP (DP 1); "
       "T to a multiple of {} ==\n",
       a.cap_mib, a.cap_model, arch->parameter_count() / 1e6, a.cap_batch, a.cap_stage, a.cap_quantum);
+  fmt::print("(ALST's tiled loss and MLP at SP > 1: {}; --cap-alst)\n", a.cap_alst ? "on, as train sets them" : "off");
   fmt::print("(probes: the engine's allocator peak over all purposes, max over ranks, {})\n",
              a.cap_step_each ? "after one real step at every probe"
                              : "after the engine is built (every activation is allocated then); one real step checks T_max");
