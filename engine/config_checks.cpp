@@ -77,16 +77,10 @@ void check_tensor_parallel_engine(const config::DsConfig& config, const Device& 
   using config::OptimizerKind;
   const OptimizerKind k = config.optimizer.kind;
   // Lamb, Muon and Adafactor read each weight matrix whole; they sum (or gather) the pieces over the
-  // tensor-parallel group (engine/optim/tensor_cut.h) and train as one rank. The 1-bit family does
-  // not: in its compressed phase each rank clips its gradients by their own norm and compresses
-  // each tensor with a scale from the elements it holds — a piece's under tensor parallelism, not
-  // the whole tensor's — and OneBitLamb freezes per-tensor coefficients from the same pieces.
-  if (config::is_onebit_kind(k)) {
-    fail("optimizer.type \"{}\" with tensor parallelism ({} ranks): the 1-bit optimizers exchange compressed gradients of their own, with "
-         "scales (and OneBitLamb's frozen trust ratios) computed from the elements a rank holds, which tensor parallelism cuts into pieces — so "
-         "they would not train as one rank; use Adam, AdamW, Lamb, Muon or Adafactor, or set tensor_parallel.autotp_size to 1",
-         config.optimizer.type, tp_ranks);
-  }
+  // tensor-parallel group (engine/optim/tensor_cut.h) and train as one rank. The 1-bit family runs
+  // as DeepSpeed runs it with a model-parallel unit (deepspeed/runtime/comm/nccl.py: NcclBackend(mpu)
+  // compresses over mpu.get_data_parallel_group()): its compressed exchange is over the data group,
+  // on the tensors a rank holds — a cut tensor's piece, with the piece's scales (docs/parallelism.md §4).
   if (device.is_cuda() && (k == OptimizerKind::lamb || k == OptimizerKind::muon || k == OptimizerKind::adafactor)) {
     fail("optimizer.type \"{}\" with tensor parallelism ({} ranks) on {}: its sums and gathers of the matrices' pieces over the tensor-parallel "
          "group move host memory in this build; train it tensor-parallel on the CPU, or use Adam or AdamW on the GPU",
