@@ -20,6 +20,13 @@ Tensor vec_range(const Tensor& t, std::int64_t r0, std::int64_t n) {
 
 }  // namespace
 
+std::int64_t loss_tile_rows_for(std::int64_t vocab_rows, std::int64_t bytes) {
+  // A row wider than the tile is a tile of one row (and vocab_rows · bytes is never formed then, so
+  // a vast vocabulary cannot overflow it).
+  if (vocab_rows < 1 || bytes < 1 || vocab_rows >= kLossTileBytes / bytes) return 1;
+  return std::max<std::int64_t>(1, kLossTileBytes / (vocab_rows * bytes));
+}
+
 std::int64_t LmHeadLoss::rows() const { return tp.active() ? layer_args::vocab_piece(padded, vocab, tp).rows : padded; }
 
 Shape LmHeadLoss::saved_logits_shape(std::int64_t B, std::int64_t T) const { return tiled() ? Shape{0} : Shape{B, T, rows()}; }

@@ -19,6 +19,13 @@
 
 namespace dstrain {
 
+// ALST's tile for a run: the positions whose logits — `vocab_rows` of the rank's vocabulary, `bytes`
+// per element — take at most kLossTileBytes (64 MiB), at least one. What the trainer builds the head
+// with under sequence parallelism (train/rank_trainer.cpp) and the memory estimate counts
+// (train/memory_estimate.h).
+inline constexpr std::int64_t kLossTileBytes = std::int64_t{64} << 20;
+std::int64_t loss_tile_rows_for(std::int64_t vocab_rows, std::int64_t bytes);
+
 struct LmHeadLoss {
   std::int64_t vocab = 0;      // real tokens (ids < vocab)
   std::int64_t padded = 0;     // rows of the whole table (vocab padded)

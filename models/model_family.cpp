@@ -26,6 +26,8 @@ std::vector<std::unique_ptr<Layer>> Architecture::make_tensor_parallel_layers(Te
   return make_layers();
 }
 
+std::shared_ptr<const Architecture> Architecture::with_n_layer(std::int64_t) const { return nullptr; }
+
 std::string Architecture::hf_model_type() const { return family().name(); }
 
 std::vector<HfParamName> Architecture::hf_param_names() const { return hf_param_names_of(make_layers(), vocab_size()); }

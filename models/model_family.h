@@ -76,6 +76,13 @@ class Architecture {
   // ForwardArgs::tensor_parallel. The default: make_layers() for one rank, else
   // check_tensor_parallel's Error.
   virtual std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const;
+  // The same shape with n_layer transformer blocks, all alike: the memory estimate
+  // (train/memory_estimate.h) builds the layers of a one- and a two-block copy to count one
+  // tensor-parallel rank's parameters from the layers' own cut (their difference is one block, of
+  // which there are n_layer()), since building every block of a large model — or of an absurd
+  // descriptor such as gpt2:L4294967296-C4294967296-H2 — would take minutes or never end. nullptr
+  // (the default): the family has no such copy, and the estimate builds every layer.
+  virtual std::shared_ptr<const Architecture> with_n_layer(std::int64_t n_layer) const;
   // ---- the Hugging Face names: what tensor_parallel.partition_config's patterns match ----
   // The model_type of the family's Hugging Face config ("gpt2", "llama", "qwen2"): what a layer
   // spec's model_types name. The default: the family's name.

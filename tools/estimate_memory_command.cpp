@@ -43,15 +43,40 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
 
   const std::int64_t T = args.sequence_length ? *args.sequence_length : std::min<std::int64_t>(model->n_positions(), 1024);
   model->check_sequence(T, Device::cpu());
+  // The device mesh of the config over --num-ranks (docs/parallelism.md §1): the figures are one
+  // rank's of it, and what train refuses of the mesh is refused here too.
+  const MeshShape mesh = make_mesh_shape(static_cast<int>(cfg.world_size), static_cast<int>(cfg.tensor_parallel_size),
+                                         static_cast<int>(cfg.sequence_parallel_world_size));
+  if (mesh.tp > 1) model->check_tensor_parallel(mesh.tp);
+  if (mesh.sp > 1) {
+    model->check_sequence_parallel(mesh.sp, mesh.tp);
+    if (T % mesh.sp != 0) {
+      fail(
+          "sequence_parallel_size {}: the sequence length {} does not divide by it (each sequence-parallel rank holds T / {} tokens); give "
+          "--sequence-length {}",
+          mesh.sp, T, mesh.sp, T / mesh.sp * mesh.sp > 0 ? T / mesh.sp * mesh.sp : mesh.sp);
+    }
+  }
   const MemoryEstimate e = estimate_rank_memory(*model, cfg, T);
   const config::StatePlacement& placement = cfg.placement();
 
   std::string out = fmt::format("model {}: {}\n", args.model, model->describe());
+  out += fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
+                     cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.world_size, cfg.train_micro_batch_size_per_gpu, T,
+                     cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
+  if (mesh.tp > 1 || mesh.sp > 1) {
+    out += fmt::format("mesh: {}; ZeRO partitions over the {} data-parallel x sequence-parallel ranks of a tensor-parallel index\n",
+                       describe_mesh(mesh), mesh.dp * mesh.sp);
+  }
+  if (mesh.tp > 1) {
+    out += fmt::format(
+        "tensor-parallel rank 0 (the largest) stores {} of the {} parameters: its pieces of the cut ones, the replicated ones "
+        "whole\n",
+        format_count(e.rank_parameters), format_count(e.parameters));
+  }
   out +=
-      fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
-                  cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.data_parallel_world_size, cfg.train_micro_batch_size_per_gpu,
-                  T, cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
-  out += "\ndstrain's estimate per rank (the lower bound train's pre-flight checks against the memory there is; docs/offload.md §11):\n";
+      fmt::format("\ndstrain's estimate per rank{} (the lower bound train's pre-flight checks against the memory there is; docs/offload.md §11):\n",
+                  mesh.tp > 1 || mesh.sp > 1 ? " of the mesh" : "");
   const auto row = [&out](const char* purpose, double device, double host, double nvme) {
     out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", purpose, format_estimate_bytes(device), format_estimate_bytes(host),
                        format_estimate_bytes(nvme));
@@ -66,6 +91,11 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
       "  (device: the training device's memory — on the CPU the same memory as host; nvme: swap files under nvme_path, in no memory;\n"
       "   optimizer: the fp32 masters kept apart from the params and the optimizer's states; activations: at least the logits of one "
       "micro-batch)\n";
+  if (mesh.tp > 1 || mesh.sp > 1) {
+    out += fmt::format("  (the logits: {}{}{})\n", mesh.sp > 1 ? fmt::format("the rank's T / {} tokens", mesh.sp) : std::string("T tokens"),
+                       mesh.tp > 1 ? fmt::format(", the rank's vocabulary rows (padded vocabulary / {}, rounded up)", mesh.tp) : std::string(),
+                       mesh.sp > 1 ? ", one tile of ALST's tiled loss (at most 64 MiB, at least one position)" : "");
+  }
 
   // DeepSpeed's estimate for the same model: its total (the real vocabulary, tied weights once)
   // and largest module, on one node of num_ranks GPUs.
@@ -92,6 +122,9 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   }
   out += format_deepspeed_estimates(rows, total, largest, cfg.world_size, 1, zero3, marked);
   out += "(DeepSpeed's figures assume 16-bit params and Adam; its CPU column is per node, and counts the model's load into host memory.)\n";
+  if (mesh.tp > 1 || mesh.sp > 1) {
+    out += fmt::format("(They know no tensor or sequence parallelism: the whole model's states over all {} ranks.)\n", cfg.world_size);
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 

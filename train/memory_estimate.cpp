@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "engine/optim/optimizer_rules.h"
+#include "models/lm_head_loss.h"
 #include "zero/split_state_store.h"
 
 namespace dstrain {
@@ -45,7 +48,7 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
       // NvmeParamStore keeps the units, in order, while their running total fits max_in_cpu: all of
       // them when it covers the partition; otherwise an unknown prefix (0 as the lower bound) and
       // buffer_count buffers of the largest swapped unit (at least one element: the bound again).
-      const double partition = e.parameters / W;
+      const double partition = e.rank_parameters / W;
       if (static_cast<double>(poff.max_in_cpu) >= partition) {
         e.params_host = e.params;
       } else {
@@ -54,11 +57,11 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
       }
     }
   }
-  if (placement.optimizer == StateHome::device || e.optimizer <= 0.0 || e.parameters <= 0.0) return;
+  if (placement.optimizer == StateHome::device || e.optimizer <= 0.0 || e.rank_parameters <= 0.0) return;
   const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
   // Sub-groups of sub_group_size elements over the rank's partition; the first int((1 - ratio)·N)
   // stay on the device (SplitStateStore::device_groups), only at stage 3.
-  const double partition = e.parameters / W;
+  const double partition = e.rank_parameters / W;
   // StateStoreLayout::cut's step: sub_group_size rounded down to a multiple of 16 elements.
   const std::int64_t step = z.sub_group_size > 16 ? z.sub_group_size - z.sub_group_size % 16 : std::max<std::int64_t>(z.sub_group_size, 1);
   const double group = std::min(static_cast<double>(step), partition);
@@ -82,16 +85,52 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
   }
 }
 
-// Ψ stored parameters, Vp the padded vocabulary (the logits' width, the largest activation).
-MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
+// Elements of the parameters `layers` store (a tied parameter is its owner's), in double: the
+// shapes of an absurd descriptor (C = 2^32) overflow Shape::numel's int64.
+double stored_elements(const std::vector<std::unique_ptr<Layer>>& layers) {
+  double n = 0.0;
+  for (const auto& layer : layers) {
+    for (const ParamSpec& p : layer->params()) {
+      if (p.tied()) continue;
+      double elements = 1.0;
+      for (int d = 0; d < p.shape.rank; ++d) elements *= static_cast<double>(p.shape[d]);
+      n += elements;
+    }
+  }
+  return n;
+}
+
+// The parameters tensor-parallel rank 0 of `tp_ranks` stores: its pieces of the cut parameters and
+// the replicated ones whole, from the layers' own specs (ParamSpec::split, piece_spec). Rank 0 holds
+// the most of every cut (n units over W ranks give rank r n / W + (r < n % W)), so this is the
+// largest rank's. Of a family that copies its shape with fewer blocks (Architecture::with_n_layer)
+// only a one- and a two-block copy are built: their difference is one block, and the model has
+// n_layer of them.
+double tensor_parallel_rank_parameters(const Architecture& model, int tp_ranks) {
+  const TensorParallelRank rank0{0, tp_ranks};
+  const std::shared_ptr<const Architecture> one = model.with_n_layer(1), two = model.with_n_layer(2);
+  if (!one || !two) return stored_elements(model.make_tensor_parallel_layers(rank0));
+  const double with_one = stored_elements(one->make_tensor_parallel_layers(rank0));
+  const double block = stored_elements(two->make_tensor_parallel_layers(rank0)) - with_one;
+  return with_one + static_cast<double>(model.n_layer() - 1) * block;
+}
+
+// Ψ stored parameters, Ψ_r of them on one rank (its tensor-parallel pieces and the replicated ones),
+// Vp the padded vocabulary (the logits' width, the largest activation).
+MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
   MemoryEstimate e;
   e.parameters = parameters;
+  e.rank_parameters = rank_parameters;
   const config::StatePlacement placement = cfg.placement();
   const bool mixed = placement.mixed_precision;
   const double b = mixed ? 2.0 : 4.0;
   const int stage = cfg.zero_optimization.stage;
-  const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size));
-  const double psi = e.parameters;
+  // ZeRO partitions over the data group: the DP x SP ranks of a tensor-parallel index (sequence
+  // parallelism replicates the weights, as data parallelism does; docs/parallelism.md §1).
+  const std::int64_t tp = std::max<std::int64_t>(1, cfg.tensor_parallel_size), sp = std::max<std::int64_t>(1, cfg.sequence_parallel_world_size);
+  const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size) * sp);
+  e.zero_ranks = W;
+  const double psi = e.rank_parameters;
   e.params = psi * b / (stage >= 3 ? W : 1.0);
   e.grads = psi * b / (stage >= 2 ? W : 1.0);
   const config::OptimizerKind k = cfg.optimizer.kind;
@@ -117,7 +156,18 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
     rule_states = 4.0;
   }
   e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
-  e.activations = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T) * Vp * b;
+  // The logits of one micro-batch: a sequence-parallel rank's T / SP tokens of each sequence, a
+  // tensor-parallel rank's vocabulary rows (vocabulary-parallel; rank 0 holds the most, Vp / TP
+  // rounded up). With sequence parallelism ALST's tiled loss keeps one tile of them
+  // (models/lm_head_loss.h, as train/rank_trainer.cpp builds it).
+  const double rows = tp > 1 ? std::ceil(Vp / static_cast<double>(tp)) : Vp;
+  double positions = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T / sp);
+  if (sp > 1) {
+    const std::int64_t bytes = mixed ? 2 : 4;
+    const double tile = rows < 0x1p62 ? static_cast<double>(loss_tile_rows_for(static_cast<std::int64_t>(rows), bytes)) : 1.0;
+    positions = std::min(positions, tile);
+  }
+  e.activations = positions * rows * b;
   e.params_device = e.params;
   e.optimizer_device = e.optimizer;
   place_offloaded(e, cfg, placement, W, b);
@@ -127,7 +177,10 @@ MemoryEstimate estimate(double parameters, double Vp, const config::DsConfig& cf
 }  // namespace
 
 MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T) {
-  return estimate(model.stored_parameter_count(), static_cast<double>(model.padded_vocab_size()), cfg, T);
+  const double stored = model.stored_parameter_count();
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.tensor_parallel_size));
+  const double rank = tp > 1 ? tensor_parallel_rank_parameters(model, tp) : stored;
+  return estimate(stored, rank, static_cast<double>(model.padded_vocab_size()), cfg, T);
 }
 
 std::optional<HostMemoryLimit> host_memory_limit() {

@@ -4,14 +4,24 @@
 // building layers, or a size so large that its arithmetic overflows.
 //
 // Per rank, with Ψ the stored parameters (padded vocabulary), b the bytes of the model dtype (4 in
-// fp32, 2 in fp16 / bf16) and W the data-parallel ranks:
-//   params      Ψ·b           (ZeRO-3: / W)
-//   grads       Ψ·b           (ZeRO-2, 3: / W)
-//   optimizer   (4Ψ fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ Adam / AdamW / Lamb
-//               moments, or 4Ψ per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
-//               engine/optim/optimizer_rules.h), or 4Ψ for SGD's momentum buffer when momentum != 0
+// fp32, 2 in fp16 / bf16), and the device mesh of the config (docs/parallelism.md §1): TP
+// tensor_parallel.autotp_size, SP sequence_parallel_size, DP = world / (TP·SP), and W = DP·SP the
+// ranks ZeRO partitions over (the data group of a tensor-parallel index):
+//   Ψ_r         the parameters one rank stores: Ψ, or under tensor parallelism rank 0's pieces of
+//               the cut parameters (whole heads, key/value-head groups, MLP features, vocabulary rows;
+//               n units over TP ranks give rank r n / TP + (r < n % TP), rank 0 the most) and the
+//               replicated ones whole, from the layers' own cut (ParamSpec::split)
+//   params      Ψ_r·b         (ZeRO-3: / W)
+//   grads       Ψ_r·b         (ZeRO-2, 3: / W)
+//   optimizer   (4Ψ_r fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ_r Adam / AdamW / Lamb
+//               moments, or 4Ψ_r per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
+//               engine/optim/optimizer_rules.h), or 4Ψ_r for SGD's momentum buffer when momentum != 0
 //               (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
-//   activations the logits of one micro-batch, B·T·Vp·b, the least any forward keeps
+//   activations the logits of one micro-batch, the least any forward keeps: B·(T/SP)·Vr·b with Vr =
+//               Vp / TP rounded up (vocabulary-parallel: rank 0's rows); with SP > 1 ALST's tiled loss
+//               keeps one tile of them: the positions that fit in 64 MiB, at least one
+//               (models/lm_head_loss.h)
+// Without tensor or sequence parallelism these are Ψ, B·T·Vp·b and W = DP, as before the mesh.
 // Where they live (docs/offload.md §11): offload_param (stage 3) moves the params to host memory
 // ("cpu") or to swap files ("nvme": host memory keeps them all only when max_in_cpu covers the
 // partition); offload_optimizer moves the optimizer's offloaded share — all of it, or the sub-groups
@@ -31,6 +41,8 @@ namespace dstrain {
 
 struct MemoryEstimate {
   double parameters = 0.0;                                               // Ψ, the stored parameters
+  double rank_parameters = 0.0;                                          // Ψ_r, those one rank stores (= Ψ without tensor parallelism)
+  double zero_ranks = 1.0;                                               // W, the ranks ZeRO partitions over: data-parallel x sequence-parallel
   double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
   // Where params and optimizer are: the training device's memory, host memory by offload (for
   // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the
@@ -50,8 +62,9 @@ struct MemoryEstimate {
 };
 
 // The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
-// data-parallel world size) training `model` on sequences of T tokens: from its stored parameter
-// count and padded vocabulary.
+// device mesh) training `model` on sequences of T tokens: from its stored parameter count — under
+// tensor parallelism tensor-parallel rank 0's, the largest — and padded vocabulary. Error naming
+// tensor_parallel.autotp_size when the model cannot be cut across that many ranks.
 MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T);
 
 // What this process may still allocate on the host, and where the figure comes from: the smallest

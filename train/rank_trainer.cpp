@@ -12,6 +12,7 @@
 
 #include "data/gpt2_tokenizer.h"
 #include "train/flops_report.h"
+#include "models/lm_head_loss.h"
 #include "models/model.h"
 #include "train/monitor/flops.h"
 #include "train/monitor/memory_breakdown.h"
@@ -54,7 +55,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
       // vocabulary rows), so the (T, V) logits never exist whole (models/lm_head_loss.h).
       const std::int64_t vocab_rows = (plan.model->padded_vocab_size() + plan.mesh.tp - 1) / plan.mesh.tp;
       const std::int64_t bytes = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
-      sp.loss_tile_rows = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / (vocab_rows * bytes));
+      sp.loss_tile_rows = loss_tile_rows_for(vocab_rows, bytes);
       // ALST's tiled MLP: tiles of n_embd positions (ALST's ceil(T / hidden_size) shards), so a
       // tile's hidden features are about the size of the MLP's weights (models/row_tiles.h).
       sp.mlp_tile_rows = plan.model->n_embd();

@@ -250,12 +250,23 @@ std::string nvme_optimizer_buffers_advice(const MemoryEstimate& e, const config:
   return advice + " or zero_optimization.offload_optimizer.buffer_count";
 }
 
-void check_memory(const TrainingPlan& plan, const std::string& model_spec, int ranks_here) {
+}  // namespace
+
+void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::optional<HostMemoryLimit>& limit) {
+  const std::string& model_spec = plan.model_spec;
   const MemoryEstimate e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
   const double needed = e.per_rank() * static_cast<double>(ranks_here);
+  // Under tensor or sequence parallelism the figures are one rank's of the mesh: its pieces of the
+  // parameters, its tokens' logits, ZeRO over its data group.
+  const MeshShape& m = plan.mesh;
+  const std::string mesh = m.tp > 1 || m.sp > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
+  const std::string pieces = e.rank_parameters != e.parameters
+                                 ? fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
+                                               parameter_figure(e.rank_parameters))
+                                 : "";
   const std::string figures =
-      fmt::format("{} parameters; per rank at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
-                  format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads),
+      fmt::format("{} parameters{}; per rank{} at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
+                  pieces, mesh, format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads),
                   format_estimate_bytes(e.optimizer_device + e.optimizer_host), format_estimate_bytes(e.activations),
                   format_estimate_bytes(e.per_rank()),
                   ranks_here > 1 ? fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)) : "");
@@ -268,7 +279,6 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
       "give a smaller model (--model), a smaller micro-batch or sequence length, or partition the model states with a higher ZeRO "
       "stage";
   if (plan.device.is_cpu()) {
-    const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && needed > limit->bytes) {
       const double budget = limit->bytes / static_cast<double>(ranks_here) - (e.per_rank() - e.optimizer_host);
       fail("the model {} does not fit in memory: {}{}, but {} is available ({}){}; {}", model_spec, figures, offloaded,
@@ -279,7 +289,6 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
       fail("the model {} does not fit on any GPU: {}{}; {}", model_spec, figures, offloaded, fix);
     }
     // What offload puts in host memory must fit there, for every rank of this process.
-    const std::optional<HostMemoryLimit> limit = host_memory_limit();
     if (limit && e.host() * static_cast<double>(ranks_here) > limit->bytes) {
       const double budget = limit->bytes / static_cast<double>(ranks_here) - (e.host() - e.optimizer_host);
       fail(
@@ -290,6 +299,8 @@ void check_memory(const TrainingPlan& plan, const std::string& model_spec, int r
     }
   }
 }
+
+namespace {
 
 // flops_profiler prints its profile at the step numbered profile_step; a step the run never takes
 // (beyond --steps, or before the step a resumed run starts after) would print nothing without a word.
@@ -550,7 +561,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
            model_spec, g.vocab_size(), tv);
     }
   }
-  check_memory(plan, model_spec, plan.comm == "local" ? plan.world : 1);
+  check_plan_memory(plan, plan.comm == "local" ? plan.world : 1, host_memory_limit());
 
   // ---- the data: the training file's windows give the length of an epoch; both files are read
   // whole once, every token checked against the vocabulary ----

@@ -12,6 +12,7 @@
 #include "config_schema/config_source.h"
 #include "config_schema/ds_config.h"
 #include "zero/device_mesh.h"
+#include "train/memory_estimate.h"
 #include "train/trainer_checkpoints.h"
 #include "train/trainer_options.h"
 #include "ops/device.h"
@@ -63,6 +64,13 @@ struct TrainingPlan {
 // of the run will need (stage 3 weights gathered for --save-weights). Throws Error naming the
 // option, key or file and the fix.
 TrainingPlan plan_training(const ConfigText& config, const std::string& model_spec, const TrainerOptions& options);
+
+// The pre-flight's memory check (train/memory_estimate.h): the lower bound for one rank of the
+// plan's mesh (its model, config and T), times the `ranks_here` ranks this process runs, against
+// `limit` (plan_training: host_memory_limit()) — on the cpu all of it, on a GPU what offload keeps
+// in host memory (and the device's share against a bound no device reaches). Error with the
+// figures and the fix when it does not fit.
+void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::optional<HostMemoryLimit>& limit);
 
 // options.print / options.warn, or their defaults (stdout; stderr with "warning: ").
 void trainer_print(const TrainerOptions& options, std::string_view line);

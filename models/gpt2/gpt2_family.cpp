@@ -88,6 +88,14 @@ std::vector<std::unique_ptr<Layer>> Gpt2Architecture::make_tensor_parallel_layer
   return make_gpt2_layers(cfg_, tp);
 }
 
+std::shared_ptr<const Architecture> Gpt2Architecture::with_n_layer(std::int64_t n_layer) const {
+  // Every block has the same parameters and cut (only its name and its residual projections' init
+  // scale depend on the index and the depth).
+  Gpt2Config c = cfg_;
+  c.n_layer = n_layer;
+  return std::make_shared<Gpt2Architecture>(c);
+}
+
 ModuleFlops Gpt2Architecture::forward_flops(std::int64_t B, std::int64_t T) const {
   return gpt2_forward_flops(Gpt2FlopsShape{.batch = B,
                                            .seq_len = T,

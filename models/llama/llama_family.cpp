@@ -91,6 +91,15 @@ std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_tensor_parallel_laye
   return make_llama_layers(cfg_, tp);
 }
 
+std::shared_ptr<const Architecture> LlamaArchitecture::with_n_layer(std::int64_t n_layer) const {
+  // Every block has the same parameters and cut; the sliding window's per-layer choice
+  // (layer_types, max_window_layers) changes no parameter.
+  LlamaConfig c = cfg_;
+  c.n_layer = n_layer;
+  if (n_layer > 0 && c.layer_types.size() > static_cast<std::size_t>(n_layer)) c.layer_types.resize(static_cast<std::size_t>(n_layer));
+  return std::make_shared<LlamaArchitecture>(c);
+}
+
 void LlamaArchitecture::check_sequence(std::int64_t T, const Device& device) const { llama_check_sequence(cfg_, T, device.is_cuda()); }
 
 double LlamaArchitecture::flops_per_token(std::int64_t T) const {

@@ -31,6 +31,7 @@ class LlamaArchitecture final : public Architecture {
   std::vector<std::unique_ptr<Layer>> make_layers() const override;
   void check_tensor_parallel(int ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const override;
+  std::shared_ptr<const Architecture> with_n_layer(std::int64_t n_layer) const override;
   void check_sequence_parallel(int sp_ranks, int tp_ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const override;
   void check_sequence(std::int64_t T, const Device& device) const override;

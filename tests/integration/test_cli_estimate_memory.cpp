@@ -54,6 +54,41 @@ TEST(CliEstimateMemory, FiguresByPurposeAndLocation) {
   EXPECT_THAT(r.out, HasSubstr("largest_layer_params=65536"));  // wte: 1024 x 64
 }
 
+// The device mesh (docs/parallelism.md §1, §4 "Memory estimate"): --num-ranks 8 with
+// tensor_parallel.autotp_size 2 and sequence_parallel_size 2 is data-parallel 2 x sequence-parallel 2
+// x tensor-parallel 2, printed on one line, and the figures are one rank's of it. Tensor-parallel
+// rank 0 of kModel stores Ψ_r = Vp/2·C + T·C + L·block + 2C = 512·64 + 64·64 + 4·25,184 + 128 =
+// 137,728 parameters, a block being ln_1 2C + c_attn 3·32·C + 3·32 + attn.c_proj C·32 + C + ln_2 2C
+// + c_fc 128·C + 128 + mlp.c_proj C·128 + C (2 of 4 heads of 16, 128 of 256 MLP features). ZeRO-2
+// over the DP x SP = 4 ranks in bf16: params 2Ψ_r = 275,456 B; grads 2Ψ_r / 4 = 68,864 B;
+// optimizer 12Ψ_r / 4 = 413,184 B; activations the logits of 2 x 64/2 tokens x 512 rows x 2 B =
+// 65,536 B. Ignoring the mesh gave the whole model's params (526.75 KiB), grads over DP = 2 alone
+// (263.38 KiB) and the logits of 64 tokens x 1024 rows (256 KiB).
+TEST(CliEstimateMemory, FiguresAreOneRanksOfTheMesh) {
+  const std::string cfg = shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 2},
+      "tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 2})");
+  auto r = run_dstrain("estimate-memory --deepspeed_config " + cfg + " --model " + kModel + " --num-ranks 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("ZeRO stage 2, bf16, 8 rank(s), micro-batch 2 x T 64"));
+  EXPECT_THAT(r.out, HasSubstr("\nmesh: world 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2"));
+  EXPECT_THAT(r.out, HasSubstr("stores 137,728 of the 269,696 parameters"));
+  EXPECT_THAT(r.out, HasSubstr("  params         269.00 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  grads           67.25 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  optimizer      403.50 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  activations     64.00 KiB          0 B          0 B\n"));
+  // Without tensor or sequence parallelism no mesh line is printed.
+  r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})") + " --model " + kModel + " --num-ranks 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("mesh:")));
+  // What train refuses of the mesh is refused here too, naming the key: 4 heads over 4 tensor-parallel
+  // ranks leave one per rank, which 2 sequence-parallel ranks cannot split.
+  const std::string bad = shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 4}, "sequence_parallel_size": 2})");
+  r = run_dstrain("estimate-memory --deepspeed_config " + bad + " --model " + kModel + " --num-ranks 8");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("sequence_parallel_size 2"));
+}
+
 TEST(CliEstimateMemory, BadInputExits2NamingIt) {
   auto r = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 2})") + " --model bogus");
   EXPECT_EQ(r.exit_code, 2);

@@ -43,6 +43,8 @@ struct MeshRun {
   std::int64_t loss_tile_rows = 0;  // ALST's tiled loss (models/lm_head_loss.h); 0: untiled
   std::int64_t mlp_tile_rows = 0;   // ALST's tiled MLP (models/row_tiles.h); 0: untiled
   bool shard_residual = false;      // Megatron's sequence parallelism (models/residual_shards.h)
+  // stage3_param_persistence_threshold: layers below it keep their parameters whole at stage 3 (0: every layer partitioned)
+  std::int64_t persistence_threshold = ZeroKnobs{}.persistence_threshold;
 };
 
 inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp) {
@@ -71,10 +73,8 @@ inline Tokens mesh_batch(const MeshRun& m, int step, int slot, int sp_rank) {
 // final gather), by world rank.
 inline std::vector<std::uint64_t> g_tp_bytes, g_sp_bytes;
 
-// Rank results of every mesh rank, in world order (rank = (dp·SP + sp)·TP + tp), on the device
-// mesh's groups (zero/device_mesh.h).
-inline RunResult run_mesh(const MeshRun& m) {
-  const int world = m.tp * m.sp * m.dp;
+// The ds_config of a mesh run: zero_config_json's, with the mesh's keys as a DeepSpeed user writes them.
+inline std::string mesh_config_json(const MeshRun& m) {
   RunSpec s;
   s.stage = m.stage;
   s.world = m.dp;
@@ -83,9 +83,18 @@ inline RunResult run_mesh(const MeshRun& m) {
   s.knobs.optimizer_json = m.optimizer_json;
   s.knobs.allow_untested_optimizer = !m.optimizer_json.empty();
   s.knobs.reduce_scatter = m.reduce_scatter;
+  s.knobs.persistence_threshold = m.persistence_threshold;
   std::string json = zero_config_json(s);
-  json.pop_back();  // the mesh's keys, as a DeepSpeed user writes them
+  json.pop_back();
   json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {}}})", m.tp, m.sp);
+  return json;
+}
+
+// Rank results of every mesh rank, in world order (rank = (dp·SP + sp)·TP + tp), on the device
+// mesh's groups (zero/device_mesh.h).
+inline RunResult run_mesh(const MeshRun& m) {
+  const int world = m.tp * m.sp * m.dp;
+  const std::string json = mesh_config_json(m);
   RunResult out;
   out.ranks.resize(static_cast<std::size_t>(world));
   g_tp_bytes.assign(static_cast<std::size_t>(world), 0);
