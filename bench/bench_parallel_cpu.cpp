@@ -44,6 +44,7 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
+#include "models/lm_head_loss.h"
 #include "models/model.h"
 #include "models/model_registry.h"
 #include "ops/log.h"
@@ -467,7 +468,7 @@ Probe probe(const Args& a, int sp, long T, bool step) {
     o.sequence_length = Tl;
     SequenceParallelRank sr{mesh.coord.sp, sp};
     if (sp > 1 && a.cap_alst) {
-      sr.loss_tile_rows = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / (arch->padded_vocab_size() * 4));
+      sr.loss_tile_rows = loss_tile_rows_for(arch->padded_vocab_size(), 4);
       sr.mlp_tile_rows = arch->n_embd();
     }
     Engine e = initialize(make_model(arch, {0, 1}, sr), cfg, o);
