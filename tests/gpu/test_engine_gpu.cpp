@@ -268,7 +268,7 @@ TEST(EngineGpu, ZeroStagesOnTwoLocalRanksMatchStageZero) {
 // the same global batch, as tests/unit/engine/test_tensor_parallel.cpp checks on the CPU. Rank
 // (dp, tp) feeds slot m·DP + dp at micro-step m. Every rank of the mesh must report the same losses
 // and gather the same whole parameters.
-RunResult run_tensor_parallel_mesh(const char* model, int tp, int dp, int stage, int gas, Precision p, int steps = 3) {
+RunResult run_tensor_parallel_mesh(const char* model, int tp, int dp, int stage, int gas, Precision p, int steps = 3, bool shard_residual = false) {
   RunSpec s;
   s.stage = stage;
   s.world = dp;
@@ -296,7 +296,7 @@ RunResult run_tensor_parallel_mesh(const char* model, int tp, int dp, int stage,
     o.device = kGpu;
     const std::shared_ptr<const Architecture> arch =
         std::string_view(model).starts_with("llama:") ? llama_family().from_spec(model) : gpt2_family().from_spec(model);
-    Engine e = initialize(make_model(arch, {t, tp}), c, o);
+    Engine e = initialize(make_model(arch, {t, tp, shard_residual}), c, o);
     for (int step = 0; step < steps; ++step) {
       for (int g = 0; g < gas; ++g) {
         Tokens b = slot_batch(step, g * dp + d);
@@ -317,12 +317,14 @@ TEST(EngineGpu, TensorParallelMeshMatchesOneRank) {
   // partly padding); the Llama model with grouped KV heads and tied embeddings.
   for (const char* model : {"gpt2:L2-C32-H4-V100-T16", kLlamaModel}) {
     for (const Precision p : {Precision::fp32, Precision::bf16}) {
-      // (tp, dp, stage): TP alone; TP with ZeRO-2 along two data-parallel ranks.
-      for (const auto& [tp, dp, stage] : {std::tuple{2, 1, 0}, std::tuple{2, 2, 2}}) {
-        const std::string what = fmt::format("{} {} tp {} dp {} stage {}", model, precision_name(p), tp, dp, stage);
+      // (tp, dp, stage, cut): TP alone; TP with ZeRO-2 along two data-parallel ranks; Megatron's
+      // sequence parallelism (the residual stream cut: the layers' all-gathers and reduce-scatters
+      // on device memory, models/residual_shards.h).
+      for (const auto& [tp, dp, stage, cut] : {std::tuple{2, 1, 0, false}, std::tuple{2, 2, 2, false}, std::tuple{2, 2, 2, true}}) {
+        const std::string what = fmt::format("{} {} tp {} dp {} stage {}{}", model, precision_name(p), tp, dp, stage, cut ? " cut" : "");
         const RunResult init = run_tensor_parallel_mesh(model, 1, 1, 0, 1, p, 0);
         const RunResult ref = run_tensor_parallel_mesh(model, 1, 1, 0, dp, p);
-        const RunResult got = run_tensor_parallel_mesh(model, tp, dp, stage, 1, p);
+        const RunResult got = run_tensor_parallel_mesh(model, tp, dp, stage, 1, p, 3, cut);
         for (std::size_t r = 1; r < got.ranks.size(); ++r) {
           EXPECT_EQ(got.ranks[r].losses, got.r0().losses) << what << ": rank " << r;
           for (const auto& [name, v] : got.r0().params) EXPECT_EQ(got.ranks[r].params.at(name), v) << what << ": rank " << r << " " << name;
