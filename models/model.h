@@ -23,7 +23,8 @@ struct Model {
   std::shared_ptr<const Architecture> architecture;
   std::string description;  // one line for the top of a run
   // Width of the residual stream (B, T, n_embd) that flows between layers; the engine keeps one
-  // buffer of this shape for its gradient and runs backward in place through it (as LayerStack).
+  // buffer of its shape (residual_shape below) for its gradient and runs backward in place through
+  // it (as LayerStack).
   std::int64_t n_embd = 0;
   std::int64_t n_positions = 0;  // longest sequence the model takes (T <= n_positions)
   std::int64_t vocab_size = 0;   // tokens must be < vocab_size
