@@ -101,6 +101,23 @@ void check_tensor_parallel_engine(const config::DsConfig& config, const Device& 
   }
 }
 
+void check_sequence_parallel_engine(const Device& device, int sp_ranks, std::string_view sp_backend) {
+  if (sp_ranks <= 1) return;
+  // Ulysses' all-to-alls move the activations where they are, the training device's memory: the
+  // group's backend must communicate it, as the tensor-parallel group's must.
+  if (device.is_cuda() && sp_backend == "mpi") {
+    fail("sequence_parallel_size {} on {} over the mpi backend: DeepSpeed-Ulysses' all-to-alls move activations in device memory, and the MPI "
+         "backend communicates host memory only; make the sequence-parallel group with the nccl backend (one process per GPU) or the local "
+         "backend (ranks sharing the GPU), or train on the CPU",
+         sp_ranks, device.str());
+  }
+  if (!device.is_cuda() && sp_backend == "nccl") {
+    fail("sequence_parallel_size {} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make "
+         "the sequence-parallel group with the local or mpi backend",
+         sp_ranks, device.str());
+  }
+}
+
 namespace {
 
 // The swap folders the config names, (path, key), in the order the engine checks them at initialize

@@ -16,11 +16,15 @@ void check_config_is_provided(const config::DsConfig& c, int world_size);
 
 // Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
 // tensor-parallel ranks on `device` over a group of backend `tp_backend` ("local", "mpi", "nccl";
-// docs/parallelism.md "What composes"): the 1-bit family, which communicates its own compressed
-// gradients with scales from the pieces a rank holds; Lamb, Muon and Adafactor on a GPU (their sums
+// docs/parallelism.md "What composes"): Lamb, Muon and Adafactor on a GPU (their sums
 // and gathers of the pieces over the group, engine/optim/tensor_cut.h, move host memory); or a
 // group whose backend cannot communicate the device's memory (mpi on a GPU, nccl on the CPU),
 // which the layers' collectives run on.
 void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks, std::string_view tp_backend);
+
+// What sequence parallelism (DeepSpeed-Ulysses) needs of the device and the sequence-parallel
+// group's backend (`sp_backend`: Communicator::backend()): a backend that communicates the training
+// device's memory — local or nccl on a GPU, local or mpi on the CPU. Error naming the fix otherwise.
+void check_sequence_parallel_engine(const Device& device, int sp_ranks, std::string_view sp_backend);
 
 }  // namespace dstrain

@@ -133,10 +133,7 @@ void Engine::choose_memory(const EngineOptions& options) {
   if (sp_ranks > 1) {
     im.sp = options.sequence_parallel;
     im.sp_group = std::make_unique<CommunicatorSequenceGroup>(*im.sp);
-    if (!im.allocator->device().is_cpu()) {
-      fail("sequence_parallel_size {} on {}: the all-to-alls of DeepSpeed-Ulysses move host memory in this build; train sequence-parallel on the CPU",
-           sp_ranks, im.allocator->device().str());
-    }
+    check_sequence_parallel_engine(im.allocator->device(), sp_ranks, im.sp->backend());
   }
   const config::CommsLoggerConfig& cl = im.config.comms_logger;
   if (cl.enabled && options.comm == nullptr) {
@@ -428,7 +425,7 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     // normalise by the group's count (each rank's head: its share of the sum, over that count).
     im.sp_local_targets = count_targets(batch);
     double n = static_cast<double>(im.sp_local_targets);
-    im.sp->all_reduce(Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum);
+    all_reduce_host(*im.sp, Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum, im.tp_staging());
     im.batch.target_count = static_cast<std::int64_t>(n);
   }
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
@@ -451,7 +448,7 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     // The head returned the mean of this rank's positions; the whole sequences' mean is the sum of
     // the ranks' sums over the group's count.
     double v = static_cast<double>(*loss) * static_cast<double>(im.sp_local_targets);
-    im.sp->all_reduce(Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum);
+    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.tp_staging());
     *loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
   }
 }

@@ -61,7 +61,10 @@ class CommunicatorSequenceGroup final : public SequenceParallelGroup {
   explicit CommunicatorSequenceGroup(Communicator& comm) : comm_(comm) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.world_size(); }
-  void all_to_all(Tensor send, Tensor recv) override { comm_.all_to_all(send, recv); }
+  void all_to_all(Tensor send, Tensor recv) override {
+    comm_.all_to_all(send, recv);
+    comm_.order_compute_after_collectives();  // the layer reads recv next (NCCL: a stream of its own)
+  }
 
  private:
   Communicator& comm_;

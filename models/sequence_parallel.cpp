@@ -1,9 +1,9 @@
 #include "models/sequence_parallel.h"
 
-#include <cstring>
 #include <vector>
 
 #include "ops/error.h"
+#include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
 
@@ -34,7 +34,7 @@ Layout check_layout(const char* op, SequenceParallelGroup& group, const Tensor& 
     fail("{}: the whole-sequence tensor is {} but ({}, {}, {}) is expected", op, global.str(), l.B, l.Tl * l.SP, l.W / l.SP);
   }
   for (const Tensor* t : {&local, &global, &send, &recv}) {
-    if (!t->device.is_cpu()) fail("{}: sequence parallelism moves host memory in this build; {} is on {}", op, t->str(), t->device.str());
+    if (t->device != local.device) fail("{}: every buffer must be on the activations' device ({}), got {}", op, local.device.str(), t->str());
     if (t->dtype != local.dtype) fail("{}: every buffer must have the dtype of the activations ({}), got {}", op, dtype_name(local.dtype), t->str());
   }
   if (send.numel() < l.B * l.Tl * l.W || recv.numel() < l.B * l.Tl * l.W) {
@@ -61,58 +61,36 @@ SequenceParallelGroup& layer_group(SequenceParallelGroup* group, SequenceParalle
 void sequence_to_heads(SequenceParallelGroup& group, const Tensor& x, const Tensor& out, std::span<const std::int64_t> parts, const Tensor& send,
                        const Tensor& recv) {
   const Layout l = check_layout("sequence_to_heads", group, x, out, parts, send, recv);
-  const std::int64_t Wr = l.W / l.SP, chunk = l.B * l.Tl * Wr;
-  const auto* src = static_cast<const char*>(x.data);
-  auto* s = static_cast<char*>(send.data);
-  // Chunk j: rank j's heads of each part, for every token of this rank: [b][t][part slices].
+  const std::int64_t Wr = l.W / l.SP, chunk = l.B * l.Tl * Wr, T = l.Tl * l.SP;
+  // Chunk j: rank j's heads of each part, for every token of this rank: [b][t][part slices] — one
+  // strided copy per (chunk, part), on the activations' device (ops/kernels/tensor_ops.h copy_rows).
   for (std::int64_t j = 0; j < l.SP; ++j) {
-    for (std::int64_t bt = 0; bt < l.B * l.Tl; ++bt) {
-      char* dst = s + static_cast<std::size_t>(j * chunk + bt * Wr) * l.es;
-      std::int64_t at = 0;
-      for (std::size_t p = 0; p < parts.size(); ++p) {
-        const std::int64_t w = parts[p] / l.SP;
-        std::memcpy(dst + static_cast<std::size_t>(at) * l.es, src + static_cast<std::size_t>(bt * l.W + l.part_offset[p] + j * w) * l.es,
-                    static_cast<std::size_t>(w) * l.es);
-        at += w;
-      }
+    std::int64_t at = 0;
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const std::int64_t w = parts[p] / l.SP;
+      copy_rows(send, j * chunk + at, Wr, x, l.part_offset[p] + j * w, l.W, l.B * l.Tl, w);
+      at += w;
     }
   }
   group.all_to_all(Tensor(send.data, send.dtype, Shape{l.SP * chunk}, send.device), Tensor(recv.data, recv.dtype, Shape{l.SP * chunk}, recv.device));
-  // Chunk i came from rank i: its tokens [i·Tl, (i+1)·Tl) of this rank's heads.
-  const auto* r = static_cast<const char*>(recv.data);
-  auto* o = static_cast<char*>(out.data);
-  const std::int64_t T = l.Tl * l.SP;
-  for (std::int64_t i = 0; i < l.SP; ++i)
-    for (std::int64_t b = 0; b < l.B; ++b)
-      std::memcpy(o + static_cast<std::size_t>((b * T + i * l.Tl) * Wr) * l.es, r + static_cast<std::size_t>(i * chunk + b * l.Tl * Wr) * l.es,
-                  static_cast<std::size_t>(l.Tl * Wr) * l.es);
+  // Chunk i came from rank i: its tokens [i·Tl, (i+1)·Tl) of this rank's heads, a run of Tl·Wr per sequence.
+  for (std::int64_t i = 0; i < l.SP; ++i) copy_rows(out, i * l.Tl * Wr, T * Wr, recv, i * chunk, l.Tl * Wr, l.B, l.Tl * Wr);
 }
 
 void heads_to_sequence(SequenceParallelGroup& group, const Tensor& x, const Tensor& out, std::span<const std::int64_t> parts, const Tensor& send,
                        const Tensor& recv) {
   const Layout l = check_layout("heads_to_sequence", group, out, x, parts, send, recv);
   const std::int64_t Wr = l.W / l.SP, chunk = l.B * l.Tl * Wr, T = l.Tl * l.SP;
-  const auto* src = static_cast<const char*>(x.data);
-  auto* s = static_cast<char*>(send.data);
   // Chunk j: rank j's tokens of this rank's heads.
-  for (std::int64_t j = 0; j < l.SP; ++j)
-    for (std::int64_t b = 0; b < l.B; ++b)
-      std::memcpy(s + static_cast<std::size_t>(j * chunk + b * l.Tl * Wr) * l.es, src + static_cast<std::size_t>((b * T + j * l.Tl) * Wr) * l.es,
-                  static_cast<std::size_t>(l.Tl * Wr) * l.es);
+  for (std::int64_t j = 0; j < l.SP; ++j) copy_rows(send, j * chunk, l.Tl * Wr, x, j * l.Tl * Wr, T * Wr, l.B, l.Tl * Wr);
   group.all_to_all(Tensor(send.data, send.dtype, Shape{l.SP * chunk}, send.device), Tensor(recv.data, recv.dtype, Shape{l.SP * chunk}, recv.device));
   // Chunk i came from rank i: its heads of each part, for this rank's tokens.
-  const auto* r = static_cast<const char*>(recv.data);
-  auto* o = static_cast<char*>(out.data);
   for (std::int64_t i = 0; i < l.SP; ++i) {
-    for (std::int64_t bt = 0; bt < l.B * l.Tl; ++bt) {
-      const char* from = r + static_cast<std::size_t>(i * chunk + bt * Wr) * l.es;
-      std::int64_t at = 0;
-      for (std::size_t p = 0; p < parts.size(); ++p) {
-        const std::int64_t w = parts[p] / l.SP;
-        std::memcpy(o + static_cast<std::size_t>(bt * l.W + l.part_offset[p] + i * w) * l.es, from + static_cast<std::size_t>(at) * l.es,
-                    static_cast<std::size_t>(w) * l.es);
-        at += w;
-      }
+    std::int64_t at = 0;
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const std::int64_t w = parts[p] / l.SP;
+      copy_rows(out, l.part_offset[p] + i * w, l.W, recv, i * chunk + at, Wr, l.B * l.Tl, w);
+      at += w;
     }
   }
 }

@@ -58,7 +58,7 @@ SequenceParallelGroup& layer_group(SequenceParallelGroup* group, SequenceParalle
 inline std::int64_t ulysses_buffer_elems(std::int64_t B, std::int64_t Tl, std::int64_t W) { return B * Tl * W; }
 
 // x (B, Tl, W) -> out (B, SP·Tl, W/SP), through `send` and `recv` (the storage dtype, B·Tl·W
-// elements each, host memory). parts: the widths of W's parts, in order (each divisible by SP in
+// elements each, on the activations' device). parts: the widths of W's parts, in order (each divisible by SP in
 // whole heads, which the layer checked).
 void sequence_to_heads(SequenceParallelGroup& group, const Tensor& x, const Tensor& out, std::span<const std::int64_t> parts, const Tensor& send,
                        const Tensor& recv);

@@ -69,6 +69,27 @@ void copy_tensor(Tensor dst, Tensor src) {
   copy_bytes(static_cast<std::byte*>(dst.data), static_cast<const std::byte*>(src.data), dst.nbytes());
 }
 
+void copy_rows(Tensor dst, std::int64_t dst_offset, std::int64_t dst_pitch, Tensor src, std::int64_t src_offset, std::int64_t src_pitch,
+               std::int64_t rows, std::int64_t width) {
+  const bool gpu = cpu::on_cuda("copy_rows", {{"dst", dst}, {"src", src}});
+  DSTRAIN_CHECK(dst.dtype == src.dtype, "copy_rows: dst {} and src {} differ in dtype", dst.str(), src.str());
+  DSTRAIN_CHECK(rows >= 0 && width >= 0 && dst_offset >= 0 && src_offset >= 0 && dst_pitch >= width && src_pitch >= width,
+                "copy_rows: {} rows of {} elements at offsets {} / {} with pitches {} / {} do not describe rows", rows, width, dst_offset, src_offset,
+                dst_pitch, src_pitch);
+  if (rows == 0 || width == 0) return;
+  DSTRAIN_CHECK(dst_offset + (rows - 1) * dst_pitch + width <= dst.numel() && src_offset + (rows - 1) * src_pitch + width <= src.numel(),
+                "copy_rows: {} rows of {} elements (pitches {} / {}, offsets {} / {}) run past dst {} or src {}", rows, width, dst_pitch, src_pitch,
+                dst_offset, src_offset, dst.str(), src.str());
+  DSTRAIN_RETURN_ON_CUDA(gpu, copy_rows(dst, dst_offset, dst_pitch, src, src_offset, src_pitch, rows, width));
+  const std::size_t es = dtype_size(dst.dtype);
+  auto* d = static_cast<std::byte*>(dst.data);
+  const auto* s = static_cast<const std::byte*>(src.data);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(d + static_cast<std::size_t>(dst_offset + r * dst_pitch) * es, s + static_cast<std::size_t>(src_offset + r * src_pitch) * es,
+                static_cast<std::size_t>(width) * es);
+  }
+}
+
 void convert_tensor(Tensor dst, Tensor src) {
   const bool gpu = cpu::on_cuda("convert_tensor", {{"dst", dst}, {"src", src}});
   DSTRAIN_CHECK(dst.numel() == src.numel(), "convert_tensor: dst {} and src {} hold different numbers of elements", dst.str(), src.str());

@@ -632,6 +632,16 @@ void copy_tensor(Tensor dst, Tensor src) {
   DSTRAIN_CUDA_CHECK(cudaMemcpy(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault));
 }
 
+void copy_rows(Tensor dst, std::int64_t dst_offset, std::int64_t dst_pitch, Tensor src, std::int64_t src_offset, std::int64_t src_pitch,
+               std::int64_t rows, std::int64_t width) {
+  use_device_of(dst);
+  const std::size_t es = dtype_size(dst.dtype);
+  DSTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data) + static_cast<std::size_t>(dst_offset) * es, static_cast<std::size_t>(dst_pitch) * es,
+                                       static_cast<const char*>(src.data) + static_cast<std::size_t>(src_offset) * es,
+                                       static_cast<std::size_t>(src_pitch) * es, static_cast<std::size_t>(width) * es, static_cast<std::size_t>(rows),
+                                       cudaMemcpyDeviceToDevice, kStream));
+}
+
 void convert_tensor(Tensor dst, Tensor src) {
   use_device_of(dst);
   cuda_convert(src.data, src.dtype, dst.data, dst.dtype, static_cast<std::size_t>(dst.numel()), kStream);

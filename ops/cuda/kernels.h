@@ -95,6 +95,8 @@ void scale_grads(Tensor grads, float factor);
 // ops/kernels/tensor_ops.h. copy_tensor: one side may be host memory (cudaMemcpy, cudaMemcpyDefault).
 void zero_tensor(Tensor t);
 void copy_tensor(Tensor dst, Tensor src);
+void copy_rows(Tensor dst, std::int64_t dst_offset, std::int64_t dst_pitch, Tensor src, std::int64_t src_offset, std::int64_t src_pitch,
+               std::int64_t rows, std::int64_t width);
 void convert_tensor(Tensor dst, Tensor src);
 void residual_forward(Tensor out, Tensor a, Tensor b);
 

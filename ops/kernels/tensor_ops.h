@@ -22,6 +22,14 @@ void copy_tensor(Tensor dst, Tensor src);
 // ops/dtype.h); same number of elements, same device. Same dtype: copy_tensor.
 void convert_tensor(Tensor dst, Tensor src);
 
+// Rows of a strided copy (cudaMemcpy2D's shape): for r in [0, rows), the `width` elements at
+// src_offset + r·src_pitch of src go to dst_offset + r·dst_pitch of dst (offsets and pitches in
+// elements). Same dtype and device; every row inside both tensors; dst and src must not overlap.
+// What packs a layout for a collective (DeepSpeed-Ulysses' all-to-alls, models/sequence_parallel.h)
+// without a loop of small copies on the host. CUDA: one cudaMemcpy2DAsync on the compute stream.
+void copy_rows(Tensor dst, std::int64_t dst_offset, std::int64_t dst_pitch, Tensor src, std::int64_t src_offset, std::int64_t src_pitch,
+               std::int64_t rows, std::int64_t width);
+
 // out = a + b, computed in fp32 and rounded once into the storage dtype (fp32 / fp16 / bf16).
 // Same shape and dtype; out may alias a or b.
 void residual_forward(Tensor out, Tensor a, Tensor b);

@@ -28,6 +28,7 @@
 
 #include "engine/generate.h"
 #include "gpu_test.h"
+#include "zero/device_mesh.h"
 #include "ops/kernels/device_backend.h"
 #include "tests/unit/engine/zero_test_util.h"
 #include "models/gpt2/gpt2_family.h"
@@ -331,6 +332,73 @@ TEST(EngineGpu, TensorParallelMeshMatchesOneRank) {
         }
         // The row-parallel sums round differently from one GEMM's (as on the CPU), and cuBLASLt
         // picks its tiles per shape: the GPU-vs-CPU bounds.
+        expect_close(got, ref, init.r0().params, gpu_tolerance(p), what);
+      }
+    }
+  }
+}
+
+// Sequence parallelism (DeepSpeed-Ulysses) on the GPU: SP ranks of the local backend sharing cuda:0,
+// each on its T/SP tokens — the all-to-alls' packing as strided device copies (copy_rows), the
+// group's target count and loss through device buffers — against one rank on the same GPU with the
+// same global batch; with ALST's tiled loss and MLP (tiles of 5 positions) as train runs SP.
+RunResult run_sequence_parallel_mesh(const char* model, int sp, Precision p, bool tiles, int steps = 3) {
+  RunSpec s;
+  s.world = 1;
+  s.gas = 1;
+  s.precision = p;
+  std::string json = zero_config_json(s);
+  json.pop_back();
+  json += fmt::format(R"(, "sequence_parallel_size": {}}})", sp);
+  RunResult out;
+  out.ranks.resize(static_cast<std::size_t>(sp));
+  run_local_ranks(sp, [&](Communicator& comm) {
+    const int r = comm.rank();
+    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(sp, 1, sp));
+    config::ConfigOptions copts;
+    copts.world_size = sp;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.seed = 11;
+    o.comm = mesh.data.get();
+    o.sequence_parallel = sp > 1 ? mesh.sp.get() : nullptr;
+    o.sequence_length = kT / sp;
+    o.device = kGpu;
+    const std::shared_ptr<const Architecture> arch =
+        std::string_view(model).starts_with("llama:") ? llama_family().from_spec(model) : gpt2_family().from_spec(model);
+    const std::int64_t tile = tiles && sp > 1 ? 5 : 0;
+    Engine e = initialize(make_model(arch, {}, {mesh.coord.sp, sp, tile, tile}), c, o);
+    RankResult& me = out.ranks[static_cast<std::size_t>(r)];
+    for (int step = 0; step < steps; ++step) {
+      const Tokens whole = slot_batch(step, 0);
+      const std::int64_t Tl = whole.T / sp;
+      Tokens mine{{}, {}, whole.B, Tl};
+      for (std::int64_t b = 0; b < whole.B; ++b) {
+        for (std::int64_t k = 0; k < Tl; ++k) {
+          mine.tokens.push_back(whole.tokens[static_cast<std::size_t>(b * whole.T + mesh.coord.sp * Tl + k)]);
+          mine.targets.push_back(whole.targets[static_cast<std::size_t>(b * whole.T + mesh.coord.sp * Tl + k)]);
+        }
+      }
+      e.forward(mine.batch());
+      e.backward();
+      e.step();
+      me.losses.push_back(e.state().last_step_loss);
+    }
+    e.gather_master_params([&](const std::string& n, const Tensor& v) { me.params[n] = values(v); });
+  });
+  return out;
+}
+
+TEST(EngineGpu, SequenceParallelMeshMatchesOneRank) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const char* model : {"gpt2:L2-C32-H4-V100-T16", kLlamaModel}) {
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      for (const bool tiles : {false, true}) {
+        const std::string what = fmt::format("{} {} sp 2{}", model, precision_name(p), tiles ? " tiled" : "");
+        const RunResult init = run_sequence_parallel_mesh(model, 1, p, false, 0);
+        const RunResult ref = run_sequence_parallel_mesh(model, 1, p, false);
+        const RunResult got = run_sequence_parallel_mesh(model, 2, p, tiles);
+        EXPECT_EQ(got.ranks[1].losses, got.r0().losses) << what;
         expect_close(got, ref, init.r0().params, gpu_tolerance(p), what);
       }
     }

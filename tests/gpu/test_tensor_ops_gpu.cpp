@@ -78,4 +78,20 @@ TEST_F(TensorOpsGpu, CopiesAndZeroFill) {
   expect_same_bytes(z, zeros, "zero_tensor");
 }
 
+// copy_rows on the device (one cudaMemcpy2DAsync) against the CPU's, bit for bit: the strided
+// packing of Ulysses' all-to-alls (models/sequence_parallel.cpp).
+TEST_F(TensorOpsGpu, CopyRowsMatchesTheCpu) {
+  DeviceTensors g;
+  Buf src = random_buf(DType::bf16, 5), zeros(DType::bf16, kN);
+  const Tensor ds = g.put(src, Shape{kN}), dd = g.put(zeros, Shape{kN});
+  Buf want(DType::bf16, kN);
+  for (std::int64_t i = 0; i < kN; ++i) want.set(i, 0.0);
+  const Tensor hs(src.data(), DType::bf16, Shape{kN}), hd(want.data(), DType::bf16, Shape{kN});
+  // 97 rows of 301 elements, read every 1000 from offset 7, written every 512 from offset 3.
+  copy_rows(dd, 3, 512, ds, 7, 1000, 97, 301);
+  copy_rows(hd, 3, 512, hs, 7, 1000, 97, 301);
+  Buf got = DeviceTensors::get(dd);
+  expect_same_bytes(got, want, "copy_rows");
+}
+
 }  // namespace

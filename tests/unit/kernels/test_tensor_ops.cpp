@@ -126,3 +126,41 @@ TEST(TensorOps, BadArgumentsAreErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// The naive definition of copy_rows: element by element.
+void copy_rows_naive(std::vector<std::int32_t>& dst, std::int64_t dst_offset, std::int64_t dst_pitch, const std::vector<std::int32_t>& src,
+                     std::int64_t src_offset, std::int64_t src_pitch, std::int64_t rows, std::int64_t width) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t k = 0; k < width; ++k)
+      dst[static_cast<std::size_t>(dst_offset + r * dst_pitch + k)] = src[static_cast<std::size_t>(src_offset + r * src_pitch + k)];
+}
+
+}  // namespace
+
+// copy_rows (what packs Ulysses' all-to-alls): every (rows, width, offsets, pitches) of a small
+// grid against the element-by-element definition, the untouched elements included; rows outside
+// either tensor and pitches narrower than a row are Errors, never a write out of bounds.
+TEST(TensorOps, CopyRowsEqualsTheNaiveDefinition) {
+  std::vector<std::int32_t> src(200);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::int32_t>(1000 + i);
+  for (std::int64_t rows : {0, 1, 3, 7})
+    for (std::int64_t width : {1, 4, 5})
+      for (std::int64_t src_pitch : {width, width + 3})
+        for (std::int64_t dst_pitch : {width, width + 2})
+          for (std::int64_t src_offset : {0, 2})
+            for (std::int64_t dst_offset : {0, 1}) {
+              std::vector<std::int32_t> got(120, -1), want(120, -1);
+              copy_rows(Tensor(got.data(), DType::int32, Shape{120}), dst_offset, dst_pitch, Tensor(src.data(), DType::int32, Shape{200}), src_offset,
+                        src_pitch, rows, width);
+              copy_rows_naive(want, dst_offset, dst_pitch, src, src_offset, src_pitch, rows, width);
+              EXPECT_EQ(got, want) << rows << " rows of " << width << ", pitches " << dst_pitch << "/" << src_pitch << ", offsets " << dst_offset
+                                   << "/" << src_offset;
+            }
+  std::vector<std::int32_t> small(10);
+  const Tensor t(small.data(), DType::int32, Shape{10}), s(src.data(), DType::int32, Shape{200});
+  EXPECT_THROW(copy_rows(t, 0, 4, s, 0, 4, 3, 4), Error);  // 2·4 + 4 = 12 elements > 10
+  EXPECT_THROW(copy_rows(t, 0, 2, s, 0, 4, 2, 4), Error);  // pitch narrower than a row
+  EXPECT_THROW(copy_rows(t, 0, 4, Tensor(src.data(), DType::fp32, Shape{200}), 0, 4, 1, 4), Error);  // dtypes differ
+}
