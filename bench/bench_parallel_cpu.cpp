@@ -68,6 +68,9 @@ struct Args {
   long global_batch = 4, seq = 256, steps = 3, warmup = 1, stage = 0;
   int ranks = 4;
   std::vector<MeshSpec> meshes;  // empty: the six (for --ranks 4)
+  // Megatron's sequence parallelism under TP (models/residual_shards.h; train's default is on);
+  // off here by default, the figures of docs/parallelism.md §6.1.
+  bool megatron_sp = false;
   // part 2
   std::string cap_model = "llama:L4-C256-H8-KV4-I688-V2048";
   long cap_mib = 256, cap_batch = 1, cap_start = 512, cap_quantum = 64, cap_stage = 0;
@@ -84,7 +87,7 @@ struct Args {
                "bench_parallel_cpu: %s\n"
                "options: --part 0|1|2 (0: both)\n"
                "  part 1: --llama SPEC --gpt2 SPEC (or --models SPEC,SPEC,...) --global-batch G --seq T --steps N --warmup N\n"
-               "          --stage 0-3 --ranks W --meshes DPxSPxTP,... (e.g. 4x1x1,2x1x2)\n"
+               "          --stage 0-3 --ranks W --meshes DPxSPxTP,... (e.g. 4x1x1,2x1x2) --megatron-sp on|off\n"
                "  part 2: --cap-model SPEC --cap-mib M --cap-batch B --cap-start T --cap-quantum Q --cap-sps 1,2,4 --cap-stage 0-3\n"
                "          --cap-step-each on|off (a real step at every probe) --cap-verify on|off (a real step at T_max)\n"
                "          --cap-alst on|off (ALST's tiled loss and MLP at SP > 1, as train sets them; default on)\n",
@@ -167,6 +170,8 @@ Args parse(int argc, char** argv) {
       for (const std::string& s : split(v, ',')) a.cap_sps.push_back(static_cast<int>(integer(k, s.c_str(), 1)));
     } else if (k == "--cap-step-each")
       a.cap_step_each = on_off(k, v);
+    else if (k == "--megatron-sp")
+      a.megatron_sp = on_off(k, v);
     else if (k == "--cap-alst")
       a.cap_alst = on_off(k, v);
     else if (k == "--cap-verify")
@@ -290,7 +295,7 @@ MeshResult run_mesh(const Args& a, const std::string& spec, const MeshSpec& m) {
     o.tensor_parallel = mesh.tp.get();
     o.sequence_parallel = m.sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = Tl;
-    Engine e = initialize(make_model(arch, {c.tp, m.tp}, {c.sp, m.sp}), cfg, o);
+    Engine e = initialize(make_model(arch, {c.tp, m.tp, a.megatron_sp}, {c.sp, m.sp}), cfg, o);
     // This DP rank's micro-batch, this SP rank's share of each sequence.
     std::vector<std::int32_t> in, tg;
     for (long b = 0; b < micro; ++b) {
@@ -334,12 +339,20 @@ struct Predicted {
   std::uint64_t tp = 0, sp = 0, data = 0;
 };
 
-Predicted predict(const Heads& h, const MeshSpec& m, long micro, long Tl, std::int64_t padded_params) {
+Predicted predict(const Heads& h, const MeshSpec& m, long micro, long Tl, std::int64_t padded_params, bool megatron_sp) {
   Predicted p;
   const std::uint64_t B = static_cast<std::uint64_t>(micro), T = static_cast<std::uint64_t>(Tl), C = static_cast<std::uint64_t>(h.C),
                       L = static_cast<std::uint64_t>(h.L), s = 4;
   // TP (§2): 2(W−1)/W · [(4L + 2)·B·T·C·s + 3·B·T·4] (no q/k norm in these shapes), as ring all-reduces.
-  if (m.tp > 1) {
+  // With the residual stream cut (§2, Megatron's sequence parallelism): (10L + 5) reduce-scatters /
+  // all-gathers of B·T·C·s, the cross-entropy's 3·B·T·4, the norms' gradient sums (GPT-2: 4C per
+  // block + 2C; Llama: 2C per block + C).
+  if (m.tp > 1 && megatron_sp && (B * T) % static_cast<std::uint64_t>(m.tp) == 0) {
+    const std::uint64_t block_norms = h.llama ? 2 * C : 4 * C, head_norm = h.llama ? C : 2 * C;
+    p.tp = (10 * L + 5) * ring_bytes_sent(CollectiveKind::all_gather, B * T * C * s, m.tp) +
+           L * ring_bytes_sent(CollectiveKind::all_reduce, block_norms * s, m.tp) + ring_bytes_sent(CollectiveKind::all_reduce, head_norm * s, m.tp) +
+           ring_bytes_sent(CollectiveKind::all_reduce, B * T * 4, m.tp) + ring_bytes_sent(CollectiveKind::all_reduce, 2 * B * T * 4, m.tp);
+  } else if (m.tp > 1) {
     p.tp = (4 * L + 2) * ring_bytes_sent(CollectiveKind::all_reduce, B * T * C * s, m.tp) +
            ring_bytes_sent(CollectiveKind::all_reduce, B * T * 4, m.tp) + ring_bytes_sent(CollectiveKind::all_reduce, 2 * B * T * 4, m.tp);
   }
@@ -369,9 +382,9 @@ void part1(const Args& a) {
     const Heads h = heads_of(spec, *arch);
     fmt::print(
         "\n== {} ({:.2f}M parameters; L {}, C {}, heads {} / kv {}, head size {}): global batch {} x T {} = {} tokens per step, fp32, ZeRO {}, "
-        "{} warm-up + {} timed steps ==\n",
+        "{} warm-up + {} timed steps; Megatron sequence parallelism under TP {} ==\n",
         with_positions(spec, a.seq), arch->parameter_count() / 1e6, h.L, h.C, h.NH, h.NKV, h.HS, a.global_batch, a.seq, a.global_batch * a.seq,
-        a.stage, a.warmup, a.steps);
+        a.stage, a.warmup, a.steps, a.megatron_sp ? "on" : "off (--megatron-sp)");
     std::vector<MeshResult> rs;
     for (const MeshSpec& m : a.meshes) {
       try {
@@ -401,7 +414,7 @@ void part1(const Args& a) {
     row("loss after the last step", [](const MeshResult& r) { return fmt::format("{:.5f}", r.ranks[0].loss); });
     fmt::print("-- bytes rank 0 sent in the last step (ring volume, zero/communicator.h): counted, and docs/parallelism.md's formula --\n");
     const auto pred = [&](const MeshResult& r) {
-      return predict(h, r.mesh, a.global_batch / r.mesh.dp, a.seq / r.mesh.sp, r.ranks[0].zero.padded_param_elements);
+      return predict(h, r.mesh, a.global_batch / r.mesh.dp, a.seq / r.mesh.sp, r.ranks[0].zero.padded_param_elements, a.megatron_sp);
     };
     row("tp group: counted", [](const MeshResult& r) { return fmt::format("{}", r.ranks[0].tp.total_bytes_sent()); });
     row("tp group: formula (§2)", [&](const MeshResult& r) { return fmt::format("{}", pred(r).tp); });
