@@ -3,11 +3,11 @@
 // and out of place, gives on every process exactly the bits that the local backend (W threads in
 // this same process, fed the same per-rank inputs) gives the same rank, and the same byte counters.
 // Then split (MPI_Comm_split): children's members, collectives and counters against the test's
-// own enumeration, children that outlive their parent, the device mesh's groups. Point-to-point
-// send/recv: a ring in every dtype against the local backend, a pair's order. Then the failures:
-// mismatched calls fail on every rank naming both (collectives) or on both ranks of the pair
-// (send/recv), a rank that never arrives (or splits with a negative color, or never sends) is
-// named by the others within the timeout.
+// own enumeration, children that outlive their parent, the device mesh's groups (pipeline stages
+// included). Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
+// order, the pipeline group. Then the failures: mismatched calls fail on every rank naming both
+// (collectives) or on both ranks of the pair (send/recv), a rank that never arrives (or splits
+// with a negative color, or never sends) is named by the others within the timeout.
 //
 // Every process runs every test in the same order (the collectives must match); main() combines
 // the processes' results, so ctest fails when any process failed.
@@ -386,40 +386,48 @@ TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
   EXPECT_EQ(everyone->rank(), w - 1 - me());
 }
 
-// The device mesh over MPI: for every tp x sp that divides the world, each group gathers its
-// members' world ranks, which must be the ranks the test enumerates (same coordinates but one).
+// The device mesh over MPI: for every pp x tp x sp that divides the world, each group gathers its
+// members' world ranks, which must be the ranks the test enumerates (same coordinates but one; the
+// data group: same pp and tp).
 TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
   const int w = world();
   MpiCommunicator mpi;
-  for (int tp = 1; tp <= w; ++tp) {
-    if (w % tp != 0) continue;
-    for (int sp = 1; sp <= w / tp; ++sp) {
-      if ((w / tp) % sp != 0) continue;
-      SCOPED_TRACE(fmt::format("tp {} sp {} W={}", tp, sp, w));
-      const MeshShape shape = make_mesh_shape(w, tp, sp);
-      MeshGroups g = make_mesh_groups(mpi, shape);
-      // Coordinates by counting, tp innermost.
-      std::vector<std::array<int, 3>> coords;
-      for (int d = 0; d < w / (tp * sp); ++d)
+  std::vector<std::array<int, 3>> shapes;  // {pp, tp, sp}, each dividing what is left of the world
+  for (int pp = 1; pp <= w; ++pp)
+    for (int tp = 1; w % pp == 0 && tp <= w / pp; ++tp)
+      for (int sp = 1; (w / pp) % tp == 0 && sp <= w / pp / tp; ++sp)
+        if ((w / pp / tp) % sp == 0) shapes.push_back({pp, tp, sp});
+  for (const auto& [pp, tp, sp] : shapes) {
+    SCOPED_TRACE(fmt::format("pp {} tp {} sp {} W={}", pp, tp, sp, w));
+    const MeshShape shape = make_mesh_shape(w, tp, sp, pp);
+    MeshGroups g = make_mesh_groups(mpi, shape);
+    // Coordinates by counting, tp innermost, pp outermost.
+    std::vector<std::array<int, 4>> coords;
+    for (int p = 0; p < pp; ++p)
+      for (int d = 0; d < w / (pp * tp * sp); ++d)
         for (int s = 0; s < sp; ++s)
-          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d});
-      const auto& mine = coords[static_cast<std::size_t>(me())];
-      Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get()};
-      for (int k = 0; k < 4; ++k) {
-        std::vector<int> want;
-        for (int q = 0; q < w; ++q) {
-          const auto& c = coords[static_cast<std::size_t>(q)];
-          const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2];
-          if (k == 0 ? dp_same && sp_same : k == 1 ? dp_same && tp_same : k == 2 ? sp_same && tp_same : tp_same) want.push_back(q);
-        }
-        Communicator& c = *groups[k];
-        HostBuf one(DType::int32, 1), all(DType::int32, c.world_size());
-        one.set(0, me());
-        c.all_gather(one.tensor(), all.tensor());
-        std::vector<int> got;
-        for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
-        EXPECT_EQ(got, want) << "group " << k;
+          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d, p});
+    const auto& mine = coords[static_cast<std::size_t>(me())];
+    Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get(), g.pp.get()};
+    for (int k = 0; k < 5; ++k) {
+      std::vector<int> want;
+      for (int q = 0; q < w; ++q) {
+        const auto& c = coords[static_cast<std::size_t>(q)];
+        const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2], pp_same = c[3] == mine[3];
+        const bool member = k == 0   ? pp_same && dp_same && sp_same
+                            : k == 1 ? pp_same && dp_same && tp_same
+                            : k == 2 ? pp_same && sp_same && tp_same
+                            : k == 3 ? pp_same && tp_same
+                                     : dp_same && sp_same && tp_same;
+        if (member) want.push_back(q);
       }
+      Communicator& c = *groups[k];
+      HostBuf one(DType::int32, 1), all(DType::int32, c.world_size());
+      one.set(0, me());
+      c.all_gather(one.tensor(), all.tensor());
+      std::vector<int> got;
+      for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
+      EXPECT_EQ(got, want) << "group " << k;
     }
   }
 }
@@ -479,6 +487,29 @@ TEST(MpiCollectives, PointToPointRingMatchesLocal) {
     EXPECT_EQ(mpi.recvs_from(0) - before, 2u);
   }
   mpi.barrier();
+}
+
+// The pipeline group of a mesh of two stages: stage 0 sends an activation forward, stage 1 a
+// gradient back, over the split child's own ranks.
+TEST(MpiCollectives, PointToPointOnThePipelineGroup) {
+  const int w = world();
+  if (w % 2 != 0) GTEST_SKIP() << "needs an even number of processes";
+  MpiCommunicator mpi;
+  MeshGroups g = make_mesh_groups(mpi, make_mesh_shape(w, 1, 1, 2));
+  Communicator& pipe = *g.pp;
+  ASSERT_EQ(pipe.world_size(), 2);
+  ASSERT_EQ(pipe.rank(), me() / (w / 2));
+  const int partner = (me() + w / 2) % w;  // the same data-parallel rank in the other stage
+  HostBuf act = filled(DType::bf16, me(), 17), grad(DType::bf16, 17);
+  if (pipe.rank() == 0) {
+    pipe.send(act.tensor(), 1);
+    pipe.recv(grad.tensor(), 1);
+  } else {
+    pipe.recv(grad.tensor(), 0);
+    pipe.send(act.tensor(), 0);
+  }
+  expect_same_bits(grad, filled(DType::bf16, partner, 17), "from the other stage");
+  EXPECT_EQ(pipe.stats().bytes_sent(CollectiveKind::send), 17u * 2);
 }
 
 TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
