@@ -157,7 +157,7 @@ void Engine::choose_memory(const EngineOptions& options) {
         log_warning(
             "comms_logger.prof_ops names {}, which no collective of dstrain records, so {} never logged; the names are all_reduce, "
             "reduce_scatter_tensor (or reduce_scatter), all_gather_into_tensor (or all_gather), broadcast, barrier, all_to_all_single "
-            "(or all_to_all)",
+            "(or all_to_all), send, recv",
             fmt::format("\"{}\"", fmt::join(unknown, "\", \"")), unknown.size() == 1 ? "it is" : "they are");
       }
       if (cl.debug) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -14,8 +15,11 @@
 namespace dstrain {
 namespace {
 
-constexpr CollectiveKind kAllKinds[] = {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter, CollectiveKind::all_gather,
-                                        CollectiveKind::broadcast,  CollectiveKind::barrier,        CollectiveKind::all_to_all};
+constexpr CollectiveKind kAllKinds[] = {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter,
+                                        CollectiveKind::all_gather, CollectiveKind::broadcast,
+                                        CollectiveKind::barrier,    CollectiveKind::all_to_all,
+                                        CollectiveKind::send,       CollectiveKind::recv};
+static_assert(std::size(kAllKinds) == kCollectiveKinds, "every kind is logged");
 
 // Python's f"{x:.2f}" (and "%.2f"): printf rounds the exact binary value, ties to even, as Python.
 std::string fixed2(double x) {
@@ -53,6 +57,10 @@ std::string_view comms_log_name(CollectiveKind kind) {
       return "barrier";
     case CollectiveKind::all_to_all:
       return "all_to_all_single";
+    case CollectiveKind::send:
+      return "send";
+    case CollectiveKind::recv:
+      return "recv";
   }
   return "?";
 }
@@ -97,6 +105,8 @@ CommBandwidth comm_bandwidth(CollectiveKind kind, std::uint64_t msg_bytes, doubl
       break;
     case CollectiveKind::broadcast:
     case CollectiveKind::barrier:
+    case CollectiveKind::send:
+    case CollectiveKind::recv:
       algbw = size / latency_ms;
       busbw = algbw;
       break;
@@ -287,6 +297,14 @@ void CommsLogger::do_barrier() {
 
 void CommsLogger::do_all_to_all(const Tensor& send, const Tensor& recv) {
   timed(CollectiveKind::all_to_all, send.nbytes(), [&] { inner_.all_to_all(send, recv); });
+}
+
+void CommsLogger::do_send(const Tensor& buf, int peer) {
+  timed(CollectiveKind::send, buf.nbytes(), [&] { inner_.send(buf, peer); });
+}
+
+void CommsLogger::do_recv(const Tensor& buf, int peer) {
+  timed(CollectiveKind::recv, buf.nbytes(), [&] { inner_.recv(buf, peer); });
 }
 
 }  // namespace dstrain

@@ -7,10 +7,10 @@
 // What DeepSpeed records, and dstrain with it:
 //   - op name: the deepspeed.comm function a collective goes through (comms_log_name), so tables and
 //     prof_ops read as DeepSpeed's: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
-//     broadcast, barrier, all_to_all_single.
+//     broadcast, barrier, all_to_all_single, send, recv.
 //   - message size: the bytes of the call's input tensor (get_msg_size_from_args): the buffer of
-//     all_reduce and broadcast, the W·n send buffer of reduce_scatter and all_to_all, the n-element
-//     send shard of all_gather; 0 for barrier.
+//     all_reduce, broadcast, send and recv, the W·n send buffer of reduce_scatter and all_to_all,
+//     the n-element send shard of all_gather; 0 for barrier.
 //   - latency: milliseconds from the call to its completion; a profiled collective is made blocking
 //     (DeepSpeed synchronizes the accelerator after it), here with the `synchronize` option.
 //   - bandwidths (calc_bw_log), in Gbps = bytes/ms · 8 / 1e6, S = message size, t = latency, n = W:
@@ -18,7 +18,8 @@
 //       all_gather_into_tensor    algbw = nS/t        busbw = algbw · (n−1)/n
 //       reduce_scatter_tensor     algbw = S/t         busbw = algbw · (n−1)/n
 //       all_to_all_single         algbw = S/t         busbw = algbw · (n−1)/n
-//       broadcast, barrier        algbw = busbw = S/t
+//       broadcast, barrier,       algbw = busbw = S/t
+//       send, recv
 //     DeepSpeed multiplies reduce_scatter's size by n too, but its size is already the W·n input,
 //     so its figures are n times what moved; dstrain uses the input once (nccl-tests' definition).
 //     t = 0 gives 0 (DeepSpeed divides by zero).
@@ -163,6 +164,9 @@ class CommsLogger final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // Logged on each of the two ranks (DeepSpeed's send and recv are timed ops too).
+  void do_send(const Tensor& buf, int peer) override;
+  void do_recv(const Tensor& buf, int peer) override;
   // Splits the inner communicator (its exchange is the inner's collective, not logged here: it is
   // no deepspeed.comm op) and wraps the child in a logger of its own, with these options, so the
   // sub-group's collectives are logged in its own table (DeepSpeed's logger is per process and

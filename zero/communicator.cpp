@@ -64,6 +64,10 @@ std::string_view collective_name(CollectiveKind kind) {
       return "barrier";
     case CollectiveKind::all_to_all:
       return "all_to_all";
+    case CollectiveKind::send:
+      return "send";
+    case CollectiveKind::recv:
+      return "recv";
   }
   return "?";
 }
@@ -82,6 +86,10 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
     case CollectiveKind::broadcast:
       return is_root ? buffer_bytes : 0;
     case CollectiveKind::barrier:
+      return 0;
+    case CollectiveKind::send:
+      return buffer_bytes;
+    case CollectiveKind::recv:
       return 0;
   }
   return 0;
@@ -127,6 +135,8 @@ Tensor shard_of(const Tensor& full, int index, int world_size) {
 Communicator::Communicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {
   DSTRAIN_CHECK(world_size >= 1, "a communicator needs world size >= 1, got {}", world_size);
   DSTRAIN_CHECK(rank >= 0 && rank < world_size, "rank {} is outside world size {} (ranks are 0..{})", rank, world_size, world_size - 1);
+  sends_to_.assign(static_cast<std::size_t>(world_size), 0);
+  recvs_from_.assign(static_cast<std::size_t>(world_size), 0);
 }
 
 template <typename Fn>
@@ -230,6 +240,53 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     on_error(e.what());
     throw;
   }
+}
+
+void Communicator::send(Tensor buf, int peer) { point_to_point(CollectiveKind::send, buf, peer); }
+
+void Communicator::recv(Tensor buf, int peer) { point_to_point(CollectiveKind::recv, buf, peer); }
+
+std::uint64_t Communicator::sends_to(int peer) const {
+  DSTRAIN_CHECK(peer >= 0 && peer < world_size_, "sends_to: rank {} is outside the world of {} ranks", peer, world_size_);
+  return sends_to_[static_cast<std::size_t>(peer)];
+}
+
+std::uint64_t Communicator::recvs_from(int peer) const {
+  DSTRAIN_CHECK(peer >= 0 && peer < world_size_, "recvs_from: rank {} is outside the world of {} ranks", peer, world_size_);
+  return recvs_from_[static_cast<std::size_t>(peer)];
+}
+
+// Not run(): a point-to-point call leaves sequence() alone (the other ranks do not see it), and is
+// numbered in its pair's order instead. Its errors poison the group like a collective's, so that
+// the peer waiting for it fails now, not at the timeout.
+void Communicator::point_to_point(CollectiveKind kind, const Tensor& buf, int peer) {
+  const bool sending = kind == CollectiveKind::send;
+  try {
+    const char* name = sending ? "send" : "recv";
+    DSTRAIN_CHECK(peer >= 0 && peer < world_size_,
+                  "{} on rank {}: peer {} is not a rank of this communicator (world size {}: ranks 0..{}). Fix: pass a rank of this "
+                  "group (a split group numbers its ranks from 0: Communicator::rank() of the peer's communicator)",
+                  name, rank_, peer, world_size_, world_size_ - 1);
+    DSTRAIN_CHECK(peer != rank_,
+                  "{} on rank {}: peer {} is this rank itself (world size {}); a rank cannot {} itself. Fix: copy the buffer "
+                  "directly where peer == rank, or choose another peer",
+                  name, rank_, peer, world_size_, sending ? "send to" : "receive from");
+    std::uint64_t& number = (sending ? sends_to_ : recvs_from_)[static_cast<std::size_t>(peer)];
+    ++number;
+    const auto call = fmt::format("{} #{} {} rank {} on rank {}", name, number, sending ? "to" : "from", peer, rank_);
+    check_dtype(call, buf.dtype, "the buffer");
+    check_data(call, buf, "the buffer");
+    if (sending) {
+      do_send(buf, peer);
+    } else {
+      do_recv(buf, peer);
+    }
+  } catch (const Error& e) {
+    on_error(e.what());
+    throw;
+  }
+  stats_.calls[static_cast<std::size_t>(kind)] += 1;
+  stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, buf.nbytes(), world_size_);
 }
 
 void Communicator::barrier() {

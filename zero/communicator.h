@@ -1,12 +1,14 @@
 // Communicator: the collectives ZeRO needs (all-reduce, reduce-scatter, all-gather, broadcast,
 // barrier, all-to-all) over one group of `world_size` ranks, on flat buffers communicated in place,
-// and the 1-bit optimizers' compressed all-reduce built on them (compressed_all_reduce below,
-// implemented once here for every backend; docs/optimizers_onebit.md).
+// the 1-bit optimizers' compressed all-reduce built on them (compressed_all_reduce below,
+// implemented once here for every backend; docs/optimizers_onebit.md), and the point-to-point
+// send/recv between two ranks that pipeline parallelism moves activations with.
 //
-// A backend implements the do_* primitives. all_to_all and split are the newest: every backend must
-// implement them (all_to_all — local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI:
-// pairwise messages; split — local: a child LocalGroup shared by its member threads; MPI:
-// MPI_Comm_split; NCCL: ncclCommSplit).
+// A backend implements the do_* primitives. send/recv, all_to_all and split are the newest: every
+// backend must implement them (send/recv — local: a rendezvous of the two threads, the receiver
+// copying; MPI: a description exchange, then one message; NCCL: ncclSend/ncclRecv; all_to_all —
+// local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI: pairwise messages; split —
+// local: a child LocalGroup shared by its member threads; MPI: MPI_Comm_split; NCCL: ncclCommSplit).
 //
 // Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
 // memory — how CI tests multi-rank training — or on one GPU they share), MpiCommunicator
@@ -30,6 +32,20 @@
 //     afterwards. NCCL enqueues on its own stream; order_compute_after_collectives() orders later
 //     compute after it, synchronize() waits on the host.
 //   - Errors are dstrain::Error, never exit/abort. After a failure the group is unusable.
+//
+// Point-to-point (send, recv) is not a collective: only the two ranks involved call it, and it
+// takes no part in the "every rank issues the same collectives" order above (the other ranks may
+// be anywhere, in a collective of their own included). Between one sender and one receiver the
+// calls match in program order (MPI's non-overtaking rule: send #k from a to b is received by
+// recv #k from a on b), and they must agree on dtype and element count; a backend that can see
+// both calls (local, mpi) fails a disagreement on both ranks naming both calls, NCCL cannot.
+// Blocking, alike on every backend: a send completes once its receiver has posted the matching
+// recv (local: the receiver has copied the data; mpi: the message has left the buffer; nccl: on
+// the stream — the host returns once the call is queued, as for collectives), a recv once the data
+// is in its buffer. So a program whose sends wait on each other (every rank of a ring sending
+// first) fails on the host backends at the timeout, naming the peer, as it would hang on NCCL
+// (where synchronize() times out). On a GPU (local on one device, NCCL) the work is queued as the
+// collectives' is, and ordered by the same calls.
 #pragma once
 
 #include <array>
@@ -38,6 +54,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ops/tensor.h"
 
@@ -45,11 +62,13 @@ namespace dstrain {
 
 enum class ReduceOp { sum, avg, max };
 
-enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all };
-inline constexpr int kCollectiveKinds = 6;
+// The kinds of operation a communicator counts: the collectives, then the two point-to-point ones
+// (counted in the same tables, so a per-kind report shows a pipeline's traffic next to ZeRO's).
+enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all, send, recv };
+inline constexpr int kCollectiveKinds = 8;
 
 std::string_view reduce_op_name(ReduceOp op);           // "sum", "avg", "max"
-std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ...
+std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ..., "send", "recv"
 
 // "Bytes sent" by one rank for one collective: the algorithmic volume of a ring implementation,
 // not what a particular backend really moves (the local backend moves nothing, NCCL may use trees).
@@ -64,7 +83,9 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ...
 //   broadcast       N on the root, 0 on the others (the root sends the buffer once)
 //   barrier         0
 //   all_to_all      (W−1)·N / W     (N = the W·n send buffer: every shard but the rank's own), exact
-// W = 1: every collective sends 0 bytes.
+//   send            N               (the buffer, once, to the one peer)
+//   recv            0               (the bytes are counted once, by the sender)
+// W = 1: every collective sends 0 bytes (and a group of one has no peer to send to).
 std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, bool is_root = false);
 
 // Per-rank counters: bytes sent (as defined above) and number of calls, per kind of collective.
@@ -120,6 +141,18 @@ class Communicator {
   // send, recv: W·n elements each, any collective dtype, not overlapping. Shard j of send goes to
   // rank j; on return shard i of recv holds rank i's shard `rank` (MPI_Alltoall, all_to_all_single).
   void all_to_all(Tensor send, Tensor recv);
+
+  // Point-to-point (MPI_Send / MPI_Recv, ncclSend / ncclRecv; see the top of this file): `buf`
+  // (any collective dtype, viewed as a flat array; host memory for local and mpi, the rank's GPU
+  // for nccl) goes to, or is filled from, rank `peer` of this communicator, which must not be this
+  // rank. The peer's matching call must have the same dtype and element count. Counted in stats()
+  // (send: the buffer's bytes; recv: 0) but not in sequence(): each is numbered per pair instead,
+  // the k-th send to `peer` being "send #k", which errors name along with both ranks.
+  void send(Tensor buf, int peer);
+  void recv(Tensor buf, int peer);
+  // How many sends to (receives from) `peer` this rank has issued; the next is number +1.
+  std::uint64_t sends_to(int peer) const;
+  std::uint64_t recvs_from(int peer) const;
 
   // DeepSpeed's compressed all-reduce (deepspeed/runtime/comm/nccl.py compressed_allreduce), the
   // average over the ranks of `buf` sent as 1 bit per element, with error feedback:
@@ -179,7 +212,8 @@ class Communicator {
   void reset_stats() { stats_ = CommStats{}; }
 
   // Number of collectives this rank has issued (barriers included); the next one is sequence()+1.
-  // Errors name collectives by this number: "all_reduce #17".
+  // Errors name collectives by this number: "all_reduce #17". Point-to-point calls are not
+  // counted (only two ranks take part; see sends_to / recvs_from).
   std::uint64_t sequence() const { return sequence_; }
 
  protected:
@@ -193,6 +227,10 @@ class Communicator {
   virtual void do_broadcast(const Tensor& buf, int root) = 0;
   virtual void do_barrier() = 0;
   virtual void do_all_to_all(const Tensor& send, const Tensor& recv) = 0;
+  // Called after the buffer and the peer were checked; sends_to(peer) / recvs_from(peer) already
+  // count this call (its number in the pair's order).
+  virtual void do_send(const Tensor& buf, int peer) = 0;
+  virtual void do_recv(const Tensor& buf, int peer) = 0;
   // Called by split() after color was checked; returns the new group's communicator (never null).
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 
@@ -203,11 +241,15 @@ class Communicator {
  private:
   template <typename Fn>
   void run(CollectiveKind kind, std::uint64_t buffer_bytes, bool is_root, Fn&& fn);
+  // send and recv: checks, numbers, do_send / do_recv, counts.
+  void point_to_point(CollectiveKind kind, const Tensor& buf, int peer);
   void check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard, const char* shard_name) const;
 
   int rank_;
   int world_size_;
   std::uint64_t sequence_ = 0;
+  std::vector<std::uint64_t> sends_to_;    // per peer
+  std::vector<std::uint64_t> recvs_from_;  // per peer
   CommStats stats_;
 };
 

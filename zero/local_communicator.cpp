@@ -119,6 +119,9 @@ std::string describe(const LocalGroup::Call& c, int world) {
       return fmt::format("{} #{}", name, c.sequence);
     case CollectiveKind::all_to_all:
       return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::send:
+    case CollectiveKind::recv:
+      break;  // not collectives: described by describe_point_to_point
   }
   return std::string(name);
 }
@@ -253,6 +256,8 @@ std::string LocalGroup::check_calls_locked() const {
         v.push_back({static_cast<const char*>(c.recv), w * n * es, "recv"});
         break;
       case CollectiveKind::barrier:
+      case CollectiveKind::send:
+      case CollectiveKind::recv:
         break;
     }
   }
@@ -280,6 +285,7 @@ std::string LocalGroup::missing_ranks_locked(const Call& call, Phase phase, bool
     const Slot& s = slots_[static_cast<std::size_t>(r)];
     whose += s.has_called ? fmt::format("; rank {} last called {}", r, describe(s.call, world_size_))
                           : fmt::format("; rank {} has called no collective yet", r);
+    if (s.p2p.active) whose += fmt::format(" and is waiting in {}", describe_point_to_point(s.p2p.call));
   }
   const char* where = phase == Phase::arrive ? "reach" : "finish";
   if (!gone.empty()) {
@@ -334,6 +340,127 @@ void LocalGroup::wait_all(int rank, const Call& call, Phase phase, Clock::time_p
   if (generation_ == gen) throw_poison_locked();
 }
 
+std::string LocalGroup::activity_locked(int peer) const {
+  const Slot& s = slots_[static_cast<std::size_t>(peer)];
+  if (s.p2p.active) return fmt::format("rank {} is waiting in {}", peer, describe_point_to_point(s.p2p.call));
+  if (s.phases > generation_) return fmt::format("rank {} is waiting in {}", peer, describe(s.call, world_size_));
+  if (s.has_called) return fmt::format("rank {} last called {}", peer, describe(s.call, world_size_));
+  return fmt::format("rank {} has called no collective yet", peer);
+}
+
+std::string LocalGroup::point_to_point_timeout_locked(const PointToPoint& mine, int peer) const {
+  PointToPointCall want = mine.call;  // the call the peer owes: the other side of this one
+  want.is_send = !mine.call.is_send;
+  return fmt::format(
+      "local communicator: {} timed out after {} ms: rank {} did not post the matching {}; {}. A send returns once its receiver has "
+      "taken the data, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
+      "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first), or "
+      "raise DSTRAIN_COMM_TIMEOUT (seconds) if rank {} is only slow",
+      describe_point_to_point(mine.call), timeout_.count(), peer, describe_point_to_point(want), activity_locked(peer), peer, peer);
+}
+
+std::string LocalGroup::check_point_to_point_locked(const PointToPoint& send, const PointToPoint& recv) const {
+  if (std::string problem = point_to_point_mismatch("local", send.call, recv.call); !problem.empty()) return problem;
+  if (send.device != recv.device) {
+    return fmt::format(
+        "local communicator: in {}, rank {}'s buffer is on {} but rank {}'s ({}) on {}. The ranks of a local group communicate buffers "
+        "on one device: all on the CPU, or all on the same GPU. Fix: put both buffers on the same device",
+        describe_point_to_point(send.call), send.call.sender, send.device.str(), recv.call.receiver, describe_point_to_point(recv.call),
+        recv.device.str());
+  }
+  const std::size_t bytes = static_cast<std::size_t>(send.call.count) * dtype_size(send.call.dtype);
+  if (ranges_overlap({static_cast<const char*>(send.data), bytes, "send"}, {static_cast<const char*>(recv.data), bytes, "recv"})) {
+    return fmt::format(
+        "local communicator: in {}, rank {}'s buffer overlaps rank {}'s receive buffer. Ranks of a local group share one address "
+        "space, so each must communicate its own buffers. Fix: allocate a buffer per rank",
+        describe_point_to_point(send.call), send.call.sender, recv.call.receiver);
+  }
+  return {};
+}
+
+void LocalGroup::send(int rank, const PointToPoint& mine, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!poison_.empty()) throw_poison_locked();
+  PointToPoint& post = slots_[static_cast<std::size_t>(rank)].p2p;
+  post = mine;
+  post.active = true;
+  post.state = PointToPoint::State::posted;
+  cv_.notify_all();
+  const int peer = mine.call.receiver;
+  for (;;) {
+    if (post.state == PointToPoint::State::done) break;
+    if (post.state == PointToPoint::State::taken) {
+      // The receiver is copying from this rank's buffer: wait for it whatever else happens (it
+      // always hands the post back, a failed copy included), or the buffer could be freed under it.
+      cv_.wait(lock);
+      continue;
+    }
+    if (!poison_.empty()) break;
+    if (slots_[static_cast<std::size_t>(peer)].left) {
+      poison_locked(
+          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
+                      "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+                      describe_point_to_point(mine.call), peer, peer));
+      break;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && post.state == PointToPoint::State::posted && poison_.empty()) {
+      poison_locked(point_to_point_timeout_locked(mine, peer));
+    }
+  }
+  const bool done = post.state == PointToPoint::State::done;
+  post.active = false;
+  if (!done) throw_poison_locked();
+}
+
+void LocalGroup::recv(int rank, const PointToPoint& mine, Clock::time_point deadline, const std::function<void(const PointToPoint& send)>& copy) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!poison_.empty()) throw_poison_locked();
+  Slot& me = slots_[static_cast<std::size_t>(rank)];
+  me.p2p = mine;
+  me.p2p.active = true;
+  const int peer = mine.call.sender;
+  PointToPoint& post = slots_[static_cast<std::size_t>(peer)].p2p;
+  const auto fail_locked = [&](const std::string& message) {
+    poison_locked(message);
+    me.p2p.active = false;
+    throw_poison_locked();
+  };
+  // The peer's post addressed to this rank: a sender blocks until its post is taken, so it is the
+  // oldest unmatched send of the pair (program order).
+  const auto posted_here = [&] {
+    return post.active && post.call.is_send && post.call.receiver == rank && post.state == PointToPoint::State::posted;
+  };
+  while (!posted_here()) {
+    if (!poison_.empty()) fail_locked(poison_);
+    if (slots_[static_cast<std::size_t>(peer)].left) {
+      fail_locked(
+          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
+                      "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+                      describe_point_to_point(mine.call), peer, peer));
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !posted_here() && poison_.empty()) {
+      fail_locked(point_to_point_timeout_locked(mine, peer));
+    }
+  }
+  if (!poison_.empty()) fail_locked(poison_);
+  if (std::string problem = check_point_to_point_locked(post, mine); !problem.empty()) fail_locked(problem);
+  post.state = PointToPoint::State::taken;
+  const PointToPoint send = post;
+  lock.unlock();
+  std::string copy_error;
+  try {
+    copy(send);
+  } catch (const std::exception& e) {
+    copy_error = e.what();
+  }
+  lock.lock();
+  post.state = PointToPoint::State::done;
+  me.p2p.active = false;
+  if (!copy_error.empty()) poison_locked(copy_error);  // the sender then fails with it
+  cv_.notify_all();
+  if (!copy_error.empty()) throw_poison_locked();
+}
+
 // ---------------------------------------------------------------------------------------------
 // LocalCommunicator
 
@@ -364,8 +491,9 @@ void LocalCommunicator::on_error(const std::string& message) noexcept {
   }
 }
 
-void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
+void LocalCommunicator::check_device(const Tensor& t, const char* what, const std::string& call_name) const {
   if (t.device.is_cpu()) return;
+  const std::string call = call_name.empty() ? fmt::format("collective #{}", sequence()) : call_name;
 #if DSTRAIN_LOCAL_COMM_CUDA
   // Device memory of a GPU this process can use, on the device the tensor names: anything else
   // (no GPU or driver, a host pointer labelled cuda) would fail later inside a copy or a kernel
@@ -379,10 +507,10 @@ void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
         status == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) && attr.device == t.device.index;
     if (on_device) return;
     fail(
-        "local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory, or device "
+        "local communicator: {} of {} on rank {} is on {}; the local backend communicates host memory, or device "
         "memory of one GPU that every rank shares, and this is not device memory of {} ({}). Fix: allocate the buffer on {} "
         "(cudaMalloc, the engine's device allocator), or pass host memory as a cpu tensor",
-        what, sequence(), rank(), t.device.str(), t.device.str(),
+        what, call, rank(), t.device.str(), t.device.str(),
         status != cudaSuccess                     ? fmt::format("CUDA: {}", cudaGetErrorString(status))
         : attr.type == cudaMemoryTypeHost         ? std::string("the pointer is pinned host memory")
         : attr.type == cudaMemoryTypeUnregistered ? std::string("the pointer is host memory")
@@ -391,9 +519,9 @@ void LocalCommunicator::check_device(const Tensor& t, const char* what) const {
   }
 #endif
   fail(
-      "local communicator: {} of collective #{} on rank {} is on {}; the local backend communicates host memory (this build has no "
+      "local communicator: {} of {} on rank {} is on {}; the local backend communicates host memory (this build has no "
       "CUDA backend for device memory). Fix: use host buffers, or build with -DDSTRAIN_CUDA=ON to share one GPU between the ranks",
-      what, sequence(), rank(), t.device.str());
+      what, call, rank(), t.device.str());
 }
 
 void LocalCommunicator::synchronize() {
@@ -534,6 +662,40 @@ void LocalCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
 }
 
 void LocalCommunicator::do_barrier() { collective(LocalGroup::Call{}, nullptr); }
+
+void LocalCommunicator::do_send(const Tensor& buf, int peer) {
+  LocalGroup::PointToPoint mine;
+  mine.call = PointToPointCall{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
+  check_device(buf, "the buffer", describe_point_to_point(mine.call));
+  mine.data = buf.data;
+  mine.device = buf.device;
+#if DSTRAIN_LOCAL_COMM_CUDA
+  // The receiver enqueues the copy that reads this buffer; synchronize() here waits for it too.
+  if (buf.device.is_cuda()) pending_device_ = buf.device.index;
+#endif
+  group_.send(rank(), mine, Clock::now() + group_.timeout());
+}
+
+void LocalCommunicator::do_recv(const Tensor& buf, int peer) {
+  LocalGroup::PointToPoint mine;
+  mine.call = PointToPointCall{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
+  check_device(buf, "the buffer", describe_point_to_point(mine.call));
+  mine.data = buf.data;
+  mine.device = buf.device;
+  group_.recv(rank(), mine, Clock::now() + group_.timeout(), [&](const LocalGroup::PointToPoint& send) {
+    if (buf.nbytes() == 0) return;
+#if DSTRAIN_LOCAL_COMM_CUDA
+    // Enqueued on the one device both buffers are on (checked), after the sender's producers (it
+    // posted after queueing them) and before its next kernels (it returns after this hand-back).
+    std::optional<CudaDeviceScope> current;
+    if (buf.device.is_cuda()) {
+      current.emplace(buf.device.index);
+      pending_device_ = buf.device.index;
+    }
+#endif
+    copy_on(buf.device, buf.data, send.data, buf.nbytes());
+  });
+}
 
 std::unique_ptr<Communicator> LocalCommunicator::do_split(int color, int key) {
   // Every rank's (color, key), through the parent: a rank that does not come, or calls another

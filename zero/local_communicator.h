@@ -29,6 +29,19 @@
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
 //
+// Point-to-point (send / recv, zero/communicator.h): a rendezvous of the two ranks alone, outside
+// the collectives' phases. Each rank's slot holds its send or recv in progress (a thread has at
+// most one), so the slots are the per-pair mailboxes: the sender posts its buffer and waits; the
+// receiver waits until its peer's slot holds the send addressed to it — the oldest unmatched one
+// of the pair, since the sender blocks until it is taken — checks the two calls agree (number,
+// dtype, count, device, no overlap), copies (or, on a GPU, enqueues the copy: the collectives'
+// ordering argument, with the post as arrive and the hand-back as depart) and hands it back. The
+// sender returns only then, so its buffer is never read after it returns, and a program whose
+// sends wait on each other times out here as it would hang on NCCL. Failures are the collectives':
+// a mismatch poisons the group with both calls named; a peer that does not post the matching call
+// within the timeout is named with what it is doing instead; a peer whose thread finished fails
+// the waiting rank at once.
+//
 // Sub-groups (split, zero/communicator.h): the ranks exchange (color, key) in one all_gather on the
 // parent, so every rank computes the same member lists; the members of a color share one child
 // LocalGroup, which the first of them to get there creates and the others find in the parent's
@@ -58,6 +71,7 @@
 #include <vector>
 
 #include "zero/communicator.h"
+#include "zero/point_to_point.h"
 
 namespace dstrain {
 
@@ -98,17 +112,43 @@ class LocalGroup {
  private:
   friend class LocalCommunicator;
 
+  // One rank's send or recv in progress (see the top of this file).
+  struct PointToPoint {
+    bool active = false;
+    PointToPointCall call;
+    void* data = nullptr;  // send: read by the receiver; recv: written
+    Device device = Device::cpu();
+    // A send's, as its receiver moves it: posted -> taken (being copied: the sender must wait, even
+    // through a failure, since its buffer is being read) -> done.
+    enum class State { posted, taken, done } state = State::posted;
+  };
+
   struct Slot {
     Call call;
     std::uint64_t phases = 0;  // phases this rank has entered
     bool has_called = false;
     bool left = false;
+    PointToPoint p2p;
   };
   enum class Phase { arrive, depart };
 
   // Posts `call` (on arrive) and waits until all ranks entered this phase. Throws the poison.
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
+
+  // Point-to-point, under the group's lock but outside the collectives' phases. send: posts `mine`
+  // and waits until the receiver has handed it back. recv: waits for the matching send, checks it
+  // and calls `copy` with it (outside the lock) before handing it back. Both throw the poison, and
+  // poison the group first on a mismatch, a peer that left, or the deadline.
+  void send(int rank, const PointToPoint& mine, std::chrono::steady_clock::time_point deadline);
+  void recv(int rank, const PointToPoint& mine, std::chrono::steady_clock::time_point deadline,
+            const std::function<void(const PointToPoint& send)>& copy);
+  // Under mu_: "" when `send` (rank send.call.sender's post) may be received by `recv`, else the
+  // Error text.
+  std::string check_point_to_point_locked(const PointToPoint& send, const PointToPoint& recv) const;
+  // Under mu_: what rank `peer` is doing, for a point-to-point call that waits for it.
+  std::string activity_locked(int peer) const;
+  std::string point_to_point_timeout_locked(const PointToPoint& mine, int peer) const;
 
   // leave(rank), and with `with_children` the same in the sub-groups `rank` joined.
   void leave(int rank, bool with_children);
@@ -180,6 +220,9 @@ class LocalCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // The rendezvous at the top of this file; the receiver copies.
+  void do_send(const Tensor& buf, int peer) override;
+  void do_recv(const Tensor& buf, int peer) override;
   // The (color, key) exchange, then this rank's LocalCommunicator of the shared child group (see
   // the top of this file).
   std::unique_ptr<Communicator> do_split(int color, int key) override;
@@ -191,8 +234,9 @@ class LocalCommunicator final : public Communicator {
 
   // arrive, work (if any), depart; `work` runs between the two rendezvous.
   void collective(LocalGroup::Call call, const std::function<void()>& work);
-  // Host memory, or (CUDA build) device memory; an Error naming the fix otherwise.
-  void check_device(const Tensor& t, const char* what) const;
+  // Host memory, or (CUDA build) device memory; an Error naming the fix otherwise. `call`: how the
+  // message names the call (default: "collective #<sequence()>").
+  void check_device(const Tensor& t, const char* what, const std::string& call = {}) const;
 
   std::shared_ptr<LocalGroup> owned_group_;  // a split's child only: keeps group_ alive
   LocalGroup& group_;

@@ -9,6 +9,7 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
+#include "zero/point_to_point.h"
 #include "zero/rank_reduce.h"
 
 namespace dstrain {
@@ -22,6 +23,12 @@ constexpr int kArrivalTag = 7;
 // The data's tag on data_: each collective sends at most one message each way between two ranks, so
 // messages match by order as well.
 constexpr int kDataTag = 8;
+// Point-to-point: the sender's description (ctrl_), the receiver's (ctrl_), the data (data_).
+// One tag each, so a pair's messages one way never match its messages the other way, nor a
+// collective's; per tag MPI keeps them in order (the pair's program order).
+constexpr int kP2pSendTag = 9;
+constexpr int kP2pRecvTag = 10;
+constexpr int kP2pDataTag = 11;
 
 // Elements travel as unsigned integers of their size: MPI moves the bits and never rounds them.
 MPI_Datatype element_type(DType dtype) {
@@ -57,6 +64,11 @@ std::string describe(const MpiCommunicator::Call& c, int world) {
       return fmt::format("{} #{}", name, c.sequence);
     case CollectiveKind::all_to_all:
       return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::send:
+    case CollectiveKind::recv:
+      // Never in the arrival exchange; a point-to-point call's number is its pair's (MPI failures
+      // only: describe_point_to_point names both ranks).
+      return fmt::format("{} #{} ({}, {} elements)", name, c.sequence, dt, c.count);
   }
   return std::string(name);
 }
@@ -173,6 +185,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
   seen_.assign(w, Call{});
   has_seen_.assign(w, false);
   received_.assign(w, Call{});
+  p2p_out_.assign(w, Call{});
+  p2p_in_.assign(w, Call{});
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -182,6 +196,8 @@ MpiCommunicator::~MpiCommunicator() {
     new std::vector<char>(std::move(scratch_));   // NOLINT: deliberately leaked
     new std::vector<Call>(std::move(received_));  // NOLINT
     new std::vector<Call>(std::move(seen_));      // NOLINT
+    new std::vector<Call>(std::move(p2p_out_));   // NOLINT
+    new std::vector<Call>(std::move(p2p_in_));    // NOLINT
     return;
   }
   for (MPI_Comm* c : {&ctrl_, &data_}) {
@@ -484,6 +500,78 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
     recvs.push_back({root, buf.data, count});
   }
   exchange(sends, recvs, buf.dtype, call);
+}
+
+void MpiCommunicator::do_send(const Tensor& buf, int peer) { point_to_point(buf, peer, true); }
+
+void MpiCommunicator::do_recv(const Tensor& buf, int peer) { point_to_point(buf, peer, false); }
+
+void MpiCommunicator::point_to_point(const Tensor& buf, int peer, bool sending) {
+  PointToPointCall mine;
+  mine.is_send = sending;
+  mine.sender = sending ? rank() : peer;
+  mine.receiver = sending ? peer : rank();
+  mine.number = sending ? sends_to(peer) : recvs_from(peer);
+  mine.dtype = buf.dtype;
+  mine.count = buf.numel();
+  const std::string name = describe_point_to_point(mine);
+  DSTRAIN_CHECK(buf.device.is_cpu(),
+                "MPI communicator: the buffer of {} is on {}; the MPI backend communicates host memory. Fix: use host buffers (--device "
+                "cpu), or the nccl backend for GPUs",
+                name, buf.device.str());
+  check_usable();
+  const auto kind = sending ? CollectiveKind::send : CollectiveKind::recv;
+  // The description carries the pair's number where a collective's carries its sequence number.
+  const Call call{mine.number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(buf.dtype), 0, 0, buf.numel()};
+  const auto q = static_cast<std::size_t>(peer);
+  p2p_out_[q] = call;
+  // 1. descriptions: ours to the peer, the peer's (of its matching call) from it.
+  std::vector<MPI_Request> requests(2, MPI_REQUEST_NULL);
+  check(MPI_Irecv(&p2p_in_[q], sizeof(Call), MPI_BYTE, peer, sending ? kP2pRecvTag : kP2pSendTag, ctrl_, &requests[0]), "MPI_Irecv", call);
+  check(MPI_Isend(&p2p_out_[q], sizeof(Call), MPI_BYTE, peer, sending ? kP2pSendTag : kP2pRecvTag, ctrl_, &requests[1]), "MPI_Isend", call);
+  int status = MPI_SUCCESS;
+  bool all = test_all_until(requests, Clock::now() + timeout_, status);
+  check(status, "MPI_Testsome", call);
+  if (!all) {
+    PointToPointCall owed = mine;
+    owed.is_send = !sending;
+    const std::string last = has_seen_[q] ? fmt::format("rank {} last reached {}", peer, describe(seen_[q], world_size()))
+                                          : fmt::format("rank {} has reached no collective yet", peer);
+    fail_with(
+        fmt::format("MPI communicator: {} timed out after {} ms: rank {} did not post the matching {} ({}). A send returns once its receiver has "
+                    "posted the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
+                    "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first), look "
+                    "at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
+                    name, timeout_.count(), peer, describe_point_to_point(owed), last, peer, peer));
+  }
+  // 2. both ranks compare the same two descriptions, so both fail with the same text.
+  const Call& theirs = p2p_in_[q];
+  PointToPointCall other = mine;
+  other.is_send = !sending;
+  other.number = theirs.sequence;
+  other.dtype = static_cast<DType>(theirs.dtype);
+  other.count = theirs.count;
+  const std::string problem = sending ? point_to_point_mismatch("MPI", mine, other) : point_to_point_mismatch("MPI", other, mine);
+  if (!problem.empty()) fail_with(problem);
+  if (buf.numel() == 0) return;
+  // 3. the data, one message.
+  const int count = as_count(buf.numel(), call, world_size());
+  MPI_Request data = MPI_REQUEST_NULL;
+  if (sending) {
+    check(MPI_Isend(buf.data, count, element_type(buf.dtype), peer, kP2pDataTag, data_, &data), "MPI_Isend", call);
+  } else {
+    check(MPI_Irecv(buf.data, count, element_type(buf.dtype), peer, kP2pDataTag, data_, &data), "MPI_Irecv", call);
+  }
+  std::vector<MPI_Request> pending{data};
+  all = test_all_until(pending, Clock::now() + timeout_, status);
+  check(status, "MPI_Testsome", call);
+  if (!all) {
+    fail_with(
+        fmt::format("MPI communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process "
+                    "stopped or ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's "
+                    "messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
+                    name, timeout_.count(), sending ? "reach" : "come from", peer, peer));
+  }
 }
 
 // Every rank has reached the barrier once every rank's description has come.

@@ -37,6 +37,17 @@
 //   the last collective's buffers, so the process should end (the CLI calls abort_mpi_job(),
 //   zero/mpi_process.h, which ends every rank). The library itself never aborts.
 //
+// Point-to-point (send / recv): not part of the arrival exchange (only two ranks take part). The
+// two ranks exchange descriptions of their calls on their own tags of the control communicator —
+// the sender's (number in the pair's order, dtype, count) to the receiver, the receiver's back —
+// and each compares the two: a mismatch fails on both ranks naming both calls before any data
+// moves; a description that does not come within the timeout names the peer (and the last
+// collective it reached). Then one message on the data communicator, tested against a fresh
+// deadline. Tags keep a pair's sends apart from its receives the other way and from the
+// collectives' messages, and MPI's non-overtaking rule per (source, tag, communicator) gives the
+// program-order matching. The sender waits for the receiver's description, so a send returns only
+// once its recv is posted: the local backend's rendezvous, and NCCL's.
+//
 // Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
 // (step 1 bounds it: a rank that never splits is named within the timeout), then call
 // MPI_Comm_split, which has no deadline but runs only once every rank has reached it. The child is
@@ -89,9 +100,13 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  void do_send(const Tensor& buf, int peer) override;
+  void do_recv(const Tensor& buf, int peer) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
+  // send / recv (above): the description exchange with `peer`, then the data message.
+  void point_to_point(const Tensor& buf, int peer, bool sending);
   // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
   // child does not.
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
@@ -121,6 +136,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
   std::vector<bool> has_seen_;  // per rank: a description has come
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
+  // Per peer: the point-to-point descriptions in flight (ours out, the peer's in). Members, not
+  // locals: after a timeout MPI may still write a late description here.
+  std::vector<Call> p2p_out_;
+  std::vector<Call> p2p_in_;
   std::vector<char> scratch_;
   std::string failure_;
 };

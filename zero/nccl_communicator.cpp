@@ -9,6 +9,7 @@
 #include "ops/cuda/device_scope.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "zero/point_to_point.h"
 
 // A non-blocking communicator's call: ncclInProgress is not a failure (see complete()).
 #define DSTRAIN_NCCL_ENQUEUE(call) complete((call), #call, __FILE__, __LINE__)
@@ -188,10 +189,15 @@ void NcclCommunicator::check_usable() const {
 }
 
 void NcclCommunicator::check_device(const Tensor& t, const char* what, const char* call) const {
+  if (t.device.is_cuda() && t.device.index == device_) return;
+  check_device_named(t, what, fmt::format("{} #{}", call, sequence()));
+}
+
+void NcclCommunicator::check_device_named(const Tensor& t, const char* what, const std::string& call) const {
   DSTRAIN_CHECK(t.device.is_cuda() && t.device.index == device_,
-                "{} #{} on rank {}: {} is {} but this NCCL communicator works on cuda:{}. Fix: communicate buffers on "
+                "{} on rank {}: {} is {} but this NCCL communicator works on cuda:{}. Fix: communicate buffers on "
                 "the rank's own GPU (host buffers: the local backend)",
-                call, sequence(), rank(), what, t.str(), device_);
+                call, rank(), what, t.str(), device_);
 }
 
 template <typename Done>
@@ -328,6 +334,27 @@ void NcclCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
                                   nccl_type(recv.dtype), r, comm_, stream_));
   }
   DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
+  after_enqueue();
+}
+
+void NcclCommunicator::do_send(const Tensor& buf, int peer) {
+  check_usable();
+  const std::string name = describe_point_to_point({true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()});
+  check_device_named(buf, "the buffer", name);
+  wait_for_compute();
+  last_call_ = name;
+  // One call needs no group: NCCL matches it with the peer's ncclRecv, in the pair's order.
+  DSTRAIN_NCCL_ENQUEUE(ncclSend(buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype), peer, comm_, stream_));
+  after_enqueue();
+}
+
+void NcclCommunicator::do_recv(const Tensor& buf, int peer) {
+  check_usable();
+  const std::string name = describe_point_to_point({false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()});
+  check_device_named(buf, "the buffer", name);
+  wait_for_compute();
+  last_call_ = name;
+  DSTRAIN_NCCL_ENQUEUE(ncclRecv(buf.data, static_cast<std::size_t>(buf.numel()), nccl_type(buf.dtype), peer, comm_, stream_));
   after_enqueue();
 }
 

@@ -19,6 +19,16 @@
 // cudaStreamSynchronize elsewhere) is not protected. Call synchronize() (or barrier()) at least
 // once per step, before such host waits, so a dead peer surfaces as an Error here.
 //
+// Point-to-point (send / recv): ncclSend / ncclRecv on the communicator's stream, after it waited
+// for the compute stream, like a collective. The host returns once the call is enqueued; the
+// stream then waits until the peer's matching call (NCCL matches a pair's sends and recvs in
+// order), so a send without its recv, or two ranks that send to each other first, surface as the
+// timeout of synchronize(), which names the last call issued (both ranks of it). NCCL cannot see
+// a mismatched size or dtype (undefined behaviour, as for collectives). A send or recv re-records
+// the event of the last collective (marks_), so order_compute_after(s) orders after the
+// point-to-point calls issued since collective s too: more, never less, and a CommQueue ticket
+// that holds a send is ordered after it.
+//
 // Sub-groups (split): ncclCommSplit of this communicator, non-blocking and polled like the bootstrap
 // (bounded by the timeout), with splitShare = 0 so that the child has resources of its own and
 // does not depend on this communicator staying alive. The child is an NcclCommunicator on the
@@ -101,6 +111,9 @@ class NcclCommunicator final : public Communicator {
   void do_barrier() override;
   // Grouped ncclSend / ncclRecv to and from every rank.
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // ncclSend / ncclRecv (above).
+  void do_send(const Tensor& buf, int peer) override;
+  void do_recv(const Tensor& buf, int peer) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
@@ -113,6 +126,8 @@ class NcclCommunicator final : public Communicator {
   // Throws the stored failure, if any; checks that `t` lives on this communicator's GPU.
   void check_usable() const;
   void check_device(const Tensor& t, const char* what, const char* call) const;
+  // The same, the call named in full ("send #2 from rank 0 to rank 1 (...)").
+  void check_device_named(const Tensor& t, const char* what, const std::string& call) const;
   // Handles a non-blocking NCCL call's status: ncclInProgress is polled to completion (bounded by
   // the timeout), any other failure aborts and throws, naming `call` as written.
   void complete(ncclResult_t status, const char* call, const char* file, int line);

@@ -7,8 +7,8 @@
 // subnormals mixed in. One exception: a NaN that a sum creates (inf − inf, NaN + x) has the
 // hardware's bits, which differ between x86 and the GPU; there both results must be NaN.
 // Plus: stream ordering under load (producers before, a write-after-read overwrite right after
-// the call), a split's pairs on device memory, device mismatch between ranks, and a host pointer
-// labelled cuda. Skipped, with the
+// the call), a split's pairs on device memory, a send/recv ring on device memory, device mismatch
+// between ranks (collectives and send/recv), and a host pointer labelled cuda. Skipped, with the
 // reason, without a GPU.
 #include <chrono>
 #include <climits>
@@ -309,6 +309,40 @@ TEST(LocalCommGpuSplit, PairsCommunicateDeviceMemory) {
   }
 }
 
+// Point-to-point on device memory: a ring of 3 ranks on one GPU (even ranks send first), each
+// send buffer written by a memset queued just before the send and overwritten right after it
+// returns (the write-after-read the receiver's queued copy must win), the received buffer read
+// from the host after synchronize(). Every iteration's values are the sender's of that iteration.
+TEST(LocalCommGpuPointToPoint, RingOnDeviceMemoryIsOrderedOnTheStream) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  constexpr int kWorld = 3;
+  constexpr std::int64_t kN = std::int64_t{1} << 20;  // bytes, viewed as int32
+  run_local_ranks(kWorld, [&](Communicator& comm) {
+    const int r = comm.rank(), next = (r + 1) % kWorld, prev = (r + kWorld - 1) % kWorld;
+    DeviceBuf out(DType::int32, kN / 4), in(DType::int32, kN / 4);
+    std::vector<unsigned char> host(static_cast<std::size_t>(kN));
+    for (int it = 0; it < 10; ++it) {
+      DSTRAIN_CUDA_CHECK(cudaMemsetAsync(out.ptr, 1 + (it * kWorld + r) % 250, out.bytes(), cudaStreamLegacy));
+      if (r % 2 == 0) {
+        comm.send(out.tensor(), next);
+        DSTRAIN_CUDA_CHECK(cudaMemsetAsync(out.ptr, 0xFF, out.bytes(), cudaStreamLegacy));
+        comm.recv(in.tensor(), prev);
+      } else {
+        comm.recv(in.tensor(), prev);
+        comm.send(out.tensor(), next);
+        DSTRAIN_CUDA_CHECK(cudaMemsetAsync(out.ptr, 0xFF, out.bytes(), cudaStreamLegacy));
+      }
+      comm.synchronize();
+      DSTRAIN_CUDA_CHECK(cudaMemcpy(host.data(), in.ptr, host.size(), cudaMemcpyDeviceToHost));
+      const int want = 1 + (it * kWorld + prev) % 250;
+      for (std::int64_t i = 0; i < kN; i += 4099)
+        ASSERT_EQ(host[static_cast<std::size_t>(i)], want) << "iteration " << it << " rank " << r << " byte " << i;
+      ASSERT_EQ(host.back(), want) << "iteration " << it << " rank " << r;
+    }
+    EXPECT_EQ(comm.stats().bytes_sent(CollectiveKind::send), 10u * static_cast<std::uint64_t>(kN));
+  });
+}
+
 std::string run_expecting_error(int world, const std::function<void(Communicator&)>& fn) {
   try {
     run_local_ranks(world, fn, std::chrono::milliseconds(10'000));
@@ -326,6 +360,20 @@ TEST(LocalCommGpuFailures, RanksOnDifferentDevicesFailNamingBoth) {
     c.all_reduce(c.rank() == 0 ? dev.tensor() : host.tensor(), ReduceOp::sum);
   });
   EXPECT_THAT(err, HasSubstr("rank 0's buffers are on cuda:0 but rank 1's on cpu"));
+}
+
+TEST(LocalCommGpuFailures, SendAndRecvOnDifferentDevicesFailNamingBoth) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  HostBuf host(DType::fp32, 16);
+  const std::string err = run_expecting_error(2, [&](Communicator& c) {
+    DeviceBuf dev(DType::fp32, 16);
+    if (c.rank() == 0) {
+      c.send(dev.tensor(), 1);
+    } else {
+      c.recv(host.tensor(), 0);
+    }
+  });
+  EXPECT_THAT(err, HasSubstr("rank 0's buffer is on cuda:0 but rank 1's (recv #1 from rank 0 on rank 1 (fp32, 16 elements)) on cpu"));
 }
 
 TEST(LocalCommGpuFailures, HostPointerLabelledCudaIsRejected) {

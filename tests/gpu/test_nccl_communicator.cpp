@@ -1,6 +1,6 @@
 // NcclCommunicator (label gpu). One GPU: every collective at world size 1, stream ordering, device
-// checks, split, and the bootstrap timeout when a peer never joins. Two GPUs: the collectives and
-// split across two processes (this binary re-launched as rank 0 and rank 1) against independently
+// checks, split, and the bootstrap timeout when a peer never joins. Two GPUs: the collectives,
+// split and send/recv across two processes (this binary re-launched as rank 0 and rank 1) against independently
 // computed sums, and a peer that leaves without the collective. Skipped, with the reason, without
 // the GPUs.
 #include <spawn.h>
@@ -360,4 +360,36 @@ TEST(NcclWorker, Run) {
   }
   EXPECT_EQ(reversed->stats().bytes_sent(CollectiveKind::all_reduce), static_cast<std::uint64_t>(n) * 4);  // 2(W-1)/W N at W = 2
   EXPECT_EQ(alone->stats().bytes_sent(CollectiveKind::all_reduce), 0u);
+
+  // Point-to-point (ncclSend / ncclRecv): rank 0 sends forward, rank 1 back, twice each way so
+  // that the pair's order shows; the second message in the other dtype. On the world group and on
+  // the reversed split (whose rank 0 is world rank 1).
+  for (Communicator* c : {static_cast<Communicator*>(&comm), reversed.get()}) {
+    const int me = c->rank(), peer = 1 - me;
+    DeviceBuf first(inputs(r, DType::bf16, 129)), second(inputs(r + 2, DType::fp32, 65));
+    DeviceBuf got_first(DType::bf16, 129), got_second(DType::fp32, 65);
+    const CommStats before = c->stats();
+    const std::uint64_t seq = c->sequence();
+    if (me == 0) {
+      c->send(Tensor(first.ptr, DType::bf16, Shape{129}, dev), peer);
+      c->send(Tensor(second.ptr, DType::fp32, Shape{65}, dev), peer);
+      c->recv(Tensor(got_first.ptr, DType::bf16, Shape{129}, dev), peer);
+      c->recv(Tensor(got_second.ptr, DType::fp32, Shape{65}, dev), peer);
+    } else {
+      c->recv(Tensor(got_first.ptr, DType::bf16, Shape{129}, dev), peer);
+      c->recv(Tensor(got_second.ptr, DType::fp32, Shape{65}, dev), peer);
+      c->send(Tensor(first.ptr, DType::bf16, Shape{129}, dev), peer);
+      c->send(Tensor(second.ptr, DType::fp32, Shape{65}, dev), peer);
+    }
+    c->synchronize();
+    const HostBuf got_a = got_first.to_host(), got_b = got_second.to_host();
+    const HostBuf want_a = inputs(1 - r, DType::bf16, 129), want_b = inputs(1 - r + 2, DType::fp32, 65);  // the peer's (world rank 1 − r)
+    for (int i = 0; i < 129; ++i) ASSERT_EQ(got_a.bits(i), want_a.bits(i)) << "send/recv first " << i;
+    for (int i = 0; i < 65; ++i) ASSERT_EQ(got_b.bits(i), want_b.bits(i)) << "send/recv second " << i;
+    const CommStats delta = c->stats() - before;
+    EXPECT_EQ(delta.bytes_sent(CollectiveKind::send), 129u * 2 + 65u * 4);
+    EXPECT_EQ(delta.bytes_sent(CollectiveKind::recv), 0u);
+    EXPECT_EQ(delta.call_count(CollectiveKind::recv), 2u);
+    EXPECT_EQ(c->sequence(), seq) << "point-to-point calls are not collectives";
+  }
 }

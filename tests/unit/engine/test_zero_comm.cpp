@@ -310,6 +310,8 @@ class SyncRecorder final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override { inner_.broadcast(buf, root); }
   void do_barrier() override { inner_.barrier(); }
   void do_all_to_all(const Tensor& send, const Tensor& recv) override { inner_.all_to_all(send, recv); }
+  void do_send(const Tensor& buf, int peer) override { inner_.send(buf, peer); }
+  void do_recv(const Tensor& buf, int peer) override { inner_.recv(buf, peer); }
   // The sub-group's own communicator, unrecorded: these tests record the world group only.
   std::unique_ptr<Communicator> do_split(int color, int key) override { return inner_.split(color, key); }
 

@@ -3,6 +3,8 @@
 // inputs), and the decorator over a LocalCommunicator with a fake clock: counts, message sizes,
 // latencies, trimmed means, prof_ops filtering, verbose lines, and that the collectives still
 // compute what the inner communicator computes.
+#include <algorithm>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -43,6 +45,11 @@ TEST(CommsLogger, BandwidthFormulasAgainstHandComputedValues) {
   EXPECT_DOUBLE_EQ(bw(CollectiveKind::all_to_all).busbw_gbps, 3.0);
   EXPECT_DOUBLE_EQ(bw(CollectiveKind::broadcast).algbw_gbps, 4.0);
   EXPECT_DOUBLE_EQ(bw(CollectiveKind::broadcast).busbw_gbps, 4.0);
+  // send and recv: DeepSpeed's "send", "recv" row of calc_bw_log, busbw = algbw = S/t.
+  EXPECT_DOUBLE_EQ(bw(CollectiveKind::send).algbw_gbps, 4.0);
+  EXPECT_DOUBLE_EQ(bw(CollectiveKind::send).busbw_gbps, 4.0);
+  EXPECT_DOUBLE_EQ(bw(CollectiveKind::recv).algbw_gbps, 4.0);
+  EXPECT_DOUBLE_EQ(bw(CollectiveKind::recv).busbw_gbps, 4.0);
   EXPECT_DOUBLE_EQ(comm_bandwidth(CollectiveKind::barrier, 0, 2.0, 4).busbw_gbps, 0.0);
   EXPECT_DOUBLE_EQ(comm_bandwidth(CollectiveKind::all_reduce, 4000, 0.0, 4).algbw_gbps, 0.0);  // no division by zero
   EXPECT_DOUBLE_EQ(comm_bandwidth(CollectiveKind::all_reduce, 4000, 1.0, 1).busbw_gbps, 0.0);  // one rank moves nothing
@@ -191,6 +198,58 @@ TEST(CommsLogger, ProfOpsSelectsOpsByDeepSpeedOrDstrainName) {
     EXPECT_EQ(rw[1].count, 2u);
   }
   EXPECT_EQ(unknown_comms_ops({"all_reduce", "allreduce", "all_to_all_single", "reduce"}), (std::vector<std::string>{"allreduce", "reduce"}));
+}
+
+// send and recv go through the logger as DeepSpeed's timed send / recv: one row per rank of the
+// pair under its own name, the buffer as the message size; the data still arrives, prof_ops
+// selects them by name, and the counters are the inner communicator's rule (recv sends 0 bytes).
+TEST(CommsLogger, SendAndRecvAreLoggedUnderDeepSpeedsNames) {
+  std::vector<std::vector<CommsLogRow>> rows(2);
+  std::vector<float> got(8);
+  std::vector<CommStats> stats(2);
+  run_local_ranks(2, [&](Communicator& inner) {
+    FakeClock clock{{2.0, 3.0}};
+    CommsLoggerOptions o;
+    o.clock_ms = std::ref(clock);
+    CommsLogger log(inner, o);
+    std::vector<float> buf(8);
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i) + 0.5f;
+    const Tensor t(buf.data(), DType::fp32, Shape{8});
+    if (inner.rank() == 0) {
+      log.send(t, 1);
+    } else {
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      log.recv(t, 0);
+      got = buf;
+    }
+    CommsLoggerOptions only_send;
+    only_send.prof_all = false;
+    only_send.prof_ops = {"send"};
+    CommsLogger selective(inner, only_send);
+    EXPECT_TRUE(selective.profiles(CollectiveKind::send));
+    EXPECT_FALSE(selective.profiles(CollectiveKind::recv));
+    rows[static_cast<std::size_t>(inner.rank())] = log.log().rows();
+    stats[static_cast<std::size_t>(inner.rank())] = log.stats();
+  });
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], static_cast<float>(i) + 0.5f);
+  ASSERT_EQ(rows[0].size(), 1u);
+  ASSERT_EQ(rows[1].size(), 1u);
+  EXPECT_EQ(rows[0][0].op, "send");
+  EXPECT_EQ(rows[1][0].op, "recv");
+  for (const auto& rw : rows) {
+    EXPECT_EQ(rw[0].msg_bytes, 32u);
+    EXPECT_EQ(rw[0].count, 1u);
+    EXPECT_DOUBLE_EQ(rw[0].total_latency_ms, 2.0);
+    EXPECT_DOUBLE_EQ(rw[0].algbw_avg_gbps, 32.0 / 2.0 * 8 / 1e6);
+    EXPECT_DOUBLE_EQ(rw[0].busbw_avg_gbps, 32.0 / 2.0 * 8 / 1e6);
+  }
+  EXPECT_EQ(stats[0].bytes_sent(CollectiveKind::send), 32u);
+  EXPECT_EQ(stats[1].bytes_sent(CollectiveKind::recv), 0u);
+  EXPECT_EQ(stats[1].call_count(CollectiveKind::recv), 1u);
+  CollectiveKind k = CollectiveKind::barrier;
+  EXPECT_TRUE(comms_op_from_name("recv", &k));
+  EXPECT_EQ(k, CollectiveKind::recv);
+  EXPECT_EQ(comms_log_name(CollectiveKind::send), "send");
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 // The device mesh: coordinates against a naive enumeration (dp outermost, then sp, then tp, counting
 // ranks up), the round trip for every rank of every shape, the member list of each of the four
 // groups (gathered through the group itself) against the members the test enumerates, and the
-// errors that name the config keys.
+// errors that name the config keys. With pipeline stages: every (pp, dp, sp, tp) of two shapes of 8
+// ranks against the formula written out, the five groups' members and ranks, send/recv between
+// the stages of the pipeline group, and the errors naming the stage count.
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -105,6 +109,9 @@ TEST(DeviceMesh, GroupsHoldExactlyTheEnumeratedMembers) {
           const auto r = static_cast<std::size_t>(comm.rank());
           MeshGroups g = make_mesh_groups(comm, shape);
           coord[r] = {g.coord.tp, g.coord.sp, g.coord.dp};
+          // One stage: the pipeline group of every rank is the rank alone.
+          EXPECT_EQ(g.coord.pp, 0);
+          EXPECT_EQ(g.pp->world_size(), 1);
           Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get()};
           for (int k = 0; k < 4; ++k) {
             Communicator& c = *groups[k];
@@ -172,4 +179,172 @@ TEST(DeviceMesh, OutOfRangeRanksCoordinatesAndWorldsAreErrors) {
     errors[static_cast<std::size_t>(comm.rank())] = message_of([&] { (void)make_mesh_groups(comm, shape); });
   });
   for (const std::string& e : errors) EXPECT_THAT(e, HasSubstr("the communicator has 4 ranks but the mesh"));
+}
+
+// ---- pipeline stages (pp, outermost) ----
+
+namespace {
+
+struct PipelineCase {
+  int pp, dp, sp, tp;
+};
+// world 8 = 2 x 2 x 1 x 2 and 2 x 1 x 2 x 2 (pp x dp x sp x tp)
+const PipelineCase kPipelineShapes[] = {{2, 2, 1, 2}, {2, 1, 2, 2}};
+
+// rank = ((pp·DP + dp)·SP + sp)·TP + tp, written out.
+int pipeline_rank(const PipelineCase& s, int pp, int dp, int sp, int tp) { return ((pp * s.dp + dp) * s.sp + sp) * s.tp + tp; }
+
+}  // namespace
+
+TEST(DeviceMesh, PipelineStagesAreTheOutermostDimension) {
+  for (const PipelineCase& s : kPipelineShapes) {
+    SCOPED_TRACE(fmt::format("pp {} dp {} sp {} tp {}", s.pp, s.dp, s.sp, s.tp));
+    const MeshShape shape = make_mesh_shape(8, s.tp, s.sp, s.pp);
+    EXPECT_EQ(shape.pp, s.pp);
+    EXPECT_EQ(shape.dp, s.dp);
+    EXPECT_EQ(shape.sp, s.sp);
+    EXPECT_EQ(shape.tp, s.tp);
+    EXPECT_EQ(shape.world(), 8);
+    EXPECT_EQ(shape.stage_size(), 4);
+    int seen = 0;
+    for (int pp = 0; pp < s.pp; ++pp)
+      for (int dp = 0; dp < s.dp; ++dp)
+        for (int sp = 0; sp < s.sp; ++sp)
+          for (int tp = 0; tp < s.tp; ++tp) {
+            const int r = pipeline_rank(s, pp, dp, sp, tp);
+            const MeshCoord c = mesh_coord(shape, r);
+            EXPECT_EQ(c.pp, pp) << "rank " << r;
+            EXPECT_EQ(c.dp, dp) << "rank " << r;
+            EXPECT_EQ(c.sp, sp) << "rank " << r;
+            EXPECT_EQ(c.tp, tp) << "rank " << r;
+            EXPECT_EQ(mesh_rank(shape, MeshCoord{tp, sp, dp, pp}), r);
+            ++seen;
+          }
+    EXPECT_EQ(seen, 8);
+  }
+  // Stage 0 is ranks 0-3, stage 1 ranks 4-7, whatever the layout within a stage.
+  EXPECT_EQ(mesh_coord(make_mesh_shape(8, 2, 1, 2), 3).pp, 0);
+  EXPECT_EQ(mesh_coord(make_mesh_shape(8, 2, 1, 2), 4).pp, 1);
+  // pp = 1 is the mesh without pipeline, rank for rank (make_mesh_shape's 3-argument form).
+  for (const ShapeCase& s : kShapes) {
+    const int world = s.tp * s.sp * s.dp;
+    const MeshShape three = make_mesh_shape(world, s.tp, s.sp), four = make_mesh_shape(world, s.tp, s.sp, 1);
+    EXPECT_EQ(three.pp, 1);
+    EXPECT_EQ(four.dp, three.dp);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(mesh_coord(four, r).pp, 0);
+      EXPECT_EQ(mesh_coord(four, r).dp, mesh_coord(three, r).dp);
+      EXPECT_EQ(mesh_rank(four, mesh_coord(three, r)), r);
+    }
+  }
+}
+
+// Each rank gathers the world ranks of its five groups through the groups themselves; they must
+// be the ranks the formula gives when the group's own coordinate varies (data: dp and sp vary,
+// dp-major; pp: the stage varies), in that order, with the rank's place there its group rank.
+TEST(DeviceMesh, PipelineGroupsHoldTheMembersTheFormulaGives) {
+  for (const PipelineCase& s : kPipelineShapes) {
+    SCOPED_TRACE(fmt::format("pp {} dp {} sp {} tp {}", s.pp, s.dp, s.sp, s.tp));
+    const MeshShape shape = make_mesh_shape(8, s.tp, s.sp, s.pp);
+    constexpr int kGroups = 5;  // tp, sp, dp, data, pp
+    std::vector<std::array<std::vector<int>, kGroups>> gathered(8);
+    std::vector<std::array<int, kGroups>> place(8);
+    run_local_ranks(
+        8,
+        [&](Communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          MeshGroups g = make_mesh_groups(comm, shape);
+          Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get(), g.pp.get()};
+          for (int k = 0; k < kGroups; ++k) {
+            Communicator& c = *groups[k];
+            HostBuf mine(DType::int32, 1), all(DType::int32, c.world_size());
+            mine.set(0, comm.rank());
+            c.all_gather(mine.tensor(), all.tensor());
+            for (int j = 0; j < c.world_size(); ++j) gathered[r][static_cast<std::size_t>(k)].push_back(static_cast<int>(all.get(j)));
+            place[r][static_cast<std::size_t>(k)] = c.rank();
+          }
+        },
+        std::chrono::milliseconds(30'000));
+    for (int pp = 0; pp < s.pp; ++pp)
+      for (int dp = 0; dp < s.dp; ++dp)
+        for (int sp = 0; sp < s.sp; ++sp)
+          for (int tp = 0; tp < s.tp; ++tp) {
+            const int r = pipeline_rank(s, pp, dp, sp, tp);
+            std::array<std::vector<int>, kGroups> want;
+            for (int t = 0; t < s.tp; ++t) want[0].push_back(pipeline_rank(s, pp, dp, sp, t));
+            for (int q = 0; q < s.sp; ++q) want[1].push_back(pipeline_rank(s, pp, dp, q, tp));
+            for (int d = 0; d < s.dp; ++d) want[2].push_back(pipeline_rank(s, pp, d, sp, tp));
+            for (int d = 0; d < s.dp; ++d)
+              for (int q = 0; q < s.sp; ++q) want[3].push_back(pipeline_rank(s, pp, d, q, tp));
+            for (int p = 0; p < s.pp; ++p) want[4].push_back(pipeline_rank(s, p, dp, sp, tp));
+            const int want_place[kGroups] = {tp, sp, dp, dp * s.sp + sp, pp};
+            for (int k = 0; k < kGroups; ++k) {
+              EXPECT_EQ(gathered[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)], want[static_cast<std::size_t>(k)])
+                  << "rank " << r << " group " << k;
+              EXPECT_EQ(place[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)], want_place[k]) << "rank " << r << " group " << k;
+            }
+          }
+  }
+}
+
+// The pipeline group of world 4 = 2 stages x 2 data-parallel ranks: each stage-0 rank sends an
+// activation to its stage-1 partner and gets a gradient back, over the group's own ranks (the
+// stage), while the data-parallel group of each stage all-reduces; the bytes are the pipeline
+// group's, not the data group's.
+TEST(DeviceMesh, StagesExchangeOverThePipelineGroup) {
+  const MeshShape shape = make_mesh_shape(4, 1, 1, 2);
+  EXPECT_EQ(shape.dp, 2);
+  constexpr std::int64_t n = 9;
+  std::vector<std::vector<double>> got(4);
+  std::vector<std::uint64_t> pipe_bytes(4), data_bytes(4);
+  run_local_ranks(4, [&](Communicator& comm) {
+    MeshGroups g = make_mesh_groups(comm, shape);
+    const int r = comm.rank();
+    HostBuf out(DType::fp32, n), in(DType::fp32, n);
+    for (std::int64_t i = 0; i < n; ++i) out.set(i, r * 100 + i);
+    const CommStats data_before = g.data->stats();
+    if (g.coord.pp == 0) {
+      g.pp->send(out.tensor(), 1);  // activation forward
+      g.pp->recv(in.tensor(), 1);   // gradient back
+    } else {
+      g.pp->recv(in.tensor(), 0);
+      g.pp->send(out.tensor(), 0);
+    }
+    HostBuf sum(DType::fp32, 1);
+    sum.set(0, 1.0);
+    g.data->all_reduce(sum.tensor(), ReduceOp::sum);
+    EXPECT_EQ(sum.get(0), 2.0);
+    for (std::int64_t i = 0; i < n; ++i) got[static_cast<std::size_t>(r)].push_back(in.get(i));
+    pipe_bytes[static_cast<std::size_t>(r)] = g.pp->stats().total_bytes_sent();
+    data_bytes[static_cast<std::size_t>(r)] = (g.data->stats() - data_before).bytes_sent(CollectiveKind::send);
+  });
+  for (int r = 0; r < 4; ++r) {
+    const int partner = (r + 2) % 4;  // same dp, the other stage
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)], partner * 100 + i) << r;
+    EXPECT_EQ(pipe_bytes[static_cast<std::size_t>(r)], static_cast<std::uint64_t>(n) * 4);
+    EXPECT_EQ(data_bytes[static_cast<std::size_t>(r)], 0u);
+  }
+}
+
+TEST(DeviceMesh, PipelineIsNamedFirstAndItsErrorsNameTheSizes) {
+  EXPECT_EQ(describe_mesh(make_mesh_shape(8, 2, 1, 2)),
+            "world 8 = pipeline 2 x data-parallel 2 x tensor-parallel 2 (tensor-parallel innermost: ranks 0-1 split one layer; pipeline "
+            "outermost: ranks 0-3 are stage 0)");
+  EXPECT_EQ(describe_mesh(make_mesh_shape(4, 1, 1, 4)), "world 4 = pipeline 4 x data-parallel 1 (pipeline outermost: rank 0 is stage 0)");
+  EXPECT_EQ(describe_mesh(make_mesh_shape(8, 1, 2, 2)),
+            "world 8 = pipeline 2 x data-parallel 2 x sequence-parallel 2 (sequence-parallel innermost: ranks 0-1 split one sequence; "
+            "pipeline outermost: ranks 0-3 are stage 0)");
+  std::string m = message_of([] { make_mesh_shape(8, 1, 1, 3); });
+  EXPECT_THAT(m, HasSubstr("3 pipeline stages do not divide the world size 8"));
+  EXPECT_THAT(m, HasSubstr("Fix:"));
+  m = message_of([] { make_mesh_shape(8, 1, 1, 0); });
+  EXPECT_THAT(m, HasSubstr("the pipeline has 0 stages"));
+  m = message_of([] { make_mesh_shape(12, 4, 1, 2); });
+  EXPECT_THAT(m, HasSubstr("tensor_parallel.autotp_size 4 does not divide the 6 ranks of a pipeline stage (world size 12 = 2 stages x 6)"));
+  m = message_of([] { make_mesh_shape(8, 2, 4, 2); });
+  EXPECT_THAT(m, HasSubstr("sequence_parallel_size 4 does not divide the 2 ranks left by tensor_parallel.autotp_size 2 (4 ranks per stage"));
+  const MeshShape shape = make_mesh_shape(8, 2, 1, 2);
+  m = message_of([&] { mesh_rank(shape, MeshCoord{0, 0, 0, 2}); });
+  EXPECT_THAT(m, HasSubstr("(tp 0, sp 0, dp 0, pp 2) is outside the mesh tp 2 x sp 1 x dp 2 x pp 2"));
+  EXPECT_THAT(message_of([&] { mesh_coord(shape, 8); }), HasSubstr("rank 8 is outside the world of 8 ranks (world 8 = pipeline 2"));
 }

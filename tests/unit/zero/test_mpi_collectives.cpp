@@ -3,9 +3,11 @@
 // and out of place, gives on every process exactly the bits that the local backend (W threads in
 // this same process, fed the same per-rank inputs) gives the same rank, and the same byte counters.
 // Then split (MPI_Comm_split): children's members, collectives and counters against the test's
-// own enumeration, children that outlive their parent, the device mesh's groups. Then the
-// failures: mismatched calls fail on every rank naming both, a rank that never arrives (or splits
-// with a negative color) is named by the others within the timeout.
+// own enumeration, children that outlive their parent, the device mesh's groups (pipeline stages
+// included). Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
+// order, the pipeline group. Then the failures: mismatched calls fail on every rank naming both
+// (collectives) or on both ranks of the pair (send/recv), a rank that never arrives (or splits
+// with a negative color, or never sends) is named by the others within the timeout.
 //
 // Every process runs every test in the same order (the collectives must match); main() combines
 // the processes' results, so ctest fails when any process failed.
@@ -384,42 +386,130 @@ TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
   EXPECT_EQ(everyone->rank(), w - 1 - me());
 }
 
-// The device mesh over MPI: for every tp x sp that divides the world, each group gathers its
-// members' world ranks, which must be the ranks the test enumerates (same coordinates but one).
+// The device mesh over MPI: for every pp x tp x sp that divides the world, each group gathers its
+// members' world ranks, which must be the ranks the test enumerates (same coordinates but one; the
+// data group: same pp and tp).
 TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
   const int w = world();
   MpiCommunicator mpi;
-  for (int tp = 1; tp <= w; ++tp) {
-    if (w % tp != 0) continue;
-    for (int sp = 1; sp <= w / tp; ++sp) {
-      if ((w / tp) % sp != 0) continue;
-      SCOPED_TRACE(fmt::format("tp {} sp {} W={}", tp, sp, w));
-      const MeshShape shape = make_mesh_shape(w, tp, sp);
-      MeshGroups g = make_mesh_groups(mpi, shape);
-      // Coordinates by counting, tp innermost.
-      std::vector<std::array<int, 3>> coords;
-      for (int d = 0; d < w / (tp * sp); ++d)
+  std::vector<std::array<int, 3>> shapes;  // {pp, tp, sp}, each dividing what is left of the world
+  for (int pp = 1; pp <= w; ++pp)
+    for (int tp = 1; w % pp == 0 && tp <= w / pp; ++tp)
+      for (int sp = 1; (w / pp) % tp == 0 && sp <= w / pp / tp; ++sp)
+        if ((w / pp / tp) % sp == 0) shapes.push_back({pp, tp, sp});
+  for (const auto& [pp, tp, sp] : shapes) {
+    SCOPED_TRACE(fmt::format("pp {} tp {} sp {} W={}", pp, tp, sp, w));
+    const MeshShape shape = make_mesh_shape(w, tp, sp, pp);
+    MeshGroups g = make_mesh_groups(mpi, shape);
+    // Coordinates by counting, tp innermost, pp outermost.
+    std::vector<std::array<int, 4>> coords;
+    for (int p = 0; p < pp; ++p)
+      for (int d = 0; d < w / (pp * tp * sp); ++d)
         for (int s = 0; s < sp; ++s)
-          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d});
-      const auto& mine = coords[static_cast<std::size_t>(me())];
-      Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get()};
-      for (int k = 0; k < 4; ++k) {
-        std::vector<int> want;
-        for (int q = 0; q < w; ++q) {
-          const auto& c = coords[static_cast<std::size_t>(q)];
-          const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2];
-          if (k == 0 ? dp_same && sp_same : k == 1 ? dp_same && tp_same : k == 2 ? sp_same && tp_same : tp_same) want.push_back(q);
-        }
-        Communicator& c = *groups[k];
-        HostBuf one(DType::int32, 1), all(DType::int32, c.world_size());
-        one.set(0, me());
-        c.all_gather(one.tensor(), all.tensor());
-        std::vector<int> got;
-        for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
-        EXPECT_EQ(got, want) << "group " << k;
+          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d, p});
+    const auto& mine = coords[static_cast<std::size_t>(me())];
+    Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get(), g.pp.get()};
+    for (int k = 0; k < 5; ++k) {
+      std::vector<int> want;
+      for (int q = 0; q < w; ++q) {
+        const auto& c = coords[static_cast<std::size_t>(q)];
+        const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2], pp_same = c[3] == mine[3];
+        const bool member = k == 0   ? pp_same && dp_same && sp_same
+                            : k == 1 ? pp_same && dp_same && tp_same
+                            : k == 2 ? pp_same && sp_same && tp_same
+                            : k == 3 ? pp_same && tp_same
+                                     : dp_same && sp_same && tp_same;
+        if (member) want.push_back(q);
       }
+      Communicator& c = *groups[k];
+      HostBuf one(DType::int32, 1), all(DType::int32, c.world_size());
+      one.set(0, me());
+      c.all_gather(one.tensor(), all.tensor());
+      std::vector<int> got;
+      for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
+      EXPECT_EQ(got, want) << "group " << k;
     }
   }
+}
+
+// ---- point-to-point: only the two ranks of a pair take part ----
+
+// A ring (rank r sends to r+1, receives from r−1; even ranks send first, so blocking sends cannot
+// wait on each other) in every dtype: the bits rank r−1 wrote, and the byte counters and numbers
+// of the local backend running the same ring.
+TEST(MpiCollectives, PointToPointRingMatchesLocal) {
+  MpiCommunicator mpi;
+  const int w = world();
+  if (w < 2) GTEST_SKIP() << "needs 2 processes";
+  for (DType d : kDtypes)
+    for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1001}}) {
+      const auto run = [&](Communicator& c, int r) {
+        const int next = (r + 1) % w, prev = (r + w - 1) % w;
+        HostBuf out = filled(d, r, n), in(d, n);
+        if (r % 2 == 0) {
+          c.send(out.tensor(), next);
+          c.recv(in.tensor(), prev);
+        } else {
+          c.recv(in.tensor(), prev);
+          c.send(out.tensor(), next);
+        }
+        return in;
+      };
+      const auto [want, want_stats] = local_result(run);
+      const std::uint64_t seq = mpi.sequence();
+      mpi.reset_stats();
+      const HostBuf got = run(mpi, me());
+      const std::string what = fmt::format("ring {} n={} W={}", dtype_name(d), n, w);
+      expect_same_bits(got, filled(d, (me() + w - 1) % w, n), what);
+      expect_same_bits(got, want, what);
+      EXPECT_EQ(mpi.stats().bytes, want_stats.bytes) << what;
+      EXPECT_EQ(mpi.stats().calls, want_stats.calls) << what;
+      EXPECT_EQ(mpi.stats().bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * dtype_size(d)) << what;
+      EXPECT_EQ(mpi.stats().bytes_sent(CollectiveKind::recv), 0u) << what;
+      EXPECT_EQ(mpi.sequence(), seq) << "point-to-point calls are not collectives";
+    }
+  // The pair's order: rank 1 takes two messages from rank 0, then (W > 2) two from rank 2, while
+  // a collective of everyone follows and still matches.
+  HostBuf a(DType::fp32, 3), b(DType::fp32, 3);
+  if (me() == 0 || me() == 2) {
+    HostBuf first = filled(DType::fp32, me() + 10, 3), second = filled(DType::fp32, me() + 20, 3);
+    mpi.send(first.tensor(), 1);
+    mpi.send(second.tensor(), 1);
+  } else if (me() == 1) {
+    const std::uint64_t before = mpi.recvs_from(0);
+    for (int from : {0, 2}) {
+      if (from >= w) continue;
+      mpi.recv(a.tensor(), from);
+      mpi.recv(b.tensor(), from);
+      expect_same_bits(a, filled(DType::fp32, from + 10, 3), fmt::format("first from {}", from));
+      expect_same_bits(b, filled(DType::fp32, from + 20, 3), fmt::format("second from {}", from));
+    }
+    EXPECT_EQ(mpi.recvs_from(0) - before, 2u);
+  }
+  mpi.barrier();
+}
+
+// The pipeline group of a mesh of two stages: stage 0 sends an activation forward, stage 1 a
+// gradient back, over the split child's own ranks.
+TEST(MpiCollectives, PointToPointOnThePipelineGroup) {
+  const int w = world();
+  if (w % 2 != 0) GTEST_SKIP() << "needs an even number of processes";
+  MpiCommunicator mpi;
+  MeshGroups g = make_mesh_groups(mpi, make_mesh_shape(w, 1, 1, 2));
+  Communicator& pipe = *g.pp;
+  ASSERT_EQ(pipe.world_size(), 2);
+  ASSERT_EQ(pipe.rank(), me() / (w / 2));
+  const int partner = (me() + w / 2) % w;  // the same data-parallel rank in the other stage
+  HostBuf act = filled(DType::bf16, me(), 17), grad(DType::bf16, 17);
+  if (pipe.rank() == 0) {
+    pipe.send(act.tensor(), 1);
+    pipe.recv(grad.tensor(), 1);
+  } else {
+    pipe.recv(grad.tensor(), 0);
+    pipe.send(act.tensor(), 0);
+  }
+  expect_same_bits(grad, filled(DType::bf16, partner, 17), "from the other stage");
+  EXPECT_EQ(pipe.stats().bytes_sent(CollectiveKind::send), 17u * 2);
 }
 
 TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
@@ -437,6 +527,67 @@ TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
   }
   // The group is unusable afterwards: every call fails with the first message.
   EXPECT_THROW(mpi.barrier(), Error);
+}
+
+// A recv of another size than its send fails on both ranks of the pair, naming both calls, before
+// any data moves; with 4 processes the second pair disagrees on the dtype. A rank without a
+// partner (W = 3) takes no part.
+TEST(MpiCollectives, PointToPointMismatchFailsOnBothRanksNamingBothCalls) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const int pair = me() / 2, sender = 2 * pair, receiver = sender + 1;
+    if (receiver < world()) {
+      const DType recv_dtype = pair == 0 ? DType::fp32 : DType::bf16;
+      const std::int64_t recv_n = pair == 0 ? 6 : 5;
+      try {
+        if (me() == sender) {
+          HostBuf b(DType::fp32, 5);
+          mpi.send(b.tensor(), receiver);
+        } else {
+          HostBuf b(recv_dtype, recv_n);
+          mpi.recv(b.tensor(), sender);
+        }
+        ADD_FAILURE() << "a mismatched send/recv succeeded";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("point-to-point mismatch"), std::string::npos) << m;
+        EXPECT_NE(m.find(fmt::format("rank {} called send #1 from rank {} to rank {} (fp32, 5 elements)", sender, sender, receiver)),
+                  std::string::npos)
+            << m;
+        EXPECT_NE(m.find(fmt::format("rank {} called recv #1 from rank {} on rank {} ({}, {} elements)", receiver, sender, receiver,
+                                     dtype_name(recv_dtype), recv_n)),
+                  std::string::npos)
+            << m;
+        EXPECT_NE(m.find("Fix:"), std::string::npos) << m;
+      }
+      EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Rank 1 never sends what rank 0 receives: rank 0 fails within the timeout naming rank 1, the
+// call it owes and the last collective it reached.
+TEST(MpiCollectives, PointToPointPeerThatNeverPostsIsNamedWithinTheTimeout) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    mpi.barrier();  // #1
+    if (me() == 0) {
+      HostBuf b(DType::int32, 4);
+      try {
+        mpi.recv(b.tensor(), 1);
+        ADD_FAILURE() << "a recv without its send succeeded";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("recv #1 from rank 1 on rank 0 (int32, 4 elements) timed out after 1500 ms"), std::string::npos) << m;
+        EXPECT_NE(m.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << m;
+        EXPECT_NE(m.find("rank 1 last reached barrier #1"), std::string::npos) << m;
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // Rank W−1 never reaches the barrier: the others fail within the timeout, naming it and the last

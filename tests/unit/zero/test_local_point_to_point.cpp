@@ -1,0 +1,324 @@
+// Point-to-point send / recv on the local backend: a ring over 2, 3 and 4 ranks in every dtype,
+// values checked bit for bit against what the test wrote on the sending rank; the pair's FIFO
+// order with two senders to one receiver; the byte counters (send: the buffer, recv: 0) and the
+// numbering (per pair, not in sequence(), so collectives still match); and the failures, which
+// must be Errors on both ranks, never a hang: a size or dtype mismatch names both calls, a peer
+// that never posts (or whose thread finished) is named, a ring whose ranks all send first times
+// out naming what the peer waits in, and a bad peer names the peer and the world size.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ops/error.h"
+#include "tests/unit/zero/comm_test_util.h"
+#include "zero/local_communicator.h"
+
+using namespace dstrain;
+using dstrain::testing_comm::HostBuf;
+using dstrain::testing_comm::input_value;
+using ::testing::HasSubstr;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Rank r's message `tag`, element i: distinct on every rank, tag and element, exact in every dtype
+// (quarter-integers for the 16-bit types, large integers for int32).
+HostBuf message(DType dtype, int rank, int tag, std::int64_t n) {
+  HostBuf b(dtype, n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    b.set(i, dtype == DType::int32 ? rank * 1'000'000 + tag * 10'000 + i - 500 : input_value(rank + 5 * tag, i));
+  }
+  return b;
+}
+
+void expect_same_bits(const HostBuf& got, const HostBuf& want, const std::string& what) {
+  ASSERT_EQ(got.n, want.n) << what;
+  for (std::int64_t i = 0; i < got.n; ++i)
+    ASSERT_EQ(got.bits(i), want.bits(i)) << what << " element " << i << ": " << got.get(i) << " vs " << want.get(i);
+}
+
+std::string run_expecting_error(int w, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
+  try {
+    run_local_ranks(w, fn, timeout);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Rank r sends to r+1 and receives from r−1 (mod W); even ranks send first and odd ranks receive
+// first, so with blocking sends the ring completes for odd W too (rank W−1 and rank 0, both even
+// for odd W, are joined by a send that waits only until rank 0's own send has been received).
+TEST(LocalPointToPoint, RingExchangeEveryWorldSizeAndDtype) {
+  for (int w : {2, 3, 4}) {
+    for (DType dt : {DType::fp32, DType::bf16, DType::int32, DType::fp16, DType::fp64}) {
+      SCOPED_TRACE(fmt::format("W={} {}", w, dtype_name(dt)));
+      constexpr std::int64_t n = 37;
+      std::vector<HostBuf> got(static_cast<std::size_t>(w));
+      std::vector<CommStats> stats(static_cast<std::size_t>(w));
+      std::vector<std::uint64_t> sequence(static_cast<std::size_t>(w)), sent(static_cast<std::size_t>(w)), received(static_cast<std::size_t>(w));
+      run_local_ranks(w, [&](Communicator& c) {
+        const int r = c.rank();
+        const int next = (r + 1) % w, prev = (r + w - 1) % w;
+        HostBuf out = message(dt, r, 0, n), in(dt, n);
+        if (r % 2 == 0) {
+          c.send(out.tensor(), next);
+          c.recv(in.tensor(), prev);
+        } else {
+          c.recv(in.tensor(), prev);
+          c.send(out.tensor(), next);
+        }
+        got[static_cast<std::size_t>(r)] = in;
+        stats[static_cast<std::size_t>(r)] = c.stats();
+        sequence[static_cast<std::size_t>(r)] = c.sequence();
+        sent[static_cast<std::size_t>(r)] = c.sends_to(next);
+        received[static_cast<std::size_t>(r)] = c.recvs_from(prev);
+      });
+      for (int r = 0; r < w; ++r) {
+        const auto k = static_cast<std::size_t>(r);
+        expect_same_bits(got[k], message(dt, (r + w - 1) % w, 0, n), fmt::format("rank {} from rank {}", r, (r + w - 1) % w));
+        // send: the buffer's bytes, once; recv: none (the sender counts them).
+        EXPECT_EQ(stats[k].bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * dtype_size(dt)) << "rank " << r;
+        EXPECT_EQ(stats[k].bytes_sent(CollectiveKind::recv), 0u) << "rank " << r;
+        EXPECT_EQ(stats[k].call_count(CollectiveKind::send), 1u);
+        EXPECT_EQ(stats[k].call_count(CollectiveKind::recv), 1u);
+        EXPECT_EQ(stats[k].total_bytes_sent(), static_cast<std::uint64_t>(n) * dtype_size(dt));
+        EXPECT_EQ(sequence[k], 0u) << "point-to-point calls are not collectives";
+        EXPECT_EQ(sent[k], 1u);
+        EXPECT_EQ(received[k], 1u);
+      }
+    }
+  }
+}
+
+// Two senders, two messages each, to one receiver that takes rank 2's first: each pair's messages
+// arrive in the order they were sent, and the pairs do not mix.
+TEST(LocalPointToPoint, MessagesOfAPairArriveInOrder) {
+  constexpr std::int64_t n = 5;
+  std::vector<HostBuf> got(4);
+  std::vector<std::uint64_t> numbers;
+  run_local_ranks(3, [&](Communicator& c) {
+    if (c.rank() == 1) {
+      for (int k = 0; k < 4; ++k) got[static_cast<std::size_t>(k)] = HostBuf(DType::fp32, n);
+      c.recv(got[0].tensor(), 2);
+      c.recv(got[1].tensor(), 2);
+      c.recv(got[2].tensor(), 0);
+      c.recv(got[3].tensor(), 0);
+      numbers = {c.recvs_from(0), c.recvs_from(2), c.sends_to(0)};
+      return;
+    }
+    HostBuf first = message(DType::fp32, c.rank(), 1, n), second = message(DType::fp32, c.rank(), 2, n);
+    c.send(first.tensor(), 1);
+    c.send(second.tensor(), 1);
+  });
+  expect_same_bits(got[0], message(DType::fp32, 2, 1, n), "rank 2's first");
+  expect_same_bits(got[1], message(DType::fp32, 2, 2, n), "rank 2's second");
+  expect_same_bits(got[2], message(DType::fp32, 0, 1, n), "rank 0's first");
+  expect_same_bits(got[3], message(DType::fp32, 0, 2, n), "rank 0's second");
+  EXPECT_EQ(numbers, (std::vector<std::uint64_t>{2, 2, 0}));
+}
+
+// Only the pair takes part: ranks 0 and 1 exchange while rank 2 does not, then all three meet in an
+// all-reduce, whose sequence numbers still agree. An empty message is a rendezvous too.
+TEST(LocalPointToPoint, CollectivesStillMatchAroundIt) {
+  std::vector<float> sums(3);
+  run_local_ranks(3, [&](Communicator& c) {
+    HostBuf b = message(DType::fp32, c.rank(), 0, 4), empty(DType::fp32, 0);
+    if (c.rank() == 0) {
+      c.send(b.tensor(), 1);
+      c.send(empty.tensor(), 1);
+      c.recv(b.tensor(), 1);
+    } else if (c.rank() == 1) {
+      HostBuf tmp(DType::fp32, 4);
+      c.recv(tmp.tensor(), 0);
+      c.recv(empty.tensor(), 0);
+      c.send(tmp.tensor(), 0);  // rank 0's own values, back
+    }
+    HostBuf one(DType::fp32, 1);
+    one.set(0, b.get(0));
+    c.all_reduce(one.tensor(), ReduceOp::sum);
+    EXPECT_EQ(c.sequence(), 1u);
+    sums[static_cast<std::size_t>(c.rank())] = static_cast<float>(one.get(0));
+  });
+  // Rank 0's element 0 came back unchanged; rank 1 kept its own; rank 2 its own.
+  const double want = message(DType::fp32, 0, 0, 1).get(0) + message(DType::fp32, 1, 0, 1).get(0) + message(DType::fp32, 2, 0, 1).get(0);
+  for (float s : sums) EXPECT_EQ(s, static_cast<float>(want));
+}
+
+// A recv of another size or dtype than its send fails on both ranks with one message naming both
+// calls (both ranks, both sizes and dtypes) and the fix.
+TEST(LocalPointToPoint, SizeOrDtypeMismatchFailsOnBothRanks) {
+  struct Case {
+    DType recv_dtype;
+    std::int64_t recv_n;
+    const char* recv_text;
+  };
+  for (const Case& k : {Case{DType::fp32, 6, "recv #1 from rank 0 on rank 1 (fp32, 6 elements)"},
+                        Case{DType::bf16, 8, "recv #1 from rank 0 on rank 1 (bf16, 8 elements)"}}) {
+    std::vector<std::string> errors(2);
+    const std::string err = run_expecting_error(
+        2,
+        [&](Communicator& c) {
+          try {
+            if (c.rank() == 0) {
+              HostBuf b(DType::fp32, 8);
+              c.send(b.tensor(), 1);
+            } else {
+              HostBuf b(k.recv_dtype, k.recv_n);
+              c.recv(b.tensor(), 0);
+            }
+          } catch (const Error& e) {
+            errors[static_cast<std::size_t>(c.rank())] = e.what();
+            throw;
+          }
+        },
+        std::chrono::milliseconds(20'000));
+    EXPECT_THAT(err, HasSubstr("point-to-point mismatch"));
+    EXPECT_THAT(err, HasSubstr("rank 0 called send #1 from rank 0 to rank 1 (fp32, 8 elements)"));
+    EXPECT_THAT(err, HasSubstr(std::string("rank 1 called ") + k.recv_text));
+    EXPECT_THAT(err, HasSubstr("Fix:"));
+    EXPECT_EQ(errors[0], err) << "rank 0";
+    EXPECT_EQ(errors[1], err) << "rank 1";
+  }
+}
+
+// Rank 1 never sends what rank 0 receives (it is busy, not finished): rank 0 fails at the
+// timeout naming rank 1, the call it owes and what it last did.
+TEST(LocalPointToPoint, PeerThatNeverPostsTimesOutNamingIt) {
+  const auto t0 = Clock::now();
+  const std::string err = run_expecting_error(
+      3,
+      [&](Communicator& c) {
+        auto& group = dynamic_cast<LocalCommunicator&>(c).group();
+        c.barrier();  // #1
+        if (c.rank() == 0) {
+          HostBuf b(DType::fp32, 4);
+          c.recv(b.tensor(), 1);
+        } else {
+          while (!group.poisoned()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      },
+      std::chrono::milliseconds(400));
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_THAT(err, HasSubstr("recv #1 from rank 1 on rank 0 (fp32, 4 elements) timed out after 400 ms"));
+  EXPECT_THAT(err, HasSubstr("rank 1 did not post the matching send #1 from rank 1 to rank 0"));
+  EXPECT_THAT(err, HasSubstr("rank 1 last called barrier #1"));
+  EXPECT_THAT(err, HasSubstr("Fix:"));
+}
+
+// Every rank of a ring sends first: with blocking sends none is ever received. The ranks fail at
+// the timeout (not a hang), and the message says that the peer is itself waiting in a send.
+TEST(LocalPointToPoint, RingOfSendsFirstTimesOutNamingWhatThePeerWaitsIn) {
+  const auto t0 = Clock::now();
+  const std::string err = run_expecting_error(
+      3,
+      [&](Communicator& c) {
+        const int w = c.world_size();
+        HostBuf out = message(DType::fp32, c.rank(), 0, 3), in(DType::fp32, 3);
+        c.send(out.tensor(), (c.rank() + 1) % w);
+        c.recv(in.tensor(), (c.rank() + w - 1) % w);
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_THAT(err, HasSubstr("timed out after 300 ms"));
+  EXPECT_THAT(err, HasSubstr("did not post the matching recv #1"));
+  EXPECT_THAT(err, HasSubstr("is waiting in send #1"));
+}
+
+// A peer whose function returns without the matching call fails the waiting rank at once.
+TEST(LocalPointToPoint, PeerThatFinishedFailsTheWaitingRankAtOnce) {
+  const auto t0 = Clock::now();
+  const std::string err = run_expecting_error(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() == 1) return;
+        HostBuf b(DType::int32, 2);
+        c.send(b.tensor(), 1);
+      },
+      std::chrono::milliseconds(60'000));
+  EXPECT_LT(seconds_since(t0), 30.0);
+  EXPECT_THAT(err, HasSubstr("send #1 from rank 0 to rank 1 (int32, 2 elements) cannot complete: rank 1 finished"));
+}
+
+// A peer that is this rank, or no rank of the group, is refused where it is passed, naming the
+// peer and the world size; the group is poisoned, so a rank waiting for the caller fails too.
+TEST(LocalPointToPoint, BadPeersAreErrorsNamingThePeerAndTheWorldSize) {
+  struct Case {
+    bool send;
+    int peer;
+    const char* text;
+  };
+  for (const Case& k : {Case{true, 0, "send on rank 0: peer 0 is this rank itself (world size 3)"},
+                        Case{false, 0, "recv on rank 0: peer 0 is this rank itself (world size 3)"},
+                        Case{true, 3, "send on rank 0: peer 3 is not a rank of this communicator (world size 3: ranks 0..2)"},
+                        Case{false, -1, "recv on rank 0: peer -1 is not a rank of this communicator (world size 3: ranks 0..2)"}}) {
+    std::vector<std::string> errors(3);
+    const std::string err = run_expecting_error(
+        3,
+        [&](Communicator& c) {
+          try {
+            HostBuf b(DType::fp32, 2);
+            if (c.rank() == 0) {
+              if (k.send) {
+                c.send(b.tensor(), k.peer);
+              } else {
+                c.recv(b.tensor(), k.peer);
+              }
+            } else if (c.rank() == 1) {
+              c.recv(b.tensor(), 0);  // waits for rank 0, which failed instead
+            }
+          } catch (const Error& e) {
+            errors[static_cast<std::size_t>(c.rank())] = e.what();
+            throw;
+          }
+        },
+        std::chrono::milliseconds(60'000));
+    EXPECT_THAT(err, HasSubstr(k.text));
+    EXPECT_THAT(err, HasSubstr("Fix:"));
+    EXPECT_EQ(errors[0], err);
+    EXPECT_EQ(errors[1], err) << "the waiting rank fails with the cause";
+  }
+}
+
+// A split child of pairs {0, 1} and {2, 3}: point-to-point in each child uses the child's ranks,
+// and its counters, not the parent's, count it.
+TEST(LocalPointToPoint, SplitChildrenCommunicateInTheirOwnRanks) {
+  constexpr std::int64_t n = 6;
+  std::vector<HostBuf> got(4);
+  std::vector<CommStats> child_stats(4), parent_stats(4);
+  run_local_ranks(4, [&](Communicator& c) {
+    std::unique_ptr<Communicator> pair = c.split(c.rank() / 2, c.rank());
+    ASSERT_EQ(pair->world_size(), 2);
+    const auto r = static_cast<std::size_t>(c.rank());
+    const CommStats before = c.stats();
+    HostBuf out = message(DType::bf16, c.rank(), 0, n), in(DType::bf16, n);
+    if (pair->rank() == 0) {
+      pair->send(out.tensor(), 1);
+      pair->recv(in.tensor(), 1);
+    } else {
+      pair->recv(in.tensor(), 0);
+      pair->send(out.tensor(), 0);
+    }
+    got[r] = in;
+    child_stats[r] = pair->stats();
+    parent_stats[r] = c.stats() - before;
+  });
+  for (int r = 0; r < 4; ++r) {
+    const auto k = static_cast<std::size_t>(r);
+    expect_same_bits(got[k], message(DType::bf16, r ^ 1, 0, n), fmt::format("world rank {}", r));
+    EXPECT_EQ(child_stats[k].bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * 2);
+    EXPECT_EQ(child_stats[k].call_count(CollectiveKind::recv), 1u);
+    EXPECT_EQ(parent_stats[k].total_calls(), 0u);
+  }
+}
