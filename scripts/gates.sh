@@ -31,12 +31,12 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 # -O1: the sanitizers' usual level, and a third of -O3's compile time on CI's 2 cores.
 common=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DDSTRAIN_CUDA=OFF -DDSTRAIN_BUILD_BENCH=OFF "${launcher[@]}")
 
-# Tests under TSan: the local communicator (collectives, failures), the comm queue, ZeRO's
+# Tests under TSan: the local communicator (collectives, failures, point-to-point), the comm queue, ZeRO's
 # overlapped reductions through the engine, and the activation transfers of checkpointing.
 asan_dir="$repo/build-asan"
 
 tsan_targets=(test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off test_engine)
-tsan_filter='*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*'
+tsan_filter='*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:LocalPointToPoint.*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*'
 
 # configure_asan: build-asan/, clang with ASan + UBSan, the test suite and the libFuzzer targets.
 configure_asan() {
