@@ -12,6 +12,16 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${DSTRAIN_BUILD_DIR:-$repo/build}"
 gates="${DSTRAIN_GATES:-1}"
 
+# On demand, not in CI: the larger test matrices (CTest label matrix — the whole TP/SP mesh matrix on
+# local ranks and under mpirun -np 4, docs/parallelism.md "Correctness"), in the Release build:
+#   DSTRAIN_MATRIX=1 bash scripts/test.sh
+if [ "${DSTRAIN_MATRIX:-0}" = 1 ]; then
+  DSTRAIN_BUILD_TARGETS="dstrain_cli test_mesh_matrix test_train_mpi_mesh_matrix" \
+    DSTRAIN_CMAKE_ARGS="-DDSTRAIN_MATRIX_TESTS=ON ${DSTRAIN_CMAKE_ARGS:-}" bash "$repo/scripts/setup.sh"
+  (cd "$build_dir" && ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" -L matrix)
+  exit 0
+fi
+
 # Every target of the build (setup.sh alone builds the CLI only, what the README's command 1 needs).
 export DSTRAIN_BUILD_TARGETS=all
 if [ "$gates" != 0 ]; then
@@ -20,9 +30,10 @@ else
   bash "$repo/scripts/setup.sh"
 fi
 
-labels=(-LE gpu)
+# The matrix label is DSTRAIN_MATRIX's (above), also where an earlier matrix run left it configured.
+labels=(-LE 'gpu|matrix')
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  labels=()
+  labels=(-LE matrix)
   echo "[test] GPU found: running the gpu-labelled tests too"
 else
   echo "[test] no GPU visible: gpu-labelled tests are excluded (run 'ctest -L gpu' on a GPU machine)"
