@@ -44,7 +44,6 @@
 
 #include "config_schema/ds_config.h"
 #include "engine/engine.h"
-#include "models/lm_head_loss.h"
 #include "models/model.h"
 #include "models/model_registry.h"
 #include "ops/log.h"
@@ -480,10 +479,7 @@ Probe probe(const Args& a, int sp, long T, bool step) {
     o.sequence_parallel = sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = Tl;
     SequenceParallelRank sr{mesh.coord.sp, sp};
-    if (sp > 1 && a.cap_alst) {
-      sr.loss_tile_rows = loss_tile_rows_for(arch->padded_vocab_size(), 4);
-      sr.mlp_tile_rows = arch->n_embd();
-    }
+    if (sp > 1 && a.cap_alst) sr = with_alst_tiles(sr, *arch, 1, 4);
     Engine e = initialize(make_model(arch, {0, 1}, sr), cfg, o);
     std::vector<std::int32_t> in, tg;
     if (step) {

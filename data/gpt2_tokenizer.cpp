@@ -17,6 +17,7 @@
 
 #include "data/byte_level_alphabet.h"
 #include "data/utf8.h"
+#include "formats/json_text.h"
 #include "ops/error.h"
 #include "ops/quoted_excerpt.h"
 #include "ops/log.h"
@@ -165,7 +166,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::filesystem::path& dir) {
   std::vector<bool> seen(kVocabSize, false);
   for (const auto& [token, id_json] : encoder.items()) {
     if (!id_json.is_number_integer()) {
-      fail("GPT-2 tokenizer file {}: token {} has id {}, not an integer: {}", encoder_path.string(), quoted_excerpt(token), excerpt(id_json.dump()),
+      fail("GPT-2 tokenizer file {}: token {} has id {}, not an integer: {}", encoder_path.string(), quoted_excerpt(token), json_excerpt(id_json),
            kSetupHint);
     }
     const auto id = id_json.get<std::int64_t>();

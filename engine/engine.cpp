@@ -425,7 +425,7 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     // normalise by the group's count (each rank's head: its share of the sum, over that count).
     im.sp_local_targets = count_targets(batch);
     double n = static_cast<double>(im.sp_local_targets);
-    all_reduce_host(*im.sp, Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum, im.tp_staging());
+    all_reduce_host(*im.sp, Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
     im.batch.target_count = static_cast<std::int64_t>(n);
   }
   if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
@@ -448,7 +448,7 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     // The head returned the mean of this rank's positions; the whole sequences' mean is the sum of
     // the ranks' sums over the group's count.
     double v = static_cast<double>(*loss) * static_cast<double>(im.sp_local_targets);
-    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.tp_staging());
+    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
     *loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
   }
 }
@@ -690,7 +690,7 @@ bool Engine::optimizer_step() {
   if (im.tp != nullptr) {
     // ... and over the tensor-parallel group: every rank of the mesh takes the same decision.
     double v[2] = {total.norm_sq, total.nonfinite};
-    all_reduce_host(*im.tp, Tensor(v, DType::fp64, Shape{2}), ReduceOp::sum, im.tp_staging());
+    all_reduce_host(*im.tp, Tensor(v, DType::fp64, Shape{2}), ReduceOp::sum, im.host_value_staging());
     total.norm_sq = v[0];
     if (v[1] > total.nonfinite && first_bad.empty()) first_bad = "a layer of another tensor-parallel rank";
     total.nonfinite = v[1];
@@ -863,7 +863,7 @@ void Engine::gather_master_params(const std::function<void(const std::string& na
     copy_tensor(Tensor(host_piece.data(), DType::fp32, t.shape), t);
     std::vector<float> whole(static_cast<std::size_t>(spec.whole_shape().numel()));
     gather_whole(*im.tp, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()),
-                 im.tp_staging());
+                 im.host_value_staging());
     fn(spec.name, Tensor(whole.data(), DType::fp32, spec.whole_shape()));
   });
 }

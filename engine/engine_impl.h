@@ -73,10 +73,10 @@ struct Engine::Impl {
   std::int64_t sp_local_targets = 0;  // this rank's counted targets of the current batch (sequence parallelism)
   int tp_size() const { return tp != nullptr ? tp->world_size() : 1; }
   int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
-  // Host values the engine reduces or gathers over the tensor-parallel group (the step's norm,
-  // whole parameters) travel through the training device's memory on a GPU — what NCCL needs, and
+  // Host values the engine reduces or gathers over the tensor- or sequence-parallel group (the
+  // step's norm, whole parameters, the group's target count and loss) travel through the training device's memory on a GPU — what NCCL needs, and
   // the local backend on a GPU takes alike (ModelStates::all_reduce_sum's rule); null on the CPU.
-  Allocator* tp_staging() const { return allocator != nullptr && !allocator->device().is_cpu() ? allocator : nullptr; }
+  Allocator* host_value_staging() const { return allocator != nullptr && !allocator->device().is_cpu() ? allocator : nullptr; }
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;

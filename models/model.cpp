@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "models/lm_head_loss.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -20,6 +21,13 @@ Model make_model(std::shared_ptr<const Architecture> architecture, TensorParalle
   m.vocab_size = architecture->vocab_size();
   m.architecture = std::move(architecture);
   return m;
+}
+
+SequenceParallelRank with_alst_tiles(SequenceParallelRank sp, const Architecture& architecture, int tp_ranks, std::int64_t bytes) {
+  const std::int64_t vocab_rows = (architecture.padded_vocab_size() + tp_ranks - 1) / tp_ranks;
+  sp.loss_tile_rows = loss_tile_rows_for(vocab_rows, bytes);
+  sp.mlp_tile_rows = architecture.n_embd();
+  return sp;
 }
 
 }  // namespace dstrain

@@ -43,4 +43,11 @@ struct Model {
 // With sequence parallelism, of tensor-parallel rank tp and sequence-parallel rank sp.
 Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
 
+// `sp` with ALST's tiles, as a sequence-parallel run takes them: the loss in tiles of at most
+// kLossTileBytes of a tensor-parallel rank's logits (models/lm_head_loss.h), so the (T, V) logits
+// never exist whole, and the MLP in tiles of n_embd positions (ALST's ceil(T / hidden_size)
+// shards: a tile's hidden features about the size of the MLP's weights; models/row_tiles.h).
+// `tp_ranks`: the vocabulary's cut; `bytes`: the storage dtype's size.
+SequenceParallelRank with_alst_tiles(SequenceParallelRank sp, const Architecture& architecture, int tp_ranks, std::int64_t bytes);
+
 }  // namespace dstrain

@@ -12,7 +12,6 @@
 
 #include "data/gpt2_tokenizer.h"
 #include "train/flops_report.h"
-#include "models/lm_head_loss.h"
 #include "models/model.h"
 #include "train/monitor/flops.h"
 #include "train/monitor/memory_breakdown.h"
@@ -50,16 +49,10 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     sp_comm = plan.mesh.sp > 1 ? mesh_->sp.get() : nullptr;
     tp = {mesh_->coord.tp, plan.mesh.tp, options.megatron_sequence_parallel};
     sp = {mesh_->coord.sp, plan.mesh.sp};
-    if (sp.active()) {
-      // ALST's tiled loss for long sequences: tiles of at most 64 MiB of logits (this rank's
-      // vocabulary rows), so the (T, V) logits never exist whole (models/lm_head_loss.h).
-      const std::int64_t vocab_rows = (plan.model->padded_vocab_size() + plan.mesh.tp - 1) / plan.mesh.tp;
-      const std::int64_t bytes = cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4;
-      sp.loss_tile_rows = loss_tile_rows_for(vocab_rows, bytes);
-      // ALST's tiled MLP: tiles of n_embd positions (ALST's ceil(T / hidden_size) shards), so a
-      // tile's hidden features are about the size of the MLP's weights (models/row_tiles.h).
-      sp.mlp_tile_rows = plan.model->n_embd();
-    }
+    // ALST's tiled loss and MLP for long sequences (models/model.h).
+    if (sp.active()) sp = with_alst_tiles(sp, *plan.model, plan.mesh.tp, cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4);
+    sp_layers_ = sp;
+    tp_layers_ = tp;
   }
   // The loaders read for the data-parallel ranks (the sequence-parallel ranks of one group read
   // the same sequences and each keeps its share of their tokens).
@@ -155,8 +148,8 @@ void RankTrainer::announce() {
   if (mesh_) say("mesh: " + describe_mesh(plan_.mesh));
   if (sp_ranks_ > 1) {
     const std::int64_t tokens = B_ * (T_ / sp_ranks_);
-    const std::int64_t mlp_tile = plan_.model->n_embd();
-    say(fmt::format("sequence parallelism: ALST's tiled loss{}", mlp_tile < tokens ? fmt::format(" and tiled MLP ({} of a rank's {} positions per tile: "
+    const std::int64_t mlp_tile = sp_layers_.mlp_tile_rows;
+    say(fmt::format("sequence parallelism: ALST's tiled loss{}", sp_layers_.tiles_mlp(tokens) ? fmt::format(" and tiled MLP ({} of a rank's {} positions per tile: "
                                                                                               "the MLP's hidden features are recomputed in backward, "
                                                                                               "not kept)",
                                                                                               mlp_tile, tokens)
@@ -166,7 +159,7 @@ void RankTrainer::announce() {
     const std::int64_t tokens = B_ * (T_ / sp_ranks_);  // a micro-batch's tokens on a tensor-parallel group
     if (!options_.megatron_sequence_parallel) {
       say("tensor parallelism: the residual stream stays whole on every tensor-parallel rank (--no-megatron-sp)");
-    } else if (tokens % plan_.mesh.tp == 0) {
+    } else if (tp_layers_.shards_residual(tokens)) {
       say(fmt::format("tensor parallelism: Megatron sequence parallelism — each tensor-parallel rank keeps {} of a micro-batch's {} tokens of the "
                       "residual stream and its norms",
                       tokens / plan_.mesh.tp, tokens));

@@ -24,6 +24,8 @@
 #include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "models/sequence_parallel.h"
+#include "models/tensor_parallel.h"
 #include "train/monitor/monitor_master.h"
 #include "train/monitor/timers.h"
 #include "train/sample_printer.h"
@@ -100,6 +102,8 @@ class RankTrainer {
   // Sequence parallelism: this rank's place in its group, and its share of each micro-batch.
   int sp_rank_ = 0;
   int sp_ranks_ = 1;
+  SequenceParallelRank sp_layers_;  // what the layers were built with (ALST's tiles), for the start lines
+  TensorParallelRank tp_layers_;
   std::vector<std::int32_t> shard_inputs_, shard_targets_;
   // The micro-batch in inputs_ / targets_ as this rank trains on it (its share of the tokens).
   Batch rank_batch();
