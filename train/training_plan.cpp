@@ -408,10 +408,7 @@ void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) 
            "--sequence-length {}",
            m.sp, plan.sequence_length, m.sp, plan.sequence_length / m.sp * m.sp > 0 ? plan.sequence_length / m.sp * m.sp : m.sp);
     }
-    if (!plan.device.is_cpu()) {
-      fail("sequence_parallel_size {} on {}: the all-to-alls of DeepSpeed-Ulysses move host memory in this build; give --device cpu", m.sp,
-           plan.device.str());
-    }
+    check_sequence_parallel_engine(plan.device, m.sp, plan.comm);
   }
 }
 
