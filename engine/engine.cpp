@@ -91,7 +91,11 @@ Engine::Engine(Model model, const config::DsConfig& config, const EngineOptions&
   check_shapes(config, options);
   build_states(config);
   log_placement();
-  build_activations(config, options);
+  if (model_.pipelined()) {
+    build_pipeline_activations(config, options);
+  } else {
+    build_activations(config, options);
+  }
   set_traces(config);
   init_state(options);
 }
@@ -134,6 +138,10 @@ void Engine::choose_memory(const EngineOptions& options) {
     im.sp = options.sequence_parallel;
     im.sp_group = std::make_unique<CommunicatorSequenceGroup>(*im.sp);
     check_sequence_parallel_engine(im.allocator->device(), sp_ranks, im.sp->backend());
+  }
+  if (options.pipeline != nullptr && options.pipeline->world_size() > 1) {
+    im.pp = options.pipeline;
+    im.pp_ties = options.pipeline_ties;
   }
   const config::CommsLoggerConfig& cl = im.config.comms_logger;
   if (cl.enabled && options.comm == nullptr) {
@@ -221,6 +229,27 @@ void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& o
          gas_ * im.world);
   }
   im.layers.resize(L);
+  if (model_.pipelined()) {
+    if (config.zero_optimization.stage >= 3) {
+      fail(
+          "zero_optimization.stage 3 with pipeline stages: each stage's parameters would be gathered for every micro-batch's forward and again "
+          "for its backward (2 x gradient_accumulation_steps all-gathers of the stage per step instead of none), which is why DeepSpeed "
+          "forbids ZeRO-2/3 with pipelines; dstrain pipelines run ZeRO stages 0-2. Fix: zero_optimization.stage 0, 1 or 2");
+    }
+    if (config.optimizer.is_onebit()) {
+      fail(
+          "optimizer.type \"{}\" with pipeline stages: the 1-bit optimizers' compressed phase keeps one error-feedback buffer per model "
+          "replica, which dstrain builds over the data-parallel group of an unpipelined model. Fix: Adam or AdamW, or no pipeline",
+          config.optimizer.type);
+    }
+    if (im.pp == nullptr && model_.chunks.size() > 1)
+      fail("initialize: the model has {} pipeline chunks but EngineOptions::pipeline has no second stage", model_.chunks.size());
+    if (!model_.shared_params.empty() && im.pp != nullptr && im.pp_ties == nullptr)
+      fail("initialize: this stage holds shared parameters ('{}', ...) but EngineOptions::pipeline_ties is null", model_.shared_params.front().name);
+  } else if (options.pipeline != nullptr && options.pipeline->world_size() > 1) {
+    fail("initialize: EngineOptions::pipeline has {} stages but the model is not a pipeline stage; build it with make_pipeline_stage_model",
+         options.pipeline->world_size());
+  }
 }
 
 // The parameters, gradients and optimizer states, held as the ZeRO stage and the placement say
@@ -410,7 +439,9 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 const config::DsConfig& Engine::config() const { return impl_->config; }
 
-void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
+// The micro-batch the layers read: checked, its targets counted (over the sequence-parallel group
+// too), and a host batch uploaded into `upload` ((2·B·T) int32 on the device; empty on the CPU).
+void Engine::set_batch(const Batch& batch, Tensor upload) {
   const Shape bt{dims_.B, dims_.T};
   for (const auto& [what, t] : {std::pair<const char*, const Tensor&>{"tokens", batch.tokens}, {"targets", batch.targets}}) {
     if (t.dtype != DType::int32 || !(t.shape == bt) || t.empty()) {
@@ -428,15 +459,26 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     all_reduce_host(*im.sp, Tensor(&n, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
     im.batch.target_count = static_cast<std::int64_t>(n);
   }
-  if (!im.batch_buf.empty() && batch.tokens.device != im.allocator->device()) {
+  if (!upload.empty() && batch.tokens.device != im.allocator->device()) {
     // The layers see the uploaded copy, and the device encoder checks ids only against its
     // table's padded rows: check the real vocabulary here, as the CPU embedding does.
     if (model_.vocab_size > 0) check_token_ids(batch.tokens, model_.vocab_size, "Engine::forward");
-    im.batch.tokens = im.batch_buf.tensor(DType::int32, bt);
-    im.batch.targets = im.batch_buf.tensor(DType::int32, bt, static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t));
+    im.batch.tokens = Tensor(upload.data, DType::int32, bt, upload.device);
+    im.batch.targets = Tensor(static_cast<char*>(upload.data) + static_cast<std::size_t>(bt.numel()) * sizeof(std::int32_t), DType::int32, bt, upload.device);
     copy_tensor(im.batch.tokens, batch.tokens);
     copy_tensor(im.batch.targets, batch.targets);
   }
+}
+
+void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
+  if (model_.pipelined()) {
+    fail("Engine::{}: this engine is a pipeline stage: its micro-batches run through PipelineEngine (engine/pipeline_engine.h), which calls "
+         "forward_chunk / backward_chunk / pipeline_step",
+         train ? "forward" : "evaluate");
+  }
+  Impl& im = *impl_;
+  const Shape bt{dims_.B, dims_.T};
+  set_batch(batch, !im.batch_buf.empty() ? im.batch_buf.tensor(DType::int32, Shape{2 * bt.numel()}) : Tensor{});
   im.states->begin_pass(train);
   for (std::size_t i = 0; i < model_.layers.size(); ++i) {
     if (im.ckpt) im.ckpt->before_forward(i, train);  // keep_input at a segment's start
@@ -468,7 +510,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.params = ls.params;
   a.saved = ls.saved;
   a.scratch = ls.scratch;
-  a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(i), global_micro_batch(), 0};
+  a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(model_.layer_id(i)), global_micro_batch(), 0};
   a.train = train;
   a.loss = loss;
   // Training: the loss layer computes its gradient in the same pass (the scale backward would use
@@ -497,6 +539,7 @@ float Engine::evaluate(const Batch& batch) {
 }
 
 void Engine::backward() {
+  if (model_.pipelined()) fail("Engine::backward: this engine is a pipeline stage: PipelineEngine (engine/pipeline_engine.h) runs its micro-batches");
   if (!have_forward_) fail("Engine::backward: call forward(batch) first (backward reads the activations the forward saved)");
   if (have_backward_) {
     fail(
@@ -583,7 +626,11 @@ float Engine::micro_batch_dloss() const {
 
 // The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank
 // r at micro-step m slot m·W + r), so masks are the same for any world size and GAS split.
-std::uint32_t Engine::global_micro_batch() const { return static_cast<std::uint32_t>((micro_steps_ % gas_) * impl_->world + impl_->states->rank()); }
+std::uint32_t Engine::global_micro_batch() const {
+  // A pipeline names the micro-batch it runs (micro-batches interleave there).
+  const std::int64_t m = impl_->pipeline_micro >= 0 ? impl_->pipeline_micro : micro_steps_ % gas_;
+  return static_cast<std::uint32_t>(m * impl_->world + impl_->states->rank());
+}
 
 bool Engine::is_gradient_accumulation_boundary() const { return (micro_steps_ + 1) % gas_ == 0; }
 
@@ -595,7 +642,12 @@ void Engine::step() {
   }
   have_backward_ = false;
   boundary_reduced_ = false;
-  if (is_gradient_accumulation_boundary()) {
+  if (is_gradient_accumulation_boundary()) boundary_step();
+  micro_steps_ += 1;
+}
+
+void Engine::boundary_step() {
+  {
     const bool counted = optimizer_step();
     last_step_loss_ = static_cast<float>(step_loss_sum_ / static_cast<double>(gas_));
     if (impl_->io) {
@@ -618,7 +670,6 @@ void Engine::step() {
     // a hook is asked for the step index the optimizer has reached).
     if (counted) lr_ = impl_->hook ? impl_->hook(global_steps_ - skipped_steps_) : impl_->schedule.lr();
   }
-  micro_steps_ += 1;
 }
 
 bool Engine::optimizer_step() {
@@ -647,11 +698,18 @@ bool Engine::optimizer_step() {
       copy_tensor(Tensor(g.data, g.dtype, Shape{1}, g.device), Tensor(&value, g.dtype, Shape{1}));
     }
   }
+  // Pipeline: the shared parameters' copies sum their gradients first (then they are one gradient,
+  // counted once below, on the owner's stage).
+  reduce_shared_params();
+  std::vector<bool> pipeline_copy(im.owned.size(), false);
+  for (const SharedParam& sp : model_.shared_params)
+    if (sp.copy) pipeline_copy[im.by_name.at(sp.name)] = true;
+  const bool has_copies = std::find(pipeline_copy.begin(), pipeline_copy.end(), true) != pipeline_copy.end();
   // One fused norm + overflow pass over this rank's gradients; the first layer (in model order)
   // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.
   GradNormOverflow total;
   std::string first_bad;
-  if (counts_here && im.tp == nullptr) {
+  if (counts_here && im.tp == nullptr && !has_copies) {
     for (const PartitionSegment& sg : im.states->partitions()) {
       const GradNormOverflow r = grad_norm_overflow(sg.grads);
       if (r.overflow() && first_bad.empty()) first_bad = model_.layers[sg.layer]->name();
@@ -664,7 +722,8 @@ bool Engine::optimizer_step() {
       const std::size_t es = dtype_size(sg.grads.dtype);
       for (const TensorPiece& piece : sg.pieces) {
         const bool cut = im.owned[static_cast<std::size_t>(piece.tensor)].spec.is_piece();
-        if (!cut && im.tp->rank() != 0) continue;
+        if (!cut && im.tp_rank() != 0) continue;
+        if (pipeline_copy[static_cast<std::size_t>(piece.tensor)]) continue;
         const Tensor g(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(piece.offset) * es, sg.grads.dtype, Shape{piece.numel},
                        sg.grads.device);
         const GradNormOverflow r = grad_norm_overflow(g);
@@ -694,6 +753,16 @@ bool Engine::optimizer_step() {
     total.norm_sq = v[0];
     if (v[1] > total.nonfinite && first_bad.empty()) first_bad = "a layer of another tensor-parallel rank";
     total.nonfinite = v[1];
+  }
+  if (im.pp != nullptr) {
+    // ... and over the pipeline's stages: the norm is the whole model's, an overflow on any stage
+    // skips the step on every stage, and the loss is the last stage's.
+    double v[3] = {total.norm_sq, total.nonfinite, step_loss_sum_};
+    all_reduce_host(*im.pp, Tensor(v, DType::fp64, Shape{3}), ReduceOp::sum, im.host_value_staging());
+    total.norm_sq = v[0];
+    if (v[1] > total.nonfinite && first_bad.empty()) first_bad = "a layer of another pipeline stage";
+    total.nonfinite = v[1];
+    step_loss_sum_ = v[2];
   }
 
   if (!im.mixed) {
@@ -1033,9 +1102,11 @@ void Engine::exclude_from_step_comm() {
 
 bool Engine::any_rank(bool flag) {
   Impl& im = *impl_;
-  if (im.world == 1) return flag;
+  if (im.world == 1 && im.pp == nullptr && im.tp == nullptr) return flag;
   double v = flag ? 1.0 : 0.0;
-  im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  if (im.world > 1) im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
+  if (im.tp != nullptr) all_reduce_host(*im.tp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
+  if (im.pp != nullptr) all_reduce_host(*im.pp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
   exclude_from_step_comm();
   return v > 0.0;
 }
@@ -1045,7 +1116,8 @@ void Engine::agree_on_errors(const std::string& error) {
   // The whole mesh agrees: the data-parallel group, then (tensor parallelism) the tensor-parallel
   // group, so that every rank of every group throws the same cause (the checkpoints' phases).
   const int tp_size = im.tp_size();
-  const int mesh = im.world * tp_size;
+  const int pp_size = im.pp != nullptr ? im.pp->world_size() : 1;
+  const int mesh = im.world * tp_size * pp_size;
   if (mesh == 1) {
     if (!error.empty()) throw Error(error);
     return;
@@ -1055,7 +1127,7 @@ void Engine::agree_on_errors(const std::string& error) {
   // so that every rank throws the cause of the first failing rank.
   constexpr std::size_t kChars = 480;
   const std::size_t slot = kChars + 1;
-  const int me_rank = rank() * tp_size + im.tp_rank();
+  const int me_rank = ((im.pp != nullptr ? im.pp->rank() : 0) * im.world + rank()) * tp_size + im.tp_rank();
   std::vector<double> v(slot * static_cast<std::size_t>(mesh), 0.0);
   const std::size_t me = slot * static_cast<std::size_t>(me_rank);
   if (!error.empty()) {
@@ -1065,6 +1137,7 @@ void Engine::agree_on_errors(const std::string& error) {
   const Tensor all(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())});
   if (im.world > 1) im.states->all_reduce_sum(all);
   if (im.tp != nullptr) im.tp->all_reduce(all, ReduceOp::sum);
+  if (im.pp != nullptr) im.pp->all_reduce(all, ReduceOp::sum);
   for (int k = 0; k < mesh; ++k) {
     const std::size_t at = slot * static_cast<std::size_t>(k);
     if (v[at] == 0.0) continue;

@@ -84,6 +84,22 @@ struct EngineOptions {
   // group (DP x SP ranks of this rank's tensor-parallel index), over which ZeRO partitions and
   // reduces. The loss is the mean over the whole sequences' targets. nullptr: none.
   Communicator* sequence_parallel = nullptr;
+  // Pipeline parallelism (docs/parallelism.md §5): the mesh's pipeline group (its rank the stage),
+  // the model this rank's stage of it (make_pipeline_stage_model, models/pipeline_stage.h), and
+  // `comm` the data group of the stage. The step then runs through the pipeline calls below
+  // (forward_chunk, backward_chunk, pipeline_step; engine/pipeline_engine.h schedules them), not
+  // forward/backward/step. nullptr: no pipeline.
+  Communicator* pipeline = nullptr;
+  // The ranks holding the model's shared parameters (Model::shared_params: GPT-2's tied embedding
+  // on the first and last stages), over which their gradients are summed every step: every rank of
+  // those stages with this rank's tensor-parallel index. nullptr when this rank holds none.
+  Communicator* pipeline_ties = nullptr;
+  // Per chunk of the model (Model::chunks), the most micro-batches whose activations it holds at
+  // once (the schedule's max_in_flight): the activation sets the engine allocates. Empty: 1 each.
+  std::vector<int> pipeline_in_flight{};
+  // Recompute the blocks of each chunk in segments of this many (pipeline.activation_checkpoint_interval;
+  // checkpoint_activations without it: 1). 0: keep every activation.
+  std::int64_t pipeline_checkpoint_interval = 0;
   std::int64_t sequence_length = 0;  // T of every micro-batch; 0: the model's n_positions
   bool init_params = true;           // false: parameters start at zero (e.g. load_weights follows)
   // Where the engine trains: every parameter, gradient, optimizer state and activation lives in
@@ -205,6 +221,35 @@ class Engine {
   // (Overwrites the saved activations: call it between step() and the next forward().)
   float evaluate(const Batch& batch);
 
+  // ---- pipeline stages (EngineOptions::pipeline; engine/pipeline_engine.h runs a schedule of them) ----
+  // One optimizer step is gradient_accumulation_steps micro-batches m = 0 .. GAS-1, each run forward
+  // and backward once through every chunk c of this rank (Model::chunks), in the schedule's order;
+  // then pipeline_step(). Activations of (c, m) live in its slot m % pipeline_in_flight[c] until
+  // its backward.
+  // The forward of chunk c on micro-batch m: the chunk holding the model's first layer reads the
+  // tokens, every other one pipeline_input(c, m) (received before the call); `batch` must stay
+  // valid until backward_chunk(c, m) returns. Returns the micro-batch's loss on the chunk holding
+  // the loss (0 elsewhere); its output to send is pipeline_output(c, m).
+  float forward_chunk(int chunk, int micro, const Batch& batch);
+  // The backward of chunk c on micro-batch m, from d(loss)/d(output) in pipeline_grad_in()
+  // (received before the call) unless the chunk holds the loss; the gradient at its input is then
+  // in pipeline_grad_out(), until the next backward_chunk.
+  void backward_chunk(int chunk, int micro);
+  // Validation through the pipeline: chunk c's forward with dropout off (in micro-batch 0's slot:
+  // call it between steps), its input pipeline_input(c, 0). Returns the loss on the chunk holding it.
+  float evaluate_chunk(int chunk, const Batch& batch);
+  Tensor pipeline_input(int chunk, int micro) const;
+  Tensor pipeline_output(int chunk, int micro) const;
+  Tensor pipeline_grad_in() const;
+  Tensor pipeline_grad_out() const;
+  // The optimizer step after the step's micro-batches (every rank of the pipeline calls it):
+  // shared parameters' gradients summed over their stages, the overflow check, norm and loss over
+  // every stage, then as step() at the boundary.
+  void pipeline_step();
+  // Collective over the pipeline group (every stage): sums host `values` in place (at most 64), as
+  // all_reduce_sum does over the data group. Without a pipeline: unchanged.
+  void pipeline_all_reduce_sum(std::span<float> values);
+
   // ---- hooks ----
   // Overrides the config's schedule: from the next optimizer step on, step s uses hook(s) as its
   // LR and the optimizer's own betas. The config's schedule keeps stepping underneath, so nullptr
@@ -277,6 +322,14 @@ class Engine {
   // The optimizer's update of this rank's partition (the 1-bit family through OneBitOptimizer).
   void apply_optimizer(double lr, float grad_scale, std::int64_t t, std::optional<std::pair<double, double>> betas);
   bool optimizer_step();
+  // step()'s work at the gradient-accumulation boundary: the optimizer step and the counters.
+  void boundary_step();
+  // The pipeline: the activation sets and views (engine_pipeline.cpp), the views of (chunk, slot),
+  // the batch checks and upload shared with forward(), the shared parameters' gradient sum.
+  void build_pipeline_activations(const config::DsConfig& config, const EngineOptions& options);
+  void select_slot(int chunk, int slot);
+  void set_batch(const Batch& batch, Tensor upload);
+  void reduce_shared_params();
   std::uint32_t global_micro_batch() const;
   // Every rank of the mesh (the data-parallel group and, with tensor parallelism, the
   // tensor-parallel group) learns whether any rank failed (`error` non-empty) and throws if so

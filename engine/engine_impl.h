@@ -77,6 +77,26 @@ struct Engine::Impl {
   // step's norm, whole parameters, the group's target count and loss) travel through the training device's memory on a GPU — what NCCL needs, and
   // the local backend on a GPU takes alike (ModelStates::all_reduce_sum's rule); null on the CPU.
   Allocator* host_value_staging() const { return allocator != nullptr && !allocator->device().is_cpu() ? allocator : nullptr; }
+  // Pipeline parallelism (engine/engine_pipeline.cpp). Every layer has pipeline_slots[its chunk]
+  // activation sets (slot_views[layer][slot]; the checkpointed blocks' inner ones shared by the
+  // slots, which the recompute refills), select_slot copies one slot's into `layers`.
+  struct SlotViews {
+    Tensor input, output, recompute_output;
+    std::vector<Tensor> saved;
+  };
+  Communicator* pp = nullptr;       // the pipeline group (EngineOptions::pipeline); null: none
+  Communicator* pp_ties = nullptr;  // the shared parameters' group
+  std::vector<std::vector<SlotViews>> slot_views;
+  std::vector<int> chunk_of_layer;
+  std::vector<int> pipeline_slots;             // per chunk
+  std::vector<std::vector<Tensor>> chunk_inputs;  // [chunk][slot]: the received activation (empty for the model's first chunk)
+  std::vector<std::vector<Batch>> slot_batches;   // [chunk][slot]: the micro-batch as the layers read it
+  std::vector<std::vector<Tensor>> slot_uploads;  // [chunk][slot]: a device engine's copy of a host batch (tokens then targets)
+  std::vector<std::int64_t> segment_first;     // [layer]: the first layer of the checkpoint segment it ends, or -1
+  Buffer pipeline_buf;                         // the slots' activations, the chunk inputs and the received gradient
+  Tensor grad_in;                              // d(loss)/d(chunk output), received
+  int pipeline_micro = -1;                     // the micro-batch being run (its dropout key)
+  int pipeline_backwards = 0;                  // backward_chunk calls this step
   std::vector<Owned> owned;
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;

@@ -16,6 +16,22 @@
 
 namespace dstrain {
 
+// A run of consecutive layers of a pipeline rank's model that is one virtual stage of the whole
+// model (models/pipeline_stage.h): local layers [begin, end).
+struct ModelChunk {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  int virtual_stage = 0;
+};
+
+// A parameter that more than one pipeline stage holds (models/pipeline_stage.h): its name, the
+// stages holding it, and whether this rank's is the copy (the norm counts the owner's).
+struct SharedParam {
+  std::string name;
+  std::vector<int> stages;
+  bool copy = false;
+};
+
 struct Model {
   std::vector<std::unique_ptr<Layer>> layers;  // run first to last in forward, last to first in backward
   // The architecture the layers come from; null for a list of layers without a family (then there
@@ -32,6 +48,19 @@ struct Model {
   int sequence_parallel_ranks = 1;
   // The tensor-parallel rank the layers were built for (make_model's tp).
   TensorParallelRank tensor_parallel;
+
+  // Pipeline parallelism (models/pipeline_stage.h): the layers are this rank's chunks of a model of
+  // whole_layers layers; layer_ids[i] is layer i's index in it and chunks the virtual stages the
+  // layers make. Empty (and 0) without a pipeline: one chunk of every layer, ids their positions.
+  std::vector<std::size_t> layer_ids;
+  std::vector<ModelChunk> chunks;
+  std::size_t whole_layers = 0;
+  std::vector<SharedParam> shared_params;
+
+  // Layer i's index in the whole model (its dropout key).
+  std::size_t layer_id(std::size_t i) const { return layer_ids.empty() ? i : layer_ids[i]; }
+  std::size_t whole_layer_count() const { return whole_layers > 0 ? whole_layers : layers.size(); }
+  bool pipelined() const { return !chunks.empty(); }
 
   // The residual stream's shape for a micro-batch: (B, T, n_embd), or this tensor-parallel rank's
   // rows of it under Megatron's sequence parallelism (models/residual_shards.h).

@@ -13,6 +13,7 @@
 #include "data/gpt2_tokenizer.h"
 #include "train/flops_report.h"
 #include "models/model.h"
+#include "models/pipeline_stage.h"
 #include "train/monitor/flops.h"
 #include "train/monitor/memory_breakdown.h"
 #include "train/monitor/train_events.h"
@@ -42,7 +43,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   Communicator* sp_comm = nullptr;
   TensorParallelRank tp;
   SequenceParallelRank sp;
-  if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1)) {
+  if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1 || plan.mesh.pp > 1)) {
     mesh_.emplace(make_mesh_groups(*comm, plan.mesh));
     data_comm = mesh_->data.get();
     tp_comm = mesh_->tp.get();
@@ -65,11 +66,29 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
-  engine_.emplace(initialize(make_model(plan.model, tp, sp), cfg,
+  Model model = make_model(plan.model, tp, sp);
+  Communicator* pp_comm = nullptr;
+  std::vector<int> in_flight;
+  PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
+  if (plan.mesh.pp > 1) {
+    // Pipeline parallelism: this rank's stage of the model, the group its shared parameters'
+    // gradients are summed over, and the activation sets its schedule keeps in flight.
+    model = make_pipeline_stage_model(std::move(model), plan.stage_parts, plan.mesh.pp, mesh_->coord.pp);
+    pipeline_ties_ = make_pipeline_ties_group(*comm, *mesh_, model);
+    pp_comm = mesh_->pp.get();
+    schedule = parse_schedule_kind(plan.pipeline_schedule);
+    in_flight = PipelineEngine::in_flight(schedule, plan.mesh.pp, mesh_->coord.pp, static_cast<int>(cfg.gradient_accumulation_steps),
+                                          plan.pipeline_virtual_stages);
+  }
+  engine_.emplace(initialize(std::move(model), cfg,
                              {.seed = seed_,
                               .comm = data_comm,
                               .tensor_parallel = tp_comm,
                               .sequence_parallel = sp_comm,
+                              .pipeline = pp_comm,
+                              .pipeline_ties = pipeline_ties_.get(),
+                              .pipeline_in_flight = in_flight,
+                              .pipeline_checkpoint_interval = plan.pipeline_checkpoint_interval,
                               .sequence_length = T_ / sp_ranks_,
                               .init_params = options.init_from.empty() || plan.resume.has_value(),
                               .device = plan.device,
@@ -77,6 +96,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
                               .bf16_stochastic_rounding = options.bf16_stochastic_rounding,
                               .inject_overflow_steps = options.inject_overflow}));
   Engine& engine = *engine_;
+  if (pp_comm != nullptr) pipe_.emplace(engine, *pp_comm, schedule, plan.pipeline_virtual_stages);
   checkpoints_.emplace(engine);
   if (!options.init_from.empty() && !plan.resume) engine.load_weights(options.init_from);
   B_ = cfg.train_micro_batch_size_per_gpu;
@@ -218,11 +238,15 @@ void RankTrainer::announce() {
   // the generator is rebuilt at every sample) ----
   // Its own allocator, so the run's peak memory stays the engine's; on the engine's device.
   sample_allocator_ = make_device_allocator(engine.device());
-  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1;
+  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1 && plan_.mesh.pp <= 1;
   if (options_.sample_tokens > 0 && !samples_ && lead()) {
-    trainer_warn(options_, fmt::format("no samples (--sample-tokens {}): the {} ranks each hold a slice of the logits, and the sampler reads them "
-                                       "whole; give --sample-tokens 0 to silence this",
-                                       options_.sample_tokens, plan_.mesh.tp > 1 ? "tensor-parallel" : "sequence-parallel"));
+    trainer_warn(options_, plan_.mesh.pp > 1 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1
+                               ? fmt::format("no samples (--sample-tokens {}): each pipeline stage holds only its layers, and the sampler runs the "
+                                             "whole model on one rank; give --sample-tokens 0 to silence this",
+                                             options_.sample_tokens)
+                               : fmt::format("no samples (--sample-tokens {}): the {} ranks each hold a slice of the logits, and the sampler reads "
+                                             "them whole; give --sample-tokens 0 to silence this",
+                                             options_.sample_tokens, plan_.mesh.tp > 1 ? "tensor-parallel" : "sequence-parallel"));
   }
   if (samples_ && lead()) {
     std::string warning;
@@ -276,8 +300,34 @@ Batch RankTrainer::rank_batch() {
   return Batch{Tensor(shard_inputs_.data(), DType::int32, shape), Tensor(shard_targets_.data(), DType::int32, shape)};
 }
 
+// A pipeline's step: the step's micro-batches read first (every stage reads the same ones), then
+// the schedule runs them through the stages and steps (PipelineEngine::train_batch).
+void RankTrainer::train_pipeline_step() {
+  const auto t0 = Clock::now();
+  step_tokens_.resize(static_cast<std::size_t>(GAS_));
+  step_targets_.resize(static_cast<std::size_t>(GAS_));
+  std::vector<Batch> batches;
+  for (std::int64_t m = 0; m < GAS_; ++m) {
+    loader_->next_micro_batch(inputs_, targets_);
+    const Batch b = rank_batch();
+    auto& tok = step_tokens_[static_cast<std::size_t>(m)];
+    auto& tgt = step_targets_[static_cast<std::size_t>(m)];
+    const auto* tp = static_cast<const std::int32_t*>(b.tokens.data);
+    const auto* gp = static_cast<const std::int32_t*>(b.targets.data);
+    tok.assign(tp, tp + b.tokens.numel());
+    tgt.assign(gp, gp + b.targets.numel());
+    batches.push_back(Batch{Tensor(tok.data(), DType::int32, b.tokens.shape), Tensor(tgt.data(), DType::int32, b.targets.shape)});
+  }
+  timed(kStepGlobalTimer, [&] { pipe_->train_batch(batches); });
+  after_step(seconds_since(t0));
+}
+
 void RankTrainer::train_step() {
   if (!started_) announce();
+  if (pipe_) {
+    train_pipeline_step();
+    return;
+  }
   Engine& engine = *engine_;
   const auto t0 = Clock::now();
   for (std::int64_t m = 0; m < GAS_; ++m) {
@@ -404,7 +454,8 @@ double RankTrainer::evaluate() {
   double sum = 0.0;
   std::size_t n = 0;
   while (loader.next(inputs_, targets_)) {
-    const float loss = engine.evaluate(rank_batch());  // every rank evaluates every round (collective at ZeRO-3)
+    // Every rank evaluates every round (collective at ZeRO-3; through every stage of a pipeline).
+    const float loss = pipe_ ? pipe_->evaluate(rank_batch()) : engine.evaluate(rank_batch());
     if (!loader.last_counts()) continue;        // a padding batch of the last round
     sum += loss;
     ++n;

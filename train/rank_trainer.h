@@ -24,6 +24,7 @@
 #include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "engine/pipeline_engine.h"
 #include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "train/monitor/monitor_master.h"
@@ -96,6 +97,12 @@ class RankTrainer {
   // The device mesh's groups (zero/device_mesh.h): the engine trains on mesh_.data (its ZeRO group)
   // and mesh_.tp (its layers' group); empty for one rank.
   std::optional<MeshGroups> mesh_;
+  // Pipeline parallelism (plan.mesh.pp > 1): the shared parameters' group (declared before the
+  // engine, which holds it: destroyed after it), the schedule's runner, and every micro-batch of a
+  // step, kept until the step ends (the stages run them interleaved).
+  std::unique_ptr<Communicator> pipeline_ties_;
+  std::optional<PipelineEngine> pipe_;
+  std::vector<std::vector<std::int32_t>> step_tokens_, step_targets_;
   // Samples at the val interval: off under tensor parallelism (the generator reads whole logits;
   // each tensor-parallel rank holds a slice of the vocabulary's).
   bool samples_ = true;
@@ -109,7 +116,8 @@ class RankTrainer {
   Batch rank_batch();
   int rank_ = 0;
   std::optional<Engine> engine_;
-  std::optional<CheckpointManager> checkpoints_;  // the engine's training checkpoints (declared after it: destroyed first)
+  std::optional<CheckpointManager> checkpoints_;
+  void train_pipeline_step();  // the engine's training checkpoints (declared after it: destroyed first)
   std::int64_t B_ = 0, GAS_ = 0, TBS_ = 0, T_ = 0;
   int stage_ = 0;
   std::optional<DataLoader> loader_;

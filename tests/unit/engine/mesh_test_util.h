@@ -18,7 +18,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/pipeline_engine.h"
 #include "engine/tensor_parallel.h"
+#include "models/pipeline_stage.h"
 #include "models/param_split.h"
 #include "zero/device_mesh.h"
 #include "zero_test_util.h"
@@ -31,6 +33,14 @@ struct MeshRun {
   int tp = 1;
   int sp = 1;
   int dp = 1;
+  // Pipeline parallelism: pp stages of vstages chunks each, the whole model cut by `partition`
+  // (models/stage_partition.h), run by `schedule` (engine/pipeline_schedule.h).
+  int pp = 1;
+  int vstages = 1;
+  PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
+  const char* partition = "uniform";
+  std::int64_t pp_ckpt_interval = 0;  // pipeline.activation_checkpoint_interval
+  std::vector<std::int64_t> inject_overflow{};  // EngineOptions::inject_overflow_steps, on the pipeline's last stage only
   int stage = 0;
   int gas = 1;
   int steps = 3;
@@ -91,14 +101,16 @@ inline std::string mesh_config_json(const MeshRun& m) {
   s.knobs.persistence_threshold = m.persistence_threshold;
   std::string json = zero_config_json(s);
   json.pop_back();
-  json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {}}})", m.tp, m.sp);
+  json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {})", m.tp, m.sp);
+  if (m.pp > 1) json += fmt::format(R"(, "pipeline": {{"stages": {}, "activation_checkpoint_interval": {}}})", m.pp, m.pp_ckpt_interval);
+  json += "}";
   return json;
 }
 
 // Rank results of every mesh rank, in world order (rank = (dp·SP + sp)·TP + tp), on the device
 // mesh's groups (zero/device_mesh.h).
 inline RunResult run_mesh(const MeshRun& m) {
-  const int world = m.tp * m.sp * m.dp;
+  const int world = m.tp * m.sp * m.dp * m.pp;
   const std::string json = mesh_config_json(m);
   RunResult out;
   out.ranks.resize(static_cast<std::size_t>(world));
@@ -106,7 +118,7 @@ inline RunResult run_mesh(const MeshRun& m) {
   g_sp_bytes.assign(static_cast<std::size_t>(world), 0);
   run_local_ranks(world, [&](Communicator& comm) {
     const int r = comm.rank();
-    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp));
+    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp, m.pp));
     const int t = mesh.coord.tp, q = mesh.coord.sp, d = mesh.coord.dp;
     RankResult& me = out.ranks[static_cast<std::size_t>(r)];
     config::ConfigOptions copts;
@@ -119,8 +131,32 @@ inline RunResult run_mesh(const MeshRun& m) {
     o.sequence_parallel = m.sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = kT / m.sp;
     o.checkpoint_activations = m.ckpt;
-    Engine e = initialize(build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}), c, o);
-    for (int step = 0; step < m.steps; ++step) {
+    Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows});
+    std::unique_ptr<Communicator> ties;
+    if (m.pp > 1) {
+      const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(m.pp * m.vstages), m.partition);
+      model = make_pipeline_stage_model(std::move(model), parts, m.pp, mesh.coord.pp);
+      ties = make_pipeline_ties_group(comm, mesh, model);
+      o.pipeline = mesh.pp.get();
+      o.pipeline_ties = ties.get();
+      o.pipeline_in_flight = PipelineEngine::in_flight(m.schedule, m.pp, mesh.coord.pp, m.gas, m.vstages);
+      o.pipeline_checkpoint_interval = m.pp_ckpt_interval;
+      if (mesh.coord.pp == m.pp - 1) o.inject_overflow_steps = m.inject_overflow;
+    }
+    Engine e = initialize(std::move(model), c, o);
+    if (m.pp > 1) {
+      PipelineEngine pipe(e, *mesh.pp, m.schedule, m.vstages);
+      for (int step = 0; step < m.steps; ++step) {
+        std::vector<Tokens> held;
+        std::vector<Batch> batches;
+        for (int g = 0; g < m.gas; ++g) held.push_back(mesh_batch(m, step, g * m.dp + d, q));
+        for (Tokens& b : held) batches.push_back(b.batch());
+        pipe.train_batch(batches);
+        me.losses.push_back(e.state().last_step_loss);
+        me.grad_norms.push_back(e.state().grad_norm);
+      }
+    }
+    for (int step = 0; m.pp == 1 && step < m.steps; ++step) {
       for (int g = 0; g < m.gas; ++g) {
         Tokens b = mesh_batch(m, step, g * m.dp + d, q);
         e.forward(b.batch());
@@ -134,6 +170,7 @@ inline RunResult run_mesh(const MeshRun& m) {
     me.memory = e.report().memory;
     g_tp_bytes[static_cast<std::size_t>(r)] = mesh.tp->stats().total_bytes_sent();
     g_sp_bytes[static_cast<std::size_t>(r)] = mesh.sp->stats().total_bytes_sent();
+    me.skipped_steps = e.state().skipped_steps;
     e.gather_master_params([&](const std::string& n, const Tensor& v) { me.params[n] = values(v); });
   });
   return out;
@@ -174,8 +211,23 @@ inline Tolerance tp_tolerance(Precision p) {
   return {1e-6, 6e-4, 0.0, 1e-3, 3e-4, 1e-4};
 }
 
+// A pipeline's ranks each gather their stage's parameters: every parameter must be equal on every
+// rank holding it (the data-parallel replicas, and a shared parameter's copies on two stages —
+// GPT-2's tied embedding), and the union is the whole model, which every rank then reports.
+inline RunResult merge_pipeline_params(RunResult run) {
+  std::map<std::string, std::vector<float>> all;
+  for (std::size_t r = 0; r < run.ranks.size(); ++r) {
+    for (const auto& [name, v] : run.ranks[r].params) {
+      auto [it, fresh] = all.emplace(name, v);
+      if (!fresh) EXPECT_EQ(it->second, v) << "rank " << r << " holds a different " << name;
+    }
+  }
+  for (RankResult& rr : run.ranks) rr.params = all;
+  return run;
+}
+
 inline void check_against_one_rank(const MeshRun& m) {
-  const RunResult run = run_mesh(m);
+  const RunResult run = m.pp > 1 ? merge_pipeline_params(run_mesh(m)) : run_mesh(m);
   const RunResult& ref = one_rank(m.model, m.gas * m.dp, m.precision, m.steps, m.optimizer_json, m.ignored);
   const RunResult& init = one_rank(m.model, 0, m.precision);
   const Tolerance tol = m.tolerance.value_or(tp_tolerance(m.precision));
@@ -200,7 +252,7 @@ inline void check_against_one_rank(const MeshRun& m) {
   EXPECT_LE(d.update_rel, tol.update_rel);
   EXPECT_LE(d.key_bias_max_abs, tol.key_bias_abs) << "attention key bias";
   if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) {
-    std::printf("MEASURE tp %d sp %d dp %d stage %d %s %s: loss %.3g abs %.3g upd_rel %.3g all %.3g keyb %.3g\n", m.tp, m.sp, m.dp, m.stage, m.model,
+    std::printf("MEASURE pp %d tp %d sp %d dp %d stage %d %s %s: loss %.3g abs %.3g upd_rel %.3g all %.3g keyb %.3g\n", m.pp, m.tp, m.sp, m.dp, m.stage, m.model,
                 precision_name(m.precision), std::abs(run.r0().losses.back() - ref.r0().losses.back()) / std::abs(ref.r0().losses.back()), d.max_abs,
                 d.max_update_rel, d.update_rel, d.key_bias_max_abs);
   }

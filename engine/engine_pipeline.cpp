@@ -1,0 +1,392 @@
+// The engine's pipeline stage (EngineOptions::pipeline, docs/parallelism.md §5): the activation
+// sets of the micro-batches in flight, a chunk's forward and backward on one micro-batch, and the
+// step's cross-stage parts (the shared parameters' gradient sum). The schedule that calls these
+// — which micro-batch when, and the activations and gradients sent between stages — is
+// engine/pipeline_engine.h's.
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "engine/tensor_parallel.h"
+#include "models/activation_layout.h"
+#include "ops/error.h"
+#include "ops/kernels/tensor_ops.h"
+#include "ops/log.h"
+
+namespace dstrain {
+namespace {
+
+// Reserves `spec` at the end of a layout being packed; returns its offset.
+std::size_t reserve(std::size_t& bytes, const ActivationSpec& spec) {
+  std::vector<std::size_t> off;
+  bytes = pack_activation_specs({spec}, bytes, off);
+  return off[0];
+}
+
+}  // namespace
+
+// Per chunk c, pipeline_slots[c] activation sets of its layers (one per micro-batch in flight),
+// the received input of each slot (the chunk holding the model's first layer reads the tokens),
+// the received output gradient and the residual stream's gradient, and one scratch arena.
+// Activation checkpointing: a chunk's blocks (every layer but the model's first and last) run in
+// segments of `interval`; a segment keeps only its input per slot (the previous layer's output),
+// its inner outputs and saved activations are shared by the slots and recomputed before its
+// backward, so a slot holds chunk inputs and segment boundaries instead of every activation.
+void Engine::build_pipeline_activations(const config::DsConfig& config, const EngineOptions& options) {
+  Impl& im = *impl_;
+  const std::size_t L = model_.layers.size();
+  const std::size_t C = model_.chunks.size();
+  const std::size_t last_id = model_.whole_layer_count() - 1;
+  const DType storage = dims_.dtype;
+  if (!options.pipeline_in_flight.empty() && options.pipeline_in_flight.size() != C)
+    fail("initialize: pipeline_in_flight has {} entries but this stage runs {} chunk(s)", options.pipeline_in_flight.size(), C);
+  im.pipeline_slots.assign(C, 1);
+  for (std::size_t c = 0; c < options.pipeline_in_flight.size(); ++c)
+    im.pipeline_slots[c] = static_cast<int>(std::clamp<std::int64_t>(options.pipeline_in_flight[c], 1, gas_));
+  im.chunk_of_layer.assign(L, 0);
+  for (std::size_t c = 0; c < C; ++c)
+    for (std::size_t i = model_.chunks[c].begin; i < model_.chunks[c].end; ++i) im.chunk_of_layer[i] = static_cast<int>(c);
+
+  const std::int64_t interval = options.pipeline_checkpoint_interval > 0 ? options.pipeline_checkpoint_interval : options.checkpoint_activations ? 1 : 0;
+  if (interval > 0 && (config.activation_checkpointing.cpu_checkpointing || config.activation_checkpointing.number_checkpoints)) {
+    log_warning(
+        "pipeline: activation_checkpointing.cpu_checkpointing and number_checkpoints are not read with pipeline stages; each stage recomputes "
+        "its blocks in segments of {} (pipeline.activation_checkpoint_interval), keeping the segments' inputs on the device",
+        interval);
+  }
+  // inner[i]: layer i's activations are shared by the slots (a checkpointed segment's, except the
+  // segment's last output, which is the next segment's kept input).
+  std::vector<bool> shared_saved(L, false), shared_output(L, false);
+  im.segment_first.assign(L, -1);
+  if (interval > 0) {
+    for (const ModelChunk& ch : model_.chunks) {
+      std::size_t i = ch.begin;
+      while (i < ch.end) {
+        const std::size_t id = model_.layer_id(i);
+        if (id == 0 || id == last_id) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i;
+        while (j + 1 < ch.end && j + 1 - i < static_cast<std::size_t>(interval) && model_.layer_id(j + 1) != last_id) ++j;
+        for (std::size_t k = i; k <= j; ++k) {
+          shared_saved[k] = true;
+          shared_output[k] = k != j;
+        }
+        im.segment_first[j] = static_cast<std::int64_t>(i);
+        i = j + 1;
+      }
+    }
+  }
+
+  // Offsets first, tensors after the one allocation.
+  struct Place {
+    std::size_t output = 0;
+    std::vector<std::size_t> saved;
+  };
+  std::vector<std::vector<Place>> place(L);  // [layer][slot]
+  std::vector<std::vector<std::size_t>> input_off(C), upload_off(C);
+  std::vector<ActivationSpec> out_spec(L);
+  std::vector<std::vector<ActivationSpec>> saved_spec(L);
+  std::size_t bytes = 0, sbytes = 0;
+  const Shape residual = model_.residual_shape(dims_);
+  const ActivationSpec residual_spec{"pipeline_residual", residual, storage};
+  const bool upload = !im.allocator->device().is_cpu();
+  const ActivationSpec batch_spec{"pipeline_batch", Shape{2 * dims_.B * dims_.T}, DType::int32};
+  for (std::size_t c = 0; c < C; ++c) {
+    const ModelChunk& ch = model_.chunks[c];
+    const int slots = im.pipeline_slots[c];
+    for (std::size_t i = ch.begin; i < ch.end; ++i) {
+      out_spec[i] = model_.layers[i]->output(dims_);
+      saved_spec[i] = model_.layers[i]->saved_activations(dims_);
+      place[i].resize(static_cast<std::size_t>(slots));
+      Place shared;
+      if (shared_output[i]) shared.output = reserve(bytes, out_spec[i]);
+      if (shared_saved[i])
+        for (const ActivationSpec& a : saved_spec[i]) shared.saved.push_back(reserve(bytes, a));
+      for (int k = 0; k < slots; ++k) {
+        Place& p = place[i][static_cast<std::size_t>(k)];
+        p.output = shared_output[i] ? shared.output : reserve(bytes, out_spec[i]);
+        if (shared_saved[i]) {
+          p.saved = shared.saved;
+        } else {
+          for (const ActivationSpec& a : saved_spec[i]) p.saved.push_back(reserve(bytes, a));
+        }
+      }
+      std::vector<std::size_t> unused;
+      sbytes = std::max(sbytes, pack_activation_specs(model_.layers[i]->scratch(dims_), 0, unused));
+    }
+    for (int k = 0; k < slots; ++k) {
+      if (model_.layer_id(ch.begin) != 0) input_off[c].push_back(reserve(bytes, residual_spec));
+      if (upload) upload_off[c].push_back(reserve(bytes, batch_spec));
+    }
+  }
+  const std::size_t grad_in_off = reserve(bytes, residual_spec);
+  const std::size_t dres_off = reserve(bytes, residual_spec);
+  im.pipeline_buf = Buffer(*im.allocator, align_up(bytes), MemoryPurpose::activations);
+  im.scratch_buf = Buffer(*im.allocator, std::max(sbytes, kActivationAlignBytes), MemoryPurpose::buffers);
+
+  im.slot_views.assign(L, {});
+  im.chunk_inputs.assign(C, {});
+  im.slot_batches.assign(C, {});
+  im.slot_uploads.assign(C, {});
+  for (std::size_t c = 0; c < C; ++c) {
+    const ModelChunk& ch = model_.chunks[c];
+    const auto slots = static_cast<std::size_t>(im.pipeline_slots[c]);
+    for (std::size_t off : input_off[c]) im.chunk_inputs[c].push_back(im.pipeline_buf.tensor(storage, residual, off));
+    for (std::size_t off : upload_off[c]) im.slot_uploads[c].push_back(im.pipeline_buf.tensor(DType::int32, batch_spec.shape, off));
+    im.slot_batches[c].resize(slots);
+    for (std::size_t i = ch.begin; i < ch.end; ++i) {
+      im.slot_views[i].resize(slots);
+      for (std::size_t k = 0; k < slots; ++k) {
+        Impl::SlotViews& v = im.slot_views[i][k];
+        const Place& p = place[i][k];
+        v.output = v.recompute_output = im.pipeline_buf.tensor(out_spec[i].dtype, out_spec[i].shape, p.output);
+        for (std::size_t j = 0; j < saved_spec[i].size(); ++j)
+          v.saved.push_back(im.pipeline_buf.tensor(saved_spec[i][j].dtype, saved_spec[i][j].shape, p.saved[j]));
+        if (i > ch.begin) {
+          v.input = im.slot_views[i - 1][k].output;
+        } else if (!im.chunk_inputs[c].empty()) {
+          v.input = im.chunk_inputs[c][k];
+        }
+      }
+    }
+  }
+  for (std::size_t i = 0; i < L; ++i) {
+    std::vector<ActivationSpec> specs = model_.layers[i]->scratch(dims_);
+    std::vector<std::size_t> so;
+    pack_activation_specs(specs, 0, so);
+    for (std::size_t k = 0; k < specs.size(); ++k) im.layers[i].scratch.push_back(im.scratch_buf.tensor(specs[k].dtype, specs[k].shape, so[k]));
+  }
+  im.grad_in = im.pipeline_buf.tensor(storage, residual, grad_in_off);
+  im.dresidual = im.pipeline_buf.tensor(storage, residual, dres_off);
+  for (std::size_t c = 0; c < C; ++c) select_slot(static_cast<int>(c), 0);
+  if (interval > 0) {
+    std::size_t segments = 0;
+    for (std::int64_t f : im.segment_first) segments += f >= 0 ? 1 : 0;
+    log_info("pipeline: activation checkpointing: {} segment(s) of at most {} block(s) on this stage; each keeps only its input per micro-batch in flight",
+             segments, interval);
+  }
+}
+
+void Engine::select_slot(int chunk, int slot) {
+  Impl& im = *impl_;
+  const ModelChunk& ch = model_.chunks[static_cast<std::size_t>(chunk)];
+  for (std::size_t i = ch.begin; i < ch.end; ++i) {
+    const Impl::SlotViews& v = im.slot_views[i][static_cast<std::size_t>(slot)];
+    Impl::LayerState& ls = im.layers[i];
+    ls.input = v.input;
+    ls.output = v.output;
+    ls.recompute_output = v.recompute_output;
+    ls.saved = v.saved;
+  }
+}
+
+namespace {
+
+void check_pipeline_call(const Model& model, const char* who, int chunk, int micro, std::int64_t gas, bool pipelined) {
+  if (!pipelined) fail("Engine::{}: this engine has no pipeline (EngineOptions::pipeline); use forward, backward and step", who);
+  if (chunk < 0 || static_cast<std::size_t>(chunk) >= model.chunks.size())
+    fail("Engine::{}: chunk {} is outside this stage's {} chunk(s)", who, chunk, model.chunks.size());
+  if (micro < 0 || micro >= gas) fail("Engine::{}: micro-batch {} is outside the step's {} (gradient_accumulation_steps)", who, micro, gas);
+}
+
+}  // namespace
+
+Tensor Engine::pipeline_input(int chunk, int micro) const {
+  check_pipeline_call(model_, "pipeline_input", chunk, micro, gas_, model_.pipelined());
+  const auto& in = impl_->chunk_inputs[static_cast<std::size_t>(chunk)];
+  if (in.empty()) fail("Engine::pipeline_input: chunk {} holds the model's first layer, which reads the tokens", chunk);
+  return in[static_cast<std::size_t>(micro % impl_->pipeline_slots[static_cast<std::size_t>(chunk)])];
+}
+
+Tensor Engine::pipeline_output(int chunk, int micro) const {
+  check_pipeline_call(model_, "pipeline_output", chunk, micro, gas_, model_.pipelined());
+  const ModelChunk& ch = model_.chunks[static_cast<std::size_t>(chunk)];
+  return impl_->slot_views[ch.end - 1][static_cast<std::size_t>(micro % impl_->pipeline_slots[static_cast<std::size_t>(chunk)])].output;
+}
+
+Tensor Engine::pipeline_grad_in() const { return impl_->grad_in; }
+Tensor Engine::pipeline_grad_out() const { return impl_->dresidual; }
+
+float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
+  check_pipeline_call(model_, "forward_chunk", chunk, micro, gas_, model_.pipelined());
+  Impl& im = *impl_;
+  const auto c = static_cast<std::size_t>(chunk);
+  const ModelChunk& ch = model_.chunks[c];
+  const auto slot = static_cast<std::size_t>(micro % im.pipeline_slots[c]);
+  select_slot(chunk, static_cast<int>(slot));
+  set_batch(batch, im.slot_uploads[c].empty() ? Tensor{} : im.slot_uploads[c][slot]);
+  im.slot_batches[c][slot] = im.batch;
+  im.pipeline_micro = micro;
+  const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
+  float loss = 0.0f;
+  for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, true, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
+  if (has_loss) {
+    if (im.sp != nullptr) {
+      // As forward_layers: the whole sequences' mean from the ranks' sums.
+      double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
+      all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
+      loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
+    }
+    last_loss_ = loss;
+    step_loss_sum_ += static_cast<double>(loss);
+  }
+  return loss;
+}
+
+float Engine::evaluate_chunk(int chunk, const Batch& batch) {
+  check_pipeline_call(model_, "evaluate_chunk", chunk, 0, gas_, model_.pipelined());
+  Impl& im = *impl_;
+  const auto c = static_cast<std::size_t>(chunk);
+  const ModelChunk& ch = model_.chunks[c];
+  if (im.pipeline_backwards != 0) fail("Engine::evaluate_chunk: a step is under way (its micro-batches' activations would be overwritten); evaluate between steps");
+  select_slot(chunk, 0);
+  set_batch(batch, im.slot_uploads[c].empty() ? Tensor{} : im.slot_uploads[c][0]);
+  im.pipeline_micro = 0;
+  const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
+  float loss = 0.0f;
+  for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, false, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
+  im.pipeline_micro = -1;
+  if (has_loss && im.sp != nullptr) {
+    double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
+    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
+    loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
+  }
+  return loss;
+}
+
+void Engine::backward_chunk(int chunk, int micro) {
+  check_pipeline_call(model_, "backward_chunk", chunk, micro, gas_, model_.pipelined());
+  Impl& im = *impl_;
+  const auto c = static_cast<std::size_t>(chunk);
+  const ModelChunk& ch = model_.chunks[c];
+  const auto slot = static_cast<std::size_t>(micro % im.pipeline_slots[c]);
+  select_slot(chunk, static_cast<int>(slot));
+  im.batch = im.slot_batches[c][slot];
+  im.pipeline_micro = micro;
+  const std::size_t last_id = model_.whole_layer_count() - 1;
+  const bool boundary = micro == gas_ - 1;
+  if (model_.layer_id(ch.end - 1) != last_id) copy_tensor(im.dresidual, im.grad_in);
+  const auto step = static_cast<std::uint32_t>(global_steps_);
+  const std::uint32_t gm = global_micro_batch();
+  const float dloss = micro_batch_dloss();
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::duration reduction{0};
+  for (std::size_t k = ch.end; k-- > ch.begin;) {
+    if (const std::int64_t f = im.segment_first[k]; f >= 0) {
+      // The segment's activations were overwritten by later micro-batches: run it forward again
+      // from its kept input (same keys, the same dropout masks).
+      for (auto j = static_cast<std::size_t>(f); j <= k; ++j) forward_layer(j, true, nullptr, true);
+    }
+    Impl::LayerState& ls = im.layers[k];
+    im.states->acquire(k);
+    im.states->before_backward(k);
+    im.states->views(k, ls.params, &ls.grads);
+    BackwardArgs a;
+    a.dims = dims_;
+    a.batch = im.batch;
+    a.input = ls.input;
+    a.output = ls.recompute_output;
+    a.dout = model_.layer_id(k) == last_id ? Tensor{} : im.dresidual;
+    a.dinput = model_.layer_id(k) == 0 ? Tensor{} : im.dresidual;
+    a.params = ls.params;
+    a.grads = ls.grads;
+    a.saved = ls.saved;
+    a.scratch = ls.scratch;
+    a.rng = RngKey{im.options.seed, step, static_cast<std::uint32_t>(model_.layer_id(k)), gm, 0};
+    a.train = true;
+    a.dloss = dloss;
+    a.loss_grad_done = model_.layers[k]->fuses_loss_grad();
+    a.tensor_parallel = im.tp_group.get();
+    a.sequence_parallel = im.sp_group.get();
+    model_.layers[k]->backward(a);
+    const Clock::time_point reduce_start = Clock::now();
+    im.states->after_backward(k, boundary);
+    reduction += Clock::now() - reduce_start;
+    im.states->release(k);
+  }
+  im.pipeline_backwards += 1;
+  const Clock::time_point end_start = Clock::now();
+  // The step's last backward on this rank flushes the gradient reduction (at ZeRO-0 the regions
+  // of every chunk's boundary backward form one range, the chunks running last to first).
+  im.states->end_backward(im.pipeline_backwards == gas_ * static_cast<std::int64_t>(model_.chunks.size()));
+  const Clock::time_point end = Clock::now();
+  reduction += end - end_start;
+  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  im.backward_allreduce_ms = ms(reduction);
+  im.backward_inner_ms = ms(end - start - reduction);
+}
+
+void Engine::pipeline_step() {
+  Impl& im = *impl_;
+  if (!model_.pipelined()) fail("Engine::pipeline_step: this engine has no pipeline (EngineOptions::pipeline); use step()");
+  const std::int64_t want = gas_ * static_cast<std::int64_t>(model_.chunks.size());
+  if (im.pipeline_backwards != want)
+    fail("Engine::pipeline_step: {} chunk backward(s) ran this step but the step has {} ({} micro-batches x {} chunk(s))", im.pipeline_backwards, want,
+         gas_, model_.chunks.size());
+  im.pipeline_backwards = 0;
+  micro_steps_ += gas_ - 1;  // the step's micro-batches, the last counted by boundary_step's caller below
+  boundary_step();
+  micro_steps_ += 1;
+  im.pipeline_micro = -1;
+}
+
+void Engine::pipeline_all_reduce_sum(std::span<float> values) {
+  Impl& im = *impl_;
+  if (im.pp == nullptr || values.empty()) return;
+  if (values.size() > 64) fail("Engine::pipeline_all_reduce_sum: {} values; at most 64", values.size());
+  all_reduce_host(*im.pp, Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}), ReduceOp::sum, im.host_value_staging());
+}
+
+// The shared parameters' gradients (GPT-2's tied embedding on the first and last stages), summed
+// over the ranks holding a copy, as DeepSpeed's PipelineEngine all-reduces a TiedLayerSpec's
+// gradients among its owners: every holder contributes the pieces of the (data-group reduced)
+// gradient its partition holds — at ZeRO-0 every data rank holds all of it, so only data rank 0 —
+// into a whole fp32 tensor, one all-reduce over the holders, and each takes its pieces back.
+void Engine::reduce_shared_params() {
+  Impl& im = *impl_;
+  if (im.pp_ties == nullptr || model_.shared_params.empty()) return;
+  const bool contributes = im.config.zero_optimization.stage >= 1 || im.states->rank() == 0;
+  for (const SharedParam& shared : model_.shared_params) {
+    const auto it = im.by_name.find(shared.name);
+    DSTRAIN_CHECK(it != im.by_name.end(), "pipeline: shared parameter '{}' is not owned here", shared.name);
+    const auto t = static_cast<std::int32_t>(it->second);
+    const std::int64_t n = im.owned[it->second].spec.shape.numel();
+    std::vector<float> whole(static_cast<std::size_t>(n), 0.0f);
+    struct Held {
+      Tensor grads;  // the piece in the partition's gradient
+      std::int64_t tensor_offset;
+    };
+    std::vector<Held> held;
+    for (const PartitionSegment& sg : im.states->partitions()) {
+      const std::size_t es = dtype_size(sg.grads.dtype);
+      for (const TensorPiece& p : sg.pieces) {
+        if (p.tensor != t) continue;
+        held.push_back({Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(p.offset) * es, sg.grads.dtype, Shape{p.numel},
+                               sg.grads.device),
+                        p.tensor_offset});
+      }
+    }
+    std::vector<char> host;
+    for (const Held& h : held) {
+      if (!contributes) break;
+      host.resize(h.grads.nbytes());
+      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+      copy_tensor(hg, h.grads);
+      convert_tensor(Tensor(whole.data() + h.tensor_offset, DType::fp32, h.grads.shape), hg);
+    }
+    all_reduce_host(*im.pp_ties, Tensor(whole.data(), DType::fp32, Shape{n}), ReduceOp::sum, im.host_value_staging());
+    for (const Held& h : held) {
+      host.resize(h.grads.nbytes());
+      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+      convert_tensor(hg, Tensor(whole.data() + h.tensor_offset, DType::fp32, h.grads.shape));
+      copy_tensor(h.grads, hg);
+    }
+  }
+}
+
+}  // namespace dstrain
