@@ -263,7 +263,10 @@ void CommsLogger::timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn) {
   const double start = options_.clock_ms();
   fn();
   if (options_.synchronize) options_.synchronize();
-  const double ms = options_.clock_ms() - start;
+  record(kind, msg_bytes, options_.clock_ms() - start);
+}
+
+void CommsLogger::record(CollectiveKind kind, std::uint64_t msg_bytes, double ms) {
   log_.record(kind, msg_bytes, ms);
   if (options_.verbose) {
     const std::string line = format_comms_call(kind, msg_bytes, ms, world_size());
@@ -305,6 +308,25 @@ void CommsLogger::do_send(const Tensor& buf, int peer) {
 
 void CommsLogger::do_recv(const Tensor& buf, int peer) {
   timed(CollectiveKind::recv, buf.nbytes(), [&] { inner_.recv(buf, peer); });
+}
+
+// One forwarded batch (its ops run together, so they cannot be timed apart): each profiled op is
+// logged as the send or recv it is, with the batch's time, the time it took to complete.
+void CommsLogger::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> /*calls*/) {
+  bool any = false;
+  for (const PointToPointOp& op : ops) any = any || profiles(op.is_send ? CollectiveKind::send : CollectiveKind::recv);
+  if (!any) {
+    inner_.send_recv(ops);
+    return;
+  }
+  const double start = options_.clock_ms();
+  inner_.send_recv(ops);
+  if (options_.synchronize) options_.synchronize();
+  const double ms = options_.clock_ms() - start;
+  for (const PointToPointOp& op : ops) {
+    const CollectiveKind kind = op.is_send ? CollectiveKind::send : CollectiveKind::recv;
+    if (profiles(kind)) record(kind, op.buffer.nbytes(), ms);
+  }
 }
 
 }  // namespace dstrain

@@ -167,6 +167,8 @@ class CommsLogger final : public Communicator {
   // Logged on each of the two ranks (DeepSpeed's send and recv are timed ops too).
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
+  // Forwarded as one batch; each op logged as its send or recv, with the batch's time.
+  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
   // Splits the inner communicator (its exchange is the inner's collective, not logged here: it is
   // no deepspeed.comm op) and wraps the child in a logger of its own, with these options, so the
   // sub-group's collectives are logged in its own table (DeepSpeed's logger is per process and
@@ -178,6 +180,8 @@ class CommsLogger final : public Communicator {
  private:
   template <typename Fn>
   void timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn);
+  // Logs one profiled call that took `ms` (and prints it when verbose).
+  void record(CollectiveKind kind, std::uint64_t msg_bytes, double ms);
 
   std::unique_ptr<Communicator> owned_inner_;  // set when the logger owns inner_
   Communicator& inner_;

@@ -259,18 +259,22 @@ std::uint64_t Communicator::recvs_from(int peer) const {
 // Not run(): a point-to-point call leaves sequence() alone (the other ranks do not see it), and is
 // numbered in its pair's order instead. Its errors poison the group like a collective's, so that
 // the peer waiting for it fails now, not at the timeout.
+void Communicator::check_peer(std::string_view name, int peer, bool sending) const {
+  DSTRAIN_CHECK(peer >= 0 && peer < world_size_,
+                "{} on rank {}: peer {} is not a rank of this communicator (world size {}: ranks 0..{}). Fix: pass a rank of this "
+                "group (a split group numbers its ranks from 0: Communicator::rank() of the peer's communicator)",
+                name, rank_, peer, world_size_, world_size_ - 1);
+  DSTRAIN_CHECK(peer != rank_,
+                "{} on rank {}: peer {} is this rank itself (world size {}); a rank cannot {} itself. Fix: copy the buffer "
+                "directly where peer == rank, or choose another peer",
+                name, rank_, peer, world_size_, sending ? "send to" : "receive from");
+}
+
 void Communicator::point_to_point(CollectiveKind kind, const Tensor& buf, int peer) {
   const bool sending = kind == CollectiveKind::send;
   try {
     const char* name = sending ? "send" : "recv";
-    DSTRAIN_CHECK(peer >= 0 && peer < world_size_,
-                  "{} on rank {}: peer {} is not a rank of this communicator (world size {}: ranks 0..{}). Fix: pass a rank of this "
-                  "group (a split group numbers its ranks from 0: Communicator::rank() of the peer's communicator)",
-                  name, rank_, peer, world_size_, world_size_ - 1);
-    DSTRAIN_CHECK(peer != rank_,
-                  "{} on rank {}: peer {} is this rank itself (world size {}); a rank cannot {} itself. Fix: copy the buffer "
-                  "directly where peer == rank, or choose another peer",
-                  name, rank_, peer, world_size_, sending ? "send to" : "receive from");
+    check_peer(name, peer, sending);
     std::uint64_t& number = (sending ? sends_to_ : recvs_from_)[static_cast<std::size_t>(peer)];
     ++number;
     const auto call = fmt::format("{} #{} {} rank {} on rank {}", name, number, sending ? "to" : "from", peer, rank_);
@@ -287,6 +291,51 @@ void Communicator::point_to_point(CollectiveKind kind, const Tensor& buf, int pe
   }
   stats_.calls[static_cast<std::size_t>(kind)] += 1;
   stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, buf.nbytes(), world_size_);
+}
+
+// point_to_point for a whole batch: every op is checked before any is numbered or posted (so a bad
+// op posts nothing), then the batch is numbered in its order, handed to the backend at once, and
+// counted as its sends and recvs one by one.
+void Communicator::send_recv(std::span<const PointToPointOp> ops) {
+  if (ops.empty()) return;
+  const std::size_t n = ops.size();
+  std::vector<PointToPointCall> calls(n);
+  try {
+    for (std::size_t i = 0; i < n; ++i) {
+      const PointToPointOp& op = ops[i];
+      const std::string name = fmt::format("{} (op {} of {} of a send_recv batch)", op.is_send ? "send" : "recv", i + 1, n);
+      check_peer(name, op.peer, op.is_send);
+      check_dtype(fmt::format("{} on rank {}", name, rank_), op.buffer.dtype, "the buffer");
+      check_data(fmt::format("{} on rank {}", name, rank_), op.buffer, "the buffer");
+    }
+    // The batch's ops run concurrently: a recv writing memory another op reads or writes would race.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ops[i].is_send) continue;
+      for (std::size_t j = 0; j < n; ++j) {
+        DSTRAIN_CHECK(j == i || !overlaps(ops[i].buffer, ops[j].buffer),
+                      "send_recv on rank {}: the buffer of op {} (recv from rank {}) overlaps the buffer of op {} ({} rank {}); the ops of "
+                      "a batch run at the same time, so a recv's buffer must be its own. Fix: give each recv its own buffer, or issue the "
+                      "ops in two batches",
+                      rank_, i + 1, ops[i].peer, j + 1, ops[j].is_send ? "send to" : "recv from", ops[j].peer);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const PointToPointOp& op = ops[i];
+      const auto peer = static_cast<std::size_t>(op.peer);
+      const std::uint64_t number = ++(op.is_send ? sends_to_ : recvs_from_)[peer];
+      calls[i] = PointToPointCall{op.is_send, op.is_send ? rank_ : op.peer, op.is_send ? op.peer : rank_, number, op.buffer.dtype,
+                                  op.buffer.numel()};
+    }
+    do_send_recv(ops, calls);
+  } catch (const Error& e) {
+    on_error(e.what());
+    throw;
+  }
+  for (const PointToPointOp& op : ops) {
+    const CollectiveKind kind = op.is_send ? CollectiveKind::send : CollectiveKind::recv;
+    stats_.calls[static_cast<std::size_t>(kind)] += 1;
+    stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, op.buffer.nbytes(), world_size_);
+  }
 }
 
 void Communicator::barrier() {

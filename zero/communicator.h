@@ -46,17 +46,30 @@
 // first) fails on the host backends at the timeout, naming the peer, as it would hang on NCCL
 // (where synchronize() times out). On a GPU (local on one device, NCCL) the work is queued as the
 // collectives' is, and ordered by the same calls.
+//
+// send_recv(ops) is the batched form (torch.distributed.batch_isend_irecv + wait, NCCL's grouped
+// ncclSend/ncclRecv, MPI_Isend/MPI_Irecv + MPI_Waitall): every op of the batch is posted at once
+// and the call returns when all have completed, so no op of the batch waits for another. Pipeline
+// stages need it: neighbours exchanging activations and gradients, or a rank sending to and
+// receiving from one peer, would deadlock with blocking sends that each wait for the other's recv.
+// Each op is one send or recv for the rules above (numbered in its pair's order, counted, checked
+// against its peer's call, batched or not); ops to one peer in one direction keep their batch order.
+// Backends — local: post every send, complete every recv (the rendezvous of one send/recv each),
+// then wait until every send was taken; MPI: the descriptions of all ops in flight at once, then
+// all the data messages; NCCL: ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ops/tensor.h"
+#include "zero/point_to_point.h"
 
 namespace dstrain {
 
@@ -110,6 +123,13 @@ std::chrono::milliseconds default_comm_timeout();
 // a flat buffer, for the in-place forms below. Throws Error when world_size does not divide numel.
 Tensor shard_of(const Tensor& full, int index, int world_size);
 
+// One operation of a send_recv batch (torch.distributed.P2POp).
+struct PointToPointOp {
+  bool is_send = true;
+  Tensor buffer;  // send: read; recv: written
+  int peer = 0;   // a rank of this communicator
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -150,6 +170,15 @@ class Communicator {
   // the k-th send to `peer` being "send #k", which errors name along with both ranks.
   void send(Tensor buf, int peer);
   void recv(Tensor buf, int peer);
+  // Posts every op of `ops` at once, then returns when all have completed (torch.distributed's
+  // batch_isend_irecv + wait). Sends and recvs match their peers' calls exactly as send()/recv() do
+  // (FIFO per ordered pair, counting standalone and batched calls alike, agreeing on dtype and
+  // count), but no op of the batch waits for another: a rank may send to and receive from the same
+  // or different peers in one call, and two neighbours that each send to the other in one batch do
+  // not deadlock. Ops to the same peer in the same direction keep their order in the batch. A recv's
+  // buffer must not overlap another op's (they run concurrently). Counted in stats() as the same
+  // sends and recvs one by one. An empty batch returns at once.
+  void send_recv(std::span<const PointToPointOp> ops);
   // How many sends to (receives from) `peer` this rank has issued; the next is number +1.
   std::uint64_t sends_to(int peer) const;
   std::uint64_t recvs_from(int peer) const;
@@ -231,6 +260,9 @@ class Communicator {
   // count this call (its number in the pair's order).
   virtual void do_send(const Tensor& buf, int peer) = 0;
   virtual void do_recv(const Tensor& buf, int peer) = 0;
+  // Called after every op was checked; calls[i] names ops[i] (sender, receiver, its number in its
+  // pair's order, dtype, count): sends_to / recvs_from already count the whole batch. Never empty.
+  virtual void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) = 0;
   // Called by split() after color was checked; returns the new group's communicator (never null).
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 
@@ -243,6 +275,8 @@ class Communicator {
   void run(CollectiveKind kind, std::uint64_t buffer_bytes, bool is_root, Fn&& fn);
   // send and recv: checks, numbers, do_send / do_recv, counts.
   void point_to_point(CollectiveKind kind, const Tensor& buf, int peer);
+  // An Error naming `name` unless `peer` is another rank of this communicator.
+  void check_peer(std::string_view name, int peer, bool sending) const;
   void check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard, const char* shard_name) const;
 
   int rank_;

@@ -285,7 +285,7 @@ std::string LocalGroup::missing_ranks_locked(const Call& call, Phase phase, bool
     const Slot& s = slots_[static_cast<std::size_t>(r)];
     whose += s.has_called ? fmt::format("; rank {} last called {}", r, describe(s.call, world_size_))
                           : fmt::format("; rank {} has called no collective yet", r);
-    if (s.p2p.active) whose += fmt::format(" and is waiting in {}", describe_point_to_point(s.p2p.call));
+    if (s.p2p_waiting) whose += fmt::format(" and is waiting in {}", describe_point_to_point(s.p2p_waiting_in));
   }
   const char* where = phase == Phase::arrive ? "reach" : "finish";
   if (!gone.empty()) {
@@ -342,7 +342,7 @@ void LocalGroup::wait_all(int rank, const Call& call, Phase phase, Clock::time_p
 
 std::string LocalGroup::activity_locked(int peer) const {
   const Slot& s = slots_[static_cast<std::size_t>(peer)];
-  if (s.p2p.active) return fmt::format("rank {} is waiting in {}", peer, describe_point_to_point(s.p2p.call));
+  if (s.p2p_waiting) return fmt::format("rank {} is waiting in {}", peer, describe_point_to_point(s.p2p_waiting_in));
   if (s.phases > generation_) return fmt::format("rank {} is waiting in {}", peer, describe(s.call, world_size_));
   if (s.has_called) return fmt::format("rank {} last called {}", peer, describe(s.call, world_size_));
   return fmt::format("rank {} has called no collective yet", peer);
@@ -378,87 +378,116 @@ std::string LocalGroup::check_point_to_point_locked(const PointToPoint& send, co
   return {};
 }
 
-void LocalGroup::send(int rank, const PointToPoint& mine, Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!poison_.empty()) throw_poison_locked();
-  PointToPoint& post = slots_[static_cast<std::size_t>(rank)].p2p;
-  post = mine;
-  post.active = true;
-  post.state = PointToPoint::State::posted;
-  cv_.notify_all();
-  const int peer = mine.call.receiver;
-  for (;;) {
-    if (post.state == PointToPoint::State::done) break;
-    if (post.state == PointToPoint::State::taken) {
-      // The receiver is copying from this rank's buffer: wait for it whatever else happens (it
-      // always hands the post back, a failed copy included), or the buffer could be freed under it.
-      cv_.wait(lock);
-      continue;
-    }
-    if (!poison_.empty()) break;
-    if (slots_[static_cast<std::size_t>(peer)].left) {
-      poison_locked(
-          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
-                      "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-                      describe_point_to_point(mine.call), peer, peer));
-      break;
-    }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && post.state == PointToPoint::State::posted && poison_.empty()) {
-      poison_locked(point_to_point_timeout_locked(mine, peer));
-    }
-  }
-  const bool done = post.state == PointToPoint::State::done;
-  post.active = false;
-  if (!done) throw_poison_locked();
-}
-
-void LocalGroup::recv(int rank, const PointToPoint& mine, Clock::time_point deadline, const std::function<void(const PointToPoint& send)>& copy) {
+void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, Clock::time_point deadline,
+                                const std::function<void(std::size_t i, const PointToPoint& send)>& copy) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!poison_.empty()) throw_poison_locked();
   Slot& me = slots_[static_cast<std::size_t>(rank)];
-  me.p2p = mine;
-  me.p2p.active = true;
-  const int peer = mine.call.sender;
-  PointToPoint& post = slots_[static_cast<std::size_t>(peer)].p2p;
+  // 1. Post every send at once, in batch order (a receiver takes a pair's oldest untaken post
+  // first), before any recv waits: so no op of the batch waits for another.
+  std::vector<std::list<PointToPoint>::iterator> sends;
+  for (const PointToPoint& op : ops) {
+    if (!op.call.is_send) continue;
+    sends.push_back(me.posted.insert(me.posted.end(), op));
+    sends.back()->state = PointToPoint::State::posted;
+  }
+  if (!sends.empty()) cv_.notify_all();
+  me.p2p_waiting = true;
+  bool failed = false;
   const auto fail_locked = [&](const std::string& message) {
     poison_locked(message);
-    me.p2p.active = false;
-    throw_poison_locked();
+    failed = true;
   };
-  // The peer's post addressed to this rank: a sender blocks until its post is taken, so it is the
-  // oldest unmatched send of the pair (program order).
-  const auto posted_here = [&] {
-    return post.active && post.call.is_send && post.call.receiver == rank && post.state == PointToPoint::State::posted;
-  };
-  while (!posted_here()) {
-    if (!poison_.empty()) fail_locked(poison_);
-    if (slots_[static_cast<std::size_t>(peer)].left) {
-      fail_locked(
-          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
-                      "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-                      describe_point_to_point(mine.call), peer, peer));
+  // 2. Complete the recvs in batch order. Each waits only for its peer to post (which the peer
+  // does at the start of its call), never for another op of this batch.
+  for (std::size_t i = 0; i < ops.size() && !failed; ++i) {
+    const PointToPoint& mine = ops[i];
+    if (mine.call.is_send) continue;
+    me.p2p_waiting_in = mine.call;
+    const int peer = mine.call.sender;
+    Slot& from = slots_[static_cast<std::size_t>(peer)];
+    // The peer's oldest post addressed to this rank that nobody took yet.
+    const auto posted_here = [&]() -> PointToPoint* {
+      for (PointToPoint& p : from.posted)
+        if (p.call.receiver == rank && p.state == PointToPoint::State::posted) return &p;
+      return nullptr;
+    };
+    PointToPoint* post = nullptr;
+    while (!failed && (post = posted_here()) == nullptr) {
+      if (!poison_.empty()) {
+        failed = true;
+      } else if (from.left) {
+        fail_locked(fmt::format(
+            "local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
+            "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+            describe_point_to_point(mine.call), peer, peer));
+      } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && posted_here() == nullptr && poison_.empty()) {
+        fail_locked(point_to_point_timeout_locked(mine, peer));
+      }
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !posted_here() && poison_.empty()) {
-      fail_locked(point_to_point_timeout_locked(mine, peer));
+    if (failed) break;
+    if (!poison_.empty()) {
+      failed = true;
+      break;
+    }
+    if (std::string problem = check_point_to_point_locked(*post, mine); !problem.empty()) {
+      fail_locked(problem);
+      break;
+    }
+    // Taken: the sender waits for the hand-back whatever happens (its buffer is being read), so
+    // `post` stays valid while the lock is released.
+    post->state = PointToPoint::State::taken;
+    const PointToPoint send = *post;
+    lock.unlock();
+    std::string copy_error;
+    try {
+      copy(i, send);
+    } catch (const std::exception& e) {
+      copy_error = e.what();
+    }
+    lock.lock();
+    post->state = PointToPoint::State::done;
+    cv_.notify_all();
+    if (!copy_error.empty()) fail_locked(copy_error);  // the sender then fails with it
+  }
+  // 3. Wait until every send was handed back.
+  for (auto it : sends) {
+    if (failed) break;
+    me.p2p_waiting_in = it->call;
+    const int peer = it->call.receiver;
+    while (it->state != PointToPoint::State::done) {
+      if (it->state == PointToPoint::State::taken) {
+        cv_.wait(lock);  // being copied: see below
+        continue;
+      }
+      if (!poison_.empty()) {
+        failed = true;
+        break;
+      }
+      if (slots_[static_cast<std::size_t>(peer)].left) {
+        fail_locked(fmt::format(
+            "local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
+            "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+            describe_point_to_point(it->call), peer, peer));
+        break;
+      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && it->state == PointToPoint::State::posted && poison_.empty()) {
+        fail_locked(point_to_point_timeout_locked(*it, peer));
+      }
     }
   }
-  if (!poison_.empty()) fail_locked(poison_);
-  if (std::string problem = check_point_to_point_locked(post, mine); !problem.empty()) fail_locked(problem);
-  post.state = PointToPoint::State::taken;
-  const PointToPoint send = post;
-  lock.unlock();
-  std::string copy_error;
-  try {
-    copy(send);
-  } catch (const std::exception& e) {
-    copy_error = e.what();
+  // 4. Withdraw the posts. A receiver copying from one of them (taken) always hands it back, a
+  // failed copy included: wait for that whatever else happened, or the buffer could be freed
+  // under it. Once the group is poisoned no receiver takes another.
+  for (;;) {
+    bool reading = false;
+    for (auto it : sends) reading = reading || it->state == PointToPoint::State::taken;
+    if (!reading) break;
+    cv_.wait(lock);
   }
-  lock.lock();
-  post.state = PointToPoint::State::done;
-  me.p2p.active = false;
-  if (!copy_error.empty()) poison_locked(copy_error);  // the sender then fails with it
-  cv_.notify_all();
-  if (!copy_error.empty()) throw_poison_locked();
+  for (auto it : sends) me.posted.erase(it);
+  me.p2p_waiting = false;
+  if (failed) throw_poison_locked();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -664,25 +693,32 @@ void LocalCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
 void LocalCommunicator::do_barrier() { collective(LocalGroup::Call{}, nullptr); }
 
 void LocalCommunicator::do_send(const Tensor& buf, int peer) {
-  LocalGroup::PointToPoint mine;
-  mine.call = PointToPointCall{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
-  check_device(buf, "the buffer", describe_point_to_point(mine.call));
-  mine.data = buf.data;
-  mine.device = buf.device;
-#if DSTRAIN_LOCAL_COMM_CUDA
-  // The receiver enqueues the copy that reads this buffer; synchronize() here waits for it too.
-  if (buf.device.is_cuda()) pending_device_ = buf.device.index;
-#endif
-  group_.send(rank(), mine, Clock::now() + group_.timeout());
+  const PointToPointOp op{true, buf, peer};
+  const PointToPointCall call{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
+  do_send_recv({&op, 1}, {&call, 1});
 }
 
 void LocalCommunicator::do_recv(const Tensor& buf, int peer) {
-  LocalGroup::PointToPoint mine;
-  mine.call = PointToPointCall{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
-  check_device(buf, "the buffer", describe_point_to_point(mine.call));
-  mine.data = buf.data;
-  mine.device = buf.device;
-  group_.recv(rank(), mine, Clock::now() + group_.timeout(), [&](const LocalGroup::PointToPoint& send) {
+  const PointToPointOp op{false, buf, peer};
+  const PointToPointCall call{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
+  do_send_recv({&op, 1}, {&call, 1});
+}
+
+void LocalCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+  std::vector<LocalGroup::PointToPoint> mine(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Tensor& buf = ops[i].buffer;
+    mine[i].call = calls[i];
+    check_device(buf, "the buffer", describe_point_to_point(calls[i]));
+    mine[i].data = buf.data;
+    mine[i].device = buf.device;
+#if DSTRAIN_LOCAL_COMM_CUDA
+    // The receiver enqueues the copy that reads a sent buffer; synchronize() here waits for it too.
+    if (ops[i].is_send && buf.device.is_cuda()) pending_device_ = buf.device.index;
+#endif
+  }
+  group_.point_to_point(rank(), mine, Clock::now() + group_.timeout(), [&](std::size_t i, const LocalGroup::PointToPoint& send) {
+    const Tensor& buf = ops[i].buffer;
     if (buf.nbytes() == 0) return;
 #if DSTRAIN_LOCAL_COMM_CUDA
     // Enqueued on the one device both buffers are on (checked), after the sender's producers (it

@@ -29,18 +29,21 @@
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
 //
-// Point-to-point (send / recv, zero/communicator.h): a rendezvous of the two ranks alone, outside
-// the collectives' phases. Each rank's slot holds its send or recv in progress (a thread has at
-// most one), so the slots are the per-pair mailboxes: the sender posts its buffer and waits; the
-// receiver waits until its peer's slot holds the send addressed to it — the oldest unmatched one
-// of the pair, since the sender blocks until it is taken — checks the two calls agree (number,
-// dtype, count, device, no overlap), copies (or, on a GPU, enqueues the copy: the collectives'
-// ordering argument, with the post as arrive and the hand-back as depart) and hands it back. The
-// sender returns only then, so its buffer is never read after it returns, and a program whose
-// sends wait on each other times out here as it would hang on NCCL. Failures are the collectives':
-// a mismatch poisons the group with both calls named; a peer that does not post the matching call
-// within the timeout is named with what it is doing instead; a peer whose thread finished fails
-// the waiting rank at once.
+// Point-to-point (send / recv / send_recv, zero/communicator.h): a rendezvous of the two ranks
+// alone, outside the collectives' phases. Each rank's slot holds the sends of its call in progress
+// (one for send, a batch's for send_recv), so the slots are the per-pair mailboxes: the sender
+// posts its buffers, completes its recvs (if any), then waits until every send was taken; a
+// receiver waits until its peer's slot holds a send addressed to it — it takes the oldest untaken
+// one, the pair's program order, since a rank's call returns only once its sends were taken and
+// ops of one batch are posted in batch order — checks the two calls agree (number, dtype, count,
+// device, no overlap), copies (or, on a GPU, enqueues the copy: the collectives' ordering
+// argument, with the post as arrive and the hand-back as depart) and hands it back. A sender
+// returns only then, so its buffer is never read after it returns, and a program whose sends wait
+// on each other times out here as it would hang on NCCL; in one send_recv every send is posted
+// before any recv waits, so two neighbours exchanging in one batch complete. Failures are the
+// collectives': a mismatch poisons the group with both calls named; a peer that does not post the
+// matching call within the timeout is named with what it is doing instead; a peer whose thread
+// finished fails the waiting rank at once.
 //
 // Sub-groups (split, zero/communicator.h): the ranks exchange (color, key) in one all_gather on the
 // parent, so every rank computes the same member lists; the members of a color share one child
@@ -63,6 +66,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -112,9 +116,8 @@ class LocalGroup {
  private:
   friend class LocalCommunicator;
 
-  // One rank's send or recv in progress (see the top of this file).
+  // One send or recv of a rank's call in progress (see the top of this file).
   struct PointToPoint {
-    bool active = false;
     PointToPointCall call;
     void* data = nullptr;  // send: read by the receiver; recv: written
     Device device = Device::cpu();
@@ -128,7 +131,12 @@ class LocalGroup {
     std::uint64_t phases = 0;  // phases this rank has entered
     bool has_called = false;
     bool left = false;
-    PointToPoint p2p;
+    // This rank's posted sends (its send's, or its send_recv batch's), in post order, until its
+    // call returns: the receivers find theirs here. A list: receivers hold pointers into it.
+    std::list<PointToPoint> posted;
+    // The point-to-point call this rank waits in, if any (what a waiting peer's error names).
+    bool p2p_waiting = false;
+    PointToPointCall p2p_waiting_in;
   };
   enum class Phase { arrive, depart };
 
@@ -136,13 +144,14 @@ class LocalGroup {
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
 
-  // Point-to-point, under the group's lock but outside the collectives' phases. send: posts `mine`
-  // and waits until the receiver has handed it back. recv: waits for the matching send, checks it
-  // and calls `copy` with it (outside the lock) before handing it back. Both throw the poison, and
-  // poison the group first on a mismatch, a peer that left, or the deadline.
-  void send(int rank, const PointToPoint& mine, std::chrono::steady_clock::time_point deadline);
-  void recv(int rank, const PointToPoint& mine, std::chrono::steady_clock::time_point deadline,
-            const std::function<void(const PointToPoint& send)>& copy);
+  // Point-to-point, under the group's lock but outside the collectives' phases: one call of rank
+  // `rank`, its ops in batch order (send, recv: a batch of one). Posts every send; for each recv,
+  // waits for the matching send, checks it and calls `copy(i, send)` (i: the recv's index in `ops`)
+  // outside the lock before handing it back; then waits until the receivers handed back every
+  // send. Throws the poison, and poisons the group first on a mismatch, a peer that left, or the
+  // deadline; it returns or throws only once no receiver reads this rank's buffers.
+  void point_to_point(int rank, const std::vector<PointToPoint>& ops, std::chrono::steady_clock::time_point deadline,
+                      const std::function<void(std::size_t i, const PointToPoint& send)>& copy);
   // Under mu_: "" when `send` (rank send.call.sender's post) may be received by `recv`, else the
   // Error text.
   std::string check_point_to_point_locked(const PointToPoint& send, const PointToPoint& recv) const;
@@ -220,9 +229,10 @@ class LocalCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
-  // The rendezvous at the top of this file; the receiver copies.
+  // The rendezvous at the top of this file; the receiver copies. send and recv are batches of one.
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
+  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
   // The (color, key) exchange, then this rank's LocalCommunicator of the shared child group (see
   // the top of this file).
   std::unique_ptr<Communicator> do_split(int color, int key) override;

@@ -312,6 +312,7 @@ class SyncRecorder final : public Communicator {
   void do_all_to_all(const Tensor& send, const Tensor& recv) override { inner_.all_to_all(send, recv); }
   void do_send(const Tensor& buf, int peer) override { inner_.send(buf, peer); }
   void do_recv(const Tensor& buf, int peer) override { inner_.recv(buf, peer); }
+  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> /*calls*/) override { inner_.send_recv(ops); }
   // The sub-group's own communicator, unrecorded: these tests record the world group only.
   std::unique_ptr<Communicator> do_split(int color, int key) override { return inner_.split(color, key); }
 

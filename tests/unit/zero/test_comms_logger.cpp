@@ -252,4 +252,68 @@ TEST(CommsLogger, SendAndRecvAreLoggedUnderDeepSpeedsNames) {
   EXPECT_EQ(comms_log_name(CollectiveKind::send), "send");
 }
 
+// A send_recv batch goes through the logger as one batch (the neighbours' exchange must not
+// become blocking calls, or it would deadlock) and is logged op by op as DeepSpeed's send / recv,
+// each with the batch's time; prof_ops selects among them, and the counters are the standalone
+// calls' (each send its bytes, each recv 0).
+TEST(CommsLogger, SendRecvBatchIsForwardedAsOneAndLoggedOpByOp) {
+  std::vector<std::vector<CommsLogRow>> rows(2), recv_rows(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<CommStats> stats(2), inner_stats(2);
+  run_local_ranks(
+      2,
+      [&](Communicator& inner) {
+        const int r = inner.rank(), other = 1 - r;
+        FakeClock clock{{2.0}};
+        CommsLoggerOptions o;
+        o.clock_ms = std::ref(clock);
+        CommsLogger log(inner, o);
+        // Rank 0 sends 8 floats and receives 4; rank 1 the other way round.
+        std::vector<float> out(r == 0 ? 8 : 4), in(r == 0 ? 4 : 8, 0.0f);
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(10 * r + static_cast<int>(i)) + 0.25f;
+        const PointToPointOp send{true, Tensor(out.data(), DType::fp32, Shape{static_cast<std::int64_t>(out.size())}), other};
+        const PointToPointOp recv{false, Tensor(in.data(), DType::fp32, Shape{static_cast<std::int64_t>(in.size())}), other};
+        // Both send first: deadlocks unless the batch reaches the inner communicator whole.
+        log.send_recv(std::vector<PointToPointOp>{send, recv});
+        got[static_cast<std::size_t>(r)] = in;
+        rows[static_cast<std::size_t>(r)] = log.log().rows();
+        stats[static_cast<std::size_t>(r)] = log.stats();
+        inner_stats[static_cast<std::size_t>(r)] = inner.stats();
+
+        FakeClock clock2{{5.0}};
+        CommsLoggerOptions only_recv;
+        only_recv.prof_all = false;
+        only_recv.prof_ops = {"recv"};
+        only_recv.clock_ms = std::ref(clock2);
+        CommsLogger selective(inner, only_recv);
+        selective.send_recv(std::vector<PointToPointOp>{recv, send});
+        recv_rows[static_cast<std::size_t>(r)] = selective.log().rows();
+      },
+      std::chrono::milliseconds(5'000));
+  for (int r = 0; r < 2; ++r) {
+    const auto k = static_cast<std::size_t>(r);
+    const std::size_t n = r == 0 ? 4 : 8;
+    ASSERT_EQ(got[k].size(), n);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(got[k][i], static_cast<float>(10 * (1 - r) + static_cast<int>(i)) + 0.25f) << r << " " << i;
+    ASSERT_EQ(rows[k].size(), 2u) << "rank " << r;
+    EXPECT_EQ(rows[k][0].op, "send");
+    EXPECT_EQ(rows[k][0].msg_bytes, r == 0 ? 32u : 16u);
+    EXPECT_EQ(rows[k][1].op, "recv");
+    EXPECT_EQ(rows[k][1].msg_bytes, r == 0 ? 16u : 32u);
+    for (const CommsLogRow& row : rows[k]) {
+      EXPECT_EQ(row.count, 1u);
+      EXPECT_DOUBLE_EQ(row.total_latency_ms, 2.0);
+    }
+    ASSERT_EQ(recv_rows[k].size(), 1u);
+    EXPECT_EQ(recv_rows[k][0].op, "recv");
+    EXPECT_DOUBLE_EQ(recv_rows[k][0].total_latency_ms, 5.0);
+    for (const CommStats& s : {stats[k], inner_stats[k]}) {
+      EXPECT_EQ(s.bytes_sent(CollectiveKind::send), r == 0 ? 32u : 16u);
+      EXPECT_EQ(s.call_count(CollectiveKind::send), 1u);
+      EXPECT_EQ(s.bytes_sent(CollectiveKind::recv), 0u);
+      EXPECT_EQ(s.call_count(CollectiveKind::recv), 1u);
+    }
+  }
+}
+
 }  // namespace

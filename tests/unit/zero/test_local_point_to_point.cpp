@@ -4,7 +4,9 @@
 // numbering (per pair, not in sequence(), so collectives still match); and the failures, which
 // must be Errors on both ranks, never a hang: a size or dtype mismatch names both calls, a peer
 // that never posts (or whose thread finished) is named, a ring whose ranks all send first times
-// out naming what the peer waits in, and a bad peer names the peer and the world size.
+// out naming what the peer waits in, and a bad peer names the peer and the world size. Then the
+// batched send_recv: neighbours that each send first, a ring of 4, a pair's order across batched
+// and standalone calls, a batch of 4 ops and its counters, and the same failures.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -320,5 +322,266 @@ TEST(LocalPointToPoint, SplitChildrenCommunicateInTheirOwnRanks) {
     EXPECT_EQ(child_stats[k].bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * 2);
     EXPECT_EQ(child_stats[k].call_count(CollectiveKind::recv), 1u);
     EXPECT_EQ(parent_stats[k].total_calls(), 0u);
+  }
+}
+
+// ---- send_recv: a batch of sends and recvs posted at once ----
+
+// Two neighbours each send to the other first, in one batch: with blocking send() this is the
+// ring that times out above; batched, neither op waits for the other and the values arrive. Then
+// rank 1 lists its recv first: the batch's order does not matter either. A short timeout makes a
+// broken batch fail here rather than hang.
+TEST(LocalSendRecv, NeighboursThatEachSendFirstDoNotDeadlock) {
+  for (bool rank1_recv_first : {false, true}) {
+    SCOPED_TRACE(rank1_recv_first ? "rank 1 lists its recv first" : "both list their send first");
+    constexpr std::int64_t n = 11;
+    std::vector<HostBuf> got(2);
+    std::vector<std::uint64_t> sequence(2);
+    run_local_ranks(
+        2,
+        [&](Communicator& c) {
+          const int r = c.rank(), other = 1 - r;
+          HostBuf out = message(DType::bf16, r, 0, n), in(DType::bf16, n);
+          const PointToPointOp send{true, out.tensor(), other}, recv{false, in.tensor(), other};
+          if (r == 1 && rank1_recv_first) {
+            c.send_recv(std::vector<PointToPointOp>{recv, send});
+          } else {
+            c.send_recv(std::vector<PointToPointOp>{send, recv});
+          }
+          got[static_cast<std::size_t>(r)] = in;
+          sequence[static_cast<std::size_t>(r)] = c.sequence();
+        },
+        std::chrono::milliseconds(5'000));
+    expect_same_bits(got[0], message(DType::bf16, 1, 0, n), "rank 0 from rank 1");
+    expect_same_bits(got[1], message(DType::bf16, 0, 0, n), "rank 1 from rank 0");
+    EXPECT_EQ(sequence, (std::vector<std::uint64_t>{0, 0})) << "point-to-point calls are not collectives";
+  }
+}
+
+// A ring of 4 where every rank's batch is {send to next, recv from previous}: the pipeline's
+// steady-state exchange, every dtype, then an all-reduce whose sequence numbers still match.
+TEST(LocalSendRecv, RingOfFourEachRankSendsNextAndReceivesPrevious) {
+  constexpr int w = 4;
+  for (DType dt : {DType::fp32, DType::bf16, DType::fp16, DType::int32, DType::fp64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    constexpr std::int64_t n = 29;
+    std::vector<HostBuf> got(w);
+    run_local_ranks(
+        w,
+        [&](Communicator& c) {
+          const int r = c.rank(), next = (r + 1) % w, prev = (r + w - 1) % w;
+          HostBuf out = message(dt, r, 0, n), in(dt, n);
+          c.send_recv(std::vector<PointToPointOp>{{true, out.tensor(), next}, {false, in.tensor(), prev}});
+          got[static_cast<std::size_t>(r)] = in;
+          c.barrier();
+          EXPECT_EQ(c.sequence(), 1u);
+        },
+        std::chrono::milliseconds(5'000));
+    for (int r = 0; r < w; ++r) expect_same_bits(got[static_cast<std::size_t>(r)], message(dt, (r + w - 1) % w, 0, n), fmt::format("rank {}", r));
+  }
+}
+
+// Rank 0's batch sends two messages to rank 1 and receives one from it, then rank 0 sends a third
+// standalone; rank 1 receives the first standalone, then in one batch receives the second and
+// the third and sends its own. The pair's order counts standalone and batched calls alike: each
+// message lands in the recv of its number.
+TEST(LocalSendRecv, SendAndRecvWithOnePeerKeepThePairsOrderAcrossBatchedAndStandaloneCalls) {
+  constexpr std::int64_t n = 7;
+  std::vector<HostBuf> got(4);
+  std::vector<std::uint64_t> numbers;
+  run_local_ranks(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() == 0) {
+          HostBuf a = message(DType::fp32, 0, 1, n), b = message(DType::fp32, 0, 2, n), x(DType::fp32, n), third = message(DType::fp32, 0, 3, n);
+          c.send_recv(std::vector<PointToPointOp>{{true, a.tensor(), 1}, {false, x.tensor(), 1}, {true, b.tensor(), 1}});
+          c.send(third.tensor(), 1);
+          got[3] = x;
+          numbers.push_back(c.sends_to(1));
+          numbers.push_back(c.recvs_from(1));
+          return;
+        }
+        for (int k = 0; k < 3; ++k) got[static_cast<std::size_t>(k)] = HostBuf(DType::fp32, n);
+        HostBuf mine = message(DType::fp32, 1, 9, n);
+        c.recv(got[0].tensor(), 0);
+        c.send_recv(std::vector<PointToPointOp>{{false, got[1].tensor(), 0}, {true, mine.tensor(), 0}, {false, got[2].tensor(), 0}});
+      },
+      std::chrono::milliseconds(5'000));
+  expect_same_bits(got[0], message(DType::fp32, 0, 1, n), "send #1 (batched) into the standalone recv #1");
+  expect_same_bits(got[1], message(DType::fp32, 0, 2, n), "send #2 (batched) into recv #2 (batched)");
+  expect_same_bits(got[2], message(DType::fp32, 0, 3, n), "send #3 (standalone) into recv #3 (batched)");
+  expect_same_bits(got[3], message(DType::fp32, 1, 9, n), "rank 1's send into rank 0's batch");
+  EXPECT_EQ(numbers, (std::vector<std::uint64_t>{3, 1}));
+}
+
+// A batch of 4: every rank sends to both neighbours and receives from both, the recvs listed first
+// on odd ranks. With W = 2 both neighbours are one peer, so two sends and two recvs of one pair
+// share a batch and match in their batch order. stats() counts each op as its own send or recv.
+TEST(LocalSendRecv, FourOpsToBothNeighboursAndTheirCounts) {
+  for (int w : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("W={}", w));
+    constexpr std::int64_t n = 13;
+    std::vector<HostBuf> from_prev(static_cast<std::size_t>(w)), from_next(static_cast<std::size_t>(w));
+    std::vector<CommStats> stats(static_cast<std::size_t>(w));
+    std::vector<std::uint64_t> sequence(static_cast<std::size_t>(w));
+    run_local_ranks(
+        w,
+        [&](Communicator& c) {
+          const int r = c.rank(), next = (r + 1) % w, prev = (r + w - 1) % w;
+          HostBuf to_next = message(DType::fp32, r, 1, n), to_prev = message(DType::bf16, r, 2, n);
+          HostBuf in_prev(DType::fp32, n), in_next(DType::bf16, n);
+          const PointToPointOp s1{true, to_next.tensor(), next}, s2{true, to_prev.tensor(), prev};
+          const PointToPointOp r1{false, in_prev.tensor(), prev}, r2{false, in_next.tensor(), next};
+          if (r % 2 == 0) {
+            c.send_recv(std::vector<PointToPointOp>{s1, s2, r1, r2});
+          } else {
+            c.send_recv(std::vector<PointToPointOp>{r1, r2, s1, s2});
+          }
+          from_prev[static_cast<std::size_t>(r)] = in_prev;
+          from_next[static_cast<std::size_t>(r)] = in_next;
+          stats[static_cast<std::size_t>(r)] = c.stats();
+          sequence[static_cast<std::size_t>(r)] = c.sequence();
+        },
+        std::chrono::milliseconds(5'000));
+    for (int r = 0; r < w; ++r) {
+      const auto k = static_cast<std::size_t>(r);
+      expect_same_bits(from_prev[k], message(DType::fp32, (r + w - 1) % w, 1, n), fmt::format("rank {} from its previous", r));
+      expect_same_bits(from_next[k], message(DType::bf16, (r + 1) % w, 2, n), fmt::format("rank {} from its next", r));
+      EXPECT_EQ(stats[k].bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * (4 + 2)) << "rank " << r;
+      EXPECT_EQ(stats[k].call_count(CollectiveKind::send), 2u);
+      EXPECT_EQ(stats[k].bytes_sent(CollectiveKind::recv), 0u);
+      EXPECT_EQ(stats[k].call_count(CollectiveKind::recv), 2u);
+      EXPECT_EQ(stats[k].total_calls(), 4u);
+      EXPECT_EQ(sequence[k], 0u);
+    }
+  }
+}
+
+// An empty batch returns at once, on one rank alone, counting nothing.
+TEST(LocalSendRecv, EmptyBatchReturnsAtOnce) {
+  CommStats stats;
+  run_local_ranks(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() != 0) return;
+        c.send_recv({});
+        stats = c.stats();
+      },
+      std::chrono::milliseconds(5'000));
+  EXPECT_EQ(stats.total_calls(), 0u);
+}
+
+// A recv in a batch of another size or dtype than its send fails on both ranks with one message
+// naming both calls, while the other op of each batch is fine.
+TEST(LocalSendRecv, SizeOrDtypeMismatchInABatchFailsOnBothRanks) {
+  struct Case {
+    DType recv_dtype;
+    std::int64_t recv_n;
+    const char* recv_text;
+  };
+  for (const Case& k : {Case{DType::fp32, 6, "recv #1 from rank 0 on rank 1 (fp32, 6 elements)"},
+                        Case{DType::bf16, 8, "recv #1 from rank 0 on rank 1 (bf16, 8 elements)"}}) {
+    std::vector<std::string> errors(2);
+    const std::string err = run_expecting_error(
+        2,
+        [&](Communicator& c) {
+          try {
+            HostBuf back(DType::int32, 3);
+            if (c.rank() == 0) {
+              HostBuf b(DType::fp32, 8);
+              c.send_recv(std::vector<PointToPointOp>{{true, b.tensor(), 1}, {false, back.tensor(), 1}});
+            } else {
+              HostBuf b(k.recv_dtype, k.recv_n);
+              c.send_recv(std::vector<PointToPointOp>{{true, back.tensor(), 0}, {false, b.tensor(), 0}});
+            }
+          } catch (const Error& e) {
+            errors[static_cast<std::size_t>(c.rank())] = e.what();
+            throw;
+          }
+        },
+        std::chrono::milliseconds(20'000));
+    EXPECT_THAT(err, HasSubstr("point-to-point mismatch"));
+    EXPECT_THAT(err, HasSubstr("rank 0 called send #1 from rank 0 to rank 1 (fp32, 8 elements)"));
+    EXPECT_THAT(err, HasSubstr(std::string("rank 1 called ") + k.recv_text));
+    EXPECT_THAT(err, HasSubstr("Fix:"));
+    EXPECT_EQ(errors[0], err) << "rank 0";
+    EXPECT_EQ(errors[1], err) << "rank 1";
+  }
+}
+
+// Rank 0's batch sends to rank 1 (which receives it) and receives from rank 2, which never sends
+// (it is busy, not finished): rank 0 fails at the timeout naming rank 2, the call it owes and what
+// it last did. A batch whose send is never received fails naming the missing recv.
+TEST(LocalSendRecv, PeerThatNeverPostsTimesOutNamingIt) {
+  const auto t0 = Clock::now();
+  const std::string err = run_expecting_error(
+      3,
+      [&](Communicator& c) {
+        auto& group = dynamic_cast<LocalCommunicator&>(c).group();
+        c.barrier();  // #1
+        HostBuf b(DType::fp32, 4), in(DType::fp32, 4);
+        if (c.rank() == 0) {
+          c.send_recv(std::vector<PointToPointOp>{{true, b.tensor(), 1}, {false, in.tensor(), 2}});
+        } else if (c.rank() == 1) {
+          c.recv(in.tensor(), 0);
+        }
+        while (!group.poisoned()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      },
+      std::chrono::milliseconds(400));
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_THAT(err, HasSubstr("recv #1 from rank 2 on rank 0 (fp32, 4 elements) timed out after 400 ms"));
+  EXPECT_THAT(err, HasSubstr("rank 2 did not post the matching send #1 from rank 2 to rank 0"));
+  EXPECT_THAT(err, HasSubstr("rank 2 last called barrier #1"));
+  EXPECT_THAT(err, HasSubstr("Fix:"));
+
+  const std::string send_err = run_expecting_error(
+      2,
+      [&](Communicator& c) {
+        auto& group = dynamic_cast<LocalCommunicator&>(c).group();
+        HostBuf b(DType::fp16, 6);
+        if (c.rank() == 0) c.send_recv(std::vector<PointToPointOp>{{true, b.tensor(), 1}});
+        while (!group.poisoned()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_THAT(send_err, HasSubstr("send #1 from rank 0 to rank 1 (fp16, 6 elements) timed out after 300 ms"));
+  EXPECT_THAT(send_err, HasSubstr("rank 1 did not post the matching recv #1 from rank 0 on rank 1"));
+}
+
+// A bad op is refused before anything of the batch is posted, naming the op; a recv whose buffer
+// overlaps another op's is refused too (the ops run at the same time). The waiting peer fails with
+// the cause.
+TEST(LocalSendRecv, BadOpsAreErrorsNamingTheOp) {
+  struct Case {
+    int which;
+    const char* text;
+  };
+  for (const Case& k : {Case{0, "send (op 2 of 2 of a send_recv batch) on rank 0: peer 0 is this rank itself (world size 2)"},
+                        Case{1, "recv (op 2 of 2 of a send_recv batch) on rank 0: peer 5 is not a rank of this communicator"},
+                        Case{2, "send_recv on rank 0: the buffer of op 2 (recv from rank 1) overlaps the buffer of op 1 (send to rank 1)"}}) {
+    std::vector<std::string> errors(2);
+    const std::string err = run_expecting_error(
+        2,
+        [&](Communicator& c) {
+          try {
+            HostBuf b(DType::fp32, 8), other(DType::fp32, 8);
+            if (c.rank() == 0) {
+              const Tensor half(static_cast<char*>(b.tensor().data) + 16, DType::fp32, Shape{4});
+              const PointToPointOp second = k.which == 0   ? PointToPointOp{true, other.tensor(), 0}
+                                            : k.which == 1 ? PointToPointOp{false, other.tensor(), 5}
+                                                           : PointToPointOp{false, half, 1};
+              c.send_recv(std::vector<PointToPointOp>{{true, b.tensor(), 1}, second});
+            } else {
+              c.recv(b.tensor(), 0);  // waits for rank 0, which failed instead
+            }
+          } catch (const Error& e) {
+            errors[static_cast<std::size_t>(c.rank())] = e.what();
+            throw;
+          }
+        },
+        std::chrono::milliseconds(60'000));
+    EXPECT_THAT(err, HasSubstr(k.text));
+    EXPECT_THAT(err, HasSubstr("Fix:"));
+    EXPECT_EQ(errors[0], err);
+    EXPECT_EQ(errors[1], err) << "the waiting rank fails with the cause";
   }
 }
