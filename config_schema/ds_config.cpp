@@ -44,7 +44,8 @@ std::vector<std::string> top_level_section_keys() {
                                    "flops_profiler",
                                    "timers",
                                    "elasticity",
-                                   "tensor_parallel"};
+                                   "tensor_parallel",
+                                   "pipeline"};
   const auto& extra = unsupported_section_keys();
   keys.insert(keys.end(), extra.begin(), extra.end());
   return keys;
@@ -63,41 +64,63 @@ std::optional<std::string> opt_string(const Json& v) {
   return v.get<std::string>();
 }
 
-// The device mesh (docs/batch.md §1): world = data-parallel x sequence-parallel x tensor-parallel.
-// Settled before "auto" resolution because train_batch_size = micro * GAS * data-parallel.
+// The device mesh (docs/batch.md §1): world = pipeline x data-parallel x sequence-parallel x
+// tensor-parallel. Settled before "auto" resolution because train_batch_size = micro * GAS *
+// data-parallel.
 struct Mesh {
-  std::int64_t dp = 1, sp = 1, tp = 1;
+  std::int64_t dp = 1, sp = 1, tp = 1, pp = 1;
 };
 
-Mesh device_mesh(const Json& root, std::int64_t world, std::int64_t tp, std::vector<Warning>& scratch) {
+// Where the stage count came from, for messages: "--pipeline-stages 3" or "pipeline.stages 3".
+std::string stages_source(std::int64_t pp, bool from_option) {
+  return from_option ? fmt::format("--pipeline-stages {}", pp) : fmt::format("pipeline.stages {}", pp);
+}
+
+Mesh device_mesh(const Json& root, std::int64_t world, std::int64_t tp, std::int64_t pp, bool pp_from_option, std::vector<Warning>& scratch) {
   DSTRAIN_CHECK(world > 0, "world size is {}; it must be a positive number of ranks", world);
   ParseContext ctx(scratch);
   const SectionSpec top = top_level_section_spec();
   Mesh m;
   m.tp = tp;
+  m.pp = pp;
+  if (world % pp != 0) {
+    std::int64_t below = pp;
+    while (below > 1 && world % below != 0) --below;
+    fail(
+        "{} does not divide the world size {}: every pipeline stage holds the same number of ranks (world = pipeline stages x "
+        "data-parallel x sequence-parallel x tensor-parallel). Fix: give {} a divisor of {} (e.g. {}), or run on a multiple of {} ranks",
+        stages_source(pp, pp_from_option), world, pp_from_option ? "--pipeline-stages" : "pipeline.stages", world, below, pp);
+  }
+  const std::int64_t stage_ranks = world / pp;
   const bool has_sp = root.contains("sequence_parallel_size") && !root["sequence_parallel_size"].is_null();
   if (has_sp) m.sp = check_dict_lookup(root["sequence_parallel_size"], *top.find("sequence_parallel_size"), ctx).get<std::int64_t>();
   const std::int64_t model_ranks = m.sp * m.tp;
-  if (world % model_ranks != 0) {
+  if (stage_ranks % model_ranks != 0) {
     const std::string what =
         m.sp > 1 && m.tp > 1 ? fmt::format("sequence_parallel_size is {} and tensor_parallel.autotp_size is {} (product {})", m.sp, m.tp, model_ranks)
         : m.tp > 1           ? fmt::format("tensor_parallel.autotp_size is {}", m.tp)
                              : fmt::format("sequence_parallel_size is {}", m.sp);
+    if (pp > 1)
+      fail(
+          "{} but the {} ranks of a pipeline stage (world size {} / {}) are not a multiple of {}: each stage's ranks form a data-parallel "
+          "x sequence-parallel x tensor-parallel mesh. Use a world size that is a multiple of {} (e.g. {}), or sizes whose product divides {}",
+          what, stage_ranks, world, stages_source(pp, pp_from_option), model_ranks, pp * model_ranks,
+          (stage_ranks / model_ranks + 1) * model_ranks * pp, stage_ranks);
     fail(
         "{} but the world size {} is not a multiple of {}: the ranks form a data-parallel x sequence-parallel x tensor-parallel mesh, so "
         "the data-parallel size would be {}/{} (not a whole number of ranks). Use a world size that is a multiple of {} (e.g. {}), or "
         "sizes whose product divides {}",
         what, world, model_ranks, world, model_ranks, model_ranks, (world / model_ranks + 1) * model_ranks, world);
   }
-  m.dp = world / model_ranks;
+  m.dp = stage_ranks / model_ranks;
   if (has_sp && root.contains("data_parallel_size") && !root["data_parallel_size"].is_null()) {
     const std::int64_t given = check_dict_lookup(root["data_parallel_size"], *top.find("data_parallel_size"), ctx).get<std::int64_t>();
     if (given != m.dp)
       fail(
-          "data_parallel_size is {} but world size {} / (sequence_parallel_size {} x tensor-parallel size {}) = {}; the device mesh needs "
-          "data_parallel_size x sequence_parallel_size x tensor_parallel.autotp_size == world size: set data_parallel_size to {}, or "
+          "data_parallel_size is {} but world size {} / ({}sequence_parallel_size {} x tensor-parallel size {}) = {}; the device mesh needs "
+          "data_parallel_size x sequence_parallel_size x tensor_parallel.autotp_size{} == world size: set data_parallel_size to {}, or "
           "remove it",
-          given, world, m.sp, m.tp, m.dp, m.dp);
+          given, world, pp > 1 ? fmt::format("pipeline stages {} x ", pp) : "", m.sp, m.tp, m.dp, pp > 1 ? " x pipeline stages" : "", m.dp);
   }
   return m;
 }
@@ -274,7 +297,7 @@ void check_cross_sections(DsConfig& c, ParseContext& ctx) {
 // tensor-parallel group reads one sample stream (docs/batch.md §1).
 BatchSizes resolve_mesh_batch_sizes(const DsConfig& c, std::optional<std::int64_t> tbs, std::optional<std::int64_t> mbs,
                                     std::optional<std::int64_t> gas, ParseContext& ctx) {
-  const bool model_parallel = c.sequence_parallel_world_size > 1 || c.tensor_parallel_size > 1;
+  const bool model_parallel = c.sequence_parallel_world_size > 1 || c.tensor_parallel_size > 1 || c.pipeline_parallel_size > 1;
   BatchSizes b;
   try {
     b = resolve_batch_sizes(tbs, mbs, gas, c.data_parallel_world_size);
@@ -286,7 +309,7 @@ BatchSizes resolve_mesh_batch_sizes(const DsConfig& c, std::optional<std::int64_
                             c.mesh_description()));
   }
   if (c.tensor_parallel_size > 1 && tbs && !c.elasticity.enabled) {
-    const std::int64_t ds_world = c.world_size / c.sequence_parallel_world_size;
+    const std::int64_t ds_world = c.world_size / (c.sequence_parallel_world_size * c.pipeline_parallel_size);
     std::string deepspeed;
     try {
       const BatchSizes d = resolve_batch_sizes(tbs, mbs, gas, ds_world);
@@ -315,10 +338,23 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   ParseContext ctx(c.warnings);
   std::vector<Warning> scratch;
   c.world_size = options.world_size;
-  // tensor_parallel first: its autotp_size is a factor of the mesh, which the batch arithmetic needs.
+  // tensor_parallel and pipeline first: autotp_size and the stage count are factors of the mesh,
+  // which the batch arithmetic needs.
   Json tp_resolved;
   c.tensor_parallel = parse_tensor_parallel_config(child(input, "tensor_parallel"), ctx, tp_resolved);
-  const Mesh mesh = device_mesh(input, options.world_size, c.tensor_parallel.size(), scratch);
+  Json pipeline_resolved;
+  c.pipeline = parse_pipeline_config(child(input, "pipeline"), ctx, pipeline_resolved);
+  if (options.pipeline_stages && *options.pipeline_stages < 1)
+    fail("--pipeline-stages {}: a pipeline has at least 1 stage (1: no pipeline parallelism)", *options.pipeline_stages);
+  c.pipeline_parallel_size = options.pipeline_stages ? *options.pipeline_stages : std::max<std::int64_t>(c.pipeline.stages, 1);
+  if (c.pipeline.present && c.pipeline.stages == 0 && !options.pipeline_stages)
+    ctx.warn("pipeline.stages",
+             "pipeline.stages is \"auto\": DeepSpeed takes num_stages from PipelineModule; give --pipeline-stages N (this run has 1 stage: "
+             "no pipeline parallelism)");
+  if (options.pipeline_stages && c.pipeline.stages > 0 && c.pipeline.stages != *options.pipeline_stages)
+    ctx.warn("pipeline.stages", fmt::format("pipeline.stages {} is replaced by --pipeline-stages {}", c.pipeline.stages, *options.pipeline_stages));
+  const Mesh mesh = device_mesh(input, options.world_size, c.tensor_parallel.size(), c.pipeline_parallel_size, options.pipeline_stages.has_value(),
+                                scratch);
   c.data_parallel_world_size = mesh.dp;
   c.sequence_parallel_world_size = mesh.sp;
   c.tensor_parallel_size = mesh.tp;
@@ -439,6 +475,7 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   out["timers"] = r;
   if (root.contains("elasticity")) out["elasticity"] = elastic_resolved;
   if (c.tensor_parallel.configured) out["tensor_parallel"] = tp_resolved;
+  if (c.pipeline.present) out["pipeline"] = pipeline_resolved;
   c.ignored_sections = check_unsupported_sections(root, ctx);
   for (const auto& s : c.ignored_sections) out[s.key] = s.value;
 
@@ -454,7 +491,8 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
 Json DsConfig::to_json() const { return resolved; }
 
 std::string DsConfig::mesh_description() const {
-  return fmt::format("world size {} = data-parallel {} x sequence-parallel {} x tensor-parallel {}", world_size, data_parallel_world_size,
+  return fmt::format("world size {} = {}data-parallel {} x sequence-parallel {} x tensor-parallel {}", world_size,
+                     pipeline_parallel_size > 1 ? fmt::format("pipeline {} x ", pipeline_parallel_size) : "", data_parallel_world_size,
                      sequence_parallel_world_size, tensor_parallel_size);
 }
 
@@ -470,6 +508,10 @@ std::string DsConfig::summary() const {
                      rules ? fmt::format(", {} partition rule{}", rules->layer_specs.size(), rules->layer_specs.size() == 1 ? "" : "s")
                            : ", partition rules from the model"));
   }
+  if (pipeline.present || pipeline_parallel_size > 1)
+    line(fmt::format("pipeline parallelism: {} stage{}{}, partition \"{}\", activation_checkpoint_interval {}", pipeline_parallel_size,
+                     pipeline_parallel_size == 1 ? "" : "s", pipeline.present && pipeline.stages == 0 ? " (pipeline.stages \"auto\")" : "",
+                     pipeline.partition, pipeline.activation_checkpoint_interval));
   line(fmt::format("batch: train_batch_size {} = micro batch {} x gradient accumulation {} x data-parallel {}", train_batch_size,
                    train_micro_batch_size_per_gpu, gradient_accumulation_steps, data_parallel_world_size));
   std::string prec = to_string(precision());

@@ -20,6 +20,7 @@
 #include "config_schema/state_placement.h"
 #include "config_schema/tensor_parallel_config.h"
 #include "config_schema/monitor_config.h"
+#include "config_schema/pipeline_config.h"
 #include "config_schema/optimizer_config.h"
 #include "config_schema/precision_config.h"
 #include "config_schema/scheduler_config.h"
@@ -30,7 +31,11 @@
 namespace dstrain::config {
 
 struct ConfigOptions {
-  std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (sequence_parallel_size, tensor_parallel)
+  std::int64_t world_size = 1;  // total ranks; the data-parallel size is derived (pipeline stages, sequence_parallel_size, tensor_parallel)
+  // The pipeline's stage count from the command line (dstrain train / check-config --pipeline-stages N,
+  // DeepSpeed's PipelineModule(num_stages=N)): it replaces pipeline.stages. nullopt: pipeline.stages,
+  // 1 when that is "auto" or the section is absent.
+  std::optional<std::int64_t> pipeline_stages;
   AutoValues autos;
   // The optimizer a program passes to deepspeed.initialize (DeepSpeed's client optimizer), as an
   // "optimizer" block ({"type": ..., "params": {...}}) read like the config's: it replaces the
@@ -53,11 +58,14 @@ struct DsConfig {
   std::int64_t train_batch_size = 0;
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 0;
-  // The device mesh (docs/batch.md §1): world_size = data-parallel x sequence-parallel x
+  // The device mesh (docs/batch.md §1): world_size = pipeline x data-parallel x sequence-parallel x
   // tensor-parallel, tensor-parallel innermost (ranks r and r+1 share a tensor-parallel group),
-  // then sequence-parallel, then data-parallel. Every batch key counts data-parallel ranks only.
+  // then sequence-parallel, then data-parallel, pipeline stages outermost. Every batch key counts
+  // data-parallel ranks only (DeepSpeed's PipelineEngine passes its grid as the mpu, so its batch
+  // arithmetic does the same).
   std::int64_t world_size = 1;                    // ConfigOptions::world_size
-  std::int64_t data_parallel_world_size = 1;      // world_size / (sequence_parallel_world_size * tensor_parallel_size)
+  std::int64_t data_parallel_world_size = 1;      // world_size / (pipeline_parallel_size * sequence_parallel_world_size * tensor_parallel_size)
+  std::int64_t pipeline_parallel_size = 1;        // ConfigOptions::pipeline_stages, else pipeline.stages; 1 for "auto" or no section
   std::int64_t sequence_parallel_world_size = 1;  // sequence_parallel_size, 1 when absent
   std::int64_t tensor_parallel_size = 1;          // tensor_parallel.autotp_size when > 1, else 1 (TensorParallelConfig::size)
 
@@ -111,6 +119,7 @@ struct DsConfig {
   TimersConfig timers;
   ElasticityConfig elasticity;                   // when enabled, it produced the batch triple
   TensorParallelConfig tensor_parallel;          // AutoTP; its size() is tensor_parallel_size
+  PipelineConfig pipeline;                       // pipeline parallelism; the stage count is pipeline_parallel_size
   std::vector<IgnoredSection> ignored_sections;  // features dstrain does not provide (warned)
 
   // --- diagnostics ---
@@ -132,7 +141,8 @@ struct DsConfig {
   std::optional<std::string> gradient_communication_data_type() const {
     return sequence_parallel_world_size > 1 ? seq_parallel_communication_data_type : communication_data_type;
   }
-  // "world size 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2".
+  // "world size 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2", with
+  // "pipeline 2 x " first when there are pipeline stages.
   std::string mesh_description() const;
 
   Precision precision() const { return fp16.enabled ? Precision::fp16 : bf16.enabled ? Precision::bf16 : Precision::fp32; }

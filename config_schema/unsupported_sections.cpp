@@ -17,7 +17,6 @@ struct Feature {
 
 const std::vector<Feature>& features() {
   static const std::vector<Feature> f = {
-      {"pipeline", "pipeline parallelism"},
       {"compression_training", "compression training (quantization, pruning, layer reduction)"},
       {"sparse_attention", "sparse attention"},
       {"data_efficiency", "data efficiency (curriculum data sampling, random-LTD)"},
@@ -43,7 +42,7 @@ bool enabled_flag(const Json& v) { return v.is_object() && v.contains("enabled")
 bool is_active(const std::string& key, const Json& v) {
   if (v.is_null()) return false;
   if (key == "datastates_ckpt") return !(v.is_boolean() && !v.get<bool>());  // anything but false enables it
-  if (key == "pipeline" || key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" || key == "weight_quantization")
+  if (key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" || key == "weight_quantization")
     return true;
   if (key == "compile") return v.is_object() && v.contains("deepcompile") && truthy(v["deepcompile"]);
   return enabled_flag(v);
@@ -54,10 +53,6 @@ void validate(const std::string& key, const Json& v) {
     fail(
         "eigenvalue.enabled is true: DeepSpeed asserts that eigenvalue computation is temporarily disabled; set "
         "eigenvalue.enabled to false");
-  if (key == "pipeline" && v.is_object()) {
-    for (const char* k : {"pipe_partitioned", "grad_partitioned"})
-      if (v.contains(k) && !v[k].is_boolean()) fail("pipeline.{} is {}: it must be a boolean (true or false without quotes)", k, show(v[k]));
-  }
   if (key == "sparse_attention" && v.is_object() && v.contains("mode")) {
     const Json& m = v["mode"];
     static const std::vector<std::string> modes = {"dense", "fixed", "variable", "bigbird", "bslongformer"};

@@ -1,4 +1,4 @@
-// Sections DeepSpeed reads that dstrain does not provide (pipeline parallelism, compression, 1-bit
+// Sections DeepSpeed reads that dstrain does not provide (compression, 1-bit
 // communication, curriculum learning, ...). They are validated where DeepSpeed validates them and
 // always produce a warning when present and active: never silently dropped.
 #pragma once
@@ -12,7 +12,7 @@
 namespace dstrain::config {
 
 struct IgnoredSection {
-  std::string key;  // top-level key, e.g. "pipeline"
+  std::string key;  // top-level key, e.g. "sparse_attention"
   Json value;       // as given
   bool active;      // present and enabled (false: present but disabled, e.g. {"enabled": false})
 };

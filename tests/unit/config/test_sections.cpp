@@ -174,14 +174,18 @@ TEST(Monitors, DefaultsAndStrictness) {
 }
 
 TEST(UnsupportedSections, WarnedNeverDropped) {
-  const DsConfig c = parse(with(R"("pipeline": {"stages": "auto"}, "progressive_layer_drop": {"enabled": true},
+  const DsConfig c = parse(with(R"("progressive_layer_drop": {"enabled": true},
                                    "sparse_attention": {"mode": "fixed"}, "curriculum_learning": {"enabled": false})"));
-  EXPECT_NE(find_warning(c, "pipeline", "dstrain does not provide pipeline parallelism; the `pipeline` section is ignored"), nullptr);
   EXPECT_NE(find_warning(c, "progressive_layer_drop", "does not provide"), nullptr);
   EXPECT_NE(find_warning(c, "sparse_attention", "does not provide"), nullptr);
   EXPECT_EQ(find_warning(c, "curriculum_learning"), nullptr);  // disabled: nothing is lost
-  EXPECT_EQ(c.ignored_sections.size(), 4u);
-  EXPECT_TRUE(c.to_json().contains("pipeline"));
+  EXPECT_EQ(c.ignored_sections.size(), 3u);
+  EXPECT_TRUE(c.to_json().contains("sparse_attention"));
+  // pipeline is read now (config_schema/pipeline_config.h): no "does not provide", not an ignored section.
+  const DsConfig p = parse(with(R"("pipeline": {"stages": 1})"));
+  EXPECT_EQ(find_warning(p, "pipeline"), nullptr);
+  EXPECT_TRUE(p.ignored_sections.empty());
+  EXPECT_TRUE(p.to_json().contains("pipeline"));
 }
 
 TEST(UnsupportedSections, DeepSpeedValidation) {
