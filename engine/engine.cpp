@@ -1023,6 +1023,10 @@ const Architecture& weights_architecture(const Model& model, const char* who) {
 void Engine::save_weights(const std::filesystem::path& path) {
   const Architecture& arch = weights_architecture(model_, "save_weights");
   Impl& im = *impl_;
+  if (im.pp != nullptr) {
+    save_pipeline_weights(path);
+    return;
+  }
   const bool writer = rank() == 0 && (im.tp == nullptr || im.tp->rank() == 0);  // rank 0 of the whole mesh
   if (im.config.zero_optimization.stage == 0 && device().is_cpu() && im.tp == nullptr) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
@@ -1059,7 +1063,27 @@ void Engine::load_weights(const std::filesystem::path& path) {
   std::vector<std::vector<float>> values(im.owned.size());
   // (Tensor parallelism: whole values too; each rank keeps its piece below.)
   for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.whole_shape().numel()), 0.0f);
+  // A pipeline stage holds some of the file's tensors: the others are read into a scratch buffer
+  // of their whole shape (the whole model's, from the architecture) and dropped.
+  std::unordered_map<std::string, Shape> whole_shapes;
+  std::unordered_map<std::string, std::vector<float>> elsewhere;  // by name: each buffer stays where it is
+  if (model_.pipelined())
+    for (const auto& layer : arch.make_layers())
+      for (const ParamSpec& ps : layer->params()) whole_shapes.emplace(ps.name, ps.whole_shape());
   const auto lookup = [&](const std::string& n) {
+    if (model_.pipelined() && !im.by_name.contains(n)) {
+      std::string owner = n;
+      for (const auto& layer : arch.make_layers())
+        for (const ParamSpec& ps : layer->params())
+          if (ps.tied() && ps.name == n) owner = ps.tied_to;
+      if (!im.by_name.contains(owner)) {
+        const auto it = whole_shapes.find(n);
+        if (it == whole_shapes.end()) fail("load_weights: the model has no parameter named '{}'", n);
+        std::vector<float>& scratch = elsewhere[n];
+        scratch.assign(static_cast<std::size_t>(it->second.numel()), 0.0f);
+        return Tensor(scratch.data(), DType::fp32, it->second);
+      }
+    }
     const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
     return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.whole_shape());
   };

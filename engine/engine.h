@@ -330,6 +330,8 @@ class Engine {
   void select_slot(int chunk, int slot);
   void set_batch(const Batch& batch, Tensor upload);
   void reduce_shared_params();
+  // save_weights on a pipeline: every stage's parameters brought to mesh rank 0, which writes.
+  void save_pipeline_weights(const std::filesystem::path& path);
   std::uint32_t global_micro_batch() const;
   // Every rank of the mesh (the data-parallel group and, with tensor parallelism, the
   // tensor-parallel group) learns whether any rank failed (`error` non-empty) and throws if so

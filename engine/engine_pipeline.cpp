@@ -389,4 +389,114 @@ void Engine::reduce_shared_params() {
   }
 }
 
+namespace {
+
+// Host values sent to / received from a pipeline peer, through the training device's memory when
+// the engine trains on a GPU (what NCCL needs; the local backend takes it alike).
+void send_host(Communicator& comm, const Tensor& host, int peer, Allocator* staging) {
+  if (staging == nullptr) {
+    comm.send(host, peer);
+    return;
+  }
+  Buffer b(*staging, host.nbytes(), MemoryPurpose::buffers);
+  const Tensor d = b.tensor(host.dtype, host.shape);
+  copy_tensor(d, host);
+  comm.send(d, peer);
+  comm.synchronize();
+}
+
+void recv_host(Communicator& comm, const Tensor& host, int peer, Allocator* staging) {
+  if (staging == nullptr) {
+    comm.recv(host, peer);
+    return;
+  }
+  Buffer b(*staging, host.nbytes(), MemoryPurpose::buffers);
+  const Tensor d = b.tensor(host.dtype, host.shape);
+  comm.recv(d, peer);
+  comm.synchronize();
+  copy_tensor(host, d);
+}
+
+}  // namespace
+
+// Each stage gathers its parameters' whole fp32 values (collective within the stage); the stage
+// writers (data rank 0, tensor-parallel rank 0 of each stage: one pipeline group) send theirs to
+// stage 0 — a description (per tensor: name length, rank, dims, then the name's characters) and
+// the values — and mesh rank 0 writes the file. A shared parameter's copy stays home: its owner's
+// stage sends it.
+void Engine::save_pipeline_weights(const std::filesystem::path& path) {
+  Impl& im = *impl_;
+  const Architecture& arch = *model_.architecture;
+  if (im.config.zero_optimization.stage == 3) fail("save_weights: a pipeline runs ZeRO stages 0-2");
+  const bool stage_writer = rank() == 0 && im.tp_rank() == 0;
+  std::vector<bool> copy(im.owned.size(), false);
+  for (const SharedParam& sp : model_.shared_params)
+    if (sp.copy) copy[im.by_name.at(sp.name)] = true;
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<float> values;
+  gather_master_params([&](const std::string& name, const Tensor& t) {
+    if (!stage_writer || copy[im.by_name.at(name)]) return;
+    names.push_back(name);
+    shapes.push_back(t.shape);
+    values.insert(values.end(), t.as<float>(), t.as<float>() + t.numel());
+  });
+  if (!stage_writer) return;
+  Communicator& pp = *im.pp;
+  Allocator* staging = im.host_value_staging();
+  const int stage = pp.rank();
+  if (stage > 0) {
+    std::vector<std::int32_t> meta;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      meta.push_back(static_cast<std::int32_t>(names[k].size()));
+      meta.push_back(shapes[k].rank);
+      for (int d = 0; d < shapes[k].rank; ++d) meta.push_back(static_cast<std::int32_t>(shapes[k][d]));
+      for (char ch : names[k]) meta.push_back(static_cast<unsigned char>(ch));
+    }
+    double header[3] = {static_cast<double>(names.size()), static_cast<double>(meta.size()), static_cast<double>(values.size())};
+    send_host(pp, Tensor(header, DType::fp64, Shape{3}), 0, staging);
+    if (!meta.empty()) send_host(pp, Tensor(meta.data(), DType::int32, Shape{static_cast<std::int64_t>(meta.size())}), 0, staging);
+    if (!values.empty()) send_host(pp, Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}), 0, staging);
+    return;
+  }
+  std::unordered_map<std::string, std::pair<Shape, std::vector<float>>> host;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const auto n = static_cast<std::size_t>(shapes[k].numel());
+    host[names[k]] = {shapes[k], std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(at), values.begin() + static_cast<std::ptrdiff_t>(at + n))};
+    at += n;
+  }
+  for (int from = 1; from < pp.world_size(); ++from) {
+    double header[3] = {0, 0, 0};
+    recv_host(pp, Tensor(header, DType::fp64, Shape{3}), from, staging);
+    std::vector<std::int32_t> meta(static_cast<std::size_t>(header[1]));
+    std::vector<float> vals(static_cast<std::size_t>(header[2]));
+    if (!meta.empty()) recv_host(pp, Tensor(meta.data(), DType::int32, Shape{static_cast<std::int64_t>(meta.size())}), from, staging);
+    if (!vals.empty()) recv_host(pp, Tensor(vals.data(), DType::fp32, Shape{static_cast<std::int64_t>(vals.size())}), from, staging);
+    std::size_t m = 0, v = 0;
+    for (std::int64_t k = 0; k < static_cast<std::int64_t>(header[0]); ++k) {
+      const auto len = static_cast<std::size_t>(meta[m++]);
+      Shape shape;
+      shape.rank = meta[m++];
+      for (int d = 0; d < shape.rank; ++d) shape.dims[static_cast<std::size_t>(d)] = meta[m++];
+      std::string name;
+      for (std::size_t c = 0; c < len; ++c) name.push_back(static_cast<char>(meta[m++]));
+      const auto n = static_cast<std::size_t>(shape.numel());
+      host[name] = {shape, std::vector<float>(vals.begin() + static_cast<std::ptrdiff_t>(v), vals.begin() + static_cast<std::ptrdiff_t>(v + n))};
+      v += n;
+    }
+  }
+  // Names as the family asks for them: a tied name (GPT-2's "lm_head.weight") is its owner's.
+  std::unordered_map<std::string, std::string> tied;
+  for (const auto& layer : arch.make_layers())
+    for (const ParamSpec& ps : layer->params())
+      if (ps.tied()) tied.emplace(ps.name, ps.tied_to);
+  arch.export_weights(path, [&](const std::string& n) {
+    const auto t = tied.find(n);
+    const auto it = host.find(t != tied.end() ? t->second : n);
+    if (it == host.end()) fail("save_weights: no stage of the pipeline holds '{}'", n);
+    return Tensor(it->second.second.data(), DType::fp32, it->second.first);
+  });
+}
+
 }  // namespace dstrain
