@@ -126,7 +126,9 @@ std::vector<PipeAction> pipeline_actions(PipelineScheduleKind kind, int stages, 
   // send then sits in the same batch as the recv of the gradient its next backward needs, so the ring of
   // gradient sends (rank 0 chunk c+1 -> rank P-1 chunk c) meets its recvs in one round instead of P
   // blocking sends waiting on each other. 1F1B keeps one compute per unit: its activation goes out
-  // before the backward, which the downstream stage's next forward needs (pairing would add f per pair).
+  // before the backward, and its forward does not wait for the gradient of the backward after it
+  // (paired, each forward would wait for the next stage's backward: P = 2, M = 8 would take 48, not 27,
+  // with f = 1, b = 2).
   std::vector<std::pair<std::size_t, std::size_t>> units;  // [begin, end) of order
   // Without a steady state (every forward before every backward: the warm-up took all of them) the last
   // forward and the first backward are no pair.

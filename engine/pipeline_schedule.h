@@ -1,5 +1,6 @@
 // Pipeline schedules as data: each rank's compute order, its point-to-point actions, and a simulator
-// that runs all ranks' actions against each other (docs/pipeline_schedules_draft.md).
+// that runs all ranks' actions against each other (docs/parallelism.md "Pipeline schedules", drafted
+// in docs/pipeline_schedules_draft.md).
 //
 // P stages (pipeline ranks), M micro-batches per optimizer step, V model chunks per rank. Chunk c of
 // rank s is virtual stage v = c·P + s (Megatron-LM's layout: rank s holds pieces s, s+P, s+2P, ... of
@@ -78,7 +79,7 @@ std::vector<PipeStep> pipeline_compute_order(PipelineScheduleKind kind, int stag
 // send_backward_recv_forward. Interleaved: Megatron's send_forward_backward_recv_forward_backward, the
 // four transfers of a steady-state pair in one batch; without it the gradients, which go round the ring
 // of ranks (rank 0's chunk 1 sends to rank P-1's chunk 0), deadlock as P blocking sends.
-// Why the rule is deadlock-free: docs/pipeline_schedules_draft.md.
+// Why the rule is deadlock-free: docs/parallelism.md "Pipeline schedules" (docs/pipeline_schedules_draft.md).
 std::vector<PipeAction> pipeline_actions(PipelineScheduleKind kind, int stages, int stage, int micro_batches, int virtual_stages);
 
 // The most micro-batches whose forward ran and whose backward did not yet, on chunk `chunk` at any
