@@ -393,44 +393,61 @@ void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, 
   }
   if (!sends.empty()) cv_.notify_all();
   me.p2p_waiting = true;
+  me.p2p_waiting_in = ops.front().call;  // until it waits for a particular op
   bool failed = false;
   const auto fail_locked = [&](const std::string& message) {
     poison_locked(message);
     failed = true;
   };
-  // 2. Complete the recvs in batch order. Each waits only for its peer to post (which the peer
-  // does at the start of its call), never for another op of this batch.
-  for (std::size_t i = 0; i < ops.size() && !failed; ++i) {
-    const PointToPoint& mine = ops[i];
-    if (mine.call.is_send) continue;
-    me.p2p_waiting_in = mine.call;
-    const int peer = mine.call.sender;
-    Slot& from = slots_[static_cast<std::size_t>(peer)];
-    // The peer's oldest post addressed to this rank that nobody took yet.
-    const auto posted_here = [&]() -> PointToPoint* {
-      for (PointToPoint& p : from.posted)
-        if (p.call.receiver == rank && p.state == PointToPoint::State::posted) return &p;
-      return nullptr;
-    };
-    PointToPoint* post = nullptr;
-    while (!failed && (post = posted_here()) == nullptr) {
-      if (!poison_.empty()) {
-        failed = true;
-      } else if (from.left) {
-        fail_locked(fmt::format(
-            "local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
-            "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-            describe_point_to_point(mine.call), peer, peer));
-      } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && posted_here() == nullptr && poison_.empty()) {
-        fail_locked(point_to_point_timeout_locked(mine, peer));
-      }
-    }
-    if (failed) break;
+  // 2. Complete the recvs, each as soon as its peer posted the matching send, in any order but the
+  // pair's: a recv waits only for its own peer, never for another op of the batch (a peer may post
+  // its send only after this rank completed a recv from a third rank listed later).
+  std::vector<std::size_t> pending;  // the recvs, in batch order
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].call.is_send) pending.push_back(i);
+  // Rank `peer`'s oldest post addressed to this rank that nobody took yet.
+  const auto posted_by = [&](int peer) -> PointToPoint* {
+    for (PointToPoint& p : slots_[static_cast<std::size_t>(peer)].posted)
+      if (p.call.receiver == rank && p.state == PointToPoint::State::posted) return &p;
+    return nullptr;
+  };
+  while (!pending.empty() && !failed) {
     if (!poison_.empty()) {
       failed = true;
       break;
     }
-    if (std::string problem = check_point_to_point_locked(*post, mine); !problem.empty()) {
+    // The first recv that can complete: its peer posted, and no earlier recv of the batch from
+    // that peer is still pending (a pair's recvs take its sends in order).
+    std::size_t pick = pending.size();
+    PointToPoint* post = nullptr;
+    for (std::size_t k = 0; k < pending.size() && post == nullptr; ++k) {
+      const int peer = ops[pending[k]].call.sender;
+      bool earlier = false;
+      for (std::size_t j = 0; j < k; ++j) earlier = earlier || ops[pending[j]].call.sender == peer;
+      if (!earlier && (post = posted_by(peer)) != nullptr) pick = k;
+    }
+    if (post == nullptr) {
+      // pending[0] always could complete, so its peer is the one that has not posted.
+      const PointToPoint& first = ops[pending[0]];
+      me.p2p_waiting_in = first.call;
+      const PointToPoint* orphan = nullptr;
+      for (std::size_t i : pending)
+        if (orphan == nullptr && slots_[static_cast<std::size_t>(ops[i].call.sender)].left) orphan = &ops[i];
+      if (orphan != nullptr) {
+        fail_locked(fmt::format(
+            "local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
+            "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+            describe_point_to_point(orphan->call), orphan->call.sender, orphan->call.sender));
+      } else if (Clock::now() >= deadline) {
+        fail_locked(point_to_point_timeout_locked(first, first.call.sender));
+      } else {
+        cv_.wait_until(lock, deadline);
+      }
+      continue;
+    }
+    const std::size_t i = pending[pick];
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(pick));
+    if (std::string problem = check_point_to_point_locked(*post, ops[i]); !problem.empty()) {
       fail_locked(problem);
       break;
     }
@@ -451,29 +468,35 @@ void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, 
     if (!copy_error.empty()) fail_locked(copy_error);  // the sender then fails with it
   }
   // 3. Wait until every send was handed back.
-  for (auto it : sends) {
-    if (failed) break;
-    me.p2p_waiting_in = it->call;
-    const int peer = it->call.receiver;
-    while (it->state != PointToPoint::State::done) {
-      if (it->state == PointToPoint::State::taken) {
-        cv_.wait(lock);  // being copied: see below
-        continue;
-      }
-      if (!poison_.empty()) {
-        failed = true;
-        break;
-      }
-      if (slots_[static_cast<std::size_t>(peer)].left) {
-        fail_locked(fmt::format(
-            "local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
-            "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-            describe_point_to_point(it->call), peer, peer));
-        break;
-      }
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && it->state == PointToPoint::State::posted && poison_.empty()) {
-        fail_locked(point_to_point_timeout_locked(*it, peer));
-      }
+  while (!failed) {
+    const PointToPoint* waiting = nullptr;  // the first send nobody took yet
+    bool reading = false;
+    for (auto it : sends) {
+      if (it->state == PointToPoint::State::posted && waiting == nullptr) waiting = &*it;
+      reading = reading || it->state == PointToPoint::State::taken;
+    }
+    if (waiting == nullptr && !reading) break;
+    if (waiting == nullptr) {
+      cv_.wait(lock);  // only copies in progress: they always end with a hand-back
+      continue;
+    }
+    if (!poison_.empty()) {
+      failed = true;
+      break;
+    }
+    me.p2p_waiting_in = waiting->call;
+    const PointToPoint* orphan = nullptr;
+    for (auto it : sends)
+      if (orphan == nullptr && it->state == PointToPoint::State::posted && slots_[static_cast<std::size_t>(it->call.receiver)].left) orphan = &*it;
+    if (orphan != nullptr) {
+      fail_locked(fmt::format(
+          "local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
+          "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+          describe_point_to_point(orphan->call), orphan->call.receiver, orphan->call.receiver));
+    } else if (Clock::now() >= deadline) {
+      fail_locked(point_to_point_timeout_locked(*waiting, waiting->call.receiver));
+    } else {
+      cv_.wait_until(lock, deadline);
     }
   }
   // 4. Withdraw the posts. A receiver copying from one of them (taken) always hands it back, a

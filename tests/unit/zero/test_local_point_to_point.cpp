@@ -457,6 +457,35 @@ TEST(LocalSendRecv, FourOpsToBothNeighboursAndTheirCounts) {
   }
 }
 
+// No op of a batch waits for another, the recvs included: rank 0 receives from rank 1 and from
+// rank 2 in one batch, listing rank 1 first, but rank 1 sends only after it received from rank 2,
+// which sends to rank 1 only after rank 0 took its message. Completing the recvs in batch order
+// would deadlock.
+TEST(LocalSendRecv, RecvsCompleteAsTheirPeersPostNotInBatchOrder) {
+  constexpr std::int64_t n = 3;
+  std::vector<HostBuf> got(3);
+  run_local_ranks(
+      3,
+      [&](Communicator& c) {
+        HostBuf mine = message(DType::fp32, c.rank(), 0, n);
+        if (c.rank() == 0) {
+          got[0] = HostBuf(DType::fp32, n);
+          got[1] = HostBuf(DType::fp32, n);
+          c.send_recv(std::vector<PointToPointOp>{{false, got[0].tensor(), 1}, {false, got[1].tensor(), 2}});
+        } else if (c.rank() == 1) {
+          HostBuf in(DType::fp32, n);
+          c.recv(in.tensor(), 2);
+          c.send(in.tensor(), 0);  // rank 2's message, forwarded
+        } else {
+          c.send(mine.tensor(), 0);
+          c.send(mine.tensor(), 1);
+        }
+      },
+      std::chrono::milliseconds(5'000));
+  expect_same_bits(got[0], message(DType::fp32, 2, 0, n), "rank 2's message through rank 1");
+  expect_same_bits(got[1], message(DType::fp32, 2, 0, n), "rank 2's message");
+}
+
 // An empty batch returns at once, on one rank alone, counting nothing.
 TEST(LocalSendRecv, EmptyBatchReturnsAtOnce) {
   CommStats stats;
