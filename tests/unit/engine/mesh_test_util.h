@@ -40,6 +40,7 @@ struct MeshRun {
   PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
   const char* partition = "uniform";
   std::int64_t pp_ckpt_interval = 0;  // pipeline.activation_checkpoint_interval
+  float dropout = 0.0f;               // GPT-2's resid/embd/attn dropout (its masks are keyed by layer and micro-batch)
   std::vector<std::int64_t> inject_overflow{};  // EngineOptions::inject_overflow_steps, on the pipeline's last stage only
   int stage = 0;
   int gas = 1;
@@ -62,8 +63,13 @@ struct MeshRun {
   std::optional<double> grad_norm_rtol{};
 };
 
-inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp) {
+inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp, float dropout = 0.0f) {
   std::shared_ptr<const Architecture> arch = std::string_view(spec).starts_with("llama:") ? llama_family().from_spec(spec) : gpt2_family().from_spec(spec);
+  if (dropout > 0.0f) {
+    Gpt2Config c = model_config_from_spec(spec);
+    c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = dropout;
+    arch = std::make_shared<Gpt2Architecture>(c);
+  }
   return make_model(arch, tp, sp);
 }
 
@@ -87,6 +93,8 @@ inline Tokens mesh_batch(const MeshRun& m, int step, int slot, int sp_rank) {
 // Bytes each rank's tensor- and sequence-parallel communicators sent during training (before the
 // final gather), by world rank.
 inline std::vector<std::uint64_t> g_tp_bytes, g_sp_bytes;
+// Each rank's pipeline events of the last step (PipelineEngine::trace), by world rank.
+inline std::vector<std::vector<PipelineEvent>> g_pipeline_traces;
 
 // The ds_config of a mesh run: zero_config_json's, with the mesh's keys as a DeepSpeed user writes them.
 inline std::string mesh_config_json(const MeshRun& m) {
@@ -116,6 +124,7 @@ inline RunResult run_mesh(const MeshRun& m) {
   out.ranks.resize(static_cast<std::size_t>(world));
   g_tp_bytes.assign(static_cast<std::size_t>(world), 0);
   g_sp_bytes.assign(static_cast<std::size_t>(world), 0);
+  g_pipeline_traces.assign(static_cast<std::size_t>(world), {});
   run_local_ranks(world, [&](Communicator& comm) {
     const int r = comm.rank();
     MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp, m.pp));
@@ -131,7 +140,7 @@ inline RunResult run_mesh(const MeshRun& m) {
     o.sequence_parallel = m.sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = kT / m.sp;
     o.checkpoint_activations = m.ckpt;
-    Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows});
+    Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}, m.dropout);
     std::unique_ptr<Communicator> ties;
     if (m.pp > 1) {
       const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(m.pp * m.vstages), m.partition);
@@ -146,7 +155,9 @@ inline RunResult run_mesh(const MeshRun& m) {
     Engine e = initialize(std::move(model), c, o);
     if (m.pp > 1) {
       PipelineEngine pipe(e, *mesh.pp, m.schedule, m.vstages);
+      pipe.set_trace(true);
       for (int step = 0; step < m.steps; ++step) {
+        pipe.clear_trace();
         std::vector<Tokens> held;
         std::vector<Batch> batches;
         for (int g = 0; g < m.gas; ++g) held.push_back(mesh_batch(m, step, g * m.dp + d, q));
@@ -155,6 +166,7 @@ inline RunResult run_mesh(const MeshRun& m) {
         me.losses.push_back(e.state().last_step_loss);
         me.grad_norms.push_back(e.state().grad_norm);
       }
+      g_pipeline_traces[static_cast<std::size_t>(r)] = pipe.trace();
     }
     for (int step = 0; m.pp == 1 && step < m.steps; ++step) {
       for (int g = 0; g < m.gas; ++g) {
@@ -177,15 +189,16 @@ inline RunResult run_mesh(const MeshRun& m) {
 }
 
 inline const RunResult& one_rank(const char* model, int micro_steps, Precision p, int steps = 3, const std::string& optimizer = {},
-                                 const std::vector<std::size_t>& ignored = {}) {
-  static std::map<std::tuple<std::string, int, Precision, int, std::string, std::vector<std::size_t>>, RunResult> cache;
-  const auto key = std::make_tuple(std::string(model), micro_steps, p, steps, optimizer, ignored);
+                                 const std::vector<std::size_t>& ignored = {}, float dropout = 0.0f) {
+  static std::map<std::tuple<std::string, int, Precision, int, std::string, std::vector<std::size_t>, float>, RunResult> cache;
+  const auto key = std::make_tuple(std::string(model), micro_steps, p, steps, optimizer, ignored, dropout);
   auto it = cache.find(key);
   if (it == cache.end()) {
     MeshRun m;
     m.model = model;
     m.optimizer_json = optimizer;
     m.ignored = ignored;
+    m.dropout = dropout;
     m.gas = std::max(micro_steps, 1);
     m.steps = micro_steps == 0 ? 0 : steps;
     m.precision = p;
@@ -228,8 +241,8 @@ inline RunResult merge_pipeline_params(RunResult run) {
 
 inline void check_against_one_rank(const MeshRun& m) {
   const RunResult run = m.pp > 1 ? merge_pipeline_params(run_mesh(m)) : run_mesh(m);
-  const RunResult& ref = one_rank(m.model, m.gas * m.dp, m.precision, m.steps, m.optimizer_json, m.ignored);
-  const RunResult& init = one_rank(m.model, 0, m.precision);
+  const RunResult& ref = one_rank(m.model, m.gas * m.dp, m.precision, m.steps, m.optimizer_json, m.ignored, m.dropout);
+  const RunResult& init = one_rank(m.model, 0, m.precision, 3, {}, {}, m.dropout);
   const Tolerance tol = m.tolerance.value_or(tp_tolerance(m.precision));
   const double norm_rtol = m.grad_norm_rtol.value_or(m.precision == Precision::fp32 ? 1e-5 : 1e-2);
   // Every rank of the mesh reports the same losses and gathers the same whole parameters.

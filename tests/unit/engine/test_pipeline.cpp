@@ -32,6 +32,16 @@ TEST(Pipeline, TwoStagesMatchOneRank) { check_against_one_rank(pipeline(2, 1, 4)
 
 TEST(Pipeline, FourStagesMatchOneRank) { check_against_one_rank(pipeline(4, 1, 8)); }
 
+// With dropout the stages must draw one rank's masks: each layer keys them by its index in the whole
+// model and the micro-batch's global slot, whatever stage runs it and whenever the schedule does.
+TEST(Pipeline, DropoutMasksAreOneRanks) {
+  MeshRun m = pipeline(2, 2, 2);
+  m.dropout = 0.1f;
+  m.vstages = 2;
+  m.schedule = PipelineScheduleKind::interleaved;
+  check_against_one_rank(m);
+}
+
 // With data parallelism inside each stage, ZeRO 1 and 2 partition each stage's state over its data
 // group (the shared weight's pieces differ between the stages' layouts).
 TEST(Pipeline, WithDataParallelZero1MatchesOneRank) {
@@ -97,11 +107,83 @@ TEST(Pipeline, OverflowOnOneStageSkipsTheStepOnAll) {
   EXPECT_NE(run.r0().params, ref.r0().params);
 }
 
-// pipeline.activation_checkpoint_interval 1: every block recomputed from its kept input.
+// pipeline.activation_checkpoint_interval 2 on 4 blocks: each stage (embedding, h.0, h.1 | h.2, h.3,
+// head) recomputes its two blocks as one segment from the segment's kept input, the micro-batches in
+// flight sharing the segment's inner activations.
 TEST(Pipeline, ActivationCheckpointingMatchesOneRank) {
   MeshRun m = pipeline(2, 1, 4);
-  m.pp_ckpt_interval = 1;
+  m.model = "gpt2:L4-C32-H2-V96-T16";
+  m.pp_ckpt_interval = 2;
   check_against_one_rank(m);
+}
+
+// The order each stage ran, from PipelineEngine's trace, against the 1F1B definition written out
+// here (DeepSpeed's TrainSchedule, Megatron's non-interleaved schedule): stage s runs
+// W = min(P - 1 - s, M) forwards, then alternates a forward and a backward, then the W remaining
+// backwards; every forward but stage 0's is preceded by the recv of its activation and followed by
+// the send of its output (but the last stage's), every backward likewise with gradients. The
+// micro-batches in flight on stage s never exceed P - s.
+TEST(Pipeline, FourStagesRunTheOneFOneBOrder) {
+  const int P = 4, M = 6;
+  const RunResult run = run_mesh(pipeline(P, 1, M));
+  ASSERT_EQ(run.ranks.size(), 4u);
+  for (int s = 0; s < P; ++s) {
+    const std::vector<PipelineEvent>& trace = g_pipeline_traces[static_cast<std::size_t>(s)];
+    std::vector<std::pair<char, int>> want, got;
+    const int W = std::min(P - 1 - s, M);
+    for (int m = 0; m < W; ++m) want.emplace_back('F', m);
+    for (int m = 0; m < M - W; ++m) {
+      want.emplace_back('F', W + m);
+      want.emplace_back('B', m);
+    }
+    for (int m = M - W; m < M; ++m) want.emplace_back('B', m);
+    int in_flight = 0, peak = 0;
+    for (std::size_t k = 0; k < trace.size(); ++k) {
+      const PipelineEvent& e = trace[k];
+      if (e.kind == PipelineEvent::Kind::forward || e.kind == PipelineEvent::Kind::backward) {
+        const bool fwd = e.kind == PipelineEvent::Kind::forward;
+        got.emplace_back(fwd ? 'F' : 'B', e.micro_batch);
+        in_flight += fwd ? 1 : -1;
+        peak = std::max(peak, in_flight);
+        // Its input arrived before it ran (a recv of the same micro-batch, earlier in the trace).
+        const bool needs_input = fwd ? s > 0 : s < P - 1;
+        if (needs_input) {
+          const auto recv = std::find_if(trace.begin(), trace.begin() + static_cast<std::ptrdiff_t>(k), [&](const PipelineEvent& x) {
+            return x.kind == PipelineEvent::Kind::recv && x.activation == fwd && x.micro_batch == e.micro_batch && x.peer == (fwd ? s - 1 : s + 1);
+          });
+          EXPECT_NE(recv, trace.begin() + static_cast<std::ptrdiff_t>(k)) << "stage " << s << ": " << (fwd ? 'F' : 'B') << e.micro_batch << " ran before its input came";
+        }
+        // Its output leaves afterwards (to the next stage after a forward, the previous after a backward).
+        const bool sends = fwd ? s < P - 1 : s > 0;
+        const auto send = std::find_if(trace.begin() + static_cast<std::ptrdiff_t>(k), trace.end(), [&](const PipelineEvent& x) {
+          return x.kind == PipelineEvent::Kind::send && x.activation == fwd && x.micro_batch == e.micro_batch && x.peer == (fwd ? s + 1 : s - 1);
+        });
+        EXPECT_EQ(send != trace.end(), sends) << "stage " << s << ": " << (fwd ? 'F' : 'B') << e.micro_batch;
+      }
+    }
+    EXPECT_EQ(got, want) << "stage " << s;
+    EXPECT_EQ(peak, std::min(P - s, M)) << "stage " << s << ": micro-batches in flight";
+  }
+}
+
+// The 1F1B memory bound, measured: a stage allocates one activation set per micro-batch in flight,
+// so its activation bytes are a + b·k with k = min(P - s, M) under 1F1B and k = M under GPipe. Two
+// 1F1B runs of stage 0 (M = 2: k = 2; M = 8: k = P = 4) give a and b; GPipe's M = 8 must then be
+// a + 8b, twice 1F1B's sets.
+TEST(Pipeline, ActivationMemoryFollowsTheMicroBatchesInFlight) {
+  const auto activations = [](PipelineScheduleKind kind, int gas) {
+    MeshRun m = pipeline(4, 1, gas);
+    m.schedule = kind;
+    m.steps = 1;
+    const RunResult run = run_mesh(m);
+    return static_cast<double>(run.r0().memory[MemoryPurpose::activations].peak);
+  };
+  const double two = activations(PipelineScheduleKind::one_f_one_b, 2);
+  const double four = activations(PipelineScheduleKind::one_f_one_b, 8);
+  const double gpipe = activations(PipelineScheduleKind::gpipe, 8);
+  const double b = (four - two) / 2.0, a = two - 2.0 * b;
+  ASSERT_GT(b, 0.0);
+  EXPECT_DOUBLE_EQ(gpipe, a + 8.0 * b) << "1F1B k=2: " << two << ", k=4: " << four << ", GPipe k=8: " << gpipe;
 }
 
 }  // namespace
