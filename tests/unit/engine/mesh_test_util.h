@@ -50,6 +50,7 @@ struct MeshRun {
   const char* model = kModel;
   std::string optimizer_json{};  // empty: zero_test_util's AdamW
   bool reduce_scatter = true;    // zero_optimization.reduce_scatter (Muon at stage 3 needs false, as in DeepSpeed)
+  std::string zero_extra_json{};  // more zero_optimization keys (e.g. "offload_optimizer": {"device": "cpu"})
   // Targets set to -1 (ignored) in every micro-batch, at these flat positions of its (B, T) targets.
   std::vector<std::size_t> ignored{};
   std::int64_t loss_tile_rows = 0;  // ALST's tiled loss (models/lm_head_loss.h); 0: untiled
@@ -107,6 +108,7 @@ inline std::string mesh_config_json(const MeshRun& m) {
   s.knobs.allow_untested_optimizer = !m.optimizer_json.empty();
   s.knobs.reduce_scatter = m.reduce_scatter;
   s.knobs.persistence_threshold = m.persistence_threshold;
+  s.knobs.zero_extra_json = m.zero_extra_json;
   std::string json = zero_config_json(s);
   json.pop_back();
   json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {})", m.tp, m.sp);

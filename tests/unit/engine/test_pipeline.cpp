@@ -90,6 +90,30 @@ TEST(Pipeline, LlamaMatchesOneRank) {
   check_against_one_rank(m);
 }
 
+// The per-tensor optimizers (Lamb's trust ratio, Muon's orthogonalisation, Adafactor's factored
+// moments) read each tensor whole within its stage; the tied copy on the last stage takes the same
+// step as its owner (the merge checks them equal).
+TEST(Pipeline, PerTensorOptimizersMatchOneRank) {
+  const char* blocks[] = {R"({"type": "Lamb", "params": {"lr": 0.02, "betas": [0.9, 0.99], "eps": 1e-6, "weight_decay": 0.05}})",
+                          R"({"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3, "eps": 1e-8, "weight_decay": 0.1}})",
+                          R"({"type": "Adafactor", "params": {"lr": 0.05, "weight_decay": 0.1}})"};
+  for (const char* block : blocks) {
+    SCOPED_TRACE(block);
+    MeshRun m = pipeline(2, 2, 2);
+    m.stage = 1;
+    m.optimizer_json = block;
+    check_against_one_rank(m);
+  }
+}
+
+// ZeRO-2 with the optimizer partition in host memory (offload_optimizer.device cpu): each stage's.
+TEST(Pipeline, CpuOffloadMatchesOneRank) {
+  MeshRun m = pipeline(2, 2, 2);
+  m.stage = 2;
+  m.zero_extra_json = R"("offload_optimizer": {"device": "cpu"})";
+  check_against_one_rank(m);
+}
+
 // fp16 with an overflow injected on the last stage only: every stage skips the step (the same
 // parameters as a run of the remaining steps, the loss scale halved everywhere).
 TEST(Pipeline, OverflowOnOneStageSkipsTheStepOnAll) {
