@@ -43,11 +43,13 @@
 // and each compares the two: a mismatch fails on both ranks naming both calls before any data
 // moves; a description that does not come within the timeout names the peer (and the last
 // collective it reached). Then one message on the data communicator, tested against a fresh
-// deadline. send_recv does the same for every op of its batch at once (all descriptions posted,
-// tested together, checked; then all data messages), so no op of a batch waits for another. Tags keep a pair's sends apart from its receives the other way and from the
+// deadline. Tags keep a pair's sends apart from its receives the other way and from the
 // collectives' messages, and MPI's non-overtaking rule per (source, tag, communicator) gives the
 // program-order matching. The sender waits for the receiver's description, so a send returns only
-// once its recv is posted: the local backend's rendezvous, and NCCL's.
+// once its recv is posted: the local backend's rendezvous, and NCCL's. send_recv does this for
+// every op of its batch at once, each op on its own (its descriptions, its check, then its message
+// as soon as they came; a pair's messages one way posted in order), so no op of a batch waits for
+// another: a peer may post the call matching one op only after another op's data reached it.
 //
 // Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
 // (step 1 bounds it: a rank that never splits is named within the timeout), then call
