@@ -323,8 +323,7 @@ void Communicator::send_recv(std::span<const PointToPointOp> ops) {
       const PointToPointOp& op = ops[i];
       const auto peer = static_cast<std::size_t>(op.peer);
       const std::uint64_t number = ++(op.is_send ? sends_to_ : recvs_from_)[peer];
-      calls[i] = PointToPointCall{op.is_send, op.is_send ? rank_ : op.peer, op.is_send ? op.peer : rank_, number, op.buffer.dtype,
-                                  op.buffer.numel()};
+      calls[i] = PointToPointCall{op.is_send, op.is_send ? rank_ : op.peer, op.is_send ? op.peer : rank_, number, op.buffer.dtype, op.buffer.numel()};
     }
     do_send_recv(ops, calls);
   } catch (const Error& e) {

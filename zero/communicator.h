@@ -4,9 +4,10 @@
 // implemented once here for every backend; docs/optimizers_onebit.md), and the point-to-point
 // send/recv between two ranks that pipeline parallelism moves activations with.
 //
-// A backend implements the do_* primitives. send/recv, all_to_all and split are the newest: every
-// backend must implement them (send/recv — local: a rendezvous of the two threads, the receiver
-// copying; MPI: a description exchange, then one message; NCCL: ncclSend/ncclRecv; all_to_all —
+// A backend implements the do_* primitives. send/recv/send_recv, all_to_all and split are the
+// newest: every backend must implement them (send/recv — local: a rendezvous of the two threads,
+// the receiver copying; MPI: a description exchange, then one message; NCCL: ncclSend/ncclRecv;
+// send_recv: the same for a batch, below; all_to_all —
 // local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI: pairwise messages; split —
 // local: a child LocalGroup shared by its member threads; MPI: MPI_Comm_split; NCCL: ncclCommSplit).
 //
@@ -54,9 +55,10 @@
 // receiving from one peer, would deadlock with blocking sends that each wait for the other's recv.
 // Each op is one send or recv for the rules above (numbered in its pair's order, counted, checked
 // against its peer's call, batched or not); ops to one peer in one direction keep their batch order.
-// Backends — local: post every send, complete every recv (the rendezvous of one send/recv each),
-// then wait until every send was taken; MPI: the descriptions of all ops in flight at once, then
-// all the data messages; NCCL: ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd.
+// Backends — local: post every send, complete each recv as soon as its peer has posted (the
+// rendezvous of one send/recv each), then wait until every send was taken; MPI: every op's
+// description exchange, check and data message in flight at once, each progressing on its own;
+// NCCL: ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd.
 #pragma once
 
 #include <array>

@@ -354,8 +354,8 @@ std::string LocalGroup::point_to_point_timeout_locked(const PointToPoint& mine, 
   return fmt::format(
       "local communicator: {} timed out after {} ms: rank {} did not post the matching {}; {}. A send returns once its receiver has "
       "taken the data, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
-      "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first), or "
-      "raise DSTRAIN_COMM_TIMEOUT (seconds) if rank {} is only slow",
+      "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first, or "
+      "one send_recv batch), or raise DSTRAIN_COMM_TIMEOUT (seconds) if rank {} is only slow",
       describe_point_to_point(mine.call), timeout_.count(), peer, describe_point_to_point(want), activity_locked(peer), peer, peer);
 }
 
@@ -434,10 +434,10 @@ void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, 
       for (std::size_t i : pending)
         if (orphan == nullptr && slots_[static_cast<std::size_t>(ops[i].call.sender)].left) orphan = &ops[i];
       if (orphan != nullptr) {
-        fail_locked(fmt::format(
-            "local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
-            "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-            describe_point_to_point(orphan->call), orphan->call.sender, orphan->call.sender));
+        fail_locked(
+            fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
+                        "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+                        describe_point_to_point(orphan->call), orphan->call.sender, orphan->call.sender));
       } else if (Clock::now() >= deadline) {
         fail_locked(point_to_point_timeout_locked(first, first.call.sender));
       } else {
@@ -489,10 +489,10 @@ void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, 
     for (auto it : sends)
       if (orphan == nullptr && it->state == PointToPoint::State::posted && slots_[static_cast<std::size_t>(it->call.receiver)].left) orphan = &*it;
     if (orphan != nullptr) {
-      fail_locked(fmt::format(
-          "local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
-          "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-          describe_point_to_point(orphan->call), orphan->call.receiver, orphan->call.receiver));
+      fail_locked(
+          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
+                      "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+                      describe_point_to_point(orphan->call), orphan->call.receiver, orphan->call.receiver));
     } else if (Clock::now() >= deadline) {
       fail_locked(point_to_point_timeout_locked(*waiting, waiting->call.receiver));
     } else {

@@ -185,8 +185,6 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
   seen_.assign(w, Call{});
   has_seen_.assign(w, false);
   received_.assign(w, Call{});
-  p2p_out_.assign(w, Call{});
-  p2p_in_.assign(w, Call{});
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -502,76 +500,133 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
   exchange(sends, recvs, buf.dtype, call);
 }
 
-void MpiCommunicator::do_send(const Tensor& buf, int peer) { point_to_point(buf, peer, true); }
+void MpiCommunicator::do_send(const Tensor& buf, int peer) {
+  const PointToPointOp op{true, buf, peer};
+  const PointToPointCall call{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
+  point_to_point({&op, 1}, {&call, 1});
+}
 
-void MpiCommunicator::do_recv(const Tensor& buf, int peer) { point_to_point(buf, peer, false); }
+void MpiCommunicator::do_recv(const Tensor& buf, int peer) {
+  const PointToPointOp op{false, buf, peer};
+  const PointToPointCall call{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
+  point_to_point({&op, 1}, {&call, 1});
+}
 
-void MpiCommunicator::point_to_point(const Tensor& buf, int peer, bool sending) {
-  PointToPointCall mine;
-  mine.is_send = sending;
-  mine.sender = sending ? rank() : peer;
-  mine.receiver = sending ? peer : rank();
-  mine.number = sending ? sends_to(peer) : recvs_from(peer);
-  mine.dtype = buf.dtype;
-  mine.count = buf.numel();
-  const std::string name = describe_point_to_point(mine);
-  DSTRAIN_CHECK(buf.device.is_cpu(),
-                "MPI communicator: the buffer of {} is on {}; the MPI backend communicates host memory. Fix: use host buffers (--device "
-                "cpu), or the nccl backend for GPUs",
-                name, buf.device.str());
+void MpiCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) { point_to_point(ops, calls); }
+
+void MpiCommunicator::point_to_point(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
+  const std::size_t n = ops.size();
+  std::vector<std::string> names(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    names[i] = describe_point_to_point(mine[i]);
+    DSTRAIN_CHECK(ops[i].buffer.device.is_cpu(),
+                  "MPI communicator: the buffer of {} is on {}; the MPI backend communicates host memory. Fix: use host buffers (--device "
+                  "cpu), or the nccl backend for GPUs",
+                  names[i], ops[i].buffer.device.str());
+  }
   check_usable();
-  const auto kind = sending ? CollectiveKind::send : CollectiveKind::recv;
-  // The description carries the pair's number where a collective's carries its sequence number.
-  const Call call{mine.number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(buf.dtype), 0, 0, buf.numel()};
-  const auto q = static_cast<std::size_t>(peer);
-  p2p_out_[q] = call;
-  // 1. descriptions: ours to the peer, the peer's (of its matching call) from it.
-  std::vector<MPI_Request> requests(2, MPI_REQUEST_NULL);
-  check(MPI_Irecv(&p2p_in_[q], sizeof(Call), MPI_BYTE, peer, sending ? kP2pRecvTag : kP2pSendTag, ctrl_, &requests[0]), "MPI_Irecv", call);
-  check(MPI_Isend(&p2p_out_[q], sizeof(Call), MPI_BYTE, peer, sending ? kP2pSendTag : kP2pRecvTag, ctrl_, &requests[1]), "MPI_Isend", call);
-  int status = MPI_SUCCESS;
-  bool all = test_all_until(requests, Clock::now() + timeout_, status);
-  check(status, "MPI_Testsome", call);
-  if (!all) {
-    PointToPointCall owed = mine;
-    owed.is_send = !sending;
-    const std::string last = has_seen_[q] ? fmt::format("rank {} last reached {}", peer, describe(seen_[q], world_size()))
-                                          : fmt::format("rank {} has reached no collective yet", peer);
+  // The descriptions carry the pair's number where a collective's carries its sequence number.
+  // Members, not locals: after a timeout MPI may still write a late description there.
+  p2p_out_.assign(n, Call{});
+  p2p_in_.assign(n, Call{});
+  std::vector<int> counts(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto kind = mine[i].is_send ? CollectiveKind::send : CollectiveKind::recv;
+    p2p_out_[i] = Call{mine[i].number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(mine[i].dtype), 0, 0, mine[i].count};
+    counts[i] = as_count(mine[i].count, p2p_out_[i], world_size());
+  }
+  // Each op on its own, all in flight at once, so that no op waits for another (a peer may post
+  // the call matching one op only after another op's data reached it):
+  //   1. descriptions: ours to the op's peer, the peer's (of its matching call) from it; per (peer,
+  //      tag) MPI matches them in posting order, the pair's program order;
+  //   2. once both came, the op's two descriptions are compared (both ranks of the pair compare the
+  //      same two, so both fail with the same text) and its data message is posted (none when
+  //      empty; after those of the earlier ops of its pair and direction), tested against a fresh
+  //      deadline.
+  // requests[2i]: op i's incoming description, requests[2i+1]: its outgoing one; data[i]: its data.
+  std::vector<MPI_Request> requests(2 * n, MPI_REQUEST_NULL), data(n, MPI_REQUEST_NULL);
+  enum class Stage { describing, moving, done };
+  std::vector<Stage> stage(n, Stage::describing);
+  std::vector<Clock::time_point> deadline(n, Clock::now() + timeout_);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool sending = mine[i].is_send;
+    const int peer = ops[i].peer;
+    check(MPI_Irecv(&p2p_in_[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pRecvTag : kP2pSendTag, ctrl_, &requests[2 * i]), "MPI_Irecv",
+          p2p_out_[i]);
+    check(MPI_Isend(&p2p_out_[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pSendTag : kP2pRecvTag, ctrl_, &requests[2 * i + 1]), "MPI_Isend",
+          p2p_out_[i]);
+  }
+  // One pass over the ops: advances each as far as it can; true once all are done. A failure
+  // (an MPI error, a mismatch) throws from here; a missed deadline leaves `late` set.
+  std::size_t late = n;
+  const auto advance = [&] {
+    bool all = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (stage[i] == Stage::describing) {
+        int done = 0;
+        check(MPI_Testall(2, &requests[2 * i], &done, MPI_STATUSES_IGNORE), "MPI_Testall", p2p_out_[i]);
+        // A pair's data messages one way are posted in the pair's order on both ranks (MPI then
+        // matches them in that order): not before the earlier ops of this pair and direction.
+        for (std::size_t j = 0; j < i && done; ++j) {
+          if (ops[j].peer == ops[i].peer && mine[j].is_send == mine[i].is_send && stage[j] == Stage::describing) done = 0;
+        }
+        if (done) {
+          const Call& theirs = p2p_in_[i];
+          PointToPointCall other = mine[i];
+          other.is_send = !mine[i].is_send;
+          other.number = theirs.sequence;
+          other.dtype = static_cast<DType>(theirs.dtype);
+          other.count = theirs.count;
+          const std::string problem =
+              mine[i].is_send ? point_to_point_mismatch("MPI", mine[i], other) : point_to_point_mismatch("MPI", other, mine[i]);
+          if (!problem.empty()) fail_with(problem);
+          stage[i] = Stage::done;
+          if (counts[i] > 0) {
+            const Tensor& buf = ops[i].buffer;
+            if (mine[i].is_send) {
+              check(MPI_Isend(buf.data, counts[i], element_type(buf.dtype), ops[i].peer, kP2pDataTag, data_, &data[i]), "MPI_Isend", p2p_out_[i]);
+            } else {
+              check(MPI_Irecv(buf.data, counts[i], element_type(buf.dtype), ops[i].peer, kP2pDataTag, data_, &data[i]), "MPI_Irecv", p2p_out_[i]);
+            }
+            stage[i] = Stage::moving;
+            deadline[i] = Clock::now() + timeout_;
+          }
+        }
+      }
+      if (stage[i] == Stage::moving) {
+        int done = 0;
+        check(MPI_Test(&data[i], &done, MPI_STATUS_IGNORE), "MPI_Test", p2p_out_[i]);
+        if (done) stage[i] = Stage::done;
+      }
+      if (stage[i] != Stage::done) {
+        all = false;
+        if (late == n && Clock::now() > deadline[i]) late = i;
+      }
+    }
+    return all || late < n;
+  };
+  poll_until(advance, Clock::time_point::max());  // advance() watches the ops' own deadlines
+  if (late == n) return;
+  const std::size_t i = late;
+  const int peer = ops[i].peer;
+  if (stage[i] == Stage::describing) {
+    const auto q = static_cast<std::size_t>(peer);
+    PointToPointCall owed = mine[i];
+    owed.is_send = !mine[i].is_send;
+    const std::string last_reached = has_seen_[q] ? fmt::format("rank {} last reached {}", peer, describe(seen_[q], world_size()))
+                                                  : fmt::format("rank {} has reached no collective yet", peer);
     fail_with(
         fmt::format("MPI communicator: {} timed out after {} ms: rank {} did not post the matching {} ({}). A send returns once its receiver has "
                     "posted the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
-                    "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first), look "
-                    "at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
-                    name, timeout_.count(), peer, describe_point_to_point(owed), last, peer, peer));
+                    "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first, or "
+                    "one send_recv batch), look at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
+                    names[i], timeout_.count(), peer, describe_point_to_point(owed), last_reached, peer, peer));
   }
-  // 2. both ranks compare the same two descriptions, so both fail with the same text.
-  const Call& theirs = p2p_in_[q];
-  PointToPointCall other = mine;
-  other.is_send = !sending;
-  other.number = theirs.sequence;
-  other.dtype = static_cast<DType>(theirs.dtype);
-  other.count = theirs.count;
-  const std::string problem = sending ? point_to_point_mismatch("MPI", mine, other) : point_to_point_mismatch("MPI", other, mine);
-  if (!problem.empty()) fail_with(problem);
-  if (buf.numel() == 0) return;
-  // 3. the data, one message.
-  const int count = as_count(buf.numel(), call, world_size());
-  MPI_Request data = MPI_REQUEST_NULL;
-  if (sending) {
-    check(MPI_Isend(buf.data, count, element_type(buf.dtype), peer, kP2pDataTag, data_, &data), "MPI_Isend", call);
-  } else {
-    check(MPI_Irecv(buf.data, count, element_type(buf.dtype), peer, kP2pDataTag, data_, &data), "MPI_Irecv", call);
-  }
-  std::vector<MPI_Request> pending{data};
-  all = test_all_until(pending, Clock::now() + timeout_, status);
-  check(status, "MPI_Testsome", call);
-  if (!all) {
-    fail_with(
-        fmt::format("MPI communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process "
-                    "stopped or ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's "
-                    "messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
-                    name, timeout_.count(), sending ? "reach" : "come from", peer, peer));
-  }
+  fail_with(
+      fmt::format("MPI communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process "
+                  "stopped or ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's "
+                  "messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
+                  names[i], timeout_.count(), mine[i].is_send ? "reach" : "come from", peer, peer));
 }
 
 // Every rank has reached the barrier once every rank's description has come.

@@ -46,7 +46,10 @@
 // deadline. Tags keep a pair's sends apart from its receives the other way and from the
 // collectives' messages, and MPI's non-overtaking rule per (source, tag, communicator) gives the
 // program-order matching. The sender waits for the receiver's description, so a send returns only
-// once its recv is posted: the local backend's rendezvous, and NCCL's.
+// once its recv is posted: the local backend's rendezvous, and NCCL's. send_recv does this for
+// every op of its batch at once, each op on its own (its descriptions, its check, then its message
+// as soon as they came; a pair's messages one way posted in order), so no op of a batch waits for
+// another: a peer may post the call matching one op only after another op's data reached it.
 //
 // Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
 // (step 1 bounds it: a rank that never splits is named within the timeout), then call
@@ -102,11 +105,13 @@ class MpiCommunicator final : public Communicator {
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
+  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
-  // send / recv (above): the description exchange with `peer`, then the data message.
-  void point_to_point(const Tensor& buf, int peer, bool sending);
+  // send / recv / send_recv (above; send and recv are batches of one): the descriptions of every
+  // op exchanged with its peer at once, checked, then every op's data message at once.
+  void point_to_point(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls);
   // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
   // child does not.
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
@@ -136,8 +141,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
   std::vector<bool> has_seen_;  // per rank: a description has come
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
-  // Per peer: the point-to-point descriptions in flight (ours out, the peer's in). Members, not
-  // locals: after a timeout MPI may still write a late description here.
+  // Per op of the current point-to-point call: the descriptions in flight (ours out, the peer's
+  // in). Members, not locals: after a timeout MPI may still write a late description here.
   std::vector<Call> p2p_out_;
   std::vector<Call> p2p_in_;
   std::vector<char> scratch_;

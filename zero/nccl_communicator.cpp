@@ -358,6 +358,31 @@ void NcclCommunicator::do_recv(const Tensor& buf, int peer) {
   after_enqueue();
 }
 
+void NcclCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+  check_usable();
+  std::string names;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const std::string name = describe_point_to_point(calls[i]);
+    check_device_named(ops[i].buffer, "the buffer", name);
+    names += (i == 0 ? "" : ", ") + name;
+  }
+  wait_for_compute();
+  last_call_ = fmt::format("send_recv of {}", names);
+  // One group: NCCL posts every op of it before any waits (the deadlock-free exchange between
+  // neighbours), and matches each with the peer's call in the pair's order as single calls are.
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupStart());
+  for (const PointToPointOp& op : ops) {
+    const auto count = static_cast<std::size_t>(op.buffer.numel());
+    if (op.is_send) {
+      DSTRAIN_NCCL_ENQUEUE(ncclSend(op.buffer.data, count, nccl_type(op.buffer.dtype), op.peer, comm_, stream_));
+    } else {
+      DSTRAIN_NCCL_ENQUEUE(ncclRecv(op.buffer.data, count, nccl_type(op.buffer.dtype), op.peer, comm_, stream_));
+    }
+  }
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
+  after_enqueue();
+}
+
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
   check_usable();
   CudaDeviceScope current(device_);

@@ -27,7 +27,9 @@
 // a mismatched size or dtype (undefined behaviour, as for collectives). A send or recv re-records
 // the event of the last collective (marks_), so order_compute_after(s) orders after the
 // point-to-point calls issued since collective s too: more, never less, and a CommQueue ticket
-// that holds a send is ordered after it.
+// that holds a send is ordered after it. send_recv puts every op of its batch between
+// ncclGroupStart and ncclGroupEnd (the same stream, event and ordering): NCCL then progresses them
+// together, so neighbours that send to each other in one batch do not wait on each other.
 //
 // Sub-groups (split): ncclCommSplit of this communicator, non-blocking and polled like the bootstrap
 // (bounded by the timeout), with splitShare = 0 so that the child has resources of its own and
@@ -114,6 +116,8 @@ class NcclCommunicator final : public Communicator {
   // ncclSend / ncclRecv (above).
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
+  // Every op between ncclGroupStart and ncclGroupEnd, on stream(), as send / recv are.
+  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:

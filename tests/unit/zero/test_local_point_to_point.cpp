@@ -331,7 +331,7 @@ TEST(LocalPointToPoint, SplitChildrenCommunicateInTheirOwnRanks) {
 // ring that times out above; batched, neither op waits for the other and the values arrive. Then
 // rank 1 lists its recv first: the batch's order does not matter either. A short timeout makes a
 // broken batch fail here rather than hang.
-TEST(LocalSendRecv, NeighboursThatEachSendFirstDoNotDeadlock) {
+TEST(LocalPointToPoint, SendRecvNeighboursThatEachSendFirstDoNotDeadlock) {
   for (bool rank1_recv_first : {false, true}) {
     SCOPED_TRACE(rank1_recv_first ? "rank 1 lists its recv first" : "both list their send first");
     constexpr std::int64_t n = 11;
@@ -360,7 +360,7 @@ TEST(LocalSendRecv, NeighboursThatEachSendFirstDoNotDeadlock) {
 
 // A ring of 4 where every rank's batch is {send to next, recv from previous}: the pipeline's
 // steady-state exchange, every dtype, then an all-reduce whose sequence numbers still match.
-TEST(LocalSendRecv, RingOfFourEachRankSendsNextAndReceivesPrevious) {
+TEST(LocalPointToPoint, SendRecvRingOfFourEachRankSendsNextAndReceivesPrevious) {
   constexpr int w = 4;
   for (DType dt : {DType::fp32, DType::bf16, DType::fp16, DType::int32, DType::fp64}) {
     SCOPED_TRACE(dtype_name(dt));
@@ -385,7 +385,7 @@ TEST(LocalSendRecv, RingOfFourEachRankSendsNextAndReceivesPrevious) {
 // standalone; rank 1 receives the first standalone, then in one batch receives the second and
 // the third and sends its own. The pair's order counts standalone and batched calls alike: each
 // message lands in the recv of its number.
-TEST(LocalSendRecv, SendAndRecvWithOnePeerKeepThePairsOrderAcrossBatchedAndStandaloneCalls) {
+TEST(LocalPointToPoint, SendRecvWithOnePeerKeepsThePairsOrderAcrossBatchedAndStandaloneCalls) {
   constexpr std::int64_t n = 7;
   std::vector<HostBuf> got(4);
   std::vector<std::uint64_t> numbers;
@@ -417,7 +417,7 @@ TEST(LocalSendRecv, SendAndRecvWithOnePeerKeepThePairsOrderAcrossBatchedAndStand
 // A batch of 4: every rank sends to both neighbours and receives from both, the recvs listed first
 // on odd ranks. With W = 2 both neighbours are one peer, so two sends and two recvs of one pair
 // share a batch and match in their batch order. stats() counts each op as its own send or recv.
-TEST(LocalSendRecv, FourOpsToBothNeighboursAndTheirCounts) {
+TEST(LocalPointToPoint, SendRecvFourOpsToBothNeighboursAndTheirCounts) {
   for (int w : {2, 3, 4}) {
     SCOPED_TRACE(fmt::format("W={}", w));
     constexpr std::int64_t n = 13;
@@ -461,7 +461,7 @@ TEST(LocalSendRecv, FourOpsToBothNeighboursAndTheirCounts) {
 // rank 2 in one batch, listing rank 1 first, but rank 1 sends only after it received from rank 2,
 // which sends to rank 1 only after rank 0 took its message. Completing the recvs in batch order
 // would deadlock.
-TEST(LocalSendRecv, RecvsCompleteAsTheirPeersPostNotInBatchOrder) {
+TEST(LocalPointToPoint, SendRecvRecvsCompleteAsTheirPeersPostNotInBatchOrder) {
   constexpr std::int64_t n = 3;
   std::vector<HostBuf> got(3);
   run_local_ranks(
@@ -487,7 +487,7 @@ TEST(LocalSendRecv, RecvsCompleteAsTheirPeersPostNotInBatchOrder) {
 }
 
 // An empty batch returns at once, on one rank alone, counting nothing.
-TEST(LocalSendRecv, EmptyBatchReturnsAtOnce) {
+TEST(LocalPointToPoint, SendRecvEmptyBatchReturnsAtOnce) {
   CommStats stats;
   run_local_ranks(
       2,
@@ -502,7 +502,7 @@ TEST(LocalSendRecv, EmptyBatchReturnsAtOnce) {
 
 // A recv in a batch of another size or dtype than its send fails on both ranks with one message
 // naming both calls, while the other op of each batch is fine.
-TEST(LocalSendRecv, SizeOrDtypeMismatchInABatchFailsOnBothRanks) {
+TEST(LocalPointToPoint, SendRecvSizeOrDtypeMismatchInABatchFailsOnBothRanks) {
   struct Case {
     DType recv_dtype;
     std::int64_t recv_n;
@@ -541,7 +541,7 @@ TEST(LocalSendRecv, SizeOrDtypeMismatchInABatchFailsOnBothRanks) {
 // Rank 0's batch sends to rank 1 (which receives it) and receives from rank 2, which never sends
 // (it is busy, not finished): rank 0 fails at the timeout naming rank 2, the call it owes and what
 // it last did. A batch whose send is never received fails naming the missing recv.
-TEST(LocalSendRecv, PeerThatNeverPostsTimesOutNamingIt) {
+TEST(LocalPointToPoint, SendRecvPeerThatNeverPostsTimesOutNamingIt) {
   const auto t0 = Clock::now();
   const std::string err = run_expecting_error(
       3,
@@ -579,7 +579,7 @@ TEST(LocalSendRecv, PeerThatNeverPostsTimesOutNamingIt) {
 // A bad op is refused before anything of the batch is posted, naming the op; a recv whose buffer
 // overlaps another op's is refused too (the ops run at the same time). The waiting peer fails with
 // the cause.
-TEST(LocalSendRecv, BadOpsAreErrorsNamingTheOp) {
+TEST(LocalPointToPoint, SendRecvBadOpsAreErrorsNamingTheOp) {
   struct Case {
     int which;
     const char* text;

@@ -5,9 +5,11 @@
 // Then split (MPI_Comm_split): children's members, collectives and counters against the test's
 // own enumeration, children that outlive their parent, the device mesh's groups (pipeline stages
 // included). Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
-// order, the pipeline group. Then the failures: mismatched calls fail on every rank naming both
-// (collectives) or on both ranks of the pair (send/recv), a rank that never arrives (or splits
-// with a negative color, or never sends) is named by the others within the timeout.
+// order, the pipeline group; the batched send_recv (a ring, both neighbours, the pair's order
+// across batched and standalone calls). Then the failures: mismatched calls fail on every rank
+// naming both (collectives) or on both ranks of the pair (send/recv, send_recv), a rank that never
+// arrives (or splits with a negative color, or never sends) is named by the others within the
+// timeout.
 //
 // Every process runs every test in the same order (the collectives must match); main() combines
 // the processes' results, so ctest fails when any process failed.
@@ -512,6 +514,129 @@ TEST(MpiCollectives, PointToPointOnThePipelineGroup) {
   EXPECT_EQ(pipe.stats().bytes_sent(CollectiveKind::send), 17u * 2);
 }
 
+// send_recv: every rank's batch is {send to next, recv from previous}, the exchange that blocking
+// send/recv cannot do without ordering the ranks; every dtype and size gives the bits rank r−1
+// wrote and the local backend's counters. Then a batch of 4 (both neighbours; with W = 2 one peer,
+// two ops each way in batch order), recvs listed first on odd ranks.
+TEST(MpiCollectives, SendRecvRingAndBothNeighboursMatchLocal) {
+  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  const int w = world();
+  if (w < 2) GTEST_SKIP() << "needs 2 processes";
+  for (DType d : kDtypes)
+    for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1001}}) {
+      const auto run = [&](Communicator& c, int r) {
+        HostBuf out = filled(d, r, n), in(d, n);
+        c.send_recv(std::vector<PointToPointOp>{{true, out.tensor(), (r + 1) % w}, {false, in.tensor(), (r + w - 1) % w}});
+        return in;
+      };
+      const auto [want, want_stats] = local_result(run);
+      mpi.reset_stats();
+      const HostBuf got = run(mpi, me());
+      const std::string what = fmt::format("send_recv ring {} n={} W={}", dtype_name(d), n, w);
+      expect_same_bits(got, filled(d, (me() + w - 1) % w, n), what);
+      expect_same_bits(got, want, what);
+      EXPECT_EQ(mpi.stats().bytes, want_stats.bytes) << what;
+      EXPECT_EQ(mpi.stats().calls, want_stats.calls) << what;
+      EXPECT_EQ(mpi.stats().bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * dtype_size(d)) << what;
+      EXPECT_EQ(mpi.sequence(), 0u) << "point-to-point calls are not collectives";
+    }
+  constexpr std::int64_t n = 257;
+  const auto four = [&](Communicator& c, int r, HostBuf& from_next) {
+    const int next = (r + 1) % w, prev = (r + w - 1) % w;
+    HostBuf to_next = filled(DType::fp32, r + 100, n), to_prev = filled(DType::bf16, r + 200, n), from_prev(DType::fp32, n);
+    from_next = HostBuf(DType::bf16, n);
+    const PointToPointOp s1{true, to_next.tensor(), next}, s2{true, to_prev.tensor(), prev};
+    const PointToPointOp r1{false, from_prev.tensor(), prev}, r2{false, from_next.tensor(), next};
+    c.send_recv(r % 2 == 0 ? std::vector<PointToPointOp>{s1, s2, r1, r2} : std::vector<PointToPointOp>{r1, r2, s1, s2});
+    return from_prev;
+  };
+  const auto [want, want_stats] = local_result([&](Communicator& c, int r) {
+    HostBuf unused;
+    return four(c, r, unused);
+  });
+  mpi.reset_stats();
+  HostBuf from_next;
+  const HostBuf from_prev = four(mpi, me(), from_next);
+  expect_same_bits(from_prev, filled(DType::fp32, (me() + w - 1) % w + 100, n), "4 ops: from the previous rank");
+  expect_same_bits(from_prev, want, "4 ops: the local backend's");
+  expect_same_bits(from_next, filled(DType::bf16, (me() + 1) % w + 200, n), "4 ops: from the next rank");
+  EXPECT_EQ(mpi.stats().bytes, want_stats.bytes);
+  EXPECT_EQ(mpi.stats().calls, want_stats.calls);
+  EXPECT_EQ(mpi.stats().call_count(CollectiveKind::send), 2u);
+  EXPECT_EQ(mpi.stats().call_count(CollectiveKind::recv), 2u);
+  EXPECT_EQ(mpi.stats().bytes_sent(CollectiveKind::send), static_cast<std::uint64_t>(n) * (4 + 2));
+  mpi.barrier();
+}
+
+// Ranks 0 and 1 (the others wait): rank 0's batch sends two messages to rank 1 and receives one,
+// then it sends a third standalone; rank 1 receives the first standalone, then the second and the
+// third and sends its own in one batch: the pair's order counts batched and standalone calls
+// alike. Then rank 0's batch {send, recv} against rank 1's standalone recv, then send: the batch's
+// send must not wait for its recv (whose match rank 1 posts only after receiving).
+TEST(MpiCollectives, SendRecvKeepsThePairsOrderAndNeverHoldsAnOpBack) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  constexpr std::int64_t n = 9;
+  if (me() == 0) {
+    HostBuf a = filled(DType::fp32, 1, n), b = filled(DType::fp32, 2, n), third = filled(DType::fp32, 3, n), x(DType::fp32, n);
+    mpi.send_recv(std::vector<PointToPointOp>{{true, a.tensor(), 1}, {false, x.tensor(), 1}, {true, b.tensor(), 1}});
+    mpi.send(third.tensor(), 1);
+    expect_same_bits(x, filled(DType::fp32, 9, n), "rank 1's send into rank 0's batch");
+    EXPECT_EQ(mpi.sends_to(1), 3u);
+    HostBuf out = filled(DType::int32, 4, n), in(DType::int32, n);
+    mpi.send_recv(std::vector<PointToPointOp>{{true, out.tensor(), 1}, {false, in.tensor(), 1}});
+    expect_same_bits(in, filled(DType::int32, 4, n), "rank 0's message, back from rank 1");
+  } else if (me() == 1) {
+    std::vector<HostBuf> got(3, HostBuf(DType::fp32, n));
+    HostBuf mine = filled(DType::fp32, 9, n);
+    mpi.recv(got[0].tensor(), 0);
+    mpi.send_recv(std::vector<PointToPointOp>{{false, got[1].tensor(), 0}, {true, mine.tensor(), 0}, {false, got[2].tensor(), 0}});
+    for (int k = 0; k < 3; ++k) expect_same_bits(got[static_cast<std::size_t>(k)], filled(DType::fp32, k + 1, n), fmt::format("message {}", k + 1));
+    EXPECT_EQ(mpi.recvs_from(0), 3u);
+    HostBuf echo(DType::int32, n);
+    mpi.recv(echo.tensor(), 0);
+    mpi.send(echo.tensor(), 0);
+  }
+  mpi.barrier();
+}
+
+// A recv in a batch of another size or dtype than its send fails on both ranks of the pair naming
+// both calls, while the batches' other ops agree. A rank without a partner (W = 3) takes no part.
+TEST(MpiCollectives, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const int pair = me() / 2, sender = 2 * pair, receiver = sender + 1;
+    if (receiver < world()) {
+      const DType recv_dtype = pair == 0 ? DType::fp32 : DType::bf16;
+      const std::int64_t recv_n = pair == 0 ? 6 : 5;
+      HostBuf back(DType::int32, 3);
+      try {
+        if (me() == sender) {
+          HostBuf b(DType::fp32, 5);
+          mpi.send_recv(std::vector<PointToPointOp>{{true, b.tensor(), receiver}, {false, back.tensor(), receiver}});
+        } else {
+          HostBuf b(recv_dtype, recv_n);
+          mpi.send_recv(std::vector<PointToPointOp>{{true, back.tensor(), sender}, {false, b.tensor(), sender}});
+        }
+        ADD_FAILURE() << "a mismatched send_recv succeeded";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("point-to-point mismatch"), std::string::npos) << m;
+        EXPECT_NE(m.find(fmt::format("rank {} called send #1 from rank {} to rank {} (fp32, 5 elements)", sender, sender, receiver)),
+                  std::string::npos)
+            << m;
+        EXPECT_NE(m.find(fmt::format("rank {} called recv #1 from rank {} on rank {} ({}, {} elements)", receiver, sender, receiver,
+                                     dtype_name(recv_dtype), recv_n)),
+                  std::string::npos)
+            << m;
+      }
+      EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
@@ -585,6 +710,33 @@ TEST(MpiCollectives, PointToPointPeerThatNeverPostsIsNamedWithinTheTimeout) {
         EXPECT_NE(m.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << m;
         EXPECT_NE(m.find("rank 1 last reached barrier #1"), std::string::npos) << m;
       }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Rank 0's batch sends to rank 1 and receives from it; rank 1 only receives. The send completes,
+// and rank 0 fails within the timeout naming rank 1, the send it owes and the last collective it
+// reached.
+TEST(MpiCollectives, SendRecvPeerThatNeverPostsIsNamedWithinTheTimeout) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    mpi.barrier();  // #1
+    HostBuf out = filled(DType::int32, 0, 4), in(DType::int32, 4);
+    if (me() == 0) {
+      try {
+        mpi.send_recv(std::vector<PointToPointOp>{{true, out.tensor(), 1}, {false, in.tensor(), 1}});
+        ADD_FAILURE() << "a batch whose recv has no send succeeded";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("recv #1 from rank 1 on rank 0 (int32, 4 elements) timed out after 1500 ms"), std::string::npos) << m;
+        EXPECT_NE(m.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << m;
+        EXPECT_NE(m.find("rank 1 last reached barrier #1"), std::string::npos) << m;
+      }
+    } else if (me() == 1) {
+      mpi.recv(in.tensor(), 0);
+      expect_same_bits(in, out, "the batch's send");
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
