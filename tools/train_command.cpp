@@ -36,9 +36,9 @@ struct TrainArgs {
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
   bool megatron_sequence_parallel = true;
-  int pipeline_stages = 0;          // 0: the config's pipeline.stages
-  int pipeline_virtual_stages = 1;  // Megatron's interleaved 1F1B chunks per stage
-  std::string pipeline_schedule;    // "": interleaved when virtual stages > 1, else 1f1b
+  int pipeline_stages = 0;                    // 0: the config's pipeline.stages
+  int pipeline_virtual_stages = 1;            // Megatron's interleaved 1F1B chunks per stage
+  std::string pipeline_schedule;              // "": interleaved when virtual stages > 1, else 1f1b
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   double sample_temperature = 1.0;

@@ -69,7 +69,8 @@ std::size_t layer_count(const Architecture& model) {
 
 }  // namespace
 
-PipelineSchedule check_pipeline_config(const config::DsConfig& cfg, int virtual_stages, const std::string& schedule, std::vector<std::string>& warnings) {
+PipelineSchedule check_pipeline_config(const config::DsConfig& cfg, int virtual_stages, const std::string& schedule,
+                                       std::vector<std::string>& warnings) {
   const std::int64_t P = cfg.pipeline_parallel_size, M = cfg.gradient_accumulation_steps;
   const int V = virtual_stages;
   if (V < 1) fail("--pipeline-virtual-stages {}: must be >= 1 (1: one chunk of the model per stage; V > 1: Megatron's interleaved 1F1B)", V);
@@ -151,9 +152,8 @@ std::vector<std::string> plan_pipeline(TrainingPlan& plan, const TrainerOptions&
     fail(
         "{} {}{} = {} pieces of the model, but {} has {} layers ({}): every stage needs at least one layer; give at most {} pipeline "
         "stages{}, or a model with more blocks",
-        stages_flag(options), P,
-        s.virtual_stages > 1 ? fmt::format(" x --pipeline-virtual-stages {}", s.virtual_stages) : std::string(), pieces, plan.model_spec,
-        layers.size(), layer_names(layers, 0, layers.size()), layers.size() / static_cast<std::size_t>(s.virtual_stages),
+        stages_flag(options), P, s.virtual_stages > 1 ? fmt::format(" x --pipeline-virtual-stages {}", s.virtual_stages) : std::string(), pieces,
+        plan.model_spec, layers.size(), layer_names(layers, 0, layers.size()), layers.size() / static_cast<std::size_t>(s.virtual_stages),
         s.virtual_stages > 1 ? " x virtual stages in all" : "");
   }
   try {
@@ -177,7 +177,8 @@ std::vector<std::string> describe_pipeline_partition(const TrainingPlan& plan) {
   const std::size_t pieces = plan.stage_parts.size() - 1;
   for (int stage = 0; stage < P; ++stage) {
     const double n = params[static_cast<std::size_t>(stage)];
-    const std::string figures = fmt::format("{} parameters, ~{}", parameters_figure(n), format_estimate_bytes(estimate_state_memory(n, plan.config).per_rank()));
+    const std::string figures =
+        fmt::format("{} parameters, ~{}", parameters_figure(n), format_estimate_bytes(estimate_state_memory(n, plan.config).per_rank()));
     if (V == 1) {
       const std::size_t b = plan.stage_parts[static_cast<std::size_t>(stage)], e = plan.stage_parts[static_cast<std::size_t>(stage) + 1];
       lines.push_back(fmt::format("stage {}: {} ({}; {})", stage, layer_range(b, e), layer_names(layers, b, e), figures));

@@ -30,7 +30,8 @@ struct PipelineSchedule {
 // schedule runs the micro-batches in groups of P); with P > 1, ZeRO stage 3 and the 1-bit optimizers.
 // Warnings appended to `warnings`: M < P (the bubble dominates), ZeRO stage 2 (DeepSpeed refuses it
 // with a pipeline), a schedule named without pipeline stages.
-PipelineSchedule check_pipeline_config(const config::DsConfig& cfg, int virtual_stages, const std::string& schedule, std::vector<std::string>& warnings);
+PipelineSchedule check_pipeline_config(const config::DsConfig& cfg, int virtual_stages, const std::string& schedule,
+                                       std::vector<std::string>& warnings);
 
 // Fills plan.pipeline_virtual_stages, pipeline_schedule, pipeline_partition, stage_parts and
 // pipeline_checkpoint_interval from plan.config, plan.model and options (check_pipeline_config,

@@ -71,7 +71,7 @@ struct TrainerOptions {
   // stages + stage), dividing the bubble by V at V x the point-to-point traffic.
   int pipeline_virtual_stages = 1;
   // "1f1b", "interleaved" (V > 1) or "gpipe" (all forwards, then all backwards; V = 1).
-  std::string pipeline_schedule;  // "" = default: "interleaved" when pipeline_virtual_stages > 1, else "1f1b"
+  std::string pipeline_schedule;              // "" = default: "interleaved" when pipeline_virtual_stages > 1, else "1f1b"
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
 
   // ---- outputs ----

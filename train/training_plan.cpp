@@ -73,7 +73,8 @@ void check_option_values(const TrainerOptions& o) {
   if (!std::isfinite(o.peak_flops) || o.peak_flops < 0.0) {
     fail("--peak-flops {}: must be a finite number of FLOP/s >= 0 (0: measure one GEMM)", o.peak_flops);
   }
-  if (o.pipeline_stages < 0) fail("--pipeline-stages {}: must be >= 1 (the pipeline's stage count; 0 or unset: the config's pipeline.stages)", o.pipeline_stages);
+  if (o.pipeline_stages < 0)
+    fail("--pipeline-stages {}: must be >= 1 (the pipeline's stage count; 0 or unset: the config's pipeline.stages)", o.pipeline_stages);
   for (const std::int64_t s : o.inject_overflow) {
     if (s < 1) fail("--inject-overflow {}: optimizer steps count from 1", s);
   }
@@ -285,7 +286,8 @@ void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::opti
     // Under tensor or sequence parallelism the figures are one rank's of the mesh: its pieces of the
     // parameters, its tokens' logits, ZeRO over its data group.
     if (e.rank_parameters != e.parameters)
-      pieces = fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)", parameter_figure(e.rank_parameters));
+      pieces = fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
+                           parameter_figure(e.rank_parameters));
   }
   const std::string mesh = m.tp > 1 || m.sp > 1 || m.pp > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
   const std::string figures =

@@ -32,8 +32,9 @@ constexpr double kEmbedding = 9216, kBlock = 12704, kHead = 8256;
 bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
 std::string batch(int gas, const std::string& extra = "") {
-  return fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}{}}})",
-                     gas, extra);
+  return fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}{}}})",
+      gas, extra);
 }
 
 config::DsConfig parse(const std::string& json, int world, int stages) {
@@ -217,9 +218,9 @@ TEST(PipelinePlan, ZeroStage3IsRefusedWithWhatItWouldCost) {
 
 TEST(PipelinePlan, OneBitOptimizersAreRefusedNamingThem) {
   for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
-    const std::string json =
-        fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4, "fp16": {{"enabled": true}}, "optimizer": {{"type": "{}", "params": {{"lr": 1e-3}}}}}})",
-                    type);
+    const std::string json = fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4, "fp16": {{"enabled": true}}, "optimizer": {{"type": "{}", "params": {{"lr": 1e-3}}}}}})",
+        type);
     const std::string e = error_of(kL2, json, 2, 2);
     EXPECT_TRUE(has(e, fmt::format("optimizer.type {} with 2 pipeline stages", type))) << e;
     EXPECT_TRUE(has(e, "one model replica per data-parallel rank")) << e;
