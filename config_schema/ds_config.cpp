@@ -353,8 +353,8 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
              "no pipeline parallelism)");
   if (options.pipeline_stages && c.pipeline.stages > 0 && c.pipeline.stages != *options.pipeline_stages)
     ctx.warn("pipeline.stages", fmt::format("pipeline.stages {} is replaced by --pipeline-stages {}", c.pipeline.stages, *options.pipeline_stages));
-  const Mesh mesh = device_mesh(input, options.world_size, c.tensor_parallel.size(), c.pipeline_parallel_size, options.pipeline_stages.has_value(),
-                                scratch);
+  const Mesh mesh =
+      device_mesh(input, options.world_size, c.tensor_parallel.size(), c.pipeline_parallel_size, options.pipeline_stages.has_value(), scratch);
   c.data_parallel_world_size = mesh.dp;
   c.sequence_parallel_world_size = mesh.sp;
   c.tensor_parallel_size = mesh.tp;

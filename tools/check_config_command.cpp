@@ -17,6 +17,7 @@ namespace {
 struct CheckConfigArgs {
   std::string config;
   std::int64_t world_size = 1;
+  std::optional<std::int64_t> pipeline_stages;  // --pipeline-stages: replaces pipeline.stages, as in `train`
   bool json = false;
   // Values that resolve "auto", named as the HF Trainer arguments they stand for.
   AutoValueArgs autos;
@@ -31,10 +32,18 @@ void run_check_config(const CheckConfigArgs& args) {
   options.autos = to_auto_values(args.autos);
   options.autos.total_num_steps = args.total_steps;
   options.autos.warmup_num_steps = args.warmup_steps;
+  options.pipeline_stages = args.pipeline_stages;
 
-  const config::DsConfig cfg = config::parse_ds_config(text.tree, options);
+  config::DsConfig cfg = config::parse_ds_config(text.tree, options);
   // What DeepSpeed accepts but this build's engine does not train is refused as `train` refuses it.
   check_engine_trains(cfg);
+  // What a pipeline asks of the rest of the config (ZeRO stage, optimizer, micro-batches), as `train`
+  // checks it with the default schedule (train/pipeline_plan.h).
+  {
+    std::vector<std::string> pipeline_warnings;
+    (void)check_pipeline_config(cfg, 1, "", pipeline_warnings);
+    for (std::string& w : pipeline_warnings) cfg.warnings.push_back({"", std::move(w)});
+  }
   // What the config asks of the machine (an nvme_path here) is no fault of the config: it is often
   // checked on a login node for compute nodes that have the drive. Reported, exit 0; train refuses
   // it before step 1 on a machine where it holds.
@@ -81,6 +90,10 @@ void add_check_config_command(CLI::App& app) {
                   "(tensor_parallel.autotp_size); the batch keys count data-parallel ranks")
       ->check(whole_number_at_least(1))
       ->capture_default_str();
+  cmd->add_option("--pipeline-stages", args->pipeline_stages,
+                  "Pipeline stages, as `train --pipeline-stages` gives them (replaces pipeline.stages); data-parallel = world / (stages x "
+                  "tensor-parallel x sequence-parallel)")
+      ->check(whole_number_at_least(1));
   cmd->add_flag("--json", args->json, "Print the resolved config as JSON on stdout (canonical key names)");
 
   add_auto_value_options(cmd, args->autos);

@@ -36,6 +36,9 @@ struct TrainArgs {
   bool checkpoint_activations = false;
   bool bf16_stochastic_rounding = false;
   bool megatron_sequence_parallel = true;
+  int pipeline_stages = 0;                    // 0: the config's pipeline.stages
+  int pipeline_virtual_stages = 1;            // Megatron's interleaved 1F1B chunks per stage
+  std::string pipeline_schedule;              // "": interleaved when virtual stages > 1, else 1f1b
   std::vector<std::int64_t> inject_overflow;  // optimizer steps (1-based) given an inf gradient
   std::int64_t sample_tokens = 64, sample_top_k = 40;
   double sample_temperature = 1.0;
@@ -70,6 +73,9 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.checkpoint_activations = args.checkpoint_activations;
   o.bf16_stochastic_rounding = args.bf16_stochastic_rounding;
   o.megatron_sequence_parallel = args.megatron_sequence_parallel;
+  o.pipeline_stages = args.pipeline_stages;
+  o.pipeline_virtual_stages = args.pipeline_virtual_stages;
+  o.pipeline_schedule = args.pipeline_schedule;
   o.inject_overflow = args.inject_overflow;
   o.save_weights = args.save_weights;
   o.save_dir = args.save_dir;
@@ -193,6 +199,24 @@ void add_train_command(CLI::App& app) {
                 "Tensor parallelism: Megatron's sequence parallelism in the norm and dropout regions — each tensor-parallel rank keeps "
                 "1/TP of the residual stream's tokens (reduce-scatter / all-gather in place of all-reduce), where the micro-batch's "
                 "tokens divide by TP. On by default; --no-megatron-sp keeps the stream whole (less memory saved, fewer bytes sent)");
+  const char* pipeline_group = "Pipeline parallelism (the config's \"pipeline\" section; docs/parallelism.md)";
+  cmd->add_option("--pipeline-stages", args->pipeline_stages,
+                  "Pipeline stages P, as a DeepSpeed program gives PipelineModule(num_stages=P): replaces pipeline.stages. The world is P x "
+                  "data-parallel x sequence-parallel x tensor-parallel, so train_batch_size = micro-batch x gradient_accumulation_steps x "
+                  "world / (P x TP x SP); gradient_accumulation_steps is the micro-batches per step")
+      ->group(pipeline_group)
+      ->check(whole_number_at_least(1));
+  cmd->add_option("--pipeline-virtual-stages", args->pipeline_virtual_stages,
+                  "Megatron's interleaved 1F1B: V chunks of the model per stage (the bubble divided by V, at V x the point-to-point "
+                  "traffic); gradient_accumulation_steps must be a multiple of the stage count")
+      ->group(pipeline_group)
+      ->check(whole_number_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--pipeline-schedule", args->pipeline_schedule,
+                  "1f1b (the default; DeepSpeed's TrainSchedule), interleaved (the default with --pipeline-virtual-stages > 1) or gpipe "
+                  "(all forwards, then all backwards: the reference; one chunk per stage)")
+      ->group(pipeline_group)
+      ->check(one_of({"1f1b", "interleaved", "gpipe"}));
   cmd->add_flag("--checkpoint-activations", args->checkpoint_activations,
                 "Activation checkpointing: keep only the inputs of checkpoint segments and recompute in backward; the config's "
                 "\"activation_checkpointing\" section configures it");

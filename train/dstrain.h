@@ -72,6 +72,7 @@
 // pre-flight, every rank of this process, the summary) and RankTrainer (one rank's loop).
 #include "train/flops_report.h"
 #include "train/memory_estimate.h"
+#include "train/pipeline_plan.h"
 #include "train/deepspeed_memory_estimate.h"
 #include "train/rank_trainer.h"
 #include "train/sample_printer.h"

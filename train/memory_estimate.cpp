@@ -183,6 +183,52 @@ MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsC
   return estimate(stored, rank, static_cast<double>(model.padded_vocab_size()), cfg, T);
 }
 
+MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg) {
+  return estimate(rank_parameters, rank_parameters, 0.0, cfg, 0);
+}
+
+std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages) {
+  const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.tensor_parallel_size));
+  const std::vector<std::unique_ptr<Layer>> layers = tp > 1 ? model.make_tensor_parallel_layers(TensorParallelRank{0, tp}) : model.make_layers();
+  std::vector<double> out(static_cast<std::size_t>(std::max(stages, 1)), 0.0);
+  const std::size_t virtual_stages = parts.size() - 1;
+  // The names each stage owns, so that a tied parameter whose owner is in the same stage counts once.
+  std::vector<std::vector<std::string>> owned(out.size());
+  const auto stage_of = [&](std::size_t v) { return v % out.size(); };
+  for (std::size_t v = 0; v < virtual_stages; ++v)
+    for (std::size_t i = parts[v]; i < parts[v + 1] && i < layers.size(); ++i)
+      for (const ParamSpec& p : layers[i]->params())
+        if (!p.tied()) owned[stage_of(v)].push_back(p.name);
+  for (std::size_t v = 0; v < virtual_stages; ++v) {
+    const std::vector<std::string>& own = owned[stage_of(v)];
+    for (std::size_t i = parts[v]; i < parts[v + 1] && i < layers.size(); ++i) {
+      for (const ParamSpec& p : layers[i]->params()) {
+        if (p.tied() && std::find(own.begin(), own.end(), p.tied_to) != own.end()) continue;
+        double elements = 1.0;
+        for (int d = 0; d < p.shape.rank; ++d) elements *= static_cast<double>(p.shape[d]);
+        out[stage_of(v)] += elements;
+      }
+    }
+  }
+  return out;
+}
+
+MemoryEstimate estimate_pipeline_stage_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T,
+                                              const std::vector<double>& stage_parameters, int stage, bool gpipe) {
+  const int stages = static_cast<int>(stage_parameters.size());
+  const bool last = stage == stages - 1;
+  MemoryEstimate e = estimate(model.stored_parameter_count(), stage_parameters[static_cast<std::size_t>(stage)],
+                              last ? static_cast<double>(model.padded_vocab_size()) : 0.0, cfg, T);
+  const double M = static_cast<double>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
+  const double in_flight = gpipe ? M : std::min(static_cast<double>(stages - stage), M);
+  const std::int64_t tp = std::max<std::int64_t>(1, cfg.tensor_parallel_size), sp = std::max<std::int64_t>(1, cfg.sequence_parallel_world_size);
+  const double b = cfg.placement().mixed_precision ? 2.0 : 4.0;
+  const double hidden = static_cast<double>(cfg.train_micro_batch_size_per_gpu) * static_cast<double>(T / sp) * static_cast<double>(model.n_embd()) /
+                        static_cast<double>(tp) * b;
+  e.activations += in_flight * hidden;
+  return e;
+}
+
 std::optional<HostMemoryLimit> host_memory_limit() {
   std::optional<HostMemoryLimit> best;
   const auto consider = [&](double bytes, std::string source) {

@@ -36,6 +36,7 @@
 
 #include "config_schema/ds_config.h"
 #include "models/model_family.h"
+#include "models/stage_partition.h"
 
 namespace dstrain {
 
@@ -66,6 +67,26 @@ struct MemoryEstimate {
 // tensor parallelism tensor-parallel rank 0's, the largest — and padded vocabulary. Error naming
 // tensor_parallel.autotp_size when the model cannot be cut across that many ranks.
 MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T);
+
+// The model states alone (params, grads, optimizer; no activations) of one rank that stores
+// `rank_parameters` parameters, as `cfg` places them (precision, optimizer, ZeRO over the data group
+// of DP x SP ranks, offload): what a pipeline stage's layers cost each of its ranks.
+MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg);
+
+// The parameters each pipeline stage's rank stores (tensor-parallel rank 0's pieces under tensor
+// parallelism), stage s holding the virtual stages v with v % stages == s of `parts` (Megatron's
+// layout: virtual stage v = chunk * stages + stage). A tied parameter counts in every stage that
+// holds it without its owner, as DeepSpeed's TiedLayerSpec keeps a real copy on each such stage
+// (GPT-2's LM head on the last stage). Builds the model's layers: call it with a pipeline only.
+std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages);
+
+// The lower bound above for one rank of pipeline stage `stage` of `stages`: its layers' states
+// (stage_parameters[stage]), and the activations of the micro-batches it holds at once — 1F1B keeps
+// min(stages - stage, M) of them on stage `stage` (M = gradient_accumulation_steps), GPipe all M —
+// each at least the B x T/SP x C hidden state it received (a tensor-parallel rank's 1/TP of it, as
+// Megatron's sequence parallelism cuts it), plus on the last stage one micro-batch's logits.
+MemoryEstimate estimate_pipeline_stage_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T,
+                                              const std::vector<double>& stage_parameters, int stage, bool gpipe);
 
 // What this process may still allocate on the host, and where the figure comes from: the smallest
 // of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the

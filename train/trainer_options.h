@@ -63,6 +63,15 @@ struct TrainerOptions {
   // micro-batch's B·T tokens divide by TP. On by default: it saves activation memory; off trades
   // that back for 20% fewer tensor-parallel bytes (the backward's second all-gathers).
   bool megatron_sequence_parallel = true;
+  // ---- pipeline parallelism (docs/parallelism.md, train/pipeline_plan.h) ----
+  // The stage count, as DeepSpeed's PipelineModule(num_stages=N) gives it in a program: it replaces
+  // the config's pipeline.stages (config::ConfigOptions::pipeline_stages).
+  int pipeline_stages = 0;  // 0: the config's
+  // Megatron's interleaved 1F1B: each rank runs V chunks of the model (virtual stage v = chunk x
+  // stages + stage), dividing the bubble by V at V x the point-to-point traffic.
+  int pipeline_virtual_stages = 1;
+  // "1f1b", "interleaved" (V > 1) or "gpipe" (all forwards, then all backwards; V = 1).
+  std::string pipeline_schedule;              // "" = default: "interleaved" when pipeline_virtual_stages > 1, else "1f1b"
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
 
   // ---- outputs ----

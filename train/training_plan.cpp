@@ -23,6 +23,7 @@
 #include "data/tokenizer.h"
 #include "train/flops_report.h"
 #include "train/memory_estimate.h"
+#include "train/pipeline_plan.h"
 #include "train/progress.h"
 #include "train/tensor_parallel_plan.h"
 #include "ops/error.h"
@@ -72,6 +73,8 @@ void check_option_values(const TrainerOptions& o) {
   if (!std::isfinite(o.peak_flops) || o.peak_flops < 0.0) {
     fail("--peak-flops {}: must be a finite number of FLOP/s >= 0 (0: measure one GEMM)", o.peak_flops);
   }
+  if (o.pipeline_stages < 0)
+    fail("--pipeline-stages {}: must be >= 1 (the pipeline's stage count; 0 or unset: the config's pipeline.stages)", o.pipeline_stages);
   for (const std::int64_t s : o.inject_overflow) {
     if (s < 1) fail("--inject-overflow {}: optimizer steps count from 1", s);
   }
@@ -254,22 +257,48 @@ std::string nvme_optimizer_buffers_advice(const MemoryEstimate& e, const config:
 
 void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::optional<HostMemoryLimit>& limit) {
   const std::string& model_spec = plan.model_spec;
-  const MemoryEstimate e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
-  const double needed = e.per_rank() * static_cast<double>(ranks_here);
-  // Under tensor or sequence parallelism the figures are one rank's of the mesh: its pieces of the
-  // parameters, its tokens' logits, ZeRO over its data group.
   const MeshShape& m = plan.mesh;
-  const std::string mesh = m.tp > 1 || m.sp > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
-  const std::string pieces = e.rank_parameters != e.parameters
-                                 ? fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
-                                               parameter_figure(e.rank_parameters))
-                                 : "";
+  MemoryEstimate e;
+  double needed = 0.0;
+  std::string pieces;
+  if (m.pp > 1 && plan.stage_parts.size() >= 2) {
+    // With a pipeline a rank holds its stage's layers (train/memory_estimate.h
+    // estimate_pipeline_stage_memory): the figures are the heaviest stage's rank; a process that runs
+    // every rank of the world needs every stage's.
+    const std::vector<double> params = pipeline_stage_parameters(*plan.model, plan.config, plan.stage_parts, m.pp);
+    const bool gpipe = plan.pipeline_schedule == "gpipe";
+    double all_stages = 0.0;
+    int heaviest = 0;
+    for (int s = 0; s < m.pp; ++s) {
+      const MemoryEstimate stage = estimate_pipeline_stage_memory(*plan.model, plan.config, plan.sequence_length, params, s, gpipe);
+      all_stages += stage.per_rank() * static_cast<double>(m.stage_size());
+      if (s == 0 || stage.per_rank() > e.per_rank()) {
+        e = stage;
+        heaviest = s;
+      }
+    }
+    needed = ranks_here >= plan.world ? all_stages : e.per_rank() * static_cast<double>(ranks_here);
+    pieces = fmt::format(" ({} in pipeline stage {} of {}, the heaviest rank{})", parameter_figure(e.rank_parameters), heaviest, m.pp,
+                         m.tp > 1 ? ", its tensor-parallel pieces" : "");
+  } else {
+    e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
+    needed = e.per_rank() * static_cast<double>(ranks_here);
+    // Under tensor or sequence parallelism the figures are one rank's of the mesh: its pieces of the
+    // parameters, its tokens' logits, ZeRO over its data group.
+    if (e.rank_parameters != e.parameters)
+      pieces = fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
+                           parameter_figure(e.rank_parameters));
+  }
+  const std::string mesh = m.tp > 1 || m.sp > 1 || m.pp > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
   const std::string figures =
       fmt::format("{} parameters{}; per rank{} at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
                   pieces, mesh, format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads),
                   format_estimate_bytes(e.optimizer_device + e.optimizer_host), format_estimate_bytes(e.activations),
                   format_estimate_bytes(e.per_rank()),
-                  ranks_here > 1 ? fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)) : "");
+                  ranks_here <= 1 ? std::string()
+                  : m.pp > 1 && ranks_here >= plan.world
+                      ? fmt::format(", the {} ranks of all {} stages in this process = {}", ranks_here, m.pp, format_estimate_bytes(needed))
+                      : fmt::format(", x {} ranks in this process = {}", ranks_here, format_estimate_bytes(needed)));
   // Offload (docs/offload.md §11): what is in host memory instead of the device, and in swap files.
   const std::string offloaded = e.host() > 0.0 || e.params_nvme + e.optimizer_nvme > 0.0
                                     ? fmt::format(" (of it offloaded to host memory: {}; in swap files, in no memory: {})",
@@ -497,6 +526,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   }
   // The optimizer: the program's, else the config's block, else the HF Trainer's default AdamW.
   config_options.client_optimizer = options.optimizer;
+  // The stage count a program gives PipelineModule(num_stages=...): it replaces pipeline.stages.
+  if (options.pipeline_stages > 0) config_options.pipeline_stages = options.pipeline_stages;
   const bool config_has_optimizer =
       config_text.tree.is_object() && config_text.tree.contains("optimizer") && !config_text.tree["optimizer"].is_null();
   if (!options.optimizer && !config_has_optimizer) config_options.default_optimizer = config::default_optimizer_block(config_options.autos);
@@ -531,8 +562,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     if (!out.path.empty() && !out.folder) prove_writable(out);
   }
 
-  // ---- the device mesh: the config's tensor- and sequence-parallel sizes over the world ----
-  plan.mesh = make_mesh_shape(plan.world, static_cast<int>(cfg.tensor_parallel_size), static_cast<int>(cfg.sequence_parallel_world_size));
+  // ---- the device mesh: the pipeline stages and the config's tensor- and sequence-parallel sizes
+  // over the world (the config resolver has refused a stage count that does not divide it, naming
+  // --pipeline-stages or pipeline.stages) ----
+  plan.mesh = make_mesh_shape(plan.world, static_cast<int>(cfg.tensor_parallel_size), static_cast<int>(cfg.sequence_parallel_world_size),
+                              static_cast<int>(cfg.pipeline_parallel_size));
 
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
   // model (train/trainer_checkpoints.h) ----
@@ -547,6 +581,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   g.check_sequence(T, plan.device);  // e.g. a sliding window the device's kernels do not compute is refused, naming the key
   plan.sequence_length = T;
   check_mesh_trains(plan, options);
+  // ---- the pipeline: the schedule, the layers of each stage (train/pipeline_plan.h) ----
+  for (const std::string& w : plan_pipeline(plan, options))
+    if (lead_process) trainer_warn(options, w);
+  if (lead_process)
+    for (const std::string& line : describe_pipeline_partition(plan)) trainer_print(options, line);
   if (!options.tokenizer.empty()) {
     // gpt2 and bytes need no files for their size; a tokenizer.json is loaded (an unknown name fails
     // there, listing the accepted ones).

@@ -17,6 +17,7 @@
 #include "train/trainer_options.h"
 #include "ops/device.h"
 #include "models/model_family.h"
+#include "models/stage_partition.h"
 #include "zero/launch_env.h"
 #include "zero/mpi_process.h"
 
@@ -38,9 +39,18 @@ struct TrainingPlan {
   std::string comm_note;
   MpiWorld mpi;                        // comm "mpi": this process's place and MPI's thread level
   int world = 1;                       // ranks of the run (every rank of the device mesh)
-  // The device mesh (zero/device_mesh.h, docs/parallelism.md): world = dp x sp x tp, from the
-  // config's tensor_parallel and sequence_parallel_size; the data loaders read for mesh.dp ranks.
+  // The device mesh (zero/device_mesh.h, docs/parallelism.md): world = pp x dp x sp x tp, from the
+  // pipeline stages (--pipeline-stages, pipeline.stages), the config's tensor_parallel and
+  // sequence_parallel_size; the data loaders read for mesh.dp ranks.
   MeshShape mesh;
+  // Pipeline parallelism (mesh.pp > 1): the whole model's layers in mesh.pp x pipeline_virtual_stages contiguous
+  // pieces (models/stage_partition.h; virtual stage v = chunk * mesh.pp + stage, Megatron's layout), the schedule
+  // ("1f1b", "interleaved", "gpipe") and pipeline.activation_checkpoint_interval.
+  int pipeline_virtual_stages = 1;
+  std::string pipeline_schedule = "1f1b";
+  std::string pipeline_partition = "parameters";
+  StageParts stage_parts;  // mesh.pp * pipeline_virtual_stages + 1 layer indices; {0, L} without a pipeline
+  std::int64_t pipeline_checkpoint_interval = 0;
   std::int64_t sequence_length = 0;    // T
   std::int64_t window_count = 0;       // training windows of T + 1 tokens in the data file
   std::int64_t epoch_steps = 0;        // steps of one pass over them (at least 1)
