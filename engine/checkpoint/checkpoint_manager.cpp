@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/optim/onebit_optimizer.h"
 #include "engine/optim/optimizer.h"
+#include "models/model_family.h"
 #include "models/param_split.h"
 #include "ops/buffer.h"
 #include "ops/crc32c.h"
@@ -33,6 +35,25 @@
 #include "formats/json_text.h"
 
 namespace dstrain {
+
+// Where a rank sits in the whole mesh (docs/parallelism.md §1: the pipeline outermost, then the
+// data group, then tensor parallelism innermost; docs/checkpoints.md "Pipeline parallelism").
+struct CheckpointMeshPosition {
+  int pp_size = 1, pp_rank = 0;      // the pipeline group: its rank is the stage
+  int data_size = 1, data_rank = 0;  // the engine's data group (DP x SP ranks of the stage)
+  int tp_size = 1, tp_rank = 0;
+  int mesh_size() const { return pp_size * data_size * tp_size; }
+  // (stage · data size + data rank) · TP + tensor-parallel rank: the pipeline outermost, so that
+  // without one it is the mesh rank of a run without a pipeline (data rank · TP + tp rank).
+  int mesh_rank() const { return (pp_rank * data_size + data_rank) * tp_size + tp_rank; }
+  // Mesh rank 0 makes the folder, writes the manifest and commits.
+  bool first() const { return mesh_rank() == 0; }
+  // The rank file this rank writes: its mesh rank at ZeRO stage >= 1 (every rank writes its
+  // partition), else (data rank 0 of each stage and tensor-parallel index writes the stage's
+  // values) stage · TP + tensor-parallel rank, so that the files are numbered 0 .. PP·TP - 1.
+  int file(int zero_stage) const { return zero_stage >= 1 ? mesh_rank() : pp_rank * tp_size + tp_rank; }
+  int files(int zero_stage) const { return zero_stage >= 1 ? mesh_size() : pp_size * tp_size; }
+};
 
 // A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
 // checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
@@ -54,7 +75,7 @@ struct CheckpointManager::SaveJob {
 
 CheckpointManager::CheckpointManager(Engine& engine) : engine_(engine) {
   const config::DsConfig& config = engine_.impl_->config;
-  const int world = engine_.impl_->world * engine_.impl_->tp_size();  // every rank of the mesh
+  const int world = position().mesh_size();  // every rank of the mesh
   // The checkpoint section's keys that change nothing here, with the reason (docs/checkpoints.md).
   if (config.checkpoint.load_universal) {
     log_info(
@@ -104,18 +125,33 @@ struct PieceRun {
   std::int64_t numel = 0;
 };
 
+// The parameters this rank holds but does not save: on a pipeline stage, the copies of parameters
+// another stage owns (Model::shared_params, GPT-2's tied embedding on the last stage). The copy is
+// equal to its owner (the same initial value, the same summed gradient, the same update), so the
+// owner's stage saves it once, and a load fills the copy from the owner's pieces by name.
+std::set<std::string> unsaved_copies(const Model& model) {
+  std::set<std::string> out;
+  for (const SharedParam& sp : model.shared_params)
+    if (sp.copy) out.insert(sp.name);
+  return out;
+}
+
 // Whether this rank saves owned piece p: a replicated parameter is the same on every rank of the
-// tensor-parallel group, and tensor-parallel rank 0 alone saves it; a cut one, every rank its piece.
-bool saves_piece(const ModelStates& st, const OwnedPiece& p, int tp_rank) { return tp_rank == 0 || st.spec(p.layer, *p.slot).is_piece(); }
+// tensor-parallel group, and tensor-parallel rank 0 alone saves it; a cut one, every rank its piece;
+// a shared parameter's copy, no rank (its owner's stage saves it).
+bool saves_piece(const ModelStates& st, const OwnedPiece& p, int tp_rank, const std::set<std::string>& copies) {
+  const ParamSpec& spec = st.spec(p.layer, *p.slot);
+  return !copies.contains(spec.name) && (tp_rank == 0 || spec.is_piece());
+}
 
 // The runs of the owned pieces a save writes (`saving`: those saves_piece keeps) or a load fills
 // (every one), in owned-piece order.
-std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool saving) {
+std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool saving, const std::set<std::string>& copies = {}) {
   std::vector<PieceRun> out;
   const std::vector<OwnedPiece>& owned = st.owned_pieces();
   for (std::size_t i = 0; i < owned.size(); ++i) {
     const OwnedPiece& p = owned[i];
-    if (saving && !saves_piece(st, p, tp_rank)) continue;
+    if (saving && !saves_piece(st, p, tp_rank, copies)) continue;
     const ParamSpec& spec = st.spec(p.layer, *p.slot);
     if (!spec.is_piece()) {
       out.push_back({i, 0, p.tensor_offset, p.numel});
@@ -129,25 +165,83 @@ std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool sav
 
 }  // namespace
 
+CheckpointMeshPosition CheckpointManager::position() const {
+  const Engine::Impl& im = *engine_.impl_;
+  CheckpointMeshPosition p;
+  p.pp_size = im.pp != nullptr ? im.pp->world_size() : 1;
+  p.pp_rank = im.pp != nullptr ? im.pp->rank() : 0;
+  p.data_size = im.world;
+  p.data_rank = engine_.rank();
+  p.tp_size = im.tp_size();
+  p.tp_rank = im.tp_rank();
+  return p;
+}
+
+namespace {
+
+std::vector<std::int64_t> dims_of(const Shape& s) {
+  std::vector<std::int64_t> out;
+  for (int d = 0; d < s.rank; ++d) out.push_back(s[d]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<CheckpointParam> CheckpointManager::whole_params() const {
+  const Engine::Impl& im = *engine_.impl_;
+  const Model& model = engine_.model_;
+  std::vector<CheckpointParam> out;
+  if (!model.pipelined()) {
+    for (const Engine::Impl::Owned& o : im.owned) out.push_back({o.spec.name, dims_of(o.spec.whole_shape())});
+    return out;
+  }
+  // A stage holds its own layers only; the architecture builds every layer (unsplit: whole shapes),
+  // so the list needs no exchange between the stages and is the one a run without a pipeline writes.
+  if (!model.architecture) {
+    fail(
+        "checkpoint: a pipeline stage's model has no architecture, from which a checkpoint lists the whole model's parameters; build the "
+        "stages with make_pipeline_stage_model from make_model(architecture)");
+  }
+  std::map<std::string, std::size_t> at;
+  for (const std::unique_ptr<Layer>& layer : model.architecture->make_layers()) {
+    for (const ParamSpec& ps : layer->params()) {
+      if (ps.tied()) continue;
+      at.emplace(ps.name, out.size());
+      out.push_back({ps.name, dims_of(ps.whole_shape())});
+    }
+  }
+  for (const Engine::Impl::Owned& o : im.owned) {
+    const auto it = at.find(o.spec.name);
+    if (it == at.end() || out[it->second].shape != dims_of(o.spec.whole_shape())) {
+      fail("checkpoint: pipeline stage {} holds parameter '{}' of shape {}, which the model's architecture {}", position().pp_rank, o.spec.name,
+           fmt::join(dims_of(o.spec.whole_shape()), "x"),
+           it == at.end() ? std::string("does not have") : fmt::format("gives the shape {}", fmt::join(out[it->second].shape, "x")));
+    }
+  }
+  return out;
+}
+
 config::Json CheckpointManager::manifest(const std::string& tag, const config::Json& client_state) const {
   const Engine::Impl& im = *engine_.impl_;
-  // The whole parameters (under tensor parallelism a rank holds pieces of them): a checkpoint is of
-  // the model, whatever mesh saved it.
+  const CheckpointMeshPosition pos = position();
+  // The whole parameters (under tensor parallelism a rank holds pieces of them, on a pipeline stage
+  // its stage's): a checkpoint is of the model, whatever mesh saved it.
   config::Json params = config::Json::array();
   std::int64_t parameter_count = 0;
-  for (const Engine::Impl::Owned& o : im.owned) {
-    const Shape whole = o.spec.whole_shape();
-    std::vector<std::int64_t> shape;
-    for (int d = 0; d < whole.rank; ++d) shape.push_back(whole[d]);
-    params.push_back({{"name", o.spec.name}, {"shape", shape}});
-    parameter_count += whole.numel();
+  for (const CheckpointParam& p : whole_params()) {
+    params.push_back({{"name", p.name}, {"shape", p.shape}});
+    std::int64_t n = 1;
+    for (std::int64_t d : p.shape) n *= d;
+    parameter_count += n;
   }
-  // The mesh it was saved on: world_size counts every rank (data-parallel x tensor-parallel), and
-  // "tensor_parallel" is written only when it is more than 1 (checkpoints without it are as before).
-  config::Json layout{{"world_size", im.world * im.tp_size()},
+  // The mesh it was saved on: world_size counts every rank (pipeline x data-parallel x
+  // tensor-parallel); "tensor_parallel" and "pipeline_stages" are written only when more than 1
+  // (checkpoints without them are as before).
+  config::Json layout{{"world_size", pos.mesh_size()},
                       {"zero_stage", im.config.zero_optimization.stage},
                       {"dtype", std::string(dtype_name(engine_.dims_.dtype))}};
-  if (im.tp_size() > 1) layout["tensor_parallel"] = im.tp_size();
+  if (pos.tp_size > 1) layout["tensor_parallel"] = pos.tp_size;
+  if (pos.pp_size > 1) layout["pipeline_stages"] = pos.pp_size;
   const LossScalerState ss = im.scaler.state();
   return config::Json{
       {"format", kCheckpointFormat},
@@ -199,11 +293,12 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   wait();  // a decoupled save still being written is committed first
   if (tag.empty()) tag = fmt::format("global_step{}", engine_.global_steps_);
   check_checkpoint_tag(tag);
-  const int r = engine_.rank();  // the data-parallel rank
-  // The rank in the whole mesh (data-parallel rank x TP + tensor-parallel rank; docs/parallelism.md
-  // §1): its rank file's number. Mesh rank 0 makes the folder and commits.
-  const int tp_rank = im.tp_rank(), mesh = im.world * im.tp_size();
-  const int mr = r * im.tp_size() + tp_rank;
+  const CheckpointMeshPosition pos = position();
+  const int r = pos.data_rank;
+  // The rank in the whole mesh ((stage x data size + data rank) x TP + tensor-parallel rank;
+  // docs/parallelism.md §1). Mesh rank 0 makes the folder and commits.
+  const int tp_rank = pos.tp_rank, mesh = pos.mesh_size();
+  const int mr = pos.mesh_rank();
   // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash
   // of it across ranks). Sum h and h² over the ranks: both equal W·h, W·h² only when every h is h.
   if (mesh > 1 && im.config.checkpoint.tag_validation != config::TagValidation::ignore) {
@@ -212,6 +307,7 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
     const Tensor t(v, DType::fp64, Shape{2});
     if (im.world > 1) im.states->all_reduce_sum(t);
     if (im.tp != nullptr) im.tp->all_reduce(t, ReduceOp::sum);
+    if (im.pp != nullptr) im.pp->all_reduce(t, ReduceOp::sum);  // the other stages: the whole mesh agrees
     if (v[0] != mesh * h || v[1] != mesh * h * h) {
       const std::string msg =
           fmt::format("checkpoint tag '{}' of rank {} is not the same on every rank (checkpoint.tag_validation: {}); pass the same tag on every rank",
@@ -267,10 +363,13 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   // 16-bit params) of every owned piece this rank saves, each as its runs in the whole parameter's
   // elements (tensor parallelism: a piece of a cut parameter is several runs of the whole; a
   // replicated parameter is saved by tensor-parallel rank 0 alone). The files are numbered by mesh
-  // rank: at stage 0 the writers are mesh ranks 0 .. TP - 1.
+  // rank: at stage 0 the writers are data rank 0 of each stage and tensor-parallel index, files
+  // stage x TP + tensor-parallel rank. A shared parameter's copy on a pipeline stage is not saved.
   const int stage = im.config.zero_optimization.stage;
-  job->rank_files = stage >= 1 ? mesh : im.tp_size();
+  job->rank_files = pos.files(stage);
+  const int file = pos.file(stage);
   const bool writes = stage >= 1 || r == 0;
+  const std::set<std::string> copies = unsaved_copies(engine_.model_);
   ModelStates& st = *im.states;
   std::vector<std::string> buffers{kMasterBuffer};
   for (const std::string& n : im.optimizer.state_names()) buffers.push_back(n);
@@ -291,7 +390,7 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   };
   if (writes) {
     try {
-      const std::vector<PieceRun> runs = piece_runs_of(st, tp_rank, /*saving=*/true);
+      const std::vector<PieceRun> runs = piece_runs_of(st, tp_rank, /*saving=*/true, copies);
       std::size_t total = 0;
       for (const std::string& b : buffers) {
         const DType dt = dtype_of(b);
@@ -302,8 +401,8 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
         }
       }
       job->bytes = total;
-      job->data_file = job->partial / rank_file_name(mr, ".safetensors");
-      job->index_file = job->partial / rank_file_name(mr, ".json");
+      job->data_file = job->partial / rank_file_name(file, ".safetensors");
+      job->index_file = job->partial / rank_file_name(file, ".json");
       if (decoupled) {
         // The snapshot: every piece copied into host memory now (the memory the engine faulted in
         // when it started); the files are written from it.
@@ -316,7 +415,7 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
         // piece's runs cover it in order, so the runs' bytes back to back are the piece's.
         std::vector<OwnedPiece> owned;
         for (const OwnedPiece& p : st.owned_pieces())
-          if (saves_piece(st, p, tp_rank)) owned.push_back(p);
+          if (saves_piece(st, p, tp_rank, copies)) owned.push_back(p);
         std::size_t at = 0;
         for (std::size_t bi = 0; bi < buffers.size(); ++bi) {
           const DType dt = dtype_of(buffers[bi]);
@@ -344,19 +443,27 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
           }
         }
         write_checkpoint_text(job->index_file, w.finish().dump(1));
-        if (wc.show_statistics) log_write_statistics(mr, job->bytes, t0, w);
+        if (wc.show_statistics) log_write_statistics(file, job->bytes, t0, w);
       }
     } catch (const std::exception& e) {  // std::filesystem, JSON: any failure is agreed on, never a hang
       error = e.what();
     }
   }
-  if (mr == 0) job->manifest = manifest(tag, client_state);  // the state of this step, whenever it is committed
+  if (mr == 0) {
+    // The state of this step, whenever it is committed; a failure (a pipeline stage's model the
+    // architecture does not match) is agreed on below like a write's, never a hang.
+    try {
+      job->manifest = manifest(tag, client_state);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
   if (decoupled) {
     // Agree that every snapshot was taken, then write in the background.
     finish_phase(*job, error);
     if (writes) {
       SaveJob* jp = job.get();
-      job->thread = std::thread([jp, r = mr, stats = wc.show_statistics] {
+      job->thread = std::thread([jp, r = file, stats = wc.show_statistics] {
         try {
           const auto t0 = std::chrono::steady_clock::now();
           RankFileWriter w(jp->data_file, jp->pieces, jp->writer);
@@ -384,12 +491,13 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
 
 std::size_t CheckpointManager::rank_bytes() const {
   const Engine::Impl& im = *engine_.impl_;
-  if (im.config.zero_optimization.stage < 1 && engine_.rank() != 0) return 0;  // stage 0: rank 0 writes the one file
+  if (im.config.zero_optimization.stage < 1 && engine_.rank() != 0) return 0;  // stage 0: data rank 0 writes the stage's file
   // Per element: the fp32 master, each fp32 optimizer state, and under fp16 / bf16 the 16-bit param.
   const std::size_t per_element = checkpoint_bytes_per_element(im.optimizer.state_names().size(), im.mixed ? engine_.dims_.dtype : DType::fp32);
+  const std::set<std::string> copies = unsaved_copies(engine_.model_);
   std::size_t total = 0;
   for (const OwnedPiece& p : im.states->owned_pieces())
-    if (saves_piece(*im.states, p, im.tp_rank())) total += static_cast<std::size_t>(p.numel) * per_element;
+    if (saves_piece(*im.states, p, im.tp_rank(), copies)) total += static_cast<std::size_t>(p.numel) * per_element;
   return total;
 }
 
@@ -408,7 +516,7 @@ void CheckpointManager::finish_phase(const SaveJob& job, const std::string& erro
   } catch (const Error&) {
     // Every rank learns of any rank's failure; the partial folder of a failed save goes.
     std::error_code ec;
-    if (engine_.rank() == 0 && engine_.impl_->tp_rank() == 0) std::filesystem::remove_all(job.partial, ec);  // mesh rank 0
+    if (position().first()) std::filesystem::remove_all(job.partial, ec);
     throw;
   }
 }
@@ -417,7 +525,7 @@ void CheckpointManager::finish_phase(const SaveJob& job, const std::string& erro
 // rewrites `latest`.
 void CheckpointManager::commit(SaveJob& job) {
   std::string error;
-  if (engine_.rank() == 0 && engine_.impl_->tp_rank() == 0) {  // mesh rank 0
+  if (position().first()) {
     try {
       config::Json manifest = std::move(job.manifest);
       config::Json ranks = config::Json::array();
@@ -496,8 +604,11 @@ CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
   if (onebit && m.at("optimizer").contains("onebit")) c.onebit = OneBitOptimizer::parse_state(m.at("optimizer").at("onebit"));
   const config::Json& layout = m.at("layout");
   const std::int64_t saved_tp = layout.value("tensor_parallel", std::int64_t{1});
-  c.saved_layout = fmt::format("ZeRO stage {} on {} rank(s){} in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
-                               saved_tp > 1 ? fmt::format(" (tensor-parallel {})", saved_tp) : std::string(), layout.value("dtype", std::string("?")));
+  const std::int64_t saved_pp = layout.value("pipeline_stages", std::int64_t{1});
+  c.saved_layout =
+      fmt::format("ZeRO stage {} on {} rank(s){}{} in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
+                  saved_tp > 1 ? fmt::format(" (tensor-parallel {})", saved_tp) : std::string(),
+                  saved_pp > 1 ? fmt::format(" (pipeline stages {})", saved_pp) : std::string(), layout.value("dtype", std::string("?")));
   return c;
 }
 
@@ -609,26 +720,25 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
       check_checkpoint_tag(tag);
       rd.emplace(load_dir, tag);
       const config::Json& m = rd->manifest();
-      // The same model: every owned parameter by name and whole shape (a checkpoint holds whole
-      // parameters, whatever tensor-parallel size saved it), and nothing else.
+      // The same model: every parameter of the whole model by name and whole shape (a checkpoint
+      // holds whole parameters, whatever tensor-parallel size or pipeline saved it; a pipeline
+      // stage compares every stage's), and nothing else.
       std::map<std::string, std::vector<std::int64_t>> saved;
       for (const config::Json& p : m.at("model").at("params"))
         saved[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<std::int64_t>>();
-      for (const Engine::Impl::Owned& o : im.owned) {
-        const Shape whole = o.spec.whole_shape();
-        std::vector<std::int64_t> shape;
-        for (int d = 0; d < whole.rank; ++d) shape.push_back(whole[d]);
-        const auto it = saved.find(o.spec.name);
-        if (it == saved.end() || it->second != shape) {
+      const std::vector<CheckpointParam> whole = whole_params();
+      for (const CheckpointParam& p : whole) {
+        const auto it = saved.find(p.name);
+        if (it == saved.end() || it->second != p.shape) {
           fail(
               "checkpoint '{}' was saved from another model: its parameter '{}' is {} but this model's is {}; load it into the model it was "
               "saved from (its config is in {})",
-              rd->dir().string(), o.spec.name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
-              fmt::format("{}", fmt::join(shape, "x")), kCheckpointManifest);
+              rd->dir().string(), p.name, it == saved.end() ? std::string("absent") : fmt::format("{}", fmt::join(it->second, "x")),
+              fmt::format("{}", fmt::join(p.shape, "x")), kCheckpointManifest);
         }
       }
-      if (saved.size() != im.owned.size()) {
-        fail("checkpoint '{}' was saved from another model: it has {} parameters, this model {}", rd->dir().string(), saved.size(), im.owned.size());
+      if (saved.size() != whole.size()) {
+        fail("checkpoint '{}' was saved from another model: it has {} parameters, this model {}", rd->dir().string(), saved.size(), whole.size());
       }
       if (want_states) {
         const auto saved_states = m.at("optimizer").at("states").get<std::vector<std::string>>();
@@ -692,9 +802,10 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
   st.after_update();                             // the layers kept whole get every rank's pieces (collective)
   const config::Json& m = rd->manifest();
   if (!options.load_module_only) restore_scalars(scalars, options);
-  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {}{} in {})", rd->dir().string(), scalars.saved_layout,
-           im.config.zero_optimization.stage, im.world * im.tp_size(), im.tp_size() > 1 ? fmt::format(" (tensor-parallel {})", im.tp_size()) : "",
-           dtype_name(engine_.dims_.dtype));
+  const CheckpointMeshPosition pos = position();
+  log_info("loaded checkpoint '{}' (saved at {}; loaded at stage {} on {}{}{} in {})", rd->dir().string(), scalars.saved_layout,
+           im.config.zero_optimization.stage, pos.mesh_size(), pos.tp_size > 1 ? fmt::format(" (tensor-parallel {})", pos.tp_size) : "",
+           pos.pp_size > 1 ? fmt::format(" (pipeline stages {})", pos.pp_size) : "", dtype_name(engine_.dims_.dtype));
   engine_.exclude_from_step_comm();
   LoadedCheckpoint out;
   out.path = rd->dir();

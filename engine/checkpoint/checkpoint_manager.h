@@ -3,8 +3,9 @@
 // saves and restores everything a continuation needs: the fp32 masters, the 16-bit params, every
 // optimizer state, the counters, the loss scaler, the LR schedule, the seed, the model and the
 // layout, in parameter space of the whole model (a tensor-parallel piece is saved at its whole
-// parameter's element offsets), so that a checkpoint loads at any world size, ZeRO stage, dtype and
-// tensor-parallel size.
+// parameter's element offsets; a pipeline stage saves its stage's parameters, and the manifest lists
+// every stage's), so that a checkpoint loads at any world size, ZeRO stage, dtype, tensor-parallel
+// size and number of pipeline stages.
 //
 //   dstrain::Engine engine = dstrain::initialize(model, config, options);
 //   dstrain::CheckpointManager checkpoints(engine);   // with checkpoint.writer.decoupled: faults in
@@ -14,14 +15,16 @@
 //   checkpoints.save("ckpt");                          // ckpt/global_step<N>, then ckpt/latest
 //   checkpoints.wait();                                // a decoupled save's files, committed
 //
-// Every call is collective: each rank of the engine calls it, in the same order as the engine's
+// Every call is collective: each rank of the engine (on a pipeline, of every stage) calls it, in the same order as the engine's
 // other collectives. The manager holds a reference to the engine, which must outlive it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config_schema/ds_config.h"
 #include "engine/checkpoint/checkpoint_files.h"
@@ -51,6 +54,16 @@ struct LoadedCheckpoint {
 // A checkpoint manifest's scalars (counters, schedule, seed, loss scaler, 1-bit phase), read and
 // type-checked in load()'s first phase and applied in its second (checkpoint_manager.cpp).
 struct CheckpointScalars;
+
+// Where this rank sits in the whole mesh (pipeline x data x tensor parallel), and the number of
+// its rank file (checkpoint_manager.cpp; docs/checkpoints.md "Pipeline parallelism").
+struct CheckpointMeshPosition;
+
+// A parameter of the whole model as a manifest lists it: its name and whole shape.
+struct CheckpointParam {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
 
 class CheckpointManager {
  public:
@@ -93,6 +106,11 @@ class CheckpointManager {
   void finish_phase(const SaveJob& job, const std::string& error);
   void commit(SaveJob& job);
   config::Json manifest(const std::string& tag, const config::Json& client_state) const;
+  CheckpointMeshPosition position() const;
+  // Every parameter of the whole model, in layer order, at whole shapes: the engine's own without a
+  // pipeline; on a pipeline stage every stage's, from the model's architecture (a stage holds only
+  // its own), checked against the parameters this stage holds. Error naming the parameter otherwise.
+  std::vector<CheckpointParam> whole_params() const;
   // checkpoint.writer.decoupled: allocates `bytes` of snapshot memory (replacing any before) and
   // starts faulting it in.
   void prepare_snapshot(std::size_t bytes);

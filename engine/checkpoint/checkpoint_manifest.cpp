@@ -147,17 +147,30 @@ class ManifestFields {
         bad("layout.tensor_parallel", fmt::format("{}", tp), fmt::format("it must divide layout.world_size {} (data-parallel x tensor-parallel)", world));
       }
     }
+    // Pipeline stages (absent: none): the outermost dimension of the mesh, so they divide the
+    // ranks of a tensor-parallel index (docs/checkpoints.md "Pipeline parallelism").
+    std::int64_t pp = 1;
+    if (member(layout, "layout", "pipeline_stages", false) != nullptr) {
+      pp = integer(layout, "layout", "pipeline_stages", 1, kMaxWorld);
+      if ((world / tp) % pp != 0) {
+        bad("layout.pipeline_stages", fmt::format("{}", pp),
+            fmt::format("it must divide layout.world_size {} / layout.tensor_parallel {} (pipeline x data-parallel)", world, tp));
+      }
+    }
     const Json& ranks = *member(m_, "", "ranks");
     if (!ranks.is_array()) bad("ranks", ranks, "it must be a list of rank indexes");
     // ZeRO stage >= 1: every rank wrote its partition; stage 0: data-parallel rank 0 alone wrote the
-    // whole — one rank, or each of the tensor-parallel ranks its pieces (docs/checkpoints.md "Files").
-    const std::int64_t files = stage >= 1 ? world : tp;
+    // whole — one rank, or each of the tensor-parallel ranks its pieces, of every pipeline stage
+    // (docs/checkpoints.md "Files").
+    const std::int64_t files = stage >= 1 ? world : tp * pp;
     if (static_cast<std::int64_t>(ranks.size()) != files) {
       bad("ranks", fmt::format("a list of {} rank file{}", ranks.size(), ranks.size() == 1 ? "" : "s"),
-          fmt::format("layout.world_size {}{} at layout.zero_stage {} writes {}", world,
-                      tp > 1 ? fmt::format(" with layout.tensor_parallel {}", tp) : std::string(), stage,
+          fmt::format("layout.world_size {}{}{} at layout.zero_stage {} writes {}", world,
+                      tp > 1 ? fmt::format(" with layout.tensor_parallel {}", tp) : std::string(),
+                      pp > 1 ? fmt::format(" and layout.pipeline_stages {}", pp) : std::string(), stage,
                       files == 1   ? std::string("one rank file")
                       : stage >= 1 ? fmt::format("{} rank files, one per rank", files)
+                      : pp > 1     ? fmt::format("{} rank files, one per pipeline stage and tensor-parallel rank", files)
                                    : fmt::format("{} rank files, one per tensor-parallel rank", files)));
     }
     for (std::size_t k = 0; k < ranks.size(); ++k) {

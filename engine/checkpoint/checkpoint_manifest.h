@@ -21,9 +21,10 @@ namespace dstrain {
 inline constexpr std::int64_t kMaxCheckpointSteps = std::int64_t{1} << 40;
 
 // Every field of `manifest` (read from `manifest_path`) of the type and in the range a save writes:
-// the layout's world size, ZeRO stage, dtype (fp32, fp16, bf16) and tensor-parallel size (absent:
-// 1; it divides the world size); as many rank indexes as the layout wrote (one per rank at ZeRO
-// stage >= 1, one per tensor-parallel rank at stage 0), each named as a save names it; the
+// the layout's world size, ZeRO stage, dtype (fp32, fp16, bf16), tensor-parallel size (absent:
+// 1; it divides the world size) and pipeline stages (absent: 1; they divide world size / TP); as
+// many rank indexes as the layout wrote (one per rank at ZeRO stage >= 1, one per pipeline stage
+// and tensor-parallel rank at stage 0), each named as a save names it; the
 // counters (integers, global_steps <= kMaxCheckpointSteps, skipped <= global, equal to N of a
 // "global_step<N>" tag or folder); the loss scaler's kind, the schedule, the seed, the parameter
 // list. Error naming the field, the file, the value and what it must be.

@@ -251,6 +251,17 @@ CheckpointReader::CheckpointReader(const fs::path& save_dir, const std::string& 
     fail("checkpoint {} has a malformed manifest or rank index ({}); load another tag", q(dir_), e.what());
   }
   for (auto& [key, v] : impl_->pieces) std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  // Every data file is there at the size its index says, whichever a rank reads: a file missing
+  // from another pipeline stage's or rank's part is found on every rank before anything is read
+  // (one stat each), not when its reader gets to it — after others may have loaded theirs.
+  for (const Impl::File& f : impl_->files) {
+    const auto size = fs::file_size(f.path, ec);
+    if (ec) fail("checkpoint file {} is missing or unreadable ({}); the checkpoint is incomplete — load another tag", q(f.path), ec.message());
+    if (size != f.bytes) {
+      fail("checkpoint file {} has {} bytes but its index says {}: the file is truncated or was replaced — load another tag", q(f.path), size,
+           f.bytes);
+    }
+  }
 }
 
 void CheckpointReader::Impl::open(File& f) {
