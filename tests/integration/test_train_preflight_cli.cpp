@@ -425,4 +425,32 @@ TEST_F(TrainPreflightCli, ValLossDoesNotDependOnTheWorldSize) {
   EXPECT_EQ(three["zero"]["world_size"], 3);
 }
 
+// The pipeline flags reach the pre-flight (train/pipeline_plan.h, docs/cli.md "Pipeline
+// parallelism"): what a pipeline cannot train is refused before step 1 naming the flag or key, and the
+// partition is printed at the start of the run.
+TEST_F(TrainPreflightCli, PipelineFlagsAreCheckedBeforeStep1) {
+  expect_refused_before_training(run_dstrain(train("--num-ranks 2 --pipeline-stages 3")), "--pipeline-stages 3 does not divide the world size 2");
+  expect_refused_before_training(run_dstrain(train("--num-ranks 2 --pipeline-stages 4")), "--pipeline-stages 4 does not divide the world size 2");
+  expect_refused_before_training(run_dstrain(train("--num-ranks 2 --pipeline-stages 2 --pipeline-virtual-stages 2 --pipeline-schedule gpipe")),
+                                 "--pipeline-schedule gpipe with --pipeline-virtual-stages 2");
+  // gpt2:L2 has 4 layers: embedding, h.0, h.1, head.
+  std::ofstream(dir_ / "pp_gas4.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  expect_refused_before_training(run_dstrain(train("--num-ranks 4 --pipeline-stages 4 --pipeline-virtual-stages 2", "pp_gas4.json")),
+                                 "= 8 pieces of the model, but gpt2:L2-C32-H2-V256-T32 has 4 layers");
+  std::ofstream(dir_ / "pp_z3.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  expect_refused_before_training(run_dstrain(train("--num-ranks 2 --pipeline-stages 2", "pp_z3.json")),
+                                 "zero_optimization.stage 3 with 2 pipeline stages");
+  std::ofstream(dir_ / "pp_type.json") << R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"partition": "type:LlamaDecoderLayer"},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  expect_refused_before_training(run_dstrain(train("--num-ranks 2 --pipeline-stages 2", "pp_type.json")),
+                                 "pipeline.partition \"type:LlamaDecoderLayer\"");
+  // The partition, printed by rank 0 before the run starts (whatever the engine then does with it).
+  const CliResult r = run_dstrain(train("--num-ranks 2 --pipeline-stages 2 --steps 1"));
+  EXPECT_NE(r.out.find("pipeline: 2 stages (1F1B), partition \"parameters\" over 4 layers"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("stage 0: layers 0-1 (embedding, h.0; 21,920 parameters"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("the bubble dominates"), std::string::npos) << r.err;  // 1 micro-batch for 2 stages
+}
+
 }  // namespace
