@@ -107,7 +107,7 @@ TEST(TrainMeshCli, PipelineTrainsLikeDataParallel) {
   EXPECT_NE(three.out.find("mesh: world 8 = pipeline 2 x data-parallel 2 x tensor-parallel 2"), std::string::npos) << three.out;
   EXPECT_NE(three.out.find("stage 1:"), std::string::npos) << "the partition is printed\n" << three.out;
   // Interleaved: 2 stages x 2 virtual stages over the model's 4 layers, --pipeline-stages overriding the config.
-  const CliResult inter = run_dstrain(common(write_pipeline_config("pp_int", 1, 1, 0, 4)) +
+  const CliResult inter = run_dstrain(common(write_pipeline_config("pp_int", 1, 1, 0, 2)) +
                                       " --steps 3 --num-ranks 4 --pipeline-stages 2 --pipeline-virtual-stages 2 --summary-json " + q(s_int));
   ASSERT_EQ(inter.exit_code, 0) << inter.err << inter.out;
   const nlohmann::json ref = nlohmann::json::parse(read_file_text(s_dp));
