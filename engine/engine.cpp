@@ -859,10 +859,9 @@ EngineState Engine::state() const {
   return st;
 }
 
-namespace {
 
 // The owned parameter a (possibly tied) name refers to; Error naming it when unknown.
-std::size_t owned_index(const Model& model, const std::unordered_map<std::string, std::size_t>& by_name, std::size_t count,
+std::size_t owned_param_index(const Model& model, const std::unordered_map<std::string, std::size_t>& by_name, std::size_t count,
                         const std::string& first_name, std::string_view name) {
   std::string key(name);
   // A tied name (GPT-2's "lm_head.weight") resolves to its owner.
@@ -876,11 +875,10 @@ std::size_t owned_index(const Model& model, const std::unordered_map<std::string
   return it->second;
 }
 
-}  // namespace
 
 Tensor Engine::param(std::string_view name) const {
   const Impl& im = *impl_;
-  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Impl::Owned& o = im.owned[owned_param_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   const Tensor t = im.states->full_param(o.layer, *o.slot);
   if (t.empty()) {
     fail(
@@ -893,7 +891,7 @@ Tensor Engine::param(std::string_view name) const {
 
 Tensor Engine::master_param(std::string_view name) const {
   const Impl& im = *impl_;
-  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Impl::Owned& o = im.owned[owned_param_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   const Tensor t = im.states->full_master(o.layer, *o.slot);
   if (t.empty()) {
     fail("Engine::master_param('{}'): ZeRO stage {} partitions the fp32 masters across the {} ranks; use gather_master_params() (collective)", name,
@@ -904,7 +902,7 @@ Tensor Engine::master_param(std::string_view name) const {
 
 Tensor Engine::grad(std::string_view name) const {
   const Impl& im = *impl_;
-  const Impl::Owned& o = im.owned[owned_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
+  const Impl::Owned& o = im.owned[owned_param_index(model_, im.by_name, im.owned.size(), im.owned.empty() ? "-" : im.owned.front().spec.name, name)];
   if (boundary_reduced_ && im.world > 1 && im.config.zero_optimization.stage == 1) {
     fail(
         "Engine::grad('{}'): at ZeRO stage 1 the boundary backward reduce-scatters the gradients in place, so until step() each rank "
@@ -1006,113 +1004,6 @@ GenerationModel Engine::generation_model() {
   return g;
 }
 
-namespace {
-// The architecture that reads and writes the model's weight files (its family's Hugging Face
-// layout). Error naming `who` when the model was built without one.
-const Architecture& weights_architecture(const Model& model, const char* who) {
-  if (!model.architecture) {
-    fail(
-        "{}: the model has no architecture (it was built from layers, not from a model family), and weight files are in a family's "
-        "layout; build it with make_model(...)",
-        who);
-  }
-  return *model.architecture;
-}
-}  // namespace
-
-void Engine::save_weights(const std::filesystem::path& path) {
-  const Architecture& arch = weights_architecture(model_, "save_weights");
-  Impl& im = *impl_;
-  if (im.pp != nullptr) {
-    save_pipeline_weights(path);
-    return;
-  }
-  const bool writer = rank() == 0 && (im.tp == nullptr || im.tp->rank() == 0);  // rank 0 of the whole mesh
-  if (im.config.zero_optimization.stage == 0 && device().is_cpu() && im.tp == nullptr) {
-    // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
-    // Every rank holds them whole, in host memory; rank 0 writes.
-    if (rank() == 0) arch.export_weights(path, [this](const std::string& n) { return master_param(n); });
-    return;
-  }
-  if (im.config.zero_optimization.stage == 3 && !im.config.zero_optimization.gather_16bit_weights_on_model_save && im.world > 1) {
-    fail(
-        "save_weights: ZeRO stage 3 partitions the weights across {} ranks and zero_optimization.stage3_gather_16bit_weights_on_model_save "
-        "is false, so they are not gathered for saving (DeepSpeed's save_16bit_model refuses likewise); set it to true",
-        im.world);
-  }
-  // Gather the fp32 masters (collective; on a GPU also at stage 0: they come to the host), keep a
-  // host copy of each, rank 0 writes.
-  std::unordered_map<std::string, std::pair<Shape, std::vector<float>>> host;
-  gather_master_params([&](const std::string& name, const Tensor& t) {
-    if (!writer) return;
-    const float* p = t.as<float>();
-    host[name] = {t.shape, std::vector<float>(p, p + t.numel())};
-  });
-  if (!writer) return;
-  arch.export_weights(path, [&](const std::string& n) {
-    auto& [shape, v] = host.at(im.owned[owned_index(model_, im.by_name, im.owned.size(), "-", n)].spec.name);
-    return Tensor(v.data(), DType::fp32, shape);
-  });
-}
-
-void Engine::load_weights(const std::filesystem::path& path) {
-  const Architecture& arch = weights_architecture(model_, "load_weights");
-  Impl& im = *impl_;
-  // Read the whole fp32 values (every rank reads the file), then each rank keeps its part as
-  // master and rounds it into the 16-bit params the layers read.
-  std::vector<std::vector<float>> values(im.owned.size());
-  // (Tensor parallelism: whole values too; each rank keeps its piece below.)
-  for (std::size_t k = 0; k < im.owned.size(); ++k) values[k].assign(static_cast<std::size_t>(im.owned[k].spec.whole_shape().numel()), 0.0f);
-  // A pipeline stage holds some of the file's tensors: the others are read into a scratch buffer
-  // of their whole shape (the whole model's, from the architecture) and dropped.
-  std::unordered_map<std::string, Shape> whole_shapes;
-  std::unordered_map<std::string, std::vector<float>> elsewhere;  // by name: each buffer stays where it is
-  if (model_.pipelined())
-    for (const auto& layer : arch.make_layers())
-      for (const ParamSpec& ps : layer->params()) whole_shapes.emplace(ps.name, ps.whole_shape());
-  const auto lookup = [&](const std::string& n) {
-    if (model_.pipelined() && !im.by_name.contains(n)) {
-      std::string owner = n;
-      for (const auto& layer : arch.make_layers())
-        for (const ParamSpec& ps : layer->params())
-          if (ps.tied() && ps.name == n) owner = ps.tied_to;
-      if (!im.by_name.contains(owner)) {
-        const auto it = whole_shapes.find(n);
-        if (it == whole_shapes.end()) fail("load_weights: the model has no parameter named '{}'", n);
-        std::vector<float>& scratch = elsewhere[n];
-        scratch.assign(static_cast<std::size_t>(it->second.numel()), 0.0f);
-        return Tensor(scratch.data(), DType::fp32, it->second);
-      }
-    }
-    const std::size_t k = owned_index(model_, im.by_name, im.owned.size(), "-", n);
-    return Tensor(values[k].data(), DType::fp32, im.owned[k].spec.whole_shape());
-  };
-  arch.import_weights(path, lookup);
-  // A NaN or an infinity would train to NaN from step 1 — or, with no step, be saved again as it
-  // is: refused here, naming the tensor, before anything of the engine changes.
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    const auto bad = std::find_if(values[k].begin(), values[k].end(), [](float v) { return !std::isfinite(v); });
-    if (bad != values[k].end()) {
-      fail(
-          "weights {}: tensor '{}' holds {} at element {}; initial weights must be finite — the file is damaged, or saved from a run that "
-          "diverged",
-          path.string(), im.owned[k].spec.name, *bad, bad - values[k].begin());
-    }
-  }
-  im.initial_state = false;
-  im.states->set_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& out) {
-    const ParamSpec& spec = im.states->spec(layer, slot);
-    const std::size_t k = im.by_name.at(spec.name);
-    if (!spec.is_piece()) {
-      copy_tensor(out, Tensor(values[k].data(), DType::fp32, out.shape));
-      return;
-    }
-    std::vector<float> part(static_cast<std::size_t>(spec.shape.numel()));
-    copy_whole_to_piece(Tensor(values[k].data(), DType::fp32, spec.whole_shape()), Tensor(part.data(), DType::fp32, spec.shape), spec.split,
-                        spec.piece.ranks, spec.piece.rank, spec.name);
-    copy_tensor(out, Tensor(part.data(), DType::fp32, out.shape));
-  });
-}
 
 // ---- collectives of the training loop and the checkpoint manager ----
 

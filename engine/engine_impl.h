@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -129,5 +130,10 @@ struct Engine::Impl {
   // init_seed, or zeros without init_params. engine.cpp; also what a failed streamed load restores.
   void set_initial_masters();
 };
+
+// The index in Impl::owned of the parameter `name` (a tied name such as GPT-2's "lm_head.weight"
+// resolves to its owner); Error naming it and `first_name` (an example) when there is none.
+std::size_t owned_param_index(const Model& model, const std::unordered_map<std::string, std::size_t>& by_name, std::size_t count,
+                              const std::string& first_name, std::string_view name);
 
 }  // namespace dstrain
