@@ -82,6 +82,22 @@ TEST(Pipeline, SchedulesAgreeBitForBit) {
   const RunResult rb = merge_pipeline_params(run_mesh(b));
   EXPECT_EQ(ra.r0().losses, rb.r0().losses);
   EXPECT_EQ(ra.r0().params, rb.r0().params);
+  // The interleaved schedule (the model in 4 pieces over the 2 stages) accumulates each layer's
+  // micro-batches in the same order: the same bits again.
+  MeshRun c = a;
+  c.vstages = 2;
+  c.schedule = PipelineScheduleKind::interleaved;
+  const RunResult rc = merge_pipeline_params(run_mesh(c));
+  EXPECT_EQ(ra.r0().losses, rc.r0().losses);
+  EXPECT_EQ(ra.r0().params, rc.r0().params);
+}
+
+// Sequence parallelism (Ulysses) inside each stage: PP 2 x SP 2.
+TEST(Pipeline, WithSequenceParallelMatchesOneRank) {
+  MeshRun m = pipeline(2, 1, 2);
+  m.sp = 2;
+  m.stage = 1;
+  check_against_one_rank(m);
 }
 
 TEST(Pipeline, LlamaMatchesOneRank) {
