@@ -236,11 +236,12 @@ void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& o
           "for its backward (2 x gradient_accumulation_steps all-gathers of the stage per step instead of none), which is why DeepSpeed "
           "forbids ZeRO-2/3 with pipelines; dstrain pipelines run ZeRO stages 0-2. Fix: zero_optimization.stage 0, 1 or 2");
     }
-    if (config.optimizer.is_onebit()) {
+    if (config.optimizer.kind == config::OptimizerKind::onebit_lamb && !model_.shared_params.empty()) {
       fail(
-          "optimizer.type \"{}\" with pipeline stages: the 1-bit optimizers' compressed phase keeps one error-feedback buffer per model "
-          "replica, which dstrain builds over the data-parallel group of an unpipelined model. Fix: Adam or AdamW, or no pipeline",
-          config.optimizer.type);
+          "optimizer.type \"{}\" with pipeline stages that share '{}' (a tied weight held by two stages): 1-bit LAMB compresses each stage's "
+          "whole momentum as one buffer, with one scale per stage, so the two copies would take different steps and drift apart. Fix: "
+          "OneBitAdam or ZeroOneAdam (they compress tensor by tensor), a model without tied embeddings, or no pipeline",
+          config.optimizer.type, model_.shared_params.front().name);
     }
     if (im.pp == nullptr && model_.chunks.size() > 1)
       fail("initialize: the model has {} pipeline chunks but EngineOptions::pipeline has no second stage", model_.chunks.size());

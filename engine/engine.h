@@ -330,6 +330,7 @@ class Engine {
   void select_slot(int chunk, int slot);
   void set_batch(const Batch& batch, Tensor upload);
   void reduce_shared_params();
+  void reduce_shared_params_in_pipeline();
   // save_weights on a pipeline: every stage's parameters brought to mesh rank 0, which writes.
   void save_pipeline_weights(const std::filesystem::path& path);
   std::uint32_t global_micro_batch() const;

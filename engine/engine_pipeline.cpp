@@ -350,6 +350,13 @@ void Engine::pipeline_all_reduce_sum(std::span<float> values) {
 void Engine::reduce_shared_params() {
   Impl& im = *impl_;
   if (im.pp_ties == nullptr || model_.shared_params.empty()) return;
+  // The 1-bit optimizers' compressed phase: each rank holds its own (local) gradients, which the
+  // optimizer then exchanges compressed over the data group; the copies of this rank's pipeline
+  // add theirs here, so that every holder passes the optimizer the same gradient.
+  if (im.onebit != nullptr && !im.states->gradient_all_reduce() && im.world > 1) {
+    reduce_shared_params_in_pipeline();
+    return;
+  }
   const bool contributes = im.config.zero_optimization.stage >= 1 || im.states->rank() == 0;
   for (const SharedParam& shared : model_.shared_params) {
     const auto it = im.by_name.find(shared.name);
@@ -389,5 +396,73 @@ void Engine::reduce_shared_params() {
   }
 }
 
+
+// The local-gradient form (the 1-bit compressed phase): this rank's gradient of each shared
+// parameter (its whole local value: the 1-bit optimizers run at ZeRO stage 0) exchanged with the
+// same (data, tensor) coordinate on every other stage holding it, over the pipeline group in one
+// batch, and summed in stage order, so that every holder gets the same bits.
+void Engine::reduce_shared_params_in_pipeline() {
+  Impl& im = *impl_;
+  Communicator& pp = *im.pp;
+  Allocator* staging = im.host_value_staging();
+  for (const SharedParam& shared : model_.shared_params) {
+    const auto t = static_cast<std::int32_t>(im.by_name.at(shared.name));
+    const std::int64_t n = im.owned[static_cast<std::size_t>(t)].spec.shape.numel();
+    struct Held {
+      Tensor grads;
+      std::int64_t tensor_offset;
+    };
+    std::vector<Held> held;
+    for (const PartitionSegment& sg : im.states->partitions()) {
+      const std::size_t es = dtype_size(sg.grads.dtype);
+      for (const TensorPiece& p : sg.pieces)
+        if (p.tensor == t)
+          held.push_back({Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(p.offset) * es, sg.grads.dtype, Shape{p.numel},
+                                 sg.grads.device),
+                          p.tensor_offset});
+    }
+    std::vector<std::vector<float>> by_stage(static_cast<std::size_t>(pp.world_size()));
+    std::vector<float>& mine = by_stage[static_cast<std::size_t>(pp.rank())];
+    mine.assign(static_cast<std::size_t>(n), 0.0f);
+    std::vector<char> host;
+    for (const Held& h : held) {
+      host.resize(h.grads.nbytes());
+      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+      copy_tensor(hg, h.grads);
+      convert_tensor(Tensor(mine.data() + h.tensor_offset, DType::fp32, h.grads.shape), hg);
+    }
+    const Shape shape{n};
+    std::vector<Buffer> device;  // on a GPU the batch moves device copies (what NCCL needs)
+    std::vector<PointToPointOp> ops;
+    const auto on_device = [&](std::vector<float>& v) {
+      if (staging == nullptr) return Tensor(v.data(), DType::fp32, shape);
+      device.emplace_back(*staging, v.size() * sizeof(float), MemoryPurpose::buffers);
+      return device.back().tensor(DType::fp32, shape);
+    };
+    for (int s : shared.stages) {
+      if (s == pp.rank()) continue;
+      by_stage[static_cast<std::size_t>(s)].assign(static_cast<std::size_t>(n), 0.0f);
+      const Tensor out = on_device(mine);
+      if (staging != nullptr) copy_tensor(out, Tensor(mine.data(), DType::fp32, shape));
+      ops.push_back({true, out, s});
+      ops.push_back({false, on_device(by_stage[static_cast<std::size_t>(s)]), s});
+    }
+    pp.send_recv(ops);
+    if (staging != nullptr) {
+      pp.synchronize();
+      for (const PointToPointOp& op : ops)
+        if (!op.is_send) copy_tensor(Tensor(by_stage[static_cast<std::size_t>(op.peer)].data(), DType::fp32, shape), op.buffer);
+    }
+    std::vector<float> sum(static_cast<std::size_t>(n), 0.0f);
+    for (int s : shared.stages)
+      for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += by_stage[static_cast<std::size_t>(s)][k];
+    for (const Held& h : held) {
+      host.resize(h.grads.nbytes());
+      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+      convert_tensor(hg, Tensor(sum.data() + h.tensor_offset, DType::fp32, h.grads.shape));
+      copy_tensor(h.grads, hg);
+    }
+  }
+}
 
 }  // namespace dstrain

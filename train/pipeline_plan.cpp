@@ -111,12 +111,6 @@ PipelineSchedule check_pipeline_config(const config::DsConfig& cfg, int virtual_
         "why DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3 with pipelines); dstrain runs ZeRO stages 0-2 with a pipeline. Fix: set "
         "zero_optimization.stage to 0, 1 or 2",
         P, 2 * M);
-  if (cfg.optimizer.is_onebit())
-    fail(
-        "optimizer.type {} with {} pipeline stages: the 1-bit optimizers' compressed phase assumes one model replica per data-parallel rank "
-        "(it all-reduces the whole model's compressed momentum over the world), while each pipeline stage holds part of the model; use "
-        "Adam / AdamW (or Lamb), or train without pipeline stages",
-        cfg.optimizer.type, P);
   if (cfg.zero_optimization.stage == 2)
     warnings.push_back(fmt::format(
         "zero_optimization.stage 2 with {} pipeline stages: DeepSpeed's PipelineEngine asserts ZeRO stage < 2 with a pipeline, so this config "

@@ -6,6 +6,9 @@
 // drift apart, the norm or overflow decision is a stage's own, or the activations sent are not the
 // ones the next stage needs.
 #include <algorithm>
+#include <cmath>
+#include <string>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -119,6 +122,50 @@ TEST(Pipeline, PerTensorOptimizersMatchOneRank) {
     m.stage = 1;
     m.optimizer_json = block;
     check_against_one_rank(m);
+  }
+}
+
+// The 1-bit family under a pipeline: each stage's compressed exchange runs over its data group (as
+// DeepSpeed's NcclBackend(mpu) runs it), and in the compressed phase the tied weight's copies add
+// their ranks' local gradients pairwise first, so both take the same step. Through the warm-up,
+// freeze and compressed steps, PP 2 x DP 2 follows DP 2 alone on the same global batch: the two
+// differ in the compression's scales (each stage's buckets against the whole model's). Bound 2e-3
+// relative, as test_tensor_parallel_optimizers.cpp's under TP. 0/1 Adam's local steps leave the data
+// replicas apart between its syncs (by design), so there the copies are compared pair by pair.
+TEST(Pipeline, OneBitOptimizersFollowTheDataParallelRun) {
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam"}) {
+    SCOPED_TRACE(type);
+    const bool zero_one = std::string_view(type) == "ZeroOneAdam";
+    MeshRun m = pipeline(2, 2, 2);
+    m.optimizer_json = zero_one ? R"({"type": "ZeroOneAdam", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "var_freeze_step": 4, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 2}})"
+                                : R"({"type": "OneBitAdam", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "freeze_step": 4}})";
+    m.steps = 8;
+    const RunResult raw = run_mesh(m);
+    // The tied weight on stage 0 (world ranks 0, 1) and its copy on stage 1 (ranks 2, 3), data rank by data rank.
+    for (int d = 0; d < 2; ++d) EXPECT_EQ(raw.ranks[static_cast<std::size_t>(d)].params.at("wte.weight"), raw.ranks[static_cast<std::size_t>(2 + d)].params.at("wte.weight")) << "data rank " << d;
+    const RunResult run = zero_one ? raw : merge_pipeline_params(raw);
+    MeshRun dp_only = m;
+    dp_only.pp = 1;
+    const RunResult ref = run_mesh(dp_only);
+    ASSERT_EQ(run.r0().losses.size(), ref.r0().losses.size());
+    for (std::size_t k = 0; k < ref.r0().losses.size(); ++k) {
+      const double a = run.r0().losses[k], b = ref.r0().losses[k];
+      EXPECT_TRUE(std::isfinite(a));
+      EXPECT_LE(std::abs(a - b), 2e-3 * std::abs(b)) << "step " << k + 1 << ": PP 2 " << a << ", DP only " << b;
+    }
+  }
+}
+
+// 1-bit LAMB compresses a stage's whole momentum with one scale: with GPT-2's tied weight on two
+// stages it is refused before step 1, naming the weight and the fix.
+TEST(Pipeline, OneBitLambWithATiedWeightAcrossStagesIsRefused) {
+  MeshRun m = pipeline(2, 1, 2);
+  m.optimizer_json = R"({"type": "OneBitLamb", "params": {"lr": 1e-3, "freeze_step": 4}})";
+  try {
+    (void)run_mesh(m);
+    FAIL() << "trained";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("share 'wte.weight'"), std::string::npos) << e.what();
   }
 }
 
