@@ -48,6 +48,9 @@ void PipelineEngine::exchange(const std::vector<PipeTransfer>& transfers) {
     if (tracing_) trace_.push_back({t.is_send ? PipelineEvent::Kind::send : PipelineEvent::Kind::recv, t.micro_batch, t.chunk, t.activation, t.peer});
   }
   pipeline_.send_recv(ops);
+  // NCCL queues the batch on its own stream: the next compute (which reads what arrived, and may
+  // overwrite the residual gradient just sent) waits for it. A no-op on the host backends.
+  pipeline_.order_compute_after_collectives();
 }
 
 float PipelineEngine::train_batch(std::span<const Batch> batches) {
@@ -86,7 +89,10 @@ float PipelineEngine::evaluate(const Batch& batch) {
   float loss = 0.0f;
   for (int c = 0; c < virtual_stages_; ++c) {
     const int v = c * stages + stage;
-    if (v > 0) pipeline_.recv(engine_.pipeline_input(c, 0), (v - 1) % stages);
+    if (v > 0) {
+      pipeline_.recv(engine_.pipeline_input(c, 0), (v - 1) % stages);
+      pipeline_.order_compute_after_collectives();
+    }
     const float l = engine_.evaluate_chunk(c, batch);
     if (v == last) loss = l;
     if (v < last) pipeline_.send(engine_.pipeline_output(c, 0), (v + 1) % stages);
