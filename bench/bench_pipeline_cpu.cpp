@@ -55,7 +55,10 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int part = 0;  // 0: all three
   std::string comm = "local";
-  std::string model = "gpt2:L8-C128-H4-V2048-T128";
+  // Blocks of equal cost and a small head, so that a uniform partition balances the stages' compute
+  // (the bubble formulas assume balanced stages; a heavy head makes the last stage the bottleneck).
+  std::string model = "gpt2:L8-C128-H4-V256-T128";
+  std::string partition = "uniform";
   long seq = 128, micro = 1, steps = 3;
   int stages = 2;
   int ranks = 8;
@@ -65,7 +68,8 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_pipeline_cpu: %s\n"
-               "options: --part 0|1|2|3 --comm local|mpi --model SPEC --seq T --micro B --steps N --stages P (parts 1, 2) --ranks W (part 3)\n"
+               "options: --part 0|1|2|3 --comm local|mpi --model SPEC --partition uniform|parameters|type:RE --seq T --micro B --steps N\n"
+               "         --stages P (parts 1, 2) --ranks W (part 3)\n"
                "         --micro-batches 4,8,16,32 (part 1)\n",
                why.c_str());
   std::exit(2);
@@ -92,6 +96,8 @@ Args parse(int argc, char** argv) {
       if (a.comm != "local" && a.comm != "mpi") usage("--comm: local or mpi");
     } else if (k == "--model") {
       a.model = v;
+    } else if (k == "--partition") {
+      a.partition = v;
     } else if (k == "--seq") {
       a.seq = integer(k, v, 1);
     } else if (k == "--micro") {
@@ -177,7 +183,7 @@ Figures run_rank(Communicator& world, const Layout& l, const Args& a, long steps
   Model model = make_model(arch, {c.tp, l.tp, true}, {});
   std::unique_ptr<Communicator> ties;
   if (l.pp > 1) {
-    const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(l.pp * l.vstages), "parameters");
+    const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(l.pp * l.vstages), a.partition);
     model = make_pipeline_stage_model(std::move(model), parts, l.pp, c.pp);
     ties = make_pipeline_ties_group(world, mesh, model);
     o.pipeline = mesh.pp.get();
@@ -241,7 +247,7 @@ void part1(const Args& a, Communicator* mpi, bool lead) {
     std::printf("\n## Part 1: the bubble, %s on %d stages, micro-batch %ld x %ld tokens, %ld steps\n", a.model.c_str(), P, a.micro, a.seq, a.steps);
     std::printf("idle = 1 - compute / step per stage (median over steps); ideal = (P-1)/(m+P-1), interleaved (P-1)/(V·m+P-1); sim = the\n"
                 "simulator with the measured forward:backward ratio\n");
-    std::printf("%-16s %4s | %-24s | %7s %7s | %9s\n", "schedule", "m", "idle per stage", "ideal", "sim", "step ms");
+    std::printf("%-24s %4s | %-24s | %7s %7s | %9s\n", "schedule", "m", "idle per stage", "ideal", "sim", "step ms");
   }
   for (const auto& [kind, V] : {std::pair{PipelineScheduleKind::one_f_one_b, 1}, std::pair{PipelineScheduleKind::interleaved, 2}}) {
     for (int m : a.micro_batches) {
@@ -266,7 +272,7 @@ void part1(const Args& a, Communicator* mpi, bool lead) {
       const PipelineSimulation sim = simulate_pipeline(kind, P, m, V, per_micro / 3.0, 2.0 * per_micro / 3.0);
       double sim_idle = 0.0;
       for (double x : sim.idle_fraction) sim_idle += x / static_cast<double>(P);
-      std::printf("%-16s %4d | %-24s | %7.3f %7.3f | %9.1f\n", describe_schedule(kind, V).c_str(), m, idle.c_str(), ideal_bubble_fraction(kind, P, m, V),
+      std::printf("%-24s %4d | %-24s | %7.3f %7.3f | %9.1f\n", describe_schedule(kind, V).c_str(), m, idle.c_str(), ideal_bubble_fraction(kind, P, m, V),
                   sim_idle, step * 1e3);
     }
   }
@@ -342,6 +348,10 @@ int main(int argc, char** argv) {
     if (a.part == 0 || a.part == 1) part1(a, mpi, lead);
     if (a.part == 0 || a.part == 2) part2(a, mpi, lead);
     if (a.part == 0 || a.part == 3) part3(a, mpi, lead);
+#ifdef DSTRAIN_BENCH_MPI
+    mc.reset();
+    if (mw) finalize_mpi();
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pipeline_cpu: %s\n", e.what());
     return 1;
