@@ -1,4 +1,4 @@
-// bench_pipeline_cpu: pipeline parallelism (docs/parallelism.md §5) on local ranks (threads of one
+// bench_pipeline_cpu: pipeline parallelism (docs/parallelism.md §7) on local ranks (threads of one
 // process) or, built with the MPI backend and run under mpiexec with --comm mpi, on MPI processes.
 // Never asserts; rank 0 prints.
 //
@@ -18,7 +18,7 @@
 //
 // The ranks share this machine's cores: with more ranks than cores a stage's "compute" includes
 // the time its thread waits for a core, which the idle fraction then hides — the figures are
-// clean when ranks <= cores (P = 2 here on 2 cores). Figures measured: docs/parallelism.md §5.
+// clean when ranks <= cores (P = 2 here on 2 cores). Figures measured: docs/parallelism.md §7.7.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

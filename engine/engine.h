@@ -84,7 +84,7 @@ struct EngineOptions {
   // group (DP x SP ranks of this rank's tensor-parallel index), over which ZeRO partitions and
   // reduces. The loss is the mean over the whole sequences' targets. nullptr: none.
   Communicator* sequence_parallel = nullptr;
-  // Pipeline parallelism (docs/parallelism.md §5): the mesh's pipeline group (its rank the stage),
+  // Pipeline parallelism (docs/parallelism.md §7): the mesh's pipeline group (its rank the stage),
   // the model this rank's stage of it (make_pipeline_stage_model, models/pipeline_stage.h), and
   // `comm` the data group of the stage. The step then runs through the pipeline calls below
   // (forward_chunk, backward_chunk, pipeline_step; engine/pipeline_engine.h schedules them), not

@@ -1,4 +1,4 @@
-// The engine's pipeline stage (EngineOptions::pipeline, docs/parallelism.md §5): the activation
+// The engine's pipeline stage (EngineOptions::pipeline, docs/parallelism.md §7): the activation
 // sets of the micro-batches in flight, a chunk's forward and backward on one micro-batch, and the
 // step's cross-stage parts (the shared parameters' gradient sum). The schedule that calls these
 // — which micro-batch when, and the activations and gradients sent between stages — is

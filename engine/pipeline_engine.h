@@ -2,7 +2,7 @@
 // runs it — gradient_accumulation_steps micro-batches through every stage in a schedule's order
 // (engine/pipeline_schedule.h: 1F1B, Megatron's interleaved 1F1B, GPipe), the activations sent
 // forward and the gradients back between neighbouring stages, then the optimizer step on every
-// stage (docs/parallelism.md §5).
+// stage (docs/parallelism.md §7).
 //
 //   Engine engine = initialize(make_pipeline_stage_model(make_model(arch), parts, P, stage), config,
 //                              {.comm = data_group, .pipeline = pp_group, .pipeline_ties = ties,

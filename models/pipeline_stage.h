@@ -1,5 +1,5 @@
 // One pipeline rank's part of a model: the chunks of the whole model's layers that this rank runs
-// (docs/parallelism.md §5, "Pipeline parallelism").
+// (docs/parallelism.md §7, "Pipeline parallelism").
 //
 // The whole model's layers are cut into stages · V contiguous pieces (models/stage_partition.h's
 // StageParts: virtual stage v runs layers [parts[v], parts[v + 1])). Rank `stage` of the pipeline
