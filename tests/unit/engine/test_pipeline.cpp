@@ -1,4 +1,4 @@
-// Pipeline parallelism (docs/parallelism.md §5) against one rank: a model cut into stages (and
+// Pipeline parallelism (docs/parallelism.md §7) against one rank: a model cut into stages (and
 // virtual stages), run by the 1F1B, interleaved and GPipe schedules over local ranks, trains as one
 // rank at stage 0 does on the same global batch (mesh_test_util.h's reference): the same losses and
 // gradient norms, and parameters within the reduction-order tolerance. The reference knows nothing of
