@@ -140,6 +140,13 @@ std::vector<std::string> plan_pipeline(TrainingPlan& plan, const TrainerOptions&
     plan.stage_parts = {0, layer_count(model)};
     return warnings;
   }
+  // The partition builds every layer: a descriptor of absurd depth is refused by its count first (the
+  // engine's dropout keys address at most 65536 layers), before anything is built.
+  if (const std::size_t count = layer_count(model); count > 65536) {
+    fail("{} has {} layers; the engine trains at most 65536 (its dropout keys address them), with or without a pipeline. Fix: a model with "
+         "fewer blocks",
+         plan.model_spec, count);
+  }
   const std::vector<std::unique_ptr<Layer>> layers = model.make_layers();
   const std::size_t pieces = static_cast<std::size_t>(P) * static_cast<std::size_t>(s.virtual_stages);
   if (pieces > layers.size()) {

@@ -271,5 +271,12 @@ TEST(PipelinePlan, MemoryEstimateOfAStage) {
   EXPECT_TRUE(has(e, "the 2 ranks of all 2 stages in this process")) << e;
 }
 
+// A descriptor of absurd depth is refused by its layer count, before the partition builds any layer
+// (building 10^8 blocks took minutes and gigabytes).
+TEST(PipelinePlan, AnAbsurdlyDeepModelIsRefusedBeforeItsLayersAreBuilt) {
+  const std::string e = error_of("gpt2:L100000000-C8-H1-V96-T16", batch(4), 2, 2);
+  EXPECT_TRUE(has(e, "100000002 layers; the engine trains at most 65536")) << e;
+}
+
 }  // namespace
 }  // namespace dstrain
