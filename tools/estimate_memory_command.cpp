@@ -18,6 +18,7 @@ struct EstimateMemoryArgs {
   std::string config;
   std::string model;
   std::int64_t num_ranks = 1;
+  std::optional<std::int64_t> pipeline_stages;  // --pipeline-stages, as train's
   std::optional<std::int64_t> sequence_length;
   AutoValueArgs autos;
 };
@@ -30,6 +31,7 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   // sizes, and a config without an optimizer block trains with the HF Trainer's AdamW.
   config::ConfigOptions options;
   options.world_size = args.num_ranks;
+  options.pipeline_stages = args.pipeline_stages;
   options.autos = to_auto_values(args.autos);
   if (!options.autos.hidden_size) {
     options.autos.hidden_size = model->n_embd();
@@ -46,7 +48,7 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   // The device mesh of the config over --num-ranks (docs/parallelism.md §1): the figures are one
   // rank's of it, and what train refuses of the mesh is refused here too.
   const MeshShape mesh = make_mesh_shape(static_cast<int>(cfg.world_size), static_cast<int>(cfg.tensor_parallel_size),
-                                         static_cast<int>(cfg.sequence_parallel_world_size));
+                                         static_cast<int>(cfg.sequence_parallel_world_size), static_cast<int>(cfg.pipeline_parallel_size));
   if (mesh.tp > 1) model->check_tensor_parallel(mesh.tp);
   if (mesh.sp > 1) {
     model->check_sequence_parallel(mesh.sp, mesh.tp);
@@ -57,17 +59,39 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
           mesh.sp, T, mesh.sp, T / mesh.sp * mesh.sp > 0 ? T / mesh.sp * mesh.sp : mesh.sp);
     }
   }
-  const MemoryEstimate e = estimate_rank_memory(*model, cfg, T);
+  // With pipeline stages a rank holds its stage's layers: the figures are the heaviest stage's rank,
+  // as train's pre-flight checks them (train/pipeline_plan.h; refused here what train refuses).
+  MemoryEstimate e = estimate_rank_memory(*model, cfg, T);
+  std::string pipeline_line;
+  if (mesh.pp > 1) {
+    std::vector<std::string> warnings;
+    (void)check_pipeline_config(cfg, 1, "", warnings);
+    for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (model->n_layer() > 65534) fail("{} has more than 65536 layers; the engine trains at most 65536", args.model);
+    const StageParts parts = partition_layers(model->make_layers(), static_cast<std::size_t>(mesh.pp), cfg.pipeline.partition);
+    const std::vector<double> params = pipeline_stage_parameters(*model, cfg, parts, mesh.pp);
+    int heaviest = 0;
+    for (int s = 0; s < mesh.pp; ++s) {
+      const MemoryEstimate es = estimate_pipeline_stage_memory(*model, cfg, T, params, s, false);
+      if (s == 0 || es.device() + es.host() > e.device() + e.host()) {
+        e = es;
+        heaviest = s;
+      }
+    }
+    pipeline_line = fmt::format("pipeline: {} stages (partition \"{}\", 1F1B); the figures are stage {}'s, the heaviest: {} parameters per rank\n",
+                                mesh.pp, cfg.pipeline.partition, heaviest, format_count(params[static_cast<std::size_t>(heaviest)]));
+  }
   const config::StatePlacement& placement = cfg.placement();
 
   std::string out = fmt::format("model {}: {}\n", args.model, model->describe());
   out += fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
                      cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.world_size, cfg.train_micro_batch_size_per_gpu, T,
                      cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
-  if (mesh.tp > 1 || mesh.sp > 1) {
-    out += fmt::format("mesh: {}; ZeRO partitions over the {} data-parallel x sequence-parallel ranks of a tensor-parallel index\n",
-                       describe_mesh(mesh), mesh.dp * mesh.sp);
+  if (mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1) {
+    out += fmt::format("mesh: {}; ZeRO partitions over the {} data-parallel x sequence-parallel ranks of a tensor-parallel index{}\n",
+                       describe_mesh(mesh), mesh.dp * mesh.sp, mesh.pp > 1 ? " of a stage" : "");
   }
+  out += pipeline_line;
   if (mesh.tp > 1) {
     out += fmt::format(
         "tensor-parallel rank 0 (the largest) stores {} of the {} parameters: its pieces of the cut ones, the replicated ones "
@@ -76,7 +100,7 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   }
   out +=
       fmt::format("\ndstrain's estimate per rank{} (the lower bound train's pre-flight checks against the memory there is; docs/offload.md §11):\n",
-                  mesh.tp > 1 || mesh.sp > 1 ? " of the mesh" : "");
+                  mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1 ? " of the mesh" : "");
   const auto row = [&out](const char* purpose, double device, double host, double nvme) {
     out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", purpose, format_estimate_bytes(device), format_estimate_bytes(host),
                        format_estimate_bytes(nvme));
@@ -122,8 +146,8 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   }
   out += format_deepspeed_estimates(rows, total, largest, cfg.world_size, 1, zero3, marked);
   out += "(DeepSpeed's figures assume 16-bit params and Adam; its CPU column is per node, and counts the model's load into host memory.)\n";
-  if (mesh.tp > 1 || mesh.sp > 1) {
-    out += fmt::format("(They know no tensor or sequence parallelism: the whole model's states over all {} ranks.)\n", cfg.world_size);
+  if (mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1) {
+    out += fmt::format("(They know no tensor, sequence or pipeline parallelism: the whole model's states over all {} ranks.)\n", cfg.world_size);
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
@@ -143,6 +167,8 @@ void add_estimate_memory_command(CLI::App& app) {
   cmd->add_option("--num-ranks", args->num_ranks, "Number of ranks (the data-parallel world size the config is resolved for)")
       ->check(whole_number_at_least(1))
       ->capture_default_str();
+  cmd->add_option("--pipeline-stages", args->pipeline_stages, "Pipeline stages (as train's; overrides pipeline.stages)")
+      ->check(whole_number_at_least(1));
   cmd->add_option("--sequence-length", args->sequence_length, "T of every micro-batch (default: the model's positions, at most 1024)")
       ->check(whole_number_at_least(1));
   add_auto_value_options(cmd, args->autos);

@@ -101,3 +101,24 @@ TEST(CliEstimateMemory, BadInputExits2NamingIt) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--model"));
 }
+
+// With pipeline stages (--pipeline-stages, as train's) the figures are the heaviest stage's rank:
+// its layers' states only, fewer than the whole model's; ZeRO-3 is refused as train refuses it.
+TEST(CliEstimateMemory, PipelineStagesGiveTheHeaviestStagesRank) {
+  const auto params_row = [](const std::string& out) {
+    const std::size_t at = out.find("  params ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string cfg = config(R"({"stage": 1})");
+  const auto whole = run_dstrain(std::string("estimate-memory --deepspeed_config ") + cfg + " --model " + kModel + " --num-ranks 2");
+  const auto piped = run_dstrain(std::string("estimate-memory --deepspeed_config ") + cfg + " --model " + kModel + " --num-ranks 2 --pipeline-stages 2");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  EXPECT_NE(piped.out.find("pipeline: 2 stages"), std::string::npos) << piped.out;
+  EXPECT_NE(piped.out.find("mesh: world 2 = pipeline 2 x data-parallel 1"), std::string::npos) << piped.out;
+  EXPECT_NE(params_row(piped.out), params_row(whole.out)) << piped.out;
+  const auto z3 = run_dstrain(std::string("estimate-memory --deepspeed_config ") + config(R"({"stage": 3})") + " --model " + kModel +
+                              " --num-ranks 2 --pipeline-stages 2");
+  EXPECT_NE(z3.exit_code, 0);
+  EXPECT_NE(z3.err.find("zero_optimization.stage 3"), std::string::npos) << z3.err;
+}
