@@ -61,6 +61,18 @@ TEST(CliCheckConfig, ReadableSummaryByDefault) {
   EXPECT_THAT(r.out, HasSubstr("bf16"));
 }
 
+// The 3D example (pipeline.stages 2 x tensor_parallel 2) on 8 ranks: data-parallel 2, so the batch
+// is 2 x 8 x 2 = 32 sequences (DeepSpeed's PipelineEngine counts data-parallel ranks alike).
+TEST(CliCheckConfig, PipelineExampleCountsDataParallelRanks) {
+  auto r = run_dstrain("check-config " + shell_quote(example("pipeline_3d_cpu.json")) + " --world-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("valid"));
+  EXPECT_THAT(r.out, HasSubstr("pipeline 2"));
+  EXPECT_THAT(r.out, HasSubstr("32"));
+  auto bad = run_dstrain("check-config " + shell_quote(example("pipeline_3d_cpu.json")) + " --world-size 6");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+}
+
 TEST(CliCheckConfig, BatchMismatchExitsTwoWithDeepSpeedsNumbers) {
   // TBS 32, MBS 3 on 2 ranks: GAS = (32 // 3) // 2 = 5, and 32 != 3 * 5 * 2 (docs/batch.md §2).
   const std::string cfg = write_temp("dstrain_cli_batch.json", R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})");
