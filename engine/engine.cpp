@@ -281,6 +281,10 @@ void Engine::build_states(const config::DsConfig& config) {
       parameter_count_ += ps.shape.numel();
     }
   }
+  // A pipeline stage's copies of parameters another stage owns (the norm counts the owner's).
+  im.pipeline_copy.assign(im.owned.size(), false);
+  for (const SharedParam& sp : model_.shared_params)
+    if (sp.copy) im.pipeline_copy[im.by_name.at(sp.name)] = true;
   {
     // Muon's use_muon flags and Adafactor's factored shapes come from the owned parameters' names and
     // shapes (engine/optim/muon.h, engine/optim/adafactor.h).
@@ -487,13 +491,17 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
     if (im.ckpt) im.ckpt->after_forward(i, train);
   }
   if (!train) im.states->end_eval();
-  if (im.sp != nullptr && loss != nullptr) {
-    // The head returned the mean of this rank's positions; the whole sequences' mean is the sum of
-    // the ranks' sums over the group's count.
-    double v = static_cast<double>(*loss) * static_cast<double>(im.sp_local_targets);
-    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-    *loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
-  }
+  if (loss != nullptr) *loss = whole_sequence_loss(*loss);
+}
+
+// Sequence parallelism: the head returned the mean of this rank's positions; the whole sequences'
+// mean is the sum of the ranks' sums over the group's count. Without it: `loss`.
+float Engine::whole_sequence_loss(float loss) {
+  Impl& im = *impl_;
+  if (im.sp == nullptr) return loss;
+  double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
+  all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
+  return im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
 }
 
 // Layer i's forward on the current batch; `recompute`: the checkpointed re-run before its backward
@@ -550,8 +558,6 @@ void Engine::backward() {
   have_forward_ = false;  // the head turns its logits into their gradient in place
   Impl& im = *impl_;
   const std::size_t last = model_.layers.size() - 1;
-  const auto step = static_cast<std::uint32_t>(global_steps_);
-  const std::uint32_t micro = global_micro_batch();
   const bool boundary = is_gradient_accumulation_boundary();
   const float dloss = micro_batch_dloss();
   // DeepSpeed's bwd_inner / bwd_allreduce: the host time in the gradient reduction (after_backward's
@@ -572,46 +578,64 @@ void Engine::backward() {
         im.ckpt->end_recompute(static_cast<std::size_t>(s));
       }
     }
-    Impl::LayerState& ls = im.layers[i];
-    im.states->acquire(i);
-    im.states->before_backward(i);
-    im.states->views(i, ls.params, &ls.grads);
-    BackwardArgs a;
-    a.dims = dims_;
-    a.batch = im.batch;
-    a.input = ls.input;
-    a.output = ls.recompute_output;
-    a.dout = i == last ? Tensor{} : im.dresidual;
-    a.dinput = i == 0 ? Tensor{} : im.dresidual;
-    a.params = ls.params;
-    a.grads = ls.grads;
-    a.saved = ls.saved;
-    a.scratch = ls.scratch;
-    a.rng = RngKey{im.options.seed, step, static_cast<std::uint32_t>(i), micro, 0};
-    a.train = true;
-    a.dloss = dloss;
-    a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
-    a.tensor_parallel = im.tp_group.get();
-    a.sequence_parallel = im.sp_group.get();
-    model_.layers[i]->backward(a);
-    // Layer i's own gradients are complete (tied users come later in the model, so earlier in
-    // backward): reduce them now, overlapped with the layers below when overlap_comm.
-    const Clock::time_point reduce_start = Clock::now();
-    im.states->after_backward(i, boundary);
-    reduction += Clock::now() - reduce_start;
-    im.states->release(i);
+    reduction += backward_layer(i, boundary, dloss);
     if (im.ckpt) im.ckpt->after_backward(i);
   }
-  const Clock::time_point end_start = Clock::now();
-  im.states->end_backward(boundary);
-  const Clock::time_point backward_end = Clock::now();
-  reduction += backward_end - end_start;
-  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  im.backward_allreduce_ms = ms(reduction);
-  im.backward_inner_ms = ms(backward_end - backward_start - reduction);
+  end_backward_timed(boundary, backward_start, reduction);
   step_loss_sum_ += static_cast<double>(last_loss_);
   have_backward_ = true;
   boundary_reduced_ = boundary;
+}
+
+// Layer i's backward from the residual gradient (or, for the layer ending in the loss, from
+// `dloss`), its gradients reduced as the ZeRO stage says; returns the host time of the reduction
+// (DeepSpeed's bwd_allreduce). The layer's dropout key is its index in the whole model and the
+// micro-batch's global slot, as its forward's.
+std::chrono::steady_clock::duration Engine::backward_layer(std::size_t i, bool boundary, float dloss) {
+  Impl& im = *impl_;
+  const std::size_t id = model_.layer_id(i);
+  Impl::LayerState& ls = im.layers[i];
+  im.states->acquire(i);
+  im.states->before_backward(i);
+  im.states->views(i, ls.params, &ls.grads);
+  BackwardArgs a;
+  a.dims = dims_;
+  a.batch = im.batch;
+  a.input = ls.input;
+  a.output = ls.recompute_output;
+  a.dout = id == model_.whole_layer_count() - 1 ? Tensor{} : im.dresidual;
+  a.dinput = id == 0 ? Tensor{} : im.dresidual;
+  a.params = ls.params;
+  a.grads = ls.grads;
+  a.saved = ls.saved;
+  a.scratch = ls.scratch;
+  a.rng = RngKey{im.options.seed, static_cast<std::uint32_t>(global_steps_), static_cast<std::uint32_t>(id), global_micro_batch(), 0};
+  a.train = true;
+  a.dloss = dloss;
+  a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
+  a.tensor_parallel = im.tp_group.get();
+  a.sequence_parallel = im.sp_group.get();
+  model_.layers[i]->backward(a);
+  // Layer i's own gradients are complete (tied users come later in the model, so earlier in
+  // backward): reduce them now, overlapped with the layers below when overlap_comm.
+  const auto reduce_start = std::chrono::steady_clock::now();
+  im.states->after_backward(i, boundary);
+  const auto reduction = std::chrono::steady_clock::now() - reduce_start;
+  im.states->release(i);
+  return reduction;
+}
+
+// The end of a backward pass: the gradient reduction flushed (`boundary`) and waited for, and the
+// pass's host time split as DeepSpeed's bwd_inner / bwd_allreduce (EngineState).
+void Engine::end_backward_timed(bool boundary, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::duration reduction) {
+  Impl& im = *impl_;
+  const auto end_start = std::chrono::steady_clock::now();
+  im.states->end_backward(boundary);
+  const auto end = std::chrono::steady_clock::now();
+  reduction += end - end_start;
+  const auto ms = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  im.backward_allreduce_ms = ms(reduction);
+  im.backward_inner_ms = ms(end - start - reduction);
 }
 
 // d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
@@ -702,9 +726,7 @@ bool Engine::optimizer_step() {
   // Pipeline: the shared parameters' copies sum their gradients first (then they are one gradient,
   // counted once below, on the owner's stage).
   reduce_shared_params();
-  std::vector<bool> pipeline_copy(im.owned.size(), false);
-  for (const SharedParam& sp : model_.shared_params)
-    if (sp.copy) pipeline_copy[im.by_name.at(sp.name)] = true;
+  const std::vector<bool>& pipeline_copy = im.pipeline_copy;
   const bool has_copies = std::find(pipeline_copy.begin(), pipeline_copy.end(), true) != pipeline_copy.end();
   // One fused norm + overflow pass over this rank's gradients; the first layer (in model order)
   // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.

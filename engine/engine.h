@@ -40,6 +40,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -328,9 +329,12 @@ class Engine {
   // the batch checks and upload shared with forward(), the shared parameters' gradient sum.
   void build_pipeline_activations(const config::DsConfig& config, const EngineOptions& options);
   void select_slot(int chunk, int slot);
+  // The backward pass's parts shared by backward() and backward_chunk() (engine.cpp).
+  std::chrono::steady_clock::duration backward_layer(std::size_t i, bool boundary, float dloss);
+  void end_backward_timed(bool boundary, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::duration reduction);
+  float whole_sequence_loss(float loss);
   void set_batch(const Batch& batch, Tensor upload);
   void reduce_shared_params();
-  void reduce_shared_params_in_pipeline();
   // save_weights on a pipeline: every stage's parameters brought to mesh rank 0, which writes.
   void save_pipeline_weights(const std::filesystem::path& path);
   std::uint32_t global_micro_batch() const;

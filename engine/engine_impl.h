@@ -99,6 +99,7 @@ struct Engine::Impl {
   int pipeline_micro = -1;                     // the micro-batch being run (its dropout key)
   int pipeline_backwards = 0;                  // backward_chunk calls this step
   std::vector<Owned> owned;
+  std::vector<bool> pipeline_copy;  // [owned index]: a copy of a parameter another pipeline stage owns (Model::shared_params)
   std::unordered_map<std::string, std::size_t> by_name;  // owned name -> index
   Buffer act_buf, scratch_buf;
   Tensor dresidual;                               // (B, T, C): the residual stream's gradient, in place through the layers

@@ -225,12 +225,7 @@ float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
   float loss = 0.0f;
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, true, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
   if (has_loss) {
-    if (im.sp != nullptr) {
-      // As forward_layers: the whole sequences' mean from the ranks' sums.
-      double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
-      all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-      loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
-    }
+    loss = whole_sequence_loss(loss);
     last_loss_ = loss;
     step_loss_sum_ += static_cast<double>(loss);
   }
@@ -250,12 +245,7 @@ float Engine::evaluate_chunk(int chunk, const Batch& batch) {
   float loss = 0.0f;
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, false, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
   im.pipeline_micro = -1;
-  if (has_loss && im.sp != nullptr) {
-    double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
-    all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-    loss = im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
-  }
-  return loss;
+  return has_loss ? whole_sequence_loss(loss) : 0.0f;
 }
 
 void Engine::backward_chunk(int chunk, int micro) {
@@ -270,55 +260,21 @@ void Engine::backward_chunk(int chunk, int micro) {
   const std::size_t last_id = model_.whole_layer_count() - 1;
   const bool boundary = micro == gas_ - 1;
   if (model_.layer_id(ch.end - 1) != last_id) copy_tensor(im.dresidual, im.grad_in);
-  const auto step = static_cast<std::uint32_t>(global_steps_);
-  const std::uint32_t gm = global_micro_batch();
   const float dloss = micro_batch_dloss();
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::duration reduction{0};
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration reduction{0};
   for (std::size_t k = ch.end; k-- > ch.begin;) {
     if (const std::int64_t f = im.segment_first[k]; f >= 0) {
       // The segment's activations were overwritten by later micro-batches: run it forward again
       // from its kept input (same keys, the same dropout masks).
       for (auto j = static_cast<std::size_t>(f); j <= k; ++j) forward_layer(j, true, nullptr, true);
     }
-    Impl::LayerState& ls = im.layers[k];
-    im.states->acquire(k);
-    im.states->before_backward(k);
-    im.states->views(k, ls.params, &ls.grads);
-    BackwardArgs a;
-    a.dims = dims_;
-    a.batch = im.batch;
-    a.input = ls.input;
-    a.output = ls.recompute_output;
-    a.dout = model_.layer_id(k) == last_id ? Tensor{} : im.dresidual;
-    a.dinput = model_.layer_id(k) == 0 ? Tensor{} : im.dresidual;
-    a.params = ls.params;
-    a.grads = ls.grads;
-    a.saved = ls.saved;
-    a.scratch = ls.scratch;
-    a.rng = RngKey{im.options.seed, step, static_cast<std::uint32_t>(model_.layer_id(k)), gm, 0};
-    a.train = true;
-    a.dloss = dloss;
-    a.loss_grad_done = model_.layers[k]->fuses_loss_grad();
-    a.tensor_parallel = im.tp_group.get();
-    a.sequence_parallel = im.sp_group.get();
-    model_.layers[k]->backward(a);
-    const Clock::time_point reduce_start = Clock::now();
-    im.states->after_backward(k, boundary);
-    reduction += Clock::now() - reduce_start;
-    im.states->release(k);
+    reduction += backward_layer(k, boundary, dloss);
   }
   im.pipeline_backwards += 1;
-  const Clock::time_point end_start = Clock::now();
   // The step's last backward on this rank flushes the gradient reduction (at ZeRO-0 the regions
   // of every chunk's boundary backward form one range, the chunks running last to first).
-  im.states->end_backward(im.pipeline_backwards == gas_ * static_cast<std::int64_t>(model_.chunks.size()));
-  const Clock::time_point end = Clock::now();
-  reduction += end - end_start;
-  const auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  im.backward_allreduce_ms = ms(reduction);
-  im.backward_inner_ms = ms(end - start - reduction);
+  end_backward_timed(im.pipeline_backwards == gas_ * static_cast<std::int64_t>(model_.chunks.size()), start, reduction);
 }
 
 void Engine::pipeline_step() {
@@ -342,126 +298,111 @@ void Engine::pipeline_all_reduce_sum(std::span<float> values) {
   all_reduce_host(*im.pp, Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}), ReduceOp::sum, im.host_value_staging());
 }
 
+namespace {
+
+// A piece of a parameter's gradient in this rank's partition, and where it sits in the parameter.
+struct HeldPiece {
+  Tensor grads;
+  std::int64_t tensor_offset = 0;
+};
+
+std::vector<HeldPiece> held_pieces(const ModelStates& states, std::int32_t tensor) {
+  std::vector<HeldPiece> held;
+  for (const PartitionSegment& sg : states.partitions()) {
+    const std::size_t es = dtype_size(sg.grads.dtype);
+    for (const TensorPiece& p : sg.pieces)
+      if (p.tensor == tensor)
+        held.push_back({Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(p.offset) * es, sg.grads.dtype, Shape{p.numel},
+                               sg.grads.device),
+                        p.tensor_offset});
+  }
+  return held;
+}
+
+// The pieces into `whole` (the parameter's fp32 host values), or back from it (in their dtype and place).
+void read_pieces(const std::vector<HeldPiece>& held, float* whole) {
+  std::vector<char> host;
+  for (const HeldPiece& h : held) {
+    host.resize(h.grads.nbytes());
+    const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+    copy_tensor(hg, h.grads);
+    convert_tensor(Tensor(whole + h.tensor_offset, DType::fp32, h.grads.shape), hg);
+  }
+}
+
+void write_pieces(const std::vector<HeldPiece>& held, const float* whole) {
+  std::vector<char> host;
+  for (const HeldPiece& h : held) {
+    host.resize(h.grads.nbytes());
+    const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
+    convert_tensor(hg, Tensor(const_cast<float*>(whole) + h.tensor_offset, DType::fp32, h.grads.shape));
+    copy_tensor(h.grads, hg);
+  }
+}
+
+// This rank's local gradient `mine` of a shared parameter exchanged with the same (data, tensor)
+// coordinate on every other stage holding it (`stages`), over the pipeline group in one batch, and
+// summed in stage order into `mine`, so that every holder gets the same bits. On a GPU the batch
+// moves device copies (what NCCL needs).
+void sum_over_stages(Communicator& pp, const std::vector<int>& stages, std::vector<float>& mine, Allocator* staging) {
+  const Shape shape{static_cast<std::int64_t>(mine.size())};
+  std::vector<std::vector<float>> by_stage(static_cast<std::size_t>(pp.world_size()));
+  by_stage[static_cast<std::size_t>(pp.rank())] = mine;
+  std::vector<Buffer> device;
+  const auto on_device = [&](std::vector<float>& v) {
+    if (staging == nullptr) return Tensor(v.data(), DType::fp32, shape);
+    device.emplace_back(*staging, v.size() * sizeof(float), MemoryPurpose::buffers);
+    return device.back().tensor(DType::fp32, shape);
+  };
+  std::vector<PointToPointOp> ops;
+  for (int s : stages) {
+    if (s == pp.rank()) continue;
+    by_stage[static_cast<std::size_t>(s)].assign(mine.size(), 0.0f);
+    const Tensor out = on_device(mine);
+    if (staging != nullptr) copy_tensor(out, Tensor(mine.data(), DType::fp32, shape));
+    ops.push_back({true, out, s});
+    ops.push_back({false, on_device(by_stage[static_cast<std::size_t>(s)]), s});
+  }
+  pp.send_recv(ops);
+  if (staging != nullptr) {
+    pp.synchronize();
+    for (const PointToPointOp& op : ops)
+      if (!op.is_send) copy_tensor(Tensor(by_stage[static_cast<std::size_t>(op.peer)].data(), DType::fp32, shape), op.buffer);
+  }
+  std::fill(mine.begin(), mine.end(), 0.0f);
+  for (int s : stages)
+    for (std::size_t k = 0; k < mine.size(); ++k) mine[k] += by_stage[static_cast<std::size_t>(s)][k];
+}
+
+}  // namespace
+
 // The shared parameters' gradients (GPT-2's tied embedding on the first and last stages), summed
 // over the ranks holding a copy, as DeepSpeed's PipelineEngine all-reduces a TiedLayerSpec's
 // gradients among its owners: every holder contributes the pieces of the (data-group reduced)
 // gradient its partition holds — at ZeRO-0 every data rank holds all of it, so only data rank 0 —
 // into a whole fp32 tensor, one all-reduce over the holders, and each takes its pieces back.
+// The 1-bit optimizers' compressed phase is the exception: each rank holds its own (local)
+// gradients, which the optimizer then exchanges compressed over the data group, so the copies of
+// this rank's pipeline add theirs (sum_over_stages; the 1-bit optimizers run at ZeRO stage 0, where
+// a rank's pieces are the whole parameter).
 void Engine::reduce_shared_params() {
   Impl& im = *impl_;
   if (im.pp_ties == nullptr || model_.shared_params.empty()) return;
-  // The 1-bit optimizers' compressed phase: each rank holds its own (local) gradients, which the
-  // optimizer then exchanges compressed over the data group; the copies of this rank's pipeline
-  // add theirs here, so that every holder passes the optimizer the same gradient.
-  if (im.onebit != nullptr && !im.states->gradient_all_reduce() && im.world > 1) {
-    reduce_shared_params_in_pipeline();
-    return;
-  }
-  const bool contributes = im.config.zero_optimization.stage >= 1 || im.states->rank() == 0;
+  const bool local = im.onebit != nullptr && !im.states->gradient_all_reduce() && im.world > 1;
+  const bool contributes = local || im.config.zero_optimization.stage >= 1 || im.states->rank() == 0;
   for (const SharedParam& shared : model_.shared_params) {
     const auto it = im.by_name.find(shared.name);
     DSTRAIN_CHECK(it != im.by_name.end(), "pipeline: shared parameter '{}' is not owned here", shared.name);
-    const auto t = static_cast<std::int32_t>(it->second);
-    const std::int64_t n = im.owned[it->second].spec.shape.numel();
-    std::vector<float> whole(static_cast<std::size_t>(n), 0.0f);
-    struct Held {
-      Tensor grads;  // the piece in the partition's gradient
-      std::int64_t tensor_offset;
-    };
-    std::vector<Held> held;
-    for (const PartitionSegment& sg : im.states->partitions()) {
-      const std::size_t es = dtype_size(sg.grads.dtype);
-      for (const TensorPiece& p : sg.pieces) {
-        if (p.tensor != t) continue;
-        held.push_back({Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(p.offset) * es, sg.grads.dtype, Shape{p.numel},
-                               sg.grads.device),
-                        p.tensor_offset});
-      }
+    const std::vector<HeldPiece> held = held_pieces(*im.states, static_cast<std::int32_t>(it->second));
+    std::vector<float> whole(static_cast<std::size_t>(im.owned[it->second].spec.shape.numel()), 0.0f);
+    if (contributes) read_pieces(held, whole.data());
+    if (local) {
+      sum_over_stages(*im.pp, shared.stages, whole, im.host_value_staging());
+    } else {
+      all_reduce_host(*im.pp_ties, Tensor(whole.data(), DType::fp32, Shape{static_cast<std::int64_t>(whole.size())}), ReduceOp::sum,
+                      im.host_value_staging());
     }
-    std::vector<char> host;
-    for (const Held& h : held) {
-      if (!contributes) break;
-      host.resize(h.grads.nbytes());
-      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
-      copy_tensor(hg, h.grads);
-      convert_tensor(Tensor(whole.data() + h.tensor_offset, DType::fp32, h.grads.shape), hg);
-    }
-    all_reduce_host(*im.pp_ties, Tensor(whole.data(), DType::fp32, Shape{n}), ReduceOp::sum, im.host_value_staging());
-    for (const Held& h : held) {
-      host.resize(h.grads.nbytes());
-      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
-      convert_tensor(hg, Tensor(whole.data() + h.tensor_offset, DType::fp32, h.grads.shape));
-      copy_tensor(h.grads, hg);
-    }
-  }
-}
-
-
-// The local-gradient form (the 1-bit compressed phase): this rank's gradient of each shared
-// parameter (its whole local value: the 1-bit optimizers run at ZeRO stage 0) exchanged with the
-// same (data, tensor) coordinate on every other stage holding it, over the pipeline group in one
-// batch, and summed in stage order, so that every holder gets the same bits.
-void Engine::reduce_shared_params_in_pipeline() {
-  Impl& im = *impl_;
-  Communicator& pp = *im.pp;
-  Allocator* staging = im.host_value_staging();
-  for (const SharedParam& shared : model_.shared_params) {
-    const auto t = static_cast<std::int32_t>(im.by_name.at(shared.name));
-    const std::int64_t n = im.owned[static_cast<std::size_t>(t)].spec.shape.numel();
-    struct Held {
-      Tensor grads;
-      std::int64_t tensor_offset;
-    };
-    std::vector<Held> held;
-    for (const PartitionSegment& sg : im.states->partitions()) {
-      const std::size_t es = dtype_size(sg.grads.dtype);
-      for (const TensorPiece& p : sg.pieces)
-        if (p.tensor == t)
-          held.push_back({Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(p.offset) * es, sg.grads.dtype, Shape{p.numel},
-                                 sg.grads.device),
-                          p.tensor_offset});
-    }
-    std::vector<std::vector<float>> by_stage(static_cast<std::size_t>(pp.world_size()));
-    std::vector<float>& mine = by_stage[static_cast<std::size_t>(pp.rank())];
-    mine.assign(static_cast<std::size_t>(n), 0.0f);
-    std::vector<char> host;
-    for (const Held& h : held) {
-      host.resize(h.grads.nbytes());
-      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
-      copy_tensor(hg, h.grads);
-      convert_tensor(Tensor(mine.data() + h.tensor_offset, DType::fp32, h.grads.shape), hg);
-    }
-    const Shape shape{n};
-    std::vector<Buffer> device;  // on a GPU the batch moves device copies (what NCCL needs)
-    std::vector<PointToPointOp> ops;
-    const auto on_device = [&](std::vector<float>& v) {
-      if (staging == nullptr) return Tensor(v.data(), DType::fp32, shape);
-      device.emplace_back(*staging, v.size() * sizeof(float), MemoryPurpose::buffers);
-      return device.back().tensor(DType::fp32, shape);
-    };
-    for (int s : shared.stages) {
-      if (s == pp.rank()) continue;
-      by_stage[static_cast<std::size_t>(s)].assign(static_cast<std::size_t>(n), 0.0f);
-      const Tensor out = on_device(mine);
-      if (staging != nullptr) copy_tensor(out, Tensor(mine.data(), DType::fp32, shape));
-      ops.push_back({true, out, s});
-      ops.push_back({false, on_device(by_stage[static_cast<std::size_t>(s)]), s});
-    }
-    pp.send_recv(ops);
-    if (staging != nullptr) {
-      pp.synchronize();
-      for (const PointToPointOp& op : ops)
-        if (!op.is_send) copy_tensor(Tensor(by_stage[static_cast<std::size_t>(op.peer)].data(), DType::fp32, shape), op.buffer);
-    }
-    std::vector<float> sum(static_cast<std::size_t>(n), 0.0f);
-    for (int s : shared.stages)
-      for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += by_stage[static_cast<std::size_t>(s)][k];
-    for (const Held& h : held) {
-      host.resize(h.grads.nbytes());
-      const Tensor hg(host.data(), h.grads.dtype, h.grads.shape);
-      convert_tensor(hg, Tensor(sum.data() + h.tensor_offset, DType::fp32, h.grads.shape));
-      copy_tensor(h.grads, hg);
-    }
+    write_pieces(held, whole.data());
   }
 }
 

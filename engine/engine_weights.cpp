@@ -17,6 +17,26 @@
 #include "ops/kernels/tensor_ops.h"
 
 namespace dstrain {
+namespace {
+
+// The whole model's parameters by name (whole shapes; tied names too), and each tied name's owner,
+// from the architecture's layers (built once per call: a pipeline stage holds only some of them).
+std::unordered_map<std::string, Shape> whole_param_shapes(const Architecture& arch) {
+  std::unordered_map<std::string, Shape> shapes;
+  for (const auto& layer : arch.make_layers())
+    for (const ParamSpec& ps : layer->params()) shapes.emplace(ps.name, ps.whole_shape());
+  return shapes;
+}
+
+std::unordered_map<std::string, std::string> tied_param_owners(const Architecture& arch) {
+  std::unordered_map<std::string, std::string> tied;
+  for (const auto& layer : arch.make_layers())
+    for (const ParamSpec& ps : layer->params())
+      if (ps.tied()) tied.emplace(ps.name, ps.tied_to);
+  return tied;
+}
+
+}  // namespace
 
 namespace {
 // The architecture that reads and writes the model's weight files (its family's Hugging Face
@@ -78,17 +98,16 @@ void Engine::load_weights(const std::filesystem::path& path) {
   // A pipeline stage holds some of the file's tensors: the others are read into a scratch buffer
   // of their whole shape (the whole model's, from the architecture) and dropped.
   std::unordered_map<std::string, Shape> whole_shapes;
+  std::unordered_map<std::string, std::string> tied;  // a tied name -> its owner's
   std::unordered_map<std::string, std::vector<float>> elsewhere;  // by name: each buffer stays where it is
-  if (model_.pipelined())
-    for (const auto& layer : arch.make_layers())
-      for (const ParamSpec& ps : layer->params()) whole_shapes.emplace(ps.name, ps.whole_shape());
+  if (model_.pipelined()) {
+    whole_shapes = whole_param_shapes(arch);
+    tied = tied_param_owners(arch);
+  }
   const auto lookup = [&](const std::string& n) {
     if (model_.pipelined() && !im.by_name.contains(n)) {
-      std::string owner = n;
-      for (const auto& layer : arch.make_layers())
-        for (const ParamSpec& ps : layer->params())
-          if (ps.tied() && ps.name == n) owner = ps.tied_to;
-      if (!im.by_name.contains(owner)) {
+      const auto t = tied.find(n);
+      if (!im.by_name.contains(t != tied.end() ? t->second : n)) {
         const auto it = whole_shapes.find(n);
         if (it == whole_shapes.end()) fail("load_weights: the model has no parameter named '{}'", n);
         std::vector<float>& scratch = elsewhere[n];
@@ -224,10 +243,7 @@ void Engine::save_pipeline_weights(const std::filesystem::path& path) {
     }
   }
   // Names as the family asks for them: a tied name (GPT-2's "lm_head.weight") is its owner's.
-  std::unordered_map<std::string, std::string> tied;
-  for (const auto& layer : arch.make_layers())
-    for (const ParamSpec& ps : layer->params())
-      if (ps.tied()) tied.emplace(ps.name, ps.tied_to);
+  const std::unordered_map<std::string, std::string> tied = tied_param_owners(arch);
   arch.export_weights(path, [&](const std::string& n) {
     const auto t = tied.find(n);
     const auto it = host.find(t != tied.end() ? t->second : n);

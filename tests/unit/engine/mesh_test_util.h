@@ -117,6 +117,21 @@ inline std::string mesh_config_json(const MeshRun& m) {
   return json;
 }
 
+// This rank's stage of a pipeline of `pp` stages x `vstages` chunks (the whole model cut by
+// `partition`): `model` becomes the stage's, `o` gets the pipeline group, the shared-parameter group
+// (returned: it must outlive the engine) and the activation sets `schedule` keeps in flight.
+inline std::unique_ptr<Communicator> make_test_pipeline_stage(Communicator& world, const MeshGroups& mesh, int pp, int vstages,
+                                                              PipelineScheduleKind schedule, int gas, const char* partition, Model& model,
+                                                              EngineOptions& o) {
+  const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(pp * vstages), partition);
+  model = make_pipeline_stage_model(std::move(model), parts, pp, mesh.coord.pp);
+  std::unique_ptr<Communicator> ties = make_pipeline_ties_group(world, mesh, model);
+  o.pipeline = mesh.pp.get();
+  o.pipeline_ties = ties.get();
+  o.pipeline_in_flight = PipelineEngine::in_flight(schedule, pp, mesh.coord.pp, gas, vstages);
+  return ties;
+}
+
 // Rank results of every mesh rank, in world order (rank = (dp·SP + sp)·TP + tp), on the device
 // mesh's groups (zero/device_mesh.h).
 inline RunResult run_mesh(const MeshRun& m) {
@@ -145,12 +160,7 @@ inline RunResult run_mesh(const MeshRun& m) {
     Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}, m.dropout);
     std::unique_ptr<Communicator> ties;
     if (m.pp > 1) {
-      const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(m.pp * m.vstages), m.partition);
-      model = make_pipeline_stage_model(std::move(model), parts, m.pp, mesh.coord.pp);
-      ties = make_pipeline_ties_group(comm, mesh, model);
-      o.pipeline = mesh.pp.get();
-      o.pipeline_ties = ties.get();
-      o.pipeline_in_flight = PipelineEngine::in_flight(m.schedule, m.pp, mesh.coord.pp, m.gas, m.vstages);
+      ties = make_test_pipeline_stage(comm, mesh, m.pp, m.vstages, m.schedule, m.gas, m.partition, model, o);
       o.pipeline_checkpoint_interval = m.pp_ckpt_interval;
       if (mesh.coord.pp == m.pp - 1) o.inject_overflow_steps = m.inject_overflow;
     }
@@ -229,14 +239,21 @@ inline Tolerance tp_tolerance(Precision p) {
 // A pipeline's ranks each gather their stage's parameters: every parameter must be equal on every
 // rank holding it (the data-parallel replicas, and a shared parameter's copies on two stages —
 // GPT-2's tied embedding), and the union is the whole model, which every rank then reports.
-inline RunResult merge_pipeline_params(RunResult run) {
+inline std::map<std::string, std::vector<float>> merge_stage_params(const std::vector<std::map<std::string, std::vector<float>>>& per_rank) {
   std::map<std::string, std::vector<float>> all;
-  for (std::size_t r = 0; r < run.ranks.size(); ++r) {
-    for (const auto& [name, v] : run.ranks[r].params) {
+  for (std::size_t r = 0; r < per_rank.size(); ++r) {
+    for (const auto& [name, v] : per_rank[r]) {
       auto [it, fresh] = all.emplace(name, v);
       if (!fresh) EXPECT_EQ(it->second, v) << "rank " << r << " holds a different " << name;
     }
   }
+  return all;
+}
+
+inline RunResult merge_pipeline_params(RunResult run) {
+  std::vector<std::map<std::string, std::vector<float>>> per_rank;
+  for (const RankResult& rr : run.ranks) per_rank.push_back(rr.params);
+  const std::map<std::string, std::vector<float>> all = merge_stage_params(per_rank);
   for (RankResult& rr : run.ranks) rr.params = all;
   return run;
 }

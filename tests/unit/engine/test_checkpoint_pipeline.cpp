@@ -79,19 +79,6 @@ struct SegmentResult {
   std::vector<std::string> load_errors;  // per rank: the load's Error ("" when it loaded)
 };
 
-// The union of every rank's parameters (each stage gathers its own): a parameter held by several
-// ranks (data-parallel replicas, the tied embedding's copy) must be the same on each.
-Params merge(const std::vector<Params>& per_rank) {
-  Params all;
-  for (std::size_t r = 0; r < per_rank.size(); ++r) {
-    for (const auto& [name, v] : per_rank[r]) {
-      auto [it, fresh] = all.emplace(name, v);
-      if (!fresh) EXPECT_EQ(it->second, v) << "rank " << r << " holds a different " << name;
-    }
-  }
-  return all;
-}
-
 SegmentResult run_segment(const Segment& seg) {
   const int world = seg.pp * seg.dp * seg.tp, gas = kGlobalMicro / seg.dp;
   MeshRun m;
@@ -120,14 +107,7 @@ SegmentResult run_segment(const Segment& seg) {
     o.sequence_length = kT;
     Model model = build_model(kModel, {mesh.coord.tp, seg.tp}, {});
     std::unique_ptr<Communicator> ties;
-    if (seg.pp > 1) {
-      const StageParts parts = partition_layers(model.layers, static_cast<std::size_t>(seg.pp), "uniform");
-      model = make_pipeline_stage_model(std::move(model), parts, seg.pp, mesh.coord.pp);
-      ties = make_pipeline_ties_group(comm, mesh, model);
-      o.pipeline = mesh.pp.get();
-      o.pipeline_ties = ties.get();
-      o.pipeline_in_flight = PipelineEngine::in_flight(PipelineScheduleKind::one_f_one_b, seg.pp, mesh.coord.pp, gas, 1);
-    }
+    if (seg.pp > 1) ties = make_test_pipeline_stage(comm, mesh, seg.pp, 1, PipelineScheduleKind::one_f_one_b, gas, "uniform", model, o);
     Engine e = initialize(std::move(model), c, o);
     CheckpointManager checkpoints(e);
     const auto gather = [&e](Params& into) { e.gather_master_params([&](const std::string& n, const Tensor& v) { into[n] = values(v); }); };
@@ -177,10 +157,10 @@ SegmentResult run_segment(const Segment& seg) {
     out.load_errors.push_back(per_rank[r].error);
   }
   out.losses = per_rank[0].losses;
-  out.initial = merge(initial);
-  out.loaded = merge(loaded);
-  out.saved = merge(saved);
-  out.final = merge(final);
+  out.initial = merge_stage_params(initial);
+  out.loaded = merge_stage_params(loaded);
+  out.saved = merge_stage_params(saved);
+  out.final = merge_stage_params(final);
   return out;
 }
 
