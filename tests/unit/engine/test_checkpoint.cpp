@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_test_files.h"
 #include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manifest.h"
@@ -36,22 +37,12 @@
 namespace dstrain {
 namespace {
 
+using namespace checkpoint_testing;
+
 namespace fs = std::filesystem;
 using namespace zero_testing;
 
 // A fresh folder under the test temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / fmt::format("dstrain_ckpt_{}_{}", name, ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 struct Segment {
   std::optional<fs::path> load_dir;  // load latest from here first
@@ -124,10 +115,6 @@ SegmentResult run_segment(const RunSpec& s, const Segment& seg) {
   return out;
 }
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 config::Json manifest_of(const fs::path& dir) { return config::Json::parse(file_bytes(dir / "checkpoint.json")); }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_test_files.h"
 #include "engine/checkpoint/checkpoint_consolidate.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manager.h"
@@ -36,6 +37,8 @@
 namespace dstrain {
 namespace {
 
+using namespace checkpoint_testing;
+
 namespace fs = std::filesystem;
 using namespace mesh_testing;
 using Params = std::map<std::string, std::vector<float>>;
@@ -43,23 +46,7 @@ using Params = std::map<std::string, std::vector<float>>;
 constexpr int kGlobalMicro = 4;  // micro-batches per optimizer step, over the data-parallel ranks
 constexpr int kSteps = 4;
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / fmt::format("dstrain_ppckpt_{}_{}", name, ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // Steps [from, to) on a PP x DP x TP mesh of local ranks, optionally loading a checkpoint first and
 // saving one after step `save_after`.

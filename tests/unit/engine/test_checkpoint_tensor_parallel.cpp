@@ -31,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint_test_files.h"
 #include "engine/checkpoint/checkpoint_consolidate.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manager.h"
@@ -39,6 +40,8 @@
 
 namespace dstrain {
 namespace {
+
+using namespace checkpoint_testing;
 
 namespace fs = std::filesystem;
 using namespace zero_testing;
@@ -185,23 +188,7 @@ TEST(PieceRuns, ReplicatedIsOneIdentityRunAndOutOfRangeIsAnError) {
 
 // ---- checkpoints on a DP x TP mesh of local ranks ----
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / fmt::format("dstrain_tpckpt_{}_{}", name, ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // GPT-2 with 4 heads (4 ranks hold one each), vocabulary 100 padded to 128; the GQA Llama with tied
 // embeddings (4 ranks leave 2 without key/value heads): test_tensor_parallel.cpp's models.
