@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/moe_config.h"
 #include "ops/kernels/rope.h"
 
 namespace dstrain {
@@ -41,6 +42,9 @@ struct LlamaConfig {
   bool o_bias = false;              // o_proj with bias (Llama / Qwen3 attention_bias)
   bool mlp_bias = false;            // gate/up/down with bias (Llama's mlp_bias)
   bool qk_norm = false;             // RMSNorm of each q and k head before RoPE (Qwen3)
+  // OLMoE: RMSNorm over the whole q projection (weight NH·D) and the whole k projection (NKV·D)
+  // before the heads are cut and rotated, instead of Qwen3's per head. Implies qk_norm.
+  bool qk_norm_whole = false;
   float attention_dropout = 0.0f;   // on the attention probabilities
   float initializer_range = 0.02f;  // init std of every linear and embedding weight
   // Sliding-window attention (Mistral; Qwen with use_sliding_window): each query sees the last
@@ -56,6 +60,9 @@ struct LlamaConfig {
   bool use_sliding_window = false;
   std::int64_t max_window_layers = 0;
   std::vector<std::string> layer_types;
+  // Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; models/moe_config.h): the sparse
+  // layers' feed-forward; moe.active() false for a dense model.
+  MoeConfig moe;
 
   // The window every layer's attention applies: Mistral's sliding_window; 0 (causal) otherwise.
   std::int64_t attention_window() const { return model_type == "mistral" ? sliding_window : 0; }
