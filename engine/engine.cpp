@@ -485,13 +485,30 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   const Shape bt{dims_.B, dims_.T};
   set_batch(batch, !im.batch_buf.empty() ? im.batch_buf.tensor(DType::int32, Shape{2 * bt.numel()}) : Tensor{});
   im.states->begin_pass(train);
+  im.moe.begin(train);
   for (std::size_t i = 0; i < model_.layers.size(); ++i) {
     if (im.ckpt) im.ckpt->before_forward(i, train);  // keep_input at a segment's start
     forward_layer(i, train, loss, false);
     if (im.ckpt) im.ckpt->after_forward(i, train);
   }
   if (!train) im.states->end_eval();
-  if (loss != nullptr) *loss = whole_sequence_loss(*loss);
+  if (loss != nullptr) *loss = whole_sequence_loss(*loss) + moe_aux_term();
+}
+
+// Mixture of experts: the load-balancing loss of the micro-batch that just ran forward, as its
+// weight in the objective times its value (0 without sparse layers or aux loss). Under sequence
+// parallelism the statistics are first summed over the group, so that the loss and the layers'
+// backward see the whole sequences' (models/moe_stats.h).
+float Engine::moe_aux_term() {
+  Impl& im = *impl_;
+  if (!im.moe.recorded()) return 0.0f;
+  if (im.sp != nullptr) {
+    std::vector<double> v = im.moe.pack();
+    all_reduce_host(*im.sp, Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}), ReduceOp::sum, im.host_value_staging());
+    im.moe.unpack(v);
+  }
+  im.last_aux_loss = im.moe.aux_loss();
+  return static_cast<float>(im.moe.aux_weight() * im.last_aux_loss);
 }
 
 // Sequence parallelism: the head returned the mean of this rank's positions; the whole sequences'
@@ -528,7 +545,10 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.dloss = micro_batch_dloss();
   a.tensor_parallel = im.tp_group.get();
   a.sequence_parallel = im.sp_group.get();
+  a.moe = &im.moe;
+  im.moe.recording = !recompute;  // a checkpointed recompute routes the same tokens again: counted once
   model_.layers[i]->forward(a);
+  im.moe.recording = true;
   im.states->release(i);
 }
 
@@ -615,6 +635,7 @@ std::chrono::steady_clock::duration Engine::backward_layer(std::size_t i, bool b
   a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
   a.tensor_parallel = im.tp_group.get();
   a.sequence_parallel = im.sp_group.get();
+  a.moe = &im.moe;
   model_.layers[i]->backward(a);
   // Layer i's own gradients are complete (tied users come later in the model, so earlier in
   // backward): reduce them now, overlapped with the layers below when overlap_comm.
@@ -664,6 +685,8 @@ void Engine::set_lr_schedule(LrHook hook) {
   lr_ = impl_->hook ? impl_->hook(global_steps_ - skipped_steps_) : impl_->schedule.lr();
 }
 
+MoeStats::Report Engine::take_moe_report() { return impl_->moe.take_report(); }
+
 EngineState Engine::state() const {
   EngineState st;
   st.global_steps = global_steps_;
@@ -682,6 +705,7 @@ EngineState Engine::state() const {
   st.clip_coefficient = clip_coef_;
   st.last_backward_inner_ms = impl_->backward_inner_ms;
   st.last_backward_allreduce_ms = impl_->backward_allreduce_ms;
+  st.last_aux_loss = impl_->last_aux_loss;
   return st;
 }
 

@@ -57,6 +57,7 @@
 #include "engine/generate.h"
 #include "engine/lr_schedule.h"
 #include "engine/zero_report.h"
+#include "models/moe_stats.h"
 #include "models/model.h"
 #include "ops/allocator.h"
 #include "ops/memory_stats.h"
@@ -158,6 +159,10 @@ struct EngineState {
   // gradient reduction (the buckets reduced as layers finish, the last one flushed and waited for).
   double last_backward_inner_ms = 0.0;
   double last_backward_allreduce_ms = 0.0;
+  // Mixture of experts: the last forward's load-balancing loss, unweighted (Hugging Face's
+  // load_balancing_loss_func; models/moe_stats.h); the loss above includes it × its coefficient
+  // when the model's config asks for it (output_router_logits). 0 without sparse layers.
+  double last_aux_loss = 0.0;
 };
 
 // What the engine holds, where, and what it sent (Engine::report()).
@@ -259,6 +264,10 @@ class Engine {
 
   // ---- state ----
   EngineState state() const;
+  // Mixture of experts: the tokens each (sparse layer, expert) kept since the last call, summed over
+  // this rank's training micro-batches (min / max / mean / imbalance), and the drops; then starts
+  // again. Empty (layers 0) for a dense model.
+  MoeStats::Report take_moe_report();
   // Not collective: reads this rank's counters and allocator statistics.
   EngineReport report() const;
 
@@ -333,6 +342,7 @@ class Engine {
   std::chrono::steady_clock::duration backward_layer(std::size_t i, bool boundary, float dloss);
   void end_backward_timed(bool boundary, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::duration reduction);
   float whole_sequence_loss(float loss);
+  float moe_aux_term();
   void set_batch(const Batch& batch, Tensor upload);
   void reduce_shared_params();
   // save_weights on a pipeline: every stage's parameters brought to mesh rank 0, which writes.

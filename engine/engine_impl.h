@@ -96,6 +96,9 @@ struct Engine::Impl {
   std::vector<std::int64_t> segment_first;     // [layer]: the first layer of the checkpoint segment it ends, or -1
   Buffer pipeline_buf;                         // the slots' activations, the chunk inputs and the received gradient
   Tensor grad_in;                              // d(loss)/d(chunk output), received
+  // Mixture of experts: what the sparse layers record during a micro-batch (models/moe_stats.h).
+  MoeStats moe;
+  double last_aux_loss = 0.0;  // the last forward's load-balancing loss (unweighted)
   int pipeline_micro = -1;                     // the micro-batch being run (its dropout key)
   int pipeline_backwards = 0;                  // backward_chunk calls this step
   std::vector<Owned> owned;

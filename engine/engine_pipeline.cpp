@@ -223,7 +223,15 @@ float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
   im.pipeline_micro = micro;
   const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
   float loss = 0.0f;
+  im.moe.begin(true);
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, true, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
+  // The load-balancing loss couples every sparse layer of the model, which a pipeline spreads over
+  // stages: train/ refuses it before the first step (train/pipeline_plan.cpp); this is the engine's
+  // own guard for a program that builds the pipeline itself.
+  if (im.moe.aux_weight() > 0.0)
+    fail("Engine::forward_chunk: the mixture-of-experts load-balancing loss (output_router_logits with router_aux_loss_coef > 0) sums router "
+         "statistics over every sparse layer of the model, and a pipeline holds them on different stages; set output_router_logits to false in "
+         "the model's config.json (or -aux0 on a moe: descriptor) to train this model pipelined");
   if (has_loss) {
     loss = whole_sequence_loss(loss);
     last_loss_ = loss;
@@ -243,6 +251,7 @@ float Engine::evaluate_chunk(int chunk, const Batch& batch) {
   im.pipeline_micro = 0;
   const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
   float loss = 0.0f;
+  im.moe.begin(false);
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, false, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
   im.pipeline_micro = -1;
   return has_loss ? whole_sequence_loss(loss) : 0.0f;

@@ -53,6 +53,7 @@ struct ParamInit {
 
 class TensorParallelGroup;    // models/tensor_parallel.h
 class SequenceParallelGroup;  // models/sequence_parallel.h
+class MoeStats;               // models/moe_stats.h
 
 // Under tensor parallelism a layer holds a piece of some of its parameters: rank `rank` of `ranks`
 // holds the ranges models/param_split.h gives it of the parameter of shape `whole`.
@@ -157,6 +158,9 @@ struct ForwardArgs {
   // The layer's sequence-parallel group (models/sequence_parallel.h), for layers built for one
   // rank's share of the sequence (sequence_parallel_size > 1); nullptr otherwise.
   SequenceParallelGroup* sequence_parallel = nullptr;
+  // Mixture-of-experts layers record their routing here (the load-balancing loss couples every
+  // sparse layer of the model, models/moe_stats.h); nullptr: nothing is recorded (no aux loss).
+  MoeStats* moe = nullptr;
 };
 
 struct BackwardArgs {
@@ -179,6 +183,9 @@ struct BackwardArgs {
   bool loss_grad_done = false;  // the forward ran with fuse_loss_grad (the same dloss)
   TensorParallelGroup* tensor_parallel = nullptr;      // as in forward
   SequenceParallelGroup* sequence_parallel = nullptr;  // as in forward
+  // The statistics every sparse layer's forward recorded for this micro-batch (the load-balancing
+  // loss's gradient needs all of them); nullptr: no aux loss term.
+  const MoeStats* moe = nullptr;
 };
 
 class Layer {

@@ -133,6 +133,7 @@ float LayerStack::forward(Tensor tokens, Tensor targets, const StepOptions& opti
   batch_ = Batch{tokens, targets};
   last_options_ = options;
   float loss = 0.0f;
+  moe_.begin(options.train);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     ForwardArgs a;
     a.dims = dims_;
@@ -145,10 +146,13 @@ float LayerStack::forward(Tensor tokens, Tensor targets, const StepOptions& opti
     a.rng = RngKey{options.seed, options.step, static_cast<std::uint32_t>(i), options.micro_batch};
     a.train = options.train;
     a.loss = &loss;
+    a.moe = &moe_;
     layers_[i]->forward(a);
   }
   have_forward_ = true;
-  return loss;
+  last_aux_loss_ = moe_.aux_loss();
+  // Mixture of experts: the load-balancing loss × its weight (models/moe_stats.h)
+  return loss + static_cast<float>(moe_.aux_weight() * last_aux_loss_);
 }
 
 void LayerStack::backward(float dloss) {
@@ -171,6 +175,7 @@ void LayerStack::backward(float dloss) {
     a.rng = RngKey{last_options_.seed, last_options_.step, static_cast<std::uint32_t>(i), last_options_.micro_batch};
     a.train = last_options_.train;
     a.dloss = dloss;
+    a.moe = &moe_;
     layers_[i]->backward(a);
   }
 }

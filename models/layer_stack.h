@@ -20,6 +20,7 @@
 #include "ops/allocator.h"
 #include "ops/buffer.h"
 #include "models/layer.h"
+#include "models/moe_stats.h"
 
 namespace dstrain {
 
@@ -68,8 +69,11 @@ class LayerStack {
   void zero_grad();
 
   // tokens, targets: (B, T) int32 of the constructor's B and T. Returns the mean loss over the
-  // non-ignored targets.
+  // non-ignored targets (plus a mixture of experts' weighted load-balancing loss, when its config
+  // asks for it).
   float forward(Tensor tokens, Tensor targets, const StepOptions& options = {});
+  // The last forward's load-balancing loss, unweighted (0 without sparse layers).
+  double last_aux_loss() const { return last_aux_loss_; }
   // After forward (same batch, same options): accumulates d(dloss * mean loss)/d(params) into the
   // gradients (+=).
   void backward(float dloss = 1.0f);
@@ -93,6 +97,8 @@ class LayerStack {
   Batch batch_;
   StepOptions last_options_;
   bool have_forward_ = false;
+  MoeStats moe_;
+  double last_aux_loss_ = 0.0;  // mixture of experts: the sparse layers' routing of the last forward
 };
 
 }  // namespace dstrain

@@ -63,10 +63,10 @@ namespace {
 // Positions of the optional parameters in params(): -1 when the config has none.
 struct ParamIndex {
   int ln1 = -1, qkv_w = -1, qkv_b = -1, q_norm = -1, k_norm = -1, o_w = -1, o_b = -1, ln2 = -1, gate_w = -1, gate_b = -1, up_w = -1, up_b = -1,
-      down_w = -1, down_b = -1, count = 0;
+      down_w = -1, down_b = -1, moe = -1, count = 0;
 };
 
-ParamIndex param_index(const LlamaConfig& c) {
+ParamIndex param_index(const LlamaConfig& c, std::int64_t layer) {
   ParamIndex p;
   int n = 0;
   p.ln1 = n++;
@@ -79,6 +79,11 @@ ParamIndex param_index(const LlamaConfig& c) {
   p.o_w = n++;
   if (c.o_bias) p.o_b = n++;
   p.ln2 = n++;
+  if (c.moe.is_sparse_layer(layer)) {
+    p.moe = n;  // the MoE feed-forward's parameters follow (MoeMlp::params)
+    p.count = n + static_cast<int>(MoeMlp(c.moe, c.n_embd, layer, {}, 0.0f).params().size());
+    return p;
+  }
   p.gate_w = n++;
   if (c.mlp_bias) p.gate_b = n++;
   p.up_w = n++;
@@ -110,7 +115,7 @@ enum Saved {
 };
 enum Scratch {
   kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kGateTile,
-  kUpTile, kHTile, kNumScratch
+  kUpTile, kHTile, kQkWholeA, kQkWholeB, kQkWholeC, kNumScratch
 };
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
@@ -131,6 +136,28 @@ void mlp_tile_forward(const MlpTile& t, const Tensor& x, std::span<const Tensor>
   swiglu_forward(t.h, t.gate, t.up);
 }
 
+// OLMoE's q/k norm: RMSNorm over the `width` columns at `col` of each of the `rows` rows of qkv
+// (row pitch W), in place, through two contiguous scratch tensors; rstd (rows) fp32.
+void whole_norm_forward(const Tensor& qkv, std::int64_t rows, std::int64_t W, std::int64_t col, std::int64_t width, const Tensor& weight,
+                        const Tensor& rstd, const Tensor& a, const Tensor& b, float eps) {
+  const Tensor in(a.data, qkv.dtype, Shape{rows, width}, a.device), out(b.data, qkv.dtype, Shape{rows, width}, b.device);
+  copy_rows(in, 0, width, qkv, col, W, rows, width);
+  rmsnorm_forward(out, rstd, in, weight, eps);
+  copy_rows(qkv, col, W, out, 0, width, rows, width);
+}
+
+// Its backward, in place on dqkv's columns: raw is the norm's input (the saved projection).
+void whole_norm_backward(const Tensor& dqkv, const Tensor& raw, std::int64_t rows, std::int64_t W, std::int64_t col, std::int64_t width,
+                         const Tensor& weight, const Tensor& dweight, const Tensor& rstd, const Tensor& a, const Tensor& b, const Tensor& c) {
+  const Shape sh{rows, width};
+  const Tensor x(a.data, raw.dtype, sh, a.device), dy(b.data, raw.dtype, sh, b.device), dx(c.data, raw.dtype, sh, c.device);
+  copy_rows(x, 0, width, raw, col, W, rows, width);
+  copy_rows(dy, 0, width, dqkv, col, W, rows, width);
+  zero_tensor(dx);
+  rmsnorm_backward(dx, dweight, dy, x, weight, rstd);
+  copy_rows(dqkv, col, W, dx, 0, width, rows, width);
+}
+
 // (B, T, H, D) view of a (B, T, H·D) tensor.
 Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device); }
 
@@ -143,9 +170,14 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParalle
       sp_(sp),
       nkv_(units_of_rank(cfg.n_kv_head, tp.ranks, tp.rank)),
       nh_(nkv_ * (cfg.n_kv_head > 0 ? cfg.n_head / cfg.n_kv_head : 0)),
-      inter_(units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
+      inter_(cfg.moe.is_sparse_layer(index) ? 0 : units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
       inv_freq_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)) {
   validate(cfg_);
+  if (cfg_.qk_norm_whole && tp_.active())
+    fail("{}: OLMoE's q/k norm spans the whole q and k projections, which tensor parallelism would cut across ranks; dstrain does not build it "
+         "tensor-parallel (set tensor_parallel.autotp_size to 1)",
+         name());
+  if (cfg_.moe.is_sparse_layer(index_)) moe_.emplace(cfg_.moe, cfg_.n_embd, index_, "model.layers." + std::to_string(index_) + ".mlp.", cfg_.initializer_range);
 }
 
 std::vector<ParamSpec> LlamaBlock::params() const {
@@ -162,12 +194,19 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   v.push_back({p + "self_attn.qkv_proj.weight", Shape{cfg_.qkv_dim(), C}, ParamInit::normal(sd), true, {}, qkv});  // [q_proj | k_proj | v_proj]
   if (cfg_.qkv_bias) v.push_back({p + "self_attn.qkv_proj.bias", Shape{cfg_.qkv_dim()}, ParamInit::zeros(), false, {}, qkv});
   if (cfg_.qk_norm) {
-    v.push_back({p + "self_attn.q_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
-    v.push_back({p + "self_attn.k_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
+    // Qwen3: one weight per head dimension, shared by the heads; OLMoE: over the whole projection
+    v.push_back({p + "self_attn.q_norm.weight", Shape{cfg_.qk_norm_whole ? cfg_.q_dim() : D}, ParamInit::ones(), false, {}});
+    v.push_back({p + "self_attn.k_norm.weight", Shape{cfg_.qk_norm_whole ? cfg_.kv_dim() : D}, ParamInit::ones(), false, {}});
   }
   v.push_back({p + "self_attn.o_proj.weight", Shape{C, cfg_.q_dim()}, ParamInit::normal(sd), true, {}, ParamSplit::columns({{cfg_.q_dim(), group}})});
   if (cfg_.o_bias) v.push_back({p + "self_attn.o_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
   v.push_back({p + "post_attention_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
+  if (moe_) {
+    for (ParamSpec& spec : v) spec = piece_spec(std::move(spec), tp_);
+    // Tensor parallelism keeps the experts whole on every rank (they are cut by expert parallelism).
+    for (ParamSpec& spec : moe_->params()) v.push_back(std::move(spec));
+    return v;
+  }
   v.push_back({p + "mlp.gate_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}, ParamSplit::rows()});
   if (cfg_.mlp_bias) v.push_back({p + "mlp.gate_proj.bias", Shape{I}, ParamInit::zeros(), false, {}, ParamSplit::rows()});
   v.push_back({p + "mlp.up_proj.weight", Shape{I, C}, ParamInit::normal(sd), true, {}, ParamSplit::rows()});
@@ -189,7 +228,7 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
   const std::int64_t qk_rows = cfg_.qk_norm ? B * T * (nh_ + nkv_) : 0;
   // The residual stream and its norms: (B, T, C), or this rank's rows under Megatron's SP.
   const Shape R = tp_.residual_shape(B, T, C), Rs = layer_args::token_stats_shape(R);
-  return {
+  std::vector<ActivationSpec> v{
       {"ln1", R, S},
       {"ln1_rstd", Rs, F},
       {"qkv_raw", Shape{raw}, S},
@@ -208,13 +247,16 @@ std::vector<ActivationSpec> LlamaBlock::saved_activations(const LayerDims& d) co
       {"qkv_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, W / sp_.ranks}, S},
       {"atty_heads", Shape{B, sp_.active() ? sp_.ranks * T : 0, q_dim() / sp_.ranks}, S},
   };
+  if (moe_)
+    for (ActivationSpec& spec : moe_->saved_activations(d)) v.push_back(std::move(spec));
+  return v;
 }
 
 std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
   const std::int64_t B = d.B, T = d.T, C = cfg_.n_embd, I = inter_;
   const std::int64_t widest_in = std::max({C, q_dim(), I});
   const bool cut = tp_.shards_residual(B * T);
-  return {
+  std::vector<ActivationSpec> v{
       {"btc_a", tp_.residual_shape(B, T, C), d.dtype},             // forward: branch outputs; backward: d(ln2), then d(ln1)
       {"btc_b", Shape{B, T, std::max(C, q_dim())}, d.dtype},  // backward: d(atty)
       {"dqkv", Shape{B, T, qkv_dim()}, d.dtype},
@@ -240,14 +282,21 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"gate_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
       {"up_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
       {"h_tile", Shape{sp_.tiles_mlp(B * T) ? sp_.mlp_tile_rows : 0, I}, d.dtype},
+      // OLMoE's q/k norm over whole projections: a projection's rows, contiguous (input, output, gradient)
+      {"qk_whole_a", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
+      {"qk_whole_b", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
+      {"qk_whole_c", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
   };
+  if (moe_)
+    for (ActivationSpec& spec : moe_->scratch(d)) v.push_back(std::move(spec));
+  return v;
 }
 
 void LlamaBlock::forward(const ForwardArgs& a) {
-  const ParamIndex pi = param_index(cfg_);
+  const ParamIndex pi = param_index(cfg_, index_);
   expect_count(name(), "params", a.params, static_cast<std::size_t>(pi.count));
-  expect_count(name(), "saved", a.saved, kNumSaved);
-  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  expect_count(name(), "saved", a.saved, kNumSaved + moe_saved_count());
+  expect_count(name(), "scratch", a.scratch, kNumScratch + moe_scratch_count());
   const auto& p = a.params;
   const auto& s = a.saved;
   const std::int64_t B = a.dims.B, T = a.dims.T, C = cfg_.n_embd, NH = nh_, NKV = nkv_, D = cfg_.head_dim;
@@ -277,9 +326,18 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     const Tensor heads = heads_view(qkv, NH + 2 * NKV, D);
     const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
     const std::int64_t q_rows = B * T * NH;
-    head_rmsnorm_forward(heads, Tensor(rstd.data, DType::fp32, Shape{B, T, NH}, rstd.device), p[pi.q_norm], 0, NH, eps);
-    head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH, NKV,
-                         eps);
+    if (cfg_.qk_norm_whole) {  // OLMoE: over the whole q and k projections, rstd per token
+      float* r = static_cast<float*>(rstd.data);
+      const Device rd = rstd.device;
+      const auto& sc = a.scratch;
+      whole_norm_forward(qkv, B * T, qkv_dim(), 0, q_dim(), p[pi.q_norm], Tensor(r, DType::fp32, Shape{B * T}, rd), sc[kQkWholeA], sc[kQkWholeB], eps);
+      whole_norm_forward(qkv, B * T, qkv_dim(), q_dim(), kv_dim(), p[pi.k_norm], Tensor(r + B * T, DType::fp32, Shape{B * T}, rd), sc[kQkWholeA],
+                         sc[kQkWholeB], eps);
+    } else {
+      head_rmsnorm_forward(heads, Tensor(rstd.data, DType::fp32, Shape{B, T, NH}, rstd.device), p[pi.q_norm], 0, NH, eps);
+      head_rmsnorm_forward(heads, Tensor(static_cast<float*>(rstd.data) + q_rows, DType::fp32, Shape{B, T, NKV}, rstd.device), p[pi.k_norm], NH,
+                           NKV, eps);
+    }
   } else {
     matmul_forward(qkv, ln1, p[pi.qkv_w], opt(p, pi.qkv_b), mm);
   }
@@ -294,7 +352,12 @@ void LlamaBlock::forward(const ForwardArgs& a) {
 
   const Tensor ln2 = rs.whole(a.scratch[kWholeA], s[kLn2], whole);
   rs.gather(s[kLn2], ln2);
-  if (!sp_.tiles_mlp(B * T)) {
+  if (moe_) {
+    // Every token's experts on every tensor-parallel rank (the experts are whole there): the
+    // output of every token, of which a cut residual stream keeps this rank's rows.
+    moe_->forward(proj_whole, ln2, p.subspan(static_cast<std::size_t>(pi.moe)), s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe);
+    if (rs.sharded) copy_tensor(proj, row_range(Tensor(proj_whole.data, proj_whole.dtype, Shape{B * T, C}, proj_whole.device), tp_.rank * proj.numel() / C, proj.numel() / C, C));
+  } else if (!sp_.tiles_mlp(B * T)) {
     matmul_forward(s[kGate], ln2, p[pi.gate_w], opt(p, pi.gate_b), mm);
     matmul_forward(s[kUp], ln2, p[pi.up_w], opt(p, pi.up_b), mm);
     swiglu_forward(s[kH], s[kGate], s[kUp]);
@@ -312,11 +375,11 @@ void LlamaBlock::forward(const ForwardArgs& a) {
 }
 
 void LlamaBlock::backward(const BackwardArgs& a) {
-  const ParamIndex pi = param_index(cfg_);
+  const ParamIndex pi = param_index(cfg_, index_);
   expect_count(name(), "params", a.params, static_cast<std::size_t>(pi.count));
   expect_count(name(), "grads", a.grads, static_cast<std::size_t>(pi.count));
-  expect_count(name(), "saved", a.saved, kNumSaved);
-  expect_count(name(), "scratch", a.scratch, kNumScratch);
+  expect_count(name(), "saved", a.saved, kNumSaved + moe_saved_count());
+  expect_count(name(), "scratch", a.scratch, kNumScratch + moe_scratch_count());
   const auto& p = a.params;
   const auto& g = a.grads;
   const auto& s = a.saved;
@@ -344,7 +407,11 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   rs.gather(s[kLn2], ln2);
   const Tensor dln2_whole = rs.sharded ? dout_whole : btc_a;
   const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
-  if (!sp_.tiles_mlp(B * T)) {
+  if (moe_) {
+    // d(ln2) of every token, whole on every rank (not a partial sum: the experts are not cut)
+    moe_->backward(dln2_whole, dout_whole, ln2, p.subspan(static_cast<std::size_t>(pi.moe)), g.subspan(static_cast<std::size_t>(pi.moe)),
+                   s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe, a.dloss);
+  } else if (!sp_.tiles_mlp(B * T)) {
     zero_tensor(dh);
     matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dout_whole, s[kH], p[pi.down_w], mm);
     // d(gate) goes into the saved h, which is dead once down_proj's backward has read it.
@@ -376,8 +443,14 @@ void LlamaBlock::backward(const BackwardArgs& a) {
     });
   }
   // The column-parallel gate/up's input gradient, partial per rank: summed (cut: this rank's rows).
+  // The experts' is whole on every rank: a cut stream takes this rank's rows of it.
   const Tensor dln2 = btc_a;
-  rs.reduce(dln2_whole, dln2);
+  if (!moe_) {
+    rs.reduce(dln2_whole, dln2);
+  } else if (rs.sharded) {
+    const std::int64_t rows = dln2.numel() / C;
+    copy_tensor(dln2, row_range(Tensor(dln2_whole.data, dln2_whole.dtype, Shape{B * T, C}, dln2_whole.device), tp_.rank * rows, rows, C));
+  }
   rmsnorm_backward(dres, norm_grads.grad(1), dln2, s[kResidual2], p[pi.ln2], s[kRstd2]);
 
   // ---- attention branch: residual2 = x + o_proj(attn(...)) ----
@@ -411,8 +484,17 @@ void LlamaBlock::backward(const BackwardArgs& a) {
       const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, Shape{B, T, qkv_dim()}, s[kQkvRaw].device), NH + 2 * NKV, D);
       float* rstd = static_cast<float*>(s[kQkNormRstd].data);
       const Device rd = s[kQkNormRstd].device;
-      head_rmsnorm_backward(dheads, dq_norm, raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
-      head_rmsnorm_backward(dheads, dk_norm, raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
+      if (cfg_.qk_norm_whole) {
+        const Tensor raw2(s[kQkvRaw].data, S, Shape{B * T, qkv_dim()}, s[kQkvRaw].device);
+        const auto& sc = a.scratch;
+        whole_norm_backward(dqkv, raw2, B * T, qkv_dim(), 0, q_dim(), p[pi.q_norm], dq_norm, Tensor(rstd, DType::fp32, Shape{B * T}, rd), sc[kQkWholeA],
+                            sc[kQkWholeB], sc[kQkWholeC]);
+        whole_norm_backward(dqkv, raw2, B * T, qkv_dim(), q_dim(), kv_dim(), p[pi.k_norm], dk_norm, Tensor(rstd + B * T, DType::fp32, Shape{B * T}, rd),
+                            sc[kQkWholeA], sc[kQkWholeB], sc[kQkWholeC]);
+      } else {
+        head_rmsnorm_backward(dheads, dq_norm, raw, p[pi.q_norm], Tensor(rstd, DType::fp32, Shape{B, T, NH}, rd), 0, NH);
+        head_rmsnorm_backward(dheads, dk_norm, raw, p[pi.k_norm], Tensor(rstd + B * T * NH, DType::fp32, Shape{B, T, NKV}, rd), NH, NKV);
+      }
     }
     zero_tensor(dln1_whole);
     matmul_backward(dln1_whole, g[pi.qkv_w], opt(g, pi.qkv_b), dqkv, ln1, p[pi.qkv_w], mm);

@@ -22,11 +22,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/layer.h"
 #include "models/lm_head_loss.h"
+#include "models/moe_mlp.h"
 #include "ops/kernels/encoder.h"
 #include "models/llama/llama_config.h"
 #include "models/sequence_parallel.h"
@@ -72,6 +74,8 @@ class LlamaBlock final : public Layer {
   std::int64_t q_dim() const { return nh_ * cfg_.head_dim; }
   std::int64_t kv_dim() const { return nkv_ * cfg_.head_dim; }
   std::int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  std::size_t moe_saved_count() const { return moe_ ? moe_->saved_activations({1, 1, DType::fp32}).size() : 0; }
+  std::size_t moe_scratch_count() const { return moe_ ? moe_->scratch({1, 1, DType::fp32}).size() : 0; }
   // The attention of this rank's heads, Ulysses-split when sequence-parallel.
   UlyssesAttention attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const;
 
@@ -81,7 +85,10 @@ class LlamaBlock final : public Layer {
   SequenceParallelRank sp_;
   std::int64_t nkv_;    // this rank's key/value heads
   std::int64_t nh_;     // ... and query heads (nkv_ groups of n_head / n_kv_head)
-  std::int64_t inter_;  // ... and MLP features (of intermediate_size)
+  std::int64_t inter_;  // ... and MLP features (of intermediate_size); 0 for a sparse layer
+  // A sparse layer's mixture-of-experts feed-forward (cfg.moe.is_sparse_layer(index)); its experts
+  // are whole on every tensor-parallel rank, which all compute every token's.
+  std::optional<MoeMlp> moe_;
   std::vector<float> inv_freq_;  // (D/2) rope_inv_freq, uploaded into the saved "rope_inv_freq" per forward
 };
 
