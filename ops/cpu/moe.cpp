@@ -148,6 +148,10 @@ void moe_route_backward(Tensor dlogits, Tensor dweight, Tensor scores, Tensor ex
   const std::int32_t* ex = static_cast<const std::int32_t*>(expert.data);
   const float* l = static_cast<const float*>(logits.data);
   const float* aux = aux_grad.empty() ? nullptr : static_cast<const float*>(aux_grad.data);
+  // The ids index the scores and ds: one outside [0, E) would read and write out of bounds.
+  for (std::int64_t t = 0; t < N; ++t)
+    for (std::int64_t j = 0; j < k; ++j)
+      if (ex[t * k + j] < 0 || ex[t * k + j] >= E) fail("{}: token {} choice {} names expert {}, outside [0, {})", op, t, j, ex[t * k + j], E);
 #pragma omp parallel if (cpu::parallel_worth(N * E * 8))
   {
     std::vector<double> ds(static_cast<std::size_t>(E)), p(static_cast<std::size_t>(E));

@@ -4,6 +4,7 @@
 // DSTRAIN_CUDA_CHECK. Storage dtype `t` is fp32, fp16 or bf16; n, rows, C count elements.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -153,5 +154,53 @@ cudaError_t launch_attention_backward_tc(void* dqkv, const void* dout, const voi
 cudaError_t launch_matmul_dbias(void* dbias, const void* dout, DType t, std::int64_t rows, std::int64_t OC, double* partials, cudaStream_t s);
 // out[r, c] += bias[c] (rows x OC): the bias for pointers the cuBLASLt epilogue cannot take.
 cudaError_t launch_add_bias(void* out, const void* bias, DType t, std::int64_t rows, std::int64_t OC, cudaStream_t s);
+
+// moe.cu (ops/kernels/moe.h; compiled with -fmad=false: the CPU's fp32/fp64 operations, no
+// contractions). Routing: one thread per token in double, top-k by repeated argmax in the
+// header's order (higher first, the lower index on a tie). The kernels check every index they
+// follow and skip one out of range (never an out-of-bounds access); only the plan reports them.
+struct MoeRouteParams {
+  std::int64_t top_k = 2;
+  bool sigmoid = false;
+  bool renormalize = true;
+  float scale = 1.0f;
+  std::int64_t n_group = 1;
+  std::int64_t topk_group = 1;
+};
+cudaError_t launch_moe_route_forward(float* scores, std::int32_t* expert, float* weight, const float* logits, std::int64_t N, std::int64_t E,
+                                     const MoeRouteParams& r, cudaStream_t s);
+// aux_grad: E fp32 or null.
+cudaError_t launch_moe_route_backward(float* dlogits, const float* dweight, const float* scores, const std::int32_t* expert, const float* logits,
+                                      const float* aux_grad, std::int64_t N, std::int64_t E, const MoeRouteParams& r, cudaStream_t s);
+// scratch: moe_aux_stats_scratch_bytes(N, E) of device memory (per-token softmax max and sum,
+// per-expert integer counts).
+inline std::size_t moe_aux_stats_scratch_bytes(std::int64_t N, std::int64_t E) {
+  return static_cast<std::size_t>(2 * N) * sizeof(double) + static_cast<std::size_t>(E) * sizeof(unsigned long long);
+}
+cudaError_t launch_moe_aux_stats(double* assigned, double* prob_sum, const float* logits, std::int64_t N, std::int64_t E, std::int64_t top_k,
+                                 void* scratch, cudaStream_t s);
+// The plan as a stable counting sort over chunks of kMoePlanChunk assignments in slot order
+// (choice j, then token t): per-chunk histograms, their running sums per expert, then each
+// assignment's rank within its chunk. scratch: moe_plan_scratch_bytes(N·k, E); *bad_flag (in the
+// scratch, returned through bad_flag_out) is set when an expert id is outside [0, E).
+inline constexpr std::int64_t kMoePlanChunk = 256;
+inline std::size_t moe_plan_scratch_bytes(std::int64_t M, std::int64_t E) {
+  const std::int64_t chunks = (M + kMoePlanChunk - 1) / kMoePlanChunk;
+  return static_cast<std::size_t>(chunks * E + E + 1) * sizeof(std::int32_t);
+}
+cudaError_t launch_moe_dispatch_plan(std::int32_t* slot_assignment, std::int32_t* slot_of, std::int32_t* counts, const std::int32_t* expert,
+                                     std::int64_t N, std::int64_t k, std::int64_t E, std::int64_t capacity, void* scratch,
+                                     const std::int32_t** bad_flag_out, cudaStream_t s);
+cudaError_t launch_moe_gather_rows(void* rows, const void* x, const std::int32_t* slot_assignment, DType t, std::int64_t N, std::int64_t C,
+                                   std::int64_t k, std::int64_t slots, cudaStream_t s);
+// weight: N·k fp32 or null (a plain sum). R: rows of `rows`.
+cudaError_t launch_moe_combine(void* out, const void* rows, const std::int32_t* slot_of, const float* weight, DType t, std::int64_t N,
+                               std::int64_t C, std::int64_t k, std::int64_t R, cudaStream_t s);
+cudaError_t launch_moe_combine_backward(void* drows, float* dweight, const void* dout, const void* rows, const std::int32_t* slot_of,
+                                        const float* weight, DType t, std::int64_t N, std::int64_t C, std::int64_t k, std::int64_t R,
+                                        cudaStream_t s);
+cudaError_t launch_moe_gated_add_forward(void* out, const void* y, const void* logit, DType t, std::int64_t N, std::int64_t C, cudaStream_t s);
+cudaError_t launch_moe_gated_add_backward(void* dy, void* dlogit, const void* dout, const void* y, const void* logit, DType t, std::int64_t N,
+                                          std::int64_t C, cudaStream_t s);
 
 }  // namespace dstrain::cuda_detail

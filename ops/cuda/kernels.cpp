@@ -211,6 +211,100 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_swiglu_backward(dgate.data, dup.data, dout.data, gate.data, up.data, gate.dtype, gate.numel(), kStream));
 }
 
+namespace {
+
+cuda_detail::MoeRouteParams route_params(const MoeRouting& r) {
+  cuda_detail::MoeRouteParams p;
+  p.top_k = r.top_k;
+  p.sigmoid = r.sigmoid;
+  p.renormalize = r.renormalize;
+  p.scale = r.scale;
+  p.n_group = r.n_group;
+  p.topk_group = r.topk_group;
+  return p;
+}
+
+}  // namespace
+
+void moe_route_forward(Tensor scores, Tensor expert, Tensor weight, Tensor logits, const MoeRouting& r) {
+  use_device_of(logits);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_route_forward(static_cast<float*>(scores.data), static_cast<std::int32_t*>(expert.data),
+                                                           static_cast<float*>(weight.data), static_cast<const float*>(logits.data),
+                                                           logits.shape[0], logits.shape[1], route_params(r), kStream));
+}
+
+void moe_route_backward(Tensor dlogits, Tensor dweight, Tensor scores, Tensor expert, Tensor /*weight*/, Tensor logits, Tensor aux_grad,
+                        const MoeRouting& r) {
+  use_device_of(logits);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_route_backward(
+      static_cast<float*>(dlogits.data), static_cast<const float*>(dweight.data), static_cast<const float*>(scores.data),
+      static_cast<const std::int32_t*>(expert.data), static_cast<const float*>(logits.data),
+      aux_grad.empty() ? nullptr : static_cast<const float*>(aux_grad.data), logits.shape[0], logits.shape[1], route_params(r), kStream));
+}
+
+void moe_aux_stats(Tensor assigned, Tensor prob_sum, Tensor logits, std::int64_t top_k) {
+  use_device_of(logits);
+  const std::int64_t N = logits.shape[0], E = logits.shape[1];
+  const DeviceScratch::Lease scratch = DeviceScratch::get(logits.device.index, cuda_detail::moe_aux_stats_scratch_bytes(N, E), "moe_aux_stats");
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_aux_stats(static_cast<double*>(assigned.data), static_cast<double*>(prob_sum.data),
+                                                       static_cast<const float*>(logits.data), N, E, top_k, scratch.ptr, kStream));
+}
+
+void moe_dispatch_plan(Tensor slot_assignment, Tensor slot_of, Tensor counts, Tensor expert, std::int64_t capacity) {
+  const char* op = "moe_dispatch_plan";
+  use_device_of(expert);
+  const std::int64_t N = expert.shape[0], k = expert.shape[1], E = counts.shape[0];
+  std::int32_t bad = 0;
+  {
+    const DeviceScratch::Lease scratch = DeviceScratch::get(expert.device.index, cuda_detail::moe_plan_scratch_bytes(N * k, E), op);
+    const std::int32_t* flag = nullptr;
+    DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_dispatch_plan(static_cast<std::int32_t*>(slot_assignment.data), static_cast<std::int32_t*>(slot_of.data),
+                                                             static_cast<std::int32_t*>(counts.data), static_cast<const std::int32_t*>(expert.data), N,
+                                                             k, E, capacity, scratch.ptr, &flag, kStream));
+    DSTRAIN_CUDA_CHECK(cudaMemcpy(&bad, flag, sizeof bad, cudaMemcpyDeviceToHost));  // after the kernels (kStream is ordered with it)
+  }
+  if (bad == 0) return;
+  // Name the first bad id in the CPU's order (choice j, then token t), as its Error does.
+  const std::vector<std::int32_t> ex = to_host_i32(expert, N * k);
+  for (std::int64_t j = 0; j < k; ++j)
+    for (std::int64_t t = 0; t < N; ++t) {
+      const std::int32_t e = ex[static_cast<std::size_t>(t * k + j)];
+      if (e < 0 || e >= E) fail("{}: token {} choice {} names expert {}, outside [0, {})", op, t, j, e, E);
+    }
+  fail("{}: the device reported an expert id outside [0, {}) that the host copy does not show", op, E);
+}
+
+void moe_gather_rows(Tensor rows, Tensor x, Tensor slot_assignment, std::int64_t k, std::int64_t slots) {
+  use_device_of(x);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_gather_rows(rows.data, x.data, static_cast<const std::int32_t*>(slot_assignment.data), x.dtype,
+                                                         x.shape[0], x.shape[1], k, slots, kStream));
+}
+
+void moe_combine(Tensor out, Tensor rows, Tensor slot_of, Tensor weight, std::int64_t k) {
+  use_device_of(out);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_combine(out.data, rows.data, static_cast<const std::int32_t*>(slot_of.data),
+                                                     weight.empty() ? nullptr : static_cast<const float*>(weight.data), out.dtype, out.shape[0],
+                                                     out.shape[1], k, rows.shape[0], kStream));
+}
+
+void moe_combine_backward(Tensor drows, Tensor dweight, Tensor dout, Tensor rows, Tensor slot_of, Tensor weight, std::int64_t k) {
+  use_device_of(dout);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_combine_backward(drows.data, static_cast<float*>(dweight.data), dout.data, rows.data,
+                                                              static_cast<const std::int32_t*>(slot_of.data), static_cast<const float*>(weight.data),
+                                                              dout.dtype, dout.shape[0], dout.shape[1], k, rows.shape[0], kStream));
+}
+
+void moe_gated_add_forward(Tensor out, Tensor y, Tensor logit) {
+  use_device_of(out);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_moe_gated_add_forward(out.data, y.data, logit.data, out.dtype, out.shape[0], out.shape[1], kStream));
+}
+
+void moe_gated_add_backward(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit) {
+  use_device_of(dout);
+  DSTRAIN_CUDA_CHECK(
+      cuda_detail::launch_moe_gated_add_backward(dy.data, dlogit.data, dout.data, y.data, logit.data, dout.dtype, dout.shape[0], dout.shape[1], kStream));
+}
+
 void rope_forward(Tensor out, Tensor inp, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset) {
   use_device_of(inp);
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_rope(out.data, inp.data, static_cast<const float*>(inv_freq.data), inp.dtype, inp.shape[0], inp.shape[1],

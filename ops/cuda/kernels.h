@@ -15,6 +15,7 @@
 #include "ops/kernels/encoder.h"
 #include "ops/kernels/grad_norm_overflow.h"
 #include "ops/kernels/lamb.h"
+#include "ops/kernels/moe.h"
 #include "ops/kernels/newton_schulz.h"
 #include "ops/kernels/optimizer_rule.h"
 #include "ops/kernels/sgd.h"
@@ -38,6 +39,21 @@ void head_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor inp, Tensor weight,
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+
+// Mixture of experts (moe.cu): routing and the aux statistics bit for bit as the CPU's up to the
+// device's double exp (within an ulp of glibc's); the plan bit for bit. moe_dispatch_plan
+// synchronises (a device flag read back: expert ids outside [0, E) are the CPU's Error); the other
+// kernels take the index data as given, skipping an index out of range rather than checking it.
+void moe_route_forward(Tensor scores, Tensor expert, Tensor weight, Tensor logits, const MoeRouting& r);
+void moe_route_backward(Tensor dlogits, Tensor dweight, Tensor scores, Tensor expert, Tensor weight, Tensor logits, Tensor aux_grad,
+                        const MoeRouting& r);
+void moe_aux_stats(Tensor assigned, Tensor prob_sum, Tensor logits, std::int64_t top_k);
+void moe_dispatch_plan(Tensor slot_assignment, Tensor slot_of, Tensor counts, Tensor expert, std::int64_t capacity);
+void moe_gather_rows(Tensor rows, Tensor x, Tensor slot_assignment, std::int64_t k, std::int64_t slots);
+void moe_combine(Tensor out, Tensor rows, Tensor slot_of, Tensor weight, std::int64_t k);
+void moe_combine_backward(Tensor drows, Tensor dweight, Tensor dout, Tensor rows, Tensor slot_of, Tensor weight, std::int64_t k);
+void moe_gated_add_forward(Tensor out, Tensor y, Tensor logit);
+void moe_gated_add_backward(Tensor dy, Tensor dlogit, Tensor dout, Tensor y, Tensor logit);
 
 void rope_forward(Tensor out, Tensor inp, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset);
 void rope_backward(Tensor dinp, Tensor dout, Tensor inv_freq, std::int64_t rotate_heads, std::int64_t pos_offset);
