@@ -1,6 +1,8 @@
 // The progress line of a training run, printed every steps_per_print optimizer steps:
 //   step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,210 tokens/s | elapsed 1m05s | ETA 3m15s
-// with fp16 "| loss scale 65536" after the grad norm, and "| skipped 2" once a step was skipped.
+// with fp16 "| loss scale 65536" after the grad norm, and "| skipped 2" once a step was skipped; a
+// mixture of experts adds "| aux 1.0234 | experts 310-702 (x1.42)" (tokens per expert, min-max,
+// and max/mean) and "| dropped 12" under a capacity factor.
 // DeepSpeed's own line is "step=N, skipped=S, lr=[...], mom=[...]" (docs/monitoring.md §1); this one adds
 // what a user watches a run for (loss, norm, speed, time left).
 #pragma once
@@ -22,6 +24,13 @@ struct ProgressLine {
   double loss_scale = 0.0;      // fp16's loss scale, shown when > 0
   std::int64_t skipped = 0;     // optimizer steps skipped for overflow so far, shown when > 0
   bool show_throughput = true;  // timers.throughput.enabled: false drops "N tokens/s", as DeepSpeed's ThroughputTimer stops
+  // Mixture of experts (models/moe_stats.h), shown when moe: the last micro-batch's load-balancing
+  // loss (unweighted), and the tokens each (sparse layer, expert) kept since the previous line —
+  // the fewest, the most, max/mean — and the assignments a capacity factor dropped (when any).
+  bool moe = false;
+  double aux_loss = 0.0;
+  double expert_min = 0.0, expert_max = 0.0, expert_imbalance = 0.0;
+  std::int64_t expert_dropped = 0;
 };
 
 std::string format_progress(const ProgressLine& p);

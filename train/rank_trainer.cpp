@@ -407,8 +407,16 @@ void RankTrainer::after_step(double dt) {
     for (std::string_view name : kGlobalTimerNames) step_timers_(name).reset();
   }
   if (print_step) {
+    // Every rank takes its per-expert counts at a progress line (the lead prints its own).
+    const MoeStats::Report moe = engine.take_moe_report();
     if (lead()) {
       ProgressLine p;
+      p.moe = moe.layers > 0;
+      p.aux_loss = moe.last_aux;
+      p.expert_min = moe.min;
+      p.expert_max = moe.max;
+      p.expert_imbalance = moe.imbalance();
+      p.expert_dropped = moe.dropped;
       p.step = done;
       p.total_steps = steps;
       p.loss = engine.state().last_step_loss;
