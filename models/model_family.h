@@ -99,6 +99,11 @@ class Architecture {
   // The layers of tensor-parallel rank tp and sequence-parallel rank sp. The default: the tensor-
   // parallel layers for one sequence-parallel rank, else check_sequence_parallel's Error.
   virtual std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const;
+  // ---- pipeline parallelism (models/pipeline_stage.h) ----
+  // Error naming the config key when the model cannot be cut into `stages` pipeline stages (a loss
+  // term that couples layers across stages: a mixture of experts' load-balancing loss). The
+  // default: any number.
+  virtual void check_pipeline(int stages) const;
   // Error naming the config key when this model cannot train sequences of T tokens on `device`.
   // The default: 1 <= T <= n_positions().
   virtual void check_sequence(std::int64_t T, const Device& device) const;
