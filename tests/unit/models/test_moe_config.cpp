@@ -452,7 +452,11 @@ TEST(MoeConfig, RegistryFamilyAndArchitecture) {
   EXPECT_EQ(model_family("moe").name(), "moe");
   EXPECT_EQ(a->hf_model_type(), "mixtral");
   const LlamaConfig& c = *llama_config_of(*a);
-  expect_same(*llama_config_of(*model_family(a->family().name()).from_config_json(a->config_json(), "manifest")), c);
+  const auto b = model_family(a->family().name()).from_config_json(a->config_json(), "manifest");
+  expect_same(*llama_config_of(*b), c);
+  EXPECT_EQ(b->config_json(), a->config_json());
+  EXPECT_EQ(b->describe(), a->describe());
+  EXPECT_EQ(model_family("moe").from_config_json(a->config_json(), "manifest")->config_json(), a->config_json());
   EXPECT_NE(a->describe().find("4 experts of 32, top-2"), std::string::npos) << a->describe();
   EXPECT_NO_THROW(a->check_tensor_parallel(2));
 
