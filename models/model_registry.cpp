@@ -16,7 +16,8 @@ namespace dstrain {
 namespace {
 
 // The built-in families: adding one is adding its line here (docs/design.md "Adding a model family").
-std::vector<std::shared_ptr<const ModelFamily>> builtin_families() { return {gpt2_family_ptr(), llama_family_ptr()}; }
+// "moe" (moe: descriptors) shares the llama family's architecture and config.json reader.
+std::vector<std::shared_ptr<const ModelFamily>> builtin_families() { return {gpt2_family_ptr(), llama_family_ptr(), moe_family_ptr()}; }
 
 struct Registry {
   std::mutex mutex;

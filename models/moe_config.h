@@ -59,6 +59,8 @@ struct MoeConfig {
   std::int64_t sparse_layers(std::int64_t n_layer) const;
   // The aux loss's weight in the objective: router_aux_loss_coef when output_router_logits, else 0.
   double aux_loss_weight() const { return output_router_logits ? router_aux_loss_coef : 0.0; }
+
+  friend bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
 // Error naming the key when the settings are inconsistent (top_k above the experts, n_group not

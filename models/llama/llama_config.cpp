@@ -4,8 +4,11 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -20,7 +23,13 @@ namespace {
 
 constexpr const char* kSpecForms =
     "llama:L<n>-C<c>-H<h>[-KV<k>][-I<i>][-D<d>][-V<v>][-T<t>][-tied] (e.g. llama:L4-C256-H4-KV2-I688), or the path of a Hugging Face "
-    "config.json of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM";
+    "config.json of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+    "Qwen3MoeForCausalLM or OlmoeForCausalLM";
+
+constexpr const char* kMoeSpecForms =
+    "moe:L<n>-C<c>-H<h>-E<experts>-K<top_k>[-KV<k>][-I<expert width>][-D<d>][-V<v>][-T<t>][-S<shared width>][-tied][-sigmoid]"
+    "[-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>][-norm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>] "
+    "(e.g. moe:L4-C256-H4-KV2-E8-K2-I512-norm)";
 
 bool parse_int(std::string_view s, std::int64_t& out) {
   if (s.empty()) return false;
@@ -130,7 +139,24 @@ constexpr Family kFamilies[] = {
     {"mistral", "MistralForCausalLM"},
     {"qwen2", "Qwen2ForCausalLM"},
     {"qwen3", "Qwen3ForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"},
+    {"qwen2_moe", "Qwen2MoeForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+    {"olmoe", "OlmoeForCausalLM"},
 };
+
+// DeepSeek-V2/V3: read only to say why they are refused (llama_config_from_hf_json).
+bool is_deepseek(const nlohmann::json& j) {
+  if (j.contains("model_type") && j["model_type"].is_string()) {
+    const std::string mt = j["model_type"].get<std::string>();
+    if (mt == "deepseek_v2" || mt == "deepseek_v3") return true;
+  }
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() && j["architectures"][0].is_string()) {
+    const std::string a = j["architectures"][0].get<std::string>();
+    if (a == "DeepseekV2ForCausalLM" || a == "DeepseekV3ForCausalLM") return true;
+  }
+  return false;
+}
 
 const Family* family_of(const nlohmann::json& j) {
   if (j.contains("model_type") && j["model_type"].is_string()) {
@@ -317,7 +343,262 @@ RopeScaling parse_rope_scaling(const nlohmann::json& v, std::string_view source)
   return r;
 }
 
+
+// The mixture-of-experts keys of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (transformers' configs,
+// their defaults where a key is absent), DeepSeek's routing keys (for any of them: dstrain writes
+// them so) and DeepSpeed MoE's capacity (dstrain's own keys). docs/models.md §MoE.
+void read_moe(Reader& r, const nlohmann::json& j, const std::string& mt, LlamaConfig& c) {
+  const std::string_view source = r.source();
+  MoeConfig& m = c.moe;
+  m = MoeConfig{};
+  if (mt == "mixtral") {
+    // MixtralConfig: 8 experts, top-2, always renormalised; intermediate_size is each expert's width.
+    m.num_experts = 8;
+    m.top_k = 2;
+    m.norm_topk_prob = true;
+    m.router_aux_loss_coef = 0.001;
+    r.get_int("num_local_experts", m.num_experts, false);
+    m.expert_intermediate_size = c.intermediate_size;
+    r.use("router_jitter_noise");
+    if (r.has("router_jitter_noise") && (!j["router_jitter_noise"].is_number() || j["router_jitter_noise"].get<double>() != 0.0)) {
+      fail(
+          "model config '{}': router_jitter_noise is {}, but dstrain's router adds no jitter to its inputs (Mixtral's training-time "
+          "multiplicative noise); set it to 0 or remove it",
+          source, j["router_jitter_noise"].dump());
+    }
+  } else if (mt == "olmoe") {
+    // OlmoeConfig: 64 experts, top-8, not renormalised, aux loss 0.01; intermediate_size is each expert's width.
+    m.num_experts = 64;
+    m.top_k = 8;
+    m.norm_topk_prob = false;
+    m.router_aux_loss_coef = 0.01;
+    r.get_int("num_experts", m.num_experts, false);
+    m.expert_intermediate_size = c.intermediate_size;
+  } else {
+    // Qwen2MoeConfig (60 experts of 1408, top-4, a gated shared expert of 5632) and Qwen3MoeConfig
+    // (128 experts of 768, top-8, none): intermediate_size is the dense layers' width.
+    const bool q2 = mt == "qwen2_moe";
+    m.num_experts = q2 ? 60 : 128;
+    m.top_k = q2 ? 4 : 8;
+    m.expert_intermediate_size = q2 ? 1408 : 768;
+    m.norm_topk_prob = false;
+    m.router_aux_loss_coef = 0.001;
+    r.get_int("num_experts", m.num_experts, false);
+    r.get_int("moe_intermediate_size", m.expert_intermediate_size, false);
+    r.get_int("decoder_sparse_step", m.decoder_sparse_step, false);
+    r.use("mlp_only_layers");
+    if (r.has("mlp_only_layers")) {
+      const auto& v = j["mlp_only_layers"];
+      if (!v.is_array()) fail("model config '{}': 'mlp_only_layers' must be a list of layer indices, got {}", source, v.dump());
+      for (const auto& i : v) {
+        if (!i.is_number_integer() || i.get<std::int64_t>() < 0)
+          fail("model config '{}': mlp_only_layers holds {}; it lists layer indices (integers >= 0)", source, i.dump());
+        m.mlp_only_layers.push_back(i.get<std::int64_t>());
+      }
+    }
+    if (q2) {
+      std::int64_t shared = 5632;
+      r.get_int("shared_expert_intermediate_size", shared, false);
+      m.shared_expert_intermediate_size = shared;
+      m.shared_expert_gate = shared > 0;  // Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(h)) · shared_expert(h)
+    }
+  }
+  r.get_int("num_experts_per_tok", m.top_k, false);
+  r.get_bool("norm_topk_prob", m.norm_topk_prob);
+  r.get_number("router_aux_loss_coef", m.router_aux_loss_coef);
+  r.get_bool("output_router_logits", m.output_router_logits);
+  // DeepSeek-V2/V3's routing (DeepseekV3Config's names).
+  r.use("scoring_func");
+  if (r.has("scoring_func")) {
+    const auto& v = j["scoring_func"];
+    if (v == "softmax")
+      m.score = MoeConfig::Score::softmax;
+    else if (v == "sigmoid")
+      m.score = MoeConfig::Score::sigmoid;
+    else
+      fail("model config '{}': scoring_func is {}; dstrain's router scores with \"softmax\" or \"sigmoid\"", source, v.dump());
+  }
+  r.get_int("n_group", m.n_group, false);
+  r.get_int("topk_group", m.topk_group, false);
+  r.get_number("routed_scaling_factor", m.routed_scaling_factor);
+  std::int64_t n_shared = 0;
+  r.get_int("n_shared_experts", n_shared, false);
+  if (n_shared < 0) fail("model config '{}': n_shared_experts = {} must not be negative", source, n_shared);
+  if (n_shared > 0) {
+    if (m.shared_expert_intermediate_size > 0) {
+      fail(
+          "model config '{}': n_shared_experts = {} (DeepSeek's ungated shared experts) and shared_expert_intermediate_size = {} (Qwen2-MoE's "
+          "gated shared expert) both give shared experts; keep one (shared_expert_intermediate_size 0 for DeepSeek's)",
+          source, n_shared, m.shared_expert_intermediate_size);
+    }
+    m.shared_expert_intermediate_size = n_shared * m.expert_intermediate_size;
+    m.shared_expert_gate = false;
+  }
+  r.get_int("first_k_dense_replace", m.first_k_dense, false);
+  // DeepSpeed MoE's capacity (dstrain keeps it in config.json).
+  r.get_number("capacity_factor", m.capacity_factor);
+  r.get_int("min_capacity", m.min_capacity, false);
+  validate(m, std::string(source));
+}
+
+// Writes the MoE keys of `c` as read_moe reads them back.
+void write_moe(nlohmann::ordered_json& j, const LlamaConfig& c) {
+  const MoeConfig& m = c.moe;
+  const std::string& mt = c.model_type;
+  const bool ungated_shared = m.shared_expert_intermediate_size > 0 && !m.shared_expert_gate;
+  if (mt == "mixtral") {
+    j["num_local_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.top_k;
+    j["router_jitter_noise"] = 0.0;
+    if (!m.norm_topk_prob) j["norm_topk_prob"] = false;  // dstrain's: Hugging Face's Mixtral always renormalises
+  } else {
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.top_k;
+    if (mt != "olmoe") {
+      j["moe_intermediate_size"] = m.expert_intermediate_size;
+      if (mt == "qwen2_moe") j["shared_expert_intermediate_size"] = m.shared_expert_gate ? m.shared_expert_intermediate_size : 0;
+      j["decoder_sparse_step"] = m.decoder_sparse_step;
+      j["mlp_only_layers"] = m.mlp_only_layers;
+    }
+    j["norm_topk_prob"] = m.norm_topk_prob;
+  }
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  j["output_router_logits"] = m.output_router_logits;
+  // DeepSeek's routing keys and DeepSpeed's capacity, where they differ from the defaults.
+  if (m.score != MoeConfig::Score::softmax) j["scoring_func"] = "sigmoid";
+  if (m.n_group != 1 || m.topk_group != 1) {
+    j["n_group"] = m.n_group;
+    j["topk_group"] = m.topk_group;
+  }
+  if (m.routed_scaling_factor != 1.0) j["routed_scaling_factor"] = m.routed_scaling_factor;
+  if (ungated_shared) j["n_shared_experts"] = m.shared_expert_intermediate_size / m.expert_intermediate_size;
+  if (m.first_k_dense != 0) j["first_k_dense_replace"] = m.first_k_dense;
+  if (m.capacity_factor != 0.0 || m.min_capacity != MoeConfig{}.min_capacity) {
+    j["capacity_factor"] = m.capacity_factor;
+    j["min_capacity"] = m.min_capacity;
+  }
+}
+
+bool parse_double(std::string_view s, double& out) {
+  if (s.empty()) return false;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size() && std::isfinite(out);
+}
+
+// A moe: descriptor's body (after "moe:"); see llama_config.h.
+LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
+  // Integer parts, longest prefix first; then the number parts and the flags.
+  static const std::vector<std::pair<std::string, const char*>> kInt = {
+      {"dense", "first_k_dense_replace"}, {"KV", "num_key_value_heads"}, {"TG", "topk_group"}, {"L", "num_hidden_layers"},
+      {"C", "hidden_size"},                {"H", "num_attention_heads"}, {"E", "num_experts"}, {"K", "num_experts_per_tok"},
+      {"I", "moe_intermediate_size"},      {"D", "head_dim"},            {"V", "vocab_size"},  {"T", "max_position_embeddings"},
+      {"S", "the shared experts' width"},  {"G", "n_group"}};
+  static const std::vector<std::pair<std::string, const char*>> kNum = {
+      {"aux", "router_aux_loss_coef"}, {"RS", "routed_scaling_factor"}, {"CF", "capacity_factor"}};
+  static const std::set<std::string> kFlags = {"tied", "sigmoid", "norm"};
+  std::map<std::string, std::int64_t> ints;
+  std::map<std::string, double> nums;
+  std::set<std::string> flags, seen;
+  std::size_t pos = 0;
+  while (pos <= body.size()) {
+    const std::size_t dash = body.find('-', pos);
+    const std::string_view part = body.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
+    std::string key;
+    bool done = false;
+    if (kFlags.count(std::string(part)) != 0) {
+      key = std::string(part);
+      flags.insert(key);
+      done = true;
+    }
+    for (const auto& [k, name] : kNum) {
+      if (done || part.substr(0, k.size()) != k) continue;
+      key = k;
+      double v = 0;
+      // (C / CF: "CF" is tried before the single letters.)
+      if (!parse_double(part.substr(k.size()), v) || v < 0.0)
+        fail("model spec '{}': part '{}' needs a number >= 0 after {} ({}); accepted forms: {}", spec, part, k, name, kMoeSpecForms);
+      nums[k] = v;
+      done = true;
+    }
+    for (const auto& [k, name] : kInt) {
+      if (done || part.substr(0, k.size()) != k) continue;
+      const std::string_view num = part.substr(k.size());
+      if (num.empty() || num.find_first_not_of("0123456789") != std::string_view::npos) continue;  // "Dx": not D; reported below
+      key = k;
+      std::int64_t v = 0;
+      if (!parse_int(num, v)) fail("model spec '{}': part '{}' is too large a number", spec, part);
+      if (v == 0 && k != "dense" && k != "S") fail("{} ({}) must be at least 1 in {}", name, k, spec);
+      ints[k] = v;
+      done = true;
+    }
+    if (!done) {
+      fail(
+          "model spec '{}': part '{}' is not one of L, C, H, E (experts), K (experts per token), KV, I (expert width), D, V, T, S (shared "
+          "width), G (n_group), TG (topk_group), dense (first dense layers) followed by a whole number, RS (routed scaling), aux (aux loss "
+          "coefficient), CF (capacity factor) followed by a number, or the flags tied, sigmoid, norm; accepted forms: {}",
+          spec, part, kMoeSpecForms);
+    }
+    if (!seen.insert(key).second) fail("model spec '{}': {} is given twice; give each part at most once", spec, key);
+    if (dash == std::string_view::npos) break;
+    pos = dash + 1;
+  }
+  for (const char* k : {"L", "C", "H", "E", "K"}) {
+    if (ints.count(k) == 0) {
+      fail("model spec '{}': L<layers>, C<hidden size>, H<heads>, E<experts> and K<experts per token> are all required, e.g. "
+           "moe:L4-C256-H4-E8-K2; {} is missing",
+           spec, k);
+    }
+  }
+  if ((ints.count("G") != 0) != (ints.count("TG") != 0))
+    fail("model spec '{}': G<n_group> and TG<topk_group> go together (DeepSeek's group-limited routing); give both or neither", spec);
+  auto get = [&](const char* k, std::int64_t def) { return ints.count(k) != 0 ? ints[k] : def; };
+  const std::int64_t L = ints["L"], C = ints["C"], H = ints["H"];
+  LlamaConfig c;
+  c.n_layer = L;
+  c.n_embd = C;
+  c.n_head = H;
+  c.n_kv_head = get("KV", H);
+  c.head_dim = get("D", C % H == 0 ? C / H : 0);
+  if (c.head_dim == 0) fail("model spec '{}': C = {} is not divisible by H = {}; give the head size D explicitly or choose H dividing C", spec, C, H);
+  c.vocab_size = get("V", 32000);
+  c.padded_vocab_size = padded_vocab(c.vocab_size);
+  c.max_position_embeddings = get("T", 2048);
+  c.rms_norm_eps = 1e-5f;
+  c.tie_word_embeddings = flags.count("tied") != 0;
+  MoeConfig& m = c.moe;
+  m.num_experts = ints["E"];
+  m.top_k = ints["K"];
+  m.expert_intermediate_size = get("I", default_intermediate(C));
+  m.score = flags.count("sigmoid") != 0 ? MoeConfig::Score::sigmoid : MoeConfig::Score::softmax;
+  m.norm_topk_prob = flags.count("norm") != 0;
+  m.n_group = get("G", 1);
+  m.topk_group = get("TG", 1);
+  m.routed_scaling_factor = nums.count("RS") != 0 ? nums["RS"] : 1.0;
+  m.router_aux_loss_coef = nums.count("aux") != 0 ? nums["aux"] : 0.001;
+  m.output_router_logits = nums.count("aux") != 0;
+  m.capacity_factor = nums.count("CF") != 0 ? nums["CF"] : 0.0;
+  m.first_k_dense = get("dense", 0);
+  const std::int64_t S = get("S", 0);
+  if (S % m.expert_intermediate_size != 0) {
+    fail(
+        "model spec '{}': S = {} is not a multiple of the expert width I = {}; the shared experts are written as DeepSeek's n_shared_experts "
+        "experts of width I (S = n_shared_experts x I)",
+        spec, S, m.expert_intermediate_size);
+  }
+  m.shared_expert_intermediate_size = S;
+  m.shared_expert_gate = false;
+  // Dense layers keep the llama: MLP width; with none, intermediate_size is unused and set to I.
+  c.intermediate_size = m.first_k_dense > 0 ? default_intermediate(C) : m.expert_intermediate_size;
+  const bool mixtral = S == 0 && m.score == MoeConfig::Score::softmax && m.n_group == 1 && m.topk_group == 1 && m.norm_topk_prob &&
+                       m.routed_scaling_factor == 1.0 && m.first_k_dense == 0 && m.capacity_factor == 0.0;
+  c.model_type = mixtral ? "mixtral" : "qwen3_moe";
+  c.qk_norm = !mixtral;  // Qwen3-MoE's attention
+  return c;
+}
+
 }  // namespace
+
+bool is_moe_model_type(std::string_view mt) { return mt == "mixtral" || mt == "qwen2_moe" || mt == "qwen3_moe" || mt == "olmoe"; }
 
 void validate(const LlamaConfig& c) {
   auto positive = [](std::int64_t v, const char* name) {
@@ -346,6 +627,36 @@ void validate(const LlamaConfig& c) {
     fail("Llama config: attention_dropout = {} must be in [0, 1)", c.attention_dropout);
   if (!(c.initializer_range > 0.0f)) fail("Llama config: initializer_range = {} must be positive", c.initializer_range);
   if (c.sliding_window < 0) fail("Llama config: sliding_window = {} must be positive (or null for none)", c.sliding_window);
+  if (c.qk_norm_whole && !c.qk_norm) fail("Llama config: qk_norm_whole (OLMoE's q/k norm over the whole projections) needs qk_norm");
+  const bool moe_type = is_moe_model_type(c.model_type);
+  if (moe_type && !c.moe.active())
+    fail("Llama config: model_type \"{}\" is a mixture of experts but its expert count is {}; give num_experts (num_local_experts) >= 1", c.model_type,
+         c.moe.num_experts);
+  if (!moe_type && c.moe.active()) {
+    fail("Llama config: {} experts on model_type \"{}\", whose config.json has no experts; use mixtral, qwen2_moe, qwen3_moe or olmoe",
+         c.moe.num_experts, c.model_type);
+  }
+  if (c.moe.active()) {
+    const MoeConfig& m = c.moe;
+    validate(m, c.model_type);
+    const bool expert_width_is_intermediate = c.model_type == "mixtral" || c.model_type == "olmoe";
+    if (expert_width_is_intermediate && c.intermediate_size != m.expert_intermediate_size) {
+      fail("Llama config: a {} config.json's intermediate_size is the experts' width, so intermediate_size = {} must equal the experts' {}",
+           c.model_type, c.intermediate_size, m.expert_intermediate_size);
+    }
+    if (expert_width_is_intermediate && (m.decoder_sparse_step != 1 || !m.mlp_only_layers.empty())) {
+      fail("Llama config: decoder_sparse_step = {} / mlp_only_layers (Qwen-MoE's sparse-layer pattern) cannot be written in a {} config.json",
+           m.decoder_sparse_step, c.model_type);
+    }
+    if (m.shared_expert_gate && (c.model_type != "qwen2_moe" || m.shared_expert_intermediate_size == 0)) {
+      fail("Llama config: a gated shared expert (shared_expert_gate) is Qwen2-MoE's: model_type qwen2_moe with shared_expert_intermediate_size > 0");
+    }
+    if (m.shared_expert_intermediate_size > 0 && !m.shared_expert_gate && m.shared_expert_intermediate_size % m.expert_intermediate_size != 0) {
+      fail("Llama config: the ungated shared experts' width {} is not a multiple of the experts' width {} (DeepSeek's n_shared_experts experts)",
+           m.shared_expert_intermediate_size, m.expert_intermediate_size);
+    }
+    if (c.mlp_bias) fail("Llama config: mlp_bias on a mixture of experts; the experts and the router have no bias");
+  }
   (void)rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);  // throws, naming the rope key
 }
 
@@ -374,7 +685,7 @@ void llama_check_sequence(const LlamaConfig& c, std::int64_t T, bool cuda) {
 bool is_llama_family_json(std::string_view json_text) {
   try {
     const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, false);
-    return j.is_object() && family_of(j) != nullptr;
+    return j.is_object() && (family_of(j) != nullptr || is_deepseek(j));
   } catch (const std::exception&) {
     return false;
   }
@@ -388,12 +699,20 @@ std::string llama_family_hf_forms() {
 
 LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_view source) {
   const nlohmann::json j = parse_hf_config_json(json_text, source, "a Hugging Face config.json of the Llama family");
+  if (is_deepseek(j)) {
+    fail(
+        "model config '{}': model_type {} / architectures {} is DeepSeek-V2/V3, whose multi-head latent attention (MLA: q_lora_rank, "
+        "kv_lora_rank, qk_rope_head_dim, v_head_dim) is not built in dstrain. Its routing (scoring_func, n_group, topk_group, "
+        "routed_scaling_factor, n_shared_experts, first_k_dense_replace) is: give those keys on a qwen3_moe-shaped config.json "
+        "(model_type \"qwen3_moe\", moe_intermediate_size, num_experts, num_experts_per_tok), or use a moe: descriptor ({})",
+        source, j.contains("model_type") ? j["model_type"].dump() : "(none)", j.contains("architectures") ? j["architectures"].dump() : "(none)",
+        kMoeSpecForms);
+  }
   const Family* fam = family_of(j);
   if (fam == nullptr) {
-    fail(
-        "model config '{}': model_type {} / architectures {} is not a Llama-family model dstrain builds; it builds llama "
-        "(LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM) and qwen3 (Qwen3ForCausalLM)",
-        source, j.contains("model_type") ? j["model_type"].dump() : "(none)", j.contains("architectures") ? j["architectures"].dump() : "(none)");
+    fail("model config '{}': model_type {} / architectures {} is not a Llama-family model dstrain builds; it builds {}", source,
+         j.contains("model_type") ? j["model_type"].dump() : "(none)", j.contains("architectures") ? j["architectures"].dump() : "(none)",
+         llama_family_hf_forms());
   }
   const std::string mt = fam->model_type;
   if (j.contains("architectures") && j["architectures"].is_array()) {
@@ -409,23 +728,26 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
   }
   Reader r(j, source);
   r.set_family(fam->architecture);
-  const bool qwen = mt == "qwen2" || mt == "qwen3";
+  const bool qwen = mt == "qwen2" || mt == "qwen3" || mt == "qwen2_moe" || mt == "qwen3_moe";
+  const bool moe = is_moe_model_type(mt);
 
   LlamaConfig c;
   c.model_type = mt;
   // transformers' defaults for each family where a key is absent.
-  c.max_position_embeddings = mt == "llama" ? 2048 : (mt == "mistral" ? 4096 * 32 : 32768);
-  c.rms_norm_eps = 1e-6f;
-  c.rope_theta = 10000.0;
+  c.max_position_embeddings = mt == "llama" ? 2048 : (mt == "mistral" || mt == "mixtral" ? 4096 * 32 : (mt == "olmoe" ? 4096 : 32768));
+  c.rms_norm_eps = mt == "mixtral" || mt == "olmoe" ? 1e-5f : 1e-6f;
+  c.rope_theta = mt == "mixtral" ? 1e6 : 10000.0;
   r.get_int("num_hidden_layers", c.n_layer, true);
   r.get_int("num_attention_heads", c.n_head, true);
   r.get_int("hidden_size", c.n_embd, true);
-  r.get_int("intermediate_size", c.intermediate_size, true);
+  // MixtralConfig's, Qwen2MoeConfig's, Qwen3MoeConfig's, OlmoeConfig's default intermediate_size.
+  if (moe) c.intermediate_size = mt == "mixtral" ? 14336 : (mt == "qwen2_moe" ? 5632 : (mt == "qwen3_moe" ? 6144 : 2048));
+  r.get_int("intermediate_size", c.intermediate_size, !moe);
   r.get_int("vocab_size", c.vocab_size, true);
   c.n_kv_head = c.n_head;
   r.get_int("num_key_value_heads", c.n_kv_head, false);
   if (c.n_head <= 0) fail("model config '{}': num_attention_heads = {} must be positive", source, c.n_head);
-  c.head_dim = mt == "qwen3" ? 128 : c.n_embd / c.n_head;
+  c.head_dim = mt == "qwen3" ? 128 : c.n_embd / c.n_head;  // Qwen3MoeAttention: getattr(config, "head_dim", hidden / heads)
   if (!r.get_int("head_dim", c.head_dim, false) && mt != "qwen3" && c.n_embd % c.n_head != 0) {
     fail("model config '{}': hidden_size = {} is not divisible by num_attention_heads = {} and no head_dim is given", source, c.n_embd, c.n_head);
   }
@@ -448,19 +770,37 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
   }
   // Biases and norms of each family (transformers' modeling files).
   bool attention_bias = false;
-  if (mt == "llama" || mt == "qwen3") {
+  if (mt == "llama" || mt == "qwen3" || mt == "qwen3_moe" || mt == "olmoe") {
     r.get_bool("attention_bias", attention_bias);
     c.qkv_bias = c.o_bias = attention_bias;
   }
   if (mt == "llama") r.get_bool("mlp_bias", c.mlp_bias);
   if (mt == "qwen2") c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
-  if (mt == "qwen3") c.qk_norm = true;
+  if (mt == "qwen2_moe") {
+    c.qkv_bias = true;  // Qwen2MoeAttention: as Qwen2's (newer configs may say so with "qkv_bias")
+    r.get_bool("qkv_bias", c.qkv_bias);
+  }
+  if (mt == "qwen3" || mt == "qwen3_moe") c.qk_norm = true;
+  if (mt == "olmoe") {
+    // OlmoeAttention: RMSNorm over the whole q (hidden_size) and k (kv heads x head size) projections.
+    c.qk_norm = c.qk_norm_whole = true;
+    r.use("clip_qkv");
+    if (r.has("clip_qkv") && !j["clip_qkv"].is_null()) {
+      fail("model config '{}': clip_qkv is {}, but dstrain does not clip q, k and v (OLMoE's clip_qkv); set it to null or use another model",
+           source, j["clip_qkv"].dump());
+    }
+    if (r.has("head_dim") && c.n_embd % c.n_head == 0 && c.head_dim != c.n_embd / c.n_head) {
+      fail("model config '{}': head_dim = {} but OlmoeAttention uses hidden_size / num_attention_heads = {}; remove head_dim", source, c.head_dim,
+           c.n_embd / c.n_head);
+    }
+  }
+  if (moe) read_moe(r, j, mt, c);
   // Sliding windows: Mistral applies `sliding_window` (default 4096) unless it is null; Qwen only
   // with use_sliding_window (then from layer max_window_layers on; refused when it would act).
-  if (mt == "mistral") {
+  if (mt == "mistral" || mt == "mixtral") {
     r.use("sliding_window");
     if (!j.contains("sliding_window"))
-      c.sliding_window = 4096;
+      c.sliding_window = mt == "mistral" ? 4096 : 0;  // MixtralConfig's default: None
     else if (!j["sliding_window"].is_null())
       r.get_int("sliding_window", c.sliding_window, false);
   } else if (qwen) {
@@ -476,7 +816,7 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
       if (first < c.n_layer) c.sliding_window = w;
     }
   }
-  if (mt == "qwen3" || mt == "qwen2") {
+  if (qwen) {
     r.use("layer_types");
     if (r.has("layer_types")) {
       const auto& lt = j["layer_types"];
@@ -522,6 +862,20 @@ LlamaConfig llama_config_from_hf_json(std::string_view json_text, std::string_vi
   return c;
 }
 
+std::string moe_spec_forms() { return kMoeSpecForms; }
+
+LlamaConfig moe_config_from_spec(std::string_view spec) {
+  constexpr std::string_view prefix = "moe:";
+  if (spec.substr(0, prefix.size()) != prefix || spec.size() == prefix.size()) fail("unknown model spec '{}'; accepted forms: {}", spec, kMoeSpecForms);
+  LlamaConfig c = parse_moe_descriptor(spec, spec.substr(prefix.size()));
+  try {
+    validate(c);
+  } catch (const Error& e) {
+    fail("model spec '{}': {}", spec, e.what());
+  }
+  return c;
+}
+
 LlamaConfig llama_config_from_spec(std::string_view spec) {
   constexpr std::string_view prefix = "llama:";
   if (spec.substr(0, prefix.size()) == prefix) {
@@ -539,16 +893,32 @@ LlamaConfig llama_config_from_spec(std::string_view spec) {
   return llama_config_from_hf_json(read_model_config_file(p), p.string());
 }
 
-std::int64_t parameter_count(const LlamaConfig& c) {
-  const std::int64_t C = c.n_embd, I = c.intermediate_size, HD = c.head_dim;
-  std::int64_t per_layer = 2 * C;                                 // the two RMSNorm weights
-  per_layer += c.qkv_dim() * C + (c.qkv_bias ? c.qkv_dim() : 0);  // q, k, v
-  per_layer += C * c.q_dim() + (c.o_bias ? C : 0);                // o
-  per_layer += 3 * C * I + (c.mlp_bias ? 2 * I + C : 0);          // gate, up, down
-  per_layer += c.qk_norm ? 2 * HD : 0;
-  const std::int64_t embed = c.vocab_size * C;
-  return embed + (c.tie_word_embeddings ? 0 : embed) + c.n_layer * per_layer + C;
+double llama_parameter_count(const LlamaConfig& c, bool active_only) {
+  const double C = static_cast<double>(c.n_embd), I = static_cast<double>(c.intermediate_size);
+  const double qkv = static_cast<double>(c.qkv_dim()), q = static_cast<double>(c.q_dim());
+  double attn = 2.0 * C;                         // the two RMSNorm weights
+  attn += qkv * C + (c.qkv_bias ? qkv : 0.0);    // q, k, v
+  attn += C * q + (c.o_bias ? C : 0.0);          // o
+  if (c.qk_norm_whole)
+    attn += static_cast<double>(c.q_dim() + c.kv_dim());  // OLMoE: q_norm (NH·D), k_norm (NKV·D)
+  else if (c.qk_norm)
+    attn += 2.0 * static_cast<double>(c.head_dim);  // Qwen3: q_norm (D), k_norm (D)
+  const double dense_mlp = 3.0 * C * I + (c.mlp_bias ? 2.0 * I + C : 0.0);  // gate, up, down
+  double sparse_mlp = 0.0;
+  const MoeConfig& m = c.moe;
+  if (m.active()) {
+    const double E = static_cast<double>(m.num_experts), Ie = static_cast<double>(m.expert_intermediate_size);
+    const double S = static_cast<double>(m.shared_expert_intermediate_size);
+    sparse_mlp = E * C;                                                         // the router
+    sparse_mlp += (active_only ? static_cast<double>(m.top_k) : E) * 3.0 * C * Ie;  // the experts a token goes through, or all
+    sparse_mlp += 3.0 * C * S + (m.shared_expert_gate ? C : 0.0);              // the shared experts (and their gate)
+  }
+  const double sparse = static_cast<double>(m.sparse_layers(c.n_layer)), dense = static_cast<double>(c.n_layer) - sparse;
+  const double embed = static_cast<double>(c.vocab_size) * C;
+  return embed + (c.tie_word_embeddings ? 0.0 : embed) + static_cast<double>(c.n_layer) * attn + dense * dense_mlp + sparse * sparse_mlp + C;
 }
+
+std::int64_t parameter_count(const LlamaConfig& c) { return static_cast<std::int64_t>(llama_parameter_count(c, false)); }
 
 std::string llama_class_prefix(const LlamaConfig& c) {
   for (const Family& f : kFamilies) {
@@ -564,7 +934,7 @@ std::string llama_hf_config_json(const LlamaConfig& c) {
   const Family* fam = nullptr;
   for (const Family& f : kFamilies)
     if (c.model_type == f.model_type) fam = &f;
-  if (fam == nullptr) fail("Llama config: model_type \"{}\" is not llama, mistral, qwen2 or qwen3", c.model_type);
+  if (fam == nullptr) fail("Llama config: model_type \"{}\" is not one of {}", c.model_type, llama_family_hf_forms());
   nlohmann::ordered_json j;
   j["architectures"] = {fam->architecture};
   j["model_type"] = c.model_type;
@@ -596,12 +966,18 @@ std::string llama_hf_config_json(const LlamaConfig& c) {
   if (c.model_type == "llama") {
     j["attention_bias"] = c.qkv_bias;
     j["mlp_bias"] = c.mlp_bias;
-  } else if (c.model_type == "qwen3") {
+  } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
     j["attention_bias"] = c.qkv_bias;
+  } else if (c.model_type == "olmoe") {
+    j["attention_bias"] = c.qkv_bias;
+    j["clip_qkv"] = nullptr;
+  } else if (c.model_type == "qwen2_moe" && !c.qkv_bias) {
+    j["qkv_bias"] = false;
   }
-  if (c.model_type == "mistral") {
+  if (c.moe.active()) write_moe(j, c);
+  if (c.model_type == "mistral" || c.model_type == "mixtral") {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json(nullptr);
-  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
     // The layers the imported config windowed, in its own keys (docs/models.md §3.4): Hugging Face
     // windows layer i when use_sliding_window and i >= max_window_layers, or where layer_types says
     // so. A window with neither (a config not read from JSON) acts on every layer: from layer 0.
@@ -619,10 +995,15 @@ std::string describe(const LlamaConfig& c) {
   if (c.qkv_bias) extras += ", q/k/v bias";
   if (c.o_bias) extras += ", o bias";
   if (c.mlp_bias) extras += ", MLP bias";
-  if (c.qk_norm) extras += ", q/k RMSNorm";
+  if (c.qk_norm) extras += c.qk_norm_whole ? ", q/k RMSNorm (whole projections)" : ", q/k RMSNorm";
   if (c.rope_scaling.kind == RopeScaling::Kind::linear) extras += fmt::format(", rope scaling linear x{}", c.rope_scaling.factor);
   if (c.rope_scaling.kind == RopeScaling::Kind::llama3) extras += fmt::format(", rope scaling llama3 x{}", c.rope_scaling.factor);
   if (c.sliding_window > 0) extras += fmt::format(", sliding window {}", c.sliding_window);
+  if (c.moe.active()) {
+    const std::int64_t sparse = c.moe.sparse_layers(c.n_layer);
+    extras += fmt::format("; MoE in {} of {} layers: {}; {:.2f}M active parameters", sparse, c.n_layer, describe(c.moe),
+                          llama_parameter_count(c, true) / 1e6);
+  }
   return fmt::format(
       "{}: {} layers, {} heads ({} KV heads, head size {}), hidden {}, MLP {}, T <= {}, vocab {} (padded to {}), rope_theta {}, "
       "{} embeddings{}; {:.2f}M parameters",

@@ -1,6 +1,7 @@
 // The Llama family as a model family (models/model_family.h): "llama:" descriptors and the
-// config.json files of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM, their layers, FLOPs tree and Hugging Face weights (sharded above 5 GB).
+// config.json files of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+// and the mixtures of experts MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
+// OlmoeForCausalLM ("moe:" descriptors: the "moe" family, sharing LlamaArchitecture), their layers, FLOPs tree and Hugging Face weights (sharded above 5 GB).
 // Registered in models/model_registry.cpp.
 #pragma once
 
@@ -36,7 +37,8 @@ class LlamaArchitecture final : public Architecture {
   std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const override;
   void check_sequence(std::int64_t T, const Device& device) const override;
   // 6·N + 6·L·(n_head·head_dim)·T: PaLM's attention term with the query width, which Qwen3's
-  // head_dim makes differ from the hidden size.
+  // head_dim makes differ from the hidden size. N: the ACTIVE stored parameters — in a sparse
+  // layer the router, top_k experts and the shared experts, as a token goes through them.
   double flops_per_token(std::int64_t T) const override;
   ModuleFlops forward_flops(std::int64_t B, std::int64_t T) const override;
   std::string hf_model_type() const override { return cfg_.model_type; }
@@ -56,6 +58,9 @@ class LlamaArchitecture final : public Architecture {
 // models.
 const ModelFamily& llama_family();
 std::shared_ptr<const ModelFamily> llama_family_ptr();
+// The "moe" family: moe: descriptors (llama_config.h), LlamaArchitectures whose family() is the
+// llama family, which reads the config.json they write. Registered in models/model_registry.cpp.
+std::shared_ptr<const ModelFamily> moe_family_ptr();
 
 // The model of `cfg` (validated), or of a llama: spec or config.json.
 Model make_llama_model(const LlamaConfig& cfg);

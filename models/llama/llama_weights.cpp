@@ -23,27 +23,85 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One tensor of the HF files: elements [offset, offset + numel) of our parameter `ours`.
-struct HfTensor {
-  std::string name;
-  std::string ours;
-  Shape ours_shape;
-  std::int64_t offset = 0;
-  std::vector<std::int64_t> hf;
+using HfTensor = LlamaHfTensor;
 
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (std::int64_t d : hf) n *= d;
-    return n;
+// The Hugging Face tensors of sparse layer `layer`'s feed-forward, from dstrain's fixed names
+// (llama_weights.h): the router, each expert as the e-th block of the stacked expert weights, the
+// shared experts (Qwen2-MoE's gated "shared_expert", DeepSeek's ungated "shared_experts").
+void add_sparse_mlp(std::vector<HfTensor>& out, const LlamaConfig& cfg, std::int64_t layer) {
+  const MoeConfig& m = cfg.moe;
+  const std::string p = fmt::format("model.layers.{}.", layer);
+  const std::int64_t C = cfg.n_embd, E = m.num_experts, I = m.expert_intermediate_size, S = m.shared_expert_intermediate_size;
+  const bool mixtral = cfg.model_type == "mixtral";
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  out.push_back({moe + "gate.weight", p + "mlp.gate.weight", Shape{E, C}, 0, {E, C}});
+  struct Proj {
+    const char* ours;
+    const char* mixtral;
+    bool down;
+  };
+  constexpr Proj kProjs[] = {{"gate_proj", "w1", false}, {"up_proj", "w3", false}, {"down_proj", "w2", true}};
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (const Proj& pr : kProjs) {
+      const std::vector<std::int64_t> hf = pr.down ? std::vector<std::int64_t>{C, I} : std::vector<std::int64_t>{I, C};
+      const std::string name = mixtral ? fmt::format("{}experts.{}.{}.weight", moe, e, pr.mixtral) : fmt::format("{}experts.{}.{}.weight", moe, e, pr.ours);
+      out.push_back({name, fmt::format("{}mlp.experts.{}.weight", p, pr.ours), pr.down ? Shape{E, C, I} : Shape{E, I, C}, e * I * C, hf});
+    }
   }
-};
+  if (S > 0) {
+    const std::string shared = p + (m.shared_expert_gate ? "mlp.shared_expert." : "mlp.shared_experts.");
+    for (const Proj& pr : kProjs) {
+      const std::vector<std::int64_t> hf = pr.down ? std::vector<std::int64_t>{C, S} : std::vector<std::int64_t>{S, C};
+      out.push_back({fmt::format("{}{}.weight", shared, pr.ours), fmt::format("{}mlp.shared_expert.{}.weight", p, pr.ours),
+                     pr.down ? Shape{C, S} : Shape{S, C}, 0, hf});
+    }
+    if (m.shared_expert_gate) out.push_back({p + "mlp.shared_expert_gate.weight", p + "mlp.shared_expert_gate.weight", Shape{1, C}, 0, {1, C}});
+  }
+}
 
-std::vector<HfTensor> hf_tensors(const LlamaConfig& cfg) {
+// "model.layers.N." -> N; -1 for a name outside the blocks.
+std::int64_t layer_of(const std::string& name) {
+  constexpr std::string_view prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  const std::size_t dot = name.find('.', prefix.size());
+  return dot == std::string::npos ? -1 : std::stoll(name.substr(prefix.size(), dot - prefix.size()));
+}
+
+}  // namespace
+
+std::int64_t LlamaHfTensor::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : hf) n *= d;
+  return n;
+}
+
+bool llama_param_from_config(const LlamaConfig& cfg, const std::string& param) {
+  const std::int64_t layer = layer_of(param);
+  if (layer < 0) return false;
+  const std::string p = fmt::format("model.layers.{}.", layer);
+  if (cfg.moe.is_sparse_layer(layer) && param.starts_with(p + "mlp.")) return true;
+  return cfg.qk_norm_whole && (param == p + "self_attn.q_norm.weight" || param == p + "self_attn.k_norm.weight");
+}
+
+std::vector<LlamaHfTensor> llama_hf_tensors(const LlamaConfig& cfg) {
   std::vector<HfTensor> out;
   const std::int64_t C = cfg.n_embd;
-  for (const auto& layer : make_llama_layers(cfg)) {
-    for (const ParamSpec& ps : layer->params()) {
-      if (ps.tied()) continue;
+  const auto layers = make_llama_layers(cfg);
+  for (std::size_t li = 0; li < layers.size(); ++li) {
+    // The parameters a sparse layer's feed-forward and OLMoE's q/k norms have by their fixed names
+    // (llama_weights.h) come from the config, whatever the block declares for them.
+    std::vector<HfTensor> from_config;
+    const std::int64_t layer = static_cast<std::int64_t>(li) - 1;  // layers[0] is the embedding
+    if (layer >= 0 && layer < cfg.n_layer) {
+      const std::string p = fmt::format("model.layers.{}.", layer);
+      if (cfg.qk_norm_whole) {
+        from_config.push_back({p + "self_attn.q_norm.weight", p + "self_attn.q_norm.weight", Shape{cfg.q_dim()}, 0, {cfg.q_dim()}});
+        from_config.push_back({p + "self_attn.k_norm.weight", p + "self_attn.k_norm.weight", Shape{cfg.kv_dim()}, 0, {cfg.kv_dim()}});
+      }
+      if (cfg.moe.is_sparse_layer(layer)) add_sparse_mlp(from_config, cfg, layer);
+    }
+    for (const ParamSpec& ps : layers[li]->params()) {
+      if (ps.tied() || llama_param_from_config(cfg, ps.name)) continue;
       std::vector<std::int64_t> shape;
       for (int i = 0; i < ps.shape.rank; ++i) shape.push_back(ps.shape[i]);
       const std::string& n = ps.name;
@@ -65,9 +123,12 @@ std::vector<HfTensor> hf_tensors(const LlamaConfig& cfg) {
         out.push_back({n, n, ps.shape, 0, shape});
       }
     }
+    out.insert(out.end(), from_config.begin(), from_config.end());
   }
   return out;
 }
+
+namespace {
 
 std::string shape_str(const std::vector<std::int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -131,6 +192,19 @@ Checkpoint open_checkpoint(const fs::path& path) {
   return ck;
 }
 
+// DeepSeek-V3's router bias (noaux_tc routing): dstrain's router has none, and dropping it would
+// route differently, so it is refused by name rather than ignored.
+void refuse_score_correction_bias(const Checkpoint& ck) {
+  for (const auto& [name, where] : ck.tensors) {
+    if (name.ends_with("mlp.gate.e_score_correction_bias")) {
+      fail(
+          "Llama weights '{}': tensor '{}' (in '{}') is DeepSeek-V3's score-correction bias of the router (topk_method \"noaux_tc\"); dstrain's "
+          "router has no such bias and would route these experts differently; convert the model without it only if it was trained without",
+          ck.where, name, where.first->path().string());
+    }
+  }
+}
+
 bool ignorable(std::string_view n, const LlamaConfig& cfg) {
   if (n.ends_with("rotary_emb.inv_freq")) return true;
   return cfg.tie_word_embeddings && n == "lm_head.weight";
@@ -140,15 +214,17 @@ bool ignorable(std::string_view n, const LlamaConfig& cfg) {
 
 void import_llama_weights(const fs::path& path, const LlamaConfig& cfg, const LlamaParamLookup& param) {
   const Checkpoint ck = open_checkpoint(path);
-  const auto expected = hf_tensors(cfg);
+  refuse_score_correction_bias(ck);
+  const auto expected = llama_hf_tensors(cfg);
   std::set<std::string> known;
   for (const auto& t : expected) known.insert(t.name);
   for (const auto& [name, where] : ck.tensors) {
     if (known.count(name) != 0 || ignorable(name, cfg)) continue;
     fail(
         "Llama weights '{}': tensor '{}' (in '{}') is not part of this {} model ({} layers, hidden {}, q/k/v bias {}, q/k norm {}, tied "
-        "embeddings {}); check that the model config matches the weights",
-        ck.where, name, where.first->path().string(), cfg.model_type, cfg.n_layer, cfg.n_embd, cfg.qkv_bias, cfg.qk_norm, cfg.tie_word_embeddings);
+        "embeddings {}{}); check that the model config matches the weights",
+        ck.where, name, where.first->path().string(), cfg.model_type, cfg.n_layer, cfg.n_embd, cfg.qkv_bias, cfg.qk_norm, cfg.tie_word_embeddings,
+        cfg.moe.active() ? ", " + describe(cfg.moe) : std::string());
   }
   std::set<std::string> zeroed;
   for (const auto& t : expected) {
@@ -161,9 +237,12 @@ void import_llama_weights(const fs::path& path, const LlamaConfig& cfg, const Ll
     if (entry->shape != t.hf) {
       fail(
           "Llama weights '{}': tensor '{}' has shape {} but {} is expected for this config (hidden {}, heads {}, KV heads {}, head_dim {}, MLP "
-          "{}, vocab {}); check that the model config matches the weights",
+          "{}, vocab {}{}); check that the model config matches the weights",
           file->path().string(), t.name, shape_str(entry->shape), shape_str(t.hf), cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim,
-          cfg.intermediate_size, cfg.vocab_size);
+          cfg.intermediate_size, cfg.vocab_size,
+          cfg.moe.active() ? fmt::format(", {} experts of {}, shared width {}", cfg.moe.num_experts, cfg.moe.expert_intermediate_size,
+                                         cfg.moe.shared_expert_intermediate_size)
+                           : std::string());
     }
     const Tensor p = checked_param(param, t);
     if (zeroed.insert(t.ours).second) std::memset(p.data, 0, p.nbytes());  // padded vocabulary rows
@@ -176,7 +255,7 @@ void export_llama_weights(const fs::path& file, const LlamaConfig& cfg, const Ll
                           std::size_t max_shard_bytes) {
   (void)safetensors_dtype_name(file_dtype);  // Error for non-floating dtypes before any work
   if (max_shard_bytes == 0) fail("Llama weights: the shard size limit must be positive");
-  const auto tensors = hf_tensors(cfg);
+  const auto tensors = llama_hf_tensors(cfg);
   std::vector<std::vector<std::byte>> storage;
   std::vector<SafetensorsWriteItem> items;
   storage.reserve(tensors.size());

@@ -13,12 +13,31 @@
 // checkpoints store them; they are recomputed from the config) and lm_head.weight when the
 // embeddings are tied. Any other unexpected tensor, a missing one or a wrong shape is an Error
 // naming the tensor, the file, the shape expected and the shape found.
+//
+// Mixture of experts (LlamaConfig::moe). dstrain's parameters of a sparse layer N (p =
+// "model.layers.N."; E experts of width I, shared width S), fixed names the MoE layer declares:
+//   p+"mlp.gate.weight" (E, C)                                   the router
+//   p+"mlp.experts.{gate_proj,up_proj}.weight" (E, I, C), p+"mlp.experts.down_proj.weight" (E, C, I)
+//                                                                all experts stacked
+//   p+"mlp.shared_expert.{gate_proj,up_proj}.weight" (S, C), p+"mlp.shared_expert.down_proj.weight"
+//   (C, S) when S > 0, and p+"mlp.shared_expert_gate.weight" (1, C) when the shared expert is gated
+// A dense layer of an MoE model keeps p+"mlp.{gate,up,down}_proj.weight" (intermediate_size).
+// OLMoE's q/k norms: p+"self_attn.q_norm.weight" (NH·D), p+"self_attn.k_norm.weight" (NKV·D).
+// Their Hugging Face names — expert e is the e-th block of the stacked parameter:
+//   mixtral: p+"block_sparse_moe.gate.weight", p+"block_sparse_moe.experts.{e}.w1.weight" (gate
+//            (I, C)), ".w3.weight" (up (I, C)), ".w2.weight" (down (C, I))
+//   qwen2_moe, qwen3_moe, olmoe: p+"mlp.gate.weight", p+"mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight"
+//   shared: p+"mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight" and p+"mlp.shared_expert_gate.weight"
+//           (Qwen2-MoE, gated); p+"mlp.shared_experts.{gate_proj,up_proj,down_proj}.weight" (DeepSeek's, ungated)
+// DeepSeek-V3's p+"mlp.gate.e_score_correction_bias" is refused on import, naming it (dstrain's router
+// has no score-correction bias).
 #pragma once
 
 #include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "ops/dtype.h"
 #include "ops/tensor.h"
@@ -28,6 +47,25 @@ namespace dstrain {
 
 // dstrain's parameter with this name (shape as the layers' ParamSpecs, floating dtype, on the cpu).
 using LlamaParamLookup = std::function<Tensor(const std::string& name)>;
+
+// One tensor of the Hugging Face files: elements [offset, offset + numel) of dstrain's parameter
+// `ours` (of shape ours_shape), with the Hugging Face shape `hf`.
+struct LlamaHfTensor {
+  std::string name;
+  std::string ours;
+  Shape ours_shape;
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> hf;
+  std::int64_t numel() const;
+};
+
+// Every tensor of the model's Hugging Face files, in the order export writes them (per layer).
+// The sparse layers' feed-forward and OLMoE's q/k norms come from the config under the names
+// above; every other parameter from the layers' ParamSpecs.
+std::vector<LlamaHfTensor> llama_hf_tensors(const LlamaConfig& cfg);
+// True for a parameter llama_hf_tensors takes from the config (a sparse layer's "mlp." parameters,
+// OLMoE's whole-projection q/k norm weights) rather than from the layers' ParamSpecs.
+bool llama_param_from_config(const LlamaConfig& cfg, const std::string& param);
 
 // transformers' default max_shard_size ("5GB" = 5·10⁹ bytes).
 inline constexpr std::size_t kDefaultMaxShardBytes = 5'000'000'000;

@@ -418,7 +418,7 @@ TEST(ModelFamily, AnApplicationRegistersItsOwnFamily) {
   EXPECT_THAT(error_of([] { register_model_family(std::make_shared<TinyFamily>()); }), HasSubstr("already registered"));
   EXPECT_EQ(model_families().back()->name(), "tinytest");
   EXPECT_EQ(&model_family("tinytest"), model_families().back().get());
-  EXPECT_THAT(error_of([] { model_family("nope"); }), HasSubstr("gpt2, llama, tinytest"));
+  EXPECT_THAT(error_of([] { model_family("nope"); }), HasSubstr("gpt2, llama, moe, tinytest"));
 
   const Model m = make_model("tinytest:3");
   EXPECT_EQ(m.layers.size(), 5u);  // embedding, 3 blocks, head
