@@ -352,6 +352,10 @@ def main(folder):
         print(f"MISMATCH unsupported config: {e}")
         return 1
     w = {k: v.requires_grad_(k not in m.buffers) for k, v in read_safetensors(f"{folder}/weights.safetensors").items()}
+    # A model without a score-correction bias (dstrain has none) routes as with a zero one.
+    for b in m.buffers:
+        if b not in w:
+            w[b] = torch.zeros(m.E)
     ours_grads = read_safetensors(f"{folder}/grads.safetensors")
     out = read_safetensors(f"{folder}/outputs.safetensors")
     bad = []

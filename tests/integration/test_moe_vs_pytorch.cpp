@@ -162,7 +162,7 @@ void aux_on(LlamaConfig& c, double coef) {
 }
 
 TEST(MoeVsPytorch, MixtralWithAuxLossTrainsFiveSteps) {
-  check_case({"mixtral", "llama:L2-C64-H4-KV2-I96-V97-T16", "mixtral",
+  check_case({"mixtral", "llama:L2-C64-H4-KV2-I48-V97-T16", "mixtral",
               [](LlamaConfig& c) {
                 c.moe.num_experts = 4;
                 c.moe.top_k = 2;
@@ -201,7 +201,7 @@ TEST(MoeVsPytorch, Qwen3MoeHeadNorms) {
 }
 
 TEST(MoeVsPytorch, OlmoeWholeProjectionNormsTrainsFiveSteps) {
-  check_case({"olmoe", "llama:L2-C64-H4-KV2-I96-V97-T16", "olmoe",
+  check_case({"olmoe", "llama:L2-C64-H4-KV2-I48-V97-T16", "olmoe",
               [](LlamaConfig& c) {
                 c.qk_norm = true;
                 c.qk_norm_whole = true;
@@ -233,7 +233,7 @@ TEST(MoeVsPytorch, DeepSeekRoutingSigmoidGroupsScaledSharedAndFirstDenseTrainsFi
 }
 
 TEST(MoeVsPytorch, CapacityFactorDropsAssignments) {
-  check_case({"capacity", "llama:L2-C64-H4-KV2-I96-V97-T16", "mixtral", [](LlamaConfig& c) {
+  check_case({"capacity", "llama:L2-C64-H4-KV2-I48-V97-T16", "mixtral", [](LlamaConfig& c) {
                 c.moe.num_experts = 4;
                 c.moe.top_k = 2;
                 c.moe.expert_intermediate_size = 48;
