@@ -21,7 +21,7 @@ namespace {
 constexpr std::int64_t B = 2, T = 8, E = 4;
 
 LlamaConfig moe_config(std::int64_t top_k, bool renormalize) {
-  LlamaConfig c = llama_config_from_spec("llama:L2-C32-H2-I48-V61-T8");
+  LlamaConfig c = llama_config_from_spec("llama:L2-C32-H2-I24-V61-T8");
   c.model_type = "mixtral";
   c.moe.num_experts = E;
   c.moe.top_k = top_k;
