@@ -18,7 +18,8 @@ namespace {
 constexpr CollectiveKind kAllKinds[] = {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter,
                                         CollectiveKind::all_gather, CollectiveKind::broadcast,
                                         CollectiveKind::barrier,    CollectiveKind::all_to_all,
-                                        CollectiveKind::send,       CollectiveKind::recv};
+                                        CollectiveKind::send,       CollectiveKind::recv,
+                                        CollectiveKind::all_to_all_v};
 static_assert(std::size(kAllKinds) == kCollectiveKinds, "every kind is logged");
 
 // Python's f"{x:.2f}" (and "%.2f"): printf rounds the exact binary value, ties to even, as Python.
@@ -56,6 +57,7 @@ std::string_view comms_log_name(CollectiveKind kind) {
     case CollectiveKind::barrier:
       return "barrier";
     case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v:  // torch's all_to_all_single with split sizes: the same op
       return "all_to_all_single";
     case CollectiveKind::send:
       return "send";
@@ -100,6 +102,7 @@ CommBandwidth comm_bandwidth(CollectiveKind kind, std::uint64_t msg_bytes, doubl
       break;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_to_all:
+    case CollectiveKind::all_to_all_v:
       algbw = size / latency_ms;
       busbw = algbw * ((n - 1.0) / n);
       break;
@@ -227,6 +230,11 @@ CommsLogger::CommsLogger(Communicator& inner, CommsLoggerOptions options)
       if (comms_op_from_name(name, &named) && named == k) on = true;
     profiled_[static_cast<std::size_t>(k)] = on;
   }
+  // The fixed and the variable all-to-all are one op to DeepSpeed (all_to_all_single), logged in
+  // one table entry: naming either profiles both.
+  auto& a2a = profiled_[static_cast<std::size_t>(CollectiveKind::all_to_all)];
+  auto& a2av = profiled_[static_cast<std::size_t>(CollectiveKind::all_to_all_v)];
+  a2a = a2av = a2a || a2av;
   if (!options_.clock_ms) options_.clock_ms = default_clock_ms;
 }
 
@@ -300,6 +308,23 @@ void CommsLogger::do_barrier() {
 
 void CommsLogger::do_all_to_all(const Tensor& send, const Tensor& recv) {
   timed(CollectiveKind::all_to_all, send.nbytes(), [&] { inner_.all_to_all(send, recv); });
+}
+
+// Logged as all_to_all_single, DeepSpeed's op for both all-to-alls (one table entry with the fixed
+// form), its message size the bytes of the send blocks (the input all_to_all_single would take).
+void CommsLogger::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                                  std::span<const std::int64_t> recv_counts) {
+  std::uint64_t bytes = 0;
+  for (std::int64_t n : send_counts) bytes += static_cast<std::uint64_t>(n) * dtype_size(send.dtype);
+  timed(CollectiveKind::all_to_all, bytes, [&] { inner_.all_to_all_v(send, send_counts, recv, recv_counts); });
+}
+
+// One all_to_all of W int64 values, logged as such.
+void CommsLogger::do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out) {
+  timed(CollectiveKind::all_to_all, send_counts.size() * sizeof(std::int64_t), [&] {
+    const std::vector<std::int64_t> got = inner_.exchange_counts(send_counts);
+    std::copy(got.begin(), got.end(), out.begin());
+  });
 }
 
 void CommsLogger::do_send(const Tensor& buf, int peer) {

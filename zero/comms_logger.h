@@ -7,9 +7,11 @@
 // What DeepSpeed records, and dstrain with it:
 //   - op name: the deepspeed.comm function a collective goes through (comms_log_name), so tables and
 //     prof_ops read as DeepSpeed's: all_reduce, reduce_scatter_tensor, all_gather_into_tensor,
-//     broadcast, barrier, all_to_all_single, send, recv.
+//     broadcast, barrier, all_to_all_single (the fixed all_to_all and the variable all_to_all_v
+//     alike, as torch's all_to_all_single with and without split sizes), send, recv.
 //   - message size: the bytes of the call's input tensor (get_msg_size_from_args): the buffer of
 //     all_reduce, broadcast, send and recv, the W·n send buffer of reduce_scatter and all_to_all,
+//     the send blocks (sum of send_counts) of all_to_all_v,
 //     the n-element send shard of all_gather; 0 for barrier.
 //   - latency: milliseconds from the call to its completion; a profiled collective is made blocking
 //     (DeepSpeed synchronizes the accelerator after it), here with the `synchronize` option.
@@ -164,6 +166,12 @@ class CommsLogger final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // Forwarded, and logged as all_to_all_single (DeepSpeed's name for both all-to-alls: one entry
+  // in the table, message size = the bytes of the send blocks); the logger's stats() count it as
+  // all_to_all_v. exchange_counts is forwarded and logged as the all_to_all it is.
+  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                       std::span<const std::int64_t> recv_counts) override;
+  void do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out) override;
   // Logged on each of the two ranks (DeepSpeed's send and recv are timed ops too).
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;

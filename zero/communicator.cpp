@@ -68,6 +68,8 @@ std::string_view collective_name(CollectiveKind kind) {
       return "send";
     case CollectiveKind::recv:
       return "recv";
+    case CollectiveKind::all_to_all_v:
+      return "all_to_all_v";
   }
   return "?";
 }
@@ -88,6 +90,7 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
     case CollectiveKind::barrier:
       return 0;
     case CollectiveKind::send:
+    case CollectiveKind::all_to_all_v:  // the caller passes the bytes to the other ranks
       return buffer_bytes;
     case CollectiveKind::recv:
       return 0;
@@ -225,6 +228,83 @@ void Communicator::all_to_all(Tensor send, Tensor recv) {
     DSTRAIN_CHECK(!overlaps(send, recv), "{}: send and recv overlap; all_to_all has no in-place form. Fix: use two buffers", call);
     do_all_to_all(send, recv);
   });
+}
+
+std::string all_to_all_v_mismatch(std::string_view backend, std::uint64_t sequence, int sender, std::int64_t sent, int receiver,
+                                  std::int64_t expected) {
+  return fmt::format(
+      "{}: all_to_all_v #{}: rank {} sends {} elements to rank {} (its send_counts[{}]) but rank {} expects {} from rank {} (its "
+      "recv_counts[{}]). Every rank's recv_counts[i] must equal rank i's send_counts[rank]. Fix: get recv_counts from "
+      "exchange_counts(send_counts), or derive both from the same routing on every rank",
+      backend, sequence, sender, sent, receiver, receiver, receiver, expected, sender, sender);
+}
+
+// The checks of one rank's counts: W of them, none negative, their sum (without overflow) within
+// the tensor. Returns the sum.
+std::int64_t Communicator::check_counts(const std::string& call, std::span<const std::int64_t> counts, const char* name, const Tensor& t,
+                                        const char* what) const {
+  DSTRAIN_CHECK(counts.size() == static_cast<std::size_t>(world_size_),
+                "{}: {} has {} entries but the world size is {}. Fix: pass one count per rank of this communicator (a split group's "
+                "world_size(), not the global one)",
+                call, name, counts.size(), world_size_);
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    DSTRAIN_CHECK(counts[i] >= 0, "{}: {}[{}] is {}; counts are numbers of elements, >= 0. Fix: pass 0 for a rank that gets nothing",
+                  call, name, i, counts[i]);
+    DSTRAIN_CHECK(counts[i] <= t.numel() - sum,
+                  "{}: {} sum to more than {}'s {} elements (at {}[{}] = {}, the blocks so far hold {}). Fix: size {} to at least "
+                  "the sum of {}, or lower the counts",
+                  call, name, what, t.numel(), name, i, counts[i], sum, what, name);
+    sum += counts[i];
+  }
+  return sum;
+}
+
+void Communicator::all_to_all_v(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv, std::span<const std::int64_t> recv_counts) {
+  // The bytes to the other ranks, for stats(); computed once the counts are known to be sane.
+  std::uint64_t sent_bytes = 0;
+  run(CollectiveKind::all_to_all_v, 0, false, [&] {
+    const auto call = fmt::format("all_to_all_v #{} on rank {}", sequence_, rank_);
+    check_dtype(call, send.dtype, "send");
+    DSTRAIN_CHECK(send.dtype == recv.dtype,
+                  "{}: send is {} but recv is {}; both must have the same dtype (the blocks are copied, not converted). Fix: cast "
+                  "one of them first",
+                  call, send.str(), recv.str());
+    DSTRAIN_CHECK(send.device == recv.device, "{}: send is on {} but recv on {}; both must be on the same device", call, send.device.str(),
+                  recv.device.str());
+    check_counts(call, send_counts, "send_counts", send, "send");
+    check_counts(call, recv_counts, "recv_counts", recv, "recv");
+    check_data(call, send, "send");
+    check_data(call, recv, "recv");
+    DSTRAIN_CHECK(!overlaps(send, recv), "{}: send ({}) and recv ({}) overlap; all_to_all_v has no in-place form. Fix: use two buffers",
+                  call, send.str(), recv.str());
+    for (int j = 0; j < world_size_; ++j)
+      if (j != rank_) sent_bytes += static_cast<std::uint64_t>(send_counts[static_cast<std::size_t>(j)]) * dtype_size(send.dtype);
+    do_all_to_all_v(send, send_counts, recv, recv_counts);
+  });
+  stats_.bytes[static_cast<std::size_t>(CollectiveKind::all_to_all_v)] += world_size_ > 1 ? sent_bytes : 0;
+}
+
+std::vector<std::int64_t> Communicator::exchange_counts(std::span<const std::int64_t> send_counts) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(world_size_), 0);
+  run(CollectiveKind::all_to_all, static_cast<std::uint64_t>(world_size_) * sizeof(std::int64_t), false, [&] {
+    const auto call = fmt::format("exchange_counts (all_to_all #{}) on rank {}", sequence_, rank_);
+    DSTRAIN_CHECK(send_counts.size() == static_cast<std::size_t>(world_size_),
+                  "{}: send_counts has {} entries but the world size is {}. Fix: pass one count per rank of this communicator", call,
+                  send_counts.size(), world_size_);
+    for (std::size_t i = 0; i < send_counts.size(); ++i)
+      DSTRAIN_CHECK(send_counts[i] >= 0, "{}: send_counts[{}] is {}; counts are numbers of elements, >= 0", call, i, send_counts[i]);
+    do_exchange_counts(send_counts, out);
+  });
+  return out;
+}
+
+void Communicator::do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out) {
+  // Each count as two int32 words: all_to_all moves bits, so the int64 arrives unchanged.
+  static_assert(sizeof(std::int64_t) == 2 * sizeof(std::int32_t));
+  const auto w = static_cast<std::int64_t>(world_size_);
+  std::vector<std::int64_t> in(send_counts.begin(), send_counts.end());
+  do_all_to_all(Tensor(in.data(), DType::int32, Shape{2 * w}), Tensor(out.data(), DType::int32, Shape{2 * w}));
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

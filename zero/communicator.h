@@ -8,7 +8,11 @@
 // newest: every backend must implement them (send/recv — local: a rendezvous of the two threads,
 // the receiver copying; MPI: a description exchange, then one message; NCCL: ncclSend/ncclRecv;
 // send_recv: the same for a batch, below; all_to_all —
-// local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI: pairwise messages; split —
+// local: shared-memory copies; NCCL: grouped ncclSend/ncclRecv; MPI: pairwise messages;
+// all_to_all_v — local: shared-memory copies after checking every pair's counts at the rendezvous;
+// MPI: a per-pair exchange of the counts, then pairwise messages; NCCL: the same counts exchange
+// (one grouped ncclSend/ncclRecv of int64 pairs, read back on the host), then grouped
+// ncclSend/ncclRecv of the nonzero blocks; split —
 // local: a child LocalGroup shared by its member threads; MPI: MPI_Comm_split; NCCL: ncclCommSplit).
 //
 // Backends: LocalCommunicator (zero/local_communicator.h; ranks are threads of one process, on host
@@ -78,12 +82,13 @@ namespace dstrain {
 enum class ReduceOp { sum, avg, max };
 
 // The kinds of operation a communicator counts: the collectives, then the two point-to-point ones
-// (counted in the same tables, so a per-kind report shows a pipeline's traffic next to ZeRO's).
-enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all, send, recv };
-inline constexpr int kCollectiveKinds = 8;
+// (counted in the same tables, so a per-kind report shows a pipeline's traffic next to ZeRO's), then
+// the variable all-to-all (last so that the older kinds keep their numbers).
+enum class CollectiveKind : int { all_reduce = 0, reduce_scatter, all_gather, broadcast, barrier, all_to_all, send, recv, all_to_all_v };
+inline constexpr int kCollectiveKinds = 9;
 
 std::string_view reduce_op_name(ReduceOp op);           // "sum", "avg", "max"
-std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ..., "send", "recv"
+std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ..., "send", "recv", "all_to_all_v"
 
 // "Bytes sent" by one rank for one collective: the algorithmic volume of a ring implementation,
 // not what a particular backend really moves (the local backend moves nothing, NCCL may use trees).
@@ -100,6 +105,8 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ..., "s
 //   all_to_all      (W−1)·N / W     (N = the W·n send buffer: every shard but the rank's own), exact
 //   send            N               (the buffer, once, to the one peer)
 //   recv            0               (the bytes are counted once, by the sender)
+//   all_to_all_v    N               (N = the bytes of the blocks to the other ranks: what this rank
+//                                    sends, exact; its own block is not sent)
 // W = 1: every collective sends 0 bytes (and a group of one has no peer to send to).
 std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, bool is_root = false);
 
@@ -124,6 +131,12 @@ std::chrono::milliseconds default_comm_timeout();
 // Shard `index` of `world_size` equal shards of `full` viewed as a flat array: the rank's slice of
 // a flat buffer, for the in-place forms below. Throws Error when world_size does not divide numel.
 Tensor shard_of(const Tensor& full, int index, int world_size);
+
+// The Error text every backend gives when all_to_all_v #`sequence`'s counts disagree: rank
+// `sender` sends `sent` elements to rank `receiver` (its send_counts[receiver]), which expects
+// `expected` (its recv_counts[sender]). `backend` starts the text ("local communicator", ...).
+std::string all_to_all_v_mismatch(std::string_view backend, std::uint64_t sequence, int sender, std::int64_t sent, int receiver,
+                                  std::int64_t expected);
 
 // One operation of a send_recv batch (torch.distributed.P2POp).
 struct PointToPointOp {
@@ -163,6 +176,27 @@ class Communicator {
   // send, recv: W·n elements each, any collective dtype, not overlapping. Shard j of send goes to
   // rank j; on return shard i of recv holds rank i's shard `rank` (MPI_Alltoall, all_to_all_single).
   void all_to_all(Tensor send, Tensor recv);
+
+  // Variable all-to-all (MPI_Alltoallv, torch.distributed.all_to_all_single with split sizes):
+  // send holds W consecutive blocks, block j (send_counts[j] elements) going to rank j; recv
+  // receives W consecutive blocks, block i (recv_counts[i] elements) from rank i. Counts are in
+  // elements of the tensors' dtype (send and recv the same collective dtype), blocks packed in rank
+  // order with no gaps (offsets are the prefix sums); send.numel() >= sum(send_counts),
+  // recv.numel() >= sum(recv_counts); send and recv must not overlap. recv_counts[i] must equal
+  // rank i's send_counts[rank()] — an Error naming both ranks and both counts when they disagree
+  // (every backend checks it).
+  // Every rank calls it (a rank that exchanges nothing passes zero counts). Elements of recv past
+  // sum(recv_counts) are left as they were. Counted in sequence() like any collective and in
+  // stats() as CollectiveKind::all_to_all_v, its bytes those of the blocks to the other ranks.
+  // On NCCL the counts check reads a small exchange back on the host, so the call waits for the
+  // work queued before it (the counts live on the host anyway, as torch's split sizes do).
+  void all_to_all_v(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv, std::span<const std::int64_t> recv_counts);
+  // The counts every rank will send to this one: out[i] = rank i's send_counts[rank()] (one
+  // all_to_all of W int64-sized values; host vectors in and out on every backend, staged through
+  // device memory where the backend needs it). What a caller runs before all_to_all_v when only the
+  // sender knows the sizes (MoE routing).
+  // Counted in sequence() and in stats() as one all_to_all of W int64 values (8·W bytes).
+  std::vector<std::int64_t> exchange_counts(std::span<const std::int64_t> send_counts);
 
   // Point-to-point (MPI_Send / MPI_Recv, ncclSend / ncclRecv; see the top of this file): `buf`
   // (any collective dtype, viewed as a flat array; host memory for local and mpi, the rank's GPU
@@ -258,6 +292,15 @@ class Communicator {
   virtual void do_broadcast(const Tensor& buf, int root) = 0;
   virtual void do_barrier() = 0;
   virtual void do_all_to_all(const Tensor& send, const Tensor& recv) = 0;
+  // Called after the front checked this rank's arguments: both spans hold world_size() counts,
+  // none negative, their sums within send's and recv's numel, same dtype and device, no overlap.
+  // The backend checks recv_counts against the senders' send_counts (the front cannot see them).
+  virtual void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                               std::span<const std::int64_t> recv_counts) = 0;
+  // exchange_counts' work, `out` sized world_size(). The default runs do_all_to_all on host int32
+  // tensors (each count as two int32 words, its bytes moved unchanged); a backend that communicates
+  // device memory only (NCCL) or a wrapper forwards or stages it.
+  virtual void do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out);
   // Called after the buffer and the peer were checked; sends_to(peer) / recvs_from(peer) already
   // count this call (its number in the pair's order).
   virtual void do_send(const Tensor& buf, int peer) = 0;
@@ -280,6 +323,8 @@ class Communicator {
   // An Error naming `name` unless `peer` is another rank of this communicator.
   void check_peer(std::string_view name, int peer, bool sending) const;
   void check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard, const char* shard_name) const;
+  std::int64_t check_counts(const std::string& call, std::span<const std::int64_t> counts, const char* name, const Tensor& t,
+                            const char* what) const;
 
   int rank_;
   int world_size_;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -119,6 +120,8 @@ std::string describe(const LocalGroup::Call& c, int world) {
       return fmt::format("{} #{}", name, c.sequence);
     case CollectiveKind::all_to_all:
       return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::all_to_all_v:
+      return fmt::format("{} #{} ({}, sending {}, receiving {} elements)", name, c.sequence, dt, c.count, c.recv_count);
     case CollectiveKind::send:
     case CollectiveKind::recv:
       break;  // not collectives: described by describe_point_to_point
@@ -207,8 +210,10 @@ std::string LocalGroup::check_calls_locked() const {
   for (int r = 1; r < world_size_; ++r) {
     const Call& c = call_of(r);
     const bool reduces = c.kind == CollectiveKind::all_reduce || c.kind == CollectiveKind::reduce_scatter;
+    // all_to_all_v's sizes differ per rank by design: its counts are checked pair by pair below.
+    const bool sized = c.kind != CollectiveKind::all_to_all_v;
     const bool same = c.kind == c0.kind && c.sequence == c0.sequence &&
-                      (c.kind == CollectiveKind::barrier || (c.dtype == c0.dtype && c.count == c0.count && (!reduces || c.op == c0.op) &&
+                      (c.kind == CollectiveKind::barrier || (c.dtype == c0.dtype && (!sized || c.count == c0.count) && (!reduces || c.op == c0.op) &&
                                                              (c.kind != CollectiveKind::broadcast || c.root == c0.root)));
     if (!same) {
       return fmt::format(
@@ -216,6 +221,17 @@ std::string LocalGroup::check_calls_locked() const {
           "same collectives in the same order with the same dtype, element count, op and root. Fix: look for a "
           "rank-dependent branch or size before this call",
           describe(c0, world_size_), r, describe(c, world_size_));
+    }
+  }
+  // all_to_all_v: what rank a sends rank b is what rank b expects from rank a, for every pair (a
+  // rank's block to itself included). Every rank is in the call, so their counts are readable.
+  if (c0.kind == CollectiveKind::all_to_all_v) {
+    for (int a = 0; a < world_size_; ++a) {
+      for (int b = 0; b < world_size_; ++b) {
+        const std::int64_t sent = call_of(a).send_counts[b];
+        const std::int64_t expected = call_of(b).recv_counts[a];
+        if (sent != expected) return all_to_all_v_mismatch("local communicator", c0.sequence, a, sent, b, expected);
+      }
     }
   }
   // Device memory on one rank and host memory (or another GPU) on another: no copy could serve
@@ -254,6 +270,10 @@ std::string LocalGroup::check_calls_locked() const {
       case CollectiveKind::all_to_all:
         v.push_back({static_cast<const char*>(c.send), w * n * es, "send"});
         v.push_back({static_cast<const char*>(c.recv), w * n * es, "recv"});
+        break;
+      case CollectiveKind::all_to_all_v:
+        v.push_back({static_cast<const char*>(c.send), n * es, "send"});
+        v.push_back({static_cast<const char*>(c.recv), static_cast<std::size_t>(c.recv_count) * es, "recv"});
         break;
       case CollectiveKind::barrier:
       case CollectiveKind::send:
@@ -709,6 +729,35 @@ void LocalCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
     for (int r = 0; r < world_size(); ++r) {
       copy_on(send.device, at(recv.data, n * r, recv.dtype), at(group_.call_of(r).send, n * rank(), send.dtype),
               static_cast<std::size_t>(n) * dtype_size(send.dtype));
+    }
+  });
+}
+
+void LocalCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                                        std::span<const std::int64_t> recv_counts) {
+  check_device(send, "send");
+  check_device(recv, "recv");
+  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  const std::int64_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
+  LocalGroup::Call call{CollectiveKind::all_to_all_v, send.dtype, sent, ReduceOp::sum, 0, 0, send.data, recv.data, send.device};
+  call.recv_count = received;
+  call.send_counts = send_counts.data();
+  call.recv_counts = recv_counts.data();
+  collective(call, [&] {
+    // This rank writes only its own recv: block i comes from rank i's block `rank`, which starts
+    // after rank i's blocks to the ranks before this one.
+    const int w = world_size();
+    const std::size_t es = dtype_size(send.dtype);
+    std::int64_t dst = 0;
+    for (int i = 0; i < w; ++i) {
+      const std::int64_t n = recv_counts[static_cast<std::size_t>(i)];
+      if (n > 0) {
+        const LocalGroup::Call& from = group_.call_of(i);
+        std::int64_t src = 0;
+        for (int j = 0; j < rank(); ++j) src += from.send_counts[j];
+        copy_on(send.device, at(recv.data, dst, recv.dtype), at(from.send, src, send.dtype), static_cast<std::size_t>(n) * es);
+      }
+      dst += n;
     }
   });
 }

@@ -26,6 +26,8 @@
 //     missing ranks and what each of them last called; a rank whose thread has finished fails the
 //     others at once;
 //   - mismatched calls (different collective, dtype, size, op or root) fail naming both calls;
+//     in all_to_all_v, a rank whose recv_counts[i] is not rank i's send_counts[rank] fails every
+//     rank, naming both ranks and both counts;
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
 //
@@ -111,6 +113,11 @@ class LocalGroup {
     const void* send = nullptr;  // all_reduce/broadcast: the buffer itself
     void* recv = nullptr;
     Device device = Device::cpu();  // where the buffers are (every rank's must be on the same one)
+    // all_to_all_v: count is sum(send_counts), recv_count sum(recv_counts); the counts themselves
+    // (world_size each, the caller's spans) are read only while every rank is in the call.
+    std::int64_t recv_count = 0;
+    const std::int64_t* send_counts = nullptr;
+    const std::int64_t* recv_counts = nullptr;
   };
 
  private:
@@ -229,6 +236,10 @@ class LocalCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // The rendezvous, where the last rank to arrive checks every pair's counts; then each rank copies
+  // its blocks from the senders' buffers into its own recv.
+  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                       std::span<const std::int64_t> recv_counts) override;
   // The rendezvous at the top of this file; the receiver copies. send and recv are batches of one.
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>
@@ -64,6 +65,8 @@ std::string describe(const MpiCommunicator::Call& c, int world) {
       return fmt::format("{} #{}", name, c.sequence);
     case CollectiveKind::all_to_all:
       return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
+    case CollectiveKind::all_to_all_v:
+      return fmt::format("{} #{} ({}, sending {} elements)", name, c.sequence, dt, c.count);
     case CollectiveKind::send:
     case CollectiveKind::recv:
       // Never in the arrival exchange; a point-to-point call's number is its pair's (MPI failures
@@ -77,6 +80,8 @@ bool same_call(const MpiCommunicator::Call& a, const MpiCommunicator::Call& b) {
   if (a.kind != b.kind || a.sequence != b.sequence) return false;
   const auto kind = static_cast<CollectiveKind>(a.kind);
   if (kind == CollectiveKind::barrier) return true;
+  // all_to_all_v's sizes differ per rank by design: each pair checks its counts afterwards.
+  if (kind == CollectiveKind::all_to_all_v) return a.dtype == b.dtype;
   const bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
   return a.dtype == b.dtype && a.count == b.count && (!reduces || a.op == b.op) && (kind != CollectiveKind::broadcast || a.root == b.root);
 }
@@ -475,6 +480,90 @@ void MpiCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
     recvs.push_back({q, dst + static_cast<std::size_t>(q) * bytes, count});
   }
   exchange(sends, recvs, send.dtype, call);
+}
+
+void MpiCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                                      std::span<const std::int64_t> recv_counts) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const int w = world_size();
+  const int me = rank();
+  const auto at = [](std::span<const std::int64_t> v, int i) { return v[static_cast<std::size_t>(i)]; };
+  const Call call{sequence(),
+                  static_cast<std::int32_t>(CollectiveKind::all_to_all_v),
+                  static_cast<std::int32_t>(send.dtype),
+                  static_cast<std::int32_t>(ReduceOp::sum),
+                  0,
+                  std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0})};
+  arrive(call);
+  // 1. Each pair's counts: to rank q (send_counts[q], recv_counts[q]); from it (what q sends this
+  // rank, what q expects from it). In scratch (MPI may still write it after a timeout): the
+  // incoming pairs first, then the outgoing ones.
+  auto* pairs = reinterpret_cast<std::int64_t*>(scratch(static_cast<std::size_t>(4 * w) * sizeof(std::int64_t)));
+  std::int64_t* in = pairs;
+  std::int64_t* out = pairs + 2 * w;
+  std::vector<Part> sends, recvs;
+  for (int q = 0; q < w; ++q) {
+    out[2 * q] = at(send_counts, q);
+    out[2 * q + 1] = at(recv_counts, q);
+    in[2 * q] = out[2 * q];  // for q = me: this rank's own pair, checked below like a peer's
+    in[2 * q + 1] = out[2 * q + 1];
+    if (q == me) continue;
+    sends.push_back({q, out + 2 * q, 2});
+    recvs.push_back({q, in + 2 * q, 2});
+  }
+  exchange(sends, recvs, DType::fp64, call);  // 8-byte elements, moved as bits
+  // 2. Both directions of every pair, on both of its ranks: the lower rank's sends first, so that
+  // both ranks of a pair report the same disagreement.
+  std::string problem;
+  std::vector<bool> agreed(static_cast<std::size_t>(w), true);
+  for (int q = 0; q < w; ++q) {
+    const std::int64_t q_sends = in[2 * q], q_expects = in[2 * q + 1];  // q's send_counts[me], recv_counts[me]
+    const std::int64_t me_sends = at(send_counts, q), me_expects = at(recv_counts, q);
+    std::string text;
+    const bool q_to_me = q_sends == me_expects;
+    const bool me_to_q = me_sends == q_expects;
+    if (q < me) {
+      if (!q_to_me) text = all_to_all_v_mismatch("MPI communicator", call.sequence, q, q_sends, me, me_expects);
+      else if (!me_to_q) text = all_to_all_v_mismatch("MPI communicator", call.sequence, me, me_sends, q, q_expects);
+    } else {
+      if (!me_to_q) text = all_to_all_v_mismatch("MPI communicator", call.sequence, me, me_sends, q, q_expects);
+      else if (!q_to_me) text = all_to_all_v_mismatch("MPI communicator", call.sequence, q, q_sends, me, me_expects);
+    }
+    if (!text.empty()) {
+      agreed[static_cast<std::size_t>(q)] = false;
+      if (problem.empty()) problem = std::move(text);
+    }
+  }
+  // 3. The blocks, with every peer whose counts agree (the others' parts of this collective still
+  // complete); a block above MPI's int count as several messages, which MPI keeps in order.
+  const std::size_t es = dtype_size(send.dtype);
+  const auto* src = static_cast<const char*>(send.data);
+  auto* dst = static_cast<char*>(recv.data);
+  sends.clear();
+  recvs.clear();
+  std::int64_t send_at = 0, recv_at = 0;
+  const auto add_parts = [es](std::vector<Part>& parts, int peer, char* base, std::int64_t n) {
+    for (std::int64_t done = 0; done < n;) {
+      const std::int64_t piece = std::min<std::int64_t>(n - done, INT_MAX);
+      parts.push_back({peer, base + static_cast<std::size_t>(done) * es, static_cast<int>(piece)});
+      done += piece;
+    }
+  };
+  for (int q = 0; q < w; ++q) {
+    const std::int64_t ns = at(send_counts, q), nr = at(recv_counts, q);
+    if (q == me) {
+      if (agreed[static_cast<std::size_t>(q)] && ns > 0) std::memcpy(dst + static_cast<std::size_t>(recv_at) * es, src + static_cast<std::size_t>(send_at) * es,
+                                          static_cast<std::size_t>(ns) * es);
+    } else if (agreed[static_cast<std::size_t>(q)]) {
+      add_parts(sends, q, const_cast<char*>(src) + static_cast<std::size_t>(send_at) * es, ns);
+      add_parts(recvs, q, dst + static_cast<std::size_t>(recv_at) * es, nr);
+    }
+    send_at += ns;
+    recv_at += nr;
+  }
+  exchange(sends, recvs, send.dtype, call);
+  if (!problem.empty()) fail_with(problem);
 }
 
 void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {

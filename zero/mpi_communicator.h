@@ -103,6 +103,13 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // The arrival exchange (kind and dtype; the sizes differ per rank), then each pair's counts
+  // (send_counts[q] and recv_counts[q] to rank q, in one message), checked on both ranks of the
+  // pair, then the blocks as pairwise messages (a block above INT_MAX elements as several). A pair
+  // whose counts disagree exchanges no data and both its ranks fail, naming both counts; the other
+  // pairs complete (the group is unusable on the failed ranks afterwards, as after any failure).
+  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                       std::span<const std::int64_t> recv_counts) override;
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
   void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;

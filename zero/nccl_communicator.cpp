@@ -1,6 +1,9 @@
 #include "zero/nccl_communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <numeric>
+#include <vector>
 #include <thread>
 
 #include <fmt/format.h>
@@ -166,6 +169,8 @@ NcclCommunicator::~NcclCommunicator() {
     if (e != cudaSuccess) log_warning("NCCL communicator of rank {}: {} failed: {}", rank(), what, cudaGetErrorString(e));
   };
   if (barrier_word_ != nullptr) warn(cudaFree(barrier_word_), "cudaFree(barrier word)");
+  if (counts_device_ != nullptr) warn(cudaFree(counts_device_), "cudaFree(counts)");
+  if (counts_host_ != nullptr) warn(cudaFreeHost(counts_host_), "cudaFreeHost(counts)");
   if (comm_done_ != nullptr) warn(cudaEventDestroy(comm_done_), "cudaEventDestroy");
   for (cudaEvent_t e : marks_) {
     if (e != nullptr) warn(cudaEventDestroy(e), "cudaEventDestroy(mark)");
@@ -335,6 +340,95 @@ void NcclCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
   }
   DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
   after_enqueue();
+}
+
+void NcclCommunicator::exchange_pairs(const std::int64_t* out, std::int64_t* in, int per_peer, const std::string& call) {
+  const auto w = static_cast<std::size_t>(world_size());
+  const std::size_t n = w * static_cast<std::size_t>(per_peer);  // values each way
+  CudaDeviceScope current(device_);
+  if (counts_device_ == nullptr) {
+    DSTRAIN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counts_device_), 4 * w * sizeof(std::int64_t)));
+    DSTRAIN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&counts_host_), 4 * w * sizeof(std::int64_t)));
+  }
+  // The previous exchange was waited for, so the staging buffers are free.
+  std::copy(out, out + n, counts_host_);
+  last_call_ = call;
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(counts_device_, counts_host_, n * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupStart());
+  for (std::size_t q = 0; q < w; ++q) {
+    const std::size_t at = q * static_cast<std::size_t>(per_peer);
+    DSTRAIN_NCCL_ENQUEUE(ncclSend(counts_device_ + at, static_cast<std::size_t>(per_peer), ncclInt64, static_cast<int>(q), comm_, stream_));
+    DSTRAIN_NCCL_ENQUEUE(ncclRecv(counts_device_ + n + at, static_cast<std::size_t>(per_peer), ncclInt64, static_cast<int>(q), comm_, stream_));
+  }
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
+  DSTRAIN_CUDA_CHECK(cudaMemcpyAsync(counts_host_ + n, counts_device_ + n, n * sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream_));
+  after_enqueue();
+  synchronize();
+  std::copy(counts_host_ + n, counts_host_ + 2 * n, in);
+}
+
+void NcclCommunicator::do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out) {
+  check_usable();
+  exchange_pairs(send_counts.data(), out.data(), 1, fmt::format("exchange_counts (all_to_all #{}, {} int64 values)", sequence(), world_size()));
+}
+
+void NcclCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                                       std::span<const std::int64_t> recv_counts) {
+  check_usable();
+  check_device(send, "send", "all_to_all_v");
+  check_device(recv, "recv", "all_to_all_v");
+  const int w = world_size();
+  const int me = rank();
+  const auto at = [](std::span<const std::int64_t> v, int i) { return v[static_cast<std::size_t>(i)]; };
+  // 1. Each pair's counts, read back on the host (NCCL cannot see the other ranks' calls, and a
+  // disagreement would otherwise be a hang or corrupt data).
+  std::vector<std::int64_t> out(static_cast<std::size_t>(2 * w)), in(static_cast<std::size_t>(2 * w));
+  for (int q = 0; q < w; ++q) {
+    out[static_cast<std::size_t>(2 * q)] = at(send_counts, q);
+    out[static_cast<std::size_t>(2 * q + 1)] = at(recv_counts, q);
+  }
+  exchange_pairs(out.data(), in.data(), 2, fmt::format("all_to_all_v #{} (the counts exchange)", sequence()));
+  // 2. Both directions of every pair, the lower rank's sends first (both ranks report the same).
+  std::string problem;
+  std::vector<bool> agreed(static_cast<std::size_t>(w), true);
+  for (int q = 0; q < w; ++q) {
+    const std::int64_t q_sends = in[static_cast<std::size_t>(2 * q)], q_expects = in[static_cast<std::size_t>(2 * q + 1)];
+    const std::int64_t me_sends = at(send_counts, q), me_expects = at(recv_counts, q);
+    const auto q_to_me = [&] { return all_to_all_v_mismatch("NCCL communicator", sequence(), q, q_sends, me, me_expects); };
+    const auto me_to_q = [&] { return all_to_all_v_mismatch("NCCL communicator", sequence(), me, me_sends, q, q_expects); };
+    std::string text;
+    if (q < me) {
+      text = q_sends != me_expects ? q_to_me() : me_sends != q_expects ? me_to_q() : std::string();
+    } else {
+      text = me_sends != q_expects ? me_to_q() : q_sends != me_expects ? q_to_me() : std::string();
+    }
+    if (!text.empty()) {
+      agreed[static_cast<std::size_t>(q)] = false;
+      if (problem.empty()) problem = std::move(text);
+    }
+  }
+  // 3. The blocks: one group, a send and a recv per agreeing peer with a nonzero count.
+  wait_for_compute();
+  last_call_ = fmt::format("all_to_all_v #{} ({}, sending {} elements)", sequence(), dtype_name(send.dtype),
+                           std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}));
+  const std::size_t es = dtype_size(send.dtype);
+  std::size_t send_at = 0, recv_at = 0;
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupStart());
+  for (int q = 0; q < w; ++q) {
+    const auto ns = static_cast<std::size_t>(at(send_counts, q)), nr = static_cast<std::size_t>(at(recv_counts, q));
+    if (agreed[static_cast<std::size_t>(q)]) {
+      if (ns > 0) DSTRAIN_NCCL_ENQUEUE(ncclSend(static_cast<const char*>(send.data) + send_at * es, ns, nccl_type(send.dtype), q, comm_, stream_));
+      if (nr > 0) DSTRAIN_NCCL_ENQUEUE(ncclRecv(static_cast<char*>(recv.data) + recv_at * es, nr, nccl_type(recv.dtype), q, comm_, stream_));
+    }
+    send_at += ns;
+    recv_at += nr;
+  }
+  DSTRAIN_NCCL_ENQUEUE(ncclGroupEnd());
+  after_enqueue();
+  if (!problem.empty()) {
+    synchronize();  // the agreeing peers' blocks first, so that their ranks complete
+    abort_with(problem);
+  }
 }
 
 void NcclCommunicator::do_send(const Tensor& buf, int peer) {

@@ -113,6 +113,15 @@ class NcclCommunicator final : public Communicator {
   void do_barrier() override;
   // Grouped ncclSend / ncclRecv to and from every rank.
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
+  // First each pair's counts (exchange_pairs: send_counts[q] and recv_counts[q] to rank q), read
+  // back on the host and checked on both ranks of every pair; then one group of ncclSend /
+  // ncclRecv, one per peer and direction with a nonzero count, on stream(). A pair whose counts
+  // disagree exchanges no data: its two ranks wait for their other peers' blocks, then fail naming
+  // both counts (and abort the communicator, as after any failure).
+  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                       std::span<const std::int64_t> recv_counts) override;
+  // Staged through device memory (exchange_pairs with one value per peer).
+  void do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out) override;
   // ncclSend / ncclRecv (above).
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
@@ -142,6 +151,11 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void abort_with(const std::string& message);
   // Marks the end of the collectives issued so far (synchronize(), compute_wait_for_comm()).
   void after_enqueue();
+  // An all-to-all of `per_peer` int64 values with every rank, host to host: out[per_peer·q ..] go
+  // to rank q, in[per_peer·q ..] come from it. Staged through counts_device_ (pinned counts_host_
+  // for the copies, so that the wait is synchronize()'s, bounded by the timeout); returns once
+  // `in` holds the values. `call` names it in errors.
+  void exchange_pairs(const std::int64_t* out, std::int64_t* in, int per_peer, const std::string& call);
 
   int device_ = 0;
   std::chrono::milliseconds timeout_;
@@ -153,6 +167,9 @@ class NcclCommunicator final : public Communicator {
   static constexpr std::size_t kMarkEvents = 64;
   std::array<cudaEvent_t, kMarkEvents> marks_{};  // marks_[s % kMarkEvents]: recorded after collective s
   int* barrier_word_ = nullptr;                   // 4 bytes of device memory for barrier()
+  // exchange_pairs' staging, 4·W int64 each (out, then in), allocated on first use.
+  std::int64_t* counts_device_ = nullptr;
+  std::int64_t* counts_host_ = nullptr;
   std::string last_call_ = "no collective yet";
   std::string failure_;
 };

@@ -310,6 +310,10 @@ class SyncRecorder final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override { inner_.broadcast(buf, root); }
   void do_barrier() override { inner_.barrier(); }
   void do_all_to_all(const Tensor& send, const Tensor& recv) override { inner_.all_to_all(send, recv); }
+  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                       std::span<const std::int64_t> recv_counts) override {
+    inner_.all_to_all_v(send, send_counts, recv, recv_counts);
+  }
   void do_send(const Tensor& buf, int peer) override { inner_.send(buf, peer); }
   void do_recv(const Tensor& buf, int peer) override { inner_.recv(buf, peer); }
   void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> /*calls*/) override { inner_.send_recv(ops); }

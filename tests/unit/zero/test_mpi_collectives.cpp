@@ -4,10 +4,11 @@
 // this same process, fed the same per-rank inputs) gives the same rank, and the same byte counters.
 // Then split (MPI_Comm_split): children's members, collectives and counters against the test's
 // own enumeration, children that outlive their parent, the device mesh's groups (pipeline stages
-// included). Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
+// included). The variable all-to-all and exchange_counts against the formula's blocks. Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
 // order, the pipeline group; the batched send_recv (a ring, both neighbours, the pair's order
 // across batched and standalone calls). Then the failures: mismatched calls fail on every rank
-// naming both (collectives) or on both ranks of the pair (send/recv, send_recv), a rank that never
+// naming both (collectives) or on both ranks of the pair (send/recv, send_recv, all_to_all_v's
+// counts), a rank that never
 // arrives (or splits with a negative color, or never sends) is named by the others within the
 // timeout.
 //
@@ -217,6 +218,60 @@ TEST(MpiCollectives, AllToAllMatchesLocal) {
       expect_same_bits(got, want, fmt::format("all_to_all {} n={} W={}", dtype_name(d), n, world()));
       EXPECT_EQ(mpi.stats().bytes, want_stats.bytes);
     }
+}
+
+// The variable all-to-all: how many elements rank s sends rank d (zeros included: in "silent" the
+// last rank sends nothing and rank 0 receives nothing), and element k of that block.
+std::int64_t a2av_count(int pattern, int s, int d, int w) {
+  switch (pattern) {
+    case 0:
+      return ((s * 3 + d * 5 + 1) % 4) * (1 + s) + (s == d ? 2 : 0) * (d % 2);
+    case 1:
+      return (s == w - 1 || d == 0) ? 0 : 1 + s + 2 * d;
+    case 2:
+      return 0;
+    default:
+      return 1000 + s + d;  // blocks of a few KB
+  }
+}
+double a2av_element(int s, int d, std::int64_t k) { return s * 1000 + d * 100 + static_cast<double>(k % 97); }
+
+// Every process checks its recv against the blocks the formula gives (block i = rank i's block
+// `me`), the untouched tail past them, the counters, and exchange_counts' answer.
+TEST(MpiCollectives, AllToAllVMatchesTheFormula) {
+  MpiCommunicator mpi;
+  const int w = world(), r = me();
+  for (const DType d : {DType::fp32, DType::bf16, DType::int32}) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      const std::string what = fmt::format("all_to_all_v {} pattern {} W={} rank {}", dtype_name(d), pattern, w, r);
+      std::vector<std::int64_t> sc, rc;
+      for (int q = 0; q < w; ++q) {
+        sc.push_back(a2av_count(pattern, r, q, w));
+        rc.push_back(a2av_count(pattern, q, r, w));
+      }
+      EXPECT_EQ(mpi.exchange_counts(sc), rc) << what;
+      std::int64_t ns = 0, nr = 0;
+      for (int q = 0; q < w; ++q) ns += sc[static_cast<std::size_t>(q)], nr += rc[static_cast<std::size_t>(q)];
+      HostBuf send(d, ns + 2), recv(d, nr + 2), want(d, nr + 2);
+      std::int64_t at = 0;
+      for (int q = 0; q < w; ++q)
+        for (std::int64_t k = 0; k < sc[static_cast<std::size_t>(q)]; ++k) send.set(at++, a2av_element(r, q, k));
+      send.set(at++, 5), send.set(at, 5);
+      for (std::int64_t i = 0; i < recv.n; ++i) recv.set(i, -7);
+      at = 0;
+      for (int q = 0; q < w; ++q)
+        for (std::int64_t k = 0; k < rc[static_cast<std::size_t>(q)]; ++k) want.set(at++, a2av_element(q, r, k));
+      want.set(at++, -7), want.set(at, -7);
+      const CommStats before = mpi.stats();
+      mpi.all_to_all_v(send.tensor(), sc, recv.tensor(), rc);
+      expect_same_bits(recv, want, what);
+      const CommStats delta = mpi.stats() - before;
+      EXPECT_EQ(delta.call_count(CollectiveKind::all_to_all_v), 1u) << what;
+      EXPECT_EQ(delta.bytes_sent(CollectiveKind::all_to_all_v),
+                static_cast<std::uint64_t>(ns - sc[static_cast<std::size_t>(r)]) * dtype_size(d) * (w > 1 ? 1u : 0u))
+          << what;
+    }
+  }
 }
 
 // The 1-bit optimizers' compressed all-reduce (built on all_to_all and all_gather, so every backend
@@ -632,6 +687,39 @@ TEST(MpiCollectives, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
             << m;
       }
       EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Rank 1 expects one element more from rank 0 than rank 0 sends: both fail naming both ranks and
+// both counts, having exchanged no data with each other; the other ranks' blocks still arrive.
+TEST(MpiCollectives, AllToAllVMismatchFailsOnBothRanksNamingBothCounts) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const int w = world(), r = me();
+    std::vector<std::int64_t> sc(static_cast<std::size_t>(w), 2), rc(static_cast<std::size_t>(w), 2);
+    if (r == 1) rc[0] = 3;
+    HostBuf send(DType::int32, 2 * w), recv(DType::int32, 2 * w + 1);
+    for (int q = 0; q < w; ++q) send.set(2 * q, r * 10 + q), send.set(2 * q + 1, r * 10 + q);
+    try {
+      mpi.all_to_all_v(send.tensor(), sc, recv.tensor(), rc);
+      EXPECT_GE(r, 2) << "a mismatched all_to_all_v succeeded on rank " << r;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_LT(r, 2) << m;
+      EXPECT_NE(m.find("all_to_all_v #1: rank 0 sends 2 elements to rank 1 (its send_counts[1]) but rank 1 expects 3 from rank 0 (its "
+                       "recv_counts[0])"),
+                std::string::npos)
+          << m;
+      EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
+    }
+    // Every rank's blocks from the ranks it agrees with (all but the failed pair) arrived.
+    for (int q = 0; q < w; ++q) {
+      if ((r == 0 && q == 1) || (r == 1 && q == 0)) continue;
+      const std::int64_t at = (r == 1 && q > 0) ? 2 * q + 1 : 2 * q;
+      EXPECT_EQ(recv.get(at), q * 10 + r) << "rank " << r << " block from " << q;
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
