@@ -20,6 +20,7 @@
 
 #include "engine/pipeline_engine.h"
 #include "engine/tensor_parallel.h"
+#include "models/model_registry.h"
 #include "models/pipeline_stage.h"
 #include "models/param_split.h"
 #include "zero/device_mesh.h"
@@ -65,7 +66,10 @@ struct MeshRun {
 };
 
 inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp, float dropout = 0.0f) {
-  std::shared_ptr<const Architecture> arch = std::string_view(spec).starts_with("llama:") ? llama_family().from_spec(spec) : gpt2_family().from_spec(spec);
+  const std::string_view sv(spec);
+  std::shared_ptr<const Architecture> arch = sv.starts_with("llama:")  ? llama_family().from_spec(spec)
+                                             : sv.starts_with("gpt2:") ? gpt2_family().from_spec(spec)
+                                                                       : model_architecture(spec);  // moe: and other registered families
   if (dropout > 0.0f) {
     Gpt2Config c = model_config_from_spec(spec);
     c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = dropout;

@@ -1,0 +1,60 @@
+// A mixture-of-experts model (Mixtral-shaped, with the load-balancing loss in the objective) on
+// data-parallel x ZeRO 0-3, tensor-parallel (the experts whole on every rank, the attention cut,
+// Megatron's cut residual stream) and sequence-parallel (the router statistics summed over the
+// group, so the aux loss and its gradient are the whole sequences') meshes against one rank, in
+// fp32 and bf16: the same losses, gradient norms and trained parameters within the bounds of
+// mesh_test_util.h. Switching off the statistics' sum over the sequence-parallel group, or any rank
+// routing differently, moves the loss beyond them.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+
+#include "mesh_test_util.h"
+
+namespace dstrain {
+namespace {
+
+using namespace mesh_testing;
+
+// 4 experts of 24, top-2 renormalised (Mixtral), aux loss weight 0.05 in the objective.
+constexpr const char* kMoe = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied-norm-aux0.05";
+
+using Mesh = std::tuple<int, int, int>;  // tp, sp, dp
+using Cell = std::tuple<Mesh, int, Precision>;
+
+class MoeMesh : public ::testing::TestWithParam<Cell> {};
+
+TEST_P(MoeMesh, MatchesOneRank) {
+  const auto& [mesh, stage, precision] = GetParam();
+  MeshRun m;
+  std::tie(m.tp, m.sp, m.dp) = mesh;
+  m.stage = stage;
+  m.precision = precision;
+  m.model = kMoe;
+  m.shard_residual = true;
+  if (precision == Precision::bf16) {
+    // As test_mesh_matrix.cpp's bf16 bounds (each rank's partial sums rounded to bf16).
+    m.tolerance = Tolerance{1e-3, 0.07, 0.0, 0.4, 0.15, 0.07};
+    m.grad_norm_rtol = 5e-2;
+  }
+  check_against_one_rank(m);
+}
+
+std::string cell_name(const ::testing::TestParamInfo<Cell>& info) {
+  const Mesh& mesh = std::get<0>(info.param);
+  return fmt::format("tp{}_sp{}_dp{}_stage{}_{}", std::get<0>(mesh), std::get<1>(mesh), std::get<2>(mesh), std::get<1>(info.param),
+                     precision_name(std::get<2>(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(DataParallelZero, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{1, 1, 2}), ::testing::Values(0, 1, 2, 3),
+                                            ::testing::Values(Precision::fp32, Precision::bf16)),
+                         cell_name);
+INSTANTIATE_TEST_SUITE_P(TensorAndSequenceParallel, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{2, 2, 1}), ::testing::Values(1),
+                                            ::testing::Values(Precision::fp32)),
+                         cell_name);
+
+}  // namespace
+}  // namespace dstrain
