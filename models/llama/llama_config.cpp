@@ -28,7 +28,7 @@ constexpr const char* kSpecForms =
 
 constexpr const char* kMoeSpecForms =
     "moe:L<n>-C<c>-H<h>-E<experts>-K<top_k>[-KV<k>][-I<expert width>][-D<d>][-V<v>][-T<t>][-S<shared width>][-tied][-sigmoid]"
-    "[-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>][-norm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>] "
+    "[-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>][-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>] "
     "(e.g. moe:L4-C256-H4-KV2-E8-K2-I512-norm)";
 
 bool parse_int(std::string_view s, std::int64_t& out) {
@@ -495,7 +495,7 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
       {"S", "the shared experts' width"},  {"G", "n_group"}};
   static const std::vector<std::pair<std::string, const char*>> kNum = {
       {"aux", "router_aux_loss_coef"}, {"RS", "routed_scaling_factor"}, {"CF", "capacity_factor"}};
-  static const std::set<std::string> kFlags = {"tied", "sigmoid", "norm"};
+  static const std::set<std::string> kFlags = {"tied", "sigmoid", "norm", "nonorm"};
   std::map<std::string, std::int64_t> ints;
   std::map<std::string, double> nums;
   std::set<std::string> flags, seen;
@@ -570,7 +570,11 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
   m.top_k = ints["K"];
   m.expert_intermediate_size = get("I", default_intermediate(C));
   m.score = flags.count("sigmoid") != 0 ? MoeConfig::Score::sigmoid : MoeConfig::Score::softmax;
-  m.norm_topk_prob = flags.count("norm") != 0;
+  // Renormalised by default (Mixtral's rule, and what a bare descriptor then writes: a mixtral
+  // config); -nonorm for Qwen-MoE's / OLMoE's default.
+  if (flags.count("norm") != 0 && flags.count("nonorm") != 0)
+    fail("model spec '{}': -norm and -nonorm contradict each other; give at most one (renormalising is the default)", spec);
+  m.norm_topk_prob = flags.count("nonorm") == 0;
   m.n_group = get("G", 1);
   m.topk_group = get("TG", 1);
   m.routed_scaling_factor = nums.count("RS") != 0 ? nums["RS"] : 1.0;

@@ -18,7 +18,7 @@
 // Specs accepted by moe_config_from_spec (the "moe" family, models/model_registry.cpp):
 //   moe:L<n>-C<c>-H<h>-E<experts>-K<top_k>[-KV<k>][-I<expert width>][-D<d>][-V<v>][-T<t>]
 //       [-S<shared width>][-tied][-sigmoid][-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>]
-//       [-norm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>]
+//       [-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>]
 //       Parts in any order, each at most once. L, C, H, KV, D, V, T, tied as llama: (rope_theta
 //       10000, rms_norm_eps 1e-5, no biases). E experts, K experts per token (both required).
 //       I each expert's SwiGLU width (default: the llama: MLP width, 8C/3 rounded up to a multiple

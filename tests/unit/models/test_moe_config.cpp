@@ -369,7 +369,7 @@ TEST(MoeConfig, DescriptorDefaults) {
   EXPECT_EQ(c.moe.top_k, 2);
   EXPECT_EQ(c.moe.expert_intermediate_size, 256);  // 8·64/3 = 171 rounded up to 256
   EXPECT_EQ(c.intermediate_size, 256);
-  EXPECT_FALSE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.moe.norm_topk_prob);  // Mixtral's rule by default
   EXPECT_EQ(c.moe.score, MoeConfig::Score::softmax);
   EXPECT_EQ(c.moe.n_group, 1);
   EXPECT_DOUBLE_EQ(c.moe.routed_scaling_factor, 1.0);
@@ -378,10 +378,17 @@ TEST(MoeConfig, DescriptorDefaults) {
   EXPECT_DOUBLE_EQ(c.moe.capacity_factor, 0.0);
   EXPECT_EQ(c.moe.min_capacity, 4);
   EXPECT_EQ(c.moe.first_k_dense, 0);
-  // Not renormalised: Hugging Face's Mixtral cannot hold it, so Qwen3-MoE's config and attention.
-  EXPECT_EQ(c.model_type, "qwen3_moe");
-  EXPECT_TRUE(c.qk_norm);
+  // A bare descriptor is Mixtral: its config.json and Llama's attention.
+  EXPECT_EQ(c.model_type, "mixtral");
+  EXPECT_FALSE(c.qk_norm);
   expect_round_trip(c);
+  // Not renormalised: Hugging Face's Mixtral cannot hold it, so Qwen3-MoE's config and attention.
+  const LlamaConfig n = moe_config_from_spec("moe:L2-C64-H4-E4-K2-nonorm");
+  EXPECT_FALSE(n.moe.norm_topk_prob);
+  EXPECT_EQ(n.model_type, "qwen3_moe");
+  EXPECT_TRUE(n.qk_norm);
+  expect_round_trip(n);
+  EXPECT_THROW(moe_config_from_spec("moe:L2-C64-H4-E4-K2-norm-nonorm"), Error);
 
   const LlamaConfig m = moe_config_from_spec("moe:L4-C256-H4-KV2-E8-K2-I512-norm-tied-V1000-T64");
   EXPECT_EQ(m.model_type, "mixtral");
