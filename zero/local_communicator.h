@@ -116,14 +116,15 @@ class LocalGroup {
  private:
   friend class LocalCommunicator;
 
-  // One send or recv of a rank's call in progress (see the top of this file).
+  // One send or recv a rank posted (see the top of this file).
   struct PointToPoint {
     PointToPointCall call;
-    void* data = nullptr;  // send: read by the receiver; recv: written
+    void* data = nullptr;  // send: read by the copier; recv: written
     Device device = Device::cpu();
-    // A send's, as its receiver moves it: posted -> taken (being copied: the sender must wait, even
-    // through a failure, since its buffer is being read) -> done.
-    enum class State { posted, taken, done } state = State::posted;
+    // posted (its peer has not posted the matching op) -> copying (the second of the two to post
+    // moves the data: neither rank may withdraw it, even through a failure) -> done, or failed
+    // (the copy threw; the group is poisoned).
+    enum class State { posted, copying, done, failed } state = State::posted;
   };
 
   struct Slot {
@@ -131,8 +132,9 @@ class LocalGroup {
     std::uint64_t phases = 0;  // phases this rank has entered
     bool has_called = false;
     bool left = false;
-    // This rank's posted sends (its send's, or its send_recv batch's), in post order, until its
-    // call returns: the receivers find theirs here. A list: receivers hold pointers into it.
+    // This rank's point-to-point ops, in post order, from start_send_recv until their request was
+    // waited for or abandoned: the peers find their counterparts here. A list: handles and the
+    // copier hold pointers into it.
     std::list<PointToPoint> posted;
     // The point-to-point call this rank waits in, if any (what a waiting peer's error names).
     bool p2p_waiting = false;
@@ -144,14 +146,28 @@ class LocalGroup {
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
 
-  // Point-to-point, under the group's lock but outside the collectives' phases: one call of rank
-  // `rank`, its ops in batch order (send, recv: a batch of one). Posts every send; for each recv,
-  // waits for the matching send, checks it and calls `copy(i, send)` (i: the recv's index in `ops`)
-  // outside the lock before handing it back; then waits until the receivers handed back every
-  // send. Throws the poison, and poisons the group first on a mismatch, a peer that left, or the
-  // deadline; it returns or throws only once no receiver reads this rank's buffers.
-  void point_to_point(int rank, const std::vector<PointToPoint>& ops, std::chrono::steady_clock::time_point deadline,
-                      const std::function<void(std::size_t i, const PointToPoint& send)>& copy);
+  // Point-to-point, under the group's lock but outside the collectives' phases (the top of this
+  // file). post: rank `rank`'s batch, in batch order; each op whose peer posted first is checked
+  // and moved now (this thread copies), the others wait in the slot for their peers; never waits
+  // for a peer. wait: until every op of `ops` was moved, then withdraws them. abandon: withdraws
+  // them at once (a copy in progress finishes first) and, when some were unmatched, poisons the
+  // group naming them. post and wait throw the poison (and poison first on a mismatch, a peer
+  // that left, the deadline); neither returns nor throws while another rank copies from or into
+  // this rank's buffers of `ops`.
+ public:
+  using PointToPointHandle = std::list<PointToPoint>::iterator;
+
+ private:
+  std::vector<PointToPointHandle> post_point_to_point(int rank, const std::vector<PointToPoint>& ops);
+  void wait_point_to_point(int rank, const std::vector<PointToPointHandle>& ops, std::chrono::steady_clock::time_point deadline);
+  void abandon_point_to_point(int rank, const std::vector<PointToPointHandle>& ops) noexcept;
+  // Under mu_: the peer's posted op that `op` (rank `rank`'s) pairs with, or null.
+  PointToPoint* counterpart_locked(int rank, const PointToPoint& op);
+  // Moves send's data into recv's buffer outside the lock (both copying meanwhile), then marks
+  // both done (true) or failed, poisoning the group with the copy's error (false).
+  bool move_locked(std::unique_lock<std::mutex>& lock, PointToPoint& send, PointToPoint& recv);
+  // Under mu_: waits for copies of `ops` in progress, then erases them from rank's slot.
+  void withdraw_locked(std::unique_lock<std::mutex>& lock, int rank, const std::vector<PointToPointHandle>& ops);
   // Under mu_: "" when `send` (rank send.call.sender's post) may be received by `recv`, else the
   // Error text.
   std::string check_point_to_point_locked(const PointToPoint& send, const PointToPoint& recv) const;
@@ -229,10 +245,12 @@ class LocalCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
-  // The rendezvous at the top of this file; the receiver copies. send and recv are batches of one.
-  void do_send(const Tensor& buf, int peer) override;
-  void do_recv(const Tensor& buf, int peer) override;
-  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // The rendezvous at the top of this file; the second of a pair to post copies. send, recv and
+  // send_recv are the base's: start, then wait.
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
+  // Withdraws the unmatched ops and poisons the group naming them (LocalGroup::abandon_point_to_point).
+  void do_abandon(PendingPointToPoint& pending) noexcept override;
   // The (color, key) exchange, then this rank's LocalCommunicator of the shared child group (see
   // the top of this file).
   std::unique_ptr<Communicator> do_split(int color, int key) override;

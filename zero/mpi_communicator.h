@@ -103,15 +103,18 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const Tensor& buf, int root) override;
   void do_barrier() override;
   void do_all_to_all(const Tensor& send, const Tensor& recv) override;
-  void do_send(const Tensor& buf, int peer) override;
-  void do_recv(const Tensor& buf, int peer) override;
-  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // Point-to-point (above): start posts every op's descriptions and data message; wait tests them
+  // until done. send, recv and send_recv are the base's start + wait; an abandoned request is
+  // completed within the timeout (the base's do_abandon: MPI owns the buffers until then).
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
-  // send / recv / send_recv (above; send and recv are batches of one): the descriptions of every
-  // op exchanged with its peer at once, checked, then every op's data message at once.
-  void point_to_point(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls);
+  // do_wait's work; throws naming the op, both ranks and the peer's last collective.
+  void complete(PendingPointToPoint& pending);
+  // After a failure MPI may still write a started batch's descriptions: moved to p2p_kept_.
+  void keep(PendingPointToPoint& pending) noexcept;
   // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
   // child does not.
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
@@ -141,10 +144,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
   std::vector<bool> has_seen_;  // per rank: a description has come
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
-  // Per op of the current point-to-point call: the descriptions in flight (ours out, the peer's
-  // in). Members, not locals: after a timeout MPI may still write a late description here.
-  std::vector<Call> p2p_out_;
-  std::vector<Call> p2p_in_;
+  // The descriptions of point-to-point batches that failed: MPI may still write a late one there,
+  // so they live as long as the communicator (and are leaked with it after a failure).
+  std::vector<std::vector<Call>> p2p_kept_;
   std::vector<char> scratch_;
   std::string failure_;
 };
