@@ -29,21 +29,23 @@
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
 //
-// Point-to-point (send / recv / send_recv, zero/communicator.h): a rendezvous of the two ranks
-// alone, outside the collectives' phases. Each rank's slot holds the sends of its call in progress
-// (one for send, a batch's for send_recv), so the slots are the per-pair mailboxes: the sender
-// posts its buffers, completes its recvs (if any), then waits until every send was taken; a
-// receiver waits until its peer's slot holds a send addressed to it — it takes the oldest untaken
-// one, the pair's program order, since a rank's call returns only once its sends were taken and
-// ops of one batch are posted in batch order — checks the two calls agree (number, dtype, count,
-// device, no overlap), copies (or, on a GPU, enqueues the copy: the collectives' ordering
-// argument, with the post as arrive and the hand-back as depart) and hands it back. A sender
-// returns only then, so its buffer is never read after it returns, and a program whose sends wait
-// on each other times out here as it would hang on NCCL; in one send_recv every send is posted
-// before any recv waits, so two neighbours exchanging in one batch complete. Failures are the
-// collectives': a mismatch poisons the group with both calls named; a peer that does not post the
-// matching call within the timeout is named with what it is doing instead; a peer whose thread
-// finished fails the waiting rank at once.
+// Point-to-point (send / recv / send_recv / start_send_recv, zero/communicator.h): a rendezvous of
+// the two ranks alone, outside the collectives' phases. Each rank's slot lists the ops it posted
+// (start_send_recv posts a batch's, in batch order) until their request was waited for: the slots
+// are the per-pair mailboxes. Whichever of a send and its recv is posted second finds the other —
+// the peer's oldest unmatched op of the pair, the pair's program order, since a pair's ops one way
+// are posted in order on both ranks and each is matched when the second of the two comes — checks
+// that the two calls agree (number, dtype, count, device, no overlap), copies (or, on a GPU,
+// enqueues the copy on the shared stream: each rank posted after queueing its earlier work and
+// queues its later work only after its wait) and marks both done. So a post never waits for a
+// peer, and wait() only for the peers' posts: a send's wait returns once its receiver posted and
+// the data moved, so its buffer is never read after it returns, and a program whose sends wait on
+// each other times out here as it would hang on NCCL; in one send_recv every op is posted before
+// any waits, so two neighbours exchanging in one batch complete. Failures are the collectives': a
+// mismatch poisons the group with both calls named; a peer that does not post the matching call
+// within the timeout (counted from wait()) is named with what it is doing instead; a peer whose
+// thread finished fails the waiting rank at once; a request destroyed without wait() withdraws its
+// unmatched ops and poisons the group naming them.
 //
 // Sub-groups (split, zero/communicator.h): the ranks exchange (color, key) in one all_gather on the
 // parent, so every rank computes the same member lists; the members of a color share one child
