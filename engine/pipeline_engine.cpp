@@ -119,7 +119,7 @@ float PipelineEngine::train_batch(std::span<const Batch> batches) {
     const Touched touched = touched_by(s);
     // Megatron's overlap_p2p_comm: the next action's recvs go out now, a compute ahead, when their
     // buffers are not this compute's. A post never waits, and a pair's recvs keep their order.
-    if (k + 1 < actions_.size()) {
+    if (overlap_ && k + 1 < actions_.size()) {
       const auto& next = actions_[k + 1].transfers;
       const bool free = std::none_of(next.begin(), next.end(), [&](const PipeTransfer& t) {
         if (t.is_send) return false;
@@ -132,7 +132,12 @@ float PipelineEngine::train_batch(std::span<const Batch> batches) {
         posted_early[k + 1] = 1;
       }
     }
-    wait_for(touched, in_flight);
+    if (overlap_) {
+      wait_for(touched, in_flight);
+    } else {
+      for (InFlight& f : in_flight) f.request.wait();  // the whole batch, as send_recv
+      in_flight.clear();
+    }
     // NCCL: wait() ordered the compute stream after the batches waited for; the host backends
     // have moved their data.
     const auto pending = static_cast<int>(in_flight.size());

@@ -67,6 +67,11 @@ class PipelineEngine {
   // returns it.
   float evaluate(const Batch& batch);
 
+  // Off: every action waits for all of its transfers before its compute, and no recv is posted
+  // early — the blocking batches (Communicator::send_recv) the engine ran before transfers
+  // overlapped compute, kept as the reference for benchmarks (bench_pipeline_cpu --blocking) and
+  // tests. The same results either way. On by default.
+  void set_overlap(bool on) { overlap_ = on; }
   // Record the events of the next steps (off by default).
   void set_trace(bool on) { tracing_ = on; }
   const std::vector<PipelineEvent>& trace() const { return trace_; }
@@ -99,6 +104,7 @@ class PipelineEngine {
   int virtual_stages_ = 1;
   std::vector<PipeAction> actions_;
   std::map<std::pair<int, int>, int> backward_index_;  // (chunk, micro-batch) -> its backward's place in the step (gradient buffer k % 2)
+  bool overlap_ = true;
   bool tracing_ = false;
   std::vector<PipelineEvent> trace_;
   double step_s_ = 0.0, compute_s_ = 0.0;
