@@ -63,6 +63,7 @@ struct Args {
   int stages = 2;
   int ranks = 8;
   std::vector<int> micro_batches{4, 8, 16, 32};
+  bool blocking = false;  // --blocking: transfers do not overlap compute (PipelineEngine::set_overlap(false))
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -70,7 +71,7 @@ struct Args {
                "bench_pipeline_cpu: %s\n"
                "options: --part 0|1|2|3 --comm local|mpi --model SPEC --partition uniform|parameters|type:RE --seq T --micro B --steps N\n"
                "         --stages P (parts 1, 2) --ranks W (part 3)\n"
-               "         --micro-batches 4,8,16,32 (part 1)\n",
+               "         --micro-batches 4,8,16,32 (part 1) --blocking (transfers do not overlap compute)\n",
                why.c_str());
   std::exit(2);
 }
@@ -87,6 +88,10 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") usage("the options");
+    if (k == "--blocking") {
+      a.blocking = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(k + " needs a value");
     const char* v = argv[++i];
     if (k == "--part") {
@@ -192,7 +197,10 @@ Figures run_rank(Communicator& world, const Layout& l, const Args& a, long steps
   }
   Engine e = initialize(std::move(model), cfg, o);
   std::optional<PipelineEngine> pipe;
-  if (l.pp > 1) pipe.emplace(e, *mesh.pp, l.schedule, l.vstages);
+  if (l.pp > 1) {
+    pipe.emplace(e, *mesh.pp, l.schedule, l.vstages);
+    pipe->set_overlap(!a.blocking);
+  }
   // This data rank's micro-batches of the global batch (gas x dp x micro sequences).
   std::vector<std::vector<std::int32_t>> in(static_cast<std::size_t>(l.gas)), tg(static_cast<std::size_t>(l.gas));
   std::vector<Batch> batches;

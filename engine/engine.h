@@ -237,17 +237,20 @@ class Engine {
   // valid until backward_chunk(c, m) returns. Returns the micro-batch's loss on the chunk holding
   // the loss (0 elsewhere); its output to send is pipeline_output(c, m).
   float forward_chunk(int chunk, int micro, const Batch& batch);
-  // The backward of chunk c on micro-batch m, from d(loss)/d(output) in pipeline_grad_in()
-  // (received before the call) unless the chunk holds the loss; the gradient at its input is then
-  // in pipeline_grad_out(), until the next backward_chunk.
+  // The backward of chunk c on micro-batch m, from d(loss)/d(output) in pipeline_grad_in(k % 2)
+  // (received before the call) unless the chunk holds the loss, k being the number of
+  // backward_chunk calls of this step before this one; the gradient at its input is then in
+  // pipeline_grad_out(k % 2), until backward k + 2. Two buffers each, so that a gradient can be in
+  // flight (sent or received) while the next backward runs.
   void backward_chunk(int chunk, int micro);
   // Validation through the pipeline: chunk c's forward with dropout off (in micro-batch 0's slot:
   // call it between steps), its input pipeline_input(c, 0). Returns the loss on the chunk holding it.
   float evaluate_chunk(int chunk, const Batch& batch);
   Tensor pipeline_input(int chunk, int micro) const;
   Tensor pipeline_output(int chunk, int micro) const;
-  Tensor pipeline_grad_in() const;
-  Tensor pipeline_grad_out() const;
+  // buffer 0 or 1; -1: the buffer the next backward_chunk reads (grad_in), the last one wrote (grad_out).
+  Tensor pipeline_grad_in(int buffer = -1) const;
+  Tensor pipeline_grad_out(int buffer = -1) const;
   // The optimizer step after the step's micro-batches (every rank of the pipeline calls it):
   // shared parameters' gradients summed over their stages, the overflow check, norm and loss over
   // every stage, then as step() at the boundary.

@@ -3,6 +3,8 @@
 // it. Not installed.
 #pragma once
 
+#include <array>
+
 #include <cstddef>
 #include <filesystem>
 #include <memory>
@@ -95,7 +97,12 @@ struct Engine::Impl {
   std::vector<std::vector<Tensor>> slot_uploads;  // [chunk][slot]: a device engine's copy of a host batch (tokens then targets)
   std::vector<std::int64_t> segment_first;     // [layer]: the first layer of the checkpoint segment it ends, or -1
   Buffer pipeline_buf;                         // the slots' activations, the chunk inputs and the received gradient
-  Tensor grad_in;                              // d(loss)/d(chunk output), received
+  // The pipeline's gradient buffers, two of each (double-buffered): the k-th backward_chunk of a
+  // step reads grad_in[k % 2] (d(loss)/d(chunk output), received) and leaves its input gradient in
+  // pipeline_dresidual[k % 2] (dresidual points there during it), so the next backward can run and
+  // the next gradient arrive while the last one is still being sent or received.
+  std::array<Tensor, 2> grad_in;
+  std::array<Tensor, 2> pipeline_dresidual;
   // Mixture of experts: what the sparse layers record during a micro-batch (models/moe_stats.h).
   MoeStats moe;
   double last_aux_loss = 0.0;  // the last forward's load-balancing loss (unweighted)

@@ -123,8 +123,11 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
       if (upload) upload_off[c].push_back(reserve(bytes, batch_spec));
     }
   }
-  const std::size_t grad_in_off = reserve(bytes, residual_spec);
-  const std::size_t dres_off = reserve(bytes, residual_spec);
+  std::array<std::size_t, 2> grad_in_off{}, dres_off{};
+  for (std::size_t k = 0; k < 2; ++k) {
+    grad_in_off[k] = reserve(bytes, residual_spec);
+    dres_off[k] = reserve(bytes, residual_spec);
+  }
   im.pipeline_buf = Buffer(*im.allocator, align_up(bytes), MemoryPurpose::activations);
   im.scratch_buf = Buffer(*im.allocator, std::max(sbytes, kActivationAlignBytes), MemoryPurpose::buffers);
 
@@ -160,8 +163,11 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
     pack_activation_specs(specs, 0, so);
     for (std::size_t k = 0; k < specs.size(); ++k) im.layers[i].scratch.push_back(im.scratch_buf.tensor(specs[k].dtype, specs[k].shape, so[k]));
   }
-  im.grad_in = im.pipeline_buf.tensor(storage, residual, grad_in_off);
-  im.dresidual = im.pipeline_buf.tensor(storage, residual, dres_off);
+  for (std::size_t k = 0; k < 2; ++k) {
+    im.grad_in[k] = im.pipeline_buf.tensor(storage, residual, grad_in_off[k]);
+    im.pipeline_dresidual[k] = im.pipeline_buf.tensor(storage, residual, dres_off[k]);
+  }
+  im.dresidual = im.pipeline_dresidual[0];
   for (std::size_t c = 0; c < C; ++c) select_slot(static_cast<int>(c), 0);
   if (interval > 0) {
     std::size_t segments = 0;
@@ -208,8 +214,17 @@ Tensor Engine::pipeline_output(int chunk, int micro) const {
   return impl_->slot_views[ch.end - 1][static_cast<std::size_t>(micro % impl_->pipeline_slots[static_cast<std::size_t>(chunk)])].output;
 }
 
-Tensor Engine::pipeline_grad_in() const { return impl_->grad_in; }
-Tensor Engine::pipeline_grad_out() const { return impl_->dresidual; }
+Tensor Engine::pipeline_grad_in(int buffer) const {
+  if (buffer < 0) buffer = static_cast<int>(impl_->pipeline_backwards % 2);
+  DSTRAIN_CHECK(buffer < 2, "Engine::pipeline_grad_in: buffer {} (there are 2)", buffer);
+  return impl_->grad_in[static_cast<std::size_t>(buffer)];
+}
+
+Tensor Engine::pipeline_grad_out(int buffer) const {
+  if (buffer < 0) return impl_->dresidual;
+  DSTRAIN_CHECK(buffer < 2, "Engine::pipeline_grad_out: buffer {} (there are 2)", buffer);
+  return impl_->pipeline_dresidual[static_cast<std::size_t>(buffer)];
+}
 
 float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
   check_pipeline_call(model_, "forward_chunk", chunk, micro, gas_, model_.pipelined());
@@ -268,7 +283,9 @@ void Engine::backward_chunk(int chunk, int micro) {
   im.pipeline_micro = micro;
   const std::size_t last_id = model_.whole_layer_count() - 1;
   const bool boundary = micro == gas_ - 1;
-  if (model_.layer_id(ch.end - 1) != last_id) copy_tensor(im.dresidual, im.grad_in);
+  const auto buffer = static_cast<std::size_t>(im.pipeline_backwards % 2);  // double-buffered (engine_impl.h)
+  im.dresidual = im.pipeline_dresidual[buffer];
+  if (model_.layer_id(ch.end - 1) != last_id) copy_tensor(im.dresidual, im.grad_in[buffer]);
   const float dloss = micro_batch_dloss();
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration reduction{0};

@@ -1,5 +1,7 @@
 #include "engine/pipeline_engine.h"
 
+#include <algorithm>
+
 #include "ops/error.h"
 
 namespace dstrain {
@@ -25,6 +27,9 @@ PipelineEngine::PipelineEngine(Engine& engine, Communicator& pipeline, PipelineS
            c, pipeline.rank(), m.chunks[c].virtual_stage, want, stages);
   }
   actions_ = pipeline_actions(kind, stages, pipeline.rank(), static_cast<int>(engine.config().gradient_accumulation_steps), virtual_stages);
+  int backwards = 0;
+  for (const PipeAction& a : actions_)
+    if (a.compute && a.compute->op == PipeCompute::backward) backward_index_[{a.compute->chunk, a.compute->micro_batch}] = backwards++;
 }
 
 std::vector<int> PipelineEngine::in_flight(PipelineScheduleKind kind, int stages, int stage, int micro_batches, int virtual_stages) {
@@ -34,23 +39,62 @@ std::vector<int> PipelineEngine::in_flight(PipelineScheduleKind kind, int stages
   return n;
 }
 
-void PipelineEngine::exchange(const std::vector<PipeTransfer>& transfers) {
-  if (transfers.empty()) return;
-  std::vector<PointToPointOp> ops;
-  for (const PipeTransfer& t : transfers) {
-    Tensor buf;
-    if (t.activation) {
-      buf = t.is_send ? engine_.pipeline_output(t.chunk, t.micro_batch) : engine_.pipeline_input(t.chunk, t.micro_batch);
-    } else {
-      buf = t.is_send ? engine_.pipeline_grad_out() : engine_.pipeline_grad_in();
-    }
-    ops.push_back(PointToPointOp{t.is_send, buf, t.peer});
-    if (tracing_) trace_.push_back({t.is_send ? PipelineEvent::Kind::send : PipelineEvent::Kind::recv, t.micro_batch, t.chunk, t.activation, t.peer});
+namespace {
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data);
+  const auto* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+bool overlaps_any(const Tensor& t, const std::vector<Tensor>& set) {
+  return std::any_of(set.begin(), set.end(), [&](const Tensor& u) { return overlaps(t, u); });
+}
+
+}  // namespace
+
+Tensor PipelineEngine::buffer_of(const PipeTransfer& t) const {
+  if (t.activation) return t.is_send ? engine_.pipeline_output(t.chunk, t.micro_batch) : engine_.pipeline_input(t.chunk, t.micro_batch);
+  // A gradient belongs to a backward: the one that produced it (a send) or will read it (a recv).
+  const int k = backward_index_.at({t.chunk, t.micro_batch});
+  return t.is_send ? engine_.pipeline_grad_out(k % 2) : engine_.pipeline_grad_in(k % 2);
+}
+
+PipelineEngine::Touched PipelineEngine::touched_by(const PipeStep& s) const {
+  Touched t;
+  const bool has_input = engine_.model().chunks[static_cast<std::size_t>(s.chunk)].virtual_stage != 0;  // else it reads the tokens
+  if (s.op == PipeCompute::forward) {
+    if (has_input) t.reads.push_back(engine_.pipeline_input(s.chunk, s.micro_batch));
+    t.writes.push_back(engine_.pipeline_output(s.chunk, s.micro_batch));
+  } else {
+    const int k = backward_index_.at({s.chunk, s.micro_batch});
+    t.reads.push_back(engine_.pipeline_grad_in(k % 2));
+    if (has_input) t.reads.push_back(engine_.pipeline_input(s.chunk, s.micro_batch));
+    t.writes.push_back(engine_.pipeline_grad_out(k % 2));
+    t.writes.push_back(engine_.pipeline_output(s.chunk, s.micro_batch));  // a recomputed segment may rewrite it
   }
-  pipeline_.send_recv(ops);
-  // NCCL queues the batch on its own stream: the next compute (which reads what arrived, and may
-  // overwrite the residual gradient just sent) waits for it. A no-op on the host backends.
-  pipeline_.order_compute_after_collectives();
+  return t;
+}
+
+void PipelineEngine::post(const PipeTransfer& t, std::vector<InFlight>& in_flight) {
+  const Tensor buf = buffer_of(t);
+  const PointToPointOp op{t.is_send, buf, t.peer};
+  in_flight.push_back(InFlight{pipeline_.start_send_recv({&op, 1}), buf, t.is_send});
+  if (tracing_) trace_.push_back({t.is_send ? PipelineEvent::Kind::send : PipelineEvent::Kind::recv, t.micro_batch, t.chunk, t.activation, t.peer});
+}
+
+// Before a compute: the transfers it depends on — a recv into memory it reads or writes, a send
+// from memory it writes — and nothing else. Each was complete before the same compute in the
+// blocking order (a recv of this action's batch, a send of an earlier one), so waiting for fewer
+// adds no wait a blocking run did not have.
+void PipelineEngine::wait_for(const Touched& t, std::vector<InFlight>& in_flight) {
+  for (InFlight& f : in_flight) {
+    if (!f.request.pending()) continue;
+    const bool conflict = f.is_send ? overlaps_any(f.buffer, t.writes) : (overlaps_any(f.buffer, t.writes) || overlaps_any(f.buffer, t.reads));
+    if (conflict) f.request.wait();
+  }
+  std::erase_if(in_flight, [](const InFlight& f) { return !f.request.pending(); });
 }
 
 float PipelineEngine::train_batch(std::span<const Batch> batches) {
@@ -59,10 +103,44 @@ float PipelineEngine::train_batch(std::span<const Batch> batches) {
     fail("PipelineEngine::train_batch: {} micro-batches given, but a step is gradient_accumulation_steps = {} of them", batches.size(), gas);
   const Clock::time_point start = Clock::now();
   Clock::duration compute{0};
-  for (const PipeAction& a : actions_) {
-    exchange(a.transfers);
+  // The transfers started and not yet waited for, in start order. Destroyed by an exception, they
+  // are abandoned (PointToPointRequest): the local backend then fails the peers at once.
+  std::vector<InFlight> in_flight;
+  std::vector<char> posted_early(actions_.size(), 0);  // action k's recvs were posted before compute k-1
+  for (std::size_t k = 0; k < actions_.size(); ++k) {
+    const PipeAction& a = actions_[k];
+    // The batch, as the blocking version posted it (each op its own request, so that a compute
+    // waits only for the ones it depends on): the previous compute's outputs, then this one's
+    // inputs unless they went out a compute ahead.
+    for (const PipeTransfer& t : a.transfers)
+      if (t.is_send || !posted_early[k]) post(t, in_flight);
     if (!a.compute) continue;
     const PipeStep& s = *a.compute;
+    const Touched touched = touched_by(s);
+    // Megatron's overlap_p2p_comm: the next action's recvs go out now, a compute ahead, when their
+    // buffers are not this compute's. A post never waits, and a pair's recvs keep their order.
+    if (overlap_ && k + 1 < actions_.size()) {
+      const auto& next = actions_[k + 1].transfers;
+      const bool free = std::none_of(next.begin(), next.end(), [&](const PipeTransfer& t) {
+        if (t.is_send) return false;
+        const Tensor b = buffer_of(t);
+        return overlaps_any(b, touched.reads) || overlaps_any(b, touched.writes);
+      });
+      if (free && std::any_of(next.begin(), next.end(), [](const PipeTransfer& t) { return !t.is_send; })) {
+        for (const PipeTransfer& t : next)
+          if (!t.is_send) post(t, in_flight);
+        posted_early[k + 1] = 1;
+      }
+    }
+    if (overlap_) {
+      wait_for(touched, in_flight);
+    } else {
+      for (InFlight& f : in_flight) f.request.wait();  // the whole batch, as send_recv
+      in_flight.clear();
+    }
+    // NCCL: wait() ordered the compute stream after the batches waited for; the host backends
+    // have moved their data.
+    const auto pending = static_cast<int>(in_flight.size());
     const Clock::time_point t0 = Clock::now();
     if (s.op == PipeCompute::forward) {
       engine_.forward_chunk(s.chunk, s.micro_batch, batches[static_cast<std::size_t>(s.micro_batch)]);
@@ -70,9 +148,14 @@ float PipelineEngine::train_batch(std::span<const Batch> batches) {
       engine_.backward_chunk(s.chunk, s.micro_batch);
     }
     compute += Clock::now() - t0;
-    if (tracing_)
-      trace_.push_back({s.op == PipeCompute::forward ? PipelineEvent::Kind::forward : PipelineEvent::Kind::backward, s.micro_batch, s.chunk, true, -1});
+    if (tracing_) {
+      PipelineEvent e{s.op == PipeCompute::forward ? PipelineEvent::Kind::forward : PipelineEvent::Kind::backward, s.micro_batch, s.chunk, true, -1};
+      e.pending_transfers = pending;
+      trace_.push_back(e);
+    }
   }
+  for (InFlight& f : in_flight) f.request.wait();  // every transfer of the step is complete
+  in_flight.clear();
   engine_.synchronize();  // a GPU's queued kernels belong to this step's time
   step_s_ = seconds(Clock::now() - start);
   compute_s_ = seconds(compute);

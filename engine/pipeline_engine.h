@@ -10,13 +10,20 @@
 //   PipelineEngine pipe(engine, *pp_group, kind, V);
 //   float loss = pipe.train_batch(micro_batches);   // every stage calls it with the same batches
 //
-// Each action of the schedule posts its transfers as one batch (Communicator::send_recv: the
-// previous compute's output with the next compute's input), so two neighbours that send to each
-// other never wait on each other; the activations sent are the slots' own buffers (no copy), the
-// gradients travel through the engine's residual-gradient and received-gradient buffers.
+// Each action of the schedule posts its transfers together (the previous compute's output with the
+// next compute's input), so two neighbours that send to each other never wait on each other. They
+// are started, not waited for (Communicator::start_send_recv): a compute waits only for the
+// transfers whose buffers it reads or writes — its own inputs, a send from a slot or gradient
+// buffer it is about to overwrite — so the other transfers overlap it; the next action's recvs are
+// posted a compute ahead when their buffers are free (Megatron's overlap_p2p_comm); every transfer
+// is complete when train_batch returns. The activations sent are the slots' own buffers (no copy),
+// the gradients travel through the engine's two residual-gradient and two received-gradient
+// buffers (double-buffered: Engine::backward_chunk) — docs/parallelism.md §7.4.
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <utility>
 #include <memory>
 #include <span>
 #include <vector>
@@ -36,6 +43,9 @@ struct PipelineEvent {
   int chunk = 0;
   bool activation = true;  // send / recv: an activation (forward direction) or a gradient
   int peer = -1;           // send / recv: the other stage
+  // forward / backward: this stage's transfers started and not yet waited for when the compute
+  // began — the transfers it overlapped (always 0 with blocking batches).
+  int pending_transfers = 0;
 };
 
 class PipelineEngine {
@@ -57,6 +67,11 @@ class PipelineEngine {
   // returns it.
   float evaluate(const Batch& batch);
 
+  // Off: every action waits for all of its transfers before its compute, and no recv is posted
+  // early — the blocking batches (Communicator::send_recv) the engine ran before transfers
+  // overlapped compute, kept as the reference for benchmarks (bench_pipeline_cpu --blocking) and
+  // tests. The same results either way. On by default.
+  void set_overlap(bool on) { overlap_ = on; }
   // Record the events of the next steps (off by default).
   void set_trace(bool on) { tracing_ = on; }
   const std::vector<PipelineEvent>& trace() const { return trace_; }
@@ -68,13 +83,28 @@ class PipelineEngine {
   const std::vector<PipeAction>& actions() const { return actions_; }
 
  private:
-  void exchange(const std::vector<PipeTransfer>& transfers);
+  // One started transfer: its request and the buffer it reads (a send) or writes (a recv).
+  struct InFlight {
+    PointToPointRequest request;
+    Tensor buffer;
+    bool is_send = true;
+  };
+  // The memory a compute reads and writes of what transfers touch (activation slots, gradient buffers).
+  struct Touched {
+    std::vector<Tensor> reads, writes;
+  };
+  Tensor buffer_of(const PipeTransfer& t) const;
+  Touched touched_by(const PipeStep& s) const;
+  void post(const PipeTransfer& t, std::vector<InFlight>& in_flight);
+  void wait_for(const Touched& t, std::vector<InFlight>& in_flight);
 
   Engine& engine_;
   Communicator& pipeline_;
   PipelineScheduleKind kind_;
   int virtual_stages_ = 1;
   std::vector<PipeAction> actions_;
+  std::map<std::pair<int, int>, int> backward_index_;  // (chunk, micro-batch) -> its backward's place in the step (gradient buffer k % 2)
+  bool overlap_ = true;
   bool tracing_ = false;
   std::vector<PipelineEvent> trace_;
   double step_s_ = 0.0, compute_s_ = 0.0;

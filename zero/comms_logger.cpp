@@ -336,22 +336,41 @@ void CommsLogger::do_recv(const Tensor& buf, int peer) {
 }
 
 // One forwarded batch (its ops run together, so they cannot be timed apart): each profiled op is
-// logged as the send or recv it is, with the batch's time, the time it took to complete.
-void CommsLogger::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> /*calls*/) {
-  bool any = false;
-  for (const PointToPointOp& op : ops) any = any || profiles(op.is_send ? CollectiveKind::send : CollectiveKind::recv);
-  if (!any) {
-    inner_.send_recv(ops);
-    return;
-  }
-  const double start = options_.clock_ms();
-  inner_.send_recv(ops);
-  if (options_.synchronize) options_.synchronize();
-  const double ms = options_.clock_ms() - start;
+// logged as the send or recv it is, with the batch's time from its start to the end of its wait.
+namespace {
+
+struct LoggedBatch final : PendingPointToPoint {
+  PointToPointRequest inner;
+  double start_ms = 0.0;
+  bool profiled = false;
+  std::vector<std::pair<CollectiveKind, std::uint64_t>> ops;  // (kind, bytes)
+};
+
+}  // namespace
+
+std::unique_ptr<PendingPointToPoint> CommsLogger::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> /*calls*/) {
+  auto batch = std::make_unique<LoggedBatch>();
   for (const PointToPointOp& op : ops) {
     const CollectiveKind kind = op.is_send ? CollectiveKind::send : CollectiveKind::recv;
-    if (profiles(kind)) record(kind, op.buffer.nbytes(), ms);
+    batch->profiled = batch->profiled || profiles(kind);
+    batch->ops.emplace_back(kind, op.buffer.nbytes());
   }
+  if (batch->profiled) batch->start_ms = options_.clock_ms();
+  batch->inner = inner_.start_send_recv(ops);
+  return batch;
 }
+
+void CommsLogger::do_wait(PendingPointToPoint& pending) {
+  auto& batch = static_cast<LoggedBatch&>(pending);
+  inner_.wait(batch.inner);
+  if (!batch.profiled) return;
+  if (options_.synchronize) options_.synchronize();
+  const double ms = options_.clock_ms() - batch.start_ms;
+  for (const auto& [kind, bytes] : batch.ops)
+    if (profiles(kind)) record(kind, bytes, ms);
+}
+
+// The inner request abandons itself (its backend's way); nothing is logged as completed.
+void CommsLogger::do_abandon(PendingPointToPoint& pending) noexcept { static_cast<LoggedBatch&>(pending).inner = PointToPointRequest{}; }
 
 }  // namespace dstrain

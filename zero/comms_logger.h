@@ -175,8 +175,11 @@ class CommsLogger final : public Communicator {
   // Logged on each of the two ranks (DeepSpeed's send and recv are timed ops too).
   void do_send(const Tensor& buf, int peer) override;
   void do_recv(const Tensor& buf, int peer) override;
-  // Forwarded as one batch; each op logged as its send or recv, with the batch's time.
-  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // Forwarded to the inner communicator's start_send_recv / wait; logged (with the time from the
+  // start to the end of the wait) when waited for.
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
+  void do_abandon(PendingPointToPoint& pending) noexcept override;
   // Splits the inner communicator (its exchange is the inner's collective, not logged here: it is
   // no deepspeed.comm op) and wraps the child in a logger of its own, with these options, so the
   // sub-group's collectives are logged in its own table (DeepSpeed's logger is per process and

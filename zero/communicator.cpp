@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <utility>
 
 #include "ops/error.h"
+#include "ops/log.h"
 
 namespace dstrain {
 namespace {
@@ -374,10 +376,11 @@ void Communicator::point_to_point(CollectiveKind kind, const Tensor& buf, int pe
 }
 
 // point_to_point for a whole batch: every op is checked before any is numbered or posted (so a bad
-// op posts nothing), then the batch is numbered in its order, handed to the backend at once, and
-// counted as its sends and recvs one by one.
-void Communicator::send_recv(std::span<const PointToPointOp> ops) {
-  if (ops.empty()) return;
+// op posts nothing), then the batch is numbered in its order and handed to the backend at once;
+// wait() counts it as its sends and recvs one by one.
+PointToPointRequest Communicator::start_send_recv(std::span<const PointToPointOp> ops) {
+  PointToPointRequest request;
+  if (ops.empty()) return request;
   const std::size_t n = ops.size();
   std::vector<PointToPointCall> calls(n);
   try {
@@ -405,16 +408,100 @@ void Communicator::send_recv(std::span<const PointToPointOp> ops) {
       const std::uint64_t number = ++(op.is_send ? sends_to_ : recvs_from_)[peer];
       calls[i] = PointToPointCall{op.is_send, op.is_send ? rank_ : op.peer, op.is_send ? op.peer : rank_, number, op.buffer.dtype, op.buffer.numel()};
     }
-    do_send_recv(ops, calls);
+    request.state_ = do_start_send_recv(ops, calls);
   } catch (const Error& e) {
     on_error(e.what());
     throw;
   }
-  for (const PointToPointOp& op : ops) {
-    const CollectiveKind kind = op.is_send ? CollectiveKind::send : CollectiveKind::recv;
-    stats_.calls[static_cast<std::size_t>(kind)] += 1;
-    stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, op.buffer.nbytes(), world_size_);
+  request.comm_ = this;
+  request.counted_.reserve(n);
+  for (const PointToPointOp& op : ops) request.counted_.emplace_back(op.is_send, op.buffer.nbytes());
+  return request;
+}
+
+void Communicator::wait(PointToPointRequest& request) {
+  if (!request.pending()) return;
+  DSTRAIN_CHECK(request.comm_ == this, "Communicator::wait on rank {}: the request was started on another communicator; wait it there", rank_);
+  std::unique_ptr<PendingPointToPoint> state = std::move(request.state_);
+  const std::vector<std::pair<bool, std::uint64_t>> counted = std::move(request.counted_);
+  request.comm_ = nullptr;
+  request.counted_.clear();
+  if (state != nullptr) {
+    try {
+      do_wait(*state);
+    } catch (const Error& e) {
+      on_error(e.what());
+      throw;
+    }
   }
+  for (const auto& [is_send, bytes] : counted) {
+    const CollectiveKind kind = is_send ? CollectiveKind::send : CollectiveKind::recv;
+    stats_.calls[static_cast<std::size_t>(kind)] += 1;
+    stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, bytes, world_size_);
+  }
+}
+
+void Communicator::send_recv(std::span<const PointToPointOp> ops) {
+  PointToPointRequest request = start_send_recv(ops);
+  wait(request);
+}
+
+void Communicator::do_send(const Tensor& buf, int peer) {
+  const PointToPointOp op{true, buf, peer};
+  const PointToPointCall call{true, rank_, peer, sends_to(peer), buf.dtype, buf.numel()};
+  do_send_recv({&op, 1}, {&call, 1});
+}
+
+void Communicator::do_recv(const Tensor& buf, int peer) {
+  const PointToPointOp op{false, buf, peer};
+  const PointToPointCall call{false, peer, rank_, recvs_from(peer), buf.dtype, buf.numel()};
+  do_send_recv({&op, 1}, {&call, 1});
+}
+
+void Communicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+  std::unique_ptr<PendingPointToPoint> pending = do_start_send_recv(ops, calls);
+  if (pending != nullptr) do_wait(*pending);
+}
+
+std::unique_ptr<PendingPointToPoint> Communicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+  do_send_recv(ops, calls);  // a blocking backend: complete when started
+  return nullptr;
+}
+
+void Communicator::do_wait(PendingPointToPoint& /*pending*/) {}
+
+void Communicator::do_abandon(PendingPointToPoint& pending) noexcept {
+  try {
+    do_wait(pending);
+  } catch (const std::exception& e) {
+    log_error("{} communicator, rank {}: a point-to-point request destroyed without wait() failed to complete: {}", backend(), rank_, e.what());
+  }
+}
+
+PointToPointRequest::PointToPointRequest(PointToPointRequest&& other) noexcept
+    : comm_(std::exchange(other.comm_, nullptr)), state_(std::move(other.state_)), counted_(std::move(other.counted_)) {}
+
+PointToPointRequest& PointToPointRequest::operator=(PointToPointRequest&& other) noexcept {
+  if (this != &other) {
+    abandon();
+    comm_ = std::exchange(other.comm_, nullptr);
+    state_ = std::move(other.state_);
+    counted_ = std::move(other.counted_);
+  }
+  return *this;
+}
+
+PointToPointRequest::~PointToPointRequest() { abandon(); }
+
+void PointToPointRequest::wait() {
+  if (comm_ != nullptr) comm_->wait(*this);
+}
+
+void PointToPointRequest::abandon() noexcept {
+  Communicator* comm = std::exchange(comm_, nullptr);
+  std::unique_ptr<PendingPointToPoint> state = std::move(state_);
+  counted_.clear();
+  if (comm != nullptr && state != nullptr) comm->do_abandon(*state);
 }
 
 void Communicator::barrier() {

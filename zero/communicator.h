@@ -59,10 +59,22 @@
 // receiving from one peer, would deadlock with blocking sends that each wait for the other's recv.
 // Each op is one send or recv for the rules above (numbered in its pair's order, counted, checked
 // against its peer's call, batched or not); ops to one peer in one direction keep their batch order.
-// Backends — local: post every send, complete each recv as soon as its peer has posted (the
-// rendezvous of one send/recv each), then wait until every send was taken; MPI: every op's
-// description exchange, check and data message in flight at once, each progressing on its own;
-// NCCL: ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd.
+// Backends — local: every op posted at once, each moved by whichever of its two ranks posts second;
+// MPI: every op's description exchange and data message in flight at once, each progressing on
+// its own; NCCL: ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd.
+//
+// start_send_recv(ops) is its non-blocking half (torch's batch_isend_irecv without the wait,
+// Megatron's overlap_p2p_comm): it checks, numbers and posts the batch exactly as send_recv does and
+// returns a PointToPointRequest at once, before the peers have posted anything; wait() (the
+// request's or the communicator's) returns when every op of the batch has completed (send_recv ==
+// start_send_recv + wait). Between the two the caller may compute, issue collectives and start or
+// wait other requests, in any order: an op completes once both of its ranks have posted it, never
+// waiting for the poster's wait() (local: the second poster copies; MPI: MPI progresses both
+// messages; NCCL: the stream runs them) — so waiting for some requests and not (yet) for others
+// cannot deadlock where the blocking batches would not. The buffers belong to the request until it
+// completed: a send's must not be written, a recv's not read or written, before its wait()
+// returned. The timeout counts from wait(). A request must not outlive its communicator; one
+// destroyed without wait() is abandoned (PointToPointRequest's destructor below).
 #pragma once
 
 #include <array>
@@ -72,6 +84,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ops/tensor.h"
@@ -145,6 +158,44 @@ struct PointToPointOp {
   int peer = 0;   // a rank of this communicator
 };
 
+class Communicator;
+
+// What a backend keeps of a started batch until it completes (its own subclass).
+struct PendingPointToPoint {
+  virtual ~PendingPointToPoint() = default;
+};
+
+// A started send_recv batch (Communicator::start_send_recv). Move-only; empty (default-made, moved
+// from, or waited) is complete. Destroyed while pending — a wait() skipped, or an exception
+// unwinding past it — it is abandoned, never thrown from and never hung on: the local backend
+// withdraws the ops no peer has matched yet (waiting only for a copy in progress) and poisons the
+// group with an Error naming them, so the peers fail now instead of at the timeout; MPI, which owns
+// the buffers until its messages end, completes it within the timeout; NCCL orders later compute
+// after it. Either way the Error is logged (log_error), not thrown, and the pair's numbering is
+// broken: the communicator is not to be used for point-to-point afterwards.
+class PointToPointRequest {
+ public:
+  PointToPointRequest() = default;
+  PointToPointRequest(PointToPointRequest&& other) noexcept;
+  PointToPointRequest& operator=(PointToPointRequest&& other) noexcept;  // abandons a pending *this first
+  PointToPointRequest(const PointToPointRequest&) = delete;
+  PointToPointRequest& operator=(const PointToPointRequest&) = delete;
+  ~PointToPointRequest();
+
+  // Started and not yet waited for.
+  bool pending() const { return comm_ != nullptr; }
+  // Communicator::wait(*this).
+  void wait();
+
+ private:
+  friend class Communicator;
+  void abandon() noexcept;
+
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<PendingPointToPoint> state_;  // null: the backend completed the batch at once
+  std::vector<std::pair<bool, std::uint64_t>> counted_;  // (is_send, buffer bytes) per op, for stats()
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -215,6 +266,14 @@ class Communicator {
   // buffer must not overlap another op's (they run concurrently). Counted in stats() as the same
   // sends and recvs one by one. An empty batch returns at once.
   void send_recv(std::span<const PointToPointOp> ops);
+  // send_recv without the wait (the top of this file): checks, numbers and posts `ops`, returns at
+  // once. The ops are counted in stats() when the request completes. An empty batch gives an empty
+  // request. wait(request): returns when every op of it has completed (an Error naming the op, both
+  // ranks and what the peer is doing after the timeout, counted from here, or on a mismatch); the
+  // request is then empty, also when it threw. Requests of one communicator may be waited in any
+  // order, each once; call both from the thread that uses the communicator.
+  PointToPointRequest start_send_recv(std::span<const PointToPointOp> ops);
+  void wait(PointToPointRequest& request);
   // How many sends to (receives from) `peer` this rank has issued; the next is number +1.
   std::uint64_t sends_to(int peer) const;
   std::uint64_t recvs_from(int peer) const;
@@ -303,11 +362,23 @@ class Communicator {
   virtual void do_exchange_counts(std::span<const std::int64_t> send_counts, std::span<std::int64_t> out);
   // Called after the buffer and the peer were checked; sends_to(peer) / recvs_from(peer) already
   // count this call (its number in the pair's order).
-  virtual void do_send(const Tensor& buf, int peer) = 0;
-  virtual void do_recv(const Tensor& buf, int peer) = 0;
+  // Default: a batch of one through do_send_recv.
+  virtual void do_send(const Tensor& buf, int peer);
+  virtual void do_recv(const Tensor& buf, int peer);
   // Called after every op was checked; calls[i] names ops[i] (sender, receiver, its number in its
   // pair's order, dtype, count): sends_to / recvs_from already count the whole batch. Never empty.
-  virtual void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) = 0;
+  // Default: do_start_send_recv, then do_wait.
+  virtual void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls);
+  // The non-blocking batch. A backend implements either do_start_send_recv + do_wait + do_abandon,
+  // or only do_send_recv (blocking), which the default do_start_send_recv runs at once (returning
+  // null: complete). The defaults of do_send / do_recv / do_send_recv go through
+  // do_start_send_recv + do_wait, so a backend implementing neither recurses: implement one.
+  // do_start_send_recv is called after every op was checked and numbered (as do_send_recv), and
+  // must not wait for a peer; do_wait completes it (the timeout counted from the call); do_abandon
+  // is the destructor's (PointToPointRequest), must not throw, and logs what it gives up.
+  virtual std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls);
+  virtual void do_wait(PendingPointToPoint& pending);
+  virtual void do_abandon(PendingPointToPoint& pending) noexcept;
   // Called by split() after color was checked; returns the new group's communicator (never null).
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
 
@@ -318,6 +389,7 @@ class Communicator {
  private:
   template <typename Fn>
   void run(CollectiveKind kind, std::uint64_t buffer_bytes, bool is_root, Fn&& fn);
+  friend class PointToPointRequest;
   // send and recv: checks, numbers, do_send / do_recv, counts.
   void point_to_point(CollectiveKind kind, const Tensor& buf, int peer);
   // An Error naming `name` unless `peer` is another rank of this communicator.

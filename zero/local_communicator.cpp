@@ -398,106 +398,110 @@ std::string LocalGroup::check_point_to_point_locked(const PointToPoint& send, co
   return {};
 }
 
-void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, Clock::time_point deadline,
-                                const std::function<void(std::size_t i, const PointToPoint& send)>& copy) {
+// The peer's oldest posted op that `op` (this rank's) pairs with: its send to this rank for a recv,
+// its recv from this rank for a send. A pair's ops one way are posted in program order on both
+// ranks and each is matched when the second of its two is posted, so the unmatched ones of a pair
+// are the newest on each side and the oldest of them are the pair's next numbers.
+LocalGroup::PointToPoint* LocalGroup::counterpart_locked(int rank, const PointToPoint& op) {
+  const int peer = op.call.is_send ? op.call.receiver : op.call.sender;
+  for (PointToPoint& p : slots_[static_cast<std::size_t>(peer)].posted) {
+    if (p.state != PointToPoint::State::posted || p.call.is_send == op.call.is_send) continue;
+    if (op.call.is_send ? p.call.sender == rank : p.call.receiver == rank) return &p;
+  }
+  return nullptr;
+}
+
+void LocalGroup::withdraw_locked(std::unique_lock<std::mutex>& lock, int rank, const std::vector<PointToPointHandle>& ops) {
+  // A copy in progress (either rank may be the copier) always ends with done or failed: wait for
+  // it, or the buffer could be freed under it.
+  for (;;) {
+    bool copying = false;
+    for (auto it : ops) copying = copying || it->state == PointToPoint::State::copying;
+    if (!copying) break;
+    cv_.wait(lock);
+  }
+  Slot& me = slots_[static_cast<std::size_t>(rank)];
+  for (auto it : ops) me.posted.erase(it);
+}
+
+std::vector<LocalGroup::PointToPointHandle> LocalGroup::post_point_to_point(int rank, const std::vector<PointToPoint>& ops) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!poison_.empty()) throw_poison_locked();
   Slot& me = slots_[static_cast<std::size_t>(rank)];
-  // 1. Post every send at once, in batch order (a receiver takes a pair's oldest untaken post
-  // first), before any recv waits: so no op of the batch waits for another.
-  std::vector<std::list<PointToPoint>::iterator> sends;
-  for (const PointToPoint& op : ops) {
-    if (!op.call.is_send) continue;
-    sends.push_back(me.posted.insert(me.posted.end(), op));
-    sends.back()->state = PointToPoint::State::posted;
-  }
-  if (!sends.empty()) cv_.notify_all();
-  me.p2p_waiting = true;
-  me.p2p_waiting_in = ops.front().call;  // until it waits for a particular op
+  std::vector<PointToPointHandle> mine;
   bool failed = false;
-  const auto fail_locked = [&](const std::string& message) {
-    poison_locked(message);
-    failed = true;
-  };
-  // 2. Complete the recvs, each as soon as its peer posted the matching send, in any order but the
-  // pair's: a recv waits only for its own peer, never for another op of the batch (a peer may post
-  // its send only after this rank completed a recv from a third rank listed later).
-  std::vector<std::size_t> pending;  // the recvs, in batch order
-  for (std::size_t i = 0; i < ops.size(); ++i)
-    if (!ops[i].call.is_send) pending.push_back(i);
-  // Rank `peer`'s oldest post addressed to this rank that nobody took yet.
-  const auto posted_by = [&](int peer) -> PointToPoint* {
-    for (PointToPoint& p : slots_[static_cast<std::size_t>(peer)].posted)
-      if (p.call.receiver == rank && p.state == PointToPoint::State::posted) return &p;
-    return nullptr;
-  };
-  while (!pending.empty() && !failed) {
-    if (!poison_.empty()) {
+  // Every op in batch order: matched now when its peer posted first (this rank copies), posted
+  // for the peer to match otherwise. Nothing here waits for a peer.
+  for (const PointToPoint& op : ops) {
+    auto it = me.posted.insert(me.posted.end(), op);
+    it->state = PointToPoint::State::posted;
+    mine.push_back(it);
+    PointToPoint* other = counterpart_locked(rank, *it);
+    if (other == nullptr) continue;
+    PointToPoint& send = it->call.is_send ? *it : *other;
+    PointToPoint& recv = it->call.is_send ? *other : *it;
+    if (std::string problem = check_point_to_point_locked(send, recv); !problem.empty()) {
+      poison_locked(problem);
       failed = true;
       break;
     }
-    // The first recv that can complete: its peer posted, and no earlier recv of the batch from
-    // that peer is still pending (a pair's recvs take its sends in order).
-    std::size_t pick = pending.size();
-    PointToPoint* post = nullptr;
-    for (std::size_t k = 0; k < pending.size() && post == nullptr; ++k) {
-      const int peer = ops[pending[k]].call.sender;
-      bool earlier = false;
-      for (std::size_t j = 0; j < k; ++j) earlier = earlier || ops[pending[j]].call.sender == peer;
-      if (!earlier && (post = posted_by(peer)) != nullptr) pick = k;
-    }
-    if (post == nullptr) {
-      // pending[0] always could complete, so its peer is the one that has not posted.
-      const PointToPoint& first = ops[pending[0]];
-      me.p2p_waiting_in = first.call;
-      const PointToPoint* orphan = nullptr;
-      for (std::size_t i : pending)
-        if (orphan == nullptr && slots_[static_cast<std::size_t>(ops[i].call.sender)].left) orphan = &ops[i];
-      if (orphan != nullptr) {
-        fail_locked(
-            fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without sending it. Every recv needs the "
-                        "matching send on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-                        describe_point_to_point(orphan->call), orphan->call.sender, orphan->call.sender));
-      } else if (Clock::now() >= deadline) {
-        fail_locked(point_to_point_timeout_locked(first, first.call.sender));
-      } else {
-        cv_.wait_until(lock, deadline);
-      }
-      continue;
-    }
-    const std::size_t i = pending[pick];
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(pick));
-    if (std::string problem = check_point_to_point_locked(*post, ops[i]); !problem.empty()) {
-      fail_locked(problem);
-      break;
-    }
-    // Taken: the sender waits for the hand-back whatever happens (its buffer is being read), so
-    // `post` stays valid while the lock is released.
-    post->state = PointToPoint::State::taken;
-    const PointToPoint send = *post;
-    lock.unlock();
-    std::string copy_error;
-    try {
-      copy(i, send);
-    } catch (const std::exception& e) {
-      copy_error = e.what();
-    }
-    lock.lock();
-    post->state = PointToPoint::State::done;
-    cv_.notify_all();
-    if (!copy_error.empty()) fail_locked(copy_error);  // the sender then fails with it
+    failed = !move_locked(lock, send, recv);
+    if (failed) break;
   }
-  // 3. Wait until every send was handed back.
-  while (!failed) {
-    const PointToPoint* waiting = nullptr;  // the first send nobody took yet
-    bool reading = false;
-    for (auto it : sends) {
-      if (it->state == PointToPoint::State::posted && waiting == nullptr) waiting = &*it;
-      reading = reading || it->state == PointToPoint::State::taken;
+  if (!mine.empty()) cv_.notify_all();
+  if (failed) {
+    withdraw_locked(lock, rank, mine);
+    throw_poison_locked();
+  }
+  return mine;
+}
+
+bool LocalGroup::move_locked(std::unique_lock<std::mutex>& lock, PointToPoint& send, PointToPoint& recv) {
+  // Copying: neither rank withdraws the two while the lock is released.
+  send.state = recv.state = PointToPoint::State::copying;
+  const std::size_t bytes = static_cast<std::size_t>(recv.call.count) * dtype_size(recv.call.dtype);
+  const void* from = send.data;
+  void* to = recv.data;
+  const Device device = recv.device;
+  lock.unlock();
+  std::string copy_error;
+  try {
+    if (bytes > 0) {
+#if DSTRAIN_LOCAL_COMM_CUDA
+      // Enqueued on the one device both buffers are on (checked), after both ranks' earlier work
+      // (each posted after queueing it) and before their later work (each waits for done first).
+      std::optional<CudaDeviceScope> current;
+      if (device.is_cuda()) current.emplace(device.index);
+#endif
+      copy_on(device, to, from, bytes);
     }
-    if (waiting == nullptr && !reading) break;
+  } catch (const std::exception& e) {
+    copy_error = e.what();
+  }
+  lock.lock();
+  const auto state = copy_error.empty() ? PointToPoint::State::done : PointToPoint::State::failed;
+  send.state = recv.state = state;
+  if (!copy_error.empty()) poison_locked(copy_error);  // both ranks then fail with it
+  cv_.notify_all();
+  return copy_error.empty();
+}
+
+void LocalGroup::wait_point_to_point(int rank, const std::vector<PointToPointHandle>& ops, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot& me = slots_[static_cast<std::size_t>(rank)];
+  me.p2p_waiting = true;
+  bool failed = false;
+  for (;;) {
+    const PointToPoint* waiting = nullptr;  // the first op whose peer has not posted yet
+    bool copying = false;
+    for (auto it : ops) {
+      failed = failed || it->state == PointToPoint::State::failed;
+      copying = copying || it->state == PointToPoint::State::copying;
+      if (it->state == PointToPoint::State::posted && waiting == nullptr) waiting = &*it;
+    }
+    if (failed || (waiting == nullptr && !copying)) break;
     if (waiting == nullptr) {
-      cv_.wait(lock);  // only copies in progress: they always end with a hand-back
+      cv_.wait(lock);  // only copies in progress: they always end
       continue;
     }
     if (!poison_.empty()) {
@@ -505,32 +509,48 @@ void LocalGroup::point_to_point(int rank, const std::vector<PointToPoint>& ops, 
       break;
     }
     me.p2p_waiting_in = waiting->call;
-    const PointToPoint* orphan = nullptr;
-    for (auto it : sends)
-      if (orphan == nullptr && it->state == PointToPoint::State::posted && slots_[static_cast<std::size_t>(it->call.receiver)].left) orphan = &*it;
-    if (orphan != nullptr) {
-      fail_locked(
-          fmt::format("local communicator: {} cannot complete: rank {} finished (its function returned) without receiving it. Every send needs the "
-                      "matching recv on its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
-                      describe_point_to_point(orphan->call), orphan->call.receiver, orphan->call.receiver));
-    } else if (Clock::now() >= deadline) {
-      fail_locked(point_to_point_timeout_locked(*waiting, waiting->call.receiver));
-    } else {
-      cv_.wait_until(lock, deadline);
+    const PointToPoint* orphan = nullptr;  // an op whose peer finished without posting it
+    for (auto it : ops) {
+      const int peer = it->call.is_send ? it->call.receiver : it->call.sender;
+      if (orphan == nullptr && it->state == PointToPoint::State::posted && slots_[static_cast<std::size_t>(peer)].left) orphan = &*it;
     }
+    if (orphan != nullptr) {
+      const bool sending = orphan->call.is_send;
+      const int peer = sending ? orphan->call.receiver : orphan->call.sender;
+      poison_locked(fmt::format(
+          "local communicator: {} cannot complete: rank {} finished (its function returned) without {} it. Every {} needs the matching {} on "
+          "its peer, in the same order. Fix: look for an early return or a rank-dependent branch on rank {}",
+          describe_point_to_point(orphan->call), peer, sending ? "receiving" : "sending", sending ? "send" : "recv", sending ? "recv" : "send",
+          peer));
+      failed = true;
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      poison_locked(point_to_point_timeout_locked(*waiting, waiting->call.is_send ? waiting->call.receiver : waiting->call.sender));
+      failed = true;
+      break;
+    }
+    cv_.wait_until(lock, deadline);
   }
-  // 4. Withdraw the posts. A receiver copying from one of them (taken) always hands it back, a
-  // failed copy included: wait for that whatever else happened, or the buffer could be freed
-  // under it. Once the group is poisoned no receiver takes another.
-  for (;;) {
-    bool reading = false;
-    for (auto it : sends) reading = reading || it->state == PointToPoint::State::taken;
-    if (!reading) break;
-    cv_.wait(lock);
-  }
-  for (auto it : sends) me.posted.erase(it);
+  withdraw_locked(lock, rank, ops);
   me.p2p_waiting = false;
   if (failed) throw_poison_locked();
+}
+
+void LocalGroup::abandon_point_to_point(int rank, const std::vector<PointToPointHandle>& ops) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::string unmatched;
+  for (auto it : ops)
+    if (it->state == PointToPoint::State::posted) unmatched += (unmatched.empty() ? "" : ", ") + describe_point_to_point(it->call);
+  withdraw_locked(lock, rank, ops);
+  if (unmatched.empty()) return;  // every op had completed: nothing is lost
+  const std::string message = fmt::format(
+      "local communicator: rank {} destroyed a point-to-point request without waiting for it (PointToPointRequest::wait); its {} were "
+      "withdrawn before their peers posted the matching calls, so the pairs' numbering cannot match again. Fix: wait() every request "
+      "started with start_send_recv (an exception on rank {} may have skipped it: look for its error first)",
+      rank, unmatched, rank);
+  log_error("{}", message);
+  poison_locked(message);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -764,19 +784,16 @@ void LocalCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std:
 
 void LocalCommunicator::do_barrier() { collective(LocalGroup::Call{}, nullptr); }
 
-void LocalCommunicator::do_send(const Tensor& buf, int peer) {
-  const PointToPointOp op{true, buf, peer};
-  const PointToPointCall call{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
-  do_send_recv({&op, 1}, {&call, 1});
-}
+namespace {
 
-void LocalCommunicator::do_recv(const Tensor& buf, int peer) {
-  const PointToPointOp op{false, buf, peer};
-  const PointToPointCall call{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
-  do_send_recv({&op, 1}, {&call, 1});
-}
+struct LocalPending final : PendingPointToPoint {
+  std::vector<LocalGroup::PointToPointHandle> ops;
+};
 
-void LocalCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+}  // namespace
+
+std::unique_ptr<PendingPointToPoint> LocalCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops,
+                                                                           std::span<const PointToPointCall> calls) {
   std::vector<LocalGroup::PointToPoint> mine(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Tensor& buf = ops[i].buffer;
@@ -785,24 +802,21 @@ void LocalCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::s
     mine[i].data = buf.data;
     mine[i].device = buf.device;
 #if DSTRAIN_LOCAL_COMM_CUDA
-    // The receiver enqueues the copy that reads a sent buffer; synchronize() here waits for it too.
-    if (ops[i].is_send && buf.device.is_cuda()) pending_device_ = buf.device.index;
+    // Either rank may enqueue the copy; synchronize() here waits for it too.
+    if (buf.device.is_cuda()) pending_device_ = buf.device.index;
 #endif
   }
-  group_.point_to_point(rank(), mine, Clock::now() + group_.timeout(), [&](std::size_t i, const LocalGroup::PointToPoint& send) {
-    const Tensor& buf = ops[i].buffer;
-    if (buf.nbytes() == 0) return;
-#if DSTRAIN_LOCAL_COMM_CUDA
-    // Enqueued on the one device both buffers are on (checked), after the sender's producers (it
-    // posted after queueing them) and before its next kernels (it returns after this hand-back).
-    std::optional<CudaDeviceScope> current;
-    if (buf.device.is_cuda()) {
-      current.emplace(buf.device.index);
-      pending_device_ = buf.device.index;
-    }
-#endif
-    copy_on(buf.device, buf.data, send.data, buf.nbytes());
-  });
+  auto pending = std::make_unique<LocalPending>();
+  pending->ops = group_.post_point_to_point(rank(), mine);
+  return pending;
+}
+
+void LocalCommunicator::do_wait(PendingPointToPoint& pending) {
+  group_.wait_point_to_point(rank(), static_cast<LocalPending&>(pending).ops, Clock::now() + group_.timeout());
+}
+
+void LocalCommunicator::do_abandon(PendingPointToPoint& pending) noexcept {
+  group_.abandon_point_to_point(rank(), static_cast<LocalPending&>(pending).ops);
 }
 
 std::unique_ptr<Communicator> LocalCommunicator::do_split(int color, int key) {

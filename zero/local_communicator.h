@@ -31,21 +31,23 @@
 //   - after any failure, or any Error a collective raises on one rank, the group is poisoned: every
 //     rank's current and later collectives throw the same message.
 //
-// Point-to-point (send / recv / send_recv, zero/communicator.h): a rendezvous of the two ranks
-// alone, outside the collectives' phases. Each rank's slot holds the sends of its call in progress
-// (one for send, a batch's for send_recv), so the slots are the per-pair mailboxes: the sender
-// posts its buffers, completes its recvs (if any), then waits until every send was taken; a
-// receiver waits until its peer's slot holds a send addressed to it — it takes the oldest untaken
-// one, the pair's program order, since a rank's call returns only once its sends were taken and
-// ops of one batch are posted in batch order — checks the two calls agree (number, dtype, count,
-// device, no overlap), copies (or, on a GPU, enqueues the copy: the collectives' ordering
-// argument, with the post as arrive and the hand-back as depart) and hands it back. A sender
-// returns only then, so its buffer is never read after it returns, and a program whose sends wait
-// on each other times out here as it would hang on NCCL; in one send_recv every send is posted
-// before any recv waits, so two neighbours exchanging in one batch complete. Failures are the
-// collectives': a mismatch poisons the group with both calls named; a peer that does not post the
-// matching call within the timeout is named with what it is doing instead; a peer whose thread
-// finished fails the waiting rank at once.
+// Point-to-point (send / recv / send_recv / start_send_recv, zero/communicator.h): a rendezvous of
+// the two ranks alone, outside the collectives' phases. Each rank's slot lists the ops it posted
+// (start_send_recv posts a batch's, in batch order) until their request was waited for: the slots
+// are the per-pair mailboxes. Whichever of a send and its recv is posted second finds the other —
+// the peer's oldest unmatched op of the pair, the pair's program order, since a pair's ops one way
+// are posted in order on both ranks and each is matched when the second of the two comes — checks
+// that the two calls agree (number, dtype, count, device, no overlap), copies (or, on a GPU,
+// enqueues the copy on the shared stream: each rank posted after queueing its earlier work and
+// queues its later work only after its wait) and marks both done. So a post never waits for a
+// peer, and wait() only for the peers' posts: a send's wait returns once its receiver posted and
+// the data moved, so its buffer is never read after it returns, and a program whose sends wait on
+// each other times out here as it would hang on NCCL; in one send_recv every op is posted before
+// any waits, so two neighbours exchanging in one batch complete. Failures are the collectives': a
+// mismatch poisons the group with both calls named; a peer that does not post the matching call
+// within the timeout (counted from wait()) is named with what it is doing instead; a peer whose
+// thread finished fails the waiting rank at once; a request destroyed without wait() withdraws its
+// unmatched ops and poisons the group naming them.
 //
 // Sub-groups (split, zero/communicator.h): the ranks exchange (color, key) in one all_gather on the
 // parent, so every rank computes the same member lists; the members of a color share one child
@@ -123,14 +125,15 @@ class LocalGroup {
  private:
   friend class LocalCommunicator;
 
-  // One send or recv of a rank's call in progress (see the top of this file).
+  // One send or recv a rank posted (see the top of this file).
   struct PointToPoint {
     PointToPointCall call;
-    void* data = nullptr;  // send: read by the receiver; recv: written
+    void* data = nullptr;  // send: read by the copier; recv: written
     Device device = Device::cpu();
-    // A send's, as its receiver moves it: posted -> taken (being copied: the sender must wait, even
-    // through a failure, since its buffer is being read) -> done.
-    enum class State { posted, taken, done } state = State::posted;
+    // posted (its peer has not posted the matching op) -> copying (the second of the two to post
+    // moves the data: neither rank may withdraw it, even through a failure) -> done, or failed
+    // (the copy threw; the group is poisoned).
+    enum class State { posted, copying, done, failed } state = State::posted;
   };
 
   struct Slot {
@@ -138,8 +141,9 @@ class LocalGroup {
     std::uint64_t phases = 0;  // phases this rank has entered
     bool has_called = false;
     bool left = false;
-    // This rank's posted sends (its send's, or its send_recv batch's), in post order, until its
-    // call returns: the receivers find theirs here. A list: receivers hold pointers into it.
+    // This rank's point-to-point ops, in post order, from start_send_recv until their request was
+    // waited for or abandoned: the peers find their counterparts here. A list: handles and the
+    // copier hold pointers into it.
     std::list<PointToPoint> posted;
     // The point-to-point call this rank waits in, if any (what a waiting peer's error names).
     bool p2p_waiting = false;
@@ -151,14 +155,28 @@ class LocalGroup {
   void wait_all(int rank, const Call& call, Phase phase, std::chrono::steady_clock::time_point deadline);
   const Call& call_of(int rank) const { return slots_[static_cast<std::size_t>(rank)].call; }
 
-  // Point-to-point, under the group's lock but outside the collectives' phases: one call of rank
-  // `rank`, its ops in batch order (send, recv: a batch of one). Posts every send; for each recv,
-  // waits for the matching send, checks it and calls `copy(i, send)` (i: the recv's index in `ops`)
-  // outside the lock before handing it back; then waits until the receivers handed back every
-  // send. Throws the poison, and poisons the group first on a mismatch, a peer that left, or the
-  // deadline; it returns or throws only once no receiver reads this rank's buffers.
-  void point_to_point(int rank, const std::vector<PointToPoint>& ops, std::chrono::steady_clock::time_point deadline,
-                      const std::function<void(std::size_t i, const PointToPoint& send)>& copy);
+  // Point-to-point, under the group's lock but outside the collectives' phases (the top of this
+  // file). post: rank `rank`'s batch, in batch order; each op whose peer posted first is checked
+  // and moved now (this thread copies), the others wait in the slot for their peers; never waits
+  // for a peer. wait: until every op of `ops` was moved, then withdraws them. abandon: withdraws
+  // them at once (a copy in progress finishes first) and, when some were unmatched, poisons the
+  // group naming them. post and wait throw the poison (and poison first on a mismatch, a peer
+  // that left, the deadline); neither returns nor throws while another rank copies from or into
+  // this rank's buffers of `ops`.
+ public:
+  using PointToPointHandle = std::list<PointToPoint>::iterator;
+
+ private:
+  std::vector<PointToPointHandle> post_point_to_point(int rank, const std::vector<PointToPoint>& ops);
+  void wait_point_to_point(int rank, const std::vector<PointToPointHandle>& ops, std::chrono::steady_clock::time_point deadline);
+  void abandon_point_to_point(int rank, const std::vector<PointToPointHandle>& ops) noexcept;
+  // Under mu_: the peer's posted op that `op` (rank `rank`'s) pairs with, or null.
+  PointToPoint* counterpart_locked(int rank, const PointToPoint& op);
+  // Moves send's data into recv's buffer outside the lock (both copying meanwhile), then marks
+  // both done (true) or failed, poisoning the group with the copy's error (false).
+  bool move_locked(std::unique_lock<std::mutex>& lock, PointToPoint& send, PointToPoint& recv);
+  // Under mu_: waits for copies of `ops` in progress, then erases them from rank's slot.
+  void withdraw_locked(std::unique_lock<std::mutex>& lock, int rank, const std::vector<PointToPointHandle>& ops);
   // Under mu_: "" when `send` (rank send.call.sender's post) may be received by `recv`, else the
   // Error text.
   std::string check_point_to_point_locked(const PointToPoint& send, const PointToPoint& recv) const;
@@ -240,10 +258,12 @@ class LocalCommunicator final : public Communicator {
   // its blocks from the senders' buffers into its own recv.
   void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
                        std::span<const std::int64_t> recv_counts) override;
-  // The rendezvous at the top of this file; the receiver copies. send and recv are batches of one.
-  void do_send(const Tensor& buf, int peer) override;
-  void do_recv(const Tensor& buf, int peer) override;
-  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // The rendezvous at the top of this file; the second of a pair to post copies. send, recv and
+  // send_recv are the base's: start, then wait.
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
+  // Withdraws the unmatched ops and poisons the group naming them (LocalGroup::abandon_point_to_point).
+  void do_abandon(PendingPointToPoint& pending) noexcept override;
   // The (color, key) exchange, then this rank's LocalCommunicator of the shared child group (see
   // the top of this file).
   std::unique_ptr<Communicator> do_split(int color, int key) override;

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <numeric>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -102,6 +103,19 @@ int as_count(std::int64_t n, const MpiCommunicator::Call& call, int world) {
   return static_cast<int>(n);
 }
 
+// MPI_THREAD_SERIALIZED (init_mpi) lets one thread of the process call MPI at a time. A rank's
+// calls are serialized per communicator, but with zero_optimization.overlap_comm the data group's
+// collectives run on the CommQueue's worker thread while the main thread drives the pipeline
+// group's transfers (and, under tensor parallelism, other groups' collectives): two communicators,
+// one process. So every MPI call of this file runs under this process-wide lock, taken per call
+// or per test pass — never across a wait for a peer, so each thread's operations progress while
+// the other's wait.
+std::mutex& mpi_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+using MpiLock = std::lock_guard<std::mutex>;
+
 // Polls a set of requests until they are done or the deadline passes: returns false then. The
 // first 100 µs test without pause (a collective between processes of one machine often completes
 // in that time); afterwards the waits grow to 200 µs so that a rank waiting for a slow peer leaves
@@ -112,7 +126,10 @@ bool poll_until(Test test, Clock::time_point deadline) {
   const auto start = Clock::now();
   auto pause = std::chrono::microseconds(5);
   for (;;) {
-    if (test()) return true;
+    {
+      const MpiLock lock(mpi_mutex());  // each pass of MPI_Test* alone (mpi_mutex above)
+      if (test()) return true;
+    }
     const auto now = Clock::now();
     if (now > deadline) return false;
     if (now - start > std::chrono::microseconds(100)) {
@@ -172,7 +189,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
   // Duplicating is collective but MPI_Comm_dup has no deadline; MPI_Comm_idup does.
   for (MPI_Comm* dup : {&ctrl_, &data_}) {
     MPI_Request request = MPI_REQUEST_NULL;
-    const int status = MPI_Comm_idup(comm, dup, &request);
+    int status = MPI_SUCCESS;
+    {
+      const MpiLock lock(mpi_mutex());
+      status = MPI_Comm_idup(comm, dup, &request);
+    }
     if (status != MPI_SUCCESS) fail("MPI communicator: MPI_Comm_idup on rank {} failed: {}", rank(), mpi_error_text(status));
     int done = 0;
     const bool ok = poll_until([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done; }, Clock::now() + timeout_);
@@ -182,6 +203,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
           "process of the job starts dstrain the same way, or raise DSTRAIN_COMM_TIMEOUT (seconds)",
           rank(), world_size(), timeout_.count());
     }
+    const MpiLock lock(mpi_mutex());
     MPI_Comm_set_errhandler(*dup, MPI_ERRORS_RETURN);
   }
   // One rank per process: its log lines carry its rank, rank 0 prints info.
@@ -199,10 +221,10 @@ MpiCommunicator::~MpiCommunicator() {
     new std::vector<char>(std::move(scratch_));   // NOLINT: deliberately leaked
     new std::vector<Call>(std::move(received_));  // NOLINT
     new std::vector<Call>(std::move(seen_));      // NOLINT
-    new std::vector<Call>(std::move(p2p_out_));   // NOLINT
-    new std::vector<Call>(std::move(p2p_in_));    // NOLINT
+    new std::vector<std::vector<Call>>(std::move(p2p_kept_));  // NOLINT
     return;
   }
+  const MpiLock lock(mpi_mutex());
   for (MPI_Comm* c : {&ctrl_, &data_}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
@@ -247,6 +269,7 @@ void MpiCommunicator::arrive(const Call& call) {
   std::vector<MPI_Request> requests;
   std::vector<int> peer_of;
   requests.reserve(static_cast<std::size_t>(2 * (w - 1)));
+  std::unique_lock<std::mutex> lock(mpi_mutex());
   for (int q = 0; q < w; ++q) {
     if (q == me) continue;
     MPI_Request r = MPI_REQUEST_NULL;
@@ -260,6 +283,7 @@ void MpiCommunicator::arrive(const Call& call) {
     check(MPI_Isend(&seen_[static_cast<std::size_t>(me)], sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Isend", call);
     requests.push_back(r);
   }
+  lock.unlock();
   int status = MPI_SUCCESS;
   const bool all = test_all_until(requests, Clock::now() + timeout_, status);
   check(status, "MPI_Testsome", call);
@@ -305,6 +329,7 @@ void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector
   std::vector<MPI_Request> requests;
   std::vector<int> peer_of;
   requests.reserve(sends.size() + recvs.size());
+  std::unique_lock<std::mutex> lock(mpi_mutex());
   for (const Part& p : recvs) {
     if (p.count == 0) continue;
     MPI_Request r = MPI_REQUEST_NULL;
@@ -319,6 +344,7 @@ void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector
     requests.push_back(r);
     peer_of.push_back(p.peer);
   }
+  lock.unlock();
   if (requests.empty()) return;
   int status = MPI_SUCCESS;
   const bool all = test_all_until(requests, Clock::now() + timeout_, status);
@@ -589,119 +615,153 @@ void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
   exchange(sends, recvs, buf.dtype, call);
 }
 
-void MpiCommunicator::do_send(const Tensor& buf, int peer) {
-  const PointToPointOp op{true, buf, peer};
-  const PointToPointCall call{true, rank(), peer, sends_to(peer), buf.dtype, buf.numel()};
-  point_to_point({&op, 1}, {&call, 1});
+namespace {
+
+// A started batch (MpiCommunicator::do_start_send_recv): per op its two descriptions and its data
+// message, all in flight from the start.
+struct MpiPending final : PendingPointToPoint {
+  std::vector<PointToPointCall> mine;
+  std::vector<int> peers;
+  std::vector<std::string> names;
+  // The descriptions: ours out, the peer's in. MPI writes `in` until they complete (kept by the
+  // communicator after a failure: MpiCommunicator::keep).
+  std::vector<MpiCommunicator::Call> out, in;
+  std::vector<MPI_Request> described;  // [2i]: op i's incoming description, [2i+1]: its outgoing one
+  std::vector<MPI_Request> data;       // op i's data message (null when it carries no element)
+  std::vector<int> data_status;        // MPI_Test's status of a data message that failed
+  std::vector<char> compared, moved;
+};
+
+}  // namespace
+
+void MpiCommunicator::keep(PendingPointToPoint& pending) noexcept {
+  auto& p = static_cast<MpiPending&>(pending);
+  p2p_kept_.push_back(std::move(p.out));
+  p2p_kept_.push_back(std::move(p.in));
 }
 
-void MpiCommunicator::do_recv(const Tensor& buf, int peer) {
-  const PointToPointOp op{false, buf, peer};
-  const PointToPointCall call{false, peer, rank(), recvs_from(peer), buf.dtype, buf.numel()};
-  point_to_point({&op, 1}, {&call, 1});
-}
-
-void MpiCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) { point_to_point(ops, calls); }
-
-void MpiCommunicator::point_to_point(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
+std::unique_ptr<PendingPointToPoint> MpiCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
   const std::size_t n = ops.size();
-  std::vector<std::string> names(n);
+  auto p = std::make_unique<MpiPending>();
+  p->names.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    names[i] = describe_point_to_point(mine[i]);
+    p->names[i] = describe_point_to_point(mine[i]);
     DSTRAIN_CHECK(ops[i].buffer.device.is_cpu(),
                   "MPI communicator: the buffer of {} is on {}; the MPI backend communicates host memory. Fix: use host buffers (--device "
                   "cpu), or the nccl backend for GPUs",
-                  names[i], ops[i].buffer.device.str());
+                  p->names[i], ops[i].buffer.device.str());
   }
   check_usable();
-  // The descriptions carry the pair's number where a collective's carries its sequence number.
-  // Members, not locals: after a timeout MPI may still write a late description there.
-  p2p_out_.assign(n, Call{});
-  p2p_in_.assign(n, Call{});
+  p->mine.assign(mine.begin(), mine.end());
+  p->out.assign(n, Call{});
+  p->in.assign(n, Call{});
+  p->described.assign(2 * n, MPI_REQUEST_NULL);
+  p->data.assign(n, MPI_REQUEST_NULL);
+  p->data_status.assign(n, MPI_SUCCESS);
+  p->compared.assign(n, 0);
+  p->moved.assign(n, 0);
   std::vector<int> counts(n);
   for (std::size_t i = 0; i < n; ++i) {
+    // The descriptions carry the pair's number where a collective's carries its sequence number.
     const auto kind = mine[i].is_send ? CollectiveKind::send : CollectiveKind::recv;
-    p2p_out_[i] = Call{mine[i].number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(mine[i].dtype), 0, 0, mine[i].count};
-    counts[i] = as_count(mine[i].count, p2p_out_[i], world_size());
+    p->out[i] = Call{mine[i].number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(mine[i].dtype), 0, 0, mine[i].count};
+    counts[i] = as_count(mine[i].count, p->out[i], world_size());
+    p->peers.push_back(ops[i].peer);
   }
-  // Each op on its own, all in flight at once, so that no op waits for another (a peer may post
-  // the call matching one op only after another op's data reached it):
-  //   1. descriptions: ours to the op's peer, the peer's (of its matching call) from it; per (peer,
-  //      tag) MPI matches them in posting order, the pair's program order;
-  //   2. once both came, the op's two descriptions are compared (both ranks of the pair compare the
-  //      same two, so both fail with the same text) and its data message is posted (none when
-  //      empty; after those of the earlier ops of its pair and direction), tested against a fresh
-  //      deadline.
-  // requests[2i]: op i's incoming description, requests[2i+1]: its outgoing one; data[i]: its data.
-  std::vector<MPI_Request> requests(2 * n, MPI_REQUEST_NULL), data(n, MPI_REQUEST_NULL);
-  enum class Stage { describing, moving, done };
-  std::vector<Stage> stage(n, Stage::describing);
-  std::vector<Clock::time_point> deadline(n, Clock::now() + timeout_);
-  for (std::size_t i = 0; i < n; ++i) {
-    const bool sending = mine[i].is_send;
-    const int peer = ops[i].peer;
-    check(MPI_Irecv(&p2p_in_[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pRecvTag : kP2pSendTag, ctrl_, &requests[2 * i]), "MPI_Irecv",
-          p2p_out_[i]);
-    check(MPI_Isend(&p2p_out_[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pSendTag : kP2pRecvTag, ctrl_, &requests[2 * i + 1]), "MPI_Isend",
-          p2p_out_[i]);
+  // Everything at once, in batch order: per op the peer's description in, ours out, and the data
+  // message (posted ahead of the check: a pair's messages one way are posted in the pair's order
+  // on both ranks, and MPI matches them in that order, so the descriptions only confirm what MPI
+  // paired).
+  try {
+    const MpiLock lock(mpi_mutex());
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool sending = mine[i].is_send;
+      const int peer = ops[i].peer;
+      check(MPI_Irecv(&p->in[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pRecvTag : kP2pSendTag, ctrl_, &p->described[2 * i]), "MPI_Irecv",
+            p->out[i]);
+      check(MPI_Isend(&p->out[i], sizeof(Call), MPI_BYTE, peer, sending ? kP2pSendTag : kP2pRecvTag, ctrl_, &p->described[2 * i + 1]), "MPI_Isend",
+            p->out[i]);
+      if (counts[i] == 0) {
+        p->moved[i] = 1;
+        continue;
+      }
+      const Tensor& buf = ops[i].buffer;
+      if (sending) {
+        check(MPI_Isend(buf.data, counts[i], element_type(buf.dtype), peer, kP2pDataTag, data_, &p->data[i]), "MPI_Isend", p->out[i]);
+      } else {
+        check(MPI_Irecv(buf.data, counts[i], element_type(buf.dtype), peer, kP2pDataTag, data_, &p->data[i]), "MPI_Irecv", p->out[i]);
+      }
+    }
+  } catch (...) {
+    keep(*p);
+    throw;
   }
-  // One pass over the ops: advances each as far as it can; true once all are done. A failure
-  // (an MPI error, a mismatch) throws from here; a missed deadline leaves `late` set.
+  return p;
+}
+
+void MpiCommunicator::do_wait(PendingPointToPoint& pending) {
+  try {
+    complete(pending);
+  } catch (...) {
+    keep(pending);
+    throw;
+  }
+}
+
+void MpiCommunicator::complete(PendingPointToPoint& pending) {
+  auto& p = static_cast<MpiPending&>(pending);
+  const std::size_t n = p.mine.size();
+  check_usable();
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  // One pass over the ops (under the MPI lock, poll_until): advances each as far as it can; true
+  // once all are done. A failure (an MPI error, a mismatch) throws from here; a missed deadline
+  // leaves `late` set. A data message that failed (a size mismatch truncates) is reported once
+  // the descriptions came, so that a mismatch is named as one.
   std::size_t late = n;
   const auto advance = [&] {
     bool all = true;
     for (std::size_t i = 0; i < n; ++i) {
-      if (stage[i] == Stage::describing) {
+      if (!p.compared[i]) {
         int done = 0;
-        check(MPI_Testall(2, &requests[2 * i], &done, MPI_STATUSES_IGNORE), "MPI_Testall", p2p_out_[i]);
-        // A pair's data messages one way are posted in the pair's order on both ranks (MPI then
-        // matches them in that order): not before the earlier ops of this pair and direction.
-        for (std::size_t j = 0; j < i && done; ++j) {
-          if (ops[j].peer == ops[i].peer && mine[j].is_send == mine[i].is_send && stage[j] == Stage::describing) done = 0;
-        }
+        check(MPI_Testall(2, &p.described[2 * i], &done, MPI_STATUSES_IGNORE), "MPI_Testall", p.out[i]);
         if (done) {
-          const Call& theirs = p2p_in_[i];
-          PointToPointCall other = mine[i];
-          other.is_send = !mine[i].is_send;
+          const Call& theirs = p.in[i];
+          PointToPointCall other = p.mine[i];
+          other.is_send = !p.mine[i].is_send;
           other.number = theirs.sequence;
           other.dtype = static_cast<DType>(theirs.dtype);
           other.count = theirs.count;
           const std::string problem =
-              mine[i].is_send ? point_to_point_mismatch("MPI", mine[i], other) : point_to_point_mismatch("MPI", other, mine[i]);
+              p.mine[i].is_send ? point_to_point_mismatch("MPI", p.mine[i], other) : point_to_point_mismatch("MPI", other, p.mine[i]);
           if (!problem.empty()) fail_with(problem);
-          stage[i] = Stage::done;
-          if (counts[i] > 0) {
-            const Tensor& buf = ops[i].buffer;
-            if (mine[i].is_send) {
-              check(MPI_Isend(buf.data, counts[i], element_type(buf.dtype), ops[i].peer, kP2pDataTag, data_, &data[i]), "MPI_Isend", p2p_out_[i]);
-            } else {
-              check(MPI_Irecv(buf.data, counts[i], element_type(buf.dtype), ops[i].peer, kP2pDataTag, data_, &data[i]), "MPI_Irecv", p2p_out_[i]);
-            }
-            stage[i] = Stage::moving;
-            deadline[i] = Clock::now() + timeout_;
-          }
+          p.compared[i] = 1;
         }
       }
-      if (stage[i] == Stage::moving) {
+      if (!p.moved[i]) {
         int done = 0;
-        check(MPI_Test(&data[i], &done, MPI_STATUS_IGNORE), "MPI_Test", p2p_out_[i]);
-        if (done) stage[i] = Stage::done;
+        const int status = MPI_Test(&p.data[i], &done, MPI_STATUS_IGNORE);
+        if (status != MPI_SUCCESS) {
+          p.data_status[i] = status;
+          done = 1;
+        }
+        if (done) p.moved[i] = 1;
       }
-      if (stage[i] != Stage::done) {
+      if (p.compared[i] && p.data_status[i] != MPI_SUCCESS) check(p.data_status[i], "MPI_Test", p.out[i]);
+      if (!p.compared[i] || !p.moved[i]) {
         all = false;
-        if (late == n && Clock::now() > deadline[i]) late = i;
+        if (late == n && Clock::now() > deadline) late = i;
       }
     }
     return all || late < n;
   };
-  poll_until(advance, Clock::time_point::max());  // advance() watches the ops' own deadlines
+  poll_until(advance, Clock::time_point::max());  // advance() watches the deadline
   if (late == n) return;
   const std::size_t i = late;
-  const int peer = ops[i].peer;
-  if (stage[i] == Stage::describing) {
+  const int peer = p.peers[i];
+  if (!p.compared[i]) {
     const auto q = static_cast<std::size_t>(peer);
-    PointToPointCall owed = mine[i];
-    owed.is_send = !mine[i].is_send;
+    PointToPointCall owed = p.mine[i];
+    owed.is_send = !p.mine[i].is_send;
     const std::string last_reached = has_seen_[q] ? fmt::format("rank {} last reached {}", peer, describe(seen_[q], world_size()))
                                                   : fmt::format("rank {} has reached no collective yet", peer);
     fail_with(
@@ -709,13 +769,13 @@ void MpiCommunicator::point_to_point(std::span<const PointToPointOp> ops, std::s
                     "posted the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
                     "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first, or "
                     "one send_recv batch), look at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
-                    names[i], timeout_.count(), peer, describe_point_to_point(owed), last_reached, peer, peer));
+                    p.names[i], timeout_.count(), peer, describe_point_to_point(owed), last_reached, peer, peer));
   }
   fail_with(
       fmt::format("MPI communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process "
                   "stopped or ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's "
                   "messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
-                  names[i], timeout_.count(), mine[i].is_send ? "reach" : "come from", peer, peer));
+                  p.names[i], timeout_.count(), p.mine[i].is_send ? "reach" : "come from", peer, peer));
 }
 
 // Every rank has reached the barrier once every rank's description has come.
@@ -728,7 +788,13 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) {
   all_gather(Tensor(mine, DType::int32, Shape{2}), Tensor(table.data(), DType::int32, Shape{2 * static_cast<std::int64_t>(world_size())}));
   check_usable();
   MPI_Comm split = MPI_COMM_NULL;
-  const int status = MPI_Comm_split(ctrl_, color, key, &split);
+  int status = MPI_SUCCESS;
+  {
+    // Blocking (MPI has no MPI_Comm_isplit): the other thread's MPI calls wait meanwhile, so split
+    // while no overlapped collective is in flight (the engine splits its groups before training).
+    const MpiLock lock(mpi_mutex());
+    status = MPI_Comm_split(ctrl_, color, key, &split);
+  }
   if (status != MPI_SUCCESS) {
     fail_with(fmt::format("MPI communicator: MPI_Comm_split (color {}, key {}) failed on rank {} after collective #{}: {}", color, key, rank(),
                           sequence(), mpi_error_text(status)));
@@ -737,9 +803,11 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) {
   try {
     child.reset(new MpiCommunicator(split, timeout_, false));
   } catch (...) {
+    const MpiLock lock(mpi_mutex());
     MPI_Comm_free(&split);
     throw;
   }
+  const MpiLock lock(mpi_mutex());
   MPI_Comm_free(&split);  // the child works on its own duplicates
   return child;
 }

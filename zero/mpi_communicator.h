@@ -37,19 +37,19 @@
 //   the last collective's buffers, so the process should end (the CLI calls abort_mpi_job(),
 //   zero/mpi_process.h, which ends every rank). The library itself never aborts.
 //
-// Point-to-point (send / recv): not part of the arrival exchange (only two ranks take part). The
-// two ranks exchange descriptions of their calls on their own tags of the control communicator —
-// the sender's (number in the pair's order, dtype, count) to the receiver, the receiver's back —
-// and each compares the two: a mismatch fails on both ranks naming both calls before any data
-// moves; a description that does not come within the timeout names the peer (and the last
-// collective it reached). Then one message on the data communicator, tested against a fresh
-// deadline. Tags keep a pair's sends apart from its receives the other way and from the
-// collectives' messages, and MPI's non-overtaking rule per (source, tag, communicator) gives the
-// program-order matching. The sender waits for the receiver's description, so a send returns only
-// once its recv is posted: the local backend's rendezvous, and NCCL's. send_recv does this for
-// every op of its batch at once, each op on its own (its descriptions, its check, then its message
-// as soon as they came; a pair's messages one way posted in order), so no op of a batch waits for
-// another: a peer may post the call matching one op only after another op's data reached it.
+// Point-to-point (send / recv / send_recv / start_send_recv): not part of the arrival exchange
+// (only two ranks take part). start posts, per op and at once, a description of the call (number in
+// the pair's order, dtype, count) to the peer on its own tag of the control communicator, the
+// receive of the peer's description, and the data message on the data communicator (a pair's
+// messages one way are posted in the pair's order on both ranks, and MPI's non-overtaking rule per
+// (source, tag, communicator) matches them in that order), then returns: nothing waits for the
+// peer. wait tests them until done: each op's two descriptions are compared as soon as both came
+// (a mismatch fails on both ranks naming both calls — the data may have landed partly already, or
+// been truncated, which is reported as the mismatch); a description that does not come within the
+// timeout (counted from wait) names the peer and the last collective it reached; data that does
+// not complete names the peer too. A send completes only once its receiver's description came, so
+// a send returns once its recv is posted: the local backend's rendezvous, and NCCL's. The ops of a
+// batch, and separate requests, progress independently, so no op waits for another.
 //
 // Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
 // (step 1 bounds it: a rank that never splits is named within the timeout), then call
@@ -57,9 +57,14 @@
 // an MpiCommunicator over duplicates of the split communicator (freed with the child, which does
 // not need this one alive), with this one's timeout; it leaves the process's log rank alone.
 //
-// Threads: calls must be serialized (the Communicator contract: one rank's calls are ordered). With
-// overlap_comm a worker thread issues them, which needs MPI_THREAD_SERIALIZED (init_mpi() asks for
-// it, the training plan checks it).
+// Threads: one communicator's calls must be serialized (the Communicator contract). With
+// overlap_comm the data group's collectives run on a worker thread (zero/comm_queue.h) while the
+// main thread uses other communicators of the process — the pipeline group's transfers (under the
+// interleaved schedule a chunk's boundary backward queues its gradient reductions several actions
+// before the step's last backward drains them), the tensor-parallel group's collectives.
+// MPI_THREAD_SERIALIZED (init_mpi() asks for it, the training plan checks it) allows one thread in
+// MPI at a time per process, so every MPI call here runs under one process-wide lock, taken per
+// call and per test pass, never across a wait for a peer: both threads' operations progress.
 #pragma once
 
 #include <chrono>
@@ -110,15 +115,18 @@ class MpiCommunicator final : public Communicator {
   // pairs complete (the group is unusable on the failed ranks afterwards, as after any failure).
   void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
                        std::span<const std::int64_t> recv_counts) override;
-  void do_send(const Tensor& buf, int peer) override;
-  void do_recv(const Tensor& buf, int peer) override;
-  void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // Point-to-point (above): start posts every op's descriptions and data message; wait tests them
+  // until done. send, recv and send_recv are the base's start + wait; an abandoned request is
+  // completed within the timeout (the base's do_abandon: MPI owns the buffers until then).
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
-  // send / recv / send_recv (above; send and recv are batches of one): the descriptions of every
-  // op exchanged with its peer at once, checked, then every op's data message at once.
-  void point_to_point(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls);
+  // do_wait's work; throws naming the op, both ranks and the peer's last collective.
+  void complete(PendingPointToPoint& pending);
+  // After a failure MPI may still write a started batch's descriptions: moved to p2p_kept_.
+  void keep(PendingPointToPoint& pending) noexcept;
   // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
   // child does not.
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
@@ -148,10 +156,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
   std::vector<bool> has_seen_;  // per rank: a description has come
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
-  // Per op of the current point-to-point call: the descriptions in flight (ours out, the peer's
-  // in). Members, not locals: after a timeout MPI may still write a late description here.
-  std::vector<Call> p2p_out_;
-  std::vector<Call> p2p_in_;
+  // The descriptions of point-to-point batches that failed: MPI may still write a late one there,
+  // so they live as long as the communicator (and are leaked with it after a failure).
+  std::vector<std::vector<Call>> p2p_kept_;
   std::vector<char> scratch_;
   std::string failure_;
 };

@@ -477,6 +477,40 @@ void NcclCommunicator::do_send_recv(std::span<const PointToPointOp> ops, std::sp
   after_enqueue();
 }
 
+namespace {
+
+// A started batch: the event recorded on the communicator's stream right after its group.
+struct NcclPending final : PendingPointToPoint {
+  int device = 0;
+  cudaEvent_t done = nullptr;
+  ~NcclPending() override {
+    if (done != nullptr) {
+      CudaDeviceScope current(device);
+      cudaEventDestroy(done);  // deferred by CUDA until the event completed
+    }
+  }
+};
+
+}  // namespace
+
+// The group as send_recv queues it, then an event of its own: wait() orders compute after this
+// batch only (not after collectives queued since), and the host never blocks.
+std::unique_ptr<PendingPointToPoint> NcclCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) {
+  do_send_recv(ops, calls);
+  CudaDeviceScope current(device_);
+  auto pending = std::make_unique<NcclPending>();
+  pending->device = device_;
+  DSTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&pending->done, cudaEventDisableTiming));
+  DSTRAIN_CUDA_CHECK(cudaEventRecord(pending->done, stream_));
+  return pending;
+}
+
+void NcclCommunicator::do_wait(PendingPointToPoint& pending) {
+  auto& p = static_cast<NcclPending&>(pending);
+  CudaDeviceScope current(device_);
+  DSTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, p.done, 0));
+}
+
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) {
   check_usable();
   CudaDeviceScope current(device_);

@@ -127,6 +127,11 @@ class NcclCommunicator final : public Communicator {
   void do_recv(const Tensor& buf, int peer) override;
   // Every op between ncclGroupStart and ncclGroupEnd, on stream(), as send / recv are.
   void do_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  // start_send_recv: the same group, then an event recorded on stream() after it; wait: the compute
+  // stream waits for that event (no host sync; synchronize() bounds a hang by the timeout). An
+  // abandoned request is waited for so (the base's do_abandon): later compute is ordered after it.
+  std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
+  void do_wait(PendingPointToPoint& pending) override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:

@@ -7,6 +7,7 @@
 // out naming what the peer waits in, and a bad peer names the peer and the world size. Then the
 // batched send_recv: neighbours that each send first, a ring of 4, a pair's order across batched
 // and standalone calls, a batch of 4 ops and its counters, and the same failures.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -613,4 +614,124 @@ TEST(LocalPointToPoint, SendRecvBadOpsAreErrorsNamingTheOp) {
     EXPECT_EQ(errors[0], err);
     EXPECT_EQ(errors[1], err) << "the waiting rank fails with the cause";
   }
+}
+
+// ---- start_send_recv / wait: the non-blocking batch the pipeline overlaps compute with ----
+
+// start_send_recv returns before the peer has posted anything: rank 0 starts a send and a recv,
+// then tells rank 1 (through shared memory, not the communicator) that it got past the start; only
+// then does rank 1 post its matching calls. With a start that waited for its peer, rank 0 could
+// never say so (rank 1 gives up after 20 s and posts anyway, so a regression fails, not hangs).
+TEST(LocalPointToPoint, StartSendRecvReturnsBeforeThePeerPosts) {
+  constexpr std::int64_t n = 13;
+  std::atomic<bool> started{false};
+  bool seen_before_posting = false;
+  HostBuf got0(DType::fp32, n), got1(DType::fp32, n);
+  run_local_ranks(
+      2,
+      [&](Communicator& c) {
+        const int r = c.rank(), other = 1 - r;
+        HostBuf out = message(DType::fp32, r, 0, n);
+        HostBuf& in = r == 0 ? got0 : got1;
+        const std::vector<PointToPointOp> ops{{true, out.tensor(), other}, {false, in.tensor(), other}};
+        if (r == 0) {
+          PointToPointRequest request = c.start_send_recv(ops);
+          EXPECT_TRUE(request.pending());
+          started = true;  // rank 1 has posted nothing yet
+          request.wait();
+          EXPECT_FALSE(request.pending());
+        } else {
+          const Clock::time_point t0 = Clock::now();
+          while (!started && seconds_since(t0) < 20.0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          seen_before_posting = started;
+          c.send_recv(ops);
+        }
+      },
+      std::chrono::milliseconds(60'000));
+  EXPECT_TRUE(seen_before_posting) << "start_send_recv waited for its peer";
+  expect_same_bits(got0, message(DType::fp32, 1, 0, n), "rank 0 from rank 1");
+  expect_same_bits(got1, message(DType::fp32, 0, 0, n), "rank 1 from rank 0");
+}
+
+// Started requests keep the pair's FIFO numbering whatever order they are waited in, mixed with
+// blocking calls, and are counted in stats() once waited for.
+TEST(LocalPointToPoint, StartedRequestsKeepThePairsOrderWaitedInAnyOrder) {
+  constexpr std::int64_t n = 7;
+  std::vector<HostBuf> got(4, HostBuf(DType::int32, n));
+  std::vector<std::uint64_t> sends(2), recvs(2), send_calls(2), recv_calls(2);
+  run_local_ranks(
+      2,
+      [&](Communicator& c) {
+        std::vector<HostBuf> out;
+        for (int k = 0; k < 4; ++k) out.push_back(message(DType::int32, c.rank(), k, n));
+        if (c.rank() == 0) {
+          std::vector<PointToPointRequest> requests;
+          for (int k = 0; k < 3; ++k) requests.push_back(c.start_send_recv(std::vector<PointToPointOp>{{true, out[static_cast<std::size_t>(k)].tensor(), 1}}));
+          c.send(out[3].tensor(), 1);  // send #4, blocking, while #1..#3 are pending
+          for (int k = 2; k >= 0; --k) c.wait(requests[static_cast<std::size_t>(k)]);
+        } else {
+          std::vector<PointToPointRequest> requests;
+          for (int k = 0; k < 4; ++k) requests.push_back(c.start_send_recv(std::vector<PointToPointOp>{{false, got[static_cast<std::size_t>(k)].tensor(), 0}}));
+          for (int k : {3, 1, 0, 2}) requests[static_cast<std::size_t>(k)].wait();
+        }
+        const auto r = static_cast<std::size_t>(c.rank());
+        sends[r] = c.sends_to(1 - c.rank());
+        recvs[r] = c.recvs_from(1 - c.rank());
+        send_calls[r] = c.stats().call_count(CollectiveKind::send);
+        recv_calls[r] = c.stats().call_count(CollectiveKind::recv);
+      },
+      std::chrono::milliseconds(5'000));
+  for (int k = 0; k < 4; ++k) expect_same_bits(got[static_cast<std::size_t>(k)], message(DType::int32, 0, k, n), fmt::format("message {}", k + 1));
+  EXPECT_EQ(sends, (std::vector<std::uint64_t>{4, 0}));
+  EXPECT_EQ(recvs, (std::vector<std::uint64_t>{0, 4}));
+  EXPECT_EQ(send_calls, (std::vector<std::uint64_t>{4, 0}));
+  EXPECT_EQ(recv_calls, (std::vector<std::uint64_t>{0, 4}));
+}
+
+// A started request whose peer never posts fails in wait() at the timeout, naming the op, both
+// ranks and what the peer is doing.
+TEST(LocalPointToPoint, StartedRequestTimesOutInWaitNamingBothRanks) {
+  std::atomic<bool> done{false};
+  const std::string err = run_expecting_error(
+      2,
+      [&](Communicator& c) {
+        HostBuf buf(DType::fp32, 5);
+        if (c.rank() == 0) {
+          PointToPointRequest request = c.start_send_recv(std::vector<PointToPointOp>{{true, buf.tensor(), 1}});
+          try {
+            request.wait();
+          } catch (...) {
+            done = true;
+            throw;
+          }
+        } else {
+          while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // busy elsewhere, never posting
+        }
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_THAT(err, HasSubstr("send #1 from rank 0 to rank 1 (fp32, 5 elements) timed out after 300 ms"));
+  EXPECT_THAT(err, HasSubstr("rank 1 did not post the matching recv #1 from rank 0 on rank 1"));
+  EXPECT_THAT(err, HasSubstr("Fix:"));
+}
+
+// A request destroyed without wait() withdraws its unmatched ops and fails the peer at once, naming
+// the abandoned op (at the timeout the peer's error would be its own timeout instead).
+TEST(LocalPointToPoint, AbandonedRequestFailsThePeerNamingTheOp) {
+  std::atomic<bool> abandoned{false};
+  const std::string err = run_expecting_error(
+      2,
+      [&](Communicator& c) {
+        HostBuf buf(DType::fp32, 3);
+        if (c.rank() == 0) {
+          { PointToPointRequest request = c.start_send_recv(std::vector<PointToPointOp>{{true, buf.tensor(), 1}}); }
+          abandoned = true;
+          c.barrier();  // fails with the poison
+        } else {
+          while (!abandoned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          c.recv(buf.tensor(), 0);
+        }
+      },
+      std::chrono::milliseconds(30'000));
+  EXPECT_THAT(err, HasSubstr("rank 0 destroyed a point-to-point request without waiting for it"));
+  EXPECT_THAT(err, HasSubstr("send #1 from rank 0 to rank 1 (fp32, 3 elements)"));
 }

@@ -655,6 +655,67 @@ TEST(MpiCollectives, SendRecvKeepsThePairsOrderAndNeverHoldsAnOpBack) {
   mpi.barrier();
 }
 
+// start_send_recv returns before the peer has posted: rank 0 starts its batch with rank 1 and then
+// meets rank 1 in a barrier, which rank 1 reaches before posting anything; a start that waited for
+// its peer would leave both waiting (a timeout). Then requests waited for out of order keep the
+// pair's order.
+TEST(MpiCollectives, StartSendRecvReturnsBeforeThePeerPostsAndKeepsThePairsOrder) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  constexpr std::int64_t n = 6;
+  if (me() == 0) {
+    HostBuf out = filled(DType::fp32, 1, n), in(DType::fp32, n);
+    PointToPointRequest request = mpi.start_send_recv(std::vector<PointToPointOp>{{true, out.tensor(), 1}, {false, in.tensor(), 1}});
+    EXPECT_TRUE(request.pending());
+    mpi.barrier();
+    request.wait();
+    expect_same_bits(in, filled(DType::fp32, 2, n), "rank 1's message");
+    std::vector<HostBuf> msgs;
+    for (int k = 0; k < 3; ++k) msgs.push_back(filled(DType::int32, 10 + k, n));
+    std::vector<PointToPointRequest> sends;
+    for (int k = 0; k < 3; ++k) sends.push_back(mpi.start_send_recv(std::vector<PointToPointOp>{{true, msgs[static_cast<std::size_t>(k)].tensor(), 1}}));
+    for (int k = 2; k >= 0; --k) sends[static_cast<std::size_t>(k)].wait();
+    EXPECT_EQ(mpi.stats().call_count(CollectiveKind::send), 4u);
+  } else if (me() == 1) {
+    mpi.barrier();
+    HostBuf out = filled(DType::fp32, 2, n), in(DType::fp32, n);
+    mpi.send_recv(std::vector<PointToPointOp>{{false, in.tensor(), 0}, {true, out.tensor(), 0}});
+    expect_same_bits(in, filled(DType::fp32, 1, n), "rank 0's message");
+    std::vector<HostBuf> got(3, HostBuf(DType::int32, n));
+    std::vector<PointToPointRequest> recvs;
+    for (int k = 0; k < 3; ++k) recvs.push_back(mpi.start_send_recv(std::vector<PointToPointOp>{{false, got[static_cast<std::size_t>(k)].tensor(), 0}}));
+    for (int k : {1, 2, 0}) recvs[static_cast<std::size_t>(k)].wait();
+    for (int k = 0; k < 3; ++k) expect_same_bits(got[static_cast<std::size_t>(k)], filled(DType::int32, 10 + k, n), fmt::format("message {}", k + 1));
+  } else {
+    mpi.barrier();
+  }
+  mpi.barrier();
+}
+
+// A started request whose peer never posts fails in wait() within the timeout, naming the op and
+// both ranks.
+TEST(MpiCollectives, StartedRequestTimesOutInWaitNamingBothRanks) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 processes";
+  std::string err;
+  {
+    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    if (me() == 0) {
+      HostBuf buf(DType::fp32, 5);
+      PointToPointRequest request = mpi.start_send_recv(std::vector<PointToPointOp>{{false, buf.tensor(), 1}});
+      try {
+        request.wait();
+      } catch (const Error& e) {
+        err = e.what();
+      }
+    }
+  }
+  if (me() == 0) {
+    EXPECT_NE(err.find("recv #1 from rank 1 on rank 0 (fp32, 5 elements) timed out after 1500 ms"), std::string::npos) << err;
+    EXPECT_NE(err.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << err;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // A recv in a batch of another size or dtype than its send fails on both ranks of the pair naming
 // both calls, while the batches' other ops agree. A rank without a partner (W = 3) takes no part.
 TEST(MpiCollectives, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
