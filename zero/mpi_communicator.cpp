@@ -630,6 +630,11 @@ struct MpiPending final : PendingPointToPoint {
   std::vector<MPI_Request> data;       // op i's data message (null when it carries no element)
   std::vector<int> data_status;        // MPI_Test's status of a data message that failed
   std::vector<char> compared, moved;
+  // A recv's data lands in `staging` (the batch's own memory) and is copied into the caller's
+  // buffer once the op has completed and matched: after a failure (a timeout, a mismatch) MPI may
+  // still be writing a posted receive, and the caller's buffer may be gone by then.
+  std::vector<std::vector<char>> staging;
+  std::vector<void*> dest;
 };
 
 }  // namespace
@@ -638,6 +643,8 @@ void MpiCommunicator::keep(PendingPointToPoint& pending) noexcept {
   auto& p = static_cast<MpiPending&>(pending);
   p2p_kept_.push_back(std::move(p.out));
   p2p_kept_.push_back(std::move(p.in));
+  for (std::size_t i = 0; i < p.staging.size(); ++i)
+    if (!p.staging[i].empty() && !p.moved[i]) p2p_kept_data_.push_back(std::move(p.staging[i]));
 }
 
 std::unique_ptr<PendingPointToPoint> MpiCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
@@ -660,6 +667,8 @@ std::unique_ptr<PendingPointToPoint> MpiCommunicator::do_start_send_recv(std::sp
   p->data_status.assign(n, MPI_SUCCESS);
   p->compared.assign(n, 0);
   p->moved.assign(n, 0);
+  p->staging.resize(n);
+  p->dest.assign(n, nullptr);
   std::vector<int> counts(n);
   for (std::size_t i = 0; i < n; ++i) {
     // The descriptions carry the pair's number where a collective's carries its sequence number.
@@ -689,7 +698,9 @@ std::unique_ptr<PendingPointToPoint> MpiCommunicator::do_start_send_recv(std::sp
       if (sending) {
         check(MPI_Isend(buf.data, counts[i], element_type(buf.dtype), peer, kP2pDataTag, data_, &p->data[i]), "MPI_Isend", p->out[i]);
       } else {
-        check(MPI_Irecv(buf.data, counts[i], element_type(buf.dtype), peer, kP2pDataTag, data_, &p->data[i]), "MPI_Irecv", p->out[i]);
+        p->staging[i].resize(static_cast<std::size_t>(counts[i]) * dtype_size(buf.dtype));
+        p->dest[i] = buf.data;
+        check(MPI_Irecv(p->staging[i].data(), counts[i], element_type(buf.dtype), peer, kP2pDataTag, data_, &p->data[i]), "MPI_Irecv", p->out[i]);
       }
     }
   } catch (...) {
@@ -755,7 +766,11 @@ void MpiCommunicator::complete(PendingPointToPoint& pending) {
     return all || late < n;
   };
   poll_until(advance, Clock::time_point::max());  // advance() watches the deadline
-  if (late == n) return;
+  if (late == n) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (p.dest[i] != nullptr) std::memcpy(p.dest[i], p.staging[i].data(), p.staging[i].size());
+    return;
+  }
   const std::size_t i = late;
   const int peer = p.peers[i];
   if (!p.compared[i]) {

@@ -125,7 +125,8 @@ class MpiCommunicator final : public Communicator {
  private:
   // do_wait's work; throws naming the op, both ranks and the peer's last collective.
   void complete(PendingPointToPoint& pending);
-  // After a failure MPI may still write a started batch's descriptions: moved to p2p_kept_.
+  // After a failure MPI may still write a started batch's descriptions and its received data: they
+  // live in the batch's own memory, moved to p2p_kept_ / p2p_kept_data_ (never the caller's buffers).
   void keep(PendingPointToPoint& pending) noexcept;
   // `sets_log_rank`: the process's communicator (public constructor) names the log rank; a split's
   // child does not.
@@ -159,6 +160,7 @@ class MpiCommunicator final : public Communicator {
   // The descriptions of point-to-point batches that failed: MPI may still write a late one there,
   // so they live as long as the communicator (and are leaked with it after a failure).
   std::vector<std::vector<Call>> p2p_kept_;
+  std::vector<std::vector<char>> p2p_kept_data_;
   std::vector<char> scratch_;
   std::string failure_;
 };
