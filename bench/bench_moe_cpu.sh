@@ -117,4 +117,4 @@ for name, d in (("-aux0.01", a), ("no aux", n)):
 EOF
 for f in aux noaux; do echo "$f: $(grep '^done:' "$tmp/$f.log")"; done
 echo "  $cmd_imb"
-echo "(mean tokens per (layer, expert) per progress line: 10 steps x $batch x $seq tokens x top-$K / $E experts = $((10 * batch * seq * K / E)); the step-1 line covers 1 step, the step-10 line 9; max/mean is at most E/K = $((E / K)): one expert of a layer taking every token)"
+echo "(mean tokens per (layer, expert) per progress line: 10 steps x $batch x $seq tokens x top-$K / $E experts = $((10 * batch * seq * K / E)); the step-1 line covers 1 step, the step-10 line 9; max/mean is at most E/K = $((E / K)): one expert of a layer in every token's top-$K)"
