@@ -18,7 +18,9 @@ as bench/bench_moe_cpu.sh's ds_config does for dstrain.
 
 Tokens: consecutive (B, T+1) windows of a dstrain / llm.c token file (--data; 256 int32 header,
 uint16 tokens), or random tokens without --data. Every step, the first included (--warmup 0),
-is timed unless --warmup says otherwise. Prints one JSON line:
+is timed unless --warmup says otherwise. --expert-report N also prints, to stderr, each layer's
+tokens per expert (max/mean) every N steps: the load of a reference without the aux loss, next to
+dstrain's progress lines (the counting is not free: leave it off when timing). Prints one JSON line:
     /usr/bin/python3 bench/pytorch_moe_cpu.py --layers 4 --channels 256 --heads 4 --kv-heads 4 \
         --experts 8 --top-k 2 --intermediate 256 --vocab 50304 --batch 4 --seq 128 --steps 20 --threads 1 \
         --data datasets/brown_train.bin
@@ -50,6 +52,8 @@ def parse_args():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None, help="token file (dstrain prepare-data / llm.c format); default random tokens")
+    p.add_argument("--expert-report", type=int, default=0, metavar="N",
+                   help="every N steps (and after step 1), print to stderr each layer's max/mean tokens per expert since the last report")
     a = p.parse_args()
     if a.channels % a.heads or a.heads % a.kv_heads:
         p.error("--channels must be a multiple of --heads, and --heads of --kv-heads")
@@ -105,6 +109,7 @@ class SparseMoe(nn.Module):
         self.top_k, self.n_experts = top_k, n_experts
         self.gate = nn.Linear(c, n_experts, bias=False)
         self.experts = nn.ModuleList(Expert(c, inter) for _ in range(n_experts))
+        self.counts = None  # tokens per expert since the last report (--expert-report), else None
 
     def forward(self, x):
         B, T, C = x.shape
@@ -114,6 +119,8 @@ class SparseMoe(nn.Module):
         weights, selected = torch.topk(weights, self.top_k, dim=-1)  # (N, K)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(h.dtype)
+        if self.counts is not None:
+            self.counts += torch.bincount(selected.flatten(), minlength=self.n_experts).double()
         out = torch.zeros_like(h)
         # (E, K, N): expert_mask[e, k, n] is 1 when token n's k-th choice is e.
         expert_mask = F.one_hot(selected, num_classes=self.n_experts).permute(2, 1, 0)
@@ -227,6 +234,22 @@ def main():
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True, **kw)
         adamw = "foreach"
     data = batches(a)
+    moes = [b.moe for b in model.blocks]
+    if a.expert_report:
+        for m in moes:
+            m.counts = torch.zeros(a.experts, dtype=torch.float64)
+    n_step = [0]
+
+    def report():
+        n_step[0] += 1
+        s = n_step[0]
+        if a.expert_report and (s == 1 or s % a.expert_report == 0):
+            ratios = [float(m.counts.max() / m.counts.mean()) for m in moes]
+            lo, hi = min(float(m.counts.min()) for m in moes), max(float(m.counts.max()) for m in moes)
+            print(f"step {s}: tokens per (layer, expert) {lo:.0f}-{hi:.0f}; max/mean per layer "
+                  + " ".join(f"{r:.2f}x" for r in ratios), file=sys.stderr, flush=True)
+            for m in moes:
+                m.counts.zero_()
 
     def step():
         inputs, targets = next(data)
@@ -235,6 +258,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        report()
         return loss.item()
 
     first = None
