@@ -24,6 +24,7 @@
 #include "models/llama/llama_model.h"
 #include "models/llama/llama_weights.h"
 #include "formats/safetensors.h"
+#include "torch_reference.h"
 
 namespace dstrain {
 namespace {
@@ -60,18 +61,6 @@ LlamaConfig config_of(const Case& c) {
   cfg.qk_norm = c.qk_norm;
   cfg.sliding_window = c.sliding_window;
   return cfg;
-}
-
-std::string run_python(const fs::path& dir) {
-  const std::string cmd = "/usr/bin/python3 " DSTRAIN_SOURCE_DIR "/tests/integration/llama_vs_pytorch.py '" + dir.string() + "' 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return "popen failed";
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  const int status = ::pclose(pipe);
-  if (status != 0) output += "\n(exit status " + std::to_string(status) + ")";
-  return output;
 }
 
 void check_case(const Case& c) {
@@ -135,38 +124,12 @@ void check_case(const Case& c) {
   write_safetensors(dir / "outputs.safetensors", items);
 
   if (c.train) {
-    // Five AdamW steps on the same batch. eps = 1e-3: Adam's first steps move each weight by about
-    // lr·sign(g), so a gradient at fp32 noise level (|g| ~ 1e-9) could flip a weight's step between
-    // the fp32 and float64 runs; a larger eps makes such weights move by ~lr·g/eps instead.
-    AdamWConfig ac;
-    ac.lr = 1e-2f;
-    ac.eps = 1e-3f;
-    const float wd = 0.1f;
-    std::vector<std::vector<float>> mom, var;
-    for (const auto& p : m.params()) {
-      mom.emplace_back(static_cast<std::size_t>(p.value.numel()), 0.0f);
-      var.emplace_back(static_cast<std::size_t>(p.value.numel()), 0.0f);
-    }
-    nlohmann::json losses = nlohmann::json::array();
-    for (int step = 1; step <= 5; ++step) {
-      m.zero_grad();
-      losses.push_back(m.forward(tt, tg));
-      m.backward();
-      ac.step = step;
-      for (std::size_t i = 0; i < m.params().size(); ++i) {
-        const auto& p = m.params()[i];
-        ac.weight_decay = p.spec.weight_decay ? wd : 0.0f;
-        const Shape s{p.value.numel()};
-        adamw_update(Tensor(p.value.data, DType::fp32, s), Tensor(p.grad.data, DType::fp32, s), Tensor(mom[i].data(), DType::fp32, s),
-                     Tensor(var[i].data(), DType::fp32, s), Tensor{}, ac);
-      }
-    }
+    const nlohmann::json train = torch_reference::train_five_adamw_steps(m, tt, tg);
     export_llama_weights(dir / "trained.safetensors", cfg, value);
-    const nlohmann::json train = {{"lr", ac.lr}, {"beta1", ac.beta1}, {"beta2", ac.beta2}, {"eps", ac.eps}, {"weight_decay", wd}, {"losses", losses}};
     std::ofstream(dir / "train.json") << train.dump();
   }
 
-  const std::string output = run_python(dir);
+  const std::string output = torch_reference::run_python("tests/integration/llama_vs_pytorch.py", dir);
   std::printf("%s", output.c_str());
   EXPECT_NE(output.find("llama_vs_pytorch: " + std::string(c.model_type)), std::string::npos) << output;
   EXPECT_EQ(output.find("MISMATCH"), std::string::npos) << output;
