@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -16,8 +17,17 @@ bool MoeConfig::is_sparse_layer(std::int64_t layer) const {
 }
 
 std::int64_t MoeConfig::sparse_layers(std::int64_t n_layer) const {
-  std::int64_t n = 0;
-  for (std::int64_t i = 0; i < n_layer; ++i) n += is_sparse_layer(i) ? 1 : 0;
+  // Counted, not enumerated (a descriptor may ask for billions of layers): the i in
+  // [first_k_dense, n_layer) with (i + 1) % step == 0, less the mlp_only_layers among them.
+  if (num_experts <= 0 || decoder_sparse_step <= 0 || n_layer <= first_k_dense) return 0;
+  const std::int64_t first = std::max<std::int64_t>(first_k_dense, 0);
+  const auto multiples_upto = [&](std::int64_t k) { return k / decoder_sparse_step; };  // j in [1, k] divisible by step
+  std::int64_t n = multiples_upto(n_layer) - multiples_upto(first);                     // j = i + 1 in (first, n_layer]
+  std::vector<std::int64_t> only(mlp_only_layers);
+  std::sort(only.begin(), only.end());
+  only.erase(std::unique(only.begin(), only.end()), only.end());
+  for (std::int64_t i : only)
+    if (i >= first && i < n_layer && (i + 1) % decoder_sparse_step == 0) --n;
   return n;
 }
 

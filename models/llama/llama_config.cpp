@@ -431,6 +431,8 @@ void read_moe(Reader& r, const nlohmann::json& j, const std::string& mt, LlamaCo
           "gated shared expert) both give shared experts; keep one (shared_expert_intermediate_size 0 for DeepSeek's)",
           source, n_shared, m.shared_expert_intermediate_size);
     }
+    if (m.expert_intermediate_size > 0 && n_shared > std::numeric_limits<std::int64_t>::max() / m.expert_intermediate_size)
+      fail("model config '{}': n_shared_experts = {} experts of width {} is too large a width", source, n_shared, m.expert_intermediate_size);
     m.shared_expert_intermediate_size = n_shared * m.expert_intermediate_size;
     m.shared_expert_gate = false;
   }

@@ -150,3 +150,31 @@ TEST(MoeLayer, TheAuxLossEntersTheLossOnlyWhenTheConfigAsksForIt) {
 
 }  // namespace
 }  // namespace dstrain
+
+namespace dstrain {
+namespace {
+
+TEST(MoeConfigCount, SparseLayersCountedMatchesEnumeration) {
+  // sparse_layers counts arithmetically (a descriptor may ask for billions of layers); against
+  // is_sparse_layer enumerated over small models.
+  for (std::int64_t step = 1; step <= 3; ++step)
+    for (std::int64_t first = 0; first <= 3; ++first)
+      for (const std::vector<std::int64_t>& only : {std::vector<std::int64_t>{}, {1}, {0, 2, 2, 5, 9}}) {
+        MoeConfig m;
+        m.num_experts = 4;
+        m.decoder_sparse_step = step;
+        m.first_k_dense = first;
+        m.mlp_only_layers = only;
+        for (std::int64_t n = 0; n <= 9; ++n) {
+          std::int64_t want = 0;
+          for (std::int64_t i = 0; i < n; ++i) want += m.is_sparse_layer(i) ? 1 : 0;
+          EXPECT_EQ(m.sparse_layers(n), want) << "step " << step << " first " << first << " n " << n;
+        }
+      }
+  MoeConfig big;
+  big.num_experts = 8;
+  EXPECT_EQ(big.sparse_layers(std::int64_t{1} << 40), std::int64_t{1} << 40);  // at once, not enumerated
+}
+
+}  // namespace
+}  // namespace dstrain
