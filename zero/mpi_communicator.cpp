@@ -222,6 +222,7 @@ MpiCommunicator::~MpiCommunicator() {
     new std::vector<Call>(std::move(received_));  // NOLINT
     new std::vector<Call>(std::move(seen_));      // NOLINT
     new std::vector<std::vector<Call>>(std::move(p2p_kept_));  // NOLINT
+    new std::vector<std::vector<char>>(std::move(p2p_kept_data_));  // NOLINT: a failed batch's receives in flight
     return;
   }
   const MpiLock lock(mpi_mutex());
