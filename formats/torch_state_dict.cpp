@@ -119,9 +119,38 @@ Value::~Value() {
   }
 }
 
+// Every Value the unpickler of this thread made, while a CycleBreaker is alive: a pickle can make a
+// container hold itself (its memo, then APPEND / SETITEM), a cycle of shared_ptrs that would never
+// be freed; the breaker empties every container once the tensors have been read out.
+thread_local std::vector<std::weak_ptr<Value>>* g_made = nullptr;
+
+struct CycleBreaker {
+  std::vector<std::weak_ptr<Value>> made;
+  CycleBreaker() { g_made = &made; }
+  ~CycleBreaker() {
+    g_made = nullptr;
+    std::vector<ValuePtr> alive;  // held while emptied, then freed (the worklist destructor)
+    for (const std::weak_ptr<Value>& w : made)
+      if (ValuePtr v = w.lock()) alive.push_back(std::move(v));
+    std::vector<ValuePtr> children;
+    for (const ValuePtr& v : alive) {
+      for (ValuePtr& c : v->items) children.push_back(std::move(c));
+      for (auto& [k, x] : v->pairs) {
+        children.push_back(std::move(k));
+        children.push_back(std::move(x));
+      }
+      v->items.clear();
+      v->pairs.clear();
+    }
+  }
+  CycleBreaker(const CycleBreaker&) = delete;
+  CycleBreaker& operator=(const CycleBreaker&) = delete;
+};
+
 ValuePtr make(Value::Kind k) {
   auto v = std::make_shared<Value>();
   v->kind = k;
+  if (g_made != nullptr) g_made->push_back(v);
   return v;
 }
 
@@ -512,6 +541,7 @@ TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) 
   if (const auto bo = entries.find(archive + "byteorder"); bo != entries.end() && bo->second != "little") {
     fail("torch file '{}': saved with byte order '{}'; dstrain reads little-endian files", file, bo->second);
   }
+  const CycleBreaker breaker;  // declared before the values: runs after they are dropped
   Unpickler u(entries.at(pkl), file);
   const ValuePtr root = u.run();
   if (root->kind != Value::dict) fail("torch file '{}': the saved object is not a dict (a state dict); save model.state_dict()", file);
