@@ -495,32 +495,6 @@ void Engine::forward_layers(const Batch& batch, bool train, float* loss) {
   if (loss != nullptr) *loss = whole_sequence_loss(*loss) + moe_aux_term();
 }
 
-// Mixture of experts: the load-balancing loss of the micro-batch that just ran forward, as its
-// weight in the objective times its value (0 without sparse layers or aux loss). Under sequence
-// parallelism the statistics are first summed over the group, so that the loss and the layers'
-// backward see the whole sequences' (models/moe_stats.h).
-float Engine::moe_aux_term() {
-  Impl& im = *impl_;
-  if (!im.moe.recorded()) return 0.0f;
-  if (im.sp != nullptr) {
-    std::vector<double> v = im.moe.pack();
-    all_reduce_host(*im.sp, Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}), ReduceOp::sum, im.host_value_staging());
-    im.moe.unpack(v);
-  }
-  im.last_aux_loss = im.moe.aux_loss();
-  return static_cast<float>(im.moe.aux_weight() * im.last_aux_loss);
-}
-
-// Sequence parallelism: the head returned the mean of this rank's positions; the whole sequences'
-// mean is the sum of the ranks' sums over the group's count. Without it: `loss`.
-float Engine::whole_sequence_loss(float loss) {
-  Impl& im = *impl_;
-  if (im.sp == nullptr) return loss;
-  double v = static_cast<double>(loss) * static_cast<double>(im.sp_local_targets);
-  all_reduce_host(*im.sp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-  return im.batch.target_count > 0 ? static_cast<float>(v / static_cast<double>(im.batch.target_count)) : 0.0f;
-}
-
 // Layer i's forward on the current batch; `recompute`: the checkpointed re-run before its backward
 // (same RngKey, so the same dropout masks; the output goes to its slot in the segment area).
 void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recompute) {
@@ -657,17 +631,6 @@ void Engine::end_backward_timed(bool boundary, std::chrono::steady_clock::time_p
   const auto ms = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   im.backward_allreduce_ms = ms(reduction);
   im.backward_inner_ms = ms(end - start - reduction);
-}
-
-// d(objective)/d(mean loss of the micro-batch): fp16 multiplies the loss by the loss scale
-// (docs/precision.md §6) so small gradients survive in fp16; fp32 / bf16 keep exactly 1/GAS.
-float Engine::micro_batch_dloss() const {
-  const Impl& im = *impl_;
-  // Sequence parallelism: each rank's head differentiates its share of the sum over the whole
-  // sequences' count, and the data group averages over its DP x SP ranks — SP times too many.
-  const double sp = im.sp != nullptr ? static_cast<double>(im.sp->world_size()) : 1.0;
-  return im.scaler.kind() == LossScalerKind::unscaled ? static_cast<float>(sp / static_cast<double>(gas_))
-                                                      : static_cast<float>(im.scaler.scale() * sp / static_cast<double>(gas_));
 }
 
 // The dropout stream of this micro-batch: its global slot in the step (the data loader gives rank

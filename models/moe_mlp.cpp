@@ -44,6 +44,13 @@ std::vector<std::int32_t> host_counts(const Tensor& counts) {
 MoeMlp::MoeMlp(const MoeConfig& moe, std::int64_t n_embd, std::int64_t layer, std::string prefix, float init_std)
     : moe_(moe), C_(n_embd), layer_(layer), prefix_(std::move(prefix)), init_std_(init_std) {}
 
+std::size_t MoeMlp::param_count(const MoeConfig& moe) {
+  if (moe.shared_expert_intermediate_size <= 0) return kSharedGate;
+  return moe.shared_expert_gate ? kSharedExpertGate + 1 : kSharedExpertGate;
+}
+std::size_t MoeMlp::saved_count() { return kNumSaved; }
+std::size_t MoeMlp::scratch_count() { return kNumScratch; }
+
 MoeRouting MoeMlp::routing() const {
   MoeRouting r;
   r.top_k = moe_.top_k;

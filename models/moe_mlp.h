@@ -38,6 +38,10 @@ class MoeMlp {
   MoeMlp(const MoeConfig& moe, std::int64_t n_embd, std::int64_t layer, std::string prefix, float init_std);
 
   std::vector<ParamSpec> params() const;
+  // How many entries params(), saved_activations() and scratch() hold (the owning layer's slices).
+  static std::size_t param_count(const MoeConfig& moe);
+  static std::size_t saved_count();
+  static std::size_t scratch_count();
   std::vector<ActivationSpec> saved_activations(const LayerDims& d) const;
   std::vector<ActivationSpec> scratch(const LayerDims& d) const;
 

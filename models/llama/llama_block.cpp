@@ -81,7 +81,7 @@ ParamIndex param_index(const LlamaConfig& c, std::int64_t layer) {
   p.ln2 = n++;
   if (c.moe.is_sparse_layer(layer)) {
     p.moe = n;  // the MoE feed-forward's parameters follow (MoeMlp::params)
-    p.count = n + static_cast<int>(MoeMlp(c.moe, c.n_embd, layer, {}, 0.0f).params().size());
+    p.count = n + static_cast<int>(MoeMlp::param_count(c.moe));
     return p;
   }
   p.gate_w = n++;

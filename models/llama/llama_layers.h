@@ -74,8 +74,8 @@ class LlamaBlock final : public Layer {
   std::int64_t q_dim() const { return nh_ * cfg_.head_dim; }
   std::int64_t kv_dim() const { return nkv_ * cfg_.head_dim; }
   std::int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
-  std::size_t moe_saved_count() const { return moe_ ? moe_->saved_activations({1, 1, DType::fp32}).size() : 0; }
-  std::size_t moe_scratch_count() const { return moe_ ? moe_->scratch({1, 1, DType::fp32}).size() : 0; }
+  std::size_t moe_saved_count() const { return moe_ ? MoeMlp::saved_count() : 0; }
+  std::size_t moe_scratch_count() const { return moe_ ? MoeMlp::scratch_count() : 0; }
   // The attention of this rank's heads, Ulysses-split when sequence-parallel.
   UlyssesAttention attention(SequenceParallelGroup* group, const RngKey& rng, bool train, std::span<const Tensor> scratch) const;
 
