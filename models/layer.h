@@ -53,10 +53,13 @@ struct ParamInit {
 
 class TensorParallelGroup;    // models/tensor_parallel.h
 class SequenceParallelGroup;  // models/sequence_parallel.h
+class ExpertParallelGroup;    // models/expert_parallel.h
 class MoeStats;               // models/moe_stats.h
 
-// Under tensor parallelism a layer holds a piece of some of its parameters: rank `rank` of `ranks`
-// holds the ranges models/param_split.h gives it of the parameter of shape `whole`.
+// Under tensor or expert parallelism a layer holds a piece of some of its parameters: rank `rank`
+// of `ranks` holds the ranges models/param_split.h gives it of the parameter of shape `whole` (a
+// tensor-parallel rank for rows / columns / vocabulary splits, an expert-parallel rank for the
+// experts split: models/expert_parallel.h).
 struct ParamPiece {
   Shape whole;
   int rank = 0;
@@ -83,8 +86,9 @@ struct ParamSpec {
   // weights. Its import and export transpose it; rules that read a matrix's shape as the model's
   // authors wrote it (Muon's scale) swap the two dimensions.
   bool hf_transposed = false;
-  // Tensor parallelism: `shape` is this rank's piece of the parameter (models/tensor_parallel.h's
-  // piece_spec sets it); ranks == 1 (the default): the spec is the whole parameter.
+  // Tensor or expert parallelism: `shape` is this rank's piece of the parameter
+  // (models/tensor_parallel.h's piece_spec, models/expert_parallel.h's expert_piece_spec set it);
+  // ranks == 1 (the default): the spec is the whole parameter.
   ParamPiece piece{};
 
   bool tied() const { return !tied_to.empty(); }
@@ -158,6 +162,9 @@ struct ForwardArgs {
   // The layer's sequence-parallel group (models/sequence_parallel.h), for layers built for one
   // rank's share of the sequence (sequence_parallel_size > 1); nullptr otherwise.
   SequenceParallelGroup* sequence_parallel = nullptr;
+  // The layer's expert-parallel group (models/expert_parallel.h), for sparse layers built for one
+  // rank's experts (expert_parallel.autoep_size > 1); nullptr otherwise.
+  ExpertParallelGroup* expert_parallel = nullptr;
   // Mixture-of-experts layers record their routing here (the load-balancing loss couples every
   // sparse layer of the model, models/moe_stats.h); nullptr: nothing is recorded (no aux loss).
   MoeStats* moe = nullptr;
@@ -183,6 +190,7 @@ struct BackwardArgs {
   bool loss_grad_done = false;  // the forward ran with fuse_loss_grad (the same dloss)
   TensorParallelGroup* tensor_parallel = nullptr;      // as in forward
   SequenceParallelGroup* sequence_parallel = nullptr;  // as in forward
+  ExpertParallelGroup* expert_parallel = nullptr;      // as in forward
   // The statistics every sparse layer's forward recorded for this micro-batch (the load-balancing
   // loss's gradient needs all of them); nullptr: no aux loss term.
   const MoeStats* moe = nullptr;

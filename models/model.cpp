@@ -7,12 +7,14 @@
 
 namespace dstrain {
 
-Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp, SequenceParallelRank sp) {
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) {
   if (!architecture) fail("make_model: no architecture given");
   Model m;
-  m.layers = sp.active() || sp.loss_tile_rows > 0 || sp.mlp_tile_rows > 0 ? architecture->make_parallel_layers(tp, sp)
-             : tp.active() ? architecture->make_tensor_parallel_layers(tp)
-                           : architecture->make_layers();
+  m.layers = ep.ranks != 1                                                            ? architecture->make_parallel_layers(tp, sp, ep)
+             : sp.active() || sp.loss_tile_rows > 0 || sp.mlp_tile_rows > 0 ? architecture->make_parallel_layers(tp, sp)
+             : tp.active()                                                   ? architecture->make_tensor_parallel_layers(tp)
+                                                                             : architecture->make_layers();
+  m.expert_parallel = ep;
   m.description = architecture->describe();
   m.sequence_parallel_ranks = sp.ranks;
   m.tensor_parallel = tp;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "models/expert_parallel.h"
 #include "models/layer.h"
 #include "models/model_family.h"
 #include "models/tensor_parallel.h"
@@ -48,6 +49,9 @@ struct Model {
   int sequence_parallel_ranks = 1;
   // The tensor-parallel rank the layers were built for (make_model's tp).
   TensorParallelRank tensor_parallel;
+  // The expert-parallel rank the layers were built for (make_model's ep; models/expert_parallel.h):
+  // the sparse layers hold its E/EP experts and their expert weight gradients are scaled by 1/EP.
+  ExpertParallelRank expert_parallel;
 
   // Pipeline parallelism (models/pipeline_stage.h): the layers are this rank's chunks of a model of
   // whole_layers layers; layer_ids[i] is layer i's index in it and chunks the virtual stages the
@@ -69,8 +73,10 @@ struct Model {
 
 // The model of `architecture`: its layers, description and sizes. With tensor parallelism, the
 // layers of rank tp.rank (Architecture::make_tensor_parallel_layers).
-// With sequence parallelism, of tensor-parallel rank tp and sequence-parallel rank sp.
-Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
+// With sequence parallelism, of tensor-parallel rank tp and sequence-parallel rank sp. With expert
+// parallelism (ep.ranks > 1), Architecture::make_parallel_layers(tp, sp, ep).
+Model make_model(std::shared_ptr<const Architecture> architecture, TensorParallelRank tp = {}, SequenceParallelRank sp = {},
+                 ExpertParallelRank ep = {});
 
 // `sp` with ALST's tiles, as a sequence-parallel run takes them: the loss in tiles of at most
 // kLossTileBytes of a tensor-parallel rank's logits (models/lm_head_loss.h), so the (T, V) logits

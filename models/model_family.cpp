@@ -47,6 +47,23 @@ std::vector<std::unique_ptr<Layer>> Architecture::make_parallel_layers(TensorPar
   return make_tensor_parallel_layers(tp);
 }
 
+void Architecture::check_expert_parallel(int ranks) const {
+  if (ranks != 1) {
+    fail("expert_parallel.autoep_size {}: the model family '{}' has no experts to spread across expert-parallel ranks; set "
+         "expert_parallel.autoep_size to 1 (or remove the section)",
+         ranks, family().name());
+  }
+}
+
+std::vector<std::unique_ptr<Layer>> Architecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const {
+  if (ep.ranks != 1) check_expert_parallel(ep.ranks);
+  if (ep.ranks != 1)  // an override of check_expert_parallel that accepts, without layers that can use it
+    fail("expert_parallel.autoep_size {}: the model family '{}' does not build expert-parallel layers (its Architecture does not implement "
+         "make_parallel_layers with an ExpertParallelRank)",
+         ep.ranks, family().name());
+  return make_parallel_layers(tp, sp);
+}
+
 double Architecture::flops_per_token(std::int64_t T) const {
   return 6.0 * stored_parameter_count() + 6.0 * static_cast<double>(n_layer()) * static_cast<double>(n_embd()) * static_cast<double>(T);
 }

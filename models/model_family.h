@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/expert_parallel.h"
 #include "models/hf_param_names.h"
 #include "models/layer.h"
 #include "models/module_flops.h"
@@ -99,6 +100,17 @@ class Architecture {
   // The layers of tensor-parallel rank tp and sequence-parallel rank sp. The default: the tensor-
   // parallel layers for one sequence-parallel rank, else check_sequence_parallel's Error.
   virtual std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const;
+  // ---- expert parallelism (models/expert_parallel.h) ----
+  // Error naming expert_parallel.autoep_size when the model's experts cannot be spread over
+  // `ranks` expert-parallel ranks (no experts, or a count that does not divide). The default:
+  // only ranks == 1 (the family has no experts).
+  virtual void check_expert_parallel(int ranks) const;
+  // The layers of tensor-parallel rank tp, sequence-parallel rank sp and expert-parallel rank ep:
+  // each sparse layer holding ep's E/EP experts (ParamSpec::piece), calling its group through
+  // ForwardArgs::expert_parallel; everything else as make_parallel_layers(tp, sp). The default:
+  // make_parallel_layers(tp, sp) for one expert-parallel rank, else check_expert_parallel's Error.
+  // What a rank builds only: sizes, FLOPs and Hugging Face names stay the whole model's.
+  virtual std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const;
   // ---- pipeline parallelism (models/pipeline_stage.h) ----
   // Error naming the config key when the model cannot be cut into `stages` pipeline stages (a loss
   // term that couples layers across stages: a mixture of experts' load-balancing loss). The

@@ -163,11 +163,12 @@ Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tens
 
 }  // namespace
 
-LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp, SequenceParallelRank sp)
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep)
     : cfg_(cfg),
       index_(index),
       tp_(tp),
       sp_(sp),
+      ep_(ep),
       nkv_(units_of_rank(cfg.n_kv_head, tp.ranks, tp.rank)),
       nh_(nkv_ * (cfg.n_kv_head > 0 ? cfg.n_head / cfg.n_kv_head : 0)),
       inter_(cfg.moe.is_sparse_layer(index) ? 0 : units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
@@ -177,7 +178,8 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParalle
     fail("{}: OLMoE's q/k norm spans the whole q and k projections, which tensor parallelism would cut across ranks; dstrain does not build it "
          "tensor-parallel (set tensor_parallel.autotp_size to 1)",
          name());
-  if (cfg_.moe.is_sparse_layer(index_)) moe_.emplace(cfg_.moe, cfg_.n_embd, index_, "model.layers." + std::to_string(index_) + ".mlp.", cfg_.initializer_range);
+  if (cfg_.moe.is_sparse_layer(index_))
+    moe_.emplace(cfg_.moe, cfg_.n_embd, index_, "model.layers." + std::to_string(index_) + ".mlp.", cfg_.initializer_range, ep_);
 }
 
 std::vector<ParamSpec> LlamaBlock::params() const {
@@ -203,7 +205,7 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   v.push_back({p + "post_attention_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
   if (moe_) {
     for (ParamSpec& spec : v) spec = piece_spec(std::move(spec), tp_);
-    // Tensor parallelism keeps the experts whole on every rank (they are cut by expert parallelism).
+    // Tensor parallelism keeps the experts whole on every rank; expert parallelism cuts them (MoeMlp::params).
     for (ParamSpec& spec : moe_->params()) v.push_back(std::move(spec));
     return v;
   }
@@ -355,7 +357,9 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   if (moe_) {
     // Every token's experts on every tensor-parallel rank (the experts are whole there): the
     // output of every token, of which a cut residual stream keeps this rank's rows.
-    moe_->forward(proj_whole, ln2, p.subspan(static_cast<std::size_t>(pi.moe)), s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe);
+    ExpertParallelGroup* experts = ep_.active() ? &expert_layer_group(a.expert_parallel, ep_, name()) : nullptr;
+    moe_->forward(proj_whole, ln2, p.subspan(static_cast<std::size_t>(pi.moe)), s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe,
+                  experts);
     if (rs.sharded) copy_tensor(proj, row_range(Tensor(proj_whole.data, proj_whole.dtype, Shape{B * T, C}, proj_whole.device), tp_.rank * proj.numel() / C, proj.numel() / C, C));
   } else if (!sp_.tiles_mlp(B * T)) {
     matmul_forward(s[kGate], ln2, p[pi.gate_w], opt(p, pi.gate_b), mm);
@@ -409,8 +413,9 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   const Tensor dh = a.scratch[kBtiA], dup = a.scratch[kBtiB];
   if (moe_) {
     // d(ln2) of every token, whole on every rank (not a partial sum: the experts are not cut)
+    ExpertParallelGroup* experts = ep_.active() ? &expert_layer_group(a.expert_parallel, ep_, name()) : nullptr;
     moe_->backward(dln2_whole, dout_whole, ln2, p.subspan(static_cast<std::size_t>(pi.moe)), g.subspan(static_cast<std::size_t>(pi.moe)),
-                   s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe, a.dloss);
+                   s.subspan(kNumSaved), a.scratch.subspan(kNumScratch), a.moe, a.dloss, experts);
   } else if (!sp_.tiles_mlp(B * T)) {
     zero_tensor(dh);
     matmul_backward(dh, g[pi.down_w], opt(g, pi.down_b), dout_whole, s[kH], p[pi.down_w], mm);
@@ -527,11 +532,11 @@ UlyssesAttention LlamaBlock::attention(SequenceParallelGroup* group, const RngKe
   return u;
 }
 
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp, SequenceParallelRank sp) {
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) {
   validate(cfg);
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<LlamaEmbedding>(cfg, tp));
-  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp, sp));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i) layers.push_back(std::make_unique<LlamaBlock>(cfg, i, tp, sp, ep));
   layers.push_back(std::make_unique<LlamaHead>(cfg, tp, sp.loss_tile_rows));
   return layers;
 }

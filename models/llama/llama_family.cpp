@@ -115,6 +115,25 @@ std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_parallel_layers(Tens
   return make_llama_layers(cfg_, tp, sp);
 }
 
+void LlamaArchitecture::check_expert_parallel(int ranks) const {
+  if (ranks < 1) fail("expert_parallel.autoep_size {}: give 1 or more", ranks);
+  if (ranks == 1) return;
+  if (!cfg_.moe.active() || cfg_.moe.sparse_layers(cfg_.n_layer) == 0) {
+    fail("expert_parallel.autoep_size {}: the model ({}) has no experts to spread across expert-parallel ranks (no sparse mixture-of-experts "
+         "layer); set expert_parallel.autoep_size to 1 (or remove the section)",
+         ranks, cfg_.model_type);
+  }
+  // Each rank holds the same number of whole experts (DeepSpeed: num_experts % ep_size == 0).
+  check_expert_split(cfg_.moe.num_experts, ranks, cfg_.model_type == "mixtral" ? "num_local_experts" : "num_experts");
+}
+
+std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const {
+  check_sequence_parallel(sp.ranks, tp.ranks);
+  check_expert_parallel(ep.ranks);
+  if (ep.rank < 0 || ep.rank >= ep.ranks) fail("expert-parallel rank {} of {} does not exist", ep.rank, ep.ranks);
+  return make_llama_layers(cfg_, tp, sp, ep);
+}
+
 std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_tensor_parallel_layers(TensorParallelRank tp) const {
   check_tensor_parallel(tp.ranks);
   return make_llama_layers(cfg_, tp);

@@ -36,6 +36,10 @@ class LlamaArchitecture final : public Architecture {
   std::shared_ptr<const Architecture> with_n_layer(std::int64_t n_layer) const override;
   void check_sequence_parallel(int sp_ranks, int tp_ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp) const override;
+  // Expert parallelism: a model with sparse layers whose expert count (num_local_experts /
+  // num_experts) divides by the ranks; each rank's sparse layers hold E/EP experts.
+  void check_expert_parallel(int ranks) const override;
+  std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const override;
   void check_sequence(std::int64_t T, const Device& device) const override;
   // 6·N + 6·L·(n_head·head_dim)·T: PaLM's attention term with the query width, which Qwen3's
   // head_dim makes differ from the hidden size. N: the ACTIVE stored parameters — in a sparse

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "models/expert_parallel.h"
 #include "models/layer.h"
 #include "models/lm_head_loss.h"
 #include "models/moe_mlp.h"
@@ -59,8 +60,9 @@ class LlamaEmbedding final : public Layer {
 class LlamaBlock final : public Layer {
  public:
   // index: N of "model.layers.N"; tp: the tensor-parallel rank it is built for (llama_block.cpp).
-  // sp: the sequence-parallel rank (its tokens' positions start at sp.rank x T).
-  LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
+  // sp: the sequence-parallel rank (its tokens' positions start at sp.rank x T). ep: the
+  // expert-parallel rank (a sparse layer holds its E/EP experts, models/expert_parallel.h).
+  LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParallelRank tp = {}, SequenceParallelRank sp = {}, ExpertParallelRank ep = {});
   std::string name() const override { return "layers." + std::to_string(index_); }
   std::string type_name() const override { return llama_class_prefix(cfg_) + "DecoderLayer"; }
   std::vector<ParamSpec> params() const override;
@@ -83,11 +85,13 @@ class LlamaBlock final : public Layer {
   std::int64_t index_;
   TensorParallelRank tp_;
   SequenceParallelRank sp_;
+  ExpertParallelRank ep_;
   std::int64_t nkv_;    // this rank's key/value heads
   std::int64_t nh_;     // ... and query heads (nkv_ groups of n_head / n_kv_head)
   std::int64_t inter_;  // ... and MLP features (of intermediate_size); 0 for a sparse layer
   // A sparse layer's mixture-of-experts feed-forward (cfg.moe.is_sparse_layer(index)); its experts
-  // are whole on every tensor-parallel rank, which all compute every token's.
+  // are whole on every tensor-parallel rank, which all compute every token's; under expert
+  // parallelism each tensor-parallel rank exchanges its tokens within its own expert-parallel group.
   std::optional<MoeMlp> moe_;
   std::vector<float> inv_freq_;  // (D/2) rope_inv_freq, uploaded into the saved "rope_inv_freq" per forward
 };
@@ -115,7 +119,9 @@ class LlamaHead final : public Layer {
   LmHeadLoss loss_;  // the logits and the loss: whole, vocabulary-parallel, tiled
 };
 
-// Embedding, n_layer blocks, head.
-std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp = {}, SequenceParallelRank sp = {});
+// Embedding, n_layer blocks, head. ep: the sparse layers' expert-parallel rank (the caller checks
+// that the experts divide: LlamaArchitecture::check_expert_parallel).
+std::vector<std::unique_ptr<Layer>> make_llama_layers(const LlamaConfig& cfg, TensorParallelRank tp = {}, SequenceParallelRank sp = {},
+                                                      ExpertParallelRank ep = {});
 
 }  // namespace dstrain
