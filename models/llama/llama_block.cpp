@@ -34,6 +34,10 @@
 // positions at a time into scratch and not kept; backward computes each tile's again, then its
 // gradients (d(W) and d(b) summed over the tiles in order).
 //
+// Expert parallelism (models/expert_parallel.h): built for EP rank e, a sparse block holds its
+// E/EP experts and its MoeMlp exchanges the rows with the group's other ranks (ForwardArgs::
+// expert_parallel, checked here, naming the block); a dense block is the same as without it.
+//
 // Sequence parallelism (DeepSpeed-Ulysses, models/ulysses_attention.h): built for SP rank s, the
 // block runs on its T tokens (positions s·T ..), RoPE rotating them at their positions; around
 // attention two all-to-alls trade them for every token of 1/SP of the rank's heads.

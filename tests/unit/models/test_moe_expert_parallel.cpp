@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -27,6 +25,8 @@
 #include "models/llama/llama_layers.h"
 #include "models/model.h"
 #include "models/model_registry.h"
+#include "models/param_split.h"
+#include "models/tensor_parallel.h"
 #include "models/moe_stats.h"
 #include "ops/dtype.h"
 #include "ops/error.h"
@@ -58,6 +58,21 @@ class CommExpertGroup final : public ExpertParallelGroup {
   void all_to_all_v(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv, std::span<const std::int64_t> recv_counts) override {
     c_.all_to_all_v(send, send_counts, recv, recv_counts);
   }
+
+ private:
+  Communicator& c_;
+};
+
+// A TensorParallelGroup over a Communicator (as engine/tensor_parallel.h's, test-local).
+class CommTensorGroup final : public TensorParallelGroup {
+ public:
+  explicit CommTensorGroup(Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.world_size(); }
+  void sum(Tensor buf) override { c_.all_reduce(buf, ReduceOp::sum); }
+  void max(Tensor buf) override { c_.all_reduce(buf, ReduceOp::max); }
+  void all_gather(Tensor local, Tensor whole) override { c_.all_gather(local, whole); }
+  void reduce_scatter(Tensor whole, Tensor local) override { c_.reduce_scatter(whole, local, ReduceOp::sum); }
 
  private:
   Communicator& c_;
@@ -154,7 +169,7 @@ struct Result {
 
 // Forward and backward of `layer` on x with d(out) = dout; `params` as the layer's specs.
 Result run_layer(LlamaBlock& layer, const Tensors& params, const std::vector<double>& x, const std::vector<double>& dout, DType S,
-                 ExpertParallelGroup* group) {
+                 ExpertParallelGroup* group, TensorParallelGroup* tp = nullptr) {
   const LayerDims dims{B, T, S};
   const std::vector<ParamSpec> specs = layer.params();
   Tensors grads = alloc_params(specs, S);
@@ -178,6 +193,7 @@ Result run_layer(LlamaBlock& layer, const Tensors& params, const std::vector<dou
   f.scratch = scratch.t;
   f.moe = &stats;  // the aux loss's term only where the config asks for it
   f.expert_parallel = group;
+  f.tensor_parallel = tp;
   layer.forward(f);
   BackwardArgs b;
   b.dims = dims;
@@ -191,6 +207,7 @@ Result run_layer(LlamaBlock& layer, const Tensors& params, const std::vector<dou
   b.scratch = scratch.t;
   b.moe = &stats;
   b.expert_parallel = group;
+  b.tensor_parallel = tp;
   layer.backward(b);
   Result r;
   r.out = to_doubles(io.t[1]);
@@ -231,7 +248,6 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
       at = i;
     }
   }
-  if (std::getenv("EP_TEST_PRINT")) std::printf("%-60s worst %.3g  rel %.3g\n", what.c_str(), worst, worst / std::max(max_abs(want), 1e-30));
   EXPECT_LE(worst, tol) << what << ": element " << at << " got " << got[at] << " want " << want[at] << " (max |want| " << max_abs(want) << ")";
 }
 
@@ -318,7 +334,6 @@ void check_case(const Case& c) {
       const double scale = *std::max_element(summands.begin(), summands.end());
       double worst = 0;
       for (std::size_t k = 0; k < n; ++k) worst = std::max(worst, std::fabs(g.grads[i][k] - want[k]));
-      if (std::getenv("EP_TEST_PRINT")) std::printf("%-60s worst %.3g  rel %.3g\n", (rank + " " + s.name).c_str(), worst, worst / std::max(scale, 1e-30));
       EXPECT_LE(worst, bd.grad * std::max(scale, 1e-30)) << rank << " " << s.name << " (scale " << scale << ")";
       // An expert no rank sent a token to: exactly zero.
       const std::size_t per = n / static_cast<std::size_t>(E / W);
@@ -395,6 +410,83 @@ TEST(MoeExpertParallel, TheReceiveBuffersHoldTheWorstCase) {
   // capacity max(1, ceil(2·16·0.5/8)) = 2 per expert and source: at most E·2 rows arrive
   EXPECT_EQ(rows_of(capped, {1, 4}, "moe_xg"), E * 2);
   EXPECT_EQ(rows_of(capped, {1, 4}, "moe_gate"), E * 2);
+}
+
+// Tensor parallelism and expert parallelism compose: 4 thread ranks, TP 2 (the attention cut, the
+// experts whole per TP rank) x EP 2 (the two data-parallel ranks of each TP rank form its EP
+// group); each TP rank exchanges within its own EP group. Against the whole layer per data rank.
+TEST(MoeExpertParallel, ComposesWithTensorParallelism) {
+  const LlamaConfig cfg = config_of({DType::fp32, 2, 2, 0.0, false, false});
+  const DType S = DType::fp32;
+  LlamaBlock whole(cfg, 0);
+  const std::vector<ParamSpec> whole_specs = whole.params();
+  Tensors whole_params = alloc_params(whole_specs, S);
+  std::mt19937_64 rng(99);
+  for (std::size_t i = 0; i < whole_specs.size(); ++i) {
+    const ParamSpec& s = whole_specs[i];
+    const bool norm = s.name.find("norm") != std::string::npos;
+    std::normal_distribution<double> d(norm ? 1.0 : 0.0, norm ? 0.2 : 1.0 / std::sqrt(static_cast<double>(s.shape[s.shape.rank - 1])));
+    std::vector<double> v(static_cast<std::size_t>(s.shape.numel()));
+    for (double& e : v) e = d(rng);
+    from_doubles(whole_params.t[i], v);
+  }
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<std::vector<double>> xs(2), douts(2);
+  for (int d = 0; d < 2; ++d)
+    for (std::int64_t i = 0; i < B * T * C; ++i) {
+      xs[static_cast<std::size_t>(d)].push_back(nd(rng));
+      douts[static_cast<std::size_t>(d)].push_back(nd(rng));
+    }
+  std::vector<Result> ref;
+  for (int d = 0; d < 2; ++d) ref.push_back(run_layer(whole, whole_params, xs[static_cast<std::size_t>(d)], douts[static_cast<std::size_t>(d)], S, nullptr));
+  std::vector<Result> got(4);
+  std::vector<std::vector<ParamSpec>> specs_of(4);
+  run_local_ranks(4, [&](Communicator& world) {
+    const int r = world.rank(), d = r / 2, t = r % 2;
+    const std::unique_ptr<Communicator> tp_comm = world.split(d, t);  // the TP group: one data rank's two TP ranks
+    const std::unique_ptr<Communicator> ep_comm = world.split(t, d);  // the EP group: one TP rank of each data rank
+    LlamaBlock layer(cfg, 0, TensorParallelRank{t, 2}, {}, ExpertParallelRank{d, 2});
+    const std::vector<ParamSpec> specs = layer.params();
+    specs_of[static_cast<std::size_t>(r)] = specs;
+    Tensors params = alloc_params(specs, S);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (is_expert(specs[i].name)) {
+        const std::size_t bytes = params.t[i].nbytes();
+        std::memcpy(params.t[i].data, static_cast<const char*>(whole_params.t[i].data) + static_cast<std::size_t>(d) * bytes, bytes);
+      } else {
+        copy_whole_to_piece(whole_params.t[i], params.t[i], specs[i].split, specs[i].is_piece() ? 2 : 1, specs[i].is_piece() ? t : 0, specs[i].name);
+      }
+    }
+    CommExpertGroup eg(*ep_comm);
+    CommTensorGroup tg(*tp_comm);
+    got[static_cast<std::size_t>(r)] = run_layer(layer, params, xs[static_cast<std::size_t>(d)], douts[static_cast<std::size_t>(d)], S, &eg, &tg);
+  });
+  for (int r = 0; r < 4; ++r) {
+    const int d = r / 2, t = r % 2;
+    const std::string who = "data rank " + std::to_string(d) + " TP rank " + std::to_string(t);
+    const Result& g = got[static_cast<std::size_t>(r)];
+    const Result& w = ref[static_cast<std::size_t>(d)];
+    expect_close(g.out, w.out, 1e-5, who + " output");
+    expect_close(g.dx, w.dx, 1e-5, who + " d(input)");
+    const std::vector<ParamSpec>& specs = specs_of[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const ParamSpec& s = specs[i];
+      std::vector<double> want(g.grads[i].size(), 0.0);
+      if (is_expert(s.name)) {
+        ASSERT_EQ(s.piece.rank, d) << s.name;
+        const std::size_t n = want.size();
+        for (int q = 0; q < 2; ++q)
+          for (std::size_t k = 0; k < n; ++k) want[k] += ref[static_cast<std::size_t>(q)].grads[i][static_cast<std::size_t>(d) * n + k] / 2;
+      } else {
+        // The whole layer's gradient, cut as this TP rank's piece.
+        std::vector<float> wg(w.grads[i].begin(), w.grads[i].end()), piece(want.size());
+        copy_whole_to_piece(Tensor(wg.data(), DType::fp32, whole_specs[i].shape), Tensor(piece.data(), DType::fp32, s.shape), s.split,
+                            s.is_piece() ? 2 : 1, s.is_piece() ? t : 0, s.name);
+        want.assign(piece.begin(), piece.end());
+      }
+      expect_close(g.grads[i], want, 1e-5, who + " " + s.name);
+    }
+  }
 }
 
 std::string error_of(const std::function<void()>& fn) {
