@@ -340,6 +340,10 @@ void check_expert_parallel_mesh(const DsConfig& c, ParseContext& ctx) {
   if (!e.enabled) return;
   const std::int64_t dp = c.data_parallel_world_size;
   if (e.autoep_size >= 1 && dp % e.autoep_size != 0) {
+    // The mesh without the split that does not fit.
+    const std::string mesh = fmt::format("world size {} = {}data-parallel {} x sequence-parallel {} x tensor-parallel {}", c.world_size,
+                                         c.pipeline_parallel_size > 1 ? fmt::format("pipeline {} x ", c.pipeline_parallel_size) : "", dp,
+                                         c.sequence_parallel_world_size, c.tensor_parallel_size);
     std::string divisors;
     for (std::int64_t d = 1; d <= dp; ++d)
       if (dp % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
@@ -347,7 +351,7 @@ void check_expert_parallel_mesh(const DsConfig& c, ParseContext& ctx) {
         "expert_parallel.autoep_size {} does not divide the data-parallel size {} ({}): the expert-parallel groups split the "
         "data-parallel ranks into groups of {}. Fix: set expert_parallel.autoep_size to one of {}, or run on a world size whose "
         "data-parallel size is a multiple of {}",
-        e.autoep_size, dp, c.mesh_description(), e.autoep_size, divisors, e.autoep_size);
+        e.autoep_size, dp, mesh, e.autoep_size, divisors, e.autoep_size);
   }
   if (c.use_data_before_expert_parallelism)
     ctx.warn("use_data_before_expert_parallelism",

@@ -237,6 +237,7 @@ TEST(ExpertParallelConfig, AutoepSizeMustDivideTheDataParallelSize) {
   const std::string m = error_ep(R"({"enabled": true, "autoep_size": 3})", 8);
   EXPECT_TRUE(contains(m, "expert_parallel.autoep_size 3 does not divide the data-parallel size 8")) << m;
   EXPECT_TRUE(contains(m, "one of 1, 2, 4, 8")) << m;
+  EXPECT_TRUE(contains(m, "(world size 8 = data-parallel 8 x sequence-parallel 1 x tensor-parallel 1)")) << m;  // not the split that fails
   // With tensor parallelism the data-parallel ranks are world / autotp_size.
   const std::string tp = testing::error_of(
       R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 2}, "expert_parallel": {"enabled": true, "autoep_size": 4}})", 4);
