@@ -45,7 +45,8 @@ std::vector<std::string> top_level_section_keys() {
                                    "timers",
                                    "elasticity",
                                    "tensor_parallel",
-                                   "pipeline"};
+                                   "pipeline",
+                                   "expert_parallel"};
   const auto& extra = unsupported_section_keys();
   keys.insert(keys.end(), extra.begin(), extra.end());
   return keys;
@@ -330,6 +331,42 @@ BatchSizes resolve_mesh_batch_sizes(const DsConfig& c, std::optional<std::int64_
   return b;
 }
 
+// expert_parallel.autoep_size splits the data-parallel ranks (zero/device_mesh.h): it must divide
+// them. DeepSpeed's build_folding_spec asks only that it divide a pipeline stage's ranks, because
+// its AutoEP+AutoTP folding lets an expert-parallel group span tensor-parallel ranks; dstrain's
+// groups are data-parallel ranks of one tensor/sequence lane (DeepSpeed's layout without AutoTP).
+void check_expert_parallel_mesh(const DsConfig& c, ParseContext& ctx) {
+  const ExpertParallelConfig& e = c.expert_parallel;
+  if (!e.enabled) return;
+  const std::int64_t dp = c.data_parallel_world_size;
+  if (e.autoep_size >= 1 && dp % e.autoep_size != 0) {
+    // The mesh without the split that does not fit.
+    const std::string mesh = fmt::format("world size {} = {}data-parallel {} x sequence-parallel {} x tensor-parallel {}", c.world_size,
+                                         c.pipeline_parallel_size > 1 ? fmt::format("pipeline {} x ", c.pipeline_parallel_size) : "", dp,
+                                         c.sequence_parallel_world_size, c.tensor_parallel_size);
+    std::string divisors;
+    for (std::int64_t d = 1; d <= dp; ++d)
+      if (dp % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    fail(
+        "expert_parallel.autoep_size {} does not divide the data-parallel size {} ({}): the expert-parallel groups split the "
+        "data-parallel ranks into groups of {}. Fix: set expert_parallel.autoep_size to one of {}, or run on a world size whose "
+        "data-parallel size is a multiple of {}",
+        e.autoep_size, dp, mesh, e.autoep_size, divisors, e.autoep_size);
+  }
+  if (c.use_data_before_expert_parallelism)
+    ctx.warn("use_data_before_expert_parallelism",
+             "use_data_before_expert_parallelism is true: DeepSpeed then makes its expert-data-parallel groups of consecutive ranks "
+             "and its expert-parallel groups strided (D + E); dstrain lays them out E + D (expert-parallel groups of consecutive "
+             "data-parallel ranks), which changes which ranks exchange tokens, not the result. Remove the key to silence this");
+  const auto& tp_preset = c.tensor_parallel.preset_model;
+  if (tp_preset && e.preset_model && *tp_preset != *e.preset_model)
+    fail(
+        "tensor_parallel.preset_model is \"{}\" but expert_parallel.preset_model is \"{}\": DeepSpeed raises ValueError "
+        "\"tensor_parallel.preset_model and expert_parallel.preset_model must match when both are set\". Fix: give both the same "
+        "model, or remove one",
+        *tp_preset, *e.preset_model);
+}
+
 }  // namespace
 
 DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
@@ -476,6 +513,10 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
   if (root.contains("elasticity")) out["elasticity"] = elastic_resolved;
   if (c.tensor_parallel.configured) out["tensor_parallel"] = tp_resolved;
   if (c.pipeline.present) out["pipeline"] = pipeline_resolved;
+  Json ep_resolved;
+  c.expert_parallel = parse_expert_parallel_config(child(root, "expert_parallel"), ctx, ep_resolved);
+  if (c.expert_parallel.present) out["expert_parallel"] = ep_resolved;
+  check_expert_parallel_mesh(c, ctx);
   c.ignored_sections = check_unsupported_sections(root, ctx);
   for (const auto& s : c.ignored_sections) out[s.key] = s.value;
 
@@ -491,8 +532,10 @@ DsConfig parse_ds_config(const Json& input, const ConfigOptions& options) {
 Json DsConfig::to_json() const { return resolved; }
 
 std::string DsConfig::mesh_description() const {
-  return fmt::format("world size {} = {}data-parallel {} x sequence-parallel {} x tensor-parallel {}", world_size,
+  const int ep = expert_parallel.ep_size();
+  return fmt::format("world size {} = {}data-parallel {}{} x sequence-parallel {} x tensor-parallel {}", world_size,
                      pipeline_parallel_size > 1 ? fmt::format("pipeline {} x ", pipeline_parallel_size) : "", data_parallel_world_size,
+                     ep > 1 ? fmt::format(" (expert-parallel {} x expert-data-parallel {})", ep, data_parallel_world_size / ep) : "",
                      sequence_parallel_world_size, tensor_parallel_size);
 }
 
@@ -507,6 +550,19 @@ std::string DsConfig::summary() const {
                      tensor_parallel.tp_overlap_comm,
                      rules ? fmt::format(", {} partition rule{}", rules->layer_specs.size(), rules->layer_specs.size() == 1 ? "" : "s")
                            : ", partition rules from the model"));
+  }
+  if (expert_parallel.enabled) {
+    const auto& e = expert_parallel;
+    std::string what = fmt::format("expert parallelism: autoep_size {}", e.autoep_size);
+    if (e.preset_model) what += fmt::format(", preset_model {}", *e.preset_model);
+    if (e.moe_layer_pattern) what += fmt::format(", moe_layer_pattern \"{}\"", *e.moe_layer_pattern);
+    what += e.top_k ? fmt::format(", top_k {}", *e.top_k) : std::string(", top_k from the model");
+    what += fmt::format(", score_func {}", e.score_func);
+    what += fmt::format(" (expert gradients summed over the {} expert-data-parallel ranks, divided by the data-parallel size {})",
+                        data_parallel_world_size / std::max(1, e.ep_size()) * sequence_parallel_world_size, data_parallel_world_size);
+    line(what);
+  } else if (expert_parallel.present) {
+    line("expert parallelism: off (expert_parallel.enabled is false)");
   }
   if (pipeline.present || pipeline_parallel_size > 1)
     line(fmt::format("pipeline parallelism: {} stage{}{}, partition \"{}\", activation_checkpoint_interval {}", pipeline_parallel_size,

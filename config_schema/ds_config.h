@@ -16,6 +16,7 @@
 #include "config_schema/batch_size.h"
 #include "config_schema/checkpoint_config.h"
 #include "config_schema/elasticity_config.h"
+#include "config_schema/expert_parallel_config.h"
 #include "config_schema/field_spec.h"
 #include "config_schema/state_placement.h"
 #include "config_schema/tensor_parallel_config.h"
@@ -120,6 +121,7 @@ struct DsConfig {
   ElasticityConfig elasticity;                   // when enabled, it produced the batch triple
   TensorParallelConfig tensor_parallel;          // AutoTP; its size() is tensor_parallel_size
   PipelineConfig pipeline;                       // pipeline parallelism; the stage count is pipeline_parallel_size
+  ExpertParallelConfig expert_parallel;          // AutoEP; its ep_size() splits the data-parallel ranks (MeshShape::ep)
   std::vector<IgnoredSection> ignored_sections;  // features dstrain does not provide (warned)
 
   // --- diagnostics ---
@@ -142,7 +144,9 @@ struct DsConfig {
     return sequence_parallel_world_size > 1 ? seq_parallel_communication_data_type : communication_data_type;
   }
   // "world size 8 = data-parallel 2 x sequence-parallel 2 x tensor-parallel 2", with
-  // "pipeline 2 x " first when there are pipeline stages.
+  // "pipeline 2 x " first when there are pipeline stages, and " (expert-parallel 2 x
+  // expert-data-parallel 1)" after the data-parallel size when expert_parallel is enabled with
+  // autoep_size > 1.
   std::string mesh_description() const;
 
   Precision precision() const { return fp16.enabled ? Precision::fp16 : bf16.enabled ? Precision::bf16 : Precision::fp32; }

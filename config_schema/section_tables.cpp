@@ -37,6 +37,7 @@ const std::vector<SectionSpec>& all_sections() {
       tensor_parallel_tp_section_spec("tp"),
       tp_partition_config_section_spec(),
       pipeline_section_spec(),
+      expert_parallel_section_spec(),
       hybrid_engine_section_spec(),
   };
   return sections;

@@ -24,7 +24,6 @@ const std::vector<Feature>& features() {
       {"progressive_layer_drop", "progressive layer drop"},
       {"hybrid_engine", "the hybrid (RLHF) engine"},
       {"compile", "DeepCompile / torch.compile"},
-      {"expert_parallel", "expert parallelism (AutoEP)"},
       {"weight_quantization", "quantized weight initialisation"},
       {"nebula", "the Nebula checkpoint engine"},
       {"datastates_ckpt", "DataStates asynchronous checkpointing"},
@@ -42,7 +41,7 @@ bool enabled_flag(const Json& v) { return v.is_object() && v.contains("enabled")
 bool is_active(const std::string& key, const Json& v) {
   if (v.is_null()) return false;
   if (key == "datastates_ckpt") return !(v.is_boolean() && !v.get<bool>());  // anything but false enables it
-  if (key == "compression_training" || key == "sparse_attention" || key == "expert_parallel" || key == "weight_quantization")
+  if (key == "compression_training" || key == "sparse_attention" || key == "weight_quantization")
     return true;
   if (key == "compile") return v.is_object() && v.contains("deepcompile") && truthy(v["deepcompile"]);
   return enabled_flag(v);

@@ -14,6 +14,18 @@ void check_shape(const MeshShape& s, const char* call) {
   DSTRAIN_CHECK(s.tp >= 1 && s.sp >= 1 && s.dp >= 1 && s.pp >= 1,
                 "{}: the device mesh pp {} x dp {} x sp {} x tp {} has a dimension below 1. Fix: make the shape with make_mesh_shape", call, s.pp,
                 s.dp, s.sp, s.tp);
+  DSTRAIN_CHECK(s.ep >= 1 && s.dp % s.ep == 0,
+                "{}: the device mesh's expert-parallel size {} does not divide its data-parallel size {}. Fix: make the shape with "
+                "make_mesh_shape",
+                call, s.ep, s.dp);
+}
+
+// "1, 2, 4": the sizes that divide n.
+std::string divisors_of(int n) {
+  std::string d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d += (d.empty() ? "" : ", ") + std::to_string(i);
+  return d;
 }
 
 }  // namespace
@@ -52,11 +64,36 @@ MeshShape make_mesh_shape(int world, int tp, int sp, int pp) {
   return MeshShape{tp, sp, ranks / (tp * sp), pp};
 }
 
+MeshShape make_mesh_shape(int world, int tp, int sp, int pp, int ep) {
+  MeshShape shape = make_mesh_shape(world, tp, sp, pp);
+  // The data-parallel size in words: how it follows from the world and the other sizes.
+  std::string from = fmt::format("world size {}", world);
+  if (pp > 1) from += fmt::format(" / {} pipeline stages", pp);
+  if (tp > 1) from += fmt::format(" / tensor_parallel.autotp_size {}", tp);
+  if (sp > 1) from += fmt::format(" / sequence_parallel_size {}", sp);
+  const std::string dp_text = from == fmt::format("world size {}", world) ? fmt::format("the data-parallel size {} (the world size)", shape.dp)
+                                                                          : fmt::format("the data-parallel size {} ({})", shape.dp, from);
+  DSTRAIN_CHECK(ep >= 1,
+                "expert_parallel.autoep_size is {}; it must be at least 1 (1: every rank holds all experts). Fix: set it to a divisor of {}: "
+                "{}",
+                ep, dp_text, divisors_of(shape.dp));
+  DSTRAIN_CHECK(shape.dp % ep == 0,
+                "expert_parallel.autoep_size {} does not divide {}: the expert-parallel groups split the data-parallel ranks into groups "
+                "of {} (DeepSpeed's expert and expert-data parallel groups). Fix: set expert_parallel.autoep_size to one of {}, or run on "
+                "a world size whose data-parallel size is a multiple of {}",
+                ep, dp_text, ep, divisors_of(shape.dp), ep);
+  shape.ep = ep;
+  return shape;
+}
+
 MeshCoord mesh_coord(const MeshShape& shape, int rank) {
   check_shape(shape, "mesh_coord");
   DSTRAIN_CHECK(rank >= 0 && rank < shape.world(), "mesh_coord: rank {} is outside the world of {} ranks ({})", rank, shape.world(),
                 describe_mesh(shape));
-  return MeshCoord{rank % shape.tp, (rank / shape.tp) % shape.sp, (rank / (shape.tp * shape.sp)) % shape.dp, rank / shape.stage_size()};
+  MeshCoord c{rank % shape.tp, (rank / shape.tp) % shape.sp, (rank / (shape.tp * shape.sp)) % shape.dp, rank / shape.stage_size()};
+  c.ep = c.dp % shape.ep;
+  c.edp = c.dp / shape.ep;
+  return c;
 }
 
 int mesh_rank(const MeshShape& shape, const MeshCoord& c) {
@@ -74,6 +111,7 @@ std::string describe_mesh(const MeshShape& s) {
   std::string line = fmt::format("world {} = ", s.world());
   if (s.pp > 1) line += fmt::format("pipeline {} x ", s.pp);
   line += fmt::format("data-parallel {}", s.dp);
+  if (s.ep > 1) line += fmt::format(" (expert-parallel {} x expert-data-parallel {})", s.ep, s.edp());
   if (s.sp > 1) line += fmt::format(" x sequence-parallel {}", s.sp);
   if (s.tp > 1) line += fmt::format(" x tensor-parallel {}", s.tp);
   std::string notes;
@@ -109,6 +147,9 @@ MeshGroups make_mesh_groups(Communicator& world, const MeshShape& shape) {
   g.dp = world.split((c.pp * shape.sp + c.sp) * shape.tp + c.tp, c.dp);
   g.data = world.split(c.pp * shape.tp + c.tp, c.dp * shape.sp + c.sp);
   g.pp = world.split((c.dp * shape.sp + c.sp) * shape.tp + c.tp, c.pp);
+  // The expert groups last: the splits above are the collectives of a mesh without experts.
+  g.ep = world.split(((c.pp * shape.edp() + c.edp) * shape.sp + c.sp) * shape.tp + c.tp, c.ep);
+  g.expert_data = world.split((c.pp * shape.tp + c.tp) * shape.ep + c.ep, c.edp * shape.sp + c.sp);
   return g;
 }
 

@@ -163,6 +163,12 @@ Outcome run(const IndexRow& r) {
     const std::int64_t tp = j.contains("tensor_parallel") && j.at("tensor_parallel").is_object()
                                 ? std::max<std::int64_t>(1, num(j.at("tensor_parallel"), "autotp_size"))
                                 : 1;
+    // expert_parallel.autoep_size splits the data-parallel ranks: it must divide them.
+    const std::int64_t ep = j.contains("expert_parallel") && j.at("expert_parallel").is_object() &&
+                                    j.at("expert_parallel").contains("enabled") && j.at("expert_parallel").at("enabled") == true
+                                ? std::max<std::int64_t>(1, num(j.at("expert_parallel"), "autoep_size"))
+                                : 1;
+    if (options.world_size % ep != 0) options.world_size *= ep;
     options.world_size *= sp * tp;
     o.world = options.world_size;
 

@@ -4,7 +4,7 @@
 // this same process, fed the same per-rank inputs) gives the same rank, and the same byte counters.
 // Then split (MPI_Comm_split): children's members, collectives and counters against the test's
 // own enumeration, children that outlive their parent, the device mesh's groups (pipeline stages
-// included). The variable all-to-all and exchange_counts against the formula's blocks. Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
+// and expert groups included). The variable all-to-all and exchange_counts against the formula's blocks. Point-to-point send/recv: a ring in every dtype against the local backend, a pair's
 // order, the pipeline group; the batched send_recv (a ring, both neighbours, the pair's order
 // across batched and standalone calls). Then the failures: mismatched calls fail on every rank
 // naming both (collectives) or on both ranks of the pair (send/recv, send_recv, all_to_all_v's
@@ -443,39 +443,47 @@ TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
   EXPECT_EQ(everyone->rank(), w - 1 - me());
 }
 
-// The device mesh over MPI: for every pp x tp x sp that divides the world, each group gathers its
-// members' world ranks, which must be the ranks the test enumerates (same coordinates but one; the
-// data group: same pp and tp).
+// The device mesh over MPI: for every pp x tp x sp x ep that divides the world (ep dividing the
+// data-parallel size), each group gathers its members' world ranks, which must be the ranks the
+// test enumerates (same coordinates but one; the data group: same pp and tp; the expert-parallel
+// group: same pp, sp, tp and dp / ep; the expert-data group: same pp, tp and dp % ep).
 TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
   const int w = world();
   MpiCommunicator mpi;
-  std::vector<std::array<int, 3>> shapes;  // {pp, tp, sp}, each dividing what is left of the world
+  std::vector<std::array<int, 4>> shapes;  // {pp, tp, sp, ep}, each dividing what is left of the world
   for (int pp = 1; pp <= w; ++pp)
     for (int tp = 1; w % pp == 0 && tp <= w / pp; ++tp)
       for (int sp = 1; (w / pp) % tp == 0 && sp <= w / pp / tp; ++sp)
-        if ((w / pp / tp) % sp == 0) shapes.push_back({pp, tp, sp});
-  for (const auto& [pp, tp, sp] : shapes) {
-    SCOPED_TRACE(fmt::format("pp {} tp {} sp {} W={}", pp, tp, sp, w));
-    const MeshShape shape = make_mesh_shape(w, tp, sp, pp);
+        if ((w / pp / tp) % sp == 0)
+          for (int ep = 1; ep <= w / pp / tp / sp; ++ep)
+            if ((w / pp / tp / sp) % ep == 0) shapes.push_back({pp, tp, sp, ep});
+  for (const auto& [pp, tp, sp, ep] : shapes) {
+    SCOPED_TRACE(fmt::format("pp {} tp {} sp {} ep {} W={}", pp, tp, sp, ep, w));
+    const MeshShape shape = make_mesh_shape(w, tp, sp, pp, ep);
     MeshGroups g = make_mesh_groups(mpi, shape);
-    // Coordinates by counting, tp innermost, pp outermost.
-    std::vector<std::array<int, 4>> coords;
+    // Coordinates by counting, tp innermost, pp outermost; the data-parallel one as (edp, ep).
+    std::vector<std::array<int, 5>> coords;  // {tp, sp, ep, edp, pp}
     for (int p = 0; p < pp; ++p)
-      for (int d = 0; d < w / (pp * tp * sp); ++d)
-        for (int s = 0; s < sp; ++s)
-          for (int t = 0; t < tp; ++t) coords.push_back({t, s, d, p});
+      for (int e2 = 0; e2 < w / (pp * tp * sp * ep); ++e2)
+        for (int e = 0; e < ep; ++e)
+          for (int s = 0; s < sp; ++s)
+            for (int t = 0; t < tp; ++t) coords.push_back({t, s, e, e2, p});
     const auto& mine = coords[static_cast<std::size_t>(me())];
-    Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get(), g.pp.get()};
-    for (int k = 0; k < 5; ++k) {
+    Communicator* groups[] = {g.tp.get(), g.sp.get(), g.dp.get(), g.data.get(), g.pp.get(), g.ep.get(), g.expert_data.get()};
+    for (int k = 0; k < 7; ++k) {
       std::vector<int> want;
       for (int q = 0; q < w; ++q) {
         const auto& c = coords[static_cast<std::size_t>(q)];
-        const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], dp_same = c[2] == mine[2], pp_same = c[3] == mine[3];
+        const bool tp_same = c[0] == mine[0], sp_same = c[1] == mine[1], ep_same = c[2] == mine[2], edp_same = c[3] == mine[3],
+                   pp_same = c[4] == mine[4];
+        const bool dp_same = ep_same && edp_same;
         const bool member = k == 0   ? pp_same && dp_same && sp_same
                             : k == 1 ? pp_same && dp_same && tp_same
                             : k == 2 ? pp_same && sp_same && tp_same
                             : k == 3 ? pp_same && tp_same
-                                     : dp_same && sp_same && tp_same;
+                            : k == 4 ? dp_same && sp_same && tp_same
+                            : k == 5 ? pp_same && sp_same && tp_same && edp_same
+                                     : pp_same && tp_same && ep_same;
         if (member) want.push_back(q);
       }
       Communicator& c = *groups[k];
@@ -486,6 +494,8 @@ TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
       for (int j = 0; j < c.world_size(); ++j) got.push_back(static_cast<int>(all.get(j)));
       EXPECT_EQ(got, want) << "group " << k;
     }
+    EXPECT_EQ(g.ep->rank(), mine[2]);
+    EXPECT_EQ(g.expert_data->rank(), mine[3] * sp + mine[1]);
   }
 }
 
