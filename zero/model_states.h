@@ -264,9 +264,11 @@ class ModelStates final : public OptimizerPartition {
   std::int64_t peak_gathered_elements() const;                // stage 3: the most parameter elements gathered at once
 
  private:
+  // A layer's flat units and the layer's view of them (zero/model_states_units.h).
   struct Unit;
   struct Layer;
-  // The constructor's build steps, in order (model_states.cpp).
+  // The constructor's build steps, in order (model_states.cpp; the layout and the partition in
+  // model_states_layout.cpp).
   struct LayoutSizes {
     std::int64_t full = 0;                 // elements of the layers kept whole (params_full_)
     std::int64_t shard = 0;                // elements of this rank's shard of every layer (the optimizer partition)
