@@ -38,6 +38,11 @@ const FlatSlot* FlatLayout::slot_of(std::size_t spec) const {
 }
 
 FlatLayout make_flat_layout(std::span<const ParamSpec> specs, int world, std::size_t element_bytes, std::int64_t max_chunk) {
+  return make_flat_layout(specs, world, element_bytes, max_chunk, nullptr);
+}
+
+FlatLayout make_flat_layout(std::span<const ParamSpec> specs, int world, std::size_t element_bytes, std::int64_t max_chunk,
+                            const std::function<bool(const ParamSpec&)>& owns) {
   if (world < 1) fail("make_flat_layout: world size must be >= 1, got {}", world);
   if (element_bytes == 0 || kAlignBytes % static_cast<std::int64_t>(element_bytes) != 0) {
     fail("make_flat_layout: element size {} bytes does not divide the 64-byte alignment", element_bytes);
@@ -49,7 +54,7 @@ FlatLayout make_flat_layout(std::span<const ParamSpec> specs, int world, std::si
   // segments (decayed / not decayed).
   for (int pass = 0; pass < 2; ++pass) {
     for (std::size_t j = 0; j < specs.size(); ++j) {
-      if (specs[j].tied() || specs[j].weight_decay != (pass == 0)) continue;
+      if (specs[j].tied() || specs[j].weight_decay != (pass == 0) || (owns && !owns(specs[j]))) continue;
       l.used = round_up(l.used, l.ealign);
       l.slots.push_back({j, l.used, specs[j].shape.numel(), specs[j].weight_decay});
       l.used += specs[j].shape.numel();

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -71,5 +72,10 @@ struct FlatLayout {
 // for `world` ranks, storage elements of `element_bytes` bytes (4: fp32, 2: fp16/bf16), and chunks
 // of at most `max_chunk` elements (rounded up to a multiple of world · ealign; <= 0: one chunk).
 FlatLayout make_flat_layout(std::span<const ParamSpec> specs, int world, std::size_t element_bytes, std::int64_t max_chunk);
+// The same over the specs `owns` accepts only; the others are skipped as tied ones are, and
+// FlatSlot::spec still indexes the whole list. A layer whose parameters split over two groups
+// (ModelStates' expert unit, zero/model_states.h) lays each group's part out this way.
+FlatLayout make_flat_layout(std::span<const ParamSpec> specs, int world, std::size_t element_bytes, std::int64_t max_chunk,
+                            const std::function<bool(const ParamSpec&)>& owns);
 
 }  // namespace dstrain

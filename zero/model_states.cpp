@@ -2,105 +2,36 @@
 
 #include <array>
 #include <algorithm>
-#include <unordered_map>
 #include <utility>
 
 #include "ops/error.h"
 #include "ops/log.h"
 #include "ops/kernels/tensor_ops.h"
 #include "zero/gradient_reduction.h"
+#include "zero/model_states_units.h"
 
 namespace dstrain {
 
-struct ModelStates::Layer {
-  FlatLayout layout;
-  std::vector<std::size_t> owners;  // layers whose params this one reads (itself first if it owns any)
-  // Per params() entry: the owner layer and the slot there.
-  std::vector<std::pair<std::size_t, const FlatSlot*>> refs;
-  bool partitioned = false;      // stage 3 above the persistence threshold: gathered per call
-  std::int64_t full_begin = 0;   // offset in params_full_ (layers kept whole)
-  std::size_t unit = 0;          // the ParamStore unit holding this rank's shard (partitioned layers)
-  std::int64_t grad_begin = 0;   // offset in grads_full_ (stages 0-1)
-  std::int64_t shard_begin = 0;  // offset in grads_shard_ and the shard space (the optimizer partition)
-  Buffer gathered;               // stage 3: the whole params while gathered
-  Buffer fetched;                // stage 3: the shard copied out of an offloaded store for the gather
-  Buffer transient_grads;        // stages 2-3: the whole grads during backward
-  CommQueue::Ticket gather_ticket = 0;
-};
-
 ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings, Communicator* comm,
-                         Allocator& allocator)
+                         Allocator& allocator, Communicator* expert_comm)
     : s_(settings),
       comm_(comm),
       world_(comm != nullptr ? comm->world_size() : 1),
+      expert_comm_(expert_comm),
       alloc_(allocator),
       names_(std::move(names)),
       specs_(std::move(specs)) {
   if (s_.stage < 0 || s_.stage > 3) fail("zero_optimization.stage: {} — ZeRO has stages 0, 1, 2 and 3", s_.stage);
   if (names_.size() != specs_.size()) fail("ModelStates: {} layer names for {} layers", names_.size(), specs_.size());
+  if (expert_comm_ != nullptr && (expert_comm_->world_size() > world_ || world_ % expert_comm_->world_size() != 0)) {
+    fail("ModelStates: an expert-data-parallel group of {} ranks does not divide the data-parallel group of {}", expert_comm_->world_size(), world_);
+  }
   const LayoutSizes sizes = lay_out_layers();
   allocate_params_and_grads(sizes);
   const std::vector<FlatRange> groups = make_optimizer_store(sizes.shard);
   cut_partition(groups);
   allocate_staging(groups);
   start_communication();
-}
-
-// Each layer's flat layout, its owners (tied parameters), whether stage 3 partitions it, and where
-// its parameters, gradients and shard begin in the model-wide buffers.
-ModelStates::LayoutSizes ModelStates::lay_out_layers() {
-  const std::size_t L = specs_.size();
-  const int pw = s_.stage >= 1 ? world_ : 1;  // ranks the optimizer states split over
-  const std::size_t esize = dtype_size(s_.storage);
-  std::int64_t max_chunk = 0;  // stage 0: one chunk per layer (its all-reduce buckets span layers instead)
-  if (s_.stage == 1 || s_.stage == 2) max_chunk = std::min(s_.reduce_bucket_size, s_.allgather_bucket_size);
-  if (s_.stage == 3) max_chunk = s_.reduce_bucket_size;
-
-  std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> owner_of;  // name -> (layer, spec)
-  LayoutSizes sizes;
-  std::int64_t persisted = 0;
-  for (std::size_t i = 0; i < L; ++i) {
-    auto ly = std::make_unique<Layer>();
-    ly->layout = make_flat_layout(specs_[i], pw, esize, max_chunk);
-    const FlatLayout& lo = ly->layout;
-    for (const FlatSlot& sl : lo.slots) {
-      const ParamSpec& ps = specs_[i][sl.spec];
-      if (!owner_of.emplace(ps.name, std::make_pair(i, sl.spec)).second) {
-        fail("initialize: parameter name '{}' is declared twice (layer '{}')", ps.name, names_[i]);
-      }
-    }
-    if (lo.numel > 0) ly->owners.push_back(i);
-    for (std::size_t j = 0; j < specs_[i].size(); ++j) {
-      const ParamSpec& ps = specs_[i][j];
-      const std::string& key = ps.tied() ? ps.tied_to : ps.name;
-      const auto it = owner_of.find(key);
-      if (it == owner_of.end()) fail("initialize: '{}' of layer '{}' is tied to '{}', which no earlier layer owns", ps.name, names_[i], key);
-      const auto [owner, spec] = it->second;
-      const ParamSpec& os = specs_[owner][spec];
-      if (!(os.shape == ps.shape)) fail("initialize: '{}' {} is tied to '{}' of another shape {}", ps.name, ps.shape.str(), key, os.shape.str());
-      const FlatSlot* slot = owner == i ? lo.slot_of(spec) : layers_[owner]->layout.slot_of(spec);
-      ly->refs.emplace_back(owner, slot);
-      if (std::find(ly->owners.begin(), ly->owners.end(), owner) == ly->owners.end()) ly->owners.push_back(owner);
-    }
-    const std::int64_t owned = lo.used;
-    ly->partitioned =
-        s_.stage == 3 && lo.numel > 0 && !(owned < s_.param_persistence_threshold && persisted + owned <= s_.model_persistence_threshold);
-    if (s_.stage == 3 && lo.numel > 0 && !ly->partitioned) persisted += owned;
-    if (ly->partitioned) {
-      ly->unit = sizes.unit_numel.size();
-      sizes.unit_numel.push_back(lo.shard_numel());
-    } else {
-      ly->full_begin = sizes.full;
-      sizes.full += lo.numel;
-    }
-    ly->grad_begin = total_numel_;
-    ly->shard_begin = sizes.shard;
-    sizes.shard += lo.shard_numel();
-    total_numel_ += lo.numel;
-    layers_.push_back(std::move(ly));
-  }
-
-  return sizes;
 }
 
 // The whole layers' params, the stage-3 parameter store of the partitioned ones (where the
@@ -162,75 +93,6 @@ std::vector<FlatRange> ModelStates::make_optimizer_store(std::int64_t shard) {
   return groups;
 }
 
-// This rank's optimizer work: the owned pieces of every tensor, and the partition's segments — its
-// piece of every chunk, split at the decay boundary and at the store's sub-group boundaries.
-void ModelStates::cut_partition(const std::vector<FlatRange>& groups) {
-  const std::size_t L = specs_.size();
-  // Owned parameter tensors, numbered in layer order (the engine's order too).
-  std::vector<std::vector<std::int32_t>> tensor_of(L);  // [layer][slot index]
-  for (std::size_t i = 0; i < L; ++i)
-    for (std::size_t k = 0; k < layers_[i]->layout.slots.size(); ++k) tensor_of[i].push_back(tensor_count_++);
-
-  // This rank's optimizer work: its piece of every chunk, split at the decay boundary and at the
-  // store's sub-group boundaries, with the parameter pieces each run holds.
-  const int prank = s_.stage >= 1 ? rank() : 0;
-  std::size_t g = 0;  // the sub-group of the next run (shard offsets only grow)
-  for (std::size_t i = 0; i < L; ++i) {
-    const Layer& ly = *layers_[i];
-    const FlatLayout& lo = ly.layout;
-    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
-      const FlatRange pc = lo.piece(k, prank);
-      for (std::size_t si = 0; si < lo.slots.size(); ++si) {
-        const FlatSlot& sl2 = lo.slots[si];
-        const FlatRange r = intersect(pc, FlatRange{sl2.offset, sl2.offset + sl2.numel});
-        if (r.empty()) continue;
-        owned_pieces_.push_back(
-            {i, &sl2, tensor_of[i][si], r.begin - sl2.offset, r.size(), ly.shard_begin + lo.shard_offset(k) + (r.begin - pc.begin)});
-      }
-      for (const bool decay : {true, false}) {
-        const FlatRange whole = intersect(pc, decay ? FlatRange{0, lo.decay_end} : FlatRange{lo.decay_end, lo.numel});
-        for (std::int64_t b = whole.begin; b < whole.end;) {
-          const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k) + (b - pc.begin);
-          while (g + 1 < groups.size() && groups[g].end <= at_shard) ++g;
-          const std::int64_t n = std::min(whole.end - b, groups[g].end - at_shard);
-          const FlatRange r{b, b + n};
-          PartitionSegment seg;
-          seg.layer = i;
-          seg.group = g;
-          seg.layer_offset = r.begin;
-          seg.shard_offset = at_shard;
-          seg.numel = n;
-          seg.weight_decay = decay;
-          // Where the storage-dtype params of this range live: the whole layer, or this rank's shard.
-          if (ly.partitioned) {
-            seg.param_unit = static_cast<std::ptrdiff_t>(ly.unit);
-            seg.unit_offset = lo.shard_offset(k) + (r.begin - pc.begin);
-            const Tensor in = param_store_->in_place(ly.unit);
-            if (!in.empty()) seg.param = in.slice_rows(seg.unit_offset, seg.unit_offset + n);
-          } else {
-            seg.param = region(params_full_, s_.storage, ly.full_begin + r.begin, n);
-          }
-          seg.grads = s_.stage <= 1 ? region(grads_full_, s_.storage, ly.grad_begin + r.begin, n) : region(grads_shard_, s_.storage, at_shard, n);
-          for (std::size_t si = 0; si < lo.slots.size(); ++si) {
-            const FlatSlot& sl2 = lo.slots[si];
-            const FlatRange t = intersect(r, FlatRange{sl2.offset, sl2.offset + sl2.numel});
-            if (t.empty()) continue;
-            seg.pieces.push_back({tensor_of[i][si], t.begin - r.begin, t.size(), t.begin - sl2.offset, sl2.numel});
-          }
-          segments_.push_back(std::move(seg));
-          b += n;
-        }
-      }
-    }
-  }
-  group_segments_.assign(groups.size(), {0, 0});
-  for (std::size_t j = 0; j < segments_.size(); ++j) {
-    auto& [first, last] = group_segments_[segments_[j].group];
-    if (last == 0) first = j;
-    last = j + 1;
-  }
-}
-
 // Staging where the optimizer cannot use the training device's buffers in place:
 // - a sub-group whose store memory is not the training device's (offload from a GPU): its grads
 //   and params pass through host staging buffers (stage_grads_, stage_params_);
@@ -272,22 +134,29 @@ void ModelStates::allocate_staging(const std::vector<FlatRange>& groups) {
 void ModelStates::start_communication() {
   const std::size_t L = specs_.size();
   // A worker thread overlaps host collectives with compute; on a GPU the collectives are queued
-  // on streams and overlap by themselves (NCCL's stream), so they are issued inline.
+  // on streams and overlap by themselves (NCCL's stream), so they are issued inline. One queue
+  // for both groups: every rank submits their collectives in the same program order.
   queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1 && alloc_.device().is_cpu());
-  // Each ticket remembers the communicator's last collective, so wait(t) orders compute after t's
-  // own collectives only (a later prefetch or reduction keeps running beside compute).
+  // Each ticket remembers comm's last collective, so wait(t) orders compute after t's own
+  // collectives only (a later prefetch or reduction keeps running beside compute).
   if (comm_ != nullptr) queue_->set_marker([c = comm_] { return c->sequence(); });
   if (world_ > 1 && !alloc_.device().is_cpu()) reduce_staging_ = Buffer(alloc_, kReduceStagingBytes, MemoryPurpose::buffers);
   if (s_.stage == 3) {
+    // The coordinator schedules engine layers: a layer's gather is that of its partitioned units.
     std::vector<std::int64_t> numel(L, 0);
     std::vector<std::vector<std::size_t>> needs(L);
     for (std::size_t i = 0; i < L; ++i) {
-      if (layers_[i]->partitioned) numel[i] = layers_[i]->layout.numel;
+      for (const std::size_t u : unit_ids(i))
+        if (units_[u]->partitioned) numel[i] += units_[u]->layout.numel;
       needs[i] = layers_[i]->owners;
     }
+    const auto prefetch = [this](std::size_t j) {
+      for (const std::size_t u : unit_ids(j))
+        if (units_[u]->partitioned) param_store_->prefetch(units_[u]->store_unit);
+    };
     ParamCoordinatorSettings cs{s_.prefetch_bucket_size, s_.max_live_parameters, s_.max_reuse_distance};
     ParamCoordinatorCallbacks cb{[this](std::size_t j) { gather_layer(j); }, [this](std::size_t j) { wait_layer(j); },
-                                 [this](std::size_t j) { free_layer(j); }, [this](std::size_t j) { param_store_->prefetch(layers_[j]->unit); }};
+                                 [this](std::size_t j) { free_layer(j); }, prefetch};
     coordinator_ = std::make_unique<ParamCoordinator>(std::move(numel), std::move(needs), names_, cs, std::move(cb));
   }
 }
@@ -301,8 +170,6 @@ ModelStates::~ModelStates() {
     }
   }
 }
-
-const FlatLayout& ModelStates::layout(std::size_t i) const { return layers_[i]->layout; }
 
 int ModelStates::rank() const { return comm_ != nullptr ? comm_->rank() : 0; }
 
@@ -319,13 +186,17 @@ void ModelStates::wait(CommQueue::Ticket t) {
   } else {
     comm_->order_compute_after_collectives();  // an old ticket: after everything (never too early)
   }
+  // The queue's marks count comm's collectives only: after every expert collective issued so far
+  // (never too early; a device group's later prefetch may wait for it).
+  if (expert_comm_ != nullptr) expert_comm_->order_compute_after_collectives();
 }
 
 void ModelStates::drain() {
   queue_->drain();
-  if (comm_ != nullptr) {
-    comm_->order_compute_after_collectives();
-    if (world_ > 1) comm_->synchronize();
+  for (Communicator* c : {comm_, expert_comm_}) {
+    if (c == nullptr) continue;
+    c->order_compute_after_collectives();
+    if (c->world_size() > 1) c->synchronize();
   }
 }
 
@@ -337,17 +208,22 @@ void ModelStates::set_traces(std::vector<std::size_t> train, std::vector<std::si
 // ---- stage 3 gathers ----
 
 void ModelStates::gather_layer(std::size_t j) {
-  Layer& ly = *layers_[j];
-  const FlatLayout& lo = ly.layout;
-  ly.gathered = Buffer(alloc_, static_cast<std::size_t>(lo.numel) * dtype_size(s_.storage), MemoryPurpose::params);
+  for (const std::size_t u : unit_ids(j))
+    if (units_[u]->partitioned) gather_unit(*units_[u]);
+}
+
+// All-gathers a partitioned unit's whole params over its group into `gathered`.
+void ModelStates::gather_unit(Unit& u) {
+  const FlatLayout& lo = u.layout;
+  u.gathered = Buffer(alloc_, static_cast<std::size_t>(lo.numel) * dtype_size(s_.storage), MemoryPurpose::params);
   // This rank's shard: in place where it is in the training device's memory; otherwise fetched from
   // the parameter store (offload_param: host memory, or read from NVMe unless prefetched) into a
   // transient buffer the collective sends from.
-  Tensor shard = param_store_->in_place(ly.unit);
+  Tensor shard = param_store_->in_place(u.store_unit);
   if (shard.empty() || shard.device != alloc_.device()) {
-    ly.fetched = Buffer(alloc_, static_cast<std::size_t>(lo.shard_numel()) * dtype_size(s_.storage), MemoryPurpose::params);
-    const Tensor fetched = ly.fetched.tensor(s_.storage, Shape{lo.shard_numel()});
-    const Tensor home = param_store_->acquire(ly.unit);
+    u.fetched = Buffer(alloc_, static_cast<std::size_t>(lo.shard_numel()) * dtype_size(s_.storage), MemoryPurpose::params);
+    const Tensor fetched = u.fetched.tensor(s_.storage, Shape{lo.shard_numel()});
+    const Tensor home = param_store_->acquire(u.store_unit);
     if (copies_ && home.device.is_cpu()) {
       // Host to GPU on the copy stream. The host waits for the copy before the unit goes back to
       // its store, whose NVMe buffers are few and are reused at once (docs/offload.md §12); the
@@ -356,17 +232,17 @@ void ModelStates::gather_layer(std::size_t j) {
     } else {
       copy_tensor(fetched, home);
     }
-    param_store_->release(ly.unit, false);
+    param_store_->release(u.store_unit, false);
     shard = fetched;
   }
   std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's shard piece, the chunk in the gathered buffer)
   for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
     const FlatRange c = lo.chunk_range(k);
-    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / world_),
-                       region(ly.gathered, s_.storage, c.begin, c.size()));
+    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / lo.world),
+                       region(u.gathered, s_.storage, c.begin, c.size()));
   }
-  Communicator* comm = world_ > 1 ? comm_ : nullptr;
-  ly.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
+  Communicator* comm = u.world > 1 ? u.comm : nullptr;
+  u.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
     for (const auto& [send, recv] : parts) {
       if (comm != nullptr) {
         comm->all_gather(send, recv);
@@ -377,20 +253,27 @@ void ModelStates::gather_layer(std::size_t j) {
   });
 }
 
-void ModelStates::wait_layer(std::size_t j) { wait(layers_[j]->gather_ticket); }
+void ModelStates::wait_layer(std::size_t j) {
+  for (const std::size_t u : unit_ids(j))
+    if (units_[u]->partitioned) wait(units_[u]->gather_ticket);
+}
 
 void ModelStates::free_layer(std::size_t j) {
-  Layer& ly = *layers_[j];
-  wait(ly.gather_ticket);
-  ly.gathered.reset();
-  ly.fetched.reset();
+  for (const std::size_t u : unit_ids(j))
+    if (units_[u]->partitioned) free_unit(*units_[u]);
+}
+
+void ModelStates::free_unit(Unit& u) {
+  wait(u.gather_ticket);
+  u.gathered.reset();
+  u.fetched.reset();
 }
 
 void ModelStates::acquire_all() {
   if (s_.stage != 3) return;
   if (coordinator_) coordinator_->end_pass();
-  for (std::size_t j = 0; j < layers_.size(); ++j)
-    if (layers_[j]->partitioned && layers_[j]->gathered.empty()) gather_layer(j);
+  for (const auto& u : units_)
+    if (u->partitioned && u->gathered.empty()) gather_unit(*u);
   drain();
   all_acquired_ = true;
 }
@@ -400,8 +283,8 @@ void ModelStates::acquire_all() {
 void ModelStates::begin_pass(bool train) {
   if (!coordinator_) return;
   if (all_acquired_) {
-    for (std::size_t j = 0; j < layers_.size(); ++j)
-      if (layers_[j]->partitioned) free_layer(j);
+    for (const auto& u : units_)
+      if (u->partitioned) free_unit(*u);
     all_acquired_ = false;
   }
   coordinator_->begin_pass(train ? std::span<const std::size_t>(train_trace_) : std::span<const std::size_t>(eval_trace_));
@@ -427,7 +310,7 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
     // for bindings but clang before 16 (the fuzz gate's Debian clang 14) does not.
     const auto owner = ly.refs[j].first;
     const auto slot = ly.refs[j].second;
-    const Layer& o = *layers_[owner];
+    const Unit& o = *units_[owner];
     const Shape shape = specs_[i][j].shape;
     const auto at = [&](const Buffer& b, std::int64_t begin) {
       return b.tensor(s_.storage, shape, static_cast<std::size_t>(begin + slot->offset) * dtype_size(s_.storage));
@@ -435,7 +318,7 @@ void ModelStates::views(std::size_t i, std::vector<Tensor>& params, std::vector<
     if (o.partitioned) {
       if (o.gathered.empty()) {
         fail("ZeRO-3: layer '{}' reads the parameters of layer '{}', which are not gathered (ModelStates::acquire({}) must precede the call)",
-             names_[i], names_[owner], i);
+             names_[i], names_[o.layer], i);
       }
       params.push_back(at(o.gathered, 0));
     } else {
@@ -461,16 +344,15 @@ void ModelStates::before_backward(std::size_t i) {
     wait(reductions_in_flight_.front());
     reductions_in_flight_.erase(reductions_in_flight_.begin());
   }
-  for (std::size_t o : layers_[i]->owners) {
-    Layer& ow = *layers_[o];
+  for (const std::size_t o : layers_[i]->owner_units) {
+    Unit& ow = *units_[o];
     if (!ow.transient_grads.empty()) continue;
     ow.transient_grads = Buffer(alloc_, static_cast<std::size_t>(ow.layout.numel) * dtype_size(s_.storage), MemoryPurpose::grads);
     zero_tensor(ow.transient_grads.tensor(s_.storage, Shape{ow.layout.numel}));
   }
 }
 
-void ModelStates::flush_allreduce(std::int64_t begin, std::int64_t end) {
-  Communicator* comm = comm_;
+void ModelStates::flush_allreduce(Communicator* comm, std::int64_t begin, std::int64_t end) {
   Allocator* scratch = &alloc_;
   for (std::int64_t b = begin; b < end;) {
     const std::int64_t e = s_.reduce_bucket_size > 0 ? std::min(end, b + s_.reduce_bucket_size) : end;
@@ -481,55 +363,73 @@ void ModelStates::flush_allreduce(std::int64_t begin, std::int64_t end) {
 }
 
 void ModelStates::after_backward(std::size_t i, bool boundary) {
-  Layer& ly = *layers_[i];
-  const FlatLayout& lo = ly.layout;
-  if (lo.numel == 0) return;
-  if (s_.stage == 0) {
-    if (!boundary || world_ == 1 || !gradient_all_reduce_) return;
-    // Backward runs from the last layer to the first, so the finished regions of grads_full_ form
-    // one contiguous range growing downwards: all-reduce it in reduce_bucket_size pieces.
-    const std::int64_t b = ly.grad_begin, e = ly.grad_begin + lo.numel;
-    if (pending_begin_ < 0) {
-      pending_begin_ = b;
-      pending_end_ = e;
+  const std::size_t in_flight = reductions_in_flight_.size();
+  for (const std::size_t ui : unit_ids(i)) {
+    Unit& u = *units_[ui];
+    if (u.layout.numel == 0) continue;
+    if (s_.stage == 0) {
+      if (boundary && u.world > 1 && gradient_all_reduce_) queue_all_reduce(u);
+    } else if (s_.stage == 1) {
+      if (boundary && u.world > 1) reduce_whole_grads(u);
     } else {
-      DSTRAIN_CHECK(e == pending_begin_, "ZeRO-0: layer '{}' finished out of order for bucketing", names_[i]);
-      pending_begin_ = b;
+      reduce_transient_grads(u);
     }
-    if (pending_end_ - pending_begin_ >= s_.reduce_bucket_size) {
-      flush_allreduce(pending_begin_, pending_end_);
-      pending_begin_ = pending_end_ = -1;
-    }
-    return;
   }
-  if (s_.stage == 1) {
-    if (!boundary || world_ == 1) return;
-    // Reduce-scatter every chunk in place: rank r's piece of it becomes the average (with
-    // reduce_scatter off, an all-reduce of the whole chunk).
-    Communicator* comm = comm_;
-    std::vector<Tensor> chunks;
-    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
-      const FlatRange c = lo.chunk_range(k);
-      chunks.push_back(region(grads_full_, s_.storage, ly.grad_begin + c.begin, c.size()));
-    }
-    queue_->submit([comm, chunks = std::move(chunks), rs = s_.reduce_scatter, g = s_.reduction, scratch = &alloc_] {
-      for (const Tensor& c : chunks) reduce_gradients(*comm, c, rs, g, reduction_path(1, rs), *scratch);
-    });
-    return;
+  // The layer's reductions count once in flight: its last ticket (the queue runs in order) frees
+  // the whole gradients of both its units.
+  if (reductions_in_flight_.size() > in_flight + 1) {
+    const CommQueue::Ticket last = reductions_in_flight_.back();
+    reductions_in_flight_.resize(in_flight);
+    reductions_in_flight_.push_back(last);
   }
-  // Stages 2-3, every micro-step: reduce-scatter the layer's whole gradients chunk by chunk, add
-  // this rank's pieces into its gradient partition, and free the whole-gradient buffer.
-  Communicator* comm = world_ > 1 ? comm_ : nullptr;
-  const int r = rank();
+}
+
+// Stage 0: backward runs from the last layer to the first, so the finished regions of a group's
+// gradients in grads_full_ (place_gradients) form one contiguous range growing downwards:
+// all-reduce it over the group in reduce_bucket_size pieces.
+void ModelStates::queue_all_reduce(const Unit& u) {
+  PendingRange& p = pending_[u.expert ? 1 : 0];
+  const std::int64_t b = u.grad_begin, e = u.grad_begin + u.layout.numel;
+  if (p.begin < 0) {
+    p = {b, e};
+  } else {
+    DSTRAIN_CHECK(e == p.begin, "ZeRO-0: layer '{}' finished out of order for bucketing", names_[u.layer]);
+    p.begin = b;
+  }
+  if (p.end - p.begin >= s_.reduce_bucket_size) {
+    flush_allreduce(u.comm, p.begin, p.end);
+    p = {};
+  }
+}
+
+// Stage 1, at the boundary: reduce-scatter every chunk in place over the unit's group: rank r's
+// piece of it becomes the average (with reduce_scatter off, an all-reduce of the whole chunk).
+void ModelStates::reduce_whole_grads(const Unit& u) {
+  const FlatLayout& lo = u.layout;
+  std::vector<Tensor> chunks;
+  for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+    const FlatRange c = lo.chunk_range(k);
+    chunks.push_back(region(grads_full_, s_.storage, u.grad_begin + c.begin, c.size()));
+  }
+  queue_->submit([comm = u.comm, chunks = std::move(chunks), rs = s_.reduce_scatter, g = s_.reduction, scratch = &alloc_] {
+    for (const Tensor& c : chunks) reduce_gradients(*comm, c, rs, g, reduction_path(1, rs), *scratch);
+  });
+}
+
+// Stages 2-3, every micro-step: reduce-scatter the unit's whole gradients chunk by chunk over its
+// group, add this rank's pieces into its gradient partition, and free the whole-gradient buffer.
+void ModelStates::reduce_transient_grads(Unit& u) {
+  const FlatLayout& lo = u.layout;
+  Communicator* comm = u.world > 1 ? u.comm : nullptr;
   std::vector<std::pair<Tensor, Tensor>> parts;  // (chunk of the whole grads, this rank's partition piece)
   for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
     const FlatRange c = lo.chunk_range(k);
-    parts.emplace_back(region(ly.transient_grads, s_.storage, c.begin, c.size()),
-                       region(grads_shard_, s_.storage, ly.shard_begin + lo.shard_offset(k), c.size() / world_));
+    parts.emplace_back(region(u.transient_grads, s_.storage, c.begin, c.size()),
+                       region(grads_shard_, s_.storage, u.shard_begin + lo.shard_offset(k), c.size() / lo.world));
   }
-  Buffer* transient = &ly.transient_grads;
-  const CommQueue::Ticket t = queue_->submit([comm, r, w = world_, parts = std::move(parts), transient, rs = s_.reduce_scatter, g = s_.reduction,
-                                              path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
+  Buffer* transient = &u.transient_grads;
+  const CommQueue::Ticket t = queue_->submit([comm, r = u.rank, w = lo.world, parts = std::move(parts), transient, rs = s_.reduce_scatter,
+                                              g = s_.reduction, path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
     for (const auto& [chunk, part] : parts) {
       if (comm != nullptr) {
         reduce_gradients(*comm, chunk, rs, g, path, *scratch);
@@ -543,9 +443,13 @@ void ModelStates::after_backward(std::size_t i, bool boundary) {
 }
 
 void ModelStates::end_backward(bool boundary) {
-  if (s_.stage == 0 && boundary && pending_begin_ >= 0) {
-    flush_allreduce(pending_begin_, pending_end_);
-    pending_begin_ = pending_end_ = -1;
+  if (s_.stage == 0 && boundary) {
+    for (const bool expert : {false, true}) {
+      PendingRange& p = pending_[expert ? 1 : 0];
+      if (p.begin < 0) continue;
+      flush_allreduce(expert ? expert_comm_ : comm_, p.begin, p.end);
+      p = {};
+    }
   }
   drain();
   reductions_in_flight_.clear();
@@ -560,18 +464,16 @@ void ModelStates::end_eval() {
 // ---- the optimizer step ----
 
 void ModelStates::after_update() {
-  if (s_.stage == 0 || world_ == 1) return;
-  // Every chunk of every layer kept whole: all-gather the updated pieces in place.
-  Communicator* comm = comm_;
-  const int r = rank();
-  for (const auto& ly : layers_) {
-    if (ly->partitioned || ly->layout.numel == 0) continue;
+  if (s_.stage == 0) return;
+  // Every chunk of every unit kept whole: all-gather the updated pieces in place over its group.
+  for (const auto& u : units_) {
+    if (u->partitioned || u->layout.numel == 0 || u->world == 1) continue;
     std::vector<Tensor> chunks;
-    for (std::int64_t k = 0; k < ly->layout.chunk_count(); ++k) {
-      const FlatRange c = ly->layout.chunk_range(k);
-      chunks.push_back(region(params_full_, s_.storage, ly->full_begin + c.begin, c.size()));
+    for (std::int64_t k = 0; k < u->layout.chunk_count(); ++k) {
+      const FlatRange c = u->layout.chunk_range(k);
+      chunks.push_back(region(params_full_, s_.storage, u->full_begin + c.begin, c.size()));
     }
-    queue_->submit([comm, r, w = world_, chunks = std::move(chunks)] {
+    queue_->submit([comm = u->comm, r = u->rank, w = u->world, chunks = std::move(chunks)] {
       for (const Tensor& c : chunks) comm->all_gather(shard_of(c, r, w), c);
     });
   }
@@ -769,9 +671,9 @@ void ModelStates::write_shard(std::size_t b, std::int64_t shard_begin, const Ten
 }
 
 Tensor ModelStates::owned_param(const OwnedPiece& piece) const {
-  const Layer& ly = *layers_[piece.layer];
+  const Unit& ly = unit_of(piece.layer, *piece.slot);
   if (ly.partitioned) {
-    const Tensor in = param_store_->in_place(ly.unit);
+    const Tensor in = param_store_->in_place(ly.store_unit);
     const std::int64_t at = piece.shard_offset - ly.shard_begin;
     return in.empty() ? Tensor{} : in.slice_rows(at, at + piece.numel);
   }
@@ -784,17 +686,17 @@ void ModelStates::read_owned_param(const OwnedPiece& piece, const Tensor& out, s
     copy_tensor(out, in.slice_rows(first, first + out.numel()));
     return;
   }
-  const Layer& ly = *layers_[piece.layer];
+  const Unit& ly = unit_of(piece.layer, *piece.slot);
   const std::int64_t at = piece.shard_offset - ly.shard_begin + first;
-  const Tensor unit = param_store_->acquire(ly.unit);
+  const Tensor unit = param_store_->acquire(ly.store_unit);
   copy_tensor(out, unit.slice_rows(at, at + out.numel()));
-  param_store_->release(ly.unit, false);
+  param_store_->release(ly.store_unit, false);
 }
 
 void ModelStates::write_owned_param(const OwnedPiece& piece, const Tensor& in, std::int64_t first) {
-  const Layer& ly = *layers_[piece.layer];
+  const Unit& ly = unit_of(piece.layer, *piece.slot);
   if (ly.partitioned) {
-    write_unit(ly.unit, piece.shard_offset - ly.shard_begin + first, in);
+    write_unit(ly.store_unit, piece.shard_offset - ly.shard_begin + first, in);
   } else {
     const Tensor dst = owned_param(piece).slice_rows(first, first + in.numel());
     if (in.dtype == dst.dtype) {
@@ -826,7 +728,7 @@ void ModelStates::write_unit(std::size_t u, std::int64_t offset, const Tensor& v
 // ---- whole parameters ----
 
 Tensor ModelStates::full_param(std::size_t layer, const FlatSlot& slot) const {
-  const Layer& ly = *layers_[layer];
+  const Unit& ly = unit_of(layer, slot);
   if (ly.partitioned) return {};
   return params_full_.tensor(s_.storage, specs_[layer][slot.spec].shape,
                              static_cast<std::size_t>(ly.full_begin + slot.offset) * dtype_size(s_.storage));
@@ -834,7 +736,7 @@ Tensor ModelStates::full_param(std::size_t layer, const FlatSlot& slot) const {
 
 Tensor ModelStates::full_grad(std::size_t layer, const FlatSlot& slot) const {
   if (s_.stage >= 2) return {};
-  const Layer& ly = *layers_[layer];
+  const Unit& ly = unit_of(layer, slot);
   return grads_full_.tensor(s_.storage, specs_[layer][slot.spec].shape,
                             static_cast<std::size_t>(ly.grad_begin + slot.offset) * dtype_size(s_.storage));
 }
@@ -845,7 +747,7 @@ Tensor ModelStates::full_master(std::size_t layer, const FlatSlot& slot) const {
   // Stage 0: the slot's masters sit at its layer offset of the shard space; in place only in a
   // resident device store whose one sub-group holds the whole slot.
   if (store_->home() != StateHome::device) return {};
-  const std::int64_t begin = layers_[layer]->shard_begin + slot.offset;
+  const std::int64_t begin = unit_of(layer, slot).shard_begin + slot.offset;
   for (std::size_t g = 0; g < store_->layout().groups.size(); ++g) {
     const FlatRange gr = store_->layout().groups[g];
     if (begin < gr.begin || begin >= gr.end) continue;
@@ -885,8 +787,9 @@ ModelStates::Staging ModelStates::staging(std::int64_t numel) const {
 
 void ModelStates::gather_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fn) {
   drain();
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& ly = *layers_[i];
+  for (const auto& unit : units_) {
+    const Unit& ly = *unit;
+    const std::size_t i = ly.layer;
     const FlatLayout& lo = ly.layout;
     if (lo.numel == 0) continue;
     if (s_.stage == 0 && alloc_.device().is_cpu()) {
@@ -900,8 +803,8 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
     const Staging st = staging(lo.numel);
     zero_tensor(st.dev);
     // This rank's pieces of every chunk (stage 0: the one rank's pieces are the whole buffer), then
-    // with several ranks an all-gather of each chunk in place.
-    const int r = s_.stage >= 1 ? rank() : 0;
+    // with several ranks an all-gather of each chunk in place over the unit's group.
+    const int r = ly.piece_rank(s_.stage);
     for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
       const FlatRange pc = lo.piece(k, r);
       const Tensor dst = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
@@ -910,15 +813,14 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
         read_shard(0, at_shard, dst);
       } else if (ly.partitioned) {
         // fp32 params that are the masters: no offload_param (masters_apart_ otherwise), so in place.
-        copy_tensor(dst, param_store_->in_place(ly.unit).slice_rows(lo.shard_offset(k), lo.shard_offset(k) + pc.size()));
+        copy_tensor(dst, param_store_->in_place(ly.store_unit).slice_rows(lo.shard_offset(k), lo.shard_offset(k) + pc.size()));
       } else {
         copy_tensor(dst, region(params_full_, DType::fp32, ly.full_begin + pc.begin, pc.size()));
       }
-      if (s_.stage >= 1 && world_ > 1) {
+      if (s_.stage >= 1 && ly.world > 1) {
         const FlatRange c = lo.chunk_range(k);
         const Tensor whole = st.dev.slice_rows(c.begin, c.begin + c.size());
-        Communicator* comm = comm_;
-        queue_->submit([comm, whole, r, w = world_] { comm->all_gather(shard_of(whole, r, w), whole); });
+        queue_->submit([comm = ly.comm, whole, r, w = ly.world] { comm->all_gather(shard_of(whole, r, w), whole); });
       }
     }
     drain();                       // every chunk gathered; the copy below waits on the host, bounded by the comm timeout first
@@ -929,16 +831,17 @@ void ModelStates::gather_masters(const std::function<void(std::size_t, const Fla
 
 void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSlot&, const Tensor&)>& fill) {
   drain();
-  const int r = s_.stage >= 1 ? rank() : 0;
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& ly = *layers_[i];
+  for (const auto& unit : units_) {
+    const Unit& ly = *unit;
+    const std::size_t i = ly.layer;
     const FlatLayout& lo = ly.layout;
     if (lo.numel == 0) continue;
+    const int r = ly.piece_rank(s_.stage);
     const Staging st = staging(lo.numel);
     zero_tensor(st.host);
     for (const FlatSlot& sl : lo.slots) fill(i, sl, st.host_slot(specs_[i][sl.spec], sl));
     copy_tensor(st.dev, st.host);  // a no-op on a CPU rank
-    // Layers kept whole: every rank rounds the whole layer (no collective needed: every rank
+    // Units kept whole: every rank rounds the whole unit (no collective needed: every rank
     // computed the same values).
     if (!ly.partitioned) convert_tensor(region(params_full_, s_.storage, ly.full_begin, lo.numel), st.dev);
     for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
@@ -946,7 +849,7 @@ void ModelStates::set_masters(const std::function<void(std::size_t, const FlatSl
       const Tensor src = st.dev.slice_rows(pc.begin, pc.begin + pc.size());
       const std::int64_t at_shard = ly.shard_begin + lo.shard_offset(k);
       if (masters_apart_) write_shard(0, at_shard, src);
-      if (ly.partitioned) write_unit(ly.unit, lo.shard_offset(k), src);
+      if (ly.partitioned) write_unit(ly.store_unit, lo.shard_offset(k), src);
     }
   }
 }

@@ -28,6 +28,29 @@
 // batch). Collectives run through a CommQueue: with overlap_comm on a worker thread, overlapping
 // the backward (and stage 3's prefetch) with compute.
 //
+// Expert parallelism (MoE; docs/parallelism.md): with an `expert_comm`, each layer's owned
+// parameters split in two flat units. The primary unit holds the parameters replicated over the
+// whole data-parallel group `comm` (W ranks), as above. The expert unit holds the specs with
+// split.kind == SplitKind::experts: a rank holds only its own experts' slice, replicated over the
+// expert-data-parallel group `expert_comm` (W_e ranks, a subset of comm's; e.g. W 4, EP 2: rank 0's
+// expert_comm is {0, 2}, rank 1's {1, 3}), so that unit has its own FlatLayout for W_e ranks and is
+// partitioned, reduced (avg: divided by W_e), stage-3 gathered (its own persistence decision) and
+// all-gathered after the step over expert_comm. A layer without expert specs has no expert unit;
+// one with only expert specs has an empty primary unit. Every public method below covers both
+// units under the engine's layer index (views in params() order, partitions() and owned_pieces()
+// in this rank's one shard space, primary unit before expert unit in each layer); layout(i) is
+// the primary unit's, slots(i) / expert_layout(i) show both.
+//
+// The step's sums (all_reduce_sum: norm², overflow count, loss; the per-tensor optimizers' partial
+// sums) stay over `comm`. At stages 1-3 every element of the model lies in exactly one partition
+// among comm's ranks: primary shards are disjoint over comm, expert shards disjoint over each
+// expert_comm, and the expert groups' ranks in different expert-parallel positions hold different
+// experts. So the sum over comm of each rank's partition norm² is the global norm². Two caveats for
+// callers: at stage 0 a partition is not split, so a rank counts its primary segments only where
+// comm's rank is 0 and its expert segments (PartitionSegment::expert) only where expert_comm's rank
+// is 0; and a per-tensor sum (Lamb's trust ratio, Muon's gathers) of an expert tensor over comm adds
+// the same tensor index of different experts: such a tensor needs its sum over expert_comm instead.
+//
 // The hooks follow the engine's step loop (docs/design.md "The step, as data flows"):
 //   begin_pass(train)                       once per micro-step (or evaluation)
 //   acquire(i) ... layer call ... release(i)   around every forward, recompute and backward call
@@ -38,6 +61,7 @@
 //   all-gather; zero_grads().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -104,7 +128,7 @@ struct ZeroSettings {
 struct PartitionSegment {
   std::size_t layer = 0;
   std::size_t group = 0;          // the StateStore sub-group it lies in
-  std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split)
+  std::int64_t layer_offset = 0;  // the first element's offset in the layer's flat buffer (any split; an expert unit's after the primary's `used`)
   std::int64_t shard_offset = 0;  // ... and in the rank's shard space
   std::int64_t numel = 0;
   Tensor grads, param;             // param empty: it lives in a swapped ParamStore unit (below)
@@ -112,12 +136,15 @@ struct PartitionSegment {
   std::int64_t unit_offset = 0;
   bool weight_decay = true;
   std::vector<TensorPiece> pieces;  // with offsets from the segment's start
+  bool expert = false;              // in the layer's expert unit: split and reduced over expert_communicator()
 };
 
 // One piece of one owned parameter that this rank holds in its optimizer partition: elements
 // [tensor_offset, tensor_offset + numel) of the parameter, at shard_offset of the shard space
 // (docs/training_state.md §5). Every element of every owned parameter is in exactly one piece of
-// exactly one rank (stage 0: the single rank's view covers all).
+// exactly one rank (stage 0: the single rank's view covers all); an expert unit's parameters are
+// different tensors on each expert-parallel position, each in exactly one piece of one rank of the
+// expert_comm that holds it.
 struct OwnedPiece {
   std::size_t layer = 0;
   const FlatSlot* slot = nullptr;
@@ -130,9 +157,11 @@ struct OwnedPiece {
 class ModelStates final : public OptimizerPartition {
  public:
   // specs[i]: layer i's params(); names[i]: its name. comm == nullptr: one rank. Allocates every
-  // persistent buffer from `allocator`; params, masters and moments start at zero.
+  // persistent buffer from `allocator`; params, masters and moments start at zero. expert_comm:
+  // the expert-data-parallel group of the expert specs (above); nullptr: none, every owned spec in
+  // the primary unit (the layout of a model without expert parallelism).
   ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<std::string> names, const ZeroSettings& settings, Communicator* comm,
-              Allocator& allocator);
+              Allocator& allocator, Communicator* expert_comm = nullptr);
   ~ModelStates();
   ModelStates(const ModelStates&) = delete;
   ModelStates& operator=(const ModelStates&) = delete;
@@ -140,8 +169,12 @@ class ModelStates final : public OptimizerPartition {
   int stage() const { return s_.stage; }
   int rank() const;
   int world() const { return world_; }
+  // Layer i's primary unit; its expert unit (nullptr when it has none); every owned slot of layer i,
+  // primary unit then expert unit.
   const FlatLayout& layout(std::size_t i) const;
-  // The ParamSpec of an owned slot of layer i.
+  const FlatLayout* expert_layout(std::size_t i) const;
+  std::vector<const FlatSlot*> slots(std::size_t i) const;
+  // The ParamSpec of an owned slot of layer i (of either unit).
   const ParamSpec& spec(std::size_t i, const FlatSlot& slot) const { return specs_[i][slot.spec]; }
 
   // ---- the step loop's hooks ----
@@ -166,6 +199,7 @@ class ModelStates final : public OptimizerPartition {
   void set_gradient_all_reduce(bool on) { gradient_all_reduce_ = on; }
   bool gradient_all_reduce() const { return gradient_all_reduce_; }
   Communicator* communicator() const { return comm_; }
+  Communicator* expert_communicator() const { return expert_comm_; }
 
   // ---- the optimizer step ----
   // This rank's partition, every segment once, in shard order (the grads the step's norm reads).
@@ -230,25 +264,39 @@ class ModelStates final : public OptimizerPartition {
   std::int64_t peak_gathered_elements() const;                // stage 3: the most parameter elements gathered at once
 
  private:
+  // A layer's flat units and the layer's view of them (zero/model_states_units.h).
+  struct Unit;
   struct Layer;
-  // The constructor's build steps, in order (model_states.cpp).
+  // The constructor's build steps, in order (model_states.cpp; the layout and the partition in
+  // model_states_layout.cpp).
   struct LayoutSizes {
     std::int64_t full = 0;                 // elements of the layers kept whole (params_full_)
     std::int64_t shard = 0;                // elements of this rank's shard of every layer (the optimizer partition)
     std::vector<std::int64_t> unit_numel;  // stage 3: the partitioned layers' shards (the parameter store's units)
   };
   LayoutSizes lay_out_layers();
+  std::size_t add_unit(std::size_t layer, bool expert, LayoutSizes& sizes, std::int64_t& persisted);
+  void place_gradients();
   void allocate_params_and_grads(const LayoutSizes& sizes);
   std::vector<FlatRange> make_optimizer_store(std::int64_t shard);
   void cut_partition(const std::vector<FlatRange>& groups);
   void allocate_staging(const std::vector<FlatRange>& groups);
   void start_communication();
+  // Layer i's units (primary, then expert when it has one); the unit of layer i holding `slot`.
+  std::vector<std::size_t> unit_ids(std::size_t i) const;
+  const Unit& unit_of(std::size_t i, const FlatSlot& slot) const;
   void gather_layer(std::size_t j);
+  void gather_unit(Unit& u);
   void wait_layer(std::size_t j);
   void free_layer(std::size_t j);
+  void free_unit(Unit& u);
+  // after_backward's reduction of one unit, by stage.
+  void queue_all_reduce(const Unit& u);
+  void reduce_whole_grads(const Unit& u);
+  void reduce_transient_grads(Unit& u);
   // Writes `values` (any float dtype) at `offset` of a partitioned layer's shard, wherever it lives.
   void write_unit(std::size_t unit, std::int64_t offset, const Tensor& values);  // converted to the storage dtype
-  void flush_allreduce(std::int64_t begin, std::int64_t end);
+  void flush_allreduce(Communicator* comm, std::int64_t begin, std::int64_t end);
   struct Staging;
   Staging staging(std::int64_t numel) const;
   // wait(t): queue_->wait, then device work queued afterwards is ordered after t's own collectives
@@ -264,7 +312,9 @@ class ModelStates final : public OptimizerPartition {
   ZeroSettings s_;
   Communicator* comm_;
   int world_ = 1;
+  Communicator* expert_comm_ = nullptr;
   Allocator& alloc_;
+  std::vector<std::unique_ptr<Unit>> units_;  // every layer's units, layer order, primary before expert
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> names_;
   std::vector<std::vector<ParamSpec>> specs_;
@@ -297,7 +347,11 @@ class ModelStates final : public OptimizerPartition {
   // Stages 2-3: reductions of whole-layer gradients not yet known complete. Bounded, so that with
   // overlap_comm the backward cannot run ahead and hold every layer's whole gradients at once.
   std::vector<CommQueue::Ticket> reductions_in_flight_;
-  std::int64_t pending_begin_ = -1, pending_end_ = -1;  // stage 0: grads_full range awaiting all-reduce
+  // Stage 0: the grads_full_ range awaiting its all-reduce, per group (primary units', expert units').
+  struct PendingRange {
+    std::int64_t begin = -1, end = -1;
+  };
+  std::array<PendingRange, 2> pending_{};
   bool all_acquired_ = false;
   bool gradient_all_reduce_ = true;
 };
