@@ -139,6 +139,25 @@ void Engine::choose_memory(const EngineOptions& options) {
     im.sp_group = std::make_unique<CommunicatorSequenceGroup>(*im.sp);
     check_sequence_parallel_engine(im.allocator->device(), sp_ranks, im.sp->backend());
   }
+  if ((options.expert_parallel == nullptr) != (options.expert_data == nullptr)) {
+    fail("initialize: EngineOptions::expert_parallel and expert_data come together (the expert-parallel group and the ranks that hold the same "
+         "experts); one of them is null");
+  }
+  const int ep_ranks = options.expert_parallel != nullptr ? options.expert_parallel->world_size() : 1;
+  if (ep_ranks != model_.expert_parallel.ranks) {
+    fail("initialize: the model's layers were built for {} expert-parallel rank(s) but the engine's expert-parallel group has {}; build the model "
+         "with make_model(architecture, tp, sp, {{rank, {}}})",
+         model_.expert_parallel.ranks, ep_ranks, ep_ranks);
+  }
+  if (ep_ranks > 1) {
+    if (im.comm == nullptr || im.world % ep_ranks != 0 || options.expert_data->world_size() * ep_ranks != im.world) {
+      fail("initialize: an expert-parallel group of {} ranks and an expert-data group of {} must split the data group of {} ranks", ep_ranks,
+           options.expert_data->world_size(), im.world);
+    }
+    im.ep = options.expert_parallel;
+    im.ep_group = std::make_unique<CommunicatorExpertGroup>(*im.ep, im.host_value_staging());
+    check_expert_parallel_engine(im.config, im.allocator->device(), ep_ranks, im.ep->backend());
+  }
   if (options.pipeline != nullptr && options.pipeline->world_size() > 1) {
     im.pp = options.pipeline;
     im.pp_ties = options.pipeline_ties;
@@ -186,6 +205,7 @@ void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& o
     std::vector<const Layer*> layers;
     for (const auto& l : model_.layers) layers.push_back(l.get());
     check_layers_fit_group(layers, im.tp != nullptr ? im.tp->world_size() : 1);
+    check_layers_fit_expert_group(layers, im.ep_size());
   }
   if (model_.n_embd <= 0) fail("initialize: the model's n_embd (width of the residual stream) must be > 0, got {}", model_.n_embd);
 
@@ -270,14 +290,14 @@ void Engine::build_states(const config::DsConfig& config) {
   im.states = std::make_unique<ModelStates>(specs, names,
                                             zero_settings(config, storage, im.optimizer, *im.allocator, *im.host_allocator, im.io.get(),
                                                           im.comm != nullptr ? im.comm->rank() : 0),
-                                            im.comm, *im.allocator);
+                                            im.comm, *im.allocator, im.ep != nullptr ? im.options.expert_data : nullptr);
   im.optimizer.set_partitioned(config.zero_optimization.stage >= 1 && im.world > 1);
   if (config.optimizer.is_onebit()) im.onebit = std::make_unique<OneBitOptimizer>(config.optimizer, im.comm, *im.allocator);
   for (std::size_t i = 0; i < L; ++i) {
-    for (const FlatSlot& sl : im.states->layout(i).slots) {
-      const ParamSpec& ps = specs[i][sl.spec];
+    for (const FlatSlot* sl : im.states->slots(i)) {
+      const ParamSpec& ps = specs[i][sl->spec];
       im.by_name.emplace(ps.name, im.owned.size());
-      im.owned.push_back({ps, i, &sl});
+      im.owned.push_back({ps, i, sl});
       parameter_count_ += ps.shape.numel();
     }
   }
@@ -519,6 +539,7 @@ void Engine::forward_layer(std::size_t i, bool train, float* loss, bool recomput
   a.dloss = micro_batch_dloss();
   a.tensor_parallel = im.tp_group.get();
   a.sequence_parallel = im.sp_group.get();
+  a.expert_parallel = im.ep_group.get();
   a.moe = &im.moe;
   im.moe.recording = !recompute;  // a checkpointed recompute routes the same tokens again: counted once
   model_.layers[i]->forward(a);
@@ -609,6 +630,7 @@ std::chrono::steady_clock::duration Engine::backward_layer(std::size_t i, bool b
   a.loss_grad_done = model_.layers[i]->fuses_loss_grad();  // every training forward fused it (forward_layer)
   a.tensor_parallel = im.tp_group.get();
   a.sequence_parallel = im.sp_group.get();
+  a.expert_parallel = im.ep_group.get();
   a.moe = &im.moe;
   model_.layers[i]->backward(a);
   // Layer i's own gradients are complete (tied users come later in the model, so earlier in
@@ -734,15 +756,16 @@ void Engine::gather_master_params(const std::function<void(const std::string& na
   Impl& im = *impl_;
   im.states->gather_masters([&](std::size_t layer, const FlatSlot& slot, const Tensor& t) {
     const ParamSpec& spec = im.states->spec(layer, slot);
-    if (im.tp == nullptr || !spec.is_piece()) {
+    Communicator* group = im.piece_group(spec);
+    if (group == nullptr) {
       fn(spec.name, t);
       return;
     }
-    // Tensor parallelism: the whole parameter from the group's pieces.
+    // Tensor or expert parallelism: the whole parameter from the group's pieces.
     std::vector<float> host_piece(static_cast<std::size_t>(t.numel()));
     copy_tensor(Tensor(host_piece.data(), DType::fp32, t.shape), t);
     std::vector<float> whole(static_cast<std::size_t>(spec.whole_shape().numel()));
-    gather_whole(*im.tp, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()),
+    gather_whole(*group, spec, Tensor(host_piece.data(), DType::fp32, spec.shape), Tensor(whole.data(), DType::fp32, spec.whole_shape()),
                  im.host_value_staging());
     fn(spec.name, Tensor(whole.data(), DType::fp32, spec.whole_shape()));
   });

@@ -96,6 +96,14 @@ struct EngineOptions {
   // on the first and last stages), over which their gradients are summed every step: every rank of
   // those stages with this rank's tensor-parallel index. nullptr when this rank holds none.
   Communicator* pipeline_ties = nullptr;
+  // Expert parallelism (expert_parallel.autoep_size, docs/parallelism.md §8): the mesh's
+  // expert-parallel group — the EP ranks of `comm` whose experts differ, the model built with
+  // make_model(architecture, tp, sp, {ep rank, ep size}) — over which the MoE layers send their
+  // tokens to the experts' ranks and back, and the expert-data-parallel group (the ranks of `comm`
+  // holding the same experts) over which ZeRO shards, reduces and gathers the experts' parameters;
+  // the others stay sharded over `comm`. Both or neither; nullptr: no expert parallelism.
+  Communicator* expert_parallel = nullptr;
+  Communicator* expert_data = nullptr;
   // Per chunk of the model (Model::chunks), the most micro-batches whose activations it holds at
   // once (the schedule's max_in_flight): the activation sets the engine allocates. Empty: 1 each.
   std::vector<int> pipeline_in_flight{};

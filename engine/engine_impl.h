@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/activation_checkpointing.h"
+#include "engine/expert_parallel.h"
 #include "engine/engine.h"
 #include "engine/tensor_parallel.h"
 #include "engine/loss_scaler.h"
@@ -71,6 +72,13 @@ struct Engine::Impl {
   // Tensor parallelism (engine/tensor_parallel.h): the group the layers call, over options.tensor_parallel.
   std::unique_ptr<TensorParallelGroup> tp_group;
   Communicator* tp = nullptr;  // null: one tensor-parallel rank
+  // Expert parallelism (engine/expert_parallel.h): the MoE layers' group over options.expert_parallel.
+  std::unique_ptr<ExpertParallelGroup> ep_group;
+  Communicator* ep = nullptr;  // null: one expert-parallel rank
+  int ep_size() const { return ep != nullptr ? ep->world_size() : 1; }
+  // The group a parameter's pieces are cut across: the expert-parallel one for an expert stack, the
+  // tensor-parallel one for a cut parameter; null for a whole parameter.
+  Communicator* piece_group(const ParamSpec& spec) const { return !spec.is_piece() ? nullptr : spec.split.kind == SplitKind::experts ? ep : tp; }
   std::unique_ptr<SequenceParallelGroup> sp_group;
   Communicator* sp = nullptr;  // null: one sequence-parallel rank
   std::int64_t sp_local_targets = 0;  // this rank's counted targets of the current batch (sequence parallelism)

@@ -72,7 +72,10 @@ bool Engine::optimizer_step() {
   // The 1-bit optimizers' compressed phase: the backward did not all-reduce, each rank holds its own
   // gradients, and DeepSpeed clips them with their own (local) norm.
   const bool local_grads = im.onebit != nullptr && !im.states->gradient_all_reduce() && im.world > 1;
-  const bool counts_here = stage >= 1 || im.states->rank() == 0 || local_grads;  // stage 0: every rank holds the same averaged grads
+  // Stage 0: every rank holds the same averaged grads (under expert parallelism: the same experts'
+  // grads on the ranks of one expert-data group), and the first rank of the group counts them.
+  const bool partitioned = stage >= 1 || local_grads;
+  const bool counts_here = partitioned || im.states->rank() == 0 || im.ep != nullptr;
 
   if (im.mixed) {
     const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts
@@ -97,7 +100,8 @@ bool Engine::optimizer_step() {
   // with an inf/NaN names the overflow in the log, as DeepSpeed's ZeRO error message does.
   GradNormOverflow total;
   std::string first_bad;
-  if (counts_here && im.tp == nullptr && !has_copies) {
+  const bool expert_stage0 = im.ep != nullptr && !partitioned;
+  if (counts_here && im.tp == nullptr && !has_copies && !expert_stage0) {
     for (const PartitionSegment& sg : im.states->partitions()) {
       const GradNormOverflow r = grad_norm_overflow(sg.grads);
       if (r.overflow() && first_bad.empty()) first_bad = model_.layers[sg.layer]->name();
@@ -105,12 +109,16 @@ bool Engine::optimizer_step() {
     }
   } else if (counts_here) {
     // Tensor parallelism: a cut parameter's pieces add up over the group, a replicated one (the
-    // same gradient on every rank of the group) counts once — from tensor-parallel rank 0.
+    // same gradient on every rank of the group) counts once — from tensor-parallel rank 0. Expert
+    // parallelism at stage 0: the non-expert grads from data rank 0, each expert's from the first
+    // rank of its expert-data group.
+    const int expert_data_rank = im.ep != nullptr ? im.options.expert_data->rank() : 0;
     for (const PartitionSegment& sg : im.states->partitions()) {
       const std::size_t es = dtype_size(sg.grads.dtype);
       for (const TensorPiece& piece : sg.pieces) {
-        const bool cut = im.owned[static_cast<std::size_t>(piece.tensor)].spec.is_piece();
-        if (!cut && im.tp_rank() != 0) continue;
+        const ParamSpec& spec = im.owned[static_cast<std::size_t>(piece.tensor)].spec;
+        if (!is_tensor_piece(spec) && im.tp_rank() != 0) continue;
+        if (expert_stage0 && (is_expert_piece(spec) ? expert_data_rank : im.states->rank()) != 0) continue;
         if (pipeline_copy[static_cast<std::size_t>(piece.tensor)]) continue;
         const Tensor g(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(piece.offset) * es, sg.grads.dtype, Shape{piece.numel},
                        sg.grads.device);

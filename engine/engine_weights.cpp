@@ -60,7 +60,7 @@ void Engine::save_weights(const std::filesystem::path& path) {
     return;
   }
   const bool writer = rank() == 0 && (im.tp == nullptr || im.tp->rank() == 0);  // rank 0 of the whole mesh
-  if (im.config.zero_optimization.stage == 0 && device().is_cpu() && im.tp == nullptr) {
+  if (im.config.zero_optimization.stage == 0 && device().is_cpu() && im.tp == nullptr && im.ep == nullptr) {
     // The fp32 masters (= the params in fp32 training): the 16-bit copies would lose their digits.
     // Every rank holds them whole, in host memory; rank 0 writes.
     if (rank() == 0) arch.export_weights(path, [this](const std::string& n) { return master_param(n); });

@@ -1,5 +1,7 @@
 #include "engine/tensor_parallel.h"
 
+#include "engine/expert_parallel.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -33,7 +35,7 @@ void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks) 
   bool any_piece = false;
   for (const Layer* layer : layers) {
     for (const ParamSpec& p : layer->params()) {
-      if (!p.is_piece()) continue;
+      if (!is_tensor_piece(p)) continue;  // experts are cut across the expert-parallel group (engine/expert_parallel.h)
       any_piece = true;
       if (p.piece.ranks != ranks) {
         fail("initialize: parameter '{}' was built for {} tensor-parallel ranks but the engine's tensor-parallel group has {}; build the model with "

@@ -55,6 +55,12 @@ void Architecture::check_expert_parallel(int ranks) const {
   }
 }
 
+std::shared_ptr<const Architecture> Architecture::with_moe_config(const MoeConfig&) const {
+  fail("the model family '{}' has no mixture-of-experts layers, so expert_parallel's routing keys have nothing to configure; remove them (or the "
+       "section)",
+       family().name());
+}
+
 std::vector<std::unique_ptr<Layer>> Architecture::make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const {
   if (ep.ranks != 1) check_expert_parallel(ep.ranks);
   if (ep.ranks != 1)  // an override of check_expert_parallel that accepts, without layers that can use it

@@ -25,6 +25,7 @@
 #include "models/hf_param_names.h"
 #include "models/layer.h"
 #include "models/module_flops.h"
+#include "models/moe_config.h"
 #include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "ops/device.h"
@@ -111,6 +112,13 @@ class Architecture {
   // make_parallel_layers(tp, sp) for one expert-parallel rank, else check_expert_parallel's Error.
   // What a rank builds only: sizes, FLOPs and Hugging Face names stay the whole model's.
   virtual std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const;
+  // ---- mixtures of experts (models/moe_config.h) ----
+  // The model's mixture-of-experts settings; nullptr (the default) for a model without experts.
+  virtual const MoeConfig* moe_config() const { return nullptr; }
+  // The same model with `moe` for its mixture-of-experts settings (what a config's expert_parallel
+  // routing keys ask for: top_k, score_func, ...), validated. The default: an Error naming the family,
+  // which has no experts.
+  virtual std::shared_ptr<const Architecture> with_moe_config(const MoeConfig& moe) const;
   // ---- pipeline parallelism (models/pipeline_stage.h) ----
   // Error naming the config key when the model cannot be cut into `stages` pipeline stages (a loss
   // term that couples layers across stages: a mixture of experts' load-balancing loss). The

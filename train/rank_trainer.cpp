@@ -43,7 +43,10 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   Communicator* sp_comm = nullptr;
   TensorParallelRank tp;
   SequenceParallelRank sp;
-  if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1 || plan.mesh.pp > 1)) {
+  Communicator* ep_comm = nullptr;
+  Communicator* expert_data_comm = nullptr;
+  ExpertParallelRank ep;
+  if (comm != nullptr && plan.mesh.world() == comm->world_size() && (plan.mesh.tp > 1 || plan.mesh.sp > 1 || plan.mesh.pp > 1 || plan.mesh.ep > 1)) {
     mesh_.emplace(make_mesh_groups(*comm, plan.mesh));
     data_comm = mesh_->data.get();
     tp_comm = mesh_->tp.get();
@@ -54,6 +57,13 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
     if (sp.active()) sp = with_alst_tiles(sp, *plan.model, plan.mesh.tp, cfg.fp16.enabled || cfg.bf16.enabled ? 2 : 4);
     sp_layers_ = sp;
     tp_layers_ = tp;
+    if (plan.mesh.ep > 1) {
+      // Expert parallelism: this rank's experts, the ranks it sends tokens to, and the ranks that
+      // hold the same experts (ZeRO's group for them).
+      ep = {mesh_->coord.ep, plan.mesh.ep};
+      ep_comm = mesh_->ep.get();
+      expert_data_comm = mesh_->expert_data.get();
+    }
   }
   // The loaders read for the data-parallel ranks (the sequence-parallel ranks of one group read
   // the same sequences and each keeps its share of their tokens).
@@ -66,7 +76,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   seed_ = plan.resume ? plan.resume->seed : options.seed;
 
   // ---- engine ----
-  Model model = make_model(plan.model, tp, sp);
+  Model model = make_model(plan.model, tp, sp, ep);
   Communicator* pp_comm = nullptr;
   std::vector<int> in_flight;
   PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
@@ -87,6 +97,8 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
                               .sequence_parallel = sp_comm,
                               .pipeline = pp_comm,
                               .pipeline_ties = pipeline_ties_.get(),
+                              .expert_parallel = ep_comm,
+                              .expert_data = expert_data_comm,
                               .pipeline_in_flight = in_flight,
                               .pipeline_checkpoint_interval = plan.pipeline_checkpoint_interval,
                               .sequence_length = T_ / sp_ranks_,

@@ -26,6 +26,8 @@
 #include "train/pipeline_plan.h"
 #include "train/progress.h"
 #include "train/tensor_parallel_plan.h"
+#include "train/expert_parallel_plan.h"
+#include "engine/expert_parallel.h"
 #include "ops/error.h"
 #include "formats/hf_weights_file.h"
 #include "models/model_registry.h"
@@ -289,7 +291,7 @@ void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::opti
       pieces = fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
                            parameter_figure(e.rank_parameters));
   }
-  const std::string mesh = m.tp > 1 || m.sp > 1 || m.pp > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
+  const std::string mesh = m.tp > 1 || m.sp > 1 || m.pp > 1 || m.ep > 1 ? fmt::format(" of the mesh ({})", describe_mesh(m)) : "";
   const std::string figures =
       fmt::format("{} parameters{}; per rank{} at least params {} + grads {} + optimizer {} + activations {} = {}{}", parameter_figure(e.parameters),
                   pieces, mesh, format_estimate_bytes(e.params_device + e.params_host), format_estimate_bytes(e.grads),
@@ -421,6 +423,12 @@ void trainer_warn(const TrainerOptions& options, std::string_view text) {
 // tensor-parallel ranks, and what does not compose with tensor or sequence parallelism yet.
 void check_mesh_trains(const TrainingPlan& plan, const TrainerOptions& options) {
   const MeshShape& m = plan.mesh;
+  if (m.ep > 1) {
+    // Expert parallelism: the experts divide by EP (DeepSpeed's validate_autoep_post_detection), and
+    // the optimizer and the groups' backend can train them (engine/expert_parallel.h).
+    plan.model->check_expert_parallel(m.ep);
+    check_expert_parallel_engine(plan.config, plan.device, m.ep, plan.comm);
+  }
   if (m.tp <= 1 && m.sp <= 1) return;
   if (m.tp > 1) {
     plan.model->check_tensor_parallel(m.tp);
@@ -509,8 +517,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (!options.save_dir.empty()) outputs.push_back({options.save_dir, "--save-dir", true});
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----
-  plan.model = model_architecture(model_spec);
-  const Architecture& g = *plan.model;
+  // (The model as the spec gives it; the config's expert_parallel routing may replace plan.model
+  // below with a copy of other routing settings, of the same shape.)
+  const std::shared_ptr<const Architecture> spec_model = model_architecture(model_spec);
+  plan.model = spec_model;
+  const Architecture& g = *spec_model;
 
   // ---- config: resolved for the world size (train_batch_size = micro x GAS x world); --steps
   // fills "auto" total_num_steps of a scheduler, --warmup-steps its warmup_num_steps, the model's
@@ -537,6 +548,13 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     for (const std::string& r : plan.config.resolved_autos) trainer_print(options, fmt::format("auto: {}", r));
   }
   const config::DsConfig& cfg = plan.config;
+  {
+    // AutoEP's routing keys are the model's routing from here on (train/expert_parallel_plan.h).
+    ExpertParallelPlan ep = plan_expert_parallel(plan.model, cfg.expert_parallel);
+    plan.model = std::move(ep.model);
+    if (lead_process)
+      for (const std::string& line : ep.lines) trainer_print(options, line);
+  }
   if (lead_process && cfg.optimizer_source == config::OptimizerSource::default_adamw) {
     const config::OptimizerParams& p = cfg.optimizer.params;
     trainer_print(options, fmt::format("optimizer: the config has no \"optimizer\" block, so AdamW with the Hugging Face Trainer's defaults: lr {} "
@@ -566,11 +584,11 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // over the world (the config resolver has refused a stage count that does not divide it, naming
   // --pipeline-stages or pipeline.stages) ----
   plan.mesh = make_mesh_shape(plan.world, static_cast<int>(cfg.tensor_parallel_size), static_cast<int>(cfg.sequence_parallel_world_size),
-                              static_cast<int>(cfg.pipeline_parallel_size));
+                              static_cast<int>(cfg.pipeline_parallel_size), cfg.expert_parallel.ep_size());
 
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
   // model (train/trainer_checkpoints.h) ----
-  plan.resume = plan_resume(options, g, cfg);
+  plan.resume = plan_resume(options, *plan.model, cfg);
 
   // ---- the sequence length, the tokenizer, the memory the run needs ----
   const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions(), 1024);

@@ -3,6 +3,8 @@
 // loop is engine/engine.cpp; the file formats are engine/checkpoint/checkpoint_files.h.
 #include "engine/checkpoint/checkpoint_manager.h"
 
+#include "engine/expert_parallel.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,6 +44,9 @@ struct CheckpointMeshPosition {
   int pp_size = 1, pp_rank = 0;      // the pipeline group: its rank is the stage
   int data_size = 1, data_rank = 0;  // the engine's data group (DP x SP ranks of the stage)
   int tp_size = 1, tp_rank = 0;
+  // Expert parallelism at stage 0: the data ranks hold different experts, so every rank writes the
+  // values it alone saves (saves_piece), numbered as at stage >= 1.
+  bool every_rank_writes = false;
   int mesh_size() const { return pp_size * data_size * tp_size; }
   // (stage · data size + data rank) · TP + tensor-parallel rank: the pipeline outermost, so that
   // without one it is the mesh rank of a run without a pipeline (data rank · TP + tp rank).
@@ -51,8 +56,8 @@ struct CheckpointMeshPosition {
   // The rank file this rank writes: its mesh rank at ZeRO stage >= 1 (every rank writes its
   // partition), else (data rank 0 of each stage and tensor-parallel index writes the stage's
   // values) stage · TP + tensor-parallel rank, so that the files are numbered 0 .. PP·TP - 1.
-  int file(int zero_stage) const { return zero_stage >= 1 ? mesh_rank() : pp_rank * tp_size + tp_rank; }
-  int files(int zero_stage) const { return zero_stage >= 1 ? mesh_size() : pp_size * tp_size; }
+  int file(int zero_stage) const { return zero_stage >= 1 || every_rank_writes ? mesh_rank() : pp_rank * tp_size + tp_rank; }
+  int files(int zero_stage) const { return zero_stage >= 1 || every_rank_writes ? mesh_size() : pp_size * tp_size; }
 };
 
 // A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
@@ -138,10 +143,14 @@ std::set<std::string> unsaved_copies(const Model& model) {
 
 // Whether this rank saves owned piece p: a replicated parameter is the same on every rank of the
 // tensor-parallel group, and tensor-parallel rank 0 alone saves it; a cut one, every rank its piece;
-// a shared parameter's copy, no rank (its owner's stage saves it).
+// a shared parameter's copy, no rank (its owner's stage saves it). Expert parallelism at ZeRO stage
+// 0 (every rank holds its parameters whole): the experts from the first rank of each expert-data
+// group, the rest from data rank 0.
 bool saves_piece(const ModelStates& st, const OwnedPiece& p, int tp_rank, const std::set<std::string>& copies) {
   const ParamSpec& spec = st.spec(p.layer, *p.slot);
-  return !copies.contains(spec.name) && (tp_rank == 0 || spec.is_piece());
+  if (copies.contains(spec.name) || !(tp_rank == 0 || is_tensor_piece(spec))) return false;
+  if (st.stage() >= 1 || st.expert_communicator() == nullptr) return true;
+  return (is_expert_piece(spec) ? st.expert_communicator()->rank() : st.rank()) == 0;
 }
 
 // The runs of the owned pieces a save writes (`saving`: those saves_piece keeps) or a load fills
@@ -174,6 +183,7 @@ CheckpointMeshPosition CheckpointManager::position() const {
   p.data_rank = engine_.rank();
   p.tp_size = im.tp_size();
   p.tp_rank = im.tp_rank();
+  p.every_rank_writes = im.ep != nullptr;
   return p;
 }
 
@@ -242,6 +252,7 @@ config::Json CheckpointManager::manifest(const std::string& tag, const config::J
                       {"dtype", std::string(dtype_name(engine_.dims_.dtype))}};
   if (pos.tp_size > 1) layout["tensor_parallel"] = pos.tp_size;
   if (pos.pp_size > 1) layout["pipeline_stages"] = pos.pp_size;
+  if (im.ep != nullptr) layout["expert_parallel"] = im.ep_size();
   const LossScalerState ss = im.scaler.state();
   return config::Json{
       {"format", kCheckpointFormat},
@@ -368,7 +379,7 @@ std::string CheckpointManager::save(const std::filesystem::path& save_dir, std::
   const int stage = im.config.zero_optimization.stage;
   job->rank_files = pos.files(stage);
   const int file = pos.file(stage);
-  const bool writes = stage >= 1 || r == 0;
+  const bool writes = stage >= 1 || r == 0 || pos.every_rank_writes;
   const std::set<std::string> copies = unsaved_copies(engine_.model_);
   ModelStates& st = *im.states;
   std::vector<std::string> buffers{kMasterBuffer};
@@ -605,10 +616,12 @@ CheckpointScalars read_checkpoint_scalars(const config::Json& m, bool onebit) {
   const config::Json& layout = m.at("layout");
   const std::int64_t saved_tp = layout.value("tensor_parallel", std::int64_t{1});
   const std::int64_t saved_pp = layout.value("pipeline_stages", std::int64_t{1});
+  const std::int64_t saved_ep = layout.value("expert_parallel", std::int64_t{1});
   c.saved_layout =
-      fmt::format("ZeRO stage {} on {} rank(s){}{} in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
+      fmt::format("ZeRO stage {} on {} rank(s){}{}{} in {}", layout.value("zero_stage", -1), layout.value("world_size", -1),
                   saved_tp > 1 ? fmt::format(" (tensor-parallel {})", saved_tp) : std::string(),
-                  saved_pp > 1 ? fmt::format(" (pipeline stages {})", saved_pp) : std::string(), layout.value("dtype", std::string("?")));
+                  saved_pp > 1 ? fmt::format(" (pipeline stages {})", saved_pp) : std::string(),
+                  saved_ep > 1 ? fmt::format(" (expert-parallel {})", saved_ep) : std::string(), layout.value("dtype", std::string("?")));
   return c;
 }
 

@@ -139,6 +139,13 @@ std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_tensor_parallel_laye
   return make_llama_layers(cfg_, tp);
 }
 
+std::shared_ptr<const Architecture> LlamaArchitecture::with_moe_config(const MoeConfig& moe) const {
+  if (!cfg_.moe.active()) return Architecture::with_moe_config(moe);
+  LlamaConfig c = cfg_;
+  c.moe = moe;
+  return std::make_shared<LlamaArchitecture>(c);  // validates
+}
+
 std::shared_ptr<const Architecture> LlamaArchitecture::with_n_layer(std::int64_t n_layer) const {
   // Every block has the same parameters and cut; the sliding window's per-layer choice
   // (layer_types, max_window_layers) changes no parameter. A mixture of experts keeps its settings

@@ -40,6 +40,8 @@ class LlamaArchitecture final : public Architecture {
   // num_experts) divides by the ranks; each rank's sparse layers hold E/EP experts.
   void check_expert_parallel(int ranks) const override;
   std::vector<std::unique_ptr<Layer>> make_parallel_layers(TensorParallelRank tp, SequenceParallelRank sp, ExpertParallelRank ep) const override;
+  const MoeConfig* moe_config() const override { return cfg_.moe.active() ? &cfg_.moe : nullptr; }
+  std::shared_ptr<const Architecture> with_moe_config(const MoeConfig& moe) const override;
   void check_sequence(std::int64_t T, const Device& device) const override;
   // 6·N + 6·L·(n_head·head_dim)·T: PaLM's attention term with the query width, which Qwen3's
   // head_dim makes differ from the hidden size. N: the ACTIVE stored parameters — in a sparse

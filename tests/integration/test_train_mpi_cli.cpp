@@ -8,6 +8,7 @@
 // 12 stage x precision cells, gradient accumulation alternating 1 and 2, to stay fast.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -187,6 +188,71 @@ TEST(TrainMpiCliMesh, PipelineProcessesMatchLocalRanks) {
   EXPECT_NE(mpi.out.find("mesh: world 4 = pipeline 2 x data-parallel 1 x tensor-parallel 2"), std::string::npos) << mpi.out;
   EXPECT_EQ(read_file_text(w_mpi), read_file_text(w_local)) << "the saved weights differ";
   EXPECT_EQ(nlohmann::json::parse(read_file_text(s_mpi))["train_losses"], nlohmann::json::parse(read_file_text(s_local))["train_losses"]);
+}
+
+// Expert parallelism over MPI processes (docs/parallelism.md §8): a Mixtral-shaped model (4 experts,
+// top-2, the load-balancing loss) on 4 processes with expert_parallel.autoep_size 2 and 4, ZeRO 0-3,
+// fp32 and bf16 — the tokens travel to their experts' processes by MPI_Alltoallv, ZeRO shards the
+// experts over the expert-data-parallel communicator — trains bit-identically to --num-ranks 4 (the
+// local backend), and within a reduction-order bound of the same 4 ranks without expert parallelism
+// (every rank holding every expert): the same model trained the same way.
+struct EpCell {
+  int ep;
+  int stage;
+  std::string precision;
+};
+
+TEST(TrainMpiCliMesh, ExpertParallelProcessesMatchLocalRanksAndNoExpertParallelism) {
+  const fs::path dir = data_dir();
+  std::vector<EpCell> cells;
+  for (int stage : {0, 1, 2, 3})
+    for (const char* precision : {"fp32", "bf16"}) cells.push_back({2, stage, precision});
+  cells.push_back({4, 1, "fp32"});
+  cells.push_back({4, 3, "bf16"});
+  const auto q = [](const fs::path& p) { return shell_quote(p.string()); };
+  for (const EpCell& c : cells) {
+    const std::string name = "ep" + std::to_string(c.ep) + "_zero" + std::to_string(c.stage) + "_" + c.precision;
+    SCOPED_TRACE(name);
+    const auto config = [&](int ep) {
+      const fs::path p = dir / (name + (ep > 1 ? "" : "_noep") + ".json");
+      std::ofstream(p) << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1, )"
+                       << (c.precision == "bf16" ? R"("bf16": {"enabled": true}, )" : "")
+                       << R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+          "zero_optimization": {"stage": )"
+                       << c.stage << R"(, "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": true}, )"
+                       << R"("expert_parallel": {"enabled": )" << (ep > 1 ? "true" : "false") << R"(, "autoep_size": )" << ep << "}}";
+      return p;
+    };
+    const auto common = [&](const fs::path& cfg) {
+      return "train --deepspeed_config " + q(cfg) + " --model moe:L2-C32-H4-KV2-E4-K2-I24-V256-T32-aux0.05 --tokenizer bytes --data " +
+             q(dir / "t_train.bin") + " --seed 5 --sample-tokens 0 --val-interval 0 --steps 3";
+    };
+    const fs::path w_mpi = dir / (name + "_mpi.safetensors"), w_local = dir / (name + "_local.safetensors");
+    const fs::path s_mpi = dir / (name + "_mpi.json"), s_local = dir / (name + "_local.json"), s_noep = dir / (name + "_noep.json");
+    const CliResult mpi = run_dstrain(common(config(c.ep)) + " --comm mpi --save-weights " + q(w_mpi) + " --summary-json " + q(s_mpi),
+                                      std::string(DSTRAIN_MPIEXEC) + " 4");
+    ASSERT_EQ(mpi.exit_code, 0) << mpi.err << mpi.out;
+    EXPECT_NE(mpi.out.find("expert-parallel " + std::to_string(c.ep)), std::string::npos) << mpi.out;
+    const CliResult local = run_dstrain(common(config(c.ep)) + " --num-ranks 4 --save-weights " + q(w_local) + " --summary-json " + q(s_local));
+    ASSERT_EQ(local.exit_code, 0) << local.err << local.out;
+    EXPECT_EQ(read_file_text(w_mpi), read_file_text(w_local)) << "the saved weights differ";
+    const nlohmann::json a = nlohmann::json::parse(read_file_text(s_mpi));
+    EXPECT_EQ(a["train_losses"], nlohmann::json::parse(read_file_text(s_local))["train_losses"]);
+    // Without expert parallelism: the same losses up to the order of the gradient sums (the expert
+    // gradients summed over their senders, then averaged over the expert-data group, instead of
+    // averaged over all 4 ranks at once): fp32 1e-5, bf16 (each partial sum rounded) 2e-2 relative,
+    // as test_mesh_moe's bounds; a wrong expert average or all-to-all moves step 2's loss by more.
+    const CliResult noep = run_dstrain(common(config(1)) + " --num-ranks 4 --summary-json " + q(s_noep));
+    ASSERT_EQ(noep.exit_code, 0) << noep.err << noep.out;
+    const nlohmann::json b = nlohmann::json::parse(read_file_text(s_noep));
+    ASSERT_EQ(a["train_losses"].size(), 3u);
+    ASSERT_EQ(b["train_losses"].size(), 3u);
+    const double rtol = c.precision == "fp32" ? 1e-5 : 2e-2;
+    for (std::size_t k = 0; k < 3; ++k) {
+      const double x = a["train_losses"][k].get<double>(), y = b["train_losses"][k].get<double>();
+      EXPECT_LE(std::abs(x - y), rtol * std::abs(y)) << "step " << k + 1 << ": " << x << " with expert parallelism, " << y << " without";
+    }
+  }
 }
 
 // Bad combinations are refused before step 1, naming the option and the fix.

@@ -38,6 +38,8 @@ struct MeshRun {
   // (models/stage_partition.h), run by `schedule` (engine/pipeline_schedule.h).
   int pp = 1;
   int vstages = 1;
+  // Expert parallelism: expert_parallel.autoep_size, ep of the dp ranks splitting the experts.
+  int ep = 1;
   PipelineScheduleKind schedule = PipelineScheduleKind::one_f_one_b;
   const char* partition = "uniform";
   std::int64_t pp_ckpt_interval = 0;  // pipeline.activation_checkpoint_interval
@@ -65,7 +67,7 @@ struct MeshRun {
   std::optional<double> grad_norm_rtol{};
 };
 
-inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp, float dropout = 0.0f) {
+inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp, float dropout = 0.0f, ExpertParallelRank ep = {}) {
   const std::string_view sv(spec);
   std::shared_ptr<const Architecture> arch = sv.starts_with("llama:")  ? llama_family().from_spec(spec)
                                              : sv.starts_with("gpt2:") ? gpt2_family().from_spec(spec)
@@ -75,7 +77,7 @@ inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParall
     c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = dropout;
     arch = std::make_shared<Gpt2Architecture>(c);
   }
-  return make_model(arch, tp, sp);
+  return make_model(arch, tp, sp, ep);
 }
 
 // The micro-batch of global slot `slot` of step `step` (zero_test_util.h's), with m.ignored set to
@@ -117,6 +119,7 @@ inline std::string mesh_config_json(const MeshRun& m) {
   json.pop_back();
   json += fmt::format(R"(, "tensor_parallel": {{"autotp_size": {}}}, "sequence_parallel_size": {})", m.tp, m.sp);
   if (m.pp > 1) json += fmt::format(R"(, "pipeline": {{"stages": {}, "activation_checkpoint_interval": {}}})", m.pp, m.pp_ckpt_interval);
+  if (m.ep > 1) json += fmt::format(R"(, "expert_parallel": {{"enabled": true, "autoep_size": {}}})", m.ep);
   json += "}";
   return json;
 }
@@ -148,7 +151,7 @@ inline RunResult run_mesh(const MeshRun& m) {
   g_pipeline_traces.assign(static_cast<std::size_t>(world), {});
   run_local_ranks(world, [&](Communicator& comm) {
     const int r = comm.rank();
-    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp, m.pp));
+    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp, m.pp, m.ep));
     const int t = mesh.coord.tp, q = mesh.coord.sp, d = mesh.coord.dp;
     RankResult& me = out.ranks[static_cast<std::size_t>(r)];
     config::ConfigOptions copts;
@@ -161,7 +164,11 @@ inline RunResult run_mesh(const MeshRun& m) {
     o.sequence_parallel = m.sp > 1 ? mesh.sp.get() : nullptr;
     o.sequence_length = kT / m.sp;
     o.checkpoint_activations = m.ckpt;
-    Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}, m.dropout);
+    if (m.ep > 1) {
+      o.expert_parallel = mesh.ep.get();
+      o.expert_data = mesh.expert_data.get();
+    }
+    Model model = build_model(m.model, {t, m.tp, m.shard_residual}, {q, m.sp, m.loss_tile_rows, m.mlp_tile_rows}, m.dropout, {mesh.coord.ep, m.ep});
     std::unique_ptr<Communicator> ties;
     if (m.pp > 1) {
       ties = make_test_pipeline_stage(comm, mesh, m.pp, m.vstages, m.schedule, m.gas, m.partition, model, o);

@@ -20,7 +20,7 @@ using namespace mesh_testing;
 // 4 experts of 24, top-2 renormalised (Mixtral), aux loss weight 0.05 in the objective.
 constexpr const char* kMoe = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied-norm-aux0.05";
 
-using Mesh = std::tuple<int, int, int>;  // tp, sp, dp
+using Mesh = std::tuple<int, int, int, int>;  // tp, sp, dp, ep (ep of the dp ranks split the experts)
 using Cell = std::tuple<Mesh, int, Precision>;
 
 class MoeMesh : public ::testing::TestWithParam<Cell> {};
@@ -28,7 +28,7 @@ class MoeMesh : public ::testing::TestWithParam<Cell> {};
 TEST_P(MoeMesh, MatchesOneRank) {
   const auto& [mesh, stage, precision] = GetParam();
   MeshRun m;
-  std::tie(m.tp, m.sp, m.dp) = mesh;
+  std::tie(m.tp, m.sp, m.dp, m.ep) = mesh;
   m.stage = stage;
   m.precision = precision;
   m.model = kMoe;
@@ -43,16 +43,35 @@ TEST_P(MoeMesh, MatchesOneRank) {
 
 std::string cell_name(const ::testing::TestParamInfo<Cell>& info) {
   const Mesh& mesh = std::get<0>(info.param);
-  return fmt::format("tp{}_sp{}_dp{}_stage{}_{}", std::get<0>(mesh), std::get<1>(mesh), std::get<2>(mesh), std::get<1>(info.param),
-                     precision_name(std::get<2>(info.param)));
+  return fmt::format("tp{}_sp{}_dp{}{}_stage{}_{}", std::get<0>(mesh), std::get<1>(mesh), std::get<2>(mesh),
+                     std::get<3>(mesh) > 1 ? fmt::format("_ep{}", std::get<3>(mesh)) : "", std::get<1>(info.param), precision_name(std::get<2>(info.param)));
 }
 
 INSTANTIATE_TEST_SUITE_P(DataParallelZero, MoeMesh,
-                         ::testing::Combine(::testing::Values(Mesh{1, 1, 2}), ::testing::Values(0, 1, 2, 3),
+                         ::testing::Combine(::testing::Values(Mesh{1, 1, 2, 1}), ::testing::Values(0, 1, 2, 3),
                                             ::testing::Values(Precision::fp32, Precision::bf16)),
                          cell_name);
 INSTANTIATE_TEST_SUITE_P(TensorAndSequenceParallel, MoeMesh,
-                         ::testing::Combine(::testing::Values(Mesh{2, 1, 1}, Mesh{1, 2, 1}, Mesh{2, 2, 1}), ::testing::Values(1),
+                         ::testing::Combine(::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{2, 2, 1, 1}), ::testing::Values(1),
+                                            ::testing::Values(Precision::fp32)),
+                         cell_name);
+
+// Expert parallelism (expert_parallel.autoep_size): the experts split across ep of the data-parallel
+// ranks, tokens sent to their experts' ranks and back, ZeRO sharding the experts over the
+// expert-data-parallel group and the rest over the data group — the same training as one rank.
+// Reducing the experts' gradients over the whole data group (different experts averaged together),
+// leaving out the 1/EP of their gradients, or counting an expert twice in the norm moves the
+// parameters or the norm beyond the bounds.
+INSTANTIATE_TEST_SUITE_P(ExpertParallelZero, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{1, 1, 2, 2}), ::testing::Values(0, 1, 2, 3),
+                                            ::testing::Values(Precision::fp32, Precision::bf16)),
+                         cell_name);
+INSTANTIATE_TEST_SUITE_P(ExpertParallelWide, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{1, 1, 4, 4}, Mesh{1, 1, 4, 2}), ::testing::Values(1, 3),
+                                            ::testing::Values(Precision::fp32)),
+                         cell_name);
+INSTANTIATE_TEST_SUITE_P(ExpertWithTensorAndSequenceParallel, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{2, 1, 2, 2}, Mesh{1, 2, 2, 2}), ::testing::Values(2),
                                             ::testing::Values(Precision::fp32)),
                          cell_name);
 

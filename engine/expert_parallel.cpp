@@ -1,0 +1,88 @@
+#include "engine/expert_parallel.h"
+
+#include "ops/buffer.h"
+#include "ops/error.h"
+#include "ops/kernels/tensor_ops.h"
+
+namespace dstrain {
+
+std::vector<std::int64_t> CommunicatorExpertGroup::exchange_counts(std::span<const std::int64_t> send_counts, std::int64_t n) {
+  const int W = comm_.world_size();
+  if (n < 1 || static_cast<std::int64_t>(send_counts.size()) != W * n)
+    fail("expert parallelism: exchange_counts got {} values for {} ranks of {} each", send_counts.size(), W, n);
+  if (n == 1) return comm_.exchange_counts(send_counts);
+  // n values per peer: one all_to_all of int32 (a micro-batch's token counts are far below 2^31;
+  // checked), through device memory where the group moves device memory.
+  std::vector<std::int32_t> send(send_counts.size()), recv(send_counts.size());
+  for (std::size_t i = 0; i < send.size(); ++i) {
+    if (send_counts[i] < 0 || send_counts[i] > INT32_MAX) fail("expert parallelism: a token count of {} is out of range", send_counts[i]);
+    send[i] = static_cast<std::int32_t>(send_counts[i]);
+  }
+  const Shape shape{static_cast<std::int64_t>(send.size())};
+  if (staging_ == nullptr) {
+    comm_.all_to_all(Tensor(send.data(), DType::int32, shape), Tensor(recv.data(), DType::int32, shape));
+  } else {
+    const Buffer b(*staging_, 2 * send.size() * sizeof(std::int32_t), MemoryPurpose::buffers);
+    const Tensor ds = b.tensor(DType::int32, shape);
+    const Tensor dr = b.tensor(DType::int32, shape, send.size() * sizeof(std::int32_t));
+    copy_tensor(ds, Tensor(send.data(), DType::int32, shape));
+    comm_.all_to_all(ds, dr);
+    comm_.order_compute_after_collectives();
+    copy_tensor(Tensor(recv.data(), DType::int32, shape), dr);
+  }
+  return std::vector<std::int64_t>(recv.begin(), recv.end());
+}
+
+void CommunicatorExpertGroup::all_to_all_v(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv,
+                                           std::span<const std::int64_t> recv_counts) {
+  comm_.all_to_all_v(send, send_counts, recv, recv_counts);
+  comm_.order_compute_after_collectives();  // the layer reads recv next (NCCL: a stream of its own)
+}
+
+void check_layers_fit_expert_group(std::span<const Layer* const> layers, int ranks) {
+  bool any_piece = false;
+  for (const Layer* layer : layers) {
+    for (const ParamSpec& p : layer->params()) {
+      if (!is_expert_piece(p)) continue;
+      any_piece = true;
+      if (p.piece.ranks != ranks) {
+        fail("initialize: parameter '{}' was built for {} expert-parallel ranks but the engine's expert-parallel group has {}; build the model with "
+             "make_model(architecture, tp, sp, {{rank, {}}})",
+             p.name, p.piece.ranks, ranks, ranks);
+      }
+    }
+  }
+  if (ranks > 1 && !any_piece) {
+    fail("initialize: the engine has an expert-parallel group of {} ranks but the model's layers hold every expert whole; build the model with "
+         "make_model(architecture, tp, sp, {{rank, {}}})",
+         ranks, ranks);
+  }
+}
+
+void check_expert_parallel_engine(const config::DsConfig& config, const Device& device, int ep_ranks, std::string_view ep_backend) {
+  if (ep_ranks <= 1) return;
+  using config::OptimizerKind;
+  const OptimizerKind k = config.optimizer.kind;
+  if (k == OptimizerKind::lamb || k == OptimizerKind::muon || k == OptimizerKind::adafactor || config.optimizer.is_onebit()) {
+    fail(
+        "optimizer.type \"{}\" with expert_parallel.autoep_size {}: its rule reads each parameter tensor whole (a trust ratio, an "
+        "orthogonalised matrix, factored statistics or one compression scale), and each expert-parallel rank holds only its own experts of "
+        "every expert stack, so each rank would take another step. Fix: an element-wise optimizer (Adam, AdamW, SGD, Lion, Adagrad, RMSprop), "
+        "or expert_parallel.enabled false",
+        config.optimizer.type, ep_ranks);
+  }
+  // The layers exchange their tokens in place, in the training device's memory.
+  if (device.is_cuda() && ep_backend == "mpi") {
+    fail("expert_parallel.autoep_size {} on {} over the mpi backend: the MoE layers move their tokens in device memory, and the MPI backend "
+         "communicates host memory only; use the nccl backend (one process per GPU) or the local backend (ranks sharing the GPU), or train on "
+         "the CPU",
+         ep_ranks, device.str());
+  }
+  if (!device.is_cuda() && ep_backend == "nccl") {
+    fail("expert_parallel.autoep_size {} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or use "
+         "the local or mpi backend",
+         ep_ranks, device.str());
+  }
+}
+
+}  // namespace dstrain
