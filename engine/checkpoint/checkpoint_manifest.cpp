@@ -157,19 +157,29 @@ class ManifestFields {
             fmt::format("it must divide layout.world_size {} / layout.tensor_parallel {} (pipeline x data-parallel)", world, tp));
       }
     }
+    // Expert parallelism (absent: none): EP ranks of the data group hold different experts.
+    std::int64_t ep = 1;
+    if (member(layout, "layout", "expert_parallel", false) != nullptr) {
+      ep = integer(layout, "layout", "expert_parallel", 1, kMaxWorld);
+      if ((world / tp / pp) % ep != 0) {
+        bad("layout.expert_parallel", fmt::format("{}", ep),
+            fmt::format("it must divide the data-parallel ranks, layout.world_size {} / (tensor-parallel {} x pipeline {})", world, tp, pp));
+      }
+    }
     const Json& ranks = *member(m_, "", "ranks");
     if (!ranks.is_array()) bad("ranks", ranks, "it must be a list of rank indexes");
     // ZeRO stage >= 1: every rank wrote its partition; stage 0: data-parallel rank 0 alone wrote the
     // whole — one rank, or each of the tensor-parallel ranks its pieces, of every pipeline stage
-    // (docs/checkpoints.md "Files").
-    const std::int64_t files = stage >= 1 ? world : tp * pp;
+    // (docs/checkpoints.md "Files") — except under expert parallelism, where the data ranks hold
+    // different experts and every rank writes a file (those that save nothing, an empty one).
+    const std::int64_t files = stage >= 1 || ep > 1 ? world : tp * pp;
     if (static_cast<std::int64_t>(ranks.size()) != files) {
       bad("ranks", fmt::format("a list of {} rank file{}", ranks.size(), ranks.size() == 1 ? "" : "s"),
           fmt::format("layout.world_size {}{}{} at layout.zero_stage {} writes {}", world,
                       tp > 1 ? fmt::format(" with layout.tensor_parallel {}", tp) : std::string(),
                       pp > 1 ? fmt::format(" and layout.pipeline_stages {}", pp) : std::string(), stage,
                       files == 1   ? std::string("one rank file")
-                      : stage >= 1 ? fmt::format("{} rank files, one per rank", files)
+                      : stage >= 1 || ep > 1 ? fmt::format("{} rank files, one per rank", files)
                       : pp > 1     ? fmt::format("{} rank files, one per pipeline stage and tensor-parallel rank", files)
                                    : fmt::format("{} rank files, one per tensor-parallel rank", files)));
     }
