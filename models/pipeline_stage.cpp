@@ -86,6 +86,7 @@ Model make_pipeline_stage_model(Model whole, const StageParts& parts, int stages
   m.vocab_size = whole.vocab_size;
   m.sequence_parallel_ranks = whole.sequence_parallel_ranks;
   m.tensor_parallel = whole.tensor_parallel;
+  m.expert_parallel = whole.expert_parallel;
   m.whole_layers = L;
   for (int v : mine) {
     ModelChunk c;

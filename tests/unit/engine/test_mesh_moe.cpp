@@ -75,5 +75,33 @@ INSTANTIATE_TEST_SUITE_P(ExpertWithTensorAndSequenceParallel, MoeMesh,
                                             ::testing::Values(Precision::fp32)),
                          cell_name);
 
+// Expert parallelism inside each pipeline stage (PP 2 x EP 2 on 4 ranks; the load-balancing loss
+// off, which a pipeline refuses): each stage's data group splits its experts.
+TEST(MoeMeshPipeline, PipelineWithExpertParallelMatchesOneRank) {
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(fmt::format("ZeRO stage {}", stage));
+    MeshRun m;
+    m.pp = 2;
+    m.dp = 2;
+    m.ep = 2;
+    m.gas = 2;
+    m.stage = stage;
+    m.model = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied-norm";
+    check_against_one_rank(m);
+  }
+}
+
+// Activation checkpointing: the recompute exchanges the tokens again, on every rank in the same
+// order, and trains as one rank does.
+TEST(MoeMeshCheckpointing, ExpertParallelRecomputeMatchesOneRank) {
+  MeshRun m;
+  m.dp = 2;
+  m.ep = 2;
+  m.stage = 2;
+  m.ckpt = true;
+  m.model = kMoe;
+  check_against_one_rank(m);
+}
+
 }  // namespace
 }  // namespace dstrain
