@@ -228,7 +228,7 @@ TEST(TrainMpiCliMesh, ExpertParallelProcessesMatchLocalRanksAndNoExpertParalleli
              q(dir / "t_train.bin") + " --seed 5 --sample-tokens 0 --val-interval 0 --steps 3";
     };
     const fs::path w_mpi = dir / (name + "_mpi.safetensors"), w_local = dir / (name + "_local.safetensors");
-    const fs::path s_mpi = dir / (name + "_mpi.json"), s_local = dir / (name + "_local.json"), s_noep = dir / (name + "_noep.json");
+    const fs::path s_mpi = dir / (name + "_mpi.json"), s_local = dir / (name + "_local.json"), s_noep = dir / (name + "_noep_summary.json");
     const CliResult mpi = run_dstrain(common(config(c.ep)) + " --comm mpi --save-weights " + q(w_mpi) + " --summary-json " + q(s_mpi),
                                       std::string(DSTRAIN_MPIEXEC) + " 4");
     ASSERT_EQ(mpi.exit_code, 0) << mpi.err << mpi.out;
