@@ -66,6 +66,9 @@ INSTANTIATE_TEST_SUITE_P(ExpertParallelZero, MoeMesh,
                          ::testing::Combine(::testing::Values(Mesh{1, 1, 2, 2}), ::testing::Values(0, 1, 2, 3),
                                             ::testing::Values(Precision::fp32, Precision::bf16)),
                          cell_name);
+INSTANTIATE_TEST_SUITE_P(ExpertParallelFp16, MoeMesh,
+                         ::testing::Combine(::testing::Values(Mesh{1, 1, 2, 2}), ::testing::Values(1, 3), ::testing::Values(Precision::fp16)),
+                         cell_name);
 INSTANTIATE_TEST_SUITE_P(ExpertParallelWide, MoeMesh,
                          ::testing::Combine(::testing::Values(Mesh{1, 1, 4, 4}, Mesh{1, 1, 4, 2}), ::testing::Values(1, 3),
                                             ::testing::Values(Precision::fp32)),
