@@ -250,9 +250,13 @@ void RankTrainer::announce() {
   // the generator is rebuilt at every sample) ----
   // Its own allocator, so the run's peak memory stays the engine's; on the engine's device.
   sample_allocator_ = make_device_allocator(engine.device());
-  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1 && plan_.mesh.pp <= 1;
+  samples_ = options_.sample_tokens > 0 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1 && plan_.mesh.pp <= 1 && plan_.mesh.ep <= 1;
   if (options_.sample_tokens > 0 && !samples_ && lead()) {
-    trainer_warn(options_, plan_.mesh.pp > 1 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1
+    trainer_warn(options_, plan_.mesh.ep > 1 && plan_.mesh.pp <= 1 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1
+                               ? fmt::format("no samples (--sample-tokens {}): each expert-parallel rank holds only its experts, and the sampler "
+                                             "runs the whole model on one rank; give --sample-tokens 0 to silence this",
+                                             options_.sample_tokens)
+                           : plan_.mesh.pp > 1 && plan_.mesh.tp <= 1 && plan_.mesh.sp <= 1
                                ? fmt::format("no samples (--sample-tokens {}): each pipeline stage holds only its layers, and the sampler runs the "
                                              "whole model on one rank; give --sample-tokens 0 to silence this",
                                              options_.sample_tokens)

@@ -73,6 +73,18 @@ TEST(CliCheckConfig, PipelineExampleCountsDataParallelRanks) {
   EXPECT_EQ(bad.exit_code, 2) << bad.out;
 }
 
+// The expert-parallel example (autoep_size 4): the EP split of the data-parallel ranks; a world
+// whose data-parallel size 4 does not divide is refused naming the key and the sizes that would.
+TEST(CliCheckConfig, ExpertParallelExampleSplitsTheDataParallelRanks) {
+  auto r = run_dstrain("check-config " + shell_quote(example("expert_parallel_cpu.json")) + " --world-size 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("data-parallel 4 (expert-parallel 4 x expert-data-parallel 1)"));
+  EXPECT_THAT(r.out, HasSubstr("expert parallelism: autoep_size 4, preset_model mixtral"));
+  auto bad = run_dstrain("check-config " + shell_quote(example("expert_parallel_cpu.json")) + " --world-size 6");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.err, HasSubstr("expert_parallel.autoep_size 4 does not divide the data-parallel size 6"));
+}
+
 TEST(CliCheckConfig, BatchMismatchExitsTwoWithDeepSpeedsNumbers) {
   // TBS 32, MBS 3 on 2 ranks: GAS = (32 // 3) // 2 = 5, and 32 != 3 * 5 * 2 (docs/batch.md §2).
   const std::string cfg = write_temp("dstrain_cli_batch.json", R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})");
