@@ -25,7 +25,7 @@ struct EstimateMemoryArgs {
 
 void run_estimate_memory(const EstimateMemoryArgs& args) {
   const ConfigText text = load_config_argument(args.config);
-  const std::shared_ptr<const Architecture> model = model_architecture(args.model);
+  std::shared_ptr<const Architecture> model = model_architecture(args.model);
 
   // The config as `train` resolves it for this world size: the model's width fills "auto" hidden
   // sizes, and a config without an optimizer block trains with the HF Trainer's AdamW.
@@ -43,12 +43,23 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   for (const config::Warning& w : cfg.warnings)
     std::fprintf(stderr, "warning: %s%s%s\n", w.path.c_str(), w.path.empty() ? "" : ": ", w.message.c_str());
 
+  // The config's expert_parallel routing keys against the model, as train reads them (refused here
+  // what train refuses: a dense model, a preset of another model_type, ...; the shape is the same).
+  std::vector<std::string> ep_lines;
+  {
+    ExpertParallelPlan ep = plan_expert_parallel(model, cfg.expert_parallel);
+    model = std::move(ep.model);
+    ep_lines = std::move(ep.lines);
+  }
+
   const std::int64_t T = args.sequence_length ? *args.sequence_length : std::min<std::int64_t>(model->n_positions(), 1024);
   model->check_sequence(T, Device::cpu());
   // The device mesh of the config over --num-ranks (docs/parallelism.md §1): the figures are one
   // rank's of it, and what train refuses of the mesh is refused here too.
   const MeshShape mesh = make_mesh_shape(static_cast<int>(cfg.world_size), static_cast<int>(cfg.tensor_parallel_size),
-                                         static_cast<int>(cfg.sequence_parallel_world_size), static_cast<int>(cfg.pipeline_parallel_size));
+                                         static_cast<int>(cfg.sequence_parallel_world_size), static_cast<int>(cfg.pipeline_parallel_size),
+                                         cfg.expert_parallel.ep_size());
+  if (mesh.ep > 1) model->check_expert_parallel(mesh.ep);
   if (mesh.tp > 1) model->check_tensor_parallel(mesh.tp);
   if (mesh.sp > 1) {
     model->check_sequence_parallel(mesh.sp, mesh.tp);
@@ -69,10 +80,11 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
     for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     if (model->n_layer() > 65534) fail("{} has more than 65536 layers; the engine trains at most 65536", args.model);
     const StageParts parts = partition_layers(model->make_layers(), static_cast<std::size_t>(mesh.pp), cfg.pipeline.partition);
-    const std::vector<double> params = pipeline_stage_parameters(*model, cfg, parts, mesh.pp);
+    std::vector<double> experts;
+    const std::vector<double> params = pipeline_stage_parameters(*model, cfg, parts, mesh.pp, &experts);
     int heaviest = 0;
     for (int s = 0; s < mesh.pp; ++s) {
-      const MemoryEstimate es = estimate_pipeline_stage_memory(*model, cfg, T, params, s, false);
+      const MemoryEstimate es = estimate_pipeline_stage_memory(*model, cfg, T, params, s, false, experts);
       if (s == 0 || es.device() + es.host() > e.device() + e.host()) {
         e = es;
         heaviest = s;
@@ -84,14 +96,22 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   const config::StatePlacement& placement = cfg.placement();
 
   std::string out = fmt::format("model {}: {}\n", args.model, model->describe());
+  for (const std::string& line : ep_lines) out += line + "\n";
   out += fmt::format("config {}: ZeRO stage {}, {}, {} rank(s), micro-batch {} x T {}, optimizer {} (in {}), parameters in {}\n", text.origin,
                      cfg.zero_optimization.stage, config::to_string(cfg.precision()), cfg.world_size, cfg.train_micro_batch_size_per_gpu, T,
                      cfg.optimizer.type, state_home_name(placement.optimizer), state_home_name(placement.params));
-  if (mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1) {
-    out += fmt::format("mesh: {}; ZeRO partitions over the {} data-parallel x sequence-parallel ranks of a tensor-parallel index{}\n",
-                       describe_mesh(mesh), mesh.dp * mesh.sp, mesh.pp > 1 ? " of a stage" : "");
+  const bool meshed = mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1 || mesh.ep > 1;
+  if (meshed) {
+    out += fmt::format("mesh: {}; ZeRO partitions over the {} data-parallel x sequence-parallel ranks of a tensor-parallel index{}{}\n",
+                       describe_mesh(mesh), mesh.dp * mesh.sp, mesh.pp > 1 ? " of a stage" : "",
+                       mesh.ep > 1 ? fmt::format(", the experts over the {} ranks holding the same ones", mesh.edp() * mesh.sp) : std::string());
   }
   out += pipeline_line;
+  if (mesh.ep > 1) {
+    out += fmt::format("expert-parallel rank 0 stores 1/{} of the experts ({} parameters) and the rest whole{}: {} of the {} parameters\n",
+                       mesh.ep, format_count(e.expert_parameters), mesh.tp > 1 ? " or its tensor-parallel pieces" : "",
+                       format_count(e.rank_parameters), format_count(e.parameters));
+  }
   if (mesh.tp > 1) {
     out += fmt::format(
         "tensor-parallel rank 0 (the largest) stores {} of the {} parameters: its pieces of the cut ones, the replicated ones "
@@ -100,7 +120,7 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   }
   out +=
       fmt::format("\ndstrain's estimate per rank{} (the lower bound train's pre-flight checks against the memory there is; docs/offload.md §11):\n",
-                  mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1 ? " of the mesh" : "");
+                  meshed ? " of the mesh" : "");
   const auto row = [&out](const char* purpose, double device, double host, double nvme) {
     out += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", purpose, format_estimate_bytes(device), format_estimate_bytes(host),
                        format_estimate_bytes(nvme));
@@ -146,8 +166,8 @@ void run_estimate_memory(const EstimateMemoryArgs& args) {
   }
   out += format_deepspeed_estimates(rows, total, largest, cfg.world_size, 1, zero3, marked);
   out += "(DeepSpeed's figures assume 16-bit params and Adam; its CPU column is per node, and counts the model's load into host memory.)\n";
-  if (mesh.tp > 1 || mesh.sp > 1 || mesh.pp > 1) {
-    out += fmt::format("(They know no tensor, sequence or pipeline parallelism: the whole model's states over all {} ranks.)\n", cfg.world_size);
+  if (meshed) {
+    out += fmt::format("(They know no tensor, sequence, pipeline or expert parallelism: the whole model's states over all {} ranks.)\n", cfg.world_size);
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
 }

@@ -73,6 +73,7 @@
 #include "train/flops_report.h"
 #include "train/memory_estimate.h"
 #include "train/pipeline_plan.h"
+#include "train/expert_parallel_plan.h"
 #include "train/deepspeed_memory_estimate.h"
 #include "train/rank_trainer.h"
 #include "train/sample_printer.h"

@@ -37,7 +37,7 @@ namespace {
 // Moves the offloaded shares of e's params and optimizer off the device (memory_estimate.h says
 // where; the engine's stores: engine.cpp make_state_stores, docs/offload.md).
 // b: bytes per stored parameter element.
-void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const config::StatePlacement& placement, double W, double b) {
+void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const config::StatePlacement& placement, double b) {
   const config::ZeroConfig& z = cfg.zero_optimization;
   if (placement.params != StateHome::device) {
     const config::OffloadParamConfig& poff = *z.offload_param;
@@ -48,7 +48,7 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
       // NvmeParamStore keeps the units, in order, while their running total fits max_in_cpu: all of
       // them when it covers the partition; otherwise an unknown prefix (0 as the lower bound) and
       // buffer_count buffers of the largest swapped unit (at least one element: the bound again).
-      const double partition = e.rank_parameters / W;
+      const double partition = e.zero_partition();
       if (static_cast<double>(poff.max_in_cpu) >= partition) {
         e.params_host = e.params;
       } else {
@@ -61,7 +61,7 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
   const config::OffloadOptimizerConfig& off = *z.offload_optimizer;
   // Sub-groups of sub_group_size elements over the rank's partition; the first int((1 - ratio)·N)
   // stay on the device (SplitStateStore::device_groups), only at stage 3.
-  const double partition = e.rank_parameters / W;
+  const double partition = e.zero_partition();
   // StateStoreLayout::cut's step: sub_group_size rounded down to a multiple of 16 elements.
   const std::int64_t step = z.sub_group_size > 16 ? z.sub_group_size - z.sub_group_size % 16 : std::max<std::int64_t>(z.sub_group_size, 1);
   const double group = std::min(static_cast<double>(step), partition);
@@ -86,41 +86,67 @@ void place_offloaded(MemoryEstimate& e, const config::DsConfig& cfg, const confi
 }
 
 // Elements of the parameters `layers` store (a tied parameter is its owner's), in double: the
-// shapes of an absurd descriptor (C = 2^32) overflow Shape::numel's int64.
-double stored_elements(const std::vector<std::unique_ptr<Layer>>& layers) {
-  double n = 0.0;
+// shapes of an absurd descriptor (C = 2^32) overflow Shape::numel's int64. `experts`: of them, the
+// expert-parallel rank's pieces of the expert stacks (engine/expert_parallel.h is_expert_piece),
+// which ZeRO partitions over the expert-data group instead of the data group.
+struct StoredCount {
+  double all = 0.0;
+  double experts = 0.0;
+};
+
+double elements_of(const ParamSpec& p) {
+  double elements = 1.0;
+  for (int d = 0; d < p.shape.rank; ++d) elements *= static_cast<double>(p.shape[d]);
+  return elements;
+}
+
+bool expert_piece(const ParamSpec& p) { return p.is_piece() && p.split.kind == SplitKind::experts; }
+
+StoredCount stored_elements(const std::vector<std::unique_ptr<Layer>>& layers) {
+  StoredCount n;
   for (const auto& layer : layers) {
     for (const ParamSpec& p : layer->params()) {
       if (p.tied()) continue;
-      double elements = 1.0;
-      for (int d = 0; d < p.shape.rank; ++d) elements *= static_cast<double>(p.shape[d]);
-      n += elements;
+      const double elements = elements_of(p);
+      n.all += elements;
+      if (expert_piece(p)) n.experts += elements;
     }
   }
   return n;
 }
 
-// The parameters tensor-parallel rank 0 of `tp_ranks` stores: its pieces of the cut parameters and
-// the replicated ones whole, from the layers' own specs (ParamSpec::split, piece_spec). Rank 0 holds
-// the most of every cut (n units over W ranks give rank r n / W + (r < n % W)), so this is the
-// largest rank's. Of a family that copies its shape with fewer blocks (Architecture::with_n_layer)
-// only a one- and a two-block copy are built: their difference is one block, and the model has
-// n_layer of them.
-double tensor_parallel_rank_parameters(const Architecture& model, int tp_ranks) {
-  const TensorParallelRank rank0{0, tp_ranks};
+// The layers of tensor-parallel rank 0 of `tp_ranks` and expert-parallel rank 0 of `ep_ranks` (one
+// sequence-parallel rank: Ulysses replicates the weights).
+std::vector<std::unique_ptr<Layer>> rank0_layers(const Architecture& model, int tp_ranks, int ep_ranks) {
+  if (ep_ranks > 1) return model.make_parallel_layers(TensorParallelRank{0, tp_ranks}, SequenceParallelRank{}, ExpertParallelRank{0, ep_ranks});
+  return model.make_tensor_parallel_layers(TensorParallelRank{0, tp_ranks});
+}
+
+// The parameters tensor-parallel rank 0 of `tp_ranks` and expert-parallel rank 0 of `ep_ranks`
+// store: its pieces of the cut parameters, its E / EP experts of every sparse layer, and the
+// replicated ones whole, from the layers' own specs (ParamSpec::split, piece_spec). Rank 0 holds
+// the most of every tensor-parallel cut (n units over W ranks give rank r n / W + (r < n % W)), so
+// this is the largest rank's; every expert-parallel rank holds as many experts. Of a family that
+// copies its shape with fewer blocks (Architecture::with_n_layer) only a one- and a two-block copy
+// are built: their difference is one block, and the model has n_layer of them.
+StoredCount rank0_parameters(const Architecture& model, int tp_ranks, int ep_ranks) {
   const std::shared_ptr<const Architecture> one = model.with_n_layer(1), two = model.with_n_layer(2);
-  if (!one || !two) return stored_elements(model.make_tensor_parallel_layers(rank0));
-  const double with_one = stored_elements(one->make_tensor_parallel_layers(rank0));
-  const double block = stored_elements(two->make_tensor_parallel_layers(rank0)) - with_one;
-  return with_one + static_cast<double>(model.n_layer() - 1) * block;
+  if (!one || !two) return stored_elements(rank0_layers(model, tp_ranks, ep_ranks));
+  const StoredCount with_one = stored_elements(rank0_layers(*one, tp_ranks, ep_ranks));
+  const StoredCount with_two = stored_elements(rank0_layers(*two, tp_ranks, ep_ranks));
+  const double blocks = static_cast<double>(model.n_layer() - 1);
+  return {with_one.all + blocks * (with_two.all - with_one.all), with_one.experts + blocks * (with_two.experts - with_one.experts)};
 }
 
 // Ψ stored parameters, Ψ_r of them on one rank (its tensor-parallel pieces and the replicated ones),
-// Vp the padded vocabulary (the logits' width, the largest activation).
-MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, const config::DsConfig& cfg, std::int64_t T) {
+// `expert_parameters` of those its expert-parallel pieces, Vp the padded vocabulary (the logits'
+// width, the largest activation).
+MemoryEstimate estimate(double parameters, double rank_parameters, double expert_parameters, double Vp, const config::DsConfig& cfg,
+                        std::int64_t T) {
   MemoryEstimate e;
   e.parameters = parameters;
   e.rank_parameters = rank_parameters;
+  e.expert_parameters = expert_parameters;
   const config::StatePlacement placement = cfg.placement();
   const bool mixed = placement.mixed_precision;
   const double b = mixed ? 2.0 : 4.0;
@@ -130,9 +156,15 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, co
   const std::int64_t tp = std::max<std::int64_t>(1, cfg.tensor_parallel_size), sp = std::max<std::int64_t>(1, cfg.sequence_parallel_world_size);
   const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size) * sp);
   e.zero_ranks = W;
-  const double psi = e.rank_parameters;
-  e.params = psi * b / (stage >= 3 ? W : 1.0);
-  e.grads = psi * b / (stage >= 2 ? W : 1.0);
+  // Expert parallelism: a rank's expert pieces are partitioned over the expert-data group, the
+  // W / EP ranks holding the same experts (zero/device_mesh.h); the rest over the data group.
+  const double EP = static_cast<double>(std::max(1, cfg.expert_parallel.ep_size()));
+  e.expert_zero_ranks = W / EP;
+  const double psi = e.rank_parameters, psi_e = e.expert_parameters;
+  // ZeRO's share of `whole` bytes (of which `expert` bytes are expert pieces) on one rank.
+  const auto partitioned = [&](double whole, double expert) { return psi_e > 0.0 ? (whole - expert) / W + expert / e.expert_zero_ranks : whole / W; };
+  e.params = stage >= 3 ? partitioned(psi * b, psi_e * b) : psi * b;
+  e.grads = stage >= 2 ? partitioned(psi * b, psi_e * b) : psi * b;
   const config::OptimizerKind k = cfg.optimizer.kind;
   // Muon and Adafactor keep two fp32 states per element too (docs/optimizers.md §9, §10.1).
   const bool two_moments = k == config::OptimizerKind::adam || k == config::OptimizerKind::adamw || k == config::OptimizerKind::lamb ||
@@ -155,7 +187,8 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, co
   } else if (k == config::OptimizerKind::sgd && cfg.optimizer.params.momentum != 0.0) {
     rule_states = 4.0;
   }
-  e.optimizer = ((masters_apart ? 4.0 * psi : 0.0) + (two_moments ? 8.0 * psi : 0.0) + rule_states * psi + onebit * psi) / (stage >= 1 ? W : 1.0);
+  const auto optimizer_bytes = [&](double n) { return (masters_apart ? 4.0 * n : 0.0) + (two_moments ? 8.0 * n : 0.0) + rule_states * n + onebit * n; };
+  e.optimizer = stage >= 1 ? partitioned(optimizer_bytes(psi), optimizer_bytes(psi_e)) : optimizer_bytes(psi);
   // The logits of one micro-batch: a sequence-parallel rank's T / SP tokens of each sequence, a
   // tensor-parallel rank's vocabulary rows (vocabulary-parallel; rank 0 holds the most, Vp / TP
   // rounded up). With sequence parallelism ALST's tiled loss keeps one tile of them
@@ -170,7 +203,7 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, co
   e.activations = positions * rows * b;
   e.params_device = e.params;
   e.optimizer_device = e.optimizer;
-  place_offloaded(e, cfg, placement, W, b);
+  place_offloaded(e, cfg, placement, b);
   return e;
 }
 
@@ -179,18 +212,22 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double Vp, co
 MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T) {
   const double stored = model.stored_parameter_count();
   const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.tensor_parallel_size));
-  const double rank = tp > 1 ? tensor_parallel_rank_parameters(model, tp) : stored;
-  return estimate(stored, rank, static_cast<double>(model.padded_vocab_size()), cfg, T);
+  const int ep = std::max(1, cfg.expert_parallel.ep_size());
+  const StoredCount rank = tp > 1 || ep > 1 ? rank0_parameters(model, tp, ep) : StoredCount{stored, 0.0};
+  return estimate(stored, rank.all, rank.experts, static_cast<double>(model.padded_vocab_size()), cfg, T);
 }
 
-MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg) {
-  return estimate(rank_parameters, rank_parameters, 0.0, cfg, 0);
+MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg, double expert_parameters) {
+  return estimate(rank_parameters, rank_parameters, expert_parameters, 0.0, cfg, 0);
 }
 
-std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages) {
+std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages,
+                                              std::vector<double>* stage_expert_parameters) {
   const int tp = static_cast<int>(std::max<std::int64_t>(1, cfg.tensor_parallel_size));
-  const std::vector<std::unique_ptr<Layer>> layers = tp > 1 ? model.make_tensor_parallel_layers(TensorParallelRank{0, tp}) : model.make_layers();
+  const int ep = std::max(1, cfg.expert_parallel.ep_size());
+  const std::vector<std::unique_ptr<Layer>> layers = tp > 1 || ep > 1 ? rank0_layers(model, tp, ep) : model.make_layers();
   std::vector<double> out(static_cast<std::size_t>(std::max(stages, 1)), 0.0);
+  std::vector<double> experts(out.size(), 0.0);
   const std::size_t virtual_stages = parts.size() - 1;
   // The names each stage owns, so that a tied parameter whose owner is in the same stage counts once.
   std::vector<std::vector<std::string>> owned(out.size());
@@ -204,20 +241,23 @@ std::vector<double> pipeline_stage_parameters(const Architecture& model, const c
     for (std::size_t i = parts[v]; i < parts[v + 1] && i < layers.size(); ++i) {
       for (const ParamSpec& p : layers[i]->params()) {
         if (p.tied() && std::find(own.begin(), own.end(), p.tied_to) != own.end()) continue;
-        double elements = 1.0;
-        for (int d = 0; d < p.shape.rank; ++d) elements *= static_cast<double>(p.shape[d]);
+        const double elements = elements_of(p);
         out[stage_of(v)] += elements;
+        if (expert_piece(p)) experts[stage_of(v)] += elements;
       }
     }
   }
+  if (stage_expert_parameters != nullptr) *stage_expert_parameters = std::move(experts);
   return out;
 }
 
 MemoryEstimate estimate_pipeline_stage_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T,
-                                              const std::vector<double>& stage_parameters, int stage, bool gpipe) {
+                                              const std::vector<double>& stage_parameters, int stage, bool gpipe,
+                                              const std::vector<double>& stage_expert_parameters) {
   const int stages = static_cast<int>(stage_parameters.size());
   const bool last = stage == stages - 1;
-  MemoryEstimate e = estimate(model.stored_parameter_count(), stage_parameters[static_cast<std::size_t>(stage)],
+  const std::size_t s = static_cast<std::size_t>(stage);
+  MemoryEstimate e = estimate(model.stored_parameter_count(), stage_parameters[s], s < stage_expert_parameters.size() ? stage_expert_parameters[s] : 0.0,
                               last ? static_cast<double>(model.padded_vocab_size()) : 0.0, cfg, T);
   const double M = static_cast<double>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   const double in_flight = gpipe ? M : std::min(static_cast<double>(stages - stage), M);

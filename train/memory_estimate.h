@@ -11,12 +11,19 @@
 //               the cut parameters (whole heads, key/value-head groups, MLP features, vocabulary rows;
 //               n units over TP ranks give rank r n / TP + (r < n % TP), rank 0 the most) and the
 //               replicated ones whole, from the layers' own cut (ParamSpec::split)
-//   params      Ψ_r·b         (ZeRO-3: / W)
-//   grads       Ψ_r·b         (ZeRO-2, 3: / W)
+//   Ψ_e         of Ψ_r, the expert-parallel rank's pieces of the expert stacks: under expert
+//               parallelism (expert_parallel.autoep_size = EP, splitting DP) E / EP whole experts of
+//               every sparse layer (ParamSpec::piece of a ParamSplit::experts stack); 0 without
+//   W_e         W / EP, the ranks ZeRO partitions the expert pieces over (the expert-data group:
+//               the W / EP ranks holding the same experts; zero/device_mesh.h)
+//   ZeRO's share of a rank's n = Ψ_r elements: (Ψ_r - Ψ_e) / W + Ψ_e / W_e (= Ψ_r / W without
+//               experts; with them the non-expert parameters / W plus the whole model's experts / W)
+//   params      Ψ_r·b         (ZeRO-3: the share)
+//   grads       Ψ_r·b         (ZeRO-2, 3: the share)
 //   optimizer   (4Ψ_r fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ_r Adam / AdamW / Lamb
 //               moments, or 4Ψ_r per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
 //               engine/optim/optimizer_rules.h), or 4Ψ_r for SGD's momentum buffer when momentum != 0
-//               (ZeRO-1+: / W); with offload_optimizer in host memory instead of the device's
+//               (ZeRO-1+: the share); with offload_optimizer in host memory instead of the device's
 //   activations the logits of one micro-batch, the least any forward keeps: B·(T/SP)·Vr·b with Vr =
 //               Vp / TP rounded up (vocabulary-parallel: rank 0's rows); with SP > 1 ALST's tiled loss
 //               keeps one tile of them: the positions that fit in 64 MiB, at least one
@@ -42,8 +49,10 @@ namespace dstrain {
 
 struct MemoryEstimate {
   double parameters = 0.0;                                               // Ψ, the stored parameters
-  double rank_parameters = 0.0;                                          // Ψ_r, those one rank stores (= Ψ without tensor parallelism)
-  double zero_ranks = 1.0;                                               // W, the ranks ZeRO partitions over: data-parallel x sequence-parallel
+  double rank_parameters = 0.0;  // Ψ_r, those one rank stores (= Ψ without tensor or expert parallelism)
+  double expert_parameters = 0.0;  // Ψ_e, of Ψ_r the rank's expert-parallel pieces of the experts (0 without expert parallelism)
+  double zero_ranks = 1.0;         // W, the ranks ZeRO partitions over: data-parallel x sequence-parallel
+  double expert_zero_ranks = 1.0;  // W_e = W / EP, the ranks ZeRO partitions the expert pieces over (= W without expert parallelism)
   double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
   // Where params and optimizer are: the training device's memory, host memory by offload (for
   // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the
@@ -55,6 +64,11 @@ struct MemoryEstimate {
   // fp32 state, optimizer_bytes_per_element bytes per element (12 for Adam: master + 2 moments).
   // The pre-flight names sub_group_size when these buffers do not fit (docs/offload.md §11).
   double optimizer_buffers = 0.0, optimizer_buffer_elements = 0.0, optimizer_bytes_per_element = 0.0;
+  // The elements of a rank's ZeRO partition: (Ψ_r - Ψ_e) / W + Ψ_e / W_e.
+  double zero_partition() const {
+    return expert_parameters > 0.0 ? (rank_parameters - expert_parameters) / zero_ranks + expert_parameters / expert_zero_ranks
+                                   : rank_parameters / zero_ranks;
+  }
   // Bytes in memory, device and host (on the cpu device they are the same memory); swap files not.
   double per_rank() const { return params_device + params_host + grads + optimizer_device + optimizer_host + activations; }
   // Of per_rank(): what offload holds in host memory, and what stays on the training device.
@@ -64,29 +78,37 @@ struct MemoryEstimate {
 
 // The lower bound above for one rank of `cfg` (its stage, precision, optimizer, micro-batch and
 // device mesh) training `model` on sequences of T tokens: from its stored parameter count — under
-// tensor parallelism tensor-parallel rank 0's, the largest — and padded vocabulary. Error naming
-// tensor_parallel.autotp_size when the model cannot be cut across that many ranks.
+// tensor parallelism tensor-parallel rank 0's, the largest, under expert parallelism with E / EP
+// experts of each sparse layer (Architecture::make_parallel_layers) — and padded vocabulary. Error
+// naming tensor_parallel.autotp_size or expert_parallel.autoep_size when the model cannot be cut
+// across that many ranks.
 MemoryEstimate estimate_rank_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T);
 
 // The model states alone (params, grads, optimizer; no activations) of one rank that stores
-// `rank_parameters` parameters, as `cfg` places them (precision, optimizer, ZeRO over the data group
-// of DP x SP ranks, offload): what a pipeline stage's layers cost each of its ranks.
-MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg);
+// `rank_parameters` parameters, `expert_parameters` of them expert-parallel pieces, as `cfg` places
+// them (precision, optimizer, ZeRO over the data group of DP x SP ranks and the experts over its
+// expert-data group, offload): what a pipeline stage's layers cost each of its ranks.
+MemoryEstimate estimate_state_memory(double rank_parameters, const config::DsConfig& cfg, double expert_parameters = 0.0);
 
 // The parameters each pipeline stage's rank stores (tensor-parallel rank 0's pieces under tensor
-// parallelism), stage s holding the virtual stages v with v % stages == s of `parts` (Megatron's
+// parallelism, expert-parallel rank 0's E / EP experts under expert parallelism; of them the expert
+// pieces in *stage_expert_parameters when given), stage s holding the virtual stages v with v % stages == s of `parts` (Megatron's
 // layout: virtual stage v = chunk * stages + stage). A tied parameter counts in every stage that
 // holds it without its owner, as DeepSpeed's TiedLayerSpec keeps a real copy on each such stage
 // (GPT-2's LM head on the last stage). Builds the model's layers: call it with a pipeline only.
-std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages);
+std::vector<double> pipeline_stage_parameters(const Architecture& model, const config::DsConfig& cfg, const StageParts& parts, int stages,
+                                              std::vector<double>* stage_expert_parameters = nullptr);
 
 // The lower bound above for one rank of pipeline stage `stage` of `stages`: its layers' states
 // (stage_parameters[stage]), and the activations of the micro-batches it holds at once — 1F1B keeps
 // min(stages - stage, M) of them on stage `stage` (M = gradient_accumulation_steps), GPipe all M —
 // each at least the B x T/SP x C hidden state it received (a tensor-parallel rank's 1/TP of it, as
 // Megatron's sequence parallelism cuts it), plus on the last stage one micro-batch's logits.
+// `stage_expert_parameters` (pipeline_stage_parameters' out-parameter; empty: none) are partitioned
+// over the expert-data group.
 MemoryEstimate estimate_pipeline_stage_memory(const Architecture& model, const config::DsConfig& cfg, std::int64_t T,
-                                              const std::vector<double>& stage_parameters, int stage, bool gpipe);
+                                              const std::vector<double>& stage_parameters, int stage, bool gpipe,
+                                              const std::vector<double>& stage_expert_parameters = {});
 
 // What this process may still allocate on the host, and where the figure comes from: the smallest
 // of MemAvailable + SwapFree (/proc/meminfo), the cgroup's memory limit less its usage, and the

@@ -175,12 +175,13 @@ std::vector<std::string> describe_pipeline_partition(const TrainingPlan& plan) {
   lines.push_back(fmt::format("pipeline: {} stages{} ({}), partition \"{}\" over {} layers", P,
                               V > 1 ? fmt::format(" x {} virtual stages", V) : std::string(), schedule_title(plan.pipeline_schedule),
                               plan.pipeline_partition, layers.size()));
-  const std::vector<double> params = pipeline_stage_parameters(*plan.model, plan.config, plan.stage_parts, P);
+  std::vector<double> experts;
+  const std::vector<double> params = pipeline_stage_parameters(*plan.model, plan.config, plan.stage_parts, P, &experts);
   const std::size_t pieces = plan.stage_parts.size() - 1;
   for (int stage = 0; stage < P; ++stage) {
     const double n = params[static_cast<std::size_t>(stage)];
     const std::string figures =
-        fmt::format("{} parameters, ~{}", parameters_figure(n), format_estimate_bytes(estimate_state_memory(n, plan.config).per_rank()));
+        fmt::format("{} parameters, ~{}", parameters_figure(n), format_estimate_bytes(estimate_state_memory(n, plan.config, experts[static_cast<std::size_t>(stage)]).per_rank()));
     if (V == 1) {
       const std::size_t b = plan.stage_parts[static_cast<std::size_t>(stage)], e = plan.stage_parts[static_cast<std::size_t>(stage) + 1];
       lines.push_back(fmt::format("stage {}: {} ({}; {})", stage, layer_range(b, e), layer_names(layers, b, e), figures));

@@ -267,12 +267,13 @@ void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::opti
     // With a pipeline a rank holds its stage's layers (train/memory_estimate.h
     // estimate_pipeline_stage_memory): the figures are the heaviest stage's rank; a process that runs
     // every rank of the world needs every stage's.
-    const std::vector<double> params = pipeline_stage_parameters(*plan.model, plan.config, plan.stage_parts, m.pp);
+    std::vector<double> experts;
+    const std::vector<double> params = pipeline_stage_parameters(*plan.model, plan.config, plan.stage_parts, m.pp, &experts);
     const bool gpipe = plan.pipeline_schedule == "gpipe";
     double all_stages = 0.0;
     int heaviest = 0;
     for (int s = 0; s < m.pp; ++s) {
-      const MemoryEstimate stage = estimate_pipeline_stage_memory(*plan.model, plan.config, plan.sequence_length, params, s, gpipe);
+      const MemoryEstimate stage = estimate_pipeline_stage_memory(*plan.model, plan.config, plan.sequence_length, params, s, gpipe, experts);
       all_stages += stage.per_rank() * static_cast<double>(m.stage_size());
       if (s == 0 || stage.per_rank() > e.per_rank()) {
         e = stage;
@@ -280,14 +281,19 @@ void check_plan_memory(const TrainingPlan& plan, int ranks_here, const std::opti
       }
     }
     needed = ranks_here >= plan.world ? all_stages : e.per_rank() * static_cast<double>(ranks_here);
-    pieces = fmt::format(" ({} in pipeline stage {} of {}, the heaviest rank{})", parameter_figure(e.rank_parameters), heaviest, m.pp,
-                         m.tp > 1 ? ", its tensor-parallel pieces" : "");
+    pieces = fmt::format(" ({} in pipeline stage {} of {}, the heaviest rank{}{})", parameter_figure(e.rank_parameters), heaviest, m.pp,
+                         m.tp > 1 ? ", its tensor-parallel pieces" : "", m.ep > 1 ? fmt::format(", its 1/{} of the experts", m.ep) : "");
   } else {
     e = estimate_rank_memory(*plan.model, plan.config, plan.sequence_length);
     needed = e.per_rank() * static_cast<double>(ranks_here);
-    // Under tensor or sequence parallelism the figures are one rank's of the mesh: its pieces of the
-    // parameters, its tokens' logits, ZeRO over its data group.
-    if (e.rank_parameters != e.parameters)
+    // Under tensor, sequence or expert parallelism the figures are one rank's of the mesh: its pieces
+    // of the parameters and its experts, its tokens' logits, ZeRO over its data group (the experts
+    // over its expert-data group).
+    if (m.ep > 1)
+      pieces = fmt::format(" ({} on rank 0{}: its 1/{} of the experts, {}, ZeRO-partitioned over the {} ranks holding the same experts)",
+                           parameter_figure(e.rank_parameters), m.tp > 1 ? ", its tensor-parallel pieces" : "", m.ep,
+                           parameter_figure(e.expert_parameters), e.expert_zero_ranks);
+    else if (e.rank_parameters != e.parameters)
       pieces = fmt::format(" ({} on tensor-parallel rank 0: its pieces of the cut ones and the replicated ones whole)",
                            parameter_figure(e.rank_parameters));
   }

@@ -122,3 +122,39 @@ TEST(CliEstimateMemory, PipelineStagesGiveTheHeaviestStagesRank) {
   EXPECT_NE(z3.exit_code, 0);
   EXPECT_NE(z3.err.find("zero_optimization.stage 3"), std::string::npos) << z3.err;
 }
+
+// Expert parallelism (expert_parallel.autoep_size 2 over --num-ranks 4): the mesh says its split, and
+// a rank stores half the experts. moe:L2-C32-H4-KV2-E4-K2-I24-V96-T16 (untied, Vp = 128) stores
+// Ψ = 2·128·32 + 2·(2·32 + 64·32 + 32·32 + 4·32 + 4·3·24·32) + 32 = 8,192 + 2·12,480 + 32 = 33,184
+// parameters, of them 2·9,216 = 18,432 in the experts; rank 0 of EP 2 stores 33,184 - 9,216 = 23,968,
+// 9,216 of them its experts. bf16 at stage 1: params 2 x 23,968 = 47,936 B (46.81 KiB; the whole
+// model's would be 64.81 KiB); the optimizer (4 + 8 B per element) over ZeRO's share, the 14,752
+// other parameters / 4 + its 9,216 experts / 2 (the expert-data group) = 8,296: 99,552 B = 97.22 KiB.
+TEST(CliEstimateMemory, ExpertParallelRanksHoldTheirExperts) {
+  const std::string cfg = shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "expert_parallel": {"enabled": true, "autoep_size": 2}})");
+  auto r = run_dstrain("estimate-memory --deepspeed_config " + cfg + " --model moe:L2-C32-H4-KV2-E4-K2-I24-V96-T16 --num-ranks 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mesh: world 4 = data-parallel 4 (expert-parallel 2 x expert-data-parallel 2); ZeRO partitions over the 4 "
+                               "data-parallel x sequence-parallel ranks of a tensor-parallel index, the experts over the 2 ranks holding the same ones\n"));
+  EXPECT_THAT(r.out, HasSubstr("expert-parallel rank 0 stores 1/2 of the experts (9,216 parameters) and the rest whole: 23,968 of the 33,184 parameters"));
+  EXPECT_THAT(r.out, HasSubstr("  params          46.81 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  grads           46.81 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("  optimizer       97.22 KiB          0 B          0 B\n"));
+  EXPECT_THAT(r.out, HasSubstr("dstrain's estimate per rank of the mesh"));
+
+  // The section's routing keys are read as train reads them, and what train refuses is refused.
+  r = run_dstrain("estimate-memory --deepspeed_config " +
+                  shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "expert_parallel": {"enabled": true, "autoep_size": 2, "top_k": 1}})") +
+                  " --model moe:L2-C32-H4-KV2-E4-K2-I24-V96-T16 --num-ranks 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("expert_parallel: routing as the section asks: top_k 1 (the model's 2)"));
+  r = run_dstrain("estimate-memory --deepspeed_config " + shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "expert_parallel": {"enabled": true, "autoep_size": 4}})") +
+                  " --model moe:L2-C32-H4-KV2-E6-K2-I24-V96-T16 --num-ranks 4");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("expert_parallel.autoep_size 4"));
+  r = run_dstrain("estimate-memory --deepspeed_config " + shell_quote(R"({"train_micro_batch_size_per_gpu": 2, "expert_parallel": {"enabled": true, "autoep_size": 2}})") +
+                  " --model " + kModel + " --num-ranks 4");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("expert_parallel.enabled is true"));
+}

@@ -453,4 +453,61 @@ TEST_F(TrainPreflightCli, PipelineFlagsAreCheckedBeforeStep1) {
   EXPECT_NE(r.err.find("the bubble dominates"), std::string::npos) << r.err;  // 1 micro-batch for 2 stages
 }
 
+
+// ---- expert parallelism (docs/config.md §8.8): the expert_parallel section against the mesh, the
+// model and the optimizer, refused before step 1 naming the key and the value ----
+
+// `dstrain train` on --num-ranks 4 (local ranks) of a 4-expert mixture (or `model`) with the
+// config's expert_parallel section `section`, 2 steps over `data`.
+std::string train_moe(const fs::path& data, const std::string& section, const std::string& model = "moe:L2-C32-H4-KV2-E4-K2-I24-V256-T32",
+                      const std::string& optimizer = "AdamW") {
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
+      "optimizer": {"type": ")" + optimizer + R"(", "params": {"lr": 1e-2}}, "expert_parallel": )" + section + "}";
+  return "train --deepspeed_config " + shell_quote(config) + " --model " + model + " --tokenizer bytes --data " +
+         shell_quote(data.string()) + " --steps 2 --sample-tokens 0 --num-ranks 4";
+}
+
+// Refused before any step: exit 2, each of `what` in the message, no progress line.
+void expect_ep_refused(const CliResult& r, const std::vector<std::string>& what) {
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  for (const std::string& w : what) EXPECT_NE(r.err.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.err;
+  EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "trained before refusing:\n" << r.out;
+  EXPECT_EQ(r.out.find("| loss"), std::string::npos) << "trained before refusing:\n" << r.out;
+}
+
+TEST_F(TrainPreflightCli, ExpertParallelMistakesAreRefusedBeforeStep1) {
+  // autoep_size must divide the data-parallel size (4).
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 3})")),
+                    {"expert_parallel.autoep_size 3", "data-parallel size 4", "1, 2, 4"});
+  // ... and the experts: 6 do not split over 4 ranks (DeepSpeed's "num_experts=6 ... is not divisible by autoep_size=4").
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 4})", "moe:L2-C32-H4-KV2-E6-K2-I24-V256-T32")),
+                    {"expert_parallel.autoep_size 4", "6 experts", "1, 2, 3, 6"});
+  // An unknown preset: DeepSpeed's own message.
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 2, "preset_model": "gpt2"})")),
+                    {"expert_parallel.preset_model", "\"gpt2\"", "Unknown preset_model 'gpt2'"});
+  // top_k beyond the model's experts.
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 2, "top_k": 8})")),
+                    {"expert_parallel.top_k 8", "4 experts"});
+  // An optimizer that reads each tensor whole: each rank holds only its experts of every stack.
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 2})", "moe:L2-C32-H4-KV2-E4-K2-I24-V256-T32", "Lamb")),
+                    {"\"Lamb\"", "expert_parallel.autoep_size 2"});
+  // A dense model: AutoEP would find no MoE layer.
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true})", "gpt2:L2-C32-H2-V256-T32")),
+                    {"expert_parallel.enabled is true", "GPT-2", "no MoE layers detected"});
+  // Expert-internal tensor parallelism: reserved in DeepSpeed, refused by both.
+  expect_ep_refused(run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 2, "expert_tensor_parallel_size": 2})")),
+                    {"expert_parallel.expert_tensor_parallel_size is 2"});
+}
+
+TEST_F(TrainPreflightCli, ExpertParallelTrainsOnTheMeshWithTheSectionsRouting) {
+  const CliResult r = run_dstrain(train_moe(dir_ / "t_train.bin", R"({"enabled": true, "autoep_size": 2, "top_k": 1})"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("mesh: world 4 = data-parallel 4 (expert-parallel 2 x expert-data-parallel 2)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expert_parallel: routing as the section asks: top_k 1 (the model's 2)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("top-1 softmax"), std::string::npos) << r.out;  // the model trained is the one with the section's routing
+  EXPECT_NE(r.out.find("step 2/2"), std::string::npos) << r.out;
+  // The routing line comes before the first step.
+  EXPECT_LT(r.out.find("expert_parallel: routing"), r.out.find("step 1/2")) << r.out;
+}
+
 }  // namespace

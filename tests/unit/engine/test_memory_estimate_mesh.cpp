@@ -5,7 +5,10 @@
 // figure. The expected counts are written out here from the models' shapes (AutoTP's n / W +
 // (r < n % W) units on rank 0), not taken from the code under test, and held against what the
 // engine's allocator holds on a mesh of local ranks. Each test fails with the mesh ignored (the
-// whole model per rank, ZeRO over DP alone, the logits of B x T x Vp).
+// whole model per rank, ZeRO over DP alone, the logits of B x T x Vp). Under expert parallelism
+// (expert_parallel.autoep_size = EP) a rank stores E / EP experts of every sparse layer, and ZeRO
+// partitions them over the W / EP ranks holding the same experts: those tests fail with every
+// expert counted on every rank, or the experts partitioned over the whole data group.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -209,6 +212,156 @@ TEST(MemoryEstimateMesh, LogitsShrinkWithTheRanksTokensAndRows) {
   EXPECT_EQ(logits(wide, 4, 2, 2, "", 1024), 667.0 * 25152 * 4);
   EXPECT_EQ(logits(wide, 4, 2, 2, R"(, "bf16": {"enabled": true})", 1024), 1024.0 * 25152 * 2);  // 1334 positions fit: the rank's 1024 whole
   EXPECT_EQ(logits(wide, 8, 2, 4, "", 1024), 512.0 * 25152 * 4);                                 // T / 4 = 256 tokens x 2 sequences
+}
+
+// A mixture of experts (test_mesh_moe.cpp's): 8 heads of 4, 4 key/value heads, 4 experts of width
+// 24 per layer (gate, up: E x I x C, down: E x C x I), the router E x C, 96 tokens padded to 128 rows
+// (the LM head tied).
+constexpr const char* kMoeModel = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied-norm-aux0.05";
+struct MoeShape {
+  std::int64_t L, C, H, KV, D, E, I, Vp;
+};
+constexpr MoeShape kMoeShape{2, 32, 8, 4, 4, 4, 24, 128};
+// Owned tensors: embed_tokens + 8 per block (2 norms, qkv, o, the router, 3 expert stacks) + the final norm.
+constexpr std::int64_t kMoeTensors = 1 + 8 * 2 + 1;
+
+// The experts' parameters of the whole model: L x E x 3 x I x C.
+double moe_expert_parameters(const MoeShape& s) { return static_cast<double>(s.L * s.E * 3 * s.I * s.C); }
+
+// Rank 0's parameters at TP `tp` x EP `ep`: the attention and vocabulary cut as the Llama family's
+// (the experts and the router whole across the tensor-parallel ranks), E / EP experts of each layer.
+double moe_rank0_parameters(const MoeShape& s, int tp, int ep) {
+  const std::int64_t kv = rank0_units(s.KV, tp), q = kv * (s.H / s.KV);
+  const double block = 2.0 * s.C + static_cast<double>((q + 2 * kv) * s.D) * s.C + static_cast<double>(s.C) * (q * s.D) +
+                       static_cast<double>(s.E * s.C) + 3.0 * static_cast<double>((s.E / ep) * s.I * s.C);
+  return static_cast<double>(rank0_units(s.Vp, tp)) * s.C + static_cast<double>(s.L) * block + s.C;
+}
+
+// (e) Expert parallelism: a rank stores E / EP experts of every sparse layer (and tensor-parallel rank
+// 0's pieces of the rest under TP); at stage 0 that is what the allocator holds, up to its padding.
+// World 4: DP 4 with EP 2 and 4, and TP 2 x DP 2 with EP 2.
+TEST(MemoryEstimateMesh, ExpertParallelRanksStoreTheirExperts) {
+  ASSERT_EQ(moe_rank0_parameters(kMoeShape, 1, 1), arch(kMoeModel)->stored_parameter_count());  // the shapes above are the model's
+  struct Mesh {
+    int tp, dp, ep;
+  };
+  for (const Mesh& mesh : {Mesh{1, 4, 2}, Mesh{1, 4, 4}, Mesh{2, 2, 2}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << mesh.tp << " dp " << mesh.dp << " ep " << mesh.ep);
+    MeshRun m;
+    m.tp = mesh.tp;
+    m.dp = mesh.dp;
+    m.ep = mesh.ep;
+    m.steps = 0;
+    m.model = kMoeModel;
+    const RunResult run = run_mesh(m);
+    const MemoryEstimate e = estimate_rank_memory(*arch(kMoeModel), parse(mesh_config_json(m), 4), kT);
+    const double expected = moe_rank0_parameters(kMoeShape, mesh.tp, mesh.ep);
+    EXPECT_EQ(e.rank_parameters, expected);
+    EXPECT_EQ(e.expert_parameters, moe_expert_parameters(kMoeShape) / mesh.ep);
+    EXPECT_EQ(e.parameters, moe_rank0_parameters(kMoeShape, 1, 1));
+    EXPECT_EQ(e.zero_ranks, mesh.dp);
+    EXPECT_EQ(e.expert_zero_ranks, mesh.dp / mesh.ep);
+    EXPECT_EQ(e.params, 4.0 * expected);
+    EXPECT_EQ(e.grads, 4.0 * expected);
+    EXPECT_EQ(e.optimizer, 8.0 * expected);
+    const double held = static_cast<double>(run.r0().memory[MemoryPurpose::params].current);
+    const double bound = 60.0 * static_cast<double>(kMoeTensors);
+    EXPECT_GE(held, e.params);
+    EXPECT_LE(held - e.params, bound);
+    for (const RankResult& r : run.ranks) EXPECT_LE(static_cast<double>(r.memory[MemoryPurpose::params].current), held);
+    std::printf("MEASURE %s tp %d ep %d: estimate params %.0f B (%.0f parameters, %.0f of them experts), allocator %.0f B (rank 0)\n", kMoeModel,
+                mesh.tp, mesh.ep, e.params, e.rank_parameters, e.expert_parameters, held);
+  }
+}
+
+// The one- and two-block copies scaled by n_layer count a large mixture's rank as every block would:
+// Mixtral-sized blocks (8 experts of 14336, 32 layers) at EP 4 and 8, TP 1 and 2, in well under a second.
+TEST(MemoryEstimateMesh, ScaledBlocksCountTheExpertPiecesOfALargeMixture) {
+  const MoeShape mixtral{32, 4096, 32, 8, 128, 8, 14336, 32000};
+  const auto model = arch("moe:L32-C4096-H32-KV8-E8-K2-I14336-V32000-T4096-tied");
+  ASSERT_EQ(model->stored_parameter_count(), moe_rank0_parameters(mixtral, 1, 1));
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& [tp, ep] : {std::pair{1, 4}, std::pair{1, 8}, std::pair{2, 4}}) {
+    SCOPED_TRACE(testing::Message() << "tp " << tp << " ep " << ep);
+    const config::DsConfig cfg = parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {{"autotp_size": {}}},
+        "expert_parallel": {{"enabled": true, "autoep_size": {}}}}})",
+                                                   tp, ep),
+                                       8 * tp);
+    const MemoryEstimate e = estimate_rank_memory(*model, cfg, 1024);
+    EXPECT_EQ(e.rank_parameters, moe_rank0_parameters(mixtral, tp, ep));
+    EXPECT_EQ(e.expert_parameters, moe_expert_parameters(mixtral) / ep);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+}
+
+// ZeRO under expert parallelism: per rank the non-expert parameters / W plus its expert pieces /
+// (W / EP) — which is the whole model's experts / W. World 4 = DP 4, EP 2, stages 1-3 from the
+// shapes; at stage 3 the engine's partitions are those, up to the padding.
+TEST(MemoryEstimateMesh, ZeroPartitionsTheExpertsOverTheExpertDataGroup) {
+  const double whole = moe_rank0_parameters(kMoeShape, 1, 1), experts = moe_expert_parameters(kMoeShape);
+  const double rank = moe_rank0_parameters(kMoeShape, 1, 2);              // half the experts
+  const double share = (whole - experts) / 4.0 + (experts / 2.0) / 2.0;  // non-expert over 4, its experts over 2
+  for (const int stage : {1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    MeshRun m;
+    m.dp = 4;
+    m.ep = 2;
+    m.stage = stage;
+    const MemoryEstimate e = estimate_rank_memory(*arch(kMoeModel), parse(mesh_config_json(m), 4), kT);
+    EXPECT_EQ(e.params, 4.0 * (stage >= 3 ? share : rank));
+    EXPECT_EQ(e.grads, 4.0 * (stage >= 2 ? share : rank));
+    EXPECT_EQ(e.optimizer, 8.0 * share);
+    EXPECT_EQ(e.zero_partition(), share);
+  }
+  MeshRun m;
+  m.dp = 4;
+  m.ep = 2;
+  m.stage = 3;
+  m.steps = 0;
+  m.model = kMoeModel;
+  m.persistence_threshold = 0;
+  const RunResult run = run_mesh(m);
+  const MemoryEstimate e = estimate_rank_memory(*arch(kMoeModel), parse(mesh_config_json(m), 4), kT);
+  const ZeroReport& z = run.r0().report;
+  // Per layer at most 60 B per tensor and 64 B per data rank of padding (3 layers' worth of units
+  // and the expert unit per block), shared by the ranks of a partition.
+  const double bound = (60.0 * kMoeTensors + 64.0 * 5 * 4) / 2.0;
+  for (const auto& [held, estimate, what] :
+       {std::make_tuple(static_cast<double>(z.param_bytes), e.params, "params"), std::make_tuple(static_cast<double>(z.grad_bytes), e.grads, "grads"),
+        std::make_tuple(static_cast<double>(z.optimizer_bytes), e.optimizer, "optimizer")}) {
+    const double scale = std::string_view(what) == "optimizer" ? 2.0 : 1.0;
+    EXPECT_GE(held, estimate) << what;
+    EXPECT_LE(held - estimate, scale * bound) << what;
+    std::printf("MEASURE dp 4 x ep 2, stage 3, rank 0 %s: estimate %.0f B, engine %.0f B\n", what, estimate, held);
+  }
+}
+
+// A pipeline stage's rank under expert parallelism stores its stage's layers with E / EP experts,
+// the experts counted apart for ZeRO: world 4 = 2 stages x DP 2, EP 2.
+TEST(MemoryEstimateMesh, PipelineStagesCountTheirExpertPieces) {
+  const char* model = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied";  // no aux loss: a pipeline may cut it
+  const config::DsConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 1, "pipeline": {"stages": 2},
+      "zero_optimization": {"stage": 1}, "expert_parallel": {"enabled": true, "autoep_size": 2},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})",
+                                     4);
+  const auto a = arch(model);
+  const StageParts parts = partition_layers(a->make_layers(), 2, "uniform");
+  std::vector<double> experts;
+  const std::vector<double> params = pipeline_stage_parameters(*a, cfg, parts, 2, &experts);
+  ASSERT_EQ(params.size(), 2u);
+  ASSERT_EQ(experts.size(), 2u);
+  // Every stage's parameters together: rank 0's of the whole model (the tied table counted on
+  // each stage that holds it without its owner); the experts, half of each layer's, all in blocks.
+  EXPECT_EQ(experts[0] + experts[1], moe_expert_parameters(kMoeShape) / 2.0);
+  EXPECT_GE(params[0] + params[1], moe_rank0_parameters(kMoeShape, 1, 2));
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(s);
+    const MemoryEstimate e = estimate_pipeline_stage_memory(*a, cfg, kT, params, s, false, experts);
+    const std::size_t i = static_cast<std::size_t>(s);
+    EXPECT_EQ(e.expert_parameters, experts[i]);
+    EXPECT_EQ(e.optimizer, 8.0 * ((params[i] - experts[i]) / 2.0 + experts[i] / 1.0));  // DP 2 per stage, EP 2: the experts' group is one rank
+    EXPECT_EQ(estimate_state_memory(params[i], cfg, experts[i]).optimizer, e.optimizer);
+  }
 }
 
 // (d) The pre-flight (check_plan_memory, what plan_training calls) refuses by the mesh's figure: a
