@@ -428,7 +428,10 @@ Json read_section(const Json& object, const SectionSpec& spec, ParseContext& ctx
     const Json& v = object.at(present[0]);
     FieldSpec given = f;  // messages name the spelling the user wrote
     given.key = present[0];
-    if (is_auto(v)) {
+    // "auto" as one of the field's own values (expert_parallel.score_func: DeepSpeed's default) is
+    // that value, not the HF integration's placeholder.
+    const bool auto_is_a_value = std::find(f.enum_values.begin(), f.enum_values.end(), "auto") != f.enum_values.end();
+    if (is_auto(v) && !auto_is_a_value) {
       fail("{} is \"auto\": nothing in dstrain derives it ({}{}); write {}", join_path(spec.path, present[0]),
            spec.regime == Regime::validated ? fmt::format("DeepSpeed would silently use its default {}", show(f.default_value))
                                             : std::string("DeepSpeed would fail on the string with a TypeError"),

@@ -155,6 +155,15 @@ TEST(ExpertParallelConfig, EpSizeIsOneWhileDisabled) {
   EXPECT_EQ(c.mesh_description(), "world size 2 = data-parallel 2 x sequence-parallel 1 x tensor-parallel 1");
 }
 
+// "auto" written out is DeepSpeed's default value of score_func, score_apply and combine_impl (one of
+// their choices), not the HF integration's placeholder that the reader refuses elsewhere.
+TEST(ExpertParallelConfig, ExplicitAutoIsAValueOfItsChoices) {
+  const DsConfig c = parse_ep(R"({"enabled": true, "autoep_size": 2, "score_func": "auto", "score_apply": "auto", "combine_impl": "auto"})");
+  EXPECT_EQ(c.expert_parallel.score_func, "auto");
+  EXPECT_EQ(c.expert_parallel.score_apply, "auto");
+  EXPECT_EQ(c.expert_parallel.combine_impl, "auto");
+}
+
 // expert_w3: key absent = the preset's, null = fused gate+up, a name = a separate up projection.
 TEST(ExpertParallelConfig, ExpertW3HasThreeStates) {
   const auto absent = parse_ep(R"({"enabled": true, "autoep_size": 2})").expert_parallel;
