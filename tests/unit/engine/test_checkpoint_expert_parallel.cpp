@@ -12,7 +12,10 @@
 //   - the manifest lists whole shapes and layout.expert_parallel, and the rank files tile every
 //     element of every buffer exactly once — at stage 0 too, where every rank holds its parameters
 //     whole and only the first rank of each expert-data group saves its experts;
-//   - consolidate of the EP checkpoint is byte for byte one rank's save_weights after loading it.
+//   - save_weights after loading it writes the same Hugging Face file on every layout (EP 4, EP 2,
+//     no EP: each stack's experts gathered over the EP group), which is also what consolidate writes
+//     from the EP checkpoint; load_weights (--init-from) of that file on EP 2 and EP 4 gives each
+//     rank its experts' slice: the whole parameters are the file's.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -53,7 +56,8 @@ struct Segment {
   std::optional<fs::path> save_dir;
   int save_mid_after = -1;
   bool save_final = false;
-  std::optional<fs::path> weights;  // save_weights right after the load
+  std::optional<fs::path> weights;    // save_weights right after the load
+  std::optional<fs::path> init_from;  // load_weights before anything else (Hugging Face weights)
 };
 
 struct Result {
@@ -70,6 +74,7 @@ Result run(const Segment& seg) {
   s.knobs.reduce_bucket_size = 3000;  // pieces cut again into several ZeRO pieces
   s.knobs.allgather_bucket_size = 3000;
   s.knobs.persistence_threshold = 200;
+  s.knobs.zero_extra_json = R"("stage3_gather_16bit_weights_on_model_save": true)";  // save_weights at stage 3 on several ranks
   std::string json = zero_config_json(s);
   json.pop_back();
   json += fmt::format(R"(, "expert_parallel": {{"enabled": {}, "autoep_size": {}}}}})", seg.ep > 1 ? "true" : "false", seg.ep);
@@ -92,6 +97,7 @@ Result run(const Segment& seg) {
     Engine e = initialize(make_model(model_architecture(kMoe), {}, {}, {mesh.coord.ep, seg.ep}), c, o);
     CheckpointManager checkpoints(e);
     const auto gather = [&e](Params& into) { e.gather_master_params([&](const std::string& n, const Tensor& v) { into[n] = values(v); }); };
+    if (seg.init_from) e.load_weights(*seg.init_from);
     if (seg.load_dir) EXPECT_TRUE(checkpoints.load(*seg.load_dir, seg.load_tag).loaded());
     EXPECT_EQ(e.state().global_steps, seg.from);
     gather(me.loaded);
@@ -203,7 +209,7 @@ TEST_P(ExpertParallelCheckpoint, SaveOnEp2ResumeOnAnyLayout) {
     b.to = 3;
     b.load_dir = dir.path;
     b.load_tag = "mid";
-    if (world == 1) b.weights = weights.path / "one_rank.safetensors";
+    b.weights = weights.path / fmt::format("ep{}_world{}.safetensors", ep, world);
     const Result r = run(b);
     ASSERT_EQ(r.loaded.size(), saved.at_mid.size());
     for (const auto& [name, v] : saved.at_mid) EXPECT_TRUE(r.loaded.at(name) == v) << name << " loaded differs from the saved value";
@@ -215,10 +221,26 @@ TEST_P(ExpertParallelCheckpoint, SaveOnEp2ResumeOnAnyLayout) {
     EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
     EXPECT_LE(d.update_rel, tol.update_rel);
   }
+  // save_weights gathers each stack's experts over the EP group: the same file from every layout,
+  // and the one consolidate writes from the checkpoint.
+  const std::string one_rank = file_bytes(weights.path / "ep1_world1.safetensors");
+  EXPECT_FALSE(one_rank.empty());
+  for (const char* name : {"ep4_world4.safetensors", "ep2_world2.safetensors", "ep1_world2.safetensors"})
+    EXPECT_TRUE(file_bytes(weights.path / name) == one_rank) << name << " differs from one rank's weights";
   const fs::path out = weights.path / "consolidated.safetensors";
   EXPECT_EQ(consolidate_checkpoint(dir.path, "mid", out, DType::fp32), "mid");
-  EXPECT_FALSE(file_bytes(out).empty());
-  EXPECT_TRUE(file_bytes(out) == file_bytes(weights.path / "one_rank.safetensors")) << "consolidated weights differ from one rank's";
+  EXPECT_TRUE(file_bytes(out) == one_rank) << "consolidated weights differ from one rank's";
+  // --init-from those weights on EP layouts: each rank takes its experts' slice of every stack.
+  for (const auto& [world, ep] : std::vector<std::pair<int, int>>{{4, 2}, {4, 4}}) {
+    SCOPED_TRACE(fmt::format("init from weights at EP {} x {} ranks", ep, world));
+    Segment c;
+    c.world = world;
+    c.ep = ep;
+    c.stage = stage;
+    c.init_from = weights.path / "ep1_world1.safetensors";
+    const Result r = run(c);
+    for (const auto& [name, v] : saved.at_mid) EXPECT_TRUE(r.loaded.at(name) == v) << name << " differs from the weights file";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ExpertParallelCheckpoint, ::testing::Values(0, 1, 2, 3),
