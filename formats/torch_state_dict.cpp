@@ -1,5 +1,7 @@
 #include "formats/torch_state_dict.h"
 
+#include "formats/torch_pickle.h"
+
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -89,12 +91,13 @@ struct Value {
   // lists would otherwise overflow the stack in the chain of destructors.
   ~Value();
 
-  enum Kind { none, boolean, integer, real, str, bytes, tuple, list, dict, global, tensor, storage, mark } kind = none;
+  enum Kind { none, boolean, integer, real, str, bytes, tuple, list, dict, global, tensor, storage, mark, object } kind = none;
   std::int64_t i = 0;
   double f = 0;
   std::string s;                                     // str, bytes, global "module.name", storage key
   std::string s2;                                    // storage dtype
-  std::vector<ValuePtr> items;                       // tuple, list
+  std::vector<ValuePtr> items;                       // tuple, list; object: its constructor args
+  ValuePtr state;                                    // object: what BUILD gave it
   std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // dict
   TorchTensorInfo t;
 };
@@ -108,8 +111,10 @@ Value::~Value() {
       if (k && k.use_count() == 1) pending.push_back(std::move(k));
       if (x && x.use_count() == 1) pending.push_back(std::move(x));
     }
+    if (v.state && v.state.use_count() == 1) pending.push_back(std::move(v.state));
     v.items.clear();
     v.pairs.clear();
+    v.state.reset();
   };
   take(*this);
   while (!pending.empty()) {
@@ -139,8 +144,10 @@ struct CycleBreaker {
         children.push_back(std::move(k));
         children.push_back(std::move(x));
       }
+      children.push_back(std::move(v->state));
       v->items.clear();
       v->pairs.clear();
+      v->state.reset();
     }
   }
   CycleBreaker(const CycleBreaker&) = delete;
@@ -170,6 +177,14 @@ bool allowed_global(const std::string& g) {
          g == "builtins.set" || g == "__builtin__.set" || g == "builtins.frozenset" || !storage_dtype(g).empty();
 }
 
+// The classes read as inert objects when a TorchPickle reads the file (formats/torch_pickle.h): what
+// DeepSpeed's checkpoint code pickles besides plain data. Never imported, created or called.
+bool inert_object_global(const std::string& g) {
+  return g == "deepspeed.runtime.fp16.loss_scaler.LossScaler" || g == "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler" ||
+         g == "deepspeed.runtime.zero.config.ZeroStageEnum" || g == "deepspeed.utils.tensor_fragment.fragment_address" ||
+         g == "torch.float16" || g == "torch.bfloat16" || g == "torch.float32";
+}
+
 std::size_t elem_size(const std::string& dt) {
   if (dt == "F64" || dt == "I64") return 8;
   if (dt == "F32" || dt == "I32") return 4;
@@ -179,7 +194,8 @@ std::size_t elem_size(const std::string& dt) {
 
 class Unpickler {
  public:
-  Unpickler(const std::string& data, const std::string& file) : d_(data), file_(file) {}
+  // `objects`: also read the inert_object_global classes and _codecs.encode (TorchPickle).
+  Unpickler(const std::string& data, const std::string& file, bool objects = false) : d_(data), file_(file), objects_(objects) {}
 
   ValuePtr run() {
     for (;;) {
@@ -357,9 +373,24 @@ class Unpickler {
           push(reduce(fn, args));
           break;
         }
-        case 'b': {  // BUILD: an OrderedDict's attributes (_metadata); dropped
-          pop();
+        case 'b': {  // BUILD: an OrderedDict's attributes (_metadata), dropped; an inert object's state, kept
+          ValuePtr st = pop();
+          if (top()->kind == Value::object) {
+            top()->state = st;
+            break;
+          }
           if (top()->kind != Value::dict && top()->kind != Value::tensor) bad("BUILD on something other than a dict or a tensor");
+          break;
+        }
+        case 0x81: {  // NEWOBJ: cls.__new__(cls, *args) — only an inert object of an allowed class
+          ValuePtr args = pop(), cls = pop();
+          if (!objects_ || cls->kind != Value::global || !inert_object_global(cls->s) || args->kind != Value::tuple) {
+            bad("an object creation (NEWOBJ) of something other than an allowed class");
+          }
+          auto v = make(Value::object);
+          v->s = cls->s;
+          v->items = args->items;
+          push(v);
           break;
         }
         case '0':
@@ -446,7 +477,7 @@ class Unpickler {
   }
   ValuePtr global(const std::string& module, const std::string& name) {
     const std::string g = module + "." + name;
-    if (!allowed_global(g)) {
+    if (!allowed_global(g) && !(objects_ && (inert_object_global(g) || g == "_codecs.encode" || g == "builtins.getattr" || g == "__builtin__.getattr"))) {
       fail(
           "torch file '{}': the pickle asks for '{}', which dstrain refuses: it would run code (torch.load would import and call it); "
           "dstrain reads only tensors and plain containers — save the model's state_dict() instead",
@@ -490,12 +521,50 @@ class Unpickler {
       if (v->t.shape.size() != v->t.stride.size()) bad("a tensor whose shape and stride differ in length");
       return v;
     }
+    if (objects_ && inert_object_global(g)) {  // an enum member: ZeroStageEnum(2); recorded, not called
+      auto v = make(Value::object);
+      v->s = g;
+      v->items = args->items;
+      return v;
+    }
+    if (objects_ && (g == "builtins.getattr" || g == "__builtin__.getattr")) {
+      // An enum member as Python >= 3.12 pickles it: getattr(ZeroStageEnum, 'gradients') — an
+      // attribute of an allowed class, recorded as that class's object with the member's name.
+      if (args->items.size() != 2 || args->items[0]->kind != Value::global || !inert_object_global(args->items[0]->s) ||
+          args->items[1]->kind != Value::str) {
+        bad("a getattr other than a member of an allowed class");
+      }
+      auto v = make(Value::object);
+      v->s = args->items[0]->s;
+      v->items = {args->items[1]};
+      return v;
+    }
+    if (objects_ && g == "_codecs.encode") {  // bytes under protocol 2: encode(str, 'latin1')
+      if (args->items.size() != 2 || args->items[0]->kind != Value::str || args->items[1]->kind != Value::str ||
+          (args->items[1]->s != "latin1" && args->items[1]->s != "latin-1")) {
+        bad("a _codecs.encode call other than encode(str, 'latin1')");
+      }
+      auto v = make(Value::bytes);
+      const std::string& u = args->items[0]->s;  // UTF-8 of code points < 256
+      for (std::size_t k = 0; k < u.size(); ++k) {
+        const auto c = static_cast<unsigned char>(u[k]);
+        if (c < 0x80) {
+          v->s += static_cast<char>(c);
+        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < u.size()) {
+          v->s += static_cast<char>(((c & 0x03) << 6) | (static_cast<unsigned char>(u[++k]) & 0x3F));
+        } else {
+          bad("a _codecs.encode of a string outside latin1");
+        }
+      }
+      return v;
+    }
     bad("a call of " + g + " as a function");
   }
 
   const std::string& d_;
   std::string file_;
   std::size_t at_ = 0;
+  bool objects_ = false;
   std::vector<ValuePtr> stack_;
   std::map<std::uint64_t, ValuePtr> memo_;
 };
@@ -513,6 +582,60 @@ void collect(const ValuePtr& v, const std::string& prefix, std::map<std::string,
   }
 }
 
+// A torch.save archive: its entries, the pickle's entry and the archive's folder prefix.
+struct TorchArchive {
+  std::map<std::string, std::string> entries;
+  std::string pkl, archive;
+};
+
+TorchArchive open_archive(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string z = ss.str();
+  TorchArchive a;
+  a.entries = read_zip(z, file);
+  for (const auto& [name, bytes] : a.entries) {
+    if (name.ends_with("/data.pkl") || name == "data.pkl") {
+      a.pkl = name;
+      a.archive = name.substr(0, name.size() - std::string("data.pkl").size());
+    }
+  }
+  if (a.pkl.empty()) fail("torch file '{}': the zip holds no data.pkl; it is not a torch.save file", file);
+  if (const auto bo = a.entries.find(a.archive + "byteorder"); bo != a.entries.end() && bo->second != "little") {
+    fail("torch file '{}': saved with byte order '{}'; dstrain reads little-endian files", file, bo->second);
+  }
+  return a;
+}
+
+// The storage bytes of tensor `name`, checked to hold every element the tensor's view reaches.
+const std::string& check_tensor(const TorchArchive& a, const TorchTensorInfo& t, const std::string& file, const std::string& name) {
+  if (t.dtype.empty()) fail("torch file '{}': tensor '{}' has a storage type dstrain does not know", file, name);
+  const auto it = a.entries.find(a.archive + "data/" + t.storage_key);
+  if (it == a.entries.end()) fail("torch file '{}': tensor '{}' needs storage '{}', which the archive lacks (truncated?)", file, name, t.storage_key);
+  // The last element the strides reach must lie inside the storage, computed without wrapping: a
+  // crafted stride of 2^62 once wrapped the sum back into range and the read went outside it.
+  std::int64_t last = t.storage_offset;
+  bool empty = false, overflow = false;
+  for (std::size_t k = 0; k < t.shape.size(); ++k) {
+    if (t.shape[k] < 0 || t.stride[k] < 0) fail("torch file '{}': tensor '{}' has a negative size or stride", file, name);
+    if (t.shape[k] == 0) empty = true;
+    std::int64_t reach = 0;
+    overflow =
+        overflow || __builtin_mul_overflow(t.shape[k] == 0 ? 0 : t.shape[k] - 1, t.stride[k], &reach) || __builtin_add_overflow(last, reach, &last);
+  }
+  std::int64_t numel = 1;
+  for (const std::int64_t d : t.shape) overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+  if (overflow) fail("torch file '{}': tensor '{}' has a shape and strides whose extent overflows 64 bits (corrupt or crafted)", file, name);
+  const auto elems = static_cast<std::int64_t>(it->second.size() / elem_size(t.dtype));
+  if (!empty && (t.storage_offset < 0 || last >= elems)) {
+    fail("torch file '{}': tensor '{}' reaches element {} of a storage of {} elements (truncated or corrupt)", file, name, last, elems);
+  }
+  return it->second;
+}
+
 }  // namespace
 
 bool TorchStateDict::looks_like(const std::filesystem::path& path) {
@@ -524,53 +647,14 @@ bool TorchStateDict::looks_like(const std::filesystem::path& path) {
 
 TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string z = ss.str();
-  std::map<std::string, std::string> entries = read_zip(z, file);
-  std::string pkl, archive;
-  for (const auto& [name, bytes] : entries) {
-    if (name.ends_with("/data.pkl") || name == "data.pkl") {
-      pkl = name;
-      archive = name.substr(0, name.size() - std::string("data.pkl").size());
-    }
-  }
-  if (pkl.empty()) fail("torch file '{}': the zip holds no data.pkl; it is not a torch.save file", file);
-  if (const auto bo = entries.find(archive + "byteorder"); bo != entries.end() && bo->second != "little") {
-    fail("torch file '{}': saved with byte order '{}'; dstrain reads little-endian files", file, bo->second);
-  }
+  TorchArchive a = open_archive(path);
   const CycleBreaker breaker;  // declared before the values: runs after they are dropped
-  Unpickler u(entries.at(pkl), file);
+  Unpickler u(a.entries.at(a.pkl), file);
   const ValuePtr root = u.run();
   if (root->kind != Value::dict) fail("torch file '{}': the saved object is not a dict (a state dict); save model.state_dict()", file);
   collect(root, "", tensors_, 0);
   if (tensors_.empty()) fail("torch file '{}': no tensors in the saved dict", file);
-  for (const auto& [name, t] : tensors_) {
-    if (t.dtype.empty()) fail("torch file '{}': tensor '{}' has a storage type dstrain does not know", file, name);
-    const auto it = entries.find(archive + "data/" + t.storage_key);
-    if (it == entries.end()) fail("torch file '{}': tensor '{}' needs storage '{}', which the archive lacks (truncated?)", file, name, t.storage_key);
-    // The last element the strides reach must lie inside the storage, computed without wrapping: a
-    // crafted stride of 2^62 once wrapped the sum back into range and the read went outside it.
-    std::int64_t last = t.storage_offset;
-    bool empty = false, overflow = false;
-    for (std::size_t k = 0; k < t.shape.size(); ++k) {
-      if (t.shape[k] < 0 || t.stride[k] < 0) fail("torch file '{}': tensor '{}' has a negative size or stride", file, name);
-      if (t.shape[k] == 0) empty = true;
-      std::int64_t reach = 0;
-      overflow =
-          overflow || __builtin_mul_overflow(t.shape[k] == 0 ? 0 : t.shape[k] - 1, t.stride[k], &reach) || __builtin_add_overflow(last, reach, &last);
-    }
-    std::int64_t numel = 1;
-    for (const std::int64_t d : t.shape) overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
-    if (overflow) fail("torch file '{}': tensor '{}' has a shape and strides whose extent overflows 64 bits (corrupt or crafted)", file, name);
-    const auto elems = static_cast<std::int64_t>(it->second.size() / elem_size(t.dtype));
-    if (!empty && (t.storage_offset < 0 || last >= elems)) {
-      fail("torch file '{}': tensor '{}' reaches element {} of a storage of {} elements (truncated or corrupt)", file, name, last, elems);
-    }
-    storages_.emplace(t.storage_key, it->second);
-  }
+  for (const auto& [name, t] : tensors_) storages_.emplace(t.storage_key, check_tensor(a, t, file, name));
 }
 
 std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
@@ -621,6 +705,228 @@ std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
     }
   }
   return out;
+}
+
+// ---- TorchValue / TorchPickle (formats/torch_pickle.h) ----
+
+const char* TorchValue::kind_name() const {
+  switch (kind) {
+    case Kind::none: return "None";
+    case Kind::boolean: return "a bool";
+    case Kind::integer: return "an int";
+    case Kind::real: return "a float";
+    case Kind::string: return "a string";
+    case Kind::bytes: return "bytes";
+    case Kind::list: return "a list";
+    case Kind::tuple: return "a tuple";
+    case Kind::dict: return "a dict";
+    case Kind::tensor: return "a tensor";
+    case Kind::object: return "an object";
+  }
+  return "?";
+}
+
+void TorchValue::fail_here(const std::string& what) const {
+  fail("torch file '{}': {}{}", file, where.empty() ? std::string("the saved object") : "'" + where + "'", what);
+}
+
+bool TorchValue::as_bool() const {
+  if (kind != Kind::boolean) fail_here(std::string(" is ") + kind_name() + ", not a bool");
+  return b;
+}
+std::int64_t TorchValue::as_int() const {
+  if (kind == Kind::boolean) return b ? 1 : 0;
+  if (kind != Kind::integer) fail_here(std::string(" is ") + kind_name() + ", not an int");
+  return i;
+}
+double TorchValue::as_double() const {
+  if (kind == Kind::real) return f;
+  if (kind == Kind::integer) return static_cast<double>(i);
+  if (kind == Kind::boolean) return b ? 1 : 0;
+  fail_here(std::string(" is ") + kind_name() + ", not a number");
+}
+const std::string& TorchValue::as_string() const {
+  if (kind != Kind::string) fail_here(std::string(" is ") + kind_name() + ", not a string");
+  return s;
+}
+const TorchTensorInfo& TorchValue::as_tensor() const {
+  if (kind != Kind::tensor) fail_here(std::string(" is ") + kind_name() + ", not a tensor");
+  return tensor;
+}
+const std::string& TorchValue::object_name() const {
+  if (kind != Kind::object) fail_here(std::string(" is ") + kind_name() + ", not an object");
+  return s;
+}
+const TorchValue* TorchValue::find(const std::string& key) const {
+  if (kind != Kind::dict) fail_here(std::string(" is ") + kind_name() + ", not a dict (looking for key '" + key + "')");
+  for (const auto& [k, v] : pairs)
+    if (k.kind == Kind::string && k.s == key) return &v;
+  return nullptr;
+}
+const TorchValue* TorchValue::find(std::int64_t key) const {
+  if (kind != Kind::dict) fail_here(std::string(" is ") + kind_name() + ", not a dict (looking for key " + std::to_string(key) + ")");
+  for (const auto& [k, v] : pairs)
+    if (k.kind == Kind::integer && k.i == key) return &v;
+  return nullptr;
+}
+const TorchValue& TorchValue::at(const std::string& key) const {
+  const TorchValue* v = find(key);
+  if (v == nullptr) fail_here(" has no key '" + key + "'");
+  return *v;
+}
+const TorchValue& TorchValue::at(std::int64_t key) const {
+  const TorchValue* v = find(key);
+  if (v == nullptr) fail_here(" has no key " + std::to_string(key));
+  return *v;
+}
+const TorchValue& TorchValue::operator[](std::size_t k) const {
+  if (!is_sequence()) fail_here(std::string(" is ") + kind_name() + ", not a list");
+  if (k >= items.size()) fail_here(" has " + std::to_string(items.size()) + " elements; element " + std::to_string(k) + " is missing");
+  return items[k];
+}
+std::size_t TorchValue::size() const {
+  if (kind == Kind::dict) return pairs.size();
+  if (!is_sequence()) fail_here(std::string(" is ") + kind_name() + ", not a list or dict");
+  return items.size();
+}
+
+namespace {
+
+// The unpickler's graph as a tree. A memo reference makes a shared node, copied at each use: the
+// node budget bounds what a crafted chain of references could multiply, and the depth bound keeps
+// the recursion (here and in the tree's destructor) short.
+struct TreeBuilder {
+  const TorchArchive& archive;
+  const std::string& file;
+  std::map<std::string, std::string>& storages;
+  std::size_t budget = 1u << 22;
+
+  static std::string key_text(const TorchValue& k) {
+    if (k.kind == TorchValue::Kind::string) return k.s;
+    if (k.kind == TorchValue::Kind::integer) return std::to_string(k.i);
+    return "?";
+  }
+
+  TorchValue build(const ValuePtr& v, const std::string& where, int depth) {
+    if (depth > 100) fail("torch file '{}': the saved object nests deeper than 100 levels at '{}'", file, where);
+    if (budget == 0) fail("torch file '{}': the saved object has more than {} values (shared references multiplied?)", file, 1u << 22);
+    --budget;
+    TorchValue out;
+    out.file = file;
+    out.where = where;
+    const auto child = [&](const std::string& k) { return where.empty() ? k : where + "." + k; };
+    switch (v->kind) {
+      case Value::none: out.kind = TorchValue::Kind::none; break;
+      case Value::boolean: out.kind = TorchValue::Kind::boolean, out.b = v->i != 0; break;
+      case Value::integer: out.kind = TorchValue::Kind::integer, out.i = v->i; break;
+      case Value::real: out.kind = TorchValue::Kind::real, out.f = v->f; break;
+      case Value::str: out.kind = TorchValue::Kind::string, out.s = v->s; break;
+      case Value::bytes: out.kind = TorchValue::Kind::bytes, out.s = v->s; break;
+      case Value::tuple:
+      case Value::list:
+        out.kind = v->kind == Value::tuple ? TorchValue::Kind::tuple : TorchValue::Kind::list;
+        for (std::size_t k = 0; k < v->items.size(); ++k) out.items.push_back(build(v->items[k], child(std::to_string(k)), depth + 1));
+        break;
+      case Value::dict:
+        out.kind = TorchValue::Kind::dict;
+        for (const auto& [k, x] : v->pairs) {
+          TorchValue key = build(k, child("<key>"), depth + 1);
+          TorchValue val = build(x, child(key_text(key)), depth + 1);
+          out.pairs.emplace_back(std::move(key), std::move(val));
+        }
+        break;
+      case Value::tensor:
+        out.kind = TorchValue::Kind::tensor;
+        out.tensor = v->t;
+        storages.emplace(v->t.storage_key, check_tensor(archive, v->t, file, where));
+        break;
+      case Value::global:  // a bare allowed global: torch.float16 as a value
+      case Value::object:
+        out.kind = TorchValue::Kind::object;
+        out.s = v->s;
+        for (std::size_t k = 0; k < v->items.size(); ++k) out.items.push_back(build(v->items[k], child("<arg" + std::to_string(k) + ">"), depth + 1));
+        if (v->state) out.state = std::make_shared<TorchValue>(build(v->state, child("<state>"), depth + 1));
+        break;
+      case Value::storage:
+      case Value::mark:
+        fail("torch file '{}': '{}' is a bare storage or mark, not a value; the pickle is not a torch.save object", file, where);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TorchPickle::TorchPickle(const std::filesystem::path& path) : path_(path) {
+  const std::string file = path.string();
+  TorchArchive a = open_archive(path);
+  const CycleBreaker breaker;
+  Unpickler u(a.entries.at(a.pkl), file, /*objects=*/true);
+  const ValuePtr root = u.run();
+  TreeBuilder tb{a, file, storages_};
+  root_ = tb.build(root, "", 0);
+}
+
+std::vector<double> TorchPickle::read_f64(const TorchValue& v) const {
+  const TorchTensorInfo& t = v.as_tensor();
+  const auto it = storages_.find(t.storage_key);
+  if (it == storages_.end()) v.fail_here(" is a tensor of another file");
+  const std::string& s = it->second;
+  std::int64_t n = 1;
+  for (std::int64_t d : t.shape) n *= d;  // checked not to overflow when the file was opened
+  std::vector<double> out(static_cast<std::size_t>(n));
+  const std::size_t es = elem_size(t.dtype);
+  const std::string& dt = t.dtype;
+  const auto load = [&](std::int64_t e) -> double {
+    const char* p = s.data() + static_cast<std::size_t>(e) * es;
+    if (dt == "F32") {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    if (dt == "F16" || dt == "BF16") {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return dt == "F16" ? fp16_bits_to_fp32(h) : bf16_bits_to_fp32(h);
+    }
+    if (dt == "F64" || dt == "I64") {
+      std::int64_t x;
+      double d;
+      std::memcpy(&x, p, 8);
+      std::memcpy(&d, p, 8);
+      return dt == "F64" ? d : static_cast<double>(x);
+    }
+    if (dt == "I32") {
+      std::int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    if (dt == "I16") {
+      std::int16_t x;
+      std::memcpy(&x, p, 2);
+      return x;
+    }
+    if (dt == "I8") return static_cast<signed char>(*p);
+    return static_cast<unsigned char>(*p);  // U8, BOOL
+  };
+  std::vector<std::int64_t> idx(t.shape.size(), 0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t e = t.storage_offset;
+    for (std::size_t d = 0; d < idx.size(); ++d) e += idx[d] * t.stride[d];
+    out[static_cast<std::size_t>(k)] = load(e);
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+std::vector<float> TorchPickle::read_fp32(const TorchValue& v) const {
+  const std::string& dt = v.as_tensor().dtype;
+  if (dt != "F32" && dt != "F16" && dt != "BF16" && dt != "F64") v.fail_here(" is a " + dt + " tensor; a floating type (F32, F16, BF16, F64) was expected");
+  const std::vector<double> d = read_f64(v);
+  return std::vector<float>(d.begin(), d.end());
 }
 
 }  // namespace dstrain

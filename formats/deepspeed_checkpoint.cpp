@@ -1,0 +1,519 @@
+#include "formats/deepspeed_checkpoint.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <system_error>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "formats/torch_pickle.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string trim(const std::string& s) {
+  std::size_t a = 0, b = s.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
+  return s.substr(a, b - a);
+}
+
+// A tag is one folder name inside the checkpoint folder: never a path, never "." or "..".
+bool valid_tag(const std::string& t) {
+  return !t.empty() && t != "." && t != ".." && t.find('/') == std::string::npos && t.find('\\') == std::string::npos &&
+         t.find('\0') == std::string::npos;
+}
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) fail("DeepSpeed checkpoint: a parameter shape with a negative or huge size");
+    n *= d;
+  }
+  return n;
+}
+
+std::vector<std::int64_t> shape_of(const TorchValue& v) {
+  std::vector<std::int64_t> s;
+  if (v.is_tensor()) return v.as_tensor().shape;
+  for (std::size_t k = 0; k < v.size(); ++k) s.push_back(v[k].as_int());
+  return s;
+}
+
+std::string dtype_name(const std::string& st) {
+  if (st == "F32") return "fp32";
+  if (st == "F16") return "fp16";
+  if (st == "BF16") return "bf16";
+  if (st == "F64") return "fp64";
+  return st;
+}
+
+nlohmann::json to_json(const TorchValue& v) {
+  using K = TorchValue::Kind;
+  switch (v.kind) {
+    case K::none: return nullptr;
+    case K::boolean: return v.b;
+    case K::integer: return v.i;
+    case K::real: return v.f;
+    case K::string: return v.s;
+    case K::list:
+    case K::tuple: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const TorchValue& x : v.items) a.push_back(to_json(x));
+      return a;
+    }
+    case K::dict: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& [k, x] : v.pairs) {
+        const std::string key = k.kind == K::string ? k.s : k.kind == K::integer ? std::to_string(k.i) : std::string(k.kind_name());
+        o[key] = to_json(x);
+      }
+      return o;
+    }
+    default: return nullptr;  // tensors, bytes, objects: not part of a scheduler's JSON
+  }
+}
+
+// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor).
+std::int64_t scalar_int(const TorchPickle& file, const TorchValue& v) {
+  if (v.is_tensor()) {
+    const std::vector<double> d = file.read_f64(v);
+    if (d.size() != 1) v.fail_here(" is a tensor of " + std::to_string(d.size()) + " elements, not a scalar");
+    return static_cast<std::int64_t>(d[0]);
+  }
+  return static_cast<std::int64_t>(v.as_double());
+}
+
+// One data-parallel rank's piece of a flat group: its values and the padding at its tail (0 for a
+// piece saved with its padding already removed).
+struct Piece {
+  std::vector<float> values;
+  std::int64_t padding = 0;
+  std::string file;
+};
+
+// The ranks' pieces of a flat group concatenated as saved: DeepSpeed's alignment padding lies at the
+// group's tail only (the last ranks' partitions), so the parameters are the first `need` values, as
+// zero_to_fp32 takes them. The paddings must account for exactly what is left over: a shape that
+// does not add up with the partitions and paddings is an Error.
+std::vector<float> join(const std::vector<Piece>& pieces, std::int64_t need, const std::string& what, const std::string& shapes_file) {
+  std::vector<float> out;
+  std::int64_t padding = 0;
+  for (const Piece& p : pieces) {
+    if (p.padding < 0) fail("DeepSpeed checkpoint file '{}': {} has a negative padding {} (corrupt group_paddings)", p.file, what, p.padding);
+    padding += p.padding;
+    out.insert(out.end(), p.values.begin(), p.values.end());
+  }
+  if (static_cast<std::int64_t>(out.size()) - padding != need) {
+    fail(
+        "DeepSpeed checkpoint file '{}': {} holds {} values across the {} rank file(s), {} of them padding, but the parameter shapes of '{}' "
+        "need {} (shapes that do not add up with the partitions and paddings)",
+        pieces.empty() ? shapes_file : pieces.front().file, what, out.size(), pieces.size(), padding, shapes_file, need);
+  }
+  out.resize(static_cast<std::size_t>(need));
+  return out;
+}
+
+// Cuts `flat` into the named parameters, in order.
+void split(const std::vector<float>& flat, const std::vector<std::string>& names, const std::map<std::string, std::vector<std::int64_t>>& shapes,
+           std::map<std::string, std::vector<float>>& out) {
+  std::size_t at = 0;
+  for (const std::string& n : names) {
+    const auto k = static_cast<std::size_t>(numel_of(shapes.at(n)));
+    out[n].assign(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + k));
+    at += k;
+  }
+}
+
+void read_param_group(const TorchValue& g, DeepSpeedTrainingState& st) {
+  for (const char* k : {"lr", "eps", "weight_decay"})
+    if (const TorchValue* v = g.find(k); v != nullptr && !v->is_none()) st.param_group[k] = v->as_double();
+  if (const TorchValue* b = g.find("betas"); b != nullptr && b->is_sequence() && b->size() == 2) {
+    st.param_group["betas0"] = (*b)[0].as_double();
+    st.param_group["betas1"] = (*b)[1].as_double();
+  }
+  if (st.optimizer_type.empty()) {
+    if (g.has("betas")) {
+      const TorchValue* w = g.find("adam_w_mode");
+      st.optimizer_type = w != nullptr && w->kind == TorchValue::Kind::boolean && w->b ? "adamw" : "adam";
+    } else if (g.has("momentum")) {
+      st.optimizer_type = "sgd";
+    }
+  }
+}
+
+// Adam's moments (any tensor entry of a parameter's state) and its step.
+struct ParamState {
+  std::map<std::string, std::vector<float>> tensors;
+  std::optional<std::int64_t> step;
+};
+
+ParamState read_param_state(const TorchPickle& file, const TorchValue& s) {
+  ParamState out;
+  for (const auto& [k, v] : s.pairs) {
+    if (k.kind != TorchValue::Kind::string) continue;
+    if (k.s == "step") {
+      out.step = scalar_int(file, v);
+    } else if (v.is_tensor() && !v.as_tensor().shape.empty()) {
+      out.tensors[k.s] = file.read_fp32(v);
+    }
+  }
+  return out;
+}
+
+DeepSpeedLossScaler loss_scaler_of(const TorchValue& obj) {
+  DeepSpeedLossScaler ls;
+  const std::string& name = obj.object_name();
+  if (name != "deepspeed.runtime.fp16.loss_scaler.LossScaler" && name != "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler") {
+    obj.fail_here(" is a " + name + ", not a DeepSpeed loss scaler");
+  }
+  ls.dynamic = name.ends_with("DynamicLossScaler");
+  if (!obj.state || !obj.state->is_dict()) return ls;
+  const TorchValue& s = *obj.state;
+  if (const TorchValue* v = s.find("cur_scale")) ls.cur_scale = v->as_double();
+  if (const TorchValue* v = s.find("cur_iter")) ls.cur_iter = v->as_int();
+  if (const TorchValue* v = s.find("last_overflow_iter"); v != nullptr && !v->is_none()) ls.last_overflow_iter = v->as_int();
+  if (const TorchValue* v = s.find("cur_hysteresis"); v != nullptr && !v->is_none()) ls.cur_hysteresis = v->as_int();
+  if (const TorchValue* v = s.find("dynamic")) ls.dynamic = v->as_bool();
+  return ls;
+}
+
+fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::string& tag_out) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("DeepSpeed checkpoint '{}' is not a folder", dir.string());
+  const bool step_itself = fs::exists(dir / "mp_rank_00_model_states.pt", ec) || fs::exists(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec);
+  if (tag.empty() && step_itself) {
+    const fs::path n = dir.lexically_normal();
+    tag_out = (n.has_filename() ? n.filename() : n.parent_path().filename()).string();
+    return dir;
+  }
+  std::string t = tag;
+  std::string named_by = "the tag given";
+  if (t.empty()) {
+    const fs::path latest = dir / "latest";
+    if (!fs::is_regular_file(latest, ec)) {
+      if (fs::is_directory(dir / "zero", ec)) {
+        fail("DeepSpeed checkpoint '{}' is a universal checkpoint folder (zero/<param>/fp32.pt); dstrain does not read those yet", dir.string());
+      }
+      fail("DeepSpeed checkpoint '{}' has no 'latest' file and no mp_rank_00_model_states.pt; name the tag (the global_step folder)", dir.string());
+    }
+    std::ifstream in(latest);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    t = trim(ss.str());
+    named_by = "'" + latest.string() + "'";
+  }
+  if (!valid_tag(t)) {
+    fail("DeepSpeed checkpoint: {} names the tag '{}', which is not the name of a folder inside '{}' (a path, or empty)", named_by, t, dir.string());
+  }
+  const fs::path step = dir / t;
+  if (!fs::is_directory(step, ec)) fail("DeepSpeed checkpoint: {} names the tag '{}', but the folder '{}' is not there", named_by, t, step.string());
+  // A symlinked tag folder must still lie inside the checkpoint folder.
+  const fs::path real_dir = fs::canonical(dir, ec), real_step = fs::canonical(step, ec);
+  if (ec || real_step.parent_path() != real_dir) {
+    fail("DeepSpeed checkpoint: {} names the tag '{}', whose folder '{}' lies outside '{}'", named_by, t, step.string(), dir.string());
+  }
+  tag_out = t;
+  return step;
+}
+
+}  // namespace
+
+bool is_deepspeed_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  if (fs::is_regular_file(dir / "latest", ec) || fs::is_regular_file(dir / "latest_universal", ec)) return true;
+  if (fs::exists(dir / "mp_rank_00_model_states.pt", ec) || fs::exists(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec)) return true;
+  if (fs::is_directory(dir / "zero", ec)) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory(ec) && e.path().filename().string().starts_with("global_step") &&
+        (fs::exists(e.path() / "mp_rank_00_model_states.pt", ec) || fs::exists(e.path() / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std::string& tag) {
+  DeepSpeedTrainingState st;
+  st.dir = resolve_step_dir(dir, tag, st.tag);
+  std::error_code ec;
+  const fs::path model_file = st.dir / "mp_rank_00_model_states.pt";
+  if (!fs::exists(model_file, ec)) {
+    if (fs::exists(st.dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec)) {
+      fail("DeepSpeed checkpoint '{}' is a ZeRO stage 3 checkpoint (zero_pp_rank_*_model_states.pt); dstrain does not read stage 3 yet", st.dir.string());
+    }
+    fail("DeepSpeed checkpoint '{}': the model states file '{}' is missing", st.dir.string(), model_file.string());
+  }
+  const TorchPickle ms(model_file);
+  const TorchValue& root = ms.root();
+  const TorchValue& module = root.at("module");
+  if (!module.is_dict()) module.fail_here(" is not a state dict");
+
+  std::vector<std::string> buffers;
+  if (const TorchValue* b = root.find("buffer_names"); b != nullptr && b->is_sequence())
+    for (const TorchValue& x : b->items) buffers.push_back(x.as_string());
+  const auto is_buffer = [&](const std::string& n) { return std::find(buffers.begin(), buffers.end(), n) != buffers.end(); };
+
+  if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict()) {
+    if (const TorchValue* o = c->find("optimizer"); o != nullptr && o->is_dict()) {
+      if (const TorchValue* t = o->find("type"); t != nullptr && t->kind == TorchValue::Kind::string) {
+        st.optimizer_type = t->s;
+        std::transform(st.optimizer_type.begin(), st.optimizer_type.end(), st.optimizer_type.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      }
+    }
+  }
+  for (const char* k : {"global_steps", "global_samples", "skipped_steps"}) {
+    const TorchValue* v = root.find(k);
+    const std::int64_t x = v != nullptr && !v->is_none() ? v->as_int() : 0;
+    (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
+  }
+  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
+
+  // Names as saved: param_shapes' order under ZeRO (the flat order), else the module's parameters.
+  std::vector<std::vector<std::string>> groups;  // raw names per flat group
+  const TorchValue* param_shapes = root.find("param_shapes");
+  if (param_shapes != nullptr && !param_shapes->is_none()) {
+    for (std::size_t g = 0; g < param_shapes->size(); ++g) {
+      const TorchValue& shapes = (*param_shapes)[g];
+      if (!shapes.is_dict()) shapes.fail_here(" is not a dict of parameter shapes");
+      groups.emplace_back();
+      for (const auto& [k, v] : shapes.pairs) {
+        groups.back().push_back(k.as_string());
+        st.shapes[k.s] = shape_of(v);
+      }
+    }
+  }
+  std::vector<std::string> raw_names;
+  for (const auto& g : groups) raw_names.insert(raw_names.end(), g.begin(), g.end());
+  if (groups.empty()) {
+    for (const auto& [k, v] : module.pairs) {
+      if (!v.is_tensor() || is_buffer(k.as_string())) continue;
+      raw_names.push_back(k.s);
+      st.shapes[k.s] = v.as_tensor().shape;
+    }
+  }
+  if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
+
+  // The module's weights (and their dtype), checked against param_shapes once the partitions are.
+  const auto module_weights = [&] {
+    std::map<std::string, std::vector<float>> w;
+    for (const std::string& n : raw_names) {
+      const TorchValue* v = module.find(n);
+      if (v == nullptr) fail("DeepSpeed checkpoint file '{}': parameter '{}' of param_shapes is not in 'module'", model_file.string(), n);
+      if (v->as_tensor().shape != st.shapes.at(n)) {
+        fail("DeepSpeed checkpoint file '{}': parameter '{}' has shape {} in 'module' but {} in param_shapes", model_file.string(), n,
+             fmt::join(v->as_tensor().shape, "x"), fmt::join(st.shapes.at(n), "x"));
+      }
+      if (st.dtype.empty()) st.dtype = dtype_name(v->as_tensor().dtype);
+      w[n] = ms.read_fp32(*v);
+    }
+    return w;
+  };
+  std::map<std::string, std::vector<float>> master, module_w;
+  std::map<std::string, std::map<std::string, std::vector<float>>> states;  // state key -> raw name -> values
+
+  if (groups.empty()) {
+    // ---- stage 0: the model states file holds the optimizer ----
+    st.zero_stage = 0;
+    if (const TorchValue* w = root.find("dp_world_size"); w != nullptr && !w->is_none()) st.dp_world_size = static_cast<int>(w->as_int());
+    const TorchValue* opt = root.find("optimizer");
+    module_w = module_weights();
+    master = module_w;
+    if (opt != nullptr && !opt->is_none() && opt->has("fp32_groups_flat")) {
+      // FP16_Optimizer (fp16, and bf16 without ZeRO): one flat fp32 copy per param group, in the
+      // module's parameter order, no padding; the base optimizer steps the flat copies.
+      if (const TorchValue* cs = opt->find("cur_scale")) {
+        DeepSpeedLossScaler ls;
+        ls.cur_scale = cs->as_double();
+        if (const TorchValue* v = opt->find("cur_iter")) ls.cur_iter = v->as_int();
+        if (const TorchValue* v = opt->find("dynamic_loss_scale")) ls.dynamic = v->as_bool();
+        if (const TorchValue* v = opt->find("last_overflow_iter"); v != nullptr && !v->is_none()) ls.last_overflow_iter = v->as_int();
+        st.loss_scaler = ls;
+      }
+      const TorchValue& flats = opt->at("fp32_groups_flat");
+      const TorchValue& base = opt->at("optimizer_state_dict");
+      const TorchValue& pgs = base.at("param_groups");
+      std::size_t next = 0;
+      for (std::size_t g = 0; g < flats.size(); ++g) {
+        const std::vector<float> flat = ms.read_fp32(flats[g]);
+        std::vector<std::string> names;
+        std::int64_t sum = 0;
+        while (sum < static_cast<std::int64_t>(flat.size()) && next < raw_names.size()) {
+          names.push_back(raw_names[next]);
+          sum += numel_of(st.shapes.at(raw_names[next++]));
+        }
+        if (sum != static_cast<std::int64_t>(flat.size())) {
+          fail("DeepSpeed checkpoint file '{}': fp32_groups_flat[{}] holds {} values, which the module's parameters in order do not fill exactly ({})",
+               model_file.string(), g, flat.size(), sum);
+        }
+        split(flat, names, st.shapes, master);
+        if (g < pgs.size()) {
+          if (g == 0) read_param_group(pgs[g], st);
+          const TorchValue& ids = pgs[g].at("params");
+          if (ids.size() > 0) {
+            if (const TorchValue* s = base.at("state").find(ids[0].as_int())) {
+              ParamState ps = read_param_state(ms, *s);
+              if (ps.step) st.optimizer_step = ps.step;
+              for (const auto& [key, vals] : ps.tensors) {
+                Piece p{vals, 0, model_file.string()};
+                split(join({p}, sum, "optimizer state '" + key + "' of group " + std::to_string(g), model_file.string()), names, st.shapes, states[key]);
+              }
+            }
+          }
+        }
+      }
+      if (next != raw_names.size()) fail("DeepSpeed checkpoint file '{}': fp32_groups_flat holds fewer parameters than 'module'", model_file.string());
+    } else if (opt != nullptr && !opt->is_none()) {
+      // A torch optimizer's own state_dict (fp32 without ZeRO): param ids in group order are the
+      // module's parameters in order.
+      const TorchValue& pgs = opt->at("param_groups");
+      std::vector<std::int64_t> ids;
+      for (std::size_t g = 0; g < pgs.size(); ++g) {
+        if (g == 0) read_param_group(pgs[g], st);
+        const TorchValue& p = pgs[g].at("params");
+        for (std::size_t k = 0; k < p.size(); ++k) ids.push_back(p[k].as_int());
+      }
+      if (ids.size() != raw_names.size()) {
+        fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}", model_file.string(), ids.size(), raw_names.size());
+      }
+      const TorchValue& state = opt->at("state");
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        const TorchValue* s = state.find(ids[k]);
+        if (s == nullptr) continue;
+        ParamState ps = read_param_state(ms, *s);
+        if (ps.step) st.optimizer_step = ps.step;
+        for (auto& [key, vals] : ps.tensors) {
+          if (static_cast<std::int64_t>(vals.size()) != numel_of(st.shapes.at(raw_names[k]))) {
+            fail("DeepSpeed checkpoint file '{}': optimizer state '{}' of parameter '{}' has {} values, the parameter {}", model_file.string(), key,
+                 raw_names[k], vals.size(), numel_of(st.shapes.at(raw_names[k])));
+          }
+          states[key][raw_names[k]] = std::move(vals);
+        }
+      }
+    }
+  } else {
+    // ---- ZeRO stages 1 and 2: one optimizer file per data-parallel rank ----
+    static const std::regex re(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$)");
+    std::map<int, fs::path> files;
+    std::string prefix;
+    for (const auto& e : fs::directory_iterator(st.dir, ec)) {
+      std::smatch m;
+      const std::string f = e.path().filename().string();
+      if (std::regex_match(f, m, re)) {
+        files[std::stoi(m[2].str())] = e.path();
+        prefix = m[1].str();
+      }
+    }
+    if (files.empty()) {
+      fail("DeepSpeed checkpoint '{}': param_shapes say ZeRO, but no zero_pp_rank_<r>_mp_rank_00_optim_states.pt file is there", st.dir.string());
+    }
+    const auto rank_file = [&](int r) { return st.dir / (prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt"); };
+    for (int r = 0; r < static_cast<int>(files.size()); ++r) {
+      if (!files.count(r)) fail("DeepSpeed checkpoint '{}': the rank file '{}' is missing", st.dir.string(), rank_file(r).string());
+    }
+    std::vector<std::unique_ptr<TorchPickle>> ranks;
+    for (const auto& [r, f] : files) ranks.push_back(std::make_unique<TorchPickle>(f));
+    const TorchValue& osd0 = ranks[0]->root().at("optimizer_state_dict");
+    std::int64_t count = 0;
+    const TorchValue& pc = osd0.at("partition_count");
+    if (pc.is_sequence()) {
+      for (std::size_t k = 0; k < pc.size(); ++k) count = std::max(count, pc[k].as_int());
+    } else {
+      count = pc.as_int();
+    }
+    if (count != static_cast<std::int64_t>(ranks.size())) {
+      if (count > static_cast<std::int64_t>(ranks.size())) {
+        fail("DeepSpeed checkpoint file '{}': partition_count is {}, but only {} rank file(s) are there: '{}' is missing", files.at(0).string(), count,
+             ranks.size(), rank_file(static_cast<int>(ranks.size())).string());
+      }
+      fail("DeepSpeed checkpoint file '{}': partition_count is {}, but {} rank files are there", files.at(0).string(), count, ranks.size());
+    }
+    st.dp_world_size = static_cast<int>(count);
+    const bool zero_optimizer = osd0.has("zero_stage");  // DeepSpeedZeroOptimizer; BF16_Optimizer has no zero_stage
+    if (zero_optimizer) {
+      const TorchValue& zs = osd0.at("zero_stage");
+      // ZeroStageEnum(2) (Python < 3.12) or getattr(ZeroStageEnum, 'gradients') (Python >= 3.12), or a plain int.
+      if (zs.is_object() && zs.items.size() == 1 && zs.items[0].kind == TorchValue::Kind::string) {
+        static const std::map<std::string, int> members = {{"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
+        const auto it = members.find(zs.items[0].s);
+        if (it == members.end()) zs.fail_here(" names ZeroStageEnum member '" + zs.items[0].s + "', which DeepSpeed does not have");
+        st.zero_stage = it->second;
+      } else {
+        st.zero_stage = static_cast<int>(zs.is_object() ? (zs.items.empty() ? (zs.fail_here(" has no value"), std::int64_t{0}) : zs.items[0].as_int()) : zs.as_int());
+      }
+      if (const TorchValue* l = osd0.find("loss_scaler"); l != nullptr && !l->is_none()) st.loss_scaler = loss_scaler_of(*l);
+    } else {
+      st.zero_stage = 1;
+      if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict())
+        if (const TorchValue* z = c->find("zero_optimization"); z != nullptr && z->is_dict())
+          if (const TorchValue* s = z->find("stage"); s != nullptr && s->kind == TorchValue::Kind::integer) st.zero_stage = static_cast<int>(s->i);
+    }
+    if (st.zero_stage < 1 || st.zero_stage > 2) fail("DeepSpeed checkpoint file '{}': zero_stage {} (stages 1 and 2 are read here)", files.at(0).string(), st.zero_stage);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::int64_t need = 0;
+      for (const std::string& n : groups[g]) need += numel_of(st.shapes.at(n));
+      std::vector<Piece> fp32;
+      std::map<std::string, std::vector<Piece>> moments;
+      for (std::size_t r = 0; r < ranks.size(); ++r) {
+        const TorchPickle& f = *ranks[r];
+        const std::string fname = f.path().string();
+        const TorchValue& osd = f.root().at("optimizer_state_dict");
+        const std::int64_t pad = osd.at("group_paddings")[g].as_int();
+        // DeepSpeedZeroOptimizer saves its fp32 partition with the padding removed; BF16_Optimizer with it.
+        fp32.push_back(Piece{f.read_fp32(osd.at("single_partition_of_fp32_groups")[g]), zero_optimizer ? 0 : pad, fname});
+        const TorchValue& base = osd.at("base_optimizer_state");
+        if (base.is_sequence()) {  // elastic_checkpoint: per group, padding removed
+          ParamState ps = read_param_state(f, base[g]);
+          if (ps.step) st.optimizer_step = ps.step;
+          if (const TorchValue* s = osd.find("base_optimizer_state_step"); s != nullptr && !st.optimizer_step) st.optimizer_step = scalar_int(f, *s);
+          for (auto& [key, vals] : ps.tensors) moments[key].push_back(Piece{std::move(vals), 0, fname});
+        } else {
+          const TorchValue& pg = base.at("param_groups")[g];
+          if (g == 0 && r == 0) read_param_group(pg, st);
+          if (const TorchValue* s = base.at("state").find(pg.at("params")[0].as_int())) {
+            ParamState ps = read_param_state(f, *s);
+            if (ps.step) st.optimizer_step = ps.step;
+            for (auto& [key, vals] : ps.tensors) moments[key].push_back(Piece{std::move(vals), pad, fname});
+          }
+          if (!st.optimizer_step)
+            if (const TorchValue* s = pg.find("step"); s != nullptr && !s->is_none()) st.optimizer_step = scalar_int(f, *s);
+        }
+      }
+      const std::string shapes_file = model_file.string();
+      split(join(fp32, need, "single_partition_of_fp32_groups[" + std::to_string(g) + "]", shapes_file), groups[g], st.shapes, master);
+      for (const auto& [key, pieces] : moments) {
+        if (pieces.size() != ranks.size()) fail("DeepSpeed checkpoint '{}': optimizer state '{}' is saved by some ranks only", st.dir.string(), key);
+        split(join(pieces, need, "optimizer state '" + key + "' of group " + std::to_string(g), shapes_file), groups[g], st.shapes, states[key]);
+      }
+    }
+  }
+
+  if (!groups.empty()) module_w = module_weights();
+
+  // Names as the engine reads them: the "module." of a wrapped model dropped.
+  const bool wrapped = std::all_of(raw_names.begin(), raw_names.end(), [](const std::string& n) { return n.starts_with("module."); });
+  const auto bare = [&](const std::string& n) { return wrapped ? n.substr(7) : n; };
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const std::string& n : raw_names) {
+    const std::string b = bare(n);
+    st.names.push_back(b);
+    shapes[b] = st.shapes.at(n);
+    st.master[b] = std::move(master.at(n));
+    st.module[b] = std::move(module_w.at(n));
+    for (auto& [key, m] : states)
+      if (auto it = m.find(n); it != m.end()) st.optimizer_states[key][b] = std::move(it->second);
+  }
+  st.shapes = std::move(shapes);
+  return st;
+}
+
+}  // namespace dstrain

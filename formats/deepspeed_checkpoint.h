@@ -1,0 +1,58 @@
+// DeepSpeed's save_checkpoint folders read without Python: <save_dir>/latest naming the tag, and in
+// <save_dir>/<tag>/ the model states (mp_rank_00_model_states.pt: "module", "param_shapes",
+// "buffer_names", the counters, "lr_scheduler", stage 0's "optimizer") and, under ZeRO, one optimizer
+// file per data-parallel rank ([bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt:
+// "optimizer_state_dict" with "single_partition_of_fp32_groups", "base_optimizer_state",
+// "group_paddings", "partition_count", "zero_stage", "loss_scaler"). The flat partitions are taken
+// apart as deepspeed/utils/zero_to_fp32.py does: the ranks' partitions of a group concatenated, the
+// alignment padding at the group's tail dropped, the parameters cut off in param_shapes order.
+// Every file goes through the restricted unpickler (formats/torch_pickle.h): nothing is executed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dstrain {
+
+struct DeepSpeedLossScaler {
+  double cur_scale = 1.0;
+  std::int64_t cur_iter = 0;
+  std::int64_t last_overflow_iter = -1;
+  std::int64_t cur_hysteresis = 0;
+  bool dynamic = false;
+};
+
+struct DeepSpeedTrainingState {
+  std::filesystem::path dir;       // the global_step folder read
+  std::string tag;                 // "global_step10"
+  int zero_stage = 0;
+  int dp_world_size = 1;           // the saving run's data-parallel ranks (files found)
+  std::string dtype;               // "fp32", "fp16", "bf16": the module weights' dtype
+  std::vector<std::string> names;  // parameter names in the saved order, "module." stripped
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::map<std::string, std::vector<float>> master;  // each parameter's fp32 master (stage 0 fp32: the module's weights)
+  std::map<std::string, std::vector<float>> module;  // each parameter's module weights as saved, widened to fp32
+  std::map<std::string, std::map<std::string, std::vector<float>>> optimizer_states;  // "exp_avg" / "exp_avg_sq" -> name -> values
+  std::optional<std::int64_t> optimizer_step;  // Adam's step
+  std::string optimizer_type;                  // ds_config's optimizer.type lowercased, else from the param group's keys, else ""
+  std::map<std::string, double> param_group;   // lr, betas0, betas1, eps, weight_decay of group 0 as saved
+  std::int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
+  std::optional<DeepSpeedLossScaler> loss_scaler;
+  std::optional<std::string> lr_scheduler_json;  // the scheduler's state_dict as JSON text, if saved
+};
+
+// `dir`: a save_checkpoint folder (its `latest` names the tag unless `tag` is given) or a global_step
+// folder itself. Error naming the file and the cause: missing rank files, a `latest` naming a folder
+// that is not there or outside, shapes that do not add up with the partitions and paddings,
+// truncated files, refused globals.
+DeepSpeedTrainingState read_deepspeed_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
+
+// True when `dir` looks like a DeepSpeed checkpoint folder (latest file, or
+// global_step*/mp_rank_00_model_states.pt, or zero/ of a universal one).
+bool is_deepspeed_checkpoint(const std::filesystem::path& dir);
+
+}  // namespace dstrain

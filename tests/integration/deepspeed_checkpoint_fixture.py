@@ -1,0 +1,326 @@
+#!/usr/bin/python3
+"""Writes DeepSpeed save_checkpoint folders with torch.save, laid out as DeepSpeed writes them
+(deepspeed/runtime/engine.py _save_checkpoint / _save_zero_checkpoint, zero/stage_1_and_2.py and
+bf16_optimizer.py state_dict, fp16/fused_optimizer.py state_dict), from known values, and the whole
+values expected back (expected.json) — for tests/unit/formats/test_deepspeed_checkpoint.cpp.
+
+  deepspeed_checkpoint_fixture.py OUT --stage S --dtype fp32|fp16|bf16 --dp W [--lie-shape]
+  deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-2 x dtypes x W 1,2,4,
+                                                 and OUT/lie/: a param_shapes entry one row too long)
+
+DeepSpeed itself is not imported: the classes its checkpoints pickle are stand-ins registered in
+sys.modules under DeepSpeed's module paths and qualnames, so the pickles name the same globals
+(deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler, deepspeed.runtime.zero.config.ZeroStageEnum,
+deepspeed.utils.tensor_fragment.fragment_address).
+"""
+import argparse
+import collections
+import dataclasses
+import enum
+import json
+import math
+import os
+import sys
+import types
+
+import torch
+
+
+def _module(name):
+    parts = name.split('.')
+    for k in range(1, len(parts) + 1):
+        n = '.'.join(parts[:k])
+        if n not in sys.modules:
+            sys.modules[n] = types.ModuleType(n)
+            if k > 1:
+                setattr(sys.modules['.'.join(parts[:k - 1])], parts[k - 1], sys.modules[n])
+    return sys.modules[name]
+
+
+def _register(cls, module):
+    cls.__module__ = module
+    setattr(_module(module), cls.__name__, cls)
+    return cls
+
+
+class LossScalerBase:
+    def __init__(self, cur_scale):
+        self.cur_scale = cur_scale
+        self.dynamic = False
+
+
+class LossScaler(LossScalerBase):
+    def __init__(self, scale=1):
+        super().__init__(scale)
+
+
+class DynamicLossScaler(LossScalerBase):
+    def __init__(self, init_scale=2**32, scale_factor=2., scale_window=1000, min_scale=1, delayed_shift=1, consecutive_hysteresis=False,
+                 raise_error_at_min_scale=True, dtype=torch.half):
+        super().__init__(init_scale)
+        self.cur_iter = 0
+        self.last_overflow_iter = -1
+        self.scale_factor = scale_factor
+        self.scale_window = scale_window
+        self.min_scale = min_scale
+        self.delayed_shift = delayed_shift
+        self.cur_hysteresis = delayed_shift
+        self.consecutive_hysteresis = consecutive_hysteresis
+        self.raise_error_at_min_scale = raise_error_at_min_scale
+        self.dynamic = True
+        self.dtype = dtype
+
+
+class ZeroStageEnum(int, enum.Enum):
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+    max_stage = 3
+
+
+@dataclasses.dataclass
+class fragment_address:
+    numel: int
+    start: int
+
+
+for _c in (LossScalerBase, LossScaler, DynamicLossScaler):
+    _register(_c, 'deepspeed.runtime.fp16.loss_scaler')
+_register(ZeroStageEnum, 'deepspeed.runtime.zero.config')
+_register(fragment_address, 'deepspeed.utils.tensor_fragment')
+
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+DS_VERSION = '0.16.4'
+STEP = 10
+
+
+def model_params():
+    """Two param groups as Hugging Face's trainer makes them (decay / no decay), GPT-2-like names."""
+    g = torch.Generator().manual_seed(1234)
+    shapes = [
+        [('module.transformer.wte.weight', (7, 4)), ('module.transformer.h.0.attn.c_attn.weight', (4, 3)),
+         ('module.transformer.h.0.mlp.c_fc.weight', (3, 3))],
+        [('module.transformer.h.0.ln_1.weight', (4,)), ('module.transformer.h.0.ln_1.bias', (1,))],
+    ]
+    groups = []
+    for grp in shapes:
+        out = collections.OrderedDict()
+        for name, s in grp:
+            # Values on a coarse grid, exactly representable in fp16 and bf16: the module copy then
+            # equals the master, and a value in the wrong place cannot hide behind rounding.
+            out[name] = (torch.randint(-64, 64, s, generator=g).float() / 16)
+        groups.append(out)
+    return groups
+
+
+def moments(groups):
+    g = torch.Generator().manual_seed(99)
+    m, v = {}, {}
+    for grp in groups:
+        for n, t in grp.items():
+            m[n] = torch.randn(t.shape, generator=g) * 1e-2
+            v[n] = torch.rand(t.shape, generator=g) * 1e-4
+    return m, v
+
+
+def param_group(params, lr=3e-4, wd=0.01, fused_adam=False):
+    d = {'lr': lr, 'bias_correction': True, 'betas': (0.9, 0.95), 'eps': 1e-8, 'weight_decay': wd, 'amsgrad': False}
+    if fused_adam:
+        d['adam_w_mode'] = True
+    else:
+        d.update({'foreach': None, 'maximize': False, 'capturable': False, 'differentiable': False, 'fused': None})
+        del d['bias_correction']
+    d['params'] = params
+    return d
+
+
+def ds_config(stage, dtype, dp):
+    c = {'train_batch_size': 4 * dp, 'train_micro_batch_size_per_gpu': 4, 'gradient_accumulation_steps': 1,
+         'optimizer': {'type': 'AdamW', 'params': {'lr': 3e-4, 'betas': [0.9, 0.95], 'eps': 1e-8, 'weight_decay': 0.01}},
+         'scheduler': {'type': 'WarmupLR', 'params': {'warmup_min_lr': 0, 'warmup_max_lr': 3e-4, 'warmup_num_steps': 100}},
+         'zero_optimization': {'stage': stage}}
+    if dtype == 'fp16':
+        c['fp16'] = {'enabled': True, 'loss_scale': 0, 'initial_scale_power': 16}
+    if dtype == 'bf16':
+        c['bf16'] = {'enabled': True}
+    return c
+
+
+def zero_partitions(numel, dp):
+    """stage_1_and_2.py: the group flattened with align_dense_tensors to 2*dp (nccl_start_alignment_factor
+    2 times the world size), cut into dp equal partitions; each rank's padding is the part of its
+    partition past the group's numel."""
+    alignment = 2 * dp
+    aligned = int(math.ceil(numel / alignment)) * alignment
+    size = aligned // dp
+    pads = []
+    for r in range(dp):
+        left = r * size
+        if numel <= left:
+            pads.append(size)
+        elif numel < left + size:
+            pads.append(left + size - numel)
+        else:
+            pads.append(0)
+    return size, pads
+
+
+def write(out, stage, dtype, dp, lie_shape=False):
+    os.makedirs(out, exist_ok=True)
+    tag = 'global_step%d' % STEP
+    step_dir = os.path.join(out, tag)
+    os.makedirs(step_dir, exist_ok=True)
+    groups = model_params()
+    exp_avg, exp_avg_sq = moments(groups)
+    lp = DTYPES[dtype]
+    names = [n for grp in groups for n in grp]
+    master = {n: t for grp in groups for n, t in grp.items()}
+    module = collections.OrderedDict()
+    for n in names:
+        module[n] = master[n].to(lp)
+    module['module.transformer.h.0.attn.bias'] = torch.tril(torch.ones(4, 4))  # a buffer, not a parameter
+    buffer_names = ['module.transformer.h.0.attn.bias']
+    lr_sched = {'last_batch_iteration': STEP - 1, 'warmup_min_lr': 0.0, 'warmup_max_lr': 3e-4, 'warmup_num_steps': 100, 'warmup_type': 'log',
+                'inverse_log_warm_up': 0.21714724095162588, 'delta_lr': 3e-4}
+    expected = {'tag': tag, 'zero_stage': stage, 'dp_world_size': dp if stage > 0 else dp, 'dtype': dtype, 'names': [n[len('module.'):] for n in names],
+                'shapes': {n[7:]: list(master[n].shape) for n in names}, 'master': {n[7:]: master[n].flatten().tolist() for n in names},
+                'module': {n[7:]: module[n].float().flatten().tolist() for n in names},
+                'exp_avg': {n[7:]: exp_avg[n].flatten().tolist() for n in names},
+                'exp_avg_sq': {n[7:]: exp_avg_sq[n].flatten().tolist() for n in names}, 'step': STEP,
+                'param_group': {'lr': 3e-4, 'betas0': 0.9, 'betas1': 0.95, 'eps': 1e-8, 'weight_decay': 0.01}, 'optimizer_type': 'adamw',
+                'global_steps': STEP, 'global_samples': STEP * 4 * dp, 'skipped_steps': 1, 'lr_scheduler': lr_sched, 'loss_scaler': None}
+    common = dict(module=module, buffer_names=buffer_names, lr_scheduler=lr_sched, data_sampler=None, random_ltd=None,
+                  sparse_tensor_module_names=set(), skipped_steps=1, global_steps=STEP, global_samples=STEP * 4 * dp, dp_world_size=dp,
+                  mp_world_size=1, checkpoint_parallel_dimensions={'pp_degree': 1, 'tp_degree': 1}, ds_config=ds_config(stage, dtype, dp),
+                  ds_version=DS_VERSION)
+    if stage == 0:
+        if dtype == 'fp32':
+            # The client optimizer itself (torch.optim.AdamW): per-parameter state, step a tensor.
+            state, pgs, pid = {}, [], 0
+            for grp in groups:
+                ids = []
+                for n in grp:
+                    state[pid] = {'step': torch.tensor(float(STEP)), 'exp_avg': exp_avg[n].clone(), 'exp_avg_sq': exp_avg_sq[n].clone()}
+                    ids.append(pid)
+                    pid += 1
+                pgs.append(param_group(ids, wd=0.01 if not pgs else 0.0))
+            optimizer = {'state': state, 'param_groups': pgs}
+        else:
+            # FP16_Optimizer (fused_optimizer.py): fp32 flat copy per group, no padding.
+            flats, state, pgs = [], {}, []
+            for gi, grp in enumerate(groups):
+                flats.append(torch.cat([master[n].flatten() for n in grp]))
+                state[gi] = {'step': STEP, 'exp_avg': torch.cat([exp_avg[n].flatten() for n in grp]),
+                             'exp_avg_sq': torch.cat([exp_avg_sq[n].flatten() for n in grp])}
+                pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
+            optimizer = {}
+            if dtype == 'fp16':
+                optimizer.update({'dynamic_loss_scale': True, 'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'scale_factor': 2.0,
+                                  'scale_window': 1000})
+                expected['loss_scaler'] = {'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'cur_hysteresis': 0, 'dynamic': True}
+            optimizer.update({'optimizer_state_dict': {'state': state, 'param_groups': pgs}, 'fp32_groups_flat': flats, 'clip_grad': 1.0})
+        torch.save(dict(optimizer=optimizer, param_shapes=None, frozen_param_shapes=None, shared_params=None, frozen_param_fragments=None, **common),
+                   os.path.join(step_dir, 'mp_rank_00_model_states.pt'))
+    else:
+        bf16_optimizer = dtype == 'bf16' and stage == 1  # engine._do_optimizer_sanity_check: BFLOAT16 wrapper
+        param_shapes = []
+        for grp in groups:
+            shapes = collections.OrderedDict((n, torch.Size(t.shape)) for n, t in grp.items())
+            param_shapes.append(shapes)
+        if lie_shape:
+            n0 = names[0]
+            param_shapes[0][n0] = torch.Size([master[n0].shape[0] + 1] + list(master[n0].shape[1:]))
+        partitioned_gradients = stage == 2
+        torch.save(dict(optimizer=None, param_shapes=param_shapes, frozen_param_shapes=collections.OrderedDict() if partitioned_gradients else None,
+                        shared_params={}, frozen_param_fragments=collections.OrderedDict() if partitioned_gradients else None, **common),
+                   os.path.join(step_dir, 'mp_rank_00_model_states.pt'))
+        flat = [torch.cat([master[n].flatten() for n in grp]) for grp in groups]
+        flat_m = [torch.cat([exp_avg[n].flatten() for n in grp]) for grp in groups]
+        flat_v = [torch.cat([exp_avg_sq[n].flatten() for n in grp]) for grp in groups]
+        layout = [zero_partitions(f.numel(), dp) for f in flat]
+        if dtype == 'fp16':
+            scaler = DynamicLossScaler(init_scale=2**16, scale_window=1000, min_scale=1, delayed_shift=2)
+            scaler.cur_scale = 32768.0
+            scaler.cur_iter = STEP
+            scaler.last_overflow_iter = 4
+            scaler.cur_hysteresis = 1
+            expected['loss_scaler'] = {'cur_scale': 32768.0, 'cur_iter': STEP, 'last_overflow_iter': 4, 'cur_hysteresis': 1, 'dynamic': True}
+        else:
+            scaler = LossScaler(scale=1.0)
+            expected['loss_scaler'] = None if bf16_optimizer else {'cur_scale': 1.0, 'cur_iter': 0, 'last_overflow_iter': -1, 'cur_hysteresis': 0,
+                                                                    'dynamic': False}
+        prefix = 'bf16_' if dtype == 'bf16' else ''  # engine._get_zero_ckpt_prefix: bf16_mode = bfloat16_enabled()
+        for r in range(dp):
+            fp32_parts, states, pgs, paddings, mappings = [], {}, [], [], []
+            for gi in range(len(groups)):
+                size, pads = layout[gi]
+                if bf16_optimizer:  # BF16_Optimizer: the whole group's padding on the last rank
+                    total_pad = size * dp - flat[gi].numel()
+                    pads = [0] * (dp - 1) + [total_pad]
+                padded = lambda t: torch.cat([t, torch.full((size * dp - t.numel(),), 777.0)])  # noqa: E731 (padding is junk to the reader)
+                part = lambda t: padded(t)[r * size:(r + 1) * size].clone()  # noqa: E731
+                pad = pads[r]
+                # DeepSpeedZeroOptimizer saves the fp32 partition without its padding; BF16_Optimizer with it.
+                fp32_parts.append(part(flat[gi]) if bf16_optimizer else part(flat[gi])[:size - pad].clone())
+                states[gi] = {'step': STEP, 'exp_avg': part(flat_m[gi]), 'exp_avg_sq': part(flat_v[gi])}
+                pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
+                paddings.append(pad)
+                m = collections.OrderedDict()
+                off = 0
+                for n, t in groups[gi].items():
+                    lo, hi = max(off, r * size), min(off + t.numel(), (r + 1) * size)
+                    if lo < hi:
+                        m[n] = fragment_address(numel=hi - lo, start=lo - r * size)
+                    off += t.numel()
+                mappings.append(m)
+            osd = {}
+            if not bf16_optimizer:
+                osd.update({'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16', 'overflow': False})
+            osd['clip_grad'] = 1.0
+            osd['base_optimizer_state'] = {'state': states, 'param_groups': pgs}
+            osd['single_partition_of_fp32_groups'] = fp32_parts
+            if not bf16_optimizer:
+                osd['zero_stage'] = ZeroStageEnum.gradients if stage == 2 else ZeroStageEnum.optimizer_states
+            osd['group_paddings'] = paddings
+            osd['partition_count'] = [dp] * len(groups)
+            osd['ds_version'] = DS_VERSION
+            osd['param_slice_mappings'] = mappings
+            torch.save(dict(optimizer_state_dict=osd, ds_config=ds_config(stage, dtype, dp), ds_version=DS_VERSION),
+                       os.path.join(step_dir, '%szero_pp_rank_%d_mp_rank_00_optim_states.pt' % (prefix, r)))
+    with open(os.path.join(out, 'latest'), 'w') as f:
+        f.write(tag)
+    with open(os.path.join(out, 'expected.json'), 'w') as f:
+        json.dump(expected, f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('out')
+    ap.add_argument('--stage', type=int, default=2)
+    ap.add_argument('--dtype', default='fp32', choices=sorted(DTYPES))
+    ap.add_argument('--dp', type=int, default=2)
+    ap.add_argument('--lie-shape', action='store_true')
+    ap.add_argument('--all', action='store_true')
+    a = ap.parse_args()
+    if a.all:
+        for stage in (0, 1, 2):
+            for dtype in ('fp32', 'fp16', 'bf16'):
+                for dp in (1, 2, 4):
+                    write(os.path.join(a.out, 's%d_%s_dp%d' % (stage, dtype, dp)), stage, dtype, dp)
+        write(os.path.join(a.out, 'lie'), 2, 'fp32', 2, lie_shape=True)
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ('touch ' + os.path.join(a.out, 'pwned'),))
+        write(os.path.join(a.out, 'evil'), 2, 'fp16', 2)
+        p = os.path.join(a.out, 'evil', 'global_step10', 'zero_pp_rank_1_mp_rank_00_optim_states.pt')
+        sd = torch.load(p)
+        sd['optimizer_state_dict']['clip_grad'] = Evil()
+        torch.save(sd, p)
+    else:
+        write(a.out, a.stage, a.dtype, a.dp, a.lie_shape)
+
+
+if __name__ == '__main__':
+    main()

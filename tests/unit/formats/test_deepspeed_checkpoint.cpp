@@ -1,0 +1,213 @@
+// read_deepspeed_checkpoint (formats/deepspeed_checkpoint.h) against folders written by torch.save
+// in DeepSpeed's layout (tests/integration/deepspeed_checkpoint_fixture.py, /usr/bin/python3 with
+// Debian's python3-torch): stages 0, 1, 2 x fp32 / fp16 / bf16 x DP 1, 2, 4, every value compared
+// exactly with the whole values the script wrote; and hostile folders (truncated file, lying shape,
+// missing rank file, `latest` naming another or an outside folder, a pickle asking for os.system),
+// each an Error naming the file. Plus the value tree (formats/torch_pickle.h) on its own.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/deepspeed_checkpoint.h"
+#include "formats/torch_pickle.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DeepSpeedCheckpointTest : public ::testing::Test {
+ protected:
+  // One python3 run (importing torch takes seconds) writes every folder the tests read.
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("dstrain_ds_ckpt_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    have_torch_ = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (have_torch_) {
+      const std::string cmd = "/usr/bin/python3 " DSTRAIN_SOURCE_DIR "/tests/integration/deepspeed_checkpoint_fixture.py '" + dir_.string() + "' --all";
+      made_ = std::system(cmd.c_str()) == 0;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!have_torch_) GTEST_SKIP() << "/usr/bin/python3 with torch is not installed (scripts/setup.sh)";
+    ASSERT_TRUE(made_) << "deepspeed_checkpoint_fixture.py failed";
+  }
+  // A fresh copy of a fixture folder, to damage.
+  static fs::path copy_of(const std::string& name, const std::string& as) {
+    const fs::path to = dir_ / as;
+    fs::remove_all(to);
+    fs::copy(dir_ / name, to, fs::copy_options::recursive);
+    return to;
+  }
+  static std::string error_of(const fs::path& p, const std::string& tag = "") {
+    try {
+      (void)read_deepspeed_checkpoint(p, tag);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  static inline fs::path dir_;
+  static inline bool have_torch_ = false, made_ = false;
+};
+
+void expect_values(const std::map<std::string, std::vector<float>>& got, const nlohmann::json& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, values] : want.items()) {
+    const auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << " " << name;
+    ASSERT_EQ(it->second.size(), values.size()) << what << " " << name;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      ASSERT_EQ(it->second[k], static_cast<float>(values[k].get<double>())) << what << " " << name << "[" << k << "]";
+    }
+  }
+}
+
+TEST_F(DeepSpeedCheckpointTest, EveryStageDtypeAndDataParallelSizeGivesTheSavedValues) {
+  for (const int stage : {0, 1, 2}) {
+    for (const std::string dtype : {"fp32", "fp16", "bf16"}) {
+      for (const int dp : {1, 2, 4}) {
+        const std::string name = "s" + std::to_string(stage) + "_" + dtype + "_dp" + std::to_string(dp);
+        SCOPED_TRACE(name);
+        const fs::path folder = dir_ / name;
+        std::ifstream in(folder / "expected.json");
+        const nlohmann::json want = nlohmann::json::parse(in);
+        ASSERT_TRUE(is_deepspeed_checkpoint(folder));
+        const DeepSpeedTrainingState st = read_deepspeed_checkpoint(folder);
+        EXPECT_EQ(st.tag, "global_step10");
+        EXPECT_EQ(st.dir, folder / "global_step10");
+        EXPECT_EQ(st.zero_stage, stage);
+        EXPECT_EQ(st.dp_world_size, dp);
+        EXPECT_EQ(st.dtype, dtype);
+        EXPECT_EQ(st.names, want["names"].get<std::vector<std::string>>());
+        for (const auto& [n, s] : want["shapes"].items()) EXPECT_EQ(st.shapes.at(n), s.get<std::vector<std::int64_t>>()) << n;
+        expect_values(st.master, want["master"], "master");
+        expect_values(st.module, want["module"], "module");
+        ASSERT_EQ(st.optimizer_states.size(), 2u);
+        expect_values(st.optimizer_states.at("exp_avg"), want["exp_avg"], "exp_avg");
+        expect_values(st.optimizer_states.at("exp_avg_sq"), want["exp_avg_sq"], "exp_avg_sq");
+        EXPECT_EQ(st.optimizer_step, want["step"].get<std::int64_t>());
+        EXPECT_EQ(st.optimizer_type, want["optimizer_type"].get<std::string>());
+        for (const auto& [k, v] : want["param_group"].items()) EXPECT_EQ(st.param_group.at(k), v.get<double>()) << k;
+        EXPECT_EQ(st.global_steps, want["global_steps"].get<std::int64_t>());
+        EXPECT_EQ(st.global_samples, want["global_samples"].get<std::int64_t>());
+        EXPECT_EQ(st.skipped_steps, want["skipped_steps"].get<std::int64_t>());
+        ASSERT_TRUE(st.lr_scheduler_json.has_value());
+        EXPECT_EQ(nlohmann::json::parse(*st.lr_scheduler_json), want["lr_scheduler"]);
+        if (want["loss_scaler"].is_null()) {
+          EXPECT_FALSE(st.loss_scaler.has_value());
+        } else {
+          ASSERT_TRUE(st.loss_scaler.has_value());
+          const nlohmann::json& ls = want["loss_scaler"];
+          EXPECT_EQ(st.loss_scaler->cur_scale, ls["cur_scale"].get<double>());
+          EXPECT_EQ(st.loss_scaler->cur_iter, ls["cur_iter"].get<std::int64_t>());
+          EXPECT_EQ(st.loss_scaler->last_overflow_iter, ls["last_overflow_iter"].get<std::int64_t>());
+          EXPECT_EQ(st.loss_scaler->cur_hysteresis, ls["cur_hysteresis"].get<std::int64_t>());
+          EXPECT_EQ(st.loss_scaler->dynamic, ls["dynamic"].get<bool>());
+        }
+        // The global_step folder itself, and the tag named explicitly, read the same.
+        EXPECT_EQ(read_deepspeed_checkpoint(folder / "global_step10").master, st.master);
+        EXPECT_EQ(read_deepspeed_checkpoint(folder, "global_step10").optimizer_states, st.optimizer_states);
+      }
+    }
+  }
+}
+
+TEST_F(DeepSpeedCheckpointTest, AShapeThatDoesNotAddUpWithThePartitionsIsRefused) {
+  const std::string e = error_of(dir_ / "lie");
+  EXPECT_NE(e.find("do not add up"), std::string::npos) << e;
+  EXPECT_NE(e.find("zero_pp_rank_0_mp_rank_00_optim_states.pt"), std::string::npos) << e;
+}
+
+TEST_F(DeepSpeedCheckpointTest, AMissingRankFileIsNamed) {
+  const fs::path d = copy_of("s2_bf16_dp4", "missing_rank");
+  fs::remove(d / "global_step10" / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt");
+  std::string e = error_of(d);
+  EXPECT_NE(e.find("bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt' is missing"), std::string::npos) << e;
+  fs::remove(d / "global_step10" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  e = error_of(d);
+  EXPECT_NE(e.find("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt' is missing"), std::string::npos) << e;
+}
+
+TEST_F(DeepSpeedCheckpointTest, ATruncatedFileIsNamed) {
+  const fs::path d = copy_of("s1_fp16_dp2", "truncated");
+  const fs::path f = d / "global_step10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  fs::resize_file(f, fs::file_size(f) / 2);
+  const std::string e = error_of(d);
+  EXPECT_NE(e.find(f.string()), std::string::npos) << e;
+}
+
+TEST_F(DeepSpeedCheckpointTest, ALatestNamingAnotherOrAnOutsideFolderIsRefused) {
+  const fs::path d = copy_of("s0_fp32_dp1", "bad_latest");
+  std::ofstream(d / "latest", std::ios::trunc) << "global_step99";
+  std::string e = error_of(d);
+  EXPECT_NE(e.find("'global_step99', but the folder"), std::string::npos) << e;
+  EXPECT_NE(e.find((d / "latest").string()), std::string::npos) << e;
+  std::ofstream(d / "latest", std::ios::trunc) << "../s0_fp32_dp1/global_step10";
+  e = error_of(d);
+  EXPECT_NE(e.find("not the name of a folder inside"), std::string::npos) << e;
+  std::ofstream(d / "latest", std::ios::trunc) << "..";
+  e = error_of(d);
+  EXPECT_NE(e.find("not the name of a folder inside"), std::string::npos) << e;
+  // A tag folder that is a link to a folder elsewhere.
+  fs::create_directory_symlink(dir_ / "s0_fp32_dp2" / "global_step10", d / "global_step7");
+  std::ofstream(d / "latest", std::ios::trunc) << "global_step7\n";
+  e = error_of(d);
+  EXPECT_NE(e.find("lies outside"), std::string::npos) << e;
+  EXPECT_NE(error_of(d, "../x").find("not the name of a folder inside"), std::string::npos);
+  fs::remove(d / "latest");
+  EXPECT_NE(error_of(d).find("has no 'latest' file"), std::string::npos);
+  EXPECT_EQ(read_deepspeed_checkpoint(d, "global_step10").global_steps, 10);
+}
+
+TEST_F(DeepSpeedCheckpointTest, APickleAskingForOsSystemIsRefusedBeforeItRuns) {
+  const std::string e = error_of(dir_ / "evil");
+  EXPECT_NE(e.find("zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("posix.system"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir_ / "pwned"));
+}
+
+TEST_F(DeepSpeedCheckpointTest, TheValueTreeNamesTheFileAndPathOnAWrongKindOrMissingKey) {
+  const fs::path f = dir_ / "s2_fp16_dp2" / "global_step10" / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  const TorchPickle p(f);
+  const TorchValue& osd = p.root().at("optimizer_state_dict");
+  const TorchValue& ls = osd.at("loss_scaler");
+  EXPECT_EQ(ls.object_name(), "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler");
+  ASSERT_TRUE(ls.state);
+  EXPECT_EQ(ls.state->at("cur_scale").as_double(), 32768.0);
+  EXPECT_EQ(ls.state->at("dtype").object_name(), "torch.float16");
+  EXPECT_EQ(osd.at("zero_stage").object_name(), "deepspeed.runtime.zero.config.ZeroStageEnum");
+  EXPECT_EQ(osd.at("param_slice_mappings")[0].pairs.front().second.object_name(), "deepspeed.utils.tensor_fragment.fragment_address");
+  EXPECT_EQ(osd.at("base_optimizer_state").at("state").at(std::int64_t{0}).at("step").as_int(), 10);
+  try {
+    (void)osd.at("base_optimizer_state").at("nope");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(f.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("'optimizer_state_dict.base_optimizer_state' has no key 'nope'"), std::string::npos) << m;
+  }
+  try {
+    (void)osd.at("group_paddings").as_string();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'optimizer_state_dict.group_paddings' is a list, not a string"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)osd.at("group_paddings")[9], Error);
+  EXPECT_EQ(p.read_fp32(osd.at("single_partition_of_fp32_groups")[0]).size(), osd.at("single_partition_of_fp32_groups")[0].as_tensor().shape[0]);
+}
+
+}  // namespace
+}  // namespace dstrain
