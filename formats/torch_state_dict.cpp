@@ -799,7 +799,7 @@ struct TreeBuilder {
   const TorchArchive& archive;
   const std::string& file;
   std::map<std::string, std::string>& storages;
-  std::size_t budget = 1u << 22;
+  std::size_t budget = 1u << 20;
 
   static std::string key_text(const TorchValue& k) {
     if (k.kind == TorchValue::Kind::string) return k.s;
@@ -809,7 +809,7 @@ struct TreeBuilder {
 
   TorchValue build(const ValuePtr& v, const std::string& where, int depth) {
     if (depth > 100) fail("torch file '{}': the saved object nests deeper than 100 levels at '{}'", file, where);
-    if (budget == 0) fail("torch file '{}': the saved object has more than {} values (shared references multiplied?)", file, 1u << 22);
+    if (budget == 0) fail("torch file '{}': the saved object has more than {} values (shared references multiplied?)", file, 1u << 20);
     --budget;
     TorchValue out;
     out.file = file;

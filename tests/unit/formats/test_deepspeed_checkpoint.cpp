@@ -209,5 +209,40 @@ TEST_F(DeepSpeedCheckpointTest, TheValueTreeNamesTheFileAndPathOnAWrongKindOrMis
   EXPECT_EQ(p.read_fp32(osd.at("single_partition_of_fp32_groups")[0]).size(), osd.at("single_partition_of_fp32_groups")[0].as_tensor().shape[0]);
 }
 
+// The fuzz regressions of the torch reader (tests/fuzz/regressions/torch_state_dict/: 100,000-deep
+// nesting, wrapping strides, a zip64 offset near 2^64, a self-referencing container) read as a
+// value tree: each an Error or a tree, the process lives on. No PyTorch needed.
+TEST(TorchPickleCrafted, TheTorchReadersRegressionsAreErrorsOrTrees) {
+  const fs::path dir = fs::path(DSTRAIN_SOURCE_DIR) / "tests/fuzz/regressions/torch_state_dict";
+  int errors = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".pt") continue;
+    try {
+      const TorchPickle p(e.path());
+      (void)p.root().kind_name();
+    } catch (const Error&) {
+      ++errors;
+    }
+  }
+  EXPECT_GE(errors, 6);
+  // A list holding itself, and 20 levels of lists each holding the level below 8 times (8^20 nodes
+  // once copied into a tree): bounded by the tree's depth and its node budget.
+  for (const auto& [file, cause] : {std::pair{"self_referencing_list_tree.pt", "nests deeper than 100"},
+                                    std::pair{"shared_references_8_pow_20_tree.pt", "more than 1048576 values"}}) {
+    try {
+      (void)TorchPickle(dir / file);
+      ADD_FAILURE() << file;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+    }
+  }
+  try {
+    (void)TorchPickle(dir / "nested_dicts_100k.pt");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 100"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
