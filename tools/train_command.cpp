@@ -27,7 +27,7 @@ std::string model_spec_help() {
 // The command line as CLI11 fills it; run_train turns it into TrainerOptions.
 struct TrainArgs {
   std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json;
-  std::string save_dir, resume, load_tag;
+  std::string save_dir, resume, load_tag, resume_deepspeed;
   std::int64_t save_interval = 0, keep_last = 0;
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
   std::uint64_t seed = 42;
@@ -82,6 +82,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.save_interval = args.save_interval;
   o.keep_last = args.keep_last;
   o.resume = args.resume;
+  o.resume_deepspeed = args.resume_deepspeed;
   o.load_tag = args.load_tag;
   o.handle_signals = true;
   o.summary_json = args.summary_json;
@@ -166,6 +167,11 @@ void add_train_command(CLI::App& app) {
              "fresh; --resume alone is auto). --steps counts from the start of training, so the resumed run ends where the uninterrupted one would")
           ->expected(0, 1)
           ->default_str("auto");  // the value of --resume alone, so that --resume "" stays empty
+  cmd->add_option("--resume-deepspeed", args->resume_deepspeed,
+                  "Continue a run DeepSpeed saved: DIR is its save_dir (the tag `latest` names, or --load-tag) — its fp32 masters, optimizer "
+                  "states and step, counters, LR schedule and fp16 loss scale (docs/checkpoints.md \"Resuming a DeepSpeed checkpoint\"); "
+                  "--resume DIR does the same when DIR is one")
+      ->check(not_empty());
   cmd->add_option("--load-tag", args->load_tag, "The checkpoint to resume from (default: the one DIR/latest names)")->check(not_empty());
   cmd->add_option("--inject-overflow", args->inject_overflow,
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")

@@ -132,7 +132,12 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.seed = seed_;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
-  if (plan.resume) {
+  if (plan.resume && plan.resume->deepspeed) {
+    // A DeepSpeed checkpoint, mapped and checked by plan_resume: every rank writes its pieces.
+    checkpoints_->load_whole_state(plan.resume->deepspeed->state);
+    skipped_before_ = engine.state().skipped_steps;
+    resumed_steps_ = engine.state().global_steps;
+  } else if (plan.resume) {
     // The engine's state, then the data loader's position (the client state of save_checkpoint).
     const LoadedCheckpoint l = checkpoints_->load(plan.resume->dir, plan.resume->tag);
     const config::Json data = l.client_state.value("data", config::Json::object());
@@ -225,7 +230,13 @@ void RankTrainer::announce() {
     say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.state().lr));
   }
   if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
-  if (plan_.resume) {
+  if (plan_.resume && plan_.resume->deepspeed) {
+    const DeepSpeedResume& d = *plan_.resume->deepspeed;
+    say(fmt::format("resumed from {}: {}", d.summary, d.carried));
+    for (const std::string& note : d.notes) trainer_warn(options_, note);
+    if (!options_.init_from.empty())
+      trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
+  } else if (plan_.resume) {
     say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),
                     engine.state().global_steps, seed_, loader_->state().epoch, loader_->state().position));
     if (!options_.init_from.empty())

@@ -12,6 +12,7 @@
 
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manifest.h"
+#include "formats/deepspeed_checkpoint.h"
 #include "data/run_files.h"
 #include "models/model_family.h"
 #include "engine/optim/optimizer.h"
@@ -22,6 +23,24 @@ namespace fs = std::filesystem;
 
 namespace {
 void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config);
+
+// --resume-deepspeed DIR (or --resume DIR holding a DeepSpeed checkpoint): read whole, mapped to
+// this model's parameters and checked against the config, on every rank, before the engine exists.
+ResumePoint plan_deepspeed_resume(const fs::path& dir, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
+  if (!fs::is_directory(dir)) fail("--resume-deepspeed {}: no such folder; give the save_dir of the DeepSpeed run to continue", dir.string());
+  ResumePoint rp;
+  const DeepSpeedTrainingState ds = read_deepspeed_checkpoint(dir, options.load_tag);
+  auto resume = std::make_shared<DeepSpeedResume>(deepspeed_resume_state(ds, model, config));
+  rp.dir = ds.dir.empty() ? dir : ds.dir;
+  rp.tag = ds.tag;
+  rp.global_steps = ds.global_steps;
+  rp.seed = options.seed;  // DeepSpeed saves no seed of dstrain's: the run's own
+  resume->notes.push_back(fmt::format(
+      "{}: a DeepSpeed checkpoint holds no position of dstrain's data loader; the data starts from the beginning of --data (seed {})",
+      resume->summary, options.seed));
+  rp.deepspeed = std::move(resume);
+  return rp;
+}
 }
 
 std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
@@ -42,6 +61,13 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
     for (const auto& e : fs::directory_iterator(options.save_dir, ec)) {
       if (e.is_directory() && e.path().filename().string().ends_with(".partial")) fs::remove_all(e.path(), ec);
     }
+  }
+  if (!options.resume_deepspeed.empty() && !options.resume.empty())
+    fail("--resume-deepspeed {} and --resume {}: give one checkpoint to continue", options.resume_deepspeed, options.resume);
+  if (!options.resume_deepspeed.empty() ||
+      (!options.resume.empty() && options.resume != "auto" && fs::is_directory(options.resume) && is_deepspeed_checkpoint(options.resume))) {
+    return plan_deepspeed_resume(options.resume_deepspeed.empty() ? fs::path(options.resume) : fs::path(options.resume_deepspeed), options, model,
+                                 config);
   }
   if (!options.load_tag.empty() && options.resume.empty())
     fail("--load-tag {} needs --resume DIR (or --resume auto with --save-dir)", options.load_tag);

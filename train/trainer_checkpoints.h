@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "config_schema/ds_config.h"
+#include "engine/checkpoint/deepspeed_resume.h"
 #include "train/trainer_options.h"
 #include "models/model_family.h"
 #include "ops/stop_request.h"
@@ -29,6 +32,11 @@ struct ResumePoint {
   // The model's training settings that --model changes (dropout, initializer_range), each as
   // "attn_pdrop 0.1 in the checkpoint, 0 here": said in a warning, not refused.
   std::vector<std::string> changed_settings;
+  // A checkpoint DeepSpeed saved (--resume-deepspeed DIR, or --resume DIR holding one): read on
+  // every rank, mapped to dstrain's parameters and checked against the config before step 1
+  // (engine/checkpoint/deepspeed_resume.h); the engine loads it with load_whole_state. It has no
+  // data loader position: the data starts from the beginning of --data with the run's seed.
+  std::shared_ptr<const DeepSpeedResume> deepspeed;
 };
 
 // The pre-flight of --save-dir / --resume / --load-tag / --keep-last / --save-interval: the save
@@ -36,7 +44,10 @@ struct ResumePoint {
 // `latest` under --save-dir names, or none: a fresh start) and opened — manifest and every rank's
 // index read and checked — and checked to be of this model (parameter names and shapes) and, unless
 // the optimizer changed on purpose, of this optimizer's states. Error naming the option, folder or
-// file and the fix. nullopt: the run starts fresh.
+// file and the fix. nullopt: the run starts fresh. A DeepSpeed checkpoint (--resume-deepspeed DIR,
+// or --resume DIR where is_deepspeed_checkpoint(DIR)) is read whole and mapped
+// (deepspeed_resume_state): every mapping error and everything that cannot carry over is an Error
+// here, before the engine exists.
 std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Architecture& model, const config::DsConfig& config);
 
 // What the resumed run does differently from the command line, once its sequence length T and the

@@ -84,6 +84,9 @@ struct TrainerOptions {
   // there is one, else fresh: a job script can be rerun as it is) or the folder of a run's save_dir.
   std::string resume;
   std::string load_tag;  // the checkpoint to resume from; empty: the one `latest` names
+  // Continue a run DeepSpeed saved: the folder of its save_dir (or one global_step folder); --resume
+  // DIR does the same when DIR is a DeepSpeed checkpoint (is_deepspeed_checkpoint).
+  std::string resume_deepspeed;
   // SIGTERM / SIGINT finish the current step, save a checkpoint (with save_dir) and end the run
   // (TrainResult::stopped_by_signal): the ranks agree after every step (one small all-reduce).
   // `dstrain train` sets it; with it an embedding program may also call request_stop()

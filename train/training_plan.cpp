@@ -519,6 +519,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   if (std::error_code ec; std::filesystem::is_directory(model_spec, ec)) inputs.push_back({model_spec, "the model's folder (--model)", true});
   const std::string resume_dir = options.resume == "auto" ? options.save_dir.string() : options.resume;
   if (!resume_dir.empty()) inputs.push_back({resume_dir, "the checkpoints resumed (--resume)", true});
+  if (!options.resume_deepspeed.empty()) inputs.push_back({options.resume_deepspeed, "the DeepSpeed checkpoint resumed (--resume-deepspeed)", true});
   std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
   if (!options.save_dir.empty()) outputs.push_back({options.save_dir, "--save-dir", true});
 

@@ -19,6 +19,7 @@
 #include <fmt/ranges.h>
 
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_pieces.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 #include "engine/loss_scaler.h"
@@ -37,28 +38,6 @@
 #include "formats/json_text.h"
 
 namespace dstrain {
-
-// Where a rank sits in the whole mesh (docs/parallelism.md §1: the pipeline outermost, then the
-// data group, then tensor parallelism innermost; docs/checkpoints.md "Pipeline parallelism").
-struct CheckpointMeshPosition {
-  int pp_size = 1, pp_rank = 0;      // the pipeline group: its rank is the stage
-  int data_size = 1, data_rank = 0;  // the engine's data group (DP x SP ranks of the stage)
-  int tp_size = 1, tp_rank = 0;
-  // Expert parallelism at stage 0: the data ranks hold different experts, so every rank writes the
-  // values it alone saves (saves_piece), numbered as at stage >= 1.
-  bool every_rank_writes = false;
-  int mesh_size() const { return pp_size * data_size * tp_size; }
-  // (stage · data size + data rank) · TP + tensor-parallel rank: the pipeline outermost, so that
-  // without one it is the mesh rank of a run without a pipeline (data rank · TP + tp rank).
-  int mesh_rank() const { return (pp_rank * data_size + data_rank) * tp_size + tp_rank; }
-  // Mesh rank 0 makes the folder, writes the manifest and commits.
-  bool first() const { return mesh_rank() == 0; }
-  // The rank file this rank writes: its mesh rank at ZeRO stage >= 1 (every rank writes its
-  // partition), else (data rank 0 of each stage and tensor-parallel index writes the stage's
-  // values) stage · TP + tensor-parallel rank, so that the files are numbered 0 .. PP·TP - 1.
-  int file(int zero_stage) const { return zero_stage >= 1 || every_rank_writes ? mesh_rank() : pp_rank * tp_size + tp_rank; }
-  int files(int zero_stage) const { return zero_stage >= 1 || every_rank_writes ? mesh_size() : pp_size * tp_size; }
-};
 
 // A checkpoint save between its phases (docs/checkpoints.md "Atomicity"); with
 // checkpoint.writer.decoupled the background thread writing this rank's files from a snapshot.
@@ -119,17 +98,6 @@ void log_write_statistics(int rank, std::uint64_t bytes, std::chrono::steady_clo
                           : "O_DIRECT, pwrite");
 }
 
-// One run of an owned piece in the whole parameter's element space (docs/checkpoints.md
-// "Tensor parallelism"): elements [first, first + numel) of owned piece `piece` (counted from the
-// piece's start) are elements [whole_offset, whole_offset + numel) of the whole parameter. Without
-// tensor parallelism every piece is one run, whole_offset = its tensor offset.
-struct PieceRun {
-  std::size_t piece = 0;  // index into ModelStates::owned_pieces()
-  std::int64_t first = 0;
-  std::int64_t whole_offset = 0;
-  std::int64_t numel = 0;
-};
-
 // The parameters this rank holds but does not save: on a pipeline stage, the copies of parameters
 // another stage owns (Model::shared_params, GPT-2's tied embedding on the last stage). The copy is
 // equal to its owner (the same initial value, the same summed gradient, the same update), so the
@@ -153,9 +121,11 @@ bool saves_piece(const ModelStates& st, const OwnedPiece& p, int tp_rank, const 
   return (is_expert_piece(spec) ? st.expert_communicator()->rank() : st.rank()) == 0;
 }
 
+}  // namespace
+
 // The runs of the owned pieces a save writes (`saving`: those saves_piece keeps) or a load fills
 // (every one), in owned-piece order.
-std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool saving, const std::set<std::string>& copies = {}) {
+std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool saving, const std::set<std::string>& copies) {
   std::vector<PieceRun> out;
   const std::vector<OwnedPiece>& owned = st.owned_pieces();
   for (std::size_t i = 0; i < owned.size(); ++i) {
@@ -172,8 +142,6 @@ std::vector<PieceRun> piece_runs_of(const ModelStates& st, int tp_rank, bool sav
   return out;
 }
 
-}  // namespace
-
 CheckpointMeshPosition CheckpointManager::position() const {
   const Engine::Impl& im = *engine_.impl_;
   CheckpointMeshPosition p;
@@ -185,6 +153,23 @@ CheckpointMeshPosition CheckpointManager::position() const {
   p.tp_rank = im.tp_rank();
   p.every_rank_writes = im.ep != nullptr;
   return p;
+}
+
+void write_piece_values(ModelStates& st, const OwnedPiece& p, std::int64_t first, WholeBuffer which, std::size_t state, const Tensor& values,
+                        bool have_lowp) {
+  switch (which) {
+    case WholeBuffer::master:
+      if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, values);
+      // fp32: the params are the masters; 16-bit saved as another dtype (or not at all): rounded to nearest.
+      if (!have_lowp) st.write_owned_param(p, values, first);
+      break;
+    case WholeBuffer::state:
+      st.write_shard(st.first_state_buffer() + state, p.shard_offset + first, values);
+      break;
+    case WholeBuffer::param:
+      st.write_owned_param(p, values, first);
+      break;
+  }
 }
 
 namespace {
@@ -566,22 +551,6 @@ void CheckpointManager::wait() {
   engine_.exclude_from_step_comm();
 }
 
-// Read in phase 1 of a load, inside its try: every typed read of the manifest's scalars happens
-// here, so a field that is missing or of the wrong type is the malformed-manifest Error before
-// anything of the engine changes (nothing of this may throw in phase 2).
-struct CheckpointScalars {
-  std::int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
-  double last_step_lr = 0.0;
-  float last_step_loss = 0.0f;
-  std::int64_t lr_last_batch_iteration = 0;
-  std::uint64_t seed = 0;
-  // The loss scaler, and the 1-bit optimizers' phase where saved (applied with load_optimizer_states).
-  LossScalerState scaler;
-  std::string scaler_kind;
-  std::optional<OneBitOptimizer::SavedState> onebit;
-  std::string saved_layout;  // "ZeRO stage S on W rank(s) in DTYPE", for the log
-};
-
 namespace {
 
 // Everything is read whatever the load options, so a checkpoint is as valid loaded one way as another.
@@ -708,16 +677,9 @@ LoadedCheckpoint CheckpointManager::load(const std::filesystem::path& load_dir, 
     const OwnedPiece& p = st.owned_pieces()[run.piece];
     const std::int64_t first = run.first + first_in_run;  // within the piece
     const std::size_t group = i / n;
-    if (group == 0) {
-      const Tensor master(data, DType::fp32, Shape{count});
-      if (st.masters_apart()) st.write_shard(0, p.shard_offset + first, master);
-      // fp32: the params are the masters; 16-bit saved as another dtype: rounded to nearest.
-      if (!have_lowp) st.write_owned_param(p, master, first);
-    } else if (group <= n_states) {
-      st.write_shard(st.first_state_buffer() + (group - 1), p.shard_offset + first, Tensor(data, DType::fp32, Shape{count}));
-    } else {
-      st.write_owned_param(p, Tensor(data, engine_.dims_.dtype, Shape{count}), first);
-    }
+    const WholeBuffer which = group == 0 ? WholeBuffer::master : group <= n_states ? WholeBuffer::state : WholeBuffer::param;
+    write_piece_values(st, p, first, which, group - 1, Tensor(data, which == WholeBuffer::param ? engine_.dims_.dtype : DType::fp32, Shape{count}),
+                       have_lowp);
   };
   CheckpointScalars scalars;
   try {

@@ -65,6 +65,9 @@ struct CheckpointParam {
   std::vector<std::int64_t> shape;
 };
 
+// A whole training state in memory (engine/checkpoint/whole_state_load.h).
+struct WholeTrainingState;
+
 class CheckpointManager {
  public:
   // With checkpoint.writer.decoupled, allocates this rank's snapshot memory and starts faulting it
@@ -94,6 +97,19 @@ class CheckpointManager {
   // (naming the file and tensor) leaves the engine as it was. Call before the first forward or at a
   // gradient-accumulation boundary.
   LoadedCheckpoint load(const std::filesystem::path& load_dir, std::string tag = "", const LoadCheckpointOptions& options = {});
+  // Loads a whole training state given in memory (every rank passes the same; a DeepSpeed
+  // checkpoint mapped to dstrain's names: engine/checkpoint/deepspeed_resume.h): each rank writes
+  // its owned pieces' runs of the whole masters and optimizer states, at any world size, ZeRO
+  // stage, tensor-parallel / expert-parallel / pipeline layout, then sets the counters, the loss
+  // scaler and the LR schedule's position. Every rank first checks everything — each parameter
+  // present by name at its whole size, no other name, every value finite, the state names the
+  // optimizer's, the optimizer step global_steps - skipped_steps, the counters and the scaler
+  // consistent — and the ranks agree on the first Error (naming the source and the tensor), which
+  // leaves the engine as it was. Options: load_optimizer_states = false ignores the states and the
+  // scaler; load_lr_scheduler_states = false leaves the schedule. Collective; call before the first
+  // forward or at a gradient-accumulation boundary. The seed and the 16-bit params' stochastic
+  // rounding stream are the engine's (a whole state has none).
+  void load_whole_state(const WholeTrainingState& state, const LoadCheckpointOptions& options = {});
   // Waits for a decoupled save's files and commits the checkpoint (manifest, rename, `latest`); a
   // no-op when nothing is pending.
   void wait();
