@@ -27,6 +27,8 @@
 
 namespace dstrain {
 
+struct TorchValuePair;
+
 class TorchValue {
  public:
   enum class Kind { none, boolean, integer, real, string, bytes, list, tuple, dict, tensor, object };
@@ -37,7 +39,7 @@ class TorchValue {
   double f = 0;
   std::string s;                                          // string, bytes; object: "module.qualname"
   std::vector<TorchValue> items;                          // list, tuple; object: constructor args
-  std::vector<std::pair<TorchValue, TorchValue>> pairs;   // dict, in the saved order
+  std::vector<TorchValuePair> pairs;                      // dict, in the saved order
   TorchTensorInfo tensor;                                 // tensor
   std::shared_ptr<TorchValue> state;                      // object: the state BUILD gave it (null if none)
   std::string file;                                       // the file it was read from (for errors)
@@ -72,6 +74,13 @@ class TorchValue {
   std::size_t size() const;
 
   [[noreturn]] void fail_here(const std::string& what) const;
+};
+
+// One key and value of a dict (std::pair would need TorchValue complete inside its own definition).
+struct TorchValuePair {
+  TorchValue first;
+  TorchValue second;
+  TorchValuePair(TorchValue key, TorchValue value) : first(std::move(key)), second(std::move(value)) {}
 };
 
 class TorchPickle {
