@@ -253,6 +253,22 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
     fail("DeepSpeed checkpoint '{}': the model states file '{}' is missing", st.dir.string(), model_file.string());
   }
+  // Layouts whose parameters are spread over more files than these (each would otherwise read as a
+  // model with missing or smaller tensors): refused by name.
+  for (const fs::directory_entry& e : fs::directory_iterator(st.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto starts = [&name](std::string_view p) { return name.rfind(p, 0) == 0; };
+    if (name.find("mp_rank_") != std::string::npos && name.find("mp_rank_00") == std::string::npos) {
+      fail("DeepSpeed checkpoint '{}' holds model-parallel rank files ('{}'): a tensor-parallel DeepSpeed run's checkpoint, which dstrain does not "
+           "read yet; consolidate it with DeepSpeed's zero_to_fp32.py / ds_to_universal.py and --init-from the weights",
+           st.dir.string(), name);
+    }
+    if (starts("layer_") || starts("expert_")) {
+      fail("DeepSpeed checkpoint '{}' holds {} files ('{}'), which dstrain does not read yet; consolidate it with DeepSpeed's zero_to_fp32.py and "
+           "--init-from the weights",
+           st.dir.string(), starts("layer_") ? "pipeline-layer" : "mixture-of-experts", name);
+    }
+  }
   const TorchPickle ms(model_file);
   const TorchValue& root = ms.root();
   const TorchValue& module = root.at("module");

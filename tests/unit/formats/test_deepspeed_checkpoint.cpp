@@ -141,6 +141,19 @@ TEST_F(DeepSpeedCheckpointTest, AMissingRankFileIsNamed) {
   EXPECT_NE(e.find("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt' is missing"), std::string::npos) << e;
 }
 
+// Layouts spread over files this reader does not take apart are refused by name, not read as a
+// model with missing or smaller tensors: another model-parallel rank, pipeline-layer files, expert files.
+TEST_F(DeepSpeedCheckpointTest, ModelParallelPipelineAndExpertFilesAreRefusedByName) {
+  for (const char* extra : {"mp_rank_01_model_states.pt", "layer_01-model_states.pt", "expert_0_mp_rank_00_model_states.pt"}) {
+    SCOPED_TRACE(extra);
+    const fs::path d = copy_of("s1_fp32_dp2", std::string("extra_") + extra);
+    fs::copy_file(d / "global_step10" / "mp_rank_00_model_states.pt", d / "global_step10" / extra);
+    const std::string e = error_of(d);
+    EXPECT_NE(e.find(extra), std::string::npos) << e;
+    EXPECT_NE(e.find("does not read"), std::string::npos) << e;
+  }
+}
+
 TEST_F(DeepSpeedCheckpointTest, ATruncatedFileIsNamed) {
   const fs::path d = copy_of("s1_fp16_dp2", "truncated");
   const fs::path f = d / "global_step10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt";
