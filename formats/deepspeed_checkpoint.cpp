@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -230,7 +231,19 @@ fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::stri
 bool is_deepspeed_checkpoint(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return false;
-  if (fs::is_regular_file(dir / "latest", ec) || fs::is_regular_file(dir / "latest_universal", ec)) return true;
+  // dstrain's own save_dir has a `latest` file and global_step<N> folders too (docs/checkpoints.md
+  // "Files"): a folder whose `latest` names a tag holding dstrain's manifest (checkpoint.json), or
+  // a tag folder holding one, is dstrain's, so `--resume DIR` keeps loading dstrain checkpoints.
+  if (fs::exists(dir / "checkpoint.json", ec)) return false;
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream in(dir / "latest");
+    std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+    if (!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != ".." && fs::exists(dir / tag / "checkpoint.json", ec))
+      return false;
+    return true;
+  }
+  if (fs::is_regular_file(dir / "latest_universal", ec)) return true;
   if (fs::exists(dir / "mp_rank_00_model_states.pt", ec) || fs::exists(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec)) return true;
   if (fs::is_directory(dir / "zero", ec)) return true;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
