@@ -6,7 +6,9 @@
 #include <iterator>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <system_error>
 
 #include <fmt/ranges.h>
@@ -308,8 +310,14 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
   std::vector<std::string> raw_names;
   for (const auto& g : groups) raw_names.insert(raw_names.end(), g.begin(), g.end());
   if (groups.empty()) {
+    // A tied weight (GPT-2's lm_head.weight is transformer.wte.weight) is one parameter, which
+    // named_parameters() — so the optimizer's param_groups — lists once, but the module's
+    // state_dict holds under each name, both views of one storage: the first name is the parameter.
+    std::set<std::tuple<std::string, std::int64_t, std::vector<std::int64_t>, std::vector<std::int64_t>>> seen;
     for (const auto& [k, v] : module.pairs) {
       if (!v.is_tensor() || is_buffer(k.as_string())) continue;
+      const TorchTensorInfo& t = v.as_tensor();
+      if (!seen.insert({t.storage_key, t.storage_offset, t.shape, t.stride}).second) continue;
       raw_names.push_back(k.s);
       st.shapes[k.s] = v.as_tensor().shape;
     }
