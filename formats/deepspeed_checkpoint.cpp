@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <system_error>
 
 #include <fmt/ranges.h>
@@ -230,7 +233,19 @@ fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::stri
 bool is_deepspeed_checkpoint(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return false;
-  if (fs::is_regular_file(dir / "latest", ec) || fs::is_regular_file(dir / "latest_universal", ec)) return true;
+  // dstrain's own save_dir has a `latest` file and global_step<N> folders too (docs/checkpoints.md
+  // "Files"): a folder whose `latest` names a tag holding dstrain's manifest (checkpoint.json), or
+  // a tag folder holding one, is dstrain's, so `--resume DIR` keeps loading dstrain checkpoints.
+  if (fs::exists(dir / "checkpoint.json", ec)) return false;
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream in(dir / "latest");
+    std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+    if (!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != ".." && fs::exists(dir / tag / "checkpoint.json", ec))
+      return false;
+    return true;
+  }
+  if (fs::is_regular_file(dir / "latest_universal", ec)) return true;
   if (fs::exists(dir / "mp_rank_00_model_states.pt", ec) || fs::exists(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec)) return true;
   if (fs::is_directory(dir / "zero", ec)) return true;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -311,8 +326,14 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
   std::vector<std::string> raw_names;
   for (const auto& g : groups) raw_names.insert(raw_names.end(), g.begin(), g.end());
   if (groups.empty()) {
+    // A tied weight (GPT-2's lm_head.weight is transformer.wte.weight) is one parameter, which
+    // named_parameters() — so the optimizer's param_groups — lists once, but the module's
+    // state_dict holds under each name, both views of one storage: the first name is the parameter.
+    std::set<std::tuple<std::string, std::int64_t, std::vector<std::int64_t>, std::vector<std::int64_t>>> seen;
     for (const auto& [k, v] : module.pairs) {
       if (!v.is_tensor() || is_buffer(k.as_string())) continue;
+      const TorchTensorInfo& t = v.as_tensor();
+      if (!seen.insert({t.storage_key, t.storage_offset, t.shape, t.stride}).second) continue;
       raw_names.push_back(k.s);
       st.shapes[k.s] = v.as_tensor().shape;
     }

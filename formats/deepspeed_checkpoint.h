@@ -52,7 +52,8 @@ struct DeepSpeedTrainingState {
 DeepSpeedTrainingState read_deepspeed_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
 
 // True when `dir` looks like a DeepSpeed checkpoint folder (latest file, or
-// global_step*/mp_rank_00_model_states.pt, or zero/ of a universal one).
+// global_step*/mp_rank_00_model_states.pt, or zero/ of a universal one) — and not dstrain's own
+// save_dir (whose `latest` names a folder holding checkpoint.json) nor one of its tag folders.
 bool is_deepspeed_checkpoint(const std::filesystem::path& dir);
 
 }  // namespace dstrain

@@ -148,7 +148,7 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
 
 DeepSpeedResume deepspeed_resume_state(const DeepSpeedTrainingState& ds, const Architecture& model, const config::DsConfig& config) {
   DeepSpeedResume r;
-  const std::string source = fmt::format("DeepSpeed checkpoint {}", (ds.tag.empty() ? ds.dir : ds.dir / ds.tag).string());
+  const std::string source = fmt::format("DeepSpeed checkpoint {}", ds.dir.string());
   WholeTrainingState& ws = r.state;
   ws.source = source;
   r.summary = fmt::format("{} (global_step {}, ZeRO stage {} on {} ranks, {})", source, ds.global_steps, ds.zero_stage, ds.dp_world_size,

@@ -5,6 +5,9 @@ bf16_optimizer.py state_dict, fp16/fused_optimizer.py state_dict), from known va
 values expected back (expected.json) — for tests/unit/formats/test_deepspeed_checkpoint.cpp.
 
   deepspeed_checkpoint_fixture.py OUT --stage S --dtype fp32|fp16|bf16 --dp W [--lie-shape]
+  deepspeed_checkpoint_fixture.py OUT --from-dstrain CKDIR --stage S --dtype D --dp W
+                                                (the state of dstrain checkpoint CKDIR as a Hugging Face GPT-2
+                                                 run under DeepSpeed saves it: tests/integration/test_resume_deepspeed_cli.cpp)
   deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-2 x dtypes x W 1,2,4,
                                                  and OUT/lie/: a param_shapes entry one row too long)
 
@@ -166,22 +169,38 @@ def zero_partitions(numel, dp):
     return size, pads
 
 
-def write(out, stage, dtype, dp, lie_shape=False):
+def write(out, stage, dtype, dp, lie_shape=False, run=None):
+    """`run` (from_dstrain): the run's own values instead of the fixture's — groups, exp_avg,
+    exp_avg_sq, step, global_samples, lr_scheduler, ds_config, module_extra (tied copies and buffers
+    a module's state_dict holds besides its parameters), scaler (fp16's DynamicLossScaler fields)."""
     os.makedirs(out, exist_ok=True)
+    STEP = run['step'] if run else globals()['STEP']
+    skipped = 0 if run else 1
     tag = 'global_step%d' % STEP
     step_dir = os.path.join(out, tag)
     os.makedirs(step_dir, exist_ok=True)
-    groups = model_params()
-    exp_avg, exp_avg_sq = moments(groups)
+    if run:
+        groups, exp_avg, exp_avg_sq = run['groups'], run['exp_avg'], run['exp_avg_sq']
+    else:
+        groups = model_params()
+        exp_avg, exp_avg_sq = moments(groups)
     lp = DTYPES[dtype]
     names = [n for grp in groups for n in grp]
     master = {n: t for grp in groups for n, t in grp.items()}
     module = collections.OrderedDict()
     for n in names:
         module[n] = master[n].to(lp)
-    module['module.transformer.h.0.attn.bias'] = torch.tril(torch.ones(4, 4))  # a buffer, not a parameter
-    buffer_names = ['module.transformer.h.0.attn.bias']
-    lr_sched = {'last_batch_iteration': STEP - 1, 'warmup_min_lr': 0.0, 'warmup_max_lr': 3e-4, 'warmup_num_steps': 100, 'warmup_type': 'log',
+    if run:
+        buffer_names = []
+        for n, (t, is_buffer) in run['module_extra'].items():
+            module[n] = t.to(lp) if not is_buffer else t
+            if is_buffer:
+                buffer_names.append(n)
+        lr_sched = run['lr_scheduler']
+    else:
+        module['module.transformer.h.0.attn.bias'] = torch.tril(torch.ones(4, 4))  # a buffer, not a parameter
+        buffer_names = ['module.transformer.h.0.attn.bias']
+    lr_sched = lr_sched if run else {'last_batch_iteration': STEP - 1, 'warmup_min_lr': 0.0, 'warmup_max_lr': 3e-4, 'warmup_num_steps': 100, 'warmup_type': 'log',
                 'inverse_log_warm_up': 0.21714724095162588, 'delta_lr': 3e-4}
     expected = {'tag': tag, 'zero_stage': stage, 'dp_world_size': dp if stage > 0 else dp, 'dtype': dtype, 'names': [n[len('module.'):] for n in names],
                 'shapes': {n[7:]: list(master[n].shape) for n in names}, 'master': {n[7:]: master[n].flatten().tolist() for n in names},
@@ -190,9 +209,11 @@ def write(out, stage, dtype, dp, lie_shape=False):
                 'exp_avg_sq': {n[7:]: exp_avg_sq[n].flatten().tolist() for n in names}, 'step': STEP,
                 'param_group': {'lr': 3e-4, 'betas0': 0.9, 'betas1': 0.95, 'eps': 1e-8, 'weight_decay': 0.01}, 'optimizer_type': 'adamw',
                 'global_steps': STEP, 'global_samples': STEP * 4 * dp, 'skipped_steps': 1, 'lr_scheduler': lr_sched, 'loss_scaler': None}
+    config = run['ds_config'] if run else ds_config(stage, dtype, dp)
     common = dict(module=module, buffer_names=buffer_names, lr_scheduler=lr_sched, data_sampler=None, random_ltd=None,
-                  sparse_tensor_module_names=set(), skipped_steps=1, global_steps=STEP, global_samples=STEP * 4 * dp, dp_world_size=dp,
-                  mp_world_size=1, checkpoint_parallel_dimensions={'pp_degree': 1, 'tp_degree': 1}, ds_config=ds_config(stage, dtype, dp),
+                  sparse_tensor_module_names=set(), skipped_steps=skipped, global_steps=STEP,
+                  global_samples=run['global_samples'] if run else STEP * 4 * dp, dp_world_size=dp,
+                  mp_world_size=1, checkpoint_parallel_dimensions={'pp_degree': 1, 'tp_degree': 1}, ds_config=config,
                   ds_version=DS_VERSION)
     if stage == 0:
         if dtype == 'fp32':
@@ -218,6 +239,8 @@ def write(out, stage, dtype, dp, lie_shape=False):
             if dtype == 'fp16':
                 optimizer.update({'dynamic_loss_scale': True, 'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'scale_factor': 2.0,
                                   'scale_window': 1000})
+                if run and run.get('scaler'):
+                    optimizer.update({k: v for k, v in run['scaler'].items() if k != 'cur_hysteresis'})
                 expected['loss_scaler'] = {'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'cur_hysteresis': 0, 'dynamic': True}
             optimizer.update({'optimizer_state_dict': {'state': state, 'param_groups': pgs}, 'fp32_groups_flat': flats, 'clip_grad': 1.0})
         torch.save(dict(optimizer=optimizer, param_shapes=None, frozen_param_shapes=None, shared_params=None, frozen_param_fragments=None, **common),
@@ -245,6 +268,9 @@ def write(out, stage, dtype, dp, lie_shape=False):
             scaler.cur_iter = STEP
             scaler.last_overflow_iter = 4
             scaler.cur_hysteresis = 1
+            if run and run.get('scaler'):
+                for k, v in run['scaler'].items():
+                    setattr(scaler, k, v)
             expected['loss_scaler'] = {'cur_scale': 32768.0, 'cur_iter': STEP, 'last_overflow_iter': 4, 'cur_hysteresis': 1, 'dynamic': True}
         else:
             scaler = LossScaler(scale=1.0)
@@ -286,12 +312,95 @@ def write(out, stage, dtype, dp, lie_shape=False):
             osd['partition_count'] = [dp] * len(groups)
             osd['ds_version'] = DS_VERSION
             osd['param_slice_mappings'] = mappings
-            torch.save(dict(optimizer_state_dict=osd, ds_config=ds_config(stage, dtype, dp), ds_version=DS_VERSION),
+            torch.save(dict(optimizer_state_dict=osd, ds_config=config, ds_version=DS_VERSION),
                        os.path.join(step_dir, '%szero_pp_rank_%d_mp_rank_00_optim_states.pt' % (prefix, r)))
     with open(os.path.join(out, 'latest'), 'w') as f:
         f.write(tag)
     with open(os.path.join(out, 'expected.json'), 'w') as f:
         json.dump(expected, f)
+
+
+CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+
+
+def read_dstrain_checkpoint(ckdir):
+    """A dstrain checkpoint (docs/checkpoints.md "Files"), read by hand: the manifest, and each rank
+    file (safetensors: 8-byte little-endian header length, a JSON header, the raw bytes) joined by
+    the pieces' names `<buffer>/<param>/<offset>` into whole fp32 tensors of the manifest's shapes."""
+    with open(os.path.join(ckdir, 'latest')) as f:
+        tag = f.read().strip()
+    tag_dir = os.path.join(ckdir, tag)
+    with open(os.path.join(tag_dir, 'checkpoint.json')) as f:
+        manifest = json.load(f)
+    shapes = {p['name']: p['shape'] for p in manifest['model']['params']}
+    whole = {b: {n: torch.full((math.prod(s),), float('nan')) for n, s in shapes.items()} for b in ('master', 'exp_avg', 'exp_avg_sq')}
+    for r in manifest['ranks']:
+        with open(os.path.join(tag_dir, r['index'])) as f:
+            index = json.load(f)
+        with open(os.path.join(tag_dir, index['file']), 'rb') as f:
+            data = f.read()
+        hlen = int.from_bytes(data[:8], 'little')
+        header = json.loads(data[8:8 + hlen])
+        for key, e in header.items():
+            if key == '__metadata__':
+                continue
+            buf, rest = key.split('/', 1)
+            param, off = rest.rsplit('/', 1)
+            if buf not in whole:
+                continue
+            assert e['dtype'] == 'F32', key
+            lo, hi = e['data_offsets']
+            t = torch.frombuffer(bytearray(data[8 + hlen + lo:8 + hlen + hi]), dtype=torch.float32)
+            whole[buf][param][int(off):int(off) + t.numel()] = t
+    for b, ts in whole.items():
+        for n, t in ts.items():
+            assert not torch.isnan(t).any(), 'dstrain checkpoint %s: %s/%s not every element saved' % (ckdir, b, n)
+            ts[n] = t.view(shapes[n])
+    return manifest, whole
+
+
+def from_dstrain(ckdir, out, stage, dtype, dp):
+    """The DeepSpeed folder a Hugging Face GPT-2 run under DeepSpeed would have saved at the state of
+    dstrain checkpoint `ckdir` (its latest tag): dstrain's names are HF's without `transformer.`; the
+    Conv1D weights are HF's (in, out), dstrain's (out, in) — masters and moments transposed; wte's
+    padded vocabulary rows (dstrain pads to a multiple of 128) are not HF's; lm_head is wte, tied
+    (named_parameters lists it once; the module's state_dict holds both names)."""
+    manifest, whole = read_dstrain_checkpoint(ckdir)
+    cfg = manifest['architecture']['config']
+    eng = manifest['engine']
+    assert eng['skipped_steps'] == 0, 'the fixture writes the optimizer step as global_steps'
+
+    def hf(n, t):
+        if n.endswith(CONV1D):
+            t = t.t().contiguous()
+        if n == 'wte.weight':
+            t = t[:cfg['vocab_size']].clone()
+        return t
+
+    order = ['wte.weight', 'wpe.weight']
+    for i in range(cfg['n_layer']):
+        for m in ('ln_1.weight', 'ln_1.bias', 'attn.c_attn.weight', 'attn.c_attn.bias', 'attn.c_proj.weight', 'attn.c_proj.bias', 'ln_2.weight',
+                  'ln_2.bias', 'mlp.c_fc.weight', 'mlp.c_fc.bias', 'mlp.c_proj.weight', 'mlp.c_proj.bias'):
+            order.append('h.%d.%s' % (i, m))
+    order += ['ln_f.weight', 'ln_f.bias']
+    assert sorted(order) == sorted(whole['master']), 'the model is not the GPT-2 this mapping knows'
+    # Hugging Face's Trainer groups: decay (matrices), no decay (biases, LayerNorm).
+    groups = [collections.OrderedDict(), collections.OrderedDict()]
+    m, v = {}, {}
+    for n in order:
+        key = 'module.transformer.' + n
+        groups[0 if whole['master'][n].dim() == 2 else 1][key] = hf(n, whole['master'][n])
+        m[key] = hf(n, whole['exp_avg'][n])
+        v[key] = hf(n, whole['exp_avg_sq'][n])
+    ls = manifest.get('loss_scaler') or {}
+    config = json.loads(manifest['ds_config']) if isinstance(manifest['ds_config'], str) else manifest['ds_config']
+    config.setdefault('zero_optimization', {})['stage'] = stage  # the DeepSpeed run's layout (the reader takes BF16_Optimizer's stage from it)
+    run = dict(groups=groups, exp_avg=m, exp_avg_sq=v, step=eng['global_steps'], global_samples=eng['global_samples'],
+               lr_scheduler={'last_batch_iteration': manifest['lr_scheduler']['last_batch_iteration']},
+               ds_config=config,
+               module_extra={'module.lm_head.weight': (groups[0]['module.transformer.wte.weight'], False)},
+               scaler={k: ls[k] for k in ('cur_scale', 'cur_iter', 'last_overflow_iter', 'cur_hysteresis')} if ls.get('kind') == 'dynamic' else None)
+    write(out, stage, dtype, dp, run=run)
 
 
 def main():
@@ -302,8 +411,11 @@ def main():
     ap.add_argument('--dp', type=int, default=2)
     ap.add_argument('--lie-shape', action='store_true')
     ap.add_argument('--all', action='store_true')
+    ap.add_argument('--from-dstrain', metavar='CKDIR', help="the DeepSpeed folder of a dstrain checkpoint's state (from_dstrain)")
     a = ap.parse_args()
-    if a.all:
+    if a.from_dstrain:
+        from_dstrain(a.from_dstrain, a.out, a.stage, a.dtype, a.dp)
+    elif a.all:
         for stage in (0, 1, 2):
             for dtype in ('fp32', 'fp16', 'bf16'):
                 for dp in (1, 2, 4):
