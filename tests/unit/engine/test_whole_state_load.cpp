@@ -355,7 +355,7 @@ TEST(DeepSpeedNames, LlamaQkvFusedAndErrors) {
 TEST(DeepSpeedResume, RefusesWhatCannotCarryOver) {
   const auto arch = gpt2_family().from_spec("gpt2:L1-C8-H2-V16-T8");
   DeepSpeedTrainingState ds;
-  ds.dir = "/ds";
+  ds.dir = "/ds/global_step7";  // the reader gives the tag folder itself
   ds.tag = "global_step7";
   ds.zero_stage = 2;
   ds.dp_world_size = 4;
