@@ -399,7 +399,7 @@ def from_dstrain(ckdir, out, stage, dtype, dp):
                lr_scheduler={'last_batch_iteration': manifest['lr_scheduler']['last_batch_iteration']},
                ds_config=config,
                module_extra={'module.lm_head.weight': (groups[0]['module.transformer.wte.weight'], False)},
-               scaler={k: ls[k] for k in ('cur_scale', 'cur_iter', 'last_overflow_iter', 'cur_hysteresis')} if ls.get('kind') == 'dynamic' else None)
+               scaler={k: ls[k] for k in ('cur_scale', 'cur_iter', 'last_overflow_iter', 'cur_hysteresis')} if str(ls.get('kind', '')).startswith('dynamic') else None)
     write(out, stage, dtype, dp, run=run)
 
 
