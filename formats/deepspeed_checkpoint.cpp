@@ -228,6 +228,83 @@ fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::stri
   return step;
 }
 
+// ZeRO stage 3 (zero_to_fp32._zero3_merge_trainable_params): every parameter is partitioned on
+// its own, ceil(numel / W) values per rank (the last rank's piece padded), and rank r's flats (its
+// fp32_flat_groups, or an optimizer state's flat per group, the groups back to back) hold its piece
+// of each parameter in param_shapes order. Parameter p's values are the ranks' slices at the same
+// running offset, concatenated, the padding cut off. Each rank's flats must be exactly the sum of
+// the pieces, as zero_to_fp32 checks.
+void zero3_split(const std::vector<std::vector<float>>& rank_flats, const std::vector<std::string>& names,
+                 const std::map<std::string, std::vector<std::int64_t>>& shapes, const std::vector<std::string>& files, const std::string& what,
+                 const std::string& shapes_file, std::map<std::string, std::vector<float>>& out) {
+  const auto w = static_cast<std::int64_t>(rank_flats.size());
+  std::int64_t need = 0;
+  for (const std::string& n : names) need += (numel_of(shapes.at(n)) + w - 1) / w;
+  for (std::size_t r = 0; r < rank_flats.size(); ++r) {
+    if (static_cast<std::int64_t>(rank_flats[r].size()) != need) {
+      fail(
+          "DeepSpeed checkpoint file '{}': {} holds {} values, but the parameter shapes of '{}' cut into ceil(numel / {}) per rank need {} "
+          "(shapes that do not add up with the partitions)",
+          files[r], what, rank_flats[r].size(), shapes_file, w, need);
+    }
+  }
+  std::size_t at = 0;
+  for (const std::string& n : names) {
+    const std::int64_t numel = numel_of(shapes.at(n));
+    const auto piece = static_cast<std::size_t>((numel + w - 1) / w);
+    std::vector<float>& v = out[n];
+    v.clear();
+    v.reserve(piece * rank_flats.size());
+    for (const std::vector<float>& f : rank_flats) v.insert(v.end(), f.begin() + static_cast<std::ptrdiff_t>(at), f.begin() + static_cast<std::ptrdiff_t>(at + piece));
+    v.resize(static_cast<std::size_t>(numel));
+    at += piece;
+  }
+}
+
+void read_zero3(const std::vector<std::unique_ptr<TorchPickle>>& ranks, const std::vector<std::string>& names, DeepSpeedTrainingState& st,
+                const std::string& shapes_file, std::map<std::string, std::vector<float>>& master,
+                std::map<std::string, std::map<std::string, std::vector<float>>>& states) {
+  std::vector<std::string> files;
+  std::vector<std::vector<float>> fp32;
+  std::map<std::string, std::vector<std::vector<float>>> moments;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const TorchPickle& f = *ranks[r];
+    files.push_back(f.path().string());
+    const TorchValue& osd = f.root().at("optimizer_state_dict");
+    if (r == 0)
+      if (const TorchValue* l = osd.find("loss_scaler"); l != nullptr && !l->is_none()) st.loss_scaler = loss_scaler_of(*l);
+    std::vector<float>& mine = fp32.emplace_back();
+    const TorchValue& flats = osd.at("fp32_flat_groups");
+    for (std::size_t g = 0; g < flats.size(); ++g) {
+      const std::vector<float> v = f.read_fp32(flats[g]);
+      mine.insert(mine.end(), v.begin(), v.end());
+    }
+    // stage3._rigid_state_dict: the base optimizer's own state_dict, its param groups' params the
+    // fp32 flats (one state per group, shaped as that group's flat).
+    const TorchValue& base = osd.at("optimizer_state_dict");
+    const TorchValue& pgs = base.at("param_groups");
+    std::map<std::string, std::vector<float>> per_key;
+    for (std::size_t g = 0; g < pgs.size(); ++g) {
+      if (g == 0 && r == 0) read_param_group(pgs[g], st);
+      const TorchValue& ids = pgs[g].at("params");
+      if (ids.size() == 0) continue;
+      if (const TorchValue* s = base.at("state").find(ids[0].as_int())) {
+        ParamState ps = read_param_state(f, *s);
+        if (ps.step) st.optimizer_step = ps.step;
+        for (const auto& [key, vals] : ps.tensors) per_key[key].insert(per_key[key].end(), vals.begin(), vals.end());
+      }
+      if (!st.optimizer_step)
+        if (const TorchValue* s = pgs[g].find("step"); s != nullptr && !s->is_none()) st.optimizer_step = scalar_int(f, *s);
+    }
+    for (auto& [key, vals] : per_key) moments[key].push_back(std::move(vals));
+  }
+  zero3_split(fp32, names, st.shapes, files, "fp32_flat_groups", shapes_file, master);
+  for (const auto& [key, flats] : moments) {
+    if (flats.size() != ranks.size()) fail("DeepSpeed checkpoint '{}': optimizer state '{}' is saved by some ranks only", st.dir.string(), key);
+    zero3_split(flats, names, st.shapes, files, "optimizer state '" + key + "'", shapes_file, states[key]);
+  }
+}
+
 }  // namespace
 
 bool is_deepspeed_checkpoint(const fs::path& dir) {
@@ -261,11 +338,11 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
   DeepSpeedTrainingState st;
   st.dir = resolve_step_dir(dir, tag, st.tag);
   std::error_code ec;
-  const fs::path model_file = st.dir / "mp_rank_00_model_states.pt";
+  // ZeRO stage 3 (engine._get_ckpt_name): every rank writes its own model states file,
+  // zero_pp_rank_<r>_mp_rank_00_model_states.pt, all holding the same param_shapes; rank 0's is read.
+  const bool stage3_layout = !fs::exists(st.dir / "mp_rank_00_model_states.pt", ec) && fs::exists(st.dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec);
+  const fs::path model_file = st.dir / (stage3_layout ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt");
   if (!fs::exists(model_file, ec)) {
-    if (fs::exists(st.dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec)) {
-      fail("DeepSpeed checkpoint '{}' is a ZeRO stage 3 checkpoint (zero_pp_rank_*_model_states.pt); dstrain does not read stage 3 yet", st.dir.string());
-    }
     fail("DeepSpeed checkpoint '{}': the model states file '{}' is missing", st.dir.string(), model_file.string());
   }
   // Layouts whose parameters are spread over more files than these (each would otherwise read as a
@@ -341,11 +418,20 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
 
   // The module's weights (and their dtype), checked against param_shapes once the partitions are.
+  std::map<std::string, std::vector<float>> master, module_w;
   const auto module_weights = [&] {
     std::map<std::string, std::vector<float>> w;
     for (const std::string& n : raw_names) {
       const TorchValue* v = module.find(n);
       if (v == nullptr) fail("DeepSpeed checkpoint file '{}': parameter '{}' of param_shapes is not in 'module'", model_file.string(), n);
+      if (st.zero_stage == 3 && numel_of(v->as_tensor().shape) == 0 && numel_of(st.shapes.at(n)) != 0) {
+        // ZeRO-3's module state_dict holds each partitioned parameter as an empty placeholder (the
+        // weights live only in the ranks' partitions; stage3_gather_16bit_weights_on_model_save
+        // off): its dtype is the module's, its weights are the fp32 master's, as zero_to_fp32 gives them.
+        if (st.dtype.empty()) st.dtype = dtype_name(v->as_tensor().dtype);
+        w[n] = master.at(n);
+        continue;
+      }
       if (v->as_tensor().shape != st.shapes.at(n)) {
         fail("DeepSpeed checkpoint file '{}': parameter '{}' has shape {} in 'module' but {} in param_shapes", model_file.string(), n,
              fmt::join(v->as_tensor().shape, "x"), fmt::join(st.shapes.at(n), "x"));
@@ -355,7 +441,6 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
     return w;
   };
-  std::map<std::string, std::vector<float>> master, module_w;
   std::map<std::string, std::map<std::string, std::vector<float>>> states;  // state key -> raw name -> values
 
   if (groups.empty()) {
@@ -494,8 +579,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
         if (const TorchValue* z = c->find("zero_optimization"); z != nullptr && z->is_dict())
           if (const TorchValue* s = z->find("stage"); s != nullptr && s->kind == TorchValue::Kind::integer) st.zero_stage = static_cast<int>(s->i);
     }
-    if (st.zero_stage < 1 || st.zero_stage > 2) fail("DeepSpeed checkpoint file '{}': zero_stage {} (stages 1 and 2 are read here)", files.at(0).string(), st.zero_stage);
-    for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (st.zero_stage < 1 || st.zero_stage > 3) fail("DeepSpeed checkpoint file '{}': zero_stage {} (stages 1 to 3 are read here)", files.at(0).string(), st.zero_stage);
+    if ((st.zero_stage == 3) != stage3_layout) {
+      fail("DeepSpeed checkpoint file '{}': zero_stage {}, but the model states are in '{}' ({})", files.at(0).string(), st.zero_stage, model_file.string(),
+           stage3_layout ? "stage 3's per-rank file" : "stages 0-2's single file");
+    }
+    if (st.zero_stage == 3) read_zero3(ranks, raw_names, st, model_file.string(), master, states);
+    for (std::size_t g = 0; st.zero_stage != 3 && g < groups.size(); ++g) {
       std::int64_t need = 0;
       for (const std::string& n : groups[g]) need += numel_of(st.shapes.at(n));
       std::vector<Piece> fp32;

@@ -6,6 +6,8 @@
 // "group_paddings", "partition_count", "zero_stage", "loss_scaler"). The flat partitions are taken
 // apart as deepspeed/utils/zero_to_fp32.py does: the ranks' partitions of a group concatenated, the
 // alignment padding at the group's tail dropped, the parameters cut off in param_shapes order.
+// ZeRO stage 3 (zero_pp_rank_<r>_mp_rank_00_model_states.pt per rank, "fp32_flat_groups" and the base
+// optimizer's "optimizer_state_dict"): each parameter ceil(numel / W) per rank, as zero_to_fp32 merges them.
 // Every file goes through the restricted unpickler (formats/torch_pickle.h): nothing is executed.
 #pragma once
 

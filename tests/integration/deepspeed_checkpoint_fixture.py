@@ -8,8 +8,9 @@ values expected back (expected.json) — for tests/unit/formats/test_deepspeed_c
   deepspeed_checkpoint_fixture.py OUT --from-dstrain CKDIR --stage S --dtype D --dp W
                                                 (the state of dstrain checkpoint CKDIR as a Hugging Face GPT-2
                                                  run under DeepSpeed saves it: tests/integration/test_resume_deepspeed_cli.cpp)
-  deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-2 x dtypes x W 1,2,4,
-                                                 and OUT/lie/: a param_shapes entry one row too long)
+  deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-3 x dtypes x W 1,2,4,
+                                                 and OUT/lie/, OUT/lie3/ (stage 2, stage 3):
+                                                 a param_shapes entry one row too long)
 
 DeepSpeed itself is not imported: the classes its checkpoints pickle are stand-ins registered in
 sys.modules under DeepSpeed's module paths and qualnames, so the pickles name the same globals
@@ -245,6 +246,8 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None):
             optimizer.update({'optimizer_state_dict': {'state': state, 'param_groups': pgs}, 'fp32_groups_flat': flats, 'clip_grad': 1.0})
         torch.save(dict(optimizer=optimizer, param_shapes=None, frozen_param_shapes=None, shared_params=None, frozen_param_fragments=None, **common),
                    os.path.join(step_dir, 'mp_rank_00_model_states.pt'))
+    elif stage == 3:
+        write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP)
     else:
         bf16_optimizer = dtype == 'bf16' and stage == 1  # engine._do_optimizer_sanity_check: BFLOAT16 wrapper
         param_shapes = []
@@ -318,6 +321,50 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None):
         f.write(tag)
     with open(os.path.join(out, 'expected.json'), 'w') as f:
         json.dump(expected, f)
+
+
+def write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP):
+    """ZeRO stage 3 (engine._save_checkpoint / _save_zero_checkpoint, zero/stage3.py _rigid_state_dict):
+    every rank writes its own zero_pp_rank_<r>_mp_rank_00_model_states.pt (engine._get_ckpt_name), whose
+    module holds the partitioned parameters' placeholders (empty tensors of the 16-bit dtype; buffers
+    whole), and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt (engine._get_zero_ckpt_prefix: bf16_
+    when bf16 is enabled). Each parameter is cut into ceil(numel / dp) per rank, the last rank's piece
+    padded (partition_parameters._partition_param); a rank's fp32_flat_groups[g] is its pieces of group
+    g's parameters back to back, which zero_to_fp32._zero3_merge_trainable_params takes apart."""
+    lp = DTYPES[dtype]
+    placeholder = collections.OrderedDict((n, torch.empty(0, dtype=lp) if n in master else t) for n, t in module.items())
+    param_shapes = [collections.OrderedDict((n, torch.Size(t.shape)) for n, t in grp.items()) for grp in groups]
+    if lie_shape:
+        n0 = next(iter(groups[0]))
+        param_shapes[0][n0] = torch.Size([master[n0].shape[0] + 1] + list(master[n0].shape[1:]))
+    if dtype == 'fp16':
+        scaler = DynamicLossScaler(init_scale=2**16, scale_window=1000, min_scale=1, delayed_shift=2)
+        scaler.cur_scale, scaler.cur_iter, scaler.last_overflow_iter, scaler.cur_hysteresis = 65536.0, STEP, 5, 2
+        expected['loss_scaler'] = {'cur_scale': 65536.0, 'cur_iter': STEP, 'last_overflow_iter': 5, 'cur_hysteresis': 2, 'dynamic': True}
+    else:
+        scaler = LossScaler(scale=1.0)
+        expected['loss_scaler'] = {'cur_scale': 1.0, 'cur_iter': 0, 'last_overflow_iter': -1, 'cur_hysteresis': 0, 'dynamic': False}
+
+    def piece(t, r):
+        size = int(math.ceil(t.numel() / dp))
+        padded = torch.cat([t.flatten(), torch.full((size * dp - t.numel(),), 777.0)])  # the padding is junk to the reader
+        return padded[r * size:(r + 1) * size]
+
+    prefix = 'bf16_' if dtype == 'bf16' else ''
+    for r in range(dp):
+        torch.save(dict(optimizer=None, param_shapes=param_shapes, frozen_param_shapes=collections.OrderedDict(), shared_params={},
+                        frozen_param_fragments=None, **dict(common, module=placeholder)),
+                   os.path.join(step_dir, 'zero_pp_rank_%d_mp_rank_00_model_states.pt' % r))
+        flats, states, pgs = [], {}, []
+        for gi, grp in enumerate(groups):
+            flats.append(torch.cat([piece(master[n], r) for n in grp]))
+            states[gi] = {'step': STEP, 'exp_avg': torch.cat([piece(exp_avg[n], r) for n in grp]),
+                          'exp_avg_sq': torch.cat([piece(exp_avg_sq[n], r) for n in grp])}
+            pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
+        osd = {'zero_stage': ZeroStageEnum.weights, 'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16', 'overflow': False,
+               'partition_count': dp, 'optimizer_state_dict': {'state': states, 'param_groups': pgs}, 'fp32_flat_groups': flats}
+        torch.save(dict(optimizer_state_dict=osd, ds_config=common['ds_config'], ds_version=DS_VERSION),
+                   os.path.join(step_dir, '%szero_pp_rank_%d_mp_rank_00_optim_states.pt' % (prefix, r)))
 
 
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
@@ -416,11 +463,12 @@ def main():
     if a.from_dstrain:
         from_dstrain(a.from_dstrain, a.out, a.stage, a.dtype, a.dp)
     elif a.all:
-        for stage in (0, 1, 2):
+        for stage in (0, 1, 2, 3):
             for dtype in ('fp32', 'fp16', 'bf16'):
                 for dp in (1, 2, 4):
                     write(os.path.join(a.out, 's%d_%s_dp%d' % (stage, dtype, dp)), stage, dtype, dp)
         write(os.path.join(a.out, 'lie'), 2, 'fp32', 2, lie_shape=True)
+        write(os.path.join(a.out, 'lie3'), 3, 'bf16', 2, lie_shape=True)
 
         class Evil:
             def __reduce__(self):

@@ -1,6 +1,6 @@
 // read_deepspeed_checkpoint (formats/deepspeed_checkpoint.h) against folders written by torch.save
 // in DeepSpeed's layout (tests/integration/deepspeed_checkpoint_fixture.py, /usr/bin/python3 with
-// Debian's python3-torch): stages 0, 1, 2 x fp32 / fp16 / bf16 x DP 1, 2, 4, every value compared
+// Debian's python3-torch): stages 0, 1, 2, 3 x fp32 / fp16 / bf16 x DP 1, 2, 4, every value compared
 // exactly with the whole values the script wrote; and hostile folders (truncated file, lying shape,
 // missing rank file, `latest` naming another or an outside folder, a pickle asking for os.system),
 // each an Error naming the file. Plus the value tree (formats/torch_pickle.h) on its own.
@@ -76,7 +76,7 @@ void expect_values(const std::map<std::string, std::vector<float>>& got, const n
 }
 
 TEST_F(DeepSpeedCheckpointTest, EveryStageDtypeAndDataParallelSizeGivesTheSavedValues) {
-  for (const int stage : {0, 1, 2}) {
+  for (const int stage : {0, 1, 2, 3}) {
     for (const std::string dtype : {"fp32", "fp16", "bf16"}) {
       for (const int dp : {1, 2, 4}) {
         const std::string name = "s" + std::to_string(stage) + "_" + dtype + "_dp" + std::to_string(dp);
@@ -129,6 +129,14 @@ TEST_F(DeepSpeedCheckpointTest, AShapeThatDoesNotAddUpWithThePartitionsIsRefused
   const std::string e = error_of(dir_ / "lie");
   EXPECT_NE(e.find("do not add up"), std::string::npos) << e;
   EXPECT_NE(e.find("zero_pp_rank_0_mp_rank_00_optim_states.pt"), std::string::npos) << e;
+}
+
+// ZeRO-3: a param_shapes entry one row too long no longer adds up with ceil(numel / W) per rank.
+TEST_F(DeepSpeedCheckpointTest, AStage3ShapeThatDoesNotAddUpWithThePartitionsIsRefused) {
+  const std::string e = error_of(dir_ / "lie3");
+  EXPECT_NE(e.find("do not add up"), std::string::npos) << e;
+  EXPECT_NE(e.find("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("zero_pp_rank_0_mp_rank_00_model_states.pt"), std::string::npos) << e;
 }
 
 TEST_F(DeepSpeedCheckpointTest, AMissingRankFileIsNamed) {
