@@ -151,6 +151,7 @@ TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
       {"bf16", 1, 2, 2, 2},  // BF16_Optimizer: bf16_ prefix, padding kept on the last rank
       {"bf16", 2, 4, 0, 1},  // DeepSpeedZeroOptimizer in bf16 on 4 ranks, resumed on one
       {"fp16", 1, 2, 0, 1},  // DeepSpeedZeroOptimizer in fp16: its DynamicLossScaler object carries the scale
+      {"bf16", 3, 2, 1, 2},  // ZeRO-3: fp32_flat_groups, each parameter ceil(numel / W) per rank
   };
   for (const Cell& c : cells) {
     const std::string name = c.dtype + "_s" + std::to_string(c.ds_stage) + "_dp" + std::to_string(c.ds_dp);
