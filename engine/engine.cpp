@@ -139,21 +139,9 @@ void Engine::choose_memory(const EngineOptions& options) {
     im.sp_group = std::make_unique<CommunicatorSequenceGroup>(*im.sp);
     check_sequence_parallel_engine(im.allocator->device(), sp_ranks, im.sp->backend());
   }
-  if ((options.expert_parallel == nullptr) != (options.expert_data == nullptr)) {
-    fail("initialize: EngineOptions::expert_parallel and expert_data come together (the expert-parallel group and the ranks that hold the same "
-         "experts); one of them is null");
-  }
-  const int ep_ranks = options.expert_parallel != nullptr ? options.expert_parallel->world_size() : 1;
-  if (ep_ranks != model_.expert_parallel.ranks) {
-    fail("initialize: the model's layers were built for {} expert-parallel rank(s) but the engine's expert-parallel group has {}; build the model "
-         "with make_model(architecture, tp, sp, {{rank, {}}})",
-         model_.expert_parallel.ranks, ep_ranks, ep_ranks);
-  }
+  // (Whether the layers were built for this group is check_shapes' check of their pieces.)
+  const int ep_ranks = check_expert_groups(options.expert_parallel, options.expert_data, im.comm);
   if (ep_ranks > 1) {
-    if (im.comm == nullptr || im.world % ep_ranks != 0 || options.expert_data->world_size() * ep_ranks != im.world) {
-      fail("initialize: an expert-parallel group of {} ranks and an expert-data group of {} must split the data group of {} ranks", ep_ranks,
-           options.expert_data->world_size(), im.world);
-    }
     im.ep = options.expert_parallel;
     im.ep_group = std::make_unique<CommunicatorExpertGroup>(*im.ep, im.host_value_staging());
     check_expert_parallel_engine(im.config, im.allocator->device(), ep_ranks, im.ep->backend());
@@ -205,7 +193,7 @@ void Engine::check_shapes(const config::DsConfig& config, const EngineOptions& o
     std::vector<const Layer*> layers;
     for (const auto& l : model_.layers) layers.push_back(l.get());
     check_layers_fit_group(layers, im.tp != nullptr ? im.tp->world_size() : 1);
-    check_layers_fit_expert_group(layers, im.ep_size());
+    check_layers_fit_group(layers, im.ep_size(), PieceGroup::expert_parallel);
   }
   if (model_.n_embd <= 0) fail("initialize: the model's n_embd (width of the residual stream) must be > 0, got {}", model_.n_embd);
 

@@ -39,24 +39,18 @@ void CommunicatorExpertGroup::all_to_all_v(Tensor send, std::span<const std::int
   comm_.order_compute_after_collectives();  // the layer reads recv next (NCCL: a stream of its own)
 }
 
-void check_layers_fit_expert_group(std::span<const Layer* const> layers, int ranks) {
-  bool any_piece = false;
-  for (const Layer* layer : layers) {
-    for (const ParamSpec& p : layer->params()) {
-      if (!is_expert_piece(p)) continue;
-      any_piece = true;
-      if (p.piece.ranks != ranks) {
-        fail("initialize: parameter '{}' was built for {} expert-parallel ranks but the engine's expert-parallel group has {}; build the model with "
-             "make_model(architecture, tp, sp, {{rank, {}}})",
-             p.name, p.piece.ranks, ranks, ranks);
-      }
-    }
+int check_expert_groups(Communicator* expert_parallel, Communicator* expert_data, Communicator* data) {
+  if ((expert_parallel == nullptr) != (expert_data == nullptr)) {
+    fail("initialize: EngineOptions::expert_parallel and expert_data come together (the expert-parallel group and the ranks that hold the same "
+         "experts); one of them is null");
   }
-  if (ranks > 1 && !any_piece) {
-    fail("initialize: the engine has an expert-parallel group of {} ranks but the model's layers hold every expert whole; build the model with "
-         "make_model(architecture, tp, sp, {{rank, {}}})",
-         ranks, ranks);
+  const int ep = expert_parallel != nullptr ? expert_parallel->world_size() : 1;
+  const int world = data != nullptr ? data->world_size() : 1;
+  if (ep > 1 && (data == nullptr || expert_data->world_size() * ep != world)) {
+    fail("initialize: an expert-parallel group of {} ranks and an expert-data group of {} must split the data group of {} ranks", ep,
+         expert_data->world_size(), world);
   }
+  return ep;
 }
 
 void check_expert_parallel_engine(const config::DsConfig& config, const Device& device, int ep_ranks, std::string_view ep_backend) {

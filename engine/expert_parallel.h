@@ -46,9 +46,10 @@ inline bool is_expert_piece(const ParamSpec& spec) { return spec.is_piece() && s
 // A tensor-parallel rank's piece of a cut parameter.
 inline bool is_tensor_piece(const ParamSpec& spec) { return spec.is_piece() && spec.split.kind != SplitKind::experts; }
 
-// Error naming the fix when `layers` were not built for an expert-parallel group of `ranks` ranks:
-// an expert piece built for another size, or a group of several ranks and no expert piece at all.
-void check_layers_fit_expert_group(std::span<const Layer* const> layers, int ranks);
+// The expert-parallel size of EngineOptions' groups (1 without them): Error when only one of the two
+// is given, or when EP x the expert-data group's ranks is not the data group's. (Whether the layers
+// were built for it: check_layers_fit_group(..., PieceGroup::expert_parallel), engine/tensor_parallel.h.)
+int check_expert_groups(Communicator* expert_parallel, Communicator* expert_data, Communicator* data);
 
 // Error naming the key and the fix when the engine cannot train `config` with `ep_ranks`
 // expert-parallel ranks on `device` over groups of backend `ep_backend`: optimizers whose rule reads

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "models/param_split.h"
 #include "ops/buffer.h"
@@ -31,23 +34,25 @@ ParamSpec whole_spec(const ParamSpec& spec) {
   return w;
 }
 
-void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks) {
+void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks, PieceGroup group) {
+  const bool experts = group == PieceGroup::expert_parallel;
+  const char* what = experts ? "expert-parallel" : "tensor-parallel";
+  // The make_model call that builds a rank's layers for the group.
+  const std::string fix = experts ? fmt::format("make_model(architecture, tp, sp, {{rank, {}}})", ranks)
+                                  : fmt::format("make_model(architecture, {{rank, {}}})", ranks);
   bool any_piece = false;
   for (const Layer* layer : layers) {
     for (const ParamSpec& p : layer->params()) {
-      if (!is_tensor_piece(p)) continue;  // experts are cut across the expert-parallel group (engine/expert_parallel.h)
+      if (!(experts ? is_expert_piece(p) : is_tensor_piece(p))) continue;
       any_piece = true;
-      if (p.piece.ranks != ranks) {
-        fail("initialize: parameter '{}' was built for {} tensor-parallel ranks but the engine's tensor-parallel group has {}; build the model with "
-             "make_model(architecture, {{rank, {}}})",
-             p.name, p.piece.ranks, ranks, ranks);
-      }
+      if (p.piece.ranks != ranks)
+        fail("initialize: parameter '{}' was built for {} {} ranks but the engine's {} group has {}; build the model with {}", p.name, p.piece.ranks,
+             what, what, ranks, fix);
     }
   }
   if (ranks > 1 && !any_piece) {
-    fail("initialize: the engine has a tensor-parallel group of {} ranks but the model's layers hold whole parameters; build the model with "
-         "make_model(architecture, {{rank, {}}})",
-         ranks, ranks);
+    fail("initialize: the engine has {} {} group of {} ranks but the model's layers hold {}; build the model with {}", experts ? "an" : "a", what, ranks,
+         experts ? "every expert whole" : "whole parameters", fix);
   }
 }
 

@@ -102,7 +102,10 @@ ParamSpec whole_spec(const ParamSpec& spec);
 
 // Error naming the fix when `layers` were not built for a tensor-parallel group of `ranks` ranks:
 // a piece built for another size, or a group of several ranks and no piece at all.
-void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks);
+// The group a piece is cut across: tensor-parallel (rows, columns, vocabulary) or expert-parallel
+// (an expert stack, engine/expert_parallel.h).
+enum class PieceGroup { tensor_parallel, expert_parallel };
+void check_layers_fit_group(const std::vector<const Layer*>& layers, int ranks, PieceGroup group = PieceGroup::tensor_parallel);
 
 // Collective over `tp` (every rank, the same parameters in the same order): the whole fp32 value of
 // a parameter whose piece (fp32, host) this rank holds, assembled from every rank's piece.
