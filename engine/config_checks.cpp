@@ -72,6 +72,20 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
     fail("gradient_clipping: {} is not a number; give a max norm >= 0", c.gradient_clipping);
 }
 
+void check_group_backend(const Device& device, std::string_view backend, std::string_view subject, std::string_view moves,
+                         std::string_view group) {
+  if (device.is_cuda() && backend == "mpi") {
+    fail("{} on {} over the mpi backend: {} in device memory, and the MPI backend communicates host memory only; make {} with the nccl backend "
+         "(one process per GPU) or the local backend (ranks sharing the GPU), or train on the CPU",
+         subject, device.str(), moves, group);
+  }
+  if (!device.is_cuda() && backend == "nccl") {
+    fail("{} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make {} with the local or mpi "
+         "backend",
+         subject, device.str(), group);
+  }
+}
+
 void check_tensor_parallel_engine(const config::DsConfig& config, const Device& device, int tp_ranks, std::string_view tp_backend) {
   if (tp_ranks <= 1) return;
   using config::OptimizerKind;
@@ -88,34 +102,16 @@ void check_tensor_parallel_engine(const config::DsConfig& config, const Device& 
   }
   // The layers' collectives run on their activations in place, on the training device: the
   // group's backend must communicate that memory (docs/parallelism.md "What composes").
-  if (device.is_cuda() && tp_backend == "mpi") {
-    fail("tensor parallelism ({} ranks) on {} over the mpi backend: the layers all-reduce their activations in device memory, and the MPI "
-         "backend communicates host memory only; make the tensor-parallel group with the nccl backend (one process per GPU) or the local "
-         "backend (ranks sharing the GPU), or train on the CPU",
-         tp_ranks, device.str());
-  }
-  if (!device.is_cuda() && tp_backend == "nccl") {
-    fail("tensor parallelism ({} ranks) on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make "
-         "the tensor-parallel group with the local or mpi backend",
-         tp_ranks, device.str());
-  }
+  check_group_backend(device, tp_backend, fmt::format("tensor parallelism ({} ranks)", tp_ranks), "the layers all-reduce their activations",
+                      "the tensor-parallel group");
 }
 
 void check_sequence_parallel_engine(const Device& device, int sp_ranks, std::string_view sp_backend) {
   if (sp_ranks <= 1) return;
   // Ulysses' all-to-alls move the activations where they are, the training device's memory: the
   // group's backend must communicate it, as the tensor-parallel group's must.
-  if (device.is_cuda() && sp_backend == "mpi") {
-    fail("sequence_parallel_size {} on {} over the mpi backend: DeepSpeed-Ulysses' all-to-alls move activations in device memory, and the MPI "
-         "backend communicates host memory only; make the sequence-parallel group with the nccl backend (one process per GPU) or the local "
-         "backend (ranks sharing the GPU), or train on the CPU",
-         sp_ranks, device.str());
-  }
-  if (!device.is_cuda() && sp_backend == "nccl") {
-    fail("sequence_parallel_size {} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make "
-         "the sequence-parallel group with the local or mpi backend",
-         sp_ranks, device.str());
-  }
+  check_group_backend(device, sp_backend, fmt::format("sequence_parallel_size {}", sp_ranks), "DeepSpeed-Ulysses' all-to-alls move activations",
+                      "the sequence-parallel group");
 }
 
 namespace {

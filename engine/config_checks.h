@@ -14,6 +14,12 @@ namespace dstrain {
 // `world_size` ranks.
 void check_config_is_provided(const config::DsConfig& c, int world_size);
 
+// Error when a group of `backend` ("local", "mpi", "nccl") cannot move the training `device`'s
+// memory, which the layers' collectives read in place: mpi on a GPU (host memory only), nccl on the
+// CPU (GPU memory only). `subject` names what asks ("tensor parallelism (2 ranks)"), `moves` what
+// moves in device memory, `group` the group to make with another backend.
+void check_group_backend(const Device& device, std::string_view backend, std::string_view subject, std::string_view moves, std::string_view group);
+
 // Error naming the key and the fix when the engine cannot train `config` with `tp_ranks`
 // tensor-parallel ranks on `device` over a group of backend `tp_backend` ("local", "mpi", "nccl";
 // docs/parallelism.md "What composes"): Lamb, Muon and Adafactor on a GPU (their sums

@@ -1,5 +1,7 @@
 #include "engine/expert_parallel.h"
 
+#include "engine/config_checks.h"
+
 #include "ops/buffer.h"
 #include "ops/error.h"
 #include "ops/kernels/tensor_ops.h"
@@ -66,17 +68,8 @@ void check_expert_parallel_engine(const config::DsConfig& config, const Device& 
         config.optimizer.type, ep_ranks);
   }
   // The layers exchange their tokens in place, in the training device's memory.
-  if (device.is_cuda() && ep_backend == "mpi") {
-    fail("expert_parallel.autoep_size {} on {} over the mpi backend: the MoE layers move their tokens in device memory, and the MPI backend "
-         "communicates host memory only; use the nccl backend (one process per GPU) or the local backend (ranks sharing the GPU), or train on "
-         "the CPU",
-         ep_ranks, device.str());
-  }
-  if (!device.is_cuda() && ep_backend == "nccl") {
-    fail("expert_parallel.autoep_size {} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or use "
-         "the local or mpi backend",
-         ep_ranks, device.str());
-  }
+  check_group_backend(device, ep_backend, fmt::format("expert_parallel.autoep_size {}", ep_ranks), "the MoE layers move their tokens",
+                      "the expert-parallel group");
 }
 
 }  // namespace dstrain

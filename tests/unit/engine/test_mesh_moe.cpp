@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/expert_parallel.h"
 #include "mesh_test_util.h"
 
 namespace dstrain {
@@ -104,6 +105,30 @@ TEST(MoeMeshCheckpointing, ExpertParallelRecomputeMatchesOneRank) {
   m.ckpt = true;
   m.model = kMoe;
   check_against_one_rank(m);
+}
+
+// What the engine refuses under expert parallelism before step 1: a group backend that cannot move
+// the device's memory, and optimizers whose rule reads each tensor whole.
+TEST(ExpertParallelChecks, BackendAndOptimizerAreRefusedNamingTheFix) {
+  RunSpec s;
+  const config::DsConfig adamw = config::parse_ds_config(config::Json::parse(zero_config_json(s)), config::ConfigOptions{});
+  const auto refused = [](const config::DsConfig& c, Device d, const char* backend, std::vector<std::string> parts) {
+    try {
+      check_expert_parallel_engine(c, d, 2, backend);
+      ADD_FAILURE() << backend << " on " << d.str() << " was not refused";
+    } catch (const Error& e) {
+      for (const std::string& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused(adamw, Device::cuda(0), "mpi", {"expert_parallel.autoep_size 2", "mpi backend", "host memory only", "expert-parallel group"});
+  refused(adamw, Device::cpu(), "nccl", {"expert_parallel.autoep_size 2", "nccl backend", "GPU memory only"});
+  s.knobs.optimizer_json = R"({"type": "Lamb", "params": {"lr": 1e-3}})";
+  s.knobs.allow_untested_optimizer = true;
+  const config::DsConfig lamb = config::parse_ds_config(config::Json::parse(zero_config_json(s)), config::ConfigOptions{});
+  refused(lamb, Device::cpu(), "local", {"optimizer.type \"Lamb\"", "autoep_size 2", "element-wise optimizer"});
+  EXPECT_NO_THROW(check_expert_parallel_engine(adamw, Device::cpu(), 2, "local"));
+  EXPECT_NO_THROW(check_expert_parallel_engine(adamw, Device::cuda(0), 2, "nccl"));
+  EXPECT_NO_THROW(check_expert_parallel_engine(lamb, Device::cpu(), 1, "local"));  // one rank: no group
 }
 
 }  // namespace
