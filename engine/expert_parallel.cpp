@@ -24,9 +24,11 @@ std::vector<std::int64_t> CommunicatorExpertGroup::exchange_counts(std::span<con
   if (staging_ == nullptr) {
     comm_.all_to_all(Tensor(send.data(), DType::int32, shape), Tensor(recv.data(), DType::int32, shape));
   } else {
-    const Buffer b(*staging_, 2 * send.size() * sizeof(std::int32_t), MemoryPurpose::buffers);
-    const Tensor ds = b.tensor(DType::int32, shape);
-    const Tensor dr = b.tensor(DType::int32, shape, send.size() * sizeof(std::int32_t));
+    // Every sparse layer's forward exchanges its counts: the device buffer is kept, not allocated per call.
+    const std::size_t bytes = 2 * send.size() * sizeof(std::int32_t);
+    if (staging_buffer_.bytes() < bytes) staging_buffer_ = Buffer(*staging_, bytes, MemoryPurpose::buffers);
+    const Tensor ds = staging_buffer_.tensor(DType::int32, shape);
+    const Tensor dr = staging_buffer_.tensor(DType::int32, shape, send.size() * sizeof(std::int32_t));
     copy_tensor(ds, Tensor(send.data(), DType::int32, shape));
     comm_.all_to_all(ds, dr);
     comm_.order_compute_after_collectives();

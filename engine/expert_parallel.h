@@ -19,6 +19,7 @@
 #include "models/expert_parallel.h"
 #include "models/layer.h"
 #include "ops/allocator.h"
+#include "ops/buffer.h"
 #include "ops/device.h"
 #include "zero/communicator.h"
 
@@ -38,6 +39,7 @@ class CommunicatorExpertGroup final : public ExpertParallelGroup {
  private:
   Communicator& comm_;
   Allocator* staging_;
+  Buffer staging_buffer_;  // exchange_counts' device copies (n > 1, a device group)
 };
 
 // An expert-parallel rank's piece of a stack of experts: cut across the expert-parallel group (not
