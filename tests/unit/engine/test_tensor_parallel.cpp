@@ -8,6 +8,7 @@
 // The reference is test_zero_equivalence.cpp's: stage 0, one rank, GAS·DP micro-steps fed the
 // global batch slot by slot. Rank (dp, tp) feeds slot m·DP + dp at micro-step m: the ranks of one
 // tensor-parallel group see the same micro-batch.
+#include <cmath>
 #include <string>
 #include <tuple>
 
@@ -86,7 +87,11 @@ TEST(TensorParallelPrecision, Bf16AndCheckpointing) {
 }
 
 // SGD (no Adam normalisation to amplify near-zero gradients' rounding noise into lr-sized steps):
-// the difference to one rank is the reduction order of the row-parallel sums alone.
+// the difference to one rank is the reduction order of the row-parallel sums alone. The bound is
+// the textbook one for two summation orders of an n-term fp32 sum, 2·γ_n with γ_n = n·u/(1 − n·u)
+// and u = 2⁻²⁴, over the longest split contraction (the MLP's 4C = 128 features), once per step:
+// 2·γ_128·3 ≈ 4.6e-5. Measured: 7.2e-6 (g++ Release) to 1.02e-5 (clang ASan build in
+// CI); a tensor-parallel group that dropped a piece's sum is off by O(1).
 TEST(TensorParallelSgd, MatchesOneRankToRounding) {
   for (const char* model : {kGpt2Heads4, kLlamaGqa}) {
     SCOPED_TRACE(model);
@@ -103,8 +108,10 @@ TEST(TensorParallelSgd, MatchesOneRankToRounding) {
       const std::vector<float>& got = run.r0().params.at(name);
       for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - want[i]) / (1e-3 + std::abs(double(want[i]))));
     }
-    std::printf("SGD %s: worst relative difference %.3g\n", model, worst);
-    EXPECT_LE(worst, 1e-5);
+    const double u = std::ldexp(1.0, -24), n = 4 * 32;
+    const double bound = 2 * (n * u / (1 - n * u)) * m.steps;
+    std::printf("SGD %s: worst relative difference %.3g (bound %.3g)\n", model, worst, bound);
+    EXPECT_LE(worst, bound);
   }
 }
 
