@@ -28,6 +28,13 @@ struct DeepSpeedLossScaler {
   bool dynamic = false;
 };
 
+// One of the optimizer's param groups: its parameters (names as in DeepSpeedTrainingState::names)
+// and the weight decay it was saved with.
+struct DeepSpeedParamGroup {
+  std::vector<std::string> names;
+  double weight_decay = 0;
+};
+
 struct DeepSpeedTrainingState {
   std::filesystem::path dir;       // the global_step folder read
   std::string tag;                 // "global_step10"
@@ -45,6 +52,11 @@ struct DeepSpeedTrainingState {
   std::int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
   std::optional<DeepSpeedLossScaler> loss_scaler;
   std::optional<std::string> lr_scheduler_json;  // the scheduler's state_dict as JSON text, if saved
+  std::optional<std::string> ds_config_json;     // the saving run's ds_config as JSON text, if saved
+  // The optimizer's param groups in order (the flat fp32 groups of ZeRO 1-3 follow them). Empty when
+  // read from a folder that does not say; the writer then saves one group of every name with
+  // param_group's weight_decay.
+  std::vector<DeepSpeedParamGroup> groups;
 };
 
 // `dir`: a save_checkpoint folder (its `latest` names the tag unless `tag` is given) or a global_step

@@ -1,0 +1,73 @@
+// Files that torch.load reads, written without Python — the other direction of the restricted
+// unpickler (formats/torch_pickle.h): a TorchValue tree (dicts, lists, tuples, numbers, strings,
+// bytes, None, tensors, and the objects DeepSpeed's checkpoints hold) saved as torch.save saves it.
+//
+// The container is torch.save's (PyTorch >= 1.6): a zip archive, every entry stored (not
+// compressed) and its data 64-byte aligned as torch's writer aligns it, holding <archive>/data.pkl
+// (a protocol-2 pickle of the object), <archive>/data/<key> (each tensor storage's raw
+// little-endian bytes), <archive>/version ("3") and <archive>/byteorder ("little"); <archive> is
+// the file name without its extension, as torch.save names it.
+//
+// The pickle spells each value as torch's pickler does, so that torch.load (and DeepSpeed's
+// load_checkpoint, which torch.loads these files) gets the same Python objects:
+//   tensor  torch._utils._rebuild_tensor_v2(persistent_id(('storage', torch.<T>Storage, key, 'cpu',
+//           numel)), offset, size, stride, False, collections.OrderedDict())
+//   object  with constructor args (TorchValue::items non-empty): GLOBAL, args tuple, REDUCE — an
+//           enum member such as deepspeed.runtime.zero.config.ZeroStageEnum(2); then BUILD of its
+//           state when it has one
+//           without args but with a state: GLOBAL, (), NEWOBJ, BUILD(state) — copyreg.__newobj__,
+//           as a plain class instance (DynamicLossScaler, fragment_address) pickles
+//           without args and without state: the bare GLOBAL — torch.float16 as a value
+//   bytes   _codecs.encode(str, 'latin1') (protocol 2's spelling)
+// Memoised as the pickler memoises nothing of ours: every value is written where it occurs (a
+// tensor saved twice is two references to one storage only when the caller passes the same
+// TorchValue from tensor() twice — the storage key is shared, the bytes written once).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/torch_pickle.h"
+
+namespace dstrain {
+
+class TorchSaveWriter {
+ public:
+  // A contiguous tensor of `dtype` (safetensors-style: "F32", "F16", "BF16", "F64", "I64", "I32",
+  // "U8", "BOOL") and `shape`, whose storage is `bytes` (little-endian, numel x element size bytes;
+  // Error otherwise). Each call adds one storage to the file; the returned value refers to it.
+  TorchValue tensor(const std::string& dtype, std::vector<std::int64_t> shape, std::string bytes);
+  // The same from fp32 values, rounded to nearest-even for "F16" / "BF16" (as torch's .half() /
+  // .bfloat16() round), kept for "F32".
+  TorchValue tensor_from_fp32(const std::string& dtype, std::vector<std::int64_t> shape, const std::vector<float>& values);
+
+  // Writes `root` as torch.save(root, path) does — to path + ".tmp", fsynced, then renamed over
+  // `path` — so that a crash never leaves a half-written file under the final name. Error naming
+  // the path for an I/O failure (disk full: the temporary file is removed) and for a value this
+  // writer cannot spell (a tensor from another writer, a dict key that is not a string, integer,
+  // or tuple of them).
+  void save(const std::filesystem::path& path, const TorchValue& root) const;
+
+  // Helpers for building trees.
+  static TorchValue none();
+  static TorchValue boolean(bool b);
+  static TorchValue integer(std::int64_t i);
+  static TorchValue real(double f);
+  static TorchValue string(std::string s);
+  static TorchValue list(std::vector<TorchValue> items);
+  static TorchValue tuple(std::vector<TorchValue> items);
+  static TorchValue dict(std::vector<TorchValuePair> pairs);
+  // An object of global `name` ("module.qualname"): see the header comment for how args and state
+  // are spelled.
+  static TorchValue object(std::string name, std::vector<TorchValue> args, std::optional<TorchValue> state);
+
+ private:
+  std::map<std::string, std::string> storages_;  // key -> bytes
+  std::map<std::string, std::string> storage_dtypes_;
+};
+
+}  // namespace dstrain
