@@ -15,6 +15,7 @@
 #include "check_config_command.h"
 #include "cli_options.h"
 #include "consolidate_command.h"
+#include "export_command.h"
 #include "estimate_memory_command.h"
 #include "io_bench_command.h"
 #include "prepare_data_command.h"
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   dstrain::add_prepare_data_command(app);
   dstrain::cli::add_train_command(app);
   dstrain::cli::add_consolidate_command(app);
+  dstrain::cli::add_export_command(app);
   dstrain::cli::add_io_bench_command(app);
   dstrain::cli::add_estimate_memory_command(app);
   // Under MPI (dstrain train --comm mpi) every process ends MPI before it exits; after an error the

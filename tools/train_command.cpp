@@ -27,7 +27,7 @@ std::string model_spec_help() {
 // The command line as CLI11 fills it; run_train turns it into TrainerOptions.
 struct TrainArgs {
   std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json;
-  std::string save_dir, resume, load_tag, resume_deepspeed;
+  std::string save_dir, resume, load_tag, resume_deepspeed, save_format = "dstrain";
   std::int64_t save_interval = 0, keep_last = 0;
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
   std::uint64_t seed = 42;
@@ -81,6 +81,9 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.save_dir = args.save_dir;
   o.save_interval = args.save_interval;
   o.keep_last = args.keep_last;
+  o.save_format = args.save_format == "deepspeed"   ? TrainerOptions::SaveFormat::deepspeed
+                  : args.save_format == "universal" ? TrainerOptions::SaveFormat::universal
+                                                    : TrainerOptions::SaveFormat::dstrain;
   o.resume = args.resume;
   o.resume_deepspeed = args.resume_deepspeed;
   o.load_tag = args.load_tag;
@@ -156,6 +159,12 @@ void add_train_command(CLI::App& app) {
       ->check(not_empty());
   cmd->add_option("--save-interval", args->save_interval, "Optimizer steps between checkpoints (0: only at the end)")
       ->check(whole_number_at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--save-format", args->save_format,
+                  "Also save each checkpoint for DeepSpeed, beside dstrain's files in its tag folder: deepspeed (save_checkpoint's layout for the "
+                  "run's ZeRO stage, data-parallel ranks and dtype: DeepSpeed's load_checkpoint and zero_to_fp32.py read it) or universal "
+                  "(ds_to_universal's)")
+      ->check(one_of({"dstrain", "deepspeed", "universal"}))
       ->capture_default_str();
   cmd->add_option("--keep-last", args->keep_last, "Keep only the newest K checkpoints under --save-dir (0: all)")
       ->check(whole_number_at_least(0))

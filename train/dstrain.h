@@ -35,6 +35,7 @@
 // Training: the model (layers), the engine and its step loop, weights in the HF GPT-2 layout.
 #include "engine/engine.h"
 #include "engine/checkpoint/checkpoint_consolidate.h"
+#include "engine/checkpoint/deepspeed_export.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manager.h"
 // Offload: pinned host memory and the io_uring engine that NVMe offload and fast checkpoints use.

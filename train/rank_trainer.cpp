@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "data/gpt2_tokenizer.h"
+#include "engine/checkpoint/deepspeed_export.h"
 #include "train/flops_report.h"
 #include "models/model.h"
 #include "models/pipeline_stage.h"
@@ -601,6 +602,20 @@ std::string RankTrainer::save_checkpoint() {
   const bool decoupled = plan_.config.checkpoint.writer_options.decoupled;
   say(fmt::format("step {}/{} | checkpoint {} {}", engine.state().global_steps, plan_.steps, (options_.save_dir / last_saved_tag_).string(),
                   decoupled ? "snapshot taken (written in the background, committed at the next save or the end)" : "saved"));
+  if (options_.save_format != TrainerOptions::SaveFormat::dstrain && lead()) {
+    // DeepSpeed's files beside dstrain's, from the committed checkpoint (every rank's file is
+    // there: the save above returned after the commit), in the same tag folder.
+    const DeepSpeedTrainingState ds = deepspeed_state_of_checkpoint(options_.save_dir, last_saved_tag_);
+    if (options_.save_format == TrainerOptions::SaveFormat::universal) {
+      write_universal_checkpoint(options_.save_dir, ds);
+      say(fmt::format("checkpoint {} also saved as a DeepSpeed universal checkpoint", last_saved_tag_));
+    } else {
+      const DeepSpeedSaveLayout layout{ds.zero_stage, ds.dp_world_size, ds.dtype};
+      write_deepspeed_checkpoint(options_.save_dir, ds, layout);
+      say(fmt::format("checkpoint {} also saved in DeepSpeed's layout (ZeRO stage {} on {} ranks, {})", last_saved_tag_, layout.zero_stage,
+                      layout.dp_world_size, layout.dtype));
+    }
+  }
   return last_saved_tag_;
 }
 

@@ -12,6 +12,7 @@
 
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manifest.h"
+#include "engine/checkpoint/deepspeed_export.h"
 #include "formats/deepspeed_checkpoint.h"
 #include "data/run_files.h"
 #include "models/model_family.h"
@@ -50,6 +51,7 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
     if (options.save_interval > 0) fail("--save-interval {} needs --save-dir DIR: the folder the checkpoints go to", options.save_interval);
     if (options.keep_last > 0) fail("--keep-last {} needs --save-dir DIR", options.keep_last);
     if (options.resume == "auto") fail("--resume auto resumes from the latest checkpoint under --save-dir; give --save-dir DIR (or --resume DIR)");
+    if (options.save_format != TrainerOptions::SaveFormat::dstrain) fail("--save-format {} needs --save-dir DIR: the folder the checkpoints go to", save_format_name(options.save_format));
   } else {
     if (fs::exists(options.save_dir) && !fs::is_directory(options.save_dir)) {
       fail("--save-dir {}: a file of that name exists; give a folder for the checkpoints", options.save_dir.string());
@@ -60,6 +62,19 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(options.save_dir, ec)) {
       if (e.is_directory() && e.path().filename().string().ends_with(".partial")) fs::remove_all(e.path(), ec);
+    }
+  }
+  if (options.save_format != TrainerOptions::SaveFormat::dstrain) {
+    // Written from each committed checkpoint: a decoupled save commits later, in the background.
+    if (config.checkpoint.writer_options.decoupled)
+      fail("--save-format {}: checkpoint.writer.decoupled is true, so a checkpoint is committed in the background at the next save; the {} "
+           "files are written from committed checkpoints — set checkpoint.writer.decoupled to false, or leave out --save-format and run "
+           "`dstrain export` on the checkpoints",
+           save_format_name(options.save_format), save_format_name(options.save_format));
+    try {
+      check_deepspeed_exportable(model);
+    } catch (const Error& e) {
+      fail("--save-format {}: this model cannot be saved in DeepSpeed's layout: {}", save_format_name(options.save_format), e.what());
     }
   }
   if (!options.resume_deepspeed.empty() && !options.resume.empty())

@@ -80,6 +80,12 @@ struct TrainerOptions {
   std::filesystem::path save_dir;  // checkpoints go here (every save_interval steps and at the end); empty: none
   std::int64_t save_interval = 0;  // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
   std::int64_t keep_last = 0;      // keep the newest K checkpoints under save_dir; 0: all
+  // What each checkpoint is saved as besides dstrain's own files (docs/checkpoints.md "Saving for
+  // DeepSpeed"): nothing; DeepSpeed's save_checkpoint layout for the run's ZeRO stage, data-parallel
+  // ranks and dtype (mp_rank_00_model_states.pt, the ranks' optimizer files, `latest`), beside
+  // dstrain's in each tag folder; or ds_to_universal's layout (<tag>/zero/, latest_universal).
+  enum class SaveFormat { dstrain, deepspeed, universal };
+  SaveFormat save_format = SaveFormat::dstrain;
   // Continue a run: "" (start fresh), "auto" (from the checkpoint `latest` names under save_dir if
   // there is one, else fresh: a job script can be rerun as it is) or the folder of a run's save_dir.
   std::string resume;
@@ -102,5 +108,15 @@ struct TrainerOptions {
   // stderr as "warning: <text>".
   std::function<void(std::string_view)> warn;
 };
+
+// "dstrain", "deepspeed", "universal": --save-format's values.
+inline const char* save_format_name(TrainerOptions::SaveFormat f) {
+  switch (f) {
+    case TrainerOptions::SaveFormat::deepspeed: return "deepspeed";
+    case TrainerOptions::SaveFormat::universal: return "universal";
+    case TrainerOptions::SaveFormat::dstrain: break;
+  }
+  return "dstrain";
+}
 
 }  // namespace dstrain

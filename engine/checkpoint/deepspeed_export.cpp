@@ -1,0 +1,272 @@
+// A dstrain checkpoint as the DeepSpeed run of its Hugging Face model would have saved it
+// (engine/checkpoint/deepspeed_export.h).
+#include "engine/checkpoint/deepspeed_export.h"
+
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "config_schema/ds_config.h"
+#include "data/run_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/whole_state_load.h"
+#include "engine/lr_schedule.h"
+#include "models/hf_param_names.h"
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+std::vector<std::int64_t> dims(const Shape& s) {
+  std::vector<std::int64_t> out;
+  for (int d = 0; d < s.rank; ++d) out.push_back(s[d]);
+  return out;
+}
+
+std::int64_t json_int(const config::Json& j, const char* key, std::int64_t otherwise) {
+  return j.contains(key) && j.at(key).is_number_integer() ? j.at(key).get<std::int64_t>() : otherwise;
+}
+
+}  // namespace
+
+namespace {
+
+// Where one Hugging Face tensor lies in its dstrain parameter: rows [row, row + rows) of the
+// whole parameter (cols elements each), transposed to Conv1D's (in, out) or not.
+struct HfPlace {
+  std::string name, param;
+  std::vector<std::int64_t> shape;  // as saved
+  std::int64_t row = 0, rows = 0, cols = 0, param_numel = 0;
+  bool transpose = false, tied = false;
+};
+
+// Every Hugging Face tensor of the model placed in its parameter, in the Hugging Face model's
+// order; the Errors of check_deepspeed_exportable.
+std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
+  struct Param {
+    std::vector<std::int64_t> shape;
+    bool hf_transposed = false;
+  };
+  std::map<std::string, Param> params;
+  std::set<std::string> tied;
+  for (const std::unique_ptr<Layer>& layer : model.make_layers()) {
+    for (const ParamSpec& ps : layer->params()) {
+      if (ps.tied()) {
+        tied.insert(ps.name);
+      } else {
+        params[ps.name] = {dims(ps.whole_shape()), ps.hf_transposed};
+      }
+    }
+  }
+  std::vector<HfPlace> out;
+  std::map<std::string, std::int64_t> next_row;  // param -> the first row of its next block
+  for (const HfParamName& e : model.hf_param_names()) {
+    const auto pit = params.find(e.param);
+    if (pit == params.end()) fail("the model's Hugging Face tensor '{}' names no parameter '{}'", e.name, e.param);
+    const Param& p = pit->second;
+    HfPlace t;
+    t.name = e.name;
+    t.param = e.param;
+    t.tied = tied.contains(e.name);
+    for (const std::string& a : e.aliases) t.tied = t.tied || tied.contains(a);
+    std::vector<std::int64_t> hf = dims(e.shape);  // nn.Linear's (out, in)
+    t.transpose = p.hf_transposed && hf.size() == 2;
+    t.rows = hf.empty() ? 1 : hf[0];
+    t.cols = hf.size() >= 2 ? whole_numel({hf.begin() + 1, hf.end()}) : 1;
+    t.param_numel = whole_numel(p.shape);
+    // A tied name is the owner's tensor again, from its first row; a block of a fused parameter
+    // (q_proj | k_proj | v_proj) the rows after the previous block's.
+    t.row = t.tied ? 0 : next_row[e.param];
+    if (!t.tied) next_row[e.param] = t.row + t.rows;
+    // Only q_proj / k_proj / v_proj are blocks of one dstrain parameter that a DeepSpeed checkpoint
+    // is mapped back from (map_hf_tensors); nothing is written that dstrain could not read again.
+    if (!t.tied && t.row > 0 && e.name.find("q_proj.") == std::string::npos && e.name.find("k_proj.") == std::string::npos &&
+        e.name.find("v_proj.") == std::string::npos)
+      fail("parameter '{}' is several Hugging Face tensors ('{}', ...), which a DeepSpeed checkpoint cannot be written from yet (only q_proj / "
+           "k_proj / v_proj fused into qkv_proj are)",
+           e.param, e.name);
+    if ((t.row + t.rows) * t.cols > t.param_numel)
+      fail("the Hugging Face tensor '{}' ({}) does not fit parameter '{}' ({})", e.name, fmt::join(hf, "x"), e.param, fmt::join(p.shape, "x"));
+    if (t.transpose) std::swap(hf[0], hf[1]);
+    t.shape = std::move(hf);
+    out.push_back(std::move(t));
+  }
+  for (const auto& [name, p] : params) {
+    // Rows past the last block are the padded vocabulary rows, dstrain's own (always zero).
+    if (!next_row.contains(name)) fail("parameter '{}' has no Hugging Face name to save it under", name);
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_deepspeed_exportable(const Architecture& model) { (void)plan_hf_tensors(model); }
+
+std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<std::string, std::vector<float>>& whole, const std::string& what) {
+  std::vector<HfTensor> out;
+  for (const HfPlace& t : plan_hf_tensors(model)) {
+    const auto wit = whole.find(t.param);
+    if (wit == whole.end()) fail("the checkpoint has no {} of parameter '{}' (for '{}')", what, t.param, t.name);
+    const std::vector<float>& w = wit->second;
+    if (static_cast<std::int64_t>(w.size()) != t.param_numel)
+      fail("the {} of parameter '{}' has {} elements, but the parameter has {}", what, t.param, w.size(), t.param_numel);
+    HfTensor h{t.name, t.shape, t.tied, std::vector<float>(static_cast<std::size_t>(t.rows * t.cols))};
+    if (t.transpose) {
+      // dstrain's (out, in) rows -> Conv1D's (in, out).
+      for (std::int64_t o = 0; o < t.rows; ++o)
+        for (std::int64_t i = 0; i < t.cols; ++i)
+          h.values[static_cast<std::size_t>(i * t.rows + o)] = w[static_cast<std::size_t>((t.row + o) * t.cols + i)];
+    } else {
+      std::copy(w.begin() + t.row * t.cols, w.begin() + (t.row + t.rows) * t.cols, h.values.begin());
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+namespace {
+
+std::string resolve_tag(const std::filesystem::path& save_dir, const std::string& tag) {
+  if (!tag.empty()) {
+    check_checkpoint_tag(tag);
+    return tag;
+  }
+  const std::optional<std::string> latest = read_latest_tag(save_dir);
+  if (!latest) fail("export: no '{}' file in '{}'; give the checkpoint with --tag", kLatestFile, save_dir.string());
+  return *latest;
+}
+
+}  // namespace
+
+namespace {
+
+// The run's ZeRO stage, data-parallel ranks (the world over the tensor-, pipeline- and
+// sequence-parallel splits) and dtype, from its manifest.
+DeepSpeedSaveLayout layout_of(const config::Json& m) {
+  const config::Json& layout = m.at("layout");
+  const config::Json& ds = m.contains("ds_config") ? m.at("ds_config") : config::Json::object();
+  const std::int64_t split = json_int(layout, "tensor_parallel", 1) * json_int(layout, "pipeline_stages", 1) *
+                             std::max<std::int64_t>(json_int(ds, "sequence_parallel_size", 1), 1);
+  DeepSpeedSaveLayout l;
+  l.zero_stage = static_cast<int>(json_int(layout, "zero_stage", 0));
+  l.dp_world_size = static_cast<int>(std::max<std::int64_t>(1, json_int(layout, "world_size", 1) / std::max<std::int64_t>(split, 1)));
+  l.dtype = layout.value("dtype", std::string("fp32"));
+  return l;
+}
+
+}  // namespace
+
+DeepSpeedSaveLayout deepspeed_layout_of_checkpoint(const std::filesystem::path& save_dir, const std::string& tag) {
+  return layout_of(CheckpointReader(save_dir, resolve_tag(save_dir, tag)).manifest());
+}
+
+DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path& save_dir, const std::string& tag_in) {
+  const std::string tag = resolve_tag(save_dir, tag_in);
+  CheckpointReader rd(save_dir, tag);
+  const config::Json& m = rd.manifest();
+  const std::shared_ptr<const Architecture> arch = manifest_architecture(m, rd.dir().string());
+  DeepSpeedTrainingState s;
+  s.dir = rd.dir();
+  s.tag = tag;
+  const DeepSpeedSaveLayout own = layout_of(m);
+  s.zero_stage = own.zero_stage;
+  s.dp_world_size = own.dp_world_size;
+  s.dtype = own.dtype;
+
+  // Every buffer whole, by dstrain name.
+  std::vector<std::string> buffers{"master"};
+  for (const config::Json& st : m.at("optimizer").at("states")) buffers.push_back(st.get<std::string>());
+  std::map<std::string, std::map<std::string, std::vector<float>>> whole;
+  for (const std::string& b : buffers) {
+    const std::optional<DType> dt = rd.buffer_dtype(b);
+    if (!dt) fail("export: checkpoint {} holds no '{}' values", rd.dir().string(), b);
+    if (*dt != DType::fp32) fail("export: checkpoint {} holds its '{}' values in {}, not fp32", rd.dir().string(), b, dtype_name(*dt));
+    for (const config::Json& p : m.at("model").at("params")) {
+      const std::string name = p.at("name").get<std::string>();
+      std::vector<float> v(static_cast<std::size_t>(whole_numel(p.at("shape").get<std::vector<std::int64_t>>())));
+      rd.read(b, name, 0, static_cast<std::int64_t>(v.size()), v.data());
+      whole[b][name] = std::move(v);
+    }
+  }
+  // The weight-decay groups: what dstrain decays (ParamSpec::weight_decay) and what it does not.
+  std::set<std::string> decayed;
+  for (const std::unique_ptr<Layer>& layer : arch->make_layers())
+    for (const ParamSpec& ps : layer->params())
+      if (ps.weight_decay) decayed.insert(ps.name);
+  std::map<std::string, std::string> param_of;  // HF name -> dstrain parameter
+  for (const HfParamName& e : arch->hf_param_names()) param_of[e.name] = e.param;
+
+  for (const HfTensor& t : hf_tensors_of(*arch, whole.at("master"), "master")) {
+    s.module[t.name] = t.values;
+    if (t.tied) continue;
+    s.names.push_back(t.name);
+    s.shapes[t.name] = t.shape;
+    s.master[t.name] = t.values;
+  }
+  for (std::size_t b = 1; b < buffers.size(); ++b)
+    for (HfTensor& t : hf_tensors_of(*arch, whole.at(buffers[b]), buffers[b]))
+      if (!t.tied) s.optimizer_states[buffers[b]][t.name] = std::move(t.values);
+
+  const config::Json& e = m.at("engine");
+  s.global_steps = e.at("global_steps").get<std::int64_t>();
+  s.global_samples = e.at("global_samples").get<std::int64_t>();
+  s.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
+  if (buffers.size() > 1) s.optimizer_step = s.global_steps - s.skipped_steps;
+  s.optimizer_type = m.at("optimizer").at("type").get<std::string>();
+  const config::Json& ls = m.at("loss_scaler");
+  const std::string kind = ls.at("kind").get<std::string>();
+  if (kind.starts_with("dynamic") || kind == "static") {
+    DeepSpeedLossScaler l;
+    l.cur_scale = ls.at("cur_scale").get<double>();
+    l.cur_iter = ls.at("cur_iter").get<std::int64_t>();
+    l.last_overflow_iter = ls.at("last_overflow_iter").get<std::int64_t>();
+    l.cur_hysteresis = ls.at("cur_hysteresis").get<std::int64_t>();
+    l.dynamic = kind.starts_with("dynamic");
+    s.loss_scaler = l;
+  }
+  // The schedule's position, and the config: the param groups' lr is the one the next step uses.
+  const std::int64_t it = m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
+  double wd = 0, lr = e.value("last_step_lr", 0.0);
+  std::pair<double, double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  if (m.contains("ds_config") && m.at("ds_config").is_object()) {
+    const config::Json& dsj = m.at("ds_config");
+    s.ds_config_json = dsj.dump();
+    config::ConfigOptions opts;
+    opts.world_size = json_int(m.at("layout"), "world_size", 1);
+    if (m.at("layout").contains("pipeline_stages")) opts.pipeline_stages = json_int(m.at("layout"), "pipeline_stages", 1);
+    const config::DsConfig cfg = config::parse_ds_config(dsj, opts);
+    wd = cfg.optimizer.params.weight_decay;
+    betas = cfg.optimizer.params.betas;
+    eps = cfg.optimizer.params.eps;
+    if (cfg.scheduler.present()) {
+      LrSchedule sched(cfg.scheduler, cfg.optimizer.params.lr, betas);
+      sched.set_last_batch_iteration(it);
+      lr = sched.lr();
+      s.lr_scheduler_json = config::Json{{"last_batch_iteration", it}}.dump();
+    } else {
+      lr = cfg.optimizer.params.lr;
+    }
+  }
+  s.param_group = {{"lr", lr}, {"betas0", betas.first}, {"betas1", betas.second}, {"eps", eps}, {"weight_decay", wd}};
+  DeepSpeedParamGroup decay{{}, wd}, no_decay{{}, 0.0};
+  for (const std::string& n : s.names) (decayed.contains(param_of.at(n)) ? decay : no_decay).names.push_back(n);
+  for (DeepSpeedParamGroup* g : {&decay, &no_decay})
+    if (!g->names.empty()) s.groups.push_back(std::move(*g));
+  return s;
+}
+
+std::string export_deepspeed_checkpoint(const std::filesystem::path& save_dir, const std::string& tag, const std::filesystem::path& output,
+                                        DeepSpeedExportFormat format, std::optional<DeepSpeedSaveLayout> layout) {
+  check_outputs_spare_inputs({{save_dir, "the checkpoint folder", true}}, {{output, "the export's folder", true}});
+  DeepSpeedTrainingState s = deepspeed_state_of_checkpoint(save_dir, tag);
+  if (format == DeepSpeedExportFormat::universal) {
+    write_universal_checkpoint(output, s);
+  } else {
+    write_deepspeed_checkpoint(output, s, layout.value_or(DeepSpeedSaveLayout{s.zero_stage, s.dp_world_size, s.dtype}));
+  }
+  return s.tag;
+}
+
+}  // namespace dstrain
