@@ -64,7 +64,8 @@ CheckpointManager::CheckpointManager(Engine& engine) : engine_(engine) {
   if (config.checkpoint.load_universal) {
     log_info(
         "checkpoint.load_universal: every dstrain checkpoint is universal (parameter space, loadable at any world size and ZeRO "
-        "stage), so it is read as any other; DeepSpeed's universal-checkpoint folders are not read");
+        "stage), so it is read as any other; a DeepSpeed universal checkpoint (ds_to_universal's folder, its latest_universal) is "
+        "read by --resume-deepspeed");
   }
   if (config.checkpoint.use_node_local_storage && world > 1) {
     log_warning(
