@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <regex>
@@ -14,13 +15,14 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "formats/deepspeed_checkpoint_parts.h"
 #include "formats/torch_pickle.h"
 #include "ops/error.h"
 
 namespace dstrain {
-namespace {
-
 namespace fs = std::filesystem;
+
+namespace {
 
 std::string trim(const std::string& s) {
   std::size_t a = 0, b = s.size();
@@ -35,65 +37,7 @@ bool valid_tag(const std::string& t) {
          t.find('\0') == std::string::npos;
 }
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (const std::int64_t d : shape) {
-    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) fail("DeepSpeed checkpoint: a parameter shape with a negative or huge size");
-    n *= d;
-  }
-  return n;
-}
-
-std::vector<std::int64_t> shape_of(const TorchValue& v) {
-  std::vector<std::int64_t> s;
-  if (v.is_tensor()) return v.as_tensor().shape;
-  for (std::size_t k = 0; k < v.size(); ++k) s.push_back(v[k].as_int());
-  return s;
-}
-
-std::string dtype_name(const std::string& st) {
-  if (st == "F32") return "fp32";
-  if (st == "F16") return "fp16";
-  if (st == "BF16") return "bf16";
-  if (st == "F64") return "fp64";
-  return st;
-}
-
-nlohmann::json to_json(const TorchValue& v) {
-  using K = TorchValue::Kind;
-  switch (v.kind) {
-    case K::none: return nullptr;
-    case K::boolean: return v.b;
-    case K::integer: return v.i;
-    case K::real: return v.f;
-    case K::string: return v.s;
-    case K::list:
-    case K::tuple: {
-      nlohmann::json a = nlohmann::json::array();
-      for (const TorchValue& x : v.items) a.push_back(to_json(x));
-      return a;
-    }
-    case K::dict: {
-      nlohmann::json o = nlohmann::json::object();
-      for (const auto& [k, x] : v.pairs) {
-        const std::string key = k.kind == K::string ? k.s : k.kind == K::integer ? std::to_string(k.i) : std::string(k.kind_name());
-        o[key] = to_json(x);
-      }
-      return o;
-    }
-    default: return nullptr;  // tensors, bytes, objects: not part of a scheduler's JSON
-  }
-}
-
-// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor).
-std::int64_t scalar_int(const TorchPickle& file, const TorchValue& v) {
-  if (v.is_tensor()) {
-    const std::vector<double> d = file.read_f64(v);
-    if (d.size() != 1) v.fail_here(" is a tensor of " + std::to_string(d.size()) + " elements, not a scalar");
-    return static_cast<std::int64_t>(d[0]);
-  }
-  return static_cast<std::int64_t>(v.as_double());
-}
+using namespace deepspeed_parts;
 
 // One data-parallel rank's piece of a flat group: its values and the padding at its tail (0 for a
 // piece saved with its padding already removed).
@@ -136,23 +80,6 @@ void split(const std::vector<float>& flat, const std::vector<std::string>& names
   }
 }
 
-void read_param_group(const TorchValue& g, DeepSpeedTrainingState& st) {
-  for (const char* k : {"lr", "eps", "weight_decay"})
-    if (const TorchValue* v = g.find(k); v != nullptr && !v->is_none()) st.param_group[k] = v->as_double();
-  if (const TorchValue* b = g.find("betas"); b != nullptr && b->is_sequence() && b->size() == 2) {
-    st.param_group["betas0"] = (*b)[0].as_double();
-    st.param_group["betas1"] = (*b)[1].as_double();
-  }
-  if (st.optimizer_type.empty()) {
-    if (g.has("betas")) {
-      const TorchValue* w = g.find("adam_w_mode");
-      st.optimizer_type = w != nullptr && w->kind == TorchValue::Kind::boolean && w->b ? "adamw" : "adam";
-    } else if (g.has("momentum")) {
-      st.optimizer_type = "sgd";
-    }
-  }
-}
-
 // Adam's moments (any tensor entry of a parameter's state) and its step.
 struct ParamState {
   std::map<std::string, std::vector<float>> tensors;
@@ -172,23 +99,6 @@ ParamState read_param_state(const TorchPickle& file, const TorchValue& s) {
   return out;
 }
 
-DeepSpeedLossScaler loss_scaler_of(const TorchValue& obj) {
-  DeepSpeedLossScaler ls;
-  const std::string& name = obj.object_name();
-  if (name != "deepspeed.runtime.fp16.loss_scaler.LossScaler" && name != "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler") {
-    obj.fail_here(" is a " + name + ", not a DeepSpeed loss scaler");
-  }
-  ls.dynamic = name.ends_with("DynamicLossScaler");
-  if (!obj.state || !obj.state->is_dict()) return ls;
-  const TorchValue& s = *obj.state;
-  if (const TorchValue* v = s.find("cur_scale")) ls.cur_scale = v->as_double();
-  if (const TorchValue* v = s.find("cur_iter")) ls.cur_iter = v->as_int();
-  if (const TorchValue* v = s.find("last_overflow_iter"); v != nullptr && !v->is_none()) ls.last_overflow_iter = v->as_int();
-  if (const TorchValue* v = s.find("cur_hysteresis"); v != nullptr && !v->is_none()) ls.cur_hysteresis = v->as_int();
-  if (const TorchValue* v = s.find("dynamic")) ls.dynamic = v->as_bool();
-  return ls;
-}
-
 fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::string& tag_out) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("DeepSpeed checkpoint '{}' is not a folder", dir.string());
@@ -201,12 +111,18 @@ fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::stri
   std::string t = tag;
   std::string named_by = "the tag given";
   if (t.empty()) {
-    const fs::path latest = dir / "latest";
+    // engine.load_checkpoint reads `latest`, or with load_universal `latest_universal`, which
+    // ds_to_universal.py writes beside its output folder: the save_checkpoint folder is read when
+    // both are there (exact, module weights and all), the universal one when only it is.
+    fs::path latest = dir / "latest";
+    if (!fs::is_regular_file(latest, ec)) latest = dir / "latest_universal";
     if (!fs::is_regular_file(latest, ec)) {
       if (fs::is_directory(dir / "zero", ec)) {
-        fail("DeepSpeed checkpoint '{}' is a universal checkpoint folder (zero/<param>/fp32.pt); dstrain does not read those yet", dir.string());
+        fail("DeepSpeed checkpoint '{}' holds zero/ but no model states file (mp_rank_00_model_states.pt, which ds_to_universal.py copies beside it)",
+             dir.string());
       }
-      fail("DeepSpeed checkpoint '{}' has no 'latest' file and no mp_rank_00_model_states.pt; name the tag (the global_step folder)", dir.string());
+      fail("DeepSpeed checkpoint '{}' has no 'latest' or 'latest_universal' file and no mp_rank_00_model_states.pt; name the tag (the global_step folder)",
+           dir.string());
     }
     std::ifstream in(latest);
     std::stringstream ss;
@@ -338,6 +254,12 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
   DeepSpeedTrainingState st;
   st.dir = resolve_step_dir(dir, tag, st.tag);
   std::error_code ec;
+  // ds_to_universal's output: the model states files copied, the optimizer's state per parameter
+  // under zero/ (no *_optim_states.pt), read by its own reader.
+  if (fs::is_directory(st.dir / "zero", ec)) {
+    read_universal_checkpoint(st);
+    return st;
+  }
   // ZeRO stage 3 (engine._get_ckpt_name): every rank writes its own model states file,
   // zero_pp_rank_<r>_mp_rank_00_model_states.pt, all holding the same param_shapes; rank 0's is read.
   const bool stage3_layout = !fs::exists(st.dir / "mp_rank_00_model_states.pt", ec) && fs::exists(st.dir / "zero_pp_rank_0_mp_rank_00_model_states.pt", ec);
@@ -371,20 +293,7 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     for (const TorchValue& x : b->items) buffers.push_back(x.as_string());
   const auto is_buffer = [&](const std::string& n) { return std::find(buffers.begin(), buffers.end(), n) != buffers.end(); };
 
-  if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict()) {
-    if (const TorchValue* o = c->find("optimizer"); o != nullptr && o->is_dict()) {
-      if (const TorchValue* t = o->find("type"); t != nullptr && t->kind == TorchValue::Kind::string) {
-        st.optimizer_type = t->s;
-        std::transform(st.optimizer_type.begin(), st.optimizer_type.end(), st.optimizer_type.begin(), [](unsigned char ch) { return std::tolower(ch); });
-      }
-    }
-  }
-  for (const char* k : {"global_steps", "global_samples", "skipped_steps"}) {
-    const TorchValue* v = root.find(k);
-    const std::int64_t x = v != nullptr && !v->is_none() ? v->as_int() : 0;
-    (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
-  }
-  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
+  read_run_state(root, st);
 
   // Names as saved: param_shapes' order under ZeRO (the flat order), else the module's parameters.
   std::vector<std::vector<std::string>> groups;  // raw names per flat group
@@ -416,6 +325,9 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   }
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
+  // Names as the engine reads them: the "module." of a wrapped model dropped.
+  const bool wrapped = std::all_of(raw_names.begin(), raw_names.end(), [](const std::string& n) { return n.starts_with("module."); });
+  const std::function<std::string(const std::string&)> bare = [wrapped](const std::string& n) { return wrapped ? n.substr(7) : n; };
 
   // The module's weights (and their dtype), checked against param_shapes once the partitions are.
   std::map<std::string, std::vector<float>> master, module_w;
@@ -465,6 +377,7 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
       const TorchValue& base = opt->at("optimizer_state_dict");
       const TorchValue& pgs = base.at("param_groups");
       std::size_t next = 0;
+      std::vector<std::vector<std::string>> group_names;
       for (std::size_t g = 0; g < flats.size(); ++g) {
         const std::vector<float> flat = ms.read_fp32(flats[g]);
         std::vector<std::string> names;
@@ -478,6 +391,7 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
                model_file.string(), g, flat.size(), sum);
         }
         split(flat, names, st.shapes, master);
+        group_names.push_back(names);
         if (g < pgs.size()) {
           if (g == 0) read_param_group(pgs[g], st);
           const TorchValue& ids = pgs[g].at("params");
@@ -494,19 +408,26 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
         }
       }
       if (next != raw_names.size()) fail("DeepSpeed checkpoint file '{}': fp32_groups_flat holds fewer parameters than 'module'", model_file.string());
+      set_groups(pgs, group_names, st, bare);  // FP16_Optimizer's flat groups are the param groups, in order
     } else if (opt != nullptr && !opt->is_none()) {
       // A torch optimizer's own state_dict (fp32 without ZeRO): param ids in group order are the
       // module's parameters in order.
       const TorchValue& pgs = opt->at("param_groups");
       std::vector<std::int64_t> ids;
+      std::vector<std::vector<std::string>> group_names;
       for (std::size_t g = 0; g < pgs.size(); ++g) {
         if (g == 0) read_param_group(pgs[g], st);
         const TorchValue& p = pgs[g].at("params");
-        for (std::size_t k = 0; k < p.size(); ++k) ids.push_back(p[k].as_int());
+        group_names.emplace_back();
+        for (std::size_t k = 0; k < p.size(); ++k) {
+          if (ids.size() < raw_names.size()) group_names.back().push_back(raw_names[ids.size()]);
+          ids.push_back(p[k].as_int());
+        }
       }
       if (ids.size() != raw_names.size()) {
         fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}", model_file.string(), ids.size(), raw_names.size());
       }
+      set_groups(pgs, group_names, st, bare);
       const TorchValue& state = opt->at("state");
       for (std::size_t k = 0; k < ids.size(); ++k) {
         const TorchValue* s = state.find(ids[k]);
@@ -562,29 +483,22 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     st.dp_world_size = static_cast<int>(count);
     const bool zero_optimizer = osd0.has("zero_stage");  // DeepSpeedZeroOptimizer; BF16_Optimizer has no zero_stage
     if (zero_optimizer) {
-      const TorchValue& zs = osd0.at("zero_stage");
-      // ZeroStageEnum(2) (Python < 3.12) or getattr(ZeroStageEnum, 'gradients') (Python >= 3.12), or a plain int.
-      if (zs.is_object() && zs.items.size() == 1 && zs.items[0].kind == TorchValue::Kind::string) {
-        static const std::map<std::string, int> members = {{"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
-        const auto it = members.find(zs.items[0].s);
-        if (it == members.end()) zs.fail_here(" names ZeroStageEnum member '" + zs.items[0].s + "', which DeepSpeed does not have");
-        st.zero_stage = it->second;
-      } else {
-        st.zero_stage = static_cast<int>(zs.is_object() ? (zs.items.empty() ? (zs.fail_here(" has no value"), std::int64_t{0}) : zs.items[0].as_int()) : zs.as_int());
-      }
+      st.zero_stage = zero_stage_of(osd0.at("zero_stage"));
       if (const TorchValue* l = osd0.find("loss_scaler"); l != nullptr && !l->is_none()) st.loss_scaler = loss_scaler_of(*l);
     } else {
-      st.zero_stage = 1;
-      if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict())
-        if (const TorchValue* z = c->find("zero_optimization"); z != nullptr && z->is_dict())
-          if (const TorchValue* s = z->find("stage"); s != nullptr && s->kind == TorchValue::Kind::integer) st.zero_stage = static_cast<int>(s->i);
+      st.zero_stage = config_zero_stage(root) >= 0 ? config_zero_stage(root) : 1;
     }
     if (st.zero_stage < 1 || st.zero_stage > 3) fail("DeepSpeed checkpoint file '{}': zero_stage {} (stages 1 to 3 are read here)", files.at(0).string(), st.zero_stage);
     if ((st.zero_stage == 3) != stage3_layout) {
       fail("DeepSpeed checkpoint file '{}': zero_stage {}, but the model states are in '{}' ({})", files.at(0).string(), st.zero_stage, model_file.string(),
            stage3_layout ? "stage 3's per-rank file" : "stages 0-2's single file");
     }
-    if (st.zero_stage == 3) read_zero3(ranks, raw_names, st, model_file.string(), master, states);
+    if (st.zero_stage == 3) {
+      read_zero3(ranks, raw_names, st, model_file.string(), master, states);
+      set_zero3_groups(osd0.at("optimizer_state_dict").at("param_groups"), groups, st, bare);
+    } else if (const TorchValue& base = osd0.at("base_optimizer_state"); base.is_dict()) {
+      set_groups(base.at("param_groups"), groups, st, bare);  // (an elastic checkpoint's per-group states hold no param groups)
+    }
     for (std::size_t g = 0; st.zero_stage != 3 && g < groups.size(); ++g) {
       std::int64_t need = 0;
       for (const std::string& n : groups[g]) need += numel_of(st.shapes.at(n));
@@ -626,9 +540,6 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
 
   if (!groups.empty()) module_w = module_weights();
 
-  // Names as the engine reads them: the "module." of a wrapped model dropped.
-  const bool wrapped = std::all_of(raw_names.begin(), raw_names.end(), [](const std::string& n) { return n.starts_with("module."); });
-  const auto bare = [&](const std::string& n) { return wrapped ? n.substr(7) : n; };
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (const std::string& n : raw_names) {
     const std::string b = bare(n);

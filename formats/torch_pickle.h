@@ -9,6 +9,7 @@
 //   deepspeed.runtime.fp16.loss_scaler.LossScaler / DynamicLossScaler   (optimizer_state_dict.loss_scaler)
 //   deepspeed.runtime.zero.config.ZeroStageEnum                         (optimizer_state_dict.zero_stage)
 //   deepspeed.utils.tensor_fragment.fragment_address                    (param_slice_mappings values)
+//   deepspeed.checkpoint.universal_checkpoint.SubparamShape             (a universal checkpoint's sub_param_shape)
 //   torch.float16 / torch.bfloat16 / torch.float32                      (DynamicLossScaler.dtype)
 // and _codecs.encode(str, 'latin1'), protocol 2's spelling of a bytes value, is read as the bytes.
 // Any other global is refused with an Error naming it and the file.

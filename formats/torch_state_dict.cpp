@@ -182,7 +182,7 @@ bool allowed_global(const std::string& g) {
 bool inert_object_global(const std::string& g) {
   return g == "deepspeed.runtime.fp16.loss_scaler.LossScaler" || g == "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler" ||
          g == "deepspeed.runtime.zero.config.ZeroStageEnum" || g == "deepspeed.utils.tensor_fragment.fragment_address" ||
-         g == "torch.float16" || g == "torch.bfloat16" || g == "torch.float32";
+         g == "deepspeed.checkpoint.universal_checkpoint.SubparamShape" || g == "torch.float16" || g == "torch.bfloat16" || g == "torch.float32";
 }
 
 std::size_t elem_size(const std::string& dt) {

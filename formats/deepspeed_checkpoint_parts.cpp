@@ -1,0 +1,189 @@
+// The pieces both DeepSpeed checkpoint readers take from the same files (formats/deepspeed_checkpoint_parts.h).
+#include "formats/deepspeed_checkpoint_parts.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/error.h"
+
+namespace dstrain {
+namespace {
+
+nlohmann::json to_json(const TorchValue& v) {
+  using K = TorchValue::Kind;
+  switch (v.kind) {
+    case K::none: return nullptr;
+    case K::boolean: return v.b;
+    case K::integer: return v.i;
+    case K::real: return v.f;
+    case K::string: return v.s;
+    case K::list:
+    case K::tuple: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const TorchValue& x : v.items) a.push_back(to_json(x));
+      return a;
+    }
+    case K::dict: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& [k, x] : v.pairs) {
+        const std::string key = k.kind == K::string ? k.s : k.kind == K::integer ? std::to_string(k.i) : std::string(k.kind_name());
+        o[key] = to_json(x);
+      }
+      return o;
+    }
+    default: return nullptr;  // tensors, bytes, objects: not part of a scheduler's JSON
+  }
+}
+
+}  // namespace
+
+namespace deepspeed_parts {
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) fail("DeepSpeed checkpoint: a parameter shape with a negative or huge size");
+    n *= d;
+  }
+  return n;
+}
+
+std::vector<std::int64_t> shape_of(const TorchValue& v) {
+  std::vector<std::int64_t> s;
+  if (v.is_tensor()) return v.as_tensor().shape;
+  for (std::size_t k = 0; k < v.size(); ++k) s.push_back(v[k].as_int());
+  return s;
+}
+
+std::string dtype_name(const std::string& st) {
+  if (st == "F32") return "fp32";
+  if (st == "F16") return "fp16";
+  if (st == "BF16") return "bf16";
+  if (st == "F64") return "fp64";
+  return st;
+}
+
+// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor).
+std::int64_t scalar_int(const TorchPickle& file, const TorchValue& v) {
+  if (v.is_tensor()) {
+    const std::vector<double> d = file.read_f64(v);
+    if (d.size() != 1) v.fail_here(" is a tensor of " + std::to_string(d.size()) + " elements, not a scalar");
+    return static_cast<std::int64_t>(d[0]);
+  }
+  return static_cast<std::int64_t>(v.as_double());
+}
+
+void read_param_group(const TorchValue& g, DeepSpeedTrainingState& st) {
+  for (const char* k : {"lr", "eps", "weight_decay"})
+    if (const TorchValue* v = g.find(k); v != nullptr && !v->is_none()) st.param_group[k] = v->as_double();
+  if (const TorchValue* b = g.find("betas"); b != nullptr && b->is_sequence() && b->size() == 2) {
+    st.param_group["betas0"] = (*b)[0].as_double();
+    st.param_group["betas1"] = (*b)[1].as_double();
+  }
+  if (st.optimizer_type.empty()) {
+    if (g.has("betas")) {
+      const TorchValue* w = g.find("adam_w_mode");
+      st.optimizer_type = w != nullptr && w->kind == TorchValue::Kind::boolean && w->b ? "adamw" : "adam";
+    } else if (g.has("momentum")) {
+      st.optimizer_type = "sgd";
+    }
+  }
+}
+
+DeepSpeedLossScaler loss_scaler_of(const TorchValue& obj) {
+  DeepSpeedLossScaler ls;
+  const std::string& name = obj.object_name();
+  if (name != "deepspeed.runtime.fp16.loss_scaler.LossScaler" && name != "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler") {
+    obj.fail_here(" is a " + name + ", not a DeepSpeed loss scaler");
+  }
+  ls.dynamic = name.ends_with("DynamicLossScaler");
+  if (!obj.state || !obj.state->is_dict()) return ls;
+  const TorchValue& s = *obj.state;
+  if (const TorchValue* v = s.find("cur_scale")) ls.cur_scale = v->as_double();
+  if (const TorchValue* v = s.find("cur_iter")) ls.cur_iter = v->as_int();
+  if (const TorchValue* v = s.find("last_overflow_iter"); v != nullptr && !v->is_none()) ls.last_overflow_iter = v->as_int();
+  if (const TorchValue* v = s.find("cur_hysteresis"); v != nullptr && !v->is_none()) ls.cur_hysteresis = v->as_int();
+  if (const TorchValue* v = s.find("dynamic")) ls.dynamic = v->as_bool();
+  return ls;
+}
+
+int zero_stage_of(const TorchValue& zs) {
+  // ZeroStageEnum(2) (Python < 3.12) or getattr(ZeroStageEnum, 'gradients') (Python >= 3.12), or a plain int.
+  if (zs.is_object() && zs.items.size() == 1 && zs.items[0].kind == TorchValue::Kind::string) {
+    static const std::map<std::string, int> members = {{"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
+    const auto it = members.find(zs.items[0].s);
+    if (it == members.end()) zs.fail_here(" names ZeroStageEnum member '" + zs.items[0].s + "', which DeepSpeed does not have");
+    return it->second;
+  }
+  if (zs.is_object()) {
+    if (zs.items.empty()) zs.fail_here(" has no value");
+    return static_cast<int>(zs.items[0].as_int());
+  }
+  return static_cast<int>(zs.as_int());
+}
+
+void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
+  if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict()) {
+    st.ds_config_json = to_json(*c).dump();
+    if (const TorchValue* o = c->find("optimizer"); o != nullptr && o->is_dict()) {
+      if (const TorchValue* t = o->find("type"); t != nullptr && t->kind == TorchValue::Kind::string) {
+        st.optimizer_type = t->s;
+        std::transform(st.optimizer_type.begin(), st.optimizer_type.end(), st.optimizer_type.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      }
+    }
+  }
+  for (const char* k : {"global_steps", "global_samples", "skipped_steps"}) {
+    const TorchValue* v = root.find(k);
+    const std::int64_t x = v != nullptr && !v->is_none() ? v->as_int() : 0;
+    (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
+  }
+  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
+}
+
+int config_zero_stage(const TorchValue& root) {
+  if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict())
+    if (const TorchValue* z = c->find("zero_optimization"); z != nullptr && z->is_dict())
+      if (const TorchValue* s = z->find("stage"); s != nullptr && s->kind == TorchValue::Kind::integer) return static_cast<int>(s->i);
+  return -1;
+}
+
+void set_groups(const TorchValue& param_groups, const std::vector<std::vector<std::string>>& names_per_group, DeepSpeedTrainingState& st,
+                const std::function<std::string(const std::string&)>& bare) {
+  st.groups.clear();
+  // Groups and names that do not correspond one to one say nothing reliable about which parameter
+  // decays: the state then holds none (its readers fall back to param_group's weight decay).
+  if (!param_groups.is_sequence() || param_groups.size() != names_per_group.size()) return;
+  for (std::size_t g = 0; g < names_per_group.size(); ++g) {
+    DeepSpeedParamGroup out;
+    if (const TorchValue* wd = param_groups[g].find("weight_decay"); wd != nullptr && !wd->is_none()) out.weight_decay = wd->as_double();
+    for (const std::string& n : names_per_group[g]) out.names.push_back(bare(n));
+    st.groups.push_back(std::move(out));
+  }
+}
+// ZeRO-3's param_shapes are its sub-groups (a param group cut at sub_group_size elements), and
+// stage3._set_fp32_optimizer_param_groups puts each sub-group's flat into its param group, so a
+// param group's `params` are the indices of its sub-groups. Left empty unless they cover the
+// sub-groups exactly once.
+void set_zero3_groups(const TorchValue& param_groups, const std::vector<std::vector<std::string>>& sub_groups, DeepSpeedTrainingState& st,
+                      const std::function<std::string(const std::string&)>& bare) {
+  std::vector<std::vector<std::string>> names;
+  std::vector<bool> used(sub_groups.size(), false);
+  for (std::size_t g = 0; g < param_groups.size(); ++g) {
+    names.emplace_back();
+    const TorchValue& ids = param_groups[g].at("params");
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      const std::int64_t id = ids[k].as_int();
+      if (id < 0 || id >= static_cast<std::int64_t>(sub_groups.size()) || used[static_cast<std::size_t>(id)]) return;
+      used[static_cast<std::size_t>(id)] = true;
+      names.back().insert(names.back().end(), sub_groups[static_cast<std::size_t>(id)].begin(), sub_groups[static_cast<std::size_t>(id)].end());
+    }
+  }
+  if (std::find(used.begin(), used.end(), false) == used.end()) set_groups(param_groups, names, st, bare);
+}
+
+}  // namespace deepspeed_parts
+
+}  // namespace dstrain
