@@ -21,9 +21,12 @@ import argparse
 import collections
 import dataclasses
 import enum
+import glob
 import json
 import math
 import os
+import re
+import shutil
 import sys
 import types
 
@@ -99,14 +102,31 @@ DS_VERSION = '0.16.4'
 STEP = 10
 
 
-def model_params():
-    """Two param groups as Hugging Face's trainer makes them (decay / no decay), GPT-2-like names."""
+LLAMA_SHAPES = [
+    # A Llama with grouped-query attention (C 8, 2 query heads of 4, 1 key/value head: k_proj and
+    # v_proj 4 rows), SwiGLU I 12, V 11, lm_head untied; Hugging Face names as named_parameters()
+    # gives them — without "module.", as DeepSpeed's engine.param_names has them.
+    [('model.embed_tokens.weight', (11, 8)), ('model.layers.0.self_attn.q_proj.weight', (8, 8)), ('model.layers.0.self_attn.k_proj.weight', (4, 8)),
+     ('model.layers.0.self_attn.v_proj.weight', (4, 8)), ('model.layers.0.self_attn.o_proj.weight', (8, 8)),
+     ('model.layers.0.mlp.gate_proj.weight', (12, 8)), ('model.layers.0.mlp.up_proj.weight', (12, 8)), ('model.layers.0.mlp.down_proj.weight', (8, 12)),
+     ('lm_head.weight', (11, 8))],
+    [('model.layers.0.input_layernorm.weight', (8,)), ('model.layers.0.post_attention_layernorm.weight', (8,)), ('model.norm.weight', (8,))],
+]
+
+
+def bare(n):
+    return n[len('module.'):] if n.startswith('module.') else n
+
+
+def model_params(model='gpt2'):
+    """Two param groups as Hugging Face's trainer makes them (decay / no decay), GPT-2-like names
+    (wrapped: "module.") or a Llama's."""
     g = torch.Generator().manual_seed(1234)
     shapes = [
         [('module.transformer.wte.weight', (7, 4)), ('module.transformer.h.0.attn.c_attn.weight', (4, 3)),
          ('module.transformer.h.0.mlp.c_fc.weight', (3, 3))],
         [('module.transformer.h.0.ln_1.weight', (4,)), ('module.transformer.h.0.ln_1.bias', (1,))],
-    ]
+    ] if model == 'gpt2' else LLAMA_SHAPES
     groups = []
     for grp in shapes:
         out = collections.OrderedDict()
@@ -170,7 +190,7 @@ def zero_partitions(numel, dp):
     return size, pads
 
 
-def write(out, stage, dtype, dp, lie_shape=False, run=None):
+def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
     """`run` (from_dstrain): the run's own values instead of the fixture's — groups, exp_avg,
     exp_avg_sq, step, global_samples, lr_scheduler, ds_config, module_extra (tied copies and buffers
     a module's state_dict holds besides its parameters), scaler (fp16's DynamicLossScaler fields)."""
@@ -183,7 +203,7 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None):
     if run:
         groups, exp_avg, exp_avg_sq = run['groups'], run['exp_avg'], run['exp_avg_sq']
     else:
-        groups = model_params()
+        groups = model_params(model)
         exp_avg, exp_avg_sq = moments(groups)
     lp = DTYPES[dtype]
     names = [n for grp in groups for n in grp]
@@ -198,19 +218,24 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None):
             if is_buffer:
                 buffer_names.append(n)
         lr_sched = run['lr_scheduler']
-    else:
+    elif model == 'gpt2':
         module['module.transformer.h.0.attn.bias'] = torch.tril(torch.ones(4, 4))  # a buffer, not a parameter
         buffer_names = ['module.transformer.h.0.attn.bias']
+    else:
+        buffer_names = []  # Llama's rotary inv_freq is not persistent: not in the state_dict
     lr_sched = lr_sched if run else {'last_batch_iteration': STEP - 1, 'warmup_min_lr': 0.0, 'warmup_max_lr': 3e-4, 'warmup_num_steps': 100, 'warmup_type': 'log',
                 'inverse_log_warm_up': 0.21714724095162588, 'delta_lr': 3e-4}
-    expected = {'tag': tag, 'zero_stage': stage, 'dp_world_size': dp if stage > 0 else dp, 'dtype': dtype, 'names': [n[len('module.'):] for n in names],
-                'shapes': {n[7:]: list(master[n].shape) for n in names}, 'master': {n[7:]: master[n].flatten().tolist() for n in names},
-                'module': {n[7:]: module[n].float().flatten().tolist() for n in names},
-                'exp_avg': {n[7:]: exp_avg[n].flatten().tolist() for n in names},
-                'exp_avg_sq': {n[7:]: exp_avg_sq[n].flatten().tolist() for n in names}, 'step': STEP,
+    expected = {'tag': tag, 'zero_stage': stage, 'dp_world_size': dp if stage > 0 else dp, 'dtype': dtype, 'names': [bare(n) for n in names],
+                'shapes': {bare(n): list(master[n].shape) for n in names}, 'master': {bare(n): master[n].flatten().tolist() for n in names},
+                'module': {bare(n): module[n].float().flatten().tolist() for n in names},
+                'exp_avg': {bare(n): exp_avg[n].flatten().tolist() for n in names},
+                'exp_avg_sq': {bare(n): exp_avg_sq[n].flatten().tolist() for n in names}, 'step': STEP,
+                # The param groups (decay, no decay) every layout saves: stage 0's optimizer and the ZeRO optimizers' base.
+                'groups': [{'names': [bare(n) for n in grp], 'weight_decay': 0.01 if gi == 0 else 0.0} for gi, grp in enumerate(groups)],
                 'param_group': {'lr': 3e-4, 'betas0': 0.9, 'betas1': 0.95, 'eps': 1e-8, 'weight_decay': 0.01}, 'optimizer_type': 'adamw',
                 'global_steps': STEP, 'global_samples': STEP * 4 * dp, 'skipped_steps': 1, 'lr_scheduler': lr_sched, 'loss_scaler': None}
     config = run['ds_config'] if run else ds_config(stage, dtype, dp)
+    expected['ds_config'] = config
     common = dict(module=module, buffer_names=buffer_names, lr_scheduler=lr_sched, data_sampler=None, random_ltd=None,
                   sparse_tensor_module_names=set(), skipped_steps=skipped, global_steps=STEP,
                   global_samples=run['global_samples'] if run else STEP * 4 * dp, dp_world_size=dp,
@@ -367,6 +392,125 @@ def write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, 
                    os.path.join(step_dir, '%szero_pp_rank_%d_mp_rank_00_optim_states.pt' % (prefix, r)))
 
 
+def _natural_keys(text):
+    return [int(c) if c.isdigit() else c for c in re.split(r'(\d+)', text)]
+
+
+def to_universal(src, out, vocab=None):
+    """What deepspeed/checkpoint/ds_to_universal.py (main, with --inject_missing_state) writes for
+    the save_checkpoint folder `src` (pipeline and tensor-parallel degree 1), into OUT/<tag>_universal
+    with OUT/latest_universal naming it. ZeRO 1/2 (extract_zero_shards, merge_tp_slices): every
+    rank's param_slice_mappings fragment of each flat state (fp32 = single_partition_of_fp32_groups,
+    the base optimizer's exp_avg / exp_avg_sq, step) cut out, the ranks' fragments concatenated in
+    rank order and shaped as param_shapes says, saved as zero/<name>/<state>.pt = {'cat_dim': 0,
+    'param': tensor} (with a vocabulary pattern: the rows past original_vocab_size cut off and
+    'vocab_tensor': True), step.pt the step itself; zero/optimizer_state.pt the ZeRO optimizer's state
+    without its partitioned entries plus the base optimizer's param_groups; mp_rank_*_model_states.pt
+    copied. ZeRO-3 (extract_zero_shards_stage3, merge_zero3_slices): each parameter's padding-free
+    piece of every rank's fp32_flat_groups / exp_avg / exp_avg_sq at ceil(numel / W) per rank,
+    concatenated and saved flat (no dict, no step.pt); optimizer_state.pt rank 0's whole
+    optimizer_state_dict plus param_groups; every *model_states.pt copied. `vocab` (pattern,
+    original_vocab_size): the universal_checkpoint_info a Megatron model saves, put into the model
+    states first."""
+    with open(os.path.join(src, 'latest')) as f:
+        tag = f.read().strip()
+    src_dir = os.path.join(src, tag)
+    utag = tag + '_universal'
+    dst = os.path.join(out, utag)
+    zero = os.path.join(dst, 'zero')
+    os.makedirs(zero, exist_ok=True)
+    optim_files = sorted(glob.glob(os.path.join(src_dir, '*_optim_states.pt')), key=_natural_keys)
+    osd0 = torch.load(optim_files[0])['optimizer_state_dict']
+    stage = int(osd0.get('zero_stage', 1))
+
+    def save(name, state, value):
+        os.makedirs(os.path.join(zero, name), exist_ok=True)
+        torch.save(value, os.path.join(zero, name, state + '.pt'))
+
+    if stage <= 2:
+        model_file = os.path.join(src_dir, 'mp_rank_00_model_states.pt')
+        model_states = torch.load(model_file)
+        if vocab:
+            model_states['universal_checkpoint_info'] = {'universal_checkpoint_version': 0.4, 'vocabulary_parameter_patterns': [vocab[0]],
+                                                         'original_vocab_size': vocab[1]}
+            torch.save(model_states, model_file)
+        uc_info = model_states.get('universal_checkpoint_info') or {'universal_checkpoint_version': 0.4}
+        shapes = {n: s for grp in model_states['param_shapes'] for n, s in grp.items()}
+        frags = collections.defaultdict(lambda: collections.defaultdict(list))  # name -> state -> per rank
+        for f in optim_files:
+            osd = torch.load(f)['optimizer_state_dict']
+            state_groups = osd['base_optimizer_state']['state']
+            for gid in range(len(state_groups)):
+                flat_state = dict(exp_avg=state_groups[gid]['exp_avg'], exp_avg_sq=state_groups[gid]['exp_avg_sq'],
+                                  fp32=osd['single_partition_of_fp32_groups'][gid])
+                if 'step' in state_groups[gid]:
+                    flat_state['step'] = state_groups[gid]['step']
+                for name, fm in osd['param_slice_mappings'][gid].items():
+                    for key, t in flat_state.items():
+                        frags[name][key].append(t if key == 'step' or not torch.is_tensor(t) else t.narrow(0, fm.start, fm.numel).clone())
+        for name, states in frags.items():
+            if 'step' in states:
+                assert all(v == states['step'][0] for v in states['step'])
+                save(name, 'step', states['step'][0])
+            for key in ('fp32', 'exp_avg', 'exp_avg_sq'):
+                param = torch.cat(states[key], dim=0).reshape(shapes[name])
+                d = {'cat_dim': 0}
+                if any(re.match(p, name) for p in uc_info.get('vocabulary_parameter_patterns', [])):
+                    param = param[:uc_info['original_vocab_size'], :]
+                    d['vocab_tensor'] = True
+                d['param'] = param
+                save(name, key, d)
+        sharded = ('base_optimizer_state', 'param_slice_mappings', 'single_partition_of_fp32_groups')
+        opt = {k: v for k, v in osd0.items() if k not in sharded}
+        opt['param_groups'] = osd0['base_optimizer_state']['param_groups']
+        model_files = glob.glob(os.path.join(src_dir, 'mp_rank_*_model_states.pt'))
+    else:
+        model_files = sorted(glob.glob(os.path.join(src_dir, '*model_states.pt')), key=_natural_keys)
+        param_shapes = torch.load(model_files[0])['param_shapes']
+        w = len(optim_files)
+        pieces = collections.defaultdict(lambda: collections.defaultdict(list))
+        for r, f in enumerate(optim_files):
+            osd = torch.load(f)['optimizer_state_dict']
+            for idx, sub_group in enumerate(param_shapes):
+                flat_state = dict(exp_avg=osd['optimizer_state_dict']['state'][idx]['exp_avg'],
+                                  exp_avg_sq=osd['optimizer_state_dict']['state'][idx]['exp_avg_sq'], fp32=osd['fp32_flat_groups'][idx])
+                offset = 0
+                for name, shape in sub_group.items():
+                    numel = math.prod(shape)
+                    part = int(math.ceil(numel / w))
+                    free = max(0, min(part, numel - r * part))
+                    for key, t in flat_state.items():
+                        pieces[name][key].append(t.narrow(0, offset, free).clone())
+                    offset += part
+        for name, states in pieces.items():
+            for key in ('fp32', 'exp_avg', 'exp_avg_sq'):
+                save(name, key, torch.cat(states[key], dim=0))
+        opt = osd0
+        opt['param_groups'] = osd0['optimizer_state_dict']['param_groups']
+    torch.save(opt, os.path.join(zero, 'optimizer_state.pt'))
+    for f in model_files:
+        shutil.copy2(f, dst)
+    with open(os.path.join(out, 'latest_universal'), 'w') as f:
+        f.write(utag)
+    exp_file = os.path.join(src, 'expected.json')
+    if os.path.exists(exp_file):
+        with open(exp_file) as f:
+            expected = json.load(f)
+        expected['tag'] = utag
+        expected['module'] = expected['master']  # load_universal casts the masters into the module
+        if vocab:
+            for n in expected['names']:
+                if re.match(vocab[0], n) or re.match(vocab[0], 'module.' + n):
+                    rows = vocab[1]
+                    cols = expected['shapes'][n][1]
+                    expected['shapes'][n][0] = rows
+                    for k in ('master', 'exp_avg', 'exp_avg_sq'):
+                        expected[k][n] = expected[k][n][:rows * cols]
+        with open(os.path.join(out, 'expected.json'), 'w') as f:
+            json.dump(expected, f)
+    return dst
+
+
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
 
 
@@ -450,6 +594,11 @@ def from_dstrain(ckdir, out, stage, dtype, dp):
     write(out, stage, dtype, dp, run=run)
 
 
+LLAMA_CELLS = [(0, 'bf16', 1), (0, 'fp32', 1), (1, 'fp16', 2), (1, 'bf16', 2), (2, 'bf16', 4), (2, 'fp32', 2), (3, 'fp32', 2), (3, 'fp16', 4)]
+UNIVERSAL_CELLS = ['s1_bf16_dp2', 's1_fp16_dp4', 's2_fp32_dp2', 's2_bf16_dp1', 's3_bf16_dp4', 's3_fp32_dp2', 's3_fp16_dp1', 'llama_s2_bf16_dp4',
+                   'llama_s3_fp16_dp4']
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('out')
@@ -467,6 +616,27 @@ def main():
             for dtype in ('fp32', 'fp16', 'bf16'):
                 for dp in (1, 2, 4):
                     write(os.path.join(a.out, 's%d_%s_dp%d' % (stage, dtype, dp)), stage, dtype, dp)
+        # A few cells per stage for the Llama (GQA, untied lm_head, names without "module.").
+        for stage, dtype, dp in LLAMA_CELLS:
+            write(os.path.join(a.out, 'llama_s%d_%s_dp%d' % (stage, dtype, dp)), stage, dtype, dp, model='llama')
+        # ds_to_universal's output of some of them: OUT/u_<source>/ (ZeRO 1-3, each dtype, BF16_Optimizer).
+        for src in UNIVERSAL_CELLS:
+            to_universal(os.path.join(a.out, src), os.path.join(a.out, 'u_' + src))
+        # A Megatron-style vocabulary parameter: wte's rows past original_vocab_size 5 cut off.
+        write(os.path.join(a.out, 'src_vocab'), 2, 'fp32', 2)
+        to_universal(os.path.join(a.out, 'src_vocab'), os.path.join(a.out, 'u_vocab'), vocab=(r'module\.transformer\.wte\.weight', 5))
+        # Hostile universal folders: param_shapes one row too long for fp32.pt; an exp_avg one row short.
+        u = to_universal(os.path.join(a.out, 's2_fp32_dp2'), os.path.join(a.out, 'u_lie'))
+        f = os.path.join(u, 'mp_rank_00_model_states.pt')
+        sd = torch.load(f)
+        n0 = 'module.transformer.h.0.mlp.c_fc.weight'
+        sd['param_shapes'][0][n0] = torch.Size([4, 3])
+        torch.save(sd, f)
+        u = to_universal(os.path.join(a.out, 's2_fp32_dp2'), os.path.join(a.out, 'u_bad_moment'))
+        f = os.path.join(u, 'zero', n0, 'exp_avg.pt')
+        sd = torch.load(f)
+        sd['param'] = sd['param'][:2].clone()
+        torch.save(sd, f)
         write(os.path.join(a.out, 'lie'), 2, 'fp32', 2, lie_shape=True)
         write(os.path.join(a.out, 'lie3'), 3, 'bf16', 2, lie_shape=True)
 

@@ -1,9 +1,11 @@
 // read_deepspeed_checkpoint (formats/deepspeed_checkpoint.h) against folders written by torch.save
 // in DeepSpeed's layout (tests/integration/deepspeed_checkpoint_fixture.py, /usr/bin/python3 with
-// Debian's python3-torch): stages 0, 1, 2, 3 x fp32 / fp16 / bf16 x DP 1, 2, 4, every value compared
+// Debian's python3-torch): stages 0, 1, 2, 3 x fp32 / fp16 / bf16 x DP 1, 2, 4 of a GPT-2-like model,
+// a few cells per stage of a Llama, and ds_to_universal's output of some of them, every value compared
 // exactly with the whole values the script wrote; and hostile folders (truncated file, lying shape,
-// missing rank file, `latest` naming another or an outside folder, a pickle asking for os.system),
-// each an Error naming the file. Plus the value tree (formats/torch_pickle.h) on its own.
+// missing rank file, `latest` / `latest_universal` naming another or an outside folder, a pickle
+// asking for os.system, a universal folder missing fp32.pt or a parameter, an exp_avg of another
+// shape, a model-parallel universal), each an Error naming the file. Plus the value tree (formats/torch_pickle.h) on its own.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -75,54 +77,191 @@ void expect_values(const std::map<std::string, std::vector<float>>& got, const n
   }
 }
 
+// Every value of the folder `name` as its expected.json says: names, shapes, masters, module weights,
+// moments, step, optimizer, param groups, counters, schedule, ds_config, loss scaler.
+DeepSpeedTrainingState expect_cell(const fs::path& folder, const std::string& dtype, int stage, int dp) {
+  std::ifstream in(folder / "expected.json");
+  const nlohmann::json want = nlohmann::json::parse(in);
+  EXPECT_TRUE(is_deepspeed_checkpoint(folder));
+  const DeepSpeedTrainingState st = read_deepspeed_checkpoint(folder);
+  EXPECT_EQ(st.tag, want["tag"].get<std::string>());
+  EXPECT_EQ(st.dir, folder / want["tag"].get<std::string>());
+  EXPECT_EQ(st.zero_stage, stage);
+  EXPECT_EQ(st.dp_world_size, dp);
+  EXPECT_EQ(st.dtype, dtype);
+  EXPECT_EQ(st.names, want["names"].get<std::vector<std::string>>());
+  for (const auto& [n, s] : want["shapes"].items()) EXPECT_EQ(st.shapes.at(n), s.get<std::vector<std::int64_t>>()) << n;
+  expect_values(st.master, want["master"], "master");
+  expect_values(st.module, want["module"], "module");
+  EXPECT_EQ(st.optimizer_states.size(), 2u);
+  if (st.optimizer_states.size() != 2u) return st;
+  expect_values(st.optimizer_states.at("exp_avg"), want["exp_avg"], "exp_avg");
+  expect_values(st.optimizer_states.at("exp_avg_sq"), want["exp_avg_sq"], "exp_avg_sq");
+  EXPECT_EQ(st.optimizer_step, want["step"].get<std::int64_t>());
+  EXPECT_EQ(st.optimizer_type, want["optimizer_type"].get<std::string>());
+  for (const auto& [k, v] : want["param_group"].items()) EXPECT_EQ(st.param_group.at(k), v.get<double>()) << k;
+  EXPECT_EQ(st.groups.size(), want["groups"].size());
+  for (std::size_t g = 0; g < st.groups.size() && g < want["groups"].size(); ++g) {
+    EXPECT_EQ(st.groups[g].names, want["groups"][g]["names"].get<std::vector<std::string>>()) << "group " << g;
+    EXPECT_EQ(st.groups[g].weight_decay, want["groups"][g]["weight_decay"].get<double>()) << "group " << g;
+  }
+  EXPECT_EQ(st.global_steps, want["global_steps"].get<std::int64_t>());
+  EXPECT_EQ(st.global_samples, want["global_samples"].get<std::int64_t>());
+  EXPECT_EQ(st.skipped_steps, want["skipped_steps"].get<std::int64_t>());
+  EXPECT_TRUE(st.lr_scheduler_json.has_value());
+  if (st.lr_scheduler_json) {
+    EXPECT_EQ(nlohmann::json::parse(*st.lr_scheduler_json), want["lr_scheduler"]);
+  }
+  EXPECT_TRUE(st.ds_config_json.has_value());
+  if (st.ds_config_json) {
+    EXPECT_EQ(nlohmann::json::parse(*st.ds_config_json), want["ds_config"]);
+  }
+  if (want["loss_scaler"].is_null()) {
+    EXPECT_FALSE(st.loss_scaler.has_value());
+  } else if (st.loss_scaler) {
+    const nlohmann::json& ls = want["loss_scaler"];
+    EXPECT_EQ(st.loss_scaler->cur_scale, ls["cur_scale"].get<double>());
+    EXPECT_EQ(st.loss_scaler->cur_iter, ls["cur_iter"].get<std::int64_t>());
+    EXPECT_EQ(st.loss_scaler->last_overflow_iter, ls["last_overflow_iter"].get<std::int64_t>());
+    EXPECT_EQ(st.loss_scaler->cur_hysteresis, ls["cur_hysteresis"].get<std::int64_t>());
+    EXPECT_EQ(st.loss_scaler->dynamic, ls["dynamic"].get<bool>());
+  } else {
+    ADD_FAILURE() << "no loss scaler read";
+  }
+  // The tag folder itself, and the tag named explicitly, read the same.
+  EXPECT_EQ(read_deepspeed_checkpoint(st.dir).master, st.master);
+  EXPECT_EQ(read_deepspeed_checkpoint(folder, st.tag).optimizer_states, st.optimizer_states);
+  return st;
+}
+
 TEST_F(DeepSpeedCheckpointTest, EveryStageDtypeAndDataParallelSizeGivesTheSavedValues) {
   for (const int stage : {0, 1, 2, 3}) {
     for (const std::string dtype : {"fp32", "fp16", "bf16"}) {
       for (const int dp : {1, 2, 4}) {
         const std::string name = "s" + std::to_string(stage) + "_" + dtype + "_dp" + std::to_string(dp);
         SCOPED_TRACE(name);
-        const fs::path folder = dir_ / name;
-        std::ifstream in(folder / "expected.json");
-        const nlohmann::json want = nlohmann::json::parse(in);
-        ASSERT_TRUE(is_deepspeed_checkpoint(folder));
-        const DeepSpeedTrainingState st = read_deepspeed_checkpoint(folder);
-        EXPECT_EQ(st.tag, "global_step10");
-        EXPECT_EQ(st.dir, folder / "global_step10");
-        EXPECT_EQ(st.zero_stage, stage);
-        EXPECT_EQ(st.dp_world_size, dp);
-        EXPECT_EQ(st.dtype, dtype);
-        EXPECT_EQ(st.names, want["names"].get<std::vector<std::string>>());
-        for (const auto& [n, s] : want["shapes"].items()) EXPECT_EQ(st.shapes.at(n), s.get<std::vector<std::int64_t>>()) << n;
-        expect_values(st.master, want["master"], "master");
-        expect_values(st.module, want["module"], "module");
-        ASSERT_EQ(st.optimizer_states.size(), 2u);
-        expect_values(st.optimizer_states.at("exp_avg"), want["exp_avg"], "exp_avg");
-        expect_values(st.optimizer_states.at("exp_avg_sq"), want["exp_avg_sq"], "exp_avg_sq");
-        EXPECT_EQ(st.optimizer_step, want["step"].get<std::int64_t>());
-        EXPECT_EQ(st.optimizer_type, want["optimizer_type"].get<std::string>());
-        for (const auto& [k, v] : want["param_group"].items()) EXPECT_EQ(st.param_group.at(k), v.get<double>()) << k;
-        EXPECT_EQ(st.global_steps, want["global_steps"].get<std::int64_t>());
-        EXPECT_EQ(st.global_samples, want["global_samples"].get<std::int64_t>());
-        EXPECT_EQ(st.skipped_steps, want["skipped_steps"].get<std::int64_t>());
-        ASSERT_TRUE(st.lr_scheduler_json.has_value());
-        EXPECT_EQ(nlohmann::json::parse(*st.lr_scheduler_json), want["lr_scheduler"]);
-        if (want["loss_scaler"].is_null()) {
-          EXPECT_FALSE(st.loss_scaler.has_value());
-        } else {
-          ASSERT_TRUE(st.loss_scaler.has_value());
-          const nlohmann::json& ls = want["loss_scaler"];
-          EXPECT_EQ(st.loss_scaler->cur_scale, ls["cur_scale"].get<double>());
-          EXPECT_EQ(st.loss_scaler->cur_iter, ls["cur_iter"].get<std::int64_t>());
-          EXPECT_EQ(st.loss_scaler->last_overflow_iter, ls["last_overflow_iter"].get<std::int64_t>());
-          EXPECT_EQ(st.loss_scaler->cur_hysteresis, ls["cur_hysteresis"].get<std::int64_t>());
-          EXPECT_EQ(st.loss_scaler->dynamic, ls["dynamic"].get<bool>());
-        }
-        // The global_step folder itself, and the tag named explicitly, read the same.
-        EXPECT_EQ(read_deepspeed_checkpoint(folder / "global_step10").master, st.master);
-        EXPECT_EQ(read_deepspeed_checkpoint(folder, "global_step10").optimizer_states, st.optimizer_states);
+        (void)expect_cell(dir_ / name, dtype, stage, dp);
       }
     }
   }
+}
+
+struct CellName {
+  int stage;
+  std::string dtype;
+  int dp;
+  std::string name(const std::string& prefix) const { return prefix + "s" + std::to_string(stage) + "_" + dtype + "_dp" + std::to_string(dp); }
+};
+
+// A Llama (GQA: k_proj / v_proj of fewer rows than q_proj; SwiGLU; untied lm_head) saved without
+// "module." — the names DeepSpeed's engine.param_names really has.
+TEST_F(DeepSpeedCheckpointTest, LlamaCellsGiveTheSavedValues) {
+  for (const CellName& c : std::vector<CellName>{{0, "bf16", 1}, {0, "fp32", 1}, {1, "fp16", 2}, {1, "bf16", 2}, {2, "bf16", 4}, {2, "fp32", 2},
+                                                 {3, "fp32", 2}, {3, "fp16", 4}}) {
+    SCOPED_TRACE(c.name("llama_"));
+    const DeepSpeedTrainingState st = expect_cell(dir_ / c.name("llama_"), c.dtype, c.stage, c.dp);
+    EXPECT_EQ(st.shapes.at("model.layers.0.self_attn.k_proj.weight"), (std::vector<std::int64_t>{4, 8}));
+    EXPECT_EQ(st.names.front(), "model.embed_tokens.weight");
+  }
+}
+
+// ds_to_universal's output (the fixture's to_universal, from the save_checkpoint folders above):
+// the same state as its source folder, every value; the module weights are the masters.
+TEST_F(DeepSpeedCheckpointTest, UniversalCheckpointsGiveTheSavedValues) {
+  for (const auto& [prefix, c] : std::vector<std::pair<std::string, CellName>>{{"", {1, "bf16", 2}},
+                                                                               {"", {1, "fp16", 4}},
+                                                                               {"", {2, "fp32", 2}},
+                                                                               {"", {2, "bf16", 1}},
+                                                                               {"", {3, "bf16", 4}},
+                                                                               {"", {3, "fp32", 2}},
+                                                                               {"", {3, "fp16", 1}},
+                                                                               {"llama_", {2, "bf16", 4}},
+                                                                               {"llama_", {3, "fp16", 4}}}) {
+    const std::string src = c.name(prefix);
+    SCOPED_TRACE("u_" + src);
+    const fs::path u = dir_ / ("u_" + src);
+    ASSERT_TRUE(fs::is_directory(u / "global_step10_universal" / "zero"));
+    ASSERT_FALSE(fs::exists(u / "latest"));  // read through latest_universal
+    const DeepSpeedTrainingState st = expect_cell(u, c.dtype, c.stage, c.dp);
+    const DeepSpeedTrainingState orig = read_deepspeed_checkpoint(dir_ / src);
+    EXPECT_EQ(st.master, orig.master);
+    EXPECT_EQ(st.optimizer_states, orig.optimizer_states);
+    EXPECT_EQ(st.optimizer_step, orig.optimizer_step);
+    EXPECT_EQ(st.lr_scheduler_json, orig.lr_scheduler_json);
+  }
+}
+
+// A vocabulary parameter (universal_checkpoint_info's vocabulary_parameter_patterns): ds_to_universal
+// cut wte to original_vocab_size 5 rows ("vocab_tensor": True) while param_shapes keep 7; the state
+// holds the real vocabulary.
+TEST_F(DeepSpeedCheckpointTest, AUniversalVocabularyTensorKeepsTheRealVocabulary) {
+  const DeepSpeedTrainingState st = expect_cell(dir_ / "u_vocab", "fp32", 2, 2);
+  EXPECT_EQ(st.shapes.at("transformer.wte.weight"), (std::vector<std::int64_t>{5, 4}));
+  EXPECT_EQ(st.master.at("transformer.wte.weight").size(), 20u);
+  EXPECT_EQ(st.optimizer_states.at("exp_avg").at("transformer.wte.weight").size(), 20u);
+}
+
+TEST_F(DeepSpeedCheckpointTest, AHostileUniversalCheckpointIsRefusedNamingFileAndCause) {
+  const std::string p = "module.transformer.h.0.mlp.c_fc.weight";
+  // param_shapes one row longer than fp32.pt.
+  std::string e = error_of(dir_ / "u_lie");
+  EXPECT_NE(e.find("global_step10_universal/zero/" + p + "/fp32.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("is 3x3, but param_shapes of"), std::string::npos) << e;
+  EXPECT_NE(e.find("say 4x3"), std::string::npos) << e;
+  // An exp_avg of another shape than its fp32.pt.
+  e = error_of(dir_ / "u_bad_moment");
+  EXPECT_NE(e.find(p + "/exp_avg.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("is 2x3, but param_shapes"), std::string::npos) << e;
+  // A missing fp32.pt; a missing parameter folder; a folder param_shapes does not name.
+  fs::path d = copy_of("u_s2_fp32_dp2", "u_no_fp32");
+  const fs::path zero = d / "global_step10_universal" / "zero";
+  fs::remove(zero / p / "fp32.pt");
+  e = error_of(d);
+  EXPECT_NE(e.find((zero / p / "fp32.pt").string() + "' is missing"), std::string::npos) << e;
+  fs::remove_all(zero / p);
+  e = error_of(d);
+  EXPECT_NE(e.find("the parameter folder '" + (zero / p).string() + "' is missing"), std::string::npos) << e;
+  fs::copy(zero / "module.transformer.h.0.ln_1.bias", zero / p, fs::copy_options::recursive);
+  fs::copy(zero / "module.transformer.h.0.ln_1.bias", zero / "module.extra.weight", fs::copy_options::recursive);
+  e = error_of(d);
+  EXPECT_NE(e.find("'" + (zero / "module.extra.weight").string() + "' is not in the param_shapes"), std::string::npos) << e;
+  // No optimizer_state.pt.
+  d = copy_of("u_s3_fp32_dp2", "u_no_opt");
+  fs::remove(d / "global_step10_universal" / "zero" / "optimizer_state.pt");
+  e = error_of(d);
+  EXPECT_NE(e.find("zero/optimizer_state.pt' is missing"), std::string::npos) << e;
+}
+
+// latest_universal is a tag like latest: a folder that is not there, a path out of the folder, a
+// link to a folder elsewhere — each refused naming the file.
+TEST_F(DeepSpeedCheckpointTest, ALatestUniversalNamingAnAbsentOrEscapingFolderIsRefused) {
+  const fs::path d = copy_of("u_s1_bf16_dp2", "u_bad_latest");
+  const std::string named = "'" + (d / "latest_universal").string() + "'";
+  std::ofstream(d / "latest_universal", std::ios::trunc) << "global_step99_universal";
+  std::string e = error_of(d);
+  EXPECT_NE(e.find(named + " names the tag 'global_step99_universal', but the folder"), std::string::npos) << e;
+  std::ofstream(d / "latest_universal", std::ios::trunc) << "../u_s2_fp32_dp2/global_step10_universal";
+  e = error_of(d);
+  EXPECT_NE(e.find(named + " names the tag '../u_s2_fp32_dp2/global_step10_universal', which is not the name of a folder inside"), std::string::npos) << e;
+  fs::create_directory_symlink(dir_ / "u_s2_fp32_dp2" / "global_step10_universal", d / "elsewhere");
+  std::ofstream(d / "latest_universal", std::ios::trunc) << "elsewhere";
+  e = error_of(d);
+  EXPECT_NE(e.find("lies outside"), std::string::npos) << e;
+  std::ofstream(d / "latest_universal", std::ios::trunc) << "global_step10_universal";
+  EXPECT_EQ(read_deepspeed_checkpoint(d).tag, "global_step10_universal");
+  // With both, `latest` is read (the save_checkpoint folder: exact, module weights as saved).
+  fs::copy(dir_ / "s1_bf16_dp2" / "global_step10", d / "global_step10", fs::copy_options::recursive);
+  std::ofstream(d / "latest") << "global_step10";
+  EXPECT_EQ(read_deepspeed_checkpoint(d).tag, "global_step10");
+}
+
+// A universal checkpoint converted from a model-parallel run: refused naming the reason.
+TEST_F(DeepSpeedCheckpointTest, AModelParallelUniversalCheckpointIsRefused) {
+  const fs::path d = copy_of("u_s2_fp32_dp2", "u_mp2");
+  fs::copy_file(d / "global_step10_universal" / "mp_rank_00_model_states.pt", d / "global_step10_universal" / "mp_rank_01_model_states.pt");
+  const std::string e = error_of(d);
+  EXPECT_NE(e.find("mp_rank_01_model_states.pt"), std::string::npos) << e;
+  EXPECT_NE(e.find("model-parallel size 1 only"), std::string::npos) << e;
 }
 
 TEST_F(DeepSpeedCheckpointTest, AShapeThatDoesNotAddUpWithThePartitionsIsRefused) {
