@@ -6,11 +6,17 @@ values expected back (expected.json) — for tests/unit/formats/test_deepspeed_c
 
   deepspeed_checkpoint_fixture.py OUT --stage S --dtype fp32|fp16|bf16 --dp W [--lie-shape]
   deepspeed_checkpoint_fixture.py OUT --from-dstrain CKDIR --stage S --dtype D --dp W
-                                                (the state of dstrain checkpoint CKDIR as a Hugging Face GPT-2
-                                                 run under DeepSpeed saves it: tests/integration/test_resume_deepspeed_cli.cpp)
+                                                (the state of dstrain checkpoint CKDIR as a Hugging Face GPT-2 or
+                                                 Llama run under DeepSpeed saves it: tests/integration/test_resume_deepspeed_cli.cpp)
+  deepspeed_checkpoint_fixture.py OUT --from-dstrain CKDIR ... --universal
+                                                (the same converted by ds_to_universal.py: OUT/global_step<N>_universal,
+                                                 OUT/latest_universal; the save_checkpoint folder in OUT.src)
   deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-3 x dtypes x W 1,2,4,
-                                                 and OUT/lie/, OUT/lie3/ (stage 2, stage 3):
-                                                 a param_shapes entry one row too long)
+                                                 OUT/llama_s<S>_<dtype>_dp<W>/ for LLAMA_CELLS, OUT/u_<cell>/ the
+                                                 universal checkpoints of UNIVERSAL_CELLS, OUT/u_vocab/ (a vocabulary
+                                                 tensor cut), and OUT/lie/, OUT/lie3/ (stage 2, stage 3): a param_shapes
+                                                 entry one row too long; OUT/u_lie/, OUT/u_bad_moment/ (universal: a
+                                                 param_shapes entry one row too long, an exp_avg one row short))
 
 DeepSpeed itself is not imported: the classes its checkpoints pickle are stand-ins registered in
 sys.modules under DeepSpeed's module paths and qualnames, so the pickles name the same globals
@@ -560,6 +566,10 @@ def from_dstrain(ckdir, out, stage, dtype, dp):
     cfg = manifest['architecture']['config']
     eng = manifest['engine']
     assert eng['skipped_steps'] == 0, 'the fixture writes the optimizer step as global_steps'
+    if manifest['architecture']['family'] == 'llama':
+        groups, m, v, module_extra = llama_from_dstrain(cfg, whole)
+        write_run(out, stage, dtype, dp, manifest, eng, groups, m, v, module_extra)
+        return
 
     def hf(n, t):
         if n.endswith(CONV1D):
@@ -583,13 +593,63 @@ def from_dstrain(ckdir, out, stage, dtype, dp):
         groups[0 if whole['master'][n].dim() == 2 else 1][key] = hf(n, whole['master'][n])
         m[key] = hf(n, whole['exp_avg'][n])
         v[key] = hf(n, whole['exp_avg_sq'][n])
+    write_run(out, stage, dtype, dp, manifest, eng, groups, m, v, {'module.lm_head.weight': (groups[0]['module.transformer.wte.weight'], False)})
+
+
+def llama_from_dstrain(cfg, whole):
+    """A Hugging Face LlamaForCausalLM's parameters at dstrain's state: dstrain's names are HF's but
+    for q_proj / k_proj / v_proj, the row blocks (in that order) of one qkv_proj; embed_tokens and
+    an untied lm_head carry dstrain's padded vocabulary rows, which HF's do not. Names as DeepSpeed's
+    engine.param_names has them (no "module."); a tied lm_head is a second name of embed_tokens in the
+    module's state_dict."""
+    c, h = cfg['hidden_size'], cfg['num_attention_heads']
+    d = cfg.get('head_dim') or c // h
+    q_rows, kv_rows = h * d, cfg.get('num_key_value_heads', h) * d
+    tied = cfg.get('tie_word_embeddings', False)
+    hf = {}  # HF name -> (dstrain name, row range or None)
+    order = ['model.embed_tokens.weight']
+    for i in range(cfg['num_hidden_layers']):
+        p = 'model.layers.%d.' % i
+        qkv = p + 'self_attn.qkv_proj.weight'
+        for k, (lo, hi) in (('q_proj', (0, q_rows)), ('k_proj', (q_rows, q_rows + kv_rows)), ('v_proj', (q_rows + kv_rows, q_rows + 2 * kv_rows))):
+            hf[p + 'self_attn.%s.weight' % k] = (qkv, (lo, hi))
+        for n in ('self_attn.o_proj.weight', 'mlp.gate_proj.weight', 'mlp.up_proj.weight', 'mlp.down_proj.weight', 'input_layernorm.weight',
+                  'post_attention_layernorm.weight'):
+            hf[p + n] = (p + n, None)
+        order += [p + 'self_attn.%s.weight' % k for k in ('q_proj', 'k_proj', 'v_proj')]
+        order += [p + n for n in ('self_attn.o_proj.weight', 'mlp.gate_proj.weight', 'mlp.up_proj.weight', 'mlp.down_proj.weight',
+                                  'input_layernorm.weight', 'post_attention_layernorm.weight')]
+    order.append('model.norm.weight')
+    hf['model.embed_tokens.weight'] = ('model.embed_tokens.weight', (0, cfg['vocab_size']))
+    hf['model.norm.weight'] = ('model.norm.weight', None)
+    if not tied:
+        order.append('lm_head.weight')
+        hf['lm_head.weight'] = ('lm_head.weight', (0, cfg['vocab_size']))
+    assert sorted({o for o, _ in hf.values()}) == sorted(whole['master']), 'the model is not the Llama this mapping knows'
+
+    def take(buf, n):
+        ours, rows = hf[n]
+        t = whole[buf][ours]
+        return t[rows[0]:rows[1]].clone() if rows else t.clone()
+
+    groups = [collections.OrderedDict(), collections.OrderedDict()]  # decay (matrices), no decay (RMSNorm weights)
+    m, v = {}, {}
+    for n in order:
+        t = take('master', n)
+        groups[0 if t.dim() == 2 else 1][n] = t
+        m[n], v[n] = take('exp_avg', n), take('exp_avg_sq', n)
+    return groups, m, v, ({'lm_head.weight': (groups[0]['model.embed_tokens.weight'], False)} if tied else {})
+
+
+def write_run(out, stage, dtype, dp, manifest, eng, groups, m, v, module_extra):
+    """The DeepSpeed folder of a run at dstrain's state (from_dstrain): its step, counters, schedule,
+    config at the DeepSpeed run's layout, fp16 loss scaler."""
     ls = manifest.get('loss_scaler') or {}
     config = json.loads(manifest['ds_config']) if isinstance(manifest['ds_config'], str) else manifest['ds_config']
     config.setdefault('zero_optimization', {})['stage'] = stage  # the DeepSpeed run's layout (the reader takes BF16_Optimizer's stage from it)
     run = dict(groups=groups, exp_avg=m, exp_avg_sq=v, step=eng['global_steps'], global_samples=eng['global_samples'],
                lr_scheduler={'last_batch_iteration': manifest['lr_scheduler']['last_batch_iteration']},
-               ds_config=config,
-               module_extra={'module.lm_head.weight': (groups[0]['module.transformer.wte.weight'], False)},
+               ds_config=config, module_extra=module_extra,
                scaler={k: ls[k] for k in ('cur_scale', 'cur_iter', 'last_overflow_iter', 'cur_hysteresis')} if str(ls.get('kind', '')).startswith('dynamic') else None)
     write(out, stage, dtype, dp, run=run)
 
@@ -608,8 +668,13 @@ def main():
     ap.add_argument('--lie-shape', action='store_true')
     ap.add_argument('--all', action='store_true')
     ap.add_argument('--from-dstrain', metavar='CKDIR', help="the DeepSpeed folder of a dstrain checkpoint's state (from_dstrain)")
+    ap.add_argument('--universal', action='store_true', help='with --from-dstrain: ds_to_universal.py\'s output of that folder (to_universal)')
     a = ap.parse_args()
-    if a.from_dstrain:
+    if a.from_dstrain and a.universal:
+        # ds_to_universal's output of that folder, alone in OUT (latest_universal, no latest).
+        from_dstrain(a.from_dstrain, a.out + '.src', a.stage, a.dtype, a.dp)
+        to_universal(a.out + '.src', a.out)
+    elif a.from_dstrain:
         from_dstrain(a.from_dstrain, a.out, a.stage, a.dtype, a.dp)
     elif a.all:
         for stage in (0, 1, 2, 3):

@@ -11,6 +11,9 @@
 // the same counters, schedule position and (fp16) loss scale, and --save-weights writes the same
 // file. Zero steps keep the comparison free of the data position: a DeepSpeed resume starts the
 // data from the beginning, dstrain's own resume continues it, so a step after either would differ.
+// Two more cells: a Llama (GQA; HF's q_proj / k_proj / v_proj rows split from dstrain's qkv_proj,
+// untied lm_head), and a folder converted by ds_to_universal.py (the fixture's --universal: only
+// latest_universal and <tag>_universal/zero/<param>/*.pt), each resumed exactly the same way.
 //
 // Every check is meant to fail on a transpose left out, padding rows not zero, a moment not loaded,
 // or the step / schedule not carried (each changes the saved state). Checked by hand: reading the
@@ -39,6 +42,8 @@ using dstrain::testing::shell_quote;
 namespace {
 
 const char* kModel = "gpt2:L2-C32-H2-V257-T32";
+// Grouped-query attention (4 query heads, 2 key/value heads), SwiGLU, untied lm_head.
+const char* kLlama = "llama:L2-C32-H4-KV2-I64-V257-T32";
 
 std::string q(const fs::path& p) { return shell_quote(p.string()); }
 
@@ -105,10 +110,11 @@ class ResumeDeepSpeedCli : public ::testing::Test {
     dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_resume_deepspeed_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
-    // The original runs: 3 steps on 1 rank at stage 0, one per dtype.
-    for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
-      const CliResult r = run_dstrain(train(dtype, 0, 1) + " --steps 3 --save-dir " + q(dir_ / ("orig_" + dtype)) + " --save-weights " +
-                                      q(dir_ / ("orig_" + dtype + ".safetensors")));
+    // The original runs: 3 steps on 1 rank at stage 0, one per dtype; and a Llama in bf16.
+    for (const std::string dtype : {"fp32", "bf16", "fp16", "llama_bf16"}) {
+      const bool llama = dtype.starts_with("llama_");
+      const CliResult r = run_dstrain(train(llama ? dtype.substr(6) : dtype, 0, 1, llama ? kLlama : kModel) + " --steps 3 --save-dir " +
+                                      q(dir_ / ("orig_" + dtype)) + " --save-weights " + q(dir_ / ("orig_" + dtype + ".safetensors")));
       ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     }
   }
@@ -142,6 +148,8 @@ struct Cell {
   std::string dtype;
   int ds_stage, ds_dp;          // the DeepSpeed folder's layout
   int resume_stage, resume_ranks;  // dstrain's, resuming it
+  bool llama = false;           // the Llama run's state (HF q/k/v_proj split from dstrain's qkv_proj)
+  bool universal = false;       // the folder converted by ds_to_universal.py (read through latest_universal)
 };
 
 TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
@@ -152,17 +160,25 @@ TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
       {"bf16", 2, 4, 0, 1},  // DeepSpeedZeroOptimizer in bf16 on 4 ranks, resumed on one
       {"fp16", 1, 2, 0, 1},  // DeepSpeedZeroOptimizer in fp16: its DynamicLossScaler object carries the scale
       {"bf16", 3, 2, 1, 2},  // ZeRO-3: fp32_flat_groups, each parameter ceil(numel / W) per rank
+      {"bf16", 2, 2, 1, 2, true},         // a Llama: q/k/v_proj (GQA: k, v half of q's rows) fused into qkv_proj
+      {"fp16", 2, 2, 0, 1, false, true},  // ds_to_universal: zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt (fp16 loss scaler)
   };
   for (const Cell& c : cells) {
-    const std::string name = c.dtype + "_s" + std::to_string(c.ds_stage) + "_dp" + std::to_string(c.ds_dp);
+    const std::string name = std::string(c.llama ? "llama_" : "") + (c.universal ? "u_" : "") + c.dtype + "_s" + std::to_string(c.ds_stage) + "_dp" +
+                             std::to_string(c.ds_dp);
     SCOPED_TRACE(name);
-    const fs::path orig = dir_ / ("orig_" + c.dtype), ds = dir_ / ("ds_" + name), res = dir_ / ("res_" + name);
+    const std::string orig_name = (c.llama ? "orig_llama_" : "orig_") + c.dtype;
+    const fs::path orig = dir_ / orig_name, ds = dir_ / ("ds_" + name), res = dir_ / ("res_" + name);
     const std::string fx = run_fixture(q(ds) + " --from-dstrain " + q(orig) + " --stage " + std::to_string(c.ds_stage) + " --dtype " + c.dtype +
-                                       " --dp " + std::to_string(c.ds_dp));
+                                       " --dp " + std::to_string(c.ds_dp) + (c.universal ? " --universal" : ""));
     ASSERT_EQ(fx.find("exit status"), std::string::npos) << fx;
+    if (c.universal) {
+      ASSERT_TRUE(fs::exists(ds / "latest_universal") && !fs::exists(ds / "latest")) << "not the universal layout alone";
+      ASSERT_TRUE(fs::is_directory(ds / "global_step3_universal" / "zero"));
+    }
     // --steps 3 at global step 3: no step, the end-of-run save only.
-    const CliResult r = run_dstrain(train(c.dtype, c.resume_stage, c.resume_ranks) + " --steps 3 --resume-deepspeed " + q(ds) + " --save-dir " +
-                                    q(res) + " --save-weights " + q(dir_ / ("res_" + name + ".safetensors")));
+    const CliResult r = run_dstrain(train(c.dtype, c.resume_stage, c.resume_ranks, c.llama ? kLlama : kModel) + " --steps 3 --resume-deepspeed " + q(ds) +
+                                    " --save-dir " + q(res) + " --save-weights " + q(dir_ / ("res_" + name + ".safetensors")));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("resumed from DeepSpeed checkpoint"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("masters, exp_avg, exp_avg_sq, step 3, lr schedule at iteration 2"), std::string::npos) << r.out;
@@ -175,7 +191,7 @@ TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
       ASSERT_TRUE(a.whole.contains(buffer) && b.whole.contains(buffer)) << buffer;
       const auto& pa = a.whole.at(buffer);
       const auto& pb = b.whole.at(buffer);
-      ASSERT_EQ(pa.size(), 28u) << buffer;
+      ASSERT_EQ(pa.size(), c.llama ? 17u : 28u) << buffer;
       ASSERT_EQ(pa.size(), pb.size()) << buffer;
       for (const auto& [param, bytes] : pa) {
         ASSERT_TRUE(pb.contains(param)) << buffer << "/" << param;
@@ -192,7 +208,7 @@ TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
         EXPECT_EQ(b.manifest["loss_scaler"][key], a.manifest["loss_scaler"][key]) << key;
     }
     // The weights a user takes away: the same file.
-    EXPECT_TRUE(read_file_text(dir_ / ("orig_" + c.dtype + ".safetensors")) == read_file_text(dir_ / ("res_" + name + ".safetensors")))
+    EXPECT_TRUE(read_file_text(dir_ / (orig_name + ".safetensors")) == read_file_text(dir_ / ("res_" + name + ".safetensors")))
         << "--save-weights differs";
   }
 }
