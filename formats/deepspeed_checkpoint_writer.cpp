@@ -78,88 +78,85 @@ void write_stage0(const Plan& p) {
 // padding inside each rank's partition; BF16_Optimizer saves the partition whole and the group's
 // whole padding as the last rank's.
 void write_stage12(const Plan& p) {
-  const DeepSpeedTrainingState& st = *p.st;
-  const std::int64_t dp = p.layout.dp_world_size;
   {
     W w;
     w.save(p.tag_dir / "mp_rank_00_model_states.pt", model_states(p, module_state(w, p, false), W::none()));
   }
-  struct Group {
-    std::vector<float> master, m, v;  // padded to the alignment
-    std::int64_t numel = 0, size = 0;  // the group's numel, a partition's size
-  };
-  std::vector<Group> groups;
-  for (const DeepSpeedParamGroup& g : p.groups) {
-    Group x;
-    x.master = flat_of(p, g.names, st.master);
-    x.m = flat_of(p, g.names, st.optimizer_states.at("exp_avg"));
-    x.v = flat_of(p, g.names, st.optimizer_states.at("exp_avg_sq"));
-    x.numel = static_cast<std::int64_t>(x.master.size());
-    const std::int64_t alignment = 2 * dp;
-    const std::int64_t aligned = (x.numel + alignment - 1) / alignment * alignment;
-    x.size = aligned / dp;
-    for (auto* f : {&x.master, &x.m, &x.v}) f->resize(static_cast<std::size_t>(aligned), 0.0F);
-    groups.push_back(std::move(x));
-  }
   const std::string prefix = p.layout.dtype == "bf16" ? "bf16_" : "";  // engine._get_zero_ckpt_prefix: bfloat16_enabled()
-  for (std::int64_t r = 0; r < dp; ++r) {
+  for (std::int64_t r = 0; r < p.layout.dp_world_size; ++r) {
     W w;
-    std::vector<TorchValuePair> state;
-    std::vector<TorchValue> pgs, fp32, paddings, counts, mappings;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const Group& x = groups[g];
-      const std::int64_t left = r * x.size;
-      const std::int64_t pad = x.numel <= left ? x.size : x.numel < left + x.size ? left + x.size - x.numel : 0;
-      const auto part = [&](const std::vector<float>& f, std::int64_t len) {
-        return std::vector<float>(f.begin() + left, f.begin() + left + len);
-      };
-      const std::vector<std::int64_t> shape{x.size};
-      state.emplace_back(W::integer(static_cast<std::int64_t>(g)), adam_state(w, p, shape, part(x.m, x.size), part(x.v, x.size)));
-      pgs.push_back(adam_param_group(p, g, {static_cast<std::int64_t>(g)}));
-      const std::int64_t kept = p.bf16_optimizer ? x.size : x.size - pad;
-      fp32.push_back(w.tensor_from_fp32("F32", {kept}, part(x.master, kept)));
-      paddings.push_back(W::integer(p.bf16_optimizer ? (r == dp - 1 ? x.size * dp - x.numel : 0) : pad));
-      counts.push_back(W::integer(dp));
-      // _create_param_mapping: each parameter's fragment inside this rank's partition
-      // (tensor_fragment.get_hp_fragment_mapping), for the parameters that have one.
-      std::vector<TorchValuePair> frag;
-      std::int64_t off = 0;
-      for (const std::string& n : p.groups[g].names) {
-        const std::int64_t k = numel_of(st.shapes.at(n));
-        const std::int64_t lo = std::max(off, left), hi = std::min(off + k, left + x.size);
-        if (lo < hi) {
-          frag.push_back(kv(n, W::object("deepspeed.utils.tensor_fragment.fragment_address", {},
-                                         W::dict({kv("numel", W::integer(hi - lo)), kv("start", W::integer(lo - left))}))));
-        }
-        off += k;
-      }
-      mappings.push_back(ordered_dict(std::move(frag)));
-    }
-    TorchValue base = W::dict({kv("state", W::dict(std::move(state))), kv("param_groups", W::list(std::move(pgs)))});
-    std::vector<TorchValuePair> d;
-    if (p.bf16_optimizer) {
-      d.push_back(kv("clip_grad", W::real(p.clip_grad)));
-      d.push_back(kv("base_optimizer_state", std::move(base)));
-      d.push_back(kv("single_partition_of_fp32_groups", W::list(std::move(fp32))));
-    } else {
-      d.push_back(kv("loss_scaler", loss_scaler(p)));
-      d.push_back(kv("dynamic_loss_scale", W::boolean(dynamic_loss_scale(p))));
-      d.push_back(kv("overflow", W::boolean(false)));
-      d.push_back(kv("clip_grad", W::real(p.clip_grad)));
-      d.push_back(kv("base_optimizer_state", std::move(base)));
-      d.push_back(kv("single_partition_of_fp32_groups", W::list(std::move(fp32))));
-      d.push_back(kv("zero_stage", W::object("deepspeed.runtime.zero.config.ZeroStageEnum", {W::integer(p.layout.zero_stage)}, std::nullopt)));
-    }
-    d.push_back(kv("group_paddings", W::list(std::move(paddings))));
-    d.push_back(kv("partition_count", W::list(std::move(counts))));
-    d.push_back(kv("ds_version", str(kDeepSpeedVersion)));
-    d.push_back(kv("param_slice_mappings", W::list(std::move(mappings))));
-    const TorchValue root = W::dict({kv("optimizer_state_dict", W::dict(std::move(d))), kv("ds_config", json_value(p.config)), kv("ds_version", str(kDeepSpeedVersion))});
+    const TorchValue root = W::dict({kv("optimizer_state_dict", zero12_optimizer_state(w, p, r)), kv("ds_config", json_value(p.config)),
+                                     kv("ds_version", str(kDeepSpeedVersion))});
     w.save(p.tag_dir / (prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt"), root);
   }
 }
 
 }  // namespace
+
+namespace ds_save {
+
+TorchValue zero12_optimizer_state(TorchSaveWriter& w, const Plan& p, std::int64_t r) {
+  const DeepSpeedTrainingState& st = *p.st;
+  const std::int64_t dp = p.layout.dp_world_size;
+  std::vector<TorchValuePair> state;
+  std::vector<TorchValue> pgs, fp32, paddings, counts, mappings;
+  for (std::size_t g = 0; g < p.groups.size(); ++g) {
+    const std::vector<std::string>& names = p.groups[g].names;
+    std::vector<float> master = flat_of(p, names, st.master), m = flat_of(p, names, st.optimizer_states.at("exp_avg")),
+                       v = flat_of(p, names, st.optimizer_states.at("exp_avg_sq"));
+    const auto numel = static_cast<std::int64_t>(master.size());
+    const std::int64_t alignment = 2 * dp;  // nccl_start_alignment_factor * world size
+    const std::int64_t aligned = (numel + alignment - 1) / alignment * alignment;
+    const std::int64_t size = aligned / dp;
+    for (auto* f : {&master, &m, &v}) f->resize(static_cast<std::size_t>(aligned), 0.0F);
+    const std::int64_t left = r * size;
+    const std::int64_t pad = numel <= left ? size : numel < left + size ? left + size - numel : 0;
+    const auto part = [&](const std::vector<float>& f, std::int64_t len) { return std::vector<float>(f.begin() + left, f.begin() + left + len); };
+    const std::vector<std::int64_t> shape{size};
+    state.emplace_back(W::integer(static_cast<std::int64_t>(g)), adam_state(w, p, shape, part(m, size), part(v, size)));
+    pgs.push_back(adam_param_group(p, g, {static_cast<std::int64_t>(g)}));
+    const std::int64_t kept = p.bf16_optimizer ? size : size - pad;
+    fp32.push_back(w.tensor_from_fp32("F32", {kept}, part(master, kept)));
+    paddings.push_back(W::integer(p.bf16_optimizer ? (r == dp - 1 ? size * dp - numel : 0) : pad));
+    counts.push_back(W::integer(dp));
+    // _create_param_mapping: each parameter's fragment inside this rank's partition
+    // (tensor_fragment.get_hp_fragment_mapping), for the parameters that have one.
+    std::vector<TorchValuePair> frag;
+    std::int64_t off = 0;
+    for (const std::string& n : names) {
+      const std::int64_t k = numel_of(st.shapes.at(n));
+      const std::int64_t lo = std::max(off, left), hi = std::min(off + k, left + size);
+      if (lo < hi) {
+        frag.push_back(kv(n, W::object("deepspeed.utils.tensor_fragment.fragment_address", {},
+                                       W::dict({kv("numel", W::integer(hi - lo)), kv("start", W::integer(lo - left))}))));
+      }
+      off += k;
+    }
+    mappings.push_back(ordered_dict(std::move(frag)));
+  }
+  TorchValue base = W::dict({kv("state", W::dict(std::move(state))), kv("param_groups", W::list(std::move(pgs)))});
+  std::vector<TorchValuePair> d;
+  if (p.bf16_optimizer) {
+    d.push_back(kv("clip_grad", W::real(p.clip_grad)));
+    d.push_back(kv("base_optimizer_state", std::move(base)));
+    d.push_back(kv("single_partition_of_fp32_groups", W::list(std::move(fp32))));
+  } else {
+    d.push_back(kv("loss_scaler", loss_scaler(p)));
+    d.push_back(kv("dynamic_loss_scale", W::boolean(dynamic_loss_scale(p))));
+    d.push_back(kv("overflow", W::boolean(false)));
+    d.push_back(kv("clip_grad", W::real(p.clip_grad)));
+    d.push_back(kv("base_optimizer_state", std::move(base)));
+    d.push_back(kv("single_partition_of_fp32_groups", W::list(std::move(fp32))));
+    d.push_back(kv("zero_stage", W::object("deepspeed.runtime.zero.config.ZeroStageEnum", {W::integer(p.layout.zero_stage)}, std::nullopt)));
+  }
+  d.push_back(kv("group_paddings", W::list(std::move(paddings))));
+  d.push_back(kv("partition_count", W::list(std::move(counts))));
+  d.push_back(kv("ds_version", str(kDeepSpeedVersion)));
+  d.push_back(kv("param_slice_mappings", W::list(std::move(mappings))));
+  return W::dict(std::move(d));
+}
+
+}  // namespace ds_save
 
 void write_deepspeed_checkpoint(const fs::path& save_dir, const DeepSpeedTrainingState& state, const DeepSpeedSaveLayout& layout) {
   const Plan p = make_plan(save_dir, state, layout);

@@ -159,6 +159,7 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
     }
     p.bf16_optimizer = fp32_accum && !offload;
   }
+  if (l.zero_stage == 3) check_zero3(p);
   return p;
 }
 

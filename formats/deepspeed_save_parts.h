@@ -74,6 +74,13 @@ TorchValue module_state(TorchSaveWriter& w, const Plan& p, bool placeholders);
 // Writes `text` to `path` through a temporary file renamed over it (the `latest` files).
 void write_text(const std::filesystem::path& path, const std::string& text);
 
+// The optimizer_state_dict rank r saves: DeepSpeedZeroOptimizer's / BF16_Optimizer's state_dict
+// (stages 1-2, formats/deepspeed_checkpoint_writer.cpp), stage3._rigid_state_dict (stage 3,
+// deepspeed_save_zero3.cpp). The universal form keeps rank 0's.
+TorchValue zero12_optimizer_state(TorchSaveWriter& w, const Plan& p, std::int64_t rank);
+TorchValue zero3_optimizer_state(TorchSaveWriter& w, const Plan& p, std::int64_t rank);
+// Stage 3's refusals (a group DeepSpeed would cut into sub-groups), part of make_plan.
+void check_zero3(const Plan& p);
 void write_zero3(const Plan& p);
 
 }  // namespace dstrain::ds_save

@@ -33,7 +33,32 @@ std::vector<float> pieces(const Plan& p, const std::vector<std::string>& names, 
 
 }  // namespace
 
-void write_zero3(const Plan& p) {
+TorchValue zero3_optimizer_state(TorchSaveWriter& w, const Plan& p, std::int64_t r) {
+  const DeepSpeedTrainingState& st = *p.st;
+  const auto& m = st.optimizer_states.at("exp_avg");
+  const auto& v = st.optimizer_states.at("exp_avg_sq");
+  std::vector<TorchValuePair> state;
+  std::vector<TorchValue> pgs, flats;
+  for (std::size_t g = 0; g < p.groups.size(); ++g) {
+    const std::vector<std::string>& names = p.groups[g].names;
+    std::vector<float> fp32 = pieces(p, names, st.master, r);
+    const std::vector<std::int64_t> shape{static_cast<std::int64_t>(fp32.size())};
+    state.emplace_back(W::integer(static_cast<std::int64_t>(g)), adam_state(w, p, shape, pieces(p, names, m, r), pieces(p, names, v, r)));
+    pgs.push_back(adam_param_group(p, g, {static_cast<std::int64_t>(g)}));
+    flats.push_back(w.tensor_from_fp32("F32", shape, fp32));
+  }
+  std::vector<TorchValuePair> d;
+  d.push_back(kv("zero_stage", W::object("deepspeed.runtime.zero.config.ZeroStageEnum", {W::integer(3)}, std::nullopt)));
+  d.push_back(kv("loss_scaler", loss_scaler(p)));
+  d.push_back(kv("dynamic_loss_scale", W::boolean(dynamic_loss_scale(p))));
+  d.push_back(kv("overflow", W::boolean(false)));
+  d.push_back(kv("partition_count", W::integer(p.layout.dp_world_size)));
+  d.push_back(kv("optimizer_state_dict", W::dict({kv("state", W::dict(std::move(state))), kv("param_groups", W::list(std::move(pgs)))})));
+  d.push_back(kv("fp32_flat_groups", W::list(std::move(flats))));
+  return W::dict(std::move(d));
+}
+
+void check_zero3(const Plan& p) {
   const DeepSpeedTrainingState& st = *p.st;
   const std::int64_t dp = p.layout.dp_world_size;
   // stage3._create_fp16_sub_groups: a group whose partition reaches sub_group_size (1e9 unless the
@@ -51,9 +76,11 @@ void write_zero3(const Plan& p) {
            g, per_rank, sub_group_size);
     }
   }
+}
+
+void write_zero3(const Plan& p) {
+  const std::int64_t dp = p.layout.dp_world_size;
   const std::string prefix = p.layout.dtype == "bf16" ? "bf16_" : "";  // engine._get_zero_ckpt_prefix
-  const auto& m = st.optimizer_states.at("exp_avg");
-  const auto& v = st.optimizer_states.at("exp_avg_sq");
   for (std::int64_t r = 0; r < dp; ++r) {
     const std::string rank = "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_";
     {
@@ -61,25 +88,7 @@ void write_zero3(const Plan& p) {
       w.save(p.tag_dir / (rank + "model_states.pt"), model_states(p, module_state(w, p, true), W::none()));
     }
     W w;
-    std::vector<TorchValuePair> state;
-    std::vector<TorchValue> pgs, flats;
-    for (std::size_t g = 0; g < p.groups.size(); ++g) {
-      const std::vector<std::string>& names = p.groups[g].names;
-      std::vector<float> fp32 = pieces(p, names, st.master, r);
-      const std::vector<std::int64_t> shape{static_cast<std::int64_t>(fp32.size())};
-      state.emplace_back(W::integer(static_cast<std::int64_t>(g)), adam_state(w, p, shape, pieces(p, names, m, r), pieces(p, names, v, r)));
-      pgs.push_back(adam_param_group(p, g, {static_cast<std::int64_t>(g)}));
-      flats.push_back(w.tensor_from_fp32("F32", shape, fp32));
-    }
-    std::vector<TorchValuePair> d;
-    d.push_back(kv("zero_stage", W::object("deepspeed.runtime.zero.config.ZeroStageEnum", {W::integer(3)}, std::nullopt)));
-    d.push_back(kv("loss_scaler", loss_scaler(p)));
-    d.push_back(kv("dynamic_loss_scale", W::boolean(dynamic_loss_scale(p))));
-    d.push_back(kv("overflow", W::boolean(false)));
-    d.push_back(kv("partition_count", W::integer(dp)));
-    d.push_back(kv("optimizer_state_dict", W::dict({kv("state", W::dict(std::move(state))), kv("param_groups", W::list(std::move(pgs)))})));
-    d.push_back(kv("fp32_flat_groups", W::list(std::move(flats))));
-    const TorchValue root = W::dict({kv("optimizer_state_dict", W::dict(std::move(d))), kv("ds_config", json_value(p.config)), kv("ds_version", str(kDeepSpeedVersion))});
+    const TorchValue root = W::dict({kv("optimizer_state_dict", zero3_optimizer_state(w, p, r)), kv("ds_config", json_value(p.config)), kv("ds_version", str(kDeepSpeedVersion))});
     w.save(p.tag_dir / (prefix + rank + "optim_states.pt"), root);
   }
 }
