@@ -9,7 +9,9 @@ deepspeed_checkpoint_fixture.py writes, with torch.save, as DeepSpeed's saving c
 
   deepspeed_layout_check.py A B                       two save_dirs
   deepspeed_layout_check.py --state STATE.json DIR    DIR/s<S>_<dtype>_dp<W>/ each against the fixture's
-                                                      --from-state folder of the same layout
+                                                      --from-state folder of the same layout, and
+                                                      DIR/u_s<S>_<dtype>_dp<W>/ against the fixture's
+                                                      to_universal (ds_to_universal) of that folder
 
 Exit 0 when every pair agrees; else the differences, one a line, naming the file and the path in it.
 """
@@ -118,14 +120,18 @@ def main():
     args = ap.parse_args()
     failures = []
     if args.state:
-        layouts = sorted(d for d in os.listdir(args.a) if re.fullmatch(r's[0-3]_(fp32|fp16|bf16)_dp\d+', d))
+        layouts = sorted(d for d in os.listdir(args.a) if re.fullmatch(r'(u_)?s[0-3]_(fp32|fp16|bf16)_dp\d+', d))
         if not layouts:
             failures.append('%s holds no s<S>_<dtype>_dp<W> folders' % args.a)
         with tempfile.TemporaryDirectory() as tmp:
             for d in layouts:
-                stage, dtype, dp = re.fullmatch(r's(\d)_(\w+)_dp(\d+)', d).groups()
+                universal, stage, dtype, dp = re.fullmatch(r'(u_)?s(\d)_(\w+)_dp(\d+)', d).groups()
                 ref = os.path.join(tmp, d)
-                fixture.from_state(args.state, ref, int(stage), dtype, int(dp))
+                if universal:  # ds_to_universal's output of the fixture's folder, alone (latest_universal, no latest)
+                    fixture.from_state(args.state, ref + '.src', int(stage), dtype, int(dp))
+                    fixture.to_universal(ref + '.src', ref)
+                else:
+                    fixture.from_state(args.state, ref, int(stage), dtype, int(dp))
                 failures += ['%s: %s' % (d, x) for x in compare_folders(os.path.join(args.a, d), ref)]
             print('compared %d layouts' % len(layouts))
     else:

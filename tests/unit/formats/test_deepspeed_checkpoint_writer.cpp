@@ -6,7 +6,9 @@
 // deepspeed_checkpoint_fixture.py writes for the state as DeepSpeed lays them out
 // (deepspeed_layout_check.py), and consolidated by a reimplementation of DeepSpeed's zero_to_fp32.py
 // (zero_to_fp32_reader.py) into the masters — a folder with a padding where DeepSpeed has none must
-// not. And the refusals: each an Error before any file is written.
+// not. The universal form (write_universal_checkpoint) likewise: read back, and compared with what
+// the fixture's ds_to_universal (to_universal) makes of its folder. And the refusals: each an Error
+// before any file is written.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -217,7 +219,12 @@ TEST_F(DeepSpeedWriterTest, SameObjectTreesAsDeepSpeedLaysOut) {
         "loss_scale_window": 500, "min_loss_scale": 2}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 2}})";
     }
     const fs::path root = dir_ / (with_config ? "config" : "plain");
-    for (const DeepSpeedSaveLayout& l : every_layout()) write_deepspeed_checkpoint(root / layout_name(l), st, l);
+    DeepSpeedTrainingState universal = st;
+    universal.tag = st.tag + "_universal";  // ds_to_universal's output folder beside the source
+    for (const DeepSpeedSaveLayout& l : every_layout()) {
+      write_deepspeed_checkpoint(root / layout_name(l), st, l);
+      if (l.zero_stage > 0) write_universal_checkpoint(root / ("u_" + layout_name(l)), universal, l);
+    }
     const fs::path state = root / "state.json";
     std::ofstream(state) << state_json(st).dump();
     const std::string cmd = "/usr/bin/python3 " DSTRAIN_SOURCE_DIR "/tests/integration/deepspeed_layout_check.py --state '" + state.string() + "' '" +
@@ -273,6 +280,47 @@ TEST_F(DeepSpeedWriterTest, DeepSpeedsZeroToFp32ConsolidatesTheMasters) {
     for (std::size_t k = 0; k < v.size() && same; ++k) same = static_cast<float>(v[k]) == st.master.at(n)[k];
   }
   EXPECT_FALSE(same) << "a padding where DeepSpeed has none went unnoticed";
+}
+
+// ds_to_universal's form of every ZeRO layout's folder, read back by the reader's universal path.
+TEST_F(DeepSpeedWriterTest, UniversalFormOfEveryZeroLayoutReadsBack) {
+  DeepSpeedTrainingState st = known_state();
+  st.tag = "global_step10_universal";
+  for (const DeepSpeedSaveLayout& l : every_layout()) {
+    if (l.zero_stage == 0) continue;
+    SCOPED_TRACE(layout_name(l));
+    const fs::path out = dir_ / ("u_" + layout_name(l));
+    write_universal_checkpoint(out, st, l);
+    EXPECT_TRUE(fs::exists(out / "latest_universal"));
+    EXPECT_FALSE(fs::exists(out / "latest"));
+    const DeepSpeedTrainingState got = read_deepspeed_checkpoint(out);
+    EXPECT_EQ(got.tag, st.tag);
+    EXPECT_EQ(got.zero_stage, l.zero_stage);
+    expect_bits(got.master, st.master, "master");
+    expect_bits(got.optimizer_states.at("exp_avg"), st.optimizer_states.at("exp_avg"), "exp_avg");
+    expect_bits(got.optimizer_states.at("exp_avg_sq"), st.optimizer_states.at("exp_avg_sq"), "exp_avg_sq");
+    EXPECT_EQ(got.optimizer_step, st.optimizer_step);
+    EXPECT_EQ(got.global_steps, 10);
+    EXPECT_EQ(got.global_samples, 80);
+    EXPECT_EQ(got.skipped_steps, 1);
+    ASSERT_EQ(got.groups.size(), st.groups.size());
+    for (std::size_t g = 0; g < st.groups.size(); ++g) {
+      EXPECT_EQ(got.groups[g].names, st.groups[g].names);
+      EXPECT_EQ(got.groups[g].weight_decay, st.groups[g].weight_decay);
+    }
+    ASSERT_TRUE(got.lr_scheduler_json.has_value());
+    EXPECT_EQ(nlohmann::json::parse(*got.lr_scheduler_json), nlohmann::json::parse(*st.lr_scheduler_json));
+    if (l.dtype == "fp16") {
+      ASSERT_TRUE(got.loss_scaler.has_value());
+      EXPECT_EQ(got.loss_scaler->cur_scale, 32768.0);
+      EXPECT_EQ(got.loss_scaler->cur_hysteresis, 1);
+    }
+  }
+  // Stage 0 has no universal form; nothing is written.
+  const fs::path s0 = dir_ / "u_s0";
+  fs::create_directories(s0);
+  EXPECT_THROW(write_universal_checkpoint(s0, st, DeepSpeedSaveLayout{0, 1, "fp32"}), Error);
+  EXPECT_TRUE(fs::is_empty(s0));
 }
 
 TEST_F(DeepSpeedWriterTest, RefusesBeforeWritingAnything) {
