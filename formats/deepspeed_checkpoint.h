@@ -8,6 +8,9 @@
 // alignment padding at the group's tail dropped, the parameters cut off in param_shapes order.
 // ZeRO stage 3 (zero_pp_rank_<r>_mp_rank_00_model_states.pt per rank, "fp32_flat_groups" and the base
 // optimizer's "optimizer_state_dict"): each parameter ceil(numel / W) per rank, as zero_to_fp32 merges them.
+// A universal checkpoint (ds_to_universal.py's output: zero/<param>/fp32.pt, exp_avg.pt, exp_avg_sq.pt,
+// step.pt, zero/optimizer_state.pt, the copied model states; `latest_universal` naming it) is read
+// into the same state (formats/deepspeed_universal_checkpoint.cpp).
 // Every file goes through the restricted unpickler (formats/torch_pickle.h): nothing is executed.
 #pragma once
 
@@ -59,10 +62,12 @@ struct DeepSpeedTrainingState {
   std::vector<DeepSpeedParamGroup> groups;
 };
 
-// `dir`: a save_checkpoint folder (its `latest` names the tag unless `tag` is given) or a global_step
-// folder itself. Error naming the file and the cause: missing rank files, a `latest` naming a folder
-// that is not there or outside, shapes that do not add up with the partitions and paddings,
-// truncated files, refused globals.
+// `dir`: a save_checkpoint folder (its `latest` — without one, its `latest_universal` — names the tag
+// unless `tag` is given) or a tag folder itself; a tag folder holding zero/ is a universal checkpoint.
+// Error naming the file and the cause: missing rank files, a `latest` / `latest_universal` naming a
+// folder that is not there or outside, shapes that do not add up with the partitions and paddings (or,
+// universal, differ from param_shapes), a missing parameter folder or fp32.pt, truncated files,
+// refused globals, a universal checkpoint of a model-parallel run.
 DeepSpeedTrainingState read_deepspeed_checkpoint(const std::filesystem::path& dir, const std::string& tag = "");
 
 // True when `dir` looks like a DeepSpeed checkpoint folder (latest file, or
