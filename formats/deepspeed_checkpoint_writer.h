@@ -9,6 +9,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "formats/deepspeed_checkpoint.h"
@@ -37,10 +38,14 @@ struct DeepSpeedSaveLayout {
 void write_deepspeed_checkpoint(const std::filesystem::path& save_dir, const DeepSpeedTrainingState& state, const DeepSpeedSaveLayout& layout);
 
 // Writes save_dir/<state.tag>/ as DeepSpeed's checkpoint/ds_to_universal.py writes a universal
-// checkpoint: zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt, step.pt per parameter (each a dict
-// with "param" and the keys ds_to_universal puts beside it), and the mp_rank_00_model_states.pt
-// that load_universal reads the counters, schedule and config from; then save_dir/latest_universal
-// naming the tag. The same errors as write_deepspeed_checkpoint.
-void write_universal_checkpoint(const std::filesystem::path& save_dir, const DeepSpeedTrainingState& state);
+// checkpoint converted from the save_checkpoint folder of `source` (ZeRO stage 1-3; the
+// conversion's result depends on it): ZeRO 1/2 zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt (each
+// {"cat_dim": 0, "param": the tensor}) and step.pt per parameter, ZeRO 3 the flat tensors alone;
+// zero/optimizer_state.pt, and the model states file(s) load_universal reads the counters, schedule
+// and config from; then save_dir/latest_universal naming the tag. `source` absent: the state's own
+// zero_stage / dp_world_size / dtype when they name a ZeRO layout, else ZeRO 2 on one rank in fp32.
+// The same errors as write_deepspeed_checkpoint, and stage 0 (ds_to_universal converts ZeRO folders).
+void write_universal_checkpoint(const std::filesystem::path& save_dir, const DeepSpeedTrainingState& state,
+                                const std::optional<DeepSpeedSaveLayout>& source = std::nullopt);
 
 }  // namespace dstrain

@@ -495,7 +495,20 @@ class Unpickler {
   ValuePtr reduce(const ValuePtr& fn, const ValuePtr& args) {
     if (fn->kind != Value::global || args->kind != Value::tuple) bad("a call of something that is not an allowed function");
     const std::string& g = fn->s;
-    if (g == "collections.OrderedDict") return make(Value::dict);  // items follow by SETITEMS
+    if (g == "collections.OrderedDict") {
+      // Python's pickler: OrderedDict() and its items by SETITEMS; a writer may also pass the
+      // items as the argument, OrderedDict([(key, value), ...]) (formats/deepspeed_save_parts.h).
+      auto v = make(Value::dict);
+      if (!args->items.empty()) {
+        const ValuePtr& arg = args->items[0];
+        if (args->items.size() != 1 || (arg->kind != Value::list && arg->kind != Value::tuple)) bad("an OrderedDict built from something other than a list of pairs");
+        for (const ValuePtr& kv : arg->items) {
+          if (kv->kind != Value::tuple || kv->items.size() != 2) bad("an OrderedDict built from something other than (key, value) pairs");
+          v->pairs.emplace_back(kv->items[0], kv->items[1]);
+        }
+      }
+      return v;
+    }
     if (g == "torch.Size") {
       auto v = make(Value::tuple);
       if (!args->items.empty()) v->items = args->items[0]->items;

@@ -11,6 +11,9 @@ values expected back (expected.json) — for tests/unit/formats/test_deepspeed_c
   deepspeed_checkpoint_fixture.py OUT --from-dstrain CKDIR ... --universal
                                                 (the same converted by ds_to_universal.py: OUT/global_step<N>_universal,
                                                  OUT/latest_universal; the save_checkpoint folder in OUT.src)
+  deepspeed_checkpoint_fixture.py OUT --from-state STATE.json --stage S --dtype D --dp W
+                                                (the folder DeepSpeed saves for a state given as JSON:
+                                                 tests/unit/formats/test_deepspeed_checkpoint_writer.cpp)
   deepspeed_checkpoint_fixture.py OUT --all     (OUT/s<S>_<dtype>_dp<W>/ for S 0-3 x dtypes x W 1,2,4,
                                                  OUT/llama_s<S>_<dtype>_dp<W>/ for LLAMA_CELLS, OUT/u_<cell>/ the
                                                  universal checkpoints of UNIVERSAL_CELLS, OUT/u_vocab/ (a vocabulary
@@ -104,7 +107,7 @@ _register(ZeroStageEnum, 'deepspeed.runtime.zero.config')
 _register(fragment_address, 'deepspeed.utils.tensor_fragment')
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
-DS_VERSION = '0.16.4'
+DS_VERSION = '0.19.6'  # the DeepSpeed whose saving code this mirrors (its files' ds_version)
 STEP = 10
 
 
@@ -154,13 +157,16 @@ def moments(groups):
     return m, v
 
 
-def param_group(params, lr=3e-4, wd=0.01, fused_adam=False):
-    d = {'lr': lr, 'bias_correction': True, 'betas': (0.9, 0.95), 'eps': 1e-8, 'weight_decay': wd, 'amsgrad': False}
-    if fused_adam:
-        d['adam_w_mode'] = True
-    else:
-        d.update({'foreach': None, 'maximize': False, 'capturable': False, 'differentiable': False, 'fused': None})
-        del d['bias_correction']
+def param_group(params, lr=3e-4, wd=0.01, betas=(0.9, 0.95), eps=1e-8, client_groups=True):
+    """FusedAdam's param group (ops/adam/fused_adam.py) as torch's Optimizer.state_dict packs it: the
+    group dict's keys in insertion order without 'params' — the client's group ({'params', 'weight_decay'}
+    as Hugging Face's Trainer passes them) first, then torch's add_param_group setdefault of FusedAdam's
+    defaults (lr, bias_correction, betas, eps, weight_decay), then 'step' 0, which FusedAdam.step adds
+    to the group once (the per-parameter state counts) — and 'params' last."""
+    d = {'weight_decay': wd} if client_groups else {}
+    d.update({'lr': lr, 'bias_correction': True, 'betas': betas, 'eps': eps})
+    d.setdefault('weight_decay', wd)
+    d['step'] = 0
     d['params'] = params
     return d
 
@@ -174,6 +180,10 @@ def ds_config(stage, dtype, dp):
         c['fp16'] = {'enabled': True, 'loss_scale': 0, 'initial_scale_power': 16}
     if dtype == 'bf16':
         c['bf16'] = {'enabled': True}
+        if stage == 1:
+            # engine._do_optimizer_sanity_check picks BF16_Optimizer (the layout written for bf16 at
+            # stage 1) only with fp32 gradient accumulation; by default it is DeepSpeedZeroOptimizer.
+            c['data_types'] = {'grad_accum_dtype': 'fp32'}
     return c
 
 
@@ -196,14 +206,42 @@ def zero_partitions(numel, dp):
     return size, pads
 
 
+def dynamic_scaler(config, cur_scale, cur_iter, last_overflow_iter, cur_hysteresis):
+    """CreateLossScaler's DynamicLossScaler with the config's dynamic_loss_scale_args (precision_config.py
+    defaults), then the saving run's counters."""
+    fp16 = config.get('fp16', {})
+    s = DynamicLossScaler(init_scale=2**fp16.get('initial_scale_power', 16), scale_window=fp16.get('loss_scale_window', 1000),
+                          min_scale=fp16.get('min_loss_scale', 1), delayed_shift=fp16.get('hysteresis', 2),
+                          consecutive_hysteresis=fp16.get('consecutive_hysteresis', False))
+    s.cur_scale, s.cur_iter, s.last_overflow_iter, s.cur_hysteresis = cur_scale, cur_iter, last_overflow_iter, cur_hysteresis
+    return s
+
+
+def model_states(common, **parts):
+    """engine._common_checkpoint_state's dict, in its order: module, buffer_names, optimizer, param_shapes,
+    frozen_param_shapes, shared_params, frozen_param_fragments, then the schedule, counters and config."""
+    d = {'module': parts.pop('module', common['module']), 'buffer_names': common['buffer_names']}
+    for k in ('optimizer', 'param_shapes', 'frozen_param_shapes', 'shared_params', 'frozen_param_fragments'):
+        d[k] = parts.pop(k)
+    assert not parts, parts
+    d.update((k, v) for k, v in common.items() if k not in ('module', 'buffer_names'))
+    return d
+
+
 def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
-    """`run` (from_dstrain): the run's own values instead of the fixture's — groups, exp_avg,
+    """`run` (from_dstrain, from_state): the run's own values instead of the fixture's — groups, exp_avg,
     exp_avg_sq, step, global_samples, lr_scheduler, ds_config, module_extra (tied copies and buffers
-    a module's state_dict holds besides its parameters), scaler (fp16's DynamicLossScaler fields)."""
+    a module's state_dict holds besides its parameters), scaler (fp16's DynamicLossScaler fields);
+    from_state also optimizer_step, skipped, param_group (lr, betas, eps), group_wd, client_groups,
+    module (the 16-bit weights as saved) and scaler_dynamic. A run's padding is DeepSpeed's (zeros);
+    the fixture's own folders fill it with a marker (777) that a reader taking padding for
+    parameters would return."""
     os.makedirs(out, exist_ok=True)
+    run = run or None
     STEP = run['step'] if run else globals()['STEP']
-    skipped = 0 if run else 1
-    tag = 'global_step%d' % STEP
+    skipped = run.get('skipped', 0) if run else 1
+    opt_step = run.get('optimizer_step', STEP) if run else STEP
+    tag = run.get('tag', 'global_step%d' % STEP) if run else 'global_step%d' % STEP
     step_dir = os.path.join(out, tag)
     os.makedirs(step_dir, exist_ok=True)
     if run:
@@ -211,15 +249,25 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
     else:
         groups = model_params(model)
         exp_avg, exp_avg_sq = moments(groups)
+    pgv = dict(run.get('param_group', {})) if run else {}
+    group_wd = run.get('group_wd') if run else None
+    client_groups = run.get('client_groups', True) if run else True
+
+    def pg(params, gi):
+        wd = group_wd[gi] if group_wd is not None else (0.01 if gi == 0 else 0.0)
+        return param_group(params, lr=pgv.get('lr', 3e-4), wd=wd, betas=(pgv.get('betas0', 0.9), pgv.get('betas1', 0.95)), eps=pgv.get('eps', 1e-8),
+                           client_groups=client_groups)
+
+    marker = 0.0 if run else 777.0
     lp = DTYPES[dtype]
     names = [n for grp in groups for n in grp]
     master = {n: t for grp in groups for n, t in grp.items()}
     module = collections.OrderedDict()
-    for n in names:
-        module[n] = master[n].to(lp)
+    for n in (run.get('module_order', names) if run else names):
+        module[n] = (run['module'][n] if run and run.get('module') else master[n]).to(lp)
     if run:
         buffer_names = []
-        for n, (t, is_buffer) in run['module_extra'].items():
+        for n, (t, is_buffer) in run.get('module_extra', {}).items():
             module[n] = t.to(lp) if not is_buffer else t
             if is_buffer:
                 buffer_names.append(n)
@@ -242,45 +290,56 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
                 'global_steps': STEP, 'global_samples': STEP * 4 * dp, 'skipped_steps': 1, 'lr_scheduler': lr_sched, 'loss_scaler': None}
     config = run['ds_config'] if run else ds_config(stage, dtype, dp)
     expected['ds_config'] = config
+    clip_grad = float(config.get('gradient_clipping', 0.0))  # engine.gradient_clipping(): FP16_Optimizer's and ZeRO's clip_grad
     common = dict(module=module, buffer_names=buffer_names, lr_scheduler=lr_sched, data_sampler=None, random_ltd=None,
                   sparse_tensor_module_names=set(), skipped_steps=skipped, global_steps=STEP,
                   global_samples=run['global_samples'] if run else STEP * 4 * dp, dp_world_size=dp,
                   mp_world_size=1, checkpoint_parallel_dimensions={'pp_degree': 1, 'tp_degree': 1}, ds_config=config,
                   ds_version=DS_VERSION)
+    fp16_cfg = config.get('fp16', {})
+    # The run's scaler: dynamic unless it says otherwise (from_state's scaler_dynamic), fp16's config loss_scale 0.
+    dynamic = run.get('scaler_dynamic', True) if run else True
     if stage == 0:
         if dtype == 'fp32':
-            # The client optimizer itself (torch.optim.AdamW): per-parameter state, step a tensor.
+            # The basic optimizer itself (no wrapper for fp32 without ZeRO): FusedAdam for the config's
+            # Adam / AdamW, one state per parameter shaped as it, its step an int.
             state, pgs, pid = {}, [], 0
-            for grp in groups:
+            for gi, grp in enumerate(groups):
                 ids = []
                 for n in grp:
-                    state[pid] = {'step': torch.tensor(float(STEP)), 'exp_avg': exp_avg[n].clone(), 'exp_avg_sq': exp_avg_sq[n].clone()}
+                    state[pid] = {'step': opt_step, 'exp_avg': exp_avg[n].clone(), 'exp_avg_sq': exp_avg_sq[n].clone()}
                     ids.append(pid)
                     pid += 1
-                pgs.append(param_group(ids, wd=0.01 if not pgs else 0.0))
+                pgs.append(pg(ids, gi))
             optimizer = {'state': state, 'param_groups': pgs}
         else:
             # FP16_Optimizer (fused_optimizer.py): fp32 flat copy per group, no padding.
             flats, state, pgs = [], {}, []
             for gi, grp in enumerate(groups):
                 flats.append(torch.cat([master[n].flatten() for n in grp]))
-                state[gi] = {'step': STEP, 'exp_avg': torch.cat([exp_avg[n].flatten() for n in grp]),
+                state[gi] = {'step': opt_step, 'exp_avg': torch.cat([exp_avg[n].flatten() for n in grp]),
                              'exp_avg_sq': torch.cat([exp_avg_sq[n].flatten() for n in grp])}
-                pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
+                pgs.append(pg([gi], gi))
             optimizer = {}
             if dtype == 'fp16':
-                optimizer.update({'dynamic_loss_scale': True, 'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'scale_factor': 2.0,
-                                  'scale_window': 1000})
-                if run and run.get('scaler'):
-                    optimizer.update({k: v for k, v in run['scaler'].items() if k != 'cur_hysteresis'})
+                # LossScaleConfig: saved only where the scale scales (fp16); the overflow fields only when dynamic.
+                sc = run.get('scaler') if run else None
+                if dynamic:
+                    optimizer.update({'dynamic_loss_scale': True, 'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'scale_factor': 2.0,
+                                      'scale_window': fp16_cfg.get('loss_scale_window', 1000)})
+                    if sc:
+                        optimizer.update({k: v for k, v in sc.items() if k != 'cur_hysteresis'})
+                else:
+                    optimizer.update({'dynamic_loss_scale': False, 'cur_scale': sc['cur_scale'], 'cur_iter': sc['cur_iter']})
                 expected['loss_scaler'] = {'cur_scale': 16384.0, 'cur_iter': STEP, 'last_overflow_iter': 3, 'cur_hysteresis': 0, 'dynamic': True}
-            optimizer.update({'optimizer_state_dict': {'state': state, 'param_groups': pgs}, 'fp32_groups_flat': flats, 'clip_grad': 1.0})
-        torch.save(dict(optimizer=optimizer, param_shapes=None, frozen_param_shapes=None, shared_params=None, frozen_param_fragments=None, **common),
+            optimizer.update({'optimizer_state_dict': {'state': state, 'param_groups': pgs}, 'fp32_groups_flat': flats, 'clip_grad': clip_grad})
+        torch.save(model_states(common, optimizer=optimizer, param_shapes=None, frozen_param_shapes=None, shared_params=None, frozen_param_fragments=None),
                    os.path.join(step_dir, 'mp_rank_00_model_states.pt'))
     elif stage == 3:
-        write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP)
+        write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP, run, pg, opt_step, marker)
     else:
-        bf16_optimizer = dtype == 'bf16' and stage == 1  # engine._do_optimizer_sanity_check: BFLOAT16 wrapper
+        # engine._do_optimizer_sanity_check: BF16_Optimizer for bf16 at stage 1 with fp32 gradient accumulation.
+        bf16_optimizer = dtype == 'bf16' and stage == 1 and config.get('data_types', {}).get('grad_accum_dtype') in ('fp32', 'float32')
         param_shapes = []
         for grp in groups:
             shapes = collections.OrderedDict((n, torch.Size(t.shape)) for n, t in grp.items())
@@ -289,25 +348,25 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
             n0 = names[0]
             param_shapes[0][n0] = torch.Size([master[n0].shape[0] + 1] + list(master[n0].shape[1:]))
         partitioned_gradients = stage == 2
-        torch.save(dict(optimizer=None, param_shapes=param_shapes, frozen_param_shapes=collections.OrderedDict() if partitioned_gradients else None,
-                        shared_params={}, frozen_param_fragments=collections.OrderedDict() if partitioned_gradients else None, **common),
+        torch.save(model_states(common, optimizer=None, param_shapes=param_shapes,
+                                frozen_param_shapes=collections.OrderedDict() if partitioned_gradients else None, shared_params={},
+                                frozen_param_fragments=collections.OrderedDict() if partitioned_gradients else None),
                    os.path.join(step_dir, 'mp_rank_00_model_states.pt'))
         flat = [torch.cat([master[n].flatten() for n in grp]) for grp in groups]
         flat_m = [torch.cat([exp_avg[n].flatten() for n in grp]) for grp in groups]
         flat_v = [torch.cat([exp_avg_sq[n].flatten() for n in grp]) for grp in groups]
         layout = [zero_partitions(f.numel(), dp) for f in flat]
-        if dtype == 'fp16':
+        if dtype == 'fp16' and dynamic:
             scaler = DynamicLossScaler(init_scale=2**16, scale_window=1000, min_scale=1, delayed_shift=2)
             scaler.cur_scale = 32768.0
             scaler.cur_iter = STEP
             scaler.last_overflow_iter = 4
             scaler.cur_hysteresis = 1
             if run and run.get('scaler'):
-                for k, v in run['scaler'].items():
-                    setattr(scaler, k, v)
+                scaler = dynamic_scaler(config, **run['scaler'])
             expected['loss_scaler'] = {'cur_scale': 32768.0, 'cur_iter': STEP, 'last_overflow_iter': 4, 'cur_hysteresis': 1, 'dynamic': True}
         else:
-            scaler = LossScaler(scale=1.0)
+            scaler = LossScaler(scale=run['scaler']['cur_scale'] if dtype == 'fp16' else 1.0)
             expected['loss_scaler'] = None if bf16_optimizer else {'cur_scale': 1.0, 'cur_iter': 0, 'last_overflow_iter': -1, 'cur_hysteresis': 0,
                                                                     'dynamic': False}
         prefix = 'bf16_' if dtype == 'bf16' else ''  # engine._get_zero_ckpt_prefix: bf16_mode = bfloat16_enabled()
@@ -318,13 +377,13 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
                 if bf16_optimizer:  # BF16_Optimizer: the whole group's padding on the last rank
                     total_pad = size * dp - flat[gi].numel()
                     pads = [0] * (dp - 1) + [total_pad]
-                padded = lambda t: torch.cat([t, torch.full((size * dp - t.numel(),), 777.0)])  # noqa: E731 (padding is junk to the reader)
+                padded = lambda t: torch.cat([t, torch.full((size * dp - t.numel(),), marker)])  # noqa: E731
                 part = lambda t: padded(t)[r * size:(r + 1) * size].clone()  # noqa: E731
                 pad = pads[r]
                 # DeepSpeedZeroOptimizer saves the fp32 partition without its padding; BF16_Optimizer with it.
                 fp32_parts.append(part(flat[gi]) if bf16_optimizer else part(flat[gi])[:size - pad].clone())
-                states[gi] = {'step': STEP, 'exp_avg': part(flat_m[gi]), 'exp_avg_sq': part(flat_v[gi])}
-                pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
+                states[gi] = {'step': opt_step, 'exp_avg': part(flat_m[gi]), 'exp_avg_sq': part(flat_v[gi])}
+                pgs.append(pg([gi], gi))
                 paddings.append(pad)
                 m = collections.OrderedDict()
                 off = 0
@@ -336,8 +395,8 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
                 mappings.append(m)
             osd = {}
             if not bf16_optimizer:
-                osd.update({'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16', 'overflow': False})
-            osd['clip_grad'] = 1.0
+                osd.update({'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16' and dynamic, 'overflow': False})
+            osd['clip_grad'] = clip_grad
             osd['base_optimizer_state'] = {'state': states, 'param_groups': pgs}
             osd['single_partition_of_fp32_groups'] = fp32_parts
             if not bf16_optimizer:
@@ -354,7 +413,7 @@ def write(out, stage, dtype, dp, lie_shape=False, run=None, model='gpt2'):
         json.dump(expected, f)
 
 
-def write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP):
+def write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, dtype, dp, expected, lie_shape, STEP, run, pg, opt_step, marker):
     """ZeRO stage 3 (engine._save_checkpoint / _save_zero_checkpoint, zero/stage3.py _rigid_state_dict):
     every rank writes its own zero_pp_rank_<r>_mp_rank_00_model_states.pt (engine._get_ckpt_name), whose
     module holds the partitioned parameters' placeholders (empty tensors of the 16-bit dtype; buffers
@@ -368,31 +427,35 @@ def write_stage3(step_dir, groups, master, exp_avg, exp_avg_sq, module, common, 
     if lie_shape:
         n0 = next(iter(groups[0]))
         param_shapes[0][n0] = torch.Size([master[n0].shape[0] + 1] + list(master[n0].shape[1:]))
-    if dtype == 'fp16':
+    dynamic = run.get('scaler_dynamic', True) if run else True
+    if dtype == 'fp16' and dynamic:
         scaler = DynamicLossScaler(init_scale=2**16, scale_window=1000, min_scale=1, delayed_shift=2)
         scaler.cur_scale, scaler.cur_iter, scaler.last_overflow_iter, scaler.cur_hysteresis = 65536.0, STEP, 5, 2
+        if run and run.get('scaler'):
+            scaler = dynamic_scaler(common['ds_config'], **run['scaler'])
         expected['loss_scaler'] = {'cur_scale': 65536.0, 'cur_iter': STEP, 'last_overflow_iter': 5, 'cur_hysteresis': 2, 'dynamic': True}
     else:
-        scaler = LossScaler(scale=1.0)
+        scaler = LossScaler(scale=run['scaler']['cur_scale'] if dtype == 'fp16' else 1.0)
         expected['loss_scaler'] = {'cur_scale': 1.0, 'cur_iter': 0, 'last_overflow_iter': -1, 'cur_hysteresis': 0, 'dynamic': False}
 
     def piece(t, r):
         size = int(math.ceil(t.numel() / dp))
-        padded = torch.cat([t.flatten(), torch.full((size * dp - t.numel(),), 777.0)])  # the padding is junk to the reader
+        padded = torch.cat([t.flatten(), torch.full((size * dp - t.numel(),), marker)])
         return padded[r * size:(r + 1) * size]
 
     prefix = 'bf16_' if dtype == 'bf16' else ''
     for r in range(dp):
-        torch.save(dict(optimizer=None, param_shapes=param_shapes, frozen_param_shapes=collections.OrderedDict(), shared_params={},
-                        frozen_param_fragments=None, **dict(common, module=placeholder)),
+        # zero_optimization_partition_gradients() (stages 2 and 3): the frozen parameters' shapes and fragments, none here.
+        torch.save(model_states(common, module=placeholder, optimizer=None, param_shapes=param_shapes, frozen_param_shapes=collections.OrderedDict(),
+                                shared_params={}, frozen_param_fragments=collections.OrderedDict()),
                    os.path.join(step_dir, 'zero_pp_rank_%d_mp_rank_00_model_states.pt' % r))
         flats, states, pgs = [], {}, []
         for gi, grp in enumerate(groups):
             flats.append(torch.cat([piece(master[n], r) for n in grp]))
-            states[gi] = {'step': STEP, 'exp_avg': torch.cat([piece(exp_avg[n], r) for n in grp]),
+            states[gi] = {'step': opt_step, 'exp_avg': torch.cat([piece(exp_avg[n], r) for n in grp]),
                           'exp_avg_sq': torch.cat([piece(exp_avg_sq[n], r) for n in grp])}
-            pgs.append(param_group([gi], wd=0.01 if gi == 0 else 0.0, fused_adam=True))
-        osd = {'zero_stage': ZeroStageEnum.weights, 'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16', 'overflow': False,
+            pgs.append(pg([gi], gi))
+        osd = {'zero_stage': ZeroStageEnum.weights, 'loss_scaler': scaler, 'dynamic_loss_scale': dtype == 'fp16' and dynamic, 'overflow': False,
                'partition_count': dp, 'optimizer_state_dict': {'state': states, 'param_groups': pgs}, 'fp32_flat_groups': flats}
         torch.save(dict(optimizer_state_dict=osd, ds_config=common['ds_config'], ds_version=DS_VERSION),
                    os.path.join(step_dir, '%szero_pp_rank_%d_mp_rank_00_optim_states.pt' % (prefix, r)))
@@ -515,6 +578,50 @@ def to_universal(src, out, vocab=None):
         with open(os.path.join(out, 'expected.json'), 'w') as f:
             json.dump(expected, f)
     return dst
+
+
+def from_state(path, out, stage, dtype, dp):
+    """The folder DeepSpeed would save for a state given as JSON (the C++ writer's test dumps it:
+    tests/unit/formats/test_deepspeed_checkpoint_writer.cpp): names, shapes, master, exp_avg,
+    exp_avg_sq, groups [{names, weight_decay}], optimizer_step, global_steps / samples, skipped_steps,
+    param_group, loss_scaler, lr_scheduler, ds_config, tag. The config saved agrees with the layout
+    (zero_optimization.stage, fp16 / bf16 enabled) as the run that had it would."""
+    with open(path) as f:
+        st = json.load(f)
+    t = {n: torch.tensor(st['master'][n], dtype=torch.float32).view(st['shapes'][n]) for n in st['names']}
+    groups = st.get('groups') or [{'names': st['names'], 'weight_decay': st.get('param_group', {}).get('weight_decay', 0.0)}]
+    grouped = [collections.OrderedDict((n, t[n]) for n in g['names']) for g in groups]
+    m = {n: torch.tensor(st['exp_avg'][n], dtype=torch.float32).view(st['shapes'][n]) for n in st['names']}
+    v = {n: torch.tensor(st['exp_avg_sq'][n], dtype=torch.float32).view(st['shapes'][n]) for n in st['names']}
+    config = st.get('ds_config')
+    if config is None:
+        config = {}
+        if st.get('optimizer_type'):
+            p = st.get('param_group', {})
+            params = {k: p[k] for k in ('lr',) if k in p}
+            if 'betas0' in p and 'betas1' in p:
+                params['betas'] = [p['betas0'], p['betas1']]
+            params.update({k: p[k] for k in ('eps', 'weight_decay') if k in p})
+            config['optimizer'] = {'type': 'AdamW' if st['optimizer_type'] == 'adamw' else 'Adam', 'params': params}
+    config.setdefault('fp16', {})['enabled'] = dtype == 'fp16'
+    config.setdefault('bf16', {})['enabled'] = dtype == 'bf16'
+    config.setdefault('zero_optimization', {})['stage'] = stage
+    ls = st.get('loss_scaler')
+    fp16 = config['fp16']
+    dynamic = ls['dynamic'] if ls else fp16.get('loss_scale', 0) == 0
+    if ls is None:
+        ls = {'cur_scale': float(2**fp16.get('initial_scale_power', 16)) if dynamic else float(fp16.get('loss_scale', 1.0)), 'cur_iter': 0,
+              'last_overflow_iter': -1, 'cur_hysteresis': fp16.get('hysteresis', 2)}
+    scaler = {k: ls[k] for k in ('cur_scale', 'cur_iter', 'last_overflow_iter', 'cur_hysteresis')}
+    scaler['cur_scale'] = float(scaler['cur_scale'])
+    step = st['global_steps']
+    run = dict(groups=grouped, exp_avg=m, exp_avg_sq=v, step=step, global_samples=st['global_samples'], skipped=st['skipped_steps'],
+               optimizer_step=st.get('optimizer_step', step - st['skipped_steps']), tag=st['tag'], lr_scheduler=st.get('lr_scheduler'),
+               ds_config=config, param_group={'lr': 1e-3, 'betas0': 0.9, 'betas1': 0.999, 'eps': 1e-8, **st.get('param_group', {})},
+               group_wd=[g['weight_decay'] for g in groups], client_groups=bool(st.get('groups')), module_order=st['names'],
+               module={n: torch.tensor(st['module'][n], dtype=torch.float32).view(st['shapes'][n]) for n in st['names']} if st.get('module') else None,
+               scaler=scaler, scaler_dynamic=dynamic)
+    write(out, stage, dtype, dp, run=run)
 
 
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
@@ -669,8 +776,11 @@ def main():
     ap.add_argument('--all', action='store_true')
     ap.add_argument('--from-dstrain', metavar='CKDIR', help="the DeepSpeed folder of a dstrain checkpoint's state (from_dstrain)")
     ap.add_argument('--universal', action='store_true', help='with --from-dstrain: ds_to_universal.py\'s output of that folder (to_universal)')
+    ap.add_argument('--from-state', metavar='JSON', help='the DeepSpeed folder of a state given as JSON (from_state)')
     a = ap.parse_args()
-    if a.from_dstrain and a.universal:
+    if a.from_state:
+        from_state(a.from_state, a.out, a.stage, a.dtype, a.dp)
+    elif a.from_dstrain and a.universal:
         # ds_to_universal's output of that folder, alone in OUT (latest_universal, no latest).
         from_dstrain(a.from_dstrain, a.out + '.src', a.stage, a.dtype, a.dp)
         to_universal(a.out + '.src', a.out)
