@@ -32,14 +32,15 @@ void le(std::string& out, std::uint64_t v, int n) {
 
 // The zip64 extra field (id 1) miniz writes for an entry of `size` bytes at `offset`: the
 // uncompressed and compressed sizes when they saturate 32 bits, then the local header's offset
-// when it does; empty when neither does.
-std::string zip64_extra(std::uint64_t size, std::uint64_t offset) {
+// when it does; empty when neither does. In the local header the compressed size is 0: miniz
+// writes that header before it has stored the data (as torch 1.13's own files past 4 GiB show).
+std::string zip64_extra(std::uint64_t size, std::uint64_t offset, bool local) {
   std::string x;
   const bool big = size >= kSat32, far = offset >= kSat32;
   if (!big && !far) return x;
   le(x, 1, 2);
   le(x, (big ? 16 : 0) + (far ? 8 : 0), 2);
-  if (big) le(x, size, 8), le(x, size, 8);
+  if (big) le(x, size, 8), le(x, local ? 0 : size, 8);
   if (far) le(x, offset, 8);
   return x;
 }
@@ -72,7 +73,7 @@ void TorchZipWriter::add(const std::string& name, std::string_view data) {
   if (finished_) fail("TorchZipWriter: entry '{}' added after the archive was finished", name);
   if (name.size() > 0xFFFF) fail("TorchZipWriter: entry name of {} bytes; zip allows 65535", name.size());
   Entry e{name, at_, data.size(), zip_crc32(data.data(), data.size())};
-  const std::string z64 = zip64_extra(e.size, e.offset);
+  const std::string z64 = zip64_extra(e.size, e.offset, /*local=*/true);
   // PyTorchStreamWriter's getPadding: the data starts after the 30-byte header, the name, the zip64
   // field and the 4 bytes "FB" + length; the padding brings that to a multiple of 64.
   const std::uint64_t start = e.offset + 30 + name.size() + z64.size() + 4;
@@ -109,7 +110,7 @@ void TorchZipWriter::finish() {
   finished_ = true;
   const std::uint64_t cd_offset = at_;
   for (const Entry& e : entries_) {
-    const std::string z64 = zip64_extra(e.size, e.offset);
+    const std::string z64 = zip64_extra(e.size, e.offset, /*local=*/false);
     std::string c;
     le(c, 0x02014b50, 4);
     le(c, 0, 2), le(c, 0, 2);  // version made by, needed (miniz: 0 and 0 for stored entries)

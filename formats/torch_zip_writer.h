@@ -6,9 +6,10 @@
 // an empty entry (no descriptor). The local header's extra field ends with torch's padding record
 // "FB" + le16 n + n bytes 'Z', sized so that the entry's data starts at a multiple of 64 (mmap
 // and zero-copy loads rely on it). An entry of 0xFFFFFFFF bytes or more, or one whose local header
-// starts at or past 0xFFFFFFFF, carries a zip64 extra field (id 1: size, size, offset — each only
-// where saturated) before the padding, in its local header and its central directory record, and a
-// data descriptor with 64-bit sizes. The archive always ends with a zip64 end of central directory
+// starts at or past 0xFFFFFFFF, carries a zip64 extra field (id 1: size, compressed size, offset —
+// each only where saturated; the local header's compressed size 0, as miniz writes it) before the
+// padding, in its local header and its central directory record, and a data descriptor with
+// 64-bit sizes. The archive always ends with a zip64 end of central directory
 // record and locator before the classic end record (torch opens its writer with
 // MZ_ZIP_FLAG_WRITE_ZIP64), whose counts and offsets saturate at 0xFFFF / 0xFFFFFFFF.
 #pragma once
