@@ -137,15 +137,16 @@ class Pickler {
       out_ += to - from > 1 ? many : one;
     }
   }
+  // What Python can hash and torch's checkpoints use: strings, integers, tuples of them.
+  static bool valid_key(const TorchValue& k) {
+    if (k.kind == TorchValue::Kind::string || k.kind == TorchValue::Kind::integer) return true;
+    if (k.kind != TorchValue::Kind::tuple) return false;
+    for (const TorchValue& x : k.items)
+      if (!valid_key(x)) return false;
+    return true;
+  }
   void key(const TorchValue& k, const std::string& where, int depth) {
-    if (k.kind == TorchValue::Kind::tuple) {
-      for (const TorchValue& x : k.items)
-        if (x.kind != TorchValue::Kind::string && x.kind != TorchValue::Kind::integer && x.kind != TorchValue::Kind::tuple) {
-          bad(where, fmt::format("has a key that is a tuple holding {}; keys are strings, integers or tuples of them", x.kind_name()));
-        }
-    } else if (k.kind != TorchValue::Kind::string && k.kind != TorchValue::Kind::integer) {
-      bad(where, fmt::format("has a key that is {}; keys are strings, integers or tuples of them", k.kind_name()));
-    }
+    if (!valid_key(k)) bad(where, fmt::format("has a key that is {}; keys are strings, integers or tuples of them", k.kind_name()));
     value(k, child(where, "<key>"), depth + 1);
   }
   static std::string key_text(const TorchValue& k) {
@@ -293,7 +294,10 @@ TorchValue TorchSaveWriter::tensor(const std::string& dtype, std::vector<std::in
     fail("TorchSaveWriter: a {} tensor of shape [{}] needs {} x {} bytes; {} bytes were given", dtype, fmt::join(shape, ", "), numel, type->size,
          bytes.size());
   }
-  const std::string key = std::to_string(storages_.size());
+  // A name no other writer's storage has (copies of a writer share the storages made before the copy,
+  // not those made after); the file's keys "0", "1", ... are given at save().
+  static std::atomic<std::uint64_t> made{0};
+  const std::string key = fmt::format("w{}", made.fetch_add(1));
   storages_[key] = std::move(bytes);
   storage_dtypes_[key] = dtype;
   TorchValue v;

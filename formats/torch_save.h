@@ -47,7 +47,8 @@ class TorchSaveWriter {
  public:
   // A contiguous tensor of `dtype` (safetensors-style: "F32", "F16", "BF16", "F64", "I64", "I32",
   // "I16", "I8", "U8", "BOOL") and `shape`, whose storage is `bytes` (little-endian, numel x element
-  // size bytes; Error otherwise). Each call adds one storage; the returned value refers to it.
+  // size bytes; Error otherwise). Each call adds one storage; the returned value refers to it by a
+  // storage_key of the writer's own, unique in the process (the file's keys are given at save()).
   TorchValue tensor(const std::string& dtype, std::vector<std::int64_t> shape, std::string bytes);
   // The same from fp32 values, rounded to nearest-even for "F16" / "BF16" (as torch's .half() /
   // .bfloat16() round), kept for "F32".
@@ -82,7 +83,7 @@ class TorchSaveWriter {
   std::map<std::string, std::string> storages_;  // key -> bytes
   std::map<std::string, std::string> storage_dtypes_;
   // Stamped into the `file` of every tensor value this writer makes ("<TorchSaveWriter 3>"): how
-  // save() tells its own tensors from another writer's, whose keys "0", "1", ... look the same.
+  // save() tells its own tensors from those read from a file, whose keys could be anything.
   std::string marker_ = next_marker();
 };
 

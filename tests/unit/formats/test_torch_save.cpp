@@ -519,6 +519,22 @@ TEST_F(TorchSaveTest, TensorBytesOfTheWrongSizeAreRefused) {
   EXPECT_NE(e.find("needs 3 x 2 bytes; 4 bytes"), std::string::npos) << e;
 }
 
+// A copy holds the storages made before it; what either makes afterwards is its own, never mistaken
+// for the other's storage of the same number.
+TEST_F(TorchSaveTest, ACopiedWriterKeepsItsLaterStoragesApart) {
+  W w;
+  const TorchValue before = w.tensor("F32", {1}, raw(std::vector<float>{1}));
+  W copy = w;
+  const TorchValue in_w = w.tensor("F32", {1}, raw(std::vector<float>{2}));
+  const TorchValue in_copy = copy.tensor("F32", {1}, raw(std::vector<float>{3}));
+  copy.save(dir_ / "copy.pt", W::list({before, in_copy}));
+  const TorchPickle back(dir_ / "copy.pt");
+  EXPECT_EQ(back.read_fp32(back.root()[0]), std::vector<float>{1});
+  EXPECT_EQ(back.read_fp32(back.root()[1]), std::vector<float>{3});
+  const std::string e = error_of([&] { copy.save(dir_ / "mixed.pt", W::list({in_w})); });
+  EXPECT_NE(e.find("did not make"), std::string::npos) << e;
+}
+
 TEST_F(TorchSaveTest, ValuesTheWriterCannotSpellAreRefusedBeforeAnyFileExists) {
   W w, other;
   const fs::path p = dir_ / "x.pt";
@@ -530,7 +546,7 @@ TEST_F(TorchSaveTest, ValuesTheWriterCannotSpellAreRefusedBeforeAnyFileExists) {
     EXPECT_FALSE(fs::exists(p));
     EXPECT_TRUE(temporaries(p).empty());
   };
-  (void)w.tensor("F32", {1}, raw(std::vector<float>{1}));  // key "0" in both writers: keys alone cannot tell them apart
+  (void)w.tensor("F32", {1}, raw(std::vector<float>{1}));
   const TorchValue theirs = other.tensor("F32", {1}, raw(std::vector<float>{2}));
   refused(W::dict({kv("a", W::dict({kv("b", theirs)}))}), "did not make", "a.b");
   // A tensor read back from a file (this writer's own output, even).
@@ -545,6 +561,7 @@ TEST_F(TorchSaveTest, ValuesTheWriterCannotSpellAreRefusedBeforeAnyFileExists) {
   retyped.tensor.dtype = "I32";
   refused(W::dict({kv("v", retyped)}), "is a I32 tensor of a F32 storage", "v");
   refused(W::dict({kv("d", W::dict({TorchValuePair(W::real(1.5), W::none())}))}), "key that is a float", "d");
+  refused(W::dict({kv("d", W::dict({TorchValuePair(W::tuple({W::integer(1), W::tuple({W::none()})}), W::none())}))}), "key that is a tuple", "d");
   refused(W::dict({kv("s", W::string("\xff\xfe"))}), "not UTF-8", "s");
   refused(W::dict({kv("o", W::object("os.system\nbuiltins.eval", {}, std::nullopt))}), "not a global's", "o");
   refused(W::dict({kv("o", W::object("nodots", {}, std::nullopt))}), "not a global's", "o");
