@@ -10,7 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <set>
+#include <exception>
 #include <utility>
 
 #include <fmt/format.h>
@@ -362,7 +362,7 @@ void TorchSaveWriter::save(const std::filesystem::path& path, const TorchValue& 
     for (const auto& [key, bytes] : data) zip.add(prefix + "data/" + key, *bytes);
     zip.add(prefix + "version", "3\n");
     zip.finish();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // an Error, or bad_alloc while building a header
     if (fd < 0) throw;  // give_up's own Error: the temporary is gone
     ::close(fd);
     ::unlink(tmp.c_str());
