@@ -221,6 +221,61 @@ void read_zero3(const std::vector<std::unique_ptr<TorchPickle>>& ranks, const st
   }
 }
 
+// Stage 0 saves no names for the optimizer's parameters (param_shapes is None): torch numbers them
+// over the param groups in order, and which module parameter each group holds is the program's
+// choice. Two choices are tried, in this order, and the first that every known size agrees with is
+// taken: a Hugging Face Trainer's (and dstrain's) two groups — the matrices (2 or more dimensions:
+// the decayed weights and embeddings), then the rest (biases, norm weights), each in module order —
+// and the module's order cut into consecutive groups. `totals`: each group's element count
+// (FP16_Optimizer's flat groups); `counts`: each group's parameter count and each parameter's state
+// size (-1: none) (a torch optimizer's state). Error naming the file when neither fits.
+struct Stage0Counts {
+  std::vector<std::size_t> counts;
+  std::vector<std::int64_t> sizes;
+};
+
+std::vector<std::vector<std::string>> stage0_group_members(const std::vector<std::string>& names,
+                                                           const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                                                           const std::vector<std::int64_t>& totals, const std::optional<Stage0Counts>& counts,
+                                                           const std::string& file) {
+  const std::size_t groups = counts ? counts->counts.size() : totals.size();
+  const auto fits = [&](const std::vector<std::vector<std::string>>& c) {
+    if (c.size() != groups) return false;
+    std::size_t k = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::int64_t sum = 0;
+      if (counts && c[g].size() != counts->counts[g]) return false;
+      for (const std::string& n : c[g]) {
+        const std::int64_t numel = numel_of(shapes.at(n));
+        if (counts && counts->sizes[k] >= 0 && counts->sizes[k] != numel) return false;
+        sum += numel;
+        ++k;
+      }
+      if (!totals.empty() && sum != totals[g]) return false;
+    }
+    return k == names.size();
+  };
+  if (groups == 2) {
+    std::vector<std::vector<std::string>> trainer(2);
+    for (const std::string& n : names) trainer[shapes.at(n).size() >= 2 ? 0 : 1].push_back(n);
+    if (fits(trainer)) return trainer;
+  }
+  std::vector<std::vector<std::string>> consecutive(groups);
+  std::size_t next = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::int64_t sum = 0;
+    while (next < names.size() && (counts ? consecutive[g].size() < counts->counts[g] : sum < totals[g])) {
+      sum += numel_of(shapes.at(names[next]));
+      consecutive[g].push_back(names[next++]);
+    }
+  }
+  if (fits(consecutive)) return consecutive;
+  fail("DeepSpeed checkpoint file '{}': its optimizer's {} param groups are neither the matrices and then the other parameters, nor the "
+       "module's parameters in order cut into consecutive groups (a stage-0 checkpoint names no group members: dstrain reads these two "
+       "groupings); save it with ZeRO stage 1 or more, whose param_shapes name them",
+       file, groups);
+}
+
 }  // namespace
 
 bool is_deepspeed_checkpoint(const fs::path& dir) {
@@ -376,22 +431,16 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
       const TorchValue& flats = opt->at("fp32_groups_flat");
       const TorchValue& base = opt->at("optimizer_state_dict");
       const TorchValue& pgs = base.at("param_groups");
-      std::size_t next = 0;
-      std::vector<std::vector<std::string>> group_names;
+      std::vector<std::vector<float>> flat_values;
+      std::vector<std::int64_t> totals;
       for (std::size_t g = 0; g < flats.size(); ++g) {
-        const std::vector<float> flat = ms.read_fp32(flats[g]);
-        std::vector<std::string> names;
-        std::int64_t sum = 0;
-        while (sum < static_cast<std::int64_t>(flat.size()) && next < raw_names.size()) {
-          names.push_back(raw_names[next]);
-          sum += numel_of(st.shapes.at(raw_names[next++]));
-        }
-        if (sum != static_cast<std::int64_t>(flat.size())) {
-          fail("DeepSpeed checkpoint file '{}': fp32_groups_flat[{}] holds {} values, which the module's parameters in order do not fill exactly ({})",
-               model_file.string(), g, flat.size(), sum);
-        }
-        split(flat, names, st.shapes, master);
-        group_names.push_back(names);
+        flat_values.push_back(ms.read_fp32(flats[g]));
+        totals.push_back(static_cast<std::int64_t>(flat_values.back().size()));
+      }
+      const std::vector<std::vector<std::string>> group_names = stage0_group_members(raw_names, st.shapes, totals, {}, model_file.string());
+      for (std::size_t g = 0; g < flats.size(); ++g) {
+        const std::vector<std::string>& names = group_names[g];
+        split(flat_values[g], names, st.shapes, master);
         if (g < pgs.size()) {
           if (g == 0) read_param_group(pgs[g], st);
           const TorchValue& ids = pgs[g].at("params");
@@ -401,45 +450,54 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
               if (ps.step) st.optimizer_step = ps.step;
               for (const auto& [key, vals] : ps.tensors) {
                 Piece p{vals, 0, model_file.string()};
-                split(join({p}, sum, "optimizer state '" + key + "' of group " + std::to_string(g), model_file.string()), names, st.shapes, states[key]);
+                split(join({p}, totals[g], "optimizer state '" + key + "' of group " + std::to_string(g), model_file.string()), names, st.shapes,
+                      states[key]);
               }
             }
           }
         }
       }
-      if (next != raw_names.size()) fail("DeepSpeed checkpoint file '{}': fp32_groups_flat holds fewer parameters than 'module'", model_file.string());
       set_groups(pgs, group_names, st, bare);  // FP16_Optimizer's flat groups are the param groups, in order
     } else if (opt != nullptr && !opt->is_none()) {
-      // A torch optimizer's own state_dict (fp32 without ZeRO): param ids in group order are the
-      // module's parameters in order.
+      // A torch optimizer's own state_dict (fp32 without ZeRO): param ids numbered over the groups
+      // in order; which module parameter each is follows from the groups' members
+      // (stage0_group_members), checked against every state tensor's size.
       const TorchValue& pgs = opt->at("param_groups");
+      const TorchValue& state = opt->at("state");
       std::vector<std::int64_t> ids;
-      std::vector<std::vector<std::string>> group_names;
+      std::vector<std::size_t> counts;
+      std::vector<std::int64_t> sizes;  // each id's state size, -1 where it has no state yet
       for (std::size_t g = 0; g < pgs.size(); ++g) {
         if (g == 0) read_param_group(pgs[g], st);
         const TorchValue& p = pgs[g].at("params");
-        group_names.emplace_back();
+        counts.push_back(p.size());
         for (std::size_t k = 0; k < p.size(); ++k) {
-          if (ids.size() < raw_names.size()) group_names.back().push_back(raw_names[ids.size()]);
           ids.push_back(p[k].as_int());
+          std::int64_t n = -1;
+          if (const TorchValue* s = state.find(ids.back()))
+            if (const TorchValue* t = s->find("exp_avg"); t != nullptr && t->is_tensor()) n = numel_of(t->as_tensor().shape);
+          sizes.push_back(n);
         }
       }
       if (ids.size() != raw_names.size()) {
         fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}", model_file.string(), ids.size(), raw_names.size());
       }
+      const std::vector<std::vector<std::string>> group_names =
+          stage0_group_members(raw_names, st.shapes, {}, Stage0Counts{counts, sizes}, model_file.string());
+      std::vector<std::string> id_names;  // ids[k]'s parameter
+      for (const auto& g : group_names) id_names.insert(id_names.end(), g.begin(), g.end());
       set_groups(pgs, group_names, st, bare);
-      const TorchValue& state = opt->at("state");
       for (std::size_t k = 0; k < ids.size(); ++k) {
         const TorchValue* s = state.find(ids[k]);
         if (s == nullptr) continue;
         ParamState ps = read_param_state(ms, *s);
         if (ps.step) st.optimizer_step = ps.step;
         for (auto& [key, vals] : ps.tensors) {
-          if (static_cast<std::int64_t>(vals.size()) != numel_of(st.shapes.at(raw_names[k]))) {
+          if (static_cast<std::int64_t>(vals.size()) != numel_of(st.shapes.at(id_names[k]))) {
             fail("DeepSpeed checkpoint file '{}': optimizer state '{}' of parameter '{}' has {} values, the parameter {}", model_file.string(), key,
-                 raw_names[k], vals.size(), numel_of(st.shapes.at(raw_names[k])));
+                 id_names[k], vals.size(), numel_of(st.shapes.at(id_names[k])));
           }
-          states[key][raw_names[k]] = std::move(vals);
+          states[key][id_names[k]] = std::move(vals);
         }
       }
     }

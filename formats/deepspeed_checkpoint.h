@@ -60,6 +60,10 @@ struct DeepSpeedTrainingState {
   // read from a folder that does not say; the writer then saves one group of every name with
   // param_group's weight_decay.
   std::vector<DeepSpeedParamGroup> groups;
+  // Tied weights: a second name of a parameter -> the parameter's name (GPT-2's "lm_head.weight" ->
+  // "transformer.wte.weight"), as DeepSpeed's shared_params says. The writer puts each into the
+  // module's state dict as the same tensor (load_state_dict(strict=True) asks for every name).
+  std::map<std::string, std::string> tied;
 };
 
 // `dir`: a save_checkpoint folder (its `latest` — without one, its `latest_universal` — names the tag

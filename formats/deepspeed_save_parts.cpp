@@ -112,6 +112,10 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
   }
   for (const auto& [n, v] : st.master)
     if (!seen.count(n)) fail("DeepSpeed checkpoint writer: a master for '{}', which is not a parameter of the state", n);
+  for (const auto& [alias, owner] : st.tied) {
+    if (!seen.count(owner)) fail("DeepSpeed checkpoint writer: the tied name '{}' is '{}', which is not a parameter of the state", alias, owner);
+    if (seen.count(alias)) fail("DeepSpeed checkpoint writer: the tied name '{}' is also a parameter of its own", alias);
+  }
 
   // Param groups: each name in exactly one; none given: one group of every name.
   p.groups_given = !st.groups.empty();
@@ -296,15 +300,18 @@ TorchValue loss_scaler(const Plan& p) {
 
 TorchValue module_state(TorchSaveWriter& w, const Plan& p, bool placeholders) {
   std::vector<TorchValuePair> m;
+  std::map<std::string, TorchValue> tensor_of;
   for (const std::string& n : p.st->names) {
     if (placeholders) {
       // ZeRO-3 frees every partitioned parameter's data to an empty tensor of its dtype.
-      m.push_back(kv(n, w.tensor(p.lp_dtype, {0}, "")));
+      m.push_back(kv(n, tensor_of[n] = w.tensor(p.lp_dtype, {0}, "")));
       continue;
     }
     const auto it = p.st->module.find(n);
-    m.push_back(kv(n, w.tensor_from_fp32(p.lp_dtype, p.st->shapes.at(n), it != p.st->module.end() ? it->second : p.st->master.at(n))));
+    m.push_back(kv(n, tensor_of[n] = w.tensor_from_fp32(p.lp_dtype, p.st->shapes.at(n), it != p.st->module.end() ? it->second : p.st->master.at(n))));
   }
+  // A tied weight's second name: the same tensor (one storage), as module.state_dict() holds it.
+  for (const auto& [alias, owner] : p.st->tied) m.push_back(kv(alias, tensor_of.at(owner)));
   return ordered_dict(std::move(m));
 }
 
@@ -330,7 +337,9 @@ TorchValue model_states(const Plan& p, TorchValue module, TorchValue optimizer) 
   d.push_back(kv("optimizer", std::move(optimizer)));
   d.push_back(kv("param_shapes", std::move(param_shapes)));
   d.push_back(kv("frozen_param_shapes", save_frozen ? ordered_dict({}) : W::none()));
-  d.push_back(kv("shared_params", zero ? W::dict({}) : W::none()));
+  std::vector<TorchValuePair> shared;  // DeepSpeed's _get_shared_params: second name -> the parameter's
+  for (const auto& [alias, owner] : st.tied) shared.push_back(kv(alias, W::string(owner)));
+  d.push_back(kv("shared_params", zero ? W::dict(std::move(shared)) : W::none()));
   d.push_back(kv("frozen_param_fragments", save_frozen ? ordered_dict({}) : W::none()));
   d.push_back(kv("lr_scheduler", st.lr_scheduler_json ? json_value(nlohmann::ordered_json::parse(*st.lr_scheduler_json)) : W::none()));
   d.push_back(kv("data_sampler", W::none()));

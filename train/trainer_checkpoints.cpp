@@ -72,7 +72,7 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
            "`dstrain export` on the checkpoints",
            save_format_name(options.save_format), save_format_name(options.save_format));
     try {
-      check_deepspeed_exportable(model);
+      check_deepspeed_exportable(model, config.optimizer.type);
     } catch (const Error& e) {
       fail("--save-format {}: this model cannot be saved in DeepSpeed's layout: {}", save_format_name(options.save_format), e.what());
     }

@@ -2,6 +2,7 @@
 // (engine/checkpoint/deepspeed_export.h).
 #include "engine/checkpoint/deepspeed_export.h"
 
+#include <cctype>
 #include <set>
 
 #include <fmt/format.h>
@@ -101,7 +102,22 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
 
 }  // namespace
 
-void check_deepspeed_exportable(const Architecture& model) { (void)plan_hf_tensors(model); }
+namespace {
+
+// "AdamW" -> "adamw": DeepSpeedTrainingState's optimizer_type, as the reader gives it.
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+void check_deepspeed_exportable(const Architecture& model, const std::string& optimizer_type) {
+  const std::string t = lower(optimizer_type);
+  if (t != "adam" && t != "adamw")
+    fail("the optimizer is \"{}\"; a DeepSpeed checkpoint is written with Adam / AdamW states (DeepSpeed's FusedAdam) only", optimizer_type);
+  (void)plan_hf_tensors(model);
+}
 
 std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<std::string, std::vector<float>>& whole, const std::string& what) {
   std::vector<HfTensor> out;
@@ -197,9 +213,15 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   std::map<std::string, std::string> param_of;  // HF name -> dstrain parameter
   for (const HfParamName& e : arch->hf_param_names()) param_of[e.name] = e.param;
 
-  for (const HfTensor& t : hf_tensors_of(*arch, whole.at("master"), "master")) {
-    s.module[t.name] = t.values;
-    if (t.tied) continue;
+  const std::vector<HfTensor> masters = hf_tensors_of(*arch, whole.at("master"), "master");
+  std::map<std::string, std::string> hf_owner;  // dstrain parameter -> its untied Hugging Face name
+  for (const HfTensor& t : masters)
+    if (!t.tied) hf_owner.emplace(param_of.at(t.name), t.name);
+  for (const HfTensor& t : masters) {
+    if (t.tied) {
+      s.tied[t.name] = hf_owner.at(param_of.at(t.name));
+      continue;
+    }
     s.names.push_back(t.name);
     s.shapes[t.name] = t.shape;
     s.master[t.name] = t.values;
@@ -213,7 +235,8 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   s.global_samples = e.at("global_samples").get<std::int64_t>();
   s.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
   if (buffers.size() > 1) s.optimizer_step = s.global_steps - s.skipped_steps;
-  s.optimizer_type = m.at("optimizer").at("type").get<std::string>();
+  s.optimizer_type = lower(m.at("optimizer").at("type").get<std::string>());
+  check_deepspeed_exportable(*arch, s.optimizer_type);
   const config::Json& ls = m.at("loss_scaler");
   const std::string kind = ls.at("kind").get<std::string>();
   if (kind.starts_with("dynamic") || kind == "static") {
@@ -259,7 +282,12 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
 
 std::string export_deepspeed_checkpoint(const std::filesystem::path& save_dir, const std::string& tag, const std::filesystem::path& output,
                                         DeepSpeedExportFormat format, std::optional<DeepSpeedSaveLayout> layout) {
-  check_outputs_spare_inputs({{save_dir, "the checkpoint folder", true}}, {{output, "the export's folder", true}});
+  // The DeepSpeed folder gets its own `latest` and tag folders: inside the checkpoint's folder (or
+  // around it) they would replace dstrain's `latest` or mix with its tags.
+  if (is_inside(output, save_dir) || is_inside(save_dir, output))
+    fail("export: the output folder {} {} the checkpoint folder {}; give -o a folder outside it (train --save-format writes DeepSpeed's files "
+         "into the checkpoint's own tag folder)",
+         output.string(), is_inside(output, save_dir) ? "is or lies inside" : "holds", save_dir.string());
   DeepSpeedTrainingState s = deepspeed_state_of_checkpoint(save_dir, tag);
   if (format == DeepSpeedExportFormat::universal) {
     write_universal_checkpoint(output, s);

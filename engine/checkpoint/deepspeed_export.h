@@ -39,8 +39,9 @@ std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<st
 
 // Error, naming the parameter, when the model's parameters cannot all be written under Hugging Face
 // names that dstrain reads back (a parameter without one; blocks of one parameter other than
-// q_proj / k_proj / v_proj) — the pre-flight of --save-format deepspeed.
-void check_deepspeed_exportable(const Architecture& model);
+// q_proj / k_proj / v_proj), and naming the optimizer when it is not Adam or AdamW (whose states,
+// as DeepSpeed's FusedAdam keeps them, are what the writer writes) — the pre-flight of --save-format.
+void check_deepspeed_exportable(const Architecture& model, const std::string& optimizer_type);
 
 // The checkpoint save_dir/<tag> (tag "": the one `latest` names) as a DeepSpeedTrainingState:
 // Hugging Face names, masters and every optimizer state whole, the optimizer step

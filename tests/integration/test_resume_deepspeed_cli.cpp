@@ -36,6 +36,7 @@
 
 namespace fs = std::filesystem;
 using dstrain::testing::CliResult;
+using dstrain::testing::read_checkpoint_by_hand;
 using dstrain::testing::read_file_text;
 using dstrain::testing::run_dstrain;
 using dstrain::testing::SavedState;

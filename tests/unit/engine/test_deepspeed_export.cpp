@@ -118,7 +118,14 @@ TEST(DeepSpeedExport, LlamaQkvBlocksAndUntiedHead) {
 
 TEST(DeepSpeedExport, ErrorsNameTheParameter) {
   const auto arch = gpt2_family().from_spec("gpt2:L2-C32-H4-V100-T16");
-  EXPECT_NO_THROW(check_deepspeed_exportable(*arch));
+  EXPECT_NO_THROW(check_deepspeed_exportable(*arch, "AdamW"));
+  EXPECT_NO_THROW(check_deepspeed_exportable(*arch, "Adam"));
+  try {
+    check_deepspeed_exportable(*arch, "Lamb");
+    FAIL() << "Lamb was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"Lamb\""), std::string::npos) << e.what();
+  }
   Params w = whole_of(*arch, 100);
   Params missing = w;
   missing.erase("h.0.ln_1.bias");
@@ -151,7 +158,7 @@ TEST(DeepSpeedExport, MixtureOfExpertsRoundTripsOrIsRefused) {
   const Params w = whole_of(*arch, 96);
   bool exportable = true;
   try {
-    check_deepspeed_exportable(*arch);
+    check_deepspeed_exportable(*arch, "AdamW");
   } catch (const Error& e) {
     exportable = false;
     std::printf("refused: %s\n", e.what());
