@@ -64,6 +64,12 @@ struct DeepSpeedTrainingState {
   // "transformer.wte.weight"), as DeepSpeed's shared_params says. The writer puts each into the
   // module's state dict as the same tensor (load_state_dict(strict=True) asks for every name).
   std::map<std::string, std::string> tied;
+  // What a dstrain run's checkpoint adds to DeepSpeed's model states, as a client_state entry
+  // "dstrain" (DeepSpeed's save_checkpoint(client_state=...) puts such keys beside its own and gives
+  // them back on load): {"data": {"epoch", "position"}, "seed", "sequence_length"} — the data
+  // loader's position, so that a run resumed from the folder continues the data as dstrain's own
+  // resume does. Absent in a folder DeepSpeed saved.
+  std::optional<std::string> dstrain_json;
 };
 
 // `dir`: a save_checkpoint folder (its `latest` — without one, its `latest_universal` — names the tag

@@ -141,6 +141,7 @@ void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
     (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
   }
   if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
+  if (const TorchValue* d = root.find("dstrain"); d != nullptr && d->is_dict()) st.dstrain_json = to_json(*d).dump();
 }
 
 int config_zero_stage(const TorchValue& root) {

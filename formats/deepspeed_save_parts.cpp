@@ -142,6 +142,7 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
   }
 
   if (st.lr_scheduler_json) (void)parse_object(*st.lr_scheduler_json, "lr_scheduler_json");
+  if (st.dstrain_json) (void)parse_object(*st.dstrain_json, "dstrain_json");
   p.config = config_of(st, l);
   p.optimizer_step = st.optimizer_step.value_or(st.global_steps - st.skipped_steps);
   if (p.optimizer_step < 0) fail("DeepSpeed checkpoint writer: optimizer step {} is negative", p.optimizer_step);
@@ -353,6 +354,8 @@ TorchValue model_states(const Plan& p, TorchValue module, TorchValue optimizer) 
   d.push_back(kv("checkpoint_parallel_dimensions", W::dict({kv("pp_degree", W::integer(1)), kv("tp_degree", W::integer(1))})));
   d.push_back(kv("ds_config", json_value(p.config)));
   d.push_back(kv("ds_version", str(kDeepSpeedVersion)));
+  // save_checkpoint(client_state={"dstrain": ...}): the client's keys come after DeepSpeed's own.
+  if (st.dstrain_json) d.push_back(kv("dstrain", json_value(nlohmann::ordered_json::parse(*st.dstrain_json))));
   return W::dict(std::move(d));
 }
 

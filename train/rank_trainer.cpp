@@ -136,6 +136,8 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   if (plan.resume && plan.resume->deepspeed) {
     // A DeepSpeed checkpoint, mapped and checked by plan_resume: every rank writes its pieces.
     checkpoints_->load_whole_state(plan.resume->deepspeed->state);
+    // A folder dstrain wrote carries its run's data position (plan_deepspeed_resume); DeepSpeed's own: 0, 0.
+    loader_->set_state(DataLoaderState{plan.resume->data_epoch, plan.resume->data_position});
     skipped_before_ = engine.state().skipped_steps;
     resumed_steps_ = engine.state().global_steps;
   } else if (plan.resume) {

@@ -36,9 +36,30 @@ ResumePoint plan_deepspeed_resume(const fs::path& dir, const TrainerOptions& opt
   rp.tag = ds.tag;
   rp.global_steps = ds.global_steps;
   rp.seed = options.seed;  // DeepSpeed saves no seed of dstrain's: the run's own
-  resume->notes.push_back(fmt::format(
-      "{}: a DeepSpeed checkpoint holds no position of dstrain's data loader; the data starts from the beginning of --data (seed {})",
-      resume->summary, options.seed));
+  if (ds.dstrain_json) {
+    // A folder dstrain wrote (export, --save-format deepspeed) carries its run's data position and
+    // seed: the data continues where that run's would.
+    const config::Json d = config::Json::parse(*ds.dstrain_json, nullptr, false);
+    const auto whole = [&](const config::Json* v, const char* what) {
+      if (v == nullptr || !v->is_number_unsigned())
+        fail("--resume-deepspeed {}: its model states' \"dstrain\" entry is malformed: {} must be a whole number >= 0 (it is {})", dir.string(),
+             what, v == nullptr ? std::string("missing") : v->dump());
+      return v->get<std::uint64_t>();
+    };
+    const auto at = [&](const config::Json& j, const char* k) -> const config::Json* { return j.is_object() && j.contains(k) ? &j.at(k) : nullptr; };
+    const config::Json* data = at(d, "data");
+    rp.data_epoch = whole(data ? at(*data, "epoch") : nullptr, "data.epoch");
+    rp.data_position = whole(data ? at(*data, "position") : nullptr, "data.position");
+    rp.seed = whole(at(d, "seed"), "seed");
+    if (const config::Json* t = at(d, "sequence_length")) rp.sequence_length = static_cast<std::int64_t>(whole(t, "sequence_length"));
+    resume->notes.push_back(fmt::format("{}: written by dstrain, it carries its run's data position (epoch {}, position {}) and seed {}: the data "
+                                        "continues where that run's would",
+                                        resume->summary, rp.data_epoch, rp.data_position, rp.seed));
+  } else {
+    resume->notes.push_back(fmt::format(
+        "{}: a DeepSpeed checkpoint holds no position of dstrain's data loader; the data starts from the beginning of --data (seed {})",
+        resume->summary, options.seed));
+  }
   rp.deepspeed = std::move(resume);
   return rp;
 }

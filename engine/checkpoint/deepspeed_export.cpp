@@ -237,6 +237,13 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   if (buffers.size() > 1) s.optimizer_step = s.global_steps - s.skipped_steps;
   s.optimizer_type = lower(m.at("optimizer").at("type").get<std::string>());
   check_deepspeed_exportable(*arch, s.optimizer_type);
+  // The data loader's position and the seed a `dstrain train` checkpoint holds, for a resume from
+  // the DeepSpeed folder to continue the data as dstrain's own resume does.
+  if (m.contains("client_state") && m.at("client_state").is_object() && m.at("client_state").contains("data")) {
+    config::Json d{{"data", m.at("client_state").at("data")}, {"seed", m.at("seed")}};
+    if (e.contains("sequence_length")) d["sequence_length"] = e.at("sequence_length");
+    s.dstrain_json = d.dump();
+  }
   const config::Json& ls = m.at("loss_scaler");
   const std::string kind = ls.at("kind").get<std::string>();
   if (kind.starts_with("dynamic") || kind == "static") {

@@ -238,6 +238,34 @@ TEST_F(ExportDeepSpeedCli, ExportAtOtherLayoutsResumesBitIdentical) {
   }
 }
 
+// A folder dstrain wrote carries its run's data position and seed (the model states' "dstrain"
+// client-state entry): two more steps from it are the two steps dstrain's own resume takes — the
+// same checkpoint bit for bit at the saving layout and at another, and so the same losses.
+TEST_F(ExportDeepSpeedCli, ContinuesAsDstrainsOwnResumeDoes) {
+  struct Layout {
+    int stage, ranks;
+  };
+  for (const Layout& l : {Layout{2, 2}, Layout{3, 1}}) {
+    const std::string name = "s" + std::to_string(l.stage) + "_r" + std::to_string(l.ranks);
+    SCOPED_TRACE(name);
+    const CliResult own = run_dstrain(train("fp16", l.stage, l.ranks, kGpt2) + " --steps 5 --resume " + q(dir_ / "gpt2") + " --save-dir " +
+                                      q(dir_ / ("own5_" + name)));
+    ASSERT_EQ(own.exit_code, 0) << own.out << own.err;
+    const CliResult ds = run_dstrain(train("fp16", l.stage, l.ranks, kGpt2) + " --steps 5 --resume-deepspeed " + q(dir_ / "gpt2") +
+                                     " --save-dir " + q(dir_ / ("ds5_" + name)));
+    ASSERT_EQ(ds.exit_code, 0) << ds.out << ds.err;
+    EXPECT_NE((ds.out + ds.err).find("written by dstrain, it carries its run's data position"), std::string::npos) << ds.out << ds.err;
+    EXPECT_NE(ds.out.find("step 5/5"), std::string::npos) << ds.out;
+    const SavedState a = read_checkpoint_by_hand(dir_ / ("own5_" + name)), b = read_checkpoint_by_hand(dir_ / ("ds5_" + name));
+    EXPECT_EQ(a.manifest["engine"]["global_steps"], 5);
+    dstrain::testing::expect_same_training_state(a, b, 28u, "5 steps: own resume vs DeepSpeed resume");
+    EXPECT_EQ(b.manifest["client_state"]["data"], a.manifest["client_state"]["data"]);
+    EXPECT_EQ(b.manifest["engine"]["last_step_loss"], a.manifest["engine"]["last_step_loss"]);
+    for (const char* key : {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"})
+      EXPECT_EQ(b.manifest["loss_scaler"][key], a.manifest["loss_scaler"][key]) << key;
+  }
+}
+
 TEST_F(ExportDeepSpeedCli, WhatCannotWorkIsRefusedBeforeAnythingIsWritten) {
   const CliResult inside = run_dstrain("export " + q(dir_ / "gpt2") + " -o " + q(dir_ / "gpt2" / "ds"));
   EXPECT_EQ(inside.exit_code, 2) << inside.out << inside.err;
