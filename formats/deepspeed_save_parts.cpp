@@ -100,9 +100,12 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
     };
     check(st.master, "fp32 master", true);
     check(st.module, "module weight", !st.module.empty());
+    static const std::map<std::string, std::vector<float>> kNone;
     for (const char* key : {"exp_avg", "exp_avg_sq"}) {
+      // A reference either way: a conditional of a temporary and the map would copy every state.
       const auto it = st.optimizer_states.find(key);
-      check(it == st.optimizer_states.end() ? std::map<std::string, std::vector<float>>{} : it->second, std::string("optimizer state '") + key + "'", true);
+      const std::map<std::string, std::vector<float>>& m = it == st.optimizer_states.end() ? kNone : it->second;
+      check(m, std::string("optimizer state '") + key + "'", true);
     }
   }
   for (const auto& [key, m] : st.optimizer_states) {

@@ -603,11 +603,14 @@ struct TorchArchive {
 
 TorchArchive open_archive(const std::filesystem::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string z = ss.str();
+  // One read into a string of the file's size (a stringstream would copy it twice more).
+  const std::streamoff size = in.tellg();
+  if (size < 0) fail("torch file '{}' cannot be read: its size is unknown", file);
+  std::string z(static_cast<std::size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(z.data(), size)) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
   TorchArchive a;
   a.entries = read_zip(z, file);
   for (const auto& [name, bytes] : a.entries) {
@@ -667,7 +670,10 @@ TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) 
   if (root->kind != Value::dict) fail("torch file '{}': the saved object is not a dict (a state dict); save model.state_dict()", file);
   collect(root, "", tensors_, 0);
   if (tensors_.empty()) fail("torch file '{}': no tensors in the saved dict", file);
-  for (const auto& [name, t] : tensors_) storages_.emplace(t.storage_key, check_tensor(a, t, file, name));
+  for (const auto& [name, t] : tensors_) {
+    const std::string& bytes = check_tensor(a, t, file, name);
+    if (!storages_.contains(t.storage_key)) storages_.emplace(t.storage_key, bytes);  // a shared storage copied once
+  }
 }
 
 std::vector<float> TorchStateDict::read_fp32(const std::string& name) const {
@@ -775,7 +781,8 @@ struct TreeBuilder {
       case Value::tensor:
         out.kind = TorchValue::Kind::tensor;
         out.tensor = v->t;
-        storages.emplace(v->t.storage_key, check_tensor(archive, v->t, file, where));
+        if (const std::string& bytes = check_tensor(archive, v->t, file, where); !storages.contains(v->t.storage_key))
+          storages.emplace(v->t.storage_key, bytes);  // a shared storage copied once
         break;
       case Value::global:  // a bare allowed global: torch.float16 as a value
       case Value::object:
@@ -860,8 +867,25 @@ std::vector<double> TorchPickle::read_f64(const TorchValue& v) const {
 }
 
 std::vector<float> TorchPickle::read_fp32(const TorchValue& v) const {
-  const std::string& dt = v.as_tensor().dtype;
+  const TorchTensorInfo& t = v.as_tensor();
+  const std::string& dt = t.dtype;
   if (dt != "F32" && dt != "F16" && dt != "BF16" && dt != "F64") v.fail_here(" is a " + dt + " tensor; a floating type (F32, F16, BF16, F64) was expected");
+  // A contiguous F32 / F16 / BF16 tensor — every tensor DeepSpeed saves: one block copy or one
+  // conversion (ops' convert) instead of an element-wise walk through doubles; the walk is for views.
+  bool contiguous = true;
+  std::int64_t n = 1;
+  for (std::size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && t.stride[d] != n) contiguous = false;
+    n *= t.shape[d];
+  }
+  const auto it = storages_.find(t.storage_key);
+  if (contiguous && dt != "F64" && it != storages_.end()) {
+    const DType from = dt == "F32" ? DType::fp32 : dt == "F16" ? DType::fp16 : DType::bf16;
+    std::vector<float> out(static_cast<std::size_t>(n));
+    // In bounds: every tensor was checked to lie inside its storage when the file was opened.
+    convert(it->second.data() + static_cast<std::size_t>(t.storage_offset) * dtype_size(from), from, out.data(), DType::fp32, out.size());
+    return out;
+  }
   const std::vector<double> d = read_f64(v);
   return std::vector<float>(d.begin(), d.end());
 }
