@@ -17,6 +17,7 @@ stage="${3:-2}"
 dp="${4:-2}"
 dtype="${5:-bf16}"
 repeat="${REPEAT:-2}"
+command -v fio > /dev/null || apt-get install -y fio > /dev/null  # the peer of the disk (Debian's fio)
 rm -rf "$dir" && mkdir -p "$dir"
 # The dstrain checkpoint to start from: one step of the model on a few bytes of text.
 head -c 200000 /usr/share/common-licenses/GPL-3 > "$dir/text.txt"
