@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "ops/dtype.h"
@@ -22,9 +23,10 @@ std::uint64_t le(const std::string& b, std::size_t at, int n, const std::string&
   return v;
 }
 
-// The entries of a stored (uncompressed) zip archive: name -> bytes. Zip64 sizes and offsets are
-// read from the extra field where the 32-bit ones are saturated.
-std::map<std::string, std::string> read_zip(const std::string& z, const std::string& file) {
+// The entries of a stored (uncompressed) zip archive: name -> its bytes, viewed inside `z` (which
+// must outlive them). Zip64 sizes and offsets are read from the extra field where the 32-bit ones
+// are saturated.
+std::map<std::string, std::string_view> read_zip(const std::string& z, const std::string& file) {
   const auto L = [&](std::size_t at, int n) { return le(z, at, n, file); };
   if (z.size() < 22) fail("torch file '{}': not a zip archive (too short); dstrain reads torch.save files of PyTorch >= 1.6", file);
   std::size_t eocd = std::string::npos;
@@ -49,7 +51,7 @@ std::map<std::string, std::string> read_zip(const std::string& z, const std::str
     count = L(z64 + 32, 8);
     cd = L(z64 + 48, 8);
   }
-  std::map<std::string, std::string> out;
+  std::map<std::string, std::string_view> out;
   std::size_t at = cd;
   for (std::uint64_t k = 0; k < count; ++k) {
     if (L(at, 4) != 0x02014b50) fail("torch file '{}': malformed zip directory entry {}", file, k);
@@ -73,7 +75,7 @@ std::map<std::string, std::string> read_zip(const std::string& z, const std::str
     if (L(local, 4) != 0x04034b50) fail("torch file '{}': malformed local header of '{}'", file, name);
     const std::size_t data = local + 30 + L(local + 26, 2) + L(local + 28, 2);
     if (data > z.size() || usize > z.size() - data) fail("torch file '{}': entry '{}' runs past the end of the file (truncated?)", file, name);
-    out[name] = z.substr(data, usize);
+    out[name] = std::string_view(z).substr(data, usize);
     at += 46 + nlen + xlen + clen;
   }
   return out;
@@ -597,7 +599,8 @@ void collect(const ValuePtr& v, const std::string& prefix, std::map<std::string,
 
 // A torch.save archive: its entries, the pickle's entry and the archive's folder prefix.
 struct TorchArchive {
-  std::map<std::string, std::string> entries;
+  std::string bytes;                                   // the whole file
+  std::map<std::string, std::string_view> entries;     // views into `bytes`
   std::string pkl, archive;
 };
 
@@ -608,10 +611,11 @@ TorchArchive open_archive(const std::filesystem::path& path) {
   // One read into a string of the file's size (a stringstream would copy it twice more).
   const std::streamoff size = in.tellg();
   if (size < 0) fail("torch file '{}' cannot be read: its size is unknown", file);
-  std::string z(static_cast<std::size_t>(size), '\0');
+  TorchArchive a;
+  std::string& z = a.bytes;
+  z.assign(static_cast<std::size_t>(size), '\0');
   in.seekg(0);
   if (!in.read(z.data(), size)) fail("torch file '{}' cannot be read: {}", file, std::strerror(errno));
-  TorchArchive a;
   a.entries = read_zip(z, file);
   for (const auto& [name, bytes] : a.entries) {
     if (name.ends_with("/data.pkl") || name == "data.pkl") {
@@ -623,11 +627,11 @@ TorchArchive open_archive(const std::filesystem::path& path) {
   if (const auto bo = a.entries.find(a.archive + "byteorder"); bo != a.entries.end() && bo->second != "little") {
     fail("torch file '{}': saved with byte order '{}'; dstrain reads little-endian files", file, bo->second);
   }
-  return a;
+  return a;  // moving `bytes` (never short enough to live inside the string) keeps the views valid
 }
 
 // The storage bytes of tensor `name`, checked to hold every element the tensor's view reaches.
-const std::string& check_tensor(const TorchArchive& a, const TorchTensorInfo& t, const std::string& file, const std::string& name) {
+std::string_view check_tensor(const TorchArchive& a, const TorchTensorInfo& t, const std::string& file, const std::string& name) {
   if (t.dtype.empty()) fail("torch file '{}': tensor '{}' has a storage type dstrain does not know", file, name);
   const auto it = a.entries.find(a.archive + "data/" + t.storage_key);
   if (it == a.entries.end()) fail("torch file '{}': tensor '{}' needs storage '{}', which the archive lacks (truncated?)", file, name, t.storage_key);
@@ -665,14 +669,15 @@ TorchStateDict::TorchStateDict(const std::filesystem::path& path) : path_(path) 
   const std::string file = path.string();
   TorchArchive a = open_archive(path);
   const CycleBreaker breaker;  // declared before the values: runs after they are dropped
-  Unpickler u(a.entries.at(a.pkl), file);
+  const std::string pkl(a.entries.at(a.pkl));
+  Unpickler u(pkl, file);
   const ValuePtr root = u.run();
   if (root->kind != Value::dict) fail("torch file '{}': the saved object is not a dict (a state dict); save model.state_dict()", file);
   collect(root, "", tensors_, 0);
   if (tensors_.empty()) fail("torch file '{}': no tensors in the saved dict", file);
   for (const auto& [name, t] : tensors_) {
-    const std::string& bytes = check_tensor(a, t, file, name);
-    if (!storages_.contains(t.storage_key)) storages_.emplace(t.storage_key, bytes);  // a shared storage copied once
+    const std::string_view bytes = check_tensor(a, t, file, name);
+    if (!storages_.contains(t.storage_key)) storages_.emplace(t.storage_key, std::string(bytes));  // a shared storage copied once
   }
 }
 
@@ -781,8 +786,8 @@ struct TreeBuilder {
       case Value::tensor:
         out.kind = TorchValue::Kind::tensor;
         out.tensor = v->t;
-        if (const std::string& bytes = check_tensor(archive, v->t, file, where); !storages.contains(v->t.storage_key))
-          storages.emplace(v->t.storage_key, bytes);  // a shared storage copied once
+        if (const std::string_view bytes = check_tensor(archive, v->t, file, where); !storages.contains(v->t.storage_key))
+          storages.emplace(v->t.storage_key, std::string(bytes));  // a shared storage copied once
         break;
       case Value::global:  // a bare allowed global: torch.float16 as a value
       case Value::object:
@@ -805,7 +810,8 @@ TorchPickle::TorchPickle(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
   TorchArchive a = open_archive(path);
   const CycleBreaker breaker;
-  Unpickler u(a.entries.at(a.pkl), file, /*objects=*/true);
+  const std::string pkl(a.entries.at(a.pkl));
+  Unpickler u(pkl, file, /*objects=*/true);
   const ValuePtr root = u.run();
   TreeBuilder tb{a, file, storages_};
   root_ = tb.build(root, "", 0);
