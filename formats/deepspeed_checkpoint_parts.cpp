@@ -38,6 +38,18 @@ nlohmann::json to_json(const TorchValue& v) {
   }
 }
 
+// The JSON text of a pickled dict (ds_config, lr_scheduler). The unpickler takes a str's bytes as
+// they are, where Python's decodes them as UTF-8 and refuses the file otherwise; JSON text must be
+// UTF-8, so such a string is refused here, by name, as torch.load would refuse it (nlohmann's
+// type_error is no answer a caller of the reader expects).
+std::string json_text(const TorchValue& v) {
+  try {
+    return to_json(v).dump();
+  } catch (const nlohmann::json::type_error&) {
+    fail("DeepSpeed checkpoint file '{}': '{}' holds a string that is not UTF-8 (torch.load refuses such a file)", v.file, v.where);
+  }
+}
+
 }  // namespace
 
 namespace deepspeed_parts {
@@ -127,7 +139,7 @@ int zero_stage_of(const TorchValue& zs) {
 
 void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
   if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict()) {
-    st.ds_config_json = to_json(*c).dump();
+    st.ds_config_json = json_text(*c);
     if (const TorchValue* o = c->find("optimizer"); o != nullptr && o->is_dict()) {
       if (const TorchValue* t = o->find("type"); t != nullptr && t->kind == TorchValue::Kind::string) {
         st.optimizer_type = t->s;
@@ -140,7 +152,7 @@ void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
     const std::int64_t x = v != nullptr && !v->is_none() ? v->as_int() : 0;
     (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
   }
-  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
+  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = json_text(*l);
 }
 
 int config_zero_stage(const TorchValue& root) {
