@@ -56,8 +56,15 @@ std::vector<float> join(const std::vector<Piece>& pieces, std::int64_t need, con
   std::int64_t padding = 0;
   for (const Piece& p : pieces) {
     if (p.padding < 0) fail("DeepSpeed checkpoint file '{}': {} has a negative padding {} (corrupt group_paddings)", p.file, what, p.padding);
-    padding += p.padding;
     out.insert(out.end(), p.values.begin(), p.values.end());
+    // The padding lies at the group's tail, possibly over several ranks' pieces (BF16_Optimizer
+    // counts it all on the last rank), so it never exceeds the values up to its rank: more is
+    // corrupt, and would let the sum overflow.
+    if (p.padding > static_cast<std::int64_t>(out.size()) - padding) {
+      fail("DeepSpeed checkpoint file '{}': {} has a padding of {}, more than the {} values of the ranks up to it (corrupt group_paddings)", p.file,
+           what, p.padding, out.size());
+    }
+    padding += p.padding;
   }
   if (static_cast<std::int64_t>(out.size()) - padding != need) {
     fail(
