@@ -5,6 +5,7 @@
 #include <cctype>
 #include <map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/error.h"
@@ -78,14 +79,20 @@ std::string dtype_name(const std::string& st) {
   return st;
 }
 
-// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor).
+// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor). A
+// float outside int64's range (or NaN) is refused: converting it is undefined behaviour.
 std::int64_t scalar_int(const TorchPickle& file, const TorchValue& v) {
+  if (v.kind == TorchValue::Kind::integer || v.kind == TorchValue::Kind::boolean) return v.as_int();
+  double d = 0;
   if (v.is_tensor()) {
-    const std::vector<double> d = file.read_f64(v);
-    if (d.size() != 1) v.fail_here(" is a tensor of " + std::to_string(d.size()) + " elements, not a scalar");
-    return static_cast<std::int64_t>(d[0]);
+    const std::vector<double> t = file.read_f64(v);
+    if (t.size() != 1) v.fail_here(" is a tensor of " + std::to_string(t.size()) + " elements, not a scalar");
+    d = t[0];
+  } else {
+    d = v.as_double();
   }
-  return static_cast<std::int64_t>(v.as_double());
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) v.fail_here(fmt::format(" is {}, not a count (outside int64's range)", d));
+  return static_cast<std::int64_t>(d);
 }
 
 void read_param_group(const TorchValue& g, DeepSpeedTrainingState& st) {
