@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -353,6 +354,29 @@ TEST_F(DeepSpeedWriterTest, RefusesBeforeWritingAnything) {
   st = good;
   st.lr_scheduler_json = "{not json";
   EXPECT_NE(error_of(st, {0, 1, "fp32"}).find("lr_scheduler_json is not JSON"), std::string::npos);
+}
+
+
+// A universal checkpoint's parameter names are folders under zero/: a param_shapes name that is a
+// path ("../x": here the writer put the folder beside zero/, inside the tag folder) is refused by
+// the reader instead of read from outside zero/.
+TEST_F(DeepSpeedWriterTest, AUniversalParameterNameThatIsAPathIsRefused) {
+  DeepSpeedTrainingState st = known_state();
+  const std::string from = st.names.back(), to = "../outside.bias";
+  std::replace(st.names.begin(), st.names.end(), from, to);
+  for (auto& g : st.groups) std::replace(g.names.begin(), g.names.end(), from, to);
+  const auto rename = [&](auto& m) { m[to] = m.at(from), m.erase(from); };
+  rename(st.shapes);
+  rename(st.master);
+  for (auto& [key, m] : st.optimizer_states) rename(m);
+  write_universal_checkpoint(dir_ / "u", st, DeepSpeedSaveLayout{2, 1, "fp32"});
+  ASSERT_TRUE(fs::exists(dir_ / "u" / st.tag / "outside.bias" / "fp32.pt"));
+  try {
+    (void)read_deepspeed_checkpoint(dir_ / "u");
+    ADD_FAILURE() << "read a parameter from outside zero/";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("names the parameter '../outside.bias', which is not one folder name under zero/"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
