@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -517,7 +518,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
       std::smatch m;
       const std::string f = e.path().filename().string();
       if (std::regex_match(f, m, re)) {
-        files[std::stoi(m[2].str())] = e.path();
+        // A rank number past int (a stray or hostile file name) is an Error, not std::stoi's out_of_range.
+        const std::string digits = m[2].str();
+        int r = 0;
+        if (const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), r); err != std::errc()) {
+          fail("DeepSpeed checkpoint '{}': the rank file '{}' has a rank number out of range", st.dir.string(), f);
+        }
+        files[r] = e.path();
         prefix = m[1].str();
       }
     }

@@ -379,5 +379,21 @@ TEST_F(DeepSpeedWriterTest, AUniversalParameterNameThatIsAPathIsRefused) {
   }
 }
 
+
+// A rank file whose rank number does not fit an int (a stray file beside the real ones) is an Error
+// naming it, not an exception of another kind.
+TEST_F(DeepSpeedWriterTest, ARankFileNumberPastIntIsAnError) {
+  write_deepspeed_checkpoint(dir_ / "s1", known_state(), DeepSpeedSaveLayout{1, 1, "fp32"});
+  const fs::path stray = dir_ / "s1" / "global_step10" / "zero_pp_rank_99999999999_mp_rank_00_optim_states.pt";
+  std::ofstream(stray) << "x";
+  try {
+    (void)read_deepspeed_checkpoint(dir_ / "s1");
+    ADD_FAILURE() << "read a folder with a rank file past int";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_pp_rank_99999999999_mp_rank_00_optim_states.pt' has a rank number out of range"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dstrain
