@@ -388,6 +388,12 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   }
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
+  // A pickle may hold a key twice (Python's dict would keep the last); a name twice in param_shapes
+  // or the module would have its values taken apart twice and handed on once empty: corrupt.
+  if (const std::string twice = first_repeated(raw_names); !twice.empty()) {
+    fail("DeepSpeed checkpoint file '{}': the parameter '{}' is named twice ({})", model_file.string(), twice,
+         groups.empty() ? "in 'module'" : "in param_shapes");
+  }
   // Names as the engine reads them: the "module." of a wrapped model dropped.
   const bool wrapped = std::all_of(raw_names.begin(), raw_names.end(), [](const std::string& n) { return n.starts_with("module."); });
   const std::function<std::string(const std::string&)> bare = [wrapped](const std::string& n) { return wrapped ? n.substr(7) : n; };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,13 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
     n *= d;
   }
   return n;
+}
+
+std::string first_repeated(const std::vector<std::string>& names) {
+  std::set<std::string> seen;
+  for (const std::string& n : names)
+    if (!seen.insert(n).second) return n;
+  return "";
 }
 
 std::vector<std::int64_t> shape_of(const TorchValue& v) {

@@ -16,6 +16,8 @@ namespace dstrain::deepspeed_parts {
 
 // Elements of a saved shape; Error on a negative or absurdly large size (a corrupt file).
 std::int64_t numel_of(const std::vector<std::int64_t>& shape);
+// The first name that appears twice in `names`, "" if none.
+std::string first_repeated(const std::vector<std::string>& names);
 // A torch.Size / tuple / tensor's shape.
 std::vector<std::int64_t> shape_of(const TorchValue& v);
 // "F32" -> "fp32", "F16" -> "fp16", "BF16" -> "bf16".

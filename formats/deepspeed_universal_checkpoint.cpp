@@ -155,6 +155,8 @@ void read_universal_checkpoint(DeepSpeedTrainingState& st) {
     }
   }
   if (raw_names.empty()) fail("DeepSpeed universal checkpoint file '{}': param_shapes name no parameters", model_file.string());
+  if (const std::string twice = first_repeated(raw_names); !twice.empty())
+    fail("DeepSpeed universal checkpoint file '{}': param_shapes name the parameter '{}' twice", model_file.string(), twice);
 
   // The module's dtype (its weights are not read: load_universal casts the fp32 masters into them).
   if (const TorchValue* m = root.find("module"); m != nullptr && m->is_dict())
