@@ -14,8 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "formats/deepspeed_checkpoint.h"
 #include "ops/error.h"
@@ -27,12 +29,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!dstrain::fuzz::deepspeed_fuzz_unpack(std::string_view(reinterpret_cast<const char*>(data), size), root)) return 0;
   try {
     const dstrain::DeepSpeedTrainingState st = dstrain::read_deepspeed_checkpoint(root);
-    // What the reader hands on must be whole: every name with a shape and values of that size.
+    // What the reader hands on must be whole (its callers index by these sizes): every name once,
+    // with a shape, and its master, module weights and optimizer states of that many values; every
+    // group member a name.
+    std::set<std::string> names;
     for (const std::string& n : st.names) {
+      if (!names.insert(n).second) __builtin_trap();
       std::int64_t numel = 1;
       for (const std::int64_t d : st.shapes.at(n)) numel *= d;
-      if (st.master.at(n).size() != static_cast<std::size_t>(numel)) __builtin_trap();
+      const auto whole = [numel](const std::vector<float>& v) { return v.size() == static_cast<std::size_t>(numel); };
+      if (!whole(st.master.at(n)) || !whole(st.module.at(n))) __builtin_trap();
+      for (const auto& [key, per_name] : st.optimizer_states)
+        if (const auto it = per_name.find(n); it != per_name.end() && !whole(it->second)) __builtin_trap();
     }
+    for (const dstrain::DeepSpeedParamGroup& g : st.groups)
+      for (const std::string& n : g.names)
+        if (!names.contains(n)) __builtin_trap();
   } catch (const dstrain::Error&) {
   }
   return 0;
