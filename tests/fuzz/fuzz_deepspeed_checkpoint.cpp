@@ -27,6 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   namespace fs = std::filesystem;
   static const fs::path root = fs::temp_directory_path() / ("dstrain_fuzz_ds_ckpt_" + std::to_string(::getpid()));
   if (!dstrain::fuzz::deepspeed_fuzz_unpack(std::string_view(reinterpret_cast<const char*>(data), size), root)) return 0;
+  // `--resume DIR` asks this first (it reads `latest` and looks for the tag's files); a bool, never a throw.
+  (void)dstrain::is_deepspeed_checkpoint(root);
   try {
     const dstrain::DeepSpeedTrainingState st = dstrain::read_deepspeed_checkpoint(root);
     // What the reader hands on must be whole (its callers index by these sizes): every name once,
