@@ -388,6 +388,7 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   }
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
+  for (const std::string& n : raw_names) check_param_name(n, model_file.string());  // (the state may be written as a universal folder)
   // A pickle may hold a key twice (Python's dict would keep the last); a name twice in param_shapes
   // or the module would have its values taken apart twice and handed on once empty: corrupt.
   if (const std::string twice = first_repeated(raw_names); !twice.empty()) {

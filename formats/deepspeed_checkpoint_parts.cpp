@@ -72,6 +72,14 @@ std::string first_repeated(const std::vector<std::string>& names) {
   return "";
 }
 
+void check_param_name(const std::string& n, const std::string& file) {
+  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n.find('\0') != std::string::npos) {
+    fail("DeepSpeed checkpoint file '{}': the parameter name '{}' is not one folder name (empty, '.', '..' or a path), which a universal "
+         "checkpoint keeps it under zero/ as",
+         file, n);
+  }
+}
+
 std::vector<std::int64_t> shape_of(const TorchValue& v) {
   std::vector<std::int64_t> s;
   if (v.is_tensor()) return v.as_tensor().shape;

@@ -140,15 +140,10 @@ void read_universal_checkpoint(DeepSpeedTrainingState& st) {
     if (!shapes.is_dict()) shapes.fail_here(" is not a dict of parameter shapes");
     groups.emplace_back();
     for (const auto& [k, v] : shapes.pairs) {
-      // Each name is a folder under zero/: one that is not one folder name ("", ".", "..", a path,
-      // absolute or with "..") would have the reader take files from outside zero/ — elsewhere in
-      // the checkpoint or anywhere on the machine.
+      // Each name is a folder under zero/: one that is a path would have the reader take files
+      // from outside zero/ — elsewhere in the checkpoint or anywhere on the machine.
       const std::string& n = k.as_string();
-      if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n.find('\0') != std::string::npos) {
-        fail("DeepSpeed universal checkpoint file '{}': param_shapes names the parameter '{}', which is not one folder name under zero/ (empty, "
-             "'.', '..' or a path)",
-             model_file.string(), n);
-      }
+      check_param_name(n, model_file.string());
       groups.back().push_back(n);
       raw_names.push_back(k.s);
       want[k.s] = shape_of(v);

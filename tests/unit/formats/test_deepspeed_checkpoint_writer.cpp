@@ -359,8 +359,9 @@ TEST_F(DeepSpeedWriterTest, RefusesBeforeWritingAnything) {
 
 // A universal checkpoint's parameter names are folders under zero/: a param_shapes name that is a
 // path ("../x": here the writer put the folder beside zero/, inside the tag folder) is refused by
-// the reader instead of read from outside zero/.
-TEST_F(DeepSpeedWriterTest, AUniversalParameterNameThatIsAPathIsRefused) {
+// the reader instead of read from outside zero/. A save_checkpoint folder's names are refused
+// alike: its state may be written as a universal folder (dstrain export), whose folders they name.
+TEST_F(DeepSpeedWriterTest, AParameterNameThatIsAPathIsRefused) {
   DeepSpeedTrainingState st = known_state();
   const std::string from = st.names.back(), to = "../outside.bias";
   std::replace(st.names.begin(), st.names.end(), from, to);
@@ -371,14 +372,17 @@ TEST_F(DeepSpeedWriterTest, AUniversalParameterNameThatIsAPathIsRefused) {
   for (auto& [key, m] : st.optimizer_states) rename(m);
   write_universal_checkpoint(dir_ / "u", st, DeepSpeedSaveLayout{2, 1, "fp32"});
   ASSERT_TRUE(fs::exists(dir_ / "u" / st.tag / "outside.bias" / "fp32.pt"));
-  try {
-    (void)read_deepspeed_checkpoint(dir_ / "u");
-    ADD_FAILURE() << "read a parameter from outside zero/";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("names the parameter '../outside.bias', which is not one folder name under zero/"), std::string::npos) << e.what();
+  write_deepspeed_checkpoint(dir_ / "s2", st, DeepSpeedSaveLayout{2, 2, "fp16"});
+  for (const char* folder : {"u", "s2"}) {
+    SCOPED_TRACE(folder);
+    try {
+      (void)read_deepspeed_checkpoint(dir_ / folder);
+      ADD_FAILURE() << "read a parameter named by a path";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the parameter name '../outside.bias' is not one folder name"), std::string::npos) << e.what();
+    }
   }
 }
-
 
 // A rank file whose rank number does not fit an int (a stray file beside the real ones) is an Error
 // naming it, not an exception of another kind.
