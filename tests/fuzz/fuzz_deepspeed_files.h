@@ -4,14 +4,15 @@
 // cannot disagree on the layout.
 //
 // The first byte picks the layout (its low two bits) and whether the optimizer files carry the
-// "bf16_" prefix (bit 2); the rest is the folder's files joined by kSeparator, in the layout's
+// "bf16_" prefix (bit 2; universal: whether its model states file is ZeRO-3's rank-0 one); the rest is the folder's files joined by kSeparator, in the layout's
 // order. `latest` / `latest_universal` is the harness's own (it names the tag folder "t"): the tag's
 // resolution is text checks, the folder's contents are what is fuzzed. A part left empty is a file
 // not written (stage 0 is the save_checkpoint layout with the model states alone).
 //   save1:     mp_rank_00_model_states.pt, zero_pp_rank_0_mp_rank_00_optim_states.pt
 //   save2:     the same with rank 1's optimizer file after rank 0's
 //   zero3:     zero_pp_rank_0_mp_rank_00_model_states.pt, the optimizer files of ranks 0 and 1
-//   universal: mp_rank_00_model_states.pt, zero/optimizer_state.pt, then per parameter five parts:
+//   universal: mp_rank_00_model_states.pt (bit 2: zero_pp_rank_0_mp_rank_00_model_states.pt, as
+//              converted from ZeRO-3), zero/optimizer_state.pt, then per parameter five parts:
 //              its folder's name and zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt, step.pt
 #pragma once
 
@@ -38,7 +39,8 @@ inline std::vector<std::string> deepspeed_fuzz_files(std::uint8_t first) {
     case kSave1: return {"mp_rank_00_model_states.pt", optim(0)};
     case kSave2: return {"mp_rank_00_model_states.pt", optim(0), optim(1)};
     case kZero3: return {"zero_pp_rank_0_mp_rank_00_model_states.pt", optim(0), optim(1)};
-    default: return {"mp_rank_00_model_states.pt", "zero/optimizer_state.pt"};
+    default:
+      return {(first & kBf16Prefix) != 0 ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt", "zero/optimizer_state.pt"};
   }
 }
 

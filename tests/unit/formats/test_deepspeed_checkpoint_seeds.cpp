@@ -2,7 +2,7 @@
 // are the project's DeepSpeed writer's folders (formats/deepspeed_checkpoint_writer.h) for a model of
 // three small parameters in two groups, packed as the fuzz target unpacks them
 // (tests/fuzz/fuzz_deepspeed_files.h): ZeRO 1 fp16 on 2 ranks, ZeRO 2 bf16 on 1, ZeRO 3 fp32 on 2,
-// stage 0 fp16, and the universal form of the ZeRO 2 folder. This test writes them again and
+// stage 0 fp16 and fp32, and the universal forms of a ZeRO 2 and a ZeRO 3 folder. This test writes them again and
 // compares byte for byte, so the corpus cannot drift from the writer, and unpacks each seed and
 // reads it back, so a seed is a folder the reader takes. To regenerate after a deliberate change
 // of the format:
@@ -77,6 +77,10 @@ TEST(DeepSpeedCheckpointSeeds, TheFuzzSeedsAreThisWritersOutputAndReadBack) {
       {"writer_zero3_fp32_dp2.bin", kZero3, {3, 2, "fp32"}},
       {"writer_stage0_fp16.bin", kSave1, {0, 1, "fp16"}},
       {"writer_universal_zero2.bin", kUniversal, {2, 1, "fp32"}, true},
+      // Beyond those, the two other code paths of the reader: stage 0's torch optimizer (fp32, no
+      // flat groups) and universal's flat ZeRO-3 tensors.
+      {"writer_stage0_fp32.bin", kSave1, {0, 1, "fp32"}},
+      {"writer_universal_zero3_dp2.bin", static_cast<std::uint8_t>(kUniversal | kBf16Prefix), {3, 2, "fp32"}, true},
   };
   for (const Seed& s : seeds) {
     SCOPED_TRACE(s.name);
