@@ -74,8 +74,8 @@ std::string first_repeated(const std::vector<std::string>& names) {
 
 void check_param_name(const std::string& n, const std::string& file) {
   if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n.find('\0') != std::string::npos) {
-    fail("DeepSpeed checkpoint file '{}': the parameter name '{}' is not one folder name (empty, '.', '..' or a path), which a universal "
-         "checkpoint keeps it under zero/ as",
+    fail("DeepSpeed checkpoint file '{}': the parameter name '{}' is not one folder name (empty, '.', '..' or a path), as a universal "
+         "checkpoint's zero/<name>/ needs",
          file, n);
   }
 }
