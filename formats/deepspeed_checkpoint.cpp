@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -56,8 +57,15 @@ std::vector<float> join(const std::vector<Piece>& pieces, std::int64_t need, con
   std::int64_t padding = 0;
   for (const Piece& p : pieces) {
     if (p.padding < 0) fail("DeepSpeed checkpoint file '{}': {} has a negative padding {} (corrupt group_paddings)", p.file, what, p.padding);
-    padding += p.padding;
     out.insert(out.end(), p.values.begin(), p.values.end());
+    // The padding lies at the group's tail, possibly over several ranks' pieces (BF16_Optimizer
+    // counts it all on the last rank), so it never exceeds the values up to its rank: more is
+    // corrupt, and would let the sum overflow.
+    if (p.padding > static_cast<std::int64_t>(out.size()) - padding) {
+      fail("DeepSpeed checkpoint file '{}': {} has a padding of {}, more than the {} values of the ranks up to it (corrupt group_paddings)", p.file,
+           what, p.padding, out.size());
+    }
+    padding += p.padding;
   }
   if (static_cast<std::int64_t>(out.size()) - padding != need) {
     fail(
@@ -380,6 +388,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   }
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
+  for (const std::string& n : raw_names) check_param_name(n, model_file.string());  // (the state may be written as a universal folder)
+  // A pickle may hold a key twice (Python's dict would keep the last); a name twice in param_shapes
+  // or the module would have its values taken apart twice and handed on once empty: corrupt.
+  if (const std::string twice = first_repeated(raw_names); !twice.empty()) {
+    fail("DeepSpeed checkpoint file '{}': the parameter '{}' is named twice ({})", model_file.string(), twice,
+         groups.empty() ? "in 'module'" : "in param_shapes");
+  }
   // Names as the engine reads them: the "module." of a wrapped model dropped.
   const bool wrapped = std::all_of(raw_names.begin(), raw_names.end(), [](const std::string& n) { return n.starts_with("module."); });
   const std::function<std::string(const std::string&)> bare = [wrapped](const std::string& n) { return wrapped ? n.substr(7) : n; };
@@ -510,7 +525,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
       std::smatch m;
       const std::string f = e.path().filename().string();
       if (std::regex_match(f, m, re)) {
-        files[std::stoi(m[2].str())] = e.path();
+        // A rank number past int (a stray or hostile file name) is an Error, not std::stoi's out_of_range.
+        const std::string digits = m[2].str();
+        int r = 0;
+        if (const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), r); err != std::errc()) {
+          fail("DeepSpeed checkpoint '{}': the rank file '{}' has a rank number out of range", st.dir.string(), f);
+        }
+        files[r] = e.path();
         prefix = m[1].str();
       }
     }

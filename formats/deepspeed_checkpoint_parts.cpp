@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/error.h"
@@ -38,6 +40,18 @@ nlohmann::json to_json(const TorchValue& v) {
   }
 }
 
+// The JSON text of a pickled dict (ds_config, lr_scheduler). The unpickler takes a str's bytes as
+// they are, where Python's decodes them as UTF-8 and refuses the file otherwise; JSON text must be
+// UTF-8, so such a string is refused here, by name, as torch.load would refuse it (nlohmann's
+// type_error is no answer a caller of the reader expects).
+std::string json_text(const TorchValue& v) {
+  try {
+    return to_json(v).dump();
+  } catch (const nlohmann::json::type_error&) {
+    fail("DeepSpeed checkpoint file '{}': '{}' holds a string that is not UTF-8 (torch.load refuses such a file)", v.file, v.where);
+  }
+}
+
 }  // namespace
 
 namespace deepspeed_parts {
@@ -49,6 +63,21 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
     n *= d;
   }
   return n;
+}
+
+std::string first_repeated(const std::vector<std::string>& names) {
+  std::set<std::string> seen;
+  for (const std::string& n : names)
+    if (!seen.insert(n).second) return n;
+  return "";
+}
+
+void check_param_name(const std::string& n, const std::string& file) {
+  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n.find('\0') != std::string::npos) {
+    fail("DeepSpeed checkpoint file '{}': the parameter name '{}' is not one folder name (empty, '.', '..' or a path), as a universal "
+         "checkpoint's zero/<name>/ needs",
+         file, n);
+  }
 }
 
 std::vector<std::int64_t> shape_of(const TorchValue& v) {
@@ -66,14 +95,20 @@ std::string dtype_name(const std::string& st) {
   return st;
 }
 
-// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor).
+// A scalar saved as a number or a one-element tensor (torch's Adam keeps `step` as a tensor). A
+// float outside int64's range (or NaN) is refused: converting it is undefined behaviour.
 std::int64_t scalar_int(const TorchPickle& file, const TorchValue& v) {
+  if (v.kind == TorchValue::Kind::integer || v.kind == TorchValue::Kind::boolean) return v.as_int();
+  double d = 0;
   if (v.is_tensor()) {
-    const std::vector<double> d = file.read_f64(v);
-    if (d.size() != 1) v.fail_here(" is a tensor of " + std::to_string(d.size()) + " elements, not a scalar");
-    return static_cast<std::int64_t>(d[0]);
+    const std::vector<double> t = file.read_f64(v);
+    if (t.size() != 1) v.fail_here(" is a tensor of " + std::to_string(t.size()) + " elements, not a scalar");
+    d = t[0];
+  } else {
+    d = v.as_double();
   }
-  return static_cast<std::int64_t>(v.as_double());
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) v.fail_here(fmt::format(" is {}, not a count (outside int64's range)", d));
+  return static_cast<std::int64_t>(d);
 }
 
 void read_param_group(const TorchValue& g, DeepSpeedTrainingState& st) {
@@ -127,7 +162,7 @@ int zero_stage_of(const TorchValue& zs) {
 
 void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
   if (const TorchValue* c = root.find("ds_config"); c != nullptr && c->is_dict()) {
-    st.ds_config_json = to_json(*c).dump();
+    st.ds_config_json = json_text(*c);
     if (const TorchValue* o = c->find("optimizer"); o != nullptr && o->is_dict()) {
       if (const TorchValue* t = o->find("type"); t != nullptr && t->kind == TorchValue::Kind::string) {
         st.optimizer_type = t->s;
@@ -140,8 +175,8 @@ void read_run_state(const TorchValue& root, DeepSpeedTrainingState& st) {
     const std::int64_t x = v != nullptr && !v->is_none() ? v->as_int() : 0;
     (std::string(k) == "global_steps" ? st.global_steps : std::string(k) == "global_samples" ? st.global_samples : st.skipped_steps) = x;
   }
-  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = to_json(*l).dump();
-  if (const TorchValue* d = root.find("dstrain"); d != nullptr && d->is_dict()) st.dstrain_json = to_json(*d).dump();
+  if (const TorchValue* l = root.find("lr_scheduler"); l != nullptr && !l->is_none()) st.lr_scheduler_json = json_text(*l);
+  if (const TorchValue* d = root.find("dstrain"); d != nullptr && d->is_dict()) st.dstrain_json = json_text(*d);
 }
 
 int config_zero_stage(const TorchValue& root) {

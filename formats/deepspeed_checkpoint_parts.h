@@ -16,6 +16,12 @@ namespace dstrain::deepspeed_parts {
 
 // Elements of a saved shape; Error on a negative or absurdly large size (a corrupt file).
 std::int64_t numel_of(const std::vector<std::int64_t>& shape);
+// The first name that appears twice in `names`, "" if none.
+std::string first_repeated(const std::vector<std::string>& names);
+// Error unless the parameter name `n` (of `file`) is one folder name: not empty, ".", ".." or a
+// path. A universal checkpoint keeps each parameter in zero/<name>/, and a state read from any
+// folder may be written as one (dstrain export): a name that is a path would reach outside it.
+void check_param_name(const std::string& n, const std::string& file);
 // A torch.Size / tuple / tensor's shape.
 std::vector<std::int64_t> shape_of(const TorchValue& v);
 // "F32" -> "fp32", "F16" -> "fp16", "BF16" -> "bf16".

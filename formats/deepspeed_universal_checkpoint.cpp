@@ -140,12 +140,18 @@ void read_universal_checkpoint(DeepSpeedTrainingState& st) {
     if (!shapes.is_dict()) shapes.fail_here(" is not a dict of parameter shapes");
     groups.emplace_back();
     for (const auto& [k, v] : shapes.pairs) {
-      groups.back().push_back(k.as_string());
+      // Each name is a folder under zero/: one that is a path would have the reader take files
+      // from outside zero/ — elsewhere in the checkpoint or anywhere on the machine.
+      const std::string& n = k.as_string();
+      check_param_name(n, model_file.string());
+      groups.back().push_back(n);
       raw_names.push_back(k.s);
       want[k.s] = shape_of(v);
     }
   }
   if (raw_names.empty()) fail("DeepSpeed universal checkpoint file '{}': param_shapes name no parameters", model_file.string());
+  if (const std::string twice = first_repeated(raw_names); !twice.empty())
+    fail("DeepSpeed universal checkpoint file '{}': param_shapes name the parameter '{}' twice", model_file.string(), twice);
 
   // The module's dtype (its weights are not read: load_universal casts the fp32 masters into them).
   if (const TorchValue* m = root.find("module"); m != nullptr && m->is_dict())

@@ -13,9 +13,10 @@
 #                                        then runs SECONDS (default 60) from its seed corpus; a crash is
 #                                        saved in build-asan/artifacts/
 #   bash scripts/gates.sh fuzz-fixed [RUNS]  the same, but reproducible: every target runs exactly RUNS
-#                                        inputs (default 60000; fuzz_checkpoint a quarter) from seed 1, starting from the committed
-#                                        corpus only. CI runs this form, so a CI result is the result any
-#                                        machine gets; the timed form is for hunting new bugs.
+#                                        inputs (default 60000; fuzz_checkpoint and fuzz_deepspeed_checkpoint
+#                                        a quarter) from seed 1, starting from the committed corpus only. CI
+#                                        runs this form, so a CI result is the result any machine gets; the
+#                                        timed form is for hunting new bugs.
 #
 #   DSTRAIN_GATES_JOBS=N   build and test jobs (default: nproc)
 #   DSTRAIN_GATES_TARGETS="test_a test_b"   asan: build and run only these test programs
@@ -137,7 +138,7 @@ gate_fuzz() {
   # net far above what the runs take.
   local budget=(-max_total_time="$amount")
   local targets=(fuzz_ds_config fuzz_hf_config fuzz_token_file fuzz_safetensors fuzz_jsonl fuzz_hf_tokenizer fuzz_torch_state_dict
-                 fuzz_checkpoint)
+                 fuzz_checkpoint fuzz_deepspeed_checkpoint)
   say "fuzz: configuring and building the libFuzzer targets in $dir (clang; nothing to do after the asan gate)"
   configure_asan
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
@@ -156,10 +157,11 @@ gate_fuzz() {
     local work="$dir/corpus/$name"
     if [ "$mode" = fixed ]; then
       rm -rf "$work"
-      # fuzz_checkpoint writes and reads a checkpoint folder per input: ~10x slower than the others,
-      # so a quarter of the runs keeps it near their time (~100 s on CI's 2 cores).
+      # fuzz_checkpoint and fuzz_deepspeed_checkpoint write and read a checkpoint folder per input
+      # (~6 ms each, ~10x the others), so a quarter of the runs keeps them near their time (~100 s
+      # on CI's 2 cores).
       local runs="$amount"
-      [ "$t" = fuzz_checkpoint ] && runs=$((amount / 4))
+      case "$t" in fuzz_checkpoint | fuzz_deepspeed_checkpoint) runs=$((amount / 4)) ;; esac
       budget=(-seed=1 -runs="$runs" -max_total_time=900)
     fi
     mkdir -p "$work"

@@ -56,7 +56,8 @@ fi
 #     tests, ~0.25 s of ASan start-up each)
 #   TSan, 4 test programs: 4.9 min (mostly building the libraries under TSan, g++)
 #   fuzz-fixed: 3.5 min (8 targets x 60000 inputs from seed 1, fuzz_checkpoint 15000; built
-#     above). A fixed seed and count, not a time: a timed run tries different inputs on every
+#     above); fuzz_deepspeed_checkpoint's 15000 added ~0.7-1.5 min (2026-12-07, 40-90 s on a
+#     shared 2-core machine; not yet timed in CI). A fixed seed and count, not a time: a timed run tries different inputs on every
 #     machine, so CI could fail on a bug no developer run had met (2026-11-27: a zip64 overflow
 #     found at CI's 30 s).
 #   Total ~40 min (2026-12-01, before the shared build: ~49 min, CI 2952 s).

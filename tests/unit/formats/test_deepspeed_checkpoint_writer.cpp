@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -353,6 +354,49 @@ TEST_F(DeepSpeedWriterTest, RefusesBeforeWritingAnything) {
   st = good;
   st.lr_scheduler_json = "{not json";
   EXPECT_NE(error_of(st, {0, 1, "fp32"}).find("lr_scheduler_json is not JSON"), std::string::npos);
+}
+
+
+// A universal checkpoint's parameter names are folders under zero/: a param_shapes name that is a
+// path ("../x": here the writer put the folder beside zero/, inside the tag folder) is refused by
+// the reader instead of read from outside zero/. A save_checkpoint folder's names are refused
+// alike: its state may be written as a universal folder (dstrain export), whose folders they name.
+TEST_F(DeepSpeedWriterTest, AParameterNameThatIsAPathIsRefused) {
+  DeepSpeedTrainingState st = known_state();
+  const std::string from = st.names.back(), to = "../outside.bias";
+  std::replace(st.names.begin(), st.names.end(), from, to);
+  for (auto& g : st.groups) std::replace(g.names.begin(), g.names.end(), from, to);
+  const auto rename = [&](auto& m) { m[to] = m.at(from), m.erase(from); };
+  rename(st.shapes);
+  rename(st.master);
+  for (auto& [key, m] : st.optimizer_states) rename(m);
+  write_universal_checkpoint(dir_ / "u", st, DeepSpeedSaveLayout{2, 1, "fp32"});
+  ASSERT_TRUE(fs::exists(dir_ / "u" / st.tag / "outside.bias" / "fp32.pt"));
+  write_deepspeed_checkpoint(dir_ / "s2", st, DeepSpeedSaveLayout{2, 2, "fp16"});
+  for (const char* folder : {"u", "s2"}) {
+    SCOPED_TRACE(folder);
+    try {
+      (void)read_deepspeed_checkpoint(dir_ / folder);
+      ADD_FAILURE() << "read a parameter named by a path";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the parameter name '../outside.bias' is not one folder name"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A rank file whose rank number does not fit an int (a stray file beside the real ones) is an Error
+// naming it, not an exception of another kind.
+TEST_F(DeepSpeedWriterTest, ARankFileNumberPastIntIsAnError) {
+  write_deepspeed_checkpoint(dir_ / "s1", known_state(), DeepSpeedSaveLayout{1, 1, "fp32"});
+  const fs::path stray = dir_ / "s1" / "global_step10" / "zero_pp_rank_99999999999_mp_rank_00_optim_states.pt";
+  std::ofstream(stray) << "x";
+  try {
+    (void)read_deepspeed_checkpoint(dir_ / "s1");
+    ADD_FAILURE() << "read a folder with a rank file past int";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_pp_rank_99999999999_mp_rank_00_optim_states.pt' has a rank number out of range"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
