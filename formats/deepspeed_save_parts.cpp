@@ -85,6 +85,9 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
   std::set<std::string> seen;
   for (const std::string& n : st.names) {
     if (n.empty() || !seen.insert(n).second) fail("DeepSpeed checkpoint writer: parameter name '{}' is empty or listed twice", n);
+    // A universal checkpoint makes each name a folder under zero/, and the reader refuses a name
+    // that is a path in either layout: none is written.
+    if (!valid_tag(n)) fail("DeepSpeed checkpoint writer: parameter name '{}' is not one folder name ('.', '..' or a path)", n);
     const auto sh = st.shapes.find(n);
     if (sh == st.shapes.end()) fail("DeepSpeed checkpoint writer: parameter '{}' has no shape", n);
     const std::int64_t numel = numel_of(sh->second);

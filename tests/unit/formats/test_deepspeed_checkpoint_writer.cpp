@@ -358,21 +358,41 @@ TEST_F(DeepSpeedWriterTest, RefusesBeforeWritingAnything) {
 
 
 // A universal checkpoint's parameter names are folders under zero/: a param_shapes name that is a
-// path ("../x": here the writer put the folder beside zero/, inside the tag folder) is refused by
-// the reader instead of read from outside zero/. A save_checkpoint folder's names are refused
-// alike: its state may be written as a universal folder (dstrain export), whose folders they name.
+// path ("../x", its folder beside zero/, inside the tag folder) is refused by the reader instead of
+// read from outside zero/. A save_checkpoint folder's names are refused alike: its state may be
+// written as a universal folder (dstrain export), whose folders they name. The writer writes no such
+// name, so the folders are written with "outside.bias" and torch renames it in param_shapes.
 TEST_F(DeepSpeedWriterTest, AParameterNameThatIsAPathIsRefused) {
   DeepSpeedTrainingState st = known_state();
-  const std::string from = st.names.back(), to = "../outside.bias";
+  const std::string from = st.names.back(), to = "outside.bias";
   std::replace(st.names.begin(), st.names.end(), from, to);
   for (auto& g : st.groups) std::replace(g.names.begin(), g.names.end(), from, to);
   const auto rename = [&](auto& m) { m[to] = m.at(from), m.erase(from); };
   rename(st.shapes);
   rename(st.master);
   for (auto& [key, m] : st.optimizer_states) rename(m);
+  DeepSpeedTrainingState bad = st;
+  bad.names.back() = "../outside.bias";
+  try {
+    write_universal_checkpoint(dir_ / "u_bad", bad, DeepSpeedSaveLayout{2, 1, "fp32"});
+    ADD_FAILURE() << "the writer wrote a parameter named by a path";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter name '../outside.bias' is not one folder name"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "u_bad" / "outside.bias"));
   write_universal_checkpoint(dir_ / "u", st, DeepSpeedSaveLayout{2, 1, "fp32"});
-  ASSERT_TRUE(fs::exists(dir_ / "u" / st.tag / "outside.bias" / "fp32.pt"));
+  fs::rename(dir_ / "u" / st.tag / "zero" / "outside.bias", dir_ / "u" / st.tag / "outside.bias");
   write_deepspeed_checkpoint(dir_ / "s2", st, DeepSpeedSaveLayout{2, 2, "fp16"});
+  for (const char* folder : {"u", "s2"}) {
+    const fs::path ms = dir_ / folder / st.tag / "mp_rank_00_model_states.pt";
+    const std::string rename_in_shapes =
+        "/usr/bin/python3 -c \"import sys, torch, collections; sys.path.insert(0, '" DSTRAIN_SOURCE_DIR
+        "/tests/integration'); import deepspeed_checkpoint_fixture; p = '" +
+        ms.string() +
+        "'; sd = torch.load(p); sd['param_shapes'] = [collections.OrderedDict(('../outside.bias' if k == 'outside.bias' else k, v) for k, v in "
+        "g.items()) for g in sd['param_shapes']]; torch.save(sd, p)\"";
+    ASSERT_EQ(std::system(rename_in_shapes.c_str()), 0) << rename_in_shapes;
+  }
   for (const char* folder : {"u", "s2"}) {
     SCOPED_TRACE(folder);
     try {
