@@ -138,7 +138,7 @@ TEST_F(CliHardening, TheProcessKeepsItsName) {
 TEST_F(CliHardening, CommandLineWordingIsDstrains) {
   // "A subcommand is required" named neither the word nor the commands.
   const CliResult bogus = run_dstrain("bogus");
-  expect_exit2_naming(bogus, "unknown command \"bogus\"; the commands are check-config, prepare-data, train, consolidate, io-bench, estimate-memory");
+  expect_exit2_naming(bogus, "unknown command \"bogus\"; the commands are check-config, prepare-data, train, consolidate, export, io-bench, estimate-memory");
   expect_exit2_naming(run_dstrain(""), "no command given; the commands are check-config");
   // "--steps: At Most 1 required but received 2".
   const std::string train = "train --deepspeed_config " + q(dir_ / "ds.json") + " --model gpt2:tiny --data " + q(dir_ / "none.bin");
