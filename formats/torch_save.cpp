@@ -372,24 +372,7 @@ void TorchSaveWriter::save(const std::filesystem::path& path, const TorchValue& 
   const int closed = ::close(fd);
   fd = -1;
   if (closed != 0) give_up("closing", errno);
-  try {
-    check_replaceable(path, "the torch.save file");  // what may have appeared there while writing
-  } catch (const Error&) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot rename '{}' to torch.save file '{}': {}", tmp.string(), file, write_errno_text(error));
-  }
-  // Make the rename itself durable (best effort: some file systems refuse a folder's fsync).
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  commit_temp_file(tmp, path, "the torch.save file");
 }
 
 TorchValue TorchSaveWriter::none() { return TorchValue{}; }

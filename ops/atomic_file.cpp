@@ -116,8 +116,12 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view t
     ::unlink(tmp.c_str());
     fail("writing {} failed: {}", path.string(), write_errno_text(error));
   }
+  commit_temp_file(tmp, path, "the output");
+}
+
+void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path, std::string_view what) {
   try {
-    check_replaceable(path, "the output");  // what may have appeared there while writing
+    check_replaceable(path, what);  // what may have appeared there while writing
   } catch (const Error&) {
     ::unlink(tmp.c_str());
     throw;
@@ -125,8 +129,9 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view t
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     ::unlink(tmp.c_str());
-    fail("cannot move {} to {}: {}", tmp.string(), path.string(), write_errno_text(error));
+    fail("cannot move {} to {} '{}': {}", tmp.string(), what, path.string(), write_errno_text(error));
   }
+  // Make the rename itself durable (best effort: some file systems refuse a folder's fsync).
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

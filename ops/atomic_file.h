@@ -41,4 +41,9 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view t
 // or write to another folder", "... the process's file size limit (ulimit -f)", ...).
 std::string write_errno_text(int error);
 
+// The last step of an atomic write, once `tmp` (temp_path_for(path)) is written, fsynced and closed:
+// checks that `path` is still replaceable (check_replaceable, naming `what`), renames `tmp` over it
+// and fsyncs the folder. On any Error `tmp` is removed and `path` is as it was.
+void commit_temp_file(const std::filesystem::path& tmp, const std::filesystem::path& path, std::string_view what);
+
 }  // namespace dstrain

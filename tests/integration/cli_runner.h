@@ -43,6 +43,19 @@ inline CliResult run_dstrain(const std::string& args, const std::string& prefix 
 }
 
 // Single-quotes a string for the shell.
+// A shell command's output (stdout and stderr together), with "(exit status N)" appended when it did
+// not exit 0 — for the Python (torch) references and fixtures the tests run.
+inline std::string run_shell_output(const std::string& cmd) {
+  std::string output;
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return "popen failed";
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
+  const int status = ::pclose(pipe);
+  if (status != 0) output += "\n(exit status " + std::to_string(status) + ")";
+  return output;
+}
+
 inline std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);

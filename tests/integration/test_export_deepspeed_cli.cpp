@@ -45,17 +45,7 @@ const char* kLlama = "llama:L2-C32-H4-KV2-I48-V257-T32-tied";
 std::string q(const fs::path& p) { return shell_quote(p.string()); }
 
 // Debian's python with torch (/usr/bin/python3; the `python3` on PATH may have none).
-std::string run_python(const std::string& args) {
-  const std::string cmd = "/usr/bin/python3 " + args + " 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return "popen failed";
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  const int status = ::pclose(pipe);
-  if (status != 0) output += "\n(exit status " + std::to_string(status) + ")";
-  return output;
-}
+std::string run_python(const std::string& args) { return dstrain::testing::run_shell_output("/usr/bin/python3 " + args); }
 
 class ExportDeepSpeedCli : public ::testing::Test {
  protected:

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_runner.h"
+
 #include "models/layer_stack.h"
 #include "ops/kernels/adamw.h"
 
@@ -18,15 +20,7 @@ namespace dstrain::torch_reference {
 // /usr/bin/python3 (Debian's, with python3-torch) on `script` (relative to the source tree) with
 // `dir`; its output, and "(exit status N)" appended when it did not exit 0.
 inline std::string run_python(const char* script, const std::filesystem::path& dir) {
-  const std::string cmd = std::string("/usr/bin/python3 " DSTRAIN_SOURCE_DIR "/") + script + " '" + dir.string() + "' 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return "popen failed";
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  const int status = ::pclose(pipe);
-  if (status != 0) output += "\n(exit status " + std::to_string(status) + ")";
-  return output;
+  return dstrain::testing::run_shell_output(std::string("/usr/bin/python3 " DSTRAIN_SOURCE_DIR "/") + script + " '" + dir.string() + "'");
 }
 
 // Five AdamW steps of `m` on one batch (fp32 parameters), decay on the parameters whose spec asks
