@@ -33,12 +33,12 @@ std::int64_t json_int(const config::Json& j, const char* key, std::int64_t other
 
 namespace {
 
-// Where one Hugging Face tensor lies in its dstrain parameter: rows [row, row + rows) of the
-// whole parameter (cols elements each), transposed to Conv1D's (in, out) or not.
+// Where one Hugging Face tensor lies in its dstrain parameter: elements [offset, offset + rows·cols)
+// of the whole parameter, transposed to Conv1D's (in, out) or not.
 struct HfPlace {
   std::string name, param;
   std::vector<std::int64_t> shape;  // as saved
-  std::int64_t row = 0, rows = 0, cols = 0, param_numel = 0;
+  std::int64_t offset = 0, rows = 0, cols = 0, param_numel = 0;
   bool transpose = false, tied = false;
 };
 
@@ -61,7 +61,8 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
     }
   }
   std::vector<HfPlace> out;
-  std::map<std::string, std::int64_t> next_row;  // param -> the first row of its next block
+  std::map<std::string, std::int64_t> next;  // param -> the first element of its next block
+  std::map<std::string, int> blocks;         // param -> how many untied tensors it is
   for (const HfParamName& e : model.hf_param_names()) {
     const auto pit = params.find(e.param);
     if (pit == params.end()) fail("the model's Hugging Face tensor '{}' names no parameter '{}'", e.name, e.param);
@@ -76,26 +77,25 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
     t.rows = hf.empty() ? 1 : hf[0];
     t.cols = hf.size() >= 2 ? whole_numel({hf.begin() + 1, hf.end()}) : 1;
     t.param_numel = whole_numel(p.shape);
-    // A tied name is the owner's tensor again, from its first row; a block of a fused parameter
-    // (q_proj | k_proj | v_proj) the rows after the previous block's.
-    t.row = t.tied ? 0 : next_row[e.param];
-    if (!t.tied) next_row[e.param] = t.row + t.rows;
-    // Only q_proj / k_proj / v_proj are blocks of one dstrain parameter that a DeepSpeed checkpoint
-    // is mapped back from (map_hf_tensors); nothing is written that dstrain could not read again.
-    if (!t.tied && t.row > 0 && e.name.find("q_proj.") == std::string::npos && e.name.find("k_proj.") == std::string::npos &&
-        e.name.find("v_proj.") == std::string::npos)
-      fail("parameter '{}' is several Hugging Face tensors ('{}', ...), which a DeepSpeed checkpoint cannot be written from yet (only q_proj / "
-           "k_proj / v_proj fused into qkv_proj are)",
-           e.param, e.name);
-    if ((t.row + t.rows) * t.cols > t.param_numel)
+    // A tied name is the owner's tensor again, from its first element; otherwise each tensor is the
+    // next block of the parameter's elements (map_hf_tensors' order: q_proj / k_proj / v_proj of
+    // qkv_proj, expert e of a stacked expert weight).
+    t.offset = t.tied ? 0 : next[e.param];
+    if (!t.tied) {
+      next[e.param] = t.offset + t.rows * t.cols;
+      ++blocks[e.param];
+    }
+    if (t.offset + t.rows * t.cols > t.param_numel)
       fail("the Hugging Face tensor '{}' ({}) does not fit parameter '{}' ({})", e.name, fmt::join(hf, "x"), e.param, fmt::join(p.shape, "x"));
     if (t.transpose) std::swap(hf[0], hf[1]);
     t.shape = std::move(hf);
     out.push_back(std::move(t));
   }
   for (const auto& [name, p] : params) {
-    // Rows past the last block are the padded vocabulary rows, dstrain's own (always zero).
-    if (!next_row.contains(name)) fail("parameter '{}' has no Hugging Face name to save it under", name);
+    if (!next.contains(name)) fail("parameter '{}' has no Hugging Face name to save it under", name);
+    // Elements past the last block: only a padded vocabulary's rows (dstrain's own, always zero).
+    if (next.at(name) != whole_numel(p.shape) && blocks.at(name) != 1)
+      fail("the Hugging Face tensors of parameter '{}' cover {} of its {} elements", name, next.at(name), whole_numel(p.shape));
   }
   return out;
 }
@@ -132,9 +132,9 @@ std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<st
       // dstrain's (out, in) rows -> Conv1D's (in, out).
       for (std::int64_t o = 0; o < t.rows; ++o)
         for (std::int64_t i = 0; i < t.cols; ++i)
-          h.values[static_cast<std::size_t>(i * t.rows + o)] = w[static_cast<std::size_t>((t.row + o) * t.cols + i)];
+          h.values[static_cast<std::size_t>(i * t.rows + o)] = w[static_cast<std::size_t>(t.offset + o * t.cols + i)];
     } else {
-      std::copy(w.begin() + t.row * t.cols, w.begin() + (t.row + t.rows) * t.cols, h.values.begin());
+      std::copy(w.begin() + t.offset, w.begin() + t.offset + t.rows * t.cols, h.values.begin());
     }
     out.push_back(std::move(h));
   }

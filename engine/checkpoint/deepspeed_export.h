@@ -3,7 +3,8 @@
 // `dstrain train --save-format deepspeed`. The other direction of engine/checkpoint/deepspeed_resume.h:
 // dstrain's whole parameters and optimizer states put back under their Hugging Face names and
 // shapes (GPT-2's Conv1D weights and their moments transposed to (in, out), Llama's qkv_proj cut
-// into q_proj / k_proj / v_proj, the padded vocabulary rows dropped, a tied lm_head saved in the
+// into q_proj / k_proj / v_proj, a mixture of experts' stacked weights into one tensor per expert,
+// the padded vocabulary rows dropped, a tied lm_head saved in the
 // module's state dict as the embedding), with the counters, the loss scaler, the LR schedule's
 // position and the config — written by formats/deepspeed_checkpoint_writer.h.
 #pragma once
@@ -38,8 +39,8 @@ struct HfTensor {
 std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<std::string, std::vector<float>>& whole, const std::string& what);
 
 // Error, naming the parameter, when the model's parameters cannot all be written under Hugging Face
-// names that dstrain reads back (a parameter without one; blocks of one parameter other than
-// q_proj / k_proj / v_proj), and naming the optimizer when it is not Adam or AdamW (whose states,
+// names that dstrain reads back (a parameter without one, blocks that do not cover their
+// parameter), and naming the optimizer when it is not Adam or AdamW (whose states,
 // as DeepSpeed's FusedAdam keeps them, are what the writer writes) — the pre-flight of --save-format.
 void check_deepspeed_exportable(const Architecture& model, const std::string& optimizer_type);
 

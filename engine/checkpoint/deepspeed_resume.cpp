@@ -36,12 +36,6 @@ const std::string* find_saved(const HfParamName& e, const std::map<std::string, 
   return nullptr;
 }
 
-bool is_qkv_block(const std::string& name) {
-  for (const char* p : {"q_proj.", "k_proj.", "v_proj."})
-    if (name.find(p) != std::string::npos) return true;
-  return false;
-}
-
 // "FusedAdam", "DeepSpeedCPUAdam", "AdamW", "torch.optim.AdamW" -> "adam"; the optimizers whose
 // states and update agree are one family (DeepSpeed's FusedAdam is Adam and AdamW by adam_w_mode).
 std::string optimizer_family(std::string type) {
@@ -84,16 +78,12 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
     const auto bit = blocks.find(pname);
     if (bit == blocks.end()) fail("{}: parameter '{}' has no Hugging Face name to read its {} from", source, pname, what);
     const std::vector<const HfParamName*>& parts = bit->second;
-    if (parts.size() > 1) {
-      for (const HfParamName* e : parts)
-        if (!is_qkv_block(e->name))
-          fail("{}: parameter '{}' is {} Hugging Face tensors ('{}', ...), which a DeepSpeed checkpoint cannot be mapped onto yet (only q_proj / "
-               "k_proj / v_proj fused into qkv_proj are)",
-               source, pname, parts.size(), e->name);
-    }
+    // Each Hugging Face tensor is the next block of the whole parameter's elements, in the table's
+    // order: Llama's q_proj / k_proj / v_proj the row blocks of qkv_proj, a mixture of experts'
+    // expert e the e-th (I x C) block of the stacked (E, I, C) weights; one tensor alone may be
+    // shorter (the real vocabulary of a padded table: the rows past it stay zero).
     std::vector<float> whole(static_cast<std::size_t>(whole_numel(wp.shape)), 0.0f);
-    const std::int64_t cols = wp.shape.size() >= 2 ? whole_numel({wp.shape.begin() + 1, wp.shape.end()}) : 1;
-    std::int64_t row = 0;
+    std::int64_t at = 0;
     for (const HfParamName* e : parts) {
       const std::string* saved = find_saved(*e, tensors);
       // A tied tensor saved instead of its owner (DeepSpeed keeps the first name of a shared one).
@@ -108,26 +98,24 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
       const std::vector<float>& v = tensors.at(*saved);
       if (const auto s = shapes.find(*saved); s != shapes.end() && s->second != hf)
         fail("{}: its {} '{}' is {}, but this model's is {}", source, what, *saved, fmt::join(s->second, "x"), fmt::join(hf, "x"));
-      if (static_cast<std::int64_t>(v.size()) != whole_numel(hf))
-        fail("{}: its {} '{}' has {} elements, but this model's is {} ({} elements)", source, what, *saved, v.size(), fmt::join(hf, "x"), whole_numel(hf));
-      const std::int64_t rows = transpose ? hf[1] : (hf.empty() ? 1 : hf[0]);
-      if (row + rows > (wp.shape.empty() ? 1 : wp.shape[0]))
+      const std::int64_t n = whole_numel(hf);
+      if (static_cast<std::int64_t>(v.size()) != n)
+        fail("{}: its {} '{}' has {} elements, but this model's is {} ({} elements)", source, what, *saved, v.size(), fmt::join(hf, "x"), n);
+      if (at + n > static_cast<std::int64_t>(whole.size()))
         fail("{}: its {} '{}' ({}) does not fit dstrain's '{}' ({})", source, what, *saved, fmt::join(hf, "x"), pname, fmt::join(wp.shape, "x"));
       if (transpose) {
         // Conv1D (in, out) -> (out, in).
         const std::int64_t in = hf[0], o = hf[1];
         for (std::int64_t i = 0; i < in; ++i)
-          for (std::int64_t j = 0; j < o; ++j)
-            whole[static_cast<std::size_t>((row + j) * in + i)] = v[static_cast<std::size_t>(i * o + j)];
+          for (std::int64_t j = 0; j < o; ++j) whole[static_cast<std::size_t>(at + j * in + i)] = v[static_cast<std::size_t>(i * o + j)];
       } else {
-        std::copy(v.begin(), v.end(), whole.begin() + row * cols);
+        std::copy(v.begin(), v.end(), whole.begin() + at);
       }
-      row += rows;
+      at += n;
     }
-    const std::int64_t want_rows = wp.shape.empty() ? 1 : wp.shape[0];
     const bool padded_vocab = parts.size() == 1 && parts[0]->split.kind == SplitKind::vocabulary;  // rows past the vocabulary stay zero
-    if (row != want_rows && !padded_vocab)
-      fail("{}: its {} of dstrain's '{}' covers {} of its {} rows", source, what, pname, row, want_rows);
+    if (at != static_cast<std::int64_t>(whole.size()) && !padded_vocab)
+      fail("{}: its {} of dstrain's '{}' covers {} of its {} elements", source, what, pname, at, whole.size());
     out[pname] = std::move(whole);
   }
   // A tied weight saved twice must be saved the same (both names hold one tensor).

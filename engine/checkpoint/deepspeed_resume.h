@@ -1,9 +1,9 @@
 // Resuming a run DeepSpeed saved (docs/checkpoints.md "Resuming a DeepSpeed checkpoint"): the
 // reader's DeepSpeedTrainingState (formats/deepspeed_checkpoint.h), by the Hugging Face model's
 // names, mapped onto dstrain's parameters (Architecture::hf_param_names: GPT-2's Conv1D weights
-// transposed, Llama's q_proj / k_proj / v_proj fused into qkv_proj, a tied lm_head saved once or
-// twice alike) and checked against the config — what cannot carry over is an Error before step 1 —
-// giving the WholeTrainingState CheckpointManager::load_whole_state writes into an engine.
+// transposed, Llama's q_proj / k_proj / v_proj fused into qkv_proj, each expert a block of the
+// stacked expert weights, a tied lm_head saved once or twice alike) and checked against the
+// config — what cannot carry over is an Error before step 1 — giving the WholeTrainingState CheckpointManager::load_whole_state writes into an engine.
 #pragma once
 
 #include <cstdint>

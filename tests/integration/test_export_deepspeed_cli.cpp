@@ -256,6 +256,23 @@ TEST_F(ExportDeepSpeedCli, ContinuesAsDstrainsOwnResumeDoes) {
   }
 }
 
+// A mixture of experts (Mixtral's names, 4 experts of top-2) goes out as a DeepSpeed run of the
+// Hugging Face model without expert parallelism saves it — each expert its own tensor, blocks of
+// dstrain's stacked weights — and comes back bit for bit at another layout.
+TEST_F(ExportDeepSpeedCli, MixtureOfExpertsRoundTrips) {
+  const char* moe = "moe:L2-C32-H4-KV2-E4-K2-I16-V257-T32";
+  const CliResult r = run_dstrain(train("fp32", 2, 2, moe) + " --steps 3 --save-dir " + q(dir_ / "moe") + " --save-format deepspeed");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const CliResult back =
+      run_dstrain(train("fp32", 1, 1, moe) + " --steps 3 --resume-deepspeed " + q(dir_ / "moe") + " --save-dir " + q(dir_ / "moe_back"));
+  ASSERT_EQ(back.exit_code, 0) << back.out << back.err;
+  EXPECT_NE(back.out.find("masters, exp_avg, exp_avg_sq, step 3"), std::string::npos) << back.out;
+  const SavedState a = read_checkpoint_by_hand(dir_ / "moe"), b = read_checkpoint_by_hand(dir_ / "moe_back");
+  ASSERT_TRUE(a.whole.contains("master"));
+  EXPECT_TRUE(a.whole.at("master").contains("model.layers.0.mlp.experts.gate_proj.weight"));
+  dstrain::testing::expect_same_training_state(a, b, a.whole.at("master").size(), "mixture of experts through DeepSpeed's layout");
+}
+
 TEST_F(ExportDeepSpeedCli, WhatCannotWorkIsRefusedBeforeAnythingIsWritten) {
   const CliResult inside = run_dstrain("export " + q(dir_ / "gpt2") + " -o " + q(dir_ / "gpt2" / "ds"));
   EXPECT_EQ(inside.exit_code, 2) << inside.out << inside.err;
