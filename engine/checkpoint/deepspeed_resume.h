@@ -3,7 +3,8 @@
 // names, mapped onto dstrain's parameters (Architecture::hf_param_names: GPT-2's Conv1D weights
 // transposed, Llama's q_proj / k_proj / v_proj fused into qkv_proj, each expert a block of the
 // stacked expert weights, a tied lm_head saved once or twice alike) and checked against the
-// config — what cannot carry over is an Error before step 1 — giving the WholeTrainingState CheckpointManager::load_whole_state writes into an engine.
+// config — what cannot carry over is an Error before step 1 — giving the WholeTrainingState
+// CheckpointManager::load_whole_state writes into an engine.
 #pragma once
 
 #include <cstdint>
