@@ -54,6 +54,9 @@ struct Piece {
 // does not add up with the partitions and paddings is an Error.
 std::vector<float> join(const std::vector<Piece>& pieces, std::int64_t need, const std::string& what, const std::string& shapes_file) {
   std::vector<float> out;
+  std::size_t total = 0;
+  for (const Piece& p : pieces) total += p.values.size();
+  out.reserve(total);  // one allocation: growing by insert would copy the group again at every doubling
   std::int64_t padding = 0;
   for (const Piece& p : pieces) {
     if (p.padding < 0) fail("DeepSpeed checkpoint file '{}': {} has a negative padding {} (corrupt group_paddings)", p.file, what, p.padding);

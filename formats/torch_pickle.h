@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,11 @@ class TorchPickle {
   // Reads the archive and the whole pickle into a value tree; every tensor is checked to lie inside
   // its storage. Error naming the file and the cause (truncated, not torch.save, refused global).
   explicit TorchPickle(const std::filesystem::path& path);
+  // The storages are views into the file's bytes, which a move keeps in place and a copy would not.
+  TorchPickle(TorchPickle&&) = default;
+  TorchPickle& operator=(TorchPickle&&) = default;
+  TorchPickle(const TorchPickle&) = delete;
+  TorchPickle& operator=(const TorchPickle&) = delete;
 
   const std::filesystem::path& path() const { return path_; }
   const TorchValue& root() const { return root_; }
@@ -101,7 +107,8 @@ class TorchPickle {
  private:
   std::filesystem::path path_;
   TorchValue root_;
-  std::map<std::string, std::string> storages_;  // key -> bytes
+  std::string bytes_;                                 // the whole file, read once
+  std::map<std::string, std::string_view> storages_;  // key -> its bytes inside bytes_
 };
 
 }  // namespace dstrain

@@ -741,7 +741,7 @@ namespace {
 struct TreeBuilder {
   const TorchArchive& archive;
   const std::string& file;
-  std::map<std::string, std::string>& storages;
+  std::map<std::string, std::string_view>& storages;
   std::size_t budget = 1u << 20;
 
   static std::string key_text(const TorchValue& k) {
@@ -786,8 +786,7 @@ struct TreeBuilder {
       case Value::tensor:
         out.kind = TorchValue::Kind::tensor;
         out.tensor = v->t;
-        if (const std::string_view bytes = check_tensor(archive, v->t, file, where); !storages.contains(v->t.storage_key))
-          storages.emplace(v->t.storage_key, std::string(bytes));  // a shared storage copied once
+        storages.emplace(v->t.storage_key, check_tensor(archive, v->t, file, where));  // a view into the archive's bytes
         break;
       case Value::global:  // a bare allowed global: torch.float16 as a value
       case Value::object:
@@ -815,13 +814,16 @@ TorchPickle::TorchPickle(const std::filesystem::path& path) : path_(path) {
   const ValuePtr root = u.run();
   TreeBuilder tb{a, file, storages_};
   root_ = tb.build(root, "", 0);
+  // The storages view a.bytes; a move keeps its heap buffer (never short enough to live inside
+  // the string: a zip is at least 22 bytes) where it is.
+  bytes_ = std::move(a.bytes);
 }
 
 std::vector<double> TorchPickle::read_f64(const TorchValue& v) const {
   const TorchTensorInfo& t = v.as_tensor();
   const auto it = storages_.find(t.storage_key);
   if (it == storages_.end()) v.fail_here(" is a tensor of another file");
-  const std::string& s = it->second;
+  const std::string_view s = it->second;
   std::int64_t n = 1;
   for (std::int64_t d : t.shape) n *= d;  // checked not to overflow when the file was opened
   std::vector<double> out(static_cast<std::size_t>(n));
