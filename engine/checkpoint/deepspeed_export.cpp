@@ -177,6 +177,41 @@ DeepSpeedSaveLayout deepspeed_layout_of_checkpoint(const std::filesystem::path& 
   return layout_of(CheckpointReader(save_dir, resolve_tag(save_dir, tag)).manifest());
 }
 
+namespace {
+
+// The run's config, its LR schedule's position and the optimizer's hyperparameters as DeepSpeed's
+// param groups hold them after a step: the lr the next step uses (the schedule at
+// last_batch_iteration, as DeepSpeed's scheduler leaves it), betas, eps, weight_decay.
+void set_config_and_schedule(const config::Json& m, DeepSpeedTrainingState& s) {
+  const config::Json& e = m.at("engine");
+  const std::int64_t it = m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
+  double wd = 0, lr = e.value("last_step_lr", 0.0);
+  std::pair<double, double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  if (m.contains("ds_config") && m.at("ds_config").is_object()) {
+    const config::Json& dsj = m.at("ds_config");
+    s.ds_config_json = dsj.dump();
+    config::ConfigOptions opts;
+    opts.world_size = json_int(m.at("layout"), "world_size", 1);
+    if (m.at("layout").contains("pipeline_stages")) opts.pipeline_stages = json_int(m.at("layout"), "pipeline_stages", 1);
+    const config::DsConfig cfg = config::parse_ds_config(dsj, opts);
+    wd = cfg.optimizer.params.weight_decay;
+    betas = cfg.optimizer.params.betas;
+    eps = cfg.optimizer.params.eps;
+    if (cfg.scheduler.present()) {
+      LrSchedule sched(cfg.scheduler, cfg.optimizer.params.lr, betas);
+      sched.set_last_batch_iteration(it);
+      lr = sched.lr();
+      s.lr_scheduler_json = config::Json{{"last_batch_iteration", it}}.dump();
+    } else {
+      lr = cfg.optimizer.params.lr;
+    }
+  }
+  s.param_group = {{"lr", lr}, {"betas0", betas.first}, {"betas1", betas.second}, {"eps", eps}, {"weight_decay", wd}};
+}
+
+}  // namespace
+
 DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path& save_dir, const std::string& tag_in) {
   const std::string tag = resolve_tag(save_dir, tag_in);
   CheckpointReader rd(save_dir, tag);
@@ -185,6 +220,8 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   DeepSpeedTrainingState s;
   s.dir = rd.dir();
   s.tag = tag;
+  s.optimizer_type = lower(m.at("optimizer").at("type").get<std::string>());
+  check_deepspeed_exportable(*arch, s.optimizer_type);  // before anything is read
   const DeepSpeedSaveLayout own = layout_of(m);
   s.zero_stage = own.zero_stage;
   s.dp_world_size = own.dp_world_size;
@@ -235,8 +272,6 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   s.global_samples = e.at("global_samples").get<std::int64_t>();
   s.skipped_steps = e.at("skipped_steps").get<std::int64_t>();
   if (buffers.size() > 1) s.optimizer_step = s.global_steps - s.skipped_steps;
-  s.optimizer_type = lower(m.at("optimizer").at("type").get<std::string>());
-  check_deepspeed_exportable(*arch, s.optimizer_type);
   // The data loader's position and the seed a `dstrain train` checkpoint holds, for a resume from
   // the DeepSpeed folder to continue the data as dstrain's own resume does.
   if (m.contains("client_state") && m.at("client_state").is_object() && m.at("client_state").contains("data")) {
@@ -255,32 +290,8 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
     l.dynamic = kind.starts_with("dynamic");
     s.loss_scaler = l;
   }
-  // The schedule's position, and the config: the param groups' lr is the one the next step uses.
-  const std::int64_t it = m.at("lr_scheduler").at("last_batch_iteration").get<std::int64_t>();
-  double wd = 0, lr = e.value("last_step_lr", 0.0);
-  std::pair<double, double> betas{0.9, 0.999};
-  double eps = 1e-8;
-  if (m.contains("ds_config") && m.at("ds_config").is_object()) {
-    const config::Json& dsj = m.at("ds_config");
-    s.ds_config_json = dsj.dump();
-    config::ConfigOptions opts;
-    opts.world_size = json_int(m.at("layout"), "world_size", 1);
-    if (m.at("layout").contains("pipeline_stages")) opts.pipeline_stages = json_int(m.at("layout"), "pipeline_stages", 1);
-    const config::DsConfig cfg = config::parse_ds_config(dsj, opts);
-    wd = cfg.optimizer.params.weight_decay;
-    betas = cfg.optimizer.params.betas;
-    eps = cfg.optimizer.params.eps;
-    if (cfg.scheduler.present()) {
-      LrSchedule sched(cfg.scheduler, cfg.optimizer.params.lr, betas);
-      sched.set_last_batch_iteration(it);
-      lr = sched.lr();
-      s.lr_scheduler_json = config::Json{{"last_batch_iteration", it}}.dump();
-    } else {
-      lr = cfg.optimizer.params.lr;
-    }
-  }
-  s.param_group = {{"lr", lr}, {"betas0", betas.first}, {"betas1", betas.second}, {"eps", eps}, {"weight_decay", wd}};
-  DeepSpeedParamGroup decay{{}, wd}, no_decay{{}, 0.0};
+  set_config_and_schedule(m, s);
+  DeepSpeedParamGroup decay{{}, s.param_group.at("weight_decay")}, no_decay{{}, 0.0};
   for (const std::string& n : s.names) (decayed.contains(param_of.at(n)) ? decay : no_decay).names.push_back(n);
   for (DeepSpeedParamGroup* g : {&decay, &no_decay})
     if (!g->names.empty()) s.groups.push_back(std::move(*g));
