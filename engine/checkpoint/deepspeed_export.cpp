@@ -11,6 +11,7 @@
 #include "config_schema/ds_config.h"
 #include "data/run_files.h"
 #include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/deepspeed_resume.h"
 #include "engine/checkpoint/whole_state_load.h"
 #include "engine/lr_schedule.h"
 #include "models/hf_param_names.h"
@@ -18,12 +19,6 @@
 
 namespace dstrain {
 namespace {
-
-std::vector<std::int64_t> dims(const Shape& s) {
-  std::vector<std::int64_t> out;
-  for (int d = 0; d < s.rank; ++d) out.push_back(s[d]);
-  return out;
-}
 
 std::int64_t json_int(const config::Json& j, const char* key, std::int64_t otherwise) {
   return j.contains(key) && j.at(key).is_number_integer() ? j.at(key).get<std::int64_t>() : otherwise;
@@ -56,7 +51,7 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
       if (ps.tied()) {
         tied.insert(ps.name);
       } else {
-        params[ps.name] = {dims(ps.whole_shape()), ps.hf_transposed};
+        params[ps.name] = {shape_dims(ps.whole_shape()), ps.hf_transposed};
       }
     }
   }
@@ -72,7 +67,7 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
     t.param = e.param;
     t.tied = tied.contains(e.name);
     for (const std::string& a : e.aliases) t.tied = t.tied || tied.contains(a);
-    std::vector<std::int64_t> hf = dims(e.shape);  // nn.Linear's (out, in)
+    std::vector<std::int64_t> hf = shape_dims(e.shape);  // nn.Linear's (out, in)
     t.transpose = p.hf_transposed && hf.size() == 2;
     t.rows = hf.empty() ? 1 : hf[0];
     t.cols = hf.size() >= 2 ? whole_numel({hf.begin() + 1, hf.end()}) : 1;

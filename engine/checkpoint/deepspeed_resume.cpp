@@ -17,12 +17,6 @@
 namespace dstrain {
 namespace {
 
-std::vector<std::int64_t> dims(const Shape& s) {
-  std::vector<std::int64_t> out;
-  for (int d = 0; d < s.rank; ++d) out.push_back(s[d]);
-  return out;
-}
-
 struct WholeParam {
   std::vector<std::int64_t> shape;
   bool hf_transposed = false;
@@ -49,6 +43,12 @@ std::string optimizer_family(std::string type) {
 
 }  // namespace
 
+std::vector<std::int64_t> shape_dims(const Shape& s) {
+  std::vector<std::int64_t> out;
+  for (int d = 0; d < s.rank; ++d) out.push_back(s[d]);
+  return out;
+}
+
 std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& model, const std::map<std::string, std::vector<float>>& tensors,
                                                          const std::map<std::string, std::vector<std::int64_t>>& shapes, const std::string& source,
                                                          const std::string& what) {
@@ -60,7 +60,7 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
         tied.insert(ps.name);
         continue;
       }
-      params[ps.name] = {dims(ps.whole_shape()), ps.hf_transposed};
+      params[ps.name] = {shape_dims(ps.whole_shape()), ps.hf_transposed};
     }
   }
   const std::vector<HfParamName> table = model.hf_param_names();
@@ -92,7 +92,7 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
           if (saved == nullptr) saved = find_saved(*t, tensors);
       if (saved == nullptr) fail("{}: it has no {} for '{}' (dstrain's '{}')", source, what, e->name, pname);
       used.insert(*saved);
-      std::vector<std::int64_t> hf = dims(e->shape);
+      std::vector<std::int64_t> hf = shape_dims(e->shape);
       const bool transpose = wp.hf_transposed && hf.size() == 2;
       if (transpose) std::swap(hf[0], hf[1]);
       const std::vector<float>& v = tensors.at(*saved);

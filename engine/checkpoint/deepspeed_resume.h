@@ -19,6 +19,9 @@
 
 namespace dstrain {
 
+// A shape's dimensions as a vector (the tensors' shapes as DeepSpeed files hold them).
+std::vector<std::int64_t> shape_dims(const Shape& s);
+
 // Tensors by Hugging Face name (each row-major at its saved shape, `shapes` where known) mapped to
 // dstrain's parameters, whole, row-major: a transposed (Conv1D) tensor transposed, the row blocks of
 // a fused parameter put in place, the padded vocabulary rows zero. `what` ("fp32 master",
