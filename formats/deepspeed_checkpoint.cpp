@@ -32,12 +32,6 @@ std::string trim(const std::string& s) {
   return s.substr(a, b - a);
 }
 
-// A tag is one folder name inside the checkpoint folder: never a path, never "." or "..".
-bool valid_tag(const std::string& t) {
-  return !t.empty() && t != "." && t != ".." && t.find('/') == std::string::npos && t.find('\\') == std::string::npos &&
-         t.find('\0') == std::string::npos;
-}
-
 using namespace deepspeed_parts;
 
 // One data-parallel rank's piece of a flat group: its values and the padding at its tail (0 for a
@@ -141,7 +135,7 @@ fs::path resolve_step_dir(const fs::path& dir, const std::string& tag, std::stri
     t = trim(ss.str());
     named_by = "'" + latest.string() + "'";
   }
-  if (!valid_tag(t)) {
+  if (!is_folder_name(t)) {
     fail("DeepSpeed checkpoint: {} names the tag '{}', which is not the name of a folder inside '{}' (a path, or empty)", named_by, t, dir.string());
   }
   const fs::path step = dir / t;

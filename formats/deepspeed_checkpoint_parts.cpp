@@ -72,8 +72,13 @@ std::string first_repeated(const std::vector<std::string>& names) {
   return "";
 }
 
+bool is_folder_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos && n.find('\\') == std::string::npos &&
+         n.find('\0') == std::string::npos;
+}
+
 void check_param_name(const std::string& n, const std::string& file) {
-  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n.find('\0') != std::string::npos) {
+  if (!is_folder_name(n)) {
     fail("DeepSpeed checkpoint file '{}': the parameter name '{}' is not one folder name (empty, '.', '..' or a path), as a universal "
          "checkpoint's zero/<name>/ needs",
          file, n);

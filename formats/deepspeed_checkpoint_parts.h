@@ -1,4 +1,4 @@
-// What the two DeepSpeed checkpoint readers share — the save_checkpoint folders'
+// What the two DeepSpeed checkpoint readers (and, for names and shapes, the writer) share — the save_checkpoint folders'
 // (formats/deepspeed_checkpoint.cpp) and ds_to_universal's (formats/deepspeed_universal_checkpoint.cpp):
 // the same model states file, loss scaler objects, param groups and scalars in both. Internal to
 // formats/ (not installed): the public interface is formats/deepspeed_checkpoint.h.
@@ -14,6 +14,9 @@
 
 namespace dstrain::deepspeed_parts {
 
+// True when `n` is one folder name: not empty, ".", ".." or a path — what a tag and (in a
+// universal checkpoint's zero/<name>/) a parameter name must be, read or written.
+bool is_folder_name(const std::string& n);
 // Elements of a saved shape; Error on a negative or absurdly large size (a corrupt file).
 std::int64_t numel_of(const std::vector<std::int64_t>& shape);
 // The first name that appears twice in `names`, "" if none.

@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "formats/deepspeed_save_parts.h"
+#include "ops/atomic_file.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -171,7 +172,7 @@ void write_deepspeed_checkpoint(const fs::path& save_dir, const DeepSpeedTrainin
     write_stage12(p);
   }
   // engine.save_checkpoint: `latest` names the tag once every file is written.
-  write_text(save_dir / "latest", state.tag);
+  write_file_atomically(save_dir / "latest", state.tag);
 }
 
 }  // namespace dstrain

@@ -7,6 +7,7 @@
 #include <set>
 #include <system_error>
 
+#include "formats/deepspeed_checkpoint_parts.h"
 #include "ops/error.h"
 
 namespace dstrain::ds_save {
@@ -14,12 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using W = TorchSaveWriter;
-
-// A tag is one folder name inside save_dir: never a path, never "." or "..", as the reader demands.
-bool valid_tag(const std::string& t) {
-  return !t.empty() && t != "." && t != ".." && t.find('/') == std::string::npos && t.find('\\') == std::string::npos &&
-         t.find('\0') == std::string::npos;
-}
 
 nlohmann::ordered_json parse_object(const std::string& text, const char* what) {
   nlohmann::ordered_json j;
@@ -58,15 +53,6 @@ nlohmann::ordered_json config_of(const DeepSpeedTrainingState& st, const DeepSpe
 
 }  // namespace
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (const std::int64_t d : shape) {
-    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) fail("DeepSpeed checkpoint writer: a parameter shape with a negative or huge size");
-    n *= d;
-  }
-  return n;
-}
-
 Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const DeepSpeedSaveLayout& l) {
   Plan p;
   p.st = &st;
@@ -75,7 +61,7 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
   if (l.dp_world_size < 1 || l.dp_world_size > (1 << 20)) fail("DeepSpeed checkpoint writer: data-parallel world size {} (at least 1)", l.dp_world_size);
   if (l.dtype != "fp32" && l.dtype != "fp16" && l.dtype != "bf16") fail("DeepSpeed checkpoint writer: dtype '{}' (fp32, fp16 or bf16)", l.dtype);
   p.lp_dtype = l.dtype == "fp32" ? "F32" : l.dtype == "fp16" ? "F16" : "BF16";
-  if (!valid_tag(st.tag)) fail("DeepSpeed checkpoint writer: the tag '{}' is not one folder name (empty, '.', '..' or a path)", st.tag);
+  if (!deepspeed_parts::is_folder_name(st.tag)) fail("DeepSpeed checkpoint writer: the tag '{}' is not one folder name (empty, '.', '..' or a path)", st.tag);
   p.tag_dir = save_dir / st.tag;
   if (st.optimizer_type != "" && st.optimizer_type != "adam" && st.optimizer_type != "adamw") {
     fail("DeepSpeed checkpoint writer: optimizer '{}'; only Adam / AdamW (DeepSpeed's FusedAdam) states are written", st.optimizer_type);
@@ -87,7 +73,7 @@ Plan make_plan(const fs::path& save_dir, const DeepSpeedTrainingState& st, const
     if (n.empty() || !seen.insert(n).second) fail("DeepSpeed checkpoint writer: parameter name '{}' is empty or listed twice", n);
     // A universal checkpoint makes each name a folder under zero/, and the reader refuses a name
     // that is a path in either layout: none is written.
-    if (!valid_tag(n)) fail("DeepSpeed checkpoint writer: parameter name '{}' is not one folder name ('.', '..' or a path)", n);
+    if (!deepspeed_parts::is_folder_name(n)) fail("DeepSpeed checkpoint writer: parameter name '{}' is not one folder name ('.', '..' or a path)", n);
     const auto sh = st.shapes.find(n);
     if (sh == st.shapes.end()) fail("DeepSpeed checkpoint writer: parameter '{}' has no shape", n);
     const std::int64_t numel = numel_of(sh->second);
@@ -363,23 +349,6 @@ TorchValue model_states(const Plan& p, TorchValue module, TorchValue optimizer) 
   // save_checkpoint(client_state={"dstrain": ...}): the client's keys come after DeepSpeed's own.
   if (st.dstrain_json) d.push_back(kv("dstrain", json_value(nlohmann::ordered_json::parse(*st.dstrain_json))));
   return W::dict(std::move(d));
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("DeepSpeed checkpoint writer: cannot write '{}'", path.string());
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail("DeepSpeed checkpoint writer: cannot write '{}': {}", path.string(), ec.message());
 }
 
 }  // namespace dstrain::ds_save

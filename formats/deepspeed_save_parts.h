@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/deepspeed_checkpoint_parts.h"
 #include "formats/deepspeed_checkpoint_writer.h"
 #include "formats/torch_save.h"
 
@@ -40,7 +41,8 @@ struct Plan {
 // Checks everything and resolves the groups and the config. Error naming what is wrong.
 Plan make_plan(const std::filesystem::path& save_dir, const DeepSpeedTrainingState& state, const DeepSpeedSaveLayout& layout);
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape);
+// Elements of a shape, as the readers count them (Error on a negative or huge size).
+using deepspeed_parts::numel_of;
 // The named parameters' values (`what`: the master or an optimizer state's map) back to back.
 std::vector<float> flat_of(const Plan& p, const std::vector<std::string>& names, const std::map<std::string, std::vector<float>>& what);
 
@@ -70,9 +72,6 @@ bool dynamic_loss_scale(const Plan& p);
 TorchValue model_states(const Plan& p, TorchValue module, TorchValue optimizer);
 // The module state dict of layout.dtype weights (ZeRO-3: empty placeholders of that dtype).
 TorchValue module_state(TorchSaveWriter& w, const Plan& p, bool placeholders);
-
-// Writes `text` to `path` through a temporary file renamed over it (the `latest` files).
-void write_text(const std::filesystem::path& path, const std::string& text);
 
 // The optimizer_state_dict rank r saves: DeepSpeedZeroOptimizer's / BF16_Optimizer's state_dict
 // (stages 1-2, formats/deepspeed_checkpoint_writer.cpp), stage3._rigid_state_dict (stage 3,

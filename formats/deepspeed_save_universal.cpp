@@ -17,6 +17,7 @@
 
 #include "formats/deepspeed_checkpoint_writer.h"
 #include "formats/deepspeed_save_parts.h"
+#include "ops/atomic_file.h"
 #include "ops/error.h"
 
 namespace dstrain {
@@ -87,7 +88,7 @@ void write_universal_checkpoint(const fs::path& save_dir, const DeepSpeedTrainin
     const std::string name = stage3 ? "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt";
     w.save(p.tag_dir / name, model_states(p, module_state(w, p, stage3), W::none()));
   }
-  write_text(save_dir / "latest_universal", state.tag);
+  write_file_atomically(save_dir / "latest_universal", state.tag);
 }
 
 }  // namespace dstrain

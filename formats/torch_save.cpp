@@ -316,11 +316,9 @@ TorchValue TorchSaveWriter::tensor_from_fp32(const std::string& dtype, std::vect
   if (dtype == "F32") {
     bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   } else if (dtype == "F16" || dtype == "BF16") {
+    // ops' block conversion: round to nearest even, as torch's .half() / .bfloat16() round.
     bytes.resize(values.size() * 2);
-    for (std::size_t k = 0; k < values.size(); ++k) {
-      const std::uint16_t h = dtype == "F16" ? fp32_to_fp16_bits(values[k]) : fp32_to_bf16_bits(values[k]);
-      std::memcpy(bytes.data() + 2 * k, &h, 2);
-    }
+    convert(values.data(), DType::fp32, bytes.data(), dtype == "F16" ? DType::fp16 : DType::bf16, values.size());
   } else {
     fail("TorchSaveWriter: tensor_from_fp32 makes F32, F16 or BF16 tensors, not '{}'", dtype);
   }

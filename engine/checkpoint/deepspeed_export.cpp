@@ -35,6 +35,7 @@ struct HfPlace {
   std::vector<std::int64_t> shape;  // as saved
   std::int64_t offset = 0, rows = 0, cols = 0, param_numel = 0;
   bool transpose = false, tied = false;
+  bool decayed = false;  // its parameter's ParamSpec::weight_decay
 };
 
 // Every Hugging Face tensor of the model placed in its parameter, in the Hugging Face model's
@@ -42,7 +43,7 @@ struct HfPlace {
 std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
   struct Param {
     std::vector<std::int64_t> shape;
-    bool hf_transposed = false;
+    bool hf_transposed = false, weight_decay = false;
   };
   std::map<std::string, Param> params;
   std::set<std::string> tied;
@@ -51,7 +52,7 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
       if (ps.tied()) {
         tied.insert(ps.name);
       } else {
-        params[ps.name] = {shape_dims(ps.whole_shape()), ps.hf_transposed};
+        params[ps.name] = {shape_dims(ps.whole_shape()), ps.hf_transposed, ps.weight_decay};
       }
     }
   }
@@ -65,6 +66,7 @@ std::vector<HfPlace> plan_hf_tensors(const Architecture& model) {
     HfPlace t;
     t.name = e.name;
     t.param = e.param;
+    t.decayed = p.weight_decay;
     t.tied = tied.contains(e.name);
     for (const std::string& a : e.aliases) t.tied = t.tied || tied.contains(a);
     std::vector<std::int64_t> hf = shape_dims(e.shape);  // nn.Linear's (out, in)
@@ -107,16 +109,27 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-void check_deepspeed_exportable(const Architecture& model, const std::string& optimizer_type) {
+namespace {
+
+void check_adam(const std::string& optimizer_type) {
   const std::string t = lower(optimizer_type);
   if (t != "adam" && t != "adamw")
     fail("the optimizer is \"{}\"; a DeepSpeed checkpoint is written with Adam / AdamW states (DeepSpeed's FusedAdam) only", optimizer_type);
+}
+
+}  // namespace
+
+void check_deepspeed_exportable(const Architecture& model, const std::string& optimizer_type) {
+  check_adam(optimizer_type);
   (void)plan_hf_tensors(model);
 }
 
-std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<std::string, std::vector<float>>& whole, const std::string& what) {
+namespace {
+
+// Each placed tensor's values cut out of dstrain's whole tensors `whole`.
+std::vector<HfTensor> tensors_of(const std::vector<HfPlace>& plan, const std::map<std::string, std::vector<float>>& whole, const std::string& what) {
   std::vector<HfTensor> out;
-  for (const HfPlace& t : plan_hf_tensors(model)) {
+  for (const HfPlace& t : plan) {
     const auto wit = whole.find(t.param);
     if (wit == whole.end()) fail("the checkpoint has no {} of parameter '{}' (for '{}')", what, t.param, t.name);
     const std::vector<float>& w = wit->second;
@@ -134,6 +147,12 @@ std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<st
     out.push_back(std::move(h));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors_of(const Architecture& model, const std::map<std::string, std::vector<float>>& whole, const std::string& what) {
+  return tensors_of(plan_hf_tensors(model), whole, what);
 }
 
 namespace {
@@ -216,7 +235,8 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   s.dir = rd.dir();
   s.tag = tag;
   s.optimizer_type = lower(m.at("optimizer").at("type").get<std::string>());
-  check_deepspeed_exportable(*arch, s.optimizer_type);  // before anything is read
+  check_adam(s.optimizer_type);                          // before anything is read
+  const std::vector<HfPlace> plan = plan_hf_tensors(*arch);  // the model's mapping, once for every buffer
   const DeepSpeedSaveLayout own = layout_of(m);
   s.zero_stage = own.zero_stage;
   s.dp_world_size = own.dp_world_size;
@@ -237,30 +257,31 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
       whole[b][name] = std::move(v);
     }
   }
-  // The weight-decay groups: what dstrain decays (ParamSpec::weight_decay) and what it does not.
-  std::set<std::string> decayed;
-  for (const std::unique_ptr<Layer>& layer : arch->make_layers())
-    for (const ParamSpec& ps : layer->params())
-      if (ps.weight_decay) decayed.insert(ps.name);
-  std::map<std::string, std::string> param_of;  // HF name -> dstrain parameter
-  for (const HfParamName& e : arch->hf_param_names()) param_of[e.name] = e.param;
-
-  const std::vector<HfTensor> masters = hf_tensors_of(*arch, whole.at("master"), "master");
   std::map<std::string, std::string> hf_owner;  // dstrain parameter -> its untied Hugging Face name
-  for (const HfTensor& t : masters)
-    if (!t.tied) hf_owner.emplace(param_of.at(t.name), t.name);
-  for (const HfTensor& t : masters) {
+  std::set<std::string> decayed;                // Hugging Face names of what dstrain decays (ParamSpec::weight_decay)
+  for (const HfPlace& p : plan) {
+    if (p.tied) continue;
+    hf_owner.emplace(p.param, p.name);
+    if (p.decayed) decayed.insert(p.name);
+  }
+  std::vector<HfTensor> masters = tensors_of(plan, whole.at("master"), "master");
+  whole.erase("master");  // each buffer held once: dstrain's whole tensors go as their Hugging Face copies come
+  for (std::size_t k = 0; k < masters.size(); ++k) {
+    HfTensor& t = masters[k];
     if (t.tied) {
-      s.tied[t.name] = hf_owner.at(param_of.at(t.name));
+      s.tied[t.name] = hf_owner.at(plan[k].param);
       continue;
     }
     s.names.push_back(t.name);
     s.shapes[t.name] = t.shape;
-    s.master[t.name] = t.values;
+    s.master[t.name] = std::move(t.values);
   }
-  for (std::size_t b = 1; b < buffers.size(); ++b)
-    for (HfTensor& t : hf_tensors_of(*arch, whole.at(buffers[b]), buffers[b]))
+  for (std::size_t b = 1; b < buffers.size(); ++b) {
+    std::vector<HfTensor> ts = tensors_of(plan, whole.at(buffers[b]), buffers[b]);
+    whole.erase(buffers[b]);
+    for (HfTensor& t : ts)
       if (!t.tied) s.optimizer_states[buffers[b]][t.name] = std::move(t.values);
+  }
 
   const config::Json& e = m.at("engine");
   s.global_steps = e.at("global_steps").get<std::int64_t>();
@@ -287,7 +308,7 @@ DeepSpeedTrainingState deepspeed_state_of_checkpoint(const std::filesystem::path
   }
   set_config_and_schedule(m, s);
   DeepSpeedParamGroup decay{{}, s.param_group.at("weight_decay")}, no_decay{{}, 0.0};
-  for (const std::string& n : s.names) (decayed.contains(param_of.at(n)) ? decay : no_decay).names.push_back(n);
+  for (const std::string& n : s.names) (decayed.contains(n) ? decay : no_decay).names.push_back(n);
   for (DeepSpeedParamGroup* g : {&decay, &no_decay})
     if (!g->names.empty()) s.groups.push_back(std::move(*g));
   return s;
