@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "checkpoint_test_files.h"
+#include "tp_mesh_run.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/checkpoint_manager.h"
 #include "engine/checkpoint/deepspeed_resume.h"
@@ -41,82 +42,15 @@ using namespace checkpoint_testing;
 using namespace zero_testing;
 using Params = std::map<std::string, std::vector<float>>;
 
-Model build_model(const std::string& spec, TensorParallelRank tp) {
-  std::shared_ptr<const Architecture> arch = spec.starts_with("llama:") ? llama_family().from_spec(spec) : gpt2_family().from_spec(spec);
-  return make_model(arch, tp);
-}
+using namespace mesh_run;
 
-constexpr int kGlobalMicro = 2;
-
-struct Segment {
-  std::string model = kLlamaModel;
-  int tp = 1, dp = 1, stage = 0;
-  int from = 0, to = 0;
-  const WholeTrainingState* whole = nullptr;  // loaded with load_whole_state first
-  std::optional<fs::path> save_dir;            // "mid" after save_mid_after, "loaded" right after the load
-  int save_mid_after = -1;
-};
-
-struct Result {
-  std::vector<float> losses;
-  Params loaded, at_mid, final;
-};
-
-Result run(const Segment& seg) {
-  const int world = seg.tp * seg.dp, gas = kGlobalMicro / seg.dp;
-  RunSpec s;
-  s.stage = seg.stage;
-  s.world = seg.dp;
-  s.gas = gas;
-  s.knobs.reduce_bucket_size = 3000;
-  s.knobs.allgather_bucket_size = 3000;
-  s.knobs.persistence_threshold = 200;
-  s.knobs.extra_json = R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-2, "warmup_num_steps": 4}})";
-  const std::string json = zero_config_json(s);
-  std::vector<std::unique_ptr<LocalGroup>> tp_groups, dp_groups;
-  for (int d = 0; d < seg.dp; ++d) tp_groups.push_back(std::make_unique<LocalGroup>(seg.tp));
-  for (int t = 0; t < seg.tp; ++t) dp_groups.push_back(std::make_unique<LocalGroup>(seg.dp));
-  std::vector<Result> per_rank(static_cast<std::size_t>(world));
-  run_local_ranks(world, [&](Communicator& comm) {
-    const int r = comm.rank(), t = r % seg.tp, d = r / seg.tp;
-    LocalCommunicator tp_comm(*tp_groups[static_cast<std::size_t>(d)], t);
-    LocalCommunicator dp_comm(*dp_groups[static_cast<std::size_t>(t)], d);
-    Result& me = per_rank[static_cast<std::size_t>(r)];
-    config::ConfigOptions copts;
-    copts.world_size = seg.dp;
-    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
-    EngineOptions o;
-    o.seed = 11;
-    o.comm = &dp_comm;
-    o.tensor_parallel = seg.tp > 1 ? &tp_comm : nullptr;
-    o.sequence_length = kT;
-    Engine e = initialize(build_model(seg.model, {t, seg.tp}), c, o);
-    CheckpointManager checkpoints(e);
-    const auto gather = [&e](Params& into) { e.gather_master_params([&](const std::string& n, const Tensor& v) { into[n] = values(v); }); };
-    if (seg.whole) {
-      checkpoints.load_whole_state(*seg.whole);
-      if (seg.save_dir) checkpoints.save(*seg.save_dir, "loaded");
-    }
-    EXPECT_EQ(e.state().global_steps, seg.from);
-    gather(me.loaded);
-    for (int step = seg.from; step < seg.to; ++step) {
-      for (int g = 0; g < gas; ++g) {
-        Tokens b = slot_batch(step, g * seg.dp + d);
-        e.forward(b.batch());
-        e.backward();
-        e.step();
-      }
-      me.losses.push_back(e.state().last_step_loss);
-      if (step + 1 == seg.save_mid_after) {
-        checkpoints.save(*seg.save_dir, "mid");
-        gather(me.at_mid);
-      }
-    }
-    checkpoints.wait();
-    gather(me.final);
-  });
-  for (std::size_t r = 1; r < per_rank.size(); ++r) EXPECT_EQ(per_rank[r].losses, per_rank[0].losses) << "rank " << r;
-  return per_rank.front();
+// The runs here: the Llama model (GQA, tied embeddings) with a warmup schedule, so that the
+// schedule's position is part of the state.
+MeshSegment segment() {
+  MeshSegment s;
+  s.model = kLlamaModel;
+  s.extra_json = R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-2, "warmup_num_steps": 4}})";
+  return s;
 }
 
 // A dstrain checkpoint read back whole: every parameter's master and Adam states, the counters and
@@ -143,30 +77,30 @@ WholeTrainingState whole_state_of(const fs::path& dir, const std::string& tag) {
   return ws;
 }
 
-Tolerance one_step_tolerance() { return {1e-6, 1.5e-6, 0.0, 3e-5, 3e-6, 2e-4}; }
 
 TEST(WholeStateLoad, OneRankStateLoadsAtOtherMeshesExactly) {
   TempDir dir("whole_state");
-  Segment a;
+  MeshSegment a = segment();
   a.stage = 1;
   a.to = 2;
   a.save_dir = dir.path;
   a.save_mid_after = 1;
-  const Result saved = run(a);
+  const MeshResult saved = run_mesh(a);
   const WholeTrainingState ws = whole_state_of(dir.path, "mid");
   for (const auto& [name, v] : saved.at_mid) ASSERT_TRUE(ws.masters.at(name) == v) << name;
   for (const auto& [tp, dp, stage] : std::vector<std::tuple<int, int, int>>{{1, 1, 0}, {1, 2, 3}, {2, 2, 1}, {4, 1, 2}, {2, 1, 3}}) {
     SCOPED_TRACE(fmt::format("load at TP {} x DP {}, stage {}", tp, dp, stage));
     TempDir out("whole_state_out");
-    Segment b;
+    MeshSegment b = segment();
     b.tp = tp;
     b.dp = dp;
     b.stage = stage;
     b.from = 1;
     b.to = 2;
     b.whole = &ws;
+    b.save_loaded = true;
     b.save_dir = out.path;
-    const Result r = run(b);
+    const MeshResult r = run_mesh(b);
     // The loaded masters and states: the given ones exactly.
     for (const auto& [name, v] : ws.masters) EXPECT_TRUE(r.loaded.at(name) == v) << name;
     const WholeTrainingState back = whole_state_of(out.path, "loaded");
@@ -186,11 +120,11 @@ TEST(WholeStateLoad, OneRankStateLoadsAtOtherMeshesExactly) {
 // Each broken state: an Error naming what is wrong, and the engine as initialize made it.
 TEST(WholeStateLoad, ErrorsLeaveTheEngineUnchanged) {
   TempDir dir("whole_state_err");
-  Segment a;
+  MeshSegment a = segment();
   a.to = 1;
   a.save_dir = dir.path;
   a.save_mid_after = 1;
-  run(a);
+  run_mesh(a);
   const WholeTrainingState good = whole_state_of(dir.path, "mid");
   const std::string p0 = good.masters.begin()->first;
   std::vector<std::pair<std::string, std::function<void(WholeTrainingState&)>>> cases = {
