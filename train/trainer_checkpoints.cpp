@@ -95,7 +95,7 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
     try {
       check_deepspeed_exportable(model, config.optimizer.type);
     } catch (const Error& e) {
-      fail("--save-format {}: this model cannot be saved in DeepSpeed's layout: {}", save_format_name(options.save_format), e.what());
+      fail("--save-format {}: this run cannot be saved in DeepSpeed's layout: {}", save_format_name(options.save_format), e.what());
     }
   }
   if (!options.resume_deepspeed.empty() && !options.resume.empty())
