@@ -3,6 +3,7 @@
 #include "formats/torch_pickle.h"
 #include "formats/torch_zip_reader.h"
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -826,7 +827,18 @@ std::vector<float> TorchPickle::read_fp32(const TorchValue& v) const {
     const DType from = dt == "F32" ? DType::fp32 : dt == "F16" ? DType::fp16 : DType::bf16;
     std::vector<float> out(static_cast<std::size_t>(n));
     // In bounds: every tensor was checked to lie inside its storage when the file was opened.
-    convert(it->second.data() + static_cast<std::size_t>(t.storage_offset) * dtype_size(from), from, out.data(), DType::fp32, out.size());
+    const char* src = it->second.data() + static_cast<std::size_t>(t.storage_offset) * dtype_size(from);
+    if (from == DType::fp32) {
+      std::memcpy(out.data(), src, out.size() * sizeof(float));
+    } else if (reinterpret_cast<std::uintptr_t>(src) % alignof(std::uint16_t) == 0) {
+      convert(src, from, out.data(), DType::fp32, out.size());
+    } else {
+      // torch.save aligns each storage to 64 bytes; a file that does not (hand-made or damaged)
+      // is read through an aligned copy rather than through a misaligned 16-bit load.
+      std::vector<std::uint16_t> aligned(out.size());
+      std::memcpy(aligned.data(), src, aligned.size() * sizeof(std::uint16_t));
+      convert(aligned.data(), from, out.data(), DType::fp32, out.size());
+    }
     return out;
   }
   const std::vector<double> d = read_f64(v);
