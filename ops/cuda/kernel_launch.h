@@ -89,6 +89,12 @@ cudaError_t launch_swiglu_forward(void* out, const void* gate, const void* up, D
 cudaError_t launch_swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up, DType t, std::int64_t n,
                                    cudaStream_t s);
 
+// quantize.cu (ops/kernels/quantize.h): packed holds quantize_packed_words(n, bits, block) int32;
+// bits 4 or 8. quantize zeroes the value words first when a block boundary can fall inside a word.
+cudaError_t launch_quantize_blocks(std::int32_t* packed, const void* x, DType t, std::int64_t n, int bits, std::int64_t block, cudaStream_t s);
+cudaError_t launch_dequantize_blocks(void* out, const std::int32_t* packed, DType t, std::int64_t n, int bits, std::int64_t block, bool accumulate,
+                                     cudaStream_t s);
+
 // rope.cu: x (B, T, H, D) rotated on heads [0, rotate_heads), the others copied (out may alias
 // inp); transpose: the inverse rotation (rope_backward). inv_freq: D/2 fp32 on the device.
 cudaError_t launch_rope(void* out, const void* inp, const float* inv_freq, DType t, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,

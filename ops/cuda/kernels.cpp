@@ -602,6 +602,17 @@ void scale_grads(Tensor grads, float factor) {
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_scale(grads.data, grads.dtype, grads.numel(), factor, kStream));
 }
 
+void quantize_blocks(Tensor packed, Tensor x, int bits, std::int64_t block) {
+  use_device_of(x);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_quantize_blocks(static_cast<std::int32_t*>(packed.data), x.data, x.dtype, x.numel(), bits, block, kStream));
+}
+
+void dequantize_blocks(Tensor out, Tensor packed, int bits, std::int64_t block, bool accumulate) {
+  use_device_of(out);
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_dequantize_blocks(out.data, static_cast<const std::int32_t*>(packed.data), out.dtype, out.numel(), bits,
+                                                           block, accumulate, kStream));
+}
+
 void lamb_update(Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, std::span<const TensorRange> ranges, Tensor lamb_coeffs,
                  const LambConfig& c) {
   use_device_of(params);

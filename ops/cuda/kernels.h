@@ -18,6 +18,7 @@
 #include "ops/kernels/moe.h"
 #include "ops/kernels/newton_schulz.h"
 #include "ops/kernels/optimizer_rule.h"
+#include "ops/kernels/quantize.h"
 #include "ops/kernels/sgd.h"
 #include "ops/tensor.h"
 
@@ -107,6 +108,12 @@ void optimizer_rule_update(const RuleStep& step, Tensor params, Tensor grads, st
 // block partials live in a 16 KiB device buffer per device, allocated on first use.
 GradNormOverflow grad_norm_overflow(Tensor grads);
 void scale_grads(Tensor grads, float factor);
+
+// Block quantization (quantize.cu): the CPU's bits (packed words compare equal; a non-finite
+// block's dequantized NaNs may carry another payload). Words shared by two blocks are ORed into
+// with atomicOr, which is order-free: deterministic.
+void quantize_blocks(Tensor packed, Tensor x, int bits, std::int64_t block);
+void dequantize_blocks(Tensor out, Tensor packed, int bits, std::int64_t block, bool accumulate);
 
 // ops/kernels/tensor_ops.h. copy_tensor: one side may be host memory (cudaMemcpy, cudaMemcpyDefault).
 void zero_tensor(Tensor t);
