@@ -12,6 +12,9 @@
 // and is clamped, is off by at most d. dstrain's one difference: a block holding an inf or a NaN
 // stores d = NaN and q = 0, so it dequantizes to NaN — an fp16 gradient overflow survives the
 // quantization and the step's overflow check still sees it (DeepSpeed's s = 0 would give 0·inf).
+// The stored NaN is 0x7fc00000 on every backend. All of s, d, x·s and q·d are single fp32
+// operations, so their limits are fp32's: a block whose m is below 2^(bits−1) / FLT_MAX (< 4e-37)
+// gets s = inf, d = 0 and dequantizes to zeros (the kernels take a NaN x·s, from 0·inf, as q = 0).
 //
 // Layout of a packed message for n elements, block size b (the last block may be shorter):
 //   words [0, value_words(n, bits))          the q values, as bytes in element order: int8 one per
