@@ -74,6 +74,7 @@ void for_each_figure(Report& r, F&& f) {
   f(r.peak_gathered_param_elements);
   for (auto& b : r.step_comm.bytes) f(b);
   for (auto& c : r.step_comm.calls) f(c);
+  for (auto& b : r.step_comm.cross_node_bytes) f(b);
 }
 
 }  // namespace dstrain

@@ -46,6 +46,7 @@ struct TrainArgs {
   std::int64_t num_ranks = 1;              // data-parallel ranks, as threads of this process (local communicator)
   std::string device = "cpu";              // where the engine trains: cpu, cuda, cuda:N
   std::string comm = "auto";               // the communicator backend: auto, local, mpi, nccl
+  std::int64_t ranks_per_node = 0;         // 0: the launcher's / MPI's node layout
   std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
   AutoValueArgs autos;                     // the config's "auto" values, as check-config takes them
 };
@@ -70,6 +71,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.device = args.device;
   o.num_ranks = args.num_ranks;
   o.comm = args.comm;
+  o.ranks_per_node = args.ranks_per_node;
   o.checkpoint_activations = args.checkpoint_activations;
   o.bf16_stochastic_rounding = args.bf16_stochastic_rounding;
   o.megatron_sequence_parallel = args.megatron_sequence_parallel;
@@ -194,6 +196,10 @@ void add_train_command(CLI::App& app) {
                   "world size (train_batch_size = micro-batch x gradient_accumulation_steps x N)")
       ->check(whole_number_at_least(1))
       ->capture_default_str();
+  cmd->add_option("--ranks-per-node", args->ranks_per_node,
+                  "Ranks per node (machine): rank r is on node r / N, for ZeRO++ / MiCS groups and the cross-node bytes of --summary-json; "
+                  "must divide the world size (default: MPI's or the launcher's node layout; --num-ranks threads: one node)")
+      ->check(whole_number_at_least(1));
   cmd->add_option("--comm", args->comm,
                   "The communicator between the ranks: local (--num-ranks threads of this process), mpi (each process mpirun / "
                   "mpiexec / srun --mpi=pmix starts is a rank, on the cpu; docs/mpi.md), nccl (a GPU per process), or auto: mpi under an "

@@ -465,7 +465,7 @@ void RankTrainer::after_step(double dt) {
       }
       if (comms != nullptr) {
         // DeepSpeed's comms.log_summary() table, this rank's collectives since the start.
-        std::string table = format_comms_table(comms->rows());
+        std::string table = format_comms_table(comms->rows(), comms->node_count() > 1);
         if (!table.empty() && table.back() == '\n') table.pop_back();
         say(table);
       }

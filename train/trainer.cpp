@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <type_traits>
@@ -22,9 +23,10 @@ nlohmann::json comm_json(const CommStats& c) {
   nlohmann::json j;
   for (int k = 0; k < kCollectiveKinds; ++k) {
     const auto kind = static_cast<CollectiveKind>(k);
-    j[std::string(collective_name(kind))] = {{"bytes", c.bytes_sent(kind)}, {"calls", c.call_count(kind)}};
+    j[std::string(collective_name(kind))] = {
+        {"bytes", c.bytes_sent(kind)}, {"calls", c.call_count(kind)}, {"cross_node_bytes", c.cross_node_bytes_sent(kind)}};
   }
-  j["total"] = {{"bytes", c.total_bytes_sent()}, {"calls", c.total_calls()}};
+  j["total"] = {{"bytes", c.total_bytes_sent()}, {"calls", c.total_calls()}, {"cross_node_bytes", c.total_cross_node_bytes()}};
   return j;
 }
 
@@ -94,6 +96,45 @@ std::vector<ZeroReport> gather_reports(Communicator& comm, const ZeroReport& min
   return reports;
 }
 
+// The world communicator's nodes (docs/parallelism.md "Nodes"), set before the mesh splits it (its
+// groups inherit them): --ranks-per-node N puts rank r on node r / N (over what MPI found); without
+// it a launcher's processes (nccl) are placed by its local world size when it gives one, MPI's by
+// MPI_Comm_split_type (the communicator did it), local ranks stay on one node. Returns where the
+// layout came from ("" when nothing set it).
+std::string set_world_nodes(Communicator& comm, const TrainingPlan& plan, const TrainerOptions& options) {
+  const auto by_blocks = [&comm](int per_node) {
+    std::vector<int> nodes(static_cast<std::size_t>(comm.world_size()));
+    for (int r = 0; r < comm.world_size(); ++r) nodes[static_cast<std::size_t>(r)] = r / per_node;
+    comm.set_nodes(std::move(nodes));
+  };
+  if (options.ranks_per_node > 0) {
+    by_blocks(static_cast<int>(options.ranks_per_node));
+    return "--ranks-per-node";
+  }
+  if (plan.comm == "mpi") return "MPI_Comm_split_type";
+  if (plan.launcher_group && plan.launch.local_world_size > 0 && comm.world_size() % plan.launch.local_world_size == 0) {
+    by_blocks(plan.launch.local_world_size);
+    return fmt::format("the local world size of {}", plan.launch.launcher);
+  }
+  return "";
+}
+
+// "world 8 ranks on 2 nodes of 4 ranks (from --ranks-per-node)"; "" on one node.
+std::string nodes_line(const Communicator& comm, const std::string& source) {
+  if (comm.node_count() <= 1) return "";
+  int least = comm.world_size(), most = 0;
+  std::vector<int> seen;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const int node = comm.node_of(r);
+    if (std::find(seen.begin(), seen.end(), node) != seen.end()) continue;
+    seen.push_back(node);
+    least = std::min(least, comm.ranks_on_node(node));
+    most = std::max(most, comm.ranks_on_node(node));
+  }
+  return fmt::format("world {} ranks on {} nodes of {} ranks (from {})", comm.world_size(), comm.node_count(),
+                     least == most ? fmt::format("{}", least) : fmt::format("{} to {}", least, most), source);
+}
+
 }  // namespace
 
 Trainer::Trainer(ConfigText config, std::string model, TrainerOptions options)
@@ -117,6 +158,10 @@ TrainResult Trainer::run() {
   std::optional<StopSignalHandler> signals;
   if (options_.handle_signals) signals.emplace();
   const auto train_rank = [&](Communicator* comm, std::size_t slot) {
+    if (comm != nullptr) {
+      const std::string line = nodes_line(*comm, set_world_nodes(*comm, plan, options_));
+      if (comm->rank() == 0 && !line.empty()) trainer_print(options_, line);
+    }
     RankTrainer rank(plan, options_, comm);
     rank.run();
     result.reports[slot] = rank.zero_report();

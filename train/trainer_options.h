@@ -53,6 +53,12 @@ struct TrainerOptions {
   // nccl when a launcher started it with --device cuda, else local), "local" (--num-ranks threads),
   // "mpi" (the processes of MPI_COMM_WORLD; docs/mpi.md) or "nccl" (a launcher's processes, a GPU each).
   std::string comm = "auto";
+  // Ranks per node (machine): rank r is on node r / ranks_per_node, for the communicators' node
+  // layout (Communicator::set_nodes: ZeRO++ / MiCS groups, the cross-node bytes of --summary-json).
+  // 0: not given — local ranks one node, mpi what MPI_Comm_split_type finds, a launcher's processes
+  // its local world size when it gives one (LaunchEnv::local_world_size), else one node. Must
+  // divide the world size. docs/parallelism.md "Nodes".
+  std::int64_t ranks_per_node = 0;
   // The local rank a launcher passed as an argument (DeepSpeed's launcher appends --local_rank=N);
   // nullopt: none. Must agree with the launcher's environment (LOCAL_RANK, ...).
   std::optional<std::int64_t> local_rank;

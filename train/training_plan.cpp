@@ -154,6 +154,17 @@ std::string resolve_comm(const TrainerOptions& o, const Device& device, std::str
   return device.is_cuda() ? "nccl" : "local";  // nccl only under a launcher (plan_training)
 }
 
+// --ranks-per-node N: N >= 1 dividing the world (0: not given).
+void check_ranks_per_node(std::int64_t n, int world) {
+  if (n == 0 || (n >= 1 && world % n == 0)) return;
+  std::string divisors;
+  for (int d = 1; d <= world; ++d)
+    if (world % d == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", d);
+  fail("--ranks-per-node {}: {}; the world has {} rank{}, so give one of its divisors: {}", n,
+       n < 1 ? "must be >= 1 (the ranks on each node)" : "does not divide the world size (every node must hold the same number of ranks)", world,
+       world == 1 ? "" : "s", divisors);
+}
+
 // --comm mpi: this process is one rank of MPI_COMM_WORLD, whose rank and size MPI itself gives
 // (after MPI_Init_thread); the launcher's variables only have to agree with them.
 void plan_mpi_world(TrainingPlan& plan, const TrainerOptions& options) {
@@ -498,6 +509,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
                      : plan.world > 1    ? fmt::format("comm: local, {} ranks as threads of this process (--num-ranks)", plan.world)
                                          : std::string("comm: none (1 rank)");
   }
+  check_ranks_per_node(options.ranks_per_node, plan.world);
   const bool lead_process = plan.launch.rank == 0;  // prints the config's warnings and resolved values
 
   // ---- the inputs exist, the outputs spare them and can be written ----

@@ -129,7 +129,7 @@ std::string convert_comm_size(std::uint64_t bytes) {
   return s + " " + kNames[i];
 }
 
-void CommsLog::record(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms) {
+void CommsLog::record(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms, std::uint64_t cross_node_bytes) {
   const CommBandwidth bw = comm_bandwidth(kind, msg_bytes, latency_ms, world_size_);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = std::find_if(ops_.begin(), ops_.end(), [&](const Op& o) { return o.kind == kind; });
@@ -142,6 +142,7 @@ void CommsLog::record(CollectiveKind kind, std::uint64_t msg_bytes, double laten
   e.total_latency_ms += latency_ms;
   e.algbw_ms_product += bw.algbw_gbps * latency_ms;
   e.busbw_ms_product += bw.busbw_gbps * latency_ms;
+  e.cross_node_bytes += cross_node_bytes;
   e.recent_latency_ms.push_back(latency_ms);
   if (e.recent_latency_ms.size() > kCommsLogWindow) e.recent_latency_ms.pop_front();
 }
@@ -156,6 +157,7 @@ std::vector<CommsLogRow> CommsLog::rows() const {
       r.msg_bytes = size;
       r.count = e.count;
       r.total_latency_ms = e.total_latency_ms;
+      r.cross_node_bytes = e.cross_node_bytes;
       std::vector<double> lat(e.recent_latency_ms.begin(), e.recent_latency_ms.end()), alg, bus;
       for (double t : lat) {
         const CommBandwidth bw = comm_bandwidth(o.kind, size, t, world_size_);
@@ -202,15 +204,17 @@ std::uint64_t CommsLog::total_calls() const {
   return n;
 }
 
-std::string format_comms_table(const std::vector<CommsLogRow>& rows) {
-  std::string out = fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}\n", "Comm. Op", "Message Size", "Count", "Total Latency(ms)",
+std::string format_comms_table(const std::vector<CommsLogRow>& rows, bool cross_node) {
+  std::string out = fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}", "Comm. Op", "Message Size", "Count", "Total Latency(ms)",
                                 "Avg Latency(ms)", "tput_avg (Gbps)", "busbw_avg (Gbps)");
+  out += cross_node ? fmt::format("{:<20}\n", "Cross-node Bytes") : std::string("\n");
   const std::string* op = nullptr;
   for (const CommsLogRow& r : rows) {
     if (op == nullptr || *op != r.op) out += r.op + "\n";
     op = &r.op;
-    out += fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}\n", " ", convert_comm_size(r.msg_bytes), r.count, fixed2(r.total_latency_ms),
+    out += fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}", " ", convert_comm_size(r.msg_bytes), r.count, fixed2(r.total_latency_ms),
                        fixed2(r.avg_latency_ms), fixed2(r.algbw_avg_gbps), fixed2(r.busbw_avg_gbps));
+    out += cross_node ? fmt::format("{:<20}\n", convert_comm_size(r.cross_node_bytes)) : std::string("\n");
   }
   return out;
 }
@@ -222,7 +226,7 @@ std::string format_comms_call(CollectiveKind kind, std::uint64_t msg_bytes, doub
 }
 
 CommsLogger::CommsLogger(Communicator& inner, CommsLoggerOptions options)
-    : Communicator(inner.rank(), inner.world_size()), inner_(inner), options_(std::move(options)), log_(inner.world_size()) {
+    : Communicator(inner.rank(), inner.world_size()), inner_(inner), options_(std::move(options)), log_(inner.world_size(), inner.node_count()) {
   for (CollectiveKind k : kAllKinds) {
     bool on = options_.prof_all;
     CollectiveKind named;
@@ -236,6 +240,11 @@ CommsLogger::CommsLogger(Communicator& inner, CommsLoggerOptions options)
   auto& a2av = profiled_[static_cast<std::size_t>(CollectiveKind::all_to_all_v)];
   a2a = a2av = a2a || a2av;
   if (!options_.clock_ms) options_.clock_ms = default_clock_ms;
+  // The inner communicator's nodes, so this one's stats() count the same cross-node bytes; a split
+  // child, wrapping the inner's child (which inherited them), copies them the same way.
+  std::vector<int> nodes(static_cast<std::size_t>(inner.world_size()));
+  for (int r = 0; r < inner.world_size(); ++r) nodes[static_cast<std::size_t>(r)] = inner.node_of(r);
+  set_nodes(std::move(nodes));
 }
 
 namespace {
@@ -268,14 +277,16 @@ void CommsLogger::timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn) {
     fn();
     return;
   }
+  const std::uint64_t cross_before = inner_.stats().total_cross_node_bytes();
   const double start = options_.clock_ms();
   fn();
   if (options_.synchronize) options_.synchronize();
-  record(kind, msg_bytes, options_.clock_ms() - start);
+  const double ms = options_.clock_ms() - start;
+  record(kind, msg_bytes, ms, inner_.stats().total_cross_node_bytes() - cross_before);
 }
 
-void CommsLogger::record(CollectiveKind kind, std::uint64_t msg_bytes, double ms) {
-  log_.record(kind, msg_bytes, ms);
+void CommsLogger::record(CollectiveKind kind, std::uint64_t msg_bytes, double ms, std::uint64_t cross_node_bytes) {
+  log_.record(kind, msg_bytes, ms, cross_node_bytes);
   if (options_.verbose) {
     const std::string line = format_comms_call(kind, msg_bytes, ms, world_size());
     if (options_.print) {
@@ -343,7 +354,12 @@ struct LoggedBatch final : PendingPointToPoint {
   PointToPointRequest inner;
   double start_ms = 0.0;
   bool profiled = false;
-  std::vector<std::pair<CollectiveKind, std::uint64_t>> ops;  // (kind, bytes)
+  struct Op {
+    CollectiveKind kind;
+    std::uint64_t bytes;
+    std::uint64_t cross_node_bytes;  // a send to another node: its bytes
+  };
+  std::vector<Op> ops;
 };
 
 }  // namespace
@@ -353,7 +369,8 @@ std::unique_ptr<PendingPointToPoint> CommsLogger::do_start_send_recv(std::span<c
   for (const PointToPointOp& op : ops) {
     const CollectiveKind kind = op.is_send ? CollectiveKind::send : CollectiveKind::recv;
     batch->profiled = batch->profiled || profiles(kind);
-    batch->ops.emplace_back(kind, op.buffer.nbytes());
+    const bool off_node = op.is_send && node_of(op.peer) != node_of(rank());
+    batch->ops.push_back({kind, op.buffer.nbytes(), off_node ? op.buffer.nbytes() : 0});
   }
   if (batch->profiled) batch->start_ms = options_.clock_ms();
   batch->inner = inner_.start_send_recv(ops);
@@ -366,8 +383,8 @@ void CommsLogger::do_wait(PendingPointToPoint& pending) {
   if (!batch.profiled) return;
   if (options_.synchronize) options_.synchronize();
   const double ms = options_.clock_ms() - batch.start_ms;
-  for (const auto& [kind, bytes] : batch.ops)
-    if (profiles(kind)) record(kind, bytes, ms);
+  for (const LoggedBatch::Op& op : batch.ops)
+    if (profiles(op.kind)) record(op.kind, op.bytes, ms, op.cross_node_bytes);
 }
 
 // The inner request abandons itself (its backend's way); nothing is logged as completed.

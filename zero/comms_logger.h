@@ -30,7 +30,9 @@
 //   - the table (log_all): per op, per size ascending: Count, Total Latency(ms), and the trimmed
 //     means (10% off each end, timer.py trim_mean) of latency, algbw and busbw. The means are over
 //     the latest kCommsLogWindow calls of that op and size (DeepSpeed keeps every call; a long run
-//     would grow without bound); count and total over all.
+//     would grow without bound); count and total over all. dstrain's addition: when the group spans
+//     nodes (Communicator::node_count() > 1), one more column, the bytes of those calls that crossed
+//     nodes (cross_node_bytes_sent, summed over all); with one node the table is DeepSpeed's.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +77,7 @@ struct CommsLogRow {
   double avg_latency_ms = 0.0;  // trimmed means
   double algbw_avg_gbps = 0.0;
   double busbw_avg_gbps = 0.0;
+  std::uint64_t cross_node_bytes = 0;  // over every call of the row (cross_node_bytes_sent)
 };
 
 // One op over every message size, for the monitors: calls, message bytes, total latency, and the
@@ -91,11 +94,13 @@ struct CommsOpTotals {
 // The records of one rank; thread-safe (with overlap_comm the collectives run on a worker thread).
 class CommsLog {
  public:
-  explicit CommsLog(int world_size) : world_size_(world_size) {}
+  explicit CommsLog(int world_size, int node_count = 1) : world_size_(world_size), node_count_(node_count) {}
 
-  void record(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms);
+  // `cross_node_bytes`: of the call's traffic, the bytes that crossed nodes (0 on one node).
+  void record(CollectiveKind kind, std::uint64_t msg_bytes, double latency_ms, std::uint64_t cross_node_bytes = 0);
 
   int world_size() const { return world_size_; }
+  int node_count() const { return node_count_; }  // the logged group's nodes: > 1 adds the table's cross-node column
   // Ops in the order they were first logged (DeepSpeed's dict order), sizes ascending.
   std::vector<CommsLogRow> rows() const;
   std::vector<CommsOpTotals> op_totals() const;
@@ -107,6 +112,7 @@ class CommsLog {
     double total_latency_ms = 0.0;
     double algbw_ms_product = 0.0;  // Σ algbw·t, Σ busbw·t
     double busbw_ms_product = 0.0;
+    std::uint64_t cross_node_bytes = 0;
     std::deque<double> recent_latency_ms;  // the latest kCommsLogWindow
   };
   struct Op {
@@ -114,13 +120,15 @@ class CommsLog {
     std::map<std::uint64_t, Entry> by_size;
   };
   int world_size_;
+  int node_count_;
   mutable std::mutex mutex_;
   std::vector<Op> ops_;  // first-logged order
 };
 
 // log_all's print: a header, then per op its name and one line per message size, 20-character
-// columns, values with 2 decimals. Lines end in '\n'.
-std::string format_comms_table(const std::vector<CommsLogRow>& rows);
+// columns, values with 2 decimals. Lines end in '\n'. `cross_node` (the group spans nodes) adds a
+// last column, "Cross-node Bytes" (convert_comm_size of the row's cross_node_bytes).
+std::string format_comms_table(const std::vector<CommsLogRow>& rows, bool cross_node = false);
 
 // The per-call line of `verbose`:
 // "comm op: all_reduce | time (ms): 0.12 | msg size: 6.0 MB | algbw (Gbps): 954.41 | busbw (Gbps): 894.76"
@@ -142,7 +150,8 @@ std::vector<std::string> unknown_comms_ops(const std::vector<std::string>& prof_
 
 class CommsLogger final : public Communicator {
  public:
-  // `inner` must outlive the logger; every collective of the logger runs on it.
+  // `inner` must outlive the logger; every collective of the logger runs on it. The logger takes
+  // inner's nodes (Communicator::set_nodes) as they are now: set them on inner before wrapping it.
   CommsLogger(Communicator& inner, CommsLoggerOptions options);
   // The same, owning `inner` (a split's child: see do_split).
   CommsLogger(std::unique_ptr<Communicator> inner, CommsLoggerOptions options);
@@ -192,7 +201,7 @@ class CommsLogger final : public Communicator {
   template <typename Fn>
   void timed(CollectiveKind kind, std::uint64_t msg_bytes, Fn&& fn);
   // Logs one profiled call that took `ms` (and prints it when verbose).
-  void record(CollectiveKind kind, std::uint64_t msg_bytes, double ms);
+  void record(CollectiveKind kind, std::uint64_t msg_bytes, double ms, std::uint64_t cross_node_bytes);
 
   std::unique_ptr<Communicator> owned_inner_;  // set when the logger owns inner_
   Communicator& inner_;

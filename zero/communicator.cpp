@@ -100,17 +100,50 @@ std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, i
   return 0;
 }
 
+std::uint64_t cross_node_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, int ranks_off_node, int node_count,
+                                    bool is_root) {
+  DSTRAIN_CHECK(world_size >= 1, "cross_node_bytes_sent: world size must be >= 1, got {}", world_size);
+  DSTRAIN_CHECK(ranks_off_node >= 0 && ranks_off_node < world_size && node_count >= 1 && node_count <= world_size,
+                "cross_node_bytes_sent: {} ranks on other nodes and {} nodes do not fit a world of {} ranks", ranks_off_node, node_count,
+                world_size);
+  const auto w = static_cast<std::uint64_t>(world_size);
+  const auto o = static_cast<std::uint64_t>(ranks_off_node);
+  if (node_count == 1) return 0;
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return 2 * o * buffer_bytes / w;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_gather:
+    case CollectiveKind::all_to_all:
+      return o * buffer_bytes / w;
+    case CollectiveKind::broadcast:
+      return is_root ? buffer_bytes * static_cast<std::uint64_t>(node_count - 1) : 0;
+    case CollectiveKind::barrier:
+    case CollectiveKind::recv:
+      return 0;
+    case CollectiveKind::send:
+      return o > 0 ? buffer_bytes : 0;
+    case CollectiveKind::all_to_all_v:  // the caller passes the bytes to the ranks on other nodes
+      return buffer_bytes;
+  }
+  return 0;
+}
+
 CommStats operator-(const CommStats& later, const CommStats& earlier) {
   CommStats d;
   for (std::size_t k = 0; k < d.bytes.size(); ++k) {
     d.bytes[k] = later.bytes[k] - earlier.bytes[k];
     d.calls[k] = later.calls[k] - earlier.calls[k];
+    d.cross_node_bytes[k] = later.cross_node_bytes[k] - earlier.cross_node_bytes[k];
   }
   return d;
 }
 
 std::uint64_t CommStats::total_bytes_sent() const { return std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0}); }
 std::uint64_t CommStats::total_calls() const { return std::accumulate(calls.begin(), calls.end(), std::uint64_t{0}); }
+std::uint64_t CommStats::total_cross_node_bytes() const {
+  return std::accumulate(cross_node_bytes.begin(), cross_node_bytes.end(), std::uint64_t{0});
+}
 
 std::chrono::milliseconds default_comm_timeout() {
   const char* env = std::getenv("DSTRAIN_COMM_TIMEOUT");
@@ -142,6 +175,36 @@ Communicator::Communicator(int rank, int world_size) : rank_(rank), world_size_(
   DSTRAIN_CHECK(rank >= 0 && rank < world_size, "rank {} is outside world size {} (ranks are 0..{})", rank, world_size, world_size - 1);
   sends_to_.assign(static_cast<std::size_t>(world_size), 0);
   recvs_from_.assign(static_cast<std::size_t>(world_size), 0);
+  node_of_rank_.assign(static_cast<std::size_t>(world_size), 0);
+}
+
+int Communicator::node_of(int rank) const {
+  DSTRAIN_CHECK(rank >= 0 && rank < world_size_, "node_of: rank {} is outside this group of {} ranks (ranks 0..{})", rank, world_size_,
+                world_size_ - 1);
+  return node_of_rank_[static_cast<std::size_t>(rank)];
+}
+
+int Communicator::node_count() const { return node_count_; }
+
+int Communicator::ranks_on_node(int node) const {
+  return static_cast<int>(std::count(node_of_rank_.begin(), node_of_rank_.end(), node));
+}
+
+void Communicator::set_nodes(std::vector<int> node_of_rank) {
+  DSTRAIN_CHECK(node_of_rank.size() == static_cast<std::size_t>(world_size_),
+                "set_nodes on rank {}: {} node ids for a group of {} ranks; pass one node id per rank of this group (a split group's "
+                "world_size(), not the global one)",
+                rank_, node_of_rank.size(), world_size_);
+  for (std::size_t r = 0; r < node_of_rank.size(); ++r) {
+    DSTRAIN_CHECK(node_of_rank[r] >= 0, "set_nodes on rank {}: rank {} has node id {}; node ids are >= 0", rank_, r, node_of_rank[r]);
+  }
+  std::vector<int> distinct = node_of_rank;
+  std::sort(distinct.begin(), distinct.end());
+  node_count_ = static_cast<int>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
+  const int mine = node_of_rank[static_cast<std::size_t>(rank_)];
+  ranks_off_node_ = static_cast<int>(std::count_if(node_of_rank.begin(), node_of_rank.end(), [mine](int n) { return n != mine; }));
+  node_of_rank_ = std::move(node_of_rank);
+  nodes_given_ = true;
 }
 
 template <typename Fn>
@@ -156,6 +219,7 @@ void Communicator::run(CollectiveKind kind, std::uint64_t buffer_bytes, bool is_
   auto& s = stats_;
   s.calls[static_cast<std::size_t>(kind)] += 1;
   s.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, buffer_bytes, world_size_, is_root);
+  s.cross_node_bytes[static_cast<std::size_t>(kind)] += cross_node_bytes_sent(kind, buffer_bytes, world_size_, ranks_off_node_, node_count_, is_root);
 }
 
 void Communicator::all_reduce(Tensor buf, ReduceOp op) {
@@ -265,6 +329,7 @@ std::int64_t Communicator::check_counts(const std::string& call, std::span<const
 void Communicator::all_to_all_v(Tensor send, std::span<const std::int64_t> send_counts, Tensor recv, std::span<const std::int64_t> recv_counts) {
   // The bytes to the other ranks, for stats(); computed once the counts are known to be sane.
   std::uint64_t sent_bytes = 0;
+  std::uint64_t cross_bytes = 0;  // of them, to ranks on other nodes
   run(CollectiveKind::all_to_all_v, 0, false, [&] {
     const auto call = fmt::format("all_to_all_v #{} on rank {}", sequence_, rank_);
     check_dtype(call, send.dtype, "send");
@@ -280,11 +345,17 @@ void Communicator::all_to_all_v(Tensor send, std::span<const std::int64_t> send_
     check_data(call, recv, "recv");
     DSTRAIN_CHECK(!overlaps(send, recv), "{}: send ({}) and recv ({}) overlap; all_to_all_v has no in-place form. Fix: use two buffers",
                   call, send.str(), recv.str());
-    for (int j = 0; j < world_size_; ++j)
-      if (j != rank_) sent_bytes += static_cast<std::uint64_t>(send_counts[static_cast<std::size_t>(j)]) * dtype_size(send.dtype);
+    const int my_node = node_of_rank_[static_cast<std::size_t>(rank_)];
+    for (int j = 0; j < world_size_; ++j) {
+      if (j == rank_) continue;
+      const std::uint64_t block = static_cast<std::uint64_t>(send_counts[static_cast<std::size_t>(j)]) * dtype_size(send.dtype);
+      sent_bytes += block;
+      if (node_of_rank_[static_cast<std::size_t>(j)] != my_node) cross_bytes += block;
+    }
     do_all_to_all_v(send, send_counts, recv, recv_counts);
   });
   stats_.bytes[static_cast<std::size_t>(CollectiveKind::all_to_all_v)] += world_size_ > 1 ? sent_bytes : 0;
+  stats_.cross_node_bytes[static_cast<std::size_t>(CollectiveKind::all_to_all_v)] += cross_bytes;
 }
 
 std::vector<std::int64_t> Communicator::exchange_counts(std::span<const std::int64_t> send_counts) {
@@ -317,6 +388,12 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
                   rank_, sequence_, color);
     std::unique_ptr<Communicator> child = do_split(color, key);
     DSTRAIN_CHECK(child != nullptr, "split on rank {}: the {} backend returned no communicator", rank_, backend());
+    if (node_count_ > 1 && !child->nodes_given_) {
+      // The child's members learn each other's nodes: every member sends its node to every member.
+      const std::vector<std::int64_t> mine(static_cast<std::size_t>(child->world_size()), node_of_rank_[static_cast<std::size_t>(rank_)]);
+      const std::vector<std::int64_t> theirs = child->exchange_counts(mine);
+      child->set_nodes(std::vector<int>(theirs.begin(), theirs.end()));
+    }
     return child;
   } catch (const Error& e) {
     on_error(e.what());
@@ -371,8 +448,14 @@ void Communicator::point_to_point(CollectiveKind kind, const Tensor& buf, int pe
     on_error(e.what());
     throw;
   }
+  count_point_to_point(kind, buf.nbytes(), peer);
+}
+
+void Communicator::count_point_to_point(CollectiveKind kind, std::uint64_t bytes, int peer) {
+  const bool off_node = node_of_rank_[static_cast<std::size_t>(peer)] != node_of_rank_[static_cast<std::size_t>(rank_)];
   stats_.calls[static_cast<std::size_t>(kind)] += 1;
-  stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, buf.nbytes(), world_size_);
+  stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, bytes, world_size_);
+  stats_.cross_node_bytes[static_cast<std::size_t>(kind)] += cross_node_bytes_sent(kind, bytes, world_size_, off_node ? 1 : 0, node_count_);
 }
 
 // point_to_point for a whole batch: every op is checked before any is numbered or posted (so a bad
@@ -415,7 +498,7 @@ PointToPointRequest Communicator::start_send_recv(std::span<const PointToPointOp
   }
   request.comm_ = this;
   request.counted_.reserve(n);
-  for (const PointToPointOp& op : ops) request.counted_.emplace_back(op.is_send, op.buffer.nbytes());
+  for (const PointToPointOp& op : ops) request.counted_.push_back({op.is_send, op.buffer.nbytes(), op.peer});
   return request;
 }
 
@@ -423,7 +506,7 @@ void Communicator::wait(PointToPointRequest& request) {
   if (!request.pending()) return;
   DSTRAIN_CHECK(request.comm_ == this, "Communicator::wait on rank {}: the request was started on another communicator; wait it there", rank_);
   std::unique_ptr<PendingPointToPoint> state = std::move(request.state_);
-  const std::vector<std::pair<bool, std::uint64_t>> counted = std::move(request.counted_);
+  const std::vector<PointToPointRequest::Counted> counted = std::move(request.counted_);
   request.comm_ = nullptr;
   request.counted_.clear();
   if (state != nullptr) {
@@ -434,11 +517,7 @@ void Communicator::wait(PointToPointRequest& request) {
       throw;
     }
   }
-  for (const auto& [is_send, bytes] : counted) {
-    const CollectiveKind kind = is_send ? CollectiveKind::send : CollectiveKind::recv;
-    stats_.calls[static_cast<std::size_t>(kind)] += 1;
-    stats_.bytes[static_cast<std::size_t>(kind)] += ring_bytes_sent(kind, bytes, world_size_);
-  }
+  for (const PointToPointRequest::Counted& c : counted) count_point_to_point(c.is_send ? CollectiveKind::send : CollectiveKind::recv, c.bytes, c.peer);
 }
 
 void Communicator::send_recv(std::span<const PointToPointOp> ops) {

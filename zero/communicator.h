@@ -123,15 +123,41 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", ..., "s
 // W = 1: every collective sends 0 bytes (and a group of one has no peer to send to).
 std::uint64_t ring_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, bool is_root = false);
 
-// Per-rank counters: bytes sent (as defined above) and number of calls, per kind of collective.
+// "Cross-node bytes" sent by one rank for one collective: the part of its traffic that leaves its
+// node (Communicator::set_nodes), what ZeRO++'s hierarchical partitioning and MiCS cut down. The
+// "pairwise" model: the bytes this rank addresses to ranks on other nodes if every rank sent its
+// data straight to each rank that needs it — exact for all-to-all, and for hierarchical algorithms
+// built from per-node groups (each group's own counters); a flat ring crossing nodes may move less
+// (only its links between nodes). With o = the number of ranks of the group on other nodes than
+// this rank (`ranks_off_node`), N = buffer bytes as ring_bytes_sent defines them, W = world size
+// and `node_count` the number of distinct nodes of the group:
+//   all_reduce      2·o·N / W     (rounded down, as ring_bytes_sent)
+//   reduce_scatter  o·N / W
+//   all_gather      o·N / W
+//   all_to_all      o·N / W       (exchange_counts: its all_to_all of 8·W bytes, so 8·o)
+//   broadcast       N·(node_count − 1) on the root (the buffer once to each other node), 0 elsewhere
+//   barrier         0
+//   send            N when the peer is on another node (pass ranks_off_node = 1), else 0
+//   recv            0             (counted once, by the sender)
+//   all_to_all_v    N             (N = the bytes of the blocks to ranks on other nodes: exact, from
+//                                  send_counts; the caller passes them)
+// One node (o = 0, node_count = 1, every communicator's default): 0 for every kind.
+std::uint64_t cross_node_bytes_sent(CollectiveKind kind, std::uint64_t buffer_bytes, int world_size, int ranks_off_node, int node_count,
+                                    bool is_root = false);
+
+// Per-rank counters: bytes sent (ring_bytes_sent), of them the bytes that cross nodes
+// (cross_node_bytes_sent, with the communicator's nodes) and number of calls, per kind of collective.
 struct CommStats {
   std::array<std::uint64_t, kCollectiveKinds> bytes{};
   std::array<std::uint64_t, kCollectiveKinds> calls{};
+  std::array<std::uint64_t, kCollectiveKinds> cross_node_bytes{};
 
   std::uint64_t bytes_sent(CollectiveKind kind) const { return bytes[static_cast<std::size_t>(kind)]; }
   std::uint64_t call_count(CollectiveKind kind) const { return calls[static_cast<std::size_t>(kind)]; }
+  std::uint64_t cross_node_bytes_sent(CollectiveKind kind) const { return cross_node_bytes[static_cast<std::size_t>(kind)]; }
   std::uint64_t total_bytes_sent() const;
   std::uint64_t total_calls() const;
+  std::uint64_t total_cross_node_bytes() const;
 };
 
 // What was sent between two snapshots of one rank's counters (later − earlier, per kind).
@@ -193,7 +219,12 @@ class PointToPointRequest {
 
   Communicator* comm_ = nullptr;
   std::unique_ptr<PendingPointToPoint> state_;  // null: the backend completed the batch at once
-  std::vector<std::pair<bool, std::uint64_t>> counted_;  // (is_send, buffer bytes) per op, for stats()
+  struct Counted {
+    bool is_send;
+    std::uint64_t bytes;  // the buffer's
+    int peer;
+  };
+  std::vector<Counted> counted_;  // per op, for stats()
 };
 
 class Communicator {
@@ -312,7 +343,29 @@ class Communicator {
   // or calls something else, within the timeout); nccl calls ncclCommSplit, which they do not
   // count. A color < 0 (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR: "no group for this rank") is refused:
   // every rank gets a group. Errors poison this group as a failed collective does.
+  //
+  // The child inherits this group's nodes (set_nodes below). When this group spans nodes
+  // (node_count() > 1), split() then runs one exchange_counts on the child, each rank sending its
+  // node to every member (that works on every backend: NCCL stages it through device memory), and
+  // sets the child's nodes from it; that exchange is counted in the child's sequence() and stats()
+  // (an all_to_all of 8·W bytes, its cross-node bytes counted as 0: the child's nodes are not known
+  // yet). With one node (the default) split issues nothing more than the backend's agreement above.
   std::unique_ptr<Communicator> split(int color, int key);
+
+  // The node (machine) of each rank of this group: ZeRO++ and MiCS build their hierarchical
+  // collectives from it, and stats() counts the bytes that cross nodes with it
+  // (cross_node_bytes_sent). Default: every rank on node 0. Node ids are kept as given (a split
+  // child keeps its parent's), so a group on one node may have every rank on, say, node 1.
+  int node_of(int rank) const;        // Error naming the rank when outside [0, world_size())
+  int node_count() const;             // number of distinct node ids
+  int ranks_on_node(int node) const;  // how many ranks of this group are on that node (0 for an id none has)
+  // Sets the node of every rank of this group (node_of_rank.size() == world_size(), ids >= 0; an
+  // Error naming the sizes / the bad id otherwise). Every rank must pass the same vector (not
+  // checked: no collective). Call before issuing collectives whose cross-node bytes matter: the
+  // counters count each call with the nodes set at that time. The world communicator gets it from
+  // the launcher (MpiCommunicator: MPI_Comm_split_type; dstrain train: --ranks-per-node or the
+  // launcher's local world size; docs/parallelism.md "Nodes").
+  void set_nodes(std::vector<int> node_of_rank);
 
   // Blocks the calling thread until every collective issued so far has completed (no-op for
   // backends that complete on return). Fails with Error after the timeout rather than hang.
@@ -392,6 +445,8 @@ class Communicator {
   friend class PointToPointRequest;
   // send and recv: checks, numbers, do_send / do_recv, counts.
   void point_to_point(CollectiveKind kind, const Tensor& buf, int peer);
+  // One completed send or recv of `bytes` with `peer` into stats().
+  void count_point_to_point(CollectiveKind kind, std::uint64_t bytes, int peer);
   // An Error naming `name` unless `peer` is another rank of this communicator.
   void check_peer(std::string_view name, int peer, bool sending) const;
   void check_full_and_shard(const std::string& call, const Tensor& full, const char* full_name, const Tensor& shard, const char* shard_name) const;
@@ -404,6 +459,13 @@ class Communicator {
   std::vector<std::uint64_t> sends_to_;    // per peer
   std::vector<std::uint64_t> recvs_from_;  // per peer
   CommStats stats_;
+  // set_nodes: the node of each rank, the number of distinct ids, the ranks on other nodes than
+  // this one (o of cross_node_bytes_sent), and whether set_nodes was called (split inherits only
+  // into a child that has no nodes of its own yet: a wrapper's child copies its inner child's).
+  std::vector<int> node_of_rank_;
+  int node_count_ = 1;
+  int ranks_off_node_ = 0;
+  bool nodes_given_ = false;
 };
 
 }  // namespace dstrain

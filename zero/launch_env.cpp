@@ -17,15 +17,16 @@ struct Launcher {
   const char* rank;
   const char* size;
   const char* local_rank;
+  const char* local_size;
 };
 
 // MPICH's and Intel MPI's mpiexec (Hydra) come before srun: Hydra starts its proxies with srun
 // inside a Slurm allocation, so its ranks inherit the proxy's SLURM_PROCID as well.
 constexpr Launcher kLaunchers[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-    {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-    {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 };
 
 // A strict decimal integer: the whole value, no sign games, no trailing text ("3 " and "3x" fail).
@@ -99,6 +100,21 @@ LaunchEnv detect_launch_env(const EnvLookup& getenv) {
     } else {
       env.local_rank = env.world_size == 1 ? 0 : env.rank;
       if (env.world_size > 1) env.note = fmt::format("{} is not set; assuming one node, local rank = {} = {}", l.local_rank, l.rank, env.rank);
+    }
+    if (const auto local_size = getenv(l.local_size); local_size && !local_size->empty()) {
+      const bool slurm_form = std::string_view(l.name) == "srun" && local_size->find_first_not_of("0123456789") != std::string::npos &&
+                              local_size->find_first_of("(,") != std::string::npos;
+      if (slurm_form) {
+        // "4(x2),3": tasks per node differ between nodes; no single local world size.
+        const std::string text = fmt::format("{}={} is not one number (nodes run different task counts); the node layout is unknown", l.local_size,
+                                             *local_size);
+        env.note = env.note.empty() ? text : env.note + "; " + text;
+      } else {
+        env.local_world_size = parse_int(l.name, l.local_size, *local_size);
+        DSTRAIN_CHECK(env.local_world_size >= 1 && env.local_world_size <= env.world_size,
+                      "{}={} but {}={}: a local world size must be in 1..{} (this node's processes, at most the world's)", l.local_size,
+                      env.local_world_size, l.size, env.world_size, env.world_size);
+      }
     }
     if (std::string_view(l.name) == "srun") {
       if (const auto ip = getenv("SLURM_LAUNCH_NODE_IPADDR"); ip && !ip->empty()) {

@@ -212,6 +212,42 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
   seen_.assign(w, Call{});
   has_seen_.assign(w, false);
   received_.assign(w, Call{});
+  // The process's communicator learns which ranks share a machine; a split's child inherits them
+  // (Communicator::split).
+  if (sets_log_rank && world_size() > 1) detect_nodes();
+}
+
+void MpiCommunicator::detect_nodes() {
+  // The ranks of one shared-memory domain (a node) agree on its smallest rank; every rank learns
+  // every rank's by an all-gather. Blocking MPI calls without deadline, as MPI_Comm_split: every
+  // process has joined the duplicates above, so they all come here next.
+  const int me = rank();
+  int leader = me;
+  std::vector<int> leaders(static_cast<std::size_t>(world_size()));
+  int status = MPI_SUCCESS;
+  {
+    const MpiLock lock(mpi_mutex());
+    MPI_Comm shared = MPI_COMM_NULL;
+    status = MPI_Comm_split_type(ctrl_, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &shared);
+    if (status == MPI_SUCCESS) {
+      status = MPI_Allreduce(&me, &leader, 1, MPI_INT, MPI_MIN, shared);
+      MPI_Comm_free(&shared);
+    }
+    if (status == MPI_SUCCESS) status = MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, ctrl_);
+  }
+  if (status != MPI_SUCCESS) {
+    fail_with(fmt::format("MPI communicator: finding the ranks of each node (MPI_Comm_split_type, MPI_Allgather) failed on rank {}: {}", me,
+                          mpi_error_text(status)));
+  }
+  // Node ids 0, 1, ... in order of first appearance.
+  std::vector<int> nodes(leaders.size());
+  std::vector<int> seen;
+  for (std::size_t r = 0; r < leaders.size(); ++r) {
+    const auto it = std::find(seen.begin(), seen.end(), leaders[r]);
+    nodes[r] = static_cast<int>(it - seen.begin());
+    if (it == seen.end()) seen.push_back(leaders[r]);
+  }
+  set_nodes(std::move(nodes));
 }
 
 MpiCommunicator::~MpiCommunicator() {

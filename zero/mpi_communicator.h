@@ -51,6 +51,10 @@
 // a send returns once its recv is posted: the local backend's rendezvous, and NCCL's. The ops of a
 // batch, and separate requests, progress independently, so no op waits for another.
 //
+// Nodes: the communicator the public constructor makes (the process's, MPI_COMM_WORLD's) learns
+// which ranks share a machine from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) (detect_nodes below);
+// a split's child inherits them (Communicator::split).
+//
 // Sub-groups (split): the ranks first exchange (color, key) in an all_gather on this communicator
 // (step 1 bounds it: a rank that never splits is named within the timeout), then call
 // MPI_Comm_split, which has no deadline but runs only once every rank has reached it. The child is
@@ -132,6 +136,11 @@ class MpiCommunicator final : public Communicator {
   // child does not.
   MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank);
 
+  // The process's communicator (public constructor): each rank's node from
+  // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) — node id = the order in which the nodes' smallest
+  // ranks appear (0 for rank 0's) — gathered with MPI_Allgather, then set_nodes. Not counted in
+  // sequence() or stats().
+  void detect_nodes();
   // Step 1 above: throws naming the missing ranks or the mismatch.
   void arrive(const Call& call);
   // Step 2: one message of `count` elements to or from `peer` (none when count is 0).

@@ -261,3 +261,48 @@ TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
 }
 
 }  // namespace
+
+// (d) --ranks-per-node: the node layout of the world (docs/parallelism.md "Nodes"). A value that
+// does not divide the world is refused before step 1 naming the option; 2 ranks per node on 4
+// local ranks at stage 3 count cross-node bytes in --summary-json's step_comm — for a rank with
+// o = 2 of its 3 peers on the other node, 2/3 of the ring bytes of every all-reduce, reduce-scatter
+// and all-gather (the pairwise model, zero/communicator.h) — while 4 per node (one node) count none.
+TEST_F(TrainMultirankCli, RanksPerNodeSetsTheNodesAndCountsCrossNodeBytes) {
+  const CliResult bad = run_dstrain(train_args(config(3, 1), "4", 0) + " --steps 1 --ranks-per-node 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--ranks-per-node 3"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("divisors: 1, 2, 4"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out.find("step 1/"), std::string::npos) << bad.out;
+  const CliResult zero = run_dstrain(train_args(config(3, 1), "4", 0) + " --steps 1 --ranks-per-node 0");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.err.find("--ranks-per-node"), std::string::npos) << zero.err;
+
+  for (const int per_node : {2, 4}) {
+    SCOPED_TRACE("--ranks-per-node " + std::to_string(per_node));
+    const fs::path json = dir_ / ("nodes" + std::to_string(per_node) + ".json");
+    const CliResult r =
+        run_dstrain(train_args(config(3, 1), "4", 0) + " --steps 2 --ranks-per-node " + std::to_string(per_node) + " --summary-json " + q(json));
+    ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+    EXPECT_EQ(r.out.find("world 4 ranks on 2 nodes of 2 ranks (from --ranks-per-node)") != std::string::npos, per_node == 2) << r.out;
+    const nlohmann::json z = summary(json)["zero"];
+    ASSERT_EQ(z["ranks"].size(), 4u);
+    for (const nlohmann::json& rk : z["ranks"]) {
+      const nlohmann::json& c = rk["step_comm"];
+      ASSERT_TRUE(c["total"].contains("cross_node_bytes")) << c.dump();
+      const auto cross = [&](const char* kind) { return c[kind]["cross_node_bytes"].get<std::uint64_t>(); };
+      const auto ring = [&](const char* kind) { return c[kind]["bytes"].get<std::uint64_t>(); };
+      std::uint64_t sum = 0;
+      for (const auto& [kind, v] : c.items()) {
+        if (kind != "total") sum += v["cross_node_bytes"].get<std::uint64_t>();
+      }
+      EXPECT_EQ(c["total"]["cross_node_bytes"].get<std::uint64_t>(), sum);
+      if (per_node == 4) {
+        EXPECT_EQ(sum, 0u);
+        continue;
+      }
+      EXPECT_GT(cross("all_gather"), 0u);
+      EXPECT_GT(cross("reduce_scatter"), 0u);
+      for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"}) EXPECT_EQ(3 * cross(kind), 2 * ring(kind)) << kind;
+    }
+  }
+}

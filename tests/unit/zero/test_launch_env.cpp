@@ -159,3 +159,40 @@ TEST(LaunchEnv, ErrorsNameTheVariables) {
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}), HasSubstr("MASTER_PORT=70000 is not a TCP port"));
   EXPECT_THAT(error_of({{"MASTER_PORT", "http"}}), HasSubstr("MASTER_PORT=http"));
 }
+
+// The local world size (processes on this node) each launcher gives: dstrain train's node layout
+// (rank r on node r / local_world_size) when --ranks-per-node is not given.
+TEST(LaunchEnv, LocalWorldSizeOfEachLauncher) {
+  EXPECT_EQ(detect({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}).local_world_size, 4);
+  EXPECT_EQ(detect({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "16"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "6"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}})
+                .local_world_size,
+            8);
+  EXPECT_EQ(detect({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}}).local_world_size, 2);
+  EXPECT_EQ(detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "3"}}).local_world_size, 3);
+  // Unset: unknown.
+  EXPECT_EQ(detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}}).local_world_size, 0);
+  EXPECT_EQ(detect({}).local_world_size, 0);
+  // Another launcher's variable does not count: torchrun wins, and its LOCAL_WORLD_SIZE is unset.
+  EXPECT_EQ(detect({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}).local_world_size, 0);
+}
+
+TEST(LaunchEnv, SlurmUnevenTasksPerNodeLeavesTheLocalWorldSizeUnknown) {
+  const LaunchEnv e = detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "3"}, {"SLURM_NTASKS_PER_NODE", "4(x2)"}});
+  EXPECT_EQ(e.local_world_size, 0);
+  EXPECT_THAT(e.note, HasSubstr("SLURM_NTASKS_PER_NODE=4(x2)"));
+  const LaunchEnv u = detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "4,3"}});
+  EXPECT_EQ(u.local_world_size, 0);
+  EXPECT_THAT(u.note, HasSubstr("SLURM_NTASKS_PER_NODE=4,3"));
+}
+
+TEST(LaunchEnv, LocalWorldSizeErrorsNameTheVariables) {
+  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "two"}}),
+              HasSubstr("LOCAL_WORLD_SIZE=two (set by torchrun) is not an integer"));
+  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "0"}}),
+              HasSubstr("LOCAL_WORLD_SIZE=0 but WORLD_SIZE=4: a local world size must be in 1..4"));
+  EXPECT_THAT(error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "5"}}),
+              HasSubstr("OMPI_COMM_WORLD_LOCAL_SIZE=5 but OMPI_COMM_WORLD_SIZE=4"));
+  EXPECT_THAT(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "x"}}),
+              HasSubstr("SLURM_NTASKS_PER_NODE=x (set by srun) is not an integer"));
+}

@@ -948,6 +948,35 @@ TEST(MpiCollectives, SplitWithANegativeColorFailsEverywhere) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Nodes: mpiexec on one machine puts every process on one shared-memory node, which the world
+// communicator finds (MPI_Comm_split_type), so nothing crosses nodes. Then a layout set by hand
+// (rank parity as the node) is inherited by a split child through its exchange, and the child's
+// all-reduce counts 2·o·N/W cross-node bytes, o = the ranks of the other parity.
+TEST(MpiCollectives, NodesFromSharedMemoryAndInheritedBySplit) {
+  const int w = world(), r = me();
+  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  EXPECT_EQ(mpi.node_count(), 1);
+  for (int q = 0; q < w; ++q) EXPECT_EQ(mpi.node_of(q), 0);
+  EXPECT_EQ(mpi.sequence(), 0u);  // finding the nodes is not a counted collective
+  EXPECT_EQ(mpi.stats().total_calls(), 0u);
+
+  std::vector<int> parity(static_cast<std::size_t>(w));
+  for (int q = 0; q < w; ++q) parity[static_cast<std::size_t>(q)] = q % 2;
+  mpi.set_nodes(parity);
+  std::unique_ptr<Communicator> child = mpi.split(0, r);
+  ASSERT_EQ(child->world_size(), w);
+  EXPECT_EQ(child->node_count(), 2);
+  for (int q = 0; q < w; ++q) EXPECT_EQ(child->node_of(q), q % 2);
+  EXPECT_EQ(child->sequence(), 1u);  // the inherit exchange
+  HostBuf buf(DType::fp32, 8);
+  for (std::int64_t i = 0; i < 8; ++i) buf.set(i, 1.0);
+  child->all_reduce(buf.tensor(), ReduceOp::sum);
+  // Ranks of the other parity: W = 2: 1; W = 3: rank 0 and 2 see 1, rank 1 sees 2; W = 4: 2.
+  const int other = r % 2 == 0 ? w / 2 : (w + 1) / 2;
+  EXPECT_EQ(child->stats().cross_node_bytes_sent(CollectiveKind::all_reduce), 2u * static_cast<std::uint64_t>(other) * 32u / static_cast<std::uint64_t>(w));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 }  // namespace dstrain
 
