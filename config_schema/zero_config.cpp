@@ -132,13 +132,13 @@ SectionSpec zero_section_spec() {
                           bool_field("ignore_unused_parameters", true, "Tolerate parameters without gradients (stage 2)."),
                           bool_field("legacy_stage1", false, "Removed in DeepSpeed 0.5.9; true is an error."),
                           bool_field("round_robin_gradients", false, "CPU-offload gradient copy parallelism (stages 1-2)."),
-                          int_field("zero_hpz_partition_size", 1, "ZeRO++ hierarchical partition size; > 1 not provided by dstrain.").min(0),
-                          bool_field("zero_quantized_weights", false, "ZeRO++ quantized weights; not provided by dstrain."),
-                          bool_field("zero_quantized_nontrainable_weights", false, "ZeRO++ quantized frozen weights; not provided."),
-                          bool_field("zero_quantized_gradients", false, "ZeRO++ quantized gradients; not provided by dstrain."),
-                          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; not provided."),
-                          int_field("mics_shard_size", -1, "> 0 enables MiCS; not provided by dstrain."),
-                          bool_field("mics_hierarchical_params_gather", false, "MiCS hierarchical gather; not provided."),
+                          int_field("zero_hpz_partition_size", 1, "ZeRO++ hpZ: a secondary 16-bit weight shard over groups of this many ranks (a node) for the backward gathers; 1 = off.").min(0),
+                          bool_field("zero_quantized_weights", false, "ZeRO++ qwZ: stage-3 parameter all-gathers in int8 blocks."),
+                          bool_field("zero_quantized_nontrainable_weights", false, "ZeRO++: int8 gathers of frozen weights (dstrain trains every parameter)."),
+                          bool_field("zero_quantized_gradients", false, "ZeRO++ qgZ: int4 hierarchical all-to-all gradient reduce-scatter across nodes."),
+                          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; refused (not implemented)."),
+                          int_field("mics_shard_size", -1, "> 0: MiCS, parameters and states sharded over groups of this many ranks, replicated across groups."),
+                          bool_field("mics_hierarchical_params_gather", false, "MiCS: all-gather across nodes first, then within the node."),
                           bool_field("memory_efficient_linear", true, "Memory-efficient linear autograd function (stage 3)."),
                           bool_field("pipeline_loading_checkpoint", false, "Pipeline checkpoint loading (stage 3)."),
                           bool_field("override_module_apply", true, "Gather parameters inside module.apply (stage 3)."),
@@ -253,16 +253,26 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
                            "Set stage to 3 to offload them, or remove \"offload_param\"",
                            to_string(p.device), z.stage));
   }
-  if (z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1 ||
-      !z.zeropp_loco_param.is_null())
+  // ZeRO++ and MiCS (docs/zero.md §10): stage-3 features; DeepSpeed reads them only in its stage-3
+  // optimizer and MiCS_Init, so at stages 0-2 they have no effect there, nor here.
+  const bool zeropp = z.zero_quantized_weights || z.zero_quantized_nontrainable_weights || z.zero_quantized_gradients || z.zero_hpz_partition_size > 1;
+  if ((zeropp || z.mics_shard_size > 0) && z.stage != 3)
     ctx.warn("zero_optimization",
-             "dstrain does not provide ZeRO++ (zero_quantized_weights/zero_quantized_nontrainable_weights/"
-             "zero_quantized_gradients, zero_hpz_partition_size > 1, zeropp_loco_param); these settings are ignored "
-             "and plain ZeRO communication is used");
-  if (z.mics_shard_size > 0)
-    ctx.warn("zero_optimization.mics_shard_size",
-             "dstrain does not provide MiCS; mics_shard_size is ignored and parameters are sharded over all "
-             "data-parallel ranks");
+             fmt::format("ZeRO++ (zero_quantized_weights, zero_quantized_gradients, zero_hpz_partition_size) and MiCS (mics_shard_size) act on "
+                         "ZeRO stage 3's parameter gathers and gradient reduce-scatters; at stage {} DeepSpeed ignores them, and so does "
+                         "dstrain. Set stage to 3 to use them",
+                         z.stage));
+  if (!z.zeropp_loco_param.is_null())
+    fail(
+        "zero_optimization.zeropp_loco_param: LoCo (error-feedback compensation for qgZ's int4 gradients) is not implemented by dstrain, "
+        "and training without it would silently drop the compensation asked for. Fix: remove zeropp_loco_param (qgZ then runs as "
+        "DeepSpeed's all_to_all_quant_reduce), or train with DeepSpeed");
+  if (z.zero_quantized_weights && z.mics_shard_size > 0 && z.mics_hierarchical_params_gather)
+    fail(
+        "zero_optimization: zero_quantized_weights with mics_hierarchical_params_gather — the quantized all-gather is one flat gather of "
+        "int8 blocks and the hierarchical one a two-level gather of 16-bit values; a gather cannot be both. Fix: drop one of them");
+  if (z.mics_hierarchical_params_gather && z.mics_shard_size <= 0)
+    ctx.warn("zero_optimization.mics_hierarchical_params_gather", "mics_hierarchical_params_gather has no effect without mics_shard_size > 0");
   if (!z.zenflow.is_null()) ctx.warn("zero_optimization.zenflow", "dstrain does not provide ZenFlow; the zenflow block is ignored");
   if (z.elastic_checkpoint && z.stage == 3) ctx.warn("zero_optimization.elastic_checkpoint", "elastic_checkpoint has no effect at stage 3");
 }

@@ -67,12 +67,12 @@ struct ZeroConfig {
   bool ignore_unused_parameters = true;
   bool legacy_stage1 = false;
   bool round_robin_gradients = false;
-  std::int64_t zero_hpz_partition_size = 1;  // ZeRO++ hpZ (not provided)
-  bool zero_quantized_weights = false;       // ZeRO++ qwZ (not provided)
+  std::int64_t zero_hpz_partition_size = 1;  // ZeRO++ hpZ (docs/zero.md §10)
+  bool zero_quantized_weights = false;       // ZeRO++ qwZ
   bool zero_quantized_nontrainable_weights = false;
-  bool zero_quantized_gradients = false;  // ZeRO++ qgZ (not provided)
-  Json zeropp_loco_param;                 // null or {err_beta, reset_T}
-  std::int64_t mics_shard_size = -1;      // > 0 enables MiCS (not provided)
+  bool zero_quantized_gradients = false;  // ZeRO++ qgZ
+  Json zeropp_loco_param;                 // null or {err_beta, reset_T}: refused (LoCo not implemented)
+  std::int64_t mics_shard_size = -1;      // > 0 enables MiCS
   bool mics_hierarchical_params_gather = false;
   bool memory_efficient_linear = true;
   bool pipeline_loading_checkpoint = false;

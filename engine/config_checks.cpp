@@ -18,6 +18,45 @@ namespace dstrain {
 // communicator, optimizer offload to host memory or NVMe, parameter offload at stage 3 (activation checkpointing,
 // cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
 // than trained differently from what the config asks.
+// ZeRO++ and MiCS at stage 3 (docs/zero.md §10): what DeepSpeed refuses, and what cannot mean
+// anything, before step 1. (Below stage 3 the config layer warns that they are ignored.)
+static void check_zeropp(const config::DsConfig& c, const config::StatePlacement& placement, int world_size) {
+  const auto& z = c.zero_optimization;
+  if (z.stage != 3) return;
+  if (z.zero_quantized_gradients && !z.reduce_scatter) {
+    fail(
+        "zero_optimization.zero_quantized_gradients with reduce_scatter: false — qgZ is a reduce-scatter (DeepSpeed runs it in "
+        "__avg_scatter_grads, its reduce-scatter path), and reduce_scatter: false asks for an all-reduce instead. Fix: drop "
+        "reduce_scatter: false, or zero_quantized_gradients");
+  }
+  if (z.zero_quantized_gradients && c.communication_data_type) {
+    fail(
+        "communication_data_type \"{}\" with zero_optimization.zero_quantized_gradients — qgZ sends the gradients as int4 blocks and sums "
+        "them in fp32, so there is no communication dtype to choose. Fix: remove communication_data_type, or zero_quantized_gradients",
+        *c.communication_data_type);
+  }
+  if (z.mics_shard_size > 0) {
+    if (world_size % z.mics_shard_size != 0) {
+      fail("zero_optimization.mics_shard_size {}: the {} data-parallel ranks do not split into shard groups of {} ranks; use a divisor of {}",
+           z.mics_shard_size, world_size, z.mics_shard_size, world_size);
+    }
+    if (z.mics_shard_size < world_size && placement.optimizer != StateHome::device) {
+      fail(
+          "zero_optimization.mics_shard_size {} with offload_optimizer — MiCS averages each partition's gradients across its {} replicas "
+          "on the training device, and DeepSpeed refuses the offloaded case (\"Local sharding has no support for CPU offloading\"). "
+          "Fix: remove offload_optimizer, or mics_shard_size",
+          z.mics_shard_size, world_size / z.mics_shard_size);
+    }
+  }
+  const std::int64_t partition_ranks = z.mics_shard_size > 0 ? z.mics_shard_size : world_size;
+  if (z.zero_hpz_partition_size > 1 && partition_ranks % z.zero_hpz_partition_size != 0) {
+    fail(
+        "zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a "
+        "divisor of {} (the ranks of one node)",
+        z.zero_hpz_partition_size, partition_ranks, z.zero_hpz_partition_size, partition_ranks);
+  }
+}
+
 void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {
@@ -57,6 +96,7 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
         "(DeepSpeed asserts \"Hybrid Optimizer Only Supports DeepSpeedCPUAdam\"); use Adam or AdamW, or set ratio to 1.0",
         placement.offload_ratio, c.optimizer.type);
   }
+  check_zeropp(c, placement, world_size);
   if (!c.managed_gradient_accumulation) {
     fail(
         "managed_gradient_accumulation: false — the client would decide the accumulation boundary, but this engine's step() "

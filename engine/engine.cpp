@@ -442,7 +442,7 @@ void Engine::init_state(const EngineOptions& options) {
   im.init_params = options.init_params;
   im.init_seed = options.seed;
   if (options.init_params) im.set_initial_masters();  // else the zeros ModelStates starts from
-  im.comm_at_step_start = im.comm != nullptr ? im.comm->stats() : CommStats{};
+  im.comm_at_step_start = im.comm != nullptr ? im.zero_comm_stats() : CommStats{};
   if (im.io) im.io_at_step_start = im.io->totals();  // set_masters wrote the NVMe store: not a step's
 }
 
@@ -797,6 +797,7 @@ EngineReport Engine::report() const {
   r.peak_bytes = m.total.peak;
   r.padded_param_elements = im.states->padded_numel();
   r.peak_gathered_param_elements = im.states->peak_gathered_elements();
+  r.secondary_param_bytes = im.states->secondary_param_bytes();
   r.step_comm = im.step_comm;
   return out;
 }
@@ -835,7 +836,7 @@ void Engine::exclude_from_step_comm() {
   Impl& im = *impl_;
   // Between optimizer steps only: then no collective of the next step has been counted yet.
   if (micro_steps_ % gas_ != 0 || have_backward_) return;
-  if (im.comm != nullptr) im.comm_at_step_start = im.comm->stats();
+  if (im.comm != nullptr) im.comm_at_step_start = im.zero_comm_stats();
   if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
 }
 

@@ -131,6 +131,12 @@ struct Engine::Impl {
   bool mixed = false;                             // fp16 or bf16: 16-bit layers, fp32 masters
   Communicator* comm = nullptr;
   int world = 1;
+  // The data-parallel group's collectives and those of the groups ZeRO++ / MiCS split off it.
+  CommStats zero_comm_stats() const {
+    CommStats s = comm != nullptr ? comm->stats() : CommStats{};
+    if (states) s += states->group_stats();
+    return s;
+  }
   CommStats comm_at_step_start;    // counters when the current optimizer step's first micro-step began
   CommStats step_comm;             // the last optimizer step's collectives
   double backward_inner_ms = 0.0;  // the last backward's split (EngineState::last_backward_*)

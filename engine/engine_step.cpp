@@ -49,7 +49,7 @@ void Engine::boundary_step() {
     }
     if (impl_->comm != nullptr) {
       // This step's collectives: everything since the previous step ended.
-      const CommStats now = impl_->comm->stats();
+      const CommStats now = impl_->zero_comm_stats();
       impl_->step_comm = now - impl_->comm_at_step_start;
       impl_->comm_at_step_start = now;
     }
@@ -75,7 +75,8 @@ bool Engine::optimizer_step() {
   // Stage 0: every rank holds the same averaged grads (under expert parallelism: the same experts'
   // grads on the ranks of one expert-data group), and the first rank of the group counts them.
   const bool partitioned = stage >= 1 || local_grads;
-  const bool counts_here = partitioned || im.states->rank() == 0 || im.ep != nullptr;
+  // MiCS: the replicas of a partition hold the same reduced grads; the first replica counts them.
+  const bool counts_here = (partitioned && im.states->partition_replica() == 0) || (!partitioned && im.states->rank() == 0) || im.ep != nullptr;
 
   if (im.mixed) {
     const std::int64_t step_number = global_steps_ + 1;  // 1-based, as --inject-overflow counts

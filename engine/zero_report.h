@@ -43,6 +43,9 @@ struct ZeroReport {
   OffloadIo step_io, train_io;
   std::int64_t padded_param_elements = 0;         // Ψ with each layer padded to split across ranks
   std::int64_t peak_gathered_param_elements = 0;  // stage 3: most parameter elements gathered at once
+  // hpZ (zero_hpz_partition_size): this rank's secondary shard of the 16-bit weights, counted in
+  // param_bytes too (docs/zero.md §10).
+  std::uint64_t secondary_param_bytes = 0;
   // The collectives of the last optimizer step: its micro-steps' backward reductions (and stage 3
   // gathers), the step's (norm², overflow, loss) all-reduce and the post-step all-gather.
   CommStats step_comm;
@@ -72,6 +75,7 @@ void for_each_figure(Report& r, F&& f) {
   }
   f(r.padded_param_elements);
   f(r.peak_gathered_param_elements);
+  f(r.secondary_param_bytes);
   for (auto& b : r.step_comm.bytes) f(b);
   for (auto& c : r.step_comm.calls) f(c);
   for (auto& b : r.step_comm.cross_node_bytes) f(b);

@@ -92,6 +92,13 @@ ZeroSettings zero_settings(const config::DsConfig& c, DType storage, const Optim
   s.model_persistence_threshold = z.model_persistence_threshold;
   s.max_live_parameters = z.max_live_parameters;
   s.max_reuse_distance = z.max_reuse_distance;
+  if (z.stage == 3) {  // below stage 3 they are ignored, as DeepSpeed ignores them (warned by the config)
+    s.quantized_weights = z.zero_quantized_weights;
+    s.hpz_partition_size = static_cast<int>(std::max<std::int64_t>(1, z.zero_hpz_partition_size));
+    s.quantized_gradients = z.zero_quantized_gradients;
+    s.mics_shard_size = z.mics_shard_size > 0 ? static_cast<int>(z.mics_shard_size) : 0;
+    s.mics_hierarchical_gather = z.mics_hierarchical_params_gather;
+  }
   return s;
 }
 

@@ -154,7 +154,10 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double expert
   // ZeRO partitions over the data group: the DP x SP ranks of a tensor-parallel index (sequence
   // parallelism replicates the weights, as data parallelism does; docs/parallelism.md §1).
   const std::int64_t tp = std::max<std::int64_t>(1, cfg.tensor_parallel_size), sp = std::max<std::int64_t>(1, cfg.sequence_parallel_world_size);
-  const double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size) * sp);
+  double W = static_cast<double>(std::max<std::int64_t>(1, cfg.data_parallel_world_size) * sp);
+  // MiCS shards over groups of mics_shard_size ranks and replicates across them (docs/zero.md §10).
+  const auto& z = cfg.zero_optimization;
+  if (stage == 3 && z.mics_shard_size > 0 && static_cast<double>(z.mics_shard_size) < W) W = static_cast<double>(z.mics_shard_size);
   e.zero_ranks = W;
   // Expert parallelism: a rank's expert pieces are partitioned over the expert-data group, the
   // W / EP ranks holding the same experts (zero/device_mesh.h); the rest over the data group.
@@ -204,6 +207,12 @@ MemoryEstimate estimate(double parameters, double rank_parameters, double expert
   e.params_device = e.params;
   e.optimizer_device = e.optimizer;
   place_offloaded(e, cfg, placement, b);
+  if (stage == 3 && z.zero_hpz_partition_size > 1) {
+    // hpZ's secondary shard of the 16-bit weights, 1/h of them, on the training device.
+    e.secondary_params = psi * b / static_cast<double>(z.zero_hpz_partition_size);
+    e.params += e.secondary_params;
+    e.params_device += e.secondary_params;
+  }
   return e;
 }
 

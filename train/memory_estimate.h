@@ -18,7 +18,8 @@
 //               the W / EP ranks holding the same experts; zero/device_mesh.h)
 //   ZeRO's share of a rank's n = Ψ_r elements: (Ψ_r - Ψ_e) / W + Ψ_e / W_e (= Ψ_r / W without
 //               experts; with them the non-expert parameters / W plus the whole model's experts / W)
-//   params      Ψ_r·b         (ZeRO-3: the share)
+//   params      Ψ_r·b         (ZeRO-3: the share; MiCS: over mics_shard_size ranks instead of W;
+//                             hpZ: + Ψ_r·b / zero_hpz_partition_size, its secondary shard)
 //   grads       Ψ_r·b         (ZeRO-2, 3: the share)
 //   optimizer   (4Ψ_r fp32 masters under fp16 / bf16 or optimizer offload) + 8Ψ_r Adam / AdamW / Lamb
 //               moments, or 4Ψ_r per state of an element-wise rule (Adagrad 1, Lion 1, RMSprop 1-3, ...:
@@ -54,6 +55,7 @@ struct MemoryEstimate {
   double zero_ranks = 1.0;         // W, the ranks ZeRO partitions over: data-parallel x sequence-parallel
   double expert_zero_ranks = 1.0;  // W_e = W / EP, the ranks ZeRO partitions the expert pieces over (= W without expert parallelism)
   double params = 0.0, grads = 0.0, optimizer = 0.0, activations = 0.0;  // bytes per rank, wherever they live
+  double secondary_params = 0.0;  // of params: hpZ's secondary shard, Ψ_r·b / zero_hpz_partition_size (on the device)
   // Where params and optimizer are: the training device's memory, host memory by offload (for
   // "nvme": the swap buffers and what max_in_cpu keeps), swap files. device + host + nvme equals the
   // total above except for "nvme", whose host buffers hold copies of what is in the files.

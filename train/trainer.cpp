@@ -57,6 +57,7 @@ nlohmann::json zero_json(const std::vector<ZeroReport>& reports, int world_size)
                      {"peak_bytes", r.peak_bytes},
                      {"padded_param_elements", r.padded_param_elements},
                      {"peak_gathered_param_elements", r.peak_gathered_param_elements},
+                     {"secondary_param_bytes", r.secondary_param_bytes},
                      {"step_comm", comm_json(r.step_comm)}});
   }
   z["ranks"] = ranks;

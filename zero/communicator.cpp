@@ -139,6 +139,15 @@ CommStats operator-(const CommStats& later, const CommStats& earlier) {
   return d;
 }
 
+CommStats& operator+=(CommStats& sum, const CommStats& more) {
+  for (std::size_t k = 0; k < sum.bytes.size(); ++k) {
+    sum.bytes[k] += more.bytes[k];
+    sum.calls[k] += more.calls[k];
+    sum.cross_node_bytes[k] += more.cross_node_bytes[k];
+  }
+  return sum;
+}
+
 std::uint64_t CommStats::total_bytes_sent() const { return std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0}); }
 std::uint64_t CommStats::total_calls() const { return std::accumulate(calls.begin(), calls.end(), std::uint64_t{0}); }
 std::uint64_t CommStats::total_cross_node_bytes() const {

@@ -162,6 +162,8 @@ struct CommStats {
 
 // What was sent between two snapshots of one rank's counters (later − earlier, per kind).
 CommStats operator-(const CommStats& later, const CommStats& earlier);
+// Adds another group's counters (a rank's traffic over several groups, per kind).
+CommStats& operator+=(CommStats& sum, const CommStats& more);
 
 // How long a collective waits for the other ranks before failing: DSTRAIN_COMM_TIMEOUT (seconds,
 // decimals allowed, > 0) or 60 s. Throws Error naming the variable when it is not a positive number.

@@ -26,12 +26,69 @@ ModelStates::ModelStates(std::vector<std::vector<ParamSpec>> specs, std::vector<
   if (expert_comm_ != nullptr && (expert_comm_->world_size() > world_ || world_ % expert_comm_->world_size() != 0)) {
     fail("ModelStates: an expert-data-parallel group of {} ranks does not divide the data-parallel group of {}", expert_comm_->world_size(), world_);
   }
+  make_zeropp_groups();
   const LayoutSizes sizes = lay_out_layers();
   allocate_params_and_grads(sizes);
   const std::vector<FlatRange> groups = make_optimizer_store(sizes.shard);
   cut_partition(groups);
   allocate_staging(groups);
   start_communication();
+}
+
+// ZeRO++ and MiCS (docs/zero.md §10): the groups they split off the data-parallel group, every
+// rank in the same order. MiCS's shard group (consecutive ranks) becomes the group the primary
+// units partition over, its replica group (the same index in every shard group) the one the
+// partition's gradients are averaged over; hpZ's groups are consecutive ranks of the partition
+// group; qgZ and the hierarchical gather split the partition group by node.
+void ModelStates::make_zeropp_groups() {
+  partition_comm_ = comm_;
+  const bool any = s_.quantized_weights || s_.hpz_partition_size > 1 || s_.quantized_gradients || s_.mics_shard_size > 0;
+  if (!any) return;
+  if (s_.stage != 3) fail("ModelStates: ZeRO++ and MiCS partition parameters: they need ZeRO stage 3, the stage is {}", s_.stage);
+  if (expert_comm_ != nullptr) fail("ModelStates: ZeRO++ and MiCS do not apply to the expert-parallel units of a mixture of experts");
+  if (comm_ == nullptr || world_ == 1) return;  // one rank: nothing is gathered or reduced
+  const int r = comm_->rank();
+  if (s_.mics_shard_size > 0) {
+    const int size = s_.mics_shard_size;
+    if (world_ % size != 0) {
+      fail("zero_optimization.mics_shard_size {}: the {} data-parallel ranks do not split into shard groups of {} ranks; use a divisor of {}", size,
+           world_, size, world_);
+    }
+    mics_shard_ = comm_->split(r / size, r);
+    mics_replica_ = comm_->split(r % size, r);
+    partition_comm_ = mics_shard_.get();
+  }
+  Communicator& p = *partition_comm_;
+  if (s_.hpz_partition_size > 1) {
+    const int h = s_.hpz_partition_size;
+    if (p.world_size() % h != 0) {
+      fail("zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a divisor "
+           "of {} (the ranks of one node)",
+           h, p.world_size(), h, p.world_size());
+    }
+    hpz_ = p.split(p.rank() / h, p.rank());
+  }
+  const bool hierarchical = s_.mics_shard_size > 0 && s_.mics_hierarchical_gather;
+  if (hierarchical || (s_.quantized_gradients && p.node_count() > 1)) {
+    nodes_ = std::make_unique<NodeSplit>(
+        split_by_node(p, hierarchical ? "zero_optimization.mics_hierarchical_params_gather" : "zero_optimization.zero_quantized_gradients"));
+    if (hierarchical && nodes_->nodes == 1) {
+      fail("zero_optimization.mics_hierarchical_params_gather: the shard group of {} ranks lies on one node, so there is no hierarchy to gather "
+           "through (DeepSpeed asserts \"sharding spans on single node, no need for hierarchy allgather\"). Fix: set it false, or shard over "
+           "ranks of several nodes (mics_shard_size, --ranks-per-node)",
+           p.world_size());
+    }
+  }
+}
+
+CommStats ModelStates::group_stats() const {
+  CommStats sum;
+  for (const Communicator* c : {mics_shard_.get(), mics_replica_.get(), hpz_.get(), nodes_ ? nodes_->local.get() : nullptr,
+                                nodes_ ? nodes_->cross.get() : nullptr}) {
+    if (c == nullptr) continue;
+    sum += c->stats();
+  }
+  return sum;
 }
 
 // The whole layers' params, the stage-3 parameter store of the partitioned ones (where the
@@ -59,6 +116,7 @@ void ModelStates::allocate_params_and_grads(const LayoutSizes& sizes) {
   } else if (s_.param_home != StateHome::device) {
     fail("ModelStates: parameter offload (home '{}') is a ZeRO stage 3 feature; the stage is {}", state_home_name(s_.param_home), s_.stage);
   }
+  if (sizes.secondary > 0) secondary_ = make(sizes.secondary, s_.storage, MemoryPurpose::params);
   if (s_.stage <= 1) {
     grads_full_ = make(total_numel_, s_.storage, MemoryPurpose::grads);
   } else {
@@ -212,10 +270,25 @@ void ModelStates::gather_layer(std::size_t j) {
     if (units_[u]->partitioned) gather_unit(*units_[u]);
 }
 
-// All-gathers a partitioned unit's whole params over its group into `gathered`.
+// All-gathers a partitioned unit's whole params over its group into `gathered`: from the
+// partition (int8-quantized with qwZ, through the nodes with MiCS's hierarchical gather), or, with
+// hpZ once this training pass has gathered the unit, from the secondary shards within the h ranks.
 void ModelStates::gather_unit(Unit& u) {
   const FlatLayout& lo = u.layout;
   u.gathered = Buffer(alloc_, static_cast<std::size_t>(lo.numel) * dtype_size(s_.storage), MemoryPurpose::params);
+  const bool zeropp = !u.expert && u.world > 1;
+  if (zeropp && hpz_ && u.secondary_valid) {
+    const int h = hpz_->world_size();
+    std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's secondary piece, the chunk)
+    for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
+      const FlatRange c = lo.chunk_range(k);
+      parts.emplace_back(region(secondary_, s_.storage, u.secondary_begin + c.begin / h, c.size() / h), region(u.gathered, s_.storage, c.begin, c.size()));
+    }
+    u.gather_ticket = queue_->submit([comm = hpz_.get(), parts = std::move(parts)] {
+      for (const auto& [send, recv] : parts) comm->all_gather(send, recv);
+    });
+    return;
+  }
   // This rank's shard: in place where it is in the training device's memory; otherwise fetched from
   // the parameter store (offload_param: host memory, or read from NVMe unless prefetched) into a
   // transient buffer the collective sends from.
@@ -235,19 +308,41 @@ void ModelStates::gather_unit(Unit& u) {
     param_store_->release(u.store_unit, false);
     shard = fetched;
   }
-  std::vector<std::pair<Tensor, Tensor>> parts;  // (this rank's shard piece, the chunk in the gathered buffer)
+  struct Part {
+    Tensor send, recv, secondary;  // this rank's shard piece, the chunk in the gathered buffer, its hpZ share
+  };
+  std::vector<Part> parts;
+  const bool fill_secondary = zeropp && hpz_ && training_pass_;
   for (std::int64_t k = 0; k < lo.chunk_count(); ++k) {
     const FlatRange c = lo.chunk_range(k);
-    parts.emplace_back(shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / lo.world),
-                       region(u.gathered, s_.storage, c.begin, c.size()));
+    Part p{shard.slice_rows(lo.shard_offset(k), lo.shard_offset(k) + c.size() / lo.world), region(u.gathered, s_.storage, c.begin, c.size()), {}};
+    if (fill_secondary) p.secondary = region(secondary_, s_.storage, u.secondary_begin + c.begin / hpz_->world_size(), c.size() / hpz_->world_size());
+    parts.push_back(p);
   }
+  u.secondary_valid = fill_secondary;
   Communicator* comm = u.world > 1 ? u.comm : nullptr;
-  u.gather_ticket = queue_->submit([comm, parts = std::move(parts)] {
-    for (const auto& [send, recv] : parts) {
-      if (comm != nullptr) {
-        comm->all_gather(send, recv);
+  const bool quantized = zeropp && s_.quantized_weights;
+  const NodeSplit* hierarchical = zeropp && s_.mics_hierarchical_gather ? nodes_.get() : nullptr;
+  const int hpz_rank = hpz_ ? hpz_->rank() : 0;
+  u.gather_ticket = queue_->submit([comm, parts = std::move(parts), quantized, hierarchical, hpz_rank, scratch = &alloc_] {
+    for (const Part& p : parts) {
+      if (comm == nullptr) {
+        copy_tensor(p.recv, p.send);
+        continue;
+      }
+      if (quantized) {
+        quantized_all_gather(*comm, p.send, p.recv, *scratch);
+      } else if (hierarchical != nullptr) {
+        hierarchical_all_gather(*hierarchical, p.send, p.recv, *scratch);
       } else {
-        copy_tensor(recv, send);
+        comm->all_gather(p.send, p.recv);
+      }
+      if (!p.secondary.empty()) {
+        // hpZ: keep this rank's 1/h of the weights just gathered (dequantized, with qwZ: the
+        // backward then computes with exactly the forward's weights).
+        comm->order_compute_after_collectives();
+        const std::int64_t m = p.secondary.numel();
+        copy_tensor(p.secondary, p.recv.view(Shape{p.recv.numel()}).slice_rows(hpz_rank * m, (hpz_rank + 1) * m));
       }
     }
   });
@@ -272,6 +367,7 @@ void ModelStates::free_unit(Unit& u) {
 void ModelStates::acquire_all() {
   if (s_.stage != 3) return;
   if (coordinator_) coordinator_->end_pass();
+  training_pass_ = false;
   for (const auto& u : units_)
     if (u->partitioned && u->gathered.empty()) gather_unit(*u);
   drain();
@@ -282,6 +378,9 @@ void ModelStates::acquire_all() {
 
 void ModelStates::begin_pass(bool train) {
   if (!coordinator_) return;
+  // hpZ: a new pass gathers its forward from the partition again (the weights may have changed).
+  training_pass_ = train;
+  for (const auto& u : units_) u->secondary_valid = false;
   if (all_acquired_) {
     for (const auto& u : units_)
       if (u->partitioned) free_unit(*u);
@@ -428,10 +527,15 @@ void ModelStates::reduce_transient_grads(Unit& u) {
                        region(grads_shard_, s_.storage, u.shard_begin + lo.shard_offset(k), c.size() / lo.world));
   }
   Buffer* transient = &u.transient_grads;
+  // qgZ across nodes (on one node DeepSpeed, and dstrain, reduce-scatter the 16-bit gradients).
+  const NodeSplit* quantized = s_.quantized_gradients && !u.expert && comm != nullptr ? nodes_.get() : nullptr;
   const CommQueue::Ticket t = queue_->submit([comm, r = u.rank, w = lo.world, parts = std::move(parts), transient, rs = s_.reduce_scatter,
-                                              g = s_.reduction, path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_] {
+                                              g = s_.reduction, path = reduction_path(s_.stage, s_.reduce_scatter), scratch = &alloc_, quantized] {
     for (const auto& [chunk, part] : parts) {
-      if (comm != nullptr) {
+      if (quantized != nullptr) {
+        quantized_reduce_scatter(*quantized, chunk, *scratch);
+        comm->order_compute_after_collectives();
+      } else if (comm != nullptr) {
         reduce_gradients(*comm, chunk, rs, g, path, *scratch);
         comm->order_compute_after_collectives();  // the add below reads what the collective wrote
       }
@@ -450,6 +554,17 @@ void ModelStates::end_backward(bool boundary) {
       flush_allreduce(expert ? expert_comm_ : comm_, p.begin, p.end);
       p = {};
     }
+  }
+  if (boundary && mics_replica_ && mics_replica_->world_size() > 1 && !grads_shard_.empty()) {
+    // MiCS: the partition's gradients, averaged within the shard group, averaged across the
+    // replicas of the partition at the accumulation boundary (DeepSpeed's allreduce_mics_shard_grads),
+    // in buckets of reduce_bucket_size elements: the mean over every data-parallel rank.
+    const std::int64_t n = static_cast<std::int64_t>(grads_shard_.bytes() / dtype_size(s_.storage));
+    std::vector<Tensor> buckets;
+    for (std::int64_t b = 0; b < n; b += s_.reduce_bucket_size) buckets.push_back(region(grads_shard_, s_.storage, b, std::min(s_.reduce_bucket_size, n - b)));
+    queue_->submit([comm = mics_replica_.get(), buckets = std::move(buckets)] {
+      for (const Tensor& b : buckets) comm->all_reduce(b, ReduceOp::avg);
+    });
   }
   drain();
   reductions_in_flight_.clear();
@@ -485,7 +600,9 @@ void ModelStates::zero_grads() {
     if (!b->empty()) zero_tensor(b->tensor(s_.storage, Shape{static_cast<std::int64_t>(b->bytes() / dtype_size(s_.storage))}));
 }
 
-void ModelStates::all_reduce_sum(Tensor values) {
+void ModelStates::all_reduce_sum(Tensor values) { sum_over(comm_, values); }
+
+void ModelStates::sum_over(Communicator* comm, const Tensor& values) {
   if (world_ == 1) return;
   // Host values with device collectives go through a device buffer: the small one kept for the
   // step's all-reduce, or a temporary one for more.
@@ -500,7 +617,6 @@ void ModelStates::all_reduce_sum(Tensor values) {
     }
     copy_tensor(t, values);
   }
-  Communicator* comm = comm_;
   queue_->submit([comm, t] { comm->all_reduce(t, ReduceOp::sum); });
   drain();                 // the caller reads the sums next: bounded by the communicator's timeout first
   copy_tensor(values, t);  // a no-op when t is values
@@ -509,13 +625,17 @@ void ModelStates::all_reduce_sum(Tensor values) {
 void ModelStates::all_reduce_sum(std::span<double> values) {
   // Stage 0: every rank holds the whole partition, so its sums are already the model's.
   if (s_.stage == 0 || world_ == 1 || values.empty()) return;
-  all_reduce_sum(Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}));
+  partition_sum(Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}));
 }
 
 void ModelStates::all_reduce_sum(std::span<float> values) {
   if (s_.stage == 0 || world_ == 1 || values.empty()) return;
-  all_reduce_sum(Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}));
+  partition_sum(Tensor(values.data(), DType::fp32, Shape{static_cast<std::int64_t>(values.size())}));
 }
+
+// The optimizers' sums over the partition: over the ranks that split it (MiCS: the shard group;
+// its replicas hold the same partition and would count it again).
+void ModelStates::partition_sum(const Tensor& values) { sum_over(mics_shard_ ? mics_shard_.get() : comm_, values); }
 
 // ---- the optimizer partition ----
 

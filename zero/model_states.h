@@ -81,6 +81,7 @@
 #include "zero/param_coordinator.h"
 #include "zero/param_store.h"
 #include "zero/state_store.h"
+#include "zero/zeropp_collectives.h"
 
 namespace dstrain {
 
@@ -119,6 +120,13 @@ struct ZeroSettings {
   std::int64_t model_persistence_threshold = INT64_MAX;  // cap on the elements kept whole that way
   std::int64_t max_live_parameters = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;
+  // ZeRO++ and MiCS, stage 3 only (docs/zero.md §10). The group's node layout comes from the
+  // communicator (Communicator::node_of).
+  bool quantized_weights = false;         // zero_quantized_weights (qwZ): int8 parameter all-gathers
+  int hpz_partition_size = 1;             // zero_hpz_partition_size (hpZ): the backward gathers within groups of h ranks
+  bool quantized_gradients = false;       // zero_quantized_gradients (qgZ): int4 hierarchical gradient reduce-scatter
+  int mics_shard_size = 0;                // mics_shard_size (0: off): shard over groups of s ranks, replicate across them
+  bool mics_hierarchical_gather = false;  // mics_hierarchical_params_gather
 };
 
 // One contiguous run of this rank's optimizer partition inside one sub-group, with one layer and
@@ -200,6 +208,15 @@ class ModelStates final : public OptimizerPartition {
   bool gradient_all_reduce() const { return gradient_all_reduce_; }
   Communicator* communicator() const { return comm_; }
   Communicator* expert_communicator() const { return expert_comm_; }
+  // The collectives of the groups ZeRO++ and MiCS split off the data-parallel group (MiCS's shard
+  // and replica groups, hpZ's group, the node split of qgZ and the hierarchical gather), summed:
+  // the engine adds them to the data-parallel group's own to report a step's traffic.
+  CommStats group_stats() const;
+  // MiCS: this rank's index among the ranks holding the same partition (the replica group); 0
+  // without MiCS. The step's norm counts each partition once: where this is 0.
+  int partition_replica() const { return mics_replica_ ? mics_replica_->rank() : 0; }
+  // hpZ: the bytes of this rank's secondary shard of the partitioned layers' 16-bit weights.
+  std::uint64_t secondary_param_bytes() const { return secondary_.bytes(); }
 
   // ---- the optimizer step ----
   // This rank's partition, every segment once, in shard order (the grads the step's norm reads).
@@ -273,6 +290,7 @@ class ModelStates final : public OptimizerPartition {
     std::int64_t full = 0;                 // elements of the layers kept whole (params_full_)
     std::int64_t shard = 0;                // elements of this rank's shard of every layer (the optimizer partition)
     std::vector<std::int64_t> unit_numel;  // stage 3: the partitioned layers' shards (the parameter store's units)
+    std::int64_t secondary = 0;            // hpZ: this rank's secondary shards of the partitioned primary units
   };
   LayoutSizes lay_out_layers();
   std::size_t add_unit(std::size_t layer, bool expert, LayoutSizes& sizes, std::int64_t& persisted);
@@ -285,6 +303,7 @@ class ModelStates final : public OptimizerPartition {
   // Layer i's units (primary, then expert when it has one); the unit of layer i holding `slot`.
   std::vector<std::size_t> unit_ids(std::size_t i) const;
   const Unit& unit_of(std::size_t i, const FlatSlot& slot) const;
+  void make_zeropp_groups();
   void gather_layer(std::size_t j);
   void gather_unit(Unit& u);
   void wait_layer(std::size_t j);
@@ -297,6 +316,8 @@ class ModelStates final : public OptimizerPartition {
   // Writes `values` (any float dtype) at `offset` of a partitioned layer's shard, wherever it lives.
   void write_unit(std::size_t unit, std::int64_t offset, const Tensor& values);  // converted to the storage dtype
   void flush_allreduce(Communicator* comm, std::int64_t begin, std::int64_t end);
+  void partition_sum(const Tensor& values);
+  void sum_over(Communicator* comm, const Tensor& values);  // in place, through device staging where needed
   struct Staging;
   Staging staging(std::int64_t numel) const;
   // wait(t): queue_->wait, then device work queued afterwards is ordered after t's own collectives
@@ -312,6 +333,12 @@ class ModelStates final : public OptimizerPartition {
   ZeroSettings s_;
   Communicator* comm_;
   int world_ = 1;
+  // ZeRO++ / MiCS groups (make_zeropp_groups). partition_comm_ is the group the primary units split,
+  // gather and reduce-scatter over: MiCS's shard group, else comm_.
+  Communicator* partition_comm_ = nullptr;
+  std::unique_ptr<Communicator> mics_shard_, mics_replica_, hpz_;
+  std::unique_ptr<NodeSplit> nodes_;  // qgZ (over more than one node) and MiCS's hierarchical gather
+  Buffer secondary_;                  // hpZ: this rank's secondary shard of every partitioned primary unit
   Communicator* expert_comm_ = nullptr;
   Allocator& alloc_;
   std::vector<std::unique_ptr<Unit>> units_;  // every layer's units, layer order, primary before expert
@@ -353,6 +380,7 @@ class ModelStates final : public OptimizerPartition {
   };
   std::array<PendingRange, 2> pending_{};
   bool all_acquired_ = false;
+  bool training_pass_ = false;  // the current pass computes gradients (hpZ fills its secondary shards)
   bool gradient_all_reduce_ = true;
 };
 

@@ -66,7 +66,7 @@ std::size_t ModelStates::add_unit(std::size_t i, bool expert, LayoutSizes& sizes
   Unit& u = *un;
   u.layer = i;
   u.expert = expert;
-  u.comm = expert ? expert_comm_ : comm_;
+  u.comm = expert ? expert_comm_ : partition_comm_;
   u.world = u.comm != nullptr ? u.comm->world_size() : 1;
   u.rank = u.comm != nullptr ? u.comm->rank() : 0;
   const int pw = s_.stage >= 1 ? u.world : 1;  // ranks the optimizer states split over
@@ -86,6 +86,11 @@ std::size_t ModelStates::add_unit(std::size_t i, bool expert, LayoutSizes& sizes
   if (u.partitioned) {
     u.store_unit = sizes.unit_numel.size();
     sizes.unit_numel.push_back(lo.shard_numel());
+    if (hpz_ && !expert) {
+      // hpZ's share: 1/h of every chunk (a chunk holds a multiple of W·ealign elements, h divides W).
+      u.secondary_begin = sizes.secondary;
+      sizes.secondary += lo.numel / hpz_->world_size();
+    }
   } else {
     u.full_begin = sizes.full;
     sizes.full += lo.numel;

@@ -31,6 +31,10 @@ struct ModelStates::Unit {
   Buffer fetched;                 // stage 3: the shard copied out of an offloaded store for the gather
   Buffer transient_grads;         // stages 2-3: the whole grads during backward
   CommQueue::Ticket gather_ticket = 0;
+  // hpZ: its 1/h share of the gathered params in the secondary buffer, and whether that holds this
+  // pass's weights (set by a training pass's first gather, cleared at the next pass).
+  std::int64_t secondary_begin = 0;
+  bool secondary_valid = false;
 
   // This rank's piece of every chunk (stage 0 does not split: the one piece is the whole chunk).
   int piece_rank(int stage) const { return stage >= 1 ? rank : 0; }

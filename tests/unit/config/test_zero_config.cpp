@@ -214,12 +214,26 @@ TEST(ZeroConfig, OffloadWarnings) {
   EXPECT_NE(find_warning(nvme_stage2, "zero_optimization.offload_optimizer.device", "behaves exactly like \"cpu\""), nullptr);
 }
 
-TEST(ZeroConfig, UnsupportedFeaturesWarn) {
-  const DsConfig c = parse(zero(R"("stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8,
-                                 "mics_shard_size": 4)"));
-  EXPECT_NE(find_warning(c, "zero_optimization", "ZeRO++"), nullptr);
-  EXPECT_NE(find_warning(c, "zero_optimization.mics_shard_size", "MiCS"), nullptr);
-  EXPECT_TRUE(contains(error_of(zero(R"("legacy_stage1": true)")), "zero_optimization.legacy_stage1"));
+TEST(ZeroConfig, LegacyStage1IsAnError) { EXPECT_TRUE(contains(error_of(zero(R"("legacy_stage1": true)")), "zero_optimization.legacy_stage1")); }
+
+// ZeRO++ and MiCS act at stage 3 (docs/zero.md §10): parsed without a warning there, warned as
+// ignored below it (as DeepSpeed ignores them), LoCo refused, and the one impossible combination refused.
+TEST(ZeroConfig, ZeroPlusPlusAndMics) {
+  const DsConfig c = parse(zero(R"("stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8, "zero_quantized_gradients": true,
+                                 "mics_shard_size": 4, "mics_hierarchical_params_gather": false)"));
+  EXPECT_TRUE(c.zero_optimization.zero_quantized_weights);
+  EXPECT_TRUE(c.zero_optimization.zero_quantized_gradients);
+  EXPECT_EQ(c.zero_optimization.zero_hpz_partition_size, 8);
+  EXPECT_EQ(c.zero_optimization.mics_shard_size, 4);
+  EXPECT_EQ(find_warning(c, "zero_optimization", "ZeRO++"), nullptr);
+  EXPECT_EQ(find_warning(c, "zero_optimization.mics_shard_size", "MiCS"), nullptr);
+  const DsConfig stage2 = parse(zero(R"("stage": 2, "zero_quantized_gradients": true)"));
+  EXPECT_NE(find_warning(stage2, "zero_optimization", "at stage 2 DeepSpeed ignores them"), nullptr);
+  const std::string loco = error_of(zero(R"("stage": 3, "zero_quantized_gradients": true, "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024})"));
+  EXPECT_TRUE(contains(loco, "zero_optimization.zeropp_loco_param")) << loco;
+  EXPECT_TRUE(contains(loco, "LoCo")) << loco;
+  const std::string both = error_of(zero(R"("stage": 3, "zero_quantized_weights": true, "mics_shard_size": 2, "mics_hierarchical_params_gather": true)"));
+  EXPECT_TRUE(contains(both, "mics_hierarchical_params_gather")) << both;
 }
 
 }  // namespace

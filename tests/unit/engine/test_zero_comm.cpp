@@ -42,39 +42,10 @@ std::int64_t psi(int pw, std::size_t s) {
   return n;
 }
 
-// Stage 3 with stage3_max_reuse_distance 0 and no live cap: after a call an owner stays gathered
-// only if its next use is at distance 0 — no call in between needs any gathered parameters — so it
-// is gathered at every use whose previous use is farther away (or absent). Owners below the
-// persistence threshold are kept whole and never gathered. The training trace without
-// checkpointing is forward 0..L-1, then backward L-1..0. Returns gathered elements per micro-step.
+// Stage 3's gathered elements per micro-step (zero_test_util.h stage3_gathers).
 std::int64_t stage3_gathered_elements(int w, std::size_t s, std::int64_t persistence_threshold = 0) {
-  const auto specs = model_specs();
-  const auto needs = layer_needs(specs);
-  const std::size_t L = specs.size();
-  std::vector<std::int64_t> numel(L);
-  for (std::size_t o = 0; o < L; ++o) numel[o] = owned_params(specs[o]) < persistence_threshold ? 0 : padded_numel(specs[o], w, s);
-  std::vector<std::size_t> trace;
-  for (std::size_t i = 0; i < L; ++i) trace.push_back(i);
-  for (std::size_t i = L; i-- > 0;) trace.push_back(i);
-  const auto uses = [&](std::size_t p, std::size_t o) {
-    return numel[o] > 0 && std::find(needs[trace[p]].begin(), needs[trace[p]].end(), o) != needs[trace[p]].end();
-  };
   std::int64_t total = 0;
-  for (std::size_t p = 0; p < trace.size(); ++p) {
-    for (std::size_t o : needs[trace[p]]) {
-      if (!uses(p, o)) continue;
-      std::int64_t between = 0;
-      bool kept = false;
-      for (std::size_t q = p; q-- > 0;) {
-        if (uses(q, o)) {
-          kept = between == 0;
-          break;
-        }
-        for (std::size_t o2 : needs[trace[q]]) between += numel[o2];
-      }
-      if (!kept) total += numel[o];
-    }
-  }
+  for (const Stage3Gather& g : stage3_gathers(w, s, persistence_threshold)) total += g.elements;
   return total;
 }
 

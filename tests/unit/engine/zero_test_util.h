@@ -5,6 +5,7 @@
 // ParamSpecs.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -74,6 +75,7 @@ struct RunSpec {
   std::vector<std::vector<std::int64_t>> inject_overflow{};
   Device device = Device::cpu();  // every rank's engine trains there (tests/gpu: cuda:0)
   const char* model = kModel;     // kModel (GPT-2, with `dropout`) or a llama: descriptor
+  int ranks_per_node = 0;         // > 0: the ranks modelled as nodes of this many (Communicator::set_nodes)
 };
 
 // AdamW with decay and clipping, so that the global norm (one all-reduce across ranks) matters.
@@ -138,6 +140,11 @@ inline RunResult run_zero(const RunSpec& s) {
   run_local_ranks(s.world, [&](Communicator& comm) {
     const int r = comm.rank();
     RankResult& me = out.ranks[static_cast<std::size_t>(r)];
+    if (s.ranks_per_node > 0) {
+      std::vector<int> nodes(static_cast<std::size_t>(s.world));
+      for (int i = 0; i < s.world; ++i) nodes[static_cast<std::size_t>(i)] = i / s.ranks_per_node;
+      comm.set_nodes(nodes);
+    }
     config::ConfigOptions copts;
     copts.world_size = s.world;
     const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
@@ -220,6 +227,52 @@ inline std::vector<std::vector<std::size_t>> layer_needs(const std::vector<std::
     }
   }
   return needs;
+}
+
+// Stage 3 with stage3_max_reuse_distance 0 and no live cap: after a call an owner stays gathered
+// only if its next use is at distance 0 — no call in between needs any gathered parameters — so it
+// is gathered at every use whose previous use is farther away (or absent). Owners below the
+// persistence threshold are kept whole and never gathered. The training trace without
+// checkpointing is forward 0..L-1, then backward L-1..0. Returns one micro-step's gathers in order:
+// the owner, its padded elements for `w` ranks, and whether the pass gathered it before (hpZ takes
+// those from its secondary shards).
+struct Stage3Gather {
+  std::size_t owner = 0;
+  std::int64_t elements = 0;
+  bool again = false;
+};
+inline std::vector<Stage3Gather> stage3_gathers(int w, std::size_t s, std::int64_t persistence_threshold = 0) {
+  const auto specs = model_specs();
+  const auto needs = layer_needs(specs);
+  const std::size_t L = specs.size();
+  std::vector<std::int64_t> numel(L);
+  for (std::size_t o = 0; o < L; ++o) numel[o] = owned_params(specs[o]) < persistence_threshold ? 0 : padded_numel(specs[o], w, s);
+  std::vector<std::size_t> trace;
+  for (std::size_t i = 0; i < L; ++i) trace.push_back(i);
+  for (std::size_t i = L; i-- > 0;) trace.push_back(i);
+  const auto uses = [&](std::size_t p, std::size_t o) {
+    return numel[o] > 0 && std::find(needs[trace[p]].begin(), needs[trace[p]].end(), o) != needs[trace[p]].end();
+  };
+  std::vector<Stage3Gather> out;
+  std::vector<bool> gathered_before(L, false);
+  for (std::size_t p = 0; p < trace.size(); ++p) {
+    for (std::size_t o : needs[trace[p]]) {
+      if (!uses(p, o)) continue;
+      std::int64_t between = 0;
+      bool kept = false;
+      for (std::size_t q = p; q-- > 0;) {
+        if (uses(q, o)) {
+          kept = between == 0;
+          break;
+        }
+        for (std::size_t o2 : needs[trace[q]]) between += numel[o2];
+      }
+      if (kept) continue;
+      out.push_back({o, numel[o], gathered_before[o]});
+      gathered_before[o] = true;
+    }
+  }
+  return out;
 }
 
 // ---- comparing parameters with a reference run ----

@@ -72,11 +72,12 @@ TEST(ZeroReport, FiguresPackAndUnpackAsTheSameReport) {
     ++fields;
   });
   // Every figure of the struct is walked: 3 ints, 5 byte counts, the home, 3 x kNumMemoryPurposes,
-  // 2 x 3 I/O figures, 2 element counts, 2 x kCollectiveKinds comm counters.
-  EXPECT_EQ(fields, 3 + 5 + 1 + 3 * kNumMemoryPurposes + 6 + 2 + 2 * static_cast<std::size_t>(kCollectiveKinds));
+  // 2 x 3 I/O figures, 2 element counts, hpZ's secondary bytes, 3 x kCollectiveKinds comm counters
+  // (bytes, calls, cross-node bytes).
+  EXPECT_EQ(fields, 3 + 5 + 1 + 3 * kNumMemoryPurposes + 6 + 2 + 1 + 3 * static_cast<std::size_t>(kCollectiveKinds));
   EXPECT_EQ(r.stage, 1);
   EXPECT_EQ(r.optimizer_home, StateHome::nvme);
-  EXPECT_EQ(r.step_comm.calls.back(), static_cast<std::uint64_t>(fields));
+  EXPECT_EQ(r.step_comm.cross_node_bytes.back(), static_cast<std::uint64_t>(fields));
   std::vector<double> packed;
   for_each_figure(static_cast<const ZeroReport&>(r), [&](const auto& field) {
     if constexpr (std::is_enum_v<std::remove_cvref_t<decltype(field)>>) {
