@@ -4,7 +4,9 @@
 # and across the node boundary — of `dstrain train` on
 #   1. 8 local ranks modelled as 2 nodes of 4 (--num-ranks 8 --ranks-per-node 4), and
 #   2. 4 MPI processes as 2 nodes of 2 (mpiexec -n 4, --ranks-per-node 2),
-# same config and global batch, a Llama shape on Brown. The bytes are counted by the communicators
+# same config and global batch, a Llama shape on Brown, every layer partitioned and released after
+# each call (persistence threshold 0, reuse distance 0: a model too large to keep gathered from its
+# forward to its backward, where the backward's gathers are hpZ's to take off the nodes' link). The bytes are counted by the communicators
 # (--summary-json's step_comm, rank 0, the last step); the last column sets the inter-node bytes
 # against the ZeRO++ paper's claim of 4x less than ZeRO-3. On one machine the "nodes" share memory,
 # so the step times show the cost of the extra work (quantization, the two-level collectives), not
@@ -16,7 +18,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DSTRAIN_BUILD_DIR:-$repo/build}"
 data="$repo/datasets/brown_train.bin"
 steps="${1:-6}"
-model="llama:L4-C256-H4-KV2-I688-T128"
+model="llama:L4-C256-H4-KV2-I688-V50304-T128"
 mpiexec=(mpiexec)
 if mpiexec --version 2>&1 | grep -qE "Open MPI|OpenRTE"; then mpiexec+=(--allow-run-as-root --oversubscribe); fi
 tmp="$(mktemp -d)"
@@ -53,7 +55,7 @@ run_all() {
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1000, "gradient_clipping": 1.0,
  "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}},
- "zero_optimization": {$keys "stage": 3, "stage3_param_persistence_threshold": 0}}
+ "zero_optimization": {$keys "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}
 JSON
     local args=(train --deepspeed_config "$tmp/ds.json" --model "$model" --data "$data" --sequence-length 128 --steps "$steps" --sample-tokens 0
                 --ranks-per-node "$per_node" --summary-json "$tmp/s.json")

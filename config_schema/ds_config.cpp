@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/error.h"
 
@@ -589,6 +590,16 @@ std::string DsConfig::summary() const {
   if (z.offload_param && z.offload_param->device != OffloadDevice::none)
     zero += fmt::format(", parameter offload to {}{}", to_string(z.offload_param->device), z.stage == 3 ? "" : " (ignored below stage 3)");
   line(zero);
+  if (z.stage == 3) {
+    // ZeRO++ and MiCS (docs/zero.md §10): what each changes in the gathers and reductions.
+    std::vector<std::string> pp;
+    if (z.zero_quantized_weights) pp.emplace_back("qwZ: int8 parameter all-gathers");
+    if (z.zero_hpz_partition_size > 1) pp.push_back(fmt::format("hpZ: a pass's later gathers within {} ranks", z.zero_hpz_partition_size));
+    if (z.zero_quantized_gradients) pp.emplace_back("qgZ: int4 gradient reduce-scatter across nodes");
+    if (z.mics_shard_size > 0)
+      pp.push_back(fmt::format("MiCS: shard groups of {} ranks{}", z.mics_shard_size, z.mics_hierarchical_params_gather ? ", hierarchical gather" : ""));
+    if (!pp.empty()) line(fmt::format("ZeRO++ / MiCS: {}", fmt::join(pp, "; ")));
+  }
   if (optimizer.present()) {
     const auto& p = optimizer.params;
     if (optimizer.kind == OptimizerKind::sgd)

@@ -227,6 +227,9 @@ TEST(ZeroConfig, ZeroPlusPlusAndMics) {
   EXPECT_EQ(c.zero_optimization.mics_shard_size, 4);
   EXPECT_EQ(find_warning(c, "zero_optimization", "ZeRO++"), nullptr);
   EXPECT_EQ(find_warning(c, "zero_optimization.mics_shard_size", "MiCS"), nullptr);
+  EXPECT_TRUE(contains(c.summary(), "ZeRO++ / MiCS: qwZ: int8 parameter all-gathers; hpZ: a pass's later gathers within 8 ranks; qgZ: int4 "
+                                    "gradient reduce-scatter across nodes; MiCS: shard groups of 4 ranks"))
+      << c.summary();
   const DsConfig stage2 = parse(zero(R"("stage": 2, "zero_quantized_gradients": true)"));
   EXPECT_NE(find_warning(stage2, "zero_optimization", "at stage 2 DeepSpeed ignores them"), nullptr);
   const std::string loco = error_of(zero(R"("stage": 3, "zero_quantized_gradients": true, "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024})"));
