@@ -13,10 +13,11 @@ build_dir="${DSTRAIN_BUILD_DIR:-$repo/build}"
 gates="${DSTRAIN_GATES:-1}"
 
 # On demand, not in CI: the larger test matrices (CTest label matrix — the whole TP/SP mesh matrix on
-# local ranks and under mpirun -np 4, docs/parallelism.md "Correctness"), in the Release build:
+# local ranks and under mpirun -np 4, docs/parallelism.md "Correctness"; ZeRO++ and MiCS over 200 steps on
+# Brown against ZeRO-3, docs/zero.md §10), in the Release build:
 #   DSTRAIN_MATRIX=1 bash scripts/test.sh
 if [ "${DSTRAIN_MATRIX:-0}" = 1 ]; then
-  DSTRAIN_BUILD_TARGETS="dstrain_cli test_mesh_matrix test_train_mpi_mesh_matrix" \
+  DSTRAIN_BUILD_TARGETS="dstrain_cli test_mesh_matrix test_train_mpi_mesh_matrix test_zeropp_convergence" \
     DSTRAIN_CMAKE_ARGS="-DDSTRAIN_MATRIX_TESTS=ON ${DSTRAIN_CMAKE_ARGS:-}" bash "$repo/scripts/setup.sh"
   (cd "$build_dir" && ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" -L matrix)
   exit 0
