@@ -1,5 +1,6 @@
 #include "engine/config_checks.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,12 +49,14 @@ static void check_zeropp(const config::DsConfig& c, const config::StatePlacement
           z.mics_shard_size, world_size / z.mics_shard_size);
     }
   }
+  // hpZ's groups: min(zero_hpz_partition_size, the partition's ranks), as DeepSpeed's
+  // _create_zero_param_parallel_group takes them, must divide the partition's ranks.
   const std::int64_t partition_ranks = z.mics_shard_size > 0 ? z.mics_shard_size : world_size;
-  if (z.zero_hpz_partition_size > 1 && partition_ranks % z.zero_hpz_partition_size != 0) {
+  if (const std::int64_t h = std::min(z.zero_hpz_partition_size, partition_ranks); h > 1 && partition_ranks % h != 0) {
     fail(
         "zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a "
         "divisor of {} (the ranks of one node)",
-        z.zero_hpz_partition_size, partition_ranks, z.zero_hpz_partition_size, partition_ranks);
+        z.zero_hpz_partition_size, partition_ranks, h, partition_ranks);
   }
 }
 

@@ -59,8 +59,8 @@ void ModelStates::make_zeropp_groups() {
     partition_comm_ = mics_shard_.get();
   }
   Communicator& p = *partition_comm_;
-  if (s_.hpz_partition_size > 1) {
-    const int h = s_.hpz_partition_size;
+  // DeepSpeed's _create_zero_param_parallel_group takes min(zero_hpz_partition_size, world size).
+  if (const int h = std::min(s_.hpz_partition_size, p.world_size()); h > 1) {
     if (p.world_size() % h != 0) {
       fail("zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a divisor "
            "of {} (the ranks of one node)",

@@ -192,6 +192,20 @@ TEST(ZeroPlusPlusTraining, HpzIsExact) {
   EXPECT_GT(hpz.r0().report.secondary_param_bytes, 0u);
 }
 
+// zero_hpz_partition_size larger than the group (DeepSpeed's tutorial sets 16): min(h, W) ranks, as
+// DeepSpeed's _create_zero_param_parallel_group takes them — here the whole group of 4, so each
+// rank keeps a quarter of the gathered weights.
+TEST(ZeroPlusPlusTraining, HpzLargerThanTheGroupIsTheGroup) {
+  RunSpec s = zeropp_spec({.hpz = true}, 4, 2, Precision::bf16, 2);
+  s.knobs.zero_extra_json = R"("zero_hpz_partition_size": 16)";
+  const RunResult hpz = run_zero(s);
+  const RunResult plain = run_zero(zeropp_spec({}, 4, 2, Precision::bf16, 2));
+  EXPECT_EQ(hpz.r0().losses, plain.r0().losses);
+  std::int64_t partitioned = 0;
+  for (const auto& l : model_specs()) partitioned += padded_numel(l, 4, kS);
+  EXPECT_EQ(hpz.r0().report.secondary_param_bytes, u(partitioned) * kS / 4);
+}
+
 // MiCS: every rank's parameters equal plain ZeRO-3's on the same global batch within the
 // reduction-order tolerance of fp32 (each shard group's replicas average the same gradients).
 TEST(ZeroPlusPlusTraining, MicsMatchesZero3) {
