@@ -24,6 +24,15 @@ namespace dstrain {
 static void check_zeropp(const config::DsConfig& c, const config::StatePlacement& placement, int world_size) {
   const auto& z = c.zero_optimization;
   if (z.stage != 3) return;
+  const bool zeropp = z.zero_quantized_weights || z.zero_hpz_partition_size > 1 || z.zero_quantized_gradients || z.mics_shard_size > 0;
+  if (zeropp && c.expert_parallel.ep_size() > 1) {
+    fail(
+        "zero_optimization's ZeRO++ / MiCS keys with expert_parallel.autoep_size {}: the experts' parameters are partitioned over their "
+        "expert-data-parallel group (world / autoep_size ranks), for which dstrain builds neither ZeRO++'s node hierarchy nor MiCS's "
+        "shard groups. Fix: drop zero_quantized_weights / zero_hpz_partition_size / zero_quantized_gradients / mics_shard_size, or "
+        "expert parallelism",
+        c.expert_parallel.ep_size());
+  }
   if (z.zero_quantized_gradients && !z.reduce_scatter) {
     fail(
         "zero_optimization.zero_quantized_gradients with reduce_scatter: false — qgZ is a reduce-scatter (DeepSpeed runs it in "

@@ -36,8 +36,8 @@ common=(-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DDS
 # overlapped reductions through the engine, and the activation transfers of checkpointing.
 asan_dir="$repo/build-asan"
 
-tsan_targets=(test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off test_engine test_pipeline test_expert_states)
-tsan_filter='Pipeline.*:*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:LocalPointToPoint.*:*LocalAllToAllV*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*:*ExpertStates.*'
+tsan_targets=(test_zero_comm test_zero_parts test_zero_engine_comm test_zero_reduce_scatter_off test_engine test_pipeline test_expert_states test_zeropp)
+tsan_filter='Pipeline.*:*LocalCollectives*:LocalCommunicator.*:LocalFailures.*:LocalPointToPoint.*:*LocalAllToAllV*:GradientReduction.*:ZeroCommQueue.*:ZeroParamCoordinator.*:*ZeroComm*:ZeroEngineComm.*:ZeroReduceScatterOff.*:GradientAllreduceOp.*:ActivationCheckpointing.*:*ExpertStates.*:*ZeroPlusPlusBytes*:ZeroPlusPlusTraining.Hpz*'
 
 # configure_asan: build-asan/, clang with ASan + UBSan, the test suite and the libFuzzer targets.
 configure_asan() {

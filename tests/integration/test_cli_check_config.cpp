@@ -85,6 +85,35 @@ TEST(CliCheckConfig, ExpertParallelExampleSplitsTheDataParallelRanks) {
   EXPECT_THAT(bad.err, HasSubstr("expert_parallel.autoep_size 4 does not divide the data-parallel size 6"));
 }
 
+// ZeRO++ / MiCS (docs/zero.md §10): what they change is summarised; the combinations DeepSpeed or
+// dstrain refuse are refused by check-config as by train, naming the keys.
+TEST(CliCheckConfig, ZeroPlusPlusSummaryAndRefusals) {
+  const std::string zeropp = write_temp("dstrain_zeropp.json", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+      "zero_quantized_weights": true, "zero_hpz_partition_size": 16, "zero_quantized_gradients": true}})");
+  const auto ok = run_dstrain("check-config " + zeropp + " --world-size 8");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("ZeRO++ / MiCS: qwZ: int8 parameter all-gathers; hpZ: a pass's later gathers within 16 ranks"));
+  const std::pair<const char*, const char*> bad[] = {
+      {R"("mics_shard_size": 3)", "mics_shard_size 3: the 8 data-parallel ranks do not split"},
+      {R"("zero_hpz_partition_size": 3)", "zero_hpz_partition_size 3"},
+      {R"("zero_quantized_gradients": true, "reduce_scatter": false)", "zero_quantized_gradients with reduce_scatter: false"},
+      {R"("mics_shard_size": 4, "offload_optimizer": {"device": "cpu"})", "Local sharding has no support for CPU offloading"},
+      {R"("zero_quantized_gradients": true, "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024})", "zeropp_loco_param"},
+  };
+  for (const auto& [keys, message] : bad) {
+    const std::string path =
+        write_temp("dstrain_zeropp_bad.json", std::string(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, )") + keys + "}}");
+    const auto r = run_dstrain("check-config " + path + " --world-size 8");
+    EXPECT_EQ(r.exit_code, 2) << keys;
+    EXPECT_THAT(r.err, HasSubstr(message)) << keys;
+  }
+  const std::string ep = write_temp("dstrain_zeropp_ep.json", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+      "zero_quantized_gradients": true}, "expert_parallel": {"enabled": true, "autoep_size": 2, "preset_model": "mixtral"}})");
+  const auto r = run_dstrain("check-config " + ep + " --world-size 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("expert_parallel.autoep_size 2"));
+}
+
 TEST(CliCheckConfig, BatchMismatchExitsTwoWithDeepSpeedsNumbers) {
   // TBS 32, MBS 3 on 2 ranks: GAS = (32 // 3) // 2 = 5, and 32 != 3 * 5 * 2 (docs/batch.md §2).
   const std::string cfg = write_temp("dstrain_cli_batch.json", R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 3})");
