@@ -24,7 +24,9 @@
 
 #include <gtest/gtest.h>
 
+#include "models/gpt2/gpt2_family.h"
 #include "ops/kernels/quantize.h"
+#include "train/memory_estimate.h"
 #include "zero/zeropp_collectives.h"
 #include "zero_test_util.h"
 
@@ -203,6 +205,29 @@ TEST(ZeroPlusPlusTraining, HpzLargerThanTheGroupIsTheGroup) {
   std::int64_t partitioned = 0;
   for (const auto& l : model_specs()) partitioned += padded_numel(l, 4, kS);
   EXPECT_EQ(hpz.r0().report.secondary_param_bytes, u(partitioned) * kS / 4);
+}
+
+// The pre-flight estimate (train/memory_estimate.h): hpZ adds Ψ·b/h of secondary weights on the
+// device; MiCS partitions over its shard group, so the params, grads and states are ZeRO-3's over s
+// ranks. The bytes per padded element the estimate gives for the secondary shard are the engine's.
+TEST(ZeroPlusPlusMemory, EstimateCountsTheSecondaryShardAndTheShardGroup) {
+  const auto estimate = [](const Features& f) {
+    config::ConfigOptions o;
+    o.world_size = 4;
+    const RunSpec s = zeropp_spec(f, 4, 2);
+    return estimate_rank_memory(Gpt2Architecture(model_config(0.0f)), config::parse_ds_config(config::Json::parse(zero_config_json(s)), o), kT);
+  };
+  const MemoryEstimate plain = estimate({}), hpz = estimate({.hpz = true}), mics = estimate({.mics = 2});
+  const double psi_b = plain.parameters * 2.0;  // bf16
+  EXPECT_DOUBLE_EQ(hpz.secondary_params, psi_b / 2.0);
+  EXPECT_DOUBLE_EQ(hpz.params_device - plain.params_device, psi_b / 2.0);
+  EXPECT_DOUBLE_EQ(mics.zero_ranks, 2.0);
+  EXPECT_DOUBLE_EQ(mics.params, psi_b / 2.0);
+  EXPECT_DOUBLE_EQ(mics.optimizer, 2.0 * plain.optimizer);
+  // Against the engine: the secondary shard holds 1/h of the padded partitioned elements.
+  const RunResult run = run_zero(zeropp_spec({.hpz = true}, 4, 2));
+  EXPECT_DOUBLE_EQ(hpz.secondary_params / plain.parameters * static_cast<double>(run.r0().report.padded_param_elements),
+                   static_cast<double>(run.r0().report.secondary_param_bytes));
 }
 
 // MiCS: every rank's parameters equal plain ZeRO-3's on the same global batch within the
