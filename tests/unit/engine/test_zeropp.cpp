@@ -159,7 +159,10 @@ INSTANTIATE_TEST_SUITE_P(TwoNodes, ZeroPlusPlusBytes,
                                            ByteCase{"Hpz_W4", {.hpz = true}, 4, 2}, ByteCase{"Qgz_W4", {.qgz = true}, 4, 2},
                                            ByteCase{"All_W4", {.qwz = true, .hpz = true, .qgz = true}, 4, 2}, ByteCase{"Mics_W4", {.mics = 2}, 4, 2},
                                            ByteCase{"MicsHierarchical_W4", {.mics = 4, .hierarchical = true}, 4, 2}, ByteCase{"Plain_W8", {}, 8, 4},
-                                           ByteCase{"All_W8", {.qwz = true, .hpz = true, .qgz = true}, 8, 4}, ByteCase{"Mics_W8", {.mics = 4}, 8, 4}),
+                                           ByteCase{"Qwz_W8", {.qwz = true}, 8, 4}, ByteCase{"Hpz_W8", {.hpz = true}, 8, 4},
+                                           ByteCase{"Qgz_W8", {.qgz = true}, 8, 4}, ByteCase{"All_W8", {.qwz = true, .hpz = true, .qgz = true}, 8, 4},
+                                           ByteCase{"Mics_W8", {.mics = 4}, 8, 4},
+                                           ByteCase{"MicsHierarchical_W8", {.mics = 8, .hierarchical = true}, 8, 4}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // The paper's claims, from the same formulas: against plain ZeRO-3 on 8 ranks as 2 nodes, qwZ
@@ -287,6 +290,20 @@ TEST(ZeroPlusPlusTraining, QuantizedWithinTheirError) {
     EXPECT_GT(d.max_abs, 0.0);  // the quantization changed something
     EXPECT_TRUE(d.finite);
   }
+}
+
+// Offload composes (DeepSpeed runs ZeRO++ with offload_param / offload_optimizer; only MiCS's
+// replicas refuse it): the partition fetched from host memory is what the gathers send, so the
+// run is bit for bit the one without offload, as offload is on the CPU.
+TEST(ZeroPlusPlusTraining, OffloadIsBitForBit) {
+  const Features all{.qwz = true, .hpz = true, .qgz = true};
+  const RunResult plain = run_zero(zeropp_spec(all, 4, 2, Precision::bf16, 2));
+  RunSpec off = zeropp_spec(all, 4, 2, Precision::bf16, 2);
+  off.knobs.zero_extra_json += R"(, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})";
+  const RunResult offloaded = run_zero(off);
+  EXPECT_EQ(offloaded.r0().losses, plain.r0().losses);
+  EXPECT_EQ(offloaded.r0().params, plain.r0().params);
+  EXPECT_GT(offloaded.r0().report.host_optimizer_bytes, 0u);
 }
 
 // An fp16 overflow on one rank still skips the step on every rank through qgZ's int4 blocks (a
