@@ -195,9 +195,9 @@ void ModelStates::start_communication() {
   // on streams and overlap by themselves (NCCL's stream), so they are issued inline. One queue
   // for both groups: every rank submits their collectives in the same program order.
   queue_ = std::make_unique<CommQueue>(s_.overlap_comm && world_ > 1 && alloc_.device().is_cpu());
-  // Each ticket remembers comm's last collective, so wait(t) orders compute after t's own
+  // Each ticket remembers the partition group's last collective, so wait(t) orders compute after t's own
   // collectives only (a later prefetch or reduction keeps running beside compute).
-  if (comm_ != nullptr) queue_->set_marker([c = comm_] { return c->sequence(); });
+  if (partition_comm_ != nullptr) queue_->set_marker([c = partition_comm_] { return c->sequence(); });
   if (world_ > 1 && !alloc_.device().is_cpu()) reduce_staging_ = Buffer(alloc_, kReduceStagingBytes, MemoryPurpose::buffers);
   if (s_.stage == 3) {
     // The coordinator schedules engine layers: a layer's gather is that of its partitioned units.
@@ -238,24 +238,34 @@ Tensor ModelStates::region(const Buffer& b, DType t, std::int64_t begin, std::in
 void ModelStates::wait(CommQueue::Ticket t) {
   queue_->wait(t);
   if (comm_ == nullptr) return;
+  // The queue's marks count the partition group's collectives (the gathers and reductions a
+  // ticket waits for): after that group's collective number `mark` only.
   const std::uint64_t mark = queue_->mark(t);
   if (mark != 0) {
-    comm_->order_compute_after(mark);
+    partition_comm_->order_compute_after(mark);
   } else {
-    comm_->order_compute_after_collectives();  // an old ticket: after everything (never too early)
+    partition_comm_->order_compute_after_collectives();  // an old ticket: after everything (never too early)
   }
-  // The queue's marks count comm's collectives only: after every expert collective issued so far
-  // (never too early; a device group's later prefetch may wait for it).
-  if (expert_comm_ != nullptr) expert_comm_->order_compute_after_collectives();
+  // The other groups' collectives (expert units, the step's sums, ZeRO++ / MiCS's groups): after
+  // every one issued so far (never too early; a device group's later prefetch may wait for it).
+  for (Communicator* c : groups())
+    if (c != partition_comm_) c->order_compute_after_collectives();
 }
 
 void ModelStates::drain() {
   queue_->drain();
-  for (Communicator* c : {comm_, expert_comm_}) {
-    if (c == nullptr) continue;
+  for (Communicator* c : groups()) {
     c->order_compute_after_collectives();
     if (c->world_size() > 1) c->synchronize();
   }
+}
+
+std::vector<Communicator*> ModelStates::groups() const {
+  std::vector<Communicator*> out;
+  for (Communicator* c : {comm_, partition_comm_, expert_comm_, mics_replica_.get(), hpz_.get(), nodes_ ? nodes_->local.get() : nullptr,
+                          nodes_ ? nodes_->cross.get() : nullptr})
+    if (c != nullptr && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  return out;
 }
 
 void ModelStates::set_traces(std::vector<std::size_t> train, std::vector<std::size_t> eval) {

@@ -328,6 +328,7 @@ class ModelStates final : public OptimizerPartition {
   // communicator's timeout Error instead of an unbounded wait inside a cudaMemcpy.
   void wait(CommQueue::Ticket t);
   void drain();
+  std::vector<Communicator*> groups() const;  // every group this rank's states communicate over, once each
   Tensor region(const Buffer& b, DType t, std::int64_t begin, std::int64_t count) const;
 
   ZeroSettings s_;
