@@ -5,7 +5,8 @@
 # --resume auto` resumes from the newest COMPLETE checkpoint (the one `latest` names; the killed
 # save's .partial folder is removed) on 2 ranks and finishes, and its losses are the reference's bit
 # for bit: --num-ranks 4 to the same step, saved, resumed on --num-ranks 2 (the MPI backend equals
-# local ranks, test_train_mpi_cli). Exit status 0 when all holds, 1 otherwise.
+# local ranks, test_train_mpi_cli); and its samples after that step (--log-samples) are those an
+# uninterrupted run reads. Exit status 0 when all holds, 1 otherwise.
 #
 #   mpi_elastic_relaunch.sh <dstrain binary> <scratch folder> <mpiexec and its flags...>
 set -uo pipefail
@@ -70,7 +71,7 @@ echo "killed after step 3: latest names $tag ($(ls "$D" | tr '\n' ' '))"
 # 2. Relaunched on 2 processes, unchanged but for the count: resumes from $tag and finishes.
 out2="$scratch/relaunch.txt"
 DSTRAIN_COMM_TIMEOUT=30 OMP_NUM_THREADS=1 "${mpiexec[@]}" 2 "$dstrain" "${train[@]}" --steps 8 --save-dir "$D" --save-interval 2 --resume auto \
-  --summary-json "$scratch/relaunch.json" >"$out2" 2>&1 || { cat "$out2"; fail "the relaunch on 2 ranks failed"; }
+  --summary-json "$scratch/relaunch.json" --log-samples "$scratch/relaunch.samples" >"$out2" 2>&1 || { cat "$out2"; fail "the relaunch on 2 ranks failed"; }
 grep -q "resumed from checkpoint $D/$tag at step $saved" "$out2" || { cat "$out2"; fail "the relaunch did not resume from $tag"; }
 grep -q '^step 8/8' "$out2" || { cat "$out2"; fail "the relaunch did not finish step 8"; }
 ls "$D" | grep -q '\.partial$' && fail "a .partial folder is left: $(ls "$D")"
@@ -83,5 +84,14 @@ ls "$D" | grep -q '\.partial$' && fail "a .partial folder is left: $(ls "$D")"
 losses() { tr -d ' \n' < "$1" | grep -o '"train_losses":\[[^]]*\]'; }
 a=$(losses "$scratch/relaunch.json"); b=$(losses "$scratch/ref.json")
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "losses differ: relaunch $a, reference $b"
+# 4. The data order, independently of the reference's code path: the relaunch reads, step by step,
+# the windows an uninterrupted run on 2 local ranks reads after step $saved (a lost data position
+# fails here even where the reference would lose it too).
+"$dstrain" "${train[@]}" --num-ranks 2 --steps 8 --log-samples "$scratch/whole.samples" >"$scratch/whole.txt" 2>&1 ||
+  { cat "$scratch/whole.txt"; fail "uninterrupted run (2 ranks)"; }
+after() { awk -v s="$saved" '$2 > s {print $2, $4, $6}' "$1" | sort; }
+[ "$(after "$scratch/relaunch.samples" | wc -l)" -eq $(((8 - saved) * 8)) ] || fail "the relaunch logged $(after "$scratch/relaunch.samples" | wc -l) samples"
+[ "$(after "$scratch/relaunch.samples")" = "$(after "$scratch/whole.samples")" ] ||
+  fail "the relaunch read other samples after step $saved than the uninterrupted run"
 echo "relaunch on 2 ranks from $tag: steps $((saved + 1))-8, losses equal to the reference's: $a"
 rm -rf "$scratch"
