@@ -26,7 +26,7 @@ std::string model_spec_help() {
 
 // The command line as CLI11 fills it; run_train turns it into TrainerOptions.
 struct TrainArgs {
-  std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json;
+  std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json, log_samples;
   std::string save_dir, resume, load_tag, resume_deepspeed, save_format = "dstrain";
   std::int64_t save_interval = 0, keep_last = 0;
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
@@ -91,6 +91,7 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.load_tag = args.load_tag;
   o.handle_signals = true;
   o.summary_json = args.summary_json;
+  o.log_samples = args.log_samples;
   o.local_rank = args.local_rank;
   o.autos = to_auto_values(args.autos);
   return o;
@@ -188,6 +189,10 @@ void add_train_command(CLI::App& app) {
                   "Put an inf into one gradient at these optimizer steps (1-based, comma-separated), to watch fp16 / bf16 skip them")
       ->delimiter(',')
       ->check(whole_number_at_least(1));
+  cmd->add_option("--log-samples", args->log_samples,
+                  "Testing aid: append \"step S epoch E window W rank R\" to FILE for every training window each data-parallel rank reads "
+                  "(a resumed run appends to the same file), to compare the samples of runs")
+      ->check(not_empty());
   cmd->add_option("--summary-json", args->summary_json,
                   "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)")
       ->check(not_empty());

@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <csignal>
 #include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -133,6 +138,7 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.seed = seed_;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
+  logs_samples_ = !options.log_samples.empty() && (!mesh_ || (mesh_->coord.tp == 0 && mesh_->coord.sp == 0 && mesh_->coord.pp == 0));
   if (plan.resume && plan.resume->deepspeed) {
     // A DeepSpeed checkpoint, mapped and checked by plan_resume: every rank writes its pieces.
     checkpoints_->load_whole_state(plan.resume->deepspeed->state);
@@ -338,6 +344,7 @@ void RankTrainer::train_pipeline_step() {
   step_targets_.resize(static_cast<std::size_t>(GAS_));
   std::vector<Batch> batches;
   for (std::int64_t m = 0; m < GAS_; ++m) {
+    if (logs_samples_) log_micro_batch_samples();
     loader_->next_micro_batch(inputs_, targets_);
     const Batch b = rank_batch();
     auto& tok = step_tokens_[static_cast<std::size_t>(m)];
@@ -352,6 +359,29 @@ void RankTrainer::train_pipeline_step() {
   after_step(seconds_since(t0));
 }
 
+// --log-samples FILE: "step S epoch E window W rank R" for each window of the micro-batch the
+// loader reads next (stream position p: epoch p / N, window order_E[p mod N], data/data_loader.h),
+// appended with one write(2) per micro-batch on a file opened O_APPEND, so that ranks as threads or
+// processes, and a resumed run after the saving one, add to one file without tearing lines.
+void RankTrainer::log_micro_batch_samples() {
+  const DataLoaderOptions& o = loader_->options();
+  const DataLoaderState st = loader_->state();
+  const std::uint64_t n = loader_->window_count();
+  const std::uint64_t slot = static_cast<std::uint64_t>(loader_->micro_step()) * static_cast<std::uint64_t>(o.world_size) + static_cast<std::uint64_t>(o.rank);
+  const std::uint64_t first = st.epoch * n + st.position + slot * o.micro_batch_size;
+  const std::int64_t step = engine_->state().global_steps + 1;
+  std::string lines;
+  for (std::uint64_t b = 0; b < o.micro_batch_size; ++b)
+    lines += fmt::format("step {} epoch {} window {} rank {}\n", step, (first + b) / n, loader_->window_at(first + b), o.rank);
+  const int fd = ::open(options_.log_samples.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) fail("--log-samples {}: cannot open it: {}", options_.log_samples.string(), std::strerror(errno));
+  const ssize_t wrote = ::write(fd, lines.data(), lines.size());
+  const int err = errno;
+  ::close(fd);
+  if (wrote != static_cast<ssize_t>(lines.size()))
+    fail("--log-samples {}: cannot append to it: {}", options_.log_samples.string(), wrote < 0 ? std::strerror(err) : "short write");
+}
+
 void RankTrainer::train_step() {
   if (!started_) announce();
   if (pipe_) {
@@ -361,6 +391,7 @@ void RankTrainer::train_step() {
   Engine& engine = *engine_;
   const auto t0 = Clock::now();
   for (std::int64_t m = 0; m < GAS_; ++m) {
+    if (logs_samples_) log_micro_batch_samples();
     loader_->next_micro_batch(inputs_, targets_);
     const Batch batch = rank_batch();
     timed(kForwardGlobalTimer, [&] { engine.forward(batch); });

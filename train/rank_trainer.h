@@ -121,6 +121,11 @@ class RankTrainer {
   std::int64_t B_ = 0, GAS_ = 0, TBS_ = 0, T_ = 0;
   int stage_ = 0;
   std::optional<DataLoader> loader_;
+  // --log-samples (a testing aid, docs/cli.md): whether this rank is the one of its data-parallel
+  // slot that logs (tensor-parallel, sequence-parallel and pipeline rank 0), and the logging itself:
+  // one line per window of the micro-batch loader_ reads next.
+  bool logs_samples_ = false;
+  void log_micro_batch_samples();
   std::optional<EvalLoader> val_;
   std::vector<std::int32_t> inputs_, targets_;  // (B, T) micro-batch storage the engine's Batch views
 

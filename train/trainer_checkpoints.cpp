@@ -18,6 +18,7 @@
 #include "models/model_family.h"
 #include "engine/optim/optimizer.h"
 #include "ops/error.h"
+#include "config_schema/elasticity_config.h"
 
 namespace dstrain {
 namespace fs = std::filesystem;
@@ -213,6 +214,13 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
   rp.global_steps = m.at("engine").at("global_steps").get<std::int64_t>();
   rp.seed = m.at("seed").get<std::uint64_t>();
   if (m.at("engine").contains("sequence_length")) rp.sequence_length = m.at("engine").at("sequence_length").get<std::int64_t>();
+  rp.train_batch_size = m.at("engine").at("train_batch_size").get<std::int64_t>();
+  rp.gradient_accumulation_steps = m.at("engine").at("gradient_accumulation_steps").get<std::int64_t>();
+  rp.world_size = m.at("layout").at("world_size").get<std::int64_t>();
+  if (m.contains("ds_config") && m.at("ds_config").is_object()) {
+    const auto it = m.at("ds_config").find("train_micro_batch_size_per_gpu");
+    if (it != m.at("ds_config").end() && it->is_number_integer()) rp.micro_batch_size = it->get<std::int64_t>();
+  }
   read_data_position(rp, m, manifest_path);
 }
 }  // namespace
@@ -254,6 +262,70 @@ std::vector<std::string> check_resume_against_run(const ResumePoint& rp, const T
         rp.sequence_length && *rp.sequence_length != T ? std::string(" and --sequence-length") : std::string());
   }
   return warnings;
+}
+
+void check_resume_batch(const ResumePoint& rp, const config::DsConfig& cfg, int dp, int ranks_per_dp, bool train_batch_size_given) {
+  const std::int64_t saved = rp.train_batch_size, now = cfg.train_batch_size;
+  if (saved <= 0 || saved == now) return;  // a DeepSpeed checkpoint (its own check), or the same global batch
+  const std::string where = (rp.dir / rp.tag).string();
+  const std::int64_t micro = cfg.train_micro_batch_size_per_gpu, gas = cfg.gradient_accumulation_steps;
+  std::string how_saved = fmt::format("train_batch_size {}", saved);
+  if (rp.micro_batch_size > 0 && rp.gradient_accumulation_steps > 0 && saved % (rp.micro_batch_size * rp.gradient_accumulation_steps) == 0)
+    how_saved += fmt::format(" = micro-batch {} x gradient_accumulation_steps {} x {} data-parallel rank{}", rp.micro_batch_size,
+                             rp.gradient_accumulation_steps, saved / (rp.micro_batch_size * rp.gradient_accumulation_steps),
+                             saved == rp.micro_batch_size * rp.gradient_accumulation_steps ? "" : "s");
+  how_saved += fmt::format(", world size {}", rp.world_size);
+  const std::string how_now = fmt::format("train_batch_size {} = micro-batch {} x gradient_accumulation_steps {} x {} data-parallel rank{}, world size {}",
+                                          now, micro, gas, dp, dp == 1 ? "" : "s", dp * ranks_per_dp);
+  const auto worlds = [&](const std::vector<std::int64_t>& dps) {
+    std::vector<std::string> out;
+    for (std::int64_t d : dps) out.push_back(ranks_per_dp == 1 ? std::to_string(d) : fmt::format("{} ({} data-parallel)", d * ranks_per_dp, d));
+    return fmt::format("{}", fmt::join(out, ", "));
+  };
+  if (cfg.elasticity.enabled) {
+    // DeepSpeed's elastic arithmetic (config_schema/elasticity_config.h) at each data-parallel size:
+    // the sizes at which it gives the saved global batch.
+    std::vector<std::int64_t> keep;
+    for (std::int64_t d = 1; d <= std::min<std::int64_t>({saved, cfg.elasticity.max_gpus, 4096}); ++d) {
+      try {
+        if (config::compute_elastic_batch(cfg.elasticity, d).train_batch_size == saved) keep.push_back(d);
+      } catch (const Error&) {
+      }
+    }
+    fail(
+        "--resume: checkpoint {} was trained with a global batch of {} sequences ({}), but the config's elasticity section gives {} at this "
+        "world size ({}): a resumed run keeps the global batch, so the same steps are the same batches and the data order, LR schedule and "
+        "loss scale continue. {}",
+        where, saved, how_saved, now, how_now,
+        keep.empty() ? fmt::format("No world size gives train_batch_size {} under this elasticity section; resume with the elasticity section "
+                                   "the checkpoint was trained with",
+                                   saved)
+                     : fmt::format("Relaunch on one of the world sizes elasticity gives train_batch_size {} at: {}", saved, worlds(keep)));
+  }
+  std::vector<std::string> fixes;
+  if (train_batch_size_given) {
+    // The config fixes the global batch (GAS follows the world size): it was changed.
+    fail(
+        "--resume: checkpoint {} was trained with a global batch of {} sequences ({}), but the config's train_batch_size is {} ({}): a resumed "
+        "run keeps the global batch, so the same steps are the same batches and the data order, LR schedule and loss scale continue. Set "
+        "\"train_batch_size\": {} again (gradient_accumulation_steps follows the world size)",
+        where, saved, how_saved, now, how_now, saved);
+  }
+  if (saved % (micro * gas) == 0) fixes.push_back(fmt::format("relaunch on {} ranks (micro-batch {} x gradient_accumulation_steps {} x {} = {})",
+                                                              worlds({saved / (micro * gas)}), micro, gas, saved / (micro * gas), saved));
+  if (saved % (micro * dp) == 0)
+    fixes.push_back(fmt::format("keep this world size and set \"gradient_accumulation_steps\": {} (micro-batch {} x {} x {} = {}), or set "
+                                "\"train_batch_size\": {} and leave gradient_accumulation_steps out (it is then derived for every world size "
+                                "that divides it)",
+                                saved / (micro * dp), micro, saved / (micro * dp), dp, saved, saved));
+  else
+    fixes.push_back(fmt::format("set \"train_batch_size\": {} in the config and relaunch on a world size whose micro-batch x data-parallel ranks "
+                                "divides it",
+                                saved));
+  fail(
+      "--resume: checkpoint {} was trained with a global batch of {} sequences ({}), but this run's is {} ({}): a resumed run keeps the global "
+      "batch, so the same steps are the same batches and the data order, LR schedule and loss scale continue. To keep it: {}",
+      where, saved, how_saved, now, how_now, fmt::join(fixes, "; or "));
 }
 
 std::int64_t checkpoint_saves(std::int64_t from, std::int64_t to, std::int64_t save_interval) {

@@ -29,6 +29,11 @@ struct ResumePoint {
   // and the data loader's position then, in windows of that length (client_state "data").
   std::optional<std::int64_t> sequence_length;
   std::uint64_t data_epoch = 0, data_position = 0;
+  // The global batch it was trained with and how (manifest engine.train_batch_size,
+  // gradient_accumulation_steps, ds_config.train_micro_batch_size_per_gpu, layout.world_size): a
+  // resume at another world size must keep train_batch_size (check_resume_batch). 0: not recorded
+  // (a DeepSpeed checkpoint: checked by deepspeed_resume_state).
+  std::int64_t train_batch_size = 0, gradient_accumulation_steps = 0, micro_batch_size = 0, world_size = 0;
   // The model's training settings that --model changes (dropout, initializer_range), each as
   // "attn_pdrop 0.1 in the checkpoint, 0 here": said in a warning, not refused.
   std::vector<std::string> changed_settings;
@@ -58,6 +63,16 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
 // when the saved position lies beyond the file's windows of T tokens (another --data, or a longer T).
 std::vector<std::string> check_resume_against_run(const ResumePoint& resume, const TrainerOptions& options, const Architecture& model,
                                                   std::int64_t sequence_length, std::int64_t window_count);
+
+// A resume keeps the global batch (docs/elastic.md): the run's train_batch_size, as the config
+// resolves it for this world size (elasticity's arithmetic included), must be the checkpoint's —
+// else the same steps would be other batches and the data order, the LR schedule and the loss
+// scale would belong to another run. Error, before step 1, naming the saved and the new global
+// batch and what keeps it: the data-parallel sizes the config allows for it (elasticity) or the
+// world sizes and gradient_accumulation_steps that give it, and `train_batch_size` to set.
+// `dp` is the run's data-parallel size, `ranks_per_dp` its world / dp (TP x SP x PP),
+// `train_batch_size_given` whether the config file sets train_batch_size to a number.
+void check_resume_batch(const ResumePoint& resume, const config::DsConfig& config, int dp, int ranks_per_dp, bool train_batch_size_given);
 
 // How many checkpoints a run saves: one every `save_interval` optimizer steps (0: none) strictly
 // between step `from` (where it starts: 0, or the step resumed) and its last step `to`, and one at

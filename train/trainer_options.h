@@ -105,6 +105,9 @@ struct TrainerOptions {
   // (train/trainer_checkpoints.h).
   bool handle_signals = false;
   std::filesystem::path summary_json;  // the run's figures as JSON; empty: none
+  // Testing aid: each data-parallel rank appends "step S epoch E window W rank R" for every training
+  // window it reads (train/rank_trainer.cpp), so a test compares the samples of runs; empty: none.
+  std::filesystem::path log_samples;
 
   // ---- where the run's lines go ----
   // Rank 0's progress lines (model, batch, steps, val losses, samples, the summary), one call per

@@ -608,6 +608,13 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   // ---- checkpoints: the save folder writable, the checkpoint to resume from found and of this
   // model (train/trainer_checkpoints.h) ----
   plan.resume = plan_resume(options, *plan.model, cfg);
+  if (plan.resume) {
+    // The same global batch at any world size (docs/elastic.md): elasticity's arithmetic, or GAS
+    // following a fixed train_batch_size, keeps it; a config of micro-batch and GAS alone does not.
+    const auto given = config_text.tree.find("train_batch_size");
+    check_resume_batch(*plan.resume, cfg, plan.mesh.dp, plan.world / plan.mesh.dp,
+                       given != config_text.tree.end() && given->is_number_integer());
+  }
 
   // ---- the sequence length, the tokenizer, the memory the run needs ----
   const std::int64_t T = options.sequence_length ? *options.sequence_length : std::min<std::int64_t>(g.n_positions(), 1024);

@@ -13,6 +13,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -116,6 +119,97 @@ TEST_F(CheckpointCli, ResumesAtAnotherWorldSizeAndStage) {
     ASSERT_EQ(b.size(), 3u);
     for (int i = 0; i < 3; ++i) EXPECT_NEAR(b[i], a[3 + i], 1e-5 * a[3 + i]) << config << " step " << 4 + i;
   }
+}
+
+// A relaunch at another world size is the same run (docs/elastic.md): the same global batch, so the
+// same samples at the same steps. With DeepSpeed's elasticity section (version 0.1: train_batch_size
+// 8 on 1, 2 or 4 data-parallel ranks, micro-batch 2, GAS 4 / 2 / 1), 3 steps on 4 ranks then 3 on 2
+// read exactly the windows 6 uninterrupted steps on 2 ranks read, step by step (--log-samples), and
+// the losses agree within the reduction order's tolerance. The uninterrupted run reads no window
+// twice, so a resume that lost the data position (read from the start again) would fail the
+// comparison; and a world size elasticity does not allow is refused before step 1, naming the
+// sizes that are.
+TEST_F(CheckpointCli, RelaunchAtAnotherWorldSizeContinuesTheDataOrder) {
+  std::ofstream(dir_ / "elastic.json") << R"({"steps_per_print": 1, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+      "elasticity": {"enabled": true, "max_train_batch_size": 8, "micro_batch_sizes": [1, 2], "min_gpus": 1, "max_gpus": 4, "version": 0.1}})";
+  const fs::path ck = dir_ / "ck_elastic";
+  const auto samples = [](const fs::path& log) {
+    std::vector<std::tuple<long, long, long>> out;  // (step, epoch, window)
+    std::istringstream in(read_file_text(log));
+    std::string step, epoch, window, rank;
+    long s = 0, e = 0, w = 0, r = 0;
+    while (in >> step >> s >> epoch >> e >> window >> w >> rank >> r) out.emplace_back(s, e, w);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const CliResult whole = run_dstrain(train("elastic.json", 2) + " --steps 6 --summary-json " + q(dir_ / "el_whole.json") + " --log-samples " +
+                                      q(dir_ / "el_whole.log"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const CliResult first = run_dstrain(train("elastic.json", 4) + " --steps 3 --save-dir " + q(ck) + " --log-samples " + q(dir_ / "el_relaunch.log"));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // The relaunch appends to the same log: the samples of the whole sequence of world sizes.
+  const CliResult second = run_dstrain(train("elastic.json", 2) + " --steps 6 --save-dir " + q(ck) + " --resume auto --summary-json " +
+                                       q(dir_ / "el_res.json") + " --log-samples " + q(dir_ / "el_relaunch.log"));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("resumed from checkpoint"), std::string::npos) << second.out;
+  const auto a = samples(dir_ / "el_whole.log"), b = samples(dir_ / "el_relaunch.log");
+  ASSERT_EQ(a.size(), 6u * 8u);  // 6 steps of train_batch_size 8
+  EXPECT_EQ(a, b) << "the relaunched run read other samples than the uninterrupted one";
+  std::set<std::pair<long, long>> distinct;
+  for (const auto& [s, e, w] : a) distinct.emplace(e, w);
+  EXPECT_EQ(distinct.size(), a.size()) << "the uninterrupted run reads a window twice: a lost data position would go unnoticed";
+  const std::vector<double> la = losses(dir_ / "el_whole.json"), lb = losses(dir_ / "el_res.json");
+  ASSERT_EQ(lb.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(lb[i], la[3 + i], 1e-5 * la[3 + i]) << "step " << 4 + i;
+  // 3 ranks: elasticity's sizes for this section are 1, 2 and 4; refused before step 1.
+  const CliResult three = run_dstrain(train("elastic.json", 3) + " --steps 6 --save-dir " + q(ck) + " --resume auto");
+  EXPECT_EQ(three.exit_code, 2) << three.err;
+  EXPECT_NE(three.err.find("World size (3) is not valid with the current list of valid GPU counts: [1, 2, 4]"), std::string::npos) << three.err;
+  EXPECT_EQ(three.out.find("step 4/"), std::string::npos) << three.out;
+}
+
+// A resume keeps the global batch, or is refused before step 1 naming the saved and the new one
+// and what keeps it (docs/elastic.md "Checks before step 1"): a config of micro-batch and GAS alone
+// (whose train_batch_size follows the world size), a changed train_batch_size, and elasticity
+// version 0.2 (which picks another batch for a world size outside its list) — while a config that
+// fixes train_batch_size takes the GAS that keeps it (ResumesAtAnotherWorldSizeAndStage).
+TEST_F(CheckpointCli, ResumeAtAnotherWorldSizeKeepsTheGlobalBatchOrIsRefused) {
+  std::ofstream(dir_ / "gas2.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 1,
+      "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  std::ofstream(dir_ / "gas1.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
+      "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  std::ofstream(dir_ / "tbs16.json") << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+      "zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  std::ofstream(dir_ / "elastic02.json") << R"({"steps_per_print": 1, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+      "elasticity": {"enabled": true, "max_train_batch_size": 16, "micro_batch_sizes": [2], "min_gpus": 1, "max_gpus": 4, "version": 0.2}})";
+  const fs::path ck = dir_ / "ck_batch";  // micro-batch 2 x GAS 2 x 2 ranks: train_batch_size 8
+  ASSERT_EQ(run_dstrain(train("gas2.json", 2) + " --steps 2 --save-dir " + q(ck)).exit_code, 0);
+  const auto expect_refused = [&](const std::string& args, const std::vector<std::string>& needles) {
+    const CliResult r = run_dstrain(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    for (const std::string& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << n << "\n" << r.err;
+    EXPECT_EQ(r.out.find("step 3/"), std::string::npos) << r.out;
+  };
+  // 4 ranks at GAS 2 would train on 16 sequences a step, 1 rank on 4.
+  expect_refused(train("gas2.json", 4) + " --steps 4 --resume " + q(ck),
+                 {"global batch of 8 sequences (train_batch_size 8 = micro-batch 2 x gradient_accumulation_steps 2 x 2 data-parallel ranks, "
+                  "world size 2)",
+                  "this run's is 16", "relaunch on 2 ranks", "\"gradient_accumulation_steps\": 1", "\"train_batch_size\": 8"});
+  expect_refused(train("gas2.json", 1) + " --steps 4 --resume " + q(ck), {"this run's is 4", "\"gradient_accumulation_steps\": 4"});
+  // A changed train_batch_size.
+  expect_refused(train("tbs16.json", 2) + " --steps 4 --resume " + q(ck), {"the config's train_batch_size is 16", "\"train_batch_size\": 8 again"});
+  // What the message proposes resumes: GAS 1 on 4 ranks is the same global batch.
+  const CliResult ok = run_dstrain(train("gas1.json", 4) + " --steps 4 --resume " + q(ck));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  // Elasticity 0.2: train_batch_size 12 on 1, 2 or 3 ranks; on 4 it picks 16.
+  const fs::path ek = dir_ / "ck_elastic02";
+  ASSERT_EQ(run_dstrain(train("elastic02.json", 2) + " --steps 1 --save-dir " + q(ek)).exit_code, 0);
+  expect_refused(train("elastic02.json", 4) + " --steps 2 --resume " + q(ek),
+                 {"global batch of 12 sequences", "elasticity section gives 16", "world sizes elasticity gives train_batch_size 12 at: 1, 2, 3"});
+  const CliResult three = run_dstrain(train("elastic02.json", 3) + " --steps 2 --resume " + q(ek));
+  EXPECT_EQ(three.exit_code, 0) << three.err;
 }
 
 // ZeRO++ and MiCS keep checkpoints in parameter space (docs/zero.md §10): a run with qwZ, hpZ, qgZ
