@@ -74,8 +74,8 @@ TEST(StragglerDetector, SeveralRanksAtOnceInRankOrderAndEvenCountMedian) {
   StragglerDetector d(1.5, 1);
   // Median of {1, 1, 4, 4, 1, 1} = 1: ranks 2 and 3 are slow.
   EXPECT_EQ(ranks_of(d.observe(std::vector<double>{1.0, 1.0, 4.0, 4.0, 1.0, 1.0})), (std::vector<int>{2, 3}));
-  // Median of {1, 2, 3, 10} = 2.5: only rank 3 (10 > 3.75), already named; rank 2 recovered.
-  EXPECT_TRUE(d.observe(std::vector<double>{1.0, 2.0, 3.0, 10.0, 1.0, 1.0}).empty());
+  // Median of {1, 1, 1, 2, 2, 10} = 1.5: only rank 3 (10 > 2.25), already named; rank 2 recovered.
+  EXPECT_TRUE(d.observe(std::vector<double>{1.0, 2.0, 2.0, 10.0, 1.0, 1.0}).empty());
   EXPECT_EQ(ranks_of(d.observe(std::vector<double>{1.0, 1.0, 4.0, 1.0, 1.0, 1.0})), std::vector<int>{2});
 }
 
