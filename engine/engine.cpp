@@ -851,6 +851,17 @@ bool Engine::any_rank(bool flag) {
   return v > 0.0;
 }
 
+void Engine::all_reduce_host_sum(Communicator& world, std::span<double> values) {
+  if (values.empty() || world.world_size() == 1) return;
+  Impl& im = *impl_;
+  // When the engine's group is the whole world (no tensor or pipeline groups beside it), through
+  // the engine's communicator, so that comms_logger counts it with the step's collectives.
+  const bool engine_group_is_world = im.comm != nullptr && im.world == world.world_size() && im.tp == nullptr && im.pp == nullptr;
+  all_reduce_host(engine_group_is_world ? *im.comm : world, Tensor(values.data(), DType::fp64, Shape{static_cast<std::int64_t>(values.size())}),
+                  ReduceOp::sum, im.host_value_staging());
+  exclude_from_step_comm();
+}
+
 void Engine::agree_on_errors(const std::string& error) {
   Impl& im = *impl_;
   // The whole mesh agrees: the data-parallel group, then (tensor parallelism) the tensor-parallel

@@ -329,6 +329,15 @@ class Engine {
   // Collective: true when any rank passes true (the training loop's stop request). Like the
   // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
   bool any_rank(bool flag);
+  // Collective over `world` (a communicator the caller holds whose every rank calls it: the
+  // trainer's world, which spans the engine's data, tensor and pipeline groups): sums host fp64
+  // `values` in place, staged through the engine's device where the communicator needs device
+  // memory (NCCL). Left out of the next step's figures like any_rank (the training loop's per-step
+  // agreement: step times, stop flag, save decision). Between optimizer steps only.
+  void all_reduce_host_sum(Communicator& world, std::span<double> values);
+  // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the
+  // next one's figures (the training loop's evaluation between steps, the checkpoints).
+  void exclude_from_step_comm();
   // The engine's layers and parameter views for a Generator (samples at the val interval): the
   // weights are read in place, never copied. The views stay valid while the engine lives (moving
   // the engine keeps them) and, at ZeRO stage 3, until the next forward / evaluate: there it is
@@ -363,8 +372,6 @@ class Engine {
   // tensor-parallel group) learns whether any rank failed (`error` non-empty) and throws if so
   // (checkpoints).
   void agree_on_errors(const std::string& error);
-  // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the next one's figures.
-  void exclude_from_step_comm();
   float micro_batch_dloss() const;
   // The build steps of the constructor, in order (engine.cpp).
   void choose_memory(const EngineOptions& options);

@@ -29,6 +29,10 @@ struct TrainArgs {
   std::string config, model, data, val_data, tokenizer, init_from, save_weights, summary_json, log_samples;
   std::string save_dir, resume, load_tag, resume_deepspeed, save_format = "dstrain";
   std::int64_t save_interval = 0, keep_last = 0;
+  double save_interval_minutes = 0.0;
+  double straggler_factor = 2.0;
+  std::int64_t straggler_steps = 3;
+  std::string inject_slow_rank;  // "R:MS"
   std::optional<std::int64_t> steps, sequence_length, warmup_steps;
   std::uint64_t seed = 42;
   bool seed_given = false;  // --seed on the command line, not the default
@@ -50,6 +54,21 @@ struct TrainArgs {
   std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
   AutoValueArgs autos;                     // the config's "auto" values, as check-config takes them
 };
+
+// --inject-slow-rank R:MS -> {R, MS}.
+TrainerOptions::SlowRank parse_slow_rank(const std::string& text) {
+  const std::size_t colon = text.find(':');
+  const auto whole = [](const std::string& s, std::int64_t& out) {
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 12) return false;
+    out = std::stoll(s);
+    return true;
+  };
+  TrainerOptions::SlowRank r;
+  if (colon == std::string::npos || !whole(text.substr(0, colon), r.rank) || !whole(text.substr(colon + 1), r.ms)) {
+    fail("--inject-slow-rank {}: expected RANK:MILLISECONDS, e.g. 2:300 (rank 2 sleeps 300 ms in every step)", text);
+  }
+  return r;
+}
 
 TrainerOptions trainer_options(const TrainArgs& args) {
   TrainerOptions o;
@@ -83,6 +102,10 @@ TrainerOptions trainer_options(const TrainArgs& args) {
   o.save_dir = args.save_dir;
   o.save_interval = args.save_interval;
   o.keep_last = args.keep_last;
+  o.save_interval_minutes = args.save_interval_minutes;
+  o.straggler_factor = args.straggler_factor;
+  o.straggler_steps = args.straggler_steps;
+  if (!args.inject_slow_rank.empty()) o.inject_slow_rank = parse_slow_rank(args.inject_slow_rank);
   o.save_format = args.save_format == "deepspeed"   ? TrainerOptions::SaveFormat::deepspeed
                   : args.save_format == "universal" ? TrainerOptions::SaveFormat::universal
                                                     : TrainerOptions::SaveFormat::dstrain;
@@ -169,6 +192,9 @@ void add_train_command(CLI::App& app) {
                   "(ds_to_universal's)")
       ->check(one_of({"dstrain", "deepspeed", "universal"}))
       ->capture_default_str();
+  cmd->add_option("--save-interval-minutes", args->save_interval_minutes,
+                  "Also save a checkpoint when this many minutes have passed since the last save (or the start); rank 0's clock decides, "
+                  "every rank saves after the same step. Needs --save-dir");
   cmd->add_option("--keep-last", args->keep_last, "Keep only the newest K checkpoints under --save-dir (0: all)")
       ->check(whole_number_at_least(0))
       ->capture_default_str();
@@ -193,6 +219,15 @@ void add_train_command(CLI::App& app) {
                   "Testing aid: append \"step S epoch E window W rank R\" to FILE for every training window each data-parallel rank reads "
                   "(a resumed run appends to the same file), to compare the samples of runs")
       ->check(not_empty());
+  cmd->add_option("--inject-slow-rank", args->inject_slow_rank,
+                  "Testing aid: rank R sleeps MS milliseconds in every optimizer step (R:MS), to watch the straggler warning name it")
+      ->check(not_empty());
+  cmd->add_option("--straggler-factor", args->straggler_factor,
+                  "Name a rank whose step time is above this factor x the median of all ranks' for --straggler-steps consecutive steps, "
+                  "with its host and local rank (docs/monitoring.md \"Stragglers\"); 0: off")
+      ->capture_default_str();
+  cmd->add_option("--straggler-steps", args->straggler_steps, "Consecutive slow steps before a rank is named a straggler")
+      ->capture_default_str();
   cmd->add_option("--summary-json", args->summary_json,
                   "Write the run's figures as JSON (with a \"zero\" object: every rank's ZeRO memory and traffic)")
       ->check(not_empty());

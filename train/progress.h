@@ -2,7 +2,8 @@
 //   step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,210 tokens/s | elapsed 1m05s | ETA 3m15s
 // with fp16 "| loss scale 65536" after the grad norm, and "| skipped 2" once a step was skipped; a
 // mixture of experts adds "| aux 1.0234 | experts 310-702 (x1.42)" (tokens per expert, min-max,
-// and max/mean) and "| dropped 12" under a capacity factor.
+// and max/mean) and "| dropped 12" under a capacity factor; several ranks add "| slowest rank 3: 2.41 s"
+// (the last step's slowest rank and its time) after the throughput.
 // DeepSpeed's own line is "step=N, skipped=S, lr=[...], mom=[...]" (docs/monitoring.md §1); this one adds
 // what a user watches a run for (loss, norm, speed, time left).
 #pragma once
@@ -31,6 +32,10 @@ struct ProgressLine {
   double aux_loss = 0.0;
   double expert_min = 0.0, expert_max = 0.0, expert_imbalance = 0.0;
   std::int64_t expert_dropped = 0;
+  // Several ranks: the slowest rank of the last step and its step time ("| slowest rank 3: 2.41 s");
+  // -1: not shown (one rank).
+  int slowest_rank = -1;
+  double slowest_s = 0.0;
 };
 
 std::string format_progress(const ProgressLine& p);

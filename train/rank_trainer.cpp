@@ -8,12 +8,14 @@
 #include <cmath>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "data/gpt2_tokenizer.h"
 #include "engine/checkpoint/deepspeed_export.h"
@@ -39,7 +41,15 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options, Communicator* comm)
-    : plan_(plan), options_(options), comm_(comm), rank_(comm != nullptr ? comm->rank() : 0) {
+    : plan_(plan),
+      options_(options),
+      comm_(comm),
+      rank_(comm != nullptr ? comm->rank() : 0),
+      stragglers_(options.straggler_factor, static_cast<int>(std::min<std::int64_t>(options.straggler_steps, 1 << 20))) {
+  if (options.inject_slow_rank && options.inject_slow_rank->rank >= (comm != nullptr ? comm->world_size() : 1)) {
+    fail("--inject-slow-rank {}:{}: there is no rank {} in a world of {}", options.inject_slow_rank->rank, options.inject_slow_rank->ms,
+         options.inject_slow_rank->rank, comm != nullptr ? comm->world_size() : 1);
+  }
   const config::DsConfig& cfg = plan.config;
   // The mesh: the engine's ZeRO group is the data-parallel one, its layers split across the
   // tensor-parallel one; the data loaders read for the data-parallel ranks, the tensor-parallel
@@ -255,6 +265,8 @@ void RankTrainer::announce() {
     say(fmt::format("checkpoints: {} ({}{})", options_.save_dir.string(),
                     options_.save_interval > 0 ? fmt::format("every {} steps and at the end", options_.save_interval) : std::string("at the end"),
                     options_.keep_last > 0 ? fmt::format("; keeping the newest {}", options_.keep_last) : std::string()));
+    if (options_.save_interval_minutes > 0.0)
+      say(fmt::format("checkpoints: also every {:g} minutes (--save-interval-minutes; rank 0's clock)", options_.save_interval_minutes));
   }
 
   // ---- monitoring (rank 0 writes): csv_monitor / tensorboard files, wall_clock_breakdown timers,
@@ -302,7 +314,79 @@ void RankTrainer::announce() {
   summary_.train_batch_size = TBS_;
   summary_.sequence_length = T_;
   start_ = Clock::now();
+  last_save_time_ = start_;
   started_ = true;
+  exchange_hosts();
+}
+
+void RankTrainer::exchange_hosts() {
+  const int world = comm_ != nullptr ? comm_->world_size() : 1;
+  if (world <= 1 || !stragglers_.enabled()) return;
+  // Rank r's slot: its local rank, then its host name, one byte per fp64 (a sum all-reduce of
+  // zeros elsewhere is every rank's slot everywhere).
+  constexpr std::size_t kChars = 64;
+  const std::size_t slot = kChars + 1;
+  std::vector<double> v(slot * static_cast<std::size_t>(world), 0.0);
+  std::array<char, 256> name{};
+  if (gethostname(name.data(), name.size() - 1) != 0) name[0] = '\0';
+  const std::string host = name[0] != '\0' ? std::string(name.data()) : std::string("?");
+  // Local ranks (--num-ranks threads) share this process's host; a launcher's processes have theirs.
+  const int local_rank = comm_->backend() == "local" ? rank_ : plan_.launch.local_rank;
+  const std::size_t me = slot * static_cast<std::size_t>(rank_);
+  v[me] = local_rank;
+  for (std::size_t i = 0; i < std::min(kChars, host.size()); ++i) v[me + 1 + i] = static_cast<unsigned char>(host[i]);
+  engine_->all_reduce_host_sum(*comm_, v);
+  hosts_.assign(static_cast<std::size_t>(world), std::string());
+  local_ranks_.assign(static_cast<std::size_t>(world), 0);
+  for (int r = 0; r < world; ++r) {
+    const std::size_t at = slot * static_cast<std::size_t>(r);
+    local_ranks_[static_cast<std::size_t>(r)] = static_cast<int>(v[at]);
+    for (std::size_t i = 0; i < kChars && v[at + 1 + i] != 0.0; ++i)
+      hosts_[static_cast<std::size_t>(r)].push_back(static_cast<char>(static_cast<unsigned char>(v[at + 1 + i])));
+  }
+}
+
+void RankTrainer::inject_slowness() const {
+  if (options_.inject_slow_rank && options_.inject_slow_rank->rank == rank_)
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.inject_slow_rank->ms));
+}
+
+void RankTrainer::agree_after_step(double dt) {
+  Engine& engine = *engine_;
+  const int world = comm_ != nullptr ? comm_->world_size() : 1;
+  const int mine = stop_signal();
+  // Rank 0's clock decides a time-based save; the others learn it from the sum.
+  const bool save_due = options_.save_interval_minutes > 0.0 && lead() && seconds_since(last_save_time_) >= options_.save_interval_minutes * 60.0;
+  agreed_step_ = engine.state().global_steps;
+  slowest_rank_ = -1;
+  if (world <= 1) {
+    agreed_stop_ranks_ = mine != 0 ? 1 : 0;
+    agreed_save_ = save_due;
+    return;
+  }
+  // Slots 0..W-1: the ranks' step seconds; W: ranks that saw a stop signal; W+1: rank 0's save.
+  std::vector<double> v(static_cast<std::size_t>(world) + 2, 0.0);
+  v[static_cast<std::size_t>(rank_)] = dt;
+  v[static_cast<std::size_t>(world)] = mine != 0 ? 1.0 : 0.0;
+  v[static_cast<std::size_t>(world) + 1] = save_due ? 1.0 : 0.0;
+  engine.all_reduce_host_sum(*comm_, v);
+  agreed_stop_ranks_ = static_cast<int>(v[static_cast<std::size_t>(world)]);
+  agreed_save_ = v[static_cast<std::size_t>(world) + 1] > 0.0;
+  const std::span<const double> times(v.data(), static_cast<std::size_t>(world));
+  slowest_rank_ = static_cast<int>(std::max_element(times.begin(), times.end()) - times.begin());
+  slowest_s_ = times[static_cast<std::size_t>(slowest_rank_)];
+  for (const Straggler& s : stragglers_.observe(times)) {
+    if (!lead()) continue;
+    const auto r = static_cast<std::size_t>(s.rank);
+    trainer_warn(options_, fmt::format("straggler: rank {} (host {}, local rank {}) took {:.2f} s per step for the last {} steps, {:.1f}x the "
+                                       "median {:.2f} s (step {}/{}; --straggler-factor {:g})",
+                                       s.rank, r < hosts_.size() ? hosts_[r] : std::string("?"), r < local_ranks_.size() ? local_ranks_[r] : s.rank,
+                                       s.seconds, options_.straggler_steps, s.ratio, s.median, agreed_step_, plan_.steps, options_.straggler_factor));
+    if (monitors_.enabled()) {
+      const std::vector<MonitorEvent> events = straggler_events(s.rank, s.seconds, s.ratio, engine.state().global_samples);
+      monitors_.write_events(events);
+    }
+  }
 }
 
 template <typename Fn>
@@ -356,6 +440,7 @@ void RankTrainer::train_pipeline_step() {
     batches.push_back(Batch{Tensor(tok.data(), DType::int32, b.tokens.shape), Tensor(tgt.data(), DType::int32, b.targets.shape)});
   }
   timed(kStepGlobalTimer, [&] { pipe_->train_batch(batches); });
+  inject_slowness();
   after_step(seconds_since(t0));
 }
 
@@ -407,6 +492,7 @@ void RankTrainer::train_step() {
     }
     timed(kStepGlobalTimer, [&] { engine.step(); });
   }
+  inject_slowness();
   engine.synchronize();  // a GPU may still run the step's last kernels: time them
   after_step(seconds_since(t0));
 }
@@ -415,6 +501,7 @@ void RankTrainer::after_step(double dt) {
   const config::DsConfig& cfg = plan_.config;
   Engine& engine = *engine_;
   const std::int64_t steps = plan_.steps;
+  agree_after_step(dt);  // collective: every rank, every step, before anything below may fail
   summary_.step_seconds.push_back(dt);
   note_step_seconds(dt);  // a stop request waits this long for a step boundary (ops/stop_request.h)
   train_s_ += dt;
@@ -487,6 +574,8 @@ void RankTrainer::after_step(double dt) {
       p.skipped = engine.state().skipped_steps;
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
       p.show_throughput = cfg.timers.throughput_enabled;
+      p.slowest_rank = slowest_rank_;
+      p.slowest_s = slowest_s_;
       p.elapsed_s = seconds_since(start_);
       p.eta_s = train_s_ / static_cast<double>(std::max<std::int64_t>(1, done - resumed_steps_)) * static_cast<double>(steps - done);
       say(format_progress(p));
@@ -513,6 +602,7 @@ void RankTrainer::after_step(double dt) {
       say(fmt::format("step {}/{} | val loss {:.4f}", done, steps, vl));
     }
     sample(done);
+    engine.exclude_from_step_comm();  // the evaluation's collectives are not the next step's
   }
 }
 
@@ -628,6 +718,7 @@ std::string RankTrainer::save_checkpoint() {
   const DataLoaderState d = loader_->state();
   const config::Json client{{"data", {{"epoch", d.epoch}, {"position", d.position}}}, {"seed", seed_}, {"model", plan_.model_spec}};
   last_saved_tag_ = checkpoints_->save(options_.save_dir, "", client);  // commits a decoupled save still pending first
+  last_save_time_ = Clock::now();  // --save-interval-minutes counts from here
   if (lead()) {
     for (const std::string& t : prune_checkpoints(options_.save_dir, options_.keep_last))
       say(fmt::format("checkpoint {} removed (--keep-last {})", t, options_.keep_last));
@@ -655,6 +746,11 @@ std::string RankTrainer::save_checkpoint() {
 bool RankTrainer::stop_requested() {
   // Every rank stops after the same step (a rank that saw no signal itself says SIGTERM).
   const int mine = stop_signal();
+  if (agreed_step_ == engine_->state().global_steps) {
+    // The step's agreement (agree_after_step) already carried every rank's signal.
+    stopped_by_signal_ = mine != 0 ? mine : agreed_stop_ranks_ > 0 ? SIGTERM : 0;
+    return stopped_by_signal_ != 0;
+  }
   const bool any = engine_->any_rank(mine != 0);
   stopped_by_signal_ = mine != 0 ? mine : any ? SIGTERM : 0;
   return stopped_by_signal_ != 0;
@@ -677,8 +773,11 @@ void RankTrainer::run() {
       summary_.steps = engine_->state().global_steps;
       return;
     }
-    if (options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0 && !done() && !options_.save_dir.empty())
-      save_checkpoint();
+    // Every --save-interval steps, and when rank 0 found --save-interval-minutes passed (the
+    // step's agreement: every rank saves after the same step).
+    const bool by_steps = options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0;
+    const bool by_time = agreed_save_ && agreed_step_ == engine_->state().global_steps;
+    if ((by_steps || by_time) && !done() && !options_.save_dir.empty()) save_checkpoint();
   }
   finish();
 }

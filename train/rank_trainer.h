@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "data/data_loader.h"
@@ -30,6 +31,7 @@
 #include "train/monitor/monitor_master.h"
 #include "train/monitor/timers.h"
 #include "train/sample_printer.h"
+#include "train/straggler_detector.h"
 #include "train/train_summary.h"
 #include "train/trainer_options.h"
 #include "train/training_plan.h"
@@ -88,6 +90,15 @@ class RankTrainer {
   template <typename Fn>
   void timed(std::string_view name, Fn&& fn);
   void after_step(double step_seconds);
+  // Several ranks: every rank's host name and local rank, once before step 1 (collective), for the
+  // straggler warnings.
+  void exchange_hosts();
+  // After every step (collective over the world): one fp64 sum all-reduce of every rank's step
+  // seconds, the count of ranks that saw a stop signal, and rank 0's time-based save decision;
+  // then the straggler check. One rank: the same decisions, nothing communicated.
+  void agree_after_step(double step_seconds);
+  // --inject-slow-rank: this rank's sleep inside the step.
+  void inject_slowness() const;
   // Error naming the step when `loss` (the training or val loss) is NaN or infinite.
   void check_finite(double loss, const char* what, std::int64_t step) const;
 
@@ -149,6 +160,18 @@ class RankTrainer {
   std::int64_t resumed_steps_ = 0;   // global_steps when this process started training
   std::string last_saved_tag_;       // the checkpoint of the current step, once saved
   int stopped_by_signal_ = 0;
+
+  // The per-step agreement (agree_after_step) for the step that ended global_steps = agreed_step_.
+  std::int64_t agreed_step_ = -1;
+  int agreed_stop_ranks_ = 0;  // ranks that saw a signal
+  bool agreed_save_ = false;   // --save-interval-minutes: save after this step
+  std::chrono::steady_clock::time_point last_save_time_;  // the last save, or the start of training
+  // Stragglers: the detector, every rank's host and local rank, the last step's slowest rank.
+  StragglerDetector stragglers_;
+  std::vector<std::string> hosts_;
+  std::vector<int> local_ranks_;
+  int slowest_rank_ = -1;
+  double slowest_s_ = 0.0;
 };
 
 }  // namespace dstrain

@@ -79,6 +79,20 @@ struct TrainerOptions {
   // "1f1b", "interleaved" (V > 1) or "gpipe" (all forwards, then all backwards; V = 1).
   std::string pipeline_schedule;              // "" = default: "interleaved" when pipeline_virtual_stages > 1, else "1f1b"
   std::vector<std::int64_t> inject_overflow;  // test hook: optimizer steps given an inf gradient
+  // Test hook (--inject-slow-rank R:MS): rank `rank` sleeps `ms` milliseconds in every optimizer
+  // step, to watch the straggler warning name it.
+  struct SlowRank {
+    std::int64_t rank = 0;
+    std::int64_t ms = 0;
+  };
+  std::optional<SlowRank> inject_slow_rank;
+
+  // ---- stragglers (docs/monitoring.md "Stragglers") ----
+  // After every step the ranks share their step times (the step's one small all-reduce); a rank
+  // slower than factor x the median for `straggler_steps` consecutive steps is named (rank 0's
+  // warning and monitor events) with its host and local rank. 0: off; else > 1.
+  double straggler_factor = 2.0;
+  std::int64_t straggler_steps = 3;  // >= 1
 
   // ---- outputs ----
   std::filesystem::path save_weights;  // the final weights in the HF layout of the model (docs/models.md §4); empty: none
@@ -86,6 +100,9 @@ struct TrainerOptions {
   std::filesystem::path save_dir;  // checkpoints go here (every save_interval steps and at the end); empty: none
   std::int64_t save_interval = 0;  // optimizer steps between checkpoints; 0: only at the end (and on a stop signal)
   std::int64_t keep_last = 0;      // keep the newest K checkpoints under save_dir; 0: all
+  // Also save when this many minutes have passed since the last save (or the start of training):
+  // rank 0's clock decides, every rank saves after the same step. 0: off; needs save_dir.
+  double save_interval_minutes = 0.0;
   // What each checkpoint is saved as besides dstrain's own files (docs/checkpoints.md "Saving for
   // DeepSpeed"): nothing; DeepSpeed's save_checkpoint layout for the run's ZeRO stage, data-parallel
   // ranks and dtype (mp_rank_00_model_states.pt, the ranks' optimizer files, `latest`), beside

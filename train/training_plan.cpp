@@ -80,6 +80,20 @@ void check_option_values(const TrainerOptions& o) {
   for (const std::int64_t s : o.inject_overflow) {
     if (s < 1) fail("--inject-overflow {}: optimizer steps count from 1", s);
   }
+  if (!std::isfinite(o.straggler_factor) || o.straggler_factor < 0.0 || (o.straggler_factor > 0.0 && o.straggler_factor <= 1.0)) {
+    fail("--straggler-factor {}: must be 0 (no straggler detection) or a number > 1 (a rank slower than the median step time by this factor)",
+         o.straggler_factor);
+  }
+  if (o.straggler_steps < 1) fail("--straggler-steps {}: must be >= 1 (consecutive slow steps before a rank is named)", o.straggler_steps);
+  if (o.inject_slow_rank && (o.inject_slow_rank->rank < 0 || o.inject_slow_rank->ms < 0)) {
+    fail("--inject-slow-rank {}:{}: the rank and the milliseconds must be >= 0", o.inject_slow_rank->rank, o.inject_slow_rank->ms);
+  }
+  if (!std::isfinite(o.save_interval_minutes) || o.save_interval_minutes < 0.0) {
+    fail("--save-interval-minutes {}: must be a number of minutes > 0", o.save_interval_minutes);
+  }
+  if (o.save_interval_minutes > 0.0 && o.save_dir.empty()) {
+    fail("--save-interval-minutes {:g} needs --save-dir: the checkpoints it asks for go there", o.save_interval_minutes);
+  }
 }
 
 // The launcher's environment: world size 1 (and launcher "none") when there is none. A process

@@ -376,4 +376,24 @@ TEST(TrainMpiCliCheckpoints, SaveOnOneWorldSizeResumeOnAnotherMatchesLocalRanks)
   }
 }
 
+// Stragglers over MPI processes (docs/monitoring.md §7): the step times travel in the step's
+// agreement over MPI_COMM_WORLD; rank 2, sleeping 300 ms in every step, is named once with its host
+// and the launcher's local rank, no other rank is, and the progress line shows it as the slowest.
+TEST(TrainMpiCliStragglers, ASlowProcessIsNamed) {
+  const fs::path dir = data_dir();
+  const fs::path cfg = dir / "stragglers.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+  const CliResult r = run_dstrain("train --deepspeed_config " + shell_quote(cfg.string()) + " --model gpt2:L2-C32-H2-V256-T32 --tokenizer bytes --data " +
+                                      shell_quote((dir / "t_train.bin").string()) + " --seed 5 --sample-tokens 0 --steps 6 --comm mpi --inject-slow-rank 2:300",
+                                  std::string(DSTRAIN_MPIEXEC) + " 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::size_t named = 0;
+  for (auto at = r.err.find("straggler: rank"); at != std::string::npos; at = r.err.find("straggler: rank", at + 1)) ++named;
+  EXPECT_EQ(named, 1u) << r.err;
+  EXPECT_NE(r.err.find("straggler: rank 2 (host "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", local rank 2) took 0."), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("| slowest rank 2: 0."), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -24,4 +24,10 @@ std::vector<MonitorEvent> comms_events(const std::vector<CommsOpTotals>& totals,
   return events;
 }
 
+std::vector<MonitorEvent> straggler_events(int rank, double step_seconds, double ratio, std::int64_t global_samples) {
+  return {MonitorEvent{std::string(kStragglerRankEvent), static_cast<double>(rank), global_samples},
+          MonitorEvent{std::string(kStragglerSecondsEvent), step_seconds, global_samples},
+          MonitorEvent{std::string(kStragglerRatioEvent), ratio, global_samples}};
+}
+
 }  // namespace dstrain

@@ -23,6 +23,14 @@ std::vector<MonitorEvent> step_events(double lr, std::optional<double> loss_scal
 
 MonitorEvent train_loss_event(double loss, std::int64_t global_samples);
 
+inline constexpr std::string_view kStragglerRankEvent = "Train/Stragglers/rank";
+inline constexpr std::string_view kStragglerSecondsEvent = "Train/Stragglers/step_seconds";
+inline constexpr std::string_view kStragglerRatioEvent = "Train/Stragglers/ratio_to_median";
+
+// A straggler named (train/straggler_detector.h): its rank, its mean step seconds over the slow
+// steps, and that over the median, at global_samples (docs/monitoring.md "Stragglers").
+std::vector<MonitorEvent> straggler_events(int rank, double step_seconds, double ratio, std::int64_t global_samples);
+
 // comms_logger (docs/monitoring.md §6), per op since the start of training at global_samples:
 // comms/<op>/count, comms/<op>/total_latency_ms, comms/<op>/algbw_gbps, comms/<op>/busbw_gbps (the
 // bandwidths of all the op's calls together: CommsOpTotals). <op> is DeepSpeed's name (all_reduce,

@@ -28,6 +28,12 @@ TEST(Progress, Line) {
   EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,211 tokens/s | elapsed 1m05s | ETA 3m15s");
   p.show_throughput = false;  // timers.throughput.enabled: false
   EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | elapsed 1m05s | ETA 3m15s");
+  // Several ranks: the last step's slowest rank and its time.
+  p.show_throughput = true;
+  p.slowest_rank = 3;
+  p.slowest_s = 2.414;
+  EXPECT_EQ(format_progress(p),
+            "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,211 tokens/s | slowest rank 3: 2.41 s | elapsed 1m05s | ETA 3m15s");
 }
 
 TEST(TrainSummary, JsonFields) {
