@@ -10,15 +10,8 @@
 #
 #   mpi_elastic_relaunch.sh <dstrain binary> <scratch folder> <mpiexec and its flags...>
 set -uo pipefail
-dstrain="$1"; scratch="$2"; shift 2
-mpiexec=("$@")
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-rm -rf "$scratch"; mkdir -p "$scratch/text"
-for d in 0 1 2; do
-  for i in $(seq 1 80); do printf 'The quick brown fox %d jumps over the lazy dog %d times. ' "$d" "$i"; done > "$scratch/text/doc$d.txt"
-done
-"$dstrain" prepare-data --tokenizer bytes "$scratch/text" -o "$scratch/t.bin" --val-fraction 0.3 >/dev/null 2>&1 || fail "prepare-data"
+# shellcheck source=shell_test_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/shell_test_common.sh" "$@"
 # train_batch_size 8: GAS 1 on 4 ranks, GAS 2 on 2 (bf16, ZeRO 2, a schedule: what a resume restores).
 cat > "$scratch/ds.json" <<'JSON'
 {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,

@@ -9,15 +9,8 @@
 #
 #   mpi_faults.sh <dstrain binary> <scratch folder> <mpiexec and its flags...>
 set -uo pipefail
-dstrain="$1"; scratch="$2"; shift 2
-mpiexec=("$@")
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-rm -rf "$scratch"; mkdir -p "$scratch/text"
-for d in 0 1 2; do
-  for i in $(seq 1 80); do printf 'The quick brown fox %d jumps over the lazy dog %d times. ' "$d" "$i"; done > "$scratch/text/doc$d.txt"
-done
-"$dstrain" prepare-data --tokenizer bytes "$scratch/text" -o "$scratch/t.bin" --val-fraction 0.3 >/dev/null 2>&1 || fail "prepare-data"
+# shellcheck source=shell_test_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/shell_test_common.sh" "$@"
 cat > "$scratch/ds.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 1,
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 2}}
