@@ -840,17 +840,6 @@ void Engine::exclude_from_step_comm() {
   if (im.io) im.io_at_step_start = im.io->totals();  // a checkpoint reads the NVMe store too
 }
 
-bool Engine::any_rank(bool flag) {
-  Impl& im = *impl_;
-  if (im.world == 1 && im.pp == nullptr && im.tp == nullptr) return flag;
-  double v = flag ? 1.0 : 0.0;
-  if (im.world > 1) im.states->all_reduce_sum(Tensor(&v, DType::fp64, Shape{1}));
-  if (im.tp != nullptr) all_reduce_host(*im.tp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-  if (im.pp != nullptr) all_reduce_host(*im.pp, Tensor(&v, DType::fp64, Shape{1}), ReduceOp::sum, im.host_value_staging());
-  exclude_from_step_comm();
-  return v > 0.0;
-}
-
 void Engine::all_reduce_host_sum(Communicator& world, std::span<double> values) {
   if (values.empty() || world.world_size() == 1) return;
   Impl& im = *impl_;

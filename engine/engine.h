@@ -326,14 +326,12 @@ class Engine {
   // in order with the engine's own collectives; through the engine's device when its communicator
   // needs device memory (NCCL). One rank: unchanged. At most 64 values.
   void all_reduce_sum(std::span<float> values);
-  // Collective: true when any rank passes true (the training loop's stop request). Like the
-  // checkpoint calls, it is left out of the next step's figures (ZeroReport::step_comm).
-  bool any_rank(bool flag);
   // Collective over `world` (a communicator the caller holds whose every rank calls it: the
   // trainer's world, which spans the engine's data, tensor and pipeline groups): sums host fp64
   // `values` in place, staged through the engine's device where the communicator needs device
-  // memory (NCCL). Left out of the next step's figures like any_rank (the training loop's per-step
-  // agreement: step times, stop flag, save decision). Between optimizer steps only.
+  // memory (NCCL). Like the checkpoint calls, left out of the next step's figures
+  // (ZeroReport::step_comm): the training loop's per-step agreement (step times, stop flag, save
+  // decision). Between optimizer steps only.
   void all_reduce_host_sum(Communicator& world, std::span<double> values);
   // Between steps: the collectives (and NVMe transfers) issued since the last step stay out of the
   // next one's figures (the training loop's evaluation between steps, the checkpoints).

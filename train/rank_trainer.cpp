@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "data/gpt2_tokenizer.h"
 #include "engine/checkpoint/deepspeed_export.h"
@@ -148,7 +147,12 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   dlo.seed = seed_;
   dlo.vocab_size = static_cast<std::int32_t>(plan.model->vocab_size());
   loader_.emplace(DataLoader::open(options.data, dlo));  // the pre-flight has scanned the whole file (plan_training)
-  logs_samples_ = !options.log_samples.empty() && (!mesh_ || (mesh_->coord.tp == 0 && mesh_->coord.sp == 0 && mesh_->coord.pp == 0));
+  if (!options.log_samples.empty() && (!mesh_ || (mesh_->coord.tp == 0 && mesh_->coord.sp == 0 && mesh_->coord.pp == 0))) {
+    // Opened once, before step 1 (a path that cannot be written fails here, not after training);
+    // O_APPEND keeps the lines of ranks as threads or processes, and of a resumed run, whole.
+    sample_log_.fd = ::open(options.log_samples.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (sample_log_.fd < 0) fail("--log-samples {}: cannot open it for appending: {}", options.log_samples.string(), std::strerror(errno));
+  }
   if (plan.resume && plan.resume->deepspeed) {
     // A DeepSpeed checkpoint, mapped and checked by plan_resume: every rank writes its pieces.
     checkpoints_->load_whole_state(plan.resume->deepspeed->state);
@@ -186,6 +190,10 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
 }
 
 RankTrainer::~RankTrainer() = default;
+
+RankTrainer::AppendFd::~AppendFd() {
+  if (fd >= 0) ::close(fd);
+}
 
 void RankTrainer::say(const std::string& line) const {
   if (lead()) trainer_print(options_, line);
@@ -357,10 +365,9 @@ void RankTrainer::agree_after_step(double dt) {
   const int mine = stop_signal();
   // Rank 0's clock decides a time-based save; the others learn it from the sum.
   const bool save_due = options_.save_interval_minutes > 0.0 && lead() && seconds_since(last_save_time_) >= options_.save_interval_minutes * 60.0;
-  agreed_step_ = engine.state().global_steps;
   slowest_rank_ = -1;
   if (world <= 1) {
-    agreed_stop_ranks_ = mine != 0 ? 1 : 0;
+    agreed_signal_ = mine;
     agreed_save_ = save_due;
     return;
   }
@@ -370,7 +377,9 @@ void RankTrainer::agree_after_step(double dt) {
   v[static_cast<std::size_t>(world)] = mine != 0 ? 1.0 : 0.0;
   v[static_cast<std::size_t>(world) + 1] = save_due ? 1.0 : 0.0;
   engine.all_reduce_host_sum(*comm_, v);
-  agreed_stop_ranks_ = static_cast<int>(v[static_cast<std::size_t>(world)]);
+  // This rank's own signal as it was read above (a signal arriving later waits for the next step,
+  // which every rank then agrees on); SIGTERM for a rank that saw none while another did.
+  agreed_signal_ = mine != 0 ? mine : v[static_cast<std::size_t>(world)] > 0.0 ? SIGTERM : 0;
   agreed_save_ = v[static_cast<std::size_t>(world) + 1] > 0.0;
   const std::span<const double> times(v.data(), static_cast<std::size_t>(world));
   slowest_rank_ = static_cast<int>(std::max_element(times.begin(), times.end()) - times.begin());
@@ -381,7 +390,8 @@ void RankTrainer::agree_after_step(double dt) {
     trainer_warn(options_, fmt::format("straggler: rank {} (host {}, local rank {}) took {:.2f} s per step for the last {} steps, {:.1f}x the "
                                        "median {:.2f} s (step {}/{}; --straggler-factor {:g})",
                                        s.rank, r < hosts_.size() ? hosts_[r] : std::string("?"), r < local_ranks_.size() ? local_ranks_[r] : s.rank,
-                                       s.seconds, options_.straggler_steps, s.ratio, s.median, agreed_step_, plan_.steps, options_.straggler_factor));
+                                       s.seconds, options_.straggler_steps, s.ratio, s.median, engine.state().global_steps, plan_.steps,
+                                       options_.straggler_factor));
     if (monitors_.enabled()) {
       const std::vector<MonitorEvent> events = straggler_events(s.rank, s.seconds, s.ratio, engine.state().global_samples);
       monitors_.write_events(events);
@@ -428,7 +438,7 @@ void RankTrainer::train_pipeline_step() {
   step_targets_.resize(static_cast<std::size_t>(GAS_));
   std::vector<Batch> batches;
   for (std::int64_t m = 0; m < GAS_; ++m) {
-    if (logs_samples_) log_micro_batch_samples();
+    if (sample_log_.fd >= 0) log_micro_batch_samples();
     loader_->next_micro_batch(inputs_, targets_);
     const Batch b = rank_batch();
     auto& tok = step_tokens_[static_cast<std::size_t>(m)];
@@ -446,8 +456,9 @@ void RankTrainer::train_pipeline_step() {
 
 // --log-samples FILE: "step S epoch E window W rank R" for each window of the micro-batch the
 // loader reads next (stream position p: epoch p / N, window order_E[p mod N], data/data_loader.h),
-// appended with one write(2) per micro-batch on a file opened O_APPEND, so that ranks as threads or
-// processes, and a resumed run after the saving one, add to one file without tearing lines.
+// appended with one write(2) per micro-batch to the file opened O_APPEND in the constructor, so that
+// ranks as threads or processes, and a resumed run after the saving one, add to one file without
+// tearing lines.
 void RankTrainer::log_micro_batch_samples() {
   const DataLoaderOptions& o = loader_->options();
   const DataLoaderState st = loader_->state();
@@ -458,13 +469,9 @@ void RankTrainer::log_micro_batch_samples() {
   std::string lines;
   for (std::uint64_t b = 0; b < o.micro_batch_size; ++b)
     lines += fmt::format("step {} epoch {} window {} rank {}\n", step, (first + b) / n, loader_->window_at(first + b), o.rank);
-  const int fd = ::open(options_.log_samples.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) fail("--log-samples {}: cannot open it: {}", options_.log_samples.string(), std::strerror(errno));
-  const ssize_t wrote = ::write(fd, lines.data(), lines.size());
-  const int err = errno;
-  ::close(fd);
+  const ssize_t wrote = ::write(sample_log_.fd, lines.data(), lines.size());
   if (wrote != static_cast<ssize_t>(lines.size()))
-    fail("--log-samples {}: cannot append to it: {}", options_.log_samples.string(), wrote < 0 ? std::strerror(err) : "short write");
+    fail("--log-samples {}: cannot append to it: {}", options_.log_samples.string(), wrote < 0 ? std::strerror(errno) : "short write");
 }
 
 void RankTrainer::train_step() {
@@ -476,7 +483,7 @@ void RankTrainer::train_step() {
   Engine& engine = *engine_;
   const auto t0 = Clock::now();
   for (std::int64_t m = 0; m < GAS_; ++m) {
-    if (logs_samples_) log_micro_batch_samples();
+    if (sample_log_.fd >= 0) log_micro_batch_samples();
     loader_->next_micro_batch(inputs_, targets_);
     const Batch batch = rank_batch();
     timed(kForwardGlobalTimer, [&] { engine.forward(batch); });
@@ -744,15 +751,9 @@ std::string RankTrainer::save_checkpoint() {
 }
 
 bool RankTrainer::stop_requested() {
-  // Every rank stops after the same step (a rank that saw no signal itself says SIGTERM).
-  const int mine = stop_signal();
-  if (agreed_step_ == engine_->state().global_steps) {
-    // The step's agreement (agree_after_step) already carried every rank's signal.
-    stopped_by_signal_ = mine != 0 ? mine : agreed_stop_ranks_ > 0 ? SIGTERM : 0;
-    return stopped_by_signal_ != 0;
-  }
-  const bool any = engine_->any_rank(mine != 0);
-  stopped_by_signal_ = mine != 0 ? mine : any ? SIGTERM : 0;
+  // Every rank stops after the same step: the step's agreement (agree_after_step) carried every
+  // rank's signal.
+  stopped_by_signal_ = agreed_signal_;
   return stopped_by_signal_ != 0;
 }
 
@@ -776,8 +777,7 @@ void RankTrainer::run() {
     // Every --save-interval steps, and when rank 0 found --save-interval-minutes passed (the
     // step's agreement: every rank saves after the same step).
     const bool by_steps = options_.save_interval > 0 && engine_->state().global_steps % options_.save_interval == 0;
-    const bool by_time = agreed_save_ && agreed_step_ == engine_->state().global_steps;
-    if ((by_steps || by_time) && !done() && !options_.save_dir.empty()) save_checkpoint();
+    if ((by_steps || agreed_save_) && !done() && !options_.save_dir.empty()) save_checkpoint();
   }
   finish();
 }

@@ -79,8 +79,8 @@ class RankTrainer {
   // A checkpoint of the run so far under options.save_dir (collective): the engine's state and, as
   // its client state, the data loader's position and the seed; then --keep-last. Returns the tag.
   std::string save_checkpoint();
-  // Collective: true when a stop was requested (SIGTERM / SIGINT, request_stop()) on any rank, so
-  // that every rank stops after the same step.
+  // True when the agreement after the last step found a stop request (SIGTERM / SIGINT,
+  // request_stop()) on any rank, so that every rank stops after the same step.
   bool stop_requested();
   // The signal that ended run() early (after a checkpoint), or 0.
   int stopped_by_signal() const { return stopped_by_signal_; }
@@ -132,10 +132,16 @@ class RankTrainer {
   std::int64_t B_ = 0, GAS_ = 0, TBS_ = 0, T_ = 0;
   int stage_ = 0;
   std::optional<DataLoader> loader_;
-  // --log-samples (a testing aid, docs/cli.md): whether this rank is the one of its data-parallel
-  // slot that logs (tensor-parallel, sequence-parallel and pipeline rank 0), and the logging itself:
-  // one line per window of the micro-batch loader_ reads next.
-  bool logs_samples_ = false;
+  // --log-samples (a testing aid, docs/cli.md): the file, open for appending where this rank is the
+  // one of its data-parallel slot that logs (tensor-parallel, sequence-parallel and pipeline rank 0;
+  // -1 elsewhere), and the logging itself: one line per window of the micro-batch loader_ reads next.
+  struct AppendFd {  // closed with the trainer, also when its constructor throws after opening it
+    int fd = -1;
+    AppendFd() = default;
+    AppendFd(const AppendFd&) = delete;
+    AppendFd& operator=(const AppendFd&) = delete;
+    ~AppendFd();
+  } sample_log_;
   void log_micro_batch_samples();
   std::optional<EvalLoader> val_;
   std::vector<std::int32_t> inputs_, targets_;  // (B, T) micro-batch storage the engine's Batch views
@@ -161,10 +167,10 @@ class RankTrainer {
   std::string last_saved_tag_;       // the checkpoint of the current step, once saved
   int stopped_by_signal_ = 0;
 
-  // The per-step agreement (agree_after_step) for the step that ended global_steps = agreed_step_.
-  std::int64_t agreed_step_ = -1;
-  int agreed_stop_ranks_ = 0;  // ranks that saw a signal
-  bool agreed_save_ = false;   // --save-interval-minutes: save after this step
+  // The agreement after the last step (agree_after_step): the signal every rank stops with (0: go
+  // on), and whether --save-interval-minutes asks for a save now.
+  int agreed_signal_ = 0;
+  bool agreed_save_ = false;
   std::chrono::steady_clock::time_point last_save_time_;  // the last save, or the start of training
   // Stragglers: the detector, every rank's host and local rank, the last step's slowest rank.
   StragglerDetector stragglers_;

@@ -546,7 +546,8 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
   const std::string resume_dir = options.resume == "auto" ? options.save_dir.string() : options.resume;
   if (!resume_dir.empty()) inputs.push_back({resume_dir, "the checkpoints resumed (--resume)", true});
   if (!options.resume_deepspeed.empty()) inputs.push_back({options.resume_deepspeed, "the DeepSpeed checkpoint resumed (--resume-deepspeed)", true});
-  std::vector<RunFile> outputs{{options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}};
+  std::vector<RunFile> outputs{
+      {options.save_weights, "--save-weights"}, {options.summary_json, "--summary-json"}, {options.log_samples, "--log-samples"}};
   if (!options.save_dir.empty()) outputs.push_back({options.save_dir, "--save-dir", true});
 
   // ---- the model's shape, before the config: its hidden size fills the ZeRO bucket sizes' "auto" ----

@@ -438,6 +438,11 @@ TEST_F(CheckpointCli, OutputsNeverReplaceTheCheckpointRead) {
   expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --summary-json " + q(rank_file), "--resume");
   expect_refused(train("fp32_s1.json", 1) + " --steps 2 --save-dir " + q(dir_ / "ck_other") + " --summary-json " + q(dir_ / "ck_other" / "latest"),
                  "lies inside --save-dir");
+  // --log-samples is an output like the others: never an input, nor inside the checkpoints read.
+  const std::string data_bytes = read_file_text(dir_ / "t_train.bin");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 1 --log-samples " + q(dir_ / "t_train.bin"), "is the file given as --data");
+  expect_refused(train("fp32_s1.json", 1) + " --steps 2 --resume " + q(ck) + " --log-samples " + q(latest), "--resume");
+  EXPECT_EQ(read_file_text(dir_ / "t_train.bin"), data_bytes);
   EXPECT_EQ(read_file_text(rank_file), rank_bytes);
   EXPECT_EQ(read_file_text(latest), latest_bytes);
   // Not a regular file: a FIFO, a link to a file, a character device (never written: refused

@@ -189,7 +189,7 @@ TEST_F(TrainMultirankCli, SummaryJsonReportsEveryRanksZeroState) {
   // reduce-scatter or all-gather sends half the buffer, an all-reduce all of it), with the model's
   // Ψ = padded_param_elements · 4 bytes, GAS 2, plus the step's all-reduce of 3 fp64 values (24 B).
   // The training loop's stop agreement between steps (docs/checkpoints.md) is left out of the
-  // step's figures (Engine::any_rank), as the checkpoint collectives are:
+  // step's figures (Engine::all_reduce_host_sum), as the checkpoint collectives are:
   //   stage 0: all-reduce of the gradients once per step (2Ψ·1/2 = Ψ)
   //   stage 1: reduce-scatter Ψ/2 at the boundary + all-gather Ψ/2 of the updated params
   //   stage 2: reduce-scatter Ψ/2 every micro-step (×2) + all-gather Ψ/2
