@@ -12,13 +12,10 @@
 #include "offload/swap_folder.h"
 #include "ops/error.h"
 #include "ops/log.h"
+#include "zero/model_states.h"
 
 namespace dstrain {
 
-// What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
-// communicator, optimizer offload to host memory or NVMe, parameter offload at stage 3 (activation checkpointing,
-// cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
-// than trained differently from what the config asks.
 // ZeRO++ and MiCS at stage 3 (docs/zero.md §10): what DeepSpeed refuses, and what cannot mean
 // anything, before step 1. (Below stage 3 the config layer warns that they are ignored.)
 static void check_zeropp(const config::DsConfig& c, const config::StatePlacement& placement, int world_size) {
@@ -45,30 +42,20 @@ static void check_zeropp(const config::DsConfig& c, const config::StatePlacement
         "them in fp32, so there is no communication dtype to choose. Fix: remove communication_data_type, or zero_quantized_gradients",
         *c.communication_data_type);
   }
-  if (z.mics_shard_size > 0) {
-    if (world_size % z.mics_shard_size != 0) {
-      fail("zero_optimization.mics_shard_size {}: the {} data-parallel ranks do not split into shard groups of {} ranks; use a divisor of {}",
-           z.mics_shard_size, world_size, z.mics_shard_size, world_size);
-    }
-    if (z.mics_shard_size < world_size && placement.optimizer != StateHome::device) {
-      fail(
-          "zero_optimization.mics_shard_size {} with offload_optimizer — MiCS averages each partition's gradients across its {} replicas "
-          "on the training device, and DeepSpeed refuses the offloaded case (\"Local sharding has no support for CPU offloading\"). "
-          "Fix: remove offload_optimizer, or mics_shard_size",
-          z.mics_shard_size, world_size / z.mics_shard_size);
-    }
-  }
-  // hpZ's groups: min(zero_hpz_partition_size, the partition's ranks), as DeepSpeed's
-  // _create_zero_param_parallel_group takes them, must divide the partition's ranks.
-  const std::int64_t partition_ranks = z.mics_shard_size > 0 ? z.mics_shard_size : world_size;
-  if (const std::int64_t h = std::min(z.zero_hpz_partition_size, partition_ranks); h > 1 && partition_ranks % h != 0) {
+  const ZeroppGroupSizes sizes = zeropp_group_sizes(world_size, z.mics_shard_size, z.zero_hpz_partition_size);
+  if (sizes.shard < world_size && placement.optimizer != StateHome::device) {
     fail(
-        "zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a "
-        "divisor of {} (the ranks of one node)",
-        z.zero_hpz_partition_size, partition_ranks, h, partition_ranks);
+        "zero_optimization.mics_shard_size {} with offload_optimizer — MiCS averages each partition's gradients across its {} replicas "
+        "on the training device, and DeepSpeed refuses the offloaded case (\"Local sharding has no support for CPU offloading\"). "
+        "Fix: remove offload_optimizer, or mics_shard_size",
+        z.mics_shard_size, world_size / sizes.shard);
   }
 }
 
+// What this build trains: CPU or CUDA, fp32 / fp16 / bf16, ZeRO stages 0-3 on the ranks of the
+// communicator, optimizer offload to host memory or NVMe, parameter offload at stage 3 (activation checkpointing,
+// cpu_checkpointing included, is provided; partition_activations only warns). Anything else is refused up front, naming the key, rather
+// than trained differently from what the config asks.
 void check_config_is_provided(const config::DsConfig& c, int world_size) {
   if (c.fp16.enabled && c.bf16.enabled) fail("fp16.enabled and bf16.enabled are both true; DeepSpeed refuses this too — enable at most one of them");
   if (c.optimizer.kind == config::OptimizerKind::lamb && c.fp16.enabled && !c.fp16.dynamic()) {

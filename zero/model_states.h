@@ -129,6 +129,16 @@ struct ZeroSettings {
   bool mics_hierarchical_gather = false;  // mics_hierarchical_params_gather
 };
 
+// The ranks of MiCS's shard group (mics_shard_size, or all `data_ranks` without MiCS) and of hpZ's
+// groups within it (min(zero_hpz_partition_size, shard), as DeepSpeed's
+// _create_zero_param_parallel_group takes them; 1: no hpZ). Error naming the key when a size does
+// not divide the ranks it splits: the pre-flight's check and ModelStates' are this one.
+struct ZeroppGroupSizes {
+  int shard = 1;
+  int hpz = 1;
+};
+ZeroppGroupSizes zeropp_group_sizes(std::int64_t data_ranks, std::int64_t mics_shard_size, std::int64_t hpz_partition_size);
+
 // One contiguous run of this rank's optimizer partition inside one sub-group, with one layer and
 // one weight-decay setting. `grads` is the reduced (averaged) gradient in the storage dtype and
 // `param` the storage-dtype parameter the layers read, both on the training device; the masters and

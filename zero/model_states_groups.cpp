@@ -8,6 +8,23 @@
 
 namespace dstrain {
 
+ZeroppGroupSizes zeropp_group_sizes(std::int64_t data_ranks, std::int64_t mics_shard_size, std::int64_t hpz_partition_size) {
+  ZeroppGroupSizes g;
+  if (mics_shard_size > 0 && data_ranks % mics_shard_size != 0) {
+    fail("zero_optimization.mics_shard_size {}: the {} data-parallel ranks do not split into shard groups of {} ranks; use a divisor of {}",
+         mics_shard_size, data_ranks, mics_shard_size, data_ranks);
+  }
+  g.shard = static_cast<int>(mics_shard_size > 0 ? mics_shard_size : data_ranks);
+  // DeepSpeed's _create_zero_param_parallel_group takes min(zero_hpz_partition_size, world size).
+  g.hpz = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(hpz_partition_size, g.shard)));
+  if (g.shard % g.hpz != 0) {
+    fail("zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a divisor "
+         "of {} (the ranks of one node)",
+         hpz_partition_size, g.shard, g.hpz, g.shard);
+  }
+  return g;
+}
+
 // ZeRO++ and MiCS (docs/zero.md §10): the groups they split off the data-parallel group, every
 // rank in the same order. MiCS's shard group (consecutive ranks) becomes the group the primary
 // units partition over, its replica group (the same index in every shard group) the one the
@@ -21,26 +38,14 @@ void ModelStates::make_zeropp_groups() {
   if (expert_comm_ != nullptr) fail("ModelStates: ZeRO++ and MiCS do not apply to the expert-parallel units of a mixture of experts");
   if (comm_ == nullptr || world_ == 1) return;  // one rank: nothing is gathered or reduced
   const int r = comm_->rank();
-  if (s_.mics_shard_size > 0) {
-    const int size = s_.mics_shard_size;
-    if (world_ % size != 0) {
-      fail("zero_optimization.mics_shard_size {}: the {} data-parallel ranks do not split into shard groups of {} ranks; use a divisor of {}", size,
-           world_, size, world_);
-    }
-    mics_shard_ = comm_->split(r / size, r);
-    mics_replica_ = comm_->split(r % size, r);
+  const ZeroppGroupSizes sizes = zeropp_group_sizes(world_, s_.mics_shard_size, s_.hpz_partition_size);
+  if (sizes.shard < world_) {
+    mics_shard_ = comm_->split(r / sizes.shard, r);
+    mics_replica_ = comm_->split(r % sizes.shard, r);
     partition_comm_ = mics_shard_.get();
   }
   Communicator& p = *partition_comm_;
-  // DeepSpeed's _create_zero_param_parallel_group takes min(zero_hpz_partition_size, world size).
-  if (const int h = std::min(s_.hpz_partition_size, p.world_size()); h > 1) {
-    if (p.world_size() % h != 0) {
-      fail("zero_optimization.zero_hpz_partition_size {}: the {} ranks that partition the parameters do not split into groups of {}; use a divisor "
-           "of {} (the ranks of one node)",
-           h, p.world_size(), h, p.world_size());
-    }
-    hpz_ = p.split(p.rank() / h, p.rank());
-  }
+  if (sizes.hpz > 1) hpz_ = p.split(p.rank() / sizes.hpz, p.rank());
   const bool hierarchical = s_.mics_shard_size > 0 && s_.mics_hierarchical_gather;
   if (hierarchical || (s_.quantized_gradients && p.node_count() > 1)) {
     nodes_ = std::make_unique<NodeSplit>(
