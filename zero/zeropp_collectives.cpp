@@ -1,5 +1,6 @@
 #include "zero/zeropp_collectives.h"
 
+#include <initializer_list>
 #include <vector>
 
 #include "ops/buffer.h"
@@ -14,12 +15,30 @@ namespace {
 // Elements [offset, offset + count) of t viewed as a flat array.
 Tensor flat(const Tensor& t, std::int64_t offset, std::int64_t count) { return t.view(Shape{t.numel()}).slice_rows(offset, offset + count); }
 
-// A transient buffer of `count` elements of `dtype` and its tensor.
-struct Scratch {
-  Buffer buffer;
-  Tensor t;
-  Scratch(Allocator& a, DType dtype, std::int64_t count)
-      : buffer(a, static_cast<std::size_t>(count) * dtype_size(dtype), MemoryPurpose::buffers), t(buffer.tensor(dtype, Shape{count})) {}
+// The transient buffers of one call, carved from ONE allocation (64-byte aligned pieces): a chunk's
+// collective asks the allocator once, not once per buffer.
+class Scratch {
+ public:
+  struct Part {
+    DType dtype;
+    std::int64_t count;
+  };
+  Scratch(Allocator& a, std::initializer_list<Part> parts) {
+    std::vector<std::size_t> offsets;
+    std::size_t bytes = 0;
+    for (const Part& p : parts) {
+      offsets.push_back(bytes);
+      bytes += (static_cast<std::size_t>(p.count) * dtype_size(p.dtype) + 63) / 64 * 64;
+    }
+    buffer_ = Buffer(a, bytes, MemoryPurpose::buffers);
+    std::size_t i = 0;
+    for (const Part& p : parts) tensors_.push_back(buffer_.tensor(p.dtype, Shape{p.count}, offsets[i++]));
+  }
+  const Tensor& operator[](std::size_t i) const { return tensors_[i]; }
+
+ private:
+  Buffer buffer_;
+  std::vector<Tensor> tensors_;
 };
 
 }  // namespace
@@ -56,11 +75,12 @@ void quantized_all_gather(Communicator& group, const Tensor& send, const Tensor&
   DSTRAIN_CHECK(recv.numel() == W * n, "quantized_all_gather: recv has {} elements for {} ranks of {}", recv.numel(), W, n);
   const std::int64_t block = deepspeed_weight_quant_block(n);
   const std::int64_t words = quantize_packed_words(n, 8, block);
-  Scratch packed(scratch, DType::int32, W * words);
-  quantize_blocks(flat(packed.t, group.rank() * words, words), send, 8, block);
-  group.all_gather(flat(packed.t, group.rank() * words, words), packed.t);
+  const Scratch s(scratch, {{DType::int32, W * words}});
+  const Tensor& packed = s[0];
+  quantize_blocks(flat(packed, group.rank() * words, words), send, 8, block);
+  group.all_gather(flat(packed, group.rank() * words, words), packed);
   group.order_compute_after_collectives();  // the dequantization below reads what the gather wrote
-  for (int r = 0; r < W; ++r) dequantize_blocks(flat(recv, r * n, n), flat(packed.t, r * words, words), 8, block);
+  for (int r = 0; r < W; ++r) dequantize_blocks(flat(recv, r * n, n), flat(packed, r * words, words), 8, block);
 }
 
 void hierarchical_all_gather(const NodeSplit& nodes, const Tensor& send, const Tensor& recv, Allocator& scratch) {
@@ -70,13 +90,14 @@ void hierarchical_all_gather(const NodeSplit& nodes, const Tensor& send, const T
                 recv.numel(), N, L, n);
   // Across the nodes first: from the rank with this local index on every node, its piece (the
   // pieces a·L + l, a = 0..N-1); then within the node, every local rank's N pieces: [l'][a].
-  Scratch across(scratch, send.dtype, N * n), within(scratch, send.dtype, static_cast<std::int64_t>(L) * N * n);
-  nodes.cross->all_gather(send, across.t);
+  const Scratch s(scratch, {{send.dtype, N * n}, {send.dtype, static_cast<std::int64_t>(L) * N * n}});
+  const Tensor &across = s[0], &within = s[1];
+  nodes.cross->all_gather(send, across);
   nodes.cross->order_compute_after_collectives();
-  nodes.local->all_gather(across.t, within.t);
+  nodes.local->all_gather(across, within);
   nodes.local->order_compute_after_collectives();
   // Piece a·L + l' of recv is [l'][a] of `within`.
-  for (int l = 0; l < L; ++l) copy_rows(recv, l * n, L * n, within.t, static_cast<std::int64_t>(l) * N * n, n, N, n);
+  for (int l = 0; l < L; ++l) copy_rows(recv, l * n, L * n, within, static_cast<std::int64_t>(l) * N * n, n, N, n);
 }
 
 void quantized_reduce_scatter(const NodeSplit& nodes, const Tensor& chunk, Allocator& scratch) {
@@ -90,32 +111,35 @@ void quantized_reduce_scatter(const NodeSplit& nodes, const Tensor& chunk, Alloc
   // Within the node: local rank l' gets the N pieces a'·L + l' (what the ranks with its local index
   // reduce), quantized as one message in node order (DeepSpeed's swizzled quantization).
   const std::int64_t w1 = quantize_packed_words(N * n, kBits, block);
-  Scratch gathered(scratch, chunk.dtype, N * n);  // the pieces for one local peer, in node order
-  Scratch send1(scratch, DType::int32, L * w1), recv1(scratch, DType::int32, L * w1);
+  const std::int64_t w2 = quantize_packed_words(n, kBits, block);
+  const Scratch s(scratch, {{chunk.dtype, N * n},  // the pieces for one local peer, in node order
+                            {DType::int32, L * w1},
+                            {DType::int32, L * w1},
+                            {DType::fp32, N * n},  // the node's partial sums
+                            {DType::int32, N * w2},
+                            {DType::int32, N * w2},
+                            {DType::fp32, n}});  // this rank's piece, summed over the nodes
+  const Tensor &gathered = s[0], &send1 = s[1], &recv1 = s[2], &partial = s[3], &send2 = s[4], &recv2 = s[5], &total = s[6];
   for (int peer = 0; peer < L; ++peer) {
-    copy_rows(gathered.t, 0, n, chunk, static_cast<std::int64_t>(peer) * n, static_cast<std::int64_t>(L) * n, N, n);
-    quantize_blocks(flat(send1.t, peer * w1, w1), gathered.t, kBits, block);
+    copy_rows(gathered, 0, n, chunk, static_cast<std::int64_t>(peer) * n, static_cast<std::int64_t>(L) * n, N, n);
+    quantize_blocks(flat(send1, peer * w1, w1), gathered, kBits, block);
   }
-  nodes.local->all_to_all(send1.t, recv1.t);
+  nodes.local->all_to_all(send1, recv1);
   nodes.local->order_compute_after_collectives();
   // The node's partial sums of pieces a'·L + l, a' = 0..N-1, in fp32.
-  Scratch partial(scratch, DType::fp32, N * n);
-  zero_tensor(partial.t);
-  for (int peer = 0; peer < L; ++peer) dequantize_blocks(partial.t, flat(recv1.t, peer * w1, w1), kBits, block, /*accumulate=*/true);
+  zero_tensor(partial);
+  for (int peer = 0; peer < L; ++peer) dequantize_blocks(partial, flat(recv1, peer * w1, w1), kBits, block, /*accumulate=*/true);
   // Across the nodes: partial piece a'·L + l goes to node a' (requantized piece by piece).
-  const std::int64_t w2 = quantize_packed_words(n, kBits, block);
-  Scratch send2(scratch, DType::int32, N * w2), recv2(scratch, DType::int32, N * w2);
-  for (int node = 0; node < N; ++node) quantize_blocks(flat(send2.t, node * w2, w2), flat(partial.t, node * n, n), kBits, block);
-  nodes.cross->all_to_all(send2.t, recv2.t);
+  for (int node = 0; node < N; ++node) quantize_blocks(flat(send2, node * w2, w2), flat(partial, node * n, n), kBits, block);
+  nodes.cross->all_to_all(send2, recv2);
   nodes.cross->order_compute_after_collectives();
-  Scratch total(scratch, DType::fp32, n);
-  zero_tensor(total.t);
-  for (int node = 0; node < N; ++node) dequantize_blocks(total.t, flat(recv2.t, node * w2, w2), kBits, block, /*accumulate=*/true);
+  zero_tensor(total);
+  for (int node = 0; node < N; ++node) dequantize_blocks(total, flat(recv2, node * w2, w2), kBits, block, /*accumulate=*/true);
   // The average over the W ranks: one fp32 multiply by 1/W (exact for a power of two), then the
   // one rounding into the storage dtype. (DeepSpeed's all_to_all_quant_reduce divides the sum by
   // the number of nodes only.)
-  scale_grads(total.t, 1.0f / static_cast<float>(W));
-  convert_tensor(flat(chunk, (static_cast<std::int64_t>(a) * L + l) * n, n), total.t);
+  scale_grads(total, 1.0f / static_cast<float>(W));
+  convert_tensor(flat(chunk, (static_cast<std::int64_t>(a) * L + l) * n, n), total);
 }
 
 }  // namespace dstrain
