@@ -136,7 +136,7 @@ SectionSpec zero_section_spec() {
                           bool_field("zero_quantized_weights", false, "ZeRO++ qwZ: stage-3 parameter all-gathers in int8 blocks."),
                           bool_field("zero_quantized_nontrainable_weights", false, "ZeRO++: int8 gathers of frozen weights (dstrain trains every parameter)."),
                           bool_field("zero_quantized_gradients", false, "ZeRO++ qgZ: int4 hierarchical all-to-all gradient reduce-scatter across nodes."),
-                          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; refused (not implemented)."),
+                          object_field("zeropp_loco_param", "ZeRO++ LoCo parameters {err_beta, reset_T}; refused before step 1: dstrain has no LoCo error feedback."),
                           int_field("mics_shard_size", -1, "> 0: MiCS, parameters and states sharded over groups of this many ranks, replicated across groups."),
                           bool_field("mics_hierarchical_params_gather", false, "MiCS: all-gather across nodes first, then within the node."),
                           bool_field("memory_efficient_linear", true, "Memory-efficient linear autograd function (stage 3)."),
@@ -264,7 +264,7 @@ void check_cross_fields(const ZeroConfig& z, ParseContext& ctx) {
                          z.stage));
   if (!z.zeropp_loco_param.is_null())
     fail(
-        "zero_optimization.zeropp_loco_param: LoCo (error-feedback compensation for qgZ's int4 gradients) is not implemented by dstrain, "
+        "zero_optimization.zeropp_loco_param: dstrain has no LoCo (error-feedback compensation for qgZ's int4 gradients), "
         "and training without it would silently drop the compensation asked for. Fix: remove zeropp_loco_param (qgZ then runs as "
         "DeepSpeed's all_to_all_quant_reduce), or train with DeepSpeed");
   if (z.zero_quantized_weights && z.mics_shard_size > 0 && z.mics_hierarchical_params_gather)

@@ -71,7 +71,7 @@ struct ZeroConfig {
   bool zero_quantized_weights = false;       // ZeRO++ qwZ
   bool zero_quantized_nontrainable_weights = false;
   bool zero_quantized_gradients = false;  // ZeRO++ qgZ
-  Json zeropp_loco_param;                 // null or {err_beta, reset_T}: refused (LoCo not implemented)
+  Json zeropp_loco_param;                 // null or {err_beta, reset_T}: refused before step 1 (no LoCo in dstrain)
   std::int64_t mics_shard_size = -1;      // > 0 enables MiCS
   bool mics_hierarchical_params_gather = false;
   bool memory_efficient_linear = true;
