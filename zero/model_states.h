@@ -295,7 +295,8 @@ class ModelStates final : public OptimizerPartition {
   struct Unit;
   struct Layer;
   // The constructor's build steps, in order (model_states.cpp; the layout and the partition in
-  // model_states_layout.cpp; the ZeRO++ / MiCS groups in model_states_groups.cpp).
+  // model_states_layout.cpp; the ZeRO++ / MiCS groups in model_states_groups.cpp; stage 3's gathers in
+  // model_states_gather.cpp).
   struct LayoutSizes {
     std::int64_t full = 0;                 // elements of the layers kept whole (params_full_)
     std::int64_t shard = 0;                // elements of this rank's shard of every layer (the optimizer partition)
