@@ -826,6 +826,7 @@ std::vector<float> TorchPickle::read_fp32(const TorchValue& v) const {
   if (contiguous && dt != "F64" && it != storages_.end()) {
     const DType from = dt == "F32" ? DType::fp32 : dt == "F16" ? DType::fp16 : DType::bf16;
     std::vector<float> out(static_cast<std::size_t>(n));
+    if (out.empty()) return out;  // an empty tensor's storage may be empty too (no data pointer to copy from)
     // In bounds: every tensor was checked to lie inside its storage when the file was opened.
     const char* src = it->second.data() + static_cast<std::size_t>(t.storage_offset) * dtype_size(from);
     if (from == DType::fp32) {
