@@ -12,7 +12,6 @@
 #include "ops/error.h"
 #include "ops/log.h"
 #include "zero/point_to_point.h"
-#include "zero/rank_reduce.h"
 
 namespace dstrain {
 namespace {
@@ -47,60 +46,11 @@ MPI_Datatype element_type(DType dtype) {
   fail("MPI communicator: dtype {} cannot be communicated", dtype_name(dtype));
 }
 
-// "all_reduce #3 (fp32, 1024 elements, sum)": how errors name a call (the local backend's words).
-std::string describe(const MpiCommunicator::Call& c, int world) {
-  const auto kind = static_cast<CollectiveKind>(c.kind);
-  const auto name = collective_name(kind);
-  const auto dt = dtype_name(static_cast<DType>(c.dtype));
-  const auto op = reduce_op_name(static_cast<ReduceOp>(c.op));
-  switch (kind) {
-    case CollectiveKind::all_reduce:
-      return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, op);
-    case CollectiveKind::reduce_scatter:
-      return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count, op);
-    case CollectiveKind::all_gather:
-      return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
-    case CollectiveKind::broadcast:
-      return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
-    case CollectiveKind::barrier:
-      return fmt::format("{} #{}", name, c.sequence);
-    case CollectiveKind::all_to_all:
-      return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
-    case CollectiveKind::all_to_all_v:
-      return fmt::format("{} #{} ({}, sending {} elements)", name, c.sequence, dt, c.count);
-    case CollectiveKind::send:
-    case CollectiveKind::recv:
-      // Never in the arrival exchange; a point-to-point call's number is its pair's (MPI failures
-      // only: describe_point_to_point names both ranks).
-      return fmt::format("{} #{} ({}, {} elements)", name, c.sequence, dt, c.count);
-  }
-  return std::string(name);
-}
-
-bool same_call(const MpiCommunicator::Call& a, const MpiCommunicator::Call& b) {
-  if (a.kind != b.kind || a.sequence != b.sequence) return false;
-  const auto kind = static_cast<CollectiveKind>(a.kind);
-  if (kind == CollectiveKind::barrier) return true;
-  // all_to_all_v's sizes differ per rank by design: each pair checks its counts afterwards.
-  if (kind == CollectiveKind::all_to_all_v) return a.dtype == b.dtype;
-  const bool reduces = kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
-  return a.dtype == b.dtype && a.count == b.count && (!reduces || a.op == b.op) && (kind != CollectiveKind::broadcast || a.root == b.root);
-}
-
 std::string mpi_error_text(int status) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(status, text, &length) != MPI_SUCCESS) return fmt::format("MPI error {}", status);
   return std::string(text, static_cast<std::size_t>(length));
-}
-
-// MPI counts and displacements are ints.
-int as_count(std::int64_t n, const MpiCommunicator::Call& call, int world) {
-  DSTRAIN_CHECK(n <= INT_MAX,
-                "MPI communicator: {} needs a count or offset of {} elements, above MPI's int limit {}. Fix: use smaller buckets "
-                "(zero_optimization.reduce_bucket_size / allgather_bucket_size) or fewer elements per collective",
-                describe(call, world), n, INT_MAX);
-  return static_cast<int>(n);
 }
 
 // MPI_THREAD_SERIALIZED (init_mpi) lets one thread of the process call MPI at a time. A rank's
@@ -155,12 +105,6 @@ bool test_all_until(std::vector<MPI_Request>& requests, Clock::time_point deadli
       deadline);
 }
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i == 0 ? "" : ", ", ranks[i]);
-  return s;
-}
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout) : MpiCommunicator(comm, timeout, true) {}
@@ -184,7 +128,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
             DSTRAIN_CHECK(MPI_Comm_size(comm, &w) == MPI_SUCCESS, "MPI communicator: MPI_Comm_size failed (an invalid communicator?)");
             return w;
           }()),
-      timeout_(timeout) {
+      timeout_(timeout),
+      arrivals_("MPI", rank(), world_size()),
+      collectives_(rank(), world_size()) {
   DSTRAIN_CHECK(timeout.count() > 0, "MPI communicator: the timeout must be positive, got {} ms", timeout.count());
   // Duplicating is collective but MPI_Comm_dup has no deadline; MPI_Comm_idup does.
   for (MPI_Comm* dup : {&ctrl_, &data_}) {
@@ -208,10 +154,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
   }
   // One rank per process: its log lines carry its rank, rank 0 prints info.
   if (sets_log_rank) set_log_rank(rank(), world_size());
-  const auto w = static_cast<std::size_t>(world_size());
-  seen_.assign(w, Call{});
-  has_seen_.assign(w, false);
-  received_.assign(w, Call{});
+  received_.assign(static_cast<std::size_t>(world_size()), Call{});
   // The process's communicator learns which ranks share a machine; a split's child inherits them
   // (Communicator::split).
   if (sets_log_rank && world_size() > 1) detect_nodes();
@@ -254,9 +197,9 @@ MpiCommunicator::~MpiCommunicator() {
   if (!failure_.empty()) {
     // MPI may still write the buffers of the exchange that failed (scratch, arrival receives, this
     // rank's pending description): leave them to the process's end, which follows a failure.
-    new std::vector<char>(std::move(scratch_));   // NOLINT: deliberately leaked
-    new std::vector<Call>(std::move(received_));  // NOLINT
-    new std::vector<Call>(std::move(seen_));      // NOLINT
+    new std::vector<char>(collectives_.release_scratch());  // NOLINT: deliberately leaked
+    new std::vector<Call>(std::move(received_));            // NOLINT
+    own_call_.release();                                    // NOLINT
     new std::vector<std::vector<Call>>(std::move(p2p_kept_));  // NOLINT
     new std::vector<std::vector<char>>(std::move(p2p_kept_data_));  // NOLINT: a failed batch's receives in flight
     return;
@@ -287,25 +230,20 @@ void MpiCommunicator::check_host(const Tensor& t, const char* what) const {
 
 void MpiCommunicator::check(int status, const char* what, const Call& call) {
   if (status == MPI_SUCCESS) return;
-  fail_with(fmt::format("MPI communicator: {} failed on rank {} in {}: {}", what, rank(), describe(call, world_size()), mpi_error_text(status)));
-}
-
-char* MpiCommunicator::scratch(std::size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
+  fail_with(fmt::format("MPI communicator: {} failed on rank {} in {}: {}", what, rank(), describe_call(call, world_size()), mpi_error_text(status)));
 }
 
 void MpiCommunicator::arrive(const Call& call) {
   check_usable();
   const int w = world_size();
   const int me = rank();
-  seen_[static_cast<std::size_t>(me)] = call;
-  has_seen_[static_cast<std::size_t>(me)] = true;
+  arrivals_.record(me, call);
   if (w == 1) return;
   // Receives first (indices 0..w−2 map to the peers in rank order), then sends.
   std::vector<MPI_Request> requests;
   std::vector<int> peer_of;
   requests.reserve(static_cast<std::size_t>(2 * (w - 1)));
+  *own_call_ = call;
   std::unique_lock<std::mutex> lock(mpi_mutex());
   for (int q = 0; q < w; ++q) {
     if (q == me) continue;
@@ -317,7 +255,7 @@ void MpiCommunicator::arrive(const Call& call) {
   for (int q = 0; q < w; ++q) {
     if (q == me) continue;
     MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Isend(&seen_[static_cast<std::size_t>(me)], sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Isend", call);
+    check(MPI_Isend(own_call_.get(), sizeof(Call), MPI_BYTE, q, kArrivalTag, ctrl_, &r), "MPI_Isend", call);
     requests.push_back(r);
   }
   lock.unlock();
@@ -327,60 +265,38 @@ void MpiCommunicator::arrive(const Call& call) {
   // The descriptions that came, then who is missing.
   std::vector<int> missing;
   for (std::size_t i = 0; i < peer_of.size(); ++i) {
-    const auto q = static_cast<std::size_t>(peer_of[i]);
     if (requests[i] == MPI_REQUEST_NULL) {
-      seen_[q] = received_[q];
-      has_seen_[q] = true;
+      arrivals_.record(peer_of[i], received_[static_cast<std::size_t>(peer_of[i])]);
     } else {
       missing.push_back(peer_of[i]);
     }
   }
-  if (!all) {
-    std::string whose;
-    for (int q : missing) {
-      const auto k = static_cast<std::size_t>(q);
-      whose += has_seen_[k] ? fmt::format("; rank {} last reached {}", q, describe(seen_[k], w))
-                            : fmt::format("; rank {} has reached no collective yet", q);
-    }
-    fail_with(
-        fmt::format("MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not reach it{}. Every rank must issue the same "
-                    "collectives in the same order; a rank that skips one (an early return, a rank-dependent branch), is stuck, or whose process "
-                    "ended leaves the others waiting. Fix: look at rank(s) {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) "
-                    "if it is only slow",
-                    describe(call, w), me, timeout_.count(), ranks_text(missing), w, whose, ranks_text(missing)));
-  }
-  for (int q = 0; q < w; ++q) {
-    const Call& other = seen_[static_cast<std::size_t>(q)];
-    if (q != me && !same_call(call, other)) {
-      fail_with(
-          fmt::format("MPI communicator: collective mismatch: rank {} called {} but rank {} called {}. Every rank must issue the same collectives "
-                      "in the same order with the same dtype, element count, op and root. Fix: look for a rank-dependent branch or size before "
-                      "this call",
-                      me, describe(call, w), q, describe(other, w)));
-    }
-  }
+  if (!all) fail_with(arrivals_.timeout_text(call, missing, timeout_));
+  arrivals_.check_same(call, [this](std::string message) { fail_with(std::move(message)); });
 }
 
-void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call) {
+void MpiCommunicator::exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call) {
   const MPI_Datatype type = element_type(dtype);
+  const std::size_t es = dtype_size(dtype);
   std::vector<MPI_Request> requests;
   std::vector<int> peer_of;
   requests.reserve(sends.size() + recvs.size());
+  // MPI counts are ints: a longer message goes as several, which MPI keeps in order (one tag).
+  const auto post = [&](const PairwiseMessage& m, bool is_send) {
+    for (std::int64_t done = 0; done < m.count;) {
+      const auto piece = static_cast<int>(std::min<std::int64_t>(m.count - done, INT_MAX));
+      char* at = static_cast<char*>(m.data) + static_cast<std::size_t>(done) * es;
+      MPI_Request r = MPI_REQUEST_NULL;
+      if (is_send) check(MPI_Isend(at, piece, type, m.peer, kDataTag, data_, &r), "MPI_Isend", call);
+      else check(MPI_Irecv(at, piece, type, m.peer, kDataTag, data_, &r), "MPI_Irecv", call);
+      requests.push_back(r);
+      peer_of.push_back(m.peer);
+      done += piece;
+    }
+  };
   std::unique_lock<std::mutex> lock(mpi_mutex());
-  for (const Part& p : recvs) {
-    if (p.count == 0) continue;
-    MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Irecv(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Irecv", call);
-    requests.push_back(r);
-    peer_of.push_back(p.peer);
-  }
-  for (const Part& p : sends) {
-    if (p.count == 0) continue;
-    MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Isend(p.data, p.count, type, p.peer, kDataTag, data_, &r), "MPI_Isend", call);
-    requests.push_back(r);
-    peer_of.push_back(p.peer);
-  }
+  for (const PairwiseMessage& m : recvs) post(m, false);
+  for (const PairwiseMessage& m : sends) post(m, true);
   lock.unlock();
   if (requests.empty()) return;
   int status = MPI_SUCCESS;
@@ -392,264 +308,62 @@ void MpiCommunicator::exchange(const std::vector<Part>& sends, const std::vector
     if (requests[i] != MPI_REQUEST_NULL && std::find(stuck.begin(), stuck.end(), peer_of[i]) == stuck.end()) stuck.push_back(peer_of[i]);
   }
   std::sort(stuck.begin(), stuck.end());
-  fail_with(
-      fmt::format("MPI communicator: {} on rank {} timed out after {} ms: rank(s) {} of {} did not complete their part of it, although every rank "
-                  "reached it: a process stopped or ended during the collective, or the network between the processes failed. Fix: look at rank(s) "
-                  "{}'s own output and the launcher's messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfers are only slow",
-                  describe(call, world_size()), rank(), timeout_.count(), ranks_text(stuck), world_size(), ranks_text(stuck)));
+  fail_with(arrivals_.stuck_text(call, stuck, timeout_));
+}
+
+PairwiseExchange MpiCommunicator::exchange_for(const Call& call) {
+  return [this, call](const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype) {
+    exchange(sends, recvs, dtype, call);
+  };
 }
 
 void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
   check_host(buf, "the buffer");
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::all_reduce),
-                  static_cast<std::int32_t>(buf.dtype),
-                  static_cast<std::int32_t>(op),
-                  0,
-                  buf.numel()};
+  const Call call = make_call(sequence(), CollectiveKind::all_reduce, buf.dtype, buf.numel(), op);
   arrive(call);
-  const int w = world_size();
-  const int me = rank();
-  if (w == 1 || buf.numel() == 0) return;
-  const std::int64_t n = buf.numel();
-  const std::size_t es = dtype_size(buf.dtype);
-  // Chunk k = elements [n·k/W, n·(k+1)/W): the local backend's split, so any n works.
-  std::vector<int> begin(static_cast<std::size_t>(w) + 1);
-  for (int k = 0; k <= w; ++k) begin[static_cast<std::size_t>(k)] = as_count(n * k / w, call, w);
-  const auto len = [&](int k) { return begin[static_cast<std::size_t>(k) + 1] - begin[static_cast<std::size_t>(k)]; };
-  const int mine = len(me);
-  char* base = static_cast<char*>(buf.data);
-  const auto at = [&](std::int64_t elements) { return base + static_cast<std::size_t>(elements) * es; };
-  // 1. all-to-all: chunk k of this buffer to rank k; chunk `me` of rank q's buffer into slot q.
-  char* slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(mine) * es);
-  std::vector<Part> sends, recvs;
-  for (int q = 0; q < w; ++q) {
-    if (q == me) continue;
-    sends.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
-    recvs.push_back({q, slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(mine) * es, mine});
-  }
-  exchange(sends, recvs, buf.dtype, call);
-  // 2. reduce chunk `me` over ranks 0..W−1 in order, into this buffer (its own chunk read in place).
-  char* own = at(begin[static_cast<std::size_t>(me)]);
-  if (mine > 0) {
-    std::vector<const void*> in(static_cast<std::size_t>(w));
-    for (int q = 0; q < w; ++q) in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * mine * es;
-    reduce_over_ranks(buf.dtype, in, {own}, mine, op);
-  }
-  // 3. all-gather in place: this rank's reduced chunk to every rank, theirs into their places.
-  sends.clear();
-  recvs.clear();
-  for (int q = 0; q < w; ++q) {
-    if (q == me) continue;
-    sends.push_back({q, own, mine});
-    recvs.push_back({q, at(begin[static_cast<std::size_t>(q)]), len(q)});
-  }
-  exchange(sends, recvs, buf.dtype, call);
+  collectives_.all_reduce(buf, op, exchange_for(call));
 }
 
 void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::reduce_scatter),
-                  static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(op),
-                  0,
-                  recv.numel()};
+  const Call call = make_call(sequence(), CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op);
   arrive(call);
-  const int w = world_size();
-  const int me = rank();
-  const std::int64_t n = recv.numel();
-  if (n == 0) return;
-  const std::size_t es = dtype_size(send.dtype);
-  const char* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(n) * static_cast<std::size_t>(me) * es;
-  char* slots = nullptr;
-  if (w > 1) {
-    // all-to-all: shard k of send to rank k; shard `me` of rank q's send into scratch slot q.
-    const int count = as_count(n, call, w);
-    slots = scratch(static_cast<std::size_t>(w) * static_cast<std::size_t>(n) * es);
-    std::vector<Part> sends, recvs;
-    for (int q = 0; q < w; ++q) {
-      if (q == me) continue;
-      const std::size_t offset = static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
-      sends.push_back({q, static_cast<char*>(send.data) + offset, count});
-      recvs.push_back({q, slots + offset, count});
-    }
-    exchange(sends, recvs, send.dtype, call);
-  }
-  // In place (recv = this rank's shard of send) the output aliases input `me`: reduce_over_ranks
-  // reads a block's inputs before writing it.
-  std::vector<const void*> in(static_cast<std::size_t>(w));
-  for (int q = 0; q < w; ++q)
-    in[static_cast<std::size_t>(q)] = q == me ? own : slots + static_cast<std::size_t>(q) * static_cast<std::size_t>(n) * es;
-  reduce_over_ranks(send.dtype, in, {recv.data}, n, op);
+  collectives_.reduce_scatter(send, recv, op, exchange_for(call));
 }
 
 void MpiCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::all_gather),
-                  static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum),
-                  0,
-                  send.numel()};
+  const Call call = make_call(sequence(), CollectiveKind::all_gather, send.dtype, send.numel());
   arrive(call);
-  const std::int64_t n = send.numel();
-  if (n == 0) return;
-  if (world_size() == 1) {
-    if (send.data != recv.data) std::memcpy(recv.data, send.data, send.nbytes());
-    return;
-  }
-  const int w = world_size();
-  const int count = as_count(n, call, w);
-  const std::size_t bytes = send.nbytes();
-  char* base = static_cast<char*>(recv.data);
-  if (send.data != base + static_cast<std::size_t>(rank()) * bytes) std::memcpy(base + static_cast<std::size_t>(rank()) * bytes, send.data, bytes);
-  std::vector<Part> sends, recvs;
-  for (int q = 0; q < w; ++q) {
-    if (q == rank()) continue;
-    sends.push_back({q, send.data, count});
-    recvs.push_back({q, base + static_cast<std::size_t>(q) * bytes, count});
-  }
-  exchange(sends, recvs, send.dtype, call);
+  collectives_.all_gather(send, recv, exchange_for(call));
 }
 
-// Shard q of send to rank q, rank q's shard `rank` into recv's shard q: the pairwise messages of
-// the exchange below (the compressed all-reduce's first phase, zero/compressed_all_reduce.cpp).
 void MpiCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const std::int64_t n = send.numel() / world_size();
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::all_to_all),
-                  static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum),
-                  0,
-                  n};
+  const Call call = make_call(sequence(), CollectiveKind::all_to_all, send.dtype, send.numel() / world_size());
   arrive(call);
-  if (n == 0) return;
-  const int w = world_size();
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(send.dtype);
-  const char* src = static_cast<const char*>(send.data);
-  char* dst = static_cast<char*>(recv.data);
-  std::memcpy(dst + static_cast<std::size_t>(rank()) * bytes, src + static_cast<std::size_t>(rank()) * bytes, bytes);
-  if (w == 1) return;
-  const int count = as_count(n, call, w);
-  std::vector<Part> sends, recvs;
-  for (int q = 0; q < w; ++q) {
-    if (q == rank()) continue;
-    sends.push_back({q, const_cast<char*>(src) + static_cast<std::size_t>(q) * bytes, count});
-    recvs.push_back({q, dst + static_cast<std::size_t>(q) * bytes, count});
-  }
-  exchange(sends, recvs, send.dtype, call);
+  collectives_.all_to_all(send, recv, exchange_for(call));
 }
 
 void MpiCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
                                       std::span<const std::int64_t> recv_counts) {
   check_host(send, "send");
   check_host(recv, "recv");
-  const int w = world_size();
-  const int me = rank();
-  const auto at = [](std::span<const std::int64_t> v, int i) { return v[static_cast<std::size_t>(i)]; };
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::all_to_all_v),
-                  static_cast<std::int32_t>(send.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum),
-                  0,
-                  std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0})};
+  const Call call = make_call(sequence(), CollectiveKind::all_to_all_v, send.dtype,
+                              std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}));
   arrive(call);
-  // 1. Each pair's counts: to rank q (send_counts[q], recv_counts[q]); from it (what q sends this
-  // rank, what q expects from it). In scratch (MPI may still write it after a timeout): the
-  // incoming pairs first, then the outgoing ones.
-  auto* pairs = reinterpret_cast<std::int64_t*>(scratch(static_cast<std::size_t>(4 * w) * sizeof(std::int64_t)));
-  std::int64_t* in = pairs;
-  std::int64_t* out = pairs + 2 * w;
-  std::vector<Part> sends, recvs;
-  for (int q = 0; q < w; ++q) {
-    out[2 * q] = at(send_counts, q);
-    out[2 * q + 1] = at(recv_counts, q);
-    in[2 * q] = out[2 * q];  // for q = me: this rank's own pair, checked below like a peer's
-    in[2 * q + 1] = out[2 * q + 1];
-    if (q == me) continue;
-    sends.push_back({q, out + 2 * q, 2});
-    recvs.push_back({q, in + 2 * q, 2});
-  }
-  exchange(sends, recvs, DType::fp64, call);  // 8-byte elements, moved as bits
-  // 2. Both directions of every pair, on both of its ranks: the lower rank's sends first, so that
-  // both ranks of a pair report the same disagreement.
-  std::string problem;
-  std::vector<bool> agreed(static_cast<std::size_t>(w), true);
-  for (int q = 0; q < w; ++q) {
-    const std::int64_t q_sends = in[2 * q], q_expects = in[2 * q + 1];  // q's send_counts[me], recv_counts[me]
-    const std::int64_t me_sends = at(send_counts, q), me_expects = at(recv_counts, q);
-    std::string text;
-    const bool q_to_me = q_sends == me_expects;
-    const bool me_to_q = me_sends == q_expects;
-    if (q < me) {
-      if (!q_to_me) text = all_to_all_v_mismatch("MPI communicator", call.sequence, q, q_sends, me, me_expects);
-      else if (!me_to_q) text = all_to_all_v_mismatch("MPI communicator", call.sequence, me, me_sends, q, q_expects);
-    } else {
-      if (!me_to_q) text = all_to_all_v_mismatch("MPI communicator", call.sequence, me, me_sends, q, q_expects);
-      else if (!q_to_me) text = all_to_all_v_mismatch("MPI communicator", call.sequence, q, q_sends, me, me_expects);
-    }
-    if (!text.empty()) {
-      agreed[static_cast<std::size_t>(q)] = false;
-      if (problem.empty()) problem = std::move(text);
-    }
-  }
-  // 3. The blocks, with every peer whose counts agree (the others' parts of this collective still
-  // complete); a block above MPI's int count as several messages, which MPI keeps in order.
-  const std::size_t es = dtype_size(send.dtype);
-  const auto* src = static_cast<const char*>(send.data);
-  auto* dst = static_cast<char*>(recv.data);
-  sends.clear();
-  recvs.clear();
-  std::int64_t send_at = 0, recv_at = 0;
-  const auto add_parts = [es](std::vector<Part>& parts, int peer, char* base, std::int64_t n) {
-    for (std::int64_t done = 0; done < n;) {
-      const std::int64_t piece = std::min<std::int64_t>(n - done, INT_MAX);
-      parts.push_back({peer, base + static_cast<std::size_t>(done) * es, static_cast<int>(piece)});
-      done += piece;
-    }
-  };
-  for (int q = 0; q < w; ++q) {
-    const std::int64_t ns = at(send_counts, q), nr = at(recv_counts, q);
-    if (q == me) {
-      if (agreed[static_cast<std::size_t>(q)] && ns > 0) std::memcpy(dst + static_cast<std::size_t>(recv_at) * es, src + static_cast<std::size_t>(send_at) * es,
-                                          static_cast<std::size_t>(ns) * es);
-    } else if (agreed[static_cast<std::size_t>(q)]) {
-      add_parts(sends, q, const_cast<char*>(src) + static_cast<std::size_t>(send_at) * es, ns);
-      add_parts(recvs, q, dst + static_cast<std::size_t>(recv_at) * es, nr);
-    }
-    send_at += ns;
-    recv_at += nr;
-  }
-  exchange(sends, recvs, send.dtype, call);
+  const std::string problem = collectives_.all_to_all_v(send, send_counts, recv, recv_counts, "MPI", call.sequence, exchange_for(call));
   if (!problem.empty()) fail_with(problem);
 }
 
 void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
   check_host(buf, "the buffer");
-  const Call call{sequence(),
-                  static_cast<std::int32_t>(CollectiveKind::broadcast),
-                  static_cast<std::int32_t>(buf.dtype),
-                  static_cast<std::int32_t>(ReduceOp::sum),
-                  root,
-                  buf.numel()};
+  const Call call = make_call(sequence(), CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root);
   arrive(call);
-  if (world_size() == 1 || buf.numel() == 0) return;
-  // From the root to every rank directly (the engine broadcasts nothing per step).
-  const int count = as_count(buf.numel(), call, world_size());
-  std::vector<Part> sends, recvs;
-  if (rank() == root) {
-    for (int q = 0; q < world_size(); ++q) {
-      if (q != root) sends.push_back({q, buf.data, count});
-    }
-  } else {
-    recvs.push_back({root, buf.data, count});
-  }
-  exchange(sends, recvs, buf.dtype, call);
+  collectives_.broadcast(buf, root, exchange_for(call));
 }
 
 namespace {
@@ -710,8 +424,11 @@ std::unique_ptr<PendingPointToPoint> MpiCommunicator::do_start_send_recv(std::sp
   for (std::size_t i = 0; i < n; ++i) {
     // The descriptions carry the pair's number where a collective's carries its sequence number.
     const auto kind = mine[i].is_send ? CollectiveKind::send : CollectiveKind::recv;
-    p->out[i] = Call{mine[i].number, static_cast<std::int32_t>(kind), static_cast<std::int32_t>(mine[i].dtype), 0, 0, mine[i].count};
-    counts[i] = as_count(mine[i].count, p->out[i], world_size());
+    p->out[i] = make_call(mine[i].number, kind, mine[i].dtype, mine[i].count);
+    DSTRAIN_CHECK(mine[i].count <= INT_MAX,
+                  "MPI communicator: {} has {} elements, above MPI's int count limit {}. Fix: send it in smaller pieces", p->names[i],
+                  mine[i].count, INT_MAX);
+    counts[i] = static_cast<int>(mine[i].count);
     p->peers.push_back(ops[i].peer);
   }
   // Everything at once, in batch order: per op the peer's description in, ours out, and the data
@@ -811,11 +528,9 @@ void MpiCommunicator::complete(PendingPointToPoint& pending) {
   const std::size_t i = late;
   const int peer = p.peers[i];
   if (!p.compared[i]) {
-    const auto q = static_cast<std::size_t>(peer);
     PointToPointCall owed = p.mine[i];
     owed.is_send = !p.mine[i].is_send;
-    const std::string last_reached = has_seen_[q] ? fmt::format("rank {} last reached {}", peer, describe(seen_[q], world_size()))
-                                                  : fmt::format("rank {} has reached no collective yet", peer);
+    const std::string last_reached = arrivals_.last_reached(peer);
     fail_with(
         fmt::format("MPI communicator: {} timed out after {} ms: rank {} did not post the matching {} ({}). A send returns once its receiver has "
                     "posted the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "

@@ -2,25 +2,12 @@
 // how dstrain trains across processes and machines without GPUs (`mpirun -np N dstrain train`).
 // docs/mpi.md says how to run it (§1) and why it is built this way (§2).
 //
-// Results are bit-identical to the local backend's (zero/local_communicator.h): MPI has no bf16
-// type, and a user-defined MPI_Op would round fp16/bf16 at every hop of MPI's reduction tree, so
-// no MPI reduction is used. The reductions are built from an all-to-all and an all-gather plus the
-// local backend's own rank-order reduction (zero/rank_reduce.h):
-//   all_reduce      all-to-all: rank r receives chunk r (elements [n·r/W, n·(r+1)/W), the local
-//                   backend's split, any n) of every rank's buffer; reduces it over ranks 0..W−1;
-//                   all-gather in place sends the reduced chunks back. (W−1)/W·N bytes sent by
-//                   each rank in each phase: the ring volume the byte counters state.
-//   reduce_scatter  all-to-all of the shards, then the same reduction into recv.
-//   all_gather      every rank's shard to every rank (in place when send is its shard of recv).
-//   broadcast       the root sends the buffer to every rank (the engine broadcasts nothing per step).
-//   barrier         the arrival exchange below.
-//   all_to_all      shard q of send to rank q, one message each way per pair (the compressed
-//                   all-reduce's first phase; zero/compressed_all_reduce.cpp).
-// The all-to-all and all-gather are written as MPI_Isend/MPI_Irecv pairs between every two ranks,
-// one message each way per phase — the pairwise algorithm MPI's own alltoallv uses — rather than
-// MPI_Ialltoallv/MPI_Iallgatherv: then a collective that does not complete names the ranks whose
-// messages are missing, which a collective request cannot tell. Element bytes travel as MPI
-// integer types of the element's size: MPI never interprets them.
+// Results are bit-identical to the local backend's (zero/local_communicator.h): the collectives are
+// zero/pairwise_collectives.h's, over pairwise MPI_Isend/MPI_Irecv messages (no MPI reduction: MPI
+// has no bf16 type, and a user-defined MPI_Op would round fp16/bf16 at every hop of MPI's reduction
+// tree). A collective that does not complete names the ranks whose messages are missing, which a
+// collective request (MPI_Ialltoallv) cannot tell. Element bytes travel as MPI integer types of the
+// element's size: MPI never interprets them; a message above MPI's int count goes as several.
 //
 // Arrival, agreement and deadlines (the Communicator contract: fail, never hang):
 //   1. arrival: each rank sends every other rank a 32-byte description of its call (sequence
@@ -80,6 +67,7 @@
 #include <mpi.h>
 
 #include "zero/communicator.h"
+#include "zero/pairwise_collectives.h"
 
 namespace dstrain {
 
@@ -95,15 +83,8 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // The description one rank sends the others when it reaches a collective (public for messages).
-  struct Call {
-    std::uint64_t sequence = 0;
-    std::int32_t kind = 0;   // CollectiveKind
-    std::int32_t dtype = 0;  // DType
-    std::int32_t op = 0;     // ReduceOp
-    std::int32_t root = 0;
-    std::int64_t count = 0;  // all_reduce/broadcast: buffer; reduce_scatter: recv; all_gather: send
-  };
+  // The description one rank sends the others when it reaches a collective.
+  using Call = CollectiveCall;
 
  protected:
   void do_all_reduce(const Tensor& buf, ReduceOp op) override;
@@ -143,34 +124,27 @@ class MpiCommunicator final : public Communicator {
   void detect_nodes();
   // Step 1 above: throws naming the missing ranks or the mismatch.
   void arrive(const Call& call);
-  // Step 2: one message of `count` elements to or from `peer` (none when count is 0).
-  struct Part {
-    int peer;
-    void* data;
-    int count;
-  };
-  // Posts every receive and send, tests them until done, and fails after the timeout naming the
-  // peers whose messages did not complete.
-  void exchange(const std::vector<Part>& sends, const std::vector<Part>& recvs, DType dtype, const Call& call);
+  // Step 2: posts every receive and send, tests them until done, and fails after the timeout naming
+  // the peers whose messages did not complete. exchange_for: the same for PairwiseCollectives.
+  void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call);
+  PairwiseExchange exchange_for(const Call& call);
   // An MPI call's status: Error naming `what` unless MPI_SUCCESS.
   void check(int status, const char* what, const Call& call);
   [[noreturn]] void fail_with(std::string message);
   void check_usable() const;
   void check_host(const Tensor& t, const char* what) const;
-  // Scratch for the chunks an all-to-all brings: grown, never shrunk.
-  char* scratch(std::size_t bytes);
 
   MPI_Comm ctrl_ = MPI_COMM_NULL;  // arrival descriptions
   MPI_Comm data_ = MPI_COMM_NULL;  // collectives' data
   std::chrono::milliseconds timeout_;
-  std::vector<Call> seen_;      // per rank: the last description received (this rank's own: its last call)
-  std::vector<bool> has_seen_;  // per rank: a description has come
+  ArrivalBook arrivals_;        // per rank: the last description received (this rank's own: its last call)
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
+  std::unique_ptr<Call> own_call_ = std::make_unique<Call>();  // the description being sent (MPI reads it until sent)
+  PairwiseCollectives collectives_;
   // The descriptions of point-to-point batches that failed: MPI may still write a late one there,
   // so they live as long as the communicator (and are leaked with it after a failure).
   std::vector<std::vector<Call>> p2p_kept_;
   std::vector<std::vector<char>> p2p_kept_data_;
-  std::vector<char> scratch_;
   std::string failure_;
 };
 
