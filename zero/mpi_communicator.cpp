@@ -490,14 +490,7 @@ void MpiCommunicator::complete(PendingPointToPoint& pending) {
         int done = 0;
         check(MPI_Testall(2, &p.described[2 * i], &done, MPI_STATUSES_IGNORE), "MPI_Testall", p.out[i]);
         if (done) {
-          const Call& theirs = p.in[i];
-          PointToPointCall other = p.mine[i];
-          other.is_send = !p.mine[i].is_send;
-          other.number = theirs.sequence;
-          other.dtype = static_cast<DType>(theirs.dtype);
-          other.count = theirs.count;
-          const std::string problem =
-              p.mine[i].is_send ? point_to_point_mismatch("MPI", p.mine[i], other) : point_to_point_mismatch("MPI", other, p.mine[i]);
+          const std::string problem = point_to_point_disagreement("MPI", p.mine[i], p.in[i]);
           if (!problem.empty()) fail_with(problem);
           p.compared[i] = 1;
         }
@@ -527,22 +520,8 @@ void MpiCommunicator::complete(PendingPointToPoint& pending) {
   }
   const std::size_t i = late;
   const int peer = p.peers[i];
-  if (!p.compared[i]) {
-    PointToPointCall owed = p.mine[i];
-    owed.is_send = !p.mine[i].is_send;
-    const std::string last_reached = arrivals_.last_reached(peer);
-    fail_with(
-        fmt::format("MPI communicator: {} timed out after {} ms: rank {} did not post the matching {} ({}). A send returns once its receiver has "
-                    "posted the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, "
-                    "order the calls so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first, or "
-                    "one send_recv batch), look at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
-                    p.names[i], timeout_.count(), peer, describe_point_to_point(owed), last_reached, peer, peer));
-  }
-  fail_with(
-      fmt::format("MPI communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process "
-                  "stopped or ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's "
-                  "messages, or raise DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
-                  p.names[i], timeout_.count(), p.mine[i].is_send ? "reach" : "come from", peer, peer));
+  if (!p.compared[i]) fail_with(point_to_point_unmatched_text("MPI", p.names[i], p.mine[i], timeout_, arrivals_.last_reached(peer)));
+  fail_with(point_to_point_stuck_text("MPI", p.names[i], p.mine[i], timeout_));
 }
 
 // Every rank has reached the barrier once every rank's description has come.

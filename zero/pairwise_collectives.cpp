@@ -111,6 +111,38 @@ std::string ArrivalBook::stuck_text(const CollectiveCall& call, const std::vecto
       backend_, describe_call(call, world_), rank_, timeout.count(), ranks_text(stuck), world_, ranks_text(stuck));
 }
 
+std::string point_to_point_disagreement(std::string_view backend, const PointToPointCall& mine, const CollectiveCall& theirs) {
+  PointToPointCall other = mine;
+  other.is_send = !mine.is_send;
+  other.number = theirs.sequence;
+  other.dtype = static_cast<DType>(theirs.dtype);
+  other.count = theirs.count;
+  return mine.is_send ? point_to_point_mismatch(backend, mine, other) : point_to_point_mismatch(backend, other, mine);
+}
+
+std::string point_to_point_unmatched_text(std::string_view backend, const std::string& name, const PointToPointCall& mine,
+                                          std::chrono::milliseconds timeout, const std::string& last_reached) {
+  PointToPointCall owed = mine;
+  owed.is_send = !mine.is_send;
+  const int peer = mine.is_send ? mine.receiver : mine.sender;
+  return fmt::format(
+      "{} communicator: {} timed out after {} ms: rank {} did not post the matching {} ({}). A send returns once its receiver has posted "
+      "the recv, and the sends and recvs between two ranks match in program order. Fix: post the matching call on rank {}, order the calls "
+      "so that no two ranks wait on each other (in a ring, even ranks send first and odd ranks receive first, or one send_recv batch), look "
+      "at rank {}'s own output for its error, or raise DSTRAIN_COMM_TIMEOUT (seconds) if it is only slow",
+      backend, name, timeout.count(), peer, describe_point_to_point(owed), last_reached, peer, peer);
+}
+
+std::string point_to_point_stuck_text(std::string_view backend, const std::string& name, const PointToPointCall& mine,
+                                      std::chrono::milliseconds timeout) {
+  const int peer = mine.is_send ? mine.receiver : mine.sender;
+  return fmt::format(
+      "{} communicator: {} timed out after {} ms: its data did not {} rank {}, although both ranks posted their calls: a process stopped or "
+      "ended meanwhile, or the network between them failed. Fix: look at rank {}'s own output and the launcher's messages, or raise "
+      "DSTRAIN_COMM_TIMEOUT (seconds) if the transfer is only slow",
+      backend, name, timeout.count(), mine.is_send ? "reach" : "come from", peer, peer);
+}
+
 char* PairwiseCollectives::scratch(std::size_t bytes) {
   if (scratch_.size() < bytes) scratch_.resize(bytes);
   return scratch_.data();

@@ -36,6 +36,7 @@
 
 #include "ops/tensor.h"
 #include "zero/communicator.h"
+#include "zero/point_to_point.h"
 
 namespace dstrain {
 
@@ -80,6 +81,18 @@ class ArrivalBook {
   std::vector<CollectiveCall> seen_;
   std::vector<bool> has_seen_;
 };
+
+// Point-to-point between message backends: `theirs` is the description the peer sent for its side
+// of `mine` (its number in the pair's order as `sequence`). "" when they agree, else
+// point_to_point_mismatch's text (both calls named).
+std::string point_to_point_disagreement(std::string_view backend, const PointToPointCall& mine, const CollectiveCall& theirs);
+// The Error text for op `name` (this rank's side, `mine`) whose peer did not post its side within
+// `timeout`; `last_reached` says where the peer is (ArrivalBook::last_reached).
+std::string point_to_point_unmatched_text(std::string_view backend, const std::string& name, const PointToPointCall& mine,
+                                          std::chrono::milliseconds timeout, const std::string& last_reached);
+// The Error text for op `name` whose data did not move within `timeout` although both ranks posted.
+std::string point_to_point_stuck_text(std::string_view backend, const std::string& name, const PointToPointCall& mine,
+                                      std::chrono::milliseconds timeout);
 
 // One message of an exchange: `count` elements (of the exchange's dtype) to or from `peer`.
 struct PairwiseMessage {

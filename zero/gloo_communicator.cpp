@@ -1,0 +1,521 @@
+#include "zero/gloo_communicator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <unistd.h>
+
+#include "ops/error.h"
+#include "ops/log.h"
+#include "zero/point_to_point.h"
+#include "zero/tcp_store.h"
+
+namespace dstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Buffer = gloo::transport::UnboundBuffer;
+
+// The channels of a group's slots: a group's slots are slot_base + channel.
+constexpr int kArrival = 0;
+constexpr int kData = 1;
+constexpr int kP2pSendDescription = 2;  // the sender's description, to the receiver
+constexpr int kP2pRecvDescription = 3;  // the receiver's description, to the sender
+constexpr int kP2pData = 4;
+constexpr std::uint64_t kChannels = 256;
+
+// What a send's poster thread waits for at most: the receiver may post much later than the sender
+// (the timeout counts from wait()); wait() or the request's end aborts it.
+constexpr auto kPosterWait = std::chrono::hours(24 * 365);
+
+// gloo's Store over dstrain's TcpStore, its keys under "dstrain/".
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  explicit StoreAdapter(TcpStore& store) : store_(store) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefixed(key), data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(prefixed(key)); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, store_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> p;
+    for (const std::string& k : keys) p.push_back(prefixed(k));
+    store_.wait(p, timeout);
+  }
+
+ private:
+  static std::string prefixed(const std::string& key) { return "dstrain/" + key; }
+  TcpStore& store_;
+};
+
+bool is_loopback(const std::string& host) {
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+// The interface Gloo listens on (the gloo_communicator.h header says which).
+gloo::transport::tcp::attr device_attr(const std::string& master) {
+  gloo::transport::tcp::attr attr;
+  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
+    attr.iface = iface;
+  } else if (is_loopback(master)) {
+    attr.hostname = "127.0.0.1";
+  } else {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) fail("Gloo communicator: gethostname failed; set GLOO_SOCKET_IFNAME to the network interface to use");
+    attr.hostname = name;
+  }
+  return attr;
+}
+
+// A group's slots from its parent's, the parent's split count and the color: the members of a child
+// compute the same base without talking, and siblings and cousins differ (a 64-bit mix).
+std::uint64_t child_slot_base(std::uint64_t parent, std::uint64_t split, int color) {
+  std::uint64_t z = parent ^ (split * 0x9e3779b97f4a7c15ULL) ^ (static_cast<std::uint64_t>(color) * 0xbf58476d1ce4e5b9ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return (z | kChannels) & ~(kChannels - 1);  // never the world's base (kChannels), channels in the low byte
+}
+
+std::chrono::milliseconds left(Clock::time_point deadline) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(ms, std::chrono::milliseconds(1));
+}
+
+}  // namespace
+
+struct GlooCommunicator::Shared {
+  std::unique_ptr<TcpStore> store;  // rank 0 serves it; kept while any communicator of the process lives
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  // The first failure of any group: Gloo closes every connection of the context after one.
+  std::mutex mu;
+  std::string failure;
+};
+
+GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout)
+    : Communicator(env.rank, env.world_size),
+      shared_(std::make_shared<Shared>()),
+      members_(static_cast<std::size_t>(env.world_size)),
+      slot_base_(kChannels),
+      timeout_(timeout),
+      arrivals_("Gloo", env.rank, env.world_size),
+      received_(static_cast<std::size_t>(env.world_size)),
+      collectives_(env.rank, env.world_size) {
+  DSTRAIN_CHECK(timeout.count() > 0, "Gloo communicator: the timeout must be positive, got {} ms", timeout.count());
+  std::iota(members_.begin(), members_.end(), 0);
+  set_log_rank(rank(), world_size());
+  if (world_size() == 1) return;  // no peer: nothing to connect
+  const std::string host = env.master_addr.empty() ? "localhost" : env.master_addr;
+  try {
+    shared_->store = std::make_unique<TcpStore>(host, env.master_port, rank() == 0, timeout);
+    shared_->device = gloo::transport::tcp::CreateDevice(device_attr(host));
+    shared_->context = std::make_shared<gloo::rendezvous::Context>(rank(), world_size());
+    shared_->context->setTimeout(timeout);
+    StoreAdapter adapter(*shared_->store);
+    shared_->context->connectFullMesh(adapter, shared_->device);
+  } catch (const Error&) {
+    throw;  // the store's, naming the address and the variables
+  } catch (const std::exception& e) {
+    fail(
+        "Gloo communicator: rank {} of {} could not connect to the other ranks (store at {}:{}): {}. Fix: check that every process of the job "
+        "has the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, that the ranks can reach each other over TCP, and set GLOO_SOCKET_IFNAME to "
+        "the network interface between the machines",
+        rank(), world_size(), host, env.master_port, e.what());
+  }
+  // Every rank connected: the store has done its work (kept alive anyway, for no cost).
+  arrive(make_call(0, CollectiveKind::barrier, DType::fp32, 0));
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<Shared> shared, std::vector<int> members, int rank, std::uint64_t slot_base,
+                                   std::chrono::milliseconds timeout)
+    : Communicator(rank, static_cast<int>(members.size())),
+      shared_(std::move(shared)),
+      members_(std::move(members)),
+      slot_base_(slot_base),
+      timeout_(timeout),
+      arrivals_("Gloo", rank, static_cast<int>(members_.size())),
+      received_(members_.size()),
+      collectives_(rank, static_cast<int>(members_.size())) {}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+void GlooCommunicator::fail_with(std::string message) {
+  if (failure_.empty()) failure_ = message;
+  {
+    const std::lock_guard<std::mutex> lock(shared_->mu);
+    if (shared_->failure.empty()) shared_->failure = message;
+  }
+  throw Error(message);
+}
+
+void GlooCommunicator::fail_on(const std::exception& e, int peer, const std::string& what) {
+  if (peer < 0) fail_with(fmt::format("Gloo communicator: {} failed on rank {}: {}", what, rank(), e.what()));
+  fail_with(fmt::format(
+      "Gloo communicator: {} failed on rank {}: the connection to rank {} failed ({}): its process ended or stopped, or the network between "
+      "them failed. Fix: look at rank {}'s own output and the launcher's messages",
+      what, rank(), peer, e.what(), peer));
+}
+
+void GlooCommunicator::check_usable() const {
+  if (!failure_.empty()) {
+    throw Error(fmt::format("Gloo communicator: rank {} cannot issue collective #{}: the group failed earlier: {}", rank(), sequence(), failure_));
+  }
+  const std::lock_guard<std::mutex> lock(shared_->mu);
+  if (!shared_->failure.empty()) {
+    throw Error(fmt::format("Gloo communicator: rank {} cannot issue collective #{}: the process's connections failed earlier: {}", rank(),
+                            sequence(), shared_->failure));
+  }
+}
+
+void GlooCommunicator::check_host(const Tensor& t, const char* what) const {
+  DSTRAIN_CHECK(t.device.is_cpu(),
+                "Gloo communicator: {} of collective #{} on rank {} is on {}; the Gloo backend communicates host memory. Fix: use host "
+                "buffers (--device cpu), or the nccl backend for GPUs",
+                what, sequence(), rank(), t.device.str());
+}
+
+void GlooCommunicator::arrive(const Call& call) {
+  check_usable();
+  const int w = world_size();
+  const int me = rank();
+  arrivals_.record(me, call);
+  if (w == 1) return;
+  gloo::Context& ctx = *shared_->context;
+  received_[static_cast<std::size_t>(me)] = call;  // the description sent (lives as long as this communicator)
+  std::vector<std::unique_ptr<Buffer>> in(static_cast<std::size_t>(w)), out(static_cast<std::size_t>(w));
+  try {
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      in[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(q)], sizeof(Call));
+      in[static_cast<std::size_t>(q)]->recv(process_rank(q), slot(kArrival));
+    }
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      out[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(me)], sizeof(Call));
+      out[static_cast<std::size_t>(q)]->send(process_rank(q), slot(kArrival));
+    }
+  } catch (const std::exception& e) {
+    fail_on(e, -1, describe_call(call, w));
+  }
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  // The descriptions in rank order. Gloo's first timeout closes the connections, so the first rank
+  // missing at the deadline is the one named.
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    try {
+      in[static_cast<std::size_t>(q)]->waitRecv(left(deadline));
+    } catch (const std::exception& e) {
+      if (Clock::now() >= deadline) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
+      fail_on(e, q, fmt::format("{} ({} before it reached it)", describe_call(call, w), arrivals_.last_reached(q)));
+    }
+    arrivals_.record(q, received_[static_cast<std::size_t>(q)]);
+  }
+  for (int q = 0; q < w; ++q) {
+    if (q == me) continue;
+    try {
+      out[static_cast<std::size_t>(q)]->waitSend(left(deadline));
+    } catch (const std::exception& e) {
+      fail_on(e, q, describe_call(call, w));
+    }
+  }
+  arrivals_.check_same(call, [this](std::string message) { fail_with(std::move(message)); });
+}
+
+void GlooCommunicator::exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype,
+                                const Call& call) {
+  struct Posted {
+    std::unique_ptr<Buffer> buffer;
+    int peer;
+    bool is_send;
+  };
+  std::vector<Posted> posted;
+  posted.reserve(sends.size() + recvs.size());
+  const std::size_t es = dtype_size(dtype);
+  gloo::Context& ctx = *shared_->context;
+  try {
+    for (const PairwiseMessage& m : recvs) {
+      if (m.count == 0) continue;
+      posted.push_back({ctx.createUnboundBuffer(m.data, static_cast<std::size_t>(m.count) * es), m.peer, false});
+      posted.back().buffer->recv(process_rank(m.peer), slot(kData));
+    }
+    for (const PairwiseMessage& m : sends) {
+      if (m.count == 0) continue;
+      posted.push_back({ctx.createUnboundBuffer(m.data, static_cast<std::size_t>(m.count) * es), m.peer, true});
+      posted.back().buffer->send(process_rank(m.peer), slot(kData));
+    }
+  } catch (const std::exception& e) {
+    fail_on(e, -1, describe_call(call, world_size()));
+  }
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  for (Posted& p : posted) {
+    try {
+      if (p.is_send) p.buffer->waitSend(left(deadline));
+      else p.buffer->waitRecv(left(deadline));
+    } catch (const std::exception& e) {
+      if (Clock::now() >= deadline) fail_with(arrivals_.stuck_text(call, {p.peer}, timeout_));
+      fail_on(e, p.peer, describe_call(call, world_size()));
+    }
+  }
+}
+
+PairwiseExchange GlooCommunicator::exchange_for(const Call& call) {
+  return [this, call](const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype) {
+    exchange(sends, recvs, dtype, call);
+  };
+}
+
+void GlooCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
+  check_host(buf, "the buffer");
+  const Call call = make_call(sequence(), CollectiveKind::all_reduce, buf.dtype, buf.numel(), op);
+  arrive(call);
+  collectives_.all_reduce(buf, op, exchange_for(call));
+}
+
+void GlooCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call = make_call(sequence(), CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op);
+  arrive(call);
+  collectives_.reduce_scatter(send, recv, op, exchange_for(call));
+}
+
+void GlooCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call = make_call(sequence(), CollectiveKind::all_gather, send.dtype, send.numel());
+  arrive(call);
+  collectives_.all_gather(send, recv, exchange_for(call));
+}
+
+void GlooCommunicator::do_broadcast(const Tensor& buf, int root) {
+  check_host(buf, "the buffer");
+  const Call call = make_call(sequence(), CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root);
+  arrive(call);
+  collectives_.broadcast(buf, root, exchange_for(call));
+}
+
+// Every rank has reached the barrier once every rank's description has come.
+void GlooCommunicator::do_barrier() { arrive(make_call(sequence(), CollectiveKind::barrier, DType::fp32, 0)); }
+
+void GlooCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call = make_call(sequence(), CollectiveKind::all_to_all, send.dtype, send.numel() / world_size());
+  arrive(call);
+  collectives_.all_to_all(send, recv, exchange_for(call));
+}
+
+void GlooCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
+                                       std::span<const std::int64_t> recv_counts) {
+  check_host(send, "send");
+  check_host(recv, "recv");
+  const Call call = make_call(sequence(), CollectiveKind::all_to_all_v, send.dtype,
+                              std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}));
+  arrive(call);
+  const std::string problem = collectives_.all_to_all_v(send, send_counts, recv, recv_counts, "Gloo", call.sequence, exchange_for(call));
+  if (!problem.empty()) fail_with(problem);
+}
+
+namespace {
+
+// One op of a started batch: its two descriptions, its data, and for a send with data the thread
+// that posts the data once the receiver's description came and agrees.
+struct GlooOp {
+  PointToPointCall mine;
+  std::string name;
+  int peer = 0;
+  CollectiveCall out, in;  // this rank's description, the peer's
+  std::unique_ptr<Buffer> out_description, in_description, data;
+  std::vector<char> staging;  // a recv's data lands here, copied to `dest` once it matched
+  void* dest = nullptr;
+  // The poster (sends with data only).
+  enum class Posting { waiting, posted, disagreed, aborted, failed };
+  std::thread poster;
+  std::mutex mu;
+  std::condition_variable cv;
+  Posting posting = Posting::waiting;
+  std::string error;
+
+  void stop_poster() noexcept {
+    if (!poster.joinable()) return;
+    in_description->abortWaitRecv();
+    poster.join();
+  }
+};
+
+struct GlooPending final : PendingPointToPoint {
+  std::vector<std::unique_ptr<GlooOp>> ops;
+  ~GlooPending() override {
+    for (auto& op : ops) op->stop_poster();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<PendingPointToPoint> GlooCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
+  auto p = std::make_unique<GlooPending>();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    auto op = std::make_unique<GlooOp>();
+    op->mine = mine[i];
+    op->name = describe_point_to_point(mine[i]);
+    op->peer = ops[i].peer;
+    DSTRAIN_CHECK(ops[i].buffer.device.is_cpu(),
+                  "Gloo communicator: the buffer of {} is on {}; the Gloo backend communicates host memory. Fix: use host buffers (--device "
+                  "cpu), or the nccl backend for GPUs",
+                  op->name, ops[i].buffer.device.str());
+    p->ops.push_back(std::move(op));
+  }
+  check_usable();
+  gloo::Context& ctx = *shared_->context;
+  try {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      GlooOp& op = *p->ops[i];
+      const bool sending = op.mine.is_send;
+      const int peer = process_rank(op.peer);
+      // The descriptions carry the pair's number where a collective's carries its sequence number.
+      op.out = make_call(op.mine.number, sending ? CollectiveKind::send : CollectiveKind::recv, op.mine.dtype, op.mine.count);
+      op.in_description = ctx.createUnboundBuffer(&op.in, sizeof(Call));
+      op.in_description->recv(peer, slot(sending ? kP2pRecvDescription : kP2pSendDescription));
+      op.out_description = ctx.createUnboundBuffer(&op.out, sizeof(Call));
+      op.out_description->send(peer, slot(sending ? kP2pSendDescription : kP2pRecvDescription));
+      const std::size_t bytes = static_cast<std::size_t>(op.mine.count) * dtype_size(op.mine.dtype);
+      if (bytes == 0) continue;
+      if (!sending) {
+        op.staging.resize(bytes);
+        op.dest = ops[i].buffer.data;
+        op.data = ctx.createUnboundBuffer(op.staging.data(), bytes);
+        op.data->recv(peer, slot(kP2pData));
+        continue;
+      }
+      op.data = ctx.createUnboundBuffer(ops[i].buffer.data, bytes);
+      op.poster = std::thread([&op, peer, data_slot = slot(kP2pData)] {
+        GlooOp::Posting result = GlooOp::Posting::failed;
+        std::string error;
+        try {
+          if (!op.in_description->waitRecv(nullptr, kPosterWait)) {
+            result = GlooOp::Posting::aborted;
+          } else if (!point_to_point_disagreement("Gloo", op.mine, op.in).empty()) {
+            result = GlooOp::Posting::disagreed;
+          } else {
+            op.data->send(peer, data_slot);
+            result = GlooOp::Posting::posted;
+          }
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        {
+          const std::lock_guard<std::mutex> lock(op.mu);
+          op.posting = result;
+          op.error = std::move(error);
+        }
+        op.cv.notify_all();
+      });
+    }
+  } catch (const std::exception& e) {
+    fail_on(e, -1, "starting a send_recv batch");
+  }
+  return p;
+}
+
+void GlooCommunicator::do_wait(PendingPointToPoint& pending) {
+  complete(pending);
+}
+
+void GlooCommunicator::complete(PendingPointToPoint& pending) {
+  auto& p = static_cast<GlooPending&>(pending);
+  check_usable();
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  for (auto& op_ptr : p.ops) {
+    GlooOp& op = *op_ptr;
+    const auto unmatched = [&] { fail_with(point_to_point_unmatched_text("Gloo", op.name, op.mine, timeout_, arrivals_.last_reached(op.peer))); };
+    if (op.poster.joinable()) {
+      // A send with data: its poster learns the receiver's description.
+      std::unique_lock<std::mutex> lock(op.mu);
+      const bool decided = op.cv.wait_until(lock, deadline, [&] { return op.posting != GlooOp::Posting::waiting; });
+      lock.unlock();
+      if (!decided) op.in_description->abortWaitRecv();
+      op.poster.join();
+      switch (op.posting) {
+        case GlooOp::Posting::waiting:
+        case GlooOp::Posting::aborted:
+          unmatched();
+          break;
+        case GlooOp::Posting::disagreed:
+          fail_with(point_to_point_disagreement("Gloo", op.mine, op.in));
+        case GlooOp::Posting::failed:
+          fail_on(std::runtime_error(op.error), op.peer, op.name);
+        case GlooOp::Posting::posted:
+          break;
+      }
+    } else {
+      try {
+        op.in_description->waitRecv(left(deadline));
+      } catch (const std::exception& e) {
+        if (Clock::now() >= deadline) unmatched();
+        fail_on(e, op.peer, op.name);
+      }
+      const std::string problem = point_to_point_disagreement("Gloo", op.mine, op.in);
+      if (!problem.empty()) fail_with(problem);
+    }
+    try {
+      op.out_description->waitSend(left(deadline));
+      if (op.data != nullptr) {
+        if (op.mine.is_send) op.data->waitSend(left(deadline));
+        else op.data->waitRecv(left(deadline));
+      }
+    } catch (const std::exception& e) {
+      if (Clock::now() >= deadline) fail_with(point_to_point_stuck_text("Gloo", op.name, op.mine, timeout_));
+      fail_on(e, op.peer, op.name);
+    }
+    if (op.dest != nullptr) std::memcpy(op.dest, op.staging.data(), op.staging.size());
+  }
+}
+
+void GlooCommunicator::do_abandon(PendingPointToPoint& pending) noexcept {
+  auto& p = static_cast<GlooPending&>(pending);
+  std::string names;
+  for (auto& op : p.ops) {
+    op->stop_poster();
+    names += (names.empty() ? "" : ", ") + op->name;
+  }
+  const std::string message = fmt::format(
+      "Gloo communicator: rank {} abandoned a started send_recv batch without waiting for it ({}); its peers fail at their timeout", rank(), names);
+  log_error(message);
+  const std::lock_guard<std::mutex> lock(shared_->mu);
+  if (shared_->failure.empty()) shared_->failure = message;
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::do_split(int color, int key) {
+  // Every rank's (color, key), with the arrival's deadline and mismatch check.
+  const int w = world_size();
+  std::int32_t mine[2] = {color, key};
+  std::vector<std::int32_t> table(static_cast<std::size_t>(2 * w));
+  all_gather(Tensor(mine, DType::int32, Shape{2}), Tensor(table.data(), DType::int32, Shape{2 * static_cast<std::int64_t>(w)}));
+  check_usable();
+  std::vector<int> ranks;  // this group's ranks of the same color, ordered by (key, rank)
+  for (int q = 0; q < w; ++q) {
+    if (table[static_cast<std::size_t>(2 * q)] == color) ranks.push_back(q);
+  }
+  std::stable_sort(ranks.begin(), ranks.end(),
+                   [&](int a, int b) { return table[static_cast<std::size_t>(2 * a + 1)] < table[static_cast<std::size_t>(2 * b + 1)]; });
+  std::vector<int> members;
+  int child_rank = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == rank()) child_rank = static_cast<int>(i);
+    members.push_back(process_rank(ranks[i]));
+  }
+  ++splits_;
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator(shared_, std::move(members), child_rank, child_slot_base(slot_base_, splits_, color), timeout_));
+}
+
+}  // namespace dstrain
