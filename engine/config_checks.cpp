@@ -113,14 +113,14 @@ void check_config_is_provided(const config::DsConfig& c, int world_size) {
 
 void check_group_backend(const Device& device, std::string_view backend, std::string_view subject, std::string_view moves,
                          std::string_view group) {
-  if (device.is_cuda() && backend == "mpi") {
-    fail("{} on {} over the mpi backend: {} in device memory, and the MPI backend communicates host memory only; make {} with the nccl backend "
+  if (device.is_cuda() && (backend == "mpi" || backend == "gloo")) {
+    fail("{} on {} over the {} backend: {} in device memory, and it communicates host memory only; make {} with the nccl backend "
          "(one process per GPU) or the local backend (ranks sharing the GPU), or train on the CPU",
-         subject, device.str(), moves, group);
+         subject, device.str(), backend, moves, group);
   }
   if (!device.is_cuda() && backend == "nccl") {
-    fail("{} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make {} with the local or mpi "
-         "backend",
+    fail("{} on {} over the nccl backend: NCCL communicates GPU memory only; train on the GPU (--device cuda), or make {} with the local, mpi "
+         "or gloo backend",
          subject, device.str(), group);
   }
 }

@@ -49,7 +49,7 @@ struct TrainArgs {
   double peak_flops = 0.0;                 // 0: measure this machine's sgemm once (flops_profiler only)
   std::int64_t num_ranks = 1;              // data-parallel ranks, as threads of this process (local communicator)
   std::string device = "cpu";              // where the engine trains: cpu, cuda, cuda:N
-  std::string comm = "auto";               // the communicator backend: auto, local, mpi, nccl
+  std::string comm = "auto";               // the communicator backend: auto, local, mpi, gloo, nccl
   std::int64_t ranks_per_node = 0;         // 0: the launcher's / MPI's node layout
   std::optional<std::int64_t> local_rank;  // --local_rank=N, as DeepSpeed's launcher appends it
   AutoValueArgs autos;                     // the config's "auto" values, as check-config takes them
@@ -242,9 +242,11 @@ void add_train_command(CLI::App& app) {
       ->check(whole_number_at_least(1));
   cmd->add_option("--comm", args->comm,
                   "The communicator between the ranks: local (--num-ranks threads of this process), mpi (each process mpirun / "
-                  "mpiexec / srun --mpi=pmix starts is a rank, on the cpu; docs/mpi.md), nccl (a GPU per process), or auto: mpi under an "
-                  "MPI launcher on the cpu, nccl under a launcher with --device cuda, else local. Said at the start of the run")
-      ->check(one_of({"auto", "local", "mpi", "nccl"}))
+                  "mpiexec / srun --mpi=pmix starts is a rank, on the cpu; docs/mpi.md), gloo (each process torchrun, srun or a script "
+                  "setting RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT starts is a rank, on the cpu; docs/elastic.md), nccl (a GPU per "
+                  "process), or auto: mpi under an MPI launcher on the cpu, gloo under another launcher on the cpu, nccl under a launcher "
+                  "with --device cuda, else local. Said at the start of the run")
+      ->check(one_of({"auto", "local", "mpi", "gloo", "nccl"}))
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "Where the engine trains: cpu, or cuda / cuda:N (the CUDA build; started by a launcher, \"cuda\" is cuda:LOCAL_RANK, or "

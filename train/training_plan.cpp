@@ -97,7 +97,7 @@ void check_option_values(const TrainerOptions& o) {
 }
 
 // The launcher's environment: world size 1 (and launcher "none") when there is none. A process
-// started as one of several ranks trains over NCCL, which needs --device cuda.
+// started as one of several ranks trains over NCCL (--device cuda) or Gloo (the cpu, when built).
 LaunchEnv launcher_env(Device device) {
   LaunchEnv env;
   try {
@@ -108,10 +108,10 @@ LaunchEnv launcher_env(Device device) {
         "threads of one process), or fix the launcher's variables",
         e.what());
   }
-  if (env.world_size > 1 && device.is_cpu()) {
+  if (env.world_size > 1 && device.is_cpu() && !gloo_backend_built()) {
     fail(
-        "this process was started by a launcher as one of {} ranks ({}), but its ranks would be threads of one process (--comm local) and "
-        "could not join the other processes; {}give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and "
+        "this process was started by a launcher as one of {} ranks ({}), but this dstrain was built without Gloo (Debian: libgloo-dev), "
+        "which joins such processes on the cpu; {}give --device cuda (NCCL, one GPU per rank), or start one process without the launcher and "
         "give --num-ranks {}",
         env.world_size, env.str(),
         mpi_backend_built() ? "start the processes with mpirun / mpiexec / srun --mpi=pmix and --comm mpi (or auto), "
@@ -149,10 +149,10 @@ std::string mpi_launcher_variable() {
 // --comm: the backend asked for, "auto" resolved (TrainerOptions::comm); `why` says why auto chose it.
 std::string resolve_comm(const TrainerOptions& o, const Device& device, std::string& why) {
   const std::string& c = o.comm;
-  if (c != "auto" && c != "local" && c != "mpi" && c != "nccl") {
+  if (c != "auto" && c != "local" && c != "mpi" && c != "gloo" && c != "nccl") {
     fail(
-        "--comm {}: must be auto, local (--num-ranks threads of this process), mpi (the processes mpirun starts) or nccl (a GPU per "
-        "process)",
+        "--comm {}: must be auto, local (--num-ranks threads of this process), mpi (the processes mpirun starts), gloo (the processes "
+        "torchrun or srun starts, on the cpu) or nccl (a GPU per process)",
         c.empty() ? "''" : c);
   }
   if (c != "auto") {
@@ -165,7 +165,7 @@ std::string resolve_comm(const TrainerOptions& o, const Device& device, std::str
     return "mpi";
   }
   why = "auto";
-  return device.is_cuda() ? "nccl" : "local";  // nccl only under a launcher (plan_training)
+  return device.is_cuda() ? "nccl" : "local";  // nccl only under a launcher, local becomes gloo under one (plan_training)
 }
 
 // --ranks-per-node N: N >= 1 dividing the world (0: not given).
@@ -498,15 +498,25 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
                                  plan.launch.rank, why, plan.mpi.library.empty() ? std::string("MPI") : plan.mpi.library, plan.mpi.thread_level);
   } else {
     if (plan.comm == "nccl" && !plan.device.is_cuda()) {
-      fail("--comm nccl with --device {}: NCCL communicates GPU memory; give --device cuda, or --comm mpi / local on the cpu", plan.device.str());
+      fail("--comm nccl with --device {}: NCCL communicates GPU memory; give --device cuda, or --comm gloo / mpi / local on the cpu", plan.device.str());
+    }
+    if (plan.comm == "gloo" && !plan.device.is_cpu()) {
+      fail("--comm gloo with --device {}: the Gloo backend communicates host memory; give --device cpu, or --comm nccl for a GPU per process",
+           plan.device.str());
+    }
+    if (plan.comm == "gloo" && !gloo_backend_built()) {
+      fail("--comm gloo: this dstrain was built without Gloo; install it (Debian: libgloo-dev) and rebuild, or use --comm mpi under mpirun");
     }
     plan.launch = launcher_env(plan.device);
     refuse_unsized_launcher(plan.launch);
     check_local_rank_argument(plan.launch, options.local_rank);
     if (plan.device.is_cuda() && !explicit_ordinal) plan.device = launcher_device(plan.launch);
     // A launcher with a GPU per process: NCCL over its ranks (also at world size 1); --comm nccl asks
-    // for it without a launcher too (a group of one).
-    plan.launcher_group = plan.device.is_cuda() && (plan.comm == "nccl" && (options.comm == "nccl" || plan.launch.launcher != "none"));
+    // for it without a launcher too (a group of one). On the cpu: Gloo over a launcher's processes
+    // (auto, from world size 2), or when --comm gloo asks for it.
+    plan.launcher_group = plan.device.is_cuda() ? plan.comm == "nccl" && (options.comm == "nccl" || plan.launch.launcher != "none")
+                                                : plan.comm == "gloo" || (options.comm == "auto" && plan.launch.world_size > 1);
+    if (plan.launcher_group && plan.device.is_cpu()) plan.comm = "gloo";
     if (plan.comm == "local" && plan.launch.world_size > 1) {
       fail(
           "--comm local but a launcher started this process as one of {} ranks ({}): each process would train alone; drop --comm local, "
@@ -518,7 +528,7 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
       fail("--num-ranks {} with a launcher ({}): the launcher's processes are the ranks; drop --num-ranks", options.num_ranks, plan.launch.str());
     }
     plan.world = plan.launcher_group ? plan.launch.world_size : static_cast<int>(options.num_ranks);
-    plan.comm_note = plan.launcher_group ? fmt::format("comm: nccl, {} process{}, this one rank {} on {} ({})", plan.world,
+    plan.comm_note = plan.launcher_group ? fmt::format("comm: {}, {} process{}, this one rank {} on {} ({})", plan.comm, plan.world,
                                                        plan.world == 1 ? "" : "es", plan.launch.rank, plan.device.str(), plan.launch.str())
                      : plan.world > 1    ? fmt::format("comm: local, {} ranks as threads of this process (--num-ranks)", plan.world)
                                          : std::string("comm: none (1 rank)");

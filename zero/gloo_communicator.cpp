@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <stdexcept>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -327,8 +329,9 @@ void GlooCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::
 
 namespace {
 
-// One op of a started batch: its two descriptions, its data, and for a send with data the thread
-// that posts the data once the receiver's description came and agrees.
+// One op of a started batch: its two descriptions, its data, and for a send with data its
+// decision (made by the peer's SendPoster: post the data once the receiver's description came and
+// agrees).
 struct GlooOp {
   PointToPointCall mine;
   std::string name;
@@ -337,34 +340,133 @@ struct GlooOp {
   std::unique_ptr<Buffer> out_description, in_description, data;
   std::vector<char> staging;  // a recv's data lands here, copied to `dest` once it matched
   void* dest = nullptr;
-  // The poster (sends with data only).
+  // A send with data: what its poster decided.
   enum class Posting { waiting, posted, disagreed, aborted, failed };
-  std::thread poster;
+  bool via_poster = false;
   std::mutex mu;
   std::condition_variable cv;
   Posting posting = Posting::waiting;
+  bool taken = false;      // the poster is deciding it
+  bool withdrawn = false;  // wait() gave up on it, or its request was abandoned: never post
   std::string error;
 
-  void stop_poster() noexcept {
-    if (!poster.joinable()) return;
+  // Gives up on the decision (a timeout, an abandoned request) and returns it once final: the
+  // poster's wait is aborted, and an op it has not taken yet is skipped when it comes to it.
+  Posting withdraw() {
+    std::unique_lock<std::mutex> lock(mu);
+    withdrawn = true;
+    if (posting != Posting::waiting || !taken) return posting;
+    lock.unlock();
     in_description->abortWaitRecv();
-    poster.join();
+    lock.lock();
+    cv.wait(lock, [&] { return posting != Posting::waiting; });
+    return posting;
   }
 };
 
 struct GlooPending final : PendingPointToPoint {
-  std::vector<std::unique_ptr<GlooOp>> ops;
+  std::vector<std::shared_ptr<GlooOp>> ops;
   ~GlooPending() override {
-    for (auto& op : ops) op->stop_poster();
+    for (auto& op : ops)
+      if (op->via_poster) op->withdraw();
   }
 };
 
 }  // namespace
 
+// Per peer of a communicator: the thread that posts the data of this rank's sends to that peer, in
+// the pair's order (Gloo matches a pair's messages on a slot in posting order), each once the
+// receiver's description came and agrees (gloo_communicator.h: Gloo aborts on a message longer
+// than its buffer). One send at a time: the receiver posts its recvs' descriptions in the same
+// order, so the first undecided send is the one whose description comes next.
+struct GlooCommunicator::SendPoster {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<GlooOp>> queue;
+  std::shared_ptr<GlooOp> current;
+  bool stop = false;
+  std::thread thread;
+
+  SendPoster(int peer, std::uint64_t data_slot) : thread([this, peer, data_slot] { run(peer, data_slot); }) {}
+  ~SendPoster() {
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+      if (current) current->in_description->abortWaitRecv();
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+  void add(std::shared_ptr<GlooOp> op) {
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      queue.push_back(std::move(op));
+    }
+    cv.notify_all();
+  }
+
+  void run(int peer, std::uint64_t data_slot) {
+    for (;;) {
+      std::shared_ptr<GlooOp> op;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (stop) return;
+        op = queue.front();
+        queue.pop_front();
+        current = op;
+      }
+      decide(*op, peer, data_slot);
+      const std::lock_guard<std::mutex> lock(mu);
+      current.reset();
+    }
+  }
+
+  static void decide(GlooOp& op, int peer, std::uint64_t data_slot) {
+    {
+      const std::lock_guard<std::mutex> lock(op.mu);
+      if (op.withdrawn) {
+        op.posting = GlooOp::Posting::aborted;
+        op.cv.notify_all();
+        return;
+      }
+      op.taken = true;
+    }
+    GlooOp::Posting result = GlooOp::Posting::failed;
+    std::string error;
+    try {
+      if (!op.in_description->waitRecv(nullptr, kPosterWait)) {
+        result = GlooOp::Posting::aborted;
+      } else if (!point_to_point_disagreement("Gloo", op.mine, op.in).empty()) {
+        result = GlooOp::Posting::disagreed;
+      } else {
+        op.data->send(peer, data_slot);
+        result = GlooOp::Posting::posted;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      const std::lock_guard<std::mutex> lock(op.mu);
+      op.posting = result;
+      op.error = std::move(error);
+    }
+    op.cv.notify_all();
+  }
+};
+
+GlooCommunicator::SendPoster& GlooCommunicator::poster(int peer) {
+  if (posters_.empty()) posters_.resize(static_cast<std::size_t>(world_size()));
+  auto& p = posters_[static_cast<std::size_t>(peer)];
+  if (!p) p = std::make_unique<SendPoster>(process_rank(peer), slot(kP2pData));
+  return *p;
+}
+
 std::unique_ptr<PendingPointToPoint> GlooCommunicator::do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> mine) {
   auto p = std::make_unique<GlooPending>();
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    auto op = std::make_unique<GlooOp>();
+    auto op = std::make_shared<GlooOp>();
     op->mine = mine[i];
     op->name = describe_point_to_point(mine[i]);
     op->peer = ops[i].peer;
@@ -397,28 +499,8 @@ std::unique_ptr<PendingPointToPoint> GlooCommunicator::do_start_send_recv(std::s
         continue;
       }
       op.data = ctx.createUnboundBuffer(ops[i].buffer.data, bytes);
-      op.poster = std::thread([&op, peer, data_slot = slot(kP2pData)] {
-        GlooOp::Posting result = GlooOp::Posting::failed;
-        std::string error;
-        try {
-          if (!op.in_description->waitRecv(nullptr, kPosterWait)) {
-            result = GlooOp::Posting::aborted;
-          } else if (!point_to_point_disagreement("Gloo", op.mine, op.in).empty()) {
-            result = GlooOp::Posting::disagreed;
-          } else {
-            op.data->send(peer, data_slot);
-            result = GlooOp::Posting::posted;
-          }
-        } catch (const std::exception& e) {
-          error = e.what();
-        }
-        {
-          const std::lock_guard<std::mutex> lock(op.mu);
-          op.posting = result;
-          op.error = std::move(error);
-        }
-        op.cv.notify_all();
-      });
+      op.via_poster = true;
+      poster(op.peer).add(p->ops[i]);
     }
   } catch (const std::exception& e) {
     fail_on(e, -1, "starting a send_recv batch");
@@ -426,9 +508,7 @@ std::unique_ptr<PendingPointToPoint> GlooCommunicator::do_start_send_recv(std::s
   return p;
 }
 
-void GlooCommunicator::do_wait(PendingPointToPoint& pending) {
-  complete(pending);
-}
+void GlooCommunicator::do_wait(PendingPointToPoint& pending) { complete(pending); }
 
 void GlooCommunicator::complete(PendingPointToPoint& pending) {
   auto& p = static_cast<GlooPending&>(pending);
@@ -437,14 +517,16 @@ void GlooCommunicator::complete(PendingPointToPoint& pending) {
   for (auto& op_ptr : p.ops) {
     GlooOp& op = *op_ptr;
     const auto unmatched = [&] { fail_with(point_to_point_unmatched_text("Gloo", op.name, op.mine, timeout_, arrivals_.last_reached(op.peer))); };
-    if (op.poster.joinable()) {
+    if (op.via_poster) {
       // A send with data: its poster learns the receiver's description.
-      std::unique_lock<std::mutex> lock(op.mu);
-      const bool decided = op.cv.wait_until(lock, deadline, [&] { return op.posting != GlooOp::Posting::waiting; });
-      lock.unlock();
-      if (!decided) op.in_description->abortWaitRecv();
-      op.poster.join();
-      switch (op.posting) {
+      GlooOp::Posting posting = GlooOp::Posting::waiting;
+      {
+        std::unique_lock<std::mutex> lock(op.mu);
+        op.cv.wait_until(lock, deadline, [&] { return op.posting != GlooOp::Posting::waiting; });
+        posting = op.posting;
+      }
+      if (posting == GlooOp::Posting::waiting) posting = op.withdraw();
+      switch (posting) {
         case GlooOp::Posting::waiting:
         case GlooOp::Posting::aborted:
           unmatched();
@@ -484,12 +566,12 @@ void GlooCommunicator::do_abandon(PendingPointToPoint& pending) noexcept {
   auto& p = static_cast<GlooPending&>(pending);
   std::string names;
   for (auto& op : p.ops) {
-    op->stop_poster();
+    if (op->via_poster) op->withdraw();
     names += (names.empty() ? "" : ", ") + op->name;
   }
   const std::string message = fmt::format(
       "Gloo communicator: rank {} abandoned a started send_recv batch without waiting for it ({}); its peers fail at their timeout", rank(), names);
-  log_error(message);
+  log_error("{}", message);
   const std::lock_guard<std::mutex> lock(shared_->mu);
   if (shared_->failure.empty()) shared_->failure = message;
 }

@@ -27,9 +27,9 @@
 // count) and receives the peer's; a recv posts its data buffer at once; a send posts its data only
 // once the receiver's description came and agrees — Gloo aborts the process when a message is
 // longer than the buffer it lands in, so a disagreement must never reach the wire. That wait runs
-// on a thread of the request (one per send of a started batch), so a send completes once its
-// receiver posted, whether or not the sender is in wait(): the contract's "an op never waits for
-// its poster's wait()".
+// on a thread per peer (made at the first send to it), which posts the sends to that peer in the
+// pair's order, so a send completes once its receiver posted, whether or not the sender is in
+// wait(): the contract's "an op never waits for its poster's wait()".
 //
 // Sub-groups (split): the (color, key) all_gather of the contract, then the child talks over the
 // same connections with its members' ranks and its own slots (no new rendezvous, no store).
@@ -86,6 +86,8 @@ class GlooCommunicator final : public Communicator {
   PairwiseExchange exchange_for(const Call& call);
   // do_wait's work.
   void complete(PendingPointToPoint& pending);
+  struct SendPoster;  // per peer: posts the data of the sends to it in the pair's order
+  SendPoster& poster(int peer);
   std::uint64_t slot(int channel) const { return slot_base_ + static_cast<std::uint64_t>(channel); }
   int process_rank(int rank) const { return members_[static_cast<std::size_t>(rank)]; }
   // A Gloo exception while waiting on `peer` in `what`: records the failure and throws its Error.
@@ -103,6 +105,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
   PairwiseCollectives collectives_;
   std::string failure_;
+  std::vector<std::unique_ptr<SendPoster>> posters_;  // per peer, made at its first send with data
 };
 
 }  // namespace dstrain

@@ -1,9 +1,10 @@
 // The communicator of a process started by a launcher (torchrun, the deepspeed launcher, mpirun,
-// srun) as one rank of several processes: NCCL over the launcher's ranks, in the CUDA build.
+// srun) as one rank of several processes: Gloo over the launcher's ranks on the cpu (when built
+// with libgloo-dev), NCCL on GPUs (in the CUDA build).
 //
-// Why not in nccl_communicator.h: callers above zero (the CLI, embedding programs) ask for "the
-// launcher's group" without including CUDA or NCCL headers, and get an Error that names the fix
-// in a build without them.
+// Why not in nccl_communicator.h / gloo_communicator.h: callers above zero (the CLI, embedding
+// programs) ask for "the launcher's group" without including CUDA, NCCL or Gloo headers, and get an
+// Error that names the fix in a build without them.
 #pragma once
 
 #include <memory>
@@ -14,10 +15,11 @@
 
 namespace dstrain {
 
-// Joins the launcher's group: an NcclCommunicator for rank env.rank of env.world_size on GPU
-// `device` (a cuda device; cuda:LOCAL_RANK is the usual choice). Blocks until every rank joined
-// or fails after the timeout (zero/nccl_communicator.h). Error for a cpu device (the processes
-// have no host transport) and in a build without NCCL.
+// Joins the launcher's group as rank env.rank of env.world_size: on the cpu a GlooCommunicator
+// (rendezvous at MASTER_ADDR:MASTER_PORT, zero/gloo_communicator.h), on a cuda `device`
+// (cuda:LOCAL_RANK is the usual choice) an NcclCommunicator. Blocks until every rank joined or
+// fails after the timeout. Error naming the fix in a build without the backend the device needs.
+// gloo_backend_built(): whether the cpu case works in this build.
 std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device device);
 
 // The GPU of this process when the user names none (`--device cuda`): cuda:LOCAL_RANK, except
@@ -26,5 +28,6 @@ std::unique_ptr<Communicator> join_launcher_group(const LaunchEnv& env, Device d
 // NcclOptions::device = -1 chooses. cuda:LOCAL_RANK in a build without NCCL or when the GPUs
 // cannot be counted (the allocator then reports the problem).
 Device launcher_device(const LaunchEnv& env);
+bool gloo_backend_built();
 
 }  // namespace dstrain

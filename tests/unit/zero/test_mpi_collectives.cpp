@@ -27,20 +27,50 @@
 #include <utility>
 #include <vector>
 
-#include <mpi.h>
-
 #include "comm_test_util.h"
 #include "ops/error.h"
 #include "zero/device_mesh.h"
 #include "zero/local_communicator.h"
+#if DSTRAIN_TEST_GLOO
+#include <thread>
+
+#include "zero/gloo_communicator.h"
+#include "zero/launch_env.h"
+#define COLLECTIVES_SUITE GlooCollectives
+#else
+#include <mpi.h>
+
 #include "zero/mpi_communicator.h"
 #include "zero/mpi_process.h"
+#define COLLECTIVES_SUITE MpiCollectives
+#endif
 
 namespace dstrain {
 namespace {
 
 using testing_comm::HostBuf;
 
+#if DSTRAIN_TEST_GLOO
+// The processes tests/unit/zero/run_ranks.sh started (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+// Each test's group meets on a port of its own (MASTER_PORT + the groups made so far, the same
+// count on every process): a group's store lives as long as its rank 0's group.
+const LaunchEnv& launch() {
+  static const LaunchEnv env = detect_launch_env();
+  return env;
+}
+int world() { return launch().world_size; }
+int me() { return launch().rank; }
+std::unique_ptr<Communicator> make_world(std::chrono::milliseconds timeout = default_comm_timeout()) {
+  static int groups = 0;
+  LaunchEnv env = launch();
+  env.master_port += groups++;
+  return std::make_unique<GlooCommunicator>(env, timeout);
+}
+// A rank that leaves a failing test early keeps its group a while: a Gloo peer whose connections
+// close is named at once, and the test is about the timeout.
+void linger() { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); }
+constexpr const char* kBackend = "gloo";
+#else
 int world() {
   int w = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
@@ -50,6 +80,20 @@ int me() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   return r;
+}
+std::unique_ptr<Communicator> make_world(std::chrono::milliseconds timeout = default_comm_timeout()) {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, timeout);
+}
+void linger() {}
+constexpr const char* kBackend = "mpi";
+#endif
+// Every process meets here after a test that left its group unusable.
+void process_barrier() {
+#if DSTRAIN_TEST_GLOO
+  make_world()->barrier();
+#else
+  MPI_Barrier(MPI_COMM_WORLD);
+#endif
 }
 
 // Rank r's element i: values with many significant bits (so the order and the width of the
@@ -106,8 +150,9 @@ std::string name(const char* what, DType d, ReduceOp op, std::int64_t n) {
   return fmt::format("{} {} {} n={} W={}", what, dtype_name(d), reduce_op_name(op), n, world());
 }
 
-TEST(MpiCollectives, AllReduceMatchesLocalBitForBit) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, AllReduceMatchesLocalBitForBit) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   for (DType d : kDtypes)
     for (ReduceOp op : kOps)
       for (std::int64_t n : kSizes) {
@@ -126,8 +171,9 @@ TEST(MpiCollectives, AllReduceMatchesLocalBitForBit) {
       }
 }
 
-TEST(MpiCollectives, ReduceScatterOutOfPlaceAndInPlaceMatchLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, ReduceScatterOutOfPlaceAndInPlaceMatchLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   const int w = world();
   for (DType d : kDtypes)
     for (ReduceOp op : kOps)
@@ -155,8 +201,9 @@ TEST(MpiCollectives, ReduceScatterOutOfPlaceAndInPlaceMatchLocal) {
       }
 }
 
-TEST(MpiCollectives, AllGatherOutOfPlaceAndInPlaceMatchLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, AllGatherOutOfPlaceAndInPlaceMatchLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   const int w = world();
   for (DType d : kDtypes)
     for (std::int64_t n : {0, 1, 5, 1001}) {
@@ -181,8 +228,9 @@ TEST(MpiCollectives, AllGatherOutOfPlaceAndInPlaceMatchLocal) {
     }
 }
 
-TEST(MpiCollectives, BroadcastFromEveryRootAndBarrierMatchLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, BroadcastFromEveryRootAndBarrierMatchLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   for (DType d : kDtypes)
     for (std::int64_t n : {0, 3, 999})
       for (int root = 0; root < world(); ++root) {
@@ -203,8 +251,9 @@ TEST(MpiCollectives, BroadcastFromEveryRootAndBarrierMatchLocal) {
 
 // 16-bit sums round once, after fp32 accumulation in rank order: 1 + W·2^-9 in bf16 (8 bits of
 // mantissa) keeps the small terms only when they are accumulated in fp32 first.
-TEST(MpiCollectives, AllToAllMatchesLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, AllToAllMatchesLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   for (DType d : {DType::int32, DType::fp32, DType::bf16})
     for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1000}}) {
       const auto [want, want_stats] = local_result([&](Communicator& c, int r) {
@@ -238,8 +287,9 @@ double a2av_element(int s, int d, std::int64_t k) { return s * 1000 + d * 100 + 
 
 // Every process checks its recv against the blocks the formula gives (block i = rank i's block
 // `me`), the untouched tail past them, the counters, and exchange_counts' answer.
-TEST(MpiCollectives, AllToAllVMatchesTheFormula) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, AllToAllVMatchesTheFormula) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   const int w = world(), r = me();
   for (const DType d : {DType::fp32, DType::bf16, DType::int32}) {
     for (int pattern = 0; pattern < 4; ++pattern) {
@@ -277,8 +327,9 @@ TEST(MpiCollectives, AllToAllVMatchesTheFormula) {
 // The 1-bit optimizers' compressed all-reduce (built on all_to_all and all_gather, so every backend
 // has it): three calls in a row, the error-feedback state carried between them, the same bits as
 // the local backend.
-TEST(MpiCollectives, CompressedAllReduceMatchesLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, CompressedAllReduceMatchesLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   const std::int64_t n = 8 * 24 * world();
   auto run = [&](Communicator& c, int r) {
     HostBuf we(DType::fp32, n), se(DType::fp32, n / world()), out(DType::fp32, 3 * n + n + n / world());
@@ -301,8 +352,9 @@ TEST(MpiCollectives, CompressedAllReduceMatchesLocal) {
   EXPECT_EQ(mpi.stats().bytes, want_stats.bytes);
 }
 
-TEST(MpiCollectives, SixteenBitSumsRoundOnce) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, SixteenBitSumsRoundOnce) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   HostBuf b(DType::bf16, 1);
   b.set(0, me() == 0 ? 1.0 : 1.0 / 512);
   mpi.all_reduce(b.tensor(), ReduceOp::sum);
@@ -359,9 +411,10 @@ std::uint64_t ring_shard_bytes(std::uint64_t n_bytes, int w) { return w == 1 ? 0
 // Each child's rank and size, and an all_reduce, all_gather and all_to_all in it, against values
 // the test computes from the member list; the child's counters count its own three collectives,
 // the parent's the split's exchange only.
-TEST(MpiCollectives, SplitGroupsHoldTheEnumeratedMembers) {
+TEST(COLLECTIVES_SUITE, SplitGroupsHoldTheEnumeratedMembers) {
   const int w = world();
-  MpiCommunicator mpi;
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   constexpr std::int64_t n = 3;
   for (const SplitPattern& p : kSplitPatterns) {
     SCOPED_TRACE(fmt::format("{} W={}", p.name, w));
@@ -374,7 +427,7 @@ TEST(MpiCollectives, SplitGroupsHoldTheEnumeratedMembers) {
     EXPECT_EQ(exchange.call_count(CollectiveKind::all_gather), 1u);
     EXPECT_EQ(exchange.total_calls(), 1u);
     EXPECT_EQ(exchange.total_bytes_sent(), ring_shard_bytes(8u * static_cast<std::uint64_t>(w), w));
-    EXPECT_EQ(child->backend(), "mpi");
+    EXPECT_EQ(child->backend(), kBackend);
     ASSERT_EQ(child->world_size(), cw);
     ASSERT_EQ(child->rank(), std::find(m.begin(), m.end(), me()) - m.begin());
     const int cr = child->rank();
@@ -410,11 +463,12 @@ TEST(MpiCollectives, SplitGroupsHoldTheEnumeratedMembers) {
 
 // The child works on its own duplicates: it outlives the communicator it was split from, and
 // two children of one parent used in different orders by different ranks do not mix.
-TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
+TEST(COLLECTIVES_SUITE, SplitChildrenOutliveTheirParentAndDoNotMix) {
   const int w = world();
   std::unique_ptr<Communicator> parity, everyone;
   {
-    MpiCommunicator mpi;
+    const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
     parity = mpi.split(me() % 2, me());
     everyone = mpi.split(0, -me());
   }
@@ -447,9 +501,10 @@ TEST(MpiCollectives, SplitChildrenOutliveTheirParentAndDoNotMix) {
 // data-parallel size), each group gathers its members' world ranks, which must be the ranks the
 // test enumerates (same coordinates but one; the data group: same pp and tp; the expert-parallel
 // group: same pp, sp, tp and dp / ep; the expert-data group: same pp, tp and dp % ep).
-TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
+TEST(COLLECTIVES_SUITE, MeshGroupsHoldTheEnumeratedMembers) {
   const int w = world();
-  MpiCommunicator mpi;
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   std::vector<std::array<int, 4>> shapes;  // {pp, tp, sp, ep}, each dividing what is left of the world
   for (int pp = 1; pp <= w; ++pp)
     for (int tp = 1; w % pp == 0 && tp <= w / pp; ++tp)
@@ -504,8 +559,9 @@ TEST(MpiCollectives, MeshGroupsHoldTheEnumeratedMembers) {
 // A ring (rank r sends to r+1, receives from r−1; even ranks send first, so blocking sends cannot
 // wait on each other) in every dtype: the bits rank r−1 wrote, and the byte counters and numbers
 // of the local backend running the same ring.
-TEST(MpiCollectives, PointToPointRingMatchesLocal) {
-  MpiCommunicator mpi;
+TEST(COLLECTIVES_SUITE, PointToPointRingMatchesLocal) {
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   const int w = world();
   if (w < 2) GTEST_SKIP() << "needs 2 processes";
   for (DType d : kDtypes)
@@ -558,10 +614,11 @@ TEST(MpiCollectives, PointToPointRingMatchesLocal) {
 
 // The pipeline group of a mesh of two stages: stage 0 sends an activation forward, stage 1 a
 // gradient back, over the split child's own ranks.
-TEST(MpiCollectives, PointToPointOnThePipelineGroup) {
+TEST(COLLECTIVES_SUITE, PointToPointOnThePipelineGroup) {
   const int w = world();
   if (w % 2 != 0) GTEST_SKIP() << "needs an even number of processes";
-  MpiCommunicator mpi;
+  const auto world_comm = make_world();
+  Communicator& mpi = *world_comm;
   MeshGroups g = make_mesh_groups(mpi, make_mesh_shape(w, 1, 1, 2));
   Communicator& pipe = *g.pp;
   ASSERT_EQ(pipe.world_size(), 2);
@@ -583,8 +640,9 @@ TEST(MpiCollectives, PointToPointOnThePipelineGroup) {
 // send/recv cannot do without ordering the ranks; every dtype and size gives the bits rank r−1
 // wrote and the local backend's counters. Then a batch of 4 (both neighbours; with W = 2 one peer,
 // two ops each way in batch order), recvs listed first on odd ranks.
-TEST(MpiCollectives, SendRecvRingAndBothNeighboursMatchLocal) {
-  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+TEST(COLLECTIVES_SUITE, SendRecvRingAndBothNeighboursMatchLocal) {
+  const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
   const int w = world();
   if (w < 2) GTEST_SKIP() << "needs 2 processes";
   for (DType d : kDtypes)
@@ -638,9 +696,10 @@ TEST(MpiCollectives, SendRecvRingAndBothNeighboursMatchLocal) {
 // third and sends its own in one batch: the pair's order counts batched and standalone calls
 // alike. Then rank 0's batch {send, recv} against rank 1's standalone recv, then send: the batch's
 // send must not wait for its recv (whose match rank 1 posts only after receiving).
-TEST(MpiCollectives, SendRecvKeepsThePairsOrderAndNeverHoldsAnOpBack) {
+TEST(COLLECTIVES_SUITE, SendRecvKeepsThePairsOrderAndNeverHoldsAnOpBack) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
-  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
   constexpr std::int64_t n = 9;
   if (me() == 0) {
     HostBuf a = filled(DType::fp32, 1, n), b = filled(DType::fp32, 2, n), third = filled(DType::fp32, 3, n), x(DType::fp32, n);
@@ -669,9 +728,10 @@ TEST(MpiCollectives, SendRecvKeepsThePairsOrderAndNeverHoldsAnOpBack) {
 // meets rank 1 in a barrier, which rank 1 reaches before posting anything; a start that waited for
 // its peer would leave both waiting (a timeout). Then requests waited for out of order keep the
 // pair's order.
-TEST(MpiCollectives, StartSendRecvReturnsBeforeThePeerPostsAndKeepsThePairsOrder) {
+TEST(COLLECTIVES_SUITE, StartSendRecvReturnsBeforeThePeerPostsAndKeepsThePairsOrder) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
-  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
   constexpr std::int64_t n = 6;
   if (me() == 0) {
     HostBuf out = filled(DType::fp32, 1, n), in(DType::fp32, n);
@@ -704,11 +764,12 @@ TEST(MpiCollectives, StartSendRecvReturnsBeforeThePeerPostsAndKeepsThePairsOrder
 
 // A started request whose peer never posts fails in wait() within the timeout, naming the op and
 // both ranks.
-TEST(MpiCollectives, StartedRequestTimesOutInWaitNamingBothRanks) {
+TEST(COLLECTIVES_SUITE, StartedRequestTimesOutInWaitNamingBothRanks) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   std::string err;
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    const auto world_comm = make_world(std::chrono::milliseconds(1500));
+  Communicator& mpi = *world_comm;
     if (me() == 0) {
       HostBuf buf(DType::fp32, 5);
       PointToPointRequest request = mpi.start_send_recv(std::vector<PointToPointOp>{{false, buf.tensor(), 1}});
@@ -717,21 +778,24 @@ TEST(MpiCollectives, StartedRequestTimesOutInWaitNamingBothRanks) {
       } catch (const Error& e) {
         err = e.what();
       }
+    } else {
+      linger();
     }
   }
   if (me() == 0) {
     EXPECT_NE(err.find("recv #1 from rank 1 on rank 0 (fp32, 5 elements) timed out after 1500 ms"), std::string::npos) << err;
     EXPECT_NE(err.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << err;
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // A recv in a batch of another size or dtype than its send fails on both ranks of the pair naming
 // both calls, while the batches' other ops agree. A rank without a partner (W = 3) takes no part.
-TEST(MpiCollectives, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
+TEST(COLLECTIVES_SUITE, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
     const int pair = me() / 2, sender = 2 * pair, receiver = sender + 1;
     if (receiver < world()) {
       const DType recv_dtype = pair == 0 ? DType::fp32 : DType::bf16;
@@ -760,15 +824,16 @@ TEST(MpiCollectives, SendRecvMismatchFailsOnBothRanksNamingBothCalls) {
       EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // Rank 1 expects one element more from rank 0 than rank 0 sends: both fail naming both ranks and
 // both counts, having exchanged no data with each other; the other ranks' blocks still arrive.
-TEST(MpiCollectives, AllToAllVMismatchFailsOnBothRanksNamingBothCounts) {
+TEST(COLLECTIVES_SUITE, AllToAllVMismatchFailsOnBothRanksNamingBothCounts) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
     const int w = world(), r = me();
     std::vector<std::int64_t> sc(static_cast<std::size_t>(w), 2), rc(static_cast<std::size_t>(w), 2);
     if (r == 1) rc[0] = 3;
@@ -793,12 +858,13 @@ TEST(MpiCollectives, AllToAllVMismatchFailsOnBothRanksNamingBothCounts) {
       EXPECT_EQ(recv.get(at), q * 10 + r) << "rank " << r << " block from " << q;
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
-TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
+TEST(COLLECTIVES_SUITE, MismatchFailsOnEveryRankNamingBothCalls) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
-  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
   HostBuf b(DType::fp32, me() == 0 ? 5 : 6);
   try {
     mpi.all_reduce(b.tensor(), ReduceOp::sum);
@@ -816,10 +882,11 @@ TEST(MpiCollectives, MismatchFailsOnEveryRankNamingBothCalls) {
 // A recv of another size than its send fails on both ranks of the pair, naming both calls, before
 // any data moves; with 4 processes the second pair disagrees on the dtype. A rank without a
 // partner (W = 3) takes no part.
-TEST(MpiCollectives, PointToPointMismatchFailsOnBothRanksNamingBothCalls) {
+TEST(COLLECTIVES_SUITE, PointToPointMismatchFailsOnBothRanksNamingBothCalls) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+    const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
     const int pair = me() / 2, sender = 2 * pair, receiver = sender + 1;
     if (receiver < world()) {
       const DType recv_dtype = pair == 0 ? DType::fp32 : DType::bf16;
@@ -848,15 +915,16 @@ TEST(MpiCollectives, PointToPointMismatchFailsOnBothRanksNamingBothCalls) {
       EXPECT_THROW(mpi.barrier(), Error) << "the communicator is unusable after the failure";
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // Rank 1 never sends what rank 0 receives: rank 0 fails within the timeout naming rank 1, the
 // call it owes and the last collective it reached.
-TEST(MpiCollectives, PointToPointPeerThatNeverPostsIsNamedWithinTheTimeout) {
+TEST(COLLECTIVES_SUITE, PointToPointPeerThatNeverPostsIsNamedWithinTheTimeout) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    const auto world_comm = make_world(std::chrono::milliseconds(1500));
+  Communicator& mpi = *world_comm;
     mpi.barrier();  // #1
     if (me() == 0) {
       HostBuf b(DType::int32, 4);
@@ -869,18 +937,21 @@ TEST(MpiCollectives, PointToPointPeerThatNeverPostsIsNamedWithinTheTimeout) {
         EXPECT_NE(m.find("rank 1 did not post the matching send #1 from rank 1 to rank 0"), std::string::npos) << m;
         EXPECT_NE(m.find("rank 1 last reached barrier #1"), std::string::npos) << m;
       }
+    } else {
+      linger();
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // Rank 0's batch sends to rank 1 and receives from it; rank 1 only receives. The send completes,
 // and rank 0 fails within the timeout naming rank 1, the send it owes and the last collective it
 // reached.
-TEST(MpiCollectives, SendRecvPeerThatNeverPostsIsNamedWithinTheTimeout) {
+TEST(COLLECTIVES_SUITE, SendRecvPeerThatNeverPostsIsNamedWithinTheTimeout) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    const auto world_comm = make_world(std::chrono::milliseconds(1500));
+  Communicator& mpi = *world_comm;
     mpi.barrier();  // #1
     HostBuf out = filled(DType::int32, 0, 4), in(DType::int32, 4);
     if (me() == 0) {
@@ -897,18 +968,20 @@ TEST(MpiCollectives, SendRecvPeerThatNeverPostsIsNamedWithinTheTimeout) {
       mpi.recv(in.tensor(), 0);
       expect_same_bits(in, out, "the batch's send");
     }
+    if (me() != 0) linger();
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // Rank W−1 never reaches the barrier: the others fail within the timeout, naming it and the last
 // collective it reached. (Last: the group is left unusable, and the processes meet again on
 // MPI_COMM_WORLD.)
-TEST(MpiCollectives, RankThatNeverArrivesIsNamedWithinTheTimeout) {
+TEST(COLLECTIVES_SUITE, RankThatNeverArrivesIsNamedWithinTheTimeout) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   const int late = world() - 1;
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    const auto world_comm = make_world(std::chrono::milliseconds(1500));
+  Communicator& mpi = *world_comm;
     mpi.barrier();  // #1: every rank
     if (me() != late) {
       try {
@@ -920,18 +993,21 @@ TEST(MpiCollectives, RankThatNeverArrivesIsNamedWithinTheTimeout) {
         EXPECT_NE(m.find(fmt::format("rank {} last reached barrier #1", late)), std::string::npos) << m;
         EXPECT_NE(m.find("timed out after 1500 ms"), std::string::npos) << m;
       }
+    } else {
+      linger();
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // A negative color is refused where it is passed; the other ranks, waiting in the split's exchange,
 // name that rank within the timeout. (Last but one: the group is left unusable.)
-TEST(MpiCollectives, SplitWithANegativeColorFailsEverywhere) {
+TEST(COLLECTIVES_SUITE, SplitWithANegativeColorFailsEverywhere) {
   if (world() < 2) GTEST_SKIP() << "needs 2 processes";
   const int bad = world() - 1;
   {
-    MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(1500));
+    const auto world_comm = make_world(std::chrono::milliseconds(1500));
+  Communicator& mpi = *world_comm;
     try {
       (void)mpi.split(me() == bad ? -1 : 0, 0);
       ADD_FAILURE() << "a split with a negative color succeeded";
@@ -944,17 +1020,19 @@ TEST(MpiCollectives, SplitWithANegativeColorFailsEverywhere) {
         EXPECT_NE(m.find("all_gather #1"), std::string::npos) << m;
       }
     }
+    if (me() == bad) linger();
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 // Nodes: mpiexec on one machine puts every process on one shared-memory node, which the world
 // communicator finds (MPI_Comm_split_type), so nothing crosses nodes. Then a layout set by hand
 // (rank parity as the node) is inherited by a split child through its exchange, and the child's
 // all-reduce counts 2·o·N/W cross-node bytes, o = the ranks of the other parity.
-TEST(MpiCollectives, NodesFromSharedMemoryAndInheritedBySplit) {
+TEST(COLLECTIVES_SUITE, NodesFromSharedMemoryAndInheritedBySplit) {
   const int w = world(), r = me();
-  MpiCommunicator mpi(MPI_COMM_WORLD, std::chrono::milliseconds(20'000));
+  const auto world_comm = make_world(std::chrono::milliseconds(20'000));
+  Communicator& mpi = *world_comm;
   EXPECT_EQ(mpi.node_count(), 1);
   for (int q = 0; q < w; ++q) EXPECT_EQ(mpi.node_of(q), 0);
   EXPECT_EQ(mpi.sequence(), 0u);  // finding the nodes is not a counted collective
@@ -974,7 +1052,7 @@ TEST(MpiCollectives, NodesFromSharedMemoryAndInheritedBySplit) {
   // Ranks of the other parity: W = 2: 1; W = 3: rank 0 and 2 see 1, rank 1 sees 2; W = 4: 2.
   const int other = r % 2 == 0 ? w / 2 : (w + 1) / 2;
   EXPECT_EQ(child->stats().cross_node_bytes_sent(CollectiveKind::all_reduce), 2u * static_cast<std::uint64_t>(other) * 32u / static_cast<std::uint64_t>(w));
-  MPI_Barrier(MPI_COMM_WORLD);
+  process_barrier();
 }
 
 }  // namespace
@@ -982,11 +1060,21 @@ TEST(MpiCollectives, NodesFromSharedMemoryAndInheritedBySplit) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+#if DSTRAIN_TEST_GLOO
+  const int rank = dstrain::me();
+  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  std::int32_t any = failed;
+  dstrain::make_world()->all_reduce(dstrain::Tensor(&any, dstrain::DType::int32, dstrain::Shape{1}), dstrain::ReduceOp::max);
+#else
   const dstrain::MpiWorld w = dstrain::init_mpi();
+  const int rank = w.rank;
   const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any = failed;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && !failed) std::fprintf(stderr, "rank %d: passed, but another process failed\n", w.rank);
+#endif
+  if (any && !failed) std::fprintf(stderr, "rank %d: passed, but another process failed\n", rank);
+#if !DSTRAIN_TEST_GLOO
   dstrain::finalize_mpi();
+#endif
   return any;
 }
