@@ -155,14 +155,18 @@ RankTrainer::RankTrainer(const TrainingPlan& plan, const TrainerOptions& options
   }
   if (plan.resume && plan.resume->deepspeed) {
     // A DeepSpeed checkpoint, mapped and checked by plan_resume: every rank writes its pieces.
+    const auto load_start = Clock::now();
     checkpoints_->load_whole_state(plan.resume->deepspeed->state);
+    startup_.load_seconds = seconds_since(load_start);
     // A folder dstrain wrote carries its run's data position (plan_deepspeed_resume); DeepSpeed's own: 0, 0.
     loader_->set_state(DataLoaderState{plan.resume->data_epoch, plan.resume->data_position});
     skipped_before_ = engine.state().skipped_steps;
     resumed_steps_ = engine.state().global_steps;
   } else if (plan.resume) {
     // The engine's state, then the data loader's position (the client state of save_checkpoint).
+    const auto load_start = Clock::now();
     const LoadedCheckpoint l = checkpoints_->load(plan.resume->dir, plan.resume->tag);
+    startup_.load_seconds = seconds_since(load_start);
     const config::Json data = l.client_state.value("data", config::Json::object());
     if (data.contains("epoch") && data.contains("position")) {
       loader_->set_state(DataLoaderState{data.at("epoch").get<std::uint64_t>(), data.at("position").get<std::uint64_t>()});
@@ -759,8 +763,18 @@ bool RankTrainer::stop_requested() {
 
 void RankTrainer::run() {
   announce();
+  bool first = true;
   while (!done()) {
+    const auto step_start = Clock::now();
     train_step();
+    if (first && plan_.resume) {
+      // What a relaunch cost this process before training went on (docs/elastic.md "Recovery time").
+      say(fmt::format("startup: step {} done {:.2f} s after this process started (joining the group {:.2f} s, loading the checkpoint {:.2f} s, "
+                      "the step {:.2f} s)",
+                      engine_->state().global_steps, seconds_since_process_start(), startup_.join_seconds, startup_.load_seconds,
+                      seconds_since(step_start)));
+    }
+    first = false;
     last_saved_tag_.clear();
     if (options_.handle_signals && stop_requested()) {
       // A scheduler's preemption notice: this step is done; save it and end the run.

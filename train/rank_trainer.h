@@ -31,6 +31,7 @@
 #include "train/monitor/monitor_master.h"
 #include "train/monitor/timers.h"
 #include "train/sample_printer.h"
+#include "train/startup_times.h"
 #include "train/straggler_detector.h"
 #include "train/train_summary.h"
 #include "train/trainer_options.h"
@@ -61,6 +62,8 @@ class RankTrainer {
   void finish();
   // announce(), train_step() until done(), finish().
   void run();
+  // How long joining the process group took (Trainer::run measures it; printed with the startup line).
+  void set_join_seconds(double s) { startup_.join_seconds = s; }
 
   // The val loss over options.val_batches batches (every rank's share; collective).
   double evaluate();
@@ -164,6 +167,7 @@ class RankTrainer {
   std::int64_t skipped_before_ = 0;  // engine.state().skipped_steps before the last step
   std::uint64_t seed_ = 0;           // options.seed, or the resumed run's
   std::int64_t resumed_steps_ = 0;   // global_steps when this process started training
+  StartupTimes startup_;             // printed after the first step of a resumed run
   std::string last_saved_tag_;       // the checkpoint of the current step, once saved
   int stopped_by_signal_ = 0;
 

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <type_traits>
@@ -158,12 +159,14 @@ TrainResult Trainer::run() {
   std::vector<std::optional<TrainSummary>> summaries;
   std::optional<StopSignalHandler> signals;
   if (options_.handle_signals) signals.emplace();
+  double join_seconds = 0.0;
   const auto train_rank = [&](Communicator* comm, std::size_t slot) {
     if (comm != nullptr) {
       const std::string line = nodes_line(*comm, set_world_nodes(*comm, plan, options_));
       if (comm->rank() == 0 && !line.empty()) trainer_print(options_, line);
     }
     RankTrainer rank(plan, options_, comm);
+    rank.set_join_seconds(join_seconds);
     rank.run();
     result.reports[slot] = rank.zero_report();
     if (rank.lead()) {
@@ -174,14 +177,18 @@ TrainResult Trainer::run() {
   try {
     if (plan.comm == "mpi") {
       // This process is rank plan.launch.rank of MPI_COMM_WORLD; the others' reports come by all-gather.
+      const auto join_start = std::chrono::steady_clock::now();
       const std::unique_ptr<Communicator> comm = join_mpi_world();
+      join_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
       result.reports.assign(1, ZeroReport{});
       summaries.resize(1);
       train_rank(comm.get(), 0);
       result.reports = gather_reports(*comm, result.reports.front());
     } else if (plan.launcher_group) {
       // This process is one rank; the reports of the others stay in their processes.
+      const auto join_start = std::chrono::steady_clock::now();
       const std::unique_ptr<Communicator> comm = join_launcher_group(plan.launch, plan.device);
+      join_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
       result.reports.assign(1, ZeroReport{});
       summaries.resize(1);
       train_rank(comm.get(), 0);
