@@ -87,6 +87,27 @@ std::uint64_t child_slot_base(std::uint64_t parent, std::uint64_t split, int col
   return (z | kChannels) & ~(kChannels - 1);  // never the world's base (kChannels), channels in the low byte
 }
 
+// Where rank 0 serves the store: DSTRAIN_STORE_PORT when set; under torchrun's static rendezvous
+// (TORCHELASTIC_USE_AGENT_STORE=True: `torchrun --nproc_per_node N` without --rdzv_backend) the
+// agent's own store already listens on MASTER_PORT, so MASTER_PORT + 1; else MASTER_PORT (torchrun's
+// c10d rendezvous leaves it free for rank 0, as torch's own workers expect).
+int store_port(const LaunchEnv& env) {
+  if (const char* p = std::getenv("DSTRAIN_STORE_PORT"); p != nullptr && *p != '\0') {
+    char* end = nullptr;
+    const long port = std::strtol(p, &end, 10);
+    DSTRAIN_CHECK(*end == '\0' && port >= 1 && port <= 65535, "DSTRAIN_STORE_PORT={}: must be a port number in 1..65535", p);
+    return static_cast<int>(port);
+  }
+  if (const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); agent != nullptr && std::string(agent) == "True") {
+    DSTRAIN_CHECK(env.master_port < 65535,
+                  "MASTER_PORT={} is torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True), and dstrain's store would take the next "
+                  "port, which does not exist; give torchrun another --master_port, or set DSTRAIN_STORE_PORT",
+                  env.master_port);
+    return env.master_port + 1;
+  }
+  return env.master_port;
+}
+
 std::chrono::milliseconds left(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return std::max(ms, std::chrono::milliseconds(1));
@@ -118,7 +139,7 @@ GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::millisecon
   if (world_size() == 1) return;  // no peer: nothing to connect
   const std::string host = env.master_addr.empty() ? "localhost" : env.master_addr;
   try {
-    shared_->store = std::make_unique<TcpStore>(host, env.master_port, rank() == 0, timeout);
+    shared_->store = std::make_unique<TcpStore>(host, store_port(env), rank() == 0, timeout);
     shared_->device = gloo::transport::tcp::CreateDevice(device_attr(host));
     shared_->context = std::make_shared<gloo::rendezvous::Context>(rank(), world_size());
     shared_->context->setTimeout(timeout);
@@ -131,7 +152,7 @@ GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::millisecon
         "Gloo communicator: rank {} of {} could not connect to the other ranks (store at {}:{}): {}. Fix: check that every process of the job "
         "has the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, that the ranks can reach each other over TCP, and set GLOO_SOCKET_IFNAME to "
         "the network interface between the machines",
-        rank(), world_size(), host, env.master_port, e.what());
+        rank(), world_size(), host, store_port(env), e.what());
   }
   // Every rank connected: the store has done its work (kept alive anyway, for no cost).
   arrive(make_call(0, CollectiveKind::barrier, DType::fp32, 0));
@@ -217,7 +238,7 @@ void GlooCommunicator::arrive(const Call& call) {
       in[static_cast<std::size_t>(q)]->waitRecv(left(deadline));
     } catch (const std::exception& e) {
       if (Clock::now() >= deadline) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
-      fail_on(e, q, fmt::format("{} ({} before it reached it)", describe_call(call, w), arrivals_.last_reached(q)));
+      fail_on(e, q, fmt::format("{} ({})", describe_call(call, w), arrivals_.last_reached(q)));
     }
     arrivals_.record(q, received_[static_cast<std::size_t>(q)]);
   }

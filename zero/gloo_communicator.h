@@ -4,7 +4,9 @@
 // transport torch's CPU process groups use) moves the bytes over TCP; dstrain computes every
 // reduction itself, so results are bit-identical to the local and MPI backends.
 //
-// Bootstrap: rank 0 serves a TcpStore (zero/tcp_store.h) at MASTER_ADDR:MASTER_PORT, every rank
+// Bootstrap: rank 0 serves a TcpStore (zero/tcp_store.h) at MASTER_ADDR:MASTER_PORT (MASTER_PORT + 1
+// under torchrun's static rendezvous, whose agent holds MASTER_PORT itself; DSTRAIN_STORE_PORT
+// overrides both), every rank
 // publishes its Gloo address there and connects to every other rank (Gloo's full mesh: one TCP
 // connection per pair), then a barrier confirms the group. The network interface is the one
 // GLOO_SOCKET_IFNAME names (torch's variable), else the address the host name resolves to (the
