@@ -86,7 +86,8 @@ gate_asan() {
   # The whole suite: each GoogleTest program run whole, $jobs at a time, not one process per test
   # as ctest runs them — an ASan process takes ~0.25 s to start, and the suite has ~1350 tests
   # (measured 2026-12-01: ctest's way took 612 s of the 2 cores; see scripts/test.sh). Then the
-  # script tests (names without a dot: the MPI collectives under mpiexec, mpi_faults, the full disk)
+  # script tests (names without a dot: the MPI collectives under mpiexec, the Gloo ones under
+  # run_ranks.sh, mpi_faults, the torchrun and MPI relaunches, the full disk)
   # through ctest. Tests that run Open MPI processes (names with Mpi / mpi: the MPI collectives,
   # the MPI CLI tests, the launcher detection that initialises MPI) run without leak checking: Open
   # MPI dlcloses its plug-ins at MPI_Finalize, so what they keep until exit has no module left to
@@ -95,7 +96,7 @@ gate_asan() {
   # undefined behaviour are still checked there; every other test runs with leak checking.
   local programs=() failed=0
   # The longest first, so that the two cores stay busy to the end.
-  mapfile -t programs < <(cd "$dir/tests" && find . -type f -perm -u+x -name 'test_*' ! -name test_mpi_collectives -printf '%s %p\n' | sort -rn | cut -d' ' -f2-)
+  mapfile -t programs < <(cd "$dir/tests" && find . -type f -perm -u+x -name 'test_*' ! -name test_mpi_collectives ! -name test_gloo_collectives -printf '%s %p\n' | sort -rn | cut -d' ' -f2-)
   ((${#programs[@]})) || { say "error: no test programs in $dir/tests"; return 1; }
   say "ASan+UBSan: ${#programs[@]} test programs, $jobs at a time"
   printf '%s\n' "${programs[@]}" | DIR="$dir/tests" xargs -P "$jobs" -I{} bash -c '

@@ -34,7 +34,7 @@ Std.from_str = staticmethod(_from_str)  # run.py calls Std.from_str(args.redirec
 # node dead after 3 missed ones (15 s); rdzv_conf cannot change it. A survivor cannot form a
 # new round until the dead node expires, so this dominates the time to re-rendezvous.
 # Cost of small values: a live agent stalled longer than SECONDS*ATTEMPTS is dropped.
-if os.environ.get("TORCHRUN_KEEP_ALIVE"):
+if os.environ.get("TORCHRUN_KEEP_ALIVE"):  # unset or empty: torch's own heartbeat
     from datetime import timedelta
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 

@@ -48,8 +48,9 @@ trap cleanup EXIT
 # Each agent leads its own process group (setsid), its workers in it: killing the group is a node
 # dying. A hosts the rendezvous (losing the host ends a c10d job). last_call_timeout 3: both agents
 # join the first round; TORCHRUN_KEEP_ALIVE 1,3: a dead node is dropped after 3 s, not torch's 15 s.
+# ELASTIC_KEEP_ALIVE (bench/elastic_recovery.sh): another "SECONDS,ATTEMPTS", or "" for torch's 5 s x 3.
 start_agent() {
-  TORCHRUN_KEEP_ALIVE=1,3 DSTRAIN_COMM_TIMEOUT=20 OMP_NUM_THREADS=1 setsid "$py" "$here/torchrun.py" --no_python --nnodes=1:2 \
+  TORCHRUN_KEEP_ALIVE=${ELASTIC_KEEP_ALIVE-1,3} DSTRAIN_COMM_TIMEOUT=20 OMP_NUM_THREADS=1 setsid "$py" "$here/torchrun.py" --no_python --nnodes=1:2 \
     --nproc_per_node=2 --max_restarts=2 --monitor_interval=0.5 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" \
     --rdzv_id="dstrain$$" --rdzv_conf="join_timeout=60,last_call_timeout=3,close_timeout=5,is_host=$2" --log_dir="$S/log$1" \
     "$S/worker.sh" >"$S/agent$1.log" 2>&1 &
