@@ -3,7 +3,7 @@
 // 0-3, 2 ranks with gradient_accumulation_steps g give the losses of 1 rank with 2g, and the same
 // val loss. --summary-json's "zero" object holds every rank's ZeroReport, whose bytes show what each
 // stage partitions. Rank 0 alone prints. Bad --num-ranks, a train_batch_size that does not fit the
-// world size, and a launcher's WORLD_SIZE > 1 exit non-zero naming the cause.
+// world size, and threads under a launcher's WORLD_SIZE > 1 exit non-zero naming the cause.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -239,16 +239,20 @@ TEST_F(TrainMultirankCli, BadNumRanksAndWorldSizes) {
   EXPECT_EQ(misfit.exit_code, 2);
   EXPECT_NE(misfit.err.find("train_batch_size"), std::string::npos) << misfit.err;
 
-  // Started by a launcher as one of 2 processes: the CPU engine cannot join them; --num-ranks can.
+  // Started by a launcher as one of 2 processes (they join over Gloo on the cpu: docs/elastic.md):
+  // threads of their own as well, or alone by --comm local, are refused before any training.
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "2", 1);
-  const CliResult launched = run_dstrain(train_args(config(0, 2), "1") + " --steps 1");
+  const CliResult threads = run_dstrain(train_args(config(0, 2), "2") + " --steps 1");
+  const CliResult alone = run_dstrain(train_args(config(0, 2), "1") + " --steps 1 --comm local");
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
-  EXPECT_EQ(launched.exit_code, 2);
-  EXPECT_NE(launched.err.find("--num-ranks 2"), std::string::npos) << launched.err;
-  EXPECT_NE(launched.err.find("NCCL"), std::string::npos) << launched.err;
-  EXPECT_NE(launched.err.find("--device cuda"), std::string::npos) << launched.err;
+  EXPECT_EQ(threads.exit_code, 2);
+  EXPECT_NE(threads.err.find("--num-ranks 2 with a launcher"), std::string::npos) << threads.err;
+  EXPECT_NE(threads.err.find("drop --num-ranks"), std::string::npos) << threads.err;
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_NE(alone.err.find("--comm local but a launcher started this process as one of 2 ranks"), std::string::npos) << alone.err;
+  EXPECT_EQ(alone.out.find("| loss"), std::string::npos) << alone.out;
 
   // --device: an unknown device, and a GPU this machine cannot have (no driver in CI; no 100th GPU
   // anywhere): exit 2 naming it, before any training.
