@@ -108,10 +108,13 @@ int store_port(const LaunchEnv& env) {
   return env.master_port;
 }
 
+// Gloo's wait for what is left until `deadline`, rounded up: when Gloo gives up, the deadline has
+// passed (timed_out), which is how a timeout is told from a connection that failed.
 std::chrono::milliseconds left(Clock::time_point deadline) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
   return std::max(ms, std::chrono::milliseconds(1));
 }
+bool timed_out(Clock::time_point deadline) { return Clock::now() + std::chrono::milliseconds(2) >= deadline; }
 
 }  // namespace
 
@@ -125,14 +128,12 @@ struct GlooCommunicator::Shared {
 };
 
 GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout)
-    : Communicator(env.rank, env.world_size),
+    : PairwiseCommunicator(env.rank, env.world_size, "Gloo"),
       shared_(std::make_shared<Shared>()),
       members_(static_cast<std::size_t>(env.world_size)),
       slot_base_(kChannels),
       timeout_(timeout),
-      arrivals_("Gloo", env.rank, env.world_size),
-      received_(static_cast<std::size_t>(env.world_size)),
-      collectives_(env.rank, env.world_size) {
+      received_(static_cast<std::size_t>(env.world_size)) {
   DSTRAIN_CHECK(timeout.count() > 0, "Gloo communicator: the timeout must be positive, got {} ms", timeout.count());
   std::iota(members_.begin(), members_.end(), 0);
   set_log_rank(rank(), world_size());
@@ -160,14 +161,12 @@ GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::millisecon
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Shared> shared, std::vector<int> members, int rank, std::uint64_t slot_base,
                                    std::chrono::milliseconds timeout)
-    : Communicator(rank, static_cast<int>(members.size())),
+    : PairwiseCommunicator(rank, static_cast<int>(members.size()), "Gloo"),
       shared_(std::move(shared)),
       members_(std::move(members)),
       slot_base_(slot_base),
       timeout_(timeout),
-      arrivals_("Gloo", rank, static_cast<int>(members_.size())),
-      received_(members_.size()),
-      collectives_(rank, static_cast<int>(members_.size())) {}
+      received_(members_.size()) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
 
@@ -197,13 +196,6 @@ void GlooCommunicator::check_usable() const {
     throw Error(fmt::format("Gloo communicator: rank {} cannot issue collective #{}: the process's connections failed earlier: {}", rank(),
                             sequence(), shared_->failure));
   }
-}
-
-void GlooCommunicator::check_host(const Tensor& t, const char* what) const {
-  DSTRAIN_CHECK(t.device.is_cpu(),
-                "Gloo communicator: {} of collective #{} on rank {} is on {}; the Gloo backend communicates host memory. Fix: use host "
-                "buffers (--device cpu), or the nccl backend for GPUs",
-                what, sequence(), rank(), t.device.str());
 }
 
 void GlooCommunicator::arrive(const Call& call) {
@@ -237,7 +229,7 @@ void GlooCommunicator::arrive(const Call& call) {
     try {
       in[static_cast<std::size_t>(q)]->waitRecv(left(deadline));
     } catch (const std::exception& e) {
-      if (Clock::now() >= deadline) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
+      if (timed_out(deadline)) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
       fail_on(e, q, fmt::format("{} ({})", describe_call(call, w), arrivals_.last_reached(q)));
     }
     arrivals_.record(q, received_[static_cast<std::size_t>(q)]);
@@ -284,68 +276,10 @@ void GlooCommunicator::exchange(const std::vector<PairwiseMessage>& sends, const
       if (p.is_send) p.buffer->waitSend(left(deadline));
       else p.buffer->waitRecv(left(deadline));
     } catch (const std::exception& e) {
-      if (Clock::now() >= deadline) fail_with(arrivals_.stuck_text(call, {p.peer}, timeout_));
+      if (timed_out(deadline)) fail_with(arrivals_.stuck_text(call, {p.peer}, timeout_));
       fail_on(e, p.peer, describe_call(call, world_size()));
     }
   }
-}
-
-PairwiseExchange GlooCommunicator::exchange_for(const Call& call) {
-  return [this, call](const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype) {
-    exchange(sends, recvs, dtype, call);
-  };
-}
-
-void GlooCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
-  check_host(buf, "the buffer");
-  const Call call = make_call(sequence(), CollectiveKind::all_reduce, buf.dtype, buf.numel(), op);
-  arrive(call);
-  collectives_.all_reduce(buf, op, exchange_for(call));
-}
-
-void GlooCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op);
-  arrive(call);
-  collectives_.reduce_scatter(send, recv, op, exchange_for(call));
-}
-
-void GlooCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_gather, send.dtype, send.numel());
-  arrive(call);
-  collectives_.all_gather(send, recv, exchange_for(call));
-}
-
-void GlooCommunicator::do_broadcast(const Tensor& buf, int root) {
-  check_host(buf, "the buffer");
-  const Call call = make_call(sequence(), CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root);
-  arrive(call);
-  collectives_.broadcast(buf, root, exchange_for(call));
-}
-
-// Every rank has reached the barrier once every rank's description has come.
-void GlooCommunicator::do_barrier() { arrive(make_call(sequence(), CollectiveKind::barrier, DType::fp32, 0)); }
-
-void GlooCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_to_all, send.dtype, send.numel() / world_size());
-  arrive(call);
-  collectives_.all_to_all(send, recv, exchange_for(call));
-}
-
-void GlooCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
-                                       std::span<const std::int64_t> recv_counts) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_to_all_v, send.dtype,
-                              std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}));
-  arrive(call);
-  const std::string problem = collectives_.all_to_all_v(send, send_counts, recv, recv_counts, "Gloo", call.sequence, exchange_for(call));
-  if (!problem.empty()) fail_with(problem);
 }
 
 namespace {
@@ -563,7 +497,7 @@ void GlooCommunicator::complete(PendingPointToPoint& pending) {
       try {
         op.in_description->waitRecv(left(deadline));
       } catch (const std::exception& e) {
-        if (Clock::now() >= deadline) unmatched();
+        if (timed_out(deadline)) unmatched();
         fail_on(e, op.peer, op.name);
       }
       const std::string problem = point_to_point_disagreement("Gloo", op.mine, op.in);
@@ -576,7 +510,7 @@ void GlooCommunicator::complete(PendingPointToPoint& pending) {
         else op.data->waitRecv(left(deadline));
       }
     } catch (const std::exception& e) {
-      if (Clock::now() >= deadline) fail_with(point_to_point_stuck_text("Gloo", op.name, op.mine, timeout_));
+      if (timed_out(deadline)) fail_with(point_to_point_stuck_text("Gloo", op.name, op.mine, timeout_));
       fail_on(e, op.peer, op.name);
     }
     if (op.dest != nullptr) std::memcpy(op.dest, op.staging.data(), op.staging.size());

@@ -44,11 +44,11 @@
 
 #include "zero/communicator.h"
 #include "zero/launch_env.h"
-#include "zero/pairwise_collectives.h"
+#include "zero/pairwise_communicator.h"
 
 namespace dstrain {
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public PairwiseCommunicator {
  public:
   // Joins the launcher's group: rank env.rank of env.world_size, the store at env.master_addr
   // (empty: localhost) and env.master_port. Collective over every process of the job; Error naming
@@ -62,14 +62,6 @@ class GlooCommunicator final : public Communicator {
   struct Shared;  // the process's Gloo context, device and store (shared with split children)
 
  protected:
-  void do_all_reduce(const Tensor& buf, ReduceOp op) override;
-  void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
-  void do_all_gather(const Tensor& send, const Tensor& recv) override;
-  void do_broadcast(const Tensor& buf, int root) override;
-  void do_barrier() override;
-  void do_all_to_all(const Tensor& send, const Tensor& recv) override;
-  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
-                       std::span<const std::int64_t> recv_counts) override;
   std::unique_ptr<PendingPointToPoint> do_start_send_recv(std::span<const PointToPointOp> ops, std::span<const PointToPointCall> calls) override;
   void do_wait(PendingPointToPoint& pending) override;
   void do_abandon(PendingPointToPoint& pending) noexcept override;
@@ -80,12 +72,10 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<Shared> shared, std::vector<int> members, int rank, std::uint64_t slot_base,
                    std::chrono::milliseconds timeout);
 
-  using Call = CollectiveCall;
   // The arrival exchange (pairwise_collectives.h): throws naming the missing ranks or the mismatch.
-  void arrive(const Call& call);
+  void arrive(const Call& call) override;
   // One phase's messages: posts every receive and send, waits for all until the timeout.
-  void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call);
-  PairwiseExchange exchange_for(const Call& call);
+  void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call) override;
   // do_wait's work.
   void complete(PendingPointToPoint& pending);
   struct SendPoster;  // per peer: posts the data of the sends to it in the pair's order
@@ -94,18 +84,15 @@ class GlooCommunicator final : public Communicator {
   int process_rank(int rank) const { return members_[static_cast<std::size_t>(rank)]; }
   // A Gloo exception while waiting on `peer` in `what`: records the failure and throws its Error.
   [[noreturn]] void fail_on(const std::exception& e, int peer, const std::string& what);
-  [[noreturn]] void fail_with(std::string message);
+  [[noreturn]] void fail_with(std::string message) override;
   void check_usable() const;
-  void check_host(const Tensor& t, const char* what) const;
 
   std::shared_ptr<Shared> shared_;
   std::vector<int> members_;  // this group's ranks -> the process group's ranks
   std::uint64_t slot_base_;
   std::chrono::milliseconds timeout_;
   std::uint64_t splits_ = 0;  // children made so far (their slots derive from it)
-  ArrivalBook arrivals_;
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
-  PairwiseCollectives collectives_;
   std::string failure_;
   std::vector<std::unique_ptr<SendPoster>> posters_;  // per peer, made at its first send with data
 };

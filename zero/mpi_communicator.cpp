@@ -110,7 +110,7 @@ bool test_all_until(std::vector<MPI_Request>& requests, Clock::time_point deadli
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout) : MpiCommunicator(comm, timeout, true) {}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeout, bool sets_log_rank)
-    : Communicator(
+    : PairwiseCommunicator(
           [&] {
             int initialized = 0, finalized = 0;
             MPI_Initialized(&initialized);
@@ -127,10 +127,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::chrono::milliseconds timeou
             int w = 0;
             DSTRAIN_CHECK(MPI_Comm_size(comm, &w) == MPI_SUCCESS, "MPI communicator: MPI_Comm_size failed (an invalid communicator?)");
             return w;
-          }()),
-      timeout_(timeout),
-      arrivals_("MPI", rank(), world_size()),
-      collectives_(rank(), world_size()) {
+          }(),
+          "MPI"),
+      timeout_(timeout) {
   DSTRAIN_CHECK(timeout.count() > 0, "MPI communicator: the timeout must be positive, got {} ms", timeout.count());
   // Duplicating is collective but MPI_Comm_dup has no deadline; MPI_Comm_idup does.
   for (MPI_Comm* dup : {&ctrl_, &data_}) {
@@ -221,13 +220,6 @@ void MpiCommunicator::check_usable() const {
   }
 }
 
-void MpiCommunicator::check_host(const Tensor& t, const char* what) const {
-  DSTRAIN_CHECK(t.device.is_cpu(),
-                "MPI communicator: {} of collective #{} on rank {} is on {}; the MPI backend communicates host memory. Fix: use host "
-                "buffers (--device cpu), or the nccl backend for GPUs",
-                what, sequence(), rank(), t.device.str());
-}
-
 void MpiCommunicator::check(int status, const char* what, const Call& call) {
   if (status == MPI_SUCCESS) return;
   fail_with(fmt::format("MPI communicator: {} failed on rank {} in {}: {}", what, rank(), describe_call(call, world_size()), mpi_error_text(status)));
@@ -311,61 +303,6 @@ void MpiCommunicator::exchange(const std::vector<PairwiseMessage>& sends, const 
   fail_with(arrivals_.stuck_text(call, stuck, timeout_));
 }
 
-PairwiseExchange MpiCommunicator::exchange_for(const Call& call) {
-  return [this, call](const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype) {
-    exchange(sends, recvs, dtype, call);
-  };
-}
-
-void MpiCommunicator::do_all_reduce(const Tensor& buf, ReduceOp op) {
-  check_host(buf, "the buffer");
-  const Call call = make_call(sequence(), CollectiveKind::all_reduce, buf.dtype, buf.numel(), op);
-  arrive(call);
-  collectives_.all_reduce(buf, op, exchange_for(call));
-}
-
-void MpiCommunicator::do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::reduce_scatter, send.dtype, recv.numel(), op);
-  arrive(call);
-  collectives_.reduce_scatter(send, recv, op, exchange_for(call));
-}
-
-void MpiCommunicator::do_all_gather(const Tensor& send, const Tensor& recv) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_gather, send.dtype, send.numel());
-  arrive(call);
-  collectives_.all_gather(send, recv, exchange_for(call));
-}
-
-void MpiCommunicator::do_all_to_all(const Tensor& send, const Tensor& recv) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_to_all, send.dtype, send.numel() / world_size());
-  arrive(call);
-  collectives_.all_to_all(send, recv, exchange_for(call));
-}
-
-void MpiCommunicator::do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
-                                      std::span<const std::int64_t> recv_counts) {
-  check_host(send, "send");
-  check_host(recv, "recv");
-  const Call call = make_call(sequence(), CollectiveKind::all_to_all_v, send.dtype,
-                              std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}));
-  arrive(call);
-  const std::string problem = collectives_.all_to_all_v(send, send_counts, recv, recv_counts, "MPI", call.sequence, exchange_for(call));
-  if (!problem.empty()) fail_with(problem);
-}
-
-void MpiCommunicator::do_broadcast(const Tensor& buf, int root) {
-  check_host(buf, "the buffer");
-  const Call call = make_call(sequence(), CollectiveKind::broadcast, buf.dtype, buf.numel(), ReduceOp::sum, root);
-  arrive(call);
-  collectives_.broadcast(buf, root, exchange_for(call));
-}
-
 namespace {
 
 // A started batch (MpiCommunicator::do_start_send_recv): per op its two descriptions and its data
@@ -376,7 +313,7 @@ struct MpiPending final : PendingPointToPoint {
   std::vector<std::string> names;
   // The descriptions: ours out, the peer's in. MPI writes `in` until they complete (kept by the
   // communicator after a failure: MpiCommunicator::keep).
-  std::vector<MpiCommunicator::Call> out, in;
+  std::vector<CollectiveCall> out, in;
   std::vector<MPI_Request> described;  // [2i]: op i's incoming description, [2i+1]: its outgoing one
   std::vector<MPI_Request> data;       // op i's data message (null when it carries no element)
   std::vector<int> data_status;        // MPI_Test's status of a data message that failed
@@ -523,9 +460,6 @@ void MpiCommunicator::complete(PendingPointToPoint& pending) {
   if (!p.compared[i]) fail_with(point_to_point_unmatched_text("MPI", p.names[i], p.mine[i], timeout_, arrivals_.last_reached(peer)));
   fail_with(point_to_point_stuck_text("MPI", p.names[i], p.mine[i], timeout_));
 }
-
-// Every rank has reached the barrier once every rank's description has come.
-void MpiCommunicator::do_barrier() { arrive(Call{sequence(), static_cast<std::int32_t>(CollectiveKind::barrier), 0, 0, 0, 0}); }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) {
   // Arrival with a deadline (and a mismatch named), which MPI_Comm_split has not.

@@ -66,12 +66,11 @@
 
 #include <mpi.h>
 
-#include "zero/communicator.h"
-#include "zero/pairwise_collectives.h"
+#include "zero/pairwise_communicator.h"
 
 namespace dstrain {
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public PairwiseCommunicator {
  public:
   // Over duplicates of `comm` (so no message of another library can match ours); rank and world
   // size are comm's. MPI must be initialized (init_mpi(), zero/mpi_process.h, or the program's own
@@ -83,23 +82,8 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // The description one rank sends the others when it reaches a collective.
-  using Call = CollectiveCall;
 
  protected:
-  void do_all_reduce(const Tensor& buf, ReduceOp op) override;
-  void do_reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) override;
-  void do_all_gather(const Tensor& send, const Tensor& recv) override;
-  void do_broadcast(const Tensor& buf, int root) override;
-  void do_barrier() override;
-  void do_all_to_all(const Tensor& send, const Tensor& recv) override;
-  // The arrival exchange (kind and dtype; the sizes differ per rank), then each pair's counts
-  // (send_counts[q] and recv_counts[q] to rank q, in one message), checked on both ranks of the
-  // pair, then the blocks as pairwise messages (a block above INT_MAX elements as several). A pair
-  // whose counts disagree exchanges no data and both its ranks fail, naming both counts; the other
-  // pairs complete (the group is unusable on the failed ranks afterwards, as after any failure).
-  void do_all_to_all_v(const Tensor& send, std::span<const std::int64_t> send_counts, const Tensor& recv,
-                       std::span<const std::int64_t> recv_counts) override;
   // Point-to-point (above): start posts every op's descriptions and data message; wait tests them
   // until done. send, recv and send_recv are the base's start + wait; an abandoned request is
   // completed within the timeout (the base's do_abandon: MPI owns the buffers until then).
@@ -123,24 +107,20 @@ class MpiCommunicator final : public Communicator {
   // sequence() or stats().
   void detect_nodes();
   // Step 1 above: throws naming the missing ranks or the mismatch.
-  void arrive(const Call& call);
+  void arrive(const Call& call) override;
   // Step 2: posts every receive and send, tests them until done, and fails after the timeout naming
-  // the peers whose messages did not complete. exchange_for: the same for PairwiseCollectives.
-  void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call);
-  PairwiseExchange exchange_for(const Call& call);
+  // the peers whose messages did not complete.
+  void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call) override;
   // An MPI call's status: Error naming `what` unless MPI_SUCCESS.
   void check(int status, const char* what, const Call& call);
-  [[noreturn]] void fail_with(std::string message);
+  [[noreturn]] void fail_with(std::string message) override;
   void check_usable() const;
-  void check_host(const Tensor& t, const char* what) const;
 
   MPI_Comm ctrl_ = MPI_COMM_NULL;  // arrival descriptions
   MPI_Comm data_ = MPI_COMM_NULL;  // collectives' data
   std::chrono::milliseconds timeout_;
-  ArrivalBook arrivals_;        // per rank: the last description received (this rank's own: its last call)
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
   std::unique_ptr<Call> own_call_ = std::make_unique<Call>();  // the description being sent (MPI reads it until sent)
-  PairwiseCollectives collectives_;
   // The descriptions of point-to-point batches that failed: MPI may still write a late one there,
   // so they live as long as the communicator (and are leaked with it after a failure).
   std::vector<std::vector<Call>> p2p_kept_;
