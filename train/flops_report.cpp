@@ -12,6 +12,7 @@
 #include "ops/allocator.h"
 #include "ops/error.h"
 #include "ops/buffer.h"
+#include "ops/dtype.h"
 #include "ops/kernels/device_backend.h"
 #include "ops/kernels/matmul.h"
 #include "ops/kernels/tensor_ops.h"
@@ -24,7 +25,7 @@ double measure_gemm_flops(Device device, DType dtype) {
   const bool gpu = !device.is_cpu();
   const std::int64_t n = gpu ? 4096 : 1024;
   const Shape sq{n, n};
-  std::vector<float> a, b, c;
+  std::vector<float> a, b, c, c_scratch;
   std::unique_ptr<Allocator> alloc;
   Buffer buf;
   Tensor ta, tb, tc, scratch;  // scratch: the fp32 one matmul's contract asks of 16-bit storage (unused on a GPU)
@@ -42,12 +43,23 @@ double measure_gemm_flops(Device device, DType dtype) {
     matmul_forward(tc, ta, tb, Tensor{}, scratch);  // warm-up: cuBLASLt's handle and algorithm choice
     synchronize_device(device);
   } else {
-    a.assign(static_cast<std::size_t>(n * n), 0.5f);
-    b.assign(a.size(), 0.25f);
-    c.resize(a.size());
-    ta = Tensor(a.data(), DType::fp32, sq);
-    tb = Tensor(b.data(), DType::fp32, sq);
-    tc = Tensor(c.data(), DType::fp32, sq);
+    // Host memory in the run's dtype (fp32 words hold the 16-bit elements too), values that are
+    // neither zero nor equal (as training's), and the fp32 scratch 16-bit storage asks for.
+    const std::size_t elems = static_cast<std::size_t>(n * n);
+    const std::size_t words = dtype == DType::fp32 ? elems : (elems + 1) / 2;
+    a.resize(words);
+    b.resize(words);
+    c.resize(words);
+    std::vector<float> values(elems);
+    for (std::size_t i = 0; i < elems; ++i) values[i] = 0.5f + static_cast<float>(i % 97) / 97.0f;
+    convert(values.data(), DType::fp32, a.data(), dtype, elems);
+    convert(values.data(), DType::fp32, b.data(), dtype, elems);
+    ta = Tensor(a.data(), dtype, sq);
+    tb = Tensor(b.data(), dtype, sq);
+    tc = Tensor(c.data(), dtype, sq);
+    c_scratch.resize(matmul_scratch_elems(dtype, n));
+    if (!c_scratch.empty()) scratch = Tensor(c_scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(c_scratch.size())});
+    matmul_forward(tc, ta, tb, Tensor{}, scratch);  // warm-up: the BLAS's threads, a library's kernel choice
   }
   double best = 0.0;
   for (int i = 0; i < 3; ++i) {
@@ -58,6 +70,12 @@ double measure_gemm_flops(Device device, DType dtype) {
     if (s > 0.0) best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
   }
   return best;
+}
+
+std::string gemm_peak_description(Device device, DType dtype) {
+  if (!device.is_cpu()) return fmt::format("a 4096^3 {} GEMM through cuBLASLt on {}, measured at start", dtype_name(dtype), device.str());
+  return fmt::format("a 1024^3 {} GEMM through {}, measured at start", dtype_name(dtype),
+                     dtype == DType::fp32 ? std::string("OpenBLAS sgemm") : cpu_gemm_path(dtype));
 }
 
 std::string flops_report(const config::DsConfig& cfg, const FlopsReportInput& in) {

@@ -14,10 +14,13 @@
 namespace dstrain {
 
 // FLOP/s of one n x n x n GEMM through dstrain's matmul kernel on `device`, best of 3: the
-// practical peak for MFU when none is given. The CPU: a 1024^3 fp32 sgemm (the BLAS the layers
-// use). A GPU: a 4096^3 GEMM in `dtype` (the tensor cores for fp16 / bf16) on device memory, each
+// practical peak for MFU when none is given. The CPU: a 1024^3 GEMM in `dtype` through the path
+// the layers use (fp32: OpenBLAS's sgemm; bf16 / fp16: ops/cpu/matmul.cpp's). A GPU: a 4096^3 GEMM in `dtype` (the tensor cores for fp16 / bf16) on device memory, each
 // run synchronised; a CPU sgemm would make a GPU's MFU meaningless.
 double measure_gemm_flops(Device device, DType dtype);
+// What measure_gemm_flops(device, dtype) measures, for the start line and the summary:
+// "a 1024^3 bf16 GEMM through oneDNN (avx512_core_bf16), measured at start".
+std::string gemm_peak_description(Device device, DType dtype);
 
 // The step's times and the model's shape, for the report.
 struct FlopsReportInput {

@@ -35,6 +35,7 @@ std::string format_progress(const ProgressLine& p) {
     if (p.expert_dropped > 0) scaling += fmt::format(" | dropped {}", format_count(static_cast<double>(p.expert_dropped)));
   }
   std::string throughput = p.show_throughput ? fmt::format(" | {} tokens/s", format_count(p.tokens_per_s)) : std::string();
+  if (p.show_throughput && p.mfu >= 0.0) throughput += fmt::format(" | MFU {:.1f}%", 100.0 * p.mfu);
   if (p.slowest_rank >= 0) throughput += fmt::format(" | slowest rank {}: {:.2f} s", p.slowest_rank, p.slowest_s);
   return fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.4f}{}{} | elapsed {} | ETA {}", p.step, p.total_steps, p.loss, p.lr,
                      p.grad_norm, scaling, throughput, format_duration(p.elapsed_s), format_duration(p.eta_s));

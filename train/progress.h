@@ -3,7 +3,8 @@
 // with fp16 "| loss scale 65536" after the grad norm, and "| skipped 2" once a step was skipped; a
 // mixture of experts adds "| aux 1.0234 | experts 310-702 (x1.42)" (tokens per expert, min-max,
 // and max/mean) and "| dropped 12" under a capacity factor; several ranks add "| slowest rank 3: 2.41 s"
-// (the last step's slowest rank and its time) after the throughput.
+// (the last step's slowest rank and its time) after the throughput; "| MFU 41.3%" follows the
+// throughput when the run knows its peak (TrainingPlan::mfu_peak_flops: docs/monitoring.md §1).
 // DeepSpeed's own line is "step=N, skipped=S, lr=[...], mom=[...]" (docs/monitoring.md §1); this one adds
 // what a user watches a run for (loss, norm, speed, time left).
 #pragma once
@@ -36,6 +37,8 @@ struct ProgressLine {
   // -1: not shown (one rank).
   int slowest_rank = -1;
   double slowest_s = 0.0;
+  // Model FLOPs utilisation over the same steps as tokens_per_s (a fraction); < 0: not shown.
+  double mfu = -1.0;
 };
 
 std::string format_progress(const ProgressLine& p);

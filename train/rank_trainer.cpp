@@ -261,6 +261,10 @@ void RankTrainer::announce() {
     say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.state().lr));
   }
   if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
+  if (plan_.peak_flops > 0.0) {
+    say(fmt::format("MFU against a peak of {:.1f} GFLOP/s ({}; {} FLOP per token)", plan_.peak_flops / 1e9, plan_.peak_source,
+                    format_count(plan_.model->flops_per_token(T_))));
+  }
   if (plan_.resume && plan_.resume->deepspeed) {
     const DeepSpeedResume& d = *plan_.resume->deepspeed;
     say(fmt::format("resumed from {}: {}", d.summary, d.carried));
@@ -325,6 +329,9 @@ void RankTrainer::announce() {
   summary_.parameters_stored = static_cast<std::int64_t>(plan_.model->stored_parameter_count());
   summary_.train_batch_size = TBS_;
   summary_.sequence_length = T_;
+  summary_.flops_per_token = plan_.model->flops_per_token(T_);
+  summary_.peak_flops = plan_.peak_flops;
+  summary_.peak_source = plan_.peak_source;
   start_ = Clock::now();
   last_save_time_ = start_;
   started_ = true;
@@ -584,6 +591,7 @@ void RankTrainer::after_step(double dt) {
       p.loss_scale = cfg.fp16.enabled ? engine.state().loss_scale : 0.0;
       p.skipped = engine.state().skipped_steps;
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
+      if (plan_.peak_flops > 0.0) p.mfu = p.tokens_per_s * plan_.model->flops_per_token(T_) / plan_.peak_flops;
       p.show_throughput = cfg.timers.throughput_enabled;
       p.slowest_rank = slowest_rank_;
       p.slowest_s = slowest_s_;

@@ -75,6 +75,12 @@ nlohmann::json to_json(const TrainSummary& s) {
   j["final_val_loss"] = opt(s.final_val_loss());
   j["tokens_per_s"] = s.tokens_per_s();
   j["steady_tokens_per_s"] = s.steady_tokens_per_s();
+  if (s.peak_flops > 0.0) {
+    j["mfu"] = s.steady_mfu();
+    j["peak_flops"] = s.peak_flops;
+    j["peak_source"] = s.peak_source;
+    j["flops_per_token"] = s.flops_per_token;
+  }
   j["train_seconds"] = s.train_seconds;
   j["step_seconds"] = s.step_seconds;
   j["elapsed_seconds"] = s.elapsed_seconds;
@@ -122,11 +128,20 @@ nlohmann::json to_json(const TrainSummary& s) {
   return j;
 }
 
+double TrainSummary::steady_mfu() const {
+  return peak_flops > 0.0 ? steady_tokens_per_s() * flops_per_token / peak_flops : 0.0;
+}
+
 std::string format_summary(const TrainSummary& s) {
   const auto loss = [](std::optional<double> v) { return v ? fmt::format("{:.4f}", *v) : std::string("-"); };
   std::string out =
       fmt::format("done: {} steps, {} tokens in {} ({} of them training): {} tokens/s\n", s.steps, format_count(static_cast<double>(s.tokens)),
                   format_duration(s.elapsed_seconds), format_duration(s.train_seconds), format_count(s.tokens_per_s()));
+  if (s.peak_flops > 0.0) {
+    out += fmt::format("MFU {:.1f}% at the steady {} tokens/s: {} FLOP per token (6N + 6LCT) against a peak of {:.1f} GFLOP/s ({})\n",
+                       100.0 * s.steady_mfu(), format_count(s.steady_tokens_per_s()), format_count(s.flops_per_token), s.peak_flops / 1e9,
+                       s.peak_source);
+  }
   out += fmt::format("final train loss {} | final val loss {}\n", loss(s.final_train_loss()), loss(s.final_val_loss()));
   if (s.loss_scale || s.skipped_steps > 0) {
     out +=

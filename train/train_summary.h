@@ -60,6 +60,11 @@ struct TrainSummary {
   MemoryStats memory;                                       // the allocator's statistics at the end (peaks per purpose)
   std::optional<OffloadSummary> offload;                    // runs with an offloaded optimizer only
   std::optional<CommsSummary> comms;                        // runs with comms_logger.enabled only
+  // MFU: the model's training FLOPs per token (Architecture::flops_per_token) and the peak it is
+  // read against (TrainingPlan::mfu_peak_flops); 0: unknown, no MFU.
+  double flops_per_token = 0.0;
+  double peak_flops = 0.0;
+  std::string peak_source;  // "a 1024^3 bf16 GEMM (oneDNN ...), measured at start" or "--peak-flops"
 
   std::optional<double> final_train_loss() const;
   std::optional<double> final_val_loss() const;
@@ -68,6 +73,8 @@ struct TrainSummary {
   // first step left out when there are more (it pays for cuBLASLt's heuristics, the allocator's
   // first allocations, page faults). What a benchmark reports; tokens_per_s() is the whole run's.
   double steady_tokens_per_s() const;
+  // steady_tokens_per_s() · flops_per_token / peak_flops; 0 when the peak is unknown.
+  double steady_mfu() const;
 };
 
 // {"steps": ..., "final_train_loss": ..., "final_val_loss": ..., "tokens_per_s": ..., "steady_tokens_per_s": ..., "step_seconds": [...],

@@ -722,11 +722,17 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     plan.print_every_defaulted = true;
   }
 
-  // The flops profiler's peak, measured once here rather than on rank 0 while the others wait.
+  // MFU's peak (TrainingPlan::peak_flops), measured once here rather than on rank 0 while the
+  // others wait. A process of a multi-process CPU job measures nothing: the others would measure at
+  // the same time on the same cores.
   plan.peak_flops = options.peak_flops;
-  plan.peak_measured = cfg.flops_profiler.enabled && plan.peak_flops <= 0.0;
+  const bool one_process = plan.comm == "local";
+  plan.peak_measured = plan.peak_flops <= 0.0 && (cfg.flops_profiler.enabled || (plan.device.is_cpu() && one_process));
+  if (plan.peak_flops > 0.0) plan.peak_source = "--peak-flops";
   if (plan.peak_measured) {
-    plan.peak_flops = measure_gemm_flops(plan.device, cfg.fp16.enabled ? DType::fp16 : cfg.bf16.enabled ? DType::bf16 : DType::fp32);
+    const DType gemm = cfg.fp16.enabled ? DType::fp16 : cfg.bf16.enabled ? DType::bf16 : DType::fp32;
+    plan.peak_flops = measure_gemm_flops(plan.device, gemm);
+    plan.peak_source = gemm_peak_description(plan.device, gemm);
   }
   return plan;
 }

@@ -61,8 +61,13 @@ struct TrainingPlan {
   bool print_every_defaulted = false;  // steps_per_print was unset
   // The checkpoint the run continues from (--resume), checked before step 1; nullopt: fresh.
   std::optional<ResumePoint> resume;
-  double peak_flops = 0.0;  // the flops profiler's peak (measured when not given)
+  // The peak MFU is read against (the progress line, the summary, the flops profiler): --peak-flops
+  // (the job's), else measured at start — on the CPU by one process training alone (its GEMM path
+  // in the run's dtype: bench/bench_gemm_peak_cpu measures the same path in full), on a GPU when
+  // the flops profiler asks. 0: unknown (processes of a multi-process CPU job: give --peak-flops).
+  double peak_flops = 0.0;
   bool peak_measured = false;
+  std::string peak_source;  // what the peak is, for the start line and the summary
 };
 
 // The pre-flight, everything that can be checked before step 1 (README "dstrain train"): the option

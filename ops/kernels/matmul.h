@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ops/tensor.h"
 
@@ -20,6 +21,10 @@ inline constexpr std::int64_t kMatmulTile = 256;
 // (two widened operand tiles of up to kMatmulTile x C, and one kMatmulTile x kMatmulTile tile).
 // E.g. C = 768: 458,752 floats (1.75 MiB); C = 3072: 1,638,400 floats (6.25 MiB).
 std::size_t matmul_scratch_elems(DType storage, std::int64_t C);
+// How the CPU computes a GEMM of `storage` elements in this process, for the run's start line and
+// MFU's peak: "OpenBLAS sgemm" (fp32), the 16-bit path ops/cpu/matmul.cpp takes (which depends on
+// the CPU's instructions and the libraries built in).
+std::string cpu_gemm_path(DType storage);
 
 // out = inp · weightᵀ + bias
 //   inp:    (BT, C)   storage dtype S (fp32 / fp16 / bf16); any rank (..., C) is accepted

@@ -34,6 +34,33 @@ TEST(Progress, Line) {
   p.slowest_s = 2.414;
   EXPECT_EQ(format_progress(p),
             "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,211 tokens/s | slowest rank 3: 2.41 s | elapsed 1m05s | ETA 3m15s");
+  // A known peak: MFU after the throughput (dropped with it).
+  p.slowest_rank = -1;
+  p.mfu = 0.41256;
+  EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | 41,211 tokens/s | MFU 41.3% | elapsed 1m05s | ETA 3m15s");
+  p.show_throughput = false;
+  EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | elapsed 1m05s | ETA 3m15s");
+}
+
+// MFU = steady tokens/s x FLOPs per token / peak: 2048 tokens/s x 1e6 FLOP / 4e9 FLOP/s = 51.2%.
+TEST(TrainSummary, MfuIsTheSteadyRateAgainstThePeak) {
+  TrainSummary s;
+  s.train_batch_size = 4;
+  s.sequence_length = 256;
+  s.step_seconds = {5.0, 0.5, 0.5};
+  s.flops_per_token = 1e6;
+  EXPECT_EQ(s.steady_mfu(), 0.0);  // no peak: no MFU
+  EXPECT_FALSE(to_json(s).contains("mfu"));
+  EXPECT_EQ(format_summary(s).find("MFU"), std::string::npos);
+  s.peak_flops = 4e9;
+  s.peak_source = "a 1024^3 bf16 GEMM";
+  EXPECT_DOUBLE_EQ(s.steady_mfu(), 0.512);
+  EXPECT_DOUBLE_EQ(to_json(s)["mfu"].get<double>(), 0.512);
+  EXPECT_EQ(to_json(s)["peak_flops"], 4e9);
+  EXPECT_NE(format_summary(s).find("MFU 51.2% at the steady 2,048 tokens/s: 1,000,000 FLOP per token (6N + 6LCT) against a peak of 4.0 GFLOP/s "
+                                   "(a 1024^3 bf16 GEMM)"),
+            std::string::npos)
+      << format_summary(s);
 }
 
 TEST(TrainSummary, JsonFields) {
