@@ -14,7 +14,8 @@ scratch=$(mktemp -d /tmp/elastic_recovery.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 for keep_alive in "1,3" ""; do
   n=$([ -n "$keep_alive" ] && echo "$runs" || echo 1)
-  echo "== torchrun heartbeat ${keep_alive:-5,3 (torch's default)} (seconds, misses), $n run(s)"
+  label=${keep_alive:-"5,3 (torch default)"}
+  echo "== torchrun heartbeat $label (seconds, misses), $n run(s)"
   for ((i = 1; i <= n; i++)); do
     ELASTIC_KEEP_ALIVE="$keep_alive" bash "$repo/tests/integration/torchrun_elastic.sh" "$dstrain" "$scratch/run" 2>&1 |
       grep -E '^  |^recovery|^PASS|^FAIL'
