@@ -14,6 +14,7 @@
 
 #include "ops/error.h"
 #include "ops/log.h"
+#include "zero/pairwise_collectives.h"
 #include "zero/rank_reduce.h"
 
 #if DSTRAIN_LOCAL_COMM_CUDA
@@ -103,30 +104,14 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 namespace {
 
-// "all_reduce #3 (fp32, 1024 elements, sum)": how errors name a call.
+// "all_reduce #3 (fp32, 1024 elements, sum)": how errors name a call — the message backends' words
+// (describe_call), with all_to_all_v's receive count, which only the local backend sees.
 std::string describe(const LocalGroup::Call& c, int world) {
-  const auto name = collective_name(c.kind);
-  const auto dt = dtype_name(c.dtype);
-  switch (c.kind) {
-    case CollectiveKind::all_reduce:
-      return fmt::format("{} #{} ({}, {} elements, {})", name, c.sequence, dt, c.count, reduce_op_name(c.op));
-    case CollectiveKind::reduce_scatter:
-      return fmt::format("{} #{} ({}, {}×{} -> {} elements, {})", name, c.sequence, dt, world, c.count, c.count, reduce_op_name(c.op));
-    case CollectiveKind::all_gather:
-      return fmt::format("{} #{} ({}, {} -> {}×{} elements)", name, c.sequence, dt, c.count, world, c.count);
-    case CollectiveKind::broadcast:
-      return fmt::format("{} #{} ({}, {} elements, root {})", name, c.sequence, dt, c.count, c.root);
-    case CollectiveKind::barrier:
-      return fmt::format("{} #{}", name, c.sequence);
-    case CollectiveKind::all_to_all:
-      return fmt::format("{} #{} ({}, {}×{} elements)", name, c.sequence, dt, world, c.count);
-    case CollectiveKind::all_to_all_v:
-      return fmt::format("{} #{} ({}, sending {}, receiving {} elements)", name, c.sequence, dt, c.count, c.recv_count);
-    case CollectiveKind::send:
-    case CollectiveKind::recv:
-      break;  // not collectives: described by describe_point_to_point
+  if (c.kind == CollectiveKind::all_to_all_v) {
+    return fmt::format("{} #{} ({}, sending {}, receiving {} elements)", collective_name(c.kind), c.sequence, dtype_name(c.dtype), c.count,
+                       c.recv_count);
   }
-  return std::string(name);
+  return describe_call(make_call(c.sequence, c.kind, c.dtype, c.count, c.op, c.root), world);
 }
 }  // namespace
 
