@@ -119,6 +119,10 @@ bool timed_out(Clock::time_point deadline) { return Clock::now() + std::chrono::
 }  // namespace
 
 struct GlooCommunicator::Shared {
+  // What a failed call leaves to Gloo: after a timeout or a lost connection its thread may still
+  // write a posted receive (a description, staging, scratch). Destroyed last, after the context and
+  // the device (whose thread they end), never while Gloo may write them.
+  std::vector<std::shared_ptr<void>> kept;
   std::unique_ptr<TcpStore> store;  // rank 0 serves it; kept while any communicator of the process lives
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
@@ -168,7 +172,21 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Shared> shared, std::vector<i
       timeout_(timeout),
       received_(members_.size()) {}
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  if (failure_.empty()) return;
+  // The buffers a failed collective may still receive into (Shared::kept).
+  keep(std::make_shared<std::vector<char>>(collectives_.release_scratch()));
+  keep(std::make_shared<std::vector<Call>>(std::move(received_)));
+}
+
+void GlooCommunicator::keep(std::shared_ptr<void> what) noexcept {
+  try {
+    const std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->kept.push_back(std::move(what));
+  } catch (...) {
+    new std::shared_ptr<void>(std::move(what));  // NOLINT: no memory to record it: leaked, never freed under Gloo
+  }
+}
 
 void GlooCommunicator::fail_with(std::string message) {
   if (failure_.empty()) failure_ = message;
@@ -222,25 +240,32 @@ void GlooCommunicator::arrive(const Call& call) {
     fail_on(e, -1, describe_call(call, w));
   }
   const Clock::time_point deadline = Clock::now() + timeout_;
-  // The descriptions in rank order. Gloo's first timeout closes the connections, so the first rank
-  // missing at the deadline is the one named.
-  for (int q = 0; q < w; ++q) {
-    if (q == me) continue;
-    try {
-      in[static_cast<std::size_t>(q)]->waitRecv(left(deadline));
-    } catch (const std::exception& e) {
-      if (timed_out(deadline)) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
-      fail_on(e, q, fmt::format("{} ({})", describe_call(call, w), arrivals_.last_reached(q)));
+  try {
+    // The descriptions in rank order. Gloo's first timeout closes the connections, so the first
+    // rank missing at the deadline is the one named.
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      try {
+        in[static_cast<std::size_t>(q)]->waitRecv(left(deadline));
+      } catch (const std::exception& e) {
+        if (timed_out(deadline)) fail_with(arrivals_.timeout_text(call, {q}, timeout_));
+        fail_on(e, q, fmt::format("{} ({})", describe_call(call, w), arrivals_.last_reached(q)));
+      }
+      arrivals_.record(q, received_[static_cast<std::size_t>(q)]);
     }
-    arrivals_.record(q, received_[static_cast<std::size_t>(q)]);
-  }
-  for (int q = 0; q < w; ++q) {
-    if (q == me) continue;
-    try {
-      out[static_cast<std::size_t>(q)]->waitSend(left(deadline));
-    } catch (const std::exception& e) {
-      fail_on(e, q, describe_call(call, w));
+    for (int q = 0; q < w; ++q) {
+      if (q == me) continue;
+      try {
+        out[static_cast<std::size_t>(q)]->waitSend(left(deadline));
+      } catch (const std::exception& e) {
+        fail_on(e, q, describe_call(call, w));
+      }
     }
+  } catch (...) {
+    // Gloo may still write the descriptions of the ranks not waited for (Shared::kept).
+    for (auto* buffers : {&in, &out})
+      for (auto& b : *buffers) keep(std::shared_ptr<Buffer>(std::move(b)));
+    throw;
   }
   arrivals_.check_same(call, [this](std::string message) { fail_with(std::move(message)); });
 }
@@ -276,6 +301,7 @@ void GlooCommunicator::exchange(const std::vector<PairwiseMessage>& sends, const
       if (p.is_send) p.buffer->waitSend(left(deadline));
       else p.buffer->waitRecv(left(deadline));
     } catch (const std::exception& e) {
+      for (Posted& q : posted) keep(std::shared_ptr<Buffer>(std::move(q.buffer)));  // Gloo may still use them
       if (timed_out(deadline)) fail_with(arrivals_.stuck_text(call, {p.peer}, timeout_));
       fail_on(e, p.peer, describe_call(call, world_size()));
     }
@@ -463,7 +489,25 @@ std::unique_ptr<PendingPointToPoint> GlooCommunicator::do_start_send_recv(std::s
   return p;
 }
 
-void GlooCommunicator::do_wait(PendingPointToPoint& pending) { complete(pending); }
+void GlooCommunicator::do_wait(PendingPointToPoint& pending) {
+  try {
+    complete(pending);
+  } catch (...) {
+    keep_ops(pending);
+    throw;
+  }
+}
+
+void GlooCommunicator::keep_ops(PendingPointToPoint& pending) noexcept {
+  // A failed or abandoned batch: Gloo may still write its descriptions and staging (Shared::kept);
+  // its sends' posters stop first.
+  auto& p = static_cast<GlooPending&>(pending);
+  for (auto& op : p.ops) {
+    if (op->via_poster) op->withdraw();
+    keep(std::move(op));
+  }
+  p.ops.clear();
+}
 
 void GlooCommunicator::complete(PendingPointToPoint& pending) {
   auto& p = static_cast<GlooPending&>(pending);
@@ -520,10 +564,8 @@ void GlooCommunicator::complete(PendingPointToPoint& pending) {
 void GlooCommunicator::do_abandon(PendingPointToPoint& pending) noexcept {
   auto& p = static_cast<GlooPending&>(pending);
   std::string names;
-  for (auto& op : p.ops) {
-    if (op->via_poster) op->withdraw();
-    names += (names.empty() ? "" : ", ") + op->name;
-  }
+  for (auto& op : p.ops) names += (names.empty() ? "" : ", ") + op->name;
+  keep_ops(pending);
   const std::string message = fmt::format(
       "Gloo communicator: rank {} abandoned a started send_recv batch without waiting for it ({}); its peers fail at their timeout", rank(), names);
   log_error("{}", message);

@@ -78,6 +78,9 @@ class GlooCommunicator final : public PairwiseCommunicator {
   void exchange(const std::vector<PairwiseMessage>& sends, const std::vector<PairwiseMessage>& recvs, DType dtype, const Call& call) override;
   // do_wait's work.
   void complete(PendingPointToPoint& pending);
+  // After a failure: what Gloo may still write lives as long as the process's group (Shared::kept).
+  void keep(std::shared_ptr<void> what) noexcept;
+  void keep_ops(PendingPointToPoint& pending) noexcept;
   struct SendPoster;  // per peer: posts the data of the sends to it in the pair's order
   SendPoster& poster(int peer);
   std::uint64_t slot(int channel) const { return slot_base_ + static_cast<std::uint64_t>(channel); }
