@@ -1,4 +1,4 @@
-// bench_train_cpu: dstrain's training step on the CPU (forward + backward + AdamW, fp32, ZeRO 0)
+// bench_train_cpu: dstrain's training step on the CPU (forward + backward + AdamW, fp32 or bf16, ZeRO 0)
 // through the Engine, at the shape given, in tokens/s and ms per step, with the time split into
 // forward / backward / optimizer step. Prints one JSON line, like bench/pytorch_gpt2_cpu.py, so
 // bench/compare_pytorch_cpu.sh can put the two side by side. Never asserts.
@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "models/model.h"
 #include "models/model_registry.h"
+#include "ops/kernels/matmul.h"
 
 namespace {
 
@@ -29,6 +30,7 @@ struct Args {
   long layers = 2, channels = 64, heads = 4, vocab = 256, batch = 4, seq = 64, steps = 5, warmup = 1;
   double lr = 3e-4;
   std::string model;  // a model spec; empty: the GPT-2 descriptor of the shape options
+  std::string precision = "fp32";  // or bf16: the config's bf16.enabled (fp32 masters and AdamW)
 };
 
 Args parse(int argc, char** argv) {
@@ -60,8 +62,10 @@ Args parse(int argc, char** argv) {
       a.lr = std::atof(v);
     else if (k == "--model")
       a.model = v;
+    else if (k == "--precision")
+      a.precision = v;
     else {
-      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--model --layers --channels --heads --vocab --batch --seq --steps --warmup --lr)\n",
+      std::fprintf(stderr, "bench_train_cpu: unknown option %s (--model --layers --channels --heads --vocab --batch --seq --steps --warmup --lr --precision)\n",
                    k.c_str());
       std::exit(2);
     }
@@ -92,8 +96,9 @@ int main(int argc, char** argv) {
     // The PyTorch peer's optimizer: AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-8, no weight decay.
     const auto cfg =
         dstrain::config::parse_ds_config(dstrain::config::Json::parse(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_clipping": 1.0,
+          "bf16": {{"enabled": {}}},
           "optimizer": {{"type": "AdamW", "params": {{"lr": {}, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}}}}})",
-                                                                                  a.batch, a.lr)),
+                                                                                  a.batch, a.precision == "bf16" ? "true" : "false", a.lr)),
                                          {});
     dstrain::Engine engine = dstrain::initialize(dstrain::make_model(model), cfg, {.seed = 0, .sequence_length = a.seq});
     // One fixed batch (the step's cost does not depend on the tokens), as the peer.
@@ -128,6 +133,9 @@ int main(int argc, char** argv) {
     const double total = fwd + bwd + opt, n = static_cast<double>(a.steps);
     nlohmann::json j;
     j["peer"] = "dstrain-cpu";
+    j["precision"] = a.precision;
+    j["gemm_path"] = dstrain::cpu_gemm_path(a.precision == "bf16" ? dstrain::DType::bf16 : dstrain::DType::fp32);
+    j["flops_per_token"] = model->flops_per_token(a.seq);
     j["tokens_per_s"] = static_cast<double>(a.batch * a.seq) * n / (total / 1000.0);
     j["ms_per_step"] = total / n;
     j["ms_forward"] = fwd / n;

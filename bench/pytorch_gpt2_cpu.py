@@ -37,6 +37,8 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the forward and the loss under torch.autocast('cpu', torch.bfloat16) (fp32 weights and AdamW)")
     args = p.parse_args()
     if args.padded_vocab == 0:
         args.padded_vocab = args.vocab
@@ -97,7 +99,8 @@ def main():
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = model(inputs, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(inputs, targets)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -118,6 +121,7 @@ def main():
     blas = loaded_blas()
     print(json.dumps({
         "peer": "pytorch-cpu",
+        "precision": a.precision,
         "tokens_per_s": round(a.batch * a.seq * a.steps / elapsed, 2),
         "ms_per_step": round(1000.0 * elapsed / a.steps, 2),
         "torch_version": torch.__version__,

@@ -42,6 +42,8 @@ def parse_args():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the forward and the loss under torch.autocast('cpu', torch.bfloat16) (fp32 weights and AdamW)")
     a = p.parse_args()
     if a.channels % a.heads or a.heads % a.kv_heads:
         p.error("--channels must be a multiple of --heads, and --heads of --kv-heads")
@@ -156,7 +158,8 @@ def main():
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = model(inputs, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # bench_train_cpu: gradient_clipping 1.0
         optimizer.step()
@@ -173,6 +176,7 @@ def main():
     elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
     print(json.dumps({
         "peer": "pytorch-cpu-llama",
+        "precision": a.precision,
         "tokens_per_s": round(a.batch * a.seq * a.steps / elapsed, 2),
         "ms_per_step": round(1000.0 * elapsed / a.steps, 2),
         "cpu_s_per_step": round(cpu_s / a.steps, 3),
