@@ -129,6 +129,13 @@ gate_tsan() {
     say "TSan: $t ($tsan_filter)"
     (cd "$(dirname "$exe")" && "$exe" --gtest_brief=1 --gtest_filter="$tsan_filter")
   done
+  # The Gloo backend's threads (Gloo's own, the send posters) across 2 processes, as run_ranks.sh
+  # starts them (the whole program: the failures too). Only where Gloo is built and no subset was asked.
+  if [ -z "${DSTRAIN_GATES_TARGETS:-}" ] && grep -q '^DSTRAIN_GLOO:BOOL=ON' "$dir/CMakeCache.txt"; then
+    cmake --build "$dir" -j "$jobs" --target test_gloo_collectives
+    say "TSan: test_gloo_collectives on 2 processes"
+    (cd "$dir" && bash "$repo/tests/unit/zero/run_ranks.sh" 2 tests/unit/zero/test_gloo_collectives --gtest_brief=1)
+  fi
 }
 
 # gate_fuzz timed SECONDS | gate_fuzz fixed RUNS
