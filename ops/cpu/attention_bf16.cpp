@@ -193,12 +193,41 @@ inline void pack_row_pairs(u32* dst, const bf16_t* x, std::int64_t HS) {
   if (HS % 2 != 0) dst[HS / 2] = pair(x[HS - 1].bits, 0);
 }
 
-// Pairs of two bf16 rows (or zero rows: nullptr) element by element: dst[d] = (x0[d], x1[d]) for
-// d < HS, 0 up to HSP.
-inline void pack_two_rows(u32* dst, const bf16_t* x0, const bf16_t* x1, std::int64_t HS, std::int64_t HSP) {
-  for (std::int64_t d = 0; d < HS; ++d) dst[d] = pair(x0 != nullptr ? x0[d].bits : u16{0}, x1 != nullptr ? x1[d].bits : u16{0});
-  for (std::int64_t d = HS; d < HSP; ++d) dst[d] = 0;
+// 16 bf16 of row x from element d (the first n <= 16 of them, 0 past n), zero-extended to 16
+// u32 lanes; a masked load, which never touches the masked elements. nullptr: zeros.
+inline __m512i load16(const bf16_t* x, std::int64_t d, std::int64_t n) {
+  if (x == nullptr) return _mm512_setzero_si512();
+  const auto m = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1u);
+  return _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(m, x + d));  // maskz: no GCC 12 -Wmaybe-uninitialized on _mm512_undefined
 }
+
+// Pairs of two bf16 rows (or zero rows: nullptr) element by element: dst[d] = (x0[d], x1[d]) for
+// d < HS, 0 up to HSP (a multiple of 16; dst 64-byte aligned).
+inline void pack_two_rows(u32* dst, const bf16_t* x0, const bf16_t* x1, std::int64_t HS, std::int64_t HSP) {
+  for (std::int64_t d = 0; d < HSP; d += 16) {
+    const std::int64_t n = std::min<std::int64_t>(16, HS - d);
+    _mm512_store_si512(dst + d, _mm512_or_si512(load16(x0, d, n), _mm512_maskz_slli_epi32(0xffff, load16(x1, d, n), 16)));
+  }
+}
+
+// The head-dim pairs of kKB rows, transposed: dst[p][jj] = (x_jj[2p], x_jj[2p+1]) for rows
+// x_jj = x + jj·stride, jj < jn, and p < HS/2 (gathers of 16 rows); the half pair past an odd HS
+// and the rows past jn are 0.
+inline void pack_pairs_transposed(u32 (*dst)[kKB], const bf16_t* x, std::int64_t stride, std::int64_t jn, std::int64_t HS) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(static_cast<int>(stride * static_cast<std::int64_t>(sizeof(bf16_t)))));
+  const auto m0 = static_cast<__mmask16>(jn >= 16 ? 0xffffu : (1u << jn) - 1u);
+  const auto m1 = static_cast<__mmask16>(jn >= 32 ? 0xffffu : jn > 16 ? (1u << (jn - 16)) - 1u : 0u);
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::int64_t p = 0; p < HS / 2; ++p) {
+    _mm512_store_si512(dst[p], _mm512_mask_i32gather_epi32(zero, m0, idx, x + 2 * p, 1));
+    _mm512_store_si512(dst[p] + 16, m1 != 0 ? _mm512_mask_i32gather_epi32(zero, m1, idx, x + 16 * stride + 2 * p, 1) : zero);
+  }
+  if (HS % 2 != 0) {
+    for (std::int64_t jj = 0; jj < kKB; ++jj) dst[HS / 2][jj] = jj < jn ? pair(x[jj * stride + HS - 1].bits, 0) : 0;
+  }
+}
+
 
 // One forward task: query block qb of (b, h).
 void forward_task(bf16_t* out, float* lse, const bf16_t* qkv, const AttShape& s, const DropoutParams& dp, std::int64_t bh, std::int64_t qb) {
@@ -227,15 +256,7 @@ void forward_task(bf16_t* out, float* lse, const bf16_t* qkv, const AttShape& s,
   const std::int64_t koff = s.koff + (h / s.G) * HS, voff = s.voff + (h / s.G) * HS;
   for (std::int64_t j0 = std::max<std::int64_t>(0, i0 - s.win + 1) / kKB * kKB; j0 < i0 + qn; j0 += kKB) {
     const std::int64_t jn = std::min(kKB, i0 + qn - j0);
-    for (std::int64_t jj = 0; jj < kKB; ++jj) {
-      if (jj < jn) {
-        const bf16_t* kj = base + (j0 + jj) * C3 + koff;
-        for (std::int64_t p = 0; p < HS / 2; ++p) kp[p][jj] = pair(kj[2 * p].bits, kj[2 * p + 1].bits);
-        if (HS % 2 != 0) kp[HS / 2][jj] = pair(kj[HS - 1].bits, 0);
-      } else {
-        for (std::int64_t p = 0; p < HP; ++p) kp[p][jj] = 0;
-      }
-    }
+    pack_pairs_transposed(kp, base + j0 * C3 + koff, C3, jn, HS);
     for (std::int64_t t = 0; t < kKB / 2; ++t) {
       const bf16_t* v0 = 2 * t < jn ? base + (j0 + 2 * t) * C3 + voff : nullptr;
       const bf16_t* v1 = 2 * t + 1 < jn ? base + (j0 + 2 * t + 1) * C3 + voff : nullptr;
@@ -314,23 +335,10 @@ void backward_task(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const fl
   const std::int64_t koff = s.koff + g * HS, voff = s.voff + g * HS;
   for (std::int64_t j0 = 0; j0 < T_; j0 += kKB) {
     const std::int64_t jn = std::min(kKB, T_ - j0);
-    for (std::int64_t jj = 0; jj < kKB; ++jj) {
-      if (jj < jn) {
-        const bf16_t* kj = base + (j0 + jj) * C3 + koff;
-        const bf16_t* vj = base + (j0 + jj) * C3 + voff;
-        for (std::int64_t p = 0; p < HS / 2; ++p) {
-          kp[p][jj] = pair(kj[2 * p].bits, kj[2 * p + 1].bits);
-          vtp[p][jj] = pair(vj[2 * p].bits, vj[2 * p + 1].bits);
-        }
-        if (HS % 2 != 0) {
-          kp[HS / 2][jj] = pair(kj[HS - 1].bits, 0);
-          vtp[HS / 2][jj] = pair(vj[HS - 1].bits, 0);
-        }
-      } else {
-        for (std::int64_t p = 0; p < HP; ++p) kp[p][jj] = vtp[p][jj] = 0;
-      }
+    pack_pairs_transposed(kp, base + j0 * C3 + koff, C3, jn, HS);
+    pack_pairs_transposed(vtp, base + j0 * C3 + voff, C3, jn, HS);
+    for (std::int64_t jj = 0; jj < kKB; ++jj)
       for (std::int64_t d = 0; d < HSP; ++d) dk[jj][d] = dv[jj][d] = 0.0f;
-    }
     for (std::int64_t t = 0; t < kKB / 2; ++t) {
       const bf16_t* k0 = 2 * t < jn ? base + (j0 + 2 * t) * C3 + koff : nullptr;
       const bf16_t* k1 = 2 * t + 1 < jn ? base + (j0 + 2 * t + 1) * C3 + koff : nullptr;
