@@ -13,11 +13,15 @@
 // Operand layouts: vdpbf16ps multiplies pairs of adjacent bf16 (one 32-bit lane) of one vector
 // with the pairs of another, so the operand that is broadcast holds a pair along the reduced
 // dimension and the operand that is loaded holds, per 32-bit lane, the pair of the same two
-// reduced indices for one output column. K for the scores: pairs of consecutive head-dim
-// elements, one lane per key (kp[d/2][key]); V for P·V: pairs of consecutive keys, one lane per
-// head-dim element (vp[key/2][d]). Odd HS, a key or query block cut short by T, and masked
-// probabilities are zero-padded pairs: a zero times a finite pad adds nothing, and no pad is
-// ever left uninitialised (0·NaN would poison a lane).
+// reduced indices for one output column. Forward scores run transposed, a lane per query: q's
+// head-dim pairs transposed once per task (qt[d/2][query]), k's pairs broadcast straight from
+// qkv, so the online softmax is 16 queries wide; P̃ᵀ then holds pairs of consecutive keys per
+// query (pt[key/2][query]) against v in key pairs (vp[key/2][d]). Backward: k and v in head-dim
+// pairs with a lane per key (kp[d/2][key], for S and dP̃, packed once per key block for every
+// query head and block), q and dout in head-dim pairs per query (broadcast), and in query pairs
+// (qpk[query/2][d], for dK, dV), k in key pairs (kpk[key/2][d], for dQ). Odd HS, a key or query
+// block cut short by T, and masked probabilities are zero-padded pairs: a zero times a finite
+// pad adds nothing, and no pad is ever left uninitialised (0·NaN would poison a lane).
 //
 // The kernels are compiled for AVX512-BF16 through a target pragma, not -mavx512bf16 on the file
 // (the reason is in ops/cpu/isa_target.h: inline header functions must keep the baseline ISA);
@@ -88,6 +92,10 @@ const char* cpu_bf16_attention_path() { return cpu_bf16_attention_enabled() ? "a
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,prefer-vector-width=512")
+// GCC 12's AVX-512 intrinsics (_mm512_max_ps, ...) pass _mm512_undefined_ps() (a self-initialised
+// variable) as the unused merge source: a false -Wmaybe-uninitialized once inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace dstrain::cpu::avx512bf16 {
@@ -139,10 +147,11 @@ inline void dot_tile(float (*S)[kKB], const u32* A, std::int64_t as, const u32 (
   }
 }
 
-// Acc[r][0..16·NV) += sum_p A[r·as + p] · B[p][0..16·NV) for r < rows (a multiple of 4): rows of
-// pairs along the reduced dimension against B's pairs, 4 rows × NV vectors per register block.
+// Acc[r][0..16·NV) += sum_p A[r·as + p·ps] · B[p][0..16·NV) for r < rows (a multiple of 4): rows
+// of pairs along the reduced dimension against B's pairs, 4 rows × NV vectors per register block.
 template <int NV>
-inline void accum_block(float* acc, std::int64_t cs, const u32* A, std::int64_t as, const u32* B, std::int64_t bs, std::int64_t rows, std::int64_t np) {
+inline void accum_block(float* acc, std::int64_t cs, const u32* A, std::int64_t as, const u32* B, std::int64_t bs, std::int64_t rows, std::int64_t np,
+                        std::int64_t ps) {
   for (std::int64_t r = 0; r < rows; r += 4) {
     __m512 c[4][NV];
     for (int k = 0; k < 4; ++k)
@@ -152,7 +161,7 @@ inline void accum_block(float* acc, std::int64_t cs, const u32* A, std::int64_t 
       __m512bh b[NV];
       for (int v = 0; v < NV; ++v) b[v] = as_bh(_mm512_load_si512(B + p * bs + 16 * v));
       for (int k = 0; k < 4; ++k) {
-        const __m512bh ak = as_bh(_mm512_set1_epi32(static_cast<int>(a[k * as + p])));
+        const __m512bh ak = as_bh(_mm512_set1_epi32(static_cast<int>(a[k * as + p * ps])));
         for (int v = 0; v < NV; ++v) c[k][v] = _mm512_dpbf16_ps(c[k][v], ak, b[v]);
       }
     }
@@ -162,20 +171,20 @@ inline void accum_block(float* acc, std::int64_t cs, const u32* A, std::int64_t 
 }
 
 inline void accum_rows(float* acc, std::int64_t cs, const u32* A, std::int64_t as, const u32* B, std::int64_t bs, std::int64_t rows, std::int64_t np,
-                       std::int64_t nvec) {
+                       std::int64_t nvec, std::int64_t ps = 1) {
   for (std::int64_t v0 = 0; v0 < nvec; v0 += 4) {
     switch (std::min<std::int64_t>(4, nvec - v0)) {
       case 4:
-        accum_block<4>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np);
+        accum_block<4>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np, ps);
         break;
       case 3:
-        accum_block<3>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np);
+        accum_block<3>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np, ps);
         break;
       case 2:
-        accum_block<2>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np);
+        accum_block<2>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np, ps);
         break;
       default:
-        accum_block<1>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np);
+        accum_block<1>(acc + 16 * v0, cs, A, as, B + 16 * v0, bs, rows, np, ps);
         break;
     }
   }
@@ -229,7 +238,27 @@ inline void pack_pairs_transposed(u32 (*dst)[kKB], const bf16_t* x, std::int64_t
 }
 
 
-// One forward task: query block qb of (b, h).
+// cpu::fast_exp on 16 lanes: the same operations in the same order (no FMA), so the same results.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
+  const __m512 big = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), big), big);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 er = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_maskz_slli_epi32(0xffff, _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(er, _mm512_castsi512_ps(e));
+}
+
+// One forward task: query block qb of (b, h). The scores are computed transposed, a lane per query
+// (st[key] = 16 queries), so that k is broadcast pair by pair straight from qkv (nothing to pack
+// per key block) and the online softmax runs on 16 queries at once; q is transposed once per task.
 void forward_task(bf16_t* out, float* lse, const bf16_t* qkv, const AttShape& s, const DropoutParams& dp, std::int64_t bh, std::int64_t qb) {
   const std::int64_t T_ = s.T, C = s.C, NH = s.NH, HS = s.HS, C3 = s.W;
   const std::int64_t HP = (HS + 1) / 2, NV = (HS + 15) / 16, HSP = NV * 16;
@@ -239,70 +268,110 @@ void forward_task(bf16_t* out, float* lse, const bf16_t* qkv, const AttShape& s,
   const std::int64_t b = bh / NH, h = bh % NH;
   const std::int64_t i0 = qb * kQB, qn = std::min(kQB, T_ - i0);
   const bf16_t* base = qkv + b * T_ * C3;
-  // About 31 KiB of tiles at HS = 128.
-  alignas(64) u32 qp[kQB][kMaxHP], kp[kMaxHP][kKB], vp[kKB / 2][kMaxHS], pp[kQB][kKB / 2];
-  alignas(64) float acc[kQB][kMaxHS], sc[kQB][kKB];
-  float m[kQB], l[kQB];
-  for (std::int64_t ii = 0; ii < kQB; ++ii) {
-    if (ii < qn) {
-      pack_row_pairs(qp[ii], base + (i0 + ii) * C3 + h * HS, HS);
-    } else {
-      for (std::int64_t p = 0; p < HP; ++p) qp[ii][p] = 0;
+  // About 30 KiB of tiles at HS = 128.
+  alignas(64) u32 qt[kMaxHP][kQB], vp[kKB / 2][kMaxHS], pt[kKB / 2][kQB];  // q: head-dim pairs, a lane per query; v: key pairs; P̃ᵀ: key pairs
+  alignas(64) float acc[kQB][kMaxHS], st[kKB][kQB], md[kKB][kQB], corr[kQB], lsum[kQB], mrow[kQB];
+  for (std::int64_t p = 0; p < HP; ++p)
+    for (std::int64_t ii = 0; ii < kQB; ++ii) {
+      const bf16_t* qi = base + (i0 + ii) * C3 + h * HS;
+      qt[p][ii] = ii >= qn ? 0 : pair(qi[2 * p].bits, 2 * p + 1 < HS ? qi[2 * p + 1].bits : u16{0});
     }
+  for (std::int64_t ii = 0; ii < kQB; ++ii)
     for (std::int64_t d = 0; d < HSP; ++d) acc[ii][d] = 0.0f;
-    m[ii] = -std::numeric_limits<float>::infinity();
-    l[ii] = 0.0f;
-  }
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m = ninf, l = _mm512_setzero_ps();
+  const __m512i lane_i = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(i0)), _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  const auto lane_ok = static_cast<__mmask16>(qn >= 16 ? 0xffffu : (1u << qn) - 1u);
+  // Interleaves two 16-lane bf16 halves (a | b) into 16 pairs (a_i, b_i).
+  const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const std::int64_t koff = s.koff + (h / s.G) * HS, voff = s.voff + (h / s.G) * HS;
   for (std::int64_t j0 = std::max<std::int64_t>(0, i0 - s.win + 1) / kKB * kKB; j0 < i0 + qn; j0 += kKB) {
     const std::int64_t jn = std::min(kKB, i0 + qn - j0);
-    pack_pairs_transposed(kp, base + j0 * C3 + koff, C3, jn, HS);
     for (std::int64_t t = 0; t < kKB / 2; ++t) {
       const bf16_t* v0 = 2 * t < jn ? base + (j0 + 2 * t) * C3 + voff : nullptr;
       const bf16_t* v1 = 2 * t + 1 < jn ? base + (j0 + 2 * t + 1) * C3 + voff : nullptr;
       pack_two_rows(vp[t], v0, v1, HS, HSP);
     }
-    dot_tile(sc, qp[0], kMaxHP, kp, HP);
-    for (std::int64_t ii = 0; ii < kQB; ++ii) {
-      float* __restrict srow = sc[ii];
-      const std::int64_t i = i0 + ii;
-      const std::int64_t jmax = ii < qn ? std::min(jn, i - j0 + 1) : 0;          // causal: keys j <= i
-      const std::int64_t jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);  // window: keys j > i - win
-      if (jmax <= jlo) {
-        for (std::int64_t p = 0; p < kKB / 2; ++p) pp[ii][p] = 0;
-        continue;
+    // st[jj] = q_i · k_j for the 16 queries, 8 keys per register block.
+    for (std::int64_t jb = 0; jb < jn; jb += 8) {
+      __m512 c[8];
+      const bf16_t* kr[8];
+      for (int k = 0; k < 8; ++k) {
+        c[k] = _mm512_setzero_ps();
+        kr[k] = base + (j0 + std::min<std::int64_t>(jb + k, jn - 1)) * C3 + koff;  // past jn: a repeat, masked below
       }
-      float cm = -std::numeric_limits<float>::infinity();
-      for (std::int64_t jj = jlo; jj < jmax; ++jj) {
-        srow[jj] *= scale;  // the scale on the fp32 scores, not folded into bf16 q
-        cm = std::max(cm, srow[jj]);
+      for (std::int64_t p = 0; p < HS / 2; ++p) {
+        const __m512bh qv = as_bh(_mm512_load_si512(qt[p]));
+        for (int k = 0; k < 8; ++k) {
+          u32 kv;
+          std::memcpy(&kv, kr[k] + 2 * p, sizeof kv);
+          c[k] = _mm512_dpbf16_ps(c[k], as_bh(_mm512_set1_epi32(static_cast<int>(kv))), qv);
+        }
       }
-      const float mn = std::max(m[ii], cm);
-      const float corr = std::exp(m[ii] - mn);  // exp(-inf) = 0 on the first block
-      float psum = 0.0f;
-      for (std::int64_t jj = 0; jj < kKB; ++jj) {
-        const float p = jj >= jlo && jj < jmax ? fast_exp(srow[jj] - mn) : 0.0f;
-        srow[jj] = p;
-        psum += p;
+      if (HS % 2 != 0) {
+        const __m512bh qv = as_bh(_mm512_load_si512(qt[HS / 2]));
+        for (int k = 0; k < 8; ++k) c[k] = _mm512_dpbf16_ps(c[k], as_bh(_mm512_set1_epi32(static_cast<int>(pair(kr[k][HS - 1].bits, 0)))), qv);
       }
-      l[ii] = l[ii] * corr + psum;
-      m[ii] = mn;
-      if (drop) {
-        float md[kKB];
-        attention_dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0 + jlo), jmax - jlo, dp.p, keep_scale, md + jlo);
-        for (std::int64_t jj = jlo; jj < jmax; ++jj) srow[jj] *= md[jj];
-      }
-      round_row(pp[ii], srow);  // P̃ rounded to bf16 for the product with V
-      float* __restrict a = acc[ii];
-      for (std::int64_t d = 0; d < HSP; ++d) a[d] *= corr;
+      for (int k = 0; k < 8; ++k) _mm512_store_ps(st[jb + k], c[k]);
     }
-    accum_rows(acc[0], kMaxHS, pp[0], kKB / 2, vp[0], kMaxHS, kQB, (jn + 1) / 2, NV);
+    // Visible: key j <= query i, j > i - win, query in the block; the rest -inf.
+    __m512 cm = ninf;
+    for (std::int64_t jj = 0; jj < jn; ++jj) {
+      const __m512i j = _mm512_set1_epi32(static_cast<int>(j0 + jj));
+      const __mmask16 vis = lane_ok & _mm512_cmp_epi32_mask(j, lane_i, _MM_CMPINT_LE) &
+                            _mm512_cmp_epi32_mask(j, _mm512_sub_epi32(lane_i, _mm512_set1_epi32(static_cast<int>(s.win))), _MM_CMPINT_NLE);
+      const __m512 x = _mm512_mask_mul_ps(ninf, vis, _mm512_load_ps(st[jj]), _mm512_set1_ps(scale));  // the scale on the fp32 scores
+      _mm512_store_ps(st[jj], x);
+      cm = _mm512_max_ps(cm, x);
+    }
+    const __m512 mn = _mm512_max_ps(m, cm);
+    const __mmask16 live = _mm512_cmp_ps_mask(mn, ninf, _CMP_NEQ_OQ);  // lanes that have seen a key
+    const __m512 mref = _mm512_maskz_mov_ps(live, mn);
+    const __m512 cr = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(m, mref)));  // 0 on a lane's first keys
+    __m512 psum = _mm512_setzero_ps();
+    if (drop) {
+      for (std::int64_t jj = 0; jj < kKB; ++jj)
+        for (std::int64_t ii = 0; ii < kQB; ++ii) md[jj][ii] = 0.0f;
+      for (std::int64_t ii = 0; ii < qn; ++ii) {
+        const std::int64_t i = i0 + ii;
+        const std::int64_t jmax = std::min(jn, i - j0 + 1), jlo = std::max<std::int64_t>(0, i - s.win + 1 - j0);
+        if (jmax <= jlo) continue;
+        float row[kKB];
+        attention_dropout_scales(dp.rng, static_cast<std::uint64_t>((bh * T_ + i) * T_ + j0 + jlo), jmax - jlo, dp.p, keep_scale, row);
+        for (std::int64_t jj = jlo; jj < jmax; ++jj) md[jj][ii] = row[jj - jlo];
+      }
+    }
+    for (std::int64_t jj = 0; jj < kKB; ++jj) {
+      __m512 pj = _mm512_setzero_ps();
+      if (jj < jn) {
+        const __m512 x = _mm512_load_ps(st[jj]);
+        pj = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(x, mref)));
+        psum = _mm512_add_ps(psum, pj);
+        if (drop) pj = _mm512_mul_ps(pj, _mm512_load_ps(md[jj]));
+      }
+      _mm512_store_ps(st[jj], pj);
+    }
+    l = _mm512_add_ps(_mm512_mul_ps(l, cr), psum);
+    m = mn;
+    // P̃ rounded to bf16, transposed into key pairs: pt[t][i] = (P̃_i,2t, P̃_i,2t+1).
+    for (std::int64_t t = 0; t < kKB / 2; ++t) {
+      const __m512i two = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(st[2 * t + 1]), _mm512_load_ps(st[2 * t]));
+      _mm512_store_si512(pt[t], _mm512_permutexvar_epi16(zip, two));
+    }
+    _mm512_store_ps(corr, cr);
+    for (std::int64_t ii = 0; ii < kQB; ++ii) {
+      const __m512 f = _mm512_set1_ps(corr[ii]);
+      for (std::int64_t d = 0; d < HSP; d += 16) _mm512_store_ps(acc[ii] + d, _mm512_mul_ps(_mm512_load_ps(acc[ii] + d), f));
+    }
+    accum_rows(acc[0], kMaxHS, pt[0], 1, vp[0], kMaxHS, kQB, (jn + 1) / 2, NV, kQB);
   }
+  _mm512_store_ps(lsum, l);
+  _mm512_store_ps(mrow, m);
   for (std::int64_t ii = 0; ii < qn; ++ii) {
-    const float inv = 1.0f / l[ii];
+    const float inv = 1.0f / lsum[ii];
     bf16_t* __restrict oi = out + (b * T_ + i0 + ii) * C + h * HS;
     for (std::int64_t d = 0; d < HS; ++d) oi[d] = store<bf16_t>(acc[ii][d] * inv);
-    lse[bh * T_ + i0 + ii] = m[ii] + std::log(l[ii]);
+    lse[bh * T_ + i0 + ii] = mrow[ii] + std::log(lsum[ii]);
   }
 }
 
@@ -434,6 +503,7 @@ void backward_task(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const fl
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
