@@ -97,6 +97,7 @@ void bench_attention(DType dt, std::int64_t seq) {
   Tensor tl(lse.data(), DType::fp32, Shape{B, NH, seq});
   Tensor ts(scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(scratch.size())});
   const double pairs = static_cast<double>(B * NH) * static_cast<double>(seq * (seq + 1) / 2) * static_cast<double>(C / NH);
+  const bool chosen = cpu::cpu_bf16_attention_enabled();  // DSTRAIN_CPU_BF16_ATTENTION's choice, restored below
   std::vector<bool> paths{false};
   if (dt == DType::bf16 && cpu::cpu_bf16_attention_supported()) paths = {false, true};
   for (const bool dot : paths) {
@@ -113,7 +114,7 @@ void bench_attention(DType dt, std::int64_t seq) {
       attention_backward(dqkv.t({B, seq, 3 * C}), dout.t({B, seq, C}), qkv.t({B, seq, 3 * C}), out.t({B, seq, C}), tl, NH, ts, dp);
     });
   }
-  if (dt == DType::bf16) cpu::set_cpu_bf16_attention(true);
+  cpu::set_cpu_bf16_attention(chosen);
 }
 
 void bench_dtype(DType dt) {

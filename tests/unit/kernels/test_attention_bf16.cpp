@@ -194,6 +194,16 @@ double check(const std::vector<double>& got, const std::vector<double>& want, co
   return worst;
 }
 
+// Restores the path the process had (the environment's choice under ctest's
+// AttentionBf16GenericPath run) when a test that flips the switch ends.
+struct PathGuard {
+  bool saved = cpu::cpu_bf16_attention_enabled();
+  PathGuard() = default;
+  PathGuard(const PathGuard&) = delete;
+  PathGuard& operator=(const PathGuard&) = delete;
+  ~PathGuard() { cpu::set_cpu_bf16_attention(saved); }
+};
+
 struct KernelRun {
   std::vector<double> out, lse, dqkv;
 };
@@ -211,6 +221,7 @@ KernelRun run_kernel(const Bf16Case& c, Buf& qkv, Buf& dout, Buf& dqkv, const Dr
 
 // Every case on the chosen path against the reference; prints the worst error / bound ratios.
 void check_all_cases(bool dot_product_path) {
+  const PathGuard guard;
   cpu::set_cpu_bf16_attention(dot_product_path);
   std::mt19937_64 rng(61);
   double worst[5] = {0, 0, 0, 0, 0};
@@ -243,7 +254,6 @@ void check_all_cases(bool dot_product_path) {
   }
   std::printf("[ bf16 attention, %s path ] worst |error| / bound: out %.3f, lse %.3f, dq %.3f, dk %.3f, dv %.3f\n",
               cpu::cpu_bf16_attention_path(), worst[0], worst[1], worst[2], worst[3], worst[4]);
-  cpu::set_cpu_bf16_attention(true);
 }
 
 bool cpu_has_avx512_bf16() {
@@ -269,7 +279,10 @@ TEST(Bf16Attention, DotProductPathTakenWhereTheCpuHasIt) {
   }
   if (!env_off) {
     EXPECT_STREQ(cpu::cpu_bf16_attention_path(), "avx512_bf16");
+  } else {
+    EXPECT_STREQ(cpu::cpu_bf16_attention_path(), "fp32");  // DSTRAIN_CPU_BF16_ATTENTION=0
   }
+  const PathGuard guard;
   cpu::set_cpu_bf16_attention(false);
   EXPECT_STREQ(cpu::cpu_bf16_attention_path(), "fp32");
   cpu::set_cpu_bf16_attention(true);
@@ -301,6 +314,7 @@ TEST(Bf16Attention, GenericPathMatchesFp64Reference) { check_all_cases(false); }
 // results do not depend on the thread count.
 TEST(Bf16Attention, DotProductPathIsThreadCountInvariant) {
   if (!cpu::cpu_bf16_attention_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const PathGuard guard;
   cpu::set_cpu_bf16_attention(true);
   const Bf16Case c{"gqa_window_dropout", 2, 80, 8, 2, 40, 50, 0.1f};
   std::mt19937_64 rng(63);
