@@ -4,6 +4,7 @@
 // FLOP counts are the usual nominal ones (2 per multiply-add for GEMMs and attention; a small
 // per-element count for the memory-bound kernels, stated in the table), so GFLOP/s compares runs,
 // not instruction mixes.
+// Attention runs at T = 256 and T = 1024, bf16 storage once per path (ops/cpu/attention_bf16.h).
 // AdamW runs once per instruction set the CPU supports (scalar, AVX2, AVX-512), in GB/s.
 // Usage: bench_kernels_cpu [fp32|fp16|bf16 ...] [--only NAME_SUBSTRING]   (default: fp32 bf16, all kernels)
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/attention_bf16.h"
 #include "ops/dtype.h"
 #include "ops/kernels/adamw.h"
 #include "ops/kernels/adadelta.h"
@@ -80,8 +82,39 @@ std::string g_only;  // --only SUBSTRING: run only kernels whose name contains i
 void report(const char* kernel, const char* pass, DType dt, double flops, const std::function<void()>& f) {
   if (!g_only.empty() && std::string(kernel).find(g_only) == std::string::npos) return;
   const double ms = time_ms(f);
-  std::printf("%-34s %-8s %-5s %10.3f ms %10.2f GFLOP/s\n", kernel, pass, std::string(dtype_name(dt)).c_str(), ms, flops / (ms * 1e6));
+  std::printf("%-46s %-8s %-5s %10.3f ms %10.2f GFLOP/s\n", kernel, pass, std::string(dtype_name(dt)).c_str(), ms, flops / (ms * 1e6));
   std::fflush(stdout);
+}
+
+// Causal attention at GPT-2 d12 shapes (B = 4, NH = 12, HS = 64) and sequence length T: bf16
+// storage once per path (the AVX512-BF16 tile products where the CPU has them, and the generic
+// fp32-tile path, switched by cpu::set_cpu_bf16_attention), other storage types once.
+void bench_attention(DType dt, std::int64_t seq) {
+  std::mt19937 rng(4321);
+  const std::int64_t bt = B * seq;
+  HostBuf qkv(dt, bt * 3 * C, rng), out(dt, bt * C, rng), dout(dt, bt * C, rng), dqkv(dt, bt * 3 * C, rng);
+  std::vector<float> lse(static_cast<std::size_t>(B * NH * seq)), scratch(attention_backward_scratch_elems(B, seq, C, NH));
+  Tensor tl(lse.data(), DType::fp32, Shape{B, NH, seq});
+  Tensor ts(scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(scratch.size())});
+  const double pairs = static_cast<double>(B * NH) * static_cast<double>(seq * (seq + 1) / 2) * static_cast<double>(C / NH);
+  const bool chosen = cpu::cpu_bf16_attention_enabled();  // DSTRAIN_CPU_BF16_ATTENTION's choice, restored below
+  std::vector<bool> paths{false};
+  if (dt == DType::bf16 && cpu::cpu_bf16_attention_supported()) paths = {false, true};
+  for (const bool dot : paths) {
+    if (dt == DType::bf16) cpu::set_cpu_bf16_attention(dot);
+    const std::string tag = " T=" + std::to_string(seq) + (dt == DType::bf16 ? std::string(" ") + cpu::cpu_bf16_attention_path() : std::string());
+    const std::string plain = "attention" + tag, dropped = "attention (dropout 0.1)" + tag;
+    report(plain.c_str(), "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, seq, C}), tl, qkv.t({B, seq, 3 * C}), NH); });
+    report(plain.c_str(), "backward", dt, 10.0 * pairs, [&] {
+      attention_backward(dqkv.t({B, seq, 3 * C}), dout.t({B, seq, C}), qkv.t({B, seq, 3 * C}), out.t({B, seq, C}), tl, NH, ts);
+    });
+    const DropoutParams dp{0.1f, RngKey{1, 1, 1, 0, 0}};
+    report(dropped.c_str(), "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, seq, C}), tl, qkv.t({B, seq, 3 * C}), NH, dp); });
+    report(dropped.c_str(), "backward", dt, 10.0 * pairs, [&] {
+      attention_backward(dqkv.t({B, seq, 3 * C}), dout.t({B, seq, C}), qkv.t({B, seq, 3 * C}), out.t({B, seq, C}), tl, NH, ts, dp);
+    });
+  }
+  cpu::set_cpu_bf16_attention(chosen);
 }
 
 void bench_dtype(DType dt) {
@@ -132,23 +165,9 @@ void bench_dtype(DType dt) {
       matmul_backward(dx.t({BT, m.in}), dw.t({m.out, m.in}), dbias, y.t({BT, m.out}), x.t({BT, m.in}), w.t({m.out, m.in}), s);
     });
   }
-  // attention
-  {
-    HostBuf qkv(dt, BT * 3 * C, rng), out(dt, BT * C, rng), dout(dt, BT * C, rng), dqkv(dt, BT * 3 * C, rng);
-    std::vector<float> lse(static_cast<std::size_t>(B * NH * T)), scratch(attention_backward_scratch_elems(B, T, C, NH));
-    Tensor tl(lse.data(), DType::fp32, Shape{B, NH, T});
-    Tensor ts(scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(scratch.size())});
-    const double pairs = static_cast<double>(B * NH) * static_cast<double>(T * (T + 1) / 2) * static_cast<double>(C / NH);
-    report("attention", "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, T, C}), tl, qkv.t({B, T, 3 * C}), NH); });
-    report("attention", "backward", dt, 10.0 * pairs, [&] {
-      attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts);
-    });
-    const DropoutParams dp{0.1f, RngKey{1, 1, 1, 0, 0}};
-    report("attention (dropout 0.1)", "forward", dt, 4.0 * pairs, [&] { attention_forward(out.t({B, T, C}), tl, qkv.t({B, T, 3 * C}), NH, dp); });
-    report("attention (dropout 0.1)", "backward", dt, 10.0 * pairs, [&] {
-      attention_backward(dqkv.t({B, T, 3 * C}), dout.t({B, T, C}), qkv.t({B, T, 3 * C}), out.t({B, T, C}), tl, NH, ts, dp);
-    });
-  }
+  // attention at T = 256 and 1024 (bench_attention)
+  bench_attention(dt, T);
+  bench_attention(dt, 1024);
   // gelu and dropout on the MLP activation (B, T, 4C)
   {
     const std::int64_t n = BT * 4 * C;

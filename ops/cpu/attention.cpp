@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "ops/cpu/attention_bf16.h"
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
 #include "ops/kernels/kernel_check.h"
@@ -21,12 +23,7 @@ using namespace kernel_check;
 
 constexpr std::int64_t kMaxHS = kAttentionMaxHeadSize;
 
-// C = NH·HS is the output width; W = (NH + 2·NKV)·HS the qkv row; k of KV head g starts at column
-// koff + g·HS, v at voff + g·HS; query head h reads KV head h / G.
-// Query i sees keys max(0, i - win + 1) .. i: win = the sliding window, or T (plain causal).
-struct AttShape {
-  std::int64_t B, T, C, NH, HS, NKV, G, W, koff, voff, win;
-};
+using cpu::AttShape;  // ops/cpu/attention_bf16.h
 
 AttShape check_att(const char* op, const Tensor& qkv, const Tensor& lse, AttentionHeads heads, std::int64_t window) {
   require_rank(op, {"qkv", qkv}, 3, "(B, T, (NH + 2*NKV)*HS)");
@@ -84,14 +81,7 @@ void check_no_window_on_cuda(const char* op, const AttShape& s) {
 }
 
 // out[k] = dropout scale (0 or 1/(1-p)) of elements e0 .. e0+n-1: one Philox call per group of 4.
-inline void dropout_scales(const RngKey& rng, std::uint64_t e0, std::int64_t n, float p, float keep_scale, float* out) {
-  std::int64_t k = 0;
-  while (k < n) {
-    const std::uint64_t e = e0 + static_cast<std::uint64_t>(k);
-    const PhiloxCounter r = rng.group_bits(e >> 2);
-    for (std::uint64_t lane = e & 3u; lane < 4 && k < n; ++lane, ++k) out[k] = dropout_keep(r.v[lane], p) ? keep_scale : 0.0f;
-  }
-}
+constexpr auto dropout_scales = cpu::attention_dropout_scales;
 
 constexpr std::int64_t kQB = 16;  // queries per block
 constexpr std::int64_t kKB = 32;  // keys per block
@@ -333,6 +323,12 @@ void attention_forward(Tensor out, Tensor lse, Tensor qkv, AttentionHeads heads,
   check_dropout(op, dropout, s);
   DSTRAIN_RETURN_ON_CUDA(gpu, attention_forward(out, lse, qkv, heads.q, heads.kv, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (cpu::cpu_bf16_attention_enabled()) {  // vdpbf16ps tile products (ops/cpu/attention_bf16.cpp)
+        cpu::avx512bf16::attention_forward(static_cast<T*>(out.data), static_cast<float*>(lse.data), static_cast<const T*>(qkv.data), s, dropout);
+        return;
+      }
+    }
     forward_impl<T>(static_cast<T*>(out.data), static_cast<float*>(lse.data), static_cast<const T*>(qkv.data), s, dropout);
   });
 }
@@ -361,6 +357,14 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   if (dqkv.data == qkv.data) fail("{}: dqkv must not alias qkv (dqkv accumulates)", op);
   DSTRAIN_RETURN_ON_CUDA(gpu, attention_backward(dqkv, dout, qkv, out, lse, NH, heads.kv, scratch, dropout));
   cpu::dispatch_float(op, qkv.dtype, [&]<typename T>(cpu::TypeTag<T>) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (cpu::cpu_bf16_attention_enabled()) {
+        cpu::avx512bf16::attention_backward(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data),
+                                            static_cast<const T*>(out.data), static_cast<const float*>(lse.data), static_cast<float*>(scratch.data), s,
+                                            dropout);
+        return;
+      }
+    }
     backward_impl<T>(static_cast<T*>(dqkv.data), static_cast<const T*>(dout.data), static_cast<const T*>(qkv.data), static_cast<const T*>(out.data),
                      static_cast<const float*>(lse.data), static_cast<float*>(scratch.data), s, dropout);
   });

@@ -15,6 +15,18 @@
 // anyway. The backward also needs `out` (to form D_i = dout_i · out_i), which the layer keeps as
 // the input of the attention projection.
 //
+// Precision of the CPU path: fp32 / fp16 storage (and bf16 on a CPU without AVX512-BF16) widens
+// each Q/K/V tile to fp32 and computes everything in fp32. bf16 storage on a CPU with
+// AVX512-BF16 (ops/cpu/attention_bf16.cpp; cpu::cpu_bf16_attention_path() in
+// ops/cpu/attention_bf16.h says which path runs, DSTRAIN_CPU_BF16_ATTENTION=0 forces the fp32
+// one) does the tile products with bf16 dot products (vdpbf16ps) into fp32 accumulators: q, k, v
+// and dout enter as stored; the probabilities P̃ (after the dropout scaling) and dS are rounded
+// to bf16 for P̃·V, P̃ᵀ·dout, dSᵀ·q and dS·k, one relative 2^-8 rounding per term (what
+// flash-attention does on GPUs in bf16), so out may differ from the fp32-tile path by up to
+// 2^-8·Σ_j P̃_ij|v_j| and the gradients by the analogous sums. The scale 1/sqrt(HS) multiplies the
+// fp32 scores (q·scale is not rounded to bf16). The softmax, its running max and sum, lse, D_i
+// and every accumulator stay fp32. tests/unit/kernels/test_attention_bf16.cpp derives the bounds.
+//
 // Optional attention dropout on the probabilities: the mask is never stored; it is regenerated
 // from Philox with element index ((b * NH + h) * T + i) * T + j (query i, key j).
 #pragma once
