@@ -29,7 +29,9 @@
 #include "zero/comms_logger.h"
 #include "ops/error.h"
 #include "ops/stop_request.h"
+#include "ops/kernels/attention.h"
 #include "ops/kernels/device_backend.h"
+#include "ops/kernels/matmul.h"
 
 namespace dstrain {
 namespace {
@@ -255,7 +257,10 @@ void RankTrainer::announce() {
     say(fmt::format("precision fp16: {} loss scale {:g}{}", cfg.fp16.dynamic() ? "dynamic" : "static", engine.state().loss_scale,
                     cfg.fp16.dynamic() ? fmt::format(" (window {}, min {})", cfg.fp16.loss_scale_window, cfg.fp16.min_loss_scale) : std::string()));
   } else if (cfg.bf16.enabled) {
-    say("precision bf16 (fp32 master params and optimizer state)");
+    say(fmt::format("precision bf16 (fp32 master params and optimizer state){}",
+                    engine.device().is_cpu() ? fmt::format("; on this CPU: GEMMs {}, attention {}", cpu_gemm_path(DType::bf16),
+                                                           cpu_attention_path(DType::bf16))
+                                             : std::string()));
   }
   if (cfg.scheduler.present()) {
     say(fmt::format("scheduler {}: lr of step 1 = {:.3e} (stepped after every optimizer step)", cfg.scheduler.type, engine.state().lr));

@@ -370,4 +370,9 @@ void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor
   });
 }
 
+std::string cpu_attention_path(DType storage) {
+  if (storage == DType::bf16 && cpu::cpu_bf16_attention_enabled()) return "AVX512-BF16 dot products (vdpbf16ps)";
+  return "fp32 tiles";
+}
+
 }  // namespace dstrain

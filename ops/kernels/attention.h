@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ops/kernels/dropout.h"
 #include "ops/tensor.h"
@@ -73,5 +74,9 @@ std::size_t attention_backward_scratch_elems(std::int64_t B, std::int64_t T, std
 //   window: the forward's.
 void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, AttentionHeads heads, Tensor scratch,
                         const DropoutParams& dropout = {}, std::int64_t window = 0);
+// How the CPU computes attention's tile products for `storage`, for the run's start line:
+// "AVX512-BF16 dot products (vdpbf16ps)" for bf16 where the CPU has them (ops/cpu/attention_bf16.h),
+// else "fp32 tiles".
+std::string cpu_attention_path(DType storage);
 
 }  // namespace dstrain
