@@ -169,12 +169,13 @@ CpuBf16Gemm decide() {
   return cpu_bf16_gemm_supported(CpuBf16Gemm::onednn) ? CpuBf16Gemm::onednn : CpuBf16Gemm::widened;
 }
 
+// Why bf16 matmuls are widened: what rules oneDNN out first, else who chose the widened path.
 std::string widened_reason() {
-  if (g_path_set_by_call.load(std::memory_order_acquire)) return "set_cpu_bf16_gemm";
 #ifndef DSTRAIN_HAS_ONEDNN
   return "built without oneDNN";
 #else
   if (onednn_bf16_isa().empty()) return "no bf16 instructions";
+  if (g_path_set_by_call.load(std::memory_order_acquire)) return "set_cpu_bf16_gemm";
   return "DSTRAIN_CPU_BF16_GEMM=0";
 #endif
 }

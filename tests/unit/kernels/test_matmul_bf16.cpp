@@ -262,13 +262,15 @@ TEST(MatmulBf16, OneDnnPathIsTakenWhereTheCpuHasBf16) {
   const bool cpu_bf16 = false;
 #endif
   if (!cpu_bf16) GTEST_SKIP() << "this CPU has no avx512_bf16: " << cpu_bf16_gemm_path();
+  if (!cpu_bf16_gemm_supported(CpuBf16Gemm::onednn)) {
+    const std::string path = cpu_bf16_gemm_path();
+    EXPECT_EQ(path.rfind("widened fp32 sgemm (", 0), 0u) << path;
+    if (path.find("built without oneDNN") != std::string::npos) GTEST_SKIP() << path;
+    FAIL() << "the CPU has avx512_bf16 but oneDNN's bf16 matmul is not supported: " << path;
+  }
   Bf16Paths p;
   set_cpu_bf16_gemm(CpuBf16Gemm::widened);
   EXPECT_EQ(cpu_bf16_gemm_path(), "widened fp32 sgemm (set_cpu_bf16_gemm)");
-  if (!cpu_bf16_gemm_supported(CpuBf16Gemm::onednn)) {
-    if (cpu_bf16_gemm_path().find("built without oneDNN") != std::string::npos) GTEST_SKIP() << "built without oneDNN";
-    FAIL() << "the CPU has avx512_bf16 but oneDNN's bf16 matmul is not supported: " << cpu_bf16_gemm_path();
-  }
   set_cpu_bf16_gemm(CpuBf16Gemm::onednn);
   const std::string path = cpu_bf16_gemm_path();
   EXPECT_TRUE(path == "onednn avx512_core_bf16" || path == "onednn avx512_core_amx") << path;
