@@ -27,6 +27,7 @@ packages=(
   python3-torch libopenblas0-pthread  # the PyTorch GPT-2 the whole-model test compares with (tests/integration/gpt2_vs_pytorch.py)
   libicu-dev  # Unicode normalisation (NFC, NFKC) that Hugging Face tokenizer.json normalizers ask for
   libopenmpi-dev openmpi-bin  # the MPI backend (zero/mpi_communicator.h) and its mpiexec tests
+  libdnnl-dev  # oneDNN: bf16 matmuls on CPUs with AVX512-BF16 / AMX run its bf16 matmul primitive (ops/cpu/cpu_bf16_gemm.h)
   libgloo-dev  # the Gloo backend (zero/gloo_communicator.h): processes torchrun or srun starts on CPUs
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

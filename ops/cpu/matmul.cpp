@@ -1,4 +1,6 @@
-// Matmul, CPU: OpenBLAS cblas_sgemm, either directly (fp32) or per widened tile (fp16/bf16).
+// Matmul, CPU: OpenBLAS cblas_sgemm, either directly (fp32) or per widened tile (fp16, and bf16
+// where oneDNN's bf16 matmul cannot run); bf16 through oneDNN's matmul primitive on the bf16
+// operands where it can (ops/cpu/cpu_bf16_gemm.h).
 //
 // The GEMMs are called outside any OpenMP region: OpenBLAS runs its own thread pool, and nesting
 // it in ours would oversubscribe the cores.
@@ -9,8 +11,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
+#include "ops/cpu/cpu_bf16_gemm.h"
+#include "ops/cpu/cpu_common.h"
 #include "ops/cpu/matmul_check.h"
 #include "ops/kernels/kernel_check.h"
 
@@ -81,9 +84,25 @@ void check_scratch(const char* op, const Tensor& scratch, DType storage, std::in
   }
 }
 
+// Whether a bf16 matmul runs oneDNN's bf16 primitive (else the widened tiles).
 template <typename T>
-void forward_impl(T* out, const T* inp, const T* w, const T* bias, float* scratch, const MmShape& s) {
+bool onednn_bf16() {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return cpu_bf16_gemm() == CpuBf16Gemm::onednn;
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+void forward_impl(const char* op, T* out, const T* inp, const T* w, const T* bias, float* scratch, const MmShape& s) {
   const std::int64_t BT = s.BT, C = s.C, OC = s.OC;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (onednn_bf16<T>()) {  // (BT, C) · (OC, C)ᵀ + bias
+      cpu::onednn_bf16_gemm(op, false, true, BT, OC, C, inp, w, bias, out, false);
+      return;
+    }
+  }
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(BT), blas_int(OC), blas_int(C), 1.0f, inp, blas_int(C), w, blas_int(C), 0.0f, out,
                 blas_int(OC));
@@ -113,7 +132,7 @@ void forward_impl(T* out, const T* inp, const T* w, const T* bias, float* scratc
 }
 
 template <typename T>
-void backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, float* scratch, const MmShape& s) {
+void backward_impl(const char* opname, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, float* scratch, const MmShape& s) {
   const std::int64_t BT = s.BT, C = s.C, OC = s.OC;
   if (db) {  // column sums of dout, blocks of 64 columns in parallel, rows in order
     constexpr std::int64_t kBlock = 64;
@@ -127,6 +146,14 @@ void backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* 
         for (std::int64_t c = 0; c < cn; ++c) acc[c] += static_cast<double>(cpu::load(g[c]));
       }
       for (std::int64_t c = 0; c < cn; ++c) db[c0 + c] = cpu::store<T>(static_cast<float>(cpu::load(db[c0 + c]) + acc[c]));
+    }
+  }
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (onednn_bf16<T>()) {
+      // dinp (BT, C) += dout (BT, OC) · weight (OC, C);  dweight (OC, C) += dout (BT, OC)ᵀ · inp (BT, C)
+      if (dinp) cpu::onednn_bf16_gemm(opname, false, false, BT, C, OC, dout, w, nullptr, dinp, true);
+      if (dw) cpu::onednn_bf16_gemm(opname, true, false, OC, C, BT, dout, inp, nullptr, dw, true);
+      return;
     }
   }
   if constexpr (std::is_same_v<T, float>) {
@@ -222,7 +249,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, Tensor s
       for (std::int64_t i = 0; i < s.BT * s.OC; ++i) o[i] = b ? b[i % s.OC] : cpu::store<T>(0.0f);
       return;
     }
-    forward_impl<T>(static_cast<T*>(out.data), static_cast<const T*>(inp.data), static_cast<const T*>(weight.data),
+    forward_impl<T>(op, static_cast<T*>(out.data), static_cast<const T*>(inp.data), static_cast<const T*>(weight.data),
                     bias.empty() ? nullptr : static_cast<const T*>(bias.data), static_cast<float*>(scratch.data), s);
   });
 }
@@ -240,13 +267,13 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
     // whose replicated bias gradients must agree get the same bits.
     const MmShape rows{dout.numel() / s.OC, 0, s.OC};
     cpu::dispatch_float(op, dout.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-      backward_impl<T>(nullptr, nullptr, static_cast<T*>(dbias.data), static_cast<const T*>(dout.data), nullptr, nullptr, nullptr, rows);
+      backward_impl<T>(op, nullptr, nullptr, static_cast<T*>(dbias.data), static_cast<const T*>(dout.data), nullptr, nullptr, nullptr, rows);
     });
     return;
   }
   if (s.BT == 0 || s.OC == 0 || s.C == 0) return;
   cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    backward_impl<T>(dinp.empty() ? nullptr : static_cast<T*>(dinp.data), dweight.empty() ? nullptr : static_cast<T*>(dweight.data),
+    backward_impl<T>(op, dinp.empty() ? nullptr : static_cast<T*>(dinp.data), dweight.empty() ? nullptr : static_cast<T*>(dweight.data),
                      dbias.empty() ? nullptr : static_cast<T*>(dbias.data), static_cast<const T*>(dout.data), static_cast<const T*>(inp.data),
                      static_cast<const T*>(weight.data), static_cast<float*>(scratch.data), s);
   });

@@ -2,7 +2,9 @@
 //
 // fp32 storage goes straight to BLAS sgemm (OpenBLAS on the CPU). fp16/bf16 storage is widened
 // tile by tile into a caller-provided fp32 scratch buffer and multiplied with sgemm per tile;
-// results accumulate in fp32 and are rounded into the 16-bit output once.
+// results accumulate in fp32 and are rounded into the 16-bit output once. On CPUs with bf16 dot
+// products, bf16 storage instead runs oneDNN's bf16 matmul (ops/cpu/cpu_bf16_gemm.h): also fp32
+// accumulation and one rounding, of the same sum in another order; the scratch is then unused.
 #pragma once
 
 #include <cstddef>
