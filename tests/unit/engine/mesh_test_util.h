@@ -62,7 +62,7 @@ struct MeshRun {
   // stage3_param_persistence_threshold: layers below it keep their parameters whole at stage 3 (0: every layer partitioned)
   std::int64_t persistence_threshold = ZeroKnobs{}.persistence_threshold;
   // check_against_one_rank's bounds: tp_tolerance(precision) and a grad-norm bound of 1e-5 (fp32) /
-  // 1e-2 relative unless given (a test that gives them states why).
+  // 2e-2 (bf16) relative unless given (a test that gives them states why).
   std::optional<Tolerance> tolerance{};
   std::optional<double> grad_norm_rtol{};
 };
@@ -255,7 +255,9 @@ inline std::map<std::string, std::vector<float>> merge_stage_params(const std::v
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
     for (const auto& [name, v] : per_rank[r]) {
       auto [it, fresh] = all.emplace(name, v);
-      if (!fresh) EXPECT_EQ(it->second, v) << "rank " << r << " holds a different " << name;
+      if (!fresh) {
+        EXPECT_EQ(it->second, v) << "rank " << r << " holds a different " << name;
+      }
     }
   }
   return all;
@@ -274,7 +276,12 @@ inline void check_against_one_rank(const MeshRun& m) {
   const RunResult& ref = one_rank(m.model, m.gas * m.dp, m.precision, m.steps, m.optimizer_json, m.ignored, m.dropout);
   const RunResult& init = one_rank(m.model, 0, m.precision, 3, {}, {}, m.dropout);
   const Tolerance tol = m.tolerance.value_or(tp_tolerance(m.precision));
-  const double norm_rtol = m.grad_norm_rtol.value_or(m.precision == Precision::fp32 ? 1e-5 : 1e-2);
+  // bf16: 2e-2, about five bf16 ulps (2^-8 each). The mesh rounds each rank's partial products to
+  // bf16 where one rank rounds the whole, and Adam turns those differences, where a gradient is
+  // near zero, into lr-sized steps of either sign (above): measured (DSTRAIN_TP_VERBOSE=1) 0.43% at
+  // step 2 with the fp32-tile attention, 1.07% at step 3 with the bf16 dot-product attention (which
+  // also rounds P to bf16, ops/kernels/attention.h). A wrong split or sum is off by O(1).
+  const double norm_rtol = m.grad_norm_rtol.value_or(m.precision == Precision::fp32 ? 1e-5 : 2e-2);
   // Every rank of the mesh reports the same losses and gathers the same whole parameters.
   for (std::size_t r = 1; r < run.ranks.size(); ++r) {
     EXPECT_EQ(run.ranks[r].losses, run.r0().losses) << "rank " << r;
@@ -286,6 +293,7 @@ inline void check_against_one_rank(const MeshRun& m) {
     EXPECT_LE(std::abs(a - b), tol.loss_rtol * std::abs(b)) << "step " << k + 1 << ": loss " << a << ", one rank " << b;
     const double na = run.r0().grad_norms[k], nb = ref.r0().grad_norms[k];
     EXPECT_LE(std::abs(na - nb), norm_rtol * std::abs(nb)) << "step " << k + 1 << ": grad norm " << na << ", one rank " << nb;
+    if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) std::fprintf(stderr, "step %zu grad norm rel diff %.3g\n", k + 1, std::abs(na - nb) / std::abs(nb));
   }
   ASSERT_EQ(run.r0().params.size(), ref.r0().params.size());
   const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);
