@@ -139,23 +139,27 @@ struct GlooCommunicator::Shared {
   std::string failure;
 };
 
-GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout)
+GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout, std::chrono::milliseconds join_timeout)
     : PairwiseCommunicator(env.rank, env.world_size, "Gloo"),
       shared_(std::make_shared<Shared>()),
       members_(static_cast<std::size_t>(env.world_size)),
       slot_base_(kChannels),
-      timeout_(timeout),
+      timeout_(join_timeout.count() > 0 ? join_timeout : timeout),  // joining first, the collectives' below
       received_(static_cast<std::size_t>(env.world_size)) {
   DSTRAIN_CHECK(timeout.count() > 0, "Gloo communicator: the timeout must be positive, got {} ms", timeout.count());
+  const std::chrono::milliseconds join = timeout_;
   std::iota(members_.begin(), members_.end(), 0);
   set_log_rank(rank(), world_size());
-  if (world_size() == 1) return;  // no peer: nothing to connect
+  if (world_size() == 1) {  // no peer: nothing to connect
+    timeout_ = timeout;
+    return;
+  }
   const std::string host = env.master_addr.empty() ? "localhost" : env.master_addr;
   try {
-    shared_->store = std::make_unique<TcpStore>(host, store_port(env), rank() == 0, timeout);
+    shared_->store = std::make_unique<TcpStore>(host, store_port(env), rank() == 0, join);
     shared_->device = gloo::transport::tcp::CreateDevice(device_attr(host));
     shared_->context = std::make_shared<gloo::rendezvous::Context>(rank(), world_size());
-    shared_->context->setTimeout(timeout);
+    shared_->context->setTimeout(join);
     StoreAdapter adapter(*shared_->store);
     shared_->context->connectFullMesh(adapter, shared_->device);
   } catch (const Error&) {
@@ -169,6 +173,8 @@ GlooCommunicator::GlooCommunicator(const LaunchEnv& env, std::chrono::millisecon
   }
   // Every rank connected: the store has done its work (kept alive anyway, for no cost).
   arrive(make_call(0, CollectiveKind::barrier, DType::fp32, 0));
+  timeout_ = timeout;
+  shared_->context->setTimeout(timeout);
 }
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Shared> shared, std::vector<int> members, int rank, std::uint64_t slot_base,

@@ -52,8 +52,10 @@ class GlooCommunicator final : public PairwiseCommunicator {
  public:
   // Joins the launcher's group: rank env.rank of env.world_size, the store at env.master_addr
   // (empty: localhost) and env.master_port. Collective over every process of the job; Error naming
-  // the address and the variables when the others do not come within `timeout`.
-  explicit GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout = default_comm_timeout());
+  // the address and the variables when the others do not join within `join_timeout` (the store,
+  // the connections and a first barrier; default: `timeout`, the collectives' afterwards).
+  explicit GlooCommunicator(const LaunchEnv& env, std::chrono::milliseconds timeout = default_comm_timeout(),
+                            std::chrono::milliseconds join_timeout = std::chrono::milliseconds(0));
   ~GlooCommunicator() override;
 
   std::string_view backend() const override { return "gloo"; }

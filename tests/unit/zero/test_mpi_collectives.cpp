@@ -64,11 +64,13 @@ std::unique_ptr<Communicator> make_world(std::chrono::milliseconds timeout = def
   static int groups = 0;
   LaunchEnv env = launch();
   env.master_port += groups++;
-  return std::make_unique<GlooCommunicator>(env, timeout);
+  // Joining may take longer than a failure test's short collective timeout on a loaded machine.
+  return std::make_unique<GlooCommunicator>(env, timeout, std::max(timeout, std::chrono::milliseconds(30'000)));
 }
 // A rank that leaves a failing test early keeps its group a while: a Gloo peer whose connections
-// close is named at once, and the test is about the timeout.
-void linger() { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); }
+// close is named at once, and the test is about the timeout (1.5 s; more than 3x that, for a
+// loaded machine where the waiting rank starts its wait late).
+void linger() { std::this_thread::sleep_for(std::chrono::milliseconds(5000)); }
 constexpr const char* kBackend = "gloo";
 #else
 int world() {
