@@ -4,10 +4,12 @@
 # How the Gloo backend's tests run without torchrun:  run_ranks.sh N program [args...]
 set -uo pipefail
 n="$1"; shift
-# A free port with room above it: the tests give each group MASTER_PORT + its number.
+# A free port with room above it: the tests give each group MASTER_PORT + its number. Below the
+# kernel's ephemeral range (32768-60999 on Linux), which the connections of tests running beside
+# this one draw from: a port picked there may be taken by one of them before a group binds it.
 port=$(python3 -c 'import socket,random
 while True:
-    p = random.randrange(20000, 60000, 100); ok = True
+    p = random.randrange(20000, 32000, 100); ok = True
     for q in (p, p + 1):
         s = socket.socket()
         try: s.bind(("127.0.0.1", q))
