@@ -19,7 +19,7 @@ namespace dstrain {
 // run synchronised; a CPU sgemm would make a GPU's MFU meaningless.
 double measure_gemm_flops(Device device, DType dtype);
 // What measure_gemm_flops(device, dtype) measures, for the start line and the summary:
-// "a 1024^3 bf16 GEMM through oneDNN (avx512_core_bf16), measured at start".
+// "a 1024^3 bf16 GEMM through onednn avx512_core_bf16, measured at start".
 std::string gemm_peak_description(Device device, DType dtype);
 
 // The step's times and the model's shape, for the report.

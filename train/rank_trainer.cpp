@@ -206,6 +206,7 @@ void RankTrainer::say(const std::string& line) const {
 }
 
 void RankTrainer::announce() {
+  summary_.flops_per_token = plan_.model->flops_per_token(T_);  // the start line's MFU, the progress lines', the summary's
   const config::DsConfig& cfg = plan_.config;
   Engine& engine = *engine_;
   const int world = plan_.mesh.dp;  // the batch arithmetic's data-parallel size (the engine's group also spans SP)
@@ -268,7 +269,7 @@ void RankTrainer::announce() {
   if (plan_.print_every_defaulted) say("steps_per_print is not set in the config: printing progress every 10 steps");
   if (plan_.peak_flops > 0.0) {
     say(fmt::format("MFU against a peak of {:.1f} GFLOP/s ({}; {} FLOP per token)", plan_.peak_flops / 1e9, plan_.peak_source,
-                    format_count(plan_.model->flops_per_token(T_))));
+                    format_count(summary_.flops_per_token)));
   }
   if (plan_.resume && plan_.resume->deepspeed) {
     const DeepSpeedResume& d = *plan_.resume->deepspeed;
@@ -334,7 +335,6 @@ void RankTrainer::announce() {
   summary_.parameters_stored = static_cast<std::int64_t>(plan_.model->stored_parameter_count());
   summary_.train_batch_size = TBS_;
   summary_.sequence_length = T_;
-  summary_.flops_per_token = plan_.model->flops_per_token(T_);
   summary_.peak_flops = plan_.peak_flops;
   summary_.peak_source = plan_.peak_source;
   start_ = Clock::now();
@@ -596,7 +596,7 @@ void RankTrainer::after_step(double dt) {
       p.loss_scale = cfg.fp16.enabled ? engine.state().loss_scale : 0.0;
       p.skipped = engine.state().skipped_steps;
       p.tokens_per_s = static_cast<double>(interval_steps_ * TBS_ * T_) / interval_train_s_;
-      if (plan_.peak_flops > 0.0) p.mfu = p.tokens_per_s * plan_.model->flops_per_token(T_) / plan_.peak_flops;
+      if (plan_.peak_flops > 0.0) p.mfu = p.tokens_per_s * summary_.flops_per_token / plan_.peak_flops;
       p.show_throughput = cfg.timers.throughput_enabled;
       p.slowest_rank = slowest_rank_;
       p.slowest_s = slowest_s_;

@@ -238,17 +238,25 @@ void GlooCommunicator::arrive(const Call& call) {
   if (w == 1) return;
   gloo::Context& ctx = *shared_->context;
   received_[static_cast<std::size_t>(me)] = call;  // the description sent (lives as long as this communicator)
-  std::vector<std::unique_ptr<Buffer>> in(static_cast<std::size_t>(w)), out(static_cast<std::size_t>(w));
+  // One receive and one send buffer per peer over received_, made at the first collective and
+  // reposted at every one (a buffer counts its completions).
+  std::vector<std::unique_ptr<Buffer>>& in = arrival_in_;
+  std::vector<std::unique_ptr<Buffer>>& out = arrival_out_;
   try {
-    for (int q = 0; q < w; ++q) {
-      if (q == me) continue;
-      in[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(q)], sizeof(Call));
-      in[static_cast<std::size_t>(q)]->recv(process_rank(q), slot(kArrival));
+    if (in.empty()) {
+      in.resize(static_cast<std::size_t>(w));
+      out.resize(static_cast<std::size_t>(w));
+      for (int q = 0; q < w; ++q) {
+        if (q == me) continue;
+        in[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(q)], sizeof(Call));
+        out[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(me)], sizeof(Call));
+      }
     }
     for (int q = 0; q < w; ++q) {
-      if (q == me) continue;
-      out[static_cast<std::size_t>(q)] = ctx.createUnboundBuffer(&received_[static_cast<std::size_t>(me)], sizeof(Call));
-      out[static_cast<std::size_t>(q)]->send(process_rank(q), slot(kArrival));
+      if (q != me) in[static_cast<std::size_t>(q)]->recv(process_rank(q), slot(kArrival));
+    }
+    for (int q = 0; q < w; ++q) {
+      if (q != me) out[static_cast<std::size_t>(q)]->send(process_rank(q), slot(kArrival));
     }
   } catch (const std::exception& e) {
     fail_on(e, -1, describe_call(call, w));
@@ -278,7 +286,8 @@ void GlooCommunicator::arrive(const Call& call) {
   } catch (...) {
     // Gloo may still write the descriptions of the ranks not waited for (Shared::kept).
     for (auto* buffers : {&in, &out})
-      for (auto& b : *buffers) keep(std::shared_ptr<Buffer>(std::move(b)));
+      for (auto& b : *buffers)
+        if (b) keep(std::shared_ptr<Buffer>(std::move(b)));
     throw;
   }
   arrivals_.check_same(call, [this](std::string message) { fail_with(std::move(message)); });

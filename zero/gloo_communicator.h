@@ -46,6 +46,10 @@
 #include "zero/launch_env.h"
 #include "zero/pairwise_communicator.h"
 
+namespace gloo::transport {
+class UnboundBuffer;
+}  // namespace gloo::transport
+
 namespace dstrain {
 
 class GlooCommunicator final : public PairwiseCommunicator {
@@ -98,6 +102,7 @@ class GlooCommunicator final : public PairwiseCommunicator {
   std::chrono::milliseconds timeout_;
   std::uint64_t splits_ = 0;  // children made so far (their slots derive from it)
   std::vector<Call> received_;  // per rank: receive buffers of the arrival exchange
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> arrival_in_, arrival_out_;  // per peer, over received_
   std::string failure_;
   std::vector<std::unique_ptr<SendPoster>> posters_;  // per peer, made at its first send with data
 };

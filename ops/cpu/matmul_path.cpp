@@ -8,11 +8,8 @@ namespace dstrain {
 
 std::string cpu_gemm_path(DType storage) {
   if (storage == DType::fp32) return "OpenBLAS sgemm";
-  if (storage == DType::bf16) {
-    if (cpu_bf16_gemm() == CpuBf16Gemm::onednn) return "oneDNN bf16 matmul (" + cpu_bf16_gemm_path().substr(7) + ")";  // after "onednn "
-    return "OpenBLAS sgemm on tiles widened to fp32 (" + cpu_bf16_gemm_path().substr(std::string("widened fp32 sgemm (").size());
-  }
-  return "OpenBLAS sgemm on tiles widened to fp32";
+  if (storage == DType::bf16) return cpu_bf16_gemm_path();  // "onednn avx512_core_bf16", "widened fp32 sgemm (why)"
+  return "widened fp32 sgemm";
 }
 
 }  // namespace dstrain
