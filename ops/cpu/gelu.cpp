@@ -26,7 +26,6 @@ void gelu_forward(Tensor out, Tensor inp) {
   require_same_dtype(op, {{"inp", inp}, {"out", out}});
   DSTRAIN_RETURN_ON_CUDA(gpu, gelu_forward(out, inp));
   const std::int64_t n = inp.numel();
-  cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {});  // the storage dtypes only (an Error naming it otherwise)
   const auto range = cpu::isa_select(cpu::scalar::gelu_forward_range, cpu::avx2::gelu_forward_range, cpu::avx512::gelu_forward_range);
   cpu::for_each_block(n, [&](std::int64_t b, std::int64_t e) { range(inp.dtype, out.data, inp.data, b, e); });
 }
@@ -41,7 +40,6 @@ void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   if (dinp.data == inp.data || dinp.data == dout.data) fail("{}: dinp must not alias inp or dout (dinp accumulates)", op);
   DSTRAIN_RETURN_ON_CUDA(gpu, gelu_backward(dinp, inp, dout));
   const std::int64_t n = inp.numel();
-  cpu::dispatch_float(op, inp.dtype, [&]<typename T>(cpu::TypeTag<T>) {});  // the storage dtypes only (an Error naming it otherwise)
   const auto range = cpu::isa_select(cpu::scalar::gelu_backward_range, cpu::avx2::gelu_backward_range, cpu::avx512::gelu_backward_range);
   cpu::for_each_block(n, [&](std::int64_t b, std::int64_t e) { range(inp.dtype, dinp.data, inp.data, dout.data, b, e); });
 }

@@ -52,7 +52,7 @@ void gelu_forward_range(DType dtype, void* out, const void* inp, std::int64_t be
     case DType::fp16:
       return forward(static_cast<fp16_t*>(out), static_cast<const fp16_t*>(inp), begin, end);
     default:
-      return;  // gelu_forward dispatched on the storage dtypes only
+      return;  // not a storage dtype: gelu_forward refused it (require_same_dtype)
   }
 }
 
@@ -65,7 +65,7 @@ void gelu_backward_range(DType dtype, void* dinp, const void* inp, const void* d
     case DType::fp16:
       return backward(static_cast<fp16_t*>(dinp), static_cast<const fp16_t*>(inp), static_cast<const fp16_t*>(dout), begin, end);
     default:
-      return;  // gelu_backward dispatched on the storage dtypes only
+      return;  // not a storage dtype: gelu_backward refused it (require_same_dtype)
   }
 }
 

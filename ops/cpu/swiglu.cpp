@@ -28,7 +28,6 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   require_same_dtype(op, {{"gate", gate}, {"up", up}, {"out", out}});
   DSTRAIN_RETURN_ON_CUDA(gpu, swiglu_forward(out, gate, up));
   const std::int64_t n = gate.numel();
-  cpu::dispatch_float(op, gate.dtype, [&]<typename T>(cpu::TypeTag<T>) {});  // the storage dtypes only (an Error naming it otherwise)
   const auto range = cpu::isa_select(cpu::scalar::swiglu_forward_range, cpu::avx2::swiglu_forward_range, cpu::avx512::swiglu_forward_range);
   cpu::for_each_block(n, [&](std::int64_t b, std::int64_t e) { range(gate.dtype, out.data, gate.data, up.data, b, e); });
 }
@@ -48,7 +47,6 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   }
   DSTRAIN_RETURN_ON_CUDA(gpu, swiglu_backward(dgate, dup, dout, gate, up));
   const std::int64_t n = gate.numel();
-  cpu::dispatch_float(op, gate.dtype, [&]<typename T>(cpu::TypeTag<T>) {});  // the storage dtypes only (an Error naming it otherwise)
   const auto range = cpu::isa_select(cpu::scalar::swiglu_backward_range, cpu::avx2::swiglu_backward_range, cpu::avx512::swiglu_backward_range);
   cpu::for_each_block(n, [&](std::int64_t b, std::int64_t e) { range(gate.dtype, dgate.data, dup.data, dout.data, gate.data, up.data, b, e); });
 }

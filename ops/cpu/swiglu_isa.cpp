@@ -51,7 +51,7 @@ void swiglu_forward_range(DType dtype, void* out, const void* gate, const void* 
     case DType::fp16:
       return forward(static_cast<fp16_t*>(out), static_cast<const fp16_t*>(gate), static_cast<const fp16_t*>(up), begin, end);
     default:
-      return;  // swiglu_forward dispatched on the storage dtypes only
+      return;  // not a storage dtype: swiglu_forward refused it (require_same_dtype)
   }
 }
 
@@ -65,7 +65,7 @@ void swiglu_backward_range(DType dtype, void* dgate, void* dup, const void* dout
     case DType::fp16:
       return backward_as<fp16_t>(dgate, dup, dout, gate, up, begin, end);
     default:
-      return;  // swiglu_backward dispatched on the storage dtypes only
+      return;  // not a storage dtype: swiglu_backward refused it (require_same_dtype)
   }
 }
 
