@@ -27,6 +27,7 @@
 // (the reason is in ops/cpu/isa_target.h: inline header functions must keep the baseline ISA);
 // the OpenMP drivers stay outside the pragma and call per-task functions inside it.
 #include "ops/cpu/attention_bf16.h"
+#include "ops/error.h"
 
 #include <algorithm>
 #include <atomic>
@@ -52,9 +53,14 @@ namespace {
 constexpr int kUnset = -1;
 std::atomic<int> g_enabled{kUnset};
 
+// DSTRAIN_CPU_BF16_ATTENTION: unset or 1 (the default), or 0; anything else is refused, naming the
+// variable, as DSTRAIN_CPU_BF16_GEMM is (the run's start line reads it, so before step 1).
 bool env_enabled() {
   const char* e = std::getenv("DSTRAIN_CPU_BF16_ATTENTION");
-  return !(e != nullptr && std::string_view(e) == "0");
+  if (e == nullptr || std::string_view(e) == "1") return true;
+  if (std::string_view(e) == "0") return false;
+  fail("DSTRAIN_CPU_BF16_ATTENTION={}: use 0 (bf16 attention on fp32 tiles) or 1 (AVX512-BF16 dot products where the CPU has them; the default)",
+       e);
 }
 
 }  // namespace
