@@ -328,6 +328,19 @@ TEST_F(TrainPreflightCli, NumRanksBeyondTheThreadLimitIsAnError) {
   EXPECT_NE(r.err.find("--num-ranks"), std::string::npos) << r.err;
 }
 
+// The CPU's bf16 path switches (docs/precision.md §12): a value other than 0 or 1 is refused naming
+// the variable, before step 1, also when no peak is measured at start (--peak-flops given).
+TEST_F(TrainPreflightCli, Bf16PathSwitchesTakeZeroOrOne) {
+  std::ofstream(dir_ / "bf16.json") << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
+  const std::string cmd = train("--steps 1 --peak-flops 1e11", "bf16.json");
+  expect_refused_before_training(run_dstrain(cmd, "DSTRAIN_CPU_BF16_GEMM=2"), "DSTRAIN_CPU_BF16_GEMM=2");
+  expect_refused_before_training(run_dstrain(cmd, "DSTRAIN_CPU_BF16_ATTENTION=yes"), "DSTRAIN_CPU_BF16_ATTENTION=yes");
+  const CliResult widened = run_dstrain(cmd, "DSTRAIN_CPU_BF16_GEMM=0 DSTRAIN_CPU_BF16_ATTENTION=0");
+  EXPECT_EQ(widened.exit_code, 0) << widened.err;
+  EXPECT_NE(widened.out.find("GEMMs widened fp32 sgemm (DSTRAIN_CPU_BF16_GEMM=0), attention fp32 tiles"), std::string::npos) << widened.out;
+}
+
 // ---- section 3: launchers and "auto" configs ----
 
 TEST_F(TrainPreflightCli, LocalRankArgumentOfDeepSpeedsLauncher) {
