@@ -113,11 +113,11 @@ State& state() {
 constexpr std::size_t kMaxPrims = 512;
 
 std::shared_ptr<const Prim> prim_for(State& st, const Key& key) {
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    auto it = st.prims.find(key);
-    if (it != st.prims.end()) return it->second;
-  }
+  // One lock over lookup and creation: creating a primitive is rare (once per shape) but touches
+  // oneDNN's global state (its primitive cache, its JIT), which Debian's libdnnl synchronises in ways
+  // a ThreadSanitizer build cannot see; serialising creation here makes that order dstrain's own.
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (auto it = st.prims.find(key); it != st.prims.end()) return it->second;
   const auto [M, N, K, ta, tb, has_bias, acc, threads] = key;
   (void)threads;
   auto p = std::make_shared<Prim>();
@@ -137,9 +137,8 @@ std::shared_ptr<const Prim> prim_for(State& st, const Key& key) {
   const dnnl::matmul::primitive_desc pd(d, attr, st.engine);
   p->scratch = pd.scratchpad_desc();
   p->matmul = dnnl::matmul(pd);
-  std::lock_guard<std::mutex> lock(st.mu);
   if (st.prims.size() >= kMaxPrims) st.prims.clear();
-  return st.prims.emplace(key, std::move(p)).first->second;  // a racing thread's entry wins; ours is dropped
+  return st.prims.emplace(key, std::move(p)).first->second;
 }
 
 struct FreeDeleter {
