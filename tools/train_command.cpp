@@ -293,8 +293,9 @@ void add_train_command(CLI::App& app) {
       ->check(finite_number_at_least(0.0))
       ->capture_default_str();
   cmd->add_option("--peak-flops", args->peak_flops,
-                  "Peak FLOP/s for the flops profiler's MFU (default 0: measure one GEMM once on the training device: a 1024^3 fp32 "
-                  "sgemm on the cpu, a 4096^3 GEMM in the training dtype on a GPU)")
+                  "Peak FLOP/s for MFU in the progress line, the summary and the flops profiler (default 0: measure one GEMM "
+                  "once, in the training dtype, on the training device: 1024^3 on the cpu through the path the run's "
+                  "matmuls take, 4096^3 through cuBLASLt on a GPU)")
       ->check(finite_number_at_least(0.0))
       ->capture_default_str();
   add_auto_value_options(cmd, args->autos);
