@@ -7,6 +7,7 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -385,7 +386,10 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   }
   if (raw_names.empty()) fail("DeepSpeed checkpoint file '{}': no parameters", model_file.string());
-  for (const std::string& n : raw_names) check_param_name(n, model_file.string());  // (the state may be written as a universal folder)
+  for (const std::string& n : raw_names) {
+    check_param_name(n, model_file.string());  // (the state may be written as a universal folder)
+    check_param_shape(st.shapes.at(n), model_file.string(), n);
+  }
   // A pickle may hold a key twice (Python's dict would keep the last); a name twice in param_shapes
   // or the module would have its values taken apart twice and handed on once empty: corrupt.
   if (const std::string twice = first_repeated(raw_names); !twice.empty()) {
@@ -492,7 +496,21 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
         }
       }
       if (ids.size() != raw_names.size()) {
-        fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}", model_file.string(), ids.size(), raw_names.size());
+        // The usual cause: a tied weight whose two names hold different values — two storages, so
+        // two tensors of 'module', but one parameter of the optimizer. Name the suspects: matrices
+        // outside the numbered layers (embeddings, heads) shaped as an earlier one.
+        std::vector<std::string> suspects;
+        for (std::size_t i = 0; i < raw_names.size(); ++i)
+          for (std::size_t j = 0; j < i; ++j)
+            if (st.shapes.at(raw_names[i]).size() >= 2 && st.shapes.at(raw_names[i]) == st.shapes.at(raw_names[j]) &&
+                raw_names[i].find("layers.") == std::string::npos && raw_names[i].find(".h.") == std::string::npos) {
+              suspects.push_back(fmt::format("'{}' (shaped as '{}')", raw_names[i], raw_names[j]));
+              break;
+            }
+        fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}{}", model_file.string(), ids.size(),
+             raw_names.size(),
+             suspects.empty() ? std::string()
+                              : fmt::format("; a tied weight saved under two names with different values would do that: {}", fmt::join(suspects, ", ")));
       }
       const std::vector<std::vector<std::string>> group_names =
           stage0_group_members(raw_names, st.shapes, {}, Stage0Counts{counts, sizes}, model_file.string());
@@ -515,9 +533,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
     }
   } else {
     // ---- ZeRO stages 1 and 2: one optimizer file per data-parallel rank ----
-    static const std::regex re(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$)");
+    // DeepSpeed's checkpoint constants name two prefixes (BF16_ZERO_FILE_PREFIX, FP16_ZERO_FILE_PREFIX);
+    // its engine writes bf16_ on bf16 runs and none otherwise. One folder holds one of them.
+    static const std::regex re(R"(^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$)");
     std::map<int, fs::path> files;
     std::string prefix;
+    std::string first_file;                   // the first rank file met, and
+    std::optional<std::string> other_prefix;  // a file of another prefix than its
     for (const auto& e : fs::directory_iterator(st.dir, ec)) {
       std::smatch m;
       const std::string f = e.path().filename().string();
@@ -528,9 +550,18 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
         if (const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), r); err != std::errc()) {
           fail("DeepSpeed checkpoint '{}': the rank file '{}' has a rank number out of range", st.dir.string(), f);
         }
+        if (first_file.empty()) {
+          first_file = f;
+          prefix = m[1].str();
+        } else if (m[1].str() != prefix) {
+          other_prefix = f;
+        }
         files[r] = e.path();
-        prefix = m[1].str();
       }
+    }
+    if (other_prefix) {
+      fail("DeepSpeed checkpoint '{}': its optimizer files mix prefixes ('{}' beside '{}'): the rank files of two saves; keep the one save's files",
+           st.dir.string(), *other_prefix, first_file);
     }
     if (files.empty()) {
       fail("DeepSpeed checkpoint '{}': param_shapes say ZeRO, but no zero_pp_rank_<r>_mp_rank_00_optim_states.pt file is there", st.dir.string());

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/error.h"
@@ -56,13 +58,28 @@ std::string json_text(const TorchValue& v) {
 
 namespace deepspeed_parts {
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+namespace {
+// The element count, or nullopt for a negative size or more than 2^40 elements.
+std::optional<std::int64_t> sane_numel(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
   for (const std::int64_t d : shape) {
-    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) fail("DeepSpeed checkpoint: a parameter shape with a negative or huge size");
+    if (d < 0 || (d != 0 && n > (std::int64_t{1} << 40) / d)) return std::nullopt;
     n *= d;
   }
   return n;
+}
+}  // namespace
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  const std::optional<std::int64_t> n = sane_numel(shape);
+  if (!n) fail("DeepSpeed checkpoint: a parameter shape ({}) with a negative or huge size", fmt::join(shape, ", "));
+  return *n;
+}
+
+void check_param_shape(const std::vector<std::int64_t>& shape, const std::string& file, const std::string& name) {
+  if (!sane_numel(shape))
+    fail("DeepSpeed checkpoint file '{}': parameter '{}' has the shape ({}): a negative size or over 2^40 elements, which no saved parameter has",
+         file, name, fmt::join(shape, ", "));
 }
 
 std::string first_repeated(const std::vector<std::string>& names) {

@@ -19,6 +19,9 @@ namespace dstrain::deepspeed_parts {
 bool is_folder_name(const std::string& n);
 // Elements of a saved shape; Error on a negative or absurdly large size (a corrupt file).
 std::int64_t numel_of(const std::vector<std::int64_t>& shape);
+// Error naming the file and the parameter for a shape numel_of would refuse: a lying param_shapes
+// entry is found where it is read, not later in a shape-less message.
+void check_param_shape(const std::vector<std::int64_t>& shape, const std::string& file, const std::string& name);
 // The first name that appears twice in `names`, "" if none.
 std::string first_repeated(const std::vector<std::string>& names);
 // Error unless the parameter name `n` (of `file`) is one folder name: not empty, ".", ".." or a

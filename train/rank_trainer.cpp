@@ -274,8 +274,9 @@ void RankTrainer::announce() {
   if (plan_.resume && plan_.resume->deepspeed) {
     const DeepSpeedResume& d = *plan_.resume->deepspeed;
     say(fmt::format("resumed from {}: {}", d.summary, d.carried));
-    for (const std::string& note : d.notes) trainer_warn(options_, note);
-    if (!options_.init_from.empty())
+    if (lead())  // every rank planned the same resume: its notes once
+      for (const std::string& note : d.notes) trainer_warn(options_, note);
+    if (lead() && !options_.init_from.empty())
       trainer_warn(options_, fmt::format("--init-from {} is not read: the run resumes from a checkpoint", options_.init_from.string()));
   } else if (plan_.resume) {
     say(fmt::format("resumed from checkpoint {} at step {} (seed {}; data epoch {}, window {})", (plan_.resume->dir / plan_.resume->tag).string(),

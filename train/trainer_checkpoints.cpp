@@ -30,6 +30,14 @@ void check_resume_point(ResumePoint& rp, const TrainerOptions& options, const Ar
 // this model's parameters and checked against the config, on every rank, before the engine exists.
 ResumePoint plan_deepspeed_resume(const fs::path& dir, const TrainerOptions& options, const Architecture& model, const config::DsConfig& config) {
   if (!fs::is_directory(dir)) fail("--resume-deepspeed {}: no such folder; give the save_dir of the DeepSpeed run to continue", dir.string());
+  // dstrain's own checkpoints there would take over its `latest` with tags that hold no DeepSpeed
+  // files, so DeepSpeed's load_checkpoint of the folder would fail afterwards.
+  if (!options.save_dir.empty() && options.save_format == TrainerOptions::SaveFormat::dstrain &&
+      (is_inside(options.save_dir, dir) || is_inside(dir, options.save_dir)))
+    fail("--save-dir {}: it {} the DeepSpeed checkpoint folder being resumed ({}); dstrain's checkpoints there would replace its `latest` with "
+         "tags DeepSpeed cannot load. Give --save-dir another folder, or add --save-format deepspeed to save each checkpoint in DeepSpeed's layout "
+         "too",
+         options.save_dir.string(), is_inside(options.save_dir, dir) ? "is or lies inside" : "holds", dir.string());
   ResumePoint rp;
   const DeepSpeedTrainingState ds = read_deepspeed_checkpoint(dir, options.load_tag);
   auto resume = std::make_shared<DeepSpeedResume>(deepspeed_resume_state(ds, model, config));
@@ -115,6 +123,11 @@ std::optional<ResumePoint> plan_resume(const TrainerOptions& options, const Arch
   if (!fs::is_directory(rp.dir)) {
     fail("--resume {}: no such folder; give the --save-dir of the run to continue (or --resume auto to start fresh when there is none)",
          options.resume);
+  }
+  if (options.resume == "auto" && is_deepspeed_checkpoint(rp.dir)) {
+    fail("--resume auto: --save-dir {} holds a DeepSpeed checkpoint, not dstrain's; continue it with --resume-deepspeed {} and give --save-dir "
+         "another folder (or add --save-format deepspeed to keep saving there in DeepSpeed's layout too)",
+         rp.dir.string(), rp.dir.string());
   }
   rp.tag = options.load_tag;
   if (rp.tag.empty()) {

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <optional>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "engine/lr_schedule.h"
 #include "engine/optim/optimizer.h"
 #include "models/hf_param_names.h"
 #include "ops/error.h"
@@ -134,6 +136,35 @@ std::map<std::string, std::vector<float>> map_hf_tensors(const Architecture& mod
   return out;
 }
 
+// The saved state carries only the schedule's iteration (DeepSpeed's {"last_batch_iteration"}), so
+// the config's scheduler and optimizer decide the lr from here on — as DeepSpeed's load_checkpoint
+// does. Where that lr is not the one the saved run's optimizer held (a scheduler or an lr changed
+// between the runs), the run would jump silently: say so, with both schedules, before step 1.
+static std::optional<std::string> lr_change_note(const DeepSpeedTrainingState& ds, const config::DsConfig& config, std::optional<std::int64_t> it,
+                                          const std::string& source) {
+  const auto saved = ds.param_group.find("lr");
+  if (saved == ds.param_group.end()) return std::nullopt;
+  double lr = config.optimizer.params.lr;
+  if (config.scheduler.present() && it) {
+    LrSchedule sched(config.scheduler, config.optimizer.params.lr, config.optimizer.params.betas);
+    sched.set_last_batch_iteration(*it);
+    lr = sched.lr();
+  }
+  if (std::abs(lr - saved->second) <= 1e-6 * std::max(std::abs(lr), std::abs(saved->second))) return std::nullopt;
+  std::string before = "its ds_config is not saved";
+  if (ds.ds_config_json) {
+    const config::Json d = config::Json::parse(*ds.ds_config_json, nullptr, false);
+    const bool has = d.is_object() && d.contains("scheduler") && d.at("scheduler").is_object();
+    before = has ? fmt::format("its run's scheduler was {}", d.at("scheduler").dump()) : std::string("its run had no scheduler");
+  }
+  const std::string now = config.scheduler.present()
+                              ? fmt::format("the config's is {{\"type\": \"{}\", \"params\": {}}}", config.scheduler.type, config.scheduler.raw_params.dump())
+                              : std::string("the config has none");
+  return fmt::format("{}: its optimizer was at lr {:.6g}, but this config gives lr {:.6g}{} ({}; {}): the lr changes at the resume, as "
+                     "DeepSpeed's load_checkpoint would change it; resume with the saved run's scheduler and optimizer lr to continue its schedule",
+                     source, saved->second, lr, it ? fmt::format(" at iteration {}", *it) : std::string(), before, now);
+}
+
 DeepSpeedResume deepspeed_resume_state(const DeepSpeedTrainingState& ds, const Architecture& model, const config::DsConfig& config) {
   DeepSpeedResume r;
   const std::string source = fmt::format("DeepSpeed checkpoint {}", ds.dir.string());
@@ -205,6 +236,7 @@ DeepSpeedResume deepspeed_resume_state(const DeepSpeedTrainingState& ds, const A
     ws.lr_last_batch_iteration = sched->at("last_batch_iteration").get<std::int64_t>();
     carried.push_back(fmt::format("lr schedule at iteration {}", *ws.lr_last_batch_iteration));
   }
+  if (std::optional<std::string> change = lr_change_note(ds, config, ws.lr_last_batch_iteration, source)) r.notes.push_back(std::move(*change));
   // The loss scale: carried only into fp16 with dynamic loss scaling.
   const bool dynamic_fp16 = config.fp16.enabled && config.fp16.loss_scale == 0.0;
   if (ds.loss_scaler) {

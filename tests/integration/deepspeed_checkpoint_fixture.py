@@ -814,6 +814,22 @@ def main():
         torch.save(sd, f)
         write(os.path.join(a.out, 'lie'), 2, 'fp32', 2, lie_shape=True)
         write(os.path.join(a.out, 'lie3'), 3, 'bf16', 2, lie_shape=True)
+        # param_shapes entries no parameter has: 2^70 elements, a negative size.
+        for name, shape in (('huge', [2 ** 40, 2 ** 30]), ('negative', [-3, 8])):
+            write(os.path.join(a.out, name), 1, 'fp32', 2)
+            f = os.path.join(a.out, name, 'global_step%d' % STEP, 'mp_rank_00_model_states.pt')
+            sd = torch.load(f)
+            n0 = next(iter(sd['param_shapes'][0]))
+            sd['param_shapes'][0][n0] = torch.Size(shape)
+            torch.save(sd, f)
+        # Stage 0: the embedding saved a second time under lm_head's name with other values — two
+        # storages in 'module', one parameter of the optimizer.
+        write(os.path.join(a.out, 'tied_twice'), 0, 'fp32', 1)
+        f = os.path.join(a.out, 'tied_twice', 'global_step%d' % STEP, 'mp_rank_00_model_states.pt')
+        sd = torch.load(f)
+        wte = next(k for k in sd['module'] if k.endswith('wte.weight'))
+        sd['module'][wte[:-len('transformer.wte.weight')] + 'lm_head.weight'] = sd['module'][wte].clone() + 1
+        torch.save(sd, f)
 
         class Evil:
             def __reduce__(self):

@@ -298,4 +298,35 @@ TEST_F(ExportDeepSpeedCli, WhatCannotWorkIsRefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(dec.out.find("step 1/"), std::string::npos) << dec.out;
 }
 
+
+// Folders holding DeepSpeed files are never mixed with another save's: an export over a tag folder
+// already there is refused (the new layout's rank files would sit beside the old ones under one
+// `latest`), and a resume of a DeepSpeed folder that would save dstrain's checkpoints into it (taking
+// over its `latest`) is refused before step 1, as is `--resume auto` on it, naming --resume-deepspeed.
+TEST_F(ExportDeepSpeedCli, FoldersOfDeepSpeedFilesAreNeverMixed) {
+  const fs::path out = dir_ / "ds_twice";
+  const CliResult first = run_dstrain("export " + q(dir_ / "gpt2") + " -o " + q(out) + " --zero-stage 3 --dp 4");
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const auto listing = [](const fs::path& d) {
+    std::map<std::string, std::uintmax_t> files;
+    for (const auto& e : fs::recursive_directory_iterator(d)) files[e.path().string()] = e.is_regular_file() ? e.file_size() : 0;
+    return files;
+  };
+  const auto before = listing(out);
+  const CliResult again = run_dstrain("export " + q(dir_ / "gpt2") + " -o " + q(out) + " --zero-stage 1 --dp 2");
+  EXPECT_EQ(again.exit_code, 2) << again.out << again.err;
+  EXPECT_NE(again.err.find((out / "global_step3").string() + " already exists"), std::string::npos) << again.err;
+  EXPECT_EQ(listing(out), before);
+  const std::string latest = dstrain::testing::read_file_text(out / "latest");
+  const CliResult into = run_dstrain(train("fp16", 2, 2, kGpt2) + " --steps 4 --resume-deepspeed " + q(out) + " --save-dir " + q(out));
+  EXPECT_EQ(into.exit_code, 2) << into.out << into.err;
+  EXPECT_NE(into.err.find("the DeepSpeed checkpoint folder being resumed"), std::string::npos) << into.err;
+  EXPECT_EQ(into.out.find("step 4/"), std::string::npos) << into.out;
+  const CliResult autoresume = run_dstrain(train("fp16", 2, 2, kGpt2) + " --steps 4 --resume auto --save-dir " + q(out));
+  EXPECT_EQ(autoresume.exit_code, 2) << autoresume.out << autoresume.err;
+  EXPECT_NE(autoresume.err.find("continue it with --resume-deepspeed " + out.string()), std::string::npos) << autoresume.err;
+  EXPECT_EQ(dstrain::testing::read_file_text(out / "latest"), latest);
+  EXPECT_EQ(listing(out), before);
+}
+
 }  // namespace

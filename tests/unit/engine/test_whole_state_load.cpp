@@ -329,6 +329,22 @@ TEST(DeepSpeedResume, RefusesWhatCannotCarryOver) {
   EXPECT_EQ(ok.summary, "DeepSpeed checkpoint /ds/global_step7 (global_step 7, ZeRO stage 2 on 4 ranks, bf16)");
   ASSERT_EQ(ok.notes.size(), 1u);
   EXPECT_NE(ok.notes[0].find("dynamic loss scale 65536 is ignored: the config trains in bf16"), std::string::npos) << ok.notes[0];
+  // The saved optimizer's lr against the config's schedule at the saved iteration: WarmupLR's log
+  // warmup gives lr · ln(it + 1) / ln(W) (docs/lr_schedules.md), so the saved run at it 6 of W = 10
+  // held 1e-3 · ln 7 / ln 10. The same schedule continues without a word; W = 20 would jump to
+  // 1e-3 · ln 7 / ln 20, which a note says before step 1, with both schedules.
+  DeepSpeedTrainingState at_lr = ds;
+  at_lr.param_group["lr"] = 1e-3 * std::log(7.0) / std::log(10.0);
+  at_lr.ds_config_json = R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})";
+  EXPECT_EQ(deepspeed_resume_state(at_lr, *arch, config_of(sched)).notes.size(), 1u);
+  const DeepSpeedResume jump =
+      deepspeed_resume_state(at_lr, *arch, config_of(R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 20}})"));
+  ASSERT_EQ(jump.notes.size(), 2u);
+  EXPECT_NE(jump.notes[0].find(fmt::format("its optimizer was at lr {:.6g}, but this config gives lr {:.6g} at iteration 6",
+                                           1e-3 * std::log(7.0) / std::log(10.0), 1e-3 * std::log(7.0) / std::log(20.0))),
+            std::string::npos)
+      << jump.notes[0];
+  EXPECT_NE(jump.notes[0].find(R"(its run's scheduler was {"type":"WarmupLR","params":{"warmup_num_steps":10}})"), std::string::npos) << jump.notes[0];
   const auto refused = [&](DeepSpeedTrainingState d, const std::string& extra, const std::string& want) {
     const std::string e = error_of([&] { deepspeed_resume_state(d, *arch, config_of(extra)); });
     EXPECT_NE(e.find(want), std::string::npos) << e;

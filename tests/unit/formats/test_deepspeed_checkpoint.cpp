@@ -280,6 +280,39 @@ TEST_F(DeepSpeedCheckpointTest, AStage3ShapeThatDoesNotAddUpWithThePartitionsIsR
   EXPECT_NE(e.find("zero_pp_rank_0_mp_rank_00_model_states.pt"), std::string::npos) << e;
 }
 
+// A param_shapes entry of 2^70 elements or a negative size is refused where it is read, naming the
+// file and the parameter (not later, in a message naming neither).
+TEST_F(DeepSpeedCheckpointTest, AnImpossibleShapeIsRefusedNamingFileAndParameter) {
+  for (const char* cell : {"huge", "negative"}) {
+    const std::string e = error_of(dir_ / cell);
+    EXPECT_NE(e.find((dir_ / cell / "global_step10" / "mp_rank_00_model_states.pt").string()), std::string::npos) << cell << ": " << e;
+    EXPECT_NE(e.find("transformer.wte.weight' has the shape ("), std::string::npos) << cell << ": " << e;
+  }
+}
+
+// Stage 0: a tied weight saved a second time with other values is one parameter more in 'module'
+// than in the optimizer's groups; the error names the suspect.
+TEST_F(DeepSpeedCheckpointTest, ATiedWeightSavedTwiceWithOtherValuesIsNamed) {
+  const std::string e = error_of(dir_ / "tied_twice");
+  EXPECT_NE(e.find("param_groups hold"), std::string::npos) << e;
+  EXPECT_NE(e.find("lm_head.weight' (shaped as '"), std::string::npos) << e;
+}
+
+// DeepSpeed's constants name a bf16_ and an fp16_ prefix of the optimizer files: a folder of either
+// reads the same values; a folder mixing them holds two saves' files and is refused.
+TEST_F(DeepSpeedCheckpointTest, TheFp16PrefixReadsAndMixedPrefixesAreRefused) {
+  const fs::path d = copy_of("s1_fp16_dp2", "fp16_prefix");
+  const fs::path step = d / "global_step10";
+  for (int r = 0; r < 2; ++r) {
+    const std::string f = "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
+    fs::rename(step / f, step / ("fp16_" + f));
+  }
+  expect_cell(d, "fp16", 1, 2);
+  fs::rename(step / "fp16_zero_pp_rank_1_mp_rank_00_optim_states.pt", step / "zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  const std::string e = error_of(d);
+  EXPECT_NE(e.find("mix prefixes"), std::string::npos) << e;
+}
+
 TEST_F(DeepSpeedCheckpointTest, AMissingRankFileIsNamed) {
   const fs::path d = copy_of("s2_bf16_dp4", "missing_rank");
   fs::remove(d / "global_step10" / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt");
