@@ -61,11 +61,13 @@ class ResumeDeepSpeedCli : public ::testing::Test {
     dir_ = dstrain::testing::fresh_suite_dir("dstrain_test_resume_deepspeed_cli");
     const CliResult prep = dstrain::testing::prepare_english_bytes_data(dir_);
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
-    // The original runs: 3 steps on 1 rank at stage 0, one per dtype; and a Llama in bf16.
-    for (const std::string dtype : {"fp32", "bf16", "fp16", "llama_bf16"}) {
-      const bool llama = dtype.starts_with("llama_");
-      const CliResult r = run_dstrain(train(llama ? dtype.substr(6) : dtype, 0, 1, llama ? kLlama : kModel) + " --steps 3 --save-dir " +
-                                      q(dir_ / ("orig_" + dtype)) + " --save-weights " + q(dir_ / ("orig_" + dtype + ".safetensors")));
+    // The original runs: 3 steps on 1 rank at stage 0, one per dtype; a Llama in bf16; and fp16 with
+    // step 2 skipped for an overflow (global_steps 3, skipped_steps 1, Adam's step 2).
+    for (const std::string dtype : {"fp32", "bf16", "fp16", "llama_bf16", "fp16_skip"}) {
+      const bool llama = dtype.starts_with("llama_"), skip = dtype.ends_with("_skip");
+      const std::string precision = llama ? dtype.substr(6) : skip ? dtype.substr(0, 4) : dtype;
+      const CliResult r = run_dstrain(train(precision, 0, 1, llama ? kLlama : kModel) + " --steps 3 --save-dir " + q(dir_ / ("orig_" + dtype)) +
+                                      " --save-weights " + q(dir_ / ("orig_" + dtype + ".safetensors")) + (skip ? " --inject-overflow 2" : ""));
       ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     }
   }
@@ -148,6 +150,58 @@ TEST_F(ResumeDeepSpeedCli, ResumedStateIsTheSavedStateExactly) {
     // The weights a user takes away: the same file.
     EXPECT_TRUE(read_file_text(dir_ / (orig_name + ".safetensors")) == read_file_text(dir_ / ("res_" + name + ".safetensors")))
         << "--save-weights differs";
+  }
+}
+
+// Continuing: resuming the DeepSpeed folder and training k = 2 more steps gives the losses and the
+// state that continuing dstrain's own equivalent checkpoint gives — the checkpoint of the same state
+// a 0-step DeepSpeed resume saves (its data position is the DeepSpeed resume's, the beginning of
+// --data, so both runs read the same windows). Bit for bit: the same state must train the same. Cells:
+// fp16 with a step skipped for overflow (global_steps 3, skipped_steps 1, Adam's step 2, the loss
+// scaler after a skip) and the Llama in bf16, each resumed at another stage and rank count.
+TEST_F(ResumeDeepSpeedCli, ContinuingIsContinuingDstrainsOwnCheckpoint) {
+  struct Continue {
+    std::string orig, dtype, model;
+    int ds_stage, ds_dp, resume_stage, resume_ranks;
+  };
+  for (const Continue& c : {Continue{"fp16_skip", "fp16", kModel, 1, 2, 2, 2}, Continue{"llama_bf16", "bf16", kLlama, 2, 2, 1, 2}}) {
+    SCOPED_TRACE(c.orig);
+    const fs::path ds = dir_ / ("cont_ds_" + c.orig), own = dir_ / ("cont_own_" + c.orig);
+    const std::string fx = run_fixture(q(ds) + " --from-dstrain " + q(dir_ / ("orig_" + c.orig)) + " --stage " + std::to_string(c.ds_stage) +
+                                       " --dtype " + c.dtype + " --dp " + std::to_string(c.ds_dp));
+    ASSERT_EQ(fx.find("exit status"), std::string::npos) << fx;
+    const std::string run = train(c.dtype, c.resume_stage, c.resume_ranks, c.model);
+    // dstrain's own checkpoint of the DeepSpeed folder's state (no step: --steps 3 at global step 3).
+    const CliResult zero = run_dstrain(run + " --steps 3 --resume-deepspeed " + q(ds) + " --save-dir " + q(own));
+    ASSERT_EQ(zero.exit_code, 0) << zero.out << zero.err;
+    const SavedState orig = read_checkpoint_by_hand(dir_ / ("orig_" + c.orig)), mine = read_checkpoint_by_hand(own);
+    dstrain::testing::expect_same_training_state(orig, mine, c.model == kLlama ? 17u : 28u, "the 0-step resume");
+    EXPECT_EQ(mine.manifest["engine"]["skipped_steps"], orig.manifest["engine"]["skipped_steps"]);
+    EXPECT_EQ(mine.manifest["engine"]["skipped_steps"], c.orig == "fp16_skip" ? 1 : 0);
+    const CliResult from_ds = run_dstrain(run + " --steps 5 --resume-deepspeed " + q(ds) + " --save-dir " + q(dir_ / ("cont_a_" + c.orig)));
+    const CliResult from_own = run_dstrain(run + " --steps 5 --resume " + q(own) + " --save-dir " + q(dir_ / ("cont_b_" + c.orig)));
+    ASSERT_EQ(from_ds.exit_code, 0) << from_ds.out << from_ds.err;
+    ASSERT_EQ(from_own.exit_code, 0) << from_own.out << from_own.err;
+    const auto losses = [](const std::string& out) {
+      std::vector<std::string> v;
+      for (std::size_t at = out.find("step "); at != std::string::npos; at = out.find("step ", at + 1)) {
+        const std::size_t loss = out.find("| loss ", at), eol = out.find('\n', at);
+        if (loss != std::string::npos && loss < eol) v.push_back(out.substr(at, eol - at).substr(0, out.find(" | ", loss + 7) - at));
+      }
+      return v;
+    };
+    const std::vector<std::string> a = losses(from_ds.out), b = losses(from_own.out);
+    ASSERT_EQ(a.size(), 2u) << from_ds.out;
+    EXPECT_EQ(a, b) << from_ds.out << "\n---\n" << from_own.out;
+    EXPECT_NE(a[0].find("step 4/5 | loss "), std::string::npos) << a[0];
+    const SavedState sa = read_checkpoint_by_hand(dir_ / ("cont_a_" + c.orig)), sb = read_checkpoint_by_hand(dir_ / ("cont_b_" + c.orig));
+    dstrain::testing::expect_same_training_state(sa, sb, c.model == kLlama ? 17u : 28u, "after 2 more steps");
+    EXPECT_EQ(sa.manifest["engine"]["global_steps"], 5);
+    if (c.orig == "fp16_skip") {
+      EXPECT_EQ(sa.manifest["engine"]["skipped_steps"], 1);
+      for (const char* key : {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"})
+        EXPECT_EQ(sa.manifest["loss_scaler"][key], sb.manifest["loss_scaler"][key]) << key;
+    }
   }
 }
 

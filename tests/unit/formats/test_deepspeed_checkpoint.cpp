@@ -156,10 +156,13 @@ struct CellName {
 };
 
 // A Llama (GQA: k_proj / v_proj of fewer rows than q_proj; SwiGLU; untied lm_head) saved without
-// "module." — the names DeepSpeed's engine.param_names really has.
+// "module." — the names DeepSpeed's engine.param_names really has — at every stage x dtype x DP.
 TEST_F(DeepSpeedCheckpointTest, LlamaCellsGiveTheSavedValues) {
-  for (const CellName& c : std::vector<CellName>{{0, "bf16", 1}, {0, "fp32", 1}, {1, "fp16", 2}, {1, "bf16", 2}, {2, "bf16", 4}, {2, "fp32", 2},
-                                                 {3, "fp32", 2}, {3, "fp16", 4}}) {
+  std::vector<CellName> cells;
+  for (const int stage : {0, 1, 2, 3})
+    for (const char* dtype : {"fp32", "fp16", "bf16"})
+      for (const int dp : {1, 2, 4}) cells.push_back({stage, dtype, dp});
+  for (const CellName& c : cells) {
     SCOPED_TRACE(c.name("llama_"));
     const DeepSpeedTrainingState st = expect_cell(dir_ / c.name("llama_"), c.dtype, c.stage, c.dp);
     EXPECT_EQ(st.shapes.at("model.layers.0.self_attn.k_proj.weight"), (std::vector<std::int64_t>{4, 8}));
