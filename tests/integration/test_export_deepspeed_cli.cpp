@@ -199,6 +199,11 @@ TEST_F(ExportDeepSpeedCli, SaveFormatFolderResumesBitIdentical) {
   for (const char* key : {"kind", "cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"})
     EXPECT_EQ(b.manifest["loss_scaler"][key], a.manifest["loss_scaler"][key]) << key;
   expect_lossless(dir_ / "llama", dir_ / "llama", kLlama, "bf16", 1, 2, "llama_saveformat");
+  // --save-format universal: ds_to_universal's layout in the tag folder, read the same way.
+  const CliResult u = run_dstrain(train("fp16", 2, 2, kGpt2) + " --steps 3 --save-dir " + q(dir_ / "gpt2_uni") + " --save-format universal");
+  ASSERT_EQ(u.exit_code, 0) << u.out << u.err;
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "gpt2_uni" / "global_step3" / "zero" / "transformer.h.0.attn.c_attn.weight" / "exp_avg.pt"));
+  expect_lossless(dir_ / "gpt2_uni", dir_ / "gpt2_uni", kGpt2, "fp16", 3, 1, "gpt2_universal_saveformat");
 }
 
 TEST_F(ExportDeepSpeedCli, ExportAtOtherLayoutsResumesBitIdentical) {
