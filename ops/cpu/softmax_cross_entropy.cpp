@@ -1,5 +1,6 @@
-// Fused softmax + cross-entropy, CPU: rows in parallel; per row, one pass over V in chunks (chunk
-// max, rescale the running sum if the max grew, chunk sum of exp in fp32 added to a double total).
+// Fused softmax + cross-entropy, CPU: rows in parallel; the row loops per ISA
+// (ops/cpu/softmax_cross_entropy_isa.h): one pass over V in chunks (chunk max, rescale the running
+// sum if the max grew, chunk sum of exp in fp32 added to a double total).
 #include "ops/kernels/softmax_cross_entropy.h"
 
 #include <algorithm>
@@ -9,14 +10,14 @@
 
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
+#include "ops/cpu/softmax_cross_entropy_isa.h"
 #include "ops/kernels/kernel_check.h"
 
 namespace dstrain {
 namespace {
 
 using namespace kernel_check;
-
-constexpr std::int64_t kChunk = 512;
 
 struct CeShape {
   std::int64_t BT, Vp;
@@ -48,27 +49,6 @@ CeShape check_ce(const char* op, const char* lname, const Tensor& logits, const 
   return s;
 }
 
-template <typename T>
-float row_lse(const T* __restrict x, std::int64_t V) {
-  float m = -std::numeric_limits<float>::infinity();
-  double sum = 0.0;
-  for (std::int64_t v0 = 0; v0 < V; v0 += kChunk) {
-    const std::int64_t n = std::min(kChunk, V - v0);
-    float cm = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : cm)
-    for (std::int64_t v = 0; v < n; ++v) cm = std::max(cm, cpu::load(x[v0 + v]));
-    if (cm > m) {
-      sum *= std::exp(static_cast<double>(m) - static_cast<double>(cm));  // 0 when m = -inf
-      m = cm;
-    }
-    float cs = 0.0f;
-#pragma omp simd reduction(+ : cs)
-    for (std::int64_t v = 0; v < n; ++v) cs += cpu::fast_exp(cpu::load(x[v0 + v]) - m);
-    sum += static_cast<double>(cs);
-  }
-  return m + static_cast<float>(std::log(sum));
-}
-
 }  // namespace
 
 float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, std::int64_t V) {
@@ -81,12 +61,14 @@ float softmax_cross_entropy_forward(Tensor losses, Tensor lse, Tensor logits, Te
   auto* loss = static_cast<float*>(losses.data);
   auto* lp = static_cast<float*>(lse.data);
   const auto* tg = static_cast<const std::int32_t*>(targets.data);
+  const auto row_lse = cpu::isa_select(cpu::scalar::ce_row_lse, cpu::avx2::ce_row_lse, cpu::avx512::ce_row_lse);
+  const auto* x = static_cast<const std::byte*>(logits.data);
+  const std::size_t row_bytes = static_cast<std::size_t>(s.Vp) * dtype_size(logits.dtype);
   cpu::dispatch_float(op, logits.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    const T* x = static_cast<const T*>(logits.data);
 #pragma omp parallel for schedule(dynamic, 4) if (cpu::parallel_worth(s.BT * s.Vp))
     for (std::int64_t i = 0; i < s.BT; ++i) {
-      const T* row = x + i * s.Vp;
-      const float l = row_lse(row, V);
+      const auto* row = reinterpret_cast<const T*>(x + static_cast<std::size_t>(i) * row_bytes);
+      const float l = row_lse(logits.dtype, row, V);
       lp[i] = l;
       loss[i] = tg[i] < 0 ? 0.0f : l - cpu::load(row[tg[i]]);
     }
@@ -111,25 +93,15 @@ void softmax_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor lse, T
   DSTRAIN_RETURN_ON_CUDA(gpu, softmax_cross_entropy_backward(dlogits, logits, lse, targets, dloss, V));
   const auto* lp = static_cast<const float*>(lse.data);
   const auto* tg = static_cast<const std::int32_t*>(targets.data);
-  cpu::dispatch_float(op, logits.dtype, [&]<typename T>(cpu::TypeTag<T>) {
-    const T* x = static_cast<const T*>(logits.data);
-    T* dx = static_cast<T*>(dlogits.data);  // may equal x: each element is read before it is written
+  const auto row_backward = cpu::isa_select(cpu::scalar::ce_row_backward, cpu::avx2::ce_row_backward, cpu::avx512::ce_row_backward);
+  const auto* x = static_cast<const std::byte*>(logits.data);
+  auto* dx = static_cast<std::byte*>(dlogits.data);  // may equal x: each element is read before it is written
+  const std::size_t row_bytes = static_cast<std::size_t>(s.Vp) * dtype_size(logits.dtype);
 #pragma omp parallel for schedule(dynamic, 4) if (cpu::parallel_worth(s.BT * s.Vp))
-    for (std::int64_t i = 0; i < s.BT; ++i) {
-      const T* xr = x + i * s.Vp;
-      T* dr = dx + i * s.Vp;
-      const std::int32_t t = tg[i];
-      if (t < 0) {
-        for (std::int64_t v = 0; v < s.Vp; ++v) dr[v] = cpu::store<T>(0.0f);
-        continue;
-      }
-      const float l = lp[i];
-      const float xt = cpu::load(xr[t]);  // read before the row is overwritten
-      for (std::int64_t v = 0; v < V; ++v) dr[v] = cpu::store<T>(cpu::fast_exp(cpu::load(xr[v]) - l) * dloss);
-      for (std::int64_t v = V; v < s.Vp; ++v) dr[v] = cpu::store<T>(0.0f);
-      dr[t] = cpu::store<T>((cpu::fast_exp(xt - l) - 1.0f) * dloss);  // the one-hot term, rounded once
-    }
-  });
+  for (std::int64_t i = 0; i < s.BT; ++i) {
+    const std::size_t at = static_cast<std::size_t>(i) * row_bytes;
+    row_backward(logits.dtype, dx + at, x + at, V, s.Vp, tg[i], lp[i], dloss);
+  }
 }
 
 float softmax_cross_entropy_forward_backward(Tensor losses, Tensor lse, Tensor logits, Tensor targets, float dloss, std::int64_t V) {
