@@ -1,6 +1,6 @@
 // grad_norm_overflow, CPU: blocks fixed by n, parallel over blocks, 8 interleaved double
-// accumulators per block (so the loop vectorises without reassociating anything), block sums
-// added in order. scale_grads: one elementwise pass.
+// accumulators per block (so the loop vectorises without reassociating anything; the loop per ISA,
+// ops/cpu/reduce_isa.h), block sums added in order. scale_grads: one elementwise pass.
 #include "ops/kernels/grad_norm_overflow.h"
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/backend_dispatch.h"
+#include "ops/cpu/isa_dispatch.h"
+#include "ops/cpu/reduce_isa.h"
 #include "ops/kernels/kernel_check.h"
 
 namespace dstrain {
@@ -19,37 +21,6 @@ using namespace kernel_check;
 
 constexpr std::int64_t kMaxBlocks = 256;       // partials on the stack: 256 x 16 bytes
 constexpr std::int64_t kMinBlockElems = 4096;  // below this a block is not worth a thread
-constexpr int kLanes = 8;
-
-// inf or NaN: all exponent bits set. Branch-free so the loop vectorises.
-inline double nonfinite_bit(float x) { return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) == 0x7f800000u ? 1.0 : 0.0; }
-
-template <typename G>
-GradNormOverflow block_sum(const G* __restrict g, std::int64_t begin, std::int64_t end) {
-  std::array<double, kLanes> sq{}, nf{};
-  std::int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const float x = cpu::load(g[i + k]);
-      const double d = static_cast<double>(x);
-      sq[static_cast<std::size_t>(k)] += d * d;
-      nf[static_cast<std::size_t>(k)] += nonfinite_bit(x);
-    }
-  }
-  for (int k = 0; i < end; ++i, ++k) {
-    const float x = cpu::load(g[i]);
-    const double d = static_cast<double>(x);
-    sq[static_cast<std::size_t>(k)] += d * d;
-    nf[static_cast<std::size_t>(k)] += nonfinite_bit(x);
-  }
-  GradNormOverflow r;
-  for (int k = 0; k < kLanes; ++k) {
-    r.norm_sq += sq[static_cast<std::size_t>(k)];
-    r.nonfinite += nf[static_cast<std::size_t>(k)];
-  }
-  return r;
-}
-
 }  // namespace
 
 GradNormOverflow grad_norm_overflow(Tensor grads) {
@@ -64,14 +35,13 @@ GradNormOverflow grad_norm_overflow(Tensor grads) {
   const std::int64_t blocks = std::clamp<std::int64_t>((n + kMinBlockElems - 1) / kMinBlockElems, 1, kMaxBlocks);
   const std::int64_t per = (n + blocks - 1) / blocks;
   std::array<GradNormOverflow, kMaxBlocks> part{};
-  cpu::dispatch_float(op, grads.dtype, [&]<typename G>(cpu::TypeTag<G>) {
-    const G* g = static_cast<const G*>(grads.data);
+  const auto range = cpu::isa_select(cpu::scalar::sum_squares_range, cpu::avx2::sum_squares_range, cpu::avx512::sum_squares_range);
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(n))
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t begin = std::min(n, b * per), end = std::min(n, begin + per);
-      part[static_cast<std::size_t>(b)] = block_sum(g, begin, end);
-    }
-  });
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t begin = std::min(n, b * per), end = std::min(n, begin + per);
+    GradNormOverflow& p = part[static_cast<std::size_t>(b)];
+    range(grads.dtype, grads.data, begin, end, &p.norm_sq, &p.nonfinite);
+  }
   GradNormOverflow total;
   for (std::int64_t b = 0; b < blocks; ++b) total += part[static_cast<std::size_t>(b)];
   return total;

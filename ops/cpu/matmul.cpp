@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops/cpu/isa_dispatch.h"
+#include "ops/cpu/reduce_isa.h"
 #include "ops/cpu/backend_dispatch.h"
 #include "ops/cpu/cpu_bf16_gemm.h"
 #include "ops/cpu/cpu_common.h"
@@ -134,17 +136,15 @@ void forward_impl(const char* op, T* out, const T* inp, const T* w, const T* bia
 template <typename T>
 void backward_impl(const char* opname, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, float* scratch, const MmShape& s) {
   const std::int64_t BT = s.BT, C = s.C, OC = s.OC;
-  if (db) {  // column sums of dout, blocks of 64 columns in parallel, rows in order
+  if (db) {  // column sums of dout, blocks of 64 columns in parallel, rows in order (the loop per ISA)
     constexpr std::int64_t kBlock = 64;
     const std::int64_t nblocks = (OC + kBlock - 1) / kBlock;
+    const auto column_sums = cpu::isa_select(cpu::scalar::column_sums_range, cpu::avx2::column_sums_range, cpu::avx512::column_sums_range);
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(BT * OC))
     for (std::int64_t blk = 0; blk < nblocks; ++blk) {
       const std::int64_t c0 = blk * kBlock, cn = std::min(kBlock, OC - c0);
       double acc[kBlock] = {};
-      for (std::int64_t r = 0; r < BT; ++r) {
-        const T* __restrict g = dout + r * OC + c0;
-        for (std::int64_t c = 0; c < cn; ++c) acc[c] += static_cast<double>(cpu::load(g[c]));
-      }
+      column_sums(dtype_of<T>(), acc, dout + c0, BT, OC, cn);
       for (std::int64_t c = 0; c < cn; ++c) db[c0 + c] = cpu::store<T>(static_cast<float>(cpu::load(db[c0 + c]) + acc[c]));
     }
   }

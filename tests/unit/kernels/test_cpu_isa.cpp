@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@
 #include "ops/kernels/rmsprop.h"
 #include "ops/kernels/rprop.h"
 #include "ops/kernels/softmax_cross_entropy.h"
+#include "ops/kernels/grad_norm_overflow.h"
+#include "ops/kernels/matmul.h"
 
 using namespace dstrain;
 using namespace dstrain::test;
@@ -146,6 +149,37 @@ std::vector<Case> cross_entropy_cases() {
   return cases;
 }
 
+// The gradient reductions (ops/cpu/reduce_isa.h): grad_norm_overflow's 8 double lanes (a length
+// that leaves a tail, an inf and a NaN counted) and the bias gradient's column sums in matmul's
+// backward (OC not a multiple of the 64-column blocks nor of a vector), the same bits on every ISA.
+std::vector<Case> reduction_cases() {
+  std::vector<Case> cases;
+  for (const DType dt : kFloatDTypes) {
+    cases.push_back({"grad_norm_overflow " + dtype_label(dt), [=] {
+                       const std::int64_t n = 100003;
+                       Buf g(dt, n);
+                       std::mt19937_64 rng(12);
+                       g.fill_uniform(rng, -3, 3);
+                       g.set(17, std::numeric_limits<double>::infinity());
+                       g.set(n - 2, std::numeric_limits<double>::quiet_NaN());
+                       const GradNormOverflow r = grad_norm_overflow(g.tensor({n}));
+                       return std::vector<std::vector<unsigned char>>{bytes_of(&r.norm_sq, 8), bytes_of(&r.nonfinite, 8)};
+                     }});
+    cases.push_back({"matmul_backward bias " + dtype_label(dt), [=] {
+                       const std::int64_t BT = 37, OC = 201, C = 3;
+                       Buf dout(dt, BT * OC), dbias(dt, OC), inp(dt, BT * C), w(dt, OC * C);
+                       std::mt19937_64 rng(13);
+                       dout.fill_uniform(rng, -1, 1);
+                       dbias.fill_uniform(rng, -1, 1);
+                       std::vector<float> scratch(matmul_scratch_elems(dt, C));
+                       matmul_backward(Tensor(), Tensor(), dbias.tensor({OC}), dout.tensor({BT, OC}), inp.tensor({BT, C}), w.tensor({OC, C}),
+                                       scratch.empty() ? Tensor() : Tensor(scratch.data(), DType::fp32, Shape{static_cast<std::int64_t>(scratch.size())}));
+                       return std::vector<std::vector<unsigned char>>{bytes_of(dbias.data(), static_cast<std::size_t>(OC) * dtype_size(dt))};
+                     }});
+  }
+  return cases;
+}
+
 class CpuIsaTest : public ::testing::Test {
  protected:
   void TearDown() override { set_cpu_isa(detected_cpu_isa()); }
@@ -193,3 +227,5 @@ TEST_F(CpuIsaTest, AdamWSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(adam
 TEST_F(CpuIsaTest, OptimizerRulesSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(rule_cases()); }
 
 TEST_F(CpuIsaTest, CrossEntropySameBitsOnEveryIsa) { expect_same_bits_on_every_isa(cross_entropy_cases()); }
+
+TEST_F(CpuIsaTest, GradientReductionsSameBitsOnEveryIsa) { expect_same_bits_on_every_isa(reduction_cases()); }
