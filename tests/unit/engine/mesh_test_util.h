@@ -293,7 +293,7 @@ inline void check_against_one_rank(const MeshRun& m) {
     EXPECT_LE(std::abs(a - b), tol.loss_rtol * std::abs(b)) << "step " << k + 1 << ": loss " << a << ", one rank " << b;
     const double na = run.r0().grad_norms[k], nb = ref.r0().grad_norms[k];
     EXPECT_LE(std::abs(na - nb), norm_rtol * std::abs(nb)) << "step " << k + 1 << ": grad norm " << na << ", one rank " << nb;
-    if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) std::fprintf(stderr, "step %zu grad norm rel diff %.3g\n", k + 1, std::abs(na - nb) / std::abs(nb));
+    if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) std::fprintf(stderr, "step %zu grad norm rel diff %.3g loss rel diff %.3g\n", k + 1, std::abs(na - nb) / std::abs(nb), std::abs(a - b) / std::abs(b));
   }
   ASSERT_EQ(run.r0().params.size(), ref.r0().params.size());
   const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);
