@@ -289,6 +289,10 @@ void Engine::build_states(const config::DsConfig& config) {
       parameter_count_ += ps.shape.numel();
     }
   }
+  if (!im.options.inject_overflow_param.empty() && im.by_name.count(im.options.inject_overflow_param) == 0) {
+    fail("inject_overflow_param \"{}\" is not a parameter this rank's model owns (e.g. \"{}\"); name one of its owned parameters",
+         im.options.inject_overflow_param, im.owned.empty() ? "-" : im.owned.front().spec.name);
+  }
   // A pipeline stage's copies of parameters another stage owns (the norm counts the owner's).
   im.pipeline_copy.assign(im.owned.size(), false);
   for (const SharedParam& sp : model_.shared_params)

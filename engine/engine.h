@@ -134,6 +134,10 @@ struct EngineOptions {
   // (1-based) one gradient element is set to +inf before the overflow check, as a real fp16
   // overflow would. Only with fp16 or bf16 (fp32 has no overflow check: the update would be NaN).
   std::vector<std::int64_t> inject_overflow_steps{};
+  // ... into this parameter (its name, e.g. "model.layers.1.mlp.experts.down_proj.weight"): the
+  // first of its gradient elements this rank holds, where an overflow in that tensor would put it;
+  // a rank that holds none of it injects nothing. Empty: the first gradient element the rank holds.
+  std::string inject_overflow_param{};
 };
 
 // An embedding program's own LR rule: the LR of optimizer step `step` (0-based: the first step is 0).

@@ -7,9 +7,11 @@
 // routing differently, moves the loss beyond them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "engine/expert_parallel.h"
 #include "mesh_test_util.h"
@@ -149,6 +151,60 @@ TEST(MoeMeshCheckpointing, ExpertParallelRecomputeMatchesOneRank) {
   m.ckpt = true;
   m.model = kMoe;
   check_against_one_rank(m);
+}
+
+// DeepSpeed's dynamic loss scale after each of `steps` optimizer steps that all overflow
+// (docs/precision.md §4, §5), from S0 = 2^8 (zero_test_util.h's fp16 block) with the defaults:
+// ZeRO's DynamicLossScaler lets hysteresis 2 absorb the first overflow and halves at every later
+// one; stage 0's FP16_Optimizer halves at every overflow.
+std::vector<double> deepspeed_scales_after_overflows(int stage, int steps) {
+  double scale = 256.0;
+  int hysteresis = stage >= 1 ? 2 : 1;
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) {
+    if (hysteresis == 1) {
+      scale = std::max(scale / 2.0, 1.0);
+    } else {
+      hysteresis -= 1;
+    }
+    out.push_back(scale);
+  }
+  return out;
+}
+
+// An fp16 overflow in one expert's gradient, on the one EP rank that holds that expert, skips the
+// step on every rank: the non-finite count is summed over the data group before the loss scaler
+// decides (engine/engine_step.cpp), so rank 0 — whose own gradients are finite — skips too, the loss
+// scale falls as DeepSpeed's scaler says on both, and no parameter moves anywhere. Counting only
+// the rank's own gradients lets rank 0 step (its parameters move, it skips nothing).
+TEST(MoeMeshOverflow, AnInfInOneExpertOfOneRankSkipsTheStepOnEveryRank) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE(fmt::format("ZeRO stage {}", stage));
+    MeshRun m;
+    m.dp = 2;
+    m.ep = 2;
+    m.stage = stage;
+    m.precision = Precision::fp16;
+    m.model = kMoe;
+    m.steps = 2;
+    // Rank 1 holds experts 2 and 3 of each layer: an inf in the first of its elements of layer 1's
+    // down projections, at both steps; rank 0 injects nothing.
+    m.inject_overflow_ranks = {{}, {1, 2}};
+    m.inject_overflow_param = "model.layers.1.mlp.experts.down_proj.weight";
+    const RunResult run = run_mesh(m);
+    const RunResult& init = one_rank(kMoe, 0, Precision::fp16);
+    const std::vector<double> scales = deepspeed_scales_after_overflows(stage, m.steps);
+    ASSERT_EQ(run.ranks.size(), 2u);
+    for (std::size_t r = 0; r < run.ranks.size(); ++r) {
+      SCOPED_TRACE(fmt::format("rank {}", r));
+      const RankResult& rr = run.ranks[r];
+      EXPECT_EQ(rr.skipped_steps, 2);
+      EXPECT_EQ(rr.loss_scales, scales);
+      EXPECT_EQ(rr.grad_norms, (std::vector<double>{-1.0, -1.0}));  // DeepSpeed reports an overflowed step's norm as -1
+      ASSERT_EQ(rr.params.size(), init.r0().params.size());
+      for (const auto& [name, v] : init.r0().params) EXPECT_TRUE(rr.params.at(name) == v) << name << " moved";
+    }
+  }
 }
 
 // What the engine refuses under expert parallelism before step 1: a group backend that cannot move
