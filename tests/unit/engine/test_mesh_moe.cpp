@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "engine/expert_parallel.h"
+#include "ops/kernels/tensor_ops.h"
 #include "mesh_test_util.h"
 
 namespace dstrain {
@@ -204,6 +206,111 @@ TEST(MoeMeshOverflow, AnInfInOneExpertOfOneRankSkipsTheStepOnEveryRank) {
       ASSERT_EQ(rr.params.size(), init.r0().params.size());
       for (const auto& [name, v] : init.r0().params) EXPECT_TRUE(rr.params.at(name) == v) << name << " moved";
     }
+  }
+}
+
+// An idle expert still steps as AdamW defines. Step 1 routes by the initial router, so every expert
+// receives tokens and its moments become nonzero; then every router weight is set to 0, so that all
+// E scores tie and every token goes to experts 0 .. k-1 (the tie rule, models/moe_config.h): at
+// step 2 experts 2 and 3 receive nothing, on every rank, and their gradient is exactly 0. Their
+// weights must then be what AdamW gives a zero gradient — the moments decayed (m = β1·m1,
+// v = β2·v1), the bias corrections of step 2, and the decoupled weight decay — computed here in
+// double from step 1's gradient and clip coefficient (docs/optimizers.md §4), at EP 1 (DP 2) and
+// EP 2 (each expert on one rank). An optimizer that skipped zero-gradient elements (as a sparse
+// Adam would) leaves them at step 1's values, off by the whole update.
+struct IdleExpertSeen {
+  bool holds = false;  // this rank holds the idle expert
+  std::map<std::string, std::vector<double>> g1, g2, theta1, theta2;  // each stack's block of the idle expert
+  double clip1 = 1.0;                                                  // step 1's clip coefficient
+};
+
+std::vector<IdleExpertSeen> run_idle_expert(int ep) {
+  constexpr int kDp = 2, kExperts = 4, kIdle = 3;
+  MeshRun m;
+  m.dp = kDp;
+  m.ep = ep;
+  m.model = kMoe;
+  const std::string json = mesh_config_json(m);
+  std::vector<IdleExpertSeen> seen(kDp);
+  run_local_ranks(kDp, [&](Communicator& comm) {
+    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(kDp, 1, 1, 1, ep));
+    config::ConfigOptions copts;
+    copts.world_size = kDp;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.seed = 11;
+    o.comm = mesh.data.get();
+    o.sequence_length = kT;
+    if (ep > 1) {
+      o.expert_parallel = mesh.ep.get();
+      o.expert_data = mesh.expert_data.get();
+    }
+    Engine e = initialize(build_model(kMoe, {}, {}, 0.0f, {mesh.coord.ep, ep}), c, o);
+    IdleExpertSeen& me = seen[static_cast<std::size_t>(comm.rank())];
+    const int local = kExperts / ep, first = mesh.coord.ep * local;
+    me.holds = kIdle >= first && kIdle < first + local;
+    const auto idle_block = [&](const Tensor& stacked) {
+      const std::vector<float> v = values(stacked);
+      const std::size_t n = v.size() / static_cast<std::size_t>(local), at = static_cast<std::size_t>(kIdle - first) * n;
+      return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
+    };
+    std::vector<std::string> stacks;
+    for (const std::string& n : e.param_names())
+      if (n.find("mlp.experts.") != std::string::npos) stacks.push_back(n);
+    const auto record = [&](std::map<std::string, std::vector<double>>& into, bool grads) {
+      if (!me.holds) return;
+      for (const std::string& n : stacks) into[n] = idle_block(grads ? e.grad(n) : e.master_param(n));
+    };
+    for (int step = 0; step < 2; ++step) {
+      if (step == 1) {
+        for (const std::string& n : e.param_names())
+          if (n.ends_with("mlp.gate.weight")) zero_tensor(e.master_param(n));  // fp32 at stage 0: the parameter the layers read
+      }
+      Tokens b = mesh_batch(m, step, mesh.coord.dp, 0);
+      e.forward(b.batch());
+      e.backward();
+      record(step == 0 ? me.g1 : me.g2, true);
+      e.step();
+      if (step == 0) me.clip1 = e.state().clip_coefficient;
+      record(step == 0 ? me.theta1 : me.theta2, false);
+    }
+  });
+  return seen;
+}
+
+TEST(MoeMeshIdleExpert, AnExpertWithoutTokensStepsAsAdamWWithAZeroGradient) {
+  // zero_test_util.h's AdamW.
+  const double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, decay = 0.1;
+  for (int ep : {1, 2}) {
+    SCOPED_TRACE(fmt::format("EP {}", ep));
+    const std::vector<IdleExpertSeen> seen = run_idle_expert(ep);
+    int holders = 0;
+    for (const IdleExpertSeen& s : seen) {
+      if (!s.holds) continue;
+      ++holders;
+      ASSERT_EQ(s.g1.size(), 6u);  // 3 stacks x 2 sparse layers
+      for (const auto& [name, g1] : s.g1) {
+        SCOPED_TRACE(name);
+        double g1_abs = 0.0, g2_abs = 0.0, worst = 0.0;
+        const std::vector<double>& g2 = s.g2.at(name);
+        const std::vector<double>& th1 = s.theta1.at(name);
+        const std::vector<double>& th2 = s.theta2.at(name);
+        for (std::size_t i = 0; i < g1.size(); ++i) {
+          g1_abs += std::abs(g1[i]);
+          g2_abs += std::abs(g2[i]);
+          // Step 1 from zero moments, then step 2 with g = 0.
+          const double g = g1[i] * s.clip1;
+          const double m2 = beta1 * (1 - beta1) * g, v2 = beta2 * (1 - beta2) * g * g;
+          const double c1 = 1 - beta1 * beta1, c2 = 1 - beta2 * beta2;
+          const double want = th1[i] - lr * decay * th1[i] - lr * (m2 / c1) / (std::sqrt(v2 / c2) + eps);
+          worst = std::max(worst, std::abs(th2[i] - want) / (1e-7 + 1e-6 * std::abs(want)));
+        }
+        EXPECT_GT(g1_abs, 0.0) << "the expert received tokens at step 1";
+        EXPECT_EQ(g2_abs, 0.0) << "the expert received no token at step 2";
+        EXPECT_LE(worst, 1.0) << "its weights are not AdamW's zero-gradient step";
+      }
+    }
+    EXPECT_EQ(holders, ep == 1 ? 2 : 1);
   }
 }
 
