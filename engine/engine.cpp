@@ -664,6 +664,16 @@ void Engine::set_lr_schedule(LrHook hook) {
 
 MoeStats::Report Engine::take_moe_report() { return impl_->moe.take_report(); }
 
+MoeStats::Report Engine::take_data_group_moe_report() {
+  Impl& im = *impl_;
+  const MoeConfig* moe = model_.architecture ? model_.architecture->moe_config() : nullptr;
+  const bool dense = model_.architecture != nullptr && (moe == nullptr || !moe->active());  // no rank of the group records: nothing to sum
+  if (im.world <= 1 || dense) return im.moe.take_report();
+  return im.moe.take_report([&](std::span<double> v) {
+    im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
+  });
+}
+
 EngineState Engine::state() const {
   EngineState st;
   st.global_steps = global_steps_;

@@ -283,6 +283,11 @@ class Engine {
   // this rank's training micro-batches (min / max / mean / imbalance), and the drops; then starts
   // again. Empty (layers 0) for a dense model.
   MoeStats::Report take_moe_report();
+  // Collective over the data group (every rank of it calls it, at the same step): the same report
+  // with the counts summed over the group's ranks — every token of those micro-batches, however the
+  // ranks split them (data, sequence and expert parallelism) — and the aux loss their mean; one
+  // small all-reduce (3 values and E per sparse layer). What the progress line prints.
+  MoeStats::Report take_data_group_moe_report();
   // Not collective: reads this rank's counters and allocator statistics.
   EngineReport report() const;
 

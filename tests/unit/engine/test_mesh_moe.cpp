@@ -314,6 +314,84 @@ TEST(MoeMeshIdleExpert, AnExpertWithoutTokensStepsAsAdamWWithAZeroGradient) {
   }
 }
 
+// The progress line's expert counts under data and expert parallelism: the data group's report of
+// one step (Engine::take_data_group_moe_report, on every rank) against one rank's report of the
+// same global batch (GAS = DP micro-batches on one rank, routed by the same initial weights): the
+// same tokens kept per (layer, expert) — so the same fewest, most and mean — and the same drops
+// under a capacity, and the aux the mean of the ranks' last micro-batches. A rank's own report
+// (rank 0's, as the line showed before) counts its micro-batch alone: half the tokens at DP 2.
+struct ReportRun {
+  std::vector<MoeStats::Report> reports;  // per rank
+  std::vector<double> aux;                // per rank: state().last_aux_loss
+};
+
+ReportRun one_step_report(const char* model, int dp, int ep, int gas, bool data_group) {
+  MeshRun m;
+  m.dp = dp;
+  m.ep = ep;
+  m.gas = gas;
+  m.stage = 1;
+  m.model = model;
+  const std::string json = mesh_config_json(m);
+  ReportRun out;
+  out.reports.resize(static_cast<std::size_t>(dp));
+  out.aux.resize(static_cast<std::size_t>(dp));
+  run_local_ranks(dp, [&](Communicator& comm) {
+    MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(dp, 1, 1, 1, ep));
+    config::ConfigOptions copts;
+    copts.world_size = dp;
+    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+    EngineOptions o;
+    o.seed = 11;
+    o.comm = mesh.data.get();
+    o.sequence_length = kT;
+    if (ep > 1) {
+      o.expert_parallel = mesh.ep.get();
+      o.expert_data = mesh.expert_data.get();
+    }
+    Engine e = initialize(build_model(model, {}, {}, 0.0f, {mesh.coord.ep, ep}), c, o);
+    for (int g = 0; g < gas; ++g) {
+      Tokens b = mesh_batch(m, 0, g * dp + mesh.coord.dp, 0);
+      e.forward(b.batch());
+      e.backward();
+      e.step();
+    }
+    const std::size_t r = static_cast<std::size_t>(comm.rank());
+    out.aux[r] = e.state().last_aux_loss;
+    out.reports[r] = data_group ? e.take_data_group_moe_report() : e.take_moe_report();
+  });
+  return out;
+}
+
+TEST(MoeMeshReport, TheDataGroupsReportCountsEveryRanksTokens) {
+  // kMoe with DeepSpeed's capacity factor 0.5: each expert keeps max(4, ⌈2·32·0.5/4⌉) = 8 of a
+  // micro-batch's assignments, so some are dropped.
+  const char* capped = "moe:L2-C32-H8-KV4-E4-K2-I24-V96-T16-tied-norm-aux0.05-CF0.5";
+  for (const char* model : {kMoe, capped}) {
+    const MoeStats::Report want = one_step_report(model, 1, 1, 2, false).reports.front();
+    for (int ep : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} EP {}", model, ep));
+      const ReportRun run = one_step_report(model, 2, ep, 1, true);
+      for (const MoeStats::Report& got : run.reports) {
+        EXPECT_EQ(got.layers, want.layers);
+        EXPECT_EQ(got.experts, 4);
+        EXPECT_EQ(got.min, want.min);
+        EXPECT_EQ(got.max, want.max);
+        EXPECT_EQ(got.mean, want.mean);
+        EXPECT_EQ(got.idle, want.idle);
+        EXPECT_EQ(got.dropped, want.dropped);
+        EXPECT_NEAR(got.last_aux, (run.aux[0] + run.aux[1]) / 2, 1e-12);
+      }
+      // 2 micro-batches of 32 tokens, top-2, 2 sparse layers: 256 assignments over 8 (layer, expert) pairs.
+      const double assignments = 2.0 * kMicro * kT * 2 * 2;
+      EXPECT_EQ(want.mean, (assignments - static_cast<double>(want.dropped)) / 8);
+      if (model == capped) EXPECT_GT(want.dropped, 0);
+      const MoeStats::Report own = one_step_report(model, 2, ep, 1, false).reports.front();
+      EXPECT_EQ(own.mean, (assignments / 2 - static_cast<double>(own.dropped)) / 8) << "rank 0's own report: its micro-batch alone";
+    }
+  }
+}
+
 // What the engine refuses under expert parallelism before step 1: a group backend that cannot move
 // the device's memory, and optimizers whose rule reads each tensor whole.
 TEST(ExpertParallelChecks, BackendAndOptimizerAreRefusedNamingTheFix) {
