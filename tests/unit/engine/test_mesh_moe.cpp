@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <string>
 #include <tuple>
@@ -126,6 +127,53 @@ INSTANTIATE_TEST_SUITE_P(ExpertWithTensorAndSequenceParallel, MoeMesh,
                          ::testing::Combine(::testing::Values(Mesh{2, 1, 2, 2}, Mesh{1, 2, 2, 2}), ::testing::Values(2),
                                             ::testing::Values(Precision::fp32)),
                          cell_name);
+
+// Expert parallelism on the other routings (the cells above are Mixtral's), at EP 2 and ZeRO 3,
+// against one rank:
+//  - Qwen2-MoE, from a config.json: a gated shared expert (whole on every rank, its sigmoid gate per
+//    token), the top-k weights not renormalised, q/k/v biases, a dense first layer (mlp_only_layers)
+//    and the load-balancing loss;
+//  - DeepSeek's routing, from a descriptor: sigmoid scores, group-limited top-k (4 groups of 2, the
+//    best 2 eligible), routed scaling 2.5, renormalised, an ungated shared expert and a first dense
+//    layer (first_k_dense_replace).
+const char* qwen2_moe_config_path() {
+  static const std::string path = [] {
+    const std::string p = ::testing::TempDir() + "dstrain_test_mesh_moe_qwen2_moe.json";
+    std::ofstream(p) << R"({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 32, "num_hidden_layers": 3,
+      "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 96, "max_position_embeddings": 16, "intermediate_size": 48,
+      "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "norm_topk_prob": false,
+      "decoder_sparse_step": 1, "mlp_only_layers": [0], "output_router_logits": true, "router_aux_loss_coef": 0.05, "rms_norm_eps": 1e-05,
+      "rope_theta": 10000.0, "tie_word_embeddings": true, "use_sliding_window": false})";
+    return p;
+  }();
+  return path.c_str();
+}
+constexpr const char* kDeepSeekRouted = "moe:L3-C32-H8-KV4-E8-K2-I24-V96-T16-tied-S24-sigmoid-G4-TG2-RS2.5-norm-dense1";
+
+TEST(MoeMeshRoutings, Qwen2MoeAndDeepSeekRoutingUnderExpertParallelismMatchOneRank) {
+  for (const char* model : {qwen2_moe_config_path(), kDeepSeekRouted}) {
+    SCOPED_TRACE(model);
+    const auto arch = model_architecture(model);
+    const MoeConfig& moe = *arch->moe_config();
+    if (model == kDeepSeekRouted) {
+      EXPECT_EQ(moe.score, MoeConfig::Score::sigmoid);
+      EXPECT_EQ(moe.n_group, 4);
+      EXPECT_EQ(moe.first_k_dense, 1);
+      EXPECT_FALSE(moe.shared_expert_gate);
+    } else {
+      EXPECT_TRUE(moe.shared_expert_gate);
+      EXPECT_FALSE(moe.norm_topk_prob);
+      EXPECT_FALSE(moe.is_sparse_layer(0));
+    }
+    EXPECT_GT(moe.shared_expert_intermediate_size, 0);
+    MeshRun m;
+    m.dp = 2;
+    m.ep = 2;
+    m.stage = 3;
+    m.model = model;
+    check_against_one_rank(m);
+  }
+}
 
 // Expert parallelism inside each pipeline stage (PP 2 x EP 2 on 4 ranks; the load-balancing loss
 // off, which a pipeline refuses): each stage's data group splits its experts.
