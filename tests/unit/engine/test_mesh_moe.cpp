@@ -440,6 +440,24 @@ TEST(MoeMeshReport, TheDataGroupsReportCountsEveryRanksTokens) {
   }
 }
 
+// The hook's parameter must be one the model owns: a misspelt name would inject nothing and let a
+// test pass that checks nothing, so it is refused before step 1, naming it.
+TEST(MoeMeshOverflow, AnUnknownParameterForTheInjectedOverflowIsRefused) {
+  RunSpec s;
+  s.precision = Precision::fp16;
+  const config::DsConfig c = config::parse_ds_config(config::Json::parse(zero_config_json(s)), config::ConfigOptions{});
+  EngineOptions o;
+  o.sequence_length = kT;
+  o.inject_overflow_steps = {1};
+  o.inject_overflow_param = "model.layers.1.mlp.experts.down_proj";
+  try {
+    initialize(build_model(kMoe, {}, {}), c, o);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inject_overflow_param \"model.layers.1.mlp.experts.down_proj\""), std::string::npos) << e.what();
+  }
+}
+
 // What the engine refuses under expert parallelism before step 1: a group backend that cannot move
 // the device's memory, and optimizers whose rule reads each tensor whole.
 TEST(ExpertParallelChecks, BackendAndOptimizerAreRefusedNamingTheFix) {
