@@ -289,6 +289,10 @@ void Engine::build_states(const config::DsConfig& config) {
       parameter_count_ += ps.shape.numel();
     }
   }
+  if (!im.options.inject_overflow_param.empty() && im.by_name.count(im.options.inject_overflow_param) == 0) {
+    fail("inject_overflow_param \"{}\" is not a parameter this rank's model owns (e.g. \"{}\"); name one of its owned parameters",
+         im.options.inject_overflow_param, im.owned.empty() ? "-" : im.owned.front().spec.name);
+  }
   // A pipeline stage's copies of parameters another stage owns (the norm counts the owner's).
   im.pipeline_copy.assign(im.owned.size(), false);
   for (const SharedParam& sp : model_.shared_params)
@@ -659,6 +663,16 @@ void Engine::set_lr_schedule(LrHook hook) {
 }
 
 MoeStats::Report Engine::take_moe_report() { return impl_->moe.take_report(); }
+
+MoeStats::Report Engine::take_data_group_moe_report() {
+  Impl& im = *impl_;
+  const MoeConfig* moe = model_.architecture ? model_.architecture->moe_config() : nullptr;
+  const bool dense = model_.architecture != nullptr && (moe == nullptr || !moe->active());  // no rank of the group records: nothing to sum
+  if (im.world <= 1 || dense) return im.moe.take_report();
+  return im.moe.take_report([&](std::span<double> v) {
+    im.states->all_reduce_sum(Tensor(v.data(), DType::fp64, Shape{static_cast<std::int64_t>(v.size())}));
+  });
+}
 
 EngineState Engine::state() const {
   EngineState st;

@@ -134,6 +134,10 @@ struct EngineOptions {
   // (1-based) one gradient element is set to +inf before the overflow check, as a real fp16
   // overflow would. Only with fp16 or bf16 (fp32 has no overflow check: the update would be NaN).
   std::vector<std::int64_t> inject_overflow_steps{};
+  // ... into this parameter (its name, e.g. "model.layers.1.mlp.experts.down_proj.weight"): the
+  // first of its gradient elements this rank holds, where an overflow in that tensor would put it;
+  // a rank that holds none of it injects nothing. Empty: the first gradient element the rank holds.
+  std::string inject_overflow_param{};
 };
 
 // An embedding program's own LR rule: the LR of optimizer step `step` (0-based: the first step is 0).
@@ -279,6 +283,11 @@ class Engine {
   // this rank's training micro-batches (min / max / mean / imbalance), and the drops; then starts
   // again. Empty (layers 0) for a dense model.
   MoeStats::Report take_moe_report();
+  // Collective over the data group (every rank of it calls it, at the same step): the same report
+  // with the counts summed over the group's ranks — every token of those micro-batches, however the
+  // ranks split them (data, sequence and expert parallelism) — and the aux loss their mean; one
+  // small all-reduce (3 values and E per sparse layer). What the progress line prints.
+  MoeStats::Report take_data_group_moe_report();
   // Not collective: reads this rank's counters and allocator statistics.
   EngineReport report() const;
 

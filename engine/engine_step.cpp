@@ -6,6 +6,7 @@
 #include <chrono>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,12 +85,26 @@ bool Engine::optimizer_step() {
     const std::vector<PartitionSegment>& parts = im.states->partitions();
     if (std::find(inject.begin(), inject.end(), step_number) != inject.end() && !parts.empty()) {
       // One +inf where a real fp16 overflow would put it: the first gradient element this rank
-      // holds (a real parameter's, never alignment padding).
-      float inf = std::numeric_limits<float>::infinity();
-      std::uint32_t value = 0;  // inf in the gradient dtype, on the host
-      const Tensor g = parts.front().grads;
-      convert_tensor(Tensor(&value, g.dtype, Shape{1}), Tensor(&inf, DType::fp32, Shape{1}));
-      copy_tensor(Tensor(g.data, g.dtype, Shape{1}, g.device), Tensor(&value, g.dtype, Shape{1}));
+      // holds (a real parameter's, never alignment padding), or the first it holds of the
+      // parameter named (none when it holds none of it).
+      Tensor g = parts.front().grads;
+      const std::string& name = im.options.inject_overflow_param;
+      if (!name.empty()) {
+        g = Tensor{};
+        for (const PartitionSegment& sg : parts) {
+          for (const TensorPiece& piece : sg.pieces) {
+            if (g.data != nullptr || piece.numel == 0 || im.owned[static_cast<std::size_t>(piece.tensor)].spec.name != name) continue;
+            g = Tensor(static_cast<char*>(sg.grads.data) + static_cast<std::size_t>(piece.offset) * dtype_size(sg.grads.dtype), sg.grads.dtype, Shape{1},
+                       sg.grads.device);
+          }
+        }
+      }
+      if (g.data != nullptr) {
+        float inf = std::numeric_limits<float>::infinity();
+        std::uint32_t value = 0;  // inf in the gradient dtype, on the host
+        convert_tensor(Tensor(&value, g.dtype, Shape{1}), Tensor(&inf, DType::fp32, Shape{1}));
+        copy_tensor(Tensor(g.data, g.dtype, Shape{1}, g.device), Tensor(&value, g.dtype, Shape{1}));
+      }
     }
   }
   // Pipeline: the shared parameters' copies sum their gradients first (then they are one gradient,

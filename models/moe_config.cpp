@@ -70,7 +70,9 @@ std::string describe(const MoeConfig& m) {
   if (m.shared_expert_intermediate_size > 0)
     s += fmt::format(", shared expert of {}{}", m.shared_expert_intermediate_size, m.shared_expert_gate ? " (gated)" : "");
   if (m.aux_loss_weight() > 0.0) s += fmt::format(", aux loss x{}", m.router_aux_loss_coef);
-  if (m.capacity_factor > 0.0) s += fmt::format(", capacity factor {} (tokens dropped)", m.capacity_factor);
+  if (m.capacity_factor > 0.0)
+    s += m.drop_tokens ? fmt::format(", capacity factor {} (tokens dropped)", m.capacity_factor)
+                       : fmt::format(", capacity factor {} with drop_tokens false (none dropped)", m.capacity_factor);
   return s;
 }
 

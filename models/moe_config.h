@@ -49,9 +49,14 @@ struct MoeConfig {
   // DeepSpeed MoE's capacity (deepspeed.moe.layer.MoE capacity_factor / min_capacity / drop_tokens):
   // capacity_factor > 0 drops an expert's assignments beyond max(min_capacity, ceil(top_k · N ·
   // capacity_factor / E)), first choices before second ones, then by token; 0 (the default):
-  // dropless, every assignment computed.
+  // dropless, every assignment computed. drop_tokens false (DeepSpeed's drop_tokens=False: the
+  // capacity becomes the largest expert's count, deepspeed/moe/sharded_moe.py) drops nothing
+  // whatever the factor.
   double capacity_factor = 0.0;
   std::int64_t min_capacity = 4;
+  bool drop_tokens = true;
+  // Whether some assignments may be dropped: a capacity factor, with drop_tokens.
+  bool drops() const { return capacity_factor > 0.0 && drop_tokens; }
 
   bool active() const { return num_experts > 0; }
   bool is_sparse_layer(std::int64_t layer) const;

@@ -128,7 +128,7 @@ MoeRouting MoeMlp::routing() const {
 }
 
 std::int64_t MoeMlp::capacity(std::int64_t N) const {
-  if (moe_.capacity_factor <= 0.0) return -1;
+  if (!moe_.drops()) return -1;  // dropless, or drop_tokens false: DeepSpeed's capacity is then the largest count
   const double c = std::ceil(static_cast<double>(moe_.top_k * N) * moe_.capacity_factor / static_cast<double>(moe_.num_experts));
   return std::max<std::int64_t>(moe_.min_capacity, static_cast<std::int64_t>(c));
 }

@@ -87,7 +87,7 @@ class MoeMlp {
 
   MoeRouting routing() const;
   // The capacity of each expert for N tokens (DeepSpeed: max(min_capacity, ceil(k·N·factor / E))),
-  // -1 when dropless.
+  // -1 when dropless (no factor, or drop_tokens false).
   // Under expert parallelism, the rank's own N tokens (DeepSpeed's semantics).
   std::int64_t capacity(std::int64_t N) const;
   // The rows the experts' packed input (and g, u, h) hold for N tokens: N·top_k, or under expert

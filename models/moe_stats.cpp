@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "ops/error.h"
 
@@ -78,10 +79,24 @@ void MoeStats::unpack(std::span<const double> v) {
   tokens_ = static_cast<std::int64_t>(v[2 * E + 1]);
 }
 
-MoeStats::Report MoeStats::take_report() {
+MoeStats::Report MoeStats::take_report() { return take_report(nullptr); }
+
+MoeStats::Report MoeStats::take_report(const std::function<void(std::span<double>)>& sum_over_ranks) {
   Report r;
   r.last_aux = layers_ > 0 && report_ ? aux_loss() : last_aux_;
   r.dropped = dropped_;
+  if (sum_over_ranks) {
+    std::vector<double> v{1.0, r.last_aux, static_cast<double>(dropped_)};
+    for (const std::vector<double>& k : kept_) v.insert(v.end(), k.begin(), k.end());
+    sum_over_ranks(v);
+    r.last_aux = v[0] > 0.0 ? v[1] / v[0] : 0.0;
+    r.dropped = static_cast<std::int64_t>(v[2]);
+    std::size_t at = 3;
+    for (std::vector<double>& k : kept_) {
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(at), k.size(), k.begin());
+      at += k.size();
+    }
+  }
   double sum = 0.0, n = 0.0;
   r.min = std::numeric_limits<double>::infinity();
   for (const std::vector<double>& k : kept_) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -63,6 +64,12 @@ class MoeStats {
     double imbalance() const { return mean > 0 ? max / mean : 0.0; }  // max / mean: 1 = perfectly even
   };
   Report take_report();
+  // The same report with the counts first summed over ranks (the engine's data group, at a progress
+  // line): `sum_over_ranks` receives [1 | the last micro-batch's aux | drops | each recorded layer's E kept
+  // counts, in layer order] and sums it over the ranks in place, so that the counts are every
+  // rank's tokens and the aux the ranks' mean. Every rank calling it must have recorded the same
+  // sparse layers, as the ranks of one data group do.
+  Report take_report(const std::function<void(std::span<double>)>& sum_over_ranks);
 
  private:
   std::vector<double> assigned_, prob_sum_;  // Σ over the recorded layers, E each

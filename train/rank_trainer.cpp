@@ -579,8 +579,9 @@ void RankTrainer::after_step(double dt) {
     for (std::string_view name : kGlobalTimerNames) step_timers_(name).reset();
   }
   if (print_step) {
-    // Every rank takes its per-expert counts at a progress line (the lead prints its own).
-    const MoeStats::Report moe = engine.take_moe_report();
+    // Every rank takes its per-expert counts at a progress line, summed over the data group (the
+    // lead prints every rank's tokens, not only its own).
+    const MoeStats::Report moe = engine.take_data_group_moe_report();
     if (lead()) {
       ProgressLine p;
       p.moe = moe.layers > 0;

@@ -28,7 +28,7 @@ constexpr const char* kSpecForms =
 
 constexpr const char* kMoeSpecForms =
     "moe:L<n>-C<c>-H<h>-E<experts>-K<top_k>[-KV<k>][-I<expert width>][-D<d>][-V<v>][-T<t>][-S<shared width>][-tied][-sigmoid]"
-    "[-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>][-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>] "
+    "[-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>][-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-nodrop][-dense<first_k_dense>] "
     "(e.g. moe:L4-C256-H4-KV2-E8-K2-I512-norm)";
 
 bool parse_int(std::string_view s, std::int64_t& out) {
@@ -440,6 +440,7 @@ void read_moe(Reader& r, const nlohmann::json& j, const std::string& mt, LlamaCo
   // DeepSpeed MoE's capacity (dstrain keeps it in config.json).
   r.get_number("capacity_factor", m.capacity_factor);
   r.get_int("min_capacity", m.min_capacity, false);
+  r.get_bool("drop_tokens", m.drop_tokens);
   validate(m, std::string(source));
 }
 
@@ -479,6 +480,7 @@ void write_moe(nlohmann::ordered_json& j, const LlamaConfig& c) {
     j["capacity_factor"] = m.capacity_factor;
     j["min_capacity"] = m.min_capacity;
   }
+  if (!m.drop_tokens) j["drop_tokens"] = false;
 }
 
 bool parse_double(std::string_view s, double& out) {
@@ -497,7 +499,7 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
       {"S", "the shared experts' width"},  {"G", "n_group"}};
   static const std::vector<std::pair<std::string, const char*>> kNum = {
       {"aux", "router_aux_loss_coef"}, {"RS", "routed_scaling_factor"}, {"CF", "capacity_factor"}};
-  static const std::set<std::string> kFlags = {"tied", "sigmoid", "norm", "nonorm"};
+  static const std::set<std::string> kFlags = {"tied", "sigmoid", "norm", "nonorm", "nodrop"};
   std::map<std::string, std::int64_t> ints;
   std::map<std::string, double> nums;
   std::set<std::string> flags, seen;
@@ -537,7 +539,7 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
       fail(
           "model spec '{}': part '{}' is not one of L, C, H, E (experts), K (experts per token), KV, I (expert width), D, V, T, S (shared "
           "width), G (n_group), TG (topk_group), dense (first dense layers) followed by a whole number, RS (routed scaling), aux (aux loss "
-          "coefficient), CF (capacity factor) followed by a number, or the flags tied, sigmoid, norm; accepted forms: {}",
+          "coefficient), CF (capacity factor) followed by a number, or the flags tied, sigmoid, norm, nonorm, nodrop; accepted forms: {}",
           spec, part, kMoeSpecForms);
     }
     if (!seen.insert(key).second) fail("model spec '{}': {} is given twice; give each part at most once", spec, key);
@@ -583,6 +585,7 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
   m.router_aux_loss_coef = nums.count("aux") != 0 ? nums["aux"] : 0.001;
   m.output_router_logits = nums.count("aux") != 0;
   m.capacity_factor = nums.count("CF") != 0 ? nums["CF"] : 0.0;
+  m.drop_tokens = flags.count("nodrop") == 0;  // DeepSpeed's drop_tokens=False
   m.first_k_dense = get("dense", 0);
   const std::int64_t S = get("S", 0);
   if (S % m.expert_intermediate_size != 0) {
@@ -596,7 +599,7 @@ LlamaConfig parse_moe_descriptor(std::string_view spec, std::string_view body) {
   // Dense layers keep the llama: MLP width; with none, intermediate_size is unused and set to I.
   c.intermediate_size = m.first_k_dense > 0 ? default_intermediate(C) : m.expert_intermediate_size;
   const bool mixtral = S == 0 && m.score == MoeConfig::Score::softmax && m.n_group == 1 && m.topk_group == 1 && m.norm_topk_prob &&
-                       m.routed_scaling_factor == 1.0 && m.first_k_dense == 0 && m.capacity_factor == 0.0;
+                       m.routed_scaling_factor == 1.0 && m.first_k_dense == 0 && !m.drops();
   c.model_type = mixtral ? "mixtral" : "qwen3_moe";
   c.qk_norm = !mixtral;  // Qwen3-MoE's attention
   return c;

@@ -18,7 +18,7 @@
 // Specs accepted by moe_config_from_spec (the "moe" family, models/model_registry.cpp):
 //   moe:L<n>-C<c>-H<h>-E<experts>-K<top_k>[-KV<k>][-I<expert width>][-D<d>][-V<v>][-T<t>]
 //       [-S<shared width>][-tied][-sigmoid][-G<n_group>-TG<topk_group>][-RS<routed_scaling_factor>]
-//       [-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-dense<first_k_dense>]
+//       [-norm|-nonorm][-aux<coef>][-CF<capacity_factor>][-nodrop][-dense<first_k_dense>]
 //       Parts in any order, each at most once. L, C, H, KV, D, V, T, tied as llama: (rope_theta
 //       10000, rms_norm_eps 1e-5, no biases). E experts, K experts per token (both required).
 //       I each expert's SwiGLU width (default: the llama: MLP width, 8C/3 rounded up to a multiple
@@ -26,15 +26,17 @@
 //       S: shared experts of total width S that every token goes through, ungated (DeepSeek's
 //       n_shared_experts = S / I; S must be a multiple of I); default none. -sigmoid: sigmoid
 //       scores (default softmax). -G/-TG: DeepSeek's group-limited routing, given together
-//       (default one group). -RS: routed_scaling_factor (default 1). -norm: renormalise the top-k
-//       weights to sum 1 (norm_topk_prob; default off, as Qwen-MoE's and OLMoE's defaults).
+//       (default one group). -RS: routed_scaling_factor (default 1). -norm / -nonorm: renormalise
+//       the top-k weights to sum 1 (norm_topk_prob), or not (default: renormalised, Mixtral's rule;
+//       -nonorm is Qwen-MoE's and OLMoE's default).
 //       -aux<coef>: add the load-balancing loss × coef (output_router_logits true); default off
 //       (router_aux_loss_coef 0.001 kept, output_router_logits false). -CF: DeepSpeed's
-//       capacity_factor (default 0: dropless; min_capacity 4). -dense<k>: the first k layers keep
+//       capacity_factor (default 0: dropless; min_capacity 4); -nodrop: DeepSpeed's drop_tokens
+//       false (nothing dropped whatever CF). -dense<k>: the first k layers keep
 //       a dense MLP (first_k_dense_replace) of the llama: default width 8C/3 rounded up to 256.
 //       The config it writes, and so its attention: "mixtral" (Llama's attention: no biases, no
 //       q/k norm) when Hugging Face's Mixtral computes exactly this model — softmax, -norm, no
-//       shared experts, no groups, RS 1, no dense layers, no capacity; otherwise "qwen3_moe"
+//       shared experts, no groups, RS 1, no dense layers, nothing dropped; otherwise "qwen3_moe"
 //       (Qwen3-MoE's attention: RMSNorm per q and k head) with the DeepSeek keys it needs.
 //       E.g. moe:L4-C256-H4-KV2-E8-K2-I512-norm (Mixtral-like), moe:L4-C256-H4-E16-K4-I128-S256-sigmoid-G4-TG2-RS2.5-norm-dense1.
 // padded_vocab_size is vocab_size rounded up to a multiple of 128, as for GPT-2.

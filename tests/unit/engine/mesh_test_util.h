@@ -45,6 +45,10 @@ struct MeshRun {
   std::int64_t pp_ckpt_interval = 0;  // pipeline.activation_checkpoint_interval
   float dropout = 0.0f;               // GPT-2's resid/embd/attn dropout (its masks are keyed by layer and micro-batch)
   std::vector<std::int64_t> inject_overflow{};  // EngineOptions::inject_overflow_steps, on the pipeline's last stage only
+  // Without a pipeline: per world rank, EngineOptions::inject_overflow_steps, into
+  // inject_overflow_param (EngineOptions's; empty: the rank's first gradient element).
+  std::vector<std::vector<std::int64_t>> inject_overflow_ranks{};
+  std::string inject_overflow_param{};
   int stage = 0;
   int gas = 1;
   int steps = 3;
@@ -175,6 +179,10 @@ inline RunResult run_mesh(const MeshRun& m) {
       o.pipeline_checkpoint_interval = m.pp_ckpt_interval;
       if (mesh.coord.pp == m.pp - 1) o.inject_overflow_steps = m.inject_overflow;
     }
+    if (m.pp == 1 && static_cast<std::size_t>(r) < m.inject_overflow_ranks.size()) {
+      o.inject_overflow_steps = m.inject_overflow_ranks[static_cast<std::size_t>(r)];
+      o.inject_overflow_param = m.inject_overflow_param;
+    }
     Engine e = initialize(std::move(model), c, o);
     if (m.pp > 1) {
       PipelineEngine pipe(e, *mesh.pp, m.schedule, m.vstages);
@@ -200,6 +208,7 @@ inline RunResult run_mesh(const MeshRun& m) {
       }
       me.losses.push_back(e.state().last_step_loss);
       me.grad_norms.push_back(e.state().grad_norm);
+      me.loss_scales.push_back(e.state().loss_scale);
     }
     me.report = e.report().zero;
     me.memory = e.report().memory;
@@ -293,7 +302,7 @@ inline void check_against_one_rank(const MeshRun& m) {
     EXPECT_LE(std::abs(a - b), tol.loss_rtol * std::abs(b)) << "step " << k + 1 << ": loss " << a << ", one rank " << b;
     const double na = run.r0().grad_norms[k], nb = ref.r0().grad_norms[k];
     EXPECT_LE(std::abs(na - nb), norm_rtol * std::abs(nb)) << "step " << k + 1 << ": grad norm " << na << ", one rank " << nb;
-    if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) std::fprintf(stderr, "step %zu grad norm rel diff %.3g\n", k + 1, std::abs(na - nb) / std::abs(nb));
+    if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) std::fprintf(stderr, "step %zu grad norm rel diff %.3g loss rel diff %.3g\n", k + 1, std::abs(na - nb) / std::abs(nb), std::abs(a - b) / std::abs(b));
   }
   ASSERT_EQ(run.r0().params.size(), ref.r0().params.size());
   const ParamDiff d = compare_params(run.r0().params, ref.r0().params, init.r0().params, tol.atol, tol.rtol);

@@ -42,6 +42,29 @@ TEST(Progress, Line) {
   EXPECT_EQ(format_progress(p), "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | elapsed 1m05s | ETA 3m15s");
 }
 
+// A mixture of experts: the last micro-batch's aux loss, the tokens per (layer, expert) — fewest,
+// most, max/mean — after the loss scaling fields, and the drops only when a capacity dropped any.
+TEST(Progress, MixtureOfExpertsLine) {
+  ProgressLine p{100, 400, 5.81234, 1e-3, 0.81234, 41210.7, 65.0, 195.0};
+  p.moe = true;
+  p.aux_loss = 2.090712;
+  p.expert_min = 310;
+  p.expert_max = 1702.4;
+  p.expert_imbalance = 1.42491;
+  EXPECT_EQ(format_progress(p),
+            "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | aux 2.0907 | experts 310-1,702 (x1.42) | 41,211 tokens/s | elapsed 1m05s | "
+            "ETA 3m15s");
+  p.expert_dropped = 12345;
+  p.loss_scale = 65536;
+  p.skipped = 2;
+  EXPECT_EQ(format_progress(p),
+            "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | loss scale 65536 | skipped 2 | aux 2.0907 | experts 310-1,702 (x1.42) | "
+            "dropped 12,345 | 41,211 tokens/s | elapsed 1m05s | ETA 3m15s");
+  p.moe = false;  // a dense model: none of it
+  EXPECT_EQ(format_progress(p),
+            "step 100/400 | loss 5.8123 | lr 1.00e-03 | grad norm 0.8123 | loss scale 65536 | skipped 2 | 41,211 tokens/s | elapsed 1m05s | ETA 3m15s");
+}
+
 // MFU = steady tokens/s x FLOPs per token / peak: 2048 tokens/s x 1e6 FLOP / 4e9 FLOP/s = 51.2%.
 TEST(TrainSummary, MfuIsTheSteadyRateAgainstThePeak) {
   TrainSummary s;

@@ -291,6 +291,33 @@ TEST(MoeConfig, DeepSeekRoutingKeysAndCapacity) {
   expect_round_trip(mc);
 }
 
+// DeepSpeed MoE's drop_tokens (deepspeed.moe.layer.MoE; false: nothing dropped whatever the
+// capacity factor) from config.json and the moe: descriptor's -nodrop, written back.
+TEST(MoeConfig, DropTokensFromConfigJsonAndDescriptor) {
+  const std::string capped = set(small(kQwen3Moe), "capacity_factor", "0.5");
+  EXPECT_TRUE(llama_config_from_hf_json(capped, "capped").moe.drop_tokens);  // DeepSpeed's default
+  EXPECT_TRUE(llama_config_from_hf_json(capped, "capped").moe.drops());
+  const LlamaConfig kept = llama_config_from_hf_json(set(capped, "drop_tokens", "false"), "kept");
+  EXPECT_FALSE(kept.moe.drop_tokens);
+  EXPECT_FALSE(kept.moe.drops());
+  EXPECT_DOUBLE_EQ(kept.moe.capacity_factor, 0.5);
+  EXPECT_NE(describe(kept.moe).find("drop_tokens false"), std::string::npos) << describe(kept.moe);
+  expect_round_trip(kept);
+  EXPECT_EQ(nlohmann::json::parse(llama_hf_config_json(kept))["drop_tokens"], false);
+  EXPECT_FALSE(nlohmann::json::parse(llama_hf_config_json(llama_config_from_hf_json(capped, "capped"))).contains("drop_tokens"));
+  expect_error_with([&] { llama_config_from_hf_json(set(capped, "drop_tokens", "\"no\""), "bad"); }, {"drop_tokens"});
+  // The descriptor: -nodrop. With nothing dropped Hugging Face's Mixtral computes the model, so a
+  // renormalised softmax one stays Mixtral-shaped; with drops it cannot.
+  const LlamaConfig d = moe_config_from_spec("moe:L2-C64-H4-E4-K2-norm-CF0.5-nodrop");
+  EXPECT_FALSE(d.moe.drop_tokens);
+  EXPECT_DOUBLE_EQ(d.moe.capacity_factor, 0.5);
+  EXPECT_EQ(d.model_type, "mixtral");
+  expect_round_trip(d);
+  EXPECT_TRUE(moe_config_from_spec("moe:L2-C64-H4-E4-K2-norm-CF0.5").moe.drop_tokens);
+  EXPECT_EQ(moe_config_from_spec("moe:L2-C64-H4-E4-K2-norm-CF0.5").model_type, "qwen3_moe");
+  expect_error_with([] { moe_config_from_spec("moe:L2-C64-H4-E4-K2-nodrop-nodrop"); }, {"nodrop is given twice"});
+}
+
 TEST(MoeConfig, RefusalsNameTheKey) {
   const std::string ds = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256})";

@@ -98,9 +98,10 @@ struct Case {
   double capacity_factor = 0.0;  // > 0: DeepSpeed's capacity (min_capacity 1), drops assignments
   bool skewed = false;           // router weights 0: every token to experts 0 .. k-1
   bool aux = false;              // the load-balancing loss in the objective
+  bool drop_tokens = true;       // DeepSpeed's drop_tokens: false keeps every assignment whatever the capacity factor
   std::string name() const {
     return std::string(dtype_name(dtype)) + " EP" + std::to_string(ep) + " k" + std::to_string(top_k) + (capacity_factor > 0 ? " capacity" : "") +
-           (skewed ? " skewed" : "") + (aux ? " aux" : "");
+           (drop_tokens ? "" : " nodrop") + (skewed ? " skewed" : "") + (aux ? " aux" : "");
   }
 };
 
@@ -115,6 +116,7 @@ LlamaConfig config_of(const Case& c) {
     cfg.moe.capacity_factor = c.capacity_factor;
     cfg.moe.min_capacity = 1;
   }
+  cfg.moe.drop_tokens = c.drop_tokens;
   if (c.aux) {
     cfg.moe.router_aux_loss_coef = 0.3;
     cfg.moe.output_router_logits = true;
@@ -305,8 +307,10 @@ void check_case(const Case& c) {
     const Result& w = ref[static_cast<std::size_t>(r)];
     // Each rank drops by its own tokens (DeepSpeed's capacity from the local gates): as the whole layer.
     EXPECT_EQ(g.dropped, w.dropped) << rank;
-    if (c.capacity_factor > 0) {
+    if (c.capacity_factor > 0 && c.drop_tokens) {
       EXPECT_GT(w.dropped, 0) << rank << ": the capacity drops assignments";
+    } else {
+      EXPECT_EQ(g.dropped, 0) << rank << ": nothing is dropped";
     }
     expect_close(g.out, w.out, bd.act, rank + " output");
     expect_close(g.dx, w.dx, bd.act, rank + " d(input)");
@@ -375,6 +379,40 @@ TEST(MoeExpertParallel, Fp32CapacityDropsAsEachRanksOwnTokensDecide) {
   for (const int ep : {2, 4}) check_case({DType::fp32, ep, 2, 0.5, false, false});
 }
 
+// DeepSpeed's drop_tokens false (deepspeed/moe/sharded_moe.py: the capacity becomes the largest
+// expert's count, so nothing is dropped): the same weights and tokens through the layer with a
+// capacity factor of 0.5 drop assignments with drop_tokens, none without it — its outputs and
+// gradients then the dropless layer's, bit for bit — and under expert parallelism as well.
+TEST(MoeExpertParallel, DropTokensFalseDropsNothingWhateverTheCapacityFactor) {
+  const auto run = [](const Case& c) {
+    LlamaBlock layer(config_of(c), 0);
+    const std::vector<ParamSpec> specs = layer.params();
+    Tensors params = alloc_params(specs, c.dtype);
+    std::mt19937_64 rng(77);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      std::vector<double> v(static_cast<std::size_t>(specs[i].shape.numel()));
+      for (double& e : v) e = specs[i].name.find("norm") != std::string::npos ? 1.0 : 0.3 * nd(rng);
+      from_doubles(params.t[i], v);
+    }
+    std::vector<double> x, dout;
+    for (std::int64_t i = 0; i < B * T * C; ++i) x.push_back(nd(rng));
+    for (std::int64_t i = 0; i < B * T * C; ++i) dout.push_back(nd(rng));
+    return run_layer(layer, params, x, dout, c.dtype, nullptr);
+  };
+  const Case dropping{DType::fp32, 1, 2, 0.5};
+  Case keeping = dropping;
+  keeping.drop_tokens = false;
+  const Result dropped = run(dropping), kept = run(keeping), dropless = run(Case{DType::fp32, 1, 2, 0.0});
+  EXPECT_GT(dropped.dropped, 0);
+  EXPECT_EQ(kept.dropped, 0);
+  EXPECT_EQ(kept.out, dropless.out);
+  EXPECT_EQ(kept.dx, dropless.dx);
+  EXPECT_EQ(kept.grads, dropless.grads);
+  EXPECT_NE(dropped.out, dropless.out);
+  for (const int ep : {2, 4}) check_case({DType::fp32, ep, 2, 0.5, false, false, false});
+}
+
 TEST(MoeExpertParallel, SkewedRouterSendsEverythingToOneRankAndTheOthersReceiveNothing) {
   for (const int ep : {2, 4})
     for (const std::int64_t k : {1, 2}) check_case({DType::fp32, ep, k, 0.0, true, false});
@@ -410,6 +448,9 @@ TEST(MoeExpertParallel, TheReceiveBuffersHoldTheWorstCase) {
   // capacity max(1, ceil(2·16·0.5/8)) = 2 per expert and source: at most E·2 rows arrive
   EXPECT_EQ(rows_of(capped, {1, 4}, "moe_xg"), E * 2);
   EXPECT_EQ(rows_of(capped, {1, 4}, "moe_gate"), E * 2);
+  // drop_tokens false: the capacity no longer bounds anything, the dropless worst case again.
+  const LlamaConfig kept = config_of({DType::fp32, 4, 2, 0.5, false, false, false});
+  EXPECT_EQ(rows_of(kept, {1, 4}, "moe_xg"), 4 * M);
 }
 
 // Tensor parallelism and expert parallelism compose: 4 thread ranks, TP 2 (the attention cut, the

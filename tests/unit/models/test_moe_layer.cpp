@@ -14,6 +14,7 @@
 #include "models/llama/llama_config.h"
 #include "models/llama/llama_model.h"
 #include "models/moe_config.h"
+#include "models/moe_stats.h"
 
 namespace dstrain {
 namespace {
@@ -174,6 +175,84 @@ TEST(MoeConfigCount, SparseLayersCountedMatchesEnumeration) {
   MoeConfig big;
   big.num_experts = 8;
   EXPECT_EQ(big.sparse_layers(std::int64_t{1} << 40), std::int64_t{1} << 40);  // at once, not enumerated
+}
+
+}  // namespace
+}  // namespace dstrain
+
+namespace dstrain {
+namespace {
+
+// MoeStats's per-expert report against counts summed by hand: two sparse layers (1 and 3, a dense
+// one between them records nothing) of E = 4 experts, N = 4 tokens of top-2 each.
+void record(MoeStats& s, std::int64_t layer, std::vector<double> assigned, std::vector<double> prob, std::vector<std::int32_t> kept, std::int64_t dropped) {
+  s.record(layer, assigned, prob, kept, dropped, 4, 0.0);
+}
+
+TEST(MoeStats, TheReportSumsEachLayersKeptTokensOverTheMicroBatchesAndStartsAgain) {
+  MoeStats s;
+  s.begin();
+  record(s, 1, {3, 1, 0, 4}, {1.5, 0.5, 0.5, 1.5}, {3, 1, 0, 4}, 2);
+  record(s, 3, {2, 2, 2, 2}, {1, 1, 1, 1}, {2, 2, 2, 2}, 0);
+  s.begin();
+  record(s, 1, {2, 1, 1, 4}, {1.0, 0.5, 0.5, 2.0}, {1, 0, 0, 3}, 1);
+  record(s, 3, {1, 3, 2, 2}, {0.5, 1.5, 1.0, 1.0}, {0, 4, 1, 3}, 0);
+  // An evaluation micro-batch: its statistics make an aux loss, but its tokens do not count.
+  s.begin(false);
+  record(s, 1, {8, 0, 0, 0}, {4, 0, 0, 0}, {8, 0, 0, 0}, 5);
+  record(s, 3, {8, 0, 0, 0}, {4, 0, 0, 0}, {8, 0, 0, 0}, 5);
+  // Kept per (layer, expert): layer 1 {3+1, 1+0, 0+0, 4+3} = {4, 1, 0, 7}, layer 3 {2, 6, 3, 5}:
+  // min 0, max 7, mean 28 / 8 = 3.5, one idle pair, 2 + 1 dropped.
+  MoeStats::Report r = s.take_report();
+  EXPECT_EQ(r.layers, 2);
+  EXPECT_EQ(r.experts, 4);
+  EXPECT_EQ(r.min, 0.0);
+  EXPECT_EQ(r.max, 7.0);
+  EXPECT_EQ(r.mean, 3.5);
+  EXPECT_EQ(r.imbalance(), 2.0);
+  EXPECT_EQ(r.idle, 1);
+  EXPECT_EQ(r.dropped, 3);
+  // The last training micro-batch's aux: A = {3, 4, 3, 6}, P = {1.5, 2, 1.5, 3} over L·N = 8 rows,
+  // E · Σ (A/8)(P/8) = 4 · (4.5 + 8 + 4.5 + 18) / 64 = 2.1875 (not the evaluation's).
+  EXPECT_DOUBLE_EQ(r.last_aux, 2.1875);
+  // Taken: the next report starts from nothing.
+  r = s.take_report();
+  EXPECT_EQ(r.layers, 0);
+  EXPECT_EQ(r.max, 0.0);
+  EXPECT_EQ(r.mean, 0.0);
+  EXPECT_EQ(r.dropped, 0);
+  s.begin();
+  record(s, 1, {2, 2, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}, 4);
+  record(s, 3, {2, 2, 2, 2}, {1, 1, 1, 1}, {2, 0, 0, 2}, 4);
+  r = s.take_report();
+  EXPECT_EQ(r.layers, 2);
+  EXPECT_EQ(r.min, 0.0);
+  EXPECT_EQ(r.max, 2.0);
+  EXPECT_EQ(r.mean, 1.0);
+  EXPECT_EQ(r.idle, 2);
+  EXPECT_EQ(r.dropped, 8);
+  EXPECT_DOUBLE_EQ(r.last_aux, 2.0);  // perfectly even: E · Σ (4/8)(2/8) = 2 = top_k
+}
+
+// take_report(sum_over_ranks): the vector handed to the sum, and the report from its sums — here a
+// "group" of three ranks with the same counts (the sum triples every count and the rank count).
+TEST(MoeStats, TheReportSummedOverRanksCountsEveryRanksTokens) {
+  MoeStats s;
+  s.begin();
+  record(s, 1, {3, 1, 0, 4}, {1.5, 0.5, 0.5, 1.5}, {3, 1, 0, 4}, 2);
+  record(s, 3, {2, 2, 2, 2}, {1, 1, 1, 1}, {2, 2, 2, 2}, 0);
+  const double aux = s.aux_loss();
+  std::vector<double> handed;
+  const MoeStats::Report r = s.take_report([&](std::span<double> v) {
+    handed.assign(v.begin(), v.end());
+    for (double& x : v) x *= 3;
+  });
+  EXPECT_EQ(handed, (std::vector<double>{1, aux, 2, 3, 1, 0, 4, 2, 2, 2, 2}));
+  EXPECT_EQ(r.min, 0.0);
+  EXPECT_EQ(r.max, 12.0);
+  EXPECT_EQ(r.mean, 3.0 * 16 / 8);
+  EXPECT_EQ(r.dropped, 6);
+  EXPECT_DOUBLE_EQ(r.last_aux, aux);  // the ranks' mean
 }
 
 }  // namespace
