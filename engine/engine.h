@@ -173,7 +173,9 @@ struct EngineState {
   double last_backward_allreduce_ms = 0.0;
   // Mixture of experts: the last forward's load-balancing loss, unweighted (Hugging Face's
   // load_balancing_loss_func; models/moe_stats.h); the loss above includes it × its coefficient
-  // when the model's config asks for it (output_router_logits). 0 without sparse layers.
+  // when the model's config asks for it (output_router_logits). 0 without sparse layers. Under a
+  // pipeline every stage has the whole model's, of the last micro-batch whose backward it ran (the
+  // last stage also an evaluation's).
   double last_aux_loss = 0.0;
 };
 
@@ -247,22 +249,36 @@ class Engine {
   // The forward of chunk c on micro-batch m: the chunk holding the model's first layer reads the
   // tokens, every other one pipeline_input(c, m) (received before the call); `batch` must stay
   // valid until backward_chunk(c, m) returns. Returns the micro-batch's loss on the chunk holding
-  // the loss (0 elsewhere); its output to send is pipeline_output(c, m).
+  // the loss (0 elsewhere; a mixture of experts' load-balancing term included); its output to send
+  // is pipeline_output(c, m). With sparse layers the router statistics go alike: the running ones in
+  // pipeline_input_stats(c, m), this chunk's added in pipeline_output_stats(c, m).
   float forward_chunk(int chunk, int micro, const Batch& batch);
   // The backward of chunk c on micro-batch m, from d(loss)/d(output) in pipeline_grad_in(k % 2)
   // (received before the call) unless the chunk holds the loss, k being the number of
   // backward_chunk calls of this step before this one; the gradient at its input is then in
   // pipeline_grad_out(k % 2), until backward k + 2. Two buffers each, so that a gradient can be in
-  // flight (sent or received) while the next backward runs.
+  // flight (sent or received) while the next backward runs. With sparse layers the whole model's
+  // router statistics of m come with the gradient (pipeline_grad_in_stats(k % 2); the chunk holding
+  // the loss kept its own) and go on with it (pipeline_grad_out_stats(k % 2)).
   void backward_chunk(int chunk, int micro);
   // Validation through the pipeline: chunk c's forward with dropout off (in micro-batch 0's slot:
-  // call it between steps), its input pipeline_input(c, 0). Returns the loss on the chunk holding it.
+  // call it between steps), its input pipeline_input(c, 0) and pipeline_input_stats(c, 0), its
+  // output pipeline_output(c, 0) and pipeline_output_stats(c, 0). Returns the loss on the chunk
+  // holding it (with the load-balancing term, as evaluate()).
   float evaluate_chunk(int chunk, const Batch& batch);
   Tensor pipeline_input(int chunk, int micro) const;
   Tensor pipeline_output(int chunk, int micro) const;
   // buffer 0 or 1; -1: the buffer the next backward_chunk reads (grad_in), the last one wrote (grad_out).
   Tensor pipeline_grad_in(int buffer = -1) const;
   Tensor pipeline_grad_out(int buffer = -1) const;
+  // A mixture of experts' router statistics (MoeStats::pack: 2·E + 2 fp64 values), which travel as a
+  // second message next to each of the four above: the running statistics of (c, m) received with
+  // its input and sent with its output, the whole model's received with a gradient and sent with
+  // the one backward wrote. Empty tensors for a model without sparse layers (nothing travels).
+  Tensor pipeline_input_stats(int chunk, int micro) const;
+  Tensor pipeline_output_stats(int chunk, int micro) const;
+  Tensor pipeline_grad_in_stats(int buffer) const;
+  Tensor pipeline_grad_out_stats(int buffer) const;
   // The optimizer step after the step's micro-batches (every rank of the pipeline calls it):
   // shared parameters' gradients summed over their stages, the overflow check, norm and loss over
   // every stage, then as step() at the boundary.
@@ -281,7 +297,9 @@ class Engine {
   EngineState state() const;
   // Mixture of experts: the tokens each (sparse layer, expert) kept since the last call, summed over
   // this rank's training micro-batches (min / max / mean / imbalance), and the drops; then starts
-  // again. Empty (layers 0) for a dense model.
+  // again. Empty (layers 0) for a dense model. Under a pipeline it is collective over the pipeline
+  // group (every stage calls it): the stages' counts are summed, so that each reports the whole
+  // model's layers, and last_aux is the whole model's on every stage.
   MoeStats::Report take_moe_report();
   // Collective over the data group (every rank of it calls it, at the same step): the same report
   // with the counts summed over the group's ranks — every token of those micro-batches, however the
@@ -353,6 +371,9 @@ class Engine {
 
  private:
   struct Impl;
+  // Under a pipeline (collective over its group): every stage's per-expert counts summed, so each
+  // stage's report holds the whole model's layers. Nothing without one.
+  void sum_moe_report_over_pipeline();
   void forward_layers(const Batch& batch, bool train, float* loss);
   void forward_layer(std::size_t i, bool train, float* loss, bool recompute);
   // Returns whether the step counts (false: skipped for overflow; the LR schedule did not step).
@@ -365,6 +386,10 @@ class Engine {
   // the batch checks and upload shared with forward(), the shared parameters' gradient sum.
   void build_pipeline_activations(const config::DsConfig& config, const EngineOptions& options);
   void select_slot(int chunk, int slot);
+  // A mixture of experts' router statistics around a chunk's forward (engine_pipeline.cpp): started
+  // from the received running ones, then sent on.
+  void begin_chunk_stats(std::size_t chunk, std::size_t slot, bool train);
+  void end_chunk_stats(std::size_t chunk, std::size_t slot, bool has_loss);
   // The backward pass's parts shared by backward() and backward_chunk() (engine.cpp).
   std::chrono::steady_clock::duration backward_layer(std::size_t i, bool boundary, float dloss);
   void end_backward_timed(bool boundary, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::duration reduction);

@@ -114,6 +114,19 @@ struct Engine::Impl {
   // Mixture of experts: what the sparse layers record during a micro-batch (models/moe_stats.h).
   MoeStats moe;
   double last_aux_loss = 0.0;  // the last forward's load-balancing loss (unweighted)
+  // ... under a pipeline, whose model has sparse layers (engine_pipeline.cpp): a micro-batch's router
+  // statistics (MoeStats::pack, 2·E + 2 doubles) travel with its activations and gradients, as a
+  // second message of each transfer. moe_pack: their count (0: nothing travels); moe_experts and
+  // moe_layers: E and the whole model's blocks (the report's sizes); moe_aux_weight: the aux loss's.
+  // stats_in / stats_out [chunk][slot]: the running statistics received (not on the model's first
+  // chunk) and to send (not on the chunk holding the loss); stats_grad_in / stats_grad_out [k]: the
+  // whole model's, received with grad_in[k] and sent with pipeline_dresidual[k]; stats_whole
+  // [chunk][slot]: the whole model's the chunk holding the loss keeps for the backward (host).
+  std::int64_t moe_pack = 0, moe_experts = 0, moe_layers = 0;
+  double moe_aux_weight = 0.0;
+  std::vector<std::vector<Tensor>> stats_in, stats_out;
+  std::array<Tensor, 2> stats_grad_in, stats_grad_out;
+  std::vector<std::vector<std::vector<double>>> stats_whole;
   int pipeline_micro = -1;                     // the micro-batch being run (its dropout key)
   int pipeline_backwards = 0;                  // backward_chunk calls this step
   std::vector<Owned> owned;

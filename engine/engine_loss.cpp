@@ -13,7 +13,8 @@ namespace dstrain {
 // Mixture of experts: the load-balancing loss of the micro-batch that just ran forward, as its
 // weight in the objective times its value (0 without sparse layers or aux loss). Under sequence
 // parallelism the statistics are first summed over the group, so that the loss and the layers'
-// backward see the whole sequences' (models/moe_stats.h).
+// backward see the whole sequences' (models/moe_stats.h). Under a pipeline the last stage calls it,
+// its statistics those of every stage's layers (engine_pipeline.cpp), and the sum runs there once.
 float Engine::moe_aux_term() {
   Impl& im = *impl_;
   if (!im.moe.recorded()) return 0.0f;
@@ -23,6 +24,7 @@ float Engine::moe_aux_term() {
     im.moe.unpack(v);
   }
   im.last_aux_loss = im.moe.aux_loss();
+  if (im.moe.reporting()) im.moe.report_aux(im.last_aux_loss);  // a training micro-batch's, for the report
   return static_cast<float>(im.moe.aux_weight() * im.last_aux_loss);
 }
 

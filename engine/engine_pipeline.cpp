@@ -3,6 +3,15 @@
 // step's cross-stage parts (the shared parameters' gradient sum). The schedule that calls these
 // — which micro-batch when, and the activations and gradients sent between stages — is
 // engine/pipeline_engine.h's.
+//
+// A mixture of experts' load-balancing loss pools the router statistics of every sparse layer of
+// the model (models/moe_stats.h), which the stages hold apart. So a micro-batch's statistics travel
+// with it, per micro-batch in flight: chunk c's forward of m starts from the running statistics the
+// previous virtual stage sent with the activation (zeros on the first), adds its layers' and sends
+// them on with its output; the chunk holding the loss then has the whole model's, computes the aux
+// loss (summed over the sequence-parallel group there, once) and keeps them for m's backward, and
+// they go back with the gradients, so that every stage's router backward uses the whole model's
+// counts — the same numbers, summed in the same layer order, as one rank's.
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -23,6 +32,18 @@ std::size_t reserve(std::size_t& bytes, const ActivationSpec& spec) {
   std::vector<std::size_t> off;
   bytes = pack_activation_specs({spec}, bytes, off);
   return off[0];
+}
+
+// A pack of router statistics from its (device) buffer, and into it.
+std::vector<double> read_stats(const Tensor& t) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  copy_tensor(Tensor(v.data(), DType::fp64, t.shape), t);
+  return v;
+}
+
+void write_stats(const Tensor& t, const std::vector<double>& v) {
+  DSTRAIN_CHECK(static_cast<std::int64_t>(v.size()) == t.numel(), "pipeline: {} router statistics for a buffer of {}", v.size(), t.numel());
+  copy_tensor(t, Tensor(const_cast<double*>(v.data()), DType::fp64, t.shape));
 }
 
 }  // namespace
@@ -95,6 +116,17 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
   const ActivationSpec residual_spec{"pipeline_residual", residual, storage};
   const bool upload = !im.allocator->device().is_cpu();
   const ActivationSpec batch_spec{"pipeline_batch", Shape{2 * dims_.B * dims_.T}, DType::int32};
+  // A mixture of experts: every stage passes the router statistics on, sparse layers of its own or
+  // not (the architecture says whether the model has any; engine_impl.h).
+  const MoeConfig* moe = model_.architecture ? model_.architecture->moe_config() : nullptr;
+  if (moe != nullptr && moe->sparse_layers(model_.architecture->n_layer()) > 0) {
+    im.moe_experts = moe->num_experts;
+    im.moe_layers = model_.architecture->n_layer();
+    im.moe_pack = 2 * im.moe_experts + 2;
+    im.moe_aux_weight = moe->aux_loss_weight();
+  }
+  const ActivationSpec stats_spec{"pipeline_moe_stats", Shape{im.moe_pack}, DType::fp64};
+  std::vector<std::vector<std::size_t>> stats_in_off(C), stats_out_off(C);
   for (std::size_t c = 0; c < C; ++c) {
     const ModelChunk& ch = model_.chunks[c];
     const int slots = im.pipeline_slots[c];
@@ -121,12 +153,18 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
     for (int k = 0; k < slots; ++k) {
       if (model_.layer_id(ch.begin) != 0) input_off[c].push_back(reserve(bytes, residual_spec));
       if (upload) upload_off[c].push_back(reserve(bytes, batch_spec));
+      if (im.moe_pack > 0 && model_.layer_id(ch.begin) != 0) stats_in_off[c].push_back(reserve(bytes, stats_spec));
+      if (im.moe_pack > 0 && model_.layer_id(ch.end - 1) != last_id) stats_out_off[c].push_back(reserve(bytes, stats_spec));
     }
   }
-  std::array<std::size_t, 2> grad_in_off{}, dres_off{};
+  std::array<std::size_t, 2> grad_in_off{}, dres_off{}, stats_grad_in_off{}, stats_grad_out_off{};
   for (std::size_t k = 0; k < 2; ++k) {
     grad_in_off[k] = reserve(bytes, residual_spec);
     dres_off[k] = reserve(bytes, residual_spec);
+    if (im.moe_pack > 0) {
+      stats_grad_in_off[k] = reserve(bytes, stats_spec);
+      stats_grad_out_off[k] = reserve(bytes, stats_spec);
+    }
   }
   im.pipeline_buf = Buffer(*im.allocator, align_up(bytes), MemoryPurpose::activations);
   im.scratch_buf = Buffer(*im.allocator, std::max(sbytes, kActivationAlignBytes), MemoryPurpose::buffers);
@@ -135,11 +173,17 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
   im.chunk_inputs.assign(C, {});
   im.slot_batches.assign(C, {});
   im.slot_uploads.assign(C, {});
+  im.stats_in.assign(C, {});
+  im.stats_out.assign(C, {});
+  im.stats_whole.assign(C, {});
   for (std::size_t c = 0; c < C; ++c) {
     const ModelChunk& ch = model_.chunks[c];
     const auto slots = static_cast<std::size_t>(im.pipeline_slots[c]);
     for (std::size_t off : input_off[c]) im.chunk_inputs[c].push_back(im.pipeline_buf.tensor(storage, residual, off));
     for (std::size_t off : upload_off[c]) im.slot_uploads[c].push_back(im.pipeline_buf.tensor(DType::int32, batch_spec.shape, off));
+    for (std::size_t off : stats_in_off[c]) im.stats_in[c].push_back(im.pipeline_buf.tensor(DType::fp64, stats_spec.shape, off));
+    for (std::size_t off : stats_out_off[c]) im.stats_out[c].push_back(im.pipeline_buf.tensor(DType::fp64, stats_spec.shape, off));
+    if (im.moe_pack > 0 && model_.layer_id(ch.end - 1) == last_id) im.stats_whole[c].resize(slots);
     im.slot_batches[c].resize(slots);
     for (std::size_t i = ch.begin; i < ch.end; ++i) {
       im.slot_views[i].resize(slots);
@@ -166,6 +210,10 @@ void Engine::build_pipeline_activations(const config::DsConfig& config, const En
   for (std::size_t k = 0; k < 2; ++k) {
     im.grad_in[k] = im.pipeline_buf.tensor(storage, residual, grad_in_off[k]);
     im.pipeline_dresidual[k] = im.pipeline_buf.tensor(storage, residual, dres_off[k]);
+    if (im.moe_pack > 0) {
+      im.stats_grad_in[k] = im.pipeline_buf.tensor(DType::fp64, stats_spec.shape, stats_grad_in_off[k]);
+      im.stats_grad_out[k] = im.pipeline_buf.tensor(DType::fp64, stats_spec.shape, stats_grad_out_off[k]);
+    }
   }
   im.dresidual = im.pipeline_dresidual[0];
   for (std::size_t c = 0; c < C; ++c) select_slot(static_cast<int>(c), 0);
@@ -226,6 +274,39 @@ Tensor Engine::pipeline_grad_out(int buffer) const {
   return impl_->pipeline_dresidual[static_cast<std::size_t>(buffer)];
 }
 
+Tensor Engine::pipeline_input_stats(int chunk, int micro) const {
+  check_pipeline_call(model_, "pipeline_input_stats", chunk, micro, gas_, model_.pipelined());
+  const auto& in = impl_->stats_in[static_cast<std::size_t>(chunk)];
+  return in.empty() ? Tensor{} : in[static_cast<std::size_t>(micro % impl_->pipeline_slots[static_cast<std::size_t>(chunk)])];
+}
+
+Tensor Engine::pipeline_output_stats(int chunk, int micro) const {
+  check_pipeline_call(model_, "pipeline_output_stats", chunk, micro, gas_, model_.pipelined());
+  const auto& out = impl_->stats_out[static_cast<std::size_t>(chunk)];
+  return out.empty() ? Tensor{} : out[static_cast<std::size_t>(micro % impl_->pipeline_slots[static_cast<std::size_t>(chunk)])];
+}
+
+Tensor Engine::pipeline_grad_in_stats(int buffer) const {
+  DSTRAIN_CHECK(buffer >= 0 && buffer < 2, "Engine::pipeline_grad_in_stats: buffer {} (there are 2)", buffer);
+  return impl_->stats_grad_in[static_cast<std::size_t>(buffer)];
+}
+
+Tensor Engine::pipeline_grad_out_stats(int buffer) const {
+  DSTRAIN_CHECK(buffer >= 0 && buffer < 2, "Engine::pipeline_grad_out_stats: buffer {} (there are 2)", buffer);
+  return impl_->stats_grad_out[static_cast<std::size_t>(buffer)];
+}
+
+// A chunk's forward starts from the router statistics of the micro-batch so far: zeros on the
+// model's first chunk, else what the previous virtual stage sent (in `slot`). Nothing without
+// sparse layers in the model.
+void Engine::begin_chunk_stats(std::size_t chunk, std::size_t slot, bool train) {
+  Impl& im = *impl_;
+  im.moe.begin(train);
+  if (im.moe_pack == 0) return;
+  const auto& in = im.stats_in[chunk];
+  im.moe.load(in.empty() ? std::vector<double>(static_cast<std::size_t>(im.moe_pack), 0.0) : read_stats(in[slot]), im.moe_aux_weight);
+}
+
 float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
   check_pipeline_call(model_, "forward_chunk", chunk, micro, gas_, model_.pipelined());
   Impl& im = *impl_;
@@ -238,21 +319,30 @@ float Engine::forward_chunk(int chunk, int micro, const Batch& batch) {
   im.pipeline_micro = micro;
   const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
   float loss = 0.0f;
-  im.moe.begin(true);
+  begin_chunk_stats(c, slot, true);
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, true, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
-  // The load-balancing loss couples every sparse layer of the model, which a pipeline spreads over
-  // stages: train/ refuses it before the first step (train/pipeline_plan.cpp); this is the engine's
-  // own guard for a program that builds the pipeline itself.
-  if (im.moe.aux_weight() > 0.0)
-    fail("Engine::forward_chunk: the mixture-of-experts load-balancing loss (output_router_logits with router_aux_loss_coef > 0) sums router "
-         "statistics over every sparse layer of the model, and a pipeline holds them on different stages; set output_router_logits to false in "
-         "the model's config.json (or -aux0 on a moe: descriptor) to train this model pipelined");
+  end_chunk_stats(c, slot, has_loss);
   if (has_loss) {
-    loss = whole_sequence_loss(loss);
+    loss = whole_sequence_loss(loss) + (im.moe_pack > 0 ? moe_aux_term() : 0.0f);
     last_loss_ = loss;
     step_loss_sum_ += static_cast<double>(loss);
+    if (im.moe_pack > 0) im.stats_whole[c][slot] = im.moe.pack();  // after the sequence-parallel sum: the backward's
   }
   return loss;
+}
+
+// After a chunk's forward: its running router statistics go on with its output (not on the chunk
+// holding the loss, where they are the whole model's). A model whose architecture names no sparse
+// layers but whose layers record an aux loss (a list of layers built by hand) cannot pool them.
+void Engine::end_chunk_stats(std::size_t chunk, std::size_t slot, bool has_loss) {
+  Impl& im = *impl_;
+  if (im.moe_pack == 0) {
+    if (im.moe.aux_weight() > 0.0)
+      fail("Engine: a pipeline stage's layers record a mixture-of-experts load-balancing loss, but the model's architecture names no sparse "
+           "layers, so their router statistics cannot travel between the stages; build the model with make_model from its architecture");
+    return;
+  }
+  if (!has_loss) write_stats(im.stats_out[chunk][slot], im.moe.pack());
 }
 
 float Engine::evaluate_chunk(int chunk, const Batch& batch) {
@@ -266,10 +356,12 @@ float Engine::evaluate_chunk(int chunk, const Batch& batch) {
   im.pipeline_micro = 0;
   const bool has_loss = model_.layer_id(ch.end - 1) == model_.whole_layer_count() - 1;
   float loss = 0.0f;
-  im.moe.begin(false);
+  begin_chunk_stats(c, 0, false);
   for (std::size_t i = ch.begin; i < ch.end; ++i) forward_layer(i, false, has_loss && i + 1 == ch.end ? &loss : nullptr, false);
+  end_chunk_stats(c, 0, has_loss);
   im.pipeline_micro = -1;
-  return has_loss ? whole_sequence_loss(loss) : 0.0f;
+  // With the load-balancing term, as Engine::evaluate (forward_layers) adds it.
+  return has_loss ? whole_sequence_loss(loss) + (im.moe_pack > 0 ? moe_aux_term() : 0.0f) : 0.0f;
 }
 
 void Engine::backward_chunk(int chunk, int micro) {
@@ -286,6 +378,16 @@ void Engine::backward_chunk(int chunk, int micro) {
   const auto buffer = static_cast<std::size_t>(im.pipeline_backwards % 2);  // double-buffered (engine_impl.h)
   im.dresidual = im.pipeline_dresidual[buffer];
   if (model_.layer_id(ch.end - 1) != last_id) copy_tensor(im.dresidual, im.grad_in[buffer]);
+  if (im.moe_pack > 0) {
+    // The whole model's router statistics of this micro-batch, for the routers' aux gradient: kept
+    // by the chunk holding the loss, received with the gradient elsewhere; and passed back with it.
+    // A checkpointed recompute below records nothing (forward_layer), so they stay.
+    const std::vector<double> whole = model_.layer_id(ch.end - 1) == last_id ? im.stats_whole[c][slot] : read_stats(im.stats_grad_in[buffer]);
+    im.moe.load(whole, im.moe_aux_weight);
+    im.last_aux_loss = im.moe.aux_loss();
+    im.moe.report_aux(im.last_aux_loss);
+    if (model_.layer_id(ch.begin) != 0) write_stats(im.stats_grad_out[buffer], whole);
+  }
   const float dloss = micro_batch_dloss();
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration reduction{0};

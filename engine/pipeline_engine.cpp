@@ -54,33 +54,51 @@ bool overlaps_any(const Tensor& t, const std::vector<Tensor>& set) {
 
 }  // namespace
 
-Tensor PipelineEngine::buffer_of(const PipeTransfer& t) const {
-  if (t.activation) return t.is_send ? engine_.pipeline_output(t.chunk, t.micro_batch) : engine_.pipeline_input(t.chunk, t.micro_batch);
-  // A gradient belongs to a backward: the one that produced it (a send) or will read it (a recv).
-  const int k = backward_index_.at({t.chunk, t.micro_batch});
-  return t.is_send ? engine_.pipeline_grad_out(k % 2) : engine_.pipeline_grad_in(k % 2);
+std::vector<Tensor> PipelineEngine::buffers_of(const PipeTransfer& t) const {
+  std::vector<Tensor> b;
+  if (t.activation) {
+    b.push_back(t.is_send ? engine_.pipeline_output(t.chunk, t.micro_batch) : engine_.pipeline_input(t.chunk, t.micro_batch));
+    b.push_back(t.is_send ? engine_.pipeline_output_stats(t.chunk, t.micro_batch) : engine_.pipeline_input_stats(t.chunk, t.micro_batch));
+  } else {
+    // A gradient belongs to a backward: the one that produced it (a send) or will read it (a recv).
+    const int k = backward_index_.at({t.chunk, t.micro_batch});
+    b.push_back(t.is_send ? engine_.pipeline_grad_out(k % 2) : engine_.pipeline_grad_in(k % 2));
+    b.push_back(t.is_send ? engine_.pipeline_grad_out_stats(k % 2) : engine_.pipeline_grad_in_stats(k % 2));
+  }
+  if (b.back().empty()) b.pop_back();  // no router statistics travel
+  return b;
 }
 
 PipelineEngine::Touched PipelineEngine::touched_by(const PipeStep& s) const {
   Touched t;
   const bool has_input = engine_.model().chunks[static_cast<std::size_t>(s.chunk)].virtual_stage != 0;  // else it reads the tokens
+  const auto add = [](std::vector<Tensor>& to, const Tensor& x) {
+    if (!x.empty()) to.push_back(x);
+  };
   if (s.op == PipeCompute::forward) {
-    if (has_input) t.reads.push_back(engine_.pipeline_input(s.chunk, s.micro_batch));
-    t.writes.push_back(engine_.pipeline_output(s.chunk, s.micro_batch));
+    if (has_input) add(t.reads, engine_.pipeline_input(s.chunk, s.micro_batch));
+    if (has_input) add(t.reads, engine_.pipeline_input_stats(s.chunk, s.micro_batch));
+    add(t.writes, engine_.pipeline_output(s.chunk, s.micro_batch));
+    add(t.writes, engine_.pipeline_output_stats(s.chunk, s.micro_batch));
   } else {
     const int k = backward_index_.at({s.chunk, s.micro_batch});
-    t.reads.push_back(engine_.pipeline_grad_in(k % 2));
-    if (has_input) t.reads.push_back(engine_.pipeline_input(s.chunk, s.micro_batch));
-    t.writes.push_back(engine_.pipeline_grad_out(k % 2));
-    t.writes.push_back(engine_.pipeline_output(s.chunk, s.micro_batch));  // a recomputed segment may rewrite it
+    add(t.reads, engine_.pipeline_grad_in(k % 2));
+    add(t.reads, engine_.pipeline_grad_in_stats(k % 2));
+    if (has_input) add(t.reads, engine_.pipeline_input(s.chunk, s.micro_batch));
+    add(t.writes, engine_.pipeline_grad_out(k % 2));
+    add(t.writes, engine_.pipeline_grad_out_stats(k % 2));
+    add(t.writes, engine_.pipeline_output(s.chunk, s.micro_batch));  // a recomputed segment may rewrite it
   }
   return t;
 }
 
+// One request for the transfer's messages (its activation or gradient, then the router
+// statistics): the peer posts the same two in the same order, and they match in it.
 void PipelineEngine::post(const PipeTransfer& t, std::vector<InFlight>& in_flight) {
-  const Tensor buf = buffer_of(t);
-  const PointToPointOp op{t.is_send, buf, t.peer};
-  in_flight.push_back(InFlight{pipeline_.start_send_recv({&op, 1}), buf, t.is_send});
+  std::vector<Tensor> bufs = buffers_of(t);
+  std::vector<PointToPointOp> ops;
+  for (const Tensor& b : bufs) ops.push_back(PointToPointOp{t.is_send, b, t.peer});
+  in_flight.push_back(InFlight{pipeline_.start_send_recv(ops), std::move(bufs), t.is_send});
   if (tracing_) trace_.push_back({t.is_send ? PipelineEvent::Kind::send : PipelineEvent::Kind::recv, t.micro_batch, t.chunk, t.activation, t.peer});
 }
 
@@ -91,7 +109,9 @@ void PipelineEngine::post(const PipeTransfer& t, std::vector<InFlight>& in_fligh
 void PipelineEngine::wait_for(const Touched& t, std::vector<InFlight>& in_flight) {
   for (InFlight& f : in_flight) {
     if (!f.request.pending()) continue;
-    const bool conflict = f.is_send ? overlaps_any(f.buffer, t.writes) : (overlaps_any(f.buffer, t.writes) || overlaps_any(f.buffer, t.reads));
+    const bool conflict = std::any_of(f.buffers.begin(), f.buffers.end(), [&](const Tensor& b) {
+      return f.is_send ? overlaps_any(b, t.writes) : (overlaps_any(b, t.writes) || overlaps_any(b, t.reads));
+    });
     if (conflict) f.request.wait();
   }
   std::erase_if(in_flight, [](const InFlight& f) { return !f.request.pending(); });
@@ -123,8 +143,9 @@ float PipelineEngine::train_batch(std::span<const Batch> batches) {
       const auto& next = actions_[k + 1].transfers;
       const bool free = std::none_of(next.begin(), next.end(), [&](const PipeTransfer& t) {
         if (t.is_send) return false;
-        const Tensor b = buffer_of(t);
-        return overlaps_any(b, touched.reads) || overlaps_any(b, touched.writes);
+        const std::vector<Tensor> bufs = buffers_of(t);
+        return std::any_of(bufs.begin(), bufs.end(),
+                           [&](const Tensor& b) { return overlaps_any(b, touched.reads) || overlaps_any(b, touched.writes); });
       });
       if (free && std::any_of(next.begin(), next.end(), [](const PipeTransfer& t) { return !t.is_send; })) {
         for (const PipeTransfer& t : next)
@@ -170,15 +191,21 @@ float PipelineEngine::evaluate(const Batch& batch) {
   const int stage = pipeline_.rank();
   const int last = stages * virtual_stages_ - 1;
   float loss = 0.0f;
+  // A mixture of experts' router statistics follow the activation (the evaluation's loss has the
+  // load-balancing term, as Engine::evaluate's).
   for (int c = 0; c < virtual_stages_; ++c) {
     const int v = c * stages + stage;
     if (v > 0) {
       pipeline_.recv(engine_.pipeline_input(c, 0), (v - 1) % stages);
+      if (const Tensor st = engine_.pipeline_input_stats(c, 0); !st.empty()) pipeline_.recv(st, (v - 1) % stages);
       pipeline_.order_compute_after_collectives();
     }
     const float l = engine_.evaluate_chunk(c, batch);
     if (v == last) loss = l;
-    if (v < last) pipeline_.send(engine_.pipeline_output(c, 0), (v + 1) % stages);
+    if (v < last) {
+      pipeline_.send(engine_.pipeline_output(c, 0), (v + 1) % stages);
+      if (const Tensor st = engine_.pipeline_output_stats(c, 0); !st.empty()) pipeline_.send(st, (v + 1) % stages);
+    }
   }
   // Every stage returns the loss: the last stage's, summed over the group (0 elsewhere).
   float all[1] = {loss};

@@ -18,7 +18,10 @@
 // posted a compute ahead when their buffers are free (Megatron's overlap_p2p_comm); every transfer
 // is complete when train_batch returns. The activations sent are the slots' own buffers (no copy),
 // the gradients travel through the engine's two residual-gradient and two received-gradient
-// buffers (double-buffered: Engine::backward_chunk) — docs/parallelism.md §7.4.
+// buffers (double-buffered: Engine::backward_chunk) — docs/parallelism.md §7.4. A mixture of
+// experts' router statistics (the load-balancing loss's, 2·E + 2 doubles per micro-batch) go as a
+// second message of the same transfer, in the same batch, from and into the engine's buffers next
+// to those (Engine::pipeline_input_stats ...), waited for with them.
 #pragma once
 
 #include <chrono>
@@ -83,17 +86,19 @@ class PipelineEngine {
   const std::vector<PipeAction>& actions() const { return actions_; }
 
  private:
-  // One started transfer: its request and the buffer it reads (a send) or writes (a recv).
+  // One started transfer: its request and the buffers it reads (a send) or writes (a recv).
   struct InFlight {
     PointToPointRequest request;
-    Tensor buffer;
+    std::vector<Tensor> buffers;
     bool is_send = true;
   };
   // The memory a compute reads and writes of what transfers touch (activation slots, gradient buffers).
   struct Touched {
     std::vector<Tensor> reads, writes;
   };
-  Tensor buffer_of(const PipeTransfer& t) const;
+  // The buffers of a transfer: the activation or gradient, then the router statistics when the
+  // model has sparse layers.
+  std::vector<Tensor> buffers_of(const PipeTransfer& t) const;
   Touched touched_by(const PipeStep& s) const;
   void post(const PipeTransfer& t, std::vector<InFlight>& in_flight);
   void wait_for(const Touched& t, std::vector<InFlight>& in_flight);

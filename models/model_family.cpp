@@ -32,8 +32,6 @@ std::string Architecture::hf_model_type() const { return family().name(); }
 
 std::vector<HfParamName> Architecture::hf_param_names() const { return hf_param_names_of(make_layers(), vocab_size()); }
 
-void Architecture::check_pipeline(int /*stages*/) const {}
-
 void Architecture::check_sequence_parallel(int sp_ranks, int) const {
   if (sp_ranks != 1) {
     fail("sequence_parallel_size {}: the model family '{}' does not split its attention across sequence-parallel ranks; remove "

@@ -119,11 +119,6 @@ class Architecture {
   // routing keys ask for: top_k, score_func, ...), validated. The default: an Error naming the family,
   // which has no experts.
   virtual std::shared_ptr<const Architecture> with_moe_config(const MoeConfig& moe) const;
-  // ---- pipeline parallelism (models/pipeline_stage.h) ----
-  // Error naming the config key when the model cannot be cut into `stages` pipeline stages (a loss
-  // term that couples layers across stages: a mixture of experts' load-balancing loss). The
-  // default: any number.
-  virtual void check_pipeline(int stages) const;
   // Error naming the config key when this model cannot train sequences of T tokens on `device`.
   // The default: 1 <= T <= n_positions().
   virtual void check_sequence(std::int64_t T, const Device& device) const;

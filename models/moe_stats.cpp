@@ -9,7 +9,6 @@
 namespace dstrain {
 
 void MoeStats::begin(bool report) {
-  if (layers_ > 0 && report_) last_aux_ = aux_loss();
   report_ = report;
   std::fill(assigned_.begin(), assigned_.end(), 0.0);
   std::fill(prob_sum_.begin(), prob_sum_.end(), 0.0);
@@ -79,11 +78,44 @@ void MoeStats::unpack(std::span<const double> v) {
   tokens_ = static_cast<std::int64_t>(v[2 * E + 1]);
 }
 
+void MoeStats::load(std::span<const double> v, double aux_weight) {
+  if (v.size() < 2 || v.size() % 2 != 0) fail("MoeStats::load: {} values (2·E + 2 expected)", v.size());
+  const std::size_t E = (v.size() - 2) / 2;
+  assigned_.assign(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(E));
+  prob_sum_.assign(v.begin() + static_cast<std::ptrdiff_t>(E), v.begin() + static_cast<std::ptrdiff_t>(2 * E));
+  layers_ = static_cast<std::int64_t>(v[2 * E]);
+  tokens_ = static_cast<std::int64_t>(v[2 * E + 1]);
+  aux_weight_ = aux_weight;
+}
+
+std::vector<double> MoeStats::report_pack(std::int64_t layers, std::int64_t experts) const {
+  const auto L = static_cast<std::size_t>(layers), E = static_cast<std::size_t>(experts);
+  if (kept_.size() > L) fail("MoeStats::report_pack: layer {} recorded, the model has {}", kept_.size() - 1, layers);
+  std::vector<double> v(L + L * E + 1, 0.0);
+  for (std::size_t l = 0; l < kept_.size(); ++l) {
+    if (kept_[l].empty()) continue;
+    if (kept_[l].size() != E) fail("MoeStats::report_pack: layer {} has {} experts, the model {}", l, kept_[l].size(), experts);
+    v[l] = 1.0;
+    std::copy(kept_[l].begin(), kept_[l].end(), v.begin() + static_cast<std::ptrdiff_t>(L + l * E));
+  }
+  v[L + L * E] = static_cast<double>(dropped_);
+  return v;
+}
+
+void MoeStats::report_unpack(std::span<const double> v, std::int64_t layers, std::int64_t experts) {
+  const auto L = static_cast<std::size_t>(layers), E = static_cast<std::size_t>(experts);
+  if (v.size() != L + L * E + 1) fail("MoeStats::report_unpack: {} values for {} layers of {} experts", v.size(), layers, experts);
+  kept_.assign(L, {});
+  for (std::size_t l = 0; l < L; ++l)
+    if (v[l] > 0.0) kept_[l].assign(v.begin() + static_cast<std::ptrdiff_t>(L + l * E), v.begin() + static_cast<std::ptrdiff_t>(L + (l + 1) * E));
+  dropped_ = static_cast<std::int64_t>(v[L + L * E]);
+}
+
 MoeStats::Report MoeStats::take_report() { return take_report(nullptr); }
 
 MoeStats::Report MoeStats::take_report(const std::function<void(std::span<double>)>& sum_over_ranks) {
   Report r;
-  r.last_aux = layers_ > 0 && report_ ? aux_loss() : last_aux_;
+  r.last_aux = last_aux_;
   r.dropped = dropped_;
   if (sum_over_ranks) {
     std::vector<double> v{1.0, r.last_aux, static_cast<double>(dropped_)};

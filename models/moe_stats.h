@@ -15,6 +15,13 @@
 // Sequence parallelism: each rank routes its share of the tokens; the engine sums the statistics
 // over the sequence-parallel group after the forward (pack / unpack), so that every rank's aux and
 // gradient are those of the whole sequences.
+//
+// Pipeline parallelism: the stages hold different sparse layers, so a micro-batch's statistics
+// travel with it (engine/engine_pipeline.cpp): a stage starts its forward from the running pack the
+// previous stage sent with the activations (load), adds its own layers' and sends the pack on; the
+// last stage then holds the whole model's, computes the aux loss, and the pack goes back with the
+// gradients, each stage's backward reading the whole model's counts (load again). The per-expert
+// report is summed over the stages when it is taken (report_pack / report_unpack).
 #pragma once
 
 #include <cstdint>
@@ -48,9 +55,19 @@ class MoeStats {
   std::vector<float> aux_grad(float dloss) const;
 
   // The aux statistics as one vector [A (E) | P (E) | L | N] and back: what the engine sums over
-  // the sequence-parallel group.
+  // the sequence-parallel group (unpack keeps L, the same on every rank of it).
   std::vector<double> pack() const;
   void unpack(std::span<const double> v);
+  // The aux statistics replaced by a pack (2·E + 2 values: its E, L and N too) and `aux_weight`, the
+  // report untouched: a pipeline stage's running statistics of a micro-batch, or the whole model's
+  // before its backward.
+  void load(std::span<const double> v, double aux_weight);
+
+  // The report's aux value (Report::last_aux): the engine's aux loss of its last training
+  // micro-batch, the whole model's (after the sequence-parallel sum, and on every pipeline stage).
+  void report_aux(double aux) { last_aux_ = aux; }
+  // Since begin(): a training micro-batch (its kept tokens count in the report).
+  bool reporting() const { return report_; }
 
   // The per-expert report since the last take_report(): for each sparse layer that recorded, the
   // assignments each expert kept, summed over the micro-batches; and the drops.
@@ -70,6 +87,11 @@ class MoeStats {
   // rank's tokens and the aux the ranks' mean. Every rank calling it must have recorded the same
   // sparse layers, as the ranks of one data group do.
   Report take_report(const std::function<void(std::span<double>)>& sum_over_ranks);
+  // The report's counts as values [seen (layers) | kept (layers × experts) | dropped], for a model of
+  // `layers` layers (the sparse layers' indices) and `experts` experts, and back: what the engine
+  // sums over a pipeline's stages, each holding the counts of its own layers.
+  std::vector<double> report_pack(std::int64_t layers, std::int64_t experts) const;
+  void report_unpack(std::span<const double> v, std::int64_t layers, std::int64_t experts);
 
  private:
   std::vector<double> assigned_, prob_sum_;  // Σ over the recorded layers, E each
@@ -79,7 +101,7 @@ class MoeStats {
   // report
   std::vector<std::vector<double>> kept_;  // [sparse layer index in the model][expert]
   std::int64_t dropped_ = 0;
-  double last_aux_ = 0.0;
+  double last_aux_ = 0.0;  // report_aux's
   bool report_ = true;
 };
 

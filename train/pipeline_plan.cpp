@@ -140,7 +140,6 @@ std::vector<std::string> plan_pipeline(TrainingPlan& plan, const TrainerOptions&
     plan.stage_parts = {0, layer_count(model)};
     return warnings;
   }
-  model.check_pipeline(P);
   // The partition builds every layer: a descriptor of absurd depth is refused by its count first (the
   // engine's dropout keys address at most 65536 layers), before anything is built.
   if (const std::size_t count = layer_count(model); count > 65536) {

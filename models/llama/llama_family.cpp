@@ -66,17 +66,6 @@ std::string LlamaArchitecture::describe() const { return dstrain::describe(cfg_)
 
 std::vector<std::unique_ptr<Layer>> LlamaArchitecture::make_layers() const { return make_llama_layers(cfg_); }
 
-// Hugging Face's load-balancing loss sums the router statistics of every sparse layer before any
-// backward can use them (models/moe_stats.h); a pipeline's stages hold different layers and run
-// their micro-batches' backwards before the other stages' forwards are known.
-void LlamaArchitecture::check_pipeline(int stages) const {
-  if (stages > 1 && cfg_.moe.active() && cfg_.moe.aux_loss_weight() > 0.0)
-    fail("pipeline parallelism ({} stages) with this mixture of experts' load-balancing loss (output_router_logits true, router_aux_loss_coef {}): "
-         "the loss sums the router statistics of all {} sparse layers, which a pipeline holds on different stages; set output_router_logits to "
-         "false in the model's config.json (or drop -aux from a moe: descriptor), or train without a pipeline",
-         stages, cfg_.moe.router_aux_loss_coef, cfg_.moe.sparse_layers(cfg_.n_layer));
-}
-
 void LlamaArchitecture::check_tensor_parallel(int ranks) const {
   if (ranks < 1) fail("tensor_parallel: {} ranks; give 1 or more", ranks);
   if (ranks > cfg_.intermediate_size) {

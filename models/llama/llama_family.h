@@ -31,7 +31,6 @@ class LlamaArchitecture final : public Architecture {
   std::string describe() const override;
   std::vector<std::unique_ptr<Layer>> make_layers() const override;
   void check_tensor_parallel(int ranks) const override;
-  void check_pipeline(int stages) const override;
   std::vector<std::unique_ptr<Layer>> make_tensor_parallel_layers(TensorParallelRank tp) const override;
   std::shared_ptr<const Architecture> with_n_layer(std::int64_t n_layer) const override;
   void check_sequence_parallel(int sp_ranks, int tp_ranks) const override;

@@ -124,6 +124,43 @@ TEST(TrainMeshCli, PipelineTrainsLikeDataParallel) {
   EXPECT_EQ(fs::file_size(w_3d), fs::file_size(w_dp));
 }
 
+// A mixture of experts with its load-balancing loss (Mixtral-shaped, 4 experts, top-2, coefficient
+// 0.05) through 2 pipeline stages (--pipeline-stages 2, 4 micro-batches per step): it trains, the
+// progress line prints the aux loss and the per-expert counts, and it matches the run without a
+// pipeline — the losses within 1e-5 (fp32; the router statistics travel between the stages and are
+// summed in one rank's order), and step 1's aux and counts (every token routed by the initial
+// weights) as printed. Stage 0 prints the line: its counts are the whole model's (both stages'
+// summed) and its aux the whole model's, which came back with the gradients.
+TEST(TrainMeshCli, MixtureOfExpertsWithTheLoadBalancingLossTrainsThroughAPipeline) {
+  const fs::path dir = data_dir();
+  const auto q = [](const fs::path& p) { return shell_quote(p.string()); };
+  const std::string model = "moe:L2-C32-H4-KV2-E4-K2-I24-V256-T32-aux0.05";
+  const fs::path s_pp = dir / "moe_pp.json", s_one = dir / "moe_one.json";
+  const fs::path cfg = write_pipeline_config("moe_pp", 1, 1, 1, 4);
+  const CliResult pp = run_dstrain(common(cfg, model) + " --steps 3 --num-ranks 2 --pipeline-stages 2 --summary-json " + q(s_pp));
+  ASSERT_EQ(pp.exit_code, 0) << pp.err << pp.out;
+  EXPECT_NE(pp.out.find("mesh: world 2 = pipeline 2"), std::string::npos) << pp.out;
+  const CliResult one = run_dstrain(common(cfg, model) + " --steps 3 --num-ranks 1 --summary-json " + q(s_one));
+  ASSERT_EQ(one.exit_code, 0) << one.err << one.out;
+  const auto step1_moe = [](const std::string& out) {
+    const std::size_t line = out.find("step 1/3 | loss");
+    if (line == std::string::npos) return std::string("no step 1 line");
+    const std::size_t aux = out.find(" | aux ", line), end = out.find(')', aux);
+    if (aux == std::string::npos || end == std::string::npos || out.find('\n', line) < end) return std::string("no aux on step 1's line");
+    return out.substr(aux, end + 1 - aux);  // " | aux 2.0123 | experts 91-165 (x1.31)"
+  };
+  const std::string want = step1_moe(one.out);
+  EXPECT_NE(want.find(" | experts "), std::string::npos) << one.out;
+  EXPECT_EQ(step1_moe(pp.out), want) << pp.out;
+  const nlohmann::json a = nlohmann::json::parse(read_file_text(s_pp)), b = nlohmann::json::parse(read_file_text(s_one));
+  ASSERT_EQ(a["train_losses"].size(), 3u);
+  ASSERT_EQ(b["train_losses"].size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) {
+    const double x = a["train_losses"][k].get<double>(), y = b["train_losses"][k].get<double>();
+    EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(y)) << "step " << k + 1 << ": " << x << " through the pipeline, " << y << " without";
+  }
+}
+
 TEST(TrainMeshCli, PipelineMistakesAreRefusedBeforeStepOne) {
   // ZeRO-3 with a pipeline: the cost named, and the fix.
   const CliResult z3 = run_dstrain(common(write_pipeline_config("pp_z3", 2, 1, 3, 2)) + " --steps 1 --num-ranks 2");

@@ -230,6 +230,42 @@ TEST(TrainMpiCliMesh, PipelineProcessesMatchLocalRanks) {
   EXPECT_EQ(nlohmann::json::parse(read_file_text(s_mpi))["train_losses"], nlohmann::json::parse(read_file_text(s_local))["train_losses"]);
 }
 
+// A mixture of experts' load-balancing loss through a pipeline over MPI processes (docs/parallelism.md
+// §7.2): PP 2 x DP 2 with expert_parallel.autoep_size 2 on 4 processes, 4 micro-batches per step —
+// the router statistics of each micro-batch go between the stages as a second message of each
+// activation and gradient transfer (MPI_Isend / MPI_Irecv batches) — trains bit-identically to
+// --num-ranks 4, prints the same aux loss and per-expert counts, and saves the same weights.
+TEST(TrainMpiCliMesh, PipelineWithTheLoadBalancingLossProcessesMatchLocalRanks) {
+  const fs::path dir = data_dir();
+  const fs::path cfg = dir / "pipe_moe.json";
+  std::ofstream(cfg)
+      << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 1, "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "pipeline": {"stages": 2}, "expert_parallel": {"enabled": true, "autoep_size": 2}})";
+  const auto q = [](const fs::path& p) { return shell_quote(p.string()); };
+  const std::string common = "train --deepspeed_config " + q(cfg) +
+                             " --model moe:L2-C32-H4-KV2-E4-K2-I24-V256-T32-aux0.05 --tokenizer bytes --data " + q(dir / "t_train.bin") +
+                             " --seed 5 --sample-tokens 0 --val-interval 0 --steps 3";
+  const fs::path w_mpi = dir / "pipe_moe_mpi.safetensors", w_local = dir / "pipe_moe_local.safetensors";
+  const fs::path s_mpi = dir / "pipe_moe_mpi.json", s_local = dir / "pipe_moe_local.json";
+  const CliResult local = run_dstrain(common + " --num-ranks 4 --save-weights " + q(w_local) + " --summary-json " + q(s_local));
+  ASSERT_EQ(local.exit_code, 0) << local.err << local.out;
+  const CliResult mpi =
+      run_dstrain(common + " --comm mpi --save-weights " + q(w_mpi) + " --summary-json " + q(s_mpi), std::string(DSTRAIN_MPIEXEC) + " 4");
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.err << mpi.out;
+  EXPECT_NE(mpi.out.find("pipeline 2 x data-parallel 2"), std::string::npos) << mpi.out;
+  EXPECT_EQ(read_file_text(w_mpi), read_file_text(w_local)) << "the saved weights differ";
+  EXPECT_EQ(nlohmann::json::parse(read_file_text(s_mpi))["train_losses"], nlohmann::json::parse(read_file_text(s_local))["train_losses"]);
+  // The progress lines' aux loss and per-expert counts (the whole model's on stage 0, which prints).
+  const auto moe_parts = [](const std::string& out) {
+    std::string parts;
+    for (std::size_t at = out.find(" | aux "); at != std::string::npos; at = out.find(" | aux ", at + 1))
+      parts += out.substr(at, out.find(')', at) + 1 - at) + "\n";
+    return parts;
+  };
+  EXPECT_NE(moe_parts(local.out).find(" | experts "), std::string::npos) << local.out;
+  EXPECT_EQ(moe_parts(mpi.out), moe_parts(local.out)) << mpi.out;
+}
+
 // Expert parallelism over MPI processes (docs/parallelism.md §8): a Mixtral-shaped model (4 experts,
 // top-2, the load-balancing loss) on 4 processes with expert_parallel.autoep_size 2 and 4, ZeRO 0-3,
 // fp32 and bf16 (six cells) — the tokens travel to their experts' processes by MPI_Alltoallv, ZeRO

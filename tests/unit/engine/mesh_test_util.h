@@ -69,6 +69,9 @@ struct MeshRun {
   // 2e-2 (bf16) relative unless given (a test that gives them states why).
   std::optional<Tolerance> tolerance{};
   std::optional<double> grad_norm_rtol{};
+  // After training, every rank evaluates the micro-batch of global slot dp of step `steps`
+  // (Engine::evaluate, or PipelineEngine::evaluate through every stage): g_eval_losses.
+  bool evaluate = false;
 };
 
 inline Model build_model(const char* spec, TensorParallelRank tp, SequenceParallelRank sp, float dropout = 0.0f, ExpertParallelRank ep = {}) {
@@ -106,6 +109,10 @@ inline Tokens mesh_batch(const MeshRun& m, int step, int slot, int sp_rank) {
 inline std::vector<std::uint64_t> g_tp_bytes, g_sp_bytes;
 // Each rank's pipeline events of the last step (PipelineEngine::trace), by world rank.
 inline std::vector<std::vector<PipelineEvent>> g_pipeline_traces;
+// Each rank's per-expert report after training (Engine::take_moe_report; a pipeline's stages call
+// it together), and its evaluation loss (MeshRun::evaluate), by world rank.
+inline std::vector<MoeStats::Report> g_moe_reports;
+inline std::vector<float> g_eval_losses;
 
 // The ds_config of a mesh run: zero_config_json's, with the mesh's keys as a DeepSpeed user writes them.
 inline std::string mesh_config_json(const MeshRun& m) {
@@ -153,6 +160,8 @@ inline RunResult run_mesh(const MeshRun& m) {
   g_tp_bytes.assign(static_cast<std::size_t>(world), 0);
   g_sp_bytes.assign(static_cast<std::size_t>(world), 0);
   g_pipeline_traces.assign(static_cast<std::size_t>(world), {});
+  g_moe_reports.assign(static_cast<std::size_t>(world), {});
+  g_eval_losses.assign(static_cast<std::size_t>(world), 0.0f);
   run_local_ranks(world, [&](Communicator& comm) {
     const int r = comm.rank();
     MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(world, m.tp, m.sp, m.pp, m.ep));
@@ -184,8 +193,9 @@ inline RunResult run_mesh(const MeshRun& m) {
       o.inject_overflow_param = m.inject_overflow_param;
     }
     Engine e = initialize(std::move(model), c, o);
+    std::optional<PipelineEngine> pipeline;
     if (m.pp > 1) {
-      PipelineEngine pipe(e, *mesh.pp, m.schedule, m.vstages);
+      PipelineEngine& pipe = pipeline.emplace(e, *mesh.pp, m.schedule, m.vstages);
       pipe.set_trace(true);
       for (int step = 0; step < m.steps; ++step) {
         pipe.clear_trace();
@@ -209,6 +219,11 @@ inline RunResult run_mesh(const MeshRun& m) {
       me.losses.push_back(e.state().last_step_loss);
       me.grad_norms.push_back(e.state().grad_norm);
       me.loss_scales.push_back(e.state().loss_scale);
+    }
+    g_moe_reports[static_cast<std::size_t>(r)] = e.take_moe_report();
+    if (m.evaluate) {
+      Tokens b = mesh_batch(m, m.steps, d, q);
+      g_eval_losses[static_cast<std::size_t>(r)] = pipeline ? pipeline->evaluate(b.batch()) : e.evaluate(b.batch());
     }
     me.report = e.report().zero;
     me.memory = e.report().memory;
