@@ -12,7 +12,9 @@
 // column-parallel GEMMs are summed (one each): 2 + 2 all-reduces of B·T·C per block. A parameter
 // that is replicated but whose gradient is computed from a rank's own heads (Qwen3's q/k norm
 // weights) is summed by the layer in backward, so every replicated parameter leaves backward with
-// the same gradient on every rank of the group.
+// the same gradient on every rank of the group. A norm over a cut dimension (OLMoE's q/k norm over
+// the whole q and k projections) sums its per-token statistics over the group with `sum`, in
+// forward and in backward, and its weight is cut with the columns it scales.
 #pragma once
 
 #include <string>

@@ -338,8 +338,11 @@ std::optional<std::string> judge(const Rule& r, std::size_t ri, const HfParamNam
     case HfModuleKind::norm:
       if (t != TpPartitionType::skip) {
         return fmt::format(
-            "a norm weight (1-D): AutoTP cuts only modules with a 2-D weight, and dstrain keeps every norm whole on every rank; there is no "
-            "cut of it to ask for. Fix: make it \"partition_type\": \"skip\", or narrow the patterns so that they do not name {}",
+            "a norm weight (1-D): AutoTP cuts only modules with a 2-D weight, and {}; there is no cut of it to ask for. Fix: make it "
+            "\"partition_type\": \"skip\", or narrow the patterns so that they do not name {}",
+            p.split.is_replicated()
+                ? std::string("dstrain keeps this norm whole on every rank")
+                : "dstrain cuts this norm itself, with the heads of the projection it normalises (OLMoE's q/k norm, " + p.split.describe() + ")",
             p.name);
       }
       break;

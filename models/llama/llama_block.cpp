@@ -20,9 +20,12 @@
 // (AutoTP's whole-head split: 6 KV heads over 4 ranks are 2, 2, 1, 1; with more ranks than KV
 // heads the surplus ranks hold no attention weights and add zeros), and Ir = units_of_rank(I, W, r)
 // MLP features. o_proj's and down_proj's partial outputs are summed over the group (their biases
-// added by rank 0 alone); the partial d(ln1), d(ln2) are summed before the RMSNorm backward; the
-// q/k norm weights' gradients (partial: a rank sees its own heads) are summed in backward, so
-// every replicated parameter leaves with the same gradient on every rank.
+// added by rank 0 alone); the partial d(ln1), d(ln2) are summed before the RMSNorm backward;
+// Qwen3's q/k norm weights' gradients (partial: a rank sees its own heads) are summed in backward,
+// so every replicated parameter leaves with the same gradient on every rank. OLMoE's q/k norm
+// (over the whole q and k projections) is cut with the heads, its weights too: each token's sum
+// of squares, and in backward its Σ(w·dy·x̂), is the rank's share summed over the group (one
+// all-reduce of 2·B·T fp32 per direction, every rank joining); the weights' gradients stay local.
 //
 // Megatron's sequence parallelism (models/residual_shards.h), where the tensor-parallel rank's
 // shard_residual asks for it and B·T divides by TP: x, ln1, residual2, ln2, their rstd and out hold
@@ -119,7 +122,7 @@ enum Saved {
 };
 enum Scratch {
   kBtcA, kBtcB, kDqkv, kBtiA, kBtiB, kMatmul, kAttention, kQkNormGrad, kSend, kRecv, kDattyHeads, kDqkvHeads, kWholeA, kWholeB, kNormGrads, kGateTile,
-  kUpTile, kHTile, kQkWholeA, kQkWholeB, kQkWholeC, kNumScratch
+  kUpTile, kHTile, kQkWholeA, kQkWholeB, kQkWholeC, kQkWholeSums, kNumScratch
 };
 
 Tensor opt(std::span<const Tensor> v, int i) { return i < 0 ? Tensor{} : v[static_cast<std::size_t>(i)]; }
@@ -162,6 +165,100 @@ void whole_norm_backward(const Tensor& dqkv, const Tensor& raw, std::int64_t row
   copy_rows(dqkv, col, W, dx, 0, width, rows, width);
 }
 
+// OLMoE's q/k norm under tensor parallelism: the rank holds qw of the q projection's nq = NH·D
+// columns of every token's row and kw of k's nk = NKV·D (its heads; none on a rank without heads,
+// which joins the sums with zeros). Each norm's statistic is a sum over the whole row, so each
+// direction forms the rank's share per token and norm, sums the 2·rows values over the group in
+// one all-reduce, and finishes on the rank's columns (ops/kernels/rmsnorm.h rmsnorm_shard_*).
+struct CutQkNorm {
+  TensorParallelGroup* group = nullptr;
+  std::int64_t rows = 0, W = 0, qw = 0, kw = 0, nq = 0, nk = 0;
+  Tensor wq, wk;   // the rank's pieces of the norm weights
+  Tensor rstd;     // (2·rows) fp32: q's, then k's; empty on a rank without heads
+  Tensor sums;     // (2·rows) fp32 scratch: the group's sums
+  Tensor a, b, c;  // (rows, ≥ qw) scratch: contiguous columns
+  // q's (k = 0) or k's (k = 1) rows of a (2·rows) fp32 tensor
+  Tensor rows_of(const Tensor& t, int k) const { return Tensor(static_cast<float*>(t.data) + k * rows, DType::fp32, Shape{rows}, t.device); }
+  Tensor cols(const Tensor& scratch, DType dtype, std::int64_t width) const {
+    return Tensor(scratch.data, dtype, Shape{rows, width}, scratch.device);
+  }
+  std::int64_t col(int k) const { return k == 0 ? 0 : qw; }
+  std::int64_t width(int k) const { return k == 0 ? qw : kw; }
+  std::int64_t whole(int k) const { return k == 0 ? nq : nk; }
+  const Tensor& weight(int k) const { return k == 0 ? wq : wk; }
+
+  // In place on qkv (rows, W): q's and k's columns normalised over the whole rows; rstd saved.
+  void forward(const Tensor& qkv, float eps) const {
+    const DType S = qkv.dtype;
+    if (qw > 0) {
+      const Tensor xq = cols(a, S, qw), xk = cols(b, S, kw);
+      copy_rows(xq, 0, qw, qkv, 0, W, rows, qw);
+      copy_rows(xk, 0, kw, qkv, qw, W, rows, kw);
+      rmsnorm_shard_sum_squares(rows_of(sums, 0), xq);
+      rmsnorm_shard_sum_squares(rows_of(sums, 1), xk);
+    } else {
+      zero_tensor(sums);
+    }
+    group->sum(sums);
+    if (qw == 0) return;
+    for (int k : {0, 1}) {
+      const Tensor x = cols(k == 0 ? a : b, S, width(k)), y = cols(c, S, width(k));
+      rmsnorm_shard_forward(y, rows_of(rstd, k), x, weight(k), rows_of(sums, k), whole(k), eps);
+      copy_rows(qkv, col(k), W, y, 0, width(k), rows, width(k));
+    }
+  }
+
+  // In place on dqkv (rows, W): d(normalised) becomes d(projection) on q's and k's columns; raw is
+  // the norm's input (the saved projection, (rows, W)); the pieces' gradients accumulate into dwq, dwk.
+  void backward(const Tensor& dqkv, const Tensor& raw, const Tensor& dwq, const Tensor& dwk) const {
+    const DType S = dqkv.dtype;
+    const auto load = [&](int k) {  // x into a, d(normalised) into b
+      copy_rows(cols(a, S, width(k)), 0, width(k), raw, col(k), W, rows, width(k));
+      copy_rows(cols(b, S, width(k)), 0, width(k), dqkv, col(k), W, rows, width(k));
+    };
+    if (qw > 0) {
+      for (int k : {0, 1}) {
+        load(k);
+        rmsnorm_shard_backward_dot(rows_of(sums, k), cols(b, S, width(k)), cols(a, S, width(k)), weight(k), rows_of(rstd, k));
+      }
+    } else {
+      zero_tensor(sums);
+    }
+    group->sum(sums);
+    if (qw == 0) return;
+    for (int k : {1, 0}) {  // k's columns are still loaded
+      if (k == 0) load(0);
+      const Tensor dx = cols(c, S, width(k));
+      zero_tensor(dx);
+      rmsnorm_shard_backward(dx, k == 0 ? dwq : dwk, cols(b, S, width(k)), cols(a, S, width(k)), weight(k), rows_of(rstd, k), rows_of(sums, k),
+                             whole(k));
+      copy_rows(dqkv, col(k), W, dx, 0, width(k), rows, width(k));
+    }
+  }
+};
+
+// The cut norm of a block built for a tensor-parallel rank: rstd_saved is the block's saved
+// qk_norm_rstd, whose first 2·rows values it uses.
+CutQkNorm cut_qk_norm(TensorParallelGroup* group, const LlamaConfig& cfg, std::int64_t rows, std::int64_t W, std::int64_t qw, std::int64_t kw,
+                      std::span<const Tensor> p, const ParamIndex& pi, const Tensor& rstd_saved, std::span<const Tensor> scratch) {
+  CutQkNorm n;
+  n.group = group;
+  n.rows = rows;
+  n.W = W;
+  n.qw = qw;
+  n.kw = kw;
+  n.nq = cfg.q_dim();
+  n.nk = cfg.kv_dim();
+  n.wq = p[static_cast<std::size_t>(pi.q_norm)];
+  n.wk = p[static_cast<std::size_t>(pi.k_norm)];
+  if (qw > 0) n.rstd = Tensor(rstd_saved.data, DType::fp32, Shape{2 * rows}, rstd_saved.device);
+  n.sums = scratch[kQkWholeSums];
+  n.a = scratch[kQkWholeA];
+  n.b = scratch[kQkWholeB];
+  n.c = scratch[kQkWholeC];
+  return n;
+}
+
 // (B, T, H, D) view of a (B, T, H·D) tensor.
 Tensor heads_view(const Tensor& t, std::int64_t H, std::int64_t D) { return Tensor(t.data, t.dtype, Shape{t.shape[0], t.shape[1], H, D}, t.device); }
 
@@ -178,10 +275,6 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg, std::int64_t index, TensorParalle
       inter_(cfg.moe.is_sparse_layer(index) ? 0 : units_of_rank(cfg.intermediate_size, tp.ranks, tp.rank)),
       inv_freq_(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)) {
   validate(cfg_);
-  if (cfg_.qk_norm_whole && tp_.active())
-    fail("{}: OLMoE's q/k norm spans the whole q and k projections, which tensor parallelism would cut across ranks; dstrain does not build it "
-         "tensor-parallel (set tensor_parallel.autotp_size to 1)",
-         name());
   if (cfg_.moe.is_sparse_layer(index_))
     moe_.emplace(cfg_.moe, cfg_.n_embd, index_, "model.layers." + std::to_string(index_) + ".mlp.", cfg_.initializer_range, ep_);
 }
@@ -199,10 +292,15 @@ std::vector<ParamSpec> LlamaBlock::params() const {
   v.push_back({p + "input_layernorm.weight", Shape{C}, ParamInit::ones(), false, {}});
   v.push_back({p + "self_attn.qkv_proj.weight", Shape{cfg_.qkv_dim(), C}, ParamInit::normal(sd), true, {}, qkv});  // [q_proj | k_proj | v_proj]
   if (cfg_.qkv_bias) v.push_back({p + "self_attn.qkv_proj.bias", Shape{cfg_.qkv_dim()}, ParamInit::zeros(), false, {}, qkv});
-  if (cfg_.qk_norm) {
-    // Qwen3: one weight per head dimension, shared by the heads; OLMoE: over the whole projection
-    v.push_back({p + "self_attn.q_norm.weight", Shape{cfg_.qk_norm_whole ? cfg_.q_dim() : D}, ParamInit::ones(), false, {}});
-    v.push_back({p + "self_attn.k_norm.weight", Shape{cfg_.qk_norm_whole ? cfg_.kv_dim() : D}, ParamInit::ones(), false, {}});
+  if (cfg_.qk_norm_whole) {
+    // OLMoE: one weight per column of the whole q and k projections, cut with their heads (q in
+    // the groups of query heads, k in key/value heads, as qkv_proj's rows).
+    v.push_back({p + "self_attn.q_norm.weight", Shape{cfg_.q_dim()}, ParamInit::ones(), false, {}, ParamSplit::rows({{cfg_.q_dim(), group}})});
+    v.push_back({p + "self_attn.k_norm.weight", Shape{cfg_.kv_dim()}, ParamInit::ones(), false, {}, ParamSplit::rows({{cfg_.kv_dim(), D}})});
+  } else if (cfg_.qk_norm) {
+    // Qwen3: one weight per head dimension, shared by the heads (replicated)
+    v.push_back({p + "self_attn.q_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
+    v.push_back({p + "self_attn.k_norm.weight", Shape{D}, ParamInit::ones(), false, {}});
   }
   v.push_back({p + "self_attn.o_proj.weight", Shape{C, cfg_.q_dim()}, ParamInit::normal(sd), true, {}, ParamSplit::columns({{cfg_.q_dim(), group}})});
   if (cfg_.o_bias) v.push_back({p + "self_attn.o_proj.bias", Shape{C}, ParamInit::zeros(), false, {}});
@@ -272,8 +370,8 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"attention",
        Shape{static_cast<std::int64_t>(attention_backward_scratch_elems(B, sp_.ranks * T, q_dim() / sp_.ranks, nh_ / sp_.ranks))},
        DType::fp32},
-      // tensor parallelism with q/k norm: this rank's share of the two norm weights' gradients, summed over the group
-      {"qk_norm_grad", Shape{tp_.active() && cfg_.qk_norm ? 2 * cfg_.head_dim : 0}, d.dtype},
+      // tensor parallelism with Qwen3's q/k norm: this rank's share of the two norm weights' gradients, summed over the group
+      {"qk_norm_grad", Shape{tp_.active() && cfg_.qk_norm && !cfg_.qk_norm_whole ? 2 * cfg_.head_dim : 0}, d.dtype},
       // sequence parallelism: the all-to-alls' buffers and the head-split gradients
       {"ulysses_send", Shape{sp_.active() ? B * T * qkv_dim() : 0}, d.dtype},
       {"ulysses_recv", Shape{sp_.active() ? B * T * qkv_dim() : 0}, d.dtype},
@@ -292,6 +390,8 @@ std::vector<ActivationSpec> LlamaBlock::scratch(const LayerDims& d) const {
       {"qk_whole_a", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
       {"qk_whole_b", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
       {"qk_whole_c", Shape{cfg_.qk_norm_whole ? B * T : 0, q_dim()}, d.dtype},
+      // ... cut by tensor parallelism: each token's two row statistics, summed over the group
+      {"qk_whole_sums", Shape{cfg_.qk_norm_whole && tp_.active() ? 2 * B * T : 0}, DType::fp32},
   };
   if (moe_)
     for (ActivationSpec& spec : moe_->scratch(d)) v.push_back(std::move(spec));
@@ -323,8 +423,13 @@ void LlamaBlock::forward(const ForwardArgs& a) {
   // Sequence parallelism: the rank's tokens' qkv lives in the all-to-all's receive buffer, read
   // only while the send buffer is packed; the attention keeps qkv_heads.
   const Tensor qkv = sp_.active() ? Tensor(a.scratch[kRecv].data, a.dims.dtype, Shape{B, T, qkv_dim()}, a.scratch[kRecv].device) : s[kQkv];
+  // OLMoE's q/k norm cut across the tensor-parallel ranks: its row sums need the group
+  TensorParallelGroup* group = tp_.active() ? &layer_group(a.tensor_parallel, tp_, name()) : nullptr;
+  const bool cut_norm = group != nullptr && cfg_.qk_norm_whole;
   if (nh_ == 0) {
-    // no heads on this rank: nothing to attend; o_proj adds zeros below
+    // no heads on this rank: nothing to attend; o_proj adds zeros below. A cut q/k norm's sums
+    // are the group's: this rank adds zeros.
+    if (cut_norm) cut_qk_norm(group, cfg_, B * T, qkv_dim(), 0, 0, p, pi, s[kQkNormRstd], a.scratch).forward(qkv, eps);
   } else if (cfg_.qk_norm) {
     const Tensor raw(s[kQkvRaw].data, a.dims.dtype, qkv.shape, s[kQkvRaw].device);
     matmul_forward(raw, ln1, p[pi.qkv_w], opt(p, pi.qkv_b), mm);
@@ -332,7 +437,10 @@ void LlamaBlock::forward(const ForwardArgs& a) {
     const Tensor heads = heads_view(qkv, NH + 2 * NKV, D);
     const Tensor rstd(s[kQkNormRstd].data, DType::fp32, Shape{B, T, NH + NKV}, s[kQkNormRstd].device);
     const std::int64_t q_rows = B * T * NH;
-    if (cfg_.qk_norm_whole) {  // OLMoE: over the whole q and k projections, rstd per token
+    if (cut_norm) {  // OLMoE under tensor parallelism: the rank's columns of the whole rows
+      cut_qk_norm(group, cfg_, B * T, qkv_dim(), q_dim(), kv_dim(), p, pi, s[kQkNormRstd], a.scratch)
+          .forward(Tensor(qkv.data, qkv.dtype, Shape{B * T, qkv_dim()}, qkv.device), eps);
+    } else if (cfg_.qk_norm_whole) {  // OLMoE: over the whole q and k projections, rstd per token
       float* r = static_cast<float*>(rstd.data);
       const Device rd = rstd.device;
       const auto& sc = a.scratch;
@@ -474,7 +582,10 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   // Tensor parallelism with q/k norm: the norm weights' gradients from this rank's heads go to a
   // scratch that is summed over the group (every rank joins the sum, with or without heads).
   const Tensor qk_partial = a.scratch[kQkNormGrad];
-  const bool sum_qk_norm = group != nullptr && cfg_.qk_norm;
+  const bool sum_qk_norm = group != nullptr && cfg_.qk_norm && !cfg_.qk_norm_whole;
+  // OLMoE's q/k norm weights are cut with the heads: each rank's gradient is its piece's. Its
+  // backward's row sums are the group's (every rank joins, with or without heads).
+  const bool cut_norm = group != nullptr && cfg_.qk_norm_whole;
   const Tensor dq_norm = sum_qk_norm ? Tensor(qk_partial.data, S, Shape{D}, dev) : opt(g, pi.q_norm);
   const Tensor dk_norm =
       sum_qk_norm ? Tensor(static_cast<char*>(qk_partial.data) + D * static_cast<std::int64_t>(dtype_size(S)), S, Shape{D}, dev) : opt(g, pi.k_norm);
@@ -493,7 +604,11 @@ void LlamaBlock::backward(const BackwardArgs& a) {
       const Tensor raw = heads_view(Tensor(s[kQkvRaw].data, S, Shape{B, T, qkv_dim()}, s[kQkvRaw].device), NH + 2 * NKV, D);
       float* rstd = static_cast<float*>(s[kQkNormRstd].data);
       const Device rd = s[kQkNormRstd].device;
-      if (cfg_.qk_norm_whole) {
+      if (cut_norm) {
+        const Tensor raw2(s[kQkvRaw].data, S, Shape{B * T, qkv_dim()}, s[kQkvRaw].device);
+        cut_qk_norm(group, cfg_, B * T, qkv_dim(), q_dim(), kv_dim(), p, pi, s[kQkNormRstd], a.scratch)
+            .backward(Tensor(dqkv.data, S, Shape{B * T, qkv_dim()}, dqkv.device), raw2, dq_norm, dk_norm);
+      } else if (cfg_.qk_norm_whole) {
         const Tensor raw2(s[kQkvRaw].data, S, Shape{B * T, qkv_dim()}, s[kQkvRaw].device);
         const auto& sc = a.scratch;
         whole_norm_backward(dqkv, raw2, B * T, qkv_dim(), 0, q_dim(), p[pi.q_norm], dq_norm, Tensor(rstd, DType::fp32, Shape{B * T}, rd), sc[kQkWholeA],
@@ -510,6 +625,10 @@ void LlamaBlock::backward(const BackwardArgs& a) {
   } else {
     // No heads on this rank: only the (replicated) o_proj bias's gradient, as every rank forms it.
     if (pi.o_b >= 0) matmul_backward(Tensor{}, Tensor{}, g[pi.o_b], dres_whole, s[kAtty], p[pi.o_w], mm);
+    if (cut_norm) {
+      cut_qk_norm(group, cfg_, B * T, qkv_dim(), 0, 0, p, pi, s[kQkNormRstd], a.scratch)
+          .backward(Tensor{}, Tensor{}, Tensor{}, Tensor{});  // adds zeros to the group's sums
+    }
     zero_tensor(dln1_whole);
   }
   if (sum_qk_norm) {

@@ -76,11 +76,8 @@ void LlamaArchitecture::check_tensor_parallel(int ranks) const {
   // no attention weights and add zeros (their o_proj bias gradient is formed as every rank's).
   // A mixture of experts is allowed: its layer keeps the router and the experts replicated across
   // the tensor-parallel ranks (expert parallelism cuts them), the attention is cut as usual.
-  if (ranks > 1 && cfg_.qk_norm_whole) {
-    fail("tensor_parallel.autotp_size {}: OLMoE's q/k norms span the whole q and k projections, which tensor parallelism would cut across "
-         "ranks (the norm's sum of squares would need the group); dstrain builds OLMoE with autotp_size 1",
-         ranks);
-  }
+  // OLMoE's q/k norms over the whole projections are cut with their heads, the rows' statistics
+  // summed over the group (llama_block.cpp).
 }
 
 void LlamaArchitecture::check_sequence_parallel(int sp_ranks, int tp_ranks) const {
@@ -172,7 +169,8 @@ std::vector<HfParamName> LlamaArchitecture::hf_param_names() const {
   // layers' names for them are fixed, llama_weights.h), grouped by layer: an expert is a block of
   // the stacked expert weights (HfParamName::param names the stack; no field of HfParamName says
   // which block, as none says which row block q_proj is of qkv_proj). The router and the experts are
-  // replicated across tensor-parallel ranks; a whole parameter keeps the cut its layer declares.
+  // replicated across tensor-parallel ranks; a whole parameter keeps the cut its layer declares
+  // (OLMoE's q/k norms: rows, with the heads; their gradients are the pieces', not summed).
   std::map<std::string, const HfParamName*> declared;
   for (const HfParamName& p : from_layers) declared[p.param] = &p;
   std::map<std::string, std::vector<HfParamName>> by_layer;  // "model.layers.N." -> its tensors

@@ -113,6 +113,15 @@ cudaError_t launch_fused_residual_rmsnorm_forward(void* residual, void* out, flo
                                                   std::int64_t rows, std::int64_t C, float eps, cudaStream_t s);
 cudaError_t launch_rmsnorm_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* w, const float* rstd, DType t,
                                     std::int64_t rows, std::int64_t C, double* partials, cudaStream_t s);
+// A row cut across tensor-parallel ranks (ops/kernels/rmsnorm.h rmsnorm_shard_*): n is the whole row's width.
+cudaError_t launch_rmsnorm_shard_sum_squares(float* sums, const void* inp, DType t, std::int64_t rows, std::int64_t C, cudaStream_t s);
+cudaError_t launch_rmsnorm_shard_forward(void* out, float* rstd, const void* inp, const void* w, const float* sums, DType t, std::int64_t rows,
+                                         std::int64_t C, std::int64_t n, float eps, cudaStream_t s);
+cudaError_t launch_rmsnorm_shard_backward_dot(float* dots, const void* dout, const void* inp, const void* w, const float* rstd, DType t,
+                                              std::int64_t rows, std::int64_t C, cudaStream_t s);
+cudaError_t launch_rmsnorm_shard_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* w, const float* rstd,
+                                          const float* dots, DType t, std::int64_t rows, std::int64_t C, std::int64_t n, double* partials,
+                                          cudaStream_t s);
 cudaError_t launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType t, std::int64_t rows,
                                      std::int64_t C, float eps, cudaStream_t s);
 cudaError_t launch_fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,

@@ -188,6 +188,35 @@ void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tens
                                                           static_cast<double*>(partials.ptr), kStream));
 }
 
+void rmsnorm_shard_sum_squares(Tensor sums, Tensor inp) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_shard_sum_squares(static_cast<float*>(sums.data), inp.data, inp.dtype, rows, C, kStream));
+}
+
+void rmsnorm_shard_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, Tensor sums, std::int64_t n, float eps) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_shard_forward(out.data, static_cast<float*>(rstd.data), inp.data, weight.data,
+                                                               static_cast<const float*>(sums.data), inp.dtype, rows, C, n, eps, kStream));
+}
+
+void rmsnorm_shard_backward_dot(Tensor dots, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_shard_backward_dot(static_cast<float*>(dots.data), dout.data, inp.data, weight.data,
+                                                                    static_cast<const float*>(rstd.data), inp.dtype, rows, C, kStream));
+}
+
+void rmsnorm_shard_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd, Tensor dots, std::int64_t n) {
+  use_device_of(inp);
+  const std::int64_t C = inp.shape[inp.shape.rank - 1], rows = C == 0 ? 0 : inp.numel() / C;
+  const DeviceScratch::Lease partials = DeviceScratch::get(inp.device.index, cuda_detail::column_partials_bytes(rows, C), "rmsnorm_shard_backward");
+  DSTRAIN_CUDA_CHECK(cuda_detail::launch_rmsnorm_shard_backward(dinp.data, dweight.data, dout.data, inp.data, weight.data,
+                                                                static_cast<const float*>(rstd.data), static_cast<const float*>(dots.data), inp.dtype,
+                                                                rows, C, n, static_cast<double*>(partials.ptr), kStream));
+}
+
 void head_rmsnorm_forward(Tensor x, Tensor rstd, Tensor weight, std::int64_t head0, std::int64_t nheads, float eps) {
   use_device_of(x);
   DSTRAIN_CUDA_CHECK(cuda_detail::launch_head_rmsnorm_forward(x.data, static_cast<float*>(rstd.data), weight.data, x.dtype, x.shape[0] * x.shape[1],

@@ -35,6 +35,10 @@ void fused_residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps);
 void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
 void fused_residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, Tensor a, Tensor b, Tensor weight, float eps);
+void rmsnorm_shard_sum_squares(Tensor sums, Tensor inp);
+void rmsnorm_shard_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, Tensor sums, std::int64_t n, float eps);
+void rmsnorm_shard_backward_dot(Tensor dots, Tensor dout, Tensor inp, Tensor weight, Tensor rstd);
+void rmsnorm_shard_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd, Tensor dots, std::int64_t n);
 void head_rmsnorm_forward(Tensor x, Tensor rstd, Tensor weight, std::int64_t head0, std::int64_t nheads, float eps);
 void head_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor inp, Tensor weight, Tensor rstd, std::int64_t head0, std::int64_t nheads);
 

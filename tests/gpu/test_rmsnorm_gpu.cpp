@@ -1,6 +1,7 @@
 // rmsnorm_forward / fused_residual_rmsnorm_forward / rmsnorm_backward on the GPU against the CPU
 // kernels on the CPU tests' case table (tests/unit/kernels/rmsnorm_cases.h) and tolerances: the
 // residual is one add and one rounding on both (bit-exact); the rest differs by reduction order.
+// The row cut across ranks (rmsnorm_shard_*) too, phase by phase, on a rank's columns of a wider row.
 #include <random>
 #include <vector>
 
@@ -60,6 +61,54 @@ TEST(RmsnormGpu, MatchesCpuOnTheCaseTable) {
       rmsnorm_forward(out2.tensor(xs), h_rstd, a.tensor(xs), w.tensor(ws), eps);
       rmsnorm_forward(d_out2, d_rstd, d_a, d_w, eps);
       expect_close(DeviceTensors::get(d_out2), out2.values(), tol, "rmsnorm out");
+    }
+  }
+}
+
+// The four phases of a row cut across tensor-parallel ranks (OLMoE's q/k norm): each on the GPU
+// against the CPU, the later phases fed the CPU's (the group's) sums so that each is checked alone;
+// the rank holds C columns of a row of n = 3C (the other ranks' share folded into the sums).
+TEST(RmsnormShardGpu, MatchesCpuPhaseByPhase) {
+  DSTRAIN_SKIP_WITHOUT_GPU();
+  for (const DType dt : kFloatDTypes) {
+    const Tol tol = kRmsnormTols.of(dt);
+    std::mt19937_64 rng(9);
+    for (const RmsnormCase& c : kRmsnormCases) {
+      SCOPED_TRACE(std::string(c.name) + " " + dtype_label(dt));
+      const std::int64_t rows = c.B * c.T, C = c.C, n = rows * C, whole = 3 * C;
+      const Shape xs{rows, C}, ws{C}, rs{rows};
+      const auto eps = static_cast<float>(c.eps);
+      Buf x(dt, n), w(dt, C), g(dt, n), dinp(dt, n), dw(dt, C), out(dt, n);
+      for (Buf* p : {&x, &g, &dinp, &dw}) p->fill_uniform(rng, -1, 1);
+      w.fill_uniform(rng, 0.5, 1.5);
+      DeviceTensors d;
+      const Tensor d_x = d.put(x, xs), d_w = d.put(w, ws), d_g = d.put(g, xs), d_dinp = d.put(dinp, xs), d_dw = d.put(dw, ws);
+      std::vector<float> sums(static_cast<std::size_t>(rows)), rstd(sums.size()), dots(sums.size());
+      rmsnorm_shard_sum_squares(Tensor(sums.data(), DType::fp32, rs), x.tensor(xs));
+      const Tensor d_sums = d.zeros(DType::fp32, rs);
+      rmsnorm_shard_sum_squares(d_sums, d_x);
+      expect_close(DeviceTensors::get(d_sums), f32_values(sums).values(), kRmsnormTols.fp32, "sums");
+      for (float& v : sums) v *= 3.0f;  // the group's: two more ranks' columns like these
+      Buf group_sums = f32_values(sums);
+      const Tensor d_group = d.put(group_sums, rs), d_rstd = d.zeros(DType::fp32, rs), d_out = d.zeros(dt, xs);
+      rmsnorm_shard_forward(out.tensor(xs), Tensor(rstd.data(), DType::fp32, rs), x.tensor(xs), w.tensor(ws), Tensor(sums.data(), DType::fp32, rs),
+                            whole, eps);
+      rmsnorm_shard_forward(d_out, d_rstd, d_x, d_w, d_group, whole, eps);
+      expect_close(DeviceTensors::get(d_out), out.values(), tol, "out");
+      expect_close(DeviceTensors::get(d_rstd), f32_values(rstd).values(), kRmsnormTols.fp32, "rstd");
+      Buf cpu_rstd = f32_values(rstd);
+      const Tensor h_rstd(rstd.data(), DType::fp32, rs), d_rstd_cpu = d.put(cpu_rstd, rs), d_dots = d.zeros(DType::fp32, rs);
+      rmsnorm_shard_backward_dot(Tensor(dots.data(), DType::fp32, rs), g.tensor(xs), x.tensor(xs), w.tensor(ws), h_rstd);
+      rmsnorm_shard_backward_dot(d_dots, d_g, d_x, d_w, d_rstd_cpu);
+      expect_close(DeviceTensors::get(d_dots), f32_values(dots).values(), Tol{kRmsnormTols.fp32.atol * 4, kRmsnormTols.fp32.rtol * 4}, "dots");
+      for (float& v : dots) v *= 2.0f;
+      Buf group_dots = f32_values(dots);
+      const Tensor d_group_dots = d.put(group_dots, rs);
+      rmsnorm_shard_backward(dinp.tensor(xs), dw.tensor(ws), g.tensor(xs), x.tensor(xs), w.tensor(ws), h_rstd, Tensor(dots.data(), DType::fp32, rs),
+                             whole);
+      rmsnorm_shard_backward(d_dinp, d_dw, d_g, d_x, d_w, d_rstd_cpu, d_group_dots, whole);
+      expect_close(DeviceTensors::get(d_dinp), dinp.values(), Tol{tol.atol * 4, tol.rtol * 2}, "dinp");
+      expect_close(DeviceTensors::get(d_dw), dw.values(), Tol{tol.atol * static_cast<double>(rows), tol.rtol}, "dweight");
     }
   }
 }

@@ -12,7 +12,9 @@
 //     order); at TP 2 x DP 2 it is bit for bit, and the next checkpoint's rank files are the same
 //     bytes (one of them written by the decoupled writer);
 //   - the manifest records whole shapes and the mesh; the saved pieces tile every parameter once;
-//   - consolidate of the TP checkpoint is byte for byte the one-rank engine's save_weights.
+//   - consolidate of the TP checkpoint is byte for byte the one-rank engine's save_weights;
+//   - OLMoE, whose q/k norm weights are cut with the heads: saved at TP 2, loaded at TP 1 and 4,
+//     consolidated and written by save_weights at TP 4 as one rank writes them.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "checkpoint_test_files.h"
+#include "olmoe_test_model.h"
 #include "tp_mesh_run.h"
 #include "engine/checkpoint/checkpoint_consolidate.h"
 #include "engine/checkpoint/checkpoint_files.h"
@@ -334,6 +337,56 @@ std::string combo_name(const ::testing::TestParamInfo<Combo>& info) {
 INSTANTIATE_TEST_SUITE_P(Stages, TensorParallelCheckpoint,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(std::string(kGpt2Heads4), std::string(kLlamaModel))),
                          combo_name);
+
+// OLMoE: its q/k norm weights (NH·D and NKV·D) are cut with the heads like q_proj's and k_proj's
+// rows. A TP 2 checkpoint stores each rank's piece as runs of the whole weight (every element
+// once); it loads at TP 1 and at TP 4 (two ranks without heads, so without norm columns) to the
+// saved whole parameters exactly, the next step within the tolerance; consolidate, and
+// save_weights at TP 4, write the whole Hugging Face tensors byte for byte as one rank does.
+TEST(TensorParallelCheckpointOlmoe, CutQkNormsSaveLoadAndWriteWholeWeights) {
+  const std::string model = olmoe_testing::gqa_model();
+  TempDir dir("olmoe"), weights("olmoe_weights");
+  MeshSegment a;
+  a.model = model;
+  a.tp = 2;
+  a.stage = 1;
+  a.to = 3;
+  a.save_dir = dir.path;
+  a.save_mid_after = 2;
+  const MeshResult saved = run_mesh(a);
+  check_manifest(dir.path / "mid", model, 2, 1, 1);
+  ASSERT_TRUE(saved.at_mid.count("model.layers.0.self_attn.q_norm.weight"));
+  EXPECT_EQ(saved.at_mid.at("model.layers.0.self_attn.q_norm.weight").size(), 32u);
+  EXPECT_EQ(saved.at_mid.at("model.layers.1.self_attn.k_norm.weight").size(), 16u);
+  const Tolerance tol = one_step_tolerance();
+  for (const int tp : {1, 4}) {
+    SCOPED_TRACE(fmt::format("resume at TP {}", tp));
+    MeshSegment b;
+    b.model = model;
+    b.tp = tp;
+    b.stage = 1;
+    b.from = 2;
+    b.to = 3;
+    b.load_dir = dir.path;
+    b.load_tag = "mid";
+    b.weights = weights.path / fmt::format("tp{}.safetensors", tp);
+    const MeshResult r = run_mesh(b);
+    ASSERT_EQ(r.loaded.size(), saved.at_mid.size());
+    for (const auto& [name, v] : saved.at_mid) EXPECT_TRUE(r.loaded.at(name) == v) << name << " loaded differs from the saved value";
+    ASSERT_EQ(r.losses.size(), 1u);
+    EXPECT_LE(std::abs(r.losses[0] - saved.losses[2]), tol.loss_rtol * std::abs(saved.losses[2])) << r.losses[0] << " vs " << saved.losses[2];
+    const ParamDiff d = compare_params(r.final, saved.final, saved.at_mid, tol.atol, tol.rtol);
+    EXPECT_TRUE(d.finite);
+    EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs;
+    EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
+  }
+  EXPECT_FALSE(file_bytes(weights.path / "tp1.safetensors").empty());
+  EXPECT_TRUE(file_bytes(weights.path / "tp4.safetensors") == file_bytes(weights.path / "tp1.safetensors"))
+      << "save_weights at TP 4 differs from one rank's";
+  const fs::path out = weights.path / "consolidated.safetensors";
+  EXPECT_EQ(consolidate_checkpoint(dir.path, "mid", out, DType::fp32), "mid");
+  EXPECT_TRUE(file_bytes(out) == file_bytes(weights.path / "tp1.safetensors")) << "consolidated weights differ from one rank's";
+}
 
 // The reverse: a checkpoint of one rank (the format without tensor parallelism) resumes on TP 2 x
 // DP 2 and TP 4 x DP 1, uneven TP 3 too, with the loaded whole parameters exactly the saved ones.

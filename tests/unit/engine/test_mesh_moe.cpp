@@ -6,12 +6,18 @@
 // fp32 and bf16: the same losses, gradient norms and trained parameters within the bounds of
 // mesh_test_util.h. Switching off the statistics' sum over the sequence-parallel group or their
 // journey through the pipeline, or any rank routing differently, moves the loss beyond them.
+//
+// OLMoE (its q/k RMSNorm over the whole q and k projections) on the same meshes: tensor
+// parallelism cuts the norms with the heads, each token's sum of squares (and in backward its
+// Σ w·dy·x̂) summed over the group. Without those sums a rank normalises by its own heads' share of
+// the row and the loss is off by far more than the bounds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,6 +25,7 @@
 #include "engine/expert_parallel.h"
 #include "ops/kernels/tensor_ops.h"
 #include "mesh_test_util.h"
+#include "olmoe_test_model.h"
 
 namespace dstrain {
 namespace {
@@ -223,6 +230,56 @@ TEST(MoeMeshPipeline, WithSequenceParallelMatchesOneRank) {
   m.stage = 1;
   check_against_one_rank(m);
 }
+
+// ---- OLMoE under tensor parallelism ----
+enum class OlmoeModel { gqa, heads8, uneven };  // olmoe_test_model.h
+
+struct OlmoeCell {
+  const char* name;
+  OlmoeModel model = OlmoeModel::gqa;
+  Mesh mesh{1, 1, 1, 1};
+  int stage = 1;
+  Precision precision = Precision::fp32;
+  bool ckpt = false;
+  bool shard_residual = true;
+};
+
+void PrintTo(const OlmoeCell& c, std::ostream* os) { *os << c.name; }
+
+class OlmoeMesh : public ::testing::TestWithParam<OlmoeCell> {};
+
+TEST_P(OlmoeMesh, MatchesOneRank) {
+  const OlmoeCell& c = GetParam();
+  MeshRun m;
+  std::tie(m.tp, m.sp, m.dp, m.ep) = c.mesh;
+  m.stage = c.stage;
+  m.precision = c.precision;
+  m.ckpt = c.ckpt;
+  m.shard_residual = c.shard_residual;
+  m.model = c.model == OlmoeModel::uneven   ? olmoe_testing::uneven_model()
+            : c.model == OlmoeModel::heads8 ? olmoe_testing::heads8_model()
+                                            : olmoe_testing::gqa_model();
+  if (c.precision == Precision::bf16) {
+    // The tensor-parallel bf16 bounds the TP cells used before set_bf16_bounds (which covers the
+    // data-parallel sums only): tensor parallelism also reorders the GEMMs' partial sums and their
+    // all-reduce. Measured: 10.9% of the update overall against the 0.15 here (a Mixtral TP 2 bf16
+    // run: 7.9%).
+    m.tolerance = Tolerance{1e-3, 0.07, 0.0, 0.4, 0.15, 0.07};
+    m.grad_norm_rtol = 5e-2;
+  }
+  check_against_one_rank(m);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TensorParallelQkNorm, OlmoeMesh,
+    ::testing::Values(OlmoeCell{"tp2", OlmoeModel::gqa, Mesh{2, 1, 1, 1}},
+                      OlmoeCell{"tp4_two_ranks_without_heads", OlmoeModel::gqa, Mesh{4, 1, 1, 1}},
+                      OlmoeCell{"tp2_dp2_stage3", OlmoeModel::gqa, Mesh{2, 1, 2, 1}, 3}, OlmoeCell{"tp2_sp2", OlmoeModel::heads8, Mesh{2, 2, 1, 1}},
+                      OlmoeCell{"sp2", OlmoeModel::gqa, Mesh{1, 2, 1, 1}}, OlmoeCell{"tp2_ep2", OlmoeModel::gqa, Mesh{2, 1, 2, 2}, 2},
+                      OlmoeCell{"tp2_checkpointing_whole_stream", OlmoeModel::gqa, Mesh{2, 1, 1, 1}, 1, Precision::fp32, true, false},
+                      OlmoeCell{"tp2_stage2_bf16", OlmoeModel::gqa, Mesh{2, 1, 1, 1}, 2, Precision::bf16},
+                      OlmoeCell{"uneven_heads_tp2_stage0", OlmoeModel::uneven, Mesh{2, 1, 1, 1}, 0}),
+    [](const ::testing::TestParamInfo<OlmoeCell>& cell) { return std::string(cell.param.name); });
 
 // Expert parallelism inside each pipeline stage (PP 2 x EP 2 on 4 ranks, ZeRO 0 and 1): each
 // stage's data group splits its experts, and each data rank's statistics travel along its own

@@ -18,6 +18,7 @@
 #include "engine/checkpoint/whole_state_load.h"
 #include "models/gpt2/gpt2_family.h"
 #include "models/llama/llama_family.h"
+#include "models/model_registry.h"
 #include "zero_test_util.h"
 
 namespace dstrain::mesh_run {
@@ -27,8 +28,11 @@ using namespace checkpoint_testing;
 using namespace zero_testing;
 using Params = std::map<std::string, std::vector<float>>;
 
+// A llama: or gpt2: descriptor, or any other spec the registry reads (a config.json's path).
 inline Model build_model(const std::string& spec, TensorParallelRank tp) {
-  std::shared_ptr<const Architecture> arch = spec.starts_with("llama:") ? llama_family().from_spec(spec) : gpt2_family().from_spec(spec);
+  std::shared_ptr<const Architecture> arch = spec.starts_with("llama:")  ? llama_family().from_spec(spec)
+                                             : spec.starts_with("gpt2:") ? gpt2_family().from_spec(spec)
+                                                                         : model_architecture(spec);
   return make_model(arch, tp);
 }
 

@@ -548,14 +548,46 @@ TEST(MoeConfig, HfParamNamesListEachExpert) {
   EXPECT_EQ(names.count("model.layers.1.mlp.shared_expert_gate.weight"), 1u);
   EXPECT_EQ(names.count("model.layers.1.mlp.gate_proj.weight"), 0u);
 
-  // OLMoE's q/k norms over the whole projections.
+  // OLMoE's q/k norms over the whole projections: cut with the heads under tensor parallelism
+  // (rows in the units of q_proj's and k_proj's blocks), each rank's gradient its own piece's.
   const LlamaArchitecture oa(llama_config_from_hf_json(small(kOlmoe), "o"));
+  int norms = 0;
   for (const HfParamName& p : oa.hf_param_names()) {
     if (p.name == "model.layers.0.self_attn.q_norm.weight") {
       EXPECT_TRUE(p.shape == (Shape{64}));
+      EXPECT_EQ(p.split.describe(), "rows [64/32]");
+      ++norms;
     }
     if (p.name == "model.layers.0.self_attn.k_norm.weight") {
       EXPECT_TRUE(p.shape == (Shape{32}));
+      EXPECT_EQ(p.split.describe(), "rows [32/16]");
+      ++norms;
+    }
+    if (p.name.ends_with("_norm.weight") && p.name.find("self_attn") != std::string::npos) {
+      EXPECT_EQ(p.module, HfModuleKind::norm);
+      EXPECT_FALSE(p.grad_summed) << p.name;
     }
   }
+  EXPECT_EQ(norms, 2);
+}
+
+// OLMoE trains under tensor parallelism: the q/k norm weights become the rank's pieces, the heads'
+// columns of the whole projections (4 query heads in 2 groups sharing 2 key/value heads of 16).
+TEST(MoeConfig, OlmoeQkNormsAreCutWithTheHeads) {
+  const auto arch = std::make_shared<LlamaArchitecture>(llama_config_from_hf_json(small(kOlmoe), "o"));
+  for (const int tp : {2, 4}) EXPECT_NO_THROW(arch->check_tensor_parallel(tp)) << tp;
+  const auto piece_of = [&](int rank, int ranks, const std::string& name) -> Shape {
+    for (const auto& layer : arch->make_tensor_parallel_layers({rank, ranks})) {
+      for (const ParamSpec& ps : layer->params())
+        if (ps.name == name) return ps.shape;
+    }
+    ADD_FAILURE() << name << " not found";
+    return {};
+  };
+  EXPECT_TRUE(piece_of(0, 2, "model.layers.1.self_attn.q_norm.weight") == (Shape{32}));
+  EXPECT_TRUE(piece_of(1, 2, "model.layers.1.self_attn.k_norm.weight") == (Shape{16}));
+  // 2 key/value heads over 4 ranks: 1, 1, 0, 0 — the surplus ranks hold no norm columns.
+  EXPECT_TRUE(piece_of(1, 4, "model.layers.0.self_attn.q_norm.weight") == (Shape{32}));
+  EXPECT_TRUE(piece_of(3, 4, "model.layers.0.self_attn.q_norm.weight") == (Shape{0}));
+  EXPECT_TRUE(piece_of(2, 4, "model.layers.0.self_attn.k_norm.weight") == (Shape{0}));
 }

@@ -66,6 +66,14 @@ std::shared_ptr<const Architecture> qwen(bool qk_norm, bool qkv_bias) {
   return std::make_shared<LlamaArchitecture>(cfg);
 }
 
+// An OLMoE (its q/k norms over the whole q and k projections, cut with the heads) of kLlama's shape.
+std::shared_ptr<const Architecture> olmoe() {
+  return std::make_shared<LlamaArchitecture>(llama_config_from_hf_json(R"({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe",
+    "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "num_experts": 4,
+    "num_experts_per_tok": 2, "vocab_size": 256, "max_position_embeddings": 32})",
+                                                                       "olmoe"));
+}
+
 const HfParamName* find(const std::vector<HfParamName>& names, const std::string& name) {
   for (const HfParamName& p : names)
     if (p.name == name) return &p;
@@ -353,6 +361,22 @@ TEST(TensorParallelPlan, GatherOutputAndGradAllreduceOnlyWhereDstrainDoesTheSame
   EXPECT_TRUE(has(e, "grad_allreduce sums model.layers.0.input_layernorm.weight's gradient over the 2 tensor-parallel ranks") &&
               has(e, "multiply it by 2"))
       << e;
+  // OLMoE's q/k norm weights are cut with the heads: each rank's gradient is its piece's.
+  e = error_of(rules(R"([{"patterns": [".*\\.q_norm\\.weight$"], "partition_type": "skip", "grad_allreduce": true}])"), *olmoe());
+  EXPECT_TRUE(has(e, "grad_allreduce sums model.layers.0.self_attn.q_norm.weight's gradient") &&
+              has(e, "each rank holds the gradient of its own piece"))
+      << e;
+}
+
+// OLMoE's q/k norms: dstrain cuts them with the heads by itself; a rule that names them keeps
+// them "skip" (AutoTP cuts no 1-D weight), and any other cut is refused saying what dstrain does.
+TEST(TensorParallelPlan, OlmoesCutQkNormsAreSkipForTheRules) {
+  const auto model = olmoe();
+  const std::string e = error_of(rules(R"([{"patterns": [".*\\.q_norm\\.weight$"], "partition_type": "column"}])"), *model);
+  EXPECT_TRUE(has(e, "names model.layers.0.self_attn.q_norm.weight, norm weight: a norm weight (1-D)") &&
+              has(e, "dstrain cuts this norm itself, with the heads of the projection it normalises (OLMoE's q/k norm, rows [32/16])"))
+      << e;
+  EXPECT_NO_THROW(check(rules(R"([{"patterns": [".*\\.[qk]_norm\\.weight$"], "partition_type": "skip"}])"), *model));
 }
 
 // ---- patterns that name nothing ----
