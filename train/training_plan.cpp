@@ -29,6 +29,7 @@
 #include "train/expert_parallel_plan.h"
 #include "engine/expert_parallel.h"
 #include "ops/error.h"
+#include "ops/kernels/device_backend.h"
 #include "formats/hf_weights_file.h"
 #include "models/model_registry.h"
 #include "zero/launcher_communicator.h"
@@ -733,6 +734,15 @@ TrainingPlan plan_training(const ConfigText& config_text, const std::string& mod
     const DType gemm = cfg.fp16.enabled ? DType::fp16 : cfg.bf16.enabled ? DType::bf16 : DType::fp32;
     plan.peak_flops = measure_gemm_flops(plan.device, gemm);
     plan.peak_source = gemm_peak_description(plan.device, gemm);
+    if (plan.device.is_cpu() && plan.world > 1) {
+      // One rank's team was measured; the job's ranks run their teams side by side, on as many
+      // cores as they can occupy together (MFU counts every rank's tokens).
+      const int team = cpu_team_threads(), cores = cpu_usable_cores();
+      const int busy = std::min(plan.world * team, std::max(cores, team));
+      plan.peak_flops *= static_cast<double>(busy) / static_cast<double>(team);
+      plan.peak_source += fmt::format(", x {:.3g}: {} ranks of {} thread{} on {} core{}", static_cast<double>(busy) / team, plan.world, team,
+                                      team == 1 ? "" : "s", busy, busy == 1 ? "" : "s");
+    }
   }
   return plan;
 }

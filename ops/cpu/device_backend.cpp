@@ -1,5 +1,11 @@
 #include "ops/kernels/device_backend.h"
 
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
 #include "ops/error.h"
 
 #if DSTRAIN_HAS_CUDA_KERNELS
@@ -33,6 +39,15 @@ void synchronize_device(Device device) {
 #else
   fail("synchronize_device({}): this dstrain was built without the CUDA backend", device.str());
 #endif
+}
+
+int cpu_team_threads() { return std::max(1, omp_get_max_threads()); }
+
+int cpu_usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace dstrain

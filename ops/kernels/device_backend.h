@@ -19,4 +19,10 @@ std::unique_ptr<Allocator> make_device_allocator(Device device);
 // where the host reads a clock around device work.
 void synchronize_device(Device device);
 
+// The CPU's compute resources: the threads of one OpenMP team (what one rank's kernels use) and the
+// cores this process may run on (its affinity mask). MFU's peak for a job of several local ranks
+// counts the cores their teams can occupy together.
+int cpu_team_threads();
+int cpu_usable_cores();
+
 }  // namespace dstrain

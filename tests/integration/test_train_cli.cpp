@@ -3,6 +3,8 @@
 // saved and loaded back give the same val loss; bad inputs exit 2 naming the key or file.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -523,6 +525,22 @@ TEST_F(TrainCli, CommsLoggerOnOneRankSaysThereIsNothingToLog) {
                   q(dir_ / "t_train.bin") + " --steps 1 --sample-tokens 0");
   ASSERT_EQ(a.exit_code, 0) << a.err << a.out;
   EXPECT_NE(a.err.find("comms_logger is enabled, but this run has one rank and no communicator"), std::string::npos) << a.err;
+}
+
+// MFU's peak on the CPU is one rank's thread team measured at start; local ranks run their teams
+// side by side, so a job of 2 ranks of 1 thread each counts the cores both occupy — min(2, the
+// cores this process may use) times the one team's — and its MFU stays a fraction of that. Before,
+// the peak stayed one team's while the tokens were both ranks': 82% where one rank ran at 58%.
+TEST_F(TrainCli, LocalRanksCountEveryTeamsCoresInThePeak) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int busy = std::min(2, CPU_COUNT(&set));
+  std::ofstream(dir_ / "mfu2.json") << R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1})";
+  const CliResult r = run_dstrain(train_args("mfu2.json") + " --steps 2 --sample-tokens 0 --num-ranks 2", "OMP_NUM_THREADS=1");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::string want = "measured at start, x " + std::to_string(busy) + ": 2 ranks of 1 thread on " + std::to_string(busy) + (busy == 1 ? " core" : " cores");
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
 }
 
 // examples/ds_configs/monitoring.json as shipped (its output_path pointed into the temp folder):
