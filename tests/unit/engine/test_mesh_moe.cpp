@@ -439,6 +439,24 @@ struct IdleExpertSeen {
   double clip1 = 1.0;                                                  // step 1's clip coefficient
 };
 
+// One rank of a DP x EP mesh (no TP, SP or PP) of `m`'s model, as the mesh runs build it: the
+// config `json` at m.dp ranks, seed 11, the data group, and the expert and expert-data groups with
+// this rank's experts when m.ep > 1. `mesh` (this rank's groups) must outlive the engine.
+Engine dp_ep_engine(const MeshRun& m, const std::string& json, MeshGroups& mesh) {
+  config::ConfigOptions copts;
+  copts.world_size = m.dp;
+  const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
+  EngineOptions o;
+  o.seed = 11;
+  o.comm = mesh.data.get();
+  o.sequence_length = kT;
+  if (m.ep > 1) {
+    o.expert_parallel = mesh.ep.get();
+    o.expert_data = mesh.expert_data.get();
+  }
+  return initialize(build_model(m.model, {}, {}, 0.0f, {mesh.coord.ep, m.ep}), c, o);
+}
+
 std::vector<IdleExpertSeen> run_idle_expert(int ep) {
   constexpr int kDp = 2, kExperts = 4, kIdle = 3;
   MeshRun m;
@@ -449,18 +467,7 @@ std::vector<IdleExpertSeen> run_idle_expert(int ep) {
   std::vector<IdleExpertSeen> seen(kDp);
   run_local_ranks(kDp, [&](Communicator& comm) {
     MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(kDp, 1, 1, 1, ep));
-    config::ConfigOptions copts;
-    copts.world_size = kDp;
-    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
-    EngineOptions o;
-    o.seed = 11;
-    o.comm = mesh.data.get();
-    o.sequence_length = kT;
-    if (ep > 1) {
-      o.expert_parallel = mesh.ep.get();
-      o.expert_data = mesh.expert_data.get();
-    }
-    Engine e = initialize(build_model(kMoe, {}, {}, 0.0f, {mesh.coord.ep, ep}), c, o);
+    Engine e = dp_ep_engine(m, json, mesh);
     IdleExpertSeen& me = seen[static_cast<std::size_t>(comm.rank())];
     const int local = kExperts / ep, first = mesh.coord.ep * local;
     me.holds = kIdle >= first && kIdle < first + local;
@@ -553,18 +560,7 @@ ReportRun one_step_report(const char* model, int dp, int ep, int gas, bool data_
   out.aux.resize(static_cast<std::size_t>(dp));
   run_local_ranks(dp, [&](Communicator& comm) {
     MeshGroups mesh = make_mesh_groups(comm, make_mesh_shape(dp, 1, 1, 1, ep));
-    config::ConfigOptions copts;
-    copts.world_size = dp;
-    const config::DsConfig c = config::parse_ds_config(config::Json::parse(json), copts);
-    EngineOptions o;
-    o.seed = 11;
-    o.comm = mesh.data.get();
-    o.sequence_length = kT;
-    if (ep > 1) {
-      o.expert_parallel = mesh.ep.get();
-      o.expert_data = mesh.expert_data.get();
-    }
-    Engine e = initialize(build_model(model, {}, {}, 0.0f, {mesh.coord.ep, ep}), c, o);
+    Engine e = dp_ep_engine(m, json, mesh);
     for (int g = 0; g < gas; ++g) {
       Tokens b = mesh_batch(m, 0, g * dp + mesh.coord.dp, 0);
       e.forward(b.batch());
