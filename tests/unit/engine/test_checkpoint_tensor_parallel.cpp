@@ -254,6 +254,26 @@ using Combo = std::tuple<int, std::string>;  // stage, model
 class TensorParallelCheckpoint : public ::testing::TestWithParam<Combo> {};
 
 // Save on TP 2 x DP 2 after 2 steps; resume on every other mesh for one step.
+// A resume at another mesh of `saved`'s "mid" checkpoint: the loaded whole parameters exactly the
+// saved ones, and the one step after them (the saved run's third) within `tol`. The comparison of
+// the parameters, returned for the caller's further checks.
+ParamDiff expect_resumed_as_saved(const MeshResult& r, const MeshResult& saved, const Tolerance& tol) {
+  EXPECT_EQ(r.loaded.size(), saved.at_mid.size());
+  for (const auto& [name, v] : saved.at_mid) {
+    const auto it = r.loaded.find(name);
+    EXPECT_TRUE(it != r.loaded.end() && it->second == v) << name << " loaded differs from the saved value";
+  }
+  EXPECT_EQ(r.losses.size(), 1u);
+  if (!r.losses.empty()) {
+    EXPECT_LE(std::abs(r.losses[0] - saved.losses[2]), tol.loss_rtol * std::abs(saved.losses[2])) << r.losses[0] << " vs " << saved.losses[2];
+  }
+  const ParamDiff d = compare_params(r.final, saved.final, saved.at_mid, tol.atol, tol.rtol);
+  EXPECT_TRUE(d.finite);
+  EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs;
+  EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
+  return d;
+}
+
 TEST_P(TensorParallelCheckpoint, SaveOnTp2Dp2ResumeOnAnyMesh) {
   const auto& [stage, model] = GetParam();
   TempDir dir("save"), again("again"), weights("weights");
@@ -306,14 +326,7 @@ TEST_P(TensorParallelCheckpoint, SaveOnTp2Dp2ResumeOnAnyMesh) {
     b.load_tag = "mid";
     if (tp == 1 && dp == 1) b.weights = weights.path / "one_rank.safetensors";
     const MeshResult r = run_mesh(b);
-    ASSERT_EQ(r.loaded.size(), saved.at_mid.size());
-    for (const auto& [name, v] : saved.at_mid) EXPECT_TRUE(r.loaded.at(name) == v) << name << " loaded differs from the saved value";
-    ASSERT_EQ(r.losses.size(), 1u);
-    EXPECT_LE(std::abs(r.losses[0] - saved.losses[2]), tol.loss_rtol * std::abs(saved.losses[2])) << r.losses[0] << " vs " << saved.losses[2];
-    const ParamDiff d = compare_params(r.final, saved.final, saved.at_mid, tol.atol, tol.rtol);
-    EXPECT_TRUE(d.finite);
-    EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs;
-    EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
+    const ParamDiff d = expect_resumed_as_saved(r, saved, tol);
     EXPECT_LE(d.update_rel, tol.update_rel);
     EXPECT_LE(d.key_bias_max_abs, tol.key_bias_abs) << "attention key bias";
     if (std::getenv("DSTRAIN_TP_VERBOSE") != nullptr) {
@@ -371,14 +384,7 @@ TEST(TensorParallelCheckpointOlmoe, CutQkNormsSaveLoadAndWriteWholeWeights) {
     b.load_tag = "mid";
     b.weights = weights.path / fmt::format("tp{}.safetensors", tp);
     const MeshResult r = run_mesh(b);
-    ASSERT_EQ(r.loaded.size(), saved.at_mid.size());
-    for (const auto& [name, v] : saved.at_mid) EXPECT_TRUE(r.loaded.at(name) == v) << name << " loaded differs from the saved value";
-    ASSERT_EQ(r.losses.size(), 1u);
-    EXPECT_LE(std::abs(r.losses[0] - saved.losses[2]), tol.loss_rtol * std::abs(saved.losses[2])) << r.losses[0] << " vs " << saved.losses[2];
-    const ParamDiff d = compare_params(r.final, saved.final, saved.at_mid, tol.atol, tol.rtol);
-    EXPECT_TRUE(d.finite);
-    EXPECT_LE(d.max_excess, 1.0) << "worst parameter " << d.worst_element << ": max |diff| " << d.max_abs;
-    EXPECT_LE(d.max_update_rel, tol.tensor_update_rel) << "tensor " << d.worst_tensor;
+    expect_resumed_as_saved(r, saved, tol);
   }
   EXPECT_FALSE(file_bytes(weights.path / "tp1.safetensors").empty());
   EXPECT_TRUE(file_bytes(weights.path / "tp4.safetensors") == file_bytes(weights.path / "tp1.safetensors"))
