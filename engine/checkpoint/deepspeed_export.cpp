@@ -322,13 +322,14 @@ std::string export_deepspeed_checkpoint(const std::filesystem::path& save_dir, c
     fail("export: the output folder {} {} the checkpoint folder {}; give -o a folder outside it (train --save-format writes DeepSpeed's files "
          "into the checkpoint's own tag folder)",
          output.string(), is_inside(output, save_dir) ? "is or lies inside" : "holds", save_dir.string());
-  DeepSpeedTrainingState s = deepspeed_state_of_checkpoint(save_dir, tag);
   // A tag folder already there (an earlier export, another run's save) would keep its files beside
   // the new ones — rank files of two layouts, which a reader globbing *_optim_states.pt mixes.
-  if (const std::filesystem::path out_tag = output / s.tag; std::filesystem::exists(out_tag))
+  // Checked before the checkpoint is read.
+  if (const std::filesystem::path out_tag = output / resolve_tag(save_dir, tag); std::filesystem::exists(out_tag))
     fail("export: {} already exists; the new files would mix with its own (another layout's rank files under one `latest`). Remove it, or "
          "give -o another folder",
          out_tag.string());
+  DeepSpeedTrainingState s = deepspeed_state_of_checkpoint(save_dir, tag);
   if (format == DeepSpeedExportFormat::universal) {
     write_universal_checkpoint(output, s);
   } else {
