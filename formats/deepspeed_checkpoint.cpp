@@ -498,15 +498,13 @@ DeepSpeedTrainingState read_deepspeed_checkpoint(const fs::path& dir, const std:
       if (ids.size() != raw_names.size()) {
         // The usual cause: a tied weight whose two names hold different values — two storages, so
         // two tensors of 'module', but one parameter of the optimizer. Name the suspects: matrices
-        // outside the numbered layers (embeddings, heads) shaped as an earlier one.
+        // whose shape exactly two names of 'module' have (a layer's weights repeat once per layer).
+        std::map<std::vector<std::int64_t>, std::vector<std::string>> by_shape;
+        for (const std::string& n : raw_names)
+          if (st.shapes.at(n).size() >= 2) by_shape[st.shapes.at(n)].push_back(n);
         std::vector<std::string> suspects;
-        for (std::size_t i = 0; i < raw_names.size(); ++i)
-          for (std::size_t j = 0; j < i; ++j)
-            if (st.shapes.at(raw_names[i]).size() >= 2 && st.shapes.at(raw_names[i]) == st.shapes.at(raw_names[j]) &&
-                raw_names[i].find("layers.") == std::string::npos && raw_names[i].find(".h.") == std::string::npos) {
-              suspects.push_back(fmt::format("'{}' (shaped as '{}')", raw_names[i], raw_names[j]));
-              break;
-            }
+        for (const auto& [shape, names] : by_shape)
+          if (names.size() == 2) suspects.push_back(fmt::format("'{}' (shaped as '{}')", names[1], names[0]));
         fail("DeepSpeed checkpoint file '{}': the optimizer's param_groups hold {} parameters, 'module' {}{}", model_file.string(), ids.size(),
              raw_names.size(),
              suspects.empty() ? std::string()
